@@ -1,0 +1,113 @@
+/* lt_jobspec: one validation for API and upstream submissions; every bad field is named. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lt_jobspec.h"
+
+static lt_err_t parse(const char *text, lt_jobspec_t *s, char *field, char *err) {
+  json_error_t je;
+  json_t *j = json_loads(text, 0, &je);
+  cr_assert_not_null(j, "test JSON does not parse: %s", je.text);
+  lt_err_t e = lt_jobspec_from_json(j, s, field, 96, err, 256);
+  json_decref(j);
+  return e;
+}
+
+Test(jobspec, minimal_submission_gets_the_documented_defaults) {
+  lt_jobspec_t s;
+  char field[96], err[256];
+  cr_assert_eq(parse("{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-1\"}", &s, field, err), LT_OK, "%s", err);
+  cr_assert_str_eq(s.base_model, "tiny-llama");
+  cr_assert_eq(s.priority, LT_CLASS_STANDARD);
+  cr_assert_eq(s.hp.lora_rank, 16);
+  cr_assert_float_eq(s.hp.learning_rate, 0.0002, 1e-12);
+  cr_assert_eq(s.hp.target_modules, (uint32_t)LT_TARGET_ALL);
+}
+
+/* The defaults in lt_jobspec.c must be the Avro schema's, or an upstream record without a
+ * field would mean something else than an API submission without it. */
+Test(jobspec, defaults_equal_the_schema_defaults) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/schemas/JobSubmitted.v1.avsc", getenv("LATHE_SOURCE_ROOT"));
+  json_error_t je;
+  json_t *schema = json_load_file(path, 0, &je);
+  cr_assert_not_null(schema, "%s: %s", path, je.text);
+  lt_jobspec_t s;
+  lt_jobspec_defaults(&s);
+  json_t *mine = json_object_get(lt_jobspec_to_json(&s), "hyperparameters");
+  json_t *fields = json_object_get(schema, "fields"), *f, *hp = NULL;
+  size_t i;
+  json_array_foreach(fields, i, f) {
+    if (strcmp(json_string_value(json_object_get(f, "name")), "hyperparameters") == 0)
+      hp = json_object_get(json_object_get(f, "type"), "fields");
+  }
+  cr_assert_not_null(hp);
+  int compared = 0;
+  json_array_foreach(hp, i, f) {
+    const char *name = json_string_value(json_object_get(f, "name"));
+    json_t *def = json_object_get(f, "default"), *m = json_object_get(mine, name);
+    cr_assert_not_null(m, "hyperparameter %s is in the schema but not in lt_jobspec", name);
+    if (json_is_number(def))
+      cr_assert_float_eq(json_number_value(def), json_number_value(m), 1e-12, "default of %s", name);
+    else
+      cr_assert(json_equal(def, m), "default of %s differs from the schema", name);
+    compared++;
+  }
+  cr_assert_eq(compared, (int)json_object_size(mine), "lt_jobspec has hyperparameters the schema lacks");
+  json_decref(schema);
+}
+
+Test(jobspec, every_bad_field_is_named) {
+  struct { const char *body, *field, *words; } cases[] = {
+      {"{\"dataset_id\":\"d\"}", "base_model", "required"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"../etc/passwd\"}", "dataset_id", "A-Z"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"learning_rate\":5}}",
+       "hyperparameters.learning_rate", "above the maximum 1"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"learning_rate\":0}}",
+       "hyperparameters.learning_rate", "below the minimum"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"lora_rank\":2.5}}",
+       "hyperparameters.lora_rank", "whole number"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"lora_rank\":\"8\"}}",
+       "hyperparameters.lora_rank", "must be a number"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"lr\":0.1}}",
+       "hyperparameters.lr", "not a known hyperparameter"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"target_modules\":[\"q_proj\",\"attn\"]}}",
+       "hyperparameters.target_modules", "unknown module"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"priority\":\"urgent\"}", "priority", "production"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"gpus\":64}", "gpus", "above the maximum 8"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"tenant_id\":\"other\"}", "tenant_id", "not a known field"},
+      {"[1,2]", "(body)", "JSON object"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    lt_jobspec_t s;
+    char field[96] = "", err[256] = "";
+    cr_assert_eq(parse(cases[i].body, &s, field, err), LT_ERR_INVALID, "case %zu accepted", i);
+    cr_assert_str_eq(field, cases[i].field, "case %zu: %s", i, err);
+    cr_assert(strstr(err, cases[i].words), "case %zu: \"%s\" lacks \"%s\"", i, err, cases[i].words);
+  }
+}
+
+Test(jobspec, to_json_and_back_is_the_same_spec) {
+  lt_jobspec_t a, b;
+  char field[96], err[256];
+  cr_assert_eq(parse("{\"base_model\":\"m\",\"dataset_id\":\"d\",\"priority\":\"preemptible\","
+                     "\"hyperparameters\":{\"lora_rank\":4,\"target_modules\":[\"q_proj\",\"v_proj\"],"
+                     "\"lr_schedule\":\"linear\",\"seed\":99}}", &a, field, err), LT_OK, "%s", err);
+  json_t *j = lt_jobspec_to_json(&a);
+  cr_assert_eq(lt_jobspec_from_json(j, &b, field, sizeof field, err, sizeof err), LT_OK, "%s", err);
+  json_decref(j);
+  cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
+  cr_assert_eq(b.hp.target_modules, (uint32_t)(LT_TARGET_Q | LT_TARGET_V));
+  cr_assert_eq(b.hp.seed, 99);
+}
+
+Test(jobspec, ids_refuse_paths_and_options) {
+  cr_assert(lt_id_valid("job-01.a_b"));
+  const char *bad[] = {"", "..", ".hidden", "-rf", "a/b", "a b", "é", "x\n"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) cr_assert(!lt_id_valid(bad[i]), "%s", bad[i]);
+  char longid[80];
+  memset(longid, 'a', 64);
+  longid[64] = 0;
+  cr_assert(!lt_id_valid(longid));
+}

@@ -1,0 +1,316 @@
+/* lt_bus: configuration, topic names and the error classification of the Kafka module.
+ *
+ * The producer, consumer and admin handles live in lt_bus_producer.c, lt_bus_consumer.c and
+ * lt_bus_admin.c; this file holds what they share. The classification table is the one place
+ * that decides whether a librdkafka error is retried, aborts a transaction, or recreates a
+ * handle (DESIGN.md §9 "broker unavailable": bounded retry, never a false ack). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_bus_int.h"
+
+#define LT_BUS_PREFIX_KEY "lathe.topic.prefix"
+
+struct lt_bus_conf {
+  char *prefix;
+  size_t n, cap;
+  char **names; /* pass-through properties, in the order set (a later set replaces) */
+  char **values;
+};
+
+lt_bus_conf_t *lt_bus_conf_new(void) {
+  lt_bus_conf_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->prefix = strdup(LT_BUS_DEFAULT_PREFIX);
+  if (!c->prefix || lt_bus_conf_set(c, "bootstrap.servers", "127.0.0.1:9092", NULL, 0) ||
+      lt_bus_conf_set(c, "client.id", "lathe", NULL, 0)) {
+    lt_bus_conf_destroy(c);
+    return NULL;
+  }
+  return c;
+}
+
+void lt_bus_conf_destroy(lt_bus_conf_t *c) {
+  if (!c) return;
+  for (size_t i = 0; i < c->n; i++) {
+    free(c->names[i]);
+    free(c->values[i]);
+  }
+  free(c->names);
+  free(c->values);
+  free(c->prefix);
+  free(c);
+}
+
+static lt_err_t conf_put(lt_bus_conf_t *c, const char *name, const char *value) {
+  char *v = strdup(value);
+  if (!v) return LT_ERR_NOMEM;
+  for (size_t i = 0; i < c->n; i++) {
+    if (strcmp(c->names[i], name) == 0) {
+      free(c->values[i]);
+      c->values[i] = v;
+      return LT_OK;
+    }
+  }
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? c->cap * 2 : 8;
+    char **nn = realloc(c->names, cap * sizeof *nn);
+    if (!nn) goto nomem;
+    c->names = nn;
+    char **nv = realloc(c->values, cap * sizeof *nv);
+    if (!nv) goto nomem;
+    c->values = nv;
+    c->cap = cap;
+  }
+  c->names[c->n] = strdup(name);
+  if (!c->names[c->n]) goto nomem;
+  c->values[c->n++] = v;
+  return LT_OK;
+nomem:
+  free(v);
+  return LT_ERR_NOMEM;
+}
+
+lt_err_t lt_bus_conf_set(lt_bus_conf_t *c, const char *name, const char *value, char *errstr,
+                         size_t errstr_size) {
+  if (!c || !name || !value)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "lt_bus_conf_set: NULL argument");
+  if (strcmp(name, LT_BUS_PREFIX_KEY) == 0) {
+    char *p = strdup(value);
+    if (!p) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+    free(c->prefix);
+    c->prefix = p;
+    return LT_OK;
+  }
+  /* Check the property against librdkafka now, so a typo fails where it is written. */
+  rd_kafka_conf_t *probe = rd_kafka_conf_new();
+  char rderr[256];
+  rd_kafka_conf_res_t res = rd_kafka_conf_set(probe, name, value, rderr, sizeof rderr);
+  rd_kafka_conf_destroy(probe);
+  if (res != RD_KAFKA_CONF_OK)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "kafka property \"%s\": %s", name,
+                   rderr);
+  if (conf_put(c, name, value) != LT_OK)
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  return LT_OK;
+}
+
+const char *lt_bus_conf_get(const lt_bus_conf_t *c, const char *name) {
+  if (strcmp(name, LT_BUS_PREFIX_KEY) == 0) return c->prefix;
+  for (size_t i = 0; i < c->n; i++)
+    if (strcmp(c->names[i], name) == 0) return c->values[i];
+  return NULL;
+}
+
+lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size) {
+  static const struct {
+    const char *env, *prop;
+  } map[] = {
+      {"LATHE_KAFKA_BOOTSTRAP", "bootstrap.servers"},
+      {"LATHE_TOPIC_PREFIX", LT_BUS_PREFIX_KEY},
+      {"LATHE_KAFKA_CLIENT_ID", "client.id"},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    const char *v = getenv(map[i].env);
+    if (!v) continue;
+    lt_err_t e = lt_bus_conf_set(c, map[i].prop, v, errstr, errstr_size);
+    if (e) return e;
+  }
+  return LT_OK;
+}
+
+lt_bus_conf_t *lt_bus_conf_dup(const lt_bus_conf_t *src) {
+  lt_bus_conf_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->prefix = strdup(src->prefix);
+  if (!c->prefix) goto err;
+  for (size_t i = 0; i < src->n; i++)
+    if (conf_put(c, src->names[i], src->values[i])) goto err;
+  return c;
+err:
+  lt_bus_conf_destroy(c);
+  return NULL;
+}
+
+size_t lt_bus_topic_name(const lt_bus_conf_t *c, const char *base, char *out, size_t out_size) {
+  size_t pl = strlen(c->prefix), bl = strlen(base);
+  if (out_size > 0) {
+    size_t room = out_size - 1;
+    size_t a = pl < room ? pl : room;
+    memcpy(out, c->prefix, a);
+    size_t b = bl < room - a ? bl : room - a;
+    memcpy(out + a, base, b);
+    out[a + b] = '\0';
+  }
+  return pl + bl;
+}
+
+rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *c, const char *const *defaults,
+                                const char *const *forced, char *errstr, size_t errstr_size) {
+  rd_kafka_conf_t *rc = rd_kafka_conf_new();
+  char rderr[256];
+  const char *bad = NULL;
+  for (size_t i = 0; defaults && defaults[i]; i += 2)
+    if (rd_kafka_conf_set(rc, defaults[i], defaults[i + 1], rderr, sizeof rderr)) {
+      bad = defaults[i];
+      goto err;
+    }
+  for (size_t i = 0; i < c->n; i++)
+    if (rd_kafka_conf_set(rc, c->names[i], c->values[i], rderr, sizeof rderr)) {
+      bad = c->names[i];
+      goto err;
+    }
+  for (size_t i = 0; forced && forced[i]; i += 2)
+    if (rd_kafka_conf_set(rc, forced[i], forced[i + 1], rderr, sizeof rderr)) {
+      bad = forced[i];
+      goto err;
+    }
+  return rc;
+err:
+  lt_errf(errstr, errstr_size, LT_ERR_INVALID, "kafka property \"%s\": %s", bad, rderr);
+  rd_kafka_conf_destroy(rc);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- classification */
+
+const char *lt_bus_class_name(lt_bus_class_t cls) {
+  switch (cls) {
+  case LT_BUS_CLASS_OK: return "ok";
+  case LT_BUS_CLASS_RETRIABLE: return "retriable";
+  case LT_BUS_CLASS_ABORTABLE: return "abortable";
+  case LT_BUS_CLASS_FATAL: return "fatal";
+  case LT_BUS_CLASS_FENCED: return "fenced";
+  case LT_BUS_CLASS_PERMANENT: return "permanent";
+  }
+  return "?";
+}
+
+bool lt_bus_code_is_fenced(rd_kafka_resp_err_t err) {
+  return err == RD_KAFKA_RESP_ERR__FENCED || err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+         err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH ||
+         err == RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+}
+
+lt_bus_class_t lt_bus_classify_code(rd_kafka_resp_err_t err) {
+  if (err == RD_KAFKA_RESP_ERR_NO_ERROR) return LT_BUS_CLASS_OK;
+  if (lt_bus_code_is_fenced(err)) return LT_BUS_CLASS_FENCED;
+  switch (err) {
+  case RD_KAFKA_RESP_ERR__FATAL:
+  case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+  case RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID:
+  case RD_KAFKA_RESP_ERR__GAPLESS_GUARANTEE:
+  case RD_KAFKA_RESP_ERR__INCONSISTENT:
+  case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+    return LT_BUS_CLASS_FATAL;
+  case RD_KAFKA_RESP_ERR_INVALID_TXN_STATE:
+    return LT_BUS_CLASS_ABORTABLE;
+  case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+  case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+  case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+  case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+  case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+  case RD_KAFKA_RESP_ERR__INVALID_ARG:
+  case RD_KAFKA_RESP_ERR__STATE:
+  case RD_KAFKA_RESP_ERR_INVALID_CONFIG:
+  case RD_KAFKA_RESP_ERR_INVALID_PARTITIONS:
+  case RD_KAFKA_RESP_ERR_INVALID_REPLICATION_FACTOR:
+  case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+  case RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS:
+  case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+  case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+  case RD_KAFKA_RESP_ERR__NOT_IMPLEMENTED:
+  case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+  case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+  case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+  case RD_KAFKA_RESP_ERR__DESTROY:
+    return LT_BUS_CLASS_PERMANENT;
+  default:
+    /* Timeouts, transport failures, leader moves, coordinator loads, not enough replicas,
+     * a full local queue: librdkafka retries these itself, and a caller may too. */
+    return LT_BUS_CLASS_RETRIABLE;
+  }
+}
+
+lt_err_t lt_bus_err_from_code(rd_kafka_resp_err_t err) {
+  switch (err) {
+  case RD_KAFKA_RESP_ERR_NO_ERROR: return LT_OK;
+  case RD_KAFKA_RESP_ERR__TIMED_OUT:
+  case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+  case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
+  case RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE:
+    return LT_ERR_TIMEOUT;
+  case RD_KAFKA_RESP_ERR__TRANSPORT:
+  case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+  case RD_KAFKA_RESP_ERR_BROKER_NOT_AVAILABLE:
+  case RD_KAFKA_RESP_ERR_NETWORK_EXCEPTION:
+  case RD_KAFKA_RESP_ERR__RESOLVE:
+  case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS:
+  case RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+    return LT_ERR_UNAVAILABLE;
+  case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+  case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+  case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+    return LT_ERR_NOT_FOUND;
+  case RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS: return LT_ERR_EXISTS;
+  case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+  case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+    return LT_ERR_AUTH;
+  case RD_KAFKA_RESP_ERR__NOT_IMPLEMENTED:
+  case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+    return LT_ERR_UNSUPPORTED;
+  case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+  case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+  case RD_KAFKA_RESP_ERR__DESTROY:
+    return LT_ERR_CANCELLED;
+  default: break;
+  }
+  switch (lt_bus_classify_code(err)) {
+  case LT_BUS_CLASS_FENCED: return LT_ERR_FENCED;
+  case LT_BUS_CLASS_FATAL: return LT_ERR_FATAL;
+  case LT_BUS_CLASS_PERMANENT: return LT_ERR_INVALID;
+  default: return LT_ERR_RETRIABLE;
+  }
+}
+
+lt_bus_class_t lt_bus_classify_error(rd_kafka_t *rk, const rd_kafka_error_t *error) {
+  if (!error) return LT_BUS_CLASS_OK;
+  rd_kafka_resp_err_t code = rd_kafka_error_code(error);
+  if (lt_bus_code_is_fenced(code)) return LT_BUS_CLASS_FENCED;
+  if (rd_kafka_error_is_fatal(error)) {
+    if (rk) {
+      char buf[8];
+      rd_kafka_resp_err_t cause = rd_kafka_fatal_error(rk, buf, sizeof buf);
+      if (lt_bus_code_is_fenced(cause)) return LT_BUS_CLASS_FENCED;
+    }
+    return LT_BUS_CLASS_FATAL;
+  }
+  if (rd_kafka_error_txn_requires_abort(error)) return LT_BUS_CLASS_ABORTABLE;
+  if (rd_kafka_error_is_retriable(error)) return LT_BUS_CLASS_RETRIABLE;
+  return lt_bus_classify_code(code);
+}
+
+/* ---------------------------------------------------------------- partition lists */
+
+rd_kafka_topic_partition_list_t *lt_bus_tplist_from(const lt_bus_tp_t *parts, size_t n) {
+  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)(n ? n : 1));
+  for (size_t i = 0; i < n; i++)
+    rd_kafka_topic_partition_list_add(l, parts[i].topic, parts[i].partition)->offset =
+        parts[i].offset;
+  return l;
+}
+
+lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *l) {
+  lt_bus_tp_t *a = calloc(l->cnt ? (size_t)l->cnt : 1, sizeof *a);
+  if (!a) return NULL;
+  for (int i = 0; i < l->cnt; i++) {
+    a[i].topic = l->elems[i].topic;
+    a[i].partition = l->elems[i].partition;
+    a[i].offset = l->elems[i].offset;
+  }
+  return a;
+}

@@ -1,0 +1,356 @@
+/* lt_bus: Lathe's Kafka module (producer, consumer, admin) over librdkafka.
+ *
+ * Kafka is the only channel between the control plane and the data plane (DESIGN.md §2), so
+ * this is the one place that knows librdkafka. The bus is payload-agnostic: records are bytes,
+ * a key and headers; Avro lives in lt_avro. What the bus guarantees:
+ *   - every producer is idempotent with acks=all (invariant 5: nothing acknowledged is lost);
+ *     lt_bus_produce_sync() returns LT_OK only when the broker has durably acknowledged;
+ *   - every consumer reads read_committed and commits offsets only when told to;
+ *   - errors come back classified as lt_err_t: LT_ERR_RETRIABLE (call again / redo the
+ *     transaction), LT_ERR_FATAL (destroy the handle and create a new one), LT_ERR_FENCED (a
+ *     newer instance owns the transactional id: stop), LT_ERR_TIMEOUT, LT_ERR_UNAVAILABLE;
+ *   - topic names are always built from the configured prefix by lt_bus_topic_name().
+ *
+ * Types are opaque. Unless a function says otherwise, a handle is used by one thread at a time;
+ * the producer is the exception (see lt_bus_producer_t). No librdkafka type crosses this header
+ * (tests reach internals through lt_bus_int.h). */
+#ifndef LT_BUS_H
+#define LT_BUS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lt_err.h"
+
+/* ---------------------------------------------------------------- configuration */
+
+typedef struct lt_bus_conf lt_bus_conf_t;
+
+/* Special partition and offset values (the same numbers as librdkafka's). */
+#define LT_BUS_PARTITION_ANY (-1)    /* partition by the hash of the key (murmur2, like Java) */
+#define LT_BUS_OFFSET_BEGINNING (-2) /* the oldest record still kept */
+#define LT_BUS_OFFSET_END (-1)       /* the next record to be written */
+#define LT_BUS_OFFSET_STORED (-1000) /* the group's committed offset (auto.offset.reset if none) */
+#define LT_BUS_OFFSET_INVALID (-1001)
+
+/* Default topic prefix when neither lt_bus_conf_set("lathe.topic.prefix") nor the environment
+ * (LATHE_TOPIC_PREFIX) says otherwise. */
+#define LT_BUS_DEFAULT_PREFIX "lathe."
+
+/* A new configuration: bootstrap "127.0.0.1:9092", client id "lathe", prefix "lathe.".
+ * Returns NULL only when out of memory. The caller owns it (lt_bus_conf_destroy). */
+lt_bus_conf_t *lt_bus_conf_new(void);
+
+/* Applies the environment: LATHE_KAFKA_BOOTSTRAP (bootstrap.servers), LATHE_TOPIC_PREFIX,
+ * LATHE_KAFKA_CLIENT_ID. Unset variables leave the value alone. */
+lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *conf, char *errstr, size_t errstr_size);
+
+/* Sets one property. Lathe's own names:
+ *   "bootstrap.servers"   host:port[,host:port...]
+ *   "client.id"           client id shown in broker logs
+ *   "lathe.topic.prefix"  prefix of every topic name (may be empty)
+ * Any other name is passed through to librdkafka unchanged and checked now, so a typo fails
+ * here with librdkafka's message. The safety settings (acks=all, enable.idempotence=true,
+ * isolation.level=read_committed, enable.auto.commit=false) are applied after the pass-through
+ * properties and cannot be weakened. Copies name and value. */
+lt_err_t lt_bus_conf_set(lt_bus_conf_t *conf, const char *name, const char *value, char *errstr,
+                         size_t errstr_size);
+
+/* The current value of a property set on this conf (Lathe's or pass-through), or NULL.
+ * The string is owned by conf and valid until the next set or destroy. */
+const char *lt_bus_conf_get(const lt_bus_conf_t *conf, const char *name);
+
+/* A deep copy, or NULL when out of memory. */
+lt_bus_conf_t *lt_bus_conf_dup(const lt_bus_conf_t *conf);
+
+void lt_bus_conf_destroy(lt_bus_conf_t *conf);
+
+/* Writes the full topic name for a base name ("jobs" -> "lathe.jobs") into out, NUL-terminated.
+ * Returns the length of the full name (like snprintf); a return >= out_size means truncated.
+ * This is the only place topic names are made: every caller goes through it. */
+size_t lt_bus_topic_name(const lt_bus_conf_t *conf, const char *base, char *out, size_t out_size);
+
+/* ---------------------------------------------------------------- records */
+
+/* One header, a borrowed view. value may be NULL (a null header value). */
+typedef struct lt_bus_header {
+  const char *name;
+  const void *value;
+  size_t size;
+} lt_bus_header_t;
+
+/* A record to produce. Every pointer is borrowed for the duration of the call only (the bus
+ * copies what it keeps). topic is a full name (lt_bus_topic_name). */
+typedef struct lt_bus_record {
+  const char *topic;
+  int32_t partition; /* LT_BUS_PARTITION_ANY: by key hash (random when key is NULL) */
+  const void *key;   /* may be NULL */
+  size_t key_size;
+  const void *value; /* may be NULL (a tombstone on a compacted topic) */
+  size_t value_size;
+  const lt_bus_header_t *headers; /* header_count entries, may be NULL when 0 */
+  size_t header_count;
+  int64_t timestamp_ms; /* 0: now */
+} lt_bus_record_t;
+
+/* A topic-partition with an offset (or a time, where a function says so). */
+typedef struct lt_bus_tp {
+  const char *topic; /* full topic name; borrowed */
+  int32_t partition;
+  int64_t offset;
+} lt_bus_tp_t;
+
+/* ---------------------------------------------------------------- producer */
+
+/* An idempotent acks=all producer. Thread-safe: any number of threads may produce at once
+ * (sync and async). A producer owns one internal thread that serves delivery reports, so
+ * delivery callbacks run on that thread, never on the caller's. */
+typedef struct lt_bus_producer lt_bus_producer_t;
+
+/* The outcome of one produced record, passed to a delivery callback (borrowed, valid during
+ * the callback only). */
+typedef struct lt_bus_delivery {
+  lt_err_t err;        /* LT_OK only when the broker durably acknowledged the record */
+  const char *errmsg;  /* librdkafka's reason when err != LT_OK, "" otherwise */
+  const char *topic;
+  int32_t partition;
+  int64_t offset;      /* LT_BUS_OFFSET_INVALID when not written */
+  void *msg_opaque;    /* what lt_bus_produce() was given */
+} lt_bus_delivery_t;
+
+typedef void lt_bus_delivery_cb(void *opaque, const lt_bus_delivery_t *delivery);
+
+typedef struct lt_bus_producer_opts {
+  /* NULL: a plain idempotent producer. Else a transactional producer with this id; a second
+   * producer with the same id fences this one (its calls then fail with LT_ERR_FENCED). */
+  const char *transactional_id;
+  /* Called on the producer's internal thread for each record given to lt_bus_produce().
+   * May be NULL. Not called for lt_bus_produce_sync() records. */
+  lt_bus_delivery_cb *delivery_cb;
+  void *opaque; /* passed to delivery_cb */
+  /* Transactional producers: timeout of the init_transactions call, ms (0: 30000). */
+  int init_timeout_ms;
+} lt_bus_producer_opts_t;
+
+/* Creates a producer (and, with a transactional_id, runs init_transactions, which fences any
+ * older producer with that id). opts may be NULL. conf is copied, the caller keeps it. */
+lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_opts_t *opts,
+                             lt_bus_producer_t **out, char *errstr, size_t errstr_size);
+
+/* Produces one record and waits until its delivery report arrives or timeout_ms passes.
+ * LT_OK means the record is durably in Kafka (acks=all) at *out_partition / *out_offset
+ * (either may be NULL). LT_ERR_TIMEOUT means the outcome is unknown: the record may still be
+ * written later (idempotence prevents duplicates from retries, not from a caller resubmitting).
+ * LT_ERR_UNAVAILABLE / LT_ERR_RETRIABLE: not written, may retry. LT_ERR_FATAL: recreate the
+ * producer. Never LT_OK for a record that is not acknowledged. Not for transactional producers
+ * (use lt_bus_txn_*). Thread-safe. */
+lt_err_t lt_bus_produce_sync(lt_bus_producer_t *p, const lt_bus_record_t *rec, int timeout_ms,
+                             int32_t *out_partition, int64_t *out_offset, char *errstr,
+                             size_t errstr_size);
+
+/* Queues one record for batched delivery; the outcome goes to the delivery callback with
+ * msg_opaque. The payload is copied. LT_ERR_RETRIABLE when the local queue is full (wait for
+ * deliveries and retry), LT_ERR_NOT_FOUND for an unknown topic or partition, LT_ERR_FATAL.
+ * In a transaction (after lt_bus_txn_begin) the record belongs to it. Thread-safe. */
+lt_err_t lt_bus_produce(lt_bus_producer_t *p, const lt_bus_record_t *rec, void *msg_opaque,
+                        char *errstr, size_t errstr_size);
+
+/* Waits until every queued record has a delivery report (callbacks ran) or timeout_ms passes
+ * (LT_ERR_TIMEOUT). Thread-safe. */
+lt_err_t lt_bus_producer_flush(lt_bus_producer_t *p, int timeout_ms, char *errstr,
+                               size_t errstr_size);
+
+/* Number of records queued and not yet reported. */
+int lt_bus_producer_outq_len(lt_bus_producer_t *p);
+
+/* LT_OK, or LT_ERR_FENCED / LT_ERR_FATAL when the producer hit a fatal error and must be
+ * destroyed (and, unless fenced, recreated). Writes librdkafka's reason to errstr. */
+lt_err_t lt_bus_producer_fatal(lt_bus_producer_t *p, char *errstr, size_t errstr_size);
+
+/* Flushes for at most timeout_ms (0: no wait; records not delivered by then get a delivery
+ * report with an error), stops the internal thread and frees. NULL is a no-op. */
+void lt_bus_producer_destroy(lt_bus_producer_t *p, int timeout_ms);
+
+/* Transactions (consume-process-produce). A step is:
+ *   lt_bus_txn_begin; lt_bus_produce...; lt_bus_txn_send_offsets; lt_bus_txn_commit.
+ * Every txn call returns:
+ *   LT_OK;
+ *   LT_ERR_RETRIABLE  the transaction was aborted (by the bus) or the call may be repeated:
+ *                     rewind the consumer to its committed offsets and redo the step;
+ *   LT_ERR_FENCED     a newer producer owns the transactional id: stop this instance;
+ *   LT_ERR_FATAL      destroy this producer and create a new one (also when commit or abort
+ *                     times out: librdkafka 2.0.2 has no client-side KIP-890, so the state of
+ *                     a timed-out commit is unknown and the producer must be recreated). */
+typedef struct lt_bus_consumer lt_bus_consumer_t;
+
+lt_err_t lt_bus_txn_begin(lt_bus_producer_t *p, char *errstr, size_t errstr_size);
+
+/* Adds the consumer's offsets to the transaction. offsets: the next offsets to read (last
+ * processed + 1) for each partition; NULL means the consumer's current positions. */
+lt_err_t lt_bus_txn_send_offsets(lt_bus_producer_t *p, lt_bus_consumer_t *c,
+                                 const lt_bus_tp_t *offsets, size_t n, int timeout_ms,
+                                 char *errstr, size_t errstr_size);
+
+/* Commits: flushes the transaction's records and makes them and the offsets visible to
+ * read_committed consumers. Retriable failures are retried within timeout_ms; a failure that
+ * requires abort aborts and returns LT_ERR_RETRIABLE. */
+lt_err_t lt_bus_txn_commit(lt_bus_producer_t *p, int timeout_ms, char *errstr,
+                           size_t errstr_size);
+
+/* Aborts: the transaction's records are never shown to read_committed consumers. */
+lt_err_t lt_bus_txn_abort(lt_bus_producer_t *p, int timeout_ms, char *errstr,
+                          size_t errstr_size);
+
+/* ---------------------------------------------------------------- consumer */
+
+/* A received record, borrowed from the consumer: valid until the next lt_bus_consumer_poll()
+ * or lt_bus_consumer_destroy() on the same consumer. Nothing is copied. */
+typedef struct lt_bus_msg lt_bus_msg_t;
+
+const char *lt_bus_msg_topic(const lt_bus_msg_t *m);
+int32_t lt_bus_msg_partition(const lt_bus_msg_t *m);
+int64_t lt_bus_msg_offset(const lt_bus_msg_t *m);
+int64_t lt_bus_msg_timestamp(const lt_bus_msg_t *m); /* ms since the epoch, -1 if none */
+const void *lt_bus_msg_key(const lt_bus_msg_t *m, size_t *size);   /* NULL if no key */
+const void *lt_bus_msg_value(const lt_bus_msg_t *m, size_t *size); /* NULL if no value */
+size_t lt_bus_msg_header_count(const lt_bus_msg_t *m);
+/* The i-th header (0-based); false when i is out of range. Views into the message. */
+bool lt_bus_msg_header(const lt_bus_msg_t *m, size_t i, lt_bus_header_t *out);
+/* The last header called name; false when absent. */
+bool lt_bus_msg_header_get(const lt_bus_msg_t *m, const char *name, const void **value,
+                           size_t *size);
+
+/* Rebalance hook: called on the thread that calls lt_bus_consumer_poll(), with the partitions
+ * (borrowed) being assigned (after the bus assigned them: the hook may seek or pause) or
+ * revoked (before the bus unassigns them: the hook may commit). */
+typedef enum lt_bus_rebalance { LT_BUS_ASSIGNED = 1, LT_BUS_REVOKED = 2 } lt_bus_rebalance_t;
+typedef void lt_bus_rebalance_cb(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t what,
+                                 const lt_bus_tp_t *parts, size_t n);
+
+typedef struct lt_bus_consumer_opts {
+  /* Consumer group id. NULL: no group (manual assign only, no offset commits). */
+  const char *group_id;
+  lt_bus_rebalance_cb *rebalance_cb; /* may be NULL */
+  void *opaque;                      /* passed to rebalance_cb */
+  /* Where a group without a committed offset starts: "earliest" (NULL) or "latest". */
+  const char *auto_offset_reset;
+} lt_bus_consumer_opts_t;
+
+/* Creates a read_committed consumer with auto commit off. opts may be NULL (no group).
+ * conf is copied, the caller keeps it. */
+lt_err_t lt_bus_consumer_new(const lt_bus_conf_t *conf, const lt_bus_consumer_opts_t *opts,
+                             lt_bus_consumer_t **out, char *errstr, size_t errstr_size);
+
+/* Joins the group for these topics (full names). Needs a group id. */
+lt_err_t lt_bus_consumer_subscribe(lt_bus_consumer_t *c, const char *const *topics, size_t n,
+                                   char *errstr, size_t errstr_size);
+
+/* Replaces the assignment with exactly these partitions, each starting at its offset (an
+ * offset or LT_BUS_OFFSET_BEGINNING/END/STORED). n == 0 unassigns everything. */
+lt_err_t lt_bus_consumer_assign(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t n,
+                                char *errstr, size_t errstr_size);
+
+/* Assigns every partition of one topic at the same start offset (replay, `topic tail`).
+ * LT_ERR_NOT_FOUND when the topic does not exist. Writes the partition count to
+ * *out_partitions (may be NULL). */
+lt_err_t lt_bus_consumer_assign_topic(lt_bus_consumer_t *c, const char *topic, int64_t offset,
+                                      int timeout_ms, int *out_partitions, char *errstr,
+                                      size_t errstr_size);
+
+/* Waits up to timeout_ms for the next record. LT_OK with *out set to a borrowed record, or
+ * LT_OK with *out == NULL when nothing came. Errors: LT_ERR_FATAL (recreate), LT_ERR_NOT_FOUND
+ * (a subscribed or assigned topic does not exist), LT_ERR_RETRIABLE (a transient consumer
+ * error, already retried by librdkafka: log it and keep polling). Rebalance hooks run inside.
+ * Also drains the wake-up fd (lt_bus_consumer_fd). */
+lt_err_t lt_bus_consumer_poll(lt_bus_consumer_t *c, int timeout_ms, const lt_bus_msg_t **out,
+                              char *errstr, size_t errstr_size);
+
+/* Commits offsets to the group. offsets: the next offset to read for each partition; NULL
+ * commits the current positions (everything returned by poll so far). async: return at once
+ * (failures are logged at the next poll). */
+lt_err_t lt_bus_consumer_commit(lt_bus_consumer_t *c, const lt_bus_tp_t *offsets, size_t n,
+                                bool async, char *errstr, size_t errstr_size);
+
+/* Commits m's offset + 1 (sync or async). */
+lt_err_t lt_bus_consumer_commit_msg(lt_bus_consumer_t *c, const lt_bus_msg_t *m, bool async,
+                                    char *errstr, size_t errstr_size);
+
+/* Fills parts[i].offset with the group's committed offset (LT_BUS_OFFSET_INVALID if none). */
+lt_err_t lt_bus_consumer_committed(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
+                                   int timeout_ms, char *errstr, size_t errstr_size);
+
+/* Fills parts[i].offset with the consumer's position (the next offset poll will return,
+ * LT_BUS_OFFSET_INVALID if nothing was consumed). */
+lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
+                                  char *errstr, size_t errstr_size);
+
+/* Moves an assigned partition to offset (or LT_BUS_OFFSET_BEGINNING/END). */
+lt_err_t lt_bus_consumer_seek(lt_bus_consumer_t *c, const char *topic, int32_t partition,
+                              int64_t offset, int timeout_ms, char *errstr, size_t errstr_size);
+
+/* Finds, for each parts[i] (whose offset field holds a time in ms since the epoch), the
+ * first offset whose timestamp is >= that time, and writes it back into parts[i].offset
+ * (LT_BUS_OFFSET_END when no such record). */
+lt_err_t lt_bus_consumer_offsets_for_times(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
+                                           int timeout_ms, char *errstr, size_t errstr_size);
+
+/* Moves an assigned partition to the first record at or after time_ms. */
+lt_err_t lt_bus_consumer_seek_time(lt_bus_consumer_t *c, const char *topic, int32_t partition,
+                                   int64_t time_ms, int timeout_ms, char *errstr,
+                                   size_t errstr_size);
+
+/* Stops / restarts fetching these partitions (the offset field is ignored). */
+lt_err_t lt_bus_consumer_pause(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t n,
+                               char *errstr, size_t errstr_size);
+lt_err_t lt_bus_consumer_resume(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t n,
+                                char *errstr, size_t errstr_size);
+
+/* A file descriptor that becomes readable when records or events are queued for this consumer,
+ * for a libevent loop: register it with EV_READ|EV_PERSIST and, when it fires, call
+ * lt_bus_consumer_poll(c, 0, ...) until it returns no record. Owned by the consumer (do not
+ * close). Poll drains it. */
+int lt_bus_consumer_fd(lt_bus_consumer_t *c);
+
+/* Leaves the group (revoke hook runs, no implicit commit) and frees. NULL is a no-op. */
+void lt_bus_consumer_destroy(lt_bus_consumer_t *c);
+
+/* ---------------------------------------------------------------- admin */
+
+typedef struct lt_bus_admin lt_bus_admin_t;
+
+lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char *errstr,
+                          size_t errstr_size);
+void lt_bus_admin_destroy(lt_bus_admin_t *a);
+
+/* Creates a topic (full name) with partitions, replication factor (-1: broker default) and
+ * configs ("key=value" strings, may be NULL when nconfigs is 0). Idempotent: an existing topic
+ * is LT_OK (its settings are not changed or checked). */
+lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int partitions,
+                                   int replication, const char *const *configs, size_t nconfigs,
+                                   int timeout_ms, char *errstr, size_t errstr_size);
+
+/* Creates every topic listed in a topics file (ops/topics.tsv): one topic a line,
+ * tab-separated `base-name  partitions  configs`, configs a comma-separated list of key=value
+ * (or "-" / empty for none); '#' starts a comment. Names get the conf's prefix. Idempotent.
+ * A malformed line fails with LT_ERR_INVALID naming the file and line. *out_created (may be
+ * NULL) receives how many topics were new. */
+lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
+                                       int timeout_ms, int *out_created, char *errstr,
+                                       size_t errstr_size);
+
+/* Partition count of a topic; LT_ERR_NOT_FOUND when it does not exist. */
+lt_err_t lt_bus_admin_describe_topic(lt_bus_admin_t *a, const char *topic, int timeout_ms,
+                                     int *out_partitions, char *errstr, size_t errstr_size);
+
+/* Names of all topics (internal "__" topics excluded), sorted. *out_names is a NULL-terminated
+ * array the caller frees with lt_bus_admin_free_names. */
+lt_err_t lt_bus_admin_list_topics(lt_bus_admin_t *a, int timeout_ms, char ***out_names,
+                                  size_t *out_n, char *errstr, size_t errstr_size);
+void lt_bus_admin_free_names(char **names);
+
+/* Deletes topics (full names); a missing topic is LT_OK. */
+lt_err_t lt_bus_admin_delete_topics(lt_bus_admin_t *a, const char *const *topics, size_t n,
+                                    int timeout_ms, char *errstr, size_t errstr_size);
+
+#endif

@@ -1,0 +1,322 @@
+/* lt_bus_admin: topic administration for the Kafka module (create from ops/topics.tsv,
+ * describe, list, delete). Used by ops tooling, tests and daemons that check their topics at
+ * start. Every call is idempotent where Kafka allows: an existing topic is not an error. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_bus_int.h"
+
+struct lt_bus_admin {
+  rd_kafka_t *rk;
+  lt_bus_conf_t *conf;
+};
+
+lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char *errstr,
+                          size_t errstr_size) {
+  static const char *const defaults[] = {"log.connection.close", "false", NULL};
+  *out = NULL;
+  lt_bus_admin_t *a = calloc(1, sizeof *a);
+  if (!a) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  a->conf = lt_bus_conf_dup(conf);
+  rd_kafka_conf_t *rc = a->conf ? lt_bus_rk_conf(conf, defaults, NULL, errstr, errstr_size) : NULL;
+  if (!rc) {
+    lt_bus_conf_destroy(a->conf);
+    free(a);
+    return LT_ERR_INVALID;
+  }
+  char rderr[512];
+  a->rk = rd_kafka_new(RD_KAFKA_PRODUCER, rc, rderr, sizeof rderr);
+  if (!a->rk) {
+    rd_kafka_conf_destroy(rc);
+    lt_bus_conf_destroy(a->conf);
+    free(a);
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "cannot create kafka admin: %s", rderr);
+  }
+  *out = a;
+  return LT_OK;
+}
+
+void lt_bus_admin_destroy(lt_bus_admin_t *a) {
+  if (!a) return;
+  rd_kafka_destroy(a->rk);
+  lt_bus_conf_destroy(a->conf);
+  free(a);
+}
+
+/* Waits for the result event of one admin request on q. */
+static rd_kafka_event_t *wait_result(rd_kafka_queue_t *q, int timeout_ms) {
+  return rd_kafka_queue_poll(q, timeout_ms + 2000);
+}
+
+/* Creates several topics at once; each existing one counts as success. */
+static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size_t n,
+                              int timeout_ms, int *out_created, char *errstr,
+                              size_t errstr_size) {
+  rd_kafka_queue_t *q = rd_kafka_queue_new(a->rk);
+  rd_kafka_AdminOptions_t *ao = rd_kafka_AdminOptions_new(a->rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+  char rderr[256];
+  rd_kafka_AdminOptions_set_operation_timeout(ao, timeout_ms, rderr, sizeof rderr);
+  rd_kafka_AdminOptions_set_request_timeout(ao, timeout_ms, rderr, sizeof rderr);
+  rd_kafka_CreateTopics(a->rk, nts, n, ao, q);
+  rd_kafka_event_t *ev = wait_result(q, timeout_ms);
+  lt_err_t ret = LT_OK;
+  int created = 0;
+  if (!ev) {
+    ret = lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT, "create topics: no answer in %d ms",
+                  timeout_ms);
+  } else if (rd_kafka_event_error(ev)) {
+    rd_kafka_resp_err_t e = rd_kafka_event_error(ev);
+    ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "create topics: %s",
+                  rd_kafka_event_error_string(ev));
+  } else {
+    size_t cnt;
+    const rd_kafka_topic_result_t **tr =
+        rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &cnt);
+    for (size_t i = 0; i < cnt; i++) {
+      rd_kafka_resp_err_t e = rd_kafka_topic_result_error(tr[i]);
+      if (e == RD_KAFKA_RESP_ERR_NO_ERROR) created++;
+      else if (e != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS && ret == LT_OK)
+        ret = lt_errf(errstr, errstr_size,
+                      lt_bus_err_from_code(e) == LT_ERR_EXISTS ? LT_ERR_INVALID
+                                                               : lt_bus_err_from_code(e),
+                      "create topic %s: %s", rd_kafka_topic_result_name(tr[i]),
+                      rd_kafka_topic_result_error_string(tr[i])
+                          ? rd_kafka_topic_result_error_string(tr[i])
+                          : rd_kafka_err2str(e));
+    }
+  }
+  if (ev) rd_kafka_event_destroy(ev);
+  rd_kafka_AdminOptions_destroy(ao);
+  rd_kafka_queue_destroy(q);
+  if (out_created) *out_created = created;
+  return ret;
+}
+
+/* A NewTopic with "key=value" configs; NULL with errstr set on a bad config. */
+static rd_kafka_NewTopic_t *new_topic(const char *topic, int partitions, int replication,
+                                      const char *const *configs, size_t nconfigs,
+                                      const char *where, char *errstr, size_t errstr_size) {
+  char rderr[256];
+  rd_kafka_NewTopic_t *nt =
+      rd_kafka_NewTopic_new(topic, partitions, replication, rderr, sizeof rderr);
+  if (!nt) {
+    lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic %s: %s", where, topic, rderr);
+    return NULL;
+  }
+  for (size_t i = 0; i < nconfigs; i++) {
+    const char *eq = strchr(configs[i], '=');
+    if (!eq || eq == configs[i]) {
+      lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+              "%stopic %s: config \"%s\" is not key=value", where, topic, configs[i]);
+      rd_kafka_NewTopic_destroy(nt);
+      return NULL;
+    }
+    char key[128];
+    size_t kl = (size_t)(eq - configs[i]);
+    if (kl >= sizeof key) kl = sizeof key - 1;
+    memcpy(key, configs[i], kl);
+    key[kl] = '\0';
+    rd_kafka_NewTopic_set_config(nt, key, eq + 1);
+  }
+  return nt;
+}
+
+lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int partitions,
+                                   int replication, const char *const *configs, size_t nconfigs,
+                                   int timeout_ms, char *errstr, size_t errstr_size) {
+  rd_kafka_NewTopic_t *nt =
+      new_topic(topic, partitions, replication, configs, nconfigs, "", errstr, errstr_size);
+  if (!nt) return LT_ERR_INVALID;
+  lt_err_t e = create_topics(a, &nt, 1, timeout_ms, NULL, errstr, errstr_size);
+  rd_kafka_NewTopic_destroy(nt);
+  return e;
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+  return s;
+}
+
+lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
+                                       int timeout_ms, int *out_created, char *errstr,
+                                       size_t errstr_size) {
+  FILE *f = fopen(path, "r");
+  if (!f) return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", path, strerror(errno));
+  rd_kafka_NewTopic_t **nts = NULL;
+  size_t n = 0, cap = 0;
+  lt_err_t ret = LT_OK;
+  char line[1024];
+  int lineno = 0;
+  while (ret == LT_OK && fgets(line, sizeof line, f)) {
+    lineno++;
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *s = trim(line);
+    if (!*s) continue;
+    char *fields[3] = {NULL, NULL, NULL};
+    int nf = 0;
+    for (char *save = NULL, *tok = strtok_r(s, "\t ", &save); tok && nf < 3;
+         tok = strtok_r(NULL, "\t ", &save))
+      fields[nf++] = tok;
+    char where[64];
+    snprintf(where, sizeof where, "%s:%d: ", path, lineno);
+    if (nf < 2) {
+      ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                    "%sexpected \"name<TAB>partitions<TAB>configs\"", where);
+      break;
+    }
+    char *end;
+    long parts = strtol(fields[1], &end, 10);
+    if (*end || parts < 1 || parts > 10000) {
+      ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                    "%spartitions \"%s\" is not a number in 1..10000", where, fields[1]);
+      break;
+    }
+    const char *cfgs[32];
+    size_t ncfg = 0;
+    if (fields[2] && strcmp(fields[2], "-") != 0) {
+      for (char *save = NULL, *tok = strtok_r(fields[2], ",", &save); tok;
+           tok = strtok_r(NULL, ",", &save)) {
+        if (ncfg == 32) {
+          ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%smore than 32 configs", where);
+          break;
+        }
+        cfgs[ncfg++] = tok;
+      }
+      if (ret) break;
+    }
+    char full[256];
+    if (lt_bus_topic_name(a->conf, fields[0], full, sizeof full) >= sizeof full) {
+      ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic name too long", where);
+      break;
+    }
+    rd_kafka_NewTopic_t *nt =
+        new_topic(full, (int)parts, replication, cfgs, ncfg, where, errstr, errstr_size);
+    if (!nt) {
+      ret = LT_ERR_INVALID;
+      break;
+    }
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      rd_kafka_NewTopic_t **nn = realloc(nts, cap * sizeof *nn);
+      if (!nn) {
+        rd_kafka_NewTopic_destroy(nt);
+        ret = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+        break;
+      }
+      nts = nn;
+    }
+    nts[n++] = nt;
+  }
+  fclose(f);
+  if (ret == LT_OK && n > 0)
+    ret = create_topics(a, nts, n, timeout_ms, out_created, errstr, errstr_size);
+  else if (out_created)
+    *out_created = 0;
+  for (size_t i = 0; i < n; i++) rd_kafka_NewTopic_destroy(nts[i]);
+  free(nts);
+  return ret;
+}
+
+lt_err_t lt_bus_admin_describe_topic(lt_bus_admin_t *a, const char *topic, int timeout_ms,
+                                     int *out_partitions, char *errstr, size_t errstr_size) {
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(a->rk, topic, NULL);
+  if (!rkt)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "topic \"%s\": invalid name", topic);
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_resp_err_t e = rd_kafka_metadata(a->rk, 0, rkt, &md, timeout_ms);
+  rd_kafka_topic_destroy(rkt);
+  if (e)
+    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "metadata of %s: %s", topic,
+                   rd_kafka_err2str(e));
+  lt_err_t ret = LT_OK;
+  if (md->topic_cnt != 1 || md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+      md->topics[0].partition_cnt == 0)
+    ret = lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "topic %s does not exist", topic);
+  else if (md->topics[0].err)
+    ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(md->topics[0].err), "topic %s: %s",
+                  topic, rd_kafka_err2str(md->topics[0].err));
+  else if (out_partitions)
+    *out_partitions = md->topics[0].partition_cnt;
+  rd_kafka_metadata_destroy(md);
+  return ret;
+}
+
+static int cmp_str(const void *x, const void *y) {
+  return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+lt_err_t lt_bus_admin_list_topics(lt_bus_admin_t *a, int timeout_ms, char ***out_names,
+                                  size_t *out_n, char *errstr, size_t errstr_size) {
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_resp_err_t e = rd_kafka_metadata(a->rk, 1, NULL, &md, timeout_ms);
+  if (e)
+    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "list topics: %s",
+                   rd_kafka_err2str(e));
+  char **names = calloc((size_t)md->topic_cnt + 1, sizeof *names);
+  size_t n = 0;
+  for (int i = 0; names && i < md->topic_cnt; i++) {
+    if (strncmp(md->topics[i].topic, "__", 2) == 0 || md->topics[i].err) continue;
+    if (!(names[n] = strdup(md->topics[i].topic))) {
+      lt_bus_admin_free_names(names);
+      names = NULL;
+      break;
+    }
+    n++;
+  }
+  rd_kafka_metadata_destroy(md);
+  if (!names) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  qsort(names, n, sizeof *names, cmp_str);
+  *out_names = names;
+  *out_n = n;
+  return LT_OK;
+}
+
+void lt_bus_admin_free_names(char **names) {
+  if (!names) return;
+  for (char **p = names; *p; p++) free(*p);
+  free(names);
+}
+
+lt_err_t lt_bus_admin_delete_topics(lt_bus_admin_t *a, const char *const *topics, size_t n,
+                                    int timeout_ms, char *errstr, size_t errstr_size) {
+  if (n == 0) return LT_OK;
+  rd_kafka_DeleteTopic_t **dts = calloc(n, sizeof *dts);
+  if (!dts) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) dts[i] = rd_kafka_DeleteTopic_new(topics[i]);
+  rd_kafka_queue_t *q = rd_kafka_queue_new(a->rk);
+  rd_kafka_AdminOptions_t *ao = rd_kafka_AdminOptions_new(a->rk, RD_KAFKA_ADMIN_OP_DELETETOPICS);
+  char rderr[256];
+  rd_kafka_AdminOptions_set_operation_timeout(ao, timeout_ms, rderr, sizeof rderr);
+  rd_kafka_DeleteTopics(a->rk, dts, n, ao, q);
+  rd_kafka_event_t *ev = wait_result(q, timeout_ms);
+  lt_err_t ret = LT_OK;
+  if (!ev) {
+    ret = lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT, "delete topics: no answer in %d ms",
+                  timeout_ms);
+  } else if (rd_kafka_event_error(ev)) {
+    ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(rd_kafka_event_error(ev)),
+                  "delete topics: %s", rd_kafka_event_error_string(ev));
+  } else {
+    size_t cnt;
+    const rd_kafka_topic_result_t **tr =
+        rd_kafka_DeleteTopics_result_topics(rd_kafka_event_DeleteTopics_result(ev), &cnt);
+    for (size_t i = 0; i < cnt && ret == LT_OK; i++) {
+      rd_kafka_resp_err_t e = rd_kafka_topic_result_error(tr[i]);
+      if (e && e != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+        ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "delete topic %s: %s",
+                      rd_kafka_topic_result_name(tr[i]), rd_kafka_err2str(e));
+    }
+  }
+  if (ev) rd_kafka_event_destroy(ev);
+  rd_kafka_AdminOptions_destroy(ao);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_DeleteTopic_destroy_array(dts, n);
+  free(dts);
+  return ret;
+}

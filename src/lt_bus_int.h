@@ -1,0 +1,52 @@
+/* lt_bus_int: internals shared by the lt_bus_*.c files and their tests (not a public header).
+ *
+ * Holds the librdkafka-facing pieces: the configuration's pass-through table, the
+ * error classification (one table, so every caller retries, aborts or recreates the same way)
+ * and the handle structs the producer, consumer and admin files share. */
+#ifndef LT_BUS_INT_H
+#define LT_BUS_INT_H
+
+#include <librdkafka/rdkafka.h>
+
+#include "lt_bus.h"
+
+/* What a caller must do about a librdkafka error. */
+typedef enum lt_bus_class {
+  LT_BUS_CLASS_OK = 0,
+  LT_BUS_CLASS_RETRIABLE, /* transient: the same call may succeed later */
+  LT_BUS_CLASS_ABORTABLE, /* the current transaction must be aborted, then redone */
+  LT_BUS_CLASS_FATAL,     /* the handle is unusable: destroy and recreate it */
+  LT_BUS_CLASS_FENCED,    /* a newer producer owns the transactional id: stop */
+  LT_BUS_CLASS_PERMANENT, /* this request can never succeed as is (bad input, unknown topic) */
+} lt_bus_class_t;
+
+const char *lt_bus_class_name(lt_bus_class_t cls);
+
+/* Classification of a bare response code (delivery reports, consumer errors, admin results). */
+lt_bus_class_t lt_bus_classify_code(rd_kafka_resp_err_t err);
+
+/* The lt_err_t a bare response code becomes. */
+lt_err_t lt_bus_err_from_code(rd_kafka_resp_err_t err);
+
+/* Classification of an error object (transactional API), resolving a fatal error to the
+ * underlying cause via rd_kafka_fatal_error(rk) so fencing is told apart. rk may be NULL. */
+lt_bus_class_t lt_bus_classify_error(rd_kafka_t *rk, const rd_kafka_error_t *error);
+
+/* True for the response codes that mean "a newer producer with this transactional id". */
+bool lt_bus_code_is_fenced(rd_kafka_resp_err_t err);
+
+/* Builds a librdkafka configuration: first `defaults` (name, value pairs, NULL-terminated),
+ * then the conf's pass-through properties, then `forced` pairs that may not be overridden.
+ * Returns NULL with errstr set on failure. */
+rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *conf, const char *const *defaults,
+                                const char *const *forced, char *errstr, size_t errstr_size);
+
+/* Converts between librdkafka partition lists and lt_bus_tp_t arrays. The array form borrows
+ * topic names from the list. */
+rd_kafka_topic_partition_list_t *lt_bus_tplist_from(const lt_bus_tp_t *parts, size_t n);
+lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *list);
+
+/* The consumer's librdkafka handle, for the transactional producer's send_offsets. */
+rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);
+
+#endif

@@ -1,0 +1,180 @@
+/* lt_dataset: every bad line is reported with line, field and reason; streaming in any chunk
+ * size gives the same report; quotas stop the upload. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lt_dataset.h"
+
+/* A stand-in token count (one token per 4 bytes of text): the checker's logic, not the
+ * tokenizer, is under test here; the real tokenizer is wired in by the API. */
+static int64_t fake_tokens(void *ctx, lt_dataset_format_t f, const json_t *line) {
+  (void)ctx;
+  int64_t n = 0;
+  if (f == LT_DATASET_PROMPT_COMPLETION) {
+    n += (int64_t)json_string_length(json_object_get(line, "prompt"));
+    n += (int64_t)json_string_length(json_object_get(line, "completion"));
+  } else {
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(line, "messages"), i, m) n += (int64_t)json_string_length(json_object_get(m, "content"));
+  }
+  return (n + 3) / 4;
+}
+
+static lt_err_t check(const char *text, size_t chunk, lt_dataset_limits_t *lim, lt_dataset_check_t **c,
+                      lt_dataset_report_t *r) {
+  cr_assert_eq(lt_dataset_check_new(c, lim, fake_tokens, NULL), LT_OK);
+  size_t n = strlen(text);
+  for (size_t i = 0; i < n; i += chunk) {
+    size_t k = n - i < chunk ? n - i : chunk;
+    if (lt_dataset_check_feed(*c, text + i, k) == LT_ERR_QUOTA) break;
+  }
+  return lt_dataset_check_finish(*c, r);
+}
+
+static const lt_dataset_error_t *find(const lt_dataset_report_t *r, uint64_t line) {
+  for (size_t i = 0; i < r->errors_kept; i++)
+    if (r->errors[i].line == line) return &r->errors[i];
+  return NULL;
+}
+
+Test(dataset, valid_prompt_completion_file_gives_a_preflight_report) {
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  const char *text = "{\"prompt\":\"2024-01-05\",\"completion\":\"5 Jan 2024\"}\n"
+                     "\n"
+                     "{\"prompt\":\"a longer prompt here\",\"completion\":\"ok\",\"meta\":1}\r\n"
+                     "{\"prompt\":\"x\",\"completion\":\"y\"}"; /* no final newline */
+  cr_assert_eq(check(text, 1 << 20, NULL, &c, &r), LT_OK);
+  cr_assert_eq(r.format, LT_DATASET_PROMPT_COMPLETION);
+  cr_assert_eq(r.examples, 3);
+  cr_assert_eq(r.lines, 4);
+  cr_assert_eq(r.longest_line, 3);
+  cr_assert_eq(r.longest_tokens, 6);
+  cr_assert_eq(r.tokens, 5 + 6 + 1);
+  json_t *j = lt_dataset_report_json(&r, 3);
+  cr_assert_eq(json_integer_value(json_object_get(j, "estimated_cost_token_steps")), 36);
+  json_decref(j);
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, every_kind_of_bad_line_is_named) {
+  lt_dataset_limits_t lim = {.max_tokens = 8};
+  const char *text =
+      "{\"prompt\":\"ok\",\"completion\":\"fine\"}\n"                         /* 1 good */
+      "{\"prompt\":\"ok\",\"completion\":\n"                                 /* 2 bad JSON */
+      "{\"prompt\":\"caf\xc3\x28\",\"completion\":\"x\"}\n"                  /* 3 bad UTF-8 */
+      "{\"prompt\":\"ok\"}\n"                                                /* 4 missing */
+      "{\"prompt\":\"ok\",\"completion\":\"   \"}\n"                         /* 5 empty */
+      "{\"prompt\":\"ok\",\"completion\":42}\n"                              /* 6 type */
+      "{\"prompt\":\"a very long prompt that is far too long\",\"completion\":\"x\"}\n" /* 7 tokens */
+      "[1,2]\n"                                                              /* 8 not object */
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n"; /* 9 format */
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  cr_assert_eq(check(text, 7, &lim, &c, &r), LT_ERR_INVALID);
+  cr_assert_eq(r.examples, 1);
+  cr_assert_eq(r.error_count, 8);
+  struct { uint64_t line; const char *field, *words; } want[] = {
+      {2, "", "invalid JSON"},        {3, "", "invalid UTF-8 at byte 15"},
+      {4, "completion", "missing"},  {5, "completion", "empty"},
+      {6, "completion", "string"},   {7, "", "over the limit of 8"},
+      {8, "", "JSON object"},        {9, "messages", "one per file"},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    const lt_dataset_error_t *e = find(&r, want[i].line);
+    cr_assert_not_null(e, "no error for line %llu", (unsigned long long)want[i].line);
+    cr_assert_str_eq(e->field, want[i].field, "line %llu: %s", (unsigned long long)want[i].line, e->reason);
+    cr_assert(strstr(e->reason, want[i].words), "line %llu: \"%s\"", (unsigned long long)want[i].line, e->reason);
+  }
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, chat_messages_are_checked_message_by_message) {
+  const char *text =
+      "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"hello\"}]}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n"
+      "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\"}]}\n"
+      "{\"messages\":[]}\n";
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  cr_assert_eq(check(text, 3, NULL, &c, &r), LT_ERR_INVALID);
+  cr_assert_eq(r.format, LT_DATASET_MESSAGES);
+  cr_assert_eq(r.examples, 1);
+  cr_assert(strstr(find(&r, 2)->reason, "assistant"));
+  cr_assert_str_eq(r.errors[1].field, "messages[0].role");
+  cr_assert_str_eq(r.errors[2].field, "messages[1].content");
+  cr_assert_str_eq(find(&r, 4)->field, "messages");
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, any_chunking_gives_the_same_report) {
+  char text[8192] = "";
+  for (int i = 0; i < 60; i++) {
+    char line[128];
+    snprintf(line, sizeof line, i % 7 == 3 ? "{\"prompt\":\"p%d\"}\n" : "{\"prompt\":\"p%d\",\"completion\":\"c\"}\n", i);
+    strcat(text, line);
+  }
+  lt_dataset_check_t *a, *b;
+  lt_dataset_report_t ra, rb;
+  check(text, 1, NULL, &a, &ra);
+  check(text, 4096, NULL, &b, &rb);
+  cr_assert_eq(ra.examples, rb.examples);
+  cr_assert_eq(ra.error_count, rb.error_count);
+  cr_assert_eq(ra.error_count, 9);
+  cr_assert_eq(ra.tokens, rb.tokens);
+  for (size_t i = 0; i < ra.errors_kept; i++) cr_assert_eq(ra.errors[i].line, rb.errors[i].line);
+  lt_dataset_check_destroy(a);
+  lt_dataset_check_destroy(b);
+}
+
+Test(dataset, file_over_the_byte_quota_stops_with_the_limit_named) {
+  lt_dataset_limits_t lim = {.max_bytes = 100};
+  char text[1024] = "";
+  for (int i = 0; i < 10; i++) strcat(text, "{\"prompt\":\"p\",\"completion\":\"c\"}\n");
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  cr_assert_eq(check(text, 50, &lim, &c, &r), LT_ERR_QUOTA);
+  cr_assert(r.over_quota);
+  cr_assert(strstr(r.errors[r.errors_kept - 1].reason, "quota of 100 bytes"));
+  cr_assert_leq(r.bytes, 100);
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, overlong_line_and_empty_file_are_errors) {
+  lt_dataset_limits_t lim = {.max_line_bytes = 64};
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  cr_assert_eq(check("{\"prompt\":\"0123456789012345678901234567890123456789012345678901234567890\",\"completion\":\"c\"}\n"
+                     "{\"prompt\":\"p\",\"completion\":\"c\"}\n", 5, &lim, &c, &r), LT_ERR_INVALID);
+  cr_assert_eq(r.errors[0].line, 1);
+  cr_assert(strstr(r.errors[0].reason, "longer than 64 bytes"));
+  cr_assert_eq(r.examples, 1);
+  lt_dataset_check_destroy(c);
+  cr_assert_eq(check("\n\n", 5, NULL, &c, &r), LT_ERR_INVALID);
+  cr_assert(strstr(r.errors[0].reason, "no examples"));
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, error_list_is_capped_but_the_count_is_exact) {
+  lt_dataset_limits_t lim = {.max_errors = 5};
+  char text[4096] = "";
+  for (int i = 0; i < 50; i++) strcat(text, "nope\n");
+  lt_dataset_check_t *c;
+  lt_dataset_report_t r;
+  cr_assert_eq(check(text, 64, &lim, &c, &r), LT_ERR_INVALID);
+  cr_assert_eq(r.errors_kept, 5);
+  cr_assert_eq(r.error_count, 50);
+  lt_dataset_check_destroy(c);
+}
+
+Test(dataset, utf8_validator_refuses_overlongs_and_surrogates) {
+  cr_assert(lt_utf8_valid("h\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x98\x80", 12, NULL));
+  size_t off;
+  cr_assert(!lt_utf8_valid("ab\xc0\xaf", 4, &off));
+  cr_assert_eq(off, 2);
+  cr_assert(!lt_utf8_valid("\xed\xa0\x80", 3, NULL));     /* surrogate */
+  cr_assert(!lt_utf8_valid("\xf4\x90\x80\x80", 4, NULL)); /* > U+10FFFF */
+  cr_assert(!lt_utf8_valid("\xe6\x97", 2, NULL));         /* truncated */
+}

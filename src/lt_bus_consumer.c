@@ -135,7 +135,10 @@ lt_err_t lt_bus_consumer_new(const lt_bus_conf_t *conf, const lt_bus_consumer_op
   char rderr[512];
   rd_kafka_conf_t *rc = lt_bus_rk_conf(conf, defaults, forced, errstr, errstr_size);
   if (!rc) goto err;
-  if ((opts->group_id && rd_kafka_conf_set(rc, "group.id", opts->group_id, rderr, sizeof rderr)) ||
+  /* librdkafka polls only through a consumer group handle, so an assign-only consumer gets a
+   * group id too; it never joins (no subscribe) and never commits (has_group is false). */
+  if (rd_kafka_conf_set(rc, "group.id", opts->group_id ? opts->group_id : "lathe.assign-only",
+                        rderr, sizeof rderr) ||
       rd_kafka_conf_set(rc, "auto.offset.reset",
                         opts->auto_offset_reset ? opts->auto_offset_reset : "earliest", rderr,
                         sizeof rderr)) {

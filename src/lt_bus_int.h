@@ -46,7 +46,9 @@ rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *conf, const char *const *de
 rd_kafka_topic_partition_list_t *lt_bus_tplist_from(const lt_bus_tp_t *parts, size_t n);
 lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *list);
 
-/* The consumer's librdkafka handle, for the transactional producer's send_offsets. */
+/* The handles' librdkafka instances (send_offsets needs the consumer's; tests read the
+ * effective configuration). */
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);
+rd_kafka_t *lt_bus_producer_rk(lt_bus_producer_t *p);
 
 #endif

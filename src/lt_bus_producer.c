@@ -322,6 +322,8 @@ lt_err_t lt_bus_producer_flush(lt_bus_producer_t *p, int timeout_ms, char *errst
   return LT_OK;
 }
 
+rd_kafka_t *lt_bus_producer_rk(lt_bus_producer_t *p) { return p->rk; }
+
 int lt_bus_producer_outq_len(lt_bus_producer_t *p) { return rd_kafka_outq_len(p->rk); }
 
 lt_err_t lt_bus_producer_fatal(lt_bus_producer_t *p, char *errstr, size_t errstr_size) {

@@ -1,0 +1,486 @@
+/* lt_gpu_cases: each cuda kernel (through the backend vtable, in f32 mode unless the case says
+ * bf16) against a plain C reference written here, with the tolerance it is held to. A case
+ * returns LT_GPU_SKIP when no usable GPU is present (no device, no driver, "driver version is
+ * insufficient"): that is reported as skipped, never as passed. */
+#include "lt_gpu_cases.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_backend_cuda.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint64_t lt_gt_rng = 0x1234567887654321ull;
+static float lt_gt_rand(void) { /* uniform in [-1, 1) */
+  lt_gt_rng ^= lt_gt_rng << 13;
+  lt_gt_rng ^= lt_gt_rng >> 7;
+  lt_gt_rng ^= lt_gt_rng << 17;
+  return (float)((lt_gt_rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+static float *lt_gt_randv(size_t n, float scale) {
+  float *x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; i++) x[i] = lt_gt_rand() * scale;
+  return x;
+}
+
+/* Opens a backend; LT_GPU_SKIP (and prints "skipped: no GPU") when there is none. */
+static int lt_gt_open(int bf16, lt_backend_t **be, char *msg, size_t n) {
+  char err[512] = "";
+  lt_cuda_opts_t o = {bf16, 0};
+  lt_err_t e = lt_backend_cuda_new_opts(0, &o, be, err, sizeof err);
+  if (e == LT_ERR_UNAVAILABLE) {
+    printf("skipped: no GPU (%s)\n", err);
+    snprintf(msg, n, "skipped: no GPU (%s)", err);
+    return LT_GPU_SKIP;
+  }
+  if (e != LT_OK) {
+    snprintf(msg, n, "backend: %s: %s", lt_err_name(e), err);
+    return LT_GPU_FAIL;
+  }
+  return LT_GPU_PASS;
+}
+
+static void *lt_gt_up(lt_backend_t *be, const void *h, size_t bytes) {
+  void *d = be->alloc(be, bytes);
+  if (d && h) be->upload(be, d, h, bytes);
+  return d;
+}
+static float *lt_gt_down(lt_backend_t *be, const void *d, size_t n) {
+  float *h = malloc(n * sizeof *h);
+  be->download(be, h, d, n * sizeof *h);
+  return h;
+}
+
+/* max |a-b| / (atol + rtol*|b|) must be <= 1. */
+static int lt_gt_close(const char *what, const float *got, const float *want, size_t n,
+                       float atol, float rtol, char *msg, size_t msz) {
+  for (size_t i = 0; i < n; i++) {
+    float d = fabsf(got[i] - want[i]);
+    if (!(d <= atol + rtol * fabsf(want[i]))) {
+      snprintf(msg, msz, "%s[%zu]: got %.7g want %.7g (atol %g rtol %g)", what, i, got[i],
+               want[i], atol, rtol);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int lt_gt_end(lt_backend_t *be, int ok, char *msg, size_t n) {
+  const char *le = be->last_error(be);
+  if (ok && le && *le) {
+    snprintf(msg, n, "backend error: %s", le);
+    ok = 0;
+  }
+  lt_backend_destroy(be);
+  if (ok) snprintf(msg, n, "ok");
+  return ok ? LT_GPU_PASS : LT_GPU_FAIL;
+}
+
+static float lt_gt_bf16(float x) { /* round to nearest even, as __float2bfloat16_rn */
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* Row-major reference matmul, same contract as lt_backend.h. */
+static void lt_gt_ref_mm(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = 0;
+      for (int k = 0; k < K; k++)
+        s += (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = (float)(alpha * s + (beta == 0.0f ? 0.0 : beta * C[i * ldc + j]));
+    }
+}
+
+/* ---- cases -------------------------------------------------------------------------------- */
+
+static int lt_gt_matmul(int bf16, char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(bf16, &be, msg, n);
+  if (r) return r;
+  int ok = 1, M = 37, N = 300, K = 70; /* N*K >= the bf16 shadow threshold when bf16 */
+  for (int t = 0; t < 4 && ok; t++) {
+    int ta = t & 1, tb = t >> 1;
+    size_t na = (size_t)M * K, nb = (size_t)K * N * 4, nc = (size_t)M * N;
+    float *A = lt_gt_randv(na, 1), *B = lt_gt_randv(nb, 1), *C = lt_gt_randv(nc, 1);
+    int lda = ta ? M : K, ldb = tb ? K : N;
+    float *dA = lt_gt_up(be, A, na * 4), *dC = lt_gt_up(be, C, nc * 4);
+    /* B is a mapped weight (as the engine does): in bf16 mode it gets a bf16 shadow */
+    const float *dB = be->map_const(be, B, nb);
+    if (bf16) { /* the reference sees what the tensor cores see */
+      for (size_t i = 0; i < na; i++) A[i] = lt_gt_bf16(A[i]);
+      for (size_t i = 0; i < nb; i++) B[i] = lt_gt_bf16(B[i]);
+    }
+    be->matmul(be, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, N);
+    lt_gt_ref_mm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, N);
+    float *got = lt_gt_down(be, dC, nc);
+    char what[64];
+    snprintf(what, sizeof what, "matmul(ta=%d,tb=%d)", ta, tb);
+    /* f32: cuBLAS FP32 vs a double-accumulated reference; bf16: same rounded inputs, f32 sums */
+    ok = lt_gt_close(what, got, C, nc, 1e-4f, 1e-4f, msg, n);
+    free(A), free(B), free(C), free(got);
+    be->free(be, dA), be->free(be, dC), be->free_const(be, dB);
+  }
+  return lt_gt_end(be, ok, msg, n);
+}
+static int lt_gt_case_matmul_f32(char *m, size_t n) { return lt_gt_matmul(0, m, n); }
+static int lt_gt_case_matmul_bf16(char *m, size_t n) { return lt_gt_matmul(1, m, n); }
+
+static int lt_gt_case_rmsnorm(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  int N = 9, D = 333;
+  float eps = 1e-5f;
+  float *x = lt_gt_randv((size_t)N * D, 2), *w = lt_gt_randv(D, 1), *dy = lt_gt_randv((size_t)N * D, 1);
+  float *dx0 = lt_gt_randv((size_t)N * D, 1), *dw0 = lt_gt_randv(D, 1);
+  float *y = malloc((size_t)N * D * 4), *rs = malloc(N * 4), *dx = malloc((size_t)N * D * 4), *dw = malloc(D * 4);
+  memcpy(dx, dx0, (size_t)N * D * 4), memcpy(dw, dw0, D * 4);
+  for (int i = 0; i < N; i++) {
+    double ss = 0, dot = 0;
+    for (int c = 0; c < D; c++) ss += (double)x[i * D + c] * x[i * D + c];
+    rs[i] = (float)(1.0 / sqrt(ss / D + eps));
+    for (int c = 0; c < D; c++) y[i * D + c] = x[i * D + c] * rs[i] * w[c];
+    for (int c = 0; c < D; c++) dot += (double)dy[i * D + c] * w[c] * x[i * D + c];
+    double k = dot * rs[i] * rs[i] * rs[i] / D;
+    for (int c = 0; c < D; c++) {
+      dx[i * D + c] += (float)(rs[i] * w[c] * dy[i * D + c] - x[i * D + c] * k);
+      dw[c] += dy[i * D + c] * x[i * D + c] * rs[i];
+    }
+  }
+  float *dX = lt_gt_up(be, x, (size_t)N * D * 4), *dW = lt_gt_up(be, w, D * 4);
+  float *dY = lt_gt_up(be, NULL, (size_t)N * D * 4), *dR = lt_gt_up(be, NULL, N * 4);
+  float *dDY = lt_gt_up(be, dy, (size_t)N * D * 4), *dDX = lt_gt_up(be, dx0, (size_t)N * D * 4);
+  float *dDW = lt_gt_up(be, dw0, D * 4);
+  be->rmsnorm_fwd(be, dY, dR, dX, dW, N, D, eps);
+  be->rmsnorm_bwd(be, dDX, dDW, dDY, dX, dW, dR, N, D);
+  float *gy = lt_gt_down(be, dY, (size_t)N * D), *gdx = lt_gt_down(be, dDX, (size_t)N * D);
+  float *gdw = lt_gt_down(be, dDW, D);
+  int ok = lt_gt_close("rmsnorm y", gy, y, (size_t)N * D, 1e-5f, 1e-4f, msg, n) &&
+           lt_gt_close("rmsnorm dx", gdx, dx, (size_t)N * D, 1e-5f, 1e-4f, msg, n) &&
+           lt_gt_close("rmsnorm dw", gdw, dw, D, 1e-4f, 1e-4f, msg, n);
+  free(x), free(w), free(dy), free(dx0), free(dw0), free(y), free(rs), free(dx), free(dw);
+  free(gy), free(gdx), free(gdw);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+static int lt_gt_case_rope(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  int N = 7, nh = 3, hd = 16, maxp = 32, half = hd / 2;
+  float *x = lt_gt_randv((size_t)N * nh * hd, 1), *ct = malloc(maxp * half * 4), *st = malloc(maxp * half * 4);
+  int32_t pos[7] = {0, 1, 2, 5, 31, 3, 17};
+  for (int p = 0; p < maxp; p++)
+    for (int j = 0; j < half; j++) {
+      double a = p * pow(10000.0, -2.0 * j / hd);
+      ct[p * half + j] = (float)cos(a), st[p * half + j] = (float)sin(a);
+    }
+  float *want = malloc((size_t)N * nh * hd * 4);
+  for (int i = 0; i < N; i++)
+    for (int h = 0; h < nh; h++)
+      for (int j = 0; j < half; j++) {
+        const float *xh = x + ((size_t)i * nh + h) * hd;
+        float c = ct[pos[i] * half + j], s = st[pos[i] * half + j];
+        want[((size_t)i * nh + h) * hd + j] = xh[j] * c - xh[j + half] * s;
+        want[((size_t)i * nh + h) * hd + j + half] = xh[j + half] * c + xh[j] * s;
+      }
+  float *dX = lt_gt_up(be, x, (size_t)N * nh * hd * 4), *dC = lt_gt_up(be, ct, maxp * half * 4);
+  float *dS = lt_gt_up(be, st, maxp * half * 4);
+  int32_t *dP = lt_gt_up(be, pos, sizeof pos);
+  be->rope(be, dX, dC, dS, dP, N, nh, hd, 0);
+  float *g1 = lt_gt_down(be, dX, (size_t)N * nh * hd);
+  be->rope(be, dX, dC, dS, dP, N, nh, hd, 1);
+  float *g2 = lt_gt_down(be, dX, (size_t)N * nh * hd);
+  int ok = lt_gt_close("rope", g1, want, (size_t)N * nh * hd, 1e-6f, 1e-5f, msg, n) &&
+           lt_gt_close("rope inverse", g2, x, (size_t)N * nh * hd, 1e-6f, 1e-5f, msg, n);
+  free(x), free(ct), free(st), free(want), free(g1), free(g2);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+/* Reference causal GQA attention forward and backward in double. */
+static void lt_gt_ref_attn(int B, int T, int H, int KV, int hd, const float *q, const float *k,
+                           const float *v, const float *dout, float *out, float *dq, float *dk,
+                           float *dv) {
+  int g = H / KV;
+  double sc = 1.0 / sqrt((double)hd);
+  double *P = malloc(sizeof(double) * T * T), *dP = malloc(sizeof(double) * T * T);
+  memset(dk, 0, sizeof(float) * B * T * KV * hd);
+  memset(dv, 0, sizeof(float) * B * T * KV * hd);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++) {
+      int j = h / g;
+#define Q(t, e) q[((size_t)(b * T + (t)) * H + h) * hd + (e)]
+#define KK(t, e) k[((size_t)(b * T + (t)) * KV + j) * hd + (e)]
+#define VV(t, e) v[((size_t)(b * T + (t)) * KV + j) * hd + (e)]
+#define DO(t, e) dout[((size_t)(b * T + (t)) * H + h) * hd + (e)]
+      for (int i = 0; i < T; i++) {
+        double mx = -1e300, s = 0;
+        for (int t = 0; t <= i; t++) {
+          double d = 0;
+          for (int e = 0; e < hd; e++) d += (double)Q(i, e) * KK(t, e);
+          P[i * T + t] = d * sc;
+          if (P[i * T + t] > mx) mx = P[i * T + t];
+        }
+        for (int t = 0; t <= i; t++) s += exp(P[i * T + t] - mx);
+        for (int t = 0; t < T; t++) P[i * T + t] = t <= i ? exp(P[i * T + t] - mx) / s : 0;
+        for (int e = 0; e < hd; e++) {
+          double o = 0;
+          for (int t = 0; t <= i; t++) o += P[i * T + t] * VV(t, e);
+          out[((size_t)(b * T + i) * H + h) * hd + e] = (float)o;
+        }
+      }
+      for (int i = 0; i < T; i++) {
+        double D = 0;
+        for (int e = 0; e < hd; e++) D += (double)DO(i, e) * out[((size_t)(b * T + i) * H + h) * hd + e];
+        for (int t = 0; t <= i; t++) {
+          double d = 0;
+          for (int e = 0; e < hd; e++) d += (double)DO(i, e) * VV(t, e);
+          dP[i * T + t] = P[i * T + t] * (d - D) * sc;
+        }
+      }
+      for (int i = 0; i < T; i++)
+        for (int e = 0; e < hd; e++) {
+          double a = 0;
+          for (int t = 0; t <= i; t++) a += dP[i * T + t] * KK(t, e);
+          dq[((size_t)(b * T + i) * H + h) * hd + e] = (float)a;
+        }
+      for (int t = 0; t < T; t++)
+        for (int e = 0; e < hd; e++) {
+          double a = 0, c = 0;
+          for (int i = t; i < T; i++) a += dP[i * T + t] * Q(i, e), c += P[i * T + t] * DO(i, e);
+          dk[((size_t)(b * T + t) * KV + j) * hd + e] += (float)a;
+          dv[((size_t)(b * T + t) * KV + j) * hd + e] += (float)c;
+        }
+#undef Q
+#undef KK
+#undef VV
+#undef DO
+    }
+  free(P), free(dP);
+}
+
+static int lt_gt_attn(int bf16, char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(bf16, &be, msg, n);
+  if (r) return r;
+  int B = 2, T = 19, H = 4, KV = 2, hd = 16;
+  size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+  float *q = lt_gt_randv(nq, 1), *k = lt_gt_randv(nk, 1), *v = lt_gt_randv(nk, 1), *dout = lt_gt_randv(nq, 1);
+  if (bf16) {
+    for (size_t i = 0; i < nq; i++) q[i] = lt_gt_bf16(q[i]), dout[i] = lt_gt_bf16(dout[i]);
+    for (size_t i = 0; i < nk; i++) k[i] = lt_gt_bf16(k[i]), v[i] = lt_gt_bf16(v[i]);
+  }
+  float *out = malloc(nq * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
+  lt_gt_ref_attn(B, T, H, KV, hd, q, k, v, dout, out, dq, dk, dv);
+  float *dQ = lt_gt_up(be, q, nq * 4), *dK = lt_gt_up(be, k, nk * 4), *dV = lt_gt_up(be, v, nk * 4);
+  float *dDO = lt_gt_up(be, dout, nq * 4), *dO = lt_gt_up(be, NULL, nq * 4);
+  float *dst = lt_gt_up(be, NULL, be->attn_state_floats(be, B, T, H) * 4);
+  float *gq = lt_gt_up(be, NULL, nq * 4), *gk = lt_gt_up(be, NULL, nk * 4), *gv = lt_gt_up(be, NULL, nk * 4);
+  be->attn_fwd(be, dO, dst, dQ, dK, dV, B, T, H, KV, hd);
+  be->attn_bwd(be, gq, gk, gv, dDO, dQ, dK, dV, dO, dst, B, T, H, KV, hd);
+  float *ho = lt_gt_down(be, dO, nq), *hq = lt_gt_down(be, gq, nq), *hk = lt_gt_down(be, gk, nk);
+  float *hv = lt_gt_down(be, gv, nk);
+  /* f32: FP32 GEMMs and softmax vs double. bf16: P and dS are rounded to bf16 between GEMMs. */
+  float at = bf16 ? 2e-2f : 1e-4f, rt = bf16 ? 2e-2f : 1e-3f;
+  int ok = lt_gt_close("attn out", ho, out, nq, at, rt, msg, n) &&
+           lt_gt_close("attn dq", hq, dq, nq, at, rt, msg, n) &&
+           lt_gt_close("attn dk", hk, dk, nk, at, rt, msg, n) &&
+           lt_gt_close("attn dv", hv, dv, nk, at, rt, msg, n);
+  free(q), free(k), free(v), free(dout), free(out), free(dq), free(dk), free(dv);
+  free(ho), free(hq), free(hk), free(hv);
+  return lt_gt_end(be, ok, msg, n);
+}
+static int lt_gt_case_attn_f32(char *m, size_t n) { return lt_gt_attn(0, m, n); }
+static int lt_gt_case_attn_bf16(char *m, size_t n) { return lt_gt_attn(1, m, n); }
+
+static int lt_gt_case_attn_cached(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  int S = 2, max_t = 24, H = 4, KV = 2, hd = 32, g = H / KV, rows = 3;
+  size_t ncache = (size_t)S * max_t * KV * hd;
+  float *kc = lt_gt_randv(ncache, 1), *vc = lt_gt_randv(ncache, 1), *q = lt_gt_randv((size_t)rows * H * hd, 1);
+  int32_t seq[3] = {0, 1, 1}, pos[3] = {23, 0, 11};
+  float *want = malloc((size_t)rows * H * hd * 4);
+  for (int i = 0; i < rows; i++)
+    for (int h = 0; h < H; h++) {
+      int j = h / g;
+      double s[64], mx = -1e300, z = 0;
+      for (int p = 0; p <= pos[i]; p++) {
+        double d = 0;
+        for (int e = 0; e < hd; e++)
+          d += (double)q[((size_t)i * H + h) * hd + e] * kc[(((size_t)seq[i] * max_t + p) * KV + j) * hd + e];
+        s[p] = d / sqrt((double)hd);
+        if (s[p] > mx) mx = s[p];
+      }
+      for (int p = 0; p <= pos[i]; p++) z += exp(s[p] - mx);
+      for (int e = 0; e < hd; e++) {
+        double o = 0;
+        for (int p = 0; p <= pos[i]; p++)
+          o += exp(s[p] - mx) / z * vc[(((size_t)seq[i] * max_t + p) * KV + j) * hd + e];
+        want[((size_t)i * H + h) * hd + e] = (float)o;
+      }
+    }
+  float *dK = lt_gt_up(be, kc, ncache * 4), *dV = lt_gt_up(be, vc, ncache * 4);
+  float *dQ = lt_gt_up(be, q, (size_t)rows * H * hd * 4), *dO = lt_gt_up(be, NULL, (size_t)rows * H * hd * 4);
+  int32_t *dS = lt_gt_up(be, seq, sizeof seq), *dP = lt_gt_up(be, pos, sizeof pos);
+  be->attn_cached(be, dO, dQ, dK, dV, dS, dP, rows, H, KV, hd, max_t);
+  float *got = lt_gt_down(be, dO, (size_t)rows * H * hd);
+  int ok = lt_gt_close("attn_cached", got, want, (size_t)rows * H * hd, 1e-5f, 1e-4f, msg, n);
+  free(kc), free(vc), free(q), free(want), free(got);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+static int lt_gt_case_swiglu(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  size_t N = 1000;
+  float *g = lt_gt_randv(N, 6), *u = lt_gt_randv(N, 2), *dh = lt_gt_randv(N, 1);
+  float *h = malloc(N * 4), *dg = malloc(N * 4), *du = malloc(N * 4);
+  for (size_t i = 0; i < N; i++) {
+    double sg = 1.0 / (1.0 + exp(-g[i]));
+    h[i] = (float)(g[i] * sg * u[i]);
+    dg[i] = (float)(dh[i] * u[i] * sg * (1 + g[i] * (1 - sg)));
+    du[i] = (float)(dh[i] * g[i] * sg);
+  }
+  float *dG = lt_gt_up(be, g, N * 4), *dU = lt_gt_up(be, u, N * 4), *dDH = lt_gt_up(be, dh, N * 4);
+  float *dH = lt_gt_up(be, NULL, N * 4), *dDG = lt_gt_up(be, NULL, N * 4), *dDU = lt_gt_up(be, NULL, N * 4);
+  be->swiglu_fwd(be, dH, dG, dU, N);
+  be->swiglu_bwd(be, dDG, dDU, dDH, dG, dU, N);
+  float *gh = lt_gt_down(be, dH, N), *gg = lt_gt_down(be, dDG, N), *gu = lt_gt_down(be, dDU, N);
+  int ok = lt_gt_close("swiglu h", gh, h, N, 1e-6f, 1e-5f, msg, n) &&
+           lt_gt_close("swiglu dg", gg, dg, N, 1e-6f, 1e-5f, msg, n) &&
+           lt_gt_close("swiglu du", gu, du, N, 1e-6f, 1e-5f, msg, n);
+  free(g), free(u), free(dh), free(h), free(dg), free(du), free(gh), free(gg), free(gu);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+static int lt_gt_case_xent(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  int N = 6, V = 5003;
+  float *lg = lt_gt_randv((size_t)N * V, 8), coef[6] = {1, 0, 0.5f, -2, 1, 0.25f};
+  int32_t tg[6] = {0, 5002, 17, 4000, 3, 3};
+  float *lp = malloc(N * 4), *lse = malloc(N * 4), *grad = malloc((size_t)N * V * 4);
+  for (int i = 0; i < N; i++) {
+    double mx = -1e300, s = 0;
+    for (int j = 0; j < V; j++) mx = lg[i * V + j] > mx ? lg[i * V + j] : mx;
+    for (int j = 0; j < V; j++) s += exp(lg[i * V + j] - mx);
+    lse[i] = (float)(mx + log(s));
+    lp[i] = lg[i * V + tg[i]] - lse[i];
+    for (int j = 0; j < V; j++)
+      grad[i * V + j] = (float)(coef[i] * ((j == tg[i]) - exp(lg[i * V + j] - mx) / s));
+  }
+  float *dL = lt_gt_up(be, lg, (size_t)N * V * 4), *dLP = lt_gt_up(be, NULL, N * 4);
+  float *dLSE = lt_gt_up(be, NULL, N * 4), *dC = lt_gt_up(be, coef, sizeof coef);
+  int32_t *dT = lt_gt_up(be, tg, sizeof tg);
+  be->ce_fwd(be, dLP, dLSE, dL, dT, N, V);
+  be->ce_bwd(be, dL, dLSE, dT, dC, N, V);
+  float *glp = lt_gt_down(be, dLP, N), *glse = lt_gt_down(be, dLSE, N), *gg = lt_gt_down(be, dL, (size_t)N * V);
+  int ok = lt_gt_close("ce lse", glse, lse, N, 1e-5f, 1e-6f, msg, n) &&
+           lt_gt_close("ce logp", glp, lp, N, 1e-4f, 1e-5f, msg, n) &&
+           lt_gt_close("ce grad", gg, grad, (size_t)N * V, 1e-6f, 1e-4f, msg, n);
+  free(lg), free(lp), free(lse), free(grad), free(glp), free(glse), free(gg);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+static int lt_gt_case_adamw(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  size_t N = 777;
+  float *p = lt_gt_randv(N, 1), *g = lt_gt_randv(N, 1), *m = lt_gt_randv(N, 0.1f), *v = lt_gt_randv(N, 0.1f);
+  for (size_t i = 0; i < N; i++) v[i] = fabsf(v[i]);
+  float *dp = lt_gt_up(be, p, N * 4), *dg = lt_gt_up(be, g, N * 4), *dm = lt_gt_up(be, m, N * 4);
+  float *dv = lt_gt_up(be, v, N * 4);
+  float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, gs = 0.5f;
+  long step = 3;
+  be->adamw(be, dp, dg, dm, dv, N, lr, b1, b2, eps, wd, gs, step);
+  for (size_t i = 0; i < N; i++) {
+    double gi = (double)g[i] * gs, pi = p[i] * (1 - (double)lr * wd);
+    double mi = b1 * (double)m[i] + (1 - b1) * gi, vi = b2 * (double)v[i] + (1 - b2) * gi * gi;
+    double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+    p[i] = (float)(pi - lr / bc1 * mi / (sqrt(vi) / sqrt(bc2) + eps));
+    m[i] = (float)mi, v[i] = (float)vi;
+  }
+  float *gp = lt_gt_down(be, dp, N), *gm = lt_gt_down(be, dm, N), *gv = lt_gt_down(be, dv, N);
+  int ok = lt_gt_close("adamw p", gp, p, N, 1e-6f, 1e-5f, msg, n) &&
+           lt_gt_close("adamw m", gm, m, N, 1e-7f, 1e-5f, msg, n) &&
+           lt_gt_close("adamw v", gv, v, N, 1e-8f, 1e-5f, msg, n);
+  free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+/* sumsq, embedding scatter with repeated tokens, bias gradient, dropout mask, and the scrub
+ * that tenant isolation rests on. */
+static int lt_gt_case_misc(char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(0, &be, msg, n);
+  if (r) return r;
+  size_t N = 100003;
+  float *x = lt_gt_randv(N, 1);
+  double want = 0;
+  for (size_t i = 0; i < N; i++) want += (double)x[i] * x[i];
+  float *dx = lt_gt_up(be, x, N * 4);
+  double got = be->sumsq(be, dx, N), got2 = be->sumsq(be, dx, N);
+  int ok = fabs(got - want) <= 1e-9 * want && got == got2;
+  if (!ok) snprintf(msg, n, "sumsq: got %.17g (again %.17g) want %.17g", got, got2, want);
+  int rows = 5, D = 7;
+  int32_t tok[5] = {2, 0, 2, 2, 1};
+  float *dout = lt_gt_randv((size_t)rows * D, 1), tab[3 * 7] = {0}, db[7] = {0};
+  for (int i = 0; i < rows; i++)
+    for (int c = 0; c < D; c++) tab[tok[i] * D + c] += dout[i * D + c], db[c] += dout[i * D + c];
+  float *dT = lt_gt_up(be, NULL, sizeof tab), *dD = lt_gt_up(be, dout, (size_t)rows * D * 4);
+  float *dB = lt_gt_up(be, NULL, sizeof db);
+  int32_t *dTok = lt_gt_up(be, tok, sizeof tok);
+  be->embed_bwd(be, dT, dD, dTok, rows, D);
+  be->bias_bwd(be, dB, dD, rows, D);
+  float *gt = lt_gt_down(be, dT, 21), *gb = lt_gt_down(be, dB, 7);
+  ok = ok && lt_gt_close("embed_bwd", gt, tab, 21, 1e-6f, 1e-6f, msg, n) &&
+       lt_gt_close("bias_bwd", gb, db, 7, 1e-6f, 1e-6f, msg, n);
+  float *dd = lt_gt_up(be, NULL, N * 4);
+  be->dropout(be, dd, dx, N, 0.3f, 42);
+  float *gd = lt_gt_down(be, dd, N);
+  for (size_t i = 0; ok && i < N; i++) {
+    float w = lt_backend_dropout_keep(42, i, 0.3f) ? x[i] / 0.7f : 0.0f;
+    if (fabsf(gd[i] - w) > 1e-6f * (1 + fabsf(w))) {
+      snprintf(msg, n, "dropout[%zu]: got %g want %g", i, gd[i], w);
+      ok = 0;
+    }
+  }
+  be->scrub(be, dx, N * 4);
+  float *gs = lt_gt_down(be, dx, N);
+  for (size_t i = 0; ok && i < N; i++)
+    if (gs[i] != 0.0f) {
+      snprintf(msg, n, "scrub left %g at %zu", gs[i], i);
+      ok = 0;
+    }
+  free(x), free(dout), free(gt), free(gb), free(gd), free(gs);
+  return lt_gt_end(be, ok, msg, n);
+}
+
+const lt_gpu_case_t lt_gpu_cases[] = {
+    {"matmul_f32", lt_gt_case_matmul_f32},
+    {"matmul_bf16", lt_gt_case_matmul_bf16},
+    {"rmsnorm", lt_gt_case_rmsnorm},
+    {"rope", lt_gt_case_rope},
+    {"attention_f32", lt_gt_case_attn_f32},
+    {"attention_bf16", lt_gt_case_attn_bf16},
+    {"attention_cached", lt_gt_case_attn_cached},
+    {"swiglu", lt_gt_case_swiglu},
+    {"cross_entropy", lt_gt_case_xent},
+    {"adamw", lt_gt_case_adamw},
+    {"misc_sumsq_embed_bias_dropout_scrub", lt_gt_case_misc},
+    {NULL, NULL},
+};

@@ -12,7 +12,7 @@
 //                                               print a JSON array of decoded strings
 //   node tok_ref.mjs bench TOKENIZER.json TEXT.txt
 //                                               encode the text line by line, print
-//                                               "tokens=N seconds=S tokens_per_s=R"
+//                                               "tokens=N seconds=S tokens_per_s=R fnv=H"
 import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
@@ -75,10 +75,15 @@ if (cmd === "gpt2") {
   const tok = load(a);
   const lines = readFileSync(b, "utf8").split("\n");
   let n = 0;
+  let h = 2166136261; // FNV-1a over the ids, to check that both encoders agree on the whole text
   const t0 = process.hrtime.bigint();
-  for (const line of lines) n += tok.encode(line + "\n").ids.length;
+  for (const line of lines) {
+    const ids = tok.encode(line + "\n").ids;
+    n += ids.length;
+    for (const id of ids) h = Math.imul(h ^ id, 16777619) >>> 0;
+  }
   const s = Number(process.hrtime.bigint() - t0) / 1e9;
-  process.stdout.write(`tokens=${n} seconds=${s.toFixed(3)} tokens_per_s=${Math.round(n / s)}\n`);
+  process.stdout.write(`tokens=${n} seconds=${s.toFixed(3)} tokens_per_s=${Math.round(n / s)} fnv=${h.toString(16).padStart(8, "0")}\n`);
 } else {
   process.stderr.write("usage: node tok_ref.mjs gpt2|encode|encode-gpt3|decode|bench ...\n");
   process.exit(2);

@@ -1,0 +1,167 @@
+/* bench_sched: scheduler decisions per second at DESIGN scale — 10,000 queued jobs, 1,000
+ * tenants, 500 workers of 8 GPUs — for Lathe's policy and, as the peer in the same run, FIFO
+ * behind the same interface.
+ *
+ * Steady state: the fleet starts full; each cycle finishes 256 random running jobs (a few are
+ * requeued instead, as after a lost attempt), tops the queue back up to 10,000, advances
+ * virtual time by 1 s (so aging, preemption and gang reservation are live) and decides.
+ * Timed: the events and the decide calls, i.e. everything the scheduler's fold loop does for
+ * the policy. Preempt decisions are answered at once with a requeue.
+ * Last line: `sched_decisions_per_s: N` (Lathe policy). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lt_sched.h"
+
+#define TENANTS 1000
+#define WORKERS 500
+#define SLOTS 8
+#define QUEUED 10000
+#define MODELS 20
+#define CYCLES 400
+#define CHURN 256
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_state;
+static uint32_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (uint32_t)(rng_state >> 11);
+}
+
+typedef struct result {
+  double decisions_per_s, decide_only_per_s;
+  uint64_t decisions, dispatches, preemptions, cold_loads;
+  double jain_standard;
+} result_t;
+
+static int run(lt_sched_policy_t policy, result_t *r) {
+  lt_sched_config_t c;
+  lt_sched_config_default(&c);
+  c.policy = policy;
+  c.max_tenants = TENANTS;
+  c.max_workers = WORKERS;
+  c.max_jobs = QUEUED + WORKERS * SLOTS + 1024;
+  c.max_models = MODELS;
+  lt_sched_t *s;
+  char err[256];
+  if (lt_sched_new(&c, &s, err, sizeof err)) {
+    fprintf(stderr, "bench_sched: %s\n", err);
+    return 1;
+  }
+  rng_state = 0x9e3779b97f4a7c15ULL;
+  uint32_t models[MODELS];
+  for (int m = 0; m < MODELS; m++) {
+    char name[32];
+    snprintf(name, sizeof name, "model-%d", m);
+    lt_sched_model_intern(s, name, &models[m], err, sizeof err);
+  }
+  for (uint64_t t = 1; t <= TENANTS; t++) {
+    lt_sched_tenant_t ten = {.id = t, .weight = 1 + (double)(t % 4),
+                             .max_running_slots = t % 10 == 0 ? 16 : 0};
+    lt_sched_tenant_upsert(s, &ten, err, sizeof err);
+  }
+  for (uint64_t w = 1; w <= WORKERS; w++) {
+    lt_sched_worker_t wk = {.id = w, .slots = SLOTS, .mem_bytes = SLOTS * (80ULL << 30),
+                            .model_cache = 2};
+    lt_sched_worker_up(s, &wk, err, sizeof err);
+  }
+  uint64_t next_id = 1;
+  uint64_t *running = malloc(sizeof(uint64_t) * WORKERS * SLOTS);
+  size_t nrun = 0;
+  lt_sched_decision_t *d = malloc(sizeof *d * 8192);
+  double t_total = 0, t_decide = 0;
+  uint64_t decisions = 0;
+  double vt = 0;
+  for (int cycle = -1; cycle < CYCLES; cycle++) {
+    double t0 = now_s();
+    /* events: finish (or requeue) some running jobs, top the queue back up */
+    if (cycle >= 0)
+      for (int k = 0; k < CHURN && nrun > 0; k++) {
+        size_t i = rnd() % nrun;
+        if (rnd() % 32 == 0) lt_sched_job_requeue(s, running[i], vt);
+        else lt_sched_job_finished(s, running[i], vt);
+        running[i] = running[--nrun];
+      }
+    lt_sched_counters_t cnt;
+    lt_sched_counters(s, &cnt);
+    for (uint32_t q = cnt.queued; q < QUEUED; q++) {
+      uint32_t x = rnd();
+      uint32_t cls = x % 10 < 2 ? 0 : x % 10 < 9 ? 1 : 2;
+      uint32_t g = (x >> 8) % 20;
+      lt_sched_job_t j = {.id = next_id++,
+                          .tenant_id = 1 + (x >> 12) % TENANTS,
+                          .cls = (lt_sched_class_t)cls,
+                          .gpus = g == 0 ? 8 : g == 1 ? 4 : g == 2 ? 2 : 1,
+                          .model = models[(x >> 24) % MODELS]};
+      j.mem_bytes = j.gpus * (40ULL << 30);
+      if (lt_sched_job_enqueue(s, &j, vt, err, sizeof err)) {
+        fprintf(stderr, "bench_sched: %s\n", err);
+        return 1;
+      }
+    }
+    double t1 = now_s();
+    size_t n;
+    do {
+      n = lt_sched_decide(s, vt, d, 8192);
+      for (size_t i = 0; i < n; i++) {
+        if (d[i].action == LT_SCHED_DISPATCH) {
+          running[nrun++] = d[i].job_id;
+        } else {
+          /* answered at once: preempted after its checkpoint, or stopped */
+          for (size_t k = 0; k < nrun; k++)
+            if (running[k] == d[i].job_id) {
+              running[k] = running[--nrun];
+              break;
+            }
+          lt_sched_job_requeue(s, d[i].job_id, vt);
+        }
+      }
+      if (cycle >= 0) decisions += n;
+    } while (n == 8192);
+    double t2 = now_s();
+    if (cycle >= 0) {
+      t_total += t2 - t0;
+      t_decide += t2 - t1;
+    }
+    vt += 1.0;
+  }
+  lt_sched_counters_t cnt;
+  lt_sched_counters(s, &cnt);
+  r->decisions = decisions;
+  r->decisions_per_s = decisions / t_total;
+  r->decide_only_per_s = decisions / t_decide;
+  r->dispatches = cnt.dispatches;
+  r->preemptions = cnt.preemptions;
+  r->cold_loads = cnt.cold_loads;
+  r->jain_standard = lt_sched_jain(s, LT_SCHED_STANDARD);
+  printf("%-6s decisions %8llu  with events %10.0f/s  decide only %10.0f/s  queued %u  "
+         "slots used %u/%u  preemptions %llu  cold loads %llu  jain(standard) %.3f\n",
+         lt_sched_policy_name(policy), (unsigned long long)decisions, r->decisions_per_s,
+         r->decide_only_per_s, cnt.queued, cnt.slots_used, cnt.slots_total,
+         (unsigned long long)cnt.preemptions,
+         (unsigned long long)cnt.cold_loads, r->jain_standard);
+  free(running);
+  free(d);
+  lt_sched_destroy(s);
+  return 0;
+}
+
+int main(void) {
+  printf("bench_sched: %d queued jobs, %d tenants, %d workers x %d GPUs, %d cycles of %d "
+         "finishes\n",
+         QUEUED, TENANTS, WORKERS, SLOTS, CYCLES, CHURN);
+  result_t lathe, fifo;
+  if (run(LT_SCHED_POLICY_FIFO, &fifo) || run(LT_SCHED_POLICY_LATHE, &lathe)) return 1;
+  printf("lathe/fifo decisions/s ratio: %.2f\n", lathe.decisions_per_s / fifo.decisions_per_s);
+  printf("sched_decisions_per_s: %.0f\n", lathe.decisions_per_s);
+  return 0;
+}

@@ -1,0 +1,304 @@
+/* lt_cli_sim: `lathe sim TRACE` — runs the scheduling policy over a CSV trace with virtual time
+ * (lt_sched_sim_run) and prints per-tenant waits and shares, Jain's index per class,
+ * utilisation, preemptions and cold loads, for Lathe's policy and FIFO side by side.
+ * This file only reads the trace and prints; the simulation itself is in the library. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_sched.h"
+
+int lt_cli_sim(int argc, char **argv);
+
+static void sim_usage(FILE *f) {
+  fprintf(f,
+          "usage: lathe sim TRACE [options]\n"
+          "  TRACE: CSV with a header line, then arrival_s,tenant,class,gpus,duration_s,"
+          "base_model\n"
+          "  --policy lathe|fifo|both   policy to simulate (default both)\n"
+          "  --workers N                workers in the fleet (default 16)\n"
+          "  --slots N                  GPU slots per worker (default 8)\n"
+          "  --models-per-worker N      base models a worker holds at once (default 2)\n"
+          "  --cold-load S              seconds to load a base model (default 60)\n"
+          "  --checkpoint S             seconds from preempt request to stop (default 30)\n"
+          "  --tick S                   policy re-evaluation period while jobs wait (default 5)\n"
+          "  --aging S                  wait before a job competes one class higher (600)\n"
+          "  --preempt-after S          wait before preemptible work is preempted (120)\n"
+          "  --gang-reserve-after S     wait before a worker is reserved for a gang (300)\n"
+          "  --reserve F                fraction of slots standard work may not hold (0.1)\n"
+          "  --tenant NAME:W[:MAXRUN[:MAXDUR]]  weight, running-slot quota, max duration s\n"
+          "                             (repeatable; tenants not named have weight 1)\n");
+}
+
+static int parse_num(const char *opt, const char *v, double lo, double *out) {
+  char *end;
+  errno = 0;
+  double d = strtod(v, &end);
+  if (end == v || *end || errno || !isfinite(d) || d < lo) {
+    fprintf(stderr, "lathe sim: %s: \"%s\" is not a number >= %g\n", opt, v, lo);
+    return -1;
+  }
+  *out = d;
+  return 0;
+}
+
+static int parse_tenant(const char *v, lt_sched_sim_tenant_t *t) {
+  memset(t, 0, sizeof *t);
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", v);
+  char *parts[4] = {0};
+  int n = 0;
+  for (char *p = buf; p && n < 4; n++) {
+    parts[n] = p;
+    p = strchr(p, ':');
+    if (p) *p++ = 0;
+  }
+  if (n < 2 || !*parts[0] || strlen(parts[0]) >= sizeof t->name) {
+    fprintf(stderr, "lathe sim: --tenant \"%s\": expected NAME:WEIGHT[:MAXRUN[:MAXDUR]]\n", v);
+    return -1;
+  }
+  snprintf(t->name, sizeof t->name, "%s", parts[0]);
+  double d;
+  if (parse_num("--tenant weight", parts[1], 1e-9, &t->weight)) return -1;
+  if (n > 2) {
+    if (parse_num("--tenant max running slots", parts[2], 0, &d)) return -1;
+    t->max_running_slots = (uint32_t)d;
+  }
+  if (n > 3 && parse_num("--tenant max duration", parts[3], 0, &t->max_duration_s)) return -1;
+  return 0;
+}
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    size_t r = fread(buf + n, 1, cap - n, f);
+    n += r;
+    if (n < cap) break;
+    char *nb = realloc(buf, cap * 2);
+    if (!nb) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = nb;
+    cap *= 2;
+  }
+  if (buf && ferror(f)) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+static const lt_sched_sim_row_t *find_row(const lt_sched_sim_result_t *r, size_t tenant, int c) {
+  for (size_t i = 0; i < r->n_rows; i++)
+    if (r->rows[i].tenant == tenant && (int)r->rows[i].cls == c) return &r->rows[i];
+  return NULL;
+}
+
+static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_t *res,
+                          size_t nres) {
+  printf("%-16s %-11s %6s %5s", "tenant", "class", "weight", "jobs");
+  for (size_t k = 0; k < nres; k++) {
+    const char *p = lt_sched_policy_name(res[k].policy);
+    printf(" | %5s %9s %9s %6s %6s", p, "wait_p50", "wait_p99", "share", "entit");
+  }
+  printf("\n");
+  for (size_t ti = 0; ti < lt_sched_trace_tenants(tr); ti++)
+    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+      const lt_sched_sim_row_t *r0 = find_row(&res[0], ti, c);
+      if (!r0) continue;
+      printf("%-16s %-11s %6.2f %5u", lt_sched_trace_tenant_name(tr, ti),
+             lt_sched_class_name((lt_sched_class_t)c), r0->weight, r0->jobs);
+      for (size_t k = 0; k < nres; k++) {
+        const lt_sched_sim_row_t *r = find_row(&res[k], ti, c);
+        printf(" | %5s %8.0fs %8.0fs %5.1f%% %5.1f%%", "", r->wait_p50_s, r->wait_p99_s,
+               100 * r->share, 100 * r->entitlement);
+      }
+      printf("\n");
+    }
+  printf("\n%-28s", "summary");
+  for (size_t k = 0; k < nres; k++) printf(" %14s", lt_sched_policy_name(res[k].policy));
+  printf("\n");
+  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+    if (!res[0].class_present[c]) continue;
+    char label[64];
+    snprintf(label, sizeof label, "jain_%s", lt_sched_class_name((lt_sched_class_t)c));
+    printf("%-28s", label);
+    for (size_t k = 0; k < nres; k++) printf(" %14.4f", res[k].jain[c]);
+    printf("\n");
+  }
+  printf("%-28s", "utilisation");
+  for (size_t k = 0; k < nres; k++) printf(" %13.1f%%", 100 * res[k].utilisation);
+  printf("\n%-28s", "makespan_s");
+  for (size_t k = 0; k < nres; k++) printf(" %14.0f", res[k].makespan_s);
+  printf("\n%-28s", "preemptions");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].preemptions);
+  printf("\n%-28s", "cold_model_loads");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].cold_loads);
+  printf("\n%-28s", "duration_stops");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].stops);
+  printf("\n%-28s", "jobs_completed");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].completed);
+  printf("\n");
+}
+
+int lt_cli_sim(int argc, char **argv) {
+  enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
+         O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP };
+  static const struct option opts[] = {
+      {"policy", required_argument, 0, O_POLICY},
+      {"workers", required_argument, 0, O_WORKERS},
+      {"slots", required_argument, 0, O_SLOTS},
+      {"models-per-worker", required_argument, 0, O_MODELS},
+      {"cold-load", required_argument, 0, O_COLD},
+      {"checkpoint", required_argument, 0, O_CKPT},
+      {"tick", required_argument, 0, O_TICK},
+      {"aging", required_argument, 0, O_AGING},
+      {"preempt-after", required_argument, 0, O_PREEMPT},
+      {"gang-reserve-after", required_argument, 0, O_GANG},
+      {"reserve", required_argument, 0, O_RESERVE},
+      {"tenant", required_argument, 0, O_TENANT},
+      {"help", no_argument, 0, O_HELP},
+      {0, 0, 0, 0},
+  };
+  lt_sched_sim_config_t cfg;
+  lt_sched_sim_config_default(&cfg);
+  lt_sched_sim_tenant_t tenants[256];
+  size_t ntenants = 0;
+  int policies = 3; /* bit 0 lathe, bit 1 fifo */
+  double d;
+  optind = 1;
+  int o;
+  while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (o) {
+    case O_POLICY:
+      if (strcmp(optarg, "lathe") == 0) policies = 1;
+      else if (strcmp(optarg, "fifo") == 0) policies = 2;
+      else if (strcmp(optarg, "both") == 0) policies = 3;
+      else {
+        fprintf(stderr, "lathe sim: --policy must be lathe, fifo or both, got \"%s\"\n", optarg);
+        return 2;
+      }
+      break;
+    case O_WORKERS:
+      if (parse_num("--workers", optarg, 1, &d)) return 2;
+      cfg.workers = (uint32_t)d;
+      break;
+    case O_SLOTS:
+      if (parse_num("--slots", optarg, 1, &d) || d > LT_SCHED_MAX_WORKER_SLOTS) {
+        fprintf(stderr, "lathe sim: --slots must be within 1..%d\n", LT_SCHED_MAX_WORKER_SLOTS);
+        return 2;
+      }
+      cfg.slots_per_worker = (uint32_t)d;
+      break;
+    case O_MODELS:
+      if (parse_num("--models-per-worker", optarg, 1, &d)) return 2;
+      cfg.models_per_worker = (uint32_t)d;
+      break;
+    case O_COLD:
+      if (parse_num("--cold-load", optarg, 0, &cfg.cold_load_s)) return 2;
+      break;
+    case O_CKPT:
+      if (parse_num("--checkpoint", optarg, 0, &cfg.checkpoint_s)) return 2;
+      break;
+    case O_TICK:
+      if (parse_num("--tick", optarg, 0.001, &cfg.tick_s)) return 2;
+      break;
+    case O_AGING:
+      if (parse_num("--aging", optarg, 0, &cfg.sched.aging_s)) return 2;
+      break;
+    case O_PREEMPT:
+      if (parse_num("--preempt-after", optarg, 0, &cfg.sched.preempt_after_s)) return 2;
+      break;
+    case O_GANG:
+      if (parse_num("--gang-reserve-after", optarg, 0, &cfg.sched.gang_reserve_after_s))
+        return 2;
+      break;
+    case O_RESERVE:
+      if (parse_num("--reserve", optarg, 0, &cfg.sched.production_reserve) ||
+          cfg.sched.production_reserve > 1) {
+        fprintf(stderr, "lathe sim: --reserve must be within 0..1\n");
+        return 2;
+      }
+      break;
+    case O_TENANT:
+      if (ntenants == sizeof tenants / sizeof tenants[0]) {
+        fprintf(stderr, "lathe sim: at most %zu --tenant options\n", ntenants);
+        return 2;
+      }
+      if (parse_tenant(optarg, &tenants[ntenants])) return 2;
+      ntenants++;
+      break;
+    case O_HELP:
+    case 'h':
+      sim_usage(stdout);
+      return 0;
+    default:
+      sim_usage(stderr);
+      return 2;
+    }
+  }
+  if (optind != argc - 1) {
+    sim_usage(stderr);
+    return 2;
+  }
+  const char *path = argv[optind];
+  cfg.tenants = tenants;
+  cfg.n_tenants = ntenants;
+
+  size_t len;
+  char *text = read_file(path, &len);
+  if (!text) {
+    fprintf(stderr, "lathe sim: cannot read %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  char err[512];
+  lt_sched_trace_t *tr;
+  if (lt_sched_trace_parse(text, len, &tr, err, sizeof err)) {
+    fprintf(stderr, "lathe sim: %s: %s\n", path, err);
+    free(text);
+    return 1;
+  }
+  free(text);
+  for (size_t k = 0; k < ntenants; k++) {
+    bool seen = false;
+    for (size_t i = 0; i < lt_sched_trace_tenants(tr); i++)
+      seen |= strcmp(lt_sched_trace_tenant_name(tr, i), tenants[k].name) == 0;
+    if (!seen)
+      fprintf(stderr, "lathe sim: warning: --tenant %s: no such tenant in the trace\n",
+              tenants[k].name);
+  }
+
+  lt_sched_sim_result_t res[2];
+  size_t nres = 0;
+  int rc = 0;
+  for (int p = 0; p < 2; p++) {
+    if (!(policies & (1 << p))) continue;
+    cfg.sched.policy = p == 0 ? LT_SCHED_POLICY_LATHE : LT_SCHED_POLICY_FIFO;
+    if (lt_sched_sim_run(tr, &cfg, &res[nres], err, sizeof err)) {
+      fprintf(stderr, "lathe sim: %s policy: %s\n", lt_sched_policy_name(cfg.sched.policy), err);
+      rc = 1;
+      break;
+    }
+    nres++;
+  }
+  if (rc == 0) {
+    printf("trace %s: %zu jobs, %zu tenants; fleet %u workers x %u slots, %u models per "
+           "worker\n\n",
+           path, lt_sched_trace_jobs(tr), lt_sched_trace_tenants(tr), cfg.workers,
+           cfg.slots_per_worker, cfg.models_per_worker);
+    print_results(tr, res, nres);
+  }
+  for (size_t k = 0; k < nres; k++) lt_sched_sim_result_free(&res[k]);
+  lt_sched_trace_free(tr);
+  return rc;
+}

@@ -1,0 +1,301 @@
+/* lt_sched: Lathe's scheduling policy (DESIGN.md §6, invariant 9), as a pure library.
+ *
+ * The scheduler daemon folds job, control, worker and tenant records into calls of this API and
+ * turns the decisions it returns into dispatch and control records; `lathe sim` drives the very
+ * same code with virtual time over a trace. Nothing here does I/O or reads a clock: every call
+ * that depends on time takes `now` (seconds, any epoch, non-decreasing across calls).
+ *
+ * Policy (LT_SCHED_POLICY_LATHE):
+ *   - strict priority across classes (production > standard > preemptible), with aging: a job
+ *     that waited `aging_s` competes one class higher (at most `aging_levels` classes), ahead
+ *     of that class's own jobs, oldest first; a higher class never waits behind a lower one
+ *     otherwise. Aging acts only when there is a higher class to pass (jobs of it waiting, or
+ *     the production reserve holding a standard job back), so it does not turn a class's fair
+ *     order into FIFO when that class is alone;
+ *   - within a class, weighted max-min fair share by DRF: the tenant with the lowest
+ *     max(slots share, device-memory share) / weight goes next (a heap, O(log tenants));
+ *     within a tenant and class, FIFO;
+ *   - production's reserved share: standard work may hold at most (1 - production_reserve)
+ *     of the fleet's slots, so production always finds that part free or held by preemptible
+ *     work it may preempt;
+ *   - tenant quotas: running slots (enforced here), queued jobs (lt_sched_admit(), called by
+ *     the API before it accepts a submission), job duration (a STOP decision);
+ *   - base-model affinity: a worker that holds the job's model first (best fit by free slots),
+ *     otherwise a cold load on the best-fitting worker (counted);
+ *   - gang allocation: a job's GPUs are all on one worker or it does not start; a gang waiting
+ *     past `gang_reserve_after_s` reserves a worker, which then drains for it;
+ *   - preemption: a production or standard job blocked past `preempt_after_s` reserves a worker
+ *     and asks preemptible jobs there to checkpoint and stop (PREEMPT decisions); the caller
+ *     reports each stop with lt_sched_job_requeue(), which puts the job back in its queue.
+ * LT_SCHED_POLICY_FIFO is the comparison peer behind the same interface: one queue in arrival
+ * order, head-of-line blocking, best-fit placement, no classes, fairness, quotas, affinity or
+ * preemption (max duration is still enforced).
+ *
+ * Threads: an lt_sched_t is not thread-safe; one thread owns it (the scheduler's fold loop or
+ * the simulator). Memory: everything is allocated by lt_sched_new() from the configured
+ * capacities (and by lt_sched_model_intern() for a new model name); events and decisions
+ * allocate nothing. Determinism: the same calls in the same order give the same decisions. */
+#ifndef LT_SCHED_H
+#define LT_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lt_err.h"
+
+typedef struct lt_sched lt_sched_t;
+
+typedef enum lt_sched_class {
+  LT_SCHED_PRODUCTION = 0, /* reserved share, never preempted */
+  LT_SCHED_STANDARD = 1,
+  LT_SCHED_PREEMPTIBLE = 2, /* checkpointed then preempted when higher classes wait */
+  LT_SCHED__CLASSES
+} lt_sched_class_t;
+
+typedef enum lt_sched_policy {
+  LT_SCHED_POLICY_LATHE = 0,
+  LT_SCHED_POLICY_FIFO = 1,
+} lt_sched_policy_t;
+
+/* Largest number of GPUs (slots) one worker may have: a dispatch names them in a 64-bit mask. */
+#define LT_SCHED_MAX_WORKER_SLOTS 64
+#define LT_SCHED_NO_MODEL UINT32_MAX
+
+typedef struct lt_sched_config {
+  lt_sched_policy_t policy;
+  uint32_t max_tenants;       /* capacities: tables are sized once, at lt_sched_new() */
+  uint32_t max_workers;
+  uint32_t max_jobs;          /* queued + running jobs at once */
+  uint32_t max_models;        /* distinct base-model names */
+  double aging_s;             /* wait after which a job competes one class higher; 0: never */
+  uint32_t aging_levels;      /* how many classes a job may rise by aging (default 1) */
+  double preempt_after_s;     /* production/standard wait before preempting; <0: never */
+  double gang_reserve_after_s; /* multi-GPU wait before a worker is reserved for it; <0: never */
+  double production_reserve;  /* fraction of slots standard work may not hold, 0..1 */
+  uint32_t max_scan;          /* blocked candidates examined per decide call (bounds its cost) */
+  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 5% of workers, >= 1 */
+} lt_sched_config_t;
+
+/* Fills *config with defaults: Lathe policy, 1024 tenants, 1024 workers, 65536 jobs,
+ * 256 models, aging 600 s (1 level), preemption after 120 s, gang reservation after 300 s,
+ * production reserve 0.1, max_scan 256. */
+void lt_sched_config_default(lt_sched_config_t *config);
+
+typedef struct lt_sched_tenant {
+  uint64_t id;
+  double weight;               /* > 0; entitlement is proportional to it */
+  uint32_t max_running_slots;  /* 0: unlimited */
+  uint32_t max_queued_jobs;    /* 0: unlimited; checked by lt_sched_admit() */
+  double max_duration_s;       /* 0: unlimited; a running job past it gets a STOP decision */
+} lt_sched_tenant_t;
+
+typedef struct lt_sched_worker {
+  uint64_t id;
+  uint32_t slots;        /* GPUs (or CPU slots), 1..LT_SCHED_MAX_WORKER_SLOTS */
+  uint64_t mem_bytes;    /* device memory across its slots */
+  uint32_t model_cache;  /* base models it can hold loaded at once (>= 1) */
+} lt_sched_worker_t;
+
+typedef struct lt_sched_job {
+  uint64_t id;
+  uint64_t tenant_id;       /* must have been upserted */
+  lt_sched_class_t cls;
+  uint32_t gpus;            /* slots needed, all on one worker (gang), >= 1 */
+  uint64_t mem_bytes;       /* device memory needed in total */
+  uint32_t model;           /* from lt_sched_model_intern(), or LT_SCHED_NO_MODEL */
+  uint32_t attempt;         /* the attempt the next dispatch starts is attempt + 1 */
+} lt_sched_job_t;
+
+typedef enum lt_sched_action {
+  LT_SCHED_DISPATCH = 1, /* start job on worker, GPUs gpu_mask: resources are now booked */
+  LT_SCHED_PREEMPT = 2,  /* ask the job to checkpoint and stop (PreemptRequested) */
+  LT_SCHED_STOP = 3,     /* the job ran past its tenant's max duration: stop it */
+} lt_sched_action_t;
+
+typedef struct lt_sched_decision {
+  lt_sched_action_t action;
+  uint64_t job_id;
+  uint64_t tenant_id;
+  uint64_t worker_id;
+  uint64_t gpu_mask;          /* DISPATCH: bit i = GPU i of the worker */
+  uint32_t attempt;           /* DISPATCH: the new attempt number; otherwise the running one */
+  lt_sched_class_t cls;       /* the job's own class */
+  lt_sched_class_t effective; /* DISPATCH: the class it competed in (after aging) */
+  bool cold_load;             /* DISPATCH: the worker did not hold the job's base model */
+  double waited_s;            /* DISPATCH: time since it was (re)queued */
+} lt_sched_decision_t;
+
+/* Creates a scheduler. config may be NULL (defaults). On failure *out is NULL and errstr says
+ * which setting is wrong. The caller owns *out and frees it with lt_sched_destroy(). */
+lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *errstr,
+                      size_t errstr_size);
+void lt_sched_destroy(lt_sched_t *s); /* NULL is fine */
+
+/* Returns the id of a base-model name, adding it the first time (copies name). */
+lt_err_t lt_sched_model_intern(lt_sched_t *s, const char *name, uint32_t *id_out, char *errstr,
+                               size_t errstr_size);
+/* The name of a model id, or NULL. Owned by s. */
+const char *lt_sched_model_name(const lt_sched_t *s, uint32_t id);
+
+/* --- events in (the fold) ------------------------------------------------------------------ */
+
+/* Creates or updates a tenant (TenantUpserted). Quotas apply from the next decision on. */
+lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *tenant, char *errstr,
+                                size_t errstr_size);
+
+/* Admission check for a new submission of tenant_id: LT_ERR_QUOTA with a message naming the
+ * limit when the tenant already has max_queued_jobs queued; LT_ERR_NOT_FOUND for an unknown
+ * tenant; LT_ERR_UNAVAILABLE when the scheduler's job table is full. Changes nothing. */
+lt_err_t lt_sched_admit(const lt_sched_t *s, uint64_t tenant_id, char *errstr,
+                        size_t errstr_size);
+
+/* A worker joins (or comes back) with the given capacity; its model cache starts empty. */
+lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *worker, char *errstr,
+                            size_t errstr_size);
+/* A heartbeat: the models it holds now (replacing what the scheduler assumed). */
+lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint32_t *models,
+                                   size_t n_models, char *errstr, size_t errstr_size);
+/* A worker is gone (lease expired): its running jobs go back to their queues (new attempt). */
+lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now);
+
+/* An accepted job enters the queue at time now. Never refused for quota (admission is
+ * lt_sched_admit(), before the record is written); LT_ERR_EXISTS for a known job id,
+ * LT_ERR_UNAVAILABLE when max_jobs are in the table, LT_ERR_INVALID for a bad job. */
+lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *job, double now,
+                              char *errstr, size_t errstr_size);
+/* AttemptStarted: the job's duration counts from now. */
+lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now);
+/* Completed, failed or cancelled (queued or running): the job leaves the scheduler. */
+lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now);
+lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now);
+/* A running job stopped without finishing (preempted after its checkpoint, attempt lost, not
+ * started in time): it frees its resources and goes back to the head of its tenant's queue. */
+lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now);
+
+/* --- decisions out ------------------------------------------------------------------------ */
+
+/* Applies the policy at time now and writes at most cap decisions into out (caller-owned);
+ * returns how many. Dispatches book their resources at once. Call it after events and
+ * periodically (aging, preemption and gang bounds are measured against now). */
+size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
+
+/* --- visibility --------------------------------------------------------------------------- */
+
+typedef struct lt_sched_counters {
+  uint64_t dispatches, preemptions, stops, cold_loads, requeues;
+  uint32_t queued, running, tenants, workers;
+  uint32_t slots_total, slots_used;
+  uint32_t slots_used_class[LT_SCHED__CLASSES];
+  uint32_t queued_class[LT_SCHED__CLASSES];
+} lt_sched_counters_t;
+void lt_sched_counters(const lt_sched_t *s, lt_sched_counters_t *out);
+
+/* Queue position (0: next) and a wait estimate for a queued job: jobs of higher classes, then
+ * this class's jobs expected ahead under weighted fair share, times the mean run time seen so
+ * far over the fleet's slots. wait_est_s is -1 while no job has finished. LT_ERR_NOT_FOUND
+ * if the job is not queued. O(tenants + tenant's queue): for API reads, not the hot path. */
+lt_err_t lt_sched_job_position(const lt_sched_t *s, uint64_t job_id, uint32_t *position,
+                               double *wait_est_s);
+
+typedef struct lt_sched_tenant_stats {
+  uint64_t tenant_id;
+  double weight;
+  uint32_t queued;            /* in this class */
+  uint32_t running_slots;     /* in this class */
+  double demand_slots;        /* queued GPUs + running slots in this class */
+  double share;               /* running_slots / slots the class holds */
+  double entitlement;         /* weighted max-min fair fraction of those slots given demand */
+  double dominant_share;      /* DRF share (max of slots, memory) / weight in this class */
+  double wait_p50_s, wait_p99_s; /* waits before dispatch, all classes (log buckets, ~10%) */
+  uint64_t dispatched;
+} lt_sched_tenant_stats_t;
+
+/* Per-tenant view of class cls, for every tenant with demand or history in it; writes at most
+ * cap rows in tenant-table order and returns the number of rows available. */
+size_t lt_sched_tenants_stats(lt_sched_t *s, lt_sched_class_t cls, lt_sched_tenant_stats_t *out,
+                              size_t cap);
+
+/* Jain's fairness index of class cls now, over tenants with demand: x = running / entitled
+ * slots. 1 when fair (or when no tenant has demand). */
+double lt_sched_jain(lt_sched_t *s, lt_sched_class_t cls);
+
+/* Weighted max-min fair (water-filling) split of capacity among n claimants with the given
+ * demands and weights (> 0): alloc_out[i] <= demand[i], sums to min(capacity, sum demand).
+ * Pure; used by the scheduler's visibility and by the simulator. */
+void lt_sched_waterfill(size_t n, const double *demand, const double *weight, double capacity,
+                        double *alloc_out);
+
+/* Jain's index (sum x)^2 / (n sum x^2) of n values; 1 for n == 0. */
+double lt_sched_jain_index(size_t n, const double *x);
+
+const char *lt_sched_class_name(lt_sched_class_t cls);
+/* Parses "production" | "standard" | "preemptible". */
+lt_err_t lt_sched_class_parse(const char *s, lt_sched_class_t *out);
+const char *lt_sched_policy_name(lt_sched_policy_t p);
+
+/* --- simulator (virtual time over a trace; used by `lathe sim` and the tests) -------------- */
+
+typedef struct lt_sched_trace lt_sched_trace_t;
+
+/* Parses a CSV trace: a header line, then `arrival_s,tenant,class,gpus,duration_s,base_model`
+ * per line ('#' lines and blank lines skipped). A bad line fails with a message naming the line
+ * and column. text need not be NUL-terminated. The caller frees *out with
+ * lt_sched_trace_free(). */
+lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
+                              char *errstr, size_t errstr_size);
+void lt_sched_trace_free(lt_sched_trace_t *t);
+size_t lt_sched_trace_jobs(const lt_sched_trace_t *t);
+size_t lt_sched_trace_tenants(const lt_sched_trace_t *t);
+const char *lt_sched_trace_tenant_name(const lt_sched_trace_t *t, size_t i);
+
+typedef struct lt_sched_sim_tenant {
+  char name[64];
+  double weight;
+  uint32_t max_running_slots;
+  double max_duration_s;
+} lt_sched_sim_tenant_t;
+
+typedef struct lt_sched_sim_config {
+  lt_sched_config_t sched;   /* policy and bounds; capacities are sized from the trace */
+  uint32_t workers;
+  uint32_t slots_per_worker;
+  uint64_t mem_per_slot;     /* device memory per slot; a job needs gpus * mem_per_slot */
+  uint32_t models_per_worker;
+  double cold_load_s;        /* added to a job's run time when its worker loads the model */
+  double checkpoint_s;       /* from PREEMPT to the stop (work until then is kept) */
+  double tick_s;             /* decide at least this often while jobs wait */
+  const lt_sched_sim_tenant_t *tenants; /* weights/quotas by name; others get weight 1 */
+  size_t n_tenants;
+} lt_sched_sim_config_t;
+
+void lt_sched_sim_config_default(lt_sched_sim_config_t *config);
+
+typedef struct lt_sched_sim_row {  /* one (tenant, class) with jobs in the trace */
+  size_t tenant;                   /* index into the trace's tenants */
+  lt_sched_class_t cls;
+  double weight;
+  uint32_t jobs;
+  double wait_p50_s, wait_p99_s, wait_max_s; /* arrival to first dispatch, exact */
+  double share;        /* slot-seconds it held / slot-seconds its class held */
+  double entitlement;  /* time-integrated weighted max-min fair share of its class */
+} lt_sched_sim_row_t;
+
+typedef struct lt_sched_sim_result {
+  lt_sched_policy_t policy;
+  lt_sched_sim_row_t *rows; /* owned by the result */
+  size_t n_rows;
+  double jain[LT_SCHED__CLASSES]; /* over rows of the class: share / entitlement */
+  bool class_present[LT_SCHED__CLASSES];
+  double utilisation;   /* busy slot-seconds / (slots * makespan) */
+  double makespan_s;    /* first arrival to last completion */
+  uint64_t dispatches, preemptions, stops, cold_loads, completed;
+} lt_sched_sim_result_t;
+
+/* Runs the trace to completion under config. The caller frees *out's rows with
+ * lt_sched_sim_result_free(). Pure: no I/O. */
+lt_err_t lt_sched_sim_run(const lt_sched_trace_t *trace, const lt_sched_sim_config_t *config,
+                          lt_sched_sim_result_t *out, char *errstr, size_t errstr_size);
+void lt_sched_sim_result_free(lt_sched_sim_result_t *r);
+
+#endif

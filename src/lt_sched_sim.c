@@ -1,0 +1,538 @@
+/* lt_sched_sim: the scheduling simulator behind `lathe sim` — the policy of lt_sched.c driven
+ * with virtual time over a CSV trace, so Lathe's policy and FIFO are compared on the same
+ * workload. Pure: the caller reads the file and prints the result.
+ *
+ * Model: a fleet of identical workers; a job runs for its trace duration plus the cold-load
+ * time when its worker did not hold its base model; a PREEMPT decision stops the job
+ * checkpoint_s later, keeping the work done until then; a STOP ends it at once. Fairness is
+ * integrated over time: at every instant each class's held slots are split by weighted
+ * max-min fair share of the demand (queued GPUs + running slots) into an entitlement. */
+#include "lt_sched.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_MAX_LEN 63
+
+typedef struct trace_row {
+  double arrival, duration;
+  uint32_t tenant, model, gpus, line;
+  lt_sched_class_t cls;
+} trace_row_t;
+
+struct lt_sched_trace {
+  trace_row_t *rows;
+  size_t n, cap;
+  char (*tenants)[NAME_MAX_LEN + 1];
+  size_t ntenants, tcap;
+  char (*models)[NAME_MAX_LEN + 1];
+  size_t nmodels, mcap;
+};
+
+static const char *const trace_cols[6] = {"arrival_s", "tenant", "class",
+                                          "gpus", "duration_s", "base_model"};
+
+static lt_err_t intern_name(char (**tab)[NAME_MAX_LEN + 1], size_t *n, size_t *cap,
+                            const char *name, uint32_t *id) {
+  for (size_t i = 0; i < *n; i++)
+    if (strcmp((*tab)[i], name) == 0) {
+      *id = (uint32_t)i;
+      return LT_OK;
+    }
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *p = realloc(*tab, nc * sizeof **tab);
+    if (!p) return LT_ERR_NOMEM;
+    *tab = p;
+    *cap = nc;
+  }
+  snprintf((*tab)[*n], NAME_MAX_LEN + 1, "%s", name);
+  *id = (uint32_t)(*n)++;
+  return LT_OK;
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
+  return s;
+}
+
+static bool parse_double(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end || errno || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+static lt_err_t parse_line(lt_sched_trace_t *t, char *line, uint32_t lineno, bool header,
+                           char *errstr, size_t errstr_size) {
+  char *f[6];
+  int nf = 0;
+  for (char *p = line;; nf++) {
+    char *comma = strchr(p, ',');
+    if (nf < 6) f[nf] = p;
+    if (!comma) {
+      nf++;
+      break;
+    }
+    *comma = 0;
+    p = comma + 1;
+  }
+  if (nf != 6)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "trace line %u: %d columns, expected 6 "
+                   "(arrival_s,tenant,class,gpus,duration_s,base_model)",
+                   lineno, nf);
+  for (int i = 0; i < 6; i++) f[i] = trim(f[i]);
+  if (header) {
+    double d;
+    if (parse_double(f[0], &d))
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                     "trace line %u: expected the header line "
+                     "arrival_s,tenant,class,gpus,duration_s,base_model, got data",
+                     lineno);
+    return LT_OK;
+  }
+#define COLERR(c, ...)                                                                         \
+  lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace line %u, column %d (%s): " __VA_ARGS__)
+  trace_row_t r = {.line = lineno};
+  if (!parse_double(f[0], &r.arrival) || r.arrival < 0)
+    return COLERR(1, "\"%s\" is not a time in seconds >= 0", lineno, 1, trace_cols[0], f[0]);
+  if (!*f[1] || strlen(f[1]) > NAME_MAX_LEN)
+    return COLERR(2, "tenant must be 1..%d characters", lineno, 2, trace_cols[1], NAME_MAX_LEN);
+  if (lt_sched_class_parse(f[2], &r.cls) != LT_OK)
+    return COLERR(3, "\"%s\" is not production, standard or preemptible", lineno, 3,
+                  trace_cols[2], f[2]);
+  double g;
+  if (!parse_double(f[3], &g) || g != floor(g) || g < 1 || g > LT_SCHED_MAX_WORKER_SLOTS)
+    return COLERR(4, "\"%s\" is not a GPU count within 1..%d", lineno, 4, trace_cols[3], f[3],
+                  LT_SCHED_MAX_WORKER_SLOTS);
+  r.gpus = (uint32_t)g;
+  if (!parse_double(f[4], &r.duration) || r.duration <= 0)
+    return COLERR(5, "\"%s\" is not a duration in seconds > 0", lineno, 5, trace_cols[4], f[4]);
+  if (!*f[5] || strlen(f[5]) > NAME_MAX_LEN)
+    return COLERR(6, "base model must be 1..%d characters", lineno, 6, trace_cols[5],
+                  NAME_MAX_LEN);
+#undef COLERR
+  if (intern_name(&t->tenants, &t->ntenants, &t->tcap, f[1], &r.tenant) ||
+      intern_name(&t->models, &t->nmodels, &t->mcap, f[5], &r.model))
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+  if (t->n == t->cap) {
+    size_t nc = t->cap ? t->cap * 2 : 256;
+    void *p = realloc(t->rows, nc * sizeof *t->rows);
+    if (!p) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+    t->rows = p;
+    t->cap = nc;
+  }
+  t->rows[t->n++] = r;
+  return LT_OK;
+}
+
+static int row_cmp(const void *a, const void *b) {
+  const trace_row_t *x = a, *y = b;
+  if (x->arrival != y->arrival) return x->arrival < y->arrival ? -1 : 1;
+  return x->line < y->line ? -1 : x->line > y->line;
+}
+
+lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
+                              char *errstr, size_t errstr_size) {
+  *out = NULL;
+  lt_sched_trace_t *t = calloc(1, sizeof *t);
+  char *buf = NULL;
+  size_t bcap = 0;
+  lt_err_t err = LT_OK;
+  if (!t) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+  bool header = true;
+  uint32_t lineno = 0;
+  for (size_t pos = 0; pos < len;) {
+    size_t end = pos;
+    while (end < len && text[end] != '\n') end++;
+    size_t l = end - pos;
+    lineno++;
+    if (l + 1 > bcap) {
+      bcap = l + 64;
+      char *nb = realloc(buf, bcap);
+      if (!nb) {
+        err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+        goto fail;
+      }
+      buf = nb;
+    }
+    memcpy(buf, text + pos, l);
+    buf[l] = 0;
+    pos = end + 1;
+    if (memchr(buf, 0, l)) {
+      err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace line %u: contains a NUL byte",
+                    lineno);
+      goto fail;
+    }
+    char *s = trim(buf);
+    if (!*s || *s == '#') continue;
+    err = parse_line(t, s, lineno, header, errstr, errstr_size);
+    if (err) goto fail;
+    header = false;
+  }
+  if (t->n == 0) {
+    err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace: no job lines after the header");
+    goto fail;
+  }
+  qsort(t->rows, t->n, sizeof *t->rows, row_cmp);
+  free(buf);
+  *out = t;
+  return LT_OK;
+fail:
+  free(buf);
+  lt_sched_trace_free(t);
+  return err;
+}
+
+void lt_sched_trace_free(lt_sched_trace_t *t) {
+  if (!t) return;
+  free(t->rows);
+  free(t->tenants);
+  free(t->models);
+  free(t);
+}
+
+size_t lt_sched_trace_jobs(const lt_sched_trace_t *t) { return t->n; }
+size_t lt_sched_trace_tenants(const lt_sched_trace_t *t) { return t->ntenants; }
+const char *lt_sched_trace_tenant_name(const lt_sched_trace_t *t, size_t i) {
+  return i < t->ntenants ? t->tenants[i] : NULL;
+}
+
+/* ---- the simulation --------------------------------------------------------------------- */
+
+void lt_sched_sim_config_default(lt_sched_sim_config_t *c) {
+  memset(c, 0, sizeof *c);
+  lt_sched_config_default(&c->sched);
+  c->workers = 16;
+  c->slots_per_worker = 8;
+  c->mem_per_slot = 80ULL << 30;
+  c->models_per_worker = 2;
+  c->cold_load_s = 60;
+  c->checkpoint_s = 30;
+  c->tick_s = 5;
+}
+
+enum { EV_COMPLETE = 0, EV_PREEMPT_STOP = 1 };
+
+typedef struct sim_ev {
+  double t;
+  uint64_t seq;
+  uint32_t job, gen, kind;
+} sim_ev_t;
+
+typedef struct sim_job {
+  double remaining; /* seconds of work left */
+  double run_from;  /* when the current attempt started useful work */
+  double first_dispatch;
+  uint32_t gen;
+  bool running, preempting, done;
+} sim_job_t;
+
+typedef struct evheap {
+  sim_ev_t *a;
+  size_t n, cap;
+  uint64_t seq;
+} evheap_t;
+
+static bool ev_less(const sim_ev_t *x, const sim_ev_t *y) {
+  return x->t != y->t ? x->t < y->t : x->seq < y->seq;
+}
+
+static lt_err_t ev_push(evheap_t *h, double t, uint32_t kind, uint32_t job, uint32_t gen) {
+  if (h->n == h->cap) {
+    size_t nc = h->cap ? h->cap * 2 : 1024;
+    void *p = realloc(h->a, nc * sizeof *h->a);
+    if (!p) return LT_ERR_NOMEM;
+    h->a = p;
+    h->cap = nc;
+  }
+  sim_ev_t e = {t, h->seq++, job, gen, kind};
+  size_t i = h->n++;
+  while (i > 0 && ev_less(&e, &h->a[(i - 1) / 2])) {
+    h->a[i] = h->a[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  h->a[i] = e;
+  return LT_OK;
+}
+
+static sim_ev_t ev_pop(evheap_t *h) {
+  sim_ev_t top = h->a[0], last = h->a[--h->n];
+  size_t i = 0;
+  for (;;) {
+    size_t l = 2 * i + 1, b = i;
+    const sim_ev_t *bv = &last;
+    if (l < h->n && ev_less(&h->a[l], bv)) b = l, bv = &h->a[l];
+    if (l + 1 < h->n && ev_less(&h->a[l + 1], bv)) b = l + 1, bv = &h->a[l + 1];
+    if (b == i) break;
+    h->a[i] = h->a[b];
+    i = b;
+  }
+  if (h->n) h->a[i] = last;
+  return top;
+}
+
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double quantile_sorted(const double *v, size_t n, double q) {
+  if (n == 0) return 0;
+  size_t i = (size_t)ceil(q * (double)n);
+  if (i == 0) i = 1;
+  return v[i - 1];
+}
+
+void lt_sched_sim_result_free(lt_sched_sim_result_t *r) {
+  if (!r) return;
+  free(r->rows);
+  r->rows = NULL;
+  r->n_rows = 0;
+}
+
+lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
+                          lt_sched_sim_result_t *res, char *errstr, size_t errstr_size) {
+  memset(res, 0, sizeof *res);
+  res->policy = cfg->sched.policy;
+  if (cfg->workers == 0 || cfg->slots_per_worker == 0 ||
+      cfg->slots_per_worker > LT_SCHED_MAX_WORKER_SLOTS || !(cfg->tick_s > 0))
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "sim: need workers >= 1, slots per worker within 1..%d and tick > 0",
+                   LT_SCHED_MAX_WORKER_SLOTS);
+  for (size_t i = 0; i < tr->n; i++)
+    if (tr->rows[i].gpus > cfg->slots_per_worker)
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                     "trace line %u, column 4 (gpus): %u GPUs but a worker has %u slots: it "
+                     "could never start",
+                     tr->rows[i].line, tr->rows[i].gpus, cfg->slots_per_worker);
+
+  lt_sched_config_t sc = cfg->sched;
+  sc.max_tenants = (uint32_t)tr->ntenants;
+  sc.max_workers = cfg->workers;
+  sc.max_jobs = (uint32_t)tr->n;
+  sc.max_models = (uint32_t)tr->nmodels;
+  size_t nt = tr->ntenants, nrow_slots = nt * LT_SCHED__CLASSES;
+  lt_sched_t *s = NULL;
+  sim_job_t *jobs = calloc(tr->n, sizeof *jobs);
+  double *waits = malloc(tr->n * sizeof *waits);
+  double *got = calloc(nrow_slots, sizeof *got), *ent = calloc(nrow_slots, sizeof *ent);
+  uint32_t *njobs = calloc(nrow_slots, sizeof *njobs);
+  lt_sched_tenant_stats_t *st = malloc((nt ? nt : 1) * sizeof *st);
+  double *weights = calloc(nt ? nt : 1, sizeof *weights);
+  lt_sched_decision_t dec[256];
+  evheap_t ev = {0};
+  lt_err_t err = LT_OK;
+  if (!jobs || !waits || !got || !ent || !njobs || !st || !weights) {
+    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+    goto out;
+  }
+  err = lt_sched_new(&sc, &s, errstr, errstr_size);
+  if (err) goto out;
+  for (size_t m = 0; m < tr->nmodels; m++) {
+    uint32_t id;
+    err = lt_sched_model_intern(s, tr->models[m], &id, errstr, errstr_size);
+    if (err) goto out;
+  }
+  for (size_t i = 0; i < nt; i++) {
+    lt_sched_tenant_t ten = {.id = i + 1, .weight = 1};
+    for (size_t k = 0; k < cfg->n_tenants; k++)
+      if (strcmp(cfg->tenants[k].name, tr->tenants[i]) == 0) {
+        ten.weight = cfg->tenants[k].weight;
+        ten.max_running_slots = cfg->tenants[k].max_running_slots;
+        ten.max_duration_s = cfg->tenants[k].max_duration_s;
+      }
+    weights[i] = ten.weight;
+    err = lt_sched_tenant_upsert(s, &ten, errstr, errstr_size);
+    if (err) goto out;
+  }
+  for (uint32_t w = 0; w < cfg->workers; w++) {
+    lt_sched_worker_t wk = {.id = w + 1,
+                            .slots = cfg->slots_per_worker,
+                            .mem_bytes = cfg->slots_per_worker * cfg->mem_per_slot,
+                            .model_cache = cfg->models_per_worker};
+    err = lt_sched_worker_up(s, &wk, errstr, errstr_size);
+    if (err) goto out;
+  }
+  for (size_t i = 0; i < tr->n; i++) {
+    jobs[i].remaining = tr->rows[i].duration;
+    jobs[i].first_dispatch = -1;
+  }
+
+  size_t next_arrival = 0, completed = 0;
+  double now = tr->rows[0].arrival, last_decide = -INFINITY, last_progress = now;
+  double busy = 0, t_end = now;
+  double stall_limit = 3600 + cfg->sched.aging_s * (cfg->sched.aging_levels + 1) +
+                       fabs(cfg->sched.preempt_after_s) + fabs(cfg->sched.gang_reserve_after_s);
+  lt_sched_counters_t cnt;
+  while (completed < tr->n) {
+    /* what happens at `now`: ends, checkpoints, arrivals, then the policy */
+    while (ev.n && ev.a[0].t <= now) {
+      sim_ev_t e = ev_pop(&ev);
+      sim_job_t *j = &jobs[e.job];
+      if (e.gen != j->gen || !j->running) continue;
+      if (e.kind == EV_COMPLETE) {
+        lt_sched_job_finished(s, e.job + 1, now);
+        j->running = false;
+        j->done = true;
+        completed++;
+        t_end = now;
+      } else if (j->preempting) {
+        double worked = now - j->run_from;
+        if (worked > 0) j->remaining -= worked;
+        if (j->remaining < 0) j->remaining = 0;
+        lt_sched_job_requeue(s, e.job + 1, now);
+        j->running = false;
+        j->preempting = false;
+        j->gen++;
+      }
+      last_progress = now;
+    }
+    while (next_arrival < tr->n && tr->rows[next_arrival].arrival <= now) {
+      const trace_row_t *r = &tr->rows[next_arrival];
+      lt_sched_job_t job = {.id = next_arrival + 1,
+                            .tenant_id = r->tenant + 1,
+                            .cls = r->cls,
+                            .gpus = r->gpus,
+                            .mem_bytes = r->gpus * cfg->mem_per_slot,
+                            .model = r->model};
+      err = lt_sched_job_enqueue(s, &job, now, errstr, errstr_size);
+      if (err) goto out;
+      njobs[r->tenant * LT_SCHED__CLASSES + r->cls]++;
+      next_arrival++;
+    }
+    size_t nd;
+    do {
+      nd = lt_sched_decide(s, now, dec, sizeof dec / sizeof dec[0]);
+      for (size_t k = 0; k < nd; k++) {
+        uint32_t ji = (uint32_t)(dec[k].job_id - 1);
+        sim_job_t *j = &jobs[ji];
+        switch (dec[k].action) {
+        case LT_SCHED_DISPATCH: {
+          double cold = dec[k].cold_load ? cfg->cold_load_s : 0;
+          j->running = true;
+          j->gen++;
+          j->run_from = now + cold;
+          if (j->first_dispatch < 0) j->first_dispatch = now;
+          if (ev_push(&ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) goto nomem;
+          last_progress = now;
+          break;
+        }
+        case LT_SCHED_PREEMPT:
+          j->preempting = true;
+          if (ev_push(&ev, now + cfg->checkpoint_s, EV_PREEMPT_STOP, ji, j->gen)) goto nomem;
+          break;
+        case LT_SCHED_STOP:
+          lt_sched_job_finished(s, dec[k].job_id, now);
+          j->running = false;
+          j->done = true;
+          j->gen++;
+          completed++;
+          t_end = now;
+          last_progress = now;
+          break;
+        }
+      }
+    } while (nd == sizeof dec / sizeof dec[0]);
+    last_decide = now;
+    if (completed == tr->n) break;
+
+    /* the next instant, and what the fleet looked like until then */
+    lt_sched_counters(s, &cnt);
+    double next = INFINITY;
+    if (ev.n) next = ev.a[0].t;
+    if (next_arrival < tr->n && tr->rows[next_arrival].arrival < next)
+      next = tr->rows[next_arrival].arrival;
+    if (cnt.queued > 0 && last_decide + cfg->tick_s < next) next = last_decide + cfg->tick_s;
+    if (!isfinite(next) || now - last_progress > stall_limit) {
+      err = lt_errf(errstr, errstr_size, LT_ERR_INTERNAL,
+                    "sim: no progress at t=%.0f s with %u jobs queued and %u running", now,
+                    cnt.queued, cnt.running);
+      goto out;
+    }
+    double dt = next - now;
+    busy += cnt.slots_used * dt;
+    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+      if (cnt.slots_used_class[c] == 0 && cnt.queued_class[c] == 0) continue;
+      size_t n = lt_sched_tenants_stats(s, (lt_sched_class_t)c, st, nt);
+      for (size_t i = 0; i < n && i < nt; i++) {
+        size_t ti = (size_t)(st[i].tenant_id - 1);
+        got[ti * LT_SCHED__CLASSES + c] += st[i].running_slots * dt;
+        ent[ti * LT_SCHED__CLASSES + c] += st[i].entitlement * cnt.slots_used_class[c] * dt;
+      }
+    }
+    now = next;
+  }
+
+  lt_sched_counters(s, &cnt);
+  res->dispatches = cnt.dispatches;
+  res->preemptions = cnt.preemptions;
+  res->stops = cnt.stops;
+  res->cold_loads = cnt.cold_loads;
+  res->completed = completed;
+  res->makespan_s = t_end - tr->rows[0].arrival;
+  res->utilisation = res->makespan_s > 0
+                         ? busy / ((double)cfg->workers * cfg->slots_per_worker * res->makespan_s)
+                         : 0;
+  size_t nrows = 0;
+  for (size_t i = 0; i < nrow_slots; i++) nrows += njobs[i] > 0;
+  res->rows = calloc(nrows ? nrows : 1, sizeof *res->rows);
+  if (!res->rows) goto nomem;
+  double class_got[LT_SCHED__CLASSES] = {0}, class_ent[LT_SCHED__CLASSES] = {0};
+  for (size_t i = 0; i < nrow_slots; i++) {
+    class_got[i % LT_SCHED__CLASSES] += got[i];
+    class_ent[i % LT_SCHED__CLASSES] += ent[i];
+  }
+  for (size_t ti = 0; ti < nt; ti++)
+    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+      size_t k = ti * LT_SCHED__CLASSES + c;
+      if (!njobs[k]) continue;
+      size_t nw = 0;
+      for (size_t i = 0; i < tr->n; i++)
+        if (tr->rows[i].tenant == ti && (int)tr->rows[i].cls == c && jobs[i].first_dispatch >= 0)
+          waits[nw++] = jobs[i].first_dispatch - tr->rows[i].arrival;
+      qsort(waits, nw, sizeof *waits, dbl_cmp);
+      lt_sched_sim_row_t *row = &res->rows[res->n_rows++];
+      row->tenant = ti;
+      row->cls = (lt_sched_class_t)c;
+      row->jobs = njobs[k];
+      row->weight = weights[ti];
+      row->wait_p50_s = quantile_sorted(waits, nw, 0.5);
+      row->wait_p99_s = quantile_sorted(waits, nw, 0.99);
+      row->wait_max_s = nw ? waits[nw - 1] : 0;
+      row->share = class_got[c] > 0 ? got[k] / class_got[c] : 0;
+      row->entitlement = class_ent[c] > 0 ? ent[k] / class_ent[c] : 0;
+      res->class_present[c] = true;
+    }
+  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+    size_t m = 0;
+    for (size_t i = 0; i < res->n_rows; i++)
+      if ((int)res->rows[i].cls == c && res->rows[i].entitlement > 0)
+        waits[m++] = res->rows[i].share / res->rows[i].entitlement;
+    res->jain[c] = lt_sched_jain_index(m, waits);
+  }
+  goto out;
+nomem:
+  err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+out:
+  if (err) lt_sched_sim_result_free(res);
+  lt_sched_destroy(s);
+  free(jobs);
+  free(waits);
+  free(got);
+  free(ent);
+  free(njobs);
+  free(st);
+  free(weights);
+  free(ev.a);
+  return err;
+}

@@ -1,0 +1,623 @@
+/* test_sched: the scheduling policy (lt_sched) and its simulator — weighted fairness, strict
+ * priority, preemption, gangs, affinity, quotas, invariant 9 (prompt start), FIFO comparison,
+ * determinism and trace errors. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_sched.h"
+
+#define GB (1ULL << 30)
+
+static lt_sched_t *mk(lt_sched_policy_t policy, double reserve, double aging, double preempt,
+                      double gang) {
+  lt_sched_config_t c;
+  lt_sched_config_default(&c);
+  c.policy = policy;
+  c.production_reserve = reserve;
+  c.aging_s = aging;
+  c.preempt_after_s = preempt;
+  c.gang_reserve_after_s = gang;
+  c.max_jobs = 4096;
+  lt_sched_t *s;
+  char err[256];
+  cr_assert_eq(lt_sched_new(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  return s;
+}
+
+static void tenant(lt_sched_t *s, uint64_t id, double weight, uint32_t max_run,
+                   uint32_t max_queued, double max_dur) {
+  lt_sched_tenant_t t = {.id = id,
+                         .weight = weight,
+                         .max_running_slots = max_run,
+                         .max_queued_jobs = max_queued,
+                         .max_duration_s = max_dur};
+  char err[256];
+  cr_assert_eq(lt_sched_tenant_upsert(s, &t, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void worker(lt_sched_t *s, uint64_t id, uint32_t slots, uint32_t cache) {
+  lt_sched_worker_t w = {.id = id, .slots = slots, .mem_bytes = slots * 80 * GB,
+                         .model_cache = cache};
+  char err[256];
+  cr_assert_eq(lt_sched_worker_up(s, &w, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void job(lt_sched_t *s, uint64_t id, uint64_t ten, lt_sched_class_t cls, uint32_t gpus,
+                uint32_t model, double now) {
+  lt_sched_job_t j = {.id = id, .tenant_id = ten, .cls = cls, .gpus = gpus,
+                      .mem_bytes = gpus * 40 * GB, .model = model};
+  char err[256];
+  cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
+}
+
+Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 3, 0, 0, 0);
+  for (int w = 1; w <= 4; w++) worker(s, (uint64_t)w, 4, 2);
+  for (int i = 0; i < 400; i++) {
+    job(s, 1000 + (uint64_t)i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+    job(s, 2000 + (uint64_t)i, 2, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  }
+  lt_sched_decision_t d[64];
+  uint64_t running[64];
+  size_t nrun = 0;
+  double got[3] = {0};
+  /* 10 rounds of 10 s: every job runs one round, freed slots are refilled */
+  for (int round = 0; round < 10; round++) {
+    double now = round * 10.0;
+    for (size_t i = 0; i < nrun; i++)
+      cr_assert_eq(lt_sched_job_finished(s, running[i], now), LT_OK);
+    nrun = 0;
+    size_t n = lt_sched_decide(s, now, d, 64);
+    cr_assert_eq(n, 16, "every free slot is filled (got %zu)", n);
+    for (size_t i = 0; i < n; i++) {
+      cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
+      got[d[i].tenant_id] += 10.0;
+      running[nrun++] = d[i].job_id;
+    }
+    cr_assert(lt_sched_jain(s, LT_SCHED_STANDARD) > 0.99);
+  }
+  double ratio = got[2] / got[1];
+  cr_assert(ratio > 2.7 && ratio < 3.3, "slot-seconds ratio %.3f, expected ~3", ratio);
+  lt_sched_tenant_stats_t st[4];
+  size_t n = lt_sched_tenants_stats(s, LT_SCHED_STANDARD, st, 4);
+  cr_assert_eq(n, 2);
+  cr_assert_float_eq(st[0].entitlement, 0.25, 1e-9);
+  cr_assert_float_eq(st[1].entitlement, 0.75, 1e-9);
+  cr_assert_float_eq(st[0].share, 0.25, 1e-9);
+  lt_sched_destroy(s);
+}
+
+Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
+  /* property over a random stream of 1-GPU jobs, aging off: after every decision round, if a
+   * production job is still queued then the fleet is full and no lower-class job started */
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  for (uint64_t t = 1; t <= 5; t++) tenant(s, t, (double)t, 0, 0, 0);
+  for (uint64_t w = 1; w <= 3; w++) worker(s, w, 4, 2);
+  srand(7);
+  lt_sched_decision_t d[64];
+  uint64_t running[64];
+  double ends[64];
+  size_t nrun = 0;
+  uint64_t next_id = 1;
+  int checked = 0;
+  for (int step = 0; step < 2000; step++) {
+    double now = step;
+    for (size_t i = 0; i < nrun;)
+      if (ends[i] <= now) {
+        lt_sched_job_finished(s, running[i], now);
+        running[i] = running[--nrun];
+        ends[i] = ends[nrun];
+      } else {
+        i++;
+      }
+    int arrivals = rand() % 4;
+    for (int a = 0; a < arrivals; a++)
+      job(s, next_id++, 1 + (uint64_t)(rand() % 5), (lt_sched_class_t)(rand() % 3), 1,
+          LT_SCHED_NO_MODEL, now);
+    size_t n = lt_sched_decide(s, now, d, 64);
+    bool lower_started = false;
+    for (size_t i = 0; i < n; i++) {
+      cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
+      lower_started |= d[i].cls != LT_SCHED_PRODUCTION;
+      running[nrun] = d[i].job_id;
+      ends[nrun++] = now + 5 + rand() % 15;
+    }
+    lt_sched_counters_t c;
+    lt_sched_counters(s, &c);
+    if (c.queued_class[LT_SCHED_PRODUCTION] > 0) {
+      checked++;
+      cr_assert_eq(c.slots_used, c.slots_total, "a production job waits with a free slot");
+      cr_assert(!lower_started, "a lower class started while production waited");
+    }
+  }
+  cr_assert(checked > 50, "the stream must put production jobs in the queue (%d)", checked);
+  lt_sched_destroy(s);
+}
+
+Test(sched, production_never_waits_behind_lower_class_on_free_slot) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 600, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 1, 1);
+  job(s, 1, 1, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 2);
+  lt_sched_decision_t d[8];
+  size_t n = lt_sched_decide(s, 3, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].job_id, 3, "the production job goes first, not %llu",
+               (unsigned long long)d[0].job_id);
+  lt_sched_job_finished(s, 3, 10);
+  n = lt_sched_decide(s, 10, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].job_id, 2, "then standard");
+  lt_sched_destroy(s);
+}
+
+Test(sched, preemptible_work_is_preempted_when_production_waits_past_bound) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 60, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 2, 2);
+  job(s, 1, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 2, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 30, d, 8), 0, "no preemption before the bound");
+  size_t n = lt_sched_decide(s, 62, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT);
+  cr_assert_eq(d[0].job_id, 2, "the preemptible job is preempted");
+  cr_assert_eq(lt_sched_decide(s, 63, d, 8), 0, "one preemption is enough");
+  /* checkpoint done: the preemptible job goes back, production takes the slot */
+  cr_assert_eq(lt_sched_job_requeue(s, 2, 80), LT_OK);
+  n = lt_sched_decide(s, 80, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].job_id, 3);
+  cr_assert_eq(d[0].action, LT_SCHED_DISPATCH);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.preemptions, 1);
+  cr_assert_eq(c.queued_class[LT_SCHED_PREEMPTIBLE], 1, "the preempted job is queued again");
+  /* once production finishes, the preempted job resumes with a new attempt */
+  lt_sched_job_finished(s, 1, 100);
+  n = lt_sched_decide(s, 100, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].job_id, 2);
+  cr_assert_eq(d[0].attempt, 2);
+  lt_sched_destroy(s);
+}
+
+Test(sched, production_and_standard_work_is_never_preempted) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 10, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 2, 2);
+  job(s, 1, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  for (int t = 1; t < 1000; t += 7) {
+    size_t n = lt_sched_decide(s, t, d, 8);
+    for (size_t i = 0; i < n; i++) cr_assert_neq(d[i].action, LT_SCHED_PREEMPT);
+  }
+  lt_sched_destroy(s);
+}
+
+Test(sched, gang_is_all_or_nothing_on_one_worker) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  worker(s, 2, 4, 2);
+  for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[16];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 4);
+  /* best fit packs the singles on one worker; spread them so 4 GPUs are free but split */
+  uint64_t on1[4], on2[4];
+  size_t n1 = 0, n2 = 0;
+  for (int i = 0; i < 4; i++)
+    if (d[i].worker_id == 1) on1[n1++] = d[i].job_id;
+    else on2[n2++] = d[i].job_id;
+  cr_assert_eq(n1 + n2, 4);
+  /* free two GPUs on the full worker so each worker has free GPUs but neither has 4 */
+  uint64_t *full = n1 == 4 ? on1 : on2;
+  uint64_t full_w = n1 == 4 ? 1 : 2;
+  cr_assert(n1 == 4 || n2 == 4, "best fit fills one worker first");
+  lt_sched_job_finished(s, full[0], 1);
+  lt_sched_job_finished(s, full[1], 1);
+  job(s, 10, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 11, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 1, d, 16), 2);
+  for (int i = 0; i < 2; i++) cr_assert_eq(d[i].worker_id, full_w, "best fit keeps holes");
+  lt_sched_job_finished(s, full[2], 2);
+  lt_sched_job_finished(s, 10, 2);
+  /* now worker full_w has 2 free and the other 4 free: a 4-GPU gang must go whole there */
+  job(s, 20, 1, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 2);
+  size_t n = lt_sched_decide(s, 2, d, 16);
+  cr_assert_eq(n, 1);
+  cr_assert_neq(d[0].worker_id, full_w);
+  cr_assert_eq(__builtin_popcountll(d[0].gpu_mask), 4);
+  /* a second gang of 4 does not fit in the 2 + 0 free GPUs: nothing starts */
+  job(s, 21, 1, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 3);
+  cr_assert_eq(lt_sched_decide(s, 3, d, 16), 0, "no partial gang");
+  lt_sched_destroy(s);
+}
+
+Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
+  /* a stream of single-GPU jobs keeps every worker busy; the gang must still start */
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  worker(s, 2, 4, 2);
+  lt_sched_decision_t d[16];
+  uint64_t running[16];
+  double ends[16];
+  size_t nrun = 0;
+  uint64_t id = 100;
+  for (int i = 0; i < 40; i++) job(s, id++, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 2, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  double gang_start = -1;
+  srand(3);
+  for (int t = 0; t < 1000 && gang_start < 0; t++) {
+    for (size_t i = 0; i < nrun;)
+      if (ends[i] <= t) {
+        lt_sched_job_finished(s, running[i], t);
+        running[i] = running[--nrun];
+        ends[i] = ends[nrun];
+      } else {
+        i++;
+      }
+    while (lt_sched_tenants_stats(s, LT_SCHED_STANDARD, NULL, 0) && id < 100 + 40 + 2000) {
+      lt_sched_counters_t c;
+      lt_sched_counters(s, &c);
+      if (c.queued >= 20) break;
+      job(s, id++, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, t);
+    }
+    size_t n = lt_sched_decide(s, t, d, 16);
+    for (size_t i = 0; i < n; i++) {
+      if (d[i].job_id == 1) {
+        gang_start = t;
+        cr_assert_eq(__builtin_popcountll(d[i].gpu_mask), 4);
+      }
+      running[nrun] = d[i].job_id;
+      ends[nrun++] = t + 20 + rand() % 40;
+    }
+  }
+  /* bound: reservation after 100 s, then the reserved worker drains (jobs run <= 60 s) */
+  cr_assert(gang_start >= 0 && gang_start <= 100 + 60 + 1, "gang started at %g", gang_start);
+  lt_sched_destroy(s);
+}
+
+Test(sched, affinity_prefers_a_worker_holding_the_base_model) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  uint32_t m1, m2;
+  char err[128];
+  cr_assert_eq(lt_sched_model_intern(s, "llama-8b", &m1, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_sched_model_intern(s, "qwen-7b", &m2, err, sizeof err), LT_OK);
+  tenant(s, 1, 1, 0, 0, 0);
+  for (uint64_t w = 1; w <= 3; w++) worker(s, w, 4, 1);
+  cr_assert_eq(lt_sched_worker_heartbeat(s, 3, &m1, 1, err, sizeof err), LT_OK);
+  job(s, 1, 1, LT_SCHED_STANDARD, 1, m1, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert_eq(d[0].worker_id, 3, "the warm worker is chosen");
+  cr_assert(!d[0].cold_load);
+  job(s, 2, 1, LT_SCHED_STANDARD, 1, m2, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert(d[0].cold_load, "no worker holds qwen-7b: a cold load");
+  uint64_t w2 = d[0].worker_id;
+  job(s, 3, 1, LT_SCHED_STANDARD, 1, m2, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert_eq(d[0].worker_id, w2, "the worker that loaded it is warm now");
+  cr_assert(!d[0].cold_load);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.cold_loads, 1);
+  lt_sched_destroy(s);
+}
+
+Test(sched, running_slot_quota_caps_a_tenant) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 2, 0, 0);
+  worker(s, 1, 8, 1);
+  for (uint64_t i = 1; i <= 5; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2, "max_running_slots 2");
+  cr_assert_eq(lt_sched_decide(s, 1, d, 8), 0);
+  lt_sched_job_finished(s, d[0].job_id ? 1 : 1, 2);
+  cr_assert_eq(lt_sched_decide(s, 2, d, 8), 1, "one slot of quota came back");
+  lt_sched_destroy(s);
+}
+
+Test(sched, queued_job_quota_refuses_admission_naming_the_limit) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 7, 1, 0, 3, 0);
+  char err[256] = "";
+  for (uint64_t i = 1; i <= 3; i++) {
+    cr_assert_eq(lt_sched_admit(s, 7, err, sizeof err), LT_OK);
+    job(s, i, 7, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  }
+  cr_assert_eq(lt_sched_admit(s, 7, err, sizeof err), LT_ERR_QUOTA);
+  cr_assert(strstr(err, "max_queued_jobs") && strstr(err, "3"), "message: %s", err);
+  cr_assert_eq(lt_sched_admit(s, 8, err, sizeof err), LT_ERR_NOT_FOUND);
+  lt_sched_job_cancelled(s, 2, 1);
+  cr_assert_eq(lt_sched_admit(s, 7, err, sizeof err), LT_OK, "a cancel frees queue quota");
+  lt_sched_destroy(s);
+}
+
+Test(sched, max_duration_is_enforced_by_a_stop_decision) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 100);
+  worker(s, 1, 2, 1);
+  job(s, 1, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert_eq(lt_sched_job_started(s, 1, 5), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 100, d, 8), 0, "ran 95 s of 100");
+  size_t n = lt_sched_decide(s, 106, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].action, LT_SCHED_STOP);
+  cr_assert_eq(d[0].job_id, 1);
+  cr_assert_eq(lt_sched_decide(s, 200, d, 8), 0, "STOP is emitted once");
+  lt_sched_destroy(s);
+}
+
+/* Invariant 9: an admitted job starts within a bounded time when a slot is free. With a
+ * production reserve, standard work may wait beside free reserved slots only until it ages. */
+Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
+  const double aging = 60;
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0.25, aging, 30, -1);
+  for (uint64_t t = 1; t <= 6; t++) tenant(s, t, 1 + (double)(t % 3), 0, 0, 0);
+  for (uint64_t w = 1; w <= 4; w++) worker(s, w, 4, 2);
+  srand(11);
+  enum { MAXJ = 8192 };
+  static double enq[MAXJ];
+  static bool queued[MAXJ];
+  lt_sched_decision_t d[64];
+  uint64_t running[64];
+  double ends[64];
+  size_t nrun = 0;
+  uint64_t next_id = 1;
+  int with_free_slot = 0;
+  for (int step = 0; step < 3000; step++) {
+    double now = step;
+    for (size_t i = 0; i < nrun;)
+      if (ends[i] <= now) {
+        lt_sched_job_finished(s, running[i], now);
+        running[i] = running[--nrun];
+        ends[i] = ends[nrun];
+      } else {
+        i++;
+      }
+    if (next_id < MAXJ - 4 && rand() % 4 == 0) {
+      uint64_t id = next_id++;
+      job(s, id, 1 + (uint64_t)(rand() % 6), (lt_sched_class_t)(rand() % 3), 1,
+          LT_SCHED_NO_MODEL, now);
+      enq[id] = now;
+      queued[id] = true;
+    }
+    size_t n = lt_sched_decide(s, now, d, 64);
+    for (size_t i = 0; i < n; i++) {
+      if (d[i].action == LT_SCHED_PREEMPT) {
+        lt_sched_job_requeue(s, d[i].job_id, now);
+        for (size_t k = 0; k < nrun; k++)
+          if (running[k] == d[i].job_id) {
+            running[k] = running[--nrun];
+            ends[k] = ends[nrun];
+            break;
+          }
+        queued[d[i].job_id] = true;
+        enq[d[i].job_id] = now;
+        continue;
+      }
+      cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
+      queued[d[i].job_id] = false;
+      running[nrun] = d[i].job_id;
+      ends[nrun++] = now + 10 + rand() % 60;
+    }
+    lt_sched_counters_t c;
+    lt_sched_counters(s, &c);
+    if (c.slots_used < c.slots_total) {
+      with_free_slot++;
+      for (uint64_t id = 1; id < next_id; id++)
+        cr_assert(!queued[id] || now - enq[id] <= aging,
+                  "job %llu waited %g s with a free slot (bound %g s)", (unsigned long long)id,
+                  now - enq[id], aging);
+    }
+  }
+  cr_assert(with_free_slot > 100);
+  lt_sched_destroy(s);
+}
+
+static const char *heavy_trace(void) {
+  static char buf[1 << 16];
+  size_t n = (size_t)snprintf(buf, sizeof buf, "arrival_s,tenant,class,gpus,duration_s,base_model\n");
+  for (int i = 0; i < 200; i++)
+    n += (size_t)snprintf(buf + n, sizeof buf - n, "%d,heavy,standard,1,300,llama-8b\n", i);
+  for (int l = 0; l < 4; l++)
+    for (int i = 0; i < 15; i++)
+      n += (size_t)snprintf(buf + n, sizeof buf - n, "%d,light%d,standard,1,300,llama-8b\n",
+                            60 + i * 40 + l, l);
+  return buf;
+}
+
+static void run_sim(const char *text, lt_sched_policy_t p, lt_sched_sim_result_t *r) {
+  lt_sched_trace_t *tr;
+  char err[256];
+  cr_assert_eq(lt_sched_trace_parse(text, strlen(text), &tr, err, sizeof err), LT_OK, "%s", err);
+  lt_sched_sim_config_t cfg;
+  lt_sched_sim_config_default(&cfg);
+  cfg.sched.policy = p;
+  cfg.workers = 4;
+  cfg.slots_per_worker = 4;
+  cr_assert_eq(lt_sched_sim_run(tr, &cfg, r, err, sizeof err), LT_OK, "%s", err);
+  lt_sched_trace_free(tr);
+}
+
+Test(sched, lathe_is_fairer_than_fifo_with_one_heavy_tenant) {
+  lt_sched_sim_result_t lathe, fifo;
+  run_sim(heavy_trace(), LT_SCHED_POLICY_LATHE, &lathe);
+  run_sim(heavy_trace(), LT_SCHED_POLICY_FIFO, &fifo);
+  cr_assert_eq(lathe.completed, 260);
+  cr_assert_eq(fifo.completed, 260);
+  double jl = lathe.jain[LT_SCHED_STANDARD], jf = fifo.jain[LT_SCHED_STANDARD];
+  cr_assert(jl > jf + 0.1, "jain lathe %.3f vs fifo %.3f", jl, jf);
+  cr_assert(jl > 0.9, "jain lathe %.3f", jl);
+  /* light tenants wait less under Lathe */
+  for (size_t i = 0; i < lathe.n_rows; i++)
+    if (lathe.rows[i].tenant != 0)
+      cr_assert(lathe.rows[i].wait_p99_s < fifo.rows[i].wait_p99_s);
+  lt_sched_sim_result_free(&lathe);
+  lt_sched_sim_result_free(&fifo);
+}
+
+static size_t random_run(uint32_t seed, lt_sched_decision_t *log, size_t cap) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0.1, 30, 20, 40);
+  uint32_t models[3];
+  char err[64];
+  lt_sched_model_intern(s, "a", &models[0], err, sizeof err);
+  lt_sched_model_intern(s, "b", &models[1], err, sizeof err);
+  lt_sched_model_intern(s, "c", &models[2], err, sizeof err);
+  for (uint64_t t = 1; t <= 8; t++) tenant(s, t, (double)(1 + t % 4), t == 3 ? 4 : 0, 0, 0);
+  for (uint64_t w = 1; w <= 5; w++) worker(s, w, 4, 1);
+  srand(seed);
+  size_t nlog = 0, nrun = 0;
+  uint64_t next_id = 1, running[64];
+  lt_sched_decision_t d[32];
+  for (int step = 0; step < 1500 && nlog < cap; step++) {
+    double now = step;
+    if (rand() % 2)
+      job(s, next_id++, 1 + (uint64_t)(rand() % 8), (lt_sched_class_t)(rand() % 3),
+          1 + (uint32_t)(rand() % 3 == 0 ? rand() % 4 : 0), models[rand() % 3], now);
+    size_t n = lt_sched_decide(s, now, d, 32);
+    for (size_t i = 0; i < n && nlog < cap; i++) {
+      log[nlog++] = d[i];
+      if (d[i].action == LT_SCHED_DISPATCH) running[nrun++] = d[i].job_id;
+    }
+    /* finish (or, now and then, requeue) a random running job */
+    if (nrun > 0 && rand() % 3 != 0) {
+      size_t k = (size_t)rand() % nrun;
+      if (rand() % 8) lt_sched_job_finished(s, running[k], now);
+      else lt_sched_job_requeue(s, running[k], now);
+      running[k] = running[--nrun];
+    }
+  }
+  lt_sched_destroy(s);
+  return nlog;
+}
+
+Test(sched, same_inputs_give_the_same_decisions) {
+  static lt_sched_decision_t a[4096], b[4096];
+  memset(a, 0, sizeof a);
+  memset(b, 0, sizeof b);
+  size_t na = random_run(42, a, 4096), nb = random_run(42, b, 4096);
+  cr_assert_eq(na, nb);
+  cr_assert(na > 100, "the run made decisions (%zu)", na);
+  cr_assert_eq(memcmp(a, b, na * sizeof a[0]), 0);
+  lt_sched_sim_result_t r1, r2;
+  run_sim(heavy_trace(), LT_SCHED_POLICY_LATHE, &r1);
+  run_sim(heavy_trace(), LT_SCHED_POLICY_LATHE, &r2);
+  cr_assert_eq(r1.n_rows, r2.n_rows);
+  cr_assert_eq(memcmp(r1.rows, r2.rows, r1.n_rows * sizeof r1.rows[0]), 0);
+  cr_assert_eq(r1.makespan_s, r2.makespan_s);
+  lt_sched_sim_result_free(&r1);
+  lt_sched_sim_result_free(&r2);
+}
+
+Test(sched, fifo_starts_jobs_in_arrival_order) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_FIFO, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 5, 0, 0, 0);
+  worker(s, 1, 1, 1);
+  job(s, 1, 1, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 2, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  lt_sched_decision_t d[4];
+  cr_assert_eq(lt_sched_decide(s, 2, d, 4), 1);
+  cr_assert_eq(d[0].job_id, 1, "FIFO ignores class and weight");
+  uint32_t pos;
+  double est;
+  cr_assert_eq(lt_sched_job_position(s, 2, &pos, &est), LT_OK);
+  cr_assert_eq(pos, 0);
+  lt_sched_destroy(s);
+}
+
+Test(sched, queue_position_and_wait_estimate) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 2, 1);
+  for (uint64_t i = 1; i <= 2; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[4];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 4), 2);
+  lt_sched_job_finished(s, 1, 100);
+  lt_sched_job_finished(s, 2, 100);
+  for (uint64_t i = 10; i < 16; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 100);
+  job(s, 20, 2, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 101);
+  job(s, 30, 2, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 102);
+  uint32_t p_prod, p_light, p_last;
+  double w_prod, w_last;
+  cr_assert_eq(lt_sched_job_position(s, 30, &p_prod, &w_prod), LT_OK);
+  cr_assert_eq(lt_sched_job_position(s, 20, &p_light, NULL), LT_OK);
+  cr_assert_eq(lt_sched_job_position(s, 15, &p_last, &w_last), LT_OK);
+  cr_assert_eq(p_prod, 0, "production is next");
+  cr_assert_eq(p_light, 2, "behind production and one job of the equal-weight tenant");
+  cr_assert_eq(p_last, 7);
+  cr_assert(w_last > w_prod && w_last > 0, "estimates grow with position (%g)", w_last);
+  cr_assert_eq(lt_sched_job_position(s, 999, &p_last, NULL), LT_ERR_NOT_FOUND);
+  lt_sched_destroy(s);
+}
+
+Test(sched, worker_loss_requeues_its_jobs_with_a_new_attempt) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 2, 1);
+  job(s, 1, 1, LT_SCHED_STANDARD, 2, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[4];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);
+  cr_assert_eq(d[0].attempt, 1);
+  cr_assert_eq(lt_sched_worker_down(s, 1, 10), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 11, d, 4), 0, "no worker");
+  worker(s, 2, 4, 1);
+  cr_assert_eq(lt_sched_decide(s, 12, d, 4), 1);
+  cr_assert_eq(d[0].worker_id, 2);
+  cr_assert_eq(d[0].attempt, 2);
+  lt_sched_destroy(s);
+}
+
+Test(sched, bad_trace_line_is_named_with_its_column) {
+  const char *text = "arrival_s,tenant,class,gpus,duration_s,base_model\n"
+                     "0,a,standard,1,10,m\n"
+                     "\n"
+                     "5,b,urgent,1,10,m\n";
+  lt_sched_trace_t *tr = NULL;
+  char err[256] = "";
+  cr_assert_eq(lt_sched_trace_parse(text, strlen(text), &tr, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_null(tr);
+  cr_assert(strstr(err, "line 4, column 3 (class)"), "message: %s", err);
+  const char *t2 = "arrival_s,tenant,class,gpus,duration_s,base_model\n1,a,standard,two,10,m\n";
+  cr_assert_eq(lt_sched_trace_parse(t2, strlen(t2), &tr, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "line 2, column 4 (gpus)"), "message: %s", err);
+  const char *t3 = "0,a,standard,1,10,m\n";
+  cr_assert_eq(lt_sched_trace_parse(t3, strlen(t3), &tr, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "line 1") && strstr(err, "header"), "message: %s", err);
+  const char *t4 = "arrival_s,tenant,class,gpus,duration_s,base_model\n1,a,standard,1,10\n";
+  cr_assert_eq(lt_sched_trace_parse(t4, strlen(t4), &tr, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "line 2") && strstr(err, "5 columns"), "message: %s", err);
+}
+
+Test(sched, waterfill_and_jain_index) {
+  double demand[3] = {10, 1, 10}, weight[3] = {1, 1, 2}, alloc[3];
+  lt_sched_waterfill(3, demand, weight, 10, alloc);
+  cr_assert_float_eq(alloc[1], 1, 1e-9);
+  cr_assert_float_eq(alloc[0], 3, 1e-9);
+  cr_assert_float_eq(alloc[2], 6, 1e-9);
+  double x1[3] = {1, 1, 1}, x2[2] = {1, 0};
+  cr_assert_float_eq(lt_sched_jain_index(3, x1), 1, 1e-12);
+  cr_assert_float_eq(lt_sched_jain_index(2, x2), 0.5, 1e-12);
+}

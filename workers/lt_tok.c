@@ -985,7 +985,8 @@ static int apply_step(const pre_step_t *st, const char *text, scratch_t *s) {
     size_t pos = off;
     while (pos < end) {
       int rc = pcre2_match(st->re, (PCRE2_SPTR)text, end, pos, 0, s->md, NULL);
-      if (rc < 0) break; /* no match (or a matching error): the rest is one gap */
+      if (rc == PCRE2_ERROR_NOMATCH) break; /* the rest is one gap */
+      if (rc < 0) return -2;                /* a matching limit: never split silently */
       PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
       size_t ms = ov[0], me = ov[1];
       if (me == ms) { /* empty match: step over one byte so we always progress */
@@ -1079,6 +1080,9 @@ lt_err_t lt_tok_encode(const lt_tok_t *tok, const char *text, size_t len, int fl
     r = encode_segment(tok, &s, text + seg, len - seg, weight, seq);
   }
   scratch_free(&s);
+  if (r == -2)
+    return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL,
+                   "tokenizer: the pre-tokenizer regex failed (a PCRE2 matching limit)");
   return r ? lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer: out of memory") : LT_OK;
 }
 

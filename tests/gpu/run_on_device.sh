@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# run_on_device.sh: on a machine with an NVIDIA GPU and nvcc (no meson, Criterion or Debian
+# -dev packages needed), builds kernels/ + the cuda backend + the GPU test driver + the bench
+# with nvcc and cc directly, runs the kernel tests against their C references, then the
+# 1B-class LoRA bench (tokens/s, MFU). Logs go to $OUT (default ./gpu-out).
+#   tests/gpu/run_on_device.sh            from the repository root
+# Environment: OUT, GENCODE (default sm_90; e.g. "-arch=native"), LATHE_PEAK_TFLOPS,
+# BENCH_ARGS (default: the 1B shape, see bench_gpu.c), JOBS.
+set -u
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top"
+OUT=${OUT:-$top/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+say() { echo "== $*"; }
+work=$(mktemp -d)
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+GENCODE=${GENCODE:--gencode arch=compute_90,code=sm_90}
+
+say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  host: $(hostname)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi | tee "$OUT/nvidia-smi.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee -a "$OUT/nvidia-smi.txt"
+else
+  say "nvidia-smi not found (continuing)"
+fi
+
+NVCC=$(command -v nvcc || true)
+for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do [ -z "$NVCC" ] && [ -x "$c" ] && NVCC=$c; done
+if [ -z "$NVCC" ]; then say "FATAL: nvcc not found"; exit 2; fi
+CUDA_HOME=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+"$NVCC" --version | tail -n 2
+CC=$(command -v cc || command -v gcc || true)
+if [ -z "$CC" ]; then say "FATAL: no host C compiler (cc/gcc)"; exit 2; fi
+say "nvcc: $NVCC  CUDA_HOME: $CUDA_HOME  cc: $CC  jobs: $JOBS"
+
+# ---- cuBLAS and NCCL: toolkit, system, /opt/lathe-cuda, pip wheels installed or on disk ----
+pydirs=$(python3 -c 'import site,sys; print(" ".join(site.getsitepackages()+[site.getusersitepackages()]))' 2>/dev/null || true)
+cands="$CUDA_HOME /usr/local/cuda /opt/lathe-cuda /usr /usr/lib/x86_64-linux-gnu"
+for d in $pydirs; do cands="$cands $d/nvidia/cu13 $d/nvidia/cublas $d/nvidia/nccl $d/nvidia/cu12"; done
+find_pkg() { # header lib -> prints "incdir libdir"
+  local h=$1 l=$2 p inc lib
+  for p in $cands "$work/wheels/nvidia/cu13" "$work/wheels/nvidia/nccl"; do
+    inc=""; lib=""
+    for i in "$p/include" "$p/targets/x86_64-linux/include" "$p"; do [ -f "$i/$h" ] && { inc=$i; break; }; done
+    for j in "$p/lib64" "$p/lib" "$p/targets/x86_64-linux/lib" "$p/x86_64-linux-gnu" "$p"; do
+      ls "$j"/lib$l.so* >/dev/null 2>&1 && { lib=$j; break; }; done
+    [ -n "$inc" ] && [ -n "$lib" ] && { echo "$inc $lib"; return 0; }
+  done
+  return 1
+}
+unpack_wheel() { # glob
+  local w
+  w=$(ls /opt/pypi-more/files/$1 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$w" ] || return 1
+  say "unpacking $w"
+  mkdir -p "$work/wheels" && (cd "$work/wheels" && unzip -q -o "$w" 'nvidia/*/include/*' 'nvidia/*/lib/*')
+}
+cublas=$(find_pkg cublas_v2.h cublas) || { unpack_wheel 'nvidia_cublas-*.whl' && cublas=$(find_pkg cublas_v2.h cublas); } || cublas=""
+nccl=$(find_pkg nccl.h nccl) || { unpack_wheel 'nvidia_nccl_cu1*-*.whl' && nccl=$(find_pkg nccl.h nccl); } || nccl=""
+if [ -z "$cublas" ]; then say "FATAL: cuBLAS (cublas_v2.h + libcublas.so) not found in: $cands"; exit 2; fi
+say "cuBLAS: $cublas"
+incs="-I$top/src -I$top/kernels -I$top/workers -I$CUDA_HOME/include"
+libs=""
+set -- $cublas; incs="$incs -I$1"; libs="$libs -L$2 -Xlinker -rpath=$2"; ldp="$2"
+# versioned-only sonames (wheels): give the linker the plain name
+mkdir -p "$work/lib"
+for f in "$2"/libcublas.so.* "$2"/libcublasLt.so.*; do [ -e "$f" ] && ln -sf "$f" "$work/lib/$(basename "${f%%.so.*}").so"; done
+nccl_src=""
+if [ -n "$nccl" ]; then
+  say "NCCL: $nccl"
+  set -- $nccl; incs="$incs -I$1"; libs="$libs -L$2 -Xlinker -rpath=$2"; ldp="$ldp:$2"
+  for f in "$2"/libnccl.so.*; do [ -e "$f" ] && ln -sf "$f" "$work/lib/libnccl.so"; done
+  nccl_link="-lnccl"
+else
+  say "NCCL not found: building with a stub (multi-GPU all-reduce unavailable; kernels and bench unaffected)"
+  mkdir -p "$work/ncclstub"
+  cat > "$work/ncclstub/nccl.h" <<'H'
+#ifndef NCCL_STUB_H
+#define NCCL_STUB_H
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct ncclComm *ncclComm_t;
+typedef enum { ncclSuccess = 0, ncclUnhandledCudaError, ncclSystemError, ncclInternalError,
+  ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError } ncclResult_t;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
+const char *ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId id, int rank);
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o, ncclComm_t c, cudaStream_t st);
+ncclResult_t ncclCommDestroy(ncclComm_t c);
+#ifdef __cplusplus
+}
+#endif
+#endif
+H
+  cat > "$work/ncclstub/nccl_stub.c" <<'C'
+#include "nccl.h"
+const char *ncclGetErrorString(ncclResult_t r) { (void)r; return "NCCL stub: not installed"; }
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) { (void)id; return ncclSystemError; }
+ncclResult_t ncclCommInitRank(ncclComm_t *c, int n, ncclUniqueId id, int rank) { (void)c; (void)n; (void)id; (void)rank; return ncclSystemError; }
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o, ncclComm_t c, cudaStream_t st) { (void)s; (void)r; (void)n; (void)t; (void)o; (void)c; (void)st; return ncclSystemError; }
+ncclResult_t ncclCommDestroy(ncclComm_t c) { (void)c; return ncclSuccess; }
+C
+  incs="$incs -I$work/ncclstub"
+  nccl_src="$work/ncclstub/nccl_stub.c"
+  nccl_link=""
+fi
+libs="-L$work/lib $libs -L$CUDA_HOME/lib64 -Xlinker -rpath=$CUDA_HOME/lib64"
+export LD_LIBRARY_PATH="$ldp:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+
+# ---- build ----------------------------------------------------------------------------------
+obj="$work/obj"; mkdir -p "$obj"
+say "compiling kernels/*.cu ($GENCODE)"
+ls kernels/*.cu | xargs -P "$JOBS" -I{} sh -c \
+  '"$0" -O3 -std=c++17 '"$GENCODE"' --expt-relaxed-constexpr '"$incs"' -c {} -o "'"$obj"'/$(basename {} .cu).o" || { echo "BUILD FAILED: {}"; exit 255; }' "$NVCC" \
+  > "$OUT/build.log" 2>&1
+rc=$?; cat "$OUT/build.log"
+[ $rc -eq 0 ] || { say "FATAL: kernel build failed (see build.log)"; exit 3; }
+say "compiling C sources"
+for f in src/lt_err.c workers/lt_backend_cuda.c tests/gpu/lt_gpu_cases.c tests/gpu/gpu_driver.c tests/gpu/bench_gpu.c $nccl_src; do
+  "$CC" -std=gnu11 -O2 -D_GNU_SOURCE $incs -c "$f" -o "$obj/$(basename "$f" .c).o" >> "$OUT/build.log" 2>&1 \
+    || { cat "$OUT/build.log"; say "FATAL: $f failed to compile"; exit 3; }
+done
+common="$obj/lt_err.o $obj/lt_backend_cuda.o $(ls "$obj"/lt_k_*.o "$obj"/lt_cuda_check.o) $( [ -n "$nccl_src" ] && echo "$obj/nccl_stub.o")"
+"$NVCC" -o "$work/gpu_driver" "$obj/gpu_driver.o" "$obj/lt_gpu_cases.o" $common $libs -lcublas $nccl_link -lm >> "$OUT/build.log" 2>&1 \
+  && "$NVCC" -o "$work/bench_gpu" "$obj/bench_gpu.o" $common $libs -lcublas $nccl_link -lm >> "$OUT/build.log" 2>&1 \
+  || { cat "$OUT/build.log"; say "FATAL: link failed"; exit 3; }
+say "build ok"
+
+# ---- kernel tests ---------------------------------------------------------------------------
+say "kernel tests (each kernel vs its C reference)"
+timeout 300 "$work/gpu_driver" 2>&1 | tee "$OUT/kernels.log"
+trc=${PIPESTATUS[0]}
+say "kernel tests exit status: $trc"
+
+# ---- bench ----------------------------------------------------------------------------------
+say "bench: 1B-class LoRA layer stack, bf16, forward+backward"
+timeout 240 "$work/bench_gpu" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+brc=${PIPESTATUS[0]}
+say "bench exit status: $brc"
+if [ -z "${BENCH_ARGS:-}" ] && [ $brc -eq 0 ]; then
+  say "bench: same model, B=8 x T=1024"
+  timeout 180 "$work/bench_gpu" 16 2048 32 8 8192 8 1024 16 5 2>&1 | tee "$OUT/bench_t1024.log"
+fi
+
+say "summary"
+tail -n 1 "$OUT/kernels.log"
+grep -h -E '^(device|shape|best step|gpu_lora_)' "$OUT"/bench*.log
+rm -rf "$work"
+[ "$trc" -eq 0 ] && [ "$brc" -eq 0 ]

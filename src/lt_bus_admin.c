@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lt_bus_int.h"
 
@@ -51,6 +52,26 @@ static rd_kafka_event_t *wait_result(rd_kafka_queue_t *q, int timeout_ms) {
   return rd_kafka_queue_poll(q, timeout_ms + 2000);
 }
 
+/* Waits until the metadata shows topic with its partitions, for at most timeout_ms. */
+static lt_err_t wait_visible(lt_bus_admin_t *a, const char *topic, int timeout_ms, char *errstr,
+                             size_t errstr_size) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int np = 0;
+    lt_err_t e = lt_bus_admin_describe_topic(a, topic, timeout_ms, &np, NULL, 0);
+    if (e == LT_OK && np > 0) return LT_OK;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    long ms = (long)(t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+    if (ms > timeout_ms)
+      return lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT,
+                     "topic %s created but not visible in metadata after %d ms", topic,
+                     timeout_ms);
+    struct timespec nap = {0, 50 * 1000000L};
+    nanosleep(&nap, NULL);
+  }
+}
+
 /* Creates several topics at once; each existing one counts as success. */
 static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size_t n,
                               int timeout_ms, int *out_created, char *errstr,
@@ -87,6 +108,15 @@ static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size
                           ? rd_kafka_topic_result_error_string(tr[i])
                           : rd_kafka_err2str(e));
     }
+  }
+  /* The controller answers before every broker's metadata shows the topic; wait until it
+   * does, so a caller can use the topic as soon as this returns. */
+  if (ret == LT_OK && ev) {
+    size_t cnt;
+    const rd_kafka_topic_result_t **tr =
+        rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(ev), &cnt);
+    for (size_t i = 0; i < cnt && ret == LT_OK; i++)
+      ret = wait_visible(a, rd_kafka_topic_result_name(tr[i]), timeout_ms, errstr, errstr_size);
   }
   if (ev) rd_kafka_event_destroy(ev);
   rd_kafka_AdminOptions_destroy(ao);

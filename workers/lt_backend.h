@@ -22,8 +22,8 @@
  *  - Determinism. For a fixed thread count (cpu) or device (cuda), every member gives bitwise
  *    identical results for identical inputs: reductions run in a fixed order, never atomics whose
  *    order depends on scheduling. Each output row depends only on its own input rows (plus
- *    weights), never on how many other rows are in the call, except where noted — sampling's
- *    batch invariance rests on this.
+ *    weights), never on how many other rows are in the call, except matmul / matmul_strided
+ *    (see matmul_rows) — sampling's batch invariance rests on this.
  *  - Errors. Kernels cannot fail on valid arguments (asserted). Members that can fail (memory,
  *    transfer) return lt_err_t / NULL; the backend keeps the message for last_error().
  *  - Threads. One backend instance is used by one thread at a time (the executor's); it owns
@@ -73,12 +73,20 @@ struct lt_backend {
 
   /* ---- dense linear algebra ----------------------------------------------------------- */
 
-  /* Row-major SGEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+  /* Row-major SGEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C. Deterministic for
+   * fixed shapes, but a row's rounding may depend on M (see matmul_rows).
    * op(X) = X if trans_X == 0, X^T if 1. lda/ldb/ldc are row strides in floats of A, B, C as
    * stored (A is M x K when trans_a == 0, K x M when 1). beta == 0 ignores C's old content
    * (NaNs included). The cpu backend calls cblas_sgemm. */
   void (*matmul)(lt_backend_t *be, int trans_a, int trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+  /* Batch-invariant C[M,N] = alpha * A[M,K] @ W[N,K]^T + beta * C (W row-major (N, K), as a
+   * linear layer's weight). Unlike matmul (OpenBLAS picks different kernels, hence different
+   * rounding, for different M), row i of C is bitwise the same whatever M and the other rows
+   * are. Sampling's decode steps use it so a prompt's output does not depend on its batch. */
+  void (*matmul_rows)(lt_backend_t *be, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *W, int ldw, float beta, float *C, int ldc);
 
   /* `batch` independent matmuls; matrix i uses A + i*stride_a, B + i*stride_b, C + i*stride_c
    * (strides in floats). Same semantics as matmul for each. */

@@ -1,0 +1,759 @@
+/* Tests of the training engine (workers/lt_engine, lt_safetensors, lt_backend_cpu): parity with
+ * the PyTorch reference in tests/reference/llama_ref.py (logits, loss, LoRA gradients, AdamW
+ * steps, greedy sampling), determinism, batch invariance of sampling, state files, PEFT export,
+ * full-parameter training and malformed safetensors. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lt_config.h"
+#include "lt_engine.h"
+#include "lt_safetensors.h"
+
+static char errbuf[512];
+
+#define OK(call)                                                                               \
+  do {                                                                                         \
+    errbuf[0] = 0;                                                                             \
+    lt_err_t e_ = (call);                                                                      \
+    cr_assert_eq(e_, LT_OK, "%s failed: %s (%s)", #call, errbuf, lt_err_name(e_));            \
+  } while (0)
+
+static void mktmp(char *out, size_t n) {
+  snprintf(out, n, "/tmp/lt_engine_test_XXXXXX");
+  cr_assert_not_null(mkdtemp(out));
+}
+
+static void rm_rf(const char *dir) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static lt_model_config_t small_config(int H, int KV, int bias, int tied, float rope_factor) {
+  lt_model_config_t c = {.vocab_size = 67,
+                         .hidden_size = 32,
+                         .intermediate_size = 44,
+                         .num_layers = 2,
+                         .num_heads = H,
+                         .num_kv_heads = KV,
+                         .head_dim = 32 / H,
+                         .max_position = 64,
+                         .rms_norm_eps = 1e-5f,
+                         .rope_theta = 10000.0f,
+                         .rope_linear_factor = rope_factor,
+                         .tie_embeddings = tied,
+                         .qkv_bias = bias};
+  return c;
+}
+
+typedef struct fixture {
+  char dir[256], model[300];
+  lt_backend_t *be;
+  lt_engine_t *eng;
+} fixture_t;
+
+static void fixture_open(fixture_t *f, const lt_model_config_t *c, uint64_t seed, int threads) {
+  mktmp(f->dir, sizeof f->dir);
+  snprintf(f->model, sizeof f->model, "%s/model", f->dir);
+  OK(lt_model_init_random(c, f->model, seed, 0.3f, 0.1f, errbuf, sizeof errbuf));
+  OK(lt_backend_cpu_new(threads, &f->be, errbuf, sizeof errbuf));
+  OK(lt_engine_open(f->model, f->be, &f->eng, errbuf, sizeof errbuf));
+}
+
+static void fixture_close(fixture_t *f) {
+  lt_engine_close(f->eng);
+  lt_backend_destroy(f->be);
+  rm_rf(f->dir);
+}
+
+static void rand_tokens(int32_t *t, size_t n, int V, unsigned *seed) {
+  for (size_t i = 0; i < n; i++) t[i] = (int32_t)(rand_r(seed) % V);
+}
+
+/* ---- parity with PyTorch ------------------------------------------------------------------ */
+
+/* max |a - b| / max |b|: the error relative to the reference's scale */
+static double rel_err(const float *a, const float *b, size_t n) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = fabs((double)a[i] - b[i]);
+    d = x > d ? x : d;
+    m = fabs((double)b[i]) > m ? fabs((double)b[i]) : m;
+  }
+  return m > 0 ? d / m : d;
+}
+
+/* Compares every tensor of `got` (a safetensors file) with `prefix`+name in ref. */
+static void compare_tensors(const char *got_path, lt_st_t *ref, const char *prefix, double tol,
+                            const char *what) {
+  lt_st_t *got;
+  OK(lt_st_open_file(got_path, &got, errbuf, sizeof errbuf));
+  cr_assert_gt(lt_st_count(got), 0);
+  double worst = 0;
+  for (size_t i = 0; i < lt_st_count(got); i++) {
+    const lt_st_tensor_t *t = lt_st_at(got, i);
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", prefix, t->name);
+    const float *a, *b;
+    float *oa, *ob;
+    OK(lt_st_get_f32(got, t->name, t->ndim, t->shape, &a, &oa, errbuf, sizeof errbuf));
+    OK(lt_st_get_f32(ref, name, t->ndim, t->shape, &b, &ob, errbuf, sizeof errbuf));
+    double e = rel_err(a, b, (size_t)t->numel);
+    cr_assert_lt(e, tol, "%s: %s relative error %.3g >= %.3g", what, t->name, e, tol);
+    worst = e > worst ? e : worst;
+    free(oa);
+    free(ob);
+  }
+  cr_log_info("%s: worst relative error %.3g (tolerance %.3g)", what, worst, tol);
+  lt_st_close(got);
+}
+
+static void parity_case(lt_model_config_t c, int importance) {
+  fixture_t f;
+  fixture_open(&f, &c, 42, 2);
+  const int B = 3, T = 11, N = B * T, V = c.vocab_size, n_greedy = 8;
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 7};
+  lt_session_t *s;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  lt_adamw_t opt = {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f,
+                    .weight_decay = 0.1f, .max_grad_norm = importance ? 0.0f : 0.5f};
+  char path[512];
+  snprintf(path, sizeof path, "%s/p0", f.dir);
+  OK(lt_export_peft(s, path, "test-model", errbuf, sizeof errbuf));
+
+  /* two batches; prompt positions (first 3 of each row) have weight 0 */
+  int32_t tok[2][N], tgt[2][N];
+  float w[2][N], adv[2][N], slp[2][N], ftok[2][N], ftgt[2][N];
+  unsigned seed = 3;
+  for (int b = 0; b < 2; b++) {
+    rand_tokens(tok[b], N, V, &seed);
+    rand_tokens(tgt[b], N, V, &seed);
+    for (int i = 0; i < N; i++) {
+      w[b][i] = (i % T) < 3 ? 0.0f : 1.0f + 0.5f * (float)(i % 3);
+      adv[b][i] = (float)((int)(rand_r(&seed) % 200) - 100) / 50.0f;
+      slp[b][i] = -4.0f - (float)(rand_r(&seed) % 100) / 100.0f;
+      ftok[b][i] = (float)tok[b][i];
+      ftgt[b][i] = (float)tgt[b][i];
+    }
+  }
+  int32_t prompt[5] = {1, 5, 9, 2, 60};
+  float fprompt[5] = {1, 5, 9, 2, 60};
+  lt_st_entry_t ent[16];
+  char names[16][32];
+  int ne = 0;
+#define ADD(nm, ptr, d0, d1, nd)                                                               \
+  do {                                                                                         \
+    snprintf(names[ne], sizeof names[ne], "%s", nm);                                           \
+    ent[ne] = (lt_st_entry_t){.name = names[ne], .dtype = LT_ST_F32, .ndim = nd, .data = ptr}; \
+    ent[ne].shape[0] = d0;                                                                     \
+    ent[ne].shape[1] = d1;                                                                     \
+    ne++;                                                                                      \
+  } while (0)
+  for (int b = 0; b < 2; b++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "b%d.tokens", b);
+    ADD(nm, ftok[b], B, T, 2);
+    snprintf(nm, sizeof nm, "b%d.targets", b);
+    ADD(nm, ftgt[b], B, T, 2);
+    snprintf(nm, sizeof nm, "b%d.weights", b);
+    ADD(nm, w[b], B, T, 2);
+    snprintf(nm, sizeof nm, "b%d.adv", b);
+    ADD(nm, adv[b], B, T, 2);
+    snprintf(nm, sizeof nm, "b%d.slogp", b);
+    ADD(nm, slp[b], B, T, 2);
+  }
+  ADD("prompt", fprompt, 5, 0, 1);
+  snprintf(path, sizeof path, "%s/inputs.safetensors", f.dir);
+  OK(lt_st_write(path, ent, (size_t)ne, errbuf, sizeof errbuf));
+  snprintf(path, sizeof path, "%s/params.json", f.dir);
+  FILE *fp = fopen(path, "w");
+  cr_assert_not_null(fp);
+  fprintf(fp,
+          "{\"lr\": %.9g, \"beta1\": %.9g, \"beta2\": %.9g, \"eps\": %.9g, \"weight_decay\": "
+          "%.9g, \"max_grad_norm\": %.9g, \"rank\": %d, \"alpha\": %.9g, \"loss\": \"%s\", "
+          "\"n_greedy\": %d}\n",
+          (double)opt.lr, (double)opt.beta1, (double)opt.beta2, (double)opt.eps,
+          (double)opt.weight_decay, (double)opt.max_grad_norm, sc.rank, (double)sc.alpha,
+          importance ? "is" : "ce", n_greedy);
+  fclose(fp);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/reference/llama_ref.py %s",
+           LT_SOURCE_ROOT, f.dir);
+  cr_assert_eq(system(cmd), 0, "reference failed: %s", cmd);
+  lt_st_t *ref;
+  snprintf(path, sizeof path, "%s/ref.safetensors", f.dir);
+  OK(lt_st_open_file(path, &ref, errbuf, sizeof errbuf));
+
+  lt_loss_t kind = importance ? LT_LOSS_IMPORTANCE : LT_LOSS_CROSS_ENTROPY;
+  lt_batch_t b0 = {B, T, tok[0], tgt[0], w[0], adv[0], slp[0]};
+  lt_batch_t b1 = {B, T, tok[1], tgt[1], w[1], adv[1], slp[1]};
+  float loss, logp[N];
+  OK(lt_forward_backward(s, &b0, kind, &loss, NULL, errbuf, sizeof errbuf));
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  snprintf(path, sizeof path, "%s/p1.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, path, errbuf, sizeof errbuf));
+  compare_tensors(path, ref, "p1.", 1e-4, "adapter after AdamW step 1");
+
+  /* logits, loss, log-probs and gradients on batch 1 */
+  float *logits = malloc((size_t)N * V * sizeof(float));
+  OK(lt_logits(s, B, T, tok[1], logits, errbuf, sizeof errbuf));
+  const float *rl, *rloss, *rlogp;
+  float *o1, *o2, *o3;
+  int64_t lshape[3] = {B, T, V}, one = 1, bt[2] = {B, T};
+  OK(lt_st_get_f32(ref, "logits1", 3, lshape, &rl, &o1, errbuf, sizeof errbuf));
+  double le = rel_err(logits, rl, (size_t)N * V);
+  cr_log_info("logits relative error %.3g", le);
+  cr_assert_lt(le, 1e-4, "logits relative error %.3g", le);
+  OK(lt_forward_backward(s, &b1, kind, &loss, logp, errbuf, sizeof errbuf));
+  OK(lt_st_get_f32(ref, "loss1", 1, &one, &rloss, &o2, errbuf, sizeof errbuf));
+  OK(lt_st_get_f32(ref, "logp1", 2, bt, &rlogp, &o3, errbuf, sizeof errbuf));
+  cr_log_info("loss %.7f reference %.7f", (double)loss, (double)rloss[0]);
+  cr_assert_lt(fabs((double)loss - rloss[0]), 1e-4 * fabs((double)rloss[0]) + 1e-6);
+  cr_assert_lt(rel_err(logp, rlogp, (size_t)N), 1e-4);
+  snprintf(path, sizeof path, "%s/g1.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 1, path, errbuf, sizeof errbuf));
+  compare_tensors(path, ref, "grad1.", 1e-3, "LoRA gradients");
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  snprintf(path, sizeof path, "%s/p2.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, path, errbuf, sizeof errbuf));
+  compare_tensors(path, ref, "p2.", 1e-4, "adapter after AdamW step 2");
+
+  /* greedy sampling gives the reference's tokens */
+  const int32_t *pp[1] = {prompt};
+  int plen = 5, glen;
+  int32_t gen[n_greedy];
+  lt_sample_params_t sp = {.max_tokens = n_greedy, .temperature = 0, .top_p = 1};
+  OK(lt_sample(s, 1, pp, &plen, &sp, gen, NULL, &glen, errbuf, sizeof errbuf));
+  const float *rg;
+  float *o4;
+  int64_t ng = n_greedy;
+  OK(lt_st_get_f32(ref, "greedy", 1, &ng, &rg, &o4, errbuf, sizeof errbuf));
+  cr_assert_eq(glen, n_greedy);
+  for (int i = 0; i < n_greedy; i++)
+    cr_assert_eq(gen[i], (int32_t)rg[i], "greedy token %d: %d, reference %d", i, gen[i],
+                 (int)rg[i]);
+  free(o1), free(o2), free(o3), free(o4);
+  free(logits);
+  lt_st_close(ref);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+Test(engine, matches_pytorch_with_gqa_qkv_bias_untied_cross_entropy, .timeout = 300) {
+  parity_case(small_config(4, 2, 1, 0, 1.0f), 0);
+}
+
+Test(engine, matches_pytorch_with_tied_embeddings_linear_rope_importance_loss, .timeout = 300) {
+  parity_case(small_config(4, 4, 0, 1, 2.0f), 1);
+}
+
+/* ---- determinism and invariance ---------------------------------------------------------- */
+
+static void train_steps(lt_engine_t *eng, uint64_t seed, int steps, const char *dump) {
+  lt_session_config_t sc = {.rank = 8, .alpha = 16, .dropout = 0.1f, .targets = LT_TARGET_ALL,
+                            .seed = seed};
+  lt_session_t *s;
+  OK(lt_session_new(eng, &sc, &s, errbuf, sizeof errbuf));
+  const lt_model_config_t *c = lt_engine_config(eng);
+  int B = 2, T = 16, N = B * T;
+  int32_t tok[N], tgt[N];
+  unsigned rs = 11;
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.01f, .max_grad_norm = 1.0f};
+  for (int k = 0; k < steps; k++) {
+    rand_tokens(tok, N, c->vocab_size, &rs);
+    rand_tokens(tgt, N, c->vocab_size, &rs);
+    lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  }
+  OK(lt_dump_tensors(s, 0, dump, errbuf, sizeof errbuf));
+  lt_session_destroy(s);
+}
+
+static int files_equal(const char *a, const char *b) {
+  char cmd[1100];
+  snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+  return system(cmd) == 0;
+}
+
+Test(engine, same_seed_and_data_give_bitwise_identical_adapter) {
+  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 5, 2);
+  char a[512], b[512], d[512];
+  snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
+  snprintf(b, sizeof b, "%s/b.safetensors", f.dir);
+  snprintf(d, sizeof d, "%s/d.safetensors", f.dir);
+  train_steps(f.eng, 99, 4, a);
+  train_steps(f.eng, 99, 4, b);
+  train_steps(f.eng, 100, 4, d);
+  cr_assert(files_equal(a, b), "two runs with the same seed differ");
+  cr_assert(!files_equal(a, d), "a different seed gave the same adapter");
+  fixture_close(&f);
+}
+
+Test(engine, sampled_tokens_do_not_depend_on_the_rest_of_the_batch) {
+  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 8, 2);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 1};
+  lt_session_t *s;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  enum { NP = 4, MT = 12 };
+  int32_t p0[3] = {1, 2, 3}, p1[7] = {9, 8, 7, 6, 5, 4, 3}, p2[1] = {40}, p3[5] = {3, 3, 3, 3, 3};
+  const int32_t *prompts[NP] = {p0, p1, p2, p3};
+  int lens[NP] = {3, 7, 1, 5};
+  uint64_t seeds[NP] = {101, 202, 303, 404};
+  int32_t stop[1] = {13};
+  lt_sample_params_t sp = {.max_tokens = MT, .temperature = 0.9f, .top_p = 0.95f, .top_k = 30,
+                           .stop = stop, .n_stop = 1, .seeds = seeds};
+  int32_t all_t[NP * MT];
+  float all_l[NP * MT];
+  int all_n[NP];
+  OK(lt_sample(s, NP, prompts, lens, &sp, all_t, all_l, all_n, errbuf, sizeof errbuf));
+  for (int i = 0; i < NP; i++) {
+    int32_t t[MT];
+    float l[MT];
+    int n;
+    lt_sample_params_t one = sp;
+    one.seeds = &seeds[i];
+    OK(lt_sample(s, 1, &prompts[i], &lens[i], &one, t, l, &n, errbuf, sizeof errbuf));
+    cr_assert_eq(n, all_n[i], "prompt %d: %d tokens alone, %d in the batch", i, n, all_n[i]);
+    cr_assert_eq(memcmp(t, all_t + i * MT, (size_t)n * sizeof(int32_t)), 0,
+                 "prompt %d: tokens differ alone and in the batch", i);
+    cr_assert_eq(memcmp(l, all_l + i * MT, (size_t)n * sizeof(float)), 0,
+                 "prompt %d: log-probs differ alone and in the batch", i);
+    for (int j = 0; j < n; j++) cr_assert(l[j] <= 0 && isfinite(l[j]));
+  }
+  /* different seeds give different samples at this temperature */
+  cr_assert(memcmp(all_t, all_t + 2 * MT, 4 * sizeof(int32_t)) != 0 || all_n[0] < 4);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* ---- state files ------------------------------------------------------------------------- */
+
+Test(engine, save_then_load_resumes_training_bitwise) {
+  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 9, 2);
+  lt_session_config_t sc = {.rank = 4, .alpha = 4, .targets = LT_TARGET_Q | LT_TARGET_V |
+                                                                 LT_TARGET_DOWN, .seed = 3};
+  lt_session_t *s, *t;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  lt_session_config_t sc2 = sc;
+  sc2.seed = 12345; /* the state overrides it */
+  OK(lt_session_new(f.eng, &sc2, &t, errbuf, sizeof errbuf));
+  int32_t tok[32], tgt[32];
+  unsigned rs = 4;
+  rand_tokens(tok, 32, c.vocab_size, &rs);
+  rand_tokens(tgt, 32, c.vocab_size, &rs);
+  lt_batch_t b = {.B = 2, .T = 16, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  for (int k = 0; k < 2; k++) {
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  }
+  char st[512], a[512], bb[512];
+  snprintf(st, sizeof st, "%s/state.bin", f.dir);
+  snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
+  snprintf(bb, sizeof bb, "%s/b.safetensors", f.dir);
+  OK(lt_save_state(s, st, 777, errbuf, sizeof errbuf));
+  uint64_t cursor = 0;
+  OK(lt_load_state(t, st, &cursor, errbuf, sizeof errbuf));
+  cr_assert_eq(cursor, 777);
+  cr_assert_eq(lt_session_step(t), 2);
+  for (lt_session_t *x = s; x; x = x == s ? t : NULL) {
+    OK(lt_forward_backward(x, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(x, &opt, NULL, errbuf, sizeof errbuf));
+  }
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, bb, errbuf, sizeof errbuf));
+  cr_assert(files_equal(a, bb), "resumed run differs from the uninterrupted one");
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(&f);
+}
+
+static lt_err_t load_expect(lt_session_t *s, const char *path, const char *needle) {
+  errbuf[0] = 0;
+  lt_err_t e = lt_load_state(s, path, NULL, errbuf, sizeof errbuf);
+  cr_assert_neq(e, LT_OK, "loading %s should fail", path);
+  cr_assert_not_null(strstr(errbuf, needle), "message \"%s\" lacks \"%s\"", errbuf, needle);
+  return e;
+}
+
+Test(engine, damaged_or_foreign_state_files_fail_clearly) {
+  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 9, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 4, .targets = LT_TARGET_ALL, .seed = 3};
+  lt_session_t *s, *other;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  char st[512], bad[512], cmd[1200];
+  snprintf(st, sizeof st, "%s/state.bin", f.dir);
+  snprintf(bad, sizeof bad, "%s/bad.bin", f.dir);
+  OK(lt_save_state(s, st, 1, errbuf, sizeof errbuf));
+  struct stat sb;
+  cr_assert_eq(stat(st, &sb), 0);
+  /* one flipped byte in the payload */
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", st, bad);
+  cr_assert_eq(system(cmd), 0);
+  int fd = open(bad, O_RDWR);
+  unsigned char byte;
+  cr_assert_eq(pread(fd, &byte, 1, sb.st_size / 2), 1);
+  byte ^= 0x10;
+  cr_assert_eq(pwrite(fd, &byte, 1, sb.st_size / 2), 1);
+  close(fd);
+  cr_assert_eq(load_expect(s, bad, "checksum"), LT_ERR_CORRUPT);
+  /* truncated */
+  cr_assert_eq(truncate(bad, sb.st_size - 100), 0);
+  cr_assert_eq(load_expect(s, bad, "truncated"), LT_ERR_CORRUPT);
+  /* foreign file */
+  snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s'", f.model, bad);
+  cr_assert_eq(system(cmd), 0);
+  cr_assert_eq(load_expect(s, bad, "not a Lathe training state"), LT_ERR_CORRUPT);
+  /* another adapter shape */
+  lt_session_config_t sc2 = sc;
+  sc2.rank = 8;
+  OK(lt_session_new(f.eng, &sc2, &other, errbuf, sizeof errbuf));
+  cr_assert_eq(load_expect(other, st, "rank"), LT_ERR_INVALID);
+  /* a failed load leaves the session usable and unchanged */
+  OK(lt_load_state(s, st, NULL, errbuf, sizeof errbuf));
+  lt_session_destroy(other);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* ---- PEFT export ------------------------------------------------------------------------- */
+
+Test(engine, peft_export_has_peft_names_shapes_and_config) {
+  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 2, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 16, .dropout = 0.05f,
+                            .targets = LT_TARGET_Q | LT_TARGET_O | LT_TARGET_DOWN, .seed = 3};
+  lt_session_t *s;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  char dir[512], path[600];
+  snprintf(dir, sizeof dir, "%s/peft", f.dir);
+  OK(lt_export_peft(s, dir, "lathe/tiny", errbuf, sizeof errbuf));
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  lt_st_t *st;
+  OK(lt_st_open_file(path, &st, errbuf, sizeof errbuf));
+  cr_assert_eq(lt_st_count(st), 2 * 2 * 3);
+  const lt_st_tensor_t *a =
+      lt_st_find(st, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+  const lt_st_tensor_t *b =
+      lt_st_find(st, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight");
+  cr_assert_not_null(a);
+  cr_assert_not_null(b);
+  cr_assert(a->ndim == 2 && a->shape[0] == 4 && a->shape[1] == 32, "lora_A is [r, in]");
+  cr_assert(b->ndim == 2 && b->shape[0] == 32 && b->shape[1] == 4, "lora_B is [out, r]");
+  cr_assert_eq(a->dtype, LT_ST_F32);
+  /* A within PEFT's kaiming-uniform bound 1/sqrt(in), B zero */
+  const float *ad = a->data, *bd = b->data;
+  double bound = 1.0 / sqrt(32.0), amax = 0;
+  for (int i = 0; i < 4 * 32; i++) amax = fabs(ad[i]) > amax ? fabs(ad[i]) : amax;
+  cr_assert(amax <= bound && amax > 0.5 * bound);
+  for (int i = 0; i < 32 * 4; i++) cr_assert_eq(bd[i], 0.0f);
+  lt_st_close(st);
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  cr_assert_not_null(j);
+  cr_assert_str_eq(json_string_value(json_object_get(j, "peft_type")), "LORA");
+  cr_assert_str_eq(json_string_value(json_object_get(j, "task_type")), "CAUSAL_LM");
+  cr_assert_str_eq(json_string_value(json_object_get(j, "bias")), "none");
+  cr_assert_str_eq(json_string_value(json_object_get(j, "base_model_name_or_path")),
+                   "lathe/tiny");
+  cr_assert_eq(json_integer_value(json_object_get(j, "r")), 4);
+  cr_assert_float_eq(json_number_value(json_object_get(j, "lora_alpha")), 16.0, 1e-9);
+  cr_assert_float_eq(json_number_value(json_object_get(j, "lora_dropout")), 0.05, 1e-6);
+  json_t *tm = json_object_get(j, "target_modules");
+  cr_assert_eq(json_array_size(tm), 3);
+  cr_assert_str_eq(json_string_value(json_array_get(tm, 0)), "q_proj");
+  cr_assert_str_eq(json_string_value(json_array_get(tm, 1)), "o_proj");
+  cr_assert_str_eq(json_string_value(json_array_get(tm, 2)), "down_proj");
+  json_decref(j);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* ---- training behaviour ------------------------------------------------------------------ */
+
+Test(engine, full_parameter_training_overfits_a_batch_and_exports_a_loadable_model) {
+  lt_model_config_t c = small_config(4, 2, 1, 1, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 21, 2);
+  lt_session_config_t sc = {.full = 1, .seed = 1};
+  lt_session_t *s;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  int32_t tok[48], tgt[48];
+  unsigned rs = 17;
+  rand_tokens(tok, 48, c.vocab_size, &rs);
+  rand_tokens(tgt, 48, c.vocab_size, &rs);
+  lt_batch_t b = {.B = 3, .T = 16, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .max_grad_norm = 1.0f};
+  float first = 0, loss = 0;
+  for (int k = 0; k < 60; k++) {
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errbuf, sizeof errbuf));
+    if (k == 0) first = loss;
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  }
+  cr_log_info("full fine-tune: loss %.3f -> %.3f", (double)first, (double)loss);
+  cr_assert_gt(first, 3.0f);
+  cr_assert_lt(loss, 0.5f * first, "loss %.3f did not drop from %.3f", loss, first);
+  /* the exported model reproduces the session's loss when loaded as a base model */
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/trained", f.dir);
+  OK(lt_export_model(s, dir, errbuf, sizeof errbuf));
+  float l1, l2;
+  OK(lt_forward(s, &b, LT_LOSS_CROSS_ENTROPY, &l1, NULL, errbuf, sizeof errbuf));
+  lt_engine_t *e2;
+  OK(lt_engine_open(dir, f.be, &e2, errbuf, sizeof errbuf));
+  lt_session_config_t lc = {.rank = 2, .alpha = 2, .targets = LT_TARGET_Q, .seed = 1};
+  lt_session_t *s2;
+  OK(lt_session_new(e2, &lc, &s2, errbuf, sizeof errbuf));
+  OK(lt_forward(s2, &b, LT_LOSS_CROSS_ENTROPY, &l2, NULL, errbuf, sizeof errbuf));
+  cr_assert_float_eq(l1, l2, 1e-5, "exported model: loss %.6f vs %.6f", l2, l1);
+  lt_session_destroy(s2);
+  lt_engine_close(e2);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
+  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 31, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 5};
+  lt_session_t *s, *t;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  OK(lt_session_new(f.eng, &sc, &t, errbuf, sizeof errbuf));
+  int32_t tok[32], tgt[32];
+  unsigned rs = 2;
+  rand_tokens(tok, 32, c.vocab_size, &rs);
+  rand_tokens(tgt, 32, c.vocab_size, &rs);
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .max_grad_norm = 0.1f};
+  for (int k = 0; k < 2; k++) { /* step 1 makes B nonzero, step 2 compares */
+    lt_batch_t full = {.B = 2, .T = 16, .tokens = tok, .targets = tgt};
+    lt_batch_t h0 = {.B = 1, .T = 16, .tokens = tok, .targets = tgt};
+    lt_batch_t h1 = {.B = 1, .T = 16, .tokens = tok + 16, .targets = tgt + 16};
+    OK(lt_forward_backward(s, &full, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_forward_backward(t, &h0, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_forward_backward(t, &h1, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    float n1, n2;
+    OK(lt_optim_step(s, &opt, &n1, errbuf, sizeof errbuf));
+    OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
+    cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
+  }
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
+  snprintf(b, sizeof b, "%s/b.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, b, errbuf, sizeof errbuf));
+  lt_st_t *sa, *sb;
+  OK(lt_st_open_file(a, &sa, errbuf, sizeof errbuf));
+  OK(lt_st_open_file(b, &sb, errbuf, sizeof errbuf));
+  for (size_t i = 0; i < lt_st_count(sa); i++) {
+    const lt_st_tensor_t *x = lt_st_at(sa, i), *y = lt_st_find(sb, x->name);
+    cr_assert_not_null(y);
+    double e = rel_err(x->data, y->data, (size_t)x->numel);
+    cr_assert_lt(e, 1e-4, "%s: accumulated vs full batch differ by %.3g", x->name, e);
+  }
+  lt_st_close(sa);
+  lt_st_close(sb);
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(&f);
+}
+
+Test(engine, bad_batches_are_refused_with_the_position) {
+  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 1, 1);
+  lt_session_config_t sc = {.rank = 2, .alpha = 2, .targets = LT_TARGET_Q, .seed = 5};
+  lt_session_t *s;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 500}, tgt[8] = {0};
+  lt_batch_t b = {.B = 2, .T = 4, .tokens = tok, .targets = tgt};
+  cr_assert_eq(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf,
+                                   sizeof errbuf),
+               LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "tokens[1][3] = 500"), "%s", errbuf);
+  tok[7] = 7;
+  float w[8] = {0};
+  b.weights = w;
+  cr_assert_eq(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf,
+                                   sizeof errbuf),
+               LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "weight 0"), "%s", errbuf);
+  lt_adamw_t opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  cr_assert_eq(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+Test(engine, config_refuses_unsupported_rope_scaling_and_reads_linear) {
+  lt_model_config_t c;
+  const char *yarn = "{\"vocab_size\": 10, \"hidden_size\": 8, \"intermediate_size\": 16, "
+                     "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                     "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}";
+  cr_assert_eq(lt_model_config_parse(yarn, strlen(yarn), "config.json", &c, errbuf,
+                                     sizeof errbuf),
+               LT_ERR_UNSUPPORTED);
+  cr_assert_not_null(strstr(errbuf, "rope_scaling"), "%s", errbuf);
+  cr_assert_not_null(strstr(errbuf, "yarn"), "%s", errbuf);
+  const char *lin = "{\"vocab_size\": 10, \"hidden_size\": 8, \"intermediate_size\": 16, "
+                    "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+                    "\"num_key_value_heads\": 1, \"rope_scaling\": {\"rope_type\": \"linear\", "
+                    "\"factor\": 4.0}, \"tie_word_embeddings\": true}";
+  OK(lt_model_config_parse(lin, strlen(lin), "config.json", &c, errbuf, sizeof errbuf));
+  cr_assert_float_eq(c.rope_linear_factor, 4.0f, 0);
+  cr_assert_eq(c.head_dim, 4);
+  cr_assert_eq(c.num_kv_heads, 1);
+  cr_assert_eq(c.tie_embeddings, 1);
+  const char *miss = "{\"vocab_size\": 10, \"hidden_size\": 8}";
+  cr_assert_eq(lt_model_config_parse(miss, strlen(miss), "m/config.json", &c, errbuf,
+                                     sizeof errbuf),
+               LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "m/config.json: field \"intermediate_size\""), "%s", errbuf);
+}
+
+/* ---- safetensors ------------------------------------------------------------------------- */
+
+static void write_raw(const char *path, const char *header, size_t data_bytes, int64_t hlen) {
+  FILE *fp = fopen(path, "wb");
+  cr_assert_not_null(fp);
+  uint64_t n = hlen >= 0 ? (uint64_t)hlen : strlen(header);
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(n >> (8 * i));
+  fwrite(len8, 1, 8, fp);
+  fwrite(header, 1, strlen(header), fp);
+  for (size_t i = 0; i < data_bytes; i++) fputc(0, fp);
+  fclose(fp);
+}
+
+static void st_expect(const char *path, lt_err_t want, const char *needle) {
+  lt_st_t *st = NULL;
+  errbuf[0] = 0;
+  lt_err_t e = lt_st_open_file(path, &st, errbuf, sizeof errbuf);
+  cr_assert_eq(e, want, "%s: got %s (%s), want %s", needle, lt_err_name(e), errbuf,
+               lt_err_name(want));
+  cr_assert_null(st);
+  cr_assert_not_null(strstr(errbuf, needle), "message \"%s\" lacks \"%s\"", errbuf, needle);
+  cr_assert_not_null(strstr(errbuf, path), "message \"%s\" lacks the file name", errbuf);
+}
+
+Test(safetensors, malformed_files_fail_naming_file_tensor_and_expectation) {
+  char dir[256], p[512];
+  mktmp(dir, sizeof dir);
+  snprintf(p, sizeof p, "%s/x.safetensors", dir);
+  FILE *fp = fopen(p, "wb");
+  fwrite("abc", 1, 3, fp);
+  fclose(fp);
+  st_expect(p, LT_ERR_CORRUPT, "truncated");
+  write_raw(p, "{}", 0, 1000);
+  st_expect(p, LT_ERR_CORRUPT, "beyond the end of the file");
+  write_raw(p, "{\"a\": {\"dtype\": \"F32\", ", 0, -1);
+  st_expect(p, LT_ERR_CORRUPT, "not valid JSON");
+  write_raw(p, "[1, 2]", 0, -1);
+  st_expect(p, LT_ERR_CORRUPT, "not a JSON object");
+  write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 2], \"data_offsets\": [0, 16]}}", 8,
+            -1);
+  st_expect(p, LT_ERR_CORRUPT, "tensor \"w\": data_offsets [0, 16] out of range");
+  write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 16]}}", 16,
+            -1);
+  st_expect(p, LT_ERR_CORRUPT, "tensor \"w\": data_offsets span 16 bytes but dtype F32 and shape "
+                               "need 24");
+  write_raw(p,
+            "{\"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}, "
+            "\"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 16]}}",
+            16, -1);
+  st_expect(p, LT_ERR_CORRUPT, "overlap");
+  write_raw(p, "{\"w\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 1]}}", 1, -1);
+  st_expect(p, LT_ERR_UNSUPPORTED, "unknown dtype \"Q4\"");
+  write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [-2], \"data_offsets\": [0, 8]}}", 8, -1);
+  st_expect(p, LT_ERR_CORRUPT, "shape[0]");
+  write_raw(p, "{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8, -1);
+  lt_st_t *st;
+  OK(lt_st_open_file(p, &st, errbuf, sizeof errbuf));
+  const float *d;
+  float *own;
+  int64_t want[2] = {1, 2};
+  cr_assert_eq(lt_st_get_f32(st, "w", 2, want, &d, &own, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "tensor \"w\" has shape [2], expected [1, 2]"), "%s", errbuf);
+  cr_assert_eq(lt_st_get_f32(st, "v", 1, want, &d, &own, errbuf, sizeof errbuf),
+               LT_ERR_NOT_FOUND);
+  cr_assert_not_null(strstr(errbuf, "tensor \"v\" is missing"), "%s", errbuf);
+  lt_st_close(st);
+  rm_rf(dir);
+}
+
+Test(safetensors, half_precision_tensors_load_as_f32) {
+  char dir[256], p[512];
+  mktmp(dir, sizeof dir);
+  snprintf(p, sizeof p, "%s/h.safetensors", dir);
+  float v[6] = {1.0f, -2.5f, 3.14159f, 65504.0f, 1e-5f, 0.0f};
+  lt_st_entry_t e[2] = {{.name = "f16", .dtype = LT_ST_F16, .ndim = 1, .shape = {6}, .data = v},
+                        {.name = "bf16", .dtype = LT_ST_BF16, .ndim = 2, .shape = {2, 3},
+                         .data = v}};
+  OK(lt_st_write(p, e, 2, errbuf, sizeof errbuf));
+  lt_st_t *st;
+  OK(lt_st_open_file(p, &st, errbuf, sizeof errbuf));
+  const float *d;
+  float *own;
+  int64_t s1 = 6, s2[2] = {2, 3};
+  OK(lt_st_get_f32(st, "f16", 1, &s1, &d, &own, errbuf, sizeof errbuf));
+  cr_assert_not_null(own, "converted tensors are copies");
+  for (int i = 0; i < 6; i++)
+    cr_assert_float_eq(d[i], v[i], fabs(v[i]) * 1e-3 + 1e-7, "f16[%d] = %g", i, (double)d[i]);
+  free(own);
+  OK(lt_st_get_f32(st, "bf16", 2, s2, &d, &own, errbuf, sizeof errbuf));
+  for (int i = 0; i < 6; i++)
+    cr_assert_float_eq(d[i], v[i], fabs(v[i]) * 8e-3, "bf16[%d] = %g", i, (double)d[i]);
+  free(own);
+  lt_st_close(st);
+  rm_rf(dir);
+}
+
+Test(engine, model_with_a_missing_or_misshapen_tensor_is_refused_by_name) {
+  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
+  char dir[256];
+  mktmp(dir, sizeof dir);
+  OK(lt_model_init_random(&c, dir, 1, 0.1f, 0, errbuf, sizeof errbuf));
+  /* the same files with a config claiming a larger FFN */
+  lt_model_config_t c2 = c;
+  c2.intermediate_size = 50;
+  OK(lt_model_config_write(&c2, dir, errbuf, sizeof errbuf));
+  lt_backend_t *be;
+  OK(lt_backend_cpu_new(1, &be, errbuf, sizeof errbuf));
+  lt_engine_t *e = NULL;
+  cr_assert_eq(lt_engine_open(dir, be, &e, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "model.layers.0.mlp.gate_proj.weight\" has shape [44, 32], "
+                                    "expected [50, 32]"),
+                     "%s", errbuf);
+  /* untied config, but the file has no lm_head */
+  lt_model_config_t c3 = c;
+  c3.tie_embeddings = 1;
+  OK(lt_model_init_random(&c3, dir, 1, 0.1f, 0, errbuf, sizeof errbuf));
+  OK(lt_model_config_write(&c, dir, errbuf, sizeof errbuf));
+  cr_assert_eq(lt_engine_open(dir, be, &e, errbuf, sizeof errbuf), LT_ERR_NOT_FOUND);
+  cr_assert_not_null(strstr(errbuf, "tensor \"lm_head.weight\" is missing"), "%s", errbuf);
+  cr_assert_null(e);
+  lt_backend_destroy(be);
+  rm_rf(dir);
+}

@@ -1,0 +1,889 @@
+/* lt_backend_cpu: the cpu implementation of lt_backend.h.
+ *
+ * Matrix products go to OpenBLAS (cblas_sgemm) set to one thread; parallelism comes from this
+ * file's own fixed-size pthread pool, which splits every op into `threads` static chunks, so the
+ * partition (and thus every floating-point reduction order) depends only on the shapes and the
+ * thread count: runs are bitwise reproducible. Owning all threads (rather than letting OpenBLAS
+ * spin its own next to ours) keeps two pools from fighting over the cores.
+ *
+ * Loops are written plainly for gcc to vectorise (this file is built with -O3 and portable
+ * flags); exp() uses a branch-free polynomial (lt_fexp) so those loops vectorise too. */
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_backend.h"
+
+/* OpenBLAS's own setter (declared in its cblas.h on Debian, repeated for other layouts). */
+void openblas_set_num_threads(int num_threads);
+
+/* ---- fast exp ------------------------------------------------------------------------- */
+
+/* exp(x) for float, relative error about 2e-7 over the range used (x <= 0 mostly), branch-free
+ * so gcc vectorises loops calling it. Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
+ * polynomial, 2^n assembled in the exponent bits. Results below ~-87 flush to 0. */
+static inline float lt_fexp(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float r2 = r * r;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r2 + r + 1.0f;
+  int32_t e = ((int32_t)n + 127) << 23;
+  float s;
+  memcpy(&s, &e, 4);
+  return p * s;
+}
+
+/* ---- thread pool ------------------------------------------------------------------------ */
+
+typedef void (*pool_fn)(void *arg, int tid, int nt);
+
+typedef struct cpu {
+  lt_backend_t be;
+  int nt;
+  pthread_t *threads;
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  long gen;     /* incremented per job */
+  int pending;  /* workers still running the current job */
+  int quit;
+  pool_fn fn;
+  void *arg;
+  /* per-thread scratch (attention backward, rmsnorm dw partials); grows at warm-up only */
+  float **scratch;
+  size_t *scratch_n;
+  char err[256];
+  /* allocation list for destroy() */
+  struct blk *blocks;
+} cpu_t;
+
+typedef struct blk {
+  struct blk *prev, *next;
+  size_t bytes;
+  char pad[40]; /* header is 64 bytes so the payload keeps 64-byte alignment */
+} blk_t;
+
+static void *worker_main(void *p) {
+  cpu_t *c = ((void **)p)[0];
+  int tid = (int)(intptr_t)((void **)p)[1];
+  free(p);
+  long seen = 0;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (c->gen == seen && !c->quit) pthread_cond_wait(&c->go, &c->mu);
+    if (c->quit) break;
+    seen = c->gen;
+    pool_fn fn = c->fn;
+    void *arg = c->arg;
+    pthread_mutex_unlock(&c->mu);
+    fn(arg, tid, c->nt);
+    pthread_mutex_lock(&c->mu);
+    if (--c->pending == 0) pthread_cond_signal(&c->done);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+/* Runs fn(arg, tid, nt) for tid in [0, nt), the caller being tid 0; returns when all are done. */
+static void pool_run(cpu_t *c, pool_fn fn, void *arg) {
+  if (c->nt == 1) {
+    fn(arg, 0, 1);
+    return;
+  }
+  pthread_mutex_lock(&c->mu);
+  c->fn = fn;
+  c->arg = arg;
+  c->pending = c->nt - 1;
+  c->gen++;
+  pthread_cond_broadcast(&c->go);
+  pthread_mutex_unlock(&c->mu);
+  fn(arg, 0, c->nt);
+  pthread_mutex_lock(&c->mu);
+  while (c->pending) pthread_cond_wait(&c->done, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* The tid-th of nt contiguous chunks of [0, n). */
+static inline void chunk(size_t n, int tid, int nt, size_t *lo, size_t *hi) {
+  size_t q = n / (size_t)nt, r = n % (size_t)nt, t = (size_t)tid;
+  *lo = t * q + (t < r ? t : r);
+  *hi = *lo + q + (t < r);
+}
+
+static float *scratch(cpu_t *c, int tid, size_t n) {
+  if (c->scratch_n[tid] < n) {
+    free(c->scratch[tid]);
+    c->scratch[tid] = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
+    assert(c->scratch[tid] && "cpu backend: scratch allocation failed");
+    c->scratch_n[tid] = n;
+  }
+  return c->scratch[tid];
+}
+
+#define CPU(be) ((cpu_t *)(be))
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+static const char *cpu_last_error(lt_backend_t *be) { return CPU(be)->err; }
+
+static void *cpu_alloc(lt_backend_t *be, size_t bytes) {
+  cpu_t *c = CPU(be);
+  size_t total = sizeof(blk_t) + ((bytes + 63) & ~(size_t)63);
+  blk_t *b = aligned_alloc(64, total);
+  if (!b) {
+    snprintf(c->err, sizeof c->err, "cpu backend: cannot allocate %zu bytes", bytes);
+    return NULL;
+  }
+  memset(b, 0, total);
+  b->bytes = bytes;
+  b->next = c->blocks;
+  if (c->blocks) c->blocks->prev = b;
+  c->blocks = b;
+  return b + 1;
+}
+
+static void scrub_bytes(void *p, size_t n) {
+  memset(p, 0, n);
+  __asm__ __volatile__("" : : "r"(p) : "memory"); /* keeps the memset */
+}
+
+static void cpu_free(lt_backend_t *be, void *p) {
+  if (!p) return;
+  cpu_t *c = CPU(be);
+  blk_t *b = (blk_t *)p - 1;
+  scrub_bytes(p, b->bytes);
+  if (b->prev) b->prev->next = b->next;
+  else c->blocks = b->next;
+  if (b->next) b->next->prev = b->prev;
+  free(b);
+}
+
+static lt_err_t cpu_upload(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
+  memcpy(dst, src, bytes);
+  return LT_OK;
+}
+static lt_err_t cpu_download(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
+  memcpy(dst, src, bytes);
+  return LT_OK;
+}
+static const float *cpu_map_const(lt_backend_t *be, const float *host, size_t n) { return host; }
+static void cpu_free_const(lt_backend_t *be, const float *dev) {}
+static void cpu_scrub(lt_backend_t *be, void *p, size_t bytes) { scrub_bytes(p, bytes); }
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+typedef struct mm_args {
+  int ta, tb, M, N, K;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+  int lda, ldb, ldc;
+  long sa, sb, sc;
+  int batch;
+} mm_args_t;
+
+/* One thread's share: whole matrices when batched, else a slab of rows (or columns when M is
+ * small) of C. */
+static void mm_task(void *p, int tid, int nt) {
+  const mm_args_t *a = p;
+  CBLAS_TRANSPOSE ta = a->ta ? CblasTrans : CblasNoTrans, tb = a->tb ? CblasTrans : CblasNoTrans;
+  if (a->batch > 1) {
+    size_t lo, hi;
+    chunk((size_t)a->batch, tid, nt, &lo, &hi);
+    for (size_t i = lo; i < hi; i++)
+      cblas_sgemm(CblasRowMajor, ta, tb, a->M, a->N, a->K, a->alpha, a->A + (long)i * a->sa,
+                  a->lda, a->B + (long)i * a->sb, a->ldb, a->beta, a->C + (long)i * a->sc,
+                  a->ldc);
+    return;
+  }
+  size_t lo, hi;
+  if (a->M >= a->N || a->M >= 64 * nt) {
+    chunk((size_t)a->M, tid, nt, &lo, &hi);
+    if (hi == lo) return;
+    const float *A = a->ta ? a->A + lo : a->A + lo * (size_t)a->lda;
+    cblas_sgemm(CblasRowMajor, ta, tb, (int)(hi - lo), a->N, a->K, a->alpha, A, a->lda, a->B,
+                a->ldb, a->beta, a->C + lo * (size_t)a->ldc, a->ldc);
+  } else {
+    /* split N in multiples of 16 columns to keep the kernel's full-width tiles */
+    size_t blocks = ((size_t)a->N + 15) / 16;
+    chunk(blocks, tid, nt, &lo, &hi);
+    lo *= 16;
+    hi = hi * 16 > (size_t)a->N ? (size_t)a->N : hi * 16;
+    if (hi <= lo) return;
+    const float *B = a->tb ? a->B + lo * (size_t)a->ldb : a->B + lo;
+    cblas_sgemm(CblasRowMajor, ta, tb, a->M, (int)(hi - lo), a->K, a->alpha, a->A, a->lda, B,
+                a->ldb, a->beta, a->C + lo, a->ldc);
+  }
+}
+
+static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc) {
+  if (M == 0 || N == 0) return;
+  /* OpenBLAS assigns (not scales) C when beta == 0, so stale NaNs there are harmless */
+  mm_args_t a = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, 0, 0, 0, 1};
+  /* small products are not worth waking the pool */
+  if ((double)M * N * K < 1 << 15) mm_task(&a, 0, 1);
+  else pool_run(CPU(be), mm_task, &a);
+}
+
+/* Batch-invariant NT product: each C element is one dot product computed by the same code
+ * whatever M is; threads split the columns. */
+typedef struct mr_args {
+  int M, N, K, lda, ldw, ldc;
+  float alpha, beta;
+  const float *A, *W;
+  float *C;
+} mr_args_t;
+
+static inline float dot16(const float *a, const float *b, int K) {
+  float acc[16] = {0};
+  int k = 0;
+  for (; k + 16 <= K; k += 16)
+    for (int i = 0; i < 16; i++) acc[i] += a[k + i] * b[k + i];
+  for (int i = 0; k + i < K; i++) acc[i] += a[k + i] * b[k + i];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; i++) acc[i] += acc[i + w];
+  return acc[0];
+}
+
+static void mr_task(void *p, int tid, int nt) {
+  const mr_args_t *a = p;
+  size_t lo, hi;
+  chunk((size_t)a->N, tid, nt, &lo, &hi);
+  for (size_t j = lo; j < hi; j++) {
+    const float *w = a->W + j * (size_t)a->ldw;
+    for (int r = 0; r < a->M; r++) {
+      float *c = a->C + (size_t)r * a->ldc + j;
+      float d = a->alpha * dot16(a->A + (size_t)r * a->lda, w, a->K);
+      *c = a->beta == 0.0f ? d : d + a->beta * *c;
+    }
+  }
+}
+
+static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
+                            int lda, const float *W, int ldw, float beta, float *C, int ldc) {
+  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C};
+  if ((double)M * N * K < 1 << 15) mr_task(&a, 0, 1);
+  else pool_run(CPU(be), mr_task, &a);
+}
+
+static void cpu_matmul_strided(lt_backend_t *be, int ta, int tb, int M, int N, int K,
+                               float alpha, const float *A, int lda, long sa, const float *B,
+                               int ldb, long sb, float beta, float *C, int ldc, long sc,
+                               int batch) {
+  if (batch <= 0) return;
+  if (batch == 1) {
+    cpu_matmul(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  mm_args_t a = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, batch};
+  pool_run(CPU(be), mm_task, &a);
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+typedef struct ew_args {
+  float *x, *y, *z;
+  const float *a, *b, *c, *d;
+  const int32_t *ia, *ib;
+  size_t n;
+  int rows, cols, i1, i2, i3, i4;
+  float f1, f2, f3, f4, f5, f6;
+  long l1;
+  uint64_t u1;
+  double *partial;
+} ew_t;
+
+static void zero_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  memset(e->x + lo, 0, (hi - lo) * sizeof(float));
+}
+static void cpu_zero(lt_backend_t *be, float *x, size_t n) {
+  ew_t e = {.x = x, .n = n};
+  if (n < 65536) zero_task(&e, 0, 1);
+  else pool_run(CPU(be), zero_task, &e);
+}
+
+static void cpu_copy(lt_backend_t *be, float *dst, const float *src, size_t n) {
+  memcpy(dst, src, n * sizeof(float));
+}
+
+static void scale_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  float *x = e->x, a = e->f1;
+  for (size_t i = lo; i < hi; i++) x[i] *= a;
+}
+static void cpu_scale(lt_backend_t *be, float *x, float a, size_t n) {
+  ew_t e = {.x = x, .n = n, .f1 = a};
+  if (n < 65536) scale_task(&e, 0, 1);
+  else pool_run(CPU(be), scale_task, &e);
+}
+
+static void axpy_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  float *y = e->x, a = e->f1;
+  const float *x = e->a;
+  for (size_t i = lo; i < hi; i++) y[i] += a * x[i];
+}
+static void cpu_axpy(lt_backend_t *be, float *y, float a, const float *x, size_t n) {
+  ew_t e = {.x = y, .a = x, .n = n, .f1 = a};
+  if (n < 65536) axpy_task(&e, 0, 1);
+  else pool_run(CPU(be), axpy_task, &e);
+}
+
+static void sumsq_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  const float *x = e->a;
+  double s = 0;
+  /* 8 float lanes of partial sums per 1024-block, then double: fixed order, vectorisable */
+  for (size_t i = lo; i < hi; i += 1024) {
+    size_t end = i + 1024 < hi ? i + 1024 : hi;
+    float acc = 0;
+    for (size_t j = i; j < end; j++) acc += x[j] * x[j];
+    s += acc;
+  }
+  e->partial[tid] = s;
+}
+static double cpu_sumsq(lt_backend_t *be, const float *x, size_t n) {
+  cpu_t *c = CPU(be);
+  double partial[c->nt];
+  ew_t e = {.a = x, .n = n, .partial = partial};
+  pool_run(c, sumsq_task, &e);
+  double s = 0;
+  for (int t = 0; t < c->nt; t++) s += partial[t];
+  return s;
+}
+
+static void cpu_bias_add(lt_backend_t *be, float *y, const float *b, int rows, int cols) {
+  for (int r = 0; r < rows; r++) {
+    float *yr = y + (size_t)r * cols;
+    for (int j = 0; j < cols; j++) yr[j] += b[j];
+  }
+}
+
+static void cpu_bias_bwd(lt_backend_t *be, float *db, const float *dy, int rows, int cols) {
+  for (int r = 0; r < rows; r++) {
+    const float *d = dy + (size_t)r * cols;
+    for (int j = 0; j < cols; j++) db[j] += d[j];
+  }
+}
+
+static void dropout_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  float keep = 1.0f / (1.0f - e->f1);
+  for (size_t i = lo; i < hi; i++)
+    e->x[i] = lt_backend_dropout_keep(e->u1, i, e->f1) ? e->a[i] * keep : 0.0f;
+}
+static void cpu_dropout(lt_backend_t *be, float *out, const float *in, size_t n, float p,
+                        uint64_t seed) {
+  if (p <= 0.0f) {
+    if (out != in) memmove(out, in, n * sizeof(float));
+    return;
+  }
+  ew_t e = {.x = out, .a = in, .n = n, .f1 = p, .u1 = seed};
+  pool_run(CPU(be), dropout_task, &e);
+}
+
+/* ---- embedding -------------------------------------------------------------------------- */
+
+static void cpu_embed_fwd(lt_backend_t *be, float *out, const float *table,
+                          const int32_t *tokens, int N, int D) {
+  for (int r = 0; r < N; r++)
+    memcpy(out + (size_t)r * D, table + (size_t)tokens[r] * D, (size_t)D * sizeof(float));
+}
+
+static void embed_bwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk((size_t)e->cols, tid, nt, &lo, &hi);
+  for (int r = 0; r < e->rows; r++) {
+    float *d = e->x + (size_t)e->ia[r] * e->cols;
+    const float *g = e->a + (size_t)r * e->cols;
+    for (size_t j = lo; j < hi; j++) d[j] += g[j];
+  }
+}
+static void cpu_embed_bwd(lt_backend_t *be, float *dtable, const float *dout,
+                          const int32_t *tokens, int N, int D) {
+  ew_t e = {.x = dtable, .a = dout, .ia = tokens, .rows = N, .cols = D};
+  pool_run(CPU(be), embed_bwd_task, &e);
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------------------- */
+
+static void rms_fwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+  int D = e->cols;
+  for (size_t r = lo; r < hi; r++) {
+    const float *x = e->a + r * D;
+    float *y = e->x + r * D;
+    float ss = 0;
+    for (int j = 0; j < D; j++) ss += x[j] * x[j];
+    float rs = 1.0f / sqrtf(ss / (float)D + e->f1);
+    if (e->y) e->y[r] = rs;
+    for (int j = 0; j < D; j++) y[j] = x[j] * rs * e->b[j];
+  }
+}
+static void cpu_rmsnorm_fwd(lt_backend_t *be, float *out, float *rstd, const float *x,
+                            const float *w, int N, int D, float eps) {
+  ew_t e = {.x = out, .y = rstd, .a = x, .b = w, .rows = N, .cols = D, .f1 = eps};
+  pool_run(CPU(be), rms_fwd_task, &e);
+}
+
+static void rms_bwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  cpu_t *c = (cpu_t *)e->z;
+  size_t lo, hi;
+  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+  int D = e->cols;
+  float *dwp = NULL;
+  if (e->y) {
+    dwp = scratch(c, tid, (size_t)D);
+    memset(dwp, 0, (size_t)D * sizeof(float));
+  }
+  const float *w = e->b;
+  for (size_t r = lo; r < hi; r++) {
+    const float *x = e->c + r * D, *dy = e->a + r * D;
+    float *dx = e->x + r * D;
+    float rs = e->d[r];
+    float dot = 0;
+    for (int j = 0; j < D; j++) dot += dy[j] * w[j] * x[j];
+    float k = rs * rs * rs * dot / (float)D;
+    for (int j = 0; j < D; j++) dx[j] += rs * w[j] * dy[j] - k * x[j];
+    if (dwp)
+      for (int j = 0; j < D; j++) dwp[j] += dy[j] * x[j] * rs;
+  }
+}
+static void cpu_rmsnorm_bwd(lt_backend_t *be, float *dx, float *dw, const float *dout,
+                            const float *x, const float *w, const float *rstd, int N, int D) {
+  cpu_t *c = CPU(be);
+  ew_t e = {.x = dx, .y = dw, .z = (float *)c, .a = dout, .b = w, .c = x, .d = rstd,
+            .rows = N, .cols = D};
+  pool_run(c, rms_bwd_task, &e);
+  if (dw) /* per-thread partials summed in thread order */
+    for (int t = 0; t < c->nt; t++)
+      for (int j = 0; j < D; j++) dw[j] += c->scratch[t][j];
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------- */
+
+static void rope_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+  int nh = e->i1, hd = e->i2, half = hd / 2;
+  float sign = e->i3 ? -1.0f : 1.0f;
+  for (size_t r = lo; r < hi; r++) {
+    const float *cs = e->a + (size_t)e->ia[r] * half, *sn = e->b + (size_t)e->ia[r] * half;
+    for (int h = 0; h < nh; h++) {
+      float *x = e->x + (r * nh + h) * hd;
+      for (int j = 0; j < half; j++) {
+        float x1 = x[j], x2 = x[j + half], s = sign * sn[j];
+        x[j] = x1 * cs[j] - x2 * s;
+        x[j + half] = x2 * cs[j] + x1 * s;
+      }
+    }
+  }
+}
+static void cpu_rope(lt_backend_t *be, float *x, const float *cos_tab, const float *sin_tab,
+                     const int32_t *pos, int N, int nh, int hd, int inverse) {
+  ew_t e = {.x = x, .a = cos_tab, .b = sin_tab, .ia = pos, .rows = N, .i1 = nh, .i2 = hd,
+            .i3 = inverse};
+  pool_run(CPU(be), rope_task, &e);
+}
+
+/* ---- attention -------------------------------------------------------------------------- */
+
+static size_t cpu_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
+  return (size_t)B * H * T * T;
+}
+
+/* Causal softmax in place on the T x T scores of one head; entries above the diagonal = 0. */
+static void causal_softmax(float *P, int T, float scale) {
+  for (int t = 0; t < T; t++) {
+    float *row = P + (size_t)t * T;
+    float mx = -INFINITY;
+    for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0;
+    for (int j = 0; j <= t; j++) {
+      row[j] = lt_fexp((row[j] - mx) * scale);
+      sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+  }
+}
+
+typedef struct attn_args {
+  float *out, *state, *dq, *dk, *dv;
+  const float *q, *k, *v, *dout, *o, *cstate;
+  int B, T, H, KV, hd;
+  cpu_t *c;
+} attn_t;
+
+static void attn_fwd_task(void *p, int tid, int nt) {
+  attn_t *a = p;
+  int T = a->T, H = a->H, KV = a->KV, hd = a->hd, g = H / KV;
+  size_t lo, hi;
+  chunk((size_t)a->B * H, tid, nt, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++) {
+    int b = (int)(bh / H), h = (int)(bh % H), kv = h / g;
+    const float *Q = a->q + (size_t)b * T * H * hd + (size_t)h * hd;
+    const float *K = a->k + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *Vv = a->v + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    float *P = a->state + bh * (size_t)T * T;
+    float *O = a->out + (size_t)b * T * H * hd + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, Q, H * hd, K, KV * hd,
+                0.0f, P, T);
+    causal_softmax(P, T, 1.0f / sqrtf((float)hd));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, Vv, KV * hd,
+                0.0f, O, H * hd);
+  }
+}
+static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
+                         const float *k, const float *v, int B, int T, int H, int KV, int hd) {
+  attn_t a = {.out = out, .state = state, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H,
+              .KV = KV, .hd = hd};
+  pool_run(CPU(be), attn_fwd_task, &a);
+}
+
+/* Per (sequence, kv head): the g query heads sharing it run in order, so dk/dv accumulate in a
+ * fixed order without atomics. */
+static void attn_bwd_task(void *p, int tid, int nt) {
+  attn_t *a = p;
+  int T = a->T, H = a->H, KV = a->KV, hd = a->hd, g = H / KV;
+  float scale = 1.0f / sqrtf((float)hd);
+  float *dP = scratch(a->c, tid, (size_t)T * T);
+  size_t lo, hi;
+  chunk((size_t)a->B * KV, tid, nt, &lo, &hi);
+  for (size_t bk = lo; bk < hi; bk++) {
+    int b = (int)(bk / KV), kv = (int)(bk % KV);
+    size_t koff = (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *K = a->k + koff, *Vv = a->v + koff;
+    float *dK = a->dk + koff, *dV = a->dv + koff;
+    for (int hh = 0; hh < g; hh++) {
+      int h = kv * g + hh;
+      size_t qoff = (size_t)b * T * H * hd + (size_t)h * hd;
+      const float *Q = a->q + qoff, *dO = a->dout + qoff;
+      const float *P = a->cstate + ((size_t)b * H + h) * (size_t)T * T;
+      float *dQ = a->dq + qoff;
+      float beta = hh == 0 ? 0.0f : 1.0f;
+      /* dV += P^T dO */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, H * hd,
+                  beta, dV, KV * hd);
+      /* dP = dO V^T */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, H * hd, Vv,
+                  KV * hd, 0.0f, dP, T);
+      /* dS = P * (dP - sum_j P dP) * scale */
+      for (int t = 0; t < T; t++) {
+        const float *pr = P + (size_t)t * T;
+        float *dr = dP + (size_t)t * T;
+        float s = 0;
+        for (int j = 0; j <= t; j++) s += pr[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - s) * scale;
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+      }
+      /* dQ = dS K ; dK += dS^T Q */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, K, KV * hd,
+                  0.0f, dQ, H * hd);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, Q, H * hd,
+                  beta, dK, KV * hd);
+    }
+  }
+}
+static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
+                         const float *q, const float *k, const float *v, const float *out,
+                         const float *state, int B, int T, int H, int KV, int hd) {
+  cpu_t *c = CPU(be);
+  attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
+              .cstate = state, .B = B, .T = T, .H = H, .KV = KV, .hd = hd, .c = c};
+  pool_run(c, attn_bwd_task, &a);
+}
+
+static void cpu_kv_store(lt_backend_t *be, float *cache, const float *src, const int32_t *seq,
+                         const int32_t *pos, int n, int width, int max_t) {
+  for (int r = 0; r < n; r++)
+    memcpy(cache + ((size_t)seq[r] * max_t + pos[r]) * width, src + (size_t)r * width,
+           (size_t)width * sizeof(float));
+}
+
+typedef struct cached_args {
+  float *out;
+  const float *q, *kc, *vc;
+  const int32_t *seq, *pos;
+  int n, H, KV, hd, max_t;
+  cpu_t *c;
+} cached_t;
+
+static void attn_cached_task(void *p, int tid, int nt) {
+  cached_t *a = p;
+  int H = a->H, KV = a->KV, hd = a->hd, g = H / KV, w = KV * hd;
+  float scale = 1.0f / sqrtf((float)hd);
+  float *s = scratch(a->c, tid, (size_t)a->max_t);
+  size_t lo, hi;
+  chunk((size_t)a->n * H, tid, nt, &lo, &hi);
+  for (size_t rh = lo; rh < hi; rh++) {
+    int r = (int)(rh / H), h = (int)(rh % H), kv = h / g, L = a->pos[r] + 1;
+    const float *q = a->q + (size_t)r * H * hd + (size_t)h * hd;
+    const float *K = a->kc + (size_t)a->seq[r] * a->max_t * w + (size_t)kv * hd;
+    const float *Vv = a->vc + (size_t)a->seq[r] * a->max_t * w + (size_t)kv * hd;
+    float mx = -INFINITY;
+    for (int j = 0; j < L; j++) {
+      float d = 0;
+      for (int i = 0; i < hd; i++) d += q[i] * K[(size_t)j * w + i];
+      s[j] = d;
+      mx = d > mx ? d : mx;
+    }
+    float sum = 0;
+    for (int j = 0; j < L; j++) {
+      s[j] = lt_fexp((s[j] - mx) * scale);
+      sum += s[j];
+    }
+    float *o = a->out + (size_t)r * H * hd + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) o[i] = 0;
+    for (int j = 0; j < L; j++) {
+      float pj = s[j] / sum;
+      for (int i = 0; i < hd; i++) o[i] += pj * Vv[(size_t)j * w + i];
+    }
+  }
+}
+static void cpu_attn_cached(lt_backend_t *be, float *out, const float *q, const float *kcache,
+                            const float *vcache, const int32_t *seq, const int32_t *pos, int n,
+                            int H, int KV, int hd, int max_t) {
+  cached_t a = {out, q, kcache, vcache, seq, pos, n, H, KV, hd, max_t, CPU(be)};
+  pool_run(CPU(be), attn_cached_task, &a);
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------- */
+
+static void swiglu_fwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  const float *g = e->a, *u = e->b;
+  float *h = e->x;
+  for (size_t i = lo; i < hi; i++) h[i] = g[i] / (1.0f + lt_fexp(-g[i])) * u[i];
+}
+static void cpu_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const float *u,
+                           size_t n) {
+  ew_t e = {.x = h, .a = g, .b = u, .n = n};
+  pool_run(CPU(be), swiglu_fwd_task, &e);
+}
+
+static void swiglu_bwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  const float *dh = e->a, *g = e->b, *u = e->c;
+  float *dg = e->x, *du = e->y;
+  for (size_t i = lo; i < hi; i++) {
+    float sg = 1.0f / (1.0f + lt_fexp(-g[i]));
+    float silu = g[i] * sg;
+    du[i] = dh[i] * silu;
+    dg[i] = dh[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+  }
+}
+static void cpu_swiglu_bwd(lt_backend_t *be, float *dg, float *du, const float *dh,
+                           const float *g, const float *u, size_t n) {
+  ew_t e = {.x = dg, .y = du, .a = dh, .b = g, .c = u, .n = n};
+  pool_run(CPU(be), swiglu_bwd_task, &e);
+}
+
+/* ---- cross-entropy ---------------------------------------------------------------------- */
+
+static void ce_fwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+  int V = e->cols;
+  for (size_t r = lo; r < hi; r++) {
+    const float *l = e->a + r * V;
+    float mx = -INFINITY;
+    for (int j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+    float sum = 0;
+    for (int j = 0; j < V; j++) sum += lt_fexp(l[j] - mx);
+    float lse = mx + logf(sum);
+    e->y[r] = lse;
+    e->x[r] = l[e->ia[r]] - lse;
+  }
+}
+static void cpu_ce_fwd(lt_backend_t *be, float *logp, float *lse, const float *logits,
+                       const int32_t *targets, int N, int V) {
+  ew_t e = {.x = logp, .y = lse, .a = logits, .ia = targets, .rows = N, .cols = V};
+  pool_run(CPU(be), ce_fwd_task, &e);
+}
+
+static void ce_bwd_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+  int V = e->cols;
+  for (size_t r = lo; r < hi; r++) {
+    float *l = e->x + r * V;
+    float c = e->b[r], lse = e->a[r];
+    if (c == 0.0f) {
+      memset(l, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    for (int j = 0; j < V; j++) l[j] = -c * lt_fexp(l[j] - lse);
+    l[e->ia[r]] += c;
+  }
+}
+static void cpu_ce_bwd(lt_backend_t *be, float *logits, const float *lse, const int32_t *targets,
+                       const float *coef, int N, int V) {
+  ew_t e = {.x = logits, .a = lse, .b = coef, .ia = targets, .rows = N, .cols = V};
+  pool_run(CPU(be), ce_bwd_task, &e);
+}
+
+/* ---- AdamW ------------------------------------------------------------------------------ */
+
+static void adamw_task(void *p, int tid, int nt) {
+  ew_t *e = p;
+  size_t lo, hi;
+  chunk(e->n, tid, nt, &lo, &hi);
+  float *pp = e->x, *m = e->y, *v = e->z;
+  const float *g = e->a;
+  float lr = e->f1, b1 = e->f2, b2 = e->f3, eps = e->f4, wd = e->f5, gs = e->f6;
+  double bc1 = 1.0 - pow(b1, (double)e->l1), bc2 = 1.0 - pow(b2, (double)e->l1);
+  float step_size = (float)(lr / bc1), bc2s = (float)sqrt(bc2), decay = 1.0f - lr * wd;
+  for (size_t i = lo; i < hi; i++) {
+    float gi = g[i] * gs;
+    pp[i] *= decay;
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    pp[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2s + eps);
+  }
+}
+static void cpu_adamw(lt_backend_t *be, float *p, const float *grad, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                      float grad_scale, long step) {
+  ew_t e = {.x = p, .y = m, .z = v, .a = grad, .n = n, .f1 = lr, .f2 = beta1, .f3 = beta2,
+            .f4 = eps, .f5 = wd, .f6 = grad_scale, .l1 = step};
+  pool_run(CPU(be), adamw_task, &e);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+static void cpu_destroy(lt_backend_t *be) {
+  cpu_t *c = CPU(be);
+  pthread_mutex_lock(&c->mu);
+  c->quit = 1;
+  pthread_cond_broadcast(&c->go);
+  pthread_mutex_unlock(&c->mu);
+  for (int t = 1; t < c->nt; t++) pthread_join(c->threads[t], NULL);
+  while (c->blocks) cpu_free(be, c->blocks + 1);
+  for (int t = 0; t < c->nt; t++) free(c->scratch[t]);
+  free(c->scratch);
+  free(c->scratch_n);
+  free(c->threads);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->go);
+  pthread_cond_destroy(&c->done);
+  free(c);
+}
+
+lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size) {
+  *out = NULL;
+  if (threads < 1 || threads > 256)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "cpu backend: threads = %d, expected 1..256", threads);
+  cpu_t *c = calloc(1, sizeof *c);
+  if (!c) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
+  c->nt = threads;
+  c->threads = calloc((size_t)threads, sizeof *c->threads);
+  c->scratch = calloc((size_t)threads, sizeof *c->scratch);
+  c->scratch_n = calloc((size_t)threads, sizeof *c->scratch_n);
+  if (!c->threads || !c->scratch || !c->scratch_n) {
+    free(c->threads);
+    free(c->scratch);
+    free(c->scratch_n);
+    free(c);
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
+  }
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->go, NULL);
+  pthread_cond_init(&c->done, NULL);
+  lt_backend_t *be = &c->be;
+  *be = (lt_backend_t){
+      .name = "cpu",
+      .ctx = c,
+      .destroy = cpu_destroy,
+      .last_error = cpu_last_error,
+      .alloc = cpu_alloc,
+      .free = cpu_free,
+      .upload = cpu_upload,
+      .download = cpu_download,
+      .map_const = cpu_map_const,
+      .free_const = cpu_free_const,
+      .scrub = cpu_scrub,
+      .matmul = cpu_matmul,
+      .matmul_rows = cpu_matmul_rows,
+      .matmul_strided = cpu_matmul_strided,
+      .zero = cpu_zero,
+      .copy = cpu_copy,
+      .scale = cpu_scale,
+      .axpy = cpu_axpy,
+      .sumsq = cpu_sumsq,
+      .bias_add = cpu_bias_add,
+      .bias_bwd = cpu_bias_bwd,
+      .dropout = cpu_dropout,
+      .embed_fwd = cpu_embed_fwd,
+      .embed_bwd = cpu_embed_bwd,
+      .rmsnorm_fwd = cpu_rmsnorm_fwd,
+      .rmsnorm_bwd = cpu_rmsnorm_bwd,
+      .rope = cpu_rope,
+      .attn_state_floats = cpu_attn_state_floats,
+      .attn_fwd = cpu_attn_fwd,
+      .attn_bwd = cpu_attn_bwd,
+      .kv_store = cpu_kv_store,
+      .attn_cached = cpu_attn_cached,
+      .swiglu_fwd = cpu_swiglu_fwd,
+      .swiglu_bwd = cpu_swiglu_bwd,
+      .ce_fwd = cpu_ce_fwd,
+      .ce_bwd = cpu_ce_bwd,
+      .adamw = cpu_adamw,
+  };
+  /* ours is the only pool: OpenBLAS runs single-threaded inside each of our threads */
+  openblas_set_num_threads(1);
+  for (int t = 1; t < threads; t++) {
+    void **arg = malloc(2 * sizeof *arg);
+    if (arg) {
+      arg[0] = c;
+      arg[1] = (void *)(intptr_t)t;
+    }
+    if (!arg || pthread_create(&c->threads[t], NULL, worker_main, arg) != 0) {
+      free(arg);
+      c->nt = t;
+      cpu_destroy(be);
+      return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: cannot start thread %d",
+                     t);
+    }
+  }
+  *out = be;
+  return LT_OK;
+}

@@ -442,6 +442,7 @@ static lt_err_t http_once(mp_t *m, const char *method, const char *subres, const
     curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)body_len);
     curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
     curl_easy_setopt(c, CURLOPT_READDATA, r);
+    curl_easy_setopt(c, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024); /* fewer read callbacks per part */
   } else if (strcmp(method, "POST") == 0) {
     curl_easy_setopt(c, CURLOPT_POST, 1L);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? (const char *)body : "");

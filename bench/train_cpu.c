@@ -1,0 +1,153 @@
+/* bench/train_cpu: LoRA training step of the cpu engine against PyTorch and the sgemm ceiling.
+ *
+ * SmolLM2-135M shape (d=576, 30 layers, 9 heads, 3 kv heads, ffn 1536, vocab 49152, tied
+ * embeddings; random weights), LoRA rank 16 on q,k,v,o,gate,up,down, batch 4 x 256 tokens,
+ * forward + backward + AdamW. In the same run: the same step in PyTorch
+ * (bench/train_cpu_torch.py, same thread count) and OpenBLAS sgemm at n = 2048 (its own
+ * threads), so the figures are ratios measured under the same load.
+ *
+ * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch]
+ * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>`. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lt_config.h"
+#include "lt_engine.h"
+
+void openblas_set_num_threads(int num_threads);
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double sgemm_gflops(int threads) {
+  const int n = 2048;
+  float *a = malloc((size_t)n * n * sizeof(float)), *b = malloc((size_t)n * n * sizeof(float)),
+        *c = malloc((size_t)n * n * sizeof(float));
+  for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.1f;
+  openblas_set_num_threads(threads);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+  double best = 1e9;
+  for (int r = 0; r < 3; r++) {
+    double t = now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+    t = now() - t;
+    best = t < best ? t : best;
+  }
+  free(a), free(b), free(c);
+  return 2.0 * n * n * (double)n / best / 1e9;
+}
+
+/* Matrix FLOPs the step needs (causal attention counted at half the square). */
+static double step_flops(const lt_model_config_t *c, int B, int T, int r) {
+  double N = (double)B * T, D = c->hidden_size, F = c->intermediate_size,
+         QD = (double)c->num_heads * c->head_dim, KD = (double)c->num_kv_heads * c->head_dim,
+         V = c->vocab_size, L = c->num_layers;
+  double lin = D * QD * 2 + D * KD * 2 + 3 * D * F;          /* base weights per layer */
+  double lora = r * ((D + QD) * 2 + (D + KD) * 2 + 3 * (D + F)); /* A and B per layer */
+  double att = 2.0 * B * c->num_heads * (double)T * T * c->head_dim; /* QK^T + PV, causal */
+  double fwd = L * (2 * N * lin + 2 * N * lora + att) + 2 * N * V * D;
+  /* backward: base dX only (frozen), LoRA dX + dA + dB + dla, attention x2, lm_head dX */
+  double bwd = L * (2 * N * lin + 3 * 2 * N * lora + 2 * att) + 2 * N * V * D;
+  return fwd + bwd;
+}
+
+int main(int argc, char **argv) {
+  int threads = 2, steps = 2, layers = 30, torch = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-torch")) torch = 0;
+    else {
+      fprintf(stderr, "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch]\n", argv[0]);
+      return 2;
+    }
+  }
+  char err[512];
+  lt_model_config_t c = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536,
+                         .num_layers = layers, .num_heads = 9, .num_kv_heads = 3,
+                         .head_dim = 64, .max_position = 2048, .rms_norm_eps = 1e-5f,
+                         .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
+                         .tie_embeddings = 1};
+  const int B = 4, T = 256, R = 16;
+  char dir[] = "/tmp/lt_bench_train_cpu_XXXXXX";
+  if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
+
+  double ceiling = sgemm_gflops(threads);
+  printf("openblas sgemm n=2048, %d threads: %.1f GFLOP/s\n", threads, ceiling);
+
+  if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err)) {
+    fprintf(stderr, "init: %s\n", err);
+    return 1;
+  }
+  lt_backend_t *be;
+  lt_engine_t *eng;
+  lt_session_t *s;
+  lt_session_config_t sc = {.rank = R, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
+  if (lt_backend_cpu_new(threads, &be, err, sizeof err) ||
+      lt_engine_open(dir, be, &eng, err, sizeof err) ||
+      lt_session_new(eng, &sc, &s, err, sizeof err)) {
+    fprintf(stderr, "engine: %s\n", err);
+    return 1;
+  }
+  int32_t *tok = malloc(B * T * sizeof(int32_t)), *tgt = malloc(B * T * sizeof(int32_t));
+  unsigned rs = 1;
+  for (int i = 0; i < B * T; i++) {
+    tok[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
+    tgt[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
+  }
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.01f, .max_grad_norm = 1.0f};
+  float loss = 0;
+  double t0 = 0;
+  for (int k = 0; k <= steps; k++) { /* step 0 warms up (allocates activations) */
+    if (k == 1) t0 = now();
+    if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
+        lt_optim_step(s, &opt, NULL, err, sizeof err)) {
+      fprintf(stderr, "step: %s\n", err);
+      return 1;
+    }
+  }
+  double step_s = (now() - t0) / steps;
+  double tps = B * T / step_s, flops = step_flops(&c, B, T, R);
+  printf("engine: %d layers, %.3f s/step, %.1f tokens/s, loss %.3f\n", layers, step_s, tps,
+         (double)loss);
+  printf("engine: %.1f GFLOP/step, %.1f GFLOP/s = %.0f%% of the sgemm ceiling\n", flops / 1e9,
+         flops / step_s / 1e9, 100.0 * flops / step_s / 1e9 / ceiling);
+  lt_session_destroy(s);
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+
+  double ratio = 0;
+  if (torch) {
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 %s/bench/train_cpu_torch.py --threads %d --steps %d --layers %d",
+             LT_SOURCE_ROOT, threads, steps, layers);
+    FILE *p = popen(cmd, "r");
+    double tstep = 0;
+    char line[256];
+    while (p && fgets(line, sizeof line, p))
+      if (sscanf(line, "torch_step_s: %lf", &tstep) == 1) break;
+    if (p) pclose(p);
+    if (tstep <= 0) {
+      fprintf(stderr, "torch peer failed: %s\n", cmd);
+      return 1;
+    }
+    printf("torch: %.3f s/step, %.1f tokens/s, %.1f GFLOP/s\n", tstep, B * T / tstep,
+           flops / tstep / 1e9);
+    ratio = tstep / step_s;
+  }
+  printf("train_cpu_vs_torch: %.2f\n", ratio);
+  return 0;
+}

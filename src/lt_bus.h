@@ -261,14 +261,14 @@ lt_err_t lt_bus_consumer_assign_topic(lt_bus_consumer_t *c, const char *topic, i
 /* Waits up to timeout_ms for the next record. LT_OK with *out set to a borrowed record, or
  * LT_OK with *out == NULL when nothing came. Errors: LT_ERR_FATAL (recreate), LT_ERR_NOT_FOUND
  * (a subscribed or assigned topic does not exist), LT_ERR_RETRIABLE (a transient consumer
- * error, already retried by librdkafka: log it and keep polling). Rebalance hooks run inside.
- * Also drains the wake-up fd (lt_bus_consumer_fd). */
+ * error, already retried by librdkafka, or a failed async commit: log it and keep polling).
+ * Rebalance hooks run inside. */
 lt_err_t lt_bus_consumer_poll(lt_bus_consumer_t *c, int timeout_ms, const lt_bus_msg_t **out,
                               char *errstr, size_t errstr_size);
 
 /* Commits offsets to the group. offsets: the next offset to read for each partition; NULL
  * commits the current positions (everything returned by poll so far). async: return at once
- * (failures are logged at the next poll). */
+ * (a failure is returned once, as LT_ERR_RETRIABLE, by the next lt_bus_consumer_poll). */
 lt_err_t lt_bus_consumer_commit(lt_bus_consumer_t *c, const lt_bus_tp_t *offsets, size_t n,
                                 bool async, char *errstr, size_t errstr_size);
 
@@ -308,8 +308,9 @@ lt_err_t lt_bus_consumer_resume(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, 
 
 /* A file descriptor that becomes readable when records or events are queued for this consumer,
  * for a libevent loop: register it with EV_READ|EV_PERSIST and, when it fires, call
- * lt_bus_consumer_poll(c, 0, ...) until it returns no record. Owned by the consumer (do not
- * close). Poll drains it. */
+ * lt_bus_consumer_poll(c, 0, ...) until it returns no record (the poll that finds the queue
+ * empty drains the fd). Armed by the first call (consumers that never ask pay nothing). Owned
+ * by the consumer (do not close). */
 int lt_bus_consumer_fd(lt_bus_consumer_t *c);
 
 /* Leaves the group (revoke hook runs, no implicit commit) and frees. NULL is a no-op. */

@@ -23,6 +23,7 @@ struct lt_bus_consumer {
   lt_bus_rebalance_cb *cb;
   void *opaque;
   rd_kafka_resp_err_t async_commit_err; /* last async commit failure, reported once */
+  bool fd_armed;                        /* lt_bus_consumer_fd() was called */
 };
 
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c) { return c->rk; }
@@ -161,7 +162,6 @@ lt_err_t lt_bus_consumer_new(const lt_bus_conf_t *conf, const lt_bus_consumer_op
     goto err;
   }
   c->queue = rd_kafka_queue_get_consumer(c->rk);
-  rd_kafka_queue_io_event_enable(c->queue, c->pipefd[1], "1", 1);
   *out = c;
   return LT_OK;
 err:
@@ -185,7 +185,16 @@ void lt_bus_consumer_destroy(lt_bus_consumer_t *c) {
   free(c);
 }
 
-int lt_bus_consumer_fd(lt_bus_consumer_t *c) { return c->pipefd[0]; }
+/* The wake-up pipe is armed on first use: librdkafka writes to it when the queue becomes
+ * non-empty, which costs a syscall per wake-up that consumers without an event loop need not
+ * pay. */
+int lt_bus_consumer_fd(lt_bus_consumer_t *c) {
+  if (!c->fd_armed) {
+    rd_kafka_queue_io_event_enable(c->queue, c->pipefd[1], "1", 1);
+    c->fd_armed = true;
+  }
+  return c->pipefd[0];
+}
 
 /* ---------------------------------------------------------------- subscription, poll */
 
@@ -265,8 +274,14 @@ lt_err_t lt_bus_consumer_poll(lt_bus_consumer_t *c, int timeout_ms, const lt_bus
     rd_kafka_message_destroy(c->cur);
     c->cur = NULL;
   }
-  drain_pipe(c);
   rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, timeout_ms);
+  if (!m && c->fd_armed) {
+    /* Drain only when the queue looked empty, then look once more: a record queued before
+     * the drain is caught by this poll, one queued after it writes a new wake-up byte. So the
+     * fd never sleeps on a non-empty queue, and a busy consumer makes no extra syscall. */
+    drain_pipe(c);
+    m = rd_kafka_consumer_poll(c->rk, 0);
+  }
   if (c->async_commit_err) {
     rd_kafka_resp_err_t ce = c->async_commit_err;
     c->async_commit_err = 0;

@@ -290,6 +290,59 @@ Test(bus, transactional_commit_is_visible_and_abort_is_not) {
   cr_assert(seen_aborted);
 }
 
+Test(bus, consume_process_produce_commits_offsets_with_the_output_or_not_at_all) {
+  const char *in = mktopic("cpp-in", 1);
+  const char *out = mktopic("cpp-out", 1);
+  lt_bus_producer_t *p = mkproducer(NULL);
+  for (int i = 0; i < 6; i++) produce_value(p, in, 0, "in", 0);
+  lt_bus_producer_destroy(p, 1000);
+  char group[128], txid[128];
+  snprintf(group, sizeof group, "%scpp", lt_bus_conf_get(conf, "lathe.topic.prefix"));
+  snprintf(txid, sizeof txid, "%scpp-txn", lt_bus_conf_get(conf, "lathe.topic.prefix"));
+  lt_bus_consumer_t *c = mkconsumer(group);
+  cr_assert_eq(lt_bus_consumer_subscribe(c, &in, 1, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *tp = mkproducer(txid);
+
+  /* Step 1: three records in, three out, offsets with them: committed. */
+  got_t g = {0};
+  cr_assert_eq(poll_n(c, &g, 3, T_MS), 3);
+  cr_assert_eq(lt_bus_txn_begin(tp, err, sizeof err), LT_OK, "%s", err);
+  for (int i = 0; i < 3; i++) {
+    lt_bus_record_t r = {.topic = out, .partition = 0, .value = "out", .value_size = 3};
+    cr_assert_eq(lt_bus_produce(tp, &r, NULL, err, sizeof err), LT_OK, "%s", err);
+  }
+  cr_assert_eq(lt_bus_txn_send_offsets(tp, c, NULL, 0, T_MS, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_txn_commit(tp, T_MS, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t q = {in, 0, 0};
+  cr_assert_eq(lt_bus_consumer_committed(c, &q, 1, T_MS, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(q.offset, 3);
+
+  /* Step 2: the next three, aborted: neither the output nor the offsets count. */
+  cr_assert_eq(poll_n(c, &g, 6, T_MS), 6);
+  cr_assert_eq(lt_bus_txn_begin(tp, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = {.topic = out, .partition = 0, .value = "lost", .value_size = 4};
+  cr_assert_eq(lt_bus_produce(tp, &r, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t explicit_off = {in, 0, 6};
+  cr_assert_eq(lt_bus_txn_send_offsets(tp, c, &explicit_off, 1, T_MS, err, sizeof err), LT_OK,
+               "%s", err);
+  cr_assert_eq(lt_bus_txn_abort(tp, T_MS, err, sizeof err), LT_OK, "%s", err);
+  q.offset = 0;
+  cr_assert_eq(lt_bus_consumer_committed(c, &q, 1, T_MS, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(q.offset, 3);
+  lt_bus_producer_destroy(tp, 1000);
+  lt_bus_consumer_destroy(c);
+
+  lt_bus_consumer_t *rc = mkconsumer(NULL);
+  cr_assert_eq(lt_bus_consumer_assign_topic(rc, out, LT_BUS_OFFSET_BEGINNING, T_MS, NULL, err,
+                                            sizeof err),
+               LT_OK, "%s", err);
+  got_t o = {0};
+  poll_n(rc, &o, 4, 4000);
+  cr_assert_eq(o.n, 3, "read_committed saw %d output records", o.n);
+  for (int i = 0; i < o.n; i++) cr_assert_str_eq(o.val[i], "out");
+  lt_bus_consumer_destroy(rc);
+}
+
 Test(bus, second_producer_with_same_transactional_id_fences_the_first) {
   const char *topic = mktopic("fence", 1);
   char txid[128];

@@ -8,6 +8,12 @@
  * formats (chat `messages` and `prompt`/`completion`), and trains a small byte-level BPE
  * vocabulary deterministically (used for the bundled base model).
  *
+ * Not supported (load fails with LT_ERR_UNSUPPORTED naming the field): normalizers, models
+ * other than BPE, byte_fallback, BPE dropout, subword prefixes/suffixes, Split behaviours other
+ * than Isolated/Removed. Added tokens' lstrip/rstrip trim ASCII whitespace; single_word is
+ * ignored. Unicode classes (\p{L}, \p{N}, \s) come from the system PCRE2 (10.42: Unicode 14),
+ * so characters assigned in later Unicode versions may split differently from HF.
+ *
  * Encoding is exact for any byte string, valid UTF-8 or not: bytes that are not valid UTF-8
  * become their own pre-tokens and map to byte tokens, so decode(encode(s)) == s whenever the
  * vocabulary holds the 256 byte tokens.

@@ -179,8 +179,8 @@ lt_err_t lt_crypto_kek_from_text(lt_crypto_kek_t **out, const char *id, const ch
   while (isspace((unsigned char)*text)) text++;
   size_t n = strlen(text);
   while (n && isspace((unsigned char)text[n - 1])) n--;
+  /* The secure heap when the process set one up (CRYPTO_secure_malloc_init), else plain heap. */
   lt_crypto_kek_t *k = OPENSSL_secure_zalloc(sizeof *k);
-  if (!k) k = calloc(1, sizeof *k);
   if (!k) return LT_ERR_NOMEM;
   snprintf(k->id, sizeof k->id, "%s", id);
   if (n == 2 * LT_CRYPTO_KEY_BYTES) {
@@ -265,12 +265,7 @@ const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek) { return kek->id; }
 
 void lt_crypto_kek_free(lt_crypto_kek_t *kek) {
   if (!kek) return;
-  if (CRYPTO_secure_allocated(kek)) {
-    OPENSSL_secure_clear_free(kek, sizeof *kek);
-  } else {
-    OPENSSL_cleanse(kek, sizeof *kek);
-    free(kek);
-  }
+  OPENSSL_secure_clear_free(kek, sizeof *kek); /* cleanses either way */
 }
 
 /* ---- data key ------------------------------------------------------------------------------ */

@@ -208,6 +208,25 @@ Test(bus_mock, transaction_commit_that_times_out_is_fatal) {
   lt_bus_producer_destroy(p, 0);
 }
 
+Test(bus_mock, fatal_producer_error_says_recreate_on_every_path) {
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = rec("ok");
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_producer_fatal(p, err, sizeof err), LT_OK);
+  /* What an idempotent producer raises when the broker loses its sequence state. */
+  rd_kafka_test_fatal_error(lt_bus_producer_rk(p), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                            "injected by test");
+  cr_assert_eq(lt_bus_producer_fatal(p, err, sizeof err), LT_ERR_FATAL);
+  cr_assert(strstr(err, "OUT_OF_ORDER_SEQUENCE_NUMBER"), "%s", err);
+  r = rec("after");
+  lt_err_t e = lt_bus_produce_sync(p, &r, 5000, NULL, NULL, err, sizeof err);
+  cr_assert_eq(e, LT_ERR_FATAL, "%s: %s", lt_err_name(e), err);
+  e = lt_bus_produce(p, &r, NULL, err, sizeof err);
+  cr_assert_eq(e, LT_ERR_FATAL, "%s: %s", lt_err_name(e), err);
+  lt_bus_producer_destroy(p, 0);
+}
+
 Test(bus_mock, error_classification_table) {
   static const struct {
     rd_kafka_resp_err_t code;

@@ -22,6 +22,8 @@ typedef int (*lt_cli_fn)(int argc, char **argv);
 /* Subcommands: declare, then add a line to the table. */
 int lt_cli_record(int argc, char **argv);
 int lt_cli_topic(int argc, char **argv);
+int lt_cli_sim(int argc, char **argv);
+int lt_cli_admin(int argc, char **argv);
 
 static const struct {
   const char *name;
@@ -30,6 +32,8 @@ static const struct {
 } lt_cli_commands[] = {
     {"record", lt_cli_record, "encode, decode and list Avro records (debugging)"},
     {"topic", lt_cli_topic, "tail a topic as JSON lines; produce JSON lines as records"},
+    {"admin", lt_cli_admin, "operators: tenants and API keys, replay"},
+    {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe vs FIFO)"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,148 @@
+/* lathed: the Lathe daemon. One binary, one role per process (or --role all in one process).
+ *
+ *   lathed --role api [--bind ADDR] [--port N]
+ *   lathed --role scheduler|worker|publisher
+ *   lathed --role all [--port N]
+ *
+ * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
+ *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
+ *   LATHE_S3_ENDPOINT, _BUCKET, _ACCESS_KEY, _SECRET_KEY   object store (S3)
+ *   LATHE_STORE_DIR                                  a local directory store instead of S3
+ *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
+ *   LATHE_INSTANCE                                   this process's name in records (hostname)
+ *
+ * The process-wide things are here and nowhere else: the signal events and the event base.
+ * Roles are created on one event_base and run until SIGINT/SIGTERM. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "lt_api.h"
+#include "lt_bus.h"
+#include "lt_config.h"
+#include "lt_crypto.h"
+#include "lt_store.h"
+
+typedef struct lathed {
+  struct event_base *base;
+  lt_bus_conf_t *bus;
+  lt_store_t *store;
+  lt_crypto_kek_t *kek;
+  lt_avro_registry_t *reg;
+  lt_api_t *api;
+  char instance[128];
+} lathed_t;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "\n"
+          "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+          "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
+          "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
+          "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+  lathed_t *d = arg;
+  fprintf(stderr, "lathed: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  event_base_loopexit(d->base, NULL);
+}
+
+static int setup_common(lathed_t *d, char *err, size_t n) {
+  const char *inst = getenv("LATHE_INSTANCE");
+  if (inst && *inst) snprintf(d->instance, sizeof d->instance, "%s", inst);
+  else if (gethostname(d->instance, sizeof d->instance) != 0) snprintf(d->instance, sizeof d->instance, "lathed");
+  d->bus = lt_bus_conf_new();
+  if (!d->bus) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
+  lt_err_t e = lt_bus_conf_from_env(d->bus, err, n);
+  if (!e) e = lt_avro_registry_new(&d->reg, err, n);
+  if (!e) e = lt_crypto_kek_from_env(&d->kek, err, n);
+  if (e) return e;
+  const char *dir = getenv("LATHE_STORE_DIR");
+  if (dir && *dir) return lt_store_dir_new(&d->store, dir, err, n);
+  lt_store_s3_conf_t s3;
+  if ((e = lt_store_s3_conf_from_env(&s3, err, n))) return e;
+  return lt_store_s3_new(&d->store, &s3, err, n);
+}
+
+int main(int argc, char **argv) {
+  const char *role = NULL, *bind = "127.0.0.1";
+  long port = 8080;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) role = argv[++i];
+    else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) bind = argv[++i];
+    else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
+      char *end;
+      port = strtol(argv[++i], &end, 10);
+      if (*end || port < 0 || port > 65535) {
+        fprintf(stderr, "lathed: --port must be 0..65535, not \"%s\"\n", argv[i]);
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      usage(stdout);
+      return 0;
+    } else if (strcmp(argv[i], "--version") == 0) {
+      printf("lathed %s\n", LT_VERSION);
+      return 0;
+    } else {
+      fprintf(stderr, "lathed: unknown argument \"%s\"\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  bool all = role && strcmp(role, "all") == 0;
+  bool want_api = all || (role && strcmp(role, "api") == 0);
+  if (!role || !(want_api || all)) {
+    fprintf(stderr, "lathed: --role %s is not available in this build yet (api, all)\n", role ? role : "(missing)");
+    usage(stderr);
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  evthread_use_pthreads();
+  lathed_t d = {0};
+  char err[512] = "";
+  int rc = 1;
+  d.base = event_base_new();
+  if (!d.base) {
+    fprintf(stderr, "lathed: cannot create the event loop\n");
+    return 1;
+  }
+  if (setup_common(&d, err, sizeof err)) {
+    fprintf(stderr, "lathed: %s\n", err);
+    goto out;
+  }
+  if (want_api) {
+    char producer[160];
+    snprintf(producer, sizeof producer, "api/%s", d.instance);
+    lt_api_conf_t conf = {.bind_addr = bind, .port = (uint16_t)port, .bus = d.bus, .store = d.store,
+                          .kek = d.kek, .registry = d.reg, .producer_id = producer};
+    if (lt_api_new(d.base, &conf, &d.api, err, sizeof err)) {
+      fprintf(stderr, "lathed: api: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: api listening on http://%s:%u\n", bind, lt_api_port(d.api));
+  }
+  struct event *sigint = evsignal_new(d.base, SIGINT, on_signal, &d);
+  struct event *sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
+  event_add(sigint, NULL);
+  event_add(sigterm, NULL);
+  event_base_dispatch(d.base);
+  event_free(sigint);
+  event_free(sigterm);
+  rc = 0;
+out:
+  lt_api_destroy(d.api);
+  lt_store_free(d.store);
+  lt_crypto_kek_free(d.kek);
+  lt_avro_registry_destroy(d.reg);
+  lt_bus_conf_destroy(d.bus);
+  event_base_free(d.base);
+  return rc;
+}

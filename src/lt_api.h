@@ -1,0 +1,69 @@
+/* lt_api: `lathed api`, the customers' HTTP/JSON door (libevent evhttp).
+ *
+ * Stateless: it authenticates, validates, writes records, and answers reads from a projection
+ * (lt_proj) it folds from the topics. It never acknowledges what is not durable: a submission or
+ * cancel is answered only after the broker acknowledged the record (acks=all); when the broker
+ * cannot take it the answer is 503. Routes (all JSON; errors {"error":{"code","message","field"}}):
+ *
+ *   GET    /healthz                      liveness and projection lag
+ *   GET    /metrics                      Prometheus text
+ *   POST   /v1/datasets?name=N           JSONL body, streamed: validated, encrypted, stored
+ *   GET    /v1/datasets                  the tenant's datasets
+ *   GET    /v1/datasets/{id}             one dataset's report
+ *   DELETE /v1/datasets/{id}             crypto-shred (object and its wrapped key)
+ *   POST   /v1/jobs                      submit (Idempotency-Key header: same key, same job)
+ *   GET    /v1/jobs?state=&limit=&cursor=
+ *   GET    /v1/jobs/{id}                 state, attempt, queue position, wait estimate, metrics
+ *   POST   /v1/jobs/{id}/cancel          idempotent
+ *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID
+ *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
+ *
+ * Threads: everything runs on the caller's event_base thread, except the producer's delivery
+ * reports, which hand results back through event_active(). The process must call
+ * evthread_use_pthreads() before creating the event_base. */
+#ifndef LT_API_H
+#define LT_API_H
+
+#include <event2/event.h>
+#include <stdint.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_crypto.h"
+#include "lt_dataset.h"
+#include "lt_err.h"
+#include "lt_store.h"
+
+typedef struct lt_api lt_api_t;
+
+typedef struct lt_api_conf {
+  const char *bind_addr;               /* "127.0.0.1" */
+  uint16_t port;                       /* 0: any free port (lt_api_port tells which) */
+  const lt_bus_conf_t *bus;            /* borrowed */
+  lt_store_t *store;                   /* borrowed */
+  const lt_crypto_kek_t *kek;          /* borrowed: unwraps tenants' data keys */
+  const lt_avro_registry_t *registry;  /* borrowed */
+  const char *producer_id;             /* identity in records, e.g. "api/host-1" */
+  lt_dataset_tokens_fn *tokens_fn;     /* token counting for uploads; NULL: no token checks */
+  void *tokens_ctx;
+  int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
+  size_t max_json_body;                /* largest JSON request body (65536) */
+  uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */
+} lt_api_conf_t;
+
+/* Creates the server, binds, starts folding the topics from the beginning. */
+lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t **out, char *errstr,
+                    size_t errstr_size);
+
+/* The port the server listens on. */
+uint16_t lt_api_port(const lt_api_t *api);
+
+/* True once the projection caught up with the end of the topics as of start-up. */
+bool lt_api_ready(const lt_api_t *api);
+
+/* The projection's job-state digest (lt_job_digest), for replay checks. */
+lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]);
+
+void lt_api_destroy(lt_api_t *api);
+
+#endif

@@ -1,0 +1,408 @@
+/* lt_api_datasets: /v1/uploads and /v1/datasets — streamed, validated, encrypted uploads.
+ *
+ * libevent 2.1's server hands a handler the whole request body, so a large file comes in parts:
+ * POST /v1/uploads opens an upload, PUT /v1/uploads/{id}/parts/{n} (n = 1, 2, ... in order,
+ * each at most 8 MiB) streams each part through the validator and the encryptor into a multipart
+ * object, POST /v1/uploads/{id}/complete finishes it. At no time is more than one part in
+ * memory. A file that fails validation, goes over quota, or is abandoned (10 minutes idle)
+ * leaves nothing in the store. POST /v1/datasets with the file as body does all three at once
+ * for files up to one part.
+ *
+ * Layout: tenants/<tenant>/datasets/<id>/{data.jsonl.lte, key.wrapped, meta.json.lte}. Each
+ * dataset has its own data key, wrapped by the master key and bound to the tenant; DELETE
+ * removes the wrapped key first (crypto-shred), then the objects. meta is written last: a
+ * dataset exists when its meta does. */
+#include "lt_api_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/crypto.h>
+
+#define UPLOAD_IDLE_MS (10 * 60 * 1000)
+
+struct lt_api_upload {
+  char id[LT_ID_MAX + 1];
+  char tenant[LT_ID_MAX + 1];
+  char name[128];
+  lt_dataset_check_t *check;
+  lt_crypto_dek_t *dek;
+  lt_sealed_writer_t *w;
+  int next_part;
+  int64_t last_active_ms;
+  lt_api_upload_t *next;
+};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void key_of(char *out, size_t n, const char *tenant, const char *id, const char *leaf) {
+  snprintf(out, n, "tenants/%s/datasets/%s/%s", tenant, id, leaf);
+}
+
+/* ---------------------------------------------------------------- token counting glue */
+
+static lt_dataset_tokens_fn *tokens_fn(lt_api_t *api) { return api->conf.tokens_fn; }
+
+/* ---------------------------------------------------------------- uploads */
+
+static void upload_free(lt_api_upload_t *u) {
+  if (!u) return;
+  lt_sealed_writer_abort(u->w); /* no-op once committed (w is NULL then) */
+  lt_dataset_check_destroy(u->check);
+  lt_crypto_dek_free(u->dek);
+  free(u);
+}
+
+static void upload_unlink(lt_api_t *api, lt_api_upload_t *u) {
+  for (lt_api_upload_t **pp = &api->uploads; *pp; pp = &(*pp)->next)
+    if (*pp == u) {
+      *pp = u->next;
+      return;
+    }
+}
+
+static lt_api_upload_t *upload_find(lt_api_t *api, const lt_tenant_t *t, const char *id) {
+  for (lt_api_upload_t *u = api->uploads; u; u = u->next)
+    if (strcmp(u->id, id) == 0 && strcmp(u->tenant, t->tenant_id) == 0) return u;
+  return NULL;
+}
+
+void lt_api_uploads_tick(lt_api_t *api) {
+  int64_t now = now_ms();
+  for (lt_api_upload_t *u = api->uploads, *next; u; u = next) {
+    next = u->next;
+    if (now - u->last_active_ms > UPLOAD_IDLE_MS) {
+      upload_unlink(api, u);
+      upload_free(u);
+    }
+  }
+}
+
+void lt_api_uploads_free(lt_api_t *api) {
+  while (api->uploads) {
+    lt_api_upload_t *u = api->uploads;
+    api->uploads = u->next;
+    upload_free(u);
+  }
+}
+
+static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyvalq *q, lt_api_upload_t **out,
+                            char *msg, size_t n) {
+  const char *name = lt_api_query(q, "name");
+  if (name && (strlen(name) > 100 || !lt_utf8_valid(name, strlen(name), NULL)))
+    return lt_errf(msg, n, LT_ERR_INVALID, "name must be at most 100 bytes of UTF-8");
+  lt_dataset_limits_t lim = {.max_bytes = (uint64_t)t->quotas.max_dataset_bytes, .max_tokens = 1024};
+  if (!lim.max_bytes || lim.max_bytes > api->conf.max_upload_bytes) lim.max_bytes = api->conf.max_upload_bytes;
+  const char *mt = lt_api_query(q, "max_tokens");
+  if (mt) {
+    char *end;
+    long v = strtol(mt, &end, 10);
+    if (*end || v < 8 || v > 32768) return lt_errf(msg, n, LT_ERR_INVALID, "max_tokens must be from 8 to 32768");
+    lim.max_tokens = (int32_t)v;
+  }
+  lt_api_upload_t *u = calloc(1, sizeof *u);
+  if (!u) return LT_ERR_NOMEM;
+  char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  lt_crypto_random_id(rnd);
+  snprintf(u->id, sizeof u->id, "ds-%.24s", rnd);
+  snprintf(u->tenant, sizeof u->tenant, "%s", t->tenant_id);
+  snprintf(u->name, sizeof u->name, "%s", name ? name : u->id);
+  u->next_part = 1;
+  u->last_active_ms = now_ms();
+  char key[512];
+  key_of(key, sizeof key, u->tenant, u->id, "data.jsonl.lte");
+  lt_err_t err = lt_dataset_check_new(&u->check, &lim, tokens_fn(api), api->conf.tokens_ctx);
+  if (!err) err = lt_crypto_dek_generate(&u->dek, u->tenant, u->id, msg, n);
+  if (!err) err = lt_sealed_writer_new(api->conf.store, u->dek, key, &u->w, msg, n);
+  if (err) {
+    upload_free(u);
+    return err;
+  }
+  u->next = api->uploads;
+  api->uploads = u;
+  *out = u;
+  return LT_OK;
+}
+
+/* Feeds one part; on quota or store failure the upload is gone (nothing stays). */
+static lt_err_t upload_part(lt_api_t *api, lt_api_upload_t *u, struct evbuffer *body, char *msg, size_t n) {
+  size_t len = evbuffer_get_length(body);
+  const uint8_t *p = evbuffer_pullup(body, -1);
+  lt_err_t err = lt_dataset_check_feed(u->check, p, len);
+  if (err == LT_ERR_QUOTA) {
+    lt_dataset_report_t r;
+    lt_dataset_check_finish(u->check, &r);
+    lt_errf(msg, n, LT_ERR_QUOTA, "%s", r.errors_kept ? r.errors[r.errors_kept - 1].reason : "over quota");
+  } else {
+    err = lt_sealed_writer_write(u->w, p, len, msg, n);
+  }
+  u->last_active_ms = now_ms();
+  u->next_part++;
+  if (err) {
+    upload_unlink(api, u);
+    upload_free(u);
+  }
+  return err;
+}
+
+/* Finishes: valid -> data committed, wrapped key and meta written, reply 201; invalid -> all
+ * dropped, reply 400 with the report. Frees the upload either way. */
+static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_upload_t *u) {
+  upload_unlink(api, u);
+  lt_dataset_report_t r;
+  lt_err_t err = lt_dataset_check_finish(u->check, &r);
+  json_t *report = lt_dataset_report_json(&r, 1);
+  char msg[256];
+  if (err) {
+    char summary[320];
+    if (r.errors_kept && r.errors[0].line)
+      snprintf(summary, sizeof summary, "the dataset has %llu error(s); the first: line %llu%s%s: %s",
+               (unsigned long long)r.error_count, (unsigned long long)r.errors[0].line,
+               r.errors[0].field[0] ? ", field " : "", r.errors[0].field, r.errors[0].reason);
+    else
+      snprintf(summary, sizeof summary, "the dataset was refused: %s", r.errors_kept ? r.errors[0].reason : "invalid");
+    json_t *e = json_pack("{s:s,s:s,s:n}", "code", err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", "message",
+                          summary, "field");
+    lt_api_reply_json(req, err == LT_ERR_QUOTA ? 429 : 400, json_pack("{s:o,s:o}", "error", e, "report", report));
+    upload_free(u);
+    return;
+  }
+  uint8_t sha[32];
+  uint64_t plain = 0;
+  lt_sealed_writer_t *w = u->w;
+  u->w = NULL;
+  err = lt_sealed_writer_commit(w, sha, &plain, msg, sizeof msg);
+  char key[512], hex[65];
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wlen = 0;
+  if (!err) err = lt_crypto_dek_wrap(api->conf.kek, u->dek, wrapped, sizeof wrapped, &wlen, msg, sizeof msg);
+  if (!err) {
+    key_of(key, sizeof key, u->tenant, u->id, "key.wrapped");
+    err = lt_store_put(api->conf.store, key, wrapped, wlen, NULL, msg, sizeof msg);
+  }
+  json_t *meta = NULL;
+  if (!err) {
+    meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)now_ms(),
+                     "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain, "report", report);
+    char *text = json_dumps(meta, JSON_COMPACT);
+    key_of(key, sizeof key, u->tenant, u->id, "meta.json.lte");
+    err = text ? lt_sealed_put(api->conf.store, u->dek, key, text, strlen(text), NULL, msg, sizeof msg) : LT_ERR_NOMEM;
+    free(text);
+  }
+  if (err) {
+    /* Nothing half-stored: remove whatever of this dataset made it. */
+    const char *leaves[] = {"meta.json.lte", "key.wrapped", "data.jsonl.lte"};
+    for (int i = 0; i < 3; i++) {
+      key_of(key, sizeof key, u->tenant, u->id, leaves[i]);
+      lt_store_delete(api->conf.store, key, NULL, 0);
+    }
+    lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+    json_decref(report);
+    json_decref(meta);
+    upload_free(u);
+    return;
+  }
+  json_decref(report);
+  lt_api_reply_json(req, 201, meta);
+  upload_free(u);
+}
+
+static void parse_query(struct evhttp_request *req, struct evkeyvalq *q) {
+  const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+  evhttp_parse_query_str(query ? query : "", q);
+}
+
+void lt_api_uploads_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *rest) {
+  enum evhttp_cmd_type m = evhttp_request_get_command(req);
+  char msg[256];
+  if ((*rest == '\0' || strcmp(rest, "/") == 0) && m == EVHTTP_REQ_POST) {
+    struct evkeyvalq q;
+    parse_query(req, &q);
+    lt_api_upload_t *u;
+    lt_err_t err = upload_open(api, t, &q, &u, msg, sizeof msg);
+    evhttp_clear_headers(&q);
+    if (err) {
+      lt_api_reply_err(req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
+      return;
+    }
+    lt_api_reply_json(req, 201, json_pack("{s:s,s:i,s:i}", "upload_id", u->id, "next_part", u->next_part,
+                                          "part_max_bytes", (int)LT_API_PART_MAX));
+    return;
+  }
+  char id[LT_ID_MAX + 1] = "", what[32] = "";
+  int part = 0;
+  if (sscanf(rest, "/%63[A-Za-z0-9._-]/%31[a-z]/%d", id, what, &part) < 1) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such upload");
+    return;
+  }
+  lt_api_upload_t *u = upload_find(api, t, id);
+  if (!u) {
+    lt_api_reply_error(req, 404, "not_found", NULL,
+                       "no open upload %s for this tenant (finished, aborted, or idle for more than 10 minutes)", id);
+    return;
+  }
+  if (strcmp(what, "parts") == 0 && m == EVHTTP_REQ_PUT) {
+    if (part != u->next_part) {
+      lt_api_reply_error(req, 409, "conflict", "part", "part %d is out of order: the next part is %d", part,
+                         u->next_part);
+      return;
+    }
+    lt_err_t err = upload_part(api, u, evhttp_request_get_input_buffer(req), msg, sizeof msg);
+    if (err) {
+      lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+      return;
+    }
+    lt_api_reply_json(req, 200, json_pack("{s:s,s:i}", "upload_id", u->id, "next_part", u->next_part));
+  } else if (strcmp(what, "complete") == 0 && m == EVHTTP_REQ_POST) {
+    upload_complete(api, req, u);
+  } else if (!what[0] && m == EVHTTP_REQ_DELETE) {
+    upload_unlink(api, u);
+    upload_free(u);
+    lt_api_reply_json(req, 200, json_pack("{s:s,s:b}", "upload_id", id, "aborted", 1));
+  } else {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route under /v1/uploads/%s", id);
+  }
+}
+
+/* ---------------------------------------------------------------- datasets */
+
+/* The dataset's key and meta; *dek and *meta are the caller's. */
+static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, lt_crypto_dek_t **dek, json_t **meta,
+                             char *msg, size_t n) {
+  char key[512];
+  void *wrapped = NULL, *text = NULL;
+  size_t wlen = 0, tlen = 0;
+  key_of(key, sizeof key, tenant, id, "key.wrapped");
+  lt_err_t err = lt_store_get(api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, msg, n);
+  if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, tenant, wrapped, wlen, dek, msg, n);
+  free(wrapped);
+  if (err) return err;
+  key_of(key, sizeof key, tenant, id, "meta.json.lte");
+  err = lt_sealed_get(api->conf.store, *dek, key, 1 << 20, &text, &tlen, msg, n);
+  if (!err) {
+    json_error_t je;
+    *meta = json_loadb(text, tlen, 0, &je);
+    if (!*meta) err = lt_errf(msg, n, LT_ERR_CORRUPT, "dataset %s: its metadata does not parse", id);
+  }
+  free(text);
+  if (err) {
+    lt_crypto_dek_free(*dek);
+    *dek = NULL;
+  }
+  return err;
+}
+
+bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  if (!lt_id_valid(dataset_id)) return false;
+  char key[512];
+  lt_store_info_t info;
+  key_of(key, sizeof key, tenant, dataset_id, "meta.json.lte");
+  return lt_store_head(api->conf.store, key, &info, NULL, 0) == LT_OK;
+}
+
+typedef struct {
+  lt_api_t *api;
+  const char *tenant;
+  json_t *out;
+} list_ctx_t;
+
+static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info) {
+  list_ctx_t *l = ctx;
+  size_t klen = strlen(key), leaf = strlen("/meta.json.lte");
+  if (klen <= leaf || strcmp(key + klen - leaf, "/meta.json.lte") != 0) return LT_OK;
+  const char *idstart = key + klen - leaf;
+  while (idstart > key && idstart[-1] != '/') idstart--;
+  char id[LT_ID_MAX + 1];
+  snprintf(id, sizeof id, "%.*s", (int)(key + klen - leaf - idstart), idstart);
+  lt_crypto_dek_t *dek = NULL;
+  json_t *meta = NULL;
+  if (dataset_open(l->api, l->tenant, id, &dek, &meta, NULL, 0) == LT_OK) {
+    json_object_del(meta, "report");
+    json_array_append_new(l->out, meta);
+  }
+  lt_crypto_dek_free(dek);
+  return LT_OK;
+}
+
+void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *rest) {
+  enum evhttp_cmd_type m = evhttp_request_get_command(req);
+  char msg[256];
+  if (*rest == '\0' || strcmp(rest, "/") == 0) {
+    if (m == EVHTTP_REQ_POST) {
+      /* One-request upload: open, one part, complete. */
+      struct evkeyvalq q;
+      parse_query(req, &q);
+      lt_api_upload_t *u;
+      lt_err_t err = upload_open(api, t, &q, &u, msg, sizeof msg);
+      evhttp_clear_headers(&q);
+      if (!err) err = upload_part(api, u, evhttp_request_get_input_buffer(req), msg, sizeof msg);
+      if (err) {
+        lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+        return;
+      }
+      upload_complete(api, req, u);
+    } else if (m == EVHTTP_REQ_GET) {
+      char prefix[256], next[1024] = "", after[1024] = "";
+      snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", t->tenant_id);
+      list_ctx_t l = {.api = api, .tenant = t->tenant_id, .out = json_array()};
+      lt_err_t err;
+      do {
+        snprintf(after, sizeof after, "%s", next);
+        next[0] = '\0';
+        err = lt_store_list(api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, msg, sizeof msg);
+      } while (!err && next[0]);
+      if (err) {
+        json_decref(l.out);
+        lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+        return;
+      }
+      lt_api_reply_json(req, 200, json_pack("{s:o}", "datasets", l.out));
+    } else {
+      lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or POST on /v1/datasets");
+    }
+    return;
+  }
+  const char *id = rest + 1;
+  if (!lt_id_valid(id)) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such dataset");
+    return;
+  }
+  lt_crypto_dek_t *dek = NULL;
+  json_t *meta = NULL;
+  lt_err_t err = dataset_open(api, t->tenant_id, id, &dek, &meta, msg, sizeof msg);
+  lt_crypto_dek_free(dek);
+  if (err == LT_ERR_NOT_FOUND) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no dataset %s for this tenant", id);
+    return;
+  }
+  if (err) {
+    lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+    return;
+  }
+  if (m == EVHTTP_REQ_GET) {
+    lt_api_reply_json(req, 200, meta);
+    return;
+  }
+  json_decref(meta);
+  if (m != EVHTTP_REQ_DELETE) {
+    lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or DELETE on /v1/datasets/%s", id);
+    return;
+  }
+  /* Crypto-shred: without its wrapped key the data cannot be read even if a copy survives. */
+  const char *leaves[] = {"key.wrapped", "data.jsonl.lte", "meta.json.lte"};
+  for (int i = 0; i < 3; i++) {
+    char key[512];
+    key_of(key, sizeof key, t->tenant_id, id, leaves[i]);
+    if ((err = lt_store_delete(api->conf.store, key, msg, sizeof msg))) {
+      lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+      return;
+    }
+  }
+  lt_api_reply_json(req, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
+}

@@ -1,0 +1,311 @@
+/* lathe admin: operator commands that write straight to Kafka (no API in between).
+ *
+ *   lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N] [--max-queued N]
+ *                                [--max-duration S] [--max-dataset-bytes B] [--json]
+ *   lathe admin tenant update ID [same options]
+ *   lathe admin tenant rotate-key ID [--json]
+ *   lathe admin tenant list [--json]
+ *   lathe admin replay ...        (lt_cli_replay.c)
+ *
+ * Tenants live in lathe.tenants (compacted, one TenantUpserted per tenant). create makes the
+ * tenant's data key, wraps it with the master key (LATHE_MASTER_KEY_FILE / LATHE_MASTER_KEY) and
+ * prints the first API key: the only time it is shown, only its hash is stored. A record is
+ * written with acks=all before anything is printed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_config.h"
+#include "lt_crypto.h"
+#include "lt_proj.h"
+#include "lt_tenant.h"
+
+int lt_cli_admin_replay(int argc, char **argv) __attribute__((weak));
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
+             "                     [--max-queued N] [--max-duration S] [--max-dataset-bytes B] [--json]\n"
+             "       lathe admin tenant update ID [same options]\n"
+             "       lathe admin tenant rotate-key ID [--json]\n"
+             "       lathe admin tenant list [--json]\n"
+             "       lathe admin topics [FILE]     create the topics of ops/topics.tsv\n"
+             "       lathe admin replay [--from-beginning|--from-offset N|--from-time ISO8601]\n"
+             "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX and the master key\n"
+             "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment.\n");
+}
+
+typedef struct {
+  lt_bus_conf_t *bus;
+  lt_avro_registry_t *reg;
+  lt_proj_t *proj;
+  char topic[128];
+} admin_t;
+
+static void admin_free(admin_t *a) {
+  lt_proj_destroy(a->proj);
+  lt_avro_registry_destroy(a->reg);
+  lt_bus_conf_destroy(a->bus);
+}
+
+/* Folds lathe.tenants up to its end into a->proj. */
+static int load_tenants(admin_t *a) {
+  char err[512];
+  a->bus = lt_bus_conf_new();
+  if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_avro_registry_new(&a->reg, err, sizeof err) ||
+      lt_proj_new(a->reg, &a->proj, err, sizeof err)) {
+    fprintf(stderr, "lathe admin: %s\n", err);
+    return 1;
+  }
+  lt_bus_topic_name(a->bus, "tenants", a->topic, sizeof a->topic);
+  lt_bus_consumer_t *c = NULL;
+  if (lt_bus_consumer_new(a->bus, NULL, &c, err, sizeof err) ||
+      lt_bus_consumer_assign_topic(c, a->topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err)) {
+    fprintf(stderr, "lathe admin: %s (is the broker up? ops/stack up)\n", err);
+    lt_bus_consumer_destroy(c);
+    return 1;
+  }
+  /* A compacted topic of one record per tenant: read until a quiet second. */
+  for (;;) {
+    const lt_bus_msg_t *m;
+    if (lt_bus_consumer_poll(c, 1000, &m, err, sizeof err)) {
+      fprintf(stderr, "lathe admin: reading %s: %s\n", a->topic, err);
+      lt_bus_consumer_destroy(c);
+      return 1;
+    }
+    if (!m) break;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    if (v && lt_proj_apply(a->proj, v, len, NULL, err, sizeof err))
+      fprintf(stderr, "lathe admin: skipping %s offset %lld: %s\n", a->topic, (long long)lt_bus_msg_offset(m), err);
+  }
+  lt_bus_consumer_destroy(c);
+  return 0;
+}
+
+static int write_tenant(admin_t *a, const lt_tenant_t *t) {
+  char err[512];
+  lt_avro_record_t *rec = NULL;
+  lt_bus_producer_t *p = NULL;
+  const uint8_t *bytes;
+  size_t len;
+  int rc = 1;
+  if (lt_avro_record_new(a->reg, "TenantUpserted", &rec, err, sizeof err) ||
+      lt_avro_record_stamp(rec, "admin/cli") || lt_tenant_to_record(t, rec, err, sizeof err) ||
+      lt_avro_record_encode(rec, &bytes, &len, err, sizeof err) ||
+      lt_bus_producer_new(a->bus, NULL, &p, err, sizeof err)) {
+    fprintf(stderr, "lathe admin: %s\n", err);
+    goto out;
+  }
+  lt_bus_record_t r = {.topic = a->topic, .partition = LT_BUS_PARTITION_ANY, .key = t->tenant_id,
+                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len};
+  if (lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err)) {
+    fprintf(stderr, "lathe admin: the tenant record was not written: %s\n", err);
+    goto out;
+  }
+  rc = 0;
+out:
+  lt_bus_producer_destroy(p, 5000);
+  lt_avro_record_destroy(rec);
+  return rc;
+}
+
+static int parse_num(const char *opt, const char *v, double min, double max, double *out) {
+  char *end;
+  double d = strtod(v, &end);
+  if (*end || d < min || d > max) {
+    fprintf(stderr, "lathe admin: %s must be a number from %g to %g, not \"%s\"\n", opt, min, max, v);
+    return 2;
+  }
+  *out = d;
+  return 0;
+}
+
+/* Applies --options to t. Returns 0, or 2 on a usage error. */
+static int apply_options(int argc, char **argv, int i, lt_tenant_t *t, bool *json) {
+  for (; i < argc; i++) {
+    double d;
+    const char *o = argv[i];
+    if (strcmp(o, "--json") == 0) {
+      *json = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "lathe admin: %s needs a value\n", o);
+      return 2;
+    }
+    const char *v = argv[++i];
+    if (strcmp(o, "--name") == 0) snprintf(t->display_name, sizeof t->display_name, "%s", v);
+    else if (strcmp(o, "--weight") == 0) {
+      if (parse_num(o, v, 0.01, 1000, &d)) return 2;
+      t->weight = d;
+    } else if (strcmp(o, "--max-running") == 0) {
+      if (parse_num(o, v, 0, 100000, &d)) return 2;
+      t->quotas.max_running_slots = (int32_t)d;
+    } else if (strcmp(o, "--max-queued") == 0) {
+      if (parse_num(o, v, 0, 1000000, &d)) return 2;
+      t->quotas.max_queued_jobs = (int32_t)d;
+    } else if (strcmp(o, "--max-duration") == 0) {
+      if (parse_num(o, v, 0, 365 * 86400.0, &d)) return 2;
+      t->quotas.max_job_duration_s = (int64_t)d;
+    } else if (strcmp(o, "--max-dataset-bytes") == 0) {
+      if (parse_num(o, v, 0, 1e13, &d)) return 2;
+      t->quotas.max_dataset_bytes = (int64_t)d;
+    } else {
+      fprintf(stderr, "lathe admin: unknown option \"%s\"\n", o);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
+  int live = 0;
+  for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
+  if (json) {
+    printf("{\"tenant_id\":\"%s\",\"name\":\"%s\",\"weight\":%g,\"max_running_slots\":%d,\"max_queued_jobs\":%d,"
+           "\"max_job_duration_s\":%lld,\"max_dataset_bytes\":%lld,\"live_keys\":%d,\"disabled\":%s",
+           t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
+           (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes, live,
+           t->disabled ? "true" : "false");
+    if (api_key) printf(",\"api_key\":\"%s\"", api_key);
+    printf("}\n");
+    return;
+  }
+  printf("tenant %s (%s): weight %g, max running %d, max queued %d, max duration %llds, max dataset %lld bytes, "
+         "%d live key(s)%s\n",
+         t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
+         (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes, live,
+         t->disabled ? ", DISABLED" : "");
+  if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
+}
+
+static int tenant_cmd(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *verb = argv[1];
+  bool json = false;
+  admin_t a = {0};
+  int rc = load_tenants(&a);
+  if (rc) goto out;
+  lt_tenant_table_t *tt = lt_proj_tenants(a.proj);
+  if (strcmp(verb, "list") == 0) {
+    if (argc > 2 && strcmp(argv[2], "--json") == 0) json = true;
+    for (size_t i = 0; i < lt_tenant_count(tt); i++) print_tenant(lt_tenant_at(tt, i), NULL, json);
+    goto out;
+  }
+  if (argc < 3) {
+    usage(stderr);
+    rc = 2;
+    goto out;
+  }
+  const char *id = argv[2];
+  if (!lt_id_valid(id)) {
+    fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
+    rc = 2;
+    goto out;
+  }
+  const lt_tenant_t *cur = lt_tenant_get(tt, id);
+  lt_tenant_t t;
+  char key[LT_TENANT_API_KEY_SIZE], err[512];
+  bool want_key = false;
+  if (strcmp(verb, "create") == 0) {
+    if (cur) {
+      fprintf(stderr, "lathe admin: tenant %s exists; use update or rotate-key\n", id);
+      rc = 1;
+      goto out;
+    }
+    memset(&t, 0, sizeof t);
+    snprintf(t.tenant_id, sizeof t.tenant_id, "%s", id);
+    snprintf(t.display_name, sizeof t.display_name, "%s", id);
+    t.weight = 1.0;
+    t.quotas.max_queued_jobs = 100;
+    if ((rc = apply_options(argc, argv, 3, &t, &json))) goto out;
+    lt_crypto_kek_t *kek = NULL;
+    lt_crypto_dek_t *dek = NULL;
+    const char *key_id = "dek-1"; /* bound to the tenant by the wrap; a rotation makes dek-2 */
+    if (lt_crypto_kek_from_env(&kek, err, sizeof err) || lt_crypto_dek_generate(&dek, id, key_id, err, sizeof err) ||
+        lt_crypto_dek_wrap(kek, dek, t.wrapped_data_key, sizeof t.wrapped_data_key, &t.wrapped_data_key_len, err,
+                           sizeof err)) {
+      fprintf(stderr, "lathe admin: %s\n", err);
+      lt_crypto_dek_free(dek);
+      lt_crypto_kek_free(kek);
+      rc = 1;
+      goto out;
+    }
+    snprintf(t.data_key_id, sizeof t.data_key_id, "%s", key_id);
+    lt_crypto_dek_free(dek);
+    lt_crypto_kek_free(kek);
+    want_key = true;
+  } else if (strcmp(verb, "update") == 0 || strcmp(verb, "rotate-key") == 0) {
+    if (!cur) {
+      fprintf(stderr, "lathe admin: no tenant %s\n", id);
+      rc = 1;
+      goto out;
+    }
+    t = *cur;
+    if (strcmp(verb, "update") == 0) {
+      if ((rc = apply_options(argc, argv, 3, &t, &json))) goto out;
+    } else {
+      if (argc > 3 && strcmp(argv[3], "--json") == 0) json = true;
+      want_key = true;
+    }
+  } else {
+    usage(stderr);
+    rc = 2;
+    goto out;
+  }
+  if (want_key && lt_tenant_add_key(&t, strcmp(verb, "rotate-key") == 0, lt_avro_now_ms(), key)) {
+    fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
+    rc = 1;
+    goto out;
+  }
+  if ((rc = write_tenant(&a, &t))) goto out;
+  print_tenant(&t, want_key ? key : NULL, json);
+out:
+  admin_free(&a);
+  return rc;
+}
+
+/* lathe admin topics [FILE]: creates every topic of ops/topics.tsv under LATHE_TOPIC_PREFIX. */
+static int topics_cmd(int argc, char **argv) {
+  const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE");
+  char def[1024];
+  if (!path) {
+    snprintf(def, sizeof def, "%s/ops/topics.tsv", LT_SOURCE_ROOT);
+    path = def;
+  }
+  char err[512];
+  lt_bus_conf_t *bus = lt_bus_conf_new();
+  lt_bus_admin_t *admin = NULL;
+  int created = 0, rc = 0;
+  if (!bus || lt_bus_conf_from_env(bus, err, sizeof err) || lt_bus_admin_new(bus, &admin, err, sizeof err) ||
+      lt_bus_admin_create_from_file(admin, path, -1, 30000, &created, err, sizeof err)) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    rc = 1;
+  } else {
+    printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path, lt_bus_conf_get(bus, "lathe.topic.prefix"));
+  }
+  lt_bus_admin_destroy(admin);
+  lt_bus_conf_destroy(bus);
+  return rc;
+}
+
+int lt_cli_admin(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "tenant") == 0) return tenant_cmd(argc - 1, argv + 1);
+  if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
+  if (strcmp(argv[1], "replay") == 0) {
+    if (lt_cli_admin_replay) return lt_cli_admin_replay(argc - 1, argv + 1);
+    fprintf(stderr, "lathe admin replay: not built in this version\n");
+    return 1;
+  }
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,30 @@
+/* lt_job_record: the bridge between Avro records and the job fold.
+ *
+ * lt_job_event_from_record() reads a decoded lathe.jobs / lathe.control record into the flat
+ * lt_job_event_t that lt_job_apply() folds; lt_jobspec_from_record() / lt_jobspec_to_record()
+ * move a job's spec in and out of JobSubmitted and JobDispatched records, so an upstream
+ * record and an API submission are validated by the same lt_jobspec_validate().
+ *
+ * The event views strings inside the record: valid until the record changes. */
+#ifndef LT_JOB_RECORD_H
+#define LT_JOB_RECORD_H
+
+#include "lt_avro.h"
+#include "lt_job.h"
+#include "lt_jobspec.h"
+
+/* Fills *ev from rec. LT_ERR_NOT_FOUND when rec's type is not a job record (callers skip it);
+ * LT_ERR_INVALID when a field the fold needs is missing or malformed (the message names it). */
+lt_err_t lt_job_event_from_record(lt_avro_record_t *rec, lt_job_event_t *ev, char *errstr,
+                                  size_t errstr_size);
+
+/* Reads the spec fields of a JobSubmitted or JobDispatched record (no validation). */
+lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char *errstr,
+                                size_t errstr_size);
+
+/* Writes the spec fields into a JobSubmitted or JobDispatched record (ids, events and times are
+ * the caller's). */
+lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, char *errstr,
+                              size_t errstr_size);
+
+#endif

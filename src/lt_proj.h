@@ -1,0 +1,60 @@
+/* lt_proj: the projection every control-plane process folds from the topics.
+ *
+ * One decode-and-fold loop for all of them (API, scheduler, publisher, replay): a message from
+ * lathe.jobs, lathe.control, lathe.tenants, lathe.progress, lathe.artifacts or lathe.workers
+ * goes in, the projection comes out:
+ *   - jobs:    lt_job_table_t (the pure fold of lt_job.c);
+ *   - tenants: lt_tenant_table_t;
+ *   - per job, a JSON document of what the API shows beside the state: the spec (from
+ *     JobSubmitted), the last progress (StepCompleted), evaluations (EvalCompleted), published
+ *     artifacts (ArtifactPublished) and the newest checkpoint's object keys;
+ *   - workers: the latest WorkerHeartbeat of each worker, as JSON.
+ * Nothing here does I/O; the caller brings the bytes. Replaying the same messages gives the same
+ * projection (lt_job_digest covers the job states).
+ *
+ * One thread at a time. */
+#ifndef LT_PROJ_H
+#define LT_PROJ_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "lt_avro.h"
+#include "lt_job.h"
+#include "lt_tenant.h"
+
+typedef struct lt_proj lt_proj_t;
+
+/* What lt_proj_apply did. */
+typedef struct lt_proj_result {
+  const char *type;             /* record type decoded ("JobSubmitted"), or NULL */
+  lt_job_outcome_t job_outcome; /* for job records */
+  const char *job_id;           /* for job records; valid until the next apply */
+  lt_avro_record_t *record;     /* the decoded record, owned by the projection's decoder */
+} lt_proj_result_t;
+
+/* reg is borrowed and must outlive the projection. */
+lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errstr, size_t errstr_size);
+void lt_proj_destroy(lt_proj_t *p);
+
+/* Decodes one message and folds it. Errors: LT_ERR_CORRUPT / LT_ERR_UNKNOWN_SCHEMA for bytes
+ * that do not decode (the caller sends them to lathe.deadletter with the message) and
+ * LT_ERR_INVALID for a record that decodes but cannot be applied (same). A record of a type the
+ * projection does not fold is LT_OK with nothing changed. res may be NULL. */
+lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr,
+                       size_t errstr_size);
+
+lt_job_table_t *lt_proj_jobs(lt_proj_t *p);
+lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
+
+/* The job's side document ({"spec":..,"progress":..,"evals":[..],"artifacts":[..],
+ * "checkpoint_keys":[..]}), borrowed; NULL when the job is unknown. */
+json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id);
+
+/* Latest heartbeat per worker: object worker_id -> heartbeat JSON (borrowed). */
+json_t *lt_proj_workers(lt_proj_t *p);
+
+/* Counters since creation. */
+uint64_t lt_proj_applied(const lt_proj_t *p);
+
+#endif

@@ -1,0 +1,87 @@
+/* lt_tenant: tenants, their quotas and API keys, folded from lathe.tenants.
+ *
+ * lathe.tenants is a compacted topic of TenantUpserted records, the latest per tenant. Every
+ * process that needs tenants (API, scheduler, worker) folds it into an lt_tenant_table_t with
+ * the same code. API keys are never stored: a key is "lt_<key_id>_<secret>" and the record holds
+ * only SHA-256 of the whole key; authentication finds the key id and compares hashes in constant
+ * time (CRYPTO_memcmp through lt_crypto_ct_equal).
+ *
+ * Thread safety: one thread at a time per table (the API folds and reads on its event loop). */
+#ifndef LT_TENANT_H
+#define LT_TENANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lt_avro.h"
+#include "lt_err.h"
+#include "lt_jobspec.h"
+
+#define LT_TENANT_MAX_KEYS 8
+#define LT_TENANT_KEY_ID_LEN 16   /* hex characters of a key id */
+#define LT_TENANT_SECRET_LEN 40   /* hex characters of a key's secret part */
+#define LT_TENANT_WRAPPED_MAX 256 /* bytes of a wrapped data key */
+/* "lt_" + key id + "_" + secret + NUL */
+#define LT_TENANT_API_KEY_SIZE (3 + LT_TENANT_KEY_ID_LEN + 1 + LT_TENANT_SECRET_LEN + 1)
+
+typedef struct lt_tenant_quotas {
+  int32_t max_running_slots;  /* 0: no limit */
+  int32_t max_queued_jobs;    /* 0: no limit */
+  int64_t max_job_duration_s; /* 0: no limit */
+  int64_t max_dataset_bytes;  /* per dataset file; 0: no limit */
+} lt_tenant_quotas_t;
+
+typedef struct lt_tenant_key {
+  char key_id[LT_TENANT_KEY_ID_LEN + 1];
+  uint8_t sha256[32];
+  int64_t created_at_ms;
+  bool revoked;
+} lt_tenant_key_t;
+
+typedef struct lt_tenant {
+  char tenant_id[LT_ID_MAX + 1];
+  char display_name[128];
+  double weight;
+  lt_tenant_quotas_t quotas;
+  int nkeys;
+  lt_tenant_key_t keys[LT_TENANT_MAX_KEYS];
+  char data_key_id[LT_ID_MAX + 1];
+  uint8_t wrapped_data_key[LT_TENANT_WRAPPED_MAX];
+  size_t wrapped_data_key_len;
+  bool disabled;
+} lt_tenant_t;
+
+typedef struct lt_tenant_table lt_tenant_table_t;
+
+lt_err_t lt_tenant_table_new(lt_tenant_table_t **out);
+void lt_tenant_table_destroy(lt_tenant_table_t *t);
+
+/* Replaces (or adds) the tenant with this id: the latest record wins, like compaction. */
+lt_err_t lt_tenant_upsert(lt_tenant_table_t *t, const lt_tenant_t *tenant);
+
+/* Reads a TenantUpserted record into *out (LT_ERR_INVALID naming the field when malformed). */
+lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *errstr, size_t errstr_size);
+
+/* Writes *tenant into a TenantUpserted record (stamping is the caller's). */
+lt_err_t lt_tenant_to_record(const lt_tenant_t *tenant, lt_avro_record_t *rec, char *errstr,
+                             size_t errstr_size);
+
+/* The tenant, or NULL. Valid until the next upsert. */
+const lt_tenant_t *lt_tenant_get(const lt_tenant_table_t *t, const char *tenant_id);
+size_t lt_tenant_count(const lt_tenant_table_t *t);
+/* The i-th tenant in tenant-id order (stable), or NULL. */
+const lt_tenant_t *lt_tenant_at(const lt_tenant_table_t *t, size_t i);
+
+/* Finds the tenant whose live (not revoked) key is `api_key`. LT_ERR_AUTH for anything else
+ * (malformed, unknown, revoked, tenant disabled) — the same answer for each, so a caller learns
+ * nothing about which. */
+lt_err_t lt_tenant_authenticate(const lt_tenant_table_t *t, const char *api_key, const lt_tenant_t **out);
+
+/* Makes a new API key: writes it (NUL-terminated, LT_TENANT_API_KEY_SIZE bytes) to key_out and
+ * adds its hash to *tenant; with revoke_old, every earlier key is revoked (rotation).
+ * LT_ERR_QUOTA when the tenant already has LT_TENANT_MAX_KEYS keys live. */
+lt_err_t lt_tenant_add_key(lt_tenant_t *tenant, bool revoke_old, int64_t now_ms,
+                           char key_out[LT_TENANT_API_KEY_SIZE]);
+
+#endif

@@ -52,6 +52,14 @@ lt_err_t lt_task_dates(uint64_t seed, size_t n_train, size_t n_eval, char **trai
 int lt_task_exact_match(const char *expected, size_t expected_len, const char *got,
                         size_t got_len);
 
+/* The bundled base model's settings: 8 MB of corpus is about 2.3M tokens with the 2048-token
+ * vocabulary (3.5 bytes/token); a task example is at most 17 tokens. */
+#define LT_TASK_BUNDLE_SEED 1
+#define LT_TASK_BUNDLE_CORPUS_BYTES 8000000
+#define LT_TASK_BUNDLE_VOCAB 2048
+#define LT_TASK_BUNDLE_TRAIN 4000
+#define LT_TASK_BUNDLE_EVAL 500
+
 /* Writes the bundle of the base model's data into dir (which must exist):
  *   corpus.txt       lt_task_corpus(seed, corpus_bytes)
  *   tokenizer.json   lt_tok_train(corpus, vocab_size, lt_task_specials)

@@ -182,7 +182,7 @@ lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, c
   }
   TRY(lt_avro_set_string(rec, "hyperparameters.lr_schedule", lt_lr_schedule_name(spec->hp.lr_schedule)));
   TRY(lt_avro_array_clear(rec, "hyperparameters.target_modules"));
-  for (uint32_t b = 1; b <= LT_TARGET_DOWN; b <<= 1)
+  for (uint32_t b = 1; b <= LT_MODULE_DOWN; b <<= 1)
     if (spec->hp.target_modules & b) TRY(lt_avro_array_append_string(rec, "hyperparameters.target_modules", lt_target_name(b)));
 #undef TRY
   return LT_OK;

@@ -111,7 +111,7 @@ void lt_jobspec_defaults(lt_jobspec_t *spec) {
   for (size_t i = 0; i < sizeof hp_fields / sizeof *hp_fields; i++) num_set(spec, &hp_fields[i], hp_fields[i].def);
   for (size_t i = 0; i < sizeof top_fields / sizeof *top_fields; i++) num_set(spec, &top_fields[i], top_fields[i].def);
   spec->hp.lr_schedule = LT_LR_COSINE;
-  spec->hp.target_modules = LT_TARGET_ALL;
+  spec->hp.target_modules = LT_MODULE_ALL;
   spec->priority = LT_CLASS_STANDARD;
   spec->mode = LT_MODE_MANAGED;
 }
@@ -160,7 +160,7 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
     return bad(field, fs, "mode", errstr, n, "%s", "must be managed or interactive");
   if ((unsigned)s->hp.lr_schedule > LT_LR_CONSTANT)
     return bad(field, fs, "hyperparameters.lr_schedule", errstr, n, "%s", "must be cosine, linear or constant");
-  if (s->hp.target_modules == 0 || (s->hp.target_modules & ~(uint32_t)LT_TARGET_ALL))
+  if (s->hp.target_modules == 0 || (s->hp.target_modules & ~(uint32_t)LT_MODULE_ALL))
     return bad(field, fs, "hyperparameters.target_modules", errstr, n, "%s",
                "must name at least one of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
   lt_err_t err;

@@ -23,14 +23,14 @@
 
 /* Target modules as a bit set, in PEFT's names. */
 enum {
-  LT_TARGET_Q = 1 << 0,    /* q_proj */
-  LT_TARGET_K = 1 << 1,    /* k_proj */
-  LT_TARGET_V = 1 << 2,    /* v_proj */
-  LT_TARGET_O = 1 << 3,    /* o_proj */
-  LT_TARGET_GATE = 1 << 4, /* gate_proj */
-  LT_TARGET_UP = 1 << 5,   /* up_proj */
-  LT_TARGET_DOWN = 1 << 6, /* down_proj */
-  LT_TARGET_ALL = 0x7f
+  LT_MODULE_Q = 1 << 0,    /* q_proj */
+  LT_MODULE_K = 1 << 1,    /* k_proj */
+  LT_MODULE_V = 1 << 2,    /* v_proj */
+  LT_MODULE_O = 1 << 3,    /* o_proj */
+  LT_MODULE_GATE = 1 << 4, /* gate_proj */
+  LT_MODULE_UP = 1 << 5,   /* up_proj */
+  LT_MODULE_DOWN = 1 << 6, /* down_proj */
+  LT_MODULE_ALL = 0x7f
 };
 
 typedef enum lt_lr_schedule { LT_LR_COSINE = 0, LT_LR_LINEAR, LT_LR_CONSTANT } lt_lr_schedule_t;
@@ -46,7 +46,7 @@ typedef struct lt_hparams {
   int32_t lora_rank;
   double lora_alpha;
   double lora_dropout;
-  uint32_t target_modules; /* LT_TARGET_* bits */
+  uint32_t target_modules; /* LT_MODULE_* bits */
   int32_t batch_size;
   int32_t grad_accum;
   int32_t max_seq_len;
@@ -92,7 +92,7 @@ json_t *lt_jobspec_to_json(const lt_jobspec_t *spec);
  * '-' (so never a path, never "..", never an option). */
 bool lt_id_valid(const char *s);
 
-/* PEFT module name of one LT_TARGET_* bit ("q_proj"), or NULL. */
+/* PEFT module name of one LT_MODULE_* bit ("q_proj"), or NULL. */
 const char *lt_target_name(uint32_t bit);
 /* Parses a PEFT module name into its bit; 0 when unknown. */
 uint32_t lt_target_parse(const char *name);

@@ -22,7 +22,7 @@ Test(jobspec, minimal_submission_gets_the_documented_defaults) {
   cr_assert_eq(s.priority, LT_CLASS_STANDARD);
   cr_assert_eq(s.hp.lora_rank, 16);
   cr_assert_float_eq(s.hp.learning_rate, 0.0002, 1e-12);
-  cr_assert_eq(s.hp.target_modules, (uint32_t)LT_TARGET_ALL);
+  cr_assert_eq(s.hp.target_modules, (uint32_t)LT_MODULE_ALL);
 }
 
 /* The defaults in lt_jobspec.c must be the Avro schema's, or an upstream record without a
@@ -98,7 +98,7 @@ Test(jobspec, to_json_and_back_is_the_same_spec) {
   cr_assert_eq(lt_jobspec_from_json(j, &b, field, sizeof field, err, sizeof err), LT_OK, "%s", err);
   json_decref(j);
   cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
-  cr_assert_eq(b.hp.target_modules, (uint32_t)(LT_TARGET_Q | LT_TARGET_V));
+  cr_assert_eq(b.hp.target_modules, (uint32_t)(LT_MODULE_Q | LT_MODULE_V));
   cr_assert_eq(b.hp.seed, 99);
 }
 

@@ -28,7 +28,11 @@ fi
 NVCC=$(command -v nvcc || true)
 for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do [ -z "$NVCC" ] && [ -x "$c" ] && NVCC=$c; done
 if [ -z "$NVCC" ]; then say "FATAL: nvcc not found"; exit 2; fi
-CUDA_HOME=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+CUDA_HOME=${CUDA_HOME:-$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)}
+# nvcc may be a wrapper outside the toolkit: find the directory that has the runtime headers
+for c in "$CUDA_HOME" /usr/local/cuda /usr/local/cuda-*; do
+  [ -f "$c/include/cuda_runtime_api.h" ] && { CUDA_HOME=$c; break; }
+done
 "$NVCC" --version | tail -n 2
 CC=$(command -v cc || command -v gcc || true)
 if [ -z "$CC" ]; then say "FATAL: no host C compiler (cc/gcc)"; exit 2; fi

@@ -142,7 +142,9 @@ lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_op
  * LT_OK means the record is durably in Kafka (acks=all) at *out_partition / *out_offset
  * (either may be NULL). LT_ERR_TIMEOUT means the outcome is unknown: the record may still be
  * written later (idempotence prevents duplicates from retries, not from a caller resubmitting).
- * LT_ERR_UNAVAILABLE / LT_ERR_RETRIABLE: not written, may retry. LT_ERR_FATAL: recreate the
+ * LT_ERR_UNAVAILABLE / LT_ERR_RETRIABLE: not written, may retry. LT_ERR_NOT_FOUND: the
+ * broker has no such topic (after about 5 s, topic.metadata.propagation.max.ms). LT_ERR_AUTH,
+ * LT_ERR_INVALID (e.g. record too large): not written, do not retry. LT_ERR_FATAL: recreate the
  * producer. Never LT_OK for a record that is not acknowledged. Not for transactional producers
  * (use lt_bus_txn_*). Thread-safe. */
 lt_err_t lt_bus_produce_sync(lt_bus_producer_t *p, const lt_bus_record_t *rec, int timeout_ms,

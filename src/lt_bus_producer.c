@@ -99,7 +99,11 @@ static lt_err_t txn_err(lt_bus_producer_t *p, rd_kafka_error_t *e, const char *w
 lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_opts_t *opts,
                              lt_bus_producer_t **out, char *errstr, size_t errstr_size) {
   static const char *const defaults[] = {
-      "linger.ms", "5", "message.timeout.ms", "60000", "log.connection.close", "false", NULL};
+      "linger.ms", "5", "message.timeout.ms", "60000", "log.connection.close", "false",
+      /* Topics exist before anyone produces (ops/stack up, lt_bus_admin_create_*), so a record
+       * for a topic the broker does not know fails after 5 s (LT_ERR_NOT_FOUND) instead of
+       * waiting out the caller's deadline. */
+      "topic.metadata.propagation.max.ms", "5000", NULL};
   static const char *const forced[] = {"acks", "all", "enable.idempotence", "true", NULL};
   lt_bus_producer_opts_t none = {0};
   if (!opts) opts = &none;

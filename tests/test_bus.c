@@ -601,3 +601,17 @@ Test(bus, consumer_fd_wakes_a_libevent_loop_when_records_arrive) {
   event_base_free(base);
   lt_bus_consumer_destroy(c);
 }
+
+Test(bus, produce_sync_to_a_missing_topic_fails_not_found_before_the_deadline) {
+  char missing[256];
+  lt_bus_topic_name(conf, "never-created", missing, sizeof missing);
+  lt_bus_producer_t *p = mkproducer(NULL);
+  lt_bus_record_t r = {.topic = missing, .partition = LT_BUS_PARTITION_ANY, .value = "v",
+                       .value_size = 1};
+  time_t t0 = time(NULL);
+  lt_err_t e = lt_bus_produce_sync(p, &r, 30000, NULL, NULL, err, sizeof err);
+  cr_assert_eq(e, LT_ERR_NOT_FOUND, "%s: %s", lt_err_name(e), err);
+  cr_assert(time(NULL) - t0 < 15, "took %lld s", (long long)(time(NULL) - t0));
+  cr_assert(strstr(err, missing), "%s", err);
+  lt_bus_producer_destroy(p, 0);
+}

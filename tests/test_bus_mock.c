@@ -4,6 +4,7 @@
  * and are tested against the real broker in test_bus.c. Also holds the error classification
  * table, which decides retry / abort / recreate for every caller. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,51 @@ Test(bus_mock, fatal_producer_error_says_recreate_on_every_path) {
   e = lt_bus_produce(p, &r, NULL, err, sizeof err);
   cr_assert_eq(e, LT_ERR_FATAL, "%s: %s", lt_err_name(e), err);
   lt_bus_producer_destroy(p, 0);
+}
+
+#define SYNC_THREADS 8
+#define SYNC_EACH 150
+
+typedef struct sync_arg {
+  lt_bus_producer_t *p;
+  int ok;
+  int64_t offsets[SYNC_EACH];
+} sync_arg_t;
+
+static void *sync_worker(void *arg) {
+  sync_arg_t *a = arg;
+  char e[256];
+  for (int i = 0; i < SYNC_EACH; i++) {
+    lt_bus_record_t r = rec("concurrent");
+    if (lt_bus_produce_sync(a->p, &r, 20000, NULL, &a->offsets[i], e, sizeof e) == LT_OK) a->ok++;
+  }
+  return NULL;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+  int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+  return (a > b) - (a < b);
+}
+
+Test(bus_mock, concurrent_produce_sync_callers_each_get_their_own_acknowledgement) {
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  static sync_arg_t args[SYNC_THREADS];
+  pthread_t th[SYNC_THREADS];
+  for (int t = 0; t < SYNC_THREADS; t++) {
+    args[t].p = p;
+    pthread_create(&th[t], NULL, sync_worker, &args[t]);
+  }
+  for (int t = 0; t < SYNC_THREADS; t++) pthread_join(th[t], NULL);
+  static int64_t all[SYNC_THREADS * SYNC_EACH];
+  for (int t = 0; t < SYNC_THREADS; t++) {
+    cr_assert_eq(args[t].ok, SYNC_EACH, "thread %d: %d acknowledged", t, args[t].ok);
+    memcpy(all + t * SYNC_EACH, args[t].offsets, sizeof args[t].offsets);
+  }
+  /* Every acknowledgement names a distinct offset 0..n-1 of partition 0. */
+  qsort(all, SYNC_THREADS * SYNC_EACH, sizeof all[0], cmp_i64);
+  for (int i = 0; i < SYNC_THREADS * SYNC_EACH; i++) cr_assert_eq(all[i], i);
+  lt_bus_producer_destroy(p, 1000);
 }
 
 Test(bus_mock, error_classification_table) {

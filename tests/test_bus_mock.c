@@ -273,6 +273,40 @@ Test(bus_mock, concurrent_produce_sync_callers_each_get_their_own_acknowledgemen
   lt_bus_producer_destroy(p, 1000);
 }
 
+Test(bus_mock, consumer_rides_out_a_broker_outage_and_resumes) {
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = rec("first");
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t tp = {TOPIC, 0, LT_BUS_OFFSET_BEGINNING};
+  cr_assert_eq(lt_bus_consumer_assign(c, &tp, 1, err, sizeof err), LT_OK, "%s", err);
+  const lt_bus_msg_t *m = NULL;
+  for (int i = 0; i < 50 && !m; i++) lt_bus_consumer_poll(c, 100, &m, err, sizeof err);
+  cr_assert(m);
+  cr_assert_eq(lt_bus_msg_offset(m), 0);
+
+  rd_kafka_mock_broker_set_down(mc, 1);
+  for (int i = 0; i < 20; i++) {
+    lt_err_t e = lt_bus_consumer_poll(c, 100, &m, err, sizeof err);
+    cr_assert(e == LT_OK || e == LT_ERR_RETRIABLE, "outage gave %s: %s", lt_err_name(e), err);
+    cr_assert_null(m);
+  }
+  rd_kafka_mock_broker_set_up(mc, 1);
+  r = rec("second");
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 20000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  m = NULL;
+  for (int i = 0; i < 200 && !m; i++) {
+    lt_err_t e = lt_bus_consumer_poll(c, 100, &m, err, sizeof err);
+    cr_assert(e == LT_OK || e == LT_ERR_RETRIABLE, "%s: %s", lt_err_name(e), err);
+  }
+  cr_assert(m, "no record after the broker came back");
+  cr_assert_eq(lt_bus_msg_offset(m), 1);
+  lt_bus_consumer_destroy(c);
+  lt_bus_producer_destroy(p, 1000);
+}
+
 Test(bus_mock, error_classification_table) {
   static const struct {
     rd_kafka_resp_err_t code;

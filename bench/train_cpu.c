@@ -60,6 +60,7 @@ static double step_flops(const lt_model_config_t *c, int B, int T, int r) {
 
 int main(int argc, char **argv) {
   int threads = 2, steps = 2, layers = 30, torch = 1;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a log */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);

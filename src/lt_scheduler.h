@@ -1,0 +1,147 @@
+/* lt_scheduler: `lathed scheduler`, the live side of the scheduling policy (DESIGN.md §2, §6).
+ *
+ * It folds lathe.jobs, lathe.control, lathe.workers and lathe.tenants through lt_proj (one
+ * decode-and-fold for every process), turns the fold into calls of the pure policy (lt_sched),
+ * and writes what it decides back as records, in Kafka transactions:
+ *   - every JobSubmitted (from the API or any upstream Kafka client) is validated exactly like
+ *     an API submission (lt_jobspec_from_record + lt_jobspec_validate, the tenant must exist and
+ *     not be disabled, max_duration_s within the tenant's max_job_duration_s) -> JobAccepted or
+ *     JobRejected (code, reason, field);
+ *   - undecodable bytes and records that cannot be applied -> lathe.deadletter (DeadLetter with
+ *     topic, partition, offset, key, payload and reason); the fold goes on;
+ *   - lt_sched's DISPATCH -> JobDispatched to lathe.control and to lathe.dispatch.<class> (key
+ *     job_id, attempt = previous + 1, the spec, worker, lease, resume_step of the newest live
+ *     checkpoint); PREEMPT -> PreemptRequested;
+ *   - a dispatched attempt not started within start_timeout_ms is dispatched again under a new
+ *     attempt number (which fences the old one);
+ *   - an attempt whose lease expired (not renewed by its worker's heartbeats) gets
+ *     AttemptStopped(lost) only after expiry + lease_margin_ms (invariant 2), then is requeued;
+ *     after max_attempts failed attempts, JobFailed;
+ *   - a running job past min(its max_duration_s, the tenant's max_job_duration_s) -> JobFailed;
+ *   - CancelRequested of a job that is not running -> JobCancelled at once; of a running one,
+ *     JobCancelled after the worker's AttemptStopped (or the lease expiry).
+ *
+ * Exactly-once without relying on memory: every decision is a function of the fold, and the fold
+ * is rebuilt from the log whenever this instance starts leading. A decision is written in a
+ * transaction together with the group's offsets of lathe.jobs/lathe.control (the offsets decide
+ * which bad records were already dead-lettered); a new leader first fences the old one (same
+ * transactional id), then replays to the end, then decides only what the log does not already
+ * say. So a crash or a takeover never duplicates or loses a decision.
+ *
+ * Leadership: every instance joins the consumer group `group_id` subscribed to lathe.jobs
+ * (cooperative-sticky assignment, partitions paused: they are used for membership only). The
+ * instance that owns lathe.jobs partition 0 is the leader; the others are standbys holding the
+ * rest. When the leader leaves or dies, the group gives partition 0 to a standby, which starts
+ * leading. A leader whose producer is fenced (a newer instance with the same transactional id)
+ * stops leading at once and stays a standby until the group gives it partition 0 again.
+ *
+ * What lt_sched is told: tenants (weight, max running slots; durations are enforced here from
+ * the fold, so lt_sched never sends STOP), workers (from WorkerHeartbeat: slots_total,
+ * memory_total_bytes, base_models; a worker whose newest heartbeat is older than
+ * worker_timeout_ms is down; draining workers are not brought up), queued jobs (fold state
+ * QUEUED) and, when leading starts, the jobs already running on each live worker. Job memory is
+ * not known before a run, so jobs ask for 0 bytes and memory never constrains placement yet.
+ *
+ * Threads: everything runs on the caller's event_base thread. The process must call
+ * evthread_use_pthreads() before creating the event_base. */
+#ifndef LT_SCHEDULER_H
+#define LT_SCHEDULER_H
+
+#include <event2/event.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_err.h"
+#include "lt_proj.h"
+#include "lt_sched.h"
+
+typedef struct lt_scheduler lt_scheduler_t;
+
+typedef struct lt_scheduler_conf {
+  const lt_bus_conf_t *bus;           /* borrowed; topics use its prefix */
+  const lt_avro_registry_t *registry; /* borrowed */
+  const char *producer_id;            /* identity in records, e.g. "scheduler/host-1" */
+  const char *transactional_id;       /* NULL: "<prefix>scheduler" (one per deployment) */
+  const char *group_id;               /* NULL: "<prefix>scheduler" */
+  const lt_sched_config_t *policy;    /* NULL: lt_sched_config_default() */
+  int64_t lease_ms;                   /* lease given with a dispatch (30000) */
+  int64_t lease_margin_ms;            /* wait after a lease expired before fencing (5000) */
+  int64_t start_timeout_ms;           /* dispatched, not started: dispatch again (60000) */
+  int64_t worker_timeout_ms;          /* no heartbeat for this long: worker down (lease_ms) */
+  int64_t tenant_grace_ms;            /* unknown tenant: wait this long before rejecting (5000) */
+  int64_t checkpoint_deadline_ms;     /* PreemptRequested: time to checkpoint (30000) */
+  int32_t max_attempts;               /* failed attempts before JobFailed (3) */
+  int tick_ms;                        /* timer: group, timeouts and decisions (100) */
+} lt_scheduler_conf_t;
+
+typedef enum lt_scheduler_role {
+  LT_SCHEDULER_STANDBY = 0, /* member of the group, not leading */
+  LT_SCHEDULER_CATCHUP,     /* owns partition 0, fenced the old leader, replaying the log */
+  LT_SCHEDULER_LEADING,     /* caught up and deciding */
+} lt_scheduler_role_t;
+
+typedef struct lt_scheduler_stats {
+  lt_scheduler_role_t role;
+  bool fenced;               /* this instance's producer was fenced (it stopped leading) */
+  uint64_t terms;            /* times it started leading */
+  uint64_t folded;           /* messages folded in the current term */
+  uint64_t accepted, rejected, dispatched, preempted, lost, failed, cancelled, deadlettered;
+  uint64_t txns, txn_failures;
+} lt_scheduler_stats_t;
+
+/* Creates the scheduler on base: joins the group, and leads when it owns lathe.jobs partition 0.
+ * conf is copied (its borrowed pointers must outlive the scheduler). *out is the caller's
+ * (lt_scheduler_destroy). */
+lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *conf,
+                          lt_scheduler_t **out, char *errstr, size_t errstr_size);
+
+/* Leaves the group and frees. An open transaction is aborted by the broker (or by the next
+ * leader's fencing); nothing half-decided is ever visible. NULL is a no-op. */
+void lt_scheduler_destroy(lt_scheduler_t *s);
+
+void lt_scheduler_stats(const lt_scheduler_t *s, lt_scheduler_stats_t *out);
+
+/* The fold's job-state digest (lt_job_digest). LT_ERR_UNAVAILABLE while standby (no fold). */
+lt_err_t lt_scheduler_digest(lt_scheduler_t *s, char out_hex[65]);
+
+/* The current fold (NULL while standby); borrowed, valid until the next event-loop turn. */
+lt_proj_t *lt_scheduler_proj(lt_scheduler_t *s);
+
+/* ---------------------------------------------------------------- the ordered fold
+ *
+ * lathe.jobs and lathe.control are separate topics, so a live consumer may see a job's control
+ * record before its JobSubmitted. lt_scheduler_fold wraps lt_proj: a control record for a job not
+ * submitted yet is kept aside (a copy) and applied right after that job's JobSubmitted, so every
+ * job folds its records in log order (JobSubmitted, then its control partition's order) however
+ * the topics interleave — the same state as a replay of lathe.jobs followed by lathe.control.
+ * Used by the scheduler, `lathe admin replay` and bench_replay. One thread at a time. */
+typedef struct lt_scheduler_fold lt_scheduler_fold_t;
+
+/* Called for every record the projection applied (res borrowed, valid during the call). */
+typedef void lt_scheduler_fold_cb(void *ctx, const lt_proj_result_t *res);
+
+/* max_orphans: control records kept aside at most (0: 100000); beyond it they are dropped and
+ * counted, as a replay would (a control record for an unknown job changes nothing). */
+lt_err_t lt_scheduler_fold_new(const lt_avro_registry_t *reg, size_t max_orphans,
+                               lt_scheduler_fold_t **out, char *errstr, size_t errstr_size);
+void lt_scheduler_fold_destroy(lt_scheduler_fold_t *f);
+lt_proj_t *lt_scheduler_fold_proj(lt_scheduler_fold_t *f);
+
+/* Folds one message. cb (may be NULL) sees this record and any kept-aside records it released.
+ * Errors as lt_proj_apply: LT_ERR_CORRUPT / LT_ERR_UNKNOWN_SCHEMA (undecodable) and
+ * LT_ERR_INVALID (cannot be applied) — the caller dead-letters or counts them. */
+lt_err_t lt_scheduler_fold_apply(lt_scheduler_fold_t *f, const void *buf, size_t len,
+                                 lt_scheduler_fold_cb *cb, void *ctx, char *errstr,
+                                 size_t errstr_size);
+
+/* Control records kept aside now, and dropped over the cap. */
+size_t lt_scheduler_fold_orphans(const lt_scheduler_fold_t *f, uint64_t *dropped);
+
+/* High watermarks (the offset after the newest record) of parts, written to parts[i].offset.
+ * Belongs in lt_bus (a request to its owner); here until then. */
+lt_err_t lt_scheduler_high_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
+                                      int timeout_ms, char *errstr, size_t errstr_size);
+
+#endif

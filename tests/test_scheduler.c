@@ -1,0 +1,543 @@
+/* test_scheduler: `lathed scheduler` against the real broker (ops/stack).
+ *
+ * Each test creates every topic of ops/topics.tsv under a prefix unique to the test, runs one or
+ * more schedulers on its own event loop, produces what the API, upstream services and workers
+ * would produce, reads back lathe.control / lathe.dispatch.* / lathe.deadletter, and deletes its
+ * topics at the end. */
+#include <criterion/criterion.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_job_record.h"
+#include "lt_jobspec.h"
+#include "lt_scheduler.h"
+#include "lt_tenant.h"
+
+static lt_bus_conf_t *conf;
+static lt_bus_admin_t *admin;
+static lt_avro_registry_t *reg;
+static lt_bus_producer_t *prod;
+static struct event_base *base;
+static char prefix[96];
+static char err[1024];
+
+/* records read back: one JSON object per record, with "_topic" added */
+static json_t *seen;
+static lt_bus_consumer_t *tail;
+static lt_avro_decoder_t *dec;
+
+static void setup(void) {
+  evthread_use_pthreads();
+  conf = lt_bus_conf_new();
+  cr_assert(conf);
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  snprintf(prefix, sizeof prefix, "lt-sched-%d-%ld%06ld.", (int)getpid(), (long)tv.tv_sec, (long)tv.tv_usec);
+  cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
+  char path[512];
+  const char *root = getenv("LATHE_SOURCE_ROOT");
+  snprintf(path, sizeof path, "%s/ops/topics.tsv", root ? root : ".");
+  lt_err_t e = lt_bus_admin_create_from_file(admin, path, -1, 30000, NULL, err, sizeof err);
+  if (e)
+    cr_assert_fail("cannot create the topics of %s on %s (%s): start the broker with `ops/stack up` and "
+                   "`eval \"$(ops/stack env)\"`",
+                   path, lt_bus_conf_get(conf, "bootstrap.servers"), err);
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
+  base = event_base_new();
+  seen = json_array();
+  /* the tail: control, every dispatch topic, deadletter */
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &tail, err, sizeof err), LT_OK, "%s", err);
+  static char names[5][200];
+  const char *bases[5] = {"control", "dispatch.production", "dispatch.standard", "dispatch.preemptible", "deadletter"};
+  lt_bus_tp_t tps[64];
+  size_t n = 0;
+  for (int t = 0; t < 5; t++) {
+    lt_bus_topic_name(conf, bases[t], names[t], sizeof names[t]);
+    int count = 0;
+    cr_assert_eq(lt_bus_admin_describe_topic(admin, names[t], 10000, &count, err, sizeof err), LT_OK, "%s", err);
+    for (int p = 0; p < count; p++)
+      tps[n++] = (lt_bus_tp_t){.topic = names[t], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  }
+  cr_assert_eq(lt_bus_consumer_assign(tail, tps, n, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void teardown(void) {
+  lt_bus_consumer_destroy(tail);
+  lt_avro_decoder_destroy(dec);
+  json_decref(seen);
+  lt_bus_producer_destroy(prod, 5000);
+  char **names = NULL;
+  size_t n = 0;
+  if (admin && lt_bus_admin_list_topics(admin, 10000, &names, &n, NULL, 0) == LT_OK) {
+    const char *mine[64];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < 64; i++)
+      if (strncmp(names[i], prefix, strlen(prefix)) == 0) mine[k++] = names[i];
+    if (k) lt_bus_admin_delete_topics(admin, mine, k, 30000, NULL, 0);
+    lt_bus_admin_free_names(names);
+  }
+  lt_bus_admin_destroy(admin);
+  lt_avro_registry_destroy(reg);
+  lt_bus_conf_destroy(conf);
+  event_base_free(base);
+}
+
+TestSuite(scheduler, .init = setup, .fini = teardown, .timeout = 180);
+
+/* ---------------------------------------------------------------- helpers */
+
+static void produce(const char *base_name, int32_t partition, const char *key, const void *v, size_t len) {
+  char topic[256];
+  lt_bus_topic_name(conf, base_name, topic, sizeof topic);
+  lt_bus_record_t r = {.topic = topic, .partition = partition, .key = key, .key_size = key ? strlen(key) : 0,
+                       .value = v, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(prod, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void produce_rec(const char *base_name, int32_t partition, const char *key, lt_avro_record_t *rec) {
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  produce(base_name, partition, key, b, len);
+}
+
+static void put_tenant(const char *id, int64_t max_job_duration_s) {
+  lt_tenant_t t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.tenant_id, sizeof t.tenant_id, "%s", id);
+  snprintf(t.display_name, sizeof t.display_name, "%s", id);
+  t.weight = 1;
+  t.quotas.max_job_duration_s = max_job_duration_s;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "test");
+  cr_assert_eq(lt_tenant_to_record(&t, rec, err, sizeof err), LT_OK, "%s", err);
+  produce_rec("tenants", 0, id, rec);
+  lt_avro_record_destroy(rec);
+}
+
+/* A JobSubmitted as the API writes it; spec edits through fn. */
+static void submit(const char *job, const char *tenant, lt_job_class_t cls, void (*edit)(lt_jobspec_t *)) {
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  snprintf(spec.base_model, sizeof spec.base_model, "llama-test");
+  snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-1");
+  spec.priority = cls;
+  spec.max_duration_s = 3600;
+  spec.gpus = 1;
+  if (edit) edit(&spec);
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "test-upstream");
+  lt_avro_set_string(rec, "job_id", job);
+  lt_avro_set_string(rec, "tenant_id", tenant);
+  cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK, "%s", err);
+  produce_rec("jobs", (int32_t)cls * 2, job, rec);
+  lt_avro_record_destroy(rec);
+}
+
+static void control_rec(const char *type, const char *job, const char *tenant, int32_t attempt) {
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "test");
+  lt_avro_set_string(rec, "job_id", job);
+  lt_avro_set_string(rec, "tenant_id", tenant);
+  if (strcmp(type, "CancelRequested") == 0) lt_avro_set_string(rec, "requested_by", "customer");
+  else lt_avro_set_int(rec, "attempt", attempt);
+  produce_rec("control", LT_BUS_PARTITION_ANY, job, rec);
+  lt_avro_record_destroy(rec);
+}
+
+static void heartbeat(const char *worker, int slots) {
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, "WorkerHeartbeat", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "test-worker");
+  lt_avro_set_string(rec, "worker_id", worker);
+  lt_avro_set_string(rec, "backend", "cpu");
+  lt_avro_set_int(rec, "slots_total", slots);
+  lt_avro_set_int(rec, "slots_free", slots);
+  lt_avro_set_long(rec, "memory_total_bytes", 1LL << 34);
+  lt_avro_set_long(rec, "memory_free_bytes", 1LL << 34);
+  lt_avro_array_append_string(rec, "base_models", "llama-test");
+  produce_rec("workers", LT_BUS_PARTITION_ANY, worker, rec);
+  lt_avro_record_destroy(rec);
+}
+
+static void drain_tail(void) {
+  for (;;) {
+    const lt_bus_msg_t *m = NULL;
+    if (lt_bus_consumer_poll(tail, 0, &m, err, sizeof err) != LT_OK || !m) return;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    lt_avro_record_t *rec;
+    if (!v || lt_avro_decode(dec, v, len, &rec, NULL, 0) != LT_OK) continue;
+    json_t *j = NULL;
+    if (lt_avro_record_to_jansson(rec, &j, NULL, 0) != LT_OK) continue;
+    json_object_set_new(j, "_type", json_string(lt_avro_record_type(rec)));
+    json_object_set_new(j, "_topic", json_string(lt_bus_msg_topic(m) + strlen(prefix)));
+    json_array_append_new(seen, j);
+  }
+}
+
+/* Records of type (and job, and topic base when not NULL) read back so far. */
+static int count_seen(const char *type, const char *job, const char *topic_base) {
+  int n = 0;
+  size_t i;
+  json_t *r;
+  json_array_foreach(seen, i, r) {
+    if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) continue;
+    if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
+      continue;
+    if (topic_base && strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
+    n++;
+  }
+  return n;
+}
+
+static json_t *find_seen(const char *type, const char *job, const char *topic_base, int nth) {
+  size_t i;
+  json_t *r;
+  json_array_foreach(seen, i, r) {
+    if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) continue;
+    if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
+      continue;
+    if (topic_base && strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
+    if (nth-- == 0) return r;
+  }
+  return NULL;
+}
+
+/* Runs the loop until cond() or timeout; returns cond(). */
+static bool run_until(bool (*cond)(void *), void *ctx, int timeout_ms) {
+  int64_t end = lt_avro_now_ms() + timeout_ms;
+  while (lt_avro_now_ms() < end) {
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    drain_tail();
+    if (cond(ctx)) return true;
+    usleep(10000);
+  }
+  return cond(ctx);
+}
+
+typedef struct {
+  const char *type, *job, *topic;
+  int n;
+} want_t;
+
+static bool have(void *ctx) {
+  want_t *w = ctx;
+  return count_seen(w->type, w->job, w->topic) >= w->n;
+}
+
+static bool wait_for(const char *type, const char *job, const char *topic, int n, int timeout_ms) {
+  want_t w = {type, job, topic, n};
+  return run_until(have, &w, timeout_ms);
+}
+
+static bool is_leading(void *ctx) {
+  lt_scheduler_stats_t st;
+  lt_scheduler_stats(ctx, &st);
+  return st.role == LT_SCHEDULER_LEADING;
+}
+
+static lt_scheduler_t *start(const char *group, lt_scheduler_conf_t *over) {
+  lt_scheduler_conf_t c = {.bus = conf, .registry = reg, .producer_id = "scheduler/test", .lease_ms = 60000,
+                           .tenant_grace_ms = 1000, .tick_ms = 50};
+  if (over) {
+    c = *over;
+    c.bus = conf;
+    c.registry = reg;
+  }
+  char g[200];
+  if (group) {
+    snprintf(g, sizeof g, "%s%s", prefix, group);
+    c.group_id = g;
+  }
+  lt_scheduler_t *s;
+  cr_assert_eq(lt_scheduler_new(base, &c, &s, err, sizeof err), LT_OK, "%s", err);
+  cr_assert(run_until(is_leading, s, 30000), "the scheduler did not start leading within 30 s");
+  return s;
+}
+
+/* Replays lathe.jobs + lathe.control like `lathe admin replay` and returns the digest. */
+static void replay_digest(char out[65]) {
+  lt_scheduler_fold_t *f;
+  cr_assert_eq(lt_scheduler_fold_new(reg, 0, &f, err, sizeof err), LT_OK);
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK);
+  char t1[200], t2[200];
+  lt_bus_topic_name(conf, "jobs", t1, sizeof t1);
+  lt_bus_topic_name(conf, "control", t2, sizeof t2);
+  lt_bus_tp_t tps[12];
+  for (int p = 0; p < 6; p++) {
+    tps[p] = (lt_bus_tp_t){t1, p, LT_BUS_OFFSET_BEGINNING};
+    tps[6 + p] = (lt_bus_tp_t){t2, p, LT_BUS_OFFSET_BEGINNING};
+  }
+  cr_assert_eq(lt_bus_consumer_assign(c, tps, 12, err, sizeof err), LT_OK);
+  int64_t quiet = lt_avro_now_ms();
+  while (lt_avro_now_ms() - quiet < 1500) {
+    const lt_bus_msg_t *m = NULL;
+    cr_assert_eq(lt_bus_consumer_poll(c, 100, &m, err, sizeof err), LT_OK, "%s", err);
+    if (!m) continue;
+    quiet = lt_avro_now_ms();
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    if (v) lt_scheduler_fold_apply(f, v, len, NULL, NULL, NULL, 0);
+  }
+  lt_job_digest(lt_proj_jobs(lt_scheduler_fold_proj(f)), out);
+  lt_bus_consumer_destroy(c);
+  lt_scheduler_fold_destroy(f);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void bad_lr(lt_jobspec_t *s) { s->hp.learning_rate = 5; }
+
+/* An upstream service writes JobSubmitted with plain librdkafka (not lt_bus). */
+static void upstream_produce(const char *job, const char *tenant) {
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  snprintf(spec.base_model, sizeof spec.base_model, "llama-test");
+  snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-1");
+  spec.priority = LT_CLASS_STANDARD;
+  spec.max_duration_s = 600;
+  spec.gpus = 1;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "upstream-billing");
+  lt_avro_set_string(rec, "job_id", job);
+  lt_avro_set_string(rec, "tenant_id", tenant);
+  cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK);
+  rd_kafka_conf_t *rc = rd_kafka_conf_new();
+  char e2[512];
+  cr_assert_eq(rd_kafka_conf_set(rc, "bootstrap.servers", lt_bus_conf_get(conf, "bootstrap.servers"), e2, sizeof e2),
+               RD_KAFKA_CONF_OK);
+  rd_kafka_conf_set(rc, "acks", "all", e2, sizeof e2);
+  rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, rc, e2, sizeof e2);
+  cr_assert(rk, "%s", e2);
+  char topic[256];
+  lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
+  cr_assert_eq(rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(2), RD_KAFKA_V_KEY(job, strlen(job)),
+                                 RD_KAFKA_V_VALUE((void *)b, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                 RD_KAFKA_V_END),
+               RD_KAFKA_RESP_ERR_NO_ERROR);
+  cr_assert_eq(rd_kafka_flush(rk, 10000), RD_KAFKA_RESP_ERR_NO_ERROR);
+  rd_kafka_destroy(rk);
+  lt_avro_record_destroy(rec);
+}
+
+Test(scheduler, upstream_submissions_are_accepted_or_rejected_naming_the_field) {
+  put_tenant("acme", 0);
+  upstream_produce("job-up-1", "acme");
+  submit("job-bad-lr", "acme", LT_CLASS_STANDARD, bad_lr);
+  submit("job-nobody", "no-such-tenant", LT_CLASS_STANDARD, NULL);
+  lt_scheduler_t *s = start(NULL, NULL);
+  cr_assert(wait_for("JobAccepted", "job-up-1", "control", 1, 20000), "no JobAccepted for the upstream job");
+  cr_assert(wait_for("JobRejected", "job-bad-lr", "control", 1, 20000), "no JobRejected for the bad job");
+  json_t *r = find_seen("JobRejected", "job-bad-lr", NULL, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(r, "field")), "hyperparameters.learning_rate");
+  cr_assert(strstr(json_string_value(json_object_get(r, "reason")), "learning_rate"), "reason: %s",
+            json_string_value(json_object_get(r, "reason")));
+  cr_assert(wait_for("JobRejected", "job-nobody", "control", 1, 20000), "no JobRejected for the unknown tenant");
+  r = find_seen("JobRejected", "job-nobody", NULL, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(r, "code")), "unknown_tenant");
+  cr_assert_str_eq(json_string_value(json_object_get(r, "field")), "tenant_id");
+  cr_assert_eq(count_seen("JobAccepted", "job-bad-lr", NULL), 0);
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, over_the_tenants_duration_limit_is_rejected) {
+  put_tenant("short", 60);
+  submit("job-long", "short", LT_CLASS_STANDARD, NULL); /* asks 3600 s */
+  lt_scheduler_t *s = start(NULL, NULL);
+  cr_assert(wait_for("JobRejected", "job-long", "control", 1, 20000));
+  json_t *r = find_seen("JobRejected", "job-long", NULL, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(r, "field")), "max_duration_s");
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, garbage_bytes_go_to_deadletter_and_the_fold_goes_on) {
+  put_tenant("acme", 0);
+  lt_scheduler_t *s = start(NULL, NULL);
+  const char garbage[] = "\xc3\x01not avro at all, and not JSON either";
+  produce("jobs", 3, "junk-key", garbage, sizeof garbage - 1);
+  submit("job-after-junk", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("DeadLetter", NULL, "deadletter", 1, 20000), "no DeadLetter");
+  json_t *d = find_seen("DeadLetter", NULL, "deadletter", 0);
+  cr_assert(strstr(json_string_value(json_object_get(d, "topic")), "jobs"));
+  cr_assert_eq(json_integer_value(json_object_get(d, "partition")), 3);
+  cr_assert_eq(json_integer_value(json_object_get(d, "offset")), 0);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "key")), "junk-key");
+  cr_assert(wait_for("JobAccepted", "job-after-junk", "control", 1, 20000), "the fold stopped after the junk");
+  lt_scheduler_destroy(s);
+  /* a new leader does not dead-letter it again: the offset went with the DeadLetter */
+  s = start(NULL, NULL);
+  submit("job-after-restart", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobAccepted", "job-after-restart", "control", 1, 20000));
+  cr_assert_eq(count_seen("DeadLetter", NULL, "deadletter"), 1);
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, heartbeat_dispatches_to_the_class_topic_with_attempt_1) {
+  put_tenant("acme", 0);
+  submit("job-prod", "acme", LT_CLASS_PRODUCTION, NULL);
+  lt_scheduler_t *s = start(NULL, NULL);
+  cr_assert(wait_for("JobAccepted", "job-prod", "control", 1, 20000));
+  cr_assert_eq(count_seen("JobDispatched", "job-prod", NULL), 0, "dispatched with no worker");
+  heartbeat("w1", 2);
+  cr_assert(wait_for("JobDispatched", "job-prod", "dispatch.production", 1, 20000), "no dispatch");
+  cr_assert(wait_for("JobDispatched", "job-prod", "control", 1, 5000));
+  json_t *d = find_seen("JobDispatched", "job-prod", "dispatch.production", 0);
+  cr_assert_eq(json_integer_value(json_object_get(d, "attempt")), 1);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "worker_id")), "w1");
+  cr_assert_str_eq(json_string_value(json_object_get(d, "base_model")), "llama-test");
+  cr_assert_eq(count_seen("JobDispatched", "job-prod", "dispatch.standard"), 0);
+  lt_scheduler_destroy(s);
+}
+
+static bool all_dispatched(void *ctx) {
+  int n = *(int *)ctx;
+  char id[32];
+  for (int i = 0; i < n; i++) {
+    snprintf(id, sizeof id, "job-%02d", i);
+    if (count_seen("JobDispatched", id, "control") < 1) return false;
+  }
+  return true;
+}
+
+Test(scheduler, a_restart_mid_stream_duplicates_no_dispatch_and_keeps_the_digest) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 16);
+  lt_scheduler_t *s = start(NULL, NULL);
+  char id[32];
+  for (int i = 0; i < 6; i++) {
+    snprintf(id, sizeof id, "job-%02d", i);
+    submit(id, "acme", LT_CLASS_STANDARD, NULL);
+  }
+  int n = 6;
+  cr_assert(run_until(all_dispatched, &n, 30000), "the first scheduler did not dispatch its jobs");
+  control_rec("AttemptStarted", "job-00", "acme", 1);
+  lt_scheduler_destroy(s); /* killed mid-stream: more work arrives while none leads */
+  for (int i = 6; i < 10; i++) {
+    snprintf(id, sizeof id, "job-%02d", i);
+    submit(id, "acme", LT_CLASS_STANDARD, NULL);
+  }
+  s = start(NULL, NULL);
+  n = 10;
+  cr_assert(run_until(all_dispatched, &n, 30000), "the second scheduler did not dispatch the new jobs");
+  /* let it run a little: nothing more may be written */
+  int64_t end = lt_avro_now_ms() + 1500;
+  while (lt_avro_now_ms() < end) {
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    usleep(10000);
+  }
+  drain_tail();
+  for (int i = 0; i < 10; i++) {
+    snprintf(id, sizeof id, "job-%02d", i);
+    cr_assert_eq(count_seen("JobDispatched", id, "control"), 1, "%s dispatched more than once", id);
+    cr_assert_eq(count_seen("JobAccepted", id, "control"), 1, "%s accepted more than once", id);
+    cr_assert_eq(json_integer_value(json_object_get(find_seen("JobDispatched", id, "control", 0), "attempt")), 1);
+  }
+  char live[65], replayed[65];
+  cr_assert_eq(lt_scheduler_digest(s, live), LT_OK);
+  replay_digest(replayed);
+  cr_assert_str_eq(live, replayed);
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, a_second_instance_with_the_same_transactional_id_fences_the_first) {
+  put_tenant("acme", 0);
+  lt_scheduler_t *a = start("group-a", NULL);
+  /* B leads its own group with the same transactional id: its init fences A's producer */
+  lt_scheduler_t *b = start("group-b", NULL);
+  submit("job-fence", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobAccepted", "job-fence", "control", 1, 20000));
+  lt_scheduler_stats_t st;
+  for (int i = 0; i < 200; i++) {
+    lt_scheduler_stats(a, &st);
+    if (st.fenced) break;
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    usleep(10000);
+  }
+  lt_scheduler_stats(a, &st);
+  cr_assert(st.fenced, "the first instance was not fenced");
+  cr_assert_neq(st.role, LT_SCHEDULER_LEADING, "a fenced instance still leads");
+  cr_assert_geq(st.txn_failures, 1);
+  drain_tail();
+  cr_assert_eq(count_seen("JobAccepted", "job-fence", "control"), 1, "the fenced instance's write is visible");
+  lt_scheduler_stats(b, &st);
+  cr_assert_eq(st.role, LT_SCHEDULER_LEADING);
+  lt_scheduler_destroy(a);
+  lt_scheduler_destroy(b);
+}
+
+Test(scheduler, a_dispatch_not_started_in_time_is_dispatched_again_as_attempt_2) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 2);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .start_timeout_ms = 1500};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-slow", "acme", LT_CLASS_PREEMPTIBLE, NULL);
+  cr_assert(wait_for("JobDispatched", "job-slow", "dispatch.preemptible", 1, 20000));
+  cr_assert(wait_for("JobDispatched", "job-slow", "dispatch.preemptible", 2, 20000), "not dispatched again");
+  cr_assert_eq(json_integer_value(json_object_get(find_seen("JobDispatched", "job-slow", "control", 0), "attempt")), 1);
+  cr_assert_eq(json_integer_value(json_object_get(find_seen("JobDispatched", "job-slow", "control", 1), "attempt")), 2);
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, a_started_attempt_whose_lease_expires_is_stopped_lost_then_requeued) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 1);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 1000, .lease_margin_ms = 500,
+                           .worker_timeout_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-lease", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobDispatched", "job-lease", "control", 1, 20000));
+  int64_t t0 = lt_avro_now_ms();
+  control_rec("AttemptStarted", "job-lease", "acme", 1);
+  cr_assert(wait_for("AttemptStopped", "job-lease", "control", 1, 20000), "no AttemptStopped(lost)");
+  json_t *st = find_seen("AttemptStopped", "job-lease", "control", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(st, "reason")), "lost");
+  cr_assert_geq(json_integer_value(json_object_get(st, "occurred_at")) - t0, 1500 - 200,
+                "fenced before expiry plus margin");
+  cr_assert(wait_for("JobDispatched", "job-lease", "control", 2, 20000), "not dispatched again after the loss");
+  cr_assert_eq(json_integer_value(json_object_get(find_seen("JobDispatched", "job-lease", "control", 1), "attempt")), 2);
+  lt_scheduler_destroy(s);
+}
+
+Test(scheduler, cancel_of_a_queued_job_is_cancelled_at_once) {
+  put_tenant("acme", 0);
+  lt_scheduler_t *s = start(NULL, NULL);
+  submit("job-cancel", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobAccepted", "job-cancel", "control", 1, 20000));
+  control_rec("CancelRequested", "job-cancel", "acme", 0);
+  cr_assert(wait_for("JobCancelled", "job-cancel", "control", 1, 20000), "no JobCancelled");
+  heartbeat("w1", 2); /* a worker now: the cancelled job is never dispatched */
+  int64_t end = lt_avro_now_ms() + 1000;
+  while (lt_avro_now_ms() < end) {
+    event_base_loop(base, EVLOOP_NONBLOCK);
+    usleep(10000);
+  }
+  drain_tail();
+  cr_assert_eq(count_seen("JobDispatched", "job-cancel", NULL), 0);
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(lt_scheduler_proj(s)), "job-cancel");
+  cr_assert(j);
+  cr_assert_eq(j->state, LT_JOB_CANCELLED);
+  lt_scheduler_destroy(s);
+}

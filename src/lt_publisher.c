@@ -1,0 +1,879 @@
+/* lt_publisher: `lathed publisher` — folds the control topics through lt_proj, promotes the
+ * committed final checkpoint of each completed job from staging to published artifacts, records
+ * ArtifactPublished, and collects staging garbage. The layout contract and the rules are in
+ * lt_publisher.h. */
+#include "lt_publisher.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <openssl/crypto.h>
+
+#include "lt_bus_int.h" /* watermarks at start-up: the one librdkafka call lt_bus does not wrap */
+#include "lt_job.h"
+#include "lt_proj.h"
+#include "lt_sealed.h"
+#include "lt_tenant.h"
+
+#define LOG(...) fprintf(stderr, "lathed publisher: " __VA_ARGS__)
+
+/* ---------------------------------------------------------------- the layout */
+
+typedef struct {
+  const char *name;
+  bool required;
+  bool published;
+} layout_name_t;
+
+static const layout_name_t names[] = {
+    {"adapter_model.safetensors", true, true},
+    {"adapter_config.json", true, true},
+    {"config.json", true, true},
+    {"eval.json", false, true},
+    {"metrics.json", false, true},
+    {"state.bin", false, false},
+};
+#define NNAMES (sizeof names / sizeof names[0])
+
+static int name_index(const char *name) {
+  for (size_t i = 0; i < NNAMES; i++)
+    if (strcmp(names[i].name, name) == 0) return (int)i;
+  return -1;
+}
+
+static bool component_ok(const char *s) { return s && *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, ".."); }
+
+lt_err_t lt_publisher_staging_key(char *out, size_t size, const char *tenant, const char *job, int32_t attempt,
+                                  int64_t step, const char *name) {
+  if (!component_ok(tenant) || !component_ok(job) || !component_ok(name) || attempt < 1 || step < 0)
+    return LT_ERR_INVALID;
+  int n = snprintf(out, size, "staging/%s/%s/%d/%" PRId64 "/%s", tenant, job, (int)attempt, step, name);
+  return n < 0 || (size_t)n >= size ? LT_ERR_INVALID : LT_OK;
+}
+
+lt_err_t lt_publisher_artifact_key(char *out, size_t size, const char *tenant, const char *job, const char *name) {
+  if (!component_ok(tenant) || !component_ok(job) || !component_ok(name)) return LT_ERR_INVALID;
+  int n = snprintf(out, size, "tenants/%s/artifacts/%s/%s", tenant, job, name);
+  return n < 0 || (size_t)n >= size ? LT_ERR_INVALID : LT_OK;
+}
+
+/* ---------------------------------------------------------------- one promotion */
+
+static void scrub_free(void *p, size_t n) {
+  if (!p) return;
+  OPENSSL_cleanse(p, n);
+  free(p);
+}
+
+static lt_err_t read_config_digest(const void *data, size_t len, char out[65], char *errstr, size_t n) {
+  json_error_t je;
+  json_t *doc = json_loadb(data, len, 0, &je);
+  const char *d = doc ? json_string_value(json_object_get(doc, "config_digest")) : NULL;
+  bool ok = d && strlen(d) == 64 && strspn(d, "0123456789abcdef") == 64;
+  if (ok) memcpy(out, d, 65);
+  json_decref(doc);
+  if (!ok)
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "config.json has no \"config_digest\" of 64 lowercase hex digits (the worker must write "
+                   "{\"config_digest\":...,\"spec\":...})");
+  return LT_OK;
+}
+
+lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, const lt_publisher_checkpoint_t *ck,
+                              uint64_t max_bytes, lt_publisher_promotion_t *out, char *errstr, size_t n) {
+  memset(out, 0, sizeof *out);
+  if (ck->nkeys == 0 || ck->nkeys > LT_PUBLISHER_MAX_OBJECTS)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s has %zu objects (1..%d allowed)", ck->job_id,
+                   ck->nkeys, LT_PUBLISHER_MAX_OBJECTS);
+  if (ck->bytes > max_bytes)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s is %" PRIu64 " bytes, over the limit of %" PRIu64,
+                   ck->job_id, ck->bytes, max_bytes);
+  uint8_t want[32];
+  if (!ck->sha256_hex || strlen(ck->sha256_hex) != 64 || lt_crypto_unhex(ck->sha256_hex, want, 32, NULL, 0))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s: sha256 \"%s\" is not 64 hex digits", ck->job_id,
+                   ck->sha256_hex ? ck->sha256_hex : "");
+
+  /* The layout: every key under this checkpoint's prefix, known names, each once. */
+  char prefix[LT_STORE_KEY_MAX + 1];
+  if (lt_publisher_staging_key(prefix, sizeof prefix, ck->tenant_id, ck->job_id, ck->attempt, ck->step, "x"))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s: tenant, job, attempt or step is malformed",
+                   ck->job_id);
+  size_t plen = strlen(prefix) - 1;
+  int idx[LT_PUBLISHER_MAX_OBJECTS];
+  bool seen[NNAMES] = {0};
+  for (size_t i = 0; i < ck->nkeys; i++) {
+    const char *k = ck->object_keys[i];
+    if (!k || strncmp(k, prefix, plen) != 0)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "object key \"%s\" is not under %.*s", k ? k : "", (int)plen, prefix);
+    idx[i] = name_index(k + plen);
+    if (idx[i] < 0)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "object key \"%s\": \"%s\" is not a checkpoint object name", k,
+                     k + plen);
+    if (seen[idx[i]]) return lt_errf(errstr, n, LT_ERR_INVALID, "object \"%s\" is listed twice", k + plen);
+    seen[idx[i]] = true;
+  }
+  for (size_t i = 0; i < NNAMES; i++)
+    if (names[i].required && !seen[i])
+      return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s has no %s", ck->job_id, names[i].name);
+
+  void *stored[LT_PUBLISHER_MAX_OBJECTS] = {0};
+  size_t stored_len[LT_PUBLISHER_MAX_OBJECTS] = {0};
+  void *plain[LT_PUBLISHER_MAX_OBJECTS] = {0};
+  size_t plain_len[LT_PUBLISHER_MAX_OBJECTS] = {0};
+  lt_crypto_sha256_t *h = NULL;
+  lt_err_t err = lt_crypto_sha256_new(&h);
+  uint64_t total = 0;
+
+  /* 1. Read everything and check the commit's hash before any byte is decrypted or written. */
+  for (size_t i = 0; !err && i < ck->nkeys; i++) {
+    err = lt_store_get(store, ck->object_keys[i], (size_t)(max_bytes - total), &stored[i], &stored_len[i], NULL,
+                       errstr, n);
+    if (err == LT_ERR_NOT_FOUND)
+      err = lt_errf(errstr, n, LT_ERR_NOT_FOUND, "staged object %s is missing", ck->object_keys[i]);
+    if (err) break;
+    lt_crypto_sha256_update(h, stored[i], stored_len[i]);
+    total += stored_len[i];
+  }
+  out->stored_bytes_read = total;
+  if (!err) {
+    uint8_t got[32];
+    char got_hex[65];
+    lt_crypto_sha256_final(h, got);
+    if (total != ck->bytes)
+      err = lt_errf(errstr, n, LT_ERR_CORRUPT, "checkpoint of job %s: %" PRIu64 " stored bytes, the commit says %" PRIu64,
+                    ck->job_id, total, ck->bytes);
+    else if (memcmp(got, want, 32) != 0)
+      err = lt_errf(errstr, n, LT_ERR_CORRUPT, "checkpoint of job %s: SHA-256 of the stored bytes is %s, the commit says %s",
+                    ck->job_id, lt_crypto_hex(got, 32, got_hex), ck->sha256_hex);
+  }
+
+  /* 2. Decrypt each published object (every chunk authenticated, bound to its staging key). */
+  for (size_t i = 0; !err && i < ck->nkeys; i++) {
+    const layout_name_t *nm = &names[idx[i]];
+    if (!nm->published) continue;
+    plain[i] = malloc(stored_len[i] ? stored_len[i] : 1);
+    if (!plain[i]) {
+      err = LT_ERR_NOMEM;
+      break;
+    }
+    char why[256];
+    err = lt_crypto_open(dek, ck->object_keys[i], stored[i], stored_len[i], plain[i], stored_len[i], &plain_len[i], why,
+                         sizeof why);
+    if (err) {
+      err = lt_errf(errstr, n, LT_ERR_CORRUPT, "staged object %s does not decrypt: %s", ck->object_keys[i], why);
+      break;
+    }
+    free(stored[i]);
+    stored[i] = NULL;
+    lt_publisher_artifact_t *a = &out->artifacts[out->n++];
+    snprintf(a->name, sizeof a->name, "%s", nm->name);
+    lt_publisher_artifact_key(a->key, sizeof a->key, ck->tenant_id, ck->job_id, nm->name);
+    uint8_t d[32];
+    lt_crypto_sha256(plain[i], plain_len[i], d);
+    lt_crypto_hex(d, 32, a->sha256);
+    a->bytes = plain_len[i];
+    if (strcmp(nm->name, "config.json") == 0) err = read_config_digest(plain[i], plain_len[i], out->config_digest, errstr, n);
+  }
+
+  /* 3. Re-encrypt under the artifact keys. Not yet visible: only ArtifactPublished makes it so. */
+  for (size_t i = 0, a = 0; !err && i < ck->nkeys; i++) {
+    if (!plain[i]) continue;
+    err = lt_sealed_put(store, dek, out->artifacts[a].key, plain[i], plain_len[i], NULL, errstr, n);
+    a++;
+  }
+
+  for (size_t i = 0; i < ck->nkeys; i++) {
+    free(stored[i]);
+    scrub_free(plain[i], stored_len[i] > plain_len[i] ? stored_len[i] : plain_len[i]);
+  }
+  lt_crypto_sha256_free(h);
+  if (err) out->n = 0;
+  return err;
+}
+
+/* ---------------------------------------------------------------- the daemon */
+
+/* A completion waiting to be promoted. */
+typedef struct todo {
+  char job_id[LT_JOB_ID_MAX];
+  int32_t partition;
+  int64_t offset;
+  void *payload; /* the JobCompleted message, for a DeadLetter */
+  size_t len;
+  int tries;
+  int64_t next_ms;
+} todo_t;
+
+/* A record of a job not seen yet (its JobSubmitted is in another topic and may come later). */
+typedef struct held {
+  struct held *next;
+  char job_id[LT_JOB_ID_MAX];
+  bool control;
+  int32_t partition;
+  int64_t offset;
+  size_t len;
+  uint8_t buf[];
+} held_t;
+
+enum { T_JOBS, T_CONTROL, T_TENANTS, T_ARTIFACTS, T__COUNT };
+static const char *const bases[T__COUNT] = {"jobs", "control", "tenants", "artifacts"};
+
+struct lt_publisher {
+  struct event_base *base;
+  lt_publisher_conf_t conf;
+  char producer_id[128];
+  char group[128];
+  char topics[T__COUNT][256];
+  char deadletter[256];
+  lt_proj_t *proj;
+  lt_keyring_t *keyring;
+  lt_bus_consumer_t *consumer;
+  lt_bus_producer_t *producer;
+  struct event *consumer_ev, *tick_ev;
+  /* catch-up */
+  lt_bus_tp_t *parts;
+  int64_t *low, *high;
+  size_t nparts;
+  int64_t started_ms, last_record_ms;
+  /* lathe.control offsets of the group */
+  int ncontrol;
+  int64_t *ctrl_start;     /* committed when we started: completions before it were handled */
+  int64_t *ctrl_pos;       /* next offset to fold (-1: none yet) */
+  int64_t *ctrl_committed; /* what we committed last */
+  /* per job: event id of the newest applied CheckpointCommitted, and JobCompleted's naming */
+  json_t *ckpt_ev;
+  json_t *done_ev;
+  todo_t *todo;
+  size_t ntodo, captodo;
+  held_t *held, **held_tail;
+  size_t nheld;
+  int64_t next_gc_ms;
+  lt_publisher_stats_t stats;
+  bool in_work;
+};
+
+static void set_last(lt_publisher_t *p, lt_err_t err, const char *msg) {
+  p->stats.last_err = err;
+  size_t l = strnlen(msg, sizeof p->stats.last_errmsg - 1);
+  memcpy(p->stats.last_errmsg, msg, l);
+  p->stats.last_errmsg[l] = '\0';
+}
+
+static void todo_remove(lt_publisher_t *p, size_t i) {
+  free(p->todo[i].payload);
+  memmove(&p->todo[i], &p->todo[i + 1], (p->ntodo - i - 1) * sizeof *p->todo);
+  p->ntodo--;
+}
+
+static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, int64_t offset, const void *v, size_t len) {
+  for (size_t i = 0; i < p->ntodo; i++)
+    if (strcmp(p->todo[i].job_id, job_id) == 0) return;
+  if (p->ntodo == p->captodo) {
+    size_t cap = p->captodo ? p->captodo * 2 : 16;
+    todo_t *t = realloc(p->todo, cap * sizeof *t);
+    if (!t) {
+      LOG("out of memory: job %s not queued for promotion\n", job_id);
+      return;
+    }
+    p->todo = t;
+    p->captodo = cap;
+  }
+  todo_t *t = &p->todo[p->ntodo];
+  memset(t, 0, sizeof *t);
+  snprintf(t->job_id, sizeof t->job_id, "%s", job_id);
+  t->partition = partition;
+  t->offset = offset;
+  t->payload = malloc(len ? len : 1);
+  if (t->payload) memcpy(t->payload, v, len);
+  t->len = t->payload ? len : 0;
+  p->ntodo++;
+}
+
+static void hold(lt_publisher_t *p, const char *job_id, bool control, int32_t partition, int64_t offset, const void *v,
+                 size_t len) {
+  if (p->nheld >= 100000) {
+    LOG("dropping a record of unknown job %s (too many held)\n", job_id);
+    return;
+  }
+  held_t *h = malloc(sizeof *h + len);
+  if (!h) return;
+  h->next = NULL;
+  snprintf(h->job_id, sizeof h->job_id, "%s", job_id);
+  h->control = control;
+  h->partition = partition;
+  h->offset = offset;
+  h->len = len;
+  memcpy(h->buf, v, len);
+  *p->held_tail = h;
+  p->held_tail = &h->next;
+  p->nheld++;
+}
+
+static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset);
+
+/* The job's JobSubmitted arrived: fold what was held for it, in arrival order. */
+static void release_held(lt_publisher_t *p, const char *job_id) {
+  held_t *mine = NULL, **mine_tail = &mine;
+  held_t **pp = &p->held;
+  p->held_tail = &p->held;
+  while (*pp) {
+    held_t *h = *pp;
+    if (strcmp(h->job_id, job_id) == 0) {
+      *pp = h->next;
+      h->next = NULL;
+      *mine_tail = h;
+      mine_tail = &h->next;
+      p->nheld--;
+    } else {
+      pp = &h->next;
+      p->held_tail = &h->next;
+    }
+  }
+  while (mine) {
+    held_t *h = mine;
+    mine = h->next;
+    fold_msg(p, h->buf, h->len, h->control, h->partition, h->offset);
+    free(h);
+  }
+}
+
+static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset) {
+  lt_proj_result_t res;
+  char err[256];
+  if (lt_proj_apply(p->proj, v, len, &res, err, sizeof err) != LT_OK) {
+    /* The scheduler dead-letters undecodable control records; the publisher skips and counts. */
+    p->stats.undecodable++;
+    return;
+  }
+  p->stats.folded++;
+  if (!res.type) return;
+  const char *jid = NULL;
+  lt_avro_get_string(res.record, "job_id", &jid, NULL);
+  if (!jid) return;
+  char job_id[LT_JOB_ID_MAX];
+  snprintf(job_id, sizeof job_id, "%s", jid);
+  if (res.job_outcome == LT_JOB_UNKNOWN_JOB ||
+      (strcmp(res.type, "ArtifactPublished") == 0 && !lt_proj_job_info(p->proj, job_id))) {
+    hold(p, job_id, control, partition, offset, v, len);
+    return;
+  }
+  if (res.job_outcome != LT_JOB_APPLIED) return;
+  if (strcmp(res.type, "JobSubmitted") == 0) {
+    if (p->nheld) release_held(p, job_id);
+  } else if (strcmp(res.type, "CheckpointCommitted") == 0) {
+    const char *ev = NULL;
+    lt_avro_get_string(res.record, "event_id", &ev, NULL);
+    json_object_set_new(p->ckpt_ev, job_id, json_string(ev ? ev : ""));
+  } else if (strcmp(res.type, "JobCompleted") == 0) {
+    const char *cev = NULL, *csha = NULL;
+    lt_avro_get_string(res.record, "checkpoint_event_id", &cev, NULL);
+    lt_avro_get_string(res.record, "checkpoint_sha256", &csha, NULL);
+    json_object_set_new(p->done_ev, job_id, json_pack("{s:s,s:s}", "checkpoint_event_id", cev ? cev : "",
+                                                      "checkpoint_sha256", csha ? csha : ""));
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), job_id);
+    /* Completions below the group's committed offset were handled by an earlier instance. */
+    if (j && j->state == LT_JOB_COMPLETED && control && offset >= p->ctrl_start[partition])
+      todo_add(p, job_id, partition, offset, v, len);
+  }
+}
+
+/* ---------------------------------------------------------------- records we write */
+
+/* A name-based UUID (version 8 layout) of job and checkpoint: the same promotion always carries
+ * the same event_id, so a repeated publication is recognisably the same event. */
+static void publication_event_id(const char *job_id, const char *ckpt_event_id, char out[37]) {
+  uint8_t d[32];
+  char buf[256];
+  int n = snprintf(buf, sizeof buf, "lathe.ArtifactPublished\n%s\n%s", job_id, ckpt_event_id);
+  lt_crypto_sha256(buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1), d);
+  d[6] = (uint8_t)((d[6] & 0x0f) | 0x80);
+  d[8] = (uint8_t)((d[8] & 0x3f) | 0x80);
+  char hex[33];
+  lt_crypto_hex(d, 16, hex);
+  snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
+}
+
+static lt_err_t produce(lt_publisher_t *p, const char *topic, const char *key, const void *v, size_t len, char *errstr,
+                        size_t n) {
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                       .value = v, .value_size = len};
+  return lt_bus_produce_sync(p->producer, &r, p->conf.produce_timeout_ms, NULL, NULL, errstr, n);
+}
+
+static void dead_letter(lt_publisher_t *p, const todo_t *t, lt_err_t code, const char *reason) {
+  char err[256];
+  lt_avro_record_t *rec = NULL;
+  const uint8_t *bytes;
+  size_t len;
+  uint64_t fp = 0;
+  char fph[17] = "";
+  if (t->payload && lt_avro_peek(t->payload, t->len, &fp, NULL, 0) == LT_OK) lt_avro_fingerprint_hex(fp, fph);
+  lt_err_t e = lt_avro_record_new(p->conf.registry, "DeadLetter", &rec, err, sizeof err);
+  if (!e && (lt_avro_record_stamp(rec, p->producer_id) || lt_avro_set_string(rec, "topic", p->topics[T_CONTROL]) ||
+             lt_avro_set_int(rec, "partition", t->partition) || lt_avro_set_long(rec, "offset", t->offset) ||
+             lt_avro_set_bytes(rec, "key", t->job_id, strlen(t->job_id)) ||
+             lt_avro_set_bytes(rec, "payload", t->payload ? t->payload : "", t->len) ||
+             (fph[0] ? lt_avro_set_string(rec, "fingerprint", fph) : lt_avro_set_null(rec, "fingerprint")) ||
+             lt_avro_set_string(rec, "error_code", lt_err_name(code)) || lt_avro_set_string(rec, "reason", reason) ||
+             lt_avro_set_string(rec, "consumer", p->group))) {
+    snprintf(err, sizeof err, "%s", lt_avro_record_error(rec));
+    e = LT_ERR_INTERNAL;
+  }
+  if (!e) e = lt_avro_record_encode(rec, &bytes, &len, err, sizeof err);
+  if (!e) e = produce(p, p->deadletter, t->job_id, bytes, len, err, sizeof err);
+  if (e) LOG("job %s: DeadLetter not written: %s\n", t->job_id, err);
+  lt_avro_record_destroy(rec);
+}
+
+static lt_err_t publish_record(lt_publisher_t *p, const lt_job_t *j, const char *ckpt_ev,
+                               const lt_publisher_promotion_t *pr, char *errstr, size_t n) {
+  lt_avro_record_t *rec = NULL;
+  const uint8_t *bytes;
+  size_t len;
+  char evid[37];
+  publication_event_id(j->job_id, ckpt_ev, evid);
+  lt_err_t err = lt_avro_record_new(p->conf.registry, "ArtifactPublished", &rec, errstr, n);
+  if (err) return err;
+  bool bad = lt_avro_record_stamp(rec, p->producer_id) || lt_avro_set_string(rec, "event_id", evid) ||
+             lt_avro_set_string(rec, "job_id", j->job_id) || lt_avro_set_string(rec, "tenant_id", j->tenant_id) ||
+             lt_avro_set_int(rec, "attempt", j->attempt) || lt_avro_set_string(rec, "checkpoint_event_id", ckpt_ev) ||
+             lt_avro_set_string(rec, "config_digest", pr->config_digest);
+  for (size_t i = 0; !bad && i < pr->n; i++) {
+    char path[64];
+    size_t ix;
+    bad = lt_avro_array_append(rec, "artifacts", &ix) != LT_OK;
+#define SETF(field, call)                                                                                              \
+  (snprintf(path, sizeof path, "artifacts[%zu]." field, ix), call)
+    bad = bad || SETF("name", lt_avro_set_string(rec, path, pr->artifacts[i].name)) ||
+          SETF("key", lt_avro_set_string(rec, path, pr->artifacts[i].key)) ||
+          SETF("sha256", lt_avro_set_string(rec, path, pr->artifacts[i].sha256)) ||
+          SETF("bytes", lt_avro_set_long(rec, path, (int64_t)pr->artifacts[i].bytes));
+#undef SETF
+  }
+  if (bad) err = lt_errf(errstr, n, LT_ERR_INTERNAL, "ArtifactPublished: %s", lt_avro_record_error(rec));
+  if (!err) err = lt_avro_record_encode(rec, &bytes, &len, errstr, n);
+  if (!err) err = produce(p, p->topics[T_ARTIFACTS], j->job_id, bytes, len, errstr, n);
+  /* Durable now: fold it at once, so this instance never promotes the job again. */
+  if (!err) fold_msg(p, bytes, len, false, 0, 0);
+  lt_avro_record_destroy(rec);
+  return err;
+}
+
+/* ---------------------------------------------------------------- promotion of one job */
+
+typedef enum { DONE, RETRY } step_t;
+
+static step_t reject(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why) {
+  LOG("job %s: not published: %s\n", t->job_id, why);
+  p->stats.rejected++;
+  set_last(p, code, why);
+  dead_letter(p, t, code, why);
+  return DONE;
+}
+
+static step_t retry(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why) {
+  int64_t delay = 500;
+  for (int i = 0; i < t->tries && delay < p->conf.retry_max_ms; i++) delay *= 2;
+  if (delay > p->conf.retry_max_ms) delay = p->conf.retry_max_ms;
+  t->tries++;
+  t->next_ms = lt_avro_now_ms() + delay;
+  p->stats.retries++;
+  set_last(p, code, why);
+  LOG("job %s: promotion postponed %" PRId64 " ms (try %d): %s\n", t->job_id, delay, t->tries, why);
+  return RETRY;
+}
+
+static const char *jstr(json_t *o, const char *k) {
+  const char *s = json_string_value(json_object_get(o, k));
+  return s ? s : "";
+}
+
+static step_t promote_job(lt_publisher_t *p, todo_t *t) {
+  char why[512];
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), t->job_id);
+  if (!j || j->state != LT_JOB_COMPLETED) return DONE; /* terminal states do not change: cannot happen */
+  json_t *info = lt_proj_job_info(p->proj, t->job_id);
+  json_t *ck = info ? json_object_get(info, "checkpoint") : NULL;
+  const char *ck_ev = json_string_value(json_object_get(p->ckpt_ev, t->job_id));
+  if (!ck || !ck_ev || !j->ckpt_final || j->ckpt_attempt != j->attempt ||
+      json_integer_value(json_object_get(ck, "attempt")) != j->attempt || !json_is_true(json_object_get(ck, "final"))) {
+    snprintf(why, sizeof why, "job completed without a committed final checkpoint of its attempt %d", (int)j->attempt);
+    return reject(p, t, LT_ERR_INVALID, why);
+  }
+  json_t *done = json_object_get(p->done_ev, t->job_id);
+  const char *cev = jstr(done, "checkpoint_event_id"), *csha = jstr(done, "checkpoint_sha256");
+  if (*cev && strcmp(cev, ck_ev) != 0) {
+    snprintf(why, sizeof why, "JobCompleted names checkpoint %s but the newest committed final checkpoint is %s", cev,
+             ck_ev);
+    return reject(p, t, LT_ERR_INVALID, why);
+  }
+  if (*csha && strcmp(csha, jstr(ck, "sha256")) != 0) {
+    snprintf(why, sizeof why, "JobCompleted says checkpoint sha256 %s, the commit says %s", csha, jstr(ck, "sha256"));
+    return reject(p, t, LT_ERR_CORRUPT, why);
+  }
+  json_t *pub = json_object_get(info, "published");
+  if (pub) {
+    if (strcmp(jstr(pub, "checkpoint_event_id"), ck_ev) != 0)
+      LOG("job %s: already published from checkpoint %s; never again from %s\n", t->job_id,
+          jstr(pub, "checkpoint_event_id"), ck_ev);
+    p->stats.already_published++;
+    return DONE;
+  }
+  const lt_tenant_t *tenant = lt_tenant_get(lt_proj_tenants(p->proj), j->tenant_id);
+  if (!tenant) {
+    snprintf(why, sizeof why, "tenant %s is not in lathe.tenants (yet)", j->tenant_id);
+    return retry(p, t, LT_ERR_NOT_FOUND, why);
+  }
+  const lt_crypto_dek_t *dek = NULL;
+  lt_err_t err = lt_keyring_tenant_dek(p->keyring, tenant, &dek, why, sizeof why);
+  if (err) return reject(p, t, err, why);
+
+  json_t *keys = json_object_get(ck, "object_keys");
+  const char *kv[LT_PUBLISHER_MAX_OBJECTS];
+  size_t nk = json_array_size(keys);
+  if (nk > LT_PUBLISHER_MAX_OBJECTS) nk = LT_PUBLISHER_MAX_OBJECTS + 1;
+  for (size_t i = 0; i < nk && i < LT_PUBLISHER_MAX_OBJECTS; i++) kv[i] = json_string_value(json_array_get(keys, i));
+  lt_publisher_checkpoint_t c = {.tenant_id = j->tenant_id,
+                                 .job_id = j->job_id,
+                                 .attempt = j->attempt,
+                                 .step = json_integer_value(json_object_get(ck, "step")),
+                                 .object_keys = kv,
+                                 .nkeys = nk,
+                                 .sha256_hex = jstr(ck, "sha256"),
+                                 .bytes = (uint64_t)json_integer_value(json_object_get(ck, "bytes"))};
+  lt_publisher_promotion_t *pr = malloc(sizeof *pr);
+  if (!pr) return retry(p, t, LT_ERR_NOMEM, "out of memory");
+  err = lt_publisher_promote(p->conf.store, dek, &c, p->conf.max_checkpoint_bytes, pr, why, sizeof why);
+  step_t st;
+  if (err) {
+    st = lt_store_err_retriable(err) || err == LT_ERR_NOMEM ? retry(p, t, err, why) : reject(p, t, err, why);
+  } else {
+    /* j points into the job table, which the fold in publish_record may grow: copy what it needs. */
+    lt_job_t jc = *j;
+    char ev[128];
+    snprintf(ev, sizeof ev, "%s", ck_ev);
+    err = publish_record(p, &jc, ev, pr, why, sizeof why);
+    if (err) {
+      st = retry(p, t, err, why);
+    } else {
+      p->stats.published++;
+      LOG("job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
+          (int)jc.attempt, c.step);
+      st = DONE;
+    }
+  }
+  free(pr);
+  return st;
+}
+
+/* Commits lathe.control up to the oldest completion still waiting (or everything folded). */
+static void commit_offsets(lt_publisher_t *p) {
+  lt_bus_tp_t tp[256];
+  size_t n = 0;
+  for (int i = 0; i < p->ncontrol && n < 256; i++) {
+    int64_t off = p->ctrl_pos[i];
+    if (off < 0) continue;
+    for (size_t k = 0; k < p->ntodo; k++)
+      if (p->todo[k].partition == i && p->todo[k].offset < off) off = p->todo[k].offset;
+    if (off > p->ctrl_committed[i]) tp[n++] = (lt_bus_tp_t){.topic = p->topics[T_CONTROL], .partition = i, .offset = off};
+  }
+  if (!n) return;
+  char err[256];
+  if (lt_bus_consumer_commit(p->consumer, tp, n, false, err, sizeof err) != LT_OK) {
+    LOG("offset commit failed (will retry): %s\n", err);
+    return;
+  }
+  for (size_t k = 0; k < n; k++) p->ctrl_committed[tp[k].partition] = tp[k].offset;
+}
+
+static void work(lt_publisher_t *p) {
+  if (!p->stats.ready || p->in_work) return;
+  p->in_work = true;
+  int64_t now = lt_avro_now_ms();
+  for (size_t i = 0; i < p->ntodo;) {
+    todo_t *t = &p->todo[i];
+    if (t->next_ms > now || promote_job(p, t) == RETRY) {
+      i++;
+      continue;
+    }
+    todo_remove(p, i);
+  }
+  commit_offsets(p);
+  p->in_work = false;
+}
+
+/* ---------------------------------------------------------------- catch-up and the loop */
+
+static void check_ready(lt_publisher_t *p) {
+  if (p->stats.ready) return;
+  int64_t now = lt_avro_now_ms();
+  bool ok = true;
+  lt_bus_tp_t *pos = malloc(p->nparts * sizeof *pos);
+  if (pos) {
+    memcpy(pos, p->parts, p->nparts * sizeof *pos);
+    if (lt_bus_consumer_position(p->consumer, pos, p->nparts, NULL, 0) != LT_OK) ok = false;
+    for (size_t i = 0; ok && i < p->nparts; i++)
+      if (p->high[i] > p->low[i] && (pos[i].offset < 0 || pos[i].offset < p->high[i])) ok = false;
+    free(pos);
+  } else {
+    ok = false;
+  }
+  /* A partition that ends in transaction markers never reaches its high watermark through the
+   * records we are given: a quiet consumer counts as caught up too. */
+  int64_t quiet_since = p->last_record_ms > p->started_ms ? p->last_record_ms : p->started_ms;
+  if (!ok && now - quiet_since < p->conf.settle_ms) return;
+  p->stats.ready = true;
+  if (p->conf.gc_interval_ms > 0) p->next_gc_ms = now + p->conf.gc_interval_ms;
+  LOG("caught up (%" PRIu64 " records folded, %zu completions to check)\n", p->stats.folded, p->ntodo);
+}
+
+static void feed(lt_publisher_t *p) {
+  bool more = false;
+  for (int i = 0; i < 2000; i++) {
+    const lt_bus_msg_t *m = NULL;
+    char err[256];
+    if (lt_bus_consumer_poll(p->consumer, 0, &m, err, sizeof err) != LT_OK) {
+      LOG("consumer: %s\n", err);
+      break;
+    }
+    if (!m) break;
+    if (i == 1999) more = true;
+    p->last_record_ms = lt_avro_now_ms();
+    const char *topic = lt_bus_msg_topic(m);
+    int32_t part = lt_bus_msg_partition(m);
+    int64_t off = lt_bus_msg_offset(m);
+    bool control = strcmp(topic, p->topics[T_CONTROL]) == 0 && part >= 0 && part < p->ncontrol;
+    if (control) p->ctrl_pos[part] = off + 1;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    if (v) fold_msg(p, v, len, control, part, off);
+  }
+  check_ready(p);
+  work(p);
+  if (more) event_active(p->consumer_ev, EV_READ, 0);
+}
+
+static void on_consumer(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  feed(arg);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  lt_publisher_t *p = arg;
+  feed(p);
+  if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_avro_now_ms() >= p->next_gc_ms) {
+    char err[256];
+    uint64_t n = 0;
+    if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) LOG("gc: %s\n", err);
+    p->next_gc_ms = lt_avro_now_ms() + p->conf.gc_interval_ms;
+  }
+}
+
+/* ---------------------------------------------------------------- garbage collection */
+
+typedef struct {
+  lt_publisher_t *p;
+  size_t plen; /* length of "staging/<tenant>/" */
+  int64_t now_ms;
+  json_t *doomed;
+  uint64_t kept;
+} gc_ctx_t;
+
+static bool named_by_checkpoint(json_t *info, const char *key) {
+  json_t *keys = info ? json_object_get(info, "checkpoint_keys") : NULL;
+  size_t i;
+  json_t *k;
+  json_array_foreach(keys, i, k) if (json_is_string(k) && strcmp(json_string_value(k), key) == 0) return true;
+  return false;
+}
+
+static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info) {
+  gc_ctx_t *g = ctx;
+  int64_t grace = g->p->conf.gc_grace_ms;
+  if (g->now_ms - info->mtime * 1000 < grace) {
+    g->kept++;
+    return LT_OK; /* young: a checkpoint may be uploading, its commit not yet written */
+  }
+  char job[LT_JOB_ID_MAX];
+  const char *s = key + g->plen, *slash = strchr(s, '/');
+  size_t jl = slash ? (size_t)(slash - s) : strlen(s);
+  if (jl >= sizeof job) jl = sizeof job - 1;
+  memcpy(job, s, jl);
+  job[jl] = '\0';
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
+  bool keep = false;
+  if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
+    keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key);
+  else if (j)
+    keep = g->now_ms - j->ended_at_ms < grace; /* cancelled, failed, rejected: after the grace */
+  if (keep) g->kept++;
+  else json_array_append_new(g->doomed, json_string(key));
+  return LT_OK;
+}
+
+lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, size_t n) {
+  if (deleted) *deleted = 0;
+  if (!p->stats.ready) return lt_errf(errstr, n, LT_ERR_RETRIABLE, "not caught up with the topics yet");
+  gc_ctx_t g = {.p = p, .now_ms = lt_avro_now_ms()};
+  lt_err_t err = LT_OK;
+  uint64_t count = 0;
+  lt_tenant_table_t *tt = lt_proj_tenants(p->proj);
+  for (size_t ti = 0; !err && ti < lt_tenant_count(tt); ti++) {
+    char prefix[LT_STORE_KEY_MAX + 1], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1] = "";
+    snprintf(prefix, sizeof prefix, "staging/%s/", lt_tenant_at(tt, ti)->tenant_id);
+    g.plen = strlen(prefix);
+    do {
+      g.doomed = json_array();
+      err = lt_store_list(p->conf.store, prefix, after, 0, gc_visit, &g, next, sizeof next, errstr, n);
+      size_t i;
+      json_t *k;
+      json_array_foreach(g.doomed, i, k) {
+        if (err) break;
+        err = lt_store_delete(p->conf.store, json_string_value(k), errstr, n);
+        if (!err) {
+          count++;
+          LOG("gc: deleted %s\n", json_string_value(k));
+        }
+      }
+      json_decref(g.doomed);
+      snprintf(after, sizeof after, "%s", next);
+    } while (!err && next[0]);
+  }
+  p->stats.gc_deleted += count;
+  p->stats.gc_kept = g.kept;
+  if (deleted) *deleted = count;
+  return err;
+}
+
+/* ---------------------------------------------------------------- construction */
+
+static lt_err_t start_consumer(lt_publisher_t *p, char *errstr, size_t n) {
+  lt_bus_admin_t *admin = NULL;
+  lt_err_t err = lt_bus_admin_new(p->conf.bus, &admin, errstr, n);
+  if (err) return err;
+  int counts[T__COUNT] = {0};
+  size_t total = 0;
+  for (int b = 0; b < T__COUNT && !err; b++) {
+    err = lt_bus_admin_describe_topic(admin, p->topics[b], 10000, &counts[b], errstr, n);
+    total += (size_t)counts[b];
+  }
+  lt_bus_admin_destroy(admin);
+  if (err) return err;
+  p->ncontrol = counts[T_CONTROL];
+  p->parts = calloc(total, sizeof *p->parts);
+  p->low = calloc(total, sizeof *p->low);
+  p->high = calloc(total, sizeof *p->high);
+  p->ctrl_start = calloc((size_t)p->ncontrol, sizeof *p->ctrl_start);
+  p->ctrl_pos = calloc((size_t)p->ncontrol, sizeof *p->ctrl_pos);
+  p->ctrl_committed = calloc((size_t)p->ncontrol, sizeof *p->ctrl_committed);
+  if (!p->parts || !p->low || !p->high || !p->ctrl_start || !p->ctrl_pos || !p->ctrl_committed) return LT_ERR_NOMEM;
+  for (int b = 0; b < T__COUNT; b++)
+    for (int i = 0; i < counts[b]; i++)
+      p->parts[p->nparts++] = (lt_bus_tp_t){.topic = p->topics[b], .partition = i, .offset = LT_BUS_OFFSET_BEGINNING};
+
+  lt_bus_consumer_opts_t copts = {.group_id = p->group};
+  if ((err = lt_bus_consumer_new(p->conf.bus, &copts, &p->consumer, errstr, n))) return err;
+
+  /* Where the group stopped on lathe.control: completions before it were handled. */
+  lt_bus_tp_t *ctl = p->parts + counts[T_JOBS];
+  lt_bus_tp_t committed[256];
+  int nc = p->ncontrol < 256 ? p->ncontrol : 256;
+  memcpy(committed, ctl, (size_t)nc * sizeof *committed);
+  if ((err = lt_bus_consumer_committed(p->consumer, committed, (size_t)nc, 10000, errstr, n))) return err;
+  for (int i = 0; i < p->ncontrol; i++) {
+    p->ctrl_start[i] = i < nc && committed[i].offset >= 0 ? committed[i].offset : 0;
+    p->ctrl_committed[i] = p->ctrl_start[i];
+    p->ctrl_pos[i] = -1;
+  }
+  /* The end of every partition as of now: caught up means folded up to there. */
+  rd_kafka_t *rk = lt_bus_consumer_rk(p->consumer);
+  for (size_t i = 0; i < p->nparts; i++) {
+    rd_kafka_resp_err_t e =
+        rd_kafka_query_watermark_offsets(rk, p->parts[i].topic, p->parts[i].partition, &p->low[i], &p->high[i], 10000);
+    if (e)
+      return lt_errf(errstr, n, lt_bus_err_from_code(e), "watermarks of %s [%d]: %s", p->parts[i].topic,
+                     (int)p->parts[i].partition, rd_kafka_err2str(e));
+  }
+  if ((err = lt_bus_consumer_assign(p->consumer, p->parts, p->nparts, errstr, n))) return err;
+  p->consumer_ev = event_new(p->base, lt_bus_consumer_fd(p->consumer), EV_READ | EV_PERSIST, on_consumer, p);
+  p->tick_ev = event_new(p->base, -1, EV_PERSIST, on_tick, p);
+  struct timeval tv = {p->conf.tick_ms / 1000, (p->conf.tick_ms % 1000) * 1000};
+  if (!p->consumer_ev || !p->tick_ev || event_add(p->consumer_ev, NULL) || event_add(p->tick_ev, &tv))
+    return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot register the publisher's events");
+  return LT_OK;
+}
+
+lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *conf, lt_publisher_t **out, char *errstr,
+                          size_t n) {
+  if (!base || !conf || !conf->bus || !conf->store || !conf->kek || !conf->registry)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "publisher: base, bus, store, kek and registry are required");
+  lt_publisher_t *p = calloc(1, sizeof *p);
+  if (!p) return LT_ERR_NOMEM;
+  p->base = base;
+  p->conf = *conf;
+  snprintf(p->producer_id, sizeof p->producer_id, "%s", conf->producer_id ? conf->producer_id : "publisher");
+  snprintf(p->group, sizeof p->group, "%s", conf->group_id ? conf->group_id : LT_PUBLISHER_GROUP);
+  p->conf.producer_id = p->producer_id;
+  p->conf.group_id = p->group;
+  if (p->conf.gc_grace_ms <= 0) p->conf.gc_grace_ms = 3600 * 1000;
+  if (p->conf.gc_interval_ms == 0) p->conf.gc_interval_ms = p->conf.gc_grace_ms < 60000 ? p->conf.gc_grace_ms : 60000;
+  if (p->conf.tick_ms <= 0) p->conf.tick_ms = 200;
+  if (p->conf.produce_timeout_ms <= 0) p->conf.produce_timeout_ms = 15000;
+  if (p->conf.retry_max_ms <= 0) p->conf.retry_max_ms = 60000;
+  if (p->conf.max_checkpoint_bytes == 0) p->conf.max_checkpoint_bytes = 1ull << 30;
+  if (p->conf.settle_ms <= 0) p->conf.settle_ms = 2000;
+  for (int b = 0; b < T__COUNT; b++) lt_bus_topic_name(conf->bus, bases[b], p->topics[b], sizeof p->topics[b]);
+  lt_bus_topic_name(conf->bus, "deadletter", p->deadletter, sizeof p->deadletter);
+  p->held_tail = &p->held;
+  p->ckpt_ev = json_object();
+  p->done_ev = json_object();
+  p->started_ms = lt_avro_now_ms();
+  lt_err_t err = p->ckpt_ev && p->done_ev ? LT_OK : LT_ERR_NOMEM;
+  if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
+  if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
+  if (!err) err = lt_bus_producer_new(conf->bus, NULL, &p->producer, errstr, n);
+  if (!err) err = start_consumer(p, errstr, n);
+  if (err) {
+    lt_publisher_destroy(p);
+    return err;
+  }
+  *out = p;
+  return LT_OK;
+}
+
+void lt_publisher_stats(const lt_publisher_t *p, lt_publisher_stats_t *out) {
+  *out = p->stats;
+  out->waiting = p->ntodo;
+}
+
+void lt_publisher_destroy(lt_publisher_t *p) {
+  if (!p) return;
+  if (p->consumer_ev) event_free(p->consumer_ev);
+  if (p->tick_ev) event_free(p->tick_ev);
+  lt_bus_consumer_destroy(p->consumer);
+  lt_bus_producer_destroy(p->producer, 5000);
+  lt_keyring_free(p->keyring);
+  lt_proj_destroy(p->proj);
+  json_decref(p->ckpt_ev);
+  json_decref(p->done_ev);
+  for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
+  free(p->todo);
+  while (p->held) {
+    held_t *h = p->held;
+    p->held = h->next;
+    free(h);
+  }
+  free(p->parts);
+  free(p->low);
+  free(p->high);
+  free(p->ctrl_start);
+  free(p->ctrl_pos);
+  free(p->ctrl_committed);
+  free(p);
+}

@@ -1,0 +1,661 @@
+/* lathed publisher against the real broker and S3 server of ops/stack.
+ *
+ * Each test makes its own topics (a fresh prefix, ops/topics.tsv), a fresh tenant with a real
+ * wrapped data key in its TenantUpserted record, and writes the job's records with a plain
+ * producer the way the API, the scheduler and the worker would: JobSubmitted, JobAccepted,
+ * JobDispatched, AttemptStarted, sealed staging objects, CheckpointCommitted, JobCompleted. Then
+ * a publisher runs on an event loop and the tests read lathe.artifacts back and decrypt what it
+ * published. Every object key is under the test's own tenant id. */
+#include <criterion/criterion.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_crypto.h"
+#include "lt_publisher.h"
+#include "lt_sealed.h"
+#include "lt_store.h"
+#include "lt_tenant.h"
+
+#define T_MS 20000
+
+static char err[1024];
+static lt_bus_conf_t *bus;
+static lt_bus_admin_t *admin;
+static lt_bus_producer_t *prod;
+static lt_avro_registry_t *reg;
+static lt_crypto_kek_t *kek;
+static lt_crypto_dek_t *dek;
+static lt_store_t *store;
+static struct event_base *base;
+static char tenant[64];
+static char topic_jobs[256], topic_control[256], topic_artifacts[256], topic_tenants[256], topic_dead[256];
+
+/* ---------------------------------------------------------------- fixture */
+
+static void setup(void) {
+  evthread_use_pthreads();
+  bus = lt_bus_conf_new();
+  cr_assert(bus);
+  cr_assert_eq(lt_bus_conf_from_env(bus, err, sizeof err), LT_OK, "%s", err);
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "t%d%ld%06ld.", (int)getpid(), (long)tv.tv_sec % 100000, (long)tv.tv_usec);
+  cr_assert_eq(lt_bus_conf_set(bus, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_bus_admin_new(bus, &admin, err, sizeof err), LT_OK, "%s", err);
+  char path[1024];
+  const char *root = getenv("LATHE_SOURCE_ROOT");
+  snprintf(path, sizeof path, "%s/ops/topics.tsv", root ? root : ".");
+  lt_err_t e = lt_bus_admin_create_from_file(admin, path, -1, T_MS, NULL, err, sizeof err);
+  if (e)
+    cr_assert_fail("cannot create topics on %s (%s): start the stack with `ops/stack up`",
+                   lt_bus_conf_get(bus, "bootstrap.servers"), err);
+  lt_bus_topic_name(bus, "jobs", topic_jobs, sizeof topic_jobs);
+  lt_bus_topic_name(bus, "control", topic_control, sizeof topic_control);
+  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
+  lt_bus_topic_name(bus, "tenants", topic_tenants, sizeof topic_tenants);
+  lt_bus_topic_name(bus, "deadletter", topic_dead, sizeof topic_dead);
+  cr_assert_eq(lt_bus_producer_new(bus, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+
+  lt_store_s3_conf_t sc;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s (run `eval \"$(ops/stack env)\"`)", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+
+  /* A fresh tenant with a real wrapped data key, written as its TenantUpserted record. */
+  char hex[65], rid[33];
+  uint8_t raw[32];
+  cr_assert_eq(lt_crypto_random(raw, sizeof raw), LT_OK);
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "test-master", lt_crypto_hex(raw, 32, hex), err, sizeof err), LT_OK, "%s",
+               err);
+  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
+  snprintf(tenant, sizeof tenant, "pt-%.12s", rid);
+  cr_assert_eq(lt_crypto_dek_generate(&dek, tenant, "dek-1", err, sizeof err), LT_OK, "%s", err);
+  lt_tenant_t t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.tenant_id, sizeof t.tenant_id, "%s", tenant);
+  snprintf(t.display_name, sizeof t.display_name, "%s", tenant);
+  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
+  t.weight = 1.0;
+  cr_assert_eq(lt_crypto_dek_wrap(kek, dek, t.wrapped_data_key, sizeof t.wrapped_data_key, &t.wrapped_data_key_len,
+                                  err, sizeof err),
+               LT_OK, "%s", err);
+  lt_avro_record_t *rec;
+  const uint8_t *bytes;
+  size_t len;
+  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_stamp(rec, "admin/test"), LT_OK);
+  cr_assert_eq(lt_tenant_to_record(&t, rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_encode(rec, &bytes, &len, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = {.topic = topic_tenants, .partition = LT_BUS_PARTITION_ANY, .key = tenant,
+                       .key_size = strlen(tenant), .value = bytes, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(prod, &r, T_MS, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_record_destroy(rec);
+  base = event_base_new();
+  cr_assert(base);
+}
+
+/* Staging objects of this tenant are removed; topics are deleted. */
+static lt_err_t collect_key(void *ctx, const char *key, const lt_store_info_t *info) {
+  (void)info;
+  json_array_append_new(ctx, json_string(key));
+  return LT_OK;
+}
+
+static json_t *list_keys(const char *prefix) {
+  json_t *a = json_array();
+  char next[LT_STORE_KEY_MAX + 1], after[LT_STORE_KEY_MAX + 1] = "";
+  do {
+    cr_assert_eq(lt_store_list(store, prefix, after, 0, collect_key, a, next, sizeof next, err, sizeof err), LT_OK, "%s",
+                 err);
+    snprintf(after, sizeof after, "%s", next);
+  } while (next[0]);
+  return a;
+}
+
+static void teardown(void) {
+  char pfx[2][128];
+  snprintf(pfx[0], sizeof pfx[0], "staging/%s/", tenant);
+  snprintf(pfx[1], sizeof pfx[1], "tenants/%s/", tenant);
+  for (int i = 0; i < 2 && store; i++) {
+    json_t *keys = list_keys(pfx[i]);
+    size_t k;
+    json_t *v;
+    json_array_foreach(keys, k, v) lt_store_delete(store, json_string_value(v), NULL, 0);
+    json_decref(keys);
+  }
+  if (admin) {
+    char **names;
+    size_t n;
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "%s", lt_bus_conf_get(bus, "lathe.topic.prefix"));
+    if (lt_bus_admin_list_topics(admin, T_MS, &names, &n, NULL, 0) == LT_OK) {
+      const char *mine[64];
+      size_t m = 0;
+      for (size_t i = 0; i < n && m < 64; i++)
+        if (strncmp(names[i], prefix, strlen(prefix)) == 0) mine[m++] = names[i];
+      lt_bus_admin_delete_topics(admin, mine, m, T_MS, NULL, 0);
+      lt_bus_admin_free_names(names);
+    }
+  }
+  lt_bus_producer_destroy(prod, 5000);
+  lt_bus_admin_destroy(admin);
+  lt_bus_conf_destroy(bus);
+  lt_avro_registry_destroy(reg);
+  lt_crypto_dek_free(dek);
+  lt_crypto_kek_free(kek);
+  lt_store_free(store);
+  if (base) event_base_free(base);
+}
+
+TestSuite(publisher, .init = setup, .fini = teardown, .timeout = 240);
+
+/* ---------------------------------------------------------------- records */
+
+static lt_avro_record_t *rec_new(const char *type, const char *job) {
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_stamp(rec, "test/publisher"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "job_id", job), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "tenant_id", tenant), LT_OK);
+  return rec;
+}
+
+/* Encodes, produces (acks=all) and frees rec. */
+static void send_rec(lt_avro_record_t *rec, const char *topic, const char *job) {
+  const uint8_t *bytes;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &bytes, &len, err, sizeof err), LT_OK, "%s", lt_avro_record_error(rec));
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = job, .key_size = strlen(job),
+                       .value = bytes, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(prod, &r, T_MS, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_record_destroy(rec);
+}
+
+static void send_attempt(const char *type, const char *job, int attempt) {
+  lt_avro_record_t *rec = rec_new(type, job);
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", attempt), LT_OK);
+  if (strcmp(type, "JobDispatched") == 0) {
+    cr_assert_eq(lt_avro_set_string(rec, "worker_id", "w-1"), LT_OK);
+    cr_assert_eq(lt_avro_set_long(rec, "lease_ms", 30000), LT_OK);
+  }
+  if (strcmp(type, "AttemptStarted") == 0) cr_assert_eq(lt_avro_set_string(rec, "worker_id", "w-1"), LT_OK);
+  send_rec(rec, topic_control, job);
+}
+
+/* Submitted, accepted, dispatched and started under attempt 1. */
+static void job_running(const char *job) {
+  lt_avro_record_t *rec = rec_new("JobSubmitted", job);
+  cr_assert_eq(lt_avro_set_string(rec, "base_model", "smollm2-135m"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "dataset_id", "ds-1"), LT_OK);
+  cr_assert_eq(lt_avro_set_int(rec, "gpus", 1), LT_OK);
+  send_rec(rec, topic_jobs, job);
+  rec = rec_new("JobAccepted", job);
+  cr_assert_eq(lt_avro_set_int(rec, "gpus", 1), LT_OK);
+  send_rec(rec, topic_control, job);
+  send_attempt("JobDispatched", job, 1);
+  send_attempt("AttemptStarted", job, 1);
+}
+
+/* A checkpoint as the worker stages it. */
+typedef struct {
+  int n;
+  char names[6][64];
+  char keys[6][LT_STORE_KEY_MAX + 1];
+  char plain_sha[6][65];
+  size_t plain_len[6];
+  char sha256[65]; /* of the stored bytes, concatenated */
+  int64_t bytes;
+  char config_digest[65];
+  char event_id[64];
+  int attempt;
+  int64_t step;
+} ckpt_t;
+
+static const char *const staged_names[6] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
+                                            "eval.json", "metrics.json", "config.json"};
+
+/* Stages the six objects; the object at index bad (or none when bad < 0) is sealed with another
+ * data key of the same name, so it is well-formed and hashed into the commit but does not decrypt. */
+static void stage_bad(const char *job, int attempt, int64_t step, ckpt_t *ck, int bad) {
+  memset(ck, 0, sizeof *ck);
+  ck->attempt = attempt;
+  ck->step = step;
+  lt_crypto_sha256_t *h;
+  cr_assert_eq(lt_crypto_sha256_new(&h), LT_OK);
+  uint8_t d[32];
+  lt_crypto_sha256(job, strlen(job), d);
+  lt_crypto_hex(d, 32, ck->config_digest);
+  for (int i = 0; i < 6; i++) {
+    size_t len = 0;
+    char *plain = NULL;
+    if (i == 0 || i == 2) { /* tensors and optimizer state: random bytes */
+      len = i == 0 ? 300000 : 200000;
+      plain = malloc(len);
+      cr_assert_eq(lt_crypto_random(plain, len), LT_OK);
+    } else if (i == 5) {
+      plain = malloc(256);
+      len = (size_t)snprintf(plain, 256, "{\"config_digest\":\"%s\",\"spec\":{\"job\":\"%s\",\"seed\":7}}",
+                             ck->config_digest, job);
+    } else {
+      plain = malloc(128);
+      len = (size_t)snprintf(plain, 128, "{\"file\":\"%s\",\"step\":%lld}", staged_names[i], (long long)step);
+    }
+    snprintf(ck->names[i], sizeof ck->names[i], "%s", staged_names[i]);
+    cr_assert_eq(lt_publisher_staging_key(ck->keys[i], sizeof ck->keys[i], tenant, job, attempt, step, staged_names[i]),
+                 LT_OK);
+    lt_crypto_dek_t *other = NULL;
+    if (i == bad) cr_assert_eq(lt_crypto_dek_generate(&other, tenant, "dek-1", err, sizeof err), LT_OK, "%s", err);
+    size_t cap = lt_crypto_sealed_size(dek, len, 0), slen = 0;
+    uint8_t *sealed = malloc(cap);
+    cr_assert_eq(lt_crypto_seal(other ? other : dek, ck->keys[i], 0, plain, len, sealed, cap, &slen, err, sizeof err),
+                 LT_OK, "%s", err);
+    lt_crypto_dek_free(other);
+    cr_assert_eq(lt_store_put(store, ck->keys[i], sealed, slen, NULL, err, sizeof err), LT_OK, "%s", err);
+    lt_crypto_sha256_update(h, sealed, slen);
+    ck->bytes += (int64_t)slen;
+    lt_crypto_sha256(plain, len, d);
+    lt_crypto_hex(d, 32, ck->plain_sha[i]);
+    ck->plain_len[i] = len;
+    free(sealed);
+    free(plain);
+  }
+  ck->n = 6;
+  lt_crypto_sha256_final(h, d);
+  lt_crypto_hex(d, 32, ck->sha256);
+  lt_crypto_sha256_free(h);
+}
+
+static void stage(const char *job, int attempt, int64_t step, ckpt_t *ck) { stage_bad(job, attempt, step, ck, -1); }
+
+/* CheckpointCommitted for ck; remembers its event id. */
+static void commit(const char *job, ckpt_t *ck, bool final) {
+  lt_avro_record_t *rec = rec_new("CheckpointCommitted", job);
+  const char *ev;
+  cr_assert_eq(lt_avro_get_string(rec, "event_id", &ev, NULL), LT_OK);
+  snprintf(ck->event_id, sizeof ck->event_id, "%s", ev);
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", ck->attempt), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "step", ck->step), LT_OK);
+  for (int i = 0; i < ck->n; i++) cr_assert_eq(lt_avro_array_append_string(rec, "object_keys", ck->keys[i]), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "sha256", ck->sha256), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "bytes", ck->bytes), LT_OK);
+  cr_assert_eq(lt_avro_set_bool(rec, "final", final), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "trigger", final ? "final" : "interval"), LT_OK);
+  send_rec(rec, topic_control, job);
+}
+
+/* The same CheckpointCommitted bytes again (a duplicated delivery): same event id. */
+static void commit_again(const char *job, const ckpt_t *ck) {
+  lt_avro_record_t *rec = rec_new("CheckpointCommitted", job);
+  cr_assert_eq(lt_avro_set_string(rec, "event_id", ck->event_id), LT_OK);
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", ck->attempt), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "step", ck->step), LT_OK);
+  for (int i = 0; i < ck->n; i++) cr_assert_eq(lt_avro_array_append_string(rec, "object_keys", ck->keys[i]), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "sha256", ck->sha256), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "bytes", ck->bytes), LT_OK);
+  cr_assert_eq(lt_avro_set_bool(rec, "final", true), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "trigger", "final"), LT_OK);
+  send_rec(rec, topic_control, job);
+}
+
+static void complete(const char *job, const ckpt_t *ck, int attempt) {
+  lt_avro_record_t *rec = rec_new("JobCompleted", job);
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", attempt), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "step", ck->step), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "checkpoint_event_id", ck->event_id), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "checkpoint_sha256", ck->sha256), LT_OK);
+  send_rec(rec, topic_control, job);
+}
+
+/* ---------------------------------------------------------------- running and reading back */
+
+static lt_publisher_t *start(lt_store_t *s, const char *group, int64_t grace_ms) {
+  lt_publisher_conf_t c = {.bus = bus, .store = s, .kek = kek, .registry = reg, .producer_id = "publisher/test",
+                           .group_id = group, .gc_grace_ms = grace_ms, .gc_interval_ms = -1, .tick_ms = 50,
+                           .retry_max_ms = 1000, .settle_ms = 1500};
+  lt_publisher_t *p;
+  cr_assert_eq(lt_publisher_new(base, &c, &p, err, sizeof err), LT_OK, "%s", err);
+  return p;
+}
+
+/* Runs the loop for ms milliseconds, or until done(p) is true. */
+static bool run(lt_publisher_t *p, int ms, bool (*done)(lt_publisher_t *)) {
+  for (int waited = 0; waited < ms; waited += 50) {
+    struct timeval tv = {0, 50 * 1000};
+    event_base_loopexit(base, &tv);
+    event_base_dispatch(base);
+    if (done && done(p)) return true;
+  }
+  return false;
+}
+
+static bool is_ready(lt_publisher_t *p) {
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  return s.ready;
+}
+
+static bool settled(lt_publisher_t *p) {
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  return s.ready && s.waiting == 0;
+}
+
+/* Every record of type `type` of `job` in a topic, as JSON, read from the beginning until the
+ * topic is quiet for a second. */
+static json_t *read_records(const char *topic, const char *type, const char *job) {
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(bus, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, T_MS, NULL, err, sizeof err), LT_OK,
+               "%s", err);
+  lt_avro_decoder_t *dec;
+  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
+  json_t *out = json_array();
+  int quiet = 0;
+  while (quiet < 1500) {
+    const lt_bus_msg_t *m;
+    cr_assert_eq(lt_bus_consumer_poll(c, 100, &m, err, sizeof err), LT_OK, "%s", err);
+    if (!m) {
+      quiet += 100;
+      continue;
+    }
+    quiet = 0;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    lt_avro_record_t *rec;
+    if (!v || lt_avro_decode(dec, v, len, &rec, err, sizeof err)) continue;
+    const char *jid = NULL;
+    if (strcmp(lt_avro_record_type(rec), type) != 0) continue;
+    if (job && (lt_avro_get_string(rec, strcmp(type, "DeadLetter") ? "job_id" : "reason", &jid, NULL) ||
+                (strcmp(type, "DeadLetter") ? strcmp(jid, job) != 0 : !strstr(jid, job))))
+      continue;
+    json_t *j;
+    cr_assert_eq(lt_avro_record_to_jansson(rec, &j, err, sizeof err), LT_OK);
+    json_array_append_new(out, j);
+  }
+  lt_avro_decoder_destroy(dec);
+  lt_bus_consumer_destroy(c);
+  return out;
+}
+
+/* The publication has the right keys and plaintext hashes, and each published object decrypts
+ * (with the tenant's key, under its artifact key) to the staged plaintext. */
+static void assert_publication(json_t *pub, const char *job, const ckpt_t *ck) {
+  cr_assert_str_eq(json_string_value(json_object_get(pub, "checkpoint_event_id")), ck->event_id);
+  cr_assert_str_eq(json_string_value(json_object_get(pub, "config_digest")), ck->config_digest);
+  json_t *arts = json_object_get(pub, "artifacts");
+  cr_assert_eq(json_array_size(arts), 5, "every staged object except state.bin is published");
+  for (int i = 0; i < ck->n; i++) {
+    json_t *found = NULL, *a;
+    size_t k;
+    json_array_foreach(arts, k, a) if (strcmp(json_string_value(json_object_get(a, "name")), ck->names[i]) == 0) found = a;
+    if (strcmp(ck->names[i], "state.bin") == 0) {
+      cr_assert_null(found, "state.bin must not be published");
+      continue;
+    }
+    cr_assert_not_null(found, "%s is published", ck->names[i]);
+    char want_key[LT_STORE_KEY_MAX + 1];
+    snprintf(want_key, sizeof want_key, "tenants/%s/artifacts/%s/%s", tenant, job, ck->names[i]);
+    cr_assert_str_eq(json_string_value(json_object_get(found, "key")), want_key);
+    cr_assert_str_eq(json_string_value(json_object_get(found, "sha256")), ck->plain_sha[i]);
+    cr_assert_eq(json_integer_value(json_object_get(found, "bytes")), (json_int_t)ck->plain_len[i]);
+    void *data;
+    size_t len;
+    cr_assert_eq(lt_sealed_get(store, dek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK, "%s", err);
+    uint8_t d[32];
+    char hex[65];
+    lt_crypto_sha256(data, len, d);
+    cr_assert_str_eq(lt_crypto_hex(d, 32, hex), ck->plain_sha[i], "%s decrypts to the staged plaintext", want_key);
+    free(data);
+  }
+}
+
+static bool object_exists(const char *key) {
+  lt_store_info_t info;
+  return lt_store_head(store, key, &info, NULL, 0) == LT_OK;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+Test(publisher, completed_job_is_published_once_with_plaintext_hashes_and_decryptable_objects) {
+  ckpt_t ck;
+  job_running("job-a");
+  stage("job-a", 1, 100, &ck);
+  commit("job-a", &ck, true);
+  complete("job-a", &ck, 1);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  run(p, 1000, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 1);
+  cr_assert_eq(s.rejected, 0);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-a");
+  cr_assert_eq(json_array_size(pubs), 1, "exactly one ArtifactPublished, got %zu", json_array_size(pubs));
+  assert_publication(json_array_get(pubs, 0), "job-a", &ck);
+  json_decref(pubs);
+}
+
+Test(publisher, duplicated_records_and_restarts_publish_nothing_different) {
+  ckpt_t ck;
+  job_running("job-d");
+  stage("job-d", 1, 50, &ck);
+  commit("job-d", &ck, true);
+  complete("job-d", &ck, 1);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  lt_publisher_destroy(p);
+  json_t *first = read_records(topic_artifacts, "ArtifactPublished", "job-d");
+  cr_assert_eq(json_array_size(first), 1);
+
+  /* The same commit and completion delivered again; a restart of the same group from scratch. */
+  commit_again("job-d", &ck);
+  complete("job-d", &ck, 1);
+  p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  run(p, 1000, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0, "the restarted publisher published again");
+
+  /* A restart that lost its offsets (another group): the projection shows it published. */
+  p = start(store, "lathe-publisher-fresh", 0);
+  cr_assert(run(p, 60000, settled));
+  run(p, 1000, NULL);
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0, "a publisher without offsets published again");
+  cr_assert_geq(s.already_published, 1);
+
+  json_t *all = read_records(topic_artifacts, "ArtifactPublished", "job-d");
+  cr_assert_eq(json_array_size(all), 1, "one publication in all, got %zu", json_array_size(all));
+  assert_publication(json_array_get(all, 0), "job-d", &ck);
+  json_decref(first);
+  json_decref(all);
+}
+
+Test(publisher, commit_of_a_fenced_attempt_is_never_promoted) {
+  ckpt_t ck;
+  job_running("job-f");
+  stage("job-f", 1, 80, &ck);
+  commit("job-f", &ck, true);
+  send_attempt("JobDispatched", "job-f", 2); /* attempt 2 fences attempt 1 */
+  complete("job-f", &ck, 1);                 /* the fenced attempt claims completion */
+  send_attempt("AttemptStarted", "job-f", 2);
+  complete("job-f", &ck, 2); /* attempt 2 completes naming attempt 1's checkpoint */
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  run(p, 1000, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-f");
+  cr_assert_eq(json_array_size(pubs), 0);
+  json_decref(pubs);
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(key, sizeof key, tenant, "job-f", "adapter_model.safetensors");
+  cr_assert(!object_exists(key), "nothing of the fenced attempt reaches the published prefix");
+}
+
+Test(publisher, cancel_recorded_before_completion_publishes_nothing) {
+  ckpt_t ck;
+  job_running("job-c");
+  stage("job-c", 1, 10, &ck);
+  commit("job-c", &ck, true);
+  lt_avro_record_t *rec = rec_new("CancelRequested", "job-c");
+  cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
+  send_rec(rec, topic_control, "job-c");
+  complete("job-c", &ck, 1);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  run(p, 1000, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-c");
+  cr_assert_eq(json_array_size(pubs), 0);
+  json_decref(pubs);
+}
+
+Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) {
+  ckpt_t ck;
+  job_running("job-t");
+  stage("job-t", 1, 20, &ck);
+  commit("job-t", &ck, true);
+  complete("job-t", &ck, 1);
+  /* Flip one byte of the stored adapter. */
+  void *data;
+  size_t len;
+  cr_assert_eq(lt_store_get(store, ck.keys[0], 1 << 26, &data, &len, NULL, err, sizeof err), LT_OK, "%s", err);
+  ((uint8_t *)data)[len / 2] ^= 0x01;
+  cr_assert_eq(lt_store_put(store, ck.keys[0], data, len, NULL, err, sizeof err), LT_OK, "%s", err);
+  free(data);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0);
+  cr_assert_eq(s.rejected, 1);
+  cr_assert_eq(s.last_err, LT_ERR_CORRUPT, "%s", s.last_errmsg);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-t");
+  cr_assert_eq(json_array_size(pubs), 0);
+  json_decref(pubs);
+  json_t *dead = read_records(topic_dead, "DeadLetter", "job-t");
+  cr_assert_eq(json_array_size(dead), 1, "one DeadLetter naming the job");
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(dead, 0), "error_code")), "LT_ERR_CORRUPT");
+  json_decref(dead);
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(key, sizeof key, tenant, "job-t", "adapter_config.json");
+  cr_assert(!object_exists(key), "nothing is written to the published prefix");
+}
+
+Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishes) {
+  ckpt_t ck;
+  job_running("job-s");
+  stage("job-s", 1, 30, &ck);
+  commit("job-s", &ck, true);
+  complete("job-s", &ck, 1);
+  /* A store on a port where nothing listens. */
+  lt_store_s3_conf_t sc;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK);
+  sc.endpoint = "127.0.0.1:1";
+  sc.max_attempts = 2;
+  sc.backoff_ms = 10;
+  lt_store_t *down;
+  cr_assert_eq(lt_store_s3_new(&down, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_t *p = start(down, NULL, 0);
+  cr_assert(run(p, 60000, is_ready));
+  run(p, 3000, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  lt_store_free(down);
+  cr_assert_eq(s.published, 0);
+  cr_assert_eq(s.rejected, 0, "an unavailable store is retried, never a rejection");
+  cr_assert_geq(s.retries, 1);
+  cr_assert_eq(s.waiting, 1);
+  cr_assert_eq(s.last_err, LT_ERR_UNAVAILABLE, "%s: %s", lt_err_name(s.last_err), s.last_errmsg);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
+  cr_assert_eq(json_array_size(pubs), 0);
+  json_decref(pubs);
+
+  p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 1);
+  pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
+  cr_assert_eq(json_array_size(pubs), 1);
+  assert_publication(json_array_get(pubs, 0), "job-s", &ck);
+  json_decref(pubs);
+}
+
+Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_checkpoints) {
+  ckpt_t live, old, dead;
+  job_running("job-g");
+  stage("job-g", 1, 10, &old);
+  commit("job-g", &old, false);
+  stage("job-g", 1, 20, &live); /* newest commit of a running job: kept */
+  commit("job-g", &live, false);
+  job_running("job-x");
+  stage("job-x", 1, 5, &dead); /* a failed job: collected */
+  lt_avro_record_t *rec = rec_new("JobFailed", "job-x");
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", 1), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "code", "executor_failed"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "reason", "test"), LT_OK);
+  send_rec(rec, topic_control, "job-x");
+  char orphan[LT_STORE_KEY_MAX + 1];
+  cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
+  cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+
+  lt_publisher_t *p = start(store, NULL, 8000);
+  cr_assert(run(p, 60000, is_ready));
+  uint64_t deleted = 99;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(deleted, 0, "nothing younger than the grace period is deleted");
+  cr_assert(object_exists(orphan));
+  sleep(9);
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_destroy(p);
+  cr_assert(!object_exists(orphan), "the orphan is collected");
+  for (int i = 0; i < live.n; i++) cr_assert(object_exists(live.keys[i]), "%s is kept", live.keys[i]);
+  for (int i = 0; i < old.n; i++) cr_assert(!object_exists(old.keys[i]), "superseded %s is collected", old.keys[i]);
+  for (int i = 0; i < dead.n; i++) cr_assert(!object_exists(dead.keys[i]), "failed job's %s is collected", dead.keys[i]);
+  cr_assert_eq(deleted, 1 + (uint64_t)old.n + (uint64_t)dead.n);
+}
+
+Test(publisher, object_that_does_not_decrypt_is_never_promoted) {
+  ckpt_t ck;
+  job_running("job-k");
+  stage_bad("job-k", 1, 40, &ck, 5); /* config.json sealed with a different key: hash matches, tag does not */
+  commit("job-k", &ck, true);
+  complete("job-k", &ck, 1);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, settled));
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_assert_eq(s.published, 0);
+  cr_assert_eq(s.rejected, 1);
+  cr_assert_eq(s.last_err, LT_ERR_CORRUPT, "%s", s.last_errmsg);
+  cr_assert(strstr(s.last_errmsg, "does not decrypt"), "%s", s.last_errmsg);
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-k");
+  cr_assert_eq(json_array_size(pubs), 0);
+  json_decref(pubs);
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(key, sizeof key, tenant, "job-k", "adapter_model.safetensors");
+  cr_assert(!object_exists(key), "no object is re-encrypted before the whole checkpoint verified");
+}

@@ -1,0 +1,394 @@
+/* lathe jobs: customers' fine-tuning jobs over the API (lt_client).
+ *
+ *   lathe jobs submit --model M --dataset D [--validation D2] [--priority P]
+ *                     [--set key=value ...] [--idempotency-key K]
+ *   lathe jobs list [--state S] [--limit N] [--cursor C]
+ *   lathe jobs show ID
+ *   lathe jobs cancel ID
+ *   lathe jobs watch ID
+ *   common: [--url URL] [--api-key KEY] [--json] [--quiet]
+ *
+ * watch follows GET /v1/jobs/{id}/events (SSE) with a live progress line (step/total, loss,
+ * tokens/s, ETA), reconnects with Last-Event-ID when the connection drops, and exits with the
+ * outcome: 0 for completed, 1 for failed, cancelled or rejected. --json prints each event as a
+ * JSON line {"id","event","data"} instead. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/http.h>
+
+#include "lt_cli_api.h"
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: lathe jobs submit --model M --dataset D [--validation D2] [--priority P]\n"
+             "                        [--set key=value ...] [--idempotency-key K]\n"
+             "       lathe jobs list [--state S] [--limit N] [--cursor C]\n"
+             "       lathe jobs show ID\n"
+             "       lathe jobs cancel ID\n"
+             "       lathe jobs watch ID\n"
+             "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080),\n"
+             "  --api-key KEY (LATHE_API_KEY), --json (print the server's JSON), --quiet\n"
+             "\n--set takes hyperparameters (lora_rank=8, learning_rate=1e-4, epochs=2,\n"
+             "target_modules=q_proj,v_proj, ...) and the job fields max_duration_s, gpus, mode.\n"
+             "P is production, standard (default) or preemptible.\n"
+             "watch exits 0 when the job completed, 1 when it failed or was cancelled.\n");
+}
+
+/* ---------------------------------------------------------------- submit */
+
+static bool is_top_field(const char *k) {
+  static const char *const top[] = {"max_duration_s", "gpus", "mode", "priority", "base_model", "dataset_id",
+                                    "validation_dataset_id"};
+  for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+    if (strcmp(k, top[i]) == 0) return true;
+  return false;
+}
+
+/* key=value: the value as JSON when it parses as a number, boolean or array; target_modules
+ * takes a comma list; anything else is a string. */
+static int apply_set(json_t *body, const char *kv) {
+  const char *eq = strchr(kv, '=');
+  if (!eq || eq == kv) {
+    fprintf(stderr, "lathe jobs submit: --set wants key=value, not \"%s\"\n", kv);
+    return 2;
+  }
+  char key[128];
+  snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+  const char *v = eq + 1, *k = key;
+  if (strncmp(k, "hyperparameters.", 16) == 0) k += 16;
+  json_t *val;
+  if (strcmp(k, "target_modules") == 0 && v[0] != '[') {
+    val = json_array();
+    char *dup = strdup(v), *save = NULL;
+    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) json_array_append_new(val, json_string(t));
+    free(dup);
+  } else {
+    val = json_loads(v, JSON_DECODE_ANY, NULL);
+    if (!val || json_is_object(val) || json_is_null(val)) {
+      json_decref(val);
+      val = json_string(v);
+    }
+  }
+  if (k == key && is_top_field(k)) {
+    json_object_set_new(body, k, val);
+  } else {
+    json_t *hp = json_object_get(body, "hyperparameters");
+    if (!hp) json_object_set_new(body, "hyperparameters", hp = json_object());
+    json_object_set_new(hp, k, val);
+  }
+  return 0;
+}
+
+static void print_job_line(json_t *j) {
+  printf("job %s: %s", json_string_value(json_object_get(j, "id")), json_string_value(json_object_get(j, "state")));
+  json_t *qp = json_object_get(j, "queue_position");
+  if (qp) {
+    char d[32];
+    printf(", queue position %" JSON_INTEGER_FORMAT ", wait about %s", json_integer_value(qp),
+           lt_cli_duration((double)json_integer_value(json_object_get(j, "wait_estimate_s")), d, sizeof d));
+  }
+  if (json_is_true(json_object_get(j, "cancel_requested")) && strcmp(json_string_value(json_object_get(j, "state")), "cancelled"))
+    printf(", cancel requested");
+  printf("\n");
+}
+
+static int submit(lt_cli_opts_t *o, int argc, char **argv) {
+  json_t *body = json_object();
+  const char *idem = NULL;
+  int rc = 0;
+  for (int i = 1; i < argc && !rc; i++) {
+    const char *a = argv[i];
+    if (i + 1 >= argc) {
+      fprintf(stderr, "lathe jobs submit: %s needs a value\n", a);
+      rc = 2;
+      break;
+    }
+    const char *v = argv[++i];
+    if (strcmp(a, "--model") == 0) json_object_set_new(body, "base_model", json_string(v));
+    else if (strcmp(a, "--dataset") == 0) json_object_set_new(body, "dataset_id", json_string(v));
+    else if (strcmp(a, "--validation") == 0) json_object_set_new(body, "validation_dataset_id", json_string(v));
+    else if (strcmp(a, "--priority") == 0) json_object_set_new(body, "priority", json_string(v));
+    else if (strcmp(a, "--idempotency-key") == 0) idem = v;
+    else if (strcmp(a, "--set") == 0) rc = apply_set(body, v);
+    else {
+      fprintf(stderr, "lathe jobs submit: unknown option \"%s\"\n", a);
+      rc = 2;
+    }
+  }
+  if (!rc && (!json_object_get(body, "base_model") || !json_object_get(body, "dataset_id"))) {
+    fprintf(stderr, "lathe jobs submit: --model and --dataset are required\n");
+    rc = 2;
+  }
+  if (!rc) {
+    lt_client_resp_t r;
+    rc = lt_cli_call(o, "jobs submit", "POST", "/v1/jobs", body, idem, &r);
+    if (!rc) {
+      if (!o->json) {
+        if (r.status == 200) printf("(the job this Idempotency-Key already submitted)\n");
+        print_job_line(r.json);
+      }
+      lt_client_resp_free(&r);
+    }
+  }
+  json_decref(body);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- list, show */
+
+static void progress_text(json_t *j, char *out, size_t n) {
+  json_t *p = json_object_get(j, "progress");
+  if (!p) {
+    snprintf(out, n, "-");
+    return;
+  }
+  json_int_t step = json_integer_value(json_object_get(p, "step"));
+  json_int_t total = json_integer_value(json_object_get(p, "total_steps"));
+  snprintf(out, n, "%" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " loss %.4g", step, total,
+           json_number_value(json_object_get(p, "loss")));
+}
+
+static int list(lt_cli_opts_t *o, int argc, char **argv) {
+  char path[1024] = "/v1/jobs";
+  char sep = '?';
+  for (int i = 1; i < argc; i++) {
+    const char *name = strcmp(argv[i], "--state") == 0   ? "state"
+                       : strcmp(argv[i], "--limit") == 0 ? "limit"
+                       : strcmp(argv[i], "--cursor") == 0 ? "cursor"
+                                                          : NULL;
+    if (!name || i + 1 >= argc) {
+      fprintf(stderr, "lathe jobs list: unexpected argument \"%s\"\n", argv[i]);
+      return 2;
+    }
+    char *enc = evhttp_uriencode(argv[++i], -1, 0);
+    size_t len = strlen(path);
+    snprintf(path + len, sizeof path - len, "%c%s=%s", sep, name, enc ? enc : "");
+    free(enc);
+    sep = '&';
+  }
+  lt_client_resp_t r;
+  int rc = lt_cli_call(o, "jobs list", "GET", path, NULL, NULL, &r);
+  if (rc) return rc;
+  if (!o->json) {
+    printf("%-28s %-11s %-12s %-20s %-28s %-19s %s\n", "ID", "STATE", "PRIORITY", "MODEL", "DATASET", "SUBMITTED (UTC)",
+           "PROGRESS");
+    size_t i;
+    json_t *j;
+    json_array_foreach(json_object_get(r.json, "jobs"), i, j) {
+      char when[32], prog[64];
+      lt_cli_time(json_integer_value(json_object_get(j, "submitted_at")), when, sizeof when);
+      progress_text(j, prog, sizeof prog);
+      printf("%-28s %-11s %-12s %-20.20s %-28.28s %-19s %s\n", json_string_value(json_object_get(j, "id")),
+             json_string_value(json_object_get(j, "state")), json_string_value(json_object_get(j, "priority")),
+             json_string_value(json_object_get(j, "base_model")), json_string_value(json_object_get(j, "dataset_id")),
+             when, prog);
+    }
+    const char *next = json_string_value(json_object_get(r.json, "next_cursor"));
+    if (next) printf("(more: lathe jobs list --cursor %s)\n", next);
+  }
+  lt_client_resp_free(&r);
+  return 0;
+}
+
+static void show_job(json_t *j) {
+  char t[32], prog[64];
+  printf("id:          %s\n", json_string_value(json_object_get(j, "id")));
+  printf("state:       %s%s\n", json_string_value(json_object_get(j, "state")),
+         json_is_true(json_object_get(j, "cancel_requested")) ? " (cancel requested)" : "");
+  printf("priority:    %s\n", json_string_value(json_object_get(j, "priority")));
+  printf("base model:  %s\n", json_string_value(json_object_get(j, "base_model")));
+  printf("dataset:     %s\n", json_string_value(json_object_get(j, "dataset_id")));
+  printf("attempt:     %" JSON_INTEGER_FORMAT " (%" JSON_INTEGER_FORMAT " failed)\n",
+         json_integer_value(json_object_get(j, "attempt")), json_integer_value(json_object_get(j, "failed_attempts")));
+  printf("submitted:   %s UTC\n", lt_cli_time(json_integer_value(json_object_get(j, "submitted_at")), t, sizeof t));
+  if (json_object_get(j, "started_at"))
+    printf("started:     %s UTC\n", lt_cli_time(json_integer_value(json_object_get(j, "started_at")), t, sizeof t));
+  if (json_object_get(j, "ended_at"))
+    printf("ended:       %s UTC\n", lt_cli_time(json_integer_value(json_object_get(j, "ended_at")), t, sizeof t));
+  if (json_object_get(j, "queue_position"))
+    printf("queue:       position %" JSON_INTEGER_FORMAT ", wait about %s\n",
+           json_integer_value(json_object_get(j, "queue_position")),
+           lt_cli_duration((double)json_integer_value(json_object_get(j, "wait_estimate_s")), t, sizeof t));
+  if (json_object_get(j, "reason")) printf("reason:      %s\n", json_string_value(json_object_get(j, "reason")));
+  progress_text(j, prog, sizeof prog);
+  printf("progress:    %s\n", prog);
+  size_t i;
+  json_t *a;
+  json_array_foreach(json_object_get(j, "artifacts"), i, a)
+    printf("artifact:    %s (%" JSON_INTEGER_FORMAT " bytes, sha256 %s)\n", json_string_value(json_object_get(a, "name")),
+           json_integer_value(json_object_get(a, "bytes")), json_string_value(json_object_get(a, "sha256")));
+  json_t *spec = json_object_get(j, "spec");
+  if (spec) {
+    char *s = json_dumps(json_object_get(spec, "hyperparameters") ? json_object_get(spec, "hyperparameters") : spec,
+                         JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(6));
+    if (s) printf("hyperparams: %s\n", s);
+    free(s);
+  }
+}
+
+/* ---------------------------------------------------------------- watch */
+
+typedef struct {
+  lt_cli_opts_t *o;
+  bool tty;
+  char last_id[256];
+  char state[32];
+  char outcome_event[48];
+  char reason[256];
+  bool drew; /* a progress line is on the terminal without its newline */
+  int64_t last_step_logged;
+} watch_t;
+
+static bool terminal_state(const char *s) {
+  return strcmp(s, "completed") == 0 || strcmp(s, "failed") == 0 || strcmp(s, "cancelled") == 0 ||
+         strcmp(s, "rejected") == 0;
+}
+
+static void end_line(watch_t *w) {
+  if (w->drew) fputc('\n', stderr);
+  w->drew = false;
+}
+
+static bool on_event(void *ctx, const lt_client_event_t *ev) {
+  watch_t *w = ctx;
+  if (ev->id[0]) snprintf(w->last_id, sizeof w->last_id, "%s", ev->id);
+  if (strcmp(ev->event, "end") == 0) return true;
+  json_t *d = json_loads(ev->data, 0, NULL);
+  const char *st = json_string_value(json_object_get(d, "state"));
+  if (st) snprintf(w->state, sizeof w->state, "%s", st);
+  const char *reason = json_string_value(json_object_get(d, "reason"));
+  if (reason && *reason) snprintf(w->reason, sizeof w->reason, "%s", reason);
+  if (w->o->json) {
+    json_t *line = json_pack("{s:s,s:s,s:O}", "id", ev->id, "event", ev->event, "data", d ? d : json_null());
+    char *s = json_dumps(line, JSON_COMPACT | JSON_REAL_PRECISION(15));
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(line);
+  } else if (strcmp(ev->event, "StepCompleted") == 0) {
+    int64_t step = json_integer_value(json_object_get(d, "step"));
+    int64_t total = json_integer_value(json_object_get(d, "total_steps"));
+    double loss = json_number_value(json_object_get(d, "loss"));
+    double tps = json_number_value(json_object_get(d, "tokens_per_s"));
+    double eta = (double)json_integer_value(json_object_get(d, "eta_ms")) / 1000.0;
+    int pct = total > 0 ? (int)(step * 100 / total) : 0;
+    char e[32];
+    lt_cli_duration(eta, e, sizeof e);
+    if (w->tty) {
+      char bar[26];
+      for (int i = 0; i < 25; i++) bar[i] = i < pct / 4 ? '#' : ' ';
+      bar[25] = '\0';
+      fprintf(stderr, "\r[%s] step %" PRId64 "/%" PRId64 " (%3d%%)  loss %.4f  %.0f tok/s  ETA %s   ", bar, step, total,
+              pct, loss, tps, e);
+      fflush(stderr);
+      w->drew = true;
+    } else if (!w->o->quiet && (total <= 0 || step * 10 / total > w->last_step_logged * 10 / (total > 0 ? total : 1) ||
+                                step == total || w->last_step_logged == 0)) {
+      fprintf(stderr, "step %" PRId64 "/%" PRId64 " (%d%%) loss %.4f %.0f tok/s ETA %s\n", step, total, pct, loss, tps,
+              e);
+    }
+    w->last_step_logged = step;
+  } else if (!w->o->quiet) {
+    end_line(w);
+    const char *attempt = "";
+    char at[32] = "";
+    json_t *a = json_object_get(d, "attempt");
+    if (json_is_integer(a)) snprintf(at, sizeof at, " (attempt %" JSON_INTEGER_FORMAT ")", json_integer_value(a)), attempt = at;
+    if (strcmp(ev->event, "EvalCompleted") == 0)
+      fprintf(stderr, "eval at step %" JSON_INTEGER_FORMAT ": loss %.4f\n", json_integer_value(json_object_get(d, "step")),
+              json_number_value(json_object_get(d, "eval_loss")));
+    else
+      fprintf(stderr, "%s%s -> %s%s%s\n", ev->event, attempt, st ? st : "?", reason && *reason ? ": " : "",
+              reason && *reason ? reason : "");
+  }
+  if (strncmp(ev->event, "Job", 3) == 0 && st && terminal_state(st))
+    snprintf(w->outcome_event, sizeof w->outcome_event, "%s", ev->event);
+  json_decref(d);
+  return false;
+}
+
+static int watch(lt_cli_opts_t *o, const char *id) {
+  char path[512], err[512];
+  if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, "/events")) return 2;
+  watch_t w = {.o = o, .tty = isatty(2) && !o->quiet && !o->json};
+  int failures = 0;
+  for (;;) {
+    int status = 0;
+    lt_err_t e = lt_client_events(o->client, path, w.last_id[0] ? w.last_id : NULL, on_event, &w, &status, err,
+                                  sizeof err);
+    if (e == LT_OK) break;
+    end_line(&w);
+    if (status && status != 200) {
+      fprintf(stderr, "lathe jobs watch: %s\n", err);
+      return 1;
+    }
+    /* The stream dropped (API restarted, network): resume after the last event seen. */
+    if (++failures > 30) {
+      fprintf(stderr, "lathe jobs watch: giving up: %s\n", err);
+      return 1;
+    }
+    if (!o->quiet) fprintf(stderr, "lathe jobs watch: %s; reconnecting%s%s\n", err, w.last_id[0] ? " after event " : "",
+                           w.last_id);
+    sleep(failures < 5 ? 1 : 2);
+  }
+  end_line(&w);
+  /* The stream ended: the job is terminal. Its state from the API decides the exit status. */
+  char jpath[512];
+  lt_client_resp_t r;
+  lt_cli_path_id(jpath, sizeof jpath, "/v1/jobs/", id, NULL);
+  bool saved = o->json;
+  o->json = false;
+  int rc = lt_cli_call(o, "jobs watch", "GET", jpath, NULL, NULL, &r);
+  o->json = saved;
+  if (rc) return 1;
+  const char *st = json_string_value(json_object_get(r.json, "state"));
+  const char *reason = json_string_value(json_object_get(r.json, "reason"));
+  bool ok = st && strcmp(st, "completed") == 0;
+  if (!o->json)
+    printf("job %s %s%s%s\n", id, st ? st : "?", reason && *reason ? ": " : "", reason && *reason ? reason : "");
+  lt_client_resp_free(&r);
+  return ok ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int lt_cli_jobs(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  lt_cli_opts_t o;
+  int rc = lt_cli_open(&o, "jobs", &argc, argv);
+  if (rc) return rc;
+  const char *verb = argv[1];
+  char path[512];
+  lt_client_resp_t r;
+  if (strcmp(verb, "submit") == 0) {
+    rc = submit(&o, argc - 1, argv + 1);
+  } else if (strcmp(verb, "list") == 0) {
+    rc = list(&o, argc - 1, argv + 1);
+  } else if (strcmp(verb, "show") == 0 && argc == 3) {
+    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], NULL)) rc = 2;
+    else if (!(rc = lt_cli_call(&o, "jobs show", "GET", path, NULL, NULL, &r))) {
+      if (!o.json) show_job(r.json);
+      lt_client_resp_free(&r);
+    }
+  } else if (strcmp(verb, "cancel") == 0 && argc == 3) {
+    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], "/cancel")) rc = 2;
+    else if (!(rc = lt_cli_call(&o, "jobs cancel", "POST", path, NULL, NULL, &r))) {
+      if (!o.json) print_job_line(r.json);
+      lt_client_resp_free(&r);
+    }
+  } else if (strcmp(verb, "watch") == 0 && argc == 3) {
+    rc = watch(&o, argv[2]);
+  } else {
+    usage(stderr);
+    rc = 2;
+  }
+  lt_cli_close(&o);
+  return rc;
+}

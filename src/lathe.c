@@ -24,6 +24,10 @@ int lt_cli_record(int argc, char **argv);
 int lt_cli_topic(int argc, char **argv);
 int lt_cli_sim(int argc, char **argv);
 int lt_cli_admin(int argc, char **argv);
+int lt_cli_model(int argc, char **argv);
+int lt_cli_train(int argc, char **argv);
+int lt_cli_jobs(int argc, char **argv);
+int lt_cli_datasets(int argc, char **argv);
 
 static const struct {
   const char *name;
@@ -32,8 +36,12 @@ static const struct {
 } lt_cli_commands[] = {
     {"record", lt_cli_record, "encode, decode and list Avro records (debugging)"},
     {"topic", lt_cli_topic, "tail a topic as JSON lines; produce JSON lines as records"},
+    {"model", lt_cli_model, "make the bundled base model (lathe-tiny)"},
+    {"train", lt_cli_train, "run a managed fine-tune locally (no broker, no store)"},
     {"admin", lt_cli_admin, "operators: tenants and API keys, replay"},
     {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe vs FIFO)"},
+    {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel and watch jobs (over the API)"},
+    {"datasets", lt_cli_datasets, "customers: upload, list, show and delete datasets (over the API)"},
 };
 
 static void usage(FILE *f) {

@@ -3,6 +3,7 @@
  *   lathed --role api [--bind ADDR] [--port N]
  *   lathed --role scheduler|worker|publisher
  *   lathed --role all [--port N]
+ *   lathed --role executor        (spawned by a worker; not for people)
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
  *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
@@ -10,6 +11,8 @@
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
+ *   LATHE_MODELS_DIR                                 worker: base models (<source>/var/models)
+ *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -24,6 +27,9 @@
 #include <event2/thread.h>
 
 #include "lt_api.h"
+#include "lt_publisher.h"
+#include "lt_scheduler.h"
+#include "lt_worker.h"
 #include "lt_bus.h"
 #include "lt_config.h"
 #include "lt_crypto.h"
@@ -36,12 +42,16 @@ typedef struct lathed {
   lt_crypto_kek_t *kek;
   lt_avro_registry_t *reg;
   lt_api_t *api;
+  lt_scheduler_t *scheduler;
+  lt_publisher_t *publisher;
+  lt_worker_t *worker;
   char instance[128];
 } lathed_t;
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
@@ -97,10 +107,15 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (role && strcmp(role, "executor") == 0) return lt_executor_main();
   bool all = role && strcmp(role, "all") == 0;
   bool want_api = all || (role && strcmp(role, "api") == 0);
-  if (!role || !(want_api || all)) {
-    fprintf(stderr, "lathed: --role %s is not available in this build yet (api, all)\n", role ? role : "(missing)");
+  bool want_sched = all || (role && strcmp(role, "scheduler") == 0);
+  bool want_pub = all || (role && strcmp(role, "publisher") == 0);
+  bool want_worker = all || (role && strcmp(role, "worker") == 0);
+  if (!want_api && !want_sched && !want_pub && !want_worker) {
+    fprintf(stderr, "lathed: --role must be api, scheduler, worker, publisher or all (not \"%s\")\n",
+            role ? role : "(missing)");
     usage(stderr);
     return 2;
   }
@@ -129,6 +144,41 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "lathed: api listening on http://%s:%u\n", bind, lt_api_port(d.api));
   }
+  char producer[160];
+  if (want_sched) {
+    snprintf(producer, sizeof producer, "scheduler/%s", d.instance);
+    lt_scheduler_conf_t sc = {.bus = d.bus, .registry = d.reg, .producer_id = producer};
+    if (lt_scheduler_new(d.base, &sc, &d.scheduler, err, sizeof err)) {
+      fprintf(stderr, "lathed: scheduler: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: scheduler started\n");
+  }
+  if (want_pub) {
+    snprintf(producer, sizeof producer, "publisher/%s", d.instance);
+    lt_publisher_conf_t pc = {.bus = d.bus, .store = d.store, .kek = d.kek, .registry = d.reg,
+                              .producer_id = producer};
+    if (lt_publisher_new(d.base, &pc, &d.publisher, err, sizeof err)) {
+      fprintf(stderr, "lathed: publisher: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: publisher started\n");
+  }
+  if (want_worker) {
+    char models[2048];
+    const char *md = getenv("LATHE_MODELS_DIR");
+    if (md && *md) snprintf(models, sizeof models, "%s", md);
+    else snprintf(models, sizeof models, "%s/var/models", LT_SOURCE_ROOT);
+    const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
+    lt_worker_conf_t wc = {.bus = d.bus, .store = d.store, .kek = d.kek, .registry = d.reg,
+                           .worker_id = d.instance, .models_dir = models,
+                           .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
+    if (lt_worker_new(d.base, &wc, &d.worker, err, sizeof err)) {
+      fprintf(stderr, "lathed: worker: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: worker %s started (models in %s)\n", d.instance, models);
+  }
   struct event *sigint = evsignal_new(d.base, SIGINT, on_signal, &d);
   struct event *sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
   event_add(sigint, NULL);
@@ -138,6 +188,9 @@ int main(int argc, char **argv) {
   event_free(sigterm);
   rc = 0;
 out:
+  lt_worker_destroy(d.worker);
+  lt_publisher_destroy(d.publisher);
+  lt_scheduler_destroy(d.scheduler);
   lt_api_destroy(d.api);
   lt_store_free(d.store);
   lt_crypto_kek_free(d.kek);

@@ -155,6 +155,13 @@ lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, con
 
 /* ---------------------------------------------------------------- the projection feed */
 
+static void on_folded(void *ctx, const lt_proj_result_t *res) {
+  lt_api_t *api = ctx;
+  if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
+                                    strcmp(res->type, "ArtifactPublished") == 0)))
+    lt_api_jobs_on_record(api, res);
+}
+
 static void feed(lt_api_t *api) {
   /* Bounded per call so HTTP requests interleave with a long replay. */
   for (int i = 0; i < 2000; i++) {
@@ -172,16 +179,8 @@ static void feed(lt_api_t *api) {
     size_t len;
     const void *v = lt_bus_msg_value(m, &len);
     if (!v) continue; /* tombstone */
-    lt_proj_result_t res;
-    e = lt_proj_apply(api->proj, v, len, &res, err, sizeof err);
-    if (e) {
-      /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
-      api->stats.undecodable++;
-      continue;
-    }
-    if (res.job_id || (res.type && (strcmp(res.type, "StepCompleted") == 0 || strcmp(res.type, "EvalCompleted") == 0 ||
-                                    strcmp(res.type, "ArtifactPublished") == 0)))
-      lt_api_jobs_on_record(api, &res);
+    /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
+    if (lt_proj_fold(api->proj, v, len, on_folded, api, err, sizeof err)) api->stats.undecodable++;
   }
   event_active(api->consumer_ev, EV_READ, 0); /* more to read: come back after HTTP work */
 }
@@ -225,10 +224,13 @@ static lt_err_t start_feed(lt_api_t *api, char *errstr, size_t n) {
 /* ---------------------------------------------------------------- health and metrics */
 
 static void reply_health(lt_api_t *api, struct evhttp_request *req) {
+  /* digest: the projection's job-state digest, so a restart or replay can be compared. */
+  char digest[65] = "";
+  lt_api_digest(api, digest);
   lt_api_reply_json(req, api->ready ? 200 : 503,
-                    json_pack("{s:s,s:b,s:I,s:I}", "status", api->ready ? "ok" : "starting", "ready", api->ready,
+                    json_pack("{s:s,s:b,s:I,s:I,s:s}", "status", api->ready ? "ok" : "starting", "ready", api->ready,
                               "jobs", (json_int_t)lt_job_count(lt_proj_jobs(api->proj)), "records_folded",
-                              (json_int_t)lt_proj_applied(api->proj)));
+                              (json_int_t)lt_proj_applied(api->proj), "digest", digest));
 }
 
 typedef struct {

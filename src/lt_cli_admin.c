@@ -22,7 +22,7 @@
 #include "lt_proj.h"
 #include "lt_tenant.h"
 
-int lt_cli_admin_replay(int argc, char **argv) __attribute__((weak));
+int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
@@ -302,9 +302,7 @@ int lt_cli_admin(int argc, char **argv) {
   if (strcmp(argv[1], "tenant") == 0) return tenant_cmd(argc - 1, argv + 1);
   if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
   if (strcmp(argv[1], "replay") == 0) {
-    if (lt_cli_admin_replay) return lt_cli_admin_replay(argc - 1, argv + 1);
-    fprintf(stderr, "lathe admin replay: not built in this version\n");
-    return 1;
+    return lt_cli_admin_replay(argc - 1, argv + 1);
   }
   usage(stderr);
   return 2;

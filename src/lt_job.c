@@ -201,7 +201,7 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     j->ckpt_step = ev->step;
     j->ckpt_bytes = ev->bytes;
     j->ckpt_final = ev->final_checkpoint;
-    set_str(j->ckpt_prefix, sizeof j->ckpt_prefix, ev->object_prefix);
+    set_str(j->ckpt_key, sizeof j->ckpt_key, ev->object_key);
     set_str(j->ckpt_sha256, sizeof j->ckpt_sha256, ev->sha256_hex);
     return true;
   case LT_EV_ATTEMPT_STOPPED:
@@ -349,7 +349,7 @@ lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]) {
                      j->failed_attempts, j->cancel_requested, j->cleanup_done, 0, j->worker_id,
                      j->submitted_at_ms, j->queued_at_ms, j->started_at_ms, j->lease_ms,
                      j->ended_at_ms, j->ckpt_attempt, j->ckpt_step, j->ckpt_bytes, j->ckpt_final,
-                     j->ckpt_prefix, j->ckpt_sha256, j->reason, j->records);
+                     j->ckpt_key, j->ckpt_sha256, j->reason, j->records);
     EVP_DigestUpdate(md, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
   }
   unsigned char d[32];

@@ -96,7 +96,7 @@ typedef struct lt_job_event {
   int64_t lease_ms;
   /* CheckpointCommitted */
   int64_t step;
-  const char *object_prefix; /* where the checkpoint's objects are */
+  const char *object_key;    /* the checkpoint's first object (its state file) */
   const char *sha256_hex;
   int64_t bytes;
   bool final_checkpoint;
@@ -132,7 +132,7 @@ typedef struct lt_job {
   int64_t ckpt_step;
   int64_t ckpt_bytes;
   bool ckpt_final;
-  char ckpt_prefix[LT_JOB_KEY_MAX];
+  char ckpt_key[LT_JOB_KEY_MAX];
   char ckpt_sha256[65];
   char reason[LT_JOB_REASON_MAX]; /* rejection or failure reason, or why it was cancelled */
   uint64_t records;           /* records applied that changed this job */

@@ -1,10 +1,20 @@
 /* lt_proj: decode-and-fold of the control topics into one projection (see lt_proj.h). */
 #include "lt_proj.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lt_job_record.h"
+
+typedef struct orphan {
+  struct orphan *next;
+  char job_id[LT_JOB_ID_MAX];
+  size_t len;
+  unsigned char bytes[];
+} orphan_t;
+
+#define ORPHANS_MAX 100000
 
 struct lt_proj {
   const lt_avro_registry_t *reg;
@@ -14,6 +24,9 @@ struct lt_proj {
   json_t *info;    /* job_id -> side document */
   json_t *workers; /* worker_id -> heartbeat */
   uint64_t applied;
+  orphan_t *head, *tail; /* job records waiting for their JobSubmitted, in arrival order */
+  size_t norphans;
+  uint64_t dropped;
 };
 
 lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errstr, size_t n) {
@@ -38,6 +51,10 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
 
 void lt_proj_destroy(lt_proj_t *p) {
   if (!p) return;
+  for (orphan_t *o = p->head, *nx; o; o = nx) {
+    nx = o->next;
+    free(o);
+  }
   lt_avro_decoder_destroy(p->dec);
   lt_job_table_destroy(p->jobs);
   lt_tenant_table_destroy(p->tenants);
@@ -99,6 +116,9 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, lt_proj_re
     json_t *doc = json_object_get(p->info, ev.job_id);
     json_t *keys = NULL;
     json_t *all = record_json(rec);
+    const char *eid = NULL;
+    if (all && lt_avro_get_string(rec, "event_id", &eid, NULL) == LT_OK)
+      json_object_set_new(all, "event_id", json_string(eid)); /* JobCompleted names the commit by it */
     if (all) keys = json_incref(json_object_get(all, "object_keys"));
     if (doc && keys) json_object_set_new(doc, "checkpoint_keys", keys);
     else json_decref(keys);
@@ -162,5 +182,72 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
     if (lt_avro_record_to_jansson(rec, &j, NULL, 0) == LT_OK) json_object_set_new(p->workers, wid, j);
     return LT_OK;
   }
+  return LT_OK;
+}
+
+size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped) {
+  if (dropped) *dropped = p->dropped;
+  return p->norphans;
+}
+
+static void keep_aside(lt_proj_t *p, const char *job_id, const void *buf, size_t len) {
+  if (p->norphans >= ORPHANS_MAX) { /* drop the oldest: bounded memory */
+    orphan_t *o = p->head;
+    p->head = o->next;
+    if (!p->head) p->tail = NULL;
+    free(o);
+    p->norphans--;
+    p->dropped++;
+  }
+  orphan_t *o = malloc(sizeof *o + len);
+  if (!o || strlen(job_id) >= LT_JOB_ID_MAX) {
+    free(o);
+    p->dropped++;
+    return;
+  }
+  o->next = NULL;
+  snprintf(o->job_id, sizeof o->job_id, "%s", job_id);
+  o->len = len;
+  memcpy(o->bytes, buf, len);
+  if (p->tail) p->tail->next = o;
+  else p->head = o;
+  p->tail = o;
+  p->norphans++;
+}
+
+/* Applies, in arrival order, every record kept aside for job_id. */
+static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx) {
+  char id[LT_JOB_ID_MAX];
+  snprintf(id, sizeof id, "%s", job_id); /* job_id points into a record the applies reuse */
+  orphan_t **pp = &p->head, *prev = NULL;
+  while (*pp) {
+    orphan_t *o = *pp;
+    if (strcmp(o->job_id, id) != 0) {
+      prev = o;
+      pp = &o->next;
+      continue;
+    }
+    *pp = o->next;
+    if (p->tail == o) p->tail = prev;
+    p->norphans--;
+    lt_proj_result_t res;
+    if (lt_proj_apply(p, o->bytes, o->len, &res, NULL, 0) == LT_OK && cb) cb(ctx, &res);
+    free(o);
+  }
+}
+
+lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
+  lt_proj_result_t res;
+  lt_err_t err = lt_proj_apply(p, buf, len, &res, errstr, n);
+  if (err) return err;
+  if (res.job_outcome == LT_JOB_UNKNOWN_JOB && res.record) {
+    const char *job_id = NULL;
+    if (lt_avro_get_string(res.record, "job_id", &job_id, NULL) == LT_OK && job_id && *job_id)
+      keep_aside(p, job_id, buf, len);
+    return LT_OK;
+  }
+  if (cb) cb(ctx, &res);
+  if (p->norphans && res.type && res.job_id && res.job_outcome == LT_JOB_APPLIED && strcmp(res.type, "JobSubmitted") == 0)
+    release(p, res.job_id, cb, ctx);
   return LT_OK;
 }

@@ -44,6 +44,20 @@ void lt_proj_destroy(lt_proj_t *p);
 lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr,
                        size_t errstr_size);
 
+/* Called for every record lt_proj_fold applied (and for records it skipped: res says). */
+typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
+
+/* lt_proj_apply in log order across topics: a job record for a job whose JobSubmitted has not
+ * been folded yet (control and jobs are different topics, read at different speeds) is kept
+ * aside and applied, in arrival order, right after that JobSubmitted. cb (may be NULL) sees each
+ * applied record, the released ones included. At most 100,000 records wait; beyond that the
+ * oldest are dropped and counted (lt_proj_orphans). Errors as lt_proj_apply. */
+lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr,
+                      size_t errstr_size);
+
+/* Records waiting for their JobSubmitted, and how many were dropped over the bound. */
+size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped);
+
 lt_job_table_t *lt_proj_jobs(lt_proj_t *p);
 lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
 

@@ -68,6 +68,7 @@ typedef struct out_rec {
   bool has_key;
   void *bytes;
   size_t len;
+  int32_t partition; /* LT_BUS_PARTITION_ANY, or the one a dispatch must reach */
 } out_rec_t;
 
 struct lt_scheduler {
@@ -205,6 +206,7 @@ static lt_err_t emit(lt_scheduler_t *s, int topic, const char *key, const void *
   out_rec_t *o = &s->out[s->nout];
   memset(o, 0, sizeof *o);
   o->topic = topic;
+  o->partition = LT_BUS_PARTITION_ANY;
   if (key) {
     snprintf(o->key, sizeof o->key, "%s", key);
     o->has_key = true;
@@ -236,7 +238,7 @@ static void flush_batch(lt_scheduler_t *s) {
   for (size_t i = 0; !e && i < s->nout; i++) {
     out_rec_t *o = &s->out[i];
     lt_bus_record_t r = {.topic = s->out_topics[o->topic],
-                         .partition = LT_BUS_PARTITION_ANY,
+                         .partition = o->partition,
                          .key = o->has_key ? o->key : NULL,
                          .key_size = o->has_key ? strlen(o->key) : 0,
                          .value = o->bytes,
@@ -345,6 +347,20 @@ static void write_preempt(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int6
   sd->w_preempt_attempt = j->attempt;
 }
 
+/* The dispatch must land on a partition the chosen worker owns in the workers' group: its latest
+ * heartbeat lists them. Without one (no heartbeat yet) the key hash decides. */
+static int32_t dispatch_partition(lt_scheduler_t *s, const char *worker, const char *topic) {
+  json_t *hb = json_object_get(lt_proj_workers(lt_scheduler_fold_proj(s->fold)), worker);
+  json_t *owned = hb ? json_object_get(hb, "owned_partitions") : NULL;
+  size_t i;
+  json_t *p;
+  json_array_foreach(owned, i, p) {
+    const char *t = json_string_value(json_object_get(p, "topic"));
+    if (t && strcmp(t, topic) == 0) return (int32_t)json_integer_value(json_object_get(p, "partition"));
+  }
+  return LT_BUS_PARTITION_ANY;
+}
+
 static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const char *worker, int64_t now_ms) {
   int32_t attempt = (j->attempt > sd->w_dispatch_attempt ? j->attempt : sd->w_dispatch_attempt) + 1;
   lt_avro_record_t *rec = begin_rec(s, R_DISP, sd, j);
@@ -364,6 +380,7 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
   }
   if (emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) != LT_OK) return false;
   if (emit(s, O_DISPATCH0 + (int)sd->spec.priority, sd->job_id, NULL, 0, rec) != LT_OK) return false;
+  s->out[s->nout - 1].partition = dispatch_partition(s, worker, s->out_topics[O_DISPATCH0 + (int)sd->spec.priority]);
   sd->w_dispatch_attempt = attempt;
   s->st.dispatched++;
   return true;

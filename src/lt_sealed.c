@@ -13,7 +13,15 @@ struct lt_sealed_writer {
   uint8_t *buf;
   size_t cap;
   uint64_t plain;
+  lt_crypto_sha256_t *hash; /* optional running hash of the stored bytes */
 };
+
+void lt_sealed_writer_hash(lt_sealed_writer_t *w, lt_crypto_sha256_t *h) { w->hash = h; }
+
+static lt_err_t store_write(lt_sealed_writer_t *s, const void *p, size_t len, char *errstr, size_t n) {
+  if (s->hash) lt_crypto_sha256_update(s->hash, p, len);
+  return lt_store_writer_write(s->w, p, len, errstr, n);
+}
 
 lt_err_t lt_sealed_writer_new(lt_store_t *store, const lt_crypto_dek_t *dek, const char *key,
                               lt_sealed_writer_t **out, char *errstr, size_t n) {
@@ -47,7 +55,7 @@ lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *s, const void *data, size_t 
     size_t out_len = 0;
     if (ensure(s, lt_crypto_stream_out_max(s->enc, piece))) return LT_ERR_NOMEM;
     lt_err_t err = lt_crypto_stream_update(s->enc, p, piece, s->buf, s->cap, &out_len, errstr, n);
-    if (!err && out_len) err = lt_store_writer_write(s->w, s->buf, out_len, errstr, n);
+    if (!err && out_len) err = store_write(s, s->buf, out_len, errstr, n);
     if (err) return err;
     s->plain += piece;
     p += piece;
@@ -68,7 +76,7 @@ lt_err_t lt_sealed_writer_commit(lt_sealed_writer_t *s, uint8_t sha256[32], uint
   size_t out_len = 0;
   lt_err_t err = ensure(s, lt_crypto_stream_out_max(s->enc, 0));
   if (!err) err = lt_crypto_stream_final(s->enc, s->buf, s->cap, &out_len, errstr, n);
-  if (!err && out_len) err = lt_store_writer_write(s->w, s->buf, out_len, errstr, n);
+  if (!err && out_len) err = store_write(s, s->buf, out_len, errstr, n);
   if (err) {
     lt_store_writer_abort(s->w);
     writer_free(s);

@@ -24,6 +24,9 @@ typedef struct lt_sealed_writer lt_sealed_writer_t;
 /* Starts an encrypted object at key. dek must outlive the writer. */
 lt_err_t lt_sealed_writer_new(lt_store_t *store, const lt_crypto_dek_t *dek, const char *key,
                               lt_sealed_writer_t **out, char *errstr, size_t errstr_size);
+/* Also feeds every stored (encrypted) byte into h (borrowed, may be shared by several writers in
+ * turn): a checkpoint's SHA-256 covers its objects' stored bytes in order. */
+void lt_sealed_writer_hash(lt_sealed_writer_t *w, lt_crypto_sha256_t *h);
 lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *w, const void *data, size_t len, char *errstr,
                                 size_t errstr_size);
 /* Finishes and makes the object visible; sha256 (may be NULL) of the stored (encrypted) bytes,

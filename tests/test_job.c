@@ -61,7 +61,7 @@ Test(job, lifecycle_reaches_completed_through_every_state) {
   lt_job_event_t c = ev(LT_EV_CHECKPOINT_COMMITTED, "j", 1);
   c.step = 10;
   c.final_checkpoint = true;
-  c.object_prefix = "staging/t1/j/1/10/";
+  c.object_key = "staging/t1/j/1/10/";
   c.sha256_hex = "ab";
   apply(c);
   apply(ev(LT_EV_JOB_COMPLETED, "j", 1));
@@ -69,7 +69,7 @@ Test(job, lifecycle_reaches_completed_through_every_state) {
   cr_assert_eq(j->state, LT_JOB_COMPLETED);
   cr_assert_eq(j->ckpt_step, 10);
   cr_assert(j->ckpt_final);
-  cr_assert_str_eq(j->ckpt_prefix, "staging/t1/j/1/10/");
+  cr_assert_str_eq(j->ckpt_key, "staging/t1/j/1/10/");
 }
 
 Test(job, stale_attempt_records_are_ignored_after_a_new_dispatch) {

@@ -1,0 +1,255 @@
+/* lathe model / lathe train: the bundled base model and local fine-tunes.
+ *
+ *   lathe model make [--out DIR] [--steps N] [--threads N] [--force]
+ *       Makes the bundled base model "lathe-tiny" (a few million parameters): the seeded corpus,
+ *       tokenizer and date-iso task (lt_task), a random Llama-family model pretrained on every
+ *       weight over the corpus. Cached: a second call returns at once.
+ *   lathe model path
+ *       Prints where the bundled model lives ($LATHE_MODELS_DIR/lathe-tiny).
+ *   lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]
+ *       A managed fine-tune run locally (no broker, no store): the same loop an executor runs.
+ *       Prints progress and the eval against the base model; --out keeps the last checkpoint.
+ *
+ * Models live in $LATHE_MODELS_DIR (default <source>/var/models). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "lt_config.h"
+#include "lt_jobspec.h"
+#include "lt_task.h"
+#include "lt_train.h"
+
+#define LT_MODEL_NAME "lathe-tiny"
+
+static void models_dir(char *out, size_t n) {
+  const char *d = getenv("LATHE_MODELS_DIR");
+  if (d && *d) snprintf(out, n, "%s", d);
+  else snprintf(out, n, "%s/var/models", LT_SOURCE_ROOT);
+}
+
+static int mkdirs(const char *path) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+      *p = '/';
+    }
+  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void on_pretrain_step(void *ctx, int64_t step, int64_t total, double loss, double tps) {
+  (void)ctx;
+  if (step == 1 || step % 25 == 0 || step == total)
+    fprintf(stderr, "lathe model make: step %lld/%lld loss %.3f (%.0f tokens/s)\n", (long long)step, (long long)total,
+            loss, tps);
+}
+
+static int model_make(int argc, char **argv) {
+  char dir[2048], out[2200], bundle[2200];
+  models_dir(dir, sizeof dir);
+  snprintf(out, sizeof out, "%s/%s", dir, LT_MODEL_NAME);
+  long steps = 600, threads = sysconf(_SC_NPROCESSORS_ONLN);
+  bool force = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) snprintf(out, sizeof out, "%s", argv[++i]);
+    else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = strtol(argv[++i], NULL, 10);
+    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
+    else if (strcmp(argv[i], "--force") == 0) force = true;
+    else {
+      fprintf(stderr, "usage: lathe model make [--out DIR] [--steps N] [--threads N] [--force]\n");
+      return 2;
+    }
+  }
+  if (steps < 1 || steps > 1000000 || threads < 1 || threads > 256) {
+    fprintf(stderr, "lathe model make: --steps must be 1..1000000 and --threads 1..256\n");
+    return 2;
+  }
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/model.safetensors", out);
+  if (!force && access(probe, R_OK) == 0) {
+    printf("%s\n", out);
+    return 0;
+  }
+  snprintf(bundle, sizeof bundle, "%s/%s.bundle", dir, LT_MODEL_NAME);
+  if (mkdirs(bundle) || mkdirs(out)) {
+    fprintf(stderr, "lathe model make: cannot create %s: %s\n", out, strerror(errno));
+    return 1;
+  }
+  char err[512];
+  fprintf(stderr, "lathe model make: writing the corpus, tokenizer and task to %s\n", bundle);
+  if (lt_task_write_bundle(bundle, LT_TASK_BUNDLE_SEED, LT_TASK_BUNDLE_CORPUS_BYTES, LT_TASK_BUNDLE_VOCAB,
+                           LT_TASK_BUNDLE_TRAIN, LT_TASK_BUNDLE_EVAL, err, sizeof err)) {
+    fprintf(stderr, "lathe model make: %s\n", err);
+    return 1;
+  }
+  lt_pretrain_conf_t pc = {.out_dir = out, .bundle_dir = bundle, .steps = steps, .batch = 16, .seq_len = 128,
+                           .learning_rate = 3e-3, .seed = LT_TASK_BUNDLE_SEED, .threads = (int)threads,
+                           .on_step = on_pretrain_step};
+  lt_train_default_model(&pc.model);
+  if (lt_train_pretrain(&pc, err, sizeof err)) {
+    fprintf(stderr, "lathe model make: %s\n", err);
+    return 1;
+  }
+  /* The task files travel with the model: the quickstart and the tests fine-tune on them. */
+  const char *names[] = {"task_train.jsonl", "task_eval.jsonl"};
+  for (int i = 0; i < 2; i++) {
+    char src[8400], dst[8400];
+    snprintf(src, sizeof src, "%s/%s", bundle, names[i]);
+    snprintf(dst, sizeof dst, "%s/%s", out, names[i]);
+    if (link(src, dst) != 0 && errno != EEXIST) {
+      fprintf(stderr, "lathe model make: cannot place %s: %s\n", dst, strerror(errno));
+      return 1;
+    }
+  }
+  printf("%s\n", out);
+  return 0;
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(f);
+  if (buf) {
+    buf[n] = '\0';
+    *len = (size_t)n;
+  }
+  return buf;
+}
+
+typedef struct {
+  const char *out;
+} train_ctx_t;
+
+static void on_step(void *ctx, const lt_train_step_t *st) {
+  (void)ctx;
+  if (st->step == 1 || st->step % 10 == 0 || st->step == st->total_steps)
+    fprintf(stderr, "step %lld/%lld loss %.4f lr %.2e %.0f tokens/s eta %llds\n", (long long)st->step,
+            (long long)st->total_steps, st->loss, st->learning_rate, st->tokens_per_s, (long long)(st->eta_ms / 1000));
+}
+
+static void on_eval(void *ctx, const lt_train_eval_t *e) {
+  (void)ctx;
+  fprintf(stderr, "eval @%lld: val_loss %.4f (base %.4f) token_acc %.3f (base %.3f)", (long long)e->step, e->val_loss,
+          e->base_val_loss, e->token_accuracy, e->base_token_accuracy);
+  if (e->exact_match >= 0)
+    fprintf(stderr, " exact_match %.3f [%.3f, %.3f] (base %.3f)", e->exact_match, e->em_ci_low, e->em_ci_high,
+            e->base_exact_match);
+  fprintf(stderr, "\n");
+}
+
+static int train_cmd(int argc, char **argv) {
+  const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL;
+  json_t *hp = json_object();
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model = argv[++i];
+    else if (strcmp(argv[i], "--train") == 0 && i + 1 < argc) train = argv[++i];
+    else if (strcmp(argv[i], "--valid") == 0 && i + 1 < argc) valid = argv[++i];
+    else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
+    else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+      char *kv = argv[++i], *eq = strchr(kv, '=');
+      if (!eq) {
+        fprintf(stderr, "lathe train: --set wants KEY=VALUE, not \"%s\"\n", kv);
+        json_decref(hp);
+        return 2;
+      }
+      *eq = '\0';
+      json_error_t je;
+      json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, &je);
+      json_object_set_new(hp, kv, v ? v : json_string(eq + 1));
+    } else {
+      fprintf(stderr, "usage: lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]\n");
+      json_decref(hp);
+      return 2;
+    }
+  }
+  if (!model || !train) {
+    fprintf(stderr, "lathe train: --model and --train are required\n");
+    json_decref(hp);
+    return 2;
+  }
+  json_t *body = json_pack("{s:s,s:s,s:o}", "base_model", "local", "dataset_id", "local", "hyperparameters", hp);
+  lt_jobspec_t spec;
+  char field[96], err[512];
+  if (lt_jobspec_from_json(body, &spec, field, sizeof field, err, sizeof err)) {
+    fprintf(stderr, "lathe train: %s\n", err);
+    json_decref(body);
+    return 2;
+  }
+  json_decref(body);
+  lt_train_conf_t c = {.model_dir = model, .base_model_name = model, .hp = spec.hp,
+                       .threads = (int)sysconf(_SC_NPROCESSORS_ONLN)};
+  size_t tl = 0, vl = 0;
+  char *tt = slurp(train, &tl), *vt = valid ? slurp(valid, &vl) : NULL;
+  if (!tt || (valid && !vt)) {
+    fprintf(stderr, "lathe train: cannot read %s: %s\n", !tt ? train : valid, strerror(errno));
+    free(tt);
+    free(vt);
+    return 1;
+  }
+  c.train = tt;
+  c.train_len = tl;
+  c.valid = vt;
+  c.valid_len = vl;
+  char work[] = "/tmp/lathe-train-XXXXXX";
+  if (out) {
+    mkdirs(out);
+    c.work_dir = out;
+  } else {
+    if (!mkdtemp(work)) {
+      fprintf(stderr, "lathe train: mkdtemp: %s\n", strerror(errno));
+      return 1;
+    }
+    c.work_dir = work;
+  }
+  lt_train_hooks_t hooks = {.on_step = on_step, .on_eval = on_eval};
+  lt_train_result_t res;
+  lt_err_t e = lt_train_run(&c, &hooks, &res, err, sizeof err);
+  free(tt);
+  free(vt);
+  if (e) {
+    fprintf(stderr, "lathe train: %s\n", err);
+    return 1;
+  }
+  printf("{\"steps\":%lld,\"config_digest\":\"%s\",\"val_loss\":%.6f,\"base_val_loss\":%.6f,\"exact_match\":%.4f,"
+         "\"base_exact_match\":%.4f,\"exact_match_ci95\":[%.4f,%.4f]}\n",
+         (long long)res.steps, res.config_digest, res.final_eval.val_loss, res.final_eval.base_val_loss,
+         res.final_eval.exact_match, res.final_eval.base_exact_match, res.final_eval.em_ci_low,
+         res.final_eval.em_ci_high);
+  if (!out) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+    if (system(cmd) != 0) fprintf(stderr, "lathe train: could not remove %s\n", work);
+  }
+  return 0;
+}
+
+int lt_cli_model(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "make") == 0) return model_make(argc - 1, argv + 1);
+  if (argc >= 2 && strcmp(argv[1], "path") == 0) {
+    char dir[4096];
+    models_dir(dir, sizeof dir);
+    printf("%s/%s\n", dir, LT_MODEL_NAME);
+    return 0;
+  }
+  fprintf(stderr, "usage: lathe model make [--out DIR] [--steps N] [--threads N] [--force]\n"
+                  "       lathe model path\n");
+  return 2;
+}
+
+int lt_cli_train(int argc, char **argv) { return train_cmd(argc, argv); }

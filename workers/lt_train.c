@@ -1,0 +1,744 @@
+/* lt_train: the managed training loop and the base model's pretraining (see lt_train.h). */
+#include "lt_train.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "lt_task.h"
+#include "lt_tok.h"
+
+/* ---------------------------------------------------------------- small helpers */
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* splitmix64: the data order and the bootstrap depend only on the seed. */
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static void shuffle(uint32_t *v, size_t n, uint64_t seed) {
+  uint64_t s = seed;
+  for (size_t i = n; i > 1; i--) {
+    size_t j = (size_t)(mix(&s) % i);
+    uint32_t t = v[i - 1];
+    v[i - 1] = v[j];
+    v[j] = t;
+  }
+}
+
+static lt_err_t write_file(const char *dir, const char *name, const char *text, char *errstr, size_t n) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!f) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
+  size_t len = strlen(text);
+  bool ok = fwrite(text, 1, len, f) == len;
+  ok = (fclose(f) == 0) && ok;
+  return ok ? LT_OK : lt_errf(errstr, n, LT_ERR_IO, "%s: write failed", path);
+}
+
+static lt_err_t write_json(const char *dir, const char *name, json_t *j, char *errstr, size_t n) {
+  char *text = json_dumps(j, JSON_INDENT(1) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10));
+  if (!text) return LT_ERR_NOMEM;
+  lt_err_t err = write_file(dir, name, text, errstr, n);
+  free(text);
+  return err;
+}
+
+/* ---------------------------------------------------------------- examples */
+
+typedef struct {
+  int32_t *ids;     /* tokens of the whole example */
+  float *w;         /* loss weight of each token (1 where the model must predict it) */
+  int len;
+  int prompt_len;   /* tokens before the completion (prompt/completion data), else 0 */
+  char *completion; /* expected completion text (prompt/completion data), else NULL */
+} example_t;
+
+typedef struct {
+  example_t *v;
+  size_t n, cap;
+  bool prompt_completion; /* every example is {"prompt","completion"} */
+} examples_t;
+
+static void examples_free(examples_t *e) {
+  for (size_t i = 0; i < e->n; i++) {
+    OPENSSL_cleanse(e->v[i].ids, (size_t)e->v[i].len * sizeof(int32_t));
+    free(e->v[i].ids);
+    free(e->v[i].w);
+    if (e->v[i].completion) OPENSSL_cleanse(e->v[i].completion, strlen(e->v[i].completion));
+    free(e->v[i].completion);
+  }
+  free(e->v);
+  memset(e, 0, sizeof *e);
+}
+
+/* Tokenises every non-blank line; errors name the line. */
+static lt_err_t tokenize(const lt_tok_t *tok, const char *text, size_t len, int max_seq, examples_t *out, char *errstr,
+                         size_t n) {
+  memset(out, 0, sizeof *out);
+  out->prompt_completion = true;
+  lt_tok_seq_t seq;
+  lt_tok_seq_init(&seq);
+  size_t line_no = 0;
+  const char *p = text, *end = text + len;
+  lt_err_t err = LT_OK;
+  while (p < end && !err) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t l = (size_t)((nl ? nl : end) - p);
+    line_no++;
+    const char *line = p;
+    p = nl ? nl + 1 : end;
+    size_t k = 0;
+    while (k < l && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
+    if (k == l) continue;
+    json_error_t je;
+    json_t *obj = json_loadb(line, l, 0, &je);
+    if (!obj) {
+      err = lt_errf(errstr, n, LT_ERR_INVALID, "dataset line %zu: invalid JSON: %s", line_no, je.text);
+      break;
+    }
+    lt_tok_seq_reset(&seq);
+    char msg[256];
+    example_t ex = {0};
+    const json_t *pr = json_object_get(obj, "prompt"), *co = json_object_get(obj, "completion");
+    if (json_is_string(pr) && json_is_string(co)) {
+      err = lt_tok_encode(tok, json_string_value(pr), json_string_length(pr), 0, 0.0f, &seq, msg, sizeof msg);
+      ex.prompt_len = (int)seq.len;
+      if (!err) {
+        lt_tok_seq_reset(&seq);
+        err = lt_tok_encode_prompt_completion(tok, json_string_value(pr), json_string_length(pr), json_string_value(co),
+                                              json_string_length(co), &seq, msg, sizeof msg);
+      }
+      ex.completion = strdup(json_string_value(co));
+    } else {
+      out->prompt_completion = false;
+      err = lt_tok_encode_json_line(tok, line, l, &seq, msg, sizeof msg);
+    }
+    json_decref(obj);
+    if (err) {
+      free(ex.completion);
+      err = lt_errf(errstr, n, err, "dataset line %zu: %s", line_no, msg);
+      break;
+    }
+    if (seq.len < 2 || (int)seq.len > max_seq + 1) {
+      free(ex.completion);
+      err = lt_errf(errstr, n, LT_ERR_INVALID, "dataset line %zu: example has %zu tokens; it must have 2 to %d (max_seq_len + 1)",
+                    line_no, seq.len, max_seq + 1);
+      break;
+    }
+    ex.len = (int)seq.len;
+    ex.ids = malloc(seq.len * sizeof *ex.ids);
+    ex.w = malloc(seq.len * sizeof *ex.w);
+    if (out->n == out->cap) {
+      size_t cap = out->cap ? out->cap * 2 : 256;
+      example_t *v = realloc(out->v, cap * sizeof *v);
+      if (!v) err = LT_ERR_NOMEM;
+      else {
+        out->v = v;
+        out->cap = cap;
+      }
+    }
+    if (err || !ex.ids || !ex.w) {
+      free(ex.ids);
+      free(ex.w);
+      free(ex.completion);
+      err = LT_ERR_NOMEM;
+      break;
+    }
+    memcpy(ex.ids, seq.ids, seq.len * sizeof *ex.ids);
+    memcpy(ex.w, seq.weights, seq.len * sizeof *ex.w);
+    out->v[out->n++] = ex;
+  }
+  lt_tok_seq_free(&seq);
+  if (!err && out->n == 0) err = lt_errf(errstr, n, LT_ERR_INVALID, "the dataset has no examples");
+  if (err) examples_free(out);
+  return err;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+/* Buffers of one (B, T) batch, allocated once. */
+typedef struct {
+  int B, T;
+  int32_t *tokens, *targets;
+  float *weights, *logp, *logits;
+} batch_buf_t;
+
+static lt_err_t batch_alloc(batch_buf_t *b, int B, int T, int V) {
+  b->B = B;
+  b->T = T;
+  b->tokens = calloc((size_t)B * T, sizeof *b->tokens);
+  b->targets = calloc((size_t)B * T, sizeof *b->targets);
+  b->weights = calloc((size_t)B * T, sizeof *b->weights);
+  b->logp = calloc((size_t)B * T, sizeof *b->logp);
+  b->logits = V ? calloc((size_t)B * T * V, sizeof *b->logits) : NULL;
+  return (b->tokens && b->targets && b->weights && b->logp && (!V || b->logits)) ? LT_OK : LT_ERR_NOMEM;
+}
+
+static void batch_free(batch_buf_t *b) {
+  free(b->tokens);
+  free(b->targets);
+  free(b->weights);
+  free(b->logp);
+  free(b->logits);
+}
+
+/* Fills the batch with examples idx[0..count) (count <= B); empty rows get weight 0. Returns the
+ * weighted token count. */
+static int64_t batch_fill(batch_buf_t *b, const examples_t *ex, const uint32_t *idx, int count) {
+  int64_t tokens = 0;
+  memset(b->tokens, 0, (size_t)b->B * b->T * sizeof *b->tokens);
+  memset(b->targets, 0, (size_t)b->B * b->T * sizeof *b->targets);
+  memset(b->weights, 0, (size_t)b->B * b->T * sizeof *b->weights);
+  for (int r = 0; r < count; r++) {
+    const example_t *e = &ex->v[idx[r]];
+    int n = e->len - 1 < b->T ? e->len - 1 : b->T;
+    for (int t = 0; t < n; t++) {
+      b->tokens[r * b->T + t] = e->ids[t];
+      b->targets[r * b->T + t] = e->ids[t + 1];
+      b->weights[r * b->T + t] = e->w[t + 1];
+      tokens += e->w[t + 1] > 0;
+    }
+  }
+  return tokens;
+}
+
+/* ---------------------------------------------------------------- evaluation */
+
+typedef struct {
+  double loss_sum, weight_sum;
+  int64_t correct, counted;
+  int64_t em_n;
+  uint8_t *em; /* per scored example, 0/1 */
+} eval_acc_t;
+
+static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_t *val, batch_buf_t *b, int V,
+                           int eval_max, int gen_max, eval_acc_t *acc, char *errstr, size_t n) {
+  memset(acc, 0, sizeof *acc);
+  uint32_t idx[1024];
+  for (size_t i = 0; i < val->n; i += (size_t)b->B) {
+    int count = (int)(val->n - i < (size_t)b->B ? val->n - i : (size_t)b->B);
+    for (int r = 0; r < count; r++) idx[r] = (uint32_t)(i + (size_t)r);
+    batch_fill(b, val, idx, count);
+    lt_err_t err = lt_logits(s, b->B, b->T, b->tokens, b->logits, errstr, n);
+    if (err) return err;
+    for (int r = 0; r < count; r++)
+      for (int t = 0; t < b->T; t++) {
+        float w = b->weights[r * b->T + t];
+        if (w <= 0) continue;
+        const float *row = b->logits + ((size_t)r * b->T + t) * V;
+        float mx = row[0];
+        int arg = 0;
+        for (int v = 1; v < V; v++)
+          if (row[v] > mx) {
+            mx = row[v];
+            arg = v;
+          }
+        double z = 0;
+        for (int v = 0; v < V; v++) z += exp((double)(row[v] - mx));
+        double logp = (double)(row[b->targets[r * b->T + t]] - mx) - log(z);
+        acc->loss_sum += -logp * w;
+        acc->weight_sum += w;
+        acc->correct += arg == b->targets[r * b->T + t];
+        acc->counted++;
+      }
+  }
+  if (!val->prompt_completion) return LT_OK;
+  /* Exact match of greedy generation on up to eval_max examples, in fixed order. */
+  size_t m = val->n < (size_t)eval_max ? val->n : (size_t)eval_max;
+  acc->em = calloc(m ? m : 1, 1);
+  if (!acc->em) return LT_ERR_NOMEM;
+  int32_t eos = lt_tok_eos_id(tok);
+  lt_sample_params_t sp = {.max_tokens = gen_max, .temperature = 0, .top_p = 1, .stop = &eos, .n_stop = eos >= 0};
+  enum { G = 16 };
+  const int32_t *prompts[G];
+  int plens[G], olens[G];
+  int32_t *out = malloc((size_t)G * gen_max * sizeof *out);
+  if (!out) return LT_ERR_NOMEM;
+  lt_err_t err = LT_OK;
+  for (size_t i = 0; i < m && !err; i += G) {
+    int count = (int)(m - i < G ? m - i : G);
+    for (int r = 0; r < count; r++) {
+      prompts[r] = val->v[i + (size_t)r].ids;
+      plens[r] = val->v[i + (size_t)r].prompt_len;
+    }
+    err = lt_sample(s, count, prompts, plens, &sp, out, NULL, olens, errstr, n);
+    for (int r = 0; r < count && !err; r++) {
+      int len = olens[r];
+      if (len > 0 && out[r * gen_max + len - 1] == eos) len--;
+      char *text = NULL;
+      size_t tl = 0;
+      err = lt_tok_decode(tok, out + r * gen_max, (size_t)len, 1, &text, &tl, errstr, n);
+      if (err) break;
+      const char *want = val->v[i + (size_t)r].completion;
+      acc->em[i + (size_t)r] = (uint8_t)lt_task_exact_match(want, strlen(want), text, tl);
+      free(text);
+    }
+  }
+  free(out);
+  acc->em_n = (int64_t)m;
+  return err;
+}
+
+static double em_rate(const eval_acc_t *a) {
+  if (a->em_n == 0) return -1;
+  int64_t k = 0;
+  for (int64_t i = 0; i < a->em_n; i++) k += a->em[i];
+  return (double)k / (double)a->em_n;
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* Percentile bootstrap of the exact-match rate: 1000 resamples, seeded. */
+static void bootstrap(const eval_acc_t *a, uint64_t seed, double *lo, double *hi) {
+  *lo = *hi = -1;
+  if (a->em_n == 0) return;
+  enum { R = 1000 };
+  double *r = malloc(R * sizeof *r);
+  if (!r) return;
+  uint64_t s = seed ^ 0xb007b007ULL;
+  for (int k = 0; k < R; k++) {
+    int64_t hits = 0;
+    for (int64_t i = 0; i < a->em_n; i++) hits += a->em[mix(&s) % (uint64_t)a->em_n];
+    r[k] = (double)hits / (double)a->em_n;
+  }
+  qsort(r, R, sizeof *r, cmp_double);
+  *lo = r[(int)(0.025 * R)];
+  *hi = r[(int)(0.975 * R) - 1];
+  free(r);
+}
+
+/* ---------------------------------------------------------------- the run */
+
+static double lr_at(const lt_hparams_t *hp, int64_t step, int64_t total) {
+  double lr = hp->learning_rate;
+  if (hp->warmup_steps > 0 && step < hp->warmup_steps) return lr * (double)(step + 1) / (double)hp->warmup_steps;
+  double span = (double)(total - hp->warmup_steps);
+  double prog = span > 0 ? (double)(step - hp->warmup_steps) / span : 1.0;
+  if (prog > 1) prog = 1;
+  switch (hp->lr_schedule) {
+  case LT_LR_LINEAR: return lr * (1.0 - prog);
+  case LT_LR_CONSTANT: return lr;
+  default: return lr * 0.5 * (1.0 + cos(M_PI * prog));
+  }
+}
+
+/* The config digest: SHA-256 of the canonical JSON of what determines the result. */
+static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  snprintf(spec.base_model, sizeof spec.base_model, "%s", c->base_model_name ? c->base_model_name : "base");
+  snprintf(spec.dataset_id, sizeof spec.dataset_id, "dataset");
+  spec.hp = c->hp;
+  json_t *hp = json_incref(json_object_get(lt_jobspec_to_json(&spec), "hyperparameters"));
+  json_t *o = json_pack("{s:s,s:s,s:o,s:{s:s,s:i,s:f},s:s,s:i}", "base_model", spec.base_model, "dataset_sha256",
+                        c->dataset_sha256, "hyperparameters", hp, "decoding", "strategy", "greedy", "max_tokens",
+                        gen_max, "temperature", 0.0, "backend", c->backend ? c->backend : "cpu", "threads",
+                        c->threads > 0 ? c->threads : 1);
+  return o;
+}
+
+typedef struct {
+  const lt_train_conf_t *conf;
+  lt_session_t *sess;
+  json_t *metrics;  /* steps so far */
+  json_t *config;
+  char digest[65];
+  lt_train_eval_t last_eval;
+  bool have_eval;
+} run_t;
+
+static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
+  json_t *m = json_pack("{s:f,s:f,s:f}", "val_loss", e->val_loss, "perplexity", e->perplexity, "token_accuracy",
+                        e->token_accuracy);
+  json_t *b = json_pack("{s:f,s:f,s:f}", "val_loss", e->base_val_loss, "perplexity", e->base_perplexity,
+                        "token_accuracy", e->base_token_accuracy);
+  if (e->exact_match >= 0) {
+    json_object_set_new(m, "exact_match", json_real(e->exact_match));
+    json_object_set_new(m, "exact_match_ci95", json_pack("[f,f]", e->em_ci_low, e->em_ci_high));
+    json_object_set_new(b, "exact_match", json_real(e->base_exact_match));
+  }
+  return json_pack("{s:I,s:b,s:I,s:o,s:o,s:s}", "step", (json_int_t)e->step, "final", e->final, "examples",
+                   (json_int_t)e->examples, "fine_tuned", m, "base", b, "config_digest", digest);
+}
+
+static lt_err_t checkpoint(run_t *r, int64_t step, uint64_t cursor, bool final, const lt_train_hooks_t *hooks,
+                           char *errstr, size_t n) {
+  const char *dir = r->conf->work_dir;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/state.bin", dir);
+  lt_err_t err = lt_save_state(r->sess, path, cursor, errstr, n);
+  if (!err) err = lt_export_peft(r->sess, dir, r->conf->base_model_name ? r->conf->base_model_name : "base", errstr, n);
+  if (!err) err = write_json(dir, "metrics.json", r->metrics, errstr, n);
+  json_t *ev = r->have_eval ? eval_json(&r->last_eval, r->digest) : json_object();
+  if (!err) err = write_json(dir, "eval.json", ev, errstr, n);
+  json_decref(ev);
+  json_t *cfg = json_pack("{s:s,s:O}", "config_digest", r->digest, "config", r->config);
+  if (!err) err = write_json(dir, "config.json", cfg, errstr, n);
+  json_decref(cfg);
+  if (!err && hooks && hooks->on_checkpoint) err = hooks->on_checkpoint(hooks->ctx, dir, step, final, errstr, n);
+  return err;
+}
+
+lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, lt_train_result_t *out, char *errstr,
+                      size_t n) {
+  memset(out, 0, sizeof *out);
+  out->last_checkpoint_step = -1;
+  lt_err_t err;
+  char path[4096];
+  lt_backend_t *be = NULL;
+  lt_engine_t *eng = NULL;
+  lt_session_t *sess = NULL, *base = NULL;
+  lt_tok_t *tok = NULL;
+  examples_t all = {0}, val = {0};
+  examples_t *train = &all;
+  batch_buf_t b = {0}, vb = {0};
+  uint32_t *order = NULL;
+  run_t r = {.conf = c};
+  eval_acc_t base_acc = {0};
+  const lt_hparams_t *hp = &c->hp;
+
+  if (c->backend && strcmp(c->backend, "cuda") == 0) err = lt_backend_cuda_new(0, &be, errstr, n);
+  else err = lt_backend_cpu_new(c->threads > 0 ? c->threads : 1, &be, errstr, n);
+  if (err) goto out;
+  if ((err = lt_engine_open(c->model_dir, be, &eng, errstr, n))) goto out;
+  snprintf(path, sizeof path, "%s/tokenizer.json", c->model_dir);
+  if ((err = lt_tok_load_file(path, &tok, errstr, n))) goto out;
+  const lt_model_config_t *mc = lt_engine_config(eng);
+  int max_seq = hp->max_seq_len < mc->max_position ? hp->max_seq_len : mc->max_position;
+  if ((err = tokenize(tok, c->train, c->train_len, max_seq, &all, errstr, n))) goto out;
+  if (c->valid) {
+    if ((err = tokenize(tok, c->valid, c->valid_len, max_seq, &val, errstr, n))) goto out;
+  } else {
+    /* Hold out a seeded share of the training set: the same examples on every attempt. */
+    size_t nv = (size_t)((double)all.n * hp->validation_fraction + 0.5);
+    if (nv == 0 && all.n > 1 && hp->validation_fraction > 0) nv = 1;
+    if (nv >= all.n) nv = all.n - 1;
+    uint32_t *perm = malloc(all.n * sizeof *perm);
+    if (!perm) {
+      err = LT_ERR_NOMEM;
+      goto out;
+    }
+    for (size_t i = 0; i < all.n; i++) perm[i] = (uint32_t)i;
+    shuffle(perm, all.n, (uint64_t)hp->seed ^ 0x5eedULL);
+    examples_t t2 = {.prompt_completion = all.prompt_completion};
+    val.prompt_completion = all.prompt_completion;
+    t2.v = malloc((all.n - nv) * sizeof *t2.v);
+    val.v = malloc((nv ? nv : 1) * sizeof *val.v);
+    if (!t2.v || !val.v) {
+      free(perm);
+      free(t2.v);
+      err = LT_ERR_NOMEM;
+      goto out;
+    }
+    for (size_t i = 0; i < all.n; i++) {
+      if (i < nv) val.v[val.n++] = all.v[perm[i]];
+      else t2.v[t2.n++] = all.v[perm[i]];
+    }
+    free(perm);
+    free(all.v);
+    all = t2;
+    all.cap = all.n;
+    val.cap = val.n;
+  }
+  int T = 1;
+  for (size_t i = 0; i < all.n; i++) T = all.v[i].len - 1 > T ? all.v[i].len - 1 : T;
+  for (size_t i = 0; i < val.n; i++) T = val.v[i].len - 1 > T ? val.v[i].len - 1 : T;
+  int gen_max = c->gen_max_tokens;
+  if (gen_max <= 0) {
+    gen_max = 8;
+    for (size_t i = 0; i < val.n; i++) {
+      int cl = val.v[i].len - val.v[i].prompt_len + 8;
+      gen_max = cl > gen_max ? cl : gen_max;
+    }
+  }
+  int B = hp->batch_size;
+  if ((err = batch_alloc(&b, B, T, 0)) || (err = batch_alloc(&vb, B < 16 ? B : 16, T, mc->vocab_size))) goto out;
+  int64_t per_step = (int64_t)B * hp->grad_accum;
+  int64_t total = hp->max_steps > 0 ? hp->max_steps
+                                    : (int64_t)ceil((double)hp->epochs * (double)train->n / (double)per_step);
+  if (total < 1) total = 1;
+
+  lt_session_config_t sc = {.rank = hp->lora_rank, .alpha = (float)hp->lora_alpha, .dropout = (float)hp->lora_dropout,
+                            .targets = hp->target_modules, .seed = (uint64_t)hp->seed};
+  if ((err = lt_session_new(eng, &sc, &sess, errstr, n))) goto out;
+  r.sess = sess;
+  r.metrics = json_array();
+  r.config = config_json(c, gen_max);
+  {
+    char *canon = json_dumps(r.config, JSON_COMPACT | JSON_SORT_KEYS);
+    uint8_t d[32];
+    unsigned dl;
+    EVP_Digest(canon, strlen(canon), d, &dl, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++) snprintf(r.digest + 2 * i, 3, "%02x", d[i]);
+    free(canon);
+    memcpy(out->config_digest, r.digest, sizeof r.digest);
+  }
+  uint64_t cursor = 0;
+  if (c->resume_state && (err = lt_load_state(sess, c->resume_state, &cursor, errstr, n))) goto out;
+
+  /* The base model's scores: a fresh adapter has B = 0, so it computes exactly the base. */
+  int eval_max = c->eval_max_examples > 0 ? c->eval_max_examples : 200;
+  if (val.n > 0) {
+    if ((err = lt_session_new(eng, &sc, &base, errstr, n))) goto out;
+    err = eval_split(base, tok, &val, &vb, mc->vocab_size, eval_max, gen_max, &base_acc, errstr, n);
+    lt_session_destroy(base);
+    base = NULL;
+    if (err) goto out;
+  }
+
+  order = malloc(train->n * sizeof *order);
+  if (!order) {
+    err = LT_ERR_NOMEM;
+    goto out;
+  }
+  int64_t t0 = mono_ms(), last_ckpt_ms = mono_ms(), tokens_total = 0;
+  int64_t ckpt_every_ms = c->checkpoint_every_ms ? c->checkpoint_every_ms : (int64_t)hp->checkpoint_interval_s * 1000;
+  uint64_t epoch_loaded = UINT64_MAX;
+  int64_t step = lt_session_step(sess);
+  lt_adamw_t opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)hp->weight_decay,
+                    .max_grad_norm = 1.0f};
+  while (step < total) {
+    double loss_sum = 0;
+    int64_t step_tokens = 0;
+    for (int micro = 0; micro < hp->grad_accum; micro++) {
+      lt_train_stop_t why = hooks && hooks->should_stop ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
+      /* A cancel stops at this micro-step; a preemption finishes the step for its checkpoint. */
+      if (why == LT_TRAIN_STOP_PREEMPT && micro > 0) why = LT_TRAIN_GO;
+      if (why != LT_TRAIN_GO) {
+        out->stopped = why;
+        /* A preempted run leaves a checkpoint of the last completed step to resume from. */
+        if (why == LT_TRAIN_STOP_PREEMPT && micro == 0 && step > 0) {
+          err = checkpoint(&r, step, cursor, false, hooks, errstr, n);
+          if (!err) out->last_checkpoint_step = step;
+        }
+        out->steps = step;
+        goto out;
+      }
+      uint32_t idx[1024];
+      int count = 0;
+      while (count < B) {
+        uint64_t epoch = cursor / train->n;
+        if (epoch != epoch_loaded) {
+          for (size_t i = 0; i < train->n; i++) order[i] = (uint32_t)i;
+          shuffle(order, train->n, (uint64_t)hp->seed * 1000003ULL + epoch);
+          epoch_loaded = epoch;
+        }
+        idx[count++] = order[cursor % train->n];
+        cursor++;
+      }
+      step_tokens += batch_fill(&b, train, idx, count);
+      lt_batch_t batch = {.B = B, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights};
+      float loss = 0;
+      if ((err = lt_forward_backward(sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) goto out;
+      loss_sum += loss;
+    }
+    opt.lr = (float)lr_at(hp, step, total);
+    float gnorm = 0;
+    if ((err = lt_optim_step(sess, &opt, &gnorm, errstr, n))) goto out;
+    step = lt_session_step(sess);
+    tokens_total += step_tokens;
+    int64_t el = mono_ms() - t0;
+    lt_train_step_t st = {.step = step, .total_steps = total, .loss = loss_sum / hp->grad_accum,
+                          .learning_rate = opt.lr, .grad_norm = gnorm, .tokens = step_tokens,
+                          .tokens_total = tokens_total, .elapsed_ms = el,
+                          .epoch = (double)cursor / (double)train->n};
+    st.tokens_per_s = el > 0 ? (double)tokens_total * 1000.0 / (double)el : 0;
+    st.eta_ms = step > 0 ? el * (total - step) / step : 0;
+    json_array_append_new(r.metrics, json_pack("{s:I,s:f,s:f,s:f,s:I}", "step", (json_int_t)step, "loss", st.loss,
+                                               "learning_rate", st.learning_rate, "grad_norm", st.grad_norm,
+                                               "tokens", (json_int_t)step_tokens));
+    if (hooks && hooks->on_step) hooks->on_step(hooks->ctx, &st);
+    bool last = step >= total;
+    bool do_eval = last || (hp->eval_interval > 0 && step % hp->eval_interval == 0);
+    if (do_eval && val.n > 0) {
+      eval_acc_t acc;
+      err = eval_split(sess, tok, &val, &vb, mc->vocab_size, eval_max, gen_max, &acc, errstr, n);
+      if (!err) {
+        lt_train_eval_t ev = {.step = step, .final = last, .examples = (int64_t)val.n};
+        ev.val_loss = acc.weight_sum > 0 ? acc.loss_sum / acc.weight_sum : 0;
+        ev.perplexity = exp(ev.val_loss);
+        ev.token_accuracy = acc.counted ? (double)acc.correct / (double)acc.counted : 0;
+        ev.exact_match = em_rate(&acc);
+        bootstrap(&acc, (uint64_t)hp->seed, &ev.em_ci_low, &ev.em_ci_high);
+        ev.base_val_loss = base_acc.weight_sum > 0 ? base_acc.loss_sum / base_acc.weight_sum : 0;
+        ev.base_perplexity = exp(ev.base_val_loss);
+        ev.base_token_accuracy = base_acc.counted ? (double)base_acc.correct / (double)base_acc.counted : 0;
+        ev.base_exact_match = em_rate(&base_acc);
+        r.last_eval = ev;
+        r.have_eval = true;
+        if (last) out->final_eval = ev;
+        if (hooks && hooks->on_eval) hooks->on_eval(hooks->ctx, &ev);
+      }
+      free(acc.em);
+      if (err) goto out;
+    }
+    bool by_steps = hp->checkpoint_interval > 0 && step % hp->checkpoint_interval == 0;
+    bool by_time = ckpt_every_ms > 0 && mono_ms() - last_ckpt_ms >= ckpt_every_ms;
+    if (last || by_steps || by_time) {
+      if ((err = checkpoint(&r, step, cursor, last, hooks, errstr, n))) goto out;
+      out->last_checkpoint_step = step;
+      last_ckpt_ms = mono_ms();
+    }
+  }
+  out->steps = step;
+  out->stopped = LT_TRAIN_GO;
+out:
+  free(base_acc.em);
+  free(order);
+  batch_free(&b);
+  batch_free(&vb);
+  json_decref(r.metrics);
+  json_decref(r.config);
+  lt_session_destroy(sess);
+  lt_session_destroy(base);
+  /* Validation examples share nothing with training ones after the split (moved, not copied). */
+  examples_free(&all);
+  examples_free(&val);
+  lt_tok_free(tok);
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+  return err;
+}
+
+/* ---------------------------------------------------------------- pretraining */
+
+void lt_train_default_model(lt_model_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->vocab_size = LT_TASK_BUNDLE_VOCAB;
+  cfg->hidden_size = 192;
+  cfg->intermediate_size = 512;
+  cfg->num_layers = 4;
+  cfg->num_heads = 6;
+  cfg->num_kv_heads = 2;
+  cfg->head_dim = 32;
+  cfg->max_position = 256;
+  cfg->rms_norm_eps = 1e-5f;
+  cfg->rope_theta = 10000.0f;
+  cfg->rope_linear_factor = 1.0f;
+  cfg->tie_embeddings = 1;
+}
+
+static lt_err_t read_all(const char *path, char **out, size_t *len, char *errstr, size_t n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long sz = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)sz + 1);
+  if (!buf || fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+    free(buf);
+    fclose(f);
+    return lt_errf(errstr, n, LT_ERR_IO, "%s: read failed", path);
+  }
+  fclose(f);
+  buf[sz] = '\0';
+  *out = buf;
+  *len = (size_t)sz;
+  return LT_OK;
+}
+
+lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) {
+  char path[4096], tmp_dir[4096];
+  char *corpus = NULL, *tokjson = NULL;
+  size_t corpus_len = 0, tokjson_len = 0;
+  lt_tok_t *tok = NULL;
+  lt_tok_seq_t seq;
+  lt_tok_seq_init(&seq);
+  lt_backend_t *be = NULL;
+  lt_engine_t *eng = NULL;
+  lt_session_t *s = NULL;
+  batch_buf_t b = {0};
+  lt_err_t err;
+  snprintf(path, sizeof path, "%s/corpus.txt", c->bundle_dir);
+  if ((err = read_all(path, &corpus, &corpus_len, errstr, n))) goto out;
+  snprintf(path, sizeof path, "%s/tokenizer.json", c->bundle_dir);
+  if ((err = read_all(path, &tokjson, &tokjson_len, errstr, n))) goto out;
+  if ((err = lt_tok_load_json(tokjson, tokjson_len, &tok, errstr, n))) goto out;
+  /* Special tokens in the corpus (<|endoftext|> between documents) are real tokens here. */
+  if ((err = lt_tok_encode(tok, corpus, corpus_len, LT_TOK_SPECIAL, 1.0f, &seq, errstr, n))) goto out;
+  lt_model_config_t mc = c->model;
+  mc.vocab_size = lt_tok_vocab_size(tok);
+  snprintf(tmp_dir, sizeof tmp_dir, "%s.init", c->out_dir);
+  mkdir(tmp_dir, 0755);
+  if ((err = lt_model_init_random(&mc, tmp_dir, c->seed, 0.02f, 0.0f, errstr, n))) goto out;
+  if ((err = lt_backend_cpu_new(c->threads > 0 ? c->threads : 1, &be, errstr, n))) goto out;
+  if ((err = lt_engine_open(tmp_dir, be, &eng, errstr, n))) goto out;
+  lt_session_config_t sc = {.full = 1, .rank = 1, .alpha = 1, .targets = LT_TARGET_ALL, .seed = c->seed};
+  if ((err = lt_session_new(eng, &sc, &s, errstr, n))) goto out;
+  int B = c->batch, T = c->seq_len;
+  if ((err = batch_alloc(&b, B, T, 0))) goto out;
+  size_t windows = (seq.len - 1) / (size_t)T;
+  if (windows < (size_t)B) {
+    err = lt_errf(errstr, n, LT_ERR_INVALID, "the corpus has %zu tokens: too few for batches of %dx%d", seq.len, B, T);
+    goto out;
+  }
+  uint32_t *order = malloc(windows * sizeof *order);
+  if (!order) {
+    err = LT_ERR_NOMEM;
+    goto out;
+  }
+  uint64_t cursor = 0, epoch_loaded = UINT64_MAX;
+  int64_t t0 = mono_ms();
+  for (int64_t step = 0; step < c->steps; step++) {
+    for (int r = 0; r < B; r++) {
+      uint64_t epoch = cursor / windows;
+      if (epoch != epoch_loaded) {
+        for (size_t i = 0; i < windows; i++) order[i] = (uint32_t)i;
+        shuffle(order, windows, c->seed + epoch);
+        epoch_loaded = epoch;
+      }
+      size_t w = order[cursor % windows];
+      cursor++;
+      memcpy(b.tokens + r * T, seq.ids + w * (size_t)T, (size_t)T * sizeof(int32_t));
+      memcpy(b.targets + r * T, seq.ids + w * (size_t)T + 1, (size_t)T * sizeof(int32_t));
+      for (int t = 0; t < T; t++) b.weights[r * T + t] = 1.0f;
+    }
+    lt_batch_t batch = {.B = B, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights};
+    float loss = 0;
+    if ((err = lt_forward_backward(s, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) break;
+    lt_hparams_t hp = {.learning_rate = c->learning_rate, .warmup_steps = (int32_t)(c->steps / 20 + 1),
+                       .lr_schedule = LT_LR_COSINE};
+    lt_adamw_t opt = {.lr = (float)lr_at(&hp, step, c->steps), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                      .weight_decay = 0.01f, .max_grad_norm = 1.0f};
+    if ((err = lt_optim_step(s, &opt, NULL, errstr, n))) break;
+    if (c->on_step) {
+      int64_t el = mono_ms() - t0;
+      c->on_step(c->ctx, step + 1, c->steps, loss, el > 0 ? (double)(step + 1) * B * T * 1000.0 / (double)el : 0);
+    }
+  }
+  free(order);
+  if (!err) err = lt_export_model(s, c->out_dir, errstr, n);
+  if (!err) err = write_file(c->out_dir, "tokenizer.json", tokjson, errstr, n);
+out:
+  batch_free(&b);
+  lt_session_destroy(s);
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+  lt_tok_seq_free(&seq);
+  lt_tok_free(tok);
+  free(corpus);
+  free(tokjson);
+  return err;
+}

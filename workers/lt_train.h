@@ -1,0 +1,118 @@
+/* lt_train: the managed training loop (issue 5) and the base model's pretraining.
+ *
+ * lt_train_run() is what an executor runs for a managed job: it tokenises the decrypted dataset
+ * (prompt/completion masking or the chat template), splits validation (given, or held out with
+ * a seeded shuffle), shuffles per epoch from the seed, steps AdamW with warmup and a cosine /
+ * linear / constant schedule and gradient accumulation, evaluates at intervals and at the end
+ * (validation loss, perplexity, token accuracy and, for prompt/completion data, exact match of
+ * greedy generation — each beside the base model's score, with a bootstrap 95 % interval),
+ * and writes checkpoints (state, PEFT adapter, metrics, eval report, config digest) into a
+ * private directory for the caller to seal and upload. The caller's hooks see every step and
+ * may stop the run at any micro-step boundary (cancel, preempt). The same primitives the
+ * interactive API exposes (lt_engine.h) are all it uses.
+ *
+ * Resumption: from a state file (lt_save_state) and its data cursor; the run then continues
+ * bit for bit as if it had never stopped (same batches, same RNG), on the same backend and
+ * thread count.
+ *
+ * lt_train_pretrain() makes the bundled base model: a random Llama-family model trained on
+ * every weight over the generated corpus, exported with its tokenizer.
+ *
+ * Threads: one run per thread; the engine's backend has its own worker threads. */
+#ifndef LT_TRAIN_H
+#define LT_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lt_engine.h"
+#include "lt_err.h"
+#include "lt_jobspec.h"
+
+/* Why the hooks asked the run to stop. */
+typedef enum lt_train_stop { LT_TRAIN_GO = 0, LT_TRAIN_STOP_CANCEL, LT_TRAIN_STOP_PREEMPT } lt_train_stop_t;
+
+typedef struct lt_train_step {
+  int64_t step, total_steps;
+  double loss, learning_rate, grad_norm;
+  int64_t tokens;         /* weighted (trained) tokens in this step */
+  int64_t tokens_total;
+  double tokens_per_s;    /* over the run so far */
+  int64_t elapsed_ms, eta_ms;
+  double epoch;           /* fractional epoch reached */
+} lt_train_step_t;
+
+/* Scores on the validation split, the fine-tuned model's and the base model's. */
+typedef struct lt_train_eval {
+  int64_t step;
+  bool final;
+  int64_t examples;
+  double val_loss, perplexity, token_accuracy;
+  double exact_match;        /* -1 when not measured (chat data) */
+  double em_ci_low, em_ci_high;
+  double base_val_loss, base_perplexity, base_token_accuracy, base_exact_match;
+} lt_train_eval_t;
+
+typedef struct lt_train_hooks {
+  void *ctx;
+  /* Checked before every micro-step; anything but LT_TRAIN_GO stops the run there. May be NULL. */
+  lt_train_stop_t (*should_stop)(void *ctx);
+  void (*on_step)(void *ctx, const lt_train_step_t *st);          /* may be NULL */
+  void (*on_eval)(void *ctx, const lt_train_eval_t *ev);          /* may be NULL */
+  /* The checkpoint's files are in dir (names: adapter_model.safetensors, adapter_config.json,
+   * state.bin, metrics.json, eval.json, config.json). A failure stops the run with it. */
+  lt_err_t (*on_checkpoint)(void *ctx, const char *dir, int64_t step, bool final, char *errstr,
+                            size_t errstr_size);
+} lt_train_hooks_t;
+
+typedef struct lt_train_conf {
+  const char *model_dir;        /* config.json, model.safetensors, tokenizer.json */
+  const char *base_model_name;  /* recorded in adapter_config.json and the config digest */
+  const char *train;            /* the training JSONL (plaintext, borrowed) */
+  size_t train_len;
+  const char *valid;            /* a validation JSONL or NULL: hold out hp.validation_fraction */
+  size_t valid_len;
+  char dataset_sha256[65];      /* recorded in the config digest */
+  lt_hparams_t hp;
+  int threads;                  /* cpu backend threads (0: 1) */
+  const char *backend;          /* "cpu" (default) or "cuda" */
+  const char *work_dir;         /* private directory for checkpoint files (must exist, 0700) */
+  const char *resume_state;     /* state.bin of the checkpoint to resume from, or NULL */
+  int eval_max_examples;        /* validation examples scored by generation (0: 200) */
+  int gen_max_tokens;           /* greedy generation budget (0: longest completion + 8) */
+  int64_t checkpoint_every_ms;  /* time-based checkpoints (hp.checkpoint_interval_s if 0) */
+} lt_train_conf_t;
+
+typedef struct lt_train_result {
+  lt_train_stop_t stopped;      /* LT_TRAIN_GO when the run finished */
+  int64_t steps;                /* optimizer steps done */
+  int64_t last_checkpoint_step; /* -1 when none */
+  lt_train_eval_t final_eval;   /* valid when stopped == LT_TRAIN_GO */
+  char config_digest[65];
+} lt_train_result_t;
+
+/* Runs (or resumes) a managed fine-tune. Bad data gets LT_ERR_INVALID naming the line. */
+lt_err_t lt_train_run(const lt_train_conf_t *conf, const lt_train_hooks_t *hooks, lt_train_result_t *out,
+                      char *errstr, size_t errstr_size);
+
+typedef struct lt_pretrain_conf {
+  const char *out_dir;       /* the model directory to make (config.json, model.safetensors, tokenizer.json) */
+  const char *bundle_dir;    /* lt_task_write_bundle output: corpus.txt, tokenizer.json */
+  lt_model_config_t model;   /* vocab_size is taken from the tokenizer */
+  int64_t steps;
+  int batch, seq_len;
+  double learning_rate;
+  uint64_t seed;
+  int threads;
+  void (*on_step)(void *ctx, int64_t step, int64_t total, double loss, double tokens_per_s);
+  void *ctx;
+} lt_pretrain_conf_t;
+
+/* Pretrains a small base model over the bundle's corpus (full-parameter AdamW) and writes it. */
+lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *conf, char *errstr, size_t errstr_size);
+
+/* The bundled base model's shape (a few million parameters), for `lathe model make`. */
+void lt_train_default_model(lt_model_config_t *cfg);
+
+#endif

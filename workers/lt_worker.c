@@ -1,0 +1,877 @@
+/* lt_worker: the worker role — dispatch, executors, leases, progress, cancel (see lt_worker.h). */
+#include "lt_worker.h"
+
+#include <dirent.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "lt_job_record.h"
+#include "lt_proj.h"
+
+extern char **environ;
+
+#define MAX_SLOTS 64
+#define MAX_PENDING 256
+
+typedef enum { A_FREE = 0, A_RUNNING, A_EXITED } att_state_t;
+
+typedef struct attempt {
+  att_state_t state;
+  char job_id[LT_JOB_ID_MAX], tenant_id[LT_JOB_ID_MAX];
+  int32_t attempt;
+  lt_job_class_t cls;
+  pid_t pid;
+  int out_fd;
+  struct event *ev;
+  char line[1 << 15];
+  size_t line_len;
+  char work_dir[512];
+  int64_t lease_ms;
+  int64_t last_progress_ms, stop_sent_ms;
+  int stop_signal;      /* SIGUSR1 (cancel) or SIGUSR2 (preempt) once sent */
+  bool fenced;          /* not the job's live attempt any more: record nothing */
+  bool reported;        /* the terminal line (done/stopped/error) was recorded */
+  bool killed;          /* we sent SIGKILL */
+  int64_t step;
+  char final_ckpt_event[40], final_ckpt_sha[65];
+} attempt_t;
+
+typedef struct pending {
+  char job_id[LT_JOB_ID_MAX];
+  int32_t attempt;
+  lt_job_class_t cls;
+  int64_t since_ms;
+  json_t *dispatch; /* the JobDispatched record as JSON */
+} pending_t;
+
+struct lt_worker {
+  lt_worker_conf_t conf;
+  struct event_base *base;
+  lt_bus_producer_t *producer;
+  lt_bus_consumer_t *control, *dispatch;
+  struct event *control_ev, *dispatch_ev, *tick_ev;
+  lt_proj_t *proj;
+  lt_avro_decoder_t *dec;
+  lt_avro_record_t *rec[16];
+  char t_control[128], t_progress[128], t_workers[128], t_dispatch[LT_CLASS__COUNT][128];
+  attempt_t slots[MAX_SLOTS];
+  pending_t pending[MAX_PENDING];
+  int npending;
+  json_t *owned;            /* [{topic, partition}] of the dispatch group */
+  bool dispatch_paused;
+  int64_t hb_seq;
+  int64_t last_hb_sent_ms;
+  int64_t hb_ok_ms;         /* last heartbeat the broker acknowledged (atomic) */
+  char producer_id[160];
+};
+
+enum { R_STARTED, R_CKPT, R_STOPPED, R_COMPLETED, R_CANCELLED, R_CLEANUP, R_STEP, R_EVAL, R_HB, R__N };
+static const char *const rec_types[R__N] = {"AttemptStarted", "CheckpointCommitted", "AttemptStopped", "JobCompleted",
+                                            "JobCancelled", "CleanupDone", "StepCompleted", "EvalCompleted",
+                                            "WorkerHeartbeat"};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void logf_(lt_worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(lt_worker_t *w, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "lathed worker %s: ", w->conf.worker_id);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---------------------------------------------------------------- producing */
+
+static lt_avro_record_t *fresh(lt_worker_t *w, int which, const attempt_t *a) {
+  lt_avro_record_t *r = w->rec[which];
+  lt_avro_record_clear(r);
+  lt_avro_record_stamp(r, w->producer_id);
+  if (a) {
+    lt_avro_set_string(r, "job_id", a->job_id);
+    lt_avro_set_string(r, "tenant_id", a->tenant_id);
+    lt_avro_set_int(r, "attempt", a->attempt);
+  }
+  return r;
+}
+
+/* Produces with acks=all and waits; retries a bounded time while the broker is unavailable.
+ * The bytes are also folded locally so the worker sees its own records at once. */
+static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, lt_avro_record_t *r) {
+  const uint8_t *bytes;
+  size_t len;
+  char err[512];
+  lt_err_t e = lt_avro_record_encode(r, &bytes, &len, err, sizeof err);
+  if (e) {
+    logf_(w, "cannot encode %s: %s", lt_avro_record_type(r), err);
+    return e;
+  }
+  lt_bus_record_t rec = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                         .value = bytes, .value_size = len};
+  for (int tries = 0; tries < 5; tries++) {
+    e = lt_bus_produce_sync(w->producer, &rec, 10000, NULL, NULL, err, sizeof err);
+    if (!e) {
+      if (strcmp(topic, w->t_control) == 0) lt_proj_apply(w->proj, bytes, len, NULL, NULL, 0);
+      return LT_OK;
+    }
+    if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
+    usleep(200000u << tries);
+  }
+  logf_(w, "%s for %s was not recorded: %s", lt_avro_record_type(r), key, err);
+  return e;
+}
+
+static void send_async(lt_worker_t *w, const char *topic, const char *key, lt_avro_record_t *r, void *opaque) {
+  const uint8_t *bytes;
+  size_t len;
+  char err[512];
+  if (lt_avro_record_encode(r, &bytes, &len, err, sizeof err)) return;
+  lt_bus_record_t rec = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                         .value = bytes, .value_size = len};
+  if (lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
+    logf_(w, "%s for %s not queued: %s", lt_avro_record_type(r), key, err);
+}
+
+/* Delivery reports (producer thread): a delivered heartbeat renews this worker's leases. */
+static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
+  lt_worker_t *w = opaque;
+  if (d->msg_opaque == (void *)w && d->err == LT_OK) {
+    __atomic_store_n(&w->hb_ok_ms, now_ms(), __ATOMIC_RELEASE);
+  }
+}
+
+/* ---------------------------------------------------------------- attempts */
+
+static attempt_t *find_attempt(lt_worker_t *w, const char *job_id) {
+  for (int i = 0; i < w->conf.slots; i++)
+    if (w->slots[i].state != A_FREE && strcmp(w->slots[i].job_id, job_id) == 0) return &w->slots[i];
+  return NULL;
+}
+
+static int free_slots(lt_worker_t *w) {
+  int n = 0;
+  for (int i = 0; i < w->conf.slots; i++) n += w->slots[i].state == A_FREE;
+  return n;
+}
+
+/* Is this attempt still the job's live one (per the fold of lathe.control)? */
+static bool live(lt_worker_t *w, const attempt_t *a) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
+  return j && j->attempt == a->attempt && !lt_job_state_is_terminal(j->state) && !a->fenced;
+}
+
+static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
+  if (a->state != A_RUNNING || a->stop_signal) return;
+  a->stop_signal = sig;
+  a->stop_sent_ms = now_ms();
+  kill(a->pid, sig);
+  logf_(w, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
+}
+
+static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
+  if (a->state != A_RUNNING || a->killed) return;
+  a->killed = true;
+  kill(a->pid, SIGKILL);
+  logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why);
+}
+
+/* Overwrites and removes the files of a private directory: nothing of a tenant stays on disk. */
+static int64_t scrub_dir(const char *dir) {
+  int64_t zeroed = 0;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  struct dirent *e;
+  char zeros[1 << 16];
+  memset(zeros, 0, sizeof zeros);
+  while ((e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    int fd = open(path, O_WRONLY);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+      for (off_t off = 0; off < st.st_size; off += (off_t)sizeof zeros) {
+        size_t k = (size_t)(st.st_size - off) < sizeof zeros ? (size_t)(st.st_size - off) : sizeof zeros;
+        if (pwrite(fd, zeros, k, off) < 0) break;
+      }
+      fsync(fd);
+      zeroed += st.st_size;
+    }
+    if (fd >= 0) close(fd);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+  return zeroed;
+}
+
+typedef struct {
+  lt_store_t *store;
+  int deleted;
+  char keys[64][512];
+  int n;
+} del_ctx_t;
+
+static lt_err_t collect_key(void *ctx, const char *key, const lt_store_info_t *info) {
+  del_ctx_t *d = ctx;
+  (void)info;
+  if (d->n < 64) snprintf(d->keys[d->n++], sizeof d->keys[0], "%s", key);
+  return LT_OK;
+}
+
+/* Deletes the staging objects of a job (all attempts): a cancelled job leaves nothing behind. */
+static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
+  char prefix[512], next[1024] = "";
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/", tenant, job);
+  int deleted = 0;
+  for (int pages = 0; pages < 1000; pages++) {
+    del_ctx_t d = {.store = w->conf.store};
+    if (lt_store_list(w->conf.store, prefix, NULL, 64, collect_key, &d, next, sizeof next, NULL, 0)) break;
+    for (int i = 0; i < d.n; i++)
+      if (lt_store_delete(w->conf.store, d.keys[i], NULL, 0) == LT_OK) deleted++;
+    if (d.n == 0) break;
+  }
+  return deleted;
+}
+
+static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {
+  if (a->fenced || !live(w, a)) return;
+  lt_avro_record_t *r = fresh(w, R_STOPPED, a);
+  lt_avro_set_enum(r, "reason", reason);
+  lt_avro_set_long(r, "step", a->step);
+  lt_avro_set_bool(r, "killed", a->killed);
+  if (detail) lt_avro_set_string(r, "detail", detail);
+  else lt_avro_set_null(r, "detail");
+  send_sync(w, w->t_control, a->job_id, r);
+}
+
+static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
+  bool cancelled = j && (j->cancel_requested || j->state == LT_JOB_CANCELLED);
+  if (!a->reported) {
+    char detail[160];
+    if (a->killed && a->stop_signal)
+      snprintf(detail, sizeof detail, "killed after the %d ms kill deadline", w->conf.kill_deadline_ms);
+    else if (WIFSIGNALED(status))
+      snprintf(detail, sizeof detail, "the executor died of signal %d", WTERMSIG(status));
+    else
+      snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
+    record_stopped(w, a, cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : "failed", detail);
+    if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) {
+      lt_avro_record_t *r = fresh(w, R_CANCELLED, a);
+      lt_avro_set_string(r, "cancel_event_id", "");
+      lt_avro_set_string(r, "requested_by", "customer");
+      send_sync(w, w->t_control, a->job_id, r);
+    }
+  }
+  int64_t zeroed = scrub_dir(a->work_dir);
+  int deleted = cancelled ? delete_staging(w, a->tenant_id, a->job_id) : 0;
+  lt_avro_record_t *r = fresh(w, R_CLEANUP, a);
+  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
+  lt_avro_set_int(r, "staging_objects_deleted", deleted);
+  lt_avro_set_long(r, "host_bytes_zeroed", zeroed);
+  lt_avro_set_long(r, "device_bytes_zeroed", 0);
+  send_sync(w, w->t_control, a->job_id, r);
+  if (a->ev) event_free(a->ev);
+  if (a->out_fd >= 0) close(a->out_fd);
+  logf_(w, "attempt %d of %s ended", a->attempt, a->job_id);
+  memset(a, 0, sizeof *a);
+  a->out_fd = -1;
+}
+
+/* One line from an executor. */
+static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
+  json_error_t je;
+  json_t *o = json_loads(line, 0, &je);
+  if (!o) {
+    logf_(w, "%s: unreadable executor line", a->job_id);
+    return;
+  }
+  a->last_progress_ms = now_ms();
+  const char *type = json_string_value(json_object_get(o, "type"));
+  if (!type) type = "";
+  if (!live(w, a)) {
+    /* Fenced: a newer attempt owns the job. Record nothing and stop. */
+    a->fenced = true;
+    kill_attempt(w, a, "fenced by a newer attempt");
+    json_decref(o);
+    return;
+  }
+  if (strcmp(type, "step") == 0) {
+    a->step = json_integer_value(json_object_get(o, "step"));
+    lt_avro_record_t *r = fresh(w, R_STEP, a);
+    lt_avro_set_long(r, "step", a->step);
+    lt_avro_set_long(r, "total_steps", json_integer_value(json_object_get(o, "total_steps")));
+    lt_avro_set_double(r, "loss", json_number_value(json_object_get(o, "loss")));
+    lt_avro_set_double(r, "learning_rate", json_number_value(json_object_get(o, "learning_rate")));
+    lt_avro_set_long(r, "tokens", json_integer_value(json_object_get(o, "tokens")));
+    lt_avro_set_double(r, "tokens_per_s", json_number_value(json_object_get(o, "tokens_per_s")));
+    lt_avro_set_long(r, "elapsed_ms", json_integer_value(json_object_get(o, "elapsed_ms")));
+    lt_avro_set_long(r, "eta_ms", json_integer_value(json_object_get(o, "eta_ms")));
+    lt_avro_set_double(r, "epoch", json_number_value(json_object_get(o, "epoch")));
+    lt_avro_set_double(r, "grad_norm", json_number_value(json_object_get(o, "grad_norm")));
+    send_async(w, w->t_progress, a->job_id, r, NULL);
+  } else if (strcmp(type, "eval") == 0) {
+    lt_avro_record_t *r = fresh(w, R_EVAL, a);
+    lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
+    lt_avro_set_bool(r, "final", json_is_true(json_object_get(o, "final")));
+    lt_avro_set_long(r, "examples", json_integer_value(json_object_get(o, "examples")));
+    static const char *const names[][2] = {{"val_loss", "base_val_loss"}, {"perplexity", "base_perplexity"},
+                                           {"token_accuracy", "base_token_accuracy"},
+                                           {"exact_match", "base_exact_match"}};
+    for (size_t i = 0; i < 4; i++) {
+      double v = json_number_value(json_object_get(o, names[i][0]));
+      if (i == 3 && v < 0) continue; /* not measured */
+      size_t idx;
+      char path[64];
+      lt_avro_array_append(r, "metrics", &idx);
+      snprintf(path, sizeof path, "metrics[%zu].name", idx);
+      lt_avro_set_string(r, path, names[i][0]);
+      snprintf(path, sizeof path, "metrics[%zu].value", idx);
+      lt_avro_set_double(r, path, v);
+      snprintf(path, sizeof path, "metrics[%zu].base_value", idx);
+      lt_avro_set_double(r, path, json_number_value(json_object_get(o, names[i][1])));
+      if (i == 3) {
+        snprintf(path, sizeof path, "metrics[%zu].ci_low", idx);
+        lt_avro_set_double(r, path, json_number_value(json_object_get(o, "exact_match_ci_low")));
+        snprintf(path, sizeof path, "metrics[%zu].ci_high", idx);
+        lt_avro_set_double(r, path, json_number_value(json_object_get(o, "exact_match_ci_high")));
+      }
+    }
+    lt_avro_set_string(r, "config_digest", "");
+    send_async(w, w->t_progress, a->job_id, r, NULL);
+  } else if (strcmp(type, "checkpoint") == 0) {
+    lt_avro_record_t *r = fresh(w, R_CKPT, a);
+    bool final = json_is_true(json_object_get(o, "final"));
+    lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
+    json_t *keys = json_object_get(o, "keys");
+    size_t i;
+    json_t *k;
+    json_array_foreach(keys, i, k) lt_avro_array_append_string(r, "object_keys", json_string_value(k));
+    const char *sha = json_string_value(json_object_get(o, "sha256"));
+    lt_avro_set_string(r, "sha256", sha ? sha : "");
+    lt_avro_set_long(r, "bytes", json_integer_value(json_object_get(o, "bytes")));
+    lt_avro_set_bool(r, "final", final);
+    lt_avro_set_string(r, "trigger", final ? "final" : a->stop_signal == SIGUSR2 ? "preempt" : "interval");
+    const char *eid = NULL;
+    lt_avro_get_string(r, "event_id", &eid, NULL);
+    if (final && eid) {
+      snprintf(a->final_ckpt_event, sizeof a->final_ckpt_event, "%s", eid);
+      snprintf(a->final_ckpt_sha, sizeof a->final_ckpt_sha, "%s", sha ? sha : "");
+    }
+    if (send_sync(w, w->t_control, a->job_id, r)) kill_attempt(w, a, "its checkpoint could not be recorded");
+  } else if (strcmp(type, "done") == 0) {
+    a->reported = true;
+    if (!a->final_ckpt_event[0]) {
+      record_stopped(w, a, "failed", "finished without a final checkpoint");
+    } else {
+      lt_avro_record_t *r = fresh(w, R_COMPLETED, a);
+      lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
+      lt_avro_set_string(r, "checkpoint_event_id", a->final_ckpt_event);
+      lt_avro_set_string(r, "checkpoint_sha256", a->final_ckpt_sha);
+      send_sync(w, w->t_control, a->job_id, r);
+    }
+  } else if (strcmp(type, "stopped") == 0) {
+    a->reported = true;
+    const char *why = json_string_value(json_object_get(o, "why"));
+    bool cancel = why && strcmp(why, "cancel") == 0;
+    a->step = json_integer_value(json_object_get(o, "step"));
+    record_stopped(w, a, cancel ? "cancel" : "preempt", NULL);
+    if (cancel) {
+      lt_avro_record_t *r = fresh(w, R_CANCELLED, a);
+      lt_avro_set_string(r, "cancel_event_id", "");
+      lt_avro_set_string(r, "requested_by", "customer");
+      send_sync(w, w->t_control, a->job_id, r);
+    }
+  } else if (strcmp(type, "error") == 0) {
+    a->reported = true;
+    const char *reason = json_string_value(json_object_get(o, "reason"));
+    record_stopped(w, a, "failed", reason ? reason : "the executor failed");
+  }
+  json_decref(o);
+}
+
+typedef struct {
+  lt_worker_t *w;
+  attempt_t *a;
+} out_ctx_t;
+
+static void read_output(evutil_socket_t fd, short what, void *arg) {
+  out_ctx_t *c = arg;
+  attempt_t *a = c->a;
+  lt_worker_t *w = c->w;
+  (void)what;
+  for (;;) {
+    ssize_t n = read(fd, a->line + a->line_len, sizeof a->line - 1 - a->line_len);
+    if (n > 0) {
+      a->line_len += (size_t)n;
+      a->line[a->line_len] = '\0';
+      char *start = a->line, *nl;
+      while ((nl = memchr(start, '\n', a->line_len - (size_t)(start - a->line)))) {
+        *nl = '\0';
+        on_line(w, a, start);
+        start = nl + 1;
+      }
+      size_t rest = a->line_len - (size_t)(start - a->line);
+      memmove(a->line, start, rest);
+      a->line_len = rest;
+      if (a->line_len == sizeof a->line - 1) a->line_len = 0; /* an overlong line: drop it */
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    /* EOF: the executor closed its output (it exited or is exiting). */
+    event_del(a->ev);
+    int status = 0;
+    waitpid(a->pid, &status, 0);
+    a->state = A_EXITED;
+    free(c);
+    a->ev = (event_free(a->ev), NULL);
+    finish_attempt(w, a, status);
+    return;
+  }
+}
+
+/* ---------------------------------------------------------------- starting attempts */
+
+static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, char *errstr, size_t n) {
+  int in[2], out[2];
+  if (pipe(in) || pipe(out)) return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  char *argv[] = {(char *)"lathed", (char *)"--role", (char *)"executor", NULL};
+  pid_t pid;
+  int rc = posix_spawn(&pid, w->conf.executor_path, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  if (rc != 0) {
+    close(in[1]);
+    close(out[0]);
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot start the executor %s: %s", w->conf.executor_path, strerror(rc));
+  }
+  size_t len = strlen(assignment);
+  bool ok = write(in[1], assignment, len) == (ssize_t)len && write(in[1], "\n", 1) == 1;
+  close(in[1]);
+  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  a->pid = pid;
+  a->out_fd = out[0];
+  out_ctx_t *c = malloc(sizeof *c);
+  c->w = w;
+  c->a = a;
+  a->ev = event_new(w->base, out[0], EV_READ | EV_PERSIST, read_output, c);
+  event_add(a->ev, NULL);
+  if (!ok) logf_(w, "could not hand the assignment to the executor of %s", a->job_id);
+  return LT_OK;
+}
+
+static const char *resume_key(lt_worker_t *w, const char *job_id) {
+  json_t *info = lt_proj_job_info(w->proj, job_id);
+  json_t *keys = info ? json_object_get(info, "checkpoint_keys") : NULL;
+  size_t i;
+  json_t *k;
+  json_array_foreach(keys, i, k) {
+    const char *s = json_string_value(k);
+    size_t l = s ? strlen(s) : 0;
+    if (l > 10 && strcmp(s + l - 10, "/state.bin") == 0) return s;
+  }
+  return NULL;
+}
+
+/* Starts a dispatched attempt if it is still the job's live one; false to keep it pending. */
+static bool try_start(lt_worker_t *w, pending_t *p) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
+  if (!j || j->attempt < p->attempt) return false; /* the control record is not folded yet */
+  if (j->attempt > p->attempt || j->state != LT_JOB_DISPATCHED || j->cancel_requested) return true; /* stale: drop */
+  attempt_t *a = NULL;
+  for (int i = 0; i < w->conf.slots && !a; i++)
+    if (w->slots[i].state == A_FREE) a = &w->slots[i];
+  if (!a) return false;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(w->proj), j->tenant_id);
+  lt_jobspec_t spec;
+  char err[512], field[96];
+  memset(a, 0, sizeof *a);
+  a->out_fd = -1;
+  snprintf(a->job_id, sizeof a->job_id, "%s", j->job_id);
+  snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
+  a->attempt = p->attempt;
+  a->cls = j->job_class;
+  a->lease_ms = json_integer_value(json_object_get(p->dispatch, "lease_ms"));
+  if (a->lease_ms <= 0) a->lease_ms = 30000;
+  a->last_progress_ms = now_ms();
+  json_t *spec_in = json_deep_copy(p->dispatch);
+  lt_err_t e = lt_jobspec_from_json(json_pack("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "base_model",
+                                              json_object_get(spec_in, "base_model"), "dataset_id",
+                                              json_object_get(spec_in, "dataset_id"), "validation_dataset_id",
+                                              json_object_get(spec_in, "validation_dataset_id"), "hyperparameters",
+                                              json_object_get(spec_in, "hyperparameters"), "priority",
+                                              json_object_get(spec_in, "priority"), "max_duration_s",
+                                              json_object_get(spec_in, "max_duration_s"), "gpus",
+                                              json_object_get(spec_in, "gpus")),
+                                    &spec, field, sizeof field, err, sizeof err);
+  json_decref(spec_in);
+  a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
+  if (!t || e) {
+    record_stopped(w, a, "failed", !t ? "the job's tenant is unknown to the worker" : err);
+    a->reported = true;
+    finish_attempt(w, a, 0);
+    return true;
+  }
+  /* Claim the attempt before doing anything with it. */
+  lt_avro_record_t *r = fresh(w, R_STARTED, a);
+  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
+  lt_avro_set_long(r, "lease_deadline", now_ms() + a->lease_ms);
+  if (j->ckpt_step > 0) lt_avro_set_long(r, "resume_step", j->ckpt_step);
+  else lt_avro_set_null(r, "resume_step");
+  if (send_sync(w, w->t_control, a->job_id, r)) {
+    memset(a, 0, sizeof *a);
+    a->out_fd = -1;
+    return false; /* try again on the next tick */
+  }
+  snprintf(a->work_dir, sizeof a->work_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.work_root, a->job_id, a->attempt);
+  if (!mkdtemp(a->work_dir)) { /* mkdtemp makes it 0700 */
+    record_stopped(w, a, "failed", "cannot create the attempt's private directory");
+    a->reported = true;
+    finish_attempt(w, a, 0);
+    return true;
+  }
+  char wrapped_hex[2 * LT_TENANT_WRAPPED_MAX + 1];
+  lt_crypto_hex(t->wrapped_data_key, t->wrapped_data_key_len, wrapped_hex);
+  char model_dir[1024];
+  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, spec.base_model);
+  const char *rk = resume_key(w, a->job_id);
+  json_t *asg = json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:i,s:{s:s,s:o},s:{s:s,s:s},s:o}", "job_id", a->job_id,
+                          "tenant_id", a->tenant_id, "attempt", a->attempt, "spec", lt_jobspec_to_json(&spec),
+                          "model_dir", model_dir, "work_dir", a->work_dir, "threads", w->conf.threads_per_executor,
+                          "dataset", "train", spec.dataset_id, "valid",
+                          spec.validation_dataset_id[0] ? json_string(spec.validation_dataset_id) : json_null(),
+                          "tenant_key", "key_id", t->data_key_id, "wrapped_hex", wrapped_hex, "resume_state_key",
+                          rk ? json_string(rk) : json_null());
+  char *text = json_dumps(asg, JSON_COMPACT);
+  json_decref(asg);
+  e = text ? spawn(w, a, text, err, sizeof err) : LT_ERR_NOMEM;
+  free(text);
+  if (e) {
+    record_stopped(w, a, "failed", err);
+    a->reported = true;
+    finish_attempt(w, a, 0);
+    return true;
+  }
+  logf_(w, "started %s attempt %d (pid %d)%s", a->job_id, a->attempt, (int)a->pid, rk ? ", resuming" : "");
+  return true;
+}
+
+static void run_pending(lt_worker_t *w) {
+  /* Highest class first, then oldest. */
+  for (int pass = 0; pass < LT_CLASS__COUNT; pass++)
+    for (int i = 0; i < w->npending; i++) {
+      pending_t *p = &w->pending[i];
+      if ((int)p->cls != pass) continue;
+      bool expired = now_ms() - p->since_ms > 60000;
+      if (try_start(w, p) || expired) {
+        json_decref(p->dispatch);
+        w->pending[i] = w->pending[--w->npending];
+        i--;
+      }
+    }
+}
+
+/* ---------------------------------------------------------------- consumers */
+
+static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
+  size_t len;
+  const void *v = lt_bus_msg_value(m, &len);
+  lt_avro_record_t *rec;
+  char err[256];
+  if (!v || lt_avro_decode(w->dec, v, len, &rec, err, sizeof err) || strcmp(lt_avro_record_type(rec), "JobDispatched")) {
+    logf_(w, "skipping an undecodable dispatch record at offset %lld", (long long)lt_bus_msg_offset(m));
+    return;
+  }
+  const char *wid = NULL, *job = NULL, *cls = NULL;
+  int32_t attempt = 0;
+  lt_avro_get_string(rec, "worker_id", &wid, NULL);
+  lt_avro_get_string(rec, "job_id", &job, NULL);
+  lt_avro_get_int(rec, "attempt", &attempt);
+  lt_avro_get_enum(rec, "priority", &cls);
+  if (!job || (wid && strcmp(wid, w->conf.worker_id) != 0)) return; /* another worker's */
+  if (w->npending == MAX_PENDING || find_attempt(w, job)) return;
+  pending_t *p = &w->pending[w->npending++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->job_id, sizeof p->job_id, "%s", job);
+  p->attempt = attempt;
+  lt_job_class_t c = LT_CLASS_STANDARD;
+  if (cls) lt_job_class_parse(cls, &c);
+  p->cls = c;
+  p->since_ms = now_ms();
+  lt_avro_record_to_jansson(rec, &p->dispatch, NULL, 0);
+}
+
+static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
+  lt_worker_t *w = arg;
+  for (int i = 0; i < 100; i++) {
+    const lt_bus_msg_t *m = NULL;
+    char err[256];
+    if (lt_bus_consumer_poll(w->dispatch, 0, &m, err, sizeof err) || !m) break;
+    on_dispatch_msg(w, m);
+    lt_bus_consumer_commit_msg(w->dispatch, m, true, NULL, 0);
+  }
+  run_pending(w);
+}
+
+/* A control record for a job running here may ask us to stop it. */
+static void react(lt_worker_t *w, const char *job_id) {
+  attempt_t *a = find_attempt(w, job_id);
+  if (!a || a->state != A_RUNNING) return;
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), job_id);
+  if (!j) return;
+  if (j->attempt != a->attempt || (lt_job_state_is_terminal(j->state) && !a->reported)) {
+    a->fenced = true;
+    kill_attempt(w, a, "a newer attempt or a terminal record owns the job");
+  } else if (j->cancel_requested) {
+    stop_attempt(w, a, SIGUSR1);
+  } else if (j->state == LT_JOB_PREEMPTING) {
+    stop_attempt(w, a, SIGUSR2);
+  }
+}
+
+static void on_folded(void *ctx, const lt_proj_result_t *res) {
+  if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(ctx, res->job_id);
+}
+
+static void on_control(evutil_socket_t fd, short what, void *arg) {
+  lt_worker_t *w = arg;
+  for (int i = 0; i < 1000; i++) {
+    const lt_bus_msg_t *m = NULL;
+    char err[256];
+    if (lt_bus_consumer_poll(w->control, 0, &m, err, sizeof err) || !m) break;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    if (v) lt_proj_fold(w->proj, v, len, on_folded, w, NULL, 0);
+  }
+  run_pending(w);
+}
+
+static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t what, const lt_bus_tp_t *parts,
+                         size_t n) {
+  lt_worker_t *w = opaque;
+  (void)c;
+  if (what == LT_BUS_REVOKED) {
+    json_array_clear(w->owned);
+    return;
+  }
+  json_array_clear(w->owned);
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(w->owned, json_pack("{s:s,s:i}", "topic", parts[i].topic, "partition", parts[i].partition));
+}
+
+/* ---------------------------------------------------------------- heartbeat and timers */
+
+static void heartbeat(lt_worker_t *w) {
+  lt_avro_record_t *r = fresh(w, R_HB, NULL);
+  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
+  lt_avro_set_long(r, "seq", ++w->hb_seq);
+  lt_avro_set_string(r, "backend", "cpu");
+  lt_avro_set_int(r, "slots_total", w->conf.slots);
+  lt_avro_set_int(r, "slots_free", free_slots(w));
+  struct sysinfo si;
+  if (sysinfo(&si) == 0) {
+    lt_avro_set_long(r, "memory_total_bytes", (int64_t)si.totalram * si.mem_unit);
+    lt_avro_set_long(r, "memory_free_bytes", (int64_t)si.freeram * si.mem_unit);
+  }
+  DIR *d = opendir(w->conf.models_dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char probe[1024];
+    snprintf(probe, sizeof probe, "%s/%s/model.safetensors", w->conf.models_dir, e->d_name);
+    if (e->d_name[0] != '.' && access(probe, R_OK) == 0) lt_avro_array_append_string(r, "base_models", e->d_name);
+  }
+  if (d) closedir(d);
+  size_t i;
+  json_t *p;
+  json_array_foreach(w->owned, i, p) {
+    size_t idx;
+    char path[64];
+    lt_avro_array_append(r, "owned_partitions", &idx);
+    snprintf(path, sizeof path, "owned_partitions[%zu].topic", idx);
+    lt_avro_set_string(r, path, json_string_value(json_object_get(p, "topic")));
+    snprintf(path, sizeof path, "owned_partitions[%zu].partition", idx);
+    lt_avro_set_int(r, path, (int32_t)json_integer_value(json_object_get(p, "partition")));
+  }
+  for (int s = 0; s < w->conf.slots; s++) {
+    attempt_t *a = &w->slots[s];
+    if (a->state != A_RUNNING || a->fenced) continue;
+    size_t idx;
+    char path[64];
+    lt_avro_array_append(r, "leases", &idx);
+    snprintf(path, sizeof path, "leases[%zu].job_id", idx);
+    lt_avro_set_string(r, path, a->job_id);
+    snprintf(path, sizeof path, "leases[%zu].attempt", idx);
+    lt_avro_set_int(r, path, a->attempt);
+    snprintf(path, sizeof path, "leases[%zu].lease_deadline", idx);
+    lt_avro_set_long(r, path, now_ms() + a->lease_ms);
+  }
+  lt_avro_set_bool(r, "draining", false);
+  send_async(w, w->t_workers, w->conf.worker_id, r, w);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+  lt_worker_t *w = arg;
+  int64_t now = now_ms();
+  if (now - w->last_hb_sent_ms >= w->conf.heartbeat_ms) {
+    heartbeat(w);
+    w->last_hb_sent_ms = now;
+  }
+  int64_t hb_ok = __atomic_load_n(&w->hb_ok_ms, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < w->conf.slots; i++) {
+    attempt_t *a = &w->slots[i];
+    if (a->state != A_RUNNING) continue;
+    /* Partitioned: the lease cannot be renewed. Stop before it can expire (invariant 2). */
+    if (now - hb_ok > a->lease_ms * 2 / 3 && now - a->last_progress_ms > 0 && hb_ok > 0) {
+      a->fenced = true;
+      kill_attempt(w, a, "its lease could not be renewed (broker unreachable)");
+    }
+    if (a->stop_signal && now - a->stop_sent_ms > w->conf.kill_deadline_ms)
+      kill_attempt(w, a, "it did not stop within the kill deadline");
+    if (now - a->last_progress_ms > w->conf.watchdog_ms) kill_attempt(w, a, "no progress (step watchdog)");
+  }
+  run_pending(w);
+  /* Pause dispatch consumption while every slot is busy; lower classes wait in Kafka. */
+  bool full = free_slots(w) == 0;
+  if (full != w->dispatch_paused) {
+    lt_bus_tp_t parts[64];
+    size_t np = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(w->owned, i, p) if (np < 64) parts[np++] = (lt_bus_tp_t){
+        .topic = json_string_value(json_object_get(p, "topic")),
+        .partition = (int32_t)json_integer_value(json_object_get(p, "partition"))};
+    if (full) lt_bus_consumer_pause(w->dispatch, parts, np, NULL, 0);
+    else lt_bus_consumer_resume(w->dispatch, parts, np, NULL, 0);
+    w->dispatch_paused = full;
+  }
+  on_control(-1, 0, w);
+  on_dispatch(-1, 0, w);
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
+                       size_t n) {
+  lt_worker_t *w = calloc(1, sizeof *w);
+  if (!w) return LT_ERR_NOMEM;
+  w->conf = *conf;
+  w->base = base;
+  if (w->conf.slots <= 0) w->conf.slots = 1;
+  if (w->conf.slots > MAX_SLOTS) w->conf.slots = MAX_SLOTS;
+  if (w->conf.threads_per_executor <= 0) w->conf.threads_per_executor = 1;
+  if (!w->conf.work_root) w->conf.work_root = "/tmp";
+  if (!w->conf.executor_path) w->conf.executor_path = "/proc/self/exe";
+  if (!w->conf.heartbeat_ms) w->conf.heartbeat_ms = 1000;
+  if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
+  if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
+  for (int i = 0; i < MAX_SLOTS; i++) w->slots[i].out_fd = -1;
+  snprintf(w->producer_id, sizeof w->producer_id, "worker/%s", conf->worker_id);
+  w->owned = json_array();
+  lt_bus_topic_name(conf->bus, "control", w->t_control, sizeof w->t_control);
+  lt_bus_topic_name(conf->bus, "progress", w->t_progress, sizeof w->t_progress);
+  lt_bus_topic_name(conf->bus, "workers", w->t_workers, sizeof w->t_workers);
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    char base_name[64];
+    snprintf(base_name, sizeof base_name, "dispatch.%s", lt_job_class_name((lt_job_class_t)c));
+    lt_bus_topic_name(conf->bus, base_name, w->t_dispatch[c], sizeof w->t_dispatch[c]);
+  }
+  lt_err_t err = lt_proj_new(conf->registry, &w->proj, errstr, n);
+  if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
+  for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
+  lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};
+  if (!err) err = lt_bus_producer_new(conf->bus, &po, &w->producer, errstr, n);
+  /* lathe.jobs, lathe.control and lathe.tenants, folded from the beginning: job states (a job's
+   * state is the fold of both job topics), cancels, tenants and their data keys. */
+  if (!err) err = lt_bus_consumer_new(conf->bus, NULL, &w->control, errstr, n);
+  if (!err) {
+    lt_bus_admin_t *admin = NULL;
+    lt_bus_tp_t parts[64];
+    char names[3][128];
+    size_t np = 0;
+    err = lt_bus_admin_new(conf->bus, &admin, errstr, n);
+    const char *bases[3] = {"jobs", "control", "tenants"};
+    for (int b = 0; b < 3 && !err; b++) {
+      int count = 0;
+      lt_bus_topic_name(conf->bus, bases[b], names[b], sizeof names[b]);
+      err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
+      for (int p = 0; !err && p < count && np < 64; p++)
+        parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+    }
+    lt_bus_admin_destroy(admin);
+    if (!err) err = lt_bus_consumer_assign(w->control, parts, np, errstr, n);
+  }
+  lt_bus_consumer_opts_t co = {.group_id = "lathe-workers", .rebalance_cb = on_rebalance, .opaque = w};
+  if (!err) err = lt_bus_consumer_new(conf->bus, &co, &w->dispatch, errstr, n);
+  if (!err) {
+    const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
+    err = lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);
+  }
+  if (!err) {
+    w->control_ev = event_new(base, lt_bus_consumer_fd(w->control), EV_READ | EV_PERSIST, on_control, w);
+    w->dispatch_ev = event_new(base, lt_bus_consumer_fd(w->dispatch), EV_READ | EV_PERSIST, on_dispatch, w);
+    w->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, w);
+    struct timeval tv = {0, 200 * 1000};
+    if (!w->control_ev || !w->dispatch_ev || !w->tick_ev || event_add(w->control_ev, NULL) ||
+        event_add(w->dispatch_ev, NULL) || event_add(w->tick_ev, &tv))
+      err = lt_errf(errstr, n, LT_ERR_NOMEM, "cannot register the worker's events");
+  }
+  if (err) {
+    lt_worker_destroy(w);
+    return err;
+  }
+  __atomic_store_n(&w->hb_ok_ms, now_ms(), __ATOMIC_RELEASE);
+  *out = w;
+  return LT_OK;
+}
+
+void lt_worker_destroy(lt_worker_t *w) {
+  if (!w) return;
+  for (int i = 0; i < MAX_SLOTS; i++) {
+    attempt_t *a = &w->slots[i];
+    if (a->state == A_RUNNING && a->pid > 0) {
+      kill(a->pid, SIGKILL);
+      waitpid(a->pid, NULL, 0);
+      scrub_dir(a->work_dir);
+    }
+    if (a->ev) event_free(a->ev);
+    if (a->out_fd >= 0) close(a->out_fd);
+  }
+  for (int i = 0; i < w->npending; i++) json_decref(w->pending[i].dispatch);
+  if (w->control_ev) event_free(w->control_ev);
+  if (w->dispatch_ev) event_free(w->dispatch_ev);
+  if (w->tick_ev) event_free(w->tick_ev);
+  lt_bus_consumer_destroy(w->dispatch);
+  lt_bus_consumer_destroy(w->control);
+  lt_bus_producer_destroy(w->producer, 5000);
+  for (int i = 0; i < R__N; i++) lt_avro_record_destroy(w->rec[i]);
+  lt_avro_decoder_destroy(w->dec);
+  lt_proj_destroy(w->proj);
+  json_decref(w->owned);
+  free(w);
+}

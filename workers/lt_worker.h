@@ -1,0 +1,63 @@
+/* lt_worker: `lathed worker`, one per GPU or CPU node (DESIGN.md §2, §7, §9).
+ *
+ * It consumes the dispatch topics of every priority class (one per class, so every worker of the
+ * group owns partitions of each), claims an attempt with AttemptStarted, runs it in an executor
+ * child process (lt_executor.c), and records what the executor reports: StepCompleted and
+ * EvalCompleted into lathe.progress, CheckpointCommitted (after the sealed objects are in the
+ * store), AttemptStopped, JobCompleted, JobCancelled and CleanupDone into lathe.control.
+ *
+ * The invariants it keeps:
+ *  - one live attempt (§4.2): it folds lathe.control (lt_proj) and never starts, nor records
+ *    anything for, an attempt that is not the job's current one; a newer attempt kills ours. Its
+ *    leases are renewed by its heartbeats; when heartbeats cannot be delivered for 2/3 of a
+ *    lease it stops its attempts itself, before the lease can expire;
+ *  - bounded cancellation (§4.6): on CancelRequested the executor stops at the next micro-step
+ *    (SIGUSR1); no stop within the kill deadline -> SIGKILL, AttemptStopped(killed);
+ *  - commit after upload (§4.4, §4.5): CheckpointCommitted is produced with acks=all only after
+ *    the executor reported the objects written; JobCompleted only after the final commit;
+ *  - isolation (§4.7): executors run with core dumps off in a private 0700 directory that is
+ *    scrubbed and removed after the attempt; staging objects of a cancelled job are deleted.
+ *
+ * Threads: everything on the caller's event_base thread; the producer's delivery reports only
+ * update an atomic heartbeat timestamp. */
+#ifndef LT_WORKER_H
+#define LT_WORKER_H
+
+#include <event2/event.h>
+#include <stdint.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_crypto.h"
+#include "lt_err.h"
+#include "lt_store.h"
+
+typedef struct lt_worker lt_worker_t;
+
+typedef struct lt_worker_conf {
+  const lt_bus_conf_t *bus;           /* borrowed */
+  lt_store_t *store;                  /* borrowed: cleanup of staging objects */
+  const lt_crypto_kek_t *kek;         /* borrowed */
+  const lt_avro_registry_t *registry; /* borrowed */
+  const char *worker_id;              /* also the producer identity ("worker/<id>") */
+  int slots;                          /* attempts at once (1) */
+  int threads_per_executor;           /* cpu backend threads of each executor (1) */
+  const char *models_dir;             /* <models_dir>/<base_model>/ holds each base model */
+  const char *executor_path;          /* the lathed binary to spawn (/proc/self/exe) */
+  const char *work_root;              /* parent of the per-attempt directories (/tmp) */
+  int heartbeat_ms;                   /* 1000 */
+  int kill_deadline_ms;               /* 30000: stop requested -> SIGKILL after this */
+  int watchdog_ms;                    /* 600000: no progress line for this long -> kill */
+} lt_worker_conf_t;
+
+lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
+                       size_t errstr_size);
+
+/* Kills running executors (their attempts get AttemptStopped(lost) from the scheduler once the
+ * leases expire) and frees. NULL is fine. */
+void lt_worker_destroy(lt_worker_t *w);
+
+/* The executor side, for `lathed --role executor` (lt_executor.c). Returns the exit status. */
+int lt_executor_main(void);
+
+#endif

@@ -34,6 +34,7 @@ static const layout_name_t names[] = {
     {"config.json", true, true},
     {"eval.json", false, true},
     {"metrics.json", false, true},
+    {"samples.json", false, true},
     {"state.bin", false, false},
 };
 #define NNAMES (sizeof names / sizeof names[0])

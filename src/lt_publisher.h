@@ -15,6 +15,8 @@
  *   config.json                {"config_digest":"<64 hex>","spec":{..}}    required, published
  *   eval.json                  eval report                                 optional, published
  *   metrics.json               training metrics                            optional, published
+ *   samples.json               a few validation prompts, greedy outputs of  optional, published
+ *                              the base model and of the fine-tuned one
  *   state.bin                  optimizer, RNG, data cursor (resume only)   optional, never published
  *
  * Every object is one LTE1 stream sealed with the tenant's data key under its own key

@@ -96,7 +96,7 @@ static void on_eval(void *ctx, const lt_train_eval_t *e) {
 
 /* The checkpoint's objects in the order the commit names them (the publisher relies on it). */
 static const char *const ckpt_names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                         "metrics.json", "eval.json", "config.json"};
+                                         "metrics.json", "eval.json", "config.json", "samples.json"};
 
 static lt_err_t upload_once(exec_t *x, const char *dir, int64_t step, json_t *keys, uint8_t sha[32], uint64_t *bytes,
                             char *errstr, size_t n) {

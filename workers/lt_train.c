@@ -223,12 +223,21 @@ static int64_t batch_fill(batch_buf_t *b, const examples_t *ex, const uint32_t *
 
 /* ---------------------------------------------------------------- evaluation */
 
+#define SAMPLES_KEPT 5
+
 typedef struct {
   double loss_sum, weight_sum;
   int64_t correct, counted;
   int64_t em_n;
-  uint8_t *em; /* per scored example, 0/1 */
+  uint8_t *em;                 /* per scored example, 0/1 */
+  char *texts[SAMPLES_KEPT];   /* greedy outputs of the first examples (samples.json) */
 } eval_acc_t;
+
+static void acc_free(eval_acc_t *a) {
+  free(a->em);
+  for (int i = 0; i < SAMPLES_KEPT; i++) free(a->texts[i]);
+  memset(a, 0, sizeof *a);
+}
 
 static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_t *val, batch_buf_t *b, int V,
                            int eval_max, int gen_max, eval_acc_t *acc, char *errstr, size_t n) {
@@ -290,7 +299,8 @@ static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_
       if (err) break;
       const char *want = val->v[i + (size_t)r].completion;
       acc->em[i + (size_t)r] = (uint8_t)lt_task_exact_match(want, strlen(want), text, tl);
-      free(text);
+      if (i + (size_t)r < SAMPLES_KEPT) acc->texts[i + (size_t)r] = text;
+      else free(text);
     }
   }
   free(out);
@@ -367,6 +377,7 @@ typedef struct {
   char digest[65];
   lt_train_eval_t last_eval;
   bool have_eval;
+  json_t *samples; /* [{prompt, expected, base, fine_tuned}] once the final eval ran */
 } run_t;
 
 static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
@@ -397,6 +408,9 @@ static lt_err_t checkpoint(run_t *r, int64_t step, uint64_t cursor, bool final, 
   json_t *cfg = json_pack("{s:s,s:O}", "config_digest", r->digest, "config", r->config);
   if (!err) err = write_json(dir, "config.json", cfg, errstr, n);
   json_decref(cfg);
+  json_t *samples = r->samples ? json_incref(r->samples) : json_array();
+  if (!err) err = write_json(dir, "samples.json", samples, errstr, n);
+  json_decref(samples);
   if (!err && hooks && hooks->on_checkpoint) err = hooks->on_checkpoint(hooks->ctx, dir, step, final, errstr, n);
   return err;
 }
@@ -589,9 +603,24 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
         r.last_eval = ev;
         r.have_eval = true;
         if (last) out->final_eval = ev;
+        if (last && val.prompt_completion) {
+          /* A few outputs beside the base model's: what the customer sees in samples.json. */
+          json_decref(r.samples);
+          r.samples = json_array();
+          for (size_t k = 0; k < SAMPLES_KEPT && k < val.n; k++) {
+            char *prompt = NULL;
+            size_t pl = 0;
+            if (lt_tok_decode(tok, val.v[k].ids, (size_t)val.v[k].prompt_len, 1, &prompt, &pl, NULL, 0)) continue;
+            json_array_append_new(r.samples, json_pack("{s:s,s:s,s:s,s:s}", "prompt", prompt, "expected",
+                                                       val.v[k].completion, "base",
+                                                       base_acc.texts[k] ? base_acc.texts[k] : "", "fine_tuned",
+                                                       acc.texts[k] ? acc.texts[k] : ""));
+            free(prompt);
+          }
+        }
         if (hooks && hooks->on_eval) hooks->on_eval(hooks->ctx, &ev);
       }
-      free(acc.em);
+      acc_free(&acc);
       if (err) goto out;
     }
     bool by_steps = hp->checkpoint_interval > 0 && step % hp->checkpoint_interval == 0;
@@ -605,7 +634,8 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
   out->steps = step;
   out->stopped = LT_TRAIN_GO;
 out:
-  free(base_acc.em);
+  acc_free(&base_acc);
+  json_decref(r.samples);
   free(order);
   batch_free(&b);
   batch_free(&vb);

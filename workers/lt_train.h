@@ -61,7 +61,7 @@ typedef struct lt_train_hooks {
   void (*on_step)(void *ctx, const lt_train_step_t *st);          /* may be NULL */
   void (*on_eval)(void *ctx, const lt_train_eval_t *ev);          /* may be NULL */
   /* The checkpoint's files are in dir (names: adapter_model.safetensors, adapter_config.json,
-   * state.bin, metrics.json, eval.json, config.json). A failure stops the run with it. */
+   * state.bin, metrics.json, eval.json, config.json, samples.json). A failure stops the run. */
   lt_err_t (*on_checkpoint)(void *ctx, const char *dir, int64_t step, bool final, char *errstr,
                             size_t errstr_size);
 } lt_train_hooks_t;

@@ -60,7 +60,7 @@ static void progress_show(progress_t *p, uint64_t done, bool final) {
     fprintf(stderr, "\r[%s] %3d%%  %.1f/%.1f MB  %.1f MB/s%s", bar, pct, done / 1e6, p->total / 1e6, mbs,
             final ? "\n" : "");
     fflush(stderr);
-  } else if (pct / 10 > p->last_decile || final) {
+  } else if (pct / 10 > p->last_decile || (final && done < p->total)) {
     p->last_decile = pct / 10;
     fprintf(stderr, "uploaded %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.1f MB/s\n", done, p->total, pct, mbs);
   }

@@ -464,6 +464,8 @@ Test(api, invalid_utf8_dataset_is_refused_naming_the_line_and_stores_nothing) {
   expect_error(ca, "POST", "/v1/datasets", "{\"prompt\":1,\"completion\":\"x\"}\n", 400, "invalid_dataset");
   expect_error(ca, "POST", "/v1/datasets", "", 400, "invalid_dataset");
   r = req(ca, "GET", "/v1/datasets", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(json_is_array(json_object_get(r.json, "datasets")), "%s", r.body);
   cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 0, "%s", r.body);
   lt_client_resp_free(&r);
 }
@@ -495,6 +497,8 @@ Test(api, dataset_over_the_tenants_byte_quota_is_429_and_nothing_is_stored) {
   lt_client_resp_free(&r);
   free(big);
   r = req(ca, "GET", "/v1/datasets", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(json_is_array(json_object_get(r.json, "datasets")), "%s", r.body);
   cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 0, "%s", r.body);
   lt_client_resp_free(&r);
   /* And nothing of the tenant in the bucket. */

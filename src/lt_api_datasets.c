@@ -348,7 +348,7 @@ void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_t
       }
       upload_complete(api, req, u);
     } else if (m == EVHTTP_REQ_GET) {
-      char prefix[256], next[1024] = "", after[1024] = "";
+      char prefix[256], next[2048] = "", after[2048] = "";
       snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", t->tenant_id);
       list_ctx_t l = {.api = api, .tenant = t->tenant_id, .out = json_array()};
       lt_err_t err;

@@ -4,8 +4,8 @@
  * lt_client. Bad input of every endpoint gets the documented status and code and changes
  * nothing; an acknowledgement means the record is in the topic (read back with a consumer);
  * tenants are isolated (invariant 7); SSE is ordered and resumable; a restarted API answers the
- * same states and digest. The broker-down case (503, never 201) runs an in-process lt_api on
- * librdkafka's mock cluster, because the shared real broker cannot be taken down. */
+ * same states and digest. Not here yet: the broker-down case (503, never 201), which needs an
+ * in-process lt_api on librdkafka's mock cluster (the shared broker cannot be taken down). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>

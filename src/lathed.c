@@ -3,6 +3,7 @@
  *   lathed --role api [--bind ADDR] [--port N]
  *   lathed --role scheduler|worker|publisher
  *   lathed --role all [--port N]
+ *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
  *   lathed --role executor        (spawned by a worker; not for people)
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
@@ -13,6 +14,7 @@
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
  *   LATHE_MODELS_DIR                                 worker: base models (<source>/var/models)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -29,10 +31,12 @@
 #include "lt_api.h"
 #include "lt_publisher.h"
 #include "lt_scheduler.h"
+#include "lt_tok.h"
 #include "lt_worker.h"
 #include "lt_bus.h"
 #include "lt_config.h"
 #include "lt_crypto.h"
+#include "lt_embedded.h"
 #include "lt_store.h"
 
 typedef struct lathed {
@@ -45,18 +49,57 @@ typedef struct lathed {
   lt_scheduler_t *scheduler;
   lt_publisher_t *publisher;
   lt_worker_t *worker;
+  lt_embedded_t *embedded; /* --embedded: the mock cluster the roles use */
   char instance[128];
 } lathed_t;
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "       lathed --role all --embedded [--port N] [--data DIR]\n"
+          "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
+          "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
+          "is DIR/store (DIR: ./var/embedded), the master key DIR/master.key unless one is set.\n"
+          "It prints, and writes to DIR/env, the exports that let `lathe` reach it from another\n"
+          "shell (`. DIR/env; lathe admin tenant create ID`).\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
           "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
           "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
+}
+
+/* Token counts of uploaded examples for the API's pre-flight report, with the bundled base
+ * model's tokenizer (or LATHE_TOKENIZER): the same encoding training will use. */
+static int64_t count_tokens(void *ctx, lt_dataset_format_t format, const json_t *line) {
+  (void)format;
+  char *text = json_dumps(line, JSON_COMPACT);
+  if (!text) return -1;
+  lt_tok_seq_t seq;
+  lt_tok_seq_init(&seq);
+  lt_err_t err = lt_tok_encode_json_line(ctx, text, strlen(text), &seq, NULL, 0);
+  int64_t n = err ? -1 : (int64_t)seq.len;
+  lt_tok_seq_free(&seq);
+  free(text);
+  return n;
+}
+
+static lt_tok_t *load_tokenizer(const char *models) {
+  char path[2200];
+  const char *p = getenv("LATHE_TOKENIZER");
+  if (!p) {
+    snprintf(path, sizeof path, "%s/lathe-tiny/tokenizer.json", models);
+    p = path;
+  }
+  lt_tok_t *tok = NULL;
+  char err[256];
+  if (access(p, R_OK) != 0) return NULL;
+  if (lt_tok_load_file(p, &tok, err, sizeof err)) {
+    fprintf(stderr, "lathed: api: no token counts in dataset reports: %s\n", err);
+    return NULL;
+  }
+  return tok;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -83,11 +126,14 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  const char *role = NULL, *bind = "127.0.0.1";
+  const char *role = NULL, *bind = "127.0.0.1", *data_dir = NULL;
+  bool embedded = false;
   long port = 8080;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) role = argv[++i];
     else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) bind = argv[++i];
+    else if (strcmp(argv[i], "--embedded") == 0) embedded = true;
+    else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) data_dir = argv[++i];
     else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
       char *end;
       port = strtol(argv[++i], &end, 10);
@@ -122,6 +168,9 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
   lathed_t d = {0};
+  lt_tok_t *tok = NULL;
+  char models[2048];
+  const char *md = getenv("LATHE_MODELS_DIR");
   char err[512] = "";
   int rc = 1;
   d.base = event_base_new();
@@ -129,15 +178,33 @@ int main(int argc, char **argv) {
     fprintf(stderr, "lathed: cannot create the event loop\n");
     return 1;
   }
+  if (embedded || data_dir) { /* embedded: before setup_common, which reads what it exports */
+    if (!all || !embedded) {
+      fprintf(stderr, "lathed: --embedded goes with --role all (and --data with --embedded)\n");
+      rc = 2;
+      goto out;
+    }
+    lt_embedded_conf_t ec = {.data_dir = data_dir};
+    if (lt_embedded_start(&ec, &d.embedded, err, sizeof err)) {
+      fprintf(stderr, "lathed: embedded: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: embedded: in-memory Kafka (mock cluster) at %s, store and key in %s\n",
+            lt_embedded_bootstrap(d.embedded), lt_embedded_dir(d.embedded));
+  }
   if (setup_common(&d, err, sizeof err)) {
     fprintf(stderr, "lathed: %s\n", err);
     goto out;
   }
+  if (md && *md) snprintf(models, sizeof models, "%s", md);
+  else snprintf(models, sizeof models, "%s/var/models", LT_SOURCE_ROOT);
   if (want_api) {
     char producer[160];
+    tok = load_tokenizer(models);
     snprintf(producer, sizeof producer, "api/%s", d.instance);
     lt_api_conf_t conf = {.bind_addr = bind, .port = (uint16_t)port, .bus = d.bus, .store = d.store,
-                          .kek = d.kek, .registry = d.reg, .producer_id = producer};
+                          .kek = d.kek, .registry = d.reg, .producer_id = producer,
+                          .tokens_fn = tok ? count_tokens : NULL, .tokens_ctx = tok};
     if (lt_api_new(d.base, &conf, &d.api, err, sizeof err)) {
       fprintf(stderr, "lathed: api: %s\n", err);
       goto out;
@@ -148,6 +215,12 @@ int main(int argc, char **argv) {
   if (want_sched) {
     snprintf(producer, sizeof producer, "scheduler/%s", d.instance);
     lt_scheduler_conf_t sc = {.bus = d.bus, .registry = d.reg, .producer_id = producer};
+    /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
+    const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
+               *start = getenv("LATHE_START_TIMEOUT_MS");
+    if (lease) sc.lease_ms = atoll(lease);
+    if (margin) sc.lease_margin_ms = atoll(margin);
+    if (start) sc.start_timeout_ms = atoll(start);
     if (lt_scheduler_new(d.base, &sc, &d.scheduler, err, sizeof err)) {
       fprintf(stderr, "lathed: scheduler: %s\n", err);
       goto out;
@@ -165,10 +238,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "lathed: publisher started\n");
   }
   if (want_worker) {
-    char models[2048];
-    const char *md = getenv("LATHE_MODELS_DIR");
-    if (md && *md) snprintf(models, sizeof models, "%s", md);
-    else snprintf(models, sizeof models, "%s/var/models", LT_SOURCE_ROOT);
     const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
     lt_worker_conf_t wc = {.bus = d.bus, .store = d.store, .kek = d.kek, .registry = d.reg,
                            .worker_id = d.instance, .models_dir = models,
@@ -178,6 +247,17 @@ int main(int argc, char **argv) {
       goto out;
     }
     fprintf(stderr, "lathed: worker %s started (models in %s)\n", d.instance, models);
+  }
+  if (d.embedded) { /* the exports another shell needs to reach this process */
+    char url[300];
+    bool any = strcmp(bind, "0.0.0.0") == 0 || strcmp(bind, "::") == 0;
+    snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : bind, lt_api_port(d.api));
+    if (lt_embedded_write_env(d.embedded, url, stdout, err, sizeof err)) {
+      fprintf(stderr, "lathed: embedded: %s\n", err);
+      goto out;
+    }
+    fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",
+            lt_embedded_dir(d.embedded));
   }
   struct event *sigint = evsignal_new(d.base, SIGINT, on_signal, &d);
   struct event *sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
@@ -192,10 +272,12 @@ out:
   lt_publisher_destroy(d.publisher);
   lt_scheduler_destroy(d.scheduler);
   lt_api_destroy(d.api);
+  lt_tok_free(tok);
   lt_store_free(d.store);
   lt_crypto_kek_free(d.kek);
   lt_avro_registry_destroy(d.reg);
   lt_bus_conf_destroy(d.bus);
+  lt_embedded_stop(d.embedded); /* after every Kafka client */
   event_base_free(d.base);
   return rc;
 }

@@ -88,6 +88,8 @@ const char *lt_api_query(struct evkeyvalq *q, const char *name) { return evhttp_
 struct lt_api_pending {
   lt_api_t *api;
   struct event *ev;
+  struct event *timer; /* answers 503 at the deadline if the broker has not answered */
+  bool answered;
   lt_api_done_fn *done;
   void *ctx;
   lt_err_t err;
@@ -108,10 +110,20 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
   } else {
     api->stats.produce_failed++;
   }
-  p->done(api, p->ctx, p->err, p->msg);
+  if (!p->answered) p->done(api, p->ctx, p->err, p->msg);
   event_free(p->ev);
+  event_free(p->timer);
   free(p->value);
   free(p);
+}
+
+/* The deadline passed: the outcome is unknown, so the client hears 503 (never a false ack); the
+ * delivery report, when it comes, still folds a record that did get in. */
+static void pending_timeout(evutil_socket_t fd, short what, void *arg) {
+  lt_api_pending_t *p = arg;
+  if (p->answered) return;
+  p->answered = true;
+  p->done(p->api, p->ctx, LT_ERR_TIMEOUT, "the broker did not acknowledge in time");
 }
 
 /* On the producer's thread: hand the outcome to the loop. */
@@ -132,8 +144,10 @@ lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, con
   p->ctx = ctx;
   p->value = malloc(len ? len : 1);
   p->ev = event_new(api->base, -1, 0, pending_fire, p);
-  if (!p->value || !p->ev) {
+  p->timer = evtimer_new(api->base, pending_timeout, p);
+  if (!p->value || !p->ev || !p->timer) {
     if (p->ev) event_free(p->ev);
+    if (p->timer) event_free(p->timer);
     free(p->value);
     free(p);
     return LT_ERR_NOMEM;
@@ -146,14 +160,33 @@ lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, con
   lt_err_t e = lt_bus_produce(api->producer, &rec, p, err, sizeof err);
   if (e) {
     event_free(p->ev);
+    event_free(p->timer);
     free(p->value);
     free(p);
     return e;
   }
+  struct timeval tv = {api->conf.produce_timeout_ms / 1000, (api->conf.produce_timeout_ms % 1000) * 1000};
+  evtimer_add(p->timer, &tv);
   return LT_OK;
 }
 
 /* ---------------------------------------------------------------- the projection feed */
+
+/* Ready once the consumer reached every partition's high watermark as of start-up: before that,
+ * tenants and jobs may be missing and answers would be wrong. */
+static bool caught_up(lt_api_t *api) {
+  if (!api->nfeed) return true;
+  lt_bus_tp_t pos[256];
+  size_t n = api->nfeed < 256 ? api->nfeed : 256;
+  memcpy(pos, api->feed_parts, n * sizeof *pos);
+  if (lt_bus_consumer_position(api->consumer, pos, n, NULL, 0)) return false;
+  for (size_t i = 0; i < n; i++) {
+    int64_t hw = api->feed_parts[i].offset;
+    if (hw <= 0) continue;                         /* empty partition */
+    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) return false;
+  }
+  return true;
+}
 
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
   lt_api_t *api = ctx;
@@ -173,7 +206,7 @@ static void feed(lt_api_t *api) {
       return;
     }
     if (!m) {
-      api->ready = true;
+      if (!api->ready) api->ready = caught_up(api);
       return;
     }
     size_t len;
@@ -199,8 +232,10 @@ static lt_err_t start_feed(lt_api_t *api, char *errstr, size_t n) {
   lt_err_t err = lt_bus_admin_new(api->conf.bus, &admin, errstr, n);
   if (err) return err;
   lt_bus_tp_t parts[256];
-  char names[5][128];
+  char(*names)[128] = calloc(5, sizeof *names);
   size_t np = 0;
+  if (!names) err = LT_ERR_NOMEM;
+  api->feed_names = names;
   for (size_t b = 0; b < 5 && !err; b++) {
     lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
     int count = 0;
@@ -213,6 +248,11 @@ static lt_err_t start_feed(lt_api_t *api, char *errstr, size_t n) {
   lt_bus_consumer_opts_t copts = {0};
   if ((err = lt_bus_consumer_new(api->conf.bus, &copts, &api->consumer, errstr, n))) return err;
   if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
+  api->feed_parts = malloc(np * sizeof *api->feed_parts);
+  if (!api->feed_parts) return LT_ERR_NOMEM;
+  memcpy(api->feed_parts, parts, np * sizeof *parts);
+  api->nfeed = np;
+  if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, NULL, 10000, errstr, n))) return err;
   api->consumer_ev = event_new(api->base, lt_bus_consumer_fd(api->consumer), EV_READ | EV_PERSIST, on_consumer, api);
   api->tick_ev = event_new(api->base, -1, EV_PERSIST, on_tick, api);
   struct timeval tv = {0, 200 * 1000};
@@ -407,6 +447,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!err) err = lt_avro_record_new(api->reg, "CancelRequested", &api->rec_cancel, errstr, n);
   if (!err) {
     api->history = json_object();
+    api->datasets_seen = json_object();
     lt_bus_topic_name(conf->bus, "jobs", api->topic_jobs, sizeof api->topic_jobs);
     lt_bus_topic_name(conf->bus, "control", api->topic_control, sizeof api->topic_control);
     lt_bus_producer_opts_t popts = {.delivery_cb = on_delivery, .opaque = api};
@@ -465,5 +506,8 @@ void lt_api_destroy(lt_api_t *api) {
   lt_proj_destroy(api->proj);
   lt_avro_registry_destroy(api->own_registry);
   json_decref(api->history);
+  json_decref(api->datasets_seen);
+  free(api->feed_parts);
+  free(api->feed_names);
   free(api);
 }

@@ -45,6 +45,9 @@ static void key_of(char *out, size_t n, const char *tenant, const char *id, cons
   snprintf(out, n, "tenants/%s/datasets/%s/%s", tenant, id, leaf);
 }
 
+/* The API's memory of datasets known to exist: "tenant/id". */
+static void seen_key(char *out, size_t n, const char *tenant, const char *id) { snprintf(out, n, "%s/%s", tenant, id); }
+
 /* ---------------------------------------------------------------- token counting glue */
 
 static lt_dataset_tokens_fn *tokens_fn(lt_api_t *api) { return api->conf.tokens_fn; }
@@ -209,6 +212,9 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
     return;
   }
   json_decref(report);
+  char seen[160];
+  seen_key(seen, sizeof seen, u->tenant, u->id);
+  json_object_set_new(api->datasets_seen, seen, json_true());
   lt_api_reply_json(req, 201, meta);
   upload_free(u);
 }
@@ -300,10 +306,14 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
 
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id) {
   if (!lt_id_valid(dataset_id)) return false;
-  char key[512];
+  char key[512], seen[160];
+  seen_key(seen, sizeof seen, tenant, dataset_id);
+  if (json_object_get(api->datasets_seen, seen)) return true; /* no store round trip per submission */
   lt_store_info_t info;
   key_of(key, sizeof key, tenant, dataset_id, "meta.json.lte");
-  return lt_store_head(api->conf.store, key, &info, NULL, 0) == LT_OK;
+  if (lt_store_head(api->conf.store, key, &info, NULL, 0) != LT_OK) return false;
+  json_object_set_new(api->datasets_seen, seen, json_true());
+  return true;
 }
 
 typedef struct {
@@ -394,6 +404,9 @@ void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_t
     lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or DELETE on /v1/datasets/%s", id);
     return;
   }
+  char seen[160];
+  seen_key(seen, sizeof seen, t->tenant_id, id);
+  json_object_del(api->datasets_seen, seen);
   /* Crypto-shred: without its wrapped key the data cannot be read even if a copy survives. */
   const char *leaves[] = {"key.wrapped", "data.jsonl.lte", "meta.json.lte"};
   for (int i = 0; i < 3; i++) {

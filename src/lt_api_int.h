@@ -45,6 +45,10 @@ struct lt_api {
   char topic_jobs[128], topic_control[128];
   bool ready;
   json_t *history;         /* job_id -> [ {id, event, data} ], the SSE replay buffer */
+  json_t *datasets_seen;   /* "tenant/dataset" -> true: known to exist (skips a store HEAD) */
+  lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
+  size_t nfeed;
+  char (*feed_names)[128];
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;
   lt_api_stats_t stats;

@@ -287,6 +287,13 @@ lt_err_t lt_bus_consumer_committed(lt_bus_consumer_t *c, lt_bus_tp_t *parts, siz
 lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
                                   char *errstr, size_t errstr_size);
 
+/* Asks the broker for each partition's high watermark (the offset the next record will get) and
+ * writes it into parts[i].offset; low (may be NULL, n entries) gets the oldest offset kept. A
+ * consumer that reached the high watermark of every partition it was given has read the topic
+ * as it was when it asked (replay "caught up"). */
+lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,
+                                    int timeout_ms, char *errstr, size_t errstr_size);
+
 /* Moves an assigned partition to offset (or LT_BUS_OFFSET_BEGINNING/END). */
 lt_err_t lt_bus_consumer_seek(lt_bus_consumer_t *c, const char *topic, int32_t partition,
                               int64_t offset, int timeout_ms, char *errstr, size_t errstr_size);
@@ -355,5 +362,43 @@ void lt_bus_admin_free_names(char **names);
 /* Deletes topics (full names); a missing topic is LT_OK. */
 lt_err_t lt_bus_admin_delete_topics(lt_bus_admin_t *a, const char *const *topics, size_t n,
                                     int timeout_ms, char *errstr, size_t errstr_size);
+
+/* ---------------------------------------------------------------- mock cluster */
+
+/* librdkafka's in-process mock cluster (rdkafka_mock.h), for `lathed --embedded` and tests: Kafka
+ * brokers that run on threads of this process and listen on loopback TCP ports, so any client
+ * of this process or of another one on the host reaches them through lt_bus_mock_bootstraps().
+ * Everything is in memory: the log is gone when the cluster is destroyed. What it models:
+ * produce/fetch, consumer groups, offset commits, idempotent and transactional producers. What it
+ * does not (librdkafka 2.0.2, NOTES.md): zombie fencing (a second producer with the same
+ * transactional id gets a fresh producer id instead of fencing the first), commit/abort
+ * markers (read_committed consumers also see records of aborted transactions), topic configs
+ * (no compaction, no retention), and the CreateTopics admin request: topics are created with
+ * lt_bus_mock_create_topic / lt_bus_mock_create_from_file, never with lt_bus_admin_*. A topic
+ * a client names before it was created is auto-created with the mock's default partition count,
+ * so create the topics before any client starts. Thread-safe. */
+typedef struct lt_bus_mock lt_bus_mock_t;
+
+/* Starts a mock cluster of `brokers` brokers (1..16) on 127.0.0.1, ephemeral ports. The caller
+ * owns it (lt_bus_mock_destroy, after every client that uses it is destroyed). */
+lt_err_t lt_bus_mock_new(int brokers, lt_bus_mock_t **out, char *errstr, size_t errstr_size);
+
+/* "127.0.0.1:PORT[,...]": the bootstrap.servers of the cluster. Owned by m. */
+const char *lt_bus_mock_bootstraps(const lt_bus_mock_t *m);
+
+/* Creates a topic (full name) with `partitions` partitions, replication factor 1. An existing
+ * topic is LT_OK and left as it is. */
+lt_err_t lt_bus_mock_create_topic(lt_bus_mock_t *m, const char *topic, int partitions, char *errstr,
+                                  size_t errstr_size);
+
+/* Creates every topic of a topics file (the format of lt_bus_admin_create_from_file; the
+ * configs column is read and ignored: the mock has no topic configs), named with conf's prefix.
+ * *out_created (may be NULL) receives how many topics were new. */
+lt_err_t lt_bus_mock_create_from_file(lt_bus_mock_t *m, const lt_bus_conf_t *conf, const char *path,
+                                      int *out_created, char *errstr, size_t errstr_size);
+
+/* Stops the brokers and frees. Clients still connected see their brokers go down. NULL is a
+ * no-op. */
+void lt_bus_mock_destroy(lt_bus_mock_t *m);
 
 #endif

@@ -384,6 +384,21 @@ lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size
   return LT_OK;
 }
 
+lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,
+                                    int timeout_ms, char *errstr, size_t errstr_size) {
+  for (size_t i = 0; i < n; i++) {
+    int64_t lo = 0, hi = 0;
+    rd_kafka_resp_err_t e =
+        rd_kafka_query_watermark_offsets(c->rk, parts[i].topic, parts[i].partition, &lo, &hi, timeout_ms);
+    if (e)
+      return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "watermarks of %s [%d]: %s", parts[i].topic,
+                     (int)parts[i].partition, rd_kafka_err2str(e));
+    parts[i].offset = hi;
+    if (low) low[i] = lo;
+  }
+  return LT_OK;
+}
+
 lt_err_t lt_bus_consumer_seek(lt_bus_consumer_t *c, const char *topic, int32_t partition,
                               int64_t offset, int timeout_ms, char *errstr, size_t errstr_size) {
   rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);

@@ -1,10 +1,8 @@
 /* lt_scheduler_fold: lt_proj with a reorder buffer for control records that arrive before their
  * job's JobSubmitted (see lt_scheduler.h), and the watermark helper replay needs. */
-#include <librdkafka/rdkafka.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "lt_bus_int.h"
 #include "lt_scheduler.h"
 
 /* The reorder buffer lives in lt_proj (lt_proj_fold), shared by every consumer of the fold. */
@@ -45,15 +43,5 @@ lt_err_t lt_scheduler_fold_apply(lt_scheduler_fold_t *f, const void *buf, size_t
 
 lt_err_t lt_scheduler_high_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
                                       int timeout_ms, char *errstr, size_t errstr_size) {
-  rd_kafka_t *rk = lt_bus_consumer_rk(c);
-  for (size_t i = 0; i < n; i++) {
-    int64_t lo = 0, hi = 0;
-    rd_kafka_resp_err_t e =
-        rd_kafka_query_watermark_offsets(rk, parts[i].topic, parts[i].partition, &lo, &hi, timeout_ms);
-    if (e)
-      return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "watermarks of %s[%d]: %s",
-                     parts[i].topic, (int)parts[i].partition, rd_kafka_err2str(e));
-    parts[i].offset = hi;
-  }
-  return LT_OK;
+  return lt_bus_consumer_watermarks(c, parts, n, NULL, timeout_ms, errstr, errstr_size);
 }

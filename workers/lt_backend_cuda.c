@@ -259,6 +259,15 @@ static void lt_cb_matmul(lt_backend_t *be, int trans_a, int trans_b, int M, int 
   LT_CB_BLAS(c, cublasSgemm(c->blas, ob, oa, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
 }
 
+/* Batch invariance on the GPU: cuBLAS may pick another algorithm, hence another rounding, for
+ * another M, so each row is its own M = 1 product. Decode steps are small; the loop costs
+ * launches, not FLOPs. */
+static void lt_cb_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A, int lda,
+                              const float *W, int ldw, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++)
+    lt_cb_matmul(be, 0, 1, 1, N, K, alpha, A + (size_t)i * lda, lda, W, ldw, beta, C + (size_t)i * ldc, ldc);
+}
+
 static void lt_cb_matmul_strided(lt_backend_t *be, int trans_a, int trans_b, int M, int N, int K,
                                  float alpha, const float *A, int lda, long stride_a,
                                  const float *B, int ldb, long stride_b, float beta, float *C,
@@ -459,6 +468,7 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
   be->scrub = lt_cb_scrub;
   be->matmul = lt_cb_matmul;
   be->matmul_strided = lt_cb_matmul_strided;
+  be->matmul_rows = lt_cb_matmul_rows;
   be->zero = lt_cb_zero;
   be->copy = lt_cb_copy;
   be->scale = lt_cb_scale;

@@ -298,10 +298,19 @@ static bool on_event(void *ctx, const lt_client_event_t *ev) {
     char at[32] = "";
     json_t *a = json_object_get(d, "attempt");
     if (json_is_integer(a)) snprintf(at, sizeof at, " (attempt %" JSON_INTEGER_FORMAT ")", json_integer_value(a)), attempt = at;
-    if (strcmp(ev->event, "EvalCompleted") == 0)
-      fprintf(stderr, "eval at step %" JSON_INTEGER_FORMAT ": loss %.4f\n", json_integer_value(json_object_get(d, "step")),
-              json_number_value(json_object_get(d, "eval_loss")));
-    else
+    if (strcmp(ev->event, "EvalCompleted") == 0) {
+      /* EvalCompleted.metrics: [{name, value, base_value, ci_low, ci_high}] */
+      fprintf(stderr, "eval at step %" JSON_INTEGER_FORMAT ":", json_integer_value(json_object_get(d, "step")));
+      size_t i;
+      json_t *m;
+      json_array_foreach(json_object_get(d, "metrics"), i, m) {
+        fprintf(stderr, " %s %.4f", json_string_value(json_object_get(m, "name")),
+                json_number_value(json_object_get(m, "value")));
+        if (json_is_number(json_object_get(m, "base_value")))
+          fprintf(stderr, " (base %.4f)", json_number_value(json_object_get(m, "base_value")));
+      }
+      fprintf(stderr, "\n");
+    } else
       fprintf(stderr, "%s%s -> %s%s%s\n", ev->event, attempt, st ? st : "?", reason && *reason ? ": " : "",
               reason && *reason ? reason : "");
   }

@@ -296,7 +296,7 @@ static bool count_job(const lt_job_t *j, void *ctx) {
 static void reply_metrics(lt_api_t *api, struct evhttp_request *req) {
   struct evbuffer *out = evbuffer_new();
   metric_acc_t m = {.tenant_queued = json_object()};
-  lt_job_foreach(lt_proj_jobs(api->proj), count_job, &m);
+  lt_job_scan(lt_proj_jobs(api->proj), count_job, &m);
   evbuffer_add_printf(out, "# HELP lathe_jobs Jobs by priority class and state, from the projection.\n"
                            "# TYPE lathe_jobs gauge\n");
   for (int c = 0; c < LT_CLASS__COUNT; c++)

@@ -65,7 +65,7 @@ static json_t *job_json(lt_api_t *api, const lt_job_t *j) {
   if (j->reason[0]) json_object_set_new(o, "reason", json_string(j->reason));
   if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED) {
     queue_acc_t q = {.me = j};
-    lt_job_foreach(lt_proj_jobs(api->proj), queue_scan, &q);
+    lt_job_scan(lt_proj_jobs(api->proj), queue_scan, &q);
     int64_t slots = fleet_slots(api);
     double mean = q.runs ? q.run_s_sum / (double)q.runs : 60.0;
     json_object_set_new(o, "queue_position", json_integer(q.ahead + 1));
@@ -192,7 +192,7 @@ static void submit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t 
   }
   if (t->quotas.max_queued_jobs > 0) {
     live_acc_t a = {.tenant = t->tenant_id};
-    lt_job_foreach(lt_proj_jobs(api->proj), count_live, &a);
+    lt_job_scan(lt_proj_jobs(api->proj), count_live, &a);
     if (a.live >= t->quotas.max_queued_jobs) {
       lt_api_reply_error(req, 429, "over_quota", NULL,
                          "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "

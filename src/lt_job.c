@@ -328,6 +328,11 @@ void lt_job_foreach(const lt_job_table_t *t, bool (*fn)(const lt_job_t *, void *
   free(v);
 }
 
+void lt_job_scan(const lt_job_table_t *t, bool (*fn)(const lt_job_t *, void *), void *ctx) {
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->slots[i] && !fn(t->slots[i], ctx)) return;
+}
+
 lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]) {
   lt_job_t **v = sorted(t);
   if (!v) return LT_ERR_NOMEM;

@@ -164,6 +164,10 @@ size_t lt_job_count(const lt_job_table_t *t);
 /* Calls fn for every job in job-id order (stable across replays); stops if fn returns false. */
 void lt_job_foreach(const lt_job_table_t *t, bool (*fn)(const lt_job_t *job, void *ctx), void *ctx);
 
+/* Calls fn for every job in table order (no sorting, no allocation): for counts and scans whose
+ * result does not depend on order. Stops if fn returns false. */
+void lt_job_scan(const lt_job_table_t *t, bool (*fn)(const lt_job_t *job, void *ctx), void *ctx);
+
 /* SHA-256 over every job's state in job-id order, as 64 hex digits and a NUL. Replaying the same
  * records gives the same digest, byte for byte (invariant 1). */
 lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]);

@@ -86,7 +86,8 @@ static void on_step(void *ctx, const lt_train_step_t *st) {
 
 static void on_eval(void *ctx, const lt_train_eval_t *e) {
   (void)ctx;
-  emit(json_pack("{s:s,s:I,s:b,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "type", "eval", "step",
+  emit(json_pack("{s:s,s:s,s:I,s:b,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "type", "eval", "config_digest",
+                 e->config_digest, "step",
                  (json_int_t)e->step, "final", e->final, "examples", (json_int_t)e->examples, "val_loss", e->val_loss,
                  "perplexity", e->perplexity, "token_accuracy", e->token_accuracy, "exact_match", e->exact_match,
                  "exact_match_ci_low", e->em_ci_low, "exact_match_ci_high", e->em_ci_high, "base_val_loss",

@@ -591,6 +591,7 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
       err = eval_split(sess, tok, &val, &vb, mc->vocab_size, eval_max, gen_max, &acc, errstr, n);
       if (!err) {
         lt_train_eval_t ev = {.step = step, .final = last, .examples = (int64_t)val.n};
+        memcpy(ev.config_digest, r.digest, sizeof ev.config_digest);
         ev.val_loss = acc.weight_sum > 0 ? acc.loss_sum / acc.weight_sum : 0;
         ev.perplexity = exp(ev.val_loss);
         ev.token_accuracy = acc.counted ? (double)acc.correct / (double)acc.counted : 0;

@@ -52,6 +52,7 @@ typedef struct lt_train_eval {
   double exact_match;        /* -1 when not measured (chat data) */
   double em_ci_low, em_ci_high;
   double base_val_loss, base_perplexity, base_token_accuracy, base_exact_match;
+  char config_digest[65];    /* what produced these numbers (lt_train_result_t.config_digest) */
 } lt_train_eval_t;
 
 typedef struct lt_train_hooks {

@@ -239,7 +239,7 @@ static lt_err_t collect_key(void *ctx, const char *key, const lt_store_info_t *i
 
 /* Deletes the staging objects of a job (all attempts): a cancelled job leaves nothing behind. */
 static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
-  char prefix[512], next[1024] = "";
+  char prefix[512], next[LT_STORE_KEY_MAX + 1] = ""; /* lt_store_list wants room for any key */
   snprintf(prefix, sizeof prefix, "staging/%s/%s/", tenant, job);
   int deleted = 0;
   for (int pages = 0; pages < 1000; pages++) {
@@ -356,7 +356,8 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
         lt_avro_set_double(r, path, json_number_value(json_object_get(o, "exact_match_ci_high")));
       }
     }
-    lt_avro_set_string(r, "config_digest", "");
+    const char *digest = json_string_value(json_object_get(o, "config_digest"));
+    lt_avro_set_string(r, "config_digest", digest ? digest : "");
     send_async(w, w->t_progress, a->job_id, r, NULL);
   } else if (strcmp(type, "checkpoint") == 0) {
     lt_avro_record_t *r = fresh(w, R_CKPT, a);

@@ -276,11 +276,40 @@ static void reply_health(lt_api_t *api, struct evhttp_request *req) {
 typedef struct {
   uint64_t by_class_state[LT_CLASS__COUNT][LT_JOB__STATE_COUNT];
   json_t *tenant_queued; /* tenant -> {class -> count} */
+  json_t *per;           /* "class\ttenant" -> {"running", "demand", "waits": [ms...]} */
 } metric_acc_t;
+
+static json_t *per_entry(metric_acc_t *m, const lt_job_t *j) {
+  char k[160];
+  snprintf(k, sizeof k, "%s\t%s", lt_job_class_name(j->job_class), j->tenant_id);
+  json_t *e = json_object_get(m->per, k);
+  if (!e) {
+    e = json_pack("{s:i,s:i,s:[]}", "running", 0, "demand", 0, "waits");
+    json_object_set_new(m->per, k, e);
+  }
+  return e;
+}
+
+static void bump(json_t *o, const char *k) { json_object_set_new(o, k, json_integer(json_integer_value(json_object_get(o, k)) + 1)); }
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
 
 static bool count_job(const lt_job_t *j, void *ctx) {
   metric_acc_t *m = ctx;
   m->by_class_state[j->job_class][j->state]++;
+  bool running = j->state == LT_JOB_DISPATCHED || j->state == LT_JOB_RUNNING || j->state == LT_JOB_PREEMPTING;
+  bool queued = j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED;
+  if (running || queued || j->started_at_ms) {
+    json_t *e = per_entry(m, j);
+    if (running) bump(e, "running");
+    if (running || queued) bump(e, "demand");
+    /* Wait of the last time it was queued until its attempt started. */
+    if (j->started_at_ms && j->queued_at_ms && j->started_at_ms >= j->queued_at_ms)
+      json_array_append_new(json_object_get(e, "waits"), json_integer(j->started_at_ms - j->queued_at_ms));
+  }
   if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED) {
     json_t *t = json_object_get(m->tenant_queued, j->tenant_id);
     if (!t) {
@@ -295,7 +324,7 @@ static bool count_job(const lt_job_t *j, void *ctx) {
 
 static void reply_metrics(lt_api_t *api, struct evhttp_request *req) {
   struct evbuffer *out = evbuffer_new();
-  metric_acc_t m = {.tenant_queued = json_object()};
+  metric_acc_t m = {.tenant_queued = json_object(), .per = json_object()};
   lt_job_scan(lt_proj_jobs(api->proj), count_job, &m);
   evbuffer_add_printf(out, "# HELP lathe_jobs Jobs by priority class and state, from the projection.\n"
                            "# TYPE lathe_jobs gauge\n");
@@ -315,6 +344,62 @@ static void reply_metrics(lt_api_t *api, struct evhttp_request *req) {
                           json_integer_value(v));
   }
   json_decref(m.tenant_queued);
+  /* Per tenant and class: running slots' share against the weight-proportional entitlement among
+   * tenants with demand in that class, queue waits, and Jain's index of share/entitlement. */
+  evbuffer_add_printf(out, "# HELP lathe_tenant_share Share of the class's running jobs, and its entitlement.\n"
+                           "# TYPE lathe_tenant_share gauge\n"
+                           "# HELP lathe_tenant_wait_ms Queue wait before the last start, quantiles.\n"
+                           "# TYPE lathe_tenant_wait_ms gauge\n"
+                           "# HELP lathe_class_jain Jain's fairness index of share/entitlement per class.\n"
+                           "# TYPE lathe_class_jain gauge\n");
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    const char *cls = lt_job_class_name(c);
+    double running_total = 0, weight_total = 0, sx = 0, sxx = 0;
+    int n = 0;
+    const char *key;
+    json_t *e;
+    size_t cl = strlen(cls);
+    json_object_foreach(m.per, key, e) {
+      if (strncmp(key, cls, cl) != 0 || key[cl] != '\t') continue;
+      const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), key + cl + 1);
+      running_total += (double)json_integer_value(json_object_get(e, "running"));
+      if (json_integer_value(json_object_get(e, "demand")) > 0) weight_total += t && t->weight > 0 ? t->weight : 1.0;
+    }
+    json_object_foreach(m.per, key, e) {
+      if (strncmp(key, cls, cl) != 0 || key[cl] != '\t') continue;
+      const char *tid = key + cl + 1;
+      const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tid);
+      double w = t && t->weight > 0 ? t->weight : 1.0;
+      bool demand = json_integer_value(json_object_get(e, "demand")) > 0;
+      double share = running_total > 0 ? (double)json_integer_value(json_object_get(e, "running")) / running_total : 0;
+      double ent = demand && weight_total > 0 ? w / weight_total : 0;
+      evbuffer_add_printf(out, "lathe_tenant_share{tenant=\"%s\",class=\"%s\",kind=\"share\"} %.4f\n", tid, cls, share);
+      evbuffer_add_printf(out, "lathe_tenant_share{tenant=\"%s\",class=\"%s\",kind=\"entitlement\"} %.4f\n", tid, cls,
+                          ent);
+      if (demand && ent > 0) {
+        double x = share / ent;
+        sx += x;
+        sxx += x * x;
+        n++;
+      }
+      json_t *waits = json_object_get(e, "waits");
+      size_t nw = json_array_size(waits);
+      if (nw) {
+        int64_t *v = malloc(nw * sizeof *v);
+        for (size_t i = 0; v && i < nw; i++) v[i] = json_integer_value(json_array_get(waits, i));
+        if (v) {
+          qsort(v, nw, sizeof *v, cmp_i64);
+          evbuffer_add_printf(out, "lathe_tenant_wait_ms{tenant=\"%s\",class=\"%s\",quantile=\"0.5\"} %lld\n", tid,
+                              cls, (long long)v[(nw - 1) / 2]);
+          evbuffer_add_printf(out, "lathe_tenant_wait_ms{tenant=\"%s\",class=\"%s\",quantile=\"0.99\"} %lld\n", tid,
+                              cls, (long long)v[(size_t)((double)(nw - 1) * 0.99)]);
+          free(v);
+        }
+      }
+    }
+    if (n > 0 && sxx > 0) evbuffer_add_printf(out, "lathe_class_jain{class=\"%s\"} %.4f\n", cls, sx * sx / (n * sxx));
+  }
+  json_decref(m.per);
   evbuffer_add_printf(out, "# HELP lathe_api_requests_total API requests by route and status class.\n"
                            "# TYPE lathe_api_requests_total counter\n");
   for (int r = 0; r < R__COUNT; r++)

@@ -235,7 +235,8 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     terminate(j, LT_JOB_CANCELLED, ev, ev->reason && *ev->reason ? ev->reason : "cancelled on request");
     return true;
   case LT_EV_CLEANUP_DONE:
-    if (j->cleanup_done) return false;
+    /* A fenced attempt's cleanup says nothing about the live one. */
+    if (j->cleanup_done || (!terminal && ev->attempt != j->attempt)) return false;
     j->cleanup_done = true;
     return true;
   case LT_EV__COUNT:

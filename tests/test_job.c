@@ -156,6 +156,19 @@ Test(job, cancel_of_a_running_job_waits_for_the_stop_then_the_cancelled_record) 
   cr_assert(lt_job_get(T, "j")->cleanup_done);
 }
 
+Test(job, cleanup_of_a_fenced_attempt_does_not_count_for_the_live_one) {
+  run_to_running("j");
+  lt_job_event_t lost = ev(LT_EV_ATTEMPT_STOPPED, "j", 1);
+  lost.stop_reason = LT_STOP_LOST;
+  apply(lost);
+  apply(ev(LT_EV_JOB_DISPATCHED, "j", 2));
+  cr_assert_eq(apply(ev(LT_EV_CLEANUP_DONE, "j", 1)), LT_JOB_IGNORED);
+  cr_assert(!lt_job_get(T, "j")->cleanup_done);
+  apply(ev(LT_EV_JOB_CANCELLED, "j", 2));
+  cr_assert_eq(apply(ev(LT_EV_CLEANUP_DONE, "j", 2)), LT_JOB_APPLIED);
+  cr_assert(lt_job_get(T, "j")->cleanup_done);
+}
+
 Test(job, rejected_job_never_reaches_the_queue) {
   apply(ev(LT_EV_JOB_SUBMITTED, "j", 0));
   lt_job_event_t r = ev(LT_EV_JOB_REJECTED, "j", 0);

@@ -714,7 +714,8 @@ enum {
   P_NULL, P_BOOL, P_INT, P_LONG, P_FLOAT, P_DOUBLE, P_STRING, P_BYTES, P_FIXED,
   P_INT_LONG, P_INT_FLOAT, P_INT_DOUBLE, P_LONG_FLOAT, P_LONG_DOUBLE, P_FLOAT_DOUBLE,
   P_STRING_BYTES, P_BYTES_STRING,
-  P_RECORD, P_ENUM, P_ARRAY, P_MAP, P_WUNION, P_RUNION
+  P_RECORD, P_ENUM, P_ARRAY, P_MAP, P_WUNION, P_RUNION,
+  P_ARRAY_RESET /* never planned: an array decoded again from scratch (decode_value, P_ARRAY) */
 };
 
 typedef struct lt_plan lt_plan;
@@ -1446,7 +1447,41 @@ static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl,
       if (avro_value_set_branch(v, pl->rbranch, &b)) return rd_fail(r, LT_ERR_NOMEM, "cannot select union branch");
       return decode_value(rec, r, pl->child[0], &b, depth + 1);
     }
-    case P_ARRAY:
+    case P_ARRAY: {
+      /* Elements already in the array are decoded over (each decode sets its whole value), so
+       * a record decoded again and again keeps its element buffers: no allocation once warm.
+       * Resetting would free every element and appending make it anew. Fewer elements than
+       * before: reset and decode the array again from its start (the rare case). */
+      size_t had = 0, i = 0;
+      const uint8_t *start = r->p;
+      avro_value_get_size(v, &had);
+      for (;;) {
+        int64_t count;
+        if (rd_long(r, &count)) return r->rc;
+        if (count == 0) break;
+        if (count < 0) {
+          int64_t bytes;
+          if (count == INT64_MIN || rd_long(r, &bytes)) return r->rc ? r->rc : rd_fail(r, LT_ERR_CORRUPT, "bad block count");
+          count = -count;
+        }
+        if ((uint64_t)count > (uint64_t)(r->end - r->p) + 1 && pl->child[0]->op != P_NULL)
+          return rd_fail(r, LT_ERR_CORRUPT, "truncated body: block count runs past the end");
+        for (int64_t k = 0; k < count; k++, i++) {
+          avro_value_t e;
+          if (i < had ? avro_value_get_by_index(v, i, &e, NULL) : avro_value_append(v, &e, NULL))
+            return rd_fail(r, LT_ERR_NOMEM, "cannot append array element");
+          lt_err_t rc = decode_value(rec, r, pl->child[0], &e, depth + 1);
+          if (rc) return rc;
+        }
+      }
+      if (i >= had) return LT_OK;
+      if (avro_value_reset(v)) return rd_fail(r, LT_ERR_NOMEM, "cannot reset array");
+      r->p = start;
+      lt_plan again = *pl;
+      again.op = P_ARRAY_RESET;
+      return decode_value(rec, r, &again, v, depth);
+    }
+    case P_ARRAY_RESET:
     case P_MAP:
       if (avro_value_reset(v)) return rd_fail(r, LT_ERR_NOMEM, "cannot reset array");
       for (;;) {
@@ -1824,11 +1859,10 @@ lt_err_t lt_avro_set_enum(lt_avro_record_t *rec, const char *path, const char *s
   return LT_ERR_INVALID;
 }
 
-/* For a getter: the value, stepping into a union's current branch (null: LT_ERR_NOT_FOUND). */
-static lt_err_t target_for_get(lt_avro_record_t *rec, const char *path, avro_value_t *v,
-                               const lt_node **n) {
-  lt_err_t rc = resolve_path(rec, path, false, v, n);
-  if (rc) return rc;
+/* For a getter: steps from the resolved value into a union's current branch (null:
+ * LT_ERR_NOT_FOUND). */
+static lt_err_t step_for_get(lt_avro_record_t *rec, const char *path, avro_value_t *v,
+                             const lt_node **n) {
   if ((*n)->type == AVRO_UNION) {
     int d = -1;
     avro_value_t b;
@@ -1844,6 +1878,40 @@ static lt_err_t target_for_get(lt_avro_record_t *rec, const char *path, avro_val
   return LT_OK;
 }
 
+/* For a getter: the value at path, stepping into a union's current branch. */
+static lt_err_t target_for_get(lt_avro_record_t *rec, const char *path, avro_value_t *v,
+                               const lt_node **n) {
+  lt_err_t rc = resolve_path(rec, path, false, v, n);
+  return rc ? rc : step_for_get(rec, path, v, n);
+}
+
+/* Top-level field `field` of rec as resolve_path(name) finds it (no union step yet). */
+static lt_err_t field_at(lt_avro_record_t *rec, int field, avro_value_t *v, const lt_node **n) {
+  const lt_node *root = rec->schema->root;
+  if (field < 0 || (size_t)field >= root->nfields)
+    return acc_fail(rec, "#", "no field number %d in %s", field, root->name);
+  if (avro_value_get_by_index(&rec->value, (size_t)field, v, NULL))
+    return acc_fail(rec, root->fields[field].name, "cannot read field");
+  *n = root->fields[field].type;
+  return LT_OK;
+}
+
+/* For a getter by index: as target_for_get with the field's name as the path. */
+static lt_err_t target_at(lt_avro_record_t *rec, int field, avro_value_t *v, const lt_node **n,
+                          const char **name) {
+  lt_err_t rc = field_at(rec, field, v, n);
+  if (rc) return rc;
+  *name = rec->schema->root->fields[field].name;
+  return step_for_get(rec, *name, v, n);
+}
+
+int lt_avro_schema_field_index(const lt_avro_schema_t *s, const char *name) {
+  const lt_node *root = s->root;
+  for (size_t i = 0; name && i < root->nfields; i++)
+    if (strcmp(root->fields[i].name, name) == 0) return (int)i;
+  return -1;
+}
+
 lt_err_t lt_avro_is_null(lt_avro_record_t *rec, const char *path, bool *is_null) {
   avro_value_t v;
   const lt_node *n;
@@ -1856,40 +1924,71 @@ lt_err_t lt_avro_is_null(lt_avro_record_t *rec, const char *path, bool *is_null)
   return rc;
 }
 
+/* The typed tails of the getters: v and n are the target after step_for_get; path names it in
+ * messages. */
+static lt_err_t read_bool(lt_avro_record_t *rec, const char *path, avro_value_t *v, const lt_node *n, bool *out) {
+  if (n->type != AVRO_BOOLEAN) return acc_fail(rec, path, "is a %s, not a boolean", type_word(n));
+  int b = 0;
+  avro_value_get_boolean(v, &b);
+  *out = b != 0;
+  return LT_OK;
+}
+
+static lt_err_t read_int(lt_avro_record_t *rec, const char *path, avro_value_t *v, const lt_node *n, int32_t *out) {
+  if (n->type != AVRO_INT32) return acc_fail(rec, path, "is a %s, not an int", type_word(n));
+  return avro_value_get_int(v, out) ? LT_ERR_INTERNAL : LT_OK;
+}
+
+static lt_err_t read_long(lt_avro_record_t *rec, const char *path, avro_value_t *v, const lt_node *n, int64_t *out) {
+  if (n->type == AVRO_INT32) {
+    int32_t x = 0;
+    avro_value_get_int(v, &x);
+    *out = x;
+    return LT_OK;
+  }
+  if (n->type != AVRO_INT64) return acc_fail(rec, path, "is a %s, not a long", type_word(n));
+  return avro_value_get_long(v, out) ? LT_ERR_INTERNAL : LT_OK;
+}
+
+static lt_err_t read_string(lt_avro_record_t *rec, const char *path, avro_value_t *v, const lt_node *n,
+                            const char **s, size_t *len) {
+  if (n->type != AVRO_STRING) return acc_fail(rec, path, "is a %s, not a string", type_word(n));
+  size_t size = 0;
+  if (avro_value_get_string(v, s, &size)) return LT_ERR_INTERNAL;
+  if (!*s) *s = "";
+  if (len) *len = size ? size - 1 : 0;
+  return LT_OK;
+}
+
+static lt_err_t read_enum(lt_avro_record_t *rec, const char *path, avro_value_t *v, const lt_node *n,
+                          const char **symbol) {
+  if (n->type != AVRO_ENUM) return acc_fail(rec, path, "is a %s, not an enum", type_word(n));
+  int e = 0;
+  avro_value_get_enum(v, &e);
+  if (e < 0 || (size_t)e >= n->nsymbols) return acc_fail(rec, path, "enum out of range");
+  *symbol = n->symbols[e];
+  return LT_OK;
+}
+
 lt_err_t lt_avro_get_bool(lt_avro_record_t *rec, const char *path, bool *out) {
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = target_for_get(rec, path, &v, &n);
-  if (rc) return rc;
-  if (n->type != AVRO_BOOLEAN) return acc_fail(rec, path, "is a %s, not a boolean", type_word(n));
-  int b = 0;
-  avro_value_get_boolean(&v, &b);
-  *out = b != 0;
-  return LT_OK;
+  return rc ? rc : read_bool(rec, path, &v, n, out);
 }
 
 lt_err_t lt_avro_get_int(lt_avro_record_t *rec, const char *path, int32_t *out) {
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = target_for_get(rec, path, &v, &n);
-  if (rc) return rc;
-  if (n->type != AVRO_INT32) return acc_fail(rec, path, "is a %s, not an int", type_word(n));
-  return avro_value_get_int(&v, out) ? LT_ERR_INTERNAL : LT_OK;
+  return rc ? rc : read_int(rec, path, &v, n, out);
 }
 
 lt_err_t lt_avro_get_long(lt_avro_record_t *rec, const char *path, int64_t *out) {
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = target_for_get(rec, path, &v, &n);
-  if (rc) return rc;
-  if (n->type == AVRO_INT32) {
-    int32_t x = 0;
-    avro_value_get_int(&v, &x);
-    *out = x;
-    return LT_OK;
-  }
-  if (n->type != AVRO_INT64) return acc_fail(rec, path, "is a %s, not a long", type_word(n));
-  return avro_value_get_long(&v, out) ? LT_ERR_INTERNAL : LT_OK;
+  return rc ? rc : read_long(rec, path, &v, n, out);
 }
 
 lt_err_t lt_avro_get_double(lt_avro_record_t *rec, const char *path, double *out) {
@@ -1910,13 +2009,83 @@ lt_err_t lt_avro_get_string(lt_avro_record_t *rec, const char *path, const char 
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = target_for_get(rec, path, &v, &n);
+  return rc ? rc : read_string(rec, path, &v, n, s, len);
+}
+
+lt_err_t lt_avro_get_bool_at(lt_avro_record_t *rec, int field, bool *out) {
+  avro_value_t v;
+  const lt_node *n;
+  const char *name = NULL;
+  lt_err_t rc = target_at(rec, field, &v, &n, &name);
+  return rc ? rc : read_bool(rec, name, &v, n, out);
+}
+
+lt_err_t lt_avro_get_int_at(lt_avro_record_t *rec, int field, int32_t *out) {
+  avro_value_t v;
+  const lt_node *n;
+  const char *name = NULL;
+  lt_err_t rc = target_at(rec, field, &v, &n, &name);
+  return rc ? rc : read_int(rec, name, &v, n, out);
+}
+
+lt_err_t lt_avro_get_long_at(lt_avro_record_t *rec, int field, int64_t *out) {
+  avro_value_t v;
+  const lt_node *n;
+  const char *name = NULL;
+  lt_err_t rc = target_at(rec, field, &v, &n, &name);
+  return rc ? rc : read_long(rec, name, &v, n, out);
+}
+
+lt_err_t lt_avro_get_string_at(lt_avro_record_t *rec, int field, const char **s, size_t *len) {
+  avro_value_t v;
+  const lt_node *n;
+  const char *name = NULL;
+  lt_err_t rc = target_at(rec, field, &v, &n, &name);
+  return rc ? rc : read_string(rec, name, &v, n, s, len);
+}
+
+lt_err_t lt_avro_get_enum_at(lt_avro_record_t *rec, int field, const char **symbol) {
+  avro_value_t v;
+  const lt_node *n;
+  const char *name = NULL;
+  lt_err_t rc = target_at(rec, field, &v, &n, &name);
+  return rc ? rc : read_enum(rec, name, &v, n, symbol);
+}
+
+/* As lt_avro_get_string(rec, "<field>[<i>]"): the same steps resolve_path and target_for_get
+ * take, with the path written out only for a message. */
+lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i, const char **s, size_t *len) {
+  avro_value_t v, e;
+  const lt_node *n;
+  lt_err_t rc = field_at(rec, field, &v, &n);
   if (rc) return rc;
-  if (n->type != AVRO_STRING) return acc_fail(rec, path, "is a %s, not a string", type_word(n));
+  char path[96];
+  path[0] = '\0';
+#define PATH() (path[0] ? path : (snprintf(path, sizeof path, "%s[%zu]", rec->schema->root->fields[field].name, i), path))
+  if (n->type == AVRO_UNION) {
+    int bi = -1, d = -1;
+    const lt_node *bn = nonnull_branch(n, &bi);
+    if (!bn) return acc_fail(rec, PATH(), "union has no value branch");
+    avro_value_get_discriminant(&v, &d);
+    if (d != bi) return acc_fail(rec, PATH(), "is null"), LT_ERR_NOT_FOUND;
+    avro_value_t b;
+    if (avro_value_get_current_branch(&v, &b)) return acc_fail(rec, PATH(), "cannot read union");
+    v = b;
+    n = bn;
+  }
+  if (n->type != AVRO_ARRAY) return acc_fail(rec, PATH(), "indexes a %s, not an array", type_word(n));
   size_t size = 0;
-  if (avro_value_get_string(&v, s, &size)) return LT_ERR_INTERNAL;
-  if (!*s) *s = "";
-  if (len) *len = size ? size - 1 : 0;
-  return LT_OK;
+  avro_value_get_size(&v, &size);
+  if (i >= size) return acc_fail(rec, PATH(), "index %zu out of range (array has %zu elements)", i, size);
+  if (avro_value_get_by_index(&v, i, &e, NULL)) return acc_fail(rec, PATH(), "cannot read element");
+  n = n->items;
+  if (n->type == AVRO_UNION || n->type == AVRO_NULL) {
+    rc = step_for_get(rec, PATH(), &e, &n);
+    if (rc) return rc;
+  }
+  if (n->type != AVRO_STRING) return acc_fail(rec, PATH(), "is a %s, not a string", type_word(n));
+  return read_string(rec, PATH(), &e, n, s, len);
+#undef PATH
 }
 
 lt_err_t lt_avro_get_bytes(lt_avro_record_t *rec, const char *path, const void **p, size_t *len) {
@@ -1937,13 +2106,7 @@ lt_err_t lt_avro_get_enum(lt_avro_record_t *rec, const char *path, const char **
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = target_for_get(rec, path, &v, &n);
-  if (rc) return rc;
-  if (n->type != AVRO_ENUM) return acc_fail(rec, path, "is a %s, not an enum", type_word(n));
-  int e = 0;
-  avro_value_get_enum(&v, &e);
-  if (e < 0 || (size_t)e >= n->nsymbols) return acc_fail(rec, path, "enum out of range");
-  *symbol = n->symbols[e];
-  return LT_OK;
+  return rc ? rc : read_enum(rec, path, &v, n, symbol);
 }
 
 static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_set,

@@ -207,6 +207,23 @@ lt_err_t lt_avro_get_string(lt_avro_record_t *rec, const char *path, const char 
 lt_err_t lt_avro_get_bytes(lt_avro_record_t *rec, const char *path, const void **p, size_t *len);
 lt_err_t lt_avro_get_enum(lt_avro_record_t *rec, const char *path, const char **symbol);
 
+/* ---- typed field access by index ----
+ *
+ * The getters above for a top-level field given by its index in the record's schema, for hot
+ * paths that read the same fields of every record (a fold): no path is parsed, no name compared.
+ * Results, errors and messages are those of the path getter called with the field's name (or
+ * "<name>[<i>]"). The index is the schema's: look it up once per schema with
+ * lt_avro_schema_field_index and use it only with records of that schema. */
+int lt_avro_schema_field_index(const lt_avro_schema_t *s, const char *name); /* -1: no such field */
+lt_err_t lt_avro_get_bool_at(lt_avro_record_t *rec, int field, bool *v);
+lt_err_t lt_avro_get_int_at(lt_avro_record_t *rec, int field, int32_t *v);
+lt_err_t lt_avro_get_long_at(lt_avro_record_t *rec, int field, int64_t *v); /* long or int */
+lt_err_t lt_avro_get_string_at(lt_avro_record_t *rec, int field, const char **s, size_t *len);
+lt_err_t lt_avro_get_enum_at(lt_avro_record_t *rec, int field, const char **symbol);
+/* Element i of an array of strings (or nullable array / nullable strings). */
+lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i, const char **s,
+                                     size_t *len);
+
 /* Arrays: element count, removal of all elements, and appending one element at its defaults
  * (*index, may be NULL, gets its position; set its fields through "path[index]..."). */
 lt_err_t lt_avro_array_size(lt_avro_record_t *rec, const char *path, size_t *n);

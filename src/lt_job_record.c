@@ -3,6 +3,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A string field, or NULL when the field is null or absent in this record type. */
@@ -12,10 +13,122 @@ static const char *opt_str(lt_avro_record_t *rec, const char *path) {
   return s;
 }
 
-static lt_err_t need_str(lt_avro_record_t *rec, const char *path, const char **out, char *errstr,
-                         size_t n) {
-  if (lt_avro_get_string(rec, path, out, NULL) != LT_OK)
-    return lt_errf(errstr, n, LT_ERR_INVALID, "%s: %s", lt_avro_record_type(rec), lt_avro_record_error(rec));
+/* The fields the fold reads. A reader knows their index in each job record schema, so the fold
+ * reads them by index; without one (or for a field the schema lacks, whose error message must
+ * name it) they are read by name. Both ways go through the one function below, so they cannot
+ * disagree. */
+enum {
+  F_EVENT_ID, F_JOB_ID, F_TENANT_ID, F_OCCURRED_AT, F_ATTEMPT, F_BASE_MODEL, F_DATASET_ID, F_PRIORITY,
+  F_GPUS, F_MAX_DURATION_S, F_WORKER_ID, F_LEASE_MS, F_STEP, F_OBJECT_KEYS, F_SHA256, F_BYTES, F_FINAL,
+  F_REASON, F_DETAIL, F__COUNT
+};
+static const char *const field_names[F__COUNT] = {
+    "event_id", "job_id", "tenant_id", "occurred_at", "attempt", "base_model", "dataset_id", "priority",
+    "gpus", "max_duration_s", "worker_id", "lease_ms", "step", "object_keys", "sha256", "bytes", "final",
+    "reason", "detail"};
+
+struct lt_job_reader {
+  const lt_avro_schema_t *schema[LT_EV__COUNT]; /* newest version of each job record type */
+  int idx[LT_EV__COUNT][F__COUNT];                 /* field index in it, -1: absent */
+};
+
+/* How event_fill reaches fields: by index (idx) or, when idx is NULL or says -1, by name. */
+typedef struct {
+  lt_avro_record_t *rec;
+  const int *idx;
+} acc_t;
+
+static lt_err_t a_str(const acc_t *a, int f, const char **out) {
+  return a->idx && a->idx[f] >= 0 ? lt_avro_get_string_at(a->rec, a->idx[f], out, NULL)
+                                   : lt_avro_get_string(a->rec, field_names[f], out, NULL);
+}
+static const char *a_opt_str(const acc_t *a, int f) {
+  const char *s = NULL;
+  return a_str(a, f, &s) == LT_OK ? s : NULL;
+}
+static lt_err_t a_long(const acc_t *a, int f, int64_t *out) {
+  return a->idx && a->idx[f] >= 0 ? lt_avro_get_long_at(a->rec, a->idx[f], out)
+                                   : lt_avro_get_long(a->rec, field_names[f], out);
+}
+static lt_err_t a_int(const acc_t *a, int f, int32_t *out) {
+  return a->idx && a->idx[f] >= 0 ? lt_avro_get_int_at(a->rec, a->idx[f], out)
+                                   : lt_avro_get_int(a->rec, field_names[f], out);
+}
+static lt_err_t a_bool(const acc_t *a, int f, bool *out) {
+  return a->idx && a->idx[f] >= 0 ? lt_avro_get_bool_at(a->rec, a->idx[f], out)
+                                   : lt_avro_get_bool(a->rec, field_names[f], out);
+}
+static lt_err_t a_enum(const acc_t *a, int f, const char **out) {
+  return a->idx && a->idx[f] >= 0 ? lt_avro_get_enum_at(a->rec, a->idx[f], out)
+                                   : lt_avro_get_enum(a->rec, field_names[f], out);
+}
+/* First element of an array of strings ("object_keys[0]"), or NULL. */
+static const char *a_opt_str0(const acc_t *a, int f) {
+  const char *s = NULL;
+  char path[64];
+  lt_err_t err;
+  if (a->idx && a->idx[f] >= 0) {
+    err = lt_avro_get_array_string_at(a->rec, a->idx[f], 0, &s, NULL);
+  } else {
+    snprintf(path, sizeof path, "%s[0]", field_names[f]);
+    err = lt_avro_get_string(a->rec, path, &s, NULL);
+  }
+  return err == LT_OK ? s : NULL;
+}
+
+static lt_err_t need_str(const acc_t *a, int f, const char **out, char *errstr, size_t n) {
+  if (a_str(a, f, out) != LT_OK)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s: %s", lt_avro_record_type(a->rec), lt_avro_record_error(a->rec));
+  return LT_OK;
+}
+
+/* Fills *ev (type already set) from the record behind a. */
+static lt_err_t event_fill(const acc_t *a, lt_job_event_t *ev, char *errstr, size_t n) {
+  lt_err_t err;
+  if ((err = need_str(a, F_EVENT_ID, &ev->event_id, errstr, n))) return err;
+  if ((err = need_str(a, F_JOB_ID, &ev->job_id, errstr, n))) return err;
+  if ((err = need_str(a, F_TENANT_ID, &ev->tenant_id, errstr, n))) return err;
+  a_long(a, F_OCCURRED_AT, &ev->occurred_at_ms);
+  a_int(a, F_ATTEMPT, &ev->attempt); /* absent in non-attempt records: stays 0 */
+  const char *sym = NULL;
+  switch (ev->type) {
+  case LT_EV_JOB_SUBMITTED:
+    ev->base_model = a_opt_str(a, F_BASE_MODEL);
+    ev->dataset_id = a_opt_str(a, F_DATASET_ID);
+    if (a_enum(a, F_PRIORITY, &sym) == LT_OK) lt_job_class_parse(sym, &ev->job_class);
+    a_int(a, F_GPUS, &ev->gpus);
+    a_long(a, F_MAX_DURATION_S, &ev->max_duration_s);
+    break;
+  case LT_EV_JOB_DISPATCHED:
+    ev->worker_id = a_opt_str(a, F_WORKER_ID);
+    a_long(a, F_LEASE_MS, &ev->lease_ms);
+    break;
+  case LT_EV_ATTEMPT_STARTED:
+    ev->worker_id = a_opt_str(a, F_WORKER_ID);
+    break;
+  case LT_EV_CHECKPOINT_COMMITTED:
+    a_long(a, F_STEP, &ev->step);
+    ev->object_key = a_opt_str0(a, F_OBJECT_KEYS);
+    ev->sha256_hex = a_opt_str(a, F_SHA256);
+    a_long(a, F_BYTES, &ev->bytes);
+    a_bool(a, F_FINAL, &ev->final_checkpoint);
+    break;
+  case LT_EV_ATTEMPT_STOPPED:
+    if (a_enum(a, F_REASON, &sym) != LT_OK || lt_job_stop_reason_parse(sym, &ev->stop_reason))
+      return lt_errf(errstr, n, LT_ERR_INVALID, "AttemptStopped: field \"reason\" is not a stop reason");
+    a_long(a, F_STEP, &ev->step);
+    ev->reason = a_opt_str(a, F_DETAIL);
+    break;
+  case LT_EV_JOB_REJECTED:
+  case LT_EV_JOB_FAILED:
+    ev->reason = a_opt_str(a, F_REASON);
+    break;
+  case LT_EV_CANCEL_REQUESTED:
+    ev->reason = a_opt_str(a, F_REASON);
+    break;
+  default:
+    break;
+  }
   return LT_OK;
 }
 
@@ -24,52 +137,45 @@ lt_err_t lt_job_event_from_record(lt_avro_record_t *rec, lt_job_event_t *ev, cha
   const char *type = lt_avro_record_type(rec);
   if (lt_job_event_type_parse(type, &ev->type) != LT_OK)
     return lt_errf(errstr, n, LT_ERR_NOT_FOUND, "%s is not a job record", type);
-  lt_err_t err;
-  if ((err = need_str(rec, "event_id", &ev->event_id, errstr, n))) return err;
-  if ((err = need_str(rec, "job_id", &ev->job_id, errstr, n))) return err;
-  if ((err = need_str(rec, "tenant_id", &ev->tenant_id, errstr, n))) return err;
-  lt_avro_get_long(rec, "occurred_at", &ev->occurred_at_ms);
-  lt_avro_get_int(rec, "attempt", &ev->attempt); /* absent in non-attempt records: stays 0 */
-  const char *sym = NULL;
-  switch (ev->type) {
-  case LT_EV_JOB_SUBMITTED:
-    ev->base_model = opt_str(rec, "base_model");
-    ev->dataset_id = opt_str(rec, "dataset_id");
-    if (lt_avro_get_enum(rec, "priority", &sym) == LT_OK) lt_job_class_parse(sym, &ev->job_class);
-    lt_avro_get_int(rec, "gpus", &ev->gpus);
-    lt_avro_get_long(rec, "max_duration_s", &ev->max_duration_s);
-    break;
-  case LT_EV_JOB_DISPATCHED:
-    ev->worker_id = opt_str(rec, "worker_id");
-    lt_avro_get_long(rec, "lease_ms", &ev->lease_ms);
-    break;
-  case LT_EV_ATTEMPT_STARTED:
-    ev->worker_id = opt_str(rec, "worker_id");
-    break;
-  case LT_EV_CHECKPOINT_COMMITTED:
-    lt_avro_get_long(rec, "step", &ev->step);
-    ev->object_key = opt_str(rec, "object_keys[0]");
-    ev->sha256_hex = opt_str(rec, "sha256");
-    lt_avro_get_long(rec, "bytes", &ev->bytes);
-    lt_avro_get_bool(rec, "final", &ev->final_checkpoint);
-    break;
-  case LT_EV_ATTEMPT_STOPPED:
-    if (lt_avro_get_enum(rec, "reason", &sym) != LT_OK || lt_job_stop_reason_parse(sym, &ev->stop_reason))
-      return lt_errf(errstr, n, LT_ERR_INVALID, "AttemptStopped: field \"reason\" is not a stop reason");
-    lt_avro_get_long(rec, "step", &ev->step);
-    ev->reason = opt_str(rec, "detail");
-    break;
-  case LT_EV_JOB_REJECTED:
-  case LT_EV_JOB_FAILED:
-    ev->reason = opt_str(rec, "reason");
-    break;
-  case LT_EV_CANCEL_REQUESTED:
-    ev->reason = opt_str(rec, "reason");
-    break;
-  default:
-    break;
+  acc_t a = {rec, NULL};
+  return event_fill(&a, ev, errstr, n);
+}
+
+lt_err_t lt_job_reader_new(const lt_avro_registry_t *reg, lt_job_reader_t **out) {
+  lt_job_reader_t *r = calloc(1, sizeof *r);
+  if (!r) return LT_ERR_NOMEM;
+  for (int t = 0; t < LT_EV__COUNT; t++) {
+    r->schema[t] = lt_avro_schema_latest(reg, lt_job_event_type_name((lt_job_event_type_t)t));
+    for (int f = 0; f < F__COUNT; f++)
+      r->idx[t][f] = r->schema[t] ? lt_avro_schema_field_index(r->schema[t], field_names[f]) : -1;
   }
+  *out = r;
   return LT_OK;
+}
+
+void lt_job_reader_destroy(lt_job_reader_t *r) { free(r); }
+
+lt_err_t lt_job_reader_type(const lt_job_reader_t *r, const lt_avro_schema_t *s, lt_job_event_type_t *out) {
+  for (int t = 0; t < LT_EV__COUNT; t++)
+    if (r->schema[t] == s) {
+      *out = (lt_job_event_type_t)t;
+      return LT_OK;
+    }
+  /* not a newest version: by name, as lt_job_event_from_record */
+  return lt_job_event_type_parse(lt_avro_schema_name(s), out);
+}
+
+lt_err_t lt_job_event_read(const lt_job_reader_t *r, lt_avro_record_t *rec, lt_job_event_t *ev, char *errstr,
+                           size_t n) {
+  memset(ev, 0, sizeof *ev);
+  const lt_avro_schema_t *s = lt_avro_record_schema(rec);
+  for (int t = 0; t < LT_EV__COUNT; t++)
+    if (r->schema[t] == s) {
+      ev->type = (lt_job_event_type_t)t;
+      acc_t a = {rec, r->idx[t]};
+      return event_fill(&a, ev, errstr, n);
+    }
+  return lt_job_event_from_record(rec, ev, errstr, n);
 }
 
 typedef struct {

@@ -18,6 +18,22 @@
 lt_err_t lt_job_event_from_record(lt_avro_record_t *rec, lt_job_event_t *ev, char *errstr,
                                   size_t errstr_size);
 
+/* A reader for the fold's hot path: it looks up once, per job record type, where each field
+ * the fold needs sits in the newest schema (what lt_avro_decode yields), so lt_job_event_read
+ * reads by index with no path parsed or name compared and nothing allocated. Its events are
+ * those of lt_job_event_from_record, errors and messages included (both share one filler); a
+ * record of an older schema version is read by name. Immutable once made; reg must outlive it.
+ * The caller owns *out. */
+typedef struct lt_job_reader lt_job_reader_t;
+lt_err_t lt_job_reader_new(const lt_avro_registry_t *reg, lt_job_reader_t **out);
+void lt_job_reader_destroy(lt_job_reader_t *r); /* NULL is fine */
+lt_err_t lt_job_event_read(const lt_job_reader_t *r, lt_avro_record_t *rec, lt_job_event_t *ev,
+                           char *errstr, size_t errstr_size);
+/* The job event type of records of schema s (as lt_job_event_type_parse of its name, by pointer
+ * for the newest versions); LT_ERR_NOT_FOUND when s is not a job record type. */
+lt_err_t lt_job_reader_type(const lt_job_reader_t *r, const lt_avro_schema_t *s,
+                            lt_job_event_type_t *out);
+
 /* Reads the spec fields of a JobSubmitted or JobDispatched record (no validation). */
 lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char *errstr,
                                 size_t errstr_size);

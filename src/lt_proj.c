@@ -1,6 +1,7 @@
 /* lt_proj: decode-and-fold of the control topics into one projection (see lt_proj.h). */
 #include "lt_proj.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,31 @@ typedef struct orphan {
 
 #define ORPHANS_MAX 100000
 
+/* The newest CheckpointCommitted and StepCompleted of a job, kept as the bytes that were folded:
+ * they come with every checkpoint and every step, and their JSON is wanted only when someone
+ * asks for the job's side document, so it is built then (lt_proj_job_info). The buffers grow
+ * to size and are reused: folding them allocates nothing (STYLE.md habit 5). */
+typedef struct lazy_buf {
+  uint8_t *bytes;
+  size_t len, cap;
+  bool dirty; /* newer than what the side document shows */
+} lazy_buf_t;
+
+typedef struct lazy {
+  char job_id[LT_JOB_ID_MAX];
+  lazy_buf_t ckpt, progress;
+} lazy_t;
+
 struct lt_proj {
   const lt_avro_registry_t *reg;
   lt_avro_decoder_t *dec;
+  lt_avro_decoder_t *lazy_dec; /* for lazy records: never reuses the record an apply handed out */
+  lt_job_reader_t *reader;
+  /* the newest schema of each other record type folded here (lt_avro_decode yields only those) */
+  const lt_avro_schema_t *s_tenant, *s_step, *s_eval, *s_artifact, *s_heartbeat;
+  int step_job_id, step_attempt, eval_job_id, eval_attempt; /* field indexes */
+  lazy_t **lazy; /* job_id -> lazy_t, open addressing; NULL = empty */
+  size_t lazy_cap, lazy_count;
   lt_job_table_t *jobs;
   lt_tenant_table_t *tenants;
   json_t *info;    /* job_id -> side document */
@@ -34,6 +57,22 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
   if (!p) return LT_ERR_NOMEM;
   p->reg = reg;
   lt_err_t err = lt_avro_decoder_new(reg, &p->dec, errstr, n);
+  if (!err) err = lt_avro_decoder_new(reg, &p->lazy_dec, errstr, n);
+  if (!err) err = lt_job_reader_new(reg, &p->reader);
+  if (!err) {
+    p->s_tenant = lt_avro_schema_latest(reg, "TenantUpserted");
+    p->s_step = lt_avro_schema_latest(reg, "StepCompleted");
+    p->s_eval = lt_avro_schema_latest(reg, "EvalCompleted");
+    p->s_artifact = lt_avro_schema_latest(reg, "ArtifactPublished");
+    p->s_heartbeat = lt_avro_schema_latest(reg, "WorkerHeartbeat");
+    p->step_job_id = p->s_step ? lt_avro_schema_field_index(p->s_step, "job_id") : -1;
+    p->step_attempt = p->s_step ? lt_avro_schema_field_index(p->s_step, "attempt") : -1;
+    p->eval_job_id = p->s_eval ? lt_avro_schema_field_index(p->s_eval, "job_id") : -1;
+    p->eval_attempt = p->s_eval ? lt_avro_schema_field_index(p->s_eval, "attempt") : -1;
+    p->lazy_cap = 1024;
+    p->lazy = calloc(p->lazy_cap, sizeof *p->lazy);
+    if (!p->lazy) err = LT_ERR_NOMEM;
+  }
   if (!err) err = lt_job_table_new(&p->jobs);
   if (!err) err = lt_tenant_table_new(&p->tenants);
   if (!err) {
@@ -55,7 +94,16 @@ void lt_proj_destroy(lt_proj_t *p) {
     nx = o->next;
     free(o);
   }
+  for (size_t i = 0; p->lazy && i < p->lazy_cap; i++)
+    if (p->lazy[i]) {
+      free(p->lazy[i]->ckpt.bytes);
+      free(p->lazy[i]->progress.bytes);
+      free(p->lazy[i]);
+    }
+  free(p->lazy);
   lt_avro_decoder_destroy(p->dec);
+  lt_avro_decoder_destroy(p->lazy_dec);
+  lt_job_reader_destroy(p->reader);
   lt_job_table_destroy(p->jobs);
   lt_tenant_table_destroy(p->tenants);
   json_decref(p->info);
@@ -68,10 +116,6 @@ lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p) { return p->tenants; }
 json_t *lt_proj_workers(lt_proj_t *p) { return p->workers; }
 uint64_t lt_proj_applied(const lt_proj_t *p) { return p->applied; }
 
-json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id) {
-  return job_id ? json_object_get(p->info, job_id) : NULL;
-}
-
 /* The record without the envelope fields every record has. */
 static json_t *record_json(lt_avro_record_t *rec) {
   json_t *j = NULL;
@@ -83,23 +127,124 @@ static json_t *record_json(lt_avro_record_t *rec) {
   return j;
 }
 
+/* FNV-1a, as lt_job's table: a spread for validated ids. */
+static uint64_t hash_id(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+  return h;
+}
+
+static lazy_t **lazy_probe(lazy_t **slots, size_t cap, const char *job_id) {
+  size_t mask = cap - 1;
+  for (size_t i = hash_id(job_id) & mask;; i = (i + 1) & mask)
+    if (!slots[i] || strcmp(slots[i]->job_id, job_id) == 0) return &slots[i];
+}
+
+static lazy_t *lazy_get(lt_proj_t *p, const char *job_id) { return *lazy_probe(p->lazy, p->lazy_cap, job_id); }
+
+/* The job's lazy records, made when its JobSubmitted is folded (one allocation per job). */
+static lazy_t *lazy_add(lt_proj_t *p, const char *job_id) {
+  if (strlen(job_id) >= LT_JOB_ID_MAX) return NULL; /* lt_job_apply refuses such ids first */
+  lazy_t **slot = lazy_probe(p->lazy, p->lazy_cap, job_id);
+  if (*slot) return *slot;
+  if (2 * (p->lazy_count + 1) > p->lazy_cap) {
+    size_t cap = p->lazy_cap * 2;
+    lazy_t **slots = calloc(cap, sizeof *slots);
+    if (!slots) return NULL;
+    for (size_t i = 0; i < p->lazy_cap; i++)
+      if (p->lazy[i]) *lazy_probe(slots, cap, p->lazy[i]->job_id) = p->lazy[i];
+    free(p->lazy);
+    p->lazy = slots;
+    p->lazy_cap = cap;
+    slot = lazy_probe(p->lazy, p->lazy_cap, job_id);
+  }
+  lazy_t *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  snprintf(l->job_id, sizeof l->job_id, "%s", job_id);
+  *slot = l;
+  p->lazy_count++;
+  return l;
+}
+
+/* Keeps a copy of the message; false only when out of memory: then nothing older stays pending
+ * either (the caller builds the JSON now, and an older record must not overwrite it later). */
+static bool lazy_keep(lazy_buf_t *b, const void *buf, size_t len) {
+  if (len > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < len) cap *= 2;
+    uint8_t *nb = realloc(b->bytes, cap);
+    if (!nb) {
+      b->dirty = false;
+      return false;
+    }
+    b->bytes = nb;
+    b->cap = cap;
+  }
+  memcpy(b->bytes, buf, len);
+  b->len = len;
+  b->dirty = true;
+  return true;
+}
+
+/* The side document's "checkpoint_keys" and "checkpoint" from a CheckpointCommitted record. */
+static void checkpoint_json(json_t *doc, lt_avro_record_t *rec) {
+  json_t *keys = NULL;
+  json_t *all = record_json(rec);
+  const char *eid = NULL;
+  if (all && lt_avro_get_string(rec, "event_id", &eid, NULL) == LT_OK)
+    json_object_set_new(all, "event_id", json_string(eid)); /* JobCompleted names the commit by it */
+  if (all) keys = json_incref(json_object_get(all, "object_keys"));
+  if (doc && keys) json_object_set_new(doc, "checkpoint_keys", keys);
+  else json_decref(keys);
+  if (doc && all) json_object_set(doc, "checkpoint", all);
+  json_decref(all);
+}
+
+/* The side document's "progress" from a StepCompleted record. */
+static void progress_json(json_t *doc, lt_avro_record_t *rec) {
+  json_t *j = record_json(rec);
+  if (j) json_object_set_new(doc, "progress", j);
+}
+
+/* Brings the side document up to the job's newest lazy records. */
+static void lazy_build(lt_proj_t *p, json_t *doc, lazy_t *l) {
+  lazy_buf_t *bufs[2] = {&l->ckpt, &l->progress};
+  void (*build[2])(json_t *, lt_avro_record_t *) = {checkpoint_json, progress_json};
+  for (int i = 0; i < 2; i++) {
+    if (!bufs[i]->dirty) continue;
+    bufs[i]->dirty = false;
+    lt_avro_record_t *rec = NULL;
+    /* the bytes decoded when they were folded: they decode again */
+    if (lt_avro_decode(p->lazy_dec, bufs[i]->bytes, bufs[i]->len, &rec, NULL, 0) == LT_OK) build[i](doc, rec);
+  }
+}
+
+json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id) {
+  json_t *doc = job_id ? json_object_get(p->info, job_id) : NULL;
+  if (!doc) return NULL;
+  lazy_t *l = lazy_get(p, job_id);
+  if (l && (l->ckpt.dirty || l->progress.dirty)) lazy_build(p, doc, l);
+  return doc;
+}
+
 /* Progress and evaluation records of a job: only the current attempt's count (invariant 2). */
-static bool current_attempt(lt_proj_t *p, lt_avro_record_t *rec, const char **job_id) {
+static bool current_attempt(lt_proj_t *p, lt_avro_record_t *rec, int f_job_id, int f_attempt, const char **job_id) {
   int32_t attempt = 0;
-  if (lt_avro_get_string(rec, "job_id", job_id, NULL) != LT_OK) return false;
-  lt_avro_get_int(rec, "attempt", &attempt);
+  if (lt_avro_get_string_at(rec, f_job_id, job_id, NULL) != LT_OK) return false;
+  lt_avro_get_int_at(rec, f_attempt, &attempt);
   const lt_job_t *j = lt_job_get(p->jobs, *job_id);
   return j && j->attempt == attempt && json_object_get(p->info, *job_id);
 }
 
-static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, lt_proj_result_t *res, char *errstr,
-                                 size_t n) {
+static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void *buf, size_t len,
+                                 lt_proj_result_t *res, char *errstr, size_t n) {
   lt_job_event_t ev;
-  lt_err_t err = lt_job_event_from_record(rec, &ev, errstr, n);
+  lt_err_t err = lt_job_event_read(p->reader, rec, &ev, errstr, n);
   if (err) return err;
   err = lt_job_apply(p->jobs, &ev, &res->job_outcome, errstr, n);
   if (err) return err;
-  res->job_id = lt_job_get(p->jobs, ev.job_id) ? lt_job_get(p->jobs, ev.job_id)->job_id : NULL;
+  const lt_job_t *job = lt_job_get(p->jobs, ev.job_id);
+  res->job_id = job ? job->job_id : NULL;
   if (res->job_outcome != LT_JOB_APPLIED) return LT_OK;
   if (ev.type == LT_EV_JOB_SUBMITTED) {
     json_t *doc = json_object();
@@ -112,20 +257,15 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, lt_proj_re
     json_object_set_new(doc, "artifacts", json_array());
     json_object_set(p->info, ev.job_id, doc);
     json_decref(doc);
+    lazy_add(p, ev.job_id);
   } else if (ev.type == LT_EV_CHECKPOINT_COMMITTED) {
     json_t *doc = json_object_get(p->info, ev.job_id);
-    json_t *keys = NULL;
-    json_t *all = record_json(rec);
-    const char *eid = NULL;
-    if (all && lt_avro_get_string(rec, "event_id", &eid, NULL) == LT_OK)
-      json_object_set_new(all, "event_id", json_string(eid)); /* JobCompleted names the commit by it */
-    if (all) keys = json_incref(json_object_get(all, "object_keys"));
-    if (doc && keys) json_object_set_new(doc, "checkpoint_keys", keys);
-    else json_decref(keys);
-    if (doc && all) json_object_set(doc, "checkpoint", all);
-    json_decref(all);
+    lazy_t *l = doc ? lazy_get(p, ev.job_id) : NULL;
+    if (doc && !(l && lazy_keep(&l->ckpt, buf, len))) checkpoint_json(doc, rec); /* no room: now */
   } else if (ev.type == LT_EV_JOB_DISPATCHED) {
     json_t *doc = json_object_get(p->info, ev.job_id);
+    lazy_t *l = doc ? lazy_get(p, ev.job_id) : NULL;
+    if (l) l->progress.dirty = false;
     if (doc) json_object_del(doc, "progress"); /* a new attempt starts its own progress */
   }
   return LT_OK;
@@ -142,30 +282,32 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
   res->record = rec;
   res->type = lt_avro_record_type(rec);
   p->applied++;
+  const lt_avro_schema_t *s = lt_avro_record_schema(rec); /* the newest version of its type */
   lt_job_event_type_t et;
-  if (lt_job_event_type_parse(res->type, &et) == LT_OK) return apply_job_record(p, rec, res, errstr, n);
+  if (lt_job_reader_type(p->reader, s, &et) == LT_OK) return apply_job_record(p, rec, buf, len, res, errstr, n);
 
   const char *job_id = NULL;
-  if (strcmp(res->type, "TenantUpserted") == 0) {
+  if (s == p->s_tenant) {
     lt_tenant_t t;
     if ((err = lt_tenant_from_record(rec, &t, errstr, n))) return err;
     return lt_tenant_upsert(p->tenants, &t);
   }
-  if (strcmp(res->type, "StepCompleted") == 0) {
-    if (current_attempt(p, rec, &job_id)) {
-      json_t *j = record_json(rec);
-      if (j) json_object_set_new(json_object_get(p->info, job_id), "progress", j);
+  if (s == p->s_step) {
+    if (current_attempt(p, rec, p->step_job_id, p->step_attempt, &job_id)) {
+      json_t *doc = json_object_get(p->info, job_id);
+      lazy_t *l = lazy_get(p, job_id);
+      if (!(l && lazy_keep(&l->progress, buf, len))) progress_json(doc, rec); /* no room: now */
     }
     return LT_OK;
   }
-  if (strcmp(res->type, "EvalCompleted") == 0) {
-    if (current_attempt(p, rec, &job_id)) {
+  if (s == p->s_eval) {
+    if (current_attempt(p, rec, p->eval_job_id, p->eval_attempt, &job_id)) {
       json_t *j = record_json(rec);
       if (j) json_array_append_new(json_object_get(json_object_get(p->info, job_id), "evals"), j);
     }
     return LT_OK;
   }
-  if (strcmp(res->type, "ArtifactPublished") == 0) {
+  if (s == p->s_artifact) {
     if (lt_avro_get_string(rec, "job_id", &job_id, NULL) != LT_OK) return LT_ERR_INVALID;
     json_t *doc = json_object_get(p->info, job_id);
     json_t *j = record_json(rec);
@@ -175,7 +317,7 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
     json_decref(j);
     return LT_OK;
   }
-  if (strcmp(res->type, "WorkerHeartbeat") == 0) {
+  if (s == p->s_heartbeat) {
     const char *wid;
     if (lt_avro_get_string(rec, "worker_id", &wid, NULL) != LT_OK) return LT_ERR_INVALID;
     json_t *j = NULL;

@@ -62,7 +62,10 @@ lt_job_table_t *lt_proj_jobs(lt_proj_t *p);
 lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
 
 /* The job's side document ({"spec":..,"progress":..,"evals":[..],"artifacts":[..],
- * "checkpoint_keys":[..]}), borrowed; NULL when the job is unknown. */
+ * "checkpoint_keys":[..],"checkpoint":..}), borrowed; NULL when the job is unknown. Its
+ * "progress", "checkpoint" and "checkpoint_keys" are built here from the newest records folded
+ * (the fold only keeps their bytes), so a value read from the document stays valid until the
+ * next lt_proj_apply / lt_proj_fold followed by lt_proj_job_info of the same job. */
 json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id);
 
 /* Latest heartbeat per worker: object worker_id -> heartbeat JSON (borrowed). */

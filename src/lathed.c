@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
   char producer[160];
   if (want_sched) {
     snprintf(producer, sizeof producer, "scheduler/%s", d.instance);
-    lt_scheduler_conf_t sc = {.bus = d.bus, .registry = d.reg, .producer_id = producer};
+    lt_scheduler_conf_t sc = {.bus = d.bus, .registry = d.reg, .producer_id = producer, .store = d.store};
     /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
     const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
                *start = getenv("LATHE_START_TIMEOUT_MS");

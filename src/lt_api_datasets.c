@@ -42,7 +42,7 @@ static int64_t now_ms(void) {
 }
 
 static void key_of(char *out, size_t n, const char *tenant, const char *id, const char *leaf) {
-  snprintf(out, n, "tenants/%s/datasets/%s/%s", tenant, id, leaf);
+  lt_dataset_object_key(out, n, tenant, id, leaf);
 }
 
 /* The API's memory of datasets known to exist: "tenant/id". */
@@ -119,7 +119,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   u->next_part = 1;
   u->last_active_ms = now_ms();
   char key[512];
-  key_of(key, sizeof key, u->tenant, u->id, "data.jsonl.lte");
+  key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
   lt_err_t err = lt_dataset_check_new(&u->check, &lim, tokens_fn(api), api->conf.tokens_ctx);
   if (!err) err = lt_crypto_dek_generate(&u->dek, u->tenant, u->id, msg, n);
   if (!err) err = lt_sealed_writer_new(api->conf.store, u->dek, key, &u->w, msg, n);
@@ -186,7 +186,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   size_t wlen = 0;
   if (!err) err = lt_crypto_dek_wrap(api->conf.kek, u->dek, wrapped, sizeof wrapped, &wlen, msg, sizeof msg);
   if (!err) {
-    key_of(key, sizeof key, u->tenant, u->id, "key.wrapped");
+    key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_KEY);
     err = lt_store_put(api->conf.store, key, wrapped, wlen, NULL, msg, sizeof msg);
   }
   json_t *meta = NULL;
@@ -194,13 +194,13 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
     meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)now_ms(),
                      "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain, "report", report);
     char *text = json_dumps(meta, JSON_COMPACT);
-    key_of(key, sizeof key, u->tenant, u->id, "meta.json.lte");
+    key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_META);
     err = text ? lt_sealed_put(api->conf.store, u->dek, key, text, strlen(text), NULL, msg, sizeof msg) : LT_ERR_NOMEM;
     free(text);
   }
   if (err) {
     /* Nothing half-stored: remove whatever of this dataset made it. */
-    const char *leaves[] = {"meta.json.lte", "key.wrapped", "data.jsonl.lte"};
+    const char *leaves[] = {LT_DATASET_META, LT_DATASET_KEY, LT_DATASET_DATA};
     for (int i = 0; i < 3; i++) {
       key_of(key, sizeof key, u->tenant, u->id, leaves[i]);
       lt_store_delete(api->conf.store, key, NULL, 0);
@@ -284,12 +284,12 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
   char key[512];
   void *wrapped = NULL, *text = NULL;
   size_t wlen = 0, tlen = 0;
-  key_of(key, sizeof key, tenant, id, "key.wrapped");
+  key_of(key, sizeof key, tenant, id, LT_DATASET_KEY);
   lt_err_t err = lt_store_get(api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, msg, n);
   if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, tenant, wrapped, wlen, dek, msg, n);
   free(wrapped);
   if (err) return err;
-  key_of(key, sizeof key, tenant, id, "meta.json.lte");
+  key_of(key, sizeof key, tenant, id, LT_DATASET_META);
   err = lt_sealed_get(api->conf.store, *dek, key, 1 << 20, &text, &tlen, msg, n);
   if (!err) {
     json_error_t je;
@@ -310,7 +310,7 @@ bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *datase
   seen_key(seen, sizeof seen, tenant, dataset_id);
   if (json_object_get(api->datasets_seen, seen)) return true; /* no store round trip per submission */
   lt_store_info_t info;
-  key_of(key, sizeof key, tenant, dataset_id, "meta.json.lte");
+  key_of(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
   if (lt_store_head(api->conf.store, key, &info, NULL, 0) != LT_OK) return false;
   json_object_set_new(api->datasets_seen, seen, json_true());
   return true;
@@ -324,8 +324,8 @@ typedef struct {
 
 static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info) {
   list_ctx_t *l = ctx;
-  size_t klen = strlen(key), leaf = strlen("/meta.json.lte");
-  if (klen <= leaf || strcmp(key + klen - leaf, "/meta.json.lte") != 0) return LT_OK;
+  size_t klen = strlen(key), leaf = strlen("/" LT_DATASET_META);
+  if (klen <= leaf || strcmp(key + klen - leaf, "/" LT_DATASET_META) != 0) return LT_OK;
   const char *idstart = key + klen - leaf;
   while (idstart > key && idstart[-1] != '/') idstart--;
   char id[LT_ID_MAX + 1];
@@ -408,7 +408,7 @@ void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_t
   seen_key(seen, sizeof seen, t->tenant_id, id);
   json_object_del(api->datasets_seen, seen);
   /* Crypto-shred: without its wrapped key the data cannot be read even if a copy survives. */
-  const char *leaves[] = {"key.wrapped", "data.jsonl.lte", "meta.json.lte"};
+  const char *leaves[] = {LT_DATASET_KEY, LT_DATASET_DATA, LT_DATASET_META};
   for (int i = 0; i < 3; i++) {
     char key[512];
     key_of(key, sizeof key, t->tenant_id, id, leaves[i]);

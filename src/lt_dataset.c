@@ -298,3 +298,7 @@ json_t *lt_dataset_report_json(const lt_dataset_report_t *r, int32_t epochs) {
   json_object_set_new(o, "errors", errs);
   return o;
 }
+
+void lt_dataset_object_key(char *out, size_t n, const char *tenant, const char *dataset_id, const char *leaf) {
+  snprintf(out, n, "tenants/%s/datasets/%s/%s", tenant, dataset_id, leaf);
+}

@@ -82,6 +82,15 @@ json_t *lt_dataset_report_json(const lt_dataset_report_t *r, int32_t epochs);
 
 const char *lt_dataset_format_name(lt_dataset_format_t f); /* "prompt_completion" | "messages" */
 
+/* Where a dataset lives in the object store (DESIGN.md §8), one object per leaf:
+ *   LT_DATASET_DATA  the JSONL, sealed with the dataset's own data key
+ *   LT_DATASET_KEY   that data key, wrapped by the master key for the tenant (delete = shred)
+ *   LT_DATASET_META  id, name, sizes, report (sealed); written last: the dataset exists when it does */
+#define LT_DATASET_DATA "data.jsonl.lte"
+#define LT_DATASET_KEY "key.wrapped"
+#define LT_DATASET_META "meta.json.lte"
+void lt_dataset_object_key(char *out, size_t out_size, const char *tenant, const char *dataset_id, const char *leaf);
+
 /* True when the n bytes at s are valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). When
  * not, *bad_offset (may be NULL) gets the offset of the first bad byte. */
 bool lt_utf8_valid(const char *s, size_t n, size_t *bad_offset);

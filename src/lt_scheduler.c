@@ -6,6 +6,8 @@
  * a new term rebuilds all of it from the log, so nothing survives that the log does not say. */
 #include "lt_scheduler.h"
 
+#include "lt_dataset.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -633,6 +635,22 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
   if (t->disabled) {
     write_reject(s, sd, j, "tenant_disabled", "tenant_id", "tenant_id: the tenant is disabled");
     return;
+  }
+  /* The datasets must be the tenant's, exactly as POST /v1/jobs checks them. */
+  const char *ds_fields[2] = {"dataset_id", "validation_dataset_id"};
+  const char *ds_ids[2] = {sd->spec.dataset_id, sd->spec.validation_dataset_id};
+  for (int k = 0; k < 2 && s->conf.store; k++) {
+    if (!ds_ids[k][0]) continue;
+    char key[512], msg[256];
+    lt_store_info_t info;
+    lt_dataset_object_key(key, sizeof key, j->tenant_id, ds_ids[k], LT_DATASET_META);
+    lt_err_t e = lt_store_head(s->conf.store, key, &info, NULL, 0);
+    if (e == LT_ERR_NOT_FOUND) {
+      snprintf(msg, sizeof msg, "%s: no dataset %s for this tenant", ds_fields[k], ds_ids[k]);
+      write_reject(s, sd, j, "not_found", ds_fields[k], msg);
+      return;
+    }
+    if (e) return; /* the store is unavailable: decide on a later tick */
   }
   if (t->quotas.max_job_duration_s > 0 && sd->spec.max_duration_s > t->quotas.max_job_duration_s) {
     char msg[256];

@@ -56,6 +56,7 @@
 #include "lt_err.h"
 #include "lt_proj.h"
 #include "lt_sched.h"
+#include "lt_store.h"
 
 typedef struct lt_scheduler lt_scheduler_t;
 
@@ -74,6 +75,8 @@ typedef struct lt_scheduler_conf {
   int64_t checkpoint_deadline_ms;     /* PreemptRequested: time to checkpoint (30000) */
   int32_t max_attempts;               /* failed attempts before JobFailed (3) */
   int tick_ms;                        /* timer: group, timeouts and decisions (100) */
+  lt_store_t *store;                  /* borrowed, may be NULL: checks that a submission's datasets
+                                         exist, as the API does (NULL: not checked) */
 } lt_scheduler_conf_t;
 
 typedef enum lt_scheduler_role {

@@ -28,9 +28,9 @@ broker (and, for the API half, the object store of `ops/stack env`):
      answered 201 there.
   5. The scheduler is still leading (never "stops leading"), then both children are stopped.
 
-DATASET_CHECK: POST /v1/jobs answers 404 "dataset_id: no dataset ..." for g, but the scheduler
-does not know datasets and accepts it. Until it does, g is reported as a KNOWN GAP on stderr and
-does not fail the test; LATHE_UPSTREAM_STRICT_DATASET=1 makes it fail.
+DATASET_CHECK: POST /v1/jobs answers 404 "dataset_id: no dataset ..." for g, and the scheduler
+(given the object store, as lathed gives it) rejects the same record from Kafka with the same
+field and message.
 
 usage: upstream_python.py PATH/TO/lathe PATH/TO/lathed
 Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_SOURCE_ROOT, the master key
@@ -453,11 +453,8 @@ def body(lathe, lathed, env, prefix, run_id, by_fp, sub_schema, sub_fp):
             fail(f"g: the API answered {a['error']} but the scheduler rejected with {rg['reason']!r}")
         log(f"g rejected as the API does: {rg['reason']!r}")
     else:
-        msg = (f"g: POST /v1/jobs answers {st} {a['error']} for a dataset the tenant does not have, but the "
-               f"scheduler wrote {ng} for the same record from Kafka")
-        if os.environ.get("LATHE_UPSTREAM_STRICT_DATASET") == "1":
-            fail(msg)
-        print(f"upstream: KNOWN GAP: {msg}", file=sys.stderr)
+        fail(f"g: POST /v1/jobs answers {st} {a['error']} for a dataset the tenant does not have, but the "
+             f"scheduler wrote {ng} for the same record from Kafka")
 
     # DeadLetters: exactly one per garbage record, naming where it was read.
     for tag, (key, value) in garbage.items():

@@ -34,6 +34,7 @@
 #include <openssl/crypto.h>
 
 #include "lt_crypto.h"
+#include "lt_dataset.h"
 #include "lt_jobspec.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
@@ -174,12 +175,12 @@ static lt_err_t load_dataset(lt_store_t *store, const lt_crypto_kek_t *kek, cons
   void *wrapped = NULL;
   size_t wlen = 0;
   lt_crypto_dek_t *dek = NULL;
-  snprintf(key, sizeof key, "tenants/%s/datasets/%s/key.wrapped", tenant, id);
+  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_KEY);
   lt_err_t err = lt_store_get(store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, errstr, n);
   if (!err) err = lt_crypto_dek_unwrap(kek, tenant, wrapped, wlen, &dek, errstr, n);
   free(wrapped);
   if (err) return err;
-  snprintf(key, sizeof key, "tenants/%s/datasets/%s/data.jsonl.lte", tenant, id);
+  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_DATA);
   void *data = NULL;
   err = lt_sealed_get(store, dek, key, (size_t)1 << 32, &data, len, errstr, n);
   lt_crypto_dek_free(dek);

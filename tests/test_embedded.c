@@ -28,6 +28,16 @@
 
 static char lathe_bin[1024], lathed_bin[1024], topics_file[1024];
 static char err[1024];
+/* Every daemon a test started (process group ids): a failed assertion ends the test function,
+ * and the suite's fini must still stop them. */
+static pid_t started[8];
+static int nstarted;
+
+/* The daemon was reaped: its group id may be reused, never kill it again. */
+static void forget(pid_t pid) {
+  for (int i = 0; i < nstarted; i++)
+    if (started[i] == pid) started[i] = started[--nstarted];
+}
 
 typedef struct emb {
   pid_t pid;
@@ -139,13 +149,17 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
     _exit(127);
   }
   setpgid(e.pid, e.pid); /* also here: no race with the first kill(-pid) */
+  if (nstarted < 8) started[nstarted++] = e.pid;
   char *text = NULL;
   for (int64_t t0 = now_ms(); now_ms() - t0 < 60000; msleep(100)) {
     free(text);
     text = slurp(e.out, NULL);
     if (text && export_value(text, "LATHE_API_URL", e.url, sizeof e.url)) break;
     int st;
-    if (waitpid(e.pid, &st, WNOHANG) == e.pid) cr_assert_fail("lathed --embedded exited at start; see %s", e.log);
+    if (waitpid(e.pid, &st, WNOHANG) == e.pid) {
+      forget(e.pid);
+      cr_assert_fail("lathed --embedded exited at start; see %s", e.log);
+    }
   }
   cr_assert(e.url[0], "lathed --embedded printed no LATHE_API_URL within 60 s; see %s", e.log);
   cr_assert(export_value(text, "LATHE_KAFKA_BOOTSTRAP", e.bootstrap, sizeof e.bootstrap), "%s", text);
@@ -183,11 +197,13 @@ static int stop_embedded(emb_t *e) {
     if (waitpid(e->pid, &st, WNOHANG) == e->pid) {
       pid_t pid = e->pid;
       e->pid = 0;
+      forget(pid);
       cr_expect(WIFEXITED(st), "lathed --embedded died of signal %d (pid %d); see %s", WTERMSIG(st), (int)pid, e->log);
       return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     }
   kill(-e->pid, SIGKILL);
   waitpid(e->pid, &st, 0);
+  forget(e->pid);
   e->pid = 0;
   cr_expect_fail("lathed --embedded did not stop within 30 s of SIGTERM; see %s", e->log);
   return -1;
@@ -197,6 +213,7 @@ static void cleanup(emb_t *e) {
   if (e->pid > 0) {
     kill(-e->pid, SIGKILL);
     waitpid(e->pid, NULL, 0);
+    forget(e->pid);
   }
 }
 
@@ -342,7 +359,15 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
 
 /* ---------------------------------------------------------------- tests */
 
-TestSuite(embedded, .init = find_bins, .timeout = 900);
+static void kill_leftovers(void) {
+  for (int i = 0; i < nstarted; i++) {
+    kill(-started[i], SIGKILL);
+    waitpid(started[i], NULL, 0);
+  }
+  nstarted = 0;
+}
+
+TestSuite(embedded, .init = find_bins, .fini = kill_leftovers, .timeout = 900);
 
 /* lathed refuses --embedded with a single role: the log of the mock cluster lives in its
  * process, so a role that ran alone on it would have nobody to talk to. */

@@ -126,14 +126,16 @@ static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, lt
   }
   lt_bus_record_t rec = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
                          .value = bytes, .value_size = len};
-  for (int tries = 0; tries < 5; tries++) {
-    e = lt_bus_produce_sync(w->producer, &rec, 10000, NULL, NULL, err, sizeof err);
+  /* Bounded well below a lease (two tries of 3 s): the event loop must keep checking leases and
+   * kill deadlines while the broker is away. */
+  for (int tries = 0; tries < 2; tries++) {
+    e = lt_bus_produce_sync(w->producer, &rec, 3000, NULL, NULL, err, sizeof err);
     if (!e) {
       if (strcmp(topic, w->t_control) == 0) lt_proj_apply(w->proj, bytes, len, NULL, NULL, 0);
       return LT_OK;
     }
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
-    usleep(200000u << tries);
+    usleep(200000);
   }
   logf_(w, "%s for %s was not recorded: %s", lt_avro_record_type(r), key, err);
   return e;
@@ -748,7 +750,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     attempt_t *a = &w->slots[i];
     if (a->state != A_RUNNING) continue;
     /* Partitioned: the lease cannot be renewed. Stop before it can expire (invariant 2). */
-    if (now - hb_ok > a->lease_ms * 2 / 3 && now - a->last_progress_ms > 0 && hb_ok > 0) {
+    if (hb_ok > 0 && now - hb_ok > a->lease_ms * 2 / 3) {
       a->fenced = true;
       kill_attempt(w, a, "its lease could not be renewed (broker unreachable)");
     }
@@ -827,7 +829,11 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
     lt_bus_admin_destroy(admin);
     if (!err) err = lt_bus_consumer_assign(w->control, parts, np, errstr, n);
   }
-  lt_bus_consumer_opts_t co = {.group_id = "lathe-workers", .rebalance_cb = on_rebalance, .opaque = w};
+  /* One dispatch group per deployment (topic prefix), like the scheduler's: workers of another
+   * prefix on the same broker must not share its rebalances. */
+  char group[160];
+  lt_bus_topic_name(conf->bus, "worker-group", group, sizeof group);
+  lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = on_rebalance, .opaque = w};
   if (!err) err = lt_bus_consumer_new(conf->bus, &co, &w->dispatch, errstr, n);
   if (!err) {
     const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};

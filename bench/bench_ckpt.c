@@ -1,0 +1,294 @@
+/* bench_ckpt: checkpoint save and restore time and bytes, and the checkpoint's overhead on step
+ * time, for a LoRA r16 session on two model shapes with random weights:
+ *   tiny:   the bundled base model's shape (lt_train_default_model: d=192, 4 layers);
+ *   smollm: SmolLM2-135M's shape (d=576, 30 layers, 9 heads / 3 kv, ffn 1536, vocab 49152).
+ *
+ * Save / restore: lt_save_state (write + fflush + fsync + rename) and lt_load_state, median of
+ * K runs, beside the same number of bytes written with write + fsync + rename and read back with
+ * read() in the same run (the disk's own ceiling for that file): the ratios say what the format
+ * costs over moving the bytes.
+ *
+ * Overhead: what a managed job's checkpoint does on the training thread when
+ * checkpoint_interval = 1 — lt_save_state + lt_export_peft into a private directory, then each
+ * file sealed (LTE1, the tenant's key) and uploaded to the object store (the S3 server of
+ * ops/stack when LATHE_S3_* is set, else a directory store), as the executor's on_checkpoint
+ * does — against the same steps without it. The two run in alternating blocks (R rounds of S
+ * steps each) so the machine's swings hit both; the figure is the median of per-round ratios.
+ * The small JSON files of a checkpoint (metrics, eval, config, samples) are left out.
+ *
+ * Usage: bench_ckpt   (environment: LATHE_BENCH_THREADS (2), LATHE_BENCH_LAYERS (30),
+ *        LATHE_BENCH_B (1), LATHE_BENCH_T (256), LATHE_BENCH_ROUNDS (3), LATHE_BENCH_STEPS (2))
+ * Last line: `ckpt_overhead_pct: X` (smollm shape, interval 1; goal <= 5). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lt_crypto.h"
+#include "lt_engine.h"
+#include "lt_sealed.h"
+#include "lt_store.h"
+#include "lt_train.h"
+
+static char err[1024];
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : def;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "bench_ckpt: %s: %s\n", what, err);
+  exit(1);
+}
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* The peer of lt_save_state: n bytes with write + fsync + rename. */
+static double raw_write(const char *dir, const uint8_t *buf, size_t n) {
+  char tmp[512], path[512];
+  snprintf(tmp, sizeof tmp, "%.400s/raw.tmp", dir);
+  snprintf(path, sizeof path, "%.400s/raw.bin", dir);
+  double t = now();
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return -1;
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(fd, buf + off, n - off > (1 << 20) ? 1 << 20 : n - off);
+    if (w <= 0) return close(fd), -1;
+    off += (size_t)w;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) return -1;
+  return now() - t;
+}
+
+/* The peer of lt_load_state: read() the file into a buffer. */
+static double raw_read(const char *path, uint8_t *buf, size_t cap) {
+  double t = now();
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  size_t off = 0;
+  ssize_t r;
+  while (off < cap && (r = read(fd, buf + off, cap - off > (1 << 20) ? 1 << 20 : cap - off)) > 0) off += (size_t)r;
+  close(fd);
+  return now() - t;
+}
+
+typedef struct {
+  lt_store_t *store;
+  lt_crypto_dek_t *dek;
+  int seq;
+} upload_t;
+
+/* Seals and uploads a checkpoint's state and adapter, as the executor's on_checkpoint does. */
+static lt_err_t seal_upload(upload_t *u, const char *dir) {
+  static const char *const names[] = {"state.bin", "adapter_model.safetensors", "adapter_config.json"};
+  uint8_t buf[1 << 16];
+  u->seq++;
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char path[512], key[256];
+    snprintf(path, sizeof path, "%.400s/%s", dir, names[i]);
+    snprintf(key, sizeof key, "staging/bench-ckpt/job-%d/1/%d/%s", (int)getpid(), u->seq % 4, names[i]);
+    FILE *f = fopen(path, "rb");
+    if (!f) return LT_ERR_IO;
+    lt_sealed_writer_t *w = NULL;
+    lt_err_t e = lt_sealed_writer_new(u->store, u->dek, key, &w, err, sizeof err);
+    size_t got;
+    while (!e && (got = fread(buf, 1, sizeof buf, f)) > 0) e = lt_sealed_writer_write(w, buf, got, err, sizeof err);
+    fclose(f);
+    if (!e) e = lt_sealed_writer_commit(w, NULL, NULL, err, sizeof err);
+    else lt_sealed_writer_abort(w);
+    if (e) return e;
+  }
+  return LT_OK;
+}
+
+/* One shape: prints save/restore figures; returns the median overhead of a checkpoint every
+ * step, in percent of the step without. */
+static double run_shape(const char *label, lt_model_config_t *c, int threads, int B, int T, int rounds,
+                        int steps, upload_t *up) {
+  char dir[] = "/tmp/lt_bench_ckpt_XXXXXX";
+  if (!mkdtemp(dir)) die("mkdtemp");
+  char model[128], work[128], state[160], cmd[160];
+  snprintf(model, sizeof model, "%s/model", dir);
+  snprintf(work, sizeof work, "%s/work", dir);
+  snprintf(state, sizeof state, "%s/state.bin", work);
+  mkdir(work, 0700);
+  double t0 = now();
+  if (lt_model_init_random(c, model, 1, 0.02f, 0.0f, err, sizeof err)) die("model");
+  char st[192];
+  snprintf(st, sizeof st, "%s/model.safetensors", model);
+  printf("%s: model %.1f MB of f32 weights (made in %.1f s)\n", label, (double)file_size(st) / 1e6, now() - t0);
+  lt_backend_t *be;
+  lt_engine_t *eng;
+  lt_session_t *s;
+  lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
+  if (lt_backend_cpu_new(threads, &be, err, sizeof err) || lt_engine_open(model, be, &eng, err, sizeof err) ||
+      lt_session_new(eng, &sc, &s, err, sizeof err))
+    die("engine");
+  int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)), *tgt = malloc((size_t)B * T * sizeof(int32_t));
+  unsigned rs = 1;
+  for (int i = 0; i < B * T; i++) {
+    tok[i] = (int32_t)(rand_r(&rs) % (unsigned)c->vocab_size);
+    tgt[i] = (int32_t)(rand_r(&rs) % (unsigned)c->vocab_size);
+  }
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                    .max_grad_norm = 1.0f};
+  float loss;
+#define STEP()                                                                                     \
+  do {                                                                                             \
+    if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||         \
+        lt_optim_step(s, &opt, NULL, err, sizeof err))                                             \
+      die("step");                                                                                 \
+  } while (0)
+  STEP(); /* warm: activations allocated, AdamW moments non-zero */
+
+  /* save / restore, beside raw write / read of as many bytes */
+  enum { K = 5 };
+  double ts[K], tl[K], tw[K], tr[K];
+  if (lt_save_state(s, state, 7, err, sizeof err)) die("save");
+  size_t bytes = (size_t)file_size(state);
+  uint8_t *buf = malloc(bytes);
+  if (!buf) die("malloc");
+  memset(buf, 0x5a, bytes);
+  char rawp[192];
+  snprintf(rawp, sizeof rawp, "%s/raw.bin", work);
+  for (int k = 0; k < K; k++) {
+    double t = now();
+    if (lt_save_state(s, state, 7, err, sizeof err)) die("save");
+    ts[k] = now() - t;
+    tw[k] = raw_write(work, buf, bytes);
+    uint64_t cursor = 0;
+    t = now();
+    if (lt_load_state(s, state, &cursor, err, sizeof err) || cursor != 7) die("load");
+    tl[k] = now() - t;
+    tr[k] = raw_read(rawp, buf, bytes);
+  }
+  double ms = median(ts, K), ml = median(tl, K), mw = median(tw, K), mr = median(tr, K);
+  printf("%s: state %zu bytes (%zu trainable params, LoRA r16 on all 7 projections)\n", label, bytes,
+         lt_session_num_params(s));
+  printf("%s: save %.1f ms (%.0f MB/s), raw write+fsync+rename %.1f ms: ratio %.2f\n", label, ms * 1e3,
+         (double)bytes / ms / 1e6, mw * 1e3, ms / mw);
+  printf("%s: restore %.1f ms (%.0f MB/s), raw read %.1f ms: ratio %.2f\n", label, ml * 1e3, (double)bytes / ml / 1e6,
+         mr * 1e3, ml / mr);
+  free(buf);
+
+  /* overhead of a checkpoint every step */
+  double *ratio = calloc((size_t)rounds, sizeof *ratio), plain_sum = 0, ck_sum = 0, ck_parts[3] = {0};
+  for (int r = 0; r < rounds; r++) {
+    double tp = 0, tc = 0;
+    for (int side = 0; side < 2; side++) {
+      bool ck = (side == 0) == (r % 2 == 1);
+      double t = now();
+      for (int k = 0; k < steps; k++) {
+        STEP();
+        if (ck) {
+          double a = now();
+          if (lt_save_state(s, state, (uint64_t)k, err, sizeof err)) die("save");
+          double bb = now();
+          if (lt_export_peft(s, work, "bench", err, sizeof err)) die("export");
+          double cc = now();
+          if (up && seal_upload(up, work)) die("upload");
+          ck_parts[0] += bb - a;
+          ck_parts[1] += cc - bb;
+          ck_parts[2] += now() - cc;
+        }
+      }
+      t = (now() - t) / steps;
+      if (ck) tc = t;
+      else tp = t;
+    }
+    ratio[r] = tc / tp;
+    plain_sum += tp;
+    ck_sum += tc;
+    printf("%s: round %d: step %.3f s, with a checkpoint every step %.3f s (+%.1f%%)\n", label, r + 1, tp, tc,
+           (tc / tp - 1) * 100);
+  }
+  double n_ck = (double)rounds * steps;
+  printf("%s: checkpoint parts per step: save_state %.1f ms, export_peft %.1f ms, seal+upload (%s) %.1f ms\n", label,
+         ck_parts[0] / n_ck * 1e3, ck_parts[1] / n_ck * 1e3, up ? lt_store_kind(up->store) : "none",
+         ck_parts[2] / n_ck * 1e3);
+  double over = (median(ratio, rounds) - 1) * 100;
+  printf("%s: B=%d T=%d, %d threads: checkpoint overhead (median of %d rounds) %.1f%% of the step time "
+         "(mean step %.3f s without, %.3f s with)\n",
+         label, B, T, threads, rounds, over, plain_sum / rounds, ck_sum / rounds);
+  free(ratio);
+  free(tok);
+  free(tgt);
+  lt_session_destroy(s);
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  return over;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  int threads = env_int("LATHE_BENCH_THREADS", 2), layers = env_int("LATHE_BENCH_LAYERS", 30);
+  int B = env_int("LATHE_BENCH_B", 1), T = env_int("LATHE_BENCH_T", 256);
+  int rounds = env_int("LATHE_BENCH_ROUNDS", 3), steps = env_int("LATHE_BENCH_STEPS", 2);
+  if (rounds < 1 || rounds > 50 || steps < 1 || B < 1 || T < 2) {
+    fprintf(stderr, "bench_ckpt: bad LATHE_BENCH_* settings\n");
+    return 2;
+  }
+  upload_t up = {0}, *upp = &up;
+  lt_store_s3_conf_t sc;
+  if (lt_store_s3_conf_from_env(&sc, err, sizeof err) == LT_OK) {
+    if (lt_store_s3_new(&up.store, &sc, err, sizeof err)) die("s3 store");
+  } else {
+    char root[] = "/tmp/lt_bench_ckpt_store_XXXXXX";
+    if (!mkdtemp(root) || lt_store_dir_new(&up.store, root, err, sizeof err)) die("dir store");
+  }
+  if (lt_crypto_dek_generate(&up.dek, "bench-ckpt", "k1", err, sizeof err)) die("dek");
+
+  lt_model_config_t tiny;
+  lt_train_default_model(&tiny);
+  run_shape("tiny", &tiny, threads, B, T > tiny.max_position ? tiny.max_position : T, rounds, steps, upp);
+  lt_model_config_t smol = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536, .num_layers = layers,
+                            .num_heads = 9, .num_kv_heads = 3, .head_dim = 64, .max_position = 2048,
+                            .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
+                            .tie_embeddings = 1};
+  double over = run_shape("smollm", &smol, threads, B, T, rounds, steps, upp);
+  for (int i = 0; i < 4; i++) {
+    static const char *const names[] = {"state.bin", "adapter_model.safetensors", "adapter_config.json"};
+    for (int k = 0; k < 3; k++) {
+      char key[256];
+      snprintf(key, sizeof key, "staging/bench-ckpt/job-%d/1/%d/%s", (int)getpid(), i, names[k]);
+      lt_store_delete(up.store, key, NULL, 0);
+    }
+  }
+  lt_crypto_dek_free(up.dek);
+  lt_store_free(up.store);
+  double la[3] = {0};
+  FILE *lf = fopen("/proc/loadavg", "r");
+  if (lf) {
+    if (fscanf(lf, "%lf %lf %lf", &la[0], &la[1], &la[2]) != 3) la[0] = -1;
+    fclose(lf);
+  }
+  printf("load average at the end: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
+  printf("ckpt_overhead_pct: %.1f\n", over);
+  return 0;
+}

@@ -227,6 +227,18 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
     fprintf(stderr, "bench_replay: rdkafka conf: %s\n", e);
     return 0;
   }
+  /* LATHE_BENCH_RK_CONF="name=value,name=value": extra settings for the peer (fetch tuning) */
+  const char *extra = getenv("LATHE_BENCH_RK_CONF");
+  if (extra && *extra) {
+    char list[1024], *save = NULL;
+    snprintf(list, sizeof list, "%s", extra);
+    for (char *kv = strtok_r(list, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+      char *eq = strchr(kv, '=');
+      if (!eq) continue;
+      *eq = '\0';
+      if (rd_kafka_conf_set(rc, kv, eq + 1, e, sizeof e)) fprintf(stderr, "bench_replay: %s: %s\n", kv, e);
+    }
+  }
   rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, rc, e, sizeof e);
   if (!rk) return 0;
   rd_kafka_poll_set_consumer(rk);

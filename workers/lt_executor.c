@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -203,6 +204,11 @@ int lt_executor_main(void) {
   /* No core dumps: an executor's memory holds customer data. */
   struct rlimit nocore = {0, 0};
   setrlimit(RLIMIT_CORE, &nocore);
+  /* The attempt dies with its worker: a worker killed with SIGKILL (or crashed) must not leave an
+   * executor training a fenced attempt and staging its checkpoints (invariant 2). */
+  pid_t worker = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != worker) return 1; /* the worker died before the line above */
   signal(SIGUSR1, on_cancel);
   signal(SIGTERM, on_cancel);
   signal(SIGUSR2, on_preempt);

@@ -1046,9 +1046,11 @@ Test(e2e, cancel_racing_completion_ends_as_the_log_order_says_and_publishes_only
     cr_assert_str_neq(terminal, "JobFailed", "job %d failed", k);
     bool want_cancel = cancel_at >= 0 && cancel_at < terminal_at;
     const char *want = want_cancel ? "CANCELLED" : "COMPLETED";
-    cr_assert_str_eq(saved[k], want, "job %d (cancel at %s): the log says %s (cancel at offset %ld, first terminal %s at %ld)",
-                     k, moment_names[k], want, cancel_at, terminal, terminal_at);
     json_t *pubs = records(t, "ArtifactPublished", jobs[k], 0);
+    cr_assert_str_eq(saved[k], want,
+                     "job %d (cancel at %s): the API says %s, the log says %s (cancel at offset %ld, first terminal "
+                     "%s at %ld; %zu publications)",
+                     k, moment_names[k], saved[k], want, cancel_at, terminal, terminal_at, json_array_size(pubs));
     cr_assert_eq(json_array_size(pubs), want_cancel ? 0u : 1u, "job %d (%s): %zu publications", k, want,
                  json_array_size(pubs));
     json_decref(pubs);

@@ -94,8 +94,9 @@ struct lt_api_pending {
   void *ctx;
   lt_err_t err;
   char msg[256];
-  void *value; /* a copy of the record, folded on success */
+  void *value; /* a copy of the record, folded on success when fold_now */
   size_t len;
+  bool fold_now;
 };
 
 /* On the loop thread: the broker answered. */
@@ -104,8 +105,11 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = p->api;
   if (p->err == LT_OK) {
     api->stats.produced++;
+    /* Read-your-writes only for a job's first record: nothing of the job can precede it in the
+     * log. Any other record is folded when the consumer reads it, in log order (invariant 3: a
+     * cancel folded early could overtake a completion that came first). */
     lt_proj_result_t res;
-    if (lt_proj_apply(api->proj, p->value, p->len, &res, NULL, 0) == LT_OK && res.job_id)
+    if (p->fold_now && lt_proj_apply(api->proj, p->value, p->len, &res, NULL, 0) == LT_OK && res.job_id)
       lt_api_jobs_on_record(api, &res);
   } else {
     api->stats.produce_failed++;
@@ -136,10 +140,11 @@ static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
 }
 
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
-                        size_t len, lt_api_done_fn *done, void *ctx) {
+                        size_t len, bool fold_now, lt_api_done_fn *done, void *ctx) {
   lt_api_pending_t *p = calloc(1, sizeof *p);
   if (!p) return LT_ERR_NOMEM;
   p->api = api;
+  p->fold_now = fold_now;
   p->done = done;
   p->ctx = ctx;
   p->value = malloc(len ? len : 1);
@@ -533,6 +538,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!err) {
     api->history = json_object();
     api->datasets_seen = json_object();
+    api->cancels_sent = json_object();
     lt_bus_topic_name(conf->bus, "jobs", api->topic_jobs, sizeof api->topic_jobs);
     lt_bus_topic_name(conf->bus, "control", api->topic_control, sizeof api->topic_control);
     lt_bus_producer_opts_t popts = {.delivery_cb = on_delivery, .opaque = api};
@@ -592,6 +598,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_avro_registry_destroy(api->own_registry);
   json_decref(api->history);
   json_decref(api->datasets_seen);
+  json_decref(api->cancels_sent);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

@@ -46,6 +46,8 @@ struct lt_api {
   bool ready;
   json_t *history;         /* job_id -> [ {id, event, data} ], the SSE replay buffer */
   json_t *datasets_seen;   /* "tenant/dataset" -> true: known to exist (skips a store HEAD) */
+  json_t *cancels_sent;    /* job_id -> true: this API wrote a CancelRequested (idempotent cancel
+                              before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
   size_t nfeed;
   char (*feed_names)[128];
@@ -69,11 +71,12 @@ char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 const char *lt_api_query(struct evkeyvalq *q, const char *name);
 
 /* Produces an encoded record to a topic; calls done(api, ctx, err, msg) on the loop thread once
- * the broker answered (or the timeout passed). The bytes are also folded into the projection on
- * success, so a client reads its own write at once. */
+ * the broker answered (or the timeout passed). With fold_now (a job's first record only), the
+ * bytes are folded into the projection on success, so a client reads its own new job at once;
+ * every other record is folded when the consumer reads it, in log order. */
 typedef void lt_api_done_fn(lt_api_t *api, void *ctx, lt_err_t err, const char *msg);
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
-                        size_t len, lt_api_done_fn *done, void *ctx);
+                        size_t len, bool fold_now, lt_api_done_fn *done, void *ctx);
 
 /* Route handlers. tenant is authenticated; rest is the path after the route prefix. */
 void lt_api_jobs_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *tenant, const char *rest);

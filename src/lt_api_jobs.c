@@ -231,7 +231,7 @@ static void submit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t 
   snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec.priority * 2 + (int32_t)(fnv(job_id) % 2);
-  err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, submit_done, c);
+  err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
   if (err) {
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the submission now; nothing was submitted");
@@ -244,15 +244,24 @@ static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
   submit_ctx_t *c = arg;
   if (err)
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the cancel could not be recorded durably; retry");
-  else
-    lt_api_reply_json(c->req, 202, job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id)));
+  else {
+    json_object_set_new(api->cancels_sent, c->job_id, json_true());
+    /* The cancel is in the log; the projection folds it in order when it reads it. */
+    json_t *o = job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id));
+    if (!json_is_true(json_object_get(o, "cancel_requested")) &&
+        !lt_job_state_is_terminal(lt_job_get(lt_proj_jobs(api->proj), c->job_id)->state))
+      json_object_set_new(o, "cancel_requested", json_true());
+    lt_api_reply_json(c->req, 202, o);
+  }
   free(c);
 }
 
 static void cancel(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_job_t *j) {
   /* Idempotent: a finished job or one already being cancelled answers its state. */
-  if (lt_job_state_is_terminal(j->state) || j->cancel_requested) {
-    lt_api_reply_json(req, lt_job_state_is_terminal(j->state) ? 200 : 202, job_json(api, j));
+  if (lt_job_state_is_terminal(j->state) || j->cancel_requested || json_object_get(api->cancels_sent, j->job_id)) {
+    json_t *o = job_json(api, j);
+    if (!lt_job_state_is_terminal(j->state)) json_object_set_new(o, "cancel_requested", json_true());
+    lt_api_reply_json(req, lt_job_state_is_terminal(j->state) ? 200 : 202, o);
     return;
   }
   lt_avro_record_t *rec = api->rec_cancel;
@@ -273,7 +282,7 @@ static void cancel(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t 
   }
   c->req = req;
   snprintf(c->job_id, sizeof c->job_id, "%s", j->job_id);
-  if (lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, cancel_done, c)) {
+  if (lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false, cancel_done, c)) {
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the cancel now; retry");
   }

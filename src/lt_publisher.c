@@ -819,7 +819,10 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   p->base = base;
   p->conf = *conf;
   snprintf(p->producer_id, sizeof p->producer_id, "%s", conf->producer_id ? conf->producer_id : "publisher");
-  snprintf(p->group, sizeof p->group, "%s", conf->group_id ? conf->group_id : LT_PUBLISHER_GROUP);
+  /* One group per deployment (topic prefix): publishers of another prefix on the same broker
+   * must not share its offsets or rebalances. */
+  if (conf->group_id) snprintf(p->group, sizeof p->group, "%s", conf->group_id);
+  else lt_bus_topic_name(conf->bus, "publisher", p->group, sizeof p->group);
   p->conf.producer_id = p->producer_id;
   p->conf.group_id = p->group;
   if (p->conf.gc_grace_ms <= 0) p->conf.gc_grace_ms = 3600 * 1000;

@@ -45,7 +45,7 @@
  * ---- What the publisher does ----
  *
  * It folds lathe.jobs, lathe.control, lathe.tenants and lathe.artifacts from the beginning
- * through lt_proj (the one fold; read_committed), under the consumer group "lathe-publisher".
+ * through lt_proj (the one fold; read_committed), under the consumer group "<topic prefix>publisher".
  * Once caught up with the topics as of start-up, for each job whose state is COMPLETED (the fold
  * already makes a cancel recorded first win and ignores fenced attempts) and whose newest
  * checkpoint is final and of the current attempt, it:
@@ -87,7 +87,6 @@
 #include "lt_err.h"
 #include "lt_store.h"
 
-#define LT_PUBLISHER_GROUP "lathe-publisher"
 #define LT_PUBLISHER_MAX_OBJECTS 16 /* objects in one checkpoint */
 #define LT_PUBLISHER_NAME_MAX 64
 
@@ -99,7 +98,7 @@ typedef struct lt_publisher_conf {
   const lt_crypto_kek_t *kek;         /* borrowed: unwraps tenants' data keys */
   const lt_avro_registry_t *registry; /* borrowed */
   const char *producer_id;            /* identity in records, e.g. "publisher/host-1" */
-  const char *group_id;               /* NULL: LT_PUBLISHER_GROUP */
+  const char *group_id;               /* NULL: "<topic prefix>publisher" */
   int64_t gc_grace_ms;                /* staging objects younger than this are kept; 0: 1 h */
   int64_t gc_interval_ms;             /* 0: min(grace, 60 s); < 0: no periodic GC */
   int tick_ms;                        /* timer period; 0: 200 */

@@ -130,10 +130,7 @@ static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, lt
    * kill deadlines while the broker is away. */
   for (int tries = 0; tries < 2; tries++) {
     e = lt_bus_produce_sync(w->producer, &rec, 3000, NULL, NULL, err, sizeof err);
-    if (!e) {
-      if (strcmp(topic, w->t_control) == 0) lt_proj_apply(w->proj, bytes, len, NULL, NULL, 0);
-      return LT_OK;
-    }
+    if (!e) return LT_OK; /* folded when the control consumer reads it back, in log order */
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
     usleep(200000);
   }
@@ -834,7 +831,13 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   char group[160];
   lt_bus_topic_name(conf->bus, "worker-group", group, sizeof group);
   lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = on_rebalance, .opaque = w};
-  if (!err) err = lt_bus_consumer_new(conf->bus, &co, &w->dispatch, errstr, n);
+  /* A dead worker's dispatch partitions go to the living within seconds, not librdkafka's 45 s. */
+  lt_bus_conf_t *dconf = err ? NULL : lt_bus_conf_dup(conf->bus);
+  if (!err && !dconf) err = LT_ERR_NOMEM;
+  if (!err) err = lt_bus_conf_set(dconf, "session.timeout.ms", "6000", errstr, n);
+  if (!err) err = lt_bus_conf_set(dconf, "heartbeat.interval.ms", "1500", errstr, n);
+  if (!err) err = lt_bus_consumer_new(dconf, &co, &w->dispatch, errstr, n);
+  lt_bus_conf_destroy(dconf);
   if (!err) {
     const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
     err = lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);

@@ -974,7 +974,8 @@ Test(e2e, cancel_racing_completion_ends_as_the_log_order_says_and_publishes_only
   char ds[64], jobs[AT__N][64];
   bool asked[AT__N] = {0};
   upload_dataset(ds, sizeof ds);
-  for (int k = 0; k < AT__N; k++) submit(ds, steps, 3, 100 + k, jobs[k], sizeof jobs[k]);
+  /* The first job runs long enough that a cancel seen at its first step must come first. */
+  for (int k = 0; k < AT__N; k++) submit(ds, k == AT_FIRST_STEP ? 40 * steps : steps, 3, 100 + k, jobs[k], sizeof jobs[k]);
   for (int64_t t0 = wall_ms(); wall_ms() - t0 < 900000;) {
     int pending = 0;
     for (int k = 0; k < AT__N; k++) {

@@ -520,16 +520,15 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->lease_ms = json_integer_value(json_object_get(p->dispatch, "lease_ms"));
   if (a->lease_ms <= 0) a->lease_ms = 30000;
   a->last_progress_ms = now_ms();
-  json_t *spec_in = json_deep_copy(p->dispatch);
-  lt_err_t e = lt_jobspec_from_json(json_pack("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "base_model",
-                                              json_object_get(spec_in, "base_model"), "dataset_id",
-                                              json_object_get(spec_in, "dataset_id"), "validation_dataset_id",
-                                              json_object_get(spec_in, "validation_dataset_id"), "hyperparameters",
-                                              json_object_get(spec_in, "hyperparameters"), "priority",
-                                              json_object_get(spec_in, "priority"), "max_duration_s",
-                                              json_object_get(spec_in, "max_duration_s"), "gpus",
-                                              json_object_get(spec_in, "gpus")),
-                                    &spec, field, sizeof field, err, sizeof err);
+  /* The dispatch carries the job's spec; read it back through the one validation. */
+  json_t *spec_in = json_object();
+  static const char *const spec_fields[] = {"base_model", "dataset_id", "validation_dataset_id", "hyperparameters",
+                                            "priority", "max_duration_s", "gpus"};
+  for (size_t i = 0; i < sizeof spec_fields / sizeof *spec_fields; i++) {
+    json_t *v = json_object_get(p->dispatch, spec_fields[i]);
+    if (v) json_object_set(spec_in, spec_fields[i], v);
+  }
+  lt_err_t e = lt_jobspec_from_json(spec_in, &spec, field, sizeof field, err, sizeof err);
   json_decref(spec_in);
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
   if (!t || e) {

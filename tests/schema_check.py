@@ -38,43 +38,7 @@ def ts_millis(ms):
     """python3-avro reads and writes timestamp-millis as aware datetimes."""
     return EPOCH + datetime.timedelta(milliseconds=ms)
 
-# ---- CRC-64-AVRO, written from the specification ("Schema Fingerprints") ----
-EMPTY = 0xC15D213AA4D7A795
-_TABLE = []
-for _i in range(256):
-    _fp = _i
-    for _ in range(8):
-        _fp = (_fp >> 1) ^ (EMPTY & -(_fp & 1))
-    _TABLE.append(_fp)
-
-
-def crc64_avro(data):
-    fp = EMPTY
-    for b in data:
-        fp = (fp >> 8) ^ _TABLE[(fp ^ b) & 0xFF]
-    return fp
-
-
-def fp_bytes(fp):
-    return fp.to_bytes(8, "little")
-
-
-assert fp_bytes(crc64_avro(b'"int"')) == bytes([0x8F, 0x5C, 0x39, 0x3F, 0x1A, 0xD5, 0x75, 0x72])
-
-PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
-
-
-def python_canonical(schema):
-    """python3-avro's canonical_form, with its one known departure from the specification undone.
-
-    python3-avro 1.11.1 writes a primitive that carries a logicalType as {"type":"long"}; the
-    specification's [PRIMITIVES] rule (and Java's SchemaNormalization, which defines the
-    fingerprints other languages must agree with) reduce it to "long". Nothing else is touched:
-    the replacement only matches that exact object form."""
-    form = schema.canonical_form
-    for p in PRIMITIVES:
-        form = form.replace('{"type":"%s"}' % p, '"%s"' % p)
-    return form
+from avro_spec import PRIMITIVES, canonical_form as python_canonical, crc64_avro, fp_bytes  # noqa: E402
 
 
 def load_schemas(schema_dir):

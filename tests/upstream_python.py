@@ -85,36 +85,7 @@ def log(msg):
 
 
 # ---- CRC-64-AVRO, written from the Avro specification ("Schema Fingerprints") ----
-EMPTY = 0xC15D213AA4D7A795
-_TABLE = []
-for _i in range(256):
-    _fp = _i
-    for _ in range(8):
-        _fp = (_fp >> 1) ^ (EMPTY & -(_fp & 1))
-    _TABLE.append(_fp)
-
-
-def crc64_avro(data: bytes) -> int:
-    fp = EMPTY
-    for b in data:
-        fp = (fp >> 8) ^ _TABLE[(fp ^ b) & 0xFF]
-    return fp
-
-
-assert struct.pack("<Q", crc64_avro(b'"int"')).hex() == "8f5c393f1ad57572"
-
-PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
-
-
-def canonical_form(schema):
-    """python3-avro's canonical_form with its one departure from the specification undone (as
-    tests/schema_check.py does): 1.11.1 writes a primitive carrying a logicalType as
-    {"type":"long"} where the spec's [PRIMITIVES] rule (and Java's SchemaNormalization) write
-    "long". Only that exact object form is replaced."""
-    form = schema.canonical_form
-    for p in PRIMITIVES:
-        form = form.replace('{"type":"%s"}' % p, '"%s"' % p)
-    return form
+from avro_spec import canonical_form, crc64_avro  # noqa: E402  (CRC-64-AVRO, PCF)
 
 
 def load_schemas():

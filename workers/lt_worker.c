@@ -440,7 +440,13 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
     /* EOF: the executor closed its output (it exited or is exiting). */
     event_del(a->ev);
     int status = 0;
-    waitpid(a->pid, &status, 0);
+    /* Its output closed: it has exited or is exiting; one that lingers without output is of no
+     * use and must not hold the worker's loop. */
+    for (int i = 0; i < 50 && waitpid(a->pid, &status, WNOHANG) == 0; i++) usleep(20000);
+    if (waitpid(a->pid, &status, WNOHANG) == 0) {
+      kill(a->pid, SIGKILL);
+      waitpid(a->pid, &status, 0);
+    }
     a->state = A_EXITED;
     free(c);
     a->ev = (event_free(a->ev), NULL);

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "lt_sched.h"
 
 int lt_cli_sim(int argc, char **argv);
@@ -19,6 +21,7 @@ static void sim_usage(FILE *f) {
           "  TRACE: CSV with a header line, then arrival_s,tenant,class,gpus,duration_s,"
           "base_model\n"
           "  --policy lathe|fifo|both   policy to simulate (default both)\n"
+          "  --json                     print the results as one JSON object\n"
           "  --workers N                workers in the fleet (default 16)\n"
           "  --slots N                  GPU slots per worker (default 8)\n"
           "  --models-per-worker N      base models a worker holds at once (default 2)\n"
@@ -151,9 +154,44 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
   printf("\n");
 }
 
+/* The same results as one JSON object (--json), for scripts: per policy, per (tenant, class)
+ * rows, Jain's index per class and the fleet figures. */
+static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
+                       const lt_sched_sim_result_t *res, size_t nres) {
+  json_t *out = json_pack("{s:s,s:I,s:I,s:{s:i,s:i,s:i},s:[]}", "trace", path, "jobs", (json_int_t)lt_sched_trace_jobs(tr),
+                          "tenants", (json_int_t)lt_sched_trace_tenants(tr), "fleet", "workers", (int)cfg->workers,
+                          "slots_per_worker", (int)cfg->slots_per_worker, "models_per_worker",
+                          (int)cfg->models_per_worker, "policies");
+  for (size_t k = 0; k < nres; k++) {
+    const lt_sched_sim_result_t *r = &res[k];
+    json_t *rows = json_array(), *jain = json_object();
+    for (size_t i = 0; i < r->n_rows; i++) {
+      const lt_sched_sim_row_t *w = &r->rows[i];
+      json_array_append_new(rows, json_pack("{s:s,s:s,s:f,s:i,s:f,s:f,s:f,s:f,s:f}", "tenant",
+                                            lt_sched_trace_tenant_name(tr, w->tenant), "class",
+                                            lt_sched_class_name(w->cls), "weight", w->weight, "jobs", (int)w->jobs,
+                                            "wait_p50_s", w->wait_p50_s, "wait_p99_s", w->wait_p99_s, "wait_max_s",
+                                            w->wait_max_s, "share", w->share, "entitlement", w->entitlement));
+    }
+    for (int c = 0; c < LT_SCHED__CLASSES; c++)
+      if (r->class_present[c]) json_object_set_new(jain, lt_sched_class_name((lt_sched_class_t)c), json_real(r->jain[c]));
+    json_array_append_new(json_object_get(out, "policies"),
+                          json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
+                                    lt_sched_policy_name(r->policy), "rows", rows, "jain", jain, "utilisation",
+                                    r->utilisation, "makespan_s", r->makespan_s, "dispatches",
+                                    (json_int_t)r->dispatches, "preemptions", (json_int_t)r->preemptions, "stops",
+                                    (json_int_t)r->stops, "cold_loads", (json_int_t)r->cold_loads, "completed",
+                                    (json_int_t)r->completed));
+  }
+  char *text = json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(6));
+  if (text) puts(text);
+  free(text);
+  json_decref(out);
+}
+
 int lt_cli_sim(int argc, char **argv) {
   enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
-         O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP };
+         O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON };
   static const struct option opts[] = {
       {"policy", required_argument, 0, O_POLICY},
       {"workers", required_argument, 0, O_WORKERS},
@@ -168,6 +206,7 @@ int lt_cli_sim(int argc, char **argv) {
       {"reserve", required_argument, 0, O_RESERVE},
       {"tenant", required_argument, 0, O_TENANT},
       {"help", no_argument, 0, O_HELP},
+      {"json", no_argument, 0, O_JSON},
       {0, 0, 0, 0},
   };
   lt_sched_sim_config_t cfg;
@@ -175,6 +214,7 @@ int lt_cli_sim(int argc, char **argv) {
   lt_sched_sim_tenant_t tenants[256];
   size_t ntenants = 0;
   int policies = 3; /* bit 0 lathe, bit 1 fifo */
+  bool json = false;
   double d;
   optind = 1;
   int o;
@@ -238,6 +278,9 @@ int lt_cli_sim(int argc, char **argv) {
       if (parse_tenant(optarg, &tenants[ntenants])) return 2;
       ntenants++;
       break;
+    case O_JSON:
+      json = true;
+      break;
     case O_HELP:
     case 'h':
       sim_usage(stdout);
@@ -291,7 +334,9 @@ int lt_cli_sim(int argc, char **argv) {
     }
     nres++;
   }
-  if (rc == 0) {
+  if (rc == 0 && json) {
+    print_json(path, tr, &cfg, res, nres);
+  } else if (rc == 0) {
     printf("trace %s: %zu jobs, %zu tenants; fleet %u workers x %u slots, %u models per "
            "worker\n\n",
            path, lt_sched_trace_jobs(tr), lt_sched_trace_tenants(tr), cfg.workers,

@@ -869,7 +869,9 @@ Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit
   json_array_foreach(p1, i, r) if (ri(r, "step") > max1) max1 = ri(r, "step");
   json_array_foreach(p2, i, r) if (ri(r, "step") < min2) min2 = ri(r, "step");
   cr_assert_eq(min2, last_commit + 1, "attempt 2's first step is %lld", (long long)min2);
-  cr_assert(max1 - last_commit <= interval && max1 > last_commit, "attempt 1 reached step %lld, resumed from %lld",
+  /* Progress records the dead worker had not delivered die with it, so attempt 1's last reported
+   * step can equal its last commit (a commit can land between the test's look and the kill). */
+  cr_assert(max1 - last_commit <= interval && max1 >= last_commit, "attempt 1 reached step %lld, resumed from %lld",
             (long long)max1, (long long)last_commit);
   json_decref(p1);
   json_decref(p2);

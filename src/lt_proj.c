@@ -11,6 +11,7 @@
 typedef struct orphan {
   struct orphan *next;
   char job_id[LT_JOB_ID_MAX];
+  lt_proj_origin_t origin;
   size_t len;
   unsigned char bytes[];
 } orphan_t;
@@ -275,6 +276,8 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
   lt_proj_result_t dummy;
   if (!res) res = &dummy;
   memset(res, 0, sizeof *res);
+  res->message = buf;
+  res->message_len = len;
   res->job_outcome = LT_JOB_IGNORED;
   lt_avro_record_t *rec = NULL;
   lt_err_t err = lt_avro_decode(p->dec, buf, len, &rec, errstr, n);
@@ -332,7 +335,7 @@ size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped) {
   return p->norphans;
 }
 
-static void keep_aside(lt_proj_t *p, const char *job_id, const void *buf, size_t len) {
+static void keep_aside(lt_proj_t *p, const char *job_id, const lt_proj_origin_t *origin, const void *buf, size_t len) {
   if (p->norphans >= ORPHANS_MAX) { /* drop the oldest: bounded memory */
     orphan_t *o = p->head;
     p->head = o->next;
@@ -349,6 +352,7 @@ static void keep_aside(lt_proj_t *p, const char *job_id, const void *buf, size_t
   }
   o->next = NULL;
   snprintf(o->job_id, sizeof o->job_id, "%s", job_id);
+  o->origin = *origin;
   o->len = len;
   memcpy(o->bytes, buf, len);
   if (p->tail) p->tail->next = o;
@@ -373,23 +377,37 @@ static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx)
     if (p->tail == o) p->tail = prev;
     p->norphans--;
     lt_proj_result_t res;
-    if (lt_proj_apply(p, o->bytes, o->len, &res, NULL, 0) == LT_OK && cb) cb(ctx, &res);
+    if (lt_proj_apply(p, o->bytes, o->len, &res, NULL, 0) == LT_OK && cb) {
+      res.origin = o->origin;
+      cb(ctx, &res);
+    }
     free(o);
   }
 }
 
-lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
+lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,
+                         void *ctx, char *errstr, size_t n) {
+  static const lt_proj_origin_t none;
+  if (!origin) origin = &none;
   lt_proj_result_t res;
   lt_err_t err = lt_proj_apply(p, buf, len, &res, errstr, n);
   if (err) return err;
-  if (res.job_outcome == LT_JOB_UNKNOWN_JOB && res.record) {
-    const char *job_id = NULL;
+  res.origin = *origin;
+  const char *job_id = NULL;
+  bool unknown_publication = res.type && strcmp(res.type, "ArtifactPublished") == 0 &&
+                             lt_avro_get_string(res.record, "job_id", &job_id, NULL) == LT_OK &&
+                             !lt_proj_job_info(p, job_id);
+  if ((res.job_outcome == LT_JOB_UNKNOWN_JOB || unknown_publication) && res.record) {
     if (lt_avro_get_string(res.record, "job_id", &job_id, NULL) == LT_OK && job_id && *job_id)
-      keep_aside(p, job_id, buf, len);
+      keep_aside(p, job_id, origin, buf, len);
     return LT_OK;
   }
   if (cb) cb(ctx, &res);
   if (p->norphans && res.type && res.job_id && res.job_outcome == LT_JOB_APPLIED && strcmp(res.type, "JobSubmitted") == 0)
     release(p, res.job_id, cb, ctx);
   return LT_OK;
+}
+
+lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
+  return lt_proj_fold_at(p, buf, len, NULL, cb, ctx, errstr, n);
 }

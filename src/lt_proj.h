@@ -25,12 +25,23 @@
 
 typedef struct lt_proj lt_proj_t;
 
+/* Where a message came from, as the caller knows it (handed back with its result, also when the
+ * record was kept aside and applied later). */
+typedef struct lt_proj_origin {
+  int32_t partition;
+  int64_t offset;
+  int tag; /* the caller's: e.g. which topic */
+} lt_proj_origin_t;
+
 /* What lt_proj_apply did. */
 typedef struct lt_proj_result {
   const char *type;             /* record type decoded ("JobSubmitted"), or NULL */
   lt_job_outcome_t job_outcome; /* for job records */
   const char *job_id;           /* for job records; valid until the next apply */
   lt_avro_record_t *record;     /* the decoded record, owned by the projection's decoder */
+  lt_proj_origin_t origin;      /* lt_proj_fold_at's origin (zeros otherwise) */
+  const void *message;          /* the message's bytes, valid until the call or callback returns */
+  size_t message_len;
 } lt_proj_result_t;
 
 /* reg is borrowed and must outlive the projection. */
@@ -47,13 +58,18 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
 /* Called for every record lt_proj_fold applied (and for records it skipped: res says). */
 typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
 
-/* lt_proj_apply in log order across topics: a job record for a job whose JobSubmitted has not
- * been folded yet (control and jobs are different topics, read at different speeds) is kept
- * aside and applied, in arrival order, right after that JobSubmitted. cb (may be NULL) sees each
- * applied record, the released ones included. At most 100,000 records wait; beyond that the
- * oldest are dropped and counted (lt_proj_orphans). Errors as lt_proj_apply. */
+/* lt_proj_apply in log order across topics: a job record (or an ArtifactPublished) for a job
+ * whose JobSubmitted has not been folded yet (jobs, control and artifacts are different topics,
+ * read at different speeds) is kept aside and applied, in arrival order, right after that
+ * JobSubmitted. cb (may be NULL) sees each applied record, the released ones included. At most
+ * 100,000 records wait; beyond that the oldest are dropped and counted (lt_proj_orphans). Errors
+ * as lt_proj_apply. */
 lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr,
                       size_t errstr_size);
+
+/* lt_proj_fold with the message's origin, which cb finds in res->origin (origin may be NULL). */
+lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,
+                         void *ctx, char *errstr, size_t errstr_size);
 
 /* Records waiting for their JobSubmitted, and how many were dropped over the bound. */
 size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped);

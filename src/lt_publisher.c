@@ -208,16 +208,6 @@ typedef struct todo {
   int64_t next_ms;
 } todo_t;
 
-/* A record of a job not seen yet (its JobSubmitted is in another topic and may come later). */
-typedef struct held {
-  struct held *next;
-  char job_id[LT_JOB_ID_MAX];
-  bool control;
-  int32_t partition;
-  int64_t offset;
-  size_t len;
-  uint8_t buf[];
-} held_t;
 
 enum { T_JOBS, T_CONTROL, T_TENANTS, T_ARTIFACTS, T__COUNT };
 static const char *const bases[T__COUNT] = {"jobs", "control", "tenants", "artifacts"};
@@ -249,8 +239,6 @@ struct lt_publisher {
   json_t *done_ev;
   todo_t *todo;
   size_t ntodo, captodo;
-  held_t *held, **held_tail;
-  size_t nheld;
   int64_t next_gc_ms;
   lt_publisher_stats_t stats;
   bool in_work;
@@ -293,92 +281,42 @@ static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, i
   p->ntodo++;
 }
 
-static void hold(lt_publisher_t *p, const char *job_id, bool control, int32_t partition, int64_t offset, const void *v,
-                 size_t len) {
-  if (p->nheld >= 100000) {
-    LOG("dropping a record of unknown job %s (too many held)\n", job_id);
-    return;
-  }
-  held_t *h = malloc(sizeof *h + len);
-  if (!h) return;
-  h->next = NULL;
-  snprintf(h->job_id, sizeof h->job_id, "%s", job_id);
-  h->control = control;
-  h->partition = partition;
-  h->offset = offset;
-  h->len = len;
-  memcpy(h->buf, v, len);
-  *p->held_tail = h;
-  p->held_tail = &h->next;
-  p->nheld++;
-}
-
-static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset);
-
-/* The job's JobSubmitted arrived: fold what was held for it, in arrival order. */
-static void release_held(lt_publisher_t *p, const char *job_id) {
-  held_t *mine = NULL, **mine_tail = &mine;
-  held_t **pp = &p->held;
-  p->held_tail = &p->held;
-  while (*pp) {
-    held_t *h = *pp;
-    if (strcmp(h->job_id, job_id) == 0) {
-      *pp = h->next;
-      h->next = NULL;
-      *mine_tail = h;
-      mine_tail = &h->next;
-      p->nheld--;
-    } else {
-      pp = &h->next;
-      p->held_tail = &h->next;
-    }
-  }
-  while (mine) {
-    held_t *h = mine;
-    mine = h->next;
-    fold_msg(p, h->buf, h->len, h->control, h->partition, h->offset);
-    free(h);
-  }
-}
-
-static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset) {
-  lt_proj_result_t res;
-  char err[256];
-  if (lt_proj_apply(p->proj, v, len, &res, err, sizeof err) != LT_OK) {
-    /* The scheduler dead-letters undecodable control records; the publisher skips and counts. */
-    p->stats.undecodable++;
-    return;
-  }
+/* Every record the fold applied, in log order across topics (lt_proj_fold keeps a job's records
+ * aside until its JobSubmitted is folded): note checkpoints and completions to promote. */
+static void on_folded(void *ctx, const lt_proj_result_t *res) {
+  lt_publisher_t *p = ctx;
   p->stats.folded++;
-  if (!res.type) return;
+  if (!res->type || res->job_outcome != LT_JOB_APPLIED) return;
   const char *jid = NULL;
-  lt_avro_get_string(res.record, "job_id", &jid, NULL);
+  lt_avro_get_string(res->record, "job_id", &jid, NULL);
   if (!jid) return;
   char job_id[LT_JOB_ID_MAX];
   snprintf(job_id, sizeof job_id, "%s", jid);
-  if (res.job_outcome == LT_JOB_UNKNOWN_JOB ||
-      (strcmp(res.type, "ArtifactPublished") == 0 && !lt_proj_job_info(p->proj, job_id))) {
-    hold(p, job_id, control, partition, offset, v, len);
-    return;
-  }
-  if (res.job_outcome != LT_JOB_APPLIED) return;
-  if (strcmp(res.type, "JobSubmitted") == 0) {
-    if (p->nheld) release_held(p, job_id);
-  } else if (strcmp(res.type, "CheckpointCommitted") == 0) {
+  bool control = res->origin.tag == T_CONTROL;
+  int32_t partition = res->origin.partition;
+  int64_t offset = res->origin.offset;
+  if (strcmp(res->type, "CheckpointCommitted") == 0) {
     const char *ev = NULL;
-    lt_avro_get_string(res.record, "event_id", &ev, NULL);
+    lt_avro_get_string(res->record, "event_id", &ev, NULL);
     json_object_set_new(p->ckpt_ev, job_id, json_string(ev ? ev : ""));
-  } else if (strcmp(res.type, "JobCompleted") == 0) {
+  } else if (strcmp(res->type, "JobCompleted") == 0) {
     const char *cev = NULL, *csha = NULL;
-    lt_avro_get_string(res.record, "checkpoint_event_id", &cev, NULL);
-    lt_avro_get_string(res.record, "checkpoint_sha256", &csha, NULL);
+    lt_avro_get_string(res->record, "checkpoint_event_id", &cev, NULL);
+    lt_avro_get_string(res->record, "checkpoint_sha256", &csha, NULL);
     json_object_set_new(p->done_ev, job_id, json_pack("{s:s,s:s}", "checkpoint_event_id", cev ? cev : "",
                                                       "checkpoint_sha256", csha ? csha : ""));
     const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), job_id);
     /* Completions below the group's committed offset were handled by an earlier instance. */
     if (j && j->state == LT_JOB_COMPLETED && control && offset >= p->ctrl_start[partition])
-      todo_add(p, job_id, partition, offset, v, len);
+      todo_add(p, job_id, partition, offset, res->message, res->message_len);
   }
+}
+
+static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset) {
+  lt_proj_origin_t origin = {.partition = partition, .offset = offset, .tag = control ? T_CONTROL : -1};
+  char err[256];
+  /* The scheduler dead-letters undecodable control records; the publisher skips and counts. */
+  if (lt_proj_fold_at(p->proj, v, len, &origin, on_folded, p, err, sizeof err) != LT_OK) p->stats.undecodable++;
 }
 
 /* ---------------------------------------------------------------- records we write */
@@ -834,7 +772,6 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   if (p->conf.settle_ms <= 0) p->conf.settle_ms = 2000;
   for (int b = 0; b < T__COUNT; b++) lt_bus_topic_name(conf->bus, bases[b], p->topics[b], sizeof p->topics[b]);
   lt_bus_topic_name(conf->bus, "deadletter", p->deadletter, sizeof p->deadletter);
-  p->held_tail = &p->held;
   p->ckpt_ev = json_object();
   p->done_ev = json_object();
   p->started_ms = lt_avro_now_ms();
@@ -868,11 +805,6 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   json_decref(p->done_ev);
   for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
   free(p->todo);
-  while (p->held) {
-    held_t *h = p->held;
-    p->held = h->next;
-    free(h);
-  }
   free(p->parts);
   free(p->low);
   free(p->high);

@@ -172,13 +172,10 @@ static char *trim(char *s) {
   return s;
 }
 
-lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
-                                       int timeout_ms, int *out_created, char *errstr,
-                                       size_t errstr_size) {
+lt_err_t lt_bus_topics_file_each(const char *path, const lt_bus_conf_t *conf, lt_bus_topic_fn *fn, void *ctx,
+                                 char *errstr, size_t errstr_size) {
   FILE *f = fopen(path, "r");
   if (!f) return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", path, strerror(errno));
-  rd_kafka_NewTopic_t **nts = NULL;
-  size_t n = 0, cap = 0;
   lt_err_t ret = LT_OK;
   char line[1024];
   int lineno = 0;
@@ -221,35 +218,52 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
       if (ret) break;
     }
     char full[256];
-    if (lt_bus_topic_name(a->conf, fields[0], full, sizeof full) >= sizeof full) {
+    if (lt_bus_topic_name(conf, fields[0], full, sizeof full) >= sizeof full) {
       ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic name too long", where);
       break;
     }
-    rd_kafka_NewTopic_t *nt =
-        new_topic(full, (int)parts, replication, cfgs, ncfg, where, errstr, errstr_size);
-    if (!nt) {
-      ret = LT_ERR_INVALID;
-      break;
-    }
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      rd_kafka_NewTopic_t **nn = realloc(nts, cap * sizeof *nn);
-      if (!nn) {
-        rd_kafka_NewTopic_destroy(nt);
-        ret = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
-        break;
-      }
-      nts = nn;
-    }
-    nts[n++] = nt;
+    ret = fn(ctx, full, (int)parts, cfgs, ncfg, where, errstr, errstr_size);
   }
   fclose(f);
-  if (ret == LT_OK && n > 0)
-    ret = create_topics(a, nts, n, timeout_ms, out_created, errstr, errstr_size);
+  return ret;
+}
+
+typedef struct {
+  int replication;
+  rd_kafka_NewTopic_t **nts;
+  size_t n, cap;
+} new_topics_t;
+
+static lt_err_t collect_new_topic(void *ctx, const char *topic, int partitions, const char *const *configs,
+                                  size_t nconfigs, const char *where, char *errstr, size_t errstr_size) {
+  new_topics_t *c = ctx;
+  rd_kafka_NewTopic_t *nt = new_topic(topic, partitions, c->replication, configs, nconfigs, where, errstr, errstr_size);
+  if (!nt) return LT_ERR_INVALID;
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? c->cap * 2 : 16;
+    rd_kafka_NewTopic_t **nn = realloc(c->nts, cap * sizeof *nn);
+    if (!nn) {
+      rd_kafka_NewTopic_destroy(nt);
+      return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+    }
+    c->nts = nn;
+    c->cap = cap;
+  }
+  c->nts[c->n++] = nt;
+  return LT_OK;
+}
+
+lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
+                                       int timeout_ms, int *out_created, char *errstr,
+                                       size_t errstr_size) {
+  new_topics_t c = {.replication = replication};
+  lt_err_t ret = lt_bus_topics_file_each(path, a->conf, collect_new_topic, &c, errstr, errstr_size);
+  if (ret == LT_OK && c.n > 0)
+    ret = create_topics(a, c.nts, c.n, timeout_ms, out_created, errstr, errstr_size);
   else if (out_created)
     *out_created = 0;
-  for (size_t i = 0; i < n; i++) rd_kafka_NewTopic_destroy(nts[i]);
-  free(nts);
+  for (size_t i = 0; i < c.n; i++) rd_kafka_NewTopic_destroy(c.nts[i]);
+  free(c.nts);
   return ret;
 }
 

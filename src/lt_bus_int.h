@@ -49,6 +49,15 @@ lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *list);
 /* The handles' librdkafka instances (send_offsets needs the consumer's; tests read the
  * effective configuration). */
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);
+
+/* The one reader of a topics file (ops/topics.tsv): for each topic line, fn gets the full name
+ * (conf's prefix), partitions, configs ("key=value") and "path:line: " for messages. Stops at the
+ * first error (a malformed line names its file and line). The admin client and the mock cluster
+ * create topics through it. */
+typedef lt_err_t lt_bus_topic_fn(void *ctx, const char *topic, int partitions, const char *const *configs,
+                                 size_t nconfigs, const char *where, char *errstr, size_t errstr_size);
+lt_err_t lt_bus_topics_file_each(const char *path, const lt_bus_conf_t *conf, lt_bus_topic_fn *fn, void *ctx,
+                                 char *errstr, size_t errstr_size);
 rd_kafka_t *lt_bus_producer_rk(lt_bus_producer_t *p);
 
 #endif

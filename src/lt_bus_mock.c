@@ -71,37 +71,27 @@ lt_err_t lt_bus_mock_create_topic(lt_bus_mock_t *m, const char *topic, int parti
   return create_topic(m, topic, partitions, NULL, errstr, errstr_size);
 }
 
+typedef struct {
+  lt_bus_mock_t *m;
+  int created;
+} mock_topics_t;
+
+/* The mock keeps no topic configs (compaction, retention): only names and partition counts. */
+static lt_err_t mock_topic(void *ctx, const char *topic, int partitions, const char *const *configs, size_t nconfigs,
+                           const char *where, char *errstr, size_t errstr_size) {
+  mock_topics_t *c = ctx;
+  (void)configs, (void)nconfigs, (void)where;
+  bool is_new = false;
+  lt_err_t ret = create_topic(c->m, topic, partitions, &is_new, errstr, errstr_size);
+  if (!ret && is_new) c->created++;
+  return ret;
+}
+
 lt_err_t lt_bus_mock_create_from_file(lt_bus_mock_t *m, const lt_bus_conf_t *conf, const char *path,
                                       int *out_created, char *errstr, size_t errstr_size) {
-  FILE *f = fopen(path, "r");
-  if (!f) return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", path, strerror(errno));
-  lt_err_t ret = LT_OK;
-  int created = 0, lineno = 0;
-  char line[1024];
-  while (ret == LT_OK && fgets(line, sizeof line, f)) {
-    lineno++;
-    char *hash = strchr(line, '#');
-    if (hash) *hash = '\0';
-    char *save = NULL, *name = strtok_r(line, "\t \r\n", &save);
-    if (!name) continue; /* blank or comment */
-    char *parts = strtok_r(NULL, "\t \r\n", &save), *end = NULL;
-    long n = parts ? strtol(parts, &end, 10) : 0;
-    if (!parts || *end || n < 1 || n > 10000) {
-      ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%s:%d: expected \"name<TAB>partitions<TAB>configs\" "
-                    "with partitions in 1..10000", path, lineno);
-      break;
-    }
-    char full[256];
-    if (lt_bus_topic_name(conf, name, full, sizeof full) >= sizeof full) {
-      ret = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%s:%d: topic name too long", path, lineno);
-      break;
-    }
-    bool is_new = false;
-    ret = create_topic(m, full, (int)n, &is_new, errstr, errstr_size);
-    if (!ret && is_new) created++;
-  }
-  fclose(f);
-  if (!ret && out_created) *out_created = created;
+  mock_topics_t c = {.m = m};
+  lt_err_t ret = lt_bus_topics_file_each(path, conf, mock_topic, &c, errstr, errstr_size);
+  if (!ret && out_created) *out_created = c.created;
   return ret;
 }
 

@@ -5,7 +5,7 @@
  * scratch lathe.control, then, in each of R rounds, reads both topics back through lt_bus twice
  * (in an order that alternates between rounds):
  *   raw:  consume only (touch the bytes) — what the broker and librdkafka give;
- *   fold: consume and fold every record with lt_scheduler_fold (lt_proj + lt_job), i.e. what
+ *   fold: consume and fold every record with lt_proj_fold (lt_proj + lt_job), i.e. what
  *         `lathe admin replay` and a scheduler taking over do.
  * Then the same bytes (kept at produce time) are folded from memory, with no broker, F times:
  * the fold's own ceiling, in records per wall second and per CPU second of the folding thread,
@@ -183,7 +183,7 @@ static lt_err_t send_rec(lt_bus_producer_t *p, const char *topic, const char *ke
 
 /* Reads every record of both topics; returns records read, and bytes in *bytes. */
 static uint64_t read_all(const lt_bus_conf_t *conf, const char *t1, const char *t2, uint64_t expect,
-                         lt_scheduler_fold_t *fold, uint64_t *bytes, uint64_t *bad) {
+                         lt_proj_t *fold, uint64_t *bytes, uint64_t *bad) {
   lt_bus_consumer_t *c;
   if (lt_bus_consumer_new(conf, NULL, &c, err, sizeof err)) return 0;
   lt_bus_tp_t tps[12];
@@ -203,7 +203,7 @@ static uint64_t read_all(const lt_bus_conf_t *conf, const char *t1, const char *
     n++;
     if (!v) continue;
     if (fold) {
-      if (lt_scheduler_fold_apply(fold, v, len, NULL, NULL, NULL, 0)) (*bad)++;
+      if (lt_proj_fold(fold, v, len, NULL, NULL, NULL, 0)) (*bad)++;
     } else {
       sum += len + v[len - 1];
     }
@@ -392,18 +392,18 @@ int main(void) {
         t_raw = now_s() - t0;
         cpu_since(cm2, n_raw, &cu[2][round], &bu[2][round]);
       } else {
-        lt_scheduler_fold_t *fold;
-        CHECK(lt_scheduler_fold_new(reg, 0, &fold, err, sizeof err));
+        lt_proj_t *fold;
+        CHECK(lt_proj_new(reg, &fold, err, sizeof err));
         t0 = now_s();
         cpu_mark_t cm2 = cpu_mark();
         n_fold = read_all(conf, tj, tc, total, fold, &bytes, &bad);
         t_fold = now_s() - t0;
         cpu_since(cm2, n_fold, &cu[3][round], &bu[3][round]);
-        lt_job_digest(lt_proj_jobs(lt_scheduler_fold_proj(fold)), digest);
-        njobs = lt_job_count(lt_proj_jobs(lt_scheduler_fold_proj(fold)));
+        lt_job_digest(lt_proj_jobs(fold), digest);
+        njobs = lt_job_count(lt_proj_jobs(fold));
         if (round == 0) memcpy(digest0, digest, sizeof digest);
         else if (strcmp(digest, digest0) != 0) digests_agree = false;
-        lt_scheduler_fold_destroy(fold);
+        lt_proj_destroy(fold);
       }
     }
     r_raw[round] = (double)n_raw / t_raw;
@@ -421,8 +421,8 @@ int main(void) {
   size_t steady_n = 0;
   char digest_mem[65] = "";
   for (int f = 0; f < F; f++) {
-    lt_scheduler_fold_t *fold;
-    CHECK(lt_scheduler_fold_new(reg, 0, &fold, err, sizeof err));
+    lt_proj_t *fold;
+    CHECK(lt_proj_new(reg, &fold, err, sizeof err));
     /* Heap calls are read at the start of the steady state: after every job's JobSubmitted,
      * first three control records and first checkpoint (which make its state). */
     size_t warm = (size_t)JOBS * 5 < kept.count ? (size_t)JOBS * 5 : kept.count;
@@ -430,7 +430,7 @@ int main(void) {
     double w0 = now_s(), c_0 = cpu_s();
     for (size_t i = 0; i < kept.count; i++) {
       if (i == warm) c1 = atomic_load(&heap_calls);
-      if (lt_scheduler_fold_apply(fold, kept.bytes + kept.off[i], kept.off[i + 1] - kept.off[i], NULL, NULL, NULL, 0))
+      if (lt_proj_fold(fold, kept.bytes + kept.off[i], kept.off[i + 1] - kept.off[i], NULL, NULL, NULL, 0))
         bad++;
     }
     m_wall[f] = (double)kept.count / (now_s() - w0);
@@ -440,9 +440,9 @@ int main(void) {
       steady_calls = atomic_load(&heap_calls) - c1;
       steady_n = kept.count - warm;
     }
-    njobs = lt_job_count(lt_proj_jobs(lt_scheduler_fold_proj(fold)));
-    lt_job_digest(lt_proj_jobs(lt_scheduler_fold_proj(fold)), digest_mem);
-    lt_scheduler_fold_destroy(fold);
+    njobs = lt_job_count(lt_proj_jobs(fold));
+    lt_job_digest(lt_proj_jobs(fold), digest_mem);
+    lt_proj_destroy(fold);
   }
   double med_wall = median(m_wall, F), med_cpu = median(m_cpu, F);
 

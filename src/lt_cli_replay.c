@@ -3,7 +3,7 @@
  *   lathe admin replay [--from-beginning | --from-offset N | --from-time ISO8601] [--json]
  *
  * Reads both topics (read_committed) from the chosen start up to their ends as of start-up,
- * folds every record with lt_scheduler_fold (lt_proj, the same code the scheduler and the API
+ * folds every record with lt_proj_fold (the same code the scheduler and the API
  * fold with), and prints the number of jobs per state and the state digest (lt_job_digest).
  * Two replays of the same log print the same digest (invariant 1). A replay that does not start
  * at the beginning sees only part of the log: control records of jobs submitted before the start
@@ -109,7 +109,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
   int rc = 1;
   lt_bus_conf_t *conf = lt_bus_conf_new();
   lt_avro_registry_t *reg = NULL;
-  lt_scheduler_fold_t *fold = NULL;
+  lt_proj_t *fold = NULL;
   lt_bus_admin_t *admin = NULL;
   lt_bus_consumer_t *c = NULL;
   char topics[2][200];
@@ -118,7 +118,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
   uint64_t records = 0, bad = 0;
   lt_err_t e = conf ? lt_bus_conf_from_env(conf, err, sizeof err) : LT_ERR_NOMEM;
   if (!e) e = lt_avro_registry_new(&reg, err, sizeof err);
-  if (!e) e = lt_scheduler_fold_new(reg, 0, &fold, err, sizeof err);
+  if (!e) e = lt_proj_new(reg, &fold, err, sizeof err);
   if (!e) e = lt_bus_admin_new(conf, &admin, err, sizeof err);
   lt_bus_topic_name(conf, "jobs", topics[0], sizeof topics[0]);
   lt_bus_topic_name(conf, "control", topics[1], sizeof topics[1]);
@@ -131,7 +131,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
   if (!e) e = lt_bus_consumer_new(conf, NULL, &c, err, sizeof err);
   if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(c, tps, ntps, 10000, err, sizeof err);
   memcpy(hw, tps, ntps * sizeof *hw);
-  if (!e) e = lt_scheduler_high_watermarks(c, hw, ntps, 10000, err, sizeof err);
+  if (!e) e = lt_bus_consumer_watermarks(c, hw, ntps, NULL, 10000, err, sizeof err);
   if (!e) e = lt_bus_consumer_assign(c, tps, ntps, err, sizeof err);
   int64_t next[MAX_TPS] = {0};
   int64_t quiet_since = lt_avro_now_ms();
@@ -148,7 +148,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
       size_t len;
       const void *v = lt_bus_msg_value(m, &len);
       records++;
-      if (v && lt_scheduler_fold_apply(fold, v, len, NULL, NULL, NULL, 0) != LT_OK) bad++;
+      if (v && lt_proj_fold(fold, v, len, NULL, NULL, NULL, 0) != LT_OK) bad++;
       continue;
     }
     /* Done when every partition reached its end as of start-up (commit markers and aborted
@@ -163,13 +163,13 @@ int lt_cli_admin_replay(int argc, char **argv) {
     if (done || lt_avro_now_ms() - quiet_since > 2000) break;
   }
   if (!e) {
-    lt_job_table_t *jobs = lt_proj_jobs(lt_scheduler_fold_proj(fold));
+    lt_job_table_t *jobs = lt_proj_jobs(fold);
     uint64_t count[LT_JOB__STATE_COUNT] = {0};
     char digest[65];
     lt_job_digest(jobs, digest);
     lt_job_foreach(jobs, count_state, count);
     uint64_t dropped = 0;
-    size_t orphans = lt_scheduler_fold_orphans(fold, &dropped);
+    size_t orphans = lt_proj_orphans(fold, &dropped);
     if (as_json) {
       json_t *states = json_object();
       for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
@@ -195,7 +195,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
   }
   lt_bus_consumer_destroy(c);
   lt_bus_admin_destroy(admin);
-  lt_scheduler_fold_destroy(fold);
+  lt_proj_destroy(fold);
   lt_avro_registry_destroy(reg);
   lt_bus_conf_destroy(conf);
   return rc;

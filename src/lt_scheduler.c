@@ -90,7 +90,7 @@ struct lt_scheduler {
   lt_bus_producer_t *prod;
   lt_bus_consumer_t *fold_c;
   struct event *fold_ev;
-  lt_scheduler_fold_t *fold;
+  lt_proj_t *fold;
   lt_sched_t *sched;
   lt_avro_record_t *rec[8];
   side_t **sides;
@@ -352,7 +352,7 @@ static void write_preempt(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int6
 /* The dispatch must land on a partition the chosen worker owns in the workers' group: its latest
  * heartbeat lists them. Without one (no heartbeat yet) the key hash decides. */
 static int32_t dispatch_partition(lt_scheduler_t *s, const char *worker, const char *topic) {
-  json_t *hb = json_object_get(lt_proj_workers(lt_scheduler_fold_proj(s->fold)), worker);
+  json_t *hb = json_object_get(lt_proj_workers(s->fold), worker);
   json_t *owned = hb ? json_object_get(hb, "owned_partitions") : NULL;
   size_t i;
   json_t *p;
@@ -417,7 +417,7 @@ static void write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err_t 
 
 static uint64_t tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool placing) {
   uint64_t id = tenant_id64(s, tenant);
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(lt_scheduler_fold_proj(s->fold)), tenant);
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), tenant);
   lt_sched_tenant_t st = {.id = id, .weight = t && t->weight > 0 ? t->weight : 1.0};
   if (t && !placing && t->quotas.max_running_slots > 0) st.max_running_slots = (uint32_t)t->quotas.max_running_slots;
   /* max_queued_jobs is counted by the API before it accepts; durations are enforced here. */
@@ -427,7 +427,7 @@ static uint64_t tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool pl
 
 static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_sched_class_t cls) {
   side_t *sd = s->sides[idx];
-  const lt_job_t *j = lt_job_get(lt_proj_jobs(lt_scheduler_fold_proj(s->fold)), sd->job_id);
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
   if (!j) return false;
   uint32_t model = LT_SCHED_NO_MODEL;
   if (j->base_model[0]) lt_sched_model_intern(s->sched, j->base_model, &model, NULL, 0);
@@ -523,7 +523,7 @@ static int cmp_order(const void *a, const void *b) {
 static lt_err_t sched_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
   lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
   if (err) return err;
-  lt_job_table_t *jobs = lt_proj_jobs(lt_scheduler_fold_proj(s->fold));
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
   lt_sched_tenant_t filler_t = {.id = FILLER_TENANT, .weight = 1};
   lt_sched_tenant_upsert(s->sched, &filler_t, NULL, 0);
   uint64_t filler = FILLER_JOB0;
@@ -624,7 +624,7 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
     write_reject(s, sd, j, "invalid", sd->spec_field, sd->spec_msg);
     return;
   }
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(lt_scheduler_fold_proj(s->fold)), j->tenant_id);
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
   if (!t) {
     if (now_ms - sd->first_seen_ms < s->conf.tenant_grace_ms) return; /* its record may still come */
     char msg[256];
@@ -664,7 +664,7 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
 
 static int64_t duration_limit_s(lt_scheduler_t *s, const side_t *sd, const lt_job_t *j) {
   int64_t lim = sd->spec_err ? j->max_duration_s : sd->spec.max_duration_s;
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(lt_scheduler_fold_proj(s->fold)), j->tenant_id);
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
   if (t && t->quotas.max_job_duration_s > 0 && (lim <= 0 || t->quotas.max_job_duration_s < lim))
     lim = t->quotas.max_job_duration_s;
   return lim;
@@ -673,7 +673,7 @@ static int64_t duration_limit_s(lt_scheduler_t *s, const side_t *sd, const lt_jo
 /* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */
 static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   side_t *sd = s->sides[idx];
-  const lt_job_t *j = lt_job_get(lt_proj_jobs(lt_scheduler_fold_proj(s->fold)), sd->job_id);
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
   if (!j) return;
   if (lt_job_state_is_terminal(j->state) || sd->w_terminal) {
     sched_drop(s, sd);
@@ -744,7 +744,7 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
 }
 
 static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
-  lt_job_table_t *jobs = lt_proj_jobs(lt_scheduler_fold_proj(s->fold));
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
   lt_sched_decision_t d[DECIDE_CAP];
   for (int round = 0; round < 64; round++) {
     size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
@@ -838,7 +838,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
       break;
     case LT_EV_ATTEMPT_STOPPED:
       if (s->sched && sd->in_sched) {
-        const lt_job_t *j = lt_job_get(lt_proj_jobs(lt_scheduler_fold_proj(s->fold)), sd->job_id);
+        const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
         if (j && j->state == LT_JOB_QUEUED && sd->sched_running &&
             lt_sched_job_requeue(s->sched, idx + 1, s->now_s) == LT_OK)
           sd->sched_running = false;
@@ -898,7 +898,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
     wk->models_changed = wk->models_changed || old != wk->nmodels || nm > 0;
     size_t nl = 0;
     lt_avro_array_size(rec, "leases", &nl);
-    lt_job_table_t *jobs = lt_proj_jobs(lt_scheduler_fold_proj(s->fold));
+    lt_job_table_t *jobs = lt_proj_jobs(s->fold);
     for (size_t i = 0; i < nl; i++) {
       const char *jid = NULL;
       int32_t attempt = 0;
@@ -968,7 +968,7 @@ static void feed(lt_scheduler_t *s) {
     if (tp >= 0 && off + 1 > s->next[tp]) s->next[tp] = off + 1;
     s->offsets_dirty = true;
     if (!v) continue; /* a tombstone on a compacted topic */
-    e = lt_scheduler_fold_apply(s->fold, v, len, on_folded, s, err, sizeof err);
+    e = lt_proj_fold(s->fold, v, len, on_folded, s, err, sizeof err);
     if (e && tp >= 0 && off >= s->committed[tp]) write_deadletter(s, m, e, err);
   }
   if (s->role == LT_SCHEDULER_CATCHUP && caught_up(s, now_ms)) {
@@ -1006,7 +1006,7 @@ static void stop_leading(lt_scheduler_t *s, const char *why) {
   s->prod = NULL;
   lt_sched_destroy(s->sched);
   s->sched = NULL;
-  lt_scheduler_fold_destroy(s->fold);
+  lt_proj_destroy(s->fold);
   s->fold = NULL;
   for (size_t i = 0; i < s->nsides; i++) free(s->sides[i]);
   s->nsides = 0;
@@ -1026,7 +1026,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_bus_producer_opts_t popts = {.transactional_id = s->txn_id};
   /* init_transactions fences the previous leader before anything is read */
   lt_err_t err = lt_bus_producer_new(s->conf.bus, &popts, &s->prod, errstr, n);
-  if (!err) err = lt_scheduler_fold_new(s->conf.registry, 0, &s->fold, errstr, n);
+  if (!err) err = lt_proj_new(s->conf.registry, &s->fold, errstr, n);
   if (err) return err;
   lt_bus_admin_t *admin = NULL;
   if ((err = lt_bus_admin_new(s->conf.bus, &admin, errstr, n))) return err;
@@ -1051,7 +1051,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_bus_consumer_opts_t copts = {0};
   if ((err = lt_bus_consumer_new(s->conf.bus, &copts, &s->fold_c, errstr, n))) return err;
   memcpy(tmp, s->tps, s->ntps * sizeof *tmp);
-  if ((err = lt_scheduler_high_watermarks(s->fold_c, tmp, s->ntps, 10000, errstr, n))) return err;
+  if ((err = lt_bus_consumer_watermarks(s->fold_c, tmp, s->ntps, NULL, 10000, errstr, n))) return err;
   for (size_t i = 0; i < s->ntps; i++) s->hwm[i] = tmp[i].offset;
   if ((err = lt_bus_consumer_assign(s->fold_c, s->tps, s->ntps, errstr, n))) return err;
   s->fold_ev = event_new(s->base, lt_bus_consumer_fd(s->fold_c), EV_READ | EV_PERSIST, on_fold_fd, s);
@@ -1206,7 +1206,7 @@ void lt_scheduler_stats(const lt_scheduler_t *s, lt_scheduler_stats_t *out) {
 
 lt_err_t lt_scheduler_digest(lt_scheduler_t *s, char out_hex[65]) {
   if (!s->fold) return LT_ERR_UNAVAILABLE;
-  return lt_job_digest(lt_proj_jobs(lt_scheduler_fold_proj(s->fold)), out_hex);
+  return lt_job_digest(lt_proj_jobs(s->fold), out_hex);
 }
 
-lt_proj_t *lt_scheduler_proj(lt_scheduler_t *s) { return s->fold ? lt_scheduler_fold_proj(s->fold) : NULL; }
+lt_proj_t *lt_scheduler_proj(lt_scheduler_t *s) { return s->fold ? s->fold : NULL; }

@@ -112,39 +112,4 @@ lt_err_t lt_scheduler_digest(lt_scheduler_t *s, char out_hex[65]);
 /* The current fold (NULL while standby); borrowed, valid until the next event-loop turn. */
 lt_proj_t *lt_scheduler_proj(lt_scheduler_t *s);
 
-/* ---------------------------------------------------------------- the ordered fold
- *
- * lathe.jobs and lathe.control are separate topics, so a live consumer may see a job's control
- * record before its JobSubmitted. lt_scheduler_fold wraps lt_proj: a control record for a job not
- * submitted yet is kept aside (a copy) and applied right after that job's JobSubmitted, so every
- * job folds its records in log order (JobSubmitted, then its control partition's order) however
- * the topics interleave — the same state as a replay of lathe.jobs followed by lathe.control.
- * Used by the scheduler, `lathe admin replay` and bench_replay. One thread at a time. */
-typedef struct lt_scheduler_fold lt_scheduler_fold_t;
-
-/* Called for every record the projection applied (res borrowed, valid during the call). */
-typedef void lt_scheduler_fold_cb(void *ctx, const lt_proj_result_t *res);
-
-/* max_orphans: control records kept aside at most (0: 100000); beyond it they are dropped and
- * counted, as a replay would (a control record for an unknown job changes nothing). */
-lt_err_t lt_scheduler_fold_new(const lt_avro_registry_t *reg, size_t max_orphans,
-                               lt_scheduler_fold_t **out, char *errstr, size_t errstr_size);
-void lt_scheduler_fold_destroy(lt_scheduler_fold_t *f);
-lt_proj_t *lt_scheduler_fold_proj(lt_scheduler_fold_t *f);
-
-/* Folds one message. cb (may be NULL) sees this record and any kept-aside records it released.
- * Errors as lt_proj_apply: LT_ERR_CORRUPT / LT_ERR_UNKNOWN_SCHEMA (undecodable) and
- * LT_ERR_INVALID (cannot be applied) — the caller dead-letters or counts them. */
-lt_err_t lt_scheduler_fold_apply(lt_scheduler_fold_t *f, const void *buf, size_t len,
-                                 lt_scheduler_fold_cb *cb, void *ctx, char *errstr,
-                                 size_t errstr_size);
-
-/* Control records kept aside now, and dropped over the cap. */
-size_t lt_scheduler_fold_orphans(const lt_scheduler_fold_t *f, uint64_t *dropped);
-
-/* High watermarks (the offset after the newest record) of parts, written to parts[i].offset.
- * Belongs in lt_bus (a request to its owner); here until then. */
-lt_err_t lt_scheduler_high_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
-                                      int timeout_ms, char *errstr, size_t errstr_size);
-
 #endif

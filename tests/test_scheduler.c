@@ -274,8 +274,8 @@ static lt_scheduler_t *start(const char *group, lt_scheduler_conf_t *over) {
 
 /* Replays lathe.jobs + lathe.control like `lathe admin replay` and returns the digest. */
 static void replay_digest(char out[65]) {
-  lt_scheduler_fold_t *f;
-  cr_assert_eq(lt_scheduler_fold_new(reg, 0, &f, err, sizeof err), LT_OK);
+  lt_proj_t *f;
+  cr_assert_eq(lt_proj_new(reg, &f, err, sizeof err), LT_OK);
   lt_bus_consumer_t *c;
   cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK);
   char t1[200], t2[200];
@@ -295,11 +295,11 @@ static void replay_digest(char out[65]) {
     quiet = lt_avro_now_ms();
     size_t len;
     const void *v = lt_bus_msg_value(m, &len);
-    if (v) lt_scheduler_fold_apply(f, v, len, NULL, NULL, NULL, 0);
+    if (v) lt_proj_fold(f, v, len, NULL, NULL, NULL, 0);
   }
-  lt_job_digest(lt_proj_jobs(lt_scheduler_fold_proj(f)), out);
+  lt_job_digest(lt_proj_jobs(f), out);
   lt_bus_consumer_destroy(c);
-  lt_scheduler_fold_destroy(f);
+  lt_proj_destroy(f);
 }
 
 /* ---------------------------------------------------------------- tests */

@@ -12,7 +12,6 @@
 #include <jansson.h>
 #include <openssl/crypto.h>
 
-#include "lt_bus_int.h" /* watermarks at start-up: the one librdkafka call lt_bus does not wrap */
 #include "lt_job.h"
 #include "lt_proj.h"
 #include "lt_sealed.h"
@@ -731,14 +730,13 @@ static lt_err_t start_consumer(lt_publisher_t *p, char *errstr, size_t n) {
     p->ctrl_pos[i] = -1;
   }
   /* The end of every partition as of now: caught up means folded up to there. */
-  rd_kafka_t *rk = lt_bus_consumer_rk(p->consumer);
-  for (size_t i = 0; i < p->nparts; i++) {
-    rd_kafka_resp_err_t e =
-        rd_kafka_query_watermark_offsets(rk, p->parts[i].topic, p->parts[i].partition, &p->low[i], &p->high[i], 10000);
-    if (e)
-      return lt_errf(errstr, n, lt_bus_err_from_code(e), "watermarks of %s [%d]: %s", p->parts[i].topic,
-                     (int)p->parts[i].partition, rd_kafka_err2str(e));
-  }
+  lt_bus_tp_t *hw = malloc(p->nparts * sizeof *hw);
+  if (!hw) return LT_ERR_NOMEM;
+  memcpy(hw, p->parts, p->nparts * sizeof *hw);
+  err = lt_bus_consumer_watermarks(p->consumer, hw, p->nparts, p->low, 10000, errstr, n);
+  for (size_t i = 0; !err && i < p->nparts; i++) p->high[i] = hw[i].offset;
+  free(hw);
+  if (err) return err;
   if ((err = lt_bus_consumer_assign(p->consumer, p->parts, p->nparts, errstr, n))) return err;
   p->consumer_ev = event_new(p->base, lt_bus_consumer_fd(p->consumer), EV_READ | EV_PERSIST, on_consumer, p);
   p->tick_ev = event_new(p->base, -1, EV_PERSIST, on_tick, p);

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_proc.h"
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_jobspec.h"
@@ -60,56 +61,15 @@ static double cpu_s(void) {
          ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
 }
 
-/* CPU seconds of this whole process (librdkafka's threads included). */
-static double proc_cpu_s(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-         ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
-}
-
-/* The local broker's process (a JVM running kafka.Kafka), to charge its CPU to a pass; 0 if
- * not found (another machine, no permission). */
-static int broker_pid(void) {
-  for (int pid = 2; pid < 4194304; pid++) {
-    char path[64], cmd[4096];
-    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    size_t n = fread(cmd, 1, sizeof cmd - 1, f);
-    fclose(f);
-    for (size_t i = 0; i < n; i++)
-      if (!cmd[i]) cmd[i] = ' ';
-    cmd[n] = '\0';
-    if (strstr(cmd, "java") && strstr(cmd, "kafka.Kafka")) return pid;
-  }
-  return 0;
-}
-
-static double pid_cpu_s(int pid) {
-  if (!pid) return 0;
-  char path[64], buf[2048];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  char *p = strrchr(buf, ')');
-  unsigned long ut = 0, st = 0;
-  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* Client and broker CPU of one pass, in microseconds per record. */
 typedef struct {
   double c0, b0;
 } cpu_mark_t;
 static int g_broker;
-static cpu_mark_t cpu_mark(void) { return (cpu_mark_t){proc_cpu_s(), pid_cpu_s(g_broker)}; }
+static cpu_mark_t cpu_mark(void) { return (cpu_mark_t){bench_proc_cpu_s(), bench_pid_cpu_s(g_broker)}; }
 static void cpu_since(cpu_mark_t m, uint64_t n, double *client_us, double *broker_us) {
-  *client_us = n ? (proc_cpu_s() - m.c0) * 1e6 / (double)n : 0;
-  *broker_us = n && g_broker ? (pid_cpu_s(g_broker) - m.b0) * 1e6 / (double)n : 0;
+  *client_us = n ? (bench_proc_cpu_s() - m.c0) * 1e6 / (double)n : 0;
+  *broker_us = n && g_broker ? (bench_pid_cpu_s(g_broker) - m.b0) * 1e6 / (double)n : 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -239,9 +199,22 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
       if (rd_kafka_conf_set(rc, kv, eq + 1, e, sizeof e)) fprintf(stderr, "bench_replay: %s: %s\n", kv, e);
     }
   }
+  /* Configured as lt_bus configures its consumers, so the peer differs only in the code path:
+   * the same local queue bound, and the partitions' leaders learnt before assign. */
+  if (rd_kafka_conf_set(rc, "queued.min.messages", "1000000", e, sizeof e)) {
+    fprintf(stderr, "bench_replay: rdkafka conf: %s\n", e);
+    return 0;
+  }
   rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, rc, e, sizeof e);
   if (!rk) return 0;
   rd_kafka_poll_set_consumer(rk);
+  const char *topics[2] = {t1, t2};
+  for (int t = 0; t < 2; t++) {
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topics[t], NULL);
+    const struct rd_kafka_metadata *md = NULL;
+    if (rkt && rd_kafka_metadata(rk, 0, rkt, &md, 5000) == RD_KAFKA_RESP_ERR_NO_ERROR) rd_kafka_metadata_destroy(md);
+    if (rkt) rd_kafka_topic_destroy(rkt);
+  }
   rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(12);
   for (int p = 0; p < 6; p++) {
     rd_kafka_topic_partition_list_add(l, t1, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
@@ -368,7 +341,7 @@ int main(void) {
   /* CPU per record: [0] librdkafka poll, [1] librdkafka batch, [2] lt_bus, [3] lt_bus + fold;
    * client (this process) and broker */
   double cu[4][50], bu[4][50];
-  g_broker = broker_pid();
+  g_broker = bench_find_pid("java", "kafka.Kafka");
   for (int round = 0; round < R; round++) {
     double t_raw = 0, t_fold = 0;
     uint64_t n_rk, n_rkb;

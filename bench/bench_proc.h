@@ -1,0 +1,53 @@
+/* bench_proc: CPU time of this process and of a local server process (the Kafka broker's or the
+ * S3 server's JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
+#ifndef BENCH_PROC_H
+#define BENCH_PROC_H
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* CPU seconds of this whole process (every thread, librdkafka's and upload threads included). */
+static inline double bench_proc_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+         ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* The first process whose command line holds both needles (e.g. "java", "kafka.Kafka"); 0 if none
+ * (another machine, no permission). */
+static inline int bench_find_pid(const char *needle1, const char *needle2) {
+  for (int pid = 2; pid < 4194304; pid++) {
+    char path[64], cmd[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(cmd, 1, sizeof cmd - 1, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+      if (!cmd[i]) cmd[i] = ' ';
+    cmd[n] = '\0';
+    if (strstr(cmd, needle1) && strstr(cmd, needle2)) return pid;
+  }
+  return 0;
+}
+
+/* CPU seconds (user + system) of process pid so far; 0 when pid is 0 or gone. */
+static inline double bench_pid_cpu_s(int pid) {
+  if (!pid) return 0;
+  char path[64], buf[2048];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  unsigned long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) return 0;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+#endif

@@ -8,13 +8,13 @@
  * read() in the same run (the disk's own ceiling for that file): the ratios say what the format
  * costs over moving the bytes.
  *
- * Overhead: what a managed job's checkpoint does on the training thread when
- * checkpoint_interval = 1 — lt_save_state + lt_export_peft into a private directory, then each
- * file sealed (LTE1, the tenant's key) and uploaded to the object store (the S3 server of
- * ops/stack when LATHE_S3_* is set, else a directory store), as the executor's on_checkpoint
- * does — against the same steps without it. The two run in alternating blocks (R rounds of S
+ * Overhead: what a managed job's checkpoint costs when checkpoint_interval = 1 — lt_save_state +
+ * lt_export_peft into a private directory on the training thread, then the executor's own
+ * uploader (lt_ckpt) sealing (LTE1, the tenant's key) and uploading every file to the object store
+ * (the S3 server of ops/stack when LATHE_S3_* is set, else a directory store) on its thread while
+ * training goes on — against the same steps without it. A block with checkpoints ends when its last
+ * upload is stored, so every upload is counted. The two run in alternating blocks (R rounds of S
  * steps each) so the machine's swings hit both; the figure is the median of per-round ratios.
- * The small JSON files of a checkpoint (metrics, eval, config, samples) are left out.
  *
  * Usage: bench_ckpt   (environment: LATHE_BENCH_THREADS (2), LATHE_BENCH_LAYERS (30),
  *        LATHE_BENCH_B (1), LATHE_BENCH_T (256), LATHE_BENCH_ROUNDS (3), LATHE_BENCH_STEPS (2))
@@ -27,9 +27,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_proc.h"
+#include "lt_ckpt.h"
 #include "lt_crypto.h"
 #include "lt_engine.h"
-#include "lt_sealed.h"
 #include "lt_store.h"
 #include "lt_train.h"
 
@@ -101,27 +102,15 @@ typedef struct {
   int seq;
 } upload_t;
 
-/* Seals and uploads a checkpoint's state and adapter, as the executor's on_checkpoint does. */
-static lt_err_t seal_upload(upload_t *u, const char *dir) {
-  static const char *const names[] = {"state.bin", "adapter_model.safetensors", "adapter_config.json"};
-  uint8_t buf[1 << 16];
-  u->seq++;
+/* The small files of a checkpoint beside state and adapter; their content does not matter here. */
+static void write_small_files(const char *dir) {
+  static const char *const names[] = {"metrics.json", "eval.json", "config.json", "samples.json"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-    char path[512], key[256];
+    char path[512];
     snprintf(path, sizeof path, "%.400s/%s", dir, names[i]);
-    snprintf(key, sizeof key, "staging/bench-ckpt/job-%d/1/%d/%s", (int)getpid(), u->seq % 4, names[i]);
-    FILE *f = fopen(path, "rb");
-    if (!f) return LT_ERR_IO;
-    lt_sealed_writer_t *w = NULL;
-    lt_err_t e = lt_sealed_writer_new(u->store, u->dek, key, &w, err, sizeof err);
-    size_t got;
-    while (!e && (got = fread(buf, 1, sizeof buf, f)) > 0) e = lt_sealed_writer_write(w, buf, got, err, sizeof err);
-    fclose(f);
-    if (!e) e = lt_sealed_writer_commit(w, NULL, NULL, err, sizeof err);
-    else lt_sealed_writer_abort(w);
-    if (e) return e;
+    FILE *f = fopen(path, "w");
+    if (!f || fputs("{}\n", f) < 0 || fclose(f) != 0) die("small files");
   }
-  return LT_OK;
 }
 
 /* One shape: prints save/restore figures; returns the median overhead of a checkpoint every
@@ -195,13 +184,25 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
          mr * 1e3, ml / mr);
   free(buf);
 
-  /* overhead of a checkpoint every step */
+  /* overhead of a checkpoint every step: the executor's own uploader (lt_ckpt) */
+  char spool[160], prefix[128];
+  snprintf(spool, sizeof spool, "%s/spool", dir);
+  mkdir(spool, 0700);
+  snprintf(prefix, sizeof prefix, "staging/bench-ckpt/job-%d/1/", (int)getpid());
+  lt_ckpt_t *ck_up = NULL;
+  if (up) {
+    lt_ckpt_conf_t cc = {.store = up->store, .dek = up->dek, .prefix = prefix, .spool_dir = spool};
+    if (lt_ckpt_new(&cc, &ck_up, err, sizeof err)) die("uploader");
+  }
   double *ratio = calloc((size_t)rounds, sizeof *ratio), plain_sum = 0, ck_sum = 0, ck_parts[3] = {0};
+  /* CPU seconds per step, [0] without and [1] with checkpoints: this process, the S3 server */
+  double cpu_self[2] = {0}, cpu_server[2] = {0};
+  int server = up && strcmp(lt_store_kind(up->store), "s3") == 0 ? bench_find_pid("java", "s3proxy") : 0;
   for (int r = 0; r < rounds; r++) {
     double tp = 0, tc = 0;
     for (int side = 0; side < 2; side++) {
       bool ck = (side == 0) == (r % 2 == 1);
-      double t = now();
+      double t = now(), c_self = bench_proc_cpu_s(), c_server = bench_pid_cpu_s(server);
       for (int k = 0; k < steps; k++) {
         STEP();
         if (ck) {
@@ -210,13 +211,22 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
           double bb = now();
           if (lt_export_peft(s, work, "bench", err, sizeof err)) die("export");
           double cc = now();
-          if (up && seal_upload(up, work)) die("upload");
+          write_small_files(work);
+          if (ck_up && lt_ckpt_submit(ck_up, work, up->seq++ % 4, false, NULL, err, sizeof err)) die("upload");
           ck_parts[0] += bb - a;
           ck_parts[1] += cc - bb;
           ck_parts[2] += now() - cc;
         }
       }
+      /* The block ends when its last checkpoint is stored: its upload is counted whole. */
+      if (ck) {
+        double f = now();
+        if (ck_up && lt_ckpt_flush(ck_up, err, sizeof err)) die("upload");
+        ck_parts[2] += now() - f;
+      }
       t = (now() - t) / steps;
+      cpu_self[ck] += (bench_proc_cpu_s() - c_self) / steps;
+      cpu_server[ck] += (bench_pid_cpu_s(server) - c_server) / steps;
       if (ck) tc = t;
       else tp = t;
     }
@@ -227,9 +237,16 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
            (tc / tp - 1) * 100);
   }
   double n_ck = (double)rounds * steps;
-  printf("%s: checkpoint parts per step: save_state %.1f ms, export_peft %.1f ms, seal+upload (%s) %.1f ms\n", label,
+  lt_ckpt_free(ck_up);
+  printf("%s: checkpoint parts per step on the training thread: save_state %.1f ms, export_peft %.1f ms, "
+         "waiting for the background seal+upload (%s) %.1f ms\n", label,
          ck_parts[0] / n_ck * 1e3, ck_parts[1] / n_ck * 1e3, up ? lt_store_kind(up->store) : "none",
          ck_parts[2] / n_ck * 1e3);
+  printf("%s: CPU per step without / with checkpoints: this process %.2f / %.2f s, the S3 server %s %.2f / %.2f s "
+         "(a checkpoint costs %.2f + %.2f CPU s)\n",
+         label, cpu_self[0] / rounds, cpu_self[1] / rounds, server ? "(s3proxy JVM)" : "(none found)",
+         cpu_server[0] / rounds, cpu_server[1] / rounds, (cpu_self[1] - cpu_self[0]) / rounds,
+         (cpu_server[1] - cpu_server[0]) / rounds);
   double over = (median(ratio, rounds) - 1) * 100;
   printf("%s: B=%d T=%d, %d threads: checkpoint overhead (median of %d rounds) %.1f%% of the step time "
          "(mean step %.3f s without, %.3f s with)\n",
@@ -273,10 +290,9 @@ int main(void) {
                             .tie_embeddings = 1};
   double over = run_shape("smollm", &smol, threads, B, T, rounds, steps, upp);
   for (int i = 0; i < 4; i++) {
-    static const char *const names[] = {"state.bin", "adapter_model.safetensors", "adapter_config.json"};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < LT_CKPT_NAMES; k++) {
       char key[256];
-      snprintf(key, sizeof key, "staging/bench-ckpt/job-%d/1/%d/%s", (int)getpid(), i, names[k]);
+      snprintf(key, sizeof key, "staging/bench-ckpt/job-%d/1/%d/%s", (int)getpid(), i, lt_ckpt_names[k]);
       lt_store_delete(up.store, key, NULL, 0);
     }
   }

@@ -27,13 +27,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <jansson.h>
 #include <openssl/crypto.h>
 
+#include "lt_ckpt.h"
 #include "lt_crypto.h"
 #include "lt_dataset.h"
 #include "lt_jobspec.h"
@@ -55,20 +58,31 @@ static void on_preempt(int sig) {
 }
 
 typedef struct {
-  lt_store_t *store;
-  const lt_crypto_dek_t *dek;
-  char prefix[512]; /* staging/<tenant>/<job>/<attempt>/ */
-  int64_t upload_retry_ms;
+  lt_ckpt_t *ckpt; /* uploads checkpoints off the training thread */
 } exec_t;
 
-static void emit(json_t *o) {
+/* The executor's one output channel, stdout, shared by the training thread and the checkpoint
+ * upload thread: a line is written whole, and nothing follows the line that ends the attempt. */
+static struct {
+  pthread_mutex_t lock;
+  bool closed;
+} output = {PTHREAD_MUTEX_INITIALIZER, false};
+
+static void emit_line(json_t *o, bool last) {
   char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
   json_decref(o);
   if (!s) return;
-  fprintf(stdout, "%s\n", s);
-  fflush(stdout);
+  pthread_mutex_lock(&output.lock);
+  if (!output.closed) {
+    fprintf(stdout, "%s\n", s);
+    fflush(stdout);
+    output.closed = last;
+  }
+  pthread_mutex_unlock(&output.lock);
   free(s);
 }
+
+static void emit(json_t *o) { emit_line(o, false); }
 
 static lt_train_stop_t should_stop(void *ctx) {
   (void)ctx;
@@ -97,76 +111,23 @@ static void on_eval(void *ctx, const lt_train_eval_t *e) {
                  e->base_token_accuracy, "base_exact_match", e->base_exact_match));
 }
 
-/* The checkpoint's objects in the order the commit names them (the publisher relies on it). */
-static const char *const ckpt_names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                         "metrics.json", "eval.json", "config.json", "samples.json"};
-
-static lt_err_t upload_once(exec_t *x, const char *dir, int64_t step, json_t *keys, uint8_t sha[32], uint64_t *bytes,
-                            char *errstr, size_t n) {
-  lt_crypto_sha256_t *h = NULL;
-  lt_err_t err = lt_crypto_sha256_new(&h);
-  if (err) return err;
-  *bytes = 0;
-  json_array_clear(keys);
-  for (size_t i = 0; i < sizeof ckpt_names / sizeof *ckpt_names && !err; i++) {
-    char path[4096], key[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, ckpt_names[i]);
-    snprintf(key, sizeof key, "%s%lld/%s", x->prefix, (long long)step, ckpt_names[i]);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-      err = lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
-      break;
-    }
-    lt_sealed_writer_t *w = NULL;
-    err = lt_sealed_writer_new(x->store, x->dek, key, &w, errstr, n);
-    if (!err) lt_sealed_writer_hash(w, h);
-    char buf[1 << 16];
-    size_t got;
-    while (!err && (got = fread(buf, 1, sizeof buf, f)) > 0) err = lt_sealed_writer_write(w, buf, got, errstr, n);
-    OPENSSL_cleanse(buf, sizeof buf);
-    fclose(f);
-    uint64_t plain = 0;
-    if (!err) err = lt_sealed_writer_commit(w, NULL, &plain, errstr, n);
-    else lt_sealed_writer_abort(w);
-    json_array_append_new(keys, json_string(key));
-  }
-  if (!err) {
-    lt_crypto_sha256_final(h, sha);
-  }
-  lt_crypto_sha256_free(h);
-  return err;
+/* On the upload thread: the checkpoint is stored and sealed; the worker records
+ * CheckpointCommitted only after this line. */
+static void on_uploaded(void *ctx, const lt_ckpt_done_t *d) {
+  (void)ctx;
+  json_t *keys = json_array();
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) json_array_append_new(keys, json_string(d->keys[i]));
+  emit(json_pack("{s:s,s:I,s:b,s:s,s:o,s:s,s:I}", "type", "checkpoint", "step", (json_int_t)d->step, "final",
+                 d->final, "trigger", d->trigger, "keys", keys, "sha256", d->sha256_hex, "bytes",
+                 (json_int_t)d->bytes));
 }
 
-/* Uploads a checkpoint, retrying while the store is unavailable (the job goes on once it is
- * back), then reports it. The worker records CheckpointCommitted only after this line. */
+/* The training loop wrote a checkpoint's files into dir: hand them to the upload thread, which
+ * reports them once stored (the previous upload, if still going, is waited for first). */
 static lt_err_t on_checkpoint(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
   exec_t *x = ctx;
-  json_t *keys = json_array();
-  uint8_t sha[32];
-  uint64_t bytes = 0;
-  lt_err_t err;
-  int64_t waited = 0, delay = 200;
-  for (;;) {
-    err = upload_once(x, dir, step, keys, sha, &bytes, errstr, n);
-    if (!err || !lt_store_err_retriable(err) || waited >= x->upload_retry_ms) break;
-    fprintf(stderr, "executor: checkpoint upload failed (%s); retrying in %lld ms\n", errstr, (long long)delay);
-    usleep((useconds_t)delay * 1000);
-    waited += delay;
-    delay = delay * 2 > 5000 ? 5000 : delay * 2;
-  }
-  if (err) {
-    json_decref(keys);
-    return err;
-  }
-  /* Size of the stored objects: the sum the commit record carries. */
-  for (size_t i = 0; i < json_array_size(keys); i++) {
-    lt_store_info_t info;
-    if (lt_store_head(x->store, json_string_value(json_array_get(keys, i)), &info, NULL, 0) == LT_OK) bytes += info.size;
-  }
-  char hex[65];
-  emit(json_pack("{s:s,s:I,s:b,s:o,s:s,s:I}", "type", "checkpoint", "step", (json_int_t)step, "final", final, "keys",
-                 keys, "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)bytes));
-  return LT_OK;
+  const char *trigger = final ? "final" : stop_preempt ? "preempt" : "interval";
+  return lt_ckpt_submit(x->ckpt, dir, step, final, trigger, errstr, n);
 }
 
 /* A dataset's plaintext: its own data key (wrapped by the master key) opens it. */
@@ -196,7 +157,7 @@ static lt_err_t load_dataset(lt_store_t *store, const lt_crypto_kek_t *kek, cons
 static int fail(const char *fmt, const char *detail) {
   char reason[768];
   snprintf(reason, sizeof reason, fmt, detail);
-  emit(json_pack("{s:s,s:s}", "type", "error", "reason", reason));
+  emit_line(json_pack("{s:s,s:s}", "type", "error", "reason", reason), true);
   return 1;
 }
 
@@ -241,6 +202,7 @@ int lt_executor_main(void) {
   lt_crypto_kek_t *kek = NULL;
   lt_crypto_dek_t *dek = NULL;
   lt_store_t *store = NULL;
+  exec_t x = {0};
   uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
   size_t wlen = strlen(wrapped_hex) / 2;
   int rc = 1;
@@ -288,8 +250,19 @@ int lt_executor_main(void) {
       goto out;
     }
   }
-  exec_t x = {.store = store, .dek = dek, .upload_retry_ms = 120000};
-  snprintf(x.prefix, sizeof x.prefix, "staging/%s/%s/%lld/", tenant, job, (long long)attempt);
+  char prefix[512], spool[4200];
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/%lld/", tenant, job, (long long)attempt);
+  snprintf(spool, sizeof spool, "%s/upload", work_dir);
+  lt_ckpt_conf_t cc = {.store = store, .dek = dek, .prefix = prefix, .spool_dir = spool, .retry_ms = 120000,
+                       .on_done = on_uploaded};
+  if (mkdir(spool, 0700) != 0 && errno != EEXIST) {
+    fail("cannot make the checkpoint spool directory: %s", strerror(errno));
+    goto out;
+  }
+  if (lt_ckpt_new(&cc, &x.ckpt, err, sizeof err)) {
+    fail("cannot prepare the checkpoint upload: %s", err);
+    goto out;
+  }
   lt_train_conf_t tc = {.model_dir = model_dir, .base_model_name = spec.base_model, .train = train,
                         .train_len = train_len, .valid = valid, .valid_len = valid_len, .hp = spec.hp,
                         .threads = (int)json_integer_value(json_object_get(a, "threads")), .work_dir = work_dir,
@@ -299,16 +272,29 @@ int lt_executor_main(void) {
                             .on_checkpoint = on_checkpoint};
   lt_train_result_t res;
   if (lt_train_run(&tc, &hooks, &res, err, sizeof err)) {
+    lt_ckpt_abort(x.ckpt);
     fail("%s", err);
     goto out;
   }
-  if (res.stopped != LT_TRAIN_GO)
-    emit(json_pack("{s:s,s:s,s:I}", "type", "stopped", "why", res.stopped == LT_TRAIN_STOP_CANCEL ? "cancel" : "preempt",
-                   "step", (json_int_t)res.steps));
-  else
-    emit(json_pack("{s:s,s:I,s:s}", "type", "done", "step", (json_int_t)res.steps, "config_digest", res.config_digest));
+  if (res.stopped == LT_TRAIN_STOP_CANCEL) {
+    /* Confirmed at once; a checkpoint still uploading is of no use to a cancelled job. */
+    emit_line(json_pack("{s:s,s:s,s:I}", "type", "stopped", "why", "cancel", "step", (json_int_t)res.steps), true);
+    lt_ckpt_free(x.ckpt);
+    x.ckpt = NULL;
+  } else if (lt_ckpt_flush(x.ckpt, err, sizeof err)) {
+    /* The preemption's or the final checkpoint must be committed before the attempt ends. */
+    fail("%s", err);
+    goto out;
+  } else if (res.stopped == LT_TRAIN_STOP_PREEMPT) {
+    emit_line(json_pack("{s:s,s:s,s:I}", "type", "stopped", "why", "preempt", "step", (json_int_t)res.steps), true);
+  } else {
+    emit_line(json_pack("{s:s,s:I,s:s}", "type", "done", "step", (json_int_t)res.steps, "config_digest",
+                        res.config_digest),
+              true);
+  }
   rc = 0;
 out:
+  lt_ckpt_free(x.ckpt);
   if (train) OPENSSL_cleanse(train, train_len);
   if (valid) OPENSSL_cleanse(valid, valid_len);
   free(train);

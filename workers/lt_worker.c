@@ -370,7 +370,10 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
     lt_avro_set_string(r, "sha256", sha ? sha : "");
     lt_avro_set_long(r, "bytes", json_integer_value(json_object_get(o, "bytes")));
     lt_avro_set_bool(r, "final", final);
-    lt_avro_set_string(r, "trigger", final ? "final" : a->stop_signal == SIGUSR2 ? "preempt" : "interval");
+    /* The executor says what made the checkpoint: it uploads in the background, so a line that
+     * arrives after a preemption signal may still be an interval checkpoint. */
+    const char *trigger = json_string_value(json_object_get(o, "trigger"));
+    lt_avro_set_string(r, "trigger", trigger ? trigger : final ? "final" : "interval");
     const char *eid = NULL;
     lt_avro_get_string(r, "event_id", &eid, NULL);
     if (final && eid) {

@@ -80,32 +80,35 @@ __device__ __forceinline__ void lt_k_st(__nv_bfloat16 *p, float v) { *p = __floa
 __device__ __forceinline__ float lt_k_ld(const float *p) { return *p; }
 __device__ __forceinline__ float lt_k_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 
-/* Row i of the (chunk, head) score matrix: P = softmax over j <= i; zeros above the diagonal.
- * save_lse: forward (compute and store lse); else backward (read lse, recompute P). */
+/* Row i of the (chunk, head) score matrix: P = softmax over j0 <= j <= i, j0 = i - pos of the
+ * row (its example's first row); zeros elsewhere. save_lse: forward (compute and store lse);
+ * else backward (read lse, recompute P). The backward's dsoftmax needs no mask: P is 0 there. */
 template <typename PT>
-__global__ void lt_k_attn_softmax_kernel(PT *P, const float *S, float *lse, int T, int H,
-                                         int b0, int save_lse) {
+__global__ void lt_k_attn_softmax_kernel(PT *P, const float *S, float *lse, const int32_t *pos,
+                                         int T, int H, int b0, int save_lse) {
   __shared__ float sh[32];
   size_t row = blockIdx.x; /* (bb*H + h)*T + i */
   int i = (int)(row % T);
   size_t zh = row / T; /* bb*H + h */
   size_t lrow = ((size_t)b0 * H + zh) * T + i;
+  int j0 = i - pos[((size_t)b0 + zh / H) * T + i];
   const float *s = S + row * T;
   PT *p = P + row * T;
   float z;
   if (save_lse) {
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, s[j]);
+    for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, s[j]);
     mx = lt_k_block_max(mx, sh);
     float sum = 0.0f;
-    for (int j = threadIdx.x; j <= i; j += blockDim.x) sum += expf(s[j] - mx);
+    for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) sum += expf(s[j] - mx);
     sum = lt_k_block_sum(sum, sh);
     z = mx + logf(sum);
     if (threadIdx.x == 0) lse[lrow] = z;
   } else {
     z = lse[lrow];
   }
-  for (int j = threadIdx.x; j < T; j += blockDim.x) lt_k_st(&p[j], j <= i ? expf(s[j] - z) : 0.0f);
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    lt_k_st(&p[j], j >= j0 && j <= i ? expf(s[j] - z) : 0.0f);
 }
 
 /* dS = P * (dP - D), D = sum_d dout*out of this row and head; written over P. */
@@ -201,9 +204,9 @@ static lt_err_t lt_k_attn_check(int B, int T, int H, int KV, int hd, char *errst
 }
 
 extern "C" lt_err_t lt_k_attn_fwd(void *cublas, float *out, float *lse, const float *q,
-                                  const float *k, const float *v, int B, int T, int H, int KV,
-                                  int hd, int bf16, void *work, cudaStream_t stream, char *errstr,
-                                  size_t errstr_size) {
+                                  const float *k, const float *v, const int32_t *pos, int B, int T,
+                                  int H, int KV, int hd, int bf16, void *work, cudaStream_t stream,
+                                  char *errstr, size_t errstr_size) {
   lt_err_t err = lt_k_attn_check(B, T, H, KV, hd, errstr, errstr_size);
   if (err || B == 0 || T == 0) return err;
   lt_k_attn_ws w;
@@ -239,10 +242,10 @@ extern "C" lt_err_t lt_k_attn_fwd(void *cublas, float *out, float *lse, const fl
       return err;
     if (bf16)
       lt_k_attn_softmax_kernel<__nv_bfloat16><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (__nv_bfloat16 *)w.P, w.S, lse, T, H, b0, 1);
+          (__nv_bfloat16 *)w.P, w.S, lse, pos, T, H, b0, 1);
     else
       lt_k_attn_softmax_kernel<float><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (float *)w.P, w.S, lse, T, H, b0, 1);
+          (float *)w.P, w.S, lse, pos, T, H, b0, 1);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     /* O = P V  (O^T = V_c P^T) */
     if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
@@ -256,9 +259,10 @@ extern "C" lt_err_t lt_k_attn_fwd(void *cublas, float *out, float *lse, const fl
 
 extern "C" lt_err_t lt_k_attn_bwd(void *cublas, float *dq, float *dk, float *dv,
                                   const float *dout, const float *q, const float *k,
-                                  const float *v, const float *out, const float *lse, int B,
-                                  int T, int H, int KV, int hd, int bf16, void *work,
-                                  cudaStream_t stream, char *errstr, size_t errstr_size) {
+                                  const float *v, const float *out, const float *lse,
+                                  const int32_t *pos, int B, int T, int H, int KV, int hd, int bf16,
+                                  void *work, cudaStream_t stream, char *errstr,
+                                  size_t errstr_size) {
   lt_err_t err = lt_k_attn_check(B, T, H, KV, hd, errstr, errstr_size);
   if (err || B == 0 || T == 0) return err;
   lt_k_attn_ws w;
@@ -300,10 +304,10 @@ extern "C" lt_err_t lt_k_attn_bwd(void *cublas, float *dq, float *dk, float *dv,
       return err;
     if (bf16)
       lt_k_attn_softmax_kernel<__nv_bfloat16><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (__nv_bfloat16 *)w.P, w.S, (float *)lse, T, H, b0, 0);
+          (__nv_bfloat16 *)w.P, w.S, (float *)lse, pos, T, H, b0, 0);
     else
       lt_k_attn_softmax_kernel<float><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (float *)w.P, w.S, (float *)lse, T, H, b0, 0);
+          (float *)w.P, w.S, (float *)lse, pos, T, H, b0, 0);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     /* 3. dV_h = P^T dO  (dV^T = dO_c P) */
     if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, sD, it, H * hd, sP, it, T,

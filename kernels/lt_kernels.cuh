@@ -120,13 +120,17 @@ lt_err_t lt_k_adamw(float *p, const float *grad, float *m, float *v, size_t n, f
  * to bf16 for the GEMMs (f32 accumulation); 0 keeps everything f32 (exact FP32 GEMMs).
  * `work` is scratch of lt_k_attn_work_bytes(...) bytes for the same (B, T, H, KV, hd, bf16). */
 size_t lt_k_attn_work_bytes(int B, int T, int H, int KV, int hd, int bf16);
+/* pos (B*T) int32 device positions: row t of a sequence attends to rows t - pos .. t (see
+ * lt_backend.h attn_fwd: 0..T-1 is plain causal attention, restarts mark packed examples). */
 lt_err_t lt_k_attn_fwd(void *cublas, float *out, float *lse, const float *q, const float *k,
-                       const float *v, int B, int T, int H, int KV, int hd, int bf16, void *work,
-                       cudaStream_t stream, char *errstr, size_t errstr_size);
+                       const float *v, const int32_t *pos, int B, int T, int H, int KV, int hd,
+                       int bf16, void *work, cudaStream_t stream, char *errstr,
+                       size_t errstr_size);
 lt_err_t lt_k_attn_bwd(void *cublas, float *dq, float *dk, float *dv, const float *dout,
                        const float *q, const float *k, const float *v, const float *out,
-                       const float *lse, int B, int T, int H, int KV, int hd, int bf16,
-                       void *work, cudaStream_t stream, char *errstr, size_t errstr_size);
+                       const float *lse, const int32_t *pos, int B, int T, int H, int KV, int hd,
+                       int bf16, void *work, cudaStream_t stream, char *errstr,
+                       size_t errstr_size);
 /* Attention of each row against a KV cache (sampling); see lt_backend.h attn_cached. */
 lt_err_t lt_k_attn_cached(float *out, const float *q, const float *kcache, const float *vcache,
                           const int32_t *seq, const int32_t *pos, int n, int H, int KV, int hd,

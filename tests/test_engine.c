@@ -192,8 +192,8 @@ static void parity_case(lt_model_config_t c, int importance) {
   OK(lt_st_open_file(path, &ref, errbuf, sizeof errbuf));
 
   lt_loss_t kind = importance ? LT_LOSS_IMPORTANCE : LT_LOSS_CROSS_ENTROPY;
-  lt_batch_t b0 = {B, T, tok[0], tgt[0], w[0], adv[0], slp[0]};
-  lt_batch_t b1 = {B, T, tok[1], tgt[1], w[1], adv[1], slp[1]};
+  lt_batch_t b0 = {B, T, tok[0], tgt[0], w[0], adv[0], slp[0], NULL};
+  lt_batch_t b1 = {B, T, tok[1], tgt[1], w[1], adv[1], slp[1], NULL};
   float loss, logp[N];
   OK(lt_forward_backward(s, &b0, kind, &loss, NULL, errbuf, sizeof errbuf));
   OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
@@ -574,6 +574,101 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
   }
   lt_st_close(sa);
   lt_st_close(sb);
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(&f);
+}
+
+/* Packing: two examples in one row, each attending only within itself and counting its
+ * positions from 0, compute what one row per example computes — loss, per-token log-probs,
+ * gradients (hence the adapter after AdamW steps) — within float rounding. And a plain batch
+ * after a packed one is plain again (the positions go back to 0..T-1). */
+Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
+  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, &c, 41, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 9};
+  lt_session_t *s, *t;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  OK(lt_session_new(f.eng, &sc, &t, errbuf, sizeof errbuf));
+  enum { T1 = 7, T2 = 12 };
+  static const int len[3] = {5, 7, 4};
+  int32_t ex_tok[3][T1], ex_tgt[3][T1];
+  unsigned rs = 3;
+  for (int e = 0; e < 3; e++) {
+    rand_tokens(ex_tok[e], T1, c.vocab_size, &rs);
+    rand_tokens(ex_tgt[e], T1, c.vocab_size, &rs);
+  }
+  /* One row per example, padded to 7 with weight 0. */
+  int32_t u_tok[3 * T1] = {0}, u_tgt[3 * T1] = {0};
+  float u_w[3 * T1] = {0};
+  for (int e = 0; e < 3; e++)
+    for (int i = 0; i < len[e]; i++) {
+      u_tok[e * T1 + i] = ex_tok[e][i];
+      u_tgt[e * T1 + i] = ex_tgt[e][i];
+      u_w[e * T1 + i] = i == 0 ? 0.0f : 1.0f; /* a masked "prompt" token too */
+    }
+  /* Packed: row 0 = example 0 then example 1 (12 tokens), row 1 = example 2 and padding. */
+  int32_t p_tok[2 * T2] = {0}, p_tgt[2 * T2] = {0}, p_pos[2 * T2];
+  float p_w[2 * T2] = {0};
+  int at[3] = {0, 5, 12}; /* where each example starts in the packed buffer */
+  for (int e = 0; e < 3; e++)
+    for (int i = 0; i < len[e]; i++) {
+      p_tok[at[e] + i] = ex_tok[e][i];
+      p_tgt[at[e] + i] = ex_tgt[e][i];
+      p_w[at[e] + i] = i == 0 ? 0.0f : 1.0f;
+    }
+  for (int i = 0; i < T2; i++) {
+    p_pos[i] = i < 5 ? i : i - 5;
+    p_pos[T2 + i] = i; /* example 2, then padding that continues it (weight 0) */
+  }
+  lt_batch_t ub = {.B = 3, .T = T1, .tokens = u_tok, .targets = u_tgt, .weights = u_w};
+  lt_batch_t pb = {.B = 2, .T = T2, .tokens = p_tok, .targets = p_tgt, .weights = p_w, .positions = p_pos};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .max_grad_norm = 1.0f};
+  for (int k = 0; k < 2; k++) { /* step 1 makes B nonzero, step 2 compares every gradient */
+    float lu, lp, ulogp[3 * T1], plogp[2 * T2];
+    OK(lt_forward_backward(s, &ub, LT_LOSS_CROSS_ENTROPY, &lu, ulogp, errbuf, sizeof errbuf));
+    OK(lt_forward_backward(t, &pb, LT_LOSS_CROSS_ENTROPY, &lp, plogp, errbuf, sizeof errbuf));
+    cr_assert_float_eq(lu, lp, 1e-5 * fabsf(lu), "step %d: loss %.8g unpacked vs %.8g packed", k, lu, lp);
+    for (int e = 0; e < 3; e++)
+      for (int i = 0; i < len[e]; i++)
+        cr_assert_float_eq(ulogp[e * T1 + i], plogp[at[e] + i], 1e-4,
+                           "step %d: example %d token %d: logp %.7g unpacked vs %.7g packed", k, e, i,
+                           ulogp[e * T1 + i], plogp[at[e] + i]);
+    float n1, n2;
+    OK(lt_optim_step(s, &opt, &n1, errbuf, sizeof errbuf));
+    OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
+    cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
+  }
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/unpacked.safetensors", f.dir);
+  snprintf(b, sizeof b, "%s/packed.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, b, errbuf, sizeof errbuf));
+  lt_st_t *sa, *sb;
+  OK(lt_st_open_file(a, &sa, errbuf, sizeof errbuf));
+  OK(lt_st_open_file(b, &sb, errbuf, sizeof errbuf));
+  for (size_t i = 0; i < lt_st_count(sa); i++) {
+    const lt_st_tensor_t *x = lt_st_at(sa, i), *y = lt_st_find(sb, x->name);
+    cr_assert_not_null(y);
+    double e = rel_err(x->data, y->data, (size_t)x->numel);
+    cr_assert_lt(e, 1e-4, "%s: packed vs one row per example differ by %.3g", x->name, e);
+  }
+  lt_st_close(sa);
+  lt_st_close(sb);
+  /* A plain batch after the packed one: the same logits as the session that never packed. */
+  float *ls = malloc(sizeof(float) * 3 * T1 * c.vocab_size), *lt = malloc(sizeof(float) * 3 * T1 * c.vocab_size);
+  OK(lt_logits(s, 3, T1, u_tok, ls, errbuf, sizeof errbuf));
+  OK(lt_logits(t, 3, T1, u_tok, lt, errbuf, sizeof errbuf));
+  double e = rel_err(lt, ls, (size_t)3 * T1 * c.vocab_size);
+  cr_assert_lt(e, 1e-4, "logits of a plain batch after a packed one differ by %.3g", e);
+  free(ls);
+  free(lt);
+  /* Positions that do not count up from 0 within a row are refused, naming the place. */
+  p_pos[3] = 5;
+  cr_assert_eq(lt_forward_backward(t, &pb, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf),
+               LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "positions[0][3] = 5"), "%s", errbuf);
   lt_session_destroy(s);
   lt_session_destroy(t);
   fixture_close(&f);

@@ -150,15 +150,19 @@ struct lt_backend {
   /* Floats of the per-layer state attn_fwd saves for attn_bwd for B sequences of T tokens and
    * H heads (cpu: the probabilities, B*H*T*T; a flash-style backend may keep B*H*T). */
   size_t (*attn_state_floats)(lt_backend_t *be, int B, int T, int H);
-  /* out (N, H*hd) = softmax(q k^T / sqrt(hd) + causal mask) v per sequence and head.
-   * q (N, H*hd), k and v (N, KV*hd), rows b*T + t; state as sized by attn_state_floats. */
+  /* out (N, H*hd) = softmax(q k^T / sqrt(hd) + mask) v per sequence and head, where row t of
+   * a sequence attends to its rows t - pos[r] .. t (r = b*T + t): pos (N) int32 device
+   * positions as RoPE's, 0..T-1 for one example per row (plain causal attention), restarting
+   * at 0 where a packed row starts its next example (pos[r] <= t, and pos[r] = 0 or
+   * pos[r-1] + 1). q (N, H*hd), k and v (N, KV*hd), rows b*T + t; state as sized by
+   * attn_state_floats. */
   void (*attn_fwd)(lt_backend_t *be, float *out, float *state, const float *q, const float *k,
-                   const float *v, int B, int T, int H, int KV, int hd);
-  /* Overwrites dq (N, H*hd), dk and dv (N, KV*hd) from dout (N, H*hd); q, k, v, out and state
-   * as in and from attn_fwd. */
+                   const float *v, const int32_t *pos, int B, int T, int H, int KV, int hd);
+  /* Overwrites dq (N, H*hd), dk and dv (N, KV*hd) from dout (N, H*hd); q, k, v, out, state and
+   * pos as in and from attn_fwd. */
   void (*attn_bwd)(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
                    const float *q, const float *k, const float *v, const float *out,
-                   const float *state, int B, int T, int H, int KV, int hd);
+                   const float *state, const int32_t *pos, int B, int T, int H, int KV, int hd);
 
   /* ---- attention against a KV cache (sampling) ---------------------------------------- */
 

@@ -522,19 +522,23 @@ static size_t cpu_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
   return (size_t)B * H * T * T;
 }
 
-/* Causal softmax in place on the T x T scores of one head; entries above the diagonal = 0. */
-static void causal_softmax(float *P, int T, float scale) {
+/* Causal softmax in place on the T x T scores of one head: row t over its example's columns
+ * t - pos[t] .. t (pos: the sequence's positions); every other entry = 0. The backward pass
+ * needs no mask of its own: P is 0 wherever the forward pass masked. */
+static void causal_softmax(float *P, int T, float scale, const int32_t *pos) {
   for (int t = 0; t < T; t++) {
     float *row = P + (size_t)t * T;
+    int j0 = t - pos[t];
     float mx = -INFINITY;
-    for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int j = j0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
     float sum = 0;
-    for (int j = 0; j <= t; j++) {
+    for (int j = j0; j <= t; j++) {
       row[j] = lt_fexp((row[j] - mx) * scale);
       sum += row[j];
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int j = j0; j <= t; j++) row[j] *= inv;
     for (int j = t + 1; j < T; j++) row[j] = 0.0f;
   }
 }
@@ -542,6 +546,7 @@ static void causal_softmax(float *P, int T, float scale) {
 typedef struct attn_args {
   float *out, *state, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *o, *cstate;
+  const int32_t *pos;
   int B, T, H, KV, hd;
   cpu_t *c;
 } attn_t;
@@ -560,15 +565,16 @@ static void attn_fwd_task(void *p, int tid, int nt) {
     float *O = a->out + (size_t)b * T * H * hd + (size_t)h * hd;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, Q, H * hd, K, KV * hd,
                 0.0f, P, T);
-    causal_softmax(P, T, 1.0f / sqrtf((float)hd));
+    causal_softmax(P, T, 1.0f / sqrtf((float)hd), a->pos + (size_t)b * T);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, Vv, KV * hd,
                 0.0f, O, H * hd);
   }
 }
 static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
-                         const float *k, const float *v, int B, int T, int H, int KV, int hd) {
-  attn_t a = {.out = out, .state = state, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H,
-              .KV = KV, .hd = hd};
+                         const float *k, const float *v, const int32_t *pos, int B, int T, int H,
+                         int KV, int hd) {
+  attn_t a = {.out = out, .state = state, .q = q, .k = k, .v = v, .pos = pos, .B = B, .T = T,
+              .H = H, .KV = KV, .hd = hd};
   pool_run(CPU(be), attn_fwd_task, &a);
 }
 
@@ -618,7 +624,9 @@ static void attn_bwd_task(void *p, int tid, int nt) {
 }
 static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
                          const float *q, const float *k, const float *v, const float *out,
-                         const float *state, int B, int T, int H, int KV, int hd) {
+                         const float *state, const int32_t *pos, int B, int T, int H, int KV,
+                         int hd) {
+  (void)pos; /* P is 0 outside each example's window already */
   cpu_t *c = CPU(be);
   attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
               .cstate = state, .B = B, .T = T, .H = H, .KV = KV, .hd = hd, .c = c};

@@ -357,34 +357,36 @@ static size_t lt_cb_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
 }
 
 static void lt_cb_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
-                           const float *k, const float *v, int B, int T, int H, int KV, int hd) {
+                           const float *k, const float *v, const int32_t *pos, int B, int T, int H,
+                           int KV, int hd) {
   lt_cb_ctx *c = lt_cb(be);
   if (!lt_cb_enter(c)) return;
   if (H <= 0 || KV <= 0 || H % KV) { /* let the launcher explain */
-    LT_CB_REC(c, lt_k_attn_fwd(c->blas, out, state, q, k, v, B, T, H, KV, hd, c->bf16, NULL,
+    LT_CB_REC(c, lt_k_attn_fwd(c->blas, out, state, q, k, v, pos, B, T, H, KV, hd, c->bf16, NULL,
                                LT_CB_S));
     return;
   }
   if (lt_cb_scratch(c, &c->attn, &c->attn_bytes, lt_k_attn_work_bytes(B, T, H, KV, hd, c->bf16)))
     return;
-  LT_CB_REC(c, lt_k_attn_fwd(c->blas, out, state, q, k, v, B, T, H, KV, hd, c->bf16, c->attn,
+  LT_CB_REC(c, lt_k_attn_fwd(c->blas, out, state, q, k, v, pos, B, T, H, KV, hd, c->bf16, c->attn,
                              LT_CB_S));
 }
 
 static void lt_cb_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
                            const float *q, const float *k, const float *v, const float *out,
-                           const float *state, int B, int T, int H, int KV, int hd) {
+                           const float *state, const int32_t *pos, int B, int T, int H, int KV,
+                           int hd) {
   lt_cb_ctx *c = lt_cb(be);
   if (!lt_cb_enter(c)) return;
   if (H <= 0 || KV <= 0 || H % KV) {
-    LT_CB_REC(c, lt_k_attn_bwd(c->blas, dq, dk, dv, dout, q, k, v, out, state, B, T, H, KV, hd,
-                               c->bf16, NULL, LT_CB_S));
+    LT_CB_REC(c, lt_k_attn_bwd(c->blas, dq, dk, dv, dout, q, k, v, out, state, pos, B, T, H, KV,
+                               hd, c->bf16, NULL, LT_CB_S));
     return;
   }
   if (lt_cb_scratch(c, &c->attn, &c->attn_bytes, lt_k_attn_work_bytes(B, T, H, KV, hd, c->bf16)))
     return;
-  LT_CB_REC(c, lt_k_attn_bwd(c->blas, dq, dk, dv, dout, q, k, v, out, state, B, T, H, KV, hd,
-                             c->bf16, c->attn, LT_CB_S));
+  LT_CB_REC(c, lt_k_attn_bwd(c->blas, dq, dk, dv, dout, q, k, v, out, state, pos, B, T, H, KV,
+                             hd, c->bf16, c->attn, LT_CB_S));
 }
 
 static void lt_cb_kv_store(lt_backend_t *be, float *cache, const float *src, const int32_t *seq,

@@ -106,8 +106,8 @@ static void *upload_main(void *arg) {
   for (;;) {
     u->err = upload_once(u, &d, u->errstr, sizeof u->errstr);
     if (!u->err || !lt_store_err_retriable(u->err) || waited >= u->conf.retry_ms) break;
-    fprintf(stderr, "checkpoint %lld: upload failed (%s); retrying in %lld ms\n", (long long)u->step, u->errstr,
-            (long long)delay);
+    fprintf(stderr, "checkpoint upload failed at step %lld (%s); retrying in %lld ms\n", (long long)u->step,
+            u->errstr, (long long)delay);
     if (!nap(u, delay)) {
       u->err = lt_errf(u->errstr, sizeof u->errstr, LT_ERR_CANCELLED, "checkpoint upload aborted");
       break;

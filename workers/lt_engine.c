@@ -474,6 +474,8 @@ typedef struct lora {
 /* Activations of one (B, T) shape, one backend allocation (sizes in floats unless int32). */
 typedef struct acts {
   int B, T, N;
+  int B_cap;      /* rows the block was carved for: a batch of B <= B_cap rows of T reuses it */
+  int pos_custom; /* a->pos holds a batch's own positions (packing), not t = 0..T-1 */
   int32_t *tokens, *targets, *pos; /* (N) */
   float *resid;   /* (L+1, N, D) resid[l] is the input of layer l, resid[L] the last output */
   float *ln1;     /* (L, N, D) */
@@ -687,7 +689,14 @@ fail:
 
 static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t errstr_size) {
   acts_t *a = &s->a;
-  if (a->block && a->B == B && a->T == T) return LT_OK;
+  if (a->block && a->T == T && B <= a->B_cap) {
+    /* Fewer rows of the same length (a packed batch): every piece is indexed by a->N, so a
+     * prefix of the block serves; nothing is allocated per step. */
+    a->B = B;
+    a->N = B * T;
+    a->state_floats = s->be->attn_state_floats(s->be, B, T, s->mc.num_heads);
+    return LT_OK;
+  }
   acts_free(s);
   const lt_model_config_t *c = &s->mc;
   lt_backend_t *be = s->be;
@@ -728,6 +737,7 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
 #undef COUNT
 #undef CARVE
   a->B = B;
+  a->B_cap = B;
   a->T = T;
   a->N = (int)N;
   a->state_floats = st;
@@ -854,7 +864,7 @@ static void forward(lt_session_t *s, int train) {
     linear_fwd(s, ln1, N, l, M_V, v, 0.0f, LA(M_V), drop_seed(s, l, M_V), scr);
     be->rope(be, q, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 0);
     be->rope(be, k, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 0);
-    be->attn_fwd(be, atty, att, q, k, v, a->B, a->T, H, KV, hd);
+    be->attn_fwd(be, atty, att, q, k, v, a->pos, a->B, a->T, H, KV, hd);
     be->copy(be, xmid, x, (size_t)N * D);
     linear_fwd(s, atty, N, l, M_O, xmid, 1.0f, LA(M_O), drop_seed(s, l, M_O), scr);
     be->rmsnorm_fwd(be, ln2, rstd2, xmid, lw->ln2, N, D, c->rms_norm_eps);
@@ -908,7 +918,8 @@ static void backward(lt_session_t *s) {
     be->rmsnorm_bwd(be, a->dx, gl ? gl->ln2 : NULL, a->dln, xmid, lw->ln2, rstd2, N, D);
     /* attention: xmid = x + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
     linear_bwd(s, a->dx, atty, N, l, M_O, a->datty, 0.0f, LA(M_O), drop_seed(s, l, M_O));
-    be->attn_bwd(be, a->dq, a->dk, a->dv, a->datty, q, k, v, atty, att, a->B, a->T, H, KV, hd);
+    be->attn_bwd(be, a->dq, a->dk, a->dv, a->datty, q, k, v, atty, att, a->pos, a->B, a->T, H,
+                 KV, hd);
     be->rope(be, a->dq, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 1);
     be->rope(be, a->dk, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 1);
     linear_bwd(s, a->dq, ln1, N, l, M_Q, a->dln, 0.0f, LA(M_Q), drop_seed(s, l, M_Q));
@@ -940,6 +951,16 @@ static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "batch: tokens[%zu][%zu] = %d is outside the vocabulary [0, %d)",
                      i / (size_t)b->T, i % (size_t)b->T, b->tokens[i], V);
+  if (b->positions)
+    for (size_t i = 0; i < N; i++) {
+      size_t t = i % (size_t)b->T;
+      int32_t p = b->positions[i];
+      /* Each row is a run of examples, each counting 0, 1, 2, ... from its first token. */
+      if (!(p == 0 || (t > 0 && p == b->positions[i - 1] + 1)))
+        return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                       "batch: positions[%zu][%zu] = %d; expected 0 (an example starts) or %d (it goes on)",
+                       i / (size_t)b->T, t, p, t > 0 ? b->positions[i - 1] + 1 : 0);
+    }
   if (!need_targets) return LT_OK;
   if (!b->targets)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "batch: targets missing");
@@ -972,6 +993,25 @@ static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_
   return LT_OK;
 }
 
+/* Puts the batch's positions (or t = 0..T-1 in every row) where RoPE and attention read them;
+ * the default is uploaded again only after a batch that brought its own. */
+static lt_err_t acts_positions(lt_session_t *s, const int32_t *positions, char *errstr, size_t errstr_size) {
+  acts_t *a = &s->a;
+  size_t N = (size_t)a->N;
+  if (positions) {
+    a->pos_custom = 1;
+    return s->be->upload(s->be, a->pos, positions, N * sizeof(int32_t));
+  }
+  if (!a->pos_custom) return LT_OK;
+  int32_t *pos = malloc(N * sizeof(int32_t));
+  if (!pos) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "positions: out of memory");
+  for (size_t i = 0; i < N; i++) pos[i] = (int32_t)(i % (size_t)a->T);
+  lt_err_t err = s->be->upload(s->be, a->pos, pos, N * sizeof(int32_t));
+  free(pos);
+  a->pos_custom = 0;
+  return err;
+}
+
 /* Forward (+ backward when train) of a batch with a loss. */
 static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, int train,
                           float *loss_out, float *logp_out, char *errstr, size_t errstr_size) {
@@ -985,6 +1025,7 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
     int32_t t = b->targets[i];
     a->h_targets[i] = t >= 0 && t < s->mc.vocab_size ? t : 0; /* masked rows may hold -100 */
   }
+  if ((err = acts_positions(s, b->positions, errstr, errstr_size))) return err;
   be->upload(be, a->tokens, b->tokens, N * sizeof(int32_t));
   be->upload(be, a->targets, a->h_targets, N * sizeof(int32_t));
   forward(s, train);
@@ -1036,6 +1077,7 @@ lt_err_t lt_logits(lt_session_t *s, int B, int T, const int32_t *tokens, float *
   lt_err_t err;
   if ((err = check_batch(s, &b, LT_LOSS_CROSS_ENTROPY, 0, errstr, errstr_size))) return err;
   if ((err = acts_ensure(s, B, T, errstr, errstr_size))) return err;
+  if ((err = acts_positions(s, NULL, errstr, errstr_size))) return err;
   s->be->upload(s->be, s->a.tokens, tokens, (size_t)B * T * sizeof(int32_t));
   forward(s, 0);
   return s->be->download(s->be, logits_out, s->a.logits,

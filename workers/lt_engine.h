@@ -119,6 +119,11 @@ typedef struct lt_batch {
   const float *weights;        /* per-token loss weight >= 0 (0 masks prompt/padding); NULL = 1 */
   const float *advantages;     /* LT_LOSS_IMPORTANCE only: per-token advantage */
   const float *sampler_logp;   /* LT_LOSS_IMPORTANCE only: log-prob under the sampler */
+  /* Packing: each token's position within its own example, so that one row may hold several
+   * examples one after the other (each counting 0, 1, 2, ...); a token attends only to the
+   * earlier tokens of its example and RoPE sees its position there, so a packed row computes
+   * exactly what one row per example would. NULL: one example per row (0..T-1). */
+  const int32_t *positions;
 } lt_batch_t;
 
 typedef enum lt_loss {

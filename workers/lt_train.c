@@ -178,7 +178,7 @@ static lt_err_t tokenize(const lt_tok_t *tok, const char *text, size_t len, int 
 /* Buffers of one (B, T) batch, allocated once. */
 typedef struct {
   int B, T;
-  int32_t *tokens, *targets;
+  int32_t *tokens, *targets, *positions;
   float *weights, *logp, *logits;
 } batch_buf_t;
 
@@ -187,18 +187,58 @@ static lt_err_t batch_alloc(batch_buf_t *b, int B, int T, int V) {
   b->T = T;
   b->tokens = calloc((size_t)B * T, sizeof *b->tokens);
   b->targets = calloc((size_t)B * T, sizeof *b->targets);
+  b->positions = calloc((size_t)B * T, sizeof *b->positions);
   b->weights = calloc((size_t)B * T, sizeof *b->weights);
   b->logp = calloc((size_t)B * T, sizeof *b->logp);
   b->logits = V ? calloc((size_t)B * T * V, sizeof *b->logits) : NULL;
-  return (b->tokens && b->targets && b->weights && b->logp && (!V || b->logits)) ? LT_OK : LT_ERR_NOMEM;
+  return (b->tokens && b->targets && b->positions && b->weights && b->logp && (!V || b->logits)) ? LT_OK
+                                                                                                 : LT_ERR_NOMEM;
 }
 
 static void batch_free(batch_buf_t *b) {
   free(b->tokens);
   free(b->targets);
+  free(b->positions);
   free(b->weights);
   free(b->logp);
   free(b->logits);
+}
+
+/* Packs examples idx[0..count) into as few rows of b->T tokens as first fit allows, in the
+ * given order (so the packing is a function of the data order: resumption repeats it). Each
+ * example keeps its own positions 0, 1, ... (the engine's attention stays within it), so the
+ * step computes what one row per example would, on fewer rows; padding continues the row's
+ * last example with weight 0. Returns the rows used; *tokens gets the weighted token count. */
+static int batch_pack(batch_buf_t *b, const examples_t *ex, const uint32_t *idx, int count, int64_t *tokens) {
+  int used[1024] = {0}; /* tokens placed in each row; count <= b->B <= 1024 */
+  int rows = 0;
+  *tokens = 0;
+  memset(b->tokens, 0, (size_t)b->B * b->T * sizeof *b->tokens);
+  memset(b->targets, 0, (size_t)b->B * b->T * sizeof *b->targets);
+  memset(b->weights, 0, (size_t)b->B * b->T * sizeof *b->weights);
+  for (int i = 0; i < count; i++) {
+    const example_t *e = &ex->v[idx[i]];
+    int n = e->len - 1 < b->T ? e->len - 1 : b->T;
+    int r = 0;
+    while (r < rows && used[r] + n > b->T) r++;
+    if (r == rows) rows++;
+    int32_t *tok = b->tokens + (size_t)r * b->T + used[r], *tgt = b->targets + (size_t)r * b->T + used[r];
+    int32_t *pos = b->positions + (size_t)r * b->T + used[r];
+    float *w = b->weights + (size_t)r * b->T + used[r];
+    for (int t = 0; t < n; t++) {
+      tok[t] = e->ids[t];
+      tgt[t] = e->ids[t + 1];
+      pos[t] = t;
+      w[t] = e->w[t + 1];
+      *tokens += e->w[t + 1] > 0;
+    }
+    used[r] += n;
+  }
+  for (int r = 0; r < rows; r++) {
+    int32_t *pos = b->positions + (size_t)r * b->T;
+    for (int t = used[r]; t < b->T; t++) pos[t] = pos[t - 1] + 1;
+  }
+  return rows;
 }
 
 /* Fills the batch with examples idx[0..count) (count <= B); empty rows get weight 0. Returns the
@@ -562,8 +602,13 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
         idx[count++] = order[cursor % train->n];
         cursor++;
       }
-      step_tokens += batch_fill(&b, train, idx, count);
-      lt_batch_t batch = {.B = B, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights};
+      int64_t micro_tokens = 0;
+      int rows = batch_pack(&b, train, idx, count, &micro_tokens);
+      step_tokens += micro_tokens;
+      out->rows += rows;
+      out->examples += count;
+      lt_batch_t batch = {.B = rows, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights,
+                          .positions = b.positions};
       float loss = 0;
       if ((err = lt_forward_backward(sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) goto out;
       loss_sum += loss;

@@ -11,6 +11,12 @@
  * may stop the run at any micro-step boundary (cancel, preempt). The same primitives the
  * interactive API exposes (lt_engine.h) are all it uses.
  *
+ * Packing: each micro-step's batch_size examples are packed first-fit into rows of the
+ * longest example's length, each example attending only to itself and counting its own
+ * positions (lt_batch_t.positions), so a step computes what one row per example would (the
+ * same loss and gradients up to float rounding; dropout masks fall elsewhere) on fewer rows
+ * when examples are short beside the longest. Always on: it changes nothing but the cost.
+ *
  * Resumption: from a state file (lt_save_state) and its data cursor; the run then continues
  * bit for bit as if it had never stopped (same batches, same RNG), on the same backend and
  * thread count.
@@ -90,6 +96,8 @@ typedef struct lt_train_result {
   int64_t steps;                /* optimizer steps done */
   int64_t last_checkpoint_step; /* -1 when none */
   lt_train_eval_t final_eval;   /* valid when stopped == LT_TRAIN_GO */
+  int64_t examples, rows;       /* examples trained on (this run) and the batch rows they took:
+                                 * packing puts several short examples in one row */
   char config_digest[65];
 } lt_train_result_t;
 

@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
       lin_fwd(&y->v, y->xn, y->va, 0, y->uv, N);
       be->rope(be, y->qa, dct, dst, dpos, N, H, hd, 0);
       be->rope(be, y->ka, dct, dst, dpos, N, KV, hd, 0);
-      be->attn_fwd(be, y->att, y->lse, y->qa, y->ka, y->va, B, T, H, KV, hd);
+      be->attn_fwd(be, y->att, y->lse, y->qa, y->ka, y->va, dpos, B, T, H, KV, hd);
       lin_fwd(&y->o, y->att, h, 1.0f, y->uo, N); /* residual: h += o W^T */
       be->copy(be, y->h_mid, h, (size_t)N * D);
       be->rmsnorm_fwd(be, y->xn2, y->r2, h, y->n2, N, D, 1e-5f);
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
       lin_bwd(&y->u, gu, y->xn2, y->uu, dx, 1.0f, du, N);
       be->rmsnorm_bwd(be, dh, NULL, dx, y->h_mid, y->n2, y->r2, N, D);
       lin_bwd(&y->o, dh, y->att, y->uo, gatt, 0, du, N);
-      be->attn_bwd(be, gq, gk, gv, gatt, y->qa, y->ka, y->va, y->att, y->lse, B, T, H, KV, hd);
+      be->attn_bwd(be, gq, gk, gv, gatt, y->qa, y->ka, y->va, y->att, y->lse, dpos, B, T, H, KV, hd);
       be->rope(be, gq, dct, dst, dpos, N, H, hd, 1);
       be->rope(be, gk, dct, dst, dpos, N, KV, hd, 1);
       lin_bwd(&y->q, gq, y->xn, y->uq, dx, 0, du, N);

@@ -206,10 +206,11 @@ static int lt_gt_case_rope(char *msg, size_t n) {
   return lt_gt_end(be, ok, msg, n);
 }
 
-/* Reference causal GQA attention forward and backward in double. */
+/* Reference causal GQA attention forward and backward in double; row i of a sequence attends
+ * to rows i - pos[i] .. i (its example, when rows are packed). */
 static void lt_gt_ref_attn(int B, int T, int H, int KV, int hd, const float *q, const float *k,
-                           const float *v, const float *dout, float *out, float *dq, float *dk,
-                           float *dv) {
+                           const float *v, const float *dout, const int32_t *pos, float *out,
+                           float *dq, float *dk, float *dv) {
   int g = H / KV;
   double sc = 1.0 / sqrt((double)hd);
   double *P = malloc(sizeof(double) * T * T), *dP = malloc(sizeof(double) * T * T);
@@ -223,15 +224,16 @@ static void lt_gt_ref_attn(int B, int T, int H, int KV, int hd, const float *q, 
 #define VV(t, e) v[((size_t)(b * T + (t)) * KV + j) * hd + (e)]
 #define DO(t, e) dout[((size_t)(b * T + (t)) * H + h) * hd + (e)]
       for (int i = 0; i < T; i++) {
+        int j0 = i - pos[b * T + i];
         double mx = -1e300, s = 0;
-        for (int t = 0; t <= i; t++) {
+        for (int t = j0; t <= i; t++) {
           double d = 0;
           for (int e = 0; e < hd; e++) d += (double)Q(i, e) * KK(t, e);
           P[i * T + t] = d * sc;
           if (P[i * T + t] > mx) mx = P[i * T + t];
         }
-        for (int t = 0; t <= i; t++) s += exp(P[i * T + t] - mx);
-        for (int t = 0; t < T; t++) P[i * T + t] = t <= i ? exp(P[i * T + t] - mx) / s : 0;
+        for (int t = j0; t <= i; t++) s += exp(P[i * T + t] - mx);
+        for (int t = 0; t < T; t++) P[i * T + t] = t >= j0 && t <= i ? exp(P[i * T + t] - mx) / s : 0;
         for (int e = 0; e < hd; e++) {
           double o = 0;
           for (int t = 0; t <= i; t++) o += P[i * T + t] * VV(t, e);
@@ -241,7 +243,8 @@ static void lt_gt_ref_attn(int B, int T, int H, int KV, int hd, const float *q, 
       for (int i = 0; i < T; i++) {
         double D = 0;
         for (int e = 0; e < hd; e++) D += (double)DO(i, e) * out[((size_t)(b * T + i) * H + h) * hd + e];
-        for (int t = 0; t <= i; t++) {
+        for (int t = 0; t < T; t++) dP[i * T + t] = 0;
+        for (int t = i - pos[b * T + i]; t <= i; t++) {
           double d = 0;
           for (int e = 0; e < hd; e++) d += (double)DO(i, e) * VV(t, e);
           dP[i * T + t] = P[i * T + t] * (d - D) * sc;
@@ -280,13 +283,19 @@ static int lt_gt_attn(int bf16, char *msg, size_t n) {
     for (size_t i = 0; i < nk; i++) k[i] = lt_gt_bf16(k[i]), v[i] = lt_gt_bf16(v[i]);
   }
   float *out = malloc(nq * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4), *dv = malloc(nk * 4);
-  lt_gt_ref_attn(B, T, H, KV, hd, q, k, v, dout, out, dq, dk, dv);
+  /* Sequence 0 is one example; sequence 1 packs two (8 and 11 tokens), each attending only
+   * within itself. */
+  int32_t pos[2 * 19];
+  for (int t = 0; t < T; t++) pos[t] = t, pos[T + t] = t < 8 ? t : t - 8;
+  lt_gt_ref_attn(B, T, H, KV, hd, q, k, v, dout, pos, out, dq, dk, dv);
+  int32_t *dpos = be->alloc(be, sizeof pos);
+  be->upload(be, dpos, pos, sizeof pos);
   float *dQ = lt_gt_up(be, q, nq * 4), *dK = lt_gt_up(be, k, nk * 4), *dV = lt_gt_up(be, v, nk * 4);
   float *dDO = lt_gt_up(be, dout, nq * 4), *dO = lt_gt_up(be, NULL, nq * 4);
   float *dst = lt_gt_up(be, NULL, be->attn_state_floats(be, B, T, H) * 4);
   float *gq = lt_gt_up(be, NULL, nq * 4), *gk = lt_gt_up(be, NULL, nk * 4), *gv = lt_gt_up(be, NULL, nk * 4);
-  be->attn_fwd(be, dO, dst, dQ, dK, dV, B, T, H, KV, hd);
-  be->attn_bwd(be, gq, gk, gv, dDO, dQ, dK, dV, dO, dst, B, T, H, KV, hd);
+  be->attn_fwd(be, dO, dst, dQ, dK, dV, dpos, B, T, H, KV, hd);
+  be->attn_bwd(be, gq, gk, gv, dDO, dQ, dK, dV, dO, dst, dpos, B, T, H, KV, hd);
   float *ho = lt_gt_down(be, dO, nq), *hq = lt_gt_down(be, gq, nq), *hk = lt_gt_down(be, gk, nk);
   float *hv = lt_gt_down(be, gv, nk);
   /* f32: FP32 GEMMs and softmax vs double. bf16: P and dS are rounded to bf16 between GEMMs. */

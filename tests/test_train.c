@@ -1,0 +1,163 @@
+/* lt_train: the managed training loop on a small random model with a tokenizer trained by
+ * lt_task. What must hold: short examples are packed several to a row (fewer rows than
+ * examples); the run is deterministic (the same seed and data give a bitwise identical adapter,
+ * dropout on); a run resumed from a checkpoint's state ends with the adapter of the run that
+ * never stopped (DESIGN.md §4.5: a crash loses only the steps since the last commit); and bad
+ * data fails naming the line. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lt_engine.h"
+#include "lt_task.h"
+#include "lt_train.h"
+
+static char err[1024];
+static char root[64], model[128];
+
+static void make_model(void) {
+  snprintf(root, sizeof root, "/tmp/lt-train-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(root));
+  char bundle[128], cmd[512];
+  snprintf(bundle, sizeof bundle, "%s/bundle", root);
+  snprintf(model, sizeof model, "%s/model", root);
+  mkdir(bundle, 0700);
+  cr_assert_eq(lt_task_write_bundle(bundle, 1, 200000, 512, 10, 2, err, sizeof err), LT_OK, "%s", err);
+  lt_model_config_t c = {.vocab_size = 512, .hidden_size = 32, .intermediate_size = 48, .num_layers = 2,
+                         .num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .max_position = 128,
+                         .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
+                         .tie_embeddings = 1};
+  cr_assert_eq(lt_model_init_random(&c, model, 7, 0.05f, 0.0f, err, sizeof err), LT_OK, "%s", err);
+  snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer.json'", bundle, model);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static void remove_all(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  if (root[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
+/* 40 examples: most a few tokens long, every tenth one long, so several short ones fit in a
+ * row of the longest's length. */
+static char *dataset(size_t *len) {
+  size_t cap = 1 << 16, n = 0;
+  char *d = malloc(cap);
+  for (int i = 0; i < 40; i++) {
+    if (i % 10 == 3)
+      n += (size_t)snprintf(d + n, cap - n,
+                            "{\"prompt\":\"Write the date %d March 2020 in the long form please:\","
+                            "\"completion\":\" the %dth day of the third month of the year 2020\"}\n",
+                            i % 28 + 1, i % 28 + 1);
+    else
+      n += (size_t)snprintf(d + n, cap - n, "{\"prompt\":\"%d+1=\",\"completion\":\"%d\"}\n", i, i + 1);
+  }
+  *len = n;
+  return d;
+}
+
+typedef struct {
+  char keep_state[256]; /* where the step-3 state.bin is copied */
+} hooks_ctx_t;
+
+static lt_err_t keep_step3(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
+  hooks_ctx_t *h = ctx;
+  if (step != 3 || !h->keep_state[0]) return LT_OK;
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "cp '%s/state.bin' '%s'", dir, h->keep_state);
+  return system(cmd) == 0 ? LT_OK : lt_errf(errstr, n, LT_ERR_IO, "cannot copy the step-3 state");
+}
+
+/* One run into work dir `name`; returns its result; the final adapter stays in that dir. */
+static lt_train_result_t run(const char *name, const char *resume, const char *keep_state) {
+  char work[256];
+  snprintf(work, sizeof work, "%s/%s", root, name);
+  mkdir(work, 0700);
+  size_t len;
+  char *data = dataset(&len);
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  spec.hp.max_steps = 6;
+  spec.hp.batch_size = 8;
+  spec.hp.checkpoint_interval = 3;
+  spec.hp.checkpoint_interval_s = 0;
+  spec.hp.lora_rank = 4;
+  spec.hp.lora_dropout = 0.1;
+  spec.hp.learning_rate = 0.01;
+  spec.hp.validation_fraction = 0.1;
+  spec.hp.seed = 11;
+  spec.hp.max_seq_len = 64;
+  lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
+                        .hp = spec.hp, .threads = 1, .work_dir = work, .resume_state = resume,
+                        .gen_max_tokens = 8};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  hooks_ctx_t hc = {{0}};
+  if (keep_state) snprintf(hc.keep_state, sizeof hc.keep_state, "%s", keep_state);
+  lt_train_hooks_t hooks = {.ctx = &hc, .on_checkpoint = keep_step3};
+  lt_train_result_t res;
+  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_OK, "%s: %s", name, err);
+  cr_assert_eq(res.stopped, LT_TRAIN_GO);
+  cr_assert_eq(res.steps, 6);
+  free(data);
+  return res;
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n);
+  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static void assert_same_adapter(const char *a, const char *b, const char *why) {
+  char pa[256], pb[256];
+  snprintf(pa, sizeof pa, "%s/%s/adapter_model.safetensors", root, a);
+  snprintf(pb, sizeof pb, "%s/%s/adapter_model.safetensors", root, b);
+  size_t la, lb;
+  char *x = slurp(pa, &la), *y = slurp(pb, &lb);
+  cr_assert(la == lb && memcmp(x, y, la) == 0, "%s: %s and %s differ", why, pa, pb);
+  free(x);
+  free(y);
+}
+
+Test(train, packs_short_examples_is_deterministic_and_resumes_bit_for_bit, .init = make_model,
+     .fini = remove_all, .timeout = 300) {
+  char state3[256];
+  snprintf(state3, sizeof state3, "%s/state3.bin", root);
+  lt_train_result_t a = run("a", NULL, state3);
+  cr_assert_eq(a.examples, 6 * 8, "6 steps of 8 examples");
+  cr_assert_lt(a.rows, a.examples, "packing put several short examples in a row: %lld rows for %lld examples",
+               (long long)a.rows, (long long)a.examples);
+  cr_log_info("packing: %lld rows for %lld examples", (long long)a.rows, (long long)a.examples);
+  lt_train_result_t b = run("b", NULL, NULL);
+  cr_assert_eq(b.rows, a.rows);
+  assert_same_adapter("a", "b", "the same seed and data (dropout on) must give the same adapter");
+  lt_train_result_t c = run("c", state3, NULL);
+  cr_assert_eq(c.examples, 3 * 8, "the resumed run trains only steps 4 to 6");
+  assert_same_adapter("a", "c", "a run resumed from step 3 must end where the uninterrupted one did");
+}
+
+Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_all, .timeout = 120) {
+  char work[256];
+  snprintf(work, sizeof work, "%s/bad", root);
+  mkdir(work, 0700);
+  const char *data = "{\"prompt\":\"1+1=\",\"completion\":\"2\"}\n{\"prompt\":\"2+2=\",\"completion\":\"4\"}\n"
+                     "{\"prompt\":\"oops\"\n";
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  spec.hp.max_steps = 1;
+  lt_train_conf_t tc = {.model_dir = model, .train = data, .train_len = strlen(data), .hp = spec.hp,
+                        .threads = 1, .work_dir = work};
+  lt_train_result_t res;
+  cr_assert_eq(lt_train_run(&tc, NULL, &res, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(err, "line 3"), "the message names the line: %s", err);
+}

@@ -114,12 +114,13 @@ static void produce_rec(const char *base_name, int32_t partition, const char *ke
   produce(base_name, partition, key, b, len);
 }
 
-static void put_tenant(const char *id, int64_t max_job_duration_s) {
+/* A TenantUpserted as the admin API writes it: fair-share weight and duration quota. */
+static void put_tenant_weighted(const char *id, double weight, int64_t max_job_duration_s) {
   lt_tenant_t t;
   memset(&t, 0, sizeof t);
   snprintf(t.tenant_id, sizeof t.tenant_id, "%s", id);
   snprintf(t.display_name, sizeof t.display_name, "%s", id);
-  t.weight = 1;
+  t.weight = weight;
   t.quotas.max_job_duration_s = max_job_duration_s;
   lt_avro_record_t *rec;
   cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &rec, err, sizeof err), LT_OK);
@@ -128,6 +129,8 @@ static void put_tenant(const char *id, int64_t max_job_duration_s) {
   produce_rec("tenants", 0, id, rec);
   lt_avro_record_destroy(rec);
 }
+
+static void put_tenant(const char *id, int64_t max_job_duration_s) { put_tenant_weighted(id, 1, max_job_duration_s); }
 
 /* A JobSubmitted as the API writes it; spec edits through fn. */
 static void submit(const char *job, const char *tenant, lt_job_class_t cls, void (*edit)(lt_jobspec_t *)) {
@@ -231,6 +234,15 @@ static bool run_until(bool (*cond)(void *), void *ctx, int timeout_ms) {
   }
   return cond(ctx);
 }
+
+static bool never(void *ctx) {
+  (void)ctx;
+  return false;
+}
+
+/* Lets the scheduler run for ms with nothing new produced, reading back all it writes: what it
+ * has not written by then, it was not going to write on its own. */
+static void settle(int ms) { run_until(never, NULL, ms); }
 
 typedef struct {
   const char *type, *job, *topic;
@@ -441,13 +453,7 @@ Test(scheduler, a_restart_mid_stream_duplicates_no_dispatch_and_keeps_the_digest
   s = start(NULL, NULL);
   n = 10;
   cr_assert(run_until(all_dispatched, &n, 30000), "the second scheduler did not dispatch the new jobs");
-  /* let it run a little: nothing more may be written */
-  int64_t end = lt_avro_now_ms() + 1500;
-  while (lt_avro_now_ms() < end) {
-    event_base_loop(base, EVLOOP_NONBLOCK);
-    usleep(10000);
-  }
-  drain_tail();
+  settle(1500); /* nothing more may be written */
   for (int i = 0; i < 10; i++) {
     snprintf(id, sizeof id, "job-%02d", i);
     cr_assert_eq(count_seen("JobDispatched", id, "control"), 1, "%s dispatched more than once", id);
@@ -529,15 +535,179 @@ Test(scheduler, cancel_of_a_queued_job_is_cancelled_at_once) {
   control_rec("CancelRequested", "job-cancel", "acme", 0);
   cr_assert(wait_for("JobCancelled", "job-cancel", "control", 1, 20000), "no JobCancelled");
   heartbeat("w1", 2); /* a worker now: the cancelled job is never dispatched */
-  int64_t end = lt_avro_now_ms() + 1000;
-  while (lt_avro_now_ms() < end) {
-    event_base_loop(base, EVLOOP_NONBLOCK);
-    usleep(10000);
-  }
-  drain_tail();
+  settle(1000);
   cr_assert_eq(count_seen("JobDispatched", "job-cancel", NULL), 0);
   const lt_job_t *j = lt_job_get(lt_proj_jobs(lt_scheduler_proj(s)), "job-cancel");
   cr_assert(j);
   cr_assert_eq(j->state, LT_JOB_CANCELLED);
+  lt_scheduler_destroy(s);
+}
+
+/* ---------------------------------------------------------------- fairness (invariant 9) */
+
+/* Every job of ids is QUEUED in the scheduler's own fold. The scheduler enqueues a job into its
+ * policy in the same event callback that folds its JobAccepted, so once this holds, the next
+ * decision sees all of them at once. */
+typedef struct {
+  lt_scheduler_t *s;
+  char (*ids)[32];
+  int n;
+} queued_t;
+
+static bool all_queued(void *ctx) {
+  queued_t *q = ctx;
+  lt_proj_t *f = lt_scheduler_proj(q->s);
+  if (!f) return false;
+  for (int i = 0; i < q->n; i++) {
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(f), q->ids[i]);
+    if (!j || j->state != LT_JOB_QUEUED) return false;
+  }
+  return true;
+}
+
+/* JobDispatched records of tenant read back on topic_base. */
+static int dispatched_to(const char *tenant, const char *topic_base) {
+  int n = 0;
+  size_t i;
+  json_t *r;
+  json_array_foreach(seen, i, r) {
+    if (strcmp(json_string_value(json_object_get(r, "_type")), "JobDispatched") != 0) continue;
+    if (strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
+    const char *t = json_string_value(json_object_get(r, "tenant_id"));
+    if (t && strcmp(t, tenant) == 0) n++;
+  }
+  return n;
+}
+
+/* "job@worker ..." of the JobDispatched records read back on topic_base, for failure messages.
+ * Read order across partitions, not necessarily the order decided. */
+static const char *dispatch_log(const char *topic_base) {
+  static char out[4096];
+  size_t len = 0;
+  out[0] = '\0';
+  json_t *r;
+  for (int k = 0; (r = find_seen("JobDispatched", NULL, topic_base, k)) != NULL; k++) {
+    int w = snprintf(out + len, sizeof out - len, "%s%s@%s", k ? " " : "",
+                     json_string_value(json_object_get(r, "job_id")),
+                     json_string_value(json_object_get(r, "worker_id")));
+    if (w < 0 || (size_t)w >= sizeof out - len) break;
+    len += (size_t)w;
+  }
+  return len ? out : "(none)";
+}
+
+typedef struct {
+  const char *tenant;
+  double weight;
+  int expect; /* slots it must get: weighted max-min fair share of the slots offered */
+} share_t;
+
+/* The tenants submit jobs_each standard jobs each, in the order listed (all of the first one's
+ * before any of the second's, so FIFO would give the first tenant every slot), and all are
+ * queued while no worker exists. Then one worker offers `slots` slots: the first decision fills
+ * them, and each tenant's count must be exactly its weighted max-min fair share. Jobs ask for
+ * no device memory, so DRF's dominant share is the slot share. */
+static void expect_weighted_split(const share_t *t, int nt, int jobs_each, int slots) {
+  char ids[64][32];
+  int n = 0;
+  cr_assert_leq(nt * jobs_each, 64);
+  for (int k = 0; k < nt; k++) put_tenant_weighted(t[k].tenant, t[k].weight, 0);
+  lt_scheduler_t *s = start(NULL, NULL);
+  for (int k = 0; k < nt; k++)
+    for (int i = 0; i < jobs_each; i++, n++) {
+      snprintf(ids[n], sizeof ids[n], "%s-%02d", t[k].tenant, i);
+      submit(ids[n], t[k].tenant, LT_CLASS_STANDARD, NULL);
+    }
+  queued_t q = {s, ids, n};
+  cr_assert(run_until(all_queued, &q, 30000), "not every job was queued within 30 s: %d JobAccepted, %d JobRejected of %d",
+            count_seen("JobAccepted", NULL, "control"), count_seen("JobRejected", NULL, "control"), n);
+  cr_assert_eq(count_seen("JobDispatched", NULL, NULL), 0, "dispatched with no worker: %s", dispatch_log("control"));
+  heartbeat("w1", slots);
+  cr_assert(wait_for("JobDispatched", NULL, "control", slots, 20000), "%d dispatches of %d slots offered within 20 s: %s",
+            count_seen("JobDispatched", NULL, "control"), slots, dispatch_log("control"));
+  settle(1500); /* the worker is full: nothing more may start */
+  char got[512];
+  size_t len = 0;
+  for (int k = 0; k < nt; k++)
+    len += (size_t)snprintf(got + len, sizeof got - len, "%s%s (weight %g): %d, fair share %d", k ? "; " : "",
+                            t[k].tenant, t[k].weight, dispatched_to(t[k].tenant, "control"), t[k].expect);
+  cr_assert_eq(count_seen("JobDispatched", NULL, "control"), slots, "more dispatches than slots: %s | %s", got,
+               dispatch_log("control"));
+  cr_assert_eq(count_seen("JobDispatched", NULL, "dispatch.standard"), slots, "dispatch.standard: %s",
+               dispatch_log("dispatch.standard"));
+  for (int k = 0; k < nt; k++)
+    cr_assert_eq(dispatched_to(t[k].tenant, "control"), t[k].expect, "split of %d slots: %s | dispatched: %s", slots,
+                 got, dispatch_log("control"));
+  lt_scheduler_destroy(s);
+}
+
+/* Weights 3:1 over 8 slots: keys n/(8*w) meet at 6/24 with 6 and 2 slots, whatever the tie
+ * order. FIFO gives 8:0 (heavy submitted first), equal shares 4:4. */
+Test(scheduler, weighted_fair_share_gives_3_to_1_tenants_6_and_2_of_8_slots) {
+  share_t t[] = {{"heavy", 3, 6}, {"light", 1, 2}};
+  expect_weighted_split(t, 2, 12, 8);
+}
+
+/* Weights 1:2:3 over 6 slots: 1, 2 and 3 slots (all keys 1/6). The lightest submits first, so
+ * FIFO gives 6:0:0; equal shares 2:2:2. */
+Test(scheduler, weighted_fair_share_gives_1_2_3_tenants_1_2_and_3_of_6_slots) {
+  share_t t[] = {{"one", 1, 1}, {"two", 2, 2}, {"three", 3, 3}};
+  expect_weighted_split(t, 3, 10, 6);
+}
+
+/* Strict priority: standard work fills the only worker and more of it waits; a production job
+ * of the same tenant, submitted after all of it, takes the next slot — first one freed by a
+ * completion, then one a new worker's heartbeat offers. FIFO would start a waiting standard
+ * job; cross-class DRF would not favour a tenant already holding slots. */
+Test(scheduler, a_later_production_job_takes_the_next_free_slot_before_waiting_standard_jobs) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 2);
+  lt_scheduler_t *s = start(NULL, NULL);
+  char std[6][32];
+  for (int i = 0; i < 6; i++) {
+    snprintf(std[i], sizeof std[i], "std-%02d", i);
+    submit(std[i], "acme", LT_CLASS_STANDARD, NULL);
+  }
+  cr_assert(wait_for("JobAccepted", NULL, "control", 6, 20000), "the standard jobs were not accepted");
+  cr_assert(wait_for("JobDispatched", NULL, "control", 2, 20000), "the standard jobs did not fill w1: %s",
+            dispatch_log("control"));
+  settle(500);
+  cr_assert_eq(count_seen("JobDispatched", NULL, "dispatch.standard"), 2, "w1 has 2 slots: %s", dispatch_log("control"));
+
+  /* a freed slot */
+  char pj[2][32] = {"prod-00", "prod-01"};
+  submit(pj[0], "acme", LT_CLASS_PRODUCTION, NULL);
+  queued_t q = {s, pj, 1};
+  cr_assert(run_until(all_queued, &q, 20000), "prod-00 was not queued");
+  settle(500);
+  cr_assert_eq(count_seen("JobDispatched", pj[0], NULL), 0, "prod-00 dispatched with no free slot: %s",
+               dispatch_log("control"));
+  const char *done = json_string_value(json_object_get(find_seen("JobDispatched", NULL, "control", 0), "job_id"));
+  control_rec("AttemptStarted", done, "acme", 1);
+  control_rec("JobCompleted", done, "acme", 1);
+  cr_assert(wait_for("JobDispatched", pj[0], "dispatch.production", 1, 20000),
+            "prod-00 did not get the slot %s freed: %s", done, dispatch_log("control"));
+  settle(1500);
+  cr_assert_eq(count_seen("JobDispatched", NULL, "dispatch.standard"), 2,
+               "a waiting standard job took a slot while production waited: %s", dispatch_log("control"));
+  cr_assert_str_eq(json_string_value(json_object_get(find_seen("JobDispatched", pj[0], "control", 0), "worker_id")),
+                   "w1");
+
+  /* a slot a heartbeat offers */
+  submit(pj[1], "acme", LT_CLASS_PRODUCTION, NULL);
+  q = (queued_t){s, pj + 1, 1};
+  cr_assert(run_until(all_queued, &q, 20000), "prod-01 was not queued");
+  settle(500);
+  cr_assert_eq(count_seen("JobDispatched", pj[1], NULL), 0, "prod-01 dispatched with no free slot: %s",
+               dispatch_log("control"));
+  heartbeat("w2", 1);
+  cr_assert(wait_for("JobDispatched", pj[1], "dispatch.production", 1, 20000),
+            "prod-01 did not get w2's slot: %s", dispatch_log("control"));
+  settle(1500);
+  cr_assert_str_eq(json_string_value(json_object_get(find_seen("JobDispatched", pj[1], "control", 0), "worker_id")),
+                   "w2");
+  cr_assert_eq(count_seen("JobDispatched", NULL, "dispatch.standard"), 2,
+               "a waiting standard job took a slot while production waited: %s", dispatch_log("control"));
+  cr_assert_eq(count_seen("JobDispatched", NULL, "control"), 4, "%s", dispatch_log("control"));
   lt_scheduler_destroy(s);
 }

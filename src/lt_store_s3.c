@@ -97,8 +97,11 @@ static void on_complete(S3Status status, const S3ErrorDetails *err, void *data) 
 static const S3ResponseHandler resp_handler = {on_props, on_complete};
 
 static bool status_retriable(S3Status st) {
-  /* libs3 2.0 has no ServiceUnavailable code: a 503 arrives as HttpErrorUnknown. */
-  return S3_status_is_retryable(st) || st == S3StatusErrorInternalError ||
+  /* libs3 2.0 has no ServiceUnavailable code: a 503 arrives as HttpErrorUnknown. A connection
+   * that breaks mid-request (the server killed during an upload: curl's send/receive errors,
+   * an empty reply) arrives as libs3's own InternalError, which S3_status_is_retryable leaves
+   * out; it is as transient as a refused connection. */
+  return S3_status_is_retryable(st) || st == S3StatusErrorInternalError || st == S3StatusInternalError ||
          st == S3StatusErrorSlowDown ||
          st == S3StatusErrorRequestTimeout || st == S3StatusHttpErrorUnknown;
 }

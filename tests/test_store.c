@@ -3,8 +3,12 @@
  * `eval "$(ops/stack env)"`; the S3 tests FAIL when it is not reachable). Plus what is particular
  * to each backend: path safety of the directory store, retries against a closed port, refused
  * credentials. */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -529,6 +533,53 @@ Test(store_s3, unreachable_store_is_retried_then_unavailable_in_bounded_time, .t
   cr_assert_eq(e, LT_ERR_UNAVAILABLE, "multipart: got %s: %s", lt_err_name(e), err);
   free(p);
   lt_store_free(s);
+}
+
+/* A server that reads the start of each request and hangs up without answering: what a client
+ * sees when the object server dies in the middle of an upload. */
+typedef struct {
+  int fd, hangups;
+} hangup_server_t;
+
+static void *hangup_main(void *arg) {
+  hangup_server_t *h = arg;
+  for (;;) {
+    int c = accept(h->fd, NULL, NULL);
+    if (c < 0) return NULL;
+    char buf[512];
+    (void)!read(c, buf, sizeof buf);
+    struct linger lg = {1, 0}; /* RST, not FIN: the connection breaks */
+    setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(c);
+    h->hangups++;
+  }
+}
+
+Test(store_s3, a_connection_broken_mid_request_is_retried_then_unavailable, .timeout = 60) {
+  hangup_server_t h = {.fd = socket(AF_INET, SOCK_STREAM, 0)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(h.fd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(listen(h.fd, 16), 0);
+  socklen_t l = sizeof a;
+  getsockname(h.fd, (struct sockaddr *)&a, &l);
+  pthread_t th;
+  pthread_create(&th, NULL, hangup_main, &h);
+  char endpoint[32];
+  snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", ntohs(a.sin_port));
+  lt_store_s3_conf_t c = {.endpoint = endpoint, .bucket = "lathe", .access_key = "a", .secret_key = "b",
+                          .max_attempts = 3, .backoff_ms = 20};
+  lt_store_t *s = open_s3_conf(&c);
+  char body[4096];
+  memset(body, 'x', sizeof body);
+  lt_err_t e = lt_store_put(s, "k", body, sizeof body, NULL, err, sizeof err);
+  cr_assert_eq(e, LT_ERR_UNAVAILABLE, "got %s: %s", lt_err_name(e), err);
+  cr_assert(lt_store_err_retriable(e), "a broken connection is worth retrying later");
+  cr_assert(strstr(err, "3 times") != NULL, "message says how often it tried: %s", err);
+  cr_assert_geq(h.hangups, 3, "every attempt reached the server (%d)", h.hangups);
+  lt_store_free(s);
+  shutdown(h.fd, SHUT_RDWR);
+  close(h.fd);
+  pthread_join(th, NULL);
 }
 
 Test(store_s3, wrong_credentials_are_refused_not_retried) {

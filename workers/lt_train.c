@@ -603,12 +603,14 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
         cursor++;
       }
       int64_t micro_tokens = 0;
-      int rows = batch_pack(&b, train, idx, count, &micro_tokens);
+      int rows = count;
+      if (c->one_row_per_example) micro_tokens = batch_fill(&b, train, idx, count);
+      else rows = batch_pack(&b, train, idx, count, &micro_tokens);
       step_tokens += micro_tokens;
       out->rows += rows;
       out->examples += count;
       lt_batch_t batch = {.B = rows, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights,
-                          .positions = b.positions};
+                          .positions = c->one_row_per_example ? NULL : b.positions};
       float loss = 0;
       if ((err = lt_forward_backward(sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) goto out;
       loss_sum += loss;

@@ -89,6 +89,7 @@ typedef struct lt_train_conf {
   int eval_max_examples;        /* validation examples scored by generation (0: 200) */
   int gen_max_tokens;           /* greedy generation budget (0: longest completion + 8) */
   int64_t checkpoint_every_ms;  /* time-based checkpoints (hp.checkpoint_interval_s if 0) */
+  bool one_row_per_example;     /* no packing: bench/bench_pack's peer */
 } lt_train_conf_t;
 
 typedef struct lt_train_result {

@@ -664,6 +664,23 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
   cr_assert_lt(e, 1e-4, "logits of a plain batch after a packed one differ by %.3g", e);
   free(ls);
   free(lt);
+  /* Rows of the same length reuse the block: after two packed rows, one plain row, then two plain
+   * rows — the second row must not keep the packed positions. */
+  int32_t q_pos[2 * T2];
+  for (int i = 0; i < T2; i++) q_pos[i] = i, q_pos[T2 + i] = i < 5 ? i : i - 5; /* row 1 restarts */
+  lt_batch_t qb = pb;
+  qb.positions = q_pos;
+  OK(lt_forward(t, &qb, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+  float *one = malloc(sizeof(float) * T2 * c.vocab_size), *two = malloc(sizeof(float) * 2 * T2 * c.vocab_size),
+        *want = malloc(sizeof(float) * 2 * T2 * c.vocab_size);
+  OK(lt_logits(t, 1, T2, p_tok, one, errbuf, sizeof errbuf));
+  OK(lt_logits(t, 2, T2, p_tok, two, errbuf, sizeof errbuf));
+  OK(lt_logits(s, 2, T2, p_tok, want, errbuf, sizeof errbuf));
+  e = rel_err(two, want, (size_t)2 * T2 * c.vocab_size);
+  cr_assert_lt(e, 1e-4, "two plain rows after packed ones differ by %.3g", e);
+  free(one);
+  free(two);
+  free(want);
   /* Positions that do not count up from 0 within a row are refused, naming the place. */
   p_pos[3] = 5;
   cr_assert_eq(lt_forward_backward(t, &pb, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf),

@@ -994,15 +994,16 @@ static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_
 }
 
 /* Puts the batch's positions (or t = 0..T-1 in every row) where RoPE and attention read them;
- * the default is uploaded again only after a batch that brought its own. */
+ * the default is uploaded again, for every row the block holds, only after a batch that brought
+ * its own. */
 static lt_err_t acts_positions(lt_session_t *s, const int32_t *positions, char *errstr, size_t errstr_size) {
   acts_t *a = &s->a;
-  size_t N = (size_t)a->N;
   if (positions) {
     a->pos_custom = 1;
-    return s->be->upload(s->be, a->pos, positions, N * sizeof(int32_t));
+    return s->be->upload(s->be, a->pos, positions, (size_t)a->N * sizeof(int32_t));
   }
   if (!a->pos_custom) return LT_OK;
+  size_t N = (size_t)a->B_cap * a->T;
   int32_t *pos = malloc(N * sizeof(int32_t));
   if (!pos) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "positions: out of memory");
   for (size_t i = 0; i < N; i++) pos[i] = (int32_t)(i % (size_t)a->T);

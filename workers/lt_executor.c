@@ -12,7 +12,10 @@
  *   stdout  JSON lines, one per event:
  *           {"type":"step",...lt_train_step_t...}      every optimizer step
  *           {"type":"eval",...lt_train_eval_t...}      at each evaluation
- *           {"type":"checkpoint","step","final","keys":[..],"sha256","bytes"}   uploaded, sealed
+ *           {"type":"checkpoint","step","final","trigger","keys":[..],"sha256","bytes"}
+ *                                                 uploaded and sealed (by the upload thread, so it
+ *                                                 may follow later steps' lines; always before
+ *                                                 "stopped" (preempt) and "done")
  *           {"type":"stopped","why":"cancel|preempt","step"}                    stopped on request
  *           {"type":"done","step","config_digest"}                              finished
  *           {"type":"error","reason"}                                           failed (exit 1)
@@ -23,11 +26,11 @@
  *
  * Environment: the store (LATHE_S3_* or LATHE_STORE_DIR) and the master key, inherited. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/resource.h>

@@ -252,12 +252,15 @@ static lt_err_t start_feed(lt_api_t *api, char *errstr, size_t n) {
   if (err) return err;
   lt_bus_consumer_opts_t copts = {0};
   if ((err = lt_bus_consumer_new(api->conf.bus, &copts, &api->consumer, errstr, n))) return err;
-  if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
   api->feed_parts = malloc(np * sizeof *api->feed_parts);
   if (!api->feed_parts) return LT_ERR_NOMEM;
   memcpy(api->feed_parts, parts, np * sizeof *parts);
   api->nfeed = np;
+  /* Watermarks first: once assigned, the consumer's long-poll fetches of empty partitions hold
+   * the broker connection for up to fetch.wait.max.ms, and each watermark query would wait
+   * behind one (~10 s for the 25 partitions of a fresh prefix). */
   if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, NULL, 10000, errstr, n))) return err;
+  if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
   api->consumer_ev = event_new(api->base, lt_bus_consumer_fd(api->consumer), EV_READ | EV_PERSIST, on_consumer, api);
   api->tick_ev = event_new(api->base, -1, EV_PERSIST, on_tick, api);
   struct timeval tv = {0, 200 * 1000};

@@ -92,28 +92,52 @@ static lt_crypto_dek_t *dek(void) {
   return k;
 }
 
+/* An uploader over store (NULL: a directory store in a fresh root) with a fresh work and spool
+ * directory, reporting into f->seen. */
+typedef struct {
+  char root[64], work[64], spool[64];
+  lt_store_t *store;
+  lt_crypto_dek_t *dek;
+  lt_ckpt_t *u;
+  seen_t seen;
+} fix_t;
+
+static void fix_open(fix_t *f, lt_store_t *store, const char *prefix, int64_t retry_ms) {
+  memset(f, 0, sizeof *f);
+  make_dir(f->work, sizeof f->work, "work");
+  make_dir(f->spool, sizeof f->spool, "spool");
+  if (!store) {
+    make_dir(f->root, sizeof f->root, "root");
+    cr_assert_eq(lt_store_dir_new(&store, f->root, err, sizeof err), LT_OK, "%s", err);
+  }
+  f->store = store;
+  f->dek = dek();
+  lt_ckpt_conf_t conf = {.store = store, .dek = f->dek, .prefix = prefix, .spool_dir = f->spool,
+                         .retry_ms = retry_ms, .on_done = on_done, .ctx = &f->seen};
+  cr_assert_eq(lt_ckpt_new(&conf, &f->u, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void fix_close(fix_t *f) {
+  lt_ckpt_free(f->u);
+  lt_crypto_dek_free(f->dek);
+  lt_store_free(f->store);
+}
+
 Test(ckpt, stores_every_object_sealed_and_reports_hash_and_size) {
-  lt_store_t *store = open_s3(3, NULL);
-  lt_crypto_dek_t *k = dek();
-  char work[64], spool[64], prefix[128];
-  make_dir(work, sizeof work, "work");
-  make_dir(spool, sizeof spool, "spool");
+  char prefix[128];
   snprintf(prefix, sizeof prefix, "staging/acme/job-ckpt-%d/2/", (int)getpid());
-  seen_t seen = {0};
-  lt_ckpt_conf_t conf = {.store = store, .dek = k, .prefix = prefix, .spool_dir = spool, .retry_ms = 0,
-                         .on_done = on_done, .ctx = &seen};
-  lt_ckpt_t *u = NULL;
-  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
-  write_checkpoint(work, 5);
-  cr_assert_eq(lt_ckpt_submit(u, work, 5, false, "preempt", err, sizeof err), LT_OK, "%s", err);
+  fix_t f;
+  fix_open(&f, open_s3(3, NULL), prefix, 0);
+  write_checkpoint(f.work, 5);
+  cr_assert_eq(lt_ckpt_submit(f.u, f.work, 5, false, "preempt", err, sizeof err), LT_OK, "%s", err);
   /* The loop's directory is free at once for the next checkpoint. */
-  cr_assert_eq(count_files(work), 0, "the files must be moved out of the work directory");
-  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(seen.calls, 1);
-  cr_assert_eq(seen.last.step, 5);
-  cr_assert_not(seen.last.final);
-  cr_assert_str_eq(seen.trigger, "preempt");
-  cr_assert_eq(count_files(spool), 0, "spooled files must be removed after the upload");
+  cr_assert_eq(count_files(f.work), 0, "the files must be moved out of the work directory");
+  cr_assert_eq(lt_ckpt_flush(f.u, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(f.seen.calls, 1);
+  cr_assert_eq(f.seen.last.step, 5);
+  cr_assert_not(f.seen.last.final);
+  cr_assert_str_eq(f.seen.trigger, "preempt");
+  cr_assert_eq(count_files(f.spool), 0, "spooled files must be removed after the upload");
 
   lt_crypto_sha256_t *h = NULL;
   cr_assert_eq(lt_crypto_sha256_new(&h), LT_OK);
@@ -121,15 +145,16 @@ Test(ckpt, stores_every_object_sealed_and_reports_hash_and_size) {
   for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
     char want_key[512];
     snprintf(want_key, sizeof want_key, "%s5/%s", prefix, lt_ckpt_names[i]);
-    cr_assert_str_eq(seen.keys[i], want_key);
+    cr_assert_str_eq(f.seen.keys[i], want_key);
     char *want;
     size_t want_len = content(i, 5, &want);
     void *plain = NULL, *raw = NULL;
     size_t plain_len = 0, raw_len = 0;
-    cr_assert_eq(lt_sealed_get(store, k, want_key, 1 << 24, &plain, &plain_len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_sealed_get(f.store, f.dek, want_key, 1 << 24, &plain, &plain_len, err, sizeof err), LT_OK, "%s",
+                 err);
     cr_assert_eq(plain_len, want_len, "%s", want_key);
     cr_assert_eq(memcmp(plain, want, want_len), 0, "%s decrypts to what was written", want_key);
-    cr_assert_eq(lt_store_get(store, want_key, 1 << 24, &raw, &raw_len, NULL, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_store_get(f.store, want_key, 1 << 24, &raw, &raw_len, NULL, err, sizeof err), LT_OK, "%s", err);
     cr_assert(raw_len > want_len, "%s is stored sealed, not in the clear", want_key);
     cr_assert_null(memmem(raw, raw_len, want, want_len < 40 ? want_len : 40), "%s holds plaintext", want_key);
     lt_crypto_sha256_update(h, raw, raw_len);
@@ -137,41 +162,30 @@ Test(ckpt, stores_every_object_sealed_and_reports_hash_and_size) {
     free(plain);
     free(raw);
     free(want);
-    lt_store_delete(store, want_key, NULL, 0);
+    lt_store_delete(f.store, want_key, NULL, 0);
   }
   uint8_t sha[32];
   char hex[65];
   lt_crypto_sha256_final(h, sha);
   lt_crypto_sha256_free(h);
-  cr_assert_str_eq(seen.last.sha256_hex, lt_crypto_hex(sha, 32, hex), "the hash covers the stored bytes in order");
-  cr_assert_eq(seen.last.bytes, stored_bytes);
-  lt_ckpt_free(u);
-  lt_crypto_dek_free(k);
-  lt_store_free(store);
+  cr_assert_str_eq(f.seen.last.sha256_hex, lt_crypto_hex(sha, 32, hex), "the hash covers the stored bytes in order");
+  cr_assert_eq(f.seen.last.bytes, stored_bytes);
+  fix_close(&f);
 }
 
 Test(ckpt, commits_come_in_step_order_one_upload_at_a_time) {
-  char root[64], work[64], spool[64];
-  make_dir(root, sizeof root, "root");
-  make_dir(work, sizeof work, "work");
-  make_dir(spool, sizeof spool, "spool");
-  lt_store_t *store = NULL;
-  cr_assert_eq(lt_store_dir_new(&store, root, err, sizeof err), LT_OK, "%s", err);
-  lt_crypto_dek_t *k = dek();
-  seen_t seen = {0};
-  lt_ckpt_conf_t conf = {.store = store, .dek = k, .prefix = "staging/acme/job-1/1/", .spool_dir = spool,
-                         .on_done = on_done, .ctx = &seen};
-  lt_ckpt_t *u = NULL;
-  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
+  fix_t f;
+  fix_open(&f, NULL, "staging/acme/job-1/1/", 0);
   for (int64_t step = 1; step <= 4; step++) {
-    write_checkpoint(work, step);
-    cr_assert_eq(lt_ckpt_submit(u, work, step, step == 4, NULL, err, sizeof err), LT_OK, "%s", err);
+    write_checkpoint(f.work, step);
+    cr_assert_eq(lt_ckpt_submit(f.u, f.work, step, step == 4, NULL, err, sizeof err), LT_OK, "%s", err);
   }
-  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(seen.calls, 4);
-  for (int i = 0; i < 4; i++) cr_assert_eq(seen.steps[i], i + 1, "commit %d reported step %lld", i, (long long)seen.steps[i]);
-  cr_assert(seen.last.final);
-  cr_assert_str_eq(seen.trigger, "final");
+  cr_assert_eq(lt_ckpt_flush(f.u, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(f.seen.calls, 4);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(f.seen.steps[i], i + 1, "commit %d reported step %lld", i, (long long)f.seen.steps[i]);
+  cr_assert(f.seen.last.final);
+  cr_assert_str_eq(f.seen.trigger, "final");
   /* Each step's state holds that step's bytes: a later checkpoint never overwrote an earlier one in flight. */
   for (int64_t step = 1; step <= 4; step++) {
     char key[128], *want;
@@ -179,94 +193,59 @@ Test(ckpt, commits_come_in_step_order_one_upload_at_a_time) {
     size_t want_len = content(2, step, &want);
     void *plain = NULL;
     size_t len = 0;
-    cr_assert_eq(lt_sealed_get(store, k, key, 1 << 24, &plain, &len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_sealed_get(f.store, f.dek, key, 1 << 24, &plain, &len, err, sizeof err), LT_OK, "%s", err);
     cr_assert(len == want_len && memcmp(plain, want, len) == 0, "%s holds step %lld's state", key, (long long)step);
     free(plain);
     free(want);
   }
-  lt_ckpt_free(u);
-  lt_crypto_dek_free(k);
-  lt_store_free(store);
+  fix_close(&f);
 }
 
 Test(ckpt, a_failed_upload_is_returned_by_the_next_call_and_reports_nothing) {
-  char root[64], work[64], spool[64], cmd[256];
-  make_dir(root, sizeof root, "root");
-  make_dir(work, sizeof work, "work");
-  make_dir(spool, sizeof spool, "spool");
-  lt_store_t *store = NULL;
-  cr_assert_eq(lt_store_dir_new(&store, root, err, sizeof err), LT_OK, "%s", err);
+  fix_t f;
+  fix_open(&f, NULL, "staging/acme/job-2/1/", 60000);
   /* The store's root becomes a file: every put fails, and not in a way worth retrying. */
-  snprintf(cmd, sizeof cmd, "rm -rf '%s' && touch '%s'", root, root);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && touch '%s'", f.root, f.root);
   cr_assert_eq(system(cmd), 0);
-  lt_crypto_dek_t *k = dek();
-  seen_t seen = {0};
-  lt_ckpt_conf_t conf = {.store = store, .dek = k, .prefix = "staging/acme/job-2/1/", .spool_dir = spool,
-                         .retry_ms = 60000, .on_done = on_done, .ctx = &seen};
-  lt_ckpt_t *u = NULL;
-  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
-  write_checkpoint(work, 7);
-  cr_assert_eq(lt_ckpt_submit(u, work, 7, false, NULL, err, sizeof err), LT_OK, "%s", err);
-  write_checkpoint(work, 8);
+  write_checkpoint(f.work, 7);
+  cr_assert_eq(lt_ckpt_submit(f.u, f.work, 7, false, NULL, err, sizeof err), LT_OK, "%s", err);
+  write_checkpoint(f.work, 8);
   err[0] = '\0';
-  lt_err_t e = lt_ckpt_submit(u, work, 8, false, NULL, err, sizeof err);
+  lt_err_t e = lt_ckpt_submit(f.u, f.work, 8, false, NULL, err, sizeof err);
   cr_assert_neq(e, LT_OK, "the failure of step 7's upload must not be lost");
   cr_assert(strstr(err, "step 7"), "the message names the checkpoint: %s", err);
-  cr_assert_eq(count_files(work), LT_CKPT_NAMES, "step 8 was not taken after the failure");
-  cr_assert_eq(seen.calls, 0);
-  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK, "nothing is in flight any more");
-  lt_ckpt_free(u);
-  lt_crypto_dek_free(k);
-  lt_store_free(store);
-  unlink(root);
+  cr_assert_eq(count_files(f.work), LT_CKPT_NAMES, "step 8 was not taken after the failure");
+  cr_assert_eq(f.seen.calls, 0);
+  cr_assert_eq(lt_ckpt_flush(f.u, err, sizeof err), LT_OK, "nothing is in flight any more");
+  fix_close(&f);
+  unlink(f.root);
 }
 
 Test(ckpt, a_missing_file_is_refused_naming_it) {
-  char root[64], work[64], spool[64];
-  make_dir(root, sizeof root, "root");
-  make_dir(work, sizeof work, "work");
-  make_dir(spool, sizeof spool, "spool");
-  lt_store_t *store = NULL;
-  cr_assert_eq(lt_store_dir_new(&store, root, err, sizeof err), LT_OK, "%s", err);
-  lt_crypto_dek_t *k = dek();
-  seen_t seen = {0};
-  lt_ckpt_conf_t conf = {.store = store, .dek = k, .prefix = "staging/acme/job-3/1/", .spool_dir = spool,
-                         .on_done = on_done, .ctx = &seen};
-  lt_ckpt_t *u = NULL;
-  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
-  write_checkpoint(work, 1);
+  fix_t f;
+  fix_open(&f, NULL, "staging/acme/job-3/1/", 0);
+  write_checkpoint(f.work, 1);
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/eval.json", work);
+  snprintf(path, sizeof path, "%s/eval.json", f.work);
   unlink(path);
-  cr_assert_eq(lt_ckpt_submit(u, work, 1, false, NULL, err, sizeof err), LT_ERR_IO);
+  cr_assert_eq(lt_ckpt_submit(f.u, f.work, 1, false, NULL, err, sizeof err), LT_ERR_IO);
   cr_assert(strstr(err, "eval.json"), "the message names the file: %s", err);
-  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK);
-  cr_assert_eq(seen.calls, 0);
-  lt_ckpt_free(u);
-  lt_crypto_dek_free(k);
-  lt_store_free(store);
+  cr_assert_eq(lt_ckpt_flush(f.u, err, sizeof err), LT_OK);
+  cr_assert_eq(f.seen.calls, 0);
+  fix_close(&f);
 }
 
 Test(ckpt, abort_stops_an_upload_that_retries_and_reports_nothing) {
   /* A port nobody listens on: every request fails as unavailable, the uploader keeps retrying. */
-  lt_store_t *store = open_s3(1, "127.0.0.1:1");
-  lt_crypto_dek_t *k = dek();
-  char work[64], spool[64];
-  make_dir(work, sizeof work, "work");
-  make_dir(spool, sizeof spool, "spool");
-  seen_t seen = {0};
-  lt_ckpt_conf_t conf = {.store = store, .dek = k, .prefix = "staging/acme/job-4/1/", .spool_dir = spool,
-                         .retry_ms = 600000, .on_done = on_done, .ctx = &seen};
-  lt_ckpt_t *u = NULL;
-  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
-  write_checkpoint(work, 3);
-  cr_assert_eq(lt_ckpt_submit(u, work, 3, false, NULL, err, sizeof err), LT_OK, "%s", err);
+  fix_t f;
+  fix_open(&f, open_s3(1, "127.0.0.1:1"), "staging/acme/job-4/1/", 600000);
+  write_checkpoint(f.work, 3);
+  cr_assert_eq(lt_ckpt_submit(f.u, f.work, 3, false, NULL, err, sizeof err), LT_OK, "%s", err);
   usleep(400000); /* let it fail and start retrying */
-  lt_ckpt_abort(u); /* returns only once the thread stopped: a hang here is the test's timeout */
-  cr_assert_eq(seen.calls, 0, "an aborted upload is never reported");
-  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK, "nothing is in flight after an abort");
-  cr_assert_eq(count_files(spool), 0, "the spooled files are removed");
-  lt_ckpt_free(u);
-  lt_crypto_dek_free(k);
-  lt_store_free(store);
+  lt_ckpt_abort(f.u); /* returns only once the thread stopped: a hang here is the test's timeout */
+  cr_assert_eq(f.seen.calls, 0, "an aborted upload is never reported");
+  cr_assert_eq(lt_ckpt_flush(f.u, err, sizeof err), LT_OK, "nothing is in flight after an abort");
+  cr_assert_eq(count_files(f.spool), 0, "the spooled files are removed");
+  fix_close(&f);
 }

@@ -532,6 +532,26 @@ Test(engine, full_parameter_training_overfits_a_batch_and_exports_a_loadable_mod
   fixture_close(&f);
 }
 
+/* Every trainable tensor of s and t (dumped into dir) agrees within tol, relative. */
+static void assert_same_tensors(lt_session_t *s, lt_session_t *t, const char *dir, double tol, const char *what) {
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/a.safetensors", dir);
+  snprintf(b, sizeof b, "%s/b.safetensors", dir);
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, b, errbuf, sizeof errbuf));
+  lt_st_t *sa, *sb;
+  OK(lt_st_open_file(a, &sa, errbuf, sizeof errbuf));
+  OK(lt_st_open_file(b, &sb, errbuf, sizeof errbuf));
+  for (size_t i = 0; i < lt_st_count(sa); i++) {
+    const lt_st_tensor_t *x = lt_st_at(sa, i), *y = lt_st_find(sb, x->name);
+    cr_assert_not_null(y);
+    double e = rel_err(x->data, y->data, (size_t)x->numel);
+    cr_assert_lt(e, tol, "%s: %s differ by %.3g", x->name, what, e);
+  }
+  lt_st_close(sa);
+  lt_st_close(sb);
+}
+
 Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
   lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
   fixture_t f;
@@ -558,22 +578,7 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
     OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
     cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
   }
-  char a[512], b[512];
-  snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
-  snprintf(b, sizeof b, "%s/b.safetensors", f.dir);
-  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
-  OK(lt_dump_tensors(t, 0, b, errbuf, sizeof errbuf));
-  lt_st_t *sa, *sb;
-  OK(lt_st_open_file(a, &sa, errbuf, sizeof errbuf));
-  OK(lt_st_open_file(b, &sb, errbuf, sizeof errbuf));
-  for (size_t i = 0; i < lt_st_count(sa); i++) {
-    const lt_st_tensor_t *x = lt_st_at(sa, i), *y = lt_st_find(sb, x->name);
-    cr_assert_not_null(y);
-    double e = rel_err(x->data, y->data, (size_t)x->numel);
-    cr_assert_lt(e, 1e-4, "%s: accumulated vs full batch differ by %.3g", x->name, e);
-  }
-  lt_st_close(sa);
-  lt_st_close(sb);
+  assert_same_tensors(s, t, f.dir, 1e-4, "accumulated vs full batch");
   lt_session_destroy(s);
   lt_session_destroy(t);
   fixture_close(&f);
@@ -640,22 +645,7 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
     OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
     cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
   }
-  char a[512], b[512];
-  snprintf(a, sizeof a, "%s/unpacked.safetensors", f.dir);
-  snprintf(b, sizeof b, "%s/packed.safetensors", f.dir);
-  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
-  OK(lt_dump_tensors(t, 0, b, errbuf, sizeof errbuf));
-  lt_st_t *sa, *sb;
-  OK(lt_st_open_file(a, &sa, errbuf, sizeof errbuf));
-  OK(lt_st_open_file(b, &sb, errbuf, sizeof errbuf));
-  for (size_t i = 0; i < lt_st_count(sa); i++) {
-    const lt_st_tensor_t *x = lt_st_at(sa, i), *y = lt_st_find(sb, x->name);
-    cr_assert_not_null(y);
-    double e = rel_err(x->data, y->data, (size_t)x->numel);
-    cr_assert_lt(e, 1e-4, "%s: packed vs one row per example differ by %.3g", x->name, e);
-  }
-  lt_st_close(sa);
-  lt_st_close(sb);
+  assert_same_tensors(s, t, f.dir, 1e-4, "packed vs one row per example");
   /* A plain batch after the packed one: the same logits as the session that never packed. */
   float *ls = malloc(sizeof(float) * 3 * T1 * c.vocab_size), *lt = malloc(sizeof(float) * 3 * T1 * c.vocab_size);
   OK(lt_logits(s, 3, T1, u_tok, ls, errbuf, sizeof errbuf));

@@ -204,12 +204,15 @@ static void batch_free(batch_buf_t *b) {
   free(b->logits);
 }
 
-/* Packs examples idx[0..count) into as few rows of b->T tokens as first fit allows, in the
- * given order (so the packing is a function of the data order: resumption repeats it). Each
- * example keeps its own positions 0, 1, ... (the engine's attention stays within it), so the
- * step computes what one row per example would, on fewer rows; padding continues the row's
- * last example with weight 0. Returns the rows used; *tokens gets the weighted token count. */
-static int batch_pack(batch_buf_t *b, const examples_t *ex, const uint32_t *idx, int count, int64_t *tokens) {
+/* Lays examples idx[0..count) (count <= b->B) into rows of b->T tokens: one row each when
+ * one_per_row, else packed first-fit into as few rows as they fit, in the given order (so the
+ * packing is a function of the data order: resumption repeats it). Each example keeps its own
+ * positions 0, 1, ... (the engine's attention stays within it), so a packed step computes what
+ * one row per example would, on fewer rows; padding continues the row's last example with
+ * weight 0 (one per row: positions 0..T-1, the engine's default). Returns the rows used;
+ * *tokens gets the weighted token count. */
+static int batch_fill(batch_buf_t *b, const examples_t *ex, const uint32_t *idx, int count, bool one_per_row,
+                      int64_t *tokens) {
   int used[1024] = {0}; /* tokens placed in each row; count <= b->B <= 1024 */
   int rows = 0;
   *tokens = 0;
@@ -219,46 +222,24 @@ static int batch_pack(batch_buf_t *b, const examples_t *ex, const uint32_t *idx,
   for (int i = 0; i < count; i++) {
     const example_t *e = &ex->v[idx[i]];
     int n = e->len - 1 < b->T ? e->len - 1 : b->T;
-    int r = 0;
+    int r = one_per_row ? rows : 0;
     while (r < rows && used[r] + n > b->T) r++;
     if (r == rows) rows++;
-    int32_t *tok = b->tokens + (size_t)r * b->T + used[r], *tgt = b->targets + (size_t)r * b->T + used[r];
-    int32_t *pos = b->positions + (size_t)r * b->T + used[r];
-    float *w = b->weights + (size_t)r * b->T + used[r];
+    size_t at = (size_t)r * b->T + (size_t)used[r];
     for (int t = 0; t < n; t++) {
-      tok[t] = e->ids[t];
-      tgt[t] = e->ids[t + 1];
-      pos[t] = t;
-      w[t] = e->w[t + 1];
+      b->tokens[at + t] = e->ids[t];
+      b->targets[at + t] = e->ids[t + 1];
+      b->positions[at + t] = t;
+      b->weights[at + t] = e->w[t + 1];
       *tokens += e->w[t + 1] > 0;
     }
     used[r] += n;
   }
   for (int r = 0; r < rows; r++) {
     int32_t *pos = b->positions + (size_t)r * b->T;
-    for (int t = used[r]; t < b->T; t++) pos[t] = pos[t - 1] + 1;
+    for (int t = used[r]; t < b->T; t++) pos[t] = t > 0 ? pos[t - 1] + 1 : 0;
   }
   return rows;
-}
-
-/* Fills the batch with examples idx[0..count) (count <= B); empty rows get weight 0. Returns the
- * weighted token count. */
-static int64_t batch_fill(batch_buf_t *b, const examples_t *ex, const uint32_t *idx, int count) {
-  int64_t tokens = 0;
-  memset(b->tokens, 0, (size_t)b->B * b->T * sizeof *b->tokens);
-  memset(b->targets, 0, (size_t)b->B * b->T * sizeof *b->targets);
-  memset(b->weights, 0, (size_t)b->B * b->T * sizeof *b->weights);
-  for (int r = 0; r < count; r++) {
-    const example_t *e = &ex->v[idx[r]];
-    int n = e->len - 1 < b->T ? e->len - 1 : b->T;
-    for (int t = 0; t < n; t++) {
-      b->tokens[r * b->T + t] = e->ids[t];
-      b->targets[r * b->T + t] = e->ids[t + 1];
-      b->weights[r * b->T + t] = e->w[t + 1];
-      tokens += e->w[t + 1] > 0;
-    }
-  }
-  return tokens;
 }
 
 /* ---------------------------------------------------------------- evaluation */
@@ -286,7 +267,8 @@ static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_
   for (size_t i = 0; i < val->n; i += (size_t)b->B) {
     int count = (int)(val->n - i < (size_t)b->B ? val->n - i : (size_t)b->B);
     for (int r = 0; r < count; r++) idx[r] = (uint32_t)(i + (size_t)r);
-    batch_fill(b, val, idx, count);
+    int64_t unused;
+    batch_fill(b, val, idx, count, true, &unused);
     lt_err_t err = lt_logits(s, b->B, b->T, b->tokens, b->logits, errstr, n);
     if (err) return err;
     for (int r = 0; r < count; r++)
@@ -603,9 +585,7 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
         cursor++;
       }
       int64_t micro_tokens = 0;
-      int rows = count;
-      if (c->one_row_per_example) micro_tokens = batch_fill(&b, train, idx, count);
-      else rows = batch_pack(&b, train, idx, count, &micro_tokens);
+      int rows = batch_fill(&b, train, idx, count, c->one_row_per_example, &micro_tokens);
       step_tokens += micro_tokens;
       out->rows += rows;
       out->examples += count;

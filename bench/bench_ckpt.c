@@ -8,7 +8,7 @@
  * read() in the same run (the disk's own ceiling for that file): the ratios say what the format
  * costs over moving the bytes.
  *
- * Overhead: what a managed job's checkpoint costs when checkpoint_interval = 1 — lt_save_state +
+ * Overhead: what a managed job's checkpoint costs at checkpoint_interval N (default 1) — lt_save_state +
  * lt_export_peft into a private directory on the training thread, then the executor's own
  * uploader (lt_ckpt) sealing (LTE1, the tenant's key) and uploading every file to the object store
  * (the S3 server of ops/stack when LATHE_S3_* is set, else a directory store) on its thread while
@@ -17,8 +17,9 @@
  * steps each) so the machine's swings hit both; the figure is the median of per-round ratios.
  *
  * Usage: bench_ckpt   (environment: LATHE_BENCH_THREADS (2), LATHE_BENCH_LAYERS (30),
- *        LATHE_BENCH_B (1), LATHE_BENCH_T (256), LATHE_BENCH_ROUNDS (3), LATHE_BENCH_STEPS (2))
- * Last line: `ckpt_overhead_pct: X` (smollm shape, interval 1; goal <= 5). */
+ *        LATHE_BENCH_B (1), LATHE_BENCH_T (256), LATHE_BENCH_ROUNDS (3), LATHE_BENCH_STEPS (2),
+ *        LATHE_BENCH_EVERY (1): a checkpoint every N of the STEPS steps)
+ * Last line: `ckpt_overhead_pct: X` (smollm shape, interval LATHE_BENCH_EVERY; goal <= 5). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +117,7 @@ static void write_small_files(const char *dir) {
 /* One shape: prints save/restore figures; returns the median overhead of a checkpoint every
  * step, in percent of the step without. */
 static double run_shape(const char *label, lt_model_config_t *c, int threads, int B, int T, int rounds,
-                        int steps, upload_t *up) {
+                        int steps, int every, upload_t *up) {
   char dir[] = "/tmp/lt_bench_ckpt_XXXXXX";
   if (!mkdtemp(dir)) die("mkdtemp");
   char model[128], work[128], state[160], cmd[160];
@@ -205,7 +206,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
       double t = now(), c_self = bench_proc_cpu_s(), c_server = bench_pid_cpu_s(server);
       for (int k = 0; k < steps; k++) {
         STEP();
-        if (ck) {
+        if (ck && (k + 1) % every == 0) {
           double a = now();
           if (lt_save_state(s, state, (uint64_t)k, err, sizeof err)) die("save");
           double bb = now();
@@ -233,10 +234,10 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
     ratio[r] = tc / tp;
     plain_sum += tp;
     ck_sum += tc;
-    printf("%s: round %d: step %.3f s, with a checkpoint every step %.3f s (+%.1f%%)\n", label, r + 1, tp, tc,
-           (tc / tp - 1) * 100);
+    printf("%s: round %d: step %.3f s, with a checkpoint every %d step(s) %.3f s (+%.1f%%)\n", label, r + 1, tp,
+           every, tc, (tc / tp - 1) * 100);
   }
-  double n_ck = (double)rounds * steps;
+  double n_ck = (double)rounds * steps; /* per step, checkpointed or not */
   lt_ckpt_free(ck_up);
   printf("%s: checkpoint parts per step on the training thread: save_state %.1f ms, export_peft %.1f ms, "
          "waiting for the background seal+upload (%s) %.1f ms\n", label,
@@ -267,7 +268,8 @@ int main(void) {
   int threads = env_int("LATHE_BENCH_THREADS", 2), layers = env_int("LATHE_BENCH_LAYERS", 30);
   int B = env_int("LATHE_BENCH_B", 1), T = env_int("LATHE_BENCH_T", 256);
   int rounds = env_int("LATHE_BENCH_ROUNDS", 3), steps = env_int("LATHE_BENCH_STEPS", 2);
-  if (rounds < 1 || rounds > 50 || steps < 1 || B < 1 || T < 2) {
+  int every = env_int("LATHE_BENCH_EVERY", 1); /* checkpoint_interval */
+  if (rounds < 1 || rounds > 50 || steps < 1 || B < 1 || T < 2 || every < 1 || every > steps) {
     fprintf(stderr, "bench_ckpt: bad LATHE_BENCH_* settings\n");
     return 2;
   }
@@ -283,12 +285,12 @@ int main(void) {
 
   lt_model_config_t tiny;
   lt_train_default_model(&tiny);
-  run_shape("tiny", &tiny, threads, B, T > tiny.max_position ? tiny.max_position : T, rounds, steps, upp);
+  run_shape("tiny", &tiny, threads, B, T > tiny.max_position ? tiny.max_position : T, rounds, steps, every, upp);
   lt_model_config_t smol = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536, .num_layers = layers,
                             .num_heads = 9, .num_kv_heads = 3, .head_dim = 64, .max_position = 2048,
                             .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
                             .tie_embeddings = 1};
-  double over = run_shape("smollm", &smol, threads, B, T, rounds, steps, upp);
+  double over = run_shape("smollm", &smol, threads, B, T, rounds, steps, every, upp);
   for (int i = 0; i < 4; i++) {
     for (int k = 0; k < LT_CKPT_NAMES; k++) {
       char key[256];

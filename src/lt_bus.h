@@ -249,7 +249,10 @@ lt_err_t lt_bus_consumer_subscribe(lt_bus_consumer_t *c, const char *const *topi
                                    char *errstr, size_t errstr_size);
 
 /* Replaces the assignment with exactly these partitions, each starting at its offset (an
- * offset or LT_BUS_OFFSET_BEGINNING/END/STORED). n == 0 unassigns everything. */
+ * offset or LT_BUS_OFFSET_BEGINNING/END/STORED). n == 0 unassigns everything. Asks the broker
+ * for each topic's metadata first (at most 2 s a topic, best effort) so fetching starts at once;
+ * fetching begins on return, so make synchronous queries (watermarks) before, not after: they
+ * would wait behind long-poll fetches of empty partitions. */
 lt_err_t lt_bus_consumer_assign(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t n,
                                 char *errstr, size_t errstr_size);
 

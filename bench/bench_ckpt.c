@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_proc.h"
+#include "bench_util.h"
 #include "lt_ckpt.h"
 #include "lt_crypto.h"
 #include "lt_engine.h"
@@ -41,21 +41,6 @@ static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void die(const char *what) {
@@ -176,7 +161,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
     tl[k] = now() - t;
     tr[k] = raw_read(rawp, buf, bytes);
   }
-  double ms = median(ts, K), ml = median(tl, K), mw = median(tw, K), mr = median(tr, K);
+  double ms = bench_median(ts, K), ml = bench_median(tl, K), mw = bench_median(tw, K), mr = bench_median(tr, K);
   printf("%s: state %zu bytes (%zu trainable params, LoRA r16 on all 7 projections)\n", label, bytes,
          lt_session_num_params(s));
   printf("%s: save %.1f ms (%.0f MB/s), raw write+fsync+rename %.1f ms: ratio %.2f\n", label, ms * 1e3,
@@ -248,7 +233,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
          label, cpu_self[0] / rounds, cpu_self[1] / rounds, server ? "(s3proxy JVM)" : "(none found)",
          cpu_server[0] / rounds, cpu_server[1] / rounds, (cpu_self[1] - cpu_self[0]) / rounds,
          (cpu_server[1] - cpu_server[0]) / rounds);
-  double over = (median(ratio, rounds) - 1) * 100;
+  double over = (bench_median(ratio, rounds) - 1) * 100;
   printf("%s: B=%d T=%d, %d threads: checkpoint overhead (median of %d rounds) %.1f%% of the step time "
          "(mean step %.3f s without, %.3f s with)\n",
          label, B, T, threads, rounds, over, plain_sum / rounds, ck_sum / rounds);
@@ -265,10 +250,10 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  int threads = env_int("LATHE_BENCH_THREADS", 2), layers = env_int("LATHE_BENCH_LAYERS", 30);
-  int B = env_int("LATHE_BENCH_B", 1), T = env_int("LATHE_BENCH_T", 256);
-  int rounds = env_int("LATHE_BENCH_ROUNDS", 3), steps = env_int("LATHE_BENCH_STEPS", 2);
-  int every = env_int("LATHE_BENCH_EVERY", 1); /* checkpoint_interval */
+  int threads = bench_env_int("LATHE_BENCH_THREADS", 2), layers = bench_env_int("LATHE_BENCH_LAYERS", 30);
+  int B = bench_env_int("LATHE_BENCH_B", 1), T = bench_env_int("LATHE_BENCH_T", 256);
+  int rounds = bench_env_int("LATHE_BENCH_ROUNDS", 3), steps = bench_env_int("LATHE_BENCH_STEPS", 2);
+  int every = bench_env_int("LATHE_BENCH_EVERY", 1); /* checkpoint_interval */
   if (rounds < 1 || rounds > 50 || steps < 1 || B < 1 || T < 2 || every < 1 || every > steps) {
     fprintf(stderr, "bench_ckpt: bad LATHE_BENCH_* settings\n");
     return 2;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "lt_engine.h"
 #include "lt_task.h"
 #include "lt_train.h"
@@ -27,16 +28,6 @@ static char err[1024];
 static void die(const char *what) {
   fprintf(stderr, "bench_pack: %s: %s\n", what, err);
   exit(1);
-}
-
-static int env_int(const char *name, int def) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : def;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 static const char *const words[] = {"the", "model", "learns", "a", "mapping", "from", "dates", "to",
@@ -85,8 +76,8 @@ static double run(const char *model, const char *work, const char *data, size_t 
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  int threads = env_int("LATHE_BENCH_THREADS", 2), steps = env_int("LATHE_BENCH_STEPS", 6),
-      rounds = env_int("LATHE_BENCH_ROUNDS", 3);
+  int threads = bench_env_int("LATHE_BENCH_THREADS", 2), steps = bench_env_int("LATHE_BENCH_STEPS", 6),
+      rounds = bench_env_int("LATHE_BENCH_ROUNDS", 3);
   if (threads < 1 || steps < 1 || rounds < 1 || rounds > 20) {
     fprintf(stderr, "bench_pack: bad LATHE_BENCH_* settings\n");
     return 2;
@@ -127,8 +118,7 @@ int main(void) {
              skewed ? "chat-like lengths" : "equal lengths", r + 1, tp, (long long)rp.rows, (long long)rp.examples, tu,
              (long long)ru.rows, ratio[r]);
     }
-    qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
-    double med = ratio[rounds / 2];
+    double med = bench_median(ratio, rounds);
     printf("%s: packed / one row per example, median of %d rounds: %.2fx\n",
            skewed ? "chat-like lengths" : "equal lengths", rounds, med);
     if (skewed) ratio_out = med;

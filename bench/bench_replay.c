@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_proc.h"
+#include "bench_util.h"
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_jobspec.h"
@@ -70,16 +70,6 @@ static cpu_mark_t cpu_mark(void) { return (cpu_mark_t){bench_proc_cpu_s(), bench
 static void cpu_since(cpu_mark_t m, uint64_t n, double *client_us, double *broker_us) {
   *client_us = n ? (bench_proc_cpu_s() - m.c0) * 1e6 / (double)n : 0;
   *broker_us = n && g_broker ? (bench_pid_cpu_s(g_broker) - m.b0) * 1e6 / (double)n : 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* Every message produced, in produce order, for the in-memory fold. */
@@ -417,9 +407,9 @@ int main(void) {
     lt_job_digest(lt_proj_jobs(fold), digest_mem);
     lt_proj_destroy(fold);
   }
-  double med_wall = median(m_wall, F), med_cpu = median(m_cpu, F);
+  double med_wall = bench_median(m_wall, F), med_cpu = bench_median(m_cpu, F);
 
-  double med_raw = R ? median(r_raw, R) : 0, med_fold = R ? median(r_fold, R) : 0, med_ratio = R ? median(ratio, R) : 0;
+  double med_raw = R ? bench_median(r_raw, R) : 0, med_fold = R ? bench_median(r_fold, R) : 0, med_ratio = R ? bench_median(ratio, R) : 0;
   double la[3] = {0};
   FILE *lf = fopen("/proc/loadavg", "r");
   if (lf) {
@@ -434,14 +424,14 @@ int main(void) {
          steady_n ? (double)steady_calls / (double)steady_n : 0.0, steady_calls, steady_n,
          (double)calls / (double)kept.count, calls);
   if (R) {
-    double med_rk = median(r_rk, R), med_rkb = median(r_rkb, R);
+    double med_rk = bench_median(r_rk, R), med_rkb = bench_median(r_rkb, R);
     printf("librdkafka alone, rd_kafka_consumer_poll (median of %d): %.0f records/s\n", R, med_rk);
     printf("librdkafka alone, rd_kafka_consume_batch_queue x1000 (median of %d): %.0f records/s\n", R, med_rkb);
     static const char *const what[4] = {"librdkafka poll", "librdkafka batch", "lt_bus consume", "lt_bus consume+fold"};
     printf("CPU per record, median of %d (client = this process, all threads; broker = %s):\n", R,
            g_broker ? "the kafka.Kafka JVM" : "not found");
     for (int k = 0; k < 4; k++)
-      printf("  %-20s client %.2f us, broker %.2f us\n", what[k], median(cu[k], R), median(bu[k], R));
+      printf("  %-20s client %.2f us, broker %.2f us\n", what[k], bench_median(cu[k], R), bench_median(bu[k], R));
   }
   printf("raw consume through lt_bus (median of %d):  %.0f records/s\n", R, med_raw);
   printf("consume+fold (median of %d): %.0f records/s (failed to fold: %" PRIu64 ")\n", R, med_fold, bad);

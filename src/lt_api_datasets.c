@@ -180,7 +180,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   uint64_t plain = 0;
   lt_sealed_writer_t *w = u->w;
   u->w = NULL;
-  err = lt_sealed_writer_commit(w, sha, &plain, msg, sizeof msg);
+  err = lt_sealed_writer_commit(w, sha, &plain, NULL, msg, sizeof msg);
   char key[512], hex[65];
   uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
   size_t wlen = 0;

@@ -71,8 +71,8 @@ static void writer_free(lt_sealed_writer_t *s) {
   free(s);
 }
 
-lt_err_t lt_sealed_writer_commit(lt_sealed_writer_t *s, uint8_t sha256[32], uint64_t *plain_bytes, char *errstr,
-                                 size_t n) {
+lt_err_t lt_sealed_writer_commit(lt_sealed_writer_t *s, uint8_t sha256[32], uint64_t *plain_bytes,
+                                 uint64_t *stored_bytes, char *errstr, size_t n) {
   size_t out_len = 0;
   lt_err_t err = ensure(s, lt_crypto_stream_out_max(s->enc, 0));
   if (!err) err = lt_crypto_stream_final(s->enc, s->buf, s->cap, &out_len, errstr, n);
@@ -85,6 +85,7 @@ lt_err_t lt_sealed_writer_commit(lt_sealed_writer_t *s, uint8_t sha256[32], uint
   uint64_t stored = 0;
   err = lt_store_writer_commit(s->w, sha256, &stored, errstr, n);
   if (plain_bytes) *plain_bytes = s->plain;
+  if (stored_bytes) *stored_bytes = stored;
   writer_free(s);
   return err;
 }

@@ -30,9 +30,10 @@ void lt_sealed_writer_hash(lt_sealed_writer_t *w, lt_crypto_sha256_t *h);
 lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *w, const void *data, size_t len, char *errstr,
                                 size_t errstr_size);
 /* Finishes and makes the object visible; sha256 (may be NULL) of the stored (encrypted) bytes,
- * *plain_bytes (may be NULL) of the plaintext. Frees the writer, also on failure. */
+ * *plain_bytes and *stored_bytes (each may be NULL) the sizes of the plaintext and of the stored
+ * object. Frees the writer, also on failure. */
 lt_err_t lt_sealed_writer_commit(lt_sealed_writer_t *w, uint8_t sha256[32], uint64_t *plain_bytes,
-                                 char *errstr, size_t errstr_size);
+                                 uint64_t *stored_bytes, char *errstr, size_t errstr_size);
 /* Drops everything written; nothing stays in the store. Frees. NULL is fine. */
 void lt_sealed_writer_abort(lt_sealed_writer_t *w);
 

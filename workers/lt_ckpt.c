@@ -67,9 +67,13 @@ static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_
     }
     OPENSSL_cleanse(buf, sizeof u->buf);
     fclose(f);
-    if (!err) err = lt_sealed_writer_commit(w, NULL, NULL, errstr, n);
+    uint64_t object_bytes = 0;
+    if (!err) err = lt_sealed_writer_commit(w, NULL, NULL, &object_bytes, errstr, n);
     else lt_sealed_writer_abort(w);
-    if (!err) stored++;
+    if (!err) {
+      stored++;
+      d->bytes += object_bytes;
+    }
   }
   uint8_t sha[32];
   lt_crypto_sha256_final(h, sha);
@@ -79,11 +83,6 @@ static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_
     return err;
   }
   lt_crypto_hex(sha, 32, d->sha256_hex);
-  /* Size of the stored objects: the sum the commit record carries. */
-  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
-    lt_store_info_t info;
-    if (lt_store_head(u->conf.store, u->keys[i], &info, NULL, 0) == LT_OK) d->bytes += info.size;
-  }
   return LT_OK;
 }
 

@@ -1,12 +1,31 @@
-/* bench_proc: CPU time of this process and of a local server process (the Kafka broker's or the
- * S3 server's JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
-#ifndef BENCH_PROC_H
-#define BENCH_PROC_H
+/* bench_util: what the benchmarks share — their LATHE_BENCH_* settings, medians, and the CPU
+ * time of this process and of a local server process (the Kafka broker's or the S3 server's
+ * JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
+#ifndef BENCH_UTIL_H
+#define BENCH_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+/* An integer setting from the environment (LATHE_BENCH_*), def when unset or empty. */
+static inline int bench_env_int(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : def;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorts v). */
+static inline double bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 /* CPU seconds of this whole process (every thread, librdkafka's and upload threads included). */
 static inline double bench_proc_cpu_s(void) {

@@ -4,7 +4,9 @@
  * checkpoint costs (bench/bench_ckpt: ~80 % of it for a SmolLM2-shape LoRA state). Training
  * goes on while the previous checkpoint travels; only its commit comes later, and a commit is
  * what makes a checkpoint count (DESIGN.md §4.5: a crash loses the steps since the last
- * *committed* checkpoint), so nothing is promised early.
+ * *committed* checkpoint), so nothing is promised early. The price: the checkpoint after the last
+ * commit may still be uploading when a worker dies, so a crash can lose up to two checkpoint
+ * intervals of steps instead of one (test_e2e's kill -9 case asserts that bound).
  *
  * One upload at a time: lt_ckpt_submit() first waits for the one in flight, so at most two
  * checkpoints' files are on disk and commits arrive in step order. The files are moved out of

@@ -132,12 +132,14 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
                     .max_grad_norm = 1.0f};
   float loss;
-#define STEP()                                                                                     \
+  /* GATE runs between the passes and the update, as the executor's before_update does. */
+#define STEP_GATED(GATE)                                                                           \
   do {                                                                                             \
-    if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||         \
-        lt_optim_step(s, &opt, NULL, err, sizeof err))                                             \
-      die("step");                                                                                 \
+    if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err)) die("step"); \
+    GATE;                                                                                          \
+    if (lt_optim_step(s, &opt, NULL, err, sizeof err)) die("step");                                \
   } while (0)
+#define STEP() STEP_GATED((void)0)
   STEP(); /* warm: activations allocated, AdamW moments non-zero */
 
   /* save / restore, beside raw write / read of as many bytes */
@@ -189,8 +191,16 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
     for (int side = 0; side < 2; side++) {
       bool ck = (side == 0) == (r % 2 == 1);
       double t = now(), c_self = bench_proc_cpu_s(), c_server = bench_pid_cpu_s(server);
+      bool awaiting = false;
       for (int k = 0; k < steps; k++) {
-        STEP();
+        /* The executor holds the update after a checkpoint until its commit is recorded (a crash
+         * loses at most one interval); here, until it is stored, the commit being one produce. */
+        STEP_GATED(if (awaiting) {
+          double g = now();
+          if (ck_up && lt_ckpt_flush(ck_up, err, sizeof err)) die("upload");
+          ck_parts[2] += now() - g;
+          awaiting = false;
+        });
         if (ck && (k + 1) % every == 0) {
           double a = now();
           if (lt_save_state(s, state, (uint64_t)k, err, sizeof err)) die("save");
@@ -199,6 +209,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
           double cc = now();
           write_small_files(work);
           if (ck_up && lt_ckpt_submit(ck_up, work, up->seq++ % 4, false, NULL, err, sizeof err)) die("upload");
+          awaiting = true;
           ck_parts[0] += bb - a;
           ck_parts[1] += cc - bb;
           ck_parts[2] += now() - cc;

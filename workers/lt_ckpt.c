@@ -23,6 +23,7 @@ struct lt_ckpt {
   pthread_t thread;
   bool running;       /* a thread was started and not yet joined */
   atomic_int abort;   /* set by lt_ckpt_abort: the thread stops at its next write or wait */
+  atomic_int ended;   /* set by the thread as its last act: lt_ckpt_busy() turns false */
   /* The upload in flight (written before the thread starts, read by it; its result after join). */
   int64_t step;
   bool final;
@@ -124,6 +125,7 @@ static void *upload_main(void *arg) {
     spool_path(u, i, path, sizeof path);
     unlink(path);
   }
+  atomic_store(&u->ended, 1);
   return NULL;
 }
 
@@ -142,6 +144,7 @@ lt_err_t lt_ckpt_new(const lt_ckpt_conf_t *conf, lt_ckpt_t **out, char *errstr, 
   u->conf.prefix = u->prefix;
   u->conf.spool_dir = u->spool;
   atomic_init(&u->abort, 0);
+  atomic_init(&u->ended, 0);
   *out = u;
   return LT_OK;
 }
@@ -175,11 +178,14 @@ lt_err_t lt_ckpt_submit(lt_ckpt_t *u, const char *dir, int64_t step, bool final,
   snprintf(u->trigger, sizeof u->trigger, "%s", trigger ? trigger : (final ? "final" : "interval"));
   u->err = LT_OK;
   u->errstr[0] = '\0';
+  atomic_store(&u->ended, 0);
   int rc = pthread_create(&u->thread, NULL, upload_main, u);
   if (rc != 0) return lt_errf(errstr, n, LT_ERR_IO, "checkpoint upload thread: %s", strerror(rc));
   u->running = true;
   return LT_OK;
 }
+
+bool lt_ckpt_busy(lt_ckpt_t *u) { return u->running && !atomic_load(&u->ended); }
 
 void lt_ckpt_abort(lt_ckpt_t *u) {
   if (!u || !u->running) return;

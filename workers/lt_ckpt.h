@@ -4,9 +4,10 @@
  * checkpoint costs (bench/bench_ckpt: ~80 % of it for a SmolLM2-shape LoRA state). Training
  * goes on while the previous checkpoint travels; only its commit comes later, and a commit is
  * what makes a checkpoint count (DESIGN.md §4.5: a crash loses the steps since the last
- * *committed* checkpoint), so nothing is promised early. The price: the checkpoint after the last
- * commit may still be uploading when a worker dies, so a crash can lose up to two checkpoint
- * intervals of steps instead of one (test_e2e's kill -9 case asserts that bound).
+ * *committed* checkpoint), so nothing is promised early. How far training may run ahead of the
+ * newest commit is the caller's choice: the executor holds the update after a checkpoint until
+ * the worker has recorded its commit, so a crash loses at most one checkpoint interval while the
+ * upload overlaps that step's forward and backward passes (test_e2e's kill -9 case asserts it).
  *
  * One upload at a time: lt_ckpt_submit() first waits for the one in flight, so at most two
  * checkpoints' files are on disk and commits arrive in step order. The files are moved out of
@@ -60,6 +61,10 @@ lt_err_t lt_ckpt_new(const lt_ckpt_conf_t *conf, lt_ckpt_t **out, char *errstr, 
  * moves the checkpoint's files out of dir and starts uploading them. */
 lt_err_t lt_ckpt_submit(lt_ckpt_t *u, const char *dir, int64_t step, bool final, const char *trigger, char *errstr,
                         size_t errstr_size);
+
+/* True while an upload is in flight (its on_done not yet returned, or it failed and nobody has
+ * flushed yet); never blocks. */
+bool lt_ckpt_busy(lt_ckpt_t *u);
 
 /* Waits for the upload in flight; returns its failure, if any. */
 lt_err_t lt_ckpt_flush(lt_ckpt_t *u, char *errstr, size_t errstr_size);

@@ -9,6 +9,7 @@
  *   stdin   one JSON line, the assignment: {"job_id","tenant_id","attempt","spec":{..jobspec..},
  *           "model_dir","work_dir","threads","dataset":{"train":ID,"valid":ID|null},
  *           "tenant_key":{"key_id","wrapped_hex"},"resume_state_key":KEY|null}
+ *           then one line per checkpoint the worker recorded: {"type":"committed","step"}
  *   stdout  JSON lines, one per event:
  *           {"type":"step",...lt_train_step_t...}      every optimizer step
  *           {"type":"eval",...lt_train_eval_t...}      at each evaluation
@@ -34,6 +35,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -61,8 +63,39 @@ static void on_preempt(int sig) {
 }
 
 typedef struct {
-  lt_ckpt_t *ckpt; /* uploads checkpoints off the training thread */
+  lt_ckpt_t *ckpt;  /* uploads checkpoints off the training thread */
+  int64_t awaited;  /* the step of the newest interval checkpoint handed to it (0: none) */
 } exec_t;
+
+/* The commits the worker has recorded, as it reports them on stdin (read by their own thread). */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int64_t committed; /* the newest step committed */
+  bool gone;         /* stdin ended: the worker will report nothing more */
+} acks = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+
+static void *read_acks(void *arg) {
+  (void)arg;
+  char line[256];
+  while (fgets(line, sizeof line, stdin)) {
+    json_t *o = json_loads(line, 0, NULL);
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (type && strcmp(type, "committed") == 0) {
+      json_int_t step = json_integer_value(json_object_get(o, "step"));
+      pthread_mutex_lock(&acks.lock);
+      if (step > acks.committed) acks.committed = step;
+      pthread_cond_broadcast(&acks.cond);
+      pthread_mutex_unlock(&acks.lock);
+    }
+    json_decref(o);
+  }
+  pthread_mutex_lock(&acks.lock);
+  acks.gone = true;
+  pthread_cond_broadcast(&acks.cond);
+  pthread_mutex_unlock(&acks.lock);
+  return NULL;
+}
 
 /* The executor's one output channel, stdout, shared by the training thread and the checkpoint
  * upload thread: a line is written whole, and nothing follows the line that ends the attempt. */
@@ -130,7 +163,42 @@ static void on_uploaded(void *ctx, const lt_ckpt_done_t *d) {
 static lt_err_t on_checkpoint(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
   exec_t *x = ctx;
   const char *trigger = final ? "final" : stop_preempt ? "preempt" : "interval";
-  return lt_ckpt_submit(x->ckpt, dir, step, final, trigger, errstr, n);
+  lt_err_t err = lt_ckpt_submit(x->ckpt, dir, step, final, trigger, errstr, n);
+  if (!err && !final) x->awaited = step;
+  return err;
+}
+
+/* Before each optimizer update: the newest checkpoint must be committed first. At any moment the
+ * steps done since the newest commit are then at most one checkpoint interval, which is what a
+ * crash may lose, while the upload overlaps the forward and backward passes of the step after
+ * it. A cancel ends the wait (the run stops at its next micro-step); an upload that failed, or a
+ * worker that is gone, fails the run. */
+static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
+  exec_t *x = ctx;
+  pthread_mutex_lock(&acks.lock);
+  while (acks.committed < x->awaited && !acks.gone && !stop_cancel) {
+    if (!lt_ckpt_busy(x->ckpt)) {
+      /* The upload ended: failed, or its line is out and the worker is recording it. */
+      pthread_mutex_unlock(&acks.lock);
+      lt_err_t err = lt_ckpt_flush(x->ckpt, errstr, n);
+      if (err) return err;
+      pthread_mutex_lock(&acks.lock);
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20 * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
+  }
+  bool gone = acks.committed < x->awaited && acks.gone && !stop_cancel;
+  pthread_mutex_unlock(&acks.lock);
+  if (gone)
+    return lt_errf(errstr, n, LT_ERR_IO, "the worker stopped reporting commits before the checkpoint at step %lld",
+                   (long long)x->awaited);
+  return LT_OK;
 }
 
 /* A dataset's plaintext: its own data key (wrapped by the master key) opens it. */
@@ -272,7 +340,13 @@ int lt_executor_main(void) {
                         .resume_state = resume_path[0] ? resume_path : NULL};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%s", sha_hex);
   lt_train_hooks_t hooks = {.ctx = &x, .should_stop = should_stop, .on_step = on_step, .on_eval = on_eval,
-                            .on_checkpoint = on_checkpoint};
+                            .on_checkpoint = on_checkpoint, .before_update = before_update};
+  pthread_t acks_thread;
+  if (pthread_create(&acks_thread, NULL, read_acks, NULL) != 0) {
+    fail("%s", "cannot start the commit reader");
+    goto out;
+  }
+  pthread_detach(acks_thread); /* blocked on stdin until the process ends */
   lt_train_result_t res;
   if (lt_train_run(&tc, &hooks, &res, err, sizeof err)) {
     lt_ckpt_abort(x.ckpt);

@@ -595,6 +595,7 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
       if ((err = lt_forward_backward(sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) goto out;
       loss_sum += loss;
     }
+    if (hooks && hooks->before_update && (err = hooks->before_update(hooks->ctx, errstr, n))) goto out;
     opt.lr = (float)lr_at(hp, step, total);
     float gnorm = 0;
     if ((err = lt_optim_step(sess, &opt, &gnorm, errstr, n))) goto out;

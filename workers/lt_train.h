@@ -71,6 +71,10 @@ typedef struct lt_train_hooks {
    * state.bin, metrics.json, eval.json, config.json, samples.json). A failure stops the run. */
   lt_err_t (*on_checkpoint)(void *ctx, const char *dir, int64_t step, bool final, char *errstr,
                             size_t errstr_size);
+  /* Called before every optimizer update, after the step's forward and backward passes; may wait
+   * (the executor waits there for the previous checkpoint's commit). A failure stops the run.
+   * May be NULL. */
+  lt_err_t (*before_update)(void *ctx, char *errstr, size_t errstr_size);
 } lt_train_hooks_t;
 
 typedef struct lt_train_conf {

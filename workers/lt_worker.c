@@ -34,7 +34,8 @@ typedef struct attempt {
   int32_t attempt;
   lt_job_class_t cls;
   pid_t pid;
-  int out_fd;
+  int out_fd;           /* the executor's stdout: its JSON lines */
+  int in_fd;            /* its stdin, after the assignment: the commits recorded for it */
   struct event *ev;
   char line[1 << 15];
   size_t line_len;
@@ -262,6 +263,14 @@ static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, con
   send_sync(w, w->t_control, a->job_id, r);
 }
 
+/* Frees a slot: its pipes closed, everything else zero. */
+static void slot_reset(attempt_t *a) {
+  if (a->out_fd >= 0) close(a->out_fd);
+  if (a->in_fd >= 0) close(a->in_fd);
+  memset(a, 0, sizeof *a);
+  a->out_fd = a->in_fd = -1;
+}
+
 static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
   bool cancelled = j && (j->cancel_requested || j->state == LT_JOB_CANCELLED);
@@ -290,10 +299,8 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
   lt_avro_set_long(r, "device_bytes_zeroed", 0);
   send_sync(w, w->t_control, a->job_id, r);
   if (a->ev) event_free(a->ev);
-  if (a->out_fd >= 0) close(a->out_fd);
   logf_(w, "attempt %d of %s ended", a->attempt, a->job_id);
-  memset(a, 0, sizeof *a);
-  a->out_fd = -1;
+  slot_reset(a);
 }
 
 /* One line from an executor. */
@@ -380,7 +387,17 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
       snprintf(a->final_ckpt_event, sizeof a->final_ckpt_event, "%s", eid);
       snprintf(a->final_ckpt_sha, sizeof a->final_ckpt_sha, "%s", sha ? sha : "");
     }
-    if (send_sync(w, w->t_control, a->job_id, r)) kill_attempt(w, a, "its checkpoint could not be recorded");
+    if (send_sync(w, w->t_control, a->job_id, r)) {
+      kill_attempt(w, a, "its checkpoint could not be recorded");
+    } else {
+      /* The executor holds back its next optimizer update until this line (lt_executor.c): a
+       * crash then loses at most one checkpoint interval. */
+      char ack[96];
+      int len = snprintf(ack, sizeof ack, "{\"type\":\"committed\",\"step\":%lld}\n",
+                         (long long)json_integer_value(json_object_get(o, "step")));
+      if (a->in_fd < 0 || write(a->in_fd, ack, (size_t)len) != len)
+        kill_attempt(w, a, "the executor cannot be told of its commit");
+    }
   } else if (strcmp(type, "done") == 0) {
     a->reported = true;
     if (!a->final_ckpt_event[0]) {
@@ -461,8 +478,15 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
 /* ---------------------------------------------------------------- starting attempts */
 
 static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, char *errstr, size_t n) {
+  /* Close-on-exec: another executor must not inherit this one's pipes (dup2 clears the flag on
+   * the child's own 0 and 1). */
   int in[2], out[2];
-  if (pipe(in) || pipe(out)) return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
+  if (pipe2(in, O_CLOEXEC)) return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
+  if (pipe2(out, O_CLOEXEC)) {
+    close(in[0]);
+    close(in[1]);
+    return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
@@ -482,10 +506,11 @@ static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, char
   }
   size_t len = strlen(assignment);
   bool ok = write(in[1], assignment, len) == (ssize_t)len && write(in[1], "\n", 1) == 1;
-  close(in[1]);
   fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
   a->pid = pid;
   a->out_fd = out[0];
+  a->in_fd = in[1];
   out_ctx_t *c = malloc(sizeof *c);
   c->w = w;
   c->a = a;
@@ -520,8 +545,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(w->proj), j->tenant_id);
   lt_jobspec_t spec;
   char err[512], field[96];
-  memset(a, 0, sizeof *a);
-  a->out_fd = -1;
+  slot_reset(a);
   snprintf(a->job_id, sizeof a->job_id, "%s", j->job_id);
   snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
   a->attempt = p->attempt;
@@ -553,8 +577,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   if (j->ckpt_step > 0) lt_avro_set_long(r, "resume_step", j->ckpt_step);
   else lt_avro_set_null(r, "resume_step");
   if (send_sync(w, w->t_control, a->job_id, r)) {
-    memset(a, 0, sizeof *a);
-    a->out_fd = -1;
+    slot_reset(a);
     return false; /* try again on the next tick */
   }
   snprintf(a->work_dir, sizeof a->work_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.work_root, a->job_id, a->attempt);
@@ -798,7 +821,7 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   if (!w->conf.heartbeat_ms) w->conf.heartbeat_ms = 1000;
   if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
   if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
-  for (int i = 0; i < MAX_SLOTS; i++) w->slots[i].out_fd = -1;
+  for (int i = 0; i < MAX_SLOTS; i++) w->slots[i].out_fd = w->slots[i].in_fd = -1;
   snprintf(w->producer_id, sizeof w->producer_id, "worker/%s", conf->worker_id);
   w->owned = json_array();
   lt_bus_topic_name(conf->bus, "control", w->t_control, sizeof w->t_control);
@@ -878,7 +901,7 @@ void lt_worker_destroy(lt_worker_t *w) {
       scrub_dir(a->work_dir);
     }
     if (a->ev) event_free(a->ev);
-    if (a->out_fd >= 0) close(a->out_fd);
+    slot_reset(a);
   }
   for (int i = 0; i < w->npending; i++) json_decref(w->pending[i].dispatch);
   if (w->control_ev) event_free(w->control_ev);

@@ -61,7 +61,15 @@ static char *dataset(size_t *len) {
 
 typedef struct {
   char keep_state[256]; /* where the step-3 state.bin is copied */
+  int updates;          /* before_update calls */
+  int fail_at;          /* the before_update call that fails (0: none) */
 } hooks_ctx_t;
+
+static lt_err_t count_update(void *ctx, char *errstr, size_t n) {
+  hooks_ctx_t *h = ctx;
+  if (++h->updates == h->fail_at) return lt_errf(errstr, n, LT_ERR_IO, "the commit never came");
+  return LT_OK;
+}
 
 static lt_err_t keep_step3(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
   hooks_ctx_t *h = ctx;
@@ -94,13 +102,14 @@ static lt_train_result_t run(const char *name, const char *resume, const char *k
                         .hp = spec.hp, .threads = 1, .work_dir = work, .resume_state = resume,
                         .gen_max_tokens = 8};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
-  hooks_ctx_t hc = {{0}};
+  hooks_ctx_t hc = {.fail_at = 0};
   if (keep_state) snprintf(hc.keep_state, sizeof hc.keep_state, "%s", keep_state);
-  lt_train_hooks_t hooks = {.ctx = &hc, .on_checkpoint = keep_step3};
+  lt_train_hooks_t hooks = {.ctx = &hc, .on_checkpoint = keep_step3, .before_update = count_update};
   lt_train_result_t res;
   cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_OK, "%s: %s", name, err);
   cr_assert_eq(res.stopped, LT_TRAIN_GO);
   cr_assert_eq(res.steps, 6);
+  cr_assert_eq(hc.updates, res.examples / 8, "%s: one before_update per optimizer update", name);
   free(data);
   return res;
 }
@@ -144,6 +153,35 @@ Test(train, packs_short_examples_is_deterministic_and_resumes_bit_for_bit, .init
   lt_train_result_t c = run("c", state3, NULL);
   cr_assert_eq(c.examples, 3 * 8, "the resumed run trains only steps 4 to 6");
   assert_same_adapter("a", "c", "a run resumed from step 3 must end where the uninterrupted one did");
+}
+
+/* The executor waits in before_update for the previous checkpoint's commit; a failure there (the
+ * upload failed, the worker is gone) must end the run with that error, not train on. */
+Test(train, a_failing_before_update_stops_the_run_with_its_error, .init = make_model, .fini = remove_all,
+     .timeout = 120) {
+  char work[256];
+  snprintf(work, sizeof work, "%s/gate", root);
+  mkdir(work, 0700);
+  size_t len;
+  char *data = dataset(&len);
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  spec.hp.max_steps = 6;
+  spec.hp.batch_size = 8;
+  spec.hp.checkpoint_interval = 3;
+  spec.hp.checkpoint_interval_s = 0;
+  spec.hp.lora_rank = 4;
+  spec.hp.max_seq_len = 64;
+  lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
+                        .hp = spec.hp, .threads = 1, .work_dir = work, .gen_max_tokens = 8};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  hooks_ctx_t hc = {.fail_at = 4}; /* the update after the step-3 checkpoint */
+  lt_train_hooks_t hooks = {.ctx = &hc, .before_update = count_update};
+  lt_train_result_t res;
+  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_ERR_IO);
+  cr_assert_not_null(strstr(err, "the commit never came"), "the hook's error is the run's: %s", err);
+  cr_assert_eq(hc.updates, 4, "nothing ran after the failure");
+  free(data);
 }
 
 Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_all, .timeout = 120) {

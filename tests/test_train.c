@@ -79,8 +79,9 @@ static lt_err_t keep_step3(void *ctx, const char *dir, int64_t step, bool final,
   return system(cmd) == 0 ? LT_OK : lt_errf(errstr, n, LT_ERR_IO, "cannot copy the step-3 state");
 }
 
-/* One run into work dir `name`; returns its result; the final adapter stays in that dir. */
-static lt_train_result_t run(const char *name, const char *resume, const char *keep_state) {
+/* One run into work dir `name` (6 steps of 8, a checkpoint every 3) with hooks on hc; the final
+ * adapter stays in that dir. Returns what lt_train_run returned. */
+static lt_err_t run_with(const char *name, const char *resume, hooks_ctx_t *hc, lt_train_result_t *res) {
   char work[256];
   snprintf(work, sizeof work, "%s/%s", root, name);
   mkdir(work, 0700);
@@ -102,15 +103,21 @@ static lt_train_result_t run(const char *name, const char *resume, const char *k
                         .hp = spec.hp, .threads = 1, .work_dir = work, .resume_state = resume,
                         .gen_max_tokens = 8};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  lt_train_hooks_t hooks = {.ctx = hc, .on_checkpoint = keep_step3, .before_update = count_update};
+  lt_err_t e = lt_train_run(&tc, &hooks, res, err, sizeof err);
+  free(data);
+  return e;
+}
+
+/* A run that must succeed; returns its result. */
+static lt_train_result_t run(const char *name, const char *resume, const char *keep_state) {
   hooks_ctx_t hc = {.fail_at = 0};
   if (keep_state) snprintf(hc.keep_state, sizeof hc.keep_state, "%s", keep_state);
-  lt_train_hooks_t hooks = {.ctx = &hc, .on_checkpoint = keep_step3, .before_update = count_update};
   lt_train_result_t res;
-  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_OK, "%s: %s", name, err);
+  cr_assert_eq(run_with(name, resume, &hc, &res), LT_OK, "%s: %s", name, err);
   cr_assert_eq(res.stopped, LT_TRAIN_GO);
   cr_assert_eq(res.steps, 6);
   cr_assert_eq(hc.updates, res.examples / 8, "%s: one before_update per optimizer update", name);
-  free(data);
   return res;
 }
 
@@ -159,29 +166,11 @@ Test(train, packs_short_examples_is_deterministic_and_resumes_bit_for_bit, .init
  * upload failed, the worker is gone) must end the run with that error, not train on. */
 Test(train, a_failing_before_update_stops_the_run_with_its_error, .init = make_model, .fini = remove_all,
      .timeout = 120) {
-  char work[256];
-  snprintf(work, sizeof work, "%s/gate", root);
-  mkdir(work, 0700);
-  size_t len;
-  char *data = dataset(&len);
-  lt_jobspec_t spec;
-  lt_jobspec_defaults(&spec);
-  spec.hp.max_steps = 6;
-  spec.hp.batch_size = 8;
-  spec.hp.checkpoint_interval = 3;
-  spec.hp.checkpoint_interval_s = 0;
-  spec.hp.lora_rank = 4;
-  spec.hp.max_seq_len = 64;
-  lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
-                        .hp = spec.hp, .threads = 1, .work_dir = work, .gen_max_tokens = 8};
-  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
   hooks_ctx_t hc = {.fail_at = 4}; /* the update after the step-3 checkpoint */
-  lt_train_hooks_t hooks = {.ctx = &hc, .before_update = count_update};
   lt_train_result_t res;
-  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_ERR_IO);
+  cr_assert_eq(run_with("gate", NULL, &hc, &res), LT_ERR_IO);
   cr_assert_not_null(strstr(err, "the commit never came"), "the hook's error is the run's: %s", err);
   cr_assert_eq(hc.updates, 4, "nothing ran after the failure");
-  free(data);
 }
 
 Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_all, .timeout = 120) {

@@ -547,6 +547,11 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     lt_bus_producer_opts_t popts = {.delivery_cb = on_delivery, .opaque = api};
     err = lt_bus_producer_new(conf->bus, &popts, &api->producer, errstr, n);
   }
+  if (!err) {
+    /* A customer's first cancel must not wait for the producer to discover lathe.control. */
+    lt_bus_producer_prepare(api->producer, api->topic_jobs, 2000);
+    lt_bus_producer_prepare(api->producer, api->topic_control, 2000);
+  }
   if (!err) err = start_feed(api, errstr, n);
   if (!err) {
     api->http = evhttp_new(base);

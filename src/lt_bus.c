@@ -314,3 +314,11 @@ lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *l) {
   }
   return a;
 }
+
+void lt_bus_learn_topic(rd_kafka_t *rk, const char *topic, int timeout_ms) {
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+  if (!rkt) return;
+  const struct rd_kafka_metadata *md = NULL;
+  if (rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR) rd_kafka_metadata_destroy(md);
+  rd_kafka_topic_destroy(rkt);
+}

@@ -230,11 +230,7 @@ static void learn_leaders(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t
     bool seen = false;
     for (size_t k = 0; k < i && !seen; k++) seen = strcmp(parts[k].topic, parts[i].topic) == 0;
     if (seen) continue;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, parts[i].topic, NULL);
-    if (!rkt) continue;
-    const struct rd_kafka_metadata *md = NULL;
-    if (rd_kafka_metadata(c->rk, 0, rkt, &md, 2000) == RD_KAFKA_RESP_ERR_NO_ERROR) rd_kafka_metadata_destroy(md);
-    rd_kafka_topic_destroy(rkt);
+    lt_bus_learn_topic(c->rk, parts[i].topic, 2000);
   }
 }
 

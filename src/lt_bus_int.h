@@ -46,6 +46,12 @@ rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *conf, const char *const *de
 rd_kafka_topic_partition_list_t *lt_bus_tplist_from(const lt_bus_tp_t *parts, size_t n);
 lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *list);
 
+/* Asks for one topic's metadata through a topic handle, so librdkafka knows its partitions and
+ * their leaders now. A client that meets a topic first in a produce or an assign waits for its
+ * own topic scan (once a second) or a metadata retry first. Best effort: on failure librdkafka's
+ * own retry takes over. */
+void lt_bus_learn_topic(rd_kafka_t *rk, const char *topic, int timeout_ms);
+
 /* The handles' librdkafka instances (send_offsets needs the consumer's; tests read the
  * effective configuration). */
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);

@@ -247,6 +247,10 @@ static void deadline_after(struct timespec *ts, int ms) {
   }
 }
 
+void lt_bus_producer_prepare(lt_bus_producer_t *p, const char *topic, int timeout_ms) {
+  lt_bus_learn_topic(p->rk, topic, timeout_ms);
+}
+
 lt_err_t lt_bus_produce_sync(lt_bus_producer_t *p, const lt_bus_record_t *rec, int timeout_ms,
                              int32_t *out_partition, int64_t *out_offset, char *errstr,
                              size_t errstr_size) {

@@ -777,6 +777,7 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
   if (!err) err = lt_bus_producer_new(conf->bus, NULL, &p->producer, errstr, n);
+  if (!err) lt_bus_producer_prepare(p->producer, p->topics[T_CONTROL], 2000);
   if (!err) err = start_consumer(p, errstr, n);
   if (err) {
     lt_publisher_destroy(p);

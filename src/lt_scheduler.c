@@ -1026,6 +1026,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_bus_producer_opts_t popts = {.transactional_id = s->txn_id};
   /* init_transactions fences the previous leader before anything is read */
   lt_err_t err = lt_bus_producer_new(s->conf.bus, &popts, &s->prod, errstr, n);
+  for (int o = 0; o < O_N && !err; o++) lt_bus_producer_prepare(s->prod, s->out_topics[o], 2000);
   if (!err) err = lt_proj_new(s->conf.registry, &s->fold, errstr, n);
   if (err) return err;
   lt_bus_admin_t *admin = NULL;

@@ -837,6 +837,11 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
   lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};
   if (!err) err = lt_bus_producer_new(conf->bus, &po, &w->producer, errstr, n);
+  if (!err) {
+    lt_bus_producer_prepare(w->producer, w->t_control, 2000);
+    lt_bus_producer_prepare(w->producer, w->t_progress, 2000);
+    lt_bus_producer_prepare(w->producer, w->t_workers, 2000);
+  }
   /* lathe.jobs, lathe.control and lathe.tenants, folded from the beginning: job states (a job's
    * state is the fold of both job topics), cancels, tenants and their data keys. */
   if (!err) err = lt_bus_consumer_new(conf->bus, NULL, &w->control, errstr, n);

@@ -514,16 +514,17 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   snprintf(job, sizeof job, "%s", json_string_value(json_object_get(r.json, "id")));
   lt_client_resp_free(&r);
 
-  /* While it runs: what the process group is and what its sockets are, at once and at every
-   * poll while the job is running (an executor is then in the group, but only while it trains:
-   * one look can fall between the executor's exit and the completion). */
+  /* While it runs: what the process group is and what its sockets are, at once and after every
+   * answer that says running (an executor is then in the group, but only while it trains: a look
+   * can fall between the executor's exit and the completion, so the job is looked at every 50 ms;
+   * what must hold is that one of those looks saw it). */
   bool scanned = false, scanned_running = false;
   int most = 0;
   char state[32] = "";
   snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 300000; msleep(200)) {
+  for (int64_t t0 = now_ms(); now_ms() - t0 < 300000; msleep(50)) {
     if (!scanned || !strcmp(state, "running")) {
-      scanned_running = scanned_running || (scanned && !strcmp(state, "running"));
+      scanned_running = scanned_running || !strcmp(state, "running");
       int n, foreign;
       char what[1024];
       scan_group(e.pid, &n, &foreign, what, sizeof what);

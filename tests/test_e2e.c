@@ -338,7 +338,16 @@ static json_t *wait_for(tail_t *t, const char *type, const char *job, int attemp
     check_alive();
     tail_poll(t, 200);
   }
-  cr_assert_fail("no %s for job %s (attempt %d) within %d s", type, job ? job : "*", attempt, timeout_ms / 1000);
+  /* What the log did hold for the job, to tell a slow fleet from another outcome. */
+  char seen[2048] = "";
+  size_t used = 0, i;
+  json_t *all = records(t, NULL, job, 0), *r;
+  json_array_foreach(all, i, r) if (used < sizeof seen - 64) used += (size_t)snprintf(
+      seen + used, sizeof seen - used, " %s(%lld)", json_string_value(json_object_get(r, "type")),
+      (long long)ri(r, "attempt"));
+  json_decref(all);
+  cr_assert_fail("no %s for job %s (attempt %d) within %d s; its records:%s", type, job ? job : "*", attempt,
+                 timeout_ms / 1000, seen);
   return NULL;
 }
 

@@ -2,7 +2,7 @@
  *
  * Every CUDA call in kernels/ and in the cuda backend goes through one of these macros, so a
  * failure carries the call, its file and line and the library's own message. The header is
- * plain C (it is included by workers/lt_backend_cuda.c and by the tests as well as by .cu files).
+ * plain C (it is included by workers/engine/lt_backend_cuda.c and by the tests as well as by .cu files).
  *
  *   LT_CUDA_TRY(cudaMemcpyAsync(...), errstr, errstr_size);   // returns the lt_err_t on failure
  *   LT_CUDA_LAUNCHED(errstr, errstr_size);                     // after a <<<...>>> launch

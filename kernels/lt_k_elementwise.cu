@@ -22,7 +22,7 @@ __global__ void lt_k_bias_add_kernel(float *y, const float *b, size_t rows, size
     y[i] += b[i % cols];
 }
 
-/* Must equal lt_backend_dropout_keep() in workers/lt_backend.h bit for bit. */
+/* Must equal lt_backend_dropout_keep() in workers/engine/lt_backend.h bit for bit. */
 __device__ __forceinline__ int lt_k_dropout_keep(uint64_t seed, uint64_t i, float p) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

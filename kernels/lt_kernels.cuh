@@ -1,9 +1,9 @@
 /* lt_kernels: host launchers of Lathe's CUDA kernels, callable from C.
  *
  * One kernel family per file (lt_k_<family>.cu), each with its launchers; this header is the
- * C face of them all, grouped by family, so workers/lt_backend_cuda.c (plain C) and the GPU
+ * C face of them all, grouped by family, so workers/engine/lt_backend_cuda.c (plain C) and the GPU
  * tests can call them. Semantics of each op are those of the matching member of
- * workers/lt_backend.h, which the CPU backend and the CPU references in tests/gpu/ implement.
+ * workers/engine/lt_backend.h, which the CPU backend and the CPU references in tests/gpu/ implement.
  *
  * Conventions:
  *  - Pointers are device pointers; tensors are row-major f32 unless the name says bf16 (then

@@ -1,4 +1,4 @@
-/* Tests of the training engine (workers/lt_engine, lt_safetensors, lt_backend_cpu): parity with
+/* Tests of the training engine (workers/engine/lt_engine, lt_safetensors, lt_backend_cpu): parity with
  * the PyTorch reference in tests/reference/llama_ref.py (logits, loss, LoRA gradients, AdamW
  * steps, greedy sampling), determinism, batch invariance of sampling, state files, PEFT export,
  * full-parameter training and malformed safetensors. */

@@ -64,7 +64,7 @@ cublas=$(find_pkg cublas_v2.h cublas) || { unpack_wheel 'nvidia_cublas-*.whl' &&
 nccl=$(find_pkg nccl.h nccl) || { unpack_wheel 'nvidia_nccl_cu1*-*.whl' && nccl=$(find_pkg nccl.h nccl); } || nccl=""
 if [ -z "$cublas" ]; then say "FATAL: cuBLAS (cublas_v2.h + libcublas.so) not found in: $cands"; exit 2; fi
 say "cuBLAS: $cublas"
-incs="-I$top/src -I$top/kernels -I$top/workers -I$CUDA_HOME/include"
+incs="-I$top/src/lib -I$top/kernels -I$top/workers/engine -I$CUDA_HOME/include"
 libs=""
 set -- $cublas; incs="$incs -I$1"; libs="$libs -L$2 -Xlinker -rpath=$2"; ldp="$2"
 # versioned-only sonames (wheels): give the linker the plain name
@@ -127,7 +127,7 @@ ls kernels/*.cu | xargs -P "$JOBS" -I{} sh -c \
 rc=$?; cat "$OUT/build.log"
 [ $rc -eq 0 ] || { say "FATAL: kernel build failed (see build.log)"; exit 3; }
 say "compiling C sources"
-for f in src/lt_err.c workers/lt_backend_cuda.c tests/gpu/lt_gpu_cases.c tests/gpu/gpu_driver.c tests/gpu/bench_gpu.c $nccl_src; do
+for f in src/lib/lt_err.c workers/engine/lt_backend_cuda.c tests/gpu/lt_gpu_cases.c tests/gpu/gpu_driver.c tests/gpu/bench_gpu.c $nccl_src; do
   "$CC" -std=gnu11 -O2 -D_GNU_SOURCE $incs -c "$f" -o "$obj/$(basename "$f" .c).o" >> "$OUT/build.log" 2>&1 \
     || { cat "$OUT/build.log"; say "FATAL: $f failed to compile"; exit 3; }
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch reference of Lathe's training engine (workers/lt_engine.c), for tests/test_engine.c.
+"""PyTorch reference of Lathe's training engine (workers/engine/lt_engine.c), for tests/test_engine.c.
 
 The same Llama-family architecture written out in plain torch (Debian's python3-torch 1.13 has
 no F.scaled_dot_product_attention, and no transformers/peft/safetensors packages exist here),

@@ -1,5 +1,5 @@
 /* lt_store_int: the backend vtable behind lt_store.h. lt_store.c checks keys and arguments, hashes
- * content and counts bytes; a backend only moves bytes. Private to src/lt_store*.c. */
+ * content and counts bytes; a backend only moves bytes. Private to src/lib/lt_store*.c. */
 #ifndef LT_STORE_INT_H
 #define LT_STORE_INT_H
 

@@ -1,4 +1,4 @@
-/* bench_mem: memory of N concurrent executors on one base model (DESIGN.md §7: base weights
+/* bench_mem: memory of N concurrent executors on one base model (docs/DESIGN.md §7: base weights
  * mapped once per worker and shared by every executor).
  *
  * A random Llama-shaped model of ~150 MB of f32 weights (vocab 32000, d=512, 6 layers, ffn

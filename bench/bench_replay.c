@@ -10,7 +10,7 @@
  * Then the same bytes (kept at produce time) are folded from memory, with no broker, F times:
  * the fold's own ceiling, in records per wall second and per CPU second of the folding thread,
  * and the heap allocations it makes per record (malloc/calloc/realloc are counted by wrappers
- * in this program; 0 is the goal, STYLE.md habit 5).
+ * in this program; 0 is the goal, docs/STYLE.md habit 5).
  * Prints per-round rates, medians and the median of the per-round fold/raw ratios (the machine
  * is shared: pairing cancels most of its swings); the last line is `replay_records_per_s: N`
  * (median consume+fold rate). LATHE_BENCH_N (default 300000) sets N, LATHE_BENCH_ROUNDS

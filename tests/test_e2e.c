@@ -4,7 +4,7 @@
  * prefix, a fresh tenant and a tiny base model (`lathe model make`, made once and cached), then
  * uploads, submits and cancels through the HTTP API and reads what happened back from the log
  * (lathe.control, lathe.progress, lathe.artifacts, lathe.workers) with its own consumer. Each test
- * tries to break one of DESIGN.md §4's invariants:
+ * tries to break one of docs/DESIGN.md §4's invariants:
  *   - a job runs from upload to a published, downloadable PEFT adapter with eval scores (4);
  *   - kill -9 of a worker mid-training: resumed under attempt 2 from the last commit, at most one
  *     checkpoint interval lost, and a bitwise identical adapter to an uninterrupted run (2, 5);

@@ -21,6 +21,7 @@
 #include "lt_jobspec.h"
 #include "lt_scheduler.h"
 #include "lt_tenant.h"
+#include "lt_time.h"
 
 static lt_bus_conf_t *conf;
 static lt_bus_admin_t *admin;
@@ -225,8 +226,8 @@ static json_t *find_seen(const char *type, const char *job, const char *topic_ba
 
 /* Runs the loop until cond() or timeout; returns cond(). */
 static bool run_until(bool (*cond)(void *), void *ctx, int timeout_ms) {
-  int64_t end = lt_avro_now_ms() + timeout_ms;
-  while (lt_avro_now_ms() < end) {
+  int64_t end = lt_time_wall_ms() + timeout_ms;
+  while (lt_time_wall_ms() < end) {
     event_base_loop(base, EVLOOP_NONBLOCK);
     drain_tail();
     if (cond(ctx)) return true;
@@ -299,12 +300,12 @@ static void replay_digest(char out[65]) {
     tps[6 + p] = (lt_bus_tp_t){t2, p, LT_BUS_OFFSET_BEGINNING};
   }
   cr_assert_eq(lt_bus_consumer_assign(c, tps, 12, err, sizeof err), LT_OK);
-  int64_t quiet = lt_avro_now_ms();
-  while (lt_avro_now_ms() - quiet < 1500) {
+  int64_t quiet = lt_time_wall_ms();
+  while (lt_time_wall_ms() - quiet < 1500) {
     const lt_bus_msg_t *m = NULL;
     cr_assert_eq(lt_bus_consumer_poll(c, 100, &m, err, sizeof err), LT_OK, "%s", err);
     if (!m) continue;
-    quiet = lt_avro_now_ms();
+    quiet = lt_time_wall_ms();
     size_t len;
     const void *v = lt_bus_msg_value(m, &len);
     if (v) lt_proj_fold(f, v, len, NULL, NULL, NULL, 0);
@@ -515,7 +516,7 @@ Test(scheduler, a_started_attempt_whose_lease_expires_is_stopped_lost_then_reque
   lt_scheduler_t *s = start(NULL, &c);
   submit("job-lease", "acme", LT_CLASS_STANDARD, NULL);
   cr_assert(wait_for("JobDispatched", "job-lease", "control", 1, 20000));
-  int64_t t0 = lt_avro_now_ms();
+  int64_t t0 = lt_time_wall_ms();
   control_rec("AttemptStarted", "job-lease", "acme", 1);
   cr_assert(wait_for("AttemptStopped", "job-lease", "control", 1, 20000), "no AttemptStopped(lost)");
   json_t *st = find_seen("AttemptStopped", "job-lease", "control", 0);

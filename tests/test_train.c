@@ -2,7 +2,7 @@
  * lt_task. What must hold: short examples are packed several to a row (fewer rows than
  * examples); the run is deterministic (the same seed and data give a bitwise identical adapter,
  * dropout on); a run resumed from a checkpoint's state ends with the adapter of the run that
- * never stopped (DESIGN.md §4.5: a crash loses only the steps since the last commit); and bad
+ * never stopped (docs/DESIGN.md §4.5: a crash loses only the steps since the last commit); and bad
  * data fails naming the line. */
 #include <criterion/criterion.h>
 #include <stdio.h>

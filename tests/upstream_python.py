@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Upstream producers: JobSubmitted records written straight into lathe.jobs by another Kafka
-client are validated exactly like API submissions (DESIGN.md §1, §3, §9; issue 4).
+client are validated exactly like API submissions (docs/DESIGN.md §1, §3, §9).
 
 Run by Debian's /usr/bin/python3 with python3-confluent-kafka and python3-avro, against the real
 broker (and, for the API half, the object store of `ops/stack env`):

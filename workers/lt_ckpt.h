@@ -3,7 +3,7 @@
  * Why a thread: sealing (AES-256-GCM, SHA-256) and uploading a checkpoint costs most of what a
  * checkpoint costs (bench/bench_ckpt: ~80 % of it for a SmolLM2-shape LoRA state). Training
  * goes on while the previous checkpoint travels; only its commit comes later, and a commit is
- * what makes a checkpoint count (DESIGN.md §4.5: a crash loses the steps since the last
+ * what makes a checkpoint count (docs/DESIGN.md §4.5: a crash loses the steps since the last
  * *committed* checkpoint), so nothing is promised early. How far training may run ahead of the
  * newest commit is the caller's choice: the executor holds the update after a checkpoint until
  * the worker has recorded its commit, so a crash loses at most one checkpoint interval while the

@@ -1,7 +1,7 @@
 /* lt_executor: one job attempt in its own process (`lathed --role executor`, spawned by the worker).
  *
  * Why a process: a job can be killed (SIGKILL at the kill deadline) without harming the worker or
- * its neighbours, and everything it held in memory dies with it (DESIGN.md §7, §4.7). Base
+ * its neighbours, and everything it held in memory dies with it (docs/DESIGN.md §7, §4.7). Base
  * weights are a read-only mmap of the model files, so every executor of a worker shares one copy
  * in the page cache.
  *

@@ -16,14 +16,9 @@
 
 #include "lt_task.h"
 #include "lt_tok.h"
+#include "lt_time.h"
 
 /* ---------------------------------------------------------------- small helpers */
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* splitmix64: the data order and the bootstrap depend only on the seed. */
 static uint64_t mix(uint64_t *s) {
@@ -549,7 +544,7 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
     err = LT_ERR_NOMEM;
     goto out;
   }
-  int64_t t0 = mono_ms(), last_ckpt_ms = mono_ms(), tokens_total = 0;
+  int64_t t0 = lt_time_mono_ms(), last_ckpt_ms = lt_time_mono_ms(), tokens_total = 0;
   int64_t ckpt_every_ms = c->checkpoint_every_ms ? c->checkpoint_every_ms : (int64_t)hp->checkpoint_interval_s * 1000;
   uint64_t epoch_loaded = UINT64_MAX;
   int64_t step = lt_session_step(sess);
@@ -601,7 +596,7 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
     if ((err = lt_optim_step(sess, &opt, &gnorm, errstr, n))) goto out;
     step = lt_session_step(sess);
     tokens_total += step_tokens;
-    int64_t el = mono_ms() - t0;
+    int64_t el = lt_time_mono_ms() - t0;
     lt_train_step_t st = {.step = step, .total_steps = total, .loss = loss_sum / hp->grad_accum,
                           .learning_rate = opt.lr, .grad_norm = gnorm, .tokens = step_tokens,
                           .tokens_total = tokens_total, .elapsed_ms = el,
@@ -653,11 +648,11 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
       if (err) goto out;
     }
     bool by_steps = hp->checkpoint_interval > 0 && step % hp->checkpoint_interval == 0;
-    bool by_time = ckpt_every_ms > 0 && mono_ms() - last_ckpt_ms >= ckpt_every_ms;
+    bool by_time = ckpt_every_ms > 0 && lt_time_mono_ms() - last_ckpt_ms >= ckpt_every_ms;
     if (last || by_steps || by_time) {
       if ((err = checkpoint(&r, step, cursor, last, hooks, errstr, n))) goto out;
       out->last_checkpoint_step = step;
-      last_ckpt_ms = mono_ms();
+      last_ckpt_ms = lt_time_mono_ms();
     }
   }
   out->steps = step;
@@ -759,7 +754,7 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) 
     goto out;
   }
   uint64_t cursor = 0, epoch_loaded = UINT64_MAX;
-  int64_t t0 = mono_ms();
+  int64_t t0 = lt_time_mono_ms();
   for (int64_t step = 0; step < c->steps; step++) {
     for (int r = 0; r < B; r++) {
       uint64_t epoch = cursor / windows;
@@ -783,7 +778,7 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) 
                       .weight_decay = 0.01f, .max_grad_norm = 1.0f};
     if ((err = lt_optim_step(s, &opt, NULL, errstr, n))) break;
     if (c->on_step) {
-      int64_t el = mono_ms() - t0;
+      int64_t el = lt_time_mono_ms() - t0;
       c->on_step(c->ctx, step + 1, c->steps, loss, el > 0 ? (double)(step + 1) * B * T * 1000.0 / (double)el : 0);
     }
   }

@@ -1,4 +1,4 @@
-/* lt_train: the managed training loop (issue 5) and the base model's pretraining.
+/* lt_train: the managed training loop and the base model's pretraining.
  *
  * lt_train_run() is what an executor runs for a managed job: it tokenises the decrypted dataset
  * (prompt/completion masking or the chat template), splits validation (given, or held out with

@@ -20,6 +20,7 @@
 
 #include "lt_job_record.h"
 #include "lt_proj.h"
+#include "lt_time.h"
 
 extern char **environ;
 
@@ -83,12 +84,6 @@ enum { R_STARTED, R_CKPT, R_STOPPED, R_COMPLETED, R_CANCELLED, R_CLEANUP, R_STEP
 static const char *const rec_types[R__N] = {"AttemptStarted", "CheckpointCommitted", "AttemptStopped", "JobCompleted",
                                             "JobCancelled", "CleanupDone", "StepCompleted", "EvalCompleted",
                                             "WorkerHeartbeat"};
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void logf_(lt_worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(lt_worker_t *w, const char *fmt, ...) {
@@ -154,7 +149,7 @@ static void send_async(lt_worker_t *w, const char *topic, const char *key, lt_av
 static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
   lt_worker_t *w = opaque;
   if (d->msg_opaque == (void *)w && d->err == LT_OK) {
-    __atomic_store_n(&w->hb_ok_ms, now_ms(), __ATOMIC_RELEASE);
+    __atomic_store_n(&w->hb_ok_ms, lt_time_wall_ms(), __ATOMIC_RELEASE);
   }
 }
 
@@ -181,7 +176,7 @@ static bool live(lt_worker_t *w, const attempt_t *a) {
 static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
   if (a->state != A_RUNNING || a->stop_signal) return;
   a->stop_signal = sig;
-  a->stop_sent_ms = now_ms();
+  a->stop_sent_ms = lt_time_wall_ms();
   kill(a->pid, sig);
   logf_(w, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
 }
@@ -311,7 +306,7 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
     logf_(w, "%s: unreadable executor line", a->job_id);
     return;
   }
-  a->last_progress_ms = now_ms();
+  a->last_progress_ms = lt_time_wall_ms();
   const char *type = json_string_value(json_object_get(o, "type"));
   if (!type) type = "";
   if (!live(w, a)) {
@@ -552,7 +547,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->cls = j->job_class;
   a->lease_ms = json_integer_value(json_object_get(p->dispatch, "lease_ms"));
   if (a->lease_ms <= 0) a->lease_ms = 30000;
-  a->last_progress_ms = now_ms();
+  a->last_progress_ms = lt_time_wall_ms();
   /* The dispatch carries the job's spec; read it back through the one validation. */
   json_t *spec_in = json_object();
   static const char *const spec_fields[] = {"base_model", "dataset_id", "validation_dataset_id", "hyperparameters",
@@ -573,7 +568,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   /* Claim the attempt before doing anything with it. */
   lt_avro_record_t *r = fresh(w, R_STARTED, a);
   lt_avro_set_string(r, "worker_id", w->conf.worker_id);
-  lt_avro_set_long(r, "lease_deadline", now_ms() + a->lease_ms);
+  lt_avro_set_long(r, "lease_deadline", lt_time_wall_ms() + a->lease_ms);
   if (j->ckpt_step > 0) lt_avro_set_long(r, "resume_step", j->ckpt_step);
   else lt_avro_set_null(r, "resume_step");
   if (send_sync(w, w->t_control, a->job_id, r)) {
@@ -619,7 +614,7 @@ static void run_pending(lt_worker_t *w) {
     for (int i = 0; i < w->npending; i++) {
       pending_t *p = &w->pending[i];
       if ((int)p->cls != pass) continue;
-      bool expired = now_ms() - p->since_ms > 60000;
+      bool expired = lt_time_wall_ms() - p->since_ms > 60000;
       if (try_start(w, p) || expired) {
         json_decref(p->dispatch);
         w->pending[i] = w->pending[--w->npending];
@@ -654,7 +649,7 @@ static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
   lt_job_class_t c = LT_CLASS_STANDARD;
   if (cls) lt_job_class_parse(cls, &c);
   p->cls = c;
-  p->since_ms = now_ms();
+  p->since_ms = lt_time_wall_ms();
   lt_avro_record_to_jansson(rec, &p->dispatch, NULL, 0);
 }
 
@@ -760,7 +755,7 @@ static void heartbeat(lt_worker_t *w) {
     snprintf(path, sizeof path, "leases[%zu].attempt", idx);
     lt_avro_set_int(r, path, a->attempt);
     snprintf(path, sizeof path, "leases[%zu].lease_deadline", idx);
-    lt_avro_set_long(r, path, now_ms() + a->lease_ms);
+    lt_avro_set_long(r, path, lt_time_wall_ms() + a->lease_ms);
   }
   lt_avro_set_bool(r, "draining", false);
   send_async(w, w->t_workers, w->conf.worker_id, r, w);
@@ -768,7 +763,7 @@ static void heartbeat(lt_worker_t *w) {
 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_worker_t *w = arg;
-  int64_t now = now_ms();
+  int64_t now = lt_time_wall_ms();
   if (now - w->last_hb_sent_ms >= w->conf.heartbeat_ms) {
     heartbeat(w);
     w->last_hb_sent_ms = now;
@@ -891,7 +886,7 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
     lt_worker_destroy(w);
     return err;
   }
-  __atomic_store_n(&w->hb_ok_ms, now_ms(), __ATOMIC_RELEASE);
+  __atomic_store_n(&w->hb_ok_ms, lt_time_wall_ms(), __ATOMIC_RELEASE);
   *out = w;
   return LT_OK;
 }

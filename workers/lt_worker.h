@@ -1,4 +1,4 @@
-/* lt_worker: `lathed worker`, one per GPU or CPU node (DESIGN.md §2, §7, §9).
+/* lt_worker: `lathed worker`, one per GPU or CPU node (docs/DESIGN.md §2, §7, §9).
  *
  * It consumes the dispatch topics of every priority class (one per class, so every worker of the
  * group owns partitions of each), claims an attempt with AttemptStarted, runs it in an executor

@@ -21,6 +21,7 @@
 #include "lt_crypto.h"
 #include "lt_proj.h"
 #include "lt_tenant.h"
+#include "lt_time.h"
 
 int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
 
@@ -258,7 +259,7 @@ static int tenant_cmd(int argc, char **argv) {
     rc = 2;
     goto out;
   }
-  if (want_key && lt_tenant_add_key(&t, strcmp(verb, "rotate-key") == 0, lt_avro_now_ms(), key)) {
+  if (want_key && lt_tenant_add_key(&t, strcmp(verb, "rotate-key") == 0, lt_time_wall_ms(), key)) {
     fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
     rc = 1;
     goto out;

@@ -22,6 +22,7 @@
 #include <event2/http.h>
 
 #include "lt_cli_api.h"
+#include "lt_time.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe datasets upload FILE [--name N] [--max-tokens T]\n"
@@ -31,12 +32,6 @@ static void usage(FILE *f) {
              "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080),\n"
              "  --api-key KEY (LATHE_API_KEY), --json (print the server's JSON)\n"
              "\nA dataset is JSONL, one {\"prompt\",\"completion\"} or {\"messages\":[...]} object a line.\n");
-}
-
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 /* ---------------------------------------------------------------- progress */
@@ -49,7 +44,7 @@ typedef struct {
 } progress_t;
 
 static void progress_show(progress_t *p, uint64_t done, bool final) {
-  double el = mono_s() - p->t0;
+  double el = (lt_time_mono_us() / 1e6) - p->t0;
   double mbs = el > 0 ? (double)done / 1e6 / el : 0;
   int pct = p->total ? (int)(done * 100 / p->total) : 100;
   if (p->tty) {
@@ -161,7 +156,7 @@ static int upload(lt_cli_opts_t *o, int argc, char **argv) {
     fprintf(stderr, "lathe datasets upload: out of memory\n");
     goto abort;
   }
-  progress_t pr = {.tty = isatty(2), .total = (uint64_t)st.st_size, .t0 = mono_s(), .last_decile = -1};
+  progress_t pr = {.tty = isatty(2), .total = (uint64_t)st.st_size, .t0 = (lt_time_mono_us() / 1e6), .last_decile = -1};
   if (o->quiet) pr.tty = false, pr.last_decile = 100;
   uint64_t sent = 0;
   progress_show(&pr, 0, false);

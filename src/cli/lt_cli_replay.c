@@ -24,6 +24,7 @@
 #include "lt_bus.h"
 #include "lt_job.h"
 #include "lt_scheduler.h"
+#include "lt_time.h"
 
 int lt_cli_admin_replay(int argc, char **argv);
 
@@ -134,14 +135,14 @@ int lt_cli_admin_replay(int argc, char **argv) {
   if (!e) e = lt_bus_consumer_watermarks(c, hw, ntps, NULL, 10000, err, sizeof err);
   if (!e) e = lt_bus_consumer_assign(c, tps, ntps, err, sizeof err);
   int64_t next[MAX_TPS] = {0};
-  int64_t quiet_since = lt_avro_now_ms();
+  int64_t quiet_since = lt_time_wall_ms();
   while (!e) {
     const lt_bus_msg_t *m = NULL;
     e = lt_bus_consumer_poll(c, 100, &m, err, sizeof err);
     if (e == LT_ERR_RETRIABLE) e = LT_OK;
     if (e) break;
     if (m) {
-      quiet_since = lt_avro_now_ms();
+      quiet_since = lt_time_wall_ms();
       for (size_t i = 0; i < ntps; i++)
         if (tps[i].partition == lt_bus_msg_partition(m) && strcmp(tps[i].topic, lt_bus_msg_topic(m)) == 0)
           next[i] = lt_bus_msg_offset(m) + 1;
@@ -160,7 +161,7 @@ int lt_cli_admin_replay(int argc, char **argv) {
       int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
       if (p < hw[i].offset && next[i] < hw[i].offset) done = false;
     }
-    if (done || lt_avro_now_ms() - quiet_since > 2000) break;
+    if (done || lt_time_wall_ms() - quiet_since > 2000) break;
   }
   if (!e) {
     lt_job_table_t *jobs = lt_proj_jobs(fold);

@@ -28,6 +28,7 @@
 
 #include "lt_avro.h"
 #include "lt_bus.h"
+#include "lt_time.h"
 
 static volatile sig_atomic_t lt_cli_topic_stop;
 
@@ -45,12 +46,6 @@ static void topic_usage(FILE *f) {
           "  Encodes each JSON line as the newest version of TYPE and writes it (acks=all),\n"
           "  keyed by job_id / tenant_id / worker_id; prints partition and offset per record.\n"
           "  Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_TOPIC_PREFIX\n");
-}
-
-static int64_t mono_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 /* Prints one record (or its decode error) as a JSON line. */
@@ -168,7 +163,7 @@ static int topic_tail(int argc, char **argv) {
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   long count = 0;
-  int64_t last = mono_ms();
+  int64_t last = lt_time_mono_ms();
   rc = 0;
   while (!lt_cli_topic_stop && (max < 0 || count < max)) {
     const lt_bus_msg_t *m;
@@ -182,8 +177,8 @@ static int topic_tail(int argc, char **argv) {
     if (m) {
       print_record(dec, m);
       count++;
-      last = mono_ms();
-    } else if (timeout_ms >= 0 && mono_ms() - last >= timeout_ms) {
+      last = lt_time_mono_ms();
+    } else if (timeout_ms >= 0 && lt_time_mono_ms() - last >= timeout_ms) {
       break;
     }
   }

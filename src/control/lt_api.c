@@ -2,6 +2,7 @@
  * produce-then-answer, /healthz and /metrics. Jobs and datasets live in lt_api_jobs.c and
  * lt_api_datasets.c. See lt_api.h. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -440,12 +441,6 @@ static void reply_metrics(lt_api_t *api, struct evhttp_request *req) {
 
 /* ---------------------------------------------------------------- routing */
 
-static int64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req) {
   const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
   const lt_tenant_t *t = NULL;
@@ -470,7 +465,7 @@ static const char *under(const char *path, const char *prefix) {
 
 static void on_request(struct evhttp_request *req, void *arg) {
   lt_api_t *api = arg;
-  int64_t t0 = now_us();
+  int64_t t0 = lt_time_mono_us();
   const char *uri = evhttp_request_get_uri(req);
   struct evhttp_uri *parsed = evhttp_uri_parse(uri);
   const char *path = parsed ? evhttp_uri_get_path(parsed) : NULL;
@@ -509,7 +504,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
   int status = evhttp_request_get_response_code(req);
   int cls = status >= 100 && status < 600 ? status / 100 - 1 : 1;
   api->stats.requests[route][cls]++;
-  int64_t us = now_us() - t0;
+  int64_t us = lt_time_mono_us() - t0;
   api->stats.latency_us_sum[route] += (uint64_t)us;
   int b = 0;
   while (b < 9 && us / 1000.0 > latency_bounds_ms[b]) b++;

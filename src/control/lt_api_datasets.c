@@ -13,6 +13,7 @@
  * removes the wrapped key first (crypto-shred), then the objects. meta is written last: a
  * dataset exists when its meta does. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,12 +35,6 @@ struct lt_api_upload {
   int64_t last_active_ms;
   lt_api_upload_t *next;
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void key_of(char *out, size_t n, const char *tenant, const char *id, const char *leaf) {
   lt_dataset_object_key(out, n, tenant, id, leaf);
@@ -77,7 +72,7 @@ static lt_api_upload_t *upload_find(lt_api_t *api, const lt_tenant_t *t, const c
 }
 
 void lt_api_uploads_tick(lt_api_t *api) {
-  int64_t now = now_ms();
+  int64_t now = lt_time_wall_ms();
   for (lt_api_upload_t *u = api->uploads, *next; u; u = next) {
     next = u->next;
     if (now - u->last_active_ms > UPLOAD_IDLE_MS) {
@@ -117,7 +112,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   snprintf(u->tenant, sizeof u->tenant, "%s", t->tenant_id);
   snprintf(u->name, sizeof u->name, "%s", name ? name : u->id);
   u->next_part = 1;
-  u->last_active_ms = now_ms();
+  u->last_active_ms = lt_time_wall_ms();
   char key[512];
   key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
   lt_err_t err = lt_dataset_check_new(&u->check, &lim, tokens_fn(api), api->conf.tokens_ctx);
@@ -145,7 +140,7 @@ static lt_err_t upload_part(lt_api_t *api, lt_api_upload_t *u, struct evbuffer *
   } else {
     err = lt_sealed_writer_write(u->w, p, len, msg, n);
   }
-  u->last_active_ms = now_ms();
+  u->last_active_ms = lt_time_wall_ms();
   u->next_part++;
   if (err) {
     upload_unlink(api, u);
@@ -191,7 +186,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   }
   json_t *meta = NULL;
   if (!err) {
-    meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)now_ms(),
+    meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)lt_time_wall_ms(),
                      "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain, "report", report);
     char *text = json_dumps(meta, JSON_COMPACT);
     key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_META);

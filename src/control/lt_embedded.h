@@ -1,5 +1,5 @@
 /* lt_embedded: `lathed --role all --embedded`, the whole service in one process with no server
- * to start — no Kafka broker, no S3 server (DESIGN.md §8: "a local-directory store serves the
+ * to start — no Kafka broker, no S3 server (docs/DESIGN.md §8: "a local-directory store serves the
  * embedded mode").
  *
  * What it sets up before the roles start:

@@ -16,6 +16,7 @@
 #include "lt_proj.h"
 #include "lt_sealed.h"
 #include "lt_tenant.h"
+#include "lt_time.h"
 
 #define LOG(...) fprintf(stderr, "lathed publisher: " __VA_ARGS__)
 
@@ -417,7 +418,7 @@ static step_t retry(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why
   for (int i = 0; i < t->tries && delay < p->conf.retry_max_ms; i++) delay *= 2;
   if (delay > p->conf.retry_max_ms) delay = p->conf.retry_max_ms;
   t->tries++;
-  t->next_ms = lt_avro_now_ms() + delay;
+  t->next_ms = lt_time_wall_ms() + delay;
   p->stats.retries++;
   set_last(p, code, why);
   LOG("job %s: promotion postponed %" PRId64 " ms (try %d): %s\n", t->job_id, delay, t->tries, why);
@@ -530,7 +531,7 @@ static void commit_offsets(lt_publisher_t *p) {
 static void work(lt_publisher_t *p) {
   if (!p->stats.ready || p->in_work) return;
   p->in_work = true;
-  int64_t now = lt_avro_now_ms();
+  int64_t now = lt_time_wall_ms();
   for (size_t i = 0; i < p->ntodo;) {
     todo_t *t = &p->todo[i];
     if (t->next_ms > now || promote_job(p, t) == RETRY) {
@@ -547,7 +548,7 @@ static void work(lt_publisher_t *p) {
 
 static void check_ready(lt_publisher_t *p) {
   if (p->stats.ready) return;
-  int64_t now = lt_avro_now_ms();
+  int64_t now = lt_time_wall_ms();
   bool ok = true;
   lt_bus_tp_t *pos = malloc(p->nparts * sizeof *pos);
   if (pos) {
@@ -579,7 +580,7 @@ static void feed(lt_publisher_t *p) {
     }
     if (!m) break;
     if (i == 1999) more = true;
-    p->last_record_ms = lt_avro_now_ms();
+    p->last_record_ms = lt_time_wall_ms();
     const char *topic = lt_bus_msg_topic(m);
     int32_t part = lt_bus_msg_partition(m);
     int64_t off = lt_bus_msg_offset(m);
@@ -605,11 +606,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   lt_publisher_t *p = arg;
   feed(p);
-  if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_avro_now_ms() >= p->next_gc_ms) {
+  if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_time_wall_ms() >= p->next_gc_ms) {
     char err[256];
     uint64_t n = 0;
     if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) LOG("gc: %s\n", err);
-    p->next_gc_ms = lt_avro_now_ms() + p->conf.gc_interval_ms;
+    p->next_gc_ms = lt_time_wall_ms() + p->conf.gc_interval_ms;
   }
 }
 
@@ -658,7 +659,7 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
 lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, size_t n) {
   if (deleted) *deleted = 0;
   if (!p->stats.ready) return lt_errf(errstr, n, LT_ERR_RETRIABLE, "not caught up with the topics yet");
-  gc_ctx_t g = {.p = p, .now_ms = lt_avro_now_ms()};
+  gc_ctx_t g = {.p = p, .now_ms = lt_time_wall_ms()};
   lt_err_t err = LT_OK;
   uint64_t count = 0;
   lt_tenant_table_t *tt = lt_proj_tenants(p->proj);
@@ -772,7 +773,7 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   lt_bus_topic_name(conf->bus, "deadletter", p->deadletter, sizeof p->deadletter);
   p->ckpt_ev = json_object();
   p->done_ev = json_object();
-  p->started_ms = lt_avro_now_ms();
+  p->started_ms = lt_time_wall_ms();
   lt_err_t err = p->ckpt_ev && p->done_ev ? LT_OK : LT_ERR_NOMEM;
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);

@@ -1,5 +1,5 @@
 /* lt_publisher: `lathed publisher`, promotion of committed final checkpoints to published
- * artifacts (DESIGN.md §4 invariant 4, §8).
+ * artifacts (docs/DESIGN.md §4 invariant 4, §8).
  *
  * ---- The checkpoint layout: the contract between the worker and the publisher ----
  *

@@ -1,4 +1,4 @@
-/* lt_sched: Lathe's scheduling policy (DESIGN.md §6, invariant 9), as a pure library.
+/* lt_sched: Lathe's scheduling policy (docs/DESIGN.md §6, invariant 9), as a pure library.
  *
  * The scheduler daemon folds job, control, worker and tenant records into calls of this API and
  * turns the decisions it returns into dispatch and control records; `lathe sim` drives the very

@@ -18,6 +18,7 @@
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
 #include "lt_tenant.h"
+#include "lt_time.h"
 
 enum { T_JOBS = 0, T_CONTROL, T_WORKERS, T_TENANTS, T_NFOLD };
 enum { O_CONTROL = 0, O_DISPATCH0, O_DEADLETTER = O_DISPATCH0 + LT_CLASS__COUNT, O_N };
@@ -139,7 +140,7 @@ static side_t *side_get(lt_scheduler_t *s, const char *job_id, bool add, size_t 
   side_t *sd = calloc(1, sizeof *sd);
   if (!sd) return NULL;
   snprintf(sd->job_id, sizeof sd->job_id, "%s", job_id);
-  sd->first_seen_ms = lt_avro_now_ms();
+  sd->first_seen_ms = lt_time_wall_ms();
   sd->spec_err = LT_ERR_INVALID;
   snprintf(sd->spec_msg, sizeof sd->spec_msg, "the submission was not read");
   s->sides[s->nsides] = sd;
@@ -772,7 +773,7 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
 
 static void step(lt_scheduler_t *s) {
   if (s->role != LT_SCHEDULER_LEADING) return;
-  int64_t now_ms = lt_avro_now_ms();
+  int64_t now_ms = lt_time_wall_ms();
   double now = (double)now_ms / 1000.0;
   if (now > s->now_s) s->now_s = now;
   sync_workers(s, now_ms);
@@ -944,7 +945,7 @@ static bool caught_up(lt_scheduler_t *s, int64_t now_ms) {
 
 static void feed(lt_scheduler_t *s) {
   if (!s->fold_c) return;
-  int64_t now_ms = lt_avro_now_ms();
+  int64_t now_ms = lt_time_wall_ms();
   bool more = false;
   for (int i = 0; i < 5000; i++) {
     const lt_bus_msg_t *m = NULL;
@@ -1057,7 +1058,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   if ((err = lt_bus_consumer_assign(s->fold_c, s->tps, s->ntps, errstr, n))) return err;
   s->fold_ev = event_new(s->base, lt_bus_consumer_fd(s->fold_c), EV_READ | EV_PERSIST, on_fold_fd, s);
   if (!s->fold_ev || event_add(s->fold_ev, NULL)) return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot watch the fold");
-  s->last_msg_ms = s->catchup_since_ms = lt_avro_now_ms();
+  s->last_msg_ms = s->catchup_since_ms = lt_time_wall_ms();
   s->role = LT_SCHEDULER_CATCHUP;
   s->fenced = false;
   s->st.fenced = false;

@@ -1,4 +1,4 @@
-/* lt_scheduler: `lathed scheduler`, the live side of the scheduling policy (DESIGN.md §2, §6).
+/* lt_scheduler: `lathed scheduler`, the live side of the scheduling policy (docs/DESIGN.md §2, §6).
  *
  * It folds lathe.jobs, lathe.control, lathe.workers and lathe.tenants through lt_proj (one
  * decode-and-fold for every process), turns the fold into calls of the pure policy (lt_sched),

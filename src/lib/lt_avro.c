@@ -8,6 +8,7 @@
  * specification directly over avro-c's value API; decoding goes through a resolution plan
  * (lt_plan) from the writer version to the record's (reader) version, built once per pair. */
 #include "lt_avro.h"
+#include "lt_time.h"
 
 #include <avro.h>
 #include <errno.h>
@@ -670,12 +671,6 @@ lt_err_t lt_avro_peek(const void *buf, size_t len, uint64_t *fingerprint, char *
   for (int i = 0; i < 8; i++) fp |= (uint64_t)p[2 + i] << (8 * i);
   *fingerprint = fp;
   return LT_OK;
-}
-
-int64_t lt_avro_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void lt_avro_uuid(char out[37]) {
@@ -2164,7 +2159,7 @@ lt_err_t lt_avro_record_stamp(lt_avro_record_t *rec, const char *producer) {
   char id[37];
   lt_avro_uuid(id);
   lt_err_t rc = lt_avro_set_string(rec, "event_id", id);
-  if (!rc) rc = lt_avro_set_long(rec, "occurred_at", lt_avro_now_ms());
+  if (!rc) rc = lt_avro_set_long(rec, "occurred_at", lt_time_wall_ms());
   if (!rc) rc = lt_avro_set_string(rec, "producer", producer ? producer : "");
   return rc;
 }

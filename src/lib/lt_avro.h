@@ -1,7 +1,7 @@
 /* lt_avro: Lathe's Avro records — the schema registry, single-object encoding, typed access.
  *
  * Every record on every Lathe topic is one schema of schemas/<Record>.v<N>.avsc (embedded into the binary by
- * the build), written in Avro single-object encoding (DESIGN.md §3):
+ * the build), written in Avro single-object encoding (docs/DESIGN.md §3):
  *
  *   C3 01 | 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing
  *   Canonical Form | Avro binary body
@@ -100,9 +100,6 @@ lt_err_t lt_avro_peek(const void *buf, size_t len, uint64_t *fingerprint, char *
 /* Fingerprint as 16 lowercase hex digits of its 8 header bytes (little-endian order, as the
  * specification prints them: "int" is 8f5c393f1ad57572). out holds at least 17 bytes. */
 void lt_avro_fingerprint_hex(uint64_t fingerprint, char out[17]);
-
-/* Milliseconds since the epoch (CLOCK_REALTIME), for occurred_at and deadlines. */
-int64_t lt_avro_now_ms(void);
 
 /* A random UUID (version 4) in its 36-character form, for event_id. out holds 37 bytes. */
 void lt_avro_uuid(char out[37]);

@@ -3,7 +3,7 @@
  * The producer, consumer and admin handles live in lt_bus_producer.c, lt_bus_consumer.c and
  * lt_bus_admin.c; this file holds what they share. The classification table is the one place
  * that decides whether a librdkafka error is retried, aborts a transaction, or recreates a
- * handle (DESIGN.md §9 "broker unavailable": bounded retry, never a false ack). */
+ * handle (docs/DESIGN.md §9 "broker unavailable": bounded retry, never a false ack). */
 #include <stdlib.h>
 #include <string.h>
 

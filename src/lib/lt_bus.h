@@ -1,6 +1,6 @@
 /* lt_bus: Lathe's Kafka module (producer, consumer, admin) over librdkafka.
  *
- * Kafka is the only channel between the control plane and the data plane (DESIGN.md §2), so
+ * Kafka is the only channel between the control plane and the data plane (docs/DESIGN.md §2), so
  * this is the one place that knows librdkafka. The bus is payload-agnostic: records are bytes,
  * a key and headers; Avro lives in lt_avro. What the bus guarantees:
  *   - every producer is idempotent with acks=all (invariant 5: nothing acknowledged is lost);

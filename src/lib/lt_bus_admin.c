@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "lt_bus_int.h"
+#include "lt_time.h"
 
 struct lt_bus_admin {
   rd_kafka_t *rk;
@@ -55,14 +56,12 @@ static rd_kafka_event_t *wait_result(rd_kafka_queue_t *q, int timeout_ms) {
 /* Waits until the metadata shows topic with its partitions, for at most timeout_ms. */
 static lt_err_t wait_visible(lt_bus_admin_t *a, const char *topic, int timeout_ms, char *errstr,
                              size_t errstr_size) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int64_t t0 = lt_time_mono_ms();
   for (;;) {
     int np = 0;
     lt_err_t e = lt_bus_admin_describe_topic(a, topic, timeout_ms, &np, NULL, 0);
     if (e == LT_OK && np > 0) return LT_OK;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    long ms = (long)(t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+    int64_t ms = lt_time_mono_ms() - t0;
     if (ms > timeout_ms)
       return lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT,
                      "topic %s created but not visible in metadata after %d ms", topic,

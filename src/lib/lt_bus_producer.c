@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "lt_bus_int.h"
+#include "lt_time.h"
 
 #define LT_BUS_SYNC_SLOTS 256 /* concurrent produce_sync calls; more wait for a slot */
 #define LT_BUS_MAX_HEADERS 32 /* headers per record (lt_bus_produce rejects more) */
@@ -366,12 +367,6 @@ static lt_err_t txn_err(lt_bus_producer_t *p, rd_kafka_error_t *e, const char *w
   return le;
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 lt_err_t lt_bus_txn_begin(lt_bus_producer_t *p, char *errstr, size_t errstr_size) {
   if (!p->transactional)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "producer has no transactional_id");
@@ -422,15 +417,15 @@ lt_err_t lt_bus_txn_send_offsets(lt_bus_producer_t *p, lt_bus_consumer_t *c,
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "send_offsets: the consumer has no group id");
   }
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = lt_time_mono_ms() + timeout_ms;
   lt_err_t result = LT_OK;
   for (;;) {
-    int left = (int)(deadline - now_ms());
+    int left = (int)(deadline - lt_time_mono_ms());
     rd_kafka_error_t *e =
         rd_kafka_send_offsets_to_transaction(p->rk, l, cgmd, left > 0 ? left : 1);
     if (!e) break;
     lt_bus_class_t cls = lt_bus_classify_error(p->rk, e);
-    if (cls == LT_BUS_CLASS_RETRIABLE && now_ms() < deadline) {
+    if (cls == LT_BUS_CLASS_RETRIABLE && lt_time_mono_ms() < deadline) {
       rd_kafka_error_destroy(e);
       continue;
     }
@@ -452,13 +447,13 @@ lt_err_t lt_bus_txn_send_offsets(lt_bus_producer_t *p, lt_bus_consumer_t *c,
 
 lt_err_t lt_bus_txn_commit(lt_bus_producer_t *p, int timeout_ms, char *errstr,
                            size_t errstr_size) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = lt_time_mono_ms() + timeout_ms;
   for (;;) {
-    int left = (int)(deadline - now_ms());
+    int left = (int)(deadline - lt_time_mono_ms());
     rd_kafka_error_t *e = rd_kafka_commit_transaction(p->rk, left > 0 ? left : 1);
     if (!e) return LT_OK;
     lt_bus_class_t cls = lt_bus_classify_error(p->rk, e);
-    if (cls == LT_BUS_CLASS_RETRIABLE && now_ms() < deadline) {
+    if (cls == LT_BUS_CLASS_RETRIABLE && lt_time_mono_ms() < deadline) {
       rd_kafka_error_destroy(e);
       continue;
     }

@@ -1,4 +1,4 @@
-/* lt_crypto: envelope encryption of customer data at rest (DESIGN.md §4 invariant 7), plus the
+/* lt_crypto: envelope encryption of customer data at rest (docs/DESIGN.md §4 invariant 7), plus the
  * small hashing, encoding and randomness helpers the rest of Lathe uses.
  *
  * Keys. A master key (KEK, lt_crypto_kek_t) comes from configuration (LATHE_MASTER_KEY,

@@ -82,7 +82,7 @@ json_t *lt_dataset_report_json(const lt_dataset_report_t *r, int32_t epochs);
 
 const char *lt_dataset_format_name(lt_dataset_format_t f); /* "prompt_completion" | "messages" */
 
-/* Where a dataset lives in the object store (DESIGN.md §8), one object per leaf:
+/* Where a dataset lives in the object store (docs/DESIGN.md §8), one object per leaf:
  *   LT_DATASET_DATA  the JSONL, sealed with the dataset's own data key
  *   LT_DATASET_KEY   that data key, wrapped by the master key for the tenant (delete = shred)
  *   LT_DATASET_META  id, name, sizes, report (sealed); written last: the dataset exists when it does */

@@ -1,4 +1,4 @@
-/* lt_job: the job state machine of DESIGN.md §5 as a pure fold over log records.
+/* lt_job: the job state machine of docs/DESIGN.md §5 as a pure fold over log records.
  *
  * A job's state is a function of its records in lathe.jobs and lathe.control (invariant 1).
  * lt_job_apply() is that function's step: no I/O, no clock, no allocation beyond the job table

@@ -3,7 +3,7 @@
  * A submission reaches Lathe two ways: JSON through the API, or a JobSubmitted record that an
  * upstream service produced straight into lathe.jobs. Both end up as an lt_jobspec_t and go
  * through lt_jobspec_validate(), so they get the same checks and the same messages
- * (DESIGN.md §1). Defaults and ranges live in one table (lt_jobspec.c) that the API
+ * (docs/DESIGN.md §1). Defaults and ranges live in one table (lt_jobspec.c) that the API
  * documentation and a test compare against schemas/JobSubmitted.v1.avsc.
  *
  * Pure: no I/O. Thread-safe (no shared state). */

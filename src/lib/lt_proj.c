@@ -21,7 +21,7 @@ typedef struct orphan {
 /* The newest CheckpointCommitted and StepCompleted of a job, kept as the bytes that were folded:
  * they come with every checkpoint and every step, and their JSON is wanted only when someone
  * asks for the job's side document, so it is built then (lt_proj_job_info). The buffers grow
- * to size and are reused: folding them allocates nothing (STYLE.md habit 5). */
+ * to size and are reused: folding them allocates nothing (docs/STYLE.md habit 5). */
 typedef struct lazy_buf {
   uint8_t *bytes;
   size_t len, cap;

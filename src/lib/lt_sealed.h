@@ -1,7 +1,7 @@
 /* lt_sealed: customer data at rest = an LTE1 stream (lt_crypto) in the object store (lt_store).
  *
  * The one place where encryption meets storage, so no caller can store customer bytes in the
- * clear by accident (DESIGN.md §4.7): datasets, checkpoints and artifacts are written through a
+ * clear by accident (docs/DESIGN.md §4.7): datasets, checkpoints and artifacts are written through a
  * sealed writer and read back through lt_sealed_get, which verifies every chunk before any
  * plaintext is returned. The object key is bound into the ciphertext, so an object copied to
  * another key or tenant does not decrypt.

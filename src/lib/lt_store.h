@@ -1,4 +1,4 @@
-/* lt_store: the object store (DESIGN.md §8). Bytes of datasets, checkpoints and artifacts live
+/* lt_store: the object store (docs/DESIGN.md §8). Bytes of datasets, checkpoints and artifacts live
  * here, already encrypted by lt_crypto; the store itself neither encrypts nor interprets them.
  *
  * Two backends behind one small vtable:

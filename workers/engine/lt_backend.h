@@ -56,7 +56,7 @@ struct lt_backend {
    * (last_error says why). bytes == 0 returns a valid unique pointer. */
   void *(*alloc)(lt_backend_t *be, size_t bytes);
   /* Scrubs (overwrites with zeros in a way the compiler may not elide: tenant isolation,
-   * DESIGN.md §4.7) and frees a buffer from alloc(). NULL is a no-op. */
+   * docs/DESIGN.md §4.7) and frees a buffer from alloc(). NULL is a no-op. */
   void (*free)(lt_backend_t *be, void *p);
   /* Host -> device and device -> host copies of `bytes`. download() waits for earlier work. */
   lt_err_t (*upload)(lt_backend_t *be, void *dst_dev, const void *src_host, size_t bytes);

@@ -2,7 +2,7 @@
  * the NCCL communicator for data parallelism across the GPUs of one node.
  *
  * One stream and one cuBLAS handle per backend. Device buffers are tracked so that free()
- * knows their size and scrubs them, and destroy() scrubs and frees whatever is left (DESIGN.md
+ * knows their size and scrubs them, and destroy() scrubs and frees whatever is left (docs/DESIGN.md
  * §4.7: nothing of a tenant stays in GPU memory). Scratch (bf16 casts, attention) grows on
  * demand during the first step and is then reused: no allocation per step after warm-up. */
 #include "lt_backend_cuda.h"

@@ -1,4 +1,4 @@
-/* lt_engine: the training engine of the data plane (DESIGN.md §7).
+/* lt_engine: the training engine of the data plane (docs/DESIGN.md §7).
  *
  * A Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, optional q/k/v bias as
  * in Qwen2, tied or untied embeddings) loaded from a Hugging Face model directory (config.json +
@@ -13,7 +13,7 @@
  *    weight), its gradients, AdamW moments, RNG, step counter and the activation buffers
  *    (allocated once per (batch, seq) shape: no allocation per step after warm-up).
  *
- * Primitives (the four of DESIGN.md §5): lt_forward_backward, lt_optim_step, lt_save_state /
+ * Primitives (the four of docs/DESIGN.md §5): lt_forward_backward, lt_optim_step, lt_save_state /
  * lt_load_state, lt_sample. Plus lt_export_peft (HF PEFT adapter files) and lt_export_model
  * (full weights, for the bundled base model).
  *

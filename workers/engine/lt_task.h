@@ -1,4 +1,4 @@
-/* lt_task: the bundled base model's pretraining corpus and the fine-tuning task (issue 3).
+/* lt_task: the bundled base model's pretraining corpus and the fine-tuning task.
  *
  * Everything here is a pure function of a 64-bit seed: the same seed gives the same bytes on
  * every machine (own splitmix64 RNG, no locale, no floating point, no libc rand).

@@ -1,4 +1,4 @@
-/* lt_tok: byte-level BPE tokenizer of the training engine (DESIGN.md §7).
+/* lt_tok: byte-level BPE tokenizer of the training engine (docs/DESIGN.md §7).
  *
  * Loads a Hugging Face `tokenizer.json` (model BPE with vocab and merges in either the
  * "a b" or the ["a","b"] form; ByteLevel pre-tokenizer with the GPT-2 split regex, or a

@@ -12,7 +12,7 @@
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
- *   LATHE_MODELS_DIR                                 worker: base models (<source>/var/models)
+ *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *
@@ -197,7 +197,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (md && *md) snprintf(models, sizeof models, "%s", md);
-  else snprintf(models, sizeof models, "%s/var/models", LT_SOURCE_ROOT);
+  else snprintf(models, sizeof models, "%s", LT_MODELS_DIR);
   if (want_api) {
     char producer[160];
     tok = load_tokenizer(models);

@@ -273,12 +273,7 @@ out:
 
 /* lathe admin topics [FILE]: creates every topic of ops/topics.tsv under LATHE_TOPIC_PREFIX. */
 static int topics_cmd(int argc, char **argv) {
-  const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE");
-  char def[1024];
-  if (!path) {
-    snprintf(def, sizeof def, "%s/ops/topics.tsv", LT_SOURCE_ROOT);
-    path = def;
-  }
+  const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE"); /* NULL: built in */
   char err[512];
   lt_bus_conf_t *bus = lt_bus_conf_new();
   lt_bus_admin_t *admin = NULL;
@@ -288,7 +283,8 @@ static int topics_cmd(int argc, char **argv) {
     fprintf(stderr, "lathe admin topics: %s\n", err);
     rc = 1;
   } else {
-    printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path, lt_bus_conf_get(bus, "lathe.topic.prefix"));
+    printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
+           lt_bus_conf_get(bus, "lathe.topic.prefix"));
   }
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(bus);

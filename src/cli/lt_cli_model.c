@@ -10,7 +10,8 @@
  *       A managed fine-tune run locally (no broker, no store): the same loop an executor runs.
  *       Prints progress and the eval against the base model; --out keeps the last checkpoint.
  *
- * Models live in $LATHE_MODELS_DIR (default <source>/var/models). */
+ * Models live in $LATHE_MODELS_DIR (default: the meson option models_dir; ops/stack env sets
+ * var/models in the checkout). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@
 static void models_dir(char *out, size_t n) {
   const char *d = getenv("LATHE_MODELS_DIR");
   if (d && *d) snprintf(out, n, "%s", d);
-  else snprintf(out, n, "%s/var/models", LT_SOURCE_ROOT);
+  else snprintf(out, n, "%s", LT_MODELS_DIR);
 }
 
 static int mkdirs(const char *path) {

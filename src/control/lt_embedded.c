@@ -75,12 +75,8 @@ lt_err_t lt_embedded_start(const lt_embedded_conf_t *conf, lt_embedded_t **out, 
   lt_embedded_conf_t c = conf ? *conf : (lt_embedded_conf_t){0};
   if (!c.data_dir || !*c.data_dir) c.data_dir = DEFAULT_DIR;
   if (!c.brokers) c.brokers = 1;
-  char topics_def[PATH_MAX];
   if (!c.topics_file || !*c.topics_file) c.topics_file = getenv("LATHE_TOPICS_FILE");
-  if (!c.topics_file || !*c.topics_file) {
-    snprintf(topics_def, sizeof topics_def, "%s/ops/topics.tsv", LT_SOURCE_ROOT);
-    c.topics_file = topics_def;
-  }
+  if (c.topics_file && !*c.topics_file) c.topics_file = NULL; /* NULL: the built-in copy */
   lt_embedded_t *e = calloc(1, sizeof *e);
   lt_bus_conf_t *bus = lt_bus_conf_new();
   lt_err_t err = LT_OK;

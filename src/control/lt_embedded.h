@@ -39,7 +39,7 @@ typedef struct lt_embedded lt_embedded_t;
 
 typedef struct lt_embedded_conf {
   const char *data_dir;    /* DIR; NULL: "var/embedded" under the current directory */
-  const char *topics_file; /* NULL: $LATHE_TOPICS_FILE, else <source>/ops/topics.tsv */
+  const char *topics_file; /* NULL: $LATHE_TOPICS_FILE, else the built-in ops/topics.tsv */
   int brokers;             /* mock brokers (0: 1) */
 } lt_embedded_conf_t;
 

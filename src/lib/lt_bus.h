@@ -353,7 +353,8 @@ lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int par
  * tab-separated `base-name  partitions  configs`, configs a comma-separated list of key=value
  * (or "-" / empty for none); '#' starts a comment. Names get the conf's prefix. Idempotent.
  * A malformed line fails with LT_ERR_INVALID naming the file and line. *out_created (may be
- * NULL) receives how many topics were new. */
+ * NULL) receives how many topics were new. path NULL: the copy of ops/topics.tsv built into
+ * the library (an installed lathe reads no source tree). */
 lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
                                        int timeout_ms, int *out_created, char *errstr,
                                        size_t errstr_size);
@@ -401,7 +402,8 @@ lt_err_t lt_bus_mock_create_topic(lt_bus_mock_t *m, const char *topic, int parti
                                   size_t errstr_size);
 
 /* Creates every topic of a topics file (the format of lt_bus_admin_create_from_file; the
- * configs column is read and ignored: the mock has no topic configs), named with conf's prefix.
+ * configs column is read and ignored: the mock has no topic configs; path NULL: the built-in
+ * copy of ops/topics.tsv), named with conf's prefix.
  * *out_created (may be NULL) receives how many topics were new. */
 lt_err_t lt_bus_mock_create_from_file(lt_bus_mock_t *m, const lt_bus_conf_t *conf, const char *path,
                                       int *out_created, char *errstr, size_t errstr_size);

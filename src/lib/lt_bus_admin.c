@@ -173,7 +173,10 @@ static char *trim(char *s) {
 
 lt_err_t lt_bus_topics_file_each(const char *path, const lt_bus_conf_t *conf, lt_bus_topic_fn *fn, void *ctx,
                                  char *errstr, size_t errstr_size) {
-  FILE *f = fopen(path, "r");
+  /* NULL: the copy of ops/topics.tsv compiled in (lt_topics_gen.c), so that installed binaries
+   * need no source tree. A read-only memory stream keeps one parser for both. */
+  FILE *f = path ? fopen(path, "r") : fmemopen((void *)lt_topics_builtin, strlen(lt_topics_builtin), "r");
+  if (!path) path = "ops/topics.tsv (built in)";
   if (!f) return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", path, strerror(errno));
   lt_err_t ret = LT_OK;
   char line[1024];

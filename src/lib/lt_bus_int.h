@@ -56,6 +56,9 @@ void lt_bus_learn_topic(rd_kafka_t *rk, const char *topic, int timeout_ms);
  * effective configuration). */
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);
 
+/* ops/topics.tsv as it was when lathe was built (lt_topics_gen.c, made by src/lib/meson.build). */
+extern const char lt_topics_builtin[];
+
 /* The one reader of a topics file (ops/topics.tsv): for each topic line, fn gets the full name
  * (conf's prefix), partitions, configs ("key=value") and "path:line: " for messages. Stops at the
  * first error (a malformed line names its file and line). The admin client and the mock cluster

@@ -99,7 +99,7 @@ static int run(lt_sched_policy_t policy, result_t *r) {
       uint32_t g = (x >> 8) % 20;
       lt_sched_job_t j = {.id = next_id++,
                           .tenant_id = 1 + (x >> 12) % TENANTS,
-                          .cls = (lt_sched_class_t)cls,
+                          .cls = (lt_job_class_t)cls,
                           .gpus = g == 0 ? 8 : g == 1 ? 4 : g == 2 ? 2 : 1,
                           .model = models[(x >> 24) % MODELS]};
       j.mem_bytes = j.gpus * (40ULL << 30);
@@ -142,7 +142,7 @@ static int run(lt_sched_policy_t policy, result_t *r) {
   r->dispatches = cnt.dispatches;
   r->preemptions = cnt.preemptions;
   r->cold_loads = cnt.cold_loads;
-  r->jain_standard = lt_sched_jain(s, LT_SCHED_STANDARD);
+  r->jain_standard = lt_sched_jain(s, LT_CLASS_STANDARD);
   printf("%-6s decisions %8llu  with events %10.0f/s  decide only %10.0f/s  queued %u  "
          "slots used %u/%u  preemptions %llu  cold loads %llu  jain(standard) %.3f\n",
          lt_sched_policy_name(policy), (unsigned long long)decisions, r->decisions_per_s,

@@ -45,7 +45,7 @@ static void worker(lt_sched_t *s, uint64_t id, uint32_t slots, uint32_t cache) {
   cr_assert_eq(lt_sched_worker_up(s, &w, err, sizeof err), LT_OK, "%s", err);
 }
 
-static void job(lt_sched_t *s, uint64_t id, uint64_t ten, lt_sched_class_t cls, uint32_t gpus,
+static void job(lt_sched_t *s, uint64_t id, uint64_t ten, lt_job_class_t cls, uint32_t gpus,
                 uint32_t model, double now) {
   lt_sched_job_t j = {.id = id, .tenant_id = ten, .cls = cls, .gpus = gpus,
                       .mem_bytes = gpus * 40 * GB, .model = model};
@@ -59,8 +59,8 @@ Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
   tenant(s, 2, 3, 0, 0, 0);
   for (int w = 1; w <= 4; w++) worker(s, (uint64_t)w, 4, 2);
   for (int i = 0; i < 400; i++) {
-    job(s, 1000 + (uint64_t)i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
-    job(s, 2000 + (uint64_t)i, 2, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+    job(s, 1000 + (uint64_t)i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+    job(s, 2000 + (uint64_t)i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   }
   lt_sched_decision_t d[64];
   uint64_t running[64];
@@ -79,12 +79,12 @@ Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
       got[d[i].tenant_id] += 10.0;
       running[nrun++] = d[i].job_id;
     }
-    cr_assert(lt_sched_jain(s, LT_SCHED_STANDARD) > 0.99);
+    cr_assert(lt_sched_jain(s, LT_CLASS_STANDARD) > 0.99);
   }
   double ratio = got[2] / got[1];
   cr_assert(ratio > 2.7 && ratio < 3.3, "slot-seconds ratio %.3f, expected ~3", ratio);
   lt_sched_tenant_stats_t st[4];
-  size_t n = lt_sched_tenants_stats(s, LT_SCHED_STANDARD, st, 4);
+  size_t n = lt_sched_tenants_stats(s, LT_CLASS_STANDARD, st, 4);
   cr_assert_eq(n, 2);
   cr_assert_float_eq(st[0].entitlement, 0.25, 1e-9);
   cr_assert_float_eq(st[1].entitlement, 0.75, 1e-9);
@@ -117,19 +117,19 @@ Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
       }
     int arrivals = rand() % 4;
     for (int a = 0; a < arrivals; a++)
-      job(s, next_id++, 1 + (uint64_t)(rand() % 5), (lt_sched_class_t)(rand() % 3), 1,
+      job(s, next_id++, 1 + (uint64_t)(rand() % 5), (lt_job_class_t)(rand() % 3), 1,
           LT_SCHED_NO_MODEL, now);
     size_t n = lt_sched_decide(s, now, d, 64);
     bool lower_started = false;
     for (size_t i = 0; i < n; i++) {
       cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
-      lower_started |= d[i].cls != LT_SCHED_PRODUCTION;
+      lower_started |= d[i].cls != LT_CLASS_PRODUCTION;
       running[nrun] = d[i].job_id;
       ends[nrun++] = now + 5 + rand() % 15;
     }
     lt_sched_counters_t c;
     lt_sched_counters(s, &c);
-    if (c.queued_class[LT_SCHED_PRODUCTION] > 0) {
+    if (c.queued_class[LT_CLASS_PRODUCTION] > 0) {
       checked++;
       cr_assert_eq(c.slots_used, c.slots_total, "a production job waits with a free slot");
       cr_assert(!lower_started, "a lower class started while production waited");
@@ -143,9 +143,9 @@ Test(sched, production_never_waits_behind_lower_class_on_free_slot) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 600, -1, -1);
   tenant(s, 1, 1, 0, 0, 0);
   worker(s, 1, 1, 1);
-  job(s, 1, 1, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
-  job(s, 2, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
-  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 2);
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 2);
   lt_sched_decision_t d[8];
   size_t n = lt_sched_decide(s, 3, d, 8);
   cr_assert_eq(n, 1);
@@ -163,11 +163,11 @@ Test(sched, preemptible_work_is_preempted_when_production_waits_past_bound) {
   tenant(s, 1, 1, 0, 0, 0);
   tenant(s, 2, 1, 0, 0, 0);
   worker(s, 1, 2, 2);
-  job(s, 1, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
-  job(s, 2, 2, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
-  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
   cr_assert_eq(lt_sched_decide(s, 30, d, 8), 0, "no preemption before the bound");
   size_t n = lt_sched_decide(s, 62, d, 8);
   cr_assert_eq(n, 1);
@@ -183,7 +183,7 @@ Test(sched, preemptible_work_is_preempted_when_production_waits_past_bound) {
   lt_sched_counters_t c;
   lt_sched_counters(s, &c);
   cr_assert_eq(c.preemptions, 1);
-  cr_assert_eq(c.queued_class[LT_SCHED_PREEMPTIBLE], 1, "the preempted job is queued again");
+  cr_assert_eq(c.queued_class[LT_CLASS_PREEMPTIBLE], 1, "the preempted job is queued again");
   /* once production finishes, the preempted job resumes with a new attempt */
   lt_sched_job_finished(s, 1, 100);
   n = lt_sched_decide(s, 100, d, 8);
@@ -197,11 +197,11 @@ Test(sched, production_and_standard_work_is_never_preempted) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 10, -1);
   tenant(s, 1, 1, 0, 0, 0);
   worker(s, 1, 2, 2);
-  job(s, 1, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
-  job(s, 2, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
-  job(s, 3, 1, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
   for (int t = 1; t < 1000; t += 7) {
     size_t n = lt_sched_decide(s, t, d, 8);
     for (size_t i = 0; i < n; i++) cr_assert_neq(d[i].action, LT_SCHED_PREEMPT);
@@ -214,7 +214,7 @@ Test(sched, gang_is_all_or_nothing_on_one_worker) {
   tenant(s, 1, 1, 0, 0, 0);
   worker(s, 1, 4, 2);
   worker(s, 2, 4, 2);
-  for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[16];
   cr_assert_eq(lt_sched_decide(s, 0, d, 16), 4);
   /* best fit packs the singles on one worker; spread them so 4 GPUs are free but split */
@@ -230,20 +230,20 @@ Test(sched, gang_is_all_or_nothing_on_one_worker) {
   cr_assert(n1 == 4 || n2 == 4, "best fit fills one worker first");
   lt_sched_job_finished(s, full[0], 1);
   lt_sched_job_finished(s, full[1], 1);
-  job(s, 10, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
-  job(s, 11, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 10, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 11, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
   cr_assert_eq(lt_sched_decide(s, 1, d, 16), 2);
   for (int i = 0; i < 2; i++) cr_assert_eq(d[i].worker_id, full_w, "best fit keeps holes");
   lt_sched_job_finished(s, full[2], 2);
   lt_sched_job_finished(s, 10, 2);
   /* now worker full_w has 2 free and the other 4 free: a 4-GPU gang must go whole there */
-  job(s, 20, 1, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 2);
+  job(s, 20, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 2);
   size_t n = lt_sched_decide(s, 2, d, 16);
   cr_assert_eq(n, 1);
   cr_assert_neq(d[0].worker_id, full_w);
   cr_assert_eq(__builtin_popcountll(d[0].gpu_mask), 4);
   /* a second gang of 4 does not fit in the 2 + 0 free GPUs: nothing starts */
-  job(s, 21, 1, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 3);
+  job(s, 21, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 3);
   cr_assert_eq(lt_sched_decide(s, 3, d, 16), 0, "no partial gang");
   lt_sched_destroy(s);
 }
@@ -260,8 +260,8 @@ Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
   double ends[16];
   size_t nrun = 0;
   uint64_t id = 100;
-  for (int i = 0; i < 40; i++) job(s, id++, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
-  job(s, 1, 2, LT_SCHED_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  for (int i = 0; i < 40; i++) job(s, id++, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 2, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
   double gang_start = -1;
   srand(3);
   for (int t = 0; t < 1000 && gang_start < 0; t++) {
@@ -277,7 +277,7 @@ Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
       lt_sched_counters_t c;
       lt_sched_counters(s, &c);
       if (c.queued >= 20) break;
-      job(s, id++, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, t);
+      job(s, id++, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, t);
     }
     size_t n = lt_sched_decide(s, t, d, 16);
     for (size_t i = 0; i < n; i++) {
@@ -303,16 +303,16 @@ Test(sched, affinity_prefers_a_worker_holding_the_base_model) {
   tenant(s, 1, 1, 0, 0, 0);
   for (uint64_t w = 1; w <= 3; w++) worker(s, w, 4, 1);
   cr_assert_eq(lt_sched_worker_heartbeat(s, 3, &m1, 1, err, sizeof err), LT_OK);
-  job(s, 1, 1, LT_SCHED_STANDARD, 1, m1, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, m1, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
   cr_assert_eq(d[0].worker_id, 3, "the warm worker is chosen");
   cr_assert(!d[0].cold_load);
-  job(s, 2, 1, LT_SCHED_STANDARD, 1, m2, 0);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, m2, 0);
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
   cr_assert(d[0].cold_load, "no worker holds qwen-7b: a cold load");
   uint64_t w2 = d[0].worker_id;
-  job(s, 3, 1, LT_SCHED_STANDARD, 1, m2, 0);
+  job(s, 3, 1, LT_CLASS_STANDARD, 1, m2, 0);
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
   cr_assert_eq(d[0].worker_id, w2, "the worker that loaded it is warm now");
   cr_assert(!d[0].cold_load);
@@ -326,7 +326,7 @@ Test(sched, running_slot_quota_caps_a_tenant) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
   tenant(s, 1, 1, 2, 0, 0);
   worker(s, 1, 8, 1);
-  for (uint64_t i = 1; i <= 5; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 1; i <= 5; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2, "max_running_slots 2");
   cr_assert_eq(lt_sched_decide(s, 1, d, 8), 0);
@@ -341,7 +341,7 @@ Test(sched, queued_job_quota_refuses_admission_naming_the_limit) {
   char err[256] = "";
   for (uint64_t i = 1; i <= 3; i++) {
     cr_assert_eq(lt_sched_admit(s, 7, err, sizeof err), LT_OK);
-    job(s, i, 7, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+    job(s, i, 7, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   }
   cr_assert_eq(lt_sched_admit(s, 7, err, sizeof err), LT_ERR_QUOTA);
   cr_assert(strstr(err, "max_queued_jobs") && strstr(err, "3"), "message: %s", err);
@@ -355,7 +355,7 @@ Test(sched, max_duration_is_enforced_by_a_stop_decision) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
   tenant(s, 1, 1, 0, 0, 100);
   worker(s, 1, 2, 1);
-  job(s, 1, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
   cr_assert_eq(lt_sched_job_started(s, 1, 5), LT_OK);
@@ -397,7 +397,7 @@ Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
       }
     if (next_id < MAXJ - 4 && rand() % 4 == 0) {
       uint64_t id = next_id++;
-      job(s, id, 1 + (uint64_t)(rand() % 6), (lt_sched_class_t)(rand() % 3), 1,
+      job(s, id, 1 + (uint64_t)(rand() % 6), (lt_job_class_t)(rand() % 3), 1,
           LT_SCHED_NO_MODEL, now);
       enq[id] = now;
       queued[id] = true;
@@ -466,7 +466,7 @@ Test(sched, lathe_is_fairer_than_fifo_with_one_heavy_tenant) {
   run_sim(heavy_trace(), LT_SCHED_POLICY_FIFO, &fifo);
   cr_assert_eq(lathe.completed, 260);
   cr_assert_eq(fifo.completed, 260);
-  double jl = lathe.jain[LT_SCHED_STANDARD], jf = fifo.jain[LT_SCHED_STANDARD];
+  double jl = lathe.jain[LT_CLASS_STANDARD], jf = fifo.jain[LT_CLASS_STANDARD];
   cr_assert(jl > jf + 0.1, "jain lathe %.3f vs fifo %.3f", jl, jf);
   cr_assert(jl > 0.9, "jain lathe %.3f", jl);
   /* light tenants wait less under Lathe */
@@ -493,7 +493,7 @@ static size_t random_run(uint32_t seed, lt_sched_decision_t *log, size_t cap) {
   for (int step = 0; step < 1500 && nlog < cap; step++) {
     double now = step;
     if (rand() % 2)
-      job(s, next_id++, 1 + (uint64_t)(rand() % 8), (lt_sched_class_t)(rand() % 3),
+      job(s, next_id++, 1 + (uint64_t)(rand() % 8), (lt_job_class_t)(rand() % 3),
           1 + (uint32_t)(rand() % 3 == 0 ? rand() % 4 : 0), models[rand() % 3], now);
     size_t n = lt_sched_decide(s, now, d, 32);
     for (size_t i = 0; i < n && nlog < cap; i++) {
@@ -535,8 +535,8 @@ Test(sched, fifo_starts_jobs_in_arrival_order) {
   tenant(s, 1, 1, 0, 0, 0);
   tenant(s, 2, 5, 0, 0, 0);
   worker(s, 1, 1, 1);
-  job(s, 1, 1, LT_SCHED_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
-  job(s, 2, 2, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 2, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
   lt_sched_decision_t d[4];
   cr_assert_eq(lt_sched_decide(s, 2, d, 4), 1);
   cr_assert_eq(d[0].job_id, 1, "FIFO ignores class and weight");
@@ -552,14 +552,14 @@ Test(sched, queue_position_and_wait_estimate) {
   tenant(s, 1, 1, 0, 0, 0);
   tenant(s, 2, 1, 0, 0, 0);
   worker(s, 1, 2, 1);
-  for (uint64_t i = 1; i <= 2; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 1; i <= 2; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[4];
   cr_assert_eq(lt_sched_decide(s, 0, d, 4), 2);
   lt_sched_job_finished(s, 1, 100);
   lt_sched_job_finished(s, 2, 100);
-  for (uint64_t i = 10; i < 16; i++) job(s, i, 1, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 100);
-  job(s, 20, 2, LT_SCHED_STANDARD, 1, LT_SCHED_NO_MODEL, 101);
-  job(s, 30, 2, LT_SCHED_PRODUCTION, 1, LT_SCHED_NO_MODEL, 102);
+  for (uint64_t i = 10; i < 16; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 100);
+  job(s, 20, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 101);
+  job(s, 30, 2, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 102);
   uint32_t p_prod, p_light, p_last;
   double w_prod, w_last;
   cr_assert_eq(lt_sched_job_position(s, 30, &p_prod, &w_prod), LT_OK);
@@ -577,7 +577,7 @@ Test(sched, worker_loss_requeues_its_jobs_with_a_new_attempt) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
   tenant(s, 1, 1, 0, 0, 0);
   worker(s, 1, 2, 1);
-  job(s, 1, 1, LT_SCHED_STANDARD, 2, LT_SCHED_NO_MODEL, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 2, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[4];
   cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);
   cr_assert_eq(d[0].attempt, 1);

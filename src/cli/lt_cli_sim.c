@@ -116,11 +116,11 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
   }
   printf("\n");
   for (size_t ti = 0; ti < lt_sched_trace_tenants(tr); ti++)
-    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+    for (int c = 0; c < LT_CLASS__COUNT; c++) {
       const lt_sched_sim_row_t *r0 = find_row(&res[0], ti, c);
       if (!r0) continue;
       printf("%-16s %-11s %6.2f %5u", lt_sched_trace_tenant_name(tr, ti),
-             lt_sched_class_name((lt_sched_class_t)c), r0->weight, r0->jobs);
+             lt_job_class_name((lt_job_class_t)c), r0->weight, r0->jobs);
       for (size_t k = 0; k < nres; k++) {
         const lt_sched_sim_row_t *r = find_row(&res[k], ti, c);
         printf(" | %5s %8.0fs %8.0fs %5.1f%% %5.1f%%", "", r->wait_p50_s, r->wait_p99_s,
@@ -131,10 +131,10 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
   printf("\n%-28s", "summary");
   for (size_t k = 0; k < nres; k++) printf(" %14s", lt_sched_policy_name(res[k].policy));
   printf("\n");
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     if (!res[0].class_present[c]) continue;
     char label[64];
-    snprintf(label, sizeof label, "jain_%s", lt_sched_class_name((lt_sched_class_t)c));
+    snprintf(label, sizeof label, "jain_%s", lt_job_class_name((lt_job_class_t)c));
     printf("%-28s", label);
     for (size_t k = 0; k < nres; k++) printf(" %14.4f", res[k].jain[c]);
     printf("\n");
@@ -169,12 +169,12 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
       const lt_sched_sim_row_t *w = &r->rows[i];
       json_array_append_new(rows, json_pack("{s:s,s:s,s:f,s:i,s:f,s:f,s:f,s:f,s:f}", "tenant",
                                             lt_sched_trace_tenant_name(tr, w->tenant), "class",
-                                            lt_sched_class_name(w->cls), "weight", w->weight, "jobs", (int)w->jobs,
+                                            lt_job_class_name(w->cls), "weight", w->weight, "jobs", (int)w->jobs,
                                             "wait_p50_s", w->wait_p50_s, "wait_p99_s", w->wait_p99_s, "wait_max_s",
                                             w->wait_max_s, "share", w->share, "entitlement", w->entitlement));
     }
-    for (int c = 0; c < LT_SCHED__CLASSES; c++)
-      if (r->class_present[c]) json_object_set_new(jain, lt_sched_class_name((lt_sched_class_t)c), json_real(r->jain[c]));
+    for (int c = 0; c < LT_CLASS__COUNT; c++)
+      if (r->class_present[c]) json_object_set_new(jain, lt_job_class_name((lt_job_class_t)c), json_real(r->jain[c]));
     json_array_append_new(json_object_get(out, "policies"),
                           json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
                                     lt_sched_policy_name(r->policy), "rows", rows, "jain", jain, "utilisation",

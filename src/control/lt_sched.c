@@ -48,13 +48,13 @@ typedef struct tenant {
   uint32_t max_running, max_queued;
   double max_duration;
   uint32_t running_slots, queued;
-  uint32_t run_slots_c[LT_SCHED__CLASSES];
-  uint64_t run_mem_c[LT_SCHED__CLASSES];
-  uint32_t queued_c[LT_SCHED__CLASSES];
-  uint64_t queued_gpus_c[LT_SCHED__CLASSES];
-  uint32_t qhead[LT_SCHED__CLASSES], qtail[LT_SCHED__CLASSES];
-  uint32_t heap_pos[LT_SCHED__CLASSES];
-  double key[LT_SCHED__CLASSES];
+  uint32_t run_slots_c[LT_CLASS__COUNT];
+  uint64_t run_mem_c[LT_CLASS__COUNT];
+  uint32_t queued_c[LT_CLASS__COUNT];
+  uint64_t queued_gpus_c[LT_CLASS__COUNT];
+  uint32_t qhead[LT_CLASS__COUNT], qtail[LT_CLASS__COUNT];
+  uint32_t heap_pos[LT_CLASS__COUNT];
+  double key[LT_CLASS__COUNT];
   uint8_t blocked; /* bit c: set aside in this decide call */
   uint32_t hnext;
   uint64_t dispatched;
@@ -91,18 +91,18 @@ struct lt_sched {
   uint64_t *model_bm;
   uint32_t max_slots; /* largest worker seen */
 
-  uint32_t *heap[LT_SCHED__CLASSES];
-  uint32_t heap_n[LT_SCHED__CLASSES];
-  uint32_t *blocked[LT_SCHED__CLASSES];
-  uint32_t nblocked[LT_SCHED__CLASSES];
+  uint32_t *heap[LT_CLASS__COUNT];
+  uint32_t heap_n[LT_CLASS__COUNT];
+  uint32_t *blocked[LT_CLASS__COUNT];
+  uint32_t nblocked[LT_CLASS__COUNT];
 
-  uint32_t ahead[LT_SCHED__CLASSES], atail[LT_SCHED__CLASSES];
-  uint32_t cursor[LT_SCHED__CLASSES];
+  uint32_t ahead[LT_CLASS__COUNT], atail[LT_CLASS__COUNT];
+  uint32_t cursor[LT_CLASS__COUNT];
 
   uint64_t total_mem;
   uint32_t total_slots, slots_used;
-  uint32_t used_c[LT_SCHED__CLASSES];
-  uint32_t queued_c[LT_SCHED__CLASSES];
+  uint32_t used_c[LT_CLASS__COUNT];
+  uint32_t queued_c[LT_CLASS__COUNT];
   uint32_t queued, running;
   uint64_t tick; /* LRU clock */
   double next_deadline;
@@ -276,13 +276,13 @@ static void tenant_refresh(lt_sched_t *s, uint32_t t, int c) {
 }
 
 static void tenant_refresh_all(lt_sched_t *s, uint32_t t) {
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) tenant_refresh(s, t, c);
+  for (int c = 0; c < LT_CLASS__COUNT; c++) tenant_refresh(s, t, c);
 }
 
 /* Keys depend on fleet totals: after a worker joins or leaves, recompute every key. */
 static void heaps_rebuild(lt_sched_t *s) {
   if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return;
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     for (uint32_t i = 0; i < s->heap_n[c]; i++) {
       tenant_t *tt = &s->tenants[s->heap[c][i]];
       tt->key[c] = tenant_key(s, tt, c);
@@ -354,7 +354,7 @@ static void queue_remove(lt_sched_t *s, uint32_t jx) {
   else t->qhead[c] = j->tnext;
   if (j->tnext != NIL) s->jobs[j->tnext].tprev = j->tprev;
   else t->qtail[c] = j->tprev;
-  for (int k = 0; k < LT_SCHED__CLASSES; k++)
+  for (int k = 0; k < LT_CLASS__COUNT; k++)
     if (s->cursor[k] == jx) s->cursor[k] = j->anext;
   if (j->aprev != NIL) s->jobs[j->aprev].anext = j->anext;
   else s->ahead[a] = j->anext;
@@ -453,7 +453,7 @@ static void run_release(lt_sched_t *s, uint32_t jx) {
   if (j->wnext != NIL) s->jobs[j->wnext].wprev = j->wprev;
   wk->gpu_free |= j->gpu_mask;
   wk->mem_free += j->mem;
-  if (j->cls == LT_SCHED_PREEMPTIBLE && !j->preempting) {
+  if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) {
     wk->preempt_slots -= j->gpus;
     wk->preempt_mem -= j->mem;
   }
@@ -494,7 +494,7 @@ static void dispatch(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, doub
   j->start = now;
   j->attempt++;
   run_link(s, jx, w);
-  if (j->cls == LT_SCHED_PREEMPTIBLE) {
+  if (j->cls == LT_CLASS_PREEMPTIBLE) {
     wk->preempt_slots += j->gpus;
     wk->preempt_mem += j->mem;
   }
@@ -517,8 +517,8 @@ static void dispatch(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, doub
                              .worker_id = wk->id,
                              .gpu_mask = mask,
                              .attempt = j->attempt,
-                             .cls = (lt_sched_class_t)j->cls,
-                             .effective = (lt_sched_class_t)effective,
+                             .cls = (lt_job_class_t)j->cls,
+                             .effective = (lt_job_class_t)effective,
                              .cold_load = cold,
                              .waited_s = waited};
 }
@@ -585,7 +585,7 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
       !s->model_names || !s->free_bm || !s->model_bm || !s->scratch_d || !s->scratch_w ||
       !s->scratch_a || !s->scratch_t)
     goto nomem;
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     s->heap[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
     s->blocked[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
     if (!s->heap[c] || !s->blocked[c]) goto nomem;
@@ -610,7 +610,7 @@ void lt_sched_destroy(lt_sched_t *s) {
   if (!s) return;
   if (s->model_names)
     for (uint32_t i = 0; i < s->nmodels; i++) free(s->model_names[i]);
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     free(s->heap[c]);
     free(s->blocked[c]);
   }
@@ -673,7 +673,7 @@ lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char
     tenant_t *tt = &s->tenants[t];
     memset(tt, 0, sizeof *tt);
     tt->id = in->id;
-    for (int c = 0; c < LT_SCHED__CLASSES; c++)
+    for (int c = 0; c < LT_CLASS__COUNT; c++)
       tt->qhead[c] = tt->qtail[c] = tt->heap_pos[c] = NIL;
     uint32_t *b = &s->ten_hash[mix64(in->id) & s->ten_hmask];
     tt->hnext = *b;
@@ -805,7 +805,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
     return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND,
                    "sched: job %llu: tenant %llu is not known", (unsigned long long)in->id,
                    (unsigned long long)in->tenant_id);
-  if ((unsigned)in->cls >= LT_SCHED__CLASSES)
+  if ((unsigned)in->cls >= LT_CLASS__COUNT)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "sched: job %llu: bad class %d",
                    (unsigned long long)in->id, (int)in->cls);
   if (in->gpus == 0 || in->gpus > LT_SCHED_MAX_WORKER_SLOTS)
@@ -892,9 +892,9 @@ static bool try_dispatch(lt_sched_t *s, uint32_t jx, int effective, double now,
   const tenant_t *t = &s->tenants[j->tenant];
   if (s->cfg.policy == LT_SCHED_POLICY_LATHE) {
     if (t->max_running && t->running_slots + j->gpus > t->max_running) return false;
-    if (j->cls == LT_SCHED_STANDARD && effective == LT_SCHED_STANDARD) {
+    if (j->cls == LT_CLASS_STANDARD && effective == LT_CLASS_STANDARD) {
       uint32_t reserve = (uint32_t)(s->cfg.production_reserve * s->total_slots);
-      if (s->used_c[LT_SCHED_STANDARD] + j->gpus > s->total_slots - reserve) return false;
+      if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) return false;
     }
   }
   uint32_t w = find_worker(s, jx, s->cfg.policy == LT_SCHED_POLICY_LATHE);
@@ -930,8 +930,8 @@ static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *ou
                                        .worker_id = s->workers[w].id,
                                        .gpu_mask = j->gpu_mask,
                                        .attempt = j->attempt,
-                                       .cls = (lt_sched_class_t)j->cls,
-                                       .effective = (lt_sched_class_t)j->cls};
+                                       .cls = (lt_job_class_t)j->cls,
+                                       .effective = (lt_job_class_t)j->cls};
     }
   }
   s->next_deadline = next;
@@ -954,7 +954,7 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
     for (uint32_t r = wk->run_head; r != NIL && (slots < j->gpus || mem < j->mem);
          r = s->jobs[r].wnext) {
       const job_t *rj = &s->jobs[r];
-      if (rj->cls != LT_SCHED_PREEMPTIBLE || rj->preempting) continue;
+      if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
       slots += rj->gpus;
       mem += rj->mem;
       cost++;
@@ -970,7 +970,7 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
   for (uint32_t r = wk->run_head; r != NIL && (slots < j->gpus || mem < j->mem);
        r = s->jobs[r].wnext) {
     job_t *rj = &s->jobs[r];
-    if (rj->cls != LT_SCHED_PREEMPTIBLE || rj->preempting) continue;
+    if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
     slots += rj->gpus;
     mem += rj->mem;
     rj->preempting = true;
@@ -983,8 +983,8 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
                                      .worker_id = wk->id,
                                      .gpu_mask = rj->gpu_mask,
                                      .attempt = rj->attempt,
-                                     .cls = LT_SCHED_PREEMPTIBLE,
-                                     .effective = LT_SCHED_PREEMPTIBLE};
+                                     .cls = LT_CLASS_PREEMPTIBLE,
+                                     .effective = LT_CLASS_PREEMPTIBLE};
   }
   return n;
 }
@@ -1009,21 +1009,21 @@ static void starve_reserve(lt_sched_t *s, uint32_t jx) {
 static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = 0;
   const lt_sched_config_t *cfg = &s->cfg;
-  double first_bound[LT_SCHED__CLASSES];
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  double first_bound[LT_CLASS__COUNT];
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     double b = cfg->gang_reserve_after_s >= 0 ? cfg->gang_reserve_after_s : INFINITY;
-    if (c != LT_SCHED_PREEMPTIBLE && cfg->preempt_after_s >= 0 && cfg->preempt_after_s < b)
+    if (c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 && cfg->preempt_after_s < b)
       b = cfg->preempt_after_s;
     first_bound[c] = b;
   }
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     uint32_t looked = 0;
     for (uint32_t jx = s->ahead[c]; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].anext) {
       job_t *j = &s->jobs[jx];
       double waited = now - j->enq;
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
       looked++;
-      bool may_preempt = c != LT_SCHED_PREEMPTIBLE && cfg->preempt_after_s >= 0 &&
+      bool may_preempt = c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 &&
                          waited >= cfg->preempt_after_s;
       bool may_reserve = j->gpus > 1 && cfg->gang_reserve_after_s >= 0 &&
                          waited >= cfg->gang_reserve_after_s;
@@ -1032,10 +1032,10 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       if (s->nreserved >= max_reserved(s)) return n;
       const tenant_t *t = &s->tenants[j->tenant];
       if (t->max_running && t->running_slots + j->gpus > t->max_running) continue;
-      if (c == LT_SCHED_STANDARD && !(cfg->aging_s > 0 && cfg->aging_levels > 0 &&
+      if (c == LT_CLASS_STANDARD && !(cfg->aging_s > 0 && cfg->aging_levels > 0 &&
                                       waited >= cfg->aging_s)) {
         uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
-        if (s->used_c[LT_SCHED_STANDARD] + j->gpus > s->total_slots - reserve) continue;
+        if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) continue;
       }
       if (find_worker(s, jx, false) != NIL) continue; /* it fits: the next decide starts it */
       j->starve_next = now + STARVE_RETRY_S;
@@ -1056,9 +1056,9 @@ enum { AGE_NONE, AGE_JOBS, AGE_CLASS };
 static int aging_mode(const lt_sched_t *s, int e, int c) {
   for (int k = e; k < c; k++)
     if (s->queued_c[k] > 0) return AGE_JOBS;
-  if (c == LT_SCHED_STANDARD && e == LT_SCHED_PRODUCTION) {
+  if (c == LT_CLASS_STANDARD && e == LT_CLASS_PRODUCTION) {
     uint32_t reserve = (uint32_t)(s->cfg.production_reserve * s->total_slots);
-    if (reserve > 0 && s->used_c[LT_SCHED_STANDARD] + 1 > s->total_slots - reserve)
+    if (reserve > 0 && s->used_c[LT_CLASS_STANDARD] + 1 > s->total_slots - reserve)
       return AGE_CLASS;
   }
   return AGE_NONE;
@@ -1098,7 +1098,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
   const lt_sched_config_t *cfg = &s->cfg;
   uint32_t scanned = 0;
   bool limited = false;
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) s->cursor[c] = s->ahead[c];
+  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->ahead[c];
   while (!limited) {
     if (n >= cap) {
       limited = true;
@@ -1106,10 +1106,10 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     }
     if (s->slots_used >= s->total_slots) break;
     bool placed = false;
-    for (int e = 0; e < LT_SCHED__CLASSES && !placed && !limited; e++) {
+    for (int e = 0; e < LT_CLASS__COUNT && !placed && !limited; e++) {
       /* jobs of lower classes that aged into e go first */
       if (cfg->aging_s > 0) {
-        for (int c = e + 1; c < LT_SCHED__CLASSES && c <= e + (int)cfg->aging_levels && !placed;
+        for (int c = e + 1; c < LT_CLASS__COUNT && c <= e + (int)cfg->aging_levels && !placed;
              c++) {
           int mode = aging_mode(s, e, c);
           if (mode == AGE_NONE) continue;
@@ -1147,7 +1147,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     }
     if (!placed) break;
   }
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     for (uint32_t i = 0; i < s->nblocked[c]; i++) {
       uint32_t t = s->blocked[c][i];
       s->tenants[t].blocked &= (uint8_t)~(1u << c);
@@ -1175,7 +1175,7 @@ void lt_sched_counters(const lt_sched_t *s, lt_sched_counters_t *o) {
   o->workers = s->nup;
   o->slots_total = s->total_slots;
   o->slots_used = s->slots_used;
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     o->slots_used_class[c] = s->used_c[c];
     o->queued_class[c] = s->queued_c[c];
   }
@@ -1248,7 +1248,7 @@ double lt_sched_jain_index(size_t n, const double *x) {
   return sum * sum / ((double)n * sq);
 }
 
-size_t lt_sched_tenants_stats(lt_sched_t *s, lt_sched_class_t cls, lt_sched_tenant_stats_t *out,
+size_t lt_sched_tenants_stats(lt_sched_t *s, lt_job_class_t cls, lt_sched_tenant_stats_t *out,
                               size_t cap) {
   int c = cls;
   size_t n = 0;
@@ -1283,7 +1283,7 @@ size_t lt_sched_tenants_stats(lt_sched_t *s, lt_sched_class_t cls, lt_sched_tena
   return n;
 }
 
-double lt_sched_jain(lt_sched_t *s, lt_sched_class_t cls) {
+double lt_sched_jain(lt_sched_t *s, lt_job_class_t cls) {
   int c = cls;
   size_t n = 0;
   for (uint32_t t = 0; t < s->ntenants; t++) {
@@ -1302,24 +1302,6 @@ double lt_sched_jain(lt_sched_t *s, lt_sched_class_t cls) {
     s->scratch_d[m++] = s->tenants[s->scratch_t[i]].run_slots_c[c] / s->scratch_a[i];
   }
   return lt_sched_jain_index(m, s->scratch_d);
-}
-
-const char *lt_sched_class_name(lt_sched_class_t cls) {
-  switch (cls) {
-  case LT_SCHED_PRODUCTION: return "production";
-  case LT_SCHED_STANDARD: return "standard";
-  case LT_SCHED_PREEMPTIBLE: return "preemptible";
-  default: return "?";
-  }
-}
-
-lt_err_t lt_sched_class_parse(const char *str, lt_sched_class_t *out) {
-  for (int c = 0; c < LT_SCHED__CLASSES; c++)
-    if (strcmp(str, lt_sched_class_name((lt_sched_class_t)c)) == 0) {
-      *out = (lt_sched_class_t)c;
-      return LT_OK;
-    }
-  return LT_ERR_INVALID;
 }
 
 const char *lt_sched_policy_name(lt_sched_policy_t p) {

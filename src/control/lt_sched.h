@@ -43,15 +43,9 @@
 #include <stdint.h>
 
 #include "lt_err.h"
+#include "lt_job.h" /* lt_job_class_t: the classes the policy orders */
 
 typedef struct lt_sched lt_sched_t;
-
-typedef enum lt_sched_class {
-  LT_SCHED_PRODUCTION = 0, /* reserved share, never preempted */
-  LT_SCHED_STANDARD = 1,
-  LT_SCHED_PREEMPTIBLE = 2, /* checkpointed then preempted when higher classes wait */
-  LT_SCHED__CLASSES
-} lt_sched_class_t;
 
 typedef enum lt_sched_policy {
   LT_SCHED_POLICY_LATHE = 0,
@@ -100,7 +94,7 @@ typedef struct lt_sched_worker {
 typedef struct lt_sched_job {
   uint64_t id;
   uint64_t tenant_id;       /* must have been upserted */
-  lt_sched_class_t cls;
+  lt_job_class_t cls;
   uint32_t gpus;            /* slots needed, all on one worker (gang), >= 1 */
   uint64_t mem_bytes;       /* device memory needed in total */
   uint32_t model;           /* from lt_sched_model_intern(), or LT_SCHED_NO_MODEL */
@@ -120,8 +114,8 @@ typedef struct lt_sched_decision {
   uint64_t worker_id;
   uint64_t gpu_mask;          /* DISPATCH: bit i = GPU i of the worker */
   uint32_t attempt;           /* DISPATCH: the new attempt number; otherwise the running one */
-  lt_sched_class_t cls;       /* the job's own class */
-  lt_sched_class_t effective; /* DISPATCH: the class it competed in (after aging) */
+  lt_job_class_t cls;       /* the job's own class */
+  lt_job_class_t effective; /* DISPATCH: the class it competed in (after aging) */
   bool cold_load;             /* DISPATCH: the worker did not hold the job's base model */
   double waited_s;            /* DISPATCH: time since it was (re)queued */
 } lt_sched_decision_t;
@@ -186,8 +180,8 @@ typedef struct lt_sched_counters {
   uint64_t dispatches, preemptions, stops, cold_loads, requeues;
   uint32_t queued, running, tenants, workers;
   uint32_t slots_total, slots_used;
-  uint32_t slots_used_class[LT_SCHED__CLASSES];
-  uint32_t queued_class[LT_SCHED__CLASSES];
+  uint32_t slots_used_class[LT_CLASS__COUNT];
+  uint32_t queued_class[LT_CLASS__COUNT];
 } lt_sched_counters_t;
 void lt_sched_counters(const lt_sched_t *s, lt_sched_counters_t *out);
 
@@ -213,12 +207,12 @@ typedef struct lt_sched_tenant_stats {
 
 /* Per-tenant view of class cls, for every tenant with demand or history in it; writes at most
  * cap rows in tenant-table order and returns the number of rows available. */
-size_t lt_sched_tenants_stats(lt_sched_t *s, lt_sched_class_t cls, lt_sched_tenant_stats_t *out,
+size_t lt_sched_tenants_stats(lt_sched_t *s, lt_job_class_t cls, lt_sched_tenant_stats_t *out,
                               size_t cap);
 
 /* Jain's fairness index of class cls now, over tenants with demand: x = running / entitled
  * slots. 1 when fair (or when no tenant has demand). */
-double lt_sched_jain(lt_sched_t *s, lt_sched_class_t cls);
+double lt_sched_jain(lt_sched_t *s, lt_job_class_t cls);
 
 /* Weighted max-min fair (water-filling) split of capacity among n claimants with the given
  * demands and weights (> 0): alloc_out[i] <= demand[i], sums to min(capacity, sum demand).
@@ -229,9 +223,6 @@ void lt_sched_waterfill(size_t n, const double *demand, const double *weight, do
 /* Jain's index (sum x)^2 / (n sum x^2) of n values; 1 for n == 0. */
 double lt_sched_jain_index(size_t n, const double *x);
 
-const char *lt_sched_class_name(lt_sched_class_t cls);
-/* Parses "production" | "standard" | "preemptible". */
-lt_err_t lt_sched_class_parse(const char *s, lt_sched_class_t *out);
 const char *lt_sched_policy_name(lt_sched_policy_t p);
 
 /* --- simulator (virtual time over a trace; used by `lathe sim` and the tests) -------------- */
@@ -273,7 +264,7 @@ void lt_sched_sim_config_default(lt_sched_sim_config_t *config);
 
 typedef struct lt_sched_sim_row {  /* one (tenant, class) with jobs in the trace */
   size_t tenant;                   /* index into the trace's tenants */
-  lt_sched_class_t cls;
+  lt_job_class_t cls;
   double weight;
   uint32_t jobs;
   double wait_p50_s, wait_p99_s, wait_max_s; /* arrival to first dispatch, exact */
@@ -285,8 +276,8 @@ typedef struct lt_sched_sim_result {
   lt_sched_policy_t policy;
   lt_sched_sim_row_t *rows; /* owned by the result */
   size_t n_rows;
-  double jain[LT_SCHED__CLASSES]; /* over rows of the class: share / entitlement */
-  bool class_present[LT_SCHED__CLASSES];
+  double jain[LT_CLASS__COUNT]; /* over rows of the class: share / entitlement */
+  bool class_present[LT_CLASS__COUNT];
   double utilisation;   /* busy slot-seconds / (slots * makespan) */
   double makespan_s;    /* first arrival to last completion */
   uint64_t dispatches, preemptions, stops, cold_loads, completed;

@@ -21,7 +21,7 @@
 typedef struct trace_row {
   double arrival, duration;
   uint32_t tenant, model, gpus, line;
-  lt_sched_class_t cls;
+  lt_job_class_t cls;
 } trace_row_t;
 
 struct lt_sched_trace {
@@ -107,7 +107,7 @@ static lt_err_t parse_line(lt_sched_trace_t *t, char *line, uint32_t lineno, boo
     return COLERR(1, "\"%s\" is not a time in seconds >= 0", lineno, 1, trace_cols[0], f[0]);
   if (!*f[1] || strlen(f[1]) > NAME_MAX_LEN)
     return COLERR(2, "tenant must be 1..%d characters", lineno, 2, trace_cols[1], NAME_MAX_LEN);
-  if (lt_sched_class_parse(f[2], &r.cls) != LT_OK)
+  if (lt_job_class_parse(f[2], &r.cls) != LT_OK)
     return COLERR(3, "\"%s\" is not production, standard or preemptible", lineno, 3,
                   trace_cols[2], f[2]);
   double g;
@@ -321,7 +321,7 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
   sc.max_workers = cfg->workers;
   sc.max_jobs = (uint32_t)tr->n;
   sc.max_models = (uint32_t)tr->nmodels;
-  size_t nt = tr->ntenants, nrow_slots = nt * LT_SCHED__CLASSES;
+  size_t nt = tr->ntenants, nrow_slots = nt * LT_CLASS__COUNT;
   lt_sched_t *s = NULL;
   sim_job_t *jobs = calloc(tr->n, sizeof *jobs);
   double *waits = malloc(tr->n * sizeof *waits);
@@ -407,7 +407,7 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
                             .model = r->model};
       err = lt_sched_job_enqueue(s, &job, now, errstr, errstr_size);
       if (err) goto out;
-      njobs[r->tenant * LT_SCHED__CLASSES + r->cls]++;
+      njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
       next_arrival++;
     }
     size_t nd;
@@ -461,13 +461,13 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
     }
     double dt = next - now;
     busy += cnt.slots_used * dt;
-    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+    for (int c = 0; c < LT_CLASS__COUNT; c++) {
       if (cnt.slots_used_class[c] == 0 && cnt.queued_class[c] == 0) continue;
-      size_t n = lt_sched_tenants_stats(s, (lt_sched_class_t)c, st, nt);
+      size_t n = lt_sched_tenants_stats(s, (lt_job_class_t)c, st, nt);
       for (size_t i = 0; i < n && i < nt; i++) {
         size_t ti = (size_t)(st[i].tenant_id - 1);
-        got[ti * LT_SCHED__CLASSES + c] += st[i].running_slots * dt;
-        ent[ti * LT_SCHED__CLASSES + c] += st[i].entitlement * cnt.slots_used_class[c] * dt;
+        got[ti * LT_CLASS__COUNT + c] += st[i].running_slots * dt;
+        ent[ti * LT_CLASS__COUNT + c] += st[i].entitlement * cnt.slots_used_class[c] * dt;
       }
     }
     now = next;
@@ -487,14 +487,14 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
   for (size_t i = 0; i < nrow_slots; i++) nrows += njobs[i] > 0;
   res->rows = calloc(nrows ? nrows : 1, sizeof *res->rows);
   if (!res->rows) goto nomem;
-  double class_got[LT_SCHED__CLASSES] = {0}, class_ent[LT_SCHED__CLASSES] = {0};
+  double class_got[LT_CLASS__COUNT] = {0}, class_ent[LT_CLASS__COUNT] = {0};
   for (size_t i = 0; i < nrow_slots; i++) {
-    class_got[i % LT_SCHED__CLASSES] += got[i];
-    class_ent[i % LT_SCHED__CLASSES] += ent[i];
+    class_got[i % LT_CLASS__COUNT] += got[i];
+    class_ent[i % LT_CLASS__COUNT] += ent[i];
   }
   for (size_t ti = 0; ti < nt; ti++)
-    for (int c = 0; c < LT_SCHED__CLASSES; c++) {
-      size_t k = ti * LT_SCHED__CLASSES + c;
+    for (int c = 0; c < LT_CLASS__COUNT; c++) {
+      size_t k = ti * LT_CLASS__COUNT + c;
       if (!njobs[k]) continue;
       size_t nw = 0;
       for (size_t i = 0; i < tr->n; i++)
@@ -503,7 +503,7 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
       qsort(waits, nw, sizeof *waits, dbl_cmp);
       lt_sched_sim_row_t *row = &res->rows[res->n_rows++];
       row->tenant = ti;
-      row->cls = (lt_sched_class_t)c;
+      row->cls = (lt_job_class_t)c;
       row->jobs = njobs[k];
       row->weight = weights[ti];
       row->wait_p50_s = quantile_sorted(waits, nw, 0.5);
@@ -513,7 +513,7 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
       row->entitlement = class_ent[c] > 0 ? ent[k] / class_ent[c] : 0;
       res->class_present[c] = true;
     }
-  for (int c = 0; c < LT_SCHED__CLASSES; c++) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
     size_t m = 0;
     for (size_t i = 0; i < res->n_rows; i++)
       if ((int)res->rows[i].cls == c && res->rows[i].entitlement > 0)

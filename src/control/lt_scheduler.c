@@ -426,7 +426,7 @@ static uint64_t tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool pl
   return id;
 }
 
-static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_sched_class_t cls) {
+static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job_class_t cls) {
   side_t *sd = s->sides[idx];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
   if (!j) return false;
@@ -538,7 +538,7 @@ static lt_err_t sched_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, s
       const lt_job_t *j = lt_job_get(jobs, sd->job_id);
       if (!j || !live_state(j->state) || j->attempt_stopped || strcmp(j->worker_id, wk->id) != 0) continue;
       tenant_into_sched(s, j->tenant_id, true);
-      if (sched_enqueue(s, i, j->attempt - 1, (lt_sched_class_t)j->job_class)) want++;
+      if (sched_enqueue(s, i, j->attempt - 1, j->job_class)) want++;
     }
     if (!want && wk->draining) continue;
     worker_bring_up(s, w);
@@ -559,7 +559,7 @@ static lt_err_t sched_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, s
           if (!sd->in_sched || sd->sched_running) continue;
           const lt_job_t *j = lt_job_get(jobs, sd->job_id);
           sched_drop(s, sd);
-          if (j) sched_enqueue(s, i, j->attempt - 1, LT_SCHED_PRODUCTION);
+          if (j) sched_enqueue(s, i, j->attempt - 1, LT_CLASS_PRODUCTION);
         }
       }
     }
@@ -577,7 +577,7 @@ static lt_err_t sched_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, s
         used += j && j->gpus > 0 ? (uint32_t)j->gpus : 1;
       }
     if (used < wk->slots) {
-      lt_sched_job_t fj = {.id = filler++, .tenant_id = FILLER_TENANT, .cls = LT_SCHED_PRODUCTION,
+      lt_sched_job_t fj = {.id = filler++, .tenant_id = FILLER_TENANT, .cls = LT_CLASS_PRODUCTION,
                            .gpus = wk->slots - used, .model = LT_SCHED_NO_MODEL};
       if (lt_sched_job_enqueue(s->sched, &fj, s->now_s, NULL, 0) == LT_OK) lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
     }
@@ -596,7 +596,7 @@ static lt_err_t sched_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, s
   qsort(q, nq, sizeof *q, cmp_order);
   for (size_t k = 0; k < nq; k++) {
     const lt_job_t *j = lt_job_get(jobs, s->sides[q[k].idx]->job_id);
-    sched_enqueue(s, q[k].idx, j->attempt, (lt_sched_class_t)j->job_class);
+    sched_enqueue(s, q[k].idx, j->attempt, j->job_class);
   }
   free(q);
   return LT_OK;
@@ -705,7 +705,7 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
       return;
     }
     if (!sd->in_sched && mine_read_back && !j->cancel_requested)
-      sched_enqueue(s, idx, j->attempt, (lt_sched_class_t)j->job_class);
+      sched_enqueue(s, idx, j->attempt, j->job_class);
     return;
   }
   if (!live_state(j->state) || j->attempt_stopped || !mine_read_back) return;
@@ -720,7 +720,7 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
         if (lt_sched_job_requeue(s->sched, i + 1, s->now_s) == LT_OK) sd->sched_running = false;
         else sched_drop(s, sd);
       }
-      if (!sd->in_sched) sched_enqueue(s, idx, j->attempt, (lt_sched_class_t)j->job_class);
+      if (!sd->in_sched) sched_enqueue(s, idx, j->attempt, j->job_class);
     }
     return;
   }

@@ -38,10 +38,11 @@ typedef enum lt_job_state {
   LT_JOB__STATE_COUNT
 } lt_job_state_t;
 
+/* Priority classes, highest first; the scheduling policy (lt_sched) orders work by them. */
 typedef enum lt_job_class {
-  LT_CLASS_PRODUCTION = 0,
+  LT_CLASS_PRODUCTION = 0, /* reserved share, never preempted */
   LT_CLASS_STANDARD,
-  LT_CLASS_PREEMPTIBLE,
+  LT_CLASS_PREEMPTIBLE,    /* checkpointed then preempted when higher classes wait */
   LT_CLASS__COUNT
 } lt_job_class_t;
 

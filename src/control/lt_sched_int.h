@@ -1,0 +1,175 @@
+/* lt_sched_int.h: the policy's private tables, shared by its three files and nothing else:
+ * lt_sched.c (lifecycle, events, visibility), lt_sched_queue.c (queues, fair-share heaps, what a
+ * running job books) and lt_sched_decide.c (the decisions).
+ *
+ * Data layout, all sized once at lt_sched_new():
+ *   - a job pool with intrusive links: each queued job sits on its tenant's per-class FIFO and
+ *     on an age-ordered list (one per class for the Lathe policy, which aging scans from the
+ *     oldest; one global list in arrival order for FIFO); a running job on its worker's list;
+ *   - per class, a binary heap of the tenants that have queued work and room in their quota,
+ *     keyed by DRF dominant share / weight, so picking the next tenant is O(log tenants);
+ *   - per free-slot count k, a bitmap of workers with exactly k free slots, and per base model
+ *     a bitmap of workers holding it, so best-fit warm placement is a few word ANDs.
+ * Candidates that cannot be placed are set aside for the rest of a decide call (resources only
+ * shrink during a call), and at most max_scan of them are examined per call. */
+#ifndef LT_SCHED_INT_H
+#define LT_SCHED_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lt_sched.h"
+
+#define NIL UINT32_MAX
+#define MAX_CACHE 64 /* models one worker may hold */
+#define NHIST 64     /* wait histogram buckets: 0, then [0.1 * 1.25^(b-1), 0.1 * 1.25^b) */
+
+enum { JS_FREE = 0, JS_QUEUED, JS_RUNNING };
+
+typedef struct job {
+  uint64_t id;
+  uint64_t mem;
+  uint64_t gpu_mask;
+  double enq;   /* when it was (re)queued */
+  double start; /* dispatch, then AttemptStarted */
+  double starve_next; /* next time the starvation pass looks at it */
+  uint32_t tenant, worker, model, attempt, gpus;
+  uint32_t reserved; /* worker reserved for it */
+  uint32_t hnext;
+  uint32_t tprev, tnext; /* tenant-class queue (free list when free) */
+  uint32_t aprev, anext; /* age list */
+  uint32_t wprev, wnext; /* worker's running list */
+  uint8_t cls, state;
+  bool preempting, stop_sent;
+} job_t;
+
+typedef struct tenant {
+  uint64_t id;
+  double weight;
+  uint32_t max_running, max_queued;
+  double max_duration;
+  uint32_t running_slots, queued;
+  uint32_t run_slots_c[LT_CLASS__COUNT];
+  uint64_t run_mem_c[LT_CLASS__COUNT];
+  uint32_t queued_c[LT_CLASS__COUNT];
+  uint64_t queued_gpus_c[LT_CLASS__COUNT];
+  uint32_t qhead[LT_CLASS__COUNT], qtail[LT_CLASS__COUNT];
+  uint32_t heap_pos[LT_CLASS__COUNT];
+  double key[LT_CLASS__COUNT];
+  uint8_t blocked; /* bit c: set aside in this decide call */
+  uint32_t hnext;
+  uint64_t dispatched;
+  uint32_t hist[NHIST];
+} tenant_t;
+
+typedef struct worker {
+  uint64_t id;
+  uint64_t mem_total, mem_free, preempt_mem;
+  uint64_t gpu_free; /* bit i: GPU i free */
+  uint32_t slots, free_slots, preempt_slots;
+  uint32_t cache_cap, nmodels;
+  uint32_t models[MAX_CACHE];
+  uint64_t lru[MAX_CACHE];
+  uint32_t run_head;
+  uint32_t reserved_job;
+  uint32_t hnext;
+  bool up;
+} worker_t;
+
+struct lt_sched {
+  lt_sched_config_t cfg;
+  job_t *jobs;
+  uint32_t *job_hash, job_hmask, job_free, njobs;
+  tenant_t *tenants;
+  uint32_t *ten_hash, ten_hmask, ntenants;
+  worker_t *workers;
+  uint32_t *wrk_hash, wrk_hmask, nworkers, nup;
+  char **model_names;
+  uint32_t nmodels;
+
+  size_t words;      /* 64-bit words per worker bitmap */
+  uint64_t *free_bm; /* (MAX_WORKER_SLOTS + 1) bitmaps */
+  uint64_t *model_bm;
+  uint32_t max_slots; /* largest worker seen */
+
+  uint32_t *heap[LT_CLASS__COUNT];
+  uint32_t heap_n[LT_CLASS__COUNT];
+  uint32_t *blocked[LT_CLASS__COUNT];
+  uint32_t nblocked[LT_CLASS__COUNT];
+
+  uint32_t ahead[LT_CLASS__COUNT], atail[LT_CLASS__COUNT];
+  uint32_t cursor[LT_CLASS__COUNT];
+
+  uint64_t total_mem;
+  uint32_t total_slots, slots_used;
+  uint32_t used_c[LT_CLASS__COUNT];
+  uint32_t queued_c[LT_CLASS__COUNT];
+  uint32_t queued, running;
+  uint64_t tick; /* LRU clock */
+  double next_deadline;
+  double mean_run;
+  uint64_t finished_n;
+  uint64_t dispatches, preemptions, stops, cold_loads, requeues;
+  uint32_t nreserved; /* workers reserved for a starving job */
+
+  double *scratch_d, *scratch_w, *scratch_a; /* max_tenants each: visibility */
+  uint32_t *scratch_t;
+};
+
+
+/* ---- lookups ---------------------------------------------------------------------------- */
+
+static inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+static inline void bm_set(uint64_t *bm, uint32_t i) { bm[i >> 6] |= 1ULL << (i & 63); }
+static inline void bm_clr(uint64_t *bm, uint32_t i) { bm[i >> 6] &= ~(1ULL << (i & 63)); }
+static inline uint64_t *free_bm(lt_sched_t *s, uint32_t k) { return s->free_bm + (size_t)k * s->words; }
+static inline uint64_t *model_bm(lt_sched_t *s, uint32_t m) {
+  return s->model_bm + (size_t)m * s->words;
+}
+
+static inline uint32_t job_find(const lt_sched_t *s, uint64_t id) {
+  for (uint32_t i = s->job_hash[mix64(id) & s->job_hmask]; i != NIL; i = s->jobs[i].hnext)
+    if (s->jobs[i].id == id) return i;
+  return NIL;
+}
+static inline uint32_t tenant_find(const lt_sched_t *s, uint64_t id) {
+  for (uint32_t i = s->ten_hash[mix64(id) & s->ten_hmask]; i != NIL; i = s->tenants[i].hnext)
+    if (s->tenants[i].id == id) return i;
+  return NIL;
+}
+static inline uint32_t worker_find(const lt_sched_t *s, uint64_t id) {
+  for (uint32_t i = s->wrk_hash[mix64(id) & s->wrk_hmask]; i != NIL; i = s->workers[i].hnext)
+    if (s->workers[i].id == id) return i;
+  return NIL;
+}
+
+/* ---- lt_sched_queue.c: queues, fair-share heaps, booking ------------------------------------ */
+
+/* Puts job jx on its queues at time now: at the tail, or at the head of its tenant's queue when
+ * front (a requeued job, already started once). */
+void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now);
+/* Takes queued job jx off its queues (and drops its reservation); it is then JS_FREE. */
+void sched_queue_remove(lt_sched_t *s, uint32_t jx);
+/* Books worker w's resources for queued job jx, competing in class effective, and fills *d
+ * with the DISPATCH decision. */
+void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
+                lt_sched_decision_t *d);
+/* Releases what running job jx holds; it is then JS_FREE. */
+void sched_run_release(lt_sched_t *s, uint32_t jx);
+void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx);
+void sched_unreserve(lt_sched_t *s, uint32_t w); /* no-op when w is not reserved */
+double sched_tenant_key(const lt_sched_t *s, const tenant_t *t, int c);
+void sched_heap_remove(lt_sched_t *s, int c, uint32_t t);
+void sched_tenant_refresh(lt_sched_t *s, uint32_t t, int c);
+void sched_tenant_refresh_all(lt_sched_t *s, uint32_t t);
+void sched_heaps_rebuild(lt_sched_t *s);
+int sched_worker_model_slot(const worker_t *wk, uint32_t m); /* -1: not held */
+double sched_hist_quantile(const uint32_t *h, uint64_t n, double q);
+
+#endif

@@ -1,0 +1,342 @@
+/* lt_sched_queue: the policy's state between decisions (see lt_sched_int.h for the layout) —
+ * the tenants' queues and age lists, the per-class fair-share heaps, and what a running job books
+ * on its worker (slots, GPUs, memory, model cache) and releases. Events (lt_sched.c) and
+ * decisions (lt_sched_decide.c) change that state only through these functions. */
+#include "lt_sched_int.h"
+
+#include <assert.h>
+#include <math.h>
+
+/* ---- reservations and wait histograms ---------------------------------------------------- */
+
+void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx) {
+  s->workers[w].reserved_job = jx;
+  s->jobs[jx].reserved = w;
+  s->nreserved++;
+}
+
+void sched_unreserve(lt_sched_t *s, uint32_t w) {
+  uint32_t jx = s->workers[w].reserved_job;
+  if (jx == NIL) return;
+  s->jobs[jx].reserved = NIL;
+  s->workers[w].reserved_job = NIL;
+  s->nreserved--;
+}
+
+static uint32_t hist_bucket(double w) {
+  if (w < 0.1) return 0;
+  double b = 1.0 + floor(log(w / 0.1) / log(1.25));
+  return b >= NHIST - 1 ? NHIST - 1 : (uint32_t)b;
+}
+
+double sched_hist_quantile(const uint32_t *h, uint64_t n, double q) {
+  if (n == 0) return 0;
+  uint64_t want = (uint64_t)ceil(q * (double)n), acc = 0;
+  if (want == 0) want = 1;
+  for (uint32_t b = 0; b < NHIST; b++) {
+    acc += h[b];
+    if (acc >= want) return b == 0 ? 0.0 : 0.1 * pow(1.25, (double)b - 0.5);
+  }
+  return 0.1 * pow(1.25, NHIST - 1);
+}
+
+/* ---- tenant heaps ----------------------------------------------------------------------- */
+
+double sched_tenant_key(const lt_sched_t *s, const tenant_t *t, int c) {
+  double slots = s->total_slots ? (double)t->run_slots_c[c] / s->total_slots : 0.0;
+  double mem = s->total_mem ? (double)t->run_mem_c[c] / (double)s->total_mem : 0.0;
+  return (slots > mem ? slots : mem) / t->weight;
+}
+
+/* Heap order: lower dominant share first, then the older head job, then the tenant index. */
+static bool heap_less(const lt_sched_t *s, int c, uint32_t a, uint32_t b) {
+  const tenant_t *ta = &s->tenants[a], *tb = &s->tenants[b];
+  if (ta->key[c] != tb->key[c]) return ta->key[c] < tb->key[c];
+  double ea = s->jobs[ta->qhead[c]].enq, eb = s->jobs[tb->qhead[c]].enq;
+  if (ea != eb) return ea < eb;
+  return a < b;
+}
+
+static void heap_place(lt_sched_t *s, int c, uint32_t pos, uint32_t t) {
+  s->heap[c][pos] = t;
+  s->tenants[t].heap_pos[c] = pos;
+}
+
+static void heap_up(lt_sched_t *s, int c, uint32_t pos) {
+  uint32_t t = s->heap[c][pos];
+  while (pos > 0) {
+    uint32_t parent = (pos - 1) / 2;
+    if (!heap_less(s, c, t, s->heap[c][parent])) break;
+    heap_place(s, c, pos, s->heap[c][parent]);
+    pos = parent;
+  }
+  heap_place(s, c, pos, t);
+}
+
+static void heap_down(lt_sched_t *s, int c, uint32_t pos) {
+  uint32_t n = s->heap_n[c], t = s->heap[c][pos];
+  for (;;) {
+    uint32_t l = 2 * pos + 1, best = pos;
+    uint32_t bt = t;
+    if (l < n && heap_less(s, c, s->heap[c][l], bt)) best = l, bt = s->heap[c][l];
+    if (l + 1 < n && heap_less(s, c, s->heap[c][l + 1], bt)) best = l + 1, bt = s->heap[c][l + 1];
+    if (best == pos) break;
+    heap_place(s, c, pos, bt);
+    pos = best;
+  }
+  heap_place(s, c, pos, t);
+}
+
+void sched_heap_remove(lt_sched_t *s, int c, uint32_t t) {
+  uint32_t pos = s->tenants[t].heap_pos[c];
+  assert(pos != NIL && s->heap[c][pos] == t);
+  s->tenants[t].heap_pos[c] = NIL;
+  uint32_t last = s->heap[c][--s->heap_n[c]];
+  if (last == t) return;
+  heap_place(s, c, pos, last);
+  heap_up(s, c, pos);
+  heap_down(s, c, s->tenants[last].heap_pos[c]);
+}
+
+/* Brings tenant t's membership and position in class c's heap up to date. */
+void sched_tenant_refresh(lt_sched_t *s, uint32_t t, int c) {
+  if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return;
+  tenant_t *tt = &s->tenants[t];
+  bool eligible = tt->queued_c[c] > 0 && !(tt->blocked & (1u << c)) &&
+                  (tt->max_running == 0 || tt->running_slots < tt->max_running);
+  tt->key[c] = sched_tenant_key(s, tt, c);
+  if (tt->heap_pos[c] != NIL) {
+    if (!eligible) {
+      sched_heap_remove(s, c, t);
+    } else {
+      heap_up(s, c, tt->heap_pos[c]);
+      heap_down(s, c, tt->heap_pos[c]);
+    }
+  } else if (eligible) {
+    uint32_t pos = s->heap_n[c]++;
+    heap_place(s, c, pos, t);
+    heap_up(s, c, pos);
+  }
+}
+
+void sched_tenant_refresh_all(lt_sched_t *s, uint32_t t) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) sched_tenant_refresh(s, t, c);
+}
+
+/* Keys depend on fleet totals: after a worker joins or leaves, recompute every key. */
+void sched_heaps_rebuild(lt_sched_t *s) {
+  if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    for (uint32_t i = 0; i < s->heap_n[c]; i++) {
+      tenant_t *tt = &s->tenants[s->heap[c][i]];
+      tt->key[c] = sched_tenant_key(s, tt, c);
+    }
+    for (uint32_t i = s->heap_n[c] / 2 + 1; i-- > 0;)
+      if (i < s->heap_n[c]) heap_down(s, c, i);
+  }
+}
+
+/* ---- queues ----------------------------------------------------------------------------- */
+
+static int age_list(const lt_sched_t *s, const job_t *j) {
+  return s->cfg.policy == LT_SCHED_POLICY_FIFO ? 0 : j->cls;
+}
+
+void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
+  job_t *j = &s->jobs[jx];
+  tenant_t *t = &s->tenants[j->tenant];
+  int c = j->cls, a = age_list(s, j);
+  j->state = JS_QUEUED;
+  j->enq = now;
+  j->starve_next = now;
+  j->preempting = false;
+  j->stop_sent = false;
+  j->worker = NIL;
+  j->reserved = NIL;
+  /* tenant queue: new jobs at the tail, requeued ones (already started once) at the head */
+  if (front) {
+    j->tprev = NIL;
+    j->tnext = t->qhead[c];
+    if (t->qhead[c] != NIL) s->jobs[t->qhead[c]].tprev = jx;
+    else t->qtail[c] = jx;
+    t->qhead[c] = jx;
+  } else {
+    j->tnext = NIL;
+    j->tprev = t->qtail[c];
+    if (t->qtail[c] != NIL) s->jobs[t->qtail[c]].tnext = jx;
+    else t->qhead[c] = jx;
+    t->qtail[c] = jx;
+  }
+  /* age list: always the tail, so it stays ordered by enq; FIFO puts requeued jobs first */
+  if (front && s->cfg.policy == LT_SCHED_POLICY_FIFO) {
+    j->aprev = NIL;
+    j->anext = s->ahead[a];
+    if (s->ahead[a] != NIL) s->jobs[s->ahead[a]].aprev = jx;
+    else s->atail[a] = jx;
+    s->ahead[a] = jx;
+  } else {
+    j->anext = NIL;
+    j->aprev = s->atail[a];
+    if (s->atail[a] != NIL) s->jobs[s->atail[a]].anext = jx;
+    else s->ahead[a] = jx;
+    s->atail[a] = jx;
+  }
+  t->queued++;
+  t->queued_c[c]++;
+  t->queued_gpus_c[c] += j->gpus;
+  s->queued++;
+  s->queued_c[c]++;
+  sched_tenant_refresh(s, j->tenant, c);
+}
+
+void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
+  job_t *j = &s->jobs[jx];
+  tenant_t *t = &s->tenants[j->tenant];
+  int c = j->cls, a = age_list(s, j);
+  assert(j->state == JS_QUEUED);
+  if (j->tprev != NIL) s->jobs[j->tprev].tnext = j->tnext;
+  else t->qhead[c] = j->tnext;
+  if (j->tnext != NIL) s->jobs[j->tnext].tprev = j->tprev;
+  else t->qtail[c] = j->tprev;
+  for (int k = 0; k < LT_CLASS__COUNT; k++)
+    if (s->cursor[k] == jx) s->cursor[k] = j->anext;
+  if (j->aprev != NIL) s->jobs[j->aprev].anext = j->anext;
+  else s->ahead[a] = j->anext;
+  if (j->anext != NIL) s->jobs[j->anext].aprev = j->aprev;
+  else s->atail[a] = j->aprev;
+  if (j->reserved != NIL) sched_unreserve(s, j->reserved);
+  t->queued--;
+  t->queued_c[c]--;
+  t->queued_gpus_c[c] -= j->gpus;
+  s->queued--;
+  s->queued_c[c]--;
+  j->state = JS_FREE;
+  sched_tenant_refresh(s, j->tenant, c);
+}
+
+/* ---- workers ---------------------------------------------------------------------------- */
+
+static void worker_set_free(lt_sched_t *s, uint32_t w, uint32_t free_slots) {
+  worker_t *wk = &s->workers[w];
+  if (wk->up) bm_clr(free_bm(s, wk->free_slots), w);
+  wk->free_slots = free_slots;
+  if (wk->up) bm_set(free_bm(s, free_slots), w);
+}
+
+int sched_worker_model_slot(const worker_t *wk, uint32_t m) {
+  for (uint32_t i = 0; i < wk->nmodels; i++)
+    if (wk->models[i] == m) return (int)i;
+  return -1;
+}
+
+/* Records that worker w holds model m now (a cold load evicts the least recently used). */
+static bool worker_touch_model(lt_sched_t *s, uint32_t w, uint32_t m) {
+  worker_t *wk = &s->workers[w];
+  int i = sched_worker_model_slot(wk, m);
+  if (i >= 0) {
+    wk->lru[i] = ++s->tick;
+    return false;
+  }
+  if (wk->nmodels < wk->cache_cap) {
+    i = (int)wk->nmodels++;
+  } else {
+    i = 0;
+    for (uint32_t k = 1; k < wk->nmodels; k++)
+      if (wk->lru[k] < wk->lru[i]) i = (int)k;
+    bm_clr(model_bm(s, wk->models[i]), w);
+  }
+  wk->models[i] = m;
+  wk->lru[i] = ++s->tick;
+  bm_set(model_bm(s, m), w);
+  return true;
+}
+
+static void run_link(lt_sched_t *s, uint32_t jx, uint32_t w) {
+  job_t *j = &s->jobs[jx];
+  worker_t *wk = &s->workers[w];
+  j->wprev = NIL;
+  j->wnext = wk->run_head;
+  if (wk->run_head != NIL) s->jobs[wk->run_head].wprev = jx;
+  wk->run_head = jx;
+}
+
+/* Releases what a running job holds. */
+void sched_run_release(lt_sched_t *s, uint32_t jx) {
+  job_t *j = &s->jobs[jx];
+  worker_t *wk = &s->workers[j->worker];
+  tenant_t *t = &s->tenants[j->tenant];
+  assert(j->state == JS_RUNNING);
+  if (j->wprev != NIL) s->jobs[j->wprev].wnext = j->wnext;
+  else wk->run_head = j->wnext;
+  if (j->wnext != NIL) s->jobs[j->wnext].wprev = j->wprev;
+  wk->gpu_free |= j->gpu_mask;
+  wk->mem_free += j->mem;
+  if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) {
+    wk->preempt_slots -= j->gpus;
+    wk->preempt_mem -= j->mem;
+  }
+  worker_set_free(s, j->worker, wk->free_slots + j->gpus);
+  t->running_slots -= j->gpus;
+  t->run_slots_c[j->cls] -= j->gpus;
+  t->run_mem_c[j->cls] -= j->mem;
+  s->used_c[j->cls] -= j->gpus;
+  s->slots_used -= j->gpus;
+  s->running--;
+  j->state = JS_FREE;
+  j->worker = NIL;
+  j->gpu_mask = 0;
+  sched_tenant_refresh_all(s, j->tenant);
+}
+
+void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
+                     lt_sched_decision_t *d) {
+  job_t *j = &s->jobs[jx];
+  worker_t *wk = &s->workers[w];
+  tenant_t *t = &s->tenants[j->tenant];
+  double waited = now - j->enq;
+  sched_queue_remove(s, jx); /* also drops j's reservation */
+  uint64_t mask = 0, freem = wk->gpu_free;
+  for (uint32_t i = 0; i < j->gpus; i++) {
+    uint64_t bit = freem & (~freem + 1);
+    assert(bit);
+    mask |= bit;
+    freem &= ~bit;
+  }
+  wk->gpu_free = freem;
+  wk->mem_free -= j->mem;
+  worker_set_free(s, w, wk->free_slots - j->gpus);
+  bool cold = j->model != LT_SCHED_NO_MODEL && worker_touch_model(s, w, j->model);
+  j->state = JS_RUNNING;
+  j->worker = w;
+  j->gpu_mask = mask;
+  j->start = now;
+  j->attempt++;
+  run_link(s, jx, w);
+  if (j->cls == LT_CLASS_PREEMPTIBLE) {
+    wk->preempt_slots += j->gpus;
+    wk->preempt_mem += j->mem;
+  }
+  t->running_slots += j->gpus;
+  t->run_slots_c[j->cls] += j->gpus;
+  t->run_mem_c[j->cls] += j->mem;
+  t->dispatched++;
+  t->hist[hist_bucket(waited)]++;
+  s->used_c[j->cls] += j->gpus;
+  s->slots_used += j->gpus;
+  s->running++;
+  s->dispatches++;
+  if (cold) s->cold_loads++;
+  if (t->max_duration > 0 && now + t->max_duration < s->next_deadline)
+    s->next_deadline = now + t->max_duration;
+  sched_tenant_refresh_all(s, j->tenant);
+  *d = (lt_sched_decision_t){.action = LT_SCHED_DISPATCH,
+                             .job_id = j->id,
+                             .tenant_id = t->id,
+                             .worker_id = wk->id,
+                             .gpu_mask = mask,
+                             .attempt = j->attempt,
+                             .cls = (lt_job_class_t)j->cls,
+                             .effective = (lt_job_class_t)effective,
+                             .cold_load = cold,
+                             .waited_s = waited};
+}

@@ -50,7 +50,9 @@ typedef struct lathed {
   lt_publisher_t *publisher;
   lt_worker_t *worker;
   lt_embedded_t *embedded; /* --embedded: the mock cluster the roles use */
+  lt_tok_t *tok;           /* api: the bundled model's tokenizer for dataset reports, or NULL */
   char instance[128];
+  char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
 } lathed_t;
 
 static void usage(FILE *f) {
@@ -125,22 +127,30 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
   return lt_store_s3_new(&d->store, &s3, err, n);
 }
 
-int main(int argc, char **argv) {
-  const char *role = NULL, *bind = "127.0.0.1", *data_dir = NULL;
-  bool embedded = false;
-  long port = 8080;
+/* What the command line asked for. */
+typedef struct lathed_opts {
+  const char *role, *bind, *data_dir;
+  bool embedded, api, scheduler, publisher, worker;
+  uint16_t port;
+} lathed_opts_t;
+
+/* Parses argv into *o. Returns -1 to go on, else the exit status (--help, --version: 0; a bad
+ * argument: 2, after saying which). */
+static int parse_args(int argc, char **argv, lathed_opts_t *o) {
+  *o = (lathed_opts_t){.bind = "127.0.0.1", .port = 8080};
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) role = argv[++i];
-    else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) bind = argv[++i];
-    else if (strcmp(argv[i], "--embedded") == 0) embedded = true;
-    else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) data_dir = argv[++i];
+    if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) o->role = argv[++i];
+    else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) o->bind = argv[++i];
+    else if (strcmp(argv[i], "--embedded") == 0) o->embedded = true;
+    else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) o->data_dir = argv[++i];
     else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
       char *end;
-      port = strtol(argv[++i], &end, 10);
+      long port = strtol(argv[++i], &end, 10);
       if (*end || port < 0 || port > 65535) {
         fprintf(stderr, "lathed: --port must be 0..65535, not \"%s\"\n", argv[i]);
         return 2;
       }
+      o->port = (uint16_t)port;
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
@@ -153,131 +163,163 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (role && strcmp(role, "executor") == 0) return lt_executor_main();
-  bool all = role && strcmp(role, "all") == 0;
-  bool want_api = all || (role && strcmp(role, "api") == 0);
-  bool want_sched = all || (role && strcmp(role, "scheduler") == 0);
-  bool want_pub = all || (role && strcmp(role, "publisher") == 0);
-  bool want_worker = all || (role && strcmp(role, "worker") == 0);
-  if (!want_api && !want_sched && !want_pub && !want_worker) {
+  if (o->role && strcmp(o->role, "executor") == 0) return -1;
+  bool all = o->role && strcmp(o->role, "all") == 0;
+  o->api = all || (o->role && strcmp(o->role, "api") == 0);
+  o->scheduler = all || (o->role && strcmp(o->role, "scheduler") == 0);
+  o->publisher = all || (o->role && strcmp(o->role, "publisher") == 0);
+  o->worker = all || (o->role && strcmp(o->role, "worker") == 0);
+  if (!o->api && !o->scheduler && !o->publisher && !o->worker) {
     fprintf(stderr, "lathed: --role must be api, scheduler, worker, publisher or all (not \"%s\")\n",
-            role ? role : "(missing)");
+            o->role ? o->role : "(missing)");
     usage(stderr);
     return 2;
   }
+  if ((o->embedded || o->data_dir) && (!all || !o->embedded)) {
+    fprintf(stderr, "lathed: --embedded goes with --role all (and --data with --embedded)\n");
+    return 2;
+  }
+  return -1;
+}
+
+/* --embedded: the mock cluster, directory store and key, before setup_common reads what it
+ * exports. */
+static lt_err_t start_embedded(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  lt_embedded_conf_t ec = {.data_dir = o->data_dir};
+  lt_err_t e = lt_embedded_start(&ec, &d->embedded, err, n);
+  if (e) return e;
+  fprintf(stderr, "lathed: embedded: in-memory Kafka (mock cluster) at %s, store and key in %s\n",
+          lt_embedded_bootstrap(d->embedded), lt_embedded_dir(d->embedded));
+  return LT_OK;
+}
+
+static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  char producer[160];
+  d->tok = load_tokenizer(d->models);
+  snprintf(producer, sizeof producer, "api/%s", d->instance);
+  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
+                        .kek = d->kek, .registry = d->reg, .producer_id = producer,
+                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
+  lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
+  if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
+  return e;
+}
+
+static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
+  char producer[160];
+  snprintf(producer, sizeof producer, "scheduler/%s", d->instance);
+  lt_scheduler_conf_t sc = {.bus = d->bus, .registry = d->reg, .producer_id = producer, .store = d->store};
+  /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
+  const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
+             *start = getenv("LATHE_START_TIMEOUT_MS");
+  if (lease) sc.lease_ms = atoll(lease);
+  if (margin) sc.lease_margin_ms = atoll(margin);
+  if (start) sc.start_timeout_ms = atoll(start);
+  lt_err_t e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
+  if (!e) fprintf(stderr, "lathed: scheduler started\n");
+  return e;
+}
+
+static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
+  char producer[160];
+  snprintf(producer, sizeof producer, "publisher/%s", d->instance);
+  lt_publisher_conf_t pc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+                            .producer_id = producer};
+  lt_err_t e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
+  if (!e) fprintf(stderr, "lathed: publisher started\n");
+  return e;
+}
+
+static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
+  const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
+  lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+                         .worker_id = d->instance, .models_dir = d->models,
+                         .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
+  lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
+  if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
+  return e;
+}
+
+/* --embedded: prints (and writes to DIR/env) the exports another shell needs to reach us. */
+static lt_err_t announce_embedded(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  char url[300];
+  bool any = strcmp(o->bind, "0.0.0.0") == 0 || strcmp(o->bind, "::") == 0;
+  snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : o->bind, lt_api_port(d->api));
+  lt_err_t e = lt_embedded_write_env(d->embedded, url, stdout, err, n);
+  if (!e)
+    fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",
+            lt_embedded_dir(d->embedded));
+  return e;
+}
+
+/* Starts the roles asked for, in order; on failure err says which role and why. */
+static lt_err_t start_roles(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  char why[512] = "";
+  lt_err_t e = LT_OK;
+  const char *what = "embedded";
+  if (o->embedded && (e = start_embedded(d, o, why, sizeof why))) goto fail;
+  what = NULL;
+  if ((e = setup_common(d, why, sizeof why))) goto fail;
+  const char *md = getenv("LATHE_MODELS_DIR");
+  snprintf(d->models, sizeof d->models, "%s", md && *md ? md : LT_MODELS_DIR);
+  if (o->api && (what = "api") && (e = start_api(d, o, why, sizeof why))) goto fail;
+  if (o->scheduler && (what = "scheduler") && (e = start_scheduler(d, why, sizeof why))) goto fail;
+  if (o->publisher && (what = "publisher") && (e = start_publisher(d, why, sizeof why))) goto fail;
+  if (o->worker && (what = "worker") && (e = start_worker(d, why, sizeof why))) goto fail;
+  if (d->embedded && (what = "embedded") && (e = announce_embedded(d, o, why, sizeof why))) goto fail;
+  return LT_OK;
+fail:
+  if (what) snprintf(err, n, "%s: %s", what, why);
+  else snprintf(err, n, "%s", why);
+  return e;
+}
+
+/* Runs the event loop until SIGINT or SIGTERM. */
+static void run_until_signal(lathed_t *d) {
+  struct event *sigint = evsignal_new(d->base, SIGINT, on_signal, d);
+  struct event *sigterm = evsignal_new(d->base, SIGTERM, on_signal, d);
+  event_add(sigint, NULL);
+  event_add(sigterm, NULL);
+  event_base_dispatch(d->base);
+  event_free(sigint);
+  event_free(sigterm);
+}
+
+static void lathed_teardown(lathed_t *d) {
+  lt_worker_destroy(d->worker);
+  lt_publisher_destroy(d->publisher);
+  lt_scheduler_destroy(d->scheduler);
+  lt_api_destroy(d->api);
+  lt_tok_free(d->tok);
+  lt_store_free(d->store);
+  lt_crypto_kek_free(d->kek);
+  lt_avro_registry_destroy(d->reg);
+  lt_bus_conf_destroy(d->bus);
+  lt_embedded_stop(d->embedded); /* after every Kafka client */
+  event_base_free(d->base);
+}
+
+int main(int argc, char **argv) {
+  lathed_opts_t o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc >= 0) return rc;
+  if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
   lathed_t d = {0};
-  lt_tok_t *tok = NULL;
-  char models[2048];
-  const char *md = getenv("LATHE_MODELS_DIR");
-  char err[512] = "";
-  int rc = 1;
   d.base = event_base_new();
   if (!d.base) {
     fprintf(stderr, "lathed: cannot create the event loop\n");
     return 1;
   }
-  if (embedded || data_dir) { /* embedded: before setup_common, which reads what it exports */
-    if (!all || !embedded) {
-      fprintf(stderr, "lathed: --embedded goes with --role all (and --data with --embedded)\n");
-      rc = 2;
-      goto out;
-    }
-    lt_embedded_conf_t ec = {.data_dir = data_dir};
-    if (lt_embedded_start(&ec, &d.embedded, err, sizeof err)) {
-      fprintf(stderr, "lathed: embedded: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: embedded: in-memory Kafka (mock cluster) at %s, store and key in %s\n",
-            lt_embedded_bootstrap(d.embedded), lt_embedded_dir(d.embedded));
-  }
-  if (setup_common(&d, err, sizeof err)) {
+  char err[640] = "";
+  if (start_roles(&d, &o, err, sizeof err)) {
     fprintf(stderr, "lathed: %s\n", err);
-    goto out;
+    rc = 1;
+  } else {
+    run_until_signal(&d);
+    rc = 0;
   }
-  if (md && *md) snprintf(models, sizeof models, "%s", md);
-  else snprintf(models, sizeof models, "%s", LT_MODELS_DIR);
-  if (want_api) {
-    char producer[160];
-    tok = load_tokenizer(models);
-    snprintf(producer, sizeof producer, "api/%s", d.instance);
-    lt_api_conf_t conf = {.bind_addr = bind, .port = (uint16_t)port, .bus = d.bus, .store = d.store,
-                          .kek = d.kek, .registry = d.reg, .producer_id = producer,
-                          .tokens_fn = tok ? count_tokens : NULL, .tokens_ctx = tok};
-    if (lt_api_new(d.base, &conf, &d.api, err, sizeof err)) {
-      fprintf(stderr, "lathed: api: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: api listening on http://%s:%u\n", bind, lt_api_port(d.api));
-  }
-  char producer[160];
-  if (want_sched) {
-    snprintf(producer, sizeof producer, "scheduler/%s", d.instance);
-    lt_scheduler_conf_t sc = {.bus = d.bus, .registry = d.reg, .producer_id = producer, .store = d.store};
-    /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
-    const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
-               *start = getenv("LATHE_START_TIMEOUT_MS");
-    if (lease) sc.lease_ms = atoll(lease);
-    if (margin) sc.lease_margin_ms = atoll(margin);
-    if (start) sc.start_timeout_ms = atoll(start);
-    if (lt_scheduler_new(d.base, &sc, &d.scheduler, err, sizeof err)) {
-      fprintf(stderr, "lathed: scheduler: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: scheduler started\n");
-  }
-  if (want_pub) {
-    snprintf(producer, sizeof producer, "publisher/%s", d.instance);
-    lt_publisher_conf_t pc = {.bus = d.bus, .store = d.store, .kek = d.kek, .registry = d.reg,
-                              .producer_id = producer};
-    if (lt_publisher_new(d.base, &pc, &d.publisher, err, sizeof err)) {
-      fprintf(stderr, "lathed: publisher: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: publisher started\n");
-  }
-  if (want_worker) {
-    const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
-    lt_worker_conf_t wc = {.bus = d.bus, .store = d.store, .kek = d.kek, .registry = d.reg,
-                           .worker_id = d.instance, .models_dir = models,
-                           .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
-    if (lt_worker_new(d.base, &wc, &d.worker, err, sizeof err)) {
-      fprintf(stderr, "lathed: worker: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: worker %s started (models in %s)\n", d.instance, models);
-  }
-  if (d.embedded) { /* the exports another shell needs to reach this process */
-    char url[300];
-    bool any = strcmp(bind, "0.0.0.0") == 0 || strcmp(bind, "::") == 0;
-    snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : bind, lt_api_port(d.api));
-    if (lt_embedded_write_env(d.embedded, url, stdout, err, sizeof err)) {
-      fprintf(stderr, "lathed: embedded: %s\n", err);
-      goto out;
-    }
-    fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",
-            lt_embedded_dir(d.embedded));
-  }
-  struct event *sigint = evsignal_new(d.base, SIGINT, on_signal, &d);
-  struct event *sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
-  event_add(sigint, NULL);
-  event_add(sigterm, NULL);
-  event_base_dispatch(d.base);
-  event_free(sigint);
-  event_free(sigterm);
-  rc = 0;
-out:
-  lt_worker_destroy(d.worker);
-  lt_publisher_destroy(d.publisher);
-  lt_scheduler_destroy(d.scheduler);
-  lt_api_destroy(d.api);
-  lt_tok_free(tok);
-  lt_store_free(d.store);
-  lt_crypto_kek_free(d.kek);
-  lt_avro_registry_destroy(d.reg);
-  lt_bus_conf_destroy(d.bus);
-  lt_embedded_stop(d.embedded); /* after every Kafka client */
-  event_base_free(d.base);
+  lathed_teardown(&d);
   return rc;
 }

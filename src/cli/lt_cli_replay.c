@@ -77,11 +77,24 @@ static bool count_state(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-int lt_cli_admin_replay(int argc, char **argv) {
-  int64_t start = LT_BUS_OFFSET_BEGINNING, time_ms = -1;
-  bool as_json = false;
+/* One replay: the clients, the partitions of both topics and what was folded. */
+typedef struct replay {
+  lt_bus_conf_t *conf;
+  lt_avro_registry_t *reg;
+  lt_proj_t *fold;
+  lt_bus_admin_t *admin;
+  lt_bus_consumer_t *c;
+  char topics[2][200];
+  lt_bus_tp_t tps[MAX_TPS]; /* where each partition starts */
+  lt_bus_tp_t hw[MAX_TPS];  /* each partition's end as of start-up */
+  size_t ntps;
+  uint64_t records, bad;
+} replay_t;
+
+/* Parses argv. Returns -1 to go on, else the exit status (after saying what is wrong). */
+static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, bool *as_json) {
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--from-beginning") == 0) start = LT_BUS_OFFSET_BEGINNING;
+    if (strcmp(argv[i], "--from-beginning") == 0) *start = LT_BUS_OFFSET_BEGINNING;
     else if (strcmp(argv[i], "--from-offset") == 0 && i + 1 < argc) {
       char *end;
       long long v = strtoll(argv[++i], &end, 10);
@@ -89,14 +102,14 @@ int lt_cli_admin_replay(int argc, char **argv) {
         fprintf(stderr, "lathe admin replay: --from-offset needs an offset >= 0, not \"%s\"\n", argv[i]);
         return 2;
       }
-      start = v;
+      *start = v;
     } else if (strcmp(argv[i], "--from-time") == 0 && i + 1 < argc) {
-      if (parse_time(argv[++i], &time_ms)) {
+      if (parse_time(argv[++i], time_ms)) {
         fprintf(stderr, "lathe admin replay: --from-time needs an ISO 8601 time such as 2026-11-29T10:00:00Z, "
                         "not \"%s\"\n", argv[i]);
         return 2;
       }
-    } else if (strcmp(argv[i], "--json") == 0) as_json = true;
+    } else if (strcmp(argv[i], "--json") == 0) *as_json = true;
     else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
@@ -106,99 +119,122 @@ int lt_cli_admin_replay(int argc, char **argv) {
       return 2;
     }
   }
-  char err[512] = "";
-  int rc = 1;
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  lt_avro_registry_t *reg = NULL;
-  lt_proj_t *fold = NULL;
-  lt_bus_admin_t *admin = NULL;
-  lt_bus_consumer_t *c = NULL;
-  char topics[2][200];
-  lt_bus_tp_t tps[MAX_TPS], hw[MAX_TPS];
-  size_t ntps = 0;
-  uint64_t records = 0, bad = 0;
-  lt_err_t e = conf ? lt_bus_conf_from_env(conf, err, sizeof err) : LT_ERR_NOMEM;
-  if (!e) e = lt_avro_registry_new(&reg, err, sizeof err);
-  if (!e) e = lt_proj_new(reg, &fold, err, sizeof err);
-  if (!e) e = lt_bus_admin_new(conf, &admin, err, sizeof err);
-  lt_bus_topic_name(conf, "jobs", topics[0], sizeof topics[0]);
-  lt_bus_topic_name(conf, "control", topics[1], sizeof topics[1]);
-  for (int t = 0; t < 2 && !e; t++) {
-    int count = 0;
-    e = lt_bus_admin_describe_topic(admin, topics[t], 10000, &count, err, sizeof err);
-    for (int p = 0; !e && p < count && ntps < MAX_TPS; p++)
-      tps[ntps++] = (lt_bus_tp_t){.topic = topics[t], .partition = p, .offset = time_ms >= 0 ? time_ms : start};
-  }
-  if (!e) e = lt_bus_consumer_new(conf, NULL, &c, err, sizeof err);
-  if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(c, tps, ntps, 10000, err, sizeof err);
-  memcpy(hw, tps, ntps * sizeof *hw);
-  if (!e) e = lt_bus_consumer_watermarks(c, hw, ntps, NULL, 10000, err, sizeof err);
-  if (!e) e = lt_bus_consumer_assign(c, tps, ntps, err, sizeof err);
-  int64_t next[MAX_TPS] = {0};
-  int64_t quiet_since = lt_time_wall_ms();
-  while (!e) {
-    const lt_bus_msg_t *m = NULL;
-    e = lt_bus_consumer_poll(c, 100, &m, err, sizeof err);
-    if (e == LT_ERR_RETRIABLE) e = LT_OK;
-    if (e) break;
-    if (m) {
-      quiet_since = lt_time_wall_ms();
-      for (size_t i = 0; i < ntps; i++)
-        if (tps[i].partition == lt_bus_msg_partition(m) && strcmp(tps[i].topic, lt_bus_msg_topic(m)) == 0)
-          next[i] = lt_bus_msg_offset(m) + 1;
-      size_t len;
-      const void *v = lt_bus_msg_value(m, &len);
-      records++;
-      if (v && lt_proj_fold(fold, v, len, NULL, NULL, NULL, 0) != LT_OK) bad++;
-      continue;
-    }
-    /* Done when every partition reached its end as of start-up (commit markers and aborted
-     * records occupy offsets read_committed never returns: a quiet second ends it too). */
-    lt_bus_tp_t pos[MAX_TPS];
-    memcpy(pos, tps, ntps * sizeof *pos);
-    bool done = lt_bus_consumer_position(c, pos, ntps, NULL, 0) == LT_OK;
-    for (size_t i = 0; done && i < ntps; i++) {
-      int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
-      if (p < hw[i].offset && next[i] < hw[i].offset) done = false;
-    }
-    if (done || lt_time_wall_ms() - quiet_since > 2000) break;
-  }
-  if (!e) {
-    lt_job_table_t *jobs = lt_proj_jobs(fold);
-    uint64_t count[LT_JOB__STATE_COUNT] = {0};
-    char digest[65];
-    lt_job_digest(jobs, digest);
-    lt_job_foreach(jobs, count_state, count);
-    uint64_t dropped = 0;
-    size_t orphans = lt_proj_orphans(fold, &dropped);
-    if (as_json) {
-      json_t *states = json_object();
-      for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
-        json_object_set_new(states, lt_job_state_name((lt_job_state_t)s), json_integer((json_int_t)count[s]));
-      json_t *o = json_pack("{s:I,s:o,s:I,s:I,s:I,s:s}", "jobs", (json_int_t)lt_job_count(jobs), "states", states,
-                            "records", (json_int_t)records, "undecodable", (json_int_t)bad, "unknown_job_records",
-                            (json_int_t)(orphans + dropped), "digest", digest);
-      char *text = json_dumps(o, JSON_COMPACT);
-      printf("%s\n", text);
-      free(text);
-      json_decref(o);
-    } else {
-      printf("jobs: %zu\n", lt_job_count(jobs));
-      for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
-        printf("  %-11s %" PRIu64 "\n", lt_job_state_name((lt_job_state_t)s), count[s]);
-      printf("records: %" PRIu64 " (undecodable or not applicable: %" PRIu64 ", naming unknown jobs: %" PRIu64 ")\n",
-             records, bad, (uint64_t)orphans + dropped);
-      printf("digest: %s\n", digest);
-    }
-    rc = 0;
-  } else {
-    fprintf(stderr, "lathe admin replay: %s\n", err);
-  }
-  lt_bus_consumer_destroy(c);
-  lt_bus_admin_destroy(admin);
-  lt_proj_destroy(fold);
-  lt_avro_registry_destroy(reg);
-  lt_bus_conf_destroy(conf);
-  return rc;
+  return -1;
 }
 
+/* Connects, lists every partition of lathe.jobs and lathe.control, finds where each starts
+ * (an offset, or the first record at or after time_ms) and ends, and assigns them. */
+static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *err, size_t n) {
+  r->conf = lt_bus_conf_new();
+  lt_err_t e = r->conf ? lt_bus_conf_from_env(r->conf, err, n) : LT_ERR_NOMEM;
+  if (!e) e = lt_avro_registry_new(&r->reg, err, n);
+  if (!e) e = lt_proj_new(r->reg, &r->fold, err, n);
+  if (!e) e = lt_bus_admin_new(r->conf, &r->admin, err, n);
+  if (e) return e;
+  lt_bus_topic_name(r->conf, "jobs", r->topics[0], sizeof r->topics[0]);
+  lt_bus_topic_name(r->conf, "control", r->topics[1], sizeof r->topics[1]);
+  for (int t = 0; t < 2 && !e; t++) {
+    int count = 0;
+    e = lt_bus_admin_describe_topic(r->admin, r->topics[t], 10000, &count, err, n);
+    for (int p = 0; !e && p < count && r->ntps < MAX_TPS; p++)
+      r->tps[r->ntps++] = (lt_bus_tp_t){.topic = r->topics[t], .partition = p,
+                                        .offset = time_ms >= 0 ? time_ms : start};
+  }
+  if (!e) e = lt_bus_consumer_new(r->conf, NULL, &r->c, err, n);
+  if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(r->c, r->tps, r->ntps, 10000, err, n);
+  memcpy(r->hw, r->tps, r->ntps * sizeof *r->hw);
+  if (!e) e = lt_bus_consumer_watermarks(r->c, r->hw, r->ntps, NULL, 10000, err, n);
+  if (!e) e = lt_bus_consumer_assign(r->c, r->tps, r->ntps, err, n);
+  return e;
+}
+
+/* True when every partition reached its end as of start-up. Commit markers and aborted records
+ * occupy offsets read_committed never returns, so the position counts as well as the next
+ * offset after the last record read. */
+static bool replay_at_end(replay_t *r, const int64_t *next) {
+  lt_bus_tp_t pos[MAX_TPS];
+  memcpy(pos, r->tps, r->ntps * sizeof *pos);
+  if (lt_bus_consumer_position(r->c, pos, r->ntps, NULL, 0) != LT_OK) return false;
+  for (size_t i = 0; i < r->ntps; i++) {
+    int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
+    if (p < r->hw[i].offset && next[i] < r->hw[i].offset) return false;
+  }
+  return true;
+}
+
+/* Folds every record up to the ends (or until a quiet second and more). */
+static lt_err_t replay_read(replay_t *r, char *err, size_t n) {
+  int64_t next[MAX_TPS] = {0};
+  int64_t quiet_since = lt_time_mono_ms();
+  for (;;) {
+    const lt_bus_msg_t *m = NULL;
+    lt_err_t e = lt_bus_consumer_poll(r->c, 100, &m, err, n);
+    if (e == LT_ERR_RETRIABLE) e = LT_OK;
+    if (e) return e;
+    if (!m) {
+      if (replay_at_end(r, next) || lt_time_mono_ms() - quiet_since > 2000) return LT_OK;
+      continue;
+    }
+    quiet_since = lt_time_mono_ms();
+    for (size_t i = 0; i < r->ntps; i++)
+      if (r->tps[i].partition == lt_bus_msg_partition(m) && strcmp(r->tps[i].topic, lt_bus_msg_topic(m)) == 0)
+        next[i] = lt_bus_msg_offset(m) + 1;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    r->records++;
+    if (v && lt_proj_fold(r->fold, v, len, NULL, NULL, NULL, 0) != LT_OK) r->bad++;
+  }
+}
+
+/* Prints the jobs per state, the record counts and the state digest, as text or one JSON line. */
+static void replay_print(replay_t *r, bool as_json) {
+  lt_job_table_t *jobs = lt_proj_jobs(r->fold);
+  uint64_t count[LT_JOB__STATE_COUNT] = {0};
+  char digest[65];
+  lt_job_digest(jobs, digest);
+  lt_job_foreach(jobs, count_state, count);
+  uint64_t dropped = 0;
+  size_t orphans = lt_proj_orphans(r->fold, &dropped);
+  if (as_json) {
+    json_t *states = json_object();
+    for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
+      json_object_set_new(states, lt_job_state_name((lt_job_state_t)s), json_integer((json_int_t)count[s]));
+    json_t *o = json_pack("{s:I,s:o,s:I,s:I,s:I,s:s}", "jobs", (json_int_t)lt_job_count(jobs), "states", states,
+                          "records", (json_int_t)r->records, "undecodable", (json_int_t)r->bad,
+                          "unknown_job_records", (json_int_t)(orphans + dropped), "digest", digest);
+    char *text = json_dumps(o, JSON_COMPACT);
+    printf("%s\n", text);
+    free(text);
+    json_decref(o);
+    return;
+  }
+  printf("jobs: %zu\n", lt_job_count(jobs));
+  for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
+    printf("  %-11s %" PRIu64 "\n", lt_job_state_name((lt_job_state_t)s), count[s]);
+  printf("records: %" PRIu64 " (undecodable or not applicable: %" PRIu64 ", naming unknown jobs: %" PRIu64 ")\n",
+         r->records, r->bad, (uint64_t)orphans + dropped);
+  printf("digest: %s\n", digest);
+}
+
+static void replay_close(replay_t *r) {
+  lt_bus_consumer_destroy(r->c);
+  lt_bus_admin_destroy(r->admin);
+  lt_proj_destroy(r->fold);
+  lt_avro_registry_destroy(r->reg);
+  lt_bus_conf_destroy(r->conf);
+}
+
+int lt_cli_admin_replay(int argc, char **argv) {
+  int64_t start = LT_BUS_OFFSET_BEGINNING, time_ms = -1;
+  bool as_json = false;
+  int rc = parse_args(argc, argv, &start, &time_ms, &as_json);
+  if (rc >= 0) return rc;
+  char err[512] = "";
+  replay_t r = {0};
+  lt_err_t e = replay_open(&r, start, time_ms, err, sizeof err);
+  if (!e) e = replay_read(&r, err, sizeof err);
+  if (!e) replay_print(&r, as_json);
+  else fprintf(stderr, "lathe admin replay: %s\n", err);
+  replay_close(&r);
+  return e ? 1 : 0;
+}

@@ -1,0 +1,523 @@
+/* lt_scheduler_decide: what `lathed scheduler` decides while it leads, and the records it writes
+ * for it — validation (JobAccepted, JobRejected), lease and duration watch (AttemptStopped lost,
+ * JobFailed), cancels, and lt_sched's dispatches and preemptions, kept in step with the fold
+ * (lt_sched bookkeeping, rebuilt at the start of every term). */
+#include "lt_scheduler_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_dataset.h"
+#include "lt_job_record.h"
+#include "lt_tenant.h"
+#include "lt_time.h"
+
+/* ---------------------------------------------------------------- record writers */
+
+static lt_avro_record_t *begin_rec(lt_scheduler_t *s, int r, const side_t *sd, const lt_job_t *j) {
+  lt_avro_record_t *rec = s->rec[r];
+  lt_avro_record_clear(rec);
+  lt_avro_record_stamp(rec, s->producer_id);
+  if (sd) lt_avro_set_string(rec, "job_id", sd->job_id);
+  if (j) lt_avro_set_string(rec, "tenant_id", j->tenant_id);
+  return rec;
+}
+
+static void write_accept(lt_scheduler_t *s, side_t *sd, const lt_job_t *j) {
+  lt_avro_record_t *rec = begin_rec(s, R_ACC, sd, j);
+  lt_avro_set_string(rec, "submitted_event_id", sd->submitted_event_id);
+  lt_avro_set_enum(rec, "priority", lt_job_class_name(sd->spec.priority));
+  lt_avro_set_int(rec, "gpus", sd->spec.gpus);
+  lt_avro_set_long(rec, "max_duration_s", sd->spec.max_duration_s);
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.accepted++;
+  sd->w_decided = true;
+}
+
+static void write_reject(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const char *code, const char *field,
+                         const char *reason) {
+  lt_avro_record_t *rec = begin_rec(s, R_REJ, sd, j);
+  lt_avro_set_string(rec, "submitted_event_id", sd->submitted_event_id);
+  lt_avro_set_string(rec, "code", code);
+  lt_avro_set_string(rec, "reason", reason);
+  if (field && *field) lt_avro_set_string(rec, "field", field);
+  else lt_avro_set_null(rec, "field");
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.rejected++;
+  sd->w_decided = true;
+}
+
+static void write_failed(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const char *code, const char *reason) {
+  lt_avro_record_t *rec = begin_rec(s, R_FAIL, sd, j);
+  lt_avro_set_int(rec, "attempt", j->attempt);
+  lt_avro_set_string(rec, "code", code);
+  lt_avro_set_string(rec, "reason", reason);
+  lt_avro_set_int(rec, "attempts", j->attempt);
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.failed++;
+  sd->w_terminal = true;
+}
+
+static void write_cancelled(lt_scheduler_t *s, side_t *sd, const lt_job_t *j) {
+  lt_avro_record_t *rec = begin_rec(s, R_CANC, sd, j);
+  lt_avro_set_int(rec, "attempt", j->attempt);
+  lt_avro_set_string(rec, "cancel_event_id", sd->cancel_event_id);
+  lt_avro_set_string(rec, "requested_by", sd->requested_by[0] ? sd->requested_by : "customer");
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.cancelled++;
+  sd->w_terminal = true;
+}
+
+static void write_lost(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t deadline) {
+  lt_avro_record_t *rec = begin_rec(s, R_STOP, sd, j);
+  char detail[256];
+  snprintf(detail, sizeof detail, "lease of attempt %d on worker %s expired at %" PRId64 " ms and was not renewed",
+           (int)j->attempt, j->worker_id[0] ? j->worker_id : "(none)", deadline);
+  lt_avro_set_int(rec, "attempt", j->attempt);
+  lt_avro_set_enum(rec, "reason", "lost");
+  lt_avro_set_long(rec, "step", j->ckpt_attempt ? j->ckpt_step : 0);
+  lt_avro_set_bool(rec, "killed", false);
+  lt_avro_set_string(rec, "detail", detail);
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.lost++;
+  sd->w_lost_attempt = j->attempt;
+}
+
+static void write_preempt(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t now_ms) {
+  lt_avro_record_t *rec = begin_rec(s, R_PRE, sd, j);
+  lt_avro_set_int(rec, "attempt", j->attempt);
+  lt_avro_set_string(rec, "reason", "a higher priority class is waiting: checkpoint and stop");
+  lt_avro_set_long(rec, "checkpoint_deadline", now_ms + s->conf.checkpoint_deadline_ms);
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.preempted++;
+  sd->w_preempt_attempt = j->attempt;
+}
+
+/* The dispatch must land on a partition the chosen worker owns in the workers' group: its latest
+ * heartbeat lists them. Without one (no heartbeat yet) the key hash decides. */
+static int32_t dispatch_partition(lt_scheduler_t *s, const char *worker, const char *topic) {
+  json_t *hb = json_object_get(lt_proj_workers(s->fold), worker);
+  json_t *owned = hb ? json_object_get(hb, "owned_partitions") : NULL;
+  size_t i;
+  json_t *p;
+  json_array_foreach(owned, i, p) {
+    const char *t = json_string_value(json_object_get(p, "topic"));
+    if (t && strcmp(t, topic) == 0) return (int32_t)json_integer_value(json_object_get(p, "partition"));
+  }
+  return LT_BUS_PARTITION_ANY;
+}
+
+static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const char *worker, int64_t now_ms) {
+  int32_t attempt = (j->attempt > sd->w_dispatch_attempt ? j->attempt : sd->w_dispatch_attempt) + 1;
+  lt_avro_record_t *rec = begin_rec(s, R_DISP, sd, j);
+  char err[256];
+  if (lt_jobspec_to_record(&sd->spec, rec, err, sizeof err) != LT_OK) {
+    fprintf(stderr, "lathed scheduler: job %s: %s\n", sd->job_id, err);
+    return false;
+  }
+  lt_avro_set_int(rec, "attempt", attempt);
+  lt_avro_set_string(rec, "worker_id", worker);
+  lt_avro_set_long(rec, "memory_bytes", 0);
+  lt_avro_set_long(rec, "lease_ms", s->conf.lease_ms);
+  lt_avro_set_long(rec, "lease_deadline", now_ms + s->conf.lease_ms);
+  if (j->ckpt_attempt > 0 && j->ckpt_key[0]) {
+    lt_avro_set_long(rec, "resume_step", j->ckpt_step);
+    if (sd->ckpt_event_id[0]) lt_avro_set_string(rec, "resume_checkpoint_event_id", sd->ckpt_event_id);
+  }
+  if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) != LT_OK) return false;
+  if (scheduler_emit(s, O_DISPATCH0 + (int)sd->spec.priority, sd->job_id, NULL, 0, rec) != LT_OK) return false;
+  s->out[s->nout - 1].partition = dispatch_partition(s, worker, s->out_topics[O_DISPATCH0 + (int)sd->spec.priority]);
+  sd->w_dispatch_attempt = attempt;
+  s->st.dispatched++;
+  return true;
+}
+
+void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err_t code, const char *reason) {
+  lt_avro_record_t *rec = begin_rec(s, R_DEAD, NULL, NULL);
+  size_t klen = 0, vlen = 0;
+  const void *key = lt_bus_msg_key(m, &klen);
+  const void *val = lt_bus_msg_value(m, &vlen);
+  lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m));
+  lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m));
+  lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m));
+  if (key) lt_avro_set_bytes(rec, "key", key, klen);
+  else lt_avro_set_null(rec, "key");
+  lt_avro_set_bytes(rec, "payload", val ? val : "", vlen);
+  uint64_t fp;
+  char hex[17];
+  if (val && lt_avro_peek(val, vlen, &fp, NULL, 0) == LT_OK) {
+    lt_avro_fingerprint_hex(fp, hex);
+    lt_avro_set_string(rec, "fingerprint", hex);
+  } else {
+    lt_avro_set_null(rec, "fingerprint");
+  }
+  lt_avro_set_string(rec, "error_code", lt_err_name(code));
+  lt_avro_set_string(rec, "reason", reason);
+  lt_avro_set_string(rec, "consumer", s->producer_id);
+  if (scheduler_emit(s, O_DEADLETTER, NULL, key, klen, rec) == LT_OK) s->st.deadlettered++;
+}
+
+/* ---------------------------------------------------------------- lt_sched bookkeeping */
+
+uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool placing) {
+  uint64_t id = scheduler_tenant_id(s, tenant);
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), tenant);
+  lt_sched_tenant_t st = {.id = id, .weight = t && t->weight > 0 ? t->weight : 1.0};
+  if (t && !placing && t->quotas.max_running_slots > 0) st.max_running_slots = (uint32_t)t->quotas.max_running_slots;
+  /* max_queued_jobs is counted by the API before it accepts; durations are enforced here. */
+  lt_sched_tenant_upsert(s->sched, &st, NULL, 0);
+  return id;
+}
+
+static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job_class_t cls) {
+  side_t *sd = s->sides[idx];
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
+  if (!j) return false;
+  uint32_t model = LT_SCHED_NO_MODEL;
+  if (j->base_model[0]) lt_sched_model_intern(s->sched, j->base_model, &model, NULL, 0);
+  lt_sched_job_t sj = {.id = idx + 1,
+                       .tenant_id = scheduler_tenant_into_sched(s, j->tenant_id, false),
+                       .cls = cls,
+                       .gpus = j->gpus > 0 ? (uint32_t)j->gpus : 1,
+                       .model = model,
+                       .attempt = attempt > 0 ? (uint32_t)attempt : 0};
+  char err[256];
+  if (lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err) != LT_OK) return false;
+  sd->in_sched = true;
+  sd->sched_running = false;
+  return true;
+}
+
+void scheduler_drop(lt_scheduler_t *s, side_t *sd) {
+  if (!sd->in_sched) return;
+  size_t idx;
+  scheduler_side_get(s, sd->job_id, false, &idx);
+  lt_sched_job_finished(s->sched, idx + 1, s->now_s);
+  sd->in_sched = sd->sched_running = false;
+}
+
+static void worker_models(lt_scheduler_t *s, size_t w) {
+  uint32_t ids[MAX_MODELS];
+  size_t n = 0;
+  for (int i = 0; i < s->workers[w].nmodels; i++)
+    if (lt_sched_model_intern(s->sched, s->workers[w].models[i], &ids[n], NULL, 0) == LT_OK) n++;
+  lt_sched_worker_heartbeat(s->sched, w + 1, ids, n, NULL, 0);
+  s->workers[w].models_changed = false;
+}
+
+static bool worker_alive(const lt_scheduler_t *s, const worker_t *w, int64_t now_ms) {
+  return w->slots > 0 && now_ms - w->last_hb_ms <= s->conf.worker_timeout_ms;
+}
+
+static void worker_bring_up(lt_scheduler_t *s, size_t w) {
+  worker_t *wk = &s->workers[w];
+  lt_sched_worker_t sw = {.id = w + 1,
+                          .slots = wk->slots > LT_SCHED_MAX_WORKER_SLOTS ? LT_SCHED_MAX_WORKER_SLOTS : wk->slots,
+                          .mem_bytes = wk->mem,
+                          .model_cache = wk->nmodels > 4 ? (uint32_t)wk->nmodels : 4};
+  char err[256];
+  if (lt_sched_worker_up(s->sched, &sw, err, sizeof err) != LT_OK) {
+    fprintf(stderr, "lathed scheduler: worker %s: %s\n", wk->id, err);
+    return;
+  }
+  wk->up = true;
+  worker_models(s, w);
+}
+
+/* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
+ * worker that goes down leaves lt_sched: it comes back only when the log says it is queued
+ * again (AttemptStopped lost after its lease expired), never earlier (invariant 2). */
+static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
+  for (size_t w = 0; w < s->nworkers; w++) {
+    worker_t *wk = &s->workers[w];
+    bool alive = worker_alive(s, wk, now_ms);
+    if (wk->up && !alive) {
+      for (size_t i = 0; i < s->nsides; i++)
+        if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) scheduler_drop(s, s->sides[i]);
+      lt_sched_worker_down(s->sched, w + 1, s->now_s);
+      wk->up = false;
+    } else if (!wk->up && alive && !wk->draining) {
+      worker_bring_up(s, w);
+    } else if (wk->up && wk->models_changed) {
+      worker_models(s, w);
+    }
+  }
+}
+
+static bool live_state(lt_job_state_t st) {
+  return st == LT_JOB_DISPATCHED || st == LT_JOB_RUNNING || st == LT_JOB_PREEMPTING;
+}
+
+typedef struct {
+  size_t idx;
+  int64_t at;
+} order_t;
+
+static int cmp_order(const void *a, const void *b) {
+  const order_t *x = a, *y = b;
+  if (x->at != y->at) return x->at < y->at ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Builds lt_sched from the fold when a term starts. lt_sched has no call that books a running
+ * job on a given worker, so each live worker comes up alone with its own running jobs queued and
+ * one decide() places them there; a filler job then takes the worker's free slots so the next
+ * worker's jobs cannot land on it; fillers leave at the end. A job that cannot be placed this way
+ * stays out of lt_sched (its slots look free) and is logged. */
+lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
+  lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
+  if (err) return err;
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
+  lt_sched_tenant_t filler_t = {.id = FILLER_TENANT, .weight = 1};
+  lt_sched_tenant_upsert(s->sched, &filler_t, NULL, 0);
+  uint64_t filler = FILLER_JOB0;
+  lt_sched_decision_t d[DECIDE_CAP];
+  for (size_t w = 0; w < s->nworkers; w++) {
+    worker_t *wk = &s->workers[w];
+    if (!worker_alive(s, wk, now_ms)) continue;
+    uint32_t placed = 0, want = 0;
+    for (size_t i = 0; i < s->nsides; i++) {
+      side_t *sd = s->sides[i];
+      const lt_job_t *j = lt_job_get(jobs, sd->job_id);
+      if (!j || !live_state(j->state) || j->attempt_stopped || strcmp(j->worker_id, wk->id) != 0) continue;
+      scheduler_tenant_into_sched(s, j->tenant_id, true);
+      if (sched_enqueue(s, i, j->attempt - 1, j->job_class)) want++;
+    }
+    if (!want && wk->draining) continue;
+    worker_bring_up(s, w);
+    if (!wk->up) continue;
+    for (int round = 0; round < 2 && placed < want; round++) {
+      size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
+      for (size_t k = 0; k < nd; k++) {
+        if (d[k].action != LT_SCHED_DISPATCH || d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
+        side_t *sd = s->sides[d[k].job_id - 1];
+        sd->sched_running = true;
+        sd->sched_worker = (uint32_t)(d[k].worker_id - 1);
+        placed++;
+      }
+      if (placed < want && round == 0) {
+        /* the production reserve may hold standard jobs back: place them as production */
+        for (size_t i = 0; i < s->nsides; i++) {
+          side_t *sd = s->sides[i];
+          if (!sd->in_sched || sd->sched_running) continue;
+          const lt_job_t *j = lt_job_get(jobs, sd->job_id);
+          scheduler_drop(s, sd);
+          if (j) sched_enqueue(s, i, j->attempt - 1, LT_CLASS_PRODUCTION);
+        }
+      }
+    }
+    for (size_t i = 0; i < s->nsides; i++) {
+      side_t *sd = s->sides[i];
+      if (sd->in_sched && !sd->sched_running) {
+        fprintf(stderr, "lathed scheduler: job %s running on %s could not be booked there\n", sd->job_id, wk->id);
+        scheduler_drop(s, sd);
+      }
+    }
+    uint32_t used = 0;
+    for (size_t i = 0; i < s->nsides; i++)
+      if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) {
+        const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+        used += j && j->gpus > 0 ? (uint32_t)j->gpus : 1;
+      }
+    if (used < wk->slots) {
+      lt_sched_job_t fj = {.id = filler++, .tenant_id = FILLER_TENANT, .cls = LT_CLASS_PRODUCTION,
+                           .gpus = wk->slots - used, .model = LT_SCHED_NO_MODEL};
+      if (lt_sched_job_enqueue(s->sched, &fj, s->now_s, NULL, 0) == LT_OK) lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
+    }
+  }
+  for (uint64_t f = FILLER_JOB0; f < filler; f++) lt_sched_job_finished(s->sched, f, s->now_s);
+  /* real quotas, then the queue in the order jobs entered it */
+  for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);
+  order_t *q = malloc((s->nsides ? s->nsides : 1) * sizeof *q);
+  if (!q) return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory");
+  size_t nq = 0;
+  for (size_t i = 0; i < s->nsides; i++) {
+    const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+    if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && j->failed_attempts < s->conf.max_attempts)
+      q[nq++] = (order_t){i, j->queued_at_ms};
+  }
+  qsort(q, nq, sizeof *q, cmp_order);
+  for (size_t k = 0; k < nq; k++) {
+    const lt_job_t *j = lt_job_get(jobs, s->sides[q[k].idx]->job_id);
+    sched_enqueue(s, q[k].idx, j->attempt, j->job_class);
+  }
+  free(q);
+  return LT_OK;
+}
+
+/* ---------------------------------------------------------------- decisions */
+
+static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t now_ms) {
+  if (!lt_id_valid(sd->job_id)) {
+    write_reject(s, sd, j, "invalid", "job_id", "job_id: must be 1-63 characters of A-Z a-z 0-9 . _ -");
+    return;
+  }
+  if (sd->spec_err) {
+    write_reject(s, sd, j, "invalid", sd->spec_field, sd->spec_msg);
+    return;
+  }
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
+  if (!t) {
+    if (now_ms - sd->first_seen_ms < s->conf.tenant_grace_ms) return; /* its record may still come */
+    char msg[256];
+    snprintf(msg, sizeof msg, "tenant_id: no tenant %s", j->tenant_id);
+    write_reject(s, sd, j, "unknown_tenant", "tenant_id", msg);
+    return;
+  }
+  if (t->disabled) {
+    write_reject(s, sd, j, "tenant_disabled", "tenant_id", "tenant_id: the tenant is disabled");
+    return;
+  }
+  /* The datasets must be the tenant's, exactly as POST /v1/jobs checks them. */
+  const char *ds_fields[2] = {"dataset_id", "validation_dataset_id"};
+  const char *ds_ids[2] = {sd->spec.dataset_id, sd->spec.validation_dataset_id};
+  for (int k = 0; k < 2 && s->conf.store; k++) {
+    if (!ds_ids[k][0]) continue;
+    char key[512], msg[256];
+    lt_store_info_t info;
+    lt_dataset_object_key(key, sizeof key, j->tenant_id, ds_ids[k], LT_DATASET_META);
+    lt_err_t e = lt_store_head(s->conf.store, key, &info, NULL, 0);
+    if (e == LT_ERR_NOT_FOUND) {
+      snprintf(msg, sizeof msg, "%s: no dataset %s for this tenant", ds_fields[k], ds_ids[k]);
+      write_reject(s, sd, j, "not_found", ds_fields[k], msg);
+      return;
+    }
+    if (e) return; /* the store is unavailable: decide on a later tick */
+  }
+  if (t->quotas.max_job_duration_s > 0 && sd->spec.max_duration_s > t->quotas.max_job_duration_s) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "max_duration_s: %lld is over the tenant's limit max_job_duration_s = %lld",
+             (long long)sd->spec.max_duration_s, (long long)t->quotas.max_job_duration_s);
+    write_reject(s, sd, j, "invalid", "max_duration_s", msg);
+    return;
+  }
+  write_accept(s, sd, j);
+}
+
+static int64_t duration_limit_s(lt_scheduler_t *s, const side_t *sd, const lt_job_t *j) {
+  int64_t lim = sd->spec_err ? j->max_duration_s : sd->spec.max_duration_s;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
+  if (t && t->quotas.max_job_duration_s > 0 && (lim <= 0 || t->quotas.max_job_duration_s < lim))
+    lim = t->quotas.max_job_duration_s;
+  return lim;
+}
+
+/* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */
+static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
+  side_t *sd = s->sides[idx];
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
+  if (!j) return;
+  if (lt_job_state_is_terminal(j->state) || sd->w_terminal) {
+    scheduler_drop(s, sd);
+    return;
+  }
+  bool mine_read_back = j->attempt >= sd->w_dispatch_attempt;
+  if (j->cancel_requested) {
+    if (j->state == LT_JOB_SUBMITTED || j->state == LT_JOB_QUEUED || j->state == LT_JOB_DISPATCHED ||
+        j->attempt_stopped) {
+      if (mine_read_back) {
+        write_cancelled(s, sd, j);
+        scheduler_drop(s, sd);
+        return;
+      }
+    }
+  }
+  if (j->state == LT_JOB_SUBMITTED) {
+    if (!sd->w_decided) validate(s, sd, j, now_ms);
+    return;
+  }
+  if (j->state == LT_JOB_QUEUED) {
+    if (j->failed_attempts >= s->conf.max_attempts) {
+      char why[LT_JOB_REASON_MAX + 64];
+      snprintf(why, sizeof why, "failed %d attempts; last: %s", (int)j->failed_attempts,
+               j->reason[0] ? j->reason : "(no reason given)");
+      write_failed(s, sd, j, "too_many_attempts", why);
+      scheduler_drop(s, sd);
+      return;
+    }
+    if (!sd->in_sched && mine_read_back && !j->cancel_requested)
+      sched_enqueue(s, idx, j->attempt, j->job_class);
+    return;
+  }
+  if (!live_state(j->state) || j->attempt_stopped || !mine_read_back) return;
+  if (j->state == LT_JOB_DISPATCHED) {
+    int64_t since = sd->dispatched_at_ms ? sd->dispatched_at_ms : now_ms;
+    if (now_ms - since > s->conf.start_timeout_ms && sd->redispatch_for != j->attempt && !j->cancel_requested) {
+      /* not started in time: a new attempt (the new number fences this one) */
+      sd->redispatch_for = j->attempt;
+      if (sd->in_sched && sd->sched_running) {
+        size_t i;
+        scheduler_side_get(s, sd->job_id, false, &i);
+        if (lt_sched_job_requeue(s->sched, i + 1, s->now_s) == LT_OK) sd->sched_running = false;
+        else scheduler_drop(s, sd);
+      }
+      if (!sd->in_sched) sched_enqueue(s, idx, j->attempt, j->job_class);
+    }
+    return;
+  }
+  /* RUNNING or PREEMPTING: the lease, then the duration */
+  int64_t deadline = sd->lease_deadline_ms;
+  int64_t base = j->started_at_ms > sd->dispatched_at_ms ? j->started_at_ms : sd->dispatched_at_ms;
+  if (base + j->lease_ms > deadline) deadline = base + (j->lease_ms > 0 ? j->lease_ms : s->conf.lease_ms);
+  if (now_ms > deadline + s->conf.lease_margin_ms) {
+    if (sd->w_lost_attempt != j->attempt) {
+      write_lost(s, sd, j, deadline);
+      scheduler_drop(s, sd); /* back in lt_sched when the log says it is queued */
+    }
+    return;
+  }
+  int64_t lim = duration_limit_s(s, sd, j);
+  if (lim > 0 && j->state == LT_JOB_RUNNING && j->started_at_ms && now_ms - j->started_at_ms > lim * 1000) {
+    char why[128];
+    snprintf(why, sizeof why, "ran past its maximum duration of %lld s", (long long)lim);
+    write_failed(s, sd, j, "max_duration", why);
+    scheduler_drop(s, sd);
+  }
+}
+
+static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
+  lt_sched_decision_t d[DECIDE_CAP];
+  for (int round = 0; round < 64; round++) {
+    size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
+    for (size_t k = 0; k < nd; k++) {
+      if (d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
+      side_t *sd = s->sides[d[k].job_id - 1];
+      const lt_job_t *j = lt_job_get(jobs, sd->job_id);
+      if (!j) continue;
+      if (d[k].action == LT_SCHED_DISPATCH) {
+        size_t w = (size_t)(d[k].worker_id - 1);
+        bool ok = !lt_job_state_is_terminal(j->state) && !sd->w_terminal && !j->cancel_requested &&
+                  j->attempt >= sd->w_dispatch_attempt &&
+                  (j->state == LT_JOB_QUEUED || (j->state == LT_JOB_DISPATCHED && sd->redispatch_for == j->attempt));
+        sd->sched_running = true;
+        sd->sched_worker = (uint32_t)w;
+        if (!ok || w >= s->nworkers || !write_dispatch(s, sd, j, s->workers[w].id, now_ms)) scheduler_drop(s, sd);
+      } else if (d[k].action == LT_SCHED_PREEMPT) {
+        if (j->state == LT_JOB_RUNNING && !j->attempt_stopped && sd->w_preempt_attempt != j->attempt)
+          write_preempt(s, sd, j, now_ms);
+      }
+    }
+    if (nd < DECIDE_CAP) break;
+  }
+}
+
+void scheduler_step(lt_scheduler_t *s) {
+  if (s->role != LT_SCHEDULER_LEADING) return;
+  int64_t now_ms = lt_time_wall_ms();
+  double now = (double)now_ms / 1000.0;
+  if (now > s->now_s) s->now_s = now;
+  sync_workers(s, now_ms);
+  bool scan = now_ms - s->last_scan_ms >= 250;
+  if (scan) {
+    s->last_scan_ms = now_ms;
+    for (size_t i = 0; i < s->nsides; i++) {
+      s->sides[i]->dirty = false;
+      examine(s, i, now_ms);
+    }
+  } else {
+    for (size_t i = 0; i < s->nsides; i++)
+      if (s->sides[i]->dirty) {
+        s->sides[i]->dirty = false;
+        examine(s, i, now_ms);
+      }
+  }
+  run_decisions(s, now_ms);
+  scheduler_flush(s);
+}

@@ -1,0 +1,136 @@
+/* lt_scheduler_int.h: what lt_scheduler.c (leadership, membership, the fold feed, transactions)
+ * and lt_scheduler_decide.c (validation, lt_sched bookkeeping, decisions, record writing) share:
+ * the scheduler's struct, its per-job and per-worker tables, and the functions that cross. */
+#ifndef LT_SCHEDULER_INT_H
+#define LT_SCHEDULER_INT_H
+
+#include <jansson.h>
+
+#include "lt_job.h"
+#include "lt_jobspec.h"
+#include "lt_scheduler.h"
+
+/* The records a term writes, one reusable lt_avro_record_t each (rec_types[] in lt_scheduler.c). */
+enum { R_ACC, R_REJ, R_DISP, R_PRE, R_FAIL, R_CANC, R_STOP, R_DEAD, R_N };
+enum { T_JOBS = 0, T_CONTROL, T_WORKERS, T_TENANTS, T_NFOLD };
+enum { O_CONTROL = 0, O_DISPATCH0, O_DEADLETTER = O_DISPATCH0 + LT_CLASS__COUNT, O_N };
+#define MAX_TPS 256
+#define MAX_MODELS 16
+#define DECIDE_CAP 256
+#define FILLER_TENANT (UINT64_MAX - 1)
+#define FILLER_JOB0 (UINT64_MAX / 2)
+
+/* Per-job bookkeeping of a term. The first part is derived from folded records (so it is rebuilt
+ * by replay); the w_* part remembers what this term wrote and has not read back yet. */
+typedef struct side {
+  char job_id[LT_JOB_ID_MAX];
+  char submitted_event_id[40];
+  char cancel_event_id[40];
+  char requested_by[64];
+  char ckpt_event_id[40];
+  lt_jobspec_t spec;
+  lt_err_t spec_err;
+  char spec_field[96];
+  char spec_msg[256];
+  int64_t first_seen_ms;
+  int64_t dispatched_at_ms; /* current attempt's JobDispatched */
+  int64_t lease_deadline_ms; /* newest known for the current attempt */
+  /* this term's writes */
+  int32_t w_dispatch_attempt;
+  int32_t w_lost_attempt;
+  int32_t w_preempt_attempt;
+  int32_t redispatch_for;
+  bool w_decided, w_terminal;
+  /* lt_sched's view */
+  bool in_sched, sched_running, dirty;
+  uint32_t sched_worker;
+} side_t;
+
+typedef struct worker {
+  char id[LT_JOB_ID_MAX];
+  uint32_t slots;
+  uint64_t mem;
+  int64_t last_hb_ms;
+  bool draining, up;
+  int nmodels;
+  char models[MAX_MODELS][LT_JOB_NAME_MAX];
+  bool models_changed;
+} worker_t;
+
+typedef struct out_rec {
+  int topic;
+  char key[LT_JOB_ID_MAX];
+  bool has_key;
+  void *bytes;
+  size_t len;
+  int32_t partition; /* LT_BUS_PARTITION_ANY, or the one a dispatch must reach */
+} out_rec_t;
+
+struct lt_scheduler {
+  struct event_base *base;
+  lt_scheduler_conf_t conf;
+  char producer_id[160], txn_id[200], group_id[200];
+  lt_sched_config_t policy;
+  char fold_topics[T_NFOLD][200];
+  char out_topics[O_N][200];
+  /* membership */
+  lt_bus_consumer_t *group;
+  struct event *group_ev, *tick_ev;
+  bool own_p0, fenced;
+  lt_scheduler_role_t role;
+  lt_scheduler_stats_t st;
+  /* the term */
+  lt_bus_producer_t *prod;
+  lt_bus_consumer_t *fold_c;
+  struct event *fold_ev;
+  lt_proj_t *fold;
+  lt_sched_t *sched;
+  lt_avro_record_t *rec[R_N]; /* one reusable record per type written */
+  side_t **sides;
+  size_t nsides, capsides;
+  json_t *side_idx;   /* job_id -> index */
+  worker_t *workers;
+  size_t nworkers, capworkers;
+  json_t *worker_idx; /* worker_id -> index */
+  json_t *tenant_ids; /* tenant_id -> lt_sched id */
+  char **tenant_names;
+  size_t ntenants, captenants;
+  lt_bus_tp_t tps[MAX_TPS];
+  int64_t next[MAX_TPS], committed[MAX_TPS], hwm[MAX_TPS];
+  size_t ntps;
+  int tp_base[T_NFOLD], tp_count[T_NFOLD];
+  int64_t last_msg_ms, catchup_since_ms, last_scan_ms;
+  double now_s;
+  out_rec_t *out;
+  size_t nout, capout;
+  bool offsets_dirty;
+};
+
+/* ---- lt_scheduler.c ------------------------------------------------------------------------- */
+
+/* The side table entry of job_id (its index in *idx_out when not NULL), added when add; NULL
+ * when absent and !add, or out of memory. */
+side_t *scheduler_side_get(lt_scheduler_t *s, const char *job_id, bool add, size_t *idx_out);
+/* lt_sched id of a tenant name (1-based), added the first time; 0 when out of memory. */
+uint64_t scheduler_tenant_id(lt_scheduler_t *s, const char *name);
+/* Encodes rec and appends it to the batch for out topic `topic`, keyed by key (a string) or
+ * key_bytes; the batch is written by scheduler_flush(). */
+lt_err_t scheduler_emit(lt_scheduler_t *s, int topic, const char *key, const void *key_bytes,
+                        size_t key_len, lt_avro_record_t *rec);
+/* Writes the batch and the fold's offsets in one transaction; a failure ends the term. */
+void scheduler_flush(lt_scheduler_t *s);
+
+/* ---- lt_scheduler_decide.c ------------------------------------------------------------------ */
+
+void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err_t code,
+                                const char *reason);
+uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool placing);
+/* Takes job sd out of lt_sched (releasing what it booked); no-op when it is not there. */
+void scheduler_drop(lt_scheduler_t *s, side_t *sd);
+/* Builds lt_sched from the fold when a term starts leading. */
+lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n);
+/* One pass while leading: workers, every job that changed (all of them every 250 ms), lt_sched's
+ * decisions, then the batch in one transaction. */
+void scheduler_step(lt_scheduler_t *s);
+
+#endif

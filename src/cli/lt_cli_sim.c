@@ -189,9 +189,80 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
   json_decref(out);
 }
 
-int lt_cli_sim(int argc, char **argv) {
-  enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
-         O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON };
+/* What the command line asks for. */
+typedef struct sim_args {
+  lt_sched_sim_config_t cfg;
+  lt_sched_sim_tenant_t tenants[256]; /* --tenant, in cfg.tenants */
+  size_t ntenants;
+  int policies; /* bit 0 lathe, bit 1 fifo */
+  bool json;
+  const char *path;
+} sim_args_t;
+
+enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
+       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON };
+
+/* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
+static int sim_option(sim_args_t *a, int o, const char *arg) {
+  lt_sched_sim_config_t *cfg = &a->cfg;
+  double d;
+  switch (o) {
+  case O_POLICY:
+    if (strcmp(arg, "lathe") == 0) a->policies = 1;
+    else if (strcmp(arg, "fifo") == 0) a->policies = 2;
+    else if (strcmp(arg, "both") == 0) a->policies = 3;
+    else {
+      fprintf(stderr, "lathe sim: --policy must be lathe, fifo or both, got \"%s\"\n", arg);
+      return 2;
+    }
+    return 0;
+  case O_WORKERS:
+    if (parse_num("--workers", arg, 1, &d)) return 2;
+    cfg->workers = (uint32_t)d;
+    return 0;
+  case O_SLOTS:
+    if (parse_num("--slots", arg, 1, &d) || d > LT_SCHED_MAX_WORKER_SLOTS) {
+      fprintf(stderr, "lathe sim: --slots must be within 1..%d\n", LT_SCHED_MAX_WORKER_SLOTS);
+      return 2;
+    }
+    cfg->slots_per_worker = (uint32_t)d;
+    return 0;
+  case O_MODELS:
+    if (parse_num("--models-per-worker", arg, 1, &d)) return 2;
+    cfg->models_per_worker = (uint32_t)d;
+    return 0;
+  case O_COLD: return parse_num("--cold-load", arg, 0, &cfg->cold_load_s) ? 2 : 0;
+  case O_CKPT: return parse_num("--checkpoint", arg, 0, &cfg->checkpoint_s) ? 2 : 0;
+  case O_TICK: return parse_num("--tick", arg, 0.001, &cfg->tick_s) ? 2 : 0;
+  case O_AGING: return parse_num("--aging", arg, 0, &cfg->sched.aging_s) ? 2 : 0;
+  case O_PREEMPT:
+    return parse_num("--preempt-after", arg, 0, &cfg->sched.preempt_after_s) ? 2 : 0;
+  case O_GANG:
+    return parse_num("--gang-reserve-after", arg, 0, &cfg->sched.gang_reserve_after_s) ? 2 : 0;
+  case O_RESERVE:
+    if (parse_num("--reserve", arg, 0, &cfg->sched.production_reserve) ||
+        cfg->sched.production_reserve > 1) {
+      fprintf(stderr, "lathe sim: --reserve must be within 0..1\n");
+      return 2;
+    }
+    return 0;
+  case O_TENANT:
+    if (a->ntenants == sizeof a->tenants / sizeof a->tenants[0]) {
+      fprintf(stderr, "lathe sim: at most %zu --tenant options\n", a->ntenants);
+      return 2;
+    }
+    if (parse_tenant(arg, &a->tenants[a->ntenants])) return 2;
+    a->ntenants++;
+    return 0;
+  case O_JSON:
+    a->json = true;
+    return 0;
+  }
+  return 2;
+}
+
+/* Reads the command line into *a: -1 to go on, otherwise the exit code (--help: 0). */
+static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
   static const struct option opts[] = {
       {"policy", required_argument, 0, O_POLICY},
       {"workers", required_argument, 0, O_WORKERS},
@@ -209,138 +280,90 @@ int lt_cli_sim(int argc, char **argv) {
       {"json", no_argument, 0, O_JSON},
       {0, 0, 0, 0},
   };
-  lt_sched_sim_config_t cfg;
-  lt_sched_sim_config_default(&cfg);
-  lt_sched_sim_tenant_t tenants[256];
-  size_t ntenants = 0;
-  int policies = 3; /* bit 0 lathe, bit 1 fifo */
-  bool json = false;
-  double d;
+  lt_sched_sim_config_default(&a->cfg);
+  a->ntenants = 0;
+  a->policies = 3;
+  a->json = false;
   optind = 1;
   int o;
   while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    switch (o) {
-    case O_POLICY:
-      if (strcmp(optarg, "lathe") == 0) policies = 1;
-      else if (strcmp(optarg, "fifo") == 0) policies = 2;
-      else if (strcmp(optarg, "both") == 0) policies = 3;
-      else {
-        fprintf(stderr, "lathe sim: --policy must be lathe, fifo or both, got \"%s\"\n", optarg);
-        return 2;
-      }
-      break;
-    case O_WORKERS:
-      if (parse_num("--workers", optarg, 1, &d)) return 2;
-      cfg.workers = (uint32_t)d;
-      break;
-    case O_SLOTS:
-      if (parse_num("--slots", optarg, 1, &d) || d > LT_SCHED_MAX_WORKER_SLOTS) {
-        fprintf(stderr, "lathe sim: --slots must be within 1..%d\n", LT_SCHED_MAX_WORKER_SLOTS);
-        return 2;
-      }
-      cfg.slots_per_worker = (uint32_t)d;
-      break;
-    case O_MODELS:
-      if (parse_num("--models-per-worker", optarg, 1, &d)) return 2;
-      cfg.models_per_worker = (uint32_t)d;
-      break;
-    case O_COLD:
-      if (parse_num("--cold-load", optarg, 0, &cfg.cold_load_s)) return 2;
-      break;
-    case O_CKPT:
-      if (parse_num("--checkpoint", optarg, 0, &cfg.checkpoint_s)) return 2;
-      break;
-    case O_TICK:
-      if (parse_num("--tick", optarg, 0.001, &cfg.tick_s)) return 2;
-      break;
-    case O_AGING:
-      if (parse_num("--aging", optarg, 0, &cfg.sched.aging_s)) return 2;
-      break;
-    case O_PREEMPT:
-      if (parse_num("--preempt-after", optarg, 0, &cfg.sched.preempt_after_s)) return 2;
-      break;
-    case O_GANG:
-      if (parse_num("--gang-reserve-after", optarg, 0, &cfg.sched.gang_reserve_after_s))
-        return 2;
-      break;
-    case O_RESERVE:
-      if (parse_num("--reserve", optarg, 0, &cfg.sched.production_reserve) ||
-          cfg.sched.production_reserve > 1) {
-        fprintf(stderr, "lathe sim: --reserve must be within 0..1\n");
-        return 2;
-      }
-      break;
-    case O_TENANT:
-      if (ntenants == sizeof tenants / sizeof tenants[0]) {
-        fprintf(stderr, "lathe sim: at most %zu --tenant options\n", ntenants);
-        return 2;
-      }
-      if (parse_tenant(optarg, &tenants[ntenants])) return 2;
-      ntenants++;
-      break;
-    case O_JSON:
-      json = true;
-      break;
-    case O_HELP:
-    case 'h':
+    if (o == O_HELP || o == 'h') {
       sim_usage(stdout);
       return 0;
-    default:
+    }
+    if (o < O_POLICY) {
       sim_usage(stderr);
       return 2;
     }
+    if (sim_option(a, o, optarg)) return 2;
   }
   if (optind != argc - 1) {
     sim_usage(stderr);
     return 2;
   }
-  const char *path = argv[optind];
-  cfg.tenants = tenants;
-  cfg.n_tenants = ntenants;
+  a->path = argv[optind];
+  a->cfg.tenants = a->tenants;
+  a->cfg.n_tenants = a->ntenants;
+  return -1;
+}
 
+/* Reads and parses the trace; warns about --tenant names it does not have. NULL after saying
+ * why it could not. */
+static lt_sched_trace_t *sim_load(const sim_args_t *a) {
   size_t len;
-  char *text = read_file(path, &len);
+  char *text = read_file(a->path, &len);
   if (!text) {
-    fprintf(stderr, "lathe sim: cannot read %s: %s\n", path, strerror(errno));
-    return 1;
+    fprintf(stderr, "lathe sim: cannot read %s: %s\n", a->path, strerror(errno));
+    return NULL;
   }
   char err[512];
   lt_sched_trace_t *tr;
-  if (lt_sched_trace_parse(text, len, &tr, err, sizeof err)) {
-    fprintf(stderr, "lathe sim: %s: %s\n", path, err);
-    free(text);
-    return 1;
-  }
+  lt_err_t e = lt_sched_trace_parse(text, len, &tr, err, sizeof err);
   free(text);
-  for (size_t k = 0; k < ntenants; k++) {
+  if (e) {
+    fprintf(stderr, "lathe sim: %s: %s\n", a->path, err);
+    return NULL;
+  }
+  for (size_t k = 0; k < a->ntenants; k++) {
     bool seen = false;
     for (size_t i = 0; i < lt_sched_trace_tenants(tr); i++)
-      seen |= strcmp(lt_sched_trace_tenant_name(tr, i), tenants[k].name) == 0;
+      seen |= strcmp(lt_sched_trace_tenant_name(tr, i), a->tenants[k].name) == 0;
     if (!seen)
       fprintf(stderr, "lathe sim: warning: --tenant %s: no such tenant in the trace\n",
-              tenants[k].name);
+              a->tenants[k].name);
   }
+  return tr;
+}
 
+int lt_cli_sim(int argc, char **argv) {
+  sim_args_t a;
+  int rc = sim_parse_args(argc, argv, &a);
+  if (rc >= 0) return rc;
+  lt_sched_trace_t *tr = sim_load(&a);
+  if (!tr) return 1;
+
+  /* Lathe's policy, then FIFO, on the same trace and fleet */
   lt_sched_sim_result_t res[2];
   size_t nres = 0;
-  int rc = 0;
+  char err[512];
+  rc = 0;
   for (int p = 0; p < 2; p++) {
-    if (!(policies & (1 << p))) continue;
-    cfg.sched.policy = p == 0 ? LT_SCHED_POLICY_LATHE : LT_SCHED_POLICY_FIFO;
-    if (lt_sched_sim_run(tr, &cfg, &res[nres], err, sizeof err)) {
-      fprintf(stderr, "lathe sim: %s policy: %s\n", lt_sched_policy_name(cfg.sched.policy), err);
+    if (!(a.policies & (1 << p))) continue;
+    a.cfg.sched.policy = p == 0 ? LT_SCHED_POLICY_LATHE : LT_SCHED_POLICY_FIFO;
+    if (lt_sched_sim_run(tr, &a.cfg, &res[nres], err, sizeof err)) {
+      fprintf(stderr, "lathe sim: %s policy: %s\n", lt_sched_policy_name(a.cfg.sched.policy), err);
       rc = 1;
       break;
     }
     nres++;
   }
-  if (rc == 0 && json) {
-    print_json(path, tr, &cfg, res, nres);
+  if (rc == 0 && a.json) {
+    print_json(a.path, tr, &a.cfg, res, nres);
   } else if (rc == 0) {
     printf("trace %s: %zu jobs, %zu tenants; fleet %u workers x %u slots, %u models per "
            "worker\n\n",
-           path, lt_sched_trace_jobs(tr), lt_sched_trace_tenants(tr), cfg.workers,
-           cfg.slots_per_worker, cfg.models_per_worker);
+           a.path, lt_sched_trace_jobs(tr), lt_sched_trace_tenants(tr), a.cfg.workers,
+           a.cfg.slots_per_worker, a.cfg.models_per_worker);
     print_results(tr, res, nres);
   }
   for (size_t k = 0; k < nres; k++) lt_sched_sim_result_free(&res[k]);

@@ -300,10 +300,29 @@ void lt_sched_sim_result_free(lt_sched_sim_result_t *r) {
   r->n_rows = 0;
 }
 
-lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
-                          lt_sched_sim_result_t *res, char *errstr, size_t errstr_size) {
-  memset(res, 0, sizeof *res);
-  res->policy = cfg->sched.policy;
+/* One run's state: the trace, the policy under test, the jobs' progress, the event heap and what
+ * the run integrates over time (slot-seconds each (tenant, class) held, and its entitlement). */
+typedef struct sim {
+  const lt_sched_trace_t *tr;
+  const lt_sched_sim_config_t *cfg;
+  lt_sched_t *s;
+  sim_job_t *jobs;        /* per trace row */
+  double *waits;          /* per trace row: scratch for quantiles */
+  double *got, *ent;      /* per (tenant, class): slot-seconds held, entitled slot-seconds */
+  uint32_t *njobs;        /* per (tenant, class): jobs in the trace */
+  lt_sched_tenant_stats_t *st; /* per tenant: scratch for lt_sched_tenants_stats */
+  double *weights;        /* per tenant */
+  evheap_t ev;
+  size_t nt, nrow_slots;  /* tenants; tenants * classes */
+  size_t next_arrival, completed;
+  double now, last_decide, last_progress, busy, t_end;
+  char *errstr;
+  size_t errstr_size;
+} sim_t;
+
+/* Refuses a fleet or a trace that could never finish. */
+static lt_err_t sim_check(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
+                          char *errstr, size_t errstr_size) {
   if (cfg->workers == 0 || cfg->slots_per_worker == 0 ||
       cfg->slots_per_worker > LT_SCHED_MAX_WORKER_SLOTS || !(cfg->tick_s > 0))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
@@ -315,35 +334,36 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
                      "trace line %u, column 4 (gpus): %u GPUs but a worker has %u slots: it "
                      "could never start",
                      tr->rows[i].line, tr->rows[i].gpus, cfg->slots_per_worker);
+  return LT_OK;
+}
 
+/* Allocates the run's tables and sets up the policy: the trace's models and tenants (weights
+ * and quotas by name from the config), and the fleet. */
+static lt_err_t sim_open(sim_t *m) {
+  const lt_sched_trace_t *tr = m->tr;
+  const lt_sched_sim_config_t *cfg = m->cfg;
   lt_sched_config_t sc = cfg->sched;
   sc.max_tenants = (uint32_t)tr->ntenants;
   sc.max_workers = cfg->workers;
   sc.max_jobs = (uint32_t)tr->n;
   sc.max_models = (uint32_t)tr->nmodels;
-  size_t nt = tr->ntenants, nrow_slots = nt * LT_CLASS__COUNT;
-  lt_sched_t *s = NULL;
-  sim_job_t *jobs = calloc(tr->n, sizeof *jobs);
-  double *waits = malloc(tr->n * sizeof *waits);
-  double *got = calloc(nrow_slots, sizeof *got), *ent = calloc(nrow_slots, sizeof *ent);
-  uint32_t *njobs = calloc(nrow_slots, sizeof *njobs);
-  lt_sched_tenant_stats_t *st = malloc((nt ? nt : 1) * sizeof *st);
-  double *weights = calloc(nt ? nt : 1, sizeof *weights);
-  lt_sched_decision_t dec[256];
-  evheap_t ev = {0};
-  lt_err_t err = LT_OK;
-  if (!jobs || !waits || !got || !ent || !njobs || !st || !weights) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sim: out of memory");
-    goto out;
-  }
-  err = lt_sched_new(&sc, &s, errstr, errstr_size);
-  if (err) goto out;
-  for (size_t m = 0; m < tr->nmodels; m++) {
+  size_t nt = m->nt = tr->ntenants;
+  m->nrow_slots = nt * LT_CLASS__COUNT;
+  m->jobs = calloc(tr->n, sizeof *m->jobs);
+  m->waits = malloc(tr->n * sizeof *m->waits);
+  m->got = calloc(m->nrow_slots, sizeof *m->got);
+  m->ent = calloc(m->nrow_slots, sizeof *m->ent);
+  m->njobs = calloc(m->nrow_slots, sizeof *m->njobs);
+  m->st = malloc((nt ? nt : 1) * sizeof *m->st);
+  m->weights = calloc(nt ? nt : 1, sizeof *m->weights);
+  if (!m->jobs || !m->waits || !m->got || !m->ent || !m->njobs || !m->st || !m->weights)
+    return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  lt_err_t err = lt_sched_new(&sc, &m->s, m->errstr, m->errstr_size);
+  for (size_t k = 0; !err && k < tr->nmodels; k++) {
     uint32_t id;
-    err = lt_sched_model_intern(s, tr->models[m], &id, errstr, errstr_size);
-    if (err) goto out;
+    err = lt_sched_model_intern(m->s, tr->models[k], &id, m->errstr, m->errstr_size);
   }
-  for (size_t i = 0; i < nt; i++) {
+  for (size_t i = 0; !err && i < nt; i++) {
     lt_sched_tenant_t ten = {.id = i + 1, .weight = 1};
     for (size_t k = 0; k < cfg->n_tenants; k++)
       if (strcmp(cfg->tenants[k].name, tr->tenants[i]) == 0) {
@@ -351,188 +371,251 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
         ten.max_running_slots = cfg->tenants[k].max_running_slots;
         ten.max_duration_s = cfg->tenants[k].max_duration_s;
       }
-    weights[i] = ten.weight;
-    err = lt_sched_tenant_upsert(s, &ten, errstr, errstr_size);
-    if (err) goto out;
+    m->weights[i] = ten.weight;
+    err = lt_sched_tenant_upsert(m->s, &ten, m->errstr, m->errstr_size);
   }
-  for (uint32_t w = 0; w < cfg->workers; w++) {
+  for (uint32_t w = 0; !err && w < cfg->workers; w++) {
     lt_sched_worker_t wk = {.id = w + 1,
                             .slots = cfg->slots_per_worker,
                             .mem_bytes = cfg->slots_per_worker * cfg->mem_per_slot,
                             .model_cache = cfg->models_per_worker};
-    err = lt_sched_worker_up(s, &wk, errstr, errstr_size);
-    if (err) goto out;
+    err = lt_sched_worker_up(m->s, &wk, m->errstr, m->errstr_size);
   }
   for (size_t i = 0; i < tr->n; i++) {
-    jobs[i].remaining = tr->rows[i].duration;
-    jobs[i].first_dispatch = -1;
+    m->jobs[i].remaining = tr->rows[i].duration;
+    m->jobs[i].first_dispatch = -1;
   }
+  return err;
+}
 
-  size_t next_arrival = 0, completed = 0;
-  double now = tr->rows[0].arrival, last_decide = -INFINITY, last_progress = now;
-  double busy = 0, t_end = now;
-  double stall_limit = 3600 + cfg->sched.aging_s * (cfg->sched.aging_levels + 1) +
-                       fabs(cfg->sched.preempt_after_s) + fabs(cfg->sched.gang_reserve_after_s);
+static void sim_close(sim_t *m) {
+  lt_sched_destroy(m->s);
+  free(m->jobs);
+  free(m->waits);
+  free(m->got);
+  free(m->ent);
+  free(m->njobs);
+  free(m->st);
+  free(m->weights);
+  free(m->ev.a);
+}
+
+/* Job ji is done at now (completed, or stopped past its tenant's max duration). */
+static void sim_done(sim_t *m, uint32_t ji) {
+  sim_job_t *j = &m->jobs[ji];
+  lt_sched_job_finished(m->s, ji + 1, m->now);
+  j->running = false;
+  j->done = true;
+  m->completed++;
+  m->t_end = m->now;
+}
+
+/* The events due at now: completions, and preempted jobs that reached their checkpoint (the
+ * work until then is kept; the job goes back to its queue). Stale events are skipped. */
+static void sim_events(sim_t *m) {
+  while (m->ev.n && m->ev.a[0].t <= m->now) {
+    sim_ev_t e = ev_pop(&m->ev);
+    sim_job_t *j = &m->jobs[e.job];
+    if (e.gen != j->gen || !j->running) continue;
+    if (e.kind == EV_COMPLETE) {
+      sim_done(m, e.job);
+    } else if (j->preempting) {
+      double worked = m->now - j->run_from;
+      if (worked > 0) j->remaining -= worked;
+      if (j->remaining < 0) j->remaining = 0;
+      lt_sched_job_requeue(m->s, e.job + 1, m->now);
+      j->running = false;
+      j->preempting = false;
+      j->gen++;
+    }
+    m->last_progress = m->now;
+  }
+}
+
+/* The trace's jobs that arrived by now enter their queues. */
+static lt_err_t sim_arrivals(sim_t *m) {
+  const lt_sched_trace_t *tr = m->tr;
+  while (m->next_arrival < tr->n && tr->rows[m->next_arrival].arrival <= m->now) {
+    const trace_row_t *r = &tr->rows[m->next_arrival];
+    lt_sched_job_t job = {.id = m->next_arrival + 1,
+                          .tenant_id = r->tenant + 1,
+                          .cls = r->cls,
+                          .gpus = r->gpus,
+                          .mem_bytes = r->gpus * m->cfg->mem_per_slot,
+                          .model = r->model};
+    lt_err_t err = lt_sched_job_enqueue(m->s, &job, m->now, m->errstr, m->errstr_size);
+    if (err) return err;
+    m->njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
+    m->next_arrival++;
+  }
+  return LT_OK;
+}
+
+/* Applies one decision at now: a dispatch schedules the completion (after a cold load when the
+ * worker lacked the model), a preemption the checkpoint, a stop ends the job. */
+static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
+  uint32_t ji = (uint32_t)(d->job_id - 1);
+  sim_job_t *j = &m->jobs[ji];
+  double now = m->now;
+  switch (d->action) {
+  case LT_SCHED_DISPATCH: {
+    double cold = d->cold_load ? m->cfg->cold_load_s : 0;
+    j->running = true;
+    j->gen++;
+    j->run_from = now + cold;
+    if (j->first_dispatch < 0) j->first_dispatch = now;
+    if (ev_push(&m->ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) return LT_ERR_NOMEM;
+    m->last_progress = now;
+    break;
+  }
+  case LT_SCHED_PREEMPT:
+    j->preempting = true;
+    if (ev_push(&m->ev, now + m->cfg->checkpoint_s, EV_PREEMPT_STOP, ji, j->gen))
+      return LT_ERR_NOMEM;
+    break;
+  case LT_SCHED_STOP:
+    sim_done(m, ji);
+    j->gen++;
+    m->last_progress = now;
+    break;
+  }
+  return LT_OK;
+}
+
+/* The policy at now, until it has nothing more to say. */
+static lt_err_t sim_decide(sim_t *m) {
+  lt_sched_decision_t dec[256];
+  size_t nd;
+  do {
+    nd = lt_sched_decide(m->s, m->now, dec, sizeof dec / sizeof dec[0]);
+    for (size_t k = 0; k < nd; k++)
+      if (sim_apply(m, &dec[k]))
+        return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  } while (nd == sizeof dec / sizeof dec[0]);
+  m->last_decide = m->now;
+  return LT_OK;
+}
+
+/* Moves now to the next instant something happens (an event, an arrival, or the next tick
+ * while jobs wait) and integrates what the fleet looked like until then. Fails when nothing
+ * can happen any more, or nothing has for too long. */
+static lt_err_t sim_advance(sim_t *m, double stall_limit) {
+  const lt_sched_trace_t *tr = m->tr;
   lt_sched_counters_t cnt;
-  while (completed < tr->n) {
-    /* what happens at `now`: ends, checkpoints, arrivals, then the policy */
-    while (ev.n && ev.a[0].t <= now) {
-      sim_ev_t e = ev_pop(&ev);
-      sim_job_t *j = &jobs[e.job];
-      if (e.gen != j->gen || !j->running) continue;
-      if (e.kind == EV_COMPLETE) {
-        lt_sched_job_finished(s, e.job + 1, now);
-        j->running = false;
-        j->done = true;
-        completed++;
-        t_end = now;
-      } else if (j->preempting) {
-        double worked = now - j->run_from;
-        if (worked > 0) j->remaining -= worked;
-        if (j->remaining < 0) j->remaining = 0;
-        lt_sched_job_requeue(s, e.job + 1, now);
-        j->running = false;
-        j->preempting = false;
-        j->gen++;
-      }
-      last_progress = now;
+  lt_sched_counters(m->s, &cnt);
+  double next = INFINITY;
+  if (m->ev.n) next = m->ev.a[0].t;
+  if (m->next_arrival < tr->n && tr->rows[m->next_arrival].arrival < next)
+    next = tr->rows[m->next_arrival].arrival;
+  if (cnt.queued > 0 && m->last_decide + m->cfg->tick_s < next)
+    next = m->last_decide + m->cfg->tick_s;
+  if (!isfinite(next) || m->now - m->last_progress > stall_limit)
+    return lt_errf(m->errstr, m->errstr_size, LT_ERR_INTERNAL,
+                   "sim: no progress at t=%.0f s with %u jobs queued and %u running", m->now,
+                   cnt.queued, cnt.running);
+  double dt = next - m->now;
+  m->busy += cnt.slots_used * dt;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    if (cnt.slots_used_class[c] == 0 && cnt.queued_class[c] == 0) continue;
+    size_t n = lt_sched_tenants_stats(m->s, (lt_job_class_t)c, m->st, m->nt);
+    for (size_t i = 0; i < n && i < m->nt; i++) {
+      size_t ti = (size_t)(m->st[i].tenant_id - 1);
+      m->got[ti * LT_CLASS__COUNT + c] += m->st[i].running_slots * dt;
+      m->ent[ti * LT_CLASS__COUNT + c] += m->st[i].entitlement * cnt.slots_used_class[c] * dt;
     }
-    while (next_arrival < tr->n && tr->rows[next_arrival].arrival <= now) {
-      const trace_row_t *r = &tr->rows[next_arrival];
-      lt_sched_job_t job = {.id = next_arrival + 1,
-                            .tenant_id = r->tenant + 1,
-                            .cls = r->cls,
-                            .gpus = r->gpus,
-                            .mem_bytes = r->gpus * cfg->mem_per_slot,
-                            .model = r->model};
-      err = lt_sched_job_enqueue(s, &job, now, errstr, errstr_size);
-      if (err) goto out;
-      njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
-      next_arrival++;
-    }
-    size_t nd;
-    do {
-      nd = lt_sched_decide(s, now, dec, sizeof dec / sizeof dec[0]);
-      for (size_t k = 0; k < nd; k++) {
-        uint32_t ji = (uint32_t)(dec[k].job_id - 1);
-        sim_job_t *j = &jobs[ji];
-        switch (dec[k].action) {
-        case LT_SCHED_DISPATCH: {
-          double cold = dec[k].cold_load ? cfg->cold_load_s : 0;
-          j->running = true;
-          j->gen++;
-          j->run_from = now + cold;
-          if (j->first_dispatch < 0) j->first_dispatch = now;
-          if (ev_push(&ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) goto nomem;
-          last_progress = now;
-          break;
-        }
-        case LT_SCHED_PREEMPT:
-          j->preempting = true;
-          if (ev_push(&ev, now + cfg->checkpoint_s, EV_PREEMPT_STOP, ji, j->gen)) goto nomem;
-          break;
-        case LT_SCHED_STOP:
-          lt_sched_job_finished(s, dec[k].job_id, now);
-          j->running = false;
-          j->done = true;
-          j->gen++;
-          completed++;
-          t_end = now;
-          last_progress = now;
-          break;
-        }
-      }
-    } while (nd == sizeof dec / sizeof dec[0]);
-    last_decide = now;
-    if (completed == tr->n) break;
-
-    /* the next instant, and what the fleet looked like until then */
-    lt_sched_counters(s, &cnt);
-    double next = INFINITY;
-    if (ev.n) next = ev.a[0].t;
-    if (next_arrival < tr->n && tr->rows[next_arrival].arrival < next)
-      next = tr->rows[next_arrival].arrival;
-    if (cnt.queued > 0 && last_decide + cfg->tick_s < next) next = last_decide + cfg->tick_s;
-    if (!isfinite(next) || now - last_progress > stall_limit) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_INTERNAL,
-                    "sim: no progress at t=%.0f s with %u jobs queued and %u running", now,
-                    cnt.queued, cnt.running);
-      goto out;
-    }
-    double dt = next - now;
-    busy += cnt.slots_used * dt;
-    for (int c = 0; c < LT_CLASS__COUNT; c++) {
-      if (cnt.slots_used_class[c] == 0 && cnt.queued_class[c] == 0) continue;
-      size_t n = lt_sched_tenants_stats(s, (lt_job_class_t)c, st, nt);
-      for (size_t i = 0; i < n && i < nt; i++) {
-        size_t ti = (size_t)(st[i].tenant_id - 1);
-        got[ti * LT_CLASS__COUNT + c] += st[i].running_slots * dt;
-        ent[ti * LT_CLASS__COUNT + c] += st[i].entitlement * cnt.slots_used_class[c] * dt;
-      }
-    }
-    now = next;
   }
+  m->now = next;
+  return LT_OK;
+}
 
-  lt_sched_counters(s, &cnt);
+/* Row (ti, c) of the result: exact wait quantiles of its jobs, and its share and entitlement of
+ * what its class held over the run. */
+static void sim_row(sim_t *m, size_t ti, int c, const double *class_got, const double *class_ent,
+                    lt_sched_sim_row_t *row) {
+  const lt_sched_trace_t *tr = m->tr;
+  size_t k = ti * LT_CLASS__COUNT + c, nw = 0;
+  double *waits = m->waits;
+  for (size_t i = 0; i < tr->n; i++)
+    if (tr->rows[i].tenant == ti && (int)tr->rows[i].cls == c && m->jobs[i].first_dispatch >= 0)
+      waits[nw++] = m->jobs[i].first_dispatch - tr->rows[i].arrival;
+  qsort(waits, nw, sizeof *waits, dbl_cmp);
+  row->tenant = ti;
+  row->cls = (lt_job_class_t)c;
+  row->jobs = m->njobs[k];
+  row->weight = m->weights[ti];
+  row->wait_p50_s = quantile_sorted(waits, nw, 0.5);
+  row->wait_p99_s = quantile_sorted(waits, nw, 0.99);
+  row->wait_max_s = nw ? waits[nw - 1] : 0;
+  row->share = class_got[c] > 0 ? m->got[k] / class_got[c] : 0;
+  row->entitlement = class_ent[c] > 0 ? m->ent[k] / class_ent[c] : 0;
+}
+
+/* Fills res from the finished run: counters, utilisation, a row per (tenant, class) with jobs,
+ * and Jain's index of share / entitlement per class. */
+static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
+  lt_sched_counters_t cnt;
+  lt_sched_counters(m->s, &cnt);
   res->dispatches = cnt.dispatches;
   res->preemptions = cnt.preemptions;
   res->stops = cnt.stops;
   res->cold_loads = cnt.cold_loads;
-  res->completed = completed;
-  res->makespan_s = t_end - tr->rows[0].arrival;
-  res->utilisation = res->makespan_s > 0
-                         ? busy / ((double)cfg->workers * cfg->slots_per_worker * res->makespan_s)
-                         : 0;
+  res->completed = m->completed;
+  res->makespan_s = m->t_end - m->tr->rows[0].arrival;
+  res->utilisation =
+      res->makespan_s > 0
+          ? m->busy / ((double)m->cfg->workers * m->cfg->slots_per_worker * res->makespan_s)
+          : 0;
   size_t nrows = 0;
-  for (size_t i = 0; i < nrow_slots; i++) nrows += njobs[i] > 0;
+  for (size_t i = 0; i < m->nrow_slots; i++) nrows += m->njobs[i] > 0;
   res->rows = calloc(nrows ? nrows : 1, sizeof *res->rows);
-  if (!res->rows) goto nomem;
+  if (!res->rows) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
   double class_got[LT_CLASS__COUNT] = {0}, class_ent[LT_CLASS__COUNT] = {0};
-  for (size_t i = 0; i < nrow_slots; i++) {
-    class_got[i % LT_CLASS__COUNT] += got[i];
-    class_ent[i % LT_CLASS__COUNT] += ent[i];
+  for (size_t i = 0; i < m->nrow_slots; i++) {
+    class_got[i % LT_CLASS__COUNT] += m->got[i];
+    class_ent[i % LT_CLASS__COUNT] += m->ent[i];
   }
-  for (size_t ti = 0; ti < nt; ti++)
+  for (size_t ti = 0; ti < m->nt; ti++)
     for (int c = 0; c < LT_CLASS__COUNT; c++) {
-      size_t k = ti * LT_CLASS__COUNT + c;
-      if (!njobs[k]) continue;
-      size_t nw = 0;
-      for (size_t i = 0; i < tr->n; i++)
-        if (tr->rows[i].tenant == ti && (int)tr->rows[i].cls == c && jobs[i].first_dispatch >= 0)
-          waits[nw++] = jobs[i].first_dispatch - tr->rows[i].arrival;
-      qsort(waits, nw, sizeof *waits, dbl_cmp);
-      lt_sched_sim_row_t *row = &res->rows[res->n_rows++];
-      row->tenant = ti;
-      row->cls = (lt_job_class_t)c;
-      row->jobs = njobs[k];
-      row->weight = weights[ti];
-      row->wait_p50_s = quantile_sorted(waits, nw, 0.5);
-      row->wait_p99_s = quantile_sorted(waits, nw, 0.99);
-      row->wait_max_s = nw ? waits[nw - 1] : 0;
-      row->share = class_got[c] > 0 ? got[k] / class_got[c] : 0;
-      row->entitlement = class_ent[c] > 0 ? ent[k] / class_ent[c] : 0;
+      if (!m->njobs[ti * LT_CLASS__COUNT + c]) continue;
+      sim_row(m, ti, c, class_got, class_ent, &res->rows[res->n_rows++]);
       res->class_present[c] = true;
     }
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    size_t m = 0;
+    size_t k = 0;
     for (size_t i = 0; i < res->n_rows; i++)
       if ((int)res->rows[i].cls == c && res->rows[i].entitlement > 0)
-        waits[m++] = res->rows[i].share / res->rows[i].entitlement;
-    res->jain[c] = lt_sched_jain_index(m, waits);
+        m->waits[k++] = res->rows[i].share / res->rows[i].entitlement;
+    res->jain[c] = lt_sched_jain_index(k, m->waits);
   }
-  goto out;
-nomem:
-  err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sim: out of memory");
-out:
+  return LT_OK;
+}
+
+lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
+                          lt_sched_sim_result_t *res, char *errstr, size_t errstr_size) {
+  memset(res, 0, sizeof *res);
+  res->policy = cfg->sched.policy;
+  lt_err_t err = sim_check(tr, cfg, errstr, errstr_size);
+  if (err) return err;
+  sim_t m = {.tr = tr, .cfg = cfg, .errstr = errstr, .errstr_size = errstr_size};
+  err = sim_open(&m);
+  if (!err) {
+    m.now = tr->rows[0].arrival;
+    m.last_decide = -INFINITY;
+    m.last_progress = m.t_end = m.now;
+  }
+  /* a run that makes no progress for this long is stuck (a bug, or a trace it cannot finish) */
+  double stall_limit = 3600 + cfg->sched.aging_s * (cfg->sched.aging_levels + 1) +
+                       fabs(cfg->sched.preempt_after_s) + fabs(cfg->sched.gang_reserve_after_s);
+  while (!err && m.completed < tr->n) {
+    /* what happens at now: ends, checkpoints, arrivals, then the policy */
+    sim_events(&m);
+    err = sim_arrivals(&m);
+    if (!err) err = sim_decide(&m);
+    if (err || m.completed == tr->n) break;
+    err = sim_advance(&m, stall_limit);
+  }
+  if (!err) err = sim_results(&m, res);
   if (err) lt_sched_sim_result_free(res);
-  lt_sched_destroy(s);
-  free(jobs);
-  free(waits);
-  free(got);
-  free(ent);
-  free(njobs);
-  free(st);
-  free(weights);
-  free(ev.a);
+  sim_close(&m);
   return err;
 }

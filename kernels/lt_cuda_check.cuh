@@ -14,13 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#ifdef __cplusplus
-extern "C" { /* lt_err.h has no C++ guards of its own */
-#endif
 #include "lt_err.h"
-#ifdef __cplusplus
-}
-#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,26 +41,15 @@ int lt_cuda_is_no_gpu(int e);
 }
 #endif
 
-#define LT_CUDA_TRY(call, errstr, errstr_size)                                                 \
+/* Returns from the enclosing function with the lt_err_t when check(call) is not LT_OK. */
+#define LT_CHECKED_TRY(check, call, errstr, errstr_size)                                       \
   do {                                                                                         \
-    lt_err_t lt_cuda_try_err_ =                                                                \
-        lt_cuda_check_at((int)(call), #call, __FILE__, __LINE__, (errstr), (errstr_size));     \
+    lt_err_t lt_cuda_try_err_ = check((int)(call), #call, __FILE__, __LINE__, (errstr), (errstr_size)); \
     if (lt_cuda_try_err_ != LT_OK) return lt_cuda_try_err_;                                    \
   } while (0)
-
-#define LT_CUBLAS_TRY(call, errstr, errstr_size)                                               \
-  do {                                                                                         \
-    lt_err_t lt_cuda_try_err_ =                                                                \
-        lt_cublas_check_at((int)(call), #call, __FILE__, __LINE__, (errstr), (errstr_size));   \
-    if (lt_cuda_try_err_ != LT_OK) return lt_cuda_try_err_;                                    \
-  } while (0)
-
-#define LT_NCCL_TRY(call, errstr, errstr_size)                                                 \
-  do {                                                                                         \
-    lt_err_t lt_cuda_try_err_ =                                                                \
-        lt_nccl_check_at((int)(call), #call, __FILE__, __LINE__, (errstr), (errstr_size));     \
-    if (lt_cuda_try_err_ != LT_OK) return lt_cuda_try_err_;                                    \
-  } while (0)
+#define LT_CUDA_TRY(call, errstr, errstr_size) LT_CHECKED_TRY(lt_cuda_check_at, call, errstr, errstr_size)
+#define LT_CUBLAS_TRY(call, errstr, errstr_size) LT_CHECKED_TRY(lt_cublas_check_at, call, errstr, errstr_size)
+#define LT_NCCL_TRY(call, errstr, errstr_size) LT_CHECKED_TRY(lt_nccl_check_at, call, errstr, errstr_size)
 
 /* After a kernel launch: catches bad launch configurations at once (asynchronous faults show
  * up at the next synchronising call, which is checked too). */

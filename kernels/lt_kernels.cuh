@@ -23,13 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
-#ifdef __cplusplus
-extern "C" { /* lt_err.h has no C++ guards of its own */
-#endif
 #include "lt_err.h"
-#ifdef __cplusplus
-}
-#endif
 
 #ifdef __cplusplus
 extern "C" {

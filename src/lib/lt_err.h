@@ -8,6 +8,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" { /* kernels/ include it from CUDA C++ */
+#endif
+
 typedef enum lt_err {
   LT_OK = 0,
   LT_ERR_INVALID,        /* bad input from a caller or customer: fix the input */
@@ -41,5 +45,9 @@ const char *lt_err_str(lt_err_t err);
  */
 lt_err_t lt_errf(char *errstr, size_t errstr_size, lt_err_t err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -116,6 +116,14 @@ static void backoff(const s3_store_t *s, int attempt) {
   while (nanosleep(&ts, &ts) != 0) {}
 }
 
+/* After attempt a (1-based) of a request: false when it succeeded, failed for good or used the
+ * last attempt; otherwise sleeps the backoff and returns true (the one retry rule of the store). */
+static bool try_again(const s3_store_t *s, const req_t *r, int a) {
+  if (r->status == S3StatusOK || !status_retriable(r->status) || a >= s->max_attempts) return false;
+  backoff(s, a - 1);
+  return true;
+}
+
 /* Turns a final libs3 status into lt_err_t with a message naming the operation and key. */
 static lt_err_t s3_err(const s3_store_t *s, const req_t *r, const char *op, const char *key,
                        int attempts, char *errstr, size_t errstr_size) {
@@ -172,8 +180,7 @@ static lt_err_t single_put(s3_store_t *s, const char *key, const uint8_t *data, 
     r.data = data;
     r.len = len;
     S3_put_object(&s->bc, key, len, NULL, NULL, &h, &r);
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   return s3_err(s, &r, "put", key, a, errstr, errstr_size);
 }
@@ -213,8 +220,7 @@ static lt_err_t s3_get(lt_store_t *st, const char *key, lt_store_sink_fn sink, v
     if (r.sink_err)
       return r.sink_err;
     if (r.have_props && !pinned[0]) snprintf(pinned, sizeof pinned, "%s", r.etag);
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   return s3_err(s, &r, "get", key, a, errstr, errstr_size);
 }
@@ -227,8 +233,7 @@ static lt_err_t s3_head(lt_store_t *st, const char *key, lt_store_info_t *info, 
   for (a = 1;; a++) {
     memset(&r, 0, sizeof r);
     S3_head_object(&s->bc, key, NULL, &resp_handler, &r);
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   lt_err_t e = s3_err(s, &r, "head", key, a, errstr, errstr_size);
   if (e) return e;
@@ -245,8 +250,7 @@ static lt_err_t s3_del(lt_store_t *st, const char *key, char *errstr, size_t err
   for (a = 1;; a++) {
     memset(&r, 0, sizeof r);
     S3_delete_object(&s->bc, key, NULL, &resp_handler, &r);
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   if (r.status == S3StatusErrorNoSuchKey || r.status == S3StatusHttpErrorNotFound) return LT_OK;
   return s3_err(s, &r, "delete", key, a, errstr, errstr_size);
@@ -263,8 +267,7 @@ static lt_err_t s3_copy(lt_store_t *st, const char *src, const char *dst, char *
     char etag[LT_STORE_ETAG_MAX];
     S3_copy_object(&s->bc, src, s->bucket, dst, NULL, &mtime, (int)sizeof etag, etag, NULL,
                    &resp_handler, &r);
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   if (r.status == S3StatusErrorNoSuchKey || r.status == S3StatusHttpErrorNotFound)
     return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "copy: no such object '%s'", src);
@@ -312,8 +315,7 @@ static lt_err_t s3_list(lt_store_t *st, const char *prefix, const char *start_af
     S3_list_bucket(&s->bc, prefix[0] ? prefix : NULL, marker[0] ? marker : NULL, NULL,
                    (int)(max_keys - r.listed), NULL, &h, &r);
     if (r.sink_err) return r.sink_err;
-    if (r.status == S3StatusOK || !status_retriable(r.status) || a >= s->max_attempts) break;
-    backoff(s, a - 1);
+    if (!try_again(s, &r, a)) break;
   }
   lt_err_t e = s3_err(s, &r, "list", prefix, a, errstr, errstr_size);
   if (e) return e;

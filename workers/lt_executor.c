@@ -5,25 +5,9 @@
  * weights are a read-only mmap of the model files, so every executor of a worker shares one copy
  * in the page cache.
  *
- * Protocol with the worker (lt_worker.c):
- *   stdin   one JSON line, the assignment: {"job_id","tenant_id","attempt","spec":{..jobspec..},
- *           "model_dir","work_dir","threads","dataset":{"train":ID,"valid":ID|null},
- *           "tenant_key":{"key_id","wrapped_hex"},"resume_state_key":KEY|null}
- *           then one line per checkpoint the worker recorded: {"type":"committed","step"}
- *   stdout  JSON lines, one per event:
- *           {"type":"step",...lt_train_step_t...}      every optimizer step
- *           {"type":"eval",...lt_train_eval_t...}      at each evaluation
- *           {"type":"checkpoint","step","final","trigger","keys":[..],"sha256","bytes"}
- *                                                 uploaded and sealed (by the upload thread, so it
- *                                                 may follow later steps' lines; always before
- *                                                 "stopped" (preempt) and "done")
- *           {"type":"stopped","why":"cancel|preempt","step"}                    stopped on request
- *           {"type":"done","step","config_digest"}                              finished
- *           {"type":"error","reason"}                                           failed (exit 1)
- *   signals SIGUSR1 or SIGTERM: stop at the next micro-step boundary (cancel);
- *           SIGUSR2: checkpoint at the next step boundary, then stop (preempt).
- * The executor never talks to Kafka: the worker records what it reports. Customer text never
- * reaches stdout, only ids, hashes and metrics.
+ * It reads its assignment from stdin, runs the managed loop (lt_train.c), and reports on stdout
+ * in the protocol of lt_proto.h; checkpoints are sealed and uploaded off the training thread
+ * (lt_ckpt.c). The executor never talks to Kafka: the worker records what it reports.
  *
  * Environment: the store (LATHE_S3_* or LATHE_STORE_DIR) and the master key, inherited. */
 #include <errno.h>
@@ -38,16 +22,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
 #include <openssl/crypto.h>
 
 #include "lt_ckpt.h"
 #include "lt_crypto.h"
 #include "lt_dataset.h"
-#include "lt_jobspec.h"
+#include "lt_proto.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
 #include "lt_train.h"
+#include "lt_worker.h"
 
 /* The process-wide stop flags, set only by signal handlers. */
 static volatile sig_atomic_t stop_cancel, stop_preempt;
@@ -62,10 +46,21 @@ static void on_preempt(int sig) {
   stop_preempt = 1;
 }
 
+/* One attempt's resources, from the assignment to the exit; also the training hooks' context. */
 typedef struct {
-  lt_ckpt_t *ckpt;  /* uploads checkpoints off the training thread */
-  int64_t awaited;  /* the step of the newest interval checkpoint handed to it (0: none) */
+  const lt_proto_assignment_t *asg;
+  lt_crypto_kek_t *kek;
+  lt_crypto_dek_t *dek;     /* the tenant's data key */
+  lt_store_t *store;
+  char *train, *valid;      /* the datasets' plaintext (valid may be NULL) */
+  size_t train_len, valid_len;
+  char train_sha[65];
+  char resume_path[4200];   /* the state to resume from, written into work_dir; "" for none */
+  lt_ckpt_t *ckpt;          /* uploads checkpoints off the training thread */
+  int64_t awaited;          /* the step of the newest interval checkpoint handed to it (0: none) */
 } exec_t;
+
+/* ---------------------------------------------------------------- the protocol's two channels */
 
 /* The commits the worker has recorded, as it reports them on stdin (read by their own thread). */
 static struct {
@@ -75,20 +70,25 @@ static struct {
   bool gone;         /* stdin ended: the worker will report nothing more */
 } acks = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
 
+static void on_committed(const lt_proto_msg_t *m) {
+  pthread_mutex_lock(&acks.lock);
+  if (m->committed.step > acks.committed) acks.committed = m->committed.step;
+  pthread_cond_broadcast(&acks.cond);
+  pthread_mutex_unlock(&acks.lock);
+}
+
+/* What the worker may say after the assignment; anything else is ignored. */
+static void (*const stdin_handlers[LT_PROTO__COUNT])(const lt_proto_msg_t *m) = {
+    [LT_PROTO_COMMITTED] = on_committed,
+};
+
 static void *read_acks(void *arg) {
   (void)arg;
   char line[256];
   while (fgets(line, sizeof line, stdin)) {
-    json_t *o = json_loads(line, 0, NULL);
-    const char *type = json_string_value(json_object_get(o, "type"));
-    if (type && strcmp(type, "committed") == 0) {
-      json_int_t step = json_integer_value(json_object_get(o, "step"));
-      pthread_mutex_lock(&acks.lock);
-      if (step > acks.committed) acks.committed = step;
-      pthread_cond_broadcast(&acks.cond);
-      pthread_mutex_unlock(&acks.lock);
-    }
-    json_decref(o);
+    lt_proto_msg_t m;
+    if (lt_proto_decode(line, &m, NULL, 0) == LT_OK && stdin_handlers[m.type]) stdin_handlers[m.type](&m);
+    lt_proto_msg_release(&m);
   }
   pthread_mutex_lock(&acks.lock);
   acks.gone = true;
@@ -104,13 +104,13 @@ static struct {
   bool closed;
 } output = {PTHREAD_MUTEX_INITIALIZER, false};
 
-static void emit_line(json_t *o, bool last) {
-  char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
-  json_decref(o);
-  if (!s) return;
+static void emit_line(const lt_proto_msg_t *m, bool last) {
+  char *s;
+  size_t len;
+  if (lt_proto_encode(m, &s, &len)) return;
   pthread_mutex_lock(&output.lock);
   if (!output.closed) {
-    fprintf(stdout, "%s\n", s);
+    fwrite(s, 1, len, stdout);
     fflush(stdout);
     output.closed = last;
   }
@@ -118,7 +118,9 @@ static void emit_line(json_t *o, bool last) {
   free(s);
 }
 
-static void emit(json_t *o) { emit_line(o, false); }
+static void emit(const lt_proto_msg_t *m) { emit_line(m, false); }
+
+/* ---------------------------------------------------------------- training hooks */
 
 static lt_train_stop_t should_stop(void *ctx) {
   (void)ctx;
@@ -129,33 +131,19 @@ static lt_train_stop_t should_stop(void *ctx) {
 
 static void on_step(void *ctx, const lt_train_step_t *st) {
   (void)ctx;
-  emit(json_pack("{s:s,s:I,s:I,s:f,s:f,s:f,s:I,s:I,s:f,s:I,s:I,s:f}", "type", "step", "step", (json_int_t)st->step,
-                 "total_steps", (json_int_t)st->total_steps, "loss", st->loss, "learning_rate", st->learning_rate,
-                 "grad_norm", st->grad_norm, "tokens", (json_int_t)st->tokens, "tokens_total",
-                 (json_int_t)st->tokens_total, "tokens_per_s", st->tokens_per_s, "elapsed_ms",
-                 (json_int_t)st->elapsed_ms, "eta_ms", (json_int_t)st->eta_ms, "epoch", st->epoch));
+  emit(&(lt_proto_msg_t){.type = LT_PROTO_STEP, .step = *st});
 }
 
 static void on_eval(void *ctx, const lt_train_eval_t *e) {
   (void)ctx;
-  emit(json_pack("{s:s,s:s,s:I,s:b,s:I,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f}", "type", "eval", "config_digest",
-                 e->config_digest, "step",
-                 (json_int_t)e->step, "final", e->final, "examples", (json_int_t)e->examples, "val_loss", e->val_loss,
-                 "perplexity", e->perplexity, "token_accuracy", e->token_accuracy, "exact_match", e->exact_match,
-                 "exact_match_ci_low", e->em_ci_low, "exact_match_ci_high", e->em_ci_high, "base_val_loss",
-                 e->base_val_loss, "base_perplexity", e->base_perplexity, "base_token_accuracy",
-                 e->base_token_accuracy, "base_exact_match", e->base_exact_match));
+  emit(&(lt_proto_msg_t){.type = LT_PROTO_EVAL, .eval = *e});
 }
 
 /* On the upload thread: the checkpoint is stored and sealed; the worker records
  * CheckpointCommitted only after this line. */
 static void on_uploaded(void *ctx, const lt_ckpt_done_t *d) {
   (void)ctx;
-  json_t *keys = json_array();
-  for (size_t i = 0; i < LT_CKPT_NAMES; i++) json_array_append_new(keys, json_string(d->keys[i]));
-  emit(json_pack("{s:s,s:I,s:b,s:s,s:o,s:s,s:I}", "type", "checkpoint", "step", (json_int_t)d->step, "final",
-                 d->final, "trigger", d->trigger, "keys", keys, "sha256", d->sha256_hex, "bytes",
-                 (json_int_t)d->bytes));
+  emit(&(lt_proto_msg_t){.type = LT_PROTO_CHECKPOINT, .checkpoint = *d});
 }
 
 /* The training loop wrote a checkpoint's files into dir: hand them to the upload thread, which
@@ -201,21 +189,78 @@ static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
   return LT_OK;
 }
 
+/* Reports the failure that ends the attempt; returns the exit status. */
+static int fail(const char *fmt, const char *detail) {
+  char reason[768];
+  snprintf(reason, sizeof reason, fmt, detail);
+  emit_line(&(lt_proto_msg_t){.type = LT_PROTO_ERROR, .error.reason = reason}, true);
+  return 1;
+}
+
+/* ---------------------------------------------------------------- the attempt's phases */
+
+/* Makes this process fit to hold customer data: no core dumps, and it dies with its worker.
+ * False when the worker is already gone. */
+static bool setup_process(void) {
+  struct rlimit nocore = {0, 0};
+  setrlimit(RLIMIT_CORE, &nocore);
+  /* A worker killed with SIGKILL (or crashed) must not leave an executor training a fenced
+   * attempt and staging its checkpoints (invariant 2). */
+  pid_t worker = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != worker) return false; /* the worker died before the line above */
+  signal(SIGUSR1, on_cancel);
+  signal(SIGTERM, on_cancel);
+  signal(SIGUSR2, on_preempt);
+  signal(SIGPIPE, SIG_IGN);
+  return true;
+}
+
+/* The first line on stdin: what to run. */
+static lt_err_t read_assignment(lt_proto_msg_t *m, char *errstr, size_t n) {
+  char line[1 << 16];
+  memset(m, 0, sizeof *m);
+  if (!fgets(line, sizeof line, stdin)) return lt_errf(errstr, n, LT_ERR_INVALID, "no assignment on stdin");
+  char err[640];
+  lt_err_t e = lt_proto_decode(line, m, err, sizeof err);
+  if (e == LT_ERR_CORRUPT) return lt_errf(errstr, n, e, "the assignment is not JSON: %s", err);
+  if (e) return lt_errf(errstr, n, e, "%s", err);
+  if (m->type != LT_PROTO_ASSIGNMENT)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the first line is a \"%s\" message, not the assignment",
+                   lt_proto_type_name(m->type));
+  return LT_OK;
+}
+
+/* The master key from the environment and the tenant's data key it unwraps. */
+static lt_err_t open_keys(exec_t *x, char *errstr, size_t n) {
+  const char *hex = x->asg->wrapped_hex;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wlen = strlen(hex) / 2;
+  char err[512];
+  if (lt_crypto_kek_from_env(&x->kek, err, sizeof err) ||
+      (wlen > sizeof wrapped ? lt_errf(err, sizeof err, LT_ERR_INVALID, "tenant key too long")
+                             : lt_crypto_unhex(hex, wrapped, wlen, err, sizeof err)) ||
+      lt_crypto_dek_unwrap(x->kek, x->asg->tenant_id, wrapped, wlen, &x->dek, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "cannot open the tenant's data key: %s", err);
+  return LT_OK;
+}
+
 /* A dataset's plaintext: its own data key (wrapped by the master key) opens it. */
-static lt_err_t load_dataset(lt_store_t *store, const lt_crypto_kek_t *kek, const char *tenant, const char *id,
-                             char **out, size_t *len, char sha_hex[65], char *errstr, size_t n) {
+static lt_err_t load_dataset(const exec_t *x, const char *id, char **out, size_t *len, char sha_hex[65],
+                             char *errstr, size_t n) {
+  const char *tenant = x->asg->tenant_id;
   char key[1024];
   void *wrapped = NULL;
   size_t wlen = 0;
   lt_crypto_dek_t *dek = NULL;
   lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_KEY);
-  lt_err_t err = lt_store_get(store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, errstr, n);
-  if (!err) err = lt_crypto_dek_unwrap(kek, tenant, wrapped, wlen, &dek, errstr, n);
+  lt_err_t err = lt_store_get(x->store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, errstr, n);
+  if (!err) err = lt_crypto_dek_unwrap(x->kek, tenant, wrapped, wlen, &dek, errstr, n);
   free(wrapped);
   if (err) return err;
   lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_DATA);
   void *data = NULL;
-  err = lt_sealed_get(store, dek, key, (size_t)1 << 32, &data, len, errstr, n);
+  err = lt_sealed_get(x->store, dek, key, (size_t)1 << 32, &data, len, errstr, n);
   lt_crypto_dek_free(dek);
   if (err) return err;
   uint8_t d[32];
@@ -225,160 +270,114 @@ static lt_err_t load_dataset(lt_store_t *store, const lt_crypto_kek_t *kek, cons
   return LT_OK;
 }
 
-static int fail(const char *fmt, const char *detail) {
-  char reason[768];
-  snprintf(reason, sizeof reason, fmt, detail);
-  emit_line(json_pack("{s:s,s:s}", "type", "error", "reason", reason), true);
-  return 1;
+/* The sealed state of the checkpoint to resume from, opened into work_dir/resume.bin. */
+static lt_err_t fetch_resume_state(exec_t *x, char *errstr, size_t n) {
+  void *state = NULL;
+  size_t slen = 0;
+  char err[512];
+  if (lt_sealed_get(x->store, x->dek, x->asg->resume_state_key, (size_t)1 << 34, &state, &slen, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the checkpoint to resume from: %s", err);
+  snprintf(x->resume_path, sizeof x->resume_path, "%s/resume.bin", x->asg->work_dir);
+  FILE *f = fopen(x->resume_path, "wb");
+  bool ok = f && fwrite(state, 1, slen, f) == slen;
+  if (f) ok = fclose(f) == 0 && ok;
+  OPENSSL_cleanse(state, slen);
+  free(state);
+  if (!ok) return lt_errf(errstr, n, LT_ERR_IO, "cannot write the resume state: %s", strerror(errno));
+  return LT_OK;
 }
 
-int lt_executor_main(void) {
-  /* No core dumps: an executor's memory holds customer data. */
-  struct rlimit nocore = {0, 0};
-  setrlimit(RLIMIT_CORE, &nocore);
-  /* The attempt dies with its worker: a worker killed with SIGKILL (or crashed) must not leave an
-   * executor training a fenced attempt and staging its checkpoints (invariant 2). */
-  pid_t worker = getppid();
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != worker) return 1; /* the worker died before the line above */
-  signal(SIGUSR1, on_cancel);
-  signal(SIGTERM, on_cancel);
-  signal(SIGUSR2, on_preempt);
-  signal(SIGPIPE, SIG_IGN);
-
-  char line[1 << 16];
-  if (!fgets(line, sizeof line, stdin)) return fail("%s", "no assignment on stdin");
-  json_error_t je;
-  json_t *a = json_loads(line, 0, &je);
-  if (!a) return fail("the assignment is not JSON: %s", je.text);
-  const char *tenant = json_string_value(json_object_get(a, "tenant_id"));
-  const char *job = json_string_value(json_object_get(a, "job_id"));
-  json_int_t attempt = json_integer_value(json_object_get(a, "attempt"));
-  const char *model_dir = json_string_value(json_object_get(a, "model_dir"));
-  const char *work_dir = json_string_value(json_object_get(a, "work_dir"));
-  json_t *ds = json_object_get(a, "dataset");
-  const char *train_id = json_string_value(json_object_get(ds, "train"));
-  const char *valid_id = json_string_value(json_object_get(ds, "valid"));
-  json_t *tk = json_object_get(a, "tenant_key");
-  const char *wrapped_hex = json_string_value(json_object_get(tk, "wrapped_hex"));
-  const char *resume_key = json_string_value(json_object_get(a, "resume_state_key"));
-  if (!tenant || !job || attempt < 1 || !model_dir || !work_dir || !train_id || !wrapped_hex)
-    return fail("%s", "the assignment lacks a field (job_id, tenant_id, attempt, model_dir, work_dir, dataset.train, "
-                      "tenant_key.wrapped_hex)");
-  lt_jobspec_t spec;
-  char field[96], err[512];
-  if (lt_jobspec_from_json(json_object_get(a, "spec"), &spec, field, sizeof field, err, sizeof err))
-    return fail("the job spec is invalid: %s", err);
-
-  lt_crypto_kek_t *kek = NULL;
-  lt_crypto_dek_t *dek = NULL;
-  lt_store_t *store = NULL;
-  exec_t x = {0};
-  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
-  size_t wlen = strlen(wrapped_hex) / 2;
-  int rc = 1;
-  char *train = NULL, *valid = NULL;
-  size_t train_len = 0, valid_len = 0;
-  char sha_hex[65], vsha[65];
-  if (lt_crypto_kek_from_env(&kek, err, sizeof err) ||
-      (wlen > sizeof wrapped ? lt_errf(err, sizeof err, LT_ERR_INVALID, "tenant key too long")
-                             : lt_crypto_unhex(wrapped_hex, wrapped, wlen, err, sizeof err)) ||
-      lt_crypto_dek_unwrap(kek, tenant, wrapped, wlen, &dek, err, sizeof err)) {
-    fail("cannot open the tenant's data key: %s", err);
-    goto out;
-  }
+/* Everything the run reads: keys, the store, the datasets and the state to resume from. */
+static lt_err_t open_inputs(exec_t *x, char *errstr, size_t n) {
+  const lt_proto_assignment_t *a = x->asg;
+  char err[512], vsha[65];
+  lt_err_t e = open_keys(x, errstr, n);
+  if (e) return e;
   const char *dir = getenv("LATHE_STORE_DIR");
   lt_store_s3_conf_t s3;
-  if (dir && *dir ? lt_store_dir_new(&store, dir, err, sizeof err)
-                  : (lt_store_s3_conf_from_env(&s3, err, sizeof err) || lt_store_s3_new(&store, &s3, err, sizeof err))) {
-    fail("cannot open the object store: %s", err);
-    goto out;
-  }
-  if (load_dataset(store, kek, tenant, train_id, &train, &train_len, sha_hex, err, sizeof err)) {
-    fail("cannot read the training dataset: %s", err);
-    goto out;
-  }
-  if (valid_id && load_dataset(store, kek, tenant, valid_id, &valid, &valid_len, vsha, err, sizeof err)) {
-    fail("cannot read the validation dataset: %s", err);
-    goto out;
-  }
-  char resume_path[4200] = "";
-  if (resume_key) {
-    void *state = NULL;
-    size_t slen = 0;
-    if (lt_sealed_get(store, dek, resume_key, (size_t)1 << 34, &state, &slen, err, sizeof err)) {
-      fail("cannot read the checkpoint to resume from: %s", err);
-      goto out;
-    }
-    snprintf(resume_path, sizeof resume_path, "%s/resume.bin", work_dir);
-    FILE *f = fopen(resume_path, "wb");
-    bool ok = f && fwrite(state, 1, slen, f) == slen;
-    if (f) ok = fclose(f) == 0 && ok;
-    OPENSSL_cleanse(state, slen);
-    free(state);
-    if (!ok) {
-      fail("cannot write the resume state: %s", strerror(errno));
-      goto out;
-    }
-  }
-  char prefix[512], spool[4200];
-  snprintf(prefix, sizeof prefix, "staging/%s/%s/%lld/", tenant, job, (long long)attempt);
-  snprintf(spool, sizeof spool, "%s/upload", work_dir);
-  lt_ckpt_conf_t cc = {.store = store, .dek = dek, .prefix = prefix, .spool_dir = spool, .retry_ms = 120000,
+  if (dir && *dir ? lt_store_dir_new(&x->store, dir, err, sizeof err)
+                  : (lt_store_s3_conf_from_env(&s3, err, sizeof err) ||
+                     lt_store_s3_new(&x->store, &s3, err, sizeof err)))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot open the object store: %s", err);
+  if (load_dataset(x, a->train_id, &x->train, &x->train_len, x->train_sha, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the training dataset: %s", err);
+  if (a->valid_id && load_dataset(x, a->valid_id, &x->valid, &x->valid_len, vsha, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the validation dataset: %s", err);
+  return a->resume_state_key ? fetch_resume_state(x, errstr, n) : LT_OK;
+}
+
+/* The checkpoint uploader, spooling in work_dir/upload, and the reader of the worker's commits. */
+static lt_err_t start_uploads(exec_t *x, char *errstr, size_t n) {
+  const lt_proto_assignment_t *a = x->asg;
+  char prefix[512], spool[4200], err[512];
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/%lld/", a->tenant_id, a->job_id, (long long)a->attempt);
+  snprintf(spool, sizeof spool, "%s/upload", a->work_dir);
+  lt_ckpt_conf_t cc = {.store = x->store, .dek = x->dek, .prefix = prefix, .spool_dir = spool, .retry_ms = 120000,
                        .on_done = on_uploaded};
-  if (mkdir(spool, 0700) != 0 && errno != EEXIST) {
-    fail("cannot make the checkpoint spool directory: %s", strerror(errno));
-    goto out;
-  }
-  if (lt_ckpt_new(&cc, &x.ckpt, err, sizeof err)) {
-    fail("cannot prepare the checkpoint upload: %s", err);
-    goto out;
-  }
-  lt_train_conf_t tc = {.model_dir = model_dir, .base_model_name = spec.base_model, .train = train,
-                        .train_len = train_len, .valid = valid, .valid_len = valid_len, .hp = spec.hp,
-                        .threads = (int)json_integer_value(json_object_get(a, "threads")), .work_dir = work_dir,
-                        .resume_state = resume_path[0] ? resume_path : NULL};
-  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%s", sha_hex);
-  lt_train_hooks_t hooks = {.ctx = &x, .should_stop = should_stop, .on_step = on_step, .on_eval = on_eval,
-                            .on_checkpoint = on_checkpoint, .before_update = before_update};
+  if (mkdir(spool, 0700) != 0 && errno != EEXIST)
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot make the checkpoint spool directory: %s", strerror(errno));
+  if (lt_ckpt_new(&cc, &x->ckpt, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot prepare the checkpoint upload: %s", err);
   pthread_t acks_thread;
-  if (pthread_create(&acks_thread, NULL, read_acks, NULL) != 0) {
-    fail("%s", "cannot start the commit reader");
-    goto out;
-  }
+  if (pthread_create(&acks_thread, NULL, read_acks, NULL) != 0)
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot start the commit reader");
   pthread_detach(acks_thread); /* blocked on stdin until the process ends */
+  return LT_OK;
+}
+
+/* Runs the managed loop and reports how it ended: stopped, done, or (returned) an error. */
+static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
+  const lt_proto_assignment_t *a = x->asg;
+  lt_train_conf_t tc = {.model_dir = a->model_dir, .base_model_name = a->spec.base_model, .train = x->train,
+                        .train_len = x->train_len, .valid = x->valid, .valid_len = x->valid_len, .hp = a->spec.hp,
+                        .threads = a->threads, .work_dir = a->work_dir,
+                        .resume_state = x->resume_path[0] ? x->resume_path : NULL};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%s", x->train_sha);
+  lt_train_hooks_t hooks = {.ctx = x, .should_stop = should_stop, .on_step = on_step, .on_eval = on_eval,
+                            .on_checkpoint = on_checkpoint, .before_update = before_update};
   lt_train_result_t res;
-  if (lt_train_run(&tc, &hooks, &res, err, sizeof err)) {
-    lt_ckpt_abort(x.ckpt);
-    fail("%s", err);
-    goto out;
+  lt_err_t e = lt_train_run(&tc, &hooks, &res, errstr, n);
+  if (e) {
+    lt_ckpt_abort(x->ckpt);
+    return e;
   }
   if (res.stopped == LT_TRAIN_STOP_CANCEL) {
     /* Confirmed at once; a checkpoint still uploading is of no use to a cancelled job. */
-    emit_line(json_pack("{s:s,s:s,s:I}", "type", "stopped", "why", "cancel", "step", (json_int_t)res.steps), true);
-    lt_ckpt_free(x.ckpt);
-    x.ckpt = NULL;
-  } else if (lt_ckpt_flush(x.ckpt, err, sizeof err)) {
-    /* The preemption's or the final checkpoint must be committed before the attempt ends. */
-    fail("%s", err);
-    goto out;
-  } else if (res.stopped == LT_TRAIN_STOP_PREEMPT) {
-    emit_line(json_pack("{s:s,s:s,s:I}", "type", "stopped", "why", "preempt", "step", (json_int_t)res.steps), true);
-  } else {
-    emit_line(json_pack("{s:s,s:I,s:s}", "type", "done", "step", (json_int_t)res.steps, "config_digest",
-                        res.config_digest),
-              true);
+    emit_line(&(lt_proto_msg_t){.type = LT_PROTO_STOPPED, .stopped = {LT_TRAIN_STOP_CANCEL, res.steps}}, true);
+    lt_ckpt_free(x->ckpt);
+    x->ckpt = NULL;
+    return LT_OK;
   }
-  rc = 0;
-out:
+  /* The preemption's or the final checkpoint must be committed before the attempt ends. */
+  if ((e = lt_ckpt_flush(x->ckpt, errstr, n))) return e;
+  if (res.stopped == LT_TRAIN_STOP_PREEMPT)
+    emit_line(&(lt_proto_msg_t){.type = LT_PROTO_STOPPED, .stopped = {LT_TRAIN_STOP_PREEMPT, res.steps}}, true);
+  else
+    emit_line(&(lt_proto_msg_t){.type = LT_PROTO_DONE, .done = {res.steps, res.config_digest}}, true);
+  return LT_OK;
+}
+
+int lt_executor_main(void) {
+  if (!setup_process()) return 1;
+  lt_proto_msg_t m;
+  char err[768];
+  if (read_assignment(&m, err, sizeof err)) {
+    lt_proto_msg_release(&m);
+    return fail("%s", err);
+  }
+  exec_t x = {.asg = &m.assignment};
+  lt_err_t e = open_inputs(&x, err, sizeof err);
+  if (!e) e = start_uploads(&x, err, sizeof err);
+  if (!e) e = train_and_report(&x, err, sizeof err);
+  if (e) fail("%s", err);
   lt_ckpt_free(x.ckpt);
-  if (train) OPENSSL_cleanse(train, train_len);
-  if (valid) OPENSSL_cleanse(valid, valid_len);
-  free(train);
-  free(valid);
-  lt_store_free(store);
-  lt_crypto_dek_free(dek);
-  lt_crypto_kek_free(kek);
-  json_decref(a);
-  return rc;
+  if (x.train) OPENSSL_cleanse(x.train, x.train_len);
+  if (x.valid) OPENSSL_cleanse(x.valid, x.valid_len);
+  free(x.train);
+  free(x.valid);
+  lt_store_free(x.store);
+  lt_crypto_dek_free(x.dek);
+  lt_crypto_kek_free(x.kek);
+  lt_proto_msg_release(&m);
+  return e ? 1 : 0;
 }

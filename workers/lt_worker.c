@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "lt_job_record.h"
+#include "lt_proto.h"
 #include "lt_proj.h"
 #include "lt_time.h"
 
@@ -56,7 +57,10 @@ typedef struct pending {
   int32_t attempt;
   lt_job_class_t cls;
   int64_t since_ms;
-  json_t *dispatch; /* the JobDispatched record as JSON */
+  int64_t lease_ms;
+  lt_jobspec_t spec;    /* read from the JobDispatched record and validated ... */
+  lt_err_t spec_err;    /* ... or why it is not valid */
+  char spec_msg[512];
 } pending_t;
 
 struct lt_worker {
@@ -97,31 +101,67 @@ static void logf_(lt_worker_t *w, const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- producing */
 
-static lt_avro_record_t *fresh(lt_worker_t *w, int which, const attempt_t *a) {
-  lt_avro_record_t *r = w->rec[which];
-  lt_avro_record_clear(r);
-  lt_avro_record_stamp(r, w->producer_id);
-  if (a) {
-    lt_avro_set_string(r, "job_id", a->job_id);
-    lt_avro_set_string(r, "tenant_id", a->tenant_id);
-    lt_avro_set_int(r, "attempt", a->attempt);
-  }
-  return r;
+/* A record being built. Every set is checked and the first failure sticks: a set fails only when
+ * this file and the schema disagree (a path, a type, a symbol), which is a bug, so the record is
+ * logged with lt_avro_record_error() and never sent rather than sent with a field missing. */
+typedef struct {
+  lt_avro_record_t *r;
+  lt_err_t err;
+} rec_t;
+
+/* Sets a field of b unless an earlier set failed: PUT(&b, lt_avro_set_long, "step", v). */
+#define PUT(b, setter, ...) ((b)->err ? (void)0 : (void)((b)->err = setter((b)->r, __VA_ARGS__)))
+
+/* Appends an element to the array of records at path and returns its index. */
+static size_t put_elem(rec_t *b, const char *path) {
+  size_t idx = 0;
+  if (!b->err) b->err = lt_avro_array_append(b->r, path, &idx);
+  return idx;
 }
 
-/* Produces with acks=all and waits; retries a bounded time while the broker is unavailable.
- * The bytes are also folded locally so the worker sees its own records at once. */
-static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, lt_avro_record_t *r) {
+/* The path of a field of an array's element ("leases[2].job_id"), in buf. */
+static const char *elem(char buf[64], const char *array, size_t idx, const char *field) {
+  snprintf(buf, 64, "%s[%zu].%s", array, idx, field);
+  return buf;
+}
+
+/* A fresh record of rec_types[which], stamped; with the attempt's ids when a is not NULL. */
+static rec_t fresh(lt_worker_t *w, int which, const attempt_t *a) {
+  rec_t b = {.r = w->rec[which]};
+  lt_avro_record_clear(b.r);
+  b.err = lt_avro_record_stamp(b.r, w->producer_id);
+  if (a) {
+    PUT(&b, lt_avro_set_string, "job_id", a->job_id);
+    PUT(&b, lt_avro_set_string, "tenant_id", a->tenant_id);
+    PUT(&b, lt_avro_set_int, "attempt", a->attempt);
+  }
+  return b;
+}
+
+/* The bus record of b, keyed by key; false (logged) when b failed a set or does not encode. */
+static bool to_bus(lt_worker_t *w, const rec_t *b, const char *topic, const char *key, lt_bus_record_t *out) {
   const uint8_t *bytes;
   size_t len;
   char err[512];
-  lt_err_t e = lt_avro_record_encode(r, &bytes, &len, err, sizeof err);
-  if (e) {
-    logf_(w, "cannot encode %s: %s", lt_avro_record_type(r), err);
-    return e;
+  if (b->err) {
+    logf_(w, "%s for %s not built (a bug): %s", lt_avro_record_type(b->r), key, lt_avro_record_error(b->r));
+    return false;
   }
-  lt_bus_record_t rec = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
-                         .value = bytes, .value_size = len};
+  if (lt_avro_record_encode(b->r, &bytes, &len, err, sizeof err)) {
+    logf_(w, "cannot encode %s: %s", lt_avro_record_type(b->r), err);
+    return false;
+  }
+  *out = (lt_bus_record_t){.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                           .value = bytes, .value_size = len};
+  return true;
+}
+
+/* Produces with acks=all and waits; retries a bounded time while the broker is unavailable. */
+static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, const rec_t *b) {
+  lt_bus_record_t rec;
+  if (!to_bus(w, b, topic, key, &rec)) return LT_ERR_INTERNAL;
+  char err[512];
+  lt_err_t e = LT_OK;
   /* Bounded well below a lease (two tries of 3 s): the event loop must keep checking leases and
    * kill deadlines while the broker is away. */
   for (int tries = 0; tries < 2; tries++) {
@@ -130,19 +170,15 @@ static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, lt
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
     usleep(200000);
   }
-  logf_(w, "%s for %s was not recorded: %s", lt_avro_record_type(r), key, err);
+  logf_(w, "%s for %s was not recorded: %s", lt_avro_record_type(b->r), key, err);
   return e;
 }
 
-static void send_async(lt_worker_t *w, const char *topic, const char *key, lt_avro_record_t *r, void *opaque) {
-  const uint8_t *bytes;
-  size_t len;
+static void send_async(lt_worker_t *w, const char *topic, const char *key, const rec_t *b, void *opaque) {
+  lt_bus_record_t rec;
   char err[512];
-  if (lt_avro_record_encode(r, &bytes, &len, err, sizeof err)) return;
-  lt_bus_record_t rec = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
-                         .value = bytes, .value_size = len};
-  if (lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
-    logf_(w, "%s for %s not queued: %s", lt_avro_record_type(r), key, err);
+  if (to_bus(w, b, topic, key, &rec) && lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
+    logf_(w, "%s for %s not queued: %s", lt_avro_record_type(b->r), key, err);
 }
 
 /* Delivery reports (producer thread): a delivered heartbeat renews this worker's leases. */
@@ -249,13 +285,20 @@ static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
 
 static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {
   if (a->fenced || !live(w, a)) return;
-  lt_avro_record_t *r = fresh(w, R_STOPPED, a);
-  lt_avro_set_enum(r, "reason", reason);
-  lt_avro_set_long(r, "step", a->step);
-  lt_avro_set_bool(r, "killed", a->killed);
-  if (detail) lt_avro_set_string(r, "detail", detail);
-  else lt_avro_set_null(r, "detail");
-  send_sync(w, w->t_control, a->job_id, r);
+  rec_t b = fresh(w, R_STOPPED, a);
+  PUT(&b, lt_avro_set_enum, "reason", reason);
+  PUT(&b, lt_avro_set_long, "step", a->step);
+  PUT(&b, lt_avro_set_bool, "killed", a->killed);
+  if (detail) PUT(&b, lt_avro_set_string, "detail", detail);
+  else PUT(&b, lt_avro_set_null, "detail");
+  send_sync(w, w->t_control, a->job_id, &b);
+}
+
+static void record_cancelled(lt_worker_t *w, attempt_t *a) {
+  rec_t b = fresh(w, R_CANCELLED, a);
+  PUT(&b, lt_avro_set_string, "cancel_event_id", "");
+  PUT(&b, lt_avro_set_string, "requested_by", "customer");
+  send_sync(w, w->t_control, a->job_id, &b);
 }
 
 /* Frees a slot: its pipes closed, everything else zero. */
@@ -266,6 +309,8 @@ static void slot_reset(attempt_t *a) {
   a->out_fd = a->in_fd = -1;
 }
 
+/* The executor is gone (or never started): records how the attempt ended if it did not say so
+ * itself, scrubs its directory, deletes a cancelled job's staging objects, frees the slot. */
 static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
   bool cancelled = j && (j->cancel_requested || j->state == LT_JOB_CANCELLED);
@@ -278,150 +323,152 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
     else
       snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
     record_stopped(w, a, cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : "failed", detail);
-    if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) {
-      lt_avro_record_t *r = fresh(w, R_CANCELLED, a);
-      lt_avro_set_string(r, "cancel_event_id", "");
-      lt_avro_set_string(r, "requested_by", "customer");
-      send_sync(w, w->t_control, a->job_id, r);
-    }
+    if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
   int64_t zeroed = scrub_dir(a->work_dir);
   int deleted = cancelled ? delete_staging(w, a->tenant_id, a->job_id) : 0;
-  lt_avro_record_t *r = fresh(w, R_CLEANUP, a);
-  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
-  lt_avro_set_int(r, "staging_objects_deleted", deleted);
-  lt_avro_set_long(r, "host_bytes_zeroed", zeroed);
-  lt_avro_set_long(r, "device_bytes_zeroed", 0);
-  send_sync(w, w->t_control, a->job_id, r);
+  rec_t b = fresh(w, R_CLEANUP, a);
+  PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
+  PUT(&b, lt_avro_set_int, "staging_objects_deleted", deleted);
+  PUT(&b, lt_avro_set_long, "host_bytes_zeroed", zeroed);
+  PUT(&b, lt_avro_set_long, "device_bytes_zeroed", 0);
+  send_sync(w, w->t_control, a->job_id, &b);
   if (a->ev) event_free(a->ev);
   logf_(w, "attempt %d of %s ended", a->attempt, a->job_id);
   slot_reset(a);
 }
 
-/* One line from an executor. */
+/* ---------------------------------------------------------------- what executors report */
+
+static void on_step_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  const lt_train_step_t *st = &m->step;
+  a->step = st->step;
+  rec_t b = fresh(w, R_STEP, a);
+  PUT(&b, lt_avro_set_long, "step", st->step);
+  PUT(&b, lt_avro_set_long, "total_steps", st->total_steps);
+  PUT(&b, lt_avro_set_double, "loss", st->loss);
+  PUT(&b, lt_avro_set_double, "learning_rate", st->learning_rate);
+  PUT(&b, lt_avro_set_long, "tokens", st->tokens);
+  PUT(&b, lt_avro_set_double, "tokens_per_s", st->tokens_per_s);
+  PUT(&b, lt_avro_set_long, "elapsed_ms", st->elapsed_ms);
+  PUT(&b, lt_avro_set_long, "eta_ms", st->eta_ms);
+  PUT(&b, lt_avro_set_double, "epoch", st->epoch);
+  PUT(&b, lt_avro_set_double, "grad_norm", st->grad_norm);
+  send_async(w, w->t_progress, a->job_id, &b, NULL);
+}
+
+static void on_eval_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  const lt_train_eval_t *e = &m->eval;
+  const struct {
+    const char *name;
+    double value, base_value;
+  } metrics[] = {{"val_loss", e->val_loss, e->base_val_loss},
+                 {"perplexity", e->perplexity, e->base_perplexity},
+                 {"token_accuracy", e->token_accuracy, e->base_token_accuracy},
+                 {"exact_match", e->exact_match, e->base_exact_match}};
+  enum { EXACT_MATCH = 3 };
+  rec_t b = fresh(w, R_EVAL, a);
+  PUT(&b, lt_avro_set_long, "step", e->step);
+  PUT(&b, lt_avro_set_bool, "final", e->final);
+  PUT(&b, lt_avro_set_long, "examples", e->examples);
+  for (size_t i = 0; i < sizeof metrics / sizeof *metrics; i++) {
+    if (i == EXACT_MATCH && metrics[i].value < 0) continue; /* not measured */
+    char path[64];
+    size_t idx = put_elem(&b, "metrics");
+    PUT(&b, lt_avro_set_string, elem(path, "metrics", idx, "name"), metrics[i].name);
+    PUT(&b, lt_avro_set_double, elem(path, "metrics", idx, "value"), metrics[i].value);
+    PUT(&b, lt_avro_set_double, elem(path, "metrics", idx, "base_value"), metrics[i].base_value);
+    if (i == EXACT_MATCH) {
+      PUT(&b, lt_avro_set_double, elem(path, "metrics", idx, "ci_low"), e->em_ci_low);
+      PUT(&b, lt_avro_set_double, elem(path, "metrics", idx, "ci_high"), e->em_ci_high);
+    }
+  }
+  PUT(&b, lt_avro_set_string, "config_digest", e->config_digest);
+  send_async(w, w->t_progress, a->job_id, &b, NULL);
+}
+
+/* The checkpoint is in staging: commit it, then tell the executor, which holds back its next
+ * optimizer update until then (lt_executor.c): a crash then loses at most one interval. */
+static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  const lt_ckpt_done_t *d = &m->checkpoint;
+  rec_t b = fresh(w, R_CKPT, a);
+  PUT(&b, lt_avro_set_long, "step", d->step);
+  for (size_t i = 0; i < LT_CKPT_NAMES && d->keys[i]; i++)
+    PUT(&b, lt_avro_array_append_string, "object_keys", d->keys[i]);
+  PUT(&b, lt_avro_set_string, "sha256", d->sha256_hex);
+  PUT(&b, lt_avro_set_long, "bytes", (int64_t)d->bytes);
+  PUT(&b, lt_avro_set_bool, "final", d->final);
+  /* The executor says what made the checkpoint: it uploads in the background, so a line that
+   * arrives after a preemption signal may still be an interval checkpoint. */
+  PUT(&b, lt_avro_set_string, "trigger", d->trigger ? d->trigger : d->final ? "final" : "interval");
+  const char *eid = NULL;
+  lt_avro_get_string(b.r, "event_id", &eid, NULL);
+  if (d->final && eid) {
+    snprintf(a->final_ckpt_event, sizeof a->final_ckpt_event, "%s", eid);
+    snprintf(a->final_ckpt_sha, sizeof a->final_ckpt_sha, "%s", d->sha256_hex);
+  }
+  if (send_sync(w, w->t_control, a->job_id, &b)) {
+    kill_attempt(w, a, "its checkpoint could not be recorded");
+    return;
+  }
+  char *ack = NULL;
+  size_t len = 0;
+  lt_proto_msg_t committed = {.type = LT_PROTO_COMMITTED, .committed.step = d->step};
+  if (a->in_fd < 0 || lt_proto_encode(&committed, &ack, &len) || write(a->in_fd, ack, len) != (ssize_t)len)
+    kill_attempt(w, a, "the executor cannot be told of its commit");
+  free(ack);
+}
+
+static void on_done_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  a->reported = true;
+  if (!a->final_ckpt_event[0]) {
+    record_stopped(w, a, "failed", "finished without a final checkpoint");
+    return;
+  }
+  rec_t b = fresh(w, R_COMPLETED, a);
+  PUT(&b, lt_avro_set_long, "step", m->done.step);
+  PUT(&b, lt_avro_set_string, "checkpoint_event_id", a->final_ckpt_event);
+  PUT(&b, lt_avro_set_string, "checkpoint_sha256", a->final_ckpt_sha);
+  send_sync(w, w->t_control, a->job_id, &b);
+}
+
+static void on_stopped_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  bool cancel = m->stopped.why == LT_TRAIN_STOP_CANCEL;
+  a->reported = true;
+  a->step = m->stopped.step;
+  record_stopped(w, a, cancel ? "cancel" : "preempt", NULL);
+  if (cancel) record_cancelled(w, a);
+}
+
+static void on_error_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  a->reported = true;
+  record_stopped(w, a, "failed", m->error.reason ? m->error.reason : "the executor failed");
+}
+
+/* What an executor may say (lt_proto.h); other types are ignored. */
+static void (*const line_handlers[LT_PROTO__COUNT])(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) = {
+    [LT_PROTO_STEP] = on_step_line,       [LT_PROTO_EVAL] = on_eval_line,
+    [LT_PROTO_CHECKPOINT] = on_checkpoint_line, [LT_PROTO_DONE] = on_done_line,
+    [LT_PROTO_STOPPED] = on_stopped_line, [LT_PROTO_ERROR] = on_error_line,
+};
+
+/* One line from an executor: any line is progress; a fenced attempt's lines are not recorded. */
 static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
-  json_error_t je;
-  json_t *o = json_loads(line, 0, &je);
-  if (!o) {
-    logf_(w, "%s: unreadable executor line", a->job_id);
-    return;
+  lt_proto_msg_t m;
+  char err[256];
+  if (lt_proto_decode(line, &m, err, sizeof err)) {
+    logf_(w, "%s: unreadable executor line: %s", a->job_id, err);
+  } else {
+    a->last_progress_ms = lt_time_wall_ms();
+    if (!live(w, a)) {
+      /* Fenced: a newer attempt owns the job. Record nothing and stop. */
+      a->fenced = true;
+      kill_attempt(w, a, "fenced by a newer attempt");
+    } else if (line_handlers[m.type]) {
+      line_handlers[m.type](w, a, &m);
+    }
   }
-  a->last_progress_ms = lt_time_wall_ms();
-  const char *type = json_string_value(json_object_get(o, "type"));
-  if (!type) type = "";
-  if (!live(w, a)) {
-    /* Fenced: a newer attempt owns the job. Record nothing and stop. */
-    a->fenced = true;
-    kill_attempt(w, a, "fenced by a newer attempt");
-    json_decref(o);
-    return;
-  }
-  if (strcmp(type, "step") == 0) {
-    a->step = json_integer_value(json_object_get(o, "step"));
-    lt_avro_record_t *r = fresh(w, R_STEP, a);
-    lt_avro_set_long(r, "step", a->step);
-    lt_avro_set_long(r, "total_steps", json_integer_value(json_object_get(o, "total_steps")));
-    lt_avro_set_double(r, "loss", json_number_value(json_object_get(o, "loss")));
-    lt_avro_set_double(r, "learning_rate", json_number_value(json_object_get(o, "learning_rate")));
-    lt_avro_set_long(r, "tokens", json_integer_value(json_object_get(o, "tokens")));
-    lt_avro_set_double(r, "tokens_per_s", json_number_value(json_object_get(o, "tokens_per_s")));
-    lt_avro_set_long(r, "elapsed_ms", json_integer_value(json_object_get(o, "elapsed_ms")));
-    lt_avro_set_long(r, "eta_ms", json_integer_value(json_object_get(o, "eta_ms")));
-    lt_avro_set_double(r, "epoch", json_number_value(json_object_get(o, "epoch")));
-    lt_avro_set_double(r, "grad_norm", json_number_value(json_object_get(o, "grad_norm")));
-    send_async(w, w->t_progress, a->job_id, r, NULL);
-  } else if (strcmp(type, "eval") == 0) {
-    lt_avro_record_t *r = fresh(w, R_EVAL, a);
-    lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
-    lt_avro_set_bool(r, "final", json_is_true(json_object_get(o, "final")));
-    lt_avro_set_long(r, "examples", json_integer_value(json_object_get(o, "examples")));
-    static const char *const names[][2] = {{"val_loss", "base_val_loss"}, {"perplexity", "base_perplexity"},
-                                           {"token_accuracy", "base_token_accuracy"},
-                                           {"exact_match", "base_exact_match"}};
-    for (size_t i = 0; i < 4; i++) {
-      double v = json_number_value(json_object_get(o, names[i][0]));
-      if (i == 3 && v < 0) continue; /* not measured */
-      size_t idx;
-      char path[64];
-      lt_avro_array_append(r, "metrics", &idx);
-      snprintf(path, sizeof path, "metrics[%zu].name", idx);
-      lt_avro_set_string(r, path, names[i][0]);
-      snprintf(path, sizeof path, "metrics[%zu].value", idx);
-      lt_avro_set_double(r, path, v);
-      snprintf(path, sizeof path, "metrics[%zu].base_value", idx);
-      lt_avro_set_double(r, path, json_number_value(json_object_get(o, names[i][1])));
-      if (i == 3) {
-        snprintf(path, sizeof path, "metrics[%zu].ci_low", idx);
-        lt_avro_set_double(r, path, json_number_value(json_object_get(o, "exact_match_ci_low")));
-        snprintf(path, sizeof path, "metrics[%zu].ci_high", idx);
-        lt_avro_set_double(r, path, json_number_value(json_object_get(o, "exact_match_ci_high")));
-      }
-    }
-    const char *digest = json_string_value(json_object_get(o, "config_digest"));
-    lt_avro_set_string(r, "config_digest", digest ? digest : "");
-    send_async(w, w->t_progress, a->job_id, r, NULL);
-  } else if (strcmp(type, "checkpoint") == 0) {
-    lt_avro_record_t *r = fresh(w, R_CKPT, a);
-    bool final = json_is_true(json_object_get(o, "final"));
-    lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
-    json_t *keys = json_object_get(o, "keys");
-    size_t i;
-    json_t *k;
-    json_array_foreach(keys, i, k) lt_avro_array_append_string(r, "object_keys", json_string_value(k));
-    const char *sha = json_string_value(json_object_get(o, "sha256"));
-    lt_avro_set_string(r, "sha256", sha ? sha : "");
-    lt_avro_set_long(r, "bytes", json_integer_value(json_object_get(o, "bytes")));
-    lt_avro_set_bool(r, "final", final);
-    /* The executor says what made the checkpoint: it uploads in the background, so a line that
-     * arrives after a preemption signal may still be an interval checkpoint. */
-    const char *trigger = json_string_value(json_object_get(o, "trigger"));
-    lt_avro_set_string(r, "trigger", trigger ? trigger : final ? "final" : "interval");
-    const char *eid = NULL;
-    lt_avro_get_string(r, "event_id", &eid, NULL);
-    if (final && eid) {
-      snprintf(a->final_ckpt_event, sizeof a->final_ckpt_event, "%s", eid);
-      snprintf(a->final_ckpt_sha, sizeof a->final_ckpt_sha, "%s", sha ? sha : "");
-    }
-    if (send_sync(w, w->t_control, a->job_id, r)) {
-      kill_attempt(w, a, "its checkpoint could not be recorded");
-    } else {
-      /* The executor holds back its next optimizer update until this line (lt_executor.c): a
-       * crash then loses at most one checkpoint interval. */
-      char ack[96];
-      int len = snprintf(ack, sizeof ack, "{\"type\":\"committed\",\"step\":%lld}\n",
-                         (long long)json_integer_value(json_object_get(o, "step")));
-      if (a->in_fd < 0 || write(a->in_fd, ack, (size_t)len) != len)
-        kill_attempt(w, a, "the executor cannot be told of its commit");
-    }
-  } else if (strcmp(type, "done") == 0) {
-    a->reported = true;
-    if (!a->final_ckpt_event[0]) {
-      record_stopped(w, a, "failed", "finished without a final checkpoint");
-    } else {
-      lt_avro_record_t *r = fresh(w, R_COMPLETED, a);
-      lt_avro_set_long(r, "step", json_integer_value(json_object_get(o, "step")));
-      lt_avro_set_string(r, "checkpoint_event_id", a->final_ckpt_event);
-      lt_avro_set_string(r, "checkpoint_sha256", a->final_ckpt_sha);
-      send_sync(w, w->t_control, a->job_id, r);
-    }
-  } else if (strcmp(type, "stopped") == 0) {
-    a->reported = true;
-    const char *why = json_string_value(json_object_get(o, "why"));
-    bool cancel = why && strcmp(why, "cancel") == 0;
-    a->step = json_integer_value(json_object_get(o, "step"));
-    record_stopped(w, a, cancel ? "cancel" : "preempt", NULL);
-    if (cancel) {
-      lt_avro_record_t *r = fresh(w, R_CANCELLED, a);
-      lt_avro_set_string(r, "cancel_event_id", "");
-      lt_avro_set_string(r, "requested_by", "customer");
-      send_sync(w, w->t_control, a->job_id, r);
-    }
-  } else if (strcmp(type, "error") == 0) {
-    a->reported = true;
-    const char *reason = json_string_value(json_object_get(o, "reason"));
-    record_stopped(w, a, "failed", reason ? reason : "the executor failed");
-  }
-  json_decref(o);
+  lt_proto_msg_release(&m);
 }
 
 typedef struct {
@@ -452,11 +499,10 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    /* EOF: the executor closed its output (it exited or is exiting). */
+    /* EOF: the executor closed its output, so it has exited or is exiting; one that lingers
+     * without output is of no use and must not hold the worker's loop. */
     event_del(a->ev);
     int status = 0;
-    /* Its output closed: it has exited or is exiting; one that lingers without output is of no
-     * use and must not hold the worker's loop. */
     for (int i = 0; i < 50 && waitpid(a->pid, &status, WNOHANG) == 0; i++) usleep(20000);
     if (waitpid(a->pid, &status, WNOHANG) == 0) {
       kill(a->pid, SIGKILL);
@@ -472,7 +518,7 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- starting attempts */
 
-static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, char *errstr, size_t n) {
+static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size_t len, char *errstr, size_t n) {
   /* Close-on-exec: another executor must not inherit this one's pipes (dup2 clears the flag on
    * the child's own 0 and 1). */
   int in[2], out[2];
@@ -499,8 +545,7 @@ static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, char
     close(out[0]);
     return lt_errf(errstr, n, LT_ERR_IO, "cannot start the executor %s: %s", w->conf.executor_path, strerror(rc));
   }
-  size_t len = strlen(assignment);
-  bool ok = write(in[1], assignment, len) == (ssize_t)len && write(in[1], "\n", 1) == 1;
+  bool ok = write(in[1], assignment, len) == (ssize_t)len;
   fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
   fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
   a->pid = pid;
@@ -528,6 +573,45 @@ static const char *resume_key(lt_worker_t *w, const char *job_id) {
   return NULL;
 }
 
+/* Ends an attempt that failed before its executor ran: recorded, scrubbed, its slot freed. */
+static void fail_start(lt_worker_t *w, attempt_t *a, const char *why) {
+  record_stopped(w, a, "failed", why);
+  a->reported = true;
+  finish_attempt(w, a, 0);
+}
+
+/* Claims the attempt with AttemptStarted, before doing anything with it. */
+static lt_err_t claim(lt_worker_t *w, attempt_t *a, const lt_job_t *j) {
+  rec_t b = fresh(w, R_STARTED, a);
+  PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
+  PUT(&b, lt_avro_set_long, "lease_deadline", lt_time_wall_ms() + a->lease_ms);
+  if (j->ckpt_step > 0) PUT(&b, lt_avro_set_long, "resume_step", j->ckpt_step);
+  else PUT(&b, lt_avro_set_null, "resume_step");
+  return send_sync(w, w->t_control, a->job_id, &b);
+}
+
+/* Spawns the attempt's executor with its assignment. */
+static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, const lt_tenant_t *t,
+                       const char *resume, char *errstr, size_t n) {
+  char wrapped_hex[2 * LT_TENANT_WRAPPED_MAX + 1], model_dir[1024];
+  lt_crypto_hex(t->wrapped_data_key, t->wrapped_data_key_len, wrapped_hex);
+  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, spec->base_model);
+  lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
+                      .assignment = {.job_id = a->job_id, .tenant_id = a->tenant_id, .attempt = a->attempt,
+                                     .spec = *spec, .model_dir = model_dir, .work_dir = a->work_dir,
+                                     .threads = w->conf.threads_per_executor, .train_id = spec->dataset_id,
+                                     .valid_id = spec->validation_dataset_id[0] ? spec->validation_dataset_id : NULL,
+                                     .key_id = t->data_key_id, .wrapped_hex = wrapped_hex,
+                                     .resume_state_key = resume}};
+  char *line;
+  size_t len;
+  lt_err_t e = lt_proto_encode(&m, &line, &len);
+  if (e) return lt_errf(errstr, n, e, "cannot write the executor's assignment");
+  e = spawn(w, a, line, len, errstr, n);
+  free(line);
+  return e;
+}
+
 /* Starts a dispatched attempt if it is still the job's live one; false to keep it pending. */
 static bool try_start(lt_worker_t *w, pending_t *p) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
@@ -538,70 +622,31 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
     if (w->slots[i].state == A_FREE) a = &w->slots[i];
   if (!a) return false;
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(w->proj), j->tenant_id);
-  lt_jobspec_t spec;
-  char err[512], field[96];
   slot_reset(a);
   snprintf(a->job_id, sizeof a->job_id, "%s", j->job_id);
   snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
   a->attempt = p->attempt;
   a->cls = j->job_class;
-  a->lease_ms = json_integer_value(json_object_get(p->dispatch, "lease_ms"));
-  if (a->lease_ms <= 0) a->lease_ms = 30000;
+  a->lease_ms = p->lease_ms > 0 ? p->lease_ms : 30000;
   a->last_progress_ms = lt_time_wall_ms();
-  /* The dispatch carries the job's spec; read it back through the one validation. */
-  json_t *spec_in = json_object();
-  static const char *const spec_fields[] = {"base_model", "dataset_id", "validation_dataset_id", "hyperparameters",
-                                            "priority", "max_duration_s", "gpus"};
-  for (size_t i = 0; i < sizeof spec_fields / sizeof *spec_fields; i++) {
-    json_t *v = json_object_get(p->dispatch, spec_fields[i]);
-    if (v) json_object_set(spec_in, spec_fields[i], v);
-  }
-  lt_err_t e = lt_jobspec_from_json(spec_in, &spec, field, sizeof field, err, sizeof err);
-  json_decref(spec_in);
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
-  if (!t || e) {
-    record_stopped(w, a, "failed", !t ? "the job's tenant is unknown to the worker" : err);
-    a->reported = true;
-    finish_attempt(w, a, 0);
+  if (!t || p->spec_err) {
+    fail_start(w, a, !t ? "the job's tenant is unknown to the worker" : p->spec_msg);
     return true;
   }
-  /* Claim the attempt before doing anything with it. */
-  lt_avro_record_t *r = fresh(w, R_STARTED, a);
-  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
-  lt_avro_set_long(r, "lease_deadline", lt_time_wall_ms() + a->lease_ms);
-  if (j->ckpt_step > 0) lt_avro_set_long(r, "resume_step", j->ckpt_step);
-  else lt_avro_set_null(r, "resume_step");
-  if (send_sync(w, w->t_control, a->job_id, r)) {
+  if (claim(w, a, j)) {
     slot_reset(a);
     return false; /* try again on the next tick */
   }
   snprintf(a->work_dir, sizeof a->work_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.work_root, a->job_id, a->attempt);
   if (!mkdtemp(a->work_dir)) { /* mkdtemp makes it 0700 */
-    record_stopped(w, a, "failed", "cannot create the attempt's private directory");
-    a->reported = true;
-    finish_attempt(w, a, 0);
+    fail_start(w, a, "cannot create the attempt's private directory");
     return true;
   }
-  char wrapped_hex[2 * LT_TENANT_WRAPPED_MAX + 1];
-  lt_crypto_hex(t->wrapped_data_key, t->wrapped_data_key_len, wrapped_hex);
-  char model_dir[1024];
-  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, spec.base_model);
   const char *rk = resume_key(w, a->job_id);
-  json_t *asg = json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:i,s:{s:s,s:o},s:{s:s,s:s},s:o}", "job_id", a->job_id,
-                          "tenant_id", a->tenant_id, "attempt", a->attempt, "spec", lt_jobspec_to_json(&spec),
-                          "model_dir", model_dir, "work_dir", a->work_dir, "threads", w->conf.threads_per_executor,
-                          "dataset", "train", spec.dataset_id, "valid",
-                          spec.validation_dataset_id[0] ? json_string(spec.validation_dataset_id) : json_null(),
-                          "tenant_key", "key_id", t->data_key_id, "wrapped_hex", wrapped_hex, "resume_state_key",
-                          rk ? json_string(rk) : json_null());
-  char *text = json_dumps(asg, JSON_COMPACT);
-  json_decref(asg);
-  e = text ? spawn(w, a, text, err, sizeof err) : LT_ERR_NOMEM;
-  free(text);
-  if (e) {
-    record_stopped(w, a, "failed", err);
-    a->reported = true;
-    finish_attempt(w, a, 0);
+  char err[512];
+  if (launch(w, a, &p->spec, t, rk, err, sizeof err)) {
+    fail_start(w, a, err);
     return true;
   }
   logf_(w, "started %s attempt %d (pid %d)%s", a->job_id, a->attempt, (int)a->pid, rk ? ", resuming" : "");
@@ -616,7 +661,6 @@ static void run_pending(lt_worker_t *w) {
       if ((int)p->cls != pass) continue;
       bool expired = lt_time_wall_ms() - p->since_ms > 60000;
       if (try_start(w, p) || expired) {
-        json_decref(p->dispatch);
         w->pending[i] = w->pending[--w->npending];
         i--;
       }
@@ -625,6 +669,8 @@ static void run_pending(lt_worker_t *w) {
 
 /* ---------------------------------------------------------------- consumers */
 
+/* A JobDispatched record for this worker (or any worker) is kept pending until its attempt is
+ * the job's live one in the fold of lathe.control. Its spec is read and validated here, once. */
 static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
   size_t len;
   const void *v = lt_bus_msg_value(m, &len);
@@ -650,19 +696,33 @@ static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
   if (cls) lt_job_class_parse(cls, &c);
   p->cls = c;
   p->since_ms = lt_time_wall_ms();
-  lt_avro_record_to_jansson(rec, &p->dispatch, NULL, 0);
+  lt_avro_get_long(rec, "lease_ms", &p->lease_ms);
+  char field[96];
+  p->spec_err = lt_jobspec_from_record(rec, &p->spec, p->spec_msg, sizeof p->spec_msg);
+  if (!p->spec_err)
+    p->spec_err = lt_jobspec_validate(&p->spec, field, sizeof field, p->spec_msg, sizeof p->spec_msg);
+}
+
+/* Hands the records that are already here to on_msg (at most max, so neither consumer starves the
+ * loop), then starts what became startable. */
+static void drain(lt_worker_t *w, lt_bus_consumer_t *c, int max,
+                  void (*on_msg)(lt_worker_t *w, const lt_bus_msg_t *m)) {
+  for (int i = 0; i < max; i++) {
+    const lt_bus_msg_t *m = NULL;
+    if (lt_bus_consumer_poll(c, 0, &m, NULL, 0) || !m) break;
+    on_msg(w, m);
+  }
+  run_pending(w);
+}
+
+static void take_dispatch(lt_worker_t *w, const lt_bus_msg_t *m) {
+  on_dispatch_msg(w, m);
+  lt_bus_consumer_commit_msg(w->dispatch, m, true, NULL, 0);
 }
 
 static void on_dispatch(evutil_socket_t fd, short what, void *arg) {
   lt_worker_t *w = arg;
-  for (int i = 0; i < 100; i++) {
-    const lt_bus_msg_t *m = NULL;
-    char err[256];
-    if (lt_bus_consumer_poll(w->dispatch, 0, &m, err, sizeof err) || !m) break;
-    on_dispatch_msg(w, m);
-    lt_bus_consumer_commit_msg(w->dispatch, m, true, NULL, 0);
-  }
-  run_pending(w);
+  drain(w, w->dispatch, 100, take_dispatch);
 }
 
 /* A control record for a job running here may ask us to stop it. */
@@ -685,17 +745,15 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(ctx, res->job_id);
 }
 
+static void fold_control(lt_worker_t *w, const lt_bus_msg_t *m) {
+  size_t len;
+  const void *v = lt_bus_msg_value(m, &len);
+  if (v) lt_proj_fold(w->proj, v, len, on_folded, w, NULL, 0);
+}
+
 static void on_control(evutil_socket_t fd, short what, void *arg) {
   lt_worker_t *w = arg;
-  for (int i = 0; i < 1000; i++) {
-    const lt_bus_msg_t *m = NULL;
-    char err[256];
-    if (lt_bus_consumer_poll(w->control, 0, &m, err, sizeof err) || !m) break;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    if (v) lt_proj_fold(w->proj, v, len, on_folded, w, NULL, 0);
-  }
-  run_pending(w);
+  drain(w, w->control, 1000, fold_control);
 }
 
 static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t what, const lt_bus_tp_t *parts,
@@ -713,52 +771,49 @@ static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t 
 
 /* ---------------------------------------------------------------- heartbeat and timers */
 
+/* What this worker offers (slots, memory, base models) and holds (dispatch partitions, leases):
+ * the scheduler's view of it, and, once delivered, the renewal of its leases. */
 static void heartbeat(lt_worker_t *w) {
-  lt_avro_record_t *r = fresh(w, R_HB, NULL);
-  lt_avro_set_string(r, "worker_id", w->conf.worker_id);
-  lt_avro_set_long(r, "seq", ++w->hb_seq);
-  lt_avro_set_string(r, "backend", "cpu");
-  lt_avro_set_int(r, "slots_total", w->conf.slots);
-  lt_avro_set_int(r, "slots_free", free_slots(w));
+  rec_t b = fresh(w, R_HB, NULL);
+  PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
+  PUT(&b, lt_avro_set_long, "seq", ++w->hb_seq);
+  PUT(&b, lt_avro_set_string, "backend", "cpu");
+  PUT(&b, lt_avro_set_int, "slots_total", w->conf.slots);
+  PUT(&b, lt_avro_set_int, "slots_free", free_slots(w));
   struct sysinfo si;
   if (sysinfo(&si) == 0) {
-    lt_avro_set_long(r, "memory_total_bytes", (int64_t)si.totalram * si.mem_unit);
-    lt_avro_set_long(r, "memory_free_bytes", (int64_t)si.freeram * si.mem_unit);
+    PUT(&b, lt_avro_set_long, "memory_total_bytes", (int64_t)si.totalram * si.mem_unit);
+    PUT(&b, lt_avro_set_long, "memory_free_bytes", (int64_t)si.freeram * si.mem_unit);
   }
   DIR *d = opendir(w->conf.models_dir);
   struct dirent *e;
   while (d && (e = readdir(d))) {
     char probe[1024];
     snprintf(probe, sizeof probe, "%s/%s/model.safetensors", w->conf.models_dir, e->d_name);
-    if (e->d_name[0] != '.' && access(probe, R_OK) == 0) lt_avro_array_append_string(r, "base_models", e->d_name);
+    if (e->d_name[0] != '.' && access(probe, R_OK) == 0)
+      PUT(&b, lt_avro_array_append_string, "base_models", e->d_name);
   }
   if (d) closedir(d);
+  char path[64];
   size_t i;
   json_t *p;
   json_array_foreach(w->owned, i, p) {
-    size_t idx;
-    char path[64];
-    lt_avro_array_append(r, "owned_partitions", &idx);
-    snprintf(path, sizeof path, "owned_partitions[%zu].topic", idx);
-    lt_avro_set_string(r, path, json_string_value(json_object_get(p, "topic")));
-    snprintf(path, sizeof path, "owned_partitions[%zu].partition", idx);
-    lt_avro_set_int(r, path, (int32_t)json_integer_value(json_object_get(p, "partition")));
+    size_t idx = put_elem(&b, "owned_partitions");
+    PUT(&b, lt_avro_set_string, elem(path, "owned_partitions", idx, "topic"),
+        json_string_value(json_object_get(p, "topic")));
+    PUT(&b, lt_avro_set_int, elem(path, "owned_partitions", idx, "partition"),
+            (int32_t)json_integer_value(json_object_get(p, "partition")));
   }
   for (int s = 0; s < w->conf.slots; s++) {
     attempt_t *a = &w->slots[s];
     if (a->state != A_RUNNING || a->fenced) continue;
-    size_t idx;
-    char path[64];
-    lt_avro_array_append(r, "leases", &idx);
-    snprintf(path, sizeof path, "leases[%zu].job_id", idx);
-    lt_avro_set_string(r, path, a->job_id);
-    snprintf(path, sizeof path, "leases[%zu].attempt", idx);
-    lt_avro_set_int(r, path, a->attempt);
-    snprintf(path, sizeof path, "leases[%zu].lease_deadline", idx);
-    lt_avro_set_long(r, path, lt_time_wall_ms() + a->lease_ms);
+    size_t idx = put_elem(&b, "leases");
+    PUT(&b, lt_avro_set_string, elem(path, "leases", idx, "job_id"), a->job_id);
+    PUT(&b, lt_avro_set_int, elem(path, "leases", idx, "attempt"), a->attempt);
+    PUT(&b, lt_avro_set_long, elem(path, "leases", idx, "lease_deadline"), lt_time_wall_ms() + a->lease_ms);
   }
-  lt_avro_set_bool(r, "draining", false);
-  send_async(w, w->t_workers, w->conf.worker_id, r, w);
+  PUT(&b, lt_avro_set_bool, "draining", false);
+  send_async(w, w->t_workers, w->conf.worker_id, &b, w);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
@@ -903,7 +958,6 @@ void lt_worker_destroy(lt_worker_t *w) {
     if (a->ev) event_free(a->ev);
     slot_reset(a);
   }
-  for (int i = 0; i < w->npending; i++) json_decref(w->pending[i].dispatch);
   if (w->control_ev) event_free(w->control_ev);
   if (w->dispatch_ev) event_free(w->dispatch_ev);
   if (w->tick_ev) event_free(w->tick_ev);

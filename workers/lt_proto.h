@@ -1,0 +1,112 @@
+/* lt_proto: the worker <-> executor protocol, one JSON object per line (lt_worker.c spawns the
+ * executor, lt_executor.c runs the attempt).
+ *
+ *   executor stdin   the assignment (the one message without a "type": it came first, and the
+ *                    executor reads it before anything else), then one "committed" line per
+ *                    checkpoint the worker recorded;
+ *   executor stdout  "step" every optimizer step, "eval" at each evaluation, "checkpoint" once a
+ *                    checkpoint is stored and sealed (by the upload thread, so it may follow later
+ *                    steps' lines; always before "stopped" (preempt) and "done"); one of
+ *                    "stopped", "done" or "error" (exit 1) ends the attempt;
+ *   signals          SIGUSR1 or SIGTERM: stop at the next micro-step boundary (cancel);
+ *                    SIGUSR2: checkpoint at the next step boundary, then stop (preempt).
+ *
+ * Both sides build and read messages only through lt_proto_encode() and lt_proto_decode(), so the
+ * field names live here and nowhere else. Customer text never crosses the protocol: ids, hashes
+ * and metrics only. Reading is as lenient as the peers always were: a missing field reads as 0,
+ * false or NULL, and a type this side does not know as LT_PROTO_UNKNOWN, which the reader ignores.
+ *
+ * Threads: no state; any thread. */
+#ifndef LT_PROTO_H
+#define LT_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lt_ckpt.h"
+#include "lt_err.h"
+#include "lt_jobspec.h"
+#include "lt_train.h"
+
+typedef enum lt_proto_type {
+  LT_PROTO_UNKNOWN = 0, /* a "type" this version does not know */
+  LT_PROTO_ASSIGNMENT,  /* worker -> executor, the first line: what to run */
+  LT_PROTO_COMMITTED,   /* worker -> executor: a checkpoint's commit is recorded */
+  LT_PROTO_STEP,        /* executor -> worker: an optimizer step is done */
+  LT_PROTO_EVAL,        /* executor -> worker: an evaluation is done */
+  LT_PROTO_CHECKPOINT,  /* executor -> worker: a checkpoint is in staging, sealed */
+  LT_PROTO_STOPPED,     /* executor -> worker, last: stopped on request */
+  LT_PROTO_DONE,        /* executor -> worker, last: finished */
+  LT_PROTO_ERROR,       /* executor -> worker, last: failed */
+  LT_PROTO__COUNT
+} lt_proto_type_t;
+
+typedef struct lt_proto_assignment {
+  const char *job_id, *tenant_id;
+  int32_t attempt;
+  lt_jobspec_t spec;
+  const char *model_dir;        /* <models_dir>/<base_model>/ */
+  const char *work_dir;         /* the attempt's private 0700 directory */
+  int threads;                  /* cpu backend threads */
+  const char *train_id;         /* the training dataset */
+  const char *valid_id;         /* the validation dataset, or NULL: hold out a share */
+  const char *key_id;           /* the tenant's data key ... */
+  const char *wrapped_hex;      /* ... wrapped by the master key, in hex */
+  const char *resume_state_key; /* state.bin of the checkpoint to resume from, or NULL */
+} lt_proto_assignment_t;
+
+typedef struct lt_proto_committed {
+  int64_t step;
+} lt_proto_committed_t;
+
+typedef struct lt_proto_stopped {
+  lt_train_stop_t why; /* LT_TRAIN_STOP_CANCEL or LT_TRAIN_STOP_PREEMPT (anything but "cancel") */
+  int64_t step;
+} lt_proto_stopped_t;
+
+typedef struct lt_proto_done {
+  int64_t step;
+  const char *config_digest;
+} lt_proto_done_t;
+
+typedef struct lt_proto_error {
+  const char *reason; /* NULL when the executor gave none */
+} lt_proto_error_t;
+
+/* One message. Strings are borrowed: from the caller for encoding; for a decoded message they
+ * point into the parsed line, valid until lt_proto_msg_release(). */
+typedef struct lt_proto_msg {
+  lt_proto_type_t type;
+  union {
+    lt_proto_assignment_t assignment;
+    lt_proto_committed_t committed;
+    lt_train_step_t step;     /* all fields but tokens_total are read back */
+    lt_train_eval_t eval;
+    lt_ckpt_done_t checkpoint; /* trigger NULL and keys NULL when absent; sha256_hex "" */
+    lt_proto_stopped_t stopped;
+    lt_proto_done_t done;
+    lt_proto_error_t error;
+  };
+  void *doc_; /* private: what a decoded message's strings point into */
+} lt_proto_msg_t;
+
+/* The wire name of a type ("step"); "" for LT_PROTO_ASSIGNMENT and LT_PROTO_UNKNOWN. */
+const char *lt_proto_type_name(lt_proto_type_t type);
+
+/* Writes msg as one line, newline included, into *line (the caller frees it) and its length into
+ * *len. LT_ERR_INVALID when a field cannot be written (a NULL string where one is required, a
+ * number that is not finite): nothing is then to be sent. */
+lt_err_t lt_proto_encode(const lt_proto_msg_t *msg, char **line, size_t *len);
+
+/* Reads one line (with or without its newline) into *msg, which the caller releases whatever the
+ * result. A line that is not JSON is LT_ERR_CORRUPT with the parser's message. LT_ERR_INVALID, with
+ * a message that says why, for an assignment that lacks a field or whose spec does not validate
+ * and for a checkpoint that names more than LT_CKPT_NAMES objects; other messages always read. */
+lt_err_t lt_proto_decode(const char *line, lt_proto_msg_t *msg, char *errstr, size_t errstr_size);
+
+/* Frees what a decoded message points into; the message is then empty. Harmless on an encoded or
+ * empty message. */
+void lt_proto_msg_release(lt_proto_msg_t *msg);
+
+#endif

@@ -386,15 +386,37 @@ static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
   return o;
 }
 
+/* One run, from the model it loads to where its loop stands. */
 typedef struct {
   const lt_train_conf_t *conf;
+  const lt_hparams_t *hp;
+  const lt_train_hooks_t *hooks; /* may be NULL */
+  lt_train_result_t *out;
+  lt_backend_t *be;
+  lt_engine_t *eng;
+  const lt_model_config_t *mc;
+  lt_tok_t *tok;
+  examples_t train, val;   /* validation examples are moved out of train, not copied */
+  int T;                   /* batch row length: the longest example */
+  int gen_max, eval_max;   /* greedy generation budget; examples scored by generation */
+  int64_t total;           /* optimizer steps of the whole run */
+  batch_buf_t b, vb;       /* a training and an evaluation batch */
+  lt_session_config_t sc;
   lt_session_t *sess;
-  json_t *metrics;  /* steps so far */
+  eval_acc_t base_acc;     /* the base model's scores on the validation split */
+  json_t *metrics;         /* steps so far */
   json_t *config;
   char digest[65];
   lt_train_eval_t last_eval;
   bool have_eval;
-  json_t *samples; /* [{prompt, expected, base, fine_tuned}] once the final eval ran */
+  json_t *samples;         /* [{prompt, expected, base, fine_tuned}] once the final eval ran */
+  /* Where the loop stands: all of it but the clocks is in a checkpoint or follows from one. */
+  uint32_t *order;         /* this epoch's shuffled example order */
+  uint64_t cursor;         /* examples consumed since the start of training (the data cursor) */
+  uint64_t epoch_loaded;   /* the epoch order holds (UINT64_MAX: none yet) */
+  int64_t step;
+  lt_adamw_t opt;
+  int64_t t0, last_ckpt_ms, ckpt_every_ms, tokens_total;
 } run_t;
 
 static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
@@ -411,12 +433,11 @@ static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
                    (json_int_t)e->examples, "fine_tuned", m, "base", b, "config_digest", digest);
 }
 
-static lt_err_t checkpoint(run_t *r, int64_t step, uint64_t cursor, bool final, const lt_train_hooks_t *hooks,
-                           char *errstr, size_t n) {
+static lt_err_t checkpoint(run_t *r, bool final, char *errstr, size_t n) {
   const char *dir = r->conf->work_dir;
   char path[4096];
   snprintf(path, sizeof path, "%s/state.bin", dir);
-  lt_err_t err = lt_save_state(r->sess, path, cursor, errstr, n);
+  lt_err_t err = lt_save_state(r->sess, path, r->cursor, errstr, n);
   if (!err) err = lt_export_peft(r->sess, dir, r->conf->base_model_name ? r->conf->base_model_name : "base", errstr, n);
   if (!err) err = write_json(dir, "metrics.json", r->metrics, errstr, n);
   json_t *ev = r->have_eval ? eval_json(&r->last_eval, r->digest) : json_object();
@@ -428,7 +449,311 @@ static lt_err_t checkpoint(run_t *r, int64_t step, uint64_t cursor, bool final, 
   json_t *samples = r->samples ? json_incref(r->samples) : json_array();
   if (!err) err = write_json(dir, "samples.json", samples, errstr, n);
   json_decref(samples);
-  if (!err && hooks && hooks->on_checkpoint) err = hooks->on_checkpoint(hooks->ctx, dir, step, final, errstr, n);
+  const lt_train_hooks_t *hooks = r->hooks;
+  if (!err && hooks && hooks->on_checkpoint) err = hooks->on_checkpoint(hooks->ctx, dir, r->step, final, errstr, n);
+  return err;
+}
+
+/* ---------------------------------------------------------------- the run's setup */
+
+/* The backend, the base model and its tokenizer. */
+static lt_err_t open_model(run_t *r, char *errstr, size_t n) {
+  const lt_train_conf_t *c = r->conf;
+  char path[4096];
+  lt_err_t err;
+  if (c->backend && strcmp(c->backend, "cuda") == 0) err = lt_backend_cuda_new(0, &r->be, errstr, n);
+  else err = lt_backend_cpu_new(c->threads > 0 ? c->threads : 1, &r->be, errstr, n);
+  if (err) return err;
+  if ((err = lt_engine_open(c->model_dir, r->be, &r->eng, errstr, n))) return err;
+  r->mc = lt_engine_config(r->eng);
+  snprintf(path, sizeof path, "%s/tokenizer.json", c->model_dir);
+  return lt_tok_load_file(path, &r->tok, errstr, n);
+}
+
+/* Moves a seeded share of the training examples to the validation split: the same examples on
+ * every attempt. */
+static lt_err_t hold_out(run_t *r) {
+  examples_t *all = &r->train, *val = &r->val;
+  size_t nv = (size_t)((double)all->n * r->hp->validation_fraction + 0.5);
+  if (nv == 0 && all->n > 1 && r->hp->validation_fraction > 0) nv = 1;
+  if (nv >= all->n) nv = all->n - 1;
+  uint32_t *perm = malloc(all->n * sizeof *perm);
+  if (!perm) return LT_ERR_NOMEM;
+  for (size_t i = 0; i < all->n; i++) perm[i] = (uint32_t)i;
+  shuffle(perm, all->n, (uint64_t)r->hp->seed ^ 0x5eedULL);
+  examples_t t2 = {.prompt_completion = all->prompt_completion};
+  val->prompt_completion = all->prompt_completion;
+  t2.v = malloc((all->n - nv) * sizeof *t2.v);
+  val->v = malloc((nv ? nv : 1) * sizeof *val->v);
+  if (!t2.v || !val->v) {
+    free(perm);
+    free(t2.v);
+    return LT_ERR_NOMEM;
+  }
+  for (size_t i = 0; i < all->n; i++) {
+    if (i < nv) val->v[val->n++] = all->v[perm[i]];
+    else t2.v[t2.n++] = all->v[perm[i]];
+  }
+  free(perm);
+  free(all->v);
+  *all = t2;
+  all->cap = all->n;
+  val->cap = val->n;
+  return LT_OK;
+}
+
+/* Tokenises both splits (the validation one given or held out), then sizes the run from them:
+ * row length, generation budget, batches, steps. */
+static lt_err_t read_examples(run_t *r, char *errstr, size_t n) {
+  const lt_train_conf_t *c = r->conf;
+  const lt_hparams_t *hp = r->hp;
+  int max_seq = hp->max_seq_len < r->mc->max_position ? hp->max_seq_len : r->mc->max_position;
+  lt_err_t err = tokenize(r->tok, c->train, c->train_len, max_seq, &r->train, errstr, n);
+  if (err) return err;
+  err = c->valid ? tokenize(r->tok, c->valid, c->valid_len, max_seq, &r->val, errstr, n) : hold_out(r);
+  if (err) return err;
+  const examples_t *train = &r->train, *val = &r->val;
+  r->T = 1;
+  for (size_t i = 0; i < train->n; i++) r->T = train->v[i].len - 1 > r->T ? train->v[i].len - 1 : r->T;
+  for (size_t i = 0; i < val->n; i++) r->T = val->v[i].len - 1 > r->T ? val->v[i].len - 1 : r->T;
+  r->gen_max = c->gen_max_tokens;
+  if (r->gen_max <= 0) {
+    r->gen_max = 8;
+    for (size_t i = 0; i < val->n; i++) {
+      int cl = val->v[i].len - val->v[i].prompt_len + 8;
+      r->gen_max = cl > r->gen_max ? cl : r->gen_max;
+    }
+  }
+  int B = hp->batch_size;
+  if ((err = batch_alloc(&r->b, B, r->T, 0)) || (err = batch_alloc(&r->vb, B < 16 ? B : 16, r->T, r->mc->vocab_size)))
+    return err;
+  int64_t per_step = (int64_t)B * hp->grad_accum;
+  r->total = hp->max_steps > 0 ? hp->max_steps
+                               : (int64_t)ceil((double)hp->epochs * (double)train->n / (double)per_step);
+  if (r->total < 1) r->total = 1;
+  return LT_OK;
+}
+
+/* The adapter session, the config digest, and the state resumed from, if any. */
+static lt_err_t start_session(run_t *r, char *errstr, size_t n) {
+  const lt_hparams_t *hp = r->hp;
+  r->sc = (lt_session_config_t){.rank = hp->lora_rank, .alpha = (float)hp->lora_alpha,
+                                .dropout = (float)hp->lora_dropout, .targets = hp->target_modules,
+                                .seed = (uint64_t)hp->seed};
+  lt_err_t err = lt_session_new(r->eng, &r->sc, &r->sess, errstr, n);
+  if (err) return err;
+  r->metrics = json_array();
+  r->config = config_json(r->conf, r->gen_max);
+  char *canon = json_dumps(r->config, JSON_COMPACT | JSON_SORT_KEYS);
+  uint8_t d[32];
+  unsigned dl;
+  EVP_Digest(canon, strlen(canon), d, &dl, EVP_sha256(), NULL);
+  for (int i = 0; i < 32; i++) snprintf(r->digest + 2 * i, 3, "%02x", d[i]);
+  free(canon);
+  memcpy(r->out->config_digest, r->digest, sizeof r->digest);
+  r->cursor = 0;
+  if (r->conf->resume_state) return lt_load_state(r->sess, r->conf->resume_state, &r->cursor, errstr, n);
+  return LT_OK;
+}
+
+/* The base model's scores: a fresh adapter has B = 0, so it computes exactly the base. */
+static lt_err_t score_base(run_t *r, char *errstr, size_t n) {
+  r->eval_max = r->conf->eval_max_examples > 0 ? r->conf->eval_max_examples : 200;
+  if (r->val.n == 0) return LT_OK;
+  lt_session_t *base = NULL;
+  lt_err_t err = lt_session_new(r->eng, &r->sc, &base, errstr, n);
+  if (err) return err;
+  err = eval_split(base, r->tok, &r->val, &r->vb, r->mc->vocab_size, r->eval_max, r->gen_max, &r->base_acc, errstr, n);
+  lt_session_destroy(base);
+  return err;
+}
+
+/* The loop's starting point: the session's step, the optimizer, the clocks. */
+static lt_err_t prepare_loop(run_t *r) {
+  const lt_hparams_t *hp = r->hp;
+  r->order = malloc(r->train.n * sizeof *r->order);
+  if (!r->order) return LT_ERR_NOMEM;
+  r->t0 = lt_time_mono_ms();
+  r->last_ckpt_ms = lt_time_mono_ms();
+  r->tokens_total = 0;
+  r->ckpt_every_ms = r->conf->checkpoint_every_ms ? r->conf->checkpoint_every_ms
+                                                  : (int64_t)hp->checkpoint_interval_s * 1000;
+  r->epoch_loaded = UINT64_MAX;
+  r->step = lt_session_step(r->sess);
+  r->opt = (lt_adamw_t){.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)hp->weight_decay,
+                        .max_grad_norm = 1.0f};
+  return LT_OK;
+}
+
+static void run_free(run_t *r) {
+  acc_free(&r->base_acc);
+  json_decref(r->samples);
+  free(r->order);
+  batch_free(&r->b);
+  batch_free(&r->vb);
+  json_decref(r->metrics);
+  json_decref(r->config);
+  lt_session_destroy(r->sess);
+  examples_free(&r->train);
+  examples_free(&r->val);
+  lt_tok_free(r->tok);
+  lt_engine_close(r->eng);
+  lt_backend_destroy(r->be);
+}
+
+/* ---------------------------------------------------------------- one step */
+
+/* The next count example indices in the data order: each epoch is shuffled from the seed and the
+ * epoch number, so the order depends only on the cursor (resumption repeats it). */
+static void next_examples(run_t *r, uint32_t *idx, int count) {
+  const examples_t *train = &r->train;
+  for (int k = 0; k < count; k++) {
+    uint64_t epoch = r->cursor / train->n;
+    if (epoch != r->epoch_loaded) {
+      for (size_t i = 0; i < train->n; i++) r->order[i] = (uint32_t)i;
+      shuffle(r->order, train->n, (uint64_t)r->hp->seed * 1000003ULL + epoch);
+      r->epoch_loaded = epoch;
+    }
+    idx[k] = r->order[r->cursor % train->n];
+    r->cursor++;
+  }
+}
+
+/* The forward and backward passes of one step's micro-batches, gradients accumulated. The hooks
+ * may stop it before any micro-batch (*why says why): a cancel at once, a preemption only before
+ * the first, so that the step it leaves is whole. */
+static lt_err_t accumulate(run_t *r, double *loss_sum, int64_t *step_tokens, lt_train_stop_t *why, char *errstr,
+                           size_t n) {
+  const lt_train_hooks_t *hooks = r->hooks;
+  const lt_train_conf_t *c = r->conf;
+  *loss_sum = 0;
+  *step_tokens = 0;
+  for (int micro = 0; micro < r->hp->grad_accum; micro++) {
+    *why = hooks && hooks->should_stop ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
+    if (*why == LT_TRAIN_STOP_PREEMPT && micro > 0) *why = LT_TRAIN_GO;
+    if (*why != LT_TRAIN_GO) return LT_OK;
+    uint32_t idx[1024];
+    int count = r->hp->batch_size;
+    next_examples(r, idx, count);
+    int64_t micro_tokens = 0;
+    int rows = batch_fill(&r->b, &r->train, idx, count, c->one_row_per_example, &micro_tokens);
+    *step_tokens += micro_tokens;
+    r->out->rows += rows;
+    r->out->examples += count;
+    lt_batch_t batch = {.B = rows, .T = r->T, .tokens = r->b.tokens, .targets = r->b.targets,
+                        .weights = r->b.weights, .positions = c->one_row_per_example ? NULL : r->b.positions};
+    float loss = 0;
+    lt_err_t err = lt_forward_backward(r->sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n);
+    if (err) return err;
+    *loss_sum += loss;
+  }
+  return LT_OK;
+}
+
+/* The step's numbers: into metrics.json and to the hooks. */
+static void report_step(run_t *r, double loss_sum, int64_t step_tokens, float gnorm) {
+  int64_t el = lt_time_mono_ms() - r->t0;
+  lt_train_step_t st = {.step = r->step, .total_steps = r->total, .loss = loss_sum / r->hp->grad_accum,
+                        .learning_rate = r->opt.lr, .grad_norm = gnorm, .tokens = step_tokens,
+                        .tokens_total = r->tokens_total, .elapsed_ms = el,
+                        .epoch = (double)r->cursor / (double)r->train.n};
+  st.tokens_per_s = el > 0 ? (double)r->tokens_total * 1000.0 / (double)el : 0;
+  st.eta_ms = r->step > 0 ? el * (r->total - r->step) / r->step : 0;
+  json_array_append_new(r->metrics, json_pack("{s:I,s:f,s:f,s:f,s:I}", "step", (json_int_t)r->step, "loss", st.loss,
+                                              "learning_rate", st.learning_rate, "grad_norm", st.grad_norm,
+                                              "tokens", (json_int_t)step_tokens));
+  if (r->hooks && r->hooks->on_step) r->hooks->on_step(r->hooks->ctx, &st);
+}
+
+/* One optimizer step: its micro-batches, the update (once the hooks allow it), its report. */
+static lt_err_t train_step(run_t *r, lt_train_stop_t *why, char *errstr, size_t n) {
+  const lt_train_hooks_t *hooks = r->hooks;
+  double loss_sum;
+  int64_t step_tokens;
+  lt_err_t err = accumulate(r, &loss_sum, &step_tokens, why, errstr, n);
+  if (err || *why != LT_TRAIN_GO) return err;
+  if (hooks && hooks->before_update && (err = hooks->before_update(hooks->ctx, errstr, n))) return err;
+  r->opt.lr = (float)lr_at(r->hp, r->step, r->total);
+  float gnorm = 0;
+  if ((err = lt_optim_step(r->sess, &r->opt, &gnorm, errstr, n))) return err;
+  r->step = lt_session_step(r->sess);
+  r->tokens_total += step_tokens;
+  report_step(r, loss_sum, step_tokens, gnorm);
+  return LT_OK;
+}
+
+/* A few outputs beside the base model's: what the customer sees in samples.json. */
+static void keep_samples(run_t *r, const eval_acc_t *acc) {
+  const examples_t *val = &r->val;
+  json_decref(r->samples);
+  r->samples = json_array();
+  for (size_t k = 0; k < SAMPLES_KEPT && k < val->n; k++) {
+    char *prompt = NULL;
+    size_t pl = 0;
+    if (lt_tok_decode(r->tok, val->v[k].ids, (size_t)val->v[k].prompt_len, 1, &prompt, &pl, NULL, 0)) continue;
+    json_array_append_new(r->samples, json_pack("{s:s,s:s,s:s,s:s}", "prompt", prompt, "expected",
+                                                val->v[k].completion, "base",
+                                                r->base_acc.texts[k] ? r->base_acc.texts[k] : "", "fine_tuned",
+                                                acc->texts[k] ? acc->texts[k] : ""));
+    free(prompt);
+  }
+}
+
+/* Scores the adapter on the validation split beside the base model, at the eval interval and
+ * after the last step. */
+static lt_err_t evaluate(run_t *r, bool last, char *errstr, size_t n) {
+  const lt_hparams_t *hp = r->hp;
+  bool due = last || (hp->eval_interval > 0 && r->step % hp->eval_interval == 0);
+  if (!due || r->val.n == 0) return LT_OK;
+  eval_acc_t acc;
+  const eval_acc_t *base = &r->base_acc;
+  lt_err_t err = eval_split(r->sess, r->tok, &r->val, &r->vb, r->mc->vocab_size, r->eval_max, r->gen_max, &acc,
+                            errstr, n);
+  if (!err) {
+    lt_train_eval_t ev = {.step = r->step, .final = last, .examples = (int64_t)r->val.n};
+    memcpy(ev.config_digest, r->digest, sizeof ev.config_digest);
+    ev.val_loss = acc.weight_sum > 0 ? acc.loss_sum / acc.weight_sum : 0;
+    ev.perplexity = exp(ev.val_loss);
+    ev.token_accuracy = acc.counted ? (double)acc.correct / (double)acc.counted : 0;
+    ev.exact_match = em_rate(&acc);
+    bootstrap(&acc, (uint64_t)hp->seed, &ev.em_ci_low, &ev.em_ci_high);
+    ev.base_val_loss = base->weight_sum > 0 ? base->loss_sum / base->weight_sum : 0;
+    ev.base_perplexity = exp(ev.base_val_loss);
+    ev.base_token_accuracy = base->counted ? (double)base->correct / (double)base->counted : 0;
+    ev.base_exact_match = em_rate(base);
+    r->last_eval = ev;
+    r->have_eval = true;
+    if (last) r->out->final_eval = ev;
+    if (last && r->val.prompt_completion) keep_samples(r, &acc);
+    if (r->hooks && r->hooks->on_eval) r->hooks->on_eval(r->hooks->ctx, &ev);
+  }
+  acc_free(&acc);
+  return err;
+}
+
+/* A checkpoint after the last step, every checkpoint_interval steps and every ckpt_every_ms. */
+static lt_err_t maybe_checkpoint(run_t *r, bool last, char *errstr, size_t n) {
+  const lt_hparams_t *hp = r->hp;
+  bool by_steps = hp->checkpoint_interval > 0 && r->step % hp->checkpoint_interval == 0;
+  bool by_time = r->ckpt_every_ms > 0 && lt_time_mono_ms() - r->last_ckpt_ms >= r->ckpt_every_ms;
+  if (!last && !by_steps && !by_time) return LT_OK;
+  lt_err_t err = checkpoint(r, last, errstr, n);
+  if (err) return err;
+  r->out->last_checkpoint_step = r->step;
+  r->last_ckpt_ms = lt_time_mono_ms();
+  return LT_OK;
+}
+
+/* The hooks stopped the run before a step: a preempted run leaves a checkpoint of the last
+ * completed step to resume from. */
+static lt_err_t stop_run(run_t *r, lt_train_stop_t why, char *errstr, size_t n) {
+  lt_err_t err = LT_OK;
+  r->out->stopped = why;
+  if (why == LT_TRAIN_STOP_PREEMPT && r->step > 0) {
+    err = checkpoint(r, false, errstr, n);
+    if (!err) r->out->last_checkpoint_step = r->step;
+  }
+  r->out->steps = r->step;
   return err;
 }
 
@@ -436,243 +761,28 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
                       size_t n) {
   memset(out, 0, sizeof *out);
   out->last_checkpoint_step = -1;
-  lt_err_t err;
-  char path[4096];
-  lt_backend_t *be = NULL;
-  lt_engine_t *eng = NULL;
-  lt_session_t *sess = NULL, *base = NULL;
-  lt_tok_t *tok = NULL;
-  examples_t all = {0}, val = {0};
-  examples_t *train = &all;
-  batch_buf_t b = {0}, vb = {0};
-  uint32_t *order = NULL;
-  run_t r = {.conf = c};
-  eval_acc_t base_acc = {0};
-  const lt_hparams_t *hp = &c->hp;
-
-  if (c->backend && strcmp(c->backend, "cuda") == 0) err = lt_backend_cuda_new(0, &be, errstr, n);
-  else err = lt_backend_cpu_new(c->threads > 0 ? c->threads : 1, &be, errstr, n);
-  if (err) goto out;
-  if ((err = lt_engine_open(c->model_dir, be, &eng, errstr, n))) goto out;
-  snprintf(path, sizeof path, "%s/tokenizer.json", c->model_dir);
-  if ((err = lt_tok_load_file(path, &tok, errstr, n))) goto out;
-  const lt_model_config_t *mc = lt_engine_config(eng);
-  int max_seq = hp->max_seq_len < mc->max_position ? hp->max_seq_len : mc->max_position;
-  if ((err = tokenize(tok, c->train, c->train_len, max_seq, &all, errstr, n))) goto out;
-  if (c->valid) {
-    if ((err = tokenize(tok, c->valid, c->valid_len, max_seq, &val, errstr, n))) goto out;
-  } else {
-    /* Hold out a seeded share of the training set: the same examples on every attempt. */
-    size_t nv = (size_t)((double)all.n * hp->validation_fraction + 0.5);
-    if (nv == 0 && all.n > 1 && hp->validation_fraction > 0) nv = 1;
-    if (nv >= all.n) nv = all.n - 1;
-    uint32_t *perm = malloc(all.n * sizeof *perm);
-    if (!perm) {
-      err = LT_ERR_NOMEM;
-      goto out;
+  run_t r = {.conf = c, .hp = &c->hp, .hooks = hooks, .out = out};
+  lt_err_t err = open_model(&r, errstr, n);
+  if (!err) err = read_examples(&r, errstr, n);
+  if (!err) err = start_session(&r, errstr, n);
+  if (!err) err = score_base(&r, errstr, n);
+  if (!err) err = prepare_loop(&r);
+  while (!err && r.step < r.total) {
+    lt_train_stop_t why = LT_TRAIN_GO;
+    if ((err = train_step(&r, &why, errstr, n))) break;
+    if (why != LT_TRAIN_GO) {
+      err = stop_run(&r, why, errstr, n);
+      run_free(&r);
+      return err;
     }
-    for (size_t i = 0; i < all.n; i++) perm[i] = (uint32_t)i;
-    shuffle(perm, all.n, (uint64_t)hp->seed ^ 0x5eedULL);
-    examples_t t2 = {.prompt_completion = all.prompt_completion};
-    val.prompt_completion = all.prompt_completion;
-    t2.v = malloc((all.n - nv) * sizeof *t2.v);
-    val.v = malloc((nv ? nv : 1) * sizeof *val.v);
-    if (!t2.v || !val.v) {
-      free(perm);
-      free(t2.v);
-      err = LT_ERR_NOMEM;
-      goto out;
-    }
-    for (size_t i = 0; i < all.n; i++) {
-      if (i < nv) val.v[val.n++] = all.v[perm[i]];
-      else t2.v[t2.n++] = all.v[perm[i]];
-    }
-    free(perm);
-    free(all.v);
-    all = t2;
-    all.cap = all.n;
-    val.cap = val.n;
+    bool last = r.step >= r.total;
+    if (!(err = evaluate(&r, last, errstr, n))) err = maybe_checkpoint(&r, last, errstr, n);
   }
-  int T = 1;
-  for (size_t i = 0; i < all.n; i++) T = all.v[i].len - 1 > T ? all.v[i].len - 1 : T;
-  for (size_t i = 0; i < val.n; i++) T = val.v[i].len - 1 > T ? val.v[i].len - 1 : T;
-  int gen_max = c->gen_max_tokens;
-  if (gen_max <= 0) {
-    gen_max = 8;
-    for (size_t i = 0; i < val.n; i++) {
-      int cl = val.v[i].len - val.v[i].prompt_len + 8;
-      gen_max = cl > gen_max ? cl : gen_max;
-    }
+  if (!err) {
+    out->steps = r.step;
+    out->stopped = LT_TRAIN_GO;
   }
-  int B = hp->batch_size;
-  if ((err = batch_alloc(&b, B, T, 0)) || (err = batch_alloc(&vb, B < 16 ? B : 16, T, mc->vocab_size))) goto out;
-  int64_t per_step = (int64_t)B * hp->grad_accum;
-  int64_t total = hp->max_steps > 0 ? hp->max_steps
-                                    : (int64_t)ceil((double)hp->epochs * (double)train->n / (double)per_step);
-  if (total < 1) total = 1;
-
-  lt_session_config_t sc = {.rank = hp->lora_rank, .alpha = (float)hp->lora_alpha, .dropout = (float)hp->lora_dropout,
-                            .targets = hp->target_modules, .seed = (uint64_t)hp->seed};
-  if ((err = lt_session_new(eng, &sc, &sess, errstr, n))) goto out;
-  r.sess = sess;
-  r.metrics = json_array();
-  r.config = config_json(c, gen_max);
-  {
-    char *canon = json_dumps(r.config, JSON_COMPACT | JSON_SORT_KEYS);
-    uint8_t d[32];
-    unsigned dl;
-    EVP_Digest(canon, strlen(canon), d, &dl, EVP_sha256(), NULL);
-    for (int i = 0; i < 32; i++) snprintf(r.digest + 2 * i, 3, "%02x", d[i]);
-    free(canon);
-    memcpy(out->config_digest, r.digest, sizeof r.digest);
-  }
-  uint64_t cursor = 0;
-  if (c->resume_state && (err = lt_load_state(sess, c->resume_state, &cursor, errstr, n))) goto out;
-
-  /* The base model's scores: a fresh adapter has B = 0, so it computes exactly the base. */
-  int eval_max = c->eval_max_examples > 0 ? c->eval_max_examples : 200;
-  if (val.n > 0) {
-    if ((err = lt_session_new(eng, &sc, &base, errstr, n))) goto out;
-    err = eval_split(base, tok, &val, &vb, mc->vocab_size, eval_max, gen_max, &base_acc, errstr, n);
-    lt_session_destroy(base);
-    base = NULL;
-    if (err) goto out;
-  }
-
-  order = malloc(train->n * sizeof *order);
-  if (!order) {
-    err = LT_ERR_NOMEM;
-    goto out;
-  }
-  int64_t t0 = lt_time_mono_ms(), last_ckpt_ms = lt_time_mono_ms(), tokens_total = 0;
-  int64_t ckpt_every_ms = c->checkpoint_every_ms ? c->checkpoint_every_ms : (int64_t)hp->checkpoint_interval_s * 1000;
-  uint64_t epoch_loaded = UINT64_MAX;
-  int64_t step = lt_session_step(sess);
-  lt_adamw_t opt = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = (float)hp->weight_decay,
-                    .max_grad_norm = 1.0f};
-  while (step < total) {
-    double loss_sum = 0;
-    int64_t step_tokens = 0;
-    for (int micro = 0; micro < hp->grad_accum; micro++) {
-      lt_train_stop_t why = hooks && hooks->should_stop ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
-      /* A cancel stops at this micro-step; a preemption finishes the step for its checkpoint. */
-      if (why == LT_TRAIN_STOP_PREEMPT && micro > 0) why = LT_TRAIN_GO;
-      if (why != LT_TRAIN_GO) {
-        out->stopped = why;
-        /* A preempted run leaves a checkpoint of the last completed step to resume from. */
-        if (why == LT_TRAIN_STOP_PREEMPT && micro == 0 && step > 0) {
-          err = checkpoint(&r, step, cursor, false, hooks, errstr, n);
-          if (!err) out->last_checkpoint_step = step;
-        }
-        out->steps = step;
-        goto out;
-      }
-      uint32_t idx[1024];
-      int count = 0;
-      while (count < B) {
-        uint64_t epoch = cursor / train->n;
-        if (epoch != epoch_loaded) {
-          for (size_t i = 0; i < train->n; i++) order[i] = (uint32_t)i;
-          shuffle(order, train->n, (uint64_t)hp->seed * 1000003ULL + epoch);
-          epoch_loaded = epoch;
-        }
-        idx[count++] = order[cursor % train->n];
-        cursor++;
-      }
-      int64_t micro_tokens = 0;
-      int rows = batch_fill(&b, train, idx, count, c->one_row_per_example, &micro_tokens);
-      step_tokens += micro_tokens;
-      out->rows += rows;
-      out->examples += count;
-      lt_batch_t batch = {.B = rows, .T = T, .tokens = b.tokens, .targets = b.targets, .weights = b.weights,
-                          .positions = c->one_row_per_example ? NULL : b.positions};
-      float loss = 0;
-      if ((err = lt_forward_backward(sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n))) goto out;
-      loss_sum += loss;
-    }
-    if (hooks && hooks->before_update && (err = hooks->before_update(hooks->ctx, errstr, n))) goto out;
-    opt.lr = (float)lr_at(hp, step, total);
-    float gnorm = 0;
-    if ((err = lt_optim_step(sess, &opt, &gnorm, errstr, n))) goto out;
-    step = lt_session_step(sess);
-    tokens_total += step_tokens;
-    int64_t el = lt_time_mono_ms() - t0;
-    lt_train_step_t st = {.step = step, .total_steps = total, .loss = loss_sum / hp->grad_accum,
-                          .learning_rate = opt.lr, .grad_norm = gnorm, .tokens = step_tokens,
-                          .tokens_total = tokens_total, .elapsed_ms = el,
-                          .epoch = (double)cursor / (double)train->n};
-    st.tokens_per_s = el > 0 ? (double)tokens_total * 1000.0 / (double)el : 0;
-    st.eta_ms = step > 0 ? el * (total - step) / step : 0;
-    json_array_append_new(r.metrics, json_pack("{s:I,s:f,s:f,s:f,s:I}", "step", (json_int_t)step, "loss", st.loss,
-                                               "learning_rate", st.learning_rate, "grad_norm", st.grad_norm,
-                                               "tokens", (json_int_t)step_tokens));
-    if (hooks && hooks->on_step) hooks->on_step(hooks->ctx, &st);
-    bool last = step >= total;
-    bool do_eval = last || (hp->eval_interval > 0 && step % hp->eval_interval == 0);
-    if (do_eval && val.n > 0) {
-      eval_acc_t acc;
-      err = eval_split(sess, tok, &val, &vb, mc->vocab_size, eval_max, gen_max, &acc, errstr, n);
-      if (!err) {
-        lt_train_eval_t ev = {.step = step, .final = last, .examples = (int64_t)val.n};
-        memcpy(ev.config_digest, r.digest, sizeof ev.config_digest);
-        ev.val_loss = acc.weight_sum > 0 ? acc.loss_sum / acc.weight_sum : 0;
-        ev.perplexity = exp(ev.val_loss);
-        ev.token_accuracy = acc.counted ? (double)acc.correct / (double)acc.counted : 0;
-        ev.exact_match = em_rate(&acc);
-        bootstrap(&acc, (uint64_t)hp->seed, &ev.em_ci_low, &ev.em_ci_high);
-        ev.base_val_loss = base_acc.weight_sum > 0 ? base_acc.loss_sum / base_acc.weight_sum : 0;
-        ev.base_perplexity = exp(ev.base_val_loss);
-        ev.base_token_accuracy = base_acc.counted ? (double)base_acc.correct / (double)base_acc.counted : 0;
-        ev.base_exact_match = em_rate(&base_acc);
-        r.last_eval = ev;
-        r.have_eval = true;
-        if (last) out->final_eval = ev;
-        if (last && val.prompt_completion) {
-          /* A few outputs beside the base model's: what the customer sees in samples.json. */
-          json_decref(r.samples);
-          r.samples = json_array();
-          for (size_t k = 0; k < SAMPLES_KEPT && k < val.n; k++) {
-            char *prompt = NULL;
-            size_t pl = 0;
-            if (lt_tok_decode(tok, val.v[k].ids, (size_t)val.v[k].prompt_len, 1, &prompt, &pl, NULL, 0)) continue;
-            json_array_append_new(r.samples, json_pack("{s:s,s:s,s:s,s:s}", "prompt", prompt, "expected",
-                                                       val.v[k].completion, "base",
-                                                       base_acc.texts[k] ? base_acc.texts[k] : "", "fine_tuned",
-                                                       acc.texts[k] ? acc.texts[k] : ""));
-            free(prompt);
-          }
-        }
-        if (hooks && hooks->on_eval) hooks->on_eval(hooks->ctx, &ev);
-      }
-      acc_free(&acc);
-      if (err) goto out;
-    }
-    bool by_steps = hp->checkpoint_interval > 0 && step % hp->checkpoint_interval == 0;
-    bool by_time = ckpt_every_ms > 0 && lt_time_mono_ms() - last_ckpt_ms >= ckpt_every_ms;
-    if (last || by_steps || by_time) {
-      if ((err = checkpoint(&r, step, cursor, last, hooks, errstr, n))) goto out;
-      out->last_checkpoint_step = step;
-      last_ckpt_ms = lt_time_mono_ms();
-    }
-  }
-  out->steps = step;
-  out->stopped = LT_TRAIN_GO;
-out:
-  acc_free(&base_acc);
-  json_decref(r.samples);
-  free(order);
-  batch_free(&b);
-  batch_free(&vb);
-  json_decref(r.metrics);
-  json_decref(r.config);
-  lt_session_destroy(sess);
-  lt_session_destroy(base);
-  /* Validation examples share nothing with training ones after the split (moved, not copied). */
-  examples_free(&all);
-  examples_free(&val);
-  lt_tok_free(tok);
-  lt_engine_close(eng);
-  lt_backend_destroy(be);
+  run_free(&r);
   return err;
 }
 

@@ -150,12 +150,9 @@ static int span_cmp(const void *a, const void *b) {
   return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Maps one file and appends its tensors to st. */
-static lt_err_t st_add_file(lt_st_t *st, const char *path, char *errstr, size_t errstr_size) {
-  lt_err_t err = LT_OK;
-  json_t *root = NULL;
-  span_t *spans = NULL;
-
+/* Adds a file record to st and maps the file; *out gets the record. */
+static lt_err_t st_map_file(lt_st_t *st, const char *path, lt_st_file_t **out, char *errstr,
+                            size_t errstr_size) {
   lt_st_file_t *nf = realloc(st->files, (st->nfiles + 1) * sizeof *nf);
   if (!nf) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "%s: out of memory", path);
   st->files = nf;
@@ -188,6 +185,124 @@ static lt_err_t st_add_file(lt_st_t *st, const char *path, char *errstr, size_t 
     f->map = NULL;
     return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
   }
+  *out = f;
+  return LT_OK;
+}
+
+/* One header entry: dtype, shape and data_offsets checked against each other and against the
+ * data section's size. t gets dtype, ndim and shape; [*b, *e) the byte range; *numel the
+ * element count. */
+static lt_err_t st_parse_entry(const char *path, const char *key, json_t *val,
+                               uint64_t data_size, lt_st_tensor_t *t, uint64_t *numel_out,
+                               json_int_t *b_out, json_int_t *e_out, char *errstr,
+                               size_t errstr_size) {
+  if (!json_is_object(val))
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": expected an object with dtype, shape, data_offsets", path,
+                   key);
+  json_t *jd = json_object_get(val, "dtype"), *js = json_object_get(val, "shape"),
+         *jo = json_object_get(val, "data_offsets");
+  if (!json_is_string(jd))
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": \"dtype\" missing or not a string", path, key);
+  size_t esize = 0;
+  int found = 0;
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+    if (strcmp(json_string_value(jd), dtypes[i].name) == 0) {
+      t->dtype = dtypes[i].dt;
+      esize = dtypes[i].size;
+      found = 1;
+    }
+  if (!found)
+    return lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED,
+                   "%s: tensor \"%s\": unknown dtype \"%s\" (expected F32, F16, BF16, ...)", path,
+                   key, json_string_value(jd));
+  if (!json_is_array(js) || json_array_size(js) > LT_ST_MAX_DIMS)
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": \"shape\" must be an array of at most %d integers", path,
+                   key, LT_ST_MAX_DIMS);
+  t->ndim = (int)json_array_size(js);
+  uint64_t numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    json_t *e = json_array_get(js, (size_t)d);
+    if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > (1ll << 40))
+      return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                     "%s: tensor \"%s\": shape[%d] is not a non-negative integer below 2^40",
+                     path, key, d);
+    t->shape[d] = json_integer_value(e);
+    if (t->shape[d] && numel > (UINT64_MAX >> 1) / (uint64_t)t->shape[d])
+      return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "%s: tensor \"%s\": shape overflows",
+                     path, key);
+    numel *= (uint64_t)t->shape[d];
+  }
+  if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
+      !json_is_integer(json_array_get(jo, 1)))
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": \"data_offsets\" must be [begin, end]", path, key);
+  json_int_t b = json_integer_value(json_array_get(jo, 0)),
+             e = json_integer_value(json_array_get(jo, 1));
+  if (b < 0 || e < b || (uint64_t)e > data_size)
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": data_offsets [%lld, %lld] out of range: the data section "
+                   "has %llu bytes",
+                   path, key, (long long)b, (long long)e, (unsigned long long)data_size);
+  if (numel > UINT64_MAX / esize || (uint64_t)(e - b) != numel * esize)
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "%s: tensor \"%s\": data_offsets span %lld bytes but dtype %s and shape need "
+                   "%llu",
+                   path, key, (long long)(e - b), json_string_value(jd),
+                   (unsigned long long)(numel * esize));
+  *numel_out = numel;
+  *b_out = b;
+  *e_out = e;
+  return LT_OK;
+}
+
+/* Appends tensor t (name copied from key) to st. 0, or -1 when out of memory. */
+static int st_append(lt_st_t *st, const char *key, lt_st_tensor_t t) {
+  if (st->ntensors == st->cap) {
+    size_t nc = st->cap ? st->cap * 2 : 64;
+    lt_st_tensor_t *nt = realloc(st->tensors, nc * sizeof *nt);
+    if (!nt) return -1;
+    st->tensors = nt;
+    char **nn = realloc(st->names, nc * sizeof *nn);
+    if (!nn) return -1;
+    st->names = nn;
+    st->cap = nc;
+  }
+  char *name = strdup(key);
+  if (!name) return -1;
+  t.name = name;
+  st->names[st->ntensors] = name;
+  st->tensors[st->ntensors++] = t;
+  return 0;
+}
+
+/* Refuses two tensors of one file whose byte ranges overlap (empty ranges never do). */
+static lt_err_t st_check_overlap(const lt_st_t *st, const char *path, span_t *spans,
+                                 size_t nspans, char *errstr, size_t errstr_size) {
+  qsort(spans, nspans, sizeof *spans, span_cmp);
+  /* Sorted by begin: a span overlaps an earlier one iff it starts before the furthest end. */
+  size_t far = 0;
+  for (size_t i = 1; i < nspans; i++) {
+    if (spans[i].end > spans[i].begin && spans[i].begin < spans[far].end)
+      return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                     "%s: tensors \"%s\" and \"%s\" overlap (bytes %llu..%llu and %llu..%llu)",
+                     path, st->tensors[spans[far].idx].name, st->tensors[spans[i].idx].name,
+                     (unsigned long long)spans[far].begin, (unsigned long long)spans[far].end,
+                     (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
+    if (spans[i].end > spans[far].end) far = i;
+  }
+  return LT_OK;
+}
+
+/* Maps one file and appends its tensors to st. */
+static lt_err_t st_add_file(lt_st_t *st, const char *path, char *errstr, size_t errstr_size) {
+  lt_st_file_t *f = NULL;
+  lt_err_t err = st_map_file(st, path, &f, errstr, errstr_size);
+  if (err) return err;
+  json_t *root = NULL;
+  span_t *spans = NULL;
   const unsigned char *base = f->map;
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | base[i];
@@ -204,11 +319,9 @@ static lt_err_t st_add_file(lt_st_t *st, const char *path, char *errstr, size_t 
 
   json_error_t jerr;
   root = json_loadb((const char *)base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "%s: header is not valid JSON: %s at %d",
-                  path, jerr.text, jerr.position);
-    goto out;
-  }
+  if (!root)
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "%s: header is not valid JSON: %s at %d",
+                   path, jerr.text, jerr.position);
   if (!json_is_object(root)) {
     err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "%s: header is not a JSON object", path);
     goto out;
@@ -231,125 +344,28 @@ static lt_err_t st_add_file(lt_st_t *st, const char *path, char *errstr, size_t 
       }
       continue;
     }
-    if (!json_is_object(val)) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": expected an object with dtype, shape, data_offsets", path,
-                    key);
-      goto out;
-    }
-    json_t *jd = json_object_get(val, "dtype"), *js = json_object_get(val, "shape"),
-           *jo = json_object_get(val, "data_offsets");
-    if (!json_is_string(jd)) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": \"dtype\" missing or not a string", path, key);
-      goto out;
-    }
     lt_st_tensor_t t = {0};
-    size_t esize = 0;
-    int found = 0;
-    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
-      if (strcmp(json_string_value(jd), dtypes[i].name) == 0) {
-        t.dtype = dtypes[i].dt;
-        esize = dtypes[i].size;
-        found = 1;
-      }
-    if (!found) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED,
-                    "%s: tensor \"%s\": unknown dtype \"%s\" (expected F32, F16, BF16, ...)", path,
-                    key, json_string_value(jd));
+    uint64_t numel = 0;
+    json_int_t b = 0, e = 0;
+    if ((err = st_parse_entry(path, key, val, data_size, &t, &numel, &b, &e, errstr,
+                              errstr_size)))
       goto out;
-    }
-    if (!json_is_array(js) || json_array_size(js) > LT_ST_MAX_DIMS) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": \"shape\" must be an array of at most %d integers", path,
-                    key, LT_ST_MAX_DIMS);
-      goto out;
-    }
-    t.ndim = (int)json_array_size(js);
-    uint64_t numel = 1;
-    for (int d = 0; d < t.ndim; d++) {
-      json_t *e = json_array_get(js, (size_t)d);
-      if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-          json_integer_value(e) > (1ll << 40)) {
-        err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                      "%s: tensor \"%s\": shape[%d] is not a non-negative integer below 2^40",
-                      path, key, d);
-        goto out;
-      }
-      t.shape[d] = json_integer_value(e);
-      if (t.shape[d] && numel > (UINT64_MAX >> 1) / (uint64_t)t.shape[d]) {
-        err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "%s: tensor \"%s\": shape overflows",
-                      path, key);
-        goto out;
-      }
-      numel *= (uint64_t)t.shape[d];
-    }
-    if (!json_is_array(jo) || json_array_size(jo) != 2 ||
-        !json_is_integer(json_array_get(jo, 0)) || !json_is_integer(json_array_get(jo, 1))) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": \"data_offsets\" must be [begin, end]", path, key);
-      goto out;
-    }
-    json_int_t b = json_integer_value(json_array_get(jo, 0)),
-               e = json_integer_value(json_array_get(jo, 1));
-    if (b < 0 || e < b || (uint64_t)e > data_size) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": data_offsets [%lld, %lld] out of range: the data section "
-                    "has %llu bytes",
-                    path, key, (long long)b, (long long)e, (unsigned long long)data_size);
-      goto out;
-    }
-    if (numel > UINT64_MAX / esize || (uint64_t)(e - b) != numel * esize) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensor \"%s\": data_offsets span %lld bytes but dtype %s and shape need "
-                    "%llu",
-                    path, key, (long long)(e - b), json_string_value(jd),
-                    (unsigned long long)(numel * esize));
-      goto out;
-    }
     if (lt_st_find(st, key)) {
       err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
                     "%s: tensor \"%s\" appears in two files of the model", path, key);
       goto out;
     }
-    if (st->ntensors == st->cap) {
-      size_t nc = st->cap ? st->cap * 2 : 64;
-      lt_st_tensor_t *nt = realloc(st->tensors, nc * sizeof *nt);
-      if (!nt) goto oom;
-      st->tensors = nt;
-      char **nn = realloc(st->names, nc * sizeof *nn);
-      if (!nn) goto oom;
-      st->names = nn;
-      st->cap = nc;
-    }
-    char *name = strdup(key);
-    if (!name) goto oom;
-    t.name = name;
     t.file = f->path;
     t.numel = (int64_t)numel;
     t.data = data + b;
     t.nbytes = (size_t)(e - b);
-    st->names[st->ntensors] = name;
-    st->tensors[st->ntensors++] = t;
-    spans[nspans++] = (span_t){(uint64_t)b, (uint64_t)e, st->ntensors - 1};
-  }
-  qsort(spans, nspans, sizeof *spans, span_cmp);
-  /* Sorted by begin: a span overlaps an earlier one iff it starts before the furthest end. */
-  size_t far = 0;
-  for (size_t i = 1; i < nspans; i++) {
-    if (spans[i].end > spans[i].begin && spans[i].begin < spans[far].end) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
-                    "%s: tensors \"%s\" and \"%s\" overlap (bytes %llu..%llu and %llu..%llu)",
-                    path, st->tensors[spans[far].idx].name, st->tensors[spans[i].idx].name,
-                    (unsigned long long)spans[far].begin, (unsigned long long)spans[far].end,
-                    (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
+    if (st_append(st, key, t)) {
+      err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "%s: out of memory", path);
       goto out;
     }
-    if (spans[i].end > spans[far].end) far = i;
+    spans[nspans++] = (span_t){(uint64_t)b, (uint64_t)e, st->ntensors - 1};
   }
-  goto out;
-oom:
-  err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "%s: out of memory", path);
+  err = st_check_overlap(st, path, spans, nspans, errstr, errstr_size);
 out:
   json_decref(root);
   free(spans);
@@ -485,14 +501,11 @@ static lt_err_t write_all(FILE *fp, const void *p, size_t n) {
   return fwrite(p, 1, n, fp) == n ? LT_OK : LT_ERR_IO;
 }
 
-lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, char *errstr,
-                     size_t errstr_size) {
+/* The JSON header of a file holding `entries` in order, dumped compact into *hdr_out. */
+static lt_err_t st_header(const char *path, const lt_st_entry_t *entries, size_t n,
+                          char **hdr_out, char *errstr, size_t errstr_size) {
   lt_err_t err = LT_OK;
   json_t *root = json_object();
-  char *hdr = NULL;
-  FILE *fp = NULL;
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
   if (!root) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   json_t *meta = json_pack("{s:s}", "format", "pt");
   json_object_set_new(root, "__metadata__", meta);
@@ -525,13 +538,44 @@ lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, c
     }
     off += numel * es;
   }
-  hdr = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-  if (!hdr) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
-    goto out;
+  *hdr_out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  if (!*hdr_out) err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+out:
+  json_decref(root);
+  return err;
+}
+
+/* Writes one tensor's data: F32 as is, F16/BF16 converted through a small buffer. */
+static lt_err_t st_write_tensor(FILE *fp, const lt_st_entry_t *e) {
+  lt_err_t err = LT_OK;
+  uint64_t numel = 1;
+  for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+  if (e->dtype == LT_ST_F32) return write_all(fp, e->data, numel * 4);
+  unsigned char buf[4096];
+  size_t k = 0;
+  for (uint64_t j = 0; !err && j < numel; j++) {
+    uint16_t h = e->dtype == LT_ST_F16 ? lt_st_f32_to_f16(e->data[j])
+                                       : lt_st_f32_to_bf16(e->data[j]);
+    buf[k++] = (unsigned char)(h & 0xff);
+    buf[k++] = (unsigned char)(h >> 8);
+    if (k == sizeof buf) {
+      err = write_all(fp, buf, k);
+      k = 0;
+    }
   }
+  if (!err && k) err = write_all(fp, buf, k);
+  return err;
+}
+
+lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, char *errstr,
+                     size_t errstr_size) {
+  char *hdr = NULL;
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  lt_err_t err = st_header(path, entries, n, &hdr, errstr, errstr_size);
+  if (err) return err;
   size_t hl = strlen(hdr), padded = (hl + 7) & ~(size_t)7;
-  fp = fopen(tmp, "wb");
+  FILE *fp = fopen(tmp, "wb");
   if (!fp) {
     err = lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
     goto out;
@@ -541,31 +585,9 @@ lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, c
   err = write_all(fp, len8, 8);
   if (!err) err = write_all(fp, hdr, hl);
   for (size_t i = hl; !err && i < padded; i++) err = write_all(fp, " ", 1);
-  for (size_t i = 0; !err && i < n; i++) {
-    const lt_st_entry_t *e = &entries[i];
-    uint64_t numel = 1;
-    for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
-    if (e->dtype == LT_ST_F32) {
-      err = write_all(fp, e->data, numel * 4);
-    } else {
-      unsigned char buf[4096];
-      size_t k = 0;
-      for (uint64_t j = 0; !err && j < numel; j++) {
-        uint16_t h = e->dtype == LT_ST_F16 ? lt_st_f32_to_f16(e->data[j])
-                                           : lt_st_f32_to_bf16(e->data[j]);
-        buf[k++] = (unsigned char)(h & 0xff);
-        buf[k++] = (unsigned char)(h >> 8);
-        if (k == sizeof buf) {
-          err = write_all(fp, buf, k);
-          k = 0;
-        }
-      }
-      if (!err && k) err = write_all(fp, buf, k);
-    }
-  }
+  for (size_t i = 0; !err && i < n; i++) err = st_write_tensor(fp, &entries[i]);
   if (!err && (fflush(fp) != 0 || fsync(fileno(fp)) != 0)) err = LT_ERR_IO;
   if (fclose(fp) != 0 && !err) err = LT_ERR_IO;
-  fp = NULL;
   if (err) {
     lt_errf(errstr, errstr_size, err, "%s: write failed: %s", tmp, strerror(errno));
     unlink(tmp);
@@ -576,11 +598,6 @@ lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, c
     unlink(tmp);
   }
 out:
-  if (fp) {
-    fclose(fp);
-    unlink(tmp);
-  }
   free(hdr);
-  json_decref(root);
   return err;
 }

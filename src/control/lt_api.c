@@ -1,443 +1,133 @@
-/* lt_api: the HTTP server core — routing, authentication, JSON errors, the projection feed,
- * produce-then-answer, /healthz and /metrics. Jobs and datasets live in lt_api_jobs.c and
- * lt_api_datasets.c. See lt_api.h. */
+/* lt_api: the HTTP server's core — the route table, the router, /healthz, and the life cycle.
+ * The router decodes the path, finds the route family by prefix, authenticates, splits the rest
+ * as that family spells it, has the family look up {id}, then calls the row of the table that has
+ * the path's pattern and the request's method. Handlers answer through lt_api_reply.c and never
+ * call back here. See lt_api.h for the routes and lt_api_int.h for the files. */
 #include "lt_api_int.h"
 #include "lt_time.h"
 
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/thread.h>
 
-enum { R_HEALTH, R_METRICS, R_DATASETS, R_UPLOADS, R_JOBS, R_OTHER, R__COUNT };
-static const char *const route_names[R__COUNT] = {"healthz", "metrics", "datasets", "uploads", "jobs", "other"};
-static const double latency_bounds_ms[10] = {1, 2, 5, 10, 25, 50, 100, 250, 1000, 1e12};
-
-/* ---------------------------------------------------------------- replies */
-
-void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
-  char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(15));
-  json_decref(body);
-  struct evbuffer *out = evbuffer_new();
-  if (text) {
-    evbuffer_add(out, text, strlen(text));
-    evbuffer_add(out, "\n", 1);
-  }
-  free(text);
-  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-  const char *reason = status == 200 ? "OK" : status == 201 ? "Created" : status == 202 ? "Accepted" : NULL;
-  evhttp_send_reply(req, status, reason, out);
-  evbuffer_free(out);
-}
-
-void lt_api_reply_error(struct evhttp_request *req, int status, const char *code, const char *field,
-                        const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  json_t *err = json_pack("{s:s,s:s,s:o}", "code", code, "message", msg, "field",
-                          field && *field ? json_string(field) : json_null());
-  lt_api_reply_json(req, status, json_pack("{s:o}", "error", err));
-}
-
-void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *field, const char *msg) {
-  switch (err) {
-  case LT_ERR_INVALID: lt_api_reply_error(req, 400, "invalid", field, "%s", msg); break;
-  case LT_ERR_NOT_FOUND: lt_api_reply_error(req, 404, "not_found", field, "%s", msg); break;
-  case LT_ERR_QUOTA: lt_api_reply_error(req, 429, "over_quota", field, "%s", msg); break;
-  case LT_ERR_AUTH: lt_api_reply_error(req, 401, "unauthorized", NULL, "%s", msg); break;
-  case LT_ERR_EXISTS: lt_api_reply_error(req, 409, "conflict", field, "%s", msg); break;
-  case LT_ERR_UNAVAILABLE:
-  case LT_ERR_TIMEOUT:
-  case LT_ERR_RETRIABLE:
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
-    lt_api_reply_error(req, 503, "unavailable", NULL, "%s", msg);
-    break;
-  default: lt_api_reply_error(req, 500, "internal", NULL, "%s", msg); break;
-  }
-}
-
-char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len) {
-  struct evbuffer *in = evhttp_request_get_input_buffer(req);
-  size_t n = evbuffer_get_length(in);
-  if (n > api->conf.max_json_body) {
-    lt_api_reply_error(req, 413, "too_large", NULL, "request body is %zu bytes, over the limit of %zu", n,
-                       api->conf.max_json_body);
-    return NULL;
-  }
-  char *s = malloc(n + 1);
-  if (!s) {
-    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
-    return NULL;
-  }
-  evbuffer_copyout(in, s, n);
-  s[n] = '\0';
-  if (len) *len = n;
-  return s;
-}
-
-const char *lt_api_query(struct evkeyvalq *q, const char *name) { return evhttp_find_header(q, name); }
-
-/* ---------------------------------------------------------------- produce, then answer */
-
-struct lt_api_pending {
-  lt_api_t *api;
-  struct event *ev;
-  struct event *timer; /* answers 503 at the deadline if the broker has not answered */
-  bool answered;
-  lt_api_done_fn *done;
-  void *ctx;
-  lt_err_t err;
-  char msg[256];
-  void *value; /* a copy of the record, folded on success when fold_now */
-  size_t len;
-  bool fold_now;
-};
-
-/* On the loop thread: the broker answered. */
-static void pending_fire(evutil_socket_t fd, short what, void *arg) {
-  lt_api_pending_t *p = arg;
-  lt_api_t *api = p->api;
-  if (p->err == LT_OK) {
-    api->stats.produced++;
-    /* Read-your-writes only for a job's first record: nothing of the job can precede it in the
-     * log. Any other record is folded when the consumer reads it, in log order (invariant 3: a
-     * cancel folded early could overtake a completion that came first). */
-    lt_proj_result_t res;
-    if (p->fold_now && lt_proj_apply(api->proj, p->value, p->len, &res, NULL, 0) == LT_OK && res.job_id)
-      lt_api_jobs_on_record(api, &res);
-  } else {
-    api->stats.produce_failed++;
-  }
-  if (!p->answered) p->done(api, p->ctx, p->err, p->msg);
-  event_free(p->ev);
-  event_free(p->timer);
-  free(p->value);
-  free(p);
-}
-
-/* The deadline passed: the outcome is unknown, so the client hears 503 (never a false ack); the
- * delivery report, when it comes, still folds a record that did get in. */
-static void pending_timeout(evutil_socket_t fd, short what, void *arg) {
-  lt_api_pending_t *p = arg;
-  if (p->answered) return;
-  p->answered = true;
-  p->done(p->api, p->ctx, LT_ERR_TIMEOUT, "the broker did not acknowledge in time");
-}
-
-/* On the producer's thread: hand the outcome to the loop. */
-static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
-  lt_api_pending_t *p = d->msg_opaque;
-  (void)opaque;
-  p->err = d->err;
-  snprintf(p->msg, sizeof p->msg, "%s", d->err ? (d->errmsg && *d->errmsg ? d->errmsg : lt_err_str(d->err)) : "");
-  event_active(p->ev, 0, 0);
-}
-
-lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
-                        size_t len, bool fold_now, lt_api_done_fn *done, void *ctx) {
-  lt_api_pending_t *p = calloc(1, sizeof *p);
-  if (!p) return LT_ERR_NOMEM;
-  p->api = api;
-  p->fold_now = fold_now;
-  p->done = done;
-  p->ctx = ctx;
-  p->value = malloc(len ? len : 1);
-  p->ev = event_new(api->base, -1, 0, pending_fire, p);
-  p->timer = evtimer_new(api->base, pending_timeout, p);
-  if (!p->value || !p->ev || !p->timer) {
-    if (p->ev) event_free(p->ev);
-    if (p->timer) event_free(p->timer);
-    free(p->value);
-    free(p);
-    return LT_ERR_NOMEM;
-  }
-  memcpy(p->value, value, len);
-  p->len = len;
-  lt_bus_record_t rec = {.topic = topic, .partition = partition, .key = key, .key_size = strlen(key),
-                         .value = value, .value_size = len};
-  char err[256];
-  lt_err_t e = lt_bus_produce(api->producer, &rec, p, err, sizeof err);
-  if (e) {
-    event_free(p->ev);
-    event_free(p->timer);
-    free(p->value);
-    free(p);
-    return e;
-  }
-  struct timeval tv = {api->conf.produce_timeout_ms / 1000, (api->conf.produce_timeout_ms % 1000) * 1000};
-  evtimer_add(p->timer, &tv);
-  return LT_OK;
-}
-
-/* ---------------------------------------------------------------- the projection feed */
-
-/* Ready once the consumer reached every partition's high watermark as of start-up: before that,
- * tenants and jobs may be missing and answers would be wrong. */
-static bool caught_up(lt_api_t *api) {
-  if (!api->nfeed) return true;
-  lt_bus_tp_t pos[256];
-  size_t n = api->nfeed < 256 ? api->nfeed : 256;
-  memcpy(pos, api->feed_parts, n * sizeof *pos);
-  if (lt_bus_consumer_position(api->consumer, pos, n, NULL, 0)) return false;
-  for (size_t i = 0; i < n; i++) {
-    int64_t hw = api->feed_parts[i].offset;
-    if (hw <= 0) continue;                         /* empty partition */
-    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) return false;
-  }
-  return true;
-}
-
-static void on_folded(void *ctx, const lt_proj_result_t *res) {
-  lt_api_t *api = ctx;
-  if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
-                                    strcmp(res->type, "ArtifactPublished") == 0)))
-    lt_api_jobs_on_record(api, res);
-}
-
-static void feed(lt_api_t *api) {
-  /* Bounded per call so HTTP requests interleave with a long replay. */
-  for (int i = 0; i < 2000; i++) {
-    const lt_bus_msg_t *m = NULL;
-    char err[256];
-    lt_err_t e = lt_bus_consumer_poll(api->consumer, 0, &m, err, sizeof err);
-    if (e) {
-      fprintf(stderr, "lathed api: consumer: %s\n", err);
-      return;
-    }
-    if (!m) {
-      if (!api->ready) api->ready = caught_up(api);
-      return;
-    }
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    if (!v) continue; /* tombstone */
-    /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
-    if (lt_proj_fold(api->proj, v, len, on_folded, api, err, sizeof err)) api->stats.undecodable++;
-  }
-  event_active(api->consumer_ev, EV_READ, 0); /* more to read: come back after HTTP work */
-}
-
-static void on_consumer(evutil_socket_t fd, short what, void *arg) { feed(arg); }
-
-static void on_tick(evutil_socket_t fd, short what, void *arg) {
-  lt_api_t *api = arg;
-  feed(api);
-  lt_api_uploads_tick(api);
-}
-
-static lt_err_t start_feed(lt_api_t *api, char *errstr, size_t n) {
-  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts"};
-  lt_bus_admin_t *admin = NULL;
-  lt_err_t err = lt_bus_admin_new(api->conf.bus, &admin, errstr, n);
-  if (err) return err;
-  lt_bus_tp_t parts[256];
-  char(*names)[128] = calloc(5, sizeof *names);
-  size_t np = 0;
-  if (!names) err = LT_ERR_NOMEM;
-  api->feed_names = names;
-  for (size_t b = 0; b < 5 && !err; b++) {
-    lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
-    int count = 0;
-    err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
-    for (int p = 0; !err && p < count && np < 256; p++)
-      parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
-  }
-  lt_bus_admin_destroy(admin);
-  if (err) return err;
-  lt_bus_consumer_opts_t copts = {0};
-  if ((err = lt_bus_consumer_new(api->conf.bus, &copts, &api->consumer, errstr, n))) return err;
-  api->feed_parts = malloc(np * sizeof *api->feed_parts);
-  if (!api->feed_parts) return LT_ERR_NOMEM;
-  memcpy(api->feed_parts, parts, np * sizeof *parts);
-  api->nfeed = np;
-  /* Watermarks first: once assigned, the consumer's long-poll fetches of empty partitions hold
-   * the broker connection for up to fetch.wait.max.ms, and each watermark query would wait
-   * behind one (~10 s for the 25 partitions of a fresh prefix). */
-  if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, NULL, 10000, errstr, n))) return err;
-  if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
-  api->consumer_ev = event_new(api->base, lt_bus_consumer_fd(api->consumer), EV_READ | EV_PERSIST, on_consumer, api);
-  api->tick_ev = event_new(api->base, -1, EV_PERSIST, on_tick, api);
-  struct timeval tv = {0, 200 * 1000};
-  if (!api->consumer_ev || !api->tick_ev || event_add(api->consumer_ev, NULL) || event_add(api->tick_ev, &tv))
-    return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot register consumer events");
-  return LT_OK;
-}
-
-/* ---------------------------------------------------------------- health and metrics */
-
-static void reply_health(lt_api_t *api, struct evhttp_request *req) {
+static void reply_health(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
   /* digest: the projection's job-state digest, so a restart or replay can be compared. */
   char digest[65] = "";
   lt_api_digest(api, digest);
-  lt_api_reply_json(req, api->ready ? 200 : 503,
+  lt_api_reply_json(c->req, api->ready ? 200 : 503,
                     json_pack("{s:s,s:b,s:I,s:I,s:s}", "status", api->ready ? "ok" : "starting", "ready", api->ready,
                               "jobs", (json_int_t)lt_job_count(lt_proj_jobs(api->proj)), "records_folded",
                               (json_int_t)lt_proj_applied(api->proj), "digest", digest));
 }
 
+/* ---------------------------------------------------------------- the route table */
+
+#define ANY 0 /* any method the server allows */
+
+typedef struct lt_api_route {
+  int method;                 /* an EVHTTP_REQ_* value, or ANY */
+  const char *path;           /* pattern: {id} one segment, {n} a number, {name} the rest */
+  lt_api_handler_fn *handler;
+  lt_api_slot_t slot;         /* the family, for /metrics */
+} lt_api_route_t;
+
+static const lt_api_route_t routes[] = {
+    {ANY, "/healthz", reply_health, LT_API_SLOT_HEALTH},
+    {ANY, "/metrics", lt_api_metrics_reply, LT_API_SLOT_METRICS},
+    {EVHTTP_REQ_POST, "/v1/jobs", lt_api_jobs_submit, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs", lt_api_jobs_list, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs/{id}", lt_api_jobs_show, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_POST, "/v1/jobs/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs/{id}/events", lt_api_events_stream, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts/{name}", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_POST, "/v1/datasets", lt_api_datasets_upload, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_GET, "/v1/datasets", lt_api_datasets_list, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_GET, "/v1/datasets/{id}", lt_api_datasets_show, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_DELETE, "/v1/datasets/{id}", lt_api_datasets_delete, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_POST, "/v1/uploads", lt_api_uploads_open, LT_API_SLOT_UPLOADS},
+    {EVHTTP_REQ_PUT, "/v1/uploads/{id}/parts/{n}", lt_api_uploads_part, LT_API_SLOT_UPLOADS},
+    {EVHTTP_REQ_POST, "/v1/uploads/{id}/complete", lt_api_uploads_complete, LT_API_SLOT_UPLOADS},
+    {EVHTTP_REQ_DELETE, "/v1/uploads/{id}", lt_api_uploads_abort, LT_API_SLOT_UPLOADS},
+};
+
+/* ---------------------------------------------------------------- route families */
+
+/* The path after a family's prefix, taken apart. */
 typedef struct {
-  uint64_t by_class_state[LT_CLASS__COUNT][LT_JOB__STATE_COUNT];
-  json_t *tenant_queued; /* tenant -> {class -> count} */
-  json_t *per;           /* "class\ttenant" -> {"running", "demand", "waits": [ms...]} */
-} metric_acc_t;
+  char pattern[128];      /* the route pattern the path has, e.g. "/v1/jobs/{id}/cancel" */
+  char id[LT_ID_MAX + 1]; /* "" on the collection */
+  char name[128];
+  int part;
+} path_t;
 
-static json_t *per_entry(metric_acc_t *m, const lt_job_t *j) {
-  char k[160];
-  snprintf(k, sizeof k, "%s\t%s", lt_job_class_name(j->job_class), j->tenant_id);
-  json_t *e = json_object_get(m->per, k);
-  if (!e) {
-    e = json_pack("{s:i,s:i,s:[]}", "running", 0, "demand", 0, "waits");
-    json_object_set_new(m->per, k, e);
-  }
-  return e;
-}
+/* Splits rest (the path after prefix: "", "/..." or "?...") into p; false when it names
+ * nothing the family has. */
+typedef bool parse_fn(const char *prefix, const char *rest, path_t *p);
 
-static void bump(json_t *o, const char *k) { json_object_set_new(o, k, json_integer(json_integer_value(json_object_get(o, k)) + 1)); }
+static bool is_collection(const char *rest) { return *rest == '\0' || strcmp(rest, "/") == 0; }
 
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static bool count_job(const lt_job_t *j, void *ctx) {
-  metric_acc_t *m = ctx;
-  m->by_class_state[j->job_class][j->state]++;
-  bool running = j->state == LT_JOB_DISPATCHED || j->state == LT_JOB_RUNNING || j->state == LT_JOB_PREEMPTING;
-  bool queued = j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED;
-  if (running || queued || j->started_at_ms) {
-    json_t *e = per_entry(m, j);
-    if (running) bump(e, "running");
-    if (running || queued) bump(e, "demand");
-    /* Wait of the last time it was queued until its attempt started. */
-    if (j->started_at_ms && j->queued_at_ms && j->started_at_ms >= j->queued_at_ms)
-      json_array_append_new(json_object_get(e, "waits"), json_integer(j->started_at_ms - j->queued_at_ms));
-  }
-  if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED) {
-    json_t *t = json_object_get(m->tenant_queued, j->tenant_id);
-    if (!t) {
-      t = json_object();
-      json_object_set_new(m->tenant_queued, j->tenant_id, t);
-    }
-    const char *c = lt_job_class_name(j->job_class);
-    json_object_set_new(t, c, json_integer(json_integer_value(json_object_get(t, c)) + 1));
+/* /v1/jobs/{id}[/{sub}[/{name}]]: {name} is the rest of the path; "/{sub}/" is "/{sub}". */
+static bool parse_jobs(const char *prefix, const char *rest, path_t *p) {
+  if (is_collection(rest)) return true;
+  char sub[64] = "";
+  const char *s = rest + 1, *slash = strchr(s, '/');
+  size_t idlen = slash ? (size_t)(slash - s) : strlen(s);
+  if (idlen == 0 || idlen > LT_ID_MAX) return false;
+  memcpy(p->id, s, idlen);
+  p->id[idlen] = '\0';
+  if (slash) {
+    const char *s2 = strchr(slash + 1, '/');
+    snprintf(sub, sizeof sub, "%.*s", (int)(s2 ? s2 - slash - 1 : (long)strlen(slash + 1)), slash + 1);
+    if (s2) snprintf(p->name, sizeof p->name, "%s", s2 + 1);
+    snprintf(p->pattern, sizeof p->pattern, "%s/{id}/%s%s", prefix, sub, p->name[0] ? "/{name}" : "");
+  } else {
+    snprintf(p->pattern, sizeof p->pattern, "%s/{id}", prefix);
   }
   return true;
 }
 
-static void reply_metrics(lt_api_t *api, struct evhttp_request *req) {
-  struct evbuffer *out = evbuffer_new();
-  metric_acc_t m = {.tenant_queued = json_object(), .per = json_object()};
-  lt_job_scan(lt_proj_jobs(api->proj), count_job, &m);
-  evbuffer_add_printf(out, "# HELP lathe_jobs Jobs by priority class and state, from the projection.\n"
-                           "# TYPE lathe_jobs gauge\n");
-  for (int c = 0; c < LT_CLASS__COUNT; c++)
-    for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
-      evbuffer_add_printf(out, "lathe_jobs{class=\"%s\",state=\"%s\"} %" PRIu64 "\n", lt_job_class_name(c),
-                          lt_job_state_name(s), m.by_class_state[c][s]);
-  evbuffer_add_printf(out, "# HELP lathe_queue_depth Queued jobs per tenant and class.\n"
-                           "# TYPE lathe_queue_depth gauge\n");
-  const char *tenant;
-  json_t *per;
-  json_object_foreach(m.tenant_queued, tenant, per) {
-    const char *cls;
-    json_t *v;
-    json_object_foreach(per, cls, v)
-      evbuffer_add_printf(out, "lathe_queue_depth{tenant=\"%s\",class=\"%s\"} %" JSON_INTEGER_FORMAT "\n", tenant, cls,
-                          json_integer_value(v));
-  }
-  json_decref(m.tenant_queued);
-  /* Per tenant and class: running slots' share against the weight-proportional entitlement among
-   * tenants with demand in that class, queue waits, and Jain's index of share/entitlement. */
-  evbuffer_add_printf(out, "# HELP lathe_tenant_share Share of the class's running jobs, and its entitlement.\n"
-                           "# TYPE lathe_tenant_share gauge\n"
-                           "# HELP lathe_tenant_wait_ms Queue wait before the last start, quantiles.\n"
-                           "# TYPE lathe_tenant_wait_ms gauge\n"
-                           "# HELP lathe_class_jain Jain's fairness index of share/entitlement per class.\n"
-                           "# TYPE lathe_class_jain gauge\n");
-  for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    const char *cls = lt_job_class_name(c);
-    double running_total = 0, weight_total = 0, sx = 0, sxx = 0;
-    int n = 0;
-    const char *key;
-    json_t *e;
-    size_t cl = strlen(cls);
-    json_object_foreach(m.per, key, e) {
-      if (strncmp(key, cls, cl) != 0 || key[cl] != '\t') continue;
-      const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), key + cl + 1);
-      running_total += (double)json_integer_value(json_object_get(e, "running"));
-      if (json_integer_value(json_object_get(e, "demand")) > 0) weight_total += t && t->weight > 0 ? t->weight : 1.0;
-    }
-    json_object_foreach(m.per, key, e) {
-      if (strncmp(key, cls, cl) != 0 || key[cl] != '\t') continue;
-      const char *tid = key + cl + 1;
-      const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tid);
-      double w = t && t->weight > 0 ? t->weight : 1.0;
-      bool demand = json_integer_value(json_object_get(e, "demand")) > 0;
-      double share = running_total > 0 ? (double)json_integer_value(json_object_get(e, "running")) / running_total : 0;
-      double ent = demand && weight_total > 0 ? w / weight_total : 0;
-      evbuffer_add_printf(out, "lathe_tenant_share{tenant=\"%s\",class=\"%s\",kind=\"share\"} %.4f\n", tid, cls, share);
-      evbuffer_add_printf(out, "lathe_tenant_share{tenant=\"%s\",class=\"%s\",kind=\"entitlement\"} %.4f\n", tid, cls,
-                          ent);
-      if (demand && ent > 0) {
-        double x = share / ent;
-        sx += x;
-        sxx += x * x;
-        n++;
-      }
-      json_t *waits = json_object_get(e, "waits");
-      size_t nw = json_array_size(waits);
-      if (nw) {
-        int64_t *v = malloc(nw * sizeof *v);
-        for (size_t i = 0; v && i < nw; i++) v[i] = json_integer_value(json_array_get(waits, i));
-        if (v) {
-          qsort(v, nw, sizeof *v, cmp_i64);
-          evbuffer_add_printf(out, "lathe_tenant_wait_ms{tenant=\"%s\",class=\"%s\",quantile=\"0.5\"} %lld\n", tid,
-                              cls, (long long)v[(nw - 1) / 2]);
-          evbuffer_add_printf(out, "lathe_tenant_wait_ms{tenant=\"%s\",class=\"%s\",quantile=\"0.99\"} %lld\n", tid,
-                              cls, (long long)v[(size_t)((double)(nw - 1) * 0.99)]);
-          free(v);
-        }
-      }
-    }
-    if (n > 0 && sxx > 0) evbuffer_add_printf(out, "lathe_class_jain{class=\"%s\"} %.4f\n", cls, sx * sx / (n * sxx));
-  }
-  json_decref(m.per);
-  evbuffer_add_printf(out, "# HELP lathe_api_requests_total API requests by route and status class.\n"
-                           "# TYPE lathe_api_requests_total counter\n");
-  for (int r = 0; r < R__COUNT; r++)
-    for (int s = 0; s < 5; s++)
-      if (api->stats.requests[r][s])
-        evbuffer_add_printf(out, "lathe_api_requests_total{route=\"%s\",code=\"%dxx\"} %" PRIu64 "\n", route_names[r],
-                            s + 1, api->stats.requests[r][s]);
-  evbuffer_add_printf(out, "# HELP lathe_api_latency_ms API latency (time to the handler's answer).\n"
-                           "# TYPE lathe_api_latency_ms histogram\n");
-  for (int r = 0; r < R__COUNT; r++) {
-    uint64_t total = 0;
-    for (int b = 0; b < 10; b++) {
-      total += api->stats.latency_le[r][b];
-      if (b < 9)
-        evbuffer_add_printf(out, "lathe_api_latency_ms_bucket{route=\"%s\",le=\"%g\"} %" PRIu64 "\n", route_names[r],
-                            latency_bounds_ms[b], total);
-    }
-    evbuffer_add_printf(out, "lathe_api_latency_ms_bucket{route=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", route_names[r], total);
-    evbuffer_add_printf(out, "lathe_api_latency_ms_sum{route=\"%s\"} %.3f\n", route_names[r],
-                        api->stats.latency_us_sum[r] / 1000.0);
-    evbuffer_add_printf(out, "lathe_api_latency_ms_count{route=\"%s\"} %" PRIu64 "\n", route_names[r], total);
-  }
-  evbuffer_add_printf(out, "lathe_api_records_produced_total %" PRIu64 "\n", api->stats.produced);
-  evbuffer_add_printf(out, "lathe_api_produce_failures_total %" PRIu64 "\n", api->stats.produce_failed);
-  evbuffer_add_printf(out, "lathe_api_undecodable_records_total %" PRIu64 "\n", api->stats.undecodable);
-  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
-  evhttp_send_reply(req, 200, "OK", out);
-  evbuffer_free(out);
+/* /v1/datasets/{id}: everything after the slash is the id. */
+static bool parse_datasets(const char *prefix, const char *rest, path_t *p) {
+  if (is_collection(rest)) return true;
+  if (!lt_id_valid(rest + 1)) return false;
+  snprintf(p->id, sizeof p->id, "%s", rest + 1);
+  snprintf(p->pattern, sizeof p->pattern, "%s/{id}", prefix);
+  return true;
 }
+
+/* /v1/uploads/{id}[/{what}[/{n}]], read leniently: whatever follows a field that does not parse
+ * is ignored. */
+static bool parse_uploads(const char *prefix, const char *rest, path_t *p) {
+  if (is_collection(rest)) return true;
+  char what[32] = "";
+  if (sscanf(rest, "/%63[A-Za-z0-9._-]/%31[a-z]/%d", p->id, what, &p->part) < 1) return false;
+  if (strcmp(what, "parts") == 0) snprintf(p->pattern, sizeof p->pattern, "%s/{id}/parts/{n}", prefix);
+  else snprintf(p->pattern, sizeof p->pattern, "%s/{id}%s%s", prefix, what[0] ? "/" : "", what);
+  return true;
+}
+
+/* What a path under a prefix can name, and how the family answers one the table does not serve. */
+typedef struct route_family {
+  const char *prefix;
+  lt_api_slot_t slot;
+  parse_fn *parse;            /* NULL: the prefix is the whole path, served to anyone */
+  lt_api_resolve_fn *resolve; /* looks up {id} before any method is considered */
+  const char *nothing;        /* the 404 message for a path that names nothing */
+  bool collection_405;        /* the collection with another method: 405 (else the 404 above) */
+  bool item_405;              /* {id} with another route: 405 (else 404 "no such route under") */
+} route_family_t;
+
+static const route_family_t families[] = {
+    {"/healthz", LT_API_SLOT_HEALTH, NULL, NULL, NULL, false, false},
+    {"/metrics", LT_API_SLOT_METRICS, NULL, NULL, NULL, false, false},
+    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false},
+    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true},
+    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false},
+};
 
 /* ---------------------------------------------------------------- routing */
 
@@ -463,6 +153,67 @@ static const char *under(const char *path, const char *prefix) {
   return path + n;
 }
 
+static const route_family_t *find_family(const char *path, const char **rest) {
+  for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
+    const route_family_t *f = &families[i];
+    if ((*rest = f->parse ? under(path, f->prefix) : strcmp(path, f->prefix) == 0 ? path : NULL)) return f;
+  }
+  return NULL;
+}
+
+static const lt_api_route_t *find_route(const char *pattern, int method) {
+  for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+    if (strcmp(routes[i].path, pattern) == 0 && (routes[i].method == ANY || routes[i].method == method))
+      return &routes[i];
+  return NULL;
+}
+
+/* A path the family knows, asked with a method (or sub-route) the table does not have. */
+static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, const char *pattern) {
+  if (!c->id[0] && !f->collection_405) {
+    lt_api_reply_error(c->req, 404, "not_found", NULL, "%s", f->nothing);
+  } else if (c->id[0] && !f->item_405) {
+    lt_api_reply_error(c->req, 404, "not_found", NULL, "no such route under %s/%s", f->prefix, c->id);
+  } else {
+    static const struct { int method; const char *name; } order[] = {
+        {EVHTTP_REQ_GET, "GET"}, {EVHTTP_REQ_POST, "POST"}, {EVHTTP_REQ_PUT, "PUT"}, {EVHTTP_REQ_DELETE, "DELETE"}};
+    char methods[64] = "";
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++)
+      if (find_route(pattern, order[i].method))
+        snprintf(methods + strlen(methods), sizeof methods - strlen(methods), "%s%s", methods[0] ? " or " : "",
+                 order[i].name);
+    lt_api_reply_error(c->req, 405, "method_not_allowed", NULL, "use %s on %s%s%s", methods, f->prefix,
+                       c->id[0] ? "/" : "", c->id);
+  }
+}
+
+/* Routes one request with a decoded path; returns the family's slot for the counters. */
+static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char *path) {
+  const char *rest;
+  const route_family_t *f = find_family(path, &rest);
+  if (!f) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s", path);
+    return LT_API_SLOT_OTHER;
+  }
+  path_t p = {.part = 0};
+  lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name};
+  snprintf(p.pattern, sizeof p.pattern, "%s", f->prefix);
+  if (f->parse) {
+    if (!(c.tenant = authenticate(api, req))) return f->slot;
+    if (!f->parse(f->prefix, rest, &p)) {
+      lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
+      return f->slot;
+    }
+    c.part = p.part;
+    if (p.id[0] && !f->resolve(&c)) return f->slot;
+  }
+  const lt_api_route_t *r = find_route(p.pattern, evhttp_request_get_command(req));
+  if (r) r->handler(&c);
+  else reply_no_route(f, &c, p.pattern);
+  json_decref(c.meta);
+  return r ? r->slot : f->slot;
+}
+
 static void on_request(struct evhttp_request *req, void *arg) {
   lt_api_t *api = arg;
   int64_t t0 = lt_time_mono_us();
@@ -471,47 +222,37 @@ static void on_request(struct evhttp_request *req, void *arg) {
   const char *path = parsed ? evhttp_uri_get_path(parsed) : NULL;
   size_t dlen = 0;
   char *decoded = path ? evhttp_uridecode(path, 0, &dlen) : NULL;
-  int route = R_OTHER;
-  const char *rest;
-  if (!decoded) {
-    lt_api_reply_error(req, 400, "invalid", NULL, "the request URI cannot be parsed");
-  } else if (strlen(decoded) != dlen) {
-    lt_api_reply_error(req, 400, "invalid", NULL, "the path holds a NUL byte");
-  } else if (strcmp(decoded, "/healthz") == 0) {
-    route = R_HEALTH;
-    reply_health(api, req);
-  } else if (strcmp(decoded, "/metrics") == 0) {
-    route = R_METRICS;
-    reply_metrics(api, req);
-  } else if ((rest = under(decoded, "/v1/jobs"))) {
-    route = R_JOBS;
-    const lt_tenant_t *t = authenticate(api, req);
-    if (t) lt_api_jobs_route(api, req, t, rest);
-  } else if ((rest = under(decoded, "/v1/datasets"))) {
-    route = R_DATASETS;
-    const lt_tenant_t *t = authenticate(api, req);
-    if (t) lt_api_datasets_route(api, req, t, rest);
-  } else if ((rest = under(decoded, "/v1/uploads"))) {
-    route = R_UPLOADS;
-    const lt_tenant_t *t = authenticate(api, req);
-    if (t) lt_api_uploads_route(api, req, t, rest);
-  } else {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s", decoded);
-  }
+  lt_api_slot_t slot = LT_API_SLOT_OTHER;
+  if (!decoded) lt_api_reply_error(req, 400, "invalid", NULL, "the request URI cannot be parsed");
+  else if (strlen(decoded) != dlen) lt_api_reply_error(req, 400, "invalid", NULL, "the path holds a NUL byte");
+  else slot = route(api, req, decoded);
   free(decoded);
   if (parsed) evhttp_uri_free(parsed);
   /* Status of requests answered now; async ones (submissions) count their handler time. */
-  int status = evhttp_request_get_response_code(req);
-  int cls = status >= 100 && status < 600 ? status / 100 - 1 : 1;
-  api->stats.requests[route][cls]++;
-  int64_t us = lt_time_mono_us() - t0;
-  api->stats.latency_us_sum[route] += (uint64_t)us;
-  int b = 0;
-  while (b < 9 && us / 1000.0 > latency_bounds_ms[b]) b++;
-  api->stats.latency_le[route][b]++;
+  lt_api_metrics_observe(api, slot, evhttp_request_get_response_code(req), lt_time_mono_us() - t0);
 }
 
 /* ---------------------------------------------------------------- life cycle */
+
+/* Binds the HTTP server (conf.port 0: any free port, read back into api->port). */
+static lt_err_t listen_http(lt_api_t *api, char *errstr, size_t n) {
+  api->http = evhttp_new(api->base);
+  if (!api->http) return lt_errf(errstr, n, LT_ERR_NOMEM, "evhttp_new failed");
+  evhttp_set_max_body_size(api->http, LT_API_PART_MAX + 4096);
+  evhttp_set_max_headers_size(api->http, 16384);
+  evhttp_set_timeout(api->http, 120);
+  evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
+  evhttp_set_gencb(api->http, on_request, api);
+  struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(api->http, api->conf.bind_addr, api->conf.port);
+  if (!s)
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot listen on %s:%u (in use, or not an address of this host)",
+                   api->conf.bind_addr, api->conf.port);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(evhttp_bound_socket_get_fd(s), (struct sockaddr *)&ss, &sl);
+  api->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  return LT_OK;
+}
 
 lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t **out, char *errstr, size_t n) {
   lt_api_t *api = calloc(1, sizeof *api);
@@ -534,41 +275,13 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!err) err = lt_avro_record_new(api->reg, "JobSubmitted", &api->rec_submit, errstr, n);
   if (!err) err = lt_avro_record_new(api->reg, "CancelRequested", &api->rec_cancel, errstr, n);
   if (!err) {
-    api->history = json_object();
-    api->datasets_seen = json_object();
-    api->cancels_sent = json_object();
-    lt_bus_topic_name(conf->bus, "jobs", api->topic_jobs, sizeof api->topic_jobs);
-    lt_bus_topic_name(conf->bus, "control", api->topic_control, sizeof api->topic_control);
-    lt_bus_producer_opts_t popts = {.delivery_cb = on_delivery, .opaque = api};
-    err = lt_bus_producer_new(conf->bus, &popts, &api->producer, errstr, n);
+    api->history = lt_map_new(lt_api_history_free);
+    api->datasets_seen = lt_map_new(NULL);
+    api->cancels_sent = lt_map_new(NULL);
+    if (!api->history || !api->datasets_seen || !api->cancels_sent) err = LT_ERR_NOMEM;
   }
-  if (!err) {
-    /* A customer's first cancel must not wait for the producer to discover lathe.control. */
-    lt_bus_producer_prepare(api->producer, api->topic_jobs, 2000);
-    lt_bus_producer_prepare(api->producer, api->topic_control, 2000);
-  }
-  if (!err) err = start_feed(api, errstr, n);
-  if (!err) {
-    api->http = evhttp_new(base);
-    if (!api->http) err = lt_errf(errstr, n, LT_ERR_NOMEM, "evhttp_new failed");
-  }
-  if (!err) {
-    evhttp_set_max_body_size(api->http, LT_API_PART_MAX + 4096);
-    evhttp_set_max_headers_size(api->http, 16384);
-    evhttp_set_timeout(api->http, 120);
-    evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
-    evhttp_set_gencb(api->http, on_request, api);
-    struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(api->http, api->conf.bind_addr, conf->port);
-    if (!s) {
-      err = lt_errf(errstr, n, LT_ERR_IO, "cannot listen on %s:%u (in use, or not an address of this host)",
-                    api->conf.bind_addr, conf->port);
-    } else {
-      struct sockaddr_storage ss;
-      socklen_t sl = sizeof ss;
-      getsockname(evhttp_bound_socket_get_fd(s), (struct sockaddr *)&ss, &sl);
-      api->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    }
-  }
+  if (!err) err = lt_api_feed_start(api, errstr, n);
+  if (!err) err = listen_http(api, errstr, n);
   if (err) {
     lt_api_destroy(api);
     return err;
@@ -584,7 +297,7 @@ lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]) { return lt_job_digest(l
 void lt_api_destroy(lt_api_t *api) {
   if (!api) return;
   if (api->http) evhttp_free(api->http);
-  lt_api_jobs_free(api);
+  lt_api_events_free(api);
   lt_api_uploads_free(api);
   if (api->consumer_ev) event_free(api->consumer_ev);
   if (api->tick_ev) event_free(api->tick_ev);
@@ -599,9 +312,9 @@ void lt_api_destroy(lt_api_t *api) {
   lt_keyring_free(api->keyring);
   lt_proj_destroy(api->proj);
   lt_avro_registry_destroy(api->own_registry);
-  json_decref(api->history);
-  json_decref(api->datasets_seen);
-  json_decref(api->cancels_sent);
+  lt_map_free(api->history);
+  lt_map_free(api->datasets_seen);
+  lt_map_free(api->cancels_sent);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

@@ -43,10 +43,6 @@ static void key_of(char *out, size_t n, const char *tenant, const char *id, cons
 /* The API's memory of datasets known to exist: "tenant/id". */
 static void seen_key(char *out, size_t n, const char *tenant, const char *id) { snprintf(out, n, "%s/%s", tenant, id); }
 
-/* ---------------------------------------------------------------- token counting glue */
-
-static lt_dataset_tokens_fn *tokens_fn(lt_api_t *api) { return api->conf.tokens_fn; }
-
 /* ---------------------------------------------------------------- uploads */
 
 static void upload_free(lt_api_upload_t *u) {
@@ -115,7 +111,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   u->last_active_ms = lt_time_wall_ms();
   char key[512];
   key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
-  lt_err_t err = lt_dataset_check_new(&u->check, &lim, tokens_fn(api), api->conf.tokens_ctx);
+  lt_err_t err = lt_dataset_check_new(&u->check, &lim, api->conf.tokens_fn, api->conf.tokens_ctx);
   if (!err) err = lt_crypto_dek_generate(&u->dek, u->tenant, u->id, msg, n);
   if (!err) err = lt_sealed_writer_new(api->conf.store, u->dek, key, &u->w, msg, n);
   if (err) {
@@ -200,7 +196,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
       key_of(key, sizeof key, u->tenant, u->id, leaves[i]);
       lt_store_delete(api->conf.store, key, NULL, 0);
     }
-    lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+    lt_api_reply_store_err(req, err, msg);
     json_decref(report);
     json_decref(meta);
     upload_free(u);
@@ -209,66 +205,59 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   json_decref(report);
   char seen[160];
   seen_key(seen, sizeof seen, u->tenant, u->id);
-  json_object_set_new(api->datasets_seen, seen, json_true());
+  lt_map_set(api->datasets_seen, seen, NULL);
   lt_api_reply_json(req, 201, meta);
   upload_free(u);
 }
 
-static void parse_query(struct evhttp_request *req, struct evkeyvalq *q) {
-  const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
-  evhttp_parse_query_str(query ? query : "", q);
+/* POST /v1/uploads?name=&max_tokens=: opens an upload; its parts follow. */
+void lt_api_uploads_open(lt_api_call_t *c) {
+  char msg[256];
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  lt_api_upload_t *u;
+  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
+  evhttp_clear_headers(&q);
+  if (err) {
+    lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
+    return;
+  }
+  lt_api_reply_json(c->req, 201, json_pack("{s:s,s:i,s:i}", "upload_id", u->id, "next_part", u->next_part,
+                                           "part_max_bytes", (int)LT_API_PART_MAX));
 }
 
-void lt_api_uploads_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *rest) {
-  enum evhttp_cmd_type m = evhttp_request_get_command(req);
+bool lt_api_uploads_resolve(lt_api_call_t *c) {
+  c->upload = upload_find(c->api, c->tenant, c->id);
+  if (c->upload) return true;
+  lt_api_reply_error(c->req, 404, "not_found", NULL,
+                     "no open upload %s for this tenant (finished, aborted, or idle for more than 10 minutes)", c->id);
+  return false;
+}
+
+/* PUT /v1/uploads/{id}/parts/{n}: the next part, in order. */
+void lt_api_uploads_part(lt_api_call_t *c) {
+  lt_api_upload_t *u = c->upload;
   char msg[256];
-  if ((*rest == '\0' || strcmp(rest, "/") == 0) && m == EVHTTP_REQ_POST) {
-    struct evkeyvalq q;
-    parse_query(req, &q);
-    lt_api_upload_t *u;
-    lt_err_t err = upload_open(api, t, &q, &u, msg, sizeof msg);
-    evhttp_clear_headers(&q);
-    if (err) {
-      lt_api_reply_err(req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
-      return;
-    }
-    lt_api_reply_json(req, 201, json_pack("{s:s,s:i,s:i}", "upload_id", u->id, "next_part", u->next_part,
-                                          "part_max_bytes", (int)LT_API_PART_MAX));
+  if (c->part != u->next_part) {
+    lt_api_reply_error(c->req, 409, "conflict", "part", "part %d is out of order: the next part is %d", c->part,
+                       u->next_part);
     return;
   }
-  char id[LT_ID_MAX + 1] = "", what[32] = "";
-  int part = 0;
-  if (sscanf(rest, "/%63[A-Za-z0-9._-]/%31[a-z]/%d", id, what, &part) < 1) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such upload");
+  lt_err_t err = upload_part(c->api, u, evhttp_request_get_input_buffer(c->req), msg, sizeof msg);
+  if (err) {
+    lt_api_reply_store_err(c->req, err, msg);
     return;
   }
-  lt_api_upload_t *u = upload_find(api, t, id);
-  if (!u) {
-    lt_api_reply_error(req, 404, "not_found", NULL,
-                       "no open upload %s for this tenant (finished, aborted, or idle for more than 10 minutes)", id);
-    return;
-  }
-  if (strcmp(what, "parts") == 0 && m == EVHTTP_REQ_PUT) {
-    if (part != u->next_part) {
-      lt_api_reply_error(req, 409, "conflict", "part", "part %d is out of order: the next part is %d", part,
-                         u->next_part);
-      return;
-    }
-    lt_err_t err = upload_part(api, u, evhttp_request_get_input_buffer(req), msg, sizeof msg);
-    if (err) {
-      lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
-      return;
-    }
-    lt_api_reply_json(req, 200, json_pack("{s:s,s:i}", "upload_id", u->id, "next_part", u->next_part));
-  } else if (strcmp(what, "complete") == 0 && m == EVHTTP_REQ_POST) {
-    upload_complete(api, req, u);
-  } else if (!what[0] && m == EVHTTP_REQ_DELETE) {
-    upload_unlink(api, u);
-    upload_free(u);
-    lt_api_reply_json(req, 200, json_pack("{s:s,s:b}", "upload_id", id, "aborted", 1));
-  } else {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such route under /v1/uploads/%s", id);
-  }
+  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:i}", "upload_id", u->id, "next_part", u->next_part));
+}
+
+void lt_api_uploads_complete(lt_api_call_t *c) { upload_complete(c->api, c->req, c->upload); }
+
+/* DELETE /v1/uploads/{id}: drops the upload and whatever of it was stored. */
+void lt_api_uploads_abort(lt_api_call_t *c) {
+  upload_unlink(c->api, c->upload);
+  upload_free(c->upload);
+  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:b}", "upload_id", c->id, "aborted", 1));
 }
 
 /* ---------------------------------------------------------------- datasets */
@@ -303,11 +292,11 @@ bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *datase
   if (!lt_id_valid(dataset_id)) return false;
   char key[512], seen[160];
   seen_key(seen, sizeof seen, tenant, dataset_id);
-  if (json_object_get(api->datasets_seen, seen)) return true; /* no store round trip per submission */
+  if (lt_map_has(api->datasets_seen, seen)) return true; /* no store round trip per submission */
   lt_store_info_t info;
   key_of(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
   if (lt_store_head(api->conf.store, key, &info, NULL, 0) != LT_OK) return false;
-  json_object_set_new(api->datasets_seen, seen, json_true());
+  lt_map_set(api->datasets_seen, seen, NULL);
   return true;
 }
 
@@ -335,82 +324,71 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
   return LT_OK;
 }
 
-void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *rest) {
-  enum evhttp_cmd_type m = evhttp_request_get_command(req);
+void lt_api_datasets_upload(lt_api_call_t *c) {
   char msg[256];
-  if (*rest == '\0' || strcmp(rest, "/") == 0) {
-    if (m == EVHTTP_REQ_POST) {
-      /* One-request upload: open, one part, complete. */
-      struct evkeyvalq q;
-      parse_query(req, &q);
-      lt_api_upload_t *u;
-      lt_err_t err = upload_open(api, t, &q, &u, msg, sizeof msg);
-      evhttp_clear_headers(&q);
-      if (!err) err = upload_part(api, u, evhttp_request_get_input_buffer(req), msg, sizeof msg);
-      if (err) {
-        lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
-        return;
-      }
-      upload_complete(api, req, u);
-    } else if (m == EVHTTP_REQ_GET) {
-      char prefix[256], next[2048] = "", after[2048] = "";
-      snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", t->tenant_id);
-      list_ctx_t l = {.api = api, .tenant = t->tenant_id, .out = json_array()};
-      lt_err_t err;
-      do {
-        snprintf(after, sizeof after, "%s", next);
-        next[0] = '\0';
-        err = lt_store_list(api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, msg, sizeof msg);
-      } while (!err && next[0]);
-      if (err) {
-        json_decref(l.out);
-        lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
-        return;
-      }
-      lt_api_reply_json(req, 200, json_pack("{s:o}", "datasets", l.out));
-    } else {
-      lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or POST on /v1/datasets");
-    }
-    return;
-  }
-  const char *id = rest + 1;
-  if (!lt_id_valid(id)) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such dataset");
-    return;
-  }
-  lt_crypto_dek_t *dek = NULL;
-  json_t *meta = NULL;
-  lt_err_t err = dataset_open(api, t->tenant_id, id, &dek, &meta, msg, sizeof msg);
-  lt_crypto_dek_free(dek);
-  if (err == LT_ERR_NOT_FOUND) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no dataset %s for this tenant", id);
-    return;
-  }
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  lt_api_upload_t *u;
+  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
+  evhttp_clear_headers(&q);
+  if (!err) err = upload_part(c->api, u, evhttp_request_get_input_buffer(c->req), msg, sizeof msg);
   if (err) {
-    lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+    lt_api_reply_store_err(c->req, err, msg);
     return;
   }
-  if (m == EVHTTP_REQ_GET) {
-    lt_api_reply_json(req, 200, meta);
+  upload_complete(c->api, c->req, u);
+}
+
+/* GET /v1/datasets: every dataset of the tenant, without the validation reports. */
+void lt_api_datasets_list(lt_api_call_t *c) {
+  char prefix[256], next[2048] = "", after[2048] = "", msg[256];
+  snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", c->tenant->tenant_id);
+  list_ctx_t l = {.api = c->api, .tenant = c->tenant->tenant_id, .out = json_array()};
+  lt_err_t err;
+  do {
+    snprintf(after, sizeof after, "%s", next);
+    next[0] = '\0';
+    err = lt_store_list(c->api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, msg, sizeof msg);
+  } while (!err && next[0]);
+  if (err) {
+    json_decref(l.out);
+    lt_api_reply_store_err(c->req, err, msg);
     return;
   }
-  json_decref(meta);
-  if (m != EVHTTP_REQ_DELETE) {
-    lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or DELETE on /v1/datasets/%s", id);
-    return;
-  }
-  char seen[160];
-  seen_key(seen, sizeof seen, t->tenant_id, id);
-  json_object_del(api->datasets_seen, seen);
-  /* Crypto-shred: without its wrapped key the data cannot be read even if a copy survives. */
+  lt_api_reply_json(c->req, 200, json_pack("{s:o}", "datasets", l.out));
+}
+
+bool lt_api_datasets_resolve(lt_api_call_t *c) {
+  char msg[256];
+  lt_crypto_dek_t *dek = NULL;
+  lt_err_t err = dataset_open(c->api, c->tenant->tenant_id, c->id, &dek, &c->meta, msg, sizeof msg);
+  lt_crypto_dek_free(dek);
+  if (err == LT_ERR_NOT_FOUND) lt_api_reply_error(c->req, 404, "not_found", NULL, "no dataset %s for this tenant", c->id);
+  else if (err) lt_api_reply_store_err(c->req, err, msg);
+  return !err;
+}
+
+/* GET /v1/datasets/{id}: the dataset's meta, its validation report included. */
+void lt_api_datasets_show(lt_api_call_t *c) {
+  lt_api_reply_json(c->req, 200, c->meta);
+  c->meta = NULL;
+}
+
+/* DELETE /v1/datasets/{id}. Crypto-shred: without its wrapped key the data cannot be read even
+ * if a copy survives, so the key goes first. */
+void lt_api_datasets_delete(lt_api_call_t *c) {
+  char seen[160], msg[256];
+  seen_key(seen, sizeof seen, c->tenant->tenant_id, c->id);
+  lt_map_del(c->api->datasets_seen, seen);
   const char *leaves[] = {LT_DATASET_KEY, LT_DATASET_DATA, LT_DATASET_META};
   for (int i = 0; i < 3; i++) {
     char key[512];
-    key_of(key, sizeof key, t->tenant_id, id, leaves[i]);
-    if ((err = lt_store_delete(api->conf.store, key, msg, sizeof msg))) {
-      lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+    key_of(key, sizeof key, c->tenant->tenant_id, c->id, leaves[i]);
+    lt_err_t err = lt_store_delete(c->api->conf.store, key, msg, sizeof msg);
+    if (err) {
+      lt_api_reply_store_err(c->req, err, msg);
       return;
     }
   }
-  lt_api_reply_json(req, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
+  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:b}", "id", c->id, "deleted", 1));
 }

@@ -1,5 +1,15 @@
-/* lt_api_int: what the API's files share (lt_api.c: server, routing, projection feed;
- * lt_api_jobs.c: jobs and events; lt_api_datasets.c: uploads and datasets). Not public. */
+/* lt_api_int: what the API's files share. Not public.
+ *
+ *   lt_api.c           the router (one route table) and the server's life cycle, /healthz
+ *   lt_api_reply.c     JSON replies, the error envelope, request body and query helpers
+ *   lt_api_feed.c      produce-then-answer, and the projection feed folded from the topics
+ *   lt_api_metrics.c   /metrics and the per-route counters behind it
+ *   lt_api_jobs.c      /v1/jobs: submit, list, show, cancel, artifacts
+ *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
+ *   lt_api_datasets.c  /v1/uploads and /v1/datasets
+ *
+ * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
+ * feed calls the event streams. Nothing calls back into the router. */
 #ifndef LT_API_INT_H
 #define LT_API_INT_H
 
@@ -11,6 +21,7 @@
 #include <stdbool.h>
 
 #include "lt_api.h"
+#include "lt_map.h"
 #include "lt_proj.h"
 #include "lt_sealed.h"
 #include "lt_tenant.h"
@@ -19,13 +30,26 @@
 
 typedef struct lt_api_upload lt_api_upload_t;
 typedef struct lt_api_sse lt_api_sse_t;
-typedef struct lt_api_pending lt_api_pending_t;
+
+/* Route families, as /metrics names them ("route" label). */
+typedef enum lt_api_slot {
+  LT_API_SLOT_HEALTH,
+  LT_API_SLOT_METRICS,
+  LT_API_SLOT_DATASETS,
+  LT_API_SLOT_UPLOADS,
+  LT_API_SLOT_JOBS,
+  LT_API_SLOT_OTHER,
+  LT_API_SLOT__COUNT
+} lt_api_slot_t;
+
+#define LT_API_STATUS_CLASSES 5   /* 1xx .. 5xx */
+#define LT_API_LATENCY_BUCKETS 10 /* bounds in lt_api_metrics.c; the last one is +Inf */
 
 /* Counters for /metrics, by route family and status class. */
 typedef struct lt_api_stats {
-  uint64_t requests[8][5]; /* [route][status/100 - 1] */
-  uint64_t latency_us_sum[8];
-  uint64_t latency_le[8][10]; /* histogram buckets, see lt_api.c */
+  uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
+  uint64_t latency_us_sum[LT_API_SLOT__COUNT];
+  uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
   uint64_t produced, produce_failed, deadlettered, undecodable;
 } lt_api_stats_t;
 
@@ -44,9 +68,9 @@ struct lt_api {
   lt_avro_record_t *rec_submit, *rec_cancel;
   char topic_jobs[128], topic_control[128];
   bool ready;
-  json_t *history;         /* job_id -> [ {id, event, data} ], the SSE replay buffer */
-  json_t *datasets_seen;   /* "tenant/dataset" -> true: known to exist (skips a store HEAD) */
-  json_t *cancels_sent;    /* job_id -> true: this API wrote a CancelRequested (idempotent cancel
+  lt_map_t *history;       /* job_id -> json array of {id, event, data}: the SSE replay buffer */
+  lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
+  lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
   size_t nfeed;
@@ -56,6 +80,30 @@ struct lt_api {
   lt_api_stats_t stats;
 };
 
+/* ---------------------------------------------------------------- routes (lt_api.c) */
+
+/* One request as the router hands it to a handler: the path's parts, and what the route
+ * family's resolver found for {id} (the handler runs only when that exists). */
+typedef struct lt_api_call {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  const lt_tenant_t *tenant; /* authenticated; NULL on public routes */
+  const char *id;            /* {id}: job, dataset or upload; "" on collection routes */
+  const char *name;          /* {name}: the artifact's name (the rest of the path) */
+  int part;                  /* {n}: an upload's part number (0 when the path has none) */
+  const lt_job_t *job;       /* /v1/jobs/{id}: the tenant's job */
+  json_t *meta;              /* /v1/datasets/{id}: the dataset's meta; a handler that keeps it
+                                sets this to NULL, else the router releases it */
+  lt_api_upload_t *upload;   /* /v1/uploads/{id}: the tenant's open upload */
+} lt_api_call_t;
+
+typedef void lt_api_handler_fn(lt_api_call_t *c);
+
+/* Looks up {id} for a route family; when it does not exist, replies (404) and returns false. */
+typedef bool lt_api_resolve_fn(lt_api_call_t *c);
+
+/* ---------------------------------------------------------------- replies (lt_api_reply.c) */
+
 /* Replies with a JSON body (takes the reference) and the given status. */
 void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body);
 /* Replies {"error":{"code","message","field"}}; field may be NULL. */
@@ -63,12 +111,18 @@ void lt_api_reply_error(struct evhttp_request *req, int status, const char *code
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Maps an lt_err_t to a status and code and replies with msg. */
 void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *field, const char *msg);
+/* lt_api_reply_err for store failures: a retriable one is 503 (unavailable). */
+void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg);
 
 /* The request body as a NUL-terminated string (NULL when over max_json_body: replied 413). */
 char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 
+/* Parses the request's query string into q (release with evhttp_clear_headers). */
+void lt_api_parse_query(struct evhttp_request *req, struct evkeyvalq *q);
 /* Value of a query parameter (borrowed from q), or NULL. */
 const char *lt_api_query(struct evkeyvalq *q, const char *name);
+
+/* ---------------------------------------------------------------- the bus (lt_api_feed.c) */
 
 /* Produces an encoded record to a topic; calls done(api, ctx, err, msg) on the loop thread once
  * the broker answered (or the timeout passed). With fold_now (a job's first record only), the
@@ -78,18 +132,49 @@ typedef void lt_api_done_fn(lt_api_t *api, void *ctx, lt_err_t err, const char *
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
                         size_t len, bool fold_now, lt_api_done_fn *done, void *ctx);
 
-/* Route handlers. tenant is authenticated; rest is the path after the route prefix. */
-void lt_api_jobs_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *tenant, const char *rest);
-void lt_api_datasets_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *tenant,
-                           const char *rest);
-void lt_api_uploads_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *tenant,
-                          const char *rest);
+/* Starts the bus side: the producer, then the consumer assigned every partition of the folded
+ * topics from the beginning, registered on the loop with the 200 ms tick (which also ages
+ * uploads). */
+lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n);
 
+/* ---------------------------------------------------------------- /metrics (lt_api_metrics.c) */
+
+void lt_api_metrics_reply(lt_api_call_t *c);
+/* Counts one answered request: its family, status and time to the handler's answer. */
+void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us);
+
+/* ---------------------------------------------------------------- jobs (lt_api_jobs.c) */
+
+bool lt_api_jobs_resolve(lt_api_call_t *c);
+void lt_api_jobs_submit(lt_api_call_t *c);
+void lt_api_jobs_list(lt_api_call_t *c);
+void lt_api_jobs_show(lt_api_call_t *c);
+void lt_api_jobs_cancel(lt_api_call_t *c);
+void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's bytes with {name} */
+
+/* ---------------------------------------------------------------- events (lt_api_events.c) */
+
+void lt_api_events_stream(lt_api_call_t *c);
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
-void lt_api_jobs_on_record(lt_api_t *api, const lt_proj_result_t *res);
-void lt_api_jobs_free(lt_api_t *api);
+void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);
+void lt_api_events_free(lt_api_t *api); /* detaches open streams */
+void lt_api_history_free(void *hist);   /* a history map value */
+
+/* ---------------------------------------------------------------- datasets (lt_api_datasets.c) */
+
+bool lt_api_uploads_resolve(lt_api_call_t *c);
+void lt_api_uploads_open(lt_api_call_t *c);
+void lt_api_uploads_part(lt_api_call_t *c);
+void lt_api_uploads_complete(lt_api_call_t *c);
+void lt_api_uploads_abort(lt_api_call_t *c);
 void lt_api_uploads_tick(lt_api_t *api); /* aborts idle uploads */
 void lt_api_uploads_free(lt_api_t *api);
+
+bool lt_api_datasets_resolve(lt_api_call_t *c);
+void lt_api_datasets_upload(lt_api_call_t *c); /* one request: open, one part, complete */
+void lt_api_datasets_list(lt_api_call_t *c);
+void lt_api_datasets_show(lt_api_call_t *c);
+void lt_api_datasets_delete(lt_api_call_t *c);
 
 /* True when the tenant's dataset exists (its meta object is in the store). */
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);

@@ -1,4 +1,5 @@
-/* lt_api_jobs: /v1/jobs — submit, list, show, cancel, events (SSE) and artifacts. */
+/* lt_api_jobs: /v1/jobs — submit, list, show, cancel and artifacts (events are in
+ * lt_api_events.c). A submission or cancel is answered only once its record is in the log. */
 #include "lt_api_int.h"
 
 #include <stdio.h>
@@ -9,16 +10,6 @@
 
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
-
-#define HISTORY_MAX 1024
-
-struct lt_api_sse {
-  lt_api_t *api;
-  struct evhttp_request *req;
-  struct evhttp_connection *evcon;
-  char job_id[LT_JOB_ID_MAX];
-  lt_api_sse_t *next;
-};
 
 /* ---------------------------------------------------------------- views */
 
@@ -98,16 +89,60 @@ static const lt_job_t *own_job(lt_api_t *api, const lt_tenant_t *t, const char *
   return j && strcmp(j->tenant_id, t->tenant_id) == 0 ? j : NULL;
 }
 
-/* ---------------------------------------------------------------- submit */
+bool lt_api_jobs_resolve(lt_api_call_t *c) {
+  c->job = lt_id_valid(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
+  if (c->job) return true;
+  lt_api_reply_error(c->req, 404, "not_found", NULL, "no job %s for this tenant", lt_id_valid(c->id) ? c->id : "(invalid id)");
+  return false;
+}
 
+void lt_api_jobs_show(lt_api_call_t *c) { lt_api_reply_json(c->req, 200, job_json(c->api, c->job)); }
+
+/* ---------------------------------------------------------------- records, then answers */
+
+/* What a submission or cancel answers with once the broker acknowledged its record. */
 typedef struct {
   struct evhttp_request *req;
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   int status;
-} submit_ctx_t;
+} answer_ctx_t;
+
+/* Starts one of the API's job records: cleared, stamped with this producer, naming the job and
+ * its tenant. */
+static lt_err_t record_start(lt_api_t *api, lt_avro_record_t *rec, const char *job_id, const char *tenant_id) {
+  lt_avro_record_clear(rec);
+  lt_err_t err = lt_avro_record_stamp(rec, api->conf.producer_id);
+  if (!err) err = lt_avro_set_string(rec, "job_id", job_id);
+  if (!err) err = lt_avro_set_string(rec, "tenant_id", tenant_id);
+  return err;
+}
+
+/* Encodes rec (unless err says filling it failed) and makes the context that answers req with
+ * status once the record is durable. Replies 500 itself and returns NULL when either fails. */
+static answer_ctx_t *encode_for_answer(struct evhttp_request *req, lt_avro_record_t *rec, lt_err_t err,
+                                       const char *what, const char *job_id, int status, const uint8_t **bytes,
+                                       size_t *blen) {
+  char msg[256];
+  if (!err) err = lt_avro_record_encode(rec, bytes, blen, msg, sizeof msg);
+  if (err) {
+    lt_api_reply_error(req, 500, "internal", NULL, "cannot encode the %s: %s", what, lt_avro_record_error(rec));
+    return NULL;
+  }
+  answer_ctx_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+    return NULL;
+  }
+  c->req = req;
+  c->status = status;
+  snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
+  return c;
+}
+
+/* ---------------------------------------------------------------- submit */
 
 static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
-  submit_ctx_t *c = arg;
+  answer_ctx_t *c = arg;
   if (err) {
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the job could not be recorded durably; nothing was submitted, "
                                                        "retry with the same Idempotency-Key");
@@ -135,61 +170,78 @@ static bool count_live(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-static void submit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t) {
+/* Phase 1: the body as a job spec, with the Idempotency-Key header and the tenant's duration
+ * limit checked. False when it replied 4xx. */
+static bool read_spec(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, lt_jobspec_t *spec) {
   size_t len;
   char *text = lt_api_body_text(api, req, &len);
-  if (!text) return;
+  if (!text) return false;
   json_error_t je;
   json_t *body = json_loadb(text, len, 0, &je);
   free(text);
   if (!body) {
     lt_api_reply_error(req, 400, "invalid", NULL, "the body is not valid JSON: %s at line %d column %d", je.text,
                        je.line, je.column);
-    return;
+    return false;
   }
-  lt_jobspec_t spec;
   char field[96], msg[256];
-  lt_err_t err = lt_jobspec_from_json(body, &spec, field, sizeof field, msg, sizeof msg);
+  lt_err_t err = lt_jobspec_from_json(body, spec, field, sizeof field, msg, sizeof msg);
   json_decref(body);
   if (err) {
     lt_api_reply_err(req, err, field, msg);
-    return;
+    return false;
   }
   const char *idem = evhttp_find_header(evhttp_request_get_input_headers(req), "Idempotency-Key");
   if (idem) {
     if (!lt_id_valid(idem)) {
       lt_api_reply_error(req, 400, "invalid", "Idempotency-Key",
                          "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
-      return;
+      return false;
     }
-    snprintf(spec.idempotency_key, sizeof spec.idempotency_key, "%s", idem);
+    snprintf(spec->idempotency_key, sizeof spec->idempotency_key, "%s", idem);
   }
-  if (t->quotas.max_job_duration_s > 0 && spec.max_duration_s > t->quotas.max_job_duration_s) {
+  if (t->quotas.max_job_duration_s > 0 && spec->max_duration_s > t->quotas.max_job_duration_s) {
     lt_api_reply_error(req, 400, "invalid", "max_duration_s",
                        "max_duration_s: %lld is over the tenant's limit max_job_duration_s = %lld",
-                       (long long)spec.max_duration_s, (long long)t->quotas.max_job_duration_s);
-    return;
+                       (long long)spec->max_duration_s, (long long)t->quotas.max_job_duration_s);
+    return false;
   }
-  /* The same key always names the same job: a retry after a lost answer finds it. */
-  char job_id[LT_JOB_ID_MAX];
-  if (idem) {
-    char seed[256];
-    uint8_t h[32];
-    char hex[65];
-    snprintf(seed, sizeof seed, "%s\n%s", t->tenant_id, idem);
-    lt_crypto_sha256(seed, strlen(seed), h);
-    lt_crypto_hex(h, 12, hex);
-    snprintf(job_id, sizeof job_id, "job-%.24s", hex);
-    const lt_job_t *j = own_job(api, t, job_id);
-    if (j) {
-      lt_api_reply_json(req, 200, job_json(api, j));
-      return;
-    }
-  } else {
+  return true;
+}
+
+/* Phase 2: the job's id. The same key always names the same job, so a retry after a lost answer
+ * finds it: then this replies 200 with the job and returns false. Without a key the id is random. */
+static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
+                     char job_id[LT_ID_MAX + 1]) {
+  if (!spec->idempotency_key[0]) {
     char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
     lt_crypto_random_id(rnd);
-    snprintf(job_id, sizeof job_id, "job-%.24s", rnd);
+    snprintf(job_id, LT_ID_MAX + 1, "job-%.24s", rnd);
+    return true;
   }
+  char seed[256];
+  uint8_t h[32];
+  char hex[65];
+  snprintf(seed, sizeof seed, "%s\n%s", t->tenant_id, spec->idempotency_key);
+  lt_crypto_sha256(seed, strlen(seed), h);
+  lt_crypto_hex(h, 12, hex);
+  snprintf(job_id, LT_ID_MAX + 1, "job-%.24s", hex);
+  const lt_job_t *j = own_job(api, t, job_id);
+  if (!j) return true;
+  lt_api_reply_json(req, 200, job_json(api, j));
+  return false;
+}
+
+/* True (after replying 404) when the tenant has no dataset id; field names the spec's field. */
+static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *field,
+                            const char *id) {
+  if (lt_api_dataset_exists(api, t->tenant_id, id)) return false;
+  lt_api_reply_error(req, 404, "not_found", field, "%s: no dataset %s for this tenant", field, id);
+  return true;
+}
+
+/* Phase 3: the tenant's live-job quota, and the datasets the spec names. False when it replied. */
+static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec) {
   if (t->quotas.max_queued_jobs > 0) {
     live_acc_t a = {.tenant = t->tenant_id};
     lt_job_scan(lt_proj_jobs(api->proj), count_live, &a);
@@ -198,37 +250,29 @@ static void submit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t 
                          "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "
                          "finish or cancel one",
                          t->tenant_id, (long long)a.live, t->quotas.max_queued_jobs);
-      return;
+      return false;
     }
   }
-  if (!lt_api_dataset_exists(api, t->tenant_id, spec.dataset_id)) {
-    lt_api_reply_error(req, 404, "not_found", "dataset_id", "dataset_id: no dataset %s for this tenant", spec.dataset_id);
-    return;
-  }
-  if (spec.validation_dataset_id[0] && !lt_api_dataset_exists(api, t->tenant_id, spec.validation_dataset_id)) {
-    lt_api_reply_error(req, 404, "not_found", "validation_dataset_id", "validation_dataset_id: no dataset %s for this tenant",
-                       spec.validation_dataset_id);
-    return;
-  }
+  if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
+  return !(spec->validation_dataset_id[0] &&
+           dataset_missing(api, req, t, "validation_dataset_id", spec->validation_dataset_id));
+}
+
+/* POST /v1/jobs: read, name, admit, then JobSubmitted into lathe.jobs; 201 once it is durable. */
+void lt_api_jobs_submit(lt_api_call_t *call) {
+  lt_api_t *api = call->api;
+  struct evhttp_request *req = call->req;
+  const lt_tenant_t *t = call->tenant;
+  lt_jobspec_t spec;
+  char job_id[LT_ID_MAX + 1], msg[256];
+  if (!read_spec(api, req, t, &spec) || !name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
   lt_avro_record_t *rec = api->rec_submit;
-  lt_avro_record_clear(rec);
   const uint8_t *bytes;
   size_t blen;
-  if ((err = lt_avro_record_stamp(rec, api->conf.producer_id)) || (err = lt_avro_set_string(rec, "job_id", job_id)) ||
-      (err = lt_avro_set_string(rec, "tenant_id", t->tenant_id)) ||
-      (err = lt_jobspec_to_record(&spec, rec, msg, sizeof msg)) ||
-      (err = lt_avro_record_encode(rec, &bytes, &blen, msg, sizeof msg))) {
-    lt_api_reply_error(req, 500, "internal", NULL, "cannot encode the submission: %s", lt_avro_record_error(rec));
-    return;
-  }
-  submit_ctx_t *c = calloc(1, sizeof *c);
-  if (!c) {
-    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  c->req = req;
-  c->status = 201;
-  snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
+  lt_err_t err = record_start(api, rec, job_id, t->tenant_id);
+  if (!err) err = lt_jobspec_to_record(&spec, rec, msg, sizeof msg);
+  answer_ctx_t *c = encode_for_answer(req, rec, err, "submission", job_id, 201, &bytes, &blen);
+  if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec.priority * 2 + (int32_t)(fnv(job_id) % 2);
   err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
@@ -241,11 +285,11 @@ static void submit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t 
 /* ---------------------------------------------------------------- cancel */
 
 static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
-  submit_ctx_t *c = arg;
+  answer_ctx_t *c = arg;
   if (err)
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the cancel could not be recorded durably; retry");
   else {
-    json_object_set_new(api->cancels_sent, c->job_id, json_true());
+    lt_map_set(api->cancels_sent, c->job_id, NULL);
     /* The cancel is in the log; the projection folds it in order when it reads it. */
     json_t *o = job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id));
     if (!json_is_true(json_object_get(o, "cancel_requested")) &&
@@ -256,32 +300,25 @@ static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
   free(c);
 }
 
-static void cancel(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_job_t *j) {
+/* POST /v1/jobs/{id}/cancel: CancelRequested into lathe.control; 202 once it is durable. */
+void lt_api_jobs_cancel(lt_api_call_t *call) {
+  lt_api_t *api = call->api;
+  struct evhttp_request *req = call->req;
+  const lt_job_t *j = call->job;
   /* Idempotent: a finished job or one already being cancelled answers its state. */
-  if (lt_job_state_is_terminal(j->state) || j->cancel_requested || json_object_get(api->cancels_sent, j->job_id)) {
+  if (lt_job_state_is_terminal(j->state) || j->cancel_requested || lt_map_has(api->cancels_sent, j->job_id)) {
     json_t *o = job_json(api, j);
     if (!lt_job_state_is_terminal(j->state)) json_object_set_new(o, "cancel_requested", json_true());
     lt_api_reply_json(req, lt_job_state_is_terminal(j->state) ? 200 : 202, o);
     return;
   }
   lt_avro_record_t *rec = api->rec_cancel;
-  lt_avro_record_clear(rec);
   const uint8_t *bytes;
   size_t blen;
-  char msg[256];
-  if (lt_avro_record_stamp(rec, api->conf.producer_id) || lt_avro_set_string(rec, "job_id", j->job_id) ||
-      lt_avro_set_string(rec, "tenant_id", t->tenant_id) || lt_avro_set_string(rec, "requested_by", "customer") ||
-      lt_avro_record_encode(rec, &bytes, &blen, msg, sizeof msg)) {
-    lt_api_reply_error(req, 500, "internal", NULL, "cannot encode the cancel: %s", lt_avro_record_error(rec));
-    return;
-  }
-  submit_ctx_t *c = calloc(1, sizeof *c);
-  if (!c) {
-    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  c->req = req;
-  snprintf(c->job_id, sizeof c->job_id, "%s", j->job_id);
+  lt_err_t err = record_start(api, rec, j->job_id, call->tenant->tenant_id);
+  if (!err) err = lt_avro_set_string(rec, "requested_by", "customer");
+  answer_ctx_t *c = encode_for_answer(req, rec, err, "cancel", j->job_id, 202, &bytes, &blen);
+  if (!c) return;
   if (lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false, cancel_done, c)) {
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the cancel now; retry");
@@ -315,10 +352,13 @@ static bool list_scan(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-static void list(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t) {
+/* GET /v1/jobs?state=&limit=&cursor=: the tenant's jobs in id order, a page at a time. */
+void lt_api_jobs_list(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
+  struct evhttp_request *req = c->req;
+  const lt_tenant_t *t = c->tenant;
   struct evkeyvalq q;
-  evhttp_parse_query_str(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req)) ?
-                             evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req)) : "", &q);
+  lt_api_parse_query(req, &q);
   list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = 50, .out = json_array()};
   const char *v;
   if ((v = lt_api_query(&q, "limit"))) {
@@ -350,127 +390,14 @@ out:
   evhttp_clear_headers(&q);
 }
 
-/* ---------------------------------------------------------------- events (SSE) */
-
-static void sse_send(struct evhttp_request *req, json_t *entry) {
-  struct evbuffer *b = evbuffer_new();
-  char *data = json_dumps(json_object_get(entry, "data"), JSON_COMPACT | JSON_REAL_PRECISION(15));
-  evbuffer_add_printf(b, "id: %s\nevent: %s\ndata: %s\n\n", json_string_value(json_object_get(entry, "id")),
-                      json_string_value(json_object_get(entry, "event")), data ? data : "{}");
-  free(data);
-  evhttp_send_reply_chunk(req, b);
-  evbuffer_free(b);
-}
-
-static void sse_unlink(lt_api_t *api, lt_api_sse_t *s) {
-  for (lt_api_sse_t **pp = &api->sse; *pp; pp = &(*pp)->next)
-    if (*pp == s) {
-      *pp = s->next;
-      return;
-    }
-}
-
-static void sse_closed(struct evhttp_connection *evcon, void *arg) {
-  lt_api_sse_t *s = arg;
-  sse_unlink(s->api, s);
-  free(s);
-}
-
-static void sse_end(lt_api_sse_t *s) {
-  evhttp_connection_set_closecb(s->evcon, NULL, NULL);
-  struct evbuffer *b = evbuffer_new();
-  evbuffer_add_printf(b, "event: end\ndata: {}\n\n");
-  evhttp_send_reply_chunk(s->req, b);
-  evbuffer_free(b);
-  evhttp_send_reply_end(s->req);
-  sse_unlink(s->api, s);
-  free(s);
-}
-
-static void events(lt_api_t *api, struct evhttp_request *req, const lt_job_t *j) {
-  const char *last = evhttp_find_header(evhttp_request_get_input_headers(req), "Last-Event-ID");
-  struct evkeyvalq q;
-  const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
-  evhttp_parse_query_str(query ? query : "", &q);
-  if (!last) last = lt_api_query(&q, "last_event_id");
-  struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-  evhttp_add_header(h, "Content-Type", "text/event-stream");
-  evhttp_add_header(h, "Cache-Control", "no-cache");
-  evhttp_send_reply_start(req, 200, "OK");
-  json_t *hist = json_object_get(api->history, j->job_id);
-  size_t start = 0, i;
-  json_t *e;
-  if (last && hist) {
-    json_array_foreach(hist, i, e) if (strcmp(json_string_value(json_object_get(e, "id")), last) == 0) start = i + 1;
-  }
-  if (hist)
-    for (i = start; i < json_array_size(hist); i++) sse_send(req, json_array_get(hist, i));
-  evhttp_clear_headers(&q);
-  if (lt_job_state_is_terminal(j->state)) {
-    /* Nothing more will happen to this job: the stream ends after its history. */
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "event: end\ndata: {}\n\n");
-    evhttp_send_reply_chunk(req, b);
-    evbuffer_free(b);
-    evhttp_send_reply_end(req);
-    return;
-  }
-  lt_api_sse_t *s = calloc(1, sizeof *s);
-  if (!s) {
-    evhttp_send_reply_end(req);
-    return;
-  }
-  s->api = api;
-  s->req = req;
-  s->evcon = evhttp_request_get_connection(req);
-  snprintf(s->job_id, sizeof s->job_id, "%s", j->job_id);
-  evhttp_connection_set_closecb(s->evcon, sse_closed, s);
-  s->next = api->sse;
-  api->sse = s;
-}
-
-void lt_api_jobs_on_record(lt_api_t *api, const lt_proj_result_t *res) {
-  const char *job_id = res->job_id;
-  if (!job_id && lt_avro_get_string(res->record, "job_id", &job_id, NULL) != LT_OK) return;
-  const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
-  if (!j) return;
-  const char *event_id = NULL;
-  if (lt_avro_get_string(res->record, "event_id", &event_id, NULL) != LT_OK) return;
-  json_t *hist = json_object_get(api->history, job_id);
-  if (!hist) {
-    hist = json_array();
-    json_object_set_new(api->history, job_id, hist);
-  }
-  size_t i;
-  json_t *e;
-  json_array_foreach(hist, i, e) if (strcmp(json_string_value(json_object_get(e, "id")), event_id) == 0) return;
-  json_t *data = NULL;
-  if (lt_avro_record_to_jansson(res->record, &data, NULL, 0) != LT_OK) return;
-  json_object_set_new(data, "state", json_string(lt_job_state_name(j->state)));
-  json_t *entry = json_pack("{s:s,s:s,s:o}", "id", event_id, "event", res->type, "data", data);
-  json_array_append_new(hist, entry);
-  if (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
-  for (lt_api_sse_t *s = api->sse, *next; s; s = next) {
-    next = s->next;
-    if (strcmp(s->job_id, job_id) != 0) continue;
-    sse_send(s->req, entry);
-    if (lt_job_state_is_terminal(j->state)) sse_end(s);
-  }
-}
-
-void lt_api_jobs_free(lt_api_t *api) {
-  while (api->sse) {
-    lt_api_sse_t *s = api->sse;
-    api->sse = s->next;
-    evhttp_connection_set_closecb(s->evcon, NULL, NULL);
-    free(s);
-  }
-}
-
 /* ---------------------------------------------------------------- artifacts */
 
-static void artifacts(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_job_t *j,
-                      const char *name) {
+/* GET /v1/jobs/{id}/artifacts[/{name}]: the published artifacts, or one decrypted for its owner. */
+void lt_api_jobs_artifacts(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
+  struct evhttp_request *req = c->req;
+  const lt_job_t *j = c->job;
+  const char *name = c->name && c->name[0] ? c->name : NULL;
   json_t *info = lt_proj_job_info(api->proj, j->job_id);
   json_t *arts = info ? json_object_get(info, "artifacts") : NULL;
   if (!name) {
@@ -493,7 +420,7 @@ static void artifacts(lt_api_t *api, struct evhttp_request *req, const lt_tenant
   }
   const lt_crypto_dek_t *dek;
   char msg[256];
-  lt_err_t err = lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg);
+  lt_err_t err = lt_keyring_tenant_dek(api->keyring, c->tenant, &dek, msg, sizeof msg);
   void *data = NULL;
   size_t len = 0;
   if (!err)
@@ -513,38 +440,3 @@ static void artifacts(lt_api_t *api, struct evhttp_request *req, const lt_tenant
   evbuffer_free(b);
 }
 
-/* ---------------------------------------------------------------- routing */
-
-void lt_api_jobs_route(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *rest) {
-  enum evhttp_cmd_type m = evhttp_request_get_command(req);
-  if (*rest == '\0' || strcmp(rest, "/") == 0) {
-    if (m == EVHTTP_REQ_POST) submit(api, req, t);
-    else if (m == EVHTTP_REQ_GET) list(api, req, t);
-    else lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET or POST on /v1/jobs");
-    return;
-  }
-  char id[LT_JOB_ID_MAX + 1], sub[64] = "", name[128] = "";
-  const char *p = rest + 1, *slash = strchr(p, '/');
-  size_t idlen = slash ? (size_t)(slash - p) : strlen(p);
-  if (idlen == 0 || idlen > LT_ID_MAX) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such job");
-    return;
-  }
-  memcpy(id, p, idlen);
-  id[idlen] = '\0';
-  if (slash) {
-    const char *s2 = strchr(slash + 1, '/');
-    snprintf(sub, sizeof sub, "%.*s", (int)(s2 ? s2 - slash - 1 : (long)strlen(slash + 1)), slash + 1);
-    if (s2) snprintf(name, sizeof name, "%s", s2 + 1);
-  }
-  const lt_job_t *j = lt_id_valid(id) ? own_job(api, t, id) : NULL;
-  if (!j) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no job %s for this tenant", lt_id_valid(id) ? id : "(invalid id)");
-    return;
-  }
-  if (!slash && m == EVHTTP_REQ_GET) lt_api_reply_json(req, 200, job_json(api, j));
-  else if (strcmp(sub, "cancel") == 0 && !name[0] && m == EVHTTP_REQ_POST) cancel(api, req, t, j);
-  else if (strcmp(sub, "events") == 0 && !name[0] && m == EVHTTP_REQ_GET) events(api, req, j);
-  else if (strcmp(sub, "artifacts") == 0 && m == EVHTTP_REQ_GET) artifacts(api, req, t, j, name[0] ? name : NULL);
-  else lt_api_reply_error(req, 404, "not_found", NULL, "no such route under /v1/jobs/%s", id);
-}

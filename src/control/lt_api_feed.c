@@ -1,0 +1,210 @@
+/* lt_api_feed: the API's side of the bus. Writes go out through one producer and are answered
+ * only once the broker acknowledged them (acks=all) or the deadline passed (503, never a false
+ * ack); reads come from the projection, folded here from every partition of the job, control,
+ * tenant, progress and artifact topics, with each folded job record handed to the event streams.
+ * See lt_api_int.h. */
+#include "lt_api_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- produce, then answer */
+
+typedef struct lt_api_pending {
+  lt_api_t *api;
+  struct event *ev;
+  struct event *timer; /* answers 503 at the deadline if the broker has not answered */
+  bool answered;
+  lt_api_done_fn *done;
+  void *ctx;
+  lt_err_t err;
+  char msg[256];
+  void *value; /* a copy of the record, folded on success when fold_now */
+  size_t len;
+  bool fold_now;
+} lt_api_pending_t;
+
+static void pending_free(lt_api_pending_t *p) {
+  if (p->ev) event_free(p->ev);
+  if (p->timer) event_free(p->timer);
+  free(p->value);
+  free(p);
+}
+
+/* On the loop thread: the broker answered. */
+static void pending_fire(evutil_socket_t fd, short what, void *arg) {
+  lt_api_pending_t *p = arg;
+  lt_api_t *api = p->api;
+  if (p->err == LT_OK) {
+    api->stats.produced++;
+    /* Read-your-writes only for a job's first record: nothing of the job can precede it in the
+     * log. Any other record is folded when the consumer reads it, in log order (invariant 3: a
+     * cancel folded early could overtake a completion that came first). */
+    lt_proj_result_t res;
+    if (p->fold_now && lt_proj_apply(api->proj, p->value, p->len, &res, NULL, 0) == LT_OK && res.job_id)
+      lt_api_events_on_record(api, &res);
+  } else {
+    api->stats.produce_failed++;
+  }
+  if (!p->answered) p->done(api, p->ctx, p->err, p->msg);
+  pending_free(p);
+}
+
+/* The deadline passed: the outcome is unknown, so the client hears 503 (never a false ack); the
+ * delivery report, when it comes, still folds a record that did get in. */
+static void pending_timeout(evutil_socket_t fd, short what, void *arg) {
+  lt_api_pending_t *p = arg;
+  if (p->answered) return;
+  p->answered = true;
+  p->done(p->api, p->ctx, LT_ERR_TIMEOUT, "the broker did not acknowledge in time");
+}
+
+/* On the producer's thread: hand the outcome to the loop. */
+static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
+  lt_api_pending_t *p = d->msg_opaque;
+  (void)opaque;
+  p->err = d->err;
+  snprintf(p->msg, sizeof p->msg, "%s", d->err ? (d->errmsg && *d->errmsg ? d->errmsg : lt_err_str(d->err)) : "");
+  event_active(p->ev, 0, 0);
+}
+
+lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
+                        size_t len, bool fold_now, lt_api_done_fn *done, void *ctx) {
+  lt_api_pending_t *p = calloc(1, sizeof *p);
+  if (!p) return LT_ERR_NOMEM;
+  p->api = api;
+  p->fold_now = fold_now;
+  p->done = done;
+  p->ctx = ctx;
+  p->value = malloc(len ? len : 1);
+  p->ev = event_new(api->base, -1, 0, pending_fire, p);
+  p->timer = evtimer_new(api->base, pending_timeout, p);
+  if (!p->value || !p->ev || !p->timer) {
+    pending_free(p);
+    return LT_ERR_NOMEM;
+  }
+  memcpy(p->value, value, len);
+  p->len = len;
+  lt_bus_record_t rec = {.topic = topic, .partition = partition, .key = key, .key_size = strlen(key),
+                         .value = value, .value_size = len};
+  char err[256];
+  lt_err_t e = lt_bus_produce(api->producer, &rec, p, err, sizeof err);
+  if (e) {
+    pending_free(p);
+    return e;
+  }
+  struct timeval tv = {api->conf.produce_timeout_ms / 1000, (api->conf.produce_timeout_ms % 1000) * 1000};
+  evtimer_add(p->timer, &tv);
+  return LT_OK;
+}
+
+/* ---------------------------------------------------------------- the projection feed */
+
+/* Ready once the consumer reached every partition's high watermark as of start-up: before that,
+ * tenants and jobs may be missing and answers would be wrong. */
+static bool caught_up(lt_api_t *api) {
+  if (!api->nfeed) return true;
+  lt_bus_tp_t pos[256];
+  size_t n = api->nfeed < 256 ? api->nfeed : 256;
+  memcpy(pos, api->feed_parts, n * sizeof *pos);
+  if (lt_bus_consumer_position(api->consumer, pos, n, NULL, 0)) return false;
+  for (size_t i = 0; i < n; i++) {
+    int64_t hw = api->feed_parts[i].offset;
+    if (hw <= 0) continue;                         /* empty partition */
+    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) return false;
+  }
+  return true;
+}
+
+static void on_folded(void *ctx, const lt_proj_result_t *res) {
+  lt_api_t *api = ctx;
+  if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
+                                    strcmp(res->type, "ArtifactPublished") == 0)))
+    lt_api_events_on_record(api, res);
+}
+
+static void feed(lt_api_t *api) {
+  /* Bounded per call so HTTP requests interleave with a long replay. */
+  for (int i = 0; i < 2000; i++) {
+    const lt_bus_msg_t *m = NULL;
+    char err[256];
+    lt_err_t e = lt_bus_consumer_poll(api->consumer, 0, &m, err, sizeof err);
+    if (e) {
+      fprintf(stderr, "lathed api: consumer: %s\n", err);
+      return;
+    }
+    if (!m) {
+      if (!api->ready) api->ready = caught_up(api);
+      return;
+    }
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    if (!v) continue; /* tombstone */
+    /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
+    if (lt_proj_fold(api->proj, v, len, on_folded, api, err, sizeof err)) api->stats.undecodable++;
+  }
+  event_active(api->consumer_ev, EV_READ, 0); /* more to read: come back after HTTP work */
+}
+
+static void on_consumer(evutil_socket_t fd, short what, void *arg) { feed(arg); }
+
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+  lt_api_t *api = arg;
+  feed(api);
+  lt_api_uploads_tick(api);
+}
+
+/* The producer, told the topics it writes so a customer's first cancel does not wait for it to
+ * discover lathe.control. */
+static lt_err_t start_producer(lt_api_t *api, char *errstr, size_t n) {
+  lt_bus_topic_name(api->conf.bus, "jobs", api->topic_jobs, sizeof api->topic_jobs);
+  lt_bus_topic_name(api->conf.bus, "control", api->topic_control, sizeof api->topic_control);
+  lt_bus_producer_opts_t popts = {.delivery_cb = on_delivery, .opaque = api};
+  lt_err_t err = lt_bus_producer_new(api->conf.bus, &popts, &api->producer, errstr, n);
+  if (err) return err;
+  lt_bus_producer_prepare(api->producer, api->topic_jobs, 2000);
+  lt_bus_producer_prepare(api->producer, api->topic_control, 2000);
+  return LT_OK;
+}
+
+lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
+  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts"};
+  lt_err_t err = start_producer(api, errstr, n);
+  if (err) return err;
+  lt_bus_admin_t *admin = NULL;
+  err = lt_bus_admin_new(api->conf.bus, &admin, errstr, n);
+  if (err) return err;
+  lt_bus_tp_t parts[256];
+  char(*names)[128] = calloc(5, sizeof *names);
+  size_t np = 0;
+  if (!names) err = LT_ERR_NOMEM;
+  api->feed_names = names;
+  for (size_t b = 0; b < 5 && !err; b++) {
+    lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
+    int count = 0;
+    err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
+    for (int p = 0; !err && p < count && np < 256; p++)
+      parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  }
+  lt_bus_admin_destroy(admin);
+  if (err) return err;
+  lt_bus_consumer_opts_t copts = {0};
+  if ((err = lt_bus_consumer_new(api->conf.bus, &copts, &api->consumer, errstr, n))) return err;
+  api->feed_parts = malloc(np * sizeof *api->feed_parts);
+  if (!api->feed_parts) return LT_ERR_NOMEM;
+  memcpy(api->feed_parts, parts, np * sizeof *parts);
+  api->nfeed = np;
+  /* Watermarks first: once assigned, the consumer's long-poll fetches of empty partitions hold
+   * the broker connection for up to fetch.wait.max.ms, and each watermark query would wait
+   * behind one (~10 s for the 25 partitions of a fresh prefix). */
+  if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, NULL, 10000, errstr, n))) return err;
+  if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
+  api->consumer_ev = event_new(api->base, lt_bus_consumer_fd(api->consumer), EV_READ | EV_PERSIST, on_consumer, api);
+  api->tick_ev = event_new(api->base, -1, EV_PERSIST, on_tick, api);
+  struct timeval tv = {0, 200 * 1000};
+  if (!api->consumer_ev || !api->tick_ev || event_add(api->consumer_ev, NULL) || event_add(api->tick_ev, &tv))
+    return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot register consumer events");
+  return LT_OK;
+}
+

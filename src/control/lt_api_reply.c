@@ -1,0 +1,83 @@
+/* lt_api_reply: how the API answers — JSON bodies, the error envelope
+ * {"error":{"code","message","field"}} with the status an lt_err_t maps to — and the request
+ * helpers every handler uses (body text, query string). See lt_api_int.h. */
+#include "lt_api_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
+  char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(15));
+  json_decref(body);
+  struct evbuffer *out = evbuffer_new();
+  if (text) {
+    evbuffer_add(out, text, strlen(text));
+    evbuffer_add(out, "\n", 1);
+  }
+  free(text);
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+  const char *reason = status == 200 ? "OK" : status == 201 ? "Created" : status == 202 ? "Accepted" : NULL;
+  evhttp_send_reply(req, status, reason, out);
+  evbuffer_free(out);
+}
+
+void lt_api_reply_error(struct evhttp_request *req, int status, const char *code, const char *field,
+                        const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  json_t *err = json_pack("{s:s,s:s,s:o}", "code", code, "message", msg, "field",
+                          field && *field ? json_string(field) : json_null());
+  lt_api_reply_json(req, status, json_pack("{s:o}", "error", err));
+}
+
+void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *field, const char *msg) {
+  switch (err) {
+  case LT_ERR_INVALID: lt_api_reply_error(req, 400, "invalid", field, "%s", msg); break;
+  case LT_ERR_NOT_FOUND: lt_api_reply_error(req, 404, "not_found", field, "%s", msg); break;
+  case LT_ERR_QUOTA: lt_api_reply_error(req, 429, "over_quota", field, "%s", msg); break;
+  case LT_ERR_AUTH: lt_api_reply_error(req, 401, "unauthorized", NULL, "%s", msg); break;
+  case LT_ERR_EXISTS: lt_api_reply_error(req, 409, "conflict", field, "%s", msg); break;
+  case LT_ERR_UNAVAILABLE:
+  case LT_ERR_TIMEOUT:
+  case LT_ERR_RETRIABLE:
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    lt_api_reply_error(req, 503, "unavailable", NULL, "%s", msg);
+    break;
+  default: lt_api_reply_error(req, 500, "internal", NULL, "%s", msg); break;
+  }
+}
+
+void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg) {
+  lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+}
+
+char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len) {
+  struct evbuffer *in = evhttp_request_get_input_buffer(req);
+  size_t n = evbuffer_get_length(in);
+  if (n > api->conf.max_json_body) {
+    lt_api_reply_error(req, 413, "too_large", NULL, "request body is %zu bytes, over the limit of %zu", n,
+                       api->conf.max_json_body);
+    return NULL;
+  }
+  char *s = malloc(n + 1);
+  if (!s) {
+    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+    return NULL;
+  }
+  evbuffer_copyout(in, s, n);
+  s[n] = '\0';
+  if (len) *len = n;
+  return s;
+}
+
+void lt_api_parse_query(struct evhttp_request *req, struct evkeyvalq *q) {
+  const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+  evhttp_parse_query_str(query ? query : "", q);
+}
+
+const char *lt_api_query(struct evkeyvalq *q, const char *name) { return evhttp_find_header(q, name); }

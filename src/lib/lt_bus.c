@@ -315,6 +315,20 @@ lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *l) {
   return a;
 }
 
+lt_err_t lt_bus_topic_metadata(rd_kafka_t *rk, const char *topic, int timeout_ms,
+                               const struct rd_kafka_metadata **out, char *errstr, size_t errstr_size) {
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+  if (!rkt)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "topic \"%s\": %s", topic,
+                   rd_kafka_err2str(rd_kafka_last_error()));
+  rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, rkt, out, timeout_ms);
+  rd_kafka_topic_destroy(rkt);
+  if (e)
+    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "metadata of %s: %s", topic,
+                   rd_kafka_err2str(e));
+  return LT_OK;
+}
+
 void lt_bus_learn_topic(rd_kafka_t *rk, const char *topic, int timeout_ms) {
   rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
   if (!rkt) return;

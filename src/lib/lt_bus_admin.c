@@ -271,16 +271,9 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
 
 lt_err_t lt_bus_admin_describe_topic(lt_bus_admin_t *a, const char *topic, int timeout_ms,
                                      int *out_partitions, char *errstr, size_t errstr_size) {
-  rd_kafka_topic_t *rkt = rd_kafka_topic_new(a->rk, topic, NULL);
-  if (!rkt)
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "topic \"%s\": invalid name", topic);
   const struct rd_kafka_metadata *md = NULL;
-  rd_kafka_resp_err_t e = rd_kafka_metadata(a->rk, 0, rkt, &md, timeout_ms);
-  rd_kafka_topic_destroy(rkt);
-  if (e)
-    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "metadata of %s: %s", topic,
-                   rd_kafka_err2str(e));
-  lt_err_t ret = LT_OK;
+  lt_err_t ret = lt_bus_topic_metadata(a->rk, topic, timeout_ms, &md, errstr, errstr_size);
+  if (ret) return ret;
   if (md->topic_cnt != 1 || md->topics[0].err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
       md->topics[0].partition_cnt == 0)
     ret = lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "topic %s does not exist", topic);

@@ -249,17 +249,9 @@ lt_err_t lt_bus_consumer_assign(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, 
 lt_err_t lt_bus_consumer_assign_topic(lt_bus_consumer_t *c, const char *topic, int64_t offset,
                                       int timeout_ms, int *out_partitions, char *errstr,
                                       size_t errstr_size) {
-  rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, topic, NULL);
-  if (!rkt)
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "topic \"%s\": %s", topic,
-                   rd_kafka_err2str(rd_kafka_last_error()));
   const struct rd_kafka_metadata *md = NULL;
-  rd_kafka_resp_err_t e = rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms);
-  rd_kafka_topic_destroy(rkt);
-  if (e)
-    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "metadata of %s: %s", topic,
-                   rd_kafka_err2str(e));
-  lt_err_t ret = LT_OK;
+  lt_err_t ret = lt_bus_topic_metadata(c->rk, topic, timeout_ms, &md, errstr, errstr_size);
+  if (ret) return ret;
   if (md->topic_cnt != 1 || md->topics[0].err || md->topics[0].partition_cnt == 0) {
     rd_kafka_resp_err_t te = md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
     ret = lt_errf(errstr, errstr_size, te ? lt_bus_err_from_code(te) : LT_ERR_NOT_FOUND,
@@ -271,7 +263,7 @@ lt_err_t lt_bus_consumer_assign_topic(lt_bus_consumer_t *c, const char *topic, i
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(np);
     for (int i = 0; i < np; i++)
       rd_kafka_topic_partition_list_add(l, topic, md->topics[0].partitions[i].id)->offset = offset;
-    e = rd_kafka_assign(c->rk, l);
+    rd_kafka_resp_err_t e = rd_kafka_assign(c->rk, l);
     rd_kafka_topic_partition_list_destroy(l);
     if (e)
       ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "assign %s: %s", topic,

@@ -52,6 +52,12 @@ lt_bus_tp_t *lt_bus_tparray_from(const rd_kafka_topic_partition_list_t *list);
  * own retry takes over. */
 void lt_bus_learn_topic(rd_kafka_t *rk, const char *topic, int timeout_ms);
 
+/* Metadata of one topic into *out (the caller frees it with rd_kafka_metadata_destroy); the
+ * request's own failure (bad name, broker down) as an error naming the topic. The topic's
+ * error, if any, is in (*out)->topics[0].err for the caller to judge. */
+lt_err_t lt_bus_topic_metadata(rd_kafka_t *rk, const char *topic, int timeout_ms,
+                               const struct rd_kafka_metadata **out, char *errstr, size_t errstr_size);
+
 /* The handles' librdkafka instances (send_offsets needs the consumer's; tests read the
  * effective configuration). */
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c);

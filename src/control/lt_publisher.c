@@ -83,60 +83,68 @@ static lt_err_t read_config_digest(const void *data, size_t len, char out[65], c
   return LT_OK;
 }
 
-lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, const lt_publisher_checkpoint_t *ck,
-                              uint64_t max_bytes, lt_publisher_promotion_t *out, char *errstr, size_t n) {
-  memset(out, 0, sizeof *out);
+/* One promotion's objects, by position in the checkpoint's key list. */
+typedef struct promo {
+  int idx[LT_PUBLISHER_MAX_OBJECTS]; /* into names[] */
+  void *stored[LT_PUBLISHER_MAX_OBJECTS]; /* as read from staging (sealed) */
+  size_t stored_len[LT_PUBLISHER_MAX_OBJECTS];
+  void *plain[LT_PUBLISHER_MAX_OBJECTS]; /* decrypted; published objects only */
+  size_t plain_len[LT_PUBLISHER_MAX_OBJECTS];
+} promo_t;
+
+/* The commit's figures and its layout: the hash it names (into want), every key under this
+ * checkpoint's prefix, known names (their index into p->idx), each once, the required ones all
+ * there. */
+static lt_err_t promote_check(const lt_publisher_checkpoint_t *ck, uint64_t max_bytes, uint8_t want[32], promo_t *p,
+                              char *errstr, size_t n) {
   if (ck->nkeys == 0 || ck->nkeys > LT_PUBLISHER_MAX_OBJECTS)
     return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s has %zu objects (1..%d allowed)", ck->job_id,
                    ck->nkeys, LT_PUBLISHER_MAX_OBJECTS);
   if (ck->bytes > max_bytes)
     return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s is %" PRIu64 " bytes, over the limit of %" PRIu64,
                    ck->job_id, ck->bytes, max_bytes);
-  uint8_t want[32];
   if (!ck->sha256_hex || strlen(ck->sha256_hex) != 64 || lt_crypto_unhex(ck->sha256_hex, want, 32, NULL, 0))
     return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s: sha256 \"%s\" is not 64 hex digits", ck->job_id,
                    ck->sha256_hex ? ck->sha256_hex : "");
-
-  /* The layout: every key under this checkpoint's prefix, known names, each once. */
   char prefix[LT_STORE_KEY_MAX + 1];
   if (lt_publisher_staging_key(prefix, sizeof prefix, ck->tenant_id, ck->job_id, ck->attempt, ck->step, "x"))
     return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s: tenant, job, attempt or step is malformed",
                    ck->job_id);
   size_t plen = strlen(prefix) - 1;
-  int idx[LT_PUBLISHER_MAX_OBJECTS];
   bool seen[NNAMES] = {0};
   for (size_t i = 0; i < ck->nkeys; i++) {
     const char *k = ck->object_keys[i];
     if (!k || strncmp(k, prefix, plen) != 0)
       return lt_errf(errstr, n, LT_ERR_INVALID, "object key \"%s\" is not under %.*s", k ? k : "", (int)plen, prefix);
-    idx[i] = name_index(k + plen);
-    if (idx[i] < 0)
+    int x = p->idx[i] = name_index(k + plen);
+    if (x < 0)
       return lt_errf(errstr, n, LT_ERR_INVALID, "object key \"%s\": \"%s\" is not a checkpoint object name", k,
                      k + plen);
-    if (seen[idx[i]]) return lt_errf(errstr, n, LT_ERR_INVALID, "object \"%s\" is listed twice", k + plen);
-    seen[idx[i]] = true;
+    if (seen[x]) return lt_errf(errstr, n, LT_ERR_INVALID, "object \"%s\" is listed twice", k + plen);
+    seen[x] = true;
   }
   for (size_t i = 0; i < NNAMES; i++)
     if (names[i].required && !seen[i])
       return lt_errf(errstr, n, LT_ERR_INVALID, "checkpoint of job %s has no %s", ck->job_id, names[i].name);
+  return LT_OK;
+}
 
-  void *stored[LT_PUBLISHER_MAX_OBJECTS] = {0};
-  size_t stored_len[LT_PUBLISHER_MAX_OBJECTS] = {0};
-  void *plain[LT_PUBLISHER_MAX_OBJECTS] = {0};
-  size_t plain_len[LT_PUBLISHER_MAX_OBJECTS] = {0};
+/* Phase 1: reads every staged object and checks the commit's size and hash before any byte is
+ * decrypted or written. */
+static lt_err_t promote_read(lt_store_t *store, const lt_publisher_checkpoint_t *ck, uint64_t max_bytes,
+                             const uint8_t want[32], promo_t *p, lt_publisher_promotion_t *out, char *errstr,
+                             size_t n) {
   lt_crypto_sha256_t *h = NULL;
   lt_err_t err = lt_crypto_sha256_new(&h);
   uint64_t total = 0;
-
-  /* 1. Read everything and check the commit's hash before any byte is decrypted or written. */
   for (size_t i = 0; !err && i < ck->nkeys; i++) {
-    err = lt_store_get(store, ck->object_keys[i], (size_t)(max_bytes - total), &stored[i], &stored_len[i], NULL,
+    err = lt_store_get(store, ck->object_keys[i], (size_t)(max_bytes - total), &p->stored[i], &p->stored_len[i], NULL,
                        errstr, n);
     if (err == LT_ERR_NOT_FOUND)
       err = lt_errf(errstr, n, LT_ERR_NOT_FOUND, "staged object %s is missing", ck->object_keys[i]);
     if (err) break;
-    lt_crypto_sha256_update(h, stored[i], stored_len[i]);
-    total += stored_len[i];
+    lt_crypto_sha256_update(h, p->stored[i], p->stored_len[i]);
+    total += p->stored_len[i];
   }
   out->stored_bytes_read = total;
   if (!err) {
@@ -150,47 +158,58 @@ lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, con
       err = lt_errf(errstr, n, LT_ERR_CORRUPT, "checkpoint of job %s: SHA-256 of the stored bytes is %s, the commit says %s",
                     ck->job_id, lt_crypto_hex(got, 32, got_hex), ck->sha256_hex);
   }
+  lt_crypto_sha256_free(h);
+  return err;
+}
 
-  /* 2. Decrypt each published object (every chunk authenticated, bound to its staging key). */
-  for (size_t i = 0; !err && i < ck->nkeys; i++) {
-    const layout_name_t *nm = &names[idx[i]];
+/* Phase 2: decrypts each published object (every chunk authenticated, bound to its staging key)
+ * and describes it in out->artifacts; config.json gives out->config_digest. */
+static lt_err_t promote_open(const lt_crypto_dek_t *dek, const lt_publisher_checkpoint_t *ck, promo_t *p,
+                             lt_publisher_promotion_t *out, char *errstr, size_t n) {
+  for (size_t i = 0; i < ck->nkeys; i++) {
+    const layout_name_t *nm = &names[p->idx[i]];
     if (!nm->published) continue;
-    plain[i] = malloc(stored_len[i] ? stored_len[i] : 1);
-    if (!plain[i]) {
-      err = LT_ERR_NOMEM;
-      break;
-    }
+    p->plain[i] = malloc(p->stored_len[i] ? p->stored_len[i] : 1);
+    if (!p->plain[i]) return LT_ERR_NOMEM;
     char why[256];
-    err = lt_crypto_open(dek, ck->object_keys[i], stored[i], stored_len[i], plain[i], stored_len[i], &plain_len[i], why,
-                         sizeof why);
-    if (err) {
-      err = lt_errf(errstr, n, LT_ERR_CORRUPT, "staged object %s does not decrypt: %s", ck->object_keys[i], why);
-      break;
-    }
-    free(stored[i]);
-    stored[i] = NULL;
+    lt_err_t err = lt_crypto_open(dek, ck->object_keys[i], p->stored[i], p->stored_len[i], p->plain[i],
+                                  p->stored_len[i], &p->plain_len[i], why, sizeof why);
+    if (err) return lt_errf(errstr, n, LT_ERR_CORRUPT, "staged object %s does not decrypt: %s", ck->object_keys[i], why);
+    free(p->stored[i]);
+    p->stored[i] = NULL;
     lt_publisher_artifact_t *a = &out->artifacts[out->n++];
     snprintf(a->name, sizeof a->name, "%s", nm->name);
     lt_publisher_artifact_key(a->key, sizeof a->key, ck->tenant_id, ck->job_id, nm->name);
     uint8_t d[32];
-    lt_crypto_sha256(plain[i], plain_len[i], d);
+    lt_crypto_sha256(p->plain[i], p->plain_len[i], d);
     lt_crypto_hex(d, 32, a->sha256);
-    a->bytes = plain_len[i];
-    if (strcmp(nm->name, "config.json") == 0) err = read_config_digest(plain[i], plain_len[i], out->config_digest, errstr, n);
+    a->bytes = p->plain_len[i];
+    if (strcmp(nm->name, "config.json") == 0) {
+      err = read_config_digest(p->plain[i], p->plain_len[i], out->config_digest, errstr, n);
+      if (err) return err;
+    }
   }
+  return LT_OK;
+}
 
+lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, const lt_publisher_checkpoint_t *ck,
+                              uint64_t max_bytes, lt_publisher_promotion_t *out, char *errstr, size_t n) {
+  memset(out, 0, sizeof *out);
+  uint8_t want[32];
+  promo_t promo = {0}, *p = &promo;
+  lt_err_t err = promote_check(ck, max_bytes, want, p, errstr, n);
+  if (!err) err = promote_read(store, ck, max_bytes, want, p, out, errstr, n);
+  if (!err) err = promote_open(dek, ck, p, out, errstr, n);
   /* 3. Re-encrypt under the artifact keys. Not yet visible: only ArtifactPublished makes it so. */
   for (size_t i = 0, a = 0; !err && i < ck->nkeys; i++) {
-    if (!plain[i]) continue;
-    err = lt_sealed_put(store, dek, out->artifacts[a].key, plain[i], plain_len[i], NULL, errstr, n);
+    if (!p->plain[i]) continue;
+    err = lt_sealed_put(store, dek, out->artifacts[a].key, p->plain[i], p->plain_len[i], NULL, errstr, n);
     a++;
   }
-
-  for (size_t i = 0; i < ck->nkeys; i++) {
-    free(stored[i]);
-    scrub_free(plain[i], stored_len[i] > plain_len[i] ? stored_len[i] : plain_len[i]);
+  for (size_t i = 0; i < ck->nkeys && i < LT_PUBLISHER_MAX_OBJECTS; i++) {
+    free(p->stored[i]);
+    scrub_free(p->plain[i], p->stored_len[i] > p->plain_len[i] ? p->stored_len[i] : p->plain_len[i]);
   }
-  lt_crypto_sha256_free(h);
   if (err) out->n = 0;
   return err;
 }

@@ -72,7 +72,8 @@ typedef enum lt_job_stop_reason {
   LT_STOP__COUNT
 } lt_job_stop_reason_t;
 
-#define LT_JOB_ID_MAX 64     /* job, tenant, worker ids: printable, no '/' */
+#define LT_ID_MAX 63                  /* longest id: job, tenant, dataset, worker, model (no '/') */
+#define LT_JOB_ID_MAX (LT_ID_MAX + 1) /* an id's buffer, NUL included: prefer LT_ID_MAX + 1 */
 #define LT_JOB_NAME_MAX 128  /* base model names */
 #define LT_JOB_REASON_MAX 256
 #define LT_JOB_KEY_MAX 512   /* object keys of a checkpoint */

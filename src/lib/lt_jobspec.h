@@ -19,8 +19,6 @@
 #include "lt_err.h"
 #include "lt_job.h"
 
-#define LT_ID_MAX 63 /* longest id: job, tenant, dataset, worker, model */
-
 /* Target modules as a bit set, in PEFT's names. */
 enum {
   LT_MODULE_Q = 1 << 0,    /* q_proj */

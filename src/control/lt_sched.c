@@ -86,12 +86,12 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
     s->heap[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
     s->blocked[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
     if (!s->heap[c] || !s->blocked[c]) goto nomem;
-    s->ahead[c] = s->atail[c] = s->cursor[c] = NIL;
+    s->age[c].head = s->age[c].tail = s->cursor[c] = NIL;
   }
   memset(s->job_hash, 0xff, ((size_t)s->job_hmask + 1) * sizeof(uint32_t));
   memset(s->ten_hash, 0xff, ((size_t)s->ten_hmask + 1) * sizeof(uint32_t));
   memset(s->wrk_hash, 0xff, ((size_t)s->wrk_hmask + 1) * sizeof(uint32_t));
-  for (uint32_t i = 0; i < cfg.max_jobs; i++) s->jobs[i].tnext = i + 1 < cfg.max_jobs ? i + 1 : NIL;
+  for (uint32_t i = 0; i < cfg.max_jobs; i++) s->jobs[i].tq.next = i + 1 < cfg.max_jobs ? i + 1 : NIL;
   s->job_free = 0;
   s->next_deadline = INFINITY;
   *out = s;
@@ -171,7 +171,7 @@ lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char
     memset(tt, 0, sizeof *tt);
     tt->id = in->id;
     for (int c = 0; c < LT_CLASS__COUNT; c++)
-      tt->qhead[c] = tt->qtail[c] = tt->heap_pos[c] = NIL;
+      tt->q[c].head = tt->q[c].tail = tt->heap_pos[c] = NIL;
     uint32_t *b = &s->ten_hash[mix64(in->id) & s->ten_hmask];
     tt->hnext = *b;
     *b = t;
@@ -214,7 +214,7 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   if (w != NIL && s->workers[w].up) {
     worker_t *wk = &s->workers[w];
     if (wk->slots == in->slots && wk->mem_total == in->mem_bytes) return LT_OK;
-    if (wk->run_head != NIL)
+    if (wk->run.head != NIL)
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "sched: worker %llu changed capacity while running jobs: report it down "
                      "first",
@@ -242,7 +242,7 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   wk->cache_cap = in->model_cache == 0 ? 1 : in->model_cache > MAX_CACHE ? MAX_CACHE
                                                                          : in->model_cache;
   wk->nmodels = 0;
-  wk->run_head = NIL;
+  wk->run = (list_t){NIL, NIL};
   wk->reserved_job = NIL;
   wk->free_slots = in->slots;
   wk->up = true;
@@ -277,8 +277,8 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   uint32_t w = worker_find(s, worker_id);
   if (w == NIL || !s->workers[w].up) return LT_ERR_NOT_FOUND;
   worker_t *wk = &s->workers[w];
-  while (wk->run_head != NIL) {
-    uint32_t jx = wk->run_head;
+  while (wk->run.head != NIL) {
+    uint32_t jx = wk->run.head;
     sched_run_release(s, jx);
     s->requeues++;
     sched_queue_insert(s, jx, true, now);
@@ -321,7 +321,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
                    "sched: job table full (max_jobs %u)", s->cfg.max_jobs);
   uint32_t jx = s->job_free;
   job_t *j = &s->jobs[jx];
-  s->job_free = j->tnext;
+  s->job_free = j->tq.next;
   memset(j, 0, sizeof *j);
   j->id = in->id;
   j->tenant = t;
@@ -361,7 +361,7 @@ lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now) {
   }
   job_hash_remove(s, jx);
   j->state = JS_FREE;
-  j->tnext = s->job_free;
+  j->tq.next = s->job_free;
   s->job_free = jx;
   s->njobs--;
   return LT_OK;
@@ -408,12 +408,12 @@ lt_err_t lt_sched_job_position(const lt_sched_t *s, uint64_t job_id, uint32_t *p
   const job_t *j = &s->jobs[jx];
   double pos = 0;
   if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
-    for (uint32_t k = s->ahead[0]; k != jx; k = s->jobs[k].anext) pos++;
+    for (uint32_t k = s->age[0].head; k != jx; k = s->jobs[k].age.next) pos++;
   } else {
     int c = j->cls;
     for (int h = 0; h < c; h++) pos += s->queued_c[h];
     uint32_t idx = 0;
-    for (uint32_t k = s->tenants[j->tenant].qhead[c]; k != jx; k = s->jobs[k].tnext) idx++;
+    for (uint32_t k = s->tenants[j->tenant].q[c].head; k != jx; k = s->jobs[k].tq.next) idx++;
     double w = s->tenants[j->tenant].weight;
     for (uint32_t t = 0; t < s->ntenants; t++) {
       const tenant_t *o = &s->tenants[t];

@@ -67,7 +67,7 @@ static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *ou
   double next = INFINITY;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!s->workers[w].up) continue;
-    for (uint32_t jx = s->workers[w].run_head; jx != NIL; jx = s->jobs[jx].wnext) {
+    for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {
       job_t *j = &s->jobs[jx];
       const tenant_t *t = &s->tenants[j->tenant];
       if (j->stop_sent || t->max_duration <= 0) continue;
@@ -109,8 +109,8 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
     /* run lists are newest first; count how many preemptible jobs must go */
     uint32_t slots = wk->free_slots, cost = 0;
     uint64_t mem = wk->mem_free;
-    for (uint32_t r = wk->run_head; r != NIL && (slots < j->gpus || mem < j->mem);
-         r = s->jobs[r].wnext) {
+    for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
+         r = s->jobs[r].run.next) {
       const job_t *rj = &s->jobs[r];
       if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
       slots += rj->gpus;
@@ -125,8 +125,8 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
   size_t n = 0;
   uint32_t slots = wk->free_slots;
   uint64_t mem = wk->mem_free;
-  for (uint32_t r = wk->run_head; r != NIL && (slots < j->gpus || mem < j->mem);
-       r = s->jobs[r].wnext) {
+  for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
+       r = s->jobs[r].run.next) {
     job_t *rj = &s->jobs[r];
     if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
     slots += rj->gpus;
@@ -176,7 +176,7 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
   }
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
     uint32_t looked = 0;
-    for (uint32_t jx = s->ahead[c]; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].anext) {
+    for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].age.next) {
       job_t *j = &s->jobs[jx];
       double waited = now - j->enq;
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
@@ -229,7 +229,7 @@ static bool pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_
                       uint32_t *scanned, bool *limited) {
   while (s->heap_n[c] > 0) {
     uint32_t t = s->heap[c][0];
-    if (try_dispatch(s, s->tenants[t].qhead[c], effective, now, d)) return true;
+    if (try_dispatch(s, s->tenants[t].q[c].head, effective, now, d)) return true;
     sched_heap_remove(s, c, t);
     s->tenants[t].blocked |= (uint8_t)(1u << c);
     s->blocked[c][s->nblocked[c]++] = t;
@@ -243,8 +243,8 @@ static bool pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_
 
 static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = 0;
-  while (n < cap && s->ahead[0] != NIL && s->slots_used < s->total_slots)
-    if (!try_dispatch(s, s->ahead[0], s->jobs[s->ahead[0]].cls, now, &out[n])) break;
+  while (n < cap && s->age[0].head != NIL && s->slots_used < s->total_slots)
+    if (!try_dispatch(s, s->age[0].head, s->jobs[s->age[0].head].cls, now, &out[n])) break;
     else n++;
   return n;
 }
@@ -256,7 +256,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
   const lt_sched_config_t *cfg = &s->cfg;
   uint32_t scanned = 0;
   bool limited = false;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->ahead[c];
+  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->age[c].head;
   while (!limited) {
     if (n >= cap) {
       limited = true;
@@ -273,7 +273,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
           if (mode == AGE_NONE) continue;
           double thr = cfg->aging_s * (c - e);
           if (mode == AGE_CLASS) {
-            if (s->ahead[c] != NIL && now - s->jobs[s->ahead[c]].enq >= thr &&
+            if (s->age[c].head != NIL && now - s->jobs[s->age[c].head].enq >= thr &&
                 pick_fair(s, c, e, now, &out[n], &scanned, &limited)) {
               n++;
               placed = true;
@@ -283,7 +283,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
           }
           while (s->cursor[c] != NIL && now - s->jobs[s->cursor[c]].enq >= thr) {
             uint32_t jx = s->cursor[c];
-            s->cursor[c] = s->jobs[jx].anext;
+            s->cursor[c] = s->jobs[jx].age.next;
             if (try_dispatch(s, jx, e, now, &out[n])) {
               n++;
               placed = true;

@@ -26,6 +26,14 @@
 
 enum { JS_FREE = 0, JS_QUEUED, JS_RUNNING };
 
+/* Intrusive doubly-linked lists of jobs, by index into the job pool (NIL ends them). */
+typedef struct link {
+  uint32_t prev, next;
+} link_t;
+typedef struct list {
+  uint32_t head, tail;
+} list_t;
+
 typedef struct job {
   uint64_t id;
   uint64_t mem;
@@ -36,9 +44,9 @@ typedef struct job {
   uint32_t tenant, worker, model, attempt, gpus;
   uint32_t reserved; /* worker reserved for it */
   uint32_t hnext;
-  uint32_t tprev, tnext; /* tenant-class queue (free list when free) */
-  uint32_t aprev, anext; /* age list */
-  uint32_t wprev, wnext; /* worker's running list */
+  link_t tq;  /* its tenant's queue of its class (tq.next: the free list when free) */
+  link_t age; /* its age list */
+  link_t run; /* its worker's running list */
   uint8_t cls, state;
   bool preempting, stop_sent;
 } job_t;
@@ -53,7 +61,7 @@ typedef struct tenant {
   uint64_t run_mem_c[LT_CLASS__COUNT];
   uint32_t queued_c[LT_CLASS__COUNT];
   uint64_t queued_gpus_c[LT_CLASS__COUNT];
-  uint32_t qhead[LT_CLASS__COUNT], qtail[LT_CLASS__COUNT];
+  list_t q[LT_CLASS__COUNT]; /* queued jobs per class, FIFO (requeued jobs first) */
   uint32_t heap_pos[LT_CLASS__COUNT];
   double key[LT_CLASS__COUNT];
   uint8_t blocked; /* bit c: set aside in this decide call */
@@ -70,7 +78,7 @@ typedef struct worker {
   uint32_t cache_cap, nmodels;
   uint32_t models[MAX_CACHE];
   uint64_t lru[MAX_CACHE];
-  uint32_t run_head;
+  list_t run; /* running jobs, newest first */
   uint32_t reserved_job;
   uint32_t hnext;
   bool up;
@@ -97,7 +105,7 @@ struct lt_sched {
   uint32_t *blocked[LT_CLASS__COUNT];
   uint32_t nblocked[LT_CLASS__COUNT];
 
-  uint32_t ahead[LT_CLASS__COUNT], atail[LT_CLASS__COUNT];
+  list_t age[LT_CLASS__COUNT]; /* queued jobs by (re)queue time; FIFO uses age[0] only */
   uint32_t cursor[LT_CLASS__COUNT];
 
   uint64_t total_mem;

@@ -6,6 +6,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stddef.h>
 
 /* ---- reservations and wait histograms ---------------------------------------------------- */
 
@@ -52,7 +53,7 @@ double sched_tenant_key(const lt_sched_t *s, const tenant_t *t, int c) {
 static bool heap_less(const lt_sched_t *s, int c, uint32_t a, uint32_t b) {
   const tenant_t *ta = &s->tenants[a], *tb = &s->tenants[b];
   if (ta->key[c] != tb->key[c]) return ta->key[c] < tb->key[c];
-  double ea = s->jobs[ta->qhead[c]].enq, eb = s->jobs[tb->qhead[c]].enq;
+  double ea = s->jobs[ta->q[c].head].enq, eb = s->jobs[tb->q[c].head].enq;
   if (ea != eb) return ea < eb;
   return a < b;
 }
@@ -138,6 +139,37 @@ void sched_heaps_rebuild(lt_sched_t *s) {
 
 /* ---- queues ----------------------------------------------------------------------------- */
 
+/* The link_t at byte offset off in job jx: one of its tq, age or run links. */
+static link_t *job_link(lt_sched_t *s, uint32_t jx, size_t off) {
+  return (link_t *)((char *)&s->jobs[jx] + off);
+}
+
+/* Puts job jx on list l (through its link at offset off) at the head, or at the tail. */
+static void list_push(lt_sched_t *s, list_t *l, uint32_t jx, size_t off, bool front) {
+  link_t *n = job_link(s, jx, off);
+  if (front) {
+    n->prev = NIL;
+    n->next = l->head;
+    if (l->head != NIL) job_link(s, l->head, off)->prev = jx;
+    else l->tail = jx;
+    l->head = jx;
+  } else {
+    n->next = NIL;
+    n->prev = l->tail;
+    if (l->tail != NIL) job_link(s, l->tail, off)->next = jx;
+    else l->head = jx;
+    l->tail = jx;
+  }
+}
+
+static void list_unlink(lt_sched_t *s, list_t *l, uint32_t jx, size_t off) {
+  const link_t *n = job_link(s, jx, off);
+  if (n->prev != NIL) job_link(s, n->prev, off)->next = n->next;
+  else l->head = n->next;
+  if (n->next != NIL) job_link(s, n->next, off)->prev = n->prev;
+  else l->tail = n->prev;
+}
+
 static int age_list(const lt_sched_t *s, const job_t *j) {
   return s->cfg.policy == LT_SCHED_POLICY_FIFO ? 0 : j->cls;
 }
@@ -153,34 +185,10 @@ void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
   j->stop_sent = false;
   j->worker = NIL;
   j->reserved = NIL;
-  /* tenant queue: new jobs at the tail, requeued ones (already started once) at the head */
-  if (front) {
-    j->tprev = NIL;
-    j->tnext = t->qhead[c];
-    if (t->qhead[c] != NIL) s->jobs[t->qhead[c]].tprev = jx;
-    else t->qtail[c] = jx;
-    t->qhead[c] = jx;
-  } else {
-    j->tnext = NIL;
-    j->tprev = t->qtail[c];
-    if (t->qtail[c] != NIL) s->jobs[t->qtail[c]].tnext = jx;
-    else t->qhead[c] = jx;
-    t->qtail[c] = jx;
-  }
-  /* age list: always the tail, so it stays ordered by enq; FIFO puts requeued jobs first */
-  if (front && s->cfg.policy == LT_SCHED_POLICY_FIFO) {
-    j->aprev = NIL;
-    j->anext = s->ahead[a];
-    if (s->ahead[a] != NIL) s->jobs[s->ahead[a]].aprev = jx;
-    else s->atail[a] = jx;
-    s->ahead[a] = jx;
-  } else {
-    j->anext = NIL;
-    j->aprev = s->atail[a];
-    if (s->atail[a] != NIL) s->jobs[s->atail[a]].anext = jx;
-    else s->ahead[a] = jx;
-    s->atail[a] = jx;
-  }
+  /* tenant queue: new jobs at the tail, requeued ones (already started once) at the head;
+   * age list: the tail, so it stays ordered by enq, except FIFO puts requeued jobs first */
+  list_push(s, &t->q[c], jx, offsetof(job_t, tq), front);
+  list_push(s, &s->age[a], jx, offsetof(job_t, age), front && s->cfg.policy == LT_SCHED_POLICY_FIFO);
   t->queued++;
   t->queued_c[c]++;
   t->queued_gpus_c[c] += j->gpus;
@@ -194,16 +202,10 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
   tenant_t *t = &s->tenants[j->tenant];
   int c = j->cls, a = age_list(s, j);
   assert(j->state == JS_QUEUED);
-  if (j->tprev != NIL) s->jobs[j->tprev].tnext = j->tnext;
-  else t->qhead[c] = j->tnext;
-  if (j->tnext != NIL) s->jobs[j->tnext].tprev = j->tprev;
-  else t->qtail[c] = j->tprev;
+  list_unlink(s, &t->q[c], jx, offsetof(job_t, tq));
   for (int k = 0; k < LT_CLASS__COUNT; k++)
-    if (s->cursor[k] == jx) s->cursor[k] = j->anext;
-  if (j->aprev != NIL) s->jobs[j->aprev].anext = j->anext;
-  else s->ahead[a] = j->anext;
-  if (j->anext != NIL) s->jobs[j->anext].aprev = j->aprev;
-  else s->atail[a] = j->aprev;
+    if (s->cursor[k] == jx) s->cursor[k] = j->age.next;
+  list_unlink(s, &s->age[a], jx, offsetof(job_t, age));
   if (j->reserved != NIL) sched_unreserve(s, j->reserved);
   t->queued--;
   t->queued_c[c]--;
@@ -251,24 +253,13 @@ static bool worker_touch_model(lt_sched_t *s, uint32_t w, uint32_t m) {
   return true;
 }
 
-static void run_link(lt_sched_t *s, uint32_t jx, uint32_t w) {
-  job_t *j = &s->jobs[jx];
-  worker_t *wk = &s->workers[w];
-  j->wprev = NIL;
-  j->wnext = wk->run_head;
-  if (wk->run_head != NIL) s->jobs[wk->run_head].wprev = jx;
-  wk->run_head = jx;
-}
-
 /* Releases what a running job holds. */
 void sched_run_release(lt_sched_t *s, uint32_t jx) {
   job_t *j = &s->jobs[jx];
   worker_t *wk = &s->workers[j->worker];
   tenant_t *t = &s->tenants[j->tenant];
   assert(j->state == JS_RUNNING);
-  if (j->wprev != NIL) s->jobs[j->wprev].wnext = j->wnext;
-  else wk->run_head = j->wnext;
-  if (j->wnext != NIL) s->jobs[j->wnext].wprev = j->wprev;
+  list_unlink(s, &wk->run, jx, offsetof(job_t, run));
   wk->gpu_free |= j->gpu_mask;
   wk->mem_free += j->mem;
   if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) {
@@ -311,7 +302,7 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
   j->gpu_mask = mask;
   j->start = now;
   j->attempt++;
-  run_link(s, jx, w);
+  list_push(s, &wk->run, jx, offsetof(job_t, run), true);
   if (j->cls == LT_CLASS_PREEMPTIBLE) {
     wk->preempt_slots += j->gpus;
     wk->preempt_mem += j->mem;

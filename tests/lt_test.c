@@ -1,0 +1,422 @@
+/* lt_test: the shared machinery of the C tests (see lt_test.h). Failures are Criterion
+ * assertions: a helper that cannot do its part ends the test with a message saying why. */
+#include "lt_test.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lt_crypto.h"
+
+static char err[1024];
+
+/* ---------------------------------------------------------------- waiting, files, commands */
+
+void lt_test_msleep(int ms) {
+  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&t, NULL);
+}
+
+/* Reads f to its end into a growing buffer (files and pipes alike). */
+static char *read_all(FILE *f, size_t *len) {
+  size_t cap = 1 << 16, n = 0, r;
+  char *buf = malloc(cap);
+  while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += r;
+    if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+  }
+  buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
+}
+
+char *lt_test_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = read_all(f, len);
+  fclose(f);
+  return buf;
+}
+
+bool lt_test_file_has(const char *path, const char *needle) {
+  char *all = lt_test_slurp(path, NULL);
+  bool yes = all && strstr(all, needle);
+  free(all);
+  return yes;
+}
+
+const char *lt_test_log_tail(const char *path) {
+  static char buf[3000];
+  size_t n = 0;
+  char *all = lt_test_slurp(path, &n);
+  if (!all) return "(no log)";
+  const char *from = n > sizeof buf - 1 ? all + n - (sizeof buf - 1) : all;
+  snprintf(buf, sizeof buf, "%s", from);
+  free(all);
+  return buf;
+}
+
+char *lt_test_run(const char *cmd, int *rc) {
+  FILE *p = popen(cmd, "r");
+  cr_assert(p, "popen %s", cmd);
+  char *out = read_all(p, NULL);
+  int st = pclose(p);
+  if (rc) *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+void lt_test_rm_rf(const char *path) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  cr_expect_eq(system(cmd), 0, "%s", cmd);
+}
+
+bool lt_test_pid_dead(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return true;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *rp = strrchr(buf, ')');
+  return !rp || rp[2] == 'Z' || rp[2] == 'X';
+}
+
+/* ---------------------------------------------------------------- the environment */
+
+static const char *env_or(const char *name, const char *def) {
+  const char *v = getenv(name);
+  return v && *v ? v : def;
+}
+
+const char *lt_test_lathe_bin(void) { return env_or("LATHE_TEST_LATHE", "./lathe"); }
+const char *lt_test_lathed_bin(void) { return env_or("LATHE_TEST_LATHED", "./lathed"); }
+
+const char *lt_test_source_path(const char *rel, char *out, size_t n) {
+  snprintf(out, n, "%s/%s", env_or("LATHE_SOURCE_ROOT", "."), rel);
+  return out;
+}
+
+void lt_test_require_stack(void) {
+  if (!getenv("LATHE_KAFKA_BOOTSTRAP") || !getenv("LATHE_S3_ENDPOINT"))
+    cr_skip_test("needs the local stack: eval \"$(ops/stack env)\"");
+}
+
+void lt_test_scratch_prefix(const char *tag, char *out, size_t n) {
+  char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  cr_assert_eq(lt_crypto_random_id(rnd), LT_OK);
+  snprintf(out, n, "%s%d-%.8s.", tag, (int)getpid(), rnd);
+}
+
+lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin) {
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert(conf);
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_test_scratch_prefix(tag, prefix, n);
+  cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_admin_new(conf, admin, err, sizeof err), LT_OK, "%s", err);
+  return conf;
+}
+
+void lt_test_topics_create(lt_bus_conf_t *conf, lt_bus_admin_t *admin, int timeout_ms) {
+  char path[1024];
+  lt_test_source_path("ops/topics.tsv", path, sizeof path);
+  if (lt_bus_admin_create_from_file(admin, path, -1, timeout_ms, NULL, err, sizeof err) != LT_OK)
+    cr_assert_fail("cannot create the topics of %s on %s (%s): start the broker with `ops/stack up` and "
+                   "`eval \"$(ops/stack env)\"`",
+                   path, lt_bus_conf_get(conf, "bootstrap.servers"), err);
+}
+
+void lt_test_topics_delete(const char *prefix) {
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  lt_bus_admin_t *admin = NULL;
+  char **names = NULL;
+  size_t nn = 0;
+  if (lt_bus_conf_from_env(conf, NULL, 0) == LT_OK && lt_bus_admin_new(conf, &admin, NULL, 0) == LT_OK &&
+      lt_bus_admin_list_topics(admin, 10000, &names, &nn, NULL, 0) == LT_OK) {
+    const char *mine[64];
+    size_t n = 0;
+    for (size_t i = 0; i < nn && n < 64; i++)
+      if (strncmp(names[i], prefix, strlen(prefix)) == 0) mine[n++] = names[i];
+    if (n) lt_bus_admin_delete_topics(admin, mine, n, 30000, NULL, 0);
+    lt_bus_admin_free_names(names);
+  }
+  lt_bus_admin_destroy(admin);
+  lt_bus_conf_destroy(conf);
+}
+
+void lt_test_tenant_create(const char *id, const char *opts, char *key, size_t keyn) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant create %s %s --json", lt_test_lathe_bin(), id, opts ? opts : "");
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s failed: %s", cmd, out);
+  json_t *j = json_loads(out, 0, NULL);
+  cr_assert(j && json_string_value(json_object_get(j, "api_key")), "no api_key in %s", out);
+  snprintf(key, keyn, "%s", json_string_value(json_object_get(j, "api_key")));
+  json_decref(j);
+  free(out);
+}
+
+/* ---------------------------------------------------------------- child processes */
+
+#define MAX_PROCS 16
+static lt_test_proc_t procs[MAX_PROCS];
+static int nprocs;
+
+/* In the child, before exec: where its output goes and what its environment holds. */
+static void child_prepare(const lt_test_spawn_t *s) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that dies takes its daemons with it */
+  if (s->own_group) setpgid(0, 0);
+  int fd = open(s->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+  int out = s->out ? open(s->out, O_WRONLY | O_CREAT | O_TRUNC, 0600) : fd;
+  dup2(out, 1);
+  dup2(fd, 2);
+  for (int i = 0; s->unset && s->unset[i]; i++) unsetenv(s->unset[i]);
+  for (int i = 0; s->env && s->env[i]; i++) putenv((char *)s->env[i]);
+}
+
+lt_test_proc_t *lt_test_spawn(const lt_test_spawn_t *s) {
+  cr_assert(nprocs < MAX_PROCS, "more than %d child processes", MAX_PROCS);
+  lt_test_proc_t *p = &procs[nprocs++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", s->name);
+  snprintf(p->log, sizeof p->log, "%s", s->log);
+  p->own_group = s->own_group;
+  p->pid = fork();
+  cr_assert(p->pid >= 0);
+  if (p->pid == 0) {
+    child_prepare(s);
+    execvp(s->argv[0], (char *const *)s->argv);
+    _exit(127);
+  }
+  if (s->own_group) setpgid(p->pid, p->pid); /* also here: no race with the first kill(-pid) */
+  return p;
+}
+
+lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *role, const char *netns,
+                               const char *const *env) {
+  const char *lathed = lt_test_lathed_bin();
+  const char *in_netns[] = {"/usr/sbin/ip", "netns", "exec", netns, lathed, "--role", role, NULL};
+  const char *api[] = {lathed, "--role", role, "--port", "0", NULL};
+  const char *plain[] = {lathed, "--role", role, NULL};
+  char instance[64];
+  snprintf(instance, sizeof instance, "LATHE_INSTANCE=%s", name);
+  const char *envs[32] = {instance};
+  for (int i = 0; env && env[i] && i < 30; i++) envs[i + 1] = env[i];
+  lt_test_spawn_t s = {.name = name, .log = log, .env = envs};
+  s.argv = netns ? in_netns : strcmp(role, "api") == 0 ? api : plain;
+  return lt_test_spawn(&s);
+}
+
+bool lt_test_proc_exited(lt_test_proc_t *p, int *status) {
+  int st = 0;
+  if (p->pid <= 0 || waitpid(p->pid, &st, WNOHANG) != p->pid) return false;
+  p->pid = 0;
+  if (status) *status = st;
+  return true;
+}
+
+void lt_test_procs_check(void) {
+  for (int i = 0; i < nprocs; i++) {
+    lt_test_proc_t *p = &procs[i];
+    int st;
+    if (!p->expect_exit && lt_test_proc_exited(p, &st))
+      cr_assert_fail("%s exited (status %d); its log ends:\n%s", p->name, st, lt_test_log_tail(p->log));
+  }
+}
+
+static void signal_proc(const lt_test_proc_t *p, int sig) { kill(p->own_group ? -p->pid : p->pid, sig); }
+
+void lt_test_proc_kill(lt_test_proc_t *p, int sig) {
+  if (p->pid <= 0) return;
+  p->expect_exit = true;
+  signal_proc(p, sig);
+  if (sig == SIGKILL) {
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+  }
+}
+
+int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms) {
+  if (p->pid <= 0) return -1;
+  p->expect_exit = true;
+  kill(p->pid, SIGTERM);
+  int st = 0;
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < timeout_ms; lt_test_msleep(100))
+    if (lt_test_proc_exited(p, &st)) return st;
+  lt_test_proc_kill(p, SIGKILL);
+  return -1;
+}
+
+void lt_test_procs_stop_all(void) {
+  for (int i = 0; i < nprocs; i++)
+    if (procs[i].own_group) /* a group left running: the test failed mid-way, nothing to wait for */
+      lt_test_proc_kill(&procs[i], SIGKILL);
+    else if (procs[i].pid > 0) {
+      procs[i].expect_exit = true;
+      kill(procs[i].pid, SIGTERM);
+    }
+  for (int i = 0; i < nprocs; i++) lt_test_proc_stop(&procs[i], 10000);
+  nprocs = 0;
+}
+
+/* The port of the last "listening on http://HOST:PORT" in a log; 0 if none yet. */
+static unsigned log_port(const char *log) {
+  static const char mark[] = "listening on http://";
+  char *all = lt_test_slurp(log, NULL);
+  unsigned port = 0;
+  for (const char *p = all; p && (p = strstr(p, mark)); p += sizeof mark - 1) {
+    const char *colon = strchr(p + sizeof mark - 1, ':');
+    if (colon) sscanf(colon + 1, "%u", &port);
+  }
+  free(all);
+  return port;
+}
+
+unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) {
+  unsigned port = 0;
+  lt_test_wait_until((port = log_port(p->log)) != 0, timeout_ms, 50, "%s printed no port within %d s; log:\n%s",
+                     p->name, timeout_ms / 1000, lt_test_log_tail(p->log));
+  return port;
+}
+
+/* ---------------------------------------------------------------- HTTP */
+
+lt_client_t *lt_test_client(const char *url, const char *api_key, int timeout_s) {
+  lt_client_opts_t o = {.url = url, .api_key = api_key, .timeout_s = timeout_s};
+  lt_client_t *c;
+  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
+  return c;
+}
+
+lt_client_resp_t lt_test_req(lt_client_t *c, const char *method, const char *path, const char *body, size_t len) {
+  lt_client_resp_t r;
+  cr_assert_eq(lt_client_request(c, method, path, NULL, 0, body, len, NULL, &r, err, sizeof err), LT_OK, "%s %s: %s",
+               method, path, err);
+  return r;
+}
+
+int lt_test_get_status(lt_client_t *c, const char *path, char *last_body, size_t n) {
+  lt_client_resp_t r;
+  if (lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err) != LT_OK) {
+    if (last_body) snprintf(last_body, n, "%s", err);
+    return 0;
+  }
+  int status = r.status;
+  if (last_body) snprintf(last_body, n, "%.*s", (int)r.len, r.body ? r.body : "");
+  lt_client_resp_free(&r);
+  return status;
+}
+
+/* ---------------------------------------------------------------- the log, read back */
+
+#define TAIL_TOPICS 8
+
+struct lt_test_tail {
+  lt_avro_registry_t *reg;
+  lt_bus_consumer_t *c;
+  lt_avro_decoder_t *dec;
+  json_t *recs;
+  int ntopics;
+  const char *bases[TAIL_TOPICS];
+  char names[TAIL_TOPICS][200];
+};
+
+lt_test_tail_t *lt_test_tail_open(const char *const *bases) {
+  lt_test_tail_t *t = calloc(1, sizeof *t);
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_registry_new(&t->reg, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_decoder_new(t->reg, &t->dec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &t->c, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_admin_t *admin;
+  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t parts[128];
+  size_t np = 0;
+  for (; bases[t->ntopics] && t->ntopics < TAIL_TOPICS; t->ntopics++) {
+    int i = t->ntopics, count = 0;
+    t->bases[i] = bases[i];
+    lt_bus_topic_name(conf, bases[i], t->names[i], sizeof t->names[i]);
+    cr_assert_eq(lt_bus_admin_describe_topic(admin, t->names[i], 10000, &count, err, sizeof err), LT_OK, "%s", err);
+    for (int p = 0; p < count && np < 128; p++)
+      parts[np++] = (lt_bus_tp_t){.topic = t->names[i], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  }
+  lt_bus_admin_destroy(admin);
+  cr_assert_eq(lt_bus_consumer_assign(t->c, parts, np, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_destroy(conf);
+  t->recs = json_array();
+  return t;
+}
+
+void lt_test_tail_close(lt_test_tail_t *t) {
+  if (!t) return;
+  lt_bus_consumer_destroy(t->c);
+  lt_avro_decoder_destroy(t->dec);
+  lt_avro_registry_destroy(t->reg);
+  json_decref(t->recs);
+  free(t);
+}
+
+/* One consumed message as a tail record; false when it is not a record Lathe can decode. */
+static bool tail_take(lt_test_tail_t *t, const lt_bus_msg_t *m) {
+  size_t len;
+  const void *v = lt_bus_msg_value(m, &len);
+  lt_avro_record_t *rec;
+  json_t *j = NULL;
+  if (!v || lt_avro_decode(t->dec, v, len, &rec, NULL, 0) != LT_OK ||
+      lt_avro_record_to_jansson(rec, &j, NULL, 0) != LT_OK)
+    return false;
+  const char *topic = lt_bus_msg_topic(m), *base = topic;
+  for (int k = 0; k < t->ntopics; k++)
+    if (strcmp(topic, t->names[k]) == 0) base = t->bases[k];
+  json_array_append_new(t->recs, json_pack("{s:s,s:i,s:I,s:s,s:o}", "topic", base, "partition",
+                                           (int)lt_bus_msg_partition(m), "offset", (json_int_t)lt_bus_msg_offset(m),
+                                           "type", lt_avro_record_type(rec), "r", j));
+  return true;
+}
+
+void lt_test_tail_poll(lt_test_tail_t *t, int ms) {
+  for (int i = 0; i < 10000; i++) {
+    const lt_bus_msg_t *m = NULL;
+    if (lt_bus_consumer_poll(t->c, i == 0 ? ms : 0, &m, err, sizeof err) != LT_OK || !m) return;
+    tail_take(t, m);
+  }
+}
+
+void lt_test_tail_settle(lt_test_tail_t *t, int idle_ms) {
+  for (size_t before = (size_t)-1; before != json_array_size(t->recs);) {
+    before = json_array_size(t->recs);
+    lt_test_tail_poll(t, idle_ms);
+  }
+}
+
+json_t *lt_test_tail_records(lt_test_tail_t *t) { return t->recs; }
+
+static json_t *field(json_t *rec, const char *name) { return json_object_get(json_object_get(rec, "r"), name); }
+const char *lt_test_rs(json_t *rec, const char *name) { return json_string_value(field(rec, name)); }
+json_int_t lt_test_ri(json_t *rec, const char *name) { return json_integer_value(field(rec, name)); }
+bool lt_test_rb(json_t *rec, const char *name) { return json_is_true(field(rec, name)); }
+
+/* Does s equal want (want NULL: anything)? */
+static bool matches(const char *s, const char *want) { return !want || (s && strcmp(s, want) == 0); }
+
+json_t *lt_test_tail_select(lt_test_tail_t *t, const char *topic, const char *type, const char *job, int attempt) {
+  json_t *out = json_array(), *r;
+  size_t i;
+  json_array_foreach(t->recs, i, r) {
+    if (!matches(json_string_value(json_object_get(r, "topic")), topic) ||
+        !matches(json_string_value(json_object_get(r, "type")), type) || !matches(lt_test_rs(r, "job_id"), job) ||
+        (attempt && lt_test_ri(r, "attempt") != attempt))
+      continue;
+    json_array_append(out, r);
+  }
+  return out;
+}

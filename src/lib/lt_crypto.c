@@ -683,6 +683,38 @@ static lt_err_t dec_header(lt_crypto_stream_t *s, const uint8_t **in, size_t *in
   return LT_OK;
 }
 
+typedef lt_err_t chunk_fn(lt_crypto_stream_t *s, bool final, const uint8_t *in, size_t len, uint8_t *out,
+                          size_t *pos, char *errstr, size_t errstr_size);
+
+/* Cuts input into units (a plaintext chunk when sealing, a chunk and its tag when opening) and
+ * hands each complete unit to fn as a non-final chunk; what is left waits in s->buf. A full
+ * unit goes out only once a byte after it is known, because the last one is the final one. */
+static lt_err_t feed_units(lt_crypto_stream_t *s, const uint8_t *in, size_t in_len, size_t unit,
+                           chunk_fn *fn, uint8_t *out, size_t *pos, char *errstr, size_t errstr_size) {
+  lt_err_t e;
+  if (s->buf_len) {
+    size_t take = unit - s->buf_len < in_len ? unit - s->buf_len : in_len;
+    memcpy(s->buf + s->buf_len, in, take);
+    s->buf_len += take;
+    in += take;
+    in_len -= take;
+    if (s->buf_len == unit && in_len) {
+      if ((e = fn(s, false, s->buf, s->chunk, out, pos, errstr, errstr_size))) return e;
+      s->buf_len = 0;
+    }
+  }
+  while (in_len > unit) {
+    if ((e = fn(s, false, in, s->chunk, out, pos, errstr, errstr_size))) return e;
+    in += unit;
+    in_len -= unit;
+  }
+  if (in_len) {
+    memcpy(s->buf + s->buf_len, in, in_len);
+    s->buf_len += in_len;
+  }
+  return LT_OK;
+}
+
 lt_err_t lt_crypto_stream_update(lt_crypto_stream_t *s, const void *in_v, size_t in_len,
                                  void *out_v, size_t out_cap, size_t *out_len, char *errstr,
                                  size_t errstr_size) {
@@ -697,67 +729,22 @@ lt_err_t lt_crypto_stream_update(lt_crypto_stream_t *s, const void *in_v, size_t
     return fail(s, errstr, errstr_size, LT_ERR_INVALID, "output buffer of %zu bytes is smaller "
                 "than lt_crypto_stream_out_max (%zu)", out_cap, lt_crypto_stream_out_max(s, in_len));
   lt_err_t e;
-  size_t cs = s->chunk;
   if (s->enc) {
     if (!s->hdr_done) {
       memcpy(out, s->hdr, s->hdr_len);
       pos = s->hdr_len;
       s->hdr_done = true;
     }
-    /* A full chunk goes out only once a byte after it is known: the last chunk is the final one. */
-    if (s->buf_len) {
-      size_t take = cs - s->buf_len < in_len ? cs - s->buf_len : in_len;
-      memcpy(s->buf + s->buf_len, in, take);
-      s->buf_len += take;
-      in += take;
-      in_len -= take;
-      if (s->buf_len == cs && in_len) {
-        if ((e = enc_chunk(s, false, s->buf, cs, out, &pos, errstr, errstr_size))) return e;
-        s->buf_len = 0;
-      }
+    e = feed_units(s, in, in_len, s->chunk, enc_chunk, out, &pos, errstr, errstr_size);
+  } else {
+    if (!s->hdr_done) {
+      if ((e = dec_header(s, &in, &in_len, errstr, errstr_size))) return e;
+      if (!s->hdr_done) return LT_OK;
     }
-    while (in_len > cs) {
-      if ((e = enc_chunk(s, false, in, cs, out, &pos, errstr, errstr_size))) return e;
-      in += cs;
-      in_len -= cs;
-    }
-    if (in_len) {
-      memcpy(s->buf + s->buf_len, in, in_len);
-      s->buf_len += in_len;
-    }
-    *out_len = pos;
-    return LT_OK;
+    e = feed_units(s, in, in_len, s->chunk + LT_CRYPTO_TAG_BYTES, dec_chunk, out, &pos, errstr, errstr_size);
   }
-
-  if (!s->hdr_done) {
-    if ((e = dec_header(s, &in, &in_len, errstr, errstr_size))) return e;
-    if (!s->hdr_done) return LT_OK;
-    cs = s->chunk;
-  }
-  size_t full = cs + LT_CRYPTO_TAG_BYTES;
-  /* A full chunk is non-final only when more bytes follow it. */
-  if (s->buf_len) {
-    size_t take = full - s->buf_len < in_len ? full - s->buf_len : in_len;
-    memcpy(s->buf + s->buf_len, in, take);
-    s->buf_len += take;
-    in += take;
-    in_len -= take;
-    if (s->buf_len == full && in_len) {
-      if ((e = dec_chunk(s, false, s->buf, cs, out, &pos, errstr, errstr_size))) return e;
-      s->buf_len = 0;
-    }
-  }
-  while (in_len > full) {
-    if ((e = dec_chunk(s, false, in, cs, out, &pos, errstr, errstr_size))) return e;
-    in += full;
-    in_len -= full;
-  }
-  if (in_len) {
-    memcpy(s->buf + s->buf_len, in, in_len);
-    s->buf_len += in_len;
-  }
-  *out_len = pos;
-  return LT_OK;
+  if (!e) *out_len = pos;
+  return e;
 }
 
 lt_err_t lt_crypto_stream_final(lt_crypto_stream_t *s, void *out_v, size_t out_cap,

@@ -171,21 +171,22 @@ static void lt_cb_untrack_free(lt_cb_ctx *c, const void *p) {
 
 static void lt_cb_free(lt_backend_t *be, void *p) { lt_cb_untrack_free(lt_cb(be), p); }
 
-static lt_err_t lt_cb_upload(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
+/* A copy between host and device that has finished when it returns: the host buffer may be
+ * reused (upload) or read (download) at once. */
+static lt_err_t lt_cb_copy_sync(lt_backend_t *be, void *dst, const void *src, size_t bytes,
+                                enum cudaMemcpyKind kind) {
   lt_cb_ctx *c = lt_cb(be);
-  if (lt_cb_enter(c) && bytes)
-    LT_CB_CUDA(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-  /* The host buffer may be reused as soon as we return. */
+  if (lt_cb_enter(c) && bytes) LT_CB_CUDA(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
   if (c->err == LT_OK) LT_CB_CUDA(c, cudaStreamSynchronize(c->stream));
   return c->err;
 }
 
+static lt_err_t lt_cb_upload(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
+  return lt_cb_copy_sync(be, dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
 static lt_err_t lt_cb_download(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
-  lt_cb_ctx *c = lt_cb(be);
-  if (lt_cb_enter(c) && bytes)
-    LT_CB_CUDA(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
-  if (c->err == LT_OK) LT_CB_CUDA(c, cudaStreamSynchronize(c->stream));
-  return c->err;
+  return lt_cb_copy_sync(be, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 static const float *lt_cb_map_const(lt_backend_t *be, const float *host, size_t n) {

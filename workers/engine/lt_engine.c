@@ -303,6 +303,45 @@ static uint64_t drop_seed(const lt_session_t *s, int l, int m) {
   return mix3(s->cfg.seed, s->fb_calls, (uint64_t)l * M_COUNT + (uint64_t)m);
 }
 
+/* One layer's slices of the activation block (see acts_t for their shapes). */
+typedef struct layer_acts {
+  float *x;                /* resid[l], the layer's input */
+  float *ln1, *rstd1;
+  float *q, *k, *v;
+  float *att, *atty;
+  float *xmid, *ln2, *rstd2;
+  float *g, *u, *h;
+  float *la;               /* (M_COUNT, N, r) */
+} layer_acts_t;
+
+static layer_acts_t layer_acts(const lt_session_t *s, int l) {
+  const acts_t *a = &s->a;
+  const lt_model_config_t *c = &s->mc;
+  size_t N = (size_t)a->N, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
+         QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim,
+         r = s->cfg.full ? 0 : (size_t)s->cfg.rank;
+  return (layer_acts_t){
+      .x = a->resid + (size_t)l * N * D,
+      .ln1 = a->ln1 + (size_t)l * N * D,
+      .rstd1 = a->rstd1 + (size_t)l * N,
+      .q = a->q + (size_t)l * N * QD,
+      .k = a->k + (size_t)l * N * KD,
+      .v = a->v + (size_t)l * N * KD,
+      .att = a->att + (size_t)l * a->state_floats,
+      .atty = a->atty + (size_t)l * N * QD,
+      .xmid = a->xmid + (size_t)l * N * D,
+      .ln2 = a->ln2 + (size_t)l * N * D,
+      .rstd2 = a->rstd2 + (size_t)l * N,
+      .g = a->g + (size_t)l * N * F,
+      .u = a->u + (size_t)l * N * F,
+      .h = a->h + (size_t)l * N * F,
+      .la = a->la + (size_t)l * M_COUNT * N * r,
+  };
+}
+
+/* Layer l's LoRA scratch of module m, (N, r), in forward and backward. */
+#define LA(m) (p.la + (size_t)(m) * N * r)
+
 /* Forward pass over the uploaded tokens of shape (B, T) up to the logits. */
 static void forward(lt_session_t *s, int train) {
   lt_backend_t *be = s->be;
@@ -310,38 +349,32 @@ static void forward(lt_session_t *s, int train) {
   const lt_model_config_t *c = &s->mc;
   const lt_engine_t *e = s->eng;
   int N = a->N, D = c->hidden_size, F = c->intermediate_size, H = c->num_heads,
-      KV = c->num_kv_heads, hd = c->head_dim, QD = H * hd, KD = KV * hd;
+      KV = c->num_kv_heads, hd = c->head_dim;
   size_t r = s->cfg.full ? 0 : (size_t)s->cfg.rank;
   float *scr = train && s->cfg.dropout > 0 ? a->scr : NULL;
   be->embed_fwd(be, a->resid, s->w.embed, a->tokens, N, D);
   for (int l = 0; l < c->num_layers; l++) {
     const layer_w_t *lw = &s->w.layer[l];
-    float *x = a->resid + (size_t)l * N * D, *xo = x + (size_t)N * D;
-    float *ln1 = a->ln1 + (size_t)l * N * D, *rstd1 = a->rstd1 + (size_t)l * N;
-    float *q = a->q + (size_t)l * N * QD, *k = a->k + (size_t)l * N * KD,
-          *v = a->v + (size_t)l * N * KD;
-    float *att = a->att + (size_t)l * a->state_floats, *atty = a->atty + (size_t)l * N * QD;
-    float *xmid = a->xmid + (size_t)l * N * D, *ln2 = a->ln2 + (size_t)l * N * D,
-          *rstd2 = a->rstd2 + (size_t)l * N;
-    float *g = a->g + (size_t)l * N * F, *u = a->u + (size_t)l * N * F,
-          *h = a->h + (size_t)l * N * F;
-    float *la = a->la + (size_t)l * M_COUNT * N * r;
-#define LA(m) (la + (size_t)(m) * N * r)
-    be->rmsnorm_fwd(be, ln1, rstd1, x, lw->ln1, N, D, c->rms_norm_eps);
-    lt_engine_linear_fwd(s, ln1, N, l, M_Q, q, 0.0f, LA(M_Q), drop_seed(s, l, M_Q), scr);
-    lt_engine_linear_fwd(s, ln1, N, l, M_K, k, 0.0f, LA(M_K), drop_seed(s, l, M_K), scr);
-    lt_engine_linear_fwd(s, ln1, N, l, M_V, v, 0.0f, LA(M_V), drop_seed(s, l, M_V), scr);
-    be->rope(be, q, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 0);
-    be->rope(be, k, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 0);
-    be->attn_fwd(be, atty, att, q, k, v, a->pos, a->B, a->T, H, KV, hd);
-    be->copy(be, xmid, x, (size_t)N * D);
-    lt_engine_linear_fwd(s, atty, N, l, M_O, xmid, 1.0f, LA(M_O), drop_seed(s, l, M_O), scr);
-    be->rmsnorm_fwd(be, ln2, rstd2, xmid, lw->ln2, N, D, c->rms_norm_eps);
-    lt_engine_linear_fwd(s, ln2, N, l, M_GATE, g, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE), scr);
-    lt_engine_linear_fwd(s, ln2, N, l, M_UP, u, 0.0f, LA(M_UP), drop_seed(s, l, M_UP), scr);
-    be->swiglu_fwd(be, h, g, u, (size_t)N * F);
-    be->copy(be, xo, xmid, (size_t)N * D);
-    lt_engine_linear_fwd(s, h, N, l, M_DOWN, xo, 1.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN), scr);
+    layer_acts_t p = layer_acts(s, l);
+    float *xo = p.x + (size_t)N * D;
+    be->rmsnorm_fwd(be, p.ln1, p.rstd1, p.x, lw->ln1, N, D, c->rms_norm_eps);
+    lt_engine_linear_fwd(s, p.ln1, N, l, M_Q, p.q, 0.0f, LA(M_Q), drop_seed(s, l, M_Q), scr);
+    lt_engine_linear_fwd(s, p.ln1, N, l, M_K, p.k, 0.0f, LA(M_K), drop_seed(s, l, M_K), scr);
+    lt_engine_linear_fwd(s, p.ln1, N, l, M_V, p.v, 0.0f, LA(M_V), drop_seed(s, l, M_V), scr);
+    be->rope(be, p.q, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 0);
+    be->rope(be, p.k, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 0);
+    be->attn_fwd(be, p.atty, p.att, p.q, p.k, p.v, a->pos, a->B, a->T, H, KV, hd);
+    be->copy(be, p.xmid, p.x, (size_t)N * D);
+    lt_engine_linear_fwd(s, p.atty, N, l, M_O, p.xmid, 1.0f, LA(M_O), drop_seed(s, l, M_O),
+                         scr);
+    be->rmsnorm_fwd(be, p.ln2, p.rstd2, p.xmid, lw->ln2, N, D, c->rms_norm_eps);
+    lt_engine_linear_fwd(s, p.ln2, N, l, M_GATE, p.g, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE),
+                         scr);
+    lt_engine_linear_fwd(s, p.ln2, N, l, M_UP, p.u, 0.0f, LA(M_UP), drop_seed(s, l, M_UP), scr);
+    be->swiglu_fwd(be, p.h, p.g, p.u, (size_t)N * F);
+    be->copy(be, xo, p.xmid, (size_t)N * D);
+    lt_engine_linear_fwd(s, p.h, N, l, M_DOWN, xo, 1.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN),
+                         scr);
   }
   be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->resid + (size_t)c->num_layers * N * D, s->w.norm, N,
                   D, c->rms_norm_eps);
@@ -358,8 +391,8 @@ static void backward(lt_session_t *s) {
   const lt_model_config_t *c = &s->mc;
   const lt_engine_t *e = s->eng;
   int N = a->N, D = c->hidden_size, F = c->intermediate_size, H = c->num_heads,
-      KV = c->num_kv_heads, hd = c->head_dim, QD = H * hd, KD = KV * hd, V = c->vocab_size,
-      L = c->num_layers, full = s->cfg.full;
+      KV = c->num_kv_heads, hd = c->head_dim, V = c->vocab_size, L = c->num_layers,
+      full = s->cfg.full;
   size_t r = full ? 0 : (size_t)s->cfg.rank;
   be->matmul(be, 0, 0, N, D, V, 1.0f, a->logits, V, s->w.lm_head, D, 0.0f, a->dln, D);
   if (full) be->matmul(be, 1, 0, V, D, N, 1.0f, a->logits, V, a->lnf, D, 1.0f, s->gw.lm_head, D);
@@ -369,32 +402,23 @@ static void backward(lt_session_t *s) {
   for (int l = L - 1; l >= 0; l--) {
     const layer_w_t *lw = &s->w.layer[l];
     layer_w_t *gl = full ? &s->gw.layer[l] : NULL;
-    float *x = a->resid + (size_t)l * N * D;
-    float *ln1 = a->ln1 + (size_t)l * N * D, *rstd1 = a->rstd1 + (size_t)l * N;
-    float *q = a->q + (size_t)l * N * QD, *k = a->k + (size_t)l * N * KD,
-          *v = a->v + (size_t)l * N * KD;
-    float *att = a->att + (size_t)l * a->state_floats, *atty = a->atty + (size_t)l * N * QD;
-    float *xmid = a->xmid + (size_t)l * N * D, *ln2 = a->ln2 + (size_t)l * N * D,
-          *rstd2 = a->rstd2 + (size_t)l * N;
-    float *g = a->g + (size_t)l * N * F, *u = a->u + (size_t)l * N * F,
-          *h = a->h + (size_t)l * N * F;
-    float *la = a->la + (size_t)l * M_COUNT * N * r;
+    layer_acts_t p = layer_acts(s, l);
     /* MLP: resid[l+1] = xmid + down(silu(gate(ln2)) * up(ln2)) */
-    linear_bwd(s, a->dx, h, N, l, M_DOWN, a->dh, 0.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN));
-    be->swiglu_bwd(be, a->dg, a->du, a->dh, g, u, (size_t)N * F);
-    linear_bwd(s, a->dg, ln2, N, l, M_GATE, a->dln, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE));
-    linear_bwd(s, a->du, ln2, N, l, M_UP, a->dln, 1.0f, LA(M_UP), drop_seed(s, l, M_UP));
-    be->rmsnorm_bwd(be, a->dx, gl ? gl->ln2 : NULL, a->dln, xmid, lw->ln2, rstd2, N, D);
+    linear_bwd(s, a->dx, p.h, N, l, M_DOWN, a->dh, 0.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN));
+    be->swiglu_bwd(be, a->dg, a->du, a->dh, p.g, p.u, (size_t)N * F);
+    linear_bwd(s, a->dg, p.ln2, N, l, M_GATE, a->dln, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE));
+    linear_bwd(s, a->du, p.ln2, N, l, M_UP, a->dln, 1.0f, LA(M_UP), drop_seed(s, l, M_UP));
+    be->rmsnorm_bwd(be, a->dx, gl ? gl->ln2 : NULL, a->dln, p.xmid, lw->ln2, p.rstd2, N, D);
     /* attention: xmid = x + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
-    linear_bwd(s, a->dx, atty, N, l, M_O, a->datty, 0.0f, LA(M_O), drop_seed(s, l, M_O));
-    be->attn_bwd(be, a->dq, a->dk, a->dv, a->datty, q, k, v, atty, att, a->pos, a->B, a->T, H,
-                 KV, hd);
+    linear_bwd(s, a->dx, p.atty, N, l, M_O, a->datty, 0.0f, LA(M_O), drop_seed(s, l, M_O));
+    be->attn_bwd(be, a->dq, a->dk, a->dv, a->datty, p.q, p.k, p.v, p.atty, p.att, a->pos, a->B,
+                 a->T, H, KV, hd);
     be->rope(be, a->dq, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 1);
     be->rope(be, a->dk, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 1);
-    linear_bwd(s, a->dq, ln1, N, l, M_Q, a->dln, 0.0f, LA(M_Q), drop_seed(s, l, M_Q));
-    linear_bwd(s, a->dk, ln1, N, l, M_K, a->dln, 1.0f, LA(M_K), drop_seed(s, l, M_K));
-    linear_bwd(s, a->dv, ln1, N, l, M_V, a->dln, 1.0f, LA(M_V), drop_seed(s, l, M_V));
-    be->rmsnorm_bwd(be, a->dx, gl ? gl->ln1 : NULL, a->dln, x, lw->ln1, rstd1, N, D);
+    linear_bwd(s, a->dq, p.ln1, N, l, M_Q, a->dln, 0.0f, LA(M_Q), drop_seed(s, l, M_Q));
+    linear_bwd(s, a->dk, p.ln1, N, l, M_K, a->dln, 1.0f, LA(M_K), drop_seed(s, l, M_K));
+    linear_bwd(s, a->dv, p.ln1, N, l, M_V, a->dln, 1.0f, LA(M_V), drop_seed(s, l, M_V));
+    be->rmsnorm_bwd(be, a->dx, gl ? gl->ln1 : NULL, a->dln, p.x, lw->ln1, p.rstd1, N, D);
   }
   if (full) be->embed_bwd(be, s->gw.embed, a->dx, a->tokens, N, D);
 #undef LA

@@ -385,6 +385,17 @@ out:
   return err;
 }
 
+/* A model directory as lt_engine_open reads it: model.safetensors and config.json. */
+static lt_err_t write_model_dir(const char *dir, const lt_model_config_t *c,
+                                const lt_st_entry_t *ent, size_t ns, char *errstr,
+                                size_t errstr_size) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  lt_err_t err = lt_st_write(path, ent, ns, errstr, errstr_size);
+  if (err) return err;
+  return lt_model_config_write(c, dir, errstr, errstr_size);
+}
+
 lt_err_t lt_export_model(lt_session_t *s, const char *dir, char *errstr, size_t errstr_size) {
   lt_err_t err;
   if ((err = ensure_dir(dir, errstr, errstr_size))) return err;
@@ -427,10 +438,7 @@ lt_err_t lt_export_model(lt_session_t *s, const char *dir, char *errstr, size_t 
             }
         }
   }
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  if ((err = lt_st_write(path, ent, ns, errstr, errstr_size))) goto out;
-  err = lt_model_config_write(c, dir, errstr, errstr_size);
+  err = write_model_dir(dir, c, ent, ns, errstr, errstr_size);
 out:
   free(host);
   free(ad);
@@ -471,10 +479,7 @@ lt_err_t lt_model_init_random(const lt_model_config_t *c, const char *dir, uint6
     ent[i] = spec_entry(specs[i].name, &specs[i], d);
     off += specs[i].n;
   }
-  char path[4096];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  if ((err = lt_st_write(path, ent, ns, errstr, errstr_size))) goto out;
-  err = lt_model_config_write(c, dir, errstr, errstr_size);
+  err = write_model_dir(dir, c, ent, ns, errstr, errstr_size);
 out:
   free(host);
   free(ent);

@@ -120,6 +120,7 @@ size_t lt_engine_spec_build(const lt_model_config_t *c, weights_t *w, spec_t *s)
 
 /* ---- engine and session ------------------------------------------------------------------- */
 
+/* A loaded base model: read-only after lt_engine_open, shared by its sessions. */
 struct lt_engine {
   lt_backend_t *be;
   lt_model_config_t cfg;
@@ -132,8 +133,9 @@ struct lt_engine {
   int rope_len;
 };
 
+/* One module's LoRA adapter: where A and B sit in the session's flat buffers. */
 typedef struct lora {
-  int on, in, out;
+  int on, in, out; /* targeted; the module's in and out features */
   size_t off_a, off_b; /* offsets in the adapter buffers: A (r, in), B (out, r) */
 } lora_t;
 
@@ -188,6 +190,7 @@ typedef struct sampl {
   void *block;
 } sampl_t;
 
+/* One training run on an engine (see lt_engine.h). */
 struct lt_session {
   lt_engine_t *eng;
   lt_backend_t *be;
@@ -212,7 +215,7 @@ struct lt_session {
   sampl_t sp;
 };
 
-
+/* The adapter of layer l's module m. */
 #define LORA(s, l, m) (&(s)->lora[(size_t)(l) * M_COUNT + (m)])
 
 /* Activation and sampling blocks are one backend allocation each, carved into 64-byte-aligned

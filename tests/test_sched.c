@@ -21,6 +21,7 @@ static lt_sched_t *mk(lt_sched_policy_t policy, double reserve, double aging, do
   c.preempt_after_s = preempt;
   c.gang_reserve_after_s = gang;
   c.max_jobs = 4096;
+  c.check_invariants = true; /* every call asserts the tables are consistent */
   lt_sched_t *s;
   char err[256];
   cr_assert_eq(lt_sched_new(&c, &s, err, sizeof err), LT_OK, "%s", err);
@@ -454,6 +455,7 @@ static void run_sim(const char *text, lt_sched_policy_t p, lt_sched_sim_result_t
   lt_sched_sim_config_t cfg;
   lt_sched_sim_config_default(&cfg);
   cfg.sched.policy = p;
+  cfg.sched.check_invariants = true;
   cfg.workers = 4;
   cfg.slots_per_worker = 4;
   cr_assert_eq(lt_sched_sim_run(tr, &cfg, r, err, sizeof err), LT_OK, "%s", err);

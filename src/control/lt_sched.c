@@ -183,6 +183,7 @@ lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char
   tt->max_duration = in->max_duration_s;
   s->next_deadline = -INFINITY; /* limits may have changed: rescan running jobs */
   sched_tenant_refresh_all(s, t);
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -252,6 +253,7 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   s->total_mem += in->mem_bytes;
   s->nup++;
   sched_heaps_rebuild(s);
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -270,6 +272,7 @@ lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint
     wk->lru[wk->nmodels++] = ++s->tick;
     bm_set(model_bm(s, models[i]), w);
   }
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -292,6 +295,7 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   s->total_mem -= wk->mem_total;
   s->nup--;
   sched_heaps_rebuild(s);
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -335,6 +339,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   *b = jx;
   s->njobs++;
   sched_queue_insert(s, jx, false, now);
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -364,6 +369,7 @@ lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now) {
   j->tq.next = s->job_free;
   s->job_free = jx;
   s->njobs--;
+  assert(sched_ok(s));
   return LT_OK;
 }
 
@@ -377,6 +383,7 @@ lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now) {
   sched_run_release(s, jx);
   s->requeues++;
   sched_queue_insert(s, jx, true, now);
+  assert(sched_ok(s));
   return LT_OK;
 }
 

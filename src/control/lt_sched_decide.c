@@ -4,6 +4,7 @@
  * states the policy; lt_sched_int.h the tables). */
 #include "lt_sched_int.h"
 
+#include <assert.h>
 #include <math.h>
 
 #define STARVE_SCAN 16     /* oldest blocked jobs per class the starvation pass looks at */
@@ -251,7 +252,11 @@ static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, s
 
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = check_deadlines(s, now, out, cap);
-  if (s->cfg.policy == LT_SCHED_POLICY_FIFO) return n + decide_fifo(s, now, out + n, cap - n);
+  if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
+    n += decide_fifo(s, now, out + n, cap - n);
+    assert(sched_ok(s));
+    return n;
+  }
 
   const lt_sched_config_t *cfg = &s->cfg;
   uint32_t scanned = 0;
@@ -315,5 +320,6 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     s->cursor[c] = NIL;
   }
   if (!limited && n < cap) n += starvation_pass(s, now, out + n, cap - n);
+  assert(sched_ok(s));
   return n;
 }

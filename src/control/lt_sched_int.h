@@ -180,4 +180,9 @@ void sched_heaps_rebuild(lt_sched_t *s);
 int sched_worker_model_slot(const worker_t *wk, uint32_t m); /* -1: not held */
 double sched_hist_quantile(const uint32_t *h, uint64_t n, double q);
 
+/* The tables' invariants: true when they hold. Every mutating entry point ends with
+ * assert(sched_ok(s)). The aggregate counts are checked always (O(classes)); each queue, run
+ * list, worker booking and reservation only when cfg.check_invariants is set. */
+bool sched_ok(const lt_sched_t *s);
+
 #endif

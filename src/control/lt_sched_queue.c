@@ -331,3 +331,70 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
                              .cold_load = cold,
                              .waited_s = waited};
 }
+
+/* ---- invariants ------------------------------------------------------------------------- */
+
+/* Worker w's run list books exactly what the worker lacks: GPUs (disjoint masks, none of them
+ * free), slots, memory, and the preemptible part of it. */
+static bool worker_ok(const lt_sched_t *s, uint32_t w, uint32_t *running) {
+  const worker_t *wk = &s->workers[w];
+  if (!wk->up) return wk->run.head == NIL && wk->reserved_job == NIL;
+  if (wk->free_slots > wk->slots || wk->mem_free > wk->mem_total) return false;
+  if ((uint32_t)__builtin_popcountll(wk->gpu_free) != wk->free_slots) return false;
+  if (!(s->free_bm[(size_t)wk->free_slots * s->words + (w >> 6)] & (1ULL << (w & 63)))) return false;
+  uint64_t masks = 0, mem = 0, pmem = 0;
+  uint32_t slots = 0, pslots = 0;
+  for (uint32_t jx = wk->run.head; jx != NIL; jx = s->jobs[jx].run.next) {
+    const job_t *j = &s->jobs[jx];
+    if (j->state != JS_RUNNING || j->worker != w || (j->gpu_mask & (masks | wk->gpu_free)) ||
+        (uint32_t)__builtin_popcountll(j->gpu_mask) != j->gpus)
+      return false;
+    masks |= j->gpu_mask;
+    slots += j->gpus;
+    mem += j->mem;
+    if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) pslots += j->gpus, pmem += j->mem;
+    ++*running;
+  }
+  return slots == wk->slots - wk->free_slots && mem == wk->mem_total - wk->mem_free &&
+         pslots == wk->preempt_slots && pmem == wk->preempt_mem;
+}
+
+/* Tenant t's queues hold what its counters say, in (re)queue state. */
+static bool tenant_ok(const lt_sched_t *s, uint32_t t, uint32_t *queued) {
+  const tenant_t *tt = &s->tenants[t];
+  uint32_t n = 0, run = 0;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    uint32_t k = 0;
+    uint64_t gpus = 0;
+    for (uint32_t jx = tt->q[c].head; jx != NIL; jx = s->jobs[jx].tq.next) {
+      const job_t *j = &s->jobs[jx];
+      if (j->state != JS_QUEUED || j->tenant != t || j->cls != c) return false;
+      k++;
+      gpus += j->gpus;
+    }
+    if (k != tt->queued_c[c] || gpus != tt->queued_gpus_c[c]) return false;
+    n += k;
+    run += tt->run_slots_c[c];
+  }
+  *queued += n;
+  return n == tt->queued && run == tt->running_slots;
+}
+
+bool sched_ok(const lt_sched_t *s) {
+  uint32_t used = 0, queued = 0;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) used += s->used_c[c], queued += s->queued_c[c];
+  if (used != s->slots_used || queued != s->queued || s->slots_used > s->total_slots ||
+      s->queued + s->running != s->njobs)
+    return false;
+  if (!s->cfg.check_invariants) return true;
+  uint32_t running = 0, in_queues = 0, reserved = 0;
+  for (uint32_t w = 0; w < s->nworkers; w++) {
+    if (!worker_ok(s, w, &running)) return false;
+    uint32_t jx = s->workers[w].reserved_job;
+    if (jx != NIL && (s->jobs[jx].state != JS_QUEUED || s->jobs[jx].reserved != w)) return false;
+    reserved += jx != NIL;
+  }
+  for (uint32_t t = 0; t < s->ntenants; t++)
+    if (!tenant_ok(s, t, &in_queues)) return false;
+  return running == s->running && in_queues == s->queued && reserved == s->nreserved;
+}

@@ -6,7 +6,6 @@
  * tenants are isolated (invariant 7); SSE is ordered and resumable; a restarted API answers the
  * same states and digest. Not here yet: the broker-down case (503, never 201), which needs an
  * in-process lt_api on librdkafka's mock cluster (the shared broker cannot be taken down). */
-#include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,132 +14,54 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/thread.h>
 
 #include "lt_api.h"
-#include "lt_avro.h"
-#include "lt_bus.h"
 #include "lt_bus_int.h" /* rdkafka.h before rdkafka_mock.h */
-#include "lt_client.h"
 #include "lt_crypto.h"
 #include "lt_store.h"
 #include "lt_tenant.h"
+#include "lt_test.h"
 #include <librdkafka/rdkafka_mock.h>
 
 #define MASTER_KEY "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 
 static char prefix[64];
-static char lathe_bin[1024], lathed_bin[1024];
 static char err[1024];
 
 typedef struct srv {
-  pid_t pid;
-  uint16_t port;
+  lt_test_proc_t *proc;
   char url[64];
-  char log[256];
 } srv_t;
 
 static srv_t api;             /* the API of the current test */
 static lt_client_t *ca, *cb;  /* tenants A and B */
 static char tenant_a[64], tenant_b[64], key_a[128], key_b[128];
 
-static int64_t now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-static void msleep(int ms) {
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-  nanosleep(&t, NULL);
-}
-
-/* Runs a shell command, returns its stdout (caller frees) and exit status in *rc. */
-static char *run(const char *cmd, int *rc) {
-  FILE *p = popen(cmd, "r");
-  cr_assert(p, "popen %s", cmd);
-  size_t cap = 1 << 16, n = 0;
-  char *out = malloc(cap);
-  size_t r;
-  while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) n += r;
-  out[n] = '\0';
-  int st = pclose(p);
-  if (rc) *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
-static void find_bins(void) {
-  const char *l = getenv("LATHE_TEST_LATHE"), *d = getenv("LATHE_TEST_LATHED");
-  snprintf(lathe_bin, sizeof lathe_bin, "%s", l ? l : "./lathe");
-  snprintf(lathed_bin, sizeof lathed_bin, "%s", d ? d : "./lathed");
-}
-
 /* ---------------------------------------------------------------- lathed as a child */
 
+/* `lathed --role api --port 0`, ready: the projection has caught up (healthz 200). */
 static srv_t start_api(void) {
   static int n;
   srv_t s = {0};
-  snprintf(s.log, sizeof s.log, "/tmp/test_api.%d.%d.log", (int)getpid(), n++);
-  s.pid = fork();
-  cr_assert(s.pid >= 0);
-  if (s.pid == 0) {
-    int fd = open(s.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(fd, 2);
-    execl(lathed_bin, "lathed", "--role", "api", "--port", "0", (char *)NULL);
-    _exit(127);
-  }
-  /* The port is on stderr: "lathed: api listening on http://127.0.0.1:PORT". */
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 30000 && !s.port; msleep(50)) {
-    FILE *f = fopen(s.log, "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-      char *p = strstr(line, "listening on http://");
-      unsigned port;
-      if (p && sscanf(strrchr(p, ':') + 1, "%u", &port) == 1) s.port = (uint16_t)port;
-    }
-    if (f) fclose(f);
-    int st;
-    if (waitpid(s.pid, &st, WNOHANG) == s.pid) cr_assert_fail("lathed exited at start; see %s", s.log);
-  }
-  cr_assert(s.port, "lathed did not print its port within 30 s; see %s", s.log);
-  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", s.port);
-  /* Ready: the projection has caught up (healthz 200). */
-  lt_client_opts_t o = {.url = s.url};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
-  int status = 0;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 30000 && status != 200; msleep(100)) {
-    lt_client_resp_t r;
-    if (lt_client_request(c, "GET", "/healthz", NULL, 0, NULL, 0, NULL, &r, err, sizeof err) == LT_OK) {
-      status = r.status;
-      lt_client_resp_free(&r);
-    }
-  }
+  char log[256];
+  snprintf(log, sizeof log, "/tmp/test_api.%d.%d.log", (int)getpid(), n++);
+  s.proc = lt_test_lathed("api", log, "api", NULL, NULL);
+  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", lt_test_proc_port(s.proc, 30000));
+  lt_client_t *c = lt_test_client(s.url, NULL, 0);
+  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
+                     "lathed's /healthz never answered 200; see %s", log);
   lt_client_destroy(c);
-  cr_assert_eq(status, 200, "lathed's /healthz never answered 200; see %s", s.log);
   return s;
 }
 
+/* Stops it; its log goes when it stopped cleanly. */
 static void stop_api(srv_t *s) {
-  if (s->pid <= 0) return;
-  kill(s->pid, SIGTERM);
-  int st;
-  for (int i = 0; i < 100; i++) {
-    if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-      s->pid = 0;
-      unlink(s->log);
-      return;
-    }
-    msleep(100);
-  }
-  kill(s->pid, SIGKILL);
-  waitpid(s->pid, &st, 0);
-  s->pid = 0;
+  if (!s->proc || s->proc->pid <= 0) return;
+  if (lt_test_proc_stop(s->proc, 10000) != -1) unlink(s->proc->log);
 }
 
 /* ---------------------------------------------------------------- tenants, helpers */
@@ -149,33 +70,15 @@ static void new_tenant(const char *tag, const char *opts, char *id, size_t idn, 
   char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
   lt_crypto_random_id(rnd);
   snprintf(id, idn, "%s-%.10s", tag, rnd);
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant create %s %s --json", lathe_bin, id, opts ? opts : "");
-  int rc;
-  char *out = run(cmd, &rc);
-  cr_assert_eq(rc, 0, "%s failed: %s", cmd, out);
-  json_t *j = json_loads(out, 0, NULL);
-  cr_assert(j && json_string_value(json_object_get(j, "api_key")), "no api_key in %s", out);
-  snprintf(key, keyn, "%s", json_string_value(json_object_get(j, "api_key")));
-  json_decref(j);
-  free(out);
+  lt_test_tenant_create(id, opts, key, keyn);
 }
 
-static lt_client_t *client_for(const char *key) {
-  lt_client_opts_t o = {.url = api.url, .api_key = key, .timeout_s = 90};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
-  return c;
-}
+static lt_client_t *client_for(const char *key) { return lt_test_client(api.url, key, 90); }
 
 /* One request; asserts the transport worked. */
 static lt_client_resp_t req(lt_client_t *c, const char *method, const char *path, const char *body) {
-  lt_client_resp_t r;
-  cr_assert_eq(lt_client_request(c, method, path, NULL, 0, body, body ? strlen(body) : 0, NULL, &r, err, sizeof err),
-               LT_OK, "%s %s: %s", method, path, err);
-  return r;
+  return lt_test_req(c, method, path, body, body ? strlen(body) : 0);
 }
-
 static const char *err_code(const lt_client_resp_t *r) {
   return json_string_value(json_object_get(json_object_get(r->json, "error"), "code"));
 }
@@ -190,13 +93,8 @@ static void expect_error(lt_client_t *c, const char *method, const char *path, c
 
 /* Waits until the API knows the tenant's key (it folds lathe.tenants asynchronously). */
 static void wait_key(lt_client_t *c) {
-  int status = 0;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 20000 && status != 200; msleep(100)) {
-    lt_client_resp_t r = req(c, "GET", "/v1/jobs", NULL);
-    status = r.status;
-    lt_client_resp_free(&r);
-  }
-  cr_assert_eq(status, 200, "the API never accepted a new tenant's key");
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200, 20000, 100,
+                     "the API never accepted a new tenant's key");
 }
 
 static const char *valid_jsonl = "{\"prompt\":\"Say hi\",\"completion\":\"hi\"}\n"
@@ -220,6 +118,14 @@ static lt_client_resp_t submit(lt_client_t *c, const char *dataset, const char *
   return r;
 }
 
+/* Submits a job on dataset (201 expected): its id into id. */
+static void submit_ok(lt_client_t *c, const char *dataset, char *id, size_t n) {
+  lt_client_resp_t r = submit(c, dataset, NULL);
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  snprintf(id, n, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
 static json_t *list_jobs(lt_client_t *c) {
   lt_client_resp_t r = req(c, "GET", "/v1/jobs?limit=500", NULL);
   cr_assert_eq(r.status, 200, "%s", r.body);
@@ -231,40 +137,12 @@ static json_t *list_jobs(lt_client_t *c) {
 /* Records of one type (and job id, when not NULL) in a topic of this prefix, read from the
  * beginning to the end. */
 static int count_records(const char *base, const char *type, const char *job_id) {
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
-  char topic[128];
-  lt_bus_topic_name(conf, base, topic, sizeof topic);
-  lt_avro_registry_t *reg;
-  lt_avro_decoder_t *dec;
-  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
-  lt_bus_consumer_t *c;
-  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err), LT_OK,
-               "%s", err);
-  int n = 0;
-  for (int idle = 0; idle < 15;) {
-    const lt_bus_msg_t *m;
-    cr_assert_eq(lt_bus_consumer_poll(c, 100, &m, err, sizeof err), LT_OK, "%s", err);
-    if (!m) {
-      idle++;
-      continue;
-    }
-    idle = 0;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    lt_avro_record_t *rec;
-    if (!v || lt_avro_decode(dec, v, len, &rec, NULL, 0) != LT_OK) continue;
-    const char *jid = NULL;
-    if (strcmp(lt_avro_record_type(rec), type) != 0) continue;
-    if (job_id && (lt_avro_get_string(rec, "job_id", &jid, NULL) != LT_OK || strcmp(jid, job_id) != 0)) continue;
-    n++;
-  }
-  lt_bus_consumer_destroy(c);
-  lt_avro_decoder_destroy(dec);
-  lt_avro_registry_destroy(reg);
-  lt_bus_conf_destroy(conf);
+  lt_test_tail_t *t = lt_test_tail_open((const char *const[]){base, NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *found = lt_test_tail_select(t, NULL, type, job_id, 0);
+  int n = (int)json_array_size(found);
+  json_decref(found);
+  lt_test_tail_close(t);
   return n;
 }
 
@@ -273,16 +151,15 @@ static int count_records(const char *base, const char *type, const char *job_id)
 static void setup(void) {
   if (!getenv("LATHE_KAFKA_BOOTSTRAP") || !getenv("LATHE_S3_ENDPOINT"))
     cr_assert_fail("needs the local stack: ops/stack up && eval \"$(ops/stack env)\"");
-  find_bins();
   /* One prefix for the whole run (the runner's pid): topics are made once and reused. */
   snprintf(prefix, sizeof prefix, "tapi%d.", (int)getppid());
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
   unsetenv("LATHE_MASTER_KEY_FILE");
   char cmd[1200];
-  snprintf(cmd, sizeof cmd, "'%s' admin topics 2>&1", lathe_bin);
+  snprintf(cmd, sizeof cmd, "'%s' admin topics 2>&1", lt_test_lathe_bin());
   int rc;
-  char *out = run(cmd, &rc);
+  char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "lathe admin topics: %s", out);
   free(out);
   new_tenant("a", "--max-queued 3 --max-dataset-bytes 4096", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
@@ -388,9 +265,9 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   lt_client_destroy(junk);
   /* rotate-key revokes the old key: once the API folds the record, the old key is refused. */
   char cmd[1200];
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant rotate-key %s --json", lathe_bin, tenant_b);
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant rotate-key %s --json", lt_test_lathe_bin(), tenant_b);
   int rc;
-  char *out = run(cmd, &rc);
+  char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "%s", out);
   json_t *j = json_loads(out, 0, NULL);
   lt_client_t *fresh = client_for(json_string_value(json_object_get(j, "api_key")));
@@ -404,12 +281,9 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
 
 Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
   char ds[64];
-  upload(ca, ds, sizeof ds);
-  lt_client_resp_t r = submit(ca, ds, NULL);
-  cr_assert_eq(r.status, 201, "%s", r.body);
   char id[64], path[256];
-  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
-  lt_client_resp_free(&r);
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
   /* Tenant B sees none of A's: job, cancel, events, dataset, delete, and as a submission input. */
   snprintf(path, sizeof path, "/v1/jobs/%s", id);
   expect_error(cb, "GET", path, NULL, 404, "not_found");
@@ -436,7 +310,7 @@ Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
   expect_error(ca, "DELETE", "/v1/datasets/..%2F..%2Fx", NULL, 404, "not_found");
   /* A's job and dataset are untouched. */
   snprintf(path, sizeof path, "/v1/jobs/%s", id);
-  r = req(ca, "GET", path, NULL);
+  lt_client_resp_t r = req(ca, "GET", path, NULL);
   cr_expect_eq(r.status, 200);
   cr_expect_eq(json_is_true(json_object_get(r.json, "cancel_requested")), 0);
   lt_client_resp_free(&r);
@@ -535,12 +409,10 @@ Test(api, max_queued_jobs_exceeded_is_429_naming_the_limit) {
 
 Test(api, cancel_twice_is_idempotent_and_records_one_cancel) {
   char ds[64], path[256];
-  upload(ca, ds, sizeof ds);
-  lt_client_resp_t r = submit(ca, ds, NULL);
-  cr_assert_eq(r.status, 201);
   char id[64];
-  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
-  lt_client_resp_free(&r);
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
+  lt_client_resp_t r;
   snprintf(path, sizeof path, "/v1/jobs/%s/cancel", id);
   for (int i = 0; i < 2; i++) {
     r = req(ca, "POST", path, NULL);
@@ -603,12 +475,10 @@ static void produce_job_cancelled(const char *job_id, const char *tenant) {
 
 Test(api, events_arrive_in_order_and_last_event_id_resumes_after_that_event) {
   char ds[64], path[256], jpath[256];
-  upload(ca, ds, sizeof ds);
-  lt_client_resp_t r = submit(ca, ds, NULL);
-  cr_assert_eq(r.status, 201);
   char id[64];
-  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
-  lt_client_resp_free(&r);
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
+  lt_client_resp_t r;
   snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
   snprintf(jpath, sizeof jpath, "/v1/jobs/%s/cancel", id);
   r = req(ca, "POST", jpath, NULL);
@@ -645,21 +515,16 @@ static json_t *states(lt_client_t *c) {
   return out;
 }
 
-static json_int_t health_folded(void) {
-  lt_client_opts_t o = {.url = api.url};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK);
-  lt_client_resp_t r = req(c, "GET", "/healthz", NULL);
-  json_int_t n = json_integer_value(json_object_get(r.json, "records_folded"));
+/* Does GET path say the job's cancel was requested? */
+static bool cancel_requested(lt_client_t *c, const char *path) {
+  lt_client_resp_t r = req(c, "GET", path, NULL);
+  bool yes = json_is_true(json_object_get(r.json, "cancel_requested"));
   lt_client_resp_free(&r);
-  lt_client_destroy(c);
-  return n;
+  return yes;
 }
 
 static char *health_digest(void) {
-  lt_client_opts_t o = {.url = api.url};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK);
+  lt_client_t *c = lt_test_client(api.url, NULL, 0);
   lt_client_resp_t r = req(c, "GET", "/healthz", NULL);
   const char *d = json_string_value(json_object_get(r.json, "digest"));
   cr_assert(d, "/healthz has no digest: %s", r.body);
@@ -673,12 +538,7 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   char ds[64], path[256];
   upload(ca, ds, sizeof ds);
   char ids[2][64];
-  for (int i = 0; i < 2; i++) {
-    lt_client_resp_t r = submit(ca, ds, NULL);
-    cr_assert_eq(r.status, 201);
-    snprintf(ids[i], sizeof ids[i], "%s", json_string_value(json_object_get(r.json, "id")));
-    lt_client_resp_free(&r);
-  }
+  for (int i = 0; i < 2; i++) submit_ok(ca, ds, ids[i], sizeof ids[i]);
   snprintf(path, sizeof path, "/v1/jobs/%s/cancel", ids[1]);
   lt_client_resp_t r = req(ca, "POST", path, NULL);
   cr_assert_eq(r.status, 202);
@@ -686,24 +546,15 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   /* The digest before the restart is taken once the API has read its own cancel back from the
    * log (GET answers from the fold): the restarted API folds it too. */
   snprintf(path, sizeof path, "/v1/jobs/%s", ids[1]);
-  bool folded_cancel = false;
-  for (int i = 0; i < 100 && !folded_cancel; i++) {
-    r = req(ca, "GET", path, NULL);
-    folded_cancel = json_is_true(json_object_get(r.json, "cancel_requested"));
-    lt_client_resp_free(&r);
-    if (!folded_cancel) usleep(100000);
-  }
-  cr_assert(folded_cancel, "the API did not fold its own cancel within 10 s");
+  lt_test_wait_until(cancel_requested(ca, path), 10000, 100, "the API did not fold its own cancel within 10 s");
   json_t *before = states(ca);
   char *d1 = health_digest();
-  json_int_t folded = health_folded();
   stop_api(&api);
   api = start_api();
   lt_client_destroy(ca);
   ca = client_for(key_a);
   /* start_api waits for /healthz 200, which the API answers only once its fold reached the
    * topics' end as of start-up: the digest must be the same at once. */
-  (void)folded;
   json_t *after = states(ca);
   char *d2 = health_digest();
   cr_expect(json_equal(before, after), "job states differ after a restart");
@@ -724,7 +575,6 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
  * down under the other suites, so this API talks to librdkafka's mock cluster, run in this
  * process and reached over loopback; the store is the real one. */
 Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, .timeout = 300) {
-  find_bins();
   if (!getenv("LATHE_S3_ENDPOINT")) cr_assert_fail("needs the local stack's S3 server: ops/stack up");
   char errs[512];
   rd_kafka_conf_t *kc = rd_kafka_conf_new();
@@ -767,9 +617,9 @@ Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, 
   lt_client_resp_free(&r);
 
   rd_kafka_mock_broker_set_down(mc, 1);
-  int64_t t0 = now_ms();
+  int64_t t0 = lt_time_mono_ms();
   r = submit(ca, ds, "k-down");
-  int64_t took = now_ms() - t0;
+  int64_t took = lt_time_mono_ms() - t0;
   cr_assert_eq(r.status, 503, "with the broker down the API answered %d: %s", r.status, r.body);
   cr_assert_lt(took, 60000, "the 503 must come at the produce deadline, not never");
   lt_client_resp_free(&r);
@@ -778,7 +628,7 @@ Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, 
   rd_kafka_mock_broker_set_up(mc, 1);
   int status = 0;
   char job[64] = "";
-  for (int64_t t1 = now_ms(); now_ms() - t1 < 90000 && status != 200 && status != 201; msleep(500)) {
+  for (int64_t t1 = lt_time_mono_ms(); lt_time_mono_ms() - t1 < 90000 && status != 200 && status != 201; lt_test_msleep(500)) {
     r = submit(ca, ds, "k-down");
     status = r.status;
     if (status == 200 || status == 201) snprintf(job, sizeof job, "%s", json_string_value(json_object_get(r.json, "id")));

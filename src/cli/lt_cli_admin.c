@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_config.h"
@@ -164,14 +166,18 @@ static int apply_options(int argc, char **argv, int i, lt_tenant_t *t, bool *jso
 static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   int live = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
-  if (json) {
-    printf("{\"tenant_id\":\"%s\",\"name\":\"%s\",\"weight\":%g,\"max_running_slots\":%d,\"max_queued_jobs\":%d,"
-           "\"max_job_duration_s\":%lld,\"max_dataset_bytes\":%lld,\"live_keys\":%d,\"disabled\":%s",
-           t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
-           (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes, live,
-           t->disabled ? "true" : "false");
-    if (api_key) printf(",\"api_key\":\"%s\"", api_key);
-    printf("}\n");
+  if (json) { /* through jansson: a display name may hold quotes */
+    json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
+                          t->display_name, "weight", t->weight, "max_running_slots",
+                          t->quotas.max_running_slots, "max_queued_jobs", t->quotas.max_queued_jobs,
+                          "max_job_duration_s", (json_int_t)t->quotas.max_job_duration_s,
+                          "max_dataset_bytes", (json_int_t)t->quotas.max_dataset_bytes, "live_keys", live,
+                          "disabled", t->disabled);
+    if (o && api_key) json_object_set_new(o, "api_key", json_string(api_key));
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    printf("%s\n", text ? text : "{}");
+    free(text);
+    json_decref(o);
     return;
   }
   printf("tenant %s (%s): weight %g, max running %d, max queued %d, max duration %llds, max dataset %lld bytes, "

@@ -14,16 +14,19 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Resolution plans: how to read data of writer node w into a value of reader node r. */
 
-enum {
+/* What decode_value does. P_<T>: read a T as is; P_<W>_<R>: read a W, store it promoted to an R;
+ * P_WUNION: the writer wrote a union (branch index, then that branch's plan); P_RUNION: the reader
+ * holds a union (select rbranch, then its plan). */
+typedef enum lt_plan_op {
   P_NULL, P_BOOL, P_INT, P_LONG, P_FLOAT, P_DOUBLE, P_STRING, P_BYTES, P_FIXED,
   P_INT_LONG, P_INT_FLOAT, P_INT_DOUBLE, P_LONG_FLOAT, P_LONG_DOUBLE, P_FLOAT_DOUBLE,
   P_STRING_BYTES, P_BYTES_STRING,
   P_RECORD, P_ENUM, P_ARRAY, P_MAP, P_WUNION, P_RUNION
-};
+} lt_plan_op;
 
 struct lt_plan {
-  int op;
-  const lt_node *w, *r;
+  lt_plan_op op;
+  const lt_node *w, *r; /* writer and reader nodes */
   lt_plan **child; /* record: per writer field (NULL: skip); wunion: per writer branch */
   int *idx;        /* record: writer field -> reader field or -1; enum: writer -> reader symbol */
   size_t *defaults; /* record: reader fields absent from the writer */
@@ -49,7 +52,7 @@ void lt_avro_plans_free(lt_plan *p) {
   }
 }
 
-static lt_plan *plan_new(lt_planner *pl, int op, const lt_node *w, const lt_node *r) {
+static lt_plan *plan_new(lt_planner *pl, lt_plan_op op, const lt_node *w, const lt_node *r) {
   lt_plan *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->op = op;
@@ -61,6 +64,8 @@ static lt_plan *plan_new(lt_planner *pl, int op, const lt_node *w, const lt_node
   return p;
 }
 
+/* The op that reads a primitive w as a primitive r: the same type, or one of the specification's
+ * promotions (int to long, string to bytes, ...); -1 when there is none. */
 static int promotion(avro_type_t w, avro_type_t r) {
   if (w == r) {
     switch (w) {
@@ -185,7 +190,7 @@ static lt_plan *plan_build(lt_planner *pl, const lt_node *w, const lt_node *r, i
     return plan_fail(pl, quiet, "writer type %s matches no branch of the reader's union", lt_avro_type_word(w));
   }
   int op = promotion(w->type, r->type);
-  if (op >= 0) return plan_new(pl, op, w, r);
+  if (op >= 0) return plan_new(pl, (lt_plan_op)op, w, r);
   if (w->type != r->type)
     return plan_fail(pl, quiet, "writer type %s cannot be read as %s", lt_avro_type_word(w), lt_avro_type_word(r));
   switch (w->type) {

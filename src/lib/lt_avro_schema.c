@@ -467,6 +467,63 @@ void lt_avro_registry_destroy(lt_avro_registry_t *reg) {
   free(reg);
 }
 
+/* Fills reg->schemas[i] from e: our parse, its checks, the canonical form and fingerprint
+ * (unique among the schemas before it) and avro-c's value class. prev is the entry sorted just
+ * before e (NULL for the first), to refuse a version given twice. */
+static lt_err_t schema_load(lt_avro_registry_t *reg, size_t i, const lt_avro_embedded_t *e,
+                            const lt_avro_embedded_t *prev, char *errstr, size_t errstr_size) {
+  lt_avro_schema_t *s = &reg->schemas[i];
+  s->reg = reg;
+  s->index = i;
+  s->name = e->name;
+  s->version = e->version;
+  s->json = e->json;
+  s->json_len = e->json_len;
+  char sub[256];
+  lt_err_t rc = parse_schema_text(e->json, e->json_len, &s->tree, &s->root, &s->nodes, sub, sizeof sub);
+  if (rc) return lt_errf(errstr, errstr_size, rc, "schema %s v%d: %s", e->name, e->version, sub);
+  if (s->root->type != AVRO_RECORD || strcmp(s->root->name, e->name) != 0)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "schema %s v%d: top level must be record %s", e->name, e->version, e->name);
+  if (prev && strcmp(prev->name, e->name) == 0 && prev->version == e->version)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "schema %s v%d is given twice", e->name,
+                   e->version);
+  lt_sb sb = {0};
+  canon_emit(&sb, s->root, 1);
+  if (sb.oom) {
+    free(sb.p);
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  }
+  s->canonical = sb.p;
+  s->canonical_len = sb.len;
+  s->fingerprint = lt_avro_crc64(sb.p, sb.len);
+  for (size_t k = 0; k < i; k++)
+    if (reg->schemas[k].fingerprint == s->fingerprint)
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                     "schemas %s v%d and %s v%d have the same fingerprint (identical canonical form)",
+                     reg->schemas[k].name, reg->schemas[k].version, s->name, s->version);
+  if (avro_schema_from_json_length(e->json, e->json_len, &s->avro) != 0 ||
+      !(s->iface = avro_generic_class_from_schema(s->avro)))
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "schema %s v%d: avro-c: %s", e->name,
+                   e->version, avro_strerror());
+  return LT_OK;
+}
+
+/* Points every version at the newest of its name and numbers the record types; versions are
+ * sorted within a name. */
+static void link_versions(lt_avro_registry_t *reg) {
+  for (size_t i = 0; i < reg->n; i++) {
+    size_t last = i;
+    while (last + 1 < reg->n && strcmp(reg->schemas[last + 1].name, reg->schemas[i].name) == 0) last++;
+    for (size_t k = i; k <= last; k++) {
+      reg->schemas[k].latest = &reg->schemas[last];
+      reg->schemas[k].type_index = reg->ntypes;
+    }
+    reg->ntypes++;
+    i = last;
+  }
+}
+
 lt_err_t lt_avro_registry_new_from(const lt_avro_embedded_t *schemas, size_t count,
                                    lt_avro_registry_t **out, char *errstr, size_t errstr_size) {
   lt_err_t rc = LT_OK;
@@ -479,71 +536,11 @@ lt_err_t lt_avro_registry_new_from(const lt_avro_embedded_t *schemas, size_t cou
   for (size_t i = 0; i < count; i++) sorted[i] = &schemas[i];
   qsort(sorted, count, sizeof *sorted, cmp_embedded);
   for (size_t i = 0; i < count; i++) {
-    const lt_avro_embedded_t *e = sorted[i];
-    lt_avro_schema_t *s = &reg->schemas[i];
-    reg->n = i + 1;
-    s->reg = reg;
-    s->index = i;
-    s->name = e->name;
-    s->version = e->version;
-    s->json = e->json;
-    s->json_len = e->json_len;
-    char sub[256];
-    rc = parse_schema_text(e->json, e->json_len, &s->tree, &s->root, &s->nodes, sub, sizeof sub);
-    if (rc) {
-      rc = lt_errf(errstr, errstr_size, rc, "schema %s v%d: %s", e->name, e->version, sub);
-      goto err;
-    }
-    if (s->root->type != AVRO_RECORD || strcmp(s->root->name, e->name) != 0) {
-      rc = lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "schema %s v%d: top level must be record %s", e->name, e->version, e->name);
-      goto err;
-    }
-    if (i > 0 && strcmp(sorted[i - 1]->name, e->name) == 0 && sorted[i - 1]->version == e->version) {
-      rc = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "schema %s v%d is given twice", e->name,
-                   e->version);
-      goto err;
-    }
-    lt_sb sb = {0};
-    canon_emit(&sb, s->root, 1);
-    if (sb.oom) {
-      free(sb.p);
-      rc = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
-      goto err;
-    }
-    s->canonical = sb.p;
-    s->canonical_len = sb.len;
-    s->fingerprint = lt_avro_crc64(sb.p, sb.len);
-    for (size_t k = 0; k < i; k++)
-      if (reg->schemas[k].fingerprint == s->fingerprint) {
-        rc = lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                     "schemas %s v%d and %s v%d have the same fingerprint (identical canonical form)",
-                     reg->schemas[k].name, reg->schemas[k].version, s->name, s->version);
-        goto err;
-      }
-    if (avro_schema_from_json_length(e->json, e->json_len, &s->avro) != 0) {
-      rc = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "schema %s v%d: avro-c: %s", e->name,
-                   e->version, avro_strerror());
-      goto err;
-    }
-    s->iface = avro_generic_class_from_schema(s->avro);
-    if (!s->iface) {
-      rc = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "schema %s v%d: avro-c: %s", e->name,
-                   e->version, avro_strerror());
-      goto err;
-    }
+    reg->n = i + 1; /* what registry_destroy frees */
+    rc = schema_load(reg, i, sorted[i], i ? sorted[i - 1] : NULL, errstr, errstr_size);
+    if (rc) goto err;
   }
-  /* Newest version of each name; versions are sorted within a name. */
-  for (size_t i = 0; i < reg->n; i++) {
-    size_t last = i;
-    while (last + 1 < reg->n && strcmp(reg->schemas[last + 1].name, reg->schemas[i].name) == 0) last++;
-    for (size_t k = i; k <= last; k++) {
-      reg->schemas[k].latest = &reg->schemas[last];
-      reg->schemas[k].type_index = reg->ntypes;
-    }
-    reg->ntypes++;
-    i = last;
-  }
+  link_versions(reg);
   free(sorted);
   *out = reg;
   return LT_OK;

@@ -346,65 +346,70 @@ static lt_avro_record_t *encoded_step(const uint8_t **b, size_t *len) {
   return r;
 }
 
-Test(avro, unknown_fingerprint_is_refused_and_named) {
+/* A StepCompleted encoded into b/len, a copy of its bytes to damage (msg) and a StepCompleted to
+ * decode into (d). */
+typedef struct damaged {
+  lt_avro_record_t *r, *d;
   const uint8_t *b;
   size_t len;
-  lt_avro_record_t *r = encoded_step(&b, &len), *d;
   uint8_t msg[512];
-  memcpy(msg, b, len);
-  msg[2] ^= 0x01;
+} damaged_t;
+
+static void damaged_open(damaged_t *x) {
+  x->r = encoded_step(&x->b, &x->len);
+  memcpy(x->msg, x->b, x->len);
+  cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &x->d, err, sizeof err), LT_OK);
+}
+
+static void damaged_close(damaged_t *x) {
+  lt_avro_record_destroy(x->d);
+  lt_avro_record_destroy(x->r);
+}
+
+Test(avro, unknown_fingerprint_is_refused_and_named) {
+  damaged_t x;
+  damaged_open(&x);
+  x.msg[2] ^= 0x01;
   char hex[17];
   uint64_t fp;
-  cr_assert_eq(lt_avro_peek(msg, len, &fp, NULL, 0), LT_OK);
+  cr_assert_eq(lt_avro_peek(x.msg, x.len, &fp, NULL, 0), LT_OK);
   lt_avro_fingerprint_hex(fp, hex);
-  cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &d, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_decode(d, msg, len, err, sizeof err), LT_ERR_UNKNOWN_SCHEMA);
+  cr_assert_eq(lt_avro_record_decode(x.d, x.msg, x.len, err, sizeof err), LT_ERR_UNKNOWN_SCHEMA);
   cr_assert(strstr(err, hex), "message does not name the fingerprint: %s", err);
   lt_avro_decoder_t *dec;
   lt_avro_record_t *out;
   cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_decode(dec, msg, len, &out, err, sizeof err), LT_ERR_UNKNOWN_SCHEMA);
+  cr_assert_eq(lt_avro_decode(dec, x.msg, x.len, &out, err, sizeof err), LT_ERR_UNKNOWN_SCHEMA);
   lt_avro_decoder_destroy(dec);
-  lt_avro_record_destroy(d);
-  lt_avro_record_destroy(r);
+  damaged_close(&x);
 }
 
 Test(avro, wrong_magic_and_short_header_are_refused) {
-  const uint8_t *b;
-  size_t len;
-  lt_avro_record_t *r = encoded_step(&b, &len), *d;
-  uint8_t msg[512];
-  memcpy(msg, b, len);
-  cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &d, err, sizeof err), LT_OK);
-  msg[0] = 0x4f; /* e.g. a JSON or Confluent-framed payload */
-  cr_assert_eq(lt_avro_record_decode(d, msg, len, err, sizeof err), LT_ERR_CORRUPT);
+  damaged_t x;
+  damaged_open(&x);
+  x.msg[0] = 0x4f; /* e.g. a JSON or Confluent-framed payload */
+  cr_assert_eq(lt_avro_record_decode(x.d, x.msg, x.len, err, sizeof err), LT_ERR_CORRUPT);
   cr_assert(strstr(err, "magic"), "%s", err);
-  msg[0] = 0xC3;
-  msg[1] = 0x02;
-  cr_assert_eq(lt_avro_record_decode(d, msg, len, err, sizeof err), LT_ERR_CORRUPT);
+  x.msg[0] = 0xC3;
+  x.msg[1] = 0x02;
+  cr_assert_eq(lt_avro_record_decode(x.d, x.msg, x.len, err, sizeof err), LT_ERR_CORRUPT);
   for (size_t cut = 0; cut < LT_AVRO_HEADER_SIZE; cut++)
-    cr_assert_eq(lt_avro_record_decode(d, b, cut, err, sizeof err), LT_ERR_CORRUPT, "cut %zu", cut);
-  lt_avro_record_destroy(d);
-  lt_avro_record_destroy(r);
+    cr_assert_eq(lt_avro_record_decode(x.d, x.b, cut, err, sizeof err), LT_ERR_CORRUPT, "cut %zu", cut);
+  damaged_close(&x);
 }
 
 Test(avro, every_truncation_and_trailing_bytes_are_refused) {
-  const uint8_t *b;
-  size_t len;
-  lt_avro_record_t *r = encoded_step(&b, &len), *d;
-  uint8_t msg[512];
-  memcpy(msg, b, len);
-  cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &d, err, sizeof err), LT_OK);
-  for (size_t cut = LT_AVRO_HEADER_SIZE; cut < len; cut++) {
-    lt_err_t rc = lt_avro_record_decode(d, msg, cut, err, sizeof err);
-    cr_assert_eq(rc, LT_ERR_CORRUPT, "truncated to %zu of %zu bytes gave %s", cut, len, lt_err_name(rc));
+  damaged_t x;
+  damaged_open(&x);
+  for (size_t cut = LT_AVRO_HEADER_SIZE; cut < x.len; cut++) {
+    lt_err_t rc = lt_avro_record_decode(x.d, x.msg, cut, err, sizeof err);
+    cr_assert_eq(rc, LT_ERR_CORRUPT, "truncated to %zu of %zu bytes gave %s", cut, x.len, lt_err_name(rc));
   }
-  msg[len] = 0;
-  cr_assert_eq(lt_avro_record_decode(d, msg, len + 1, err, sizeof err), LT_ERR_CORRUPT);
+  x.msg[x.len] = 0;
+  cr_assert_eq(lt_avro_record_decode(x.d, x.msg, x.len + 1, err, sizeof err), LT_ERR_CORRUPT);
   cr_assert(strstr(err, "trailing"), "%s", err);
-  cr_assert_eq(lt_avro_record_decode(d, msg, len, err, sizeof err), LT_OK, "%s", err);
-  lt_avro_record_destroy(d);
-  lt_avro_record_destroy(r);
+  cr_assert_eq(lt_avro_record_decode(x.d, x.msg, x.len, err, sizeof err), LT_OK, "%s", err);
+  damaged_close(&x);
 }
 
 Test(avro, record_of_another_type_is_refused) {

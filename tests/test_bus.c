@@ -4,7 +4,6 @@
  * old records, and deletes them at the end. A broker that does not answer fails the test with a
  * message saying to run `ops/stack up` (never a silent pass). Fencing and read_committed are
  * tested here because the mock cluster cannot model them (NOTES.md). */
-#include <criterion/criterion.h>
 #include <event2/event.h>
 #include <poll.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 
 #include "lt_bus.h"
 #include "lt_bus_int.h"
+#include "lt_test.h"
 
 #define T_MS 20000
 
@@ -26,16 +26,8 @@ static int ncreated;
 static char err[1024];
 
 static void setup(void) {
-  conf = lt_bus_conf_new();
-  cr_assert(conf);
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
   char prefix[96];
-  snprintf(prefix, sizeof prefix, "lt-test-%d-%ld%06ld.", (int)getpid(), (long)tv.tv_sec,
-           (long)tv.tv_usec);
-  cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
+  conf = lt_test_bus_scratch("lt-test-", prefix, sizeof prefix, &admin);
   char **names;
   size_t n;
   lt_err_t e = lt_bus_admin_list_topics(admin, 10000, &names, &n, err, sizeof err);

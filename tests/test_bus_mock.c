@@ -3,7 +3,6 @@
  * in-process mock cluster (rdkafka_mock.h); fencing and read_committed are not modelled there
  * and are tested against the real broker in test_bus.c. Also holds the error classification
  * table, which decides retry / abort / recreate for every caller. */
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 
 #include "lt_bus.h"
 #include "lt_bus_int.h" /* includes rdkafka.h, which rdkafka_mock.h needs first */
+#include "lt_test.h"
 #include <librdkafka/rdkafka_mock.h>
 
 /* Kafka protocol API keys (not exported by librdkafka's public headers). */
@@ -46,10 +46,13 @@ static void teardown(void) {
   rd_kafka_destroy(mock_rk);
 }
 
-static int64_t now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+/* A transactional producer (transactional.id id) inside a begun transaction. */
+static lt_bus_producer_t *txn_begun(const char *id) {
+  lt_bus_producer_t *p;
+  lt_bus_producer_opts_t o = {.transactional_id = id};
+  cr_assert_eq(lt_bus_producer_new(conf, &o, &p, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_txn_begin(p, err, sizeof err), LT_OK, "%s", err);
+  return p;
 }
 
 static lt_bus_record_t rec(const char *v) {
@@ -90,9 +93,9 @@ Test(bus_mock, broker_down_produce_sync_fails_within_its_timeout_and_never_claim
   cr_assert_eq(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
   for (int i = 0; i < 3; i++) {
     r = rec("during");
-    int64_t t0 = now_ms();
+    int64_t t0 = lt_time_mono_ms();
     lt_err_t e = lt_bus_produce_sync(p, &r, 1500, NULL, NULL, err, sizeof err);
-    int64_t took = now_ms() - t0;
+    int64_t took = lt_time_mono_ms() - t0;
     cr_assert(e == LT_ERR_TIMEOUT || e == LT_ERR_UNAVAILABLE, "broker down gave %s: %s",
               lt_err_name(e), err);
     cr_assert(took >= 1400 && took < 2500, "returned after %lld ms", (long long)took);
@@ -113,10 +116,10 @@ Test(bus_mock, record_that_times_out_in_librdkafka_reports_timeout_not_success) 
   cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
   rd_kafka_mock_broker_set_down(mc, 1);
   r = rec("lost");
-  int64_t t0 = now_ms();
+  int64_t t0 = lt_time_mono_ms();
   lt_err_t e = lt_bus_produce_sync(p, &r, 5000, NULL, NULL, err, sizeof err);
   cr_assert_eq(e, LT_ERR_TIMEOUT, "%s: %s", lt_err_name(e), err);
-  cr_assert(now_ms() - t0 < 4000, "the delivery report, not the caller's deadline, ended it");
+  cr_assert(lt_time_mono_ms() - t0 < 4000, "the delivery report, not the caller's deadline, ended it");
   cr_assert(strstr(err, TOPIC), "%s", err);
   lt_bus_producer_destroy(p, 0);
 }
@@ -152,10 +155,7 @@ Test(bus_mock, permanent_produce_error_is_reported_not_retried) {
 }
 
 Test(bus_mock, transaction_commit_retries_coordinator_errors_to_success) {
-  lt_bus_producer_t *p;
-  lt_bus_producer_opts_t o = {.transactional_id = "mock-txn"};
-  cr_assert_eq(lt_bus_producer_new(conf, &o, &p, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_txn_begin(p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = txn_begun("mock-txn");
   lt_bus_record_t r = rec("t1");
   cr_assert_eq(lt_bus_produce(p, &r, NULL, err, sizeof err), LT_OK, "%s", err);
   rd_kafka_mock_push_request_errors(mc, API_END_TXN, 2,
@@ -167,10 +167,7 @@ Test(bus_mock, transaction_commit_retries_coordinator_errors_to_success) {
 }
 
 Test(bus_mock, abortable_transaction_error_aborts_and_the_step_can_be_redone) {
-  lt_bus_producer_t *p;
-  lt_bus_producer_opts_t o = {.transactional_id = "mock-abortable"};
-  cr_assert_eq(lt_bus_producer_new(conf, &o, &p, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_txn_begin(p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = txn_begun("mock-abortable");
   rd_kafka_mock_push_request_errors(mc, API_PRODUCE, 1,
                                     RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
   lt_bus_record_t r = rec("doomed");
@@ -194,17 +191,14 @@ Test(bus_mock, abortable_transaction_error_aborts_and_the_step_can_be_redone) {
 }
 
 Test(bus_mock, transaction_commit_that_times_out_is_fatal) {
-  lt_bus_producer_t *p;
-  lt_bus_producer_opts_t o = {.transactional_id = "mock-timeout"};
-  cr_assert_eq(lt_bus_producer_new(conf, &o, &p, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_txn_begin(p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = txn_begun("mock-timeout");
   lt_bus_record_t r = rec("t");
   cr_assert_eq(lt_bus_produce(p, &r, NULL, err, sizeof err), LT_OK, "%s", err);
   rd_kafka_mock_broker_set_down(mc, 1);
-  int64_t t0 = now_ms();
+  int64_t t0 = lt_time_mono_ms();
   lt_err_t e = lt_bus_txn_commit(p, 2000, err, sizeof err);
   cr_assert_eq(e, LT_ERR_FATAL, "%s: %s", lt_err_name(e), err);
-  cr_assert(now_ms() - t0 < 6000);
+  cr_assert(lt_time_mono_ms() - t0 < 6000);
   cr_assert(strstr(err, "recreate"), "%s", err);
   lt_bus_producer_destroy(p, 0);
 }

@@ -74,6 +74,29 @@ Test(crypto, roundtrip_empty_one_byte_exact_chunk_and_multi_chunk) {
   roundtrip(3 * LT_CRYPTO_CHUNK_DEFAULT + 12345, 0);
 }
 
+/* Feeds in[0..n) to a stream in pieces of step bytes, then next(step), ..., and finishes it,
+ * through tmp (room for twice the largest piece); what came out goes to out (cap bytes); its length. */
+static size_t stream_all(lt_crypto_stream_t *s, const uint8_t *in, size_t n, uint8_t *tmp, uint8_t *out, size_t cap,
+                         size_t step, size_t (*next)(size_t)) {
+  size_t len = 0, o;
+  for (size_t off = 0; off < n; step = next(step)) {
+    size_t take = step < n - off ? step : n - off;
+    cr_assert_eq(lt_crypto_stream_update(s, in + off, take, tmp, lt_crypto_stream_out_max(s, take), &o, err,
+                                         sizeof err), LT_OK, "%s", err);
+    cr_assert_leq(len + o, cap);
+    memcpy(out + len, tmp, o);
+    len += o;
+    off += take;
+  }
+  cr_assert_eq(lt_crypto_stream_final(s, tmp, lt_crypto_stream_out_max(s, 0), &o, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_leq(len + o, cap);
+  memcpy(out + len, tmp, o);
+  return len + o;
+}
+
+static size_t enc_next(size_t step) { return step * 3 + 7 > 50000 ? 1 : step * 3 + 7; }
+static size_t dec_next(size_t step) { return step * 2 + 1 > 70000 ? 3 : step * 2 + 1; }
+
 /* Streams with irregular update sizes in both directions; compares against one-shot. */
 Test(crypto, streaming_in_irregular_pieces_matches_one_shot) {
   lt_crypto_dek_t *d = dek_raw("t1", "k1", 0x22);
@@ -85,40 +108,9 @@ Test(crypto, streaming_in_irregular_pieces_matches_one_shot) {
   size_t ct_cap = lt_crypto_sealed_size(d, n, chunk);
   uint8_t *ct = malloc(ct_cap), *pt = malloc(n);
   uint8_t *tmp = malloc(2 * n);
-  size_t ct_len = 0, pt_len = 0, off = 0, step = 1, o;
-  while (off < n) {
-    size_t take = step < n - off ? step : n - off;
-    cr_assert_eq(lt_crypto_stream_update(enc, p + off, take, tmp,
-                                         lt_crypto_stream_out_max(enc, take), &o, err,
-                                         sizeof err), LT_OK, "%s", err);
-    cr_assert_leq(ct_len + o, ct_cap);
-    memcpy(ct + ct_len, tmp, o);
-    ct_len += o;
-    off += take;
-    step = step * 3 + 7;
-    if (step > 50000) step = 1;
-  }
-  cr_assert_eq(lt_crypto_stream_final(enc, tmp, lt_crypto_stream_out_max(enc, 0), &o, err,
-                                      sizeof err), LT_OK, "%s", err);
-  memcpy(ct + ct_len, tmp, o);
-  ct_len += o;
+  size_t ct_len = stream_all(enc, p, n, tmp, ct, ct_cap, 1, enc_next);
   cr_assert_eq(ct_len, ct_cap);
-
-  for (off = 0, step = 5; off < ct_len;) {
-    size_t take = step < ct_len - off ? step : ct_len - off;
-    cr_assert_eq(lt_crypto_stream_update(dec, ct + off, take, tmp,
-                                         lt_crypto_stream_out_max(dec, take), &o, err,
-                                         sizeof err), LT_OK, "%s", err);
-    memcpy(pt + pt_len, tmp, o);
-    pt_len += o;
-    off += take;
-    step = step * 2 + 1;
-    if (step > 70000) step = 3;
-  }
-  cr_assert_eq(lt_crypto_stream_final(dec, tmp, lt_crypto_stream_out_max(dec, 0), &o, err,
-                                      sizeof err), LT_OK, "%s", err);
-  memcpy(pt + pt_len, tmp, o);
-  pt_len += o;
+  size_t pt_len = stream_all(dec, ct, ct_len, tmp, pt, n, 5, dec_next), o;
   cr_assert_eq(pt_len, n);
   cr_assert(memcmp(p, pt, n) == 0);
 

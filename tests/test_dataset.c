@@ -33,6 +33,14 @@ static lt_err_t check(const char *text, size_t chunk, lt_dataset_limits_t *lim, 
   return lt_dataset_check_finish(*c, r);
 }
 
+/* check() on line repeated n times (at most 4 KiB in all). */
+static lt_err_t check_repeated(const char *line, int n, size_t chunk, lt_dataset_limits_t *lim, lt_dataset_check_t **c,
+                               lt_dataset_report_t *r) {
+  char text[4096] = "";
+  for (int i = 0; i < n; i++) strcat(text, line);
+  return check(text, chunk, lim, c, r);
+}
+
 static const lt_dataset_error_t *find(const lt_dataset_report_t *r, uint64_t line) {
   for (size_t i = 0; i < r->errors_kept; i++)
     if (r->errors[i].line == line) return &r->errors[i];
@@ -131,11 +139,9 @@ Test(dataset, any_chunking_gives_the_same_report) {
 
 Test(dataset, file_over_the_byte_quota_stops_with_the_limit_named) {
   lt_dataset_limits_t lim = {.max_bytes = 100};
-  char text[1024] = "";
-  for (int i = 0; i < 10; i++) strcat(text, "{\"prompt\":\"p\",\"completion\":\"c\"}\n");
   lt_dataset_check_t *c;
   lt_dataset_report_t r;
-  cr_assert_eq(check(text, 50, &lim, &c, &r), LT_ERR_QUOTA);
+  cr_assert_eq(check_repeated("{\"prompt\":\"p\",\"completion\":\"c\"}\n", 10, 50, &lim, &c, &r), LT_ERR_QUOTA);
   cr_assert(r.over_quota);
   cr_assert(strstr(r.errors[r.errors_kept - 1].reason, "quota of 100 bytes"));
   cr_assert_leq(r.bytes, 100);
@@ -159,11 +165,9 @@ Test(dataset, overlong_line_and_empty_file_are_errors) {
 
 Test(dataset, error_list_is_capped_but_the_count_is_exact) {
   lt_dataset_limits_t lim = {.max_errors = 5};
-  char text[4096] = "";
-  for (int i = 0; i < 50; i++) strcat(text, "nope\n");
   lt_dataset_check_t *c;
   lt_dataset_report_t r;
-  cr_assert_eq(check(text, 64, &lim, &c, &r), LT_ERR_INVALID);
+  cr_assert_eq(check_repeated("nope\n", 50, 64, &lim, &c, &r), LT_ERR_INVALID);
   cr_assert_eq(r.errors_kept, 5);
   cr_assert_eq(r.error_count, 50);
   lt_dataset_check_destroy(c);

@@ -7,7 +7,6 @@
  * runs a job to a published artifact and downloads it; while the process runs it checks that
  * nothing outside it was started or contacted, and after SIGTERM that nothing is left behind.
  * The mock-cluster hook (lt_bus_mock_*) is tested in-process at the end. */
-#include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,91 +16,30 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
-#include "lt_bus.h"
-#include "lt_client.h"
 #include "lt_crypto.h"
+#include "lt_test.h"
 
-static char lathe_bin[1024], lathed_bin[1024], topics_file[1024];
 static char err[1024];
-/* Every daemon a test started (process group ids): a failed assertion ends the test function,
- * and the suite's fini must still stop them. */
-static pid_t started[8];
-static int nstarted;
-
-/* The daemon was reaped: its group id may be reused, never kill it again. */
-static void forget(pid_t pid) {
-  for (int i = 0; i < nstarted; i++)
-    if (started[i] == pid) started[i] = started[--nstarted];
-}
 
 typedef struct emb {
-  pid_t pid;
-  char dir[256];       /* --data */
-  char out[300];       /* its stdout */
-  char log[300];       /* its stderr */
-  char bootstrap[128]; /* printed LATHE_KAFKA_BOOTSTRAP */
-  char url[128];       /* printed LATHE_API_URL */
+  lt_test_proc_t *proc; /* leads its own process group: the daemon and its executors */
+  char dir[256];        /* --data */
+  char out[300];        /* its stdout */
+  char log[300];        /* its stderr */
+  char bootstrap[128];  /* printed LATHE_KAFKA_BOOTSTRAP */
+  char url[128];        /* printed LATHE_API_URL */
   char prefix[64];
   char key_file[300];
   unsigned api_port;
 } emb_t;
 
-static int64_t now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-static void msleep(int ms) {
-  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
-  nanosleep(&t, NULL);
-}
-
-static void find_bins(void) {
-  const char *l = getenv("LATHE_TEST_LATHE"), *d = getenv("LATHE_TEST_LATHED"), *s = getenv("LATHE_SOURCE_ROOT");
-  snprintf(lathe_bin, sizeof lathe_bin, "%s", l ? l : "./lathe");
-  snprintf(lathed_bin, sizeof lathed_bin, "%s", d ? d : "./lathed");
-  snprintf(topics_file, sizeof topics_file, "%s/ops/topics.tsv", s ? s : ".");
-}
-
-static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0, r;
-  char *buf = malloc(cap);
-  while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-    n += r;
-    if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-  }
-  fclose(f);
-  buf[n] = '\0';
-  if (len) *len = n;
-  return buf;
-}
-
-/* Runs a shell command; returns its stdout (caller frees) and exit status in *rc. */
-static char *run(const char *cmd, int *rc) {
-  FILE *p = popen(cmd, "r");
-  cr_assert(p, "popen %s", cmd);
-  size_t cap = 1 << 16, n = 0, r;
-  char *out = malloc(cap);
-  while ((r = fread(out + n, 1, cap - n - 1, p)) > 0) n += r;
-  out[n] = '\0';
-  int st = pclose(p);
-  if (rc) *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
 /* The value of `export NAME='VALUE'` in text, into out; false when absent. */
 static bool export_value(const char *text, const char *name, char *out, size_t n) {
   char pat[96];
   snprintf(pat, sizeof pat, "export %s='", name);
-  const char *p = strstr(text, pat);
+  const char *p = text ? strstr(text, pat) : NULL;
   if (!p) return false;
   p += strlen(pat);
   const char *q = strchr(p, '\'');
@@ -115,10 +53,12 @@ static void make_tmpdir(char *out, size_t n, const char *tag) {
   cr_assert(mkdtemp(out), "mkdtemp: %s", strerror(errno));
 }
 
-static void rm_rf(const char *path) {
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-  cr_expect_eq(system(cmd), 0);
+/* Has the daemon printed its API's URL (the last of its exports)? */
+static bool printed_url(emb_t *e) {
+  char *text = lt_test_slurp(e->out, NULL);
+  bool yes = export_value(text, "LATHE_API_URL", e->url, sizeof e->url);
+  free(text);
+  return yes;
 }
 
 /* Starts the embedded daemon on data_dir (models_dir may be NULL) and waits for its exports.
@@ -129,92 +69,50 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
   snprintf(e.dir, sizeof e.dir, "%s", data_dir);
   snprintf(e.out, sizeof e.out, "%s.%d.out", data_dir, starts);
   snprintf(e.log, sizeof e.log, "%s.%d.log", data_dir, starts++);
-  e.pid = fork();
-  cr_assert(e.pid >= 0);
-  if (e.pid == 0) {
-    setpgid(0, 0);
-    /* No server of any kind: nothing that could point at the shared stack. */
-    static const char *const drop[] = {"LATHE_KAFKA_BOOTSTRAP", "LATHE_TOPIC_PREFIX", "LATHE_S3_ENDPOINT",
-                                       "LATHE_S3_BUCKET", "LATHE_S3_ACCESS_KEY", "LATHE_S3_SECRET_KEY",
-                                       "LATHE_STORE_DIR", "LATHE_MASTER_KEY", "LATHE_MASTER_KEY_FILE",
-                                       "LATHE_API_URL", "LATHE_API_KEY"};
-    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) unsetenv(drop[i]);
-    if (models_dir) setenv("LATHE_MODELS_DIR", models_dir, 1);
-    setenv("LATHE_INSTANCE", "embedded-test", 1);
-    setenv("LATHE_WORKER_THREADS", "1", 1);
-    int o = open(e.out, O_WRONLY | O_CREAT | O_TRUNC, 0600), l = open(e.log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(o, 1);
-    dup2(l, 2);
-    execl(lathed_bin, "lathed", "--role", "all", "--embedded", "--port", "0", "--data", data_dir, (char *)NULL);
-    _exit(127);
-  }
-  setpgid(e.pid, e.pid); /* also here: no race with the first kill(-pid) */
-  if (nstarted < 8) started[nstarted++] = e.pid;
-  char *text = NULL;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 60000; msleep(100)) {
-    free(text);
-    text = slurp(e.out, NULL);
-    if (text && export_value(text, "LATHE_API_URL", e.url, sizeof e.url)) break;
-    int st;
-    if (waitpid(e.pid, &st, WNOHANG) == e.pid) {
-      forget(e.pid);
-      cr_assert_fail("lathed --embedded exited at start; see %s", e.log);
-    }
-  }
-  cr_assert(e.url[0], "lathed --embedded printed no LATHE_API_URL within 60 s; see %s", e.log);
+  /* No server of any kind: nothing that could point at the shared stack. */
+  static const char *const drop[] = {"LATHE_KAFKA_BOOTSTRAP", "LATHE_TOPIC_PREFIX", "LATHE_S3_ENDPOINT",
+                                     "LATHE_S3_BUCKET", "LATHE_S3_ACCESS_KEY", "LATHE_S3_SECRET_KEY",
+                                     "LATHE_STORE_DIR", "LATHE_MASTER_KEY", "LATHE_MASTER_KEY_FILE",
+                                     "LATHE_API_URL", "LATHE_API_KEY", NULL};
+  char models_env[400];
+  snprintf(models_env, sizeof models_env, "LATHE_MODELS_DIR=%s", models_dir ? models_dir : "");
+  const char *env[] = {"LATHE_INSTANCE=embedded-test", "LATHE_WORKER_THREADS=1", models_dir ? models_env : NULL, NULL};
+  const char *argv[] = {lt_test_lathed_bin(), "--role", "all", "--embedded", "--port", "0", "--data", data_dir, NULL};
+  e.proc = lt_test_spawn(&(lt_test_spawn_t){.name = "lathed --embedded", .log = e.log, .out = e.out, .argv = argv,
+                                            .env = env, .unset = drop, .own_group = true});
+  lt_test_wait_until(printed_url(&e), 60000, 100, "lathed --embedded printed no LATHE_API_URL within 60 s; see %s",
+                     e.log);
+  char *text = lt_test_slurp(e.out, NULL);
   cr_assert(export_value(text, "LATHE_KAFKA_BOOTSTRAP", e.bootstrap, sizeof e.bootstrap), "%s", text);
   cr_assert(export_value(text, "LATHE_TOPIC_PREFIX", e.prefix, sizeof e.prefix), "%s", text);
   cr_assert(export_value(text, "LATHE_MASTER_KEY_FILE", e.key_file, sizeof e.key_file), "%s", text);
   cr_assert_eq(sscanf(strrchr(e.url, ':') + 1, "%u", &e.api_port), 1, "%s", e.url);
   free(text);
   /* Ready when the projection has caught up. */
-  lt_client_opts_t o = {.url = e.url};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_client_t *c = lt_test_client(e.url, NULL, 0);
   int status = 0;
   char body[1100] = "";
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 30000 && status != 200; msleep(100)) {
-    lt_client_resp_t r;
-    if (lt_client_request(c, "GET", "/healthz", NULL, 0, NULL, 0, NULL, &r, err, sizeof err) == LT_OK) {
-      status = r.status;
-      snprintf(body, sizeof body, "%.*s", (int)r.len, r.body ? r.body : "");
-      lt_client_resp_free(&r);
-    } else {
-      snprintf(body, sizeof body, "%s", err);
-    }
-  }
+  lt_test_wait_until((status = lt_test_get_status(c, "/healthz", body, sizeof body)) == 200, 30000, 100,
+                     "/healthz never answered 200 (last: %d %s); see %s", status, body, e.log);
   lt_client_destroy(c);
-  cr_assert_eq(status, 200, "/healthz never answered 200 (last: %d %s); see %s", status, body, e.log);
   return e;
 }
 
 /* SIGTERM, then waits for a clean exit (status 0) within 30 s. Returns the exit status. */
 static int stop_embedded(emb_t *e) {
-  if (e->pid <= 0) return -1;
-  kill(e->pid, SIGTERM);
-  int st = 0;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 30000; msleep(100))
-    if (waitpid(e->pid, &st, WNOHANG) == e->pid) {
-      pid_t pid = e->pid;
-      e->pid = 0;
-      forget(pid);
-      cr_expect(WIFEXITED(st), "lathed --embedded died of signal %d (pid %d); see %s", WTERMSIG(st), (int)pid, e->log);
-      return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    }
-  kill(-e->pid, SIGKILL);
-  waitpid(e->pid, &st, 0);
-  forget(e->pid);
-  e->pid = 0;
-  cr_expect_fail("lathed --embedded did not stop within 30 s of SIGTERM; see %s", e->log);
-  return -1;
+  if (!e->proc || e->proc->pid <= 0) return -1;
+  pid_t pid = e->proc->pid;
+  int st = lt_test_proc_stop(e->proc, 30000); /* kills the group when it has to */
+  if (st == -1) {
+    cr_expect_fail("lathed --embedded did not stop within 30 s of SIGTERM; see %s", e->log);
+    return -1;
+  }
+  cr_expect(WIFEXITED(st), "lathed --embedded died of signal %d (pid %d); see %s", WTERMSIG(st), (int)pid, e->log);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 static void cleanup(emb_t *e) {
-  if (e->pid > 0) {
-    kill(-e->pid, SIGKILL);
-    waitpid(e->pid, NULL, 0);
-    forget(e->pid);
-  }
+  if (e->proc) lt_test_proc_kill(e->proc, SIGKILL);
 }
 
 static bool port_accepts(unsigned port) {
@@ -238,8 +136,8 @@ static char *lathe_with_env(const emb_t *e, const char *api_key, const char *arg
   snprintf(cmd, sizeof cmd,
            "env -u LATHE_KAFKA_BOOTSTRAP -u LATHE_TOPIC_PREFIX -u LATHE_MASTER_KEY -u LATHE_MASTER_KEY_FILE "
            "sh -c '. \"%s/env\" && LATHE_API_KEY=%s exec \"%s\" %s'",
-           e->dir, api_key ? api_key : "", lathe_bin, args);
-  return run(cmd, rc);
+           e->dir, api_key ? api_key : "", lt_test_lathe_bin(), args);
+  return lt_test_run(cmd, rc);
 }
 
 static void create_tenant(const emb_t *e, const char *id, char *key, size_t keyn) {
@@ -255,27 +153,12 @@ static void create_tenant(const emb_t *e, const char *id, char *key, size_t keyn
   free(out);
 }
 
-static lt_client_t *client_for(const emb_t *e, const char *key) {
-  lt_client_opts_t o = {.url = e->url, .api_key = key, .timeout_s = 60};
-  lt_client_t *c;
-  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
-  return c;
-}
-
-/* GET path; the status. */
-static int get_status(lt_client_t *c, const char *path) {
-  lt_client_resp_t r;
-  cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
-  int s = r.status;
-  lt_client_resp_free(&r);
-  return s;
-}
+static lt_client_t *client_for(const emb_t *e, const char *key) { return lt_test_client(e->url, key, 60); }
 
 /* Waits until the API has folded the tenant (its key answers 200). */
 static void wait_key(lt_client_t *c) {
-  int status = 0;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 20000 && status != 200; msleep(100)) status = get_status(c, "/v1/jobs");
-  cr_assert_eq(status, 200, "the API never accepted the new tenant's key");
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200, 20000, 100,
+                     "the API never accepted the new tenant's key");
 }
 
 /* ---------------------------------------------------------------- what is running, what is open */
@@ -337,7 +220,8 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
   *n = *foreign = 0;
   what[0] = '\0';
   char real_lathed[1024];
-  if (!realpath(lathed_bin, real_lathed)) snprintf(real_lathed, sizeof real_lathed, "%s", lathed_bin);
+  const char *lathed = lt_test_lathed_bin();
+  if (!realpath(lathed, real_lathed)) snprintf(real_lathed, sizeof real_lathed, "%s", lathed);
   DIR *d = opendir("/proc");
   for (struct dirent *de; d && (de = readdir(d));) {
     pid_t p = (pid_t)atoi(de->d_name);
@@ -359,28 +243,20 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
 
 /* ---------------------------------------------------------------- tests */
 
-static void kill_leftovers(void) {
-  for (int i = 0; i < nstarted; i++) {
-    kill(-started[i], SIGKILL);
-    waitpid(started[i], NULL, 0);
-  }
-  nstarted = 0;
-}
-
-TestSuite(embedded, .init = find_bins, .fini = kill_leftovers, .timeout = 900);
+TestSuite(embedded, .fini = lt_test_procs_stop_all, .timeout = 900);
 
 /* lathed refuses --embedded with a single role: the log of the mock cluster lives in its
  * process, so a role that ran alone on it would have nobody to talk to. */
 Test(embedded, embedded_needs_role_all) {
   char cmd[1200];
-  snprintf(cmd, sizeof cmd, "'%s' --role api --embedded --port 0 2>&1", lathed_bin);
+  snprintf(cmd, sizeof cmd, "'%s' --role api --embedded --port 0 2>&1", lt_test_lathed_bin());
   int rc;
-  char *out = run(cmd, &rc);
+  char *out = lt_test_run(cmd, &rc);
   cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
   cr_expect(strstr(out, "--role all"), "%s", out);
   free(out);
-  snprintf(cmd, sizeof cmd, "'%s' --help", lathed_bin);
-  out = run(cmd, &rc);
+  snprintf(cmd, sizeof cmd, "'%s' --help", lt_test_lathed_bin());
+  out = lt_test_run(cmd, &rc);
   cr_expect_eq(rc, 0);
   cr_expect(strstr(out, "--embedded") && strstr(out, "IN MEMORY"), "usage does not document --embedded: %s", out);
   free(out);
@@ -402,7 +278,7 @@ Test(embedded, env_file_reaches_the_in_memory_cluster_and_a_restart_forgets_the_
   struct stat st;
   cr_assert_eq(stat(env_path, &st), 0, "%s: %s", env_path, strerror(errno));
   cr_expect_eq(st.st_mode & 0777, 0600, "DIR/env has mode %o", st.st_mode & 0777);
-  char *file = slurp(env_path, NULL), v[300];
+  char *file = lt_test_slurp(env_path, NULL), v[300];
   cr_assert(export_value(file, "LATHE_KAFKA_BOOTSTRAP", v, sizeof v));
   cr_expect_str_eq(v, e.bootstrap);
   cr_assert(export_value(file, "LATHE_API_URL", v, sizeof v));
@@ -417,7 +293,7 @@ Test(embedded, env_file_reaches_the_in_memory_cluster_and_a_restart_forgets_the_
   cr_expect_str_eq(e.key_file, key_path);
   cr_assert_eq(stat(key_path, &st), 0);
   cr_expect_eq(st.st_mode & 0777, 0600, "master.key has mode %o", st.st_mode & 0777);
-  char *key1 = slurp(key_path, NULL);
+  char *key1 = lt_test_slurp(key_path, NULL);
   cr_expect_eq(strspn(key1, "0123456789abcdef"), 64, "master.key is not 64 hex characters: %s", key1);
 
   /* The topics, as another Kafka client sees them. */
@@ -450,15 +326,15 @@ Test(embedded, env_file_reaches_the_in_memory_cluster_and_a_restart_forgets_the_
 
   emb_t again = start_embedded(data, NULL);
   c = client_for(&again, key);
-  cr_expect_eq(get_status(c, "/v1/jobs"), 401, "a tenant of the previous run is still known after a restart");
+  cr_expect_eq(lt_test_get_status(c, "/v1/jobs", NULL, 0), 401, "a tenant of the previous run is still known after a restart");
   lt_client_destroy(c);
-  char *key2 = slurp(key_path, NULL);
+  char *key2 = lt_test_slurp(key_path, NULL);
   cr_expect_str_eq(key2, key1, "the master key changed across a restart");
   free(key1);
   free(key2);
   cr_expect_eq(stop_embedded(&again), 0);
   cleanup(&again);
-  rm_rf(tmp);
+  lt_test_rm_rf(tmp);
   unlink(e.out), unlink(e.log), unlink(again.out), unlink(again.log);
 }
 
@@ -479,8 +355,8 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   snprintf(cmd, sizeof cmd,
            "LATHE_MODELS_DIR='%s' '%s' model make --steps 10 --threads 2 --out '%s/lathe-tiny' 2>/dev/null && "
            "head -n 64 '%s/lathe-tiny/task_train.jsonl' > '%s'",
-           models, lathe_bin, models, models, train);
-  char *out = run(cmd, &rc);
+           models, lt_test_lathe_bin(), models, models, train);
+  char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "lathe model make failed: %s", out);
   free(out);
 
@@ -521,14 +397,14 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   int most = 0;
   char state[32] = "";
   snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 300000; msleep(50)) {
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 300000; lt_test_msleep(50)) {
     int n, foreign;
     char what[1024];
-    scan_group(e.pid, &n, &foreign, what, sizeof what);
+    scan_group(e.proc->pid, &n, &foreign, what, sizeof what);
     cr_expect_eq(foreign, 0, "processes other than lathed in its group: %s", what);
     cr_expect_geq(n, 1);
     if (n > most) most = n;
-    sockscan_t sk = scan_sockets(e.pid);
+    sockscan_t sk = scan_sockets(e.proc->pid);
     unsigned mock_port = (unsigned)atoi(strrchr(e.bootstrap, ':') + 1);
     cr_expect_eq(sk.to_9092, 0, "lathed --embedded has %d connection(s) to port 9092", sk.to_9092);
     for (int i = 0; i < sk.nlisten; i++)
@@ -552,7 +428,7 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   /* The published artifact, downloaded and checked against its listing. */
   snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
   json_t *list = NULL;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 60000 && !list; msleep(200)) {
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 60000 && !list; lt_test_msleep(200)) {
     cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
     json_t *a = json_object_get(r.json, "artifacts");
     if (r.status == 200 && json_array_size(a) > 0) list = json_incref(a);
@@ -604,10 +480,10 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   lt_client_destroy(c);
 
   /* Stop: a clean exit, nothing of it left running or listening. */
-  pid_t pgid = e.pid;
+  pid_t pgid = e.proc->pid;
   unsigned mock_port = (unsigned)atoi(strrchr(e.bootstrap, ':') + 1);
   cr_expect_eq(stop_embedded(&e), 0, "lathed --embedded exited non-zero on SIGTERM; see %s", e.log);
-  msleep(200);
+  lt_test_msleep(200);
   int n, foreign;
   char what[1024];
   scan_group(pgid, &n, &foreign, what, sizeof what);
@@ -615,13 +491,15 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   cr_expect(!port_accepts(mock_port), "the mock broker on %u still listens after exit", mock_port);
   cr_expect(!port_accepts(e.api_port), "the API on %u still listens after exit", e.api_port);
   cleanup(&e);
-  rm_rf(tmp);
+  lt_test_rm_rf(tmp);
   unlink(e.out), unlink(e.log);
 }
 
 /* The hook lathed --embedded uses: one mock cluster, the topics of ops/topics.tsv with their
  * partition counts and the configured prefix, created once (a second call creates nothing). */
 Test(embedded, mock_cluster_gets_every_topic_of_the_topics_file) {
+  char topics_file[1100];
+  lt_test_source_path("ops/topics.tsv", topics_file, sizeof topics_file);
   lt_bus_mock_t *m;
   cr_assert_eq(lt_bus_mock_new(1, &m, err, sizeof err), LT_OK, "%s", err);
   lt_bus_conf_t *bus = lt_bus_conf_new();

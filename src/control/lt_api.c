@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/thread.h>
-
 static void reply_health(lt_api_call_t *c) {
   lt_api_t *api = c->api;
   /* digest: the projection's job-state digest, so a restart or replay can be compared. */

@@ -210,14 +210,20 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   upload_free(u);
 }
 
+/* upload_open with the request's ?name=&max_tokens=. */
+static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg, size_t n) {
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  lt_err_t err = upload_open(c->api, c->tenant, &q, u, msg, n);
+  evhttp_clear_headers(&q);
+  return err;
+}
+
 /* POST /v1/uploads?name=&max_tokens=: opens an upload; its parts follow. */
 void lt_api_uploads_open(lt_api_call_t *c) {
   char msg[256];
-  struct evkeyvalq q;
-  lt_api_parse_query(c->req, &q);
   lt_api_upload_t *u;
-  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
-  evhttp_clear_headers(&q);
+  lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
   if (err) {
     lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
     return;
@@ -324,13 +330,11 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
   return LT_OK;
 }
 
+/* POST /v1/datasets?name=&max_tokens=: open, the body as the one part, complete. */
 void lt_api_datasets_upload(lt_api_call_t *c) {
   char msg[256];
-  struct evkeyvalq q;
-  lt_api_parse_query(c->req, &q);
   lt_api_upload_t *u;
-  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
-  evhttp_clear_headers(&q);
+  lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
   if (!err) err = upload_part(c->api, u, evhttp_request_get_input_buffer(c->req), msg, sizeof msg);
   if (err) {
     lt_api_reply_store_err(c->req, err, msg);

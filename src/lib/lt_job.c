@@ -245,6 +245,26 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
   return false;
 }
 
+/* What fold() guarantees whatever the record, asserted around every step (docs/STYLE.md habit
+ * 7): the attempt number, the failed attempts and the checkpoint's attempt never go down, a
+ * cancel request is never withdrawn, and a terminal state never changes. */
+typedef struct fold_mark {
+  lt_job_state_t state;
+  int32_t attempt, failed_attempts, ckpt_attempt;
+  bool cancel_requested;
+} fold_mark_t;
+
+static fold_mark_t fold_mark(const lt_job_t *j) {
+  return (fold_mark_t){j->state, j->attempt, j->failed_attempts, j->ckpt_attempt, j->cancel_requested};
+}
+
+static bool fold_ok(const fold_mark_t *before, const lt_job_t *j) {
+  return j->attempt >= before->attempt && j->failed_attempts >= before->failed_attempts &&
+         j->ckpt_attempt >= before->ckpt_attempt && j->ckpt_attempt <= j->attempt &&
+         (!before->cancel_requested || j->cancel_requested) &&
+         (!lt_job_state_is_terminal(before->state) || j->state == before->state);
+}
+
 static lt_err_t check_id(const char *field, const char *v, bool required, char *errstr, size_t n) {
   if (!v || !*v) {
     if (!required) return LT_OK;
@@ -298,10 +318,12 @@ lt_err_t lt_job_apply(lt_job_table_t *t, const lt_job_event_t *ev, lt_job_outcom
   lt_job_t *j = *slot;
   /* Records name the job's tenant; one that names another tenant is not this job's. */
   if (ev->tenant_id && *ev->tenant_id && !same_str(j->tenant_id, ev->tenant_id)) return LT_OK;
+  fold_mark_t before = fold_mark(j);
   if (fold(j, ev)) {
     j->records++;
     *outcome = LT_JOB_APPLIED;
   }
+  assert(fold_ok(&before, j));
   return LT_OK;
 }
 

@@ -1,6 +1,7 @@
 /* lt_proj: decode-and-fold of the control topics into one projection (see lt_proj.h). */
 #include "lt_proj.h"
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +248,7 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void
   const lt_job_t *job = lt_job_get(p->jobs, ev.job_id);
   res->job_id = job ? job->job_id : NULL;
   if (res->job_outcome != LT_JOB_APPLIED) return LT_OK;
+  assert(job); /* a record the fold applied is about a job in the table */
   if (ev.type == LT_EV_JOB_SUBMITTED) {
     json_t *doc = json_object();
     json_t *spec = record_json(rec);
@@ -330,6 +332,12 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
   return LT_OK;
 }
 
+/* The orphan list is bounded, and its ends and count agree. */
+static bool orphans_ok(const lt_proj_t *p) {
+  return p->norphans <= ORPHANS_MAX && (p->norphans == 0) == (p->head == NULL) &&
+         (p->head == NULL) == (p->tail == NULL) && (!p->tail || !p->tail->next);
+}
+
 size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped) {
   if (dropped) *dropped = p->dropped;
   return p->norphans;
@@ -359,6 +367,7 @@ static void keep_aside(lt_proj_t *p, const char *job_id, const lt_proj_origin_t 
   else p->head = o;
   p->tail = o;
   p->norphans++;
+  assert(orphans_ok(p));
 }
 
 /* Applies, in arrival order, every record kept aside for job_id. */
@@ -383,6 +392,7 @@ static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx)
     }
     free(o);
   }
+  assert(orphans_ok(p));
 }
 
 lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,

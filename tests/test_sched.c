@@ -54,6 +54,35 @@ static void job(lt_sched_t *s, uint64_t id, uint64_t ten, lt_job_class_t cls, ui
   cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
 }
 
+/* The jobs a test's fleet is running and when each ends (jobs finish in lt_sched at that time). */
+typedef struct running {
+  uint64_t id[64];
+  double end[64];
+  size_t n;
+} running_t;
+
+static void run_add(running_t *r, uint64_t id, double end) {
+  cr_assert(r->n < 64, "more running jobs than the test expects");
+  r->id[r->n] = id;
+  r->end[r->n++] = end;
+}
+
+static void run_forget(running_t *r, size_t i) {
+  r->id[i] = r->id[--r->n];
+  r->end[i] = r->end[r->n];
+}
+
+/* Reports every running job whose end time has come as finished at now. */
+static void run_finish_due(lt_sched_t *s, running_t *r, double now) {
+  for (size_t i = 0; i < r->n;)
+    if (r->end[i] <= now) {
+      lt_sched_job_finished(s, r->id[i], now);
+      run_forget(r, i);
+    } else {
+      i++;
+    }
+}
+
 Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
   tenant(s, 1, 1, 0, 0, 0);
@@ -101,21 +130,12 @@ Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
   for (uint64_t w = 1; w <= 3; w++) worker(s, w, 4, 2);
   srand(7);
   lt_sched_decision_t d[64];
-  uint64_t running[64];
-  double ends[64];
-  size_t nrun = 0;
+  running_t run = {0};
   uint64_t next_id = 1;
   int checked = 0;
   for (int step = 0; step < 2000; step++) {
     double now = step;
-    for (size_t i = 0; i < nrun;)
-      if (ends[i] <= now) {
-        lt_sched_job_finished(s, running[i], now);
-        running[i] = running[--nrun];
-        ends[i] = ends[nrun];
-      } else {
-        i++;
-      }
+    run_finish_due(s, &run, now);
     int arrivals = rand() % 4;
     for (int a = 0; a < arrivals; a++)
       job(s, next_id++, 1 + (uint64_t)(rand() % 5), (lt_job_class_t)(rand() % 3), 1,
@@ -125,8 +145,7 @@ Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
     for (size_t i = 0; i < n; i++) {
       cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
       lower_started |= d[i].cls != LT_CLASS_PRODUCTION;
-      running[nrun] = d[i].job_id;
-      ends[nrun++] = now + 5 + rand() % 15;
+      run_add(&run, d[i].job_id, now + 5 + rand() % 15);
     }
     lt_sched_counters_t c;
     lt_sched_counters(s, &c);
@@ -257,23 +276,14 @@ Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
   worker(s, 1, 4, 2);
   worker(s, 2, 4, 2);
   lt_sched_decision_t d[16];
-  uint64_t running[16];
-  double ends[16];
-  size_t nrun = 0;
+  running_t run = {0};
   uint64_t id = 100;
   for (int i = 0; i < 40; i++) job(s, id++, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   job(s, 1, 2, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
   double gang_start = -1;
   srand(3);
   for (int t = 0; t < 1000 && gang_start < 0; t++) {
-    for (size_t i = 0; i < nrun;)
-      if (ends[i] <= t) {
-        lt_sched_job_finished(s, running[i], t);
-        running[i] = running[--nrun];
-        ends[i] = ends[nrun];
-      } else {
-        i++;
-      }
+    run_finish_due(s, &run, t);
     while (id < 100 + 40 + 2000) { /* keep 20 single-GPU jobs waiting */
       lt_sched_counters_t c;
       lt_sched_counters(s, &c);
@@ -286,8 +296,7 @@ Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
         gang_start = t;
         cr_assert_eq(__builtin_popcountll(d[i].gpu_mask), 4);
       }
-      running[nrun] = d[i].job_id;
-      ends[nrun++] = t + 20 + rand() % 40;
+      run_add(&run, d[i].job_id, t + 20 + rand() % 40);
     }
   }
   /* bound: reservation after 100 s, then the reserved worker drains (jobs run <= 60 s) */
@@ -381,21 +390,12 @@ Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
   static double enq[MAXJ];
   static bool queued[MAXJ];
   lt_sched_decision_t d[64];
-  uint64_t running[64];
-  double ends[64];
-  size_t nrun = 0;
+  running_t run = {0};
   uint64_t next_id = 1;
   int with_free_slot = 0;
   for (int step = 0; step < 3000; step++) {
     double now = step;
-    for (size_t i = 0; i < nrun;)
-      if (ends[i] <= now) {
-        lt_sched_job_finished(s, running[i], now);
-        running[i] = running[--nrun];
-        ends[i] = ends[nrun];
-      } else {
-        i++;
-      }
+    run_finish_due(s, &run, now);
     if (next_id < MAXJ - 4 && rand() % 4 == 0) {
       uint64_t id = next_id++;
       job(s, id, 1 + (uint64_t)(rand() % 6), (lt_job_class_t)(rand() % 3), 1,
@@ -407,10 +407,9 @@ Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
     for (size_t i = 0; i < n; i++) {
       if (d[i].action == LT_SCHED_PREEMPT) {
         lt_sched_job_requeue(s, d[i].job_id, now);
-        for (size_t k = 0; k < nrun; k++)
-          if (running[k] == d[i].job_id) {
-            running[k] = running[--nrun];
-            ends[k] = ends[nrun];
+        for (size_t k = 0; k < run.n; k++)
+          if (run.id[k] == d[i].job_id) {
+            run_forget(&run, k);
             break;
           }
         queued[d[i].job_id] = true;
@@ -419,8 +418,7 @@ Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
       }
       cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
       queued[d[i].job_id] = false;
-      running[nrun] = d[i].job_id;
-      ends[nrun++] = now + 10 + rand() % 60;
+      run_add(&run, d[i].job_id, now + 10 + rand() % 60);
     }
     lt_sched_counters_t c;
     lt_sched_counters(s, &c);

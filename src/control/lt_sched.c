@@ -14,6 +14,13 @@ static uint32_t pow2_at_least(uint32_t n) {
   return p;
 }
 
+/* Puts entry idx, whose key is id and whose chain link is *hnext, at the head of its chain. */
+static void hash_add(uint32_t *table, uint32_t mask, uint64_t id, uint32_t *hnext, uint32_t idx) {
+  uint32_t *b = &table[mix64(id) & mask];
+  *hnext = *b;
+  *b = idx;
+}
+
 static void job_hash_remove(lt_sched_t *s, uint32_t jx) {
   uint32_t *p = &s->job_hash[mix64(s->jobs[jx].id) & s->job_hmask];
   while (*p != jx) p = &s->jobs[*p].hnext;
@@ -172,9 +179,7 @@ lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char
     tt->id = in->id;
     for (int c = 0; c < LT_CLASS__COUNT; c++)
       tt->q[c].head = tt->q[c].tail = tt->heap_pos[c] = NIL;
-    uint32_t *b = &s->ten_hash[mix64(in->id) & s->ten_hmask];
-    tt->hnext = *b;
-    *b = t;
+    hash_add(s->ten_hash, s->ten_hmask, in->id, &tt->hnext, t);
   }
   tenant_t *tt = &s->tenants[t];
   tt->weight = in->weight;
@@ -230,9 +235,7 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
     worker_t *wk = &s->workers[w];
     memset(wk, 0, sizeof *wk);
     wk->id = in->id;
-    uint32_t *b = &s->wrk_hash[mix64(in->id) & s->wrk_hmask];
-    wk->hnext = *b;
-    *b = w;
+    hash_add(s->wrk_hash, s->wrk_hmask, in->id, &wk->hnext, w);
   }
   worker_t *wk = &s->workers[w];
   wk->slots = in->slots;
@@ -334,9 +337,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   j->mem = in->mem_bytes;
   j->model = in->model;
   j->attempt = in->attempt;
-  uint32_t *b = &s->job_hash[mix64(in->id) & s->job_hmask];
-  j->hnext = *b;
-  *b = jx;
+  hash_add(s->job_hash, s->job_hmask, in->id, &j->hnext, jx);
   s->njobs++;
   sched_queue_insert(s, jx, false, now);
   assert(sched_ok(s));

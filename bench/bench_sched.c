@@ -43,7 +43,20 @@ typedef struct result {
   double jain_standard;
 } result_t;
 
-static int run(lt_sched_policy_t policy, result_t *r) {
+/* One policy's run: the scheduler, the fleet's running jobs and the virtual clock. */
+typedef struct bench {
+  lt_sched_t *s;
+  uint32_t models[MODELS];
+  uint64_t *running; /* WORKERS * SLOTS */
+  size_t nrun;
+  lt_sched_decision_t *d; /* 8192 */
+  uint64_t next_id;
+  double vt;
+} bench_t;
+
+/* The scheduler at DESIGN scale: models, tenants (weights 1..4, every tenth with a 16-slot
+ * quota) and the fleet. */
+static int bench_open(bench_t *b, lt_sched_policy_t policy) {
   lt_sched_config_t c;
   lt_sched_config_default(&c);
   c.policy = policy;
@@ -51,107 +64,130 @@ static int run(lt_sched_policy_t policy, result_t *r) {
   c.max_workers = WORKERS;
   c.max_jobs = QUEUED + WORKERS * SLOTS + 1024;
   c.max_models = MODELS;
-  lt_sched_t *s;
   char err[256];
-  if (lt_sched_new(&c, &s, err, sizeof err)) {
+  if (lt_sched_new(&c, &b->s, err, sizeof err)) {
     fprintf(stderr, "bench_sched: %s\n", err);
     return 1;
   }
   rng_state = 0x9e3779b97f4a7c15ULL;
-  uint32_t models[MODELS];
   for (int m = 0; m < MODELS; m++) {
     char name[32];
     snprintf(name, sizeof name, "model-%d", m);
-    lt_sched_model_intern(s, name, &models[m], err, sizeof err);
+    lt_sched_model_intern(b->s, name, &b->models[m], err, sizeof err);
   }
   for (uint64_t t = 1; t <= TENANTS; t++) {
     lt_sched_tenant_t ten = {.id = t, .weight = 1 + (double)(t % 4),
                              .max_running_slots = t % 10 == 0 ? 16 : 0};
-    lt_sched_tenant_upsert(s, &ten, err, sizeof err);
+    lt_sched_tenant_upsert(b->s, &ten, err, sizeof err);
   }
   for (uint64_t w = 1; w <= WORKERS; w++) {
     lt_sched_worker_t wk = {.id = w, .slots = SLOTS, .mem_bytes = SLOTS * (80ULL << 30),
                             .model_cache = 2};
-    lt_sched_worker_up(s, &wk, err, sizeof err);
+    lt_sched_worker_up(b->s, &wk, err, sizeof err);
   }
-  uint64_t next_id = 1;
-  uint64_t *running = malloc(sizeof(uint64_t) * WORKERS * SLOTS);
-  size_t nrun = 0;
-  lt_sched_decision_t *d = malloc(sizeof *d * 8192);
-  double t_total = 0, t_decide = 0;
+  b->next_id = 1;
+  b->running = malloc(sizeof(uint64_t) * WORKERS * SLOTS);
+  b->nrun = 0;
+  b->d = malloc(sizeof *b->d * 8192);
+  b->vt = 0;
+  return 0;
+}
+
+/* Events: CHURN random running jobs finish (one in 32 is requeued instead). */
+static void bench_churn(bench_t *b) {
+  for (int k = 0; k < CHURN && b->nrun > 0; k++) {
+    size_t i = rnd() % b->nrun;
+    if (rnd() % 32 == 0) lt_sched_job_requeue(b->s, b->running[i], b->vt);
+    else lt_sched_job_finished(b->s, b->running[i], b->vt);
+    b->running[i] = b->running[--b->nrun];
+  }
+}
+
+/* Events: new jobs top the queue back up to QUEUED (20% production, 70% standard; one in 20 a
+ * gang of 8, of 4 or of 2). */
+static int bench_top_up(bench_t *b) {
+  lt_sched_counters_t cnt;
+  lt_sched_counters(b->s, &cnt);
+  char err[256];
+  for (uint32_t q = cnt.queued; q < QUEUED; q++) {
+    uint32_t x = rnd();
+    uint32_t cls = x % 10 < 2 ? 0 : x % 10 < 9 ? 1 : 2;
+    uint32_t g = (x >> 8) % 20;
+    lt_sched_job_t j = {.id = b->next_id++,
+                        .tenant_id = 1 + (x >> 12) % TENANTS,
+                        .cls = (lt_job_class_t)cls,
+                        .gpus = g == 0 ? 8 : g == 1 ? 4 : g == 2 ? 2 : 1,
+                        .model = b->models[(x >> 24) % MODELS]};
+    j.mem_bytes = j.gpus * (40ULL << 30);
+    if (lt_sched_job_enqueue(b->s, &j, b->vt, err, sizeof err)) {
+      fprintf(stderr, "bench_sched: %s\n", err);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Decides until the policy has nothing more to say; returns the number of decisions. */
+static uint64_t bench_decide(bench_t *b) {
   uint64_t decisions = 0;
-  double vt = 0;
-  for (int cycle = -1; cycle < CYCLES; cycle++) {
-    double t0 = now_s();
-    /* events: finish (or requeue) some running jobs, top the queue back up */
-    if (cycle >= 0)
-      for (int k = 0; k < CHURN && nrun > 0; k++) {
-        size_t i = rnd() % nrun;
-        if (rnd() % 32 == 0) lt_sched_job_requeue(s, running[i], vt);
-        else lt_sched_job_finished(s, running[i], vt);
-        running[i] = running[--nrun];
-      }
-    lt_sched_counters_t cnt;
-    lt_sched_counters(s, &cnt);
-    for (uint32_t q = cnt.queued; q < QUEUED; q++) {
-      uint32_t x = rnd();
-      uint32_t cls = x % 10 < 2 ? 0 : x % 10 < 9 ? 1 : 2;
-      uint32_t g = (x >> 8) % 20;
-      lt_sched_job_t j = {.id = next_id++,
-                          .tenant_id = 1 + (x >> 12) % TENANTS,
-                          .cls = (lt_job_class_t)cls,
-                          .gpus = g == 0 ? 8 : g == 1 ? 4 : g == 2 ? 2 : 1,
-                          .model = models[(x >> 24) % MODELS]};
-      j.mem_bytes = j.gpus * (40ULL << 30);
-      if (lt_sched_job_enqueue(s, &j, vt, err, sizeof err)) {
-        fprintf(stderr, "bench_sched: %s\n", err);
-        return 1;
+  size_t n;
+  do {
+    n = lt_sched_decide(b->s, b->vt, b->d, 8192);
+    for (size_t i = 0; i < n; i++) {
+      if (b->d[i].action == LT_SCHED_DISPATCH) {
+        b->running[b->nrun++] = b->d[i].job_id;
+      } else {
+        /* answered at once: preempted after its checkpoint, or stopped */
+        for (size_t k = 0; k < b->nrun; k++)
+          if (b->running[k] == b->d[i].job_id) {
+            b->running[k] = b->running[--b->nrun];
+            break;
+          }
+        lt_sched_job_requeue(b->s, b->d[i].job_id, b->vt);
       }
     }
+    decisions += n;
+  } while (n == 8192);
+  return decisions;
+}
+
+static int run(lt_sched_policy_t policy, result_t *r) {
+  bench_t b;
+  if (bench_open(&b, policy)) return 1;
+  double t_total = 0, t_decide = 0;
+  uint64_t decisions = 0;
+  for (int cycle = -1; cycle < CYCLES; cycle++) { /* cycle -1 fills the fleet: not timed */
+    double t0 = now_s();
+    if (cycle >= 0) bench_churn(&b);
+    if (bench_top_up(&b)) return 1;
     double t1 = now_s();
-    size_t n;
-    do {
-      n = lt_sched_decide(s, vt, d, 8192);
-      for (size_t i = 0; i < n; i++) {
-        if (d[i].action == LT_SCHED_DISPATCH) {
-          running[nrun++] = d[i].job_id;
-        } else {
-          /* answered at once: preempted after its checkpoint, or stopped */
-          for (size_t k = 0; k < nrun; k++)
-            if (running[k] == d[i].job_id) {
-              running[k] = running[--nrun];
-              break;
-            }
-          lt_sched_job_requeue(s, d[i].job_id, vt);
-        }
-      }
-      if (cycle >= 0) decisions += n;
-    } while (n == 8192);
+    uint64_t n = bench_decide(&b);
     double t2 = now_s();
     if (cycle >= 0) {
+      decisions += n;
       t_total += t2 - t0;
       t_decide += t2 - t1;
     }
-    vt += 1.0;
+    b.vt += 1.0;
   }
   lt_sched_counters_t cnt;
-  lt_sched_counters(s, &cnt);
+  lt_sched_counters(b.s, &cnt);
   r->decisions = decisions;
   r->decisions_per_s = decisions / t_total;
   r->decide_only_per_s = decisions / t_decide;
   r->dispatches = cnt.dispatches;
   r->preemptions = cnt.preemptions;
   r->cold_loads = cnt.cold_loads;
-  r->jain_standard = lt_sched_jain(s, LT_CLASS_STANDARD);
+  r->jain_standard = lt_sched_jain(b.s, LT_CLASS_STANDARD);
   printf("%-6s decisions %8llu  with events %10.0f/s  decide only %10.0f/s  queued %u  "
          "slots used %u/%u  preemptions %llu  cold loads %llu  jain(standard) %.3f\n",
          lt_sched_policy_name(policy), (unsigned long long)decisions, r->decisions_per_s,
          r->decide_only_per_s, cnt.queued, cnt.slots_used, cnt.slots_total,
          (unsigned long long)cnt.preemptions,
          (unsigned long long)cnt.cold_loads, r->jain_standard);
-  free(running);
-  free(d);
-  lt_sched_destroy(s);
+  free(b.running);
+  free(b.d);
+  lt_sched_destroy(b.s);
   return 0;
 }
 

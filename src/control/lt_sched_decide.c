@@ -250,66 +250,37 @@ static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, s
   return n;
 }
 
-size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
-  size_t n = check_deadlines(s, now, out, cap);
-  if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
-    n += decide_fifo(s, now, out + n, cap - n);
-    assert(sched_ok(s));
-    return n;
-  }
-
+/* Starts one job of a lower class that aged into level e: the oldest first (AGE_JOBS), or the
+ * class's fair order (AGE_CLASS). Returns true when one started. */
+static bool pick_aged(lt_sched_t *s, int e, double now, lt_sched_decision_t *d, uint32_t *scanned,
+                      bool *limited) {
   const lt_sched_config_t *cfg = &s->cfg;
-  uint32_t scanned = 0;
-  bool limited = false;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->age[c].head;
-  while (!limited) {
-    if (n >= cap) {
-      limited = true;
-      break;
+  for (int c = e + 1; c < LT_CLASS__COUNT && c <= e + (int)cfg->aging_levels; c++) {
+    int mode = aging_mode(s, e, c);
+    if (mode == AGE_NONE) continue;
+    double thr = cfg->aging_s * (c - e);
+    if (mode == AGE_CLASS) {
+      if (s->age[c].head != NIL && now - s->jobs[s->age[c].head].enq >= thr &&
+          pick_fair(s, c, e, now, d, scanned, limited))
+        return true;
+      if (*limited) return false;
+      continue;
     }
-    if (s->slots_used >= s->total_slots) break;
-    bool placed = false;
-    for (int e = 0; e < LT_CLASS__COUNT && !placed && !limited; e++) {
-      /* jobs of lower classes that aged into e go first */
-      if (cfg->aging_s > 0) {
-        for (int c = e + 1; c < LT_CLASS__COUNT && c <= e + (int)cfg->aging_levels && !placed;
-             c++) {
-          int mode = aging_mode(s, e, c);
-          if (mode == AGE_NONE) continue;
-          double thr = cfg->aging_s * (c - e);
-          if (mode == AGE_CLASS) {
-            if (s->age[c].head != NIL && now - s->jobs[s->age[c].head].enq >= thr &&
-                pick_fair(s, c, e, now, &out[n], &scanned, &limited)) {
-              n++;
-              placed = true;
-            }
-            if (limited) break;
-            continue;
-          }
-          while (s->cursor[c] != NIL && now - s->jobs[s->cursor[c]].enq >= thr) {
-            uint32_t jx = s->cursor[c];
-            s->cursor[c] = s->jobs[jx].age.next;
-            if (try_dispatch(s, jx, e, now, &out[n])) {
-              n++;
-              placed = true;
-              break;
-            }
-            if (++scanned >= cfg->max_scan) {
-              limited = true;
-              break;
-            }
-          }
-          if (limited) break;
-        }
-      }
-      /* then class e's own jobs, tenant with the lowest weighted dominant share first */
-      if (!placed && !limited && pick_fair(s, e, e, now, &out[n], &scanned, &limited)) {
-        n++;
-        placed = true;
+    while (s->cursor[c] != NIL && now - s->jobs[s->cursor[c]].enq >= thr) {
+      uint32_t jx = s->cursor[c];
+      s->cursor[c] = s->jobs[jx].age.next;
+      if (try_dispatch(s, jx, e, now, d)) return true;
+      if (++*scanned >= cfg->max_scan) {
+        *limited = true;
+        return false;
       }
     }
-    if (!placed) break;
   }
+  return false;
+}
+
+/* Puts the tenants set aside during this call back in their heaps, and resets the cursors. */
+static void unblock_all(lt_sched_t *s) {
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
     for (uint32_t i = 0; i < s->nblocked[c]; i++) {
       uint32_t t = s->blocked[c][i];
@@ -319,6 +290,37 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     s->nblocked[c] = 0;
     s->cursor[c] = NIL;
   }
+}
+
+size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
+  size_t n = check_deadlines(s, now, out, cap);
+  if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
+    n += decide_fifo(s, now, out + n, cap - n);
+    assert(sched_ok(s));
+    return n;
+  }
+
+  uint32_t scanned = 0;
+  bool limited = false;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->age[c].head;
+  /* one job per round, from the highest level that can start one */
+  while (!limited) {
+    if (n >= cap) {
+      limited = true;
+      break;
+    }
+    if (s->slots_used >= s->total_slots) break;
+    bool placed = false;
+    for (int e = 0; e < LT_CLASS__COUNT && !placed && !limited; e++) {
+      /* jobs of lower classes that aged into e go first, then class e's own jobs, the tenant
+       * with the lowest weighted dominant share first */
+      if (s->cfg.aging_s > 0 && pick_aged(s, e, now, &out[n], &scanned, &limited)) placed = true;
+      else if (!limited && pick_fair(s, e, e, now, &out[n], &scanned, &limited)) placed = true;
+    }
+    if (!placed) break;
+    n++;
+  }
+  unblock_all(s);
   if (!limited && n < cap) n += starvation_pass(s, now, out + n, cap - n);
   assert(sched_ok(s));
   return n;

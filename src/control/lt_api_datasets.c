@@ -36,10 +36,6 @@ struct lt_api_upload {
   lt_api_upload_t *next;
 };
 
-static void key_of(char *out, size_t n, const char *tenant, const char *id, const char *leaf) {
-  lt_dataset_object_key(out, n, tenant, id, leaf);
-}
-
 /* The API's memory of datasets known to exist: "tenant/id". */
 static void seen_key(char *out, size_t n, const char *tenant, const char *id) { snprintf(out, n, "%s/%s", tenant, id); }
 
@@ -110,7 +106,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   u->next_part = 1;
   u->last_active_ms = lt_time_wall_ms();
   char key[512];
-  key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
+  lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
   lt_err_t err = lt_dataset_check_new(&u->check, &lim, api->conf.tokens_fn, api->conf.tokens_ctx);
   if (!err) err = lt_crypto_dek_generate(&u->dek, u->tenant, u->id, msg, n);
   if (!err) err = lt_sealed_writer_new(api->conf.store, u->dek, key, &u->w, msg, n);
@@ -177,7 +173,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
   size_t wlen = 0;
   if (!err) err = lt_crypto_dek_wrap(api->conf.kek, u->dek, wrapped, sizeof wrapped, &wlen, msg, sizeof msg);
   if (!err) {
-    key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_KEY);
+    lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_KEY);
     err = lt_store_put(api->conf.store, key, wrapped, wlen, NULL, msg, sizeof msg);
   }
   json_t *meta = NULL;
@@ -185,7 +181,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
     meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)lt_time_wall_ms(),
                      "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain, "report", report);
     char *text = json_dumps(meta, JSON_COMPACT);
-    key_of(key, sizeof key, u->tenant, u->id, LT_DATASET_META);
+    lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_META);
     err = text ? lt_sealed_put(api->conf.store, u->dek, key, text, strlen(text), NULL, msg, sizeof msg) : LT_ERR_NOMEM;
     free(text);
   }
@@ -193,7 +189,7 @@ static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_up
     /* Nothing half-stored: remove whatever of this dataset made it. */
     const char *leaves[] = {LT_DATASET_META, LT_DATASET_KEY, LT_DATASET_DATA};
     for (int i = 0; i < 3; i++) {
-      key_of(key, sizeof key, u->tenant, u->id, leaves[i]);
+      lt_dataset_object_key(key, sizeof key, u->tenant, u->id, leaves[i]);
       lt_store_delete(api->conf.store, key, NULL, 0);
     }
     lt_api_reply_store_err(req, err, msg);
@@ -274,12 +270,12 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
   char key[512];
   void *wrapped = NULL, *text = NULL;
   size_t wlen = 0, tlen = 0;
-  key_of(key, sizeof key, tenant, id, LT_DATASET_KEY);
+  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_KEY);
   lt_err_t err = lt_store_get(api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, msg, n);
   if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, tenant, wrapped, wlen, dek, msg, n);
   free(wrapped);
   if (err) return err;
-  key_of(key, sizeof key, tenant, id, LT_DATASET_META);
+  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_META);
   err = lt_sealed_get(api->conf.store, *dek, key, 1 << 20, &text, &tlen, msg, n);
   if (!err) {
     json_error_t je;
@@ -300,7 +296,7 @@ bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *datase
   seen_key(seen, sizeof seen, tenant, dataset_id);
   if (lt_map_has(api->datasets_seen, seen)) return true; /* no store round trip per submission */
   lt_store_info_t info;
-  key_of(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
+  lt_dataset_object_key(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
   if (lt_store_head(api->conf.store, key, &info, NULL, 0) != LT_OK) return false;
   lt_map_set(api->datasets_seen, seen, NULL);
   return true;
@@ -387,7 +383,7 @@ void lt_api_datasets_delete(lt_api_call_t *c) {
   const char *leaves[] = {LT_DATASET_KEY, LT_DATASET_DATA, LT_DATASET_META};
   for (int i = 0; i < 3; i++) {
     char key[512];
-    key_of(key, sizeof key, c->tenant->tenant_id, c->id, leaves[i]);
+    lt_dataset_object_key(key, sizeof key, c->tenant->tenant_id, c->id, leaves[i]);
     lt_err_t err = lt_store_delete(c->api->conf.store, key, msg, sizeof msg);
     if (err) {
       lt_api_reply_store_err(c->req, err, msg);

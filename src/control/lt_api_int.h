@@ -50,7 +50,7 @@ typedef struct lt_api_stats {
   uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
   uint64_t latency_us_sum[LT_API_SLOT__COUNT];
   uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
-  uint64_t produced, produce_failed, deadlettered, undecodable;
+  uint64_t produced, produce_failed, undecodable;
 } lt_api_stats_t;
 
 struct lt_api {

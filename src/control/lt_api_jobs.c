@@ -16,7 +16,6 @@
 typedef struct {
   const lt_job_t *me;
   int64_t ahead;
-  int64_t slots_hint;
   double run_s_sum;
   int64_t runs;
 } queue_acc_t;
@@ -295,7 +294,7 @@ static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
     if (!json_is_true(json_object_get(o, "cancel_requested")) &&
         !lt_job_state_is_terminal(lt_job_get(lt_proj_jobs(api->proj), c->job_id)->state))
       json_object_set_new(o, "cancel_requested", json_true());
-    lt_api_reply_json(c->req, 202, o);
+    lt_api_reply_json(c->req, c->status, o);
   }
   free(c);
 }

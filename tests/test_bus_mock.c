@@ -61,6 +61,15 @@ static lt_bus_record_t rec(const char *v) {
   return r;
 }
 
+/* A producer that has delivered one record (value v): connected, with the topic's metadata. */
+static lt_bus_producer_t *warm_producer(const char *v) {
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = rec(v);
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  return p;
+}
+
 /* Counts the records of partition 0 of TOPIC. */
 static int count_records(void) {
   lt_bus_consumer_t *c;
@@ -85,10 +94,8 @@ static int count_records(void) {
 TestSuite(bus_mock, .init = setup, .fini = teardown, .timeout = 120);
 
 Test(bus_mock, broker_down_produce_sync_fails_within_its_timeout_and_never_claims_success) {
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("before");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("before");
+  lt_bus_record_t r;
 
   cr_assert_eq(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
   for (int i = 0; i < 3; i++) {
@@ -110,10 +117,8 @@ Test(bus_mock, broker_down_produce_sync_fails_within_its_timeout_and_never_claim
 Test(bus_mock, record_that_times_out_in_librdkafka_reports_timeout_not_success) {
   /* message.timeout.ms shorter than the caller's wait: the delivery report itself fails. */
   cr_assert_eq(lt_bus_conf_set(conf, "message.timeout.ms", "1000", err, sizeof err), LT_OK);
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("warm");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("warm");
+  lt_bus_record_t r;
   rd_kafka_mock_broker_set_down(mc, 1);
   r = rec("lost");
   int64_t t0 = lt_time_mono_ms();
@@ -125,10 +130,8 @@ Test(bus_mock, record_that_times_out_in_librdkafka_reports_timeout_not_success) 
 }
 
 Test(bus_mock, injected_retriable_produce_errors_are_retried_to_one_success) {
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("warm");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("warm");
+  lt_bus_record_t r;
   rd_kafka_mock_push_request_errors(mc, API_PRODUCE, 4, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
                                     RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
                                     RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
@@ -142,10 +145,8 @@ Test(bus_mock, injected_retriable_produce_errors_are_retried_to_one_success) {
 }
 
 Test(bus_mock, permanent_produce_error_is_reported_not_retried) {
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("warm");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("warm");
+  lt_bus_record_t r;
   rd_kafka_mock_push_request_errors(mc, API_PRODUCE, 1,
                                     RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
   r = rec("denied");
@@ -204,10 +205,8 @@ Test(bus_mock, transaction_commit_that_times_out_is_fatal) {
 }
 
 Test(bus_mock, fatal_producer_error_says_recreate_on_every_path) {
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("ok");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("ok");
+  lt_bus_record_t r;
   cr_assert_eq(lt_bus_producer_fatal(p, err, sizeof err), LT_OK);
   /* What an idempotent producer raises when the broker loses its sequence state. */
   rd_kafka_test_fatal_error(lt_bus_producer_rk(p), RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -268,10 +267,8 @@ Test(bus_mock, concurrent_produce_sync_callers_each_get_their_own_acknowledgemen
 }
 
 Test(bus_mock, consumer_rides_out_a_broker_outage_and_resumes) {
-  lt_bus_producer_t *p;
-  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_record_t r = rec("first");
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p = warm_producer("first");
+  lt_bus_record_t r;
   lt_bus_consumer_t *c;
   cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
   lt_bus_tp_t tp = {TOPIC, 0, LT_BUS_OFFSET_BEGINNING};

@@ -22,23 +22,40 @@ static int64_t fake_tokens(void *ctx, lt_dataset_format_t f, const json_t *line)
   return (n + 3) / 4;
 }
 
-static lt_err_t check(const char *text, size_t chunk, lt_dataset_limits_t *lim, lt_dataset_check_t **c,
-                      lt_dataset_report_t *r) {
-  cr_assert_eq(lt_dataset_check_new(c, lim, fake_tokens, NULL), LT_OK);
+/* Checkers of the running test: a report's errors live in its checker, so they are kept until
+ * the test ends. */
+static lt_dataset_check_t *checkers[8];
+static int nchecker;
+
+static void drop_checkers(void) {
+  while (nchecker) lt_dataset_check_destroy(checkers[--nchecker]);
+}
+
+TestSuite(dataset, .fini = drop_checkers);
+
+/* Checks text fed in pieces of chunk bytes; the outcome must be want. */
+static lt_dataset_report_t report(const char *text, size_t chunk, lt_dataset_limits_t *lim, lt_err_t want) {
+  cr_assert_lt(nchecker, 8);
+  lt_dataset_check_t *c;
+  cr_assert_eq(lt_dataset_check_new(&c, lim, fake_tokens, NULL), LT_OK);
+  checkers[nchecker++] = c;
   size_t n = strlen(text);
   for (size_t i = 0; i < n; i += chunk) {
     size_t k = n - i < chunk ? n - i : chunk;
-    if (lt_dataset_check_feed(*c, text + i, k) == LT_ERR_QUOTA) break;
+    if (lt_dataset_check_feed(c, text + i, k) == LT_ERR_QUOTA) break;
   }
-  return lt_dataset_check_finish(*c, r);
+  lt_dataset_report_t r;
+  lt_err_t got = lt_dataset_check_finish(c, &r);
+  cr_assert_eq(got, want, "%s, wanted %s", lt_err_name(got), lt_err_name(want));
+  return r;
 }
 
-/* check() on line repeated n times (at most 4 KiB in all). */
-static lt_err_t check_repeated(const char *line, int n, size_t chunk, lt_dataset_limits_t *lim, lt_dataset_check_t **c,
-                               lt_dataset_report_t *r) {
+/* report() on line repeated n times (at most 4 KiB in all). */
+static lt_dataset_report_t report_repeated(const char *line, int n, size_t chunk, lt_dataset_limits_t *lim,
+                                           lt_err_t want) {
   char text[4096] = "";
   for (int i = 0; i < n; i++) strcat(text, line);
-  return check(text, chunk, lim, c, r);
+  return report(text, chunk, lim, want);
 }
 
 static const lt_dataset_error_t *find(const lt_dataset_report_t *r, uint64_t line) {
@@ -48,13 +65,11 @@ static const lt_dataset_error_t *find(const lt_dataset_report_t *r, uint64_t lin
 }
 
 Test(dataset, valid_prompt_completion_file_gives_a_preflight_report) {
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
   const char *text = "{\"prompt\":\"2024-01-05\",\"completion\":\"5 Jan 2024\"}\n"
                      "\n"
                      "{\"prompt\":\"a longer prompt here\",\"completion\":\"ok\",\"meta\":1}\r\n"
                      "{\"prompt\":\"x\",\"completion\":\"y\"}"; /* no final newline */
-  cr_assert_eq(check(text, 1 << 20, NULL, &c, &r), LT_OK);
+  lt_dataset_report_t r = report(text, 1 << 20, NULL, LT_OK);
   cr_assert_eq(r.format, LT_DATASET_PROMPT_COMPLETION);
   cr_assert_eq(r.examples, 3);
   cr_assert_eq(r.lines, 4);
@@ -64,7 +79,6 @@ Test(dataset, valid_prompt_completion_file_gives_a_preflight_report) {
   json_t *j = lt_dataset_report_json(&r, 3);
   cr_assert_eq(json_integer_value(json_object_get(j, "estimated_cost_token_steps")), 36);
   json_decref(j);
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, every_kind_of_bad_line_is_named) {
@@ -79,9 +93,7 @@ Test(dataset, every_kind_of_bad_line_is_named) {
       "{\"prompt\":\"a very long prompt that is far too long\",\"completion\":\"x\"}\n" /* 7 tokens */
       "[1,2]\n"                                                              /* 8 not object */
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n"; /* 9 format */
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
-  cr_assert_eq(check(text, 7, &lim, &c, &r), LT_ERR_INVALID);
+  lt_dataset_report_t r = report(text, 7, &lim, LT_ERR_INVALID);
   cr_assert_eq(r.examples, 1);
   cr_assert_eq(r.error_count, 8);
   struct { uint64_t line; const char *field, *words; } want[] = {
@@ -96,7 +108,6 @@ Test(dataset, every_kind_of_bad_line_is_named) {
     cr_assert_str_eq(e->field, want[i].field, "line %llu: %s", (unsigned long long)want[i].line, e->reason);
     cr_assert(strstr(e->reason, want[i].words), "line %llu: \"%s\"", (unsigned long long)want[i].line, e->reason);
   }
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, chat_messages_are_checked_message_by_message) {
@@ -105,16 +116,13 @@ Test(dataset, chat_messages_are_checked_message_by_message) {
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n"
       "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\"}]}\n"
       "{\"messages\":[]}\n";
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
-  cr_assert_eq(check(text, 3, NULL, &c, &r), LT_ERR_INVALID);
+  lt_dataset_report_t r = report(text, 3, NULL, LT_ERR_INVALID);
   cr_assert_eq(r.format, LT_DATASET_MESSAGES);
   cr_assert_eq(r.examples, 1);
   cr_assert(strstr(find(&r, 2)->reason, "assistant"));
   cr_assert_str_eq(r.errors[1].field, "messages[0].role");
   cr_assert_str_eq(r.errors[2].field, "messages[1].content");
   cr_assert_str_eq(find(&r, 4)->field, "messages");
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, any_chunking_gives_the_same_report) {
@@ -124,53 +132,39 @@ Test(dataset, any_chunking_gives_the_same_report) {
     snprintf(line, sizeof line, i % 7 == 3 ? "{\"prompt\":\"p%d\"}\n" : "{\"prompt\":\"p%d\",\"completion\":\"c\"}\n", i);
     strcat(text, line);
   }
-  lt_dataset_check_t *a, *b;
-  lt_dataset_report_t ra, rb;
-  check(text, 1, NULL, &a, &ra);
-  check(text, 4096, NULL, &b, &rb);
+  lt_dataset_report_t ra = report(text, 1, NULL, LT_ERR_INVALID), rb = report(text, 4096, NULL, LT_ERR_INVALID);
   cr_assert_eq(ra.examples, rb.examples);
   cr_assert_eq(ra.error_count, rb.error_count);
   cr_assert_eq(ra.error_count, 9);
   cr_assert_eq(ra.tokens, rb.tokens);
   for (size_t i = 0; i < ra.errors_kept; i++) cr_assert_eq(ra.errors[i].line, rb.errors[i].line);
-  lt_dataset_check_destroy(a);
-  lt_dataset_check_destroy(b);
 }
 
 Test(dataset, file_over_the_byte_quota_stops_with_the_limit_named) {
   lt_dataset_limits_t lim = {.max_bytes = 100};
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
-  cr_assert_eq(check_repeated("{\"prompt\":\"p\",\"completion\":\"c\"}\n", 10, 50, &lim, &c, &r), LT_ERR_QUOTA);
+  lt_dataset_report_t r = report_repeated("{\"prompt\":\"p\",\"completion\":\"c\"}\n", 10, 50, &lim, LT_ERR_QUOTA);
   cr_assert(r.over_quota);
   cr_assert(strstr(r.errors[r.errors_kept - 1].reason, "quota of 100 bytes"));
   cr_assert_leq(r.bytes, 100);
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, overlong_line_and_empty_file_are_errors) {
   lt_dataset_limits_t lim = {.max_line_bytes = 64};
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
-  cr_assert_eq(check("{\"prompt\":\"0123456789012345678901234567890123456789012345678901234567890\",\"completion\":\"c\"}\n"
-                     "{\"prompt\":\"p\",\"completion\":\"c\"}\n", 5, &lim, &c, &r), LT_ERR_INVALID);
+  const char *text = "{\"prompt\":\"0123456789012345678901234567890123456789012345678901234567890\",\"completion\":\"c\"}\n"
+                     "{\"prompt\":\"p\",\"completion\":\"c\"}\n";
+  lt_dataset_report_t r = report(text, 5, &lim, LT_ERR_INVALID);
   cr_assert_eq(r.errors[0].line, 1);
   cr_assert(strstr(r.errors[0].reason, "longer than 64 bytes"));
   cr_assert_eq(r.examples, 1);
-  lt_dataset_check_destroy(c);
-  cr_assert_eq(check("\n\n", 5, NULL, &c, &r), LT_ERR_INVALID);
+  r = report("\n\n", 5, NULL, LT_ERR_INVALID);
   cr_assert(strstr(r.errors[0].reason, "no examples"));
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, error_list_is_capped_but_the_count_is_exact) {
   lt_dataset_limits_t lim = {.max_errors = 5};
-  lt_dataset_check_t *c;
-  lt_dataset_report_t r;
-  cr_assert_eq(check_repeated("nope\n", 50, 64, &lim, &c, &r), LT_ERR_INVALID);
+  lt_dataset_report_t r = report_repeated("nope\n", 50, 64, &lim, LT_ERR_INVALID);
   cr_assert_eq(r.errors_kept, 5);
   cr_assert_eq(r.error_count, 50);
-  lt_dataset_check_destroy(c);
 }
 
 Test(dataset, utf8_validator_refuses_overlongs_and_surrogates) {

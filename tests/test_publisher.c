@@ -6,7 +6,6 @@
  * JobDispatched, AttemptStarted, sealed staging objects, CheckpointCommitted, JobCompleted. Then
  * a publisher runs on an event loop and the tests read lathe.artifacts back and decrypt what it
  * published. Every object key is under the test's own tenant id. */
-#include <criterion/criterion.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <jansson.h>
@@ -23,6 +22,7 @@
 #include "lt_sealed.h"
 #include "lt_store.h"
 #include "lt_tenant.h"
+#include "lt_test.h"
 
 #define T_MS 20000
 
@@ -35,29 +35,15 @@ static lt_crypto_kek_t *kek;
 static lt_crypto_dek_t *dek;
 static lt_store_t *store;
 static struct event_base *base;
-static char tenant[64];
+static char tenant[64], topic_prefix[96];
 static char topic_jobs[256], topic_control[256], topic_artifacts[256], topic_tenants[256], topic_dead[256];
 
 /* ---------------------------------------------------------------- fixture */
 
 static void setup(void) {
   evthread_use_pthreads();
-  bus = lt_bus_conf_new();
-  cr_assert(bus);
-  cr_assert_eq(lt_bus_conf_from_env(bus, err, sizeof err), LT_OK, "%s", err);
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  char prefix[96];
-  snprintf(prefix, sizeof prefix, "t%d%ld%06ld.", (int)getpid(), (long)tv.tv_sec % 100000, (long)tv.tv_usec);
-  cr_assert_eq(lt_bus_conf_set(bus, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_bus_admin_new(bus, &admin, err, sizeof err), LT_OK, "%s", err);
-  char path[1024];
-  const char *root = getenv("LATHE_SOURCE_ROOT");
-  snprintf(path, sizeof path, "%s/ops/topics.tsv", root ? root : ".");
-  lt_err_t e = lt_bus_admin_create_from_file(admin, path, -1, T_MS, NULL, err, sizeof err);
-  if (e)
-    cr_assert_fail("cannot create topics on %s (%s): start the stack with `ops/stack up`",
-                   lt_bus_conf_get(bus, "bootstrap.servers"), err);
+  bus = lt_test_bus_scratch("tpub", topic_prefix, sizeof topic_prefix, &admin);
+  lt_test_topics_create(bus, admin, T_MS);
   lt_bus_topic_name(bus, "jobs", topic_jobs, sizeof topic_jobs);
   lt_bus_topic_name(bus, "control", topic_control, sizeof topic_control);
   lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
@@ -132,20 +118,7 @@ static void teardown(void) {
     json_array_foreach(keys, k, v) lt_store_delete(store, json_string_value(v), NULL, 0);
     json_decref(keys);
   }
-  if (admin) {
-    char **names;
-    size_t n;
-    char prefix[128];
-    snprintf(prefix, sizeof prefix, "%s", lt_bus_conf_get(bus, "lathe.topic.prefix"));
-    if (lt_bus_admin_list_topics(admin, T_MS, &names, &n, NULL, 0) == LT_OK) {
-      const char *mine[64];
-      size_t m = 0;
-      for (size_t i = 0; i < n && m < 64; i++)
-        if (strncmp(names[i], prefix, strlen(prefix)) == 0) mine[m++] = names[i];
-      lt_bus_admin_delete_topics(admin, mine, m, T_MS, NULL, 0);
-      lt_bus_admin_free_names(names);
-    }
-  }
+  if (admin) lt_test_topics_delete(topic_prefix);
   lt_bus_producer_destroy(prod, 5000);
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(bus);
@@ -276,10 +249,11 @@ static void stage_bad(const char *job, int attempt, int64_t step, ckpt_t *ck, in
 
 static void stage(const char *job, int attempt, int64_t step, ckpt_t *ck) { stage_bad(job, attempt, step, ck, -1); }
 
-/* CheckpointCommitted for ck; remembers its event id. */
-static void commit(const char *job, ckpt_t *ck, bool final) {
+/* CheckpointCommitted for ck under event_id, or a new event id (remembered in ck) when NULL. */
+static void send_commit(const char *job, ckpt_t *ck, bool final, const char *event_id) {
   lt_avro_record_t *rec = rec_new("CheckpointCommitted", job);
   const char *ev;
+  if (event_id) cr_assert_eq(lt_avro_set_string(rec, "event_id", event_id), LT_OK);
   cr_assert_eq(lt_avro_get_string(rec, "event_id", &ev, NULL), LT_OK);
   snprintf(ck->event_id, sizeof ck->event_id, "%s", ev);
   cr_assert_eq(lt_avro_set_int(rec, "attempt", ck->attempt), LT_OK);
@@ -292,19 +266,10 @@ static void commit(const char *job, ckpt_t *ck, bool final) {
   send_rec(rec, topic_control, job);
 }
 
-/* The same CheckpointCommitted bytes again (a duplicated delivery): same event id. */
-static void commit_again(const char *job, const ckpt_t *ck) {
-  lt_avro_record_t *rec = rec_new("CheckpointCommitted", job);
-  cr_assert_eq(lt_avro_set_string(rec, "event_id", ck->event_id), LT_OK);
-  cr_assert_eq(lt_avro_set_int(rec, "attempt", ck->attempt), LT_OK);
-  cr_assert_eq(lt_avro_set_long(rec, "step", ck->step), LT_OK);
-  for (int i = 0; i < ck->n; i++) cr_assert_eq(lt_avro_array_append_string(rec, "object_keys", ck->keys[i]), LT_OK);
-  cr_assert_eq(lt_avro_set_string(rec, "sha256", ck->sha256), LT_OK);
-  cr_assert_eq(lt_avro_set_long(rec, "bytes", ck->bytes), LT_OK);
-  cr_assert_eq(lt_avro_set_bool(rec, "final", true), LT_OK);
-  cr_assert_eq(lt_avro_set_string(rec, "trigger", "final"), LT_OK);
-  send_rec(rec, topic_control, job);
-}
+static void commit(const char *job, ckpt_t *ck, bool final) { send_commit(job, ck, final, NULL); }
+
+/* The same CheckpointCommitted again (a duplicated delivery): same event id. */
+static void commit_again(const char *job, ckpt_t *ck) { send_commit(job, ck, true, ck->event_id); }
 
 static void complete(const char *job, const ckpt_t *ck, int attempt) {
   lt_avro_record_t *rec = rec_new("JobCompleted", job);
@@ -313,6 +278,14 @@ static void complete(const char *job, const ckpt_t *ck, int attempt) {
   cr_assert_eq(lt_avro_set_string(rec, "checkpoint_event_id", ck->event_id), LT_OK);
   cr_assert_eq(lt_avro_set_string(rec, "checkpoint_sha256", ck->sha256), LT_OK);
   send_rec(rec, topic_control, job);
+}
+
+/* A job that ran under attempt 1 to a final commit at step and completed. */
+static void completed_job(const char *job, int64_t step, ckpt_t *ck) {
+  job_running(job);
+  stage(job, 1, step, ck);
+  commit(job, ck, true);
+  complete(job, ck, 1);
 }
 
 /* ---------------------------------------------------------------- running and reading back */
@@ -347,6 +320,19 @@ static bool settled(lt_publisher_t *p) {
   lt_publisher_stats_t s;
   lt_publisher_stats(p, &s);
   return s.ready && s.waiting == 0;
+}
+
+/* Runs a publisher on st (group NULL: the default) until until(p) (within 60 s), then extra_ms
+ * more; its statistics at the end. */
+static lt_publisher_stats_t run_publisher(lt_store_t *st, const char *group, bool (*until)(lt_publisher_t *),
+                                          int extra_ms) {
+  lt_publisher_t *p = start(st, group, 0);
+  cr_assert(run(p, 60000, until), "the publisher did not settle");
+  if (extra_ms) run(p, extra_ms, NULL);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  return s;
 }
 
 /* Every record of type `type` of `job` in a topic, as JSON, read from the beginning until the
@@ -384,6 +370,14 @@ static json_t *read_records(const char *topic, const char *type, const char *job
   lt_avro_decoder_destroy(dec);
   lt_bus_consumer_destroy(c);
   return out;
+}
+
+/* How many ArtifactPublished name job. */
+static size_t count_published(const char *job) {
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", job);
+  size_t n = json_array_size(pubs);
+  json_decref(pubs);
+  return n;
 }
 
 /* The publication has the right keys and plaintext hashes, and each published object decrypts
@@ -427,16 +421,8 @@ static bool object_exists(const char *key) {
 
 Test(publisher, completed_job_is_published_once_with_plaintext_hashes_and_decryptable_objects) {
   ckpt_t ck;
-  job_running("job-a");
-  stage("job-a", 1, 100, &ck);
-  commit("job-a", &ck, true);
-  complete("job-a", &ck, 1);
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled), "the publisher did not settle");
-  run(p, 1000, NULL);
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  completed_job("job-a", 100, &ck);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
   cr_assert_eq(s.published, 1);
   cr_assert_eq(s.rejected, 0);
   json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-a");
@@ -447,33 +433,19 @@ Test(publisher, completed_job_is_published_once_with_plaintext_hashes_and_decryp
 
 Test(publisher, duplicated_records_and_restarts_publish_nothing_different) {
   ckpt_t ck;
-  job_running("job-d");
-  stage("job-d", 1, 50, &ck);
-  commit("job-d", &ck, true);
-  complete("job-d", &ck, 1);
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  lt_publisher_destroy(p);
+  completed_job("job-d", 50, &ck);
+  run_publisher(store, NULL, settled, 0);
   json_t *first = read_records(topic_artifacts, "ArtifactPublished", "job-d");
   cr_assert_eq(json_array_size(first), 1);
 
   /* The same commit and completion delivered again; a restart of the same group from scratch. */
   commit_again("job-d", &ck);
   complete("job-d", &ck, 1);
-  p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  run(p, 1000, NULL);
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
   cr_assert_eq(s.published, 0, "the restarted publisher published again");
 
   /* A restart that lost its offsets (another group): the projection shows it published. */
-  p = start(store, "lathe-publisher-fresh", 0);
-  cr_assert(run(p, 60000, settled));
-  run(p, 1000, NULL);
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  s = run_publisher(store, "lathe-publisher-fresh", settled, 1000);
   cr_assert_eq(s.published, 0, "a publisher without offsets published again");
   cr_assert_geq(s.already_published, 1);
 
@@ -493,16 +465,9 @@ Test(publisher, commit_of_a_fenced_attempt_is_never_promoted) {
   complete("job-f", &ck, 1);                 /* the fenced attempt claims completion */
   send_attempt("AttemptStarted", "job-f", 2);
   complete("job-f", &ck, 2); /* attempt 2 completes naming attempt 1's checkpoint */
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  run(p, 1000, NULL);
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
   cr_assert_eq(s.published, 0);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-f");
-  cr_assert_eq(json_array_size(pubs), 0);
-  json_decref(pubs);
+  cr_assert_eq(count_published("job-f"), 0, "nothing is published");
   char key[LT_STORE_KEY_MAX + 1];
   lt_publisher_artifact_key(key, sizeof key, tenant, "job-f", "adapter_model.safetensors");
   cr_assert(!object_exists(key), "nothing of the fenced attempt reaches the published prefix");
@@ -517,24 +482,14 @@ Test(publisher, cancel_recorded_before_completion_publishes_nothing) {
   cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
   send_rec(rec, topic_control, "job-c");
   complete("job-c", &ck, 1);
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  run(p, 1000, NULL);
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
   cr_assert_eq(s.published, 0);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-c");
-  cr_assert_eq(json_array_size(pubs), 0);
-  json_decref(pubs);
+  cr_assert_eq(count_published("job-c"), 0, "nothing is published");
 }
 
 Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) {
   ckpt_t ck;
-  job_running("job-t");
-  stage("job-t", 1, 20, &ck);
-  commit("job-t", &ck, true);
-  complete("job-t", &ck, 1);
+  completed_job("job-t", 20, &ck);
   /* Flip one byte of the stored adapter. */
   void *data;
   size_t len;
@@ -542,17 +497,11 @@ Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) 
   ((uint8_t *)data)[len / 2] ^= 0x01;
   cr_assert_eq(lt_store_put(store, ck.keys[0], data, len, NULL, err, sizeof err), LT_OK, "%s", err);
   free(data);
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0);
   cr_assert_eq(s.published, 0);
   cr_assert_eq(s.rejected, 1);
   cr_assert_eq(s.last_err, LT_ERR_CORRUPT, "%s", s.last_errmsg);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-t");
-  cr_assert_eq(json_array_size(pubs), 0);
-  json_decref(pubs);
+  cr_assert_eq(count_published("job-t"), 0, "nothing is published");
   json_t *dead = read_records(topic_dead, "DeadLetter", "job-t");
   cr_assert_eq(json_array_size(dead), 1, "one DeadLetter naming the job");
   cr_assert_str_eq(json_string_value(json_object_get(json_array_get(dead, 0), "error_code")), "LT_ERR_CORRUPT");
@@ -564,10 +513,7 @@ Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) 
 
 Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishes) {
   ckpt_t ck;
-  job_running("job-s");
-  stage("job-s", 1, 30, &ck);
-  commit("job-s", &ck, true);
-  complete("job-s", &ck, 1);
+  completed_job("job-s", 30, &ck);
   /* A store on a port where nothing listens. */
   lt_store_s3_conf_t sc;
   cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK);
@@ -576,28 +522,18 @@ Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishe
   sc.backoff_ms = 10;
   lt_store_t *down;
   cr_assert_eq(lt_store_s3_new(&down, &sc, err, sizeof err), LT_OK, "%s", err);
-  lt_publisher_t *p = start(down, NULL, 0);
-  cr_assert(run(p, 60000, is_ready));
-  run(p, 3000, NULL);
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(down, NULL, is_ready, 3000);
   lt_store_free(down);
   cr_assert_eq(s.published, 0);
   cr_assert_eq(s.rejected, 0, "an unavailable store is retried, never a rejection");
   cr_assert_geq(s.retries, 1);
   cr_assert_eq(s.waiting, 1);
   cr_assert_eq(s.last_err, LT_ERR_UNAVAILABLE, "%s: %s", lt_err_name(s.last_err), s.last_errmsg);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
-  cr_assert_eq(json_array_size(pubs), 0);
-  json_decref(pubs);
+  cr_assert_eq(count_published("job-s"), 0, "nothing is published");
 
-  p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  s = run_publisher(store, NULL, settled, 0);
   cr_assert_eq(s.published, 1);
-  pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
+  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
   cr_assert_eq(json_array_size(pubs), 1);
   assert_publication(json_array_get(pubs, 0), "job-s", &ck);
   json_decref(pubs);
@@ -643,18 +579,12 @@ Test(publisher, object_that_does_not_decrypt_is_never_promoted) {
   stage_bad("job-k", 1, 40, &ck, 5); /* config.json sealed with a different key: hash matches, tag does not */
   commit("job-k", &ck, true);
   complete("job-k", &ck, 1);
-  lt_publisher_t *p = start(store, NULL, 0);
-  cr_assert(run(p, 60000, settled));
-  lt_publisher_stats_t s;
-  lt_publisher_stats(p, &s);
-  lt_publisher_destroy(p);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0);
   cr_assert_eq(s.published, 0);
   cr_assert_eq(s.rejected, 1);
   cr_assert_eq(s.last_err, LT_ERR_CORRUPT, "%s", s.last_errmsg);
   cr_assert(strstr(s.last_errmsg, "does not decrypt"), "%s", s.last_errmsg);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-k");
-  cr_assert_eq(json_array_size(pubs), 0);
-  json_decref(pubs);
+  cr_assert_eq(count_published("job-k"), 0, "nothing is published");
   char key[LT_STORE_KEY_MAX + 1];
   lt_publisher_artifact_key(key, sizeof key, tenant, "job-k", "adapter_model.safetensors");
   cr_assert(!object_exists(key), "no object is re-encrypted before the whole checkpoint verified");

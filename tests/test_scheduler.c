@@ -4,7 +4,6 @@
  * more schedulers on its own event loop, produces what the API, upstream services and workers
  * would produce, reads back lathe.control / lathe.dispatch.* / lathe.deadletter, and deletes its
  * topics at the end. */
-#include <criterion/criterion.h>
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,7 @@
 #include "lt_jobspec.h"
 #include "lt_scheduler.h"
 #include "lt_tenant.h"
+#include "lt_test.h"
 #include "lt_time.h"
 
 static lt_bus_conf_t *conf;
@@ -38,22 +38,8 @@ static lt_avro_decoder_t *dec;
 
 static void setup(void) {
   evthread_use_pthreads();
-  conf = lt_bus_conf_new();
-  cr_assert(conf);
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  snprintf(prefix, sizeof prefix, "lt-sched-%d-%ld%06ld.", (int)getpid(), (long)tv.tv_sec, (long)tv.tv_usec);
-  cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
-  char path[512];
-  const char *root = getenv("LATHE_SOURCE_ROOT");
-  snprintf(path, sizeof path, "%s/ops/topics.tsv", root ? root : ".");
-  lt_err_t e = lt_bus_admin_create_from_file(admin, path, -1, 30000, NULL, err, sizeof err);
-  if (e)
-    cr_assert_fail("cannot create the topics of %s on %s (%s): start the broker with `ops/stack up` and "
-                   "`eval \"$(ops/stack env)\"`",
-                   path, lt_bus_conf_get(conf, "bootstrap.servers"), err);
+  conf = lt_test_bus_scratch("lt-sched-", prefix, sizeof prefix, &admin);
+  lt_test_topics_create(conf, admin, 30000);
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_producer_new(conf, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
@@ -80,16 +66,7 @@ static void teardown(void) {
   lt_avro_decoder_destroy(dec);
   json_decref(seen);
   lt_bus_producer_destroy(prod, 5000);
-  char **names = NULL;
-  size_t n = 0;
-  if (admin && lt_bus_admin_list_topics(admin, 10000, &names, &n, NULL, 0) == LT_OK) {
-    const char *mine[64];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < 64; i++)
-      if (strncmp(names[i], prefix, strlen(prefix)) == 0) mine[k++] = names[i];
-    if (k) lt_bus_admin_delete_topics(admin, mine, k, 30000, NULL, 0);
-    lt_bus_admin_free_names(names);
-  }
+  if (admin) lt_test_topics_delete(prefix);
   lt_bus_admin_destroy(admin);
   lt_avro_registry_destroy(reg);
   lt_bus_conf_destroy(conf);
@@ -133,22 +110,29 @@ static void put_tenant_weighted(const char *id, double weight, int64_t max_job_d
 
 static void put_tenant(const char *id, int64_t max_job_duration_s) { put_tenant_weighted(id, 1, max_job_duration_s); }
 
-/* A JobSubmitted as the API writes it; spec edits through fn. */
-static void submit(const char *job, const char *tenant, lt_job_class_t cls, void (*edit)(lt_jobspec_t *)) {
+/* A JobSubmitted of class cls stamped by producer, its spec edited by edit (may be NULL). */
+static lt_avro_record_t *job_submitted(const char *producer, const char *job, const char *tenant, lt_job_class_t cls,
+                                       int64_t max_duration_s, void (*edit)(lt_jobspec_t *)) {
   lt_jobspec_t spec;
   lt_jobspec_defaults(&spec);
   snprintf(spec.base_model, sizeof spec.base_model, "llama-test");
   snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-1");
   spec.priority = cls;
-  spec.max_duration_s = 3600;
+  spec.max_duration_s = max_duration_s;
   spec.gpus = 1;
   if (edit) edit(&spec);
   lt_avro_record_t *rec;
   cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
-  lt_avro_record_stamp(rec, "test-upstream");
+  lt_avro_record_stamp(rec, producer);
   lt_avro_set_string(rec, "job_id", job);
   lt_avro_set_string(rec, "tenant_id", tenant);
   cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK, "%s", err);
+  return rec;
+}
+
+/* A JobSubmitted as the API writes it; spec edits through fn. */
+static void submit(const char *job, const char *tenant, lt_job_class_t cls, void (*edit)(lt_jobspec_t *)) {
+  lt_avro_record_t *rec = job_submitted("test-upstream", job, tenant, cls, 3600, edit);
   produce_rec("jobs", (int32_t)cls * 2, job, rec);
   lt_avro_record_destroy(rec);
 }
@@ -196,31 +180,27 @@ static void drain_tail(void) {
   }
 }
 
+/* Is r a record of type (and job, and topic base, when not NULL)? */
+static bool seen_is(json_t *r, const char *type, const char *job, const char *topic_base) {
+  if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) return false;
+  if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
+    return false;
+  return !topic_base || strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) == 0;
+}
+
 /* Records of type (and job, and topic base when not NULL) read back so far. */
 static int count_seen(const char *type, const char *job, const char *topic_base) {
   int n = 0;
   size_t i;
   json_t *r;
-  json_array_foreach(seen, i, r) {
-    if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) continue;
-    if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
-      continue;
-    if (topic_base && strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
-    n++;
-  }
+  json_array_foreach(seen, i, r) n += seen_is(r, type, job, topic_base);
   return n;
 }
 
 static json_t *find_seen(const char *type, const char *job, const char *topic_base, int nth) {
   size_t i;
   json_t *r;
-  json_array_foreach(seen, i, r) {
-    if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) continue;
-    if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
-      continue;
-    if (topic_base && strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
-    if (nth-- == 0) return r;
-  }
+  json_array_foreach(seen, i, r) if (seen_is(r, type, job, topic_base) && nth-- == 0) return r;
   return NULL;
 }
 
@@ -321,19 +301,7 @@ static void bad_lr(lt_jobspec_t *s) { s->hp.learning_rate = 5; }
 
 /* An upstream service writes JobSubmitted with plain librdkafka (not lt_bus). */
 static void upstream_produce(const char *job, const char *tenant) {
-  lt_jobspec_t spec;
-  lt_jobspec_defaults(&spec);
-  snprintf(spec.base_model, sizeof spec.base_model, "llama-test");
-  snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-1");
-  spec.priority = LT_CLASS_STANDARD;
-  spec.max_duration_s = 600;
-  spec.gpus = 1;
-  lt_avro_record_t *rec;
-  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
-  lt_avro_record_stamp(rec, "upstream-billing");
-  lt_avro_set_string(rec, "job_id", job);
-  lt_avro_set_string(rec, "tenant_id", tenant);
-  cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK);
+  lt_avro_record_t *rec = job_submitted("upstream-billing", job, tenant, LT_CLASS_STANDARD, 600, NULL);
   const uint8_t *b;
   size_t len;
   cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK);

@@ -162,3 +162,28 @@ Test(map, colliding_keys_stay_reachable_across_a_delete) {
   cr_assert_eq(lt_map_count(m), 5);
   lt_map_free(m);
 }
+
+Test(map, churn_reuses_room_left_by_deleted_keys) {
+  /* Few live keys, many come and go: rebuilds drop the deleted entries; order and values hold. */
+  lt_map_t *m = lt_map_new(NULL);
+  int v[3];
+  lt_map_set(m, "keep-0", &v[0]);
+  lt_map_set(m, "keep-1", &v[1]);
+  char key[32];
+  for (int i = 0; i < 10000; i++) {
+    snprintf(key, sizeof key, "tmp-%d", i);
+    cr_assert_eq(lt_map_set(m, key, &v[2]), LT_OK);
+    cr_assert(lt_map_del(m, key));
+  }
+  lt_map_set(m, "keep-2", &v[2]);
+  cr_assert_eq(lt_map_count(m), 3);
+  lt_map_iter_t it = {0};
+  for (int i = 0; i < 3; i++) {
+    cr_assert(lt_map_next(m, &it));
+    snprintf(key, sizeof key, "keep-%d", i);
+    cr_assert_str_eq(it.key, key);
+    cr_assert_eq(it.value, &v[i]);
+  }
+  cr_assert_not(lt_map_next(m, &it));
+  lt_map_free(m);
+}

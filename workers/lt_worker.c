@@ -857,12 +857,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- life cycle */
 
-lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
-                       size_t n) {
-  lt_worker_t *w = calloc(1, sizeof *w);
-  if (!w) return LT_ERR_NOMEM;
+/* The configuration with its defaults filled in, and the names of the topics it uses. */
+static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   w->conf = *conf;
-  w->base = base;
   if (w->conf.slots <= 0) w->conf.slots = 1;
   if (w->conf.slots > MAX_SLOTS) w->conf.slots = MAX_SLOTS;
   if (w->conf.threads_per_executor <= 0) w->conf.threads_per_executor = 1;
@@ -873,7 +870,6 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
   for (int i = 0; i < MAX_SLOTS; i++) w->slots[i].out_fd = w->slots[i].in_fd = -1;
   snprintf(w->producer_id, sizeof w->producer_id, "worker/%s", conf->worker_id);
-  w->owned = json_array();
   lt_bus_topic_name(conf->bus, "control", w->t_control, sizeof w->t_control);
   lt_bus_topic_name(conf->bus, "progress", w->t_progress, sizeof w->t_progress);
   lt_bus_topic_name(conf->bus, "workers", w->t_workers, sizeof w->t_workers);
@@ -882,6 +878,56 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
     snprintf(base_name, sizeof base_name, "dispatch.%s", lt_job_class_name((lt_job_class_t)c));
     lt_bus_topic_name(conf->bus, base_name, w->t_dispatch[c], sizeof w->t_dispatch[c]);
   }
+}
+
+/* lathe.jobs, lathe.control and lathe.tenants, folded from the beginning: job states (a job's
+ * state is the fold of both job topics), cancels, tenants and their data keys. */
+static lt_err_t assign_control(lt_worker_t *w, char *errstr, size_t n) {
+  const lt_bus_conf_t *bus = w->conf.bus;
+  lt_err_t err = lt_bus_consumer_new(bus, NULL, &w->control, errstr, n);
+  if (err) return err;
+  lt_bus_admin_t *admin = NULL;
+  lt_bus_tp_t parts[64];
+  char names[3][128];
+  size_t np = 0;
+  err = lt_bus_admin_new(bus, &admin, errstr, n);
+  const char *bases[3] = {"jobs", "control", "tenants"};
+  for (int b = 0; b < 3 && !err; b++) {
+    int count = 0;
+    lt_bus_topic_name(bus, bases[b], names[b], sizeof names[b]);
+    err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
+    for (int p = 0; !err && p < count && np < 64; p++)
+      parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  }
+  lt_bus_admin_destroy(admin);
+  return err ? err : lt_bus_consumer_assign(w->control, parts, np, errstr, n);
+}
+
+/* One dispatch group per deployment (topic prefix), like the scheduler's: workers of another
+ * prefix on the same broker must not share its rebalances. */
+static lt_err_t join_dispatch(lt_worker_t *w, char *errstr, size_t n) {
+  char group[160];
+  lt_bus_topic_name(w->conf.bus, "worker-group", group, sizeof group);
+  lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = on_rebalance, .opaque = w};
+  /* A dead worker's dispatch partitions go to the living within seconds, not librdkafka's 45 s. */
+  lt_bus_conf_t *dconf = lt_bus_conf_dup(w->conf.bus);
+  if (!dconf) return LT_ERR_NOMEM;
+  lt_err_t err = lt_bus_conf_set(dconf, "session.timeout.ms", "6000", errstr, n);
+  if (!err) err = lt_bus_conf_set(dconf, "heartbeat.interval.ms", "1500", errstr, n);
+  if (!err) err = lt_bus_consumer_new(dconf, &co, &w->dispatch, errstr, n);
+  lt_bus_conf_destroy(dconf);
+  if (err) return err;
+  const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
+  return lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);
+}
+
+lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
+                       size_t n) {
+  lt_worker_t *w = calloc(1, sizeof *w);
+  if (!w) return LT_ERR_NOMEM;
+  w->base = base;
+  w->owned = json_array();
+  configure(w, conf);
   lt_err_t err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
@@ -892,42 +938,8 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
     lt_bus_producer_prepare(w->producer, w->t_progress, 2000);
     lt_bus_producer_prepare(w->producer, w->t_workers, 2000);
   }
-  /* lathe.jobs, lathe.control and lathe.tenants, folded from the beginning: job states (a job's
-   * state is the fold of both job topics), cancels, tenants and their data keys. */
-  if (!err) err = lt_bus_consumer_new(conf->bus, NULL, &w->control, errstr, n);
-  if (!err) {
-    lt_bus_admin_t *admin = NULL;
-    lt_bus_tp_t parts[64];
-    char names[3][128];
-    size_t np = 0;
-    err = lt_bus_admin_new(conf->bus, &admin, errstr, n);
-    const char *bases[3] = {"jobs", "control", "tenants"};
-    for (int b = 0; b < 3 && !err; b++) {
-      int count = 0;
-      lt_bus_topic_name(conf->bus, bases[b], names[b], sizeof names[b]);
-      err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
-      for (int p = 0; !err && p < count && np < 64; p++)
-        parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
-    }
-    lt_bus_admin_destroy(admin);
-    if (!err) err = lt_bus_consumer_assign(w->control, parts, np, errstr, n);
-  }
-  /* One dispatch group per deployment (topic prefix), like the scheduler's: workers of another
-   * prefix on the same broker must not share its rebalances. */
-  char group[160];
-  lt_bus_topic_name(conf->bus, "worker-group", group, sizeof group);
-  lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = on_rebalance, .opaque = w};
-  /* A dead worker's dispatch partitions go to the living within seconds, not librdkafka's 45 s. */
-  lt_bus_conf_t *dconf = err ? NULL : lt_bus_conf_dup(conf->bus);
-  if (!err && !dconf) err = LT_ERR_NOMEM;
-  if (!err) err = lt_bus_conf_set(dconf, "session.timeout.ms", "6000", errstr, n);
-  if (!err) err = lt_bus_conf_set(dconf, "heartbeat.interval.ms", "1500", errstr, n);
-  if (!err) err = lt_bus_consumer_new(dconf, &co, &w->dispatch, errstr, n);
-  lt_bus_conf_destroy(dconf);
-  if (!err) {
-    const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
-    err = lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);
-  }
+  if (!err) err = assign_control(w, errstr, n);
+  if (!err) err = join_dispatch(w, errstr, n);
   if (!err) {
     w->control_ev = event_new(base, lt_bus_consumer_fd(w->control), EV_READ | EV_PERSIST, on_control, w);
     w->dispatch_ev = event_new(base, lt_bus_consumer_fd(w->dispatch), EV_READ | EV_PERSIST, on_dispatch, w);

@@ -2,9 +2,10 @@
  *
  * It consumes the dispatch topics of every priority class (one per class, so every worker of the
  * group owns partitions of each), claims an attempt with AttemptStarted, runs it in an executor
- * child process (lt_executor.c), and records what the executor reports: StepCompleted and
- * EvalCompleted into lathe.progress, CheckpointCommitted (after the sealed objects are in the
- * store), AttemptStopped, JobCompleted, JobCancelled and CleanupDone into lathe.control.
+ * child process (lt_executor.c, spoken to in the protocol of lt_proto.h), and records what the
+ * executor reports: StepCompleted and EvalCompleted into lathe.progress, CheckpointCommitted
+ * (after the sealed objects are in the store), AttemptStopped, JobCompleted, JobCancelled and
+ * CleanupDone into lathe.control.
  *
  * The invariants it keeps:
  *  - one live attempt (§4.2): it folds lathe.control (lt_proj) and never starts, nor records

@@ -16,8 +16,10 @@
 #include "lt_job_record.h"
 #include "lt_time.h"
 
-static const char *const rec_types[R_N] = {"JobAccepted",  "JobRejected",    "JobDispatched", "PreemptRequested",
-                                        "JobFailed",    "JobCancelled",   "AttemptStopped", "DeadLetter"};
+static const char *const rec_types[R_N] = {
+    [R_ACC] = "JobAccepted",  [R_REJ] = "JobRejected",   [R_DISP] = "JobDispatched",
+    [R_PRE] = "PreemptRequested", [R_FAIL] = "JobFailed", [R_CANC] = "JobCancelled",
+    [R_STOP] = "AttemptStopped", [R_DEAD] = "DeadLetter"};
 
 static void stop_leading(lt_scheduler_t *s, const char *why);
 

@@ -141,68 +141,78 @@ static lt_err_t upload_part(lt_api_t *api, lt_api_upload_t *u, struct evbuffer *
   return err;
 }
 
-/* Finishes: valid -> data committed, wrapped key and meta written, reply 201; invalid -> all
- * dropped, reply 400 with the report. Frees the upload either way. */
-static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_upload_t *u) {
-  upload_unlink(api, u);
-  lt_dataset_report_t r;
-  lt_err_t err = lt_dataset_check_finish(u->check, &r);
-  json_t *report = lt_dataset_report_json(&r, 1);
-  char msg[256];
-  if (err) {
-    char summary[320];
-    if (r.errors_kept && r.errors[0].line)
-      snprintf(summary, sizeof summary, "the dataset has %llu error(s); the first: line %llu%s%s: %s",
-               (unsigned long long)r.error_count, (unsigned long long)r.errors[0].line,
-               r.errors[0].field[0] ? ", field " : "", r.errors[0].field, r.errors[0].reason);
-    else
-      snprintf(summary, sizeof summary, "the dataset was refused: %s", r.errors_kept ? r.errors[0].reason : "invalid");
-    json_t *e = json_pack("{s:s,s:s,s:n}", "code", err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", "message",
-                          summary, "field");
-    lt_api_reply_json(req, err == LT_ERR_QUOTA ? 429 : 400, json_pack("{s:o,s:o}", "error", e, "report", report));
-    upload_free(u);
-    return;
-  }
+/* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
+ * report goes along. Takes report. */
+static void reply_refused(struct evhttp_request *req, lt_err_t err, const lt_dataset_report_t *r, json_t *report) {
+  char summary[320];
+  if (r->errors_kept && r->errors[0].line)
+    snprintf(summary, sizeof summary, "the dataset has %llu error(s); the first: line %llu%s%s: %s",
+             (unsigned long long)r->error_count, (unsigned long long)r->errors[0].line,
+             r->errors[0].field[0] ? ", field " : "", r->errors[0].field, r->errors[0].reason);
+  else
+    snprintf(summary, sizeof summary, "the dataset was refused: %s", r->errors_kept ? r->errors[0].reason : "invalid");
+  json_t *e = json_pack("{s:s,s:s,s:n}", "code", err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", "message",
+                        summary, "field");
+  lt_api_reply_json(req, err == LT_ERR_QUOTA ? 429 : 400, json_pack("{s:o,s:o}", "error", e, "report", report));
+}
+
+/* Stores a valid dataset: commits the data, then its wrapped key, then its meta (last: a dataset
+ * exists when its meta does). On failure removes whatever of it made it. *meta is the caller's. */
+static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report, json_t **meta, char *msg, size_t n) {
   uint8_t sha[32];
   uint64_t plain = 0;
   lt_sealed_writer_t *w = u->w;
   u->w = NULL;
-  err = lt_sealed_writer_commit(w, sha, &plain, NULL, msg, sizeof msg);
+  lt_err_t err = lt_sealed_writer_commit(w, sha, &plain, NULL, msg, n);
   char key[512], hex[65];
   uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
   size_t wlen = 0;
-  if (!err) err = lt_crypto_dek_wrap(api->conf.kek, u->dek, wrapped, sizeof wrapped, &wlen, msg, sizeof msg);
+  if (!err) err = lt_crypto_dek_wrap(api->conf.kek, u->dek, wrapped, sizeof wrapped, &wlen, msg, n);
   if (!err) {
     lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_KEY);
-    err = lt_store_put(api->conf.store, key, wrapped, wlen, NULL, msg, sizeof msg);
+    err = lt_store_put(api->conf.store, key, wrapped, wlen, NULL, msg, n);
   }
-  json_t *meta = NULL;
   if (!err) {
-    meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at", (json_int_t)lt_time_wall_ms(),
-                     "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain, "report", report);
-    char *text = json_dumps(meta, JSON_COMPACT);
+    *meta = json_pack("{s:s,s:s,s:I,s:s,s:I,s:O}", "id", u->id, "name", u->name, "created_at",
+                      (json_int_t)lt_time_wall_ms(), "sha256", lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)plain,
+                      "report", report);
+    char *text = json_dumps(*meta, JSON_COMPACT);
     lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_META);
-    err = text ? lt_sealed_put(api->conf.store, u->dek, key, text, strlen(text), NULL, msg, sizeof msg) : LT_ERR_NOMEM;
+    err = text ? lt_sealed_put(api->conf.store, u->dek, key, text, strlen(text), NULL, msg, n) : LT_ERR_NOMEM;
     free(text);
   }
   if (err) {
-    /* Nothing half-stored: remove whatever of this dataset made it. */
+    /* Nothing half-stored. */
     const char *leaves[] = {LT_DATASET_META, LT_DATASET_KEY, LT_DATASET_DATA};
     for (int i = 0; i < 3; i++) {
       lt_dataset_object_key(key, sizeof key, u->tenant, u->id, leaves[i]);
       lt_store_delete(api->conf.store, key, NULL, 0);
     }
+  }
+  return err;
+}
+
+/* Finishes: valid -> stored, reply 201 with the meta; invalid -> all dropped, reply 400 (429
+ * over quota) with the report. Frees the upload either way. */
+static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_upload_t *u) {
+  upload_unlink(api, u);
+  lt_dataset_report_t r;
+  lt_err_t err = lt_dataset_check_finish(u->check, &r);
+  json_t *report = lt_dataset_report_json(&r, 1), *meta = NULL;
+  char msg[256];
+  if (err) {
+    reply_refused(req, err, &r, report);
+  } else if ((err = store_dataset(api, u, report, &meta, msg, sizeof msg))) {
     lt_api_reply_store_err(req, err, msg);
     json_decref(report);
     json_decref(meta);
-    upload_free(u);
-    return;
+  } else {
+    json_decref(report);
+    char seen[160];
+    seen_key(seen, sizeof seen, u->tenant, u->id);
+    lt_map_set(api->datasets_seen, seen, NULL);
+    lt_api_reply_json(req, 201, meta);
   }
-  json_decref(report);
-  char seen[160];
-  seen_key(seen, sizeof seen, u->tenant, u->id);
-  lt_map_set(api->datasets_seen, seen, NULL);
-  lt_api_reply_json(req, 201, meta);
   upload_free(u);
 }
 

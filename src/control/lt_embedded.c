@@ -70,6 +70,58 @@ static lt_err_t ensure_key_file(const char *path, char *errstr, size_t errstr_si
   return e;
 }
 
+/* DIR, private (it holds the master key and encrypted customer data), and DIR/store. */
+static lt_err_t make_dirs(const char *data_dir, lt_embedded_t *e, char *store, size_t store_size, char *errstr,
+                          size_t errstr_size) {
+  lt_err_t err = mkdirs(data_dir, 0700, errstr, errstr_size);
+  if (err) return err;
+  if (!realpath(data_dir, e->dir)) return lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", data_dir, strerror(errno));
+  snprintf(store, store_size, "%s/store", e->dir);
+  if ((err = mkdirs(store, 0700, errstr, errstr_size))) return err;
+  snprintf(e->env_path, sizeof e->env_path, "%s/env", e->dir);
+  return LT_OK;
+}
+
+/* The master key: configured, or DIR/master.key; read once now, so that a bad key stops the
+ * start, not the first upload. */
+static lt_err_t prepare_master_key(lt_embedded_t *e, char *errstr, size_t errstr_size) {
+  const char *kf = getenv("LATHE_MASTER_KEY_FILE"), *kt = getenv("LATHE_MASTER_KEY");
+  lt_err_t err;
+  if (kf && *kf) {
+    if (!realpath(kf, e->key_file))
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "LATHE_MASTER_KEY_FILE %s: %s", kf, strerror(errno));
+  } else if (!kt || !*kt) {
+    snprintf(e->key_file, sizeof e->key_file, "%s/master.key", e->dir);
+    if ((err = ensure_key_file(e->key_file, errstr, errstr_size))) return err;
+  }
+  if (e->key_file[0] && setenv("LATHE_MASTER_KEY_FILE", e->key_file, 1) != 0)
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "setenv: %s", strerror(errno));
+  lt_crypto_kek_t *kek = NULL;
+  if ((err = lt_crypto_kek_from_env(&kek, errstr, errstr_size))) return err;
+  lt_crypto_kek_free(kek);
+  return LT_OK;
+}
+
+/* Kafka: the one mock cluster of the process, with the topics before any client names them
+ * (the mock would auto-create a named topic with its default partition count); then the
+ * environment the roles and executors read. */
+static lt_err_t start_mock(const lt_embedded_conf_t *c, lt_embedded_t *e, const char *store, char *errstr,
+                           size_t errstr_size) {
+  lt_bus_conf_t *bus = lt_bus_conf_new();
+  if (!bus) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  lt_err_t err = lt_bus_conf_from_env(bus, errstr, errstr_size);
+  if (!err) {
+    snprintf(e->prefix, sizeof e->prefix, "%s", lt_bus_conf_get(bus, "lathe.topic.prefix"));
+    err = lt_bus_mock_new(c->brokers, &e->mock, errstr, errstr_size);
+  }
+  if (!err) err = lt_bus_mock_create_from_file(e->mock, bus, c->topics_file, NULL, errstr, errstr_size);
+  if (!err && (setenv("LATHE_KAFKA_BOOTSTRAP", lt_bus_mock_bootstraps(e->mock), 1) != 0 ||
+               setenv("LATHE_STORE_DIR", store, 1) != 0))
+    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "setenv: %s", strerror(errno));
+  lt_bus_conf_destroy(bus);
+  return err;
+}
+
 lt_err_t lt_embedded_start(const lt_embedded_conf_t *conf, lt_embedded_t **out, char *errstr,
                            size_t errstr_size) {
   lt_embedded_conf_t c = conf ? *conf : (lt_embedded_conf_t){0};
@@ -78,62 +130,18 @@ lt_err_t lt_embedded_start(const lt_embedded_conf_t *conf, lt_embedded_t **out, 
   if (!c.topics_file || !*c.topics_file) c.topics_file = getenv("LATHE_TOPICS_FILE");
   if (c.topics_file && !*c.topics_file) c.topics_file = NULL; /* NULL: the built-in copy */
   lt_embedded_t *e = calloc(1, sizeof *e);
-  lt_bus_conf_t *bus = lt_bus_conf_new();
-  lt_err_t err = LT_OK;
-  if (!e || !bus) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
-    goto fail;
-  }
-  /* DIR: private (it holds the master key and encrypted customer data). */
-  if ((err = mkdirs(c.data_dir, 0700, errstr, errstr_size))) goto fail;
-  if (!realpath(c.data_dir, e->dir)) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_IO, "%s: %s", c.data_dir, strerror(errno));
-    goto fail;
-  }
+  if (!e) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   char store[PATH_MAX + 8];
-  snprintf(store, sizeof store, "%s/store", e->dir);
-  if ((err = mkdirs(store, 0700, errstr, errstr_size))) goto fail;
-  snprintf(e->env_path, sizeof e->env_path, "%s/env", e->dir);
-
-  /* The master key: configured, or DIR/master.key. */
-  const char *kf = getenv("LATHE_MASTER_KEY_FILE"), *kt = getenv("LATHE_MASTER_KEY");
-  if (kf && *kf) {
-    if (!realpath(kf, e->key_file)) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "LATHE_MASTER_KEY_FILE %s: %s", kf, strerror(errno));
-      goto fail;
-    }
-  } else if (!kt || !*kt) {
-    snprintf(e->key_file, sizeof e->key_file, "%s/master.key", e->dir);
-    if ((err = ensure_key_file(e->key_file, errstr, errstr_size))) goto fail;
+  lt_err_t err = make_dirs(c.data_dir, e, store, sizeof store, errstr, errstr_size);
+  if (!err) err = prepare_master_key(e, errstr, errstr_size);
+  if (!err) err = start_mock(&c, e, store, errstr, errstr_size);
+  if (err) {
+    lt_bus_mock_destroy(e->mock);
+    free(e);
+    return err;
   }
-  if (e->key_file[0] && setenv("LATHE_MASTER_KEY_FILE", e->key_file, 1) != 0) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "setenv: %s", strerror(errno));
-    goto fail;
-  }
-  /* Read it now: a bad key should stop the start, not the first upload. */
-  lt_crypto_kek_t *kek = NULL;
-  if ((err = lt_crypto_kek_from_env(&kek, errstr, errstr_size))) goto fail;
-  lt_crypto_kek_free(kek);
-
-  /* Kafka: the one mock cluster of the process, with the topics before any client names them
-   * (the mock would auto-create a named topic with its default partition count). */
-  if ((err = lt_bus_conf_from_env(bus, errstr, errstr_size))) goto fail;
-  snprintf(e->prefix, sizeof e->prefix, "%s", lt_bus_conf_get(bus, "lathe.topic.prefix"));
-  if ((err = lt_bus_mock_new(c.brokers, &e->mock, errstr, errstr_size))) goto fail;
-  if ((err = lt_bus_mock_create_from_file(e->mock, bus, c.topics_file, NULL, errstr, errstr_size))) goto fail;
-  if (setenv("LATHE_KAFKA_BOOTSTRAP", lt_bus_mock_bootstraps(e->mock), 1) != 0 ||
-      setenv("LATHE_STORE_DIR", store, 1) != 0) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "setenv: %s", strerror(errno));
-    goto fail;
-  }
-  lt_bus_conf_destroy(bus);
   *out = e;
   return LT_OK;
-fail:
-  lt_bus_conf_destroy(bus);
-  if (e) lt_bus_mock_destroy(e->mock);
-  free(e);
-  return err;
 }
 
 const char *lt_embedded_bootstrap(const lt_embedded_t *e) { return lt_bus_mock_bootstraps(e->mock); }

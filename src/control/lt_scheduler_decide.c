@@ -255,75 +255,67 @@ static int cmp_order(const void *a, const void *b) {
   return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Builds lt_sched from the fold when a term starts. lt_sched has no call that books a running
- * job on a given worker, so each live worker comes up alone with its own running jobs queued and
- * one decide() places them there; a filler job then takes the worker's free slots so the next
- * worker's jobs cannot land on it; fillers leave at the end. A job that cannot be placed this way
- * stays out of lt_sched (its slots look free) and is logged. */
-lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
-  lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
-  if (err) return err;
+/* Books worker w's running jobs on it (the worker comes up alone, they are queued, decide()
+ * places them: as production when the reserve holds standard jobs back), then a filler job
+ * (next id *filler) takes its remaining free slots. */
+static void rebuild_worker(lt_scheduler_t *s, size_t w, uint64_t *filler) {
   lt_job_table_t *jobs = lt_proj_jobs(s->fold);
-  lt_sched_tenant_t filler_t = {.id = FILLER_TENANT, .weight = 1};
-  lt_sched_tenant_upsert(s->sched, &filler_t, NULL, 0);
-  uint64_t filler = FILLER_JOB0;
+  worker_t *wk = &s->workers[w];
   lt_sched_decision_t d[DECIDE_CAP];
-  for (size_t w = 0; w < s->nworkers; w++) {
-    worker_t *wk = &s->workers[w];
-    if (!worker_alive(s, wk, now_ms)) continue;
-    uint32_t placed = 0, want = 0;
-    for (size_t i = 0; i < s->nsides; i++) {
-      side_t *sd = s->sides[i];
-      const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-      if (!j || !live_state(j->state) || j->attempt_stopped || strcmp(j->worker_id, wk->id) != 0) continue;
-      scheduler_tenant_into_sched(s, j->tenant_id, true);
-      if (sched_enqueue(s, i, j->attempt - 1, j->job_class)) want++;
+  uint32_t placed = 0, want = 0;
+  for (size_t i = 0; i < s->nsides; i++) {
+    side_t *sd = s->sides[i];
+    const lt_job_t *j = lt_job_get(jobs, sd->job_id);
+    if (!j || !live_state(j->state) || j->attempt_stopped || strcmp(j->worker_id, wk->id) != 0) continue;
+    scheduler_tenant_into_sched(s, j->tenant_id, true);
+    if (sched_enqueue(s, i, j->attempt - 1, j->job_class)) want++;
+  }
+  if (!want && wk->draining) return;
+  worker_bring_up(s, w);
+  if (!wk->up) return;
+  for (int round = 0; round < 2 && placed < want; round++) {
+    size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
+    for (size_t k = 0; k < nd; k++) {
+      if (d[k].action != LT_SCHED_DISPATCH || d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
+      side_t *sd = s->sides[d[k].job_id - 1];
+      sd->sched_running = true;
+      sd->sched_worker = (uint32_t)(d[k].worker_id - 1);
+      placed++;
     }
-    if (!want && wk->draining) continue;
-    worker_bring_up(s, w);
-    if (!wk->up) continue;
-    for (int round = 0; round < 2 && placed < want; round++) {
-      size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
-      for (size_t k = 0; k < nd; k++) {
-        if (d[k].action != LT_SCHED_DISPATCH || d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
-        side_t *sd = s->sides[d[k].job_id - 1];
-        sd->sched_running = true;
-        sd->sched_worker = (uint32_t)(d[k].worker_id - 1);
-        placed++;
-      }
-      if (placed < want && round == 0) {
-        /* the production reserve may hold standard jobs back: place them as production */
-        for (size_t i = 0; i < s->nsides; i++) {
-          side_t *sd = s->sides[i];
-          if (!sd->in_sched || sd->sched_running) continue;
-          const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-          scheduler_drop(s, sd);
-          if (j) sched_enqueue(s, i, j->attempt - 1, LT_CLASS_PRODUCTION);
-        }
-      }
-    }
-    for (size_t i = 0; i < s->nsides; i++) {
-      side_t *sd = s->sides[i];
-      if (sd->in_sched && !sd->sched_running) {
-        fprintf(stderr, "lathed scheduler: job %s running on %s could not be booked there\n", sd->job_id, wk->id);
+    if (placed < want && round == 0) {
+      /* the production reserve may hold standard jobs back: place them as production */
+      for (size_t i = 0; i < s->nsides; i++) {
+        side_t *sd = s->sides[i];
+        if (!sd->in_sched || sd->sched_running) continue;
+        const lt_job_t *j = lt_job_get(jobs, sd->job_id);
         scheduler_drop(s, sd);
+        if (j) sched_enqueue(s, i, j->attempt - 1, LT_CLASS_PRODUCTION);
       }
-    }
-    uint32_t used = 0;
-    for (size_t i = 0; i < s->nsides; i++)
-      if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) {
-        const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-        used += j && j->gpus > 0 ? (uint32_t)j->gpus : 1;
-      }
-    if (used < wk->slots) {
-      lt_sched_job_t fj = {.id = filler++, .tenant_id = FILLER_TENANT, .cls = LT_CLASS_PRODUCTION,
-                           .gpus = wk->slots - used, .model = LT_SCHED_NO_MODEL};
-      if (lt_sched_job_enqueue(s->sched, &fj, s->now_s, NULL, 0) == LT_OK) lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
     }
   }
-  for (uint64_t f = FILLER_JOB0; f < filler; f++) lt_sched_job_finished(s->sched, f, s->now_s);
-  /* real quotas, then the queue in the order jobs entered it */
-  for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);
+  for (size_t i = 0; i < s->nsides; i++) {
+    side_t *sd = s->sides[i];
+    if (sd->in_sched && !sd->sched_running) {
+      fprintf(stderr, "lathed scheduler: job %s running on %s could not be booked there\n", sd->job_id, wk->id);
+      scheduler_drop(s, sd);
+    }
+  }
+  uint32_t used = 0;
+  for (size_t i = 0; i < s->nsides; i++)
+    if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) {
+      const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+      used += j && j->gpus > 0 ? (uint32_t)j->gpus : 1;
+    }
+  if (used < wk->slots) {
+    lt_sched_job_t fj = {.id = (*filler)++, .tenant_id = FILLER_TENANT, .cls = LT_CLASS_PRODUCTION,
+                         .gpus = wk->slots - used, .model = LT_SCHED_NO_MODEL};
+    if (lt_sched_job_enqueue(s->sched, &fj, s->now_s, NULL, 0) == LT_OK) lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
+  }
+}
+
+/* Queues the jobs the log says are queued, in the order they entered the queue. */
+static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
   order_t *q = malloc((s->nsides ? s->nsides : 1) * sizeof *q);
   if (!q) return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory");
   size_t nq = 0;
@@ -339,6 +331,25 @@ lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size
   }
   free(q);
   return LT_OK;
+}
+
+/* Builds lt_sched from the fold when a term starts. lt_sched has no call that books a running
+ * job on a given worker, so each live worker comes up alone with its own running jobs queued and
+ * one decide() places them there; a filler job then takes the worker's free slots so the next
+ * worker's jobs cannot land on it; fillers leave at the end. A job that cannot be placed this way
+ * stays out of lt_sched (its slots look free) and is logged. */
+lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
+  lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
+  if (err) return err;
+  lt_sched_tenant_t filler_t = {.id = FILLER_TENANT, .weight = 1};
+  lt_sched_tenant_upsert(s->sched, &filler_t, NULL, 0);
+  uint64_t filler = FILLER_JOB0;
+  for (size_t w = 0; w < s->nworkers; w++)
+    if (worker_alive(s, &s->workers[w], now_ms)) rebuild_worker(s, w, &filler);
+  for (uint64_t f = FILLER_JOB0; f < filler; f++) lt_sched_job_finished(s->sched, f, s->now_s);
+  /* real quotas, then the queue */
+  for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);
+  return rebuild_queue(s, errstr, n);
 }
 
 /* ---------------------------------------------------------------- decisions */

@@ -124,8 +124,7 @@ struct lt_sched {
   uint32_t *scratch_t;
 };
 
-
-/* ---- lookups ---------------------------------------------------------------------------- */
+/* ---- lookups: ids to table indexes, worker bitmaps ---------------------------------------- */
 
 static inline uint64_t mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;

@@ -1,7 +1,8 @@
 /* lt_sched_queue: the policy's state between decisions (see lt_sched_int.h for the layout) —
  * the tenants' queues and age lists, the per-class fair-share heaps, and what a running job books
- * on its worker (slots, GPUs, memory, model cache) and releases. Events (lt_sched.c) and
- * decisions (lt_sched_decide.c) change that state only through these functions. */
+ * on its worker (slots, GPUs, memory, model cache) and releases; and sched_ok(), the check of
+ * the tables' invariants. Events (lt_sched.c) and decisions (lt_sched_decide.c) queue, book and
+ * release jobs through these functions. */
 #include "lt_sched_int.h"
 
 #include <assert.h>

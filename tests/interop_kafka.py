@@ -28,17 +28,14 @@ import sys
 import time
 import uuid
 
-try:
-    import avro.io
-    import avro.schema
-    from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-except ImportError as e:  # pragma: no cover
-    sys.exit(f"interop_kafka: {e}: run with /usr/bin/python3 after ops/setup "
-             "(python3-avro, python3-confluent-kafka)")
+from lt_test import BOOTSTRAP, ROOT, require_clients
 
-BOOTSTRAP = os.environ.get("LATHE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-ROOT = os.environ.get("LATHE_SOURCE_ROOT", os.path.join(os.path.dirname(__file__), ".."))
+require_clients("interop_kafka")
+import avro.io  # noqa: E402
+import avro.schema  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
 N = 20
 
 
@@ -47,33 +44,13 @@ def fail(msg):
     sys.exit(1)
 
 
-from avro_spec import crc64_avro  # noqa: E402  (CRC-64-AVRO from the specification)
-
-
-PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
-
-
-def _collapse(x):
-    if isinstance(x, dict):
-        if set(x) == {"type"} and x["type"] in PRIMITIVES:
-            return x["type"]
-        return {k: _collapse(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_collapse(v) for v in x]
-    return x
-
-
-def parsing_canonical_form(schema):
-    """python3-avro's canonical_form, with the spec's [PRIMITIVES] rule applied after
-    [STRIP]: python3-avro 1.11.1 leaves a field with a logical type as {"type":"long"} where
-    the specification (and Java's SchemaNormalization) writes "long"."""
-    return json.dumps(_collapse(json.loads(schema.canonical_form)), separators=(",", ":"))
+from avro_spec import canonical_form, crc64_avro  # noqa: E402  (CRC-64-AVRO, PCF from the specification)
 
 
 def load_schema(name, version):
     with open(os.path.join(ROOT, "schemas", f"{name}.v{version}.avsc")) as f:
         s = avro.schema.parse(f.read())
-    fp = crc64_avro(parsing_canonical_form(s).encode())
+    fp = crc64_avro(canonical_form(s).encode())
     return s, fp
 
 

@@ -57,17 +57,14 @@ import urllib.error
 import urllib.request
 import uuid
 
-try:
-    import avro.io
-    import avro.schema
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-except ImportError as e:  # pragma: no cover
-    sys.exit(f"upstream: {e}: run with /usr/bin/python3 after ops/setup "
-             "(python3-avro, python3-confluent-kafka)")
+from lt_test import BOOTSTRAP, ROOT, require_clients
 
-BOOTSTRAP = os.environ.get("LATHE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-ROOT = os.environ.get("LATHE_SOURCE_ROOT", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+require_clients("upstream")
+import avro.io  # noqa: E402
+import avro.schema  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
 TEST_MASTER_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 CHILDREN = []

@@ -73,6 +73,26 @@ static void fixture_close(fixture_t *f) {
   rm_rf(f->dir);
 }
 
+/* Two sessions of one configuration on the fixture's engine: a pair trained side by side. */
+static void open_pair(fixture_t *f, const lt_session_config_t *sc, lt_session_t **s, lt_session_t **t) {
+  OK(lt_session_new(f->eng, sc, s, errbuf, sizeof errbuf));
+  OK(lt_session_new(f->eng, sc, t, errbuf, sizeof errbuf));
+}
+
+static void close_pair(fixture_t *f, lt_session_t *s, lt_session_t *t) {
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(f);
+}
+
+/* One optimizer step of each session of a pair: their gradient norms agree. */
+static void step_pair(lt_session_t *s, lt_session_t *t, const lt_adamw_t *opt) {
+  float n1, n2;
+  OK(lt_optim_step(s, opt, &n1, errbuf, sizeof errbuf));
+  OK(lt_optim_step(t, opt, &n2, errbuf, sizeof errbuf));
+  cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
+}
+
 static void rand_tokens(int32_t *t, size_t n, int V, unsigned *seed) {
   for (size_t i = 0; i < n; i++) t[i] = (int32_t)(rand_r(seed) % V);
 }
@@ -378,9 +398,7 @@ Test(engine, save_then_load_resumes_training_bitwise) {
   OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
   OK(lt_dump_tensors(t, 0, bb, errbuf, sizeof errbuf));
   cr_assert(files_equal(a, bb), "resumed run differs from the uninterrupted one");
-  lt_session_destroy(s);
-  lt_session_destroy(t);
-  fixture_close(&f);
+  close_pair(&f, s, t);
 }
 
 static lt_err_t load_expect(lt_session_t *s, const char *path, const char *needle) {
@@ -558,8 +576,7 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
   fixture_open(&f, &c, 31, 1);
   lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 5};
   lt_session_t *s, *t;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
-  OK(lt_session_new(f.eng, &sc, &t, errbuf, sizeof errbuf));
+  open_pair(&f, &sc, &s, &t);
   int32_t tok[32], tgt[32];
   unsigned rs = 2;
   rand_tokens(tok, 32, c.vocab_size, &rs);
@@ -573,15 +590,10 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
     OK(lt_forward_backward(s, &full, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
     OK(lt_forward_backward(t, &h0, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
     OK(lt_forward_backward(t, &h1, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
-    float n1, n2;
-    OK(lt_optim_step(s, &opt, &n1, errbuf, sizeof errbuf));
-    OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
-    cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
+    step_pair(s, t, &opt);
   }
   assert_same_tensors(s, t, f.dir, 1e-4, "accumulated vs full batch");
-  lt_session_destroy(s);
-  lt_session_destroy(t);
-  fixture_close(&f);
+  close_pair(&f, s, t);
 }
 
 /* Packing: two examples in one row, each attending only within itself and counting its
@@ -594,8 +606,7 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
   fixture_open(&f, &c, 41, 1);
   lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 9};
   lt_session_t *s, *t;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
-  OK(lt_session_new(f.eng, &sc, &t, errbuf, sizeof errbuf));
+  open_pair(&f, &sc, &s, &t);
   enum { T1 = 7, T2 = 12 };
   static const int len[3] = {5, 7, 4};
   int32_t ex_tok[3][T1], ex_tgt[3][T1];
@@ -640,10 +651,7 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
         cr_assert_float_eq(ulogp[e * T1 + i], plogp[at[e] + i], 1e-4,
                            "step %d: example %d token %d: logp %.7g unpacked vs %.7g packed", k, e, i,
                            ulogp[e * T1 + i], plogp[at[e] + i]);
-    float n1, n2;
-    OK(lt_optim_step(s, &opt, &n1, errbuf, sizeof errbuf));
-    OK(lt_optim_step(t, &opt, &n2, errbuf, sizeof errbuf));
-    cr_assert_float_eq(n1, n2, 1e-5 * n1, "grad norms %g vs %g", n1, n2);
+    step_pair(s, t, &opt);
   }
   assert_same_tensors(s, t, f.dir, 1e-4, "packed vs one row per example");
   /* A plain batch after the packed one: the same logits as the session that never packed. */
@@ -676,9 +684,7 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
   cr_assert_eq(lt_forward_backward(t, &pb, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf),
                LT_ERR_INVALID);
   cr_assert_not_null(strstr(errbuf, "positions[0][3] = 5"), "%s", errbuf);
-  lt_session_destroy(s);
-  lt_session_destroy(t);
-  fixture_close(&f);
+  close_pair(&f, s, t);
 }
 
 Test(engine, bad_batches_are_refused_with_the_position) {

@@ -256,9 +256,46 @@ static lt_err_t enc_fail(lt_avro_record_t *rec, const char *field, const char *w
 static lt_err_t encode_value(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
                              const char *field);
 
-/* A value of a primitive type, an enum or a fixed. field names it in messages. */
-static lt_err_t encode_scalar(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
-                              const char *field) {
+/* An array or a map: one block of every item (a map's with its key), then the empty block. */
+static lt_err_t encode_items(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
+                             const char *field) {
+  size_t count = 0;
+  if (avro_value_get_size(v, &count)) return enc_fail(rec, field, "not an array or map");
+  if (count) {
+    wr_long(w, (int64_t)count);
+    for (size_t i = 0; i < count; i++) {
+      avro_value_t e;
+      const char *key = NULL;
+      if (avro_value_get_by_index(v, i, &e, n->type == AVRO_MAP ? &key : NULL))
+        return enc_fail(rec, field, "cannot read element");
+      if (n->type == AVRO_MAP) {
+        size_t kl = strlen(key);
+        wr_long(w, (int64_t)kl);
+        wr_bytes(w, key, kl);
+      }
+      lt_err_t rc = encode_value(rec, w, n->items, &e, field);
+      if (rc) return rc;
+    }
+  }
+  wr_long(w, 0);
+  return LT_OK;
+}
+
+/* A record: its fields in schema order, each named in messages. */
+static lt_err_t encode_record(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v) {
+  for (size_t i = 0; i < n->nfields; i++) {
+    avro_value_t f;
+    if (avro_value_get_by_index(v, i, &f, NULL)) return enc_fail(rec, n->fields[i].name, "missing");
+    lt_err_t rc = encode_value(rec, w, n->fields[i].type, &f, n->fields[i].name);
+    if (rc) return rc;
+  }
+  return LT_OK;
+}
+
+/* Any value v of schema node n. field is the record field it belongs to (messages). Primitives
+ * are written here, in the one switch, so that each costs a single dispatch. */
+static lt_err_t encode_value(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
+                             const char *field) {
   switch (n->type) {
     case AVRO_NULL: return LT_OK;
     case AVRO_BOOLEAN: {
@@ -288,7 +325,8 @@ static lt_err_t encode_scalar(lt_avro_record_t *rec, lt_wr *w, const lt_node *n,
       uint64_t u64;
       memcpy(&u32, &f, 4);
       memcpy(&u64, &d, 8);
-      wr_le(w, is_float ? u32 : u64, is_float ? 4 : 8);
+      if (is_float) wr_le(w, u32, 4);
+      else wr_le(w, u64, 8);
       return LT_OK;
     }
     case AVRO_STRING: {
@@ -320,39 +358,6 @@ static lt_err_t encode_scalar(lt_avro_record_t *rec, lt_wr *w, const lt_node *n,
       wr_long(w, e);
       return LT_OK;
     }
-    default: return enc_fail(rec, field, "unsupported type");
-  }
-}
-
-/* An array or a map: one block of every item (a map's with its key), then the empty block. */
-static lt_err_t encode_items(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
-                             const char *field) {
-  size_t count = 0;
-  if (avro_value_get_size(v, &count)) return enc_fail(rec, field, "not an array or map");
-  if (count) {
-    wr_long(w, (int64_t)count);
-    for (size_t i = 0; i < count; i++) {
-      avro_value_t e;
-      const char *key = NULL;
-      if (avro_value_get_by_index(v, i, &e, n->type == AVRO_MAP ? &key : NULL))
-        return enc_fail(rec, field, "cannot read element");
-      if (n->type == AVRO_MAP) {
-        size_t kl = strlen(key);
-        wr_long(w, (int64_t)kl);
-        wr_bytes(w, key, kl);
-      }
-      lt_err_t rc = encode_value(rec, w, n->items, &e, field);
-      if (rc) return rc;
-    }
-  }
-  wr_long(w, 0);
-  return LT_OK;
-}
-
-/* Any value v of schema node n. field is the record field it belongs to (messages). */
-static lt_err_t encode_value(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, avro_value_t *v,
-                             const char *field) {
-  switch (n->type) {
     case AVRO_UNION: {
       int d = -1;
       avro_value_t b;
@@ -364,15 +369,8 @@ static lt_err_t encode_value(lt_avro_record_t *rec, lt_wr *w, const lt_node *n, 
     }
     case AVRO_ARRAY:
     case AVRO_MAP: return encode_items(rec, w, n, v, field);
-    case AVRO_RECORD:
-      for (size_t i = 0; i < n->nfields; i++) {
-        avro_value_t f;
-        if (avro_value_get_by_index(v, i, &f, NULL)) return enc_fail(rec, n->fields[i].name, "missing");
-        lt_err_t rc = encode_value(rec, w, n->fields[i].type, &f, n->fields[i].name);
-        if (rc) return rc;
-      }
-      return LT_OK;
-    default: return encode_scalar(rec, w, n, v, field);
+    case AVRO_RECORD: return encode_record(rec, w, n, v);
+    default: return enc_fail(rec, field, "unsupported type");
   }
 }
 
@@ -564,79 +562,6 @@ static lt_err_t rd_block_count(lt_rd *r, const lt_plan *item, int64_t *count) {
 static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl, avro_value_t *v,
                              int depth);
 
-/* A primitive, an enum or a fixed, promoted as the plan says (int to long and the like). */
-static lt_err_t decode_scalar(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl,
-                              avro_value_t *v) {
-  int64_t x;
-  size_t len;
-  switch (pl->op) {
-    case P_NULL: avro_value_set_null(v); return LT_OK;
-    case P_BOOL:
-      if (rd_need(r, 1)) return r->rc;
-      if (*r->p > 1) return rd_fail(r, LT_ERR_CORRUPT, "boolean byte is neither 0 nor 1");
-      avro_value_set_boolean(v, *r->p++);
-      return LT_OK;
-    case P_INT:
-      if (rd_long(r, &x)) return r->rc;
-      if (x < INT32_MIN || x > INT32_MAX) return rd_fail(r, LT_ERR_CORRUPT, "int out of range");
-      avro_value_set_int(v, (int32_t)x);
-      return LT_OK;
-    case P_LONG:
-    case P_INT_LONG:
-      if (rd_long(r, &x)) return r->rc;
-      avro_value_set_long(v, x);
-      return LT_OK;
-    case P_INT_FLOAT:
-    case P_LONG_FLOAT:
-      if (rd_long(r, &x)) return r->rc;
-      avro_value_set_float(v, (float)x);
-      return LT_OK;
-    case P_INT_DOUBLE:
-    case P_LONG_DOUBLE:
-      if (rd_long(r, &x)) return r->rc;
-      avro_value_set_double(v, (double)x);
-      return LT_OK;
-    case P_FLOAT:
-    case P_FLOAT_DOUBLE: {
-      float f;
-      if (rd_float(r, &f)) return r->rc;
-      if (pl->op == P_FLOAT) avro_value_set_float(v, f);
-      else avro_value_set_double(v, f);
-      return LT_OK;
-    }
-    case P_DOUBLE: {
-      double d;
-      if (rd_double(r, &d)) return r->rc;
-      avro_value_set_double(v, d);
-      return LT_OK;
-    }
-    case P_STRING:
-    case P_BYTES_STRING:
-      if (rd_len(r, &len)) return r->rc;
-      if (lt_avro_set_string_n(rec, v, (const char *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
-      r->p += len;
-      return LT_OK;
-    case P_BYTES:
-    case P_STRING_BYTES:
-      if (rd_len(r, &len)) return r->rc;
-      if (avro_value_set_bytes(v, (void *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
-      r->p += len;
-      return LT_OK;
-    case P_FIXED:
-      if (rd_need(r, (size_t)pl->r->size)) return r->rc;
-      if (avro_value_set_fixed(v, (void *)r->p, (size_t)pl->r->size)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
-      r->p += pl->r->size;
-      return LT_OK;
-    case P_ENUM:
-      if (rd_long(r, &x)) return r->rc;
-      if (x < 0 || (uint64_t)x >= pl->w->nsymbols) return rd_fail(r, LT_ERR_CORRUPT, "enum index out of range");
-      if (pl->idx[x] < 0) return rd_fail(r, LT_ERR_INVALID, "enum symbol unknown to the reader and no default");
-      avro_value_set_enum(v, pl->idx[x]);
-      return LT_OK;
-    default: return rd_fail(r, LT_ERR_INTERNAL, "bad plan");
-  }
-}
-
 /* A map (map true), or an array decoded from its start: v is emptied and every entry added. */
 static lt_err_t decode_entries(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl, avro_value_t *v,
                                int depth, bool map) {
@@ -716,12 +641,73 @@ static lt_err_t decode_record(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl
   return LT_OK;
 }
 
-/* Reads one value as plan pl says into v. */
+/* Reads one value as plan pl says into v. Primitives, enums and fixed are read here, in the one
+ * switch, so that each costs a single dispatch. */
 static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl, avro_value_t *v,
                              int depth) {
   int64_t x;
+  size_t len;
   if (depth > LT_AVRO_MAX_DEPTH) return rd_fail(r, LT_ERR_CORRUPT, "nesting too deep");
   switch (pl->op) {
+    case P_NULL: avro_value_set_null(v); return LT_OK;
+    case P_BOOL:
+      if (rd_need(r, 1)) return r->rc;
+      if (*r->p > 1) return rd_fail(r, LT_ERR_CORRUPT, "boolean byte is neither 0 nor 1");
+      avro_value_set_boolean(v, *r->p++);
+      return LT_OK;
+    case P_INT:
+      if (rd_long(r, &x)) return r->rc;
+      if (x < INT32_MIN || x > INT32_MAX) return rd_fail(r, LT_ERR_CORRUPT, "int out of range");
+      avro_value_set_int(v, (int32_t)x);
+      return LT_OK;
+    case P_LONG:
+    case P_INT_LONG:
+    case P_INT_FLOAT:
+    case P_LONG_FLOAT:
+    case P_INT_DOUBLE:
+    case P_LONG_DOUBLE: /* a varint, stored as the reader's long, float or double */
+      if (rd_long(r, &x)) return r->rc;
+      if (pl->op == P_LONG || pl->op == P_INT_LONG) avro_value_set_long(v, x);
+      else if (pl->op == P_INT_FLOAT || pl->op == P_LONG_FLOAT) avro_value_set_float(v, (float)x);
+      else avro_value_set_double(v, (double)x);
+      return LT_OK;
+    case P_FLOAT:
+    case P_FLOAT_DOUBLE: {
+      float f;
+      if (rd_float(r, &f)) return r->rc;
+      if (pl->op == P_FLOAT) avro_value_set_float(v, f);
+      else avro_value_set_double(v, f);
+      return LT_OK;
+    }
+    case P_DOUBLE: {
+      double d;
+      if (rd_double(r, &d)) return r->rc;
+      avro_value_set_double(v, d);
+      return LT_OK;
+    }
+    case P_STRING:
+    case P_BYTES_STRING:
+      if (rd_len(r, &len)) return r->rc;
+      if (lt_avro_set_string_n(rec, v, (const char *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      r->p += len;
+      return LT_OK;
+    case P_BYTES:
+    case P_STRING_BYTES:
+      if (rd_len(r, &len)) return r->rc;
+      if (avro_value_set_bytes(v, (void *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      r->p += len;
+      return LT_OK;
+    case P_FIXED:
+      if (rd_need(r, (size_t)pl->r->size)) return r->rc;
+      if (avro_value_set_fixed(v, (void *)r->p, (size_t)pl->r->size)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      r->p += pl->r->size;
+      return LT_OK;
+    case P_ENUM:
+      if (rd_long(r, &x)) return r->rc;
+      if (x < 0 || (uint64_t)x >= pl->w->nsymbols) return rd_fail(r, LT_ERR_CORRUPT, "enum index out of range");
+      if (pl->idx[x] < 0) return rd_fail(r, LT_ERR_INVALID, "enum symbol unknown to the reader and no default");
+      avro_value_set_enum(v, pl->idx[x]);
+      return LT_OK;
     case P_WUNION:
       if (rd_long(r, &x)) return r->rc;
       if (x < 0 || (uint64_t)x >= pl->w->nbranches) return rd_fail(r, LT_ERR_CORRUPT, "union index out of range");
@@ -735,7 +721,7 @@ static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl,
     case P_ARRAY: return decode_array(rec, r, pl, v, depth);
     case P_MAP: return decode_entries(rec, r, pl, v, depth, true);
     case P_RECORD: return decode_record(rec, r, pl, v, depth);
-    default: return decode_scalar(rec, r, pl, v);
+    default: return rd_fail(r, LT_ERR_INTERNAL, "bad plan");
   }
 }
 

@@ -32,7 +32,7 @@ typedef enum { A_FREE = 0, A_RUNNING, A_EXITED } att_state_t;
 
 typedef struct attempt {
   att_state_t state;
-  char job_id[LT_JOB_ID_MAX], tenant_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1], tenant_id[LT_ID_MAX + 1];
   int32_t attempt;
   lt_job_class_t cls;
   pid_t pid;
@@ -53,7 +53,7 @@ typedef struct attempt {
 } attempt_t;
 
 typedef struct pending {
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   int32_t attempt;
   lt_job_class_t cls;
   int64_t since_ms;

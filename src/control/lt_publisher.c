@@ -218,7 +218,7 @@ lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, con
 
 /* A completion waiting to be promoted. */
 typedef struct todo {
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   int32_t partition;
   int64_t offset;
   void *payload; /* the JobCompleted message, for a DeadLetter */
@@ -309,7 +309,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   const char *jid = NULL;
   lt_avro_get_string(res->record, "job_id", &jid, NULL);
   if (!jid) return;
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   snprintf(job_id, sizeof job_id, "%s", jid);
   bool control = res->origin.tag == T_CONTROL;
   int32_t partition = res->origin.partition;
@@ -658,7 +658,7 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
     g->kept++;
     return LT_OK; /* young: a checkpoint may be uploading, its commit not yet written */
   }
-  char job[LT_JOB_ID_MAX];
+  char job[LT_ID_MAX + 1];
   const char *s = key + g->plen, *slash = strchr(s, '/');
   size_t jl = slash ? (size_t)(slash - s) : strlen(s);
   if (jl >= sizeof job) jl = sizeof job - 1;

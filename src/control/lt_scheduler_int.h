@@ -23,7 +23,7 @@ enum { O_CONTROL = 0, O_DISPATCH0, O_DEADLETTER = O_DISPATCH0 + LT_CLASS__COUNT,
 /* Per-job bookkeeping of a term. The first part is derived from folded records (so it is rebuilt
  * by replay); the w_* part remembers what this term wrote and has not read back yet. */
 typedef struct side {
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   char submitted_event_id[40];
   char cancel_event_id[40];
   char requested_by[64];
@@ -47,7 +47,7 @@ typedef struct side {
 } side_t;
 
 typedef struct worker {
-  char id[LT_JOB_ID_MAX];
+  char id[LT_ID_MAX + 1];
   uint32_t slots;
   uint64_t mem;
   int64_t last_hb_ms;
@@ -59,7 +59,7 @@ typedef struct worker {
 
 typedef struct out_rec {
   int topic;
-  char key[LT_JOB_ID_MAX];
+  char key[LT_ID_MAX + 1];
   bool has_key;
   void *bytes;
   size_t len;

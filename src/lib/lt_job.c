@@ -270,9 +270,9 @@ static lt_err_t check_id(const char *field, const char *v, bool required, char *
     if (!required) return LT_OK;
     return lt_errf(errstr, n, LT_ERR_INVALID, "field \"%s\" is missing or empty", field);
   }
-  if (strlen(v) >= LT_JOB_ID_MAX)
+  if (strlen(v) > LT_ID_MAX)
     return lt_errf(errstr, n, LT_ERR_INVALID, "field \"%s\" is longer than %d bytes", field,
-                   LT_JOB_ID_MAX - 1);
+                   LT_ID_MAX);
   return LT_OK;
 }
 

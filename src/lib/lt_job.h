@@ -73,7 +73,6 @@ typedef enum lt_job_stop_reason {
 } lt_job_stop_reason_t;
 
 #define LT_ID_MAX 63                  /* longest id: job, tenant, dataset, worker, model (no '/') */
-#define LT_JOB_ID_MAX (LT_ID_MAX + 1) /* an id's buffer, NUL included: prefer LT_ID_MAX + 1 */
 #define LT_JOB_NAME_MAX 128  /* base model names */
 #define LT_JOB_REASON_MAX 256
 #define LT_JOB_KEY_MAX 512   /* object keys of a checkpoint */
@@ -110,10 +109,10 @@ typedef struct lt_job_event {
 
 /* The folded state of one job. Read-only for callers. */
 typedef struct lt_job {
-  char job_id[LT_JOB_ID_MAX];
-  char tenant_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
+  char tenant_id[LT_ID_MAX + 1];
   char base_model[LT_JOB_NAME_MAX];
-  char dataset_id[LT_JOB_ID_MAX];
+  char dataset_id[LT_ID_MAX + 1];
   lt_job_class_t job_class;
   int32_t gpus;
   int64_t max_duration_s;
@@ -123,7 +122,7 @@ typedef struct lt_job {
   int32_t failed_attempts;    /* attempts lost or failed */
   bool cancel_requested;
   bool cleanup_done;
-  char worker_id[LT_JOB_ID_MAX];
+  char worker_id[LT_ID_MAX + 1];
   int64_t submitted_at_ms;
   int64_t queued_at_ms;       /* last time it entered QUEUED */
   int64_t started_at_ms;      /* last AttemptStarted */

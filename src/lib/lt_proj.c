@@ -11,7 +11,7 @@
 
 typedef struct orphan {
   struct orphan *next;
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   lt_proj_origin_t origin;
   size_t len;
   unsigned char bytes[];
@@ -30,7 +30,7 @@ typedef struct lazy_buf {
 } lazy_buf_t;
 
 typedef struct lazy {
-  char job_id[LT_JOB_ID_MAX];
+  char job_id[LT_ID_MAX + 1];
   lazy_buf_t ckpt, progress;
 } lazy_t;
 
@@ -146,7 +146,7 @@ static lazy_t *lazy_get(lt_proj_t *p, const char *job_id) { return *lazy_probe(p
 
 /* The job's lazy records, made when its JobSubmitted is folded (one allocation per job). */
 static lazy_t *lazy_add(lt_proj_t *p, const char *job_id) {
-  if (strlen(job_id) >= LT_JOB_ID_MAX) return NULL; /* lt_job_apply refuses such ids first */
+  if (strlen(job_id) > LT_ID_MAX) return NULL; /* lt_job_apply refuses such ids first */
   lazy_t **slot = lazy_probe(p->lazy, p->lazy_cap, job_id);
   if (*slot) return *slot;
   if (2 * (p->lazy_count + 1) > p->lazy_cap) {
@@ -353,7 +353,7 @@ static void keep_aside(lt_proj_t *p, const char *job_id, const lt_proj_origin_t 
     p->dropped++;
   }
   orphan_t *o = malloc(sizeof *o + len);
-  if (!o || strlen(job_id) >= LT_JOB_ID_MAX) {
+  if (!o || strlen(job_id) > LT_ID_MAX) {
     free(o);
     p->dropped++;
     return;
@@ -372,7 +372,7 @@ static void keep_aside(lt_proj_t *p, const char *job_id, const lt_proj_origin_t 
 
 /* Applies, in arrival order, every record kept aside for job_id. */
 static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx) {
-  char id[LT_JOB_ID_MAX];
+  char id[LT_ID_MAX + 1];
   snprintf(id, sizeof id, "%s", job_id); /* job_id points into a record the applies reuse */
   orphan_t **pp = &p->head, *prev = NULL;
   while (*pp) {

@@ -17,7 +17,7 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Records. */
 
-lt_err_t lt_avro_init_value(lt_avro_record_t *rec, const lt_node *n, avro_value_t *v) {
+lt_err_t lt_avro_value_init(lt_avro_record_t *rec, const lt_node *n, avro_value_t *v) {
   switch (n->type) {
     case AVRO_NULL: return avro_value_set_null(v) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_BOOLEAN: return avro_value_set_boolean(v, 0) ? LT_ERR_INTERNAL : LT_OK;
@@ -25,7 +25,7 @@ lt_err_t lt_avro_init_value(lt_avro_record_t *rec, const lt_node *n, avro_value_
     case AVRO_INT64: return avro_value_set_long(v, 0) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_FLOAT: return avro_value_set_float(v, 0) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_DOUBLE: return avro_value_set_double(v, 0) ? LT_ERR_INTERNAL : LT_OK;
-    case AVRO_STRING: return lt_avro_set_string_n(rec, v, "", 0) ? LT_ERR_INTERNAL : LT_OK;
+    case AVRO_STRING: return lt_avro_value_string(rec, v, "", 0) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_BYTES: return avro_value_set_bytes(v, (void *)"", 0) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_FIXED: {
       if (lt_avro_scratch(rec, (size_t)n->size + 1)) return LT_ERR_NOMEM;
@@ -39,14 +39,15 @@ lt_err_t lt_avro_init_value(lt_avro_record_t *rec, const lt_node *n, avro_value_
     case AVRO_UNION: {
       avro_value_t b;
       if (avro_value_set_branch(v, 0, &b)) return LT_ERR_INTERNAL;
-      return lt_avro_init_value(rec, n->branches[0], &b);
+      return lt_avro_value_init(rec, n->branches[0], &b);
     }
     case AVRO_RECORD:
       for (size_t i = 0; i < n->nfields; i++) {
         avro_value_t f;
         if (avro_value_get_by_index(v, i, &f, NULL)) return LT_ERR_INTERNAL;
-        lt_err_t rc = n->fields[i].def ? lt_avro_set_default(rec, n->fields[i].type, n->fields[i].def, &f)
-                                       : lt_avro_init_value(rec, n->fields[i].type, &f);
+        const lt_nfield *fd = &n->fields[i];
+        lt_err_t rc = fd->def ? lt_avro_value_default(rec, fd->type, fd->def, &f)
+                              : lt_avro_value_init(rec, fd->type, &f);
         if (rc) return rc;
       }
       return LT_OK;
@@ -78,7 +79,7 @@ lt_err_t lt_avro_record_new_schema(const lt_avro_registry_t *reg, const lt_avro_
     lt_avro_record_destroy(rec);
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "avro-c: %s", avro_strerror());
   }
-  lt_err_t rc = lt_avro_init_value(rec, schema->root, &rec->value);
+  lt_err_t rc = lt_avro_value_init(rec, schema->root, &rec->value);
   if (rc) {
     lt_errf(errstr, errstr_size, rc, "%s v%d: cannot set defaults: %s", schema->name,
             schema->version, rec->err);
@@ -105,7 +106,7 @@ const char *lt_avro_record_error(const lt_avro_record_t *rec) { return rec->err;
 
 void lt_avro_record_clear(lt_avro_record_t *rec) {
   rec->writer_version = 0;
-  lt_avro_init_value(rec, rec->schema->root, &rec->value);
+  lt_avro_value_init(rec, rec->schema->root, &rec->value);
 }
 
 lt_err_t lt_avro_record_copy(lt_avro_record_t *dst, const lt_avro_record_t *src) {
@@ -161,7 +162,7 @@ static lt_err_t resolve_path(lt_avro_record_t *rec, const char *path, bool for_s
       if (d != bi) {
         if (!for_set) return acc_fail(rec, path, "is null"), LT_ERR_NOT_FOUND;
         if (avro_value_set_branch(&cur, bi, &b)) return acc_fail(rec, path, "cannot select branch");
-        if (lt_avro_init_value(rec, bn, &b)) return LT_ERR_INTERNAL;
+        if (lt_avro_value_init(rec, bn, &b)) return LT_ERR_INTERNAL;
       } else if (avro_value_get_current_branch(&cur, &b)) {
         return acc_fail(rec, path, "cannot read union");
       }
@@ -179,7 +180,7 @@ static lt_err_t resolve_path(lt_avro_record_t *rec, const char *path, bool for_s
       if (idx < size) {
         if (avro_value_get_by_index(&cur, (size_t)idx, &e, NULL)) return acc_fail(rec, path, "cannot read element");
       } else if (idx == size && for_set) {
-        if (avro_value_append(&cur, &e, NULL) || lt_avro_init_value(rec, node->items, &e))
+        if (avro_value_append(&cur, &e, NULL) || lt_avro_value_init(rec, node->items, &e))
           return acc_fail(rec, path, "cannot append");
       } else {
         return acc_fail(rec, path, "index %llu out of range (array has %zu elements)", idx, size);
@@ -222,7 +223,7 @@ static lt_err_t target_for_set(lt_avro_record_t *rec, const char *path, const av
           int d = -1;
           avro_value_get_discriminant(v, &d);
           if (avro_value_set_branch(v, (int)i, &b)) return acc_fail(rec, path, "cannot select branch");
-          if (d != (int)i && lt_avro_init_value(rec, u->branches[i], &b)) return LT_ERR_INTERNAL;
+          if (d != (int)i && lt_avro_value_init(rec, u->branches[i], &b)) return LT_ERR_INTERNAL;
           *v = b;
           *n = u->branches[i];
           return LT_OK;
@@ -281,7 +282,7 @@ static lt_err_t set_path(lt_avro_record_t *rec, const char *path, const lt_in *x
     case AVRO_FLOAT: return avro_value_set_float(&v, (float)x->d) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_STRING:
       if (x->nul) return avro_value_set_string_len(&v, x->p, x->len + 1) ? LT_ERR_NOMEM : LT_OK;
-      return lt_avro_set_string_n(rec, &v, x->p, x->len) ? LT_ERR_NOMEM : LT_OK;
+      return lt_avro_value_string(rec, &v, x->p, x->len) ? LT_ERR_NOMEM : LT_OK;
     case AVRO_BYTES: return avro_value_set_bytes(&v, (void *)(x->p ? x->p : ""), x->len) ? LT_ERR_NOMEM : LT_OK;
     case AVRO_FIXED:
       if (x->len != (size_t)n->size)
@@ -609,7 +610,7 @@ lt_err_t lt_avro_array_append(lt_avro_record_t *rec, const char *path, size_t *i
   if (rc) return rc;
   size_t idx = 0;
   if (avro_value_append(&v, &e, &idx)) return acc_fail(rec, path, "cannot append");
-  rc = lt_avro_init_value(rec, n->items, &e);
+  rc = lt_avro_value_init(rec, n->items, &e);
   if (!rc && index) *index = idx;
   return rc;
 }

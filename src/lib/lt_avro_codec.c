@@ -635,7 +635,7 @@ static lt_err_t decode_record(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl
     size_t fi = pl->defaults[k];
     avro_value_t f;
     if (avro_value_get_by_index(v, fi, &f, NULL)) return rd_fail(r, LT_ERR_INTERNAL, "no such field");
-    if (lt_avro_set_default(rec, rn->fields[fi].type, rn->fields[fi].def, &f))
+    if (lt_avro_value_default(rec, rn->fields[fi].type, rn->fields[fi].def, &f))
       return rd_fail(r, LT_ERR_INTERNAL, "cannot apply default");
   }
   return LT_OK;
@@ -688,7 +688,7 @@ static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl,
     case P_STRING:
     case P_BYTES_STRING:
       if (rd_len(r, &len)) return r->rc;
-      if (lt_avro_set_string_n(rec, v, (const char *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      if (lt_avro_value_string(rec, v, (const char *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
       r->p += len;
       return LT_OK;
     case P_BYTES:

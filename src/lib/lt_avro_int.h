@@ -100,11 +100,11 @@ struct lt_avro_record {
 void lt_avro_plans_free(lt_plan *p);
 
 /* A fresh value of n: defaults where the schema has them, zero otherwise; unions on branch 0. */
-lt_err_t lt_avro_init_value(lt_avro_record_t *rec, const lt_node *n, avro_value_t *v);
+lt_err_t lt_avro_value_init(lt_avro_record_t *rec, const lt_node *n, avro_value_t *v);
 
 /* Sets v to the schema default def (JSON) of node n; a message goes to rec->err. */
-lt_err_t lt_avro_set_default(lt_avro_record_t *rec, const lt_node *n, const json_t *def,
-                             avro_value_t *v);
+lt_err_t lt_avro_value_default(lt_avro_record_t *rec, const lt_node *n, const json_t *def,
+                               avro_value_t *v);
 
 /* Grows rec's scratch buffer to at least n bytes (kept for the record's life: no allocation once
  * warm). */
@@ -121,7 +121,7 @@ static inline lt_err_t lt_avro_scratch(lt_avro_record_t *rec, size_t n) {
 
 /* avro-c's string setter copies size bytes (size counts a NUL): give it a terminated copy.
  * Returns avro-c's result (0 or an errno). On the decoder's hot path, hence inline. */
-static inline int lt_avro_set_string_n(lt_avro_record_t *rec, avro_value_t *v, const char *s,
+static inline int lt_avro_value_string(lt_avro_record_t *rec, avro_value_t *v, const char *s,
                                        size_t len) {
   if (lt_avro_scratch(rec, len + 1)) return ENOMEM;
   memcpy(rec->scratch, s, len);

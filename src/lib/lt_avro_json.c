@@ -113,7 +113,7 @@ static lt_err_t json_to_scalar(const lt_jin *c, const lt_node *n, const json_t *
       return LT_OK;
     case AVRO_STRING:
       if (!json_is_string(j)) return jfail(c, "a string", j);
-      return lt_avro_set_string_n(c->rec, v, json_string_value(j), json_string_length(j)) ? LT_ERR_NOMEM : LT_OK;
+      return lt_avro_value_string(c->rec, v, json_string_value(j), json_string_length(j)) ? LT_ERR_NOMEM : LT_OK;
     case AVRO_BYTES:
     case AVRO_FIXED: {
       size_t len = 0;
@@ -261,8 +261,8 @@ static lt_err_t json_to_value(const lt_jin *c, const lt_node *n, const json_t *j
   }
 }
 
-lt_err_t lt_avro_set_default(lt_avro_record_t *rec, const lt_node *n, const json_t *def,
-                             avro_value_t *v) {
+lt_err_t lt_avro_value_default(lt_avro_record_t *rec, const lt_node *n, const json_t *def,
+                               avro_value_t *v) {
   char path[8] = "";
   lt_jin c = {.rec = rec, .path = path, .pathlen = sizeof path, .err = rec->err, .errsz = sizeof rec->err};
   return json_to_value(&c, n, def, v, true);

@@ -152,6 +152,15 @@ void lt_test_topics_delete(const char *prefix) {
   lt_bus_conf_destroy(conf);
 }
 
+void lt_test_admin_topics(void) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "'%s' admin topics 2>&1", lt_test_lathe_bin());
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "lathe admin topics: %s", out);
+  free(out);
+}
+
 void lt_test_tenant_create(const char *id, const char *opts, char *key, size_t keyn) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "'%s' admin tenant create %s %s --json", lt_test_lathe_bin(), id, opts ? opts : "");

@@ -80,6 +80,9 @@ lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_b
 void lt_test_topics_create(lt_bus_conf_t *conf, lt_bus_admin_t *admin, int timeout_ms);
 /* Deletes the topics whose names start with prefix (best effort: teardown). */
 void lt_test_topics_delete(const char *prefix);
+/* `lathe admin topics`: the topics of ops/topics.tsv under LATHE_TOPIC_PREFIX, as an operator
+ * makes them. */
+void lt_test_admin_topics(void);
 /* `lathe admin tenant create ID OPTS --json` (opts may be NULL): the new tenant's API key. */
 void lt_test_tenant_create(const char *id, const char *opts, char *key, size_t keyn);
 

@@ -156,12 +156,7 @@ static void setup(void) {
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
   unsetenv("LATHE_MASTER_KEY_FILE");
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "'%s' admin topics 2>&1", lt_test_lathe_bin());
-  int rc;
-  char *out = lt_test_run(cmd, &rc);
-  cr_assert_eq(rc, 0, "lathe admin topics: %s", out);
-  free(out);
+  lt_test_admin_topics();
   new_tenant("a", "--max-queued 3 --max-dataset-bytes 4096", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
   new_tenant("b", NULL, tenant_b, sizeof tenant_b, key_b, sizeof key_b);
   api = start_api();

@@ -365,12 +365,7 @@ static void setup(void) {
   set_daemon_env();
   snprintf(tmp_dir, sizeof tmp_dir, "/tmp/lathe-e2e-%d-%.8s", (int)getpid(), rnd);
   mkdir(tmp_dir, 0700);
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "'%s' admin topics 2>&1", lt_test_lathe_bin());
-  int rc;
-  char *out = lt_test_run(cmd, &rc);
-  cr_assert_eq(rc, 0, "lathe admin topics: %s", out);
-  free(out);
+  lt_test_admin_topics();
   snprintf(tenant, sizeof tenant, "e2e-%.10s", rnd);
   for (char *p = tenant; *p; p++) *p = (char)tolower((unsigned char)*p);
   lt_test_tenant_create(tenant, NULL, api_key, sizeof api_key);

@@ -24,25 +24,15 @@
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
 
+#include "bench_util.h"
 #include "lt_bus.h"
 #include "lt_client.h"
 
 #define MASTER_KEY "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static double pct(double *v, int n, double p) {
   if (n == 0) return 0;
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
   int i = (int)(p * (n - 1) + 0.5);
   return v[i];
 }
@@ -85,7 +75,7 @@ static void on_answer(struct evhttp_request *req, void *arg) {
   conn_t *c = arg;
   load_t *l = c->l;
   int status = req ? evhttp_request_get_response_code(req) : 0;
-  if (status == 201) l->lat[l->ok++] = now_s() - c->t0;
+  if (status == 201) l->lat[l->ok++] = bench_now_s() - c->t0;
   else {
     l->other++;
     if (!l->first_bad_status) l->first_bad_status = status ? status : -1;
@@ -105,7 +95,7 @@ static void send_one(conn_t *c) {
   evhttp_add_header(h, "Authorization", l->auth);
   evhttp_add_header(h, "Content-Type", "application/json");
   evbuffer_add(evhttp_request_get_output_buffer(req), l->body, strlen(l->body));
-  c->t0 = now_s();
+  c->t0 = bench_now_s();
   evhttp_make_request(c->evcon, req, EVHTTP_REQ_POST, "/v1/jobs");
 }
 
@@ -120,7 +110,7 @@ static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
   peer_t *p = opaque;
   double *t0 = m->_private;
   if (m->err) p->failed++;
-  else p->lat[p->ok++] = now_s() - *t0;
+  else p->lat[p->ok++] = bench_now_s() - *t0;
   free(t0);
   (void)rk;
 }
@@ -143,18 +133,18 @@ static double run_peer(const char *bootstrap, const char *topic, size_t size, in
   }
   char *value = malloc(size);
   memset(value, 'v', size);
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int i = 0; i < n; i++) {
     while (rd_kafka_outq_len(rk) >= inflight) rd_kafka_poll(rk, 1);
     char key[32];
     snprintf(key, sizeof key, "job-%d", i);
     double *ts = malloc(sizeof *ts);
-    *ts = now_s();
+    *ts = bench_now_s();
     rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(value, size),
                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(ts), RD_KAFKA_V_END);
   }
   rd_kafka_flush(rk, 60000);
-  double el = now_s() - t0;
+  double el = bench_now_s() - t0;
   *p50 = pct(p.lat, p.ok, 0.5);
   *p99 = pct(p.lat, p.ok, 0.99);
   if (p.failed) fprintf(stderr, "bench_api: peer: %d records failed\n", p.failed);
@@ -249,10 +239,10 @@ int main(int argc, char **argv) {
     conns[i].evcon = evhttp_connection_base_new(l.base, NULL, "127.0.0.1", (uint16_t)port);
     evhttp_connection_set_timeout(conns[i].evcon, 60);
   }
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (int i = 0; i < conc; i++) send_one(&conns[i]);
   event_base_dispatch(l.base);
-  double el = now_s() - t0;
+  double el = bench_now_s() - t0;
   double api_rate = l.ok / el, a50 = pct(l.lat, l.ok, 0.5), a99 = pct(l.lat, l.ok, 0.99);
   for (int i = 0; i < conc; i++) evhttp_connection_free(conns[i].evcon);
   event_base_free(l.base);

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "lt_avro.h"
 #include "lt_bus.h"
 
@@ -30,12 +31,6 @@ static uint8_t payload[256];
 static size_t payload_len;
 static char keys[NKEYS][16];
 static const char *bootstrap;
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void die(const char *what) {
   fprintf(stderr, "bench_bus: %s: %s\n", what, err);
@@ -72,6 +67,19 @@ static void make_payload(void) {
 
 /* ---------------------------------------------------------------- lt_bus side */
 
+/* One side's figures: produce over [t0, t1], consume over [t2, t3]; checks that every byte came
+ * back. Prints them and returns the records/s of produce and consume together. */
+static double side_rate(const char *label, const char *side, long n, size_t bytes, double t0, double t1, double t2,
+                        double t3) {
+  char what[64];
+  snprintf(what, sizeof what, "%s consumed wrong sizes", side);
+  if (bytes != (size_t)n * payload_len) die(what);
+  double secs = (t1 - t0) + (t3 - t2);
+  printf("  %s produce %.0f rec/s, consume %.0f rec/s, both %.0f rec/s\n", label, n / (t1 - t0), n / (t3 - t2),
+         n / secs);
+  return n / secs;
+}
+
 static atomic_long bus_delivered, bus_failed;
 
 static void bus_dr(void *opaque, const lt_bus_delivery_t *d) {
@@ -85,7 +93,7 @@ static double run_bus(lt_bus_conf_t *conf, const char *topic, long n) {
   atomic_store(&bus_delivered, 0);
   atomic_store(&bus_failed, 0);
   if (lt_bus_producer_new(conf, &o, &p, err, sizeof err)) die("bus producer");
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (long i = 0; i < n; i++) {
     lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY,
                          .key = keys[i % NKEYS], .key_size = strlen(keys[i % NKEYS]),
@@ -95,7 +103,7 @@ static double run_bus(lt_bus_conf_t *conf, const char *topic, long n) {
     if (e) die("bus produce");
   }
   if (lt_bus_producer_flush(p, 120000, err, sizeof err)) die("bus flush");
-  double t1 = now_s();
+  double t1 = bench_now_s();
   if (atomic_load(&bus_failed) || atomic_load(&bus_delivered) != n) {
     snprintf(err, sizeof err, "%ld delivered, %ld failed", atomic_load(&bus_delivered),
              atomic_load(&bus_failed));
@@ -105,7 +113,7 @@ static double run_bus(lt_bus_conf_t *conf, const char *topic, long n) {
 
   lt_bus_consumer_t *c;
   if (lt_bus_consumer_new(conf, NULL, &c, err, sizeof err)) die("bus consumer");
-  double t2 = now_s();
+  double t2 = bench_now_s();
   if (lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err,
                                    sizeof err))
     die("bus assign");
@@ -120,15 +128,11 @@ static double run_bus(lt_bus_conf_t *conf, const char *topic, long n) {
       bytes += sz;
       got++;
     }
-    if (now_s() - t2 > 120) die("bus consume timed out");
+    if (bench_now_s() - t2 > 120) die("bus consume timed out");
   }
-  double t3 = now_s();
+  double t3 = bench_now_s();
   lt_bus_consumer_destroy(c);
-  if (bytes != (size_t)n * payload_len) die("bus consumed wrong sizes");
-  double secs = (t1 - t0) + (t3 - t2);
-  printf("  lt_bus: produce %.0f rec/s, consume %.0f rec/s, both %.0f rec/s\n", n / (t1 - t0),
-         n / (t3 - t2), n / secs);
-  return n / secs;
+  return side_rate("lt_bus:", "bus", n, bytes, t0, t1, t2, t3);
 }
 
 /* ---------------------------------------------------------------- raw librdkafka side */
@@ -158,7 +162,7 @@ static double run_raw(const char *topic, long n) {
   if (!rk) die("raw producer");
   rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
   raw_delivered = raw_failed = 0;
-  double t0 = now_s();
+  double t0 = bench_now_s();
   for (long i = 0; i < n; i++) {
     while (rd_kafka_produce(rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, payload,
                             payload_len, keys[i % NKEYS], strlen(keys[i % NKEYS]), NULL) == -1) {
@@ -171,7 +175,7 @@ static double run_raw(const char *topic, long n) {
     rd_kafka_poll(rk, 0);
   }
   rd_kafka_flush(rk, 120000);
-  double t1 = now_s();
+  double t1 = bench_now_s();
   if (raw_failed || raw_delivered != n) {
     snprintf(err, sizeof err, "%ld delivered, %ld failed", raw_delivered, raw_failed);
     die("raw delivery");
@@ -186,7 +190,7 @@ static double run_raw(const char *topic, long n) {
   rk = rd_kafka_new(RD_KAFKA_CONSUMER, rc, err, sizeof err);
   if (!rk) die("raw consumer");
   rd_kafka_poll_set_consumer(rk);
-  double t2 = now_s();
+  double t2 = bench_now_s();
   const struct rd_kafka_metadata *md;
   rkt = rd_kafka_topic_new(rk, topic, NULL);
   if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) || md->topic_cnt != 1) die("raw metadata");
@@ -209,21 +213,12 @@ static double run_raw(const char *topic, long n) {
       }
       rd_kafka_message_destroy(m);
     }
-    if (now_s() - t2 > 120) die("raw consume timed out");
+    if (bench_now_s() - t2 > 120) die("raw consume timed out");
   }
-  double t3 = now_s();
+  double t3 = bench_now_s();
   rd_kafka_consumer_close(rk);
   rd_kafka_destroy(rk);
-  if (bytes != (size_t)n * payload_len) die("raw consumed wrong sizes");
-  double secs = (t1 - t0) + (t3 - t2);
-  printf("  raw:    produce %.0f rec/s, consume %.0f rec/s, both %.0f rec/s\n", n / (t1 - t0),
-         n / (t3 - t2), n / secs);
-  return n / secs;
-}
-
-static int cmp_double(const void *x, const void *y) {
-  double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
+  return side_rate("raw:   ", "raw", n, bytes, t0, t1, t2, t3);
 }
 
 int main(int argc, char **argv) {
@@ -287,7 +282,7 @@ int main(int argc, char **argv) {
   free(made);
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(conf);
-  qsort(ratios, (size_t)rounds, sizeof *ratios, cmp_double);
+  qsort(ratios, (size_t)rounds, sizeof *ratios, bench_cmp_double);
   double median = rounds % 2 ? ratios[rounds / 2]
                              : (ratios[rounds / 2 - 1] + ratios[rounds / 2]) / 2;
   printf("lt_bus best: %.0f rec/s; raw librdkafka best: %.0f rec/s (best/best %.3f); "

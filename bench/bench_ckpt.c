@@ -37,12 +37,6 @@
 
 static char err[1024];
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void die(const char *what) {
   fprintf(stderr, "bench_ckpt: %s: %s\n", what, err);
   exit(1);
@@ -58,7 +52,7 @@ static double raw_write(const char *dir, const uint8_t *buf, size_t n) {
   char tmp[512], path[512];
   snprintf(tmp, sizeof tmp, "%.400s/raw.tmp", dir);
   snprintf(path, sizeof path, "%.400s/raw.bin", dir);
-  double t = now();
+  double t = bench_now_s();
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return -1;
   for (size_t off = 0; off < n;) {
@@ -67,19 +61,19 @@ static double raw_write(const char *dir, const uint8_t *buf, size_t n) {
     off += (size_t)w;
   }
   if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) return -1;
-  return now() - t;
+  return bench_now_s() - t;
 }
 
 /* The peer of lt_load_state: read() the file into a buffer. */
 static double raw_read(const char *path, uint8_t *buf, size_t cap) {
-  double t = now();
+  double t = bench_now_s();
   int fd = open(path, O_RDONLY);
   if (fd < 0) return -1;
   size_t off = 0;
   ssize_t r;
   while (off < cap && (r = read(fd, buf + off, cap - off > (1 << 20) ? 1 << 20 : cap - off)) > 0) off += (size_t)r;
   close(fd);
-  return now() - t;
+  return bench_now_s() - t;
 }
 
 typedef struct {
@@ -110,11 +104,11 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   snprintf(work, sizeof work, "%s/work", dir);
   snprintf(state, sizeof state, "%s/state.bin", work);
   mkdir(work, 0700);
-  double t0 = now();
+  double t0 = bench_now_s();
   if (lt_model_init_random(c, model, 1, 0.02f, 0.0f, err, sizeof err)) die("model");
   char st[192];
   snprintf(st, sizeof st, "%s/model.safetensors", model);
-  printf("%s: model %.1f MB of f32 weights (made in %.1f s)\n", label, (double)file_size(st) / 1e6, now() - t0);
+  printf("%s: model %.1f MB of f32 weights (made in %.1f s)\n", label, (double)file_size(st) / 1e6, bench_now_s() - t0);
   lt_backend_t *be;
   lt_engine_t *eng;
   lt_session_t *s;
@@ -153,14 +147,14 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   char rawp[192];
   snprintf(rawp, sizeof rawp, "%s/raw.bin", work);
   for (int k = 0; k < K; k++) {
-    double t = now();
+    double t = bench_now_s();
     if (lt_save_state(s, state, 7, err, sizeof err)) die("save");
-    ts[k] = now() - t;
+    ts[k] = bench_now_s() - t;
     tw[k] = raw_write(work, buf, bytes);
     uint64_t cursor = 0;
-    t = now();
+    t = bench_now_s();
     if (lt_load_state(s, state, &cursor, err, sizeof err) || cursor != 7) die("load");
-    tl[k] = now() - t;
+    tl[k] = bench_now_s() - t;
     tr[k] = raw_read(rawp, buf, bytes);
   }
   double ms = bench_median(ts, K), ml = bench_median(tl, K), mw = bench_median(tw, K), mr = bench_median(tr, K);
@@ -190,38 +184,38 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
     double tp = 0, tc = 0;
     for (int side = 0; side < 2; side++) {
       bool ck = (side == 0) == (r % 2 == 1);
-      double t = now(), c_self = bench_proc_cpu_s(), c_server = bench_pid_cpu_s(server);
+      double t = bench_now_s(), c_self = bench_proc_cpu_s(), c_server = bench_pid_cpu_s(server);
       bool awaiting = false;
       for (int k = 0; k < steps; k++) {
         /* The executor holds the update after a checkpoint until its commit is recorded (a crash
          * loses at most one interval); here, until it is stored, the commit being one produce. */
         STEP_GATED(if (awaiting) {
-          double g = now();
+          double g = bench_now_s();
           if (ck_up && lt_ckpt_flush(ck_up, err, sizeof err)) die("upload");
-          ck_parts[2] += now() - g;
+          ck_parts[2] += bench_now_s() - g;
           awaiting = false;
         });
         if (ck && (k + 1) % every == 0) {
-          double a = now();
+          double a = bench_now_s();
           if (lt_save_state(s, state, (uint64_t)k, err, sizeof err)) die("save");
-          double bb = now();
+          double bb = bench_now_s();
           if (lt_export_peft(s, work, "bench", err, sizeof err)) die("export");
-          double cc = now();
+          double cc = bench_now_s();
           write_small_files(work);
           if (ck_up && lt_ckpt_submit(ck_up, work, up->seq++ % 4, false, NULL, err, sizeof err)) die("upload");
           awaiting = true;
           ck_parts[0] += bb - a;
           ck_parts[1] += cc - bb;
-          ck_parts[2] += now() - cc;
+          ck_parts[2] += bench_now_s() - cc;
         }
       }
       /* The block ends when its last checkpoint is stored: its upload is counted whole. */
       if (ck) {
-        double f = now();
+        double f = bench_now_s();
         if (ck_up && lt_ckpt_flush(ck_up, err, sizeof err)) die("upload");
-        ck_parts[2] += now() - f;
+        ck_parts[2] += bench_now_s() - f;
       }
-      t = (now() - t) / steps;
+      t = (bench_now_s() - t) / steps;
       cpu_self[ck] += (bench_proc_cpu_s() - c_self) / steps;
       cpu_server[ck] += (bench_pid_cpu_s(server) - c_server) / steps;
       if (ck) tc = t;

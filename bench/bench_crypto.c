@@ -8,20 +8,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "lt_crypto.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static char err[256];
 
 static double raw_gcm(const uint8_t *in, size_t n, uint8_t *out) {
   uint8_t key[32] = {1}, iv[12] = {2}, tag[16];
   int l;
-  double t0 = now();
+  double t0 = bench_now_s();
   EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
   EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, key, iv);
   for (size_t off = 0; off < n;) { /* EVP lengths are int: 1 GiB steps */
@@ -32,13 +27,13 @@ static double raw_gcm(const uint8_t *in, size_t n, uint8_t *out) {
   EVP_EncryptFinal_ex(c, out + n, &l);
   EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag);
   EVP_CIPHER_CTX_free(c);
-  return now() - t0;
+  return bench_now_s() - t0;
 }
 
 static double stream(lt_crypto_stream_t *s, const uint8_t *in, size_t n, uint8_t *out,
                      size_t *out_len, size_t piece) {
   size_t pos = 0, o;
-  double t0 = now();
+  double t0 = bench_now_s();
   for (size_t off = 0; off < n; off += piece) {
     size_t take = piece < n - off ? piece : n - off;
     if (lt_crypto_stream_update(s, in + off, take, out + pos, lt_crypto_stream_out_max(s, take),
@@ -53,7 +48,7 @@ static double stream(lt_crypto_stream_t *s, const uint8_t *in, size_t n, uint8_t
     exit(1);
   }
   *out_len = pos + o;
-  return now() - t0;
+  return bench_now_s() - t0;
 }
 
 int main(int argc, char **argv) {

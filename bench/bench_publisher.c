@@ -11,23 +11,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "lt_crypto.h"
 #include "lt_publisher.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
 
 #define ROUNDS 5
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 #define CHECK(call)                                                                                                    \
   do {                                                                                                                 \
@@ -91,9 +81,9 @@ int main(void) {
   lt_publisher_promotion_t *pr = malloc(sizeof *pr);
   double pub_mbs[ROUNDS], copy_mbs[ROUNDS], ratio[ROUNDS];
   for (int r = 0; r < ROUNDS; r++) {
-    double t0 = now_s();
+    double t0 = bench_now_s();
     CHECK(lt_publisher_promote(store, dek, &ck, 1ull << 30, pr, err, sizeof err));
-    double t1 = now_s();
+    double t1 = bench_now_s();
     for (int i = 0; i < 6; i++) {
       void *data;
       size_t len;
@@ -103,7 +93,7 @@ int main(void) {
       CHECK(lt_store_put(store, dst, data, len, NULL, err, sizeof err));
       free(data);
     }
-    double t2 = now_s();
+    double t2 = bench_now_s();
     pub_mbs[r] = total / 1e6 / (t1 - t0);
     copy_mbs[r] = total / 1e6 / (t2 - t1);
     ratio[r] = pub_mbs[r] / copy_mbs[r];
@@ -132,9 +122,9 @@ int main(void) {
     lt_store_delete(store, keys[i], NULL, 0);
   }
   for (size_t i = 0; i < pr->n; i++) lt_store_delete(store, pr->artifacts[i].key, NULL, 0);
-  qsort(pub_mbs, ROUNDS, sizeof(double), cmp_double);
-  qsort(copy_mbs, ROUNDS, sizeof(double), cmp_double);
-  qsort(ratio, ROUNDS, sizeof(double), cmp_double);
+  qsort(pub_mbs, ROUNDS, sizeof(double), bench_cmp_double);
+  qsort(copy_mbs, ROUNDS, sizeof(double), bench_cmp_double);
+  qsort(ratio, ROUNDS, sizeof(double), bench_cmp_double);
   printf("publisher promote: median %.1f MB/s, best %.1f MB/s\n", pub_mbs[ROUNDS / 2], pub_mbs[ROUNDS - 1]);
   printf("plain get+put:     median %.1f MB/s, best %.1f MB/s\n", copy_mbs[ROUNDS / 2], copy_mbs[ROUNDS - 1]);
   printf("publisher_vs_copy_ratio: %.3f\n", ratio[ROUNDS / 2]);

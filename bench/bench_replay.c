@@ -9,8 +9,9 @@
  *         `lathe admin replay` and a scheduler taking over do.
  * Then the same bytes (kept at produce time) are folded from memory, with no broker, F times:
  * the fold's own ceiling, in records per wall second and per CPU second of the folding thread,
- * and the heap allocations it makes per record (malloc/calloc/realloc are counted by wrappers
- * in this program; 0 is the goal, docs/STYLE.md habit 5).
+ * and the heap allocations it makes per record (malloc/calloc/realloc of Lathe's code, jansson and
+ * avro-c, counted through -Wl,--wrap and the libraries' allocator hooks; 0 is the goal,
+ * docs/STYLE.md habit 5).
  * Prints per-round rates, medians and the median of the per-round fold/raw ratios (the machine
  * is shared: pairing cancels most of its swings); the last line is `replay_records_per_s: N`
  * (median consume+fold rate). LATHE_BENCH_N (default 300000) sets N, LATHE_BENCH_ROUNDS
@@ -26,6 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <avro.h>
+#include <jansson.h>
+
 #include "bench_util.h"
 #include "lt_avro.h"
 #include "lt_bus.h"
@@ -35,23 +39,40 @@
 
 #define JOBS 1000
 
-/* Heap calls counted process-wide (librdkafka's threads included: the in-memory fold runs with
- * no client alive). glibc's __libc_* are the real allocator. */
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
+/* Heap calls counted without replacing the allocator: bench/meson.build links this program with
+ * -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc, so Lathe's own code (liblathe, ltcontrol,
+ * linked statically) calls the __wrap_ functions below; jansson and avro-c, shared libraries,
+ * are given the same counting functions through their allocator hooks at the start of main.
+ * librdkafka's allocations are not counted (no client is alive during the in-memory fold). */
+void *__real_malloc(size_t);
+void *__real_calloc(size_t, size_t);
+void *__real_realloc(void *, size_t);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t a, size_t b);
+void *__wrap_realloc(void *p, size_t n);
 static atomic_ulong heap_calls;
-void *malloc(size_t n) {
+void *__wrap_malloc(size_t n) {
   atomic_fetch_add_explicit(&heap_calls, 1, memory_order_relaxed);
-  return __libc_malloc(n);
+  return __real_malloc(n);
 }
-void *calloc(size_t a, size_t b) {
+void *__wrap_calloc(size_t a, size_t b) {
   atomic_fetch_add_explicit(&heap_calls, 1, memory_order_relaxed);
-  return __libc_calloc(a, b);
+  return __real_calloc(a, b);
 }
-void *realloc(void *p, size_t n) {
+void *__wrap_realloc(void *p, size_t n) {
   atomic_fetch_add_explicit(&heap_calls, 1, memory_order_relaxed);
-  return __libc_realloc(p, n);
+  return __real_realloc(p, n);
+}
+
+/* avro-c's allocator: realloc-like, nsize 0 frees. */
+static void *avro_counted(void *ud, void *ptr, size_t osize, size_t nsize) {
+  (void)ud;
+  (void)osize;
+  if (nsize == 0) {
+    free(ptr);
+    return NULL;
+  }
+  return __wrap_realloc(ptr, nsize);
 }
 
 static double cpu_s(void) {
@@ -98,12 +119,6 @@ static void keep(const uint8_t *b, size_t len) {
   kept.off[kept.count] = kept.len;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 #define CHECK(x)                                                                                   \
   do {                                                                                             \
     lt_err_t e_ = (x);                                                                             \
@@ -111,6 +126,13 @@ static double now_s(void) {
       fprintf(stderr, "bench_replay: %s: %s (%s)\n", #x, lt_err_name(e_), err);                     \
       return 1;                                                                                    \
     }                                                                                              \
+  } while (0)
+
+/* In a phase of main: a failure is returned to main, whose CHECK reports it. */
+#define PCHECK(x)                                                                                  \
+  do {                                                                                             \
+    lt_err_t e_ = (x);                                                                             \
+    if (e_) return e_;                                                                             \
   } while (0)
 
 static char err[1024];
@@ -143,11 +165,11 @@ static uint64_t read_all(const lt_bus_conf_t *conf, const char *t1, const char *
   }
   lt_bus_consumer_assign(c, tps, 12, NULL, 0);
   uint64_t n = 0, sum = 0;
-  double quiet = now_s();
-  while (n < expect && now_s() - quiet < 10) {
+  double quiet = bench_now_s();
+  while (n < expect && bench_now_s() - quiet < 10) {
     const lt_bus_msg_t *m = NULL;
     if (lt_bus_consumer_poll(c, 100, &m, err, sizeof err) || !m) continue;
-    quiet = now_s();
+    quiet = bench_now_s();
     size_t len;
     const unsigned char *v = lt_bus_msg_value(m, &len);
     n++;
@@ -215,9 +237,9 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
   rd_kafka_queue_t *q = rd_kafka_queue_get_consumer(rk);
   rd_kafka_message_t *ms[1024];
   uint64_t n = 0, sum = 0;
-  double quiet = now_s();
+  double quiet = bench_now_s();
   if (batch > 1024) batch = 1024;
-  while (n < expect && now_s() - quiet < 10) {
+  while (n < expect && bench_now_s() - quiet < 10) {
     ssize_t got;
     if (batch > 0) {
       got = rd_kafka_consume_batch_queue(q, 100, ms, (size_t)batch);
@@ -228,7 +250,7 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
     for (ssize_t i = 0; i < got; i++) {
       rd_kafka_message_t *m = ms[i];
       if (!m->err) {
-        quiet = now_s();
+        quiet = bench_now_s();
         n++;
         if (m->payload && m->len) sum += m->len + ((const uint8_t *)m->payload)[m->len - 1];
       }
@@ -242,11 +264,120 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
   return n;
 }
 
+/* Produces JOBS JobSubmitted to tj and N control records to tc (p NULL: only kept in memory, by
+ * send_rec): per job in turn JobAccepted, JobDispatched, AttemptStarted, then CheckpointCommitted
+ * at rising steps. */
+static lt_err_t produce_all(lt_bus_producer_t *p, lt_avro_registry_t *reg, const char *tj, const char *tc,
+                            uint64_t N) {
+  lt_avro_record_t *sub, *acc, *disp, *start, *ckpt;
+  PCHECK(lt_avro_record_new(reg, "JobSubmitted", &sub, err, sizeof err));
+  PCHECK(lt_avro_record_new(reg, "JobAccepted", &acc, err, sizeof err));
+  PCHECK(lt_avro_record_new(reg, "JobDispatched", &disp, err, sizeof err));
+  PCHECK(lt_avro_record_new(reg, "AttemptStarted", &start, err, sizeof err));
+  PCHECK(lt_avro_record_new(reg, "CheckpointCommitted", &ckpt, err, sizeof err));
+  lt_jobspec_t spec;
+  lt_jobspec_defaults(&spec);
+  snprintf(spec.base_model, sizeof spec.base_model, "llama-bench");
+  snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-bench");
+  spec.max_duration_s = 3600;
+  spec.gpus = 1;
+  char id[32];
+  for (int j = 0; j < JOBS; j++) {
+    snprintf(id, sizeof id, "job-%05d", j);
+    lt_avro_record_stamp(sub, "bench");
+    lt_avro_set_string(sub, "job_id", id);
+    lt_avro_set_string(sub, "tenant_id", "bench");
+    PCHECK(lt_jobspec_to_record(&spec, sub, err, sizeof err));
+    PCHECK(send_rec(p, tj, id, sub));
+  }
+  lt_avro_record_t *first[3] = {acc, disp, start};
+  for (uint64_t i = 0; i < N; i++) {
+    int j = (int)(i % JOBS);
+    uint64_t round = i / JOBS;
+    snprintf(id, sizeof id, "job-%05d", j);
+    lt_avro_record_t *r = round < 3 ? first[round] : ckpt;
+    lt_avro_record_stamp(r, "bench");
+    lt_avro_set_string(r, "job_id", id);
+    lt_avro_set_string(r, "tenant_id", "bench");
+    if (r != acc) lt_avro_set_int(r, "attempt", 1);
+    if (r == disp) {
+      lt_avro_set_string(r, "worker_id", "w-bench");
+      PCHECK(lt_jobspec_to_record(&spec, r, err, sizeof err));
+    }
+    if (r == start) lt_avro_set_string(r, "worker_id", "w-bench");
+    if (r == ckpt) {
+      char key[128];
+      snprintf(key, sizeof key, "staging/bench/%s/1/%" PRIu64 "/state", id, round);
+      lt_avro_set_long(r, "step", (int64_t)round * 10);
+      lt_avro_array_clear(r, "object_keys");
+      lt_avro_array_append_string(r, "object_keys", key);
+      lt_avro_set_string(r, "sha256", "0000000000000000000000000000000000000000000000000000000000000000");
+      lt_avro_set_long(r, "bytes", 1 << 20);
+      lt_avro_set_string(r, "trigger", "interval");
+    }
+    PCHECK(send_rec(p, tc, id, r));
+  }
+  lt_avro_record_destroy(sub);
+  lt_avro_record_destroy(acc);
+  lt_avro_record_destroy(disp);
+  lt_avro_record_destroy(start);
+  lt_avro_record_destroy(ckpt);
+  return LT_OK;
+}
+
+/* What folding the kept bytes from memory gave (the median of MEM_PASSES passes). */
+#define MEM_PASSES 5
+typedef struct mem_fold {
+  double wall, cpu;            /* records per wall second, per CPU second of this thread */
+  unsigned long calls;         /* heap calls of the first pass */
+  unsigned long steady_calls;  /* ... once every job had its state */
+  size_t steady_n;             /* records folded in that steady state */
+  size_t njobs;
+  uint64_t bad;                /* records that did not fold */
+  char digest[65];
+} mem_fold_t;
+
+/* Folds the kept records from memory, with no broker, MEM_PASSES times into fresh projections,
+ * counting the heap calls of the first pass. */
+static lt_err_t fold_in_memory(lt_avro_registry_t *reg, mem_fold_t *m) {
+  memset(m, 0, sizeof *m);
+  double m_wall[MEM_PASSES], m_cpu[MEM_PASSES];
+  for (int f = 0; f < MEM_PASSES; f++) {
+    lt_proj_t *fold;
+    PCHECK(lt_proj_new(reg, &fold, err, sizeof err));
+    /* Heap calls are read at the start of the steady state: after every job's JobSubmitted,
+     * first three control records and first checkpoint (which make its state). */
+    size_t warm = (size_t)JOBS * 5 < kept.count ? (size_t)JOBS * 5 : kept.count;
+    unsigned long c0 = atomic_load(&heap_calls), c1 = c0;
+    double w0 = bench_now_s(), c_0 = cpu_s();
+    for (size_t i = 0; i < kept.count; i++) {
+      if (i == warm) c1 = atomic_load(&heap_calls);
+      if (lt_proj_fold(fold, kept.bytes + kept.off[i], kept.off[i + 1] - kept.off[i], NULL, NULL, NULL, 0))
+        m->bad++;
+    }
+    m_wall[f] = (double)kept.count / (bench_now_s() - w0);
+    m_cpu[f] = (double)kept.count / (cpu_s() - c_0);
+    if (f == 0) {
+      m->calls = atomic_load(&heap_calls) - c0;
+      m->steady_calls = atomic_load(&heap_calls) - c1;
+      m->steady_n = kept.count - warm;
+    }
+    m->njobs = lt_job_count(lt_proj_jobs(fold));
+    lt_job_digest(lt_proj_jobs(fold), m->digest);
+    lt_proj_destroy(fold);
+  }
+  m->wall = bench_median(m_wall, MEM_PASSES);
+  m->cpu = bench_median(m_cpu, MEM_PASSES);
+  return LT_OK;
+}
+
 int main(void) {
   const char *ns = getenv("LATHE_BENCH_N"), *rs = getenv("LATHE_BENCH_ROUNDS");
   uint64_t N = ns ? strtoull(ns, NULL, 10) : 300000;
   int R = rs ? atoi(rs) : 3; /* 0: the in-memory fold only, nothing sent (for profilers) */
   if (R < 0 || R > 50) R = 3;
+  json_set_alloc_funcs(__wrap_malloc, free);
+  avro_set_allocator(avro_counted, NULL);
   lt_bus_conf_t *conf = lt_bus_conf_new();
   CHECK(lt_bus_conf_from_env(conf, err, sizeof err));
   char prefix[96];
@@ -263,57 +394,10 @@ int main(void) {
   CHECK(lt_avro_registry_new(&reg, err, sizeof err));
   lt_bus_producer_t *p = NULL;
   if (R > 0) CHECK(lt_bus_producer_new(conf, NULL, &p, err, sizeof err));
-  lt_avro_record_t *sub, *acc, *disp, *start, *ckpt;
-  CHECK(lt_avro_record_new(reg, "JobSubmitted", &sub, err, sizeof err));
-  CHECK(lt_avro_record_new(reg, "JobAccepted", &acc, err, sizeof err));
-  CHECK(lt_avro_record_new(reg, "JobDispatched", &disp, err, sizeof err));
-  CHECK(lt_avro_record_new(reg, "AttemptStarted", &start, err, sizeof err));
-  CHECK(lt_avro_record_new(reg, "CheckpointCommitted", &ckpt, err, sizeof err));
-  lt_jobspec_t spec;
-  lt_jobspec_defaults(&spec);
-  snprintf(spec.base_model, sizeof spec.base_model, "llama-bench");
-  snprintf(spec.dataset_id, sizeof spec.dataset_id, "ds-bench");
-  spec.max_duration_s = 3600;
-  spec.gpus = 1;
-  char id[32];
-  double t0 = now_s();
-  for (int j = 0; j < JOBS; j++) {
-    snprintf(id, sizeof id, "job-%05d", j);
-    lt_avro_record_stamp(sub, "bench");
-    lt_avro_set_string(sub, "job_id", id);
-    lt_avro_set_string(sub, "tenant_id", "bench");
-    CHECK(lt_jobspec_to_record(&spec, sub, err, sizeof err));
-    CHECK(send_rec(p, tj, id, sub));
-  }
-  lt_avro_record_t *first[3] = {acc, disp, start};
-  for (uint64_t i = 0; i < N; i++) {
-    int j = (int)(i % JOBS);
-    uint64_t round = i / JOBS;
-    snprintf(id, sizeof id, "job-%05d", j);
-    lt_avro_record_t *r = round < 3 ? first[round] : ckpt;
-    lt_avro_record_stamp(r, "bench");
-    lt_avro_set_string(r, "job_id", id);
-    lt_avro_set_string(r, "tenant_id", "bench");
-    if (r != acc) lt_avro_set_int(r, "attempt", 1);
-    if (r == disp) {
-      lt_avro_set_string(r, "worker_id", "w-bench");
-      CHECK(lt_jobspec_to_record(&spec, r, err, sizeof err));
-    }
-    if (r == start) lt_avro_set_string(r, "worker_id", "w-bench");
-    if (r == ckpt) {
-      char key[128];
-      snprintf(key, sizeof key, "staging/bench/%s/1/%" PRIu64 "/state", id, round);
-      lt_avro_set_long(r, "step", (int64_t)round * 10);
-      lt_avro_array_clear(r, "object_keys");
-      lt_avro_array_append_string(r, "object_keys", key);
-      lt_avro_set_string(r, "sha256", "0000000000000000000000000000000000000000000000000000000000000000");
-      lt_avro_set_long(r, "bytes", 1 << 20);
-      lt_avro_set_string(r, "trigger", "interval");
-    }
-    CHECK(send_rec(p, tc, id, r));
-  }
+  double t0 = bench_now_s();
+  CHECK(produce_all(p, reg, tj, tc, N));
   if (p) CHECK(lt_bus_producer_flush(p, 120000, err, sizeof err));
-  double t_prod = now_s() - t0;
+  double t_prod = bench_now_s() - t0;
   uint64_t total = N + JOBS;
   printf("produced: %" PRIu64 " records (%d JobSubmitted + %" PRIu64 " control) in %.2f s\n", total, JOBS, N, t_prod);
 
@@ -335,32 +419,32 @@ int main(void) {
   for (int round = 0; round < R; round++) {
     double t_raw = 0, t_fold = 0;
     uint64_t n_rk, n_rkb;
-    t0 = now_s();
+    t0 = bench_now_s();
     cpu_mark_t cm = cpu_mark();
     n_rk = read_raw_rdkafka(bootstrap, tj, tc, total, 0, &bytes);
-    r_rk[round] = (double)n_rk / (now_s() - t0);
+    r_rk[round] = (double)n_rk / (bench_now_s() - t0);
     cpu_since(cm, n_rk, &cu[0][round], &bu[0][round]);
-    t0 = now_s();
+    t0 = bench_now_s();
     cm = cpu_mark();
     n_rkb = read_raw_rdkafka(bootstrap, tj, tc, total, 1000, &bytes);
-    r_rkb[round] = (double)n_rkb / (now_s() - t0);
+    r_rkb[round] = (double)n_rkb / (bench_now_s() - t0);
     cpu_since(cm, n_rkb, &cu[1][round], &bu[1][round]);
     if (n_rk != total || n_rkb != total) fprintf(stderr, "bench_replay: rdkafka peer read %" PRIu64 " / %" PRIu64 "\n", n_rk, n_rkb);
     for (int side = 0; side < 2; side++) {
       bool do_fold = (side == 0) == (round % 2 == 1); /* raw first in even rounds */
       if (!do_fold) {
-        t0 = now_s();
+        t0 = bench_now_s();
         cpu_mark_t cm2 = cpu_mark();
         n_raw = read_all(conf, tj, tc, total, NULL, &bytes, &bad);
-        t_raw = now_s() - t0;
+        t_raw = bench_now_s() - t0;
         cpu_since(cm2, n_raw, &cu[2][round], &bu[2][round]);
       } else {
         lt_proj_t *fold;
         CHECK(lt_proj_new(reg, &fold, err, sizeof err));
-        t0 = now_s();
+        t0 = bench_now_s();
         cpu_mark_t cm2 = cpu_mark();
         n_fold = read_all(conf, tj, tc, total, fold, &bytes, &bad);
-        t_fold = now_s() - t0;
+        t_fold = bench_now_s() - t0;
         cpu_since(cm2, n_fold, &cu[3][round], &bu[3][round]);
         lt_job_digest(lt_proj_jobs(fold), digest);
         njobs = lt_job_count(lt_proj_jobs(fold));
@@ -378,36 +462,10 @@ int main(void) {
   }
 
   /* The fold alone, from memory: fresh projection each pass, same bytes in produce order. */
-  int F = 5;
-  double m_wall[5], m_cpu[5];
-  unsigned long calls = 0, steady_calls = 0;
-  size_t steady_n = 0;
-  char digest_mem[65] = "";
-  for (int f = 0; f < F; f++) {
-    lt_proj_t *fold;
-    CHECK(lt_proj_new(reg, &fold, err, sizeof err));
-    /* Heap calls are read at the start of the steady state: after every job's JobSubmitted,
-     * first three control records and first checkpoint (which make its state). */
-    size_t warm = (size_t)JOBS * 5 < kept.count ? (size_t)JOBS * 5 : kept.count;
-    unsigned long c0 = atomic_load(&heap_calls), c1 = c0;
-    double w0 = now_s(), c_0 = cpu_s();
-    for (size_t i = 0; i < kept.count; i++) {
-      if (i == warm) c1 = atomic_load(&heap_calls);
-      if (lt_proj_fold(fold, kept.bytes + kept.off[i], kept.off[i + 1] - kept.off[i], NULL, NULL, NULL, 0))
-        bad++;
-    }
-    m_wall[f] = (double)kept.count / (now_s() - w0);
-    m_cpu[f] = (double)kept.count / (cpu_s() - c_0);
-    if (f == 0) {
-      calls = atomic_load(&heap_calls) - c0;
-      steady_calls = atomic_load(&heap_calls) - c1;
-      steady_n = kept.count - warm;
-    }
-    njobs = lt_job_count(lt_proj_jobs(fold));
-    lt_job_digest(lt_proj_jobs(fold), digest_mem);
-    lt_proj_destroy(fold);
-  }
-  double med_wall = bench_median(m_wall, F), med_cpu = bench_median(m_cpu, F);
+  mem_fold_t mem;
+  CHECK(fold_in_memory(reg, &mem));
+  bad += mem.bad;
+  njobs = mem.njobs;
 
   double med_raw = R ? bench_median(r_raw, R) : 0, med_fold = R ? bench_median(r_fold, R) : 0, med_ratio = R ? bench_median(ratio, R) : 0;
   double la[3] = {0};
@@ -418,11 +476,11 @@ int main(void) {
   }
   printf("in-memory fold (no broker, %zu records, median of %d): %.0f records/s wall, %.0f records/s per CPU "
          "second\n",
-         kept.count, F, med_wall, med_cpu);
+         kept.count, MEM_PASSES, mem.wall, mem.cpu);
   printf("heap calls (malloc/calloc/realloc) of the in-memory fold: %.3f per record in steady state (%lu over "
          "%zu records), %.2f per record overall (%lu, jobs' creation included)\n",
-         steady_n ? (double)steady_calls / (double)steady_n : 0.0, steady_calls, steady_n,
-         (double)calls / (double)kept.count, calls);
+         mem.steady_n ? (double)mem.steady_calls / (double)mem.steady_n : 0.0, mem.steady_calls, mem.steady_n,
+         (double)mem.calls / (double)kept.count, mem.calls);
   if (R) {
     double med_rk = bench_median(r_rk, R), med_rkb = bench_median(r_rkb, R);
     printf("librdkafka alone, rd_kafka_consumer_poll (median of %d): %.0f records/s\n", R, med_rk);
@@ -436,17 +494,12 @@ int main(void) {
   printf("raw consume through lt_bus (median of %d):  %.0f records/s\n", R, med_raw);
   printf("consume+fold (median of %d): %.0f records/s (failed to fold: %" PRIu64 ")\n", R, med_fold, bad);
   printf("fold/raw ratio (median of per-round ratios): %.2f\n", med_ratio);
-  if (R == 0) memcpy(digest0, digest_mem, sizeof digest0);
+  if (R == 0) memcpy(digest0, mem.digest, sizeof digest0);
   printf("jobs: %zu, digest %s (rounds %s; in-memory fold %s)\n", njobs, digest0,
-         digests_agree ? "agree" : "DISAGREE", strcmp(digest_mem, digest0) == 0 ? "agrees" : "DIFFERS");
+         digests_agree ? "agree" : "DISAGREE", strcmp(mem.digest, digest0) == 0 ? "agrees" : "DIFFERS");
   printf("load average at the end: %.2f %.2f %.2f on %ld CPUs\n", la[0], la[1], la[2], sysconf(_SC_NPROCESSORS_ONLN));
   const char *del[2] = {tj, tc};
   lt_bus_admin_delete_topics(admin, del, 2, 30000, NULL, 0);
-  lt_avro_record_destroy(sub);
-  lt_avro_record_destroy(acc);
-  lt_avro_record_destroy(disp);
-  lt_avro_record_destroy(start);
-  lt_avro_record_destroy(ckpt);
   lt_avro_registry_destroy(reg);
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(conf);

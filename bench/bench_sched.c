@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "lt_sched.h"
 
 #define TENANTS 1000
@@ -22,12 +23,6 @@
 #define MODELS 20
 #define CYCLES 400
 #define CHURN 256
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng_state;
 static uint32_t rnd(void) {
@@ -157,12 +152,12 @@ static int run(lt_sched_policy_t policy, result_t *r) {
   double t_total = 0, t_decide = 0;
   uint64_t decisions = 0;
   for (int cycle = -1; cycle < CYCLES; cycle++) { /* cycle -1 fills the fleet: not timed */
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (cycle >= 0) bench_churn(&b);
     if (bench_top_up(&b)) return 1;
-    double t1 = now_s();
+    double t1 = bench_now_s();
     uint64_t n = bench_decide(&b);
-    double t2 = now_s();
+    double t2 = bench_now_s();
     if (cycle >= 0) {
       decisions += n;
       t_total += t2 - t0;

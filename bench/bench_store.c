@@ -8,16 +8,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "lt_crypto.h"
 #include "lt_store.h"
 
 static char err[512];
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static lt_err_t discard(void *ctx, const void *data, size_t len) {
   (void)data;
@@ -31,19 +26,19 @@ static int run(lt_store_t *s, const char *key, const uint8_t *p, size_t n, doubl
   *put_s = *get_s = 1e9;
   uint8_t sha_put[32], sha_get[32];
   for (int rep = 0; rep < 3; rep++) {
-    double t0 = now();
+    double t0 = bench_now_s();
     if (lt_store_put(s, key, p, n, sha_put, err, sizeof err)) {
       fprintf(stderr, "%s put: %s\n", lt_store_kind(s), err);
       return 1;
     }
-    double t1 = now();
+    double t1 = bench_now_s();
     size_t got = 0;
     if (lt_store_get_stream(s, key, discard, &got, sha_get, err, sizeof err) || got != n ||
         memcmp(sha_put, sha_get, 32) != 0) {
       fprintf(stderr, "%s get: %s (got %zu)\n", lt_store_kind(s), err, got);
       return 1;
     }
-    double t2 = now();
+    double t2 = bench_now_s();
     if (t1 - t0 < *put_s) *put_s = t1 - t0;
     if (t2 - t1 < *get_s) *get_s = t2 - t1;
   }

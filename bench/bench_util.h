@@ -1,6 +1,6 @@
-/* bench_util: what the benchmarks share — their LATHE_BENCH_* settings, medians, and the CPU
- * time of this process and of a local server process (the Kafka broker's or the S3 server's
- * JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
+/* bench_util: what the benchmarks share — their LATHE_BENCH_* settings, a monotonic clock,
+ * medians, and the CPU time of this process and of a local server process (the Kafka broker's or
+ * the S3 server's JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* An integer setting from the environment (LATHE_BENCH_*), def when unset or empty. */
@@ -16,6 +17,14 @@ static inline int bench_env_int(const char *name, int def) {
   return v && *v ? atoi(v) : def;
 }
 
+/* Seconds of the monotonic clock (durations). */
+static inline double bench_now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* qsort's comparison of doubles, ascending. */
 static inline int bench_cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);

@@ -15,16 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "lt_config.h"
 #include "lt_engine.h"
 
 void openblas_set_num_threads(int num_threads);
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double sgemm_gflops(int threads) {
   const int n = 2048;
@@ -35,9 +30,9 @@ static double sgemm_gflops(int threads) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
   double best = 1e9;
   for (int r = 0; r < 3; r++) {
-    double t = now();
+    double t = bench_now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
-    t = now() - t;
+    t = bench_now_s() - t;
     best = t < best ? t : best;
   }
   free(a), free(b), free(c);
@@ -110,14 +105,14 @@ int main(int argc, char **argv) {
   float loss = 0;
   double t0 = 0;
   for (int k = 0; k <= steps; k++) { /* step 0 warms up (allocates activations) */
-    if (k == 1) t0 = now();
+    if (k == 1) t0 = bench_now_s();
     if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
         lt_optim_step(s, &opt, NULL, err, sizeof err)) {
       fprintf(stderr, "step: %s\n", err);
       return 1;
     }
   }
-  double step_s = (now() - t0) / steps;
+  double step_s = (bench_now_s() - t0) / steps;
   double tps = B * T / step_s, flops = step_flops(&c, B, T, R);
   printf("engine: %d layers, %.3f s/step, %.1f tokens/s, loss %.3f\n", layers, step_s, tps,
          (double)loss);

@@ -143,6 +143,64 @@ static const lt_node *nonnull_branch(const lt_node *u, int *idx) {
   return NULL;
 }
 
+/* Steps *cur, a nullable union (*node), into its value branch. A null value is LT_ERR_NOT_FOUND
+ * for a getter; a setter (for_set) selects the branch, at its defaults. */
+static lt_err_t enter_union(lt_avro_record_t *rec, const char *path, bool for_set,
+                            avro_value_t *cur, const lt_node **node) {
+  int bi = -1, d = -1;
+  const lt_node *bn = nonnull_branch(*node, &bi);
+  if (!bn) return acc_fail(rec, path, "union has no value branch");
+  avro_value_get_discriminant(cur, &d);
+  avro_value_t b;
+  if (d != bi) {
+    if (!for_set) return acc_fail(rec, path, "is null"), LT_ERR_NOT_FOUND;
+    if (avro_value_set_branch(cur, bi, &b)) return acc_fail(rec, path, "cannot select branch");
+    if (lt_avro_value_init(rec, bn, &b)) return LT_ERR_INTERNAL;
+  } else if (avro_value_get_current_branch(cur, &b)) {
+    return acc_fail(rec, path, "cannot read union");
+  }
+  *cur = b;
+  *node = bn;
+  return LT_OK;
+}
+
+/* Steps *cur, an array (*node), to element idx; a setter (for_set) may append at [size]. */
+static lt_err_t enter_index(lt_avro_record_t *rec, const char *path, bool for_set,
+                            unsigned long long idx, avro_value_t *cur, const lt_node **node) {
+  if ((*node)->type != AVRO_ARRAY)
+    return acc_fail(rec, path, "indexes a %s, not an array", lt_avro_type_word(*node));
+  size_t size = 0;
+  avro_value_get_size(cur, &size);
+  avro_value_t e;
+  if (idx < size) {
+    if (avro_value_get_by_index(cur, (size_t)idx, &e, NULL)) return acc_fail(rec, path, "cannot read element");
+  } else if (idx == size && for_set) {
+    if (avro_value_append(cur, &e, NULL) || lt_avro_value_init(rec, (*node)->items, &e))
+      return acc_fail(rec, path, "cannot append");
+  } else {
+    return acc_fail(rec, path, "index %llu out of range (array has %zu elements)", idx, size);
+  }
+  *cur = e;
+  *node = (*node)->items;
+  return LT_OK;
+}
+
+/* Steps *cur, a record (*node), to its field named by the len bytes at name. */
+static lt_err_t enter_field(lt_avro_record_t *rec, const char *path, const char *name, size_t len,
+                            avro_value_t *cur, const lt_node **node) {
+  const lt_node *r = *node;
+  if (r->type != AVRO_RECORD) return acc_fail(rec, path, "%s has no fields", lt_avro_type_word(r));
+  size_t i;
+  for (i = 0; i < r->nfields; i++)
+    if (strncmp(r->fields[i].name, name, len) == 0 && r->fields[i].name[len] == '\0') break;
+  if (i == r->nfields) return acc_fail(rec, path, "no field \"%.*s\" in %s", (int)len, name, r->name);
+  avro_value_t f;
+  if (avro_value_get_by_index(cur, i, &f, NULL)) return acc_fail(rec, path, "cannot read field");
+  *cur = f;
+  *node = r->fields[i].type;
+  return LT_OK;
+}
+
 /* Walks path from the record root. On success *v and *n are the target value and its schema
  * node (possibly a union). for_set: step into unions' value branch and append at [size]. */
 static lt_err_t resolve_path(lt_avro_record_t *rec, const char *path, bool for_set,
@@ -150,60 +208,24 @@ static lt_err_t resolve_path(lt_avro_record_t *rec, const char *path, bool for_s
   avro_value_t cur = rec->value;
   const lt_node *node = rec->schema->root;
   const char *p = path;
+  lt_err_t rc;
   if (!p || !*p) return acc_fail(rec, "", "empty field path");
-  for (;;) {
+  do {
     /* Step through a union into its non-null branch before a '.' or '['. */
-    if (node->type == AVRO_UNION) {
-      int bi = -1, d = -1;
-      const lt_node *bn = nonnull_branch(node, &bi);
-      if (!bn) return acc_fail(rec, path, "union has no value branch");
-      avro_value_get_discriminant(&cur, &d);
-      avro_value_t b;
-      if (d != bi) {
-        if (!for_set) return acc_fail(rec, path, "is null"), LT_ERR_NOT_FOUND;
-        if (avro_value_set_branch(&cur, bi, &b)) return acc_fail(rec, path, "cannot select branch");
-        if (lt_avro_value_init(rec, bn, &b)) return LT_ERR_INTERNAL;
-      } else if (avro_value_get_current_branch(&cur, &b)) {
-        return acc_fail(rec, path, "cannot read union");
-      }
-      cur = b;
-      node = bn;
-    }
+    if (node->type == AVRO_UNION && (rc = enter_union(rec, path, for_set, &cur, &node))) return rc;
     if (*p == '[') {
       char *endp;
       unsigned long long idx = strtoull(p + 1, &endp, 10);
       if (endp == p + 1 || *endp != ']') return acc_fail(rec, path, "bad index syntax");
-      if (node->type != AVRO_ARRAY) return acc_fail(rec, path, "indexes a %s, not an array", lt_avro_type_word(node));
-      size_t size = 0;
-      avro_value_get_size(&cur, &size);
-      avro_value_t e;
-      if (idx < size) {
-        if (avro_value_get_by_index(&cur, (size_t)idx, &e, NULL)) return acc_fail(rec, path, "cannot read element");
-      } else if (idx == size && for_set) {
-        if (avro_value_append(&cur, &e, NULL) || lt_avro_value_init(rec, node->items, &e))
-          return acc_fail(rec, path, "cannot append");
-      } else {
-        return acc_fail(rec, path, "index %llu out of range (array has %zu elements)", idx, size);
-      }
-      cur = e;
-      node = node->items;
+      if ((rc = enter_index(rec, path, for_set, idx, &cur, &node))) return rc;
       p = endp + 1;
     } else {
       if (*p == '.') p++;
       size_t len = strcspn(p, ".[");
-      if (node->type != AVRO_RECORD) return acc_fail(rec, path, "%s has no fields", lt_avro_type_word(node));
-      size_t i;
-      for (i = 0; i < node->nfields; i++)
-        if (strncmp(node->fields[i].name, p, len) == 0 && node->fields[i].name[len] == '\0') break;
-      if (i == node->nfields) return acc_fail(rec, path, "no field \"%.*s\" in %s", (int)len, p, node->name);
-      avro_value_t f;
-      if (avro_value_get_by_index(&cur, i, &f, NULL)) return acc_fail(rec, path, "cannot read field");
-      cur = f;
-      node = node->fields[i].type;
+      if ((rc = enter_field(rec, path, p, len, &cur, &node))) return rc;
       p += len;
     }
-    if (!*p) break;
-  }
+  } while (*p);
   *v = cur;
   *n = node;
   return LT_OK;
@@ -541,38 +563,19 @@ lt_err_t lt_avro_get_enum_at(lt_avro_record_t *rec, int field, const char **symb
 }
 
 /* As lt_avro_get_string(rec, "<field>[<i>]"): the same steps resolve_path and target_for_get
- * take, with the path written out only for a message. */
+ * take, without parsing a path. */
 lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i, const char **s, size_t *len) {
-  avro_value_t v, e;
+  avro_value_t v;
   const lt_node *n;
   lt_err_t rc = field_at(rec, field, &v, &n);
   if (rc) return rc;
   char path[96];
-  path[0] = '\0';
-#define PATH() (path[0] ? path : (snprintf(path, sizeof path, "%s[%zu]", rec->schema->root->fields[field].name, i), path))
-  if (n->type == AVRO_UNION) {
-    int bi = -1, d = -1;
-    const lt_node *bn = nonnull_branch(n, &bi);
-    if (!bn) return acc_fail(rec, PATH(), "union has no value branch");
-    avro_value_get_discriminant(&v, &d);
-    if (d != bi) return acc_fail(rec, PATH(), "is null"), LT_ERR_NOT_FOUND;
-    avro_value_t b;
-    if (avro_value_get_current_branch(&v, &b)) return acc_fail(rec, PATH(), "cannot read union");
-    v = b;
-    n = bn;
-  }
-  if (n->type != AVRO_ARRAY) return acc_fail(rec, PATH(), "indexes a %s, not an array", lt_avro_type_word(n));
-  size_t size = 0;
-  avro_value_get_size(&v, &size);
-  if (i >= size) return acc_fail(rec, PATH(), "index %zu out of range (array has %zu elements)", i, size);
-  if (avro_value_get_by_index(&v, i, &e, NULL)) return acc_fail(rec, PATH(), "cannot read element");
-  n = n->items;
-  if (n->type == AVRO_UNION || n->type == AVRO_NULL) {
-    rc = step_for_get(rec, PATH(), &e, &n);
-    if (rc) return rc;
-  }
-  return read_string(rec, PATH(), &e, n, s, len);
-#undef PATH
+  snprintf(path, sizeof path, "%s[%zu]", rec->schema->root->fields[field].name, i);
+  if (n->type == AVRO_UNION && (rc = enter_union(rec, path, false, &v, &n))) return rc;
+  if ((rc = enter_index(rec, path, false, i, &v, &n))) return rc;
+  if ((n->type == AVRO_UNION || n->type == AVRO_NULL) && (rc = step_for_get(rec, path, &v, &n)))
+    return rc;
+  return read_string(rec, path, &v, n, s, len);
 }
 
 static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_set,

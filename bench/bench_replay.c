@@ -66,13 +66,10 @@ void *__wrap_realloc(void *p, size_t n) {
 
 /* avro-c's allocator: realloc-like, nsize 0 frees. */
 static void *avro_counted(void *ud, void *ptr, size_t osize, size_t nsize) {
-  (void)ud;
-  (void)osize;
-  if (nsize == 0) {
-    free(ptr);
-    return NULL;
-  }
-  return __wrap_realloc(ptr, nsize);
+  (void)ud, (void)osize;
+  if (nsize) return __wrap_realloc(ptr, nsize);
+  free(ptr);
+  return NULL;
 }
 
 static double cpu_s(void) {

@@ -28,13 +28,13 @@ import sys
 import time
 import uuid
 
-from lt_test import BOOTSTRAP, ROOT, require_clients
+from lt_test import BOOTSTRAP, ROOT, admin_client, require_clients
 
 require_clients("interop_kafka")
 import avro.io  # noqa: E402
 import avro.schema  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import NewTopic  # noqa: E402
 
 N = 20
 
@@ -86,12 +86,7 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     lathe = sys.argv[1]
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    try:
-        admin.list_topics(timeout=10)
-    except Exception as e:
-        fail(f"Kafka broker at {BOOTSTRAP} is not reachable ({e}): run `ops/stack up` and "
-             "`eval \"$(ops/stack env)\"`")
+    admin = admin_client(fail)
     run = f"interop-{os.getpid()}-{int(time.time())}."
     c2py, py2c = run + "c2py", run + "py2c"
     futs = admin.create_topics([NewTopic(c2py, 3, 1), NewTopic(py2c, 1, 1)])

@@ -14,3 +14,15 @@ def require_clients(name):
         import confluent_kafka  # noqa: F401
     except ImportError as e:  # pragma: no cover
         sys.exit(f"{name}: {e}: run with /usr/bin/python3 after ops/setup (python3-avro, python3-confluent-kafka)")
+
+
+def admin_client(fail):
+    """A confluent_kafka AdminClient of BOOTSTRAP once the broker answers; else fail(message)."""
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    try:
+        admin.list_topics(timeout=10)
+    except Exception as e:
+        fail(f"Kafka broker at {BOOTSTRAP} is not reachable ({e}): run `ops/stack up` and "
+             "`eval \"$(ops/stack env)\"`")
+    return admin

@@ -57,7 +57,7 @@ import urllib.error
 import urllib.request
 import uuid
 
-from lt_test import BOOTSTRAP, ROOT, require_clients
+from lt_test import BOOTSTRAP, ROOT, admin_client, require_clients
 
 require_clients("upstream")
 import avro.io  # noqa: E402
@@ -215,12 +215,7 @@ def main():
     by_name, by_fp = load_schemas()
     sub_schema, sub_fp = by_name[("JobSubmitted", 1)]
 
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    try:
-        admin.list_topics(timeout=10)
-    except Exception as e:
-        fail(f"Kafka broker at {BOOTSTRAP} is not reachable ({e}): run `ops/stack up` and "
-             "`eval \"$(ops/stack env)\"`")
+    admin = admin_client(fail)
 
     run_id = f"{os.getpid()}{secrets.token_hex(3)}"
     prefix = f"tup{run_id}."

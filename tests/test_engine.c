@@ -54,15 +54,18 @@ static lt_model_config_t small_config(int H, int KV, int bias, int tied, float r
 }
 
 typedef struct fixture {
+  lt_model_config_t c; /* the model's shape */
   char dir[256], model[300];
   lt_backend_t *be;
   lt_engine_t *eng;
 } fixture_t;
 
-static void fixture_open(fixture_t *f, const lt_model_config_t *c, uint64_t seed, int threads) {
+/* A random model of shape c in a temporary directory, open on a CPU backend of threads. */
+static void fixture_open(fixture_t *f, lt_model_config_t c, uint64_t seed, int threads) {
+  f->c = c;
   mktmp(f->dir, sizeof f->dir);
   snprintf(f->model, sizeof f->model, "%s/model", f->dir);
-  OK(lt_model_init_random(c, f->model, seed, 0.3f, 0.1f, errbuf, sizeof errbuf));
+  OK(lt_model_init_random(&f->c, f->model, seed, 0.3f, 0.1f, errbuf, sizeof errbuf));
   OK(lt_backend_cpu_new(threads, &f->be, errbuf, sizeof errbuf));
   OK(lt_engine_open(f->model, f->be, &f->eng, errbuf, sizeof errbuf));
 }
@@ -73,10 +76,17 @@ static void fixture_close(fixture_t *f) {
   rm_rf(f->dir);
 }
 
+/* A session of configuration sc on the fixture's engine. */
+static lt_session_t *fixture_session(fixture_t *f, lt_session_config_t sc) {
+  lt_session_t *s;
+  OK(lt_session_new(f->eng, &sc, &s, errbuf, sizeof errbuf));
+  return s;
+}
+
 /* Two sessions of one configuration on the fixture's engine: a pair trained side by side. */
-static void open_pair(fixture_t *f, const lt_session_config_t *sc, lt_session_t **s, lt_session_t **t) {
-  OK(lt_session_new(f->eng, sc, s, errbuf, sizeof errbuf));
-  OK(lt_session_new(f->eng, sc, t, errbuf, sizeof errbuf));
+static void open_pair(fixture_t *f, lt_session_config_t sc, lt_session_t **s, lt_session_t **t) {
+  *s = fixture_session(f, sc);
+  *t = fixture_session(f, sc);
 }
 
 static void close_pair(fixture_t *f, lt_session_t *s, lt_session_t *t) {
@@ -137,7 +147,7 @@ static void compare_tensors(const char *got_path, lt_st_t *ref, const char *pref
 
 static void parity_case(lt_model_config_t c, int importance) {
   fixture_t f;
-  fixture_open(&f, &c, 42, 2);
+  fixture_open(&f, c, 42, 2);
   const int B = 3, T = 11, N = B * T, V = c.vocab_size, n_greedy = 8;
   lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 7};
   lt_session_t *s;
@@ -305,9 +315,8 @@ static int files_equal(const char *a, const char *b) {
 }
 
 Test(engine, same_seed_and_data_give_bitwise_identical_adapter) {
-  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 5, 2);
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 5, 2);
   char a[512], b[512], d[512];
   snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
   snprintf(b, sizeof b, "%s/b.safetensors", f.dir);
@@ -321,12 +330,9 @@ Test(engine, same_seed_and_data_give_bitwise_identical_adapter) {
 }
 
 Test(engine, sampled_tokens_do_not_depend_on_the_rest_of_the_batch) {
-  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 8, 2);
-  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 1};
-  lt_session_t *s;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 8, 2);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 1});
   enum { NP = 4, MT = 12 };
   int32_t p0[3] = {1, 2, 3}, p1[7] = {9, 8, 7, 6, 5, 4, 3}, p2[1] = {40}, p3[5] = {3, 3, 3, 3, 3};
   const int32_t *prompts[NP] = {p0, p1, p2, p3};
@@ -362,9 +368,8 @@ Test(engine, sampled_tokens_do_not_depend_on_the_rest_of_the_batch) {
 /* ---- state files ------------------------------------------------------------------------- */
 
 Test(engine, save_then_load_resumes_training_bitwise) {
-  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 9, 2);
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 9, 2);
   lt_session_config_t sc = {.rank = 4, .alpha = 4, .targets = LT_TARGET_Q | LT_TARGET_V |
                                                                  LT_TARGET_DOWN, .seed = 3};
   lt_session_t *s, *t;
@@ -374,8 +379,8 @@ Test(engine, save_then_load_resumes_training_bitwise) {
   OK(lt_session_new(f.eng, &sc2, &t, errbuf, sizeof errbuf));
   int32_t tok[32], tgt[32];
   unsigned rs = 4;
-  rand_tokens(tok, 32, c.vocab_size, &rs);
-  rand_tokens(tgt, 32, c.vocab_size, &rs);
+  rand_tokens(tok, 32, f.c.vocab_size, &rs);
+  rand_tokens(tgt, 32, f.c.vocab_size, &rs);
   lt_batch_t b = {.B = 2, .T = 16, .tokens = tok, .targets = tgt};
   lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   for (int k = 0; k < 2; k++) {
@@ -410,9 +415,8 @@ static lt_err_t load_expect(lt_session_t *s, const char *path, const char *needl
 }
 
 Test(engine, damaged_or_foreign_state_files_fail_clearly) {
-  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 9, 1);
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 9, 1);
   lt_session_config_t sc = {.rank = 4, .alpha = 4, .targets = LT_TARGET_ALL, .seed = 3};
   lt_session_t *s, *other;
   OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
@@ -454,13 +458,10 @@ Test(engine, damaged_or_foreign_state_files_fail_clearly) {
 /* ---- PEFT export ------------------------------------------------------------------------- */
 
 Test(engine, peft_export_has_peft_names_shapes_and_config) {
-  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 2, 1);
-  lt_session_config_t sc = {.rank = 4, .alpha = 16, .dropout = 0.05f,
-                            .targets = LT_TARGET_Q | LT_TARGET_O | LT_TARGET_DOWN, .seed = 3};
-  lt_session_t *s;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 2, 1);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = 4, .alpha = 16, .dropout = 0.05f,
+                            .targets = LT_TARGET_Q | LT_TARGET_O | LT_TARGET_DOWN, .seed = 3});
   char dir[512], path[600];
   snprintf(dir, sizeof dir, "%s/peft", f.dir);
   OK(lt_export_peft(s, dir, "lathe/tiny", errbuf, sizeof errbuf));
@@ -509,16 +510,13 @@ Test(engine, peft_export_has_peft_names_shapes_and_config) {
 /* ---- training behaviour ------------------------------------------------------------------ */
 
 Test(engine, full_parameter_training_overfits_a_batch_and_exports_a_loadable_model) {
-  lt_model_config_t c = small_config(4, 2, 1, 1, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 21, 2);
-  lt_session_config_t sc = {.full = 1, .seed = 1};
-  lt_session_t *s;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  fixture_open(&f, small_config(4, 2, 1, 1, 1.0f), 21, 2);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.full = 1, .seed = 1});
   int32_t tok[48], tgt[48];
   unsigned rs = 17;
-  rand_tokens(tok, 48, c.vocab_size, &rs);
-  rand_tokens(tgt, 48, c.vocab_size, &rs);
+  rand_tokens(tok, 48, f.c.vocab_size, &rs);
+  rand_tokens(tgt, 48, f.c.vocab_size, &rs);
   lt_batch_t b = {.B = 3, .T = 16, .tokens = tok, .targets = tgt};
   lt_adamw_t opt = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .max_grad_norm = 1.0f};
@@ -571,16 +569,14 @@ static void assert_same_tensors(lt_session_t *s, lt_session_t *t, const char *di
 }
 
 Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
-  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 31, 1);
-  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 5};
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 31, 1);
   lt_session_t *s, *t;
-  open_pair(&f, &sc, &s, &t);
+  open_pair(&f, (lt_session_config_t){.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 5}, &s, &t);
   int32_t tok[32], tgt[32];
   unsigned rs = 2;
-  rand_tokens(tok, 32, c.vocab_size, &rs);
-  rand_tokens(tgt, 32, c.vocab_size, &rs);
+  rand_tokens(tok, 32, f.c.vocab_size, &rs);
+  rand_tokens(tgt, 32, f.c.vocab_size, &rs);
   lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .max_grad_norm = 0.1f};
   for (int k = 0; k < 2; k++) { /* step 1 makes B nonzero, step 2 compares */
@@ -601,19 +597,17 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
  * gradients (hence the adapter after AdamW steps) — within float rounding. And a plain batch
  * after a packed one is plain again (the positions go back to 0..T-1). */
 Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
-  lt_model_config_t c = small_config(4, 2, 1, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 41, 1);
-  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 9};
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 41, 1);
   lt_session_t *s, *t;
-  open_pair(&f, &sc, &s, &t);
+  open_pair(&f, (lt_session_config_t){.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 9}, &s, &t);
   enum { T1 = 7, T2 = 12 };
   static const int len[3] = {5, 7, 4};
   int32_t ex_tok[3][T1], ex_tgt[3][T1];
   unsigned rs = 3;
   for (int e = 0; e < 3; e++) {
-    rand_tokens(ex_tok[e], T1, c.vocab_size, &rs);
-    rand_tokens(ex_tgt[e], T1, c.vocab_size, &rs);
+    rand_tokens(ex_tok[e], T1, f.c.vocab_size, &rs);
+    rand_tokens(ex_tgt[e], T1, f.c.vocab_size, &rs);
   }
   /* One row per example, padded to 7 with weight 0. */
   int32_t u_tok[3 * T1] = {0}, u_tgt[3 * T1] = {0};
@@ -655,10 +649,10 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
   }
   assert_same_tensors(s, t, f.dir, 1e-4, "packed vs one row per example");
   /* A plain batch after the packed one: the same logits as the session that never packed. */
-  float *ls = malloc(sizeof(float) * 3 * T1 * c.vocab_size), *lt = malloc(sizeof(float) * 3 * T1 * c.vocab_size);
+  float *ls = malloc(sizeof(float) * 3 * T1 * f.c.vocab_size), *lt = malloc(sizeof(float) * 3 * T1 * f.c.vocab_size);
   OK(lt_logits(s, 3, T1, u_tok, ls, errbuf, sizeof errbuf));
   OK(lt_logits(t, 3, T1, u_tok, lt, errbuf, sizeof errbuf));
-  double e = rel_err(lt, ls, (size_t)3 * T1 * c.vocab_size);
+  double e = rel_err(lt, ls, (size_t)3 * T1 * f.c.vocab_size);
   cr_assert_lt(e, 1e-4, "logits of a plain batch after a packed one differ by %.3g", e);
   free(ls);
   free(lt);
@@ -669,12 +663,12 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
   lt_batch_t qb = pb;
   qb.positions = q_pos;
   OK(lt_forward(t, &qb, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
-  float *one = malloc(sizeof(float) * T2 * c.vocab_size), *two = malloc(sizeof(float) * 2 * T2 * c.vocab_size),
-        *want = malloc(sizeof(float) * 2 * T2 * c.vocab_size);
+  float *one = malloc(sizeof(float) * T2 * f.c.vocab_size), *two = malloc(sizeof(float) * 2 * T2 * f.c.vocab_size),
+        *want = malloc(sizeof(float) * 2 * T2 * f.c.vocab_size);
   OK(lt_logits(t, 1, T2, p_tok, one, errbuf, sizeof errbuf));
   OK(lt_logits(t, 2, T2, p_tok, two, errbuf, sizeof errbuf));
   OK(lt_logits(s, 2, T2, p_tok, want, errbuf, sizeof errbuf));
-  e = rel_err(two, want, (size_t)2 * T2 * c.vocab_size);
+  e = rel_err(two, want, (size_t)2 * T2 * f.c.vocab_size);
   cr_assert_lt(e, 1e-4, "two plain rows after packed ones differ by %.3g", e);
   free(one);
   free(two);
@@ -688,12 +682,9 @@ Test(engine, packed_rows_compute_what_one_row_per_example_computes) {
 }
 
 Test(engine, bad_batches_are_refused_with_the_position) {
-  lt_model_config_t c = small_config(4, 2, 0, 0, 1.0f);
   fixture_t f;
-  fixture_open(&f, &c, 1, 1);
-  lt_session_config_t sc = {.rank = 2, .alpha = 2, .targets = LT_TARGET_Q, .seed = 5};
-  lt_session_t *s;
-  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 1, 1);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = 2, .alpha = 2, .targets = LT_TARGET_Q, .seed = 5});
   int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 500}, tgt[8] = {0};
   lt_batch_t b = {.B = 2, .T = 4, .tokens = tok, .targets = tgt};
   cr_assert_eq(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf,

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_engine.h"
 #include "bench_util.h"
 #include "lt_ckpt.h"
 #include "lt_crypto.h"
@@ -109,13 +110,9 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   char st[192];
   snprintf(st, sizeof st, "%s/model.safetensors", model);
   printf("%s: model %.1f MB of f32 weights (made in %.1f s)\n", label, (double)file_size(st) / 1e6, bench_now_s() - t0);
-  lt_backend_t *be;
-  lt_engine_t *eng;
-  lt_session_t *s;
-  lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
-  if (lt_backend_cpu_new(threads, &be, err, sizeof err) || lt_engine_open(model, be, &eng, err, sizeof err) ||
-      lt_session_new(eng, &sc, &s, err, sizeof err))
-    die("engine");
+  bench_engine_t be;
+  if (bench_engine_open(&be, model, threads, err, sizeof err)) die("engine");
+  lt_session_t *s = be.s;
   int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)), *tgt = malloc((size_t)B * T * sizeof(int32_t));
   unsigned rs = 1;
   for (int i = 0; i < B * T; i++) {
@@ -245,9 +242,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   free(ratio);
   free(tok);
   free(tgt);
-  lt_session_destroy(s);
-  lt_engine_close(eng);
-  lt_backend_destroy(be);
+  bench_engine_close(&be);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
   return over;

@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lt_engine.h"
+#include "bench_engine.h"
 
 static char err[1024];
 
@@ -63,14 +63,10 @@ static long smaps_kb(pid_t pid, const char *field, const char *suffix) {
 
 /* An executor's use of the base model; writes one byte to `ready` and waits to be killed. */
 static void child_engine(const char *model, int threads, int ready) {
-  lt_backend_t *be;
-  lt_engine_t *eng;
-  lt_session_t *s;
-  lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
-  if (lt_backend_cpu_new(threads, &be, err, sizeof err) || lt_engine_open(model, be, &eng, err, sizeof err) ||
-      lt_session_new(eng, &sc, &s, err, sizeof err))
-    die("engine");
-  const lt_model_config_t *c = lt_engine_config(eng);
+  bench_engine_t be;
+  if (bench_engine_open(&be, model, threads, err, sizeof err)) die("engine");
+  lt_session_t *s = be.s;
+  const lt_model_config_t *c = lt_engine_config(be.eng);
   enum { B = 1, T = 128 };
   int32_t tok[B * T], tgt[B * T];
   for (int i = 0; i < B * T; i++) {

@@ -33,7 +33,8 @@ lt_err_t lt_avro_value_init(lt_avro_record_t *rec, const lt_node *n, avro_value_
       return avro_value_set_fixed(v, rec->scratch, (size_t)n->size) ? LT_ERR_INTERNAL : LT_OK;
     }
     case AVRO_ENUM:
-      return avro_value_set_enum(v, n->enum_default >= 0 ? n->enum_default : 0) ? LT_ERR_INTERNAL : LT_OK;
+      return avro_value_set_enum(v, n->enum_default >= 0 ? n->enum_default : 0) ? LT_ERR_INTERNAL
+                                                                                  : LT_OK;
     case AVRO_ARRAY:
     case AVRO_MAP: return avro_value_reset(v) ? LT_ERR_INTERNAL : LT_OK;
     case AVRO_UNION: {
@@ -70,7 +71,8 @@ lt_err_t lt_avro_record_new_schema(const lt_avro_registry_t *reg, const lt_avro_
   lt_avro_record_t *rec = calloc(1, sizeof *rec);
   if (!rec || !(rec->plans = calloc(reg->n, sizeof *rec->plans))) {
     free(rec);
-    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory creating a %s record", schema->name);
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory creating a %s record",
+                   schema->name);
   }
   rec->reg = reg;
   rec->schema = schema;
@@ -112,7 +114,8 @@ void lt_avro_record_clear(lt_avro_record_t *rec) {
 lt_err_t lt_avro_record_copy(lt_avro_record_t *dst, const lt_avro_record_t *src) {
   if (dst->schema != src->schema)
     return lt_errf(dst->err, sizeof dst->err, LT_ERR_INVALID, "cannot copy a %s v%d into a %s v%d",
-                   src->schema->name, src->schema->version, dst->schema->name, dst->schema->version);
+                   src->schema->name, src->schema->version, dst->schema->name,
+                   dst->schema->version);
   if (avro_value_copy_fast(&dst->value, &src->value))
     return lt_errf(dst->err, sizeof dst->err, LT_ERR_NOMEM, "avro-c: %s", avro_strerror());
   dst->writer_version = src->writer_version;
@@ -173,7 +176,8 @@ static lt_err_t enter_index(lt_avro_record_t *rec, const char *path, bool for_se
   avro_value_get_size(cur, &size);
   avro_value_t e;
   if (idx < size) {
-    if (avro_value_get_by_index(cur, (size_t)idx, &e, NULL)) return acc_fail(rec, path, "cannot read element");
+    if (avro_value_get_by_index(cur, (size_t)idx, &e, NULL))
+      return acc_fail(rec, path, "cannot read element");
   } else if (idx == size && for_set) {
     if (avro_value_append(cur, &e, NULL) || lt_avro_value_init(rec, (*node)->items, &e))
       return acc_fail(rec, path, "cannot append");
@@ -193,7 +197,8 @@ static lt_err_t enter_field(lt_avro_record_t *rec, const char *path, const char 
   size_t i;
   for (i = 0; i < r->nfields; i++)
     if (strncmp(r->fields[i].name, name, len) == 0 && r->fields[i].name[len] == '\0') break;
-  if (i == r->nfields) return acc_fail(rec, path, "no field \"%.*s\" in %s", (int)len, name, r->name);
+  if (i == r->nfields)
+    return acc_fail(rec, path, "no field \"%.*s\" in %s", (int)len, name, r->name);
   avro_value_t f;
   if (avro_value_get_by_index(cur, i, &f, NULL)) return acc_fail(rec, path, "cannot read field");
   *cur = f;
@@ -244,7 +249,8 @@ static lt_err_t target_for_set(lt_avro_record_t *rec, const char *path, const av
           avro_value_t b;
           int d = -1;
           avro_value_get_discriminant(v, &d);
-          if (avro_value_set_branch(v, (int)i, &b)) return acc_fail(rec, path, "cannot select branch");
+          if (avro_value_set_branch(v, (int)i, &b))
+            return acc_fail(rec, path, "cannot select branch");
           if (d != (int)i && lt_avro_value_init(rec, u->branches[i], &b)) return LT_ERR_INTERNAL;
           *v = b;
           *n = u->branches[i];
@@ -278,7 +284,8 @@ typedef struct lt_in {
 static lt_err_t set_symbol(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                            const lt_node *n, const char *symbol) {
   for (size_t i = 0; symbol && i < n->nsymbols; i++)
-    if (strcmp(n->symbols[i], symbol) == 0) return avro_value_set_enum(v, (int)i) ? LT_ERR_INTERNAL : LT_OK;
+    if (strcmp(n->symbols[i], symbol) == 0)
+      return avro_value_set_enum(v, (int)i) ? LT_ERR_INTERNAL : LT_OK;
   lt_sb sb = {0};
   lt_avro_sb_symbols(&sb, n);
   acc_fail(rec, path, "\"%s\" is not one of %s", symbol ? symbol : "(null)", sb.p ? sb.p : "");
@@ -305,7 +312,8 @@ static lt_err_t set_path(lt_avro_record_t *rec, const char *path, const lt_in *x
     case AVRO_STRING:
       if (x->nul) return avro_value_set_string_len(&v, x->p, x->len + 1) ? LT_ERR_NOMEM : LT_OK;
       return lt_avro_value_string(rec, &v, x->p, x->len) ? LT_ERR_NOMEM : LT_OK;
-    case AVRO_BYTES: return avro_value_set_bytes(&v, (void *)(x->p ? x->p : ""), x->len) ? LT_ERR_NOMEM : LT_OK;
+    case AVRO_BYTES:
+      return avro_value_set_bytes(&v, (void *)(x->p ? x->p : ""), x->len) ? LT_ERR_NOMEM : LT_OK;
     case AVRO_FIXED:
       if (x->len != (size_t)n->size)
         return acc_fail(rec, path, "fixed needs %" PRId64 " bytes, got %zu", n->size, x->len);
@@ -335,14 +343,15 @@ lt_err_t lt_avro_set_double(lt_avro_record_t *rec, const char *path, double x) {
   return set_path(rec, path, &(lt_in){.want = {AVRO_DOUBLE, AVRO_FLOAT}, .d = x});
 }
 
-lt_err_t lt_avro_set_string_len(lt_avro_record_t *rec, const char *path, const char *s, size_t len) {
+lt_err_t lt_avro_set_string_len(lt_avro_record_t *rec, const char *path, const char *s,
+                                size_t len) {
   return set_path(rec, path, &(lt_in){.want = {AVRO_STRING, AVRO_STRING}, .p = s, .len = len});
 }
 
 lt_err_t lt_avro_set_string(lt_avro_record_t *rec, const char *path, const char *s) {
   if (!s) return acc_fail(rec, path, "NULL string (use lt_avro_set_null)");
-  return set_path(rec, path,
-                  &(lt_in){.want = {AVRO_STRING, AVRO_STRING}, .p = s, .len = strlen(s), .nul = true});
+  lt_in x = {.want = {AVRO_STRING, AVRO_STRING}, .p = s, .len = strlen(s), .nul = true};
+  return set_path(rec, path, &x);
 }
 
 lt_err_t lt_avro_set_bytes(lt_avro_record_t *rec, const char *path, const void *p, size_t len) {
@@ -425,7 +434,8 @@ typedef lt_err_t (*lt_reader)(lt_avro_record_t *rec, const char *path, avro_valu
 
 static lt_err_t read_bool(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                           const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_BOOLEAN) return acc_fail(rec, path, "is a %s, not a boolean", lt_avro_type_word(n));
+  if (n->type != AVRO_BOOLEAN)
+    return acc_fail(rec, path, "is a %s, not a boolean", lt_avro_type_word(n));
   int b = 0;
   avro_value_get_boolean(v, &b);
   *(bool *)out = b != 0;
@@ -434,7 +444,8 @@ static lt_err_t read_bool(lt_avro_record_t *rec, const char *path, avro_value_t 
 
 static lt_err_t read_int(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                          const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_INT32) return acc_fail(rec, path, "is a %s, not an int", lt_avro_type_word(n));
+  if (n->type != AVRO_INT32)
+    return acc_fail(rec, path, "is a %s, not an int", lt_avro_type_word(n));
   return avro_value_get_int(v, out) ? LT_ERR_INTERNAL : LT_OK;
 }
 
@@ -446,7 +457,8 @@ static lt_err_t read_long(lt_avro_record_t *rec, const char *path, avro_value_t 
     *(int64_t *)out = x;
     return LT_OK;
   }
-  if (n->type != AVRO_INT64) return acc_fail(rec, path, "is a %s, not a long", lt_avro_type_word(n));
+  if (n->type != AVRO_INT64)
+    return acc_fail(rec, path, "is a %s, not a long", lt_avro_type_word(n));
   return avro_value_get_long(v, out) ? LT_ERR_INTERNAL : LT_OK;
 }
 
@@ -465,7 +477,8 @@ static lt_err_t read_double(lt_avro_record_t *rec, const char *path, avro_value_
 static lt_err_t read_string(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                             const lt_node *n, void *out, size_t *len) {
   const char **s = out;
-  if (n->type != AVRO_STRING) return acc_fail(rec, path, "is a %s, not a string", lt_avro_type_word(n));
+  if (n->type != AVRO_STRING)
+    return acc_fail(rec, path, "is a %s, not a string", lt_avro_type_word(n));
   size_t size = 0;
   if (avro_value_get_string(v, s, &size)) return LT_ERR_INTERNAL;
   if (!*s) *s = "";
@@ -488,7 +501,8 @@ static lt_err_t read_bytes(lt_avro_record_t *rec, const char *path, avro_value_t
 
 static lt_err_t read_enum(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                           const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_ENUM) return acc_fail(rec, path, "is a %s, not an enum", lt_avro_type_word(n));
+  if (n->type != AVRO_ENUM)
+    return acc_fail(rec, path, "is a %s, not an enum", lt_avro_type_word(n));
   int e = 0;
   avro_value_get_enum(v, &e);
   if (e < 0 || (size_t)e >= n->nsymbols) return acc_fail(rec, path, "enum out of range");
@@ -564,7 +578,8 @@ lt_err_t lt_avro_get_enum_at(lt_avro_record_t *rec, int field, const char **symb
 
 /* As lt_avro_get_string(rec, "<field>[<i>]"): the same steps resolve_path and target_for_get
  * take, without parsing a path. */
-lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i, const char **s, size_t *len) {
+lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i, const char **s,
+                                     size_t *len) {
   avro_value_t v;
   const lt_node *n;
   lt_err_t rc = field_at(rec, field, &v, &n);
@@ -586,7 +601,8 @@ static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_s
     static const avro_type_t t[] = {AVRO_ARRAY};
     return target_for_set(rec, path, t, 1, v, n);
   }
-  if ((*n)->type != AVRO_ARRAY) return acc_fail(rec, path, "is a %s, not an array", lt_avro_type_word(*n));
+  if ((*n)->type != AVRO_ARRAY)
+    return acc_fail(rec, path, "is a %s, not an array", lt_avro_type_word(*n));
   return LT_OK;
 }
 

@@ -169,7 +169,9 @@ static lt_plan *plan_build(lt_planner *pl, const lt_node *w, const lt_node *r, i
       p->child[i] = plan_build(pl, w->branches[i], r, depth + 1, true);
       any |= p->child[i] != NULL;
     }
-    return any ? p : plan_fail(pl, quiet, "no branch of the writer's union can be read as %s", lt_avro_type_word(r));
+    if (any) return p;
+    return plan_fail(pl, quiet, "no branch of the writer's union can be read as %s",
+                     lt_avro_type_word(r));
   }
   if (r->type == AVRO_UNION) {
     /* The first reader branch of the same type, else the first one the writer promotes to. */
@@ -187,16 +189,19 @@ static lt_plan *plan_build(lt_planner *pl, const lt_node *w, const lt_node *r, i
         p->rbranch = (int)i;
         return p;
       }
-    return plan_fail(pl, quiet, "writer type %s matches no branch of the reader's union", lt_avro_type_word(w));
+    return plan_fail(pl, quiet, "writer type %s matches no branch of the reader's union",
+                     lt_avro_type_word(w));
   }
   int op = promotion(w->type, r->type);
   if (op >= 0) return plan_new(pl, (lt_plan_op)op, w, r);
   if (w->type != r->type)
-    return plan_fail(pl, quiet, "writer type %s cannot be read as %s", lt_avro_type_word(w), lt_avro_type_word(r));
+    return plan_fail(pl, quiet, "writer type %s cannot be read as %s", lt_avro_type_word(w),
+                     lt_avro_type_word(r));
   switch (w->type) {
     case AVRO_FIXED:
       if (strcmp(w->name, r->name) != 0 || w->size != r->size)
-        return plan_fail(pl, quiet, "fixed %s cannot be read as fixed %s", w->fullname, r->fullname);
+        return plan_fail(pl, quiet, "fixed %s cannot be read as fixed %s", w->fullname,
+                         r->fullname);
       return plan_new(pl, P_FIXED, w, r);
     case AVRO_ENUM: return plan_enum(pl, w, r, quiet);
     case AVRO_ARRAY:
@@ -398,7 +403,9 @@ static lt_err_t encode_own(lt_avro_record_t *rec, bool header, const uint8_t **o
     size_t cap = rec->cap ? rec->cap : 256;
     while (cap < need) cap *= 2;
     uint8_t *p = realloc(rec->buf, cap);
-    if (!p) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory encoding %s", rec->schema->name);
+    if (!p)
+      return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory encoding %s",
+                     rec->schema->name);
     rec->buf = p;
     rec->cap = cap;
     rc = encode_into(rec, rec->buf, rec->cap, header, &need);
@@ -473,14 +480,16 @@ static lt_err_t rd_len(lt_rd *r, size_t *len) {
   int64_t l;
   if (rd_long(r, &l)) return r->rc;
   if (l < 0) return rd_fail(r, LT_ERR_CORRUPT, "negative length");
-  if ((uint64_t)l > (uint64_t)(r->end - r->p)) return rd_fail(r, LT_ERR_CORRUPT, "truncated body: length runs past the end");
+  if ((uint64_t)l > (uint64_t)(r->end - r->p))
+    return rd_fail(r, LT_ERR_CORRUPT, "truncated body: length runs past the end");
   *len = (size_t)l;
   return LT_OK;
 }
 
 static lt_err_t rd_float(lt_rd *r, float *f) {
   if (rd_need(r, 4)) return r->rc;
-  uint32_t u = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
+  uint32_t u = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 |
+               (uint32_t)r->p[3] << 24;
   memcpy(f, &u, 4);
   r->p += 4;
   return LT_OK;
@@ -513,7 +522,8 @@ static lt_err_t skip_value(lt_rd *r, const lt_node *n, int depth) {
     case AVRO_FIXED: if (rd_need(r, (size_t)n->size)) return r->rc; r->p += n->size; return LT_OK;
     case AVRO_UNION:
       if (rd_long(r, &x)) return r->rc;
-      if (x < 0 || (uint64_t)x >= n->nbranches) return rd_fail(r, LT_ERR_CORRUPT, "union index out of range");
+      if (x < 0 || (uint64_t)x >= n->nbranches)
+        return rd_fail(r, LT_ERR_CORRUPT, "union index out of range");
       return skip_value(r, n->branches[x], depth + 1);
     case AVRO_RECORD:
       for (size_t i = 0; i < n->nfields; i++)
@@ -528,11 +538,13 @@ static lt_err_t skip_value(lt_rd *r, const lt_node *n, int depth) {
         if (count < 0) {
           int64_t bytes;
           if (rd_long(r, &bytes)) return r->rc;
-          if (bytes < 0 || (uint64_t)bytes > (uint64_t)(r->end - r->p)) return rd_fail(r, LT_ERR_CORRUPT, "bad block size");
+          if (bytes < 0 || (uint64_t)bytes > (uint64_t)(r->end - r->p))
+            return rd_fail(r, LT_ERR_CORRUPT, "bad block size");
           r->p += bytes;
           continue;
         }
-        if ((uint64_t)count > (uint64_t)(r->end - r->p)) return rd_fail(r, LT_ERR_CORRUPT, "truncated body: block count runs past the end");
+        if ((uint64_t)count > (uint64_t)(r->end - r->p))
+          return rd_fail(r, LT_ERR_CORRUPT, "truncated body: block count runs past the end");
         for (int64_t i = 0; i < count; i++) {
           if (n->type == AVRO_MAP && rd_len(r, &len)) return r->rc;
           if (n->type == AVRO_MAP) r->p += len;
@@ -545,7 +557,8 @@ static lt_err_t skip_value(lt_rd *r, const lt_node *n, int depth) {
 
 /* Reads a block's item count into *count (0: the array or map ends). A negative count is
  * followed by the block's size in bytes, which decoding does not need. Every item takes at least
- * one byte unless it is null-like (item's plan is P_NULL), which bounds the count by what is left. */
+ * one byte unless it is null-like (item's plan is P_NULL), which bounds the count by what is
+ * left. */
 static lt_err_t rd_block_count(lt_rd *r, const lt_plan *item, int64_t *count) {
   if (rd_long(r, count)) return r->rc;
   if (*count < 0) {
@@ -579,7 +592,8 @@ static lt_err_t decode_entries(lt_avro_record_t *rec, lt_rd *r, const lt_plan *p
         memcpy(rec->scratch, r->p, len);
         rec->scratch[len] = '\0';
         r->p += len;
-        if (avro_value_add(v, rec->scratch, &e, NULL, NULL)) return rd_fail(r, LT_ERR_NOMEM, "cannot add map entry");
+        if (avro_value_add(v, rec->scratch, &e, NULL, NULL))
+          return rd_fail(r, LT_ERR_NOMEM, "cannot add map entry");
       } else if (avro_value_append(v, &e, NULL)) {
         return rd_fail(r, LT_ERR_NOMEM, "cannot append array element");
       }
@@ -627,14 +641,16 @@ static lt_err_t decode_record(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl
       continue;
     }
     avro_value_t f;
-    if (avro_value_get_by_index(v, (size_t)pl->idx[i], &f, NULL)) return rd_fail(r, LT_ERR_INTERNAL, "no such field");
+    if (avro_value_get_by_index(v, (size_t)pl->idx[i], &f, NULL))
+      return rd_fail(r, LT_ERR_INTERNAL, "no such field");
     lt_err_t rc = decode_value(rec, r, pl->child[i], &f, depth + 1);
     if (rc) return rc;
   }
   for (size_t k = 0; k < pl->ndefaults; k++) {
     size_t fi = pl->defaults[k];
     avro_value_t f;
-    if (avro_value_get_by_index(v, fi, &f, NULL)) return rd_fail(r, LT_ERR_INTERNAL, "no such field");
+    if (avro_value_get_by_index(v, fi, &f, NULL))
+      return rd_fail(r, LT_ERR_INTERNAL, "no such field");
     if (lt_avro_value_default(rec, rn->fields[fi].type, rn->fields[fi].def, &f))
       return rd_fail(r, LT_ERR_INTERNAL, "cannot apply default");
   }
@@ -688,34 +704,42 @@ static lt_err_t decode_value(lt_avro_record_t *rec, lt_rd *r, const lt_plan *pl,
     case P_STRING:
     case P_BYTES_STRING:
       if (rd_len(r, &len)) return r->rc;
-      if (lt_avro_value_string(rec, v, (const char *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      if (lt_avro_value_string(rec, v, (const char *)r->p, len))
+        return rd_fail(r, LT_ERR_NOMEM, "out of memory");
       r->p += len;
       return LT_OK;
     case P_BYTES:
     case P_STRING_BYTES:
       if (rd_len(r, &len)) return r->rc;
-      if (avro_value_set_bytes(v, (void *)r->p, len)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      if (avro_value_set_bytes(v, (void *)r->p, len))
+        return rd_fail(r, LT_ERR_NOMEM, "out of memory");
       r->p += len;
       return LT_OK;
     case P_FIXED:
       if (rd_need(r, (size_t)pl->r->size)) return r->rc;
-      if (avro_value_set_fixed(v, (void *)r->p, (size_t)pl->r->size)) return rd_fail(r, LT_ERR_NOMEM, "out of memory");
+      if (avro_value_set_fixed(v, (void *)r->p, (size_t)pl->r->size))
+        return rd_fail(r, LT_ERR_NOMEM, "out of memory");
       r->p += pl->r->size;
       return LT_OK;
     case P_ENUM:
       if (rd_long(r, &x)) return r->rc;
-      if (x < 0 || (uint64_t)x >= pl->w->nsymbols) return rd_fail(r, LT_ERR_CORRUPT, "enum index out of range");
-      if (pl->idx[x] < 0) return rd_fail(r, LT_ERR_INVALID, "enum symbol unknown to the reader and no default");
+      if (x < 0 || (uint64_t)x >= pl->w->nsymbols)
+        return rd_fail(r, LT_ERR_CORRUPT, "enum index out of range");
+      if (pl->idx[x] < 0)
+        return rd_fail(r, LT_ERR_INVALID, "enum symbol unknown to the reader and no default");
       avro_value_set_enum(v, pl->idx[x]);
       return LT_OK;
     case P_WUNION:
       if (rd_long(r, &x)) return r->rc;
-      if (x < 0 || (uint64_t)x >= pl->w->nbranches) return rd_fail(r, LT_ERR_CORRUPT, "union index out of range");
-      if (!pl->child[x]) return rd_fail(r, LT_ERR_INVALID, "writer's union branch has no match in the reader");
+      if (x < 0 || (uint64_t)x >= pl->w->nbranches)
+        return rd_fail(r, LT_ERR_CORRUPT, "union index out of range");
+      if (!pl->child[x])
+        return rd_fail(r, LT_ERR_INVALID, "writer's union branch has no match in the reader");
       return decode_value(rec, r, pl->child[x], v, depth + 1);
     case P_RUNION: {
       avro_value_t b;
-      if (avro_value_set_branch(v, pl->rbranch, &b)) return rd_fail(r, LT_ERR_NOMEM, "cannot select union branch");
+      if (avro_value_set_branch(v, pl->rbranch, &b))
+        return rd_fail(r, LT_ERR_NOMEM, "cannot select union branch");
       return decode_value(rec, r, pl->child[0], &b, depth + 1);
     }
     case P_ARRAY: return decode_array(rec, r, pl, v, depth);
@@ -733,7 +757,8 @@ static lt_err_t plan_for(lt_avro_record_t *rec, const lt_avro_schema_t *writer, 
     lt_plan *p = plan_build(&pl, writer->root, rec->schema->root, 0, false);
     if (!p)
       return lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED, "%s v%d cannot be read as v%d: %s",
-                     writer->name, writer->version, rec->schema->version, msg[0] ? msg : "out of memory");
+                     writer->name, writer->version, rec->schema->version,
+                     msg[0] ? msg : "out of memory");
     rec->plans[writer->index] = p;
   }
   *out = rec->plans[writer->index];
@@ -745,12 +770,14 @@ lt_err_t lt_avro_record_decode_body(lt_avro_record_t *rec, const lt_avro_schema_
                                     size_t errstr_size) {
   if (writer->reg != rec->reg || strcmp(writer->name, rec->schema->name) != 0)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "record is a %s v%d, expected a %s", writer->name, writer->version, rec->schema->name);
+                   "record is a %s v%d, expected a %s", writer->name, writer->version,
+                   rec->schema->name);
   lt_plan *plan = NULL;
   lt_err_t rc = plan_for(rec, writer, &plan, errstr, errstr_size);
   if (rc) return rc;
   char msg[200] = "";
-  lt_rd r = {.start = body, .p = body, .end = (const uint8_t *)body + len, .msg = msg, .msgsz = sizeof msg};
+  lt_rd r = {.start = body, .p = body, .end = (const uint8_t *)body + len, .msg = msg,
+             .msgsz = sizeof msg};
   rc = decode_value(rec, &r, plan, &rec->value, 0);
   if (!rc && r.p != r.end) {
     r.field = NULL;

@@ -25,7 +25,8 @@ typedef struct lt_jin {
 } lt_jin;
 
 /* Appends to c's path; returns its old length, to restore it with c->path[old] = '\0'. */
-static size_t path_push(const lt_jin *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static size_t path_push(const lt_jin *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static size_t path_push(const lt_jin *c, const char *fmt, ...) {
   size_t old = strlen(c->path);
   if (old + 1 < c->pathlen) {
@@ -113,7 +114,9 @@ static lt_err_t json_to_scalar(const lt_jin *c, const lt_node *n, const json_t *
       return LT_OK;
     case AVRO_STRING:
       if (!json_is_string(j)) return jfail(c, "a string", j);
-      return lt_avro_value_string(c->rec, v, json_string_value(j), json_string_length(j)) ? LT_ERR_NOMEM : LT_OK;
+      if (lt_avro_value_string(c->rec, v, json_string_value(j), json_string_length(j)))
+        return LT_ERR_NOMEM;
+      return LT_OK;
     case AVRO_BYTES:
     case AVRO_FIXED: {
       size_t len = 0;
@@ -121,12 +124,14 @@ static lt_err_t json_to_scalar(const lt_jin *c, const lt_node *n, const json_t *
         return jfail(c, "a string of code points 0-255 (Avro bytes)", j);
       if (n->type == AVRO_FIXED) {
         if (len != (size_t)n->size)
-          return lt_errf(c->err, c->errsz, LT_ERR_INVALID, "field %s: expected %" PRId64 " bytes, got %zu", c->path, n->size, len);
+          return lt_errf(c->err, c->errsz, LT_ERR_INVALID,
+                         "field %s: expected %" PRId64 " bytes, got %zu", c->path, n->size, len);
         return avro_value_set_fixed(v, c->rec->scratch, len) ? LT_ERR_NOMEM : LT_OK;
       }
       return avro_value_set_bytes(v, c->rec->scratch, len) ? LT_ERR_NOMEM : LT_OK;
     }
-    default: return lt_errf(c->err, c->errsz, LT_ERR_UNSUPPORTED, "field %s: unsupported type", c->path);
+    default:
+      return lt_errf(c->err, c->errsz, LT_ERR_UNSUPPORTED, "field %s: unsupported type", c->path);
   }
 }
 
@@ -141,7 +146,8 @@ static lt_err_t json_to_enum(const lt_jin *c, const lt_node *n, const json_t *j,
   lt_sb sb = {0};
   lt_avro_sb_puts(&sb, "one of ");
   lt_avro_sb_symbols(&sb, n);
-  lt_err_t rc = s ? lt_errf(c->err, c->errsz, LT_ERR_INVALID, "field %s: expected %s, got \"%s\"", c->path, sb.p ? sb.p : "", s)
+  lt_err_t rc = s ? lt_errf(c->err, c->errsz, LT_ERR_INVALID, "field %s: expected %s, got \"%s\"",
+                            c->path, sb.p ? sb.p : "", s)
                   : jfail(c, sb.p ? sb.p : "an enum symbol", j);
   free(sb.p);
   return rc;
@@ -240,7 +246,8 @@ static lt_err_t json_to_record(const lt_jin *c, const lt_node *n, const json_t *
     lt_err_t rc;
     if (fj) rc = json_to_value(c, f->type, fj, &fv, is_default);
     else if (f->def) rc = json_to_value(c, f->type, f->def, &fv, true);
-    else rc = lt_errf(c->err, c->errsz, LT_ERR_INVALID, "field %s: missing (%s, no default)", c->path, lt_avro_type_word(f->type));
+    else rc = lt_errf(c->err, c->errsz, LT_ERR_INVALID, "field %s: missing (%s, no default)",
+                      c->path, lt_avro_type_word(f->type));
     c->path[old] = '\0';
     if (rc) return rc;
   }
@@ -264,14 +271,16 @@ static lt_err_t json_to_value(const lt_jin *c, const lt_node *n, const json_t *j
 lt_err_t lt_avro_value_default(lt_avro_record_t *rec, const lt_node *n, const json_t *def,
                                avro_value_t *v) {
   char path[8] = "";
-  lt_jin c = {.rec = rec, .path = path, .pathlen = sizeof path, .err = rec->err, .errsz = sizeof rec->err};
+  lt_jin c = {.rec = rec, .path = path, .pathlen = sizeof path, .err = rec->err,
+              .errsz = sizeof rec->err};
   return json_to_value(&c, n, def, v, true);
 }
 
 lt_err_t lt_avro_record_from_jansson(lt_avro_record_t *rec, const json_t *obj, char *errstr,
                                      size_t errstr_size) {
   char path[256] = "";
-  lt_jin c = {.rec = rec, .path = path, .pathlen = sizeof path, .err = errstr, .errsz = errstr_size};
+  lt_jin c = {.rec = rec, .path = path, .pathlen = sizeof path, .err = errstr,
+              .errsz = errstr_size};
   rec->writer_version = 0;
   lt_err_t rc = json_to_value(&c, rec->schema->root, obj, &rec->value, false);
   if (rc && errstr && errstr_size) {
@@ -346,7 +355,8 @@ static json_t *value_to_json(const lt_node *n, avro_value_t *v) {
     case AVRO_UNION: {
       int d = -1;
       avro_value_t b;
-      if (avro_value_get_discriminant(v, &d) || d < 0 || avro_value_get_current_branch(v, &b)) return NULL;
+      if (avro_value_get_discriminant(v, &d) || d < 0 || avro_value_get_current_branch(v, &b))
+        return NULL;
       return value_to_json(n->branches[d], &b);
     }
     case AVRO_ARRAY:
@@ -359,7 +369,8 @@ static json_t *value_to_json(const lt_node *n, avro_value_t *v) {
         const char *key = NULL;
         avro_value_get_by_index(v, i, &e, n->type == AVRO_MAP ? &key : NULL);
         json_t *c = value_to_json(n->items, &e);
-        if (!c || (n->type == AVRO_ARRAY ? json_array_append_new(out, c) : json_object_set_new(out, key, c))) {
+        if (!c || (n->type == AVRO_ARRAY ? json_array_append_new(out, c)
+                                         : json_object_set_new(out, key, c))) {
           json_decref(out);
           return NULL;
         }
@@ -386,7 +397,9 @@ static json_t *value_to_json(const lt_node *n, avro_value_t *v) {
 lt_err_t lt_avro_record_to_jansson(lt_avro_record_t *rec, json_t **out, char *errstr,
                                    size_t errstr_size) {
   json_t *j = value_to_json(rec->schema->root, &rec->value);
-  if (!j) return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%s: a field has no value (or out of memory)", rec->schema->name);
+  if (!j)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "%s: a field has no value (or out of memory)", rec->schema->name);
   *out = j;
   return LT_OK;
 }

@@ -132,7 +132,8 @@ static bool valid_name(const char *s) {
   return true;
 }
 
-static lt_node *parse_fail(lt_parse *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static lt_node *parse_fail(lt_parse *ps, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static lt_node *parse_fail(lt_parse *ps, const char *fmt, ...) {
   if (ps->err && ps->errsz) {
     va_list ap;
@@ -230,7 +231,8 @@ static bool parse_fields(lt_parse *ps, lt_node *n, json_t *fj, const char *ns, c
     json_t *f = json_array_get(fj, i);
     const char *fname = json_string_value(json_object_get(f, "name"));
     if (!valid_name(fname))
-      return parse_fail(ps, "%s: field %zu of %s has an invalid name", where, i, n->fullname), false;
+      return parse_fail(ps, "%s: field %zu of %s has an invalid name", where, i, n->fullname),
+             false;
     for (size_t k = 0; k < i; k++)
       if (strcmp(n->fields[k].name, fname) == 0)
         return parse_fail(ps, "%s: field %s appears twice in %s", where, fname, n->fullname), false;
@@ -248,7 +250,8 @@ static bool parse_fields(lt_parse *ps, lt_node *n, json_t *fj, const char *ns, c
 }
 
 /* A record: its name, then its fields (nested types take the record's namespace). */
-static lt_node *parse_record(lt_parse *ps, json_t *j, const char *ns, const char *where, int depth) {
+static lt_node *parse_record(lt_parse *ps, json_t *j, const char *ns, const char *where,
+                             int depth) {
   lt_node *n = node_new(ps, AVRO_RECORD);
   if (!n || !register_named(ps, n, j, ns, where)) return NULL;
   char *inner_ns = strdup(n->fullname);
@@ -276,7 +279,8 @@ static lt_node *parse_enum(lt_parse *ps, json_t *j, const char *ns, const char *
   if (!n->symbols) return parse_fail(ps, "out of memory");
   for (size_t i = 0; i < n->nsymbols; i++) {
     const char *s = json_string_value(json_array_get(sj, i));
-    if (!valid_name(s)) return parse_fail(ps, "%s: enum %s has an invalid symbol", where, n->fullname);
+    if (!valid_name(s))
+      return parse_fail(ps, "%s: enum %s has an invalid symbol", where, n->fullname);
     n->symbols[i] = strdup(s);
     if (!n->symbols[i]) return parse_fail(ps, "out of memory");
   }
@@ -324,10 +328,12 @@ static lt_node *parse_node(lt_parse *ps, json_t *j, const char *ns, const char *
   if (json_is_object(tj) || json_is_array(tj)) return parse_node(ps, tj, ns, where, depth + 1);
   const char *t = json_string_value(tj);
   if (!t) return parse_fail(ps, "%s: missing \"type\"", where);
-  if (strcmp(t, "record") == 0 || strcmp(t, "error") == 0) return parse_record(ps, j, ns, where, depth);
+  if (strcmp(t, "record") == 0 || strcmp(t, "error") == 0)
+    return parse_record(ps, j, ns, where, depth);
   if (strcmp(t, "enum") == 0) return parse_enum(ps, j, ns, where);
   if (strcmp(t, "fixed") == 0) return parse_fixed(ps, j, ns, where);
-  if (strcmp(t, "array") == 0 || strcmp(t, "map") == 0) return parse_items(ps, j, t, ns, where, depth);
+  if (strcmp(t, "array") == 0 || strcmp(t, "map") == 0)
+    return parse_items(ps, j, t, ns, where, depth);
   /* A primitive (logicalType and the like are ignored) or a bare name: {"type": "lathe.Foo"}. */
   return parse_type_name(ps, t, ns, where);
 }
@@ -373,7 +379,8 @@ static void canon_emit(lt_sb *sb, lt_node *n, unsigned pass) {
       return;
     case AVRO_ARRAY:
     case AVRO_MAP:
-      lt_avro_sb_puts(sb, n->type == AVRO_ARRAY ? "{\"type\":\"array\",\"items\":" : "{\"type\":\"map\",\"values\":");
+      lt_avro_sb_puts(sb, n->type == AVRO_ARRAY ? "{\"type\":\"array\",\"items\":"
+                                                : "{\"type\":\"map\",\"values\":");
       canon_emit(sb, n->items, pass);
       lt_avro_sb_puts(sb, "}");
       return;
@@ -480,7 +487,8 @@ static lt_err_t schema_load(lt_avro_registry_t *reg, size_t i, const lt_avro_emb
   s->json = e->json;
   s->json_len = e->json_len;
   char sub[256];
-  lt_err_t rc = parse_schema_text(e->json, e->json_len, &s->tree, &s->root, &s->nodes, sub, sizeof sub);
+  lt_err_t rc =
+      parse_schema_text(e->json, e->json_len, &s->tree, &s->root, &s->nodes, sub, sizeof sub);
   if (rc) return lt_errf(errstr, errstr_size, rc, "schema %s v%d: %s", e->name, e->version, sub);
   if (s->root->type != AVRO_RECORD || strcmp(s->root->name, e->name) != 0)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
@@ -500,7 +508,8 @@ static lt_err_t schema_load(lt_avro_registry_t *reg, size_t i, const lt_avro_emb
   for (size_t k = 0; k < i; k++)
     if (reg->schemas[k].fingerprint == s->fingerprint)
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                     "schemas %s v%d and %s v%d have the same fingerprint (identical canonical form)",
+                     "schemas %s v%d and %s v%d have the same fingerprint "
+                     "(identical canonical form)",
                      reg->schemas[k].name, reg->schemas[k].version, s->name, s->version);
   if (avro_schema_from_json_length(e->json, e->json_len, &s->avro) != 0 ||
       !(s->iface = avro_generic_class_from_schema(s->avro)))
@@ -514,7 +523,8 @@ static lt_err_t schema_load(lt_avro_registry_t *reg, size_t i, const lt_avro_emb
 static void link_versions(lt_avro_registry_t *reg) {
   for (size_t i = 0; i < reg->n; i++) {
     size_t last = i;
-    while (last + 1 < reg->n && strcmp(reg->schemas[last + 1].name, reg->schemas[i].name) == 0) last++;
+    while (last + 1 < reg->n && strcmp(reg->schemas[last + 1].name, reg->schemas[i].name) == 0)
+      last++;
     for (size_t k = i; k <= last; k++) {
       reg->schemas[k].latest = &reg->schemas[last];
       reg->schemas[k].type_index = reg->ntypes;

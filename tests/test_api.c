@@ -586,7 +586,7 @@ Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, 
   /* librdkafka 2.0.2's mock cluster answers no CreateTopics: make ops/topics.tsv's topics with
    * its own call. */
   char path[1200], line[512];
-  snprintf(path, sizeof path, "%s/ops/topics.tsv", getenv("LATHE_SOURCE_ROOT"));
+  lt_test_source_path("ops/topics.tsv", path, sizeof path);
   FILE *tf = fopen(path, "r");
   cr_assert_not_null(tf, "%s", path);
   int made = 0;

@@ -89,8 +89,7 @@ typedef struct got {
 
 /* Polls until want records came (or the deadline); returns how many came. */
 static int poll_n(lt_bus_consumer_t *c, got_t *g, int want, int timeout_ms) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int64_t t0 = lt_time_mono_ms();
   while (g->n < want) {
     const lt_bus_msg_t *m;
     lt_err_t e = lt_bus_consumer_poll(c, 200, &m, err, sizeof err);
@@ -103,8 +102,7 @@ static int poll_n(lt_bus_consumer_t *c, got_t *g, int want, int timeout_ms) {
       snprintf(g->val[g->n], 32, "%.*s", (int)sz, (const char *)v);
       g->n++;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > timeout_ms) break;
+    if (lt_time_mono_ms() - t0 > timeout_ms) break;
   }
   return g->n;
 }
@@ -508,8 +506,7 @@ Test(bus, topic_creation_is_idempotent_and_reads_the_topics_file) {
 
   /* The project's own topics file, under this test's prefix. */
   char path[512];
-  snprintf(path, sizeof path, "%s/ops/topics.tsv",
-           getenv("LATHE_SOURCE_ROOT") ? getenv("LATHE_SOURCE_ROOT") : ".");
+  lt_test_source_path("ops/topics.tsv", path, sizeof path);
   int n1 = -1, n2 = -1;
   cr_assert_eq(lt_bus_admin_create_from_file(admin, path, -1, T_MS, &n1, err, sizeof err), LT_OK,
                "%s", err);

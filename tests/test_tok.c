@@ -4,7 +4,6 @@
  * round trips including invalid UTF-8; malformed tokenizer.json files; the chat and
  * prompt/completion templates and their loss masks; the trainer's determinism. Missing node or
  * node_modules fails the tests with a message saying to run ops/setup. */
-#include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 
 #ifndef LT_SOURCE_ROOT
 #include "lt_config.h"
+#include "lt_test.h"
 #endif
 
 /* ---------------------------------------------------------------- helpers */
@@ -51,19 +51,10 @@ static void require_reference(void) {
 
 /* Runs a shell command and returns its stdout (caller frees); fails the test on error. */
 static char *run(const char *cmd) {
-  FILE *p = popen(cmd, "r");
-  cr_assert_not_null(p, "popen %s", cmd);
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  size_t r;
-  while ((r = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-    len += r;
-    if (cap - len < 2) buf = realloc(buf, cap *= 2);
-  }
-  buf[len] = 0;
-  int rc = pclose(p);
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "command failed (%d): %s", rc, cmd);
-  return buf;
+  return out;
 }
 
 static void write_file(const char *path, const char *data, size_t len) {
@@ -322,11 +313,9 @@ Test(tok, long_words_and_whitespace_runs_encode_in_near_linear_time, .timeout = 
   char *s = malloc(n);
   for (int kind = 0; kind < 3; kind++) {
     for (size_t i = 0; i < n; i++) s[i] = kind == 0 ? 'a' : kind == 1 ? ' ' : "ab"[(i * 7 / 3) % 2];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t t0 = lt_time_mono_us();
     roundtrip(tok, s, n, 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double sec = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double sec = (double)(lt_time_mono_us() - t0) * 1e-6;
     cr_expect_lt(sec, 10.0, "1 MiB single word (kind %d) took %.2f s", kind, sec);
   }
   free(s);

@@ -4,7 +4,6 @@
  * dropout on); a run resumed from a checkpoint's state ends with the adapter of the run that
  * never stopped (docs/DESIGN.md §4.5: a crash loses only the steps since the last commit); and bad
  * data fails naming the line. */
-#include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "lt_engine.h"
 #include "lt_task.h"
 #include "lt_train.h"
+#include "lt_test.h"
 
 static char err[1024];
 static char root[64], model[128];
@@ -122,15 +122,8 @@ static lt_train_result_t run(const char *name, const char *resume, const char *k
 }
 
 static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
+  char *b = lt_test_slurp(path, len);
+  cr_assert_not_null(b, "%s", path);
   return b;
 }
 

@@ -427,6 +427,11 @@ lt_err_t lt_avro_is_null(lt_avro_record_t *rec, const char *path, bool *is_null)
   return rc;
 }
 
+/* Fails an access to a value of node n that is not `what` ("a string"). */
+static lt_err_t wrong_type(lt_avro_record_t *rec, const char *path, const lt_node *n, const char *what) {
+  return acc_fail(rec, path, "is a %s, not %s", lt_avro_type_word(n), what);
+}
+
 /* The typed tails of the getters: v and n are the target after step_for_get, path names it in
  * messages; out (and len: strings, bytes) are the public getter's, out of the type it names. */
 typedef lt_err_t (*lt_reader)(lt_avro_record_t *rec, const char *path, avro_value_t *v,
@@ -434,8 +439,7 @@ typedef lt_err_t (*lt_reader)(lt_avro_record_t *rec, const char *path, avro_valu
 
 static lt_err_t read_bool(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                           const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_BOOLEAN)
-    return acc_fail(rec, path, "is a %s, not a boolean", lt_avro_type_word(n));
+  if (n->type != AVRO_BOOLEAN) return wrong_type(rec, path, n, "a boolean");
   int b = 0;
   avro_value_get_boolean(v, &b);
   *(bool *)out = b != 0;
@@ -444,8 +448,7 @@ static lt_err_t read_bool(lt_avro_record_t *rec, const char *path, avro_value_t 
 
 static lt_err_t read_int(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                          const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_INT32)
-    return acc_fail(rec, path, "is a %s, not an int", lt_avro_type_word(n));
+  if (n->type != AVRO_INT32) return wrong_type(rec, path, n, "an int");
   return avro_value_get_int(v, out) ? LT_ERR_INTERNAL : LT_OK;
 }
 
@@ -457,8 +460,7 @@ static lt_err_t read_long(lt_avro_record_t *rec, const char *path, avro_value_t 
     *(int64_t *)out = x;
     return LT_OK;
   }
-  if (n->type != AVRO_INT64)
-    return acc_fail(rec, path, "is a %s, not a long", lt_avro_type_word(n));
+  if (n->type != AVRO_INT64) return wrong_type(rec, path, n, "a long");
   return avro_value_get_long(v, out) ? LT_ERR_INTERNAL : LT_OK;
 }
 
@@ -470,15 +472,14 @@ static lt_err_t read_double(lt_avro_record_t *rec, const char *path, avro_value_
     case AVRO_FLOAT: { float f = 0; avro_value_get_float(v, &f); *d = f; return LT_OK; }
     case AVRO_INT32: { int32_t x = 0; avro_value_get_int(v, &x); *d = x; return LT_OK; }
     case AVRO_INT64: { int64_t x = 0; avro_value_get_long(v, &x); *d = (double)x; return LT_OK; }
-    default: return acc_fail(rec, path, "is a %s, not a number", lt_avro_type_word(n));
+    default: return wrong_type(rec, path, n, "a number");
   }
 }
 
 static lt_err_t read_string(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                             const lt_node *n, void *out, size_t *len) {
   const char **s = out;
-  if (n->type != AVRO_STRING)
-    return acc_fail(rec, path, "is a %s, not a string", lt_avro_type_word(n));
+  if (n->type != AVRO_STRING) return wrong_type(rec, path, n, "a string");
   size_t size = 0;
   if (avro_value_get_string(v, s, &size)) return LT_ERR_INTERNAL;
   if (!*s) *s = "";
@@ -493,7 +494,7 @@ static lt_err_t read_bytes(lt_avro_record_t *rec, const char *path, avro_value_t
   lt_err_t rc;
   if (n->type == AVRO_BYTES) rc = avro_value_get_bytes(v, p, &size) ? LT_ERR_INTERNAL : LT_OK;
   else if (n->type == AVRO_FIXED) rc = avro_value_get_fixed(v, p, &size) ? LT_ERR_INTERNAL : LT_OK;
-  else return acc_fail(rec, path, "is a %s, not bytes", lt_avro_type_word(n));
+  else return wrong_type(rec, path, n, "bytes");
   if (!*p) *p = "";
   *len = size;
   return rc;
@@ -501,8 +502,7 @@ static lt_err_t read_bytes(lt_avro_record_t *rec, const char *path, avro_value_t
 
 static lt_err_t read_enum(lt_avro_record_t *rec, const char *path, avro_value_t *v,
                           const lt_node *n, void *out, size_t *len) {
-  if (n->type != AVRO_ENUM)
-    return acc_fail(rec, path, "is a %s, not an enum", lt_avro_type_word(n));
+  if (n->type != AVRO_ENUM) return wrong_type(rec, path, n, "an enum");
   int e = 0;
   avro_value_get_enum(v, &e);
   if (e < 0 || (size_t)e >= n->nsymbols) return acc_fail(rec, path, "enum out of range");
@@ -601,8 +601,7 @@ static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_s
     static const avro_type_t t[] = {AVRO_ARRAY};
     return target_for_set(rec, path, t, 1, v, n);
   }
-  if ((*n)->type != AVRO_ARRAY)
-    return acc_fail(rec, path, "is a %s, not an array", lt_avro_type_word(*n));
+  if ((*n)->type != AVRO_ARRAY) return wrong_type(rec, path, *n, "an array");
   return LT_OK;
 }
 

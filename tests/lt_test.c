@@ -242,12 +242,10 @@ void lt_test_procs_check(void) {
   }
 }
 
-static void signal_proc(const lt_test_proc_t *p, int sig) { kill(p->own_group ? -p->pid : p->pid, sig); }
-
 void lt_test_proc_kill(lt_test_proc_t *p, int sig) {
   if (p->pid <= 0) return;
   p->expect_exit = true;
-  signal_proc(p, sig);
+  kill(p->own_group ? -p->pid : p->pid, sig);
   if (sig == SIGKILL) {
     waitpid(p->pid, NULL, 0);
     p->pid = 0;

@@ -98,13 +98,9 @@ static void write_small_files(const char *dir) {
  * step, in percent of the step without. */
 static double run_shape(const char *label, lt_model_config_t *c, int threads, int B, int T, int rounds,
                         int steps, int every, upload_t *up) {
-  char dir[] = "/tmp/lt_bench_ckpt_XXXXXX";
-  if (!mkdtemp(dir)) die("mkdtemp");
-  char model[128], work[128], state[160], cmd[160];
-  snprintf(model, sizeof model, "%s/model", dir);
-  snprintf(work, sizeof work, "%s/work", dir);
+  char dir[64], model[128], work[128], state[160];
+  if (!bench_workspace("ckpt", dir, sizeof dir, model, work, sizeof model)) die("mkdtemp");
   snprintf(state, sizeof state, "%s/state.bin", work);
-  mkdir(work, 0700);
   double t0 = bench_now_s();
   if (lt_model_init_random(c, model, 1, 0.02f, 0.0f, err, sizeof err)) die("model");
   char st[192];
@@ -243,8 +239,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
   free(tok);
   free(tgt);
   bench_engine_close(&be);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  bench_rm_rf(dir);
   return over;
 }
 

@@ -82,14 +82,10 @@ int main(void) {
     fprintf(stderr, "bench_pack: bad LATHE_BENCH_* settings\n");
     return 2;
   }
-  char root[] = "/tmp/lt_bench_pack_XXXXXX";
-  if (!mkdtemp(root)) die("mkdtemp");
-  char bundle[128], model[128], work[128], cmd[512];
+  char root[64], bundle[128], model[128], work[128], cmd[512];
+  if (!bench_workspace("pack", root, sizeof root, model, work, sizeof model)) die("mkdtemp");
   snprintf(bundle, sizeof bundle, "%s/bundle", root);
-  snprintf(model, sizeof model, "%s/model", root);
-  snprintf(work, sizeof work, "%s/work", root);
   mkdir(bundle, 0700);
-  mkdir(work, 0700);
   if (lt_task_write_bundle(bundle, 1, 400000, 1024, 10, 2, err, sizeof err)) die("tokenizer");
   lt_model_config_t c = {.vocab_size = 1024, .hidden_size = 256, .intermediate_size = 704, .num_layers = 4,
                          .num_heads = 8, .num_kv_heads = 4, .head_dim = 32, .max_position = 1024,
@@ -124,8 +120,7 @@ int main(void) {
     if (skewed) ratio_out = med;
     free(data);
   }
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+  bench_rm_rf(root);
   printf("pack_speedup: %.2f\n", ratio_out);
   return 0;
 }

@@ -4,10 +4,12 @@
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +36,24 @@ static inline int bench_cmp_double(const void *a, const void *b) {
 static inline double bench_median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A fresh directory /tmp/lt_bench_<tag>_XXXXXX into root, and the paths root/model and root/work
+ * into model and work (n bytes each; work is made, the model's writer makes model); false when a
+ * directory cannot be made. */
+static inline bool bench_workspace(const char *tag, char *root, size_t root_n, char *model, char *work, size_t n) {
+  snprintf(root, root_n, "/tmp/lt_bench_%s_XXXXXX", tag);
+  if (!mkdtemp(root)) return false;
+  snprintf(model, n, "%s/model", root);
+  snprintf(work, n, "%s/work", root);
+  return mkdir(work, 0700) == 0;
+}
+
+/* Removes a benchmark's directory tree; says so when it cannot. */
+static inline void bench_rm_rf(const char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* CPU seconds of this whole process (every thread, librdkafka's and upload threads included). */

@@ -337,10 +337,13 @@ struct lt_test_tail {
   char names[TAIL_TOPICS][200];
 };
 
-lt_test_tail_t *lt_test_tail_open(const char *const *bases) {
+lt_test_tail_t *lt_test_tail_open(const lt_bus_conf_t *conf, const char *const *bases) {
   lt_test_tail_t *t = calloc(1, sizeof *t);
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *env = NULL;
+  if (!conf) {
+    conf = env = lt_bus_conf_new();
+    cr_assert_eq(lt_bus_conf_from_env(env, err, sizeof err), LT_OK, "%s", err);
+  }
   cr_assert_eq(lt_avro_registry_new(&t->reg, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_decoder_new(t->reg, &t->dec, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_consumer_new(conf, NULL, &t->c, err, sizeof err), LT_OK, "%s", err);
@@ -358,7 +361,7 @@ lt_test_tail_t *lt_test_tail_open(const char *const *bases) {
   }
   lt_bus_admin_destroy(admin);
   cr_assert_eq(lt_bus_consumer_assign(t->c, parts, np, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_conf_destroy(conf);
+  lt_bus_conf_destroy(env);
   t->recs = json_array();
   return t;
 }

@@ -143,8 +143,9 @@ int lt_test_get_status(lt_client_t *c, const char *path, char *last_body, size_t
  * {"topic": base name, "partition", "offset", "type", "r": {the record's fields}}. */
 typedef struct lt_test_tail lt_test_tail_t;
 
-/* Opens a tail on the topics named by their base names (e.g. "control"), NULL-terminated. */
-lt_test_tail_t *lt_test_tail_open(const char *const *bases);
+/* Opens a tail on the topics named by their base names (e.g. "control"), NULL-terminated, under
+ * conf's topic prefix (conf NULL: the environment's bus configuration). */
+lt_test_tail_t *lt_test_tail_open(const lt_bus_conf_t *conf, const char *const *bases);
 void lt_test_tail_close(lt_test_tail_t *t);
 /* Takes in whatever arrived, waiting up to ms for the first record. */
 void lt_test_tail_poll(lt_test_tail_t *t, int ms);

@@ -137,7 +137,7 @@ static json_t *list_jobs(lt_client_t *c) {
 /* Records of one type (and job id, when not NULL) in a topic of this prefix, read from the
  * beginning to the end. */
 static int count_records(const char *base, const char *type, const char *job_id) {
-  lt_test_tail_t *t = lt_test_tail_open((const char *const[]){base, NULL});
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){base, NULL});
   lt_test_tail_settle(t, 1500);
   json_t *found = lt_test_tail_select(t, NULL, type, job_id, 0);
   int n = (int)json_array_size(found);

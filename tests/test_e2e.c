@@ -393,7 +393,7 @@ static lt_test_tail_t *start_fleet(const char *netns, lt_test_proc_t **w1, char 
   start_control_plane();
   lt_test_proc_t *w = spawn("w1", "worker", netns);
   if (w1) *w1 = w;
-  lt_test_tail_t *t = lt_test_tail_open(log_topics);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
   upload_dataset(ds, n);
   return t;
 }

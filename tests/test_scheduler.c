@@ -31,10 +31,10 @@ static struct event_base *base;
 static char prefix[96];
 static char err[1024];
 
-/* records read back: one JSON object per record, with "_topic" added */
-static json_t *seen;
-static lt_bus_consumer_t *tail;
-static lt_avro_decoder_t *dec;
+/* what the scheduler wrote, read back: control, every dispatch topic, deadletter */
+static lt_test_tail_t *tail;
+static const char *const tail_topics[] = {"control", "dispatch.production", "dispatch.standard",
+                                          "dispatch.preemptible", "deadletter", NULL};
 
 static void setup(void) {
   evthread_use_pthreads();
@@ -42,29 +42,12 @@ static void setup(void) {
   lt_test_topics_create(conf, admin, 30000);
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_producer_new(conf, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
   base = event_base_new();
-  seen = json_array();
-  /* the tail: control, every dispatch topic, deadletter */
-  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &tail, err, sizeof err), LT_OK, "%s", err);
-  static char names[5][200];
-  const char *bases[5] = {"control", "dispatch.production", "dispatch.standard", "dispatch.preemptible", "deadletter"};
-  lt_bus_tp_t tps[64];
-  size_t n = 0;
-  for (int t = 0; t < 5; t++) {
-    lt_bus_topic_name(conf, bases[t], names[t], sizeof names[t]);
-    int count = 0;
-    cr_assert_eq(lt_bus_admin_describe_topic(admin, names[t], 10000, &count, err, sizeof err), LT_OK, "%s", err);
-    for (int p = 0; p < count; p++)
-      tps[n++] = (lt_bus_tp_t){.topic = names[t], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
-  }
-  cr_assert_eq(lt_bus_consumer_assign(tail, tps, n, err, sizeof err), LT_OK, "%s", err);
+  tail = lt_test_tail_open(conf, tail_topics);
 }
 
 static void teardown(void) {
-  lt_bus_consumer_destroy(tail);
-  lt_avro_decoder_destroy(dec);
-  json_decref(seen);
+  lt_test_tail_close(tail);
   lt_bus_producer_destroy(prod, 5000);
   if (admin) lt_test_topics_delete(prefix);
   lt_bus_admin_destroy(admin);
@@ -164,28 +147,12 @@ static void heartbeat(const char *worker, int slots) {
   lt_avro_record_destroy(rec);
 }
 
-static void drain_tail(void) {
-  for (;;) {
-    const lt_bus_msg_t *m = NULL;
-    if (lt_bus_consumer_poll(tail, 0, &m, err, sizeof err) != LT_OK || !m) return;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    lt_avro_record_t *rec;
-    if (!v || lt_avro_decode(dec, v, len, &rec, NULL, 0) != LT_OK) continue;
-    json_t *j = NULL;
-    if (lt_avro_record_to_jansson(rec, &j, NULL, 0) != LT_OK) continue;
-    json_object_set_new(j, "_type", json_string(lt_avro_record_type(rec)));
-    json_object_set_new(j, "_topic", json_string(lt_bus_msg_topic(m) + strlen(prefix)));
-    json_array_append_new(seen, j);
-  }
-}
-
-/* Is r a record of type (and job, and topic base, when not NULL)? */
+/* Is r (a tail record) of type (and job, and topic base, when not NULL)? */
 static bool seen_is(json_t *r, const char *type, const char *job, const char *topic_base) {
-  if (strcmp(json_string_value(json_object_get(r, "_type")), type) != 0) return false;
-  if (job && (!json_object_get(r, "job_id") || strcmp(json_string_value(json_object_get(r, "job_id")), job) != 0))
-    return false;
-  return !topic_base || strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) == 0;
+  if (strcmp(json_string_value(json_object_get(r, "type")), type) != 0) return false;
+  const char *jid = lt_test_rs(r, "job_id");
+  if (job && (!jid || strcmp(jid, job) != 0)) return false;
+  return !topic_base || strcmp(json_string_value(json_object_get(r, "topic")), topic_base) == 0;
 }
 
 /* Records of type (and job, and topic base when not NULL) read back so far. */
@@ -193,14 +160,17 @@ static int count_seen(const char *type, const char *job, const char *topic_base)
   int n = 0;
   size_t i;
   json_t *r;
-  json_array_foreach(seen, i, r) n += seen_is(r, type, job, topic_base);
+  json_array_foreach(lt_test_tail_records(tail), i, r) n += seen_is(r, type, job, topic_base);
   return n;
 }
 
+/* The nth such record's fields. */
 static json_t *find_seen(const char *type, const char *job, const char *topic_base, int nth) {
   size_t i;
   json_t *r;
-  json_array_foreach(seen, i, r) if (seen_is(r, type, job, topic_base) && nth-- == 0) return r;
+  json_array_foreach(lt_test_tail_records(tail), i, r) {
+    if (seen_is(r, type, job, topic_base) && nth-- == 0) return json_object_get(r, "r");
+  }
   return NULL;
 }
 
@@ -209,7 +179,7 @@ static bool run_until(bool (*cond)(void *), void *ctx, int timeout_ms) {
   int64_t end = lt_time_wall_ms() + timeout_ms;
   while (lt_time_wall_ms() < end) {
     event_base_loop(base, EVLOOP_NONBLOCK);
-    drain_tail();
+    lt_test_tail_poll(tail, 0);
     if (cond(ctx)) return true;
     usleep(10000);
   }
@@ -454,7 +424,7 @@ Test(scheduler, a_second_instance_with_the_same_transactional_id_fences_the_firs
   cr_assert(st.fenced, "the first instance was not fenced");
   cr_assert_neq(st.role, LT_SCHEDULER_LEADING, "a fenced instance still leads");
   cr_assert_geq(st.txn_failures, 1);
-  drain_tail();
+  lt_test_tail_poll(tail, 0);
   cr_assert_eq(count_seen("JobAccepted", "job-fence", "control"), 1, "the fenced instance's write is visible");
   lt_scheduler_stats(b, &st);
   cr_assert_eq(st.role, LT_SCHEDULER_LEADING);
@@ -539,11 +509,9 @@ static int dispatched_to(const char *tenant, const char *topic_base) {
   int n = 0;
   size_t i;
   json_t *r;
-  json_array_foreach(seen, i, r) {
-    if (strcmp(json_string_value(json_object_get(r, "_type")), "JobDispatched") != 0) continue;
-    if (strcmp(json_string_value(json_object_get(r, "_topic")), topic_base) != 0) continue;
-    const char *t = json_string_value(json_object_get(r, "tenant_id"));
-    if (t && strcmp(t, tenant) == 0) n++;
+  json_array_foreach(lt_test_tail_records(tail), i, r) {
+    const char *t = lt_test_rs(r, "tenant_id");
+    n += seen_is(r, "JobDispatched", NULL, topic_base) && t && strcmp(t, tenant) == 0;
   }
   return n;
 }

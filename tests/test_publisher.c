@@ -36,7 +36,7 @@ static lt_crypto_dek_t *dek;
 static lt_store_t *store;
 static struct event_base *base;
 static char tenant[64], topic_prefix[96];
-static char topic_jobs[256], topic_control[256], topic_artifacts[256], topic_tenants[256], topic_dead[256];
+static char topic_jobs[256], topic_control[256], topic_tenants[256];
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -46,9 +46,7 @@ static void setup(void) {
   lt_test_topics_create(bus, admin, T_MS);
   lt_bus_topic_name(bus, "jobs", topic_jobs, sizeof topic_jobs);
   lt_bus_topic_name(bus, "control", topic_control, sizeof topic_control);
-  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
   lt_bus_topic_name(bus, "tenants", topic_tenants, sizeof topic_tenants);
-  lt_bus_topic_name(bus, "deadletter", topic_dead, sizeof topic_dead);
   cr_assert_eq(lt_bus_producer_new(bus, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
 
@@ -335,46 +333,31 @@ static lt_publisher_stats_t run_publisher(lt_store_t *st, const char *group, boo
   return s;
 }
 
-/* Every record of type `type` of `job` in a topic, as JSON, read from the beginning until the
- * topic is quiet for a second. */
+/* Does a record name job (a DeadLetter names it in its reason)? */
+static bool names_job(json_t *rec, const char *job) {
+  bool dead = strcmp(json_string_value(json_object_get(rec, "type")), "DeadLetter") == 0;
+  const char *v = lt_test_rs(rec, dead ? "reason" : "job_id");
+  return v && (dead ? strstr(v, job) != NULL : strcmp(v, job) == 0);
+}
+
+/* Every record of type `type` of `job` in a topic (base name), as JSON, read from the beginning
+ * until the topic is quiet for 1.5 s. */
 static json_t *read_records(const char *topic, const char *type, const char *job) {
-  lt_bus_consumer_t *c;
-  cr_assert_eq(lt_bus_consumer_new(bus, NULL, &c, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, T_MS, NULL, err, sizeof err), LT_OK,
-               "%s", err);
-  lt_avro_decoder_t *dec;
-  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
-  json_t *out = json_array();
-  int quiet = 0;
-  while (quiet < 1500) {
-    const lt_bus_msg_t *m;
-    cr_assert_eq(lt_bus_consumer_poll(c, 100, &m, err, sizeof err), LT_OK, "%s", err);
-    if (!m) {
-      quiet += 100;
-      continue;
-    }
-    quiet = 0;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    lt_avro_record_t *rec;
-    if (!v || lt_avro_decode(dec, v, len, &rec, err, sizeof err)) continue;
-    const char *jid = NULL;
-    if (strcmp(lt_avro_record_type(rec), type) != 0) continue;
-    if (job && (lt_avro_get_string(rec, strcmp(type, "DeadLetter") ? "job_id" : "reason", &jid, NULL) ||
-                (strcmp(type, "DeadLetter") ? strcmp(jid, job) != 0 : !strstr(jid, job))))
-      continue;
-    json_t *j;
-    cr_assert_eq(lt_avro_record_to_jansson(rec, &j, err, sizeof err), LT_OK);
-    json_array_append_new(out, j);
+  lt_test_tail_t *t = lt_test_tail_open(bus, (const char *const[]){topic, NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *out = json_array(), *r;
+  size_t i;
+  json_array_foreach(lt_test_tail_records(t), i, r) {
+    if (strcmp(json_string_value(json_object_get(r, "type")), type) == 0 && (!job || names_job(r, job)))
+      json_array_append(out, json_object_get(r, "r"));
   }
-  lt_avro_decoder_destroy(dec);
-  lt_bus_consumer_destroy(c);
+  lt_test_tail_close(t);
   return out;
 }
 
 /* How many ArtifactPublished name job. */
 static size_t count_published(const char *job) {
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", job);
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", job);
   size_t n = json_array_size(pubs);
   json_decref(pubs);
   return n;
@@ -425,7 +408,7 @@ Test(publisher, completed_job_is_published_once_with_plaintext_hashes_and_decryp
   lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
   cr_assert_eq(s.published, 1);
   cr_assert_eq(s.rejected, 0);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-a");
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-a");
   cr_assert_eq(json_array_size(pubs), 1, "exactly one ArtifactPublished, got %zu", json_array_size(pubs));
   assert_publication(json_array_get(pubs, 0), "job-a", &ck);
   json_decref(pubs);
@@ -435,7 +418,7 @@ Test(publisher, duplicated_records_and_restarts_publish_nothing_different) {
   ckpt_t ck;
   completed_job("job-d", 50, &ck);
   run_publisher(store, NULL, settled, 0);
-  json_t *first = read_records(topic_artifacts, "ArtifactPublished", "job-d");
+  json_t *first = read_records("artifacts", "ArtifactPublished", "job-d");
   cr_assert_eq(json_array_size(first), 1);
 
   /* The same commit and completion delivered again; a restart of the same group from scratch. */
@@ -449,7 +432,7 @@ Test(publisher, duplicated_records_and_restarts_publish_nothing_different) {
   cr_assert_eq(s.published, 0, "a publisher without offsets published again");
   cr_assert_geq(s.already_published, 1);
 
-  json_t *all = read_records(topic_artifacts, "ArtifactPublished", "job-d");
+  json_t *all = read_records("artifacts", "ArtifactPublished", "job-d");
   cr_assert_eq(json_array_size(all), 1, "one publication in all, got %zu", json_array_size(all));
   assert_publication(json_array_get(all, 0), "job-d", &ck);
   json_decref(first);
@@ -502,7 +485,7 @@ Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) 
   cr_assert_eq(s.rejected, 1);
   cr_assert_eq(s.last_err, LT_ERR_CORRUPT, "%s", s.last_errmsg);
   cr_assert_eq(count_published("job-t"), 0, "nothing is published");
-  json_t *dead = read_records(topic_dead, "DeadLetter", "job-t");
+  json_t *dead = read_records("deadletter", "DeadLetter", "job-t");
   cr_assert_eq(json_array_size(dead), 1, "one DeadLetter naming the job");
   cr_assert_str_eq(json_string_value(json_object_get(json_array_get(dead, 0), "error_code")), "LT_ERR_CORRUPT");
   json_decref(dead);
@@ -533,7 +516,7 @@ Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishe
 
   s = run_publisher(store, NULL, settled, 0);
   cr_assert_eq(s.published, 1);
-  json_t *pubs = read_records(topic_artifacts, "ArtifactPublished", "job-s");
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-s");
   cr_assert_eq(json_array_size(pubs), 1);
   assert_publication(json_array_get(pubs, 0), "job-s", &ck);
   json_decref(pubs);

@@ -241,6 +241,106 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
   if (d) closedir(d);
 }
 
+/* One look at the running daemon: only lathed in its group, no connection to port 9092, and it
+ * listens on its API and mock-broker ports and nothing else. Returns how many processes the
+ * group holds (the daemon and its executors). */
+static int look_at_group(const emb_t *e) {
+  int n, foreign;
+  char what[1024];
+  scan_group(e->proc->pid, &n, &foreign, what, sizeof what);
+  cr_expect_eq(foreign, 0, "processes other than lathed in its group: %s", what);
+  cr_expect_geq(n, 1);
+  sockscan_t sk = scan_sockets(e->proc->pid);
+  unsigned mock_port = (unsigned)atoi(strrchr(e->bootstrap, ':') + 1);
+  cr_expect_eq(sk.to_9092, 0, "lathed --embedded has %d connection(s) to port 9092", sk.to_9092);
+  for (int i = 0; i < sk.nlisten; i++)
+    cr_expect(sk.listen[i] == e->api_port || sk.listen[i] == mock_port,
+              "lathed --embedded listens on %u (API %u, mock broker %u)", sk.listen[i], e->api_port, mock_port);
+  bool api = false, mock = false;
+  for (int i = 0; i < sk.nlisten; i++) api |= sk.listen[i] == e->api_port, mock |= sk.listen[i] == mock_port;
+  cr_expect(api && mock, "the API (%u) and the mock broker (%u) listen in the lathed process", e->api_port,
+            mock_port);
+  return n;
+}
+
+/* Looks at the daemon (look_at_group) every 50 ms until the API says job ended (within 300 s);
+ * its last state into state. Returns the most processes the group held at once. */
+static int watch_until_done(const emb_t *e, lt_client_t *c, const char *job, char *state, size_t n) {
+  char path[300];
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  int most = 0;
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 300000; lt_test_msleep(50)) {
+    int procs = look_at_group(e);
+    if (procs > most) most = procs;
+    lt_client_resp_t r = lt_test_req(c, "GET", path, NULL, 0);
+    const char *s = json_string_value(json_object_get(r.json, "state"));
+    snprintf(state, n, "%s", s ? s : "?");
+    lt_client_resp_free(&r);
+    if (!strcmp(state, "completed") || !strcmp(state, "failed") || !strcmp(state, "cancelled") ||
+        !strcmp(state, "rejected"))
+      break;
+  }
+  return most;
+}
+
+/* The published adapter and its config, downloaded: the listed size and SHA-256, LoRA tensors,
+ * a PEFT config of rank 4. */
+static void check_downloads(const emb_t *e, lt_client_t *c, const char *job) {
+  char path[300];
+  lt_client_resp_t r;
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  json_t *list = NULL;
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 60000 && !list; lt_test_msleep(200)) {
+    cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
+    json_t *a = json_object_get(r.json, "artifacts");
+    if (r.status == 200 && json_array_size(a) > 0) list = json_incref(a);
+    lt_client_resp_free(&r);
+  }
+  cr_assert(list, "no artifact of %s was published within 60 s; see %s", job, e->log);
+  bool got_adapter = false, got_config = false;
+  size_t i;
+  json_t *a;
+  json_array_foreach(list, i, a) {
+    const char *name = json_string_value(json_object_get(a, "name"));
+    if (strcmp(name, "adapter_model.safetensors") != 0 && strcmp(name, "adapter_config.json") != 0) continue;
+    snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/%s", job, name);
+    cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(r.status, 200, "GET %s: %d", path, r.status);
+    cr_expect_eq((json_int_t)r.len, json_integer_value(json_object_get(a, "bytes")), "%s: size", name);
+    uint8_t sha[LT_CRYPTO_SHA256_BYTES];
+    char hex[2 * LT_CRYPTO_SHA256_BYTES + 1];
+    lt_crypto_sha256(r.body, r.len, sha);
+    cr_expect_str_eq(lt_crypto_hex(sha, sizeof sha, hex), json_string_value(json_object_get(a, "sha256")),
+                     "%s: the downloaded bytes do not have the listed SHA-256", name);
+    if (!strcmp(name, "adapter_model.safetensors")) {
+      /* safetensors: 8-byte little-endian header length, then a JSON header naming LoRA tensors. */
+      cr_assert_gt(r.len, 8);
+      uint64_t hl = 0;
+      for (int b = 7; b >= 0; b--) hl = hl << 8 | (uint8_t)r.body[b];
+      cr_assert_lt(hl, r.len - 8);
+      json_t *h = json_loadb(r.body + 8, hl, 0, NULL);
+      cr_assert(h, "the safetensors header is not JSON");
+      bool lora_a = false;
+      const char *k;
+      json_t *v;
+      json_object_foreach(h, k, v) lora_a |= strstr(k, ".lora_A.weight") != NULL;
+      cr_expect(lora_a, "no lora_A tensor in the adapter");
+      json_decref(h);
+      got_adapter = true;
+    } else {
+      json_t *cfg = json_loadb(r.body, r.len, 0, NULL);
+      cr_assert(cfg, "adapter_config.json is not JSON");
+      cr_expect_str_eq(json_string_value(json_object_get(cfg, "peft_type")), "LORA");
+      cr_expect_eq(json_integer_value(json_object_get(cfg, "r")), 4);
+      json_decref(cfg);
+      got_config = true;
+    }
+    lt_client_resp_free(&r);
+  }
+  json_decref(list);
+  cr_expect(got_adapter && got_config, "the artifact list lacks the adapter or its config");
+}
+
 /* ---------------------------------------------------------------- tests */
 
 TestSuite(embedded, .fini = lt_test_procs_stop_all, .timeout = 900);
@@ -386,7 +486,7 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
   cr_assert_eq(lt_client_json(c, "POST", "/v1/jobs", body, NULL, &r, err, sizeof err), LT_OK, "%s", err);
   json_decref(body);
   cr_assert_eq(r.status, 201, "POST /v1/jobs: %d %s", r.status, r.body);
-  char job[128], path[300];
+  char job[128];
   snprintf(job, sizeof job, "%s", json_string_value(json_object_get(r.json, "id")));
   lt_client_resp_free(&r);
 
@@ -394,89 +494,13 @@ Test(embedded, a_job_runs_from_upload_to_downloaded_artifact_with_no_server) {
    * submission on. An executor is in the group only while it trains, and the API's state may
    * say running before or after that (its view follows the log), so every look counts and one
    * of them must have seen the executor. */
-  int most = 0;
   char state[32] = "";
-  snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 300000; lt_test_msleep(50)) {
-    int n, foreign;
-    char what[1024];
-    scan_group(e.proc->pid, &n, &foreign, what, sizeof what);
-    cr_expect_eq(foreign, 0, "processes other than lathed in its group: %s", what);
-    cr_expect_geq(n, 1);
-    if (n > most) most = n;
-    sockscan_t sk = scan_sockets(e.proc->pid);
-    unsigned mock_port = (unsigned)atoi(strrchr(e.bootstrap, ':') + 1);
-    cr_expect_eq(sk.to_9092, 0, "lathed --embedded has %d connection(s) to port 9092", sk.to_9092);
-    for (int i = 0; i < sk.nlisten; i++)
-      cr_expect(sk.listen[i] == e.api_port || sk.listen[i] == mock_port,
-                "lathed --embedded listens on %u (API %u, mock broker %u)", sk.listen[i], e.api_port, mock_port);
-    bool api = false, mock = false;
-    for (int i = 0; i < sk.nlisten; i++) api |= sk.listen[i] == e.api_port, mock |= sk.listen[i] == mock_port;
-    cr_expect(api && mock, "the API (%u) and the mock broker (%u) listen in the lathed process", e.api_port,
-              mock_port);
-    cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
-    const char *s = json_string_value(json_object_get(r.json, "state"));
-    snprintf(state, sizeof state, "%s", s ? s : "?");
-    lt_client_resp_free(&r);
-    if (!strcmp(state, "completed") || !strcmp(state, "failed") || !strcmp(state, "cancelled") ||
-        !strcmp(state, "rejected"))
-      break;
-  }
+  int most = watch_until_done(&e, c, job, state, sizeof state);
   cr_assert_str_eq(state, "completed", "job %s ended %s; see %s", job, state, e.log);
   cr_expect_geq(most, 2, "no executor process was seen in lathed's group while the job ran");
 
   /* The published artifact, downloaded and checked against its listing. */
-  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
-  json_t *list = NULL;
-  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 60000 && !list; lt_test_msleep(200)) {
-    cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
-    json_t *a = json_object_get(r.json, "artifacts");
-    if (r.status == 200 && json_array_size(a) > 0) list = json_incref(a);
-    lt_client_resp_free(&r);
-  }
-  cr_assert(list, "no artifact of %s was published within 60 s; see %s", job, e.log);
-  bool got_adapter = false, got_config = false;
-  size_t i;
-  json_t *a;
-  json_array_foreach(list, i, a) {
-    const char *name = json_string_value(json_object_get(a, "name"));
-    if (strcmp(name, "adapter_model.safetensors") != 0 && strcmp(name, "adapter_config.json") != 0) continue;
-    snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/%s", job, name);
-    cr_assert_eq(lt_client_request(c, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err), LT_OK, "%s", err);
-    cr_assert_eq(r.status, 200, "GET %s: %d", path, r.status);
-    cr_expect_eq((json_int_t)r.len, json_integer_value(json_object_get(a, "bytes")), "%s: size", name);
-    uint8_t sha[LT_CRYPTO_SHA256_BYTES];
-    char hex[2 * LT_CRYPTO_SHA256_BYTES + 1];
-    lt_crypto_sha256(r.body, r.len, sha);
-    cr_expect_str_eq(lt_crypto_hex(sha, sizeof sha, hex), json_string_value(json_object_get(a, "sha256")),
-                     "%s: the downloaded bytes do not have the listed SHA-256", name);
-    if (!strcmp(name, "adapter_model.safetensors")) {
-      /* safetensors: 8-byte little-endian header length, then a JSON header naming LoRA tensors. */
-      cr_assert_gt(r.len, 8);
-      uint64_t hl = 0;
-      for (int b = 7; b >= 0; b--) hl = hl << 8 | (uint8_t)r.body[b];
-      cr_assert_lt(hl, r.len - 8);
-      json_t *h = json_loadb(r.body + 8, hl, 0, NULL);
-      cr_assert(h, "the safetensors header is not JSON");
-      bool lora_a = false;
-      const char *k;
-      json_t *v;
-      json_object_foreach(h, k, v) lora_a |= strstr(k, ".lora_A.weight") != NULL;
-      cr_expect(lora_a, "no lora_A tensor in the adapter");
-      json_decref(h);
-      got_adapter = true;
-    } else {
-      json_t *cfg = json_loadb(r.body, r.len, 0, NULL);
-      cr_assert(cfg, "adapter_config.json is not JSON");
-      cr_expect_str_eq(json_string_value(json_object_get(cfg, "peft_type")), "LORA");
-      cr_expect_eq(json_integer_value(json_object_get(cfg, "r")), 4);
-      json_decref(cfg);
-      got_config = true;
-    }
-    lt_client_resp_free(&r);
-  }
-  json_decref(list);
-  cr_expect(got_adapter && got_config, "the artifact list lacks the adapter or its config");
+  check_downloads(&e, c, job);
   lt_client_destroy(c);
 
   /* Stop: a clean exit, nothing of it left running or listening. */

@@ -547,6 +547,36 @@ Test(e2e, a_job_runs_from_upload_to_a_published_peft_adapter_with_eval_against_b
 
 /* ================================================================ 2. kill -9 of a worker */
 
+/* The lowest and highest "step" of a job's records of type in attempt (lo INT64_MAX and hi 0
+ * when there are none). */
+static void step_range(lt_test_tail_t *t, const char *type, const char *job, int attempt, json_int_t *lo,
+                       json_int_t *hi) {
+  json_t *all = records(t, type, job, attempt), *r;
+  size_t i;
+  *lo = INT64_MAX;
+  *hi = 0;
+  json_array_foreach(all, i, r) {
+    json_int_t step = lt_test_ri(r, "step");
+    if (step < *lo) *lo = step;
+    if (step > *hi) *hi = step;
+  }
+  json_decref(all);
+}
+
+/* Waits (up to 300 s) until attempt 1 of job has reported a step past its newest commit, the
+ * moment a kill loses progress; fails if the job completes first. Returns the commit's step. */
+static json_int_t wait_past_a_commit(lt_test_tail_t *t, const char *job) {
+  for (int64_t t0 = lt_time_wall_ms();; lt_test_tail_poll(t, 100)) {
+    cr_assert_lt(lt_time_wall_ms() - t0, 300000, "attempt 1 never got past a commit");
+    json_int_t lo, committed, reported;
+    step_range(t, "CheckpointCommitted", job, 1, &lo, &committed);
+    step_range(t, "StepCompleted", job, 1, &lo, &reported);
+    if (committed > 0 && reported > committed) return committed;
+    cr_assert(!first(t, "JobCompleted", job, 0), "the job completed before the kill: make it longer");
+    lt_test_procs_check();
+  }
+}
+
 Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit_bit_for_bit) {
   /* Long enough to be mid-training once w2 owns partitions: uploads run beside training, so a
    * 60-step job could finish before the kill. */
@@ -560,22 +590,7 @@ Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit
   spawn("w2", "worker", NULL);
   wait_owns_partitions(t, "w2");
   /* Mid-interval: a step past the newest commit of attempt 1, then kill -9 the worker. */
-  json_int_t committed = 0;
-  for (int64_t t0 = lt_time_wall_ms();; lt_test_tail_poll(t, 100)) {
-    cr_assert_lt(lt_time_wall_ms() - t0, 300000, "attempt 1 never got past a commit");
-    json_t *cs = records(t, "CheckpointCommitted", job, 1), *ps = records(t, "StepCompleted", job, 1);
-    json_int_t max = 0;
-    size_t i;
-    json_t *r;
-    committed = 0;
-    json_array_foreach(cs, i, r) if (lt_test_ri(r, "step") > committed) committed = lt_test_ri(r, "step");
-    json_array_foreach(ps, i, r) if (lt_test_ri(r, "step") > max) max = lt_test_ri(r, "step");
-    json_decref(cs);
-    json_decref(ps);
-    if (committed > 0 && max > committed) break;
-    cr_assert(!first(t, "JobCompleted", job, 0), "the job completed before the kill: make it longer");
-    lt_test_procs_check();
-  }
+  json_int_t committed = wait_past_a_commit(t, job);
   cr_assert_eq(committed % interval, 0);
   pid_t ex = executor_pid(w1, job, 1);
   cr_assert(ex > 0, "w1 logged no executor pid");
@@ -604,12 +619,9 @@ Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit
   cr_assert_eq(lt_test_ri(done, "attempt"), 2);
   lt_test_tail_poll(t, 500);
   /* Steps lost: the progress attempt 1 reported beyond the commit, at most one interval. */
-  json_t *p1 = records(t, "StepCompleted", job, 1), *p2 = records(t, "StepCompleted", job, 2);
-  json_int_t max1 = 0, min2 = steps + 1;
-  size_t i;
-  json_t *r;
-  json_array_foreach(p1, i, r) if (lt_test_ri(r, "step") > max1) max1 = lt_test_ri(r, "step");
-  json_array_foreach(p2, i, r) if (lt_test_ri(r, "step") < min2) min2 = lt_test_ri(r, "step");
+  json_int_t min1, max1, min2, max2;
+  step_range(t, "StepCompleted", job, 1, &min1, &max1);
+  step_range(t, "StepCompleted", job, 2, &min2, &max2);
   cr_assert_eq(min2, last_commit + 1, "attempt 2's first step is %lld", (long long)min2);
   /* Progress records the dead worker had not delivered die with it, so attempt 1's last reported
    * step can equal its last commit (a commit can land between the test's look and the kill).
@@ -617,8 +629,6 @@ Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit
    * checkpoint until the worker has recorded its commit: at most one interval is lost. */
   cr_assert(max1 - last_commit <= interval && max1 >= last_commit,
             "attempt 1 reached step %lld, resumed from %lld", (long long)max1, (long long)last_commit);
-  json_decref(p1);
-  json_decref(p2);
   /* The dead worker's executor did not go on training attempt 1 (and staging its checkpoints). */
   char staged1[256];
   snprintf(staged1, sizeof staged1, "staging/%s/%s/1/", tenant, job);
@@ -714,6 +724,42 @@ typedef enum { AT_FIRST_STEP, AT_LAST_STEP, AT_FINAL_COMMIT, AT_COMPLETED, AT__N
 static const char *const moment_names[AT__N] = {"the first step", "the last step",
                                                 "the final checkpoint commit", "the completion"};
 
+/* Has job (of steps steps) reached moment k in the log? */
+static bool reached(lt_test_tail_t *t, moment_t k, const char *job, int steps) {
+  if (k == AT_COMPLETED) return first(t, "JobCompleted", job, 0) != NULL;
+  json_t *all = records(t, k == AT_FINAL_COMMIT ? "CheckpointCommitted" : "StepCompleted", job, 0), *r;
+  bool hit = false;
+  size_t i;
+  json_array_foreach(all, i, r) {
+    if (k == AT_FINAL_COMMIT) hit |= lt_test_rb(r, "final");
+    else hit |= lt_test_ri(r, "step") == (k == AT_LAST_STEP ? steps : 1);
+  }
+  json_decref(all);
+  return hit;
+}
+
+/* Where a job's first CancelRequested and its first terminal record (JobCompleted, JobCancelled
+ * or JobFailed) stand in its control partition (-1: none); returns that terminal record's type,
+ * NULL when there is none (owned by the tail). */
+static const char *log_order(lt_test_tail_t *t, const char *job, long *cancel_at, long *terminal_at) {
+  json_t *ctl = lt_test_tail_select(t, "control", NULL, job, 0), *r;
+  const char *terminal = NULL;
+  size_t i;
+  *cancel_at = *terminal_at = -1;
+  json_array_foreach(ctl, i, r) {
+    const char *type = json_string_value(json_object_get(r, "type"));
+    long off = (long)json_integer_value(json_object_get(r, "offset"));
+    if (!strcmp(type, "CancelRequested") && *cancel_at < 0) *cancel_at = off;
+    if ((!strcmp(type, "JobCompleted") || !strcmp(type, "JobCancelled") || !strcmp(type, "JobFailed")) &&
+        *terminal_at < 0) {
+      *terminal_at = off;
+      terminal = type;
+    }
+  }
+  json_decref(ctl);
+  return terminal;
+}
+
 Test(e2e, cancel_racing_completion_ends_as_the_log_order_says_and_publishes_only_completions) {
   const int steps = 10;
   char ds[64], jobs[AT__N][64];
@@ -727,25 +773,7 @@ Test(e2e, cancel_racing_completion_ends_as_the_log_order_says_and_publishes_only
     for (int k = 0; k < AT__N; k++) {
       if (asked[k]) continue;
       pending++;
-      json_t *hit = NULL, *all;
-      size_t i;
-      json_t *r;
-      switch ((moment_t)k) {
-      case AT_FIRST_STEP:
-      case AT_LAST_STEP:
-        all = records(t, "StepCompleted", jobs[k], 0);
-        json_array_foreach(all, i, r) if (lt_test_ri(r, "step") == (k == AT_LAST_STEP ? steps : 1)) hit = r;
-        json_decref(all);
-        break;
-      case AT_FINAL_COMMIT:
-        all = records(t, "CheckpointCommitted", jobs[k], 0);
-        json_array_foreach(all, i, r) if (lt_test_rb(r, "final")) hit = r;
-        json_decref(all);
-        break;
-      default:
-        hit = first(t, "JobCompleted", jobs[k], 0);
-      }
-      if (hit) {
+      if (reached(t, (moment_t)k, jobs[k], steps)) {
         int st = cancel(jobs[k]);
         cr_assert(st == 200 || st == 202 || st == 409, "cancel of %s answered %d", jobs[k], st);
         asked[k] = true;
@@ -774,23 +802,8 @@ Test(e2e, cancel_racing_completion_ends_as_the_log_order_says_and_publishes_only
   lt_test_tail_poll(t, 3000); /* whatever else the publisher would have written by now */
   int cancelled = 0, completed = 0;
   for (int k = 0; k < AT__N; k++) {
-    json_t *ctl = records(t, NULL, jobs[k], 0);
-    long cancel_at = -1, terminal_at = -1;
-    const char *terminal = NULL;
-    size_t i;
-    json_t *r;
-    json_array_foreach(ctl, i, r) {
-      if (strcmp(json_string_value(json_object_get(r, "topic")), "control")) continue;
-      const char *type = json_string_value(json_object_get(r, "type"));
-      long off = (long)json_integer_value(json_object_get(r, "offset"));
-      if (!strcmp(type, "CancelRequested") && cancel_at < 0) cancel_at = off;
-      if ((!strcmp(type, "JobCompleted") || !strcmp(type, "JobCancelled") || !strcmp(type, "JobFailed")) &&
-          terminal_at < 0) {
-        terminal_at = off;
-        terminal = type;
-      }
-    }
-    json_decref(ctl);
+    long cancel_at, terminal_at;
+    const char *terminal = log_order(t, jobs[k], &cancel_at, &terminal_at);
     cr_assert(terminal, "job %d has no terminal record", k);
     cr_assert_str_neq(terminal, "JobFailed", "job %d failed", k);
     bool want_cancel = cancel_at >= 0 && cancel_at < terminal_at;

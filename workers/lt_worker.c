@@ -617,11 +617,16 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
   if (!j || j->attempt < p->attempt) return false; /* the control record is not folded yet */
   if (j->attempt > p->attempt || j->state != LT_JOB_DISPATCHED || j->cancel_requested) return true; /* stale: drop */
+  /* The scheduler dispatched the job, so its tenant exists: a tenant this worker has not met is
+   * one its fold has not read yet (lathe.tenants is a topic of its own, read beside the job
+   * topics in no set order). Wait for it; if it never comes, the scheduler's start timeout
+   * dispatches a new attempt and this one goes stale. */
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(w->proj), j->tenant_id);
+  if (!t) return false;
   attempt_t *a = NULL;
   for (int i = 0; i < w->conf.slots && !a; i++)
     if (w->slots[i].state == A_FREE) a = &w->slots[i];
   if (!a) return false;
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(w->proj), j->tenant_id);
   slot_reset(a);
   snprintf(a->job_id, sizeof a->job_id, "%s", j->job_id);
   snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
@@ -630,8 +635,8 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->lease_ms = p->lease_ms > 0 ? p->lease_ms : 30000;
   a->last_progress_ms = lt_time_wall_ms();
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
-  if (!t || p->spec_err) {
-    fail_start(w, a, !t ? "the job's tenant is unknown to the worker" : p->spec_msg);
+  if (p->spec_err) {
+    fail_start(w, a, p->spec_msg);
     return true;
   }
   if (claim(w, a, j)) {

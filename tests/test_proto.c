@@ -1,0 +1,181 @@
+/* Tests of the worker <-> executor protocol (workers/lt_proto): every message type survives an
+ * encode and a decode with its fields; the wire bytes of the lines the worker writes are exactly
+ * what both sides have always read; what a confused or hostile executor could print (not JSON,
+ * an assignment with a spec that does not validate, too many checkpoint keys, an unknown type)
+ * is refused or ignored with a reason, never half-read. */
+#include <math.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "lt_proto.h"
+
+static lt_proto_msg_t roundtrip(const lt_proto_msg_t *in) {
+  char *line = NULL, err[256] = "";
+  size_t len = 0;
+  cr_assert_eq(lt_proto_encode(in, &line, &len), LT_OK, "encode %s", lt_proto_type_name(in->type));
+  cr_assert_eq(line[len - 1], '\n', "one line, newline included");
+  cr_assert_null(memchr(line, '\n', len - 1), "no newline inside the line: %s", line);
+  lt_proto_msg_t out;
+  cr_assert_eq(lt_proto_decode(line, &out, err, sizeof err), LT_OK, "%s: %s", line, err);
+  free(line);
+  return out;
+}
+
+Test(proto, committed_line_is_the_bytes_the_executor_waits_for) {
+  lt_proto_msg_t m = {.type = LT_PROTO_COMMITTED, .committed = {.step = 40}};
+  char *line;
+  size_t len;
+  cr_assert_eq(lt_proto_encode(&m, &line, &len), LT_OK);
+  cr_assert_str_eq(line, "{\"type\":\"committed\",\"step\":40}\n");
+  cr_assert_eq(len, strlen(line));
+  free(line);
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_eq(out.type, LT_PROTO_COMMITTED);
+  cr_assert_eq(out.committed.step, 40);
+  lt_proto_msg_release(&out);
+}
+
+Test(proto, step_and_eval_keep_their_metrics) {
+  lt_proto_msg_t m = {.type = LT_PROTO_STEP,
+                      .step = {.step = 7, .total_steps = 300, .loss = 1.25, .learning_rate = 2e-4,
+                               .grad_norm = 0.5, .tokens = 1024, .tokens_per_s = 181.5, .elapsed_ms = 9000,
+                               .eta_ms = 120000, .epoch = 0.75}};
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_eq(out.type, LT_PROTO_STEP);
+  cr_assert_eq(out.step.step, 7);
+  cr_assert_eq(out.step.total_steps, 300);
+  cr_assert_float_eq(out.step.loss, 1.25, 1e-12);
+  cr_assert_float_eq(out.step.learning_rate, 2e-4, 1e-12);
+  cr_assert_eq(out.step.tokens, 1024);
+  cr_assert_eq(out.step.eta_ms, 120000);
+  cr_assert_float_eq(out.step.epoch, 0.75, 1e-12);
+  lt_proto_msg_release(&out);
+
+  lt_proto_msg_t e = {.type = LT_PROTO_EVAL,
+                      .eval = {.step = 300, .final = true, .examples = 400, .val_loss = 0.5, .perplexity = 1.65,
+                               .exact_match = 0.75, .em_ci_low = 0.69, .em_ci_high = 0.81,
+                               .base_exact_match = 0.0}};
+  strcpy(e.eval.config_digest, "ab12");
+  out = roundtrip(&e);
+  cr_assert_eq(out.type, LT_PROTO_EVAL);
+  cr_assert(out.eval.final);
+  cr_assert_eq(out.eval.examples, 400);
+  cr_assert_float_eq(out.eval.exact_match, 0.75, 1e-9);
+  cr_assert_float_eq(out.eval.em_ci_high, 0.81, 1e-9);
+  cr_assert_str_eq(out.eval.config_digest, "ab12");
+  lt_proto_msg_release(&out);
+}
+
+Test(proto, checkpoint_names_every_object_and_its_hash) {
+  lt_proto_msg_t m = {.type = LT_PROTO_CHECKPOINT,
+                      .checkpoint = {.step = 40, .final = false, .trigger = "interval", .bytes = 3400000}};
+  static const char *keys[LT_CKPT_NAMES];
+  char names[LT_CKPT_NAMES][64];
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
+    snprintf(names[i], sizeof names[i], "staging/acme/job-1/1/40/object-%zu", i);
+    keys[i] = names[i];
+    m.checkpoint.keys[i] = keys[i];
+  }
+  memset(m.checkpoint.sha256_hex, 'f', 64);
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_eq(out.type, LT_PROTO_CHECKPOINT);
+  cr_assert_eq(out.checkpoint.step, 40);
+  cr_assert_str_eq(out.checkpoint.trigger, "interval");
+  cr_assert_eq(out.checkpoint.bytes, 3400000);
+  cr_assert_str_eq(out.checkpoint.sha256_hex, m.checkpoint.sha256_hex);
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) cr_assert_str_eq(out.checkpoint.keys[i], names[i], "key %zu", i);
+  lt_proto_msg_release(&out);
+}
+
+Test(proto, last_messages_say_how_the_attempt_ended) {
+  lt_proto_msg_t s = {.type = LT_PROTO_STOPPED, .stopped = {.why = LT_TRAIN_STOP_CANCEL, .step = 12}};
+  lt_proto_msg_t out = roundtrip(&s);
+  cr_assert_eq(out.type, LT_PROTO_STOPPED);
+  cr_assert_eq(out.stopped.why, LT_TRAIN_STOP_CANCEL);
+  cr_assert_eq(out.stopped.step, 12);
+  lt_proto_msg_release(&out);
+  s.stopped.why = LT_TRAIN_STOP_PREEMPT;
+  out = roundtrip(&s);
+  cr_assert_eq(out.stopped.why, LT_TRAIN_STOP_PREEMPT);
+  lt_proto_msg_release(&out);
+
+  lt_proto_msg_t d = {.type = LT_PROTO_DONE, .done = {.step = 300, .config_digest = "cafe"}};
+  out = roundtrip(&d);
+  cr_assert_eq(out.type, LT_PROTO_DONE);
+  cr_assert_eq(out.done.step, 300);
+  cr_assert_str_eq(out.done.config_digest, "cafe");
+  lt_proto_msg_release(&out);
+
+  lt_proto_msg_t f = {.type = LT_PROTO_ERROR, .error = {.reason = "checkpoint upload failed: store down"}};
+  out = roundtrip(&f);
+  cr_assert_eq(out.type, LT_PROTO_ERROR);
+  cr_assert_str_eq(out.error.reason, "checkpoint upload failed: store down");
+  lt_proto_msg_release(&out);
+}
+
+Test(proto, assignment_carries_the_spec_and_the_keys_reference) {
+  lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
+                      .assignment = {.job_id = "job-1", .tenant_id = "acme", .attempt = 2,
+                                     .model_dir = "/models/lathe-tiny/", .work_dir = "/work/a1", .threads = 2,
+                                     .train_id = "ds-1", .valid_id = NULL, .key_id = "k1",
+                                     .wrapped_hex = "00ff", .resume_state_key = "staging/acme/job-1/1/40/state.bin"}};
+  lt_jobspec_defaults(&m.assignment.spec);
+  snprintf(m.assignment.spec.base_model, sizeof m.assignment.spec.base_model, "lathe-tiny");
+  snprintf(m.assignment.spec.dataset_id, sizeof m.assignment.spec.dataset_id, "ds-1");
+  m.assignment.spec.hp.max_steps = 60;
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_eq(out.type, LT_PROTO_ASSIGNMENT);
+  lt_proto_assignment_t *a = &out.assignment;
+  cr_assert_str_eq(a->job_id, "job-1");
+  cr_assert_str_eq(a->tenant_id, "acme");
+  cr_assert_eq(a->attempt, 2);
+  cr_assert_eq(a->threads, 2);
+  cr_assert_null(a->valid_id);
+  cr_assert_str_eq(a->wrapped_hex, "00ff");
+  cr_assert_str_eq(a->resume_state_key, "staging/acme/job-1/1/40/state.bin");
+  cr_assert_eq(a->spec.hp.max_steps, 60);
+  cr_assert_str_eq(a->spec.base_model, "lathe-tiny");
+  lt_proto_msg_release(&out);
+}
+
+/* What an executor could print that is not a message: each is refused with a reason. */
+static const struct {
+  const char *line;
+  lt_err_t want;
+  const char *says;
+} bad_lines[] = {
+    {"not json at all", LT_ERR_CORRUPT, ""},
+    {"{\"type\":\"step\",", LT_ERR_CORRUPT, ""},
+    {"{\"job_id\":\"j\"}", LT_ERR_INVALID, ""}, /* an assignment missing its fields */
+    {"{\"type\":\"checkpoint\",\"step\":1,\"keys\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}",
+     LT_ERR_INVALID, ""},
+};
+
+Test(proto, lines_that_are_not_messages_are_refused_with_a_reason) {
+  for (size_t i = 0; i < sizeof bad_lines / sizeof bad_lines[0]; i++) {
+    lt_proto_msg_t m;
+    char err[256] = "";
+    lt_err_t e = lt_proto_decode(bad_lines[i].line, &m, err, sizeof err);
+    cr_expect_eq(e, bad_lines[i].want, "%s: %s (%s)", bad_lines[i].line, lt_err_name(e), err);
+    cr_expect_neq(err[0], '\0', "%s: no reason given", bad_lines[i].line);
+    lt_proto_msg_release(&m);
+  }
+}
+
+Test(proto, a_type_this_version_does_not_know_is_read_as_unknown) {
+  lt_proto_msg_t m;
+  char err[256] = "";
+  cr_assert_eq(lt_proto_decode("{\"type\":\"telemetry\",\"x\":1}\n", &m, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(m.type, LT_PROTO_UNKNOWN);
+  lt_proto_msg_release(&m);
+}
+
+Test(proto, a_value_that_cannot_be_written_is_an_error_not_a_line) {
+  lt_proto_msg_t m = {.type = LT_PROTO_DONE, .done = {.step = 1, .config_digest = NULL}};
+  char *line = (char *)1;
+  size_t len = 1;
+  cr_assert_eq(lt_proto_encode(&m, &line, &len), LT_ERR_INVALID);
+  cr_assert_null(line);
+  cr_assert_eq(len, 0);
+}

@@ -221,7 +221,7 @@ static double run_shape(const char *label, lt_model_config_t *c, int threads, in
            every, tc, (tc / tp - 1) * 100);
   }
   double n_ck = (double)rounds * steps; /* per step, checkpointed or not */
-  lt_ckpt_free(ck_up);
+  lt_ckpt_destroy(ck_up);
   printf("%s: checkpoint parts per step on the training thread: save_state %.1f ms, export_peft %.1f ms, "
          "waiting for the background seal+upload (%s) %.1f ms\n", label,
          ck_parts[0] / n_ck * 1e3, ck_parts[1] / n_ck * 1e3, up ? lt_store_kind(up->store) : "none",
@@ -278,8 +278,8 @@ int main(void) {
       lt_store_delete(up.store, key, NULL, 0);
     }
   }
-  lt_crypto_dek_free(up.dek);
-  lt_store_free(up.store);
+  lt_crypto_dek_destroy(up.dek);
+  lt_store_destroy(up.store);
   double la[3] = {0};
   FILE *lf = fopen("/proc/loadavg", "r");
   if (lf) {

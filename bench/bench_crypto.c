@@ -91,9 +91,9 @@ int main(int argc, char **argv) {
   printf("LTE1 stream decrypt+verify:     %.0f MB/s\n", mb / best_dec);
   printf("crypto_decrypt_vs_raw_gcm: %.3f\n", best_raw / best_dec);
   printf("crypto_stream_vs_raw_gcm: %.3f\n", best_raw / best_enc);
-  lt_crypto_stream_free(enc);
-  lt_crypto_stream_free(dec);
-  lt_crypto_dek_free(dek);
+  lt_crypto_stream_destroy(enc);
+  lt_crypto_stream_destroy(dec);
+  lt_crypto_dek_destroy(dek);
   free(in); free(raw); free(ct); free(pt);
   return 0;
 }

@@ -73,7 +73,7 @@ int main(void) {
   char sha[65];
   lt_crypto_sha256_final(h, d);
   lt_crypto_hex(d, 32, sha);
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
   lt_publisher_checkpoint_t ck = {.tenant_id = tenant, .job_id = job, .attempt = 1, .step = 1000, .object_keys = kv,
                                   .nkeys = 6, .sha256_hex = sha, .bytes = total};
   printf("checkpoint: %d objects, %.2f MiB stored, S3 at %s\n", 6, total / 1048576.0, sc.endpoint);
@@ -129,7 +129,7 @@ int main(void) {
   printf("plain get+put:     median %.1f MB/s, best %.1f MB/s\n", copy_mbs[ROUNDS / 2], copy_mbs[ROUNDS - 1]);
   printf("publisher_vs_copy_ratio: %.3f\n", ratio[ROUNDS / 2]);
   free(pr);
-  lt_crypto_dek_free(dek);
-  lt_store_free(store);
+  lt_crypto_dek_destroy(dek);
+  lt_store_destroy(store);
   return 0;
 }

@@ -74,8 +74,8 @@ int main(int argc, char **argv) {
          mb / s3_get, c.endpoint, 8);
   printf("store_s3_vs_dir_get: %.3f\n", dir_get / s3_get);
   printf("store_s3_vs_dir_put: %.3f\n", dir_put / s3_put);
-  lt_store_free(s3);
-  lt_store_free(dir);
+  lt_store_destroy(s3);
+  lt_store_destroy(dir);
   rmdir(root);
   free(p);
   return 0;

@@ -381,7 +381,7 @@ Test(api, dataset_over_the_tenants_byte_quota_is_429_and_nothing_is_stored) {
   lt_err_t e = lt_store_list(st, prefix_key, "", 0, count_object, &count, next, sizeof next, err, sizeof err);
   cr_assert_eq(e, LT_OK, "%s", err);
   cr_expect_eq(count, 0, "objects of a refused upload stayed in the bucket");
-  lt_store_free(st);
+  lt_store_destroy(st);
 }
 
 Test(api, max_queued_jobs_exceeded_is_429_naming_the_limit) {

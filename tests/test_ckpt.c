@@ -118,9 +118,9 @@ static void fix_open(fix_t *f, lt_store_t *store, const char *prefix, int64_t re
 }
 
 static void fix_close(fix_t *f) {
-  lt_ckpt_free(f->u);
-  lt_crypto_dek_free(f->dek);
-  lt_store_free(f->store);
+  lt_ckpt_destroy(f->u);
+  lt_crypto_dek_destroy(f->dek);
+  lt_store_destroy(f->store);
 }
 
 Test(ckpt, stores_every_object_sealed_and_reports_hash_and_size) {
@@ -167,7 +167,7 @@ Test(ckpt, stores_every_object_sealed_and_reports_hash_and_size) {
   uint8_t sha[32];
   char hex[65];
   lt_crypto_sha256_final(h, sha);
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
   cr_assert_str_eq(f.seen.last.sha256_hex, lt_crypto_hex(sha, 32, hex), "the hash covers the stored bytes in order");
   cr_assert_eq(f.seen.last.bytes, stored_bytes);
   fix_close(&f);

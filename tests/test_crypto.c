@@ -58,7 +58,7 @@ static void roundtrip(size_t n, size_t chunk) {
   if (n) cr_assert(memmem(ct, ct_len, p, n < 16 ? n : 16) == NULL || n < 4,
                    "ciphertext contains the plaintext");
   free(p); free(pt); free(ct);
-  lt_crypto_dek_free(d);
+  lt_crypto_dek_destroy(d);
 }
 
 Test(crypto, roundtrip_empty_one_byte_exact_chunk_and_multi_chunk) {
@@ -127,9 +127,9 @@ Test(crypto, streaming_in_irregular_pieces_matches_one_shot) {
   cr_assert_eq(o, lt_crypto_sealed_size(d, 0, chunk));
   cr_assert(memcmp(tmp + 12, ct + 12, 32) != 0, "two objects share a salt");
   free(p); free(pt); free(pt2); free(ct); free(tmp);
-  lt_crypto_stream_free(enc);
-  lt_crypto_stream_free(dec);
-  lt_crypto_dek_free(d);
+  lt_crypto_stream_destroy(enc);
+  lt_crypto_stream_destroy(dec);
+  lt_crypto_dek_destroy(d);
 }
 
 /* Layout helpers for a 4-chunk object with chunk size C and a 2-byte key id "k1". */
@@ -154,7 +154,7 @@ static struct fixture make(size_t n, const char *key, unsigned seed) {
 
 static void drop(struct fixture *f) {
   free(f->p); free(f->ct);
-  lt_crypto_dek_free(f->d);
+  lt_crypto_dek_destroy(f->d);
 }
 
 static void expect_corrupt(const lt_crypto_dek_t *d, const char *key, const uint8_t *ct,
@@ -240,7 +240,7 @@ Test(crypto, ciphertext_under_another_object_key_or_tenant_is_refused) {
   lt_crypto_dek_t *other = dek_raw("t2", "k1", 0x33);
   expect_corrupt(other, "tenants/t1/artifacts/j1/adapter", f.ct, f.ct_len, "other tenant");
   cr_assert(strstr(err, "t2") != NULL, "message should name the tenant: %s", err);
-  lt_crypto_dek_free(other);
+  lt_crypto_dek_destroy(other);
   drop(&f);
 }
 
@@ -280,8 +280,8 @@ Test(crypto, wrong_data_key_is_refused) {
   char kid[LT_CRYPTO_ID_MAX + 1];
   cr_assert_eq(lt_crypto_peek_key_id(f.ct, f.ct_len, kid, sizeof kid, err, sizeof err), LT_OK);
   cr_assert_str_eq(kid, "k1");
-  lt_crypto_dek_free(same_id);
-  lt_crypto_dek_free(other_id);
+  lt_crypto_dek_destroy(same_id);
+  lt_crypto_dek_destroy(other_id);
   drop(&f);
 }
 
@@ -298,7 +298,7 @@ Test(crypto, plaintext_of_a_bad_chunk_is_never_released) {
   cr_assert_eq(lt_crypto_stream_final(s, out, f.ct_len, &o, err, sizeof err), LT_ERR_INVALID,
                "a failed stream must stay failed");
   free(out);
-  lt_crypto_stream_free(s);
+  lt_crypto_stream_destroy(s);
   drop(&f);
 }
 
@@ -332,7 +332,7 @@ Test(crypto, wrapped_data_key_unwraps_only_with_its_master_key_and_tenant) {
   cr_assert_eq(open_(u, "x", ct, ct_len, &pt, &pt_len), LT_OK, "%s", err);
   cr_assert(pt_len == 5 && memcmp(pt, "hello", 5) == 0);
   free(ct); free(pt);
-  lt_crypto_dek_free(u);
+  lt_crypto_dek_destroy(u);
 
   u = NULL;
   cr_assert_eq(lt_crypto_dek_unwrap(kb_same_id, "tenant-a", blob, bl, &u, err, sizeof err),
@@ -352,8 +352,8 @@ Test(crypto, wrapped_data_key_unwraps_only_with_its_master_key_and_tenant) {
   }
   cr_assert_eq(lt_crypto_dek_unwrap(ka, "tenant-a", blob, bl - 1, &u, err, sizeof err),
                LT_ERR_CORRUPT);
-  lt_crypto_dek_free(d);
-  lt_crypto_kek_free(ka); lt_crypto_kek_free(kb); lt_crypto_kek_free(kb_same_id);
+  lt_crypto_dek_destroy(d);
+  lt_crypto_kek_destroy(ka); lt_crypto_kek_destroy(kb); lt_crypto_kek_destroy(kb_same_id);
 }
 
 Test(crypto, master_key_is_read_from_hex_base64_file_and_env) {
@@ -368,8 +368,8 @@ Test(crypto, master_key_is_read_from_hex_base64_file_and_env) {
   size_t bl;
   cr_assert_eq(lt_crypto_dek_wrap(a, d, blob, sizeof blob, &bl, err, sizeof err), LT_OK);
   cr_assert_eq(lt_crypto_dek_unwrap(b, "t", blob, bl, &u, err, sizeof err), LT_OK, "%s", err);
-  lt_crypto_dek_free(u);
-  lt_crypto_kek_free(b);
+  lt_crypto_dek_destroy(u);
+  lt_crypto_kek_destroy(b);
 
   cr_assert_eq(lt_crypto_kek_from_text(&b, "m", "abc", err, sizeof err), LT_ERR_INVALID);
   cr_assert(strstr(err, "64 hex") != NULL, "%s", err);
@@ -393,7 +393,7 @@ Test(crypto, master_key_is_read_from_hex_base64_file_and_env) {
   cr_assert_str_eq(lt_crypto_kek_id(b), "env-key");
   cr_assert_eq(lt_crypto_dek_unwrap(b, "t", blob, bl, &u, err, sizeof err), LT_ERR_CORRUPT,
                "the id is part of the binding");
-  lt_crypto_kek_free(b);
+  lt_crypto_kek_destroy(b);
   unlink(path);
   unsetenv("LATHE_MASTER_KEY_FILE");
   unsetenv("LATHE_MASTER_KEY");
@@ -404,8 +404,8 @@ Test(crypto, master_key_is_read_from_hex_base64_file_and_env) {
   cr_assert(strstr(err, "LATHE_MASTER_KEY:") != NULL, "%s", err);
   unsetenv("LATHE_MASTER_KEY");
   unsetenv("LATHE_MASTER_KEY_ID");
-  lt_crypto_dek_free(d);
-  lt_crypto_kek_free(a);
+  lt_crypto_dek_destroy(d);
+  lt_crypto_kek_destroy(a);
 }
 
 /* ---- primitives and helpers ----------------------------------------------------------------- */
@@ -460,7 +460,7 @@ Test(crypto, sha256_matches_fips_180_vectors_streaming_and_one_shot) {
   lt_crypto_sha256_final(h, e);
   lt_crypto_sha256("abc", 3, d);
   cr_assert(lt_crypto_ct_equal(d, e, 32), "reset did not restart the hash");
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
 }
 
 Test(crypto, hex_constant_time_compare_and_random_ids) {

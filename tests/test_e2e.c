@@ -263,7 +263,7 @@ static int count_objects(const char *under) {
   char next[LT_STORE_KEY_MAX + 1] = "";
   cr_assert_eq(lt_store_list(st, under, NULL, 1000, count_key, &n, next, sizeof next, err, sizeof err), LT_OK, "%s",
                err);
-  lt_store_free(st);
+  lt_store_destroy(st);
   return n;
 }
 
@@ -283,7 +283,7 @@ static json_int_t max_staged_step(const char *under, json_int_t from, json_int_t
       snprintf(key, sizeof key, "%s%lld/%s", under, (long long)step, names[i]);
       if (lt_store_head(st, key, &info, NULL, 0) == LT_OK) found = step;
     }
-  lt_store_free(st);
+  lt_store_destroy(st);
   return found;
 }
 

@@ -37,7 +37,7 @@ Test(map, insert_get_replace_and_delete) {
   cr_assert_not(lt_map_has(m, "alpha"));
   cr_assert_eq(lt_map_get(m, "beta"), &b);
   cr_assert_eq(lt_map_count(m), 1);
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, a_set_stores_null_and_has_tells_presence) {
@@ -46,7 +46,7 @@ Test(map, a_set_stores_null_and_has_tells_presence) {
   cr_assert(lt_map_has(m, "tenant-a/ds-1"));
   cr_assert_null(lt_map_get(m, "tenant-a/ds-1"));
   cr_assert_not(lt_map_has(m, "tenant-a/ds-2"));
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, the_key_is_copied) {
@@ -57,7 +57,7 @@ Test(map, the_key_is_copied) {
   strcpy(key, "job-2");
   cr_assert_eq(lt_map_get(m, "job-1"), &v);
   cr_assert_not(lt_map_has(m, "job-2"));
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, owned_values_are_freed_on_replace_delete_and_free) {
@@ -71,7 +71,7 @@ Test(map, owned_values_are_freed_on_replace_delete_and_free) {
   lt_map_del(m, "b"); /* frees 3 */
   cr_assert_eq(freed, 2);
   lt_map_set(m, "c", NULL); /* NULL is never passed to the free function */
-  lt_map_free(m);       /* frees 2 */
+  lt_map_destroy(m);       /* frees 2 */
   cr_assert_eq(freed, 3);
 }
 
@@ -94,7 +94,7 @@ Test(map, grows_and_keeps_every_key) {
     if (i % 2) cr_assert(v && *v == i, "key-%d lost", i);
     else cr_assert_null(v, "key-%d came back", i);
   }
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, iterates_in_insertion_order) {
@@ -115,7 +115,7 @@ Test(map, iterates_in_insertion_order) {
     n++;
   }
   cr_assert_eq(n, 5);
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, deleting_the_current_key_while_iterating) {
@@ -133,7 +133,7 @@ Test(map, deleting_the_current_key_while_iterating) {
   }
   cr_assert_eq(seen, 100);
   cr_assert_eq(lt_map_count(m), 66);
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, colliding_keys_stay_reachable_across_a_delete) {
@@ -160,7 +160,7 @@ Test(map, colliding_keys_stay_reachable_across_a_delete) {
   lt_map_set(m, keys[1], &v[1]);
   cr_assert_eq(lt_map_get(m, keys[1]), &v[1]);
   cr_assert_eq(lt_map_count(m), 5);
-  lt_map_free(m);
+  lt_map_destroy(m);
 }
 
 Test(map, churn_reuses_room_left_by_deleted_keys) {
@@ -185,5 +185,5 @@ Test(map, churn_reuses_room_left_by_deleted_keys) {
     cr_assert_eq(it.value, &v[i]);
   }
   cr_assert_not(lt_map_next(m, &it));
-  lt_map_free(m);
+  lt_map_destroy(m);
 }

@@ -121,9 +121,9 @@ static void teardown(void) {
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(bus);
   lt_avro_registry_destroy(reg);
-  lt_crypto_dek_free(dek);
-  lt_crypto_kek_free(kek);
-  lt_store_free(store);
+  lt_crypto_dek_destroy(dek);
+  lt_crypto_kek_destroy(kek);
+  lt_store_destroy(store);
   if (base) event_base_free(base);
 }
 
@@ -229,7 +229,7 @@ static void stage_bad(const char *job, int attempt, int64_t step, ckpt_t *ck, in
     uint8_t *sealed = malloc(cap);
     cr_assert_eq(lt_crypto_seal(other ? other : dek, ck->keys[i], 0, plain, len, sealed, cap, &slen, err, sizeof err),
                  LT_OK, "%s", err);
-    lt_crypto_dek_free(other);
+    lt_crypto_dek_destroy(other);
     cr_assert_eq(lt_store_put(store, ck->keys[i], sealed, slen, NULL, err, sizeof err), LT_OK, "%s", err);
     lt_crypto_sha256_update(h, sealed, slen);
     ck->bytes += (int64_t)slen;
@@ -242,7 +242,7 @@ static void stage_bad(const char *job, int attempt, int64_t step, ckpt_t *ck, in
   ck->n = 6;
   lt_crypto_sha256_final(h, d);
   lt_crypto_hex(d, 32, ck->sha256);
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
 }
 
 static void stage(const char *job, int attempt, int64_t step, ckpt_t *ck) { stage_bad(job, attempt, step, ck, -1); }
@@ -506,7 +506,7 @@ Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishe
   lt_store_t *down;
   cr_assert_eq(lt_store_s3_new(&down, &sc, err, sizeof err), LT_OK, "%s", err);
   lt_publisher_stats_t s = run_publisher(down, NULL, is_ready, 3000);
-  lt_store_free(down);
+  lt_store_destroy(down);
   cr_assert_eq(s.published, 0);
   cr_assert_eq(s.rejected, 0, "an unavailable store is retried, never a rejection");
   cr_assert_geq(s.retries, 1);

@@ -457,7 +457,7 @@ static void run_sim(const char *text, lt_sched_policy_t p, lt_sched_sim_result_t
   cfg.workers = 4;
   cfg.slots_per_worker = 4;
   cr_assert_eq(lt_sched_sim_run(tr, &cfg, r, err, sizeof err), LT_OK, "%s", err);
-  lt_sched_trace_free(tr);
+  lt_sched_trace_destroy(tr);
 }
 
 Test(sched, lathe_is_fairer_than_fifo_with_one_heavy_tenant) {

@@ -94,7 +94,7 @@ static void run_contract(lt_store_t *s, contract_fn fn) {
   char prefix[64];
   fresh_prefix(prefix, sizeof prefix);
   fn(s, prefix);
-  lt_store_free(s);
+  lt_store_destroy(s);
 }
 
 /* Defines the same test for both backends. */
@@ -283,7 +283,7 @@ CONTRACT(multipart_sized_object_round_trips_with_matching_sha256) {
   cr_assert_eq(lt_store_get_stream(s, k(prefix, "big-streamed"), hash_sink, &hs, got_get, err,
                                    sizeof err), LT_OK, "%s", err);
   lt_crypto_sha256_final(hs.h, got_sink);
-  lt_crypto_sha256_free(hs.h);
+  lt_crypto_sha256_destroy(hs.h);
   cr_assert_eq(hs.n, n);
   cr_assert(memcmp(got_sink, want, 32) == 0 && memcmp(got_get, want, 32) == 0,
             "streamed get hash differs");
@@ -444,10 +444,10 @@ CONTRACT(encrypted_stream_through_the_store_round_trips_and_detects_a_rename) {
                LT_ERR_CORRUPT, "a renamed object must not decrypt");
   lt_store_delete(s, key, err, sizeof err);
   lt_store_delete(s, moved, err, sizeof err);
-  lt_crypto_stream_free(d.dec);
-  lt_crypto_stream_free(enc);
-  lt_crypto_sha256_free(d.h);
-  lt_crypto_dek_free(dek);
+  lt_crypto_stream_destroy(d.dec);
+  lt_crypto_stream_destroy(enc);
+  lt_crypto_sha256_destroy(d.h);
+  lt_crypto_dek_destroy(dek);
   free(d.tmp); free(out); free(p);
 }
 
@@ -492,16 +492,16 @@ Test(store_dir, odd_keys_stay_inside_the_root_and_do_not_collide) {
   walk_check_inside(real_root, real_root, &files);
   cr_assert_eq(files, (int)nk, "one file per object, no temp files left (%d)", files);
   free(c);
-  lt_store_free(s);
+  lt_store_destroy(s);
 }
 
 Test(store_dir, a_store_reopened_on_the_same_root_sees_the_objects) {
   lt_store_t *s = open_dir();
   cr_assert_eq(lt_store_put(s, "k/1", "one", 3, NULL, err, sizeof err), LT_OK);
-  lt_store_free(s);
+  lt_store_destroy(s);
   cr_assert_eq(lt_store_dir_new(&s, dir_root, err, sizeof err), LT_OK);
   expect_content(s, "k/1", (const uint8_t *)"one", 3);
-  lt_store_free(s);
+  lt_store_destroy(s);
 }
 
 /* ---- S3 store ------------------------------------------------------------------------------- */
@@ -530,7 +530,7 @@ Test(store_s3, unreachable_store_is_retried_then_unavailable_in_bounded_time, .t
   e = lt_store_put(s, "big", p, big, NULL, err, sizeof err);
   cr_assert_eq(e, LT_ERR_UNAVAILABLE, "multipart: got %s: %s", lt_err_name(e), err);
   free(p);
-  lt_store_free(s);
+  lt_store_destroy(s);
 }
 
 /* A server that reads the start of each request and hangs up without answering: what a client
@@ -574,7 +574,7 @@ Test(store_s3, a_connection_broken_mid_request_is_retried_then_unavailable, .tim
   cr_assert(lt_store_err_retriable(e), "a broken connection is worth retrying later");
   cr_assert(strstr(err, "3 times") != NULL, "message says how often it tried: %s", err);
   cr_assert_geq(h.hangups, 3, "every attempt reached the server (%d)", h.hangups);
-  lt_store_free(s);
+  lt_store_destroy(s);
   shutdown(h.fd, SHUT_RDWR);
   close(h.fd);
   pthread_join(th, NULL);
@@ -589,7 +589,7 @@ Test(store_s3, wrong_credentials_are_refused_not_retried) {
   lt_err_t e = lt_store_put(s, "test/creds", "x", 1, NULL, err, sizeof err);
   cr_assert_eq(e, LT_ERR_AUTH, "got %s: %s", lt_err_name(e), err);
   cr_assert(!lt_store_err_retriable(e));
-  lt_store_free(s);
+  lt_store_destroy(s);
 }
 
 Test(store_s3, configuration_errors_name_the_field_or_variable) {

@@ -190,7 +190,7 @@ Test(task, bundle_writes_four_loadable_files, .timeout = 300) {
   lt_tok_t *tok;
   cr_assert_eq(lt_tok_load_file(path, &tok, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_tok_vocab_size(tok), 512);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
   const char *names[] = {"corpus.txt", "tokenizer.json", "task_train.jsonl", "task_eval.jsonl"};
   for (int i = 0; i < 4; i++) {
     struct stat st;

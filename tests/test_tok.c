@@ -189,7 +189,7 @@ static void compare_with_reference(const char *tok_path, const char *mode,
     compared++;
   }
   cr_assert_gt(compared, 20);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
   json_decref(ref);
   free(out);
 }
@@ -274,7 +274,7 @@ Test(tok, decode_of_encode_is_identity_for_valid_and_invalid_utf8, .timeout = 30
     }
     for (size_t i = 0; i < sizeof k_invalid / sizeof k_invalid[0]; i++)
       roundtrip(tok, k_invalid[i].s, k_invalid[i].n, LT_TOK_SPECIAL);
-    lt_tok_free(tok);
+    lt_tok_destroy(tok);
   }
 }
 
@@ -304,7 +304,7 @@ Test(tok, special_tokens_are_whole_only_when_asked) {
     free(out);
   }
   lt_tok_seq_free(&seq);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 Test(tok, long_words_and_whitespace_runs_encode_in_near_linear_time, .timeout = 120) {
@@ -319,7 +319,7 @@ Test(tok, long_words_and_whitespace_runs_encode_in_near_linear_time, .timeout = 
     cr_expect_lt(sec, 10.0, "1 MiB single word (kind %d) took %.2f s", kind, sec);
   }
   free(s);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 Test(tok, decode_rejects_ids_outside_the_vocabulary) {
@@ -329,7 +329,7 @@ Test(tok, decode_rejects_ids_outside_the_vocabulary) {
   size_t n;
   cr_assert_eq(lt_tok_decode(tok, ids, 2, 0, &out, &n, err, sizeof err), LT_ERR_INVALID);
   cr_assert(strstr(err, "ids[1]") != NULL, "%s", err);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 /* ---------------------------------------------------------------- malformed files */
@@ -435,7 +435,7 @@ Test(tok, truncated_tokenizer_json_fails_cleanly_at_every_length, .timeout = 300
   size_t n = strlen(json);
   lt_tok_t *tok;
   cr_assert_eq(lt_tok_load_json(json, n, &tok, err, sizeof err), LT_OK, "%s", err);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
   for (size_t cut = 0; cut < n; cut += 1 + cut / 50) {
     lt_err_t rc = lt_tok_load_json(json, cut, &tok, err, sizeof err);
     cr_assert_eq(rc, LT_ERR_INVALID, "cut at %zu: %s", cut, lt_err_name(rc));
@@ -497,7 +497,7 @@ Test(tok, chat_template_weights_only_assistant_content_and_its_end) {
   free(learned);
   free(ctx);
   lt_tok_seq_free(&seq);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 Test(tok, prompt_completion_masks_the_prompt_and_learns_eos) {
@@ -515,7 +515,7 @@ Test(tok, prompt_completion_masks_the_prompt_and_learns_eos) {
   free(prompt);
   free(completion);
   lt_tok_seq_free(&seq);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 Test(tok, dataset_line_errors_name_the_field) {
@@ -544,7 +544,7 @@ Test(tok, dataset_line_errors_name_the_field) {
               bad[i].line, err, bad[i].needle);
     lt_tok_seq_free(&seq);
   }
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
 }
 
 /* ---------------------------------------------------------------- trainer */
@@ -566,7 +566,7 @@ Test(tok, trainer_is_deterministic_and_fills_the_vocabulary, .timeout = 300) {
   cr_assert_eq(lt_tok_token_id(tok, "<|im_start|>"), 1);
   cr_assert_eq(lt_tok_token_id(tok, "<|im_end|>"), 2);
   cr_assert_eq(lt_tok_token_id(tok, "!"), 3 + '!'); /* bytes follow the specials in byte order */
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
   cr_assert_eq(lt_tok_train(corpus, len, 100, lt_task_specials, LT_TASK_N_SPECIAL, &a, err,
                             sizeof err),
                LT_ERR_INVALID);

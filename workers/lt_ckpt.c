@@ -78,7 +78,7 @@ static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_
   }
   uint8_t sha[32];
   lt_crypto_sha256_final(h, sha);
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
   if (err) {
     delete_stored(u, stored);
     return err;
@@ -194,7 +194,7 @@ void lt_ckpt_abort(lt_ckpt_t *u) {
   u->running = false;
 }
 
-void lt_ckpt_free(lt_ckpt_t *u) {
+void lt_ckpt_destroy(lt_ckpt_t *u) {
   if (!u) return;
   lt_ckpt_abort(u);
   for (size_t i = 0; i < LT_CKPT_NAMES; i++) {

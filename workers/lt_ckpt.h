@@ -15,7 +15,7 @@
  * checkpoint at once.
  *
  * Threads: every call from one thread (the training thread); the done callback runs on the
- * upload thread, never after lt_ckpt_abort() or lt_ckpt_free() returned. */
+ * upload thread, never after lt_ckpt_abort() or lt_ckpt_destroy() returned. */
 #ifndef LT_CKPT_H
 #define LT_CKPT_H
 
@@ -74,6 +74,6 @@ lt_err_t lt_ckpt_flush(lt_ckpt_t *u, char *errstr, size_t errstr_size);
 void lt_ckpt_abort(lt_ckpt_t *u);
 
 /* Aborts what is in flight (as lt_ckpt_abort), removes spooled files and frees. NULL is fine. */
-void lt_ckpt_free(lt_ckpt_t *u);
+void lt_ckpt_destroy(lt_ckpt_t *u);
 
 #endif

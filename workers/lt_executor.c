@@ -261,7 +261,7 @@ static lt_err_t load_dataset(const exec_t *x, const char *id, char **out, size_t
   lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_DATA);
   void *data = NULL;
   err = lt_sealed_get(x->store, dek, key, (size_t)1 << 32, &data, len, errstr, n);
-  lt_crypto_dek_free(dek);
+  lt_crypto_dek_destroy(dek);
   if (err) return err;
   uint8_t d[32];
   lt_crypto_sha256(data, *len, d);
@@ -344,7 +344,7 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
   if (res.stopped == LT_TRAIN_STOP_CANCEL) {
     /* Confirmed at once; a checkpoint still uploading is of no use to a cancelled job. */
     emit_line(&(lt_proto_msg_t){.type = LT_PROTO_STOPPED, .stopped = {LT_TRAIN_STOP_CANCEL, res.steps}}, true);
-    lt_ckpt_free(x->ckpt);
+    lt_ckpt_destroy(x->ckpt);
     x->ckpt = NULL;
     return LT_OK;
   }
@@ -370,14 +370,14 @@ int lt_executor_main(void) {
   if (!e) e = start_uploads(&x, err, sizeof err);
   if (!e) e = train_and_report(&x, err, sizeof err);
   if (e) fail("%s", err);
-  lt_ckpt_free(x.ckpt);
+  lt_ckpt_destroy(x.ckpt);
   if (x.train) OPENSSL_cleanse(x.train, x.train_len);
   if (x.valid) OPENSSL_cleanse(x.valid, x.valid_len);
   free(x.train);
   free(x.valid);
-  lt_store_free(x.store);
-  lt_crypto_dek_free(x.dek);
-  lt_crypto_kek_free(x.kek);
+  lt_store_destroy(x.store);
+  lt_crypto_dek_destroy(x.dek);
+  lt_crypto_kek_destroy(x.kek);
   lt_proto_msg_release(&m);
   return e ? 1 : 0;
 }

@@ -596,7 +596,7 @@ static void run_free(run_t *r) {
   lt_session_destroy(r->sess);
   examples_free(&r->train);
   examples_free(&r->val);
-  lt_tok_free(r->tok);
+  lt_tok_destroy(r->tok);
   lt_engine_close(r->eng);
   lt_backend_destroy(r->be);
 }
@@ -901,7 +901,7 @@ out:
   lt_engine_close(eng);
   lt_backend_destroy(be);
   lt_tok_seq_free(&seq);
-  lt_tok_free(tok);
+  lt_tok_destroy(tok);
   free(corpus);
   free(tokjson);
   return err;

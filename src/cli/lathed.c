@@ -290,9 +290,9 @@ static void lathed_teardown(lathed_t *d) {
   lt_publisher_destroy(d->publisher);
   lt_scheduler_destroy(d->scheduler);
   lt_api_destroy(d->api);
-  lt_tok_free(d->tok);
-  lt_store_free(d->store);
-  lt_crypto_kek_free(d->kek);
+  lt_tok_destroy(d->tok);
+  lt_store_destroy(d->store);
+  lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);
   lt_embedded_stop(d->embedded); /* after every Kafka client */

@@ -238,14 +238,14 @@ static int tenant_cmd(int argc, char **argv) {
         lt_crypto_dek_wrap(kek, dek, t.wrapped_data_key, sizeof t.wrapped_data_key, &t.wrapped_data_key_len, err,
                            sizeof err)) {
       fprintf(stderr, "lathe admin: %s\n", err);
-      lt_crypto_dek_free(dek);
-      lt_crypto_kek_free(kek);
+      lt_crypto_dek_destroy(dek);
+      lt_crypto_kek_destroy(kek);
       rc = 1;
       goto out;
     }
     snprintf(t.data_key_id, sizeof t.data_key_id, "%s", key_id);
-    lt_crypto_dek_free(dek);
-    lt_crypto_kek_free(kek);
+    lt_crypto_dek_destroy(dek);
+    lt_crypto_kek_destroy(kek);
     want_key = true;
   } else if (strcmp(verb, "update") == 0 || strcmp(verb, "rotate-key") == 0) {
     if (!cur) {

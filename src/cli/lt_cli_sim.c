@@ -367,6 +367,6 @@ int lt_cli_sim(int argc, char **argv) {
     print_results(tr, res, nres);
   }
   for (size_t k = 0; k < nres; k++) lt_sched_sim_result_free(&res[k]);
-  lt_sched_trace_free(tr);
+  lt_sched_trace_destroy(tr);
   return rc;
 }

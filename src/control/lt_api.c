@@ -307,12 +307,12 @@ void lt_api_destroy(lt_api_t *api) {
   }
   lt_avro_record_destroy(api->rec_submit);
   lt_avro_record_destroy(api->rec_cancel);
-  lt_keyring_free(api->keyring);
+  lt_keyring_destroy(api->keyring);
   lt_proj_destroy(api->proj);
   lt_avro_registry_destroy(api->own_registry);
-  lt_map_free(api->history);
-  lt_map_free(api->datasets_seen);
-  lt_map_free(api->cancels_sent);
+  lt_map_destroy(api->history);
+  lt_map_destroy(api->datasets_seen);
+  lt_map_destroy(api->cancels_sent);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

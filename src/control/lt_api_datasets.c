@@ -45,7 +45,7 @@ static void upload_free(lt_api_upload_t *u) {
   if (!u) return;
   lt_sealed_writer_abort(u->w); /* no-op once committed (w is NULL then) */
   lt_dataset_check_destroy(u->check);
-  lt_crypto_dek_free(u->dek);
+  lt_crypto_dek_destroy(u->dek);
   free(u);
 }
 
@@ -294,7 +294,7 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
   }
   free(text);
   if (err) {
-    lt_crypto_dek_free(*dek);
+    lt_crypto_dek_destroy(*dek);
     *dek = NULL;
   }
   return err;
@@ -332,7 +332,7 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
     json_object_del(meta, "report");
     json_array_append_new(l->out, meta);
   }
-  lt_crypto_dek_free(dek);
+  lt_crypto_dek_destroy(dek);
   return LT_OK;
 }
 
@@ -372,7 +372,7 @@ bool lt_api_datasets_resolve(lt_api_call_t *c) {
   char msg[256];
   lt_crypto_dek_t *dek = NULL;
   lt_err_t err = dataset_open(c->api, c->tenant->tenant_id, c->id, &dek, &c->meta, msg, sizeof msg);
-  lt_crypto_dek_free(dek);
+  lt_crypto_dek_destroy(dek);
   if (err == LT_ERR_NOT_FOUND) lt_api_reply_error(c->req, 404, "not_found", NULL, "no dataset %s for this tenant", c->id);
   else if (err) lt_api_reply_store_err(c->req, err, msg);
   return !err;

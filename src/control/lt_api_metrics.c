@@ -229,8 +229,8 @@ void lt_api_metrics_reply(lt_api_call_t *c) {
     write_fairness(api, out, &m);
     write_routes(api, out);
   }
-  lt_map_free(m.queued);
-  for (int k = 0; k < LT_CLASS__COUNT; k++) lt_map_free(m.per[k]);
+  lt_map_destroy(m.queued);
+  for (int k = 0; k < LT_CLASS__COUNT; k++) lt_map_destroy(m.per[k]);
   evhttp_add_header(evhttp_request_get_output_headers(c->req), "Content-Type", "text/plain; version=0.0.4");
   evhttp_send_reply(c->req, 200, "OK", out);
   evbuffer_free(out);

@@ -98,7 +98,7 @@ static lt_err_t prepare_master_key(lt_embedded_t *e, char *errstr, size_t errstr
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "setenv: %s", strerror(errno));
   lt_crypto_kek_t *kek = NULL;
   if ((err = lt_crypto_kek_from_env(&kek, errstr, errstr_size))) return err;
-  lt_crypto_kek_free(kek);
+  lt_crypto_kek_destroy(kek);
   return LT_OK;
 }
 

@@ -158,7 +158,7 @@ static lt_err_t promote_read(lt_store_t *store, const lt_publisher_checkpoint_t 
       err = lt_errf(errstr, n, LT_ERR_CORRUPT, "checkpoint of job %s: SHA-256 of the stored bytes is %s, the commit says %s",
                     ck->job_id, lt_crypto_hex(got, 32, got_hex), ck->sha256_hex);
   }
-  lt_crypto_sha256_free(h);
+  lt_crypto_sha256_destroy(h);
   return err;
 }
 
@@ -818,7 +818,7 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   if (p->tick_ev) event_free(p->tick_ev);
   lt_bus_consumer_destroy(p->consumer);
   lt_bus_producer_destroy(p->producer, 5000);
-  lt_keyring_free(p->keyring);
+  lt_keyring_destroy(p->keyring);
   lt_proj_destroy(p->proj);
   json_decref(p->ckpt_ev);
   json_decref(p->done_ev);

@@ -234,10 +234,10 @@ typedef struct lt_sched_trace lt_sched_trace_t;
 /* Parses a CSV trace: a header line, then `arrival_s,tenant,class,gpus,duration_s,base_model`
  * per line ('#' lines and blank lines skipped). A bad line fails with a message naming the line
  * and column. text need not be NUL-terminated. The caller frees *out with
- * lt_sched_trace_free(). */
+ * lt_sched_trace_destroy(). */
 lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
                               char *errstr, size_t errstr_size);
-void lt_sched_trace_free(lt_sched_trace_t *t);
+void lt_sched_trace_destroy(lt_sched_trace_t *t);
 size_t lt_sched_trace_jobs(const lt_sched_trace_t *t);
 size_t lt_sched_trace_tenants(const lt_sched_trace_t *t);
 const char *lt_sched_trace_tenant_name(const lt_sched_trace_t *t, size_t i);

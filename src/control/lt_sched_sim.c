@@ -189,11 +189,11 @@ lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **o
   return LT_OK;
 fail:
   free(buf);
-  lt_sched_trace_free(t);
+  lt_sched_trace_destroy(t);
   return err;
 }
 
-void lt_sched_trace_free(lt_sched_trace_t *t) {
+void lt_sched_trace_destroy(lt_sched_trace_t *t) {
   if (!t) return;
   free(t->rows);
   free(t->tenants);

@@ -138,7 +138,7 @@ lt_err_t lt_crypto_sha256_new(lt_crypto_sha256_t **out) {
   if (!h) return LT_ERR_NOMEM;
   h->md = EVP_MD_CTX_new();
   if (!h->md || EVP_DigestInit_ex(h->md, EVP_sha256(), NULL) != 1) {
-    lt_crypto_sha256_free(h);
+    lt_crypto_sha256_destroy(h);
     return LT_ERR_NOMEM;
   }
   *out = h;
@@ -158,7 +158,7 @@ void lt_crypto_sha256_reset(lt_crypto_sha256_t *h) {
   EVP_DigestInit_ex(h->md, EVP_sha256(), NULL);
 }
 
-void lt_crypto_sha256_free(lt_crypto_sha256_t *h) {
+void lt_crypto_sha256_destroy(lt_crypto_sha256_t *h) {
   if (!h) return;
   EVP_MD_CTX_free(h->md);
   free(h);
@@ -190,7 +190,7 @@ lt_err_t lt_crypto_kek_from_text(lt_crypto_kek_t **out, const char *id, const ch
     e = lt_crypto_unhex(tmp, k->key, sizeof k->key, NULL, 0);
     OPENSSL_cleanse(tmp, sizeof tmp);
     if (e) {
-      lt_crypto_kek_free(k);
+      lt_crypto_kek_destroy(k);
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "master key '%s': 64 characters but not hex", id);
     }
@@ -200,14 +200,14 @@ lt_err_t lt_crypto_kek_from_text(lt_crypto_kek_t **out, const char *id, const ch
     /* EVP_DecodeBlock counts the '=' padding as zero bytes: 44 chars -> 33, one '=' -> 32. */
     if (got != 33 || text[43] != '=' || text[42] == '=') {
       OPENSSL_cleanse(raw, sizeof raw);
-      lt_crypto_kek_free(k);
+      lt_crypto_kek_destroy(k);
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "master key '%s': 44 characters but not base64 of 32 bytes", id);
     }
     memcpy(k->key, raw, LT_CRYPTO_KEY_BYTES);
     OPENSSL_cleanse(raw, sizeof raw);
   } else {
-    lt_crypto_kek_free(k);
+    lt_crypto_kek_destroy(k);
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "master key '%s' is %zu characters; expected 32 bytes as 64 hex or 44 base64 "
                    "characters", id, n);
@@ -263,7 +263,7 @@ lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errs
 
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek) { return kek->id; }
 
-void lt_crypto_kek_free(lt_crypto_kek_t *kek) {
+void lt_crypto_kek_destroy(lt_crypto_kek_t *kek) {
   if (!kek) return;
   OPENSSL_secure_clear_free(kek, sizeof *kek); /* cleanses either way */
 }
@@ -298,7 +298,7 @@ lt_err_t lt_crypto_dek_generate(lt_crypto_dek_t **out, const char *tenant, const
 const char *lt_crypto_dek_tenant(const lt_crypto_dek_t *dek) { return dek->tenant; }
 const char *lt_crypto_dek_key_id(const lt_crypto_dek_t *dek) { return dek->key_id; }
 
-void lt_crypto_dek_free(lt_crypto_dek_t *dek) {
+void lt_crypto_dek_destroy(lt_crypto_dek_t *dek) {
   if (!dek) return;
   OPENSSL_cleanse(dek, sizeof *dek);
   free(dek);
@@ -529,12 +529,12 @@ static lt_err_t stream_new(lt_crypto_stream_t **out, bool enc, const lt_crypto_d
     s->buf = malloc(chunk);
   }
   if (!s->cctx || !s->hkdf || (enc && !s->buf)) {
-    lt_crypto_stream_free(s);
+    lt_crypto_stream_destroy(s);
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cannot allocate a crypto stream");
   }
   lt_err_t e = stream_start(s, object_key, errstr, errstr_size);
   if (e) {
-    lt_crypto_stream_free(s);
+    lt_crypto_stream_destroy(s);
     return e;
   }
   *out = s;
@@ -558,7 +558,7 @@ lt_err_t lt_crypto_stream_reset(lt_crypto_stream_t *s, const char *object_key, c
   return stream_start(s, object_key, errstr, errstr_size);
 }
 
-void lt_crypto_stream_free(lt_crypto_stream_t *s) {
+void lt_crypto_stream_destroy(lt_crypto_stream_t *s) {
   if (!s) return;
   EVP_CIPHER_CTX_free(s->cctx); /* clears the key schedule */
   EVP_KDF_free(s->hkdf);
@@ -820,7 +820,7 @@ lt_err_t lt_crypto_seal(const lt_crypto_dek_t *dek, const char *object_key, size
     if (!e) e = enc_chunk(s, true, i, left, o, &pos, errstr, errstr_size);
     a = pos;
   }
-  lt_crypto_stream_free(s);
+  lt_crypto_stream_destroy(s);
   if (!e) *out_len = a;
   return e;
 }
@@ -837,7 +837,7 @@ lt_err_t lt_crypto_open(const lt_crypto_dek_t *dek, const char *object_key, cons
   size_t a = 0, b = 0;
   e = lt_crypto_stream_update(s, in, in_len, out, out_cap, &a, errstr, errstr_size);
   if (!e) e = lt_crypto_stream_final(s, (uint8_t *)out + a, out_cap - a, &b, errstr, errstr_size);
-  lt_crypto_stream_free(s);
+  lt_crypto_stream_destroy(s);
   if (e) {
     OPENSSL_cleanse(out, a);
     return e;

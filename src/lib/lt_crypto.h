@@ -64,7 +64,7 @@ lt_err_t lt_crypto_kek_from_file(lt_crypto_kek_t **out, const char *id, const ch
 lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errstr_size);
 
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek);
-void lt_crypto_kek_free(lt_crypto_kek_t *kek);
+void lt_crypto_kek_destroy(lt_crypto_kek_t *kek);
 
 /* ---- data key (DEK) ------------------------------------------------------------------------ */
 
@@ -93,7 +93,7 @@ lt_err_t lt_crypto_dek_unwrap(const lt_crypto_kek_t *kek, const char *tenant, co
 
 const char *lt_crypto_dek_tenant(const lt_crypto_dek_t *dek);
 const char *lt_crypto_dek_key_id(const lt_crypto_dek_t *dek);
-void lt_crypto_dek_free(lt_crypto_dek_t *dek);
+void lt_crypto_dek_destroy(lt_crypto_dek_t *dek);
 
 /* ---- LTE1 streams -------------------------------------------------------------------------- */
 
@@ -132,7 +132,7 @@ lt_err_t lt_crypto_stream_update(lt_crypto_stream_t *s, const void *in, size_t i
 lt_err_t lt_crypto_stream_final(lt_crypto_stream_t *s, void *out, size_t out_cap,
                                 size_t *out_len, char *errstr, size_t errstr_size);
 
-void lt_crypto_stream_free(lt_crypto_stream_t *s);
+void lt_crypto_stream_destroy(lt_crypto_stream_t *s);
 
 /* Exact size of the LTE1 stream of a plaintext of plain_len bytes. */
 size_t lt_crypto_sealed_size(const lt_crypto_dek_t *dek, size_t plain_len, size_t chunk_size);
@@ -162,7 +162,7 @@ lt_err_t lt_crypto_sha256_new(lt_crypto_sha256_t **out);
 void lt_crypto_sha256_update(lt_crypto_sha256_t *h, const void *data, size_t len);
 void lt_crypto_sha256_final(lt_crypto_sha256_t *h, uint8_t out[LT_CRYPTO_SHA256_BYTES]);
 void lt_crypto_sha256_reset(lt_crypto_sha256_t *h);
-void lt_crypto_sha256_free(lt_crypto_sha256_t *h);
+void lt_crypto_sha256_destroy(lt_crypto_sha256_t *h);
 
 /* One-shot SHA-256. */
 void lt_crypto_sha256(const void *data, size_t len, uint8_t out[LT_CRYPTO_SHA256_BYTES]);

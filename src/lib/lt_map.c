@@ -71,7 +71,7 @@ lt_map_t *lt_map_new(lt_map_free_fn *free_value) {
   return m;
 }
 
-void lt_map_free(lt_map_t *m) {
+void lt_map_destroy(lt_map_t *m) {
   if (!m) return;
   for (size_t i = 0; i < m->nentries; i++) {
     if (!m->entries[i].key) continue;

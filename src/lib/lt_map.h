@@ -27,7 +27,7 @@ typedef void lt_map_free_fn(void *value);
 lt_map_t *lt_map_new(lt_map_free_fn *free_value);
 
 /* Frees the keys, the owned values and the map. m may be NULL. */
-void lt_map_free(lt_map_t *m);
+void lt_map_destroy(lt_map_t *m);
 
 /* Number of keys. */
 size_t lt_map_count(const lt_map_t *m);

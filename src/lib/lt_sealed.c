@@ -30,7 +30,7 @@ lt_err_t lt_sealed_writer_new(lt_store_t *store, const lt_crypto_dek_t *dek, con
   lt_err_t err = lt_crypto_enc_new(&s->enc, dek, key, 0, errstr, n);
   if (!err) err = lt_store_writer_new(store, key, &s->w, errstr, n);
   if (err) {
-    lt_crypto_stream_free(s->enc);
+    lt_crypto_stream_destroy(s->enc);
     free(s);
     return err;
   }
@@ -65,7 +65,7 @@ lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *s, const void *data, size_t 
 }
 
 static void writer_free(lt_sealed_writer_t *s) {
-  lt_crypto_stream_free(s->enc);
+  lt_crypto_stream_destroy(s->enc);
   if (s->buf) OPENSSL_cleanse(s->buf, s->cap);
   free(s->buf);
   free(s);
@@ -152,9 +152,9 @@ lt_err_t lt_keyring_new(const lt_crypto_kek_t *kek, lt_keyring_t **out) {
   return LT_OK;
 }
 
-void lt_keyring_free(lt_keyring_t *kr) {
+void lt_keyring_destroy(lt_keyring_t *kr) {
   if (!kr) return;
-  for (size_t i = 0; i < kr->n; i++) lt_crypto_dek_free(kr->v[i].dek);
+  for (size_t i = 0; i < kr->n; i++) lt_crypto_dek_destroy(kr->v[i].dek);
   free(kr->v);
   free(kr);
 }
@@ -176,7 +176,7 @@ lt_err_t lt_keyring_tenant_dek(lt_keyring_t *kr, const lt_tenant_t *t, const lt_
     size_t cap = kr->cap ? kr->cap * 2 : 8;
     ring_entry_t *v = realloc(kr->v, cap * sizeof *v);
     if (!v) {
-      lt_crypto_dek_free(dek);
+      lt_crypto_dek_destroy(dek);
       return LT_ERR_NOMEM;
     }
     kr->v = v;

@@ -51,7 +51,7 @@ typedef struct lt_keyring lt_keyring_t;
 
 /* kek and tenants are borrowed and must outlive the keyring. */
 lt_err_t lt_keyring_new(const lt_crypto_kek_t *kek, lt_keyring_t **out);
-void lt_keyring_free(lt_keyring_t *kr);
+void lt_keyring_destroy(lt_keyring_t *kr);
 /* The tenant's data key (borrowed, valid while the keyring lives), unwrapped on first use.
  * LT_ERR_NOT_FOUND without a wrapped key; LT_ERR_CORRUPT when it does not unwrap. */
 lt_err_t lt_keyring_tenant_dek(lt_keyring_t *kr, const lt_tenant_t *tenant, const lt_crypto_dek_t **out,

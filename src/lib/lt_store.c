@@ -26,7 +26,7 @@ lt_err_t lt_store__new(lt_store_t **out, const lt_store_ops_t *ops, void *impl) 
   return LT_OK;
 }
 
-void lt_store_free(lt_store_t *s) {
+void lt_store_destroy(lt_store_t *s) {
   if (!s) return;
   s->ops->destroy(s);
   free(s);
@@ -116,7 +116,7 @@ lt_err_t lt_store_get_stream(lt_store_t *s, const char *key, lt_store_sink_fn si
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "get '%s': no memory for a hash", key);
   e = s->ops->get(s, key, hash_then_sink, &h, errstr, errstr_size);
   if (!e && h.sha) lt_crypto_sha256_final(h.sha, sha256);
-  lt_crypto_sha256_free(h.sha);
+  lt_crypto_sha256_destroy(h.sha);
   return e;
 }
 
@@ -215,7 +215,7 @@ lt_err_t lt_store_writer_new(lt_store_t *s, const char *key, lt_store_writer_t *
   snprintf(w->key, sizeof w->key, "%s", key);
   e = s->ops->w_open(s, key, &w->impl, errstr, errstr_size);
   if (e) {
-    lt_crypto_sha256_free(w->sha);
+    lt_crypto_sha256_destroy(w->sha);
     free(w);
     return e;
   }
@@ -240,7 +240,7 @@ lt_err_t lt_store_writer_commit(lt_store_writer_t *w, uint8_t sha256[32], uint64
     if (sha256) lt_crypto_sha256_final(w->sha, sha256);
     if (size) *size = w->size;
   }
-  lt_crypto_sha256_free(w->sha);
+  lt_crypto_sha256_destroy(w->sha);
   free(w);
   return e;
 }
@@ -248,6 +248,6 @@ lt_err_t lt_store_writer_commit(lt_store_writer_t *w, uint8_t sha256[32], uint64
 void lt_store_writer_abort(lt_store_writer_t *w) {
   if (!w) return;
   w->s->ops->w_abort(w->impl);
-  lt_crypto_sha256_free(w->sha);
+  lt_crypto_sha256_destroy(w->sha);
   free(w);
 }

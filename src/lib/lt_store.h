@@ -70,7 +70,7 @@ lt_err_t lt_store_s3_new(lt_store_t **out, const lt_store_s3_conf_t *conf, char 
 lt_err_t lt_store_dir_new(lt_store_t **out, const char *root, char *errstr, size_t errstr_size);
 
 /* Frees the handle (NULL allowed). Writers must be finished first. */
-void lt_store_free(lt_store_t *s);
+void lt_store_destroy(lt_store_t *s);
 
 /* "s3" or "dir". */
 const char *lt_store_kind(const lt_store_t *s);

@@ -132,7 +132,7 @@ static int seq_push(lt_tok_seq_t *seq, int32_t id, float w) {
   return 0;
 }
 
-void lt_tok_free(lt_tok_t *tok) {
+void lt_tok_destroy(lt_tok_t *tok) {
   if (!tok) return;
   if (tok->str)
     for (int32_t i = 0; i < tok->n_ids; i++) free(tok->str[i]);

@@ -61,7 +61,7 @@ void lt_tok_seq_free(lt_tok_seq_t *seq); /* frees the arrays and zeroes seq */
 static inline void lt_tok_seq_reset(lt_tok_seq_t *seq) { seq->len = 0; }
 
 /* Loads a tokenizer from the tokenizer.json at path. On success *out is a new tokenizer the
- * caller frees with lt_tok_free. Errors: LT_ERR_IO (file), LT_ERR_INVALID (malformed JSON or a
+ * caller frees with lt_tok_destroy. Errors: LT_ERR_IO (file), LT_ERR_INVALID (malformed JSON or a
  * field of the wrong type: the message names the JSON path, e.g. `model.merges[12]`, and what
  * was expected), LT_ERR_UNSUPPORTED (well-formed but a component Lathe does not implement,
  * e.g. a normalizer or a WordPiece model). */
@@ -71,7 +71,7 @@ lt_err_t lt_tok_load_file(const char *path, lt_tok_t **out, char *errstr, size_t
 lt_err_t lt_tok_load_json(const char *json, size_t len, lt_tok_t **out, char *errstr,
                           size_t errstr_size);
 
-void lt_tok_free(lt_tok_t *tok); /* NULL is fine */
+void lt_tok_destroy(lt_tok_t *tok); /* NULL is fine */
 
 /* Number of ids: one more than the largest id of the vocabulary and the added tokens. The
  * model's embedding must have at least this many rows. */

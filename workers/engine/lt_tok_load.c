@@ -516,7 +516,7 @@ lt_err_t lt_tok_load_json(const char *json, size_t len, lt_tok_t **out, char *er
   lt_err_t err = load_root(tok, root, errstr, errstr_size);
   json_decref(root);
   if (err) {
-    lt_tok_free(tok);
+    lt_tok_destroy(tok);
     return err;
   }
   *out = tok;

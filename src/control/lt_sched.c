@@ -27,6 +27,40 @@ static void job_hash_remove(lt_sched_t *s, uint32_t jx) {
   *p = s->jobs[jx].hnext;
 }
 
+/* The next n items of size bytes in the tables block (16-byte aligned), advancing *off; with base
+ * NULL only *off moves. */
+static void *carve(char *base, size_t *off, size_t n, size_t size) {
+  size_t at = (*off + 15) & ~(size_t)15;
+  *off = at + n * size;
+  return base ? base + at : NULL;
+}
+
+/* Points every table of s at its place in the block base (NULL: only measures it) and returns
+ * the block's size. All sizes come from s->cfg, the hash masks and s->words, so one allocation
+ * holds every table and lt_sched_destroy frees one block. */
+static size_t sched_tables_layout(lt_sched_t *s, char *base) {
+  const lt_sched_config_t *c = &s->cfg;
+  size_t off = 0;
+  s->jobs = carve(base, &off, c->max_jobs, sizeof *s->jobs);
+  s->job_hash = carve(base, &off, (size_t)s->job_hmask + 1, sizeof *s->job_hash);
+  s->tenants = carve(base, &off, c->max_tenants, sizeof *s->tenants);
+  s->ten_hash = carve(base, &off, (size_t)s->ten_hmask + 1, sizeof *s->ten_hash);
+  s->workers = carve(base, &off, c->max_workers, sizeof *s->workers);
+  s->wrk_hash = carve(base, &off, (size_t)s->wrk_hmask + 1, sizeof *s->wrk_hash);
+  s->model_names = carve(base, &off, c->max_models, sizeof *s->model_names);
+  s->free_bm = carve(base, &off, (LT_SCHED_MAX_WORKER_SLOTS + 1) * s->words, sizeof *s->free_bm);
+  s->model_bm = carve(base, &off, (size_t)c->max_models * s->words, sizeof *s->model_bm);
+  for (int k = 0; k < LT_CLASS__COUNT; k++) {
+    s->heap[k] = carve(base, &off, c->max_tenants, sizeof *s->heap[k]);
+    s->blocked[k] = carve(base, &off, c->max_tenants, sizeof *s->blocked[k]);
+  }
+  s->scratch_d = carve(base, &off, c->max_tenants, sizeof *s->scratch_d);
+  s->scratch_w = carve(base, &off, c->max_tenants, sizeof *s->scratch_w);
+  s->scratch_a = carve(base, &off, c->max_tenants, sizeof *s->scratch_a);
+  s->scratch_t = carve(base, &off, c->max_tenants, sizeof *s->scratch_t);
+  return off;
+}
+
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
 void lt_sched_config_default(lt_sched_config_t *c) {
@@ -68,33 +102,14 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   lt_sched_t *s = calloc(1, sizeof *s);
   if (!s) goto nomem;
   s->cfg = cfg;
-  s->jobs = calloc(cfg.max_jobs, sizeof *s->jobs);
   s->job_hmask = pow2_at_least(cfg.max_jobs * 2) - 1;
-  s->job_hash = malloc(((size_t)s->job_hmask + 1) * sizeof(uint32_t));
-  s->tenants = calloc(cfg.max_tenants, sizeof *s->tenants);
   s->ten_hmask = pow2_at_least(cfg.max_tenants * 2) - 1;
-  s->ten_hash = malloc(((size_t)s->ten_hmask + 1) * sizeof(uint32_t));
-  s->workers = calloc(cfg.max_workers, sizeof *s->workers);
   s->wrk_hmask = pow2_at_least(cfg.max_workers * 2) - 1;
-  s->wrk_hash = malloc(((size_t)s->wrk_hmask + 1) * sizeof(uint32_t));
-  s->model_names = calloc(cfg.max_models, sizeof(char *));
   s->words = (cfg.max_workers + 63) / 64;
-  s->free_bm = calloc((LT_SCHED_MAX_WORKER_SLOTS + 1) * s->words, sizeof(uint64_t));
-  s->model_bm = calloc((size_t)cfg.max_models * s->words, sizeof(uint64_t));
-  s->scratch_d = malloc(cfg.max_tenants * sizeof(double));
-  s->scratch_w = malloc(cfg.max_tenants * sizeof(double));
-  s->scratch_a = malloc(cfg.max_tenants * sizeof(double));
-  s->scratch_t = malloc(cfg.max_tenants * sizeof(uint32_t));
-  if (!s->jobs || !s->job_hash || !s->tenants || !s->ten_hash || !s->workers || !s->wrk_hash ||
-      !s->model_names || !s->free_bm || !s->model_bm || !s->scratch_d || !s->scratch_w ||
-      !s->scratch_a || !s->scratch_t)
-    goto nomem;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    s->heap[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
-    s->blocked[c] = malloc(cfg.max_tenants * sizeof(uint32_t));
-    if (!s->heap[c] || !s->blocked[c]) goto nomem;
-    s->age[c].head = s->age[c].tail = s->cursor[c] = NIL;
-  }
+  s->tables = calloc(1, sched_tables_layout(s, NULL));
+  if (!s->tables) goto nomem;
+  sched_tables_layout(s, s->tables);
+  for (int c = 0; c < LT_CLASS__COUNT; c++) s->age[c].head = s->age[c].tail = s->cursor[c] = NIL;
   memset(s->job_hash, 0xff, ((size_t)s->job_hmask + 1) * sizeof(uint32_t));
   memset(s->ten_hash, 0xff, ((size_t)s->ten_hmask + 1) * sizeof(uint32_t));
   memset(s->wrk_hash, 0xff, ((size_t)s->wrk_hmask + 1) * sizeof(uint32_t));
@@ -112,25 +127,9 @@ nomem:
 
 void lt_sched_destroy(lt_sched_t *s) {
   if (!s) return;
-  if (s->model_names)
+  if (s->tables)
     for (uint32_t i = 0; i < s->nmodels; i++) free(s->model_names[i]);
-  for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    free(s->heap[c]);
-    free(s->blocked[c]);
-  }
-  free(s->model_names);
-  free(s->jobs);
-  free(s->job_hash);
-  free(s->tenants);
-  free(s->ten_hash);
-  free(s->workers);
-  free(s->wrk_hash);
-  free(s->free_bm);
-  free(s->model_bm);
-  free(s->scratch_d);
-  free(s->scratch_w);
-  free(s->scratch_a);
-  free(s->scratch_t);
+  free(s->tables);
   free(s);
 }
 
@@ -156,6 +155,28 @@ const char *lt_sched_model_name(const lt_sched_t *s, uint32_t id) {
   return id < s->nmodels ? s->model_names[id] : NULL;
 }
 
+/* A new tenant row for id, with empty queues and out of every heap: its index, or NIL when the
+ * table is full. */
+static uint32_t tenant_add(lt_sched_t *s, uint64_t id) {
+  if (s->ntenants >= s->cfg.max_tenants) return NIL;
+  uint32_t t = s->ntenants++;
+  tenant_t *tt = &s->tenants[t];
+  *tt = (tenant_t){.id = id};
+  for (int c = 0; c < LT_CLASS__COUNT; c++) tt->q[c].head = tt->q[c].tail = tt->heap_pos[c] = NIL;
+  hash_add(s->ten_hash, s->ten_hmask, id, &tt->hnext, t);
+  return t;
+}
+
+/* A new worker row for id, down until lt_sched_worker_up fills it: its index, or NIL when the
+ * table is full. */
+static uint32_t worker_add(lt_sched_t *s, uint64_t id) {
+  if (s->nworkers >= s->cfg.max_workers) return NIL;
+  uint32_t w = s->nworkers++;
+  s->workers[w] = (worker_t){.id = id};
+  hash_add(s->wrk_hash, s->wrk_hmask, id, &s->workers[w].hnext, w);
+  return w;
+}
+
 /* ---- events ----------------------------------------------------------------------------- */
 
 lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char *errstr,
@@ -169,18 +190,9 @@ lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char
                    "sched: tenant %llu: max_duration_s must be >= 0",
                    (unsigned long long)in->id);
   uint32_t t = tenant_find(s, in->id);
-  if (t == NIL) {
-    if (s->ntenants >= s->cfg.max_tenants)
-      return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
-                     "sched: tenant table full (max_tenants %u)", s->cfg.max_tenants);
-    t = s->ntenants++;
-    tenant_t *tt = &s->tenants[t];
-    memset(tt, 0, sizeof *tt);
-    tt->id = in->id;
-    for (int c = 0; c < LT_CLASS__COUNT; c++)
-      tt->q[c].head = tt->q[c].tail = tt->heap_pos[c] = NIL;
-    hash_add(s->ten_hash, s->ten_hmask, in->id, &tt->hnext, t);
-  }
+  if (t == NIL && (t = tenant_add(s, in->id)) == NIL)
+    return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
+                   "sched: tenant table full (max_tenants %u)", s->cfg.max_tenants);
   tenant_t *tt = &s->tenants[t];
   tt->weight = in->weight;
   tt->max_running = in->max_running_slots;
@@ -227,16 +239,9 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
                      (unsigned long long)in->id);
     lt_sched_worker_down(s, in->id, 0);
   }
-  if (w == NIL) {
-    if (s->nworkers >= s->cfg.max_workers)
-      return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
-                     "sched: worker table full (max_workers %u)", s->cfg.max_workers);
-    w = s->nworkers++;
-    worker_t *wk = &s->workers[w];
-    memset(wk, 0, sizeof *wk);
-    wk->id = in->id;
-    hash_add(s->wrk_hash, s->wrk_hmask, in->id, &wk->hnext, w);
-  }
+  if (w == NIL && (w = worker_add(s, in->id)) == NIL)
+    return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
+                   "sched: worker table full (max_workers %u)", s->cfg.max_workers);
   worker_t *wk = &s->workers[w];
   wk->slots = in->slots;
   wk->mem_total = wk->mem_free = in->mem_bytes;

@@ -86,6 +86,7 @@ typedef struct worker {
 
 struct lt_sched {
   lt_sched_config_t cfg;
+  void *tables; /* one block holding every array below (sched_tables_layout) */
   job_t *jobs;
   uint32_t *job_hash, job_hmask, job_free, njobs;
   tenant_t *tenants;

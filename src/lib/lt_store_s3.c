@@ -71,6 +71,8 @@ typedef struct req {
   void *ctx;
   lt_err_t sink_err;
   uint64_t delivered;
+  /* copy */
+  const char *dst;
   /* list */
   lt_store_list_fn fn;
   size_t listed;
@@ -170,18 +172,28 @@ static int put_data(int size, char *buf, void *data) {
 static lt_err_t mp_put_buffer(s3_store_t *s, const char *key, const uint8_t *data, size_t len,
                               char *errstr, size_t errstr_size);
 
+/* Sends one libs3 request until try_again says stop. Every attempt starts from the request as
+ * the caller filled *r (so a retried put sends from byte 0); *r ends as the last attempt left
+ * it. Returns the number of attempts, which s3_err reports. */
+static int send_retried(const s3_store_t *s, const char *key, req_t *r,
+                        void (*send)(const s3_store_t *s, const char *key, req_t *r)) {
+  const req_t init = *r;
+  for (int a = 1;; a++) {
+    *r = init;
+    send(s, key, r);
+    if (!try_again(s, r, a)) return a;
+  }
+}
+
+static void send_put(const s3_store_t *s, const char *key, req_t *r) {
+  S3PutObjectHandler h = {resp_handler, put_data};
+  S3_put_object(&s->bc, key, r->len, NULL, NULL, &h, r);
+}
+
 static lt_err_t single_put(s3_store_t *s, const char *key, const uint8_t *data, size_t len,
                            char *errstr, size_t errstr_size) {
-  S3PutObjectHandler h = {resp_handler, put_data};
-  req_t r;
-  int a;
-  for (a = 1;; a++) {
-    memset(&r, 0, sizeof r);
-    r.data = data;
-    r.len = len;
-    S3_put_object(&s->bc, key, len, NULL, NULL, &h, &r);
-    if (!try_again(s, &r, a)) break;
-  }
+  req_t r = {.data = data, .len = len};
+  int a = send_retried(s, key, &r, send_put);
   return s3_err(s, &r, "put", key, a, errstr, errstr_size);
 }
 
@@ -225,16 +237,15 @@ static lt_err_t s3_get(lt_store_t *st, const char *key, lt_store_sink_fn sink, v
   return s3_err(s, &r, "get", key, a, errstr, errstr_size);
 }
 
+static void send_head(const s3_store_t *s, const char *key, req_t *r) {
+  S3_head_object(&s->bc, key, NULL, &resp_handler, r);
+}
+
 static lt_err_t s3_head(lt_store_t *st, const char *key, lt_store_info_t *info, char *errstr,
                         size_t errstr_size) {
   s3_store_t *s = st->impl;
-  req_t r;
-  int a;
-  for (a = 1;; a++) {
-    memset(&r, 0, sizeof r);
-    S3_head_object(&s->bc, key, NULL, &resp_handler, &r);
-    if (!try_again(s, &r, a)) break;
-  }
+  req_t r = {0};
+  int a = send_retried(s, key, &r, send_head);
   lt_err_t e = s3_err(s, &r, "head", key, a, errstr, errstr_size);
   if (e) return e;
   info->size = r.length;
@@ -243,32 +254,30 @@ static lt_err_t s3_head(lt_store_t *st, const char *key, lt_store_info_t *info, 
   return LT_OK;
 }
 
+static void send_delete(const s3_store_t *s, const char *key, req_t *r) {
+  S3_delete_object(&s->bc, key, NULL, &resp_handler, r);
+}
+
 static lt_err_t s3_del(lt_store_t *st, const char *key, char *errstr, size_t errstr_size) {
   s3_store_t *s = st->impl;
-  req_t r;
-  int a;
-  for (a = 1;; a++) {
-    memset(&r, 0, sizeof r);
-    S3_delete_object(&s->bc, key, NULL, &resp_handler, &r);
-    if (!try_again(s, &r, a)) break;
-  }
+  req_t r = {0};
+  int a = send_retried(s, key, &r, send_delete);
   if (r.status == S3StatusErrorNoSuchKey || r.status == S3StatusHttpErrorNotFound) return LT_OK;
   return s3_err(s, &r, "delete", key, a, errstr, errstr_size);
+}
+
+static void send_copy(const s3_store_t *s, const char *src, req_t *r) {
+  int64_t mtime = 0;
+  char etag[LT_STORE_ETAG_MAX];
+  S3_copy_object(&s->bc, src, s->bucket, r->dst, NULL, &mtime, (int)sizeof etag, etag, NULL,
+                 &resp_handler, r);
 }
 
 static lt_err_t s3_copy(lt_store_t *st, const char *src, const char *dst, char *errstr,
                         size_t errstr_size) {
   s3_store_t *s = st->impl;
-  req_t r;
-  int a;
-  for (a = 1;; a++) {
-    memset(&r, 0, sizeof r);
-    int64_t mtime = 0;
-    char etag[LT_STORE_ETAG_MAX];
-    S3_copy_object(&s->bc, src, s->bucket, dst, NULL, &mtime, (int)sizeof etag, etag, NULL,
-                   &resp_handler, &r);
-    if (!try_again(s, &r, a)) break;
-  }
+  req_t r = {.dst = dst};
+  int a = send_retried(s, src, &r, send_copy);
   if (r.status == S3StatusErrorNoSuchKey || r.status == S3StatusHttpErrorNotFound)
     return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "copy: no such object '%s'", src);
   return s3_err(s, &r, "copy to", dst, a, errstr, errstr_size);

@@ -169,6 +169,17 @@ void lt_engine_acts_free(lt_session_t *s) {
   memset(a, 0, sizeof *a);
 }
 
+/* The per-layer activations of `layers` layers as CARVE pieces, in layer_acts_t's order: the
+ * block holds L of each back to back (the residual stream, with L + 1, is listed apart). */
+#define LAYER_PIECES(X, layers)                                                                \
+  X(ln1, (layers) * N * D, float) X(rstd1, (layers) * N, float)                                \
+  X(q, (layers) * N * QD, float) X(k, (layers) * N * KD, float)                                \
+  X(v, (layers) * N * KD, float) X(att, (layers) * st, float)                                  \
+  X(atty, (layers) * N * QD, float) X(xmid, (layers) * N * D, float)                           \
+  X(ln2, (layers) * N * D, float) X(rstd2, (layers) * N, float)                                \
+  X(g, (layers) * N * F, float) X(u, (layers) * N * F, float) X(h, (layers) * N * F, float)    \
+  X(la, (layers) * M_COUNT * N * r, float)
+
 static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t errstr_size) {
   acts_t *a = &s->a;
   if (a->block && a->T == T && B <= a->B_cap) {
@@ -192,26 +203,18 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
   size_t dlnw = D > QD ? D : QD;
 #define PIECES(X)                                                                              \
   X(tokens, N, int32_t) X(targets, N, int32_t) X(pos, N, int32_t) X(resid, (L + 1) * N * D, float) \
-  X(ln1, L * N * D, float) X(rstd1, L * N, float) X(q, L * N * QD, float)                     \
-  X(k, L * N * KD, float) X(v, L * N * KD, float) X(att, L * st, float)                        \
-  X(atty, L * N * QD, float) X(xmid, L * N * D, float) X(ln2, L * N * D, float)                \
-  X(rstd2, L * N, float) X(g, L * N * F, float) X(u, L * N * F, float) X(h, L * N * F, float)  \
-  X(la, L * M_COUNT * N * r, float) X(lnf, N * D, float) X(rstdf, N, float)                    \
+  LAYER_PIECES(X, L) X(lnf, N * D, float) X(rstdf, N, float)                                   \
   X(logits, N * V, float) X(lse, N, float) X(logp, N, float) X(coef, N, float)                 \
   X(dx, N * D, float) X(dln, N * dlnw, float) X(dq, N * QD, float) X(datty, N * QD, float)     \
   X(dk, N * KD, float) X(dv, N * KD, float) X(dg, N * F, float) X(du, N * F, float)            \
   X(dh, N * F, float) X(dla, N * (r ? r : 1), float) X(scr, N * wide, float)
-  size_t total = 0;
-  PIECES(CARVE_COUNT)
-  char *cur = be->alloc(be, total);
-  if (!cur)
+  size_t total;
+  CARVE(PIECES, be, a, total);
+#undef PIECES
+  if (!a->block)
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM,
                    "activations for batch %d x %d tokens (%.1f MiB): %s", B, T,
                    (double)total / (1 << 20), be->last_error(be));
-  a->block = cur;
-  acts_t *dst = a;
-  PIECES(CARVE_TAKE)
-#undef PIECES
   a->B = B;
   a->B_cap = B;
   a->T = T;
@@ -319,24 +322,11 @@ static layer_acts_t layer_acts(const lt_session_t *s, int l) {
   const lt_model_config_t *c = &s->mc;
   size_t N = (size_t)a->N, D = (size_t)c->hidden_size, F = (size_t)c->intermediate_size,
          QD = (size_t)c->num_heads * c->head_dim, KD = (size_t)c->num_kv_heads * c->head_dim,
-         r = s->cfg.full ? 0 : (size_t)s->cfg.rank;
-  return (layer_acts_t){
-      .x = a->resid + (size_t)l * N * D,
-      .ln1 = a->ln1 + (size_t)l * N * D,
-      .rstd1 = a->rstd1 + (size_t)l * N,
-      .q = a->q + (size_t)l * N * QD,
-      .k = a->k + (size_t)l * N * KD,
-      .v = a->v + (size_t)l * N * KD,
-      .att = a->att + (size_t)l * a->state_floats,
-      .atty = a->atty + (size_t)l * N * QD,
-      .xmid = a->xmid + (size_t)l * N * D,
-      .ln2 = a->ln2 + (size_t)l * N * D,
-      .rstd2 = a->rstd2 + (size_t)l * N,
-      .g = a->g + (size_t)l * N * F,
-      .u = a->u + (size_t)l * N * F,
-      .h = a->h + (size_t)l * N * F,
-      .la = a->la + (size_t)l * M_COUNT * N * r,
-  };
+         r = s->cfg.full ? 0 : (size_t)s->cfg.rank, st = a->state_floats;
+  /* the pieces of the l layers before this one are its offset */
+#define LAYER_AT(name, n, T_) .name = a->name + (n),
+  return (layer_acts_t){.x = a->resid + (size_t)l * N * D, LAYER_PIECES(LAYER_AT, (size_t)l)};
+#undef LAYER_AT
 }
 
 /* Layer l's LoRA scratch of module m, (N, r), in forward and backward. */

@@ -219,14 +219,24 @@ struct lt_session {
 #define LORA(s, l, m) (&(s)->lora[(size_t)(l) * M_COUNT + (m)])
 
 /* Activation and sampling blocks are one backend allocation each, carved into 64-byte-aligned
- * pieces by an X-macro list of (field, count, type). The function that carves declares
- * `size_t total`, then `char *cur` (the block) and `dst` (the struct whose fields get the
- * pieces). */
+ * pieces by an X-macro list of (field, count, type). CARVE(LIST, be, dst, total) allocates
+ * dst->block from backend be, points each listed field of *dst at its piece and sets `total`
+ * to the block's bytes; dst->block is NULL when the allocation failed. */
 #define CARVE_BYTES(n, T_) ((((n) * sizeof(T_)) + 63) & ~(size_t)63)
-#define CARVE_COUNT(name, n, T_) total += CARVE_BYTES(n, T_);
+#define CARVE_COUNT(name, n, T_) carve_total += CARVE_BYTES(n, T_);
 #define CARVE_TAKE(name, n, T_)                                                                \
-  dst->name = (T_ *)(void *)cur;                                                               \
-  cur += CARVE_BYTES(n, T_);
+  carve_dst->name = (T_ *)(void *)carve_cur;                                                   \
+  carve_cur += CARVE_BYTES(n, T_);
+#define CARVE(LIST, be, dst, total)                                                            \
+  do {                                                                                         \
+    size_t carve_total = 0;                                                                    \
+    LIST(CARVE_COUNT)                                                                          \
+    __typeof__(dst) carve_dst = (dst);                                                         \
+    char *carve_cur = (be)->alloc((be), carve_total);                                          \
+    carve_dst->block = carve_cur;                                                              \
+    (total) = carve_total;                                                                     \
+    if (carve_cur) { LIST(CARVE_TAKE) }                                                        \
+  } while (0)
 
 /* lt_engine.c: frees the activation block (the session stays usable). */
 void lt_engine_acts_free(lt_session_t *s);

@@ -31,16 +31,12 @@ static lt_err_t sampl_ensure(lt_session_t *s, int S, int max_t, int R, char *err
   X(v, (size_t)R * KD, float) X(g, (size_t)R * F, float) X(u, (size_t)R * F, float)             \
   X(h, (size_t)R * F, float) X(la, (size_t)R * r, float) X(logits, (size_t)S * V, float)        \
   X(tok, (size_t)R, int32_t) X(seq, (size_t)R, int32_t) X(pos, (size_t)R, int32_t)
-  size_t total = 0;
-  SPIECES(CARVE_COUNT)
-  char *cur = s->be->alloc(s->be, total);
-  if (!cur)
+  size_t total;
+  CARVE(SPIECES, s->be, p, total);
+#undef SPIECES
+  if (!p->block)
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sampling buffers (%.1f MiB): %s",
                    (double)total / (1 << 20), s->be->last_error(s->be));
-  p->block = cur;
-  sampl_t *dst = p;
-  SPIECES(CARVE_TAKE)
-#undef SPIECES
   p->S = S;
   p->max_t = max_t;
   p->R = R;

@@ -8,21 +8,22 @@
 #include <string.h>
 
 #include "lt_bus_int.h"
+#include "lt_map.h"
 
 #define LT_BUS_PREFIX_KEY "lathe.topic.prefix"
 
 struct lt_bus_conf {
   char *prefix;
-  size_t n, cap;
-  char **names; /* pass-through properties, in the order set (a later set replaces) */
-  char **values;
+  lt_map_t *props; /* pass-through properties (owned strings), in the order first set */
 };
 
 lt_bus_conf_t *lt_bus_conf_new(void) {
   lt_bus_conf_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->prefix = strdup(LT_BUS_DEFAULT_PREFIX);
-  if (!c->prefix || lt_bus_conf_set(c, "bootstrap.servers", "127.0.0.1:9092", NULL, 0) ||
+  c->props = lt_map_new(free);
+  if (!c->prefix || !c->props ||
+      lt_bus_conf_set(c, "bootstrap.servers", "127.0.0.1:9092", NULL, 0) ||
       lt_bus_conf_set(c, "client.id", "lathe", NULL, 0)) {
     lt_bus_conf_destroy(c);
     return NULL;
@@ -32,43 +33,18 @@ lt_bus_conf_t *lt_bus_conf_new(void) {
 
 void lt_bus_conf_destroy(lt_bus_conf_t *c) {
   if (!c) return;
-  for (size_t i = 0; i < c->n; i++) {
-    free(c->names[i]);
-    free(c->values[i]);
-  }
-  free(c->names);
-  free(c->values);
+  lt_map_destroy(c->props);
   free(c->prefix);
   free(c);
 }
 
+/* Sets a property (a later set replaces the value in place). */
 static lt_err_t conf_put(lt_bus_conf_t *c, const char *name, const char *value) {
   char *v = strdup(value);
   if (!v) return LT_ERR_NOMEM;
-  for (size_t i = 0; i < c->n; i++) {
-    if (strcmp(c->names[i], name) == 0) {
-      free(c->values[i]);
-      c->values[i] = v;
-      return LT_OK;
-    }
-  }
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 8;
-    char **nn = realloc(c->names, cap * sizeof *nn);
-    if (!nn) goto nomem;
-    c->names = nn;
-    char **nv = realloc(c->values, cap * sizeof *nv);
-    if (!nv) goto nomem;
-    c->values = nv;
-    c->cap = cap;
-  }
-  c->names[c->n] = strdup(name);
-  if (!c->names[c->n]) goto nomem;
-  c->values[c->n++] = v;
-  return LT_OK;
-nomem:
-  free(v);
-  return LT_ERR_NOMEM;
+  lt_err_t e = lt_map_set(c->props, name, v);
+  if (e) free(v);
+  return e;
 }
 
 lt_err_t lt_bus_conf_set(lt_bus_conf_t *c, const char *name, const char *value, char *errstr,
@@ -97,9 +73,7 @@ lt_err_t lt_bus_conf_set(lt_bus_conf_t *c, const char *name, const char *value, 
 
 const char *lt_bus_conf_get(const lt_bus_conf_t *c, const char *name) {
   if (strcmp(name, LT_BUS_PREFIX_KEY) == 0) return c->prefix;
-  for (size_t i = 0; i < c->n; i++)
-    if (strcmp(c->names[i], name) == 0) return c->values[i];
-  return NULL;
+  return lt_map_get(c->props, name);
 }
 
 lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size) {
@@ -123,9 +97,11 @@ lt_bus_conf_t *lt_bus_conf_dup(const lt_bus_conf_t *src) {
   lt_bus_conf_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->prefix = strdup(src->prefix);
-  if (!c->prefix) goto err;
-  for (size_t i = 0; i < src->n; i++)
-    if (conf_put(c, src->names[i], src->values[i])) goto err;
+  c->props = lt_map_new(free);
+  if (!c->prefix || !c->props) goto err;
+  lt_map_iter_t it = {0};
+  while (lt_map_next(src->props, &it))
+    if (conf_put(c, it.key, it.value)) goto err;
   return c;
 err:
   lt_bus_conf_destroy(c);
@@ -155,9 +131,10 @@ rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *c, const char *const *defau
       bad = defaults[i];
       goto err;
     }
-  for (size_t i = 0; i < c->n; i++)
-    if (rd_kafka_conf_set(rc, c->names[i], c->values[i], rderr, sizeof rderr)) {
-      bad = c->names[i];
+  lt_map_iter_t it = {0};
+  while (lt_map_next(c->props, &it))
+    if (rd_kafka_conf_set(rc, it.key, it.value, rderr, sizeof rderr)) {
+      bad = it.key;
       goto err;
     }
   for (size_t i = 0; forced && forced[i]; i += 2)
@@ -170,6 +147,17 @@ err:
   lt_errf(errstr, errstr_size, LT_ERR_INVALID, "kafka property \"%s\": %s", bad, rderr);
   rd_kafka_conf_destroy(rc);
   return NULL;
+}
+
+rd_kafka_t *lt_bus_rk_new(rd_kafka_type_t type, rd_kafka_conf_t *rc, const char *what, char *errstr,
+                          size_t errstr_size) {
+  char rderr[512];
+  rd_kafka_t *rk = rd_kafka_new(type, rc, rderr, sizeof rderr);
+  if (!rk) {
+    rd_kafka_conf_destroy(rc);
+    lt_errf(errstr, errstr_size, LT_ERR_INVALID, "cannot create kafka %s: %s", what, rderr);
+  }
+  return rk;
 }
 
 /* ---------------------------------------------------------------- classification */

@@ -24,18 +24,11 @@ lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char 
   if (!a) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   a->conf = lt_bus_conf_dup(conf);
   rd_kafka_conf_t *rc = a->conf ? lt_bus_rk_conf(conf, defaults, NULL, errstr, errstr_size) : NULL;
-  if (!rc) {
+  a->rk = rc ? lt_bus_rk_new(RD_KAFKA_PRODUCER, rc, "admin", errstr, errstr_size) : NULL;
+  if (!a->rk) {
     lt_bus_conf_destroy(a->conf);
     free(a);
     return LT_ERR_INVALID;
-  }
-  char rderr[512];
-  a->rk = rd_kafka_new(RD_KAFKA_PRODUCER, rc, rderr, sizeof rderr);
-  if (!a->rk) {
-    rd_kafka_conf_destroy(rc);
-    lt_bus_conf_destroy(a->conf);
-    free(a);
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "cannot create kafka admin: %s", rderr);
   }
   *out = a;
   return LT_OK;

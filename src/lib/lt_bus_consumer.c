@@ -156,12 +156,8 @@ lt_err_t lt_bus_consumer_new(const lt_bus_conf_t *conf, const lt_bus_consumer_op
   rd_kafka_conf_set_rebalance_cb(rc, rebalance_cb);
   rd_kafka_conf_set_offset_commit_cb(rc, offset_commit_cb);
   rd_kafka_conf_set_opaque(rc, c);
-  c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, rc, rderr, sizeof rderr);
-  if (!c->rk) {
-    rd_kafka_conf_destroy(rc);
-    lt_errf(errstr, errstr_size, LT_ERR_INVALID, "cannot create kafka consumer: %s", rderr);
-    goto err;
-  }
+  c->rk = lt_bus_rk_new(RD_KAFKA_CONSUMER, rc, "consumer", errstr, errstr_size);
+  if (!c->rk) goto err;
   rd_kafka_poll_set_consumer(c->rk);
   if (pipe2(c->pipefd, O_NONBLOCK | O_CLOEXEC) != 0) {
     ret = lt_errf(errstr, errstr_size, LT_ERR_IO, "consumer wake-up pipe: %s", strerror(errno));
@@ -365,37 +361,34 @@ lt_err_t lt_bus_consumer_commit_msg(lt_bus_consumer_t *c, const lt_bus_msg_t *m,
   return LT_OK;
 }
 
-static void copy_offsets_back(lt_bus_tp_t *parts, size_t n,
-                              const rd_kafka_topic_partition_list_t *l) {
-  for (size_t i = 0; i < n; i++) {
+/* Ends a committed or position request over list l: on success copies its offsets back into
+ * parts (LT_BUS_OFFSET_INVALID where it has none), then frees l. */
+static lt_err_t offsets_back(lt_bus_tp_t *parts, size_t n, rd_kafka_topic_partition_list_t *l,
+                             rd_kafka_resp_err_t e, const char *what, char *errstr,
+                             size_t errstr_size) {
+  for (size_t i = 0; !e && i < n; i++) {
     const rd_kafka_topic_partition_t *tp =
         rd_kafka_topic_partition_list_find(l, parts[i].topic, parts[i].partition);
     parts[i].offset = tp && !tp->err && tp->offset >= 0 ? tp->offset : LT_BUS_OFFSET_INVALID;
   }
+  rd_kafka_topic_partition_list_destroy(l);
+  if (e)
+    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "%s: %s", what,
+                   rd_kafka_err2str(e));
+  return LT_OK;
 }
 
 lt_err_t lt_bus_consumer_committed(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
                                    int timeout_ms, char *errstr, size_t errstr_size) {
   rd_kafka_topic_partition_list_t *l = lt_bus_tplist_from(parts, n);
-  rd_kafka_resp_err_t e = rd_kafka_committed(c->rk, l, timeout_ms);
-  if (!e) copy_offsets_back(parts, n, l);
-  rd_kafka_topic_partition_list_destroy(l);
-  if (e)
-    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "committed offsets: %s",
-                   rd_kafka_err2str(e));
-  return LT_OK;
+  return offsets_back(parts, n, l, rd_kafka_committed(c->rk, l, timeout_ms), "committed offsets",
+                      errstr, errstr_size);
 }
 
 lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
                                   char *errstr, size_t errstr_size) {
   rd_kafka_topic_partition_list_t *l = lt_bus_tplist_from(parts, n);
-  rd_kafka_resp_err_t e = rd_kafka_position(c->rk, l);
-  if (!e) copy_offsets_back(parts, n, l);
-  rd_kafka_topic_partition_list_destroy(l);
-  if (e)
-    return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "position: %s",
-                   rd_kafka_err2str(e));
-  return LT_OK;
+  return offsets_back(parts, n, l, rd_kafka_position(c->rk, l), "position", errstr, errstr_size);
 }
 
 lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,

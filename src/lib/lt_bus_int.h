@@ -41,6 +41,11 @@ bool lt_bus_code_is_fenced(rd_kafka_resp_err_t err);
 rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *conf, const char *const *defaults,
                                 const char *const *forced, char *errstr, size_t errstr_size);
 
+/* rd_kafka_new for the handles: takes rc in every case (librdkafka frees it only on success).
+ * NULL on failure, with "cannot create kafka WHAT: <reason>" in errstr. */
+rd_kafka_t *lt_bus_rk_new(rd_kafka_type_t type, rd_kafka_conf_t *rc, const char *what, char *errstr,
+                          size_t errstr_size);
+
 /* Converts between librdkafka partition lists and lt_bus_tp_t arrays. The array form borrows
  * topic names from the list. */
 rd_kafka_topic_partition_list_t *lt_bus_tplist_from(const lt_bus_tp_t *parts, size_t n);

@@ -134,12 +134,8 @@ lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_op
   }
   rd_kafka_conf_set_dr_msg_cb(rc, dr_msg_cb);
   rd_kafka_conf_set_opaque(rc, p);
-  p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, rc, rderr, sizeof rderr);
-  if (!p->rk) {
-    rd_kafka_conf_destroy(rc);
-    lt_errf(errstr, errstr_size, LT_ERR_INVALID, "cannot create kafka producer: %s", rderr);
-    goto err_free;
-  }
+  p->rk = lt_bus_rk_new(RD_KAFKA_PRODUCER, rc, "producer", errstr, errstr_size);
+  if (!p->rk) goto err_free;
   if (pthread_create(&p->thread, NULL, poll_thread, p) != 0) {
     rd_kafka_destroy(p->rk);
     ret = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cannot start the producer's poll thread");

@@ -715,6 +715,25 @@ static lt_err_t feed_units(lt_crypto_stream_t *s, const uint8_t *in, size_t in_l
   return LT_OK;
 }
 
+/* What update and final do first: refuse a stream that failed (or finished), check that out
+ * holds lt_crypto_stream_out_max(s, in_len) bytes, and start an encrypted stream's first output
+ * with its header (*pos moves past it). */
+static lt_err_t stream_begin(lt_crypto_stream_t *s, size_t in_len, uint8_t *out, size_t out_cap,
+                             size_t *pos, char *errstr, size_t errstr_size) {
+  if (s->failed)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "crypto stream of object '%s' failed "
+                   "earlier; reset or free it", s->object_key);
+  if (out_cap < lt_crypto_stream_out_max(s, in_len))
+    return fail(s, errstr, errstr_size, LT_ERR_INVALID, "output buffer of %zu bytes is smaller "
+                "than lt_crypto_stream_out_max (%zu)", out_cap, lt_crypto_stream_out_max(s, in_len));
+  if (s->enc && !s->hdr_done) {
+    memcpy(out, s->hdr, s->hdr_len);
+    *pos = s->hdr_len;
+    s->hdr_done = true;
+  }
+  return LT_OK;
+}
+
 lt_err_t lt_crypto_stream_update(lt_crypto_stream_t *s, const void *in_v, size_t in_len,
                                  void *out_v, size_t out_cap, size_t *out_len, char *errstr,
                                  size_t errstr_size) {
@@ -722,19 +741,9 @@ lt_err_t lt_crypto_stream_update(lt_crypto_stream_t *s, const void *in_v, size_t
   uint8_t *out = out_v;
   size_t pos = 0;
   *out_len = 0;
-  if (s->failed)
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "crypto stream of object '%s' failed "
-                   "earlier; reset or free it", s->object_key);
-  if (out_cap < lt_crypto_stream_out_max(s, in_len))
-    return fail(s, errstr, errstr_size, LT_ERR_INVALID, "output buffer of %zu bytes is smaller "
-                "than lt_crypto_stream_out_max (%zu)", out_cap, lt_crypto_stream_out_max(s, in_len));
-  lt_err_t e;
+  lt_err_t e = stream_begin(s, in_len, out, out_cap, &pos, errstr, errstr_size);
+  if (e) return e;
   if (s->enc) {
-    if (!s->hdr_done) {
-      memcpy(out, s->hdr, s->hdr_len);
-      pos = s->hdr_len;
-      s->hdr_done = true;
-    }
     e = feed_units(s, in, in_len, s->chunk, enc_chunk, out, &pos, errstr, errstr_size);
   } else {
     if (!s->hdr_done) {
@@ -752,19 +761,9 @@ lt_err_t lt_crypto_stream_final(lt_crypto_stream_t *s, void *out_v, size_t out_c
   uint8_t *out = out_v;
   size_t pos = 0;
   *out_len = 0;
-  if (s->failed)
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "crypto stream of object '%s' failed "
-                   "earlier; reset or free it", s->object_key);
-  if (out_cap < lt_crypto_stream_out_max(s, 0))
-    return fail(s, errstr, errstr_size, LT_ERR_INVALID, "output buffer of %zu bytes is smaller "
-                "than lt_crypto_stream_out_max (%zu)", out_cap, lt_crypto_stream_out_max(s, 0));
-  lt_err_t e;
+  lt_err_t e = stream_begin(s, 0, out, out_cap, &pos, errstr, errstr_size);
+  if (e) return e;
   if (s->enc) {
-    if (!s->hdr_done) {
-      memcpy(out, s->hdr, s->hdr_len);
-      pos = s->hdr_len;
-      s->hdr_done = true;
-    }
     if ((e = enc_chunk(s, true, s->buf, s->buf_len, out, &pos, errstr, errstr_size))) return e;
     OPENSSL_cleanse(s->buf, s->buf_len);
     s->buf_len = 0;

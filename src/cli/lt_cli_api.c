@@ -9,9 +9,13 @@
 
 #include <event2/http.h>
 
-int lt_cli_open(lt_cli_opts_t *o, const char *cmd, int *argc, char **argv) {
+int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *argc, char **argv) {
   memset(o, 0, sizeof *o);
   o->cmd = cmd;
+  if (*argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(*argc < 2 ? stderr : stdout);
+    return *argc < 2 ? 2 : 0;
+  }
   const char *url = NULL, *key = NULL;
   int w = 1;
   for (int i = 1; i < *argc; i++) {
@@ -33,7 +37,7 @@ int lt_cli_open(lt_cli_opts_t *o, const char *cmd, int *argc, char **argv) {
     fprintf(stderr, "lathe %s: %s\n", cmd, err);
     return 2;
   }
-  return 0;
+  return -1;
 }
 
 void lt_cli_close(lt_cli_opts_t *o) {

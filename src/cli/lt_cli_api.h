@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -19,9 +20,11 @@ typedef struct lt_cli_opts {
   const char *cmd;     /* "jobs", "datasets": the prefix of messages */
 } lt_cli_opts_t;
 
-/* Removes the common options from argv (argv[0] stays), updates *argc, creates the client.
- * Returns 0, or the exit status to return (2: usage, 1: failure, message printed). */
-int lt_cli_open(lt_cli_opts_t *o, const char *cmd, int *argc, char **argv);
+/* The prologue of a command: without a verb prints usage on stderr (exit status 2), for --help
+ * or -h on stdout (0). Otherwise removes the common options from argv (argv[0] stays), updates
+ * *argc and creates the client. Returns -1 to go on, or the exit status to return (2: usage,
+ * 1: failure, message printed). */
+int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *argc, char **argv);
 void lt_cli_close(lt_cli_opts_t *o);
 
 /* Sends a JSON request (body borrowed, may be NULL). On a 2xx answer fills *resp (the caller

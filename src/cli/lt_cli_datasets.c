@@ -240,13 +240,9 @@ static int list(lt_cli_opts_t *o) {
 }
 
 int lt_cli_datasets(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
   lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "datasets", &argc, argv);
-  if (rc) return rc;
+  int rc = lt_cli_open(&o, "datasets", usage, &argc, argv);
+  if (rc >= 0) return rc;
   const char *verb = argv[1];
   char path[512];
   if (strcmp(verb, "upload") == 0) {

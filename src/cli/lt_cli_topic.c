@@ -105,6 +105,30 @@ static void full_topic(const lt_bus_conf_t *conf, const char *topic, char *full,
     lt_bus_topic_name(conf, topic, full, size);
 }
 
+/* What tail and produce open first: the bus configuration from the environment, the schema
+ * registry and TOPIC's full name. */
+typedef struct topic_env {
+  lt_bus_conf_t *conf;
+  lt_avro_registry_t *reg;
+  char full[512];
+} topic_env_t;
+
+/* Fills *t (which topic_env_close frees, also after a failure). */
+static lt_err_t topic_env_open(topic_env_t *t, const char *topic, char *err, size_t n) {
+  memset(t, 0, sizeof *t);
+  t->conf = lt_bus_conf_new();
+  if (!t->conf) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
+  lt_err_t e = lt_bus_conf_from_env(t->conf, err, n);
+  if (!e) e = lt_avro_registry_new(&t->reg, err, n);
+  if (!e) full_topic(t->conf, topic, t->full, sizeof t->full);
+  return e;
+}
+
+static void topic_env_close(topic_env_t *t) {
+  lt_avro_registry_destroy(t->reg);
+  lt_bus_conf_destroy(t->conf);
+}
+
 static int topic_tail(int argc, char **argv) {
   const char *topic = NULL;
   bool from_beginning = false;
@@ -139,20 +163,16 @@ static int topic_tail(int argc, char **argv) {
 
   char err[1024];
   int rc = 1;
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  lt_avro_registry_t *reg = NULL;
+  topic_env_t t;
   lt_avro_decoder_t *dec = NULL;
   lt_bus_consumer_t *c = NULL;
-  if (!conf || lt_bus_conf_from_env(conf, err, sizeof err) ||
-      lt_avro_registry_new(&reg, err, sizeof err) ||
-      lt_avro_decoder_new(reg, &dec, err, sizeof err) ||
-      lt_bus_consumer_new(conf, NULL, &c, err, sizeof err)) {
-    fprintf(stderr, "lathe topic tail: %s\n", conf ? err : "out of memory");
+  if (topic_env_open(&t, topic, err, sizeof err) ||
+      lt_avro_decoder_new(t.reg, &dec, err, sizeof err) ||
+      lt_bus_consumer_new(t.conf, NULL, &c, err, sizeof err)) {
+    fprintf(stderr, "lathe topic tail: %s\n", err);
     goto out;
   }
-  char full[512];
-  full_topic(conf, topic, full, sizeof full);
-  lt_err_t e = lt_bus_consumer_assign_topic(c, full, from_beginning ? LT_BUS_OFFSET_BEGINNING
+  lt_err_t e = lt_bus_consumer_assign_topic(c, t.full, from_beginning ? LT_BUS_OFFSET_BEGINNING
                                                                     : LT_BUS_OFFSET_END,
                                             10000, NULL, err, sizeof err);
   if (e) {
@@ -185,8 +205,7 @@ static int topic_tail(int argc, char **argv) {
 out:
   lt_bus_consumer_destroy(c);
   lt_avro_decoder_destroy(dec);
-  lt_avro_registry_destroy(reg);
-  lt_bus_conf_destroy(conf);
+  topic_env_close(&t);
   return rc;
 }
 
@@ -197,21 +216,17 @@ static int topic_produce(int argc, char **argv) {
   }
   char err[1024];
   int rc = 1;
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  lt_avro_registry_t *reg = NULL;
+  topic_env_t t;
   lt_avro_record_t *rec = NULL;
   lt_bus_producer_t *p = NULL;
   char *line = NULL;
   size_t cap = 0;
-  if (!conf || lt_bus_conf_from_env(conf, err, sizeof err) ||
-      lt_avro_registry_new(&reg, err, sizeof err) ||
-      lt_avro_record_new(reg, argv[3], &rec, err, sizeof err) ||
-      lt_bus_producer_new(conf, NULL, &p, err, sizeof err)) {
-    fprintf(stderr, "lathe topic produce: %s\n", conf ? err : "out of memory");
+  if (topic_env_open(&t, argv[2], err, sizeof err) ||
+      lt_avro_record_new(t.reg, argv[3], &rec, err, sizeof err) ||
+      lt_bus_producer_new(t.conf, NULL, &p, err, sizeof err)) {
+    fprintf(stderr, "lathe topic produce: %s\n", err);
     goto out;
   }
-  char full[512];
-  full_topic(conf, argv[2], full, sizeof full);
   ssize_t n;
   int lineno = 0;
   rc = 0;
@@ -232,7 +247,7 @@ static int topic_produce(int argc, char **argv) {
     static const char *const key_fields[] = {"job_id", "tenant_id", "worker_id"};
     for (size_t i = 0; i < 3 && !key; i++)
       if (lt_avro_get_string(rec, key_fields[i], &key, NULL) != LT_OK) key = NULL;
-    lt_bus_record_t r = {.topic = full, .partition = LT_BUS_PARTITION_ANY, .key = key,
+    lt_bus_record_t r = {.topic = t.full, .partition = LT_BUS_PARTITION_ANY, .key = key,
                          .key_size = key ? strlen(key) : 0, .value = buf, .value_size = len};
     int32_t part;
     int64_t off;
@@ -249,8 +264,7 @@ out:
   free(line);
   lt_bus_producer_destroy(p, 10000);
   lt_avro_record_destroy(rec);
-  lt_avro_registry_destroy(reg);
-  lt_bus_conf_destroy(conf);
+  topic_env_close(&t);
   return rc;
 }
 

@@ -53,7 +53,6 @@ typedef void (*pool_fn)(void *arg, int tid, int nt);
 typedef struct cpu {
   lt_backend_t be;
   int nt;
-  pthread_t *threads;
   pthread_mutex_t mu;
   pthread_cond_t go, done;
   long gen;     /* incremented per job */
@@ -61,13 +60,19 @@ typedef struct cpu {
   int quit;
   pool_fn fn;
   void *arg;
-  /* per-thread scratch (attention backward, rmsnorm dw partials); grows at warm-up only */
-  float **scratch;
-  size_t *scratch_n;
+  struct lane *lanes; /* [nt] */
   char err[256];
   /* allocation list for destroy() */
   struct blk *blocks;
 } cpu_t;
+
+/* One pool thread: its handle (unused for tid 0, the caller) and its scratch (attention
+ * backward, rmsnorm dw partials), which grows at warm-up only. */
+typedef struct lane {
+  pthread_t thread;
+  float *scratch;
+  size_t scratch_n;
+} lane_t;
 
 typedef struct blk {
   struct blk *prev, *next;
@@ -123,13 +128,14 @@ static inline void chunk(size_t n, int tid, int nt, size_t *lo, size_t *hi) {
 }
 
 static float *scratch(cpu_t *c, int tid, size_t n) {
-  if (c->scratch_n[tid] < n) {
-    free(c->scratch[tid]);
-    c->scratch[tid] = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
-    assert(c->scratch[tid] && "cpu backend: scratch allocation failed");
-    c->scratch_n[tid] = n;
+  lane_t *ln = &c->lanes[tid];
+  if (ln->scratch_n < n) {
+    free(ln->scratch);
+    ln->scratch = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
+    assert(ln->scratch && "cpu backend: scratch allocation failed");
+    ln->scratch_n = n;
   }
-  return c->scratch[tid];
+  return ln->scratch;
 }
 
 #define CPU(be) ((cpu_t *)(be))
@@ -299,61 +305,71 @@ typedef struct ew_args {
   float *x, *y, *z;
   const float *a, *b, *c, *d;
   const int32_t *ia, *ib;
-  size_t n;
   int rows, cols, i1, i2, i3, i4;
   float f1, f2, f3, f4, f5, f6;
   long l1;
   uint64_t u1;
   double *partial;
+  cpu_t *cpu;
 } ew_t;
 
-static void zero_task(void *p, int tid, int nt) {
-  ew_t *e = p;
+/* An elementwise task: items (or rows) [lo, hi) of its op, on pool thread tid. */
+typedef void (*ew_fn)(const ew_t *e, size_t lo, size_t hi, int tid);
+
+typedef struct ew_job {
+  ew_fn fn;
+  const ew_t *e;
+  size_t span;
+} ew_job_t;
+
+static void ew_job_task(void *p, int tid, int nt) {
+  const ew_job_t *j = p;
   size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+  chunk(j->span, tid, nt, &lo, &hi);
+  j->fn(j->e, lo, hi, tid);
+}
+
+/* Runs fn over [0, span) split into the pool's static chunks. */
+static void ew_run(lt_backend_t *be, ew_fn fn, const ew_t *e, size_t span) {
+  ew_job_t j = {fn, e, span};
+  pool_run(CPU(be), ew_job_task, &j);
+}
+
+static void zero_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   memset(e->x + lo, 0, (hi - lo) * sizeof(float));
 }
 static void cpu_zero(lt_backend_t *be, float *x, size_t n) {
-  ew_t e = {.x = x, .n = n};
-  if (n < 65536) zero_task(&e, 0, 1);
-  else pool_run(CPU(be), zero_task, &e);
+  ew_t e = {.x = x};
+  if (n < 65536) zero_task(&e, 0, n, 0);
+  else ew_run(be, zero_task, &e, n);
 }
 
 static void cpu_copy(lt_backend_t *be, float *dst, const float *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
 
-static void scale_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void scale_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   float *x = e->x, a = e->f1;
   for (size_t i = lo; i < hi; i++) x[i] *= a;
 }
 static void cpu_scale(lt_backend_t *be, float *x, float a, size_t n) {
-  ew_t e = {.x = x, .n = n, .f1 = a};
-  if (n < 65536) scale_task(&e, 0, 1);
-  else pool_run(CPU(be), scale_task, &e);
+  ew_t e = {.x = x, .f1 = a};
+  if (n < 65536) scale_task(&e, 0, n, 0);
+  else ew_run(be, scale_task, &e, n);
 }
 
-static void axpy_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void axpy_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   float *y = e->x, a = e->f1;
   const float *x = e->a;
   for (size_t i = lo; i < hi; i++) y[i] += a * x[i];
 }
 static void cpu_axpy(lt_backend_t *be, float *y, float a, const float *x, size_t n) {
-  ew_t e = {.x = y, .a = x, .n = n, .f1 = a};
-  if (n < 65536) axpy_task(&e, 0, 1);
-  else pool_run(CPU(be), axpy_task, &e);
+  ew_t e = {.x = y, .a = x, .f1 = a};
+  if (n < 65536) axpy_task(&e, 0, n, 0);
+  else ew_run(be, axpy_task, &e, n);
 }
 
-static void sumsq_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void sumsq_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   const float *x = e->a;
   double s = 0;
   /* 8 float lanes of partial sums per 1024-block, then double: fixed order, vectorisable */
@@ -368,8 +384,8 @@ static void sumsq_task(void *p, int tid, int nt) {
 static double cpu_sumsq(lt_backend_t *be, const float *x, size_t n) {
   cpu_t *c = CPU(be);
   double partial[c->nt];
-  ew_t e = {.a = x, .n = n, .partial = partial};
-  pool_run(c, sumsq_task, &e);
+  ew_t e = {.a = x, .partial = partial};
+  ew_run(be, sumsq_task, &e, n);
   double s = 0;
   for (int t = 0; t < c->nt; t++) s += partial[t];
   return s;
@@ -389,10 +405,7 @@ static void cpu_bias_bwd(lt_backend_t *be, float *db, const float *dy, int rows,
   }
 }
 
-static void dropout_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void dropout_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   float keep = 1.0f / (1.0f - e->f1);
   for (size_t i = lo; i < hi; i++)
     e->x[i] = lt_backend_dropout_keep(e->u1, i, e->f1) ? e->a[i] * keep : 0.0f;
@@ -403,8 +416,8 @@ static void cpu_dropout(lt_backend_t *be, float *out, const float *in, size_t n,
     if (out != in) memmove(out, in, n * sizeof(float));
     return;
   }
-  ew_t e = {.x = out, .a = in, .n = n, .f1 = p, .u1 = seed};
-  pool_run(CPU(be), dropout_task, &e);
+  ew_t e = {.x = out, .a = in, .f1 = p, .u1 = seed};
+  ew_run(be, dropout_task, &e, n);
 }
 
 /* ---- embedding -------------------------------------------------------------------------- */
@@ -415,10 +428,7 @@ static void cpu_embed_fwd(lt_backend_t *be, float *out, const float *table,
     memcpy(out + (size_t)r * D, table + (size_t)tokens[r] * D, (size_t)D * sizeof(float));
 }
 
-static void embed_bwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk((size_t)e->cols, tid, nt, &lo, &hi);
+static void embed_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   for (int r = 0; r < e->rows; r++) {
     float *d = e->x + (size_t)e->ia[r] * e->cols;
     const float *g = e->a + (size_t)r * e->cols;
@@ -428,15 +438,12 @@ static void embed_bwd_task(void *p, int tid, int nt) {
 static void cpu_embed_bwd(lt_backend_t *be, float *dtable, const float *dout,
                           const int32_t *tokens, int N, int D) {
   ew_t e = {.x = dtable, .a = dout, .ia = tokens, .rows = N, .cols = D};
-  pool_run(CPU(be), embed_bwd_task, &e);
+  ew_run(be, embed_bwd_task, &e, (size_t)D);
 }
 
 /* ---- RMSNorm ---------------------------------------------------------------------------- */
 
-static void rms_fwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+static void rms_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   int D = e->cols;
   for (size_t r = lo; r < hi; r++) {
     const float *x = e->a + r * D;
@@ -450,15 +457,12 @@ static void rms_fwd_task(void *p, int tid, int nt) {
 }
 static void cpu_rmsnorm_fwd(lt_backend_t *be, float *out, float *rstd, const float *x,
                             const float *w, int N, int D, float eps) {
-  ew_t e = {.x = out, .y = rstd, .a = x, .b = w, .rows = N, .cols = D, .f1 = eps};
-  pool_run(CPU(be), rms_fwd_task, &e);
+  ew_t e = {.x = out, .y = rstd, .a = x, .b = w, .cols = D, .f1 = eps};
+  ew_run(be, rms_fwd_task, &e, (size_t)N);
 }
 
-static void rms_bwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  cpu_t *c = (cpu_t *)e->z;
-  size_t lo, hi;
-  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+static void rms_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
+  cpu_t *c = e->cpu;
   int D = e->cols;
   float *dwp = NULL;
   if (e->y) {
@@ -481,20 +485,16 @@ static void rms_bwd_task(void *p, int tid, int nt) {
 static void cpu_rmsnorm_bwd(lt_backend_t *be, float *dx, float *dw, const float *dout,
                             const float *x, const float *w, const float *rstd, int N, int D) {
   cpu_t *c = CPU(be);
-  ew_t e = {.x = dx, .y = dw, .z = (float *)c, .a = dout, .b = w, .c = x, .d = rstd,
-            .rows = N, .cols = D};
-  pool_run(c, rms_bwd_task, &e);
+  ew_t e = {.x = dx, .y = dw, .cpu = c, .a = dout, .b = w, .c = x, .d = rstd, .cols = D};
+  ew_run(be, rms_bwd_task, &e, (size_t)N);
   if (dw) /* per-thread partials summed in thread order */
     for (int t = 0; t < c->nt; t++)
-      for (int j = 0; j < D; j++) dw[j] += c->scratch[t][j];
+      for (int j = 0; j < D; j++) dw[j] += c->lanes[t].scratch[j];
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------- */
 
-static void rope_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+static void rope_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   int nh = e->i1, hd = e->i2, half = hd / 2;
   float sign = e->i3 ? -1.0f : 1.0f;
   for (size_t r = lo; r < hi; r++) {
@@ -511,9 +511,9 @@ static void rope_task(void *p, int tid, int nt) {
 }
 static void cpu_rope(lt_backend_t *be, float *x, const float *cos_tab, const float *sin_tab,
                      const int32_t *pos, int N, int nh, int hd, int inverse) {
-  ew_t e = {.x = x, .a = cos_tab, .b = sin_tab, .ia = pos, .rows = N, .i1 = nh, .i2 = hd,
+  ew_t e = {.x = x, .a = cos_tab, .b = sin_tab, .ia = pos, .i1 = nh, .i2 = hd,
             .i3 = inverse};
-  pool_run(CPU(be), rope_task, &e);
+  ew_run(be, rope_task, &e, (size_t)N);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -689,24 +689,18 @@ static void cpu_attn_cached(lt_backend_t *be, float *out, const float *q, const 
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
-static void swiglu_fwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void swiglu_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   const float *g = e->a, *u = e->b;
   float *h = e->x;
   for (size_t i = lo; i < hi; i++) h[i] = g[i] / (1.0f + lt_fexp(-g[i])) * u[i];
 }
 static void cpu_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const float *u,
                            size_t n) {
-  ew_t e = {.x = h, .a = g, .b = u, .n = n};
-  pool_run(CPU(be), swiglu_fwd_task, &e);
+  ew_t e = {.x = h, .a = g, .b = u};
+  ew_run(be, swiglu_fwd_task, &e, n);
 }
 
-static void swiglu_bwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void swiglu_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   const float *dh = e->a, *g = e->b, *u = e->c;
   float *dg = e->x, *du = e->y;
   for (size_t i = lo; i < hi; i++) {
@@ -718,16 +712,13 @@ static void swiglu_bwd_task(void *p, int tid, int nt) {
 }
 static void cpu_swiglu_bwd(lt_backend_t *be, float *dg, float *du, const float *dh,
                            const float *g, const float *u, size_t n) {
-  ew_t e = {.x = dg, .y = du, .a = dh, .b = g, .c = u, .n = n};
-  pool_run(CPU(be), swiglu_bwd_task, &e);
+  ew_t e = {.x = dg, .y = du, .a = dh, .b = g, .c = u};
+  ew_run(be, swiglu_bwd_task, &e, n);
 }
 
 /* ---- cross-entropy ---------------------------------------------------------------------- */
 
-static void ce_fwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+static void ce_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   int V = e->cols;
   for (size_t r = lo; r < hi; r++) {
     const float *l = e->a + r * V;
@@ -742,14 +733,11 @@ static void ce_fwd_task(void *p, int tid, int nt) {
 }
 static void cpu_ce_fwd(lt_backend_t *be, float *logp, float *lse, const float *logits,
                        const int32_t *targets, int N, int V) {
-  ew_t e = {.x = logp, .y = lse, .a = logits, .ia = targets, .rows = N, .cols = V};
-  pool_run(CPU(be), ce_fwd_task, &e);
+  ew_t e = {.x = logp, .y = lse, .a = logits, .ia = targets, .cols = V};
+  ew_run(be, ce_fwd_task, &e, (size_t)N);
 }
 
-static void ce_bwd_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk((size_t)e->rows, tid, nt, &lo, &hi);
+static void ce_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   int V = e->cols;
   for (size_t r = lo; r < hi; r++) {
     float *l = e->x + r * V;
@@ -764,16 +752,13 @@ static void ce_bwd_task(void *p, int tid, int nt) {
 }
 static void cpu_ce_bwd(lt_backend_t *be, float *logits, const float *lse, const int32_t *targets,
                        const float *coef, int N, int V) {
-  ew_t e = {.x = logits, .a = lse, .b = coef, .ia = targets, .rows = N, .cols = V};
-  pool_run(CPU(be), ce_bwd_task, &e);
+  ew_t e = {.x = logits, .a = lse, .b = coef, .ia = targets, .cols = V};
+  ew_run(be, ce_bwd_task, &e, (size_t)N);
 }
 
 /* ---- AdamW ------------------------------------------------------------------------------ */
 
-static void adamw_task(void *p, int tid, int nt) {
-  ew_t *e = p;
-  size_t lo, hi;
-  chunk(e->n, tid, nt, &lo, &hi);
+static void adamw_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   float *pp = e->x, *m = e->y, *v = e->z;
   const float *g = e->a;
   float lr = e->f1, b1 = e->f2, b2 = e->f3, eps = e->f4, wd = e->f5, gs = e->f6;
@@ -790,9 +775,9 @@ static void adamw_task(void *p, int tid, int nt) {
 static void cpu_adamw(lt_backend_t *be, float *p, const float *grad, float *m, float *v,
                       size_t n, float lr, float beta1, float beta2, float eps, float wd,
                       float grad_scale, long step) {
-  ew_t e = {.x = p, .y = m, .z = v, .a = grad, .n = n, .f1 = lr, .f2 = beta1, .f3 = beta2,
+  ew_t e = {.x = p, .y = m, .z = v, .a = grad, .f1 = lr, .f2 = beta1, .f3 = beta2,
             .f4 = eps, .f5 = wd, .f6 = grad_scale, .l1 = step};
-  pool_run(CPU(be), adamw_task, &e);
+  ew_run(be, adamw_task, &e, n);
 }
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
@@ -803,12 +788,10 @@ static void cpu_destroy(lt_backend_t *be) {
   c->quit = 1;
   pthread_cond_broadcast(&c->go);
   pthread_mutex_unlock(&c->mu);
-  for (int t = 1; t < c->nt; t++) pthread_join(c->threads[t], NULL);
+  for (int t = 1; t < c->nt; t++) pthread_join(c->lanes[t].thread, NULL);
   while (c->blocks) cpu_free(be, c->blocks + 1);
-  for (int t = 0; t < c->nt; t++) free(c->scratch[t]);
-  free(c->scratch);
-  free(c->scratch_n);
-  free(c->threads);
+  for (int t = 0; t < c->nt; t++) free(c->lanes[t].scratch);
+  free(c->lanes);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->go);
   pthread_cond_destroy(&c->done);
@@ -823,13 +806,8 @@ lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_
   cpu_t *c = calloc(1, sizeof *c);
   if (!c) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
   c->nt = threads;
-  c->threads = calloc((size_t)threads, sizeof *c->threads);
-  c->scratch = calloc((size_t)threads, sizeof *c->scratch);
-  c->scratch_n = calloc((size_t)threads, sizeof *c->scratch_n);
-  if (!c->threads || !c->scratch || !c->scratch_n) {
-    free(c->threads);
-    free(c->scratch);
-    free(c->scratch_n);
+  c->lanes = calloc((size_t)threads, sizeof *c->lanes);
+  if (!c->lanes) {
     free(c);
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
   }
@@ -884,7 +862,7 @@ lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_
       arg[0] = c;
       arg[1] = (void *)(intptr_t)t;
     }
-    if (!arg || pthread_create(&c->threads[t], NULL, worker_main, arg) != 0) {
+    if (!arg || pthread_create(&c->lanes[t].thread, NULL, worker_main, arg) != 0) {
       free(arg);
       c->nt = t;
       cpu_destroy(be);

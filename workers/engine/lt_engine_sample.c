@@ -50,7 +50,7 @@ static void infer_rows(lt_session_t *s, int n) {
   lt_backend_t *be = s->be;
   sampl_t *p = &s->sp;
   const lt_model_config_t *c = &s->mc;
-  const lt_engine_t *e = s->eng;
+  const float *cos_tab = s->eng->rope_cos, *sin_tab = s->eng->rope_sin;
   int D = c->hidden_size, F = c->intermediate_size, H = c->num_heads, KV = c->num_kv_heads,
       hd = c->head_dim, KD = KV * hd;
   be->embed_fwd(be, p->x, s->w.embed, p->tok, n, D);
@@ -62,8 +62,8 @@ static void infer_rows(lt_session_t *s, int n) {
     lt_engine_linear_fwd(s, p->ln, n, l, M_Q, p->q, 0.0f, p->la, 0, NULL);
     lt_engine_linear_fwd(s, p->ln, n, l, M_K, p->k, 0.0f, p->la, 0, NULL);
     lt_engine_linear_fwd(s, p->ln, n, l, M_V, p->v, 0.0f, p->la, 0, NULL);
-    be->rope(be, p->q, e->rope_cos, e->rope_sin, p->pos, n, H, hd, 0);
-    be->rope(be, p->k, e->rope_cos, e->rope_sin, p->pos, n, KV, hd, 0);
+    be->rope(be, p->q, cos_tab, sin_tab, p->pos, n, H, hd, 0);
+    be->rope(be, p->k, cos_tab, sin_tab, p->pos, n, KV, hd, 0);
     be->kv_store(be, kc, p->k, p->seq, p->pos, n, KD, p->max_t);
     be->kv_store(be, vc, p->v, p->seq, p->pos, n, KD, p->max_t);
     be->attn_cached(be, p->atty, p->q, kc, vc, p->seq, p->pos, n, H, KV, hd, p->max_t);

@@ -170,34 +170,33 @@ static lt_err_t tokenize(const lt_tok_t *tok, const char *text, size_t len, int 
 
 /* ---------------------------------------------------------------- batches */
 
-/* Buffers of one (B, T) batch, allocated once. */
+/* Buffers of one (B, T) batch, allocated once as one block. */
 typedef struct {
   int B, T;
+  void *block;
   int32_t *tokens, *targets, *positions;
-  float *weights, *logp, *logits;
+  float *weights, *logp, *logits; /* logits NULL when the batch keeps none */
 } batch_buf_t;
 
+_Static_assert(sizeof(int32_t) == sizeof(float), "batch arrays share one block of 4-byte cells");
+
+/* Carves the five (B, T) arrays and, when V > 0, the (B, T, V) logits from one zeroed block. */
 static lt_err_t batch_alloc(batch_buf_t *b, int B, int T, int V) {
+  size_t N = (size_t)B * T;
   b->B = B;
   b->T = T;
-  b->tokens = calloc((size_t)B * T, sizeof *b->tokens);
-  b->targets = calloc((size_t)B * T, sizeof *b->targets);
-  b->positions = calloc((size_t)B * T, sizeof *b->positions);
-  b->weights = calloc((size_t)B * T, sizeof *b->weights);
-  b->logp = calloc((size_t)B * T, sizeof *b->logp);
-  b->logits = V ? calloc((size_t)B * T * V, sizeof *b->logits) : NULL;
-  return (b->tokens && b->targets && b->positions && b->weights && b->logp && (!V || b->logits)) ? LT_OK
-                                                                                                 : LT_ERR_NOMEM;
+  b->block = calloc(5 * N + N * (size_t)V, sizeof(float));
+  if (!b->block) return LT_ERR_NOMEM;
+  b->tokens = b->block;
+  b->targets = b->tokens + N;
+  b->positions = b->targets + N;
+  b->weights = (float *)(void *)(b->positions + N);
+  b->logp = b->weights + N;
+  b->logits = V ? b->logp + N : NULL;
+  return LT_OK;
 }
 
-static void batch_free(batch_buf_t *b) {
-  free(b->tokens);
-  free(b->targets);
-  free(b->positions);
-  free(b->weights);
-  free(b->logp);
-  free(b->logits);
-}
+static void batch_free(batch_buf_t *b) { free(b->block); }
 
 /* Lays examples idx[0..count) (count <= b->B) into rows of b->T tokens: one row each when
  * one_per_row, else packed first-fit into as few rows as they fit, in the given order (so the

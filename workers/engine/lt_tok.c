@@ -134,11 +134,9 @@ static int seq_push(lt_tok_seq_t *seq, int32_t id, float w) {
 
 void lt_tok_destroy(lt_tok_t *tok) {
   if (!tok) return;
-  if (tok->str)
-    for (int32_t i = 0; i < tok->n_ids; i++) free(tok->str[i]);
-  free(tok->str);
-  free(tok->len);
-  free(tok->added);
+  if (tok->entries)
+    for (int32_t i = 0; i < tok->n_ids; i++) free(tok->entries[i].str);
+  free(tok->entries);
   lt_tok_strmap_free(&tok->vocab);
   pairmap_free(&tok->merges);
   free(tok->added_list);
@@ -154,11 +152,11 @@ int32_t lt_tok_token_id(const lt_tok_t *tok, const char *token) {
 }
 
 const char *lt_tok_token_str(const lt_tok_t *tok, int32_t id) {
-  return id >= 0 && id < tok->n_ids ? tok->str[id] : NULL;
+  return id >= 0 && id < tok->n_ids ? tok->entries[id].str : NULL;
 }
 
 int lt_tok_is_special(const lt_tok_t *tok, int32_t id) {
-  return id >= 0 && id < tok->n_ids && tok->added[id] == 2;
+  return id >= 0 && id < tok->n_ids && tok->entries[id].added == 2;
 }
 
 int32_t lt_tok_eos_id(const lt_tok_t *tok) {
@@ -256,7 +254,7 @@ static int bpe_word(const lt_tok_t *tok, scratch_t *s, const unsigned char *w, s
     size_t k = 0;
     for (size_t i = 0; i < n; i++) k += utf8_put(s->text + k, tok->cp_of_byte[w[i]]);
     int32_t id = strmap_get(&tok->vocab, s->text, k);
-    if (id >= 0 && !tok->added[id]) return seq_push(seq, id, weight);
+    if (id >= 0 && !tok->entries[id].added) return seq_push(seq, id, weight);
   }
   if (lt_tok_grow((void **)&s->sym, &s->sym_cap, n, sizeof *s->sym) ||
       lt_tok_grow((void **)&s->heap, &s->heap_cap, 2 * n + 2, sizeof *s->heap))
@@ -434,21 +432,22 @@ lt_err_t lt_tok_decode(const lt_tok_t *tok, const int32_t *ids, size_t n, int sk
   *out_len = 0;
   size_t cap = 1;
   for (size_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= tok->n_ids || !tok->str[ids[i]])
+    if (ids[i] < 0 || ids[i] >= tok->n_ids || !tok->entries[ids[i]].str)
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "decode: ids[%zu] = %d is not a token of this tokenizer (vocab size %d)", i,
                      ids[i], tok->n_ids);
-    cap += tok->len[ids[i]];
+    cap += tok->entries[ids[i]].len;
   }
   char *buf = malloc(cap);
   if (!buf) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "decode: out of memory");
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     int32_t id = ids[i];
-    const unsigned char *s = (const unsigned char *)tok->str[id];
-    size_t len = tok->len[id];
-    if (tok->added[id]) {
-      if (tok->added[id] == 2 && skip_special) continue;
+    const tok_entry_t *te = &tok->entries[id];
+    const unsigned char *s = (const unsigned char *)te->str;
+    size_t len = te->len;
+    if (te->added) {
+      if (te->added == 2 && skip_special) continue;
       memcpy(buf + k, s, len);
       k += len;
       continue;

@@ -139,11 +139,16 @@ typedef struct added_tok {
   int special, lstrip, rstrip;
 } added_tok_t;
 
+/* One id of the vocabulary. */
+typedef struct tok_entry {
+  char *str;     /* vocabulary string (or added token content), NULL if unassigned */
+  uint32_t len;
+  uint8_t added; /* 0 vocab, 1 added, 2 added special */
+} tok_entry_t;
+
 struct lt_tok {
   int32_t n_ids;
-  char **str;        /* [n_ids] vocabulary string (or added token content), NULL if unassigned */
-  uint32_t *len;     /* [n_ids] */
-  uint8_t *added;    /* [n_ids] 0 vocab, 1 added, 2 added special */
+  tok_entry_t *entries; /* [n_ids] */
   strmap_t vocab;    /* string -> id, vocabulary and added tokens */
   pairmap_t merges;
   int32_t byte_id[256];      /* id of each byte's token, -1 if missing */

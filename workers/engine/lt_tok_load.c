@@ -303,25 +303,24 @@ static lt_err_t load_vocab(lt_tok_t *tok, json_t *vocab, size_t n_added, json_in
   const char *key;
   json_t *val;
   tok->n_ids = (int32_t)max_id + 1;
-  tok->str = calloc((size_t)tok->n_ids, sizeof *tok->str);
-  tok->len = calloc((size_t)tok->n_ids, sizeof *tok->len);
-  tok->added = calloc((size_t)tok->n_ids, 1);
-  if (!tok->str || !tok->len || !tok->added ||
+  tok->entries = calloc((size_t)tok->n_ids, sizeof *tok->entries);
+  if (!tok->entries ||
       lt_tok_strmap_init(&tok->vocab, json_object_size(vocab) + n_added))
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer.json: out of memory");
 
   json_object_foreach(vocab, key, val) {
     int32_t id = (int32_t)json_integer_value(val);
     size_t n = strlen(key);
-    if (tok->str[id])
+    tok_entry_t *te = &tok->entries[id];
+    if (te->str)
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "tokenizer.json: model.vocab[\"%.40s\"]: id %d is already used by "
                      "\"%.40s\"",
-                     key, id, tok->str[id]);
-    if (!(tok->str[id] = strdup(key)))
+                     key, id, te->str);
+    if (!(te->str = strdup(key)))
       return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer.json: out of memory");
-    tok->len[id] = (uint32_t)n;
-    if (lt_tok_strmap_put(&tok->vocab, tok->str[id], n, id))
+    te->len = (uint32_t)n;
+    if (lt_tok_strmap_put(&tok->vocab, te->str, n, id))
       return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer.json: out of memory");
   }
   return LT_OK;
@@ -344,24 +343,25 @@ static lt_err_t load_added(lt_tok_t *tok, json_t *added, size_t n_added, char *e
     char path[64];
     snprintf(path, sizeof path, "added_tokens[%zu]", i);
     added_tok_t *at = &tok->added_list[tok->n_added];
+    tok_entry_t *te = &tok->entries[id];
     if ((err = opt_bool(a, "special", path, 0, &at->special, errstr, errstr_size)) ||
         (err = opt_bool(a, "lstrip", path, 0, &at->lstrip, errstr, errstr_size)) ||
         (err = opt_bool(a, "rstrip", path, 0, &at->rstrip, errstr, errstr_size)))
       return err;
-    if (tok->str[id] && (tok->len[id] != n || memcmp(tok->str[id], s, n) != 0))
+    if (te->str && (te->len != n || memcmp(te->str, s, n) != 0))
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "tokenizer.json: %s.id: id %d is already the vocabulary token \"%.40s\"",
-                     path, id, tok->str[id]);
-    if (!tok->str[id]) {
-      if (!(tok->str[id] = malloc(n + 1)))
+                     path, id, te->str);
+    if (!te->str) {
+      if (!(te->str = malloc(n + 1)))
         return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer.json: out of memory");
-      memcpy(tok->str[id], s, n + 1);
-      tok->len[id] = (uint32_t)n;
+      memcpy(te->str, s, n + 1);
+      te->len = (uint32_t)n;
     }
-    if (lt_tok_strmap_put(&tok->vocab, tok->str[id], n, id))
+    if (lt_tok_strmap_put(&tok->vocab, te->str, n, id))
       return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "tokenizer.json: out of memory");
-    tok->added[id] = at->special ? 2 : 1;
-    at->s = tok->str[id];
+    te->added = at->special ? 2 : 1;
+    at->s = te->str;
     at->len = n;
     at->id = id;
     tok->added_first[(unsigned char)s[0]] = 1;

@@ -19,38 +19,42 @@ static inline unsigned lt_k_grid(size_t n, unsigned threads) {
   return b == 0 ? 1u : (unsigned)b;
 }
 
-__device__ __forceinline__ float lt_k_warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float lt_k_warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ double lt_k_warp_sum_d(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+/* The reduction operators: a + b and fmaxf(a, b), each exact whichever operand comes first. */
+struct lt_k_add {
+  template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct lt_k_max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* op over the warp's 32 lanes by xor shuffles; every lane gets the result. */
+template <typename T, typename Op> __device__ __forceinline__ T lt_k_warp_reduce(T v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
- * `shared` holds 32 floats. Calls __syncthreads: every thread of the block must call it. */
-__device__ __forceinline__ float lt_k_block_sum(float v, float *shared) {
+/* op over the block (blockDim.x a multiple of 32, <= 1024): each warp reduces, then every warp
+ * reduces the warps' partials, `identity` filling the lanes past the last warp; every thread
+ * gets the result. `shared` holds 32 T. Calls __syncthreads: every thread of the block must
+ * call it. */
+template <typename T, typename Op>
+__device__ __forceinline__ T lt_k_block_reduce(T v, T *shared, T identity, Op op) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = lt_k_warp_sum(v);
+  v = lt_k_warp_reduce(v, op);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  float t = lane < nw ? shared[lane] : 0.0f;
-  return lt_k_warp_sum(t);
+  T t = lane < nw ? shared[lane] : identity;
+  return lt_k_warp_reduce(t, op);
+}
+__device__ __forceinline__ float lt_k_block_sum(float v, float *shared) {
+  return lt_k_block_reduce(v, shared, 0.0f, lt_k_add());
+}
+__device__ __forceinline__ double lt_k_block_sum_d(double v, double *shared) {
+  return lt_k_block_reduce(v, shared, 0.0, lt_k_add());
 }
 __device__ __forceinline__ float lt_k_block_max(float v, float *shared) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  v = lt_k_warp_max(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float t = lane < nw ? shared[lane] : -INFINITY;
-  return lt_k_warp_max(t);
+  return lt_k_block_reduce(v, shared, -INFINITY, lt_k_max());
 }
 
 #endif

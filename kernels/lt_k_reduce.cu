@@ -11,30 +11,16 @@ __global__ void lt_k_sumsq_partial(double *work, const float *x, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     acc += (double)x[i] * (double)x[i];
-  acc = lt_k_warp_sum_d(acc);
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) sh[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double t = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0;
-    t = lt_k_warp_sum_d(t);
-    if (lane == 0) work[blockIdx.x] = t;
-  }
+  acc = lt_k_block_sum_d(acc, sh);
+  if (threadIdx.x == 0) work[blockIdx.x] = acc;
 }
 
 __global__ void lt_k_sumsq_final(double *out, const double *work, int nparts) {
   __shared__ double sh[32];
   double acc = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += work[i];
-  acc = lt_k_warp_sum_d(acc);
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) sh[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    double t = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0;
-    t = lt_k_warp_sum_d(t);
-    if (lane == 0) *out = t;
-  }
+  acc = lt_k_block_sum_d(acc, sh);
+  if (threadIdx.x == 0) *out = acc;
 }
 
 /* One thread per column, rows in increasing order: matches the CPU order exactly. */

@@ -244,12 +244,12 @@ int lt_cli_datasets(int argc, char **argv) {
   int rc = lt_cli_open(&o, "datasets", usage, &argc, argv);
   if (rc >= 0) return rc;
   const char *verb = argv[1];
-  char path[512];
   if (strcmp(verb, "upload") == 0) {
     rc = upload(&o, argc - 1, argv + 1);
   } else if (strcmp(verb, "list") == 0 && argc == 2) {
     rc = list(&o);
   } else if ((strcmp(verb, "show") == 0 || strcmp(verb, "delete") == 0) && argc == 3) {
+    char path[512];
     lt_client_resp_t r;
     bool show = strcmp(verb, "show") == 0;
     if (!lt_cli_path_id(path, sizeof path, "/v1/datasets/", argv[2], NULL)) {

@@ -2,6 +2,7 @@
 #include "lt_dataset.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +11,12 @@ struct lt_dataset_check {
   lt_dataset_limits_t lim;
   lt_dataset_tokens_fn *tokens_fn;
   void *ctx;
-  char *line;          /* the current line, up to lim.max_line_bytes */
+  char *line;          /* the current line, up to lim.max_line_bytes (after errors[]) */
   size_t line_len;
   bool line_too_long;  /* the current line passed the limit: skip to its end */
   lt_dataset_report_t r;
-  lt_dataset_error_t *errors;
   bool finished;
+  lt_dataset_error_t errors[]; /* lim.max_errors kept for the report */
 };
 
 const char *lt_dataset_format_name(lt_dataset_format_t f) {
@@ -66,29 +67,24 @@ bad:
 
 lt_err_t lt_dataset_check_new(lt_dataset_check_t **out, const lt_dataset_limits_t *limits,
                               lt_dataset_tokens_fn *tokens_fn, void *ctx) {
-  lt_dataset_check_t *c = calloc(1, sizeof *c);
+  lt_dataset_limits_t lim = limits ? *limits : (lt_dataset_limits_t){0};
+  if (!lim.max_line_bytes) lim.max_line_bytes = 1 << 20;
+  if (!lim.max_errors) lim.max_errors = 100;
+  /* One allocation: the checker, its kept errors, then the line buffer. */
+  size_t fixed = sizeof(lt_dataset_check_t) + lim.max_line_bytes + 1;
+  if (fixed <= lim.max_line_bytes || lim.max_errors > (SIZE_MAX - fixed) / sizeof(lt_dataset_error_t))
+    return LT_ERR_NOMEM;
+  lt_dataset_check_t *c = calloc(1, fixed + lim.max_errors * sizeof(lt_dataset_error_t));
   if (!c) return LT_ERR_NOMEM;
-  if (limits) c->lim = *limits;
-  if (!c->lim.max_line_bytes) c->lim.max_line_bytes = 1 << 20;
-  if (!c->lim.max_errors) c->lim.max_errors = 100;
+  c->lim = lim;
   c->tokens_fn = tokens_fn;
   c->ctx = ctx;
-  c->line = malloc(c->lim.max_line_bytes + 1);
-  c->errors = calloc(c->lim.max_errors, sizeof *c->errors);
-  if (!c->line || !c->errors) {
-    lt_dataset_check_destroy(c);
-    return LT_ERR_NOMEM;
-  }
+  c->line = (char *)(c->errors + lim.max_errors);
   *out = c;
   return LT_OK;
 }
 
-void lt_dataset_check_destroy(lt_dataset_check_t *c) {
-  if (!c) return;
-  free(c->line);
-  free(c->errors);
-  free(c);
-}
+void lt_dataset_check_destroy(lt_dataset_check_t *c) { free(c); }
 
 static void add_error(lt_dataset_check_t *c, uint64_t line, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

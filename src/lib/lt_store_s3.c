@@ -219,10 +219,7 @@ static lt_err_t s3_get(lt_store_t *st, const char *key, lt_store_sink_fn sink, v
                        char *errstr, size_t errstr_size) {
   s3_store_t *s = st->impl;
   S3GetObjectHandler h = {resp_handler, get_data};
-  req_t r;
-  memset(&r, 0, sizeof r);
-  r.sink = sink;
-  r.ctx = ctx;
+  req_t r = {.sink = sink, .ctx = ctx};
   char pinned[LT_STORE_ETAG_MAX] = "";
   int a;
   for (a = 1;; a++) {
@@ -314,10 +311,7 @@ static lt_err_t s3_list(lt_store_t *st, const char *prefix, const char *start_af
                         size_t next_size, char *errstr, size_t errstr_size) {
   s3_store_t *s = st->impl;
   S3ListBucketHandler h = {resp_handler, list_data};
-  req_t r;
-  memset(&r, 0, sizeof r);
-  r.fn = fn;
-  r.ctx = ctx;
+  req_t r = {.fn = fn, .ctx = ctx};
   int a;
   for (a = 1;; a++) {
     const char *marker = r.last[0] ? r.last : start_after;

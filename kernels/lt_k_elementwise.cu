@@ -1,6 +1,7 @@
 /* lt_k_elementwise: scale, axpy, bias add, dropout and the f32 -> bf16 cast that feeds the
  * tensor-core GEMMs. Memory-bound one-liners; grid-stride loops. */
 #include "lt_k_common.cuh"
+#include "lt_k_dropout.h"
 #include "lt_kernels.cuh"
 
 __global__ void lt_k_scale_kernel(float *x, float a, size_t n) {
@@ -22,21 +23,12 @@ __global__ void lt_k_bias_add_kernel(float *y, const float *b, size_t rows, size
     y[i] += b[i % cols];
 }
 
-/* Must equal lt_backend_dropout_keep() in workers/engine/lt_backend.h bit for bit. */
-__device__ __forceinline__ int lt_k_dropout_keep(uint64_t seed, uint64_t i, float p) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(uint32_t)(z >> 32) >= (double)p * 4294967296.0;
-}
-
 __global__ void lt_k_dropout_kernel(float *out, const float *in, size_t n, float p,
                                     uint64_t seed) {
   float inv = 1.0f / (1.0f - p);
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
-    out[i] = lt_k_dropout_keep(seed, i, p) ? in[i] * inv : 0.0f;
+    out[i] = lt_backend_dropout_keep(seed, i, p) ? in[i] * inv : 0.0f;
 }
 
 __global__ void lt_k_cast_bf16_kernel(__nv_bfloat16 *dst, long ldd, const float *src, long lds,

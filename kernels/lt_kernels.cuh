@@ -40,7 +40,8 @@ lt_err_t lt_k_axpy(float *y, float a, const float *x, size_t n, cudaStream_t str
 /* y[r, c] += b[c] */
 lt_err_t lt_k_bias_add(float *y, const float *b, int rows, int cols, cudaStream_t stream,
                        char *errstr, size_t errstr_size);
-/* out[i] = keep(seed, i) ? in[i] / (1 - p) : 0 with lt_backend_dropout_keep's hash. */
+/* out[i] = keep(seed, i) ? in[i] / (1 - p) : 0 with lt_backend_dropout_keep's hash
+ * (lt_k_dropout.h). */
 lt_err_t lt_k_dropout(float *out, const float *in, size_t n, float p, uint64_t seed,
                       cudaStream_t stream, char *errstr, size_t errstr_size);
 /* dst_bf16[r, c] = bf16(src[r, c]) (round to nearest even), row strides in elements. */

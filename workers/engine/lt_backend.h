@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "lt_err.h"
+#include "lt_k_dropout.h" /* lt_backend_dropout_keep: the mask every backend draws */
 
 typedef struct lt_backend lt_backend_t;
 
@@ -110,9 +111,9 @@ struct lt_backend {
   void (*bias_bwd)(lt_backend_t *be, float *db, const float *dy, int rows, int cols);
 
   /* Inverted dropout as a pure function of (seed, index): out[i] = keep(seed, i) ? in[i]/(1-p)
-   * : 0, with keep(seed, i) = lt_backend_dropout_keep(seed, i, p) below, so cpu and cuda drop the
-   * same elements and the backward pass is the same call on the gradient. out may equal in.
-   * p == 0 is a copy. */
+   * : 0, with keep(seed, i) = lt_backend_dropout_keep(seed, i, p) (lt_k_dropout.h), so cpu
+   * and cuda drop the same elements and the backward pass is the same call on the gradient. out
+   * may equal in. p == 0 is a copy. */
   void (*dropout)(lt_backend_t *be, float *out, const float *in, size_t n, float p,
                   uint64_t seed);
 
@@ -220,16 +221,6 @@ lt_err_t lt_backend_cuda_new(int device, lt_backend_t **out, char *errstr, size_
 
 static inline void lt_backend_destroy(lt_backend_t *be) {
   if (be) be->destroy(be);
-}
-
-/* The dropout mask, shared by every backend: a SplitMix64 hash of (seed, index) compared with
- * p scaled to 2^32. Returns 1 to keep element `i`. */
-static inline int lt_backend_dropout_keep(uint64_t seed, uint64_t i, float p) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(uint32_t)(z >> 32) >= (double)p * 4294967296.0;
 }
 
 #endif

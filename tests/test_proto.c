@@ -143,13 +143,12 @@ Test(proto, assignment_carries_the_spec_and_the_keys_reference) {
 static const struct {
   const char *line;
   lt_err_t want;
-  const char *says;
 } bad_lines[] = {
-    {"not json at all", LT_ERR_CORRUPT, ""},
-    {"{\"type\":\"step\",", LT_ERR_CORRUPT, ""},
-    {"{\"job_id\":\"j\"}", LT_ERR_INVALID, ""}, /* an assignment missing its fields */
+    {"not json at all", LT_ERR_CORRUPT},
+    {"{\"type\":\"step\",", LT_ERR_CORRUPT},
+    {"{\"job_id\":\"j\"}", LT_ERR_INVALID}, /* an assignment missing its fields */
     {"{\"type\":\"checkpoint\",\"step\":1,\"keys\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\"]}",
-     LT_ERR_INVALID, ""},
+     LT_ERR_INVALID},
 };
 
 Test(proto, lines_that_are_not_messages_are_refused_with_a_reason) {

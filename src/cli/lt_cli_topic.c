@@ -105,26 +105,44 @@ static void full_topic(const lt_bus_conf_t *conf, const char *topic, char *full,
     lt_bus_topic_name(conf, topic, full, size);
 }
 
-/* What tail and produce open first: the bus configuration from the environment, the schema
- * registry and TOPIC's full name. */
-typedef struct topic_env {
+/* What a command opens: the bus configuration from the environment, the schema registry,
+ * TOPIC's full name, then a decoder and a consumer (tail) or a record and a producer (produce). */
+typedef struct topic_session {
   lt_bus_conf_t *conf;
   lt_avro_registry_t *reg;
   char full[512];
-} topic_env_t;
+  lt_avro_decoder_t *dec;  /* tail */
+  lt_bus_consumer_t *c;    /* tail */
+  lt_avro_record_t *rec;   /* produce: a record of this type */
+  lt_bus_producer_t *p;    /* produce */
+} topic_session_t;
 
-/* Fills *t (which topic_env_close frees, also after a failure). */
-static lt_err_t topic_env_open(topic_env_t *t, const char *topic, char *err, size_t n) {
+/* Opens *t for tail (type NULL) or produce (type: the record type to encode). On failure the
+ * message is in err; topic_close frees *t in every case. */
+static lt_err_t topic_open(topic_session_t *t, const char *topic, const char *type, char *err,
+                           size_t n) {
   memset(t, 0, sizeof *t);
   t->conf = lt_bus_conf_new();
   if (!t->conf) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
   lt_err_t e = lt_bus_conf_from_env(t->conf, err, n);
   if (!e) e = lt_avro_registry_new(&t->reg, err, n);
-  if (!e) full_topic(t->conf, topic, t->full, sizeof t->full);
+  if (e) return e;
+  full_topic(t->conf, topic, t->full, sizeof t->full);
+  if (!type) {
+    e = lt_avro_decoder_new(t->reg, &t->dec, err, n);
+    if (!e) e = lt_bus_consumer_new(t->conf, NULL, &t->c, err, n);
+  } else {
+    e = lt_avro_record_new(t->reg, type, &t->rec, err, n);
+    if (!e) e = lt_bus_producer_new(t->conf, NULL, &t->p, err, n);
+  }
   return e;
 }
 
-static void topic_env_close(topic_env_t *t) {
+static void topic_close(topic_session_t *t) {
+  lt_bus_producer_destroy(t->p, 10000);
+  lt_bus_consumer_destroy(t->c);
+  lt_avro_decoder_destroy(t->dec);
+  lt_avro_record_destroy(t->rec);
   lt_avro_registry_destroy(t->reg);
   lt_bus_conf_destroy(t->conf);
 }
@@ -163,16 +181,12 @@ static int topic_tail(int argc, char **argv) {
 
   char err[1024];
   int rc = 1;
-  topic_env_t t;
-  lt_avro_decoder_t *dec = NULL;
-  lt_bus_consumer_t *c = NULL;
-  if (topic_env_open(&t, topic, err, sizeof err) ||
-      lt_avro_decoder_new(t.reg, &dec, err, sizeof err) ||
-      lt_bus_consumer_new(t.conf, NULL, &c, err, sizeof err)) {
+  topic_session_t t;
+  if (topic_open(&t, topic, NULL, err, sizeof err)) {
     fprintf(stderr, "lathe topic tail: %s\n", err);
     goto out;
   }
-  lt_err_t e = lt_bus_consumer_assign_topic(c, t.full, from_beginning ? LT_BUS_OFFSET_BEGINNING
+  lt_err_t e = lt_bus_consumer_assign_topic(t.c, t.full, from_beginning ? LT_BUS_OFFSET_BEGINNING
                                                                     : LT_BUS_OFFSET_END,
                                             10000, NULL, err, sizeof err);
   if (e) {
@@ -187,7 +201,7 @@ static int topic_tail(int argc, char **argv) {
   rc = 0;
   while (!lt_cli_topic_stop && (max < 0 || count < max)) {
     const lt_bus_msg_t *m;
-    e = lt_bus_consumer_poll(c, 200, &m, err, sizeof err);
+    e = lt_bus_consumer_poll(t.c, 200, &m, err, sizeof err);
     if (e == LT_ERR_FATAL || e == LT_ERR_NOT_FOUND || e == LT_ERR_AUTH) {
       fprintf(stderr, "lathe topic tail: %s\n", err);
       rc = 1;
@@ -195,7 +209,7 @@ static int topic_tail(int argc, char **argv) {
     }
     if (e) fprintf(stderr, "lathe topic tail: %s (continuing)\n", err);
     if (m) {
-      print_record(dec, m);
+      print_record(t.dec, m);
       count++;
       last = lt_time_mono_ms();
     } else if (timeout_ms >= 0 && lt_time_mono_ms() - last >= timeout_ms) {
@@ -203,9 +217,7 @@ static int topic_tail(int argc, char **argv) {
     }
   }
 out:
-  lt_bus_consumer_destroy(c);
-  lt_avro_decoder_destroy(dec);
-  topic_env_close(&t);
+  topic_close(&t);
   return rc;
 }
 
@@ -216,17 +228,14 @@ static int topic_produce(int argc, char **argv) {
   }
   char err[1024];
   int rc = 1;
-  topic_env_t t;
-  lt_avro_record_t *rec = NULL;
-  lt_bus_producer_t *p = NULL;
+  topic_session_t t;
   char *line = NULL;
   size_t cap = 0;
-  if (topic_env_open(&t, argv[2], err, sizeof err) ||
-      lt_avro_record_new(t.reg, argv[3], &rec, err, sizeof err) ||
-      lt_bus_producer_new(t.conf, NULL, &p, err, sizeof err)) {
+  if (topic_open(&t, argv[2], argv[3], err, sizeof err)) {
     fprintf(stderr, "lathe topic produce: %s\n", err);
     goto out;
   }
+  lt_avro_record_t *rec = t.rec;
   ssize_t n;
   int lineno = 0;
   rc = 0;
@@ -251,7 +260,7 @@ static int topic_produce(int argc, char **argv) {
                          .key_size = key ? strlen(key) : 0, .value = buf, .value_size = len};
     int32_t part;
     int64_t off;
-    lt_err_t e = lt_bus_produce_sync(p, &r, 30000, &part, &off, err, sizeof err);
+    lt_err_t e = lt_bus_produce_sync(t.p, &r, 30000, &part, &off, err, sizeof err);
     if (e) {
       fprintf(stderr, "lathe topic produce: stdin line %d: %s\n", lineno, err);
       rc = 1;
@@ -262,9 +271,7 @@ static int topic_produce(int argc, char **argv) {
   fflush(stdout);
 out:
   free(line);
-  lt_bus_producer_destroy(p, 10000);
-  lt_avro_record_destroy(rec);
-  topic_env_close(&t);
+  topic_close(&t);
   return rc;
 }
 

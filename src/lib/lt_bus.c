@@ -17,25 +17,32 @@ struct lt_bus_conf {
   lt_map_t *props; /* pass-through properties (owned strings), in the order first set */
 };
 
-lt_bus_conf_t *lt_bus_conf_new(void) {
-  lt_bus_conf_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
-  c->prefix = strdup(LT_BUS_DEFAULT_PREFIX);
-  c->props = lt_map_new(free);
-  if (!c->prefix || !c->props ||
-      lt_bus_conf_set(c, "bootstrap.servers", "127.0.0.1:9092", NULL, 0) ||
-      lt_bus_conf_set(c, "client.id", "lathe", NULL, 0)) {
-    lt_bus_conf_destroy(c);
-    return NULL;
-  }
-  return c;
-}
-
 void lt_bus_conf_destroy(lt_bus_conf_t *c) {
   if (!c) return;
   lt_map_destroy(c->props);
   free(c->prefix);
   free(c);
+}
+
+/* A conf with this prefix and no properties (new and dup fill it), or NULL when out of memory. */
+static lt_bus_conf_t *conf_alloc(const char *prefix) {
+  lt_bus_conf_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->prefix = strdup(prefix);
+  c->props = lt_map_new(free);
+  if (c->prefix && c->props) return c;
+  lt_bus_conf_destroy(c);
+  return NULL;
+}
+
+lt_bus_conf_t *lt_bus_conf_new(void) {
+  lt_bus_conf_t *c = conf_alloc(LT_BUS_DEFAULT_PREFIX);
+  if (c && (lt_bus_conf_set(c, "bootstrap.servers", "127.0.0.1:9092", NULL, 0) ||
+            lt_bus_conf_set(c, "client.id", "lathe", NULL, 0))) {
+    lt_bus_conf_destroy(c);
+    return NULL;
+  }
+  return c;
 }
 
 /* Sets a property (a later set replaces the value in place). */
@@ -94,18 +101,14 @@ lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size
 }
 
 lt_bus_conf_t *lt_bus_conf_dup(const lt_bus_conf_t *src) {
-  lt_bus_conf_t *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
-  c->prefix = strdup(src->prefix);
-  c->props = lt_map_new(free);
-  if (!c->prefix || !c->props) goto err;
+  lt_bus_conf_t *c = conf_alloc(src->prefix);
   lt_map_iter_t it = {0};
-  while (lt_map_next(src->props, &it))
-    if (conf_put(c, it.key, it.value)) goto err;
+  while (c && lt_map_next(src->props, &it))
+    if (conf_put(c, it.key, it.value)) {
+      lt_bus_conf_destroy(c);
+      return NULL;
+    }
   return c;
-err:
-  lt_bus_conf_destroy(c);
-  return NULL;
 }
 
 size_t lt_bus_topic_name(const lt_bus_conf_t *c, const char *base, char *out, size_t out_size) {

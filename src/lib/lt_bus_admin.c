@@ -25,18 +25,17 @@ lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char 
   a->conf = lt_bus_conf_dup(conf);
   rd_kafka_conf_t *rc = a->conf ? lt_bus_rk_conf(conf, defaults, NULL, errstr, errstr_size) : NULL;
   a->rk = rc ? lt_bus_rk_new(RD_KAFKA_PRODUCER, rc, "admin", errstr, errstr_size) : NULL;
-  if (!a->rk) {
-    lt_bus_conf_destroy(a->conf);
-    free(a);
-    return LT_ERR_INVALID;
+  if (a->rk) {
+    *out = a;
+    return LT_OK;
   }
-  *out = a;
-  return LT_OK;
+  lt_bus_admin_destroy(a);
+  return LT_ERR_INVALID;
 }
 
 void lt_bus_admin_destroy(lt_bus_admin_t *a) {
   if (!a) return;
-  rd_kafka_destroy(a->rk);
+  if (a->rk) rd_kafka_destroy(a->rk);
   lt_bus_conf_destroy(a->conf);
   free(a);
 }

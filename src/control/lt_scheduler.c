@@ -36,12 +36,18 @@ static void *grow(void *arr, size_t n, size_t *cap, size_t size, size_t first) {
   return p;
 }
 
+/* The term's indexes (side_idx, worker_idx, tenant_ids) map an id to index + 1, so that an
+ * absent key (NULL) reads as 0. */
+static size_t pos_get(const lt_map_t *m, const char *key) { return (uintptr_t)lt_map_get(m, key); }
+static lt_err_t pos_set(lt_map_t *m, const char *key, size_t pos) {
+  return lt_map_set(m, key, (void *)(uintptr_t)pos);
+}
+
 side_t *scheduler_side_get(lt_scheduler_t *s, const char *job_id, bool add, size_t *idx_out) {
-  json_t *v = json_object_get(s->side_idx, job_id);
-  if (v) {
-    size_t i = (size_t)json_integer_value(v);
-    if (idx_out) *idx_out = i;
-    return s->sides[i];
+  size_t pos = pos_get(s->side_idx, job_id);
+  if (pos) {
+    if (idx_out) *idx_out = pos - 1;
+    return s->sides[pos - 1];
   }
   if (!add) return NULL;
   side_t **sides = grow(s->sides, s->nsides, &s->capsides, sizeof *sides, 1024);
@@ -53,39 +59,42 @@ side_t *scheduler_side_get(lt_scheduler_t *s, const char *job_id, bool add, size
   sd->first_seen_ms = lt_time_wall_ms();
   sd->spec_err = LT_ERR_INVALID;
   snprintf(sd->spec_msg, sizeof sd->spec_msg, "the submission was not read");
+  if (pos_set(s->side_idx, job_id, s->nsides + 1)) {
+    free(sd);
+    return NULL;
+  }
   s->sides[s->nsides] = sd;
-  json_object_set_new(s->side_idx, job_id, json_integer((json_int_t)s->nsides));
   if (idx_out) *idx_out = s->nsides;
   s->nsides++;
   return sd;
 }
 
 static worker_t *worker_get(lt_scheduler_t *s, const char *id, size_t *idx_out) {
-  json_t *v = json_object_get(s->worker_idx, id);
-  if (v) {
-    *idx_out = (size_t)json_integer_value(v);
-    return &s->workers[*idx_out];
+  size_t pos = pos_get(s->worker_idx, id);
+  if (pos) {
+    *idx_out = pos - 1;
+    return &s->workers[pos - 1];
   }
   worker_t *workers = grow(s->workers, s->nworkers, &s->capworkers, sizeof *workers, 64);
   if (!workers) return NULL;
   s->workers = workers;
+  if (pos_set(s->worker_idx, id, s->nworkers + 1)) return NULL;
   worker_t *w = &s->workers[s->nworkers];
   memset(w, 0, sizeof *w);
   snprintf(w->id, sizeof w->id, "%s", id);
-  json_object_set_new(s->worker_idx, id, json_integer((json_int_t)s->nworkers));
   *idx_out = s->nworkers++;
   return w;
 }
 
 /* lt_sched id of a tenant name (1-based), adding it. */
 uint64_t scheduler_tenant_id(lt_scheduler_t *s, const char *name) {
-  json_t *v = json_object_get(s->tenant_ids, name);
-  if (v) return (uint64_t)json_integer_value(v);
+  size_t id = pos_get(s->tenant_ids, name);
+  if (id) return id;
   char **names = grow(s->tenant_names, s->ntenants, &s->captenants, sizeof *names, 64);
   if (!names) return 0;
   s->tenant_names = names;
+  if (pos_set(s->tenant_ids, name, s->ntenants + 1)) return 0;
   s->tenant_names[s->ntenants] = strdup(name);
-  json_object_set_new(s->tenant_ids, name, json_integer((json_int_t)s->ntenants + 1));
   return ++s->ntenants;
 }
 
@@ -342,7 +351,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   }
   if (strcmp(res->type, "TenantUpserted") == 0 && s->sched && res->record) {
     const char *tid = NULL;
-    if (lt_avro_get_string(res->record, "tenant_id", &tid, NULL) == LT_OK && json_object_get(s->tenant_ids, tid))
+    if (lt_avro_get_string(res->record, "tenant_id", &tid, NULL) == LT_OK && lt_map_has(s->tenant_ids, tid))
       scheduler_tenant_into_sched(s, tid, false);
   }
 }
@@ -367,22 +376,24 @@ static bool caught_up(lt_scheduler_t *s, int64_t now_ms) {
   return all || now_ms - s->last_msg_ms > 1000;
 }
 
+/* The fold consumer's next record; NULL when it has none now or polling failed (said on stderr;
+ * a fatal failure ends the term). */
+static const lt_bus_msg_t *fold_next(lt_scheduler_t *s) {
+  const lt_bus_msg_t *m = NULL;
+  char err[512];
+  lt_err_t e = lt_bus_consumer_poll(s->fold_c, 0, &m, err, sizeof err);
+  if (!e) return m;
+  fprintf(stderr, "lathed scheduler: fold consumer: %s\n", err);
+  if (e == LT_ERR_FATAL) stop_leading(s, err);
+  return NULL;
+}
+
 static void feed(lt_scheduler_t *s) {
   if (!s->fold_c) return;
   int64_t now_ms = lt_time_wall_ms();
   bool more = false;
   for (int i = 0; i < 5000; i++) {
-    const lt_bus_msg_t *m = NULL;
-    char err[512];
-    lt_err_t e = lt_bus_consumer_poll(s->fold_c, 0, &m, err, sizeof err);
-    if (e) {
-      fprintf(stderr, "lathed scheduler: fold consumer: %s\n", err);
-      if (e == LT_ERR_FATAL) {
-        stop_leading(s, err);
-        return;
-      }
-      break;
-    }
+    const lt_bus_msg_t *m = fold_next(s);
     if (!m) break;
     if (i == 4999) more = true;
     s->last_msg_ms = now_ms;
@@ -393,7 +404,8 @@ static void feed(lt_scheduler_t *s) {
     if (tp >= 0 && off + 1 > s->next[tp]) s->next[tp] = off + 1;
     s->offsets_dirty = true;
     if (!v) continue; /* a tombstone on a compacted topic */
-    e = lt_proj_fold(s->fold, v, len, on_folded, s, err, sizeof err);
+    char err[512];
+    lt_err_t e = lt_proj_fold(s->fold, v, len, on_folded, s, err, sizeof err);
     if (e && tp >= 0 && off >= s->committed[tp]) scheduler_write_deadletter(s, m, e, err);
   }
   if (s->role == LT_SCHEDULER_CATCHUP && caught_up(s, now_ms)) {
@@ -412,11 +424,7 @@ static void feed(lt_scheduler_t *s) {
   if (more && s->fold_ev) event_active(s->fold_ev, EV_READ, 0);
 }
 
-static void on_fold_fd(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
-  feed(arg);
-}
+static void on_fold_fd(evutil_socket_t fd, short what, void *arg) { feed(arg); }
 
 /* ---------------------------------------------------------------- terms of leadership */
 
@@ -435,12 +443,14 @@ static void stop_leading(lt_scheduler_t *s, const char *why) {
   s->fold = NULL;
   for (size_t i = 0; i < s->nsides; i++) free(s->sides[i]);
   s->nsides = 0;
-  json_object_clear(s->side_idx);
   s->nworkers = 0;
-  json_object_clear(s->worker_idx);
   for (size_t i = 0; i < s->ntenants; i++) free(s->tenant_names[i]);
   s->ntenants = 0;
-  json_object_clear(s->tenant_ids);
+  lt_map_t **indexes[] = {&s->side_idx, &s->worker_idx, &s->tenant_ids};
+  for (size_t i = 0; i < sizeof indexes / sizeof *indexes; i++) {
+    lt_map_destroy(*indexes[i]);
+    *indexes[i] = NULL;
+  }
   out_clear(s);
   s->role = LT_SCHEDULER_STANDBY;
 }
@@ -454,6 +464,11 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   for (int o = 0; o < O_N && !err; o++) lt_bus_producer_prepare(s->prod, s->out_topics[o], 2000);
   if (!err) err = lt_proj_new(s->conf.registry, &s->fold, errstr, n);
   if (err) return err;
+  s->side_idx = lt_map_new(NULL);
+  s->worker_idx = lt_map_new(NULL);
+  s->tenant_ids = lt_map_new(NULL);
+  if (!s->side_idx || !s->worker_idx || !s->tenant_ids)
+    return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory for the term's indexes");
   lt_bus_admin_t *admin = NULL;
   if ((err = lt_bus_admin_new(s->conf.bus, &admin, errstr, n))) return err;
   s->ntps = 0;
@@ -524,15 +539,9 @@ static void poll_group(lt_scheduler_t *s) {
   }
 }
 
-static void on_group_fd(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
-  poll_group(arg);
-}
+static void on_group_fd(evutil_socket_t fd, short what, void *arg) { poll_group(arg); }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
   lt_scheduler_t *s = arg;
   poll_group(s);
   feed(s);
@@ -577,10 +586,7 @@ lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *co
     lt_bus_topic_name(c->bus, b, s->out_topics[O_DISPATCH0 + k], sizeof s->out_topics[O_DISPATCH0 + k]);
   }
   lt_bus_topic_name(c->bus, "deadletter", s->out_topics[O_DEADLETTER], sizeof s->out_topics[O_DEADLETTER]);
-  s->side_idx = json_object();
-  s->worker_idx = json_object();
-  s->tenant_ids = json_object();
-  lt_err_t err = (!s->side_idx || !s->worker_idx || !s->tenant_ids) ? LT_ERR_NOMEM : LT_OK;
+  lt_err_t err = LT_OK;
   for (int r = 0; !err && r < R_N; r++) err = lt_avro_record_new(c->registry, rec_types[r], &s->rec[r], errstr, n);
   lt_bus_conf_t *gconf = err ? NULL : lt_bus_conf_dup(c->bus);
   if (!err && !gconf) err = LT_ERR_NOMEM;
@@ -614,9 +620,6 @@ void lt_scheduler_destroy(lt_scheduler_t *s) {
   if (s->tick_ev) event_free(s->tick_ev);
   lt_bus_consumer_destroy(s->group);
   for (int r = 0; r < R_N; r++) lt_avro_record_destroy(s->rec[r]);
-  json_decref(s->side_idx);
-  json_decref(s->worker_idx);
-  json_decref(s->tenant_ids);
   free(s->sides);
   free(s->workers);
   free(s->tenant_names);

@@ -244,15 +244,17 @@ static bool live_state(lt_job_state_t st) {
   return st == LT_JOB_DISPATCHED || st == LT_JOB_RUNNING || st == LT_JOB_PREEMPTING;
 }
 
+/* A queued job of the side table (idx) and when it entered the queue (at). */
 typedef struct {
   size_t idx;
   int64_t at;
 } order_t;
 
+/* Queue order: by entry time; ties by side index, the order the fold met the jobs. */
 static int cmp_order(const void *a, const void *b) {
   const order_t *x = a, *y = b;
-  if (x->at != y->at) return x->at < y->at ? -1 : 1;
-  return x->idx < y->idx ? -1 : x->idx > y->idx;
+  int by_time = (x->at > y->at) - (x->at < y->at);
+  return by_time ? by_time : (x->idx > y->idx) - (x->idx < y->idx);
 }
 
 /* Books worker w's running jobs on it (the worker comes up alone, they are queued, decide()

@@ -8,6 +8,7 @@
 
 #include "lt_job.h"
 #include "lt_jobspec.h"
+#include "lt_map.h"
 #include "lt_scheduler.h"
 
 /* The records a term writes, one reusable lt_avro_record_t each (rec_types[] in lt_scheduler.c). */
@@ -88,11 +89,11 @@ struct lt_scheduler {
   lt_avro_record_t *rec[R_N]; /* one reusable record per type written */
   side_t **sides;
   size_t nsides, capsides;
-  json_t *side_idx;   /* job_id -> index */
+  lt_map_t *side_idx; /* job_id -> index + 1 */
   worker_t *workers;
   size_t nworkers, capworkers;
-  json_t *worker_idx; /* worker_id -> index */
-  json_t *tenant_ids; /* tenant_id -> lt_sched id */
+  lt_map_t *worker_idx; /* worker_id -> index + 1 */
+  lt_map_t *tenant_ids; /* tenant_id -> lt_sched id (index in tenant_names + 1) */
   char **tenant_names;
   size_t ntenants, captenants;
   lt_bus_tp_t tps[MAX_TPS];

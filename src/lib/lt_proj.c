@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lt_job_record.h"
+#include "lt_map.h"
 
 typedef struct orphan {
   struct orphan *next;
@@ -29,10 +30,11 @@ typedef struct lazy_buf {
   bool dirty; /* newer than what the side document shows */
 } lazy_buf_t;
 
-typedef struct lazy {
-  char job_id[LT_ID_MAX + 1];
+/* What the projection keeps of a job beside lt_job, from its JobSubmitted on. */
+typedef struct info {
+  json_t *doc; /* the side document (lt_proj_job_info) */
   lazy_buf_t ckpt, progress;
-} lazy_t;
+} info_t;
 
 struct lt_proj {
   const lt_avro_registry_t *reg;
@@ -42,17 +44,39 @@ struct lt_proj {
   /* the newest schema of each other record type folded here (lt_avro_decode yields only those) */
   const lt_avro_schema_t *s_tenant, *s_step, *s_eval, *s_artifact, *s_heartbeat;
   int step_job_id, step_attempt, eval_job_id, eval_attempt; /* field indexes */
-  lazy_t **lazy; /* job_id -> lazy_t, open addressing; NULL = empty */
-  size_t lazy_cap, lazy_count;
   lt_job_table_t *jobs;
   lt_tenant_table_t *tenants;
-  json_t *info;    /* job_id -> side document */
+  lt_map_t *info;  /* job_id -> info_t (owned) */
   json_t *workers; /* worker_id -> heartbeat */
   uint64_t applied;
   orphan_t *head, *tail; /* job records waiting for their JobSubmitted, in arrival order */
   size_t norphans;
   uint64_t dropped;
 };
+
+static void info_free(void *v) {
+  info_t *in = v;
+  json_decref(in->doc);
+  free(in->ckpt.bytes);
+  free(in->progress.bytes);
+  free(in);
+}
+
+void lt_proj_destroy(lt_proj_t *p) {
+  if (!p) return;
+  for (orphan_t *o = p->head, *nx; o; o = nx) {
+    nx = o->next;
+    free(o);
+  }
+  lt_avro_decoder_destroy(p->dec);
+  lt_avro_decoder_destroy(p->lazy_dec);
+  lt_job_reader_destroy(p->reader);
+  lt_job_table_destroy(p->jobs);
+  lt_tenant_table_destroy(p->tenants);
+  lt_map_destroy(p->info);
+  json_decref(p->workers);
+  free(p);
+}
 
 lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errstr, size_t n) {
   lt_proj_t *p = calloc(1, sizeof *p);
@@ -71,14 +95,11 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
     p->step_attempt = p->s_step ? lt_avro_schema_field_index(p->s_step, "attempt") : -1;
     p->eval_job_id = p->s_eval ? lt_avro_schema_field_index(p->s_eval, "job_id") : -1;
     p->eval_attempt = p->s_eval ? lt_avro_schema_field_index(p->s_eval, "attempt") : -1;
-    p->lazy_cap = 1024;
-    p->lazy = calloc(p->lazy_cap, sizeof *p->lazy);
-    if (!p->lazy) err = LT_ERR_NOMEM;
   }
   if (!err) err = lt_job_table_new(&p->jobs);
   if (!err) err = lt_tenant_table_new(&p->tenants);
   if (!err) {
-    p->info = json_object();
+    p->info = lt_map_new(info_free);
     p->workers = json_object();
     if (!p->info || !p->workers) err = LT_ERR_NOMEM;
   }
@@ -88,29 +109,6 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
   }
   *out = p;
   return LT_OK;
-}
-
-void lt_proj_destroy(lt_proj_t *p) {
-  if (!p) return;
-  for (orphan_t *o = p->head, *nx; o; o = nx) {
-    nx = o->next;
-    free(o);
-  }
-  for (size_t i = 0; p->lazy && i < p->lazy_cap; i++)
-    if (p->lazy[i]) {
-      free(p->lazy[i]->ckpt.bytes);
-      free(p->lazy[i]->progress.bytes);
-      free(p->lazy[i]);
-    }
-  free(p->lazy);
-  lt_avro_decoder_destroy(p->dec);
-  lt_avro_decoder_destroy(p->lazy_dec);
-  lt_job_reader_destroy(p->reader);
-  lt_job_table_destroy(p->jobs);
-  lt_tenant_table_destroy(p->tenants);
-  json_decref(p->info);
-  json_decref(p->workers);
-  free(p);
 }
 
 lt_job_table_t *lt_proj_jobs(lt_proj_t *p) { return p->jobs; }
@@ -129,43 +127,20 @@ static json_t *record_json(lt_avro_record_t *rec) {
   return j;
 }
 
-/* FNV-1a, as lt_job's table: a spread for validated ids. */
-static uint64_t hash_id(const char *s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-  return h;
-}
-
-static lazy_t **lazy_probe(lazy_t **slots, size_t cap, const char *job_id) {
-  size_t mask = cap - 1;
-  for (size_t i = hash_id(job_id) & mask;; i = (i + 1) & mask)
-    if (!slots[i] || strcmp(slots[i]->job_id, job_id) == 0) return &slots[i];
-}
-
-static lazy_t *lazy_get(lt_proj_t *p, const char *job_id) { return *lazy_probe(p->lazy, p->lazy_cap, job_id); }
-
-/* The job's lazy records, made when its JobSubmitted is folded (one allocation per job). */
-static lazy_t *lazy_add(lt_proj_t *p, const char *job_id) {
-  if (strlen(job_id) > LT_ID_MAX) return NULL; /* lt_job_apply refuses such ids first */
-  lazy_t **slot = lazy_probe(p->lazy, p->lazy_cap, job_id);
-  if (*slot) return *slot;
-  if (2 * (p->lazy_count + 1) > p->lazy_cap) {
-    size_t cap = p->lazy_cap * 2;
-    lazy_t **slots = calloc(cap, sizeof *slots);
-    if (!slots) return NULL;
-    for (size_t i = 0; i < p->lazy_cap; i++)
-      if (p->lazy[i]) *lazy_probe(slots, cap, p->lazy[i]->job_id) = p->lazy[i];
-    free(p->lazy);
-    p->lazy = slots;
-    p->lazy_cap = cap;
-    slot = lazy_probe(p->lazy, p->lazy_cap, job_id);
+/* Sets the side document of job_id (a JobSubmitted's; doc is taken): a new info_t, or the job's
+ * with its document replaced and its lazy records kept. */
+static void info_set_doc(lt_proj_t *p, const char *job_id, json_t *doc) {
+  info_t *in = lt_map_get(p->info, job_id);
+  if (!in) {
+    in = calloc(1, sizeof *in);
+    if (!in || lt_map_set(p->info, job_id, in)) {
+      free(in);
+      json_decref(doc);
+      return;
+    }
   }
-  lazy_t *l = calloc(1, sizeof *l);
-  if (!l) return NULL;
-  snprintf(l->job_id, sizeof l->job_id, "%s", job_id);
-  *slot = l;
-  p->lazy_count++;
-  return l;
+  json_decref(in->doc);
+  in->doc = doc;
 }
 
 /* Keeps a copy of the message; false only when out of memory: then nothing older stays pending
@@ -209,24 +184,23 @@ static void progress_json(json_t *doc, lt_avro_record_t *rec) {
 }
 
 /* Brings the side document up to the job's newest lazy records. */
-static void lazy_build(lt_proj_t *p, json_t *doc, lazy_t *l) {
-  lazy_buf_t *bufs[2] = {&l->ckpt, &l->progress};
+static void lazy_build(lt_proj_t *p, info_t *in) {
+  lazy_buf_t *bufs[2] = {&in->ckpt, &in->progress};
   void (*build[2])(json_t *, lt_avro_record_t *) = {checkpoint_json, progress_json};
   for (int i = 0; i < 2; i++) {
     if (!bufs[i]->dirty) continue;
     bufs[i]->dirty = false;
     lt_avro_record_t *rec = NULL;
     /* the bytes decoded when they were folded: they decode again */
-    if (lt_avro_decode(p->lazy_dec, bufs[i]->bytes, bufs[i]->len, &rec, NULL, 0) == LT_OK) build[i](doc, rec);
+    if (lt_avro_decode(p->lazy_dec, bufs[i]->bytes, bufs[i]->len, &rec, NULL, 0) == LT_OK) build[i](in->doc, rec);
   }
 }
 
 json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id) {
-  json_t *doc = job_id ? json_object_get(p->info, job_id) : NULL;
-  if (!doc) return NULL;
-  lazy_t *l = lazy_get(p, job_id);
-  if (l && (l->ckpt.dirty || l->progress.dirty)) lazy_build(p, doc, l);
-  return doc;
+  info_t *in = job_id ? lt_map_get(p->info, job_id) : NULL;
+  if (!in) return NULL;
+  if (in->ckpt.dirty || in->progress.dirty) lazy_build(p, in);
+  return in->doc;
 }
 
 /* Progress and evaluation records of a job: only the current attempt's count (invariant 2). */
@@ -235,7 +209,7 @@ static bool current_attempt(lt_proj_t *p, lt_avro_record_t *rec, int f_job_id, i
   if (lt_avro_get_string_at(rec, f_job_id, job_id, NULL) != LT_OK) return false;
   lt_avro_get_int_at(rec, f_attempt, &attempt);
   const lt_job_t *j = lt_job_get(p->jobs, *job_id);
-  return j && j->attempt == attempt && json_object_get(p->info, *job_id);
+  return j && j->attempt == attempt && lt_map_get(p->info, *job_id);
 }
 
 static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void *buf, size_t len,
@@ -258,18 +232,16 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void
     }
     json_object_set_new(doc, "evals", json_array());
     json_object_set_new(doc, "artifacts", json_array());
-    json_object_set(p->info, ev.job_id, doc);
-    json_decref(doc);
-    lazy_add(p, ev.job_id);
+    info_set_doc(p, ev.job_id, doc);
   } else if (ev.type == LT_EV_CHECKPOINT_COMMITTED) {
-    json_t *doc = json_object_get(p->info, ev.job_id);
-    lazy_t *l = doc ? lazy_get(p, ev.job_id) : NULL;
-    if (doc && !(l && lazy_keep(&l->ckpt, buf, len))) checkpoint_json(doc, rec); /* no room: now */
+    info_t *in = lt_map_get(p->info, ev.job_id);
+    if (in && !lazy_keep(&in->ckpt, buf, len)) checkpoint_json(in->doc, rec); /* no room: now */
   } else if (ev.type == LT_EV_JOB_DISPATCHED) {
-    json_t *doc = json_object_get(p->info, ev.job_id);
-    lazy_t *l = doc ? lazy_get(p, ev.job_id) : NULL;
-    if (l) l->progress.dirty = false;
-    if (doc) json_object_del(doc, "progress"); /* a new attempt starts its own progress */
+    info_t *in = lt_map_get(p->info, ev.job_id);
+    if (in) {
+      in->progress.dirty = false;
+      json_object_del(in->doc, "progress"); /* a new attempt starts its own progress */
+    }
   }
   return LT_OK;
 }
@@ -299,22 +271,23 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
   }
   if (s == p->s_step) {
     if (current_attempt(p, rec, p->step_job_id, p->step_attempt, &job_id)) {
-      json_t *doc = json_object_get(p->info, job_id);
-      lazy_t *l = lazy_get(p, job_id);
-      if (!(l && lazy_keep(&l->progress, buf, len))) progress_json(doc, rec); /* no room: now */
+      info_t *in = lt_map_get(p->info, job_id);
+      if (!lazy_keep(&in->progress, buf, len)) progress_json(in->doc, rec); /* no room: now */
     }
     return LT_OK;
   }
   if (s == p->s_eval) {
     if (current_attempt(p, rec, p->eval_job_id, p->eval_attempt, &job_id)) {
+      info_t *in = lt_map_get(p->info, job_id);
       json_t *j = record_json(rec);
-      if (j) json_array_append_new(json_object_get(json_object_get(p->info, job_id), "evals"), j);
+      if (j) json_array_append_new(json_object_get(in->doc, "evals"), j);
     }
     return LT_OK;
   }
   if (s == p->s_artifact) {
     if (lt_avro_get_string(rec, "job_id", &job_id, NULL) != LT_OK) return LT_ERR_INVALID;
-    json_t *doc = json_object_get(p->info, job_id);
+    info_t *in = lt_map_get(p->info, job_id);
+    json_t *doc = in ? in->doc : NULL;
     json_t *j = record_json(rec);
     /* Publication is idempotent: a second record for the same job replaces, never adds. */
     if (doc && j) json_object_set_new(doc, "artifacts", json_incref(json_object_get(j, "artifacts")));

@@ -244,7 +244,7 @@ struct lt_publisher {
   lt_bus_producer_t *producer;
   struct event *consumer_ev, *tick_ev;
   /* catch-up */
-  lt_bus_tp_t *parts;
+  lt_bus_tp_t *parts; /* one block with low, high and the ctrl_* arrays (start_consumer) */
   int64_t *low, *high;
   size_t nparts;
   int64_t started_ms, last_record_ms;
@@ -614,15 +614,9 @@ static void feed(lt_publisher_t *p) {
   if (more) event_active(p->consumer_ev, EV_READ, 0);
 }
 
-static void on_consumer(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
-  feed(arg);
-}
+static void on_consumer(evutil_socket_t fd, short what, void *arg) { feed(arg); }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
   lt_publisher_t *p = arg;
   feed(p);
   if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_time_wall_ms() >= p->next_gc_ms) {
@@ -724,13 +718,16 @@ static lt_err_t start_consumer(lt_publisher_t *p, char *errstr, size_t n) {
   lt_bus_admin_destroy(admin);
   if (err) return err;
   p->ncontrol = counts[T_CONTROL];
-  p->parts = calloc(total, sizeof *p->parts);
-  p->low = calloc(total, sizeof *p->low);
-  p->high = calloc(total, sizeof *p->high);
-  p->ctrl_start = calloc((size_t)p->ncontrol, sizeof *p->ctrl_start);
-  p->ctrl_pos = calloc((size_t)p->ncontrol, sizeof *p->ctrl_pos);
-  p->ctrl_committed = calloc((size_t)p->ncontrol, sizeof *p->ctrl_committed);
-  if (!p->parts || !p->low || !p->high || !p->ctrl_start || !p->ctrl_pos || !p->ctrl_committed) return LT_ERR_NOMEM;
+  /* One block: the partitions, then low and high of each, then the three lathe.control offset
+   * arrays; lt_publisher_destroy frees it as p->parts. */
+  size_t nctl = (size_t)p->ncontrol;
+  p->parts = calloc(1, total * sizeof *p->parts + (2 * total + 3 * nctl) * sizeof(int64_t));
+  if (!p->parts) return LT_ERR_NOMEM;
+  p->low = (int64_t *)(p->parts + total);
+  p->high = p->low + total;
+  p->ctrl_start = p->high + total;
+  p->ctrl_pos = p->ctrl_start + nctl;
+  p->ctrl_committed = p->ctrl_pos + nctl;
   for (int b = 0; b < T__COUNT; b++)
     for (int i = 0; i < counts[b]; i++)
       p->parts[p->nparts++] = (lt_bus_tp_t){.topic = p->topics[b], .partition = i, .offset = LT_BUS_OFFSET_BEGINNING};
@@ -824,11 +821,6 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   json_decref(p->done_ev);
   for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
   free(p->todo);
-  free(p->parts);
-  free(p->low);
-  free(p->high);
-  free(p->ctrl_start);
-  free(p->ctrl_pos);
-  free(p->ctrl_committed);
+  free(p->parts); /* and the offset arrays carved from it */
   free(p);
 }

@@ -141,6 +141,14 @@ static int row_cmp(const void *a, const void *b) {
   return x->line < y->line ? -1 : x->line > y->line;
 }
 
+void lt_sched_trace_destroy(lt_sched_trace_t *t) {
+  if (!t) return;
+  free(t->rows);
+  free(t->tenants);
+  free(t->models);
+  free(t);
+}
+
 lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
                               char *errstr, size_t errstr_size) {
   *out = NULL;
@@ -191,14 +199,6 @@ fail:
   free(buf);
   lt_sched_trace_destroy(t);
   return err;
-}
-
-void lt_sched_trace_destroy(lt_sched_trace_t *t) {
-  if (!t) return;
-  free(t->rows);
-  free(t->tenants);
-  free(t->models);
-  free(t);
 }
 
 size_t lt_sched_trace_jobs(const lt_sched_trace_t *t) { return t->n; }
@@ -306,7 +306,7 @@ typedef struct sim {
   const lt_sched_trace_t *tr;
   const lt_sched_sim_config_t *cfg;
   lt_sched_t *s;
-  sim_job_t *jobs;        /* per trace row */
+  sim_job_t *jobs;        /* per trace row; one block with the tables below (sim_open) */
   double *waits;          /* per trace row: scratch for quantiles */
   double *got, *ent;      /* per (tenant, class): slot-seconds held, entitled slot-seconds */
   uint32_t *njobs;        /* per (tenant, class): jobs in the trace */
@@ -349,15 +349,17 @@ static lt_err_t sim_open(sim_t *m) {
   sc.max_models = (uint32_t)tr->nmodels;
   size_t nt = m->nt = tr->ntenants;
   m->nrow_slots = nt * LT_CLASS__COUNT;
-  m->jobs = calloc(tr->n, sizeof *m->jobs);
-  m->waits = malloc(tr->n * sizeof *m->waits);
-  m->got = calloc(m->nrow_slots, sizeof *m->got);
-  m->ent = calloc(m->nrow_slots, sizeof *m->ent);
-  m->njobs = calloc(m->nrow_slots, sizeof *m->njobs);
-  m->st = malloc((nt ? nt : 1) * sizeof *m->st);
-  m->weights = calloc(nt ? nt : 1, sizeof *m->weights);
-  if (!m->jobs || !m->waits || !m->got || !m->ent || !m->njobs || !m->st || !m->weights)
-    return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  /* One block holds the tables, widest elements first; sim_close frees it as m->jobs. */
+  size_t nts = nt ? nt : 1;
+  m->jobs = calloc(1, tr->n * sizeof *m->jobs + (tr->n + 2 * m->nrow_slots + nts) * sizeof(double) +
+                          nts * sizeof *m->st + m->nrow_slots * sizeof *m->njobs);
+  if (!m->jobs) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  m->waits = (double *)(m->jobs + tr->n);
+  m->got = m->waits + tr->n;
+  m->ent = m->got + m->nrow_slots;
+  m->weights = m->ent + m->nrow_slots;
+  m->st = (lt_sched_tenant_stats_t *)(m->weights + nts);
+  m->njobs = (uint32_t *)(m->st + nts);
   lt_err_t err = lt_sched_new(&sc, &m->s, m->errstr, m->errstr_size);
   for (size_t k = 0; !err && k < tr->nmodels; k++) {
     uint32_t id;
@@ -390,13 +392,7 @@ static lt_err_t sim_open(sim_t *m) {
 
 static void sim_close(sim_t *m) {
   lt_sched_destroy(m->s);
-  free(m->jobs);
-  free(m->waits);
-  free(m->got);
-  free(m->ent);
-  free(m->njobs);
-  free(m->st);
-  free(m->weights);
+  free(m->jobs); /* and the tables carved from it */
   free(m->ev.a);
 }
 

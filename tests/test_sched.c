@@ -54,6 +54,25 @@ static void job(lt_sched_t *s, uint64_t id, uint64_t ten, lt_job_class_t cls, ui
   cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
 }
 
+/* Where most cases start: the policy's knobs (preemption and gang reservation: 0 is never), tenants
+ * 1.. with the given weights (a 0 ends the list; no quotas, jobs may run max_dur seconds, 0: no
+ * limit), then workers 1..workers of slots GPUs and a cache of `cache` models. */
+typedef struct fleet {
+  lt_sched_policy_t policy;
+  double reserve, aging, preempt, gang;
+  double weights[8];
+  double max_dur;
+  uint32_t workers, slots, cache;
+} fleet_t;
+
+static lt_sched_t *fleet(fleet_t f) {
+  lt_sched_t *s = mk(f.policy, f.reserve, f.aging, f.preempt > 0 ? f.preempt : -1,
+                     f.gang > 0 ? f.gang : -1);
+  for (uint64_t t = 0; t < 8 && f.weights[t] > 0; t++) tenant(s, t + 1, f.weights[t], 0, 0, f.max_dur);
+  for (uint64_t w = 1; w <= f.workers; w++) worker(s, w, f.slots, f.cache);
+  return s;
+}
+
 /* The jobs a test's fleet is running and when each ends (jobs finish in lt_sched at that time). */
 typedef struct running {
   uint64_t id[64];
@@ -84,10 +103,7 @@ static void run_finish_due(lt_sched_t *s, running_t *r, double now) {
 }
 
 Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 3, 0, 0, 0);
-  for (int w = 1; w <= 4; w++) worker(s, (uint64_t)w, 4, 2);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1, 3}, .workers = 4, .slots = 4, .cache = 2});
   for (int i = 0; i < 400; i++) {
     job(s, 1000 + (uint64_t)i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
     job(s, 2000 + (uint64_t)i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
@@ -125,9 +141,7 @@ Test(sched, weights_1_and_3_with_equal_demand_get_slots_in_ratio_1_to_3) {
 Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
   /* property over a random stream of 1-GPU jobs, aging off: after every decision round, if a
    * production job is still queued then the fleet is full and no lower-class job started */
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  for (uint64_t t = 1; t <= 5; t++) tenant(s, t, (double)t, 0, 0, 0);
-  for (uint64_t w = 1; w <= 3; w++) worker(s, w, 4, 2);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1, 2, 3, 4, 5}, .workers = 3, .slots = 4, .cache = 2});
   srand(7);
   lt_sched_decision_t d[64];
   running_t run = {0};
@@ -160,9 +174,7 @@ Test(sched, production_job_never_waits_behind_lower_class_when_slot_free) {
 }
 
 Test(sched, production_never_waits_behind_lower_class_on_free_slot) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 600, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  worker(s, 1, 1, 1);
+  lt_sched_t *s = fleet((fleet_t){.aging = 600, .weights = {1}, .workers = 1, .slots = 1, .cache = 1});
   job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
   job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
   job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 2);
@@ -179,10 +191,7 @@ Test(sched, production_never_waits_behind_lower_class_on_free_slot) {
 }
 
 Test(sched, preemptible_work_is_preempted_when_production_waits_past_bound) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 60, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 1, 0, 0, 0);
-  worker(s, 1, 2, 2);
+  lt_sched_t *s = fleet((fleet_t){.preempt = 60, .weights = {1, 1}, .workers = 1, .slots = 2, .cache = 2});
   job(s, 1, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
   job(s, 2, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
@@ -214,9 +223,7 @@ Test(sched, preemptible_work_is_preempted_when_production_waits_past_bound) {
 }
 
 Test(sched, production_and_standard_work_is_never_preempted) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 10, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  worker(s, 1, 2, 2);
+  lt_sched_t *s = fleet((fleet_t){.preempt = 10, .weights = {1}, .workers = 1, .slots = 2, .cache = 2});
   job(s, 1, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 0);
   job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
@@ -230,10 +237,7 @@ Test(sched, production_and_standard_work_is_never_preempted) {
 }
 
 Test(sched, gang_is_all_or_nothing_on_one_worker) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  worker(s, 1, 4, 2);
-  worker(s, 2, 4, 2);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1}, .workers = 2, .slots = 4, .cache = 2});
   for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[16];
   cr_assert_eq(lt_sched_decide(s, 0, d, 16), 4);
@@ -270,11 +274,7 @@ Test(sched, gang_is_all_or_nothing_on_one_worker) {
 
 Test(sched, starving_gang_reserves_a_worker_and_starts_within_bound) {
   /* a stream of single-GPU jobs keeps every worker busy; the gang must still start */
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 1, 0, 0, 0);
-  worker(s, 1, 4, 2);
-  worker(s, 2, 4, 2);
+  lt_sched_t *s = fleet((fleet_t){.gang = 100, .weights = {1, 1}, .workers = 2, .slots = 4, .cache = 2});
   lt_sched_decision_t d[16];
   running_t run = {0};
   uint64_t id = 100;
@@ -362,9 +362,7 @@ Test(sched, queued_job_quota_refuses_admission_naming_the_limit) {
 }
 
 Test(sched, max_duration_is_enforced_by_a_stop_decision) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 100);
-  worker(s, 1, 2, 1);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1}, .max_dur = 100, .workers = 1, .slots = 2, .cache = 1});
   job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[8];
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
@@ -382,10 +380,9 @@ Test(sched, max_duration_is_enforced_by_a_stop_decision) {
  * production reserve, standard work may wait beside free reserved slots only until it ages. */
 Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
   const double aging = 60;
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0.25, aging, 30, -1);
-  for (uint64_t t = 1; t <= 6; t++) tenant(s, t, 1 + (double)(t % 3), 0, 0, 0);
-  for (uint64_t w = 1; w <= 4; w++) worker(s, w, 4, 2);
-  srand(11);
+  lt_sched_t *s = fleet((fleet_t){.reserve = 0.25, .aging = aging, .preempt = 30,
+                                  .weights = {2, 3, 1, 2, 3, 1}, /* 1 + t % 3 */
+                                  .workers = 4, .slots = 4, .cache = 2});
   enum { MAXJ = 8192 };
   static double enq[MAXJ];
   static bool queued[MAXJ];
@@ -393,6 +390,7 @@ Test(sched, admitted_job_starts_within_bound_when_a_slot_is_free) {
   running_t run = {0};
   uint64_t next_id = 1;
   int with_free_slot = 0;
+  srand(11);
   for (int step = 0; step < 3000; step++) {
     double now = step;
     run_finish_due(s, &run, now);
@@ -531,10 +529,8 @@ Test(sched, same_inputs_give_the_same_decisions) {
 }
 
 Test(sched, fifo_starts_jobs_in_arrival_order) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_FIFO, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 5, 0, 0, 0);
-  worker(s, 1, 1, 1);
+  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_FIFO, .weights = {1, 5}, .workers = 1, .slots = 1,
+                                  .cache = 1});
   job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
   job(s, 2, 2, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
   lt_sched_decision_t d[4];
@@ -548,10 +544,7 @@ Test(sched, fifo_starts_jobs_in_arrival_order) {
 }
 
 Test(sched, queue_position_and_wait_estimate) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 1, 0, 0, 0);
-  worker(s, 1, 2, 1);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1, 1}, .workers = 1, .slots = 2, .cache = 1});
   for (uint64_t i = 1; i <= 2; i++) job(s, i, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[4];
   cr_assert_eq(lt_sched_decide(s, 0, d, 4), 2);
@@ -574,9 +567,7 @@ Test(sched, queue_position_and_wait_estimate) {
 }
 
 Test(sched, worker_loss_requeues_its_jobs_with_a_new_attempt) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
-  tenant(s, 1, 1, 0, 0, 0);
-  worker(s, 1, 2, 1);
+  lt_sched_t *s = fleet((fleet_t){.weights = {1}, .workers = 1, .slots = 2, .cache = 1});
   job(s, 1, 1, LT_CLASS_STANDARD, 2, LT_SCHED_NO_MODEL, 0);
   lt_sched_decision_t d[4];
   cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);

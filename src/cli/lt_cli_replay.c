@@ -82,7 +82,6 @@ typedef struct replay {
   lt_bus_conf_t *conf;
   lt_avro_registry_t *reg;
   lt_proj_t *fold;
-  lt_bus_admin_t *admin;
   lt_bus_consumer_t *c;
   char topics[2][200];
   lt_bus_tp_t tps[MAX_TPS]; /* where each partition starts */
@@ -122,6 +121,21 @@ static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, b
   return -1;
 }
 
+/* Lists every partition of both topics into r->tps, each starting at `from` (an offset, or a
+ * time that offsets_for_times turns into one). Only this step needs an admin client. */
+static lt_err_t list_partitions(replay_t *r, int64_t from, char *err, size_t n) {
+  lt_bus_admin_t *admin = NULL;
+  lt_err_t e = lt_bus_admin_new(r->conf, &admin, err, n);
+  for (int t = 0; t < 2 && !e; t++) {
+    int count = 0;
+    e = lt_bus_admin_describe_topic(admin, r->topics[t], 10000, &count, err, n);
+    for (int p = 0; !e && p < count && r->ntps < MAX_TPS; p++)
+      r->tps[r->ntps++] = (lt_bus_tp_t){.topic = r->topics[t], .partition = p, .offset = from};
+  }
+  lt_bus_admin_destroy(admin);
+  return e;
+}
+
 /* Connects, lists every partition of lathe.jobs and lathe.control, finds where each starts
  * (an offset, or the first record at or after time_ms) and ends, and assigns them. */
 static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *err, size_t n) {
@@ -129,17 +143,10 @@ static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *e
   lt_err_t e = r->conf ? lt_bus_conf_from_env(r->conf, err, n) : LT_ERR_NOMEM;
   if (!e) e = lt_avro_registry_new(&r->reg, err, n);
   if (!e) e = lt_proj_new(r->reg, &r->fold, err, n);
-  if (!e) e = lt_bus_admin_new(r->conf, &r->admin, err, n);
   if (e) return e;
   lt_bus_topic_name(r->conf, "jobs", r->topics[0], sizeof r->topics[0]);
   lt_bus_topic_name(r->conf, "control", r->topics[1], sizeof r->topics[1]);
-  for (int t = 0; t < 2 && !e; t++) {
-    int count = 0;
-    e = lt_bus_admin_describe_topic(r->admin, r->topics[t], 10000, &count, err, n);
-    for (int p = 0; !e && p < count && r->ntps < MAX_TPS; p++)
-      r->tps[r->ntps++] = (lt_bus_tp_t){.topic = r->topics[t], .partition = p,
-                                        .offset = time_ms >= 0 ? time_ms : start};
-  }
+  e = list_partitions(r, time_ms >= 0 ? time_ms : start, err, n);
   if (!e) e = lt_bus_consumer_new(r->conf, NULL, &r->c, err, n);
   if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(r->c, r->tps, r->ntps, 10000, err, n);
   memcpy(r->hw, r->tps, r->ntps * sizeof *r->hw);
@@ -218,7 +225,6 @@ static void replay_print(replay_t *r, bool as_json) {
 
 static void replay_close(replay_t *r) {
   lt_bus_consumer_destroy(r->c);
-  lt_bus_admin_destroy(r->admin);
   lt_proj_destroy(r->fold);
   lt_avro_registry_destroy(r->reg);
   lt_bus_conf_destroy(r->conf);

@@ -4,7 +4,7 @@
  * `int lt_cli_<name>(int argc, char **argv)` (argv[0] is the subcommand's name) that returns the
  * process exit status: 0 success, 1 failure (message on stderr), 2 usage error. A subsystem adds
  * its command by declaring its function below, adding a table line, and putting the function in
- * its own source file listed in lathe_cli_src (src/meson.build).
+ * its own source file listed in lathe_cli_src (src/cli/meson.build).
  *
  * `lathe record` (here): encode JSON to Avro single-object bytes, decode them back, list the
  * schemas — the debugging tool operators and tests use on Lathe's topics. */

@@ -18,8 +18,9 @@
  *   - production's reserved share: standard work may hold at most (1 - production_reserve)
  *     of the fleet's slots, so production always finds that part free or held by preemptible
  *     work it may preempt;
- *   - tenant quotas: running slots (enforced here), queued jobs (lt_sched_admit(), called by
- *     the API before it accepts a submission), job duration (a STOP decision);
+ *   - tenant quotas: running slots (enforced here), queued jobs (lt_sched_admit(), the same check
+ *     the API makes from its projection before it accepts a submission), job duration (a
+ *     STOP decision);
  *   - base-model affinity: a worker that holds the job's model first (best fit by free slots),
  *     otherwise a cold load on the best-fitting worker (counted);
  *   - gang allocation: a job's GPUs are all on one worker or it does not start; a gang waiting

@@ -2,8 +2,8 @@
  *
  * A job's state is a function of its records in lathe.jobs and lathe.control (invariant 1).
  * lt_job_apply() is that function's step: no I/O, no clock, no allocation beyond the job table
- * growing. The API's projections, the scheduler, the publisher, `lathe admin replay` and the
- * simulator all fold with this code, so they cannot disagree about a job.
+ * growing. The API's projections, the scheduler, the publisher, the worker and `lathe admin
+ * replay` all fold with this code, so they cannot disagree about a job.
  *
  * Records arrive as lt_job_event_t, a flat view that the caller fills from a decoded Avro
  * record (lt_job_event_from_record in lt_job_record.c) or directly in tests.

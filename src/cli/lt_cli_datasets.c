@@ -100,6 +100,35 @@ static void print_dataset(json_t *meta) {
            json_integer_value(json_object_get(r, "estimated_cost_token_steps")));
 }
 
+/* POST /v1/uploads: starts an upload named name and fills upload_id and *part_max (the largest
+ * part the server takes). False, with the message printed, when the server said no. */
+static bool upload_begin(lt_cli_opts_t *o, const char *name, const char *max_tokens, char *upload_id,
+                         size_t id_size, size_t *part_max) {
+  char err[512], path[1024], line[700];
+  char *ename = evhttp_uriencode(name, -1, 0);
+  snprintf(path, sizeof path, "/v1/uploads?name=%s%s%s", ename ? ename : "", max_tokens ? "&max_tokens=" : "",
+           max_tokens ? max_tokens : "");
+  free(ename);
+  lt_client_resp_t r;
+  if (lt_client_request(o->client, "POST", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err)) {
+    fprintf(stderr, "lathe datasets upload: %s\n", err);
+    return false;
+  }
+  if (r.status != 201) {
+    fprintf(stderr, "lathe datasets upload: %s\n", lt_client_error_text(&r, line, sizeof line));
+    lt_client_resp_free(&r);
+    return false;
+  }
+  snprintf(upload_id, id_size, "%s", json_string_value(json_object_get(r.json, "upload_id")));
+  *part_max = (size_t)json_integer_value(json_object_get(r.json, "part_max_bytes"));
+  lt_client_resp_free(&r);
+  if (!upload_id[0] || *part_max == 0) {
+    fprintf(stderr, "lathe datasets upload: the server's answer to POST /v1/uploads has no upload_id\n");
+    return false;
+  }
+  return true;
+}
+
 static int upload(lt_cli_opts_t *o, int argc, char **argv) {
   const char *file = NULL, *name = NULL, *max_tokens = NULL;
   for (int i = 1; i < argc; i++) {
@@ -127,30 +156,12 @@ static int upload(lt_cli_opts_t *o, int argc, char **argv) {
     name = slash ? slash + 1 : file;
   }
   char err[512], path[1024], line[700];
-  char *ename = evhttp_uriencode(name, -1, 0);
-  snprintf(path, sizeof path, "/v1/uploads?name=%s%s%s", ename ? ename : "", max_tokens ? "&max_tokens=" : "",
-           max_tokens ? max_tokens : "");
-  free(ename);
   lt_client_resp_t r;
   int rc = 1;
   char upload_id[128] = "";
+  size_t part_max = 0;
   uint8_t *buf = NULL;
-  if (lt_client_request(o->client, "POST", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err)) {
-    fprintf(stderr, "lathe datasets upload: %s\n", err);
-    goto out;
-  }
-  if (r.status != 201) {
-    fprintf(stderr, "lathe datasets upload: %s\n", lt_client_error_text(&r, line, sizeof line));
-    lt_client_resp_free(&r);
-    goto out;
-  }
-  snprintf(upload_id, sizeof upload_id, "%s", json_string_value(json_object_get(r.json, "upload_id")));
-  size_t part_max = (size_t)json_integer_value(json_object_get(r.json, "part_max_bytes"));
-  lt_client_resp_free(&r);
-  if (!upload_id[0] || part_max == 0) {
-    fprintf(stderr, "lathe datasets upload: the server's answer to POST /v1/uploads has no upload_id\n");
-    goto out;
-  }
+  if (!upload_begin(o, name, max_tokens, upload_id, sizeof upload_id, &part_max)) goto out;
   buf = malloc(part_max);
   if (!buf) {
     fprintf(stderr, "lathe datasets upload: out of memory\n");

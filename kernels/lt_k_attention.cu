@@ -203,55 +203,107 @@ static lt_err_t lt_k_attn_check(int B, int T, int H, int KV, int hd, char *errst
   return LT_OK;
 }
 
+/* What both passes set up per call: the workspace, the GEMMs' input type, the strides of one
+ * sequence, and the inputs the GEMMs read: q, k, v (and dout, backward only) as given, or their
+ * bf16 copies in the workspace. */
+struct lt_k_attn_call {
+  lt_k_attn_ws w;
+  int g, esz;
+  cudaDataType_t it;
+  float scale;
+  long qs, ks, ss; /* one sequence of q/out/dout, of k/v, of S/P */
+  const char *q, *k, *v, *dout;
+  int B, H;
+  lt_k_gemm_ctx gc; /* count set per chunk */
+};
+
+/* Checks the shape and sets c up; an empty batch (B or T 0) is checked only, and the caller
+ * returns at once. */
+static lt_err_t lt_k_attn_begin(lt_k_attn_call *c, void *cublas, const float *q, const float *k,
+                                const float *v, const float *dout, int B, int T, int H, int KV,
+                                int hd, int bf16, void *work, cudaStream_t stream, char *errstr,
+                                size_t errstr_size) {
+  lt_err_t err = lt_k_attn_check(B, T, H, KV, hd, errstr, errstr_size);
+  if (err || B == 0 || T == 0) return err;
+  lt_k_attn_layout(B, T, H, KV, hd, bf16, (char *)work, &c->w);
+  c->B = B;
+  c->H = H;
+  c->gc = {(cublasHandle_t)cublas, stream, c->w.ptrs, 0, H, errstr, errstr_size};
+  c->g = H / KV;
+  c->esz = bf16 ? 2 : 4;
+  c->it = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  c->scale = 1.0f / sqrtf((float)hd);
+  c->qs = (long)T * H * hd;
+  c->ks = (long)T * KV * hd;
+  c->ss = (long)H * T * T;
+  c->q = (const char *)q;
+  c->k = (const char *)k;
+  c->v = (const char *)v;
+  c->dout = (const char *)dout;
+  if (!bf16) return LT_OK;
+  if ((err = lt_k_cast_bf16(c->w.qb, (long)H * hd, q, (long)H * hd, B * T, H * hd, stream, errstr,
+                            errstr_size)) ||
+      (err = lt_k_cast_bf16(c->w.kb, (long)KV * hd, k, (long)KV * hd, B * T, KV * hd, stream,
+                            errstr, errstr_size)) ||
+      (err = lt_k_cast_bf16(c->w.vb, (long)KV * hd, v, (long)KV * hd, B * T, KV * hd, stream,
+                            errstr, errstr_size)) ||
+      (dout && (err = lt_k_cast_bf16(c->w.dob, (long)H * hd, dout, (long)H * hd, B * T, H * hd,
+                                     stream, errstr, errstr_size))))
+    return err;
+  c->q = (const char *)c->w.qb;
+  c->k = (const char *)c->w.kb;
+  c->v = (const char *)c->w.vb;
+  if (dout) c->dout = (const char *)c->w.dob;
+  return LT_OK;
+}
+
+/* Sequences b0 .. b0 + nb of a call (as many as the workspace holds): the batched-GEMM context
+ * and where their q, k, v and dout start. */
+struct lt_k_attn_chunk {
+  int b0, nb;
+  lt_k_gemm_ctx gc;
+  const char *q, *k, *v, *dout;
+};
+
+/* Moves ch to the chunk after it (the first when ch is zeroed); false past the last sequence. */
+static bool lt_k_attn_next(const lt_k_attn_call *c, lt_k_attn_chunk *ch) {
+  int b0 = ch->b0 + ch->nb;
+  if (b0 >= c->B) return false;
+  int nb = c->B - b0 < c->w.nb ? c->B - b0 : c->w.nb;
+  size_t qo = (size_t)b0 * c->qs * c->esz, ko = (size_t)b0 * c->ks * c->esz;
+  *ch = {b0, nb, c->gc, c->q + qo, c->k + ko, c->v + ko, c->dout ? c->dout + qo : NULL};
+  ch->gc.count = nb * c->H;
+  return true;
+}
+
 extern "C" lt_err_t lt_k_attn_fwd(void *cublas, float *out, float *lse, const float *q,
                                   const float *k, const float *v, const int32_t *pos, int B, int T,
                                   int H, int KV, int hd, int bf16, void *work, cudaStream_t stream,
                                   char *errstr, size_t errstr_size) {
-  lt_err_t err = lt_k_attn_check(B, T, H, KV, hd, errstr, errstr_size);
+  lt_k_attn_call c;
+  lt_err_t err = lt_k_attn_begin(&c, cublas, q, k, v, NULL, B, T, H, KV, hd, bf16, work, stream,
+                                 errstr, errstr_size);
   if (err || B == 0 || T == 0) return err;
-  lt_k_attn_ws w;
-  lt_k_attn_layout(B, T, H, KV, hd, bf16, (char *)work, &w);
-  int g = H / KV, esz = bf16 ? 2 : 4;
-  cudaDataType_t it = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const void *qi = q, *ki = k, *vi = v;
-  if (bf16) {
-    if ((err = lt_k_cast_bf16(w.qb, (long)H * hd, q, (long)H * hd, B * T, H * hd, stream, errstr,
-                              errstr_size)) ||
-        (err = lt_k_cast_bf16(w.kb, (long)KV * hd, k, (long)KV * hd, B * T, KV * hd, stream,
-                              errstr, errstr_size)) ||
-        (err = lt_k_cast_bf16(w.vb, (long)KV * hd, v, (long)KV * hd, B * T, KV * hd, stream,
-                              errstr, errstr_size)))
-      return err;
-    qi = w.qb;
-    ki = w.kb;
-    vi = w.vb;
-  }
-  float scale = 1.0f / sqrtf((float)hd);
-  long qs = (long)T * H * hd, ks = (long)T * KV * hd, ss = (long)H * T * T;
-  for (int b0 = 0; b0 < B; b0 += w.nb) {
-    int nb = B - b0 < w.nb ? B - b0 : w.nb;
-    lt_k_gemm_ctx gc = {(cublasHandle_t)cublas, stream, w.ptrs, nb * H, H, errstr, errstr_size};
-    const char *qc = (const char *)qi + (size_t)b0 * qs * esz;
-    const char *kc = (const char *)ki + (size_t)b0 * ks * esz;
-    const char *vc = (const char *)vi + (size_t)b0 * ks * esz;
+  for (lt_k_attn_chunk ch = {}; lt_k_attn_next(&c, &ch);) {
     /* S = scale * Q K^T  (column-major: S^T = K_c^T Q_c) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale,
-                         lt_k_spec(kc, ks, hd, g, esz), it, KV * hd,
-                         lt_k_spec(qc, qs, hd, 1, esz), it, H * hd,
-                         lt_k_spec(w.S, ss, (long)T * T, 1, 4), CUDA_R_32F, T)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, c.scale,
+                         lt_k_spec(ch.k, c.ks, hd, c.g, c.esz), c.it, KV * hd,
+                         lt_k_spec(ch.q, c.qs, hd, 1, c.esz), c.it, H * hd,
+                         lt_k_spec(c.w.S, c.ss, (long)T * T, 1, 4), CUDA_R_32F, T)))
       return err;
     if (bf16)
-      lt_k_attn_softmax_kernel<__nv_bfloat16><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (__nv_bfloat16 *)w.P, w.S, lse, pos, T, H, b0, 1);
+      lt_k_attn_softmax_kernel<__nv_bfloat16><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (__nv_bfloat16 *)c.w.P, c.w.S, lse, pos, T, H, ch.b0, 1);
     else
-      lt_k_attn_softmax_kernel<float><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (float *)w.P, w.S, lse, pos, T, H, b0, 1);
+      lt_k_attn_softmax_kernel<float><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (float *)c.w.P, c.w.S, lse, pos, T, H, ch.b0, 1);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     /* O = P V  (O^T = V_c P^T) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
-                         lt_k_spec(vc, ks, hd, g, esz), it, KV * hd,
-                         lt_k_spec(w.P, ss, (long)T * T, 1, esz), it, T,
-                         lt_k_spec(out + (size_t)b0 * qs, qs, hd, 1, 4), CUDA_R_32F, H * hd)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
+                         lt_k_spec(ch.v, c.ks, hd, c.g, c.esz), c.it, KV * hd,
+                         lt_k_spec(c.w.P, c.ss, (long)T * T, 1, c.esz), c.it, T,
+                         lt_k_spec(out + (size_t)ch.b0 * c.qs, c.qs, hd, 1, 4), CUDA_R_32F,
+                         H * hd)))
       return err;
   }
   return LT_OK;
@@ -263,83 +315,60 @@ extern "C" lt_err_t lt_k_attn_bwd(void *cublas, float *dq, float *dk, float *dv,
                                   const int32_t *pos, int B, int T, int H, int KV, int hd, int bf16,
                                   void *work, cudaStream_t stream, char *errstr,
                                   size_t errstr_size) {
-  lt_err_t err = lt_k_attn_check(B, T, H, KV, hd, errstr, errstr_size);
+  lt_k_attn_call c;
+  lt_err_t err = lt_k_attn_begin(&c, cublas, q, k, v, dout, B, T, H, KV, hd, bf16, work, stream,
+                                 errstr, errstr_size);
   if (err || B == 0 || T == 0) return err;
-  lt_k_attn_ws w;
-  lt_k_attn_layout(B, T, H, KV, hd, bf16, (char *)work, &w);
-  int g = H / KV, esz = bf16 ? 2 : 4;
-  cudaDataType_t it = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const void *qi = q, *ki = k, *vi = v, *doi = dout;
-  if (bf16) {
-    if ((err = lt_k_cast_bf16(w.qb, (long)H * hd, q, (long)H * hd, B * T, H * hd, stream, errstr,
-                              errstr_size)) ||
-        (err = lt_k_cast_bf16(w.kb, (long)KV * hd, k, (long)KV * hd, B * T, KV * hd, stream,
-                              errstr, errstr_size)) ||
-        (err = lt_k_cast_bf16(w.vb, (long)KV * hd, v, (long)KV * hd, B * T, KV * hd, stream,
-                              errstr, errstr_size)) ||
-        (err = lt_k_cast_bf16(w.dob, (long)H * hd, dout, (long)H * hd, B * T, H * hd, stream,
-                              errstr, errstr_size)))
-      return err;
-    qi = w.qb;
-    ki = w.kb;
-    vi = w.vb;
-    doi = w.dob;
-  }
-  float scale = 1.0f / sqrtf((float)hd);
-  long qs = (long)T * H * hd, ks = (long)T * KV * hd, ss = (long)H * T * T;
-  for (int b0 = 0; b0 < B; b0 += w.nb) {
-    int nb = B - b0 < w.nb ? B - b0 : w.nb;
-    lt_k_gemm_ctx gc = {(cublasHandle_t)cublas, stream, w.ptrs, nb * H, H, errstr, errstr_size};
-    const char *qc = (const char *)qi + (size_t)b0 * qs * esz;
-    const char *kc = (const char *)ki + (size_t)b0 * ks * esz;
-    const char *vc = (const char *)vi + (size_t)b0 * ks * esz;
-    const char *dc = (const char *)doi + (size_t)b0 * qs * esz;
-    lt_k_ptrspec sS = lt_k_spec(w.S, ss, (long)T * T, 1, 4);
-    lt_k_ptrspec sP = lt_k_spec(w.P, ss, (long)T * T, 1, esz);
-    lt_k_ptrspec sQ = lt_k_spec(qc, qs, hd, 1, esz), sK = lt_k_spec(kc, ks, hd, g, esz);
-    lt_k_ptrspec sV = lt_k_spec(vc, ks, hd, g, esz), sD = lt_k_spec(dc, qs, hd, 1, esz);
+  for (lt_k_attn_chunk ch = {}; lt_k_attn_next(&c, &ch);) {
+    lt_k_ptrspec sS = lt_k_spec(c.w.S, c.ss, (long)T * T, 1, 4);
+    lt_k_ptrspec sP = lt_k_spec(c.w.P, c.ss, (long)T * T, 1, c.esz);
+    lt_k_ptrspec sQ = lt_k_spec(ch.q, c.qs, hd, 1, c.esz);
+    lt_k_ptrspec sK = lt_k_spec(ch.k, c.ks, hd, c.g, c.esz);
+    lt_k_ptrspec sV = lt_k_spec(ch.v, c.ks, hd, c.g, c.esz);
+    lt_k_ptrspec sD = lt_k_spec(ch.dout, c.qs, hd, 1, c.esz);
     /* 1. S again, 2. P from the saved lse */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale, sK, it, KV * hd, sQ, it,
-                         H * hd, sS, CUDA_R_32F, T)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, c.scale, sK, c.it, KV * hd,
+                         sQ, c.it, H * hd, sS, CUDA_R_32F, T)))
       return err;
     if (bf16)
-      lt_k_attn_softmax_kernel<__nv_bfloat16><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (__nv_bfloat16 *)w.P, w.S, (float *)lse, pos, T, H, b0, 0);
+      lt_k_attn_softmax_kernel<__nv_bfloat16><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (__nv_bfloat16 *)c.w.P, c.w.S, (float *)lse, pos, T, H, ch.b0, 0);
     else
-      lt_k_attn_softmax_kernel<float><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (float *)w.P, w.S, (float *)lse, pos, T, H, b0, 0);
+      lt_k_attn_softmax_kernel<float><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (float *)c.w.P, c.w.S, (float *)lse, pos, T, H, ch.b0, 0);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     /* 3. dV_h = P^T dO  (dV^T = dO_c P) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, sD, it, H * hd, sP, it, T,
-                         lt_k_spec(w.dvh, qs, hd, 1, 4), CUDA_R_32F, H * hd)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, sD, c.it, H * hd, sP,
+                         c.it, T, lt_k_spec(c.w.dvh, c.qs, hd, 1, 4), CUDA_R_32F, H * hd)))
       return err;
     /* 4. dP = dO V^T into S's scratch  (dP^T = V_c^T dO_c) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f, sV, it, KV * hd, sD, it,
-                         H * hd, sS, CUDA_R_32F, T)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f, sV, c.it, KV * hd, sD,
+                         c.it, H * hd, sS, CUDA_R_32F, T)))
       return err;
     /* 5. dS = P * (dP - rowsum(dO * O)) over P */
     if (bf16)
-      lt_k_attn_dsoftmax_kernel<__nv_bfloat16><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (__nv_bfloat16 *)w.P, w.S, dout, out, T, H, hd, b0);
+      lt_k_attn_dsoftmax_kernel<__nv_bfloat16><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (__nv_bfloat16 *)c.w.P, c.w.S, dout, out, T, H, hd, ch.b0);
     else
-      lt_k_attn_dsoftmax_kernel<float><<<nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
-          (float *)w.P, w.S, dout, out, T, H, hd, b0);
+      lt_k_attn_dsoftmax_kernel<float><<<ch.nb * H * T, LT_K_ATTN_THREADS, 0, stream>>>(
+          (float *)c.w.P, c.w.S, dout, out, T, H, hd, ch.b0);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     /* 6. dQ = scale * dS K  (dQ^T = K_c dS^T) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, scale, sK, it, KV * hd, sP, it,
-                         T, lt_k_spec(dq + (size_t)b0 * qs, qs, hd, 1, 4), CUDA_R_32F, H * hd)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, c.scale, sK, c.it, KV * hd,
+                         sP, c.it, T, lt_k_spec(dq + (size_t)ch.b0 * c.qs, c.qs, hd, 1, 4),
+                         CUDA_R_32F, H * hd)))
       return err;
     /* 7. dK_h = scale * dS^T Q  (dK^T = Q_c dS) */
-    if ((err = lt_k_gemm(&gc, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, scale, sQ, it, H * hd, sP, it, T,
-                         lt_k_spec(w.dkh, qs, hd, 1, 4), CUDA_R_32F, H * hd)))
+    if ((err = lt_k_gemm(&ch.gc, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, c.scale, sQ, c.it, H * hd,
+                         sP, c.it, T, lt_k_spec(c.w.dkh, c.qs, hd, 1, 4), CUDA_R_32F, H * hd)))
       return err;
     /* 8. sum the query heads of each group into the kv head's gradient */
-    size_t rows = (size_t)nb * T, tot = rows * KV * hd;
+    size_t rows = (size_t)ch.nb * T, tot = rows * KV * hd;
     lt_k_attn_group_sum_kernel<<<lt_k_grid(tot, LT_K_THREADS), LT_K_THREADS, 0, stream>>>(
-        dk + (size_t)b0 * ks, w.dkh, rows, H, KV, hd);
+        dk + (size_t)ch.b0 * c.ks, c.w.dkh, rows, H, KV, hd);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
     lt_k_attn_group_sum_kernel<<<lt_k_grid(tot, LT_K_THREADS), LT_K_THREADS, 0, stream>>>(
-        dv + (size_t)b0 * ks, w.dvh, rows, H, KV, hd);
+        dv + (size_t)ch.b0 * c.ks, c.w.dvh, rows, H, KV, hd);
     LT_CUDA_LAUNCHED(errstr, errstr_size);
   }
   return LT_OK;

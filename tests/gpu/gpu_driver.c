@@ -9,7 +9,7 @@ int main(void) {
   int pass = 0, fail = 0, skip = 0;
   for (const lt_gpu_case_t *c = lt_gpu_cases; c->name; c++) {
     char msg[768] = "";
-    int r = c->fn(msg, sizeof msg);
+    int r = lt_gpu_case_run(c, msg, sizeof msg);
     printf("%-40s %s  %s\n", c->name, r == LT_GPU_PASS ? "PASS" : r == LT_GPU_SKIP ? "SKIP" : "FAIL",
            msg);
     fflush(stdout);

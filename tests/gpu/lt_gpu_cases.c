@@ -102,10 +102,7 @@ static void lt_gt_ref_mm(int ta, int tb, int M, int N, int K, float alpha, const
 
 /* ---- cases -------------------------------------------------------------------------------- */
 
-static int lt_gt_matmul(int bf16, char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(bf16, &be, msg, n);
-  if (r) return r;
+static int lt_gt_matmul(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int ok = 1, M = 37, N = 300, K = 70; /* N*K >= the bf16 shadow threshold when bf16 */
   for (int t = 0; t < 4 && ok; t++) {
     int ta = t & 1, tb = t >> 1;
@@ -129,15 +126,10 @@ static int lt_gt_matmul(int bf16, char *msg, size_t n) {
     free(A), free(B), free(C), free(got);
     be->free(be, dA), be->free(be, dC), be->free_const(be, dB);
   }
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
-static int lt_gt_case_matmul_f32(char *m, size_t n) { return lt_gt_matmul(0, m, n); }
-static int lt_gt_case_matmul_bf16(char *m, size_t n) { return lt_gt_matmul(1, m, n); }
 
-static int lt_gt_case_rmsnorm(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_rmsnorm(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int N = 9, D = 333;
   float eps = 1e-5f;
   float *x = lt_gt_randv((size_t)N * D, 2), *w = lt_gt_randv(D, 1), *dy = lt_gt_randv((size_t)N * D, 1);
@@ -169,13 +161,10 @@ static int lt_gt_case_rmsnorm(char *msg, size_t n) {
            lt_gt_close("rmsnorm dw", gdw, dw, D, 1e-4f, 1e-4f, msg, n);
   free(x), free(w), free(dy), free(dx0), free(dw0), free(y), free(rs), free(dx), free(dw);
   free(gy), free(gdx), free(gdw);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
-static int lt_gt_case_rope(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_rope(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int N = 7, nh = 3, hd = 16, maxp = 32, half = hd / 2;
   float *x = lt_gt_randv((size_t)N * nh * hd, 1), *ct = malloc(maxp * half * 4), *st = malloc(maxp * half * 4);
   int32_t pos[7] = {0, 1, 2, 5, 31, 3, 17};
@@ -203,7 +192,7 @@ static int lt_gt_case_rope(char *msg, size_t n) {
   int ok = lt_gt_close("rope", g1, want, (size_t)N * nh * hd, 1e-6f, 1e-5f, msg, n) &&
            lt_gt_close("rope inverse", g2, x, (size_t)N * nh * hd, 1e-6f, 1e-5f, msg, n);
   free(x), free(ct), free(st), free(want), free(g1), free(g2);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
 /* Reference causal GQA attention forward and backward in double; row i of a sequence attends
@@ -271,10 +260,7 @@ static void lt_gt_ref_attn(int B, int T, int H, int KV, int hd, const float *q, 
   free(P), free(dP);
 }
 
-static int lt_gt_attn(int bf16, char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(bf16, &be, msg, n);
-  if (r) return r;
+static int lt_gt_attn(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int B = 2, T = 19, H = 4, KV = 2, hd = 16;
   size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
   float *q = lt_gt_randv(nq, 1), *k = lt_gt_randv(nk, 1), *v = lt_gt_randv(nk, 1), *dout = lt_gt_randv(nq, 1);
@@ -306,15 +292,10 @@ static int lt_gt_attn(int bf16, char *msg, size_t n) {
            lt_gt_close("attn dv", hv, dv, nk, at, rt, msg, n);
   free(q), free(k), free(v), free(dout), free(out), free(dq), free(dk), free(dv);
   free(ho), free(hq), free(hk), free(hv);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
-static int lt_gt_case_attn_f32(char *m, size_t n) { return lt_gt_attn(0, m, n); }
-static int lt_gt_case_attn_bf16(char *m, size_t n) { return lt_gt_attn(1, m, n); }
 
-static int lt_gt_case_attn_cached(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_attn_cached(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int S = 2, max_t = 24, H = 4, KV = 2, hd = 32, g = H / KV, rows = 3;
   size_t ncache = (size_t)S * max_t * KV * hd;
   float *kc = lt_gt_randv(ncache, 1), *vc = lt_gt_randv(ncache, 1), *q = lt_gt_randv((size_t)rows * H * hd, 1);
@@ -346,13 +327,10 @@ static int lt_gt_case_attn_cached(char *msg, size_t n) {
   float *got = lt_gt_down(be, dO, (size_t)rows * H * hd);
   int ok = lt_gt_close("attn_cached", got, want, (size_t)rows * H * hd, 1e-5f, 1e-4f, msg, n);
   free(kc), free(vc), free(q), free(want), free(got);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
-static int lt_gt_case_swiglu(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_swiglu(lt_backend_t *be, int bf16, char *msg, size_t n) {
   size_t N = 1000;
   float *g = lt_gt_randv(N, 6), *u = lt_gt_randv(N, 2), *dh = lt_gt_randv(N, 1);
   float *h = malloc(N * 4), *dg = malloc(N * 4), *du = malloc(N * 4);
@@ -371,13 +349,10 @@ static int lt_gt_case_swiglu(char *msg, size_t n) {
            lt_gt_close("swiglu dg", gg, dg, N, 1e-6f, 1e-5f, msg, n) &&
            lt_gt_close("swiglu du", gu, du, N, 1e-6f, 1e-5f, msg, n);
   free(g), free(u), free(dh), free(h), free(dg), free(du), free(gh), free(gg), free(gu);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
-static int lt_gt_case_xent(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_xent(lt_backend_t *be, int bf16, char *msg, size_t n) {
   int N = 6, V = 5003;
   float *lg = lt_gt_randv((size_t)N * V, 8), coef[6] = {1, 0, 0.5f, -2, 1, 0.25f};
   int32_t tg[6] = {0, 5002, 17, 4000, 3, 3};
@@ -401,13 +376,10 @@ static int lt_gt_case_xent(char *msg, size_t n) {
            lt_gt_close("ce logp", glp, lp, N, 1e-4f, 1e-5f, msg, n) &&
            lt_gt_close("ce grad", gg, grad, (size_t)N * V, 1e-6f, 1e-4f, msg, n);
   free(lg), free(lp), free(lse), free(grad), free(glp), free(glse), free(gg);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
-static int lt_gt_case_adamw(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_adamw(lt_backend_t *be, int bf16, char *msg, size_t n) {
   size_t N = 777;
   float *p = lt_gt_randv(N, 1), *g = lt_gt_randv(N, 1), *m = lt_gt_randv(N, 0.1f), *v = lt_gt_randv(N, 0.1f);
   for (size_t i = 0; i < N; i++) v[i] = fabsf(v[i]);
@@ -428,15 +400,12 @@ static int lt_gt_case_adamw(char *msg, size_t n) {
            lt_gt_close("adamw m", gm, m, N, 1e-7f, 1e-5f, msg, n) &&
            lt_gt_close("adamw v", gv, v, N, 1e-8f, 1e-5f, msg, n);
   free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
 /* sumsq, embedding scatter with repeated tokens, bias gradient, dropout mask, and the scrub
  * that tenant isolation rests on. */
-static int lt_gt_case_misc(char *msg, size_t n) {
-  lt_backend_t *be;
-  int r = lt_gt_open(0, &be, msg, n);
-  if (r) return r;
+static int lt_gt_misc(lt_backend_t *be, int bf16, char *msg, size_t n) {
   size_t N = 100003;
   float *x = lt_gt_randv(N, 1);
   double want = 0;
@@ -476,20 +445,27 @@ static int lt_gt_case_misc(char *msg, size_t n) {
       ok = 0;
     }
   free(x), free(dout), free(gt), free(gb), free(gd), free(gs);
-  return lt_gt_end(be, ok, msg, n);
+  return ok;
 }
 
 const lt_gpu_case_t lt_gpu_cases[] = {
-    {"matmul_f32", lt_gt_case_matmul_f32},
-    {"matmul_bf16", lt_gt_case_matmul_bf16},
-    {"rmsnorm", lt_gt_case_rmsnorm},
-    {"rope", lt_gt_case_rope},
-    {"attention_f32", lt_gt_case_attn_f32},
-    {"attention_bf16", lt_gt_case_attn_bf16},
-    {"attention_cached", lt_gt_case_attn_cached},
-    {"swiglu", lt_gt_case_swiglu},
-    {"cross_entropy", lt_gt_case_xent},
-    {"adamw", lt_gt_case_adamw},
-    {"misc_sumsq_embed_bias_dropout_scrub", lt_gt_case_misc},
-    {NULL, NULL},
+    {"matmul_f32", 0, lt_gt_matmul},
+    {"matmul_bf16", 1, lt_gt_matmul},
+    {"rmsnorm", 0, lt_gt_rmsnorm},
+    {"rope", 0, lt_gt_rope},
+    {"attention_f32", 0, lt_gt_attn},
+    {"attention_bf16", 1, lt_gt_attn},
+    {"attention_cached", 0, lt_gt_attn_cached},
+    {"swiglu", 0, lt_gt_swiglu},
+    {"cross_entropy", 0, lt_gt_xent},
+    {"adamw", 0, lt_gt_adamw},
+    {"misc_sumsq_embed_bias_dropout_scrub", 0, lt_gt_misc},
+    {NULL, 0, NULL},
 };
+
+int lt_gpu_case_run(const lt_gpu_case_t *c, char *msg, size_t n) {
+  lt_backend_t *be;
+  int r = lt_gt_open(c->bf16, &be, msg, n);
+  if (r) return r;
+  return lt_gt_end(be, c->check(be, c->bf16, msg, n), msg, n);
+}

@@ -8,7 +8,7 @@ static void lt_gpu_run(const char *name) {
   for (const lt_gpu_case_t *c = lt_gpu_cases; c->name; c++) {
     if (strcmp(c->name, name) != 0) continue;
     char msg[768] = "";
-    int r = c->fn(msg, sizeof msg);
+    int r = lt_gpu_case_run(c, msg, sizeof msg);
     if (r == LT_GPU_SKIP) cr_skip_test("skipped: no GPU");
     cr_assert_eq(r, LT_GPU_PASS, "%s: %s", name, msg);
     return;

@@ -19,6 +19,16 @@ static inline unsigned lt_k_grid(size_t n, unsigned threads) {
   return b == 0 ? 1u : (unsigned)b;
 }
 
+/* kernel<<<grid, block, 0, stream>>>(args...), the launch checked. */
+template <typename... P, typename... A>
+static inline lt_err_t lt_k_launch(void (*kernel)(P...), unsigned grid, unsigned block,
+                                   cudaStream_t stream, char *errstr, size_t errstr_size,
+                                   A... args) {
+  kernel<<<grid, block, 0, stream>>>(args...);
+  LT_CUDA_LAUNCHED(errstr, errstr_size);
+  return LT_OK;
+}
+
 /* The reduction operators: a + b and fmaxf(a, b), each exact whichever operand comes first. */
 struct lt_k_add {
   template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }

@@ -38,16 +38,14 @@ extern "C" lt_err_t lt_k_ce_fwd(float *logp, float *lse, const float *logits,
                                 const int32_t *targets, int N, int V, cudaStream_t stream,
                                 char *errstr, size_t errstr_size) {
   if (N <= 0 || V <= 0) return LT_OK;
-  lt_k_ce_fwd_kernel<<<N, LT_K_XENT_THREADS, 0, stream>>>(logp, lse, logits, targets, V);
-  LT_CUDA_LAUNCHED(errstr, errstr_size);
-  return LT_OK;
+  return lt_k_launch(lt_k_ce_fwd_kernel, N, LT_K_XENT_THREADS, stream, errstr, errstr_size, logp,
+                     lse, logits, targets, V);
 }
 
 extern "C" lt_err_t lt_k_ce_bwd(float *logits, const float *lse, const int32_t *targets,
                                 const float *coef, int N, int V, cudaStream_t stream,
                                 char *errstr, size_t errstr_size) {
   if (N <= 0 || V <= 0) return LT_OK;
-  lt_k_ce_bwd_kernel<<<N, LT_K_XENT_THREADS, 0, stream>>>(logits, lse, targets, coef, V);
-  LT_CUDA_LAUNCHED(errstr, errstr_size);
-  return LT_OK;
+  return lt_k_launch(lt_k_ce_bwd_kernel, N, LT_K_XENT_THREADS, stream, errstr, errstr_size,
+                     logits, lse, targets, coef, V);
 }

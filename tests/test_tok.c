@@ -336,80 +336,82 @@ Test(tok, decode_rejects_ids_outside_the_vocabulary) {
 
 static const struct {
   const char *json;
-  lt_err_t err;
   const char *needle; /* must appear in the message */
+  lt_err_t err;
 } k_bad[] = {
-    {"", LT_ERR_INVALID, "line"},
-    {"{\"model\": ", LT_ERR_INVALID, "line 1"},
-    {"[]", LT_ERR_INVALID, "top level"},
-    {"{}", LT_ERR_INVALID, "model: expected an object"},
-    {"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", LT_ERR_UNSUPPORTED, "model.type"},
-    {"{\"model\": {\"vocab\": {\"a\": 0}}}", LT_ERR_INVALID, "model.type"},
-    {"{\"model\": {\"type\": \"BPE\"}}", LT_ERR_INVALID, "model.vocab"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": []}}", LT_ERR_INVALID, "model.vocab"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"zero\"}}}", LT_ERR_INVALID,
-     "model.vocab[\"a\"]"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}}}", LT_ERR_INVALID, "model.vocab[\"a\"]"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999999}}}", LT_ERR_INVALID,
-     "model.vocab[\"a\"]"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}}}", LT_ERR_INVALID,
-     "already used"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {}}}", LT_ERR_INVALID, "at least one"},
+    {"", "line", LT_ERR_INVALID},
+    {"{\"model\": ", "line 1", LT_ERR_INVALID},
+    {"[]", "top level", LT_ERR_INVALID},
+    {"{}", "model: expected an object", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "model.type", LT_ERR_UNSUPPORTED},
+    {"{\"model\": {\"vocab\": {\"a\": 0}}}", "model.type", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\"}}", "model.vocab", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": []}}", "model.vocab", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"zero\"}}}", "model.vocab[\"a\"]",
+     LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}}}",
+     "model.vocab[\"a\"]", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999999}}}", "model.vocab[\"a\"]",
+     LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}}}", "already used",
+     LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {}}}", "at least one", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": "
      "[\"a b\", \"ab\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "model.merges[1]"},
+     "model.merges[1]", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}, "
      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "model.merges[0]: token \"c\""},
+     "model.merges[0]: token \"c\"", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}, "
      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "token \"ab\""},
+     "token \"ab\"", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [[\"a\"]]}}",
-     LT_ERR_INVALID, "model.merges[0]"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}", LT_ERR_INVALID,
-     "model.merges: expected an array"},
+     "model.merges[0]", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
+     "model.merges: expected an array", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [[1, 2]]}}",
-     LT_ERR_INVALID, "model.merges[0]"},
+     "model.merges[0]", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"byte_fallback\": \"yes\"}}",
-     LT_ERR_INVALID, "model.byte_fallback"},
+     "model.byte_fallback", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"unk_token\": \"<unk>\"}}",
-     LT_ERR_INVALID, "model.unk_token"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", LT_ERR_UNSUPPORTED, "pre_tokenizer"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": 3}", LT_ERR_INVALID,
-     "pre_tokenizer: expected an object"},
+     "model.unk_token", LT_ERR_INVALID},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", "pre_tokenizer",
+     LT_ERR_UNSUPPORTED},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": 3}",
+     "pre_tokenizer: expected an object", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": "
      "\"Whitespace\"}}",
-     LT_ERR_UNSUPPORTED, "pre_tokenizer.type"},
+     "pre_tokenizer.type", LT_ERR_UNSUPPORTED},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": "
      "\"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}}, "
      "{\"type\": \"ByteLevel\"}]}}",
-     LT_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0].pattern"},
+     "pre_tokenizer.pretokenizers[0].pattern", LT_ERR_UNSUPPORTED},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": "
      "\"Sequence\", \"pretokenizers\": [{\"type\": \"Split\"}]}}",
-     LT_ERR_INVALID, "pre_tokenizer.pretokenizers[0].pattern"},
+     "pre_tokenizer.pretokenizers[0].pattern", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": "
      "\"ByteLevel\", \"add_prefix_space\": 1}}",
-     LT_ERR_INVALID, "pre_tokenizer.add_prefix_space"},
+     "pre_tokenizer.add_prefix_space", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"normalizer\": {\"type\": \"NFC\"}, "
      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_UNSUPPORTED, "normalizer"},
+     "normalizer", LT_ERR_UNSUPPORTED},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": {}, "
      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "added_tokens: expected an array"},
+     "added_tokens: expected an array", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": [{\"id\": 1}], "
      "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "added_tokens[0].content"},
+     "added_tokens[0].content", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": [{\"content\": "
      "\"<s>\"}], \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "added_tokens[0].id"},
+     "added_tokens[0].id", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"added_tokens\": [{\"id\": 0, "
      "\"content\": \"<s>\"}], \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-     LT_ERR_INVALID, "added_tokens[0].id: id 0 is already"},
+     "added_tokens[0].id: id 0 is already", LT_ERR_INVALID},
     {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"pre_tokenizer\": {\"type\": "
      "\"ByteLevel\"}, \"decoder\": {\"type\": \"WordPiece\"}}",
-     LT_ERR_UNSUPPORTED, "decoder"},
-    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"model\": {}}", LT_ERR_INVALID,
-     "line 1"},
+     "decoder", LT_ERR_UNSUPPORTED},
+    {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, \"model\": {}}", "line 1",
+     LT_ERR_INVALID},
 };
 
 Test(tok, malformed_tokenizer_json_names_the_field_and_never_crashes) {

@@ -31,6 +31,11 @@ int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *
   }
   *argc = w;
   argv[w] = NULL;
+  if (w < 2) { /* only shared options, no verb: `lathe jobs --json` */
+    fprintf(stderr, "lathe %s: which command? (see lathe %s --help)\n", cmd, cmd);
+    usage(stderr);
+    return 2;
+  }
   char err[512];
   lt_client_opts_t co = {.url = url, .api_key = key};
   if (lt_client_new(&co, &o->client, err, sizeof err)) {

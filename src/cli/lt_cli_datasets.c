@@ -119,7 +119,8 @@ static bool upload_begin(lt_cli_opts_t *o, const char *name, const char *max_tok
     lt_client_resp_free(&r);
     return false;
   }
-  snprintf(upload_id, id_size, "%s", json_string_value(json_object_get(r.json, "upload_id")));
+  const char *id = json_string_value(json_object_get(r.json, "upload_id"));
+  snprintf(upload_id, id_size, "%s", id ? id : "");
   *part_max = (size_t)json_integer_value(json_object_get(r.json, "part_max_bytes"));
   lt_client_resp_free(&r);
   if (!upload_id[0] || *part_max == 0) {

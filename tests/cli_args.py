@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""cli_args: what `lathe` does with arguments a person gets wrong, and JSON a program reads.
+
+- Only shared options and no command (`lathe jobs --json`, `lathe datasets -q`) is a usage
+  error (exit 2, usage on stderr), not a crash; --help is exit 0 with usage on stdout; an
+  option without its value names the option.
+- `lathe admin tenant create --json` prints JSON that parses whatever the display name holds
+  (quotes, backslashes), on the real broker under a scratch topic prefix.
+
+usage: cli_args.py PATH/TO/lathe      Prints one line per check; exit 1 if any failed."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+lathe = sys.argv[1]
+failed = 0
+
+
+def check(what, ok, detail=""):
+    global failed
+    print(("ok: " if ok else "FAIL: ") + what + ("" if ok else f" ({detail})"))
+    failed += 0 if ok else 1
+
+
+def run(*args, env=None):
+    return subprocess.run([lathe, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+for cmd in ("jobs", "datasets"):
+    for opts in (["--json"], ["-q"], ["--json", "--quiet"], []):
+        p = run(cmd, *opts)
+        check(f"lathe {cmd} {' '.join(opts)} with no command exits 2 with usage",
+              p.returncode == 2 and "usage:" in p.stderr, f"exit {p.returncode}, stderr {p.stderr[:200]!r}")
+    p = run(cmd, "--help")
+    check(f"lathe {cmd} --help exits 0 with usage on stdout", p.returncode == 0 and "usage:" in p.stdout,
+          f"exit {p.returncode}")
+    p = run(cmd, "list", "--url")
+    check(f"lathe {cmd} list --url names the option that needs a value",
+          p.returncode == 2 and "--url needs a value" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
+
+if not os.environ.get("LATHE_KAFKA_BOOTSTRAP"):
+    check("the stack's environment is set (ops/test sets it)", False, "LATHE_KAFKA_BOOTSTRAP unset")
+else:
+    env = dict(os.environ, LATHE_TOPIC_PREFIX=f"cliargs{os.getpid()}{random.randrange(1 << 30)}.")
+    p = run("admin", "topics", env=env)
+    check("scratch topics created", p.returncode == 0, p.stderr)
+    name = 'Acme "Quoted" \\ Corp'
+    p = run("admin", "tenant", "create", "acme", "--name", name, "--weight", "2", "--json", env=env)
+    try:
+        t = json.loads(p.stdout)
+    except ValueError as e:
+        t = None
+        check("tenant create --json prints JSON with a quoted display name", False, f"{e}: {p.stdout!r}")
+    if t is not None:
+        check("tenant create --json keeps the display name and weight",
+              t.get("name") == name and t.get("weight") == 2 and t.get("api_key", "").startswith("lt_"), t)
+
+print(f"cli_args: {failed} failed")
+sys.exit(1 if failed else 0)

@@ -35,6 +35,20 @@ static void make_model(void) {
   cr_assert_eq(system(cmd), 0);
 }
 
+/* The hyperparameters a job gets for `hp_json` (its "hyperparameters" object): read and checked
+ * as the API reads a submission, the defaults for the rest. */
+static lt_hparams_t job_hparams(const char *hp_json) {
+  char body[512];
+  snprintf(body, sizeof body,
+           "{\"base_model\": \"tiny\", \"dataset_id\": \"d\", \"hyperparameters\": %s}", hp_json);
+  json_t *j = json_loads(body, 0, NULL);
+  cr_assert_not_null(j, "%s", body);
+  lt_jobspec_t spec;
+  cr_assert_eq(lt_jobspec_from_json(j, &spec, NULL, 0, err, sizeof err), LT_OK, "%s", err);
+  json_decref(j);
+  return spec.hp;
+}
+
 static void remove_all(void) {
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
@@ -87,20 +101,12 @@ static lt_err_t run_with(const char *name, const char *resume, hooks_ctx_t *hc, 
   mkdir(work, 0700);
   size_t len;
   char *data = dataset(&len);
-  lt_jobspec_t spec;
-  lt_jobspec_defaults(&spec);
-  spec.hp.max_steps = 6;
-  spec.hp.batch_size = 8;
-  spec.hp.checkpoint_interval = 3;
-  spec.hp.checkpoint_interval_s = 0;
-  spec.hp.lora_rank = 4;
-  spec.hp.lora_dropout = 0.1;
-  spec.hp.learning_rate = 0.01;
-  spec.hp.validation_fraction = 0.1;
-  spec.hp.seed = 11;
-  spec.hp.max_seq_len = 64;
+  lt_hparams_t hp = job_hparams("{\"max_steps\": 6, \"batch_size\": 8, \"checkpoint_interval\": 3, "
+                                "\"checkpoint_interval_s\": 0, \"lora_rank\": 4, \"lora_dropout\": 0.1, "
+                                "\"learning_rate\": 0.01, \"validation_fraction\": 0.1, \"seed\": 11, "
+                                "\"max_seq_len\": 64}");
   lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
-                        .hp = spec.hp, .threads = 1, .work_dir = work, .resume_state = resume,
+                        .hp = hp, .threads = 1, .work_dir = work, .resume_state = resume,
                         .gen_max_tokens = 8};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
   lt_train_hooks_t hooks = {.ctx = hc, .on_checkpoint = keep_step3, .before_update = count_update};
@@ -172,10 +178,8 @@ Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_a
   mkdir(work, 0700);
   const char *data = "{\"prompt\":\"1+1=\",\"completion\":\"2\"}\n{\"prompt\":\"2+2=\",\"completion\":\"4\"}\n"
                      "{\"prompt\":\"oops\"\n";
-  lt_jobspec_t spec;
-  lt_jobspec_defaults(&spec);
-  spec.hp.max_steps = 1;
-  lt_train_conf_t tc = {.model_dir = model, .train = data, .train_len = strlen(data), .hp = spec.hp,
+  lt_train_conf_t tc = {.model_dir = model, .train = data, .train_len = strlen(data),
+                        .hp = job_hparams("{\"max_steps\": 1}"),
                         .threads = 1, .work_dir = work};
   lt_train_result_t res;
   cr_assert_eq(lt_train_run(&tc, NULL, &res, err, sizeof err), LT_ERR_INVALID);

@@ -377,7 +377,9 @@ static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
   snprintf(spec.base_model, sizeof spec.base_model, "%s", c->base_model_name ? c->base_model_name : "base");
   snprintf(spec.dataset_id, sizeof spec.dataset_id, "dataset");
   spec.hp = c->hp;
-  json_t *hp = json_incref(json_object_get(lt_jobspec_to_json(&spec), "hyperparameters"));
+  json_t *full = lt_jobspec_to_json(&spec);
+  json_t *hp = json_incref(json_object_get(full, "hyperparameters"));
+  json_decref(full);
   json_t *o = json_pack("{s:s,s:s,s:o,s:{s:s,s:i,s:f},s:s,s:i}", "base_model", spec.base_model, "dataset_sha256",
                         c->dataset_sha256, "hyperparameters", hp, "decoding", "strategy", "greedy", "max_tokens",
                         gen_max, "temperature", 0.0, "backend", c->backend ? c->backend : "cpu", "threads",

@@ -20,6 +20,7 @@
 
 #include "lt_job_record.h"
 #include "lt_proto.h"
+#include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
 
@@ -224,33 +225,13 @@ static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
   logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why);
 }
 
-/* Overwrites and removes the files of a private directory: nothing of a tenant stays on disk. */
-static int64_t scrub_dir(const char *dir) {
+/* Scrubs an attempt's private directory (lt_scrub: every file in every subdirectory overwritten,
+ * synced and removed); the bytes zeroed go into CleanupDone. A failure is logged: what could be
+ * removed is gone, and what could not is named. */
+static int64_t scrub_dir(lt_worker_t *w, const char *dir) {
   int64_t zeroed = 0;
-  DIR *d = opendir(dir);
-  if (!d) return 0;
-  struct dirent *e;
-  char zeros[1 << 16];
-  memset(zeros, 0, sizeof zeros);
-  while ((e = readdir(d))) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    int fd = open(path, O_WRONLY);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-      for (off_t off = 0; off < st.st_size; off += (off_t)sizeof zeros) {
-        size_t k = (size_t)(st.st_size - off) < sizeof zeros ? (size_t)(st.st_size - off) : sizeof zeros;
-        if (pwrite(fd, zeros, k, off) < 0) break;
-      }
-      fsync(fd);
-      zeroed += st.st_size;
-    }
-    if (fd >= 0) close(fd);
-    unlink(path);
-  }
-  closedir(d);
-  rmdir(dir);
+  char err[512];
+  if (dir[0] && lt_scrub_tree(dir, &zeroed, err, sizeof err)) logf_(w, "%s", err);
   return zeroed;
 }
 
@@ -325,7 +306,7 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
     record_stopped(w, a, cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : "failed", detail);
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
-  int64_t zeroed = scrub_dir(a->work_dir);
+  int64_t zeroed = scrub_dir(w, a->work_dir);
   int deleted = cancelled ? delete_staging(w, a->tenant_id, a->job_id) : 0;
   rec_t b = fresh(w, R_CLEANUP, a);
   PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
@@ -970,7 +951,7 @@ void lt_worker_destroy(lt_worker_t *w) {
     if (a->state == A_RUNNING && a->pid > 0) {
       kill(a->pid, SIGKILL);
       waitpid(a->pid, NULL, 0);
-      scrub_dir(a->work_dir);
+      scrub_dir(w, a->work_dir);
     }
     if (a->ev) event_free(a->ev);
     slot_reset(a);

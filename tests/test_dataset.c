@@ -176,3 +176,18 @@ Test(dataset, utf8_validator_refuses_overlongs_and_surrogates) {
   cr_assert(!lt_utf8_valid("\xf4\x90\x80\x80", 4, NULL)); /* > U+10FFFF */
   cr_assert(!lt_utf8_valid("\xe6\x97", 2, NULL));         /* truncated */
 }
+
+Test(dataset, a_byte_order_mark_and_crlf_line_ends_are_accepted) {
+  /* What Notepad writes: a UTF-8 byte-order mark, then CRLF line ends. */
+  const char *text = "\xEF\xBB\xBF{\"prompt\":\"a\",\"completion\":\"b\"}\r\n"
+                     "{\"prompt\":\"c\",\"completion\":\"d\"}\r\n";
+  lt_dataset_report_t r = report(text, 3, NULL, LT_OK);
+  cr_expect_eq(r.error_count, 0, "first error: %s", r.errors_kept ? r.errors[0].reason : "");
+  cr_expect_eq(r.examples, 2);
+  cr_expect_eq(r.format, LT_DATASET_PROMPT_COMPLETION);
+  /* Only the file's start may carry one: a mark inside the file is still invalid JSON. */
+  r = report("{\"prompt\":\"a\",\"completion\":\"b\"}\n\xEF\xBB\xBF{\"prompt\":\"c\",\"completion\":\"d\"}\n", 5,
+             NULL, LT_ERR_INVALID);
+  cr_expect_eq(r.examples, 1);
+  cr_expect_not_null(find(&r, 2), "line 2 named");
+}

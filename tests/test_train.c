@@ -185,3 +185,24 @@ Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_a
   cr_assert_eq(lt_train_run(&tc, NULL, &res, err, sizeof err), LT_ERR_INVALID);
   cr_assert_not_null(strstr(err, "line 3"), "the message names the line: %s", err);
 }
+
+Test(train, a_byte_order_mark_and_crlf_line_ends_train_like_the_plain_file, .init = make_model,
+     .fini = remove_all, .timeout = 120) {
+  /* The validator accepts such a file (test_dataset); the trainer must read the same examples. */
+  const char *plain = "{\"prompt\":\"1+1=\",\"completion\":\"2\"}\n{\"prompt\":\"2+2=\",\"completion\":\"4\"}\n";
+  const char *windows =
+      "\xEF\xBB\xBF{\"prompt\":\"1+1=\",\"completion\":\"2\"}\r\n{\"prompt\":\"2+2=\",\"completion\":\"4\"}\r\n";
+  lt_train_result_t res[2];
+  const char *texts[2] = {plain, windows};
+  for (int i = 0; i < 2; i++) {
+    char work[256];
+    snprintf(work, sizeof work, "%s/bom%d", root, i);
+    mkdir(work, 0700);
+    lt_train_conf_t tc = {.model_dir = model, .train = texts[i], .train_len = strlen(texts[i]),
+                          .hp = job_hparams("{\"max_steps\": 2, \"batch_size\": 2, \"seed\": 3}"),
+                          .threads = 1, .work_dir = work};
+    cr_assert_eq(lt_train_run(&tc, NULL, &res[i], err, sizeof err), LT_OK, "file %d: %s", i, err);
+  }
+  cr_expect_eq(res[1].examples, res[0].examples);
+  cr_expect_eq(res[1].steps, res[0].steps);
+}

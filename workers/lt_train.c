@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "lt_dataset.h"
 #include "lt_task.h"
 #include "lt_tok.h"
 #include "lt_time.h"
@@ -101,6 +102,7 @@ static lt_err_t tokenize(const lt_tok_t *tok, const char *text, size_t len, int 
     line_no++;
     const char *line = p;
     p = nl ? nl + 1 : end;
+    if (line_no == 1) lt_dataset_skip_bom(&line, &l);
     size_t k = 0;
     while (k < l && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r')) k++;
     if (k == l) continue;

@@ -159,8 +159,16 @@ static bool check_messages(lt_dataset_check_t *c, uint64_t ln, const json_t *msg
   return ok;
 }
 
+bool lt_dataset_skip_bom(const char **s, size_t *n) {
+  if (*n < 3 || memcmp(*s, "\xEF\xBB\xBF", 3) != 0) return false;
+  *s += 3;
+  *n -= 3;
+  return true;
+}
+
 static void check_line(lt_dataset_check_t *c, const char *s, size_t n) {
   uint64_t ln = c->r.lines;
+  if (ln == 1) lt_dataset_skip_bom(&s, &n); /* Windows editors start a file with one */
   if (n > 0 && s[n - 1] == '\r') n--; /* CRLF files */
   size_t k = 0;
   while (k < n && (s[k] == ' ' || s[k] == '\t')) k++;

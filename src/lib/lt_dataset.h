@@ -61,6 +61,11 @@ typedef struct lt_dataset_report {
 
 typedef struct lt_dataset_check lt_dataset_check_t;
 
+/* A UTF-8 byte-order mark (EF BB BF) at *s is stepped over: true when there was one. Only a
+ * file's first line may carry it (editors on Windows write it); the validator and the trainer
+ * both call this on line 1, so they read the same examples. */
+bool lt_dataset_skip_bom(const char **s, size_t *n);
+
 /* tokens_fn may be NULL (no token checks). The checker owns nothing of the caller's. */
 lt_err_t lt_dataset_check_new(lt_dataset_check_t **out, const lt_dataset_limits_t *limits,
                               lt_dataset_tokens_fn *tokens_fn, void *ctx);

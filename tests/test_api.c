@@ -191,6 +191,21 @@ Test(api, acknowledged_submission_is_in_lathe_jobs_and_an_idempotency_key_makes_
   cr_assert_eq(r2.status, 200, "%s", r2.body);
   cr_assert_str_eq(json_string_value(json_object_get(r2.json, "id")), id);
   cr_assert_eq(count_records("jobs", "JobSubmitted", id), 1, "a second JobSubmitted for the same key");
+  /* The same key with a different request is refused: answering with the first job would hide
+   * that the second was never submitted. */
+  char body[512];
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\",\"hyperparameters\":{\"lora_rank\":16}}",
+           ds);
+  json_t *other = json_loads(body, 0, NULL);
+  lt_client_resp_t r4;
+  cr_assert_eq(lt_client_json(ca, "POST", "/v1/jobs", other, "retry-me-1", &r4, err, sizeof err), LT_OK, "%s", err);
+  json_decref(other);
+  cr_expect_eq(r4.status, 422, "%s", r4.body);
+  json_t *e4 = json_object_get(r4.json, "error");
+  cr_expect_str_eq(json_string_value(json_object_get(e4, "code")), "idempotency_key_reused", "%s", r4.body);
+  cr_expect_str_eq(json_string_value(json_object_get(e4, "field")), "Idempotency-Key", "%s", r4.body);
+  cr_expect_eq(count_records("jobs", "JobSubmitted", id), 1, "the refused request recorded nothing");
+  lt_client_resp_free(&r4);
   /* The same key from another tenant is another job. */
   char dsb[64];
   upload(cb, dsb, sizeof dsb);

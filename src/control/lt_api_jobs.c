@@ -208,8 +208,39 @@ static bool read_spec(lt_api_t *api, struct evhttp_request *req, const lt_tenant
   return true;
 }
 
+/* True when the job's recorded submission (the projection keeps JobSubmitted as JSON) asks for
+ * what spec asks: a retry of the same request. A submission the projection cannot read back
+ * counts as the same, as it did before keys were compared. */
+static bool same_request(lt_api_t *api, const char *job_id, const lt_jobspec_t *spec) {
+  json_t *info = lt_proj_job_info(api->proj, job_id);
+  json_t *stored = info ? json_object_get(info, "spec") : NULL;
+  if (!stored) return true;
+  /* The projection keeps the record without its envelope (ids, producer, time); put neutral
+   * values back so that the record reads back through the one spec reader. */
+  json_t *copy = json_copy(stored);
+  json_object_set_new(copy, "occurred_at", json_integer(0));
+  json_object_set_new(copy, "event_id", json_string(""));
+  json_object_set_new(copy, "producer", json_string(""));
+  json_object_set_new(copy, "job_id", json_string(job_id));
+  json_object_set_new(copy, "tenant_id", json_string(""));
+  lt_avro_record_t *rec = NULL;
+  lt_jobspec_t old;
+  bool readable = copy && !lt_avro_record_new(api->reg, "JobSubmitted", &rec, NULL, 0) &&
+                  !lt_avro_record_from_jansson(rec, copy, NULL, 0) && !lt_jobspec_from_record(rec, &old, NULL, 0);
+  lt_avro_record_destroy(rec);
+  json_decref(copy);
+  if (!readable) return true;
+  json_t *a = lt_jobspec_to_json(&old), *b = lt_jobspec_to_json(spec);
+  bool same = a && b && json_equal(a, b);
+  json_decref(a);
+  json_decref(b);
+  return same;
+}
+
 /* Phase 2: the job's id. The same key always names the same job, so a retry after a lost answer
- * finds it: then this replies 200 with the job and returns false. Without a key the id is random. */
+ * finds it: then this replies 200 with the job and returns false; the key reused for a different
+ * request is refused (422): it would silently answer with a job the caller did not ask for.
+ * Without a key the id is random. */
 static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                      char job_id[LT_ID_MAX + 1]) {
   if (!spec->idempotency_key[0]) {
@@ -227,7 +258,13 @@ static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
   snprintf(job_id, LT_ID_MAX + 1, "job-%.24s", hex);
   const lt_job_t *j = own_job(api, t, job_id);
   if (!j) return true;
-  lt_api_reply_json(req, 200, job_json(api, j));
+  if (!same_request(api, job_id, spec))
+    lt_api_reply_error(req, 422, "idempotency_key_reused", "Idempotency-Key",
+                       "Idempotency-Key %s was used for job %s with a different request: send the same request "
+                       "to get that job again, or use a new key for a new job",
+                       spec->idempotency_key, job_id);
+  else
+    lt_api_reply_json(req, 200, job_json(api, j));
   return false;
 }
 

@@ -13,7 +13,7 @@
  *   DELETE /v1/datasets/{id}             crypto-shred (object and its wrapped key)
  *   POST   /v1/uploads?name=N            a dataset in parts: PUT /v1/uploads/{id}/parts/{n} (in order),
  *                                        POST /v1/uploads/{id}/complete; DELETE /v1/uploads/{id} aborts
- *   POST   /v1/jobs                      submit (Idempotency-Key header: same key, same job)
+ *   POST   /v1/jobs                      submit (Idempotency-Key header: same key, same job; another body: 422)
  *   GET    /v1/jobs?state=&limit=&cursor=
  *   GET    /v1/jobs/{id}                 state, attempt, queue position, wait estimate, metrics
  *   POST   /v1/jobs/{id}/cancel          idempotent

@@ -35,7 +35,8 @@ Test(jobspec, defaults_equal_the_schema_defaults) {
   cr_assert_not_null(schema, "%s: %s", path, je.text);
   lt_jobspec_t s;
   lt_jobspec_defaults(&s);
-  json_t *mine = json_object_get(lt_jobspec_to_json(&s), "hyperparameters");
+  json_t *spec_json = lt_jobspec_to_json(&s);
+  json_t *mine = json_object_get(spec_json, "hyperparameters");
   json_t *fields = json_object_get(schema, "fields"), *f, *hp = NULL;
   size_t i;
   json_array_foreach(fields, i, f) {
@@ -55,6 +56,7 @@ Test(jobspec, defaults_equal_the_schema_defaults) {
     compared++;
   }
   cr_assert_eq(compared, (int)json_object_size(mine), "lt_jobspec has hyperparameters the schema lacks");
+  json_decref(spec_json);
   json_decref(schema);
 }
 

@@ -569,6 +569,7 @@ Test(tok, trainer_is_deterministic_and_fills_the_vocabulary, .timeout = 300) {
   cr_assert_eq(lt_tok_token_id(tok, "<|im_end|>"), 2);
   cr_assert_eq(lt_tok_token_id(tok, "!"), 3 + '!'); /* bytes follow the specials in byte order */
   lt_tok_destroy(tok);
+  free(a);
   cr_assert_eq(lt_tok_train(corpus, len, 100, lt_task_specials, LT_TASK_N_SPECIAL, &a, err,
                             sizeof err),
                LT_ERR_INVALID);

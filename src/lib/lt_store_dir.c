@@ -380,7 +380,7 @@ static lt_err_t dir_list(lt_store_t *s, const char *prefix, const char *start_af
   lt_err_t e = LT_OK;
   if (err) e = lt_errf(errstr, errstr_size, LT_ERR_IO, "list '%s': %s", prefix, strerror(err));
   if (!e) {
-    qsort(v.k, v.n, sizeof *v.k, cmp_keys);
+    if (v.n) qsort(v.k, v.n, sizeof *v.k, cmp_keys); /* an empty list has no array */
     size_t n = v.n < max_keys ? v.n : max_keys;
     for (size_t i = 0; i < n && !e; i++) {
       lt_store_info_t info = {0};

@@ -172,9 +172,10 @@ static void upload_dataset(char *id, size_t n) {
   lt_client_resp_free(&r);
 }
 
-/* Submits a managed job; returns its id. */
-static void submit(const char *dataset, int max_steps, int ckpt_interval, int seed, char *id, size_t n) {
-  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i,s:f,s:i,s:i,s:i}}", "base_model", MODEL, "dataset_id", dataset,
+/* Submits a managed job on base model `model`; returns its id. */
+static void submit_on(const char *model, const char *dataset, int max_steps, int ckpt_interval, int seed, char *id,
+                      size_t n) {
+  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i,s:f,s:i,s:i,s:i}}", "base_model", model, "dataset_id", dataset,
                            "hyperparameters", "max_steps", max_steps, "batch_size", 8, "checkpoint_interval",
                            ckpt_interval, "lora_dropout", 0.0, "seed", seed, "warmup_steps", 2, "max_seq_len", 64);
   lt_client_resp_t r;
@@ -186,6 +187,11 @@ static void submit(const char *dataset, int max_steps, int ckpt_interval, int se
   cr_assert(jid, "no job id in %s", r.body);
   snprintf(id, n, "%s", jid);
   lt_client_resp_free(&r);
+}
+
+/* Submits a managed job on the bundled model; returns its id. */
+static void submit(const char *dataset, int max_steps, int ckpt_interval, int seed, char *id, size_t n) {
+  submit_on(MODEL, dataset, max_steps, ckpt_interval, seed, id, n);
 }
 
 static int cancel(const char *job) {
@@ -575,6 +581,24 @@ static json_int_t wait_past_a_commit(lt_test_tail_t *t, const char *job) {
     cr_assert(!first(t, "JobCompleted", job, 0), "the job completed before the kill: make it longer");
     lt_test_procs_check();
   }
+}
+
+/* A base model no worker has: the attempts fail at once (no executor starts), the job fails with
+ * a reason that names the model and nothing of the servers (no path, no worker name). */
+Test(e2e, a_job_on_a_base_model_no_worker_has_fails_naming_the_model_and_no_server_path) {
+  char ds[64], job[64];
+  lt_test_tail_t *t = start_fleet(NULL, NULL, ds, sizeof ds);
+  submit_on("no-such-model", ds, 4, 4, 1, job, sizeof job);
+  cr_assert_str_eq(wait_terminal(job, 120000), "FAILED");
+  json_t *j = job_info(job);
+  const char *reason = json_string_value(json_object_get(j, "reason"));
+  cr_assert(reason, "no reason in %s", json_dumps(j, 0));
+  cr_expect(strstr(reason, "\"no-such-model\" is not installed") != NULL, "reason: %s", reason);
+  cr_expect(strchr(reason, '/') == NULL, "the reason shows a path: %s", reason);
+  cr_expect(strstr(reason, "w1") == NULL, "the reason names the worker: %s", reason);
+  wait_for(t, "JobFailed", job, 0, 30000); /* the tail has read the job to its end */
+  cr_expect(!first(t, "StepCompleted", job, 0), "an attempt trained on a model that is not there");
+  json_decref(j);
 }
 
 Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit_bit_for_bit) {

@@ -593,6 +593,14 @@ static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, c
   return e;
 }
 
+/* True when this worker has base model name (what its heartbeat advertises). The name passed the
+ * spec's id check, so it has no '/'. */
+static bool model_installed(const lt_worker_t *w, const char *name) {
+  char probe[1200];
+  snprintf(probe, sizeof probe, "%s/%s/model.safetensors", w->conf.models_dir, name);
+  return name[0] && access(probe, R_OK) == 0;
+}
+
 /* Starts a dispatched attempt if it is still the job's live one; false to keep it pending. */
 static bool try_start(lt_worker_t *w, pending_t *p) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
@@ -618,6 +626,14 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
   if (p->spec_err) {
     fail_start(w, a, p->spec_msg);
+    return true;
+  }
+  if (!model_installed(w, p->spec.base_model)) {
+    /* Said here, without the worker's paths or name: the reason reaches the customer. */
+    char why[160];
+    snprintf(why, sizeof why, "base model \"%s\" is not installed on the worker that took the job",
+             p->spec.base_model);
+    fail_start(w, a, why);
     return true;
   }
   if (claim(w, a, j)) {

@@ -789,12 +789,9 @@ static void heartbeat(lt_worker_t *w) {
   }
   DIR *d = opendir(w->conf.models_dir);
   struct dirent *e;
-  while (d && (e = readdir(d))) {
-    char probe[1024];
-    snprintf(probe, sizeof probe, "%s/%s/model.safetensors", w->conf.models_dir, e->d_name);
-    if (e->d_name[0] != '.' && access(probe, R_OK) == 0)
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.' && model_installed(w, e->d_name))
       PUT(&b, lt_avro_array_append_string, "base_models", e->d_name);
-  }
   if (d) closedir(d);
   char path[64];
   size_t i;

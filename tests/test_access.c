@@ -3,7 +3,9 @@
  * and copied approvals, another tenant's approval, a second request with the same id. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lt_access.h"
 
@@ -180,4 +182,34 @@ Test(access, uses_are_kept_newest_first_in_a_ring) {
   cr_assert_eq(lt_avro_set_string(r, "resource", "dataset:ds-1"), LT_OK);
   cr_assert_eq(lt_avro_set_string(r, "action", "read"), LT_OK);
   cr_assert_eq(apply(r), LT_ERR_NOT_FOUND);
+}
+
+Test(access, staff_keys_authenticate_only_their_own_hash) {
+  char key[LT_ACCESS_STAFF_KEY_SIZE], key2[LT_ACCESS_STAFF_KEY_SIZE], line[256], line2[256];
+  cr_assert_eq(lt_access_staff_key_new("alice", key, line, sizeof line, why, sizeof why), LT_OK, "%s", why);
+  cr_assert_eq(lt_access_staff_key_new("bob", key2, line2, sizeof line2, why, sizeof why), LT_OK, "%s", why);
+  cr_assert_eq(lt_access_staff_key_new("../x", key2, line2, sizeof line2, why, sizeof why), LT_ERR_INVALID);
+  char path[] = "/tmp/lathe-staff-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  dprintf(fd, "# staff\n\n%s\n", line);
+  close(fd);
+  lt_access_staff_t *s;
+  cr_assert_eq(lt_access_staff_load(path, &s, why, sizeof why), LT_OK, "%s", why);
+  const char *name;
+  cr_assert_eq(lt_access_staff_authenticate(s, key, &name), LT_OK);
+  cr_assert_str_eq(name, "alice");
+  cr_assert_eq(lt_access_staff_authenticate(s, key2, &name), LT_ERR_AUTH, "bob is not enrolled");
+  key[strlen(key) - 1] ^= 1; /* one character of the secret off */
+  cr_assert_eq(lt_access_staff_authenticate(s, key, &name), LT_ERR_AUTH);
+  cr_assert_eq(lt_access_staff_authenticate(s, "lt_0123456789abcdef_0123456789abcdef0123456789abcdef01234567", &name),
+               LT_ERR_AUTH, "a tenant-shaped key is not a staff key");
+  lt_access_staff_destroy(s);
+  /* A bad line is refused with its file and line number. */
+  fd = open(path, O_WRONLY | O_TRUNC);
+  dprintf(fd, "%s\nbob 123 abc\n", line);
+  close(fd);
+  cr_assert_eq(lt_access_staff_load(path, &s, why, sizeof why), LT_ERR_INVALID);
+  cr_assert(strstr(why, ":2:"), "%s", why);
+  unlink(path);
 }

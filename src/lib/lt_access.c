@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
+#include "lt_crypto.h"
 #include "lt_map.h"
 
 struct lt_access_table {
@@ -301,4 +304,121 @@ lt_err_t lt_access_apply(lt_access_table_t *t, lt_avro_record_t *rec, char *errs
   else err = lt_errf(errstr, n, LT_ERR_UNSUPPORTED, "%s is not an access record Lathe knows", type);
   if (!err) err = lt_map_set(t->events, c.event_id, NULL);
   return err;
+}
+
+/* ---------------------------------------------------------------- staff keys */
+
+#define KEY_ID_LEN 16
+#define SECRET_LEN 40
+
+typedef struct {
+  char name[LT_ID_MAX + 1];
+  char key_id[KEY_ID_LEN + 1];
+  uint8_t sha256[LT_CRYPTO_SHA256_BYTES];
+} staff_t;
+
+struct lt_access_staff {
+  size_t n;
+  staff_t v[LT_ACCESS_STAFF_MAX];
+};
+
+static bool is_hex(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+  return true;
+}
+
+bool lt_access_is_staff_key(const char *key) { return key && strncmp(key, "ls_", 3) == 0; }
+
+static lt_err_t parse_staff_line(lt_access_staff_t *s, char *line, const char *path, int lineno, char *errstr,
+                                 size_t n) {
+  char name[128], id[64], hex[128], extra[8];
+  int got = sscanf(line, "%127s %63s %127s %7s", name, id, hex, extra);
+  if (got != 3)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: want \"<name> <key id> <sha256 hex>\", got %d field(s)", path,
+                   lineno, got < 0 ? 0 : got);
+  if (!lt_id_valid(name)) return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: \"%s\" is not a valid name", path, lineno, name);
+  if (strlen(id) != KEY_ID_LEN || !is_hex(id, KEY_ID_LEN))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: the key id must be %d lowercase hex characters", path, lineno,
+                   KEY_ID_LEN);
+  if (strlen(hex) != 2 * LT_CRYPTO_SHA256_BYTES || !is_hex(hex, strlen(hex)))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: the hash must be 64 lowercase hex characters", path, lineno);
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i].key_id, id) == 0)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: key id %s appears twice", path, lineno, id);
+  if (s->n == LT_ACCESS_STAFF_MAX)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s:%d: more than %d staff keys", path, lineno, LT_ACCESS_STAFF_MAX);
+  staff_t *st = &s->v[s->n++];
+  memcpy(st->name, name, strlen(name) + 1);  /* lt_id_valid: at most LT_ID_MAX */
+  memcpy(st->key_id, id, KEY_ID_LEN + 1);
+  for (int i = 0; i < LT_CRYPTO_SHA256_BYTES; i++) sscanf(hex + 2 * i, "%2hhx", &st->sha256[i]);
+  return LT_OK;
+}
+
+lt_err_t lt_access_staff_load(const char *path, lt_access_staff_t **out, char *errstr, size_t n) {
+  lt_access_staff_t *s = calloc(1, sizeof *s);
+  if (!s) return LT_ERR_NOMEM;
+  if (!path || !*path) {
+    *out = s;
+    return LT_OK;
+  }
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    free(s);
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot read staff keys file %s", path);
+  }
+  char line[512];
+  lt_err_t err = LT_OK;
+  for (int lineno = 1; !err && fgets(line, sizeof line, f); lineno++) {
+    char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '#' || *p == '\n' || *p == '\0') continue;
+    err = parse_staff_line(s, p, path, lineno, errstr, n);
+  }
+  fclose(f);
+  if (err) {
+    free(s);
+    return err;
+  }
+  *out = s;
+  return LT_OK;
+}
+
+void lt_access_staff_destroy(lt_access_staff_t *s) { free(s); }
+
+lt_err_t lt_access_staff_authenticate(const lt_access_staff_t *s, const char *key, const char **name) {
+  *name = NULL;
+  if (!key || strlen(key) != LT_ACCESS_STAFF_KEY_SIZE - 1 || !lt_access_is_staff_key(key) ||
+      key[3 + KEY_ID_LEN] != '_' || !is_hex(key + 3, KEY_ID_LEN) || !is_hex(key + 4 + KEY_ID_LEN, SECRET_LEN))
+    return LT_ERR_AUTH;
+  uint8_t h[LT_CRYPTO_SHA256_BYTES];
+  lt_crypto_sha256(key, strlen(key), h);
+  for (size_t i = 0; i < s->n; i++) {
+    if (memcmp(s->v[i].key_id, key + 3, KEY_ID_LEN) != 0) continue;
+    if (!lt_crypto_ct_equal(s->v[i].sha256, h, sizeof h)) return LT_ERR_AUTH;
+    *name = s->v[i].name;
+    return LT_OK;
+  }
+  return LT_ERR_AUTH;
+}
+
+lt_err_t lt_access_staff_key_new(const char *name, char key_out[LT_ACCESS_STAFF_KEY_SIZE], char *line, size_t line_size,
+                                 char *errstr, size_t n) {
+  if (!lt_id_valid(name))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "staff name \"%s\": use 1-%d of A-Z a-z 0-9 . _ -", name, LT_ID_MAX);
+  uint8_t raw[(KEY_ID_LEN + SECRET_LEN) / 2];
+  lt_err_t err = lt_crypto_random(raw, sizeof raw);
+  if (err) return lt_errf(errstr, n, err, "no randomness for a staff key");
+  char *p = key_out;
+  p += sprintf(p, "ls_");
+  for (size_t i = 0; i < KEY_ID_LEN / 2; i++) p += sprintf(p, "%02x", raw[i]);
+  *p++ = '_';
+  for (size_t i = KEY_ID_LEN / 2; i < sizeof raw; i++) p += sprintf(p, "%02x", raw[i]);
+  OPENSSL_cleanse(raw, sizeof raw);
+  uint8_t h[LT_CRYPTO_SHA256_BYTES];
+  lt_crypto_sha256(key_out, strlen(key_out), h);
+  int w = snprintf(line, line_size, "%s %.*s ", name, KEY_ID_LEN, key_out + 3);
+  for (int i = 0; i < LT_CRYPTO_SHA256_BYTES && w > 0 && (size_t)w < line_size; i++)
+    w += snprintf(line + w, line_size - (size_t)w, "%02x", h[i]);
+  return LT_OK;
 }

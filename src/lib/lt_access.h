@@ -101,4 +101,31 @@ lt_err_t lt_access_check(const lt_access_table_t *t, const char *request_id, con
 /* Checks one scope string's form (LT_ERR_INVALID naming what is wrong). */
 lt_err_t lt_access_scope_valid(const char *scope, char *errstr, size_t errstr_size);
 
+/* ---------------------------------------------------------------- staff keys
+ *
+ * Staff members authenticate with their own keys, "ls_<key id>_<secret>" (16 and 40 lowercase hex
+ * characters), never a tenant's. The API reads them from a file the operator keeps (lathed's
+ * LATHE_STAFF_KEYS_FILE), one staff member per line: "<name> <key id> <sha256 hex of the key>";
+ * blank lines and lines starting with '#' are skipped. Only hashes are stored. */
+
+#define LT_ACCESS_STAFF_KEY_SIZE (3 + 16 + 1 + 40 + 1)
+#define LT_ACCESS_STAFF_MAX 256
+
+typedef struct lt_access_staff lt_access_staff_t;
+
+/* Loads the file (path NULL or "": no staff at all). LT_ERR_INVALID names the file and line. */
+lt_err_t lt_access_staff_load(const char *path, lt_access_staff_t **out, char *errstr, size_t errstr_size);
+void lt_access_staff_destroy(lt_access_staff_t *s);
+
+/* LT_OK with *name (borrowed from s) when key is a staff key in s; LT_ERR_AUTH for anything else,
+ * the same answer whatever was wrong. */
+lt_err_t lt_access_staff_authenticate(const lt_access_staff_t *s, const char *key, const char **name);
+
+/* True when key has a staff key's shape ("ls_" ...), valid or not. */
+bool lt_access_is_staff_key(const char *key);
+
+/* A fresh key for staff member `name` and the line that enrols it (NUL-terminated, no newline). */
+lt_err_t lt_access_staff_key_new(const char *name, char key_out[LT_ACCESS_STAFF_KEY_SIZE], char *line, size_t line_size,
+                                 char *errstr, size_t errstr_size);
+
 #endif

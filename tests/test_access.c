@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "lt_access.h"
+#include "lt_recmac.h"
 
 static lt_avro_registry_t *reg;
 static lt_access_table_t *tab;
@@ -212,4 +213,34 @@ Test(access, staff_keys_authenticate_only_their_own_hash) {
   cr_assert_eq(lt_access_staff_load(path, &s, why, sizeof why), LT_ERR_INVALID);
   cr_assert(strstr(why, ":2:"), "%s", why);
   unlink(path);
+}
+
+/* The record MAC: only the master key that made it, for the purpose it was made for, over exactly
+ * the topic, key and value it was made on. */
+Test(access, the_record_mac_binds_master_key_purpose_topic_key_and_value) {
+  lt_crypto_kek_t *kek, *other;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "m1", "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", why,
+                                       sizeof why), LT_OK, "%s", why);
+  cr_assert_eq(lt_crypto_kek_from_text(&other, "m1", "ff112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", why,
+                                       sizeof why), LT_OK, "%s", why);
+  lt_recmac_key_t *t, *a, *o;
+  cr_assert_eq(lt_recmac_key_new(kek, LT_RECMAC_TENANTS, &t, why, sizeof why), LT_OK, "%s", why);
+  cr_assert_eq(lt_recmac_key_new(kek, LT_RECMAC_AUDIT, &a, why, sizeof why), LT_OK, "%s", why);
+  cr_assert_eq(lt_recmac_key_new(other, LT_RECMAC_TENANTS, &o, why, sizeof why), LT_OK, "%s", why);
+  uint8_t mac[LT_RECMAC_BYTES];
+  lt_recmac_sign(t, "tenants", "acme", 4, "value", 5, mac);
+  cr_assert(lt_recmac_verify(t, "tenants", "acme", 4, "value", 5, mac, sizeof mac));
+  cr_assert_not(lt_recmac_verify(o, "tenants", "acme", 4, "value", 5, mac, sizeof mac), "another master key");
+  cr_assert_not(lt_recmac_verify(a, "tenants", "acme", 4, "value", 5, mac, sizeof mac), "another purpose");
+  cr_assert_not(lt_recmac_verify(t, "audit", "acme", 4, "value", 5, mac, sizeof mac), "another topic");
+  cr_assert_not(lt_recmac_verify(t, "tenants", "acm", 3, "evalue", 6, mac, sizeof mac), "a byte moved key->value");
+  cr_assert_not(lt_recmac_verify(t, "tenants", "acme", 4, "valuE", 5, mac, sizeof mac), "another value");
+  cr_assert_not(lt_recmac_verify(t, "tenants", "acme", 4, "value", 5, mac, sizeof mac - 1), "a short MAC");
+  mac[0] ^= 1;
+  cr_assert_not(lt_recmac_verify(t, "tenants", "acme", 4, "value", 5, mac, sizeof mac), "a flipped bit");
+  lt_recmac_key_destroy(t);
+  lt_recmac_key_destroy(a);
+  lt_recmac_key_destroy(o);
+  lt_crypto_kek_destroy(kek);
+  lt_crypto_kek_destroy(other);
 }

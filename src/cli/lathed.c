@@ -12,6 +12,8 @@
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
+ *   LATHE_STAFF_KEYS_FILE                            api: staff keys (`lathe admin staff add`)
+ *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
@@ -199,7 +201,10 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   snprintf(producer, sizeof producer, "api/%s", d->instance);
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
                         .kek = d->kek, .registry = d->reg, .producer_id = producer,
-                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
+                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
+                        .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
+  const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");
+  conf.access_second_staff = second && strcmp(second, "1") == 0;
   lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
   return e;

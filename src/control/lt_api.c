@@ -50,6 +50,18 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_PUT, "/v1/uploads/{id}/parts/{n}", lt_api_uploads_part, LT_API_SLOT_UPLOADS},
     {EVHTTP_REQ_POST, "/v1/uploads/{id}/complete", lt_api_uploads_complete, LT_API_SLOT_UPLOADS},
     {EVHTTP_REQ_DELETE, "/v1/uploads/{id}", lt_api_uploads_abort, LT_API_SLOT_UPLOADS},
+    {EVHTTP_REQ_GET, "/v1/access", lt_api_access_list, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/access/{id}", lt_api_access_show, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/approve", lt_api_access_approve, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/deny", lt_api_access_deny, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/revoke", lt_api_access_revoke, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access", lt_api_staff_access_request, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access", lt_api_staff_access_list, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}", lt_api_staff_access_show, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access/{id}/approve", lt_api_staff_access_approve, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access/{id}/revoke", lt_api_staff_access_revoke, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/datasets/{name}", lt_api_staff_access_read, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/jobs/{name}", lt_api_staff_access_read, LT_API_SLOT_ACCESS},
 };
 
 /* ---------------------------------------------------------------- route families */
@@ -117,14 +129,18 @@ typedef struct route_family {
   const char *nothing;        /* the 404 message for a path that names nothing */
   bool collection_405;        /* the collection with another method: 405 (else the 404 above) */
   bool item_405;              /* {id} with another route: 405 (else 404 "no such route under") */
+  bool staff;                 /* authenticated by a staff key (lt_access.h), not a tenant's */
 } route_family_t;
 
 static const route_family_t families[] = {
-    {"/healthz", LT_API_SLOT_HEALTH, NULL, NULL, NULL, false, false},
-    {"/metrics", LT_API_SLOT_METRICS, NULL, NULL, NULL, false, false},
-    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false},
-    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true},
-    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false},
+    {"/healthz", LT_API_SLOT_HEALTH, NULL, NULL, NULL, false, false, false},
+    {"/metrics", LT_API_SLOT_METRICS, NULL, NULL, NULL, false, false, false},
+    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false},
+    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true, false},
+    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false, false},
+    {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request", true, false, false},
+    {"/v1/staff/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_staff_access_resolve, "no such access request", true,
+     false, true},
 };
 
 /* ---------------------------------------------------------------- routing */
@@ -132,6 +148,14 @@ static const route_family_t families[] = {
 static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req) {
   const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
   const lt_tenant_t *t = NULL;
+  const char *staff;
+  /* A staff key reaches customer data only under a grant (/v1/staff/access): to it, every
+   * customer route is one that does not exist. */
+  if (h && strncmp(h, "Bearer ", 7) == 0 && lt_access_staff_authenticate(api->staff, h + 7, &staff) == LT_OK) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route for a staff key: staff read customer data only "
+                                                    "under an approved grant, through /v1/staff/access");
+    return NULL;
+  }
   if (!h || strncmp(h, "Bearer ", 7) != 0 ||
       lt_tenant_authenticate(lt_proj_tenants(api->proj), h + 7, &t) != LT_OK) {
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
@@ -197,7 +221,8 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name};
   snprintf(p.pattern, sizeof p.pattern, "%s", f->prefix);
   if (f->parse) {
-    if (!(c.tenant = authenticate(api, req))) return f->slot;
+    if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req)))
+      return f->slot;
     if (!f->parse(f->prefix, rest, &p)) {
       lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
       return f->slot;
@@ -278,6 +303,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->cancels_sent = lt_map_new(NULL);
     if (!api->history || !api->datasets_seen || !api->cancels_sent) err = LT_ERR_NOMEM;
   }
+  if (!err) err = lt_api_access_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
   if (!err) err = listen_http(api, errstr, n);
   if (err) {
@@ -307,6 +333,7 @@ void lt_api_destroy(lt_api_t *api) {
   }
   lt_avro_record_destroy(api->rec_submit);
   lt_avro_record_destroy(api->rec_cancel);
+  lt_api_access_free(api);
   lt_keyring_destroy(api->keyring);
   lt_proj_destroy(api->proj);
   lt_avro_registry_destroy(api->own_registry);

@@ -51,6 +51,8 @@ typedef struct lt_api_conf {
   int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
   size_t max_json_body;                /* largest JSON request body (65536) */
   uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */
+  const char *staff_keys_file;         /* staff keys (lt_access.h); NULL: no staff can sign in */
+  bool access_second_staff;            /* a staff grant also needs a second staff member's approval */
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */

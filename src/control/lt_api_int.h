@@ -7,6 +7,7 @@
  *   lt_api_jobs.c      /v1/jobs: submit, list, show, cancel, artifacts
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
+ *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
  * feed calls the event streams. Nothing calls back into the router. */
@@ -20,9 +21,11 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+#include "lt_access.h"
 #include "lt_api.h"
 #include "lt_map.h"
 #include "lt_proj.h"
+#include "lt_recmac.h"
 #include "lt_sealed.h"
 #include "lt_tenant.h"
 
@@ -38,6 +41,7 @@ typedef enum lt_api_slot {
   LT_API_SLOT_DATASETS,
   LT_API_SLOT_UPLOADS,
   LT_API_SLOT_JOBS,
+  LT_API_SLOT_ACCESS,
   LT_API_SLOT_OTHER,
   LT_API_SLOT__COUNT
 } lt_api_slot_t;
@@ -50,7 +54,7 @@ typedef struct lt_api_stats {
   uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
   uint64_t latency_us_sum[LT_API_SLOT__COUNT];
   uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
-  uint64_t produced, produce_failed, undecodable;
+  uint64_t produced, produce_failed, undecodable, mac_refused;
 } lt_api_stats_t;
 
 struct lt_api {
@@ -78,6 +82,13 @@ struct lt_api {
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;
   lt_api_stats_t stats;
+  /* the lockbox (lt_api_access.c) */
+  lt_access_table_t *access;
+  lt_access_staff_t *staff;
+  lt_avro_decoder_t *audit_dec;
+  lt_recmac_key_t *audit_mac;       /* NULL without a master key: access records are refused */
+  lt_avro_record_t *rec_access[5];  /* AccessRequested, Approved, Denied, Revoked, Used */
+  char topic_audit[128];
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */
@@ -87,7 +98,8 @@ struct lt_api {
 typedef struct lt_api_call {
   lt_api_t *api;
   struct evhttp_request *req;
-  const lt_tenant_t *tenant; /* authenticated; NULL on public routes */
+  const lt_tenant_t *tenant; /* authenticated; NULL on public and staff routes */
+  const char *staff;         /* the staff member on /v1/staff routes, else NULL */
   const char *id;            /* {id}: job, dataset or upload; "" on collection routes */
   const char *name;          /* {name}: the artifact's name (the rest of the path) */
   int part;                  /* {n}: an upload's part number (0 when the path has none) */
@@ -131,6 +143,10 @@ const char *lt_api_query(struct evkeyvalq *q, const char *name);
 typedef void lt_api_done_fn(lt_api_t *api, void *ctx, lt_err_t err, const char *msg);
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
                         size_t len, bool fold_now, lt_api_done_fn *done, void *ctx);
+/* lt_api_produce with record headers (borrowed for the call). */
+lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
+                          size_t len, const lt_bus_header_t *headers, size_t nheaders, bool fold_now,
+                          lt_api_done_fn *done, void *ctx);
 
 /* Starts the bus side: the producer, then the consumer assigned every partition of the folded
  * topics from the beginning, registered on the loop with the 200 ms tick (which also ages
@@ -175,6 +191,27 @@ void lt_api_datasets_upload(lt_api_call_t *c); /* one request: open, one part, c
 void lt_api_datasets_list(lt_api_call_t *c);
 void lt_api_datasets_show(lt_api_call_t *c);
 void lt_api_datasets_delete(lt_api_call_t *c);
+
+/* ---------------------------------------------------------------- the lockbox (lt_api_access.c) */
+
+lt_err_t lt_api_access_start(lt_api_t *api, char *errstr, size_t n); /* before the feed starts */
+void lt_api_access_free(lt_api_t *api);
+void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m); /* a lathe.audit record */
+/* The staff member a staff key names, or NULL (replied 401). */
+const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req);
+bool lt_api_access_resolve(lt_api_call_t *c);
+void lt_api_access_list(lt_api_call_t *c);
+void lt_api_access_show(lt_api_call_t *c);
+void lt_api_access_approve(lt_api_call_t *c);
+void lt_api_access_deny(lt_api_call_t *c);
+void lt_api_access_revoke(lt_api_call_t *c);
+bool lt_api_staff_access_resolve(lt_api_call_t *c);
+void lt_api_staff_access_request(lt_api_call_t *c);
+void lt_api_staff_access_list(lt_api_call_t *c);
+void lt_api_staff_access_show(lt_api_call_t *c);
+void lt_api_staff_access_approve(lt_api_call_t *c);
+void lt_api_staff_access_revoke(lt_api_call_t *c);
+void lt_api_staff_access_read(lt_api_call_t *c);
 
 /* True when the tenant's dataset exists (its meta object is in the store). */
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);

@@ -222,6 +222,11 @@ Test(lockbox, scope_time_deny_and_revoke_each_close_the_door) {
   cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
   cr_expect_eq(read_dataset(alice, id, ds2, body, sizeof body), 403, "%s", body);
   cr_expect(strstr(body, "outside the scope"), "%s", body);
+  /* An artifact under a dataset grant: refused before anything says whether the job exists. */
+  char path[256];
+  snprintf(path, sizeof path, "/v1/staff/access/%s/jobs/j-none/artifacts/adapter.safetensors", id);
+  cr_expect_eq(status_of(alice, "GET", path, NULL, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "outside the scope"), "%s", body);
   /* Revoked by the tenant. */
   cr_assert_eq(read_dataset(alice, id, ds1, body, sizeof body), 200, "%s", body);
   cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
@@ -240,6 +245,12 @@ Test(lockbox, scope_time_deny_and_revoke_each_close_the_door) {
   cr_expect_eq(read_dataset(alice, id, ds1, body, sizeof body), 403, "%s", body);
   cr_expect(strstr(body, "expired"), "%s", body);
   cr_expect_eq(audit_count("AccessUsed", id), 0, "a refused read is no use");
+  /* Under a job grant, an artifact the job does not have: 404, and no use recorded. */
+  ask(alice, tenant_a, "job:j-none", 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  snprintf(path, sizeof path, "/v1/staff/access/%s/jobs/j-none/artifacts/adapter.safetensors", id);
+  cr_expect_eq(status_of(alice, "GET", path, NULL, body, sizeof body), 404, "%s", body);
+  cr_expect_eq(audit_count("AccessUsed", id), 0);
 }
 
 Test(lockbox, other_staff_other_tenants_and_self_approval_get_nothing) {

@@ -60,8 +60,8 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_GET, "/v1/staff/access/{id}", lt_api_staff_access_show, LT_API_SLOT_ACCESS},
     {EVHTTP_REQ_POST, "/v1/staff/access/{id}/approve", lt_api_staff_access_approve, LT_API_SLOT_ACCESS},
     {EVHTTP_REQ_POST, "/v1/staff/access/{id}/revoke", lt_api_staff_access_revoke, LT_API_SLOT_ACCESS},
-    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/datasets/{name}", lt_api_staff_access_read, LT_API_SLOT_ACCESS},
-    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/jobs/{name}", lt_api_staff_access_read, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/datasets/{name}", lt_api_staff_access_read_dataset, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/jobs/{name}", lt_api_staff_access_read_artifact, LT_API_SLOT_ACCESS},
 };
 
 /* ---------------------------------------------------------------- route families */

@@ -63,8 +63,8 @@ static lt_err_t fold(lt_api_t *api, const void *v, size_t len, char *why, size_t
 }
 
 void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
-  size_t klen = 0, vlen = 0;
-  const void *k = lt_bus_msg_key(m, &klen), *v = lt_bus_msg_value(m, &vlen);
+  size_t vlen = 0;
+  const void *v = lt_bus_msg_value(m, &vlen);
   char why[512];
   if (!api->audit_mac || !lt_recmac_msg_ok(api->audit_mac, "audit", m, why, sizeof why)) {
     api->stats.mac_refused++;
@@ -72,7 +72,6 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
             api->audit_mac ? why : "no master key to check the record MAC");
     return;
   }
-  (void)k;
   lt_err_t err = fold(api, v, vlen, why, sizeof why);
   if (err && err != LT_ERR_EXISTS)
     fprintf(stderr, "lathed api: lathe.audit offset %lld ignored: %s\n", (long long)lt_bus_msg_offset(m), why);
@@ -467,55 +466,58 @@ static void read_under_grant(lt_api_call_t *c, read_t *r) {
   if (!send_record(api, c->req, rec ? rec : api->rec_access[4], err, q->tenant_id, read_after_audit, r)) free(r);
 }
 
-/* GET /v1/staff/access/{id}/datasets/{name} and /v1/staff/access/{id}/jobs/{name}: the second is
- * "<job>/artifacts/<artifact name>". */
-void lt_api_staff_access_read(lt_api_call_t *c) {
-  lt_api_t *api = c->api;
+/* GET /v1/staff/access/{id}/datasets/{name} */
+void lt_api_staff_access_read_dataset(lt_api_call_t *c) {
   read_t *r = calloc(1, sizeof *r);
   if (!r) {
     lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
     return;
   }
-  const char *uri = evhttp_request_get_uri(c->req);
-  bool dataset = strstr(uri, "/datasets/") != NULL;
-  if (dataset) {
-    if (!lt_id_valid(c->name)) {
-      lt_api_reply_error(c->req, 404, "not_found", NULL, "no such dataset");
-      free(r);
-      return;
-    }
-    snprintf(r->dataset, sizeof r->dataset, "%s", c->name);
-    snprintf(r->resource, sizeof r->resource, "dataset:%s", c->name);
-    read_under_grant(c, r);
+  if (!lt_id_valid(c->name)) {
+    lt_api_reply_error(c->req, 404, "not_found", NULL, "no such dataset");
+    free(r);
     return;
   }
+  snprintf(r->dataset, sizeof r->dataset, "%s", c->name);
+  snprintf(r->resource, sizeof r->resource, "dataset:%s", c->name);
+  read_under_grant(c, r);
+}
+
+/* GET /v1/staff/access/{id}/jobs/{name}, where {name} is "<job>/artifacts/<artifact name>". */
+void lt_api_staff_access_read_artifact(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
   char job[LT_ID_MAX + 1];
   const char *art = strstr(c->name, "/artifacts/");
   size_t jl = art ? (size_t)(art - c->name) : 0;
   if (!art || jl == 0 || jl > LT_ID_MAX || !art[11]) {
     lt_api_reply_error(c->req, 404, "not_found", NULL, "want /v1/staff/access/{id}/jobs/{job}/artifacts/{name}");
-    free(r);
+    return;
+  }
+  read_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
     return;
   }
   memcpy(job, c->name, jl);
   job[jl] = '\0';
   snprintf(r->resource, sizeof r->resource, "artifact:%s/%s", job, art + 11);
-  const lt_access_req_t *q = lt_access_get(api->access, c->id);
-  const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job);
-  json_t *info = j && q && strcmp(j->tenant_id, q->tenant_id) == 0 ? lt_proj_job_info(api->proj, job) : NULL;
-  size_t i;
-  json_t *a;
-  json_array_foreach(json_object_get(info, "artifacts"), i, a) if (strcmp(json_string_value(json_object_get(a, "name")),
-                                                                           art + 11) == 0)
-      snprintf(r->object_key, sizeof r->object_key, "%s", json_string_value(json_object_get(a, "key")));
   /* The grant is checked first: whether a job or artifact exists is the tenant's data too. */
-  const lt_access_req_t *dummy;
+  const lt_access_req_t *q;
   char why[512];
-  if (lt_access_check(api->access, c->id, c->staff, r->resource, lt_time_wall_ms(), &dummy, why, sizeof why) == LT_OK &&
-      !r->object_key[0]) {
-    lt_api_reply_error(c->req, 404, "not_found", NULL, "job %s has no published artifact \"%s\"", job, art + 11);
-    free(r);
-    return;
+  if (lt_access_check(api->access, c->id, c->staff, r->resource, lt_time_wall_ms(), &q, why, sizeof why) == LT_OK) {
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job);
+    json_t *info = j && strcmp(j->tenant_id, q->tenant_id) == 0 ? lt_proj_job_info(api->proj, job) : NULL;
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(info, "artifacts"), i, a) {
+      if (strcmp(json_string_value(json_object_get(a, "name")), art + 11) == 0)
+        snprintf(r->object_key, sizeof r->object_key, "%s", json_string_value(json_object_get(a, "key")));
+    }
+    if (!r->object_key[0]) {
+      lt_api_reply_error(c->req, 404, "not_found", NULL, "job %s has no published artifact \"%s\"", job, art + 11);
+      free(r);
+      return;
+    }
   }
   read_under_grant(c, r);
 }

@@ -211,7 +211,8 @@ void lt_api_staff_access_list(lt_api_call_t *c);
 void lt_api_staff_access_show(lt_api_call_t *c);
 void lt_api_staff_access_approve(lt_api_call_t *c);
 void lt_api_staff_access_revoke(lt_api_call_t *c);
-void lt_api_staff_access_read(lt_api_call_t *c);
+void lt_api_staff_access_read_dataset(lt_api_call_t *c);
+void lt_api_staff_access_read_artifact(lt_api_call_t *c);
 
 /* True when the tenant's dataset exists (its meta object is in the store). */
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);

@@ -470,3 +470,48 @@ Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
   teardown();
   rd_kafka_destroy(mrk);
 }
+
+/* The same path from the command line: staff ask, the tenant approves, staff read into a file. */
+Test(lockbox, the_cli_asks_approves_and_reads) {
+  char ds[64], cmd[2048], out[128], id[64];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(out, sizeof out, "/tmp/test_lockbox.read.%d", (int)getpid());
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access request --tenant %s --scope dataset:%s "
+           "--reason 'ticket 9' --ttl 10m --json 2>&1", url, key_alice, lt_test_lathe_bin(), tenant_a, ds);
+  int rc;
+  char *o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  json_t *j = json_loads(o, 0, NULL);
+  cr_assert(j && json_string_value(json_object_get(j, "id")), "%s", o);
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+  cr_expect_eq(json_integer_value(json_object_get(j, "duration_s")), 600, "--ttl 10m: %s", o);
+  json_decref(j);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access read %s --dataset %s -o %s 2>&1", url,
+           key_alice, lt_test_lathe_bin(), id, ds, out);
+  o = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 1, "a read before approval fails: %s", o);
+  cr_expect(strstr(o, "403"), "%s", o);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' access approve %s 2>&1", url, key_a,
+           lt_test_lathe_bin(), id);
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  cr_expect(strstr(o, "active"), "%s", o);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access read %s --dataset %s -o %s 2>&1", url,
+           key_alice, lt_test_lathe_bin(), id, ds, out);
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  free(o);
+  size_t len;
+  char *got = lt_test_slurp(out, &len);
+  cr_assert_str_eq(got, canary_jsonl);
+  free(got);
+  unlink(out);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' access list 2>&1", url, key_a, lt_test_lathe_bin());
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  cr_expect(strstr(o, id) && strstr(o, "alice") && strstr(o, "uses 1"), "%s", o);
+  free(o);
+}

@@ -108,7 +108,8 @@ typedef struct lt_test_spawn {
 
 /* Starts a child process and registers it; the pointer stays valid for the test. */
 lt_test_proc_t *lt_test_spawn(const lt_test_spawn_t *s);
-/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0` for the api role)
+/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0 --operator-port 0`
+ * for the api role)
  * with LATHE_INSTANCE=name and the extra NAME=VALUE strings env; output into log. */
 lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *role, const char *netns,
                                const char *const *env);
@@ -126,6 +127,8 @@ int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
 void lt_test_procs_stop_all(void);
 /* The port a child printed as "listening on http://HOST:PORT" in its log (waits up to timeout_ms). */
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);
+/* The api's operator port (/healthz, /metrics), as it printed it (waits up to timeout_ms). */
+unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms);
 
 /* ---------------------------------------------------------------- HTTP (lt_client) */
 

@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +38,8 @@ static char err[1024];
 typedef struct srv {
   lt_test_proc_t *proc;
   char url[64];
+  char ops_url[64]; /* the operator port: /healthz, /metrics */
+  unsigned port, ops_port;
 } srv_t;
 
 static srv_t api;             /* the API of the current test */
@@ -43,20 +48,31 @@ static char tenant_a[64], tenant_b[64], key_a[128], key_b[128];
 
 /* ---------------------------------------------------------------- lathed as a child */
 
-/* `lathed --role api --port 0`, ready: the projection has caught up (healthz 200). */
-static srv_t start_api(void) {
+/* `lathed --role api --port 0 --operator-port 0` with the extra arguments args and NAME=VALUE
+ * strings env (each NULL-terminated, may be NULL), ready: the projection has caught up (healthz
+ * 200 on the operator port). */
+static srv_t start_api_with(const char *const *args, const char *const *env) {
   static int n;
   srv_t s = {0};
   char log[256];
   snprintf(log, sizeof log, "/tmp/test_api.%d.%d.log", (int)getpid(), n++);
-  s.proc = lt_test_lathed("api", log, "api", NULL, NULL);
-  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", lt_test_proc_port(s.proc, 30000));
-  lt_client_t *c = lt_test_client(s.url, NULL, 0);
+  const char *argv[24] = {lt_test_lathed_bin(), "--role", "api", "--port", "0", "--operator-port", "0"};
+  for (int i = 0; args && args[i] && i < 16; i++) argv[7 + i] = args[i];
+  const char *envs[16] = {"LATHE_INSTANCE=api"};
+  for (int i = 0; env && env[i] && i < 14; i++) envs[1 + i] = env[i];
+  s.proc = lt_test_spawn(&(lt_test_spawn_t){.name = "api", .log = log, .argv = argv, .env = envs});
+  s.port = lt_test_proc_port(s.proc, 30000);
+  s.ops_port = lt_test_proc_operator_port(s.proc, 30000);
+  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", s.port);
+  snprintf(s.ops_url, sizeof s.ops_url, "http://127.0.0.1:%u", s.ops_port);
+  lt_client_t *c = lt_test_client(s.ops_url, NULL, 0);
   lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
                      "lathed's /healthz never answered 200; see %s", log);
   lt_client_destroy(c);
   return s;
 }
+
+static srv_t start_api(void) { return start_api_with(NULL, NULL); }
 
 /* Stops it; its log goes when it stopped cleanly. */
 static void stop_api(srv_t *s) {
@@ -156,6 +172,9 @@ static void setup(void) {
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
   unsetenv("LATHE_MASTER_KEY_FILE");
+  /* These tests send bad keys and poll for new ones on purpose; the tests of the limits start
+   * their own API with the limits they check. */
+  setenv("LATHE_API_AUTH_FAIL_RATE", "100/1000", 1);
   lt_test_admin_topics();
   new_tenant("a", "--max-queued 3 --max-dataset-bytes 4096", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
   new_tenant("b", NULL, tenant_b, sizeof tenant_b, key_b, sizeof key_b);
@@ -287,6 +306,245 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   expect_error(cb, "GET", "/v1/jobs", NULL, 401, "unauthorized");
   expect_error(cb, "GET", "/v1/datasets", NULL, 401, "unauthorized");
   lt_client_destroy(fresh);
+}
+
+/* ---------------------------------------------------------------- the front door */
+
+/* A connection to the API's port from source address src (NULL: any), to send bytes as they are. */
+static int raw_connect(unsigned port, const char *src) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  if (src) {
+    inet_pton(AF_INET, src, &a.sin_addr);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind %s: %s", src, strerror(errno));
+  }
+  a.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/* Sends text on fd and reads one answer with a Content-Length body (NUL-terminated; caller frees). */
+static char *raw_exchange(int fd, const char *text, size_t len) {
+  for (size_t off = 0; off < len;) {
+    ssize_t w = send(fd, text + off, len - off, MSG_NOSIGNAL);
+    if (w <= 0) break; /* the server may answer and close before reading everything */
+    off += (size_t)w;
+  }
+  size_t cap = 65536, n = 0;
+  char *out = calloc(1, cap + 1);
+  for (;;) {
+    ssize_t r = recv(fd, out + n, cap - n, 0);
+    if (r <= 0) break;
+    n += (size_t)r;
+    out[n] = '\0';
+    const char *end = strstr(out, "\r\n\r\n"), *cl = strcasestr(out, "Content-Length:");
+    if (end && cl && cl < end && n >= (size_t)(end + 4 - out) + (size_t)atol(cl + 15)) break;
+  }
+  return out;
+}
+
+/* One request on a new connection (from src, NULL: any): the raw answer (caller frees). */
+static char *raw_http(unsigned port, const char *src, const char *text, size_t len) {
+  int fd = raw_connect(port, src);
+  char *out = raw_exchange(fd, text, len);
+  close(fd);
+  return out;
+}
+
+/* A raw answer's status, and its error code when it is the JSON error envelope (else "(not json)"). */
+static int raw_status(const char *answer) {
+  int status = 0;
+  sscanf(answer, "HTTP/1.%*d %d", &status);
+  return status;
+}
+static void raw_expect_envelope(const char *answer, int status, const char *code) {
+  cr_expect_eq(raw_status(answer), status, "wanted %d: %.400s", status, answer);
+  const char *end = strstr(answer, "\r\n\r\n");
+  cr_assert(end, "no header end: %.300s", answer);
+  cr_expect(strcasestr(answer, "Content-Type: application/json") != NULL, "not JSON: %.400s", answer);
+  cr_expect(!strstr(answer, "<HTML>"), "an HTML page: %.400s", answer);
+  json_t *j = json_loads(end + 4, JSON_DISABLE_EOF_CHECK, NULL);
+  const char *got = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+  cr_expect_str_eq(got ? got : "(not json)", code, "%.400s", answer);
+  cr_expect(json_is_string(json_object_get(json_object_get(j, "error"), "message")), "%.400s", answer);
+  json_decref(j);
+}
+
+Test(api, healthz_and_metrics_answer_only_on_the_operator_port) {
+  /* The customer port: 404 in the envelope, with or without a key. */
+  lt_client_t *none = client_for(NULL);
+  expect_error(none, "GET", "/healthz", NULL, 404, "not_found");
+  expect_error(none, "GET", "/metrics", NULL, 404, "not_found");
+  lt_client_destroy(none);
+  expect_error(ca, "GET", "/healthz", NULL, 404, "not_found");
+  expect_error(ca, "GET", "/metrics", NULL, 404, "not_found");
+  /* The operator port: both, and nothing of the customers' API. */
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  lt_client_resp_t r = req(ops, "GET", "/healthz", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(json_is_true(json_object_get(r.json, "ready")), "%s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ops, "GET", "/metrics", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(strstr(r.body, "lathe_jobs{") != NULL, "%.300s", r.body);
+  lt_client_resp_free(&r);
+  expect_error(ops, "GET", "/v1/jobs", NULL, 404, "not_found");
+  expect_error(ops, "POST", "/healthz", "{}", 405, "method_not_allowed");
+  lt_client_destroy(ops);
+}
+
+Test(api, what_libevent_refuses_itself_is_answered_in_the_json_envelope) {
+  char *a;
+  /* A method libevent knows but the API does not serve, and one nobody knows: 501. */
+  const char *patch = "PATCH /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n", *brew = "BREW / HTTP/1.1\r\nHost: x\r\n\r\n";
+  a = raw_http(api.port, NULL, patch, strlen(patch));
+  raw_expect_envelope(a, 501, "not_implemented");
+  free(a);
+  a = raw_http(api.port, NULL, brew, strlen(brew));
+  raw_expect_envelope(a, 501, "not_implemented");
+  free(a);
+  /* A malformed request line: 400. */
+  a = raw_http(api.port, NULL, "GARBAGE\r\n\r\n", 11);
+  raw_expect_envelope(a, 400, "invalid");
+  free(a);
+  /* Headers over 16 KiB: libevent answers 413, or 400 when the limit falls inside a line it is
+   * still reading; either way in the envelope, which says the limit. */
+  size_t big = 20000;
+  char *huge = malloc(big + 128);
+  int hl = snprintf(huge, 128, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+  memset(huge + hl, 'a', big);
+  strcpy(huge + hl + big, "\r\n\r\n");
+  a = raw_http(api.port, NULL, huge, strlen(huge));
+  raw_expect_envelope(a, raw_status(a) == 413 ? 413 : 400, raw_status(a) == 413 ? "too_large" : "invalid");
+  cr_expect(strstr(a, "16384") != NULL, "the message names the header limit: %.400s", a);
+  free(a);
+  free(huge);
+  /* A body announced over the limit: 413, before a byte of it is read. */
+  const char *cl = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{";
+  a = raw_http(api.port, NULL, cl, strlen(cl));
+  raw_expect_envelope(a, 413, "too_large");
+  free(a);
+  /* A bad chunked body: 400. */
+  const char *chunk = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
+  a = raw_http(api.port, NULL, chunk, strlen(chunk));
+  raw_expect_envelope(a, 400, "invalid");
+  free(a);
+  /* Behind an answer of the API's own on the same connection, the page is still rewritten. */
+  char two[256];
+  snprintf(two, sizeof two, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n%s", brew);
+  int fd = raw_connect(api.port, NULL);
+  a = raw_exchange(fd, two, strlen(two));
+  raw_expect_envelope(a, 401, "unauthorized");
+  const char *second = strstr(a + 1, "HTTP/1.1 "); /* both answers may come in one read */
+  char *b = second ? strdup(second) : raw_exchange(fd, "", 0);
+  raw_expect_envelope(b, 501, "not_implemented");
+  close(fd);
+  free(a);
+  free(b);
+}
+
+/* The key id of an API key "lt_<key_id>_<secret>". */
+static const char *key_id_of(const char *key, char *out, size_t n) {
+  snprintf(out, n, "%.*s", (int)(strchr(key + 3, '_') - key - 3), key + 3);
+  return out;
+}
+
+Test(api, failed_authentications_from_one_address_get_429_with_retry_after_and_no_verdict_on_keys) {
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_AUTH_FAIL_RATE=0.05/5", NULL});
+  lt_client_t *junk = lt_test_client(s.url, "lt_0123456789abcdef_guess", 30), *a = lt_test_client(s.url, key_a, 30);
+  int n401 = 0, n429 = 0;
+  for (int i = 0; i < 12; i++) {
+    lt_client_resp_t r = req(junk, "GET", "/v1/jobs", NULL);
+    if (r.status == 401) n401++;
+    if (r.status == 429) {
+      n429++;
+      cr_expect_str_eq(err_code(&r), "rate_limited", "%s", r.body);
+      cr_expect(atoi(r.retry_after) >= 1, "Retry-After \"%s\"", r.retry_after);
+      cr_expect(strstr(r.body, "failed authentications from 127.0.0.1") != NULL, "%s", r.body);
+    }
+    lt_client_resp_free(&r);
+  }
+  cr_expect_eq(n401, 5, "the burst of 5 failures is answered 401");
+  cr_expect_eq(n429, 7, "every guess past the burst is 429");
+  /* A throttled address gets 429 whatever key it sends, so a guess learns nothing; another
+   * address is not slowed. */
+  expect_error(a, "GET", "/v1/jobs", NULL, 429, "rate_limited");
+  char text[512];
+  snprintf(text, sizeof text, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", key_a);
+  char *ans = raw_http(s.port, "127.0.0.2", text, strlen(text));
+  cr_expect_eq(raw_status(ans), 200, "from 127.0.0.2: %.300s", ans);
+  free(ans);
+  lt_client_destroy(junk);
+  lt_client_destroy(a);
+  stop_api(&s);
+}
+
+/* Requests with key until one is refused; how many were answered 200 (at most max). */
+static int until_limited(lt_client_t *c, int max, lt_client_resp_t *refused) {
+  for (int i = 0; i < max; i++) {
+    *refused = req(c, "GET", "/v1/jobs", NULL);
+    if (refused->status != 200) return i;
+    lt_client_resp_free(refused);
+  }
+  return max;
+}
+
+Test(api, a_key_or_tenant_over_its_rate_gets_429_naming_it_and_other_tenants_are_not_slowed) {
+  char kid[32];
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_KEY_RATE=0.05/3", "LATHE_API_TENANT_RATE=off", NULL});
+  lt_client_t *a = lt_test_client(s.url, key_a, 30), *b = lt_test_client(s.url, key_b, 30);
+  lt_client_resp_t r;
+  cr_expect_eq(until_limited(a, 10, &r), 3, "a burst of 3 for the key");
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect_str_eq(err_code(&r), "rate_limited", "%s", r.body);
+  cr_expect(strstr(r.body, key_id_of(key_a, kid, sizeof kid)) != NULL, "names the key %s: %s", kid, r.body);
+  cr_expect(atoi(r.retry_after) >= 1 && atoi(r.retry_after) <= 20, "Retry-After \"%s\"", r.retry_after);
+  lt_client_resp_free(&r);
+  cr_expect_eq(until_limited(b, 3, &r), 3, "tenant B is not slowed by A");
+  lt_client_destroy(a);
+  lt_client_destroy(b);
+  stop_api(&s);
+  s = start_api_with(NULL, (const char *const[]){"LATHE_API_KEY_RATE=off", "LATHE_API_TENANT_RATE=0.05/2", NULL});
+  a = lt_test_client(s.url, key_a, 30);
+  cr_expect_eq(until_limited(a, 10, &r), 2, "a burst of 2 for the tenant");
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect(strstr(r.body, tenant_a) != NULL, "names the tenant: %s", r.body);
+  lt_client_resp_free(&r);
+  lt_client_destroy(a);
+  stop_api(&s);
+}
+
+Test(api, connections_past_max_connections_get_503_naming_the_limit_until_one_closes) {
+  srv_t s = start_api_with((const char *const[]){"--max-connections", "3", NULL}, NULL);
+  /* Three connections, each counted: each had an answer (401: no key) and stays open. */
+  const char *get = "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n";
+  int fds[3];
+  for (int i = 0; i < 3; i++) {
+    fds[i] = raw_connect(s.port, NULL);
+    char *a = raw_exchange(fds[i], get, strlen(get));
+    cr_assert_eq(raw_status(a), 401, "connection %d: %.300s", i, a);
+    free(a);
+  }
+  char *a = raw_http(s.port, NULL, get, strlen(get));
+  raw_expect_envelope(a, 503, "too_many_connections");
+  cr_expect(strstr(a, "max_connections = 3") != NULL, "names the limit: %.400s", a);
+  cr_expect(strcasestr(a, "Retry-After:") != NULL, "%.400s", a);
+  free(a);
+  /* The first three still work; once one closes, a new connection is served. */
+  a = raw_exchange(fds[0], get, strlen(get));
+  cr_expect_eq(raw_status(a), 401, "%.300s", a);
+  free(a);
+  close(fds[0]);
+  int status = 0;
+  lt_test_wait_until((a = raw_http(s.port, NULL, get, strlen(get)), status = raw_status(a), free(a), status == 401), 10000,
+                     100, "after a close, new connections still get %d", status);
+  close(fds[1]);
+  close(fds[2]);
+  stop_api(&s);
 }
 
 Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
@@ -534,7 +792,7 @@ static bool cancel_requested(lt_client_t *c, const char *path) {
 }
 
 static char *health_digest(void) {
-  lt_client_t *c = lt_test_client(api.url, NULL, 0);
+  lt_client_t *c = lt_test_client(api.ops_url, NULL, 0);
   lt_client_resp_t r = req(c, "GET", "/healthz", NULL);
   const char *d = json_string_value(json_object_get(r.json, "digest"));
   cr_assert(d, "/healthz has no digest: %s", r.body);

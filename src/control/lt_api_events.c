@@ -40,7 +40,7 @@ static void sse_unlink(lt_api_t *api, lt_api_sse_t *s) {
     }
 }
 
-static void sse_closed(struct evhttp_connection *evcon, void *arg) {
+static void sse_closed(void *arg) {
   lt_api_sse_t *s = arg;
   sse_unlink(s->api, s);
   free(s);
@@ -56,7 +56,7 @@ static void send_end(struct evhttp_request *req) {
 }
 
 static void sse_end(lt_api_sse_t *s) {
-  evhttp_connection_set_closecb(s->evcon, NULL, NULL);
+  lt_api_door_on_close(s->api, s->evcon, NULL, NULL);
   send_end(s->req);
   sse_unlink(s->api, s);
   free(s);
@@ -96,7 +96,11 @@ void lt_api_events_stream(lt_api_call_t *c) {
   s->req = req;
   s->evcon = evhttp_request_get_connection(req);
   snprintf(s->job_id, sizeof s->job_id, "%s", j->job_id);
-  evhttp_connection_set_closecb(s->evcon, sse_closed, s);
+  if (!lt_api_door_on_close(api, s->evcon, sse_closed, s)) {
+    free(s);
+    evhttp_send_reply_end(req); /* its close could not be watched: the client reconnects */
+    return;
+  }
   s->next = api->sse;
   api->sse = s;
 }
@@ -137,7 +141,7 @@ void lt_api_events_free(lt_api_t *api) {
   while (api->sse) {
     lt_api_sse_t *s = api->sse;
     api->sse = s->next;
-    evhttp_connection_set_closecb(s->evcon, NULL, NULL);
+    lt_api_door_on_close(api, s->evcon, NULL, NULL);
     free(s);
   }
 }

@@ -153,6 +153,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = arg;
   feed(api);
   lt_api_uploads_tick(api);
+  lt_api_door_tick(api);
 }
 
 /* The producer, told the topics it writes so a customer's first cancel does not wait for it to

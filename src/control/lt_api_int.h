@@ -1,6 +1,9 @@
 /* lt_api_int: what the API's files share. Not public.
  *
- *   lt_api.c           the router (one route table) and the server's life cycle, /healthz
+ *   lt_api.c           the router (one route table), the operator port (/healthz) and the
+ *                      server's life cycle
+ *   lt_api_limits.c    the front door: connections and their cap, rate limits (token buckets),
+ *                      libevent's own rejections rewritten into the error envelope
  *   lt_api_reply.c     JSON replies, the error envelope, request body and query helpers
  *   lt_api_feed.c      produce-then-answer, and the projection feed folded from the topics
  *   lt_api_metrics.c   /metrics and the per-route counters behind it
@@ -30,6 +33,7 @@
 
 typedef struct lt_api_upload lt_api_upload_t;
 typedef struct lt_api_sse lt_api_sse_t;
+typedef struct lt_api_conn lt_api_conn_t;
 
 /* Route families, as /metrics names them ("route" label). */
 typedef enum lt_api_slot {
@@ -56,8 +60,10 @@ typedef struct lt_api_stats {
 struct lt_api {
   lt_api_conf_t conf;
   struct event_base *base;
-  struct evhttp *http;
+  struct evhttp *http;     /* the customer port */
   uint16_t port;
+  struct evhttp *ops_http; /* the operator port: /healthz, /metrics */
+  uint16_t ops_port;
   lt_bus_producer_t *producer;
   lt_bus_consumer_t *consumer;
   struct event *consumer_ev, *tick_ev;
@@ -78,6 +84,11 @@ struct lt_api {
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;
   lt_api_stats_t stats;
+  lt_map_t *buckets;       /* "key:ID", "tenant:ID", "addr:A" -> token bucket (lt_api_limits.c) */
+  lt_map_t *conns;         /* "%p" of an evhttp_connection -> lt_api_conn_t: open customer connections */
+  lt_api_conn_t *conns_new; /* accepted, not yet attached (lt_api_limits.c) */
+  struct event *conns_ev;  /* attaches conns_new on the next turn of the loop */
+  bool rewriting;          /* an output buffer is being rewritten (no re-entry) */
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */
@@ -121,6 +132,26 @@ char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 void lt_api_parse_query(struct evhttp_request *req, struct evkeyvalq *q);
 /* Value of a query parameter (borrowed from q), or NULL. */
 const char *lt_api_query(struct evkeyvalq *q, const char *name);
+
+/* ---------------------------------------------------------------- the front door (lt_api_limits.c) */
+
+/* Puts the front door on a listener: every connection's answers pass through the rewrite of
+ * libevent's own HTML error pages; with track, connections are counted against
+ * max_connections. */
+lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *errstr, size_t n);
+/* False (after replying 503) when the request came on a connection over max_connections. */
+bool lt_api_door_admit(lt_api_t *api, struct evhttp_request *req);
+/* The per-address limit on failed authentications: false (after replying 429) when the request's
+ * address has used its allowance; fail true takes one attempt from it. */
+bool lt_api_door_addr(lt_api_t *api, struct evhttp_request *req, bool fail);
+/* The per-key and per-tenant limits: false after replying 429. */
+bool lt_api_door_tenant(lt_api_t *api, struct evhttp_request *req, const char *tenant_id, const char *key_id);
+/* Calls fn(arg) when the connection closes (one per connection; fn NULL clears). False when the
+ * connection is not known (out of memory when it opened): then nothing will call fn. */
+bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (*fn)(void *), void *arg);
+/* Forgets idle, full buckets (from the tick). */
+void lt_api_door_tick(lt_api_t *api);
+void lt_api_door_free(lt_api_t *api);
 
 /* ---------------------------------------------------------------- the bus (lt_api_feed.c) */
 

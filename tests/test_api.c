@@ -837,6 +837,114 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   free(d2);
 }
 
+/* ---------------------------------------------------------------- base models, reasons */
+
+/* Produces a record given as JSON (every field of its schema) to a topic of this prefix. */
+static void produce_json(const char *base, const char *type, const char *key, json_t *obj) {
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_from_jansson(rec, obj, err, sizeof err), LT_OK, "%s", err);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, base, topic, sizeof topic);
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK);
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                       .value = b, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+  lt_bus_conf_destroy(conf);
+  json_decref(obj);
+}
+
+static lt_client_resp_t submit_model(lt_client_t *c, const char *model, const char *dataset) {
+  char body[512];
+  snprintf(body, sizeof body, "{\"base_model\":\"%s\",\"dataset_id\":\"%s\"}", model, dataset);
+  return req(c, "POST", "/v1/jobs", body);
+}
+
+static int submit_status(lt_client_t *c, const char *model, const char *dataset) {
+  lt_client_resp_t r = submit_model(c, model, dataset);
+  int status = r.status;
+  lt_client_resp_free(&r);
+  return status;
+}
+
+/* A suite of its own: its heartbeat would refuse the other suites' models. */
+static void models_setup(void) {
+  if (!getenv("LATHE_KAFKA_BOOTSTRAP") || !getenv("LATHE_S3_ENDPOINT"))
+    cr_assert_fail("needs the local stack: ops/stack up && eval \"$(ops/stack env)\"");
+  lt_test_scratch_prefix("tmod", prefix, sizeof prefix);
+  setenv("LATHE_TOPIC_PREFIX", prefix, 1);
+  setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
+  unsetenv("LATHE_MASTER_KEY_FILE");
+  lt_test_admin_topics();
+  new_tenant("m", NULL, tenant_a, sizeof tenant_a, key_a, sizeof key_a);
+  api = start_api();
+  ca = client_for(key_a);
+  wait_key(ca);
+}
+
+TestSuite(api_models, .init = models_setup, .fini = teardown, .timeout = 240);
+
+Test(api_models, a_base_model_no_worker_serves_is_400_naming_the_field_and_records_nothing) {
+  char ds[64], id[64];
+  upload(ca, ds, sizeof ds);
+  /* No worker has reported yet: the fleet has said nothing, and the submission is accepted. */
+  lt_client_resp_t r = submit_model(ca, "not-yet-known", ds);
+  cr_assert_eq(r.status, 201, "before any heartbeat: %s", r.body);
+  lt_client_resp_free(&r);
+  char wid[96];
+  snprintf(wid, sizeof wid, "worker-host-%d", (int)getpid());
+  produce_json("workers", "WorkerHeartbeat", wid,
+               json_pack("{s:s,s:I,s:s,s:s,s:I,s:s,s:i,s:i,s:I,s:I,s:[s,s],s:[],s:[],s:b}", "event_id", "hb-1",
+                         "occurred_at", (json_int_t)lt_time_wall_ms(), "producer", "worker/test", "worker_id", wid,
+                         "seq", (json_int_t)1, "backend", "cpu", "slots_total", 1, "slots_free", 1,
+                         "memory_total_bytes", (json_int_t)1, "memory_free_bytes", (json_int_t)1, "base_models",
+                         "lathe-tiny", "other-model", "owned_partitions", "leases", "draining", 0));
+  int status = 0;
+  lt_test_wait_until((status = submit_status(ca, "no-such-model", ds)) == 400, 20000, 200,
+                     "the API never refused a model no worker serves (last %d)", status);
+  r = submit_model(ca, "no-such-model", ds);
+  json_t *e = json_object_get(r.json, "error");
+  cr_expect_str_eq(json_string_value(json_object_get(e, "field")), "base_model", "%s", r.body);
+  cr_expect(strstr(json_string_value(json_object_get(e, "message")), "lathe-tiny, other-model") != NULL, "%s", r.body);
+  lt_client_resp_free(&r);
+  r = submit_model(ca, "lathe-tiny", ds);
+  cr_assert_eq(r.status, 201, "a served model: %s", r.body);
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* Two submissions recorded (before the heartbeat, and the served model); the refused none. */
+  cr_expect_eq(count_records("jobs", "JobSubmitted", NULL), 2);
+
+  /* A failure reason names a server path and the worker: the customer sees neither. */
+  char reason[300];
+  snprintf(reason, sizeof reason, "cannot open /var/lib/lathe/models/lathe-tiny/config.json on %s: gone", wid);
+  produce_json("control", "JobFailed", id,
+               json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:s,s:s,s:i}", "event_id", "failed-1", "occurred_at",
+                         (json_int_t)lt_time_wall_ms(), "producer", "scheduler/test", "job_id", id, "tenant_id",
+                         tenant_a, "attempt", 1, "code", "executor_error", "reason", reason, "attempts", 3));
+  char path[256];
+  snprintf(path, sizeof path, "/v1/jobs/%s", id);
+  lt_test_wait_until((r = req(ca, "GET", path, NULL),
+                      status = strcmp(json_string_value(json_object_get(r.json, "state")), "failed") == 0,
+                      status || (lt_client_resp_free(&r), 0)),
+                     20000, 200, "the API never showed the job failed");
+  const char *shown = json_string_value(json_object_get(r.json, "reason"));
+  cr_assert(shown, "%s", r.body);
+  cr_expect(!strstr(shown, "/var/lib") && !strstr(shown, wid), "the reason shows server details: %s", shown);
+  cr_expect(strstr(shown, "cannot open (path) on (worker): gone") != NULL, "%s", shown);
+  lt_client_resp_free(&r);
+}
+
 /* ---------------------------------------------------------------- broker down (mock cluster) */
 
 /* Invariant 5: an acknowledgement means the record is in Kafka. The real broker cannot be taken

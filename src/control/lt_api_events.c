@@ -105,6 +105,21 @@ void lt_api_events_stream(lt_api_call_t *c) {
   api->sse = s;
 }
 
+/* What a customer may see of a record: no producer or worker (host names), reasons scrubbed of
+ * server paths and host names. */
+static void customer_view(lt_api_t *api, json_t *data) {
+  json_object_del(data, "producer");
+  json_object_del(data, "worker_id");
+  static const char *const texts[] = {"reason", "detail"};
+  for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+    const char *v = json_string_value(json_object_get(data, texts[i]));
+    if (!v) continue;
+    char clean[1024];
+    lt_api_scrub(api, v, clean, sizeof clean);
+    json_object_set_new(data, texts[i], json_string(clean));
+  }
+}
+
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   const char *job_id = res->job_id;
   if (!job_id && lt_avro_get_string(res->record, "job_id", &job_id, NULL) != LT_OK) return;
@@ -126,6 +141,7 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   json_t *data = NULL;
   if (lt_avro_record_to_jansson(res->record, &data, NULL, 0) != LT_OK) return;
   json_object_set_new(data, "state", json_string(lt_job_state_name(j->state)));
+  customer_view(api, data);
   json_t *entry = json_pack("{s:s,s:s,s:o}", "id", event_id, "event", res->type, "data", data);
   json_array_append_new(hist, entry);
   if (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);

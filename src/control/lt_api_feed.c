@@ -1,7 +1,7 @@
 /* lt_api_feed: the API's side of the bus. Writes go out through one producer and are answered
  * only once the broker acknowledged them (acks=all) or the deadline passed (503, never a false
  * ack); reads come from the projection, folded here from every partition of the job, control,
- * tenant, progress and artifact topics, with each folded job record handed to the event streams.
+ * tenant, progress, artifact and worker topics, with each folded job record handed to the event streams.
  * See lt_api_int.h. */
 #include "lt_api_int.h"
 
@@ -170,18 +170,20 @@ static lt_err_t start_producer(lt_api_t *api, char *errstr, size_t n) {
 }
 
 lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
-  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts"};
+  /* workers: the heartbeats say which base models the fleet serves (checked at submission). */
+  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts", "workers"};
+  enum { NBASES = sizeof bases / sizeof *bases };
   lt_err_t err = start_producer(api, errstr, n);
   if (err) return err;
   lt_bus_admin_t *admin = NULL;
   err = lt_bus_admin_new(api->conf.bus, &admin, errstr, n);
   if (err) return err;
   lt_bus_tp_t parts[256];
-  char(*names)[128] = calloc(5, sizeof *names);
+  char(*names)[128] = calloc(NBASES, sizeof *names);
   size_t np = 0;
   if (!names) err = LT_ERR_NOMEM;
   api->feed_names = names;
-  for (size_t b = 0; b < 5 && !err; b++) {
+  for (size_t b = 0; b < NBASES && !err; b++) {
     lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
     int count = 0;
     err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);

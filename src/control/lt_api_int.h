@@ -125,6 +125,10 @@ void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *fiel
 /* lt_api_reply_err for store failures: a retriable one is 503 (unavailable). */
 void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg);
 
+/* A failure reason as a customer may read it, into out: server paths become "(path)", worker
+ * ids and this host's name (hostnames) "(worker)" and "(host)". */
+void lt_api_scrub(lt_api_t *api, const char *in, char *out, size_t n);
+
 /* The request body as a NUL-terminated string (NULL when over max_json_body: replied 413). */
 char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 

@@ -52,7 +52,11 @@ static json_t *job_json(lt_api_t *api, const lt_job_t *j) {
                         j->failed_attempts, "submitted_at", (json_int_t)j->submitted_at_ms);
   if (j->started_at_ms) json_object_set_new(o, "started_at", json_integer(j->started_at_ms));
   if (j->ended_at_ms) json_object_set_new(o, "ended_at", json_integer(j->ended_at_ms));
-  if (j->reason[0]) json_object_set_new(o, "reason", json_string(j->reason));
+  if (j->reason[0]) {
+    char reason[sizeof j->reason + 256];
+    lt_api_scrub(api, j->reason, reason, sizeof reason);
+    json_object_set_new(o, "reason", json_string(reason));
+  }
   if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED) {
     queue_acc_t q = {.me = j};
     lt_job_scan(lt_proj_jobs(api->proj), queue_scan, &q);
@@ -276,7 +280,38 @@ static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_
   return true;
 }
 
-/* Phase 3: the tenant's live-job quota, and the datasets the spec names. False when it replied. */
+/* True (after replying 400 naming the field) when the fleet has said which base models it serves
+ * and model is none of them: such a job could only fail its attempts later. The models are those
+ * in the latest heartbeat of every worker that has reported (docs/DESIGN.md §1). Before any worker
+ * has reported — a fresh deployment, or an API started ahead of its workers — the fleet has said
+ * nothing, and the submission is accepted: refusing everything then would be worse. */
+static bool model_unserved(lt_api_t *api, struct evhttp_request *req, const char *model) {
+  json_t *workers = lt_proj_workers(api->proj), *hb, *m;
+  if (!json_object_size(workers)) return false;
+  json_t *served = json_object(); /* a set, in the order first seen */
+  const char *wid;
+  size_t i;
+  json_object_foreach(workers, wid, hb) json_array_foreach(json_object_get(hb, "base_models"), i, m) {
+    if (json_is_string(m)) json_object_set(served, json_string_value(m), json_true());
+  }
+  bool known = json_object_get(served, model) != NULL;
+  if (!known) {
+    char list[400] = "";
+    const char *name;
+    json_t *v;
+    json_object_foreach(served, name, v) {
+      size_t used = strlen(list);
+      snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", name);
+    }
+    lt_api_reply_error(req, 400, "invalid", "base_model", "base_model: \"%s\" is not served here; the workers serve: %s",
+                       model, list[0] ? list : "(none)");
+  }
+  json_decref(served);
+  return !known;
+}
+
+/* Phase 3: the tenant's live-job quota, the base model, and the datasets the spec names. False
+ * when it replied. */
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec) {
   if (t->quotas.max_queued_jobs > 0) {
     live_acc_t a = {.tenant = t->tenant_id};
@@ -289,6 +324,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
+  if (model_unserved(api, req, spec->base_model)) return false;
   if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
   return !(spec->validation_dataset_id[0] &&
            dataset_missing(api, req, t, "validation_dataset_id", spec->validation_dataset_id));

@@ -297,7 +297,6 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.max_upload_bytes) api->conf.max_upload_bytes = 1ull << 30;
   if (!api->conf.operator_bind_addr) api->conf.operator_bind_addr = "127.0.0.1";
   if (api->conf.max_connections <= 0) api->conf.max_connections = 1024;
-  if (api->conf.max_uploads_per_tenant <= 0) api->conf.max_uploads_per_tenant = 4;
   if (!api->conf.key_rate.per_s) api->conf.key_rate = (lt_api_rate_t){20, 40};
   if (!api->conf.tenant_rate.per_s) api->conf.tenant_rate = (lt_api_rate_t){50, 100};
   if (!api->conf.auth_fail_rate.per_s) api->conf.auth_fail_rate = (lt_api_rate_t){2, 30};

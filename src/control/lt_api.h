@@ -70,7 +70,6 @@ typedef struct lt_api_conf {
   const char *operator_bind_addr;      /* /healthz and /metrics ("127.0.0.1") */
   uint16_t operator_port;              /* 0: any free port (lt_api_operator_port tells which) */
   int max_connections;                 /* open customer connections (0: 1024); more answer 503 */
-  int max_uploads_per_tenant;          /* uploads open at once per tenant (0: 4); more answer 429 */
   lt_api_rate_t key_rate;              /* requests per API key ({0}: 20/s, burst 40) */
   lt_api_rate_t tenant_rate;           /* requests per tenant, all its keys ({0}: 50/s, burst 100) */
   lt_api_rate_t auth_fail_rate;        /* failed authentications per source address ({0}: 2/s, burst 30) */

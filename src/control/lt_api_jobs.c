@@ -424,20 +424,26 @@ static bool list_scan(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-/* GET /v1/jobs?state=&limit=&cursor=: the tenant's jobs in id order, a page at a time. */
+#define LIST_LIMIT_DEFAULT 50
+#define LIST_LIMIT_MAX 500
+
+/* GET /v1/jobs?state=&limit=&after=: the tenant's jobs in id order, a page at a time, as
+ * OpenAI's list objects page: `after` is the last id of the page before (opaque to the client;
+ * `cursor` is its older name), `has_more` says whether another page follows. */
 void lt_api_jobs_list(lt_api_call_t *c) {
   lt_api_t *api = c->api;
   struct evhttp_request *req = c->req;
   const lt_tenant_t *t = c->tenant;
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
-  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = 50, .out = json_array()};
+  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = LIST_LIMIT_DEFAULT, .out = json_array()};
   const char *v;
   if ((v = lt_api_query(&q, "limit"))) {
     char *end;
     long n = strtol(v, &end, 10);
-    if (*end || n < 1 || n > 500) {
-      lt_api_reply_error(req, 400, "invalid", "limit", "limit must be a whole number from 1 to 500");
+    if (*end || end == v || n < 1 || n > LIST_LIMIT_MAX) {
+      lt_api_reply_error(req, 400, "invalid", "limit", "limit must be a whole number from 1 to %d (default %d), not \"%.40s\"",
+                         LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT, v);
       goto out;
     }
     l.limit = (int)n;
@@ -452,11 +458,21 @@ void lt_api_jobs_list(lt_api_call_t *c) {
       goto out;
     }
   }
-  l.cursor = lt_api_query(&q, "cursor");
+  const char *after_name = lt_api_query(&q, "after") ? "after" : "cursor";
+  l.cursor = lt_api_query(&q, after_name);
+  if (l.cursor && !lt_id_valid(l.cursor)) {
+    lt_api_reply_error(req, 400, "invalid", after_name, "%s must be the last id of a page (the last_id it gave)",
+                       after_name);
+    goto out;
+  }
   lt_job_foreach(lt_proj_jobs(api->proj), list_scan, &l);
+  json_t *first = json_array_size(l.out) ? json_object_get(json_array_get(l.out, 0), "id") : NULL;
+  json_t *last = l.last ? json_string(l.last) : json_null();
   lt_api_reply_json(req, 200,
-                    json_pack("{s:o,s:o}", "jobs", json_incref(l.out), "next_cursor",
+                    json_pack("{s:s,s:O,s:b,s:O,s:O,s:o}", "object", "list", "jobs", l.out, "has_more", l.more,
+                              "first_id", first ? first : json_null(), "last_id", last, "next_cursor",
                               l.more && l.last ? json_string(l.last) : json_null()));
+  json_decref(last);
 out:
   json_decref(l.out);
   evhttp_clear_headers(&q);

@@ -113,6 +113,8 @@ static void wait_key(lt_client_t *c) {
                      "the API never accepted a new tenant's key");
 }
 
+static void produce_json(const char *base, const char *type, const char *key, json_t *obj);
+
 static const char *valid_jsonl = "{\"prompt\":\"Say hi\",\"completion\":\"hi\"}\n"
                                  "{\"prompt\":\"2+2?\",\"completion\":\"4\"}\n";
 
@@ -811,6 +813,74 @@ Test(api, job_listing_pages_with_limit_after_and_has_more) {
   cr_expect(strstr(r.body, "1 to 500") && strstr(r.body, "default 50"), "%s", r.body);
   lt_client_resp_free(&r);
   expect_error(cb, "GET", "/v1/jobs?after=..%2F..", NULL, 400, "invalid");
+}
+
+/* ---------------------------------------------------------------- SSE history, bounded */
+
+typedef struct {
+  char ids[8][48], events[8][48], data[8][400];
+  int n, stop_after;
+} stream_t;
+
+static bool collect_all(void *ctx, const lt_client_event_t *ev) {
+  stream_t *e = ctx;
+  if (strcmp(ev->event, "end") == 0) return true;
+  if (e->n < 8) {
+    snprintf(e->ids[e->n], sizeof e->ids[0], "%s", ev->id);
+    snprintf(e->events[e->n], sizeof e->events[0], "%s", ev->event);
+    snprintf(e->data[e->n], sizeof e->data[0], "%s", ev->data);
+    e->n++;
+  }
+  return e->stop_after && e->n >= e->stop_after;
+}
+
+static stream_t stream(lt_client_t *c, const char *path, const char *last, int stop_after) {
+  stream_t e = {.stop_after = stop_after};
+  cr_assert_eq(lt_client_events(c, path, last, collect_all, &e, NULL, err, sizeof err), LT_OK, "%s", err);
+  return e;
+}
+
+static void produce_cancel_requested(const char *job, const char *event_id) {
+  produce_json("control", "CancelRequested", job,
+               json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:n}", "event_id", event_id, "occurred_at",
+                         (json_int_t)lt_time_wall_ms(), "producer", "api/test", "job_id", job, "tenant_id", tenant_a,
+                         "requested_by", "customer", "reason"));
+}
+
+Test(api, sse_history_keeps_the_newest_events_and_says_gap_for_what_it_dropped) {
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_SSE_HISTORY=3", "LATHE_API_SSE_KEEP_ENDED_MS=1", NULL});
+  lt_client_t *a = lt_test_client(s.url, key_a, 30);
+  char ds[64], id[64], path[256];
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
+  snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+  stream_t first = stream(a, path, NULL, 1); /* JobSubmitted, once s has folded it */
+  cr_assert_str_eq(first.events[0], "JobSubmitted");
+  const char *ev[] = {"c1", "c2", "c3", "c4"};
+  for (int i = 0; i < 4; i++) produce_cancel_requested(id, ev[i]);
+  /* Once c3 and c4 are folded, resuming after c3 gives c4. */
+  stream_t e;
+  lt_test_wait_until((e = stream(a, path, "c3", 1), strcmp(e.ids[0], "c4") == 0), 20000, 200,
+                     "resuming after c3 gave %s %s", e.events[0], e.ids[0]);
+  /* Only the newest 3 are kept. */
+  e = stream(a, path, NULL, 3);
+  cr_expect_str_eq(e.ids[0], "c2");
+  cr_expect_str_eq(e.ids[1], "c3");
+  cr_expect_str_eq(e.ids[2], "c4");
+  /* Resuming after a dropped event: a gap first, saying how many were dropped, then the oldest kept. */
+  e = stream(a, path, first.ids[0], 2);
+  cr_expect_str_eq(e.events[0], "gap", "%s: %s", e.events[0], e.data[0]);
+  json_t *gap = json_loads(e.data[0], 0, NULL);
+  cr_expect_eq(json_integer_value(json_object_get(gap, "dropped")), 2, "%s", e.data[0]);
+  cr_expect_str_eq(json_string_value(json_object_get(gap, "oldest_id")), "c2", "%s", e.data[0]);
+  json_decref(gap);
+  cr_expect_str_eq(e.ids[1], "c2");
+  /* A finished job's buffer goes after LATHE_API_SSE_KEEP_ENDED_MS: the stream only ends. */
+  produce_job_cancelled(id, tenant_a);
+  lt_test_wait_until((e = stream(a, path, NULL, 0), e.n == 0), 20000, 300,
+                     "the finished job's events were never forgotten (%d, first %s)", e.n, e.events[0]);
+  lt_client_destroy(a);
+  stop_api(&s);
 }
 
 /* ---------------------------------------------------------------- restart */

@@ -18,6 +18,8 @@
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
  *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
+ *   LATHE_API_SSE_HISTORY, LATHE_API_SSE_KEEP_ENDED_MS   api: events kept per job (1024), and how
+ *                    long after a job ended (600000)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -237,6 +239,9 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   lt_err_t e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
+  const char *v;
+  if ((v = getenv("LATHE_API_SSE_HISTORY"))) conf.sse_history = atoi(v);
+  if ((v = getenv("LATHE_API_SSE_KEEP_ENDED_MS"))) conf.sse_keep_ended_ms = atoll(v);
   if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (e) return e;
   /* Tests and scripts read the two ports from these lines. */

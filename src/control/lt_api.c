@@ -300,6 +300,8 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.key_rate.per_s) api->conf.key_rate = (lt_api_rate_t){20, 40};
   if (!api->conf.tenant_rate.per_s) api->conf.tenant_rate = (lt_api_rate_t){50, 100};
   if (!api->conf.auth_fail_rate.per_s) api->conf.auth_fail_rate = (lt_api_rate_t){2, 30};
+  if (api->conf.sse_history <= 0) api->conf.sse_history = 1024;
+  if (api->conf.sse_keep_ended_ms <= 0) api->conf.sse_keep_ended_ms = 10 * 60 * 1000;
   lt_err_t err = LT_OK;
   api->reg = conf->registry;
   if (!api->reg) {

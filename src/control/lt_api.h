@@ -21,7 +21,8 @@
  *   GET    /v1/jobs?state=&limit=&cursor=
  *   GET    /v1/jobs/{id}                 state, attempt, queue position, wait estimate, metrics
  *   POST   /v1/jobs/{id}/cancel          idempotent
- *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID
+ *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID ("event:
+ *                                        gap" first when events after it are no longer kept)
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
  *
  * Threads: everything runs on the caller's event_base thread, except the producer's delivery
@@ -73,6 +74,8 @@ typedef struct lt_api_conf {
   lt_api_rate_t key_rate;              /* requests per API key ({0}: 20/s, burst 40) */
   lt_api_rate_t tenant_rate;           /* requests per tenant, all its keys ({0}: 50/s, burst 100) */
   lt_api_rate_t auth_fail_rate;        /* failed authentications per source address ({0}: 2/s, burst 30) */
+  int sse_history;                     /* events kept per job for SSE replay (0: 1024), oldest dropped */
+  int64_t sse_keep_ended_ms;           /* a finished job's events are kept this long (0: 10 min) */
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */

@@ -4,6 +4,7 @@
  * tenant, progress, artifact and worker topics, with each folded job record handed to the event streams.
  * See lt_api_int.h. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,7 +154,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = arg;
   feed(api);
   lt_api_uploads_tick(api);
-  lt_api_door_tick(api);
+  int64_t now = lt_time_mono_ms();
+  if (now - api->pruned_at_ms >= 2000) { /* a scan of every bucket and buffer: not every tick */
+    api->pruned_at_ms = now;
+    lt_api_door_tick(api);
+    lt_api_events_prune(api);
+  }
 }
 
 /* The producer, told the topics it writes so a customer's first cancel does not wait for it to

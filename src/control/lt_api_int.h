@@ -74,7 +74,8 @@ struct lt_api {
   lt_avro_record_t *rec_submit, *rec_cancel;
   char topic_jobs[128], topic_control[128];
   bool ready;
-  lt_map_t *history;       /* job_id -> json array of {id, event, data}: the SSE replay buffer */
+  lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
+  int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
@@ -193,6 +194,8 @@ void lt_api_events_stream(lt_api_call_t *c);
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_events_free(lt_api_t *api); /* detaches open streams */
+/* Forgets the replay buffers of jobs that ended over conf.sse_keep_ended_ms ago. */
+void lt_api_events_prune(lt_api_t *api);
 void lt_api_history_free(void *hist);   /* a history map value */
 
 /* ---------------------------------------------------------------- datasets (lt_api_datasets.c) */

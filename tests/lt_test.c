@@ -275,13 +275,13 @@ void lt_test_procs_stop_all(void) {
   nprocs = 0;
 }
 
-/* The port of the last "MARK HOST:PORT" in a log; 0 if none yet. */
+/* The port of the last "MARK...://HOST:PORT" in a log; 0 if none yet. */
 static unsigned log_port(const char *log, const char *mark) {
   char *all = lt_test_slurp(log, NULL);
   unsigned port = 0;
   size_t ml = strlen(mark);
   for (const char *p = all; p && (p = strstr(p, mark)); p += ml) {
-    const char *colon = strchr(p + ml, ':');
+    const char *scheme = strstr(p + ml, "://"), *colon = scheme ? strchr(scheme + 3, ':') : NULL;
     if (colon) sscanf(colon + 1, "%u", &port);
   }
   free(all);
@@ -296,10 +296,10 @@ static unsigned wait_port(lt_test_proc_t *p, const char *mark, int timeout_ms) {
   return port;
 }
 
-unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) { return wait_port(p, "listening on http://", timeout_ms); }
+unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) { return wait_port(p, "listening on http", timeout_ms); }
 
 unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms) {
-  return wait_port(p, "operator endpoints (/healthz, /metrics) at http://", timeout_ms);
+  return wait_port(p, "operator endpoints (/healthz, /metrics) at http", timeout_ms);
 }
 
 /* ---------------------------------------------------------------- HTTP */

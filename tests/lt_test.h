@@ -125,7 +125,7 @@ int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
 /* Stops every registered child (10 s each for SIGTERM; a group leader's group is killed at once)
  * and forgets them: a suite's fini. */
 void lt_test_procs_stop_all(void);
-/* The port a child printed as "listening on http://HOST:PORT" in its log (waits up to timeout_ms). */
+/* The port a child printed as "listening on http[s]://HOST:PORT" in its log (waits up to timeout_ms). */
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);
 /* The api's operator port (/healthz, /metrics), as it printed it (waits up to timeout_ms). */
 unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms);

@@ -1,7 +1,7 @@
 /* lathed: the Lathe daemon. One binary, one role per process (or --role all in one process).
  *
  *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
- *                     [--max-connections N]
+ *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
  *   lathed --role scheduler|worker|publisher
  *   lathed --role all [--port N]
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
@@ -64,6 +64,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
           "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
+          "              [--tls-cert PEM --tls-key PEM]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
@@ -71,7 +72,8 @@ static void usage(FILE *f) {
           "It prints, and writes to DIR/env, the exports that let `lathe` reach it from another\n"
           "shell (`. DIR/env; lathe admin tenant create ID`).\n"
           "\nThe api serves customers on --bind:--port (127.0.0.1:8080) and /healthz and /metrics only on\n"
-          "--operator-bind:--operator-port (127.0.0.1:8081); 0 is any free port. Rate limits:\n"
+          "--operator-bind:--operator-port (127.0.0.1:8081); 0 is any free port. With --tls-cert and\n"
+          "--tls-key (PEM files) the customer port speaks HTTPS. Rate limits:\n"
           "LATHE_API_KEY_RATE (20/40), LATHE_API_TENANT_RATE (50/100), LATHE_API_AUTH_FAIL_RATE (2/30,\n"
           "per source address), each \"R/B\" (R a second, bursts of B) or \"off\".\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
@@ -139,7 +141,7 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 
 /* What the command line asked for. */
 typedef struct lathed_opts {
-  const char *role, *bind, *data_dir, *ops_bind;
+  const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
   bool embedded, api, scheduler, publisher, worker;
   uint16_t port, ops_port;
   int max_connections;
@@ -167,6 +169,8 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
     if (strcmp(argv[i], "--role") == 0 && more) o->role = argv[++i];
     else if (strcmp(argv[i], "--bind") == 0 && more) o->bind = argv[++i];
     else if (strcmp(argv[i], "--operator-bind") == 0 && more) o->ops_bind = argv[++i];
+    else if (strcmp(argv[i], "--tls-cert") == 0 && more) o->tls_cert = argv[++i];
+    else if (strcmp(argv[i], "--tls-key") == 0 && more) o->tls_key = argv[++i];
     else if (strcmp(argv[i], "--embedded") == 0) o->embedded = true;
     else if (strcmp(argv[i], "--data") == 0 && more) o->data_dir = argv[++i];
     else if (strcmp(argv[i], "--port") == 0 && more) {
@@ -235,7 +239,8 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
                         .kek = d->kek, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
                         .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
-                        .max_connections = o->max_connections};
+                        .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
+                        .tls_key_file = o->tls_key};
   lt_err_t e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
@@ -247,7 +252,8 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   /* Tests and scripts read the two ports from these lines. */
   fprintf(stderr, "lathed: api operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
           lt_api_operator_port(d->api));
-  fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
+  fprintf(stderr, "lathed: api listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
+          lt_api_port(d->api));
   return LT_OK;
 }
 
@@ -290,7 +296,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
 static lt_err_t announce_embedded(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char url[300];
   bool any = strcmp(o->bind, "0.0.0.0") == 0 || strcmp(o->bind, "::") == 0;
-  snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : o->bind, lt_api_port(d->api));
+  snprintf(url, sizeof url, "%s://%s:%u", o->tls_cert ? "https" : "http", any ? "127.0.0.1" : o->bind,
+           lt_api_port(d->api));
   lt_err_t e = lt_embedded_write_env(d->embedded, url, stdout, err, n);
   if (!e)
     fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",

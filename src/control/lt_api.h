@@ -9,7 +9,8 @@
  *   GET    /healthz                      liveness, readiness and the projection's digest
  *   GET    /metrics                      Prometheus text (names every tenant: never for customers)
  *
- * The customer port serves (all JSON; errors {"error":{"code","message","field"}}, including
+ * The customer port (HTTPS when tls_cert_file is set; the operator port stays plain HTTP on its
+ * loopback address) serves (all JSON; errors {"error":{"code","message","field"}}, including
  * what libevent itself refuses: 400, 413, 501):
  *   POST   /v1/datasets?name=N           JSONL body, streamed: validated, encrypted, stored
  *   GET    /v1/datasets                  the tenant's datasets
@@ -74,6 +75,8 @@ typedef struct lt_api_conf {
   lt_api_rate_t key_rate;              /* requests per API key ({0}: 20/s, burst 40) */
   lt_api_rate_t tenant_rate;           /* requests per tenant, all its keys ({0}: 50/s, burst 100) */
   lt_api_rate_t auth_fail_rate;        /* failed authentications per source address ({0}: 2/s, burst 30) */
+  const char *tls_cert_file;           /* PEM certificate chain: the customer port speaks HTTPS */
+  const char *tls_key_file;            /* its PEM private key (both NULL: plain HTTP) */
   int sse_history;                     /* events kept per job for SSE replay (0: 1024), oldest dropped */
   int64_t sse_keep_ended_ms;           /* a finished job's events are kept this long (0: 10 min) */
 } lt_api_conf_t;

@@ -62,6 +62,7 @@ struct lt_api {
   struct event_base *base;
   struct evhttp *http;     /* the customer port */
   uint16_t port;
+  struct ssl_ctx_st *tls;  /* the customer port's TLS context, or NULL (plain HTTP) */
   struct evhttp *ops_http; /* the operator port: /healthz, /metrics */
   uint16_t ops_port;
   lt_bus_producer_t *producer;

@@ -17,6 +17,9 @@
  *   error envelope before a byte of it is sent. The API itself never answers text/html, so the
  *   page cannot be confused with a reply of ours.
  *
+ * - TLS: with a certificate and key, each customer connection is an OpenSSL bufferevent
+ *   (libevent's bufferevent_openssl), and the same door stands behind it.
+ *
  * Everything here runs on the API's event loop thread. See lt_api_int.h. */
 #include "lt_api_int.h"
 #include "lt_time.h"
@@ -27,6 +30,9 @@
 #include <string.h>
 
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 struct lt_api_conn {
   lt_api_t *api;
@@ -160,7 +166,8 @@ static void page_json(const lt_api_t *api, int status, const char *reason, char 
   char msg[300];
   if (status == 413)
     snprintf(msg, sizeof msg,
-             "the request is over the server's limits: headers at most 16384 bytes, a body at most %u bytes",
+             "the request is over the server's limits (headers at most 16384 bytes, a body at most %u bytes), or "
+             "its chunked body is malformed",
              (unsigned)(LT_API_PART_MAX + 4096));
   else if (status == 501)
     snprintf(msg, sizeof msg, "the method is not supported: the API answers GET, POST, PUT and DELETE");
@@ -225,8 +232,8 @@ static void rewrite_page(lt_api_t *api, struct evbuffer *buf) {
   evbuffer_free(keep);
 }
 
-/* The output buffer's callback. A bufferevent keeps its output frozen at the front (only the
- * socket drains it): thawed for the look and the rewrite. */
+/* The output buffer's callback. A socket bufferevent keeps its output frozen at the front (only
+ * the socket drains it): thawed for the look and the rewrite. */
 static void on_output(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
   lt_api_t *api = arg;
   if (api->rewriting || !info->n_added) return;
@@ -234,6 +241,15 @@ static void on_output(struct evbuffer *buf, const struct evbuffer_cb_info *info,
   evbuffer_unfreeze(buf, 1);
   rewrite_page(api, buf);
   evbuffer_freeze(buf, 1);
+  api->rewriting = false;
+}
+
+/* The same for a TLS bufferevent, whose output is not frozen. */
+static void on_output_tls(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
+  lt_api_t *api = arg;
+  if (api->rewriting || !info->n_added) return;
+  api->rewriting = true;
+  rewrite_page(api, buf);
   api->rewriting = false;
 }
 
@@ -278,9 +294,17 @@ static void conns_attach(evutil_socket_t fd, short what, void *arg) {
  * connection queued for conns_attach. */
 static struct bufferevent *conn_new(struct event_base *base, void *arg) {
   lt_api_t *api = arg;
-  struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+  struct bufferevent *bev = NULL;
+  if (api->tls) {
+    SSL *ssl = SSL_new(api->tls);
+    /* The bufferevent owns ssl (SSL_free on close): BEV_OPT_CLOSE_ON_FREE. */
+    if (ssl && !(bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE)))
+      SSL_free(ssl);
+  } else {
+    bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+  }
   if (!bev) return NULL;
-  evbuffer_add_cb(bufferevent_get_output(bev), on_output, api);
+  evbuffer_add_cb(bufferevent_get_output(bev), api->tls ? on_output_tls : on_output, api);
   lt_api_conn_t *cn = calloc(1, sizeof *cn);
   if (cn) {
     cn->api = api;
@@ -326,6 +350,27 @@ bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (
   return true;
 }
 
+/* The customer port's TLS context from conf's PEM files (TLS 1.2 and newer). */
+static lt_err_t tls_open(lt_api_t *api, char *errstr, size_t n) {
+  const char *cert = api->conf.tls_cert_file, *key = api->conf.tls_key_file;
+  if (!cert && !key) return LT_OK;
+  if (!cert || !key)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "TLS needs both a certificate and its key (--tls-cert and --tls-key)");
+  SSL_CTX *ctx = api->tls = SSL_CTX_new(TLS_server_method());
+  if (!ctx) return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create a TLS context");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  char why[256] = "";
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the TLS certificate %s cannot be used: %s", cert, why);
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the TLS key %s cannot be used with %s: %s", key, cert, why);
+  }
+  return LT_OK;
+}
+
 lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *errstr, size_t n) {
   if (!track) {
     evhttp_set_bevcb(http, ops_conn_new, api);
@@ -335,6 +380,8 @@ lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *
   api->conns = lt_map_new(free);
   api->conns_ev = event_new(api->base, -1, 0, conns_attach, api);
   if (!api->buckets || !api->conns || !api->conns_ev) return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory");
+  lt_err_t err = tls_open(api, errstr, n);
+  if (err) return err;
   evhttp_set_bevcb(http, conn_new, api);
   return LT_OK;
 }
@@ -348,4 +395,5 @@ void lt_api_door_free(lt_api_t *api) {
   if (api->conns_ev) event_free(api->conns_ev);
   lt_map_destroy(api->conns);
   lt_map_destroy(api->buckets);
+  SSL_CTX_free(api->tls);
 }

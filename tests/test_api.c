@@ -854,8 +854,11 @@ Test(api, sse_history_keeps_the_newest_events_and_says_gap_for_what_it_dropped) 
   char ds[64], id[64], path[256];
   upload(ca, ds, sizeof ds);
   submit_ok(ca, ds, id, sizeof id);
+  /* The job was submitted through the suite's API: this one knows it once it folded it. */
+  snprintf(path, sizeof path, "/v1/jobs/%s", id);
+  lt_test_wait_until(lt_test_get_status(a, path, NULL, 0) == 200, 20000, 100, "the second API never folded %s", id);
   snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
-  stream_t first = stream(a, path, NULL, 1); /* JobSubmitted, once s has folded it */
+  stream_t first = stream(a, path, NULL, 1);
   cr_assert_str_eq(first.events[0], "JobSubmitted");
   const char *ev[] = {"c1", "c2", "c3", "c4"};
   for (int i = 0; i < 4; i++) produce_cancel_requested(id, ev[i]);
@@ -1029,6 +1032,22 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   json_decref(after);
   free(d1);
   free(d2);
+}
+
+/* ---------------------------------------------------------------- rate text (no server) */
+
+Test(api_rates, rate_limits_read_as_r_slash_b_r_alone_or_off_and_refuse_anything_else) {
+  lt_api_rate_t r;
+  cr_assert(lt_api_rate_parse("20/40", &r));
+  cr_expect(r.per_s == 20 && r.burst == 40);
+  cr_assert(lt_api_rate_parse("0.5", &r));
+  cr_expect(r.per_s == 0.5 && r.burst == 1, "a slow rate alone still allows one request: %g", r.burst);
+  cr_assert(lt_api_rate_parse("3", &r));
+  cr_expect(r.burst == 6);
+  cr_assert(lt_api_rate_parse("off", &r));
+  cr_expect(r.per_s < 0);
+  const char *bad[] = {"", "0", "-1/5", "5/0", "5/", "abc", "5/x", "5 /5", "inf", "nan/3", "2/3/4"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) cr_expect(!lt_api_rate_parse(bad[i], &r), "\"%s\"", bad[i]);
 }
 
 /* ---------------------------------------------------------------- base models, reasons */

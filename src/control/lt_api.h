@@ -52,8 +52,8 @@ typedef struct lt_api_rate {
   double burst;
 } lt_api_rate_t;
 
-/* Parses "R/B" (R per second, burst B), "R" (burst 2R) or "off" into *out; false when the text
- * is none of these. */
+/* Parses "R/B" (R per second, burst B >= 1), "R" (burst 2R, at least 1) or "off" into *out;
+ * false when the text is none of these. */
 bool lt_api_rate_parse(const char *text, lt_api_rate_t *out);
 
 typedef struct lt_api_conf {

@@ -6,6 +6,9 @@
  *   request — found again (the bufferevent's callback argument is its evhttp_connection) and given
  *   a close callback. A connection past max_connections gets 503 naming the limit for its
  *   request, and is closed. The event streams chain their own close callback through here.
+ *   (Between the accept and that turn libevent frees a connection only when it runs out of
+ *   memory while wrapping it; the attach would then read a freed bufferevent. 2.2's
+ *   evhttp_set_newreqcb and max_connections would remove this step.)
  * - Rate limits: token buckets per API key and per tenant, and per source address for failed
  *   authentications, so that guessing keys is slow; the address is checked before the key, so a
  *   throttled address learns nothing about the keys it tries. 429 with Retry-After.
@@ -16,7 +19,6 @@
  *   and the socket is written only on a later turn of the loop — and replaces it with the JSON
  *   error envelope before a byte of it is sent. The API itself never answers text/html, so the
  *   page cannot be confused with a reply of ours.
- *
  * - TLS: with a certificate and key, each customer connection is an OpenSSL bufferevent
  *   (libevent's bufferevent_openssl), and the same door stands behind it.
  *
@@ -53,7 +55,7 @@ bool lt_api_rate_parse(const char *text, lt_api_rate_t *out) {
     return true;
   }
   char *end;
-  double r = strtod(text, &end), b = 2 * r;
+  double r = strtod(text, &end), b = fmax(1, 2 * r);
   if (end == text || r <= 0 || !isfinite(r)) return false;
   if (*end == '/') {
     const char *s = end + 1;
@@ -210,13 +212,16 @@ static void page_rewrite(const lt_api_t *api, const char *text, size_t len, stru
 static void rewrite_page(lt_api_t *api, struct evbuffer *buf) {
   size_t len = evbuffer_get_length(buf), tail = sizeof page_end - 1;
   char window[2048];
-  size_t wn = len < sizeof window - 1 ? len : sizeof window - 1;
   struct evbuffer_ptr at;
-  if (len < tail || evbuffer_ptr_set(buf, &at, len - wn, EVBUFFER_PTR_SET) != 0 ||
+  /* Every answer passes here: its last bytes first, the window only for a page's ending. */
+  if (len < tail || evbuffer_ptr_set(buf, &at, len - tail, EVBUFFER_PTR_SET) != 0 ||
+      evbuffer_copyout_from(buf, &at, window, tail) != (ev_ssize_t)tail || memcmp(window, page_end, tail) != 0)
+    return;
+  size_t wn = len < sizeof window - 1 ? len : sizeof window - 1;
+  if (evbuffer_ptr_set(buf, &at, len - wn, EVBUFFER_PTR_SET) != 0 ||
       evbuffer_copyout_from(buf, &at, window, wn) != (ev_ssize_t)wn)
     return;
   window[wn] = '\0';
-  if (memcmp(window + wn - tail, page_end, tail) != 0) return;
   /* The page's status line: the last "HTTP/1." before its blank line. */
   char *mark = NULL, *start = NULL;
   for (char *p = window; (p = strstr(p, page_mark)); p++) mark = p;

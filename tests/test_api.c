@@ -473,9 +473,14 @@ Test(api, failed_authentications_from_one_address_get_429_with_retry_after_and_n
   }
   cr_expect_eq(n401, 5, "the burst of 5 failures is answered 401");
   cr_expect_eq(n429, 7, "every guess past the burst is 429");
-  /* A throttled address gets 429 whatever key it sends, so a guess learns nothing; another
-   * address is not slowed. */
+  /* A throttled address gets 429 whatever key it sends, so a guess learns nothing; a forwarded-for
+   * header does not make it another address; another address is not slowed. */
   expect_error(a, "GET", "/v1/jobs", NULL, 429, "rate_limited");
+  lt_client_header_t xff[] = {{"X-Forwarded-For", "203.0.113.9"}, {"X-Real-IP", "203.0.113.9"}};
+  lt_client_resp_t rf;
+  cr_assert_eq(lt_client_request(junk, "GET", "/v1/jobs", xff, 2, NULL, 0, NULL, &rf, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(rf.status, 429, "a forged X-Forwarded-For escaped the limit: %s", rf.body);
+  lt_client_resp_free(&rf);
   char text[512];
   snprintf(text, sizeof text, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", key_a);
   char *ans = raw_http(s.port, "127.0.0.2", text, strlen(text));
@@ -523,15 +528,14 @@ Test(api, a_key_or_tenant_over_its_rate_gets_429_naming_it_and_other_tenants_are
 
 Test(api, connections_past_max_connections_get_503_naming_the_limit_until_one_closes) {
   srv_t s = start_api_with((const char *const[]){"--max-connections", "3", NULL}, NULL);
-  /* Three connections, each counted: each had an answer (401: no key) and stays open. */
+  /* Three connections, each counted: one had an answer (401: no key) and stays open, two never
+   * send a byte (as a slow client holding sockets would). */
   const char *get = "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n";
   int fds[3];
-  for (int i = 0; i < 3; i++) {
-    fds[i] = raw_connect(s.port, NULL);
-    char *a = raw_exchange(fds[i], get, strlen(get));
-    cr_assert_eq(raw_status(a), 401, "connection %d: %.300s", i, a);
-    free(a);
-  }
+  for (int i = 0; i < 3; i++) fds[i] = raw_connect(s.port, NULL);
+  char *first = raw_exchange(fds[2], get, strlen(get));
+  cr_assert_eq(raw_status(first), 401, "%.300s", first);
+  free(first);
   char *a = raw_http(s.port, NULL, get, strlen(get));
   raw_expect_envelope(a, 503, "too_many_connections");
   cr_expect(strstr(a, "max_connections = 3") != NULL, "names the limit: %.400s", a);
@@ -814,6 +818,18 @@ Test(api, job_listing_pages_with_limit_after_and_has_more) {
   cr_expect(strstr(r.body, "1 to 500") && strstr(r.body, "default 50"), "%s", r.body);
   lt_client_resp_free(&r);
   expect_error(cb, "GET", "/v1/jobs?after=..%2F..", NULL, 400, "invalid");
+  /* Another tenant's job id as the cursor shows nothing of that tenant. */
+  char ads[64], aid[64];
+  upload(ca, ads, sizeof ads);
+  submit_ok(ca, ads, aid, sizeof aid);
+  snprintf(path, sizeof path, "/v1/jobs?limit=500&after=%s", aid);
+  r = req(cb, "GET", path, NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  size_t i;
+  json_t *j;
+  json_array_foreach(json_object_get(r.json, "jobs"), i, j) cr_expect_str_neq(json_string_value(json_object_get(j, "id")), aid);
+  cr_expect(!strstr(r.body, tenant_a), "tenant A shows in B's listing: %s", r.body);
+  lt_client_resp_free(&r);
 }
 
 /* ---------------------------------------------------------------- SSE history, bounded */

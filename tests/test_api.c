@@ -486,6 +486,14 @@ Test(api, failed_authentications_from_one_address_get_429_with_retry_after_and_n
   char *ans = raw_http(s.port, "127.0.0.2", text, strlen(text));
   cr_expect_eq(raw_status(ans), 200, "from 127.0.0.2: %.300s", ans);
   free(ans);
+  /* The operator sees the refusals. */
+  lt_client_t *ops = lt_test_client(s.ops_url, NULL, 0);
+  lt_client_resp_t m = req(ops, "GET", "/metrics", NULL);
+  const char *line = strstr(m.body ? m.body : "", "lathe_api_refused_total{reason=\"rate_limited\"} ");
+  cr_assert(line, "no refusal counter in /metrics");
+  cr_expect_eq(atoi(strchr(line, ' ') + 1), 9, "%.80s", line);
+  lt_client_resp_free(&m);
+  lt_client_destroy(ops);
   lt_client_destroy(junk);
   lt_client_destroy(a);
   stop_api(&s);

@@ -97,7 +97,8 @@ static long retry_after_s(const bucket_t *b) {
   return s < 1 ? 1 : (long)s;
 }
 
-static void reply_limited(struct evhttp_request *req, const bucket_t *b, const char *what) {
+static void reply_limited(lt_api_t *api, struct evhttp_request *req, const bucket_t *b, const char *what) {
+  api->stats.rate_limited++;
   char ra[24];
   long s = retry_after_s(b);
   snprintf(ra, sizeof ra, "%ld", s);
@@ -114,7 +115,7 @@ static bool spend(lt_api_t *api, struct evhttp_request *req, const char *key, lt
   bucket_t *b = bucket(api, key, rate, lt_time_mono_ms());
   if (!b) return true; /* out of memory: the door stays open rather than shut on everyone */
   if (b->tokens < 1.0) {
-    reply_limited(req, b, what);
+    reply_limited(api, req, b, what);
     return false;
   }
   if (take) b->tokens -= 1.0;
@@ -234,6 +235,7 @@ static void rewrite_page(lt_api_t *api, struct evbuffer *buf) {
   evbuffer_drain(buf, evbuffer_get_length(buf));
   page_rewrite(api, start, (size_t)(window + wn - start), keep);
   evbuffer_add_buffer(buf, keep);
+  api->stats.pages_rewritten++;
   evbuffer_free(keep);
 }
 
@@ -337,6 +339,7 @@ static lt_api_conn_t *conn_of(lt_api_t *api, struct evhttp_connection *evcon) {
 bool lt_api_door_admit(lt_api_t *api, struct evhttp_request *req) {
   lt_api_conn_t *cn = conn_of(api, evhttp_request_get_connection(req));
   if (!cn || !cn->over_cap) return true;
+  api->stats.over_connections++;
   struct evkeyvalq *h = evhttp_request_get_output_headers(req);
   evhttp_add_header(h, "Retry-After", "1");
   evhttp_add_header(h, "Connection", "close");

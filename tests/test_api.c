@@ -544,6 +544,13 @@ Test(api, connections_past_max_connections_get_503_naming_the_limit_until_one_cl
   char *first = raw_exchange(fds[2], get, strlen(get));
   cr_assert_eq(raw_status(first), 401, "%.300s", first);
   free(first);
+  /* One more that sends nothing is not left to hold its socket: the server closes it. */
+  int idle = raw_connect(s.port, NULL);
+  char byte;
+  ssize_t got = -1;
+  lt_test_wait_until((got = recv(idle, &byte, 1, MSG_DONTWAIT)) == 0, 30000, 200,
+                     "an idle connection over the cap was never closed (recv %zd)", got);
+  close(idle);
   char *a = raw_http(s.port, NULL, get, strlen(get));
   raw_expect_envelope(a, 503, "too_many_connections");
   cr_expect(strstr(a, "max_connections = 3") != NULL, "names the limit: %.400s", a);

@@ -36,6 +36,8 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#define OVER_CAP_TIMEOUT_S 5 /* a connection over max_connections is dropped when idle this long */
+
 struct lt_api_conn {
   lt_api_t *api;
   struct bufferevent *bev;
@@ -294,6 +296,8 @@ static void conns_attach(evutil_socket_t fd, short what, void *arg) {
     }
     cn->over_cap = (int)lt_map_count(api->conns) > api->conf.max_connections;
     evhttp_connection_set_closecb(cn->evcon, conn_closed, cn);
+    /* One over the cap that sends nothing must not hold its socket for the whole idle timeout. */
+    if (cn->over_cap) evhttp_connection_set_timeout(cn->evcon, OVER_CAP_TIMEOUT_S);
   }
 }
 

@@ -39,7 +39,9 @@ static void start_api(bool second_staff) {
   const char *env[] = {keys_env, second_staff ? "LATHE_ACCESS_SECOND_STAFF=1" : "LATHE_ACCESS_SECOND_STAFF=0", NULL};
   api = lt_test_lathed("api", log, "api", NULL, env);
   snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
-  lt_client_t *c = lt_test_client(url, NULL, 0);
+  char ops[64];
+  snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(api, 30000));
+  lt_client_t *c = lt_test_client(ops, NULL, 0);
   lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100, "no /healthz 200; see %s", log);
   lt_client_destroy(c);
   lt_client_destroy(ca), lt_client_destroy(cb), lt_client_destroy(alice), lt_client_destroy(bob);

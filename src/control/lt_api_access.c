@@ -284,9 +284,13 @@ void lt_api_access_revoke(lt_api_call_t *c) { tenant_decides(c, 3); }
 /* ---------------------------------------------------------------- staff routes */
 
 const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req) {
+  /* Staff keys are guessed at the same rate as tenants' keys: the failed-login budget of the
+   * source address (lt_api_limits.c). */
+  if (!lt_api_door_addr(api, req, false)) return NULL;
   const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
   const char *name = NULL;
   if (!h || strncmp(h, "Bearer ", 7) != 0 || lt_access_staff_authenticate(api->staff, h + 7, &name) != LT_OK) {
+    lt_api_door_addr(api, req, true);
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
     lt_api_reply_error(req, 401, "unauthorized", NULL, "staff routes take a staff key (\"Authorization: Bearer ls_...\")");
     return NULL;

@@ -1,9 +1,10 @@
 /* lt_api_feed: the API's side of the bus. Writes go out through one producer and are answered
  * only once the broker acknowledged them (acks=all) or the deadline passed (503, never a false
  * ack); reads come from the projection, folded here from every partition of the job, control,
- * tenant, progress and artifact topics, with each folded job record handed to the event streams.
+ * tenant, progress, artifact and worker topics, with each folded job record handed to the event streams.
  * See lt_api_int.h. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +164,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = arg;
   feed(api);
   lt_api_uploads_tick(api);
+  int64_t now = lt_time_mono_ms();
+  if (now - api->pruned_at_ms >= 2000) { /* a scan of every bucket and buffer: not every tick */
+    api->pruned_at_ms = now;
+    lt_api_door_tick(api);
+    lt_api_events_prune(api);
+  }
 }
 
 /* The producer, told the topics it writes so a customer's first cancel does not wait for it to
@@ -179,7 +186,9 @@ static lt_err_t start_producer(lt_api_t *api, char *errstr, size_t n) {
 }
 
 lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
-  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts", "audit"};
+  /* workers: the heartbeats say which base models the fleet serves (checked at submission);
+   * audit: the lockbox's records (lt_api_access.c). */
+  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts", "workers", "audit"};
   enum { NBASES = sizeof bases / sizeof *bases };
   lt_err_t err = start_producer(api, errstr, n);
   if (err) return err;

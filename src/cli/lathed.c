@@ -8,6 +8,8 @@
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
  *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
+ *   LATHE_KAFKA_CONFIG                               a file of librdkafka properties for all
+ *   LATHE_KAFKA_CONFIG_DIR                           ROLE.properties: each role's principal
  *   LATHE_S3_ENDPOINT, _BUCKET, _ACCESS_KEY, _SECRET_KEY   object store (S3)
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
@@ -41,7 +43,8 @@
 
 typedef struct lathed {
   struct event_base *base;
-  lt_bus_conf_t *bus;
+  lt_bus_conf_t *bus;       /* the environment's; each role adds its principal to a copy */
+  lt_bus_conf_t *role_bus[4]; /* those copies: api, scheduler, publisher, worker */
   lt_store_t *store;
   lt_crypto_kek_t *kek;
   lt_avro_registry_t *reg;
@@ -67,6 +70,8 @@ static void usage(FILE *f) {
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+          "LATHE_KAFKA_CONFIG (a file of librdkafka name=value properties: SASL, TLS) and\n"
+          "LATHE_KAFKA_CONFIG_DIR (ROLE.properties per role: each role its own principal),\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
           "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
           "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
@@ -193,14 +198,26 @@ static lt_err_t start_embedded(lathed_t *d, const lathed_opts_t *o, char *err, s
   return LT_OK;
 }
 
+/* A copy of the environment's bus configuration with role's principal
+ * (lt_bus_conf_for_role), owned by d. With --role all each role still gets its own. */
+static lt_err_t role_bus(lathed_t *d, int slot, const char *role, lt_bus_conf_t **out, char *err, size_t n) {
+  d->role_bus[slot] = lt_bus_conf_dup(d->bus);
+  if (!d->role_bus[slot]) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
+  *out = d->role_bus[slot];
+  return lt_bus_conf_for_role(d->role_bus[slot], role, err, n);
+}
+
 static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 0, "api", &bus, err, n);
+  if (e) return e;
   d->tok = load_tokenizer(d->models);
   snprintf(producer, sizeof producer, "api/%s", d->instance);
-  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
+  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
                         .kek = d->kek, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
-  lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
+  e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
   return e;
 }
@@ -208,14 +225,17 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
 static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "scheduler/%s", d->instance);
-  lt_scheduler_conf_t sc = {.bus = d->bus, .registry = d->reg, .producer_id = producer, .store = d->store};
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 1, "scheduler", &bus, err, n);
+  if (e) return e;
+  lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .producer_id = producer, .store = d->store};
   /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
   const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
              *start = getenv("LATHE_START_TIMEOUT_MS");
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
-  lt_err_t e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
+  e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
   if (!e) fprintf(stderr, "lathed: scheduler started\n");
   return e;
 }
@@ -223,19 +243,25 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
 static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
-  lt_publisher_conf_t pc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
+  if (e) return e;
+  lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .registry = d->reg,
                             .producer_id = producer};
-  lt_err_t e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
+  e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
   return e;
 }
 
 static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
-  lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
+  if (e) return e;
+  lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
-  lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
+  e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
   return e;
 }
@@ -295,6 +321,7 @@ static void lathed_teardown(lathed_t *d) {
   lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);
+  for (int i = 0; i < 4; i++) lt_bus_conf_destroy(d->role_bus[i]);
   lt_embedded_stop(d->embedded); /* after every Kafka client */
   event_base_free(d->base);
 }

@@ -56,7 +56,8 @@ static void admin_free(admin_t *a) {
 static int load_tenants(admin_t *a) {
   char err[512];
   a->bus = lt_bus_conf_new();
-  if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_avro_registry_new(&a->reg, err, sizeof err) ||
+  if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_bus_conf_for_role(a->bus, "admin", err, sizeof err) ||
+      lt_avro_registry_new(&a->reg, err, sizeof err) ||
       lt_proj_new(a->reg, &a->proj, err, sizeof err)) {
     fprintf(stderr, "lathe admin: %s\n", err);
     return 1;
@@ -277,21 +278,40 @@ out:
   return rc;
 }
 
-/* lathe admin topics [FILE]: creates every topic of ops/topics.tsv under LATHE_TOPIC_PREFIX. */
+/* lathe admin topics [FILE]: the roles' ACLs of ops/acls.tsv, then every topic of
+ * ops/topics.tsv, under LATHE_TOPIC_PREFIX. ACLs first: under a new prefix the admin principal
+ * itself may create topics only once its own ACLs exist (docs/DESIGN.md §5a). A broker without
+ * an authorizer has no ACLs to set, which is said and not an error. */
 static int topics_cmd(int argc, char **argv) {
   const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE"); /* NULL: built in */
+  const char *acls = getenv("LATHE_ACLS_FILE");                        /* NULL: built in */
   char err[512];
   lt_bus_conf_t *bus = lt_bus_conf_new();
   lt_bus_admin_t *admin = NULL;
-  int created = 0, rc = 0;
-  if (!bus || lt_bus_conf_from_env(bus, err, sizeof err) || lt_bus_admin_new(bus, &admin, err, sizeof err) ||
-      lt_bus_admin_create_from_file(admin, path, -1, 30000, &created, err, sizeof err)) {
+  int created = 0, rc = 1;
+  size_t nacl = 0, skipped = 0;
+  if (!bus || lt_bus_conf_from_env(bus, err, sizeof err) || lt_bus_conf_for_role(bus, "admin", err, sizeof err) ||
+      lt_bus_admin_new(bus, &admin, err, sizeof err)) {
     fprintf(stderr, "lathe admin topics: %s\n", err);
-    rc = 1;
-  } else {
-    printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
-           lt_bus_conf_get(bus, "lathe.topic.prefix"));
+    goto out;
   }
+  lt_err_t e = lt_bus_admin_create_acls(admin, acls, 30000, &nacl, &skipped, err, sizeof err);
+  if (e == LT_ERR_INVALID || e == LT_ERR_IO) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    goto out;
+  }
+  if (e) fprintf(stderr, "lathe admin topics: no ACLs set: %s\n", err);
+  else
+    printf("%zu ACL(s) for the roles from %s (%zu transactional-id line(s) left to Kafka's tools)\n", nacl,
+           acls ? acls : "the built-in ops/acls.tsv", skipped);
+  if (lt_bus_admin_create_from_file(admin, path, -1, 30000, &created, err, sizeof err)) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    goto out;
+  }
+  printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
+         lt_bus_conf_get(bus, "lathe.topic.prefix"));
+  rc = 0;
+out:
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(bus);
   return rc;

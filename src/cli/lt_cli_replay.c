@@ -141,6 +141,7 @@ static lt_err_t list_partitions(replay_t *r, int64_t from, char *err, size_t n) 
 static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *err, size_t n) {
   r->conf = lt_bus_conf_new();
   lt_err_t e = r->conf ? lt_bus_conf_from_env(r->conf, err, n) : LT_ERR_NOMEM;
+  if (!e) e = lt_bus_conf_for_role(r->conf, "admin", err, n);
   if (!e) e = lt_avro_registry_new(&r->reg, err, n);
   if (!e) e = lt_proj_new(r->reg, &r->fold, err, n);
   if (e) return e;

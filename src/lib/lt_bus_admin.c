@@ -33,6 +33,10 @@ lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char 
   return LT_ERR_INVALID;
 }
 
+rd_kafka_t *lt_bus_admin_rk(lt_bus_admin_t *a) { return a->rk; }
+
+const lt_bus_conf_t *lt_bus_admin_conf(const lt_bus_admin_t *a) { return a->conf; }
+
 void lt_bus_admin_destroy(lt_bus_admin_t *a) {
   if (!a) return;
   if (a->rk) rd_kafka_destroy(a->rk);

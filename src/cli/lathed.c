@@ -39,6 +39,7 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_embedded.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lathed {
@@ -47,6 +48,7 @@ typedef struct lathed {
   lt_bus_conf_t *role_bus[4]; /* those copies: api, scheduler, publisher, worker */
   lt_store_t *store;
   lt_crypto_kek_t *kek;
+  lt_recmac_key_t *tenant_mac; /* from kek: every role folds only signed tenant records */
   lt_avro_registry_t *reg;
   lt_api_t *api;
   lt_scheduler_t *scheduler;
@@ -124,6 +126,7 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
   lt_err_t e = lt_bus_conf_from_env(d->bus, err, n);
   if (!e) e = lt_avro_registry_new(&d->reg, err, n);
   if (!e) e = lt_crypto_kek_from_env(&d->kek, err, n);
+  if (!e) e = lt_recmac_key_new(d->kek, LT_RECMAC_TENANTS, &d->tenant_mac, err, n);
   if (e) return e;
   const char *dir = getenv("LATHE_STORE_DIR");
   if (dir && *dir) return lt_store_dir_new(&d->store, dir, err, n);
@@ -215,7 +218,7 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   d->tok = load_tokenizer(d->models);
   snprintf(producer, sizeof producer, "api/%s", d->instance);
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
-                        .kek = d->kek, .registry = d->reg, .producer_id = producer,
+                        .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
   e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
@@ -228,7 +231,8 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 1, "scheduler", &bus, err, n);
   if (e) return e;
-  lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .producer_id = producer, .store = d->store};
+  lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .tenant_mac = d->tenant_mac, .producer_id = producer,
+                            .store = d->store};
   /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
   const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
              *start = getenv("LATHE_START_TIMEOUT_MS");
@@ -246,7 +250,8 @@ static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
   if (e) return e;
-  lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                            .registry = d->reg,
                             .producer_id = producer};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
@@ -258,7 +263,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
   if (e) return e;
-  lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                         .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
@@ -318,6 +324,7 @@ static void lathed_teardown(lathed_t *d) {
   lt_api_destroy(d->api);
   lt_tok_destroy(d->tok);
   lt_store_destroy(d->store);
+  lt_recmac_key_destroy(d->tenant_mac);
   lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);

@@ -22,6 +22,7 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_proj.h"
+#include "lt_recmac.h"
 #include "lt_tenant.h"
 #include "lt_time.h"
 
@@ -43,25 +44,32 @@ typedef struct {
   lt_bus_conf_t *bus;
   lt_avro_registry_t *reg;
   lt_proj_t *proj;
+  lt_crypto_kek_t *kek;
+  lt_recmac_key_t *mac; /* signs what we write, checks what we read (docs/DESIGN.md §5a) */
   char topic[128];
 } admin_t;
 
 static void admin_free(admin_t *a) {
   lt_proj_destroy(a->proj);
+  lt_recmac_key_destroy(a->mac);
+  lt_crypto_kek_destroy(a->kek);
   lt_avro_registry_destroy(a->reg);
   lt_bus_conf_destroy(a->bus);
 }
 
-/* Folds lathe.tenants up to its end into a->proj. */
+/* Folds lathe.tenants up to its end into a->proj, signed records only: an update must never carry
+ * a forged key hash forward under a new, valid MAC. */
 static int load_tenants(admin_t *a) {
   char err[512];
   a->bus = lt_bus_conf_new();
   if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_bus_conf_for_role(a->bus, "admin", err, sizeof err) ||
-      lt_avro_registry_new(&a->reg, err, sizeof err) ||
-      lt_proj_new(a->reg, &a->proj, err, sizeof err)) {
+      lt_avro_registry_new(&a->reg, err, sizeof err) || lt_proj_new(a->reg, &a->proj, err, sizeof err) ||
+      lt_crypto_kek_from_env(&a->kek, err, sizeof err) ||
+      lt_recmac_key_new(a->kek, LT_RECMAC_TENANTS, &a->mac, err, sizeof err)) {
     fprintf(stderr, "lathe admin: %s\n", err);
     return 1;
   }
+  lt_proj_require_tenant_mac(a->proj, a->mac);
   lt_bus_topic_name(a->bus, "tenants", a->topic, sizeof a->topic);
   lt_bus_consumer_t *c = NULL;
   if (lt_bus_consumer_new(a->bus, NULL, &c, err, sizeof err) ||
@@ -79,9 +87,7 @@ static int load_tenants(admin_t *a) {
       return 1;
     }
     if (!m) break;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    if (v && lt_proj_apply(a->proj, v, len, NULL, err, sizeof err))
+    if (lt_proj_fold_msg(a->proj, m, NULL, NULL, NULL, err, sizeof err))
       fprintf(stderr, "lathe admin: skipping %s offset %lld: %s\n", a->topic, (long long)lt_bus_msg_offset(m), err);
   }
   lt_bus_consumer_destroy(c);
@@ -102,8 +108,12 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
     fprintf(stderr, "lathe admin: %s\n", err);
     goto out;
   }
+  uint8_t mac[LT_RECMAC_BYTES];
+  lt_recmac_sign(a->mac, "tenants", t->tenant_id, strlen(t->tenant_id), bytes, len, mac);
+  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = sizeof mac};
   lt_bus_record_t r = {.topic = a->topic, .partition = LT_BUS_PARTITION_ANY, .key = t->tenant_id,
-                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len};
+                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len,
+                       .headers = &h, .header_count = 1};
   if (lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err)) {
     fprintf(stderr, "lathe admin: the tenant record was not written: %s\n", err);
     goto out;

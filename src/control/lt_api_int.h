@@ -51,6 +51,7 @@ typedef struct lt_api_stats {
   uint64_t latency_us_sum[LT_API_SLOT__COUNT];
   uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
   uint64_t produced, produce_failed, undecodable;
+  uint64_t refused; /* signed records (TenantUpserted) refused for a missing or wrong MAC */
 } lt_api_stats_t;
 
 struct lt_api {

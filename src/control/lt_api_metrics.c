@@ -214,6 +214,7 @@ static void write_routes(lt_api_t *api, struct evbuffer *out) {
   evbuffer_add_printf(out, "lathe_api_records_produced_total %" PRIu64 "\n", st->produced);
   evbuffer_add_printf(out, "lathe_api_produce_failures_total %" PRIu64 "\n", st->produce_failed);
   evbuffer_add_printf(out, "lathe_api_undecodable_records_total %" PRIu64 "\n", st->undecodable);
+  evbuffer_add_printf(out, "lathe_api_refused_records_total %" PRIu64 "\n", st->refused);
 }
 
 void lt_api_metrics_reply(lt_api_call_t *c) {

@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lt_bus_int.h"
+#include "lt_time.h"
 
 extern const char lt_acls_builtin[];
 
@@ -109,6 +111,30 @@ static lt_err_t read_acls(const lt_bus_conf_t *conf, const char *path, acl_set_t
   return e;
 }
 
+/* Does the broker's authorizer list binding b yet? (DescribeAcls is answered by the same
+ * authorizer that checks requests, so once it lists b, b is in force.) */
+static bool acl_listed(rd_kafka_t *rk, const rd_kafka_AclBinding_t *b, int timeout_ms) {
+  char rderr[256];
+  rd_kafka_AclBindingFilter_t *f = rd_kafka_AclBindingFilter_new(
+      rd_kafka_AclBinding_restype(b), rd_kafka_AclBinding_name(b), rd_kafka_AclBinding_resource_pattern_type(b),
+      rd_kafka_AclBinding_principal(b), rd_kafka_AclBinding_host(b), rd_kafka_AclBinding_operation(b),
+      rd_kafka_AclBinding_permission_type(b), rderr, sizeof rderr);
+  rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+  bool listed = false;
+  if (f) {
+    rd_kafka_DescribeAcls(rk, f, NULL, q);
+    rd_kafka_event_t *ev = rd_kafka_queue_poll(q, timeout_ms);
+    size_t cnt = 0;
+    if (ev && !rd_kafka_event_error(ev))
+      rd_kafka_DescribeAcls_result_acls(rd_kafka_event_DescribeAcls_result(ev), &cnt);
+    listed = cnt > 0;
+    if (ev) rd_kafka_event_destroy(ev);
+    rd_kafka_AclBinding_destroy(f);
+  }
+  rd_kafka_queue_destroy(q);
+  return listed;
+}
+
 lt_err_t lt_bus_admin_create_acls(lt_bus_admin_t *a, const char *path, int timeout_ms, size_t *out_n,
                                   size_t *out_skipped, char *errstr, size_t errstr_size) {
   acl_set_t *set = calloc(1, sizeof *set);
@@ -138,6 +164,18 @@ lt_err_t lt_bus_admin_create_acls(lt_bus_admin_t *a, const char *path, int timeo
                       "create ACLs (as the admin principal, which needs Alter on the cluster): %s",
                       rd_kafka_error_string(err));
     }
+  }
+  /* KRaft applies new ACLs through the metadata log, a moment after CreateAcls answers: wait
+   * until the last one is in force, so the caller may use it at once (a topic created right
+   * after under a new prefix was refused without this). All came in one request. */
+  int64_t t0 = lt_time_mono_ms();
+  while (!ret && set->n && !acl_listed(rk, set->b[set->n - 1], timeout_ms)) {
+    if (lt_time_mono_ms() - t0 > timeout_ms) {
+      ret = lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT, "the new ACLs were not in force after %d ms", timeout_ms);
+      break;
+    }
+    struct timespec nap = {0, 100 * 1000000L};
+    nanosleep(&nap, NULL);
   }
   if (!ret && out_n) *out_n = set->n;
   if (!ret && out_skipped) *out_skipped = set->skipped;

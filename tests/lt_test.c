@@ -148,23 +148,28 @@ void lt_test_rd_conf_auth(rd_kafka_conf_t *rc, const char *role) {
   fclose(f);
 }
 
+/* With the stack's principals (ops/stack env), the roles' ACLs of ops/acls.tsv under admin's
+ * prefix: the admin principal itself may create topics there only then (docs/DESIGN.md §5a). */
+static void scratch_acls(lt_bus_admin_t *admin, int timeout_ms) {
+  char path[1024];
+  if (!getenv("LATHE_KAFKA_CONFIG_DIR")) return;
+  lt_test_source_path("ops/acls.tsv", path, sizeof path);
+  cr_assert_eq(lt_bus_admin_create_acls(admin, path, timeout_ms, NULL, NULL, err, sizeof err), LT_OK,
+               "cannot create the ACLs of %s: %s", path, err);
+}
+
 lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin) {
   lt_bus_conf_t *conf = lt_test_bus_env();
   lt_test_scratch_prefix(tag, prefix, n);
   cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_admin_new(conf, admin, err, sizeof err), LT_OK, "%s", err);
+  scratch_acls(*admin, 30000);
   return conf;
 }
 
 void lt_test_topics_create(lt_bus_conf_t *conf, lt_bus_admin_t *admin, int timeout_ms) {
   char path[1024];
-  /* With the stack's principals (ops/stack env), the roles' ACLs for this prefix first: the
-   * admin principal itself may create topics under it only then (docs/DESIGN.md §5a). */
-  if (getenv("LATHE_KAFKA_CONFIG_DIR")) {
-    lt_test_source_path("ops/acls.tsv", path, sizeof path);
-    cr_assert_eq(lt_bus_admin_create_acls(admin, path, timeout_ms, NULL, NULL, err, sizeof err), LT_OK,
-                 "cannot create the ACLs of %s: %s", path, err);
-  }
+  scratch_acls(admin, timeout_ms);
   lt_test_source_path("ops/topics.tsv", path, sizeof path);
   if (lt_bus_admin_create_from_file(admin, path, -1, timeout_ms, NULL, err, sizeof err) != LT_OK)
     cr_assert_fail("cannot create the topics of %s on %s (%s): start the broker with `ops/stack up` and "

@@ -34,10 +34,14 @@ static void usage(FILE *f) {
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]\n"
              "       lathe admin tenant list [--json]\n"
-             "       lathe admin topics [FILE]     create the topics of ops/topics.tsv\n"
+             "       lathe admin topics [FILE]     the roles' ACLs (ops/acls.tsv, or LATHE_ACLS_FILE), then\n"
+             "                                     the topics of ops/topics.tsv (or FILE)\n"
              "       lathe admin replay [--from-beginning|--from-offset N|--from-time ISO8601]\n"
-             "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX and the master key\n"
-             "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment.\n");
+             "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX, the admin principal\n"
+             "(LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG) and the master key\n"
+             "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment. Tenant records are\n"
+             "signed with a key derived from the master key; records without a valid signature are\n"
+             "skipped (and said) when tenants are read.\n");
 }
 
 typedef struct {

@@ -36,7 +36,8 @@ static void usage(FILE *f) {
              "Rebuilds every job's state from lathe.jobs and lathe.control and prints the count of\n"
              "jobs per state and the state digest. --from-offset N starts every partition of both\n"
              "topics at offset N; --from-time at the first record at or after the time\n"
-             "(e.g. 2026-11-29T10:00:00Z). Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX.\n");
+             "(e.g. 2026-11-29T10:00:00Z). Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+             "the admin principal (LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG).\n");
 }
 
 /* "YYYY-MM-DDTHH:MM:SS[.mmm](Z|+HH:MM|-HH:MM)" -> ms since the epoch. */

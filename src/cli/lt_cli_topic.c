@@ -45,7 +45,8 @@ static void topic_usage(FILE *f) {
           "usage: lathe topic produce TOPIC TYPE < records.jsonl\n"
           "  Encodes each JSON line as the newest version of TYPE and writes it (acks=all),\n"
           "  keyed by job_id / tenant_id / worker_id; prints partition and offset per record.\n"
-          "  Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_TOPIC_PREFIX\n");
+          "  Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_TOPIC_PREFIX, the admin\n"
+          "  principal (LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG)\n");
 }
 
 /* Prints one record (or its decode error) as a JSON line. */

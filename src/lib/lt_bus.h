@@ -359,7 +359,9 @@ void lt_bus_admin_destroy(lt_bus_admin_t *a);
 
 /* Creates a topic (full name) with partitions, replication factor (-1: broker default) and
  * configs ("key=value" strings, may be NULL when nconfigs is 0). Idempotent: an existing topic
- * is LT_OK (its settings are not changed or checked). */
+ * is LT_OK (its settings are not changed or checked). LT_ERR_AUTH when the principal may not:
+ * only after 10 s of retries, since KRaft's controller sees new ACLs a moment after they are
+ * made (this and lt_bus_admin_create_from_file). */
 lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int partitions,
                                    int replication, const char *const *configs, size_t nconfigs,
                                    int timeout_ms, char *errstr, size_t errstr_size);

@@ -380,7 +380,8 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
  * operations, TAB-separated; names get the conf's prefix, "*" is the prefix itself) for
  * principals User:<role>. Idempotent. Needs Alter on the cluster (the admin principal). A
  * malformed line fails with LT_ERR_INVALID naming the file and line; a refused request with
- * LT_ERR_AUTH. path NULL: the copy of ops/acls.tsv built into the library. *out_n (may be NULL)
+ * LT_ERR_AUTH; a broker without an authorizer with LT_ERR_UNSUPPORTED. Returns once the broker
+ * lists the new ACLs. path NULL: the copy of ops/acls.tsv built into the library. *out_n (may be NULL)
  * gets the number of ACLs. Transactional-id lines are skipped and counted in *out_skipped (may
  * be NULL): librdkafka 2.0.2 cannot express that resource type, so ops/stack (Kafka's Java
  * admin client) or Kafka's own tools apply them. docs/DESIGN.md §5a. */

@@ -111,6 +111,12 @@ static lt_err_t read_acls(const lt_bus_conf_t *conf, const char *path, acl_set_t
   return e;
 }
 
+/* A broker without an authorizer answers SECURITY_DISABLED: nothing to set there, which is
+ * LT_ERR_UNSUPPORTED (callers say so and go on), never LT_ERR_INVALID (a bad file). */
+static lt_err_t acl_err(rd_kafka_resp_err_t e) {
+  return e == RD_KAFKA_RESP_ERR_SECURITY_DISABLED ? LT_ERR_UNSUPPORTED : lt_bus_err_from_code(e);
+}
+
 /* Does the broker's authorizer list binding b yet? (DescribeAcls is answered by the same
  * authorizer that checks requests, so once it lists b, b is in force.) */
 static bool acl_listed(rd_kafka_t *rk, const rd_kafka_AclBinding_t *b, int timeout_ms) {
@@ -152,7 +158,7 @@ lt_err_t lt_bus_admin_create_acls(lt_bus_admin_t *a, const char *path, int timeo
     if (!ev) ret = lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT, "create ACLs: no answer in %d ms", timeout_ms);
   }
   if (ev && rd_kafka_event_error(ev))
-    ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(rd_kafka_event_error(ev)), "create ACLs: %s",
+    ret = lt_errf(errstr, errstr_size, acl_err(rd_kafka_event_error(ev)), "create ACLs: %s",
                   rd_kafka_event_error_string(ev));
   else if (ev) {
     size_t cnt = 0;
@@ -160,7 +166,7 @@ lt_err_t lt_bus_admin_create_acls(lt_bus_admin_t *a, const char *path, int timeo
     for (size_t i = 0; i < cnt && !ret; i++) {
       const rd_kafka_error_t *err = rd_kafka_acl_result_error(res[i]);
       if (err)
-        ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(rd_kafka_error_code(err)),
+        ret = lt_errf(errstr, errstr_size, acl_err(rd_kafka_error_code(err)),
                       "create ACLs (as the admin principal, which needs Alter on the cluster): %s",
                       rd_kafka_error_string(err));
     }

@@ -121,6 +121,7 @@ static double run_peer(const char *bootstrap, const char *topic, size_t size, in
   rd_kafka_conf_t *conf = rd_kafka_conf_new();
   peer_t p = {.lat = calloc((size_t)n, sizeof(double))};
   rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err, sizeof err);
+  bench_rk_auth(conf);
   rd_kafka_conf_set(conf, "acks", "all", err, sizeof err);
   rd_kafka_conf_set(conf, "enable.idempotence", "true", err, sizeof err);
   rd_kafka_conf_set(conf, "linger.ms", "5", err, sizeof err); /* lt_bus's setting */
@@ -263,6 +264,7 @@ int main(int argc, char **argv) {
     lt_bus_consumer_t *cons = NULL;
     char topic[128];
     lt_bus_conf_from_env(bc, err, sizeof err);
+    lt_bus_conf_for_role(bc, "admin", err, sizeof err);
     lt_bus_topic_name(bc, "jobs", topic, sizeof topic);
     if (lt_bus_consumer_new(bc, NULL, &cons, err, sizeof err) == LT_OK &&
         lt_bus_consumer_assign_topic(cons, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err) == LT_OK) {
@@ -299,7 +301,8 @@ out:
   lt_bus_admin_t *adm = NULL;
   char **names = NULL;
   size_t nn = 0;
-  if (lt_bus_conf_from_env(bc, err, sizeof err) == LT_OK && lt_bus_admin_new(bc, &adm, err, sizeof err) == LT_OK &&
+  if (lt_bus_conf_from_env(bc, err, sizeof err) == LT_OK && lt_bus_conf_for_role(bc, "admin", err, sizeof err) == LT_OK &&
+      lt_bus_admin_new(bc, &adm, err, sizeof err) == LT_OK &&
       lt_bus_admin_list_topics(adm, 10000, &names, &nn, err, sizeof err) == LT_OK) {
     const char *mine[64];
     size_t k = 0;

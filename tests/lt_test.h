@@ -72,6 +72,14 @@ const char *lt_test_source_path(const char *rel, char *out, size_t n);
 void lt_test_require_stack(void);
 /* A topic prefix no other test uses: TAG<pid>-<8 random hex>. into out. */
 void lt_test_scratch_prefix(const char *tag, char *out, size_t n);
+/* The bus configuration of the environment (lt_bus_conf_from_env) with the admin principal
+ * (lt_bus_conf_for_role): what an operator's tool uses. Caller destroys. */
+lt_bus_conf_t *lt_test_bus_env(void);
+/* LATHE_KAFKA_CONFIG_DIR/ROLE.properties into out, or NULL when the stack has no principals. */
+const char *lt_test_kafka_props(const char *role, char *out, size_t n);
+/* Sets role's properties (SASL) on a raw librdkafka configuration; nothing without principals. */
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+void lt_test_rd_conf_auth(rd_kafka_conf_t *rc, const char *role);
 /* The bus configuration of the environment under a new scratch prefix (into prefix, from
  * lt_test_scratch_prefix), and an admin client on it (caller destroys both). */
 lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin);

@@ -735,8 +735,7 @@ static bool collect(void *ctx, const lt_client_event_t *ev) {
 
 /* What the scheduler would write when it honours a cancel before dispatch. */
 static void produce_job_cancelled(const char *job_id, const char *tenant) {
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK);
+  lt_bus_conf_t *conf = lt_test_bus_env();
   lt_avro_registry_t *reg;
   lt_avro_record_t *rec;
   lt_bus_producer_t *p;
@@ -1204,6 +1203,7 @@ Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, 
   rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(mrk);
   cr_assert_not_null(mc);
   setenv("LATHE_KAFKA_BOOTSTRAP", rd_kafka_mock_cluster_bootstraps(mc), 1);
+  unsetenv("LATHE_KAFKA_CONFIG_DIR"); /* the mock cluster has no SASL */
   snprintf(prefix, sizeof prefix, "tdown%d.", (int)getpid());
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);

@@ -1021,8 +1021,9 @@ Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_comp
 
 /* ================================================================ 6. a partitioned worker */
 
-/* The worker's network: its own namespace whose 127.0.0.1:9092 and :9000 are this proxy's
- * listeners, relayed to the real broker and object server. SIGUSR1 cuts every connection's
+/* The worker's network: its own namespace whose broker and object-server ports (as the stack
+ * names them: LATHE_KAFKA_BOOTSTRAP, LATHE_S3_ENDPOINT) are this proxy's listeners, relayed byte
+ * for byte to the real servers (so SASL passes through untouched). SIGUSR1 cuts every connection's
  * traffic (nothing is read or written, nothing new is accepted: packets go nowhere, like a
  * partition), SIGUSR2 heals. */
 static volatile sig_atomic_t proxy_cut;

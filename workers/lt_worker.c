@@ -747,10 +747,12 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(ctx, res->job_id);
 }
 
+/* Folds one record of jobs, control or tenants; a refused tenant record (no valid MAC) is said
+ * and skipped: the tenant keeps its previous data key (the scheduler dead-letters it). */
 static void fold_control(lt_worker_t *w, const lt_bus_msg_t *m) {
-  size_t len;
-  const void *v = lt_bus_msg_value(m, &len);
-  if (v) lt_proj_fold(w->proj, v, len, on_folded, w, NULL, 0);
+  char err[512];
+  if (lt_proj_fold_msg(w->proj, m, NULL, on_folded, w, err, sizeof err) == LT_ERR_AUTH)
+    fprintf(stderr, "lathed worker: %s\n", err);
 }
 
 static void on_control(evutil_socket_t fd, short what, void *arg) {
@@ -928,6 +930,7 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   w->owned = json_array();
   configure(w, conf);
   lt_err_t err = lt_proj_new(conf->registry, &w->proj, errstr, n);
+  if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
   lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};

@@ -31,6 +31,7 @@
 #include "lt_bus.h"
 #include "lt_crypto.h"
 #include "lt_err.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lt_worker lt_worker_t;
@@ -39,6 +40,9 @@ typedef struct lt_worker_conf {
   const lt_bus_conf_t *bus;           /* borrowed */
   lt_store_t *store;                  /* borrowed: cleanup of staging objects */
   const lt_crypto_kek_t *kek;         /* borrowed */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry; /* borrowed */
   const char *worker_id;              /* also the producer identity ("worker/<id>") */
   int slots;                          /* attempts at once (1) */

@@ -9,6 +9,8 @@
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
  *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
+ *   LATHE_KAFKA_CONFIG                               a file of librdkafka properties for all
+ *   LATHE_KAFKA_CONFIG_DIR                           ROLE.properties: each role's principal
  *   LATHE_S3_ENDPOINT, _BUCKET, _ACCESS_KEY, _SECRET_KEY   object store (S3)
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
@@ -44,13 +46,16 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_embedded.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lathed {
   struct event_base *base;
-  lt_bus_conf_t *bus;
+  lt_bus_conf_t *bus;       /* the environment's; each role adds its principal to a copy */
+  lt_bus_conf_t *role_bus[4]; /* those copies: api, scheduler, publisher, worker */
   lt_store_t *store;
   lt_crypto_kek_t *kek;
+  lt_recmac_key_t *tenant_mac; /* from kek: every role folds only signed tenant records */
   lt_avro_registry_t *reg;
   lt_api_t *api;
   lt_scheduler_t *scheduler;
@@ -81,6 +86,8 @@ static void usage(FILE *f) {
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+          "LATHE_KAFKA_CONFIG (a file of librdkafka name=value properties: SASL, TLS) and\n"
+          "LATHE_KAFKA_CONFIG_DIR (ROLE.properties per role: each role its own principal),\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
           "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
           "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
@@ -133,6 +140,7 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
   lt_err_t e = lt_bus_conf_from_env(d->bus, err, n);
   if (!e) e = lt_avro_registry_new(&d->reg, err, n);
   if (!e) e = lt_crypto_kek_from_env(&d->kek, err, n);
+  if (!e) e = lt_recmac_key_new(d->kek, LT_RECMAC_TENANTS, &d->tenant_mac, err, n);
   if (e) return e;
   const char *dir = getenv("LATHE_STORE_DIR");
   if (dir && *dir) return lt_store_dir_new(&d->store, dir, err, n);
@@ -233,19 +241,31 @@ static lt_err_t rate_from_env(const char *name, lt_api_rate_t *out, char *err, s
   return lt_errf(err, n, LT_ERR_INVALID, "%s=\"%s\" is not a rate: use R/B (R a second, bursts of B) or off", name, v);
 }
 
+/* A copy of the environment's bus configuration with role's principal
+ * (lt_bus_conf_for_role), owned by d. With --role all each role still gets its own. */
+static lt_err_t role_bus(lathed_t *d, int slot, const char *role, lt_bus_conf_t **out, char *err, size_t n) {
+  d->role_bus[slot] = lt_bus_conf_dup(d->bus);
+  if (!d->role_bus[slot]) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
+  *out = d->role_bus[slot];
+  return lt_bus_conf_for_role(d->role_bus[slot], role, err, n);
+}
+
 static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 0, "api", &bus, err, n);
+  if (e) return e;
   d->tok = load_tokenizer(d->models);
   snprintf(producer, sizeof producer, "api/%s", d->instance);
-  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
-                        .kek = d->kek, .registry = d->reg, .producer_id = producer,
+  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
+                        .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
                         .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
                         .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
                         .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
   const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");
   conf.access_second_staff = second && strcmp(second, "1") == 0;
-  lt_err_t e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
+  e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
   const char *v;
@@ -264,14 +284,18 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
 static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "scheduler/%s", d->instance);
-  lt_scheduler_conf_t sc = {.bus = d->bus, .registry = d->reg, .producer_id = producer, .store = d->store};
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 1, "scheduler", &bus, err, n);
+  if (e) return e;
+  lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .tenant_mac = d->tenant_mac, .producer_id = producer,
+                            .store = d->store};
   /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
   const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
              *start = getenv("LATHE_START_TIMEOUT_MS");
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
-  lt_err_t e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
+  e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
   if (!e) fprintf(stderr, "lathed: scheduler started\n");
   return e;
 }
@@ -279,19 +303,27 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
 static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
-  lt_publisher_conf_t pc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
+  if (e) return e;
+  lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                            .registry = d->reg,
                             .producer_id = producer};
-  lt_err_t e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
+  e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
   return e;
 }
 
 static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
-  lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
+  if (e) return e;
+  lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                         .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
-  lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
+  e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
   return e;
 }
@@ -349,9 +381,11 @@ static void lathed_teardown(lathed_t *d) {
   lt_api_destroy(d->api);
   lt_tok_destroy(d->tok);
   lt_store_destroy(d->store);
+  lt_recmac_key_destroy(d->tenant_mac);
   lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);
+  for (int i = 0; i < 4; i++) lt_bus_conf_destroy(d->role_bus[i]);
   lt_embedded_stop(d->embedded); /* after every Kafka client */
   event_base_free(d->base);
 }

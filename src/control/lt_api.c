@@ -334,6 +334,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->reg = api->own_registry;
   }
   if (!err) err = lt_proj_new(api->reg, &api->proj, errstr, n);
+  if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(api->proj, conf->tenant_mac);
   if (!err) err = lt_keyring_new(conf->kek, &api->keyring);
   if (!err) err = lt_avro_record_new(api->reg, "JobSubmitted", &api->rec_submit, errstr, n);
   if (!err) err = lt_avro_record_new(api->reg, "CancelRequested", &api->rec_cancel, errstr, n);

@@ -41,6 +41,7 @@
 #include "lt_crypto.h"
 #include "lt_dataset.h"
 #include "lt_err.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lt_api lt_api_t;
@@ -62,6 +63,9 @@ typedef struct lt_api_conf {
   const lt_bus_conf_t *bus;            /* borrowed */
   lt_store_t *store;                   /* borrowed */
   const lt_crypto_kek_t *kek;          /* borrowed: unwraps tenants' data keys */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry;  /* borrowed */
   const char *producer_id;             /* identity in records, e.g. "api/host-1" */
   lt_dataset_tokens_fn *tokens_fn;     /* token counting for uploads; NULL: no token checks */

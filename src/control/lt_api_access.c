@@ -67,7 +67,7 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
   const void *v = lt_bus_msg_value(m, &vlen);
   char why[512];
   if (!api->audit_mac || !lt_recmac_msg_ok(api->audit_mac, "audit", m, why, sizeof why)) {
-    api->stats.mac_refused++;
+    api->stats.refused++;
     fprintf(stderr, "lathed api: lathe.audit offset %lld refused: %s\n", (long long)lt_bus_msg_offset(m),
             api->audit_mac ? why : "no master key to check the record MAC");
     return;

@@ -152,8 +152,16 @@ static void feed(lt_api_t *api) {
       lt_api_access_on_record(api, m);
       continue;
     }
-    /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
-    if (lt_proj_fold(api->proj, v, len, on_folded, api, err, sizeof err)) api->stats.undecodable++;
+    /* The scheduler owns dead-lettering (of lathe.jobs, and of tenant records refused for their
+     * MAC, once, through its group's offsets); the API skips, says and counts. A refused tenant
+     * record leaves the tenant as it was: its keys, its data key (docs/DESIGN.md §5a). */
+    lt_err_t fe = lt_proj_fold_msg(api->proj, m, NULL, on_folded, api, err, sizeof err);
+    if (fe == LT_ERR_AUTH) {
+      api->stats.refused++;
+      fprintf(stderr, "lathed api: %s\n", err);
+    } else if (fe) {
+      api->stats.undecodable++;
+    }
   }
   event_active(api->consumer_ev, EV_READ, 0); /* more to read: come back after HTTP work */
 }

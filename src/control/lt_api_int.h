@@ -58,7 +58,8 @@ typedef struct lt_api_stats {
   uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
   uint64_t latency_us_sum[LT_API_SLOT__COUNT];
   uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
-  uint64_t produced, produce_failed, undecodable, mac_refused;
+  uint64_t produced, produce_failed, undecodable;
+  uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
 } lt_api_stats_t;
 

@@ -226,6 +226,7 @@ static void write_routes(lt_api_t *api, struct evbuffer *out) {
   evbuffer_add_printf(out, "# HELP lathe_api_connections Open customer connections.\n"
                            "# TYPE lathe_api_connections gauge\nlathe_api_connections %zu\n",
                       api->conns ? lt_map_count(api->conns) : (size_t)0);
+  evbuffer_add_printf(out, "lathe_api_refused_records_total %" PRIu64 "\n", st->refused);
 }
 
 void lt_api_metrics_reply(lt_api_call_t *c) {

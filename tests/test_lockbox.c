@@ -397,6 +397,23 @@ Test(lockbox, forged_and_replayed_approvals_open_nothing) {
                      "a correctly signed approval was never folded: %s", body);
   cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "a forged approval opened the grant: %s", body);
   cr_expect(strstr(body, "tenant's approval"), "%s", body);
+  /* Both forgeries are dead-lettered with the reason. */
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"deadletter", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *dead = lt_test_tail_select(t, NULL, "DeadLetter", NULL, 0);
+  int no_mac = 0, bad_mac = 0;
+  size_t i;
+  json_t *d;
+  json_array_foreach(dead, i, d) {
+    const char *reason = lt_test_rs(d, "reason"), *topic = lt_test_rs(d, "topic");
+    if (!reason || !topic || !strstr(topic, "audit")) continue;
+    no_mac += strstr(reason, "no lathe-mac header") != NULL;
+    bad_mac += strstr(reason, "does not verify") != NULL;
+  }
+  json_decref(dead);
+  lt_test_tail_close(t);
+  cr_expect_geq(no_mac, 1, "no DeadLetter for the approval without a MAC");
+  cr_expect_geq(bad_mac, 1, "no DeadLetter for the approval with another master key's MAC");
   /* A genuine approval, revoked, then replayed byte for byte with its MAC: still revoked. */
   cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
   cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);

@@ -62,6 +62,43 @@ static lt_err_t fold(lt_api_t *api, const void *v, size_t len, char *why, size_t
   return err;
 }
 
+static void dead_letter_done(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
+  if (err) fprintf(stderr, "lathed api: a refused audit record could not be dead-lettered: %s\n", msg);
+}
+
+/* A refused record goes to lathe.deadletter with the reason, once: only a record that arrived
+ * while this API ran (at or past the partition's end when it started); older ones were
+ * dead-lettered by the API that saw them arrive. */
+static void dead_letter(lt_api_t *api, const lt_bus_msg_t *m, const char *reason) {
+  int64_t hw = -1;
+  for (size_t i = 0; i < api->nfeed; i++)
+    if (strcmp(api->feed_parts[i].topic, lt_bus_msg_topic(m)) == 0 && api->feed_parts[i].partition == lt_bus_msg_partition(m))
+      hw = api->feed_parts[i].offset;
+  if (hw < 0 || lt_bus_msg_offset(m) < hw) return;
+  lt_avro_record_t *rec = NULL;
+  size_t klen = 0, vlen = 0;
+  const void *key = lt_bus_msg_key(m, &klen), *val = lt_bus_msg_value(m, &vlen);
+  const uint8_t *bytes;
+  size_t len;
+  char msg[256], topic[128];
+  lt_err_t err = lt_avro_record_new(api->reg, "DeadLetter", &rec, msg, sizeof msg);
+  if (!err)
+    err = lt_avro_record_stamp(rec, api->conf.producer_id) || lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m)) ||
+          lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m)) ||
+          lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m)) ||
+          (key ? lt_avro_set_bytes(rec, "key", key, klen) : lt_avro_set_null(rec, "key")) ||
+          lt_avro_set_bytes(rec, "payload", val ? val : "", vlen) || lt_avro_set_null(rec, "fingerprint") ||
+          lt_avro_set_string(rec, "error_code", lt_err_name(LT_ERR_AUTH)) || lt_avro_set_string(rec, "reason", reason) ||
+          lt_avro_set_string(rec, "consumer", api->conf.producer_id);
+  if (!err) err = lt_avro_record_encode(rec, &bytes, &len, msg, sizeof msg);
+  lt_bus_topic_name(api->conf.bus, "deadletter", topic, sizeof topic);
+  char kstr[LT_ID_MAX + 1]; /* the original key (a tenant id), as the dead letter's key */
+  snprintf(kstr, sizeof kstr, "%.*s", key ? (int)(klen < LT_ID_MAX ? klen : LT_ID_MAX) : 0, key ? (const char *)key : "");
+  if (!err) err = lt_api_produce(api, topic, LT_BUS_PARTITION_ANY, kstr, bytes, len, false, dead_letter_done, NULL);
+  if (err) fprintf(stderr, "lathed api: a refused audit record could not be dead-lettered (%s)\n", lt_err_name(err));
+  lt_avro_record_destroy(rec);
+}
+
 void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
   size_t vlen = 0;
   const void *v = lt_bus_msg_value(m, &vlen);
@@ -70,6 +107,7 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
     api->stats.refused++;
     fprintf(stderr, "lathed api: lathe.audit offset %lld refused: %s\n", (long long)lt_bus_msg_offset(m),
             api->audit_mac ? why : "no master key to check the record MAC");
+    if (api->audit_mac) dead_letter(api, m, why);
     return;
   }
   lt_err_t err = fold(api, v, vlen, why, sizeof why);

@@ -14,6 +14,8 @@
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
+ *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
@@ -234,6 +236,7 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
   lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
+                         .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
   lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);

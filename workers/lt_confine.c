@@ -73,7 +73,7 @@ lt_err_t lt_confine_conf_from_env(lt_confine_conf_t *c, int slots, char *errstr,
 
 /* Variables an executor may keep: they tune libraries, never name a secret or a server. */
 static bool env_allowed(const char *kv) {
-  static const char *const exact[] = {"LANG=", "TZ=", "PATH=", "HOME=", NULL};
+  static const char *const exact[] = {"LANG=", "TZ=", "PATH=", NULL};
   static const char *const prefixes[] = {"LC_", "OPENBLAS_", "GOTO", "OMP_", "CUDA_", "NVIDIA_", "ASAN_",
                                          "UBSAN_", "LSAN_", "TSAN_", NULL};
   for (size_t i = 0; exact[i]; i++)

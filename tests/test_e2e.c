@@ -1451,7 +1451,8 @@ static pid_t kill_attempt_at(lt_test_tail_t *t, lt_test_proc_t *w, const char *j
     json_int_t seen = 0;
     for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 60000; lt_test_tail_poll(t, 5)) {
       json_t *steps = records(t, "StepCompleted", job, attempt);
-      json_int_t last = json_array_size(steps) ? lt_test_ri(json_array_get(steps, json_array_size(steps) - 1), "step") : 0;
+      size_t ns = json_array_size(steps);
+      json_int_t last = ns ? lt_test_ri(json_array_get(steps, ns - 1), "step") : 0;
       json_decref(steps);
       if (!seen) seen = last;
       if (last > seen && last % interval == 0) break;
@@ -1505,7 +1506,8 @@ Test(e2e, a_tenants_canary_is_nowhere_after_its_attempts_are_killed_at_random_po
    * job's directories and every log hold no canary. */
   char prefix_dirs[96];
   snprintf(prefix_dirs, sizeof prefix_dirs, "lathe-%s-", job);
-  int left = leftovers("/tmp", prefix_dirs, canary, &hits, &files) + leftovers("/dev/shm", prefix_dirs, canary, &hits, &files);
+  int left = leftovers("/tmp", prefix_dirs, canary, &hits, &files) +
+             leftovers("/dev/shm", prefix_dirs, canary, &hits, &files);
   cr_assert_eq(left, 0, "the killed attempts left directories behind");
   char later_dirs[96];
   snprintf(later_dirs, sizeof later_dirs, "lathe-%s-", later);

@@ -197,7 +197,8 @@ static void *upload_main(void *arg) {
 lt_err_t lt_ckpt_new(const lt_ckpt_conf_t *conf, lt_ckpt_t **out, char *errstr, size_t n) {
   *out = NULL;
   if (!conf->store || !conf->prefix || (!conf->copy_from && (!conf->dek || !conf->spool_dir)))
-    return lt_errf(errstr, n, LT_ERR_INVALID, "lt_ckpt_new: store, prefix and dek and spool_dir (or copy_from) are required");
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "lt_ckpt_new: store, prefix and dek and spool_dir (or copy_from) are required");
   lt_ckpt_t *u = calloc(1, sizeof *u);
   if (!u) return LT_ERR_NOMEM;
   u->conf = *conf;

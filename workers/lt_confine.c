@@ -215,7 +215,8 @@ static lt_err_t load_filter(char *errstr, size_t n) {
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(socketpair), 1, SCMP_A0(SCMP_CMP_NE, AF_UNIX));
   /* clone() with any namespace flag: one rule per flag (rules of a syscall are or-ed). */
   for (uint64_t bit = 1; bit && rc == 0; bit <<= 1)
-    if (ns_flags & bit) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
+    if (ns_flags & bit)
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
   if (rc == 0) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
   if (rc == 0) rc = seccomp_load(ctx);
   seccomp_release(ctx);
@@ -241,19 +242,20 @@ lt_err_t lt_confine_apply(const lt_confine_conf_t *c, int keep_max, char *report
 
 /* ---------------------------------------------------------------- spawning */
 
-lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const int inputs[3], pid_t *pid, int *in_fd,
-                          int *out_fd, char *errstr, size_t n) {
+lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const int inputs[LT_CONFINE_INPUTS], pid_t *pid,
+                          int *in_fd, int *out_fd, char *errstr, size_t n) {
   /* Close-on-exec everywhere: another executor must not inherit this one's pipes or inputs (the
-   * dup2s below clear the flag on the child's own 0, 1 and 3-5). The inputs are first moved
+   * dup2s below clear the flag on the child's own 0, 1 and 3-6). The inputs are first moved
    * above the numbers they go to, so that no dup2 overwrites a source another one still needs. */
-  int in[2] = {-1, -1}, out[2] = {-1, -1}, high[3] = {-1, -1, -1}, null_fd = -1;
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, high[LT_CONFINE_INPUTS], null_fd = -1;
+  for (int i = 0; i < LT_CONFINE_INPUTS; i++) high[i] = -1;
   char **env = lt_confine_env(c);
   lt_err_t err = env ? LT_OK : LT_ERR_NOMEM;
   if (!err && (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)))
     err = lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
   if (!err && (null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
     err = lt_errf(errstr, n, LT_ERR_IO, "/dev/null: %s", strerror(errno));
-  for (int i = 0; i < 3 && !err; i++)
+  for (int i = 0; i < LT_CONFINE_INPUTS && !err; i++)
     if ((high[i] = fcntl(inputs[i] >= 0 ? inputs[i] : null_fd, F_DUPFD_CLOEXEC, 16)) < 0)
       err = lt_errf(errstr, n, LT_ERR_IO, "dup: %s", strerror(errno));
   if (!err) {
@@ -261,14 +263,14 @@ lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const in
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    for (int i = 0; i < 3; i++) posix_spawn_file_actions_adddup2(&fa, high[i], 3 + i);
-    posix_spawn_file_actions_addclosefrom_np(&fa, 6);
+    for (int i = 0; i < LT_CONFINE_INPUTS; i++) posix_spawn_file_actions_adddup2(&fa, high[i], 3 + i);
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3 + LT_CONFINE_INPUTS);
     char *argv[] = {(char *)"lathed", (char *)"--role", (char *)"executor", NULL};
     int rc = posix_spawn(pid, path, &fa, NULL, argv, env);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) err = lt_errf(errstr, n, LT_ERR_IO, "cannot start the executor %s: %s", path, strerror(rc));
   }
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < LT_CONFINE_INPUTS; i++)
     if (high[i] >= 0) close(high[i]);
   if (null_fd >= 0) close(null_fd);
   if (in[0] >= 0) close(in[0]);

@@ -83,11 +83,14 @@ lt_err_t lt_confine_conf_from_executor_env(lt_confine_conf_t *c, char *errstr, s
 lt_err_t lt_confine_apply(const lt_confine_conf_t *c, int keep_max, char *report, size_t report_size, char *errstr,
                           size_t errstr_size);
 
+/* Descriptors an executor inherits beside 0-2: 3 + i for inputs[i]. */
+#define LT_CONFINE_INPUTS 4
+
 /* Spawns the executor at path (`lathed --role executor`) with c's environment, its stdin and
  * stdout on new pipes (*in_fd: the write end of its stdin; *out_fd: the read end of its stdout,
- * both close-on-exec) and inputs[0..2] on its descriptors 3, 4 and 5 (-1: /dev/null there); no
- * other descriptor of the caller reaches it. */
-lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const int inputs[3], pid_t *pid, int *in_fd,
-                          int *out_fd, char *errstr, size_t errstr_size);
+ * both close-on-exec) and inputs[i] on its descriptor 3 + i (-1: /dev/null there); no other
+ * descriptor of the caller reaches it. */
+lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const int inputs[LT_CONFINE_INPUTS], pid_t *pid,
+                          int *in_fd, int *out_fd, char *errstr, size_t errstr_size);
 
 #endif

@@ -40,8 +40,9 @@
 #include "lt_worker.h"
 
 /* The highest descriptor an executor inherits: 0-2, then its inputs (lt_worker.c hands them on
- * 3, 4 and 5). Every other one is closed before anything else. */
-#define INPUT_FD_MAX 5
+ * 3-6: the datasets, the resume state, the base model's directory). Every other one is closed
+ * before anything else. */
+#define INPUT_FD_MAX (2 + LT_CONFINE_INPUTS)
 
 /* The process-wide stop flags, set only by signal handlers. */
 static volatile sig_atomic_t stop_cancel, stop_preempt;
@@ -231,7 +232,8 @@ static bool setup_process(void) {
     fail("cannot confine the executor: %s", err);
     return false;
   }
-  if (report[0]) fprintf(stderr, "lathed executor (pid %d): confinement not applied in full: %s\n", (int)getpid(), report);
+  if (report[0])
+    fprintf(stderr, "lathed executor (pid %d): confinement not applied in full: %s\n", (int)getpid(), report);
   /* PR_SET_PDEATHSIG is cleared by a change of credentials: set it again. */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != worker) return false;
@@ -261,7 +263,8 @@ static lt_err_t read_assignment(lt_proto_msg_t *m, char *errstr, size_t n) {
 /* A read-only map of an input memory file (an empty file maps to an empty string). */
 static lt_err_t map_input(int fd, const char *what, char **out, size_t *len, char *errstr, size_t n) {
   struct stat st;
-  if (fstat(fd, &st) != 0) return lt_errf(errstr, n, LT_ERR_IO, "the %s (descriptor %d): %s", what, fd, strerror(errno));
+  if (fstat(fd, &st) != 0)
+    return lt_errf(errstr, n, LT_ERR_IO, "the %s (descriptor %d): %s", what, fd, strerror(errno));
   *len = (size_t)st.st_size;
   if (*len == 0) {
     *out = NULL;
@@ -321,7 +324,8 @@ static lt_err_t start_sealing(exec_t *x, char *errstr, size_t n) {
 /* Runs the managed loop and reports how it ended: stopped, done, or (returned) an error. */
 static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
   const lt_proto_assignment_t *a = x->asg;
-  lt_train_conf_t tc = {.model_dir = a->model_dir, .base_model_name = a->spec.base_model, .train = x->train ? x->train : "",
+  lt_train_conf_t tc = {.model_dir = a->model_dir, .base_model_name = a->spec.base_model,
+                        .train = x->train ? x->train : "",
                         .train_len = x->train_len, .valid = x->valid, .valid_len = x->valid_len, .hp = a->spec.hp,
                         .threads = a->threads, .work_dir = a->work_dir,
                         .resume_state = x->resume_path[0] ? x->resume_path : NULL};

@@ -50,7 +50,7 @@ typedef struct lt_proto_assignment {
   const char *job_id, *tenant_id;
   int32_t attempt;
   lt_jobspec_t spec;
-  const char *model_dir;        /* <models_dir>/<base_model>/ */
+  const char *model_dir;        /* the base model's directory (the executor's descriptor 6) */
   const char *work_dir;         /* the attempt's private directory on a memory file system: the
                                  * only place its plaintext files go */
   const char *sealed_dir;       /* a directory store on disk where it seals its checkpoints, for

@@ -582,9 +582,15 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
 
 /* Starts the executor (confined: lt_confine_spawn) with its inputs and hands it its assignment. */
 static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size_t len, char *errstr, size_t n) {
-  int inputs[3] = {a->in.train_fd, a->in.valid_fd, a->in.resume_fd};
+  /* The base model's directory, opened here: the executor's uid need not reach it by its path. */
+  char model_dir[1024];
+  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, a->spec.base_model);
+  int model_fd = open(model_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (model_fd < 0) return lt_errf(errstr, n, LT_ERR_IO, "the base model's directory: %s", strerror(errno));
+  int inputs[LT_CONFINE_INPUTS] = {a->in.train_fd, a->in.valid_fd, a->in.resume_fd, model_fd};
   lt_err_t err = lt_confine_spawn(w->conf.executor_path, &w->confine, inputs, &a->pid, &a->in_fd, &a->out_fd,
                                   errstr, n);
+  close(model_fd);
   if (err) return err;
   bool ok = write(a->in_fd, assignment, len) == (ssize_t)len;
   fcntl(a->out_fd, F_SETFL, fcntl(a->out_fd, F_GETFL) | O_NONBLOCK);
@@ -631,8 +637,7 @@ static lt_err_t claim(lt_worker_t *w, attempt_t *a, const lt_job_t *j) {
 /* Spawns the attempt's executor with its assignment, its inputs fetched, and the uploader of what
  * it seals. */
 static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, char *errstr, size_t n) {
-  char key_hex[2 * LT_CRYPTO_KEY_BYTES + 1], model_dir[1024], prefix[512], err[512];
-  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, spec->base_model);
+  char key_hex[2 * LT_CRYPTO_KEY_BYTES + 1], prefix[512], err[512];
   snprintf(prefix, sizeof prefix, "staging/%s/%s/%d/", a->tenant_id, a->job_id, a->attempt);
   lt_ckpt_conf_t cc = {.store = w->conf.store, .copy_from = NULL, .prefix = prefix, .retry_ms = 120000,
                        .on_done = on_uploaded, .on_end = on_upload_end, .ctx = a};
@@ -652,7 +657,7 @@ static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, c
   lt_crypto_hex(a->in.key, sizeof a->in.key, key_hex);
   lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
                       .assignment = {.job_id = a->job_id, .tenant_id = a->tenant_id, .attempt = a->attempt,
-                                     .spec = *spec, .model_dir = model_dir, .work_dir = a->mem_dir,
+                                     .spec = *spec, .model_dir = "/proc/self/fd/6", .work_dir = a->mem_dir,
                                      .sealed_dir = a->work_dir, .threads = w->conf.threads_per_executor,
                                      .train_fd = 3, .valid_fd = a->in.valid_fd >= 0 ? 4 : -1,
                                      .resume_fd = a->in.resume_fd >= 0 ? 5 : -1, .key_id = a->in.key_id,

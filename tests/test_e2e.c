@@ -1536,3 +1536,38 @@ Test(e2e, a_tenants_canary_is_nowhere_after_its_attempts_are_killed_at_random_po
   wait_for(t, "CleanupDone", later, 1, 120000);
   lt_test_tail_close(t);
 }
+
+/* An executor that is not what it should be (what a bug in code that parses customer data could
+ * turn one into): it names another tenant's staging keys in its checkpoint line. The worker
+ * uploads only keys of the attempt's own prefix: it ends the attempt and stores nothing. */
+Test(e2e, a_forged_checkpoint_naming_another_tenants_objects_is_refused_and_nothing_is_stored) {
+  char script[700], keys[2048] = "", ds[64], job[64];
+  static const char *const names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
+                                      "metrics.json", "eval.json", "config.json", "samples.json"};
+  for (size_t i = 0; i < 7; i++) {
+    size_t used = strlen(keys);
+    snprintf(keys + used, sizeof keys - used, "%s\"staging/victim-tenant/job-victim/1/2/%s\"", i ? "," : "", names[i]);
+  }
+  snprintf(script, sizeof script, "%s/forger.sh", tmp_dir);
+  FILE *f = fopen(script, "w");
+  cr_assert(f);
+  fprintf(f,
+          "#!/bin/sh\nread -r assignment\n"
+          "echo '{\"type\":\"checkpoint\",\"step\":2,\"final\":false,\"trigger\":\"interval\",\"keys\":[%s],"
+          "\"sha256\":\"00\",\"bytes\":1}'\nsleep 60\n",
+          keys);
+  fclose(f);
+  chmod(script, 0755);
+  setenv("LATHE_WORKER_EXECUTOR", script, 1);
+  lt_test_proc_t *w1;
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  unsetenv("LATHE_WORKER_EXECUTOR");
+  submit(ds, 10, 2, 3, job, sizeof job);
+  json_t *stopped = wait_for(t, "AttemptStopped", job, 1, 120000);
+  cr_assert_str_eq(lt_test_rs(stopped, "reason"), "failed");
+  cr_assert(strstr(lt_test_rs(stopped, "detail"), "outside its attempt"), "AttemptStopped says: %s",
+            lt_test_rs(stopped, "detail"));
+  cr_assert(!first(t, "CheckpointCommitted", job, 0), "a forged checkpoint was committed");
+  cr_assert_eq(count_objects("staging/victim-tenant/"), 0, "something was stored under another tenant's prefix");
+  lt_test_tail_close(t);
+}

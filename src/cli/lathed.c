@@ -15,6 +15,7 @@
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
+ *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *
@@ -237,6 +238,7 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
                          .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
+                         .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
   lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);

@@ -110,6 +110,8 @@ static void run_confined(const lt_confine_conf_t *c, int listen_port) {
     /* Without the filter, TRACEME would succeed and stop this child at its next signal. */
     say(3, "ptrace_errno", !c->seccomp ? -1 : ptrace(PTRACE_TRACEME, 0, 0, 0) < 0 ? errno : 0);
     say(3, "unshare_errno", unshare(CLONE_NEWNS) < 0 ? errno : 0);
+    say(3, "kill_group_errno", kill(0, 0) < 0 ? errno : 0);
+    say(3, "kill_self_errno", kill(getpid(), 0) < 0 ? errno : 0);
     say(3, "setuid0_errno", setuid(0) < 0 ? errno : 0);
     struct rlimit r;
     getrlimit(RLIMIT_DATA, &r);
@@ -181,6 +183,8 @@ Test(confine, a_confined_process_has_no_network_no_privileges_no_leaked_fd_and_i
   cr_assert_neq(value_of("connect_errno"), 0, "the confined child reached 127.0.0.1:%d", port);
   cr_assert_eq(value_of("ptrace_errno"), EPERM);
   cr_assert_eq(value_of("unshare_errno"), EPERM);
+  cr_assert_eq(value_of("kill_group_errno"), EPERM, "it may signal its process group");
+  cr_assert_eq(value_of("kill_self_errno"), 0, "it may not signal itself");
   cr_assert_neq(value_of("setuid0_errno"), 0);
   cr_assert_eq(value_of("data_limit_mb"), 3000);
   cr_assert_eq(value_of("nofile"), 256);

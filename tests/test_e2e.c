@@ -1275,8 +1275,8 @@ Test(e2e, a_running_executor_holds_no_credential_privilege_network_or_other_desc
     snprintf(wlink, sizeof wlink, "/proc/%d/fd/2", (int)w1->pid);
     if (!strcmp(e->d_name, "2") && readlink(wlink, werr, sizeof werr - 1) > 0 && !strcmp(werr, target)) continue;
     bool ok = !strncmp(target, "pipe:", 5) || !strncmp(target, "/memfd:lathe-", 13) ||
-              !strcmp(target, "/dev/null") || strstr(target, "/lathe-job-") || !strncmp(target, models_dir,
-                                                                                           strlen(models_dir));
+              !strcmp(target, "/dev/null") || !strncmp(target, "/tmp/lathe-w1/", 14) ||
+              !strncmp(target, models_dir, strlen(models_dir));
     cr_assert(ok, "descriptor %s is %s, which an executor has no business with:%s", e->d_name, target, list);
   }
   closedir(d);
@@ -1505,17 +1505,17 @@ Test(e2e, a_tenants_canary_is_nowhere_after_its_attempts_are_killed_at_random_po
   /* Files: no directory of the job's attempts is left, anywhere the worker writes; the later
    * job's directories and every log hold no canary. */
   char prefix_dirs[96];
-  snprintf(prefix_dirs, sizeof prefix_dirs, "lathe-%s-", job);
-  int left = leftovers("/tmp", prefix_dirs, canary, &hits, &files) +
-             leftovers("/dev/shm", prefix_dirs, canary, &hits, &files);
+  snprintf(prefix_dirs, sizeof prefix_dirs, "%s-", job);
+  int left = leftovers("/tmp/lathe-w1", prefix_dirs, canary, &hits, &files) +
+             leftovers("/dev/shm/lathe-w1", prefix_dirs, canary, &hits, &files);
   cr_assert_eq(left, 0, "the killed attempts left directories behind");
   char later_dirs[96];
-  snprintf(later_dirs, sizeof later_dirs, "lathe-%s-", later);
-  DIR *d = opendir("/tmp");
+  snprintf(later_dirs, sizeof later_dirs, "%s-", later);
+  DIR *d = opendir("/tmp/lathe-w1");
   struct dirent *e;
   while (d && (e = readdir(d))) {
     char sub[1200];
-    snprintf(sub, sizeof sub, "/tmp/%s", e->d_name);
+    snprintf(sub, sizeof sub, "/tmp/lathe-w1/%s", e->d_name);
     if (!strncmp(e->d_name, later_dirs, strlen(later_dirs))) hits += file_hits(sub, canary, &files);
   }
   if (d) closedir(d);
@@ -1554,7 +1554,7 @@ Test(e2e, a_forged_checkpoint_naming_another_tenants_objects_is_refused_and_noth
   fprintf(f,
           "#!/bin/sh\nread -r assignment\n"
           "echo '{\"type\":\"checkpoint\",\"step\":2,\"final\":false,\"trigger\":\"interval\",\"keys\":[%s],"
-          "\"sha256\":\"00\",\"bytes\":1}'\nsleep 60\n",
+          "\"sha256\":\"00\",\"bytes\":1}'\nexec sleep 60\n",
           keys);
   fclose(f);
   chmod(script, 0755);

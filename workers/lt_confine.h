@@ -19,7 +19,8 @@
  *      - socket() of any family but AF_UNIX, and socketpair() likewise (no network even if a
  *        namespace could not be made);
  *      - ptrace, process_vm_readv/writev, kcmp, pidfd_getfd, process_madvise (other processes'
- *        memory);
+ *        memory); kill and tgkill of any process but itself, tkill, pidfd_open and
+ *        pidfd_send_signal (another executor runs under the same uid);
  *      - mount, umount2, pivot_root, chroot, unshare, setns, and clone() with any CLONE_NEW*
  *        flag; clone3 answers ENOSYS, so the C library falls back to clone(), whose flags the
  *        filter can read;

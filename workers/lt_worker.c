@@ -47,8 +47,8 @@ typedef struct attempt {
   struct event *ev;
   char line[1 << 15];
   size_t line_len;
-  char work_dir[512];    /* on disk, the executor's: where it seals its checkpoints */
-  char mem_dir[512];     /* on a memory file system, the executor's: its plaintext files */
+  char work_dir[720];    /* on disk, the executor's: where it seals its checkpoints */
+  char mem_dir[720];     /* on a memory file system, the executor's: its plaintext files */
   int notify[2];        /* the fetch and upload threads' "ended" bytes (see on_notify) */
   struct event *notify_ev;
   lt_xfer_t *xfer;      /* the inputs being fetched, before the executor starts */
@@ -98,6 +98,7 @@ struct lt_worker {
   int64_t hb_ok_ms;         /* last heartbeat the broker acknowledged (atomic) */
   char producer_id[160];
   lt_confine_conf_t confine; /* what executors may do (lt_confine.h) */
+  char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
 };
 
 enum { R_STARTED, R_CKPT, R_STOPPED, R_COMPLETED, R_CANCELLED, R_CLEANUP, R_STEP, R_EVAL, R_HB, R__N };
@@ -458,7 +459,7 @@ static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_
       return;
     }
   }
-  if (!a->up || lt_ckpt_busy(a->up)) {
+  if (!a->up || a->uploading) {
     fail_attempt(w, a, "the executor sealed a checkpoint before the previous one was committed");
     return;
   }
@@ -649,7 +650,7 @@ static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, c
   if (lt_store_dir_new(&a->sealed, a->work_dir, err, sizeof err) ||
       (cc.copy_from = a->sealed, lt_ckpt_new(&cc, &a->up, err, sizeof err)))
     return lt_errf(errstr, n, LT_ERR_IO, "cannot prepare the checkpoint upload: %s", err);
-  char tmp[600]; /* the store's temporary files, which the executor's store writes */
+  char tmp[740]; /* the store's temporary files, which the executor's store writes */
   snprintf(tmp, sizeof tmp, "%s/.tmp", a->work_dir);
   if (w->confine.uid > 0 && lchown(tmp, (uid_t)w->confine.uid, (gid_t)w->confine.gid) != 0)
     return lt_errf(errstr, n, LT_ERR_IO, "cannot give %s to uid %lld: %s", tmp, (long long)w->confine.uid,
@@ -728,8 +729,8 @@ static void on_notify(evutil_socket_t fd, short what, void *arg) {
  * its plaintext, both private (mkdtemp: 0700) — and the fetch of its inputs. */
 static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, const char *resume, char *errstr,
                         size_t n) {
-  snprintf(a->work_dir, sizeof a->work_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.work_root, a->job_id, a->attempt);
-  snprintf(a->mem_dir, sizeof a->mem_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.mem_root, a->job_id, a->attempt);
+  snprintf(a->work_dir, sizeof a->work_dir, "%s/%s-%d-XXXXXX", w->work_parent, a->job_id, a->attempt);
+  snprintf(a->mem_dir, sizeof a->mem_dir, "%s/%s-%d-XXXXXX", w->mem_parent, a->job_id, a->attempt);
   if (!mkdtemp(a->work_dir) || !mkdtemp(a->mem_dir))
     return lt_errf(errstr, n, LT_ERR_IO, "cannot create the attempt's private directories");
   if (pipe2(a->notify, O_CLOEXEC | O_NONBLOCK) != 0 ||
@@ -1075,6 +1076,18 @@ static lt_err_t confinement(lt_worker_t *w, char *errstr, size_t n) {
                    w->conf.mem_root);
   lt_err_t err = lt_confine_conf_from_env(&w->confine, w->conf.slots, errstr, n);
   if (err) return err;
+  /* The attempts' directories go into a directory of this worker's that can be passed through
+   * but not listed (0711): executors share a uid, and one must not find another's by name. */
+  snprintf(w->work_parent, sizeof w->work_parent, "%s/lathe-%s", w->conf.work_root, w->conf.worker_id);
+  snprintf(w->mem_parent, sizeof w->mem_parent, "%s/lathe-%s", w->conf.mem_root, w->conf.worker_id);
+  const char *parents[] = {w->work_parent, w->mem_parent};
+  for (int i = 0; i < 2; i++) {
+    struct stat st;
+    if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
+      return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
+                     strerror(errno));
+  }
   if (geteuid() != 0)
     logf_(w, "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in a network namespace "
              "only where the kernel allows user namespaces (each executor logs what it could not apply)");

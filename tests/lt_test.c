@@ -214,7 +214,7 @@ lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *ro
                                const char *const *env) {
   const char *lathed = lt_test_lathed_bin();
   const char *in_netns[] = {"/usr/sbin/ip", "netns", "exec", netns, lathed, "--role", role, NULL};
-  const char *api[] = {lathed, "--role", role, "--port", "0", NULL};
+  const char *api[] = {lathed, "--role", role, "--port", "0", "--operator-port", "0", NULL};
   const char *plain[] = {lathed, "--role", role, NULL};
   char instance[64];
   snprintf(instance, sizeof instance, "LATHE_INSTANCE=%s", name);
@@ -275,24 +275,31 @@ void lt_test_procs_stop_all(void) {
   nprocs = 0;
 }
 
-/* The port of the last "listening on http://HOST:PORT" in a log; 0 if none yet. */
-static unsigned log_port(const char *log) {
-  static const char mark[] = "listening on http://";
+/* The port of the last "MARK...://HOST:PORT" in a log; 0 if none yet. */
+static unsigned log_port(const char *log, const char *mark) {
   char *all = lt_test_slurp(log, NULL);
   unsigned port = 0;
-  for (const char *p = all; p && (p = strstr(p, mark)); p += sizeof mark - 1) {
-    const char *colon = strchr(p + sizeof mark - 1, ':');
+  size_t ml = strlen(mark);
+  for (const char *p = all; p && (p = strstr(p, mark)); p += ml) {
+    const char *scheme = strstr(p + ml, "://"), *colon = scheme ? strchr(scheme + 3, ':') : NULL;
     if (colon) sscanf(colon + 1, "%u", &port);
   }
   free(all);
   return port;
 }
 
-unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) {
+static unsigned wait_port(lt_test_proc_t *p, const char *mark, int timeout_ms) {
   unsigned port = 0;
-  lt_test_wait_until((port = log_port(p->log)) != 0, timeout_ms, 50, "%s printed no port within %d s; log:\n%s",
-                     p->name, timeout_ms / 1000, lt_test_log_tail(p->log));
+  lt_test_wait_until((port = log_port(p->log, mark)) != 0, timeout_ms, 50,
+                     "%s printed no \"%s\" port within %d s; log:\n%s", p->name, mark, timeout_ms / 1000,
+                     lt_test_log_tail(p->log));
   return port;
+}
+
+unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) { return wait_port(p, "listening on http", timeout_ms); }
+
+unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms) {
+  return wait_port(p, "operator endpoints (/healthz, /metrics) at http", timeout_ms);
 }
 
 /* ---------------------------------------------------------------- HTTP */

@@ -108,7 +108,8 @@ typedef struct lt_test_spawn {
 
 /* Starts a child process and registers it; the pointer stays valid for the test. */
 lt_test_proc_t *lt_test_spawn(const lt_test_spawn_t *s);
-/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0` for the api role)
+/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0 --operator-port 0`
+ * for the api role)
  * with LATHE_INSTANCE=name and the extra NAME=VALUE strings env; output into log. */
 lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *role, const char *netns,
                                const char *const *env);
@@ -124,8 +125,10 @@ int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
 /* Stops every registered child (10 s each for SIGTERM; a group leader's group is killed at once)
  * and forgets them: a suite's fini. */
 void lt_test_procs_stop_all(void);
-/* The port a child printed as "listening on http://HOST:PORT" in its log (waits up to timeout_ms). */
+/* The port a child printed as "listening on http[s]://HOST:PORT" in its log (waits up to timeout_ms). */
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);
+/* The api's operator port (/healthz, /metrics), as it printed it (waits up to timeout_ms). */
+unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms);
 
 /* ---------------------------------------------------------------- HTTP (lt_client) */
 

@@ -42,6 +42,8 @@
 #include <unistd.h>
 
 #include "lt_crypto.h"
+#include "lt_job_record.h"
+#include "lt_jobspec.h"
 #include "lt_store.h"
 #include "lt_test.h"
 
@@ -584,12 +586,60 @@ static json_int_t wait_past_a_commit(lt_test_tail_t *t, const char *job) {
   }
 }
 
-/* A base model no worker has: the attempts fail at once (no executor starts), the job fails with
- * a reason that names the model and nothing of the servers (no path, no worker name). */
+/* An upstream submission (straight into lathe.jobs, as tests/upstream_python.py does) of job_id
+ * on base model `model`: what the API would refuse, the scheduler still receives from upstream. */
+static void produce_upstream(const char *job_id, const char *model, const char *dataset) {
+  char field[96], msg[256];
+  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i}}", "base_model", model, "dataset_id", dataset,
+                           "hyperparameters", "max_steps", 4, "checkpoint_interval", 4, "max_seq_len", 64);
+  lt_jobspec_t spec;
+  cr_assert_eq(lt_jobspec_from_json(body, &spec, field, sizeof field, msg, sizeof msg), LT_OK, "%s", msg);
+  json_decref(body);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "upstream/test");
+  lt_avro_set_string(rec, "job_id", job_id);
+  lt_avro_set_string(rec, "tenant_id", tenant);
+  cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK, "%s", err);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  /* lathe.jobs: two partitions per class, in class order. */
+  lt_bus_record_t r = {.topic = topic, .partition = (int32_t)spec.priority * 2, .key = job_id,
+                       .key_size = strlen(job_id), .value = b, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_bus_conf_destroy(conf);
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+}
+
+/* A base model no worker has. Through the API: refused at submission, naming the field, once
+ * the worker's heartbeat says what it serves. From upstream (no API in the way): the attempts
+ * fail at once (no executor starts), and the job fails with a reason that names the model and
+ * nothing of the servers (no path, no worker name). */
 Test(e2e, a_job_on_a_base_model_no_worker_has_fails_naming_the_model_and_no_server_path) {
   char ds[64], job[64];
   lt_test_tail_t *t = start_fleet(NULL, NULL, ds, sizeof ds);
-  submit_on("no-such-model", ds, 4, 4, 1, job, sizeof job);
+  json_t *body = json_pack("{s:s,s:s}", "base_model", "no-such-model", "dataset_id", ds);
+  lt_client_resp_t r = {0};
+  lt_test_wait_until((lt_client_resp_free(&r), lt_client_json(client, "POST", "/v1/jobs", body, NULL, &r, err, sizeof err),
+                      r.status == 400),
+                     60000, 300, "the API never refused a model no worker serves (last %d %s)", r.status, r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")), "base_model", "%s",
+                   r.body);
+  lt_client_resp_free(&r);
+  json_decref(body);
+  snprintf(job, sizeof job, "job-upstream-%d", (int)getpid());
+  produce_upstream(job, "no-such-model", ds);
   cr_assert_str_eq(wait_terminal(job, 120000), "FAILED");
   json_t *j = job_info(job);
   const char *reason = json_string_value(json_object_get(j, "reason"));

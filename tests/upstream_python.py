@@ -255,7 +255,7 @@ def body(lathe, lathed, env, prefix, run_id, by_fp, sub_schema, sub_fp):
         fail(f"lathe admin tenant create --json printed no api_key: {out!r}")
 
     sched = Child("scheduler", [lathed, "--role", "scheduler"], dict(env, LATHE_INSTANCE="sched-up"))
-    api = Child("api", [lathed, "--role", "api", "--port", "0"], dict(env, LATHE_INSTANCE="api-up"))
+    api = Child("api", [lathed, "--role", "api", "--port", "0", "--operator-port", "0"], dict(env, LATHE_INSTANCE="api-up"))
     sched.wait_for(r"scheduler: leading \(", 90)
     if re.search(r"stops leading", sched.text()):
         fail("the scheduler stopped leading while starting")

@@ -1,6 +1,7 @@
 /* lathed: the Lathe daemon. One binary, one role per process (or --role all in one process).
  *
- *   lathed --role api [--bind ADDR] [--port N]
+ *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
+ *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
  *   lathed --role scheduler|worker|publisher
  *   lathed --role all [--port N]
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
@@ -12,12 +13,18 @@
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
+ *   LATHE_STAFF_KEYS_FILE                            api: staff keys (`lathe admin staff add`)
+ *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
  *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
+ *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
+ *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
+ *   LATHE_API_SSE_HISTORY, LATHE_API_SSE_KEEP_ENDED_MS   api: events kept per job (1024), and how
+ *                    long after a job ended (600000)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -61,12 +68,19 @@ typedef struct lathed {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
+          "              [--tls-cert PEM --tls-key PEM]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
           "is DIR/store (DIR: ./var/embedded), the master key DIR/master.key unless one is set.\n"
           "It prints, and writes to DIR/env, the exports that let `lathe` reach it from another\n"
           "shell (`. DIR/env; lathe admin tenant create ID`).\n"
+          "\nThe api serves customers on --bind:--port (127.0.0.1:8080) and /healthz and /metrics only on\n"
+          "--operator-bind:--operator-port (127.0.0.1:8081); 0 is any free port. With --tls-cert and\n"
+          "--tls-key (PEM files) the customer port speaks HTTPS. Rate limits:\n"
+          "LATHE_API_KEY_RATE (20/40), LATHE_API_TENANT_RATE (50/100), LATHE_API_AUTH_FAIL_RATE (2/30,\n"
+          "per source address), each \"R/B\" (R a second, bursts of B) or \"off\".\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
@@ -132,28 +146,47 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 
 /* What the command line asked for. */
 typedef struct lathed_opts {
-  const char *role, *bind, *data_dir;
+  const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
   bool embedded, api, scheduler, publisher, worker;
-  uint16_t port;
+  uint16_t port, ops_port;
+  int max_connections;
 } lathed_opts_t;
+
+/* A number argument of an option into *out; false after saying what is wrong. */
+static bool num_arg(const char *opt, const char *text, long lo, long hi, long *out) {
+  char *end;
+  long v = strtol(text, &end, 10);
+  if (*end || end == text || v < lo || v > hi) {
+    fprintf(stderr, "lathed: %s must be %ld..%ld, not \"%s\"\n", opt, lo, hi, text);
+    return false;
+  }
+  *out = v;
+  return true;
+}
 
 /* Parses argv into *o. Returns -1 to go on, else the exit status (--help, --version: 0; a bad
  * argument: 2, after saying which). */
 static int parse_args(int argc, char **argv, lathed_opts_t *o) {
-  *o = (lathed_opts_t){.bind = "127.0.0.1", .port = 8080};
+  *o = (lathed_opts_t){.bind = "127.0.0.1", .port = 8080, .ops_bind = "127.0.0.1", .ops_port = 8081};
+  long v;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) o->role = argv[++i];
-    else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) o->bind = argv[++i];
+    bool more = i + 1 < argc;
+    if (strcmp(argv[i], "--role") == 0 && more) o->role = argv[++i];
+    else if (strcmp(argv[i], "--bind") == 0 && more) o->bind = argv[++i];
+    else if (strcmp(argv[i], "--operator-bind") == 0 && more) o->ops_bind = argv[++i];
+    else if (strcmp(argv[i], "--tls-cert") == 0 && more) o->tls_cert = argv[++i];
+    else if (strcmp(argv[i], "--tls-key") == 0 && more) o->tls_key = argv[++i];
     else if (strcmp(argv[i], "--embedded") == 0) o->embedded = true;
-    else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) o->data_dir = argv[++i];
-    else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
-      char *end;
-      long port = strtol(argv[++i], &end, 10);
-      if (*end || port < 0 || port > 65535) {
-        fprintf(stderr, "lathed: --port must be 0..65535, not \"%s\"\n", argv[i]);
-        return 2;
-      }
-      o->port = (uint16_t)port;
+    else if (strcmp(argv[i], "--data") == 0 && more) o->data_dir = argv[++i];
+    else if (strcmp(argv[i], "--port") == 0 && more) {
+      if (!num_arg("--port", argv[++i], 0, 65535, &v)) return 2;
+      o->port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--operator-port") == 0 && more) {
+      if (!num_arg("--operator-port", argv[++i], 0, 65535, &v)) return 2;
+      o->ops_port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--max-connections") == 0 && more) {
+      if (!num_arg("--max-connections", argv[++i], 1, 1000000, &v)) return 2;
+      o->max_connections = (int)v;
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
@@ -196,16 +229,39 @@ static lt_err_t start_embedded(lathed_t *d, const lathed_opts_t *o, char *err, s
   return LT_OK;
 }
 
+/* A rate limit from the environment (name unset: the API's default). */
+static lt_err_t rate_from_env(const char *name, lt_api_rate_t *out, char *err, size_t n) {
+  const char *v = getenv(name);
+  if (!v || !*v || lt_api_rate_parse(v, out)) return LT_OK;
+  return lt_errf(err, n, LT_ERR_INVALID, "%s=\"%s\" is not a rate: use R/B (R a second, bursts of B) or off", name, v);
+}
+
 static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
   d->tok = load_tokenizer(d->models);
   snprintf(producer, sizeof producer, "api/%s", d->instance);
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
                         .kek = d->kek, .registry = d->reg, .producer_id = producer,
-                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
-  lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
-  if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
-  return e;
+                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
+                        .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
+                        .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
+                        .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
+  const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");
+  conf.access_second_staff = second && strcmp(second, "1") == 0;
+  lt_err_t e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
+  if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
+  if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
+  const char *v;
+  if ((v = getenv("LATHE_API_SSE_HISTORY"))) conf.sse_history = atoi(v);
+  if ((v = getenv("LATHE_API_SSE_KEEP_ENDED_MS"))) conf.sse_keep_ended_ms = atoll(v);
+  if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
+  if (e) return e;
+  /* Tests and scripts read the two ports from these lines. */
+  fprintf(stderr, "lathed: api operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
+          lt_api_operator_port(d->api));
+  fprintf(stderr, "lathed: api listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
+          lt_api_port(d->api));
+  return LT_OK;
 }
 
 static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
@@ -249,7 +305,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
 static lt_err_t announce_embedded(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char url[300];
   bool any = strcmp(o->bind, "0.0.0.0") == 0 || strcmp(o->bind, "::") == 0;
-  snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : o->bind, lt_api_port(d->api));
+  snprintf(url, sizeof url, "%s://%s:%u", o->tls_cert ? "https" : "http", any ? "127.0.0.1" : o->bind,
+           lt_api_port(d->api));
   lt_err_t e = lt_embedded_write_env(d->embedded, url, stdout, err, n);
   if (!e)
     fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",

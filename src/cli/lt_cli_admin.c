@@ -26,6 +26,8 @@
 #include "lt_time.h"
 
 int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
+int lt_cli_admin_access(int argc, char **argv); /* lt_cli_access.c */
+int lt_cli_admin_staff(int argc, char **argv);  /* lt_cli_access.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
@@ -35,6 +37,8 @@ static void usage(FILE *f) {
              "       lathe admin tenant list [--json]\n"
              "       lathe admin topics [FILE]     create the topics of ops/topics.tsv\n"
              "       lathe admin replay [--from-beginning|--from-offset N|--from-time ISO8601]\n"
+             "       lathe admin access ...        staff access to a tenant's data (see --help)\n"
+             "       lathe admin staff add NAME    a staff key\n"
              "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX and the master key\n"
              "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment.\n");
 }
@@ -304,6 +308,8 @@ int lt_cli_admin(int argc, char **argv) {
   }
   if (strcmp(argv[1], "tenant") == 0) return tenant_cmd(argc - 1, argv + 1);
   if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
+  if (strcmp(argv[1], "access") == 0) return lt_cli_admin_access(argc - 1, argv + 1);
+  if (strcmp(argv[1], "staff") == 0) return lt_cli_admin_staff(argc - 1, argv + 1);
   if (strcmp(argv[1], "replay") == 0) {
     return lt_cli_admin_replay(argc - 1, argv + 1);
   }

@@ -66,6 +66,11 @@ lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errs
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek);
 void lt_crypto_kek_destroy(lt_crypto_kek_t *kek);
 
+/* A key for another purpose, derived from the master key: HKDF-SHA256(master, info = label), len
+ * bytes (1..64). Distinct labels give independent keys; the master key itself never leaves. */
+lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uint8_t *out, size_t len,
+                              char *errstr, size_t errstr_size);
+
 /* ---- data key (DEK) ------------------------------------------------------------------------ */
 
 typedef struct lt_crypto_dek lt_crypto_dek_t;

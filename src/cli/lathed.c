@@ -19,6 +19,9 @@
  *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
+ *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
+ *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
  *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
@@ -322,6 +325,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
                          .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
+                         .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
+                         .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);

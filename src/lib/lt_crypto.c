@@ -302,6 +302,10 @@ lt_err_t lt_crypto_dek_import(lt_crypto_dek_t **out, const char *tenant, const c
   return LT_OK;
 }
 
+void lt_crypto_dek_export(const lt_crypto_dek_t *dek, uint8_t out[LT_CRYPTO_KEY_BYTES]) {
+  memcpy(out, dek->key, LT_CRYPTO_KEY_BYTES);
+}
+
 lt_err_t lt_crypto_dek_generate(lt_crypto_dek_t **out, const char *tenant, const char *key_id,
                                 char *errstr, size_t errstr_size) {
   uint8_t key[LT_CRYPTO_KEY_BYTES];

@@ -96,6 +96,10 @@ lt_err_t lt_crypto_dek_unwrap(const lt_crypto_kek_t *kek, const char *tenant, co
                               size_t blob_len, lt_crypto_dek_t **out, char *errstr,
                               size_t errstr_size);
 
+/* The raw key bytes, for handing one job's key to its confined executor over a pipe
+ * (workers/lt_worker.c); the caller cleanses out after use. */
+void lt_crypto_dek_export(const lt_crypto_dek_t *dek, uint8_t out[LT_CRYPTO_KEY_BYTES]);
+
 const char *lt_crypto_dek_tenant(const lt_crypto_dek_t *dek);
 const char *lt_crypto_dek_key_id(const lt_crypto_dek_t *dek);
 void lt_crypto_dek_destroy(lt_crypto_dek_t *dek);

@@ -1084,8 +1084,7 @@ Test(api_rates, rate_limits_read_as_r_slash_b_r_alone_or_off_and_refuse_anything
 
 /* Produces a record given as JSON (every field of its schema) to a topic of this prefix. */
 static void produce_json(const char *base, const char *type, const char *key, json_t *obj) {
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK);
+  lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
   lt_avro_registry_t *reg;
   lt_avro_record_t *rec;
   lt_bus_producer_t *p;

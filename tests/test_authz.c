@@ -127,6 +127,8 @@ static void new_tenant(char *id, size_t idn, char *key, size_t keyn) {
   lt_test_tenant_create(id, NULL, key, keyn);
 }
 
+static char ops[64]; /* the API's operator endpoints (/healthz, /metrics) */
+
 /* `lathed --role ROLE` (api: its URL into url, ready once /healthz answers 200). */
 static lt_test_proc_t *start_role(const char *role, char *url, size_t urln) {
   char log[256];
@@ -134,7 +136,8 @@ static lt_test_proc_t *start_role(const char *role, char *url, size_t urln) {
   lt_test_proc_t *p = lt_test_lathed(role, log, role, NULL, NULL);
   if (url) {
     snprintf(url, urln, "http://127.0.0.1:%u", lt_test_proc_port(p, 30000));
-    lt_client_t *c = lt_test_client(url, NULL, 0);
+    snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(p, 30000));
+    lt_client_t *c = lt_test_client(ops, NULL, 0);
     lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
                        "lathed api never became ready; see %s", log);
     lt_client_destroy(c);
@@ -143,8 +146,9 @@ static lt_test_proc_t *start_role(const char *role, char *url, size_t urln) {
 }
 
 /* The API's count of refused signed records (/metrics), or -1. */
-static long refused_count(const char *url) {
-  lt_client_t *c = lt_test_client(url, NULL, 0);
+/* The API's count of records refused for their MAC, from /metrics on its operator port. */
+static long refused_count(void) {
+  lt_client_t *c = lt_test_client(ops, NULL, 0);
   lt_client_resp_t r = lt_test_req(c, "GET", "/metrics", NULL, 0);
   long n = -1;
   const char *at = r.body ? strstr(r.body, "lathe_api_refused_records_total ") : NULL;
@@ -234,7 +238,7 @@ Test(authz, a_tenant_record_forged_without_the_master_key_is_refused_and_dead_le
 
   /* Both were read and refused by the API before anything is judged. */
   long n = 0;
-  lt_test_wait_until((n = refused_count(url)) >= 2, 30000, 200, "the API refused %ld records, want 2; see %s", n,
+  lt_test_wait_until((n = refused_count()) >= 2, 30000, 200, "the API refused %ld records, want 2; see %s", n,
                      api->log);
   cr_assert_eq(n, 2);
   cr_assert(lt_test_file_has(api->log, "refused, the tenant keeps its previous state: no lathe-mac header"),

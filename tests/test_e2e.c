@@ -606,8 +606,7 @@ static void produce_upstream(const char *job_id, const char *model, const char *
   const uint8_t *b;
   size_t len;
   cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
   char topic[128];
   lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
   lt_bus_producer_t *p;

@@ -293,8 +293,7 @@ typedef struct {
 
 static raw_t find_raw(const char *type, const char *request_id) {
   raw_t out = {0};
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
   lt_avro_registry_t *reg;
   lt_avro_decoder_t *dec;
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
@@ -333,8 +332,7 @@ static raw_t find_raw(const char *type, const char *request_id) {
 }
 
 static void produce_raw(const void *value, size_t len, const char *tenant, const void *mac, size_t mac_len) {
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
   lt_bus_producer_t *p;
   cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
   char topic[128];
@@ -460,6 +458,7 @@ Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
   cr_assert_not_null(mrk, "%s", errs);
   rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(mrk);
   setenv("LATHE_KAFKA_BOOTSTRAP", rd_kafka_mock_cluster_bootstraps(mc), 1);
+  unsetenv("LATHE_KAFKA_CONFIG_DIR"); /* the mock cluster has no SASL */
   setup_env("tlockdown");
   char path[1200], line[512];
   lt_test_source_path("ops/topics.tsv", path, sizeof path);

@@ -200,6 +200,13 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
                         .kek = d->kek, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
+  /* Tests and benchmarks tune the data paths; 0 or unset keeps the defaults (lt_api.h). */
+  const char *v;
+  if ((v = getenv("LATHE_API_THREADS"))) conf.work_threads = atoi(v);
+  if ((v = getenv("LATHE_API_MAX_OPEN_UPLOADS"))) conf.max_open_uploads = atoi(v);
+  if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
+  if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
+  if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);
   lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
   return e;

@@ -262,6 +262,10 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.produce_timeout_ms) api->conf.produce_timeout_ms = 5000;
   if (!api->conf.max_json_body) api->conf.max_json_body = 65536;
   if (!api->conf.max_upload_bytes) api->conf.max_upload_bytes = 1ull << 30;
+  if (!api->conf.max_open_uploads) api->conf.max_open_uploads = 4;
+  if (!api->conf.upload_idle_ms) api->conf.upload_idle_ms = 10 * 60 * 1000;
+  if (!api->conf.max_downloads) api->conf.max_downloads = 16;
+  if (!api->conf.download_window) api->conf.download_window = 1u << 20;
   lt_err_t err = LT_OK;
   api->reg = conf->registry;
   if (!api->reg) {
@@ -278,6 +282,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->cancels_sent = lt_map_new(NULL);
     if (!api->history || !api->datasets_seen || !api->cancels_sent) err = LT_ERR_NOMEM;
   }
+  if (!err) err = lt_api_work_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
   if (!err) err = listen_http(api, errstr, n);
   if (err) {
@@ -294,6 +299,8 @@ lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]) { return lt_job_digest(l
 
 void lt_api_destroy(lt_api_t *api) {
   if (!api) return;
+  lt_api_work_stop(api);          /* answers what is still in the pool */
+  lt_api_download_stop_all(api);
   if (api->http) evhttp_free(api->http);
   lt_api_events_free(api);
   lt_api_uploads_free(api);

@@ -20,9 +20,11 @@
  *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
  *
- * Threads: everything runs on the caller's event_base thread, except the producer's delivery
- * reports, which hand results back through event_active(). The process must call
- * evthread_use_pthreads() before creating the event_base. */
+ * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
+ * work (upload validation and encryption, object-store calls) runs on a small pool of threads
+ * (lt_api_work.c), each artifact download streams from a thread of its own, and the producer's
+ * delivery reports come from librdkafka's; all hand results back through event_active(). The
+ * process must call evthread_use_pthreads() before creating the event_base. */
 #ifndef LT_API_H
 #define LT_API_H
 
@@ -51,6 +53,11 @@ typedef struct lt_api_conf {
   int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
   size_t max_json_body;                /* largest JSON request body (65536) */
   uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */
+  int work_threads;                    /* threads for blocking work (4); < 0: on the loop thread */
+  int max_open_uploads;                /* open uploads per tenant (4); each may hold a part's bytes */
+  int64_t upload_idle_ms;              /* an upload idle this long is dropped (600000) */
+  int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
+  size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */

@@ -7,6 +7,8 @@
  *   lt_api_jobs.c      /v1/jobs: submit, list, show, cancel, artifacts
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
+ *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
+ *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
  * feed calls the event streams. Nothing calls back into the router. */
@@ -30,6 +32,8 @@
 
 typedef struct lt_api_upload lt_api_upload_t;
 typedef struct lt_api_sse lt_api_sse_t;
+typedef struct lt_api_pool lt_api_pool_t;
+typedef struct lt_api_download lt_api_download_t;
 
 /* Route families, as /metrics names them ("route" label). */
 typedef enum lt_api_slot {
@@ -77,6 +81,9 @@ struct lt_api {
   char (*feed_names)[128];
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;
+  lt_api_pool_t *pool;          /* NULL: blocking work runs inline (conf.work_threads < 0) */
+  lt_api_download_t *downloads; /* artifact downloads in progress */
+  int ndownloads;
   lt_api_stats_t stats;
 };
 
@@ -142,6 +149,28 @@ lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n);
 void lt_api_metrics_reply(lt_api_call_t *c);
 /* Counts one answered request: its family, status and time to the handler's answer. */
 void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us);
+
+/* ---------------------------------------------------------------- the pool (lt_api_work.c) */
+
+/* work runs on a pool thread and touches only ctx; after runs next on the loop thread, replies
+ * and frees ctx. tenant: whose task it is (fair share of the threads). */
+typedef void lt_api_work_fn(void *ctx);
+typedef void lt_api_after_fn(lt_api_t *api, void *ctx);
+void lt_api_work(lt_api_t *api, const char *tenant, lt_api_work_fn *work, lt_api_after_fn *after, void *ctx);
+/* Starts conf.work_threads threads (none when negative). */
+lt_err_t lt_api_work_start(lt_api_t *api, char *errstr, size_t n);
+/* Runs every queued task to the end, answers them, joins the threads. Before evhttp_free. */
+void lt_api_work_stop(lt_api_t *api);
+
+/* ---------------------------------------------------------------- downloads (lt_api_download.c) */
+
+/* Streams the sealed object at key to req, decrypted with dek (borrowed: the keyring's), in
+ * pieces: memory stays at a few pieces whatever the object's size. bytes: its plaintext size
+ * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
+void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *key,
+                           uint64_t bytes, const char *content_type);
+/* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
+void lt_api_download_stop_all(lt_api_t *api);
 
 /* ---------------------------------------------------------------- jobs (lt_api_jobs.c) */
 

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/crypto.h>
-
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
 
@@ -457,22 +455,13 @@ void lt_api_jobs_artifacts(lt_api_call_t *c) {
   const lt_crypto_dek_t *dek;
   char msg[256];
   lt_err_t err = lt_keyring_tenant_dek(api->keyring, c->tenant, &dek, msg, sizeof msg);
-  void *data = NULL;
-  size_t len = 0;
-  if (!err)
-    err = lt_sealed_get(api->conf.store, dek, json_string_value(json_object_get(found, "key")), 1ull << 31, &data, &len,
-                        msg, sizeof msg);
   if (err) {
     lt_api_reply_err(req, err == LT_ERR_NOT_FOUND ? LT_ERR_INTERNAL : err, NULL, msg);
     return;
   }
-  struct evbuffer *b = evbuffer_new();
-  evbuffer_add(b, data, len);
-  OPENSSL_cleanse(data, len);
-  free(data);
-  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-                    strstr(name, ".json") ? "application/json" : "application/octet-stream");
-  evhttp_send_reply(req, 200, "OK", b);
-  evbuffer_free(b);
+  /* Streamed in pieces from a thread of its own: memory does not grow with the artifact. */
+  lt_api_download_start(api, req, dek, json_string_value(json_object_get(found, "key")),
+                        (uint64_t)json_integer_value(json_object_get(found, "bytes")),
+                        strstr(name, ".json") ? "application/json" : "application/octet-stream");
 }
 

@@ -19,6 +19,7 @@
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,6 +314,12 @@ int main(int argc, char **argv) {
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
+  /* Buffers of 1 MiB and more (upload parts, store parts) are mapped and unmapped by themselves,
+   * and a heap's free top over 1 MiB is returned. glibc's default threshold rises to the largest
+   * buffer freed (up to 32 MiB), after which every part-sized buffer stays in a thread's heap:
+   * the api's memory then never came back after uploads (tests/test_api_data.c). */
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   lathed_t d = {0};
   d.base = event_base_new();
   if (!d.base) {

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <malloc.h>
 #include <openssl/crypto.h>
 
 struct lt_api_upload {
@@ -41,12 +42,19 @@ static void seen_key(char *out, size_t n, const char *tenant, const char *id) { 
 
 /* ---------------------------------------------------------------- uploads */
 
+/* Hands freed pages back to the system. A part's bytes arrive as thousands of small evbuffer
+ * chains and go through the pool threads' own malloc arenas; glibc keeps what such frees leave
+ * inside its heaps until asked, so without this the API's RSS stays at its highest (measured:
+ * +36 MiB after 8 uploads of 6 MiB had ended; tests/test_api_data.c checks it). */
+static void give_back_memory(void) { malloc_trim(0); }
+
 static void upload_free(lt_api_upload_t *u) {
   if (!u) return;
   lt_sealed_writer_abort(u->w); /* no-op once committed (w is NULL then) */
   lt_dataset_check_destroy(u->check);
   lt_crypto_dek_destroy(u->dek);
   free(u);
+  give_back_memory();
 }
 
 static void upload_unlink(lt_api_t *api, lt_api_upload_t *u) {
@@ -172,6 +180,7 @@ static lt_err_t feed_part(upload_task_t *t) {
   evbuffer_free(t->body);
   t->body = NULL;
   if (!err && !t->complete) err = lt_sealed_writer_flush(t->u->w, t->msg, sizeof t->msg);
+  give_back_memory();
   return err;
 }
 

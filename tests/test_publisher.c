@@ -288,10 +288,12 @@ static void completed_job(const char *job, int64_t step, ckpt_t *ck) {
 
 /* ---------------------------------------------------------------- running and reading back */
 
+static int keep_checkpoints; /* the publisher's conf.keep_checkpoints (0: its default) */
+
 static lt_publisher_t *start(lt_store_t *s, const char *group, int64_t grace_ms) {
   lt_publisher_conf_t c = {.bus = bus, .store = s, .kek = kek, .registry = reg, .producer_id = "publisher/test",
                            .group_id = group, .gc_grace_ms = grace_ms, .gc_interval_ms = -1, .tick_ms = 50,
-                           .retry_max_ms = 1000, .settle_ms = 1500};
+                           .retry_max_ms = 1000, .settle_ms = 1500, .keep_checkpoints = keep_checkpoints};
   lt_publisher_t *p;
   cr_assert_eq(lt_publisher_new(base, &c, &p, err, sizeof err), LT_OK, "%s", err);
   return p;
@@ -540,6 +542,7 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
   cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
 
+  keep_checkpoints = -1; /* only the newest commit is kept: the superseded one is garbage */
   lt_publisher_t *p = start(store, NULL, 8000);
   cr_assert(run(p, 60000, is_ready));
   uint64_t deleted = 99;
@@ -554,6 +557,34 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   for (int i = 0; i < old.n; i++) cr_assert(!object_exists(old.keys[i]), "superseded %s is collected", old.keys[i]);
   for (int i = 0; i < dead.n; i++) cr_assert(!object_exists(dead.keys[i]), "failed job's %s is collected", dead.keys[i]);
   cr_assert_eq(deleted, 1 + (uint64_t)old.n + (uint64_t)dead.n);
+}
+
+/* Retention (lt_publisher.h): at completion a job keeps its final checkpoint and the newest
+ * keep_checkpoints before it, whole; older ones (optimizer state included) and uploads never
+ * committed are deleted as soon as the job is published, an hour's grace period or not. */
+Test(publisher, completion_keeps_the_final_and_newest_n_checkpoints_and_deletes_the_rest_at_once) {
+  ckpt_t ck[5];
+  job_running("job-r");
+  for (int i = 0; i < 5; i++) {
+    stage("job-r", 1, 10 * (i + 1), &ck[i]);
+    commit("job-r", &ck[i], i == 4);
+  }
+  char orphan[LT_STORE_KEY_MAX + 1]; /* an upload whose commit never came */
+  cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-r", 1, 45, "state.bin"), LT_OK);
+  cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  complete("job-r", &ck[4], 1);
+  keep_checkpoints = 2;
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0); /* grace: the default hour */
+  cr_assert_eq(s.published, 1, "%s", s.last_errmsg);
+  for (int c = 0; c < 5; c++)
+    for (int i = 0; i < ck[c].n; i++) {
+      bool kept = c >= 2; /* steps 30 and 40, and the final 50 */
+      cr_expect_eq(object_exists(ck[c].keys[i]), kept, "step %lld: %s should be %s", (long long)ck[c].step,
+                   ck[c].keys[i], kept ? "kept" : "deleted");
+    }
+  cr_expect(!object_exists(orphan), "an upload never committed is deleted");
+  cr_expect_eq(s.pruned, 2 * (uint64_t)ck[0].n + 1, "pruned %llu", (unsigned long long)s.pruned);
+  cr_expect_eq(count_published("job-r"), 1);
 }
 
 Test(publisher, object_that_does_not_decrypt_is_never_promoted) {

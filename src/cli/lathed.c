@@ -231,8 +231,9 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
 static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
+  const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
   lt_publisher_conf_t pc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
-                            .producer_id = producer};
+                            .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0};
   lt_err_t e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
   return e;

@@ -256,6 +256,7 @@ struct lt_publisher {
   /* per job: event id of the newest applied CheckpointCommitted, and JobCompleted's naming */
   json_t *ckpt_ev;
   json_t *done_ev;
+  json_t *ckpt_dirs; /* job -> its newest committed checkpoints' staging prefixes, oldest first */
   todo_t *todo;
   size_t ntodo, captodo;
   int64_t next_gc_ms;
@@ -300,6 +301,78 @@ static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, i
   p->ntodo++;
 }
 
+/* ---------------------------------------------------------------- retention */
+
+/* Committed checkpoints a job keeps: the newest and conf.keep_checkpoints before it. */
+static size_t kept_count(const lt_publisher_t *p) {
+  return 1 + (size_t)(p->conf.keep_checkpoints > 0 ? p->conf.keep_checkpoints : 0);
+}
+
+/* Remembers the staging prefix ("staging/<t>/<job>/<attempt>/<step>/") of the commit just folded
+ * (the newest checkpoint in the job's info), dropping the oldest beyond kept_count. */
+static void note_checkpoint(lt_publisher_t *p, const char *job_id, json_t *info) {
+  json_t *ck = info ? json_object_get(info, "checkpoint") : NULL;
+  const char *key = json_string_value(json_array_get(json_object_get(ck, "object_keys"), 0));
+  const char *slash = key ? strrchr(key, '/') : NULL;
+  if (!slash) return;
+  json_t *dirs = json_object_get(p->ckpt_dirs, job_id);
+  if (!dirs) json_object_set_new(p->ckpt_dirs, job_id, dirs = json_array());
+  json_t *dir = json_stringn(key, (size_t)(slash - key + 1));
+  json_t *last = json_array_get(dirs, json_array_size(dirs) - 1);
+  if (last && json_equal(last, dir)) { /* a duplicate delivery */
+    json_decref(dir);
+    return;
+  }
+  json_array_append_new(dirs, dir);
+  while (json_array_size(dirs) > kept_count(p)) json_array_remove(dirs, 0);
+}
+
+/* True when retention keeps key (a staging key of job). */
+static bool retained(const lt_publisher_t *p, const char *job_id, const char *key) {
+  size_t i;
+  json_t *d;
+  json_array_foreach(json_object_get(p->ckpt_dirs, job_id), i, d)
+      if (strncmp(key, json_string_value(d), json_string_length(d)) == 0) return true;
+  return false;
+}
+
+typedef struct {
+  const lt_publisher_t *p;
+  const char *job_id;
+  json_t *doomed;
+} prune_ctx_t;
+
+static lt_err_t prune_visit(void *ctx, const char *key, const lt_store_info_t *info) {
+  prune_ctx_t *c = ctx;
+  (void)info;
+  if (!retained(c->p, c->job_id, key)) json_array_append_new(c->doomed, json_string(key));
+  return LT_OK;
+}
+
+/* A completed job was published: deletes what retention does not keep of its staging objects.
+ * A failure is logged; the periodic GC deletes what is left after the grace period. */
+static void prune_job(lt_publisher_t *p, const char *tenant_id, const char *job_id) {
+  char prefix[LT_STORE_KEY_MAX + 1], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1] = "", err[256];
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/", tenant_id, job_id);
+  prune_ctx_t c = {.p = p, .job_id = job_id, .doomed = json_array()};
+  lt_err_t e;
+  do {
+    e = lt_store_list(p->conf.store, prefix, after, 0, prune_visit, &c, next, sizeof next, err, sizeof err);
+    snprintf(after, sizeof after, "%s", next);
+  } while (!e && next[0]);
+  size_t i;
+  json_t *k;
+  json_array_foreach(c.doomed, i, k) {
+    if (e) break;
+    if (!(e = lt_store_delete(p->conf.store, json_string_value(k), err, sizeof err))) p->stats.pruned++;
+  }
+  if (e) LOG("job %s: retention: %s (the GC retries)\n", job_id, err);
+  else if (json_array_size(c.doomed))
+    LOG("job %s: retention: deleted %zu staging objects, kept %zu checkpoints\n", job_id, json_array_size(c.doomed),
+        json_array_size(json_object_get(p->ckpt_dirs, job_id)));
+  json_decref(c.doomed);
+}
+
 /* Every record the fold applied, in log order across topics (lt_proj_fold keeps a job's records
  * aside until its JobSubmitted is folded): note checkpoints and completions to promote. */
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
@@ -318,6 +391,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
     const char *ev = NULL;
     lt_avro_get_string(res->record, "event_id", &ev, NULL);
     json_object_set_new(p->ckpt_ev, job_id, json_string(ev ? ev : ""));
+    note_checkpoint(p, job_id, lt_proj_job_info(p->proj, job_id));
   } else if (strcmp(res->type, "JobCompleted") == 0) {
     const char *cev = NULL, *csha = NULL;
     lt_avro_get_string(res->record, "checkpoint_event_id", &cev, NULL);
@@ -520,6 +594,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
       p->stats.published++;
       LOG("job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
           (int)jc.attempt, c.step);
+      prune_job(p, jc.tenant_id, jc.job_id);
       st = DONE;
     }
   }
@@ -661,7 +736,7 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
   bool keep = false;
   if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
-    keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key);
+    keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key) || retained(g->p, job, key);
   else if (j)
     keep = g->now_ms - j->ended_at_ms < grace; /* cancelled, failed, rejected: after the grace */
   if (keep) g->kept++;
@@ -785,12 +860,14 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   if (p->conf.retry_max_ms <= 0) p->conf.retry_max_ms = 60000;
   if (p->conf.max_checkpoint_bytes == 0) p->conf.max_checkpoint_bytes = 1ull << 30;
   if (p->conf.settle_ms <= 0) p->conf.settle_ms = 2000;
+  if (p->conf.keep_checkpoints == 0) p->conf.keep_checkpoints = 2;
   for (int b = 0; b < T__COUNT; b++) lt_bus_topic_name(conf->bus, bases[b], p->topics[b], sizeof p->topics[b]);
   lt_bus_topic_name(conf->bus, "deadletter", p->deadletter, sizeof p->deadletter);
   p->ckpt_ev = json_object();
   p->done_ev = json_object();
+  p->ckpt_dirs = json_object();
   p->started_ms = lt_time_wall_ms();
-  lt_err_t err = p->ckpt_ev && p->done_ev ? LT_OK : LT_ERR_NOMEM;
+  lt_err_t err = p->ckpt_ev && p->done_ev && p->ckpt_dirs ? LT_OK : LT_ERR_NOMEM;
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
   if (!err) err = lt_bus_producer_new(conf->bus, NULL, &p->producer, errstr, n);
@@ -819,6 +896,7 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   lt_proj_destroy(p->proj);
   json_decref(p->ckpt_ev);
   json_decref(p->done_ev);
+  json_decref(p->ckpt_dirs);
   for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
   free(p->todo);
   free(p->parts); /* and the offset arrays carved from it */

@@ -64,10 +64,16 @@
  * A retriable object store error (lt_store_err_retriable) postpones the job with exponential
  * backoff; nothing is produced before the objects are written.
  *
+ * Retention: a job keeps in staging its newest committed checkpoint (the final one, once
+ * completed: kept so a replay can promote again) and the keep_checkpoints committed checkpoints
+ * before it, each whole (optimizer state included); everything else of the job is garbage. Once
+ * a completed job is published, that garbage is deleted at once (stats.pruned), not after the
+ * grace period: older checkpoints, their optimizer state, and objects of uploads that were never
+ * committed.
+ *
  * Garbage collection (every gc_interval_ms once caught up): for every known tenant, staging
- * objects under staging/<tenant>/ older than the grace period are deleted unless they are named
- * by the newest committed checkpoint of a job that is not terminal or is COMPLETED (kept so a
- * replay can promote again). Cancelled, failed and rejected jobs lose all their staging objects
+ * objects under staging/<tenant>/ older than the grace period are deleted unless retention keeps
+ * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose all their staging objects
  * once both the object and the job's end are older than the grace period. Only staging/ of
  * tenants in lathe.tenants is ever listed or deleted.
  *
@@ -106,6 +112,8 @@ typedef struct lt_publisher_conf {
   int64_t retry_max_ms;               /* backoff cap for store errors; 0: 60000 */
   uint64_t max_checkpoint_bytes;      /* largest checkpoint promoted (held in memory); 0: 1 GiB */
   int settle_ms;                      /* catch-up fallback: quiet this long means caught up; 0: 2000 */
+  int keep_checkpoints;               /* committed checkpoints a job keeps in staging besides its newest
+                                         (the final one, once completed); 0: 2; < 0: none */
 } lt_publisher_conf_t;
 
 /* Counters since creation (a copy). */
@@ -119,6 +127,7 @@ typedef struct lt_publisher_stats {
   uint64_t retries;           /* promotions postponed by a retriable error */
   uint64_t gc_deleted;        /* staging objects deleted */
   uint64_t gc_kept;           /* staging objects seen and kept by the last GC pass */
+  uint64_t pruned;            /* staging objects deleted at completion (retention) */
   size_t waiting;             /* completions waiting to be promoted */
   lt_err_t last_err;          /* last promotion failure (LT_ERR_UNAVAILABLE: store down) */
   char last_errmsg[256];

@@ -387,11 +387,8 @@ static void seal_artifact(lt_store_t *store, const lt_crypto_dek_t *dek, const c
                                         lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)len));
 }
 
-/* Records ArtifactPublished for job with arts (one record: a second one replaces the first). */
-static void publish(const char *job, json_t *arts) {
-  json_t *rec = json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:O,s:s}", "event_id", job, "occurred_at", 1, "producer",
-                          "test", "job_id", job, "tenant_id", tenant_a, "attempt", 1, "checkpoint_event_id", job,
-                          "artifacts", arts, "config_digest", "");
+/* `lathe topic produce TOPIC TYPE` of one record (taken). */
+static void produce(const char *topic, const char *type, json_t *rec) {
   char file[128], cmd[1200];
   snprintf(file, sizeof file, "/tmp/test_api_data.%d.rec", (int)getpid());
   FILE *f = fopen(file, "w");
@@ -399,12 +396,20 @@ static void publish(const char *job, json_t *arts) {
   fputc('\n', f);
   fclose(f);
   json_decref(rec);
-  snprintf(cmd, sizeof cmd, "'%s' topic produce artifacts ArtifactPublished < %s 2>&1", lt_test_lathe_bin(), file);
+  snprintf(cmd, sizeof cmd, "'%s' topic produce %s %s < %s 2>&1", lt_test_lathe_bin(), topic, type, file);
   int rc;
   char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "%s: %s", cmd, out);
   free(out);
   unlink(file);
+}
+
+/* Records ArtifactPublished for job with arts (one record: a second one replaces the first). */
+static void publish(const char *job, json_t *arts) {
+  produce("artifacts", "ArtifactPublished",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:O,s:s}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "attempt", 1, "checkpoint_event_id", job, "artifacts", arts,
+                    "config_digest", ""));
 }
 
 /* A job of tenant A (its submission through the API), to hang artifacts on. */
@@ -478,6 +483,120 @@ Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory
   lt_store_delete(store, key, NULL, 0);
   lt_store_delete(store, bad_key, NULL, 0);
   free(data);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}
+
+/* ---------------------------------------------------------------- deletion */
+
+static int status_of(lt_client_t *c, const char *method, const char *fmt, const char *job) {
+  char path[256];
+  snprintf(path, sizeof path, fmt, job);
+  lt_client_resp_t r = req(c, method, path, NULL, 0);
+  int st = r.status;
+  lt_client_resp_free(&r);
+  return st;
+}
+
+static bool exists(lt_store_t *store, const char *key) {
+  lt_store_info_t info;
+  return lt_store_head(store, key, &info, NULL, 0) == LT_OK;
+}
+
+Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_stays_deleted_after_a_restart) {
+  start_api(NULL);
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64];
+  a_job(job, sizeof job);
+  /* Not finished: refused, nothing changes. */
+  lt_client_resp_t r;
+  char path[256];
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 409, "DELETE of a submitted job: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "cancel it first"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* Finished (rejected), with artifacts under the job's own key, as the publisher writes them. */
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  lt_crypto_dek_t *jdek;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wlen;
+  char dek_key[512], art_key[512], stage_key[512];
+  snprintf(dek_key, sizeof dek_key, "tenants/%s/artifacts/%s/key.wrapped", tenant_a, job);
+  cr_assert_eq(lt_crypto_dek_generate(&jdek, tenant_a, job, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_wrap(kek, jdek, wrapped, sizeof wrapped, &wlen, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_put(store, dek_key, wrapped, wlen, NULL, err, sizeof err), LT_OK, "%s", err);
+  json_t *arts = json_array();
+  const char *text = "{\"lora\":\"weights\"}";
+  seal_artifact(store, jdek, job, "adapter_config.json", text, strlen(text), art_key, sizeof art_key, arts);
+  publish(job, arts);
+  json_decref(arts);
+  snprintf(stage_key, sizeof stage_key, "staging/%s/%s/1/10/state.bin", tenant_a, job);
+  cr_assert_eq(lt_sealed_put(store, tdek, stage_key, "optimizer", 9, NULL, err, sizeof err), LT_OK, "%s", err);
+  void *copy; /* what a backup or a lagging replica would still hold */
+  size_t copy_len;
+  cr_assert_eq(lt_store_get(store, art_key, 1 << 20, &copy, &copy_len, NULL, err, sizeof err), LT_OK, "%s", err);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_config.json", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, NULL, 0) == 200, 20000, 100, "the artifact never showed");
+  r = req(ca, "GET", path, NULL, 0);
+  cr_assert(r.status == 200 && r.len == strlen(text) && memcmp(r.body, text, r.len) == 0,
+            "the artifact decrypts with the job's key: %d %.*s", r.status, (int)r.len, r.body);
+  lt_client_resp_free(&r);
+  char body[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, body, sizeof body) == 200 && strstr(body, "\"rejected\""), 20000,
+                     100, "the job never showed as rejected: %s", body);
+
+  /* Another tenant's DELETE: 404, nothing happens. */
+  cr_assert_eq(status_of(cb, "DELETE", "/v1/jobs/%s", job), 404);
+  cr_assert(exists(store, dek_key) && exists(store, art_key));
+  /* The owner's: 200; the key, the artifacts and the staging objects are gone. */
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "DELETE: %d %s", r.status, r.body);
+  cr_expect_eq(json_integer_value(json_object_get(r.json, "objects_deleted")), 3, "%s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect(!exists(store, dek_key), "the job's key is destroyed");
+  cr_expect(!exists(store, art_key), "the artifact is deleted");
+  cr_expect(!exists(store, stage_key), "the staging objects (optimizer state) are deleted");
+  /* What survived elsewhere opens with nothing the service still has: not the tenant's key. */
+  uint8_t *plain = malloc(copy_len);
+  size_t plen;
+  cr_expect_neq(lt_crypto_open(tdek, art_key, copy, copy_len, plain, copy_len, &plen, err, sizeof err), LT_OK,
+                "a surviving copy decrypted with the tenant's key");
+  free(plain);
+  free(copy);
+  /* Gone on every route, and from the list. */
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s", job), 410);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s/artifacts", job), 410);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s/artifacts/adapter_config.json", job), 410);
+  cr_expect_eq(status_of(ca, "POST", "/v1/jobs/%s/cancel", job), 410);
+  cr_expect_eq(status_of(cb, "GET", "/v1/jobs/%s", job), 404, "another tenant still sees nothing");
+  r = req(ca, "GET", "/v1/jobs?limit=500", NULL, 0);
+  cr_expect(r.status == 200 && !strstr(r.body, job), "the list still names %s: %s", job, r.body);
+  lt_client_resp_free(&r);
+  /* A restarted API folds the log again: still deleted. DELETE again is harmless. */
+  lt_client_destroy(ca);
+  lt_client_destroy(cb);
+  cr_assert_neq(lt_test_proc_stop(proc, 10000), -1);
+  start_api(NULL);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s", job), 410, "after a restart (replay)");
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_expect(r.status == 200 && json_integer_value(json_object_get(r.json, "objects_deleted")) == 0, "again: %d %s",
+            r.status, r.body);
+  lt_client_resp_free(&r);
+  lt_crypto_dek_destroy(jdek);
   lt_store_destroy(store);
   lt_keyring_destroy(kr);
   lt_crypto_kek_destroy(kek);

@@ -367,7 +367,24 @@ static size_t count_published(const char *job) {
 
 /* The publication has the right keys and plaintext hashes, and each published object decrypts
  * (with the tenant's key, under its artifact key) to the staged plaintext. */
+/* The job's artifact key, unwrapped from its key.wrapped (caller destroys). */
+static lt_crypto_dek_t *job_dek(const char *job) {
+  char key[LT_STORE_KEY_MAX + 1];
+  cr_assert_eq(lt_publisher_artifact_dek_key(key, sizeof key, tenant, job), LT_OK);
+  void *blob;
+  size_t len;
+  lt_crypto_dek_t *d;
+  cr_assert_eq(lt_store_get(store, key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, err, sizeof err), LT_OK,
+               "the job's artifact key %s: %s", key, err);
+  cr_assert_eq(lt_crypto_dek_unwrap(kek, tenant, blob, len, &d, err, sizeof err), LT_OK, "%s", err);
+  free(blob);
+  return d;
+}
+
+/* The publication names every published object; each decrypts under the job's own artifact key
+ * (and not under the tenant's, so destroying the job's key shreds them). */
 static void assert_publication(json_t *pub, const char *job, const ckpt_t *ck) {
+  lt_crypto_dek_t *jdek = job_dek(job);
   cr_assert_str_eq(json_string_value(json_object_get(pub, "checkpoint_event_id")), ck->event_id);
   cr_assert_str_eq(json_string_value(json_object_get(pub, "config_digest")), ck->config_digest);
   json_t *arts = json_object_get(pub, "artifacts");
@@ -388,13 +405,16 @@ static void assert_publication(json_t *pub, const char *job, const ckpt_t *ck) {
     cr_assert_eq(json_integer_value(json_object_get(found, "bytes")), (json_int_t)ck->plain_len[i]);
     void *data;
     size_t len;
-    cr_assert_eq(lt_sealed_get(store, dek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_neq(lt_sealed_get(store, dek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK,
+                  "%s opens with the tenant's key", want_key);
+    cr_assert_eq(lt_sealed_get(store, jdek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK, "%s", err);
     uint8_t d[32];
     char hex[65];
     lt_crypto_sha256(data, len, d);
     cr_assert_str_eq(lt_crypto_hex(d, 32, hex), ck->plain_sha[i], "%s decrypts to the staged plaintext", want_key);
     free(data);
   }
+  lt_crypto_dek_destroy(jdek);
 }
 
 static bool object_exists(const char *key) {
@@ -585,6 +605,32 @@ Test(publisher, completion_keeps_the_final_and_newest_n_checkpoints_and_deletes_
   cr_expect(!object_exists(orphan), "an upload never committed is deleted");
   cr_expect_eq(s.pruned, 2 * (uint64_t)ck[0].n + 1, "pruned %llu", (unsigned long long)s.pruned);
   cr_expect_eq(count_published("job-r"), 1);
+}
+
+/* A job its tenant deleted (JobDeleted in lathe.artifacts) before the publisher got to it is
+ * never published, and the GC takes its staging objects whatever its state. */
+Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {
+  ckpt_t ck;
+  completed_job("job-del", 10, &ck);
+  lt_avro_record_t *rec = rec_new("JobDeleted", "job-del");
+  cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
+  char topic_artifacts[256];
+  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
+  send_rec(rec, topic_artifacts, "job-del");
+  lt_publisher_t *p = start(store, NULL, 1);
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  sleep(1);
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_expect_eq(s.published, 0);
+  cr_expect_eq(count_published("job-del"), 0, "nothing is published");
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(key, sizeof key, tenant, "job-del", "adapter_model.safetensors");
+  cr_expect(!object_exists(key), "no artifact is written");
+  for (int i = 0; i < ck.n; i++) cr_expect(!object_exists(ck.keys[i]), "%s is collected", ck.keys[i]);
 }
 
 Test(publisher, object_that_does_not_decrypt_is_never_promoted) {

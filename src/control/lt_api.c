@@ -38,6 +38,7 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/jobs", lt_api_jobs_submit, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs", lt_api_jobs_list, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}", lt_api_jobs_show, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_DELETE, "/v1/jobs/{id}", lt_api_jobs_delete, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_POST, "/v1/jobs/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/events", lt_api_events_stream, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},

@@ -34,8 +34,10 @@ struct lt_api_download {
   struct evhttp_connection *evcon;
   char tenant[LT_ID_MAX + 1];
   char key[LT_STORE_KEY_MAX + 1];
+  char dek_key[LT_STORE_KEY_MAX + 1]; /* the job's wrapped artifact key */
   char content_type[64];
-  const lt_crypto_dek_t *dek;
+  const lt_crypto_dek_t *dek; /* the tenant's: artifacts published before jobs had keys */
+  lt_crypto_dek_t *job_dek;   /* the job's, when it has one (the thread's) */
   uint64_t bytes;
   struct event *ev; /* the thread wakes the loop */
   pthread_t thread;
@@ -96,10 +98,23 @@ static lt_err_t sink(void *ctx, const void *data, size_t len) {
   return LT_OK;
 }
 
+/* The job's artifact key when it has one (lt_publisher.h: Keys), else the tenant's. */
+static lt_err_t pick_dek(lt_api_download_t *d, const lt_crypto_dek_t **dek, char *msg, size_t n) {
+  void *blob = NULL;
+  size_t len = 0;
+  lt_err_t err = lt_store_get(d->api->conf.store, d->dek_key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, msg, n);
+  if (!err) err = lt_crypto_dek_unwrap(d->api->conf.kek, d->tenant, blob, len, &d->job_dek, msg, n);
+  free(blob);
+  *dek = d->job_dek ? d->job_dek : d->dek;
+  return err == LT_ERR_NOT_FOUND ? LT_OK : err;
+}
+
 static void *download_main(void *arg) {
   lt_api_download_t *d = arg;
   char msg[256] = "";
-  lt_err_t err = lt_crypto_dec_new(&d->dec, d->dek, d->key, msg, sizeof msg);
+  const lt_crypto_dek_t *dek = NULL;
+  lt_err_t err = pick_dek(d, &dek, msg, sizeof msg);
+  if (!err) err = lt_crypto_dec_new(&d->dec, dek, d->key, msg, sizeof msg);
   if (!err) err = lt_store_get_stream(d->api->conf.store, d->key, sink, d, NULL, msg, sizeof msg);
   if (!err) err = sink(d, NULL, 0); /* the final chunk: verifies the stream was not cut short */
   lt_crypto_stream_destroy(d->dec);
@@ -126,6 +141,7 @@ static void download_free(lt_api_download_t *d) {
   if (d->thread_started) pthread_join(d->thread, NULL);
   if (d->ev) event_free(d->ev);
   if (d->q) evbuffer_free(d->q);
+  lt_crypto_dek_destroy(d->job_dek);
   pthread_mutex_destroy(&d->mu);
   pthread_cond_destroy(&d->cv);
   free(d);
@@ -225,8 +241,8 @@ static int tenant_downloads(lt_api_t *api, const char *tenant) {
   return n;
 }
 
-void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *key,
-                           uint64_t bytes, const char *content_type) {
+void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
+                           const char *key, uint64_t bytes, const char *content_type) {
   const char *tenant = lt_crypto_dek_tenant(dek);
   int per_tenant = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
   int mine = tenant_downloads(api, tenant);
@@ -250,6 +266,7 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
   d->bytes = bytes;
   snprintf(d->tenant, sizeof d->tenant, "%s", tenant);
   snprintf(d->key, sizeof d->key, "%s", key);
+  snprintf(d->dek_key, sizeof d->dek_key, "%s", dek_key);
   snprintf(d->content_type, sizeof d->content_type, "%s", content_type);
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);

@@ -7,6 +7,7 @@
  *   lt_api_jobs.c      /v1/jobs: submit, list, show, cancel, artifacts
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
+ *   lt_api_delete.c    DELETE /v1/jobs/{id}: recorded, crypto-shredded, deleted
  *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *
@@ -164,11 +165,12 @@ void lt_api_work_stop(lt_api_t *api);
 
 /* ---------------------------------------------------------------- downloads (lt_api_download.c) */
 
-/* Streams the sealed object at key to req, decrypted with dek (borrowed: the keyring's), in
- * pieces: memory stays at a few pieces whatever the object's size. bytes: its plaintext size
+/* Streams the sealed object at key to req, decrypted with the key wrapped at dek_key (a job's
+ * artifact key) or, when there is none, with dek (borrowed: the keyring's tenant key), in pieces:
+ * memory stays at a few pieces whatever the object's size. bytes: its plaintext size
  * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
-void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *key,
-                           uint64_t bytes, const char *content_type);
+void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
+                           const char *key, uint64_t bytes, const char *content_type);
 /* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
 void lt_api_download_stop_all(lt_api_t *api);
 
@@ -179,6 +181,9 @@ void lt_api_jobs_submit(lt_api_call_t *c);
 void lt_api_jobs_list(lt_api_call_t *c);
 void lt_api_jobs_show(lt_api_call_t *c);
 void lt_api_jobs_cancel(lt_api_call_t *c);
+void lt_api_jobs_delete(lt_api_call_t *c); /* lt_api_delete.c */
+/* True once the job's JobDeleted was folded (lt_api_delete.c). */
+bool lt_api_job_deleted(lt_api_t *api, const char *job_id);
 void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's bytes with {name} */
 
 /* ---------------------------------------------------------------- events (lt_api_events.c) */

@@ -8,6 +8,7 @@
 
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
+#include "lt_publisher.h"
 
 /* ---------------------------------------------------------------- views */
 
@@ -88,6 +89,12 @@ static const lt_job_t *own_job(lt_api_t *api, const lt_tenant_t *t, const char *
 
 bool lt_api_jobs_resolve(lt_api_call_t *c) {
   c->job = lt_id_valid(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
+  /* A deleted job is gone on every route; DELETE again finishes a deletion a failure cut short. */
+  if (c->job && lt_api_job_deleted(c->api, c->job->job_id) &&
+      evhttp_request_get_command(c->req) != EVHTTP_REQ_DELETE) {
+    lt_api_reply_error(c->req, 410, "gone", NULL, "job %s was deleted", c->job->job_id);
+    return false;
+  }
   if (c->job) return true;
   lt_api_reply_error(c->req, 404, "not_found", NULL, "no job %s for this tenant", lt_id_valid(c->id) ? c->id : "(invalid id)");
   return false;
@@ -374,7 +381,7 @@ typedef struct {
 
 static bool list_scan(const lt_job_t *j, void *ctx) {
   list_acc_t *l = ctx;
-  if (strcmp(j->tenant_id, l->tenant) != 0) return true;
+  if (strcmp(j->tenant_id, l->tenant) != 0 || lt_api_job_deleted(l->api, j->job_id)) return true;
   if (l->cursor && strcmp(j->job_id, l->cursor) <= 0) return true;
   if (l->state >= 0 && (int)j->state != l->state) return true;
   if ((int)json_array_size(l->out) == l->limit) {
@@ -460,7 +467,9 @@ void lt_api_jobs_artifacts(lt_api_call_t *c) {
     return;
   }
   /* Streamed in pieces from a thread of its own: memory does not grow with the artifact. */
-  lt_api_download_start(api, req, dek, json_string_value(json_object_get(found, "key")),
+  char dek_key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, j->tenant_id, j->job_id);
+  lt_api_download_start(api, req, dek, dek_key, json_string_value(json_object_get(found, "key")),
                         (uint64_t)json_integer_value(json_object_get(found, "bytes")),
                         strstr(name, ".json") ? "application/json" : "application/octet-stream");
 }

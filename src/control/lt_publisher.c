@@ -55,6 +55,10 @@ lt_err_t lt_publisher_staging_key(char *out, size_t size, const char *tenant, co
   return n < 0 || (size_t)n >= size ? LT_ERR_INVALID : LT_OK;
 }
 
+lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job) {
+  return lt_publisher_artifact_key(out, size, tenant, job, "key.wrapped");
+}
+
 lt_err_t lt_publisher_artifact_key(char *out, size_t size, const char *tenant, const char *job, const char *name) {
   if (!component_ok(tenant) || !component_ok(job) || !component_ok(name)) return LT_ERR_INVALID;
   int n = snprintf(out, size, "tenants/%s/artifacts/%s/%s", tenant, job, name);
@@ -203,7 +207,8 @@ lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, con
   /* 3. Re-encrypt under the artifact keys. Not yet visible: only ArtifactPublished makes it so. */
   for (size_t i = 0, a = 0; !err && i < ck->nkeys; i++) {
     if (!p->plain[i]) continue;
-    err = lt_sealed_put(store, dek, out->artifacts[a].key, p->plain[i], p->plain_len[i], NULL, errstr, n);
+    err = lt_sealed_put(store, ck->artifact_dek ? ck->artifact_dek : dek, out->artifacts[a].key, p->plain[i],
+                        p->plain_len[i], NULL, errstr, n);
     a++;
   }
   for (size_t i = 0; i < ck->nkeys && i < LT_PUBLISHER_MAX_OBJECTS; i++) {
@@ -523,6 +528,29 @@ static const char *jstr(json_t *o, const char *k) {
   return s ? s : "";
 }
 
+/* The job's artifact key: unwrapped from its key.wrapped, or made and stored there first (before
+ * any artifact is sealed with it). *out is the caller's. */
+static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, lt_crypto_dek_t **out, char *why,
+                        size_t n) {
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_err_t err = lt_publisher_artifact_dek_key(key, sizeof key, tenant, job);
+  void *blob = NULL;
+  size_t len = 0;
+  if (!err) err = lt_store_get(p->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, why, n);
+  if (!err) err = lt_crypto_dek_unwrap(p->conf.kek, tenant, blob, len, out, why, n);
+  free(blob);
+  if (err != LT_ERR_NOT_FOUND) return err;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  err = lt_crypto_dek_generate(out, tenant, job, why, n);
+  if (!err) err = lt_crypto_dek_wrap(p->conf.kek, *out, wrapped, sizeof wrapped, &len, why, n);
+  if (!err) err = lt_store_put(p->conf.store, key, wrapped, len, NULL, why, n);
+  if (err) {
+    lt_crypto_dek_destroy(*out);
+    *out = NULL;
+  }
+  return err;
+}
+
 static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   char why[512];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), t->job_id);
@@ -545,6 +573,10 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   if (*csha && strcmp(csha, jstr(ck, "sha256")) != 0) {
     snprintf(why, sizeof why, "JobCompleted says checkpoint sha256 %s, the commit says %s", csha, jstr(ck, "sha256"));
     return reject(p, t, LT_ERR_CORRUPT, why);
+  }
+  if (json_object_get(info, "deleted")) {
+    LOG("job %s: deleted by its tenant: not published\n", t->job_id);
+    return DONE;
   }
   json_t *pub = json_object_get(info, "published");
   if (pub) {
@@ -576,9 +608,17 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
                                  .nkeys = nk,
                                  .sha256_hex = jstr(ck, "sha256"),
                                  .bytes = (uint64_t)json_integer_value(json_object_get(ck, "bytes"))};
+  lt_crypto_dek_t *adek = NULL;
+  if ((err = job_dek(p, j->tenant_id, j->job_id, &adek, why, sizeof why)))
+    return lt_store_err_retriable(err) ? retry(p, t, err, why) : reject(p, t, err, why);
+  c.artifact_dek = adek;
   lt_publisher_promotion_t *pr = malloc(sizeof *pr);
-  if (!pr) return retry(p, t, LT_ERR_NOMEM, "out of memory");
+  if (!pr) {
+    lt_crypto_dek_destroy(adek);
+    return retry(p, t, LT_ERR_NOMEM, "out of memory");
+  }
   err = lt_publisher_promote(p->conf.store, dek, &c, p->conf.max_checkpoint_bytes, pr, why, sizeof why);
+  lt_crypto_dek_destroy(adek);
   step_t st;
   if (err) {
     st = lt_store_err_retriable(err) || err == LT_ERR_NOMEM ? retry(p, t, err, why) : reject(p, t, err, why);
@@ -734,8 +774,11 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   memcpy(job, s, jl);
   job[jl] = '\0';
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
+  json_t *jinfo = j ? lt_proj_job_info(g->p->proj, job) : NULL;
   bool keep = false;
-  if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
+  if (j && json_object_get(jinfo, "deleted"))
+    keep = false; /* deleted by its tenant: nothing of it stays */
+  else if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
     keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key) || retained(g->p, job, key);
   else if (j)
     keep = g->now_ms - j->ended_at_ms < grace; /* cancelled, failed, rejected: after the grace */

@@ -73,8 +73,15 @@
  *
  * Garbage collection (every gc_interval_ms once caught up): for every known tenant, staging
  * objects under staging/<tenant>/ older than the grace period are deleted unless retention keeps
- * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose all their staging objects
- * once both the object and the job's end are older than the grace period. Only staging/ of
+ * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose
+ * all their staging objects once both the object and the job's end are older than the grace
+ * period; a deleted job (JobDeleted) loses them whatever its state.
+ *
+ * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
+ * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is
+ * written, and reused by a repeated promotion. DELETE /v1/jobs/{id} removes it first: what is
+ * left of the artifacts anywhere then decrypts no more (crypto-shred). A deleted job is never
+ * promoted. Only staging/ of
  * tenants in lathe.tenants is ever listed or deleted.
  *
  * Threads: everything runs on the caller's event_base thread (consumer fd and a periodic timer);
@@ -169,7 +176,11 @@ typedef struct lt_publisher_checkpoint {
   size_t nkeys;
   const char *sha256_hex;         /* of the stored bytes, concatenated */
   uint64_t bytes;                 /* stored bytes in all */
+  const lt_crypto_dek_t *artifact_dek; /* seals the artifacts (the job's own key); NULL: dek */
 } lt_publisher_checkpoint_t;
+
+/* The key of a job's artifact key, wrapped by the master key: deleting it shreds the artifacts. */
+lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job);
 
 typedef struct lt_publisher_artifact {
   char name[LT_PUBLISHER_NAME_MAX];

@@ -16,9 +16,12 @@
  *   POST   /v1/jobs                      submit (Idempotency-Key header: same key, same job; another body: 422)
  *   GET    /v1/jobs?state=&limit=&cursor=
  *   GET    /v1/jobs/{id}                 state, attempt, queue position, wait estimate, metrics
+ *   DELETE /v1/jobs/{id}                 a finished job: recorded, artifacts crypto-shredded and
+ *                                        deleted with its staging objects; then 410 (lt_api_delete.c)
  *   POST   /v1/jobs/{id}/cancel          idempotent
  *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
+ *                                        (streamed in pieces: lt_api_download.c)
  *
  * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
  * work (upload validation and encryption, object-store calls) runs on a small pool of threads

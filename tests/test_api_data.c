@@ -601,3 +601,78 @@ Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_st
   lt_keyring_destroy(kr);
   lt_crypto_kek_destroy(kek);
 }
+
+/* ---------------------------------------------------------------- the storage quota */
+
+Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and_nothing_more_is_stored) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64], big_id[64], id[64];
+  a_job(job, sizeof job);
+  char *big = jsonl(1000000);
+  lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=big", big, strlen(big));
+  cr_assert_eq(r.status, 201, "1 MB under a 1.5 MB quota: %d %s", r.status, r.body);
+  snprintf(big_id, sizeof big_id, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* Another 1 MB would pass the quota: refused at its part, naming quota, usage and upload. */
+  cr_assert_eq(open_upload(ca, id, sizeof id, NULL), 201);
+  char path[640];
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/1", id);
+  r = req(ca, "PUT", path, big, strlen(big));
+  cr_assert_eq(r.status, 413, "over the storage quota: %d %s", r.status, r.body);
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "storage_quota_exceeded");
+  cr_expect(strstr(err_msg(&r), "max_storage_bytes is 1500000") && strstr(err_msg(&r), "datasets ") &&
+                strstr(err_msg(&r), "this upload would add 1000000"),
+            "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/2", id);
+  r = req(ca, "PUT", path, "x", 1);
+  cr_expect_eq(r.status, 404, "the refused upload is gone: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "GET", "/v1/datasets", NULL, 0);
+  cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 2, "nothing more was stored: %s", r.body);
+  lt_client_resp_free(&r);
+  /* Artifacts count too: 600 kB published, and the tenant is over; a new job is refused. */
+  json_t *arts = json_array();
+  char art_key[512];
+  char *blob = malloc(600000);
+  memset(blob, 'w', 600000);
+  seal_artifact(store, tdek, job, "adapter_model.safetensors", blob, 600000, art_key, sizeof art_key, arts);
+  publish(job, arts);
+  json_decref(arts);
+  char list[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "safetensors"), 20000, 100,
+                     "the publication never showed: %s", list);
+  char body[256];
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", big_id);
+  r = req(ca, "POST", "/v1/jobs", body, strlen(body));
+  cr_expect_eq(r.status, 413, "a job while over the quota: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "artifacts 600000"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* Another tenant is not affected. */
+  r = req(cb, "POST", "/v1/datasets?name=big", big, strlen(big));
+  cr_expect_eq(r.status, 201, "tenant B: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  /* Deleting the big dataset brings A under again. */
+  snprintf(path, sizeof path, "/v1/datasets/%s", big_id);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "POST", "/v1/datasets?name=small", ONE, strlen(ONE));
+  cr_expect_eq(r.status, 201, "under the quota again: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  lt_store_delete(store, art_key, NULL, 0);
+  free(blob);
+  free(big);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}

@@ -208,6 +208,7 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
   if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
   if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);
+  if ((v = getenv("LATHE_API_MAX_STORAGE_BYTES"))) conf.max_storage_bytes = (uint64_t)atoll(v);
   lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
   return e;

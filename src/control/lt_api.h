@@ -61,6 +61,7 @@ typedef struct lt_api_conf {
   int64_t upload_idle_ms;              /* an upload idle this long is dropped (600000) */
   int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
   size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */
+  uint64_t max_storage_bytes;          /* per tenant, datasets and artifacts together; 0: no limit */
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */

@@ -15,6 +15,7 @@
 #include "lt_api_int.h"
 #include "lt_time.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ struct lt_api_upload {
   lt_crypto_dek_t *dek;
   lt_sealed_writer_t *w;
   int next_part;
+  uint64_t bytes;         /* plaintext fed so far */
   int64_t last_active_ms; /* monotonic */
   bool busy;              /* a part or the completion is on a pool thread: hands off */
   bool dropped;           /* aborted while busy: freed when that work comes back */
@@ -154,6 +156,10 @@ typedef struct upload_task {
   lt_err_t refused;      /* the validator's verdict at completion (LT_ERR_INVALID, _QUOTA) */
   lt_dataset_report_t r;
   json_t *report, *meta;
+  uint64_t artifacts;    /* the tenant's artifact bytes (storage quota), from the loop */
+  uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
+  bool measured;
+  bool over_storage;     /* err is the storage quota's */
 } upload_task_t;
 
 /* One piece of a part through the validator, then the encryptor into the store. */
@@ -177,6 +183,7 @@ static lt_err_t feed_part(upload_task_t *t) {
   lt_err_t err = LT_OK;
   for (int i = 0; i < nvec && !err; i++) err = feed_piece(t->u, v[i].iov_base, v[i].iov_len, t->msg, sizeof t->msg);
   free(v);
+  t->u->bytes += evbuffer_get_length(t->body);
   evbuffer_free(t->body);
   t->body = NULL;
   if (!err && !t->complete) err = lt_sealed_writer_flush(t->u->w, t->msg, sizeof t->msg);
@@ -190,11 +197,22 @@ static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report,
  * dataset stored. */
 static void upload_work(void *ctx) {
   upload_task_t *t = ctx;
-  if (t->body) t->err = feed_part(t);
+  bool quota = t->api->conf.max_storage_bytes > 0;
+  if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
+    t->err = lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
+    t->measured = !t->err;
+    if (!t->err)
+      t->err = lt_api_storage_check(t->api, t->u->tenant, t->datasets, t->artifacts,
+                                    t->u->bytes + evbuffer_get_length(t->body), t->msg, sizeof t->msg);
+    t->over_storage = t->err == LT_ERR_QUOTA;
+  }
+  if (t->body && !t->err) t->err = feed_part(t);
   if (t->err || !t->complete) return;
   t->refused = lt_dataset_check_finish(t->u->check, &t->r);
   t->report = lt_dataset_report_json(&t->r, 1);
   if (!t->refused) t->err = store_dataset(t->api, t->u, t->report, &t->meta, t->msg, sizeof t->msg);
+  if (!t->refused && !t->err && quota)
+    t->measured = !lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, NULL, 0);
 }
 
 /* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
@@ -218,9 +236,13 @@ static void upload_after(lt_api_t *api, void *ctx) {
   upload_task_t *t = ctx;
   lt_api_upload_t *u = t->u;
   u->busy = false;
+  if (t->measured) lt_map_set(api->dataset_bytes, u->tenant, (void *)(uintptr_t)t->datasets);
   if (u->dropped) {
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
     upload_free(u);
+  } else if (t->over_storage) {
+    upload_drop(api, u);
+    lt_api_reply_storage(t->req, t->msg);
   } else if (t->err) {
     upload_drop(api, u);
     lt_api_reply_store_err(t->req, t->err, t->msg);
@@ -260,6 +282,7 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
   t->req = c->req;
   t->u = u;
   t->complete = complete;
+  if (c->api->conf.max_storage_bytes && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
   u->busy = true;
   lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
 }
@@ -412,6 +435,8 @@ typedef struct ds_task {
   lt_err_t err;
   char msg[256];
   json_t *out;
+  uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
+  bool measured;
 } ds_task_t;
 
 /* Hands a dataset request to the pool; after answers it and frees the task. */
@@ -542,6 +567,8 @@ static void delete_work(void *ctx) {
     lt_dataset_object_key(key, sizeof key, t->tenant, t->id, leaves[i]);
     t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
+  if (!t->err && t->api->conf.max_storage_bytes)
+    t->measured = !lt_api_dataset_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
 }
 
 static void delete_after(lt_api_t *api, void *ctx) {
@@ -549,6 +576,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   char seen[160];
   seen_key(seen, sizeof seen, t->tenant, t->id);
   lt_map_del(api->datasets_seen, seen);
+  if (t->measured) lt_map_set(api->dataset_bytes, t->tenant, (void *)(uintptr_t)t->datasets);
   if (t->err) ds_reply_err(t);
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));
   ds_free(t);

@@ -8,6 +8,7 @@
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
  *   lt_api_delete.c    DELETE /v1/jobs/{id}: recorded, crypto-shredded, deleted
+ *   lt_api_quota.c     the storage quota: datasets and artifacts together
  *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *
@@ -75,6 +76,7 @@ struct lt_api {
   bool ready;
   lt_map_t *history;       /* job_id -> json array of {id, event, data}: the SSE replay buffer */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
+  lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
@@ -173,6 +175,19 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
                            const char *key, uint64_t bytes, const char *content_type);
 /* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
 void lt_api_download_stop_all(lt_api_t *api);
+
+/* ---------------------------------------------------------------- storage quota (lt_api_quota.c) */
+
+/* Plaintext bytes of the tenant's published artifacts (deleted jobs not counted). Loop thread. */
+uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
+/* Stored bytes of the tenant's datasets, listed from the store. Any thread. */
+lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
+/* LT_ERR_QUOTA naming quota and usage when adding bytes would take the tenant over
+ * conf.max_storage_bytes (adding 0: when it is at or over it already). */
+lt_err_t lt_api_storage_check(const lt_api_t *api, const char *tenant, uint64_t datasets, uint64_t artifacts,
+                              uint64_t adding, char *msg, size_t n);
+/* 413 storage_quota_exceeded with msg. */
+void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
 
 /* ---------------------------------------------------------------- jobs (lt_api_jobs.c) */
 

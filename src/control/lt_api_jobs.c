@@ -2,6 +2,7 @@
  * lt_api_events.c). A submission or cancel is answered only once its record is in the log. */
 #include "lt_api_int.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +292,15 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
                          "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "
                          "finish or cancel one",
                          t->tenant_id, (long long)a.live, t->quotas.max_queued_jobs);
+      return false;
+    }
+  }
+  if (api->conf.max_storage_bytes) { /* lt_api_quota.c; datasets as last measured */
+    char msg[512];
+    uint64_t datasets = (uint64_t)(uintptr_t)lt_map_get(api->dataset_bytes, t->tenant_id);
+    if (lt_api_storage_check(api, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
+                             sizeof msg)) {
+      lt_api_reply_storage(req, msg);
       return false;
     }
   }

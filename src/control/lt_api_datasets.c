@@ -237,7 +237,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   lt_api_upload_t *u = t->u;
   u->busy = false;
   if (t->measured) lt_map_set(api->dataset_bytes, u->tenant, (void *)(uintptr_t)t->datasets);
-  if (u->dropped) {
+  if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
     upload_free(u);
   } else if (t->over_storage) {
@@ -260,7 +260,8 @@ static void upload_after(lt_api_t *api, void *ctx) {
     lt_map_set(api->datasets_seen, seen, NULL);
     lt_api_reply_json(t->req, 201, t->meta);
     t->meta = NULL;
-    upload_drop(api, u);
+    if (u->dropped) upload_free(u);
+    else upload_drop(api, u);
   }
   json_decref(t->report);
   json_decref(t->meta);

@@ -282,6 +282,47 @@ Test(api_data, a_tenants_hanging_store_call_does_not_hold_up_another_tenants_req
   hang_stop(&h);
 }
 
+/* The pool (lt_api_work.c) runs no tenant on every thread: with A's four uploads hanging in the
+ * store, a thread is left, and B's upload, which needs a pool thread but not the store (it is
+ * refused by the validator), is answered. */
+Test(api_data, a_tenant_whose_uploads_all_hang_leaves_a_pool_thread_to_another_tenant) {
+  hang_srv_t h;
+  hang_start(&h);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, "LATHE_API_THREADS=4", NULL});
+  enum { N = 4 };
+  upload_call_t u[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    u[i] = (upload_call_t){.c = lt_test_client(url, key_a, 120), .body = ONE};
+    pthread_create(&th[i], NULL, upload_thread, &u[i]);
+  }
+  /* Three of A's four run (each holds a store connection); the fourth waits for one of them. */
+  lt_test_wait_until(hang_accepted(&h) >= 3, 30000, 20, "A's uploads never reached the store");
+  lt_client_t *b = lt_test_client(url, key_b, 30); /* without a thread left it would never answer */
+  lt_client_resp_t r;
+  memset(&r, 0, sizeof r);
+  lt_err_t e = lt_client_request(b, "POST", "/v1/datasets?name=bad", NULL, 0, "not json\n", 9, NULL, &r, err,
+                                 sizeof err);
+  lt_client_destroy(b);
+  cr_expect(e == LT_OK && r.status == 400, "B's upload while A's hang: %s %d %s", e ? err : "", r.status,
+            r.body ? r.body : "");
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "invalid_dataset");
+  lt_client_resp_free(&r);
+  pthread_mutex_lock(&h.mu);
+  bool held = !h.released;
+  pthread_mutex_unlock(&h.mu);
+  cr_expect(held, "A's store calls were still hanging while B was answered");
+  hang_release(&h);
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    lt_client_destroy(u[i].c);
+    cr_expect_eq(u[i].status, 503, "A's upload %d after the store failed: %d %s", i, u[i].status, u[i].text);
+  }
+  hang_stop(&h);
+}
+
 /* ---------------------------------------------------------------- the open-upload cap */
 
 Test(api_data, a_tenant_at_its_open_upload_cap_gets_429_naming_the_limit_and_an_abort_frees_a_slot) {

@@ -9,7 +9,9 @@
  * connection instead of freeing it, and frees it on the reply.
  *
  * Fair across tenants: a free thread takes the oldest task of the tenant with the fewest tasks
- * running, so a tenant with many queued parts does not hold every thread while another waits.
+ * running, and no tenant runs on more than all threads but one, so that a tenant whose store
+ * calls hang (or that sends many parts at once) leaves a thread to the others
+ * (tests/test_api_data.c).
  * With conf.work_threads < 0 a task runs at once on the loop thread (the path before the pool;
  * the benchmark compares the two).
  *
@@ -69,18 +71,24 @@ static int running_count(lt_api_pool_t *p, const char *tenant, int add) {
   return 0;
 }
 
-/* Unlinks the oldest queued task of the tenant with the fewest running. Under mu. */
+/* Most tasks one tenant runs at once: every thread but one (with one thread, that one). */
+static int per_tenant(const lt_api_pool_t *p) { return p->nthreads > 1 ? p->nthreads - 1 : 1; }
+
+/* Unlinks the oldest queued task of the tenant with the fewest running, among tenants under
+ * per_tenant; NULL when no task may run now. Under mu. */
 static task_t *take(lt_api_pool_t *p) {
   task_t **best = NULL;
   int best_n = 0;
   for (task_t **pp = &p->queue; *pp; pp = &(*pp)->next) {
     int n = running_count(p, (*pp)->tenant, 0);
+    if (n >= per_tenant(p)) continue;
     if (!best || n < best_n) {
       best = pp;
       best_n = n;
       if (n == 0) break;
     }
   }
+  if (!best) return NULL;
   task_t *t = *best;
   *best = t->next;
   t->next = NULL;
@@ -91,9 +99,10 @@ static void *worker_main(void *arg) {
   lt_api_pool_t *p = arg;
   pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (!p->queue && !p->stopping) pthread_cond_wait(&p->cv, &p->mu);
-    if (!p->queue) break; /* stopping, and nothing left */
-    task_t *t = take(p);
+    task_t *t;
+    /* A queued task of a tenant at its share waits for one of that tenant's tasks to end. */
+    while (!(t = take(p)) && !(p->stopping && !p->queue)) pthread_cond_wait(&p->cv, &p->mu);
+    if (!t) break; /* stopping, and nothing left */
     running_count(p, t->tenant, 1);
     pthread_mutex_unlock(&p->mu);
     t->work(t->ctx);
@@ -101,6 +110,7 @@ static void *worker_main(void *arg) {
     running_count(p, t->tenant, -1);
     t->next = p->done;
     p->done = t;
+    pthread_cond_broadcast(&p->cv); /* a task held back by its tenant's share may run now */
     event_active(p->done_ev, 0, 0);
   }
   pthread_mutex_unlock(&p->mu);

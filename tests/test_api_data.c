@@ -10,7 +10,13 @@
  * - an open upload between its parts holds less than a part of the API's memory, and the memory
  *   goes back when the upload is aborted or expires (the child's RSS);
  * - an artifact bigger than the download window streams whole, verified, with the API's peak
- *   memory independent of its size; a corrupted one never arrives as a whole 200. */
+ *   memory independent of its size; a corrupted one never arrives as a whole 200; a client that
+ *   goes away mid-download frees its slot;
+ * - no tenant runs on every pool thread: with one tenant's uploads all hanging, another's is
+ *   answered;
+ * - DELETE of a finished job: recorded, its artifact key destroyed first, its objects deleted,
+ *   410 on its routes after a restart too; 409 for a running one, 404 for another tenant;
+ * - the storage quota (datasets and artifacts together): 413 naming quota and usage. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -468,7 +474,7 @@ static void a_job(char *job, size_t n) {
 }
 
 Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory_and_a_corrupt_one_never_arrives_whole) {
-  start_api((const char *const[]){"LATHE_API_DOWNLOAD_WINDOW=262144", NULL});
+  start_api((const char *const[]){"LATHE_API_DOWNLOAD_WINDOW=262144", "LATHE_API_MAX_DOWNLOADS=1", NULL});
   lt_crypto_kek_t *kek;
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
@@ -517,6 +523,31 @@ Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory
   memset(&r, 0, sizeof r);
   lt_err_t e = lt_client_request(ca, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err);
   cr_expect(e != LT_OK || r.status != 200 || r.len < 3 * MIB, "a corrupt artifact arrived whole (%d, %zu bytes)",
+            r.status, r.len);
+  lt_client_resp_free(&r);
+  /* A client that goes away mid-download: its stream stops and frees its slot (one download at
+   * a time here), so the next download is served whole, not refused. */
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_model.safetensors", job);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                          .sin_port = htons((uint16_t)atoi(strrchr(url, ':') + 1))};
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  char head[1024];
+  int hl = snprintf(head, sizeof head, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, key_a);
+  cr_assert_eq(write(fd, head, (size_t)hl), hl);
+  size_t got = 0;
+  char buf[65536];
+  while (got < 1u << 20) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    cr_assert_gt(n, 0, "the download ended after %zu bytes", got);
+    got += (size_t)n;
+  }
+  close(fd);
+  int status = 0;
+  lt_test_wait_until((status = lt_test_get_status(ca, path, NULL, 0)) == 200, 20000, 200,
+                     "after a client went away mid-download the next one got %d", status);
+  r = req(ca, "GET", path, NULL, 0);
+  cr_expect(r.status == 200 && r.len == len && memcmp(r.body, data, len) == 0, "the next download is whole: %d %zu",
             r.status, r.len);
   lt_client_resp_free(&r);
   /* The API is still there. */

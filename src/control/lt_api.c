@@ -259,7 +259,9 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   api->conf = *conf;
   api->base = base;
   if (!api->conf.bind_addr) api->conf.bind_addr = "127.0.0.1";
-  if (!api->conf.producer_id) api->conf.producer_id = "api";
+  /* conf's strings may live on the caller's stack (lathed's start_api): keep a copy. */
+  snprintf(api->producer_id, sizeof api->producer_id, "%s", conf->producer_id ? conf->producer_id : "api");
+  api->conf.producer_id = api->producer_id;
   if (!api->conf.produce_timeout_ms) api->conf.produce_timeout_ms = 5000;
   if (!api->conf.max_json_body) api->conf.max_json_body = 65536;
   if (!api->conf.max_upload_bytes) api->conf.max_upload_bytes = 1ull << 30;

@@ -202,20 +202,21 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
 
 /* On the loop: hands the next waiting piece to evhttp, or ends. */
 static void pump(lt_api_download_t *d) {
-  if (d->writing) return;
   pthread_mutex_lock(&d->mu);
   bool finished = d->finished, have = evbuffer_get_length(d->q) > 0;
   lt_err_t err = d->err;
-  struct evbuffer *out = NULL;
-  if (have && !d->gone && (out = evbuffer_new())) {
-    evbuffer_add_buffer(out, d->q);
-    pthread_cond_signal(&d->cv);
-  }
   pthread_mutex_unlock(&d->mu);
-  if (d->gone) {
-    if (out) evbuffer_free(out);
+  if (d->gone) { /* before the writing check: a piece in flight when the client went never reports */
     if (finished) download_end(d, false);
     return;
+  }
+  if (d->writing) return;
+  struct evbuffer *out = NULL;
+  if (have && (out = evbuffer_new())) {
+    pthread_mutex_lock(&d->mu);
+    evbuffer_add_buffer(out, d->q);
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
   }
   if (!d->started && !reply_start(d, have, finished, err)) {
     if (out) evbuffer_free(out);

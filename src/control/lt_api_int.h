@@ -61,6 +61,7 @@ typedef struct lt_api_stats {
 
 struct lt_api {
   lt_api_conf_t conf;
+  char producer_id[128]; /* conf.producer_id points here */
   struct event_base *base;
   struct evhttp *http;
   uint16_t port;

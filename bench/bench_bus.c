@@ -144,6 +144,7 @@ static void raw_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
 static rd_kafka_conf_t *raw_conf(void) {
   rd_kafka_conf_t *rc = rd_kafka_conf_new();
   rd_kafka_conf_set(rc, "bootstrap.servers", bootstrap, NULL, 0);
+  bench_rk_auth(rc);
   rd_kafka_conf_set(rc, "log.connection.close", "false", NULL, 0);
   return rc;
 }
@@ -226,7 +227,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   lt_bus_conf_t *conf = lt_bus_conf_new();
-  if (lt_bus_conf_from_env(conf, err, sizeof err)) die("conf");
+  if (lt_bus_conf_from_env(conf, err, sizeof err) || lt_bus_conf_for_role(conf, "admin", err, sizeof err)) die("conf");
   char prefix[64];
   snprintf(prefix, sizeof prefix, "bench-%d-%ld.", (int)getpid(), (long)time(NULL));
   lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, NULL, 0);

@@ -73,7 +73,7 @@ def main():
     work = tempfile.mkdtemp(prefix="lt_bench_e2e_")
     models = os.path.join(work, "models")
     os.makedirs(models)
-    port = free_port()
+    port, ops_port = free_port(), free_port()
     env = dict(os.environ, LATHE_TOPIC_PREFIX=prefix, LATHE_MODELS_DIR=models,
                LATHE_API_URL="http://127.0.0.1:%d" % port)
     procs = []
@@ -101,14 +101,15 @@ def main():
         print("base model: lathe model make --steps 5 in %.1f s" % (time.time() - t), flush=True)
         run("admin", "topics")
         for role, inst in (("api", "api-1"), ("scheduler", "scheduler-1"), ("worker", "worker-1")):
-            args = [lathed, "--role", role] + (["--port", str(port)] if role == "api" else [])
+            args = [lathed, "--role", role] + (["--port", str(port), "--operator-port", str(ops_port)]
+                                               if role == "api" else [])
             log = open(os.path.join(work, role + ".log"), "w")
             procs.append(subprocess.Popen(args, env=dict(env, LATHE_INSTANCE=inst, LATHE_WORKER_THREADS="1"),
                                           stdout=log, stderr=subprocess.STDOUT))
         import urllib.request
         for _ in range(100):
             try:
-                urllib.request.urlopen(env["LATHE_API_URL"] + "/healthz", timeout=1)
+                urllib.request.urlopen("http://127.0.0.1:%d/healthz" % ops_port, timeout=1)
                 break
             except Exception:
                 time.sleep(0.2)

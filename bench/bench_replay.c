@@ -189,8 +189,9 @@ static uint64_t read_raw_rdkafka(const char *bootstrap, const char *t1, const ch
                                  uint64_t *bytes) {
   char e[512];
   rd_kafka_conf_t *rc = rd_kafka_conf_new();
+  bench_rk_auth(rc);
   if (rd_kafka_conf_set(rc, "bootstrap.servers", bootstrap, e, sizeof e) ||
-      rd_kafka_conf_set(rc, "group.id", "bench-replay-raw", e, sizeof e) ||
+      rd_kafka_conf_set(rc, "group.id", t1, e, sizeof e) || /* under the run's prefix */
       rd_kafka_conf_set(rc, "enable.auto.commit", "false", e, sizeof e) ||
       rd_kafka_conf_set(rc, "isolation.level", "read_committed", e, sizeof e)) {
     fprintf(stderr, "bench_replay: rdkafka conf: %s\n", e);
@@ -377,11 +378,14 @@ int main(void) {
   avro_set_allocator(avro_counted, NULL);
   lt_bus_conf_t *conf = lt_bus_conf_new();
   CHECK(lt_bus_conf_from_env(conf, err, sizeof err));
+  CHECK(lt_bus_conf_for_role(conf, "admin", err, sizeof err));
   char prefix[96];
   snprintf(prefix, sizeof prefix, "lt-bench-replay-%d-%ld.", (int)getpid(), (long)time(NULL));
   CHECK(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err));
   lt_bus_admin_t *admin;
   CHECK(lt_bus_admin_new(conf, &admin, err, sizeof err));
+  /* On an authenticated broker the admin principal may use a new prefix once its ACLs exist. */
+  if (getenv("LATHE_KAFKA_CONFIG_DIR")) CHECK(lt_bus_admin_create_acls(admin, NULL, 30000, NULL, NULL, err, sizeof err));
   char tj[200], tc[200];
   lt_bus_topic_name(conf, "jobs", tj, sizeof tj);
   lt_bus_topic_name(conf, "control", tc, sizeof tc);

@@ -98,4 +98,26 @@ static inline double bench_pid_cpu_s(int pid) {
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+#ifdef RD_KAFKA_VERSION
+/* The admin principal's properties (LATHE_KAFKA_CONFIG_DIR/admin.properties, `ops/stack env`) on
+ * a raw librdkafka peer's configuration, so the peer talks to the same authenticated broker as
+ * lt_bus (docs/DESIGN.md §5a). Nothing when the variable is unset. Include after rdkafka.h. */
+static inline void bench_rk_auth(rd_kafka_conf_t *rc) {
+  const char *dir = getenv("LATHE_KAFKA_CONFIG_DIR");
+  char path[4096], line[1024], e[256];
+  if (!dir || !*dir) return;
+  snprintf(path, sizeof path, "%s/admin.properties", dir);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\r\n")] = '\0';
+    char *eq = strchr(line, '=');
+    if (line[0] == '#' || !eq) continue;
+    *eq = '\0';
+    if (rd_kafka_conf_set(rc, line, eq + 1, e, sizeof e) != RD_KAFKA_CONF_OK) fprintf(stderr, "%s: %s\n", path, e);
+  }
+  fclose(f);
+}
+#endif
+
 #endif

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """cli_args: what `lathe` does with arguments a person gets wrong, and JSON a program reads.
 
+- --url takes http:// and https://; --ca-file without a value, or naming no file, says so.
 - Only shared options and no command (`lathe jobs --json`, `lathe datasets -q`) is a usage
   error (exit 2, usage on stderr), not a crash; --help is exit 0 with usage on stdout; an
   option without its value names the option.
@@ -39,6 +40,15 @@ for cmd in ("jobs", "datasets"):
     p = run(cmd, "list", "--url")
     check(f"lathe {cmd} list --url names the option that needs a value",
           p.returncode == 2 and "--url needs a value" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
+    p = run(cmd, "list", "--ca-file")
+    check(f"lathe {cmd} list --ca-file names the option that needs a value",
+          p.returncode == 2 and "--ca-file needs a value" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
+    p = run(cmd, "list", "--url", "https://127.0.0.1:1", "--ca-file", "/nonexistent/ca.pem")
+    check(f"lathe {cmd} list with a CA file that is not there says which",
+          p.returncode == 2 and "/nonexistent/ca.pem" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
+    p = run(cmd, "list", "--url", "ftp://127.0.0.1:1")
+    check(f"lathe {cmd} list with an ftp:// URL names the schemes it takes",
+          p.returncode == 2 and "https://HOST" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
 
 if not os.environ.get("LATHE_KAFKA_BOOTSTRAP"):
     check("the stack's environment is set (ops/test sets it)", False, "LATHE_KAFKA_BOOTSTRAP unset")

@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 
-from lt_test import BOOTSTRAP, ROOT, admin_client, require_clients
+from lt_test import BOOTSTRAP, ROOT, admin_client, admin_topics, kafka_conf, require_clients
 
 require_clients("interop_kafka")
 import avro.io  # noqa: E402
@@ -89,6 +89,7 @@ def main():
     admin = admin_client(fail)
     run = f"interop-{os.getpid()}-{int(time.time())}."
     c2py, py2c = run + "c2py", run + "py2c"
+    admin_topics(lathe, run, fail)  # the admin principal's ACLs under this prefix
     futs = admin.create_topics([NewTopic(c2py, 3, 1), NewTopic(py2c, 1, 1)])
     for t, f in futs.items():
         f.result(timeout=30)
@@ -97,7 +98,8 @@ def main():
         c_to_python(lathe, env, c2py)
         python_to_c(lathe, env, py2c)
     finally:
-        for f in admin.delete_topics([c2py, py2c]).values():
+        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(run)]
+        for f in admin.delete_topics(mine).values():
             try:
                 f.result(timeout=30)
             except Exception:
@@ -117,9 +119,9 @@ def c_to_python(lathe, env, topic):
     if len(acks) != N:
         fail(f"lathe topic produce acknowledged {len(acks)} of {N} records")
 
-    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": topic + ".py",
+    c = Consumer(kafka_conf(**{"group.id": topic + ".py",
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False}))
     c.subscribe([topic])
     got = {}
     deadline = time.time() + 60
@@ -154,7 +156,7 @@ def c_to_python(lathe, env, topic):
 def python_to_c(lathe, env, topic):
     s1, fp1 = load_schema("StepCompleted", 1)
     s2, fp2 = load_schema("StepCompleted", 2)
-    p = Producer({"bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True})
+    p = Producer(kafka_conf(acks="all", **{"enable.idempotence": True}))
     sent = []
     for i in range(N):
         version = 1 if i % 2 == 0 else 2

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <librdkafka/rdkafka.h>
+
 #include "lt_crypto.h"
 
 static char err[1024];
@@ -115,18 +117,59 @@ void lt_test_scratch_prefix(const char *tag, char *out, size_t n) {
   snprintf(out, n, "%s%d-%.8s.", tag, (int)getpid(), rnd);
 }
 
-lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin) {
+lt_bus_conf_t *lt_test_bus_env(void) {
   lt_bus_conf_t *conf = lt_bus_conf_new();
   cr_assert(conf);
   cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_conf_for_role(conf, "admin", err, sizeof err), LT_OK, "%s", err);
+  return conf;
+}
+
+const char *lt_test_kafka_props(const char *role, char *out, size_t n) {
+  const char *dir = getenv("LATHE_KAFKA_CONFIG_DIR");
+  if (!dir || !*dir) return NULL;
+  snprintf(out, n, "%s/%s.properties", dir, role);
+  return out;
+}
+
+void lt_test_rd_conf_auth(rd_kafka_conf_t *rc, const char *role) {
+  char path[1024], line[1024];
+  if (!lt_test_kafka_props(role, path, sizeof path)) return;
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "cannot read %s", path);
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\r\n")] = '\0';
+    char *eq = strchr(line, '=');
+    if (line[0] == '#' || !eq) continue;
+    *eq = '\0';
+    char rderr[256];
+    cr_assert_eq(rd_kafka_conf_set(rc, line, eq + 1, rderr, sizeof rderr), RD_KAFKA_CONF_OK, "%s: %s", path, rderr);
+  }
+  fclose(f);
+}
+
+/* With the stack's principals (ops/stack env), the roles' ACLs of ops/acls.tsv under admin's
+ * prefix: the admin principal itself may create topics there only then (docs/DESIGN.md §5a). */
+static void scratch_acls(lt_bus_admin_t *admin, int timeout_ms) {
+  char path[1024];
+  if (!getenv("LATHE_KAFKA_CONFIG_DIR")) return;
+  lt_test_source_path("ops/acls.tsv", path, sizeof path);
+  cr_assert_eq(lt_bus_admin_create_acls(admin, path, timeout_ms, NULL, NULL, err, sizeof err), LT_OK,
+               "cannot create the ACLs of %s: %s", path, err);
+}
+
+lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin) {
+  lt_bus_conf_t *conf = lt_test_bus_env();
   lt_test_scratch_prefix(tag, prefix, n);
   cr_assert_eq(lt_bus_conf_set(conf, "lathe.topic.prefix", prefix, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_admin_new(conf, admin, err, sizeof err), LT_OK, "%s", err);
+  scratch_acls(*admin, 30000);
   return conf;
 }
 
 void lt_test_topics_create(lt_bus_conf_t *conf, lt_bus_admin_t *admin, int timeout_ms) {
   char path[1024];
+  scratch_acls(admin, timeout_ms);
   lt_test_source_path("ops/topics.tsv", path, sizeof path);
   if (lt_bus_admin_create_from_file(admin, path, -1, timeout_ms, NULL, err, sizeof err) != LT_OK)
     cr_assert_fail("cannot create the topics of %s on %s (%s): start the broker with `ops/stack up` and "
@@ -139,7 +182,8 @@ void lt_test_topics_delete(const char *prefix) {
   lt_bus_admin_t *admin = NULL;
   char **names = NULL;
   size_t nn = 0;
-  if (lt_bus_conf_from_env(conf, NULL, 0) == LT_OK && lt_bus_admin_new(conf, &admin, NULL, 0) == LT_OK &&
+  if (lt_bus_conf_from_env(conf, NULL, 0) == LT_OK && lt_bus_conf_for_role(conf, "admin", NULL, 0) == LT_OK &&
+      lt_bus_admin_new(conf, &admin, NULL, 0) == LT_OK &&
       lt_bus_admin_list_topics(admin, 10000, &names, &nn, NULL, 0) == LT_OK) {
     const char *mine[64];
     size_t n = 0;
@@ -214,7 +258,7 @@ lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *ro
                                const char *const *env) {
   const char *lathed = lt_test_lathed_bin();
   const char *in_netns[] = {"/usr/sbin/ip", "netns", "exec", netns, lathed, "--role", role, NULL};
-  const char *api[] = {lathed, "--role", role, "--port", "0", NULL};
+  const char *api[] = {lathed, "--role", role, "--port", "0", "--operator-port", "0", NULL};
   const char *plain[] = {lathed, "--role", role, NULL};
   char instance[64];
   snprintf(instance, sizeof instance, "LATHE_INSTANCE=%s", name);
@@ -275,24 +319,31 @@ void lt_test_procs_stop_all(void) {
   nprocs = 0;
 }
 
-/* The port of the last "listening on http://HOST:PORT" in a log; 0 if none yet. */
-static unsigned log_port(const char *log) {
-  static const char mark[] = "listening on http://";
+/* The port of the last "MARK...://HOST:PORT" in a log; 0 if none yet. */
+static unsigned log_port(const char *log, const char *mark) {
   char *all = lt_test_slurp(log, NULL);
   unsigned port = 0;
-  for (const char *p = all; p && (p = strstr(p, mark)); p += sizeof mark - 1) {
-    const char *colon = strchr(p + sizeof mark - 1, ':');
+  size_t ml = strlen(mark);
+  for (const char *p = all; p && (p = strstr(p, mark)); p += ml) {
+    const char *scheme = strstr(p + ml, "://"), *colon = scheme ? strchr(scheme + 3, ':') : NULL;
     if (colon) sscanf(colon + 1, "%u", &port);
   }
   free(all);
   return port;
 }
 
-unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) {
+static unsigned wait_port(lt_test_proc_t *p, const char *mark, int timeout_ms) {
   unsigned port = 0;
-  lt_test_wait_until((port = log_port(p->log)) != 0, timeout_ms, 50, "%s printed no port within %d s; log:\n%s",
-                     p->name, timeout_ms / 1000, lt_test_log_tail(p->log));
+  lt_test_wait_until((port = log_port(p->log, mark)) != 0, timeout_ms, 50,
+                     "%s printed no \"%s\" port within %d s; log:\n%s", p->name, mark, timeout_ms / 1000,
+                     lt_test_log_tail(p->log));
   return port;
+}
+
+unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) { return wait_port(p, "listening on http", timeout_ms); }
+
+unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms) {
+  return wait_port(p, "operator endpoints (/healthz, /metrics) at http", timeout_ms);
 }
 
 /* ---------------------------------------------------------------- HTTP */
@@ -340,10 +391,7 @@ struct lt_test_tail {
 lt_test_tail_t *lt_test_tail_open(const lt_bus_conf_t *conf, const char *const *bases) {
   lt_test_tail_t *t = calloc(1, sizeof *t);
   lt_bus_conf_t *env = NULL;
-  if (!conf) {
-    conf = env = lt_bus_conf_new();
-    cr_assert_eq(lt_bus_conf_from_env(env, err, sizeof err), LT_OK, "%s", err);
-  }
+  if (!conf) conf = env = lt_test_bus_env();
   cr_assert_eq(lt_avro_registry_new(&t->reg, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_decoder_new(t->reg, &t->dec, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_bus_consumer_new(conf, NULL, &t->c, err, sizeof err), LT_OK, "%s", err);

@@ -72,6 +72,14 @@ const char *lt_test_source_path(const char *rel, char *out, size_t n);
 void lt_test_require_stack(void);
 /* A topic prefix no other test uses: TAG<pid>-<8 random hex>. into out. */
 void lt_test_scratch_prefix(const char *tag, char *out, size_t n);
+/* The bus configuration of the environment (lt_bus_conf_from_env) with the admin principal
+ * (lt_bus_conf_for_role): what an operator's tool uses. Caller destroys. */
+lt_bus_conf_t *lt_test_bus_env(void);
+/* LATHE_KAFKA_CONFIG_DIR/ROLE.properties into out, or NULL when the stack has no principals. */
+const char *lt_test_kafka_props(const char *role, char *out, size_t n);
+/* Sets role's properties (SASL) on a raw librdkafka configuration; nothing without principals. */
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+void lt_test_rd_conf_auth(rd_kafka_conf_t *rc, const char *role);
 /* The bus configuration of the environment under a new scratch prefix (into prefix, from
  * lt_test_scratch_prefix), and an admin client on it (caller destroys both). */
 lt_bus_conf_t *lt_test_bus_scratch(const char *tag, char *prefix, size_t n, lt_bus_admin_t **admin);
@@ -108,7 +116,8 @@ typedef struct lt_test_spawn {
 
 /* Starts a child process and registers it; the pointer stays valid for the test. */
 lt_test_proc_t *lt_test_spawn(const lt_test_spawn_t *s);
-/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0` for the api role)
+/* `lathed --role ROLE` (inside network namespace netns when not NULL; `--port 0 --operator-port 0`
+ * for the api role)
  * with LATHE_INSTANCE=name and the extra NAME=VALUE strings env; output into log. */
 lt_test_proc_t *lt_test_lathed(const char *name, const char *log, const char *role, const char *netns,
                                const char *const *env);
@@ -124,8 +133,10 @@ int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
 /* Stops every registered child (10 s each for SIGTERM; a group leader's group is killed at once)
  * and forgets them: a suite's fini. */
 void lt_test_procs_stop_all(void);
-/* The port a child printed as "listening on http://HOST:PORT" in its log (waits up to timeout_ms). */
+/* The port a child printed as "listening on http[s]://HOST:PORT" in its log (waits up to timeout_ms). */
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);
+/* The api's operator port (/healthz, /metrics), as it printed it (waits up to timeout_ms). */
+unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms);
 
 /* ---------------------------------------------------------------- HTTP (lt_client) */
 

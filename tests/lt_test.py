@@ -16,10 +16,38 @@ def require_clients(name):
         sys.exit(f"{name}: {e}: run with /usr/bin/python3 after ops/setup (python3-avro, python3-confluent-kafka)")
 
 
+def kafka_conf(role="admin", **extra):
+    """librdkafka properties for a client of BOOTSTRAP as role's principal: the stack's
+    LATHE_KAFKA_CONFIG_DIR/ROLE.properties (`ops/stack env`; docs/DESIGN.md §5a), then extra
+    (keyword names with '_' for '.')."""
+    conf = {"bootstrap.servers": BOOTSTRAP}
+    d = os.environ.get("LATHE_KAFKA_CONFIG_DIR")
+    if d:
+        with open(os.path.join(d, role + ".properties")) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, v = line.split("=", 1)
+                    conf[k.strip()] = v.strip()
+    conf.update({k.replace("_", "."): v for k, v in extra.items()})
+    return conf
+
+
+def admin_topics(lathe, prefix, fail):
+    """`lathe admin topics` under prefix: the roles' ACLs and Lathe's topics, which also lets the
+    admin principal make more topics under prefix."""
+    import subprocess
+    env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix)
+    p = subprocess.run([lathe, "admin", "topics"], env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"lathe admin topics (prefix {prefix}) exited {p.returncode}: {p.stderr}")
+
+
 def admin_client(fail):
-    """A confluent_kafka AdminClient of BOOTSTRAP once the broker answers; else fail(message)."""
+    """A confluent_kafka AdminClient of BOOTSTRAP (the admin principal) once the broker answers;
+    else fail(message)."""
     from confluent_kafka.admin import AdminClient
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(kafka_conf())
     try:
         admin.list_topics(timeout=10)
     except Exception as e:

@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +38,8 @@ static char err[1024];
 typedef struct srv {
   lt_test_proc_t *proc;
   char url[64];
+  char ops_url[64]; /* the operator port: /healthz, /metrics */
+  unsigned port, ops_port;
 } srv_t;
 
 static srv_t api;             /* the API of the current test */
@@ -43,20 +48,31 @@ static char tenant_a[64], tenant_b[64], key_a[128], key_b[128];
 
 /* ---------------------------------------------------------------- lathed as a child */
 
-/* `lathed --role api --port 0`, ready: the projection has caught up (healthz 200). */
-static srv_t start_api(void) {
+/* `lathed --role api --port 0 --operator-port 0` with the extra arguments args and NAME=VALUE
+ * strings env (each NULL-terminated, may be NULL), ready: the projection has caught up (healthz
+ * 200 on the operator port). */
+static srv_t start_api_with(const char *const *args, const char *const *env) {
   static int n;
   srv_t s = {0};
   char log[256];
   snprintf(log, sizeof log, "/tmp/test_api.%d.%d.log", (int)getpid(), n++);
-  s.proc = lt_test_lathed("api", log, "api", NULL, NULL);
-  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", lt_test_proc_port(s.proc, 30000));
-  lt_client_t *c = lt_test_client(s.url, NULL, 0);
+  const char *argv[24] = {lt_test_lathed_bin(), "--role", "api", "--port", "0", "--operator-port", "0"};
+  for (int i = 0; args && args[i] && i < 16; i++) argv[7 + i] = args[i];
+  const char *envs[16] = {"LATHE_INSTANCE=api"};
+  for (int i = 0; env && env[i] && i < 14; i++) envs[1 + i] = env[i];
+  s.proc = lt_test_spawn(&(lt_test_spawn_t){.name = "api", .log = log, .argv = argv, .env = envs});
+  s.port = lt_test_proc_port(s.proc, 30000);
+  s.ops_port = lt_test_proc_operator_port(s.proc, 30000);
+  snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", s.port);
+  snprintf(s.ops_url, sizeof s.ops_url, "http://127.0.0.1:%u", s.ops_port);
+  lt_client_t *c = lt_test_client(s.ops_url, NULL, 0);
   lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
                      "lathed's /healthz never answered 200; see %s", log);
   lt_client_destroy(c);
   return s;
 }
+
+static srv_t start_api(void) { return start_api_with(NULL, NULL); }
 
 /* Stops it; its log goes when it stopped cleanly. */
 static void stop_api(srv_t *s) {
@@ -96,6 +112,8 @@ static void wait_key(lt_client_t *c) {
   lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200, 20000, 100,
                      "the API never accepted a new tenant's key");
 }
+
+static void produce_json(const char *base, const char *type, const char *key, json_t *obj);
 
 static const char *valid_jsonl = "{\"prompt\":\"Say hi\",\"completion\":\"hi\"}\n"
                                  "{\"prompt\":\"2+2?\",\"completion\":\"4\"}\n";
@@ -156,6 +174,9 @@ static void setup(void) {
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
   unsetenv("LATHE_MASTER_KEY_FILE");
+  /* These tests send bad keys and poll for new ones on purpose; the tests of the limits start
+   * their own API with the limits they check. */
+  setenv("LATHE_API_AUTH_FAIL_RATE", "100/1000", 1);
   lt_test_admin_topics();
   new_tenant("a", "--max-queued 3 --max-dataset-bytes 4096", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
   new_tenant("b", NULL, tenant_b, sizeof tenant_b, key_b, sizeof key_b);
@@ -287,6 +308,265 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   expect_error(cb, "GET", "/v1/jobs", NULL, 401, "unauthorized");
   expect_error(cb, "GET", "/v1/datasets", NULL, 401, "unauthorized");
   lt_client_destroy(fresh);
+}
+
+/* ---------------------------------------------------------------- the front door */
+
+/* A connection to the API's port from source address src (NULL: any), to send bytes as they are. */
+static int raw_connect(unsigned port, const char *src) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  if (src) {
+    inet_pton(AF_INET, src, &a.sin_addr);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind %s: %s", src, strerror(errno));
+  }
+  a.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+/* Sends text on fd and reads one answer with a Content-Length body (NUL-terminated; caller frees). */
+static char *raw_exchange(int fd, const char *text, size_t len) {
+  for (size_t off = 0; off < len;) {
+    ssize_t w = send(fd, text + off, len - off, MSG_NOSIGNAL);
+    if (w <= 0) break; /* the server may answer and close before reading everything */
+    off += (size_t)w;
+  }
+  size_t cap = 65536, n = 0;
+  char *out = calloc(1, cap + 1);
+  for (;;) {
+    ssize_t r = recv(fd, out + n, cap - n, 0);
+    if (r <= 0) break;
+    n += (size_t)r;
+    out[n] = '\0';
+    const char *end = strstr(out, "\r\n\r\n"), *cl = strcasestr(out, "Content-Length:");
+    if (end && cl && cl < end && n >= (size_t)(end + 4 - out) + (size_t)atol(cl + 15)) break;
+  }
+  return out;
+}
+
+/* One request on a new connection (from src, NULL: any): the raw answer (caller frees). */
+static char *raw_http(unsigned port, const char *src, const char *text, size_t len) {
+  int fd = raw_connect(port, src);
+  char *out = raw_exchange(fd, text, len);
+  close(fd);
+  return out;
+}
+
+/* A raw answer's status, and its error code when it is the JSON error envelope (else "(not json)"). */
+static int raw_status(const char *answer) {
+  int status = 0;
+  sscanf(answer, "HTTP/1.%*d %d", &status);
+  return status;
+}
+static void raw_expect_envelope(const char *answer, int status, const char *code) {
+  cr_expect_eq(raw_status(answer), status, "wanted %d: %.400s", status, answer);
+  const char *end = strstr(answer, "\r\n\r\n");
+  cr_assert(end, "no header end: %.300s", answer);
+  cr_expect(strcasestr(answer, "Content-Type: application/json") != NULL, "not JSON: %.400s", answer);
+  cr_expect(!strstr(answer, "<HTML>"), "an HTML page: %.400s", answer);
+  json_t *j = json_loads(end + 4, JSON_DISABLE_EOF_CHECK, NULL);
+  const char *got = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+  cr_expect_str_eq(got ? got : "(not json)", code, "%.400s", answer);
+  cr_expect(json_is_string(json_object_get(json_object_get(j, "error"), "message")), "%.400s", answer);
+  json_decref(j);
+}
+
+Test(api, healthz_and_metrics_answer_only_on_the_operator_port) {
+  /* The customer port: 404 in the envelope, with or without a key. */
+  lt_client_t *none = client_for(NULL);
+  expect_error(none, "GET", "/healthz", NULL, 404, "not_found");
+  expect_error(none, "GET", "/metrics", NULL, 404, "not_found");
+  lt_client_destroy(none);
+  expect_error(ca, "GET", "/healthz", NULL, 404, "not_found");
+  expect_error(ca, "GET", "/metrics", NULL, 404, "not_found");
+  /* The operator port: both, and nothing of the customers' API. */
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  lt_client_resp_t r = req(ops, "GET", "/healthz", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(json_is_true(json_object_get(r.json, "ready")), "%s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ops, "GET", "/metrics", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(strstr(r.body, "lathe_jobs{") != NULL, "%.300s", r.body);
+  lt_client_resp_free(&r);
+  expect_error(ops, "GET", "/v1/jobs", NULL, 404, "not_found");
+  expect_error(ops, "POST", "/healthz", "{}", 405, "method_not_allowed");
+  lt_client_destroy(ops);
+}
+
+Test(api, what_libevent_refuses_itself_is_answered_in_the_json_envelope) {
+  char *a;
+  /* A method libevent knows but the API does not serve, and one nobody knows: 501. */
+  const char *patch = "PATCH /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n", *brew = "BREW / HTTP/1.1\r\nHost: x\r\n\r\n";
+  a = raw_http(api.port, NULL, patch, strlen(patch));
+  raw_expect_envelope(a, 501, "not_implemented");
+  free(a);
+  a = raw_http(api.port, NULL, brew, strlen(brew));
+  raw_expect_envelope(a, 501, "not_implemented");
+  free(a);
+  /* A malformed request line: 400. */
+  a = raw_http(api.port, NULL, "GARBAGE\r\n\r\n", 11);
+  raw_expect_envelope(a, 400, "invalid");
+  free(a);
+  /* Headers over 16 KiB: libevent answers 413, or 400 when the limit falls inside a line it is
+   * still reading; either way in the envelope, which says the limit. */
+  size_t big = 20000;
+  char *huge = malloc(big + 128);
+  int hl = snprintf(huge, 128, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+  memset(huge + hl, 'a', big);
+  strcpy(huge + hl + big, "\r\n\r\n");
+  a = raw_http(api.port, NULL, huge, strlen(huge));
+  raw_expect_envelope(a, raw_status(a) == 413 ? 413 : 400, raw_status(a) == 413 ? "too_large" : "invalid");
+  cr_expect(strstr(a, "16384") != NULL, "the message names the header limit: %.400s", a);
+  free(a);
+  free(huge);
+  /* A body announced over the limit: 413, before a byte of it is read. */
+  const char *cl = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{";
+  a = raw_http(api.port, NULL, cl, strlen(cl));
+  raw_expect_envelope(a, 413, "too_large");
+  free(a);
+  /* A chunk size that is no number: libevent 2.1 answers it as it answers a body too large. */
+  const char *chunk = "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
+  a = raw_http(api.port, NULL, chunk, strlen(chunk));
+  raw_expect_envelope(a, 413, "too_large");
+  cr_expect(strstr(a, "chunked") != NULL, "the message mentions the chunked body: %.400s", a);
+  free(a);
+  /* Behind an answer of the API's own on the same connection, the page is still rewritten. */
+  char two[256];
+  snprintf(two, sizeof two, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n%s", brew);
+  int fd = raw_connect(api.port, NULL);
+  a = raw_exchange(fd, two, strlen(two));
+  raw_expect_envelope(a, 401, "unauthorized");
+  const char *second = strstr(a + 1, "HTTP/1.1 "); /* both answers may come in one read */
+  char *b = second ? strdup(second) : raw_exchange(fd, "", 0);
+  raw_expect_envelope(b, 501, "not_implemented");
+  close(fd);
+  free(a);
+  free(b);
+}
+
+/* The key id of an API key "lt_<key_id>_<secret>". */
+static const char *key_id_of(const char *key, char *out, size_t n) {
+  snprintf(out, n, "%.*s", (int)(strchr(key + 3, '_') - key - 3), key + 3);
+  return out;
+}
+
+Test(api, failed_authentications_from_one_address_get_429_with_retry_after_and_no_verdict_on_keys) {
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_AUTH_FAIL_RATE=0.05/5", NULL});
+  lt_client_t *junk = lt_test_client(s.url, "lt_0123456789abcdef_guess", 30), *a = lt_test_client(s.url, key_a, 30);
+  int n401 = 0, n429 = 0;
+  for (int i = 0; i < 12; i++) {
+    lt_client_resp_t r = req(junk, "GET", "/v1/jobs", NULL);
+    if (r.status == 401) n401++;
+    if (r.status == 429) {
+      n429++;
+      cr_expect_str_eq(err_code(&r), "rate_limited", "%s", r.body);
+      cr_expect(atoi(r.retry_after) >= 1, "Retry-After \"%s\"", r.retry_after);
+      cr_expect(strstr(r.body, "failed authentications from 127.0.0.1") != NULL, "%s", r.body);
+    }
+    lt_client_resp_free(&r);
+  }
+  cr_expect_eq(n401, 5, "the burst of 5 failures is answered 401");
+  cr_expect_eq(n429, 7, "every guess past the burst is 429");
+  /* A throttled address gets 429 whatever key it sends, so a guess learns nothing; a forwarded-for
+   * header does not make it another address; another address is not slowed. */
+  expect_error(a, "GET", "/v1/jobs", NULL, 429, "rate_limited");
+  lt_client_header_t xff[] = {{"X-Forwarded-For", "203.0.113.9"}, {"X-Real-IP", "203.0.113.9"}};
+  lt_client_resp_t rf;
+  cr_assert_eq(lt_client_request(junk, "GET", "/v1/jobs", xff, 2, NULL, 0, NULL, &rf, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(rf.status, 429, "a forged X-Forwarded-For escaped the limit: %s", rf.body);
+  lt_client_resp_free(&rf);
+  char text[512];
+  snprintf(text, sizeof text, "GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", key_a);
+  char *ans = raw_http(s.port, "127.0.0.2", text, strlen(text));
+  cr_expect_eq(raw_status(ans), 200, "from 127.0.0.2: %.300s", ans);
+  free(ans);
+  /* The operator sees the refusals. */
+  lt_client_t *ops = lt_test_client(s.ops_url, NULL, 0);
+  lt_client_resp_t m = req(ops, "GET", "/metrics", NULL);
+  const char *line = strstr(m.body ? m.body : "", "lathe_api_refused_total{reason=\"rate_limited\"} ");
+  cr_assert(line, "no refusal counter in /metrics");
+  cr_expect_eq(atoi(strchr(line, ' ') + 1), 9, "%.80s", line);
+  lt_client_resp_free(&m);
+  lt_client_destroy(ops);
+  lt_client_destroy(junk);
+  lt_client_destroy(a);
+  stop_api(&s);
+}
+
+/* Requests with key until one is refused; how many were answered 200 (at most max). */
+static int until_limited(lt_client_t *c, int max, lt_client_resp_t *refused) {
+  for (int i = 0; i < max; i++) {
+    *refused = req(c, "GET", "/v1/jobs", NULL);
+    if (refused->status != 200) return i;
+    lt_client_resp_free(refused);
+  }
+  return max;
+}
+
+Test(api, a_key_or_tenant_over_its_rate_gets_429_naming_it_and_other_tenants_are_not_slowed) {
+  char kid[32];
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_KEY_RATE=0.05/3", "LATHE_API_TENANT_RATE=off", NULL});
+  lt_client_t *a = lt_test_client(s.url, key_a, 30), *b = lt_test_client(s.url, key_b, 30);
+  lt_client_resp_t r;
+  cr_expect_eq(until_limited(a, 10, &r), 3, "a burst of 3 for the key");
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect_str_eq(err_code(&r), "rate_limited", "%s", r.body);
+  cr_expect(strstr(r.body, key_id_of(key_a, kid, sizeof kid)) != NULL, "names the key %s: %s", kid, r.body);
+  cr_expect(atoi(r.retry_after) >= 1 && atoi(r.retry_after) <= 20, "Retry-After \"%s\"", r.retry_after);
+  lt_client_resp_free(&r);
+  cr_expect_eq(until_limited(b, 3, &r), 3, "tenant B is not slowed by A");
+  lt_client_destroy(a);
+  lt_client_destroy(b);
+  stop_api(&s);
+  s = start_api_with(NULL, (const char *const[]){"LATHE_API_KEY_RATE=off", "LATHE_API_TENANT_RATE=0.05/2", NULL});
+  a = lt_test_client(s.url, key_a, 30);
+  cr_expect_eq(until_limited(a, 10, &r), 2, "a burst of 2 for the tenant");
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect(strstr(r.body, tenant_a) != NULL, "names the tenant: %s", r.body);
+  lt_client_resp_free(&r);
+  lt_client_destroy(a);
+  stop_api(&s);
+}
+
+Test(api, connections_past_max_connections_get_503_naming_the_limit_until_one_closes) {
+  srv_t s = start_api_with((const char *const[]){"--max-connections", "3", NULL}, NULL);
+  /* Three connections, each counted: one had an answer (401: no key) and stays open, two never
+   * send a byte (as a slow client holding sockets would). */
+  const char *get = "GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n";
+  int fds[3];
+  for (int i = 0; i < 3; i++) fds[i] = raw_connect(s.port, NULL);
+  char *first = raw_exchange(fds[2], get, strlen(get));
+  cr_assert_eq(raw_status(first), 401, "%.300s", first);
+  free(first);
+  /* One more that sends nothing is not left to hold its socket: the server closes it. */
+  int idle = raw_connect(s.port, NULL);
+  char byte;
+  ssize_t got = -1;
+  lt_test_wait_until((got = recv(idle, &byte, 1, MSG_DONTWAIT)) == 0, 30000, 200,
+                     "an idle connection over the cap was never closed (recv %zd)", got);
+  close(idle);
+  char *a = raw_http(s.port, NULL, get, strlen(get));
+  raw_expect_envelope(a, 503, "too_many_connections");
+  cr_expect(strstr(a, "max_connections = 3") != NULL, "names the limit: %.400s", a);
+  cr_expect(strcasestr(a, "Retry-After:") != NULL, "%.400s", a);
+  free(a);
+  /* The first three still work; once one closes, a new connection is served. */
+  a = raw_exchange(fds[0], get, strlen(get));
+  cr_expect_eq(raw_status(a), 401, "%.300s", a);
+  free(a);
+  close(fds[0]);
+  int status = 0;
+  lt_test_wait_until((a = raw_http(s.port, NULL, get, strlen(get)), status = raw_status(a), free(a), status == 401), 10000,
+                     100, "after a close, new connections still get %d", status);
+  close(fds[1]);
+  close(fds[2]);
+  stop_api(&s);
 }
 
 Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
@@ -455,8 +735,7 @@ static bool collect(void *ctx, const lt_client_event_t *ev) {
 
 /* What the scheduler would write when it honours a cancel before dispatch. */
 static void produce_job_cancelled(const char *job_id, const char *tenant) {
-  lt_bus_conf_t *conf = lt_bus_conf_new();
-  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK);
+  lt_bus_conf_t *conf = lt_test_bus_env();
   lt_avro_registry_t *reg;
   lt_avro_record_t *rec;
   lt_bus_producer_t *p;
@@ -514,6 +793,212 @@ Test(api, events_arrive_in_order_and_last_event_id_resumes_after_that_event) {
   cr_expect_str_eq(e3.events[0], "JobCancelled");
 }
 
+/* ---------------------------------------------------------------- listing */
+
+Test(api, job_listing_pages_with_limit_after_and_has_more) {
+  char ds[64], ids[3][64];
+  upload(cb, ds, sizeof ds);
+  for (int i = 0; i < 3; i++) submit_ok(cb, ds, ids[i], sizeof ids[i]);
+  lt_client_resp_t r = req(cb, "GET", "/v1/jobs?limit=2", NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(r.json, "object")), "list");
+  cr_expect_eq(json_array_size(json_object_get(r.json, "jobs")), 2);
+  cr_expect(json_is_true(json_object_get(r.json, "has_more")), "%s", r.body);
+  char path[256], seen[3][64];
+  const char *last = json_string_value(json_object_get(r.json, "last_id"));
+  cr_assert(last, "%s", r.body);
+  for (int i = 0; i < 2; i++)
+    snprintf(seen[i], sizeof seen[i], "%s", json_string_value(json_object_get(json_array_get(json_object_get(r.json, "jobs"), i), "id")));
+  cr_expect_str_eq(last, seen[1]);
+  snprintf(path, sizeof path, "/v1/jobs?limit=2&after=%s", last);
+  lt_client_resp_free(&r);
+  r = req(cb, "GET", path, NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_expect_eq(json_array_size(json_object_get(r.json, "jobs")), 1, "%s", r.body);
+  cr_expect(json_is_false(json_object_get(r.json, "has_more")), "%s", r.body);
+  cr_expect(json_is_null(json_object_get(r.json, "next_cursor")), "%s", r.body);
+  snprintf(seen[2], sizeof seen[2], "%s", json_string_value(json_object_get(json_array_get(json_object_get(r.json, "jobs"), 0), "id")));
+  lt_client_resp_free(&r);
+  /* The pages hold each job once, in id order. */
+  cr_expect(strcmp(seen[0], seen[1]) < 0 && strcmp(seen[1], seen[2]) < 0, "%s %s %s", seen[0], seen[1], seen[2]);
+  int found = 0;
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 3; k++) found += strcmp(ids[i], seen[k]) == 0;
+  cr_expect_eq(found, 3);
+  /* The bounds are named in the error; a cursor that is no id is refused. */
+  r = req(cb, "GET", "/v1/jobs?limit=501", NULL);
+  cr_expect_eq(r.status, 400);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")), "limit");
+  cr_expect(strstr(r.body, "1 to 500") && strstr(r.body, "default 50"), "%s", r.body);
+  lt_client_resp_free(&r);
+  expect_error(cb, "GET", "/v1/jobs?after=..%2F..", NULL, 400, "invalid");
+  /* Another tenant's job id as the cursor shows nothing of that tenant. */
+  char ads[64], aid[64];
+  upload(ca, ads, sizeof ads);
+  submit_ok(ca, ads, aid, sizeof aid);
+  snprintf(path, sizeof path, "/v1/jobs?limit=500&after=%s", aid);
+  r = req(cb, "GET", path, NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  size_t i;
+  json_t *j;
+  json_array_foreach(json_object_get(r.json, "jobs"), i, j) cr_expect_str_neq(json_string_value(json_object_get(j, "id")), aid);
+  cr_expect(!strstr(r.body, tenant_a), "tenant A shows in B's listing: %s", r.body);
+  lt_client_resp_free(&r);
+}
+
+/* ---------------------------------------------------------------- SSE history, bounded */
+
+typedef struct {
+  char ids[8][48], events[8][48], data[8][400];
+  int n, stop_after;
+} stream_t;
+
+static bool collect_all(void *ctx, const lt_client_event_t *ev) {
+  stream_t *e = ctx;
+  if (strcmp(ev->event, "end") == 0) return true;
+  if (e->n < 8) {
+    snprintf(e->ids[e->n], sizeof e->ids[0], "%s", ev->id);
+    snprintf(e->events[e->n], sizeof e->events[0], "%s", ev->event);
+    snprintf(e->data[e->n], sizeof e->data[0], "%s", ev->data);
+    e->n++;
+  }
+  return e->stop_after && e->n >= e->stop_after;
+}
+
+static stream_t stream(lt_client_t *c, const char *path, const char *last, int stop_after) {
+  stream_t e = {.stop_after = stop_after};
+  cr_assert_eq(lt_client_events(c, path, last, collect_all, &e, NULL, err, sizeof err), LT_OK, "%s", err);
+  return e;
+}
+
+static void produce_cancel_requested(const char *job, const char *event_id) {
+  produce_json("control", "CancelRequested", job,
+               json_pack("{s:s,s:I,s:s,s:s,s:s,s:s,s:n}", "event_id", event_id, "occurred_at",
+                         (json_int_t)lt_time_wall_ms(), "producer", "api/test", "job_id", job, "tenant_id", tenant_a,
+                         "requested_by", "customer", "reason"));
+}
+
+Test(api, sse_history_keeps_the_newest_events_and_says_gap_for_what_it_dropped) {
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_SSE_HISTORY=3", "LATHE_API_SSE_KEEP_ENDED_MS=1", NULL});
+  lt_client_t *a = lt_test_client(s.url, key_a, 30);
+  char ds[64], id[64], path[256];
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
+  /* The job was submitted through the suite's API: this one knows it once it folded it. */
+  snprintf(path, sizeof path, "/v1/jobs/%s", id);
+  lt_test_wait_until(lt_test_get_status(a, path, NULL, 0) == 200, 20000, 100, "the second API never folded %s", id);
+  snprintf(path, sizeof path, "/v1/jobs/%s/events", id);
+  stream_t first = stream(a, path, NULL, 1);
+  cr_assert_str_eq(first.events[0], "JobSubmitted");
+  const char *ev[] = {"c1", "c2", "c3", "c4"};
+  for (int i = 0; i < 4; i++) produce_cancel_requested(id, ev[i]);
+  /* Once c3 and c4 are folded, resuming after c3 gives c4. */
+  stream_t e;
+  lt_test_wait_until((e = stream(a, path, "c3", 1), strcmp(e.ids[0], "c4") == 0), 20000, 200,
+                     "resuming after c3 gave %s %s", e.events[0], e.ids[0]);
+  /* Only the newest 3 are kept. */
+  e = stream(a, path, NULL, 3);
+  cr_expect_str_eq(e.ids[0], "c2");
+  cr_expect_str_eq(e.ids[1], "c3");
+  cr_expect_str_eq(e.ids[2], "c4");
+  /* Resuming after a dropped event: a gap first, saying how many were dropped, then the oldest kept. */
+  e = stream(a, path, first.ids[0], 2);
+  cr_expect_str_eq(e.events[0], "gap", "%s: %s", e.events[0], e.data[0]);
+  json_t *gap = json_loads(e.data[0], 0, NULL);
+  cr_expect_eq(json_integer_value(json_object_get(gap, "dropped")), 2, "%s", e.data[0]);
+  cr_expect_str_eq(json_string_value(json_object_get(gap, "oldest_id")), "c2", "%s", e.data[0]);
+  json_decref(gap);
+  cr_expect_str_eq(e.ids[1], "c2");
+  /* A finished job's buffer goes after LATHE_API_SSE_KEEP_ENDED_MS: the stream only ends. */
+  produce_job_cancelled(id, tenant_a);
+  lt_test_wait_until((e = stream(a, path, NULL, 0), e.n == 0), 20000, 300,
+                     "the finished job's events were never forgotten (%d, first %s)", e.n, e.events[0]);
+  lt_client_destroy(a);
+  stop_api(&s);
+}
+
+/* ---------------------------------------------------------------- TLS */
+
+/* A self-signed certificate for subject alt name san, and its key, made with the openssl CLI in
+ * dir as NAME.pem and NAME.key. */
+static void make_cert(const char *dir, const char *name, const char *san) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd,
+           "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=lathe-test -addext subjectAltName=%s "
+           "-keyout '%s/%s.key' -out '%s/%s.pem' 2>&1",
+           san, dir, name, dir, name);
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "openssl req: %s", out);
+  free(out);
+}
+
+Test(api, the_api_speaks_tls_and_the_client_verifies_the_certificate_and_host) {
+  char dir[] = "/tmp/test_api_tls.XXXXXX";
+  cr_assert(mkdtemp(dir));
+  make_cert(dir, "good", "IP:127.0.0.1");
+  make_cert(dir, "other", "DNS:other.example");
+  char cert[300], key[300], good_ca[300], other_ca[300];
+  snprintf(cert, sizeof cert, "%s/good.pem", dir);
+  snprintf(key, sizeof key, "%s/good.key", dir);
+  snprintf(good_ca, sizeof good_ca, "%s/good.pem", dir);
+  snprintf(other_ca, sizeof other_ca, "%s/other.pem", dir);
+  srv_t s = start_api_with((const char *const[]){"--tls-cert", cert, "--tls-key", key, NULL}, NULL);
+  char url[80];
+  snprintf(url, sizeof url, "https://127.0.0.1:%u", s.port);
+  cr_expect(strncmp(s.url, "http://", 7) == 0); /* start_api_with's plain URL is not used below */
+  /* Trusting the certificate: the whole API over TLS, SSE included. */
+  lt_client_opts_t o = {.url = url, .api_key = key_a, .ca_file = good_ca, .timeout_s = 30};
+  lt_client_t *c;
+  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_client_resp_t r = req(c, "GET", "/v1/jobs", NULL);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  char ds[64], jid[64], path[256];
+  r = req(c, "POST", "/v1/datasets?name=tls", valid_jsonl);
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  snprintf(ds, sizeof ds, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  submit_ok(c, ds, jid, sizeof jid);
+  snprintf(path, sizeof path, "/v1/jobs/%s/events", jid);
+  events_t e = {.stop_after = 1};
+  cr_expect_eq(lt_client_events(c, path, NULL, collect, &e, NULL, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_str_eq(e.events[0], "JobSubmitted");
+  lt_client_destroy(c);
+  /* A certificate for another name, or one nobody vouches for: refused, saying why. */
+  const char *cas[] = {other_ca, NULL};
+  const char *whys[] = {"not accepted", "not accepted"};
+  for (int i = 0; i < 2; i++) {
+    lt_client_opts_t bad = {.url = url, .api_key = key_a, .ca_file = cas[i], .timeout_s = 30};
+    if (!cas[i]) unsetenv("LATHE_API_CA_FILE");
+    cr_assert_eq(lt_client_new(&bad, &c, err, sizeof err), LT_OK, "%s", err);
+    lt_client_resp_t rb;
+    lt_err_t got = lt_client_request(c, "GET", "/v1/jobs", NULL, 0, NULL, 0, NULL, &rb, err, sizeof err);
+    cr_expect_eq(got, LT_ERR_AUTH, "case %d: %s (%d)", i, err, rb.status);
+    cr_expect(strstr(err, whys[i]) != NULL, "case %d: %s", i, err);
+    lt_client_resp_free(&rb);
+    lt_client_destroy(c);
+  }
+  /* libevent's own rejections come in the envelope over TLS too. */
+  char cmd[400];
+  snprintf(cmd, sizeof cmd,
+           "printf 'BREW / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n' | timeout 10 openssl s_client -quiet -connect "
+           "127.0.0.1:%u 2>/dev/null",
+           s.port);
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  raw_expect_envelope(out, 501, "not_implemented");
+  free(out);
+  /* Plain HTTP to the TLS port gets no answer. */
+  lt_client_t *plain = lt_test_client(s.url, key_a, 5);
+  lt_client_resp_t rp;
+  cr_expect_neq(lt_client_request(plain, "GET", "/v1/jobs", NULL, 0, NULL, 0, NULL, &rp, err, sizeof err), LT_OK);
+  lt_client_resp_free(&rp);
+  lt_client_destroy(plain);
+  stop_api(&s);
+  lt_test_rm_rf(dir);
+}
+
 /* ---------------------------------------------------------------- restart */
 
 static json_t *states(lt_client_t *c) {
@@ -534,7 +1019,7 @@ static bool cancel_requested(lt_client_t *c, const char *path) {
 }
 
 static char *health_digest(void) {
-  lt_client_t *c = lt_test_client(api.url, NULL, 0);
+  lt_client_t *c = lt_test_client(api.ops_url, NULL, 0);
   lt_client_resp_t r = req(c, "GET", "/healthz", NULL);
   const char *d = json_string_value(json_object_get(r.json, "digest"));
   cr_assert(d, "/healthz has no digest: %s", r.body);
@@ -579,6 +1064,130 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   free(d2);
 }
 
+/* ---------------------------------------------------------------- rate text (no server) */
+
+Test(api_rates, rate_limits_read_as_r_slash_b_r_alone_or_off_and_refuse_anything_else) {
+  lt_api_rate_t r;
+  cr_assert(lt_api_rate_parse("20/40", &r));
+  cr_expect(r.per_s == 20 && r.burst == 40);
+  cr_assert(lt_api_rate_parse("0.5", &r));
+  cr_expect(r.per_s == 0.5 && r.burst == 1, "a slow rate alone still allows one request: %g", r.burst);
+  cr_assert(lt_api_rate_parse("3", &r));
+  cr_expect(r.burst == 6);
+  cr_assert(lt_api_rate_parse("off", &r));
+  cr_expect(r.per_s < 0);
+  const char *bad[] = {"", "0", "-1/5", "5/0", "5/", "abc", "5/x", "5 /5", "inf", "nan/3", "2/3/4"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) cr_expect(!lt_api_rate_parse(bad[i], &r), "\"%s\"", bad[i]);
+}
+
+/* ---------------------------------------------------------------- base models, reasons */
+
+/* Produces a record given as JSON (every field of its schema) to a topic of this prefix. */
+static void produce_json(const char *base, const char *type, const char *key, json_t *obj) {
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_from_jansson(rec, obj, err, sizeof err), LT_OK, "%s", err);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, base, topic, sizeof topic);
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK);
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                       .value = b, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+  lt_bus_conf_destroy(conf);
+  json_decref(obj);
+}
+
+static lt_client_resp_t submit_model(lt_client_t *c, const char *model, const char *dataset) {
+  char body[512];
+  snprintf(body, sizeof body, "{\"base_model\":\"%s\",\"dataset_id\":\"%s\"}", model, dataset);
+  return req(c, "POST", "/v1/jobs", body);
+}
+
+static int submit_status(lt_client_t *c, const char *model, const char *dataset) {
+  lt_client_resp_t r = submit_model(c, model, dataset);
+  int status = r.status;
+  lt_client_resp_free(&r);
+  return status;
+}
+
+/* A suite of its own: its heartbeat would refuse the other suites' models. */
+static void models_setup(void) {
+  if (!getenv("LATHE_KAFKA_BOOTSTRAP") || !getenv("LATHE_S3_ENDPOINT"))
+    cr_assert_fail("needs the local stack: ops/stack up && eval \"$(ops/stack env)\"");
+  lt_test_scratch_prefix("tmod", prefix, sizeof prefix);
+  setenv("LATHE_TOPIC_PREFIX", prefix, 1);
+  setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
+  unsetenv("LATHE_MASTER_KEY_FILE");
+  lt_test_admin_topics();
+  new_tenant("m", NULL, tenant_a, sizeof tenant_a, key_a, sizeof key_a);
+  api = start_api();
+  ca = client_for(key_a);
+  wait_key(ca);
+}
+
+TestSuite(api_models, .init = models_setup, .fini = teardown, .timeout = 240);
+
+Test(api_models, a_base_model_no_worker_serves_is_400_naming_the_field_and_records_nothing) {
+  char ds[64], id[64];
+  upload(ca, ds, sizeof ds);
+  /* No worker has reported yet: the fleet has said nothing, and the submission is accepted. */
+  lt_client_resp_t r = submit_model(ca, "not-yet-known", ds);
+  cr_assert_eq(r.status, 201, "before any heartbeat: %s", r.body);
+  lt_client_resp_free(&r);
+  char wid[96];
+  snprintf(wid, sizeof wid, "worker-host-%d", (int)getpid());
+  produce_json("workers", "WorkerHeartbeat", wid,
+               json_pack("{s:s,s:I,s:s,s:s,s:I,s:s,s:i,s:i,s:I,s:I,s:[s,s],s:[],s:[],s:b}", "event_id", "hb-1",
+                         "occurred_at", (json_int_t)lt_time_wall_ms(), "producer", "worker/test", "worker_id", wid,
+                         "seq", (json_int_t)1, "backend", "cpu", "slots_total", 1, "slots_free", 1,
+                         "memory_total_bytes", (json_int_t)1, "memory_free_bytes", (json_int_t)1, "base_models",
+                         "lathe-tiny", "other-model", "owned_partitions", "leases", "draining", 0));
+  int status = 0;
+  lt_test_wait_until((status = submit_status(ca, "no-such-model", ds)) == 400, 20000, 200,
+                     "the API never refused a model no worker serves (last %d)", status);
+  r = submit_model(ca, "no-such-model", ds);
+  json_t *e = json_object_get(r.json, "error");
+  cr_expect_str_eq(json_string_value(json_object_get(e, "field")), "base_model", "%s", r.body);
+  cr_expect(strstr(json_string_value(json_object_get(e, "message")), "lathe-tiny, other-model") != NULL, "%s", r.body);
+  lt_client_resp_free(&r);
+  r = submit_model(ca, "lathe-tiny", ds);
+  cr_assert_eq(r.status, 201, "a served model: %s", r.body);
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* Two submissions recorded (before the heartbeat, and the served model); the refused none. */
+  cr_expect_eq(count_records("jobs", "JobSubmitted", NULL), 2);
+
+  /* A failure reason names a server path and the worker: the customer sees neither. */
+  char reason[300];
+  snprintf(reason, sizeof reason, "cannot open /var/lib/lathe/models/lathe-tiny/config.json on %s: gone", wid);
+  produce_json("control", "JobFailed", id,
+               json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:s,s:s,s:i}", "event_id", "failed-1", "occurred_at",
+                         (json_int_t)lt_time_wall_ms(), "producer", "scheduler/test", "job_id", id, "tenant_id",
+                         tenant_a, "attempt", 1, "code", "executor_error", "reason", reason, "attempts", 3));
+  char path[256];
+  snprintf(path, sizeof path, "/v1/jobs/%s", id);
+  lt_test_wait_until((r = req(ca, "GET", path, NULL),
+                      status = strcmp(json_string_value(json_object_get(r.json, "state")), "failed") == 0,
+                      status || (lt_client_resp_free(&r), 0)),
+                     20000, 200, "the API never showed the job failed");
+  const char *shown = json_string_value(json_object_get(r.json, "reason"));
+  cr_assert(shown, "%s", r.body);
+  cr_expect(!strstr(shown, "/var/lib") && !strstr(shown, wid), "the reason shows server details: %s", shown);
+  cr_expect(strstr(shown, "cannot open (path) on (worker): gone") != NULL, "%s", shown);
+  lt_client_resp_free(&r);
+}
+
 /* ---------------------------------------------------------------- broker down (mock cluster) */
 
 /* Invariant 5: an acknowledgement means the record is in Kafka. The real broker cannot be taken
@@ -594,6 +1203,7 @@ Test(api_down, a_broker_that_cannot_take_the_submission_gets_503_and_never_201, 
   rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(mrk);
   cr_assert_not_null(mc);
   setenv("LATHE_KAFKA_BOOTSTRAP", rd_kafka_mock_cluster_bootstraps(mc), 1);
+  unsetenv("LATHE_KAFKA_CONFIG_DIR"); /* the mock cluster has no SASL */
   snprintf(prefix, sizeof prefix, "tdown%d.", (int)getpid());
   setenv("LATHE_TOPIC_PREFIX", prefix, 1);
   setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);

@@ -257,7 +257,10 @@ Test(bus, transactional_commit_is_visible_and_abort_is_not) {
   rd_kafka_conf_t *rc = rd_kafka_conf_new();
   rd_kafka_conf_set(rc, "bootstrap.servers", lt_bus_conf_get(conf, "bootstrap.servers"), NULL, 0);
   rd_kafka_conf_set(rc, "isolation.level", "read_uncommitted", NULL, 0);
-  rd_kafka_conf_set(rc, "group.id", "lt-test-raw", NULL, 0);
+  char raw_group[200];
+  snprintf(raw_group, sizeof raw_group, "%sraw", lt_bus_conf_get(conf, "lathe.topic.prefix"));
+  rd_kafka_conf_set(rc, "group.id", raw_group, NULL, 0);
+  lt_test_rd_conf_auth(rc, "admin");
   rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, rc, err, sizeof err);
   cr_assert(rk);
   rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);

@@ -249,3 +249,45 @@ Test(ckpt, abort_stops_an_upload_that_retries_and_reports_nothing) {
   cr_assert_eq(count_files(f.spool), 0, "the spooled files are removed");
   fix_close(&f);
 }
+
+/* The worker's mode: an executor sealed a checkpoint into a directory store (the executor's
+ * mode, above); the worker copies those objects byte for byte into the real store, gets the same
+ * hash and size the executor reported, and leaves nothing in the executor's directory. */
+Test(ckpt, copy_mode_uploads_the_sealed_objects_unchanged_and_empties_the_sealed_directory) {
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "staging/acme/job-copy-%d/1/", (int)getpid());
+  fix_t sealer;
+  fix_open(&sealer, NULL, prefix, 0); /* the executor: seals into a directory store */
+  write_checkpoint(sealer.work, 8);
+  cr_assert_eq(lt_ckpt_submit(sealer.u, sealer.work, 8, true, "final", err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_ckpt_flush(sealer.u, err, sizeof err), LT_OK, "%s", err);
+
+  lt_store_t *s3 = open_s3(3, NULL);
+  seen_t up = {0};
+  lt_ckpt_conf_t conf = {.store = s3, .copy_from = sealer.store, .prefix = prefix, .retry_ms = 0,
+                         .on_done = on_done, .ctx = &up};
+  lt_ckpt_t *u = NULL;
+  cr_assert_eq(lt_ckpt_new(&conf, &u, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_ckpt_submit(u, "", 8, true, "final", err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_ckpt_flush(u, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(up.calls, 1);
+  cr_assert_str_eq(up.last.sha256_hex, sealer.seen.last.sha256_hex, "the copy is not the sealed bytes");
+  cr_assert_eq(up.last.bytes, sealer.seen.last.bytes);
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
+    void *plain = NULL;
+    size_t len = 0;
+    char *want;
+    size_t want_len = content(i, 8, &want);
+    cr_assert_eq(lt_sealed_get(s3, sealer.dek, up.keys[i], 1 << 24, &plain, &len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert(len == want_len && memcmp(plain, want, len) == 0, "%s does not open to what was sealed", up.keys[i]);
+    lt_store_info_t info;
+    cr_assert_eq(lt_store_head(sealer.store, up.keys[i], &info, NULL, 0), LT_ERR_NOT_FOUND,
+                 "%s is still in the sealed directory", up.keys[i]);
+    free(plain);
+    free(want);
+    lt_store_delete(s3, up.keys[i], NULL, 0);
+  }
+  lt_ckpt_destroy(u);
+  lt_store_destroy(s3);
+  fix_close(&sealer);
+}

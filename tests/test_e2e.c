@@ -22,6 +22,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -41,6 +42,8 @@
 #include <unistd.h>
 
 #include "lt_crypto.h"
+#include "lt_job_record.h"
+#include "lt_jobspec.h"
 #include "lt_store.h"
 #include "lt_test.h"
 
@@ -583,12 +586,60 @@ static json_int_t wait_past_a_commit(lt_test_tail_t *t, const char *job) {
   }
 }
 
-/* A base model no worker has: the attempts fail at once (no executor starts), the job fails with
- * a reason that names the model and nothing of the servers (no path, no worker name). */
+/* An upstream submission (straight into lathe.jobs, as tests/upstream_python.py does) of job_id
+ * on base model `model`: what the API would refuse, the scheduler still receives from upstream. */
+static void produce_upstream(const char *job_id, const char *model, const char *dataset) {
+  char field[96], msg[256];
+  json_t *body = json_pack("{s:s,s:s,s:{s:i,s:i,s:i}}", "base_model", model, "dataset_id", dataset,
+                           "hyperparameters", "max_steps", 4, "checkpoint_interval", 4, "max_seq_len", 64);
+  lt_jobspec_t spec;
+  cr_assert_eq(lt_jobspec_from_json(body, &spec, field, sizeof field, msg, sizeof msg), LT_OK, "%s", msg);
+  json_decref(body);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(rec, "upstream/test");
+  lt_avro_set_string(rec, "job_id", job_id);
+  lt_avro_set_string(rec, "tenant_id", tenant);
+  cr_assert_eq(lt_jobspec_to_record(&spec, rec, err, sizeof err), LT_OK, "%s", err);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  /* lathe.jobs: two partitions per class, in class order. */
+  lt_bus_record_t r = {.topic = topic, .partition = (int32_t)spec.priority * 2, .key = job_id,
+                       .key_size = strlen(job_id), .value = b, .value_size = len};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_bus_conf_destroy(conf);
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+}
+
+/* A base model no worker has. Through the API: refused at submission, naming the field, once
+ * the worker's heartbeat says what it serves. From upstream (no API in the way): the attempts
+ * fail at once (no executor starts), and the job fails with a reason that names the model and
+ * nothing of the servers (no path, no worker name). */
 Test(e2e, a_job_on_a_base_model_no_worker_has_fails_naming_the_model_and_no_server_path) {
   char ds[64], job[64];
   lt_test_tail_t *t = start_fleet(NULL, NULL, ds, sizeof ds);
-  submit_on("no-such-model", ds, 4, 4, 1, job, sizeof job);
+  json_t *body = json_pack("{s:s,s:s}", "base_model", "no-such-model", "dataset_id", ds);
+  lt_client_resp_t r = {0};
+  lt_test_wait_until((lt_client_resp_free(&r), lt_client_json(client, "POST", "/v1/jobs", body, NULL, &r, err, sizeof err),
+                      r.status == 400),
+                     60000, 300, "the API never refused a model no worker serves (last %d %s)", r.status, r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")), "base_model", "%s",
+                   r.body);
+  lt_client_resp_free(&r);
+  json_decref(body);
+  snprintf(job, sizeof job, "job-upstream-%d", (int)getpid());
+  produce_upstream(job, "no-such-model", ds);
   cr_assert_str_eq(wait_terminal(job, 120000), "FAILED");
   json_t *j = job_info(job);
   const char *reason = json_string_value(json_object_get(j, "reason"));
@@ -971,8 +1022,9 @@ Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_comp
 
 /* ================================================================ 6. a partitioned worker */
 
-/* The worker's network: its own namespace whose 127.0.0.1:9092 and :9000 are this proxy's
- * listeners, relayed to the real broker and object server. SIGUSR1 cuts every connection's
+/* The worker's network: its own namespace whose broker and object-server ports (as the stack
+ * names them: LATHE_KAFKA_BOOTSTRAP, LATHE_S3_ENDPOINT) are this proxy's listeners, relayed byte
+ * for byte to the real servers (so SASL passes through untouched). SIGUSR1 cuts every connection's
  * traffic (nothing is read or written, nothing new is accepted: packets go nowhere, like a
  * partition), SIGUSR2 heals. */
 static volatile sig_atomic_t proxy_cut;
@@ -1160,5 +1212,413 @@ Test(e2e, a_partitioned_worker_kills_its_attempt_before_the_scheduler_starts_ano
   cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
   json_t *done = wait_for(t, "JobCompleted", job, 0, 30000);
   cr_assert_eq(lt_test_ri(done, "attempt"), 2);
+  lt_test_tail_close(t);
+}
+
+/* ================================================================ 7. confined executors */
+
+/* A file of /proc/<pid>/ (NUL bytes, as in environ, read as spaces); caller frees. */
+static char *proc_file(pid_t pid, const char *name, size_t *len) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
+  size_t n = 0;
+  char *s = lt_test_slurp(path, &n);
+  cr_assert(s, "cannot read %s", path);
+  for (size_t i = 0; i < n; i++)
+    if (s[i] == '\0') s[i] = ' ';
+  if (len) *len = n;
+  return s;
+}
+
+/* The first number of a line "Field:\t..." of /proc/<pid>/status. */
+static long long proc_status(pid_t pid, const char *field, int base) {
+  char *s = proc_file(pid, "status", NULL), pat[64];
+  snprintf(pat, sizeof pat, "\n%s:", field);
+  char *p = strstr(s, pat);
+  cr_assert(p, "no %s in /proc/%d/status", field, (int)pid);
+  long long v = strtoll(p + strlen(pat), NULL, base);
+  free(s);
+  return v;
+}
+
+/* The port of LATHE_KAFKA_BOOTSTRAP's first broker (host:port). */
+static int broker_port(void) {
+  const char *b = getenv("LATHE_KAFKA_BOOTSTRAP");
+  const char *colon = b ? strrchr(b, ':') : NULL;
+  cr_assert(colon, "LATHE_KAFKA_BOOTSTRAP is not host:port");
+  return atoi(colon + 1);
+}
+
+/* In a child that joined the network namespace of pid (or stayed in ours, pid 0): connect() to
+ * 127.0.0.1:port. 0 when it connected, else the errno. */
+static int connect_from(pid_t pid, int port) {
+  pid_t c = fork();
+  cr_assert(c >= 0);
+  if (c == 0) {
+    if (pid > 0) {
+      char path[64];
+      snprintf(path, sizeof path, "/proc/%d/ns/net", (int)pid);
+      int ns = open(path, O_RDONLY);
+      if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) _exit(200);
+    }
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    _exit(s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errno);
+  }
+  int st = 0;
+  waitpid(c, &st, 0);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 200, "could not join the namespace of pid %d", (int)pid);
+  return WEXITSTATUS(st);
+}
+
+/* The executor's pid once its worker logged it (0 after timeout_ms). */
+static pid_t wait_executor(const lt_test_proc_t *w, const char *job, int attempt, int timeout_ms) {
+  pid_t pid = 0;
+  for (int64_t t0 = lt_time_mono_ms(); !pid && lt_time_mono_ms() - t0 < timeout_ms; lt_test_msleep(20)) {
+    pid = executor_pid(w, job, attempt);
+    lt_test_procs_check();
+  }
+  return pid;
+}
+
+Test(e2e, a_running_executor_holds_no_credential_privilege_network_or_other_descriptor) {
+  lt_test_proc_t *w1;
+  char ds[64], job[64];
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  submit(ds, 3000, 50, 7, job, sizeof job);
+  wait_for(t, "StepCompleted", job, 1, 300000);
+  pid_t ex = executor_pid(w1, job, 1);
+  cr_assert(ex > 0, "w1 logged no executor pid");
+  cr_assert(!lt_test_pid_dead(ex), "the executor ended before it could be looked at: make the job longer");
+
+  /* Its environment: none of the worker's secrets or servers. */
+  char *env = proc_file(ex, "environ", NULL);
+  const char *s3_secret = getenv("LATHE_S3_SECRET_KEY");
+  cr_assert(!strstr(env, "LATHE_MASTER_KEY") && !strstr(env, MASTER_KEY), "the master key reached it: %s", env);
+  cr_assert(!strstr(env, "LATHE_S3_") && !(s3_secret && *s3_secret && strstr(env, s3_secret)),
+            "store credentials reached it: %s", env);
+  cr_assert(!strstr(env, "LATHE_KAFKA_") && !strstr(env, "LATHE_TOPIC_PREFIX"), "the bus reached it: %s", env);
+  cr_log_info("executor environment: %s", env);
+  free(env);
+
+  /* Its descriptors: its pipes, its inputs (memory files), its own files; no socket. */
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/fd", (int)ex);
+  DIR *d = opendir(dir);
+  cr_assert(d, "cannot list %s", dir);
+  struct dirent *e;
+  int fds = 0;
+  char list[2048] = "";
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char link[600], target[512] = "";
+    snprintf(link, sizeof link, "%s/%s", dir, e->d_name);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n < 0) continue; /* closed meanwhile */
+    target[n] = '\0';
+    fds++;
+    size_t used = strlen(list);
+    snprintf(list + used, sizeof list - used, " %s->%s", e->d_name, target);
+    cr_assert(strncmp(target, "socket:", 7) != 0, "descriptor %s is a socket: %s", e->d_name, list);
+    /* Its stderr is its worker's (the worker's log): a diagnostic channel, holding no secret. */
+    char wlink[64], werr[512] = "";
+    snprintf(wlink, sizeof wlink, "/proc/%d/fd/2", (int)w1->pid);
+    if (!strcmp(e->d_name, "2") && readlink(wlink, werr, sizeof werr - 1) > 0 && !strcmp(werr, target)) continue;
+    bool ok = !strncmp(target, "pipe:", 5) || !strncmp(target, "/memfd:lathe-", 13) ||
+              !strcmp(target, "/dev/null") || !strncmp(target, "/tmp/lathe-w1/", 14) ||
+              !strncmp(target, models_dir, strlen(models_dir));
+    cr_assert(ok, "descriptor %s is %s, which an executor has no business with:%s", e->d_name, target, list);
+  }
+  closedir(d);
+  cr_log_info("executor descriptors (%d):%s", fds, list);
+  cr_assert(strstr(list, " 3->/memfd:lathe-dataset"), "the dataset is not the memory file on 3:%s", list);
+
+  /* Its credentials: no capability, no new privileges, a seccomp filter, not root. */
+  cr_assert_eq(proc_status(ex, "CapEff", 16), 0, "the executor holds capabilities");
+  cr_assert_eq(proc_status(ex, "CapPrm", 16), 0, "the executor holds permitted capabilities");
+  cr_assert_eq(proc_status(ex, "NoNewPrivs", 10), 1);
+  cr_assert_eq(proc_status(ex, "Seccomp", 10), 2, "no seccomp filter");
+  if (geteuid() == 0) cr_assert_eq(proc_status(ex, "Uid", 10), 65534, "a root worker's executor is not nobody");
+  cr_assert_eq(proc_status(ex, "Uid", 10) == 0, false, "the executor runs as root");
+
+  /* Its network: a namespace of its own, from which the broker cannot be reached. */
+  int port = broker_port();
+  cr_assert_eq(connect_from(0, port), 0, "the broker's port %d is not reachable from the test itself", port);
+  char mine[128] = "", its[128] = "", path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/net", (int)ex);
+  cr_assert(readlink("/proc/self/ns/net", mine, sizeof mine - 1) > 0 && readlink(path, its, sizeof its - 1) > 0);
+  cr_assert_str_neq(mine, its, "the executor shares the worker's network namespace");
+  int why = connect_from(ex, port);
+  cr_assert_neq(why, 0, "127.0.0.1:%d is reachable from the executor's network namespace", port);
+  cr_log_info("connect() to the broker from the executor's namespace: %s", strerror(why));
+  int status = cancel(job);
+  cr_assert(status == 200 || status == 202, "cancel answered %d", status);
+  wait_for(t, "CleanupDone", job, 1, 120000);
+  lt_test_tail_close(t);
+}
+
+/* ================================================================ 8. nothing of a tenant left */
+
+/* Occurrences of needle in [p, p + n). */
+static int count_in(const char *p, size_t n, const char *needle) {
+  int hits = 0;
+  size_t k = strlen(needle);
+  for (const char *q = p; n >= k && (q = memmem(q, n - (size_t)(q - p), needle, k)); q += k) hits++;
+  return hits;
+}
+
+/* Occurrences of needle in the readable memory of pid (its /proc/<pid>/maps regions). */
+static int memory_hits(pid_t pid, const char *needle, size_t *scanned) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  FILE *maps = fopen(path, "r");
+  snprintf(path, sizeof path, "/proc/%d/mem", (int)pid);
+  int mem = open(path, O_RDONLY);
+  cr_assert(maps && mem >= 0, "cannot read the memory of pid %d: %s", (int)pid, strerror(errno));
+  char line[512];
+  int hits = 0;
+  size_t cap = 1 << 20;
+  char *buf = malloc(cap + 256);
+  *scanned = 0;
+  while (fgets(line, sizeof line, maps)) {
+    unsigned long lo, hi;
+    char perms[8];
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r' || strstr(line, "[vvar]") ||
+        strstr(line, "[vsyscall]"))
+      continue;
+    /* Chunks overlap by the needle's length less one; a match counts in the chunk it starts in. */
+    size_t k = strlen(needle);
+    for (unsigned long at = lo; at < hi; at += cap) {
+      size_t want = hi - at < cap + k - 1 ? hi - at : cap + k - 1;
+      ssize_t got = pread(mem, buf, want, (off_t)at);
+      if (got <= 0) break;
+      size_t own = (size_t)got < cap ? (size_t)got : cap;
+      *scanned += own;
+      for (const char *q = buf; (q = memmem(q, (size_t)got - (size_t)(q - buf), needle, k)) && q < buf + own; q++)
+        hits++;
+    }
+  }
+  free(buf);
+  close(mem);
+  fclose(maps);
+  return hits;
+}
+
+/* Occurrences of needle in every regular file under path (recursively; a missing path: 0). */
+static int file_hits(const char *path, const char *needle, int *files) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return 0;
+  if (S_ISREG(st.st_mode)) {
+    size_t n = 0;
+    char *s = lt_test_slurp(path, &n);
+    int hits = s ? count_in(s, n, needle) : 0;
+    (*files)++;
+    if (hits) cr_log_error("%d canary hit(s) in %s", hits, path);
+    free(s);
+    return hits;
+  }
+  if (!S_ISDIR(st.st_mode)) return 0;
+  DIR *d = opendir(path);
+  struct dirent *e;
+  int hits = 0;
+  while (d && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+    hits += file_hits(sub, needle, files);
+  }
+  if (d) closedir(d);
+  return hits;
+}
+
+/* The entries of dir whose names begin with start, counted; each also scanned for needle. */
+static int leftovers(const char *dir, const char *start, const char *needle, int *hits, int *files) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int n = 0;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, start, strlen(start)) != 0) continue;
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+    cr_log_error("left behind: %s", sub);
+    *hits += file_hits(sub, needle, files);
+    n++;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* Uploads the first 400 examples with the canary at the start of every prompt; the id into id. */
+static void upload_canary_dataset(const char *canary, char *id, size_t n) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s/task_train.jsonl", models_dir, MODEL);
+  size_t len;
+  char *data = lt_test_slurp(path, &len);
+  cr_assert(data, "no %s", path);
+  size_t cap = len * 2 + 400 * 64, used = 0;
+  char *out = malloc(cap);
+  char *line = data;
+  for (int lines = 0; line && *line && lines < 400; lines++) {
+    char *nl = strchr(line, '\n');
+    json_t *j = json_loadb(line, nl ? (size_t)(nl - line) : strlen(line), 0, NULL);
+    cr_assert(j, "task_train.jsonl line %d is not JSON", lines + 1);
+    char *prompt = NULL;
+    cr_assert(asprintf(&prompt, "%s %s", canary, json_string_value(json_object_get(j, "prompt"))) > 0);
+    json_object_set_new(j, "prompt", json_string(prompt));
+    char *text = json_dumps(j, JSON_COMPACT);
+    used += (size_t)snprintf(out + used, cap - used, "%s\n", text);
+    free(text);
+    free(prompt);
+    json_decref(j);
+    line = nl ? nl + 1 : NULL;
+  }
+  free(data);
+  lt_client_resp_t r = req("POST", "/v1/datasets?name=canary", out, used);
+  free(out);
+  cr_assert_eq(r.status, 201, "upload: %d %s", r.status, r.body);
+  snprintf(id, n, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
+/* Kills attempt `attempt` of job at a point chosen by how: 0 during its start (the input fetch or
+ * the first steps), 1 right after a checkpoint step (its upload in flight), 2 at a random moment
+ * of training. Returns the pid killed. */
+static pid_t kill_attempt_at(lt_test_tail_t *t, lt_test_proc_t *w, const char *job, int attempt, int how,
+                             int interval) {
+  unsigned r = 0;
+  lt_crypto_random(&r, sizeof r);
+  if (how == 0) {
+    wait_for(t, "AttemptStarted", job, attempt, 300000);
+    lt_test_msleep((int)(r % 400));
+  } else {
+    wait_for(t, "CheckpointCommitted", job, attempt, 300000);
+    if (how == 2) lt_test_msleep((int)(r % 1500));
+  }
+  pid_t pid = wait_executor(w, job, attempt, 120000);
+  cr_assert(pid > 0, "no executor for attempt %d", attempt);
+  if (how == 1) {
+    /* The next checkpoint step: the worker starts uploading as soon as the executor sealed it. */
+    json_int_t seen = 0;
+    for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 60000; lt_test_tail_poll(t, 5)) {
+      json_t *steps = records(t, "StepCompleted", job, attempt);
+      size_t ns = json_array_size(steps);
+      json_int_t last = ns ? lt_test_ri(json_array_get(steps, ns - 1), "step") : 0;
+      json_decref(steps);
+      if (!seen) seen = last;
+      if (last > seen && last % interval == 0) break;
+    }
+  }
+  kill(pid, SIGKILL);
+  return pid;
+}
+
+Test(e2e, a_tenants_canary_is_nowhere_after_its_attempts_are_killed_at_random_points) {
+  lt_test_proc_t *w1;
+  char ds[64], canary_ds[64], job[64], later[64], canary[64], rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  lt_crypto_random_id(rnd);
+  snprintf(canary, sizeof canary, "CANARY%sZ", rnd);
+  upload_canary_dataset(canary, canary_ds, sizeof canary_ds);
+  const int interval = 2;
+  submit(canary_ds, 5000, interval, 11, job, sizeof job);
+
+  /* The scan finds the canary where it must be: in the memory of the attempt that trains on it. */
+  wait_for(t, "StepCompleted", job, 1, 300000);
+  pid_t first = executor_pid(w1, job, 1);
+  size_t scanned = 0;
+  int live_hits = memory_hits(first, canary, &scanned);
+  cr_assert_gt(live_hits, 0, "the scan finds no canary in the executor that trains on it (%zu bytes scanned)",
+               scanned);
+  cr_log_info("control: %d canary hits in the memory of the executor training on it", live_hits);
+
+  /* Every attempt (max_attempts: 3) killed: after a step, just after a checkpoint (its upload
+   * in flight), and during its start. */
+  kill_attempt_at(t, w1, job, 1, 2, interval);
+  kill_attempt_at(t, w1, job, 2, 1, interval);
+  kill_attempt_at(t, w1, job, 3, 0, interval);
+  cr_assert_str_eq(wait_terminal(job, 300000), "FAILED");
+  json_t *clean = wait_for(t, "CleanupDone", job, 3, 120000);
+  cr_log_info("attempt 3's cleanup zeroed %lld bytes", (long long)lt_test_ri(clean, "host_bytes_zeroed"));
+
+  /* A later attempt of another job on the same worker. */
+  submit(ds, 3000, 50, 12, later, sizeof later);
+  wait_for(t, "StepCompleted", later, 1, 300000);
+  pid_t next = executor_pid(w1, later, 1);
+  cr_assert(next > 0 && !lt_test_pid_dead(next), "the later executor is not running");
+  int hits = 0, files = 0, mem = memory_hits(next, canary, &scanned);
+  cr_log_info("later executor (pid %d): %d canary hits in %zu bytes of memory", (int)next, mem, scanned);
+  hits += mem;
+  size_t wscanned = 0;
+  int wmem = memory_hits(w1->pid, canary, &wscanned);
+  cr_log_info("worker (pid %d): %d canary hits in %zu bytes of memory", (int)w1->pid, wmem, wscanned);
+  hits += wmem;
+  /* Files: no directory of the job's attempts is left, anywhere the worker writes; the later
+   * job's directories and every log hold no canary. */
+  char prefix_dirs[96];
+  snprintf(prefix_dirs, sizeof prefix_dirs, "%s-", job);
+  int left = leftovers("/tmp/lathe-w1", prefix_dirs, canary, &hits, &files) +
+             leftovers("/dev/shm/lathe-w1", prefix_dirs, canary, &hits, &files);
+  cr_assert_eq(left, 0, "the killed attempts left directories behind");
+  char later_dirs[96];
+  snprintf(later_dirs, sizeof later_dirs, "%s-", later);
+  DIR *d = opendir("/tmp/lathe-w1");
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char sub[1200];
+    snprintf(sub, sizeof sub, "/tmp/lathe-w1/%s", e->d_name);
+    if (!strncmp(e->d_name, later_dirs, strlen(later_dirs))) hits += file_hits(sub, canary, &files);
+  }
+  if (d) closedir(d);
+  hits += file_hits("/dev/shm", canary, &files);
+  hits += file_hits(tmp_dir, canary, &files); /* every daemon's log */
+  /* Records: every payload of the test's topics, decoded. */
+  lt_test_tail_settle(t, 1000);
+  char *all = json_dumps(lt_test_tail_records(t), JSON_COMPACT);
+  int rec_hits = count_in(all, strlen(all), canary);
+  cr_log_info("%zu records, %zu bytes of them: %d canary hits", json_array_size(lt_test_tail_records(t)),
+              strlen(all), rec_hits);
+  hits += rec_hits;
+  free(all);
+  cr_log_info("canary hits: %d (%d files scanned)", hits, files);
+  cr_assert_eq(hits, 0, "the canary of a killed job was found %d times", hits);
+  int status = cancel(later);
+  cr_assert(status == 200 || status == 202, "cancel answered %d", status);
+  wait_for(t, "CleanupDone", later, 1, 120000);
+  lt_test_tail_close(t);
+}
+
+/* An executor that is not what it should be (what a bug in code that parses customer data could
+ * turn one into): it names another tenant's staging keys in its checkpoint line. The worker
+ * uploads only keys of the attempt's own prefix: it ends the attempt and stores nothing. */
+Test(e2e, a_forged_checkpoint_naming_another_tenants_objects_is_refused_and_nothing_is_stored) {
+  char script[700], keys[2048] = "", ds[64], job[64];
+  static const char *const names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
+                                      "metrics.json", "eval.json", "config.json", "samples.json"};
+  for (size_t i = 0; i < 7; i++) {
+    size_t used = strlen(keys);
+    snprintf(keys + used, sizeof keys - used, "%s\"staging/victim-tenant/job-victim/1/2/%s\"", i ? "," : "", names[i]);
+  }
+  snprintf(script, sizeof script, "%s/forger.sh", tmp_dir);
+  FILE *f = fopen(script, "w");
+  cr_assert(f);
+  fprintf(f,
+          "#!/bin/sh\nread -r assignment\n"
+          "echo '{\"type\":\"checkpoint\",\"step\":2,\"final\":false,\"trigger\":\"interval\",\"keys\":[%s],"
+          "\"sha256\":\"00\",\"bytes\":1}'\nexec sleep 60\n",
+          keys);
+  fclose(f);
+  chmod(script, 0755);
+  setenv("LATHE_WORKER_EXECUTOR", script, 1);
+  lt_test_proc_t *w1;
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  unsetenv("LATHE_WORKER_EXECUTOR");
+  submit(ds, 10, 2, 3, job, sizeof job);
+  json_t *stopped = wait_for(t, "AttemptStopped", job, 1, 120000);
+  cr_assert_str_eq(lt_test_rs(stopped, "reason"), "failed");
+  cr_assert(strstr(lt_test_rs(stopped, "detail"), "outside its attempt"), "AttemptStopped says: %s",
+            lt_test_rs(stopped, "detail"));
+  cr_assert(!first(t, "CheckpointCommitted", job, 0), "a forged checkpoint was committed");
+  cr_assert_eq(count_objects("staging/victim-tenant/"), 0, "something was stored under another tenant's prefix");
   lt_test_tail_close(t);
 }

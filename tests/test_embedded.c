@@ -33,6 +33,7 @@ typedef struct emb {
   char prefix[64];
   char key_file[300];
   unsigned api_port;
+  unsigned ops_port;    /* the operator port: /healthz, /metrics */
 } emb_t;
 
 /* The value of `export NAME='VALUE'` in text, into out; false when absent. */
@@ -77,7 +78,8 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
   char models_env[400];
   snprintf(models_env, sizeof models_env, "LATHE_MODELS_DIR=%s", models_dir ? models_dir : "");
   const char *env[] = {"LATHE_INSTANCE=embedded-test", "LATHE_WORKER_THREADS=1", models_dir ? models_env : NULL, NULL};
-  const char *argv[] = {lt_test_lathed_bin(), "--role", "all", "--embedded", "--port", "0", "--data", data_dir, NULL};
+  const char *argv[] = {lt_test_lathed_bin(), "--role", "all", "--embedded", "--port", "0", "--operator-port", "0",
+                        "--data", data_dir, NULL};
   e.proc = lt_test_spawn(&(lt_test_spawn_t){.name = "lathed --embedded", .log = e.log, .out = e.out, .argv = argv,
                                             .env = env, .unset = drop, .own_group = true});
   lt_test_wait_until(printed_url(&e), 60000, 100, "lathed --embedded printed no LATHE_API_URL within 60 s; see %s",
@@ -89,7 +91,10 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
   cr_assert_eq(sscanf(strrchr(e.url, ':') + 1, "%u", &e.api_port), 1, "%s", e.url);
   free(text);
   /* Ready when the projection has caught up. */
-  lt_client_t *c = lt_test_client(e.url, NULL, 0);
+  e.ops_port = lt_test_proc_operator_port(e.proc, 30000);
+  char ops_url[64];
+  snprintf(ops_url, sizeof ops_url, "http://127.0.0.1:%u", e.ops_port);
+  lt_client_t *c = lt_test_client(ops_url, NULL, 0);
   int status = 0;
   char body[1100] = "";
   lt_test_wait_until((status = lt_test_get_status(c, "/healthz", body, sizeof body)) == 200, 30000, 100,
@@ -242,7 +247,7 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
 }
 
 /* One look at the running daemon: only lathed in its group, no connection to port 9092, and it
- * listens on its API and mock-broker ports and nothing else. Returns how many processes the
+ * listens on its API (customer and operator) and mock-broker ports and nothing else. Returns how many processes the
  * group holds (the daemon and its executors). */
 static int look_at_group(const emb_t *e) {
   int n, foreign;
@@ -254,7 +259,7 @@ static int look_at_group(const emb_t *e) {
   unsigned mock_port = (unsigned)atoi(strrchr(e->bootstrap, ':') + 1);
   cr_expect_eq(sk.to_9092, 0, "lathed --embedded has %d connection(s) to port 9092", sk.to_9092);
   for (int i = 0; i < sk.nlisten; i++)
-    cr_expect(sk.listen[i] == e->api_port || sk.listen[i] == mock_port,
+    cr_expect(sk.listen[i] == e->api_port || sk.listen[i] == e->ops_port || sk.listen[i] == mock_port,
               "lathed --embedded listens on %u (API %u, mock broker %u)", sk.listen[i], e->api_port, mock_port);
   bool api = false, mock = false;
   for (int i = 0; i < sk.nlisten; i++) api |= sk.listen[i] == e->api_port, mock |= sk.listen[i] == mock_port;

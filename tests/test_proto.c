@@ -114,12 +114,12 @@ Test(proto, last_messages_say_how_the_attempt_ended) {
   lt_proto_msg_release(&out);
 }
 
-Test(proto, assignment_carries_the_spec_and_the_keys_reference) {
+Test(proto, assignment_carries_the_spec_the_input_descriptors_and_the_data_key) {
   lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
                       .assignment = {.job_id = "job-1", .tenant_id = "acme", .attempt = 2,
-                                     .model_dir = "/models/lathe-tiny/", .work_dir = "/work/a1", .threads = 2,
-                                     .train_id = "ds-1", .valid_id = NULL, .key_id = "k1",
-                                     .wrapped_hex = "00ff", .resume_state_key = "staging/acme/job-1/1/40/state.bin"}};
+                                     .model_dir = "/models/lathe-tiny/", .work_dir = "/dev/shm/a1",
+                                     .sealed_dir = "/work/a1", .threads = 2, .train_fd = 3, .valid_fd = -1,
+                                     .resume_fd = 5, .key_id = "k1", .key_hex = "00ff"}};
   lt_jobspec_defaults(&m.assignment.spec);
   snprintf(m.assignment.spec.base_model, sizeof m.assignment.spec.base_model, "lathe-tiny");
   snprintf(m.assignment.spec.dataset_id, sizeof m.assignment.spec.dataset_id, "ds-1");
@@ -131,9 +131,11 @@ Test(proto, assignment_carries_the_spec_and_the_keys_reference) {
   cr_assert_str_eq(a->tenant_id, "acme");
   cr_assert_eq(a->attempt, 2);
   cr_assert_eq(a->threads, 2);
-  cr_assert_null(a->valid_id);
-  cr_assert_str_eq(a->wrapped_hex, "00ff");
-  cr_assert_str_eq(a->resume_state_key, "staging/acme/job-1/1/40/state.bin");
+  cr_assert_eq(a->train_fd, 3);
+  cr_assert_eq(a->valid_fd, -1);
+  cr_assert_eq(a->resume_fd, 5);
+  cr_assert_str_eq(a->sealed_dir, "/work/a1");
+  cr_assert_str_eq(a->key_hex, "00ff");
   cr_assert_eq(a->spec.hp.max_steps, 60);
   cr_assert_str_eq(a->spec.base_model, "lathe-tiny");
   lt_proto_msg_release(&out);

@@ -280,6 +280,7 @@ static void upstream_produce(const char *job, const char *tenant) {
   cr_assert_eq(rd_kafka_conf_set(rc, "bootstrap.servers", lt_bus_conf_get(conf, "bootstrap.servers"), e2, sizeof e2),
                RD_KAFKA_CONF_OK);
   rd_kafka_conf_set(rc, "acks", "all", e2, sizeof e2);
+  lt_test_rd_conf_auth(rc, "admin");
   rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, rc, e2, sizeof e2);
   cr_assert(rk, "%s", e2);
   char topic[256];

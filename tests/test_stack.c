@@ -94,11 +94,35 @@ static int read_topics(struct topic_row *rows, int max)
 
 /* ------------------------------------------------------------------ Kafka */
 
+/* The admin principal's properties (LATHE_KAFKA_CONFIG_DIR/admin.properties, from `ops/stack
+ * env`): the broker takes no anonymous client (docs/DESIGN.md §5a). */
+static void set_credentials(rd_kafka_conf_t *conf)
+{
+    const char *dir = getenv("LATHE_KAFKA_CONFIG_DIR");
+    if (dir == NULL || !*dir)
+        return;
+    char path[4096], line[1024], errstr[512];
+    snprintf(path, sizeof path, "%s/admin.properties", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "cannot open %s: %s", path, strerror(errno));
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        char *eq = strchr(line, '=');
+        if (line[0] == '#' || eq == NULL)
+            continue;
+        *eq = '\0';
+        cr_assert_eq(rd_kafka_conf_set(conf, line, eq + 1, errstr, sizeof errstr), RD_KAFKA_CONF_OK,
+                     "%s: %s", path, errstr);
+    }
+    fclose(f);
+}
+
 static rd_kafka_t *new_client(rd_kafka_type_t type, rd_kafka_conf_t *conf)
 {
     char errstr[512];
     if (conf == NULL)
         conf = rd_kafka_conf_new();
+    set_credentials(conf);
     cr_assert_eq(rd_kafka_conf_set(conf, "bootstrap.servers", need_env("LATHE_KAFKA_BOOTSTRAP"),
                                    errstr, sizeof errstr),
                  RD_KAFKA_CONF_OK, "%s", errstr);
@@ -229,8 +253,9 @@ static void txn_ok(rd_kafka_error_t *e, const char *what)
 Test(stack, broker_commits_and_aborts_transactions_for_read_committed_consumers)
 {
     char topic[128], txid[128], errstr[512];
-    snprintf(topic, sizeof topic, "lathe-stack-test.txn.%ld.%d", (long)time(NULL), (int)getpid());
-    snprintf(txid, sizeof txid, "lathe-stack-test-%d", (int)getpid());
+    /* Under the prefix the admin principal may use (ops/acls.tsv). */
+    snprintf(topic, sizeof topic, "lathe.stack-test.txn.%ld.%d", (long)time(NULL), (int)getpid());
+    snprintf(txid, sizeof txid, "lathe.stack-test-%d", (int)getpid());
 
     rd_kafka_conf_t *pc = rd_kafka_conf_new();
     cr_assert_eq(rd_kafka_conf_set(pc, "transactional.id", txid, errstr, sizeof errstr),

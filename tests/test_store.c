@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -501,6 +502,37 @@ Test(store_dir, a_store_reopened_on_the_same_root_sees_the_objects) {
   lt_store_destroy(s);
   cr_assert_eq(lt_store_dir_new(&s, dir_root, err, sizeof err), LT_OK);
   expect_content(s, "k/1", (const uint8_t *)"one", 3);
+  lt_store_destroy(s);
+}
+
+/* A directory store may sit in a directory another process writes (a confined executor's sealed
+ * checkpoints, read by its worker): an object replaced by a link to a file outside, or by a FIFO
+ * that would block the reader, is refused, and the file outside is not read. */
+Test(store_dir, an_object_replaced_by_a_link_or_a_fifo_is_refused_not_followed) {
+  lt_store_t *s = open_dir();
+  cr_assert_eq(lt_store_put(s, "k/linked", "sealed", 6, NULL, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_store_put(s, "k/fifo", "sealed", 6, NULL, err, sizeof err), LT_OK);
+  char outside[PATH_MAX + 16], obj[PATH_MAX + 32];
+  snprintf(outside, sizeof outside, "%s.outside", dir_root);
+  FILE *f = fopen(outside, "w");
+  cr_assert(f);
+  fputs("the host's secret", f);
+  fclose(f);
+  snprintf(obj, sizeof obj, "%s/k/linked%%o", dir_root);
+  cr_assert_eq(unlink(obj), 0, "%s: %s", obj, strerror(errno));
+  cr_assert_eq(symlink(outside, obj), 0);
+  void *data = NULL;
+  size_t len = 0;
+  cr_assert_neq(lt_store_get(s, "k/linked", 1024, &data, &len, NULL, err, sizeof err), LT_OK,
+                "a link was followed: got %zu bytes", len);
+  free(data);
+  data = NULL;
+  snprintf(obj, sizeof obj, "%s/k/fifo%%o", dir_root);
+  cr_assert_eq(unlink(obj), 0);
+  cr_assert_eq(mkfifo(obj, 0600), 0);
+  cr_assert_neq(lt_store_get(s, "k/fifo", 1024, &data, &len, NULL, err, sizeof err), LT_OK, "a FIFO was read");
+  free(data);
+  unlink(outside);
   lt_store_destroy(s);
 }
 

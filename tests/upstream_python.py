@@ -57,7 +57,7 @@ import urllib.error
 import urllib.request
 import uuid
 
-from lt_test import BOOTSTRAP, ROOT, admin_client, require_clients
+from lt_test import BOOTSTRAP, ROOT, admin_client, kafka_conf, require_clients
 
 require_clients("upstream")
 import avro.io  # noqa: E402
@@ -255,7 +255,7 @@ def body(lathe, lathed, env, prefix, run_id, by_fp, sub_schema, sub_fp):
         fail(f"lathe admin tenant create --json printed no api_key: {out!r}")
 
     sched = Child("scheduler", [lathed, "--role", "scheduler"], dict(env, LATHE_INSTANCE="sched-up"))
-    api = Child("api", [lathed, "--role", "api", "--port", "0"], dict(env, LATHE_INSTANCE="api-up"))
+    api = Child("api", [lathed, "--role", "api", "--port", "0", "--operator-port", "0"], dict(env, LATHE_INSTANCE="api-up"))
     sched.wait_for(r"scheduler: leading \(", 90)
     if re.search(r"stops leading", sched.text()):
         fail("the scheduler stopped leading while starting")
@@ -322,7 +322,8 @@ def body(lathe, lathed, env, prefix, run_id, by_fp, sub_schema, sub_fp):
     }
     order = [("a", 0), ("b", 2), ("c", 3), ("d", 4), ("g", 5), ("e1", 2), ("e2", 2), ("f", 2)]
 
-    p = Producer({"bootstrap.servers": BOOTSTRAP, "acks": "all", "enable.idempotence": True})
+    # An upstream service writes lathe.jobs with a principal that may (here the API's).
+    p = Producer(kafka_conf("api", acks="all", **{"enable.idempotence": True}))
     where = {}
 
     def delivered(tag):
@@ -456,16 +457,16 @@ def read_outputs(prefix, by_fp, recs, n_garbage):
     """Reads <prefix>control and <prefix>deadletter from the beginning (read_committed) until every
     submission has a decision and every garbage record a DeadLetter, then a quiet 3 s more to see
     duplicates."""
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
+    admin = AdminClient(kafka_conf())
     md = admin.list_topics(timeout=10).topics
     tps = []
     for t in (prefix + "control", prefix + "deadletter"):
         if t not in md:
             fail(f"topic {t} does not exist")
         tps += [TopicPartition(t, pid, -2) for pid in md[t].partitions]  # -2: OFFSET_BEGINNING
-    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": prefix + "upstream-reader",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest"})
+    c = Consumer(kafka_conf(**{"group.id": prefix + "upstream-reader",
+                               "isolation.level": "read_committed", "enable.auto.commit": False,
+                               "auto.offset.reset": "earliest"}))
     c.assign(tps)
     want = {r["job_id"] for r in recs.values()}
     decisions, dead = {}, []

@@ -2,11 +2,13 @@
 #include "lt_ckpt.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -42,7 +44,52 @@ static void delete_stored(lt_ckpt_t *u, size_t count) {
   for (size_t i = 0; i < count; i++) lt_store_delete(u->conf.store, u->keys[i], NULL, 0);
 }
 
-/* Seals and stores every file once; on failure nothing of this try stays in the store. */
+/* The copy of one sealed object from copy_from into store, hashed as it goes. */
+typedef struct copy_ctx {
+  lt_ckpt_t *u;
+  lt_store_writer_t *w;
+  lt_crypto_sha256_t *h;
+  char *errstr;
+  size_t n;
+} copy_ctx_t;
+
+static lt_err_t copy_sink(void *ctx, const void *data, size_t len) {
+  copy_ctx_t *c = ctx;
+  if (atomic_load(&c->u->abort)) return lt_errf(c->errstr, c->n, LT_ERR_CANCELLED, "checkpoint upload aborted");
+  lt_crypto_sha256_update(c->h, data, len);
+  return lt_store_writer_write(c->w, data, len, c->errstr, c->n);
+}
+
+/* Copies object i (already sealed) into the store; its stored size into *bytes. */
+static lt_err_t copy_object(lt_ckpt_t *u, size_t i, lt_crypto_sha256_t *h, uint64_t *bytes, char *errstr, size_t n) {
+  copy_ctx_t c = {.u = u, .h = h, .errstr = errstr, .n = n};
+  lt_err_t err = lt_store_writer_new(u->conf.store, u->keys[i], &c.w, errstr, n);
+  if (err) return err;
+  err = lt_store_get_stream(u->conf.copy_from, u->keys[i], copy_sink, &c, NULL, errstr, n);
+  if (err) {
+    lt_store_writer_abort(c.w);
+    return err;
+  }
+  return lt_store_writer_commit(c.w, NULL, bytes, errstr, n);
+}
+
+/* Opens a spooled file: a regular file, never a link. */
+static FILE *open_spooled(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  if (fd < 0) return NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) close(fd);
+  return f;
+}
+
+/* Seals and stores every file once (or copies every sealed object); on failure nothing of this
+ * try stays in the store. */
 static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_t n) {
   lt_crypto_sha256_t *h = NULL;
   lt_err_t err = lt_crypto_sha256_new(&h);
@@ -51,9 +98,17 @@ static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_
   d->bytes = 0;
   char *buf = u->buf;
   for (size_t i = 0; i < LT_CKPT_NAMES && !err; i++) {
+    if (u->conf.copy_from) {
+      uint64_t object_bytes = 0;
+      if (!(err = copy_object(u, i, h, &object_bytes, errstr, n))) {
+        stored++;
+        d->bytes += object_bytes;
+      }
+      continue;
+    }
     char path[4096];
     spool_path(u, i, path, sizeof path);
-    FILE *f = fopen(path, "rb");
+    FILE *f = open_spooled(path);
     if (!f) {
       err = lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
       break;
@@ -85,6 +140,19 @@ static lt_err_t upload_once(lt_ckpt_t *u, lt_ckpt_done_t *d, char *errstr, size_
   }
   lt_crypto_hex(sha, 32, d->sha256_hex);
   return LT_OK;
+}
+
+/* Removes the files in flight (with copy_from: the sealed objects in the executor's spool). */
+static void remove_spooled(lt_ckpt_t *u) {
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
+    if (u->conf.copy_from) {
+      if (u->keys[i][0]) lt_store_delete(u->conf.copy_from, u->keys[i], NULL, 0);
+      continue;
+    }
+    char path[4096];
+    spool_path(u, i, path, sizeof path);
+    unlink(path);
+  }
 }
 
 /* Sleeps up to ms, waking early on abort; false when aborted. */
@@ -120,24 +188,22 @@ static void *upload_main(void *arg) {
     u->err = lt_errf(u->errstr, sizeof u->errstr, LT_ERR_CANCELLED, "checkpoint upload aborted");
   }
   if (!u->err && u->conf.on_done) u->conf.on_done(u->conf.ctx, &d);
-  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
-    char path[4096];
-    spool_path(u, i, path, sizeof path);
-    unlink(path);
-  }
+  remove_spooled(u);
   atomic_store(&u->ended, 1);
+  if (u->conf.on_end) u->conf.on_end(u->conf.ctx);
   return NULL;
 }
 
 lt_err_t lt_ckpt_new(const lt_ckpt_conf_t *conf, lt_ckpt_t **out, char *errstr, size_t n) {
   *out = NULL;
-  if (!conf->store || !conf->dek || !conf->prefix || !conf->spool_dir)
-    return lt_errf(errstr, n, LT_ERR_INVALID, "lt_ckpt_new: store, dek, prefix and spool_dir are required");
+  if (!conf->store || !conf->prefix || (!conf->copy_from && (!conf->dek || !conf->spool_dir)))
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "lt_ckpt_new: store, prefix and dek and spool_dir (or copy_from) are required");
   lt_ckpt_t *u = calloc(1, sizeof *u);
   if (!u) return LT_ERR_NOMEM;
   u->conf = *conf;
   if ((size_t)snprintf(u->prefix, sizeof u->prefix, "%s", conf->prefix) >= sizeof u->prefix ||
-      (size_t)snprintf(u->spool, sizeof u->spool, "%s", conf->spool_dir) >= sizeof u->spool) {
+      (size_t)snprintf(u->spool, sizeof u->spool, "%s", conf->spool_dir ? conf->spool_dir : "") >= sizeof u->spool) {
     free(u);
     return lt_errf(errstr, n, LT_ERR_INVALID, "lt_ckpt_new: prefix or spool_dir too long");
   }
@@ -166,7 +232,7 @@ lt_err_t lt_ckpt_submit(lt_ckpt_t *u, const char *dir, int64_t step, bool final,
     char from[4096], to[4096];
     snprintf(from, sizeof from, "%s/%s", dir, lt_ckpt_names[i]);
     spool_path(u, i, to, sizeof to);
-    if (rename(from, to) != 0)
+    if (!u->conf.copy_from && rename(from, to) != 0)
       return lt_errf(errstr, n, LT_ERR_IO, "checkpoint at step %lld: %s -> %s: %s", (long long)step, from, to,
                      strerror(errno));
     if ((size_t)snprintf(u->keys[i], sizeof u->keys[i], "%s%lld/%s", u->prefix, (long long)step, lt_ckpt_names[i]) >=
@@ -197,10 +263,6 @@ void lt_ckpt_abort(lt_ckpt_t *u) {
 void lt_ckpt_destroy(lt_ckpt_t *u) {
   if (!u) return;
   lt_ckpt_abort(u);
-  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
-    char path[4096];
-    spool_path(u, i, path, sizeof path);
-    unlink(path);
-  }
+  if (!u->conf.copy_from) remove_spooled(u);
   free(u);
 }

@@ -44,12 +44,20 @@ typedef struct lt_ckpt_done {
 
 typedef struct lt_ckpt_conf {
   lt_store_t *store;          /* borrowed; must outlive the uploader */
-  const lt_crypto_dek_t *dek; /* borrowed; the tenant's data key */
+  const lt_crypto_dek_t *dek; /* borrowed; the tenant's data key (NULL with copy_from) */
   const char *prefix;         /* staging/<tenant>/<job>/<attempt>/ (copied); keys are prefix<step>/<name> */
-  const char *spool_dir;      /* private directory for files in flight (copied; must exist, 0700) */
+  const char *spool_dir;      /* private directory for files in flight (copied; must exist, 0700;
+                               * NULL with copy_from) */
+  /* The worker's mode: the checkpoint's objects are already sealed, under the same keys, in this
+   * store (borrowed: the executor's sealed spool, a directory store), and are copied byte for
+   * byte into store, then deleted from it. lt_ckpt_submit's dir is then ignored. */
+  lt_store_t *copy_from;
   int64_t retry_ms;           /* how long a retriable store failure is retried (0: not at all) */
   /* Called on the upload thread once a checkpoint is stored, before the next may start. */
   void (*on_done)(void *ctx, const lt_ckpt_done_t *done);
+  /* Called on the upload thread as its last act, whatever happened (may be NULL): the worker's
+   * event loop learns from it that lt_ckpt_flush will not block. */
+  void (*on_end)(void *ctx);
   void *ctx;
 } lt_ckpt_conf_t;
 
@@ -58,7 +66,8 @@ typedef struct lt_ckpt lt_ckpt_t;
 lt_err_t lt_ckpt_new(const lt_ckpt_conf_t *conf, lt_ckpt_t **out, char *errstr, size_t errstr_size);
 
 /* Waits for the upload in flight (its failure is returned, and this one is not started), then
- * moves the checkpoint's files out of dir and starts uploading them. */
+ * moves the checkpoint's files out of dir and starts uploading them (with copy_from: starts
+ * copying its objects). */
 lt_err_t lt_ckpt_submit(lt_ckpt_t *u, const char *dir, int64_t step, bool final, const char *trigger, char *errstr,
                         size_t errstr_size);
 

@@ -5,17 +5,24 @@
  * weights are a read-only mmap of the model files, so every executor of a worker shares one copy
  * in the page cache.
  *
- * It reads its assignment from stdin, runs the managed loop (lt_train.c), and reports on stdout
- * in the protocol of lt_proto.h; checkpoints are sealed and uploaded off the training thread
- * (lt_ckpt.c). The executor never talks to Kafka: the worker records what it reports.
+ * Why confined: it parses and trains on one tenant's data, so a bug in that code must reach
+ * nothing else (docs/DESIGN.md §5a). Before it reads its assignment it confines itself as the
+ * worker asked (lt_confine.h: no descriptors but its own, no network, no privileges, a seccomp
+ * filter, rlimits). It holds no master key and no store or bus credentials: its environment has
+ * none, the worker opened its datasets and resume state into memory files it inherited
+ * (lt_xfer.h), and the one key it gets is its tenant's data key, to seal its checkpoints.
  *
- * Environment: the store (LATHE_S3_* or LATHE_STORE_DIR) and the master key, inherited. */
+ * It reads its assignment from stdin, runs the managed loop (lt_train.c) with its plaintext files
+ * in a directory on a memory file system, and reports on stdout in the protocol of lt_proto.h;
+ * checkpoints are sealed off the training thread (lt_ckpt.c) into a directory store on disk, from
+ * which the worker uploads them. The executor never talks to Kafka or the object store. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
@@ -25,13 +32,17 @@
 #include <openssl/crypto.h>
 
 #include "lt_ckpt.h"
+#include "lt_confine.h"
 #include "lt_crypto.h"
-#include "lt_dataset.h"
 #include "lt_proto.h"
-#include "lt_sealed.h"
 #include "lt_store.h"
 #include "lt_train.h"
 #include "lt_worker.h"
+
+/* The highest descriptor an executor inherits: 0-2, then its inputs (lt_worker.c hands them on
+ * 3-6: the datasets, the resume state, the base model's directory). Every other one is closed
+ * before anything else. */
+#define INPUT_FD_MAX (2 + LT_CONFINE_INPUTS)
 
 /* The process-wide stop flags, set only by signal handlers. */
 static volatile sig_atomic_t stop_cancel, stop_preempt;
@@ -49,15 +60,15 @@ static void on_preempt(int sig) {
 /* One attempt's resources, from the assignment to the exit; also the training hooks' context. */
 typedef struct {
   const lt_proto_assignment_t *asg;
-  lt_crypto_kek_t *kek;
-  lt_crypto_dek_t *dek;     /* the tenant's data key */
-  lt_store_t *store;
-  char *train, *valid;      /* the datasets' plaintext (valid may be NULL) */
+  lt_crypto_dek_t *dek;     /* the tenant's data key, from the assignment */
+  lt_store_t *sealed;       /* the directory store the checkpoints are sealed into */
+  char *train, *valid;      /* the datasets' plaintext: read-only maps of the input memory files */
   size_t train_len, valid_len;
   char train_sha[65];
-  char resume_path[4200];   /* the state to resume from, written into work_dir; "" for none */
-  lt_ckpt_t *ckpt;          /* uploads checkpoints off the training thread */
+  char resume_path[64];     /* the state to resume from (its memory file); "" for none */
+  lt_ckpt_t *ckpt;          /* seals checkpoints off the training thread */
   int64_t awaited;          /* the step of the newest interval checkpoint handed to it (0: none) */
+  int64_t submitted;        /* the step of the newest checkpoint handed to it (0: none) */
 } exec_t;
 
 /* ---------------------------------------------------------------- the protocol's two channels */
@@ -153,20 +164,18 @@ static lt_err_t on_checkpoint(void *ctx, const char *dir, int64_t step, bool fin
   const char *trigger = final ? "final" : stop_preempt ? "preempt" : "interval";
   lt_err_t err = lt_ckpt_submit(x->ckpt, dir, step, final, trigger, errstr, n);
   if (!err && !final) x->awaited = step;
+  if (!err) x->submitted = step;
   return err;
 }
 
-/* Before each optimizer update: the newest checkpoint must be committed first. At any moment the
- * steps done since the newest commit are then at most one checkpoint interval, which is what a
- * crash may lose, while the upload overlaps the forward and backward passes of the step after
- * it. A cancel ends the wait (the run stops at its next micro-step); an upload that failed, or a
- * worker that is gone, fails the run. */
-static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
-  exec_t *x = ctx;
+/* Waits until the worker has recorded the commit of the checkpoint at step (0: none to wait
+ * for). A cancel ends the wait when cancel_ends is set; an upload that failed, or a worker that is
+ * gone, is an error. */
+static lt_err_t wait_committed(exec_t *x, int64_t step, bool cancel_ends, char *errstr, size_t n) {
   pthread_mutex_lock(&acks.lock);
-  while (acks.committed < x->awaited && !acks.gone && !stop_cancel) {
+  while (acks.committed < step && !acks.gone && !(cancel_ends && stop_cancel)) {
     if (!lt_ckpt_busy(x->ckpt)) {
-      /* The upload ended: failed, or its line is out and the worker is recording it. */
+      /* The sealing ended: failed, or its line is out and the worker is uploading it. */
       pthread_mutex_unlock(&acks.lock);
       lt_err_t err = lt_ckpt_flush(x->ckpt, errstr, n);
       if (err) return err;
@@ -181,12 +190,21 @@ static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
     }
     pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
   }
-  bool gone = acks.committed < x->awaited && acks.gone && !stop_cancel;
+  bool gone = acks.committed < step && acks.gone && !(cancel_ends && stop_cancel);
   pthread_mutex_unlock(&acks.lock);
   if (gone)
     return lt_errf(errstr, n, LT_ERR_IO, "the worker stopped reporting commits before the checkpoint at step %lld",
-                   (long long)x->awaited);
+                   (long long)step);
   return LT_OK;
+}
+
+/* Before each optimizer update: the newest checkpoint must be committed first. At any moment the
+ * steps done since the newest commit are then at most one checkpoint interval, which is what a
+ * crash may lose, while the upload overlaps the forward and backward passes of the step after
+ * it. A cancel ends the wait (the run stops at its next micro-step). */
+static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
+  exec_t *x = ctx;
+  return wait_committed(x, x->awaited, true, errstr, n);
 }
 
 /* Reports the failure that ends the attempt; returns the exit status. */
@@ -199,16 +217,26 @@ static int fail(const char *fmt, const char *detail) {
 
 /* ---------------------------------------------------------------- the attempt's phases */
 
-/* Makes this process fit to hold customer data: no core dumps, and it dies with its worker.
- * False when the worker is already gone. */
+/* Makes this process fit to hold customer data: confined as the worker asked (lt_confine.h), no
+ * core dumps, and it dies with its worker. False (reported) when it cannot be. */
 static bool setup_process(void) {
-  struct rlimit nocore = {0, 0};
-  setrlimit(RLIMIT_CORE, &nocore);
   /* A worker killed with SIGKILL (or crashed) must not leave an executor training a fenced
    * attempt and staging its checkpoints (invariant 2). */
   pid_t worker = getppid();
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != worker) return false; /* the worker died before the line above */
+  lt_confine_conf_t cc;
+  char report[512], err[512];
+  if (lt_confine_conf_from_executor_env(&cc, err, sizeof err) ||
+      lt_confine_apply(&cc, INPUT_FD_MAX, report, sizeof report, err, sizeof err)) {
+    fail("cannot confine the executor: %s", err);
+    return false;
+  }
+  if (report[0])
+    fprintf(stderr, "lathed executor (pid %d): confinement not applied in full: %s\n", (int)getpid(), report);
+  /* PR_SET_PDEATHSIG is cleared by a change of credentials: set it again. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != worker) return false;
   signal(SIGUSR1, on_cancel);
   signal(SIGTERM, on_cancel);
   signal(SIGUSR2, on_preempt);
@@ -216,13 +244,14 @@ static bool setup_process(void) {
   return true;
 }
 
-/* The first line on stdin: what to run. */
+/* The first line on stdin: what to run. The line holds the data key: cleansed once read. */
 static lt_err_t read_assignment(lt_proto_msg_t *m, char *errstr, size_t n) {
-  char line[1 << 16];
+  static char line[1 << 16];
   memset(m, 0, sizeof *m);
   if (!fgets(line, sizeof line, stdin)) return lt_errf(errstr, n, LT_ERR_INVALID, "no assignment on stdin");
   char err[640];
   lt_err_t e = lt_proto_decode(line, m, err, sizeof err);
+  OPENSSL_cleanse(line, sizeof line);
   if (e == LT_ERR_CORRUPT) return lt_errf(errstr, n, e, "the assignment is not JSON: %s", err);
   if (e) return lt_errf(errstr, n, e, "%s", err);
   if (m->type != LT_PROTO_ASSIGNMENT)
@@ -231,93 +260,60 @@ static lt_err_t read_assignment(lt_proto_msg_t *m, char *errstr, size_t n) {
   return LT_OK;
 }
 
-/* The master key from the environment and the tenant's data key it unwraps. */
-static lt_err_t open_keys(exec_t *x, char *errstr, size_t n) {
-  const char *hex = x->asg->wrapped_hex;
-  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
-  size_t wlen = strlen(hex) / 2;
-  char err[512];
-  if (lt_crypto_kek_from_env(&x->kek, err, sizeof err) ||
-      (wlen > sizeof wrapped ? lt_errf(err, sizeof err, LT_ERR_INVALID, "tenant key too long")
-                             : lt_crypto_unhex(hex, wrapped, wlen, err, sizeof err)) ||
-      lt_crypto_dek_unwrap(x->kek, x->asg->tenant_id, wrapped, wlen, &x->dek, err, sizeof err))
-    return lt_errf(errstr, n, LT_ERR_INVALID, "cannot open the tenant's data key: %s", err);
+/* A read-only map of an input memory file (an empty file maps to an empty string). */
+static lt_err_t map_input(int fd, const char *what, char **out, size_t *len, char *errstr, size_t n) {
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return lt_errf(errstr, n, LT_ERR_IO, "the %s (descriptor %d): %s", what, fd, strerror(errno));
+  *len = (size_t)st.st_size;
+  if (*len == 0) {
+    *out = NULL;
+    return LT_OK;
+  }
+  void *p = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (p == MAP_FAILED) return lt_errf(errstr, n, LT_ERR_IO, "cannot map the %s: %s", what, strerror(errno));
+  *out = p;
   return LT_OK;
 }
 
-/* A dataset's plaintext: its own data key (wrapped by the master key) opens it. */
-static lt_err_t load_dataset(const exec_t *x, const char *id, char **out, size_t *len, char sha_hex[65],
-                             char *errstr, size_t n) {
-  const char *tenant = x->asg->tenant_id;
-  char key[1024];
-  void *wrapped = NULL;
-  size_t wlen = 0;
-  lt_crypto_dek_t *dek = NULL;
-  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_KEY);
-  lt_err_t err = lt_store_get(x->store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, errstr, n);
-  if (!err) err = lt_crypto_dek_unwrap(x->kek, tenant, wrapped, wlen, &dek, errstr, n);
-  free(wrapped);
-  if (err) return err;
-  lt_dataset_object_key(key, sizeof key, tenant, id, LT_DATASET_DATA);
-  void *data = NULL;
-  err = lt_sealed_get(x->store, dek, key, (size_t)1 << 32, &data, len, errstr, n);
-  lt_crypto_dek_destroy(dek);
-  if (err) return err;
-  uint8_t d[32];
-  lt_crypto_sha256(data, *len, d);
-  lt_crypto_hex(d, 32, sha_hex);
-  *out = data;
-  return LT_OK;
-}
-
-/* The sealed state of the checkpoint to resume from, opened into work_dir/resume.bin. */
-static lt_err_t fetch_resume_state(exec_t *x, char *errstr, size_t n) {
-  void *state = NULL;
-  size_t slen = 0;
-  char err[512];
-  if (lt_sealed_get(x->store, x->dek, x->asg->resume_state_key, (size_t)1 << 34, &state, &slen, err, sizeof err))
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the checkpoint to resume from: %s", err);
-  snprintf(x->resume_path, sizeof x->resume_path, "%s/resume.bin", x->asg->work_dir);
-  FILE *f = fopen(x->resume_path, "wb");
-  bool ok = f && fwrite(state, 1, slen, f) == slen;
-  if (f) ok = fclose(f) == 0 && ok;
-  OPENSSL_cleanse(state, slen);
-  free(state);
-  if (!ok) return lt_errf(errstr, n, LT_ERR_IO, "cannot write the resume state: %s", strerror(errno));
-  return LT_OK;
-}
-
-/* Everything the run reads: keys, the store, the datasets and the state to resume from. */
+/* Everything the run reads: the data key, the datasets and the state to resume from. */
 static lt_err_t open_inputs(exec_t *x, char *errstr, size_t n) {
   const lt_proto_assignment_t *a = x->asg;
-  char err[512], vsha[65];
-  lt_err_t e = open_keys(x, errstr, n);
-  if (e) return e;
-  const char *dir = getenv("LATHE_STORE_DIR");
-  lt_store_s3_conf_t s3;
-  if (dir && *dir ? lt_store_dir_new(&x->store, dir, err, sizeof err)
-                  : (lt_store_s3_conf_from_env(&s3, err, sizeof err) ||
-                     lt_store_s3_new(&x->store, &s3, err, sizeof err)))
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot open the object store: %s", err);
-  if (load_dataset(x, a->train_id, &x->train, &x->train_len, x->train_sha, err, sizeof err))
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the training dataset: %s", err);
-  if (a->valid_id && load_dataset(x, a->valid_id, &x->valid, &x->valid_len, vsha, err, sizeof err))
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot read the validation dataset: %s", err);
-  return a->resume_state_key ? fetch_resume_state(x, errstr, n) : LT_OK;
+  uint8_t key[LT_CRYPTO_KEY_BYTES];
+  char err[512];
+  lt_err_t e = strlen(a->key_hex) != 2 * sizeof key
+                   ? lt_errf(err, sizeof err, LT_ERR_INVALID, "the data key is not %zu bytes", sizeof key)
+                   : lt_crypto_unhex(a->key_hex, key, sizeof key, err, sizeof err);
+  if (!e) e = lt_crypto_dek_import(&x->dek, a->tenant_id, a->key_id, key, err, sizeof err);
+  OPENSSL_cleanse(key, sizeof key);
+  OPENSSL_cleanse((char *)a->key_hex, strlen(a->key_hex));
+  if (e) return lt_errf(errstr, n, LT_ERR_INVALID, "cannot open the tenant's data key: %s", err);
+  if ((e = map_input(a->train_fd, "training dataset", &x->train, &x->train_len, errstr, n))) return e;
+  if (a->valid_fd >= 0 && (e = map_input(a->valid_fd, "validation dataset", &x->valid, &x->valid_len, errstr, n)))
+    return e;
+  uint8_t d[32];
+  lt_crypto_sha256(x->train ? x->train : "", x->train_len, d);
+  lt_crypto_hex(d, 32, x->train_sha);
+  /* The engine reads its state from a path: this process's own descriptor is one. */
+  if (a->resume_fd >= 0) snprintf(x->resume_path, sizeof x->resume_path, "/proc/self/fd/%d", a->resume_fd);
+  return LT_OK;
 }
 
-/* The checkpoint uploader, spooling in work_dir/upload, and the reader of the worker's commits. */
-static lt_err_t start_uploads(exec_t *x, char *errstr, size_t n) {
+/* The checkpoint sealer (plaintext spooled in work_dir/upload, sealed into sealed_dir, which the
+ * worker uploads from) and the reader of the worker's commits. */
+static lt_err_t start_sealing(exec_t *x, char *errstr, size_t n) {
   const lt_proto_assignment_t *a = x->asg;
   char prefix[512], spool[4200], err[512];
   snprintf(prefix, sizeof prefix, "staging/%s/%s/%lld/", a->tenant_id, a->job_id, (long long)a->attempt);
   snprintf(spool, sizeof spool, "%s/upload", a->work_dir);
-  lt_ckpt_conf_t cc = {.store = x->store, .dek = x->dek, .prefix = prefix, .spool_dir = spool, .retry_ms = 120000,
+  if (lt_store_dir_new(&x->sealed, a->sealed_dir, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot open the sealed checkpoint directory: %s", err);
+  lt_ckpt_conf_t cc = {.store = x->sealed, .dek = x->dek, .prefix = prefix, .spool_dir = spool, .retry_ms = 0,
                        .on_done = on_uploaded};
   if (mkdir(spool, 0700) != 0 && errno != EEXIST)
     return lt_errf(errstr, n, LT_ERR_IO, "cannot make the checkpoint spool directory: %s", strerror(errno));
   if (lt_ckpt_new(&cc, &x->ckpt, err, sizeof err))
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot prepare the checkpoint upload: %s", err);
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot prepare the checkpoint sealing: %s", err);
   pthread_t acks_thread;
   if (pthread_create(&acks_thread, NULL, read_acks, NULL) != 0)
     return lt_errf(errstr, n, LT_ERR_IO, "cannot start the commit reader");
@@ -328,7 +324,8 @@ static lt_err_t start_uploads(exec_t *x, char *errstr, size_t n) {
 /* Runs the managed loop and reports how it ended: stopped, done, or (returned) an error. */
 static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
   const lt_proto_assignment_t *a = x->asg;
-  lt_train_conf_t tc = {.model_dir = a->model_dir, .base_model_name = a->spec.base_model, .train = x->train,
+  lt_train_conf_t tc = {.model_dir = a->model_dir, .base_model_name = a->spec.base_model,
+                        .train = x->train ? x->train : "",
                         .train_len = x->train_len, .valid = x->valid, .valid_len = x->valid_len, .hp = a->spec.hp,
                         .threads = a->threads, .work_dir = a->work_dir,
                         .resume_state = x->resume_path[0] ? x->resume_path : NULL};
@@ -348,8 +345,10 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
     x->ckpt = NULL;
     return LT_OK;
   }
-  /* The preemption's or the final checkpoint must be committed before the attempt ends. */
+  /* The preemption's or the final checkpoint must be committed before the attempt ends: sealed
+   * here, then uploaded and recorded by the worker. */
   if ((e = lt_ckpt_flush(x->ckpt, errstr, n))) return e;
+  if ((e = wait_committed(x, x->submitted, false, errstr, n))) return e;
   if (res.stopped == LT_TRAIN_STOP_PREEMPT)
     emit_line(&(lt_proto_msg_t){.type = LT_PROTO_STOPPED, .stopped = {LT_TRAIN_STOP_PREEMPT, res.steps}}, true);
   else
@@ -367,17 +366,15 @@ int lt_executor_main(void) {
   }
   exec_t x = {.asg = &m.assignment};
   lt_err_t e = open_inputs(&x, err, sizeof err);
-  if (!e) e = start_uploads(&x, err, sizeof err);
+  if (!e) e = start_sealing(&x, err, sizeof err);
   if (!e) e = train_and_report(&x, err, sizeof err);
   if (e) fail("%s", err);
   lt_ckpt_destroy(x.ckpt);
-  if (x.train) OPENSSL_cleanse(x.train, x.train_len);
-  if (x.valid) OPENSSL_cleanse(x.valid, x.valid_len);
-  free(x.train);
-  free(x.valid);
-  lt_store_destroy(x.store);
+  /* The maps are of the worker's memory files, which it zeroes when the attempt ends. */
+  if (x.train) munmap(x.train, x.train_len);
+  if (x.valid) munmap(x.valid, x.valid_len);
+  lt_store_destroy(x.sealed);
   lt_crypto_dek_destroy(x.dek);
-  lt_crypto_kek_destroy(x.kek);
   lt_proto_msg_release(&m);
   return e ? 1 : 0;
 }

@@ -25,12 +25,11 @@ const char *lt_proto_type_name(lt_proto_type_t type) {
 /* ---------------------------------------------------------------- encoding */
 
 static json_t *pack_assignment(const lt_proto_assignment_t *a) {
-  return json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:i,s:{s:s,s:o},s:{s:s,s:s},s:o}", "job_id", a->job_id, "tenant_id",
-                   a->tenant_id, "attempt", (int)a->attempt, "spec", lt_jobspec_to_json(&a->spec), "model_dir",
-                   a->model_dir, "work_dir", a->work_dir, "threads", a->threads, "dataset", "train", a->train_id,
-                   "valid", a->valid_id ? json_string(a->valid_id) : json_null(), "tenant_key", "key_id", a->key_id,
-                   "wrapped_hex", a->wrapped_hex, "resume_state_key",
-                   a->resume_state_key ? json_string(a->resume_state_key) : json_null());
+  return json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:s,s:i,s:{s:i,s:i,s:i},s:{s:s,s:s}}", "job_id", a->job_id,
+                   "tenant_id", a->tenant_id, "attempt", (int)a->attempt, "spec", lt_jobspec_to_json(&a->spec),
+                   "model_dir", a->model_dir, "work_dir", a->work_dir, "sealed_dir", a->sealed_dir, "threads",
+                   a->threads, "inputs", "train_fd", a->train_fd, "valid_fd", a->valid_fd, "resume_fd", a->resume_fd,
+                   "tenant_key", "key_id", a->key_id, "key_hex", a->key_hex);
 }
 
 static json_t *pack_step(const lt_train_step_t *st) {
@@ -108,23 +107,24 @@ static const char *get_str(const json_t *o, const char *k) { return json_string_
 static bool get_bool(const json_t *o, const char *k) { return json_is_true(json_object_get(o, k)); }
 
 static lt_err_t read_assignment(const json_t *o, lt_proto_assignment_t *a, char *errstr, size_t n) {
-  json_t *ds = json_object_get(o, "dataset"), *tk = json_object_get(o, "tenant_key");
+  json_t *in = json_object_get(o, "inputs"), *tk = json_object_get(o, "tenant_key");
   a->job_id = get_str(o, "job_id");
   a->tenant_id = get_str(o, "tenant_id");
   a->attempt = (int32_t)get_int(o, "attempt");
   a->model_dir = get_str(o, "model_dir");
   a->work_dir = get_str(o, "work_dir");
+  a->sealed_dir = get_str(o, "sealed_dir");
   a->threads = (int)get_int(o, "threads");
-  a->train_id = get_str(ds, "train");
-  a->valid_id = get_str(ds, "valid");
+  a->train_fd = json_is_integer(json_object_get(in, "train_fd")) ? (int)get_int(in, "train_fd") : -1;
+  a->valid_fd = json_is_integer(json_object_get(in, "valid_fd")) ? (int)get_int(in, "valid_fd") : -1;
+  a->resume_fd = json_is_integer(json_object_get(in, "resume_fd")) ? (int)get_int(in, "resume_fd") : -1;
   a->key_id = get_str(tk, "key_id");
-  a->wrapped_hex = get_str(tk, "wrapped_hex");
-  a->resume_state_key = get_str(o, "resume_state_key");
-  if (!a->tenant_id || !a->job_id || a->attempt < 1 || !a->model_dir || !a->work_dir || !a->train_id ||
-      !a->wrapped_hex)
+  a->key_hex = get_str(tk, "key_hex");
+  if (!a->tenant_id || !a->job_id || a->attempt < 1 || !a->model_dir || !a->work_dir || !a->sealed_dir ||
+      a->train_fd < 0 || !a->key_id || !a->key_hex)
     return lt_errf(errstr, n, LT_ERR_INVALID,
-                   "the assignment lacks a field (job_id, tenant_id, attempt, model_dir, work_dir, dataset.train, "
-                   "tenant_key.wrapped_hex)");
+                   "the assignment lacks a field (job_id, tenant_id, attempt, model_dir, work_dir, sealed_dir, "
+                   "inputs.train_fd, tenant_key.key_id, tenant_key.key_hex)");
   char field[96], err[512];
   if (lt_jobspec_from_json(json_object_get(o, "spec"), &a->spec, field, sizeof field, err, sizeof err))
     return lt_errf(errstr, n, LT_ERR_INVALID, "the job spec is invalid: %s", err);

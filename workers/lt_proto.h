@@ -3,10 +3,14 @@
  *
  *   executor stdin   the assignment (the one message without a "type": it came first, and the
  *                    executor reads it before anything else), then one "committed" line per
- *                    checkpoint the worker recorded;
+ *                    checkpoint the worker recorded; the assignment names the descriptors the
+ *                    executor inherited its inputs on (lt_xfer.h) and carries the tenant's data
+ *                    key, the one secret an executor holds;
  *   executor stdout  "step" every optimizer step, "eval" at each evaluation, "checkpoint" once a
- *                    checkpoint is stored and sealed (by the upload thread, so it may follow later
- *                    steps' lines; always before "stopped" (preempt) and "done"); one of
+ *                    checkpoint is sealed into the sealed directory (by the sealing thread, so it
+ *                    may follow later steps' lines; the worker then uploads it and answers
+ *                    "committed"; "stopped" (preempt) and "done" come only after the commit of
+ *                    their checkpoint); one of
  *                    "stopped", "done" or "error" (exit 1) ends the attempt;
  *   signals          SIGUSR1 or SIGTERM: stop at the next micro-step boundary (cancel);
  *                    SIGUSR2: checkpoint at the next step boundary, then stop (preempt).
@@ -46,14 +50,17 @@ typedef struct lt_proto_assignment {
   const char *job_id, *tenant_id;
   int32_t attempt;
   lt_jobspec_t spec;
-  const char *model_dir;        /* <models_dir>/<base_model>/ */
-  const char *work_dir;         /* the attempt's private 0700 directory */
+  const char *model_dir;        /* the base model's directory (the executor's descriptor 6) */
+  const char *work_dir;         /* the attempt's private directory on a memory file system: the
+                                 * only place its plaintext files go */
+  const char *sealed_dir;       /* a directory store on disk where it seals its checkpoints, for
+                                 * the worker to upload */
   int threads;                  /* cpu backend threads */
-  const char *train_id;         /* the training dataset */
-  const char *valid_id;         /* the validation dataset, or NULL: hold out a share */
-  const char *key_id;           /* the tenant's data key ... */
-  const char *wrapped_hex;      /* ... wrapped by the master key, in hex */
-  const char *resume_state_key; /* state.bin of the checkpoint to resume from, or NULL */
+  int train_fd;                 /* the training dataset's plaintext: a memory file */
+  int valid_fd;                 /* the validation dataset's, or -1: hold out a share */
+  int resume_fd;                /* the state to resume from, or -1 */
+  const char *key_id;           /* the tenant's data key (its id) ... */
+  const char *key_hex;          /* ... and its bytes in hex: it seals the checkpoints */
 } lt_proto_assignment_t;
 
 typedef struct lt_proto_committed {

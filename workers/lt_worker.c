@@ -5,26 +5,28 @@
 #include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
+#include <openssl/crypto.h>
 
+#include "lt_confine.h"
 #include "lt_job_record.h"
 #include "lt_proto.h"
 #include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
-
-extern char **environ;
+#include "lt_xfer.h"
 
 #define MAX_SLOTS 64
 #define MAX_PENDING 256
@@ -33,6 +35,9 @@ typedef enum { A_FREE = 0, A_RUNNING, A_EXITED } att_state_t;
 
 typedef struct attempt {
   att_state_t state;
+  lt_worker_t *w;       /* its worker, for the notify event */
+  lt_jobspec_t spec;    /* what it runs (validated) */
+  bool uploading;       /* a checkpoint upload is in flight */
   char job_id[LT_ID_MAX + 1], tenant_id[LT_ID_MAX + 1];
   int32_t attempt;
   lt_job_class_t cls;
@@ -42,7 +47,16 @@ typedef struct attempt {
   struct event *ev;
   char line[1 << 15];
   size_t line_len;
-  char work_dir[512];
+  char work_dir[720];    /* on disk, the executor's: where it seals its checkpoints */
+  char mem_dir[720];     /* on a memory file system, the executor's: its plaintext files */
+  int notify[2];        /* the fetch and upload threads' "ended" bytes (see on_notify) */
+  struct event *notify_ev;
+  lt_xfer_t *xfer;      /* the inputs being fetched, before the executor starts */
+  lt_xfer_inputs_t in;  /* the inputs it was handed, zeroed when the attempt ends */
+  lt_store_t *sealed;   /* the executor's sealed checkpoints (a directory store on work_dir) */
+  lt_ckpt_t *up;        /* uploads them into the store */
+  lt_ckpt_done_t uploaded; /* what the upload in flight stored (written by its thread) */
+  char fail_detail[512]; /* why the worker ended the attempt, when it did */
   int64_t lease_ms;
   int64_t last_progress_ms, stop_sent_ms;
   int stop_signal;      /* SIGUSR1 (cancel) or SIGUSR2 (preempt) once sent */
@@ -83,6 +97,8 @@ struct lt_worker {
   int64_t last_hb_sent_ms;
   int64_t hb_ok_ms;         /* last heartbeat the broker acknowledged (atomic) */
   char producer_id[160];
+  lt_confine_conf_t confine; /* what executors may do (lt_confine.h) */
+  char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
 };
 
 enum { R_STARTED, R_CKPT, R_STOPPED, R_COMPLETED, R_CANCELLED, R_CLEANUP, R_STEP, R_EVAL, R_HB, R__N };
@@ -214,14 +230,14 @@ static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
   if (a->state != A_RUNNING || a->stop_signal) return;
   a->stop_signal = sig;
   a->stop_sent_ms = lt_time_wall_ms();
-  kill(a->pid, sig);
+  if (a->pid > 0) kill(a->pid, sig); /* else still fetching its inputs: it will not start */
   logf_(w, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
 }
 
 static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
   if (a->state != A_RUNNING || a->killed) return;
   a->killed = true;
-  kill(a->pid, SIGKILL);
+  if (a->pid > 0) kill(a->pid, SIGKILL); /* else still fetching its inputs: it will not start */
   logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why);
 }
 
@@ -286,8 +302,28 @@ static void record_cancelled(lt_worker_t *w, attempt_t *a) {
 static void slot_reset(attempt_t *a) {
   if (a->out_fd >= 0) close(a->out_fd);
   if (a->in_fd >= 0) close(a->in_fd);
+  for (int i = 0; i < 2; i++)
+    if (a->notify[i] >= 0) close(a->notify[i]);
   memset(a, 0, sizeof *a);
-  a->out_fd = a->in_fd = -1;
+  a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;
+  lt_xfer_inputs_init(&a->in);
+}
+
+/* Everything of the attempt on this host: its threads stopped (a fetch or an upload in flight is
+ * abandoned), its input memory files and both directories zeroed and removed. Returns the bytes
+ * zeroed (CleanupDone's host_bytes_zeroed). */
+static int64_t scrub_attempt(lt_worker_t *w, attempt_t *a) {
+  lt_xfer_destroy(a->xfer);
+  a->xfer = NULL;
+  lt_ckpt_destroy(a->up);
+  a->up = NULL;
+  lt_store_destroy(a->sealed);
+  a->sealed = NULL;
+  if (a->notify_ev) event_free(a->notify_ev);
+  a->notify_ev = NULL;
+  int64_t zeroed = lt_xfer_inputs_scrub(&a->in);
+  zeroed += scrub_dir(w, a->work_dir);
+  return zeroed + scrub_dir(w, a->mem_dir);
 }
 
 /* The executor is gone (or never started): records how the attempt ended if it did not say so
@@ -296,9 +332,13 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
   bool cancelled = j && (j->cancel_requested || j->state == LT_JOB_CANCELLED);
   if (!a->reported) {
-    char detail[160];
-    if (a->killed && a->stop_signal)
+    char detail[560];
+    if (a->fail_detail[0])
+      snprintf(detail, sizeof detail, "%s", a->fail_detail);
+    else if (a->killed && a->stop_signal)
       snprintf(detail, sizeof detail, "killed after the %d ms kill deadline", w->conf.kill_deadline_ms);
+    else if (a->pid <= 0)
+      snprintf(detail, sizeof detail, "stopped before its executor started");
     else if (WIFSIGNALED(status))
       snprintf(detail, sizeof detail, "the executor died of signal %d", WTERMSIG(status));
     else
@@ -306,7 +346,7 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
     record_stopped(w, a, cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : "failed", detail);
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
-  int64_t zeroed = scrub_dir(w, a->work_dir);
+  int64_t zeroed = scrub_attempt(w, a);
   int deleted = cancelled ? delete_staging(w, a->tenant_id, a->job_id) : 0;
   rec_t b = fresh(w, R_CLEANUP, a);
   PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
@@ -370,8 +410,7 @@ static void on_eval_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) 
 
 /* The checkpoint is in staging: commit it, then tell the executor, which holds back its next
  * optimizer update until then (lt_executor.c): a crash then loses at most one interval. */
-static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
-  const lt_ckpt_done_t *d = &m->checkpoint;
+static void commit_checkpoint(lt_worker_t *w, attempt_t *a, const lt_ckpt_done_t *d) {
   rec_t b = fresh(w, R_CKPT, a);
   PUT(&b, lt_avro_set_long, "step", d->step);
   for (size_t i = 0; i < LT_CKPT_NAMES && d->keys[i]; i++)
@@ -379,7 +418,7 @@ static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_
   PUT(&b, lt_avro_set_string, "sha256", d->sha256_hex);
   PUT(&b, lt_avro_set_long, "bytes", (int64_t)d->bytes);
   PUT(&b, lt_avro_set_bool, "final", d->final);
-  /* The executor says what made the checkpoint: it uploads in the background, so a line that
+  /* The executor says what made the checkpoint: it seals in the background, so a line that
    * arrives after a preemption signal may still be an interval checkpoint. */
   PUT(&b, lt_avro_set_string, "trigger", d->trigger ? d->trigger : d->final ? "final" : "interval");
   const char *eid = NULL;
@@ -399,6 +438,48 @@ static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_
     kill_attempt(w, a, "the executor cannot be told of its commit");
   free(ack);
 }
+
+/* Ends the attempt for a reason of the worker's own (recorded as AttemptStopped's detail). */
+static void fail_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
+  if (!a->fail_detail[0]) snprintf(a->fail_detail, sizeof a->fail_detail, "%s", why);
+  kill_attempt(w, a, why);
+}
+
+/* The executor sealed a checkpoint into its directory: upload it (a thread; on_notify hears of
+ * the end). It may name only its own attempt's keys — prefix<step>/<name>, in lt_ckpt_names order
+ * — and only one checkpoint at a time, since it waits for each commit. */
+static void on_checkpoint_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  const lt_ckpt_done_t *d = &m->checkpoint;
+  char want[LT_STORE_KEY_MAX + 1], err[512];
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
+    snprintf(want, sizeof want, "staging/%s/%s/%d/%lld/%s", a->tenant_id, a->job_id, a->attempt,
+             (long long)d->step, lt_ckpt_names[i]);
+    if (d->step <= 0 || !d->keys[i] || strcmp(d->keys[i], want) != 0) {
+      fail_attempt(w, a, "the executor named a checkpoint object outside its attempt");
+      return;
+    }
+  }
+  if (!a->up || a->uploading) {
+    fail_attempt(w, a, "the executor sealed a checkpoint before the previous one was committed");
+    return;
+  }
+  if (lt_ckpt_submit(a->up, "", d->step, d->final, d->trigger, err, sizeof err)) fail_attempt(w, a, err);
+  else a->uploading = true;
+}
+
+/* The upload thread (its on_done): what it stored, for on_notify to commit. */
+static void on_uploaded(void *ctx, const lt_ckpt_done_t *d) {
+  attempt_t *a = ctx;
+  a->uploaded = *d;
+}
+
+/* The fetch and upload threads' last act: a byte on the attempt's notify pipe. */
+static void notify_loop(attempt_t *a, char what) {
+  while (write(a->notify[1], &what, 1) < 0 && errno == EINTR) {
+  }
+}
+
+static void on_upload_end(void *ctx) { notify_loop(ctx, 'u'); }
 
 static void on_done_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
   a->reported = true;
@@ -423,6 +504,7 @@ static void on_stopped_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *
 
 static void on_error_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
   a->reported = true;
+  logf_(w, "%s attempt %d failed: %s", a->job_id, a->attempt, m->error.reason ? m->error.reason : "(no reason)");
   record_stopped(w, a, "failed", m->error.reason ? m->error.reason : "the executor failed");
 }
 
@@ -499,43 +581,25 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- starting attempts */
 
+/* Starts the executor (confined: lt_confine_spawn) with its inputs and hands it its assignment. */
 static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size_t len, char *errstr, size_t n) {
-  /* Close-on-exec: another executor must not inherit this one's pipes (dup2 clears the flag on
-   * the child's own 0 and 1). */
-  int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC)) return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
-  if (pipe2(out, O_CLOEXEC)) {
-    close(in[0]);
-    close(in[1]);
-    return lt_errf(errstr, n, LT_ERR_IO, "pipe: %s", strerror(errno));
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, in[1]);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  char *argv[] = {(char *)"lathed", (char *)"--role", (char *)"executor", NULL};
-  pid_t pid;
-  int rc = posix_spawn(&pid, w->conf.executor_path, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(in[0]);
-  close(out[1]);
-  if (rc != 0) {
-    close(in[1]);
-    close(out[0]);
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot start the executor %s: %s", w->conf.executor_path, strerror(rc));
-  }
-  bool ok = write(in[1], assignment, len) == (ssize_t)len;
-  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
-  fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
-  a->pid = pid;
-  a->out_fd = out[0];
-  a->in_fd = in[1];
+  /* The base model's directory, opened here: the executor's uid need not reach it by its path. */
+  char model_dir[1024];
+  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, a->spec.base_model);
+  int model_fd = open(model_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (model_fd < 0) return lt_errf(errstr, n, LT_ERR_IO, "the base model's directory: %s", strerror(errno));
+  int inputs[LT_CONFINE_INPUTS] = {a->in.train_fd, a->in.valid_fd, a->in.resume_fd, model_fd};
+  lt_err_t err = lt_confine_spawn(w->conf.executor_path, &w->confine, inputs, &a->pid, &a->in_fd, &a->out_fd,
+                                  errstr, n);
+  close(model_fd);
+  if (err) return err;
+  bool ok = write(a->in_fd, assignment, len) == (ssize_t)len;
+  fcntl(a->out_fd, F_SETFL, fcntl(a->out_fd, F_GETFL) | O_NONBLOCK);
+  fcntl(a->in_fd, F_SETFL, fcntl(a->in_fd, F_GETFL) | O_NONBLOCK);
   out_ctx_t *c = malloc(sizeof *c);
   c->w = w;
   c->a = a;
-  a->ev = event_new(w->base, out[0], EV_READ | EV_PERSIST, read_output, c);
+  a->ev = event_new(w->base, a->out_fd, EV_READ | EV_PERSIST, read_output, c);
   event_add(a->ev, NULL);
   if (!ok) logf_(w, "could not hand the assignment to the executor of %s", a->job_id);
   return LT_OK;
@@ -571,24 +635,41 @@ static lt_err_t claim(lt_worker_t *w, attempt_t *a, const lt_job_t *j) {
   return send_sync(w, w->t_control, a->job_id, &b);
 }
 
-/* Spawns the attempt's executor with its assignment. */
-static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, const lt_tenant_t *t,
-                       const char *resume, char *errstr, size_t n) {
-  char wrapped_hex[2 * LT_TENANT_WRAPPED_MAX + 1], model_dir[1024];
-  lt_crypto_hex(t->wrapped_data_key, t->wrapped_data_key_len, wrapped_hex);
-  snprintf(model_dir, sizeof model_dir, "%s/%s", w->conf.models_dir, spec->base_model);
+/* Spawns the attempt's executor with its assignment, its inputs fetched, and the uploader of what
+ * it seals. */
+static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, char *errstr, size_t n) {
+  char key_hex[2 * LT_CRYPTO_KEY_BYTES + 1], prefix[512], err[512];
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/%d/", a->tenant_id, a->job_id, a->attempt);
+  lt_ckpt_conf_t cc = {.store = w->conf.store, .copy_from = NULL, .prefix = prefix, .retry_ms = 120000,
+                       .on_done = on_uploaded, .on_end = on_upload_end, .ctx = a};
+  /* The executor writes into both directories, under its own uid. */
+  if (w->confine.uid > 0 && (chown(a->work_dir, (uid_t)w->confine.uid, (gid_t)w->confine.gid) != 0 ||
+                             chown(a->mem_dir, (uid_t)w->confine.uid, (gid_t)w->confine.gid) != 0))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot give the attempt's directories to uid %lld: %s",
+                   (long long)w->confine.uid, strerror(errno));
+  if (lt_store_dir_new(&a->sealed, a->work_dir, err, sizeof err) ||
+      (cc.copy_from = a->sealed, lt_ckpt_new(&cc, &a->up, err, sizeof err)))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot prepare the checkpoint upload: %s", err);
+  char tmp[740]; /* the store's temporary files, which the executor's store writes */
+  snprintf(tmp, sizeof tmp, "%s/.tmp", a->work_dir);
+  if (w->confine.uid > 0 && lchown(tmp, (uid_t)w->confine.uid, (gid_t)w->confine.gid) != 0)
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot give %s to uid %lld: %s", tmp, (long long)w->confine.uid,
+                   strerror(errno));
+  lt_crypto_hex(a->in.key, sizeof a->in.key, key_hex);
   lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
                       .assignment = {.job_id = a->job_id, .tenant_id = a->tenant_id, .attempt = a->attempt,
-                                     .spec = *spec, .model_dir = model_dir, .work_dir = a->work_dir,
-                                     .threads = w->conf.threads_per_executor, .train_id = spec->dataset_id,
-                                     .valid_id = spec->validation_dataset_id[0] ? spec->validation_dataset_id : NULL,
-                                     .key_id = t->data_key_id, .wrapped_hex = wrapped_hex,
-                                     .resume_state_key = resume}};
+                                     .spec = *spec, .model_dir = "/proc/self/fd/6", .work_dir = a->mem_dir,
+                                     .sealed_dir = a->work_dir, .threads = w->conf.threads_per_executor,
+                                     .train_fd = 3, .valid_fd = a->in.valid_fd >= 0 ? 4 : -1,
+                                     .resume_fd = a->in.resume_fd >= 0 ? 5 : -1, .key_id = a->in.key_id,
+                                     .key_hex = key_hex}};
   char *line;
   size_t len;
   lt_err_t e = lt_proto_encode(&m, &line, &len);
+  OPENSSL_cleanse(key_hex, sizeof key_hex);
   if (e) return lt_errf(errstr, n, e, "cannot write the executor's assignment");
   e = spawn(w, a, line, len, errstr, n);
+  OPENSSL_cleanse(line, len);
   free(line);
   return e;
 }
@@ -599,6 +680,71 @@ static bool model_installed(const lt_worker_t *w, const char *name) {
   char probe[1200];
   snprintf(probe, sizeof probe, "%s/%s/model.safetensors", w->conf.models_dir, name);
   return name[0] && access(probe, R_OK) == 0;
+}
+
+/* The fetch ended: start the executor with what it fetched, unless the attempt was stopped,
+ * fenced or cancelled meanwhile, or the fetch failed. */
+static void inputs_ready(lt_worker_t *w, attempt_t *a) {
+  char err[512];
+  lt_err_t e = lt_xfer_finish(a->xfer, &a->in, err, sizeof err);
+  a->xfer = NULL;
+  if (e) {
+    fail_start(w, a, err);
+    return;
+  }
+  if (a->killed || a->stop_signal || !live(w, a)) {
+    finish_attempt(w, a, 0);
+    return;
+  }
+  if (launch(w, a, &a->spec, err, sizeof err)) {
+    fail_start(w, a, err);
+    return;
+  }
+  logf_(w, "started %s attempt %d (pid %d)", a->job_id, a->attempt, (int)a->pid);
+}
+
+/* A checkpoint upload ended: commit it, or end the attempt with the upload's failure. */
+static void upload_ended(lt_worker_t *w, attempt_t *a) {
+  char err[512];
+  if (!a->uploading) return;
+  a->uploading = false;
+  if (lt_ckpt_flush(a->up, err, sizeof err)) fail_attempt(w, a, err);
+  else if (!a->fenced) commit_checkpoint(w, a, &a->uploaded);
+}
+
+/* The attempt's threads said they ended ('f': the fetch, 'u': an upload). */
+static void on_notify(evutil_socket_t fd, short what, void *arg) {
+  attempt_t *a = arg;
+  lt_worker_t *w = a->w;
+  (void)what;
+  char b[16];
+  ssize_t got = read(fd, b, sizeof b);
+  for (ssize_t i = 0; i < got && a->state == A_RUNNING; i++) {
+    if (b[i] == 'f' && a->xfer) inputs_ready(w, a);
+    else if (b[i] == 'u') upload_ended(w, a);
+  }
+}
+
+/* The attempt's directories — on disk for what its executor seals, on a memory file system for
+ * its plaintext, both private (mkdtemp: 0700) — and the fetch of its inputs. */
+static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, const char *resume, char *errstr,
+                        size_t n) {
+  snprintf(a->work_dir, sizeof a->work_dir, "%s/%s-%d-XXXXXX", w->work_parent, a->job_id, a->attempt);
+  snprintf(a->mem_dir, sizeof a->mem_dir, "%s/%s-%d-XXXXXX", w->mem_parent, a->job_id, a->attempt);
+  if (!mkdtemp(a->work_dir) || !mkdtemp(a->mem_dir))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot create the attempt's private directories");
+  if (pipe2(a->notify, O_CLOEXEC | O_NONBLOCK) != 0 ||
+      !(a->notify_ev = event_new(w->base, a->notify[0], EV_READ | EV_PERSIST, on_notify, a)) ||
+      event_add(a->notify_ev, NULL) != 0)
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot watch the attempt's threads");
+  lt_xfer_conf_t xc = {.store = w->conf.store, .kek = w->conf.kek, .tenant_id = a->tenant_id,
+                       .wrapped_key = t->wrapped_data_key, .wrapped_key_len = t->wrapped_data_key_len,
+                       .train_id = a->spec.dataset_id,
+                       .valid_id = a->spec.validation_dataset_id[0] ? a->spec.validation_dataset_id : NULL,
+                       .resume_key = resume, .notify_fd = a->notify[1]};
+  lt_err_t err = lt_xfer_start(&xc, &a->xfer, errstr, n);
+  if (!err) logf_(w, "fetching the inputs of %s attempt %d%s", a->job_id, a->attempt, resume ? " (resuming)" : "");
+  return err;
 }
 
 /* Starts a dispatched attempt if it is still the job's live one; false to keep it pending. */
@@ -640,18 +786,10 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
     slot_reset(a);
     return false; /* try again on the next tick */
   }
-  snprintf(a->work_dir, sizeof a->work_dir, "%s/lathe-%s-%d-XXXXXX", w->conf.work_root, a->job_id, a->attempt);
-  if (!mkdtemp(a->work_dir)) { /* mkdtemp makes it 0700 */
-    fail_start(w, a, "cannot create the attempt's private directory");
-    return true;
-  }
-  const char *rk = resume_key(w, a->job_id);
+  a->spec = p->spec;
+  a->w = w;
   char err[512];
-  if (launch(w, a, &p->spec, t, rk, err, sizeof err)) {
-    fail_start(w, a, err);
-    return true;
-  }
-  logf_(w, "started %s attempt %d (pid %d)%s", a->job_id, a->attempt, (int)a->pid, rk ? ", resuming" : "");
+  if (prepare(w, a, t, resume_key(w, a->job_id), err, sizeof err)) fail_start(w, a, err);
   return true;
 }
 
@@ -747,10 +885,12 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(ctx, res->job_id);
 }
 
+/* Folds one record of jobs, control or tenants; a refused tenant record (no valid MAC) is said
+ * and skipped: the tenant keeps its previous data key (the scheduler dead-letters it). */
 static void fold_control(lt_worker_t *w, const lt_bus_msg_t *m) {
-  size_t len;
-  const void *v = lt_bus_msg_value(m, &len);
-  if (v) lt_proj_fold(w->proj, v, len, on_folded, w, NULL, 0);
+  char err[512];
+  if (lt_proj_fold_msg(w->proj, m, NULL, on_folded, w, err, sizeof err) == LT_ERR_AUTH)
+    fprintf(stderr, "lathed worker: %s\n", err);
 }
 
 static void on_control(evutil_socket_t fd, short what, void *arg) {
@@ -863,11 +1003,16 @@ static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   if (w->conf.slots > MAX_SLOTS) w->conf.slots = MAX_SLOTS;
   if (w->conf.threads_per_executor <= 0) w->conf.threads_per_executor = 1;
   if (!w->conf.work_root) w->conf.work_root = "/tmp";
+  if (!w->conf.mem_root) w->conf.mem_root = "/dev/shm";
   if (!w->conf.executor_path) w->conf.executor_path = "/proc/self/exe";
   if (!w->conf.heartbeat_ms) w->conf.heartbeat_ms = 1000;
   if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
   if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
-  for (int i = 0; i < MAX_SLOTS; i++) w->slots[i].out_fd = w->slots[i].in_fd = -1;
+  for (int i = 0; i < MAX_SLOTS; i++) {
+    attempt_t *a = &w->slots[i];
+    a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;
+    lt_xfer_inputs_init(&a->in);
+  }
   snprintf(w->producer_id, sizeof w->producer_id, "worker/%s", conf->worker_id);
   lt_bus_topic_name(conf->bus, "control", w->t_control, sizeof w->t_control);
   lt_bus_topic_name(conf->bus, "progress", w->t_progress, sizeof w->t_progress);
@@ -920,6 +1065,40 @@ static lt_err_t join_dispatch(lt_worker_t *w, char *errstr, size_t n) {
   return lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);
 }
 
+/* What executors may do (lt_confine.h), and where their plaintext goes: a memory file system,
+ * never a disk. Says in the log what this worker cannot apply. */
+static lt_err_t confinement(lt_worker_t *w, char *errstr, size_t n) {
+  struct statfs fs;
+  if (!w->conf.store || !w->conf.kek)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the worker needs the object store and the master key");
+  if (statfs(w->conf.mem_root, &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC))
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "%s (LATHE_WORKER_MEM_DIR) is not a memory file system (tmpfs): executors' plaintext would be "
+                   "written to a disk; name a tmpfs directory",
+                   w->conf.mem_root);
+  lt_err_t err = lt_confine_conf_from_env(&w->confine, w->conf.slots, errstr, n);
+  if (err) return err;
+  /* The attempts' directories go into a directory of this worker's that can be passed through
+   * but not listed (0711): executors share a uid, and one must not find another's by name. */
+  snprintf(w->work_parent, sizeof w->work_parent, "%s/lathe-%s", w->conf.work_root, w->conf.worker_id);
+  snprintf(w->mem_parent, sizeof w->mem_parent, "%s/lathe-%s", w->conf.mem_root, w->conf.worker_id);
+  const char *parents[] = {w->work_parent, w->mem_parent};
+  for (int i = 0; i < 2; i++) {
+    struct stat st;
+    if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
+      return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
+                     strerror(errno));
+  }
+  if (geteuid() != 0)
+    logf_(w, "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in a network namespace "
+             "only where the kernel allows user namespaces (each executor logs what it could not apply)");
+  else
+    logf_(w, "executors run as uid %lld gid %lld, %llu MiB of data each", (long long)w->confine.uid,
+          (long long)w->confine.gid, (unsigned long long)(w->confine.data_bytes >> 20));
+  return LT_OK;
+}
+
 lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
                        size_t n) {
   lt_worker_t *w = calloc(1, sizeof *w);
@@ -927,7 +1106,9 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   w->base = base;
   w->owned = json_array();
   configure(w, conf);
-  lt_err_t err = lt_proj_new(conf->registry, &w->proj, errstr, n);
+  lt_err_t err = confinement(w, errstr, n);
+  if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
+  if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
   lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};
@@ -964,8 +1145,8 @@ void lt_worker_destroy(lt_worker_t *w) {
     if (a->state == A_RUNNING && a->pid > 0) {
       kill(a->pid, SIGKILL);
       waitpid(a->pid, NULL, 0);
-      scrub_dir(w, a->work_dir);
     }
+    if (a->state != A_FREE) scrub_attempt(w, a);
     if (a->ev) event_free(a->ev);
     slot_reset(a);
   }

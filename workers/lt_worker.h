@@ -16,8 +16,11 @@
  *    (SIGUSR1); no stop within the kill deadline -> SIGKILL, AttemptStopped(killed);
  *  - commit after upload (§4.4, §4.5): CheckpointCommitted is produced with acks=all only after
  *    the executor reported the objects written; JobCompleted only after the final commit;
- *  - isolation (§4.7): executors run with core dumps off in a private 0700 directory that is
- *    scrubbed and removed after the attempt; staging objects of a cancelled job are deleted.
+ *  - isolation (§4.7, §5a): executors are confined (lt_confine.h: unprivileged, no network, no
+ *    credentials, seccomp, rlimits); the worker fetches and opens their inputs into memory files
+ *    (lt_xfer.h) and uploads the checkpoints they seal (lt_ckpt.h, copy mode); their private
+ *    directories (sealed checkpoints on disk, plaintext on a memory file system) and input files
+ *    are zeroed and removed after the attempt; staging objects of a cancelled job are deleted.
  *
  * Threads: everything on the caller's event_base thread; the producer's delivery reports only
  * update an atomic heartbeat timestamp. */
@@ -31,21 +34,27 @@
 #include "lt_bus.h"
 #include "lt_crypto.h"
 #include "lt_err.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lt_worker lt_worker_t;
 
 typedef struct lt_worker_conf {
   const lt_bus_conf_t *bus;           /* borrowed */
-  lt_store_t *store;                  /* borrowed: cleanup of staging objects */
-  const lt_crypto_kek_t *kek;         /* borrowed */
+  lt_store_t *store;                  /* borrowed: inputs, checkpoint uploads, staging cleanup */
+  const lt_crypto_kek_t *kek;         /* borrowed: opens the tenants' data keys */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry; /* borrowed */
   const char *worker_id;              /* also the producer identity ("worker/<id>") */
   int slots;                          /* attempts at once (1) */
   int threads_per_executor;           /* cpu backend threads of each executor (1) */
   const char *models_dir;             /* <models_dir>/<base_model>/ holds each base model */
   const char *executor_path;          /* the lathed binary to spawn (/proc/self/exe) */
-  const char *work_root;              /* parent of the per-attempt directories (/tmp) */
+  const char *work_root;              /* parent of the per-attempt sealed directories (/tmp) */
+  const char *mem_root;               /* parent of the per-attempt plaintext directories: a memory
+                                       * file system (/dev/shm; LATHE_WORKER_MEM_DIR) */
   int heartbeat_ms;                   /* 1000 */
   int kill_deadline_ms;               /* 30000: stop requested -> SIGKILL after this */
   int watchdog_ms;                    /* 600000: no progress line for this long -> kill */

@@ -28,6 +28,7 @@ int lt_cli_model(int argc, char **argv);
 int lt_cli_train(int argc, char **argv);
 int lt_cli_jobs(int argc, char **argv);
 int lt_cli_datasets(int argc, char **argv);
+int lt_cli_access(int argc, char **argv);
 
 static const struct {
   const char *name;
@@ -42,6 +43,7 @@ static const struct {
     {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe vs FIFO)"},
     {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel and watch jobs (over the API)"},
     {"datasets", lt_cli_datasets, "customers: upload, list, show and delete datasets (over the API)"},
+    {"access", lt_cli_access, "customers: see, approve, deny and revoke staff access to your data"},
 };
 
 static void usage(FILE *f) {

@@ -1,6 +1,7 @@
 /* lathed: the Lathe daemon. One binary, one role per process (or --role all in one process).
  *
- *   lathed --role api [--bind ADDR] [--port N]
+ *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
+ *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
  *   lathed --role scheduler|worker|publisher
  *   lathed --role all [--port N]
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
@@ -8,13 +9,24 @@
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
  *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
+ *   LATHE_KAFKA_CONFIG                               a file of librdkafka properties for all
+ *   LATHE_KAFKA_CONFIG_DIR                           ROLE.properties: each role's principal
  *   LATHE_S3_ENDPOINT, _BUCKET, _ACCESS_KEY, _SECRET_KEY   object store (S3)
  *   LATHE_STORE_DIR                                  a local directory store instead of S3
  *   LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY        the master key that wraps data keys
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
+ *   LATHE_STAFF_KEYS_FILE                            api: staff keys (`lathe admin staff add`)
+ *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
+ *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
+ *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
+ *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
+ *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
+ *   LATHE_API_SSE_HISTORY, LATHE_API_SSE_KEEP_ENDED_MS   api: events kept per job (1024), and how
+ *                    long after a job ended (600000)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -38,13 +50,16 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_embedded.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lathed {
   struct event_base *base;
-  lt_bus_conf_t *bus;
+  lt_bus_conf_t *bus;       /* the environment's; each role adds its principal to a copy */
+  lt_bus_conf_t *role_bus[4]; /* those copies: api, scheduler, publisher, worker */
   lt_store_t *store;
   lt_crypto_kek_t *kek;
+  lt_recmac_key_t *tenant_mac; /* from kek: every role folds only signed tenant records */
   lt_avro_registry_t *reg;
   lt_api_t *api;
   lt_scheduler_t *scheduler;
@@ -59,15 +74,24 @@ typedef struct lathed {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
+          "              [--tls-cert PEM --tls-key PEM]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
           "is DIR/store (DIR: ./var/embedded), the master key DIR/master.key unless one is set.\n"
           "It prints, and writes to DIR/env, the exports that let `lathe` reach it from another\n"
           "shell (`. DIR/env; lathe admin tenant create ID`).\n"
+          "\nThe api serves customers on --bind:--port (127.0.0.1:8080) and /healthz and /metrics only on\n"
+          "--operator-bind:--operator-port (127.0.0.1:8081); 0 is any free port. With --tls-cert and\n"
+          "--tls-key (PEM files) the customer port speaks HTTPS. Rate limits:\n"
+          "LATHE_API_KEY_RATE (20/40), LATHE_API_TENANT_RATE (50/100), LATHE_API_AUTH_FAIL_RATE (2/30,\n"
+          "per source address), each \"R/B\" (R a second, bursts of B) or \"off\".\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+          "LATHE_KAFKA_CONFIG (a file of librdkafka name=value properties: SASL, TLS) and\n"
+          "LATHE_KAFKA_CONFIG_DIR (ROLE.properties per role: each role its own principal),\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
           "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
           "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
@@ -120,6 +144,7 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
   lt_err_t e = lt_bus_conf_from_env(d->bus, err, n);
   if (!e) e = lt_avro_registry_new(&d->reg, err, n);
   if (!e) e = lt_crypto_kek_from_env(&d->kek, err, n);
+  if (!e) e = lt_recmac_key_new(d->kek, LT_RECMAC_TENANTS, &d->tenant_mac, err, n);
   if (e) return e;
   const char *dir = getenv("LATHE_STORE_DIR");
   if (dir && *dir) return lt_store_dir_new(&d->store, dir, err, n);
@@ -130,28 +155,47 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 
 /* What the command line asked for. */
 typedef struct lathed_opts {
-  const char *role, *bind, *data_dir;
+  const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
   bool embedded, api, scheduler, publisher, worker;
-  uint16_t port;
+  uint16_t port, ops_port;
+  int max_connections;
 } lathed_opts_t;
+
+/* A number argument of an option into *out; false after saying what is wrong. */
+static bool num_arg(const char *opt, const char *text, long lo, long hi, long *out) {
+  char *end;
+  long v = strtol(text, &end, 10);
+  if (*end || end == text || v < lo || v > hi) {
+    fprintf(stderr, "lathed: %s must be %ld..%ld, not \"%s\"\n", opt, lo, hi, text);
+    return false;
+  }
+  *out = v;
+  return true;
+}
 
 /* Parses argv into *o. Returns -1 to go on, else the exit status (--help, --version: 0; a bad
  * argument: 2, after saying which). */
 static int parse_args(int argc, char **argv, lathed_opts_t *o) {
-  *o = (lathed_opts_t){.bind = "127.0.0.1", .port = 8080};
+  *o = (lathed_opts_t){.bind = "127.0.0.1", .port = 8080, .ops_bind = "127.0.0.1", .ops_port = 8081};
+  long v;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--role") == 0 && i + 1 < argc) o->role = argv[++i];
-    else if (strcmp(argv[i], "--bind") == 0 && i + 1 < argc) o->bind = argv[++i];
+    bool more = i + 1 < argc;
+    if (strcmp(argv[i], "--role") == 0 && more) o->role = argv[++i];
+    else if (strcmp(argv[i], "--bind") == 0 && more) o->bind = argv[++i];
+    else if (strcmp(argv[i], "--operator-bind") == 0 && more) o->ops_bind = argv[++i];
+    else if (strcmp(argv[i], "--tls-cert") == 0 && more) o->tls_cert = argv[++i];
+    else if (strcmp(argv[i], "--tls-key") == 0 && more) o->tls_key = argv[++i];
     else if (strcmp(argv[i], "--embedded") == 0) o->embedded = true;
-    else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc) o->data_dir = argv[++i];
-    else if (strcmp(argv[i], "--port") == 0 && i + 1 < argc) {
-      char *end;
-      long port = strtol(argv[++i], &end, 10);
-      if (*end || port < 0 || port > 65535) {
-        fprintf(stderr, "lathed: --port must be 0..65535, not \"%s\"\n", argv[i]);
-        return 2;
-      }
-      o->port = (uint16_t)port;
+    else if (strcmp(argv[i], "--data") == 0 && more) o->data_dir = argv[++i];
+    else if (strcmp(argv[i], "--port") == 0 && more) {
+      if (!num_arg("--port", argv[++i], 0, 65535, &v)) return 2;
+      o->port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--operator-port") == 0 && more) {
+      if (!num_arg("--operator-port", argv[++i], 0, 65535, &v)) return 2;
+      o->ops_port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--max-connections") == 0 && more) {
+      if (!num_arg("--max-connections", argv[++i], 1, 1000000, &v)) return 2;
+      o->max_connections = (int)v;
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return 0;
@@ -194,37 +238,75 @@ static lt_err_t start_embedded(lathed_t *d, const lathed_opts_t *o, char *err, s
   return LT_OK;
 }
 
+/* A rate limit from the environment (name unset: the API's default). */
+static lt_err_t rate_from_env(const char *name, lt_api_rate_t *out, char *err, size_t n) {
+  const char *v = getenv(name);
+  if (!v || !*v || lt_api_rate_parse(v, out)) return LT_OK;
+  return lt_errf(err, n, LT_ERR_INVALID, "%s=\"%s\" is not a rate: use R/B (R a second, bursts of B) or off", name, v);
+}
+
+/* A copy of the environment's bus configuration with role's principal
+ * (lt_bus_conf_for_role), owned by d. With --role all each role still gets its own. */
+static lt_err_t role_bus(lathed_t *d, int slot, const char *role, lt_bus_conf_t **out, char *err, size_t n) {
+  d->role_bus[slot] = lt_bus_conf_dup(d->bus);
+  if (!d->role_bus[slot]) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
+  *out = d->role_bus[slot];
+  return lt_bus_conf_for_role(d->role_bus[slot], role, err, n);
+}
+
 static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 0, "api", &bus, err, n);
+  if (e) return e;
   d->tok = load_tokenizer(d->models);
   snprintf(producer, sizeof producer, "api/%s", d->instance);
-  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = d->bus, .store = d->store,
-                        .kek = d->kek, .registry = d->reg, .producer_id = producer,
-                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok};
-  /* Tests and benchmarks tune the data paths; 0 or unset keeps the defaults (lt_api.h). */
+  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
+                        .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
+                        .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
+                        .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
+                        .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
+                        .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
+  const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");
+  conf.access_second_staff = second && strcmp(second, "1") == 0;
+  e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
+  if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
+  if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
   const char *v;
+  if ((v = getenv("LATHE_API_SSE_HISTORY"))) conf.sse_history = atoi(v);
+  if ((v = getenv("LATHE_API_SSE_KEEP_ENDED_MS"))) conf.sse_keep_ended_ms = atoll(v);
+  /* The data paths (lt_api.h); 0 or unset keeps the defaults. */
   if ((v = getenv("LATHE_API_THREADS"))) conf.work_threads = atoi(v);
   if ((v = getenv("LATHE_API_MAX_OPEN_UPLOADS"))) conf.max_open_uploads = atoi(v);
   if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
   if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
   if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);
   if ((v = getenv("LATHE_API_MAX_STORAGE_BYTES"))) conf.max_storage_bytes = (uint64_t)atoll(v);
-  lt_err_t e = lt_api_new(d->base, &conf, &d->api, err, n);
-  if (!e) fprintf(stderr, "lathed: api listening on http://%s:%u\n", o->bind, lt_api_port(d->api));
-  return e;
+  if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
+  if (e) return e;
+  /* Tests and scripts read the two ports from these lines. */
+  fprintf(stderr, "lathed: api operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
+          lt_api_operator_port(d->api));
+  fprintf(stderr, "lathed: api listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
+          lt_api_port(d->api));
+  return LT_OK;
 }
 
 static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "scheduler/%s", d->instance);
-  lt_scheduler_conf_t sc = {.bus = d->bus, .registry = d->reg, .producer_id = producer, .store = d->store};
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 1, "scheduler", &bus, err, n);
+  if (e) return e;
+  lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .tenant_mac = d->tenant_mac, .producer_id = producer,
+                            .store = d->store};
   /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
   const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
              *start = getenv("LATHE_START_TIMEOUT_MS");
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
-  lt_err_t e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
+  e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
   if (!e) fprintf(stderr, "lathed: scheduler started\n");
   return e;
 }
@@ -233,19 +315,29 @@ static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
   const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
-  lt_publisher_conf_t pc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
+  if (e) return e;
+  lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                            .registry = d->reg,
                             .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0};
-  lt_err_t e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
+  e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
   return e;
 }
 
 static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
   const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
-  lt_worker_conf_t wc = {.bus = d->bus, .store = d->store, .kek = d->kek, .registry = d->reg,
+  lt_bus_conf_t *bus;
+  lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
+  if (e) return e;
+  lt_worker_conf_t wc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
+                         .registry = d->reg,
                          .worker_id = d->instance, .models_dir = d->models,
+                         .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
+                         .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
-  lt_err_t e = lt_worker_new(d->base, &wc, &d->worker, err, n);
+  e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
   return e;
 }
@@ -254,7 +346,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
 static lt_err_t announce_embedded(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char url[300];
   bool any = strcmp(o->bind, "0.0.0.0") == 0 || strcmp(o->bind, "::") == 0;
-  snprintf(url, sizeof url, "http://%s:%u", any ? "127.0.0.1" : o->bind, lt_api_port(d->api));
+  snprintf(url, sizeof url, "%s://%s:%u", o->tls_cert ? "https" : "http", any ? "127.0.0.1" : o->bind,
+           lt_api_port(d->api));
   lt_err_t e = lt_embedded_write_env(d->embedded, url, stdout, err, n);
   if (!e)
     fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",
@@ -302,9 +395,11 @@ static void lathed_teardown(lathed_t *d) {
   lt_api_destroy(d->api);
   lt_tok_destroy(d->tok);
   lt_store_destroy(d->store);
+  lt_recmac_key_destroy(d->tenant_mac);
   lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);
+  for (int i = 0; i < 4; i++) lt_bus_conf_destroy(d->role_bus[i]);
   lt_embedded_stop(d->embedded); /* after every Kafka client */
   event_base_free(d->base);
 }

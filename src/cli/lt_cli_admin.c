@@ -22,10 +22,13 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_proj.h"
+#include "lt_recmac.h"
 #include "lt_tenant.h"
 #include "lt_time.h"
 
 int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
+int lt_cli_admin_access(int argc, char **argv); /* lt_cli_access.c */
+int lt_cli_admin_staff(int argc, char **argv);  /* lt_cli_access.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
@@ -33,34 +36,48 @@ static void usage(FILE *f) {
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]\n"
              "       lathe admin tenant list [--json]\n"
-             "       lathe admin topics [FILE]     create the topics of ops/topics.tsv\n"
+             "       lathe admin topics [FILE]     the roles' ACLs (ops/acls.tsv, or LATHE_ACLS_FILE), then\n"
+             "                                     the topics of ops/topics.tsv (or FILE)\n"
              "       lathe admin replay [--from-beginning|--from-offset N|--from-time ISO8601]\n"
-             "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX and the master key\n"
-             "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment.\n");
+             "       lathe admin access ...        staff access to a tenant's data (see --help)\n"
+             "       lathe admin staff add NAME    a staff key\n"
+             "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX, the admin principal\n"
+             "(LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG) and the master key\n"
+             "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment. Tenant records are\n"
+             "signed with a key derived from the master key; records without a valid signature are\n"
+             "skipped (and said) when tenants are read.\n");
 }
 
 typedef struct {
   lt_bus_conf_t *bus;
   lt_avro_registry_t *reg;
   lt_proj_t *proj;
+  lt_crypto_kek_t *kek;
+  lt_recmac_key_t *mac; /* signs what we write, checks what we read (docs/DESIGN.md §5a) */
   char topic[128];
 } admin_t;
 
 static void admin_free(admin_t *a) {
   lt_proj_destroy(a->proj);
+  lt_recmac_key_destroy(a->mac);
+  lt_crypto_kek_destroy(a->kek);
   lt_avro_registry_destroy(a->reg);
   lt_bus_conf_destroy(a->bus);
 }
 
-/* Folds lathe.tenants up to its end into a->proj. */
+/* Folds lathe.tenants up to its end into a->proj, signed records only: an update must never carry
+ * a forged key hash forward under a new, valid MAC. */
 static int load_tenants(admin_t *a) {
   char err[512];
   a->bus = lt_bus_conf_new();
-  if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_avro_registry_new(&a->reg, err, sizeof err) ||
-      lt_proj_new(a->reg, &a->proj, err, sizeof err)) {
+  if (!a->bus || lt_bus_conf_from_env(a->bus, err, sizeof err) || lt_bus_conf_for_role(a->bus, "admin", err, sizeof err) ||
+      lt_avro_registry_new(&a->reg, err, sizeof err) || lt_proj_new(a->reg, &a->proj, err, sizeof err) ||
+      lt_crypto_kek_from_env(&a->kek, err, sizeof err) ||
+      lt_recmac_key_new(a->kek, LT_RECMAC_TENANTS, &a->mac, err, sizeof err)) {
     fprintf(stderr, "lathe admin: %s\n", err);
     return 1;
   }
+  lt_proj_require_tenant_mac(a->proj, a->mac);
   lt_bus_topic_name(a->bus, "tenants", a->topic, sizeof a->topic);
   lt_bus_consumer_t *c = NULL;
   if (lt_bus_consumer_new(a->bus, NULL, &c, err, sizeof err) ||
@@ -78,9 +95,7 @@ static int load_tenants(admin_t *a) {
       return 1;
     }
     if (!m) break;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    if (v && lt_proj_apply(a->proj, v, len, NULL, err, sizeof err))
+    if (lt_proj_fold_msg(a->proj, m, NULL, NULL, NULL, err, sizeof err))
       fprintf(stderr, "lathe admin: skipping %s offset %lld: %s\n", a->topic, (long long)lt_bus_msg_offset(m), err);
   }
   lt_bus_consumer_destroy(c);
@@ -101,8 +116,12 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
     fprintf(stderr, "lathe admin: %s\n", err);
     goto out;
   }
+  uint8_t mac[LT_RECMAC_BYTES];
+  lt_recmac_sign(a->mac, "tenants", t->tenant_id, strlen(t->tenant_id), bytes, len, mac);
+  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = sizeof mac};
   lt_bus_record_t r = {.topic = a->topic, .partition = LT_BUS_PARTITION_ANY, .key = t->tenant_id,
-                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len};
+                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len,
+                       .headers = &h, .header_count = 1};
   if (lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err)) {
     fprintf(stderr, "lathe admin: the tenant record was not written: %s\n", err);
     goto out;
@@ -277,21 +296,40 @@ out:
   return rc;
 }
 
-/* lathe admin topics [FILE]: creates every topic of ops/topics.tsv under LATHE_TOPIC_PREFIX. */
+/* lathe admin topics [FILE]: the roles' ACLs of ops/acls.tsv, then every topic of
+ * ops/topics.tsv, under LATHE_TOPIC_PREFIX. ACLs first: under a new prefix the admin principal
+ * itself may create topics only once its own ACLs exist (docs/DESIGN.md §5a). A broker without
+ * an authorizer has no ACLs to set, which is said and not an error. */
 static int topics_cmd(int argc, char **argv) {
   const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE"); /* NULL: built in */
+  const char *acls = getenv("LATHE_ACLS_FILE");                        /* NULL: built in */
   char err[512];
   lt_bus_conf_t *bus = lt_bus_conf_new();
   lt_bus_admin_t *admin = NULL;
-  int created = 0, rc = 0;
-  if (!bus || lt_bus_conf_from_env(bus, err, sizeof err) || lt_bus_admin_new(bus, &admin, err, sizeof err) ||
-      lt_bus_admin_create_from_file(admin, path, -1, 30000, &created, err, sizeof err)) {
+  int created = 0, rc = 1;
+  size_t nacl = 0, skipped = 0;
+  if (!bus || lt_bus_conf_from_env(bus, err, sizeof err) || lt_bus_conf_for_role(bus, "admin", err, sizeof err) ||
+      lt_bus_admin_new(bus, &admin, err, sizeof err)) {
     fprintf(stderr, "lathe admin topics: %s\n", err);
-    rc = 1;
-  } else {
-    printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
-           lt_bus_conf_get(bus, "lathe.topic.prefix"));
+    goto out;
   }
+  lt_err_t e = lt_bus_admin_create_acls(admin, acls, 30000, &nacl, &skipped, err, sizeof err);
+  if (e == LT_ERR_INVALID || e == LT_ERR_IO) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    goto out;
+  }
+  if (e) fprintf(stderr, "lathe admin topics: no ACLs set: %s\n", err);
+  else
+    printf("%zu ACL(s) for the roles from %s (%zu transactional-id line(s) left to Kafka's tools)\n", nacl,
+           acls ? acls : "the built-in ops/acls.tsv", skipped);
+  if (lt_bus_admin_create_from_file(admin, path, -1, 30000, &created, err, sizeof err)) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    goto out;
+  }
+  printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
+         lt_bus_conf_get(bus, "lathe.topic.prefix"));
+  rc = 0;
+out:
   lt_bus_admin_destroy(admin);
   lt_bus_conf_destroy(bus);
   return rc;
@@ -304,6 +342,8 @@ int lt_cli_admin(int argc, char **argv) {
   }
   if (strcmp(argv[1], "tenant") == 0) return tenant_cmd(argc - 1, argv + 1);
   if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
+  if (strcmp(argv[1], "access") == 0) return lt_cli_admin_access(argc - 1, argv + 1);
+  if (strcmp(argv[1], "staff") == 0) return lt_cli_admin_staff(argc - 1, argv + 1);
   if (strcmp(argv[1], "replay") == 0) {
     return lt_cli_admin_replay(argc - 1, argv + 1);
   }

@@ -16,15 +16,17 @@ int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *
     usage(*argc < 2 ? stderr : stdout);
     return *argc < 2 ? 2 : 0;
   }
-  const char *url = NULL, *key = NULL;
+  const char *url = NULL, *key = NULL, *ca = NULL;
   int w = 1;
   for (int i = 1; i < *argc; i++) {
-    if ((strcmp(argv[i], "--url") == 0 || strcmp(argv[i], "--api-key") == 0) && i + 1 >= *argc) {
+    if ((strcmp(argv[i], "--url") == 0 || strcmp(argv[i], "--api-key") == 0 || strcmp(argv[i], "--ca-file") == 0) &&
+        i + 1 >= *argc) {
       fprintf(stderr, "lathe %s: %s needs a value\n", cmd, argv[i]);
       return 2;
     }
     if (strcmp(argv[i], "--url") == 0) url = argv[++i];
     else if (strcmp(argv[i], "--api-key") == 0) key = argv[++i];
+    else if (strcmp(argv[i], "--ca-file") == 0) ca = argv[++i];
     else if (strcmp(argv[i], "--json") == 0) o->json = true;
     else if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0) o->quiet = true;
     else argv[w++] = argv[i];
@@ -37,7 +39,7 @@ int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *
     return 2;
   }
   char err[512];
-  lt_client_opts_t co = {.url = url, .api_key = key};
+  lt_client_opts_t co = {.url = url, .api_key = key, .ca_file = ca};
   if (lt_client_new(&co, &o->client, err, sizeof err)) {
     fprintf(stderr, "lathe %s: %s\n", cmd, err);
     return 2;

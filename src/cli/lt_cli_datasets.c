@@ -4,7 +4,7 @@
  *   lathe datasets list
  *   lathe datasets show ID
  *   lathe datasets delete ID
- *   common: [--url URL] [--api-key KEY] [--json]   (else LATHE_API_URL, LATHE_API_KEY)
+ *   common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json]   (else LATHE_API_URL, LATHE_API_KEY)
  *
  * upload streams the file in parts (POST /v1/uploads, PUT .../parts/N, POST .../complete) so no
  * file is held in memory whole, with a progress bar on stderr when it is a terminal (a line
@@ -29,7 +29,8 @@ static void usage(FILE *f) {
              "       lathe datasets list\n"
              "       lathe datasets show ID\n"
              "       lathe datasets delete ID\n"
-             "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080),\n"
+             "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080; https://\n"
+             "  verifies the server against --ca-file PEM, LATHE_API_CA_FILE or the system's CAs),\n"
              "  --api-key KEY (LATHE_API_KEY), --json (print the server's JSON)\n"
              "\nA dataset is JSONL, one {\"prompt\",\"completion\"} or {\"messages\":[...]} object a line.\n");
 }

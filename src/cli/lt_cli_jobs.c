@@ -6,7 +6,7 @@
  *   lathe jobs show ID
  *   lathe jobs cancel ID
  *   lathe jobs watch ID
- *   common: [--url URL] [--api-key KEY] [--json] [--quiet]
+ *   common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json] [--quiet]
  *
  * watch follows GET /v1/jobs/{id}/events (SSE) with a live progress line (step/total, loss,
  * tokens/s, ETA), reconnects with Last-Event-ID when the connection drops, and exits with the
@@ -30,7 +30,8 @@ static void usage(FILE *f) {
              "       lathe jobs show ID\n"
              "       lathe jobs cancel ID\n"
              "       lathe jobs watch ID\n"
-             "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080),\n"
+             "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080; https://\n"
+             "  verifies the server against --ca-file PEM, LATHE_API_CA_FILE or the system's CAs),\n"
              "  --api-key KEY (LATHE_API_KEY), --json (print the server's JSON), --quiet\n"
              "\n--set takes hyperparameters (lora_rank=8, learning_rate=1e-4, epochs=2,\n"
              "target_modules=q_proj,v_proj, ...) and the job fields max_duration_s, gpus, mode.\n"

@@ -36,7 +36,8 @@ static void usage(FILE *f) {
              "Rebuilds every job's state from lathe.jobs and lathe.control and prints the count of\n"
              "jobs per state and the state digest. --from-offset N starts every partition of both\n"
              "topics at offset N; --from-time at the first record at or after the time\n"
-             "(e.g. 2026-11-29T10:00:00Z). Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX.\n");
+             "(e.g. 2026-11-29T10:00:00Z). Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+             "the admin principal (LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG).\n");
 }
 
 /* "YYYY-MM-DDTHH:MM:SS[.mmm](Z|+HH:MM|-HH:MM)" -> ms since the epoch. */
@@ -141,6 +142,7 @@ static lt_err_t list_partitions(replay_t *r, int64_t from, char *err, size_t n) 
 static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *err, size_t n) {
   r->conf = lt_bus_conf_new();
   lt_err_t e = r->conf ? lt_bus_conf_from_env(r->conf, err, n) : LT_ERR_NOMEM;
+  if (!e) e = lt_bus_conf_for_role(r->conf, "admin", err, n);
   if (!e) e = lt_avro_registry_new(&r->reg, err, n);
   if (!e) e = lt_proj_new(r->reg, &r->fold, err, n);
   if (e) return e;

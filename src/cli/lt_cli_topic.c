@@ -45,7 +45,8 @@ static void topic_usage(FILE *f) {
           "usage: lathe topic produce TOPIC TYPE < records.jsonl\n"
           "  Encodes each JSON line as the newest version of TYPE and writes it (acks=all),\n"
           "  keyed by job_id / tenant_id / worker_id; prints partition and offset per record.\n"
-          "  Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_TOPIC_PREFIX\n");
+          "  Environment: LATHE_KAFKA_BOOTSTRAP (default 127.0.0.1:9092), LATHE_TOPIC_PREFIX, the admin\n"
+          "  principal (LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG)\n");
 }
 
 /* Prints one record (or its decode error) as a JSON line. */
@@ -125,6 +126,7 @@ static lt_err_t topic_open(topic_session_t *t, const char *topic, const char *ty
   t->conf = lt_bus_conf_new();
   if (!t->conf) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
   lt_err_t e = lt_bus_conf_from_env(t->conf, err, n);
+  if (!e) e = lt_bus_conf_for_role(t->conf, "admin", err, n); /* an operator's tool */
   if (!e) e = lt_avro_registry_new(&t->reg, err, n);
   if (e) return e;
   full_topic(t->conf, topic, t->full, sizeof t->full);

@@ -1,4 +1,5 @@
-/* lt_api: the HTTP server's core — the route table, the router, /healthz, and the life cycle.
+/* lt_api: the HTTP server's core — the route table, the router, the operator port (/healthz,
+ * /metrics), and the life cycle.
  * The router decodes the path, finds the route family by prefix, authenticates, splits the rest
  * as that family spells it, has the family look up {id}, then calls the row of the table that has
  * the path's pattern and the request's method. Handlers answer through lt_api_reply.c and never
@@ -32,9 +33,10 @@ typedef struct lt_api_route {
   lt_api_slot_t slot;         /* the family, for /metrics */
 } lt_api_route_t;
 
+/* The customer port's routes. /healthz and /metrics are on the operator port only
+ * (on_operator_request): /metrics names every tenant. */
+
 static const lt_api_route_t routes[] = {
-    {ANY, "/healthz", reply_health, LT_API_SLOT_HEALTH},
-    {ANY, "/metrics", lt_api_metrics_reply, LT_API_SLOT_METRICS},
     {EVHTTP_REQ_POST, "/v1/jobs", lt_api_jobs_submit, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs", lt_api_jobs_list, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}", lt_api_jobs_show, LT_API_SLOT_JOBS},
@@ -51,6 +53,18 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_PUT, "/v1/uploads/{id}/parts/{n}", lt_api_uploads_part, LT_API_SLOT_UPLOADS},
     {EVHTTP_REQ_POST, "/v1/uploads/{id}/complete", lt_api_uploads_complete, LT_API_SLOT_UPLOADS},
     {EVHTTP_REQ_DELETE, "/v1/uploads/{id}", lt_api_uploads_abort, LT_API_SLOT_UPLOADS},
+    {EVHTTP_REQ_GET, "/v1/access", lt_api_access_list, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/access/{id}", lt_api_access_show, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/approve", lt_api_access_approve, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/deny", lt_api_access_deny, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/revoke", lt_api_access_revoke, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access", lt_api_staff_access_request, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access", lt_api_staff_access_list, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}", lt_api_staff_access_show, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access/{id}/approve", lt_api_staff_access_approve, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/staff/access/{id}/revoke", lt_api_staff_access_revoke, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/datasets/{name}", lt_api_staff_access_read_dataset, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_GET, "/v1/staff/access/{id}/jobs/{name}", lt_api_staff_access_read_artifact, LT_API_SLOT_ACCESS},
 };
 
 /* ---------------------------------------------------------------- route families */
@@ -113,35 +127,53 @@ static bool parse_uploads(const char *prefix, const char *rest, path_t *p) {
 typedef struct route_family {
   const char *prefix;
   lt_api_slot_t slot;
-  parse_fn *parse;            /* NULL: the prefix is the whole path, served to anyone */
+  parse_fn *parse;
   lt_api_resolve_fn *resolve; /* looks up {id} before any method is considered */
   const char *nothing;        /* the 404 message for a path that names nothing */
   bool collection_405;        /* the collection with another method: 405 (else the 404 above) */
   bool item_405;              /* {id} with another route: 405 (else 404 "no such route under") */
+  bool staff;                 /* authenticated by a staff key (lt_access.h), not a tenant's */
 } route_family_t;
 
 static const route_family_t families[] = {
-    {"/healthz", LT_API_SLOT_HEALTH, NULL, NULL, NULL, false, false},
-    {"/metrics", LT_API_SLOT_METRICS, NULL, NULL, NULL, false, false},
-    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false},
-    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true},
-    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false},
+    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false},
+    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true, false},
+    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false, false},
+    {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request", true, false, false},
+    {"/v1/staff/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_staff_access_resolve, "no such access request", true,
+     false, true},
 };
 
 /* ---------------------------------------------------------------- routing */
 
+/* The tenant of the request's API key, within the rate limits (docs/DESIGN.md §5a): an address
+ * that failed too often is refused before its key is looked at; then the key's and the tenant's
+ * buckets. NULL after replying 401 or 429. */
 static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req) {
+  if (!lt_api_door_addr(api, req, false)) return NULL;
   const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
   const lt_tenant_t *t = NULL;
+  const char *staff;
+  /* A staff key reaches customer data only under a grant (/v1/staff/access): to it, every
+   * customer route is one that does not exist. */
+  if (h && strncmp(h, "Bearer ", 7) == 0 && lt_access_staff_authenticate(api->staff, h + 7, &staff) == LT_OK) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route for a staff key: staff read customer data only "
+                                                    "under an approved grant, through /v1/staff/access");
+    return NULL;
+  }
   if (!h || strncmp(h, "Bearer ", 7) != 0 ||
       lt_tenant_authenticate(lt_proj_tenants(api->proj), h + 7, &t) != LT_OK) {
+    lt_api_door_addr(api, req, true);
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
     lt_api_reply_error(req, 401, "unauthorized", NULL,
                        h ? "the API key is not valid (revoked, unknown or malformed)"
                          : "missing \"Authorization: Bearer <api key>\" header");
     return NULL;
   }
-  return t;
+  /* A key that authenticated is "lt_<key_id>_<secret>". */
+  char key_id[LT_TENANT_KEY_ID_LEN + 1];
+  snprintf(key_id, sizeof key_id, "%s", h + 7 + 3);
+  return lt_api_door_tenant(api, req, t->tenant_id, key_id) ? t : NULL;
 }
 
 /* Strips prefix from path; returns the rest ("" or "/..."), or NULL when path is elsewhere. */
@@ -155,7 +187,7 @@ static const char *under(const char *path, const char *prefix) {
 static const route_family_t *find_family(const char *path, const char **rest) {
   for (size_t i = 0; i < sizeof families / sizeof *families; i++) {
     const route_family_t *f = &families[i];
-    if ((*rest = f->parse ? under(path, f->prefix) : strcmp(path, f->prefix) == 0 ? path : NULL)) return f;
+    if ((*rest = under(path, f->prefix))) return f;
   }
   return NULL;
 }
@@ -197,15 +229,14 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   path_t p = {.part = 0};
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name};
   snprintf(p.pattern, sizeof p.pattern, "%s", f->prefix);
-  if (f->parse) {
-    if (!(c.tenant = authenticate(api, req))) return f->slot;
-    if (!f->parse(f->prefix, rest, &p)) {
-      lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
-      return f->slot;
-    }
-    c.part = p.part;
-    if (p.id[0] && !f->resolve(&c)) return f->slot;
+  if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req)))
+    return f->slot;
+  if (!f->parse(f->prefix, rest, &p)) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
+    return f->slot;
   }
+  c.part = p.part;
+  if (p.id[0] && !f->resolve(&c)) return f->slot;
   const lt_api_route_t *r = find_route(p.pattern, evhttp_request_get_command(req));
   if (r) r->handler(&c);
   else reply_no_route(f, &c, p.pattern);
@@ -213,8 +244,27 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   return r ? r->slot : f->slot;
 }
 
-static void on_request(struct evhttp_request *req, void *arg) {
-  lt_api_t *api = arg;
+/* The operator port: /healthz and /metrics, nothing else. */
+static lt_api_slot_t route_operator(lt_api_t *api, struct evhttp_request *req, const char *path) {
+  lt_api_call_t c = {.api = api, .req = req, .id = "", .name = ""};
+  bool health = strcmp(path, "/healthz") == 0, metrics = strcmp(path, "/metrics") == 0;
+  if (!health && !metrics) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s (the operator port serves /healthz and /metrics)",
+                       path);
+    return LT_API_SLOT_OTHER;
+  }
+  if (evhttp_request_get_command(req) != EVHTTP_REQ_GET) {
+    lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET on %s", path);
+  } else if (health) {
+    reply_health(&c);
+  } else {
+    lt_api_metrics_reply(&c);
+  }
+  return health ? LT_API_SLOT_HEALTH : LT_API_SLOT_METRICS;
+}
+
+/* Decodes the request's path and hands it to route (the customer port) or route_operator. */
+static void serve(lt_api_t *api, struct evhttp_request *req, bool operator) {
   int64_t t0 = lt_time_mono_us();
   const char *uri = evhttp_request_get_uri(req);
   struct evhttp_uri *parsed = evhttp_uri_parse(uri);
@@ -222,34 +272,42 @@ static void on_request(struct evhttp_request *req, void *arg) {
   size_t dlen = 0;
   char *decoded = path ? evhttp_uridecode(path, 0, &dlen) : NULL;
   lt_api_slot_t slot = LT_API_SLOT_OTHER;
-  if (!decoded) lt_api_reply_error(req, 400, "invalid", NULL, "the request URI cannot be parsed");
+  if (!operator && !lt_api_door_admit(api, req)) slot = LT_API_SLOT_OTHER;
+  else if (!decoded) lt_api_reply_error(req, 400, "invalid", NULL, "the request URI cannot be parsed");
   else if (strlen(decoded) != dlen) lt_api_reply_error(req, 400, "invalid", NULL, "the path holds a NUL byte");
-  else slot = route(api, req, decoded);
+  else slot = operator ? route_operator(api, req, decoded) : route(api, req, decoded);
   free(decoded);
   if (parsed) evhttp_uri_free(parsed);
   /* Status of requests answered now; async ones (submissions) count their handler time. */
   lt_api_metrics_observe(api, slot, evhttp_request_get_response_code(req), lt_time_mono_us() - t0);
 }
 
+static void on_request(struct evhttp_request *req, void *arg) { serve(arg, req, false); }
+static void on_operator_request(struct evhttp_request *req, void *arg) { serve(arg, req, true); }
+
 /* ---------------------------------------------------------------- life cycle */
 
-/* Binds the HTTP server (conf.port 0: any free port, read back into api->port). */
-static lt_err_t listen_http(lt_api_t *api, char *errstr, size_t n) {
-  api->http = evhttp_new(api->base);
-  if (!api->http) return lt_errf(errstr, n, LT_ERR_NOMEM, "evhttp_new failed");
-  evhttp_set_max_body_size(api->http, LT_API_PART_MAX + 4096);
-  evhttp_set_max_headers_size(api->http, 16384);
-  evhttp_set_timeout(api->http, 120);
-  evhttp_set_allowed_methods(api->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
-  evhttp_set_gencb(api->http, on_request, api);
-  struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(api->http, api->conf.bind_addr, api->conf.port);
+/* Makes an HTTP server on addr:port with the front door on it (port 0: any free port, read
+ * back into *bound). */
+static lt_err_t listen_http(lt_api_t *api, struct evhttp **out, const char *addr, uint16_t port, bool operator,
+                            uint16_t *bound, char *errstr, size_t n) {
+  struct evhttp *http = *out = evhttp_new(api->base);
+  if (!http) return lt_errf(errstr, n, LT_ERR_NOMEM, "evhttp_new failed");
+  evhttp_set_max_body_size(http, LT_API_PART_MAX + 4096);
+  evhttp_set_max_headers_size(http, 16384);
+  evhttp_set_timeout(http, 120);
+  evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
+  evhttp_set_gencb(http, operator ? on_operator_request : on_request, api);
+  lt_err_t err = lt_api_door_open(api, http, !operator, errstr, n);
+  if (err) return err;
+  struct evhttp_bound_socket *s = evhttp_bind_socket_with_handle(http, addr, port);
   if (!s)
-    return lt_errf(errstr, n, LT_ERR_IO, "cannot listen on %s:%u (in use, or not an address of this host)",
-                   api->conf.bind_addr, api->conf.port);
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot listen on %s:%u%s (in use, or not an address of this host)", addr,
+                   port, operator ? " (the operator port)" : "");
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   getsockname(evhttp_bound_socket_get_fd(s), (struct sockaddr *)&ss, &sl);
-  api->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  *bound = ntohs(((struct sockaddr_in *)&ss)->sin_port);
   return LT_OK;
 }
 
@@ -269,6 +327,13 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.upload_idle_ms) api->conf.upload_idle_ms = 10 * 60 * 1000;
   if (!api->conf.max_downloads) api->conf.max_downloads = 16;
   if (!api->conf.download_window) api->conf.download_window = 1u << 20;
+  if (!api->conf.operator_bind_addr) api->conf.operator_bind_addr = "127.0.0.1";
+  if (api->conf.max_connections <= 0) api->conf.max_connections = 1024;
+  if (!api->conf.key_rate.per_s) api->conf.key_rate = (lt_api_rate_t){20, 40};
+  if (!api->conf.tenant_rate.per_s) api->conf.tenant_rate = (lt_api_rate_t){50, 100};
+  if (!api->conf.auth_fail_rate.per_s) api->conf.auth_fail_rate = (lt_api_rate_t){2, 30};
+  if (api->conf.sse_history <= 0) api->conf.sse_history = 1024;
+  if (api->conf.sse_keep_ended_ms <= 0) api->conf.sse_keep_ended_ms = 10 * 60 * 1000;
   lt_err_t err = LT_OK;
   api->reg = conf->registry;
   if (!api->reg) {
@@ -276,6 +341,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->reg = api->own_registry;
   }
   if (!err) err = lt_proj_new(api->reg, &api->proj, errstr, n);
+  if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(api->proj, conf->tenant_mac);
   if (!err) err = lt_keyring_new(conf->kek, &api->keyring);
   if (!err) err = lt_avro_record_new(api->reg, "JobSubmitted", &api->rec_submit, errstr, n);
   if (!err) err = lt_avro_record_new(api->reg, "CancelRequested", &api->rec_cancel, errstr, n);
@@ -287,8 +353,12 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->dataset_bytes) err = LT_ERR_NOMEM;
   }
   if (!err) err = lt_api_work_start(api, errstr, n);
+  if (!err) err = lt_api_access_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
-  if (!err) err = listen_http(api, errstr, n);
+  if (!err) err = listen_http(api, &api->http, api->conf.bind_addr, api->conf.port, false, &api->port, errstr, n);
+  if (!err)
+    err = listen_http(api, &api->ops_http, api->conf.operator_bind_addr, api->conf.operator_port, true, &api->ops_port,
+                      errstr, n);
   if (err) {
     lt_api_destroy(api);
     return err;
@@ -298,6 +368,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
 }
 
 uint16_t lt_api_port(const lt_api_t *api) { return api->port; }
+uint16_t lt_api_operator_port(const lt_api_t *api) { return api->ops_port; }
 bool lt_api_ready(const lt_api_t *api) { return api->ready; }
 lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]) { return lt_job_digest(lt_proj_jobs(api->proj), out_hex); }
 
@@ -306,7 +377,9 @@ void lt_api_destroy(lt_api_t *api) {
   lt_api_work_stop(api);          /* answers what is still in the pool */
   lt_api_download_stop_all(api);
   if (api->http) evhttp_free(api->http);
+  if (api->ops_http) evhttp_free(api->ops_http);
   lt_api_events_free(api);
+  lt_api_door_free(api);
   lt_api_uploads_free(api);
   if (api->consumer_ev) event_free(api->consumer_ev);
   if (api->tick_ev) event_free(api->tick_ev);
@@ -318,6 +391,7 @@ void lt_api_destroy(lt_api_t *api) {
   }
   lt_avro_record_destroy(api->rec_submit);
   lt_avro_record_destroy(api->rec_cancel);
+  lt_api_access_free(api);
   lt_keyring_destroy(api->keyring);
   lt_proj_destroy(api->proj);
   lt_avro_registry_destroy(api->own_registry);

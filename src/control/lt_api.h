@@ -3,10 +3,15 @@
  * Stateless: it authenticates, validates, writes records, and answers reads from a projection
  * (lt_proj) it folds from the topics. It never acknowledges what is not durable: a submission or
  * cancel is answered only after the broker acknowledged the record (acks=all); when the broker
- * cannot take it the answer is 503. Routes (all JSON; errors {"error":{"code","message","field"}}):
+ * cannot take it the answer is 503. Two listeners:
  *
- *   GET    /healthz                      liveness and projection lag
- *   GET    /metrics                      Prometheus text
+ * The operator port (operator_bind_addr, loopback by default) serves only
+ *   GET    /healthz                      liveness, readiness and the projection's digest
+ *   GET    /metrics                      Prometheus text (names every tenant: never for customers)
+ *
+ * The customer port (HTTPS when tls_cert_file is set; the operator port stays plain HTTP on its
+ * loopback address) serves (all JSON; errors {"error":{"code","message","field"}}, including
+ * what libevent itself refuses: 400, 413, 501):
  *   POST   /v1/datasets?name=N           JSONL body, streamed: validated, encrypted, stored
  *   GET    /v1/datasets                  the tenant's datasets
  *   GET    /v1/datasets/{id}             one dataset's report
@@ -19,7 +24,8 @@
  *   DELETE /v1/jobs/{id}                 a finished job: recorded, artifacts crypto-shredded and
  *                                        deleted with its staging objects; then 410 (lt_api_delete.c)
  *   POST   /v1/jobs/{id}/cancel          idempotent
- *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID
+ *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID ("event:
+ *                                        gap" first when events after it are no longer kept)
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
  *                                        (streamed in pieces: lt_api_download.c)
  *
@@ -32,6 +38,7 @@
 #define LT_API_H
 
 #include <event2/event.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "lt_avro.h"
@@ -39,9 +46,21 @@
 #include "lt_crypto.h"
 #include "lt_dataset.h"
 #include "lt_err.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 typedef struct lt_api lt_api_t;
+
+/* A token bucket: `per_s` tokens a second, at most `burst` saved up; a request takes one, and
+ * one that finds none is answered 429 with Retry-After. per_s < 0: no limit. */
+typedef struct lt_api_rate {
+  double per_s;
+  double burst;
+} lt_api_rate_t;
+
+/* Parses "R/B" (R per second, burst B >= 1), "R" (burst 2R, at least 1) or "off" into *out;
+ * false when the text is none of these. */
+bool lt_api_rate_parse(const char *text, lt_api_rate_t *out);
 
 typedef struct lt_api_conf {
   const char *bind_addr;               /* "127.0.0.1" */
@@ -49,6 +68,9 @@ typedef struct lt_api_conf {
   const lt_bus_conf_t *bus;            /* borrowed */
   lt_store_t *store;                   /* borrowed */
   const lt_crypto_kek_t *kek;          /* borrowed: unwraps tenants' data keys */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry;  /* borrowed */
   const char *producer_id;             /* identity in records, e.g. "api/host-1" */
   lt_dataset_tokens_fn *tokens_fn;     /* token counting for uploads; NULL: no token checks */
@@ -62,14 +84,27 @@ typedef struct lt_api_conf {
   int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
   size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */
   uint64_t max_storage_bytes;          /* per tenant, datasets and artifacts together; 0: no limit */
+  const char *staff_keys_file;         /* staff keys (lt_access.h); NULL: no staff can sign in */
+  bool access_second_staff;            /* a staff grant also needs a second staff member's approval */
+  const char *operator_bind_addr;      /* /healthz and /metrics ("127.0.0.1") */
+  uint16_t operator_port;              /* 0: any free port (lt_api_operator_port tells which) */
+  int max_connections;                 /* open customer connections (0: 1024); more answer 503 */
+  lt_api_rate_t key_rate;              /* requests per API key ({0}: 20/s, burst 40) */
+  lt_api_rate_t tenant_rate;           /* requests per tenant, all its keys ({0}: 50/s, burst 100) */
+  lt_api_rate_t auth_fail_rate;        /* failed authentications per source address ({0}: 2/s, burst 30) */
+  const char *tls_cert_file;           /* PEM certificate chain: the customer port speaks HTTPS */
+  const char *tls_key_file;            /* its PEM private key (both NULL: plain HTTP) */
+  int sse_history;                     /* events kept per job for SSE replay (0: 1024), oldest dropped */
+  int64_t sse_keep_ended_ms;           /* a finished job's events are kept this long (0: 10 min) */
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */
 lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t **out, char *errstr,
                     size_t errstr_size);
 
-/* The port the server listens on. */
+/* The port the server listens on for customers, and the operator port (/healthz, /metrics). */
 uint16_t lt_api_port(const lt_api_t *api);
+uint16_t lt_api_operator_port(const lt_api_t *api);
 
 /* True once the projection caught up with the end of the topics as of start-up. */
 bool lt_api_ready(const lt_api_t *api);

@@ -1,16 +1,27 @@
 /* lt_api_events: GET /v1/jobs/{id}/events, Server-Sent Events of a job's records.
  *
  * Every folded record of a job (lt_api_events_on_record, from the feed) is kept in the job's
- * replay buffer (the last HISTORY_MAX) and sent to the job's open streams. A stream first
- * replays the buffer after Last-Event-ID (header, or the last_event_id query parameter), then
- * follows live, and ends with "event: end" once the job is terminal. */
+ * replay buffer and sent to the job's open streams. A stream first replays the buffer after
+ * Last-Event-ID (header, or the last_event_id query parameter), then follows live, and ends with
+ * "event: end" once the job is terminal.
+ *
+ * The buffer is bounded: the last conf.sse_history events of a job (older ones are dropped), and
+ * a finished job's buffer is forgotten conf.sse_keep_ended_ms after it ended (its state stays in
+ * GET /v1/jobs/{id}). A Last-Event-ID that is no longer kept — or was never sent — gets
+ * "event: gap" with {"dropped": N, "message"} first, then the replay from the oldest event kept:
+ * the client learns that it missed events rather than silently getting a partial history. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define HISTORY_MAX 1024
+/* One job's replay buffer. */
+typedef struct history {
+  json_t *events;  /* [{id, event, data}], oldest first */
+  int64_t dropped; /* events no longer kept */
+} history_t;
 
 struct lt_api_sse {
   lt_api_t *api;
@@ -20,7 +31,28 @@ struct lt_api_sse {
   lt_api_sse_t *next;
 };
 
-void lt_api_history_free(void *hist) { json_decref(hist); }
+void lt_api_history_free(void *hist) {
+  history_t *h = hist;
+  if (!h) return;
+  json_decref(h->events);
+  free(h);
+}
+
+/* "event: gap": the events the client asked to resume after are not all kept. */
+static void send_gap(struct evhttp_request *req, const history_t *h, const char *last) {
+  struct evbuffer *b = evbuffer_new();
+  json_t *oldest = h ? json_object_get(json_array_get(h->events, 0), "id") : NULL;
+  json_t *data = json_pack("{s:I,s:s,s:s}", "dropped", (json_int_t)(h ? h->dropped : 0), "last_event_id", last, "message",
+                           "the events after Last-Event-ID are not all kept (the API keeps the newest of a job, and a "
+                           "finished job's for a while): replaying from the oldest kept");
+  if (oldest) json_object_set(data, "oldest_id", oldest);
+  char *text = json_dumps(data, JSON_COMPACT);
+  evbuffer_add_printf(b, "event: gap\ndata: %s\n\n", text ? text : "{}");
+  free(text);
+  json_decref(data);
+  evhttp_send_reply_chunk(req, b);
+  evbuffer_free(b);
+}
 
 static void sse_send(struct evhttp_request *req, json_t *entry) {
   struct evbuffer *b = evbuffer_new();
@@ -40,7 +72,7 @@ static void sse_unlink(lt_api_t *api, lt_api_sse_t *s) {
     }
 }
 
-static void sse_closed(struct evhttp_connection *evcon, void *arg) {
+static void sse_closed(void *arg) {
   lt_api_sse_t *s = arg;
   sse_unlink(s->api, s);
   free(s);
@@ -56,7 +88,7 @@ static void send_end(struct evhttp_request *req) {
 }
 
 static void sse_end(lt_api_sse_t *s) {
-  evhttp_connection_set_closecb(s->evcon, NULL, NULL);
+  lt_api_door_on_close(s->api, s->evcon, NULL, NULL);
   send_end(s->req);
   sse_unlink(s->api, s);
   free(s);
@@ -70,18 +102,20 @@ void lt_api_events_stream(lt_api_call_t *c) {
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
   if (!last) last = lt_api_query(&q, "last_event_id");
-  struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-  evhttp_add_header(h, "Content-Type", "text/event-stream");
-  evhttp_add_header(h, "Cache-Control", "no-cache");
+  struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+  evhttp_add_header(out, "Content-Type", "text/event-stream");
+  evhttp_add_header(out, "Cache-Control", "no-cache");
   evhttp_send_reply_start(req, 200, "OK");
-  json_t *hist = lt_map_get(api->history, j->job_id);
+  history_t *h = lt_map_get(api->history, j->job_id);
+  json_t *hist = h ? h->events : NULL, *e;
   size_t start = 0, i;
-  json_t *e;
-  if (last && hist) {
-    json_array_foreach(hist, i, e) if (strcmp(json_string_value(json_object_get(e, "id")), last) == 0) start = i + 1;
+  bool found = false;
+  json_array_foreach(hist, i, e) if (last && strcmp(json_string_value(json_object_get(e, "id")), last) == 0) {
+    start = i + 1;
+    found = true;
   }
-  if (hist)
-    for (i = start; i < json_array_size(hist); i++) sse_send(req, json_array_get(hist, i));
+  if (last && !found) send_gap(req, h, last);
+  for (i = start; i < json_array_size(hist); i++) sse_send(req, json_array_get(hist, i));
   evhttp_clear_headers(&q);
   if (lt_job_state_is_terminal(j->state)) {
     send_end(req);
@@ -96,9 +130,28 @@ void lt_api_events_stream(lt_api_call_t *c) {
   s->req = req;
   s->evcon = evhttp_request_get_connection(req);
   snprintf(s->job_id, sizeof s->job_id, "%s", j->job_id);
-  evhttp_connection_set_closecb(s->evcon, sse_closed, s);
+  if (!lt_api_door_on_close(api, s->evcon, sse_closed, s)) {
+    free(s);
+    evhttp_send_reply_end(req); /* its close could not be watched: the client reconnects */
+    return;
+  }
   s->next = api->sse;
   api->sse = s;
+}
+
+/* What a customer may see of a record: no producer or worker (host names), reasons scrubbed of
+ * server paths and host names. */
+static void customer_view(lt_api_t *api, json_t *data) {
+  json_object_del(data, "producer");
+  json_object_del(data, "worker_id");
+  static const char *const texts[] = {"reason", "detail"};
+  for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+    const char *v = json_string_value(json_object_get(data, texts[i]));
+    if (!v) continue;
+    char clean[1024];
+    lt_api_scrub(api, v, clean, sizeof clean);
+    json_object_set_new(data, texts[i], json_string(clean));
+  }
 }
 
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
@@ -108,23 +161,27 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   if (!j) return;
   const char *event_id = NULL;
   if (lt_avro_get_string(res->record, "event_id", &event_id, NULL) != LT_OK) return;
-  json_t *hist = lt_map_get(api->history, job_id);
-  if (!hist) {
-    hist = json_array();
-    if (lt_map_set(api->history, job_id, hist)) {
-      json_decref(hist);
+  history_t *h = lt_map_get(api->history, job_id);
+  if (!h) {
+    if (!(h = calloc(1, sizeof *h)) || !(h->events = json_array()) || lt_map_set(api->history, job_id, h)) {
+      lt_api_history_free(h);
       return;
     }
   }
+  json_t *hist = h->events;
   size_t i;
   json_t *e;
   json_array_foreach(hist, i, e) if (strcmp(json_string_value(json_object_get(e, "id")), event_id) == 0) return;
   json_t *data = NULL;
   if (lt_avro_record_to_jansson(res->record, &data, NULL, 0) != LT_OK) return;
   json_object_set_new(data, "state", json_string(lt_job_state_name(j->state)));
+  customer_view(api, data);
   json_t *entry = json_pack("{s:s,s:s,s:o}", "id", event_id, "event", res->type, "data", data);
   json_array_append_new(hist, entry);
-  if (json_array_size(hist) > HISTORY_MAX) json_array_remove(hist, 0);
+  while (json_array_size(hist) > (size_t)api->conf.sse_history) {
+    json_array_remove(hist, 0);
+    h->dropped++;
+  }
   for (lt_api_sse_t *s = api->sse, *next; s; s = next) {
     next = s->next;
     if (strcmp(s->job_id, job_id) != 0) continue;
@@ -133,11 +190,22 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   }
 }
 
+void lt_api_events_prune(lt_api_t *api) {
+  int64_t now = lt_time_wall_ms();
+  lt_map_iter_t it = {0};
+  while (lt_map_next(api->history, &it)) {
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), it.key);
+    if (!j || (lt_job_state_is_terminal(j->state) && j->ended_at_ms > 0 &&
+               now - j->ended_at_ms > api->conf.sse_keep_ended_ms))
+      lt_map_del(api->history, it.key);
+  }
+}
+
 void lt_api_events_free(lt_api_t *api) {
   while (api->sse) {
     lt_api_sse_t *s = api->sse;
     api->sse = s->next;
-    evhttp_connection_set_closecb(s->evcon, NULL, NULL);
+    lt_api_door_on_close(api, s->evcon, NULL, NULL);
     free(s);
   }
 }

@@ -1,9 +1,10 @@
 /* lt_api_feed: the API's side of the bus. Writes go out through one producer and are answered
  * only once the broker acknowledged them (acks=all) or the deadline passed (503, never a false
  * ack); reads come from the projection, folded here from every partition of the job, control,
- * tenant, progress and artifact topics, with each folded job record handed to the event streams.
+ * tenant, progress, artifact and worker topics, with each folded job record handed to the event streams.
  * See lt_api_int.h. */
 #include "lt_api_int.h"
+#include "lt_time.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,12 @@ static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
 
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
                         size_t len, bool fold_now, lt_api_done_fn *done, void *ctx) {
+  return lt_api_produce_h(api, topic, partition, key, value, len, NULL, 0, fold_now, done, ctx);
+}
+
+lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
+                          size_t len, const lt_bus_header_t *headers, size_t nheaders, bool fold_now,
+                          lt_api_done_fn *done, void *ctx) {
   lt_api_pending_t *p = calloc(1, sizeof *p);
   if (!p) return LT_ERR_NOMEM;
   p->api = api;
@@ -87,7 +94,7 @@ lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, con
   memcpy(p->value, value, len);
   p->len = len;
   lt_bus_record_t rec = {.topic = topic, .partition = partition, .key = key, .key_size = strlen(key),
-                         .value = value, .value_size = len};
+                         .value = value, .value_size = len, .headers = headers, .header_count = nheaders};
   char err[256];
   lt_err_t e = lt_bus_produce(api->producer, &rec, p, err, sizeof err);
   if (e) {
@@ -141,8 +148,20 @@ static void feed(lt_api_t *api) {
     size_t len;
     const void *v = lt_bus_msg_value(m, &len);
     if (!v) continue; /* tombstone */
-    /* The scheduler owns dead-lettering of lathe.jobs; the API only skips and counts. */
-    if (lt_proj_fold(api->proj, v, len, on_folded, api, err, sizeof err)) api->stats.undecodable++;
+    if (strcmp(lt_bus_msg_topic(m), api->topic_audit) == 0) {
+      lt_api_access_on_record(api, m);
+      continue;
+    }
+    /* The scheduler owns dead-lettering (of lathe.jobs, and of tenant records refused for their
+     * MAC, once, through its group's offsets); the API skips, says and counts. A refused tenant
+     * record leaves the tenant as it was: its keys, its data key (docs/DESIGN.md §5a). */
+    lt_err_t fe = lt_proj_fold_msg(api->proj, m, NULL, on_folded, api, err, sizeof err);
+    if (fe == LT_ERR_AUTH) {
+      api->stats.refused++;
+      fprintf(stderr, "lathed api: %s\n", err);
+    } else if (fe) {
+      api->stats.undecodable++;
+    }
   }
   event_active(api->consumer_ev, EV_READ, 0); /* more to read: come back after HTTP work */
 }
@@ -153,6 +172,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = arg;
   feed(api);
   lt_api_uploads_tick(api);
+  int64_t now = lt_time_mono_ms();
+  if (now - api->pruned_at_ms >= 2000) { /* a scan of every bucket and buffer: not every tick */
+    api->pruned_at_ms = now;
+    lt_api_door_tick(api);
+    lt_api_events_prune(api);
+  }
 }
 
 /* The producer, told the topics it writes so a customer's first cancel does not wait for it to
@@ -169,18 +194,21 @@ static lt_err_t start_producer(lt_api_t *api, char *errstr, size_t n) {
 }
 
 lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
-  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts"};
+  /* workers: the heartbeats say which base models the fleet serves (checked at submission);
+   * audit: the lockbox's records (lt_api_access.c). */
+  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts", "workers", "audit"};
+  enum { NBASES = sizeof bases / sizeof *bases };
   lt_err_t err = start_producer(api, errstr, n);
   if (err) return err;
   lt_bus_admin_t *admin = NULL;
   err = lt_bus_admin_new(api->conf.bus, &admin, errstr, n);
   if (err) return err;
   lt_bus_tp_t parts[256];
-  char(*names)[128] = calloc(5, sizeof *names);
+  char(*names)[128] = calloc(NBASES, sizeof *names);
   size_t np = 0;
   if (!names) err = LT_ERR_NOMEM;
   api->feed_names = names;
-  for (size_t b = 0; b < 5 && !err; b++) {
+  for (size_t b = 0; b < NBASES && !err; b++) {
     lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
     int count = 0;
     err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);

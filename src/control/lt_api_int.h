@@ -1,6 +1,9 @@
 /* lt_api_int: what the API's files share. Not public.
  *
- *   lt_api.c           the router (one route table) and the server's life cycle, /healthz
+ *   lt_api.c           the router (one route table), the operator port (/healthz) and the
+ *                      server's life cycle
+ *   lt_api_limits.c    the front door: connections and their cap, rate limits (token buckets),
+ *                      libevent's own rejections rewritten into the error envelope
  *   lt_api_reply.c     JSON replies, the error envelope, request body and query helpers
  *   lt_api_feed.c      produce-then-answer, and the projection feed folded from the topics
  *   lt_api_metrics.c   /metrics and the per-route counters behind it
@@ -11,6 +14,7 @@
  *   lt_api_quota.c     the storage quota: datasets and artifacts together
  *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
+ *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
  * feed calls the event streams. Nothing calls back into the router. */
@@ -24,9 +28,11 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+#include "lt_access.h"
 #include "lt_api.h"
 #include "lt_map.h"
 #include "lt_proj.h"
+#include "lt_recmac.h"
 #include "lt_sealed.h"
 #include "lt_tenant.h"
 
@@ -36,6 +42,7 @@ typedef struct lt_api_upload lt_api_upload_t;
 typedef struct lt_api_sse lt_api_sse_t;
 typedef struct lt_api_pool lt_api_pool_t;
 typedef struct lt_api_download lt_api_download_t;
+typedef struct lt_api_conn lt_api_conn_t;
 
 /* Route families, as /metrics names them ("route" label). */
 typedef enum lt_api_slot {
@@ -44,6 +51,7 @@ typedef enum lt_api_slot {
   LT_API_SLOT_DATASETS,
   LT_API_SLOT_UPLOADS,
   LT_API_SLOT_JOBS,
+  LT_API_SLOT_ACCESS,
   LT_API_SLOT_OTHER,
   LT_API_SLOT__COUNT
 } lt_api_slot_t;
@@ -57,14 +65,19 @@ typedef struct lt_api_stats {
   uint64_t latency_us_sum[LT_API_SLOT__COUNT];
   uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
   uint64_t produced, produce_failed, undecodable;
+  uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
+  uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
 } lt_api_stats_t;
 
 struct lt_api {
   lt_api_conf_t conf;
   char producer_id[128]; /* conf.producer_id points here */
   struct event_base *base;
-  struct evhttp *http;
+  struct evhttp *http;     /* the customer port */
   uint16_t port;
+  struct ssl_ctx_st *tls;  /* the customer port's TLS context, or NULL (plain HTTP) */
+  struct evhttp *ops_http; /* the operator port: /healthz, /metrics */
+  uint16_t ops_port;
   lt_bus_producer_t *producer;
   lt_bus_consumer_t *consumer;
   struct event *consumer_ev, *tick_ev;
@@ -75,7 +88,8 @@ struct lt_api {
   lt_avro_record_t *rec_submit, *rec_cancel;
   char topic_jobs[128], topic_control[128];
   bool ready;
-  lt_map_t *history;       /* job_id -> json array of {id, event, data}: the SSE replay buffer */
+  lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
+  int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
@@ -89,6 +103,18 @@ struct lt_api {
   lt_api_download_t *downloads; /* artifact downloads in progress */
   int ndownloads;
   lt_api_stats_t stats;
+  /* the lockbox (lt_api_access.c) */
+  lt_access_table_t *access;
+  lt_access_staff_t *staff;
+  lt_avro_decoder_t *audit_dec;
+  lt_recmac_key_t *audit_mac;       /* NULL without a master key: access records are refused */
+  lt_avro_record_t *rec_access[5];  /* AccessRequested, Approved, Denied, Revoked, Used */
+  char topic_audit[128];
+  lt_map_t *buckets;       /* "key:ID", "tenant:ID", "addr:A" -> token bucket (lt_api_limits.c) */
+  lt_map_t *conns;         /* "%p" of an evhttp_connection -> lt_api_conn_t: open customer connections */
+  lt_api_conn_t *conns_new; /* accepted, not yet attached (lt_api_limits.c) */
+  struct event *conns_ev;  /* attaches conns_new on the next turn of the loop */
+  bool rewriting;          /* an output buffer is being rewritten (no re-entry) */
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */
@@ -98,7 +124,8 @@ struct lt_api {
 typedef struct lt_api_call {
   lt_api_t *api;
   struct evhttp_request *req;
-  const lt_tenant_t *tenant; /* authenticated; NULL on public routes */
+  const lt_tenant_t *tenant; /* authenticated; NULL on public and staff routes */
+  const char *staff;         /* the staff member on /v1/staff routes, else NULL */
   const char *id;            /* {id}: job, dataset or upload; "" on collection routes */
   const char *name;          /* {name}: the artifact's name (the rest of the path) */
   int part;                  /* {n}: an upload's part number (0 when the path has none) */
@@ -125,6 +152,10 @@ void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *fiel
 /* lt_api_reply_err for store failures: a retriable one is 503 (unavailable). */
 void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg);
 
+/* A failure reason as a customer may read it, into out: server paths become "(path)", worker
+ * ids and this host's name (hostnames) "(worker)" and "(host)". */
+void lt_api_scrub(lt_api_t *api, const char *in, char *out, size_t n);
+
 /* The request body as a NUL-terminated string (NULL when over max_json_body: replied 413). */
 char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 
@@ -132,6 +163,26 @@ char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len);
 void lt_api_parse_query(struct evhttp_request *req, struct evkeyvalq *q);
 /* Value of a query parameter (borrowed from q), or NULL. */
 const char *lt_api_query(struct evkeyvalq *q, const char *name);
+
+/* ---------------------------------------------------------------- the front door (lt_api_limits.c) */
+
+/* Puts the front door on a listener: every connection's answers pass through the rewrite of
+ * libevent's own HTML error pages; with track, connections are counted against
+ * max_connections. */
+lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *errstr, size_t n);
+/* False (after replying 503) when the request came on a connection over max_connections. */
+bool lt_api_door_admit(lt_api_t *api, struct evhttp_request *req);
+/* The per-address limit on failed authentications: false (after replying 429) when the request's
+ * address has used its allowance; fail true takes one attempt from it. */
+bool lt_api_door_addr(lt_api_t *api, struct evhttp_request *req, bool fail);
+/* The per-key and per-tenant limits: false after replying 429. */
+bool lt_api_door_tenant(lt_api_t *api, struct evhttp_request *req, const char *tenant_id, const char *key_id);
+/* Calls fn(arg) when the connection closes (one per connection; fn NULL clears). False when the
+ * connection is not known (out of memory when it opened): then nothing will call fn. */
+bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (*fn)(void *), void *arg);
+/* Forgets idle, full buckets (from the tick). */
+void lt_api_door_tick(lt_api_t *api);
+void lt_api_door_free(lt_api_t *api);
 
 /* ---------------------------------------------------------------- the bus (lt_api_feed.c) */
 
@@ -142,6 +193,10 @@ const char *lt_api_query(struct evkeyvalq *q, const char *name);
 typedef void lt_api_done_fn(lt_api_t *api, void *ctx, lt_err_t err, const char *msg);
 lt_err_t lt_api_produce(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
                         size_t len, bool fold_now, lt_api_done_fn *done, void *ctx);
+/* lt_api_produce with record headers (borrowed for the call). */
+lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, const char *key, const void *value,
+                          size_t len, const lt_bus_header_t *headers, size_t nheaders, bool fold_now,
+                          lt_api_done_fn *done, void *ctx);
 
 /* Starts the bus side: the producer, then the consumer assigned every partition of the folded
  * topics from the beginning, registered on the loop with the 200 ms tick (which also ages
@@ -208,6 +263,8 @@ void lt_api_events_stream(lt_api_call_t *c);
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_events_free(lt_api_t *api); /* detaches open streams */
+/* Forgets the replay buffers of jobs that ended over conf.sse_keep_ended_ms ago. */
+void lt_api_events_prune(lt_api_t *api);
 void lt_api_history_free(void *hist);   /* a history map value */
 
 /* ---------------------------------------------------------------- datasets (lt_api_datasets.c) */
@@ -225,6 +282,28 @@ void lt_api_datasets_upload(lt_api_call_t *c); /* one request: open, one part, c
 void lt_api_datasets_list(lt_api_call_t *c);
 void lt_api_datasets_show(lt_api_call_t *c);
 void lt_api_datasets_delete(lt_api_call_t *c);
+
+/* ---------------------------------------------------------------- the lockbox (lt_api_access.c) */
+
+lt_err_t lt_api_access_start(lt_api_t *api, char *errstr, size_t n); /* before the feed starts */
+void lt_api_access_free(lt_api_t *api);
+void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m); /* a lathe.audit record */
+/* The staff member a staff key names, or NULL (replied 401). */
+const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req);
+bool lt_api_access_resolve(lt_api_call_t *c);
+void lt_api_access_list(lt_api_call_t *c);
+void lt_api_access_show(lt_api_call_t *c);
+void lt_api_access_approve(lt_api_call_t *c);
+void lt_api_access_deny(lt_api_call_t *c);
+void lt_api_access_revoke(lt_api_call_t *c);
+bool lt_api_staff_access_resolve(lt_api_call_t *c);
+void lt_api_staff_access_request(lt_api_call_t *c);
+void lt_api_staff_access_list(lt_api_call_t *c);
+void lt_api_staff_access_show(lt_api_call_t *c);
+void lt_api_staff_access_approve(lt_api_call_t *c);
+void lt_api_staff_access_revoke(lt_api_call_t *c);
+void lt_api_staff_access_read_dataset(lt_api_call_t *c);
+void lt_api_staff_access_read_artifact(lt_api_call_t *c);
 
 /* True when the tenant's dataset exists (its meta object is in the store). */
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);

@@ -52,7 +52,11 @@ static json_t *job_json(lt_api_t *api, const lt_job_t *j) {
                         j->failed_attempts, "submitted_at", (json_int_t)j->submitted_at_ms);
   if (j->started_at_ms) json_object_set_new(o, "started_at", json_integer(j->started_at_ms));
   if (j->ended_at_ms) json_object_set_new(o, "ended_at", json_integer(j->ended_at_ms));
-  if (j->reason[0]) json_object_set_new(o, "reason", json_string(j->reason));
+  if (j->reason[0]) {
+    char reason[sizeof j->reason + 256];
+    lt_api_scrub(api, j->reason, reason, sizeof reason);
+    json_object_set_new(o, "reason", json_string(reason));
+  }
   if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_SUBMITTED) {
     queue_acc_t q = {.me = j};
     lt_job_scan(lt_proj_jobs(api->proj), queue_scan, &q);
@@ -282,7 +286,38 @@ static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_
   return true;
 }
 
-/* Phase 3: the tenant's live-job quota, and the datasets the spec names. False when it replied. */
+/* True (after replying 400 naming the field) when the fleet has said which base models it serves
+ * and model is none of them: such a job could only fail its attempts later. The models are those
+ * in the latest heartbeat of every worker that has reported (docs/DESIGN.md §1). Before any worker
+ * has reported — a fresh deployment, or an API started ahead of its workers — the fleet has said
+ * nothing, and the submission is accepted: refusing everything then would be worse. */
+static bool model_unserved(lt_api_t *api, struct evhttp_request *req, const char *model) {
+  json_t *workers = lt_proj_workers(api->proj), *hb, *m;
+  if (!json_object_size(workers)) return false;
+  json_t *served = json_object(); /* a set, in the order first seen */
+  const char *wid;
+  size_t i;
+  json_object_foreach(workers, wid, hb) json_array_foreach(json_object_get(hb, "base_models"), i, m) {
+    if (json_is_string(m)) json_object_set(served, json_string_value(m), json_true());
+  }
+  bool known = json_object_get(served, model) != NULL;
+  if (!known) {
+    char list[400] = "";
+    const char *name;
+    json_t *v;
+    json_object_foreach(served, name, v) {
+      size_t used = strlen(list);
+      snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", name);
+    }
+    lt_api_reply_error(req, 400, "invalid", "base_model", "base_model: \"%s\" is not served here; the workers serve: %s",
+                       model, list[0] ? list : "(none)");
+  }
+  json_decref(served);
+  return !known;
+}
+
+/* Phase 3: the tenant's live-job quota, the base model, and the datasets the spec names. False
+ * when it replied. */
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec) {
   if (t->quotas.max_queued_jobs > 0) {
     live_acc_t a = {.tenant = t->tenant_id};
@@ -304,6 +339,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
+  if (model_unserved(api, req, spec->base_model)) return false;
   if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
   return !(spec->validation_dataset_id[0] &&
            dataset_missing(api, req, t, "validation_dataset_id", spec->validation_dataset_id));
@@ -403,20 +439,26 @@ static bool list_scan(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-/* GET /v1/jobs?state=&limit=&cursor=: the tenant's jobs in id order, a page at a time. */
+#define LIST_LIMIT_DEFAULT 50
+#define LIST_LIMIT_MAX 500
+
+/* GET /v1/jobs?state=&limit=&after=: the tenant's jobs in id order, a page at a time, as
+ * OpenAI's list objects page: `after` is the last id of the page before (opaque to the client;
+ * `cursor` is its older name), `has_more` says whether another page follows. */
 void lt_api_jobs_list(lt_api_call_t *c) {
   lt_api_t *api = c->api;
   struct evhttp_request *req = c->req;
   const lt_tenant_t *t = c->tenant;
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
-  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = 50, .out = json_array()};
+  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = LIST_LIMIT_DEFAULT, .out = json_array()};
   const char *v;
   if ((v = lt_api_query(&q, "limit"))) {
     char *end;
     long n = strtol(v, &end, 10);
-    if (*end || n < 1 || n > 500) {
-      lt_api_reply_error(req, 400, "invalid", "limit", "limit must be a whole number from 1 to 500");
+    if (*end || end == v || n < 1 || n > LIST_LIMIT_MAX) {
+      lt_api_reply_error(req, 400, "invalid", "limit", "limit must be a whole number from 1 to %d (default %d), not \"%.40s\"",
+                         LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT, v);
       goto out;
     }
     l.limit = (int)n;
@@ -431,11 +473,21 @@ void lt_api_jobs_list(lt_api_call_t *c) {
       goto out;
     }
   }
-  l.cursor = lt_api_query(&q, "cursor");
+  const char *after_name = lt_api_query(&q, "after") ? "after" : "cursor";
+  l.cursor = lt_api_query(&q, after_name);
+  if (l.cursor && !lt_id_valid(l.cursor)) {
+    lt_api_reply_error(req, 400, "invalid", after_name, "%s must be the last id of a page (the last_id it gave)",
+                       after_name);
+    goto out;
+  }
   lt_job_foreach(lt_proj_jobs(api->proj), list_scan, &l);
+  json_t *first = json_array_size(l.out) ? json_object_get(json_array_get(l.out, 0), "id") : NULL;
+  json_t *last = l.last ? json_string(l.last) : json_null();
   lt_api_reply_json(req, 200,
-                    json_pack("{s:o,s:o}", "jobs", json_incref(l.out), "next_cursor",
+                    json_pack("{s:s,s:O,s:b,s:O,s:O,s:o}", "object", "list", "jobs", l.out, "has_more", l.more,
+                              "first_id", first ? first : json_null(), "last_id", last, "next_cursor",
                               l.more && l.last ? json_string(l.last) : json_null()));
+  json_decref(last);
 out:
   json_decref(l.out);
   evhttp_clear_headers(&q);

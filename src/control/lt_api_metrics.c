@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const slot_names[LT_API_SLOT__COUNT] = {"healthz", "metrics", "datasets", "uploads", "jobs", "other"};
+static const char *const slot_names[LT_API_SLOT__COUNT] = {"healthz", "metrics", "datasets", "uploads", "jobs",
+                                                            "access",  "other"};
 static const double latency_bounds_ms[LT_API_LATENCY_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 1000, 1e12};
 
 void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us) {
@@ -214,6 +215,18 @@ static void write_routes(lt_api_t *api, struct evbuffer *out) {
   evbuffer_add_printf(out, "lathe_api_records_produced_total %" PRIu64 "\n", st->produced);
   evbuffer_add_printf(out, "lathe_api_produce_failures_total %" PRIu64 "\n", st->produce_failed);
   evbuffer_add_printf(out, "lathe_api_undecodable_records_total %" PRIu64 "\n", st->undecodable);
+  evbuffer_add_printf(out,
+                      "# HELP lathe_api_refused_total Requests the front door refused: over a rate limit (429), "
+                      "on a connection over max_connections (503), or refused by libevent itself (400/413/501, "
+                      "answered in the JSON envelope).\n# TYPE lathe_api_refused_total counter\n"
+                      "lathe_api_refused_total{reason=\"rate_limited\"} %" PRIu64 "\n"
+                      "lathe_api_refused_total{reason=\"too_many_connections\"} %" PRIu64 "\n"
+                      "lathe_api_refused_total{reason=\"http_parser\"} %" PRIu64 "\n",
+                      st->rate_limited, st->over_connections, st->pages_rewritten);
+  evbuffer_add_printf(out, "# HELP lathe_api_connections Open customer connections.\n"
+                           "# TYPE lathe_api_connections gauge\nlathe_api_connections %zu\n",
+                      api->conns ? lt_map_count(api->conns) : (size_t)0);
+  evbuffer_add_printf(out, "lathe_api_refused_records_total %" PRIu64 "\n", st->refused);
 }
 
 void lt_api_metrics_reply(lt_api_call_t *c) {

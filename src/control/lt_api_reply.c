@@ -3,10 +3,12 @@
  * helpers every handler uses (body text, query string). See lt_api_int.h. */
 #include "lt_api_int.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
   char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(15));
@@ -81,3 +83,42 @@ void lt_api_parse_query(struct evhttp_request *req, struct evkeyvalq *q) {
 }
 
 const char *lt_api_query(struct evkeyvalq *q, const char *name) { return evhttp_find_header(q, name); }
+
+/* Characters a server path is made of, after its leading '/'. */
+static bool path_char(char ch) { return isalnum((unsigned char)ch) || strchr("._/-+~@%", ch); }
+
+/* Replaces every occurrence of name in text (in place, within n bytes) with repl. */
+static void replace_all(char *text, size_t n, const char *name, const char *repl) {
+  size_t nl = strlen(name), rl = strlen(repl);
+  if (nl < 3) return; /* a short name would match inside ordinary words */
+  for (char *p = strstr(text, name); p; p = strstr(p + rl, name)) {
+    size_t tail = strlen(p + nl);
+    if ((size_t)(p - text) + rl + tail + 1 > n) return;
+    memmove(p + rl, p + nl, tail + 1);
+    memcpy(p, repl, rl);
+  }
+}
+
+void lt_api_scrub(lt_api_t *api, const char *in, char *out, size_t n) {
+  size_t o = 0;
+  for (size_t i = 0; in[i] && o + 1 < n;) {
+    bool starts = in[i] == '/' && (i == 0 || strchr(" \t'\"(=:,[", in[i - 1])) && path_char(in[i + 1]);
+    if (!starts) {
+      out[o++] = in[i++];
+      continue;
+    }
+    while (in[i] && path_char(in[i])) i++;
+    o += (size_t)snprintf(out + o, n - o, "(path)");
+    if (o >= n) o = n - 1;
+  }
+  out[o] = '\0';
+  /* Worker ids are host names unless configured otherwise; so may this API's own be. */
+  const char *wid;
+  json_t *hb;
+  json_object_foreach(lt_proj_workers(api->proj), wid, hb) replace_all(out, n, wid, "(worker)");
+  char host[256];
+  if (gethostname(host, sizeof host) == 0) {
+    host[sizeof host - 1] = '\0';
+    replace_all(out, n, host, "(host)");
+  }
+}

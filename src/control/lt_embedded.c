@@ -107,6 +107,10 @@ static lt_err_t prepare_master_key(lt_embedded_t *e, char *errstr, size_t errstr
  * environment the roles and executors read. */
 static lt_err_t start_mock(const lt_embedded_conf_t *c, lt_embedded_t *e, const char *store, char *errstr,
                            size_t errstr_size) {
+  /* The mock cluster speaks no SASL: a stack's credentials in the environment must not reach
+   * the roles or executors (nor would they mean anything to the mock). */
+  unsetenv("LATHE_KAFKA_CONFIG");
+  unsetenv("LATHE_KAFKA_CONFIG_DIR");
   lt_bus_conf_t *bus = lt_bus_conf_new();
   if (!bus) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   lt_err_t err = lt_bus_conf_from_env(bus, errstr, errstr_size);
@@ -169,6 +173,7 @@ static void put_env(FILE *f, const lt_embedded_t *e, const char *api_url) {
     put_quoted(f, values[i]);
     fputc('\n', f);
   }
+  fprintf(f, "unset LATHE_KAFKA_CONFIG LATHE_KAFKA_CONFIG_DIR  # the mock cluster has no SASL\n");
   if (!e->key_file[0]) fprintf(f, "# the master key: LATHE_MASTER_KEY, as lathed was given it (not written here)\n");
 }
 

@@ -410,11 +410,17 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   }
 }
 
-static void fold_msg(lt_publisher_t *p, const void *v, size_t len, bool control, int32_t partition, int64_t offset) {
+/* Folds a consumed message (m) or, m NULL, a record this publisher wrote (v, len). */
+static void fold_msg(lt_publisher_t *p, const lt_bus_msg_t *m, const void *v, size_t len, bool control,
+                     int32_t partition, int64_t offset) {
   lt_proj_origin_t origin = {.partition = partition, .offset = offset, .tag = control ? T_CONTROL : -1};
-  char err[256];
-  /* The scheduler dead-letters undecodable control records; the publisher skips and counts. */
-  if (lt_proj_fold_at(p->proj, v, len, &origin, on_folded, p, err, sizeof err) != LT_OK) p->stats.undecodable++;
+  char err[512];
+  /* The scheduler dead-letters undecodable control records and refused tenant records; the
+   * publisher skips and counts them (a refused tenant keeps its previous state). */
+  lt_err_t e = m ? lt_proj_fold_msg(p->proj, m, &origin, on_folded, p, err, sizeof err)
+                 : lt_proj_fold_at(p->proj, v, len, &origin, on_folded, p, err, sizeof err);
+  if (e == LT_ERR_AUTH) fprintf(stderr, "lathed publisher: %s\n", err);
+  if (e) p->stats.undecodable++;
 }
 
 /* ---------------------------------------------------------------- records we write */
@@ -494,7 +500,7 @@ static lt_err_t publish_record(lt_publisher_t *p, const lt_job_t *j, const char 
   if (!err) err = lt_avro_record_encode(rec, &bytes, &len, errstr, n);
   if (!err) err = produce(p, p->topics[T_ARTIFACTS], j->job_id, bytes, len, errstr, n);
   /* Durable now: fold it at once, so this instance never promotes the job again. */
-  if (!err) fold_msg(p, bytes, len, false, 0, 0);
+  if (!err) fold_msg(p, NULL, bytes, len, false, 0, 0);
   lt_avro_record_destroy(rec);
   return err;
 }
@@ -720,9 +726,7 @@ static void feed(lt_publisher_t *p) {
     int64_t off = lt_bus_msg_offset(m);
     bool control = strcmp(topic, p->topics[T_CONTROL]) == 0 && part >= 0 && part < p->ncontrol;
     if (control) p->ctrl_pos[part] = off + 1;
-    size_t len;
-    const void *v = lt_bus_msg_value(m, &len);
-    if (v) fold_msg(p, v, len, control, part, off);
+    fold_msg(p, m, NULL, 0, control, part, off);
   }
   check_ready(p);
   work(p);
@@ -912,6 +916,7 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   p->started_ms = lt_time_wall_ms();
   lt_err_t err = p->ckpt_ev && p->done_ev && p->ckpt_dirs ? LT_OK : LT_ERR_NOMEM;
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
+  if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(p->proj, conf->tenant_mac);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
   if (!err) err = lt_bus_producer_new(conf->bus, NULL, &p->producer, errstr, n);
   if (!err) lt_bus_producer_prepare(p->producer, p->topics[T_CONTROL], 2000);

@@ -98,6 +98,7 @@
 #include "lt_bus.h"
 #include "lt_crypto.h"
 #include "lt_err.h"
+#include "lt_recmac.h"
 #include "lt_store.h"
 
 #define LT_PUBLISHER_MAX_OBJECTS 16 /* objects in one checkpoint */
@@ -109,6 +110,9 @@ typedef struct lt_publisher_conf {
   const lt_bus_conf_t *bus;           /* borrowed */
   lt_store_t *store;                  /* borrowed */
   const lt_crypto_kek_t *kek;         /* borrowed: unwraps tenants' data keys */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry; /* borrowed */
   const char *producer_id;            /* identity in records, e.g. "publisher/host-1" */
   const char *group_id;               /* NULL: "<topic prefix>publisher" */

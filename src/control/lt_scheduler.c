@@ -405,7 +405,9 @@ static void feed(lt_scheduler_t *s) {
     s->offsets_dirty = true;
     if (!v) continue; /* a tombstone on a compacted topic */
     char err[512];
-    lt_err_t e = lt_proj_fold(s->fold, v, len, on_folded, s, err, sizeof err);
+    lt_err_t e = lt_proj_fold_msg(s->fold, m, NULL, on_folded, s, err, sizeof err);
+    if (e == LT_ERR_AUTH) fprintf(stderr, "lathed scheduler: %s\n", err);
+    /* Dead-lettered once: by the leader that first reads it (later terms start past it). */
     if (e && tp >= 0 && off >= s->committed[tp]) scheduler_write_deadletter(s, m, e, err);
   }
   if (s->role == LT_SCHEDULER_CATCHUP && caught_up(s, now_ms)) {
@@ -463,6 +465,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_err_t err = lt_bus_producer_new(s->conf.bus, &popts, &s->prod, errstr, n);
   for (int o = 0; o < O_N && !err; o++) lt_bus_producer_prepare(s->prod, s->out_topics[o], 2000);
   if (!err) err = lt_proj_new(s->conf.registry, &s->fold, errstr, n);
+  if (!err && s->conf.tenant_mac) lt_proj_require_tenant_mac(s->fold, s->conf.tenant_mac);
   if (err) return err;
   s->side_idx = lt_map_new(NULL);
   s->worker_idx = lt_map_new(NULL);

@@ -63,6 +63,9 @@ typedef struct lt_scheduler lt_scheduler_t;
 typedef struct lt_scheduler_conf {
   const lt_bus_conf_t *bus;           /* borrowed; topics use its prefix */
   const lt_avro_registry_t *registry; /* borrowed */
+  /* borrowed; TenantUpserted folds only with a valid MAC under it (docs/DESIGN.md §5a). lathed
+   * always sets it; NULL (tests of other behaviour) folds tenants unchecked. */
+  const lt_recmac_key_t *tenant_mac;
   const char *producer_id;            /* identity in records, e.g. "scheduler/host-1" */
   const char *transactional_id;       /* NULL: "<prefix>scheduler" (one per deployment) */
   const char *group_id;               /* NULL: "<prefix>scheduler" */

@@ -4,8 +4,11 @@
  * lt_bus_admin.c; this file holds what they share. The classification table is the one place
  * that decides whether a librdkafka error is retried, aborts a transaction, or recreates a
  * handle (docs/DESIGN.md §9 "broker unavailable": bounded retry, never a false ack). */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lt_bus_int.h"
 #include "lt_map.h"
@@ -83,6 +86,44 @@ const char *lt_bus_conf_get(const lt_bus_conf_t *c, const char *name) {
   return lt_map_get(c->props, name);
 }
 
+/* Trims spaces and tabs at both ends, in place. */
+static char *trim(char *s) {
+  while (*s == ' ' || *s == '\t') s++;
+  size_t n = strlen(s);
+  while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r')) s[--n] = '\0';
+  return s;
+}
+
+lt_err_t lt_bus_conf_load_file(lt_bus_conf_t *c, const char *path, char *errstr, size_t errstr_size) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return lt_errf(errstr, errstr_size, LT_ERR_IO, "kafka config %s: %s", path, strerror(errno));
+  char line[4096], why[512];
+  lt_err_t e = LT_OK;
+  for (int no = 1; !e && fgets(line, sizeof line, f); no++) {
+    size_t len = strlen(line);
+    if (len == sizeof line - 1 && line[len - 1] != '\n') {
+      e = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%s:%d: line longer than %zu bytes", path, no,
+                  sizeof line - 2);
+      break;
+    }
+    if (len && line[len - 1] == '\n') line[len - 1] = '\0';
+    char *l = trim(line);
+    if (!*l || *l == '#') continue;
+    char *eq = strchr(l, '=');
+    if (!eq || eq == l) {
+      e = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%s:%d: want name=value", path, no);
+      break;
+    }
+    *eq = '\0';
+    if ((e = lt_bus_conf_set(c, trim(l), trim(eq + 1), why, sizeof why)))
+      lt_errf(errstr, errstr_size, e, "%s:%d: %s", path, no, why);
+  }
+  if (!e && ferror(f)) e = lt_errf(errstr, errstr_size, LT_ERR_IO, "kafka config %s: read error", path);
+  fclose(f);
+  return e;
+}
+
 lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size) {
   static const struct {
     const char *env, *prop;
@@ -97,7 +138,25 @@ lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size
     lt_err_t e = lt_bus_conf_set(c, map[i].prop, v, errstr, errstr_size);
     if (e) return e;
   }
-  return LT_OK;
+  const char *file = getenv("LATHE_KAFKA_CONFIG");
+  return file && *file ? lt_bus_conf_load_file(c, file, errstr, errstr_size) : LT_OK;
+}
+
+lt_err_t lt_bus_conf_for_role(lt_bus_conf_t *c, const char *role, char *errstr, size_t errstr_size) {
+  const char *dir = getenv("LATHE_KAFKA_CONFIG_DIR");
+  if (!dir || !*dir) return LT_OK;
+  for (const char *r = role; *r; r++)
+    if (!((*r >= 'a' && *r <= 'z') || *r == '-'))
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "kafka role \"%s\": want lowercase letters", role);
+  char path[4096];
+  if ((size_t)snprintf(path, sizeof path, "%s/%s.properties", dir, role) >= sizeof path)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "LATHE_KAFKA_CONFIG_DIR is too long");
+  if (access(path, R_OK) != 0)
+    return lt_errf(errstr, errstr_size, LT_ERR_IO,
+                   "no Kafka credentials for role %s: %s: %s (LATHE_KAFKA_CONFIG_DIR holds one "
+                   "ROLE.properties per role; ops/stack env sets it for the local stack)",
+                   role, path, strerror(errno));
+  return lt_bus_conf_load_file(c, path, errstr, errstr_size);
 }
 
 lt_bus_conf_t *lt_bus_conf_dup(const lt_bus_conf_t *src) {

@@ -43,8 +43,23 @@ typedef struct lt_bus_conf lt_bus_conf_t;
 lt_bus_conf_t *lt_bus_conf_new(void);
 
 /* Applies the environment: LATHE_KAFKA_BOOTSTRAP (bootstrap.servers), LATHE_TOPIC_PREFIX,
- * LATHE_KAFKA_CLIENT_ID. Unset variables leave the value alone. */
+ * LATHE_KAFKA_CLIENT_ID, then the properties of the file LATHE_KAFKA_CONFIG names
+ * (lt_bus_conf_load_file: SASL, TLS or any librdkafka property, for every client of the
+ * process). Unset variables leave the value alone. */
 lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *conf, char *errstr, size_t errstr_size);
+
+/* Sets every property of a file of `name=value` lines (blank lines and lines starting with '#'
+ * are skipped, spaces around name and value trimmed), each through lt_bus_conf_set. A bad line
+ * fails with LT_ERR_INVALID naming file:line and the reason; properties of earlier lines stay
+ * set. */
+lt_err_t lt_bus_conf_load_file(lt_bus_conf_t *conf, const char *path, char *errstr, size_t errstr_size);
+
+/* The principal of one role (api, scheduler, worker, publisher, admin): loads
+ * $LATHE_KAFKA_CONFIG_DIR/<role>.properties over conf (after lt_bus_conf_from_env, so the role's
+ * credentials win). LT_OK with nothing changed when LATHE_KAFKA_CONFIG_DIR is unset; LT_ERR_IO
+ * naming the file when it is set and the role's file is missing (a role never falls back to
+ * another principal). docs/DESIGN.md §5a. */
+lt_err_t lt_bus_conf_for_role(lt_bus_conf_t *conf, const char *role, char *errstr, size_t errstr_size);
 
 /* Sets one property. Lathe's own names:
  *   "bootstrap.servers"   host:port[,host:port...]
@@ -344,7 +359,9 @@ void lt_bus_admin_destroy(lt_bus_admin_t *a);
 
 /* Creates a topic (full name) with partitions, replication factor (-1: broker default) and
  * configs ("key=value" strings, may be NULL when nconfigs is 0). Idempotent: an existing topic
- * is LT_OK (its settings are not changed or checked). */
+ * is LT_OK (its settings are not changed or checked). LT_ERR_AUTH when the principal may not:
+ * only after 10 s of retries, since KRaft's controller sees new ACLs a moment after they are
+ * made (this and lt_bus_admin_create_from_file). */
 lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int partitions,
                                    int replication, const char *const *configs, size_t nconfigs,
                                    int timeout_ms, char *errstr, size_t errstr_size);
@@ -358,6 +375,18 @@ lt_err_t lt_bus_admin_create_topic(lt_bus_admin_t *a, const char *topic, int par
 lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int replication,
                                        int timeout_ms, int *out_created, char *errstr,
                                        size_t errstr_size);
+
+/* Creates the roles' ACLs of an ACL file (ops/acls.tsv: role, resource, name, pattern,
+ * operations, TAB-separated; names get the conf's prefix, "*" is the prefix itself) for
+ * principals User:<role>. Idempotent. Needs Alter on the cluster (the admin principal). A
+ * malformed line fails with LT_ERR_INVALID naming the file and line; a refused request with
+ * LT_ERR_AUTH; a broker without an authorizer with LT_ERR_UNSUPPORTED. Returns once the broker
+ * lists the new ACLs. path NULL: the copy of ops/acls.tsv built into the library. *out_n (may be NULL)
+ * gets the number of ACLs. Transactional-id lines are skipped and counted in *out_skipped (may
+ * be NULL): librdkafka 2.0.2 cannot express that resource type, so ops/stack (Kafka's Java
+ * admin client) or Kafka's own tools apply them. docs/DESIGN.md §5a. */
+lt_err_t lt_bus_admin_create_acls(lt_bus_admin_t *a, const char *path, int timeout_ms, size_t *out_n,
+                                  size_t *out_skipped, char *errstr, size_t errstr_size);
 
 /* Partition count of a topic; LT_ERR_NOT_FOUND when it does not exist. */
 lt_err_t lt_bus_admin_describe_topic(lt_bus_admin_t *a, const char *topic, int timeout_ms,

@@ -33,6 +33,10 @@ lt_err_t lt_bus_admin_new(const lt_bus_conf_t *conf, lt_bus_admin_t **out, char 
   return LT_ERR_INVALID;
 }
 
+rd_kafka_t *lt_bus_admin_rk(lt_bus_admin_t *a) { return a->rk; }
+
+const lt_bus_conf_t *lt_bus_admin_conf(const lt_bus_admin_t *a) { return a->conf; }
+
 void lt_bus_admin_destroy(lt_bus_admin_t *a) {
   if (!a) return;
   if (a->rk) rd_kafka_destroy(a->rk);
@@ -64,9 +68,9 @@ static lt_err_t wait_visible(lt_bus_admin_t *a, const char *topic, int timeout_m
 }
 
 /* Creates several topics at once; each existing one counts as success. */
-static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size_t n,
-                              int timeout_ms, int *out_created, char *errstr,
-                              size_t errstr_size) {
+static lt_err_t create_topics_once(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size_t n,
+                                   int timeout_ms, int *out_created, char *errstr,
+                                   size_t errstr_size) {
   rd_kafka_queue_t *q = rd_kafka_queue_new(a->rk);
   rd_kafka_AdminOptions_t *ao = rd_kafka_AdminOptions_new(a->rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
   char rderr[256];
@@ -114,6 +118,28 @@ static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size
   rd_kafka_queue_destroy(q);
   if (out_created) *out_created = created;
   return ret;
+}
+
+/* create_topics_once, again while the broker says "not authorized", for at most 10 s (and
+ * timeout_ms): ACLs made a moment ago (lt_bus_admin_create_acls) reach KRaft's controller, which
+ * authorizes CreateTopics, a little after the broker lists them. A principal that really lacks
+ * the right hears it after that wait. */
+static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size_t n, int timeout_ms,
+                              int *out_created, char *errstr, size_t errstr_size) {
+  int64_t t0 = lt_time_mono_ms();
+  int total = 0;
+  for (;;) {
+    int created = 0;
+    lt_err_t e = create_topics_once(a, nts, n, timeout_ms, &created, errstr, errstr_size);
+    total += created;
+    int64_t ms = lt_time_mono_ms() - t0;
+    if (e != LT_ERR_AUTH || ms > 10000 || ms > timeout_ms) {
+      if (out_created) *out_created = total;
+      return e;
+    }
+    struct timespec nap = {0, 200 * 1000000L};
+    nanosleep(&nap, NULL);
+  }
 }
 
 /* A NewTopic with "key=value" configs; NULL with errstr set on a bad config. */

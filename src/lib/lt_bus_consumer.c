@@ -143,8 +143,12 @@ lt_err_t lt_bus_consumer_new(const lt_bus_conf_t *conf, const lt_bus_consumer_op
   rd_kafka_conf_t *rc = lt_bus_rk_conf(conf, defaults, forced, errstr, errstr_size);
   if (!rc) goto err;
   /* librdkafka polls only through a consumer group handle, so an assign-only consumer gets a
-   * group id too; it never joins (no subscribe) and never commits (has_group is false). */
-  if (rd_kafka_conf_set(rc, "group.id", opts->group_id ? opts->group_id : "lathe.assign-only",
+   * group id too; it never joins (no subscribe) and never commits (has_group is false). It still
+   * looks up the group's coordinator, which needs Describe on the group: the name takes the
+   * prefix, so ops/acls.tsv grants it per deployment. */
+  char assign_only[256];
+  lt_bus_topic_name(conf, "assign-only", assign_only, sizeof assign_only);
+  if (rd_kafka_conf_set(rc, "group.id", opts->group_id ? opts->group_id : assign_only,
                         rderr, sizeof rderr) ||
       rd_kafka_conf_set(rc, "auto.offset.reset",
                         opts->auto_offset_reset ? opts->auto_offset_reset : "earliest", rderr,

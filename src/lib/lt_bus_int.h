@@ -79,5 +79,7 @@ typedef lt_err_t lt_bus_topic_fn(void *ctx, const char *topic, int partitions, c
 lt_err_t lt_bus_topics_file_each(const char *path, const lt_bus_conf_t *conf, lt_bus_topic_fn *fn, void *ctx,
                                  char *errstr, size_t errstr_size);
 rd_kafka_t *lt_bus_producer_rk(lt_bus_producer_t *p);
+rd_kafka_t *lt_bus_admin_rk(lt_bus_admin_t *a);
+const lt_bus_conf_t *lt_bus_admin_conf(const lt_bus_admin_t *a);
 
 #endif

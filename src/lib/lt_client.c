@@ -7,10 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #define DEFAULT_URL "http://127.0.0.1:8080"
 #define SSE_TIMEOUT_S (24 * 3600) /* a stream may be quiet for a long time */
@@ -25,6 +30,7 @@ struct lt_client {
   uint16_t port;
   char *api_key;
   int timeout_s;
+  SSL_CTX *tls; /* https: verifies the server against the CA file and the host name */
 };
 
 /* State of one request while the loop runs. */
@@ -50,16 +56,37 @@ typedef struct call {
   bool ended; /* the server sent "event: end" */
 } call_t;
 
+/* The TLS context of an https:// client: peers verified against ca_file (NULL: the system's). */
+static lt_err_t tls_new(const char *ca_file, SSL_CTX **out, char *errstr, size_t n) {
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx) return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create a TLS context");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  int ok = ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL) : SSL_CTX_set_default_verify_paths(ctx);
+  if (ok != 1) {
+    char why[256];
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    SSL_CTX_free(ctx);
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the CA file \"%s\" cannot be read as PEM certificates (LATHE_API_CA_FILE "
+                   "or --ca-file): %s", ca_file ? ca_file : "(system)", why);
+  }
+  *out = ctx;
+  return LT_OK;
+}
+
 lt_err_t lt_client_new(const lt_client_opts_t *opts, lt_client_t **out, char *errstr, size_t n) {
   const char *url = opts && opts->url ? opts->url : getenv("LATHE_API_URL");
   if (!url || !*url) url = DEFAULT_URL;
   const char *key = opts && opts->api_key ? opts->api_key : getenv("LATHE_API_KEY");
   struct evhttp_uri *u = evhttp_uri_parse(url);
-  if (!u || !evhttp_uri_get_scheme(u) || strcmp(evhttp_uri_get_scheme(u), "http") != 0 || !evhttp_uri_get_host(u) ||
+  const char *scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+  bool https = scheme && strcmp(scheme, "https") == 0;
+  if (!u || !scheme || (strcmp(scheme, "http") != 0 && !https) || !evhttp_uri_get_host(u) ||
       !*evhttp_uri_get_host(u) || strlen(url) >= 512) {
     if (u) evhttp_uri_free(u);
     return lt_errf(errstr, n, LT_ERR_INVALID,
-                   "the API URL \"%s\" is not valid: use http://HOST[:PORT] (LATHE_API_URL or --url)", url);
+                   "the API URL \"%s\" is not valid: use http://HOST[:PORT] or https://HOST[:PORT] (LATHE_API_URL or "
+                   "--url)", url);
   }
   lt_client_t *c = calloc(1, sizeof *c);
   if (!c) {
@@ -71,7 +98,7 @@ lt_err_t lt_client_new(const lt_client_opts_t *opts, lt_client_t **out, char *er
   while (ul > 0 && c->url[ul - 1] == '/') c->url[--ul] = '\0';
   snprintf(c->host, sizeof c->host, "%s", evhttp_uri_get_host(u));
   int port = evhttp_uri_get_port(u);
-  c->port = (uint16_t)(port > 0 ? port : 80);
+  c->port = (uint16_t)(port > 0 ? port : https ? 443 : 80);
   snprintf(c->hostport, sizeof c->hostport, "%s:%u", c->host, c->port);
   const char *path = evhttp_uri_get_path(u);
   snprintf(c->prefix, sizeof c->prefix, "%s", path ? path : "");
@@ -79,10 +106,14 @@ lt_err_t lt_client_new(const lt_client_opts_t *opts, lt_client_t **out, char *er
   while (pl > 0 && c->prefix[pl - 1] == '/') c->prefix[--pl] = '\0';
   evhttp_uri_free(u);
   c->timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : 60;
-  c->base = event_base_new();
+  const char *ca = opts && opts->ca_file ? opts->ca_file : getenv("LATHE_API_CA_FILE");
+  lt_err_t err = https ? tls_new(ca && *ca ? ca : NULL, &c->tls, errstr, n) : LT_OK;
+  c->base = err ? NULL : event_base_new();
   if (!c->base) {
+    if (!err) err = lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create an event loop");
+    SSL_CTX_free(c->tls);
     free(c);
-    return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create an event loop");
+    return err;
   }
   lt_client_set_api_key(c, key);
   *out = c;
@@ -93,6 +124,7 @@ void lt_client_destroy(lt_client_t *c) {
   if (!c) return;
   if (c->evcon) evhttp_connection_free(c->evcon);
   event_base_free(c->base);
+  SSL_CTX_free(c->tls);
   free(c->api_key);
   free(c);
 }
@@ -113,8 +145,36 @@ void lt_client_resp_free(lt_client_resp_t *r) {
 
 /* ---------------------------------------------------------------- request machinery */
 
+/* A TLS bufferevent for the client's host: SNI, and the certificate must name the host (or the
+ * address, when the URL gives one). */
+static struct bufferevent *tls_bev(lt_client_t *c) {
+  SSL *ssl = SSL_new(c->tls);
+  if (!ssl) return NULL;
+  unsigned char ip[16];
+  bool is_ip = inet_pton(AF_INET, c->host, ip) == 1 || inet_pton(AF_INET6, c->host, ip) == 1;
+  X509_VERIFY_PARAM *param = SSL_get0_param(ssl);
+  int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, c->host)
+                 : SSL_set_tlsext_host_name(ssl, c->host) && X509_VERIFY_PARAM_set1_host(param, c->host, 0);
+  struct bufferevent *bev = ok ? bufferevent_openssl_socket_new(c->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                                BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS)
+                               : NULL;
+  if (!bev) {
+    SSL_free(ssl);
+    return NULL;
+  }
+  /* The server may close without close_notify after its answer. */
+  bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+  return bev;
+}
+
 static struct evhttp_connection *connection(lt_client_t *c, int timeout_s) {
-  struct evhttp_connection *evcon = evhttp_connection_base_new(c->base, NULL, c->host, c->port);
+  struct evhttp_connection *evcon;
+  if (c->tls) {
+    struct bufferevent *bev = tls_bev(c);
+    evcon = bev ? evhttp_connection_base_bufferevent_new(c->base, NULL, bev, c->host, c->port) : NULL;
+  } else {
+    evcon = evhttp_connection_base_new(c->base, NULL, c->host, c->port);
+  }
   if (evcon) evhttp_connection_set_timeout(evcon, timeout_s);
   return evcon;
 }
@@ -156,7 +216,21 @@ static enum evhttp_cmd_type method_of(const char *m) {
   return EVHTTP_REQ_GET;
 }
 
-static lt_err_t failure(const lt_client_t *c, const call_t *k, char *errstr, size_t n) {
+/* Why a TLS connection failed, when it was the certificate: a person's line into out. */
+static bool tls_refused(const lt_client_t *c, struct evhttp_connection *evcon, char *out, size_t n) {
+  struct bufferevent *bev = c->tls && evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+  SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;
+  long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+  if (v == X509_V_OK) return false;
+  snprintf(out, n, "the TLS certificate of the Lathe API at %s is not accepted: %s (LATHE_API_CA_FILE names the CA "
+           "to trust)", c->url, X509_verify_cert_error_string(v));
+  return true;
+}
+
+static lt_err_t failure(const lt_client_t *c, struct evhttp_connection *evcon, const call_t *k, char *errstr,
+                        size_t n) {
+  char why[1024];
+  if (!k->got_headers && tls_refused(c, evcon, why, sizeof why)) return lt_errf(errstr, n, LT_ERR_AUTH, "%s", why);
   if (!k->got_headers) {
     if (k->have_error && k->error == EVREQ_HTTP_TIMEOUT)
       return lt_errf(errstr, n, LT_ERR_TIMEOUT, "the Lathe API at %s did not answer within %d s", c->url,
@@ -194,6 +268,12 @@ lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path,
                            size_t nheaders, const void *body, size_t len, const char *content_type,
                            lt_client_resp_t *resp, char *errstr, size_t n) {
   memset(resp, 0, sizeof *resp);
+  /* A TLS session cannot be reconnected in place, as evhttp would after the server closed an
+   * idle connection: each request over https has a connection of its own. */
+  if (c->tls && c->evcon) {
+    evhttp_connection_free(c->evcon);
+    c->evcon = NULL;
+  }
   if (!c->evcon && !(c->evcon = connection(c, c->timeout_s)))
     return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create a connection");
   call_t k = {.c = c, .body = evbuffer_new()};
@@ -220,7 +300,7 @@ lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path,
   while (!k.done) event_base_dispatch(c->base);
   lt_err_t err = LT_OK;
   if (k.failed) {
-    err = failure(c, &k, errstr, n);
+    err = failure(c, c->evcon, &k, errstr, n);
     /* A broken connection is not reused: the next call starts a fresh one. */
     evhttp_connection_free(c->evcon);
     c->evcon = NULL;
@@ -362,7 +442,7 @@ lt_err_t lt_client_events(lt_client_t *c, const char *path, const char *last_eve
   if (k.stop) {
     err = LT_OK;
   } else if (k.failed) {
-    err = failure(c, &k, errstr, n);
+    err = failure(c, evcon, &k, errstr, n);
   } else if (k.status != 200) {
     lt_client_resp_t r = {.status = k.status};
     r.len = evbuffer_get_length(k.body);

@@ -3,7 +3,9 @@
  * benchmark.
  *
  * One client holds one event_base and one keep-alive connection to the API (reconnected by
- * evhttp when it drops). Every call blocks until the answer is complete or the timeout passes.
+ * evhttp when it drops). With an https:// URL every request has a TLS connection of its own: the
+ * server's certificate is verified against the CA file (opts.ca_file, else $LATHE_API_CA_FILE,
+ * else the system's trust store) and must name the URL's host. Every call blocks until the answer is complete or the timeout passes.
  * Failures to reach the server are LT_ERR_UNAVAILABLE with the message
  * "cannot reach the Lathe API at URL: is lathed running? (...)"; an HTTP answer, whatever its
  * status, is LT_OK and the caller reads resp->status. lt_client_error_text() turns the API's
@@ -24,13 +26,14 @@
 typedef struct lt_client lt_client_t;
 
 typedef struct lt_client_opts {
-  const char *url;     /* NULL: $LATHE_API_URL, else "http://127.0.0.1:8080" */
+  const char *url;     /* NULL: $LATHE_API_URL, else "http://127.0.0.1:8080"; http:// or https:// */
+  const char *ca_file; /* https: PEM CA certificates to trust; NULL: $LATHE_API_CA_FILE, else the system's */
   const char *api_key; /* NULL: $LATHE_API_KEY; may end up NULL (requests go without auth) */
   int timeout_s;       /* per request (0: 60); SSE streams wait without a limit */
 } lt_client_opts_t;
 
-/* Creates a client. opts may be NULL. Only the URL is checked here (scheme http, a host);
- * nothing is connected until the first request. Copies every string. */
+/* Creates a client. opts may be NULL. Only the URL (scheme http or https, a host) and the CA file
+ * are checked here; nothing is connected until the first request. Copies every string. */
 lt_err_t lt_client_new(const lt_client_opts_t *opts, lt_client_t **out, char *errstr, size_t errstr_size);
 
 void lt_client_destroy(lt_client_t *c); /* NULL is a no-op */

@@ -261,6 +261,23 @@ lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errs
   return e;
 }
 
+lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uint8_t *out, size_t len,
+                              char *errstr, size_t errstr_size) {
+  if (!kek || !label || !*label || !out || len == 0 || len > 64)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "lt_crypto_kek_derive: want a label and 1..64 bytes");
+  EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
+  EVP_KDF_CTX *k = kdf ? EVP_KDF_CTX_new(kdf) : NULL;
+  OSSL_PARAM p[] = {OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
+                    OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)kek->key, sizeof kek->key),
+                    OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)label, strlen(label)),
+                    OSSL_PARAM_construct_end()};
+  int ok = k && EVP_KDF_derive(k, out, len, p) == 1;
+  EVP_KDF_CTX_free(k);
+  EVP_KDF_free(kdf);
+  if (!ok) return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "HKDF derivation failed");
+  return LT_OK;
+}
+
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek) { return kek->id; }
 
 void lt_crypto_kek_destroy(lt_crypto_kek_t *kek) {
@@ -283,6 +300,10 @@ lt_err_t lt_crypto_dek_import(lt_crypto_dek_t **out, const char *tenant, const c
   snprintf(d->key_id, sizeof d->key_id, "%s", key_id);
   *out = d;
   return LT_OK;
+}
+
+void lt_crypto_dek_export(const lt_crypto_dek_t *dek, uint8_t out[LT_CRYPTO_KEY_BYTES]) {
+  memcpy(out, dek->key, LT_CRYPTO_KEY_BYTES);
 }
 
 lt_err_t lt_crypto_dek_generate(lt_crypto_dek_t **out, const char *tenant, const char *key_id,

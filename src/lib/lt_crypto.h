@@ -66,6 +66,11 @@ lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errs
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek);
 void lt_crypto_kek_destroy(lt_crypto_kek_t *kek);
 
+/* A key for another purpose, derived from the master key: HKDF-SHA256(master, info = label), len
+ * bytes (1..64). Distinct labels give independent keys; the master key itself never leaves. */
+lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uint8_t *out, size_t len,
+                              char *errstr, size_t errstr_size);
+
 /* ---- data key (DEK) ------------------------------------------------------------------------ */
 
 typedef struct lt_crypto_dek lt_crypto_dek_t;
@@ -90,6 +95,10 @@ lt_err_t lt_crypto_dek_wrap(const lt_crypto_kek_t *kek, const lt_crypto_dek_t *d
 lt_err_t lt_crypto_dek_unwrap(const lt_crypto_kek_t *kek, const char *tenant, const uint8_t *blob,
                               size_t blob_len, lt_crypto_dek_t **out, char *errstr,
                               size_t errstr_size);
+
+/* The raw key bytes, for handing one job's key to its confined executor over a pipe
+ * (workers/lt_worker.c); the caller cleanses out after use. */
+void lt_crypto_dek_export(const lt_crypto_dek_t *dek, uint8_t out[LT_CRYPTO_KEY_BYTES]);
 
 const char *lt_crypto_dek_tenant(const lt_crypto_dek_t *dek);
 const char *lt_crypto_dek_key_id(const lt_crypto_dek_t *dek);

@@ -49,6 +49,7 @@ struct lt_proj {
   lt_map_t *info;  /* job_id -> info_t (owned) */
   json_t *workers; /* worker_id -> heartbeat */
   uint64_t applied;
+  const lt_recmac_key_t *tenant_mac; /* borrowed; NULL: TenantUpserted is not checked */
   orphan_t *head, *tail; /* job records waiting for their JobSubmitted, in arrival order */
   size_t norphans;
   uint64_t dropped;
@@ -247,7 +248,27 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void
   return LT_OK;
 }
 
-lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr, size_t n) {
+void lt_proj_require_tenant_mac(lt_proj_t *p, const lt_recmac_key_t *key) { p->tenant_mac = key; }
+
+/* A TenantUpserted folds only with a MAC of its message under the tenants key (docs/DESIGN.md
+ * §5a): anyone who can write lathe.tenants without the master key could otherwise add an API
+ * key to another tenant. The previous state of the tenant stays. */
+static lt_err_t tenant_checked(lt_proj_t *p, lt_avro_record_t *rec, const lt_bus_msg_t *m, char *errstr, size_t n) {
+  const char *tid = NULL;
+  char why[160];
+  lt_avro_get_string(rec, "tenant_id", &tid, NULL);
+  if (!m)
+    return lt_errf(errstr, n, LT_ERR_AUTH, "TenantUpserted for tenant \"%.64s\" refused: folded without its "
+                   "message, so its MAC cannot be checked", tid ? tid : "?");
+  if (!lt_recmac_msg_ok(p->tenant_mac, "tenants", m, why, sizeof why))
+    return lt_errf(errstr, n, LT_ERR_AUTH, "TenantUpserted for tenant \"%.64s\" refused, the tenant keeps its "
+                   "previous state: %s", tid ? tid : "?", why);
+  return LT_OK;
+}
+
+/* lt_proj_apply, with the message the bytes came from (NULL: bytes only). */
+static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bus_msg_t *m, lt_proj_result_t *res,
+                          char *errstr, size_t n) {
   lt_proj_result_t dummy;
   if (!res) res = &dummy;
   memset(res, 0, sizeof *res);
@@ -267,6 +288,7 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
   const char *job_id = NULL;
   if (s == p->s_tenant) {
     lt_tenant_t t;
+    if (p->tenant_mac && (err = tenant_checked(p, rec, m, errstr, n))) return err;
     if ((err = lt_tenant_from_record(rec, &t, errstr, n))) return err;
     return lt_tenant_upsert(p->tenants, &t);
   }
@@ -314,6 +336,10 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
     return LT_OK;
   }
   return LT_OK;
+}
+
+lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr, size_t n) {
+  return apply_msg(p, buf, len, NULL, res, errstr, n);
 }
 
 /* The orphan list is bounded, and its ends and count agree. */
@@ -379,12 +405,13 @@ static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx)
   assert(orphans_ok(p));
 }
 
-lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,
-                         void *ctx, char *errstr, size_t n) {
+/* lt_proj_fold_at, with the message the bytes came from (NULL: bytes only). */
+static lt_err_t fold(lt_proj_t *p, const void *buf, size_t len, const lt_bus_msg_t *m, const lt_proj_origin_t *origin,
+                     lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
   static const lt_proj_origin_t none;
   if (!origin) origin = &none;
   lt_proj_result_t res;
-  lt_err_t err = lt_proj_apply(p, buf, len, &res, errstr, n);
+  lt_err_t err = apply_msg(p, buf, len, m, &res, errstr, n);
   if (err) return err;
   res.origin = *origin;
   const char *job_id = NULL;
@@ -401,6 +428,19 @@ lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_pro
   if (p->norphans && res.type && res.job_id && res.job_outcome == LT_JOB_APPLIED && strcmp(res.type, "JobSubmitted") == 0)
     release(p, res.job_id, cb, ctx);
   return LT_OK;
+}
+
+lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,
+                         void *ctx, char *errstr, size_t n) {
+  return fold(p, buf, len, NULL, origin, cb, ctx, errstr, n);
+}
+
+lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_origin_t *origin, lt_proj_cb *cb,
+                          void *ctx, char *errstr, size_t n) {
+  size_t len = 0;
+  const void *v = lt_bus_msg_value(m, &len);
+  if (!v) return LT_OK; /* a tombstone on a compacted topic */
+  return fold(p, v, len, m, origin, cb, ctx, errstr, n);
 }
 
 lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {

@@ -20,7 +20,9 @@
 #include <stdint.h>
 
 #include "lt_avro.h"
+#include "lt_bus.h"
 #include "lt_job.h"
+#include "lt_recmac.h"
 #include "lt_tenant.h"
 
 typedef struct lt_proj lt_proj_t;
@@ -70,6 +72,18 @@ lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb,
 /* lt_proj_fold with the message's origin, which cb finds in res->origin (origin may be NULL). */
 lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_proj_origin_t *origin, lt_proj_cb *cb,
                          void *ctx, char *errstr, size_t errstr_size);
+
+/* lt_proj_fold_at on a consumed message (a tombstone is LT_OK and folds nothing). The message
+ * lets the projection check a signed record's MAC (lt_proj_require_tenant_mac). */
+lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_origin_t *origin, lt_proj_cb *cb,
+                          void *ctx, char *errstr, size_t errstr_size);
+
+/* From now on a TenantUpserted folds only when its message carries a valid LT_RECMAC_HEADER under
+ * key (LT_RECMAC_TENANTS; borrowed, must outlive p): a record that is unsigned, signed with another
+ * master key, or folded from bytes alone (lt_proj_apply, lt_proj_fold) is refused with
+ * LT_ERR_AUTH and a reason naming the tenant, and the tenant keeps its previous state
+ * (docs/DESIGN.md §5a). Every daemon sets it; without it (tests, tools) tenants fold unchecked. */
+void lt_proj_require_tenant_mac(lt_proj_t *p, const lt_recmac_key_t *key);
 
 /* Records waiting for their JobSubmitted, and how many were dropped over the bound. */
 size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped);

@@ -241,8 +241,15 @@ static lt_err_t dir_get(lt_store_t *s, const char *key, lt_store_sink_fn sink, v
   char rel[PATH_CAP];
   if (!key_path(key, rel, sizeof rel))
     return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "get '%s': no such object", key);
-  int fd = openat(d->root_fd, rel, O_RDONLY | O_CLOEXEC);
+  /* An object is a regular file: never a link or a FIFO that another process planted in a
+   * directory it can write (a confined executor's sealed spool, workers/lt_ckpt.c). */
+  int fd = openat(d->root_fd, rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return io_err(errstr, errstr_size, "get", key, errno == ENOTDIR ? ENOENT : errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return io_err(errstr, errstr_size, "get", key, EINVAL);
+  }
   uint8_t *buf = malloc(READ_PIECE);
   lt_err_t e = buf ? LT_OK : LT_ERR_NOMEM;
   while (!e) {

@@ -1,0 +1,536 @@
+/* The staff-access lockbox from the outside (docs/DESIGN.md §4 invariant 8): `lathed --role api`
+ * as a child against the real broker and S3 server, staff keys in a file, tenants made with
+ * `lathe admin tenant create`. Staff read a tenant's data only under a request the tenant
+ * approved, within its scope and time, and each read is in lathe.audit before a byte comes back.
+ * Every bypass is probed: a staff key on customer routes, a pending, denied, revoked or expired
+ * grant, the wrong scope, another staff member's grant, another tenant's request, self-approval,
+ * forged records (no MAC, another master key's MAC) and a replayed approval; and, on librdkafka's
+ * mock cluster, an audit write that fails (503, no data). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lt_access.h"
+#include "lt_bus_int.h" /* rdkafka.h before rdkafka_mock.h */
+#include "lt_crypto.h"
+#include "lt_recmac.h"
+#include "lt_test.h"
+#include "lt_time.h"
+#include <librdkafka/rdkafka_mock.h>
+
+#define MASTER_KEY "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+#define OTHER_KEY "ff0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+
+static char prefix[64], err[1024], staff_file[64] = "";
+static char tenant_a[64], tenant_b[64], key_a[128], key_b[128];
+static char key_alice[LT_ACCESS_STAFF_KEY_SIZE], key_bob[LT_ACCESS_STAFF_KEY_SIZE];
+static char url[64];
+static lt_test_proc_t *api;
+static lt_client_t *ca, *cb, *alice, *bob;
+
+static const char *canary_jsonl = "{\"prompt\":\"canary-7f3a\",\"completion\":\"private\"}\n";
+
+static void start_api(bool second_staff) {
+  static int n;
+  char log[256], keys_env[128];
+  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.%d.log", (int)getpid(), n++);
+  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
+  const char *env[] = {keys_env, second_staff ? "LATHE_ACCESS_SECOND_STAFF=1" : "LATHE_ACCESS_SECOND_STAFF=0", NULL};
+  api = lt_test_lathed("api", log, "api", NULL, env);
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
+  char ops[64];
+  snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(api, 30000));
+  lt_client_t *c = lt_test_client(ops, NULL, 0);
+  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100, "no /healthz 200; see %s", log);
+  lt_client_destroy(c);
+  lt_client_destroy(ca), lt_client_destroy(cb), lt_client_destroy(alice), lt_client_destroy(bob);
+  ca = lt_test_client(url, key_a, 60);
+  cb = lt_test_client(url, key_b, 60);
+  alice = lt_test_client(url, key_alice, 60);
+  bob = lt_test_client(url, key_bob, 60);
+  lt_test_wait_until(lt_test_get_status(ca, "/v1/jobs", NULL, 0) == 200 && lt_test_get_status(cb, "/v1/jobs", NULL, 0) == 200,
+                     20000, 100, "the API never accepted the tenants' keys");
+}
+
+static void stop_api(void) {
+  if (api && api->pid > 0 && lt_test_proc_stop(api, 10000) != -1) unlink(api->log);
+  api = NULL;
+}
+
+static void enrol(const char *name, char *key, FILE *f) {
+  char line[256];
+  cr_assert_eq(lt_access_staff_key_new(name, key, line, sizeof line, err, sizeof err), LT_OK, "%s", err);
+  fprintf(f, "%s\n", line);
+}
+
+static void setup_env(const char *tag) {
+  snprintf(prefix, sizeof prefix, "%s%d.", tag, (int)getppid());
+  setenv("LATHE_TOPIC_PREFIX", prefix, 1);
+  setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
+  unsetenv("LATHE_MASTER_KEY_FILE");
+  snprintf(staff_file, sizeof staff_file, "/tmp/lathe-staff-%d", (int)getpid());
+  FILE *f = fopen(staff_file, "w");
+  cr_assert_not_null(f);
+  fprintf(f, "# test staff\n");
+  enrol("alice", key_alice, f);
+  enrol("bob", key_bob, f);
+  fclose(f);
+}
+
+static void new_tenant(const char *tag, char *id, size_t idn, char *key, size_t keyn) {
+  char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  lt_crypto_random_id(rnd);
+  snprintf(id, idn, "%s-%.10s", tag, rnd);
+  lt_test_tenant_create(id, NULL, key, keyn);
+}
+
+static void setup(void) {
+  lt_test_require_stack();
+  setup_env("tlock");
+  lt_test_admin_topics();
+  new_tenant("a", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
+  new_tenant("b", tenant_b, sizeof tenant_b, key_b, sizeof key_b);
+  start_api(false);
+}
+
+static void teardown(void) {
+  lt_client_destroy(ca), lt_client_destroy(cb), lt_client_destroy(alice), lt_client_destroy(bob);
+  ca = cb = alice = bob = NULL;
+  stop_api();
+  unlink(staff_file);
+}
+
+TestSuite(lockbox, .init = setup, .fini = teardown, .timeout = 240);
+
+/* ---------------------------------------------------------------- helpers */
+
+static lt_client_resp_t req(lt_client_t *c, const char *method, const char *path, const char *body) {
+  return lt_test_req(c, method, path, body, body ? strlen(body) : 0);
+}
+
+static int status_of(lt_client_t *c, const char *method, const char *path, const char *body, char *out, size_t n) {
+  lt_client_resp_t r = req(c, method, path, body);
+  int s = r.status;
+  if (out) snprintf(out, n, "%s", r.body ? r.body : "");
+  lt_client_resp_free(&r);
+  return s;
+}
+
+static void upload(lt_client_t *c, const char *text, char *id, size_t n) {
+  lt_client_resp_t r = req(c, "POST", "/v1/datasets?name=private", text);
+  cr_assert_eq(r.status, 201, "upload: %d %s", r.status, r.body);
+  snprintf(id, n, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
+/* alice (or who) asks for scope on tenant for ttl_s: the request id into id. */
+static void ask(lt_client_t *who, const char *tenant, const char *scope, int ttl_s, char *id, size_t n) {
+  char body[512];
+  snprintf(body, sizeof body, "{\"tenant_id\":\"%s\",\"scope\":[\"%s\"],\"justification\":\"ticket 7\",\"duration_s\":%d}",
+           tenant, scope, ttl_s);
+  lt_client_resp_t r = req(who, "POST", "/v1/staff/access", body);
+  cr_assert_eq(r.status, 201, "request: %d %s", r.status, r.body);
+  cr_assert_str_eq(json_string_value(json_object_get(r.json, "state")), "pending", "%s", r.body);
+  snprintf(id, n, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
+static int decide(lt_client_t *c, const char *base, const char *id, const char *verb) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s/%s", base, id, verb);
+  return status_of(c, "POST", path, "{\"reason\":\"test\"}", NULL, 0);
+}
+
+static int read_dataset(lt_client_t *who, const char *id, const char *ds, char *body, size_t n) {
+  char path[256];
+  snprintf(path, sizeof path, "/v1/staff/access/%s/datasets/%s", id, ds);
+  return status_of(who, "GET", path, NULL, body, n);
+}
+
+/* Records of type for request id in this prefix's lathe.audit. */
+static int audit_count(const char *type, const char *request_id) {
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"audit", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *all = lt_test_tail_select(t, NULL, type, NULL, 0);
+  int n = 0;
+  size_t i;
+  json_t *r;
+  json_array_foreach(all, i, r) n += strcmp(lt_test_rs(r, "request_id") ? lt_test_rs(r, "request_id") : "", request_id) == 0;
+  json_decref(all);
+  lt_test_tail_close(t);
+  return n;
+}
+
+/* ---------------------------------------------------------------- the path that works */
+
+Test(lockbox, approved_read_returns_the_data_and_is_audited_first) {
+  char ds[64], id[64], body[4096];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  char scope[128];
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "pending: %s", body);
+  cr_assert(strstr(body, "tenant's approval"), "%s", body);
+  /* The tenant sees the request, with who asked and why. */
+  lt_client_resp_t r = req(ca, "GET", "/v1/access", NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_assert_eq(json_array_size(json_object_get(r.json, "data")), 1, "%s", r.body);
+  json_t *q = json_array_get(json_object_get(r.json, "data"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(q, "staff")), "alice");
+  cr_expect_str_eq(json_string_value(json_object_get(q, "justification")), "ticket 7");
+  lt_client_resp_free(&r);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "approved: %s", body);
+  cr_assert_str_eq(body, canary_jsonl);
+  cr_assert_eq(audit_count("AccessUsed", id), 1, "each read is one AccessUsed in lathe.audit");
+  cr_assert_eq(audit_count("AccessRequested", id), 1);
+  cr_assert_eq(audit_count("AccessApproved", id), 1);
+  r = req(ca, "GET", "/v1/access", NULL);
+  q = json_array_get(json_object_get(r.json, "data"), 0);
+  cr_expect_eq(json_integer_value(json_object_get(q, "uses_total")), 1, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(q, "state")), "active", "%s", r.body);
+  lt_client_resp_free(&r);
+  /* A restarted API folds the same state from lathe.audit. */
+  stop_api();
+  start_api(false);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "after a restart: %s", body);
+  cr_assert_eq(audit_count("AccessUsed", id), 2);
+}
+
+/* ---------------------------------------------------------------- bypasses */
+
+Test(lockbox, a_staff_key_is_no_key_on_customer_routes_and_a_tenant_key_none_on_staff_routes) {
+  char ds[64], path[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(path, sizeof path, "/v1/datasets/%s", ds);
+  cr_expect_eq(status_of(alice, "GET", "/v1/jobs", NULL, NULL, 0), 404);
+  cr_expect_eq(status_of(alice, "GET", path, NULL, NULL, 0), 404);
+  cr_expect_eq(status_of(alice, "GET", "/v1/access", NULL, NULL, 0), 404);
+  cr_expect_eq(status_of(ca, "GET", "/v1/staff/access", NULL, NULL, 0), 401);
+  cr_expect_eq(status_of(ca, "POST", "/v1/staff/access", "{}", NULL, 0), 401);
+  lt_client_t *forged = lt_test_client(url, "ls_0123456789abcdef_0123456789abcdef0123456789abcdef01234567", 30);
+  cr_expect_eq(status_of(forged, "GET", "/v1/staff/access", NULL, NULL, 0), 401, "an unenrolled staff-shaped key");
+  lt_client_destroy(forged);
+}
+
+Test(lockbox, scope_time_deny_and_revoke_each_close_the_door) {
+  char ds1[64], ds2[64], id[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds1, sizeof ds1);
+  upload(ca, canary_jsonl, ds2, sizeof ds2);
+  snprintf(scope, sizeof scope, "dataset:%s", ds1);
+  /* Wrong scope. */
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_expect_eq(read_dataset(alice, id, ds2, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "outside the scope"), "%s", body);
+  /* An artifact under a dataset grant: refused before anything says whether the job exists. */
+  char path[256];
+  snprintf(path, sizeof path, "/v1/staff/access/%s/jobs/j-none/artifacts/adapter.safetensors", id);
+  cr_expect_eq(status_of(alice, "GET", path, NULL, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "outside the scope"), "%s", body);
+  /* Revoked by the tenant. */
+  cr_assert_eq(read_dataset(alice, id, ds1, body, sizeof body), 200, "%s", body);
+  cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
+  cr_expect_eq(read_dataset(alice, id, ds1, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "revoked"), "%s", body);
+  cr_expect_eq(decide(ca, "/v1/access", id, "approve"), 409, "a revoked request cannot be approved again");
+  /* Denied. */
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "deny"), 200);
+  cr_expect_eq(read_dataset(alice, id, ds1, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "denied"), "%s", body);
+  /* Expired: a two-second grant, read after it ran out. */
+  ask(alice, tenant_a, scope, 2, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  lt_test_msleep(2500);
+  cr_expect_eq(read_dataset(alice, id, ds1, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "expired"), "%s", body);
+  cr_expect_eq(audit_count("AccessUsed", id), 0, "a refused read is no use");
+  /* Under a job grant, an artifact the job does not have: 404, and no use recorded. */
+  ask(alice, tenant_a, "job:j-none", 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  snprintf(path, sizeof path, "/v1/staff/access/%s/jobs/j-none/artifacts/adapter.safetensors", id);
+  cr_expect_eq(status_of(alice, "GET", path, NULL, body, sizeof body), 404, "%s", body);
+  cr_expect_eq(audit_count("AccessUsed", id), 0);
+}
+
+Test(lockbox, other_staff_other_tenants_and_self_approval_get_nothing) {
+  char ds[64], id[64], body[4096], scope[128], path[256];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  /* Tenant B cannot see, approve or deny A's request. */
+  snprintf(path, sizeof path, "/v1/access/%s", id);
+  cr_expect_eq(status_of(cb, "GET", path, NULL, NULL, 0), 404);
+  cr_expect_eq(decide(cb, "/v1/access", id, "approve"), 404);
+  cr_expect_eq(decide(cb, "/v1/access", id, "deny"), 404);
+  /* Alice cannot approve her own request as the second person. */
+  cr_expect_eq(decide(alice, "/v1/staff/access", id, "approve"), 403);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  /* Bob cannot read under Alice's grant. */
+  cr_expect_eq(read_dataset(bob, id, ds, body, sizeof body), 404, "%s", body);
+  /* Staff asking for a tenant that does not exist, or with a scope that is not one. */
+  cr_expect_eq(status_of(alice, "POST", "/v1/staff/access",
+                         "{\"tenant_id\":\"nobody\",\"scope\":[\"dataset:x\"],\"justification\":\"t\",\"duration_s\":60}",
+                         NULL, 0), 404);
+  snprintf(path, sizeof path, "{\"tenant_id\":\"%s\",\"scope\":[\"everything\"],\"justification\":\"t\",\"duration_s\":60}",
+           tenant_a);
+  cr_expect_eq(status_of(alice, "POST", "/v1/staff/access", path, body, sizeof body), 400, "%s", body);
+  cr_expect(strstr(body, "\"scope\""), "the error names the field: %s", body);
+  snprintf(path, sizeof path, "{\"tenant_id\":\"%s\",\"scope\":[\"dataset:x\"],\"justification\":\"t\",\"duration_s\":9999999}",
+           tenant_a);
+  cr_expect_eq(status_of(alice, "POST", "/v1/staff/access", path, body, sizeof body), 400, "%s", body);
+}
+
+/* ---------------------------------------------------------------- forged and replayed records */
+
+/* The newest record of type for request id in lathe.audit: its value, key and MAC header. */
+typedef struct {
+  void *value, *mac;
+  size_t len, mac_len;
+} raw_t;
+
+static raw_t find_raw(const char *type, const char *request_id) {
+  raw_t out = {0};
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_registry_t *reg;
+  lt_avro_decoder_t *dec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_decoder_new(reg, &dec, err, sizeof err), LT_OK);
+  lt_bus_consumer_t *c;
+  lt_bus_consumer_opts_t o = {0};
+  cr_assert_eq(lt_bus_consumer_new(conf, &o, &c, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, "audit", topic, sizeof topic);
+  lt_bus_tp_t tp[3];
+  for (int p = 0; p < 3; p++) tp[p] = (lt_bus_tp_t){.topic = topic, .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  cr_assert_eq(lt_bus_consumer_assign(c, tp, 3, err, sizeof err), LT_OK, "%s", err);
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 5000;) {
+    const lt_bus_msg_t *m = NULL;
+    if (lt_bus_consumer_poll(c, 200, &m, err, sizeof err) || !m) continue;
+    size_t len;
+    const void *v = lt_bus_msg_value(m, &len);
+    lt_avro_record_t *rec;
+    const char *rid;
+    if (!v || lt_avro_decode(dec, v, len, &rec, err, sizeof err) || strcmp(lt_avro_record_type(rec), type) != 0 ||
+        lt_avro_get_string(rec, "request_id", &rid, NULL) || strcmp(rid, request_id) != 0)
+      continue;
+    const void *mac;
+    size_t ml;
+    free(out.value), free(out.mac);
+    out.value = malloc(len), out.len = len;
+    memcpy(out.value, v, len);
+    if (lt_bus_msg_header_get(m, LT_RECMAC_HEADER, &mac, &ml)) out.mac = malloc(ml), out.mac_len = ml, memcpy(out.mac, mac, ml);
+  }
+  lt_bus_consumer_destroy(c);
+  lt_avro_decoder_destroy(dec);
+  lt_avro_registry_destroy(reg);
+  lt_bus_conf_destroy(conf);
+  cr_assert_not_null(out.value, "no %s for %s in lathe.audit", type, request_id);
+  return out;
+}
+
+static void produce_raw(const void *value, size_t len, const char *tenant, const void *mac, size_t mac_len) {
+  lt_bus_conf_t *conf = lt_bus_conf_new();
+  cr_assert_eq(lt_bus_conf_from_env(conf, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  char topic[128];
+  lt_bus_topic_name(conf, "audit", topic, sizeof topic);
+  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = mac_len};
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = tenant, .key_size = strlen(tenant),
+                       .value = value, .value_size = len, .headers = mac ? &h : NULL, .header_count = mac ? 1 : 0};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 10000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_bus_conf_destroy(conf);
+}
+
+/* An AccessApproved for request id, made here: a fresh event id, approver "tenant:forged". */
+static raw_t forge_approval(const char *id, const char *tenant, const char *master_hex) {
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "AccessApproved", &rec, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_stamp(rec, "api/forger"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "request_id", id) || lt_avro_set_string(rec, "tenant_id", tenant) ||
+                   lt_avro_set_string(rec, "approver", "tenant:forged") ||
+                   lt_avro_set_long(rec, "expires_at", lt_time_wall_ms() + 3600000),
+               LT_OK);
+  const uint8_t *b;
+  raw_t out = {0};
+  cr_assert_eq(lt_avro_record_encode(rec, &b, &out.len, err, sizeof err), LT_OK);
+  out.value = malloc(out.len);
+  memcpy(out.value, b, out.len);
+  if (master_hex) {
+    lt_crypto_kek_t *kek;
+    lt_recmac_key_t *k;
+    cr_assert_eq(lt_crypto_kek_from_text(&kek, "m", master_hex, err, sizeof err), LT_OK);
+    cr_assert_eq(lt_recmac_key_new(kek, LT_RECMAC_AUDIT, &k, err, sizeof err), LT_OK);
+    out.mac = malloc(LT_RECMAC_BYTES), out.mac_len = LT_RECMAC_BYTES;
+    lt_recmac_sign(k, "audit", tenant, strlen(tenant), out.value, out.len, out.mac);
+    lt_recmac_key_destroy(k);
+    lt_crypto_kek_destroy(kek);
+  }
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+  return out;
+}
+
+Test(lockbox, forged_and_replayed_approvals_open_nothing) {
+  char ds[64], id[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  /* An approval with no MAC, and one with another master key's MAC, written straight to the topic. */
+  raw_t none = forge_approval(id, tenant_a, NULL), other = forge_approval(id, tenant_a, OTHER_KEY);
+  produce_raw(none.value, none.len, tenant_a, NULL, 0);
+  produce_raw(other.value, other.len, tenant_a, other.mac, other.mac_len);
+  /* Control: the same forgery signed with the right master key would open it, so the two above
+   * fail for their MAC alone. It goes on another request, which the test then leaves. */
+  char id2[64];
+  ask(alice, tenant_a, scope, 600, id2, sizeof id2);
+  raw_t good = forge_approval(id2, tenant_a, MASTER_KEY);
+  produce_raw(good.value, good.len, tenant_a, good.mac, good.mac_len);
+  lt_test_wait_until(read_dataset(alice, id2, ds, body, sizeof body) == 200, 10000, 200,
+                     "a correctly signed approval was never folded: %s", body);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "a forged approval opened the grant: %s", body);
+  cr_expect(strstr(body, "tenant's approval"), "%s", body);
+  /* Both forgeries are dead-lettered with the reason. */
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"deadletter", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *dead = lt_test_tail_select(t, NULL, "DeadLetter", NULL, 0);
+  int no_mac = 0, bad_mac = 0;
+  size_t i;
+  json_t *d;
+  json_array_foreach(dead, i, d) {
+    const char *reason = lt_test_rs(d, "reason"), *topic = lt_test_rs(d, "topic");
+    if (!reason || !topic || !strstr(topic, "audit")) continue;
+    no_mac += strstr(reason, "no lathe-mac header") != NULL;
+    bad_mac += strstr(reason, "does not verify") != NULL;
+  }
+  json_decref(dead);
+  lt_test_tail_close(t);
+  cr_expect_geq(no_mac, 1, "no DeadLetter for the approval without a MAC");
+  cr_expect_geq(bad_mac, 1, "no DeadLetter for the approval with another master key's MAC");
+  /* A genuine approval, revoked, then replayed byte for byte with its MAC: still revoked. */
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
+  raw_t genuine = find_raw("AccessApproved", id);
+  produce_raw(genuine.value, genuine.len, tenant_a, genuine.mac, genuine.mac_len);
+  lt_test_msleep(1500);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "a replayed approval reopened a revoked grant: %s", body);
+  /* After a restart the fold from the log gives the same answers. */
+  stop_api();
+  start_api(false);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "%s", body);
+  cr_expect_eq(read_dataset(alice, id2, ds, body, sizeof body), 200, "%s", body);
+  free(none.value), free(other.value), free(other.mac), free(good.value), free(good.mac);
+  free(genuine.value), free(genuine.mac);
+}
+
+Test(lockbox, policy_a_second_staff_member_must_approve_and_never_the_requester) {
+  stop_api();
+  start_api(true);
+  char ds[64], id[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "%s", body);
+  cr_expect(strstr(body, "second staff"), "%s", body);
+  cr_expect_eq(decide(alice, "/v1/staff/access", id, "approve"), 403, "self-approval");
+  cr_assert_eq(decide(bob, "/v1/staff/access", id, "approve"), 200);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "%s", body);
+  cr_expect_eq(decide(bob, "/v1/staff/access", id, "approve"), 409, "a second approval is given once");
+}
+
+/* ---------------------------------------------------------------- audit write fails */
+
+/* The audit record must be durable before any byte: with the broker down the read answers 503
+ * and no data. The shared broker cannot be taken down, so this API talks to librdkafka's mock
+ * cluster (in this process, over loopback); the store is the real one. */
+Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
+  lt_test_require_stack();
+  char errs[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  cr_assert_eq(rd_kafka_conf_set(kc, "test.mock.num.brokers", "1", errs, sizeof errs), RD_KAFKA_CONF_OK, "%s", errs);
+  rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, errs, sizeof errs);
+  cr_assert_not_null(mrk, "%s", errs);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(mrk);
+  setenv("LATHE_KAFKA_BOOTSTRAP", rd_kafka_mock_cluster_bootstraps(mc), 1);
+  setup_env("tlockdown");
+  char path[1200], line[512];
+  lt_test_source_path("ops/topics.tsv", path, sizeof path);
+  FILE *tf = fopen(path, "r");
+  cr_assert_not_null(tf, "%s", path);
+  while (fgets(line, sizeof line, tf)) {
+    char base[128], topic[256];
+    int parts;
+    if (line[0] == '#' || sscanf(line, "%127s %d", base, &parts) != 2) continue;
+    snprintf(topic, sizeof topic, "%s%s", prefix, base);
+    cr_assert_eq(rd_kafka_mock_topic_create(mc, topic, parts, 1), RD_KAFKA_RESP_ERR_NO_ERROR, "%s", topic);
+  }
+  fclose(tf);
+  new_tenant("d", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
+  new_tenant("e", tenant_b, sizeof tenant_b, key_b, sizeof key_b);
+  start_api(false);
+  char ds[64], id[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "with the broker up: %s", body);
+  rd_kafka_mock_broker_set_down(mc, 1);
+  cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 503, "with the audit write failing: %s", body);
+  cr_expect(strstr(body, "canary-7f3a") == NULL, "no byte of the data without its audit record: %s", body);
+  rd_kafka_mock_broker_set_up(mc, 1);
+  teardown();
+  rd_kafka_destroy(mrk);
+}
+
+/* The same path from the command line: staff ask, the tenant approves, staff read into a file. */
+Test(lockbox, the_cli_asks_approves_and_reads) {
+  char ds[64], cmd[2048], out[128], id[64];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(out, sizeof out, "/tmp/test_lockbox.read.%d", (int)getpid());
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access request --tenant %s --scope dataset:%s "
+           "--reason 'ticket 9' --ttl 10m --json 2>&1", url, key_alice, lt_test_lathe_bin(), tenant_a, ds);
+  int rc;
+  char *o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  json_t *j = json_loads(o, 0, NULL);
+  cr_assert(j && json_string_value(json_object_get(j, "id")), "%s", o);
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(j, "id")));
+  cr_expect_eq(json_integer_value(json_object_get(j, "duration_s")), 600, "--ttl 10m: %s", o);
+  json_decref(j);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access read %s --dataset %s -o %s 2>&1", url,
+           key_alice, lt_test_lathe_bin(), id, ds, out);
+  o = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 1, "a read before approval fails: %s", o);
+  cr_expect(strstr(o, "403"), "%s", o);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' access approve %s 2>&1", url, key_a,
+           lt_test_lathe_bin(), id);
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  cr_expect(strstr(o, "active"), "%s", o);
+  free(o);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_STAFF_KEY=%s '%s' admin access read %s --dataset %s -o %s 2>&1", url,
+           key_alice, lt_test_lathe_bin(), id, ds, out);
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  free(o);
+  size_t len;
+  char *got = lt_test_slurp(out, &len);
+  cr_assert_str_eq(got, canary_jsonl);
+  free(got);
+  unlink(out);
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' access list 2>&1", url, key_a, lt_test_lathe_bin());
+  o = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", o);
+  cr_expect(strstr(o, id) && strstr(o, "alice") && strstr(o, "uses 1"), "%s", o);
+  free(o);
+}

@@ -56,7 +56,7 @@ def load_schemas(schema_dir):
 ATTEMPT_SCOPED = {"JobDispatched", "AttemptStarted", "PreemptRequested", "CheckpointCommitted",
                   "AttemptStopped", "JobCompleted", "JobFailed", "JobCancelled", "CleanupDone",
                   "StepCompleted", "EvalCompleted", "ArtifactPublished"}
-JOB_RECORDS = ATTEMPT_SCOPED | {"JobSubmitted", "JobAccepted", "JobRejected", "CancelRequested"}
+JOB_RECORDS = ATTEMPT_SCOPED | {"JobSubmitted", "JobAccepted", "JobRejected", "CancelRequested", "JobDeleted"}
 
 
 def house_rules(key, js, problems):

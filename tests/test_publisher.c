@@ -288,10 +288,12 @@ static void completed_job(const char *job, int64_t step, ckpt_t *ck) {
 
 /* ---------------------------------------------------------------- running and reading back */
 
+static int keep_checkpoints; /* the publisher's conf.keep_checkpoints (0: its default) */
+
 static lt_publisher_t *start(lt_store_t *s, const char *group, int64_t grace_ms) {
   lt_publisher_conf_t c = {.bus = bus, .store = s, .kek = kek, .registry = reg, .producer_id = "publisher/test",
                            .group_id = group, .gc_grace_ms = grace_ms, .gc_interval_ms = -1, .tick_ms = 50,
-                           .retry_max_ms = 1000, .settle_ms = 1500};
+                           .retry_max_ms = 1000, .settle_ms = 1500, .keep_checkpoints = keep_checkpoints};
   lt_publisher_t *p;
   cr_assert_eq(lt_publisher_new(base, &c, &p, err, sizeof err), LT_OK, "%s", err);
   return p;
@@ -365,7 +367,24 @@ static size_t count_published(const char *job) {
 
 /* The publication has the right keys and plaintext hashes, and each published object decrypts
  * (with the tenant's key, under its artifact key) to the staged plaintext. */
+/* The job's artifact key, unwrapped from its key.wrapped (caller destroys). */
+static lt_crypto_dek_t *job_dek(const char *job) {
+  char key[LT_STORE_KEY_MAX + 1];
+  cr_assert_eq(lt_publisher_artifact_dek_key(key, sizeof key, tenant, job), LT_OK);
+  void *blob;
+  size_t len;
+  lt_crypto_dek_t *d;
+  cr_assert_eq(lt_store_get(store, key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, err, sizeof err), LT_OK,
+               "the job's artifact key %s: %s", key, err);
+  cr_assert_eq(lt_crypto_dek_unwrap(kek, tenant, blob, len, &d, err, sizeof err), LT_OK, "%s", err);
+  free(blob);
+  return d;
+}
+
+/* The publication names every published object; each decrypts under the job's own artifact key
+ * (and not under the tenant's, so destroying the job's key shreds them). */
 static void assert_publication(json_t *pub, const char *job, const ckpt_t *ck) {
+  lt_crypto_dek_t *jdek = job_dek(job);
   cr_assert_str_eq(json_string_value(json_object_get(pub, "checkpoint_event_id")), ck->event_id);
   cr_assert_str_eq(json_string_value(json_object_get(pub, "config_digest")), ck->config_digest);
   json_t *arts = json_object_get(pub, "artifacts");
@@ -386,13 +405,16 @@ static void assert_publication(json_t *pub, const char *job, const ckpt_t *ck) {
     cr_assert_eq(json_integer_value(json_object_get(found, "bytes")), (json_int_t)ck->plain_len[i]);
     void *data;
     size_t len;
-    cr_assert_eq(lt_sealed_get(store, dek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_neq(lt_sealed_get(store, dek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK,
+                  "%s opens with the tenant's key", want_key);
+    cr_assert_eq(lt_sealed_get(store, jdek, want_key, 1 << 26, &data, &len, err, sizeof err), LT_OK, "%s", err);
     uint8_t d[32];
     char hex[65];
     lt_crypto_sha256(data, len, d);
     cr_assert_str_eq(lt_crypto_hex(d, 32, hex), ck->plain_sha[i], "%s decrypts to the staged plaintext", want_key);
     free(data);
   }
+  lt_crypto_dek_destroy(jdek);
 }
 
 static bool object_exists(const char *key) {
@@ -542,6 +564,7 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
   cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
 
+  keep_checkpoints = -1; /* only the newest commit is kept: the superseded one is garbage */
   lt_publisher_t *p = start(store, NULL, 8000);
   cr_assert(run(p, 60000, is_ready));
   uint64_t deleted = 99;
@@ -556,6 +579,60 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   for (int i = 0; i < old.n; i++) cr_assert(!object_exists(old.keys[i]), "superseded %s is collected", old.keys[i]);
   for (int i = 0; i < dead.n; i++) cr_assert(!object_exists(dead.keys[i]), "failed job's %s is collected", dead.keys[i]);
   cr_assert_eq(deleted, 1 + (uint64_t)old.n + (uint64_t)dead.n);
+}
+
+/* Retention (lt_publisher.h): at completion a job keeps its final checkpoint and the newest
+ * keep_checkpoints before it, whole; older ones (optimizer state included) and uploads never
+ * committed are deleted as soon as the job is published, an hour's grace period or not. */
+Test(publisher, completion_keeps_the_final_and_newest_n_checkpoints_and_deletes_the_rest_at_once) {
+  ckpt_t ck[5];
+  job_running("job-r");
+  for (int i = 0; i < 5; i++) {
+    stage("job-r", 1, 10 * (i + 1), &ck[i]);
+    commit("job-r", &ck[i], i == 4);
+  }
+  char orphan[LT_STORE_KEY_MAX + 1]; /* an upload whose commit never came */
+  cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-r", 1, 45, "state.bin"), LT_OK);
+  cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  complete("job-r", &ck[4], 1);
+  keep_checkpoints = 2;
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0); /* grace: the default hour */
+  cr_assert_eq(s.published, 1, "%s", s.last_errmsg);
+  for (int c = 0; c < 5; c++)
+    for (int i = 0; i < ck[c].n; i++) {
+      bool kept = c >= 2; /* steps 30 and 40, and the final 50 */
+      cr_expect_eq(object_exists(ck[c].keys[i]), kept, "step %lld: %s should be %s", (long long)ck[c].step,
+                   ck[c].keys[i], kept ? "kept" : "deleted");
+    }
+  cr_expect(!object_exists(orphan), "an upload never committed is deleted");
+  cr_expect_eq(s.pruned, 2 * (uint64_t)ck[0].n + 1, "pruned %llu", (unsigned long long)s.pruned);
+  cr_expect_eq(count_published("job-r"), 1);
+}
+
+/* A job its tenant deleted (JobDeleted in lathe.artifacts) before the publisher got to it is
+ * never published, and the GC takes its staging objects whatever its state. */
+Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {
+  ckpt_t ck;
+  completed_job("job-del", 10, &ck);
+  lt_avro_record_t *rec = rec_new("JobDeleted", "job-del");
+  cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
+  char topic_artifacts[256];
+  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
+  send_rec(rec, topic_artifacts, "job-del");
+  lt_publisher_t *p = start(store, NULL, 1);
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  sleep(1);
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_expect_eq(s.published, 0);
+  cr_expect_eq(count_published("job-del"), 0, "nothing is published");
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(key, sizeof key, tenant, "job-del", "adapter_model.safetensors");
+  cr_expect(!object_exists(key), "no artifact is written");
+  for (int i = 0; i < ck.n; i++) cr_expect(!object_exists(ck.keys[i]), "%s is collected", ck.keys[i]);
 }
 
 Test(publisher, object_that_does_not_decrypt_is_never_promoted) {

@@ -31,6 +31,7 @@
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,6 +275,13 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   const char *v;
   if ((v = getenv("LATHE_API_SSE_HISTORY"))) conf.sse_history = atoi(v);
   if ((v = getenv("LATHE_API_SSE_KEEP_ENDED_MS"))) conf.sse_keep_ended_ms = atoll(v);
+  /* The data paths (lt_api.h); 0 or unset keeps the defaults. */
+  if ((v = getenv("LATHE_API_THREADS"))) conf.work_threads = atoi(v);
+  if ((v = getenv("LATHE_API_MAX_OPEN_UPLOADS"))) conf.max_open_uploads = atoi(v);
+  if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
+  if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
+  if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);
+  if ((v = getenv("LATHE_API_MAX_STORAGE_BYTES"))) conf.max_storage_bytes = (uint64_t)atoll(v);
   if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (e) return e;
   /* Tests and scripts read the two ports from these lines. */
@@ -306,12 +314,13 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
 static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
+  const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
   if (e) return e;
   lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
                             .registry = d->reg,
-                            .producer_id = producer};
+                            .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) fprintf(stderr, "lathed: publisher started\n");
   return e;
@@ -402,6 +411,12 @@ int main(int argc, char **argv) {
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
+  /* Buffers of 1 MiB and more (upload parts, store parts) are mapped and unmapped by themselves,
+   * and a heap's free top over 1 MiB is returned. glibc's default threshold rises to the largest
+   * buffer freed (up to 32 MiB), after which every part-sized buffer stays in a thread's heap:
+   * the api's memory then never came back after uploads (tests/test_api_data.c). */
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   lathed_t d = {0};
   d.base = event_base_new();
   if (!d.base) {

@@ -40,6 +40,7 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/jobs", lt_api_jobs_submit, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs", lt_api_jobs_list, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}", lt_api_jobs_show, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_DELETE, "/v1/jobs/{id}", lt_api_jobs_delete, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_POST, "/v1/jobs/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/events", lt_api_events_stream, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},
@@ -316,10 +317,16 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   api->conf = *conf;
   api->base = base;
   if (!api->conf.bind_addr) api->conf.bind_addr = "127.0.0.1";
-  if (!api->conf.producer_id) api->conf.producer_id = "api";
+  /* conf's strings may live on the caller's stack (lathed's start_api): keep a copy. */
+  snprintf(api->producer_id, sizeof api->producer_id, "%s", conf->producer_id ? conf->producer_id : "api");
+  api->conf.producer_id = api->producer_id;
   if (!api->conf.produce_timeout_ms) api->conf.produce_timeout_ms = 5000;
   if (!api->conf.max_json_body) api->conf.max_json_body = 65536;
   if (!api->conf.max_upload_bytes) api->conf.max_upload_bytes = 1ull << 30;
+  if (!api->conf.max_open_uploads) api->conf.max_open_uploads = 4;
+  if (!api->conf.upload_idle_ms) api->conf.upload_idle_ms = 10 * 60 * 1000;
+  if (!api->conf.max_downloads) api->conf.max_downloads = 16;
+  if (!api->conf.download_window) api->conf.download_window = 1u << 20;
   if (!api->conf.operator_bind_addr) api->conf.operator_bind_addr = "127.0.0.1";
   if (api->conf.max_connections <= 0) api->conf.max_connections = 1024;
   if (!api->conf.key_rate.per_s) api->conf.key_rate = (lt_api_rate_t){20, 40};
@@ -342,8 +349,10 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->history = lt_map_new(lt_api_history_free);
     api->datasets_seen = lt_map_new(NULL);
     api->cancels_sent = lt_map_new(NULL);
-    if (!api->history || !api->datasets_seen || !api->cancels_sent) err = LT_ERR_NOMEM;
+    api->dataset_bytes = lt_map_new(NULL);
+    if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->dataset_bytes) err = LT_ERR_NOMEM;
   }
+  if (!err) err = lt_api_work_start(api, errstr, n);
   if (!err) err = lt_api_access_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
   if (!err) err = listen_http(api, &api->http, api->conf.bind_addr, api->conf.port, false, &api->port, errstr, n);
@@ -365,6 +374,8 @@ lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]) { return lt_job_digest(l
 
 void lt_api_destroy(lt_api_t *api) {
   if (!api) return;
+  lt_api_work_stop(api);          /* answers what is still in the pool */
+  lt_api_download_stop_all(api);
   if (api->http) evhttp_free(api->http);
   if (api->ops_http) evhttp_free(api->ops_http);
   lt_api_events_free(api);
@@ -387,6 +398,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->history);
   lt_map_destroy(api->datasets_seen);
   lt_map_destroy(api->cancels_sent);
+  lt_map_destroy(api->dataset_bytes);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

@@ -21,14 +21,19 @@
  *   POST   /v1/jobs                      submit (Idempotency-Key header: same key, same job; another body: 422)
  *   GET    /v1/jobs?state=&limit=&cursor=
  *   GET    /v1/jobs/{id}                 state, attempt, queue position, wait estimate, metrics
+ *   DELETE /v1/jobs/{id}                 a finished job: recorded, artifacts crypto-shredded and
+ *                                        deleted with its staging objects; then 410 (lt_api_delete.c)
  *   POST   /v1/jobs/{id}/cancel          idempotent
  *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID ("event:
  *                                        gap" first when events after it are no longer kept)
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
+ *                                        (streamed in pieces: lt_api_download.c)
  *
- * Threads: everything runs on the caller's event_base thread, except the producer's delivery
- * reports, which hand results back through event_active(). The process must call
- * evthread_use_pthreads() before creating the event_base. */
+ * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
+ * work (upload validation and encryption, object-store calls) runs on a small pool of threads
+ * (lt_api_work.c), each artifact download streams from a thread of its own, and the producer's
+ * delivery reports come from librdkafka's; all hand results back through event_active(). The
+ * process must call evthread_use_pthreads() before creating the event_base. */
 #ifndef LT_API_H
 #define LT_API_H
 
@@ -73,6 +78,12 @@ typedef struct lt_api_conf {
   int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
   size_t max_json_body;                /* largest JSON request body (65536) */
   uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */
+  int work_threads;                    /* threads for blocking work (4); < 0: on the loop thread */
+  int max_open_uploads;                /* open uploads per tenant (4); each may hold a part's bytes */
+  int64_t upload_idle_ms;              /* an upload idle this long is dropped (600000) */
+  int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
+  size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */
+  uint64_t max_storage_bytes;          /* per tenant, datasets and artifacts together; 0: no limit */
   const char *staff_keys_file;         /* staff keys (lt_access.h); NULL: no staff can sign in */
   bool access_second_staff;            /* a staff grant also needs a second staff member's approval */
   const char *operator_bind_addr;      /* /healthz and /metrics ("127.0.0.1") */

@@ -15,14 +15,14 @@
 #include "lt_api_int.h"
 #include "lt_time.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <malloc.h>
 #include <openssl/crypto.h>
-
-#define UPLOAD_IDLE_MS (10 * 60 * 1000)
 
 struct lt_api_upload {
   char id[LT_ID_MAX + 1];
@@ -32,7 +32,10 @@ struct lt_api_upload {
   lt_crypto_dek_t *dek;
   lt_sealed_writer_t *w;
   int next_part;
-  int64_t last_active_ms;
+  uint64_t bytes;         /* plaintext fed so far */
+  int64_t last_active_ms; /* monotonic */
+  bool busy;              /* a part or the completion is on a pool thread: hands off */
+  bool dropped;           /* aborted while busy: freed when that work comes back */
   lt_api_upload_t *next;
 };
 
@@ -41,12 +44,19 @@ static void seen_key(char *out, size_t n, const char *tenant, const char *id) { 
 
 /* ---------------------------------------------------------------- uploads */
 
+/* Hands freed pages back to the system. A part's bytes arrive as thousands of small evbuffer
+ * chains and go through the pool threads' own malloc arenas; glibc keeps what such frees leave
+ * inside its heaps until asked, so without this the API's RSS stays at its highest (measured:
+ * +36 MiB after 8 uploads of 6 MiB had ended; tests/test_api_data.c checks it). */
+static void give_back_memory(void) { malloc_trim(0); }
+
 static void upload_free(lt_api_upload_t *u) {
   if (!u) return;
   lt_sealed_writer_abort(u->w); /* no-op once committed (w is NULL then) */
   lt_dataset_check_destroy(u->check);
   lt_crypto_dek_destroy(u->dek);
   free(u);
+  give_back_memory();
 }
 
 static void upload_unlink(lt_api_t *api, lt_api_upload_t *u) {
@@ -63,23 +73,29 @@ static lt_api_upload_t *upload_find(lt_api_t *api, const lt_tenant_t *t, const c
   return NULL;
 }
 
+/* Drops an upload (and whatever of it was stored) now, or when its pool work comes back. */
+static void upload_drop(lt_api_t *api, lt_api_upload_t *u) {
+  upload_unlink(api, u);
+  if (u->busy) u->dropped = true;
+  else upload_free(u);
+}
+
 void lt_api_uploads_tick(lt_api_t *api) {
-  int64_t now = lt_time_wall_ms();
+  int64_t now = lt_time_mono_ms();
   for (lt_api_upload_t *u = api->uploads, *next; u; u = next) {
     next = u->next;
-    if (now - u->last_active_ms > UPLOAD_IDLE_MS) {
-      upload_unlink(api, u);
-      upload_free(u);
-    }
+    if (!u->busy && now - u->last_active_ms > api->conf.upload_idle_ms) upload_drop(api, u);
   }
 }
 
 void lt_api_uploads_free(lt_api_t *api) {
-  while (api->uploads) {
-    lt_api_upload_t *u = api->uploads;
-    api->uploads = u->next;
-    upload_free(u);
-  }
+  while (api->uploads) upload_drop(api, api->uploads);
+}
+
+static int open_uploads(lt_api_t *api, const char *tenant) {
+  int n = 0;
+  for (lt_api_upload_t *u = api->uploads; u; u = u->next) n += strcmp(u->tenant, tenant) == 0;
+  return n;
 }
 
 static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyvalq *q, lt_api_upload_t **out,
@@ -87,6 +103,14 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   const char *name = lt_api_query(q, "name");
   if (name && (strlen(name) > 100 || !lt_utf8_valid(name, strlen(name), NULL)))
     return lt_errf(msg, n, LT_ERR_INVALID, "name must be at most 100 bytes of UTF-8");
+  /* Each open upload may hold up to a part's bytes between its parts: the cap bounds a tenant's
+   * share of the API's memory. */
+  int open = open_uploads(api, t->tenant_id);
+  if (open >= api->conf.max_open_uploads)
+    return lt_errf(msg, n, LT_ERR_QUOTA,
+                   "tenant %s has %d open uploads; the limit max_open_uploads is %d: complete or abort one "
+                   "(DELETE /v1/uploads/{id}), or wait until an idle one expires after %lld s",
+                   t->tenant_id, open, api->conf.max_open_uploads, (long long)(api->conf.upload_idle_ms / 1000));
   lt_dataset_limits_t lim = {.max_bytes = (uint64_t)t->quotas.max_dataset_bytes, .max_tokens = 1024};
   if (!lim.max_bytes || lim.max_bytes > api->conf.max_upload_bytes) lim.max_bytes = api->conf.max_upload_bytes;
   const char *mt = lt_api_query(q, "max_tokens");
@@ -104,7 +128,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   snprintf(u->tenant, sizeof u->tenant, "%s", t->tenant_id);
   snprintf(u->name, sizeof u->name, "%s", name ? name : u->id);
   u->next_part = 1;
-  u->last_active_ms = lt_time_wall_ms();
+  u->last_active_ms = lt_time_mono_ms();
   char key[512];
   lt_dataset_object_key(key, sizeof key, u->tenant, u->id, LT_DATASET_DATA);
   lt_err_t err = lt_dataset_check_new(&u->check, &lim, api->conf.tokens_fn, api->conf.tokens_ctx);
@@ -120,25 +144,75 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   return LT_OK;
 }
 
-/* Feeds one part; on quota or store failure the upload is gone (nothing stays). */
-static lt_err_t upload_part(lt_api_t *api, lt_api_upload_t *u, struct evbuffer *body, char *msg, size_t n) {
-  size_t len = evbuffer_get_length(body);
-  const uint8_t *p = evbuffer_pullup(body, -1);
+/* A part, a completion, or both (POST /v1/datasets), on its way through the pool. */
+typedef struct upload_task {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  lt_api_upload_t *u;
+  struct evbuffer *body; /* the part, moved out of the request; NULL: no part */
+  bool complete;
+  lt_err_t err;          /* of the part, or of storing the dataset */
+  char msg[256];
+  lt_err_t refused;      /* the validator's verdict at completion (LT_ERR_INVALID, _QUOTA) */
+  lt_dataset_report_t r;
+  json_t *report, *meta;
+  uint64_t artifacts;    /* the tenant's artifact bytes (storage quota), from the loop */
+  uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
+  bool measured;
+  bool over_storage;     /* err is the storage quota's */
+} upload_task_t;
+
+/* One piece of a part through the validator, then the encryptor into the store. */
+static lt_err_t feed_piece(lt_api_upload_t *u, const void *p, size_t len, char *msg, size_t n) {
   lt_err_t err = lt_dataset_check_feed(u->check, p, len);
   if (err == LT_ERR_QUOTA) {
     lt_dataset_report_t r;
     lt_dataset_check_finish(u->check, &r);
-    lt_errf(msg, n, LT_ERR_QUOTA, "%s", r.errors_kept ? r.errors[r.errors_kept - 1].reason : "over quota");
-  } else {
-    err = lt_sealed_writer_write(u->w, p, len, msg, n);
+    return lt_errf(msg, n, LT_ERR_QUOTA, "%s", r.errors_kept ? r.errors[r.errors_kept - 1].reason : "over quota");
   }
-  u->last_active_ms = lt_time_wall_ms();
-  u->next_part++;
-  if (err) {
-    upload_unlink(api, u);
-    upload_free(u);
-  }
+  return lt_sealed_writer_write(u->w, p, len, msg, n);
+}
+
+/* On a pool thread: the part, piece by piece as it came off the socket (no copy of the whole);
+ * then its memory goes back and the writer keeps less than a store part until the next one. */
+static lt_err_t feed_part(upload_task_t *t) {
+  int nvec = evbuffer_peek(t->body, -1, NULL, NULL, 0);
+  struct evbuffer_iovec *v = calloc(nvec > 0 ? (size_t)nvec : 1, sizeof *v);
+  if (!v) return LT_ERR_NOMEM;
+  evbuffer_peek(t->body, -1, NULL, v, nvec);
+  lt_err_t err = LT_OK;
+  for (int i = 0; i < nvec && !err; i++) err = feed_piece(t->u, v[i].iov_base, v[i].iov_len, t->msg, sizeof t->msg);
+  free(v);
+  t->u->bytes += evbuffer_get_length(t->body);
+  evbuffer_free(t->body);
+  t->body = NULL;
+  if (!err && !t->complete) err = lt_sealed_writer_flush(t->u->w, t->msg, sizeof t->msg);
+  give_back_memory();
   return err;
+}
+
+static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report, json_t **meta, char *msg, size_t n);
+
+/* On a pool thread: the part, then (complete) the validator's verdict and, when valid, the
+ * dataset stored. */
+static void upload_work(void *ctx) {
+  upload_task_t *t = ctx;
+  bool quota = t->api->conf.max_storage_bytes > 0;
+  if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
+    t->err = lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
+    t->measured = !t->err;
+    if (!t->err)
+      t->err = lt_api_storage_check(t->api, t->u->tenant, t->datasets, t->artifacts,
+                                    t->u->bytes + evbuffer_get_length(t->body), t->msg, sizeof t->msg);
+    t->over_storage = t->err == LT_ERR_QUOTA;
+  }
+  if (t->body && !t->err) t->err = feed_part(t);
+  if (t->err || !t->complete) return;
+  t->refused = lt_dataset_check_finish(t->u->check, &t->r);
+  t->report = lt_dataset_report_json(&t->r, 1);
+  if (!t->refused) t->err = store_dataset(t->api, t->u, t->report, &t->meta, t->msg, sizeof t->msg);
+  if (!t->refused && !t->err && quota)
+    t->measured = !lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, NULL, 0);
 }
 
 /* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
@@ -154,6 +228,64 @@ static void reply_refused(struct evhttp_request *req, lt_err_t err, const lt_dat
   json_t *e = json_pack("{s:s,s:s,s:n}", "code", err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", "message",
                         summary, "field");
   lt_api_reply_json(req, err == LT_ERR_QUOTA ? 429 : 400, json_pack("{s:o,s:o}", "error", e, "report", report));
+}
+
+/* On the loop: answers the part or the completion. A failed part, or any completion, ends the
+ * upload; a part of an upload aborted meanwhile answers 404. */
+static void upload_after(lt_api_t *api, void *ctx) {
+  upload_task_t *t = ctx;
+  lt_api_upload_t *u = t->u;
+  u->busy = false;
+  if (t->measured) lt_map_set(api->dataset_bytes, u->tenant, (void *)(uintptr_t)t->datasets);
+  if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
+    lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
+    upload_free(u);
+  } else if (t->over_storage) {
+    upload_drop(api, u);
+    lt_api_reply_storage(t->req, t->msg);
+  } else if (t->err) {
+    upload_drop(api, u);
+    lt_api_reply_store_err(t->req, t->err, t->msg);
+  } else if (!t->complete) {
+    u->next_part++;
+    u->last_active_ms = lt_time_mono_ms();
+    lt_api_reply_json(t->req, 200, json_pack("{s:s,s:i}", "upload_id", u->id, "next_part", u->next_part));
+  } else if (t->refused) {
+    reply_refused(t->req, t->refused, &t->r, t->report);
+    t->report = NULL;
+    upload_drop(api, u);
+  } else {
+    char seen[160];
+    seen_key(seen, sizeof seen, u->tenant, u->id);
+    lt_map_set(api->datasets_seen, seen, NULL);
+    lt_api_reply_json(t->req, 201, t->meta);
+    t->meta = NULL;
+    if (u->dropped) upload_free(u);
+    else upload_drop(api, u);
+  }
+  json_decref(t->report);
+  json_decref(t->meta);
+  if (t->body) evbuffer_free(t->body);
+  free(t);
+}
+
+/* Hands a part (body: the request's, moved), a completion, or both to the pool. */
+static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool complete) {
+  upload_task_t *t = calloc(1, sizeof *t);
+  if (t && part && (t->body = evbuffer_new())) evbuffer_add_buffer(t->body, evhttp_request_get_input_buffer(c->req));
+  if (!t || (part && !t->body)) {
+    free(t);
+    upload_drop(c->api, u);
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  t->api = c->api;
+  t->req = c->req;
+  t->u = u;
+  t->complete = complete;
+  if (c->api->conf.max_storage_bytes && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
+  u->busy = true;
+  lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
 }
 
 /* Stores a valid dataset: commits the data, then its wrapped key, then its meta (last: a dataset
@@ -192,30 +324,6 @@ static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report,
   return err;
 }
 
-/* Finishes: valid -> stored, reply 201 with the meta; invalid -> all dropped, reply 400 (429
- * over quota) with the report. Frees the upload either way. */
-static void upload_complete(lt_api_t *api, struct evhttp_request *req, lt_api_upload_t *u) {
-  upload_unlink(api, u);
-  lt_dataset_report_t r;
-  lt_err_t err = lt_dataset_check_finish(u->check, &r);
-  json_t *report = lt_dataset_report_json(&r, 1), *meta = NULL;
-  char msg[256];
-  if (err) {
-    reply_refused(req, err, &r, report);
-  } else if ((err = store_dataset(api, u, report, &meta, msg, sizeof msg))) {
-    lt_api_reply_store_err(req, err, msg);
-    json_decref(report);
-    json_decref(meta);
-  } else {
-    json_decref(report);
-    char seen[160];
-    seen_key(seen, sizeof seen, u->tenant, u->id);
-    lt_map_set(api->datasets_seen, seen, NULL);
-    lt_api_reply_json(req, 201, meta);
-  }
-  upload_free(u);
-}
-
 /* upload_open with the request's ?name=&max_tokens=. */
 static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg, size_t n) {
   struct evkeyvalq q;
@@ -227,7 +335,7 @@ static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg
 
 /* POST /v1/uploads?name=&max_tokens=: opens an upload; its parts follow. */
 void lt_api_uploads_open(lt_api_call_t *c) {
-  char msg[256];
+  char msg[512];
   lt_api_upload_t *u;
   lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
   if (err) {
@@ -242,33 +350,40 @@ bool lt_api_uploads_resolve(lt_api_call_t *c) {
   c->upload = upload_find(c->api, c->tenant, c->id);
   if (c->upload) return true;
   lt_api_reply_error(c->req, 404, "not_found", NULL,
-                     "no open upload %s for this tenant (finished, aborted, or idle for more than 10 minutes)", c->id);
+                     "no open upload %s for this tenant (finished, aborted, or idle for more than %lld s)", c->id,
+                     (long long)(c->api->conf.upload_idle_ms / 1000));
   return false;
+}
+
+/* Refuses (409) a request for an upload whose previous part is still being processed. */
+static bool upload_busy(lt_api_call_t *c) {
+  if (!c->upload->busy) return false;
+  lt_api_reply_error(c->req, 409, "conflict", "part",
+                     "upload %s is still processing part %d: send the next request after its answer", c->id,
+                     c->upload->next_part);
+  return true;
 }
 
 /* PUT /v1/uploads/{id}/parts/{n}: the next part, in order. */
 void lt_api_uploads_part(lt_api_call_t *c) {
   lt_api_upload_t *u = c->upload;
-  char msg[256];
+  if (upload_busy(c)) return;
   if (c->part != u->next_part) {
     lt_api_reply_error(c->req, 409, "conflict", "part", "part %d is out of order: the next part is %d", c->part,
                        u->next_part);
     return;
   }
-  lt_err_t err = upload_part(c->api, u, evhttp_request_get_input_buffer(c->req), msg, sizeof msg);
-  if (err) {
-    lt_api_reply_store_err(c->req, err, msg);
-    return;
-  }
-  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:i}", "upload_id", u->id, "next_part", u->next_part));
+  upload_run(c, u, true, false);
 }
 
-void lt_api_uploads_complete(lt_api_call_t *c) { upload_complete(c->api, c->req, c->upload); }
+/* POST /v1/uploads/{id}/complete. */
+void lt_api_uploads_complete(lt_api_call_t *c) {
+  if (!upload_busy(c)) upload_run(c, c->upload, false, true);
+}
 
 /* DELETE /v1/uploads/{id}: drops the upload and whatever of it was stored. */
 void lt_api_uploads_abort(lt_api_call_t *c) {
-  upload_unlink(c->api, c->upload);
-  upload_free(c->upload);
+  upload_drop(c->api, c->upload);
   lt_api_reply_json(c->req, 200, json_pack("{s:s,s:b}", "upload_id", c->id, "aborted", 1));
 }
 
@@ -312,6 +427,46 @@ bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *datase
   return true;
 }
 
+/* A dataset request on its way through the pool. */
+typedef struct ds_task {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  char tenant[LT_ID_MAX + 1];
+  char id[LT_ID_MAX + 1];
+  lt_err_t err;
+  char msg[256];
+  json_t *out;
+  uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
+  bool measured;
+} ds_task_t;
+
+/* Hands a dataset request to the pool; after answers it and frees the task. */
+static void ds_run(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn *after) {
+  ds_task_t *t = calloc(1, sizeof *t);
+  if (!t) {
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  t->api = c->api;
+  t->req = c->req;
+  snprintf(t->tenant, sizeof t->tenant, "%s", c->tenant->tenant_id);
+  snprintf(t->id, sizeof t->id, "%s", c->id);
+  lt_api_work(c->api, t->tenant, work, after, t);
+}
+
+/* Answers a failed dataset request: 404 for a dataset the tenant does not have. */
+static void ds_reply_err(ds_task_t *t) {
+  if (t->err == LT_ERR_NOT_FOUND)
+    lt_api_reply_error(t->req, 404, "not_found", NULL, "no dataset %s for this tenant", t->id);
+  else
+    lt_api_reply_store_err(t->req, t->err, t->msg);
+}
+
+static void ds_free(ds_task_t *t) {
+  json_decref(t->out);
+  free(t);
+}
+
 typedef struct {
   lt_api_t *api;
   const char *tenant;
@@ -338,67 +493,100 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
 
 /* POST /v1/datasets?name=&max_tokens=: open, the body as the one part, complete. */
 void lt_api_datasets_upload(lt_api_call_t *c) {
-  char msg[256];
+  char msg[512];
   lt_api_upload_t *u;
   lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
-  if (!err) err = upload_part(c->api, u, evhttp_request_get_input_buffer(c->req), msg, sizeof msg);
   if (err) {
-    lt_api_reply_store_err(c->req, err, msg);
+    lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
     return;
   }
-  upload_complete(c->api, c->req, u);
+  upload_run(c, u, true, true);
 }
 
-/* GET /v1/datasets: every dataset of the tenant, without the validation reports. */
-void lt_api_datasets_list(lt_api_call_t *c) {
-  char prefix[256], next[2048] = "", after[2048] = "", msg[256];
-  snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", c->tenant->tenant_id);
-  list_ctx_t l = {.api = c->api, .tenant = c->tenant->tenant_id, .out = json_array()};
-  lt_err_t err;
+/* On a pool thread: every dataset of the tenant, without the validation reports. */
+static void list_work(void *ctx) {
+  ds_task_t *t = ctx;
+  char prefix[256], next[2048] = "", after[2048] = "";
+  snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", t->tenant);
+  list_ctx_t l = {.api = t->api, .tenant = t->tenant, .out = json_array()};
   do {
     snprintf(after, sizeof after, "%s", next);
     next[0] = '\0';
-    err = lt_store_list(c->api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, msg, sizeof msg);
-  } while (!err && next[0]);
-  if (err) {
-    json_decref(l.out);
-    lt_api_reply_store_err(c->req, err, msg);
-    return;
-  }
-  lt_api_reply_json(c->req, 200, json_pack("{s:o}", "datasets", l.out));
+    t->err = lt_store_list(t->api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, t->msg,
+                           sizeof t->msg);
+  } while (!t->err && next[0]);
+  t->out = l.out;
 }
 
+static void list_after(lt_api_t *api, void *ctx) {
+  ds_task_t *t = ctx;
+  (void)api;
+  if (t->err) ds_reply_err(t);
+  else lt_api_reply_json(t->req, 200, json_pack("{s:O}", "datasets", t->out));
+  ds_free(t);
+}
+
+/* GET /v1/datasets. */
+void lt_api_datasets_list(lt_api_call_t *c) { ds_run(c, list_work, list_after); }
+
+/* {id} is looked up by the handler, on a pool thread (it costs store round trips). */
 bool lt_api_datasets_resolve(lt_api_call_t *c) {
-  char msg[256];
+  (void)c;
+  return true;
+}
+
+/* On a pool thread: the dataset's meta, its validation report included. */
+static void show_work(void *ctx) {
+  ds_task_t *t = ctx;
   lt_crypto_dek_t *dek = NULL;
-  lt_err_t err = dataset_open(c->api, c->tenant->tenant_id, c->id, &dek, &c->meta, msg, sizeof msg);
+  t->err = dataset_open(t->api, t->tenant, t->id, &dek, &t->out, t->msg, sizeof t->msg);
   lt_crypto_dek_destroy(dek);
-  if (err == LT_ERR_NOT_FOUND) lt_api_reply_error(c->req, 404, "not_found", NULL, "no dataset %s for this tenant", c->id);
-  else if (err) lt_api_reply_store_err(c->req, err, msg);
-  return !err;
 }
 
-/* GET /v1/datasets/{id}: the dataset's meta, its validation report included. */
-void lt_api_datasets_show(lt_api_call_t *c) {
-  lt_api_reply_json(c->req, 200, c->meta);
-  c->meta = NULL;
+static void show_after(lt_api_t *api, void *ctx) {
+  ds_task_t *t = ctx;
+  (void)api;
+  if (t->err) ds_reply_err(t);
+  else lt_api_reply_json(t->req, 200, json_incref(t->out));
+  ds_free(t);
 }
 
-/* DELETE /v1/datasets/{id}. Crypto-shred: without its wrapped key the data cannot be read even
- * if a copy survives, so the key goes first. */
-void lt_api_datasets_delete(lt_api_call_t *c) {
-  char seen[160], msg[256];
-  seen_key(seen, sizeof seen, c->tenant->tenant_id, c->id);
-  lt_map_del(c->api->datasets_seen, seen);
+/* GET /v1/datasets/{id}. */
+void lt_api_datasets_show(lt_api_call_t *c) { ds_run(c, show_work, show_after); }
+
+/* On a pool thread. Crypto-shred: without its wrapped key the data cannot be read even if a copy
+ * survives, so the key goes first. A dataset the tenant does not have is 404. */
+static void delete_work(void *ctx) {
+  ds_task_t *t = ctx;
+  char key[512];
+  lt_store_info_t info;
+  /* meta goes last, so a dataset half deleted before (a store failure) still answers here. */
+  lt_dataset_object_key(key, sizeof key, t->tenant, t->id, LT_DATASET_META);
+  t->err = lt_store_head(t->api->conf.store, key, &info, t->msg, sizeof t->msg);
   const char *leaves[] = {LT_DATASET_KEY, LT_DATASET_DATA, LT_DATASET_META};
-  for (int i = 0; i < 3; i++) {
-    char key[512];
-    lt_dataset_object_key(key, sizeof key, c->tenant->tenant_id, c->id, leaves[i]);
-    lt_err_t err = lt_store_delete(c->api->conf.store, key, msg, sizeof msg);
-    if (err) {
-      lt_api_reply_store_err(c->req, err, msg);
-      return;
-    }
+  for (int i = 0; i < 3 && !t->err; i++) {
+    lt_dataset_object_key(key, sizeof key, t->tenant, t->id, leaves[i]);
+    t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
-  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:b}", "id", c->id, "deleted", 1));
+  if (!t->err && t->api->conf.max_storage_bytes)
+    t->measured = !lt_api_dataset_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
+}
+
+static void delete_after(lt_api_t *api, void *ctx) {
+  ds_task_t *t = ctx;
+  char seen[160];
+  seen_key(seen, sizeof seen, t->tenant, t->id);
+  lt_map_del(api->datasets_seen, seen);
+  if (t->measured) lt_map_set(api->dataset_bytes, t->tenant, (void *)(uintptr_t)t->datasets);
+  if (t->err) ds_reply_err(t);
+  else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));
+  ds_free(t);
+}
+
+/* DELETE /v1/datasets/{id}. */
+void lt_api_datasets_delete(lt_api_call_t *c) {
+  char seen[160];
+  seen_key(seen, sizeof seen, c->tenant->tenant_id, c->id);
+  lt_map_del(c->api->datasets_seen, seen); /* no submission names it from now on */
+  ds_run(c, delete_work, delete_after);
 }

@@ -10,6 +10,10 @@
  *   lt_api_jobs.c      /v1/jobs: submit, list, show, cancel, artifacts
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
+ *   lt_api_delete.c    DELETE /v1/jobs/{id}: recorded, crypto-shredded, deleted
+ *   lt_api_quota.c     the storage quota: datasets and artifacts together
+ *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
+ *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
@@ -36,6 +40,8 @@
 
 typedef struct lt_api_upload lt_api_upload_t;
 typedef struct lt_api_sse lt_api_sse_t;
+typedef struct lt_api_pool lt_api_pool_t;
+typedef struct lt_api_download lt_api_download_t;
 typedef struct lt_api_conn lt_api_conn_t;
 
 /* Route families, as /metrics names them ("route" label). */
@@ -65,6 +71,7 @@ typedef struct lt_api_stats {
 
 struct lt_api {
   lt_api_conf_t conf;
+  char producer_id[128]; /* conf.producer_id points here */
   struct event_base *base;
   struct evhttp *http;     /* the customer port */
   uint16_t port;
@@ -84,6 +91,7 @@ struct lt_api {
   lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
   int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
+  lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
@@ -91,6 +99,9 @@ struct lt_api {
   char (*feed_names)[128];
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;
+  lt_api_pool_t *pool;          /* NULL: blocking work runs inline (conf.work_threads < 0) */
+  lt_api_download_t *downloads; /* artifact downloads in progress */
+  int ndownloads;
   lt_api_stats_t stats;
   /* the lockbox (lt_api_access.c) */
   lt_access_table_t *access;
@@ -198,6 +209,42 @@ void lt_api_metrics_reply(lt_api_call_t *c);
 /* Counts one answered request: its family, status and time to the handler's answer. */
 void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us);
 
+/* ---------------------------------------------------------------- the pool (lt_api_work.c) */
+
+/* work runs on a pool thread and touches only ctx; after runs next on the loop thread, replies
+ * and frees ctx. tenant: whose task it is (fair share of the threads). */
+typedef void lt_api_work_fn(void *ctx);
+typedef void lt_api_after_fn(lt_api_t *api, void *ctx);
+void lt_api_work(lt_api_t *api, const char *tenant, lt_api_work_fn *work, lt_api_after_fn *after, void *ctx);
+/* Starts conf.work_threads threads (none when negative). */
+lt_err_t lt_api_work_start(lt_api_t *api, char *errstr, size_t n);
+/* Runs every queued task to the end, answers them, joins the threads. Before evhttp_free. */
+void lt_api_work_stop(lt_api_t *api);
+
+/* ---------------------------------------------------------------- downloads (lt_api_download.c) */
+
+/* Streams the sealed object at key to req, decrypted with the key wrapped at dek_key (a job's
+ * artifact key) or, when there is none, with dek (borrowed: the keyring's tenant key), in pieces:
+ * memory stays at a few pieces whatever the object's size. bytes: its plaintext size
+ * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
+void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
+                           const char *key, uint64_t bytes, const char *content_type);
+/* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
+void lt_api_download_stop_all(lt_api_t *api);
+
+/* ---------------------------------------------------------------- storage quota (lt_api_quota.c) */
+
+/* Plaintext bytes of the tenant's published artifacts (deleted jobs not counted). Loop thread. */
+uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
+/* Stored bytes of the tenant's datasets, listed from the store. Any thread. */
+lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
+/* LT_ERR_QUOTA naming quota and usage when adding bytes would take the tenant over
+ * conf.max_storage_bytes (adding 0: when it is at or over it already). */
+lt_err_t lt_api_storage_check(const lt_api_t *api, const char *tenant, uint64_t datasets, uint64_t artifacts,
+                              uint64_t adding, char *msg, size_t n);
+/* 413 storage_quota_exceeded with msg. */
+void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
+
 /* ---------------------------------------------------------------- jobs (lt_api_jobs.c) */
 
 bool lt_api_jobs_resolve(lt_api_call_t *c);
@@ -205,6 +252,9 @@ void lt_api_jobs_submit(lt_api_call_t *c);
 void lt_api_jobs_list(lt_api_call_t *c);
 void lt_api_jobs_show(lt_api_call_t *c);
 void lt_api_jobs_cancel(lt_api_call_t *c);
+void lt_api_jobs_delete(lt_api_call_t *c); /* lt_api_delete.c */
+/* True once the job's JobDeleted was folded (lt_api_delete.c). */
+bool lt_api_job_deleted(lt_api_t *api, const char *job_id);
 void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's bytes with {name} */
 
 /* ---------------------------------------------------------------- events (lt_api_events.c) */

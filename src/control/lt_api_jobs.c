@@ -2,14 +2,14 @@
  * lt_api_events.c). A submission or cancel is answered only once its record is in the log. */
 #include "lt_api_int.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/crypto.h>
-
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
+#include "lt_publisher.h"
 
 /* ---------------------------------------------------------------- views */
 
@@ -94,6 +94,12 @@ static const lt_job_t *own_job(lt_api_t *api, const lt_tenant_t *t, const char *
 
 bool lt_api_jobs_resolve(lt_api_call_t *c) {
   c->job = lt_id_valid(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
+  /* A deleted job is gone on every route; DELETE again finishes a deletion a failure cut short. */
+  if (c->job && lt_api_job_deleted(c->api, c->job->job_id) &&
+      evhttp_request_get_command(c->req) != EVHTTP_REQ_DELETE) {
+    lt_api_reply_error(c->req, 410, "gone", NULL, "job %s was deleted", c->job->job_id);
+    return false;
+  }
   if (c->job) return true;
   lt_api_reply_error(c->req, 404, "not_found", NULL, "no job %s for this tenant", lt_id_valid(c->id) ? c->id : "(invalid id)");
   return false;
@@ -324,6 +330,15 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
+  if (api->conf.max_storage_bytes) { /* lt_api_quota.c; datasets as last measured */
+    char msg[512];
+    uint64_t datasets = (uint64_t)(uintptr_t)lt_map_get(api->dataset_bytes, t->tenant_id);
+    if (lt_api_storage_check(api, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
+                             sizeof msg)) {
+      lt_api_reply_storage(req, msg);
+      return false;
+    }
+  }
   if (model_unserved(api, req, spec->base_model)) return false;
   if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
   return !(spec->validation_dataset_id[0] &&
@@ -412,7 +427,7 @@ typedef struct {
 
 static bool list_scan(const lt_job_t *j, void *ctx) {
   list_acc_t *l = ctx;
-  if (strcmp(j->tenant_id, l->tenant) != 0) return true;
+  if (strcmp(j->tenant_id, l->tenant) != 0 || lt_api_job_deleted(l->api, j->job_id)) return true;
   if (l->cursor && strcmp(j->job_id, l->cursor) <= 0) return true;
   if (l->state >= 0 && (int)j->state != l->state) return true;
   if ((int)json_array_size(l->out) == l->limit) {
@@ -509,22 +524,15 @@ void lt_api_jobs_artifacts(lt_api_call_t *c) {
   const lt_crypto_dek_t *dek;
   char msg[256];
   lt_err_t err = lt_keyring_tenant_dek(api->keyring, c->tenant, &dek, msg, sizeof msg);
-  void *data = NULL;
-  size_t len = 0;
-  if (!err)
-    err = lt_sealed_get(api->conf.store, dek, json_string_value(json_object_get(found, "key")), 1ull << 31, &data, &len,
-                        msg, sizeof msg);
   if (err) {
     lt_api_reply_err(req, err == LT_ERR_NOT_FOUND ? LT_ERR_INTERNAL : err, NULL, msg);
     return;
   }
-  struct evbuffer *b = evbuffer_new();
-  evbuffer_add(b, data, len);
-  OPENSSL_cleanse(data, len);
-  free(data);
-  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-                    strstr(name, ".json") ? "application/json" : "application/octet-stream");
-  evhttp_send_reply(req, 200, "OK", b);
-  evbuffer_free(b);
+  /* Streamed in pieces from a thread of its own: memory does not grow with the artifact. */
+  char dek_key[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, j->tenant_id, j->job_id);
+  lt_api_download_start(api, req, dek, dek_key, json_string_value(json_object_get(found, "key")),
+                        (uint64_t)json_integer_value(json_object_get(found, "bytes")),
+                        strstr(name, ".json") ? "application/json" : "application/octet-stream");
 }
 

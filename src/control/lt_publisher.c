@@ -55,6 +55,10 @@ lt_err_t lt_publisher_staging_key(char *out, size_t size, const char *tenant, co
   return n < 0 || (size_t)n >= size ? LT_ERR_INVALID : LT_OK;
 }
 
+lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job) {
+  return lt_publisher_artifact_key(out, size, tenant, job, "key.wrapped");
+}
+
 lt_err_t lt_publisher_artifact_key(char *out, size_t size, const char *tenant, const char *job, const char *name) {
   if (!component_ok(tenant) || !component_ok(job) || !component_ok(name)) return LT_ERR_INVALID;
   int n = snprintf(out, size, "tenants/%s/artifacts/%s/%s", tenant, job, name);
@@ -203,7 +207,8 @@ lt_err_t lt_publisher_promote(lt_store_t *store, const lt_crypto_dek_t *dek, con
   /* 3. Re-encrypt under the artifact keys. Not yet visible: only ArtifactPublished makes it so. */
   for (size_t i = 0, a = 0; !err && i < ck->nkeys; i++) {
     if (!p->plain[i]) continue;
-    err = lt_sealed_put(store, dek, out->artifacts[a].key, p->plain[i], p->plain_len[i], NULL, errstr, n);
+    err = lt_sealed_put(store, ck->artifact_dek ? ck->artifact_dek : dek, out->artifacts[a].key, p->plain[i],
+                        p->plain_len[i], NULL, errstr, n);
     a++;
   }
   for (size_t i = 0; i < ck->nkeys && i < LT_PUBLISHER_MAX_OBJECTS; i++) {
@@ -256,6 +261,7 @@ struct lt_publisher {
   /* per job: event id of the newest applied CheckpointCommitted, and JobCompleted's naming */
   json_t *ckpt_ev;
   json_t *done_ev;
+  json_t *ckpt_dirs; /* job -> its newest committed checkpoints' staging prefixes, oldest first */
   todo_t *todo;
   size_t ntodo, captodo;
   int64_t next_gc_ms;
@@ -300,6 +306,78 @@ static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, i
   p->ntodo++;
 }
 
+/* ---------------------------------------------------------------- retention */
+
+/* Committed checkpoints a job keeps: the newest and conf.keep_checkpoints before it. */
+static size_t kept_count(const lt_publisher_t *p) {
+  return 1 + (size_t)(p->conf.keep_checkpoints > 0 ? p->conf.keep_checkpoints : 0);
+}
+
+/* Remembers the staging prefix ("staging/<t>/<job>/<attempt>/<step>/") of the commit just folded
+ * (the newest checkpoint in the job's info), dropping the oldest beyond kept_count. */
+static void note_checkpoint(lt_publisher_t *p, const char *job_id, json_t *info) {
+  json_t *ck = info ? json_object_get(info, "checkpoint") : NULL;
+  const char *key = json_string_value(json_array_get(json_object_get(ck, "object_keys"), 0));
+  const char *slash = key ? strrchr(key, '/') : NULL;
+  if (!slash) return;
+  json_t *dirs = json_object_get(p->ckpt_dirs, job_id);
+  if (!dirs) json_object_set_new(p->ckpt_dirs, job_id, dirs = json_array());
+  json_t *dir = json_stringn(key, (size_t)(slash - key + 1));
+  json_t *last = json_array_get(dirs, json_array_size(dirs) - 1);
+  if (last && json_equal(last, dir)) { /* a duplicate delivery */
+    json_decref(dir);
+    return;
+  }
+  json_array_append_new(dirs, dir);
+  while (json_array_size(dirs) > kept_count(p)) json_array_remove(dirs, 0);
+}
+
+/* True when retention keeps key (a staging key of job). */
+static bool retained(const lt_publisher_t *p, const char *job_id, const char *key) {
+  size_t i;
+  json_t *d;
+  json_array_foreach(json_object_get(p->ckpt_dirs, job_id), i, d)
+      if (strncmp(key, json_string_value(d), json_string_length(d)) == 0) return true;
+  return false;
+}
+
+typedef struct {
+  const lt_publisher_t *p;
+  const char *job_id;
+  json_t *doomed;
+} prune_ctx_t;
+
+static lt_err_t prune_visit(void *ctx, const char *key, const lt_store_info_t *info) {
+  prune_ctx_t *c = ctx;
+  (void)info;
+  if (!retained(c->p, c->job_id, key)) json_array_append_new(c->doomed, json_string(key));
+  return LT_OK;
+}
+
+/* A completed job was published: deletes what retention does not keep of its staging objects.
+ * A failure is logged; the periodic GC deletes what is left after the grace period. */
+static void prune_job(lt_publisher_t *p, const char *tenant_id, const char *job_id) {
+  char prefix[LT_STORE_KEY_MAX + 1], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1] = "", err[256];
+  snprintf(prefix, sizeof prefix, "staging/%s/%s/", tenant_id, job_id);
+  prune_ctx_t c = {.p = p, .job_id = job_id, .doomed = json_array()};
+  lt_err_t e;
+  do {
+    e = lt_store_list(p->conf.store, prefix, after, 0, prune_visit, &c, next, sizeof next, err, sizeof err);
+    snprintf(after, sizeof after, "%s", next);
+  } while (!e && next[0]);
+  size_t i;
+  json_t *k;
+  json_array_foreach(c.doomed, i, k) {
+    if (e) break;
+    if (!(e = lt_store_delete(p->conf.store, json_string_value(k), err, sizeof err))) p->stats.pruned++;
+  }
+  if (e) LOG("job %s: retention: %s (the GC retries)\n", job_id, err);
+  else if (json_array_size(c.doomed))
+    LOG("job %s: retention: deleted %zu staging objects, kept %zu checkpoints\n", job_id, json_array_size(c.doomed),
+        json_array_size(json_object_get(p->ckpt_dirs, job_id)));
+  json_decref(c.doomed);
+}
+
 /* Every record the fold applied, in log order across topics (lt_proj_fold keeps a job's records
  * aside until its JobSubmitted is folded): note checkpoints and completions to promote. */
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
@@ -318,6 +396,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
     const char *ev = NULL;
     lt_avro_get_string(res->record, "event_id", &ev, NULL);
     json_object_set_new(p->ckpt_ev, job_id, json_string(ev ? ev : ""));
+    note_checkpoint(p, job_id, lt_proj_job_info(p->proj, job_id));
   } else if (strcmp(res->type, "JobCompleted") == 0) {
     const char *cev = NULL, *csha = NULL;
     lt_avro_get_string(res->record, "checkpoint_event_id", &cev, NULL);
@@ -455,6 +534,29 @@ static const char *jstr(json_t *o, const char *k) {
   return s ? s : "";
 }
 
+/* The job's artifact key: unwrapped from its key.wrapped, or made and stored there first (before
+ * any artifact is sealed with it). *out is the caller's. */
+static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, lt_crypto_dek_t **out, char *why,
+                        size_t n) {
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_err_t err = lt_publisher_artifact_dek_key(key, sizeof key, tenant, job);
+  void *blob = NULL;
+  size_t len = 0;
+  if (!err) err = lt_store_get(p->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, why, n);
+  if (!err) err = lt_crypto_dek_unwrap(p->conf.kek, tenant, blob, len, out, why, n);
+  free(blob);
+  if (err != LT_ERR_NOT_FOUND) return err;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  err = lt_crypto_dek_generate(out, tenant, job, why, n);
+  if (!err) err = lt_crypto_dek_wrap(p->conf.kek, *out, wrapped, sizeof wrapped, &len, why, n);
+  if (!err) err = lt_store_put(p->conf.store, key, wrapped, len, NULL, why, n);
+  if (err) {
+    lt_crypto_dek_destroy(*out);
+    *out = NULL;
+  }
+  return err;
+}
+
 static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   char why[512];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), t->job_id);
@@ -477,6 +579,10 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   if (*csha && strcmp(csha, jstr(ck, "sha256")) != 0) {
     snprintf(why, sizeof why, "JobCompleted says checkpoint sha256 %s, the commit says %s", csha, jstr(ck, "sha256"));
     return reject(p, t, LT_ERR_CORRUPT, why);
+  }
+  if (json_object_get(info, "deleted")) {
+    LOG("job %s: deleted by its tenant: not published\n", t->job_id);
+    return DONE;
   }
   json_t *pub = json_object_get(info, "published");
   if (pub) {
@@ -508,9 +614,17 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
                                  .nkeys = nk,
                                  .sha256_hex = jstr(ck, "sha256"),
                                  .bytes = (uint64_t)json_integer_value(json_object_get(ck, "bytes"))};
+  lt_crypto_dek_t *adek = NULL;
+  if ((err = job_dek(p, j->tenant_id, j->job_id, &adek, why, sizeof why)))
+    return lt_store_err_retriable(err) ? retry(p, t, err, why) : reject(p, t, err, why);
+  c.artifact_dek = adek;
   lt_publisher_promotion_t *pr = malloc(sizeof *pr);
-  if (!pr) return retry(p, t, LT_ERR_NOMEM, "out of memory");
+  if (!pr) {
+    lt_crypto_dek_destroy(adek);
+    return retry(p, t, LT_ERR_NOMEM, "out of memory");
+  }
   err = lt_publisher_promote(p->conf.store, dek, &c, p->conf.max_checkpoint_bytes, pr, why, sizeof why);
+  lt_crypto_dek_destroy(adek);
   step_t st;
   if (err) {
     st = lt_store_err_retriable(err) || err == LT_ERR_NOMEM ? retry(p, t, err, why) : reject(p, t, err, why);
@@ -526,6 +640,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
       p->stats.published++;
       LOG("job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
           (int)jc.attempt, c.step);
+      prune_job(p, jc.tenant_id, jc.job_id);
       st = DONE;
     }
   }
@@ -663,9 +778,12 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   memcpy(job, s, jl);
   job[jl] = '\0';
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
+  json_t *jinfo = j ? lt_proj_job_info(g->p->proj, job) : NULL;
   bool keep = false;
-  if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
-    keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key);
+  if (j && json_object_get(jinfo, "deleted"))
+    keep = false; /* deleted by its tenant: nothing of it stays */
+  else if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
+    keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key) || retained(g->p, job, key);
   else if (j)
     keep = g->now_ms - j->ended_at_ms < grace; /* cancelled, failed, rejected: after the grace */
   if (keep) g->kept++;
@@ -789,12 +907,14 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   if (p->conf.retry_max_ms <= 0) p->conf.retry_max_ms = 60000;
   if (p->conf.max_checkpoint_bytes == 0) p->conf.max_checkpoint_bytes = 1ull << 30;
   if (p->conf.settle_ms <= 0) p->conf.settle_ms = 2000;
+  if (p->conf.keep_checkpoints == 0) p->conf.keep_checkpoints = 2;
   for (int b = 0; b < T__COUNT; b++) lt_bus_topic_name(conf->bus, bases[b], p->topics[b], sizeof p->topics[b]);
   lt_bus_topic_name(conf->bus, "deadletter", p->deadletter, sizeof p->deadletter);
   p->ckpt_ev = json_object();
   p->done_ev = json_object();
+  p->ckpt_dirs = json_object();
   p->started_ms = lt_time_wall_ms();
-  lt_err_t err = p->ckpt_ev && p->done_ev ? LT_OK : LT_ERR_NOMEM;
+  lt_err_t err = p->ckpt_ev && p->done_ev && p->ckpt_dirs ? LT_OK : LT_ERR_NOMEM;
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(p->proj, conf->tenant_mac);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
@@ -824,6 +944,7 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   lt_proj_destroy(p->proj);
   json_decref(p->ckpt_ev);
   json_decref(p->done_ev);
+  json_decref(p->ckpt_dirs);
   for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
   free(p->todo);
   free(p->parts); /* and the offset arrays carved from it */

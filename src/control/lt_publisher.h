@@ -64,11 +64,24 @@
  * A retriable object store error (lt_store_err_retriable) postpones the job with exponential
  * backoff; nothing is produced before the objects are written.
  *
+ * Retention: a job keeps in staging its newest committed checkpoint (the final one, once
+ * completed: kept so a replay can promote again) and the keep_checkpoints committed checkpoints
+ * before it, each whole (optimizer state included); everything else of the job is garbage. Once
+ * a completed job is published, that garbage is deleted at once (stats.pruned), not after the
+ * grace period: older checkpoints, their optimizer state, and objects of uploads that were never
+ * committed.
+ *
  * Garbage collection (every gc_interval_ms once caught up): for every known tenant, staging
- * objects under staging/<tenant>/ older than the grace period are deleted unless they are named
- * by the newest committed checkpoint of a job that is not terminal or is COMPLETED (kept so a
- * replay can promote again). Cancelled, failed and rejected jobs lose all their staging objects
- * once both the object and the job's end are older than the grace period. Only staging/ of
+ * objects under staging/<tenant>/ older than the grace period are deleted unless retention keeps
+ * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose
+ * all their staging objects once both the object and the job's end are older than the grace
+ * period; a deleted job (JobDeleted) loses them whatever its state.
+ *
+ * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
+ * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is
+ * written, and reused by a repeated promotion. DELETE /v1/jobs/{id} removes it first: what is
+ * left of the artifacts anywhere then decrypts no more (crypto-shred). A deleted job is never
+ * promoted. Only staging/ of
  * tenants in lathe.tenants is ever listed or deleted.
  *
  * Threads: everything runs on the caller's event_base thread (consumer fd and a periodic timer);
@@ -110,6 +123,8 @@ typedef struct lt_publisher_conf {
   int64_t retry_max_ms;               /* backoff cap for store errors; 0: 60000 */
   uint64_t max_checkpoint_bytes;      /* largest checkpoint promoted (held in memory); 0: 1 GiB */
   int settle_ms;                      /* catch-up fallback: quiet this long means caught up; 0: 2000 */
+  int keep_checkpoints;               /* committed checkpoints a job keeps in staging besides its newest
+                                         (the final one, once completed); 0: 2; < 0: none */
 } lt_publisher_conf_t;
 
 /* Counters since creation (a copy). */
@@ -123,6 +138,7 @@ typedef struct lt_publisher_stats {
   uint64_t retries;           /* promotions postponed by a retriable error */
   uint64_t gc_deleted;        /* staging objects deleted */
   uint64_t gc_kept;           /* staging objects seen and kept by the last GC pass */
+  uint64_t pruned;            /* staging objects deleted at completion (retention) */
   size_t waiting;             /* completions waiting to be promoted */
   lt_err_t last_err;          /* last promotion failure (LT_ERR_UNAVAILABLE: store down) */
   char last_errmsg[256];
@@ -164,7 +180,11 @@ typedef struct lt_publisher_checkpoint {
   size_t nkeys;
   const char *sha256_hex;         /* of the stored bytes, concatenated */
   uint64_t bytes;                 /* stored bytes in all */
+  const lt_crypto_dek_t *artifact_dek; /* seals the artifacts (the job's own key); NULL: dek */
 } lt_publisher_checkpoint_t;
+
+/* The key of a job's artifact key, wrapped by the master key: deleting it shreds the artifacts. */
+lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job);
 
 typedef struct lt_publisher_artifact {
   char name[LT_PUBLISHER_NAME_MAX];

@@ -42,7 +42,7 @@ struct lt_proj {
   lt_avro_decoder_t *lazy_dec; /* for lazy records: never reuses the record an apply handed out */
   lt_job_reader_t *reader;
   /* the newest schema of each other record type folded here (lt_avro_decode yields only those) */
-  const lt_avro_schema_t *s_tenant, *s_step, *s_eval, *s_artifact, *s_heartbeat;
+  const lt_avro_schema_t *s_tenant, *s_step, *s_eval, *s_artifact, *s_deleted, *s_heartbeat;
   int step_job_id, step_attempt, eval_job_id, eval_attempt; /* field indexes */
   lt_job_table_t *jobs;
   lt_tenant_table_t *tenants;
@@ -91,6 +91,7 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
     p->s_step = lt_avro_schema_latest(reg, "StepCompleted");
     p->s_eval = lt_avro_schema_latest(reg, "EvalCompleted");
     p->s_artifact = lt_avro_schema_latest(reg, "ArtifactPublished");
+    p->s_deleted = lt_avro_schema_latest(reg, "JobDeleted");
     p->s_heartbeat = lt_avro_schema_latest(reg, "WorkerHeartbeat");
     p->step_job_id = p->s_step ? lt_avro_schema_field_index(p->s_step, "job_id") : -1;
     p->step_attempt = p->s_step ? lt_avro_schema_field_index(p->s_step, "attempt") : -1;
@@ -306,10 +307,20 @@ static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bu
     }
     return LT_OK;
   }
+  if (s == p->s_deleted) {
+    /* Deleted for good: its artifacts are no longer listed, whatever comes after. */
+    if (lt_avro_get_string(rec, "job_id", &job_id, NULL) != LT_OK) return LT_ERR_INVALID;
+    info_t *in = lt_map_get(p->info, job_id);
+    json_t *j = in ? record_json(rec) : NULL;
+    if (j && !json_object_get(in->doc, "deleted")) json_object_set(in->doc, "deleted", j);
+    if (in) json_object_set_new(in->doc, "artifacts", json_array());
+    json_decref(j);
+    return LT_OK;
+  }
   if (s == p->s_artifact) {
     if (lt_avro_get_string(rec, "job_id", &job_id, NULL) != LT_OK) return LT_ERR_INVALID;
     info_t *in = lt_map_get(p->info, job_id);
-    json_t *doc = in ? in->doc : NULL;
+    json_t *doc = in && !json_object_get(in->doc, "deleted") ? in->doc : NULL;
     json_t *j = record_json(rec);
     /* Publication is idempotent: a second record for the same job replaces, never adds. */
     if (doc && j) json_object_set_new(doc, "artifacts", json_incref(json_object_get(j, "artifacts")));
@@ -404,7 +415,8 @@ static lt_err_t fold(lt_proj_t *p, const void *buf, size_t len, const lt_bus_msg
   if (err) return err;
   res.origin = *origin;
   const char *job_id = NULL;
-  bool unknown_publication = res.type && strcmp(res.type, "ArtifactPublished") == 0 &&
+  bool unknown_publication = res.type &&
+                             (strcmp(res.type, "ArtifactPublished") == 0 || strcmp(res.type, "JobDeleted") == 0) &&
                              lt_avro_get_string(res.record, "job_id", &job_id, NULL) == LT_OK &&
                              !lt_proj_job_info(p, job_id);
   if ((res.job_outcome == LT_JOB_UNKNOWN_JOB || unknown_publication) && res.record) {

@@ -60,7 +60,7 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
 /* Called for every record lt_proj_fold applied (and for records it skipped: res says). */
 typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
 
-/* lt_proj_apply in log order across topics: a job record (or an ArtifactPublished) for a job
+/* lt_proj_apply in log order across topics: a job record (or an ArtifactPublished or JobDeleted) for a job
  * whose JobSubmitted has not been folded yet (jobs, control and artifacts are different topics,
  * read at different speeds) is kept aside and applied, in arrival order, right after that
  * JobSubmitted. cb (may be NULL) sees each applied record, the released ones included. At most
@@ -92,7 +92,8 @@ lt_job_table_t *lt_proj_jobs(lt_proj_t *p);
 lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
 
 /* The job's side document ({"spec":..,"progress":..,"evals":[..],"artifacts":[..],
- * "checkpoint_keys":[..],"checkpoint":..}), borrowed; NULL when the job is unknown. Its
+ * "checkpoint_keys":[..],"checkpoint":..}, and "deleted": the JobDeleted record once the tenant
+ * deleted the job, after which "artifacts" stays empty), borrowed; NULL when the job is unknown. Its
  * "progress", "checkpoint" and "checkpoint_keys" are built here from the newest records folded
  * (the fold only keeps their bytes), so a value read from the document stays valid until the
  * next lt_proj_apply / lt_proj_fold followed by lt_proj_job_info of the same job. */

@@ -64,6 +64,14 @@ lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *s, const void *data, size_t 
   return LT_OK;
 }
 
+lt_err_t lt_sealed_writer_flush(lt_sealed_writer_t *s, char *errstr, size_t n) {
+  if (s->buf) OPENSSL_cleanse(s->buf, s->cap);
+  free(s->buf);
+  s->buf = NULL;
+  s->cap = 0;
+  return lt_store_writer_flush(s->w, errstr, n);
+}
+
 static void writer_free(lt_sealed_writer_t *s) {
   lt_crypto_stream_destroy(s->enc);
   if (s->buf) OPENSSL_cleanse(s->buf, s->cap);

@@ -29,6 +29,9 @@ lt_err_t lt_sealed_writer_new(lt_store_t *store, const lt_crypto_dek_t *dek, con
 void lt_sealed_writer_hash(lt_sealed_writer_t *w, lt_crypto_sha256_t *h);
 lt_err_t lt_sealed_writer_write(lt_sealed_writer_t *w, const void *data, size_t len, char *errstr,
                                 size_t errstr_size);
+/* Between bursts of writes: hands the store what it can take now and releases the writer's
+ * buffers (lt_store_writer_flush), so that an idle writer holds less than one store part. */
+lt_err_t lt_sealed_writer_flush(lt_sealed_writer_t *w, char *errstr, size_t errstr_size);
 /* Finishes and makes the object visible; sha256 (may be NULL) of the stored (encrypted) bytes,
  * *plain_bytes and *stored_bytes (each may be NULL) the sizes of the plaintext and of the stored
  * object. Frees the writer, also on failure. */

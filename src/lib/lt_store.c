@@ -245,6 +245,10 @@ lt_err_t lt_store_writer_commit(lt_store_writer_t *w, uint8_t sha256[32], uint64
   return e;
 }
 
+lt_err_t lt_store_writer_flush(lt_store_writer_t *w, char *errstr, size_t errstr_size) {
+  return w->s->ops->w_flush ? w->s->ops->w_flush(w->impl, errstr, errstr_size) : LT_OK;
+}
+
 void lt_store_writer_abort(lt_store_writer_t *w) {
   if (!w) return;
   w->s->ops->w_abort(w->impl);

@@ -134,6 +134,12 @@ lt_err_t lt_store_writer_write(lt_store_writer_t *w, const void *data, size_t le
 lt_err_t lt_store_writer_commit(lt_store_writer_t *w, uint8_t sha256[32], uint64_t *size,
                                 char *errstr, size_t errstr_size);
 
+/* Between bursts of writes (an upload waiting for its next part): sends what the writer buffers
+ * where the backend can (S3: as a part once at least 5 MiB are buffered) and shrinks its buffer
+ * to what it still holds, so an idle writer keeps less than one part in memory. On error the
+ * writer is dead: call abort. */
+lt_err_t lt_store_writer_flush(lt_store_writer_t *w, char *errstr, size_t errstr_size);
+
 /* Drops everything written (aborts the multipart upload, removes the temp file) and frees the
  * writer. NULL allowed. */
 void lt_store_writer_abort(lt_store_writer_t *w);

@@ -27,6 +27,8 @@ typedef struct lt_store_ops {
   lt_err_t (*w_write)(void *w, const void *data, size_t len, char *errstr, size_t errstr_size);
   lt_err_t (*w_commit)(void *w, char *errstr, size_t errstr_size); /* frees w, also on error */
   void (*w_abort)(void *w);                                         /* frees w */
+  /* Optional (NULL: nothing buffered to release): lt_store_writer_flush. */
+  lt_err_t (*w_flush)(void *w, char *errstr, size_t errstr_size);
   void (*destroy)(lt_store_t *s);                                   /* frees impl */
 } lt_store_ops_t;
 

@@ -705,6 +705,27 @@ static lt_err_t s3_w_write(void *wv, const void *data, size_t len, char *errstr,
   return LT_OK;
 }
 
+/* Sends the buffer as a part when S3 takes it as one (any part but the last must be at least
+ * MIN_PART), then sizes the buffer to what is left in it. */
+static lt_err_t s3_w_flush(void *wv, char *errstr, size_t errstr_size) {
+  s3_writer_t *w = wv;
+  if (w->len >= MIN_PART) {
+    lt_err_t e = LT_OK;
+    if (!w->mp) e = mp_begin(w->s, w->key, &w->mp, errstr, errstr_size);
+    if (!e) e = mp_part(w->mp, w->buf, w->len, errstr, errstr_size);
+    if (e) return e;
+    w->len = 0;
+  }
+  if (w->cap > w->len) {
+    uint8_t *nb = w->len ? realloc(w->buf, w->len) : NULL;
+    if (w->len && !nb) return LT_OK; /* keeps the larger buffer */
+    if (!w->len) free(w->buf);
+    w->buf = nb;
+    w->cap = w->len;
+  }
+  return LT_OK;
+}
+
 static lt_err_t s3_w_commit(void *wv, char *errstr, size_t errstr_size) {
   s3_writer_t *w = wv;
   lt_err_t e;
@@ -740,6 +761,7 @@ static const lt_store_ops_t s3_ops = {
     .w_write = s3_w_write,
     .w_commit = s3_w_commit,
     .w_abort = s3_w_abort,
+    .w_flush = s3_w_flush,
     .destroy = s3_destroy,
 };
 

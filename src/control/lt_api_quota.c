@@ -1,0 +1,74 @@
+/* lt_api_quota: a tenant's storage — its datasets and its artifacts together — against
+ * conf.max_storage_bytes (0: no limit).
+ *
+ * Usage is measured where it lives: the datasets' stored bytes by listing the tenant's dataset
+ * prefix (a pool thread does it for each upload part), the artifacts' bytes from the publications
+ * the projection folded (deleted jobs do not count). An upload that would take the tenant over
+ * is refused at the part that would (413, naming the quota, the usage and the upload) and leaves
+ * nothing; a job submission is refused while the tenant is at or over its quota (413), since its
+ * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot
+ * by what the other adds meanwhile: the quota bounds storage, it is not a transaction. */
+#include "lt_api_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  lt_api_t *api;
+  const char *tenant;
+  uint64_t bytes;
+} art_acc_t;
+
+static bool add_artifacts(const lt_job_t *j, void *ctx) {
+  art_acc_t *a = ctx;
+  if (strcmp(j->tenant_id, a->tenant) != 0 || lt_api_job_deleted(a->api, j->job_id)) return true;
+  size_t i;
+  json_t *art;
+  json_array_foreach(json_object_get(lt_proj_job_info(a->api->proj, j->job_id), "artifacts"), i, art)
+      a->bytes += (uint64_t)json_integer_value(json_object_get(art, "bytes"));
+  return true;
+}
+
+uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant) {
+  art_acc_t a = {.api = api, .tenant = tenant};
+  lt_job_scan(lt_proj_jobs(api->proj), add_artifacts, &a);
+  return a.bytes;
+}
+
+static lt_err_t add_size(void *ctx, const char *key, const lt_store_info_t *info) {
+  (void)key;
+  *(uint64_t *)ctx += info->size;
+  return LT_OK;
+}
+
+lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n) {
+  char prefix[256], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1];
+  snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", tenant);
+  *out = 0;
+  lt_err_t err;
+  do {
+    snprintf(after, sizeof after, "%s", next);
+    err = lt_store_list(api->conf.store, prefix, after, 0, add_size, out, next, sizeof next, msg, n);
+  } while (!err && next[0]);
+  return err;
+}
+
+lt_err_t lt_api_storage_check(const lt_api_t *api, const char *tenant, uint64_t datasets, uint64_t artifacts,
+                              uint64_t adding, char *msg, size_t n) {
+  uint64_t quota = api->conf.max_storage_bytes, used = datasets + artifacts;
+  if (!quota || (adding ? used + adding <= quota : used < quota)) return LT_OK;
+  char what[96];
+  if (adding) snprintf(what, sizeof what, " and this upload would add %llu", (unsigned long long)adding);
+  else snprintf(what, sizeof what, ", and a new job's artifacts would add to it");
+  return lt_errf(msg, n, LT_ERR_QUOTA,
+                 "tenant %s's storage quota max_storage_bytes is %llu bytes; it uses %llu (datasets %llu, "
+                 "artifacts %llu)%s: delete datasets (DELETE /v1/datasets/{id}) or finished jobs "
+                 "(DELETE /v1/jobs/{id})",
+                 tenant, (unsigned long long)quota, (unsigned long long)used, (unsigned long long)datasets,
+                 (unsigned long long)artifacts, what);
+}
+
+void lt_api_reply_storage(struct evhttp_request *req, const char *msg) {
+  lt_api_reply_error(req, 413, "storage_quota_exceeded", NULL, "%s", msg);
+}

@@ -1,0 +1,754 @@
+/* lathed api's data paths from the outside: uploads, downloads and what they cost the other
+ * tenants. Each test starts `lathed --role api --port 0` as a child with its own settings (the
+ * LATHE_API_* variables), against the real broker and S3 server, with tenants made by `lathe
+ * admin tenant create`, and talks HTTP through lt_client.
+ *
+ * - a tenant's upload whose store call hangs does not hold up another tenant's requests: the
+ *   blocking work runs off the event loop (a fake S3 endpoint that never answers proves it,
+ *   with no clock in the assertion);
+ * - open uploads are capped per tenant, with an error naming the limit, and an abort frees a slot;
+ * - an open upload between its parts holds less than a part of the API's memory, and the memory
+ *   goes back when the upload is aborted or expires (the child's RSS);
+ * - an artifact bigger than the download window streams whole, verified, with the API's peak
+ *   memory independent of its size; a corrupted one never arrives as a whole 200; a client that
+ *   goes away mid-download frees its slot;
+ * - no tenant runs on every pool thread: with one tenant's uploads all hanging, another's is
+ *   answered;
+ * - DELETE of a finished job: recorded, its artifact key destroyed first, its objects deleted,
+ *   410 on its routes after a restart too; 409 for a running one, 404 for another tenant;
+ * - the storage quota (datasets and artifacts together): 413 naming quota and usage. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_crypto.h"
+#include "lt_sealed.h"
+#include "lt_store.h"
+#include "lt_tenant.h"
+#include "lt_test.h"
+
+#define MASTER_KEY "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+#define MIB (1024 * 1024)
+#define ONE "{\"prompt\":\"p\",\"completion\":\"c\"}\n" /* a valid dataset */
+
+static char prefix[64], err[1024];
+static lt_test_proc_t *proc;
+static char url[64];
+static char tenant_a[64], tenant_b[64], key_a[128], key_b[128];
+static lt_client_t *ca, *cb;
+
+/* ---------------------------------------------------------------- fixture */
+
+static void new_tenant(const char *tag, char *id, size_t idn, char *key, size_t keyn) {
+  char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  lt_crypto_random_id(rnd);
+  snprintf(id, idn, "%s-%.10s", tag, rnd);
+  lt_test_tenant_create(id, NULL, key, keyn);
+}
+
+/* The API with extra NAME=VALUE settings, ready (healthz 200 on its operator port) and knowing
+ * both tenants. The front door's rate limits are off: these tests are about the data paths. */
+static void start_api(const char *const *env) {
+  static int n;
+  char log[256], ops[64];
+  const char *envs[16] = {"LATHE_API_KEY_RATE=off", "LATHE_API_TENANT_RATE=off"};
+  for (int i = 0; env && env[i] && i < 12; i++) envs[2 + i] = env[i];
+  snprintf(log, sizeof log, "/tmp/test_api_data.%d.%d.log", (int)getpid(), n++);
+  proc = lt_test_lathed("api", log, "api", NULL, envs);
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(proc, 30000));
+  snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(proc, 30000));
+  lt_client_t *c = lt_test_client(ops, NULL, 0);
+  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
+                     "lathed's /healthz never answered 200; see %s", log);
+  lt_client_destroy(c);
+  ca = lt_test_client(url, key_a, 120);
+  cb = lt_test_client(url, key_b, 120);
+  lt_test_wait_until(lt_test_get_status(ca, "/v1/jobs", NULL, 0) == 200 &&
+                         lt_test_get_status(cb, "/v1/jobs", NULL, 0) == 200,
+                     20000, 100, "the API never accepted the tenants' keys");
+}
+
+static void setup(void) {
+  if (!getenv("LATHE_KAFKA_BOOTSTRAP") || !getenv("LATHE_S3_ENDPOINT"))
+    cr_assert_fail("needs the local stack: ops/stack up && eval \"$(ops/stack env)\"");
+  snprintf(prefix, sizeof prefix, "tapd%d.", (int)getppid());
+  setenv("LATHE_TOPIC_PREFIX", prefix, 1);
+  setenv("LATHE_MASTER_KEY", MASTER_KEY, 1);
+  unsetenv("LATHE_MASTER_KEY_FILE");
+  lt_test_admin_topics();
+  new_tenant("a", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
+  new_tenant("b", tenant_b, sizeof tenant_b, key_b, sizeof key_b);
+}
+
+static void teardown(void) {
+  lt_client_destroy(ca);
+  lt_client_destroy(cb);
+  ca = cb = NULL;
+  if (proc && proc->pid > 0 && lt_test_proc_stop(proc, 10000) != -1) unlink(proc->log);
+  proc = NULL;
+}
+
+TestSuite(api_data, .init = setup, .fini = teardown, .timeout = 300);
+
+/* ---------------------------------------------------------------- helpers */
+
+static lt_client_resp_t req(lt_client_t *c, const char *method, const char *path, const void *body, size_t len) {
+  return lt_test_req(c, method, path, body, len);
+}
+
+static const char *err_code(const lt_client_resp_t *r) {
+  return json_string_value(json_object_get(json_object_get(r->json, "error"), "code"));
+}
+static const char *err_msg(const lt_client_resp_t *r) {
+  const char *m = json_string_value(json_object_get(json_object_get(r->json, "error"), "message"));
+  return m ? m : "";
+}
+
+/* Opens an upload; its id into id. */
+static int open_upload(lt_client_t *c, char *id, size_t n, lt_client_resp_t *out) {
+  lt_client_resp_t r = req(c, "POST", "/v1/uploads?name=d", NULL, 0);
+  int status = r.status;
+  if (status == 201) snprintf(id, n, "%s", json_string_value(json_object_get(r.json, "upload_id")));
+  if (out) *out = r;
+  else lt_client_resp_free(&r);
+  return status;
+}
+
+/* size bytes of valid JSONL (prompt/completion lines), different each call. */
+static char *jsonl(size_t size) {
+  static int salt;
+  char *buf = malloc(size + 1);
+  size_t off = 0;
+  salt++;
+  while (off < size) {
+    char line[160];
+    int len = snprintf(line, sizeof line, "{\"prompt\":\"q%d-%zu\",\"completion\":\"an answer of some length %zu\"}\n",
+                       salt, off, off * 7);
+    if (off + (size_t)len > size) { /* pad the last line to fit exactly */
+      memset(buf + off, ' ', size - off);
+      buf[size - 1] = '\n';
+      off = size;
+      break;
+    }
+    memcpy(buf + off, line, (size_t)len);
+    off += (size_t)len;
+  }
+  buf[size] = '\0';
+  return buf;
+}
+
+static int put_part(lt_client_t *c, const char *id, int n, const char *data, size_t len) {
+  char path[640];
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/%d", id, n);
+  lt_client_resp_t r = req(c, "PUT", path, data, len);
+  int status = r.status;
+  cr_expect(status == 200, "part %d of %s: %d %s", n, id, r.status, r.body);
+  lt_client_resp_free(&r);
+  return status;
+}
+
+static int abort_upload(lt_client_t *c, const char *id) {
+  char path[640];
+  snprintf(path, sizeof path, "/v1/uploads/%s", id);
+  lt_client_resp_t r = req(c, "DELETE", path, NULL, 0);
+  int status = r.status;
+  lt_client_resp_free(&r);
+  return status;
+}
+
+/* A field of the child's /proc/PID/status in KiB ("VmRSS", "VmHWM"). */
+static long proc_kib(const char *field) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)proc->pid);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s", path);
+  long v = -1;
+  size_t fl = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, fl) == 0 && line[fl] == ':') v = atol(line + fl + 1);
+  fclose(f);
+  cr_assert_geq(v, 0, "no %s in %s", field, path);
+  return v;
+}
+
+/* ---------------------------------------------------------------- no tenant stalls another */
+
+/* A pretend S3 endpoint that accepts connections and reads requests but answers nothing until
+ * released: a store call to it hangs. */
+typedef struct hang_srv {
+  int fd;
+  uint16_t port;
+  pthread_t th;
+  pthread_mutex_t mu;
+  int accepted;
+  int conns[64];
+  bool released;
+} hang_srv_t;
+
+static void *hang_main(void *arg) {
+  hang_srv_t *h = arg;
+  for (;;) {
+    int c = accept(h->fd, NULL, NULL);
+    if (c < 0) return NULL;
+    pthread_mutex_lock(&h->mu);
+    if (h->released || h->accepted == 64) close(c);
+    else h->conns[h->accepted++] = c;
+    pthread_mutex_unlock(&h->mu);
+  }
+}
+
+static void hang_start(hang_srv_t *h) {
+  memset(h, 0, sizeof *h);
+  pthread_mutex_init(&h->mu, NULL);
+  h->fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(h->fd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(listen(h->fd, 64), 0);
+  socklen_t sl = sizeof a;
+  getsockname(h->fd, (struct sockaddr *)&a, &sl);
+  h->port = ntohs(a.sin_port);
+  pthread_create(&h->th, NULL, hang_main, h);
+}
+
+static int hang_accepted(hang_srv_t *h) {
+  pthread_mutex_lock(&h->mu);
+  int n = h->accepted;
+  pthread_mutex_unlock(&h->mu);
+  return n;
+}
+
+/* Closes every held connection (the store calls fail) and refuses the next ones. */
+static void hang_release(hang_srv_t *h) {
+  pthread_mutex_lock(&h->mu);
+  h->released = true;
+  for (int i = 0; i < h->accepted; i++) close(h->conns[i]);
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void hang_stop(hang_srv_t *h) {
+  shutdown(h->fd, SHUT_RDWR);
+  close(h->fd);
+  pthread_join(h->th, NULL);
+}
+
+typedef struct {
+  lt_client_t *c;
+  const char *body;
+  int status;
+  char text[512];
+} upload_call_t;
+
+static void *upload_thread(void *arg) {
+  upload_call_t *u = arg;
+  lt_client_resp_t r;
+  memset(&r, 0, sizeof r);
+  lt_err_t e = lt_client_request(u->c, "POST", "/v1/datasets?name=hang", NULL, 0, u->body, strlen(u->body), NULL,
+                                 &r, u->text, sizeof u->text);
+  u->status = e ? -1 : r.status;
+  if (!e) snprintf(u->text, sizeof u->text, "%s", r.body ? r.body : "");
+  lt_client_resp_free(&r);
+  return NULL;
+}
+
+Test(api_data, a_tenants_hanging_store_call_does_not_hold_up_another_tenants_requests) {
+  hang_srv_t h;
+  hang_start(&h);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, NULL});
+  /* Tenant A's upload reaches the store, which holds the call. */
+  upload_call_t u = {.c = lt_test_client(url, key_a, 120), .body = ONE}; /* a client per thread */
+  pthread_t th;
+  pthread_create(&th, NULL, upload_thread, &u);
+  lt_test_wait_until(hang_accepted(&h) > 0, 30000, 20, "the upload never reached the store");
+  /* While that call hangs, tenant B is answered: the loop is free. */
+  for (int i = 0; i < 5; i++) {
+    lt_client_resp_t r = req(cb, "GET", "/v1/jobs", NULL, 0);
+    cr_assert_eq(r.status, 200, "tenant B's GET /v1/jobs while A's store call hangs: %d %s", r.status, r.body);
+    lt_client_resp_free(&r);
+    r = req(ca, "GET", "/v1/jobs", NULL, 0);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    lt_client_resp_free(&r);
+  }
+  pthread_mutex_lock(&h.mu);
+  bool still_held = !h.released;
+  pthread_mutex_unlock(&h.mu);
+  cr_assert(still_held && u.status == 0, "A's upload must still be waiting on the store (status %d)", u.status);
+  /* Released: the store calls fail, A hears 503 (nothing stored), and the API goes on. */
+  hang_release(&h);
+  pthread_join(th, NULL);
+  lt_client_destroy(u.c);
+  cr_expect_eq(u.status, 503, "A's upload after the store failed: %d %s", u.status, u.text);
+  lt_client_resp_t r = req(cb, "GET", "/v1/jobs", NULL, 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  hang_stop(&h);
+}
+
+/* The pool (lt_api_work.c) runs no tenant on every thread: with A's four uploads hanging in the
+ * store, a thread is left, and B's upload, which needs a pool thread but not the store (it is
+ * refused by the validator), is answered. */
+Test(api_data, a_tenant_whose_uploads_all_hang_leaves_a_pool_thread_to_another_tenant) {
+  hang_srv_t h;
+  hang_start(&h);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, "LATHE_API_THREADS=4", NULL});
+  enum { N = 4 };
+  upload_call_t u[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    u[i] = (upload_call_t){.c = lt_test_client(url, key_a, 120), .body = ONE};
+    pthread_create(&th[i], NULL, upload_thread, &u[i]);
+  }
+  /* Three of A's four run (each holds a store connection); the fourth waits for one of them. */
+  lt_test_wait_until(hang_accepted(&h) >= 3, 30000, 20, "A's uploads never reached the store");
+  lt_client_t *b = lt_test_client(url, key_b, 30); /* without a thread left it would never answer */
+  lt_client_resp_t r;
+  memset(&r, 0, sizeof r);
+  lt_err_t e = lt_client_request(b, "POST", "/v1/datasets?name=bad", NULL, 0, "not json\n", 9, NULL, &r, err,
+                                 sizeof err);
+  lt_client_destroy(b);
+  cr_expect(e == LT_OK && r.status == 400, "B's upload while A's hang: %s %d %s", e ? err : "", r.status,
+            r.body ? r.body : "");
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "invalid_dataset");
+  lt_client_resp_free(&r);
+  pthread_mutex_lock(&h.mu);
+  bool held = !h.released;
+  pthread_mutex_unlock(&h.mu);
+  cr_expect(held, "A's store calls were still hanging while B was answered");
+  hang_release(&h);
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    lt_client_destroy(u[i].c);
+    cr_expect_eq(u[i].status, 503, "A's upload %d after the store failed: %d %s", i, u[i].status, u[i].text);
+  }
+  hang_stop(&h);
+}
+
+/* ---------------------------------------------------------------- the open-upload cap */
+
+Test(api_data, a_tenant_at_its_open_upload_cap_gets_429_naming_the_limit_and_an_abort_frees_a_slot) {
+  start_api((const char *const[]){"LATHE_API_MAX_OPEN_UPLOADS=2", NULL});
+  char id1[64], id2[64], id3[64], idb[64];
+  cr_assert_eq(open_upload(ca, id1, sizeof id1, NULL), 201);
+  cr_assert_eq(open_upload(ca, id2, sizeof id2, NULL), 201);
+  lt_client_resp_t r;
+  cr_assert_eq(open_upload(ca, id3, sizeof id3, &r), 429, "a third open upload: %d %s", r.status, r.body);
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "over_quota");
+  cr_expect(strstr(err_msg(&r), "max_open_uploads is 2") && strstr(err_msg(&r), "has 2 open uploads"),
+            "the error names the limit and the usage: %s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* The one-request upload is an open upload too while it runs. */
+  r = req(ca, "POST", "/v1/datasets?name=x", ONE, strlen(ONE));
+  cr_expect_eq(r.status, 429, "POST /v1/datasets at the cap: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  /* The cap is per tenant: B is not affected. */
+  cr_expect_eq(open_upload(cb, idb, sizeof idb, NULL), 201, "another tenant's upload");
+  /* An abort frees a slot; so does a completion. */
+  cr_assert_eq(abort_upload(ca, id1), 200);
+  cr_assert_eq(open_upload(ca, id3, sizeof id3, NULL), 201, "after an abort");
+  char path[640];
+  put_part(ca, id2, 1, ONE, strlen(ONE));
+  snprintf(path, sizeof path, "/v1/uploads/%s/complete", id2);
+  r = req(ca, "POST", path, NULL, 0);
+  cr_assert_eq(r.status, 201, "complete: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(open_upload(ca, id1, sizeof id1, NULL), 201, "after a completion");
+}
+
+/* ---------------------------------------------------------------- upload memory */
+
+Test(api_data, open_uploads_hold_less_than_a_part_between_parts_and_give_memory_back) {
+  enum { UPLOADS = 8 };
+  start_api((const char *const[]){"LATHE_API_MAX_OPEN_UPLOADS=8", "LATHE_API_UPLOAD_IDLE_MS=15000", NULL});
+  size_t part = 6 * MIB; /* over S3's 5 MiB minimum part, under the store's 8 MiB part size */
+  char ids[UPLOADS][64];
+  /* Warm the allocator and the connections with one upload through, then take the baseline. */
+  char *data = jsonl(part);
+  cr_assert_eq(open_upload(ca, ids[0], sizeof ids[0], NULL), 201);
+  put_part(ca, ids[0], 1, data, part);
+  cr_assert_eq(abort_upload(ca, ids[0]), 200);
+  long base = proc_kib("VmRSS");
+  for (int i = 0; i < UPLOADS; i++) {
+    cr_assert_eq(open_upload(ca, ids[i], sizeof ids[i], NULL), 201);
+    put_part(ca, ids[i], 1, data, part);
+  }
+  long open = proc_kib("VmRSS");
+  /* What stays is the validator's line buffer and a partial encryption chunk, about 1 MiB; the
+   * part itself (6 MiB here) went to the store as an S3 part and its buffers back to the system. */
+  cr_expect_lt(open - base, UPLOADS * 1536L,
+               "%d open uploads between 6 MiB parts hold %ld KiB (under 1.5 MiB each wanted)", UPLOADS, open - base);
+  for (int i = 0; i < UPLOADS / 2; i++) cr_assert_eq(abort_upload(ca, ids[i]), 200);
+  /* The other half expires (idle for 15 s): its memory goes back too, and its id is gone. */
+  char path[640];
+  snprintf(path, sizeof path, "/v1/uploads/%s", ids[UPLOADS - 1]);
+  char body[1024] = "";
+  lt_test_wait_until(lt_test_get_status(ca, path, body, sizeof body) == 404 && strstr(body, "no open upload"), 60000,
+                     250, "an idle upload never expired: %s", body);
+  long after = proc_kib("VmRSS");
+  cr_expect_lt(after - base, 4 * 1024L, "after aborts and expiry the API holds %ld KiB over its baseline", after - base);
+  free(data);
+}
+
+/* ---------------------------------------------------------------- streamed downloads */
+
+/* Tenant A's data key, unwrapped from its TenantUpserted record with the master key. */
+static lt_crypto_dek_t *tenant_dek(lt_crypto_kek_t *kek, lt_keyring_t **kr) {
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"tenants", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *recs = lt_test_tail_select(t, NULL, "TenantUpserted", NULL, 0), *r, *mine = NULL;
+  size_t i;
+  json_array_foreach(recs, i, r) if (strcmp(lt_test_rs(r, "tenant_id"), tenant_a) == 0) mine = r;
+  cr_assert_not_null(mine, "no TenantUpserted for %s", tenant_a);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_from_jansson(rec, json_object_get(mine, "r"), err, sizeof err), LT_OK, "%s", err);
+  lt_tenant_t ten;
+  cr_assert_eq(lt_tenant_from_record(rec, &ten, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *dek;
+  cr_assert_eq(lt_keyring_new(kek, kr), LT_OK);
+  cr_assert_eq(lt_keyring_tenant_dek(*kr, &ten, &dek, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
+  json_decref(recs);
+  lt_test_tail_close(t);
+  return (lt_crypto_dek_t *)dek;
+}
+
+/* Seals an artifact of job under its published key, as the publisher would; adds its entry to
+ * arts (for publish). */
+static void seal_artifact(lt_store_t *store, const lt_crypto_dek_t *dek, const char *job, const char *name,
+                          const void *data, size_t len, char *key, size_t keyn, json_t *arts) {
+  snprintf(key, keyn, "tenants/%s/artifacts/%s/%s", tenant_a, job, name);
+  uint8_t sha[32];
+  char hex[65];
+  cr_assert_eq(lt_sealed_put(store, dek, key, data, len, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_crypto_sha256(data, len, sha);
+  json_array_append_new(arts, json_pack("{s:s,s:s,s:s,s:I}", "name", name, "key", key, "sha256",
+                                        lt_crypto_hex(sha, 32, hex), "bytes", (json_int_t)len));
+}
+
+/* `lathe topic produce TOPIC TYPE` of one record (taken). */
+static void produce(const char *topic, const char *type, json_t *rec) {
+  char file[128], cmd[1200];
+  snprintf(file, sizeof file, "/tmp/test_api_data.%d.rec", (int)getpid());
+  FILE *f = fopen(file, "w");
+  json_dumpf(rec, f, JSON_COMPACT);
+  fputc('\n', f);
+  fclose(f);
+  json_decref(rec);
+  snprintf(cmd, sizeof cmd, "'%s' topic produce %s %s < %s 2>&1", lt_test_lathe_bin(), topic, type, file);
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s: %s", cmd, out);
+  free(out);
+  unlink(file);
+}
+
+/* Records ArtifactPublished for job with arts (one record: a second one replaces the first). */
+static void publish(const char *job, json_t *arts) {
+  produce("artifacts", "ArtifactPublished",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:O,s:s}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "attempt", 1, "checkpoint_event_id", job, "artifacts", arts,
+                    "config_digest", ""));
+}
+
+/* A job of tenant A (its submission through the API), to hang artifacts on. */
+static void a_job(char *job, size_t n) {
+  lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=s", ONE, strlen(ONE));
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  char body[256];
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}",
+           json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  r = req(ca, "POST", "/v1/jobs", body, strlen(body));
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  snprintf(job, n, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
+Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory_and_a_corrupt_one_never_arrives_whole) {
+  start_api((const char *const[]){"LATHE_API_DOWNLOAD_WINDOW=262144", "LATHE_API_MAX_DOWNLOADS=1", NULL});
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64], key[512], bad_key[512];
+  a_job(job, sizeof job);
+  size_t len = 48 * MIB;
+  uint8_t *data = malloc(len);
+  cr_assert_eq(lt_crypto_random(data, len), LT_OK);
+  json_t *arts = json_array();
+  seal_artifact(store, dek, job, "adapter_model.safetensors", data, len, key, sizeof key, arts);
+  seal_artifact(store, dek, job, "samples.json", data, 3 * MIB, bad_key, sizeof bad_key, arts);
+  /* Corrupt one byte in the middle of the second's stored object. */
+  void *sealed;
+  size_t slen;
+  cr_assert_eq(lt_store_get(store, bad_key, 64 * MIB, &sealed, &slen, NULL, err, sizeof err), LT_OK, "%s", err);
+  ((uint8_t *)sealed)[slen / 2] ^= 0x40;
+  cr_assert_eq(lt_store_put(store, bad_key, sealed, slen, NULL, err, sizeof err), LT_OK, "%s", err);
+  free(sealed);
+  publish(job, arts);
+  json_decref(arts);
+  char path[256];
+  char list[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "samples.json"), 20000, 100,
+                     "the publication never showed: %s", list);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_model.safetensors", job);
+  long hwm0 = proc_kib("VmHWM");
+  lt_client_resp_t r = req(ca, "GET", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "%d", r.status);
+  cr_assert_eq(r.len, len, "the whole artifact: %zu of %zu bytes", r.len, len);
+  cr_assert(memcmp(r.body, data, len) == 0, "the bytes are the artifact's");
+  lt_client_resp_free(&r);
+  long grew = proc_kib("VmHWM") - hwm0;
+  cr_expect_lt(grew, 16 * 1024L, "serving a 48 MiB artifact raised the API's peak memory by %ld KiB", grew);
+  /* Another tenant's id is 404 on the download route too. */
+  r = req(cb, "GET", path, NULL, 0);
+  cr_expect_eq(r.status, 404, "another tenant: %d", r.status);
+  lt_client_resp_free(&r);
+  /* The corrupt one: an error, or a cut connection; never 200 with every byte. */
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/samples.json", job);
+  memset(&r, 0, sizeof r);
+  lt_err_t e = lt_client_request(ca, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err);
+  cr_expect(e != LT_OK || r.status != 200 || r.len < 3 * MIB, "a corrupt artifact arrived whole (%d, %zu bytes)",
+            r.status, r.len);
+  lt_client_resp_free(&r);
+  /* A client that goes away mid-download: its stream stops and frees its slot (one download at
+   * a time here), so the next download is served whole, not refused. */
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_model.safetensors", job);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                          .sin_port = htons((uint16_t)atoi(strrchr(url, ':') + 1))};
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  char head[1024];
+  int hl = snprintf(head, sizeof head, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, key_a);
+  cr_assert_eq(write(fd, head, (size_t)hl), hl);
+  size_t got = 0;
+  char buf[65536];
+  while (got < 1u << 20) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    cr_assert_gt(n, 0, "the download ended after %zu bytes", got);
+    got += (size_t)n;
+  }
+  close(fd);
+  int status = 0;
+  lt_test_wait_until((status = lt_test_get_status(ca, path, NULL, 0)) == 200, 20000, 200,
+                     "after a client went away mid-download the next one got %d", status);
+  r = req(ca, "GET", path, NULL, 0);
+  cr_expect(r.status == 200 && r.len == len && memcmp(r.body, data, len) == 0, "the next download is whole: %d %zu",
+            r.status, r.len);
+  lt_client_resp_free(&r);
+  /* The API is still there. */
+  cr_expect_eq(lt_test_get_status(ca, "/v1/jobs", NULL, 0), 200);
+  lt_store_delete(store, key, NULL, 0);
+  lt_store_delete(store, bad_key, NULL, 0);
+  free(data);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}
+
+/* ---------------------------------------------------------------- deletion */
+
+static int status_of(lt_client_t *c, const char *method, const char *fmt, const char *job) {
+  char path[256];
+  snprintf(path, sizeof path, fmt, job);
+  lt_client_resp_t r = req(c, method, path, NULL, 0);
+  int st = r.status;
+  lt_client_resp_free(&r);
+  return st;
+}
+
+static bool exists(lt_store_t *store, const char *key) {
+  lt_store_info_t info;
+  return lt_store_head(store, key, &info, NULL, 0) == LT_OK;
+}
+
+Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_stays_deleted_after_a_restart) {
+  start_api(NULL);
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64];
+  a_job(job, sizeof job);
+  /* Not finished: refused, nothing changes. */
+  lt_client_resp_t r;
+  char path[256];
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 409, "DELETE of a submitted job: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "cancel it first"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* Finished (rejected), with artifacts under the job's own key, as the publisher writes them. */
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  lt_crypto_dek_t *jdek;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wlen;
+  char dek_key[512], art_key[512], stage_key[512];
+  snprintf(dek_key, sizeof dek_key, "tenants/%s/artifacts/%s/key.wrapped", tenant_a, job);
+  cr_assert_eq(lt_crypto_dek_generate(&jdek, tenant_a, job, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_wrap(kek, jdek, wrapped, sizeof wrapped, &wlen, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_put(store, dek_key, wrapped, wlen, NULL, err, sizeof err), LT_OK, "%s", err);
+  json_t *arts = json_array();
+  const char *text = "{\"lora\":\"weights\"}";
+  seal_artifact(store, jdek, job, "adapter_config.json", text, strlen(text), art_key, sizeof art_key, arts);
+  publish(job, arts);
+  json_decref(arts);
+  snprintf(stage_key, sizeof stage_key, "staging/%s/%s/1/10/state.bin", tenant_a, job);
+  cr_assert_eq(lt_sealed_put(store, tdek, stage_key, "optimizer", 9, NULL, err, sizeof err), LT_OK, "%s", err);
+  void *copy; /* what a backup or a lagging replica would still hold */
+  size_t copy_len;
+  cr_assert_eq(lt_store_get(store, art_key, 1 << 20, &copy, &copy_len, NULL, err, sizeof err), LT_OK, "%s", err);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_config.json", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, NULL, 0) == 200, 20000, 100, "the artifact never showed");
+  r = req(ca, "GET", path, NULL, 0);
+  cr_assert(r.status == 200 && r.len == strlen(text) && memcmp(r.body, text, r.len) == 0,
+            "the artifact decrypts with the job's key: %d %.*s", r.status, (int)r.len, r.body);
+  lt_client_resp_free(&r);
+  char body[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, body, sizeof body) == 200 && strstr(body, "\"rejected\""), 20000,
+                     100, "the job never showed as rejected: %s", body);
+
+  /* Another tenant's DELETE: 404, nothing happens. */
+  cr_assert_eq(status_of(cb, "DELETE", "/v1/jobs/%s", job), 404);
+  cr_assert(exists(store, dek_key) && exists(store, art_key));
+  /* The owner's: 200; the key, the artifacts and the staging objects are gone. */
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "DELETE: %d %s", r.status, r.body);
+  cr_expect_eq(json_integer_value(json_object_get(r.json, "objects_deleted")), 3, "%s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect(!exists(store, dek_key), "the job's key is destroyed");
+  cr_expect(!exists(store, art_key), "the artifact is deleted");
+  cr_expect(!exists(store, stage_key), "the staging objects (optimizer state) are deleted");
+  /* What survived elsewhere opens with nothing the service still has: not the tenant's key. */
+  uint8_t *plain = malloc(copy_len);
+  size_t plen;
+  cr_expect_neq(lt_crypto_open(tdek, art_key, copy, copy_len, plain, copy_len, &plen, err, sizeof err), LT_OK,
+                "a surviving copy decrypted with the tenant's key");
+  free(plain);
+  free(copy);
+  /* Gone on every route, and from the list. */
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s", job), 410);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s/artifacts", job), 410);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s/artifacts/adapter_config.json", job), 410);
+  cr_expect_eq(status_of(ca, "POST", "/v1/jobs/%s/cancel", job), 410);
+  cr_expect_eq(status_of(cb, "GET", "/v1/jobs/%s", job), 404, "another tenant still sees nothing");
+  r = req(ca, "GET", "/v1/jobs?limit=500", NULL, 0);
+  cr_expect(r.status == 200 && !strstr(r.body, job), "the list still names %s: %s", job, r.body);
+  lt_client_resp_free(&r);
+  /* A restarted API folds the log again: still deleted. DELETE again is harmless. */
+  lt_client_destroy(ca);
+  lt_client_destroy(cb);
+  cr_assert_neq(lt_test_proc_stop(proc, 10000), -1);
+  start_api(NULL);
+  cr_expect_eq(status_of(ca, "GET", "/v1/jobs/%s", job), 410, "after a restart (replay)");
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_expect(r.status == 200 && json_integer_value(json_object_get(r.json, "objects_deleted")) == 0, "again: %d %s",
+            r.status, r.body);
+  lt_client_resp_free(&r);
+  lt_crypto_dek_destroy(jdek);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}
+
+/* ---------------------------------------------------------------- the storage quota */
+
+Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and_nothing_more_is_stored) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64], big_id[64], id[64];
+  a_job(job, sizeof job);
+  char *big = jsonl(1000000);
+  lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=big", big, strlen(big));
+  cr_assert_eq(r.status, 201, "1 MB under a 1.5 MB quota: %d %s", r.status, r.body);
+  snprintf(big_id, sizeof big_id, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* Another 1 MB would pass the quota: refused at its part, naming quota, usage and upload. */
+  cr_assert_eq(open_upload(ca, id, sizeof id, NULL), 201);
+  char path[640];
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/1", id);
+  r = req(ca, "PUT", path, big, strlen(big));
+  cr_assert_eq(r.status, 413, "over the storage quota: %d %s", r.status, r.body);
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "storage_quota_exceeded");
+  cr_expect(strstr(err_msg(&r), "max_storage_bytes is 1500000") && strstr(err_msg(&r), "datasets ") &&
+                strstr(err_msg(&r), "this upload would add 1000000"),
+            "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/2", id);
+  r = req(ca, "PUT", path, "x", 1);
+  cr_expect_eq(r.status, 404, "the refused upload is gone: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "GET", "/v1/datasets", NULL, 0);
+  cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 2, "nothing more was stored: %s", r.body);
+  lt_client_resp_free(&r);
+  /* Artifacts count too: 600 kB published, and the tenant is over; a new job is refused. */
+  json_t *arts = json_array();
+  char art_key[512];
+  char *blob = malloc(600000);
+  memset(blob, 'w', 600000);
+  seal_artifact(store, tdek, job, "adapter_model.safetensors", blob, 600000, art_key, sizeof art_key, arts);
+  publish(job, arts);
+  json_decref(arts);
+  char list[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "safetensors"), 20000, 100,
+                     "the publication never showed: %s", list);
+  char body[256];
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", big_id);
+  r = req(ca, "POST", "/v1/jobs", body, strlen(body));
+  cr_expect_eq(r.status, 413, "a job while over the quota: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "artifacts 600000"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* Another tenant is not affected. */
+  r = req(cb, "POST", "/v1/datasets?name=big", big, strlen(big));
+  cr_expect_eq(r.status, 201, "tenant B: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  /* Deleting the big dataset brings A under again. */
+  snprintf(path, sizeof path, "/v1/datasets/%s", big_id);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "POST", "/v1/datasets?name=small", ONE, strlen(ONE));
+  cr_expect_eq(r.status, 201, "under the quota again: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  lt_store_delete(store, art_key, NULL, 0);
+  free(blob);
+  free(big);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}

@@ -41,6 +41,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "lt_access.h"
 #include "lt_crypto.h"
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
@@ -143,11 +144,12 @@ static void wait_owns_partitions(lt_test_tail_t *t, const char *worker) {
 /* ---------------------------------------------------------------- the API */
 
 static lt_client_t *client;
+static char api_url[64];
 
 static void start_api(void) {
   lt_test_proc_t *api = spawn("api", "api", NULL);
-  char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
+  char *url = api_url;
+  snprintf(url, sizeof api_url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
   client = lt_test_client(url, api_key, 120);
   /* Ready when it knows the tenant's key. */
   lt_test_wait_until(lt_test_get_status(client, "/v1/jobs", NULL, 0) == 200, 60000, 200,
@@ -503,8 +505,47 @@ static char *published_adapter(lt_test_tail_t *t, const char *job, size_t *len, 
 
 /* ================================================================ 1. upload -> published */
 
+/* A staff member enrolled for the API to come (LATHE_STAFF_KEYS_FILE): their key into key. */
+static void enrol_staff(const char *name, char *key) {
+  char line[256], path[700];
+  cr_assert_eq(lt_access_staff_key_new(name, key, line, sizeof line, NULL, 0), LT_OK);
+  snprintf(path, sizeof path, "%s/staff.keys", tmp_dir);
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f, "%s", path);
+  fprintf(f, "%s\n", line);
+  fclose(f);
+  setenv("LATHE_STAFF_KEYS_FILE", path, 1);
+}
+
+/* Staff read a published artifact under a job grant the tenant approved: the same bytes the
+ * tenant downloads (streamed under the job's artifact key). */
+static void staff_reads_artifact(const char *staff_key, const char *job, const char *name, const char *want,
+                                 size_t want_len) {
+  lt_client_t *staff = lt_test_client(api_url, staff_key, 120);
+  char body[512], path[256];
+  snprintf(body, sizeof body, "{\"tenant_id\":\"%s\",\"scope\":[\"job:%s\"],\"justification\":\"t-1\",\"duration_s\":600}",
+           tenant, job);
+  lt_client_resp_t r = lt_test_req(staff, "POST", "/v1/staff/access", body, strlen(body));
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  char id[64];
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/access/%s/approve", id);
+  r = lt_test_req(client, "POST", path, "{}", 2);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/staff/access/%s/jobs/%s/artifacts/%s", id, job, name);
+  r = lt_test_req(staff, "GET", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_assert_eq(r.len, want_len);
+  cr_assert(memcmp(r.body, want, want_len) == 0, "the staff read differs from the tenant's download");
+  lt_client_resp_free(&r);
+  lt_client_destroy(staff);
+}
+
 Test(e2e, a_job_runs_from_upload_to_a_published_peft_adapter_with_eval_against_base) {
-  char ds[64], job[64];
+  char ds[64], job[64], staff_key[LT_ACCESS_STAFF_KEY_SIZE];
+  enrol_staff("alice", staff_key);
   lt_test_tail_t *t = start_fleet(NULL, NULL, ds, sizeof ds);
   submit(ds, 8, 4, 11, job, sizeof job);
   cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
@@ -544,6 +585,7 @@ Test(e2e, a_job_runs_from_upload_to_a_published_peft_adapter_with_eval_against_b
   cr_assert(json_is_true(json_object_get(e, "final")));
   cr_assert_str_eq(json_string_value(json_object_get(e, "config_digest")), lt_test_rs(ap, "config_digest"));
   json_decref(e);
+  staff_reads_artifact(staff_key, job, "eval.json", ev, ev_len);
   /* Staged-only objects are never served. */
   char *x = download(job, "state.bin", &x_len, &status);
   cr_assert_eq(status, 404, "state.bin answered %d", status);

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "lt_dataset.h"
+#include "lt_publisher.h"
 
 static const char *const types[] = {"AccessRequested", "AccessApproved", "AccessDenied", "AccessRevoked",
                                     "AccessUsed"};
@@ -435,6 +436,8 @@ typedef struct {
   char tenant[LT_ID_MAX + 1];
   char resource[LT_ACCESS_SCOPE_LEN];
   char object_key[512]; /* artifacts: the sealed object; datasets: "" (found from the id) */
+  char job[LT_ID_MAX + 1];
+  uint64_t bytes;       /* artifacts: the plaintext size */
   char dataset[LT_ID_MAX + 1];
 } read_t;
 
@@ -471,13 +474,22 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
     lt_crypto_dek_destroy(dek);
     free(wrapped);
   } else {
+    /* An artifact: streamed like the tenant's own download, under the job's artifact key. */
     const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
     const lt_crypto_dek_t *dek;
+    char dek_key[LT_STORE_KEY_MAX + 1];
     err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
-    if (!err) err = lt_sealed_get(api->conf.store, dek, r->object_key, 1ull << 31, &data, &len, msg, sizeof msg);
+    if (err) {
+      lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
+    } else {
+      lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
+      lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, "application/octet-stream");
+    }
+    free(r);
+    return;
   }
   if (err) lt_api_reply_store_err(r->req, err, "the object could not be read");
-  else send_plain(r->req, data, len, r->dataset[0] ? "application/jsonl" : "application/octet-stream");
+  else send_plain(r->req, data, len, "application/jsonl");
   free(r);
 }
 
@@ -542,6 +554,7 @@ void lt_api_staff_access_read_artifact(lt_api_call_t *c) {
   }
   memcpy(job, c->name, jl);
   job[jl] = '\0';
+  snprintf(r->job, sizeof r->job, "%s", job);
   snprintf(r->resource, sizeof r->resource, "artifact:%s/%s", job, art + 11);
   /* The grant is checked first: whether a job or artifact exists is the tenant's data too. */
   const lt_access_req_t *q;
@@ -552,8 +565,10 @@ void lt_api_staff_access_read_artifact(lt_api_call_t *c) {
     size_t i;
     json_t *a;
     json_array_foreach(json_object_get(info, "artifacts"), i, a) {
-      if (strcmp(json_string_value(json_object_get(a, "name")), art + 11) == 0)
+      if (strcmp(json_string_value(json_object_get(a, "name")), art + 11) == 0) {
         snprintf(r->object_key, sizeof r->object_key, "%s", json_string_value(json_object_get(a, "key")));
+        r->bytes = (uint64_t)json_integer_value(json_object_get(a, "bytes"));
+      }
     }
     if (!r->object_key[0]) {
       lt_api_reply_error(c->req, 404, "not_found", NULL, "job %s has no published artifact \"%s\"", job, art + 11);

@@ -600,6 +600,15 @@ Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_st
   cr_assert_eq(r.status, 409, "DELETE of a submitted job: %d %s", r.status, r.body);
   cr_expect(strstr(err_msg(&r), "cancel it first"), "%s", err_msg(&r));
   lt_client_resp_free(&r);
+  /* The same from the CLI: it fails, saying why. */
+  char cmd[1024];
+  int rc;
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' jobs delete %s 2>&1", url, key_a, lt_test_lathe_bin(),
+           job);
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 1, "%s", out);
+  cr_expect(strstr(out, "409") && strstr(out, "cancel it first"), "%s", out);
+  free(out);
   /* Finished (rejected), with artifacts under the job's own key, as the publisher writes them. */
   produce("control", "JobRejected",
           json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",

@@ -22,6 +22,7 @@
 #include <event2/http.h>
 
 #include "lt_cli_api.h"
+#include "lt_job.h"
 #include "lt_time.h"
 
 static void usage(FILE *f) {
@@ -232,23 +233,31 @@ out:
 
 /* ---------------------------------------------------------------- list, show, delete */
 
+/* Every page (--json: the server's pages as they come, one JSON object each). */
 static int list(lt_cli_opts_t *o) {
-  lt_client_resp_t r;
-  int rc = lt_cli_call(o, "datasets list", "GET", "/v1/datasets", NULL, NULL, &r);
-  if (rc) return rc;
-  if (!o->json) {
+  char path[256] = "/v1/datasets?limit=500", last[LT_ID_MAX + 1] = "";
+  if (!o->json) printf("%-28s %-28s %12s  %-20s\n", "ID", "NAME", "BYTES", "CREATED (UTC)");
+  for (bool more = true; more;) {
+    lt_client_resp_t r;
+    int rc = lt_cli_call(o, "datasets list", "GET", path, NULL, NULL, &r);
+    if (rc) return rc;
     json_t *ds = json_object_get(r.json, "datasets");
-    printf("%-28s %-28s %12s  %-20s\n", "ID", "NAME", "BYTES", "CREATED (UTC)");
     size_t i;
     json_t *d;
-    json_array_foreach(ds, i, d) {
-      char when[32];
-      lt_cli_time(json_integer_value(json_object_get(d, "created_at")), when, sizeof when);
-      printf("%-28s %-28.28s %12" JSON_INTEGER_FORMAT "  %-20s\n", json_string_value(json_object_get(d, "id")),
-             json_string_value(json_object_get(d, "name")), json_integer_value(json_object_get(d, "bytes")), when);
+    if (!o->json) json_array_foreach(ds, i, d) {
+        char when[32];
+        lt_cli_time(json_integer_value(json_object_get(d, "created_at")), when, sizeof when);
+        printf("%-28s %-28.28s %12" JSON_INTEGER_FORMAT "  %-20s\n", json_string_value(json_object_get(d, "id")),
+               json_string_value(json_object_get(d, "name")), json_integer_value(json_object_get(d, "bytes")), when);
+      }
+    const char *l = json_string_value(json_object_get(r.json, "last_id"));
+    more = json_is_true(json_object_get(r.json, "has_more")) && l && strlen(l) <= LT_ID_MAX && strcmp(l, last) != 0;
+    if (more) {
+      snprintf(last, sizeof last, "%s", l);
+      if (!lt_cli_path_id(path, sizeof path, "/v1/datasets?limit=500&after=", last, NULL)) more = false;
     }
+    lt_client_resp_free(&r);
   }
-  lt_client_resp_free(&r);
   return 0;
 }
 

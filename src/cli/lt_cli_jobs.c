@@ -5,6 +5,7 @@
  *   lathe jobs list [--state S] [--limit N] [--cursor C]
  *   lathe jobs show ID
  *   lathe jobs cancel ID
+ *   lathe jobs delete ID     (a finished job: its artifacts are crypto-shredded)
  *   lathe jobs watch ID
  *   common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json] [--quiet]
  *
@@ -29,6 +30,7 @@ static void usage(FILE *f) {
              "       lathe jobs list [--state S] [--limit N] [--cursor C]\n"
              "       lathe jobs show ID\n"
              "       lathe jobs cancel ID\n"
+             "       lathe jobs delete ID      a finished job, its artifacts and checkpoints (for good)\n"
              "       lathe jobs watch ID\n"
              "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080; https://\n"
              "  verifies the server against --ca-file PEM, LATHE_API_CA_FILE or the system's CAs),\n"
@@ -387,6 +389,12 @@ int lt_cli_jobs(int argc, char **argv) {
     if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], "/cancel")) rc = 2;
     else if (!(rc = lt_cli_call(&o, "jobs cancel", "POST", path, NULL, NULL, &r))) {
       if (!o.json) print_job_line(r.json);
+      lt_client_resp_free(&r);
+    }
+  } else if (strcmp(verb, "delete") == 0 && argc == 3) {
+    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], NULL)) rc = 2;
+    else if (!(rc = lt_cli_call(&o, "jobs delete", "DELETE", path, NULL, NULL, &r))) {
+      if (!o.json) printf("%s deleted (its artifacts and checkpoints cannot be read again)\n", argv[2]);
       lt_client_resp_free(&r);
     }
   } else if (strcmp(verb, "watch") == 0 && argc == 3) {

@@ -438,10 +438,13 @@ typedef struct ds_task {
   json_t *out;
   uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
   bool measured;
+  int limit;         /* list: datasets a page */
+  bool more;         /* list: another page follows */
 } ds_task_t;
 
-/* Hands a dataset request to the pool; after answers it and frees the task. */
-static void ds_run(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn *after) {
+/* Hands a dataset request to the pool (limit: a list's page size); after answers it and frees
+ * the task. */
+static void ds_run_limit(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn *after, int limit) {
   ds_task_t *t = calloc(1, sizeof *t);
   if (!t) {
     lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
@@ -451,8 +454,11 @@ static void ds_run(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn *afte
   t->req = c->req;
   snprintf(t->tenant, sizeof t->tenant, "%s", c->tenant->tenant_id);
   snprintf(t->id, sizeof t->id, "%s", c->id);
+  t->limit = limit;
   lt_api_work(c->api, t->tenant, work, after, t);
 }
+
+static void ds_run(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn *after) { ds_run_limit(c, work, after, 0); }
 
 /* Answers a failed dataset request: 404 for a dataset the tenant does not have. */
 static void ds_reply_err(ds_task_t *t) {
@@ -471,12 +477,18 @@ typedef struct {
   lt_api_t *api;
   const char *tenant;
   json_t *out;
+  int limit;
+  bool more;
 } list_ctx_t;
 
 static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info) {
   list_ctx_t *l = ctx;
   size_t klen = strlen(key), leaf = strlen("/" LT_DATASET_META);
   if (klen <= leaf || strcmp(key + klen - leaf, "/" LT_DATASET_META) != 0) return LT_OK;
+  if ((int)json_array_size(l->out) == l->limit) { /* a dataset past the page: say so and stop */
+    l->more = true;
+    return LT_ERR_CANCELLED;
+  }
   const char *idstart = key + klen - leaf;
   while (idstart > key && idstart[-1] != '/') idstart--;
   char id[LT_ID_MAX + 1];
@@ -503,31 +515,65 @@ void lt_api_datasets_upload(lt_api_call_t *c) {
   upload_run(c, u, true, true);
 }
 
-/* On a pool thread: every dataset of the tenant, without the validation reports. */
+/* On a pool thread: a page of the tenant's datasets in store order (t->id: the last id of the
+ * page before, "" for the first), without the validation reports. */
 static void list_work(void *ctx) {
   ds_task_t *t = ctx;
   char prefix[256], next[2048] = "", after[2048] = "";
   snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", t->tenant);
-  list_ctx_t l = {.api = t->api, .tenant = t->tenant, .out = json_array()};
+  /* Past every object of the dataset named: its keys are "<id>/data...", "<id>/key...",
+   * "<id>/meta...", all before "<id>/~". */
+  if (t->id[0]) snprintf(next, sizeof next, "%s%s/~", prefix, t->id);
+  list_ctx_t l = {.api = t->api, .tenant = t->tenant, .out = json_array(), .limit = t->limit};
   do {
     snprintf(after, sizeof after, "%s", next);
     next[0] = '\0';
     t->err = lt_store_list(t->api->conf.store, prefix, after, 0, list_one, &l, next, sizeof next, t->msg,
                            sizeof t->msg);
   } while (!t->err && next[0]);
+  if (l.more && t->err == LT_ERR_CANCELLED) t->err = LT_OK;
+  t->more = l.more;
   t->out = l.out;
 }
 
 static void list_after(lt_api_t *api, void *ctx) {
   ds_task_t *t = ctx;
   (void)api;
+  size_t n = json_array_size(t->out);
+  json_t *first = n ? json_object_get(json_array_get(t->out, 0), "id") : NULL;
+  json_t *last = n ? json_object_get(json_array_get(t->out, n - 1), "id") : NULL;
   if (t->err) ds_reply_err(t);
-  else lt_api_reply_json(t->req, 200, json_pack("{s:O}", "datasets", t->out));
+  else
+    lt_api_reply_json(t->req, 200,
+                      json_pack("{s:s,s:O,s:b,s:O,s:O}", "object", "list", "datasets", t->out, "has_more", t->more,
+                                "first_id", first ? first : json_null(), "last_id", last ? last : json_null()));
   ds_free(t);
 }
 
-/* GET /v1/datasets. */
-void lt_api_datasets_list(lt_api_call_t *c) { ds_run(c, list_work, list_after); }
+#define LIST_LIMIT_DEFAULT 100
+#define LIST_LIMIT_MAX 500
+
+/* GET /v1/datasets?limit=&after=: a page at a time like /v1/jobs (each dataset costs a store
+ * read, so a page bounds the work). */
+void lt_api_datasets_list(lt_api_call_t *c) {
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  const char *v = lt_api_query(&q, "limit"), *after = lt_api_query(&q, "after");
+  long n = LIST_LIMIT_DEFAULT;
+  char *end = NULL;
+  if (v) n = strtol(v, &end, 10);
+  if (v && (*end || end == v || n < 1 || n > LIST_LIMIT_MAX))
+    lt_api_reply_error(c->req, 400, "invalid", "limit", "limit must be a whole number from 1 to %d (default %d), not \"%.40s\"",
+                       LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT, v);
+  else if (after && !lt_id_valid(after))
+    lt_api_reply_error(c->req, 400, "invalid", "after", "after must be the last id of a page (the last_id it gave)");
+  else {
+    lt_api_call_t page = *c;
+    page.id = after ? after : "";
+    ds_run_limit(&page, list_work, list_after, (int)n);
+  }
+  evhttp_clear_headers(&q);
+}
 
 /* {id} is looked up by the handler, on a pool thread (it costs store round trips). */
 bool lt_api_datasets_resolve(lt_api_call_t *c) {

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +32,8 @@ static long prctl_dumpable(void) { return prctl(PR_GET_DUMPABLE); }
 
 /* What the child saw, one "name=value" per line. */
 static char seen[8192];
+
+static void *idle_thread(void *arg) { return arg; }
 
 static void say(int fd, const char *name, long value) {
   char line[128];
@@ -120,11 +124,15 @@ static void run_confined(const lt_confine_conf_t *c, int listen_port) {
     say(3, "nofile", (long)r.rlim_cur);
     r.rlim_cur = r.rlim_max = r.rlim_max + 1;
     say(3, "raise_nofile_errno", setrlimit(RLIMIT_NOFILE, &r) < 0 ? errno : 0);
-    /* Threads still start (clone without namespace flags; clone3 falls back). */
+    /* Threads still start (clone with CLONE_THREAD; clone3 falls back); processes do not. */
+    pthread_t th;
+    say(3, "thread_ok", pthread_create(&th, NULL, idle_thread, NULL) == 0 && pthread_join(th, NULL) == 0);
     pid_t t = fork();
     if (t == 0) _exit(0);
-    int st = 0;
-    say(3, "fork_ok", t > 0 && waitpid(t, &st, 0) == t && WIFEXITED(st));
+    say(3, "fork_errno", t < 0 ? errno : 0);
+    siginfo_t si = {.si_code = SI_QUEUE};
+    say(3, "sigqueue_parent_errno", syscall(SYS_rt_sigqueueinfo, getppid(), 0, &si) < 0 ? errno : 0);
+    say(3, "prlimit_parent_errno", prlimit(getppid(), RLIMIT_NOFILE, NULL, &r) < 0 ? errno : 0);
     say(3, "done", 1);
     _exit(0);
   }
@@ -189,7 +197,10 @@ Test(confine, a_confined_process_has_no_network_no_privileges_no_leaked_fd_and_i
   cr_assert_eq(value_of("data_limit_mb"), 3000);
   cr_assert_eq(value_of("nofile"), 256);
   cr_assert_neq(value_of("raise_nofile_errno"), 0, "a limit could be raised again");
-  cr_assert_eq(value_of("fork_ok"), 1, "a confined process cannot start a process or thread");
+  cr_assert_eq(value_of("thread_ok"), 1, "a confined process cannot start a thread");
+  cr_assert_eq(value_of("fork_errno"), EPERM, "a confined process started a process");
+  cr_assert_eq(value_of("sigqueue_parent_errno"), EPERM, "rt_sigqueueinfo reached another process");
+  cr_assert_eq(value_of("prlimit_parent_errno"), EPERM, "prlimit reached another process's limits");
   if (geteuid() == 0) {
     cr_assert_eq(value_of("uid"), 65534, "root's executor runs as uid %ld, not nobody", value_of("uid"));
   } else {

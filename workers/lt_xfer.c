@@ -2,6 +2,7 @@
 #include "lt_xfer.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,7 @@ int64_t lt_xfer_inputs_scrub(lt_xfer_inputs_t *in) {
 
 /* Plaintext into a new memory file; the plaintext buffer is cleansed and freed either way. */
 static lt_err_t to_memfd(const char *name, void *data, size_t len, int *fd_out, char *errstr, size_t n) {
-  int fd = memfd_create(name, MFD_CLOEXEC);
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   lt_err_t err = LT_OK;
   if (fd < 0) err = lt_errf(errstr, n, LT_ERR_IO, "memfd_create: %s", strerror(errno));
   for (size_t off = 0; !err && off < len;) {
@@ -70,6 +71,10 @@ static lt_err_t to_memfd(const char *name, void *data, size_t len, int *fd_out, 
     if (w <= 0) err = lt_errf(errstr, n, LT_ERR_IO, "writing the %s memory file: %s", name, strerror(errno));
     else off += (size_t)w;
   }
+  /* Its size is fixed from here: the executor cannot grow it (and make the worker's scrub zero
+   * whatever size it set) nor shrink it under the scrub's mapping. */
+  if (!err && fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0)
+    err = lt_errf(errstr, n, LT_ERR_IO, "sealing the %s memory file: %s", name, strerror(errno));
   OPENSSL_cleanse(data, len);
   free(data);
   if (err) {

@@ -433,6 +433,8 @@ void lt_api_staff_access_revoke(lt_api_call_t *c) { staff_decides(c, 3); }
 
 typedef struct {
   struct evhttp_request *req;
+  char request_id[LT_ID_MAX + 1];
+  char staff[LT_ACCESS_PRINCIPAL_LEN];
   char tenant[LT_ID_MAX + 1];
   char resource[LT_ACCESS_SCOPE_LEN];
   char object_key[512]; /* artifacts: the sealed object; datasets: "" (found from the id) */
@@ -460,6 +462,16 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   if (err) {
     lt_api_reply_error(r->req, 503, "unavailable", NULL,
                        "the audit record of this access could not be written durably, so nothing is returned; retry");
+    free(r);
+    return;
+  }
+  /* Again now: the grant may have been revoked, or run out, while the record was written. */
+  const lt_access_req_t *q;
+  char why[512];
+  err = lt_access_check(api->access, r->request_id, r->staff, r->resource, lt_time_wall_ms(), &q, why, sizeof why);
+  if (err) {
+    lt_api_reply_error(r->req, err == LT_ERR_NOT_FOUND ? 404 : 403, err == LT_ERR_NOT_FOUND ? "not_found" : "forbidden",
+                       NULL, "%s", why);
     free(r);
     return;
   }
@@ -506,6 +518,8 @@ static void read_under_grant(lt_api_call_t *c, read_t *r) {
     return;
   }
   snprintf(r->tenant, sizeof r->tenant, "%s", q->tenant_id);
+  snprintf(r->request_id, sizeof r->request_id, "%s", q->request_id);
+  snprintf(r->staff, sizeof r->staff, "%s", c->staff);
   if (r->dataset[0] && !lt_api_dataset_exists(api, r->tenant, r->dataset)) {
     lt_api_reply_error(c->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
     free(r);

@@ -155,9 +155,10 @@ static void download_cancel(lt_api_download_t *d) {
   pthread_mutex_unlock(&d->mu);
 }
 
-static void on_closed(struct evhttp_connection *evcon, void *arg) {
+/* Through the front door's close hook (lt_api_limits.c), which owns the connection's close
+ * callback: setting our own would leave the connection counted against max_connections. */
+static void on_closed(void *arg) {
   lt_api_download_t *d = arg;
-  (void)evcon;
   d->gone = true; /* libevent detached the unfinished request; it is freed by the reply's end */
   download_cancel(d);
 }
@@ -165,7 +166,7 @@ static void on_closed(struct evhttp_connection *evcon, void *arg) {
 /* The end: a whole body is finished; a cut one drops the connection (Content-Length then tells
  * the client it is short). Frees d. */
 static void download_end(lt_api_download_t *d, bool whole) {
-  if (!d->gone) evhttp_connection_set_closecb(d->evcon, NULL, NULL); /* else evcon is freed */
+  if (!d->gone) lt_api_door_on_close(d->api, d->evcon, NULL, NULL); /* else evcon is freed */
   if (d->gone || whole) evhttp_send_reply_end(d->req); /* gone: frees the detached request */
   else evhttp_connection_free(d->evcon);                /* frees the request too */
   download_free(d);
@@ -184,7 +185,7 @@ static void on_written(struct evhttp_connection *evcon, void *arg) {
 static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t err) {
   if (!have && !finished) return false;
   if (!have && err) {
-    evhttp_connection_set_closecb(d->evcon, NULL, NULL);
+    lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
     /* A published artifact that is not there is the service's fault, not the client's. */
     lt_api_reply_err(d->req, err == LT_ERR_NOT_FOUND ? LT_ERR_INTERNAL : err, NULL, d->msg);
     download_free(d);
@@ -244,6 +245,12 @@ static int tenant_downloads(lt_api_t *api, const char *tenant) {
 
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
                            const char *key, uint64_t bytes, const char *content_type) {
+  /* A request whose client left while it waited (a staff read waits for its audit record) has
+   * no connection any more: answering frees it. */
+  if (!evhttp_request_get_connection(req)) {
+    lt_api_reply_error(req, 503, "unavailable", NULL, "the client went away");
+    return;
+  }
   const char *tenant = lt_crypto_dek_tenant(dek);
   int per_tenant = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
   int mine = tenant_downloads(api, tenant);
@@ -282,7 +289,14 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
     return;
   }
   d->thread_started = true;
-  evhttp_connection_set_closecb(d->evcon, on_closed, d);
+  if (!lt_api_door_on_close(api, d->evcon, on_closed, d)) {
+    /* Its close could not be watched (out of memory when it opened): no stream to it. */
+    download_cancel(d);
+    pthread_join(d->thread, NULL);
+    d->thread_started = false;
+    lt_api_reply_error(req, 503, "unavailable", NULL, "cannot watch this connection; retry");
+    download_free(d);
+  }
 }
 
 void lt_api_download_stop_all(lt_api_t *api) {

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "lt_dataset.h"
+#include "lt_job_record.h"
 #include "lt_publisher.h"
 
 static const char *const types[] = {"AccessRequested", "AccessApproved", "AccessDenied", "AccessRevoked",
@@ -77,20 +78,15 @@ static void dead_letter(lt_api_t *api, const lt_bus_msg_t *m, const char *reason
       hw = api->feed_parts[i].offset;
   if (hw < 0 || lt_bus_msg_offset(m) < hw) return;
   lt_avro_record_t *rec = NULL;
-  size_t klen = 0, vlen = 0;
-  const void *key = lt_bus_msg_key(m, &klen), *val = lt_bus_msg_value(m, &vlen);
+  size_t klen = 0;
+  const void *key = lt_bus_msg_key(m, &klen);
   const uint8_t *bytes;
   size_t len;
   char msg[256], topic[128];
   lt_err_t err = lt_avro_record_new(api->reg, "DeadLetter", &rec, msg, sizeof msg);
   if (!err)
-    err = lt_avro_record_stamp(rec, api->conf.producer_id) || lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m)) ||
-          lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m)) ||
-          lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m)) ||
-          (key ? lt_avro_set_bytes(rec, "key", key, klen) : lt_avro_set_null(rec, "key")) ||
-          lt_avro_set_bytes(rec, "payload", val ? val : "", vlen) || lt_avro_set_null(rec, "fingerprint") ||
-          lt_avro_set_string(rec, "error_code", lt_err_name(LT_ERR_AUTH)) || lt_avro_set_string(rec, "reason", reason) ||
-          lt_avro_set_string(rec, "consumer", api->conf.producer_id);
+    err = lt_avro_record_stamp(rec, api->conf.producer_id) ||
+          lt_dead_letter_fill(rec, m, LT_ERR_AUTH, reason, api->conf.producer_id);
   if (!err) err = lt_avro_record_encode(rec, &bytes, &len, msg, sizeof msg);
   lt_bus_topic_name(api->conf.bus, "deadletter", topic, sizeof topic);
   char kstr[LT_ID_MAX + 1]; /* the original key (a tenant id), as the dead letter's key */

@@ -130,26 +130,9 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
 
 void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err_t code, const char *reason) {
   lt_avro_record_t *rec = begin_rec(s, R_DEAD, NULL, NULL);
-  size_t klen = 0, vlen = 0;
+  size_t klen = 0;
   const void *key = lt_bus_msg_key(m, &klen);
-  const void *val = lt_bus_msg_value(m, &vlen);
-  lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m));
-  lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m));
-  lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m));
-  if (key) lt_avro_set_bytes(rec, "key", key, klen);
-  else lt_avro_set_null(rec, "key");
-  lt_avro_set_bytes(rec, "payload", val ? val : "", vlen);
-  uint64_t fp;
-  char hex[17];
-  if (val && lt_avro_peek(val, vlen, &fp, NULL, 0) == LT_OK) {
-    lt_avro_fingerprint_hex(fp, hex);
-    lt_avro_set_string(rec, "fingerprint", hex);
-  } else {
-    lt_avro_set_null(rec, "fingerprint");
-  }
-  lt_avro_set_string(rec, "error_code", lt_err_name(code));
-  lt_avro_set_string(rec, "reason", reason);
-  lt_avro_set_string(rec, "consumer", s->producer_id);
+  lt_dead_letter_fill(rec, m, code, reason, s->producer_id);
   if (scheduler_emit(s, O_DEADLETTER, NULL, key, klen, rec) == LT_OK) s->st.deadlettered++;
 }
 

@@ -293,3 +293,22 @@ lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, c
 #undef TRY
   return LT_OK;
 }
+
+lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_err_t code, const char *reason,
+                             const char *consumer) {
+  size_t klen = 0, vlen = 0;
+  const void *key = lt_bus_msg_key(m, &klen), *val = lt_bus_msg_value(m, &vlen);
+  uint64_t fp;
+  char hex[17];
+  bool has_fp = val && lt_avro_peek(val, vlen, &fp, NULL, 0) == LT_OK;
+  if (has_fp) lt_avro_fingerprint_hex(fp, hex);
+  if (lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m)) || lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m)) ||
+      lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m)) ||
+      (key ? lt_avro_set_bytes(rec, "key", key, klen) : lt_avro_set_null(rec, "key")) ||
+      lt_avro_set_bytes(rec, "payload", val ? val : "", vlen) ||
+      (has_fp ? lt_avro_set_string(rec, "fingerprint", hex) : lt_avro_set_null(rec, "fingerprint")) ||
+      lt_avro_set_string(rec, "error_code", lt_err_name(code)) || lt_avro_set_string(rec, "reason", reason) ||
+      lt_avro_set_string(rec, "consumer", consumer))
+    return LT_ERR_INVALID;
+  return LT_OK;
+}

@@ -10,6 +10,7 @@
 #define LT_JOB_RECORD_H
 
 #include "lt_avro.h"
+#include "lt_bus.h"
 #include "lt_job.h"
 #include "lt_jobspec.h"
 
@@ -42,5 +43,11 @@ lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char 
  * the caller's). */
 lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, char *errstr,
                               size_t errstr_size);
+
+/* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
+ * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
+ * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
+lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_err_t code, const char *reason,
+                             const char *consumer);
 
 #endif

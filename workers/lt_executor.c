@@ -33,6 +33,7 @@
 
 #include "lt_ckpt.h"
 #include "lt_confine.h"
+#include "lt_executor_int.h"
 #include "lt_crypto.h"
 #include "lt_proto.h"
 #include "lt_store.h"
@@ -45,7 +46,9 @@
 #define INPUT_FD_MAX (2 + LT_CONFINE_INPUTS)
 
 /* The process-wide stop flags, set only by signal handlers. */
-static volatile sig_atomic_t stop_cancel, stop_preempt;
+volatile sig_atomic_t lt_exec_stop_cancel, lt_exec_stop_preempt;
+#define stop_cancel lt_exec_stop_cancel
+#define stop_preempt lt_exec_stop_preempt
 
 static void on_cancel(int sig) {
   (void)sig;
@@ -57,55 +60,90 @@ static void on_preempt(int sig) {
   stop_preempt = 1;
 }
 
-/* One attempt's resources, from the assignment to the exit; also the training hooks' context. */
-typedef struct {
-  const lt_proto_assignment_t *asg;
-  lt_crypto_dek_t *dek;     /* the tenant's data key, from the assignment */
-  lt_store_t *sealed;       /* the directory store the checkpoints are sealed into */
-  char *train, *valid;      /* the datasets' plaintext: read-only maps of the input memory files */
-  size_t train_len, valid_len;
-  char train_sha[65];
-  char resume_path[64];     /* the state to resume from (its memory file); "" for none */
-  lt_ckpt_t *ckpt;          /* seals checkpoints off the training thread */
-  int64_t awaited;          /* the step of the newest interval checkpoint handed to it (0: none) */
-  int64_t submitted;        /* the step of the newest checkpoint handed to it (0: none) */
-} exec_t;
 
 /* ---------------------------------------------------------------- the protocol's two channels */
 
-/* The commits the worker has recorded, as it reports them on stdin (read by their own thread). */
+/* What the worker reports on stdin (read by their own thread): the commits it recorded and, for a
+ * session, its calls. */
 static struct {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   int64_t committed; /* the newest step committed */
   bool gone;         /* stdin ended: the worker will report nothing more */
-} acks = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+  lt_exec_call_t *head, *tail; /* calls not yet taken, in order */
+} acks = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false, NULL, NULL};
 
-static void on_committed(const lt_proto_msg_t *m) {
+static void on_committed(lt_proto_msg_t *m) {
   pthread_mutex_lock(&acks.lock);
   if (m->committed.step > acks.committed) acks.committed = m->committed.step;
   pthread_cond_broadcast(&acks.cond);
   pthread_mutex_unlock(&acks.lock);
 }
 
+/* A session's call: queued whole (the message keeps its line's document). */
+static void on_call(lt_proto_msg_t *m) {
+  lt_exec_call_t *c = calloc(1, sizeof *c);
+  if (!c) return; /* the worker's watchdog ends an attempt that stops answering */
+  c->msg = *m;
+  memset(m, 0, sizeof *m);
+  pthread_mutex_lock(&acks.lock);
+  if (acks.tail) acks.tail->next = c;
+  else acks.head = c;
+  acks.tail = c;
+  pthread_cond_broadcast(&acks.cond);
+  pthread_mutex_unlock(&acks.lock);
+}
+
 /* What the worker may say after the assignment; anything else is ignored. */
-static void (*const stdin_handlers[LT_PROTO__COUNT])(const lt_proto_msg_t *m) = {
+static void (*const stdin_handlers[LT_PROTO__COUNT])(lt_proto_msg_t *m) = {
     [LT_PROTO_COMMITTED] = on_committed,
+    [LT_PROTO_CALL] = on_call,
 };
 
 static void *read_acks(void *arg) {
   (void)arg;
-  char line[256];
-  while (fgets(line, sizeof line, stdin)) {
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, stdin) > 0) {
     lt_proto_msg_t m;
     if (lt_proto_decode(line, &m, NULL, 0) == LT_OK && stdin_handlers[m.type]) stdin_handlers[m.type](&m);
     lt_proto_msg_release(&m);
+    OPENSSL_cleanse(line, cap); /* a call's line holds the customer's data */
   }
+  free(line);
   pthread_mutex_lock(&acks.lock);
   acks.gone = true;
   pthread_cond_broadcast(&acks.cond);
   pthread_mutex_unlock(&acks.lock);
   return NULL;
+}
+
+lt_exec_call_t *lt_exec_next_call(bool *gone) {
+  pthread_mutex_lock(&acks.lock);
+  while (!acks.head && !acks.gone && !stop_cancel && !stop_preempt) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 50 * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
+  }
+  lt_exec_call_t *c = acks.head;
+  if (c) {
+    acks.head = c->next;
+    if (!acks.head) acks.tail = NULL;
+  }
+  *gone = acks.gone;
+  pthread_mutex_unlock(&acks.lock);
+  return c;
+}
+
+void lt_exec_call_free(lt_exec_call_t *c) {
+  if (!c) return;
+  lt_proto_msg_release(&c->msg);
+  free(c);
 }
 
 /* The executor's one output channel, stdout, shared by the training thread and the checkpoint
@@ -115,7 +153,7 @@ static struct {
   bool closed;
 } output = {PTHREAD_MUTEX_INITIALIZER, false};
 
-static void emit_line(const lt_proto_msg_t *m, bool last) {
+void lt_exec_emit_line(const lt_proto_msg_t *m, bool last) {
   char *s;
   size_t len;
   if (lt_proto_encode(m, &s, &len)) return;
@@ -129,7 +167,8 @@ static void emit_line(const lt_proto_msg_t *m, bool last) {
   free(s);
 }
 
-static void emit(const lt_proto_msg_t *m) { emit_line(m, false); }
+static void emit(const lt_proto_msg_t *m) { lt_exec_emit_line(m, false); }
+#define emit_line lt_exec_emit_line
 
 /* ---------------------------------------------------------------- training hooks */
 
@@ -171,7 +210,7 @@ static lt_err_t on_checkpoint(void *ctx, const char *dir, int64_t step, bool fin
 /* Waits until the worker has recorded the commit of the checkpoint at step (0: none to wait
  * for). A cancel ends the wait when cancel_ends is set; an upload that failed, or a worker that is
  * gone, is an error. */
-static lt_err_t wait_committed(exec_t *x, int64_t step, bool cancel_ends, char *errstr, size_t n) {
+lt_err_t lt_exec_wait_committed(exec_t *x, int64_t step, bool cancel_ends, char *errstr, size_t n) {
   pthread_mutex_lock(&acks.lock);
   while (acks.committed < step && !acks.gone && !(cancel_ends && stop_cancel)) {
     if (!lt_ckpt_busy(x->ckpt)) {
@@ -204,7 +243,7 @@ static lt_err_t wait_committed(exec_t *x, int64_t step, bool cancel_ends, char *
  * it. A cancel ends the wait (the run stops at its next micro-step). */
 static lt_err_t before_update(void *ctx, char *errstr, size_t n) {
   exec_t *x = ctx;
-  return wait_committed(x, x->awaited, true, errstr, n);
+  return lt_exec_wait_committed(x, x->awaited, true, errstr, n);
 }
 
 /* Reports the failure that ends the attempt; returns the exit status. */
@@ -288,7 +327,8 @@ static lt_err_t open_inputs(exec_t *x, char *errstr, size_t n) {
   OPENSSL_cleanse(key, sizeof key);
   OPENSSL_cleanse((char *)a->key_hex, strlen(a->key_hex));
   if (e) return lt_errf(errstr, n, LT_ERR_INVALID, "cannot open the tenant's data key: %s", err);
-  if ((e = map_input(a->train_fd, "training dataset", &x->train, &x->train_len, errstr, n))) return e;
+  if (a->train_fd >= 0 && (e = map_input(a->train_fd, "training dataset", &x->train, &x->train_len, errstr, n)))
+    return e;
   if (a->valid_fd >= 0 && (e = map_input(a->valid_fd, "validation dataset", &x->valid, &x->valid_len, errstr, n)))
     return e;
   uint8_t d[32];
@@ -348,7 +388,7 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
   /* The preemption's or the final checkpoint must be committed before the attempt ends: sealed
    * here, then uploaded and recorded by the worker. */
   if ((e = lt_ckpt_flush(x->ckpt, errstr, n))) return e;
-  if ((e = wait_committed(x, x->submitted, false, errstr, n))) return e;
+  if ((e = lt_exec_wait_committed(x, x->submitted, false, errstr, n))) return e;
   if (res.stopped == LT_TRAIN_STOP_PREEMPT)
     emit_line(&(lt_proto_msg_t){.type = LT_PROTO_STOPPED, .stopped = {LT_TRAIN_STOP_PREEMPT, res.steps}}, true);
   else
@@ -367,7 +407,8 @@ int lt_executor_main(void) {
   exec_t x = {.asg = &m.assignment};
   lt_err_t e = open_inputs(&x, err, sizeof err);
   if (!e) e = start_sealing(&x, err, sizeof err);
-  if (!e) e = train_and_report(&x, err, sizeof err);
+  if (!e) e = m.assignment.spec.mode == LT_MODE_INTERACTIVE ? lt_exec_session(&x, err, sizeof err)
+                                                             : train_and_report(&x, err, sizeof err);
   if (e) fail("%s", err);
   lt_ckpt_destroy(x.ckpt);
   /* The maps are of the worker's memory files, which it zeroes when the attempt ends. */

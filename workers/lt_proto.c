@@ -7,6 +7,7 @@
  * exactly as the job asked for them. */
 #include "lt_proto.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,8 @@
 static const char *const type_names[LT_PROTO__COUNT] = {
     [LT_PROTO_UNKNOWN] = "",       [LT_PROTO_ASSIGNMENT] = "",        [LT_PROTO_COMMITTED] = "committed",
     [LT_PROTO_STEP] = "step",      [LT_PROTO_EVAL] = "eval",          [LT_PROTO_CHECKPOINT] = "checkpoint",
-    [LT_PROTO_STOPPED] = "stopped", [LT_PROTO_DONE] = "done",         [LT_PROTO_ERROR] = "error"};
+    [LT_PROTO_STOPPED] = "stopped", [LT_PROTO_DONE] = "done",         [LT_PROTO_ERROR] = "error",
+    [LT_PROTO_CALL] = "call",       [LT_PROTO_RESULT] = "result",     [LT_PROTO_READY] = "ready"};
 
 const char *lt_proto_type_name(lt_proto_type_t type) {
   return (unsigned)type < LT_PROTO__COUNT ? type_names[type] : "";
@@ -58,10 +60,27 @@ static json_t *pack_checkpoint(const lt_ckpt_done_t *d) {
                    (json_int_t)d->bytes);
 }
 
+static json_t *pack_result(const lt_proto_result_t *r) {
+  json_t *o = json_pack("{s:s,s:I,s:s,s:s,s:I,s:I,s:f}", "type", "result", "seq", (json_int_t)r->seq, "kind",
+                        r->kind, "status", r->ok ? "done" : "failed", "step", (json_int_t)r->step, "tokens",
+                        (json_int_t)r->tokens, "duration_ms", r->duration_ms);
+  if (!o) return NULL;
+  /* A metric the kind does not have (NAN) is left out; so is one that is not finite. */
+  if (isfinite(r->loss)) json_object_set_new(o, "loss", json_real(r->loss));
+  if (isfinite(r->grad_norm)) json_object_set_new(o, "grad_norm", json_real(r->grad_norm));
+  const char *strs[4][2] = {{"error_code", r->error_code}, {"error_field", r->error_field},
+                            {"error_reason", r->error_reason}, {"body", r->body}};
+  for (int i = 0; i < 4; i++)
+    if (strs[i][1]) json_object_set_new(o, strs[i][0], json_string(strs[i][1]));
+  return o;
+}
+
 static json_t *pack(const lt_proto_msg_t *m) {
   switch (m->type) {
   case LT_PROTO_ASSIGNMENT: return pack_assignment(&m->assignment);
-  case LT_PROTO_COMMITTED: return json_pack("{s:s,s:I}", "type", "committed", "step", (json_int_t)m->committed.step);
+  case LT_PROTO_COMMITTED:
+  case LT_PROTO_READY:
+    return json_pack("{s:s,s:I}", "type", type_names[m->type], "step", (json_int_t)m->committed.step);
   case LT_PROTO_STEP: return pack_step(&m->step);
   case LT_PROTO_EVAL: return pack_eval(&m->eval);
   case LT_PROTO_CHECKPOINT: return pack_checkpoint(&m->checkpoint);
@@ -73,6 +92,10 @@ static json_t *pack(const lt_proto_msg_t *m) {
     return json_pack("{s:s,s:I,s:s}", "type", "done", "step", (json_int_t)m->done.step, "config_digest",
                      m->done.config_digest);
   case LT_PROTO_ERROR: return json_pack("{s:s,s:s}", "type", "error", "reason", m->error.reason);
+  case LT_PROTO_CALL:
+    return json_pack("{s:s,s:I,s:s,s:s?}", "type", "call", "seq", (json_int_t)m->call.seq, "kind", m->call.kind,
+                     "body", m->call.body);
+  case LT_PROTO_RESULT: return pack_result(&m->result);
   default: return NULL;
   }
 }
@@ -121,13 +144,15 @@ static lt_err_t read_assignment(const json_t *o, lt_proto_assignment_t *a, char 
   a->key_id = get_str(tk, "key_id");
   a->key_hex = get_str(tk, "key_hex");
   if (!a->tenant_id || !a->job_id || a->attempt < 1 || !a->model_dir || !a->work_dir || !a->sealed_dir ||
-      a->train_fd < 0 || !a->key_id || !a->key_hex)
+      !a->key_id || !a->key_hex)
     return lt_errf(errstr, n, LT_ERR_INVALID,
                    "the assignment lacks a field (job_id, tenant_id, attempt, model_dir, work_dir, sealed_dir, "
-                   "inputs.train_fd, tenant_key.key_id, tenant_key.key_hex)");
+                   "tenant_key.key_id, tenant_key.key_hex)");
   char field[96], err[512];
   if (lt_jobspec_from_json(json_object_get(o, "spec"), &a->spec, field, sizeof field, err, sizeof err))
     return lt_errf(errstr, n, LT_ERR_INVALID, "the job spec is invalid: %s", err);
+  if (a->train_fd < 0 && a->spec.mode == LT_MODE_MANAGED)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the assignment of a managed job lacks inputs.train_fd");
   return LT_OK;
 }
 
@@ -178,6 +203,27 @@ static lt_err_t read_checkpoint(const json_t *o, lt_ckpt_done_t *d, char *errstr
   return LT_OK;
 }
 
+static double get_metric(const json_t *o, const char *k) {
+  const json_t *v = json_object_get(o, k);
+  return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+static void read_result(const json_t *o, lt_proto_result_t *r) {
+  const char *status = get_str(o, "status");
+  r->seq = get_int(o, "seq");
+  r->kind = get_str(o, "kind");
+  r->ok = status && strcmp(status, "done") == 0;
+  r->error_code = get_str(o, "error_code");
+  r->error_field = get_str(o, "error_field");
+  r->error_reason = get_str(o, "error_reason");
+  r->step = get_int(o, "step");
+  r->tokens = get_int(o, "tokens");
+  r->loss = get_metric(o, "loss");
+  r->grad_norm = get_metric(o, "grad_norm");
+  r->duration_ms = get_num(o, "duration_ms");
+  r->body = get_str(o, "body");
+}
+
 static lt_proto_type_t type_of(const json_t *o) {
   const json_t *t = json_object_get(o, "type");
   if (!t) return LT_PROTO_ASSIGNMENT;
@@ -196,7 +242,8 @@ lt_err_t lt_proto_decode(const char *line, lt_proto_msg_t *msg, char *errstr, si
   msg->type = type_of(o);
   switch (msg->type) {
   case LT_PROTO_ASSIGNMENT: return read_assignment(o, &msg->assignment, errstr, n);
-  case LT_PROTO_COMMITTED: msg->committed.step = get_int(o, "step"); break;
+  case LT_PROTO_COMMITTED:
+  case LT_PROTO_READY: msg->committed.step = get_int(o, "step"); break;
   case LT_PROTO_STEP: read_step(o, &msg->step); break;
   case LT_PROTO_EVAL: read_eval(o, &msg->eval); break;
   case LT_PROTO_CHECKPOINT: return read_checkpoint(o, &msg->checkpoint, errstr, n);
@@ -211,6 +258,12 @@ lt_err_t lt_proto_decode(const char *line, lt_proto_msg_t *msg, char *errstr, si
     msg->done.config_digest = get_str(o, "config_digest");
     break;
   case LT_PROTO_ERROR: msg->error.reason = get_str(o, "reason"); break;
+  case LT_PROTO_CALL:
+    msg->call.seq = get_int(o, "seq");
+    msg->call.kind = get_str(o, "kind");
+    msg->call.body = get_str(o, "body");
+    break;
+  case LT_PROTO_RESULT: read_result(o, &msg->result); break;
   default: break;
   }
   return LT_OK;

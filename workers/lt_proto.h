@@ -15,9 +15,15 @@
  *   signals          SIGUSR1 or SIGTERM: stop at the next micro-step boundary (cancel);
  *                    SIGUSR2: checkpoint at the next step boundary, then stop (preempt).
  *
+ * A training session (spec.mode interactive, docs/DESIGN.md §5) runs no loop of its own: the
+ * worker writes one "call" line per call of the session, in sequence order, and the executor
+ * answers each with one "result" line, in the same order. save_state and the end of the session
+ * make checkpoints as above (their "result" or "done" follows the commit).
+ *
  * Both sides build and read messages only through lt_proto_encode() and lt_proto_decode(), so the
  * field names live here and nowhere else. Customer text never crosses the protocol: ids, hashes
- * and metrics only. Reading is as lenient as the peers always were: a missing field reads as 0,
+ * and metrics only, except a session's call and result bodies (token ids, weights, log-probs),
+ * which the worker seals into the store and never logs. Reading is as lenient as the peers always were: a missing field reads as 0,
  * false or NULL, and a type this side does not know as LT_PROTO_UNKNOWN, which the reader ignores.
  *
  * Threads: no state; any thread. */
@@ -43,6 +49,9 @@ typedef enum lt_proto_type {
   LT_PROTO_STOPPED,     /* executor -> worker, last: stopped on request */
   LT_PROTO_DONE,        /* executor -> worker, last: finished */
   LT_PROTO_ERROR,       /* executor -> worker, last: failed */
+  LT_PROTO_CALL,        /* worker -> executor: a session's call to run */
+  LT_PROTO_RESULT,      /* executor -> worker: how a session's call ended */
+  LT_PROTO_READY,       /* executor -> worker: a session's state is loaded ("step": its step) */
   LT_PROTO__COUNT
 } lt_proto_type_t;
 
@@ -56,7 +65,7 @@ typedef struct lt_proto_assignment {
   const char *sealed_dir;       /* a directory store on disk where it seals its checkpoints, for
                                  * the worker to upload */
   int threads;                  /* cpu backend threads */
-  int train_fd;                 /* the training dataset's plaintext: a memory file */
+  int train_fd;                 /* the training dataset's plaintext: a memory file (-1: a session) */
   int valid_fd;                 /* the validation dataset's, or -1: hold out a share */
   int resume_fd;                /* the state to resume from, or -1 */
   const char *key_id;           /* the tenant's data key (its id) ... */
@@ -81,19 +90,45 @@ typedef struct lt_proto_error {
   const char *reason; /* NULL when the executor gave none */
 } lt_proto_error_t;
 
+/* A session's call: its sequence number (its SessionCall's offset in lathe.calls), its kind
+ * ("forward_backward", ... as the record's PrimitiveKind) and its body, the JSON the customer sent
+ * (NULL for a call without one). */
+typedef struct lt_proto_call {
+  int64_t seq;
+  const char *kind;
+  const char *body;
+} lt_proto_call_t;
+
+/* How a call ended. ok false: error_code ("invalid": the session is unchanged; "internal"),
+ * error_field (may be NULL) and error_reason say why. loss and grad_norm are NAN when the kind has
+ * none (they are then left out of the line). body: the result's JSON, or NULL. */
+typedef struct lt_proto_result {
+  int64_t seq;
+  const char *kind;
+  bool ok;
+  const char *error_code, *error_field, *error_reason;
+  int64_t step;         /* optimizer steps of the session's state after the call */
+  int64_t tokens;
+  double loss, grad_norm;
+  double duration_ms;
+  const char *body;
+} lt_proto_result_t;
+
 /* One message. Strings are borrowed: from the caller for encoding; for a decoded message they
  * point into the parsed line, valid until lt_proto_msg_release(). */
 typedef struct lt_proto_msg {
   lt_proto_type_t type;
   union {
     lt_proto_assignment_t assignment;
-    lt_proto_committed_t committed;
+    lt_proto_committed_t committed; /* also LT_PROTO_READY's */
     lt_train_step_t step;     /* all fields but tokens_total are read back */
     lt_train_eval_t eval;
     lt_ckpt_done_t checkpoint; /* trigger NULL and keys NULL when absent; sha256_hex "" */
     lt_proto_stopped_t stopped;
     lt_proto_done_t done;
     lt_proto_error_t error;
+    lt_proto_call_t call;
+    lt_proto_result_t result;
   };
   void *doc_; /* private: what a decoded message's strings point into */
 } lt_proto_msg_t;

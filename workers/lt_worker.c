@@ -26,10 +26,12 @@
 #include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
+#include "lt_worker_session.h"
 #include "lt_xfer.h"
 
 #define MAX_SLOTS 64
 #define MAX_PENDING 256
+#define LINE_MAX_BYTES ((size_t)256 << 20) /* the longest executor line read */
 
 typedef enum { A_FREE = 0, A_RUNNING, A_EXITED } att_state_t;
 
@@ -45,8 +47,9 @@ typedef struct attempt {
   int out_fd;           /* the executor's stdout: its JSON lines */
   int in_fd;            /* its stdin, after the assignment: the commits recorded for it */
   struct event *ev;
-  char line[1 << 15];
-  size_t line_len;
+  char *line;           /* the executor's output not yet read to a newline */
+  size_t line_len, line_cap;
+  lt_wsess_t *sess;     /* a training session's calls and results (lt_worker_session.h) */
   char work_dir[720];    /* on disk, the executor's: where it seals its checkpoints */
   char mem_dir[720];     /* on a memory file system, the executor's: its plaintext files */
   int notify[2];        /* the fetch and upload threads' "ended" bytes (see on_notify) */
@@ -87,7 +90,7 @@ struct lt_worker {
   lt_proj_t *proj;
   lt_avro_decoder_t *dec;
   lt_avro_record_t *rec[16];
-  char t_control[128], t_progress[128], t_workers[128], t_dispatch[LT_CLASS__COUNT][128];
+  char t_control[128], t_progress[128], t_workers[128], t_calls[128], t_dispatch[LT_CLASS__COUNT][128];
   attempt_t slots[MAX_SLOTS];
   pending_t pending[MAX_PENDING];
   int npending;
@@ -117,7 +120,6 @@ static void logf_(lt_worker_t *w, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------- producing */
-
 /* A record being built. Every set is checked and the first failure sticks: a set fails only when
  * this file and the schema disagree (a path, a type, a symbol), which is a bug, so the record is
  * logged with lt_avro_record_error() and never sent rather than sent with a field missing. */
@@ -207,7 +209,6 @@ static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
 }
 
 /* ---------------------------------------------------------------- attempts */
-
 static attempt_t *find_attempt(lt_worker_t *w, const char *job_id) {
   for (int i = 0; i < w->conf.slots; i++)
     if (w->slots[i].state != A_FREE && strcmp(w->slots[i].job_id, job_id) == 0) return &w->slots[i];
@@ -304,6 +305,7 @@ static void slot_reset(attempt_t *a) {
   if (a->in_fd >= 0) close(a->in_fd);
   for (int i = 0; i < 2; i++)
     if (a->notify[i] >= 0) close(a->notify[i]);
+  free(a->line);
   memset(a, 0, sizeof *a);
   a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;
   lt_xfer_inputs_init(&a->in);
@@ -313,6 +315,8 @@ static void slot_reset(attempt_t *a) {
  * abandoned), its input memory files and both directories zeroed and removed. Returns the bytes
  * zeroed (CleanupDone's host_bytes_zeroed). */
 static int64_t scrub_attempt(lt_worker_t *w, attempt_t *a) {
+  lt_wsess_destroy(a->sess);
+  a->sess = NULL;
   lt_xfer_destroy(a->xfer);
   a->xfer = NULL;
   lt_ckpt_destroy(a->up);
@@ -360,7 +364,6 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
 }
 
 /* ---------------------------------------------------------------- what executors report */
-
 static void on_step_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
   const lt_train_step_t *st = &m->step;
   a->step = st->step;
@@ -434,7 +437,8 @@ static void commit_checkpoint(lt_worker_t *w, attempt_t *a, const lt_ckpt_done_t
   char *ack = NULL;
   size_t len = 0;
   lt_proto_msg_t committed = {.type = LT_PROTO_COMMITTED, .committed.step = d->step};
-  if (a->in_fd < 0 || lt_proto_encode(&committed, &ack, &len) || write(a->in_fd, ack, len) != (ssize_t)len)
+  if (a->in_fd < 0 || lt_proto_encode(&committed, &ack, &len) ||
+      !(a->sess ? lt_wsess_write(a->sess, ack, len) : write(a->in_fd, ack, len) == (ssize_t)len))
     kill_attempt(w, a, "the executor cannot be told of its commit");
   free(ack);
 }
@@ -508,11 +512,20 @@ static void on_error_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m)
   record_stopped(w, a, "failed", m->error.reason ? m->error.reason : "the executor failed");
 }
 
+/* A session's executor loaded its state, or answered a call (lt_worker_session.h). */
+static void on_ready_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  if (a->sess && w) lt_wsess_ready(a->sess, m->committed.step);
+}
+static void on_result_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  if (a->sess && w) lt_wsess_result(a->sess, &m->result);
+}
+
 /* What an executor may say (lt_proto.h); other types are ignored. */
 static void (*const line_handlers[LT_PROTO__COUNT])(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) = {
     [LT_PROTO_STEP] = on_step_line,       [LT_PROTO_EVAL] = on_eval_line,
     [LT_PROTO_CHECKPOINT] = on_checkpoint_line, [LT_PROTO_DONE] = on_done_line,
     [LT_PROTO_STOPPED] = on_stopped_line, [LT_PROTO_ERROR] = on_error_line,
+    [LT_PROTO_READY] = on_ready_line,     [LT_PROTO_RESULT] = on_result_line,
 };
 
 /* One line from an executor: any line is progress; a fenced attempt's lines are not recorded. */
@@ -526,6 +539,7 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
     if (!live(w, a)) {
       /* Fenced: a newer attempt owns the job. Record nothing and stop. */
       a->fenced = true;
+      if (a->sess) lt_wsess_fence(a->sess);
       kill_attempt(w, a, "fenced by a newer attempt");
     } else if (line_handlers[m.type]) {
       line_handlers[m.type](w, a, &m);
@@ -545,7 +559,14 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
   lt_worker_t *w = c->w;
   (void)what;
   for (;;) {
-    ssize_t n = read(fd, a->line + a->line_len, sizeof a->line - 1 - a->line_len);
+    /* Lines of a session's results can be large: the buffer grows, up to LINE_MAX_BYTES. */
+    if (a->line_cap - a->line_len < 4096) {
+      size_t cap = a->line_cap ? a->line_cap * 2 : 1 << 15;
+      char *grown = cap <= LINE_MAX_BYTES ? realloc(a->line, cap) : NULL;
+      if (grown) a->line = grown, a->line_cap = cap;
+    }
+    if (a->line_cap - a->line_len <= 1) a->line_len = 0; /* an overlong line: dropped */
+    ssize_t n = read(fd, a->line + a->line_len, a->line_cap - 1 - a->line_len);
     if (n > 0) {
       a->line_len += (size_t)n;
       a->line[a->line_len] = '\0';
@@ -558,7 +579,6 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
       size_t rest = a->line_len - (size_t)(start - a->line);
       memmove(a->line, start, rest);
       a->line_len = rest;
-      if (a->line_len == sizeof a->line - 1) a->line_len = 0; /* an overlong line: drop it */
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
@@ -580,7 +600,6 @@ static void read_output(evutil_socket_t fd, short what, void *arg) {
 }
 
 /* ---------------------------------------------------------------- starting attempts */
-
 /* Starts the executor (confined: lt_confine_spawn) with its inputs and hands it its assignment. */
 static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size_t len, char *errstr, size_t n) {
   /* The base model's directory, opened here: the executor's uid need not reach it by its path. */
@@ -682,6 +701,20 @@ static bool model_installed(const lt_worker_t *w, const char *name) {
   return name[0] && access(probe, R_OK) == 0;
 }
 
+/* A training session's calls and results (lt_worker_session.h), once its executor runs. */
+static lt_err_t start_session(lt_worker_t *w, attempt_t *a, char *errstr, size_t n) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
+  if (a->spec.mode != LT_MODE_INTERACTIVE || !j) return LT_OK;
+  lt_wsess_conf_t sc = {.bus = w->conf.bus, .producer = w->producer, .store = w->conf.store,
+                        .registry = w->conf.registry, .producer_id = w->producer_id, .t_calls = w->t_calls,
+                        .t_progress = w->t_progress, .tenant_id = a->tenant_id, .job_id = a->job_id,
+                        .attempt = a->attempt, .key = a->in.key, .key_id = a->in.key_id,
+                        .since_ms = j->submitted_at_ms, .resume_seq = a->in.resume_fd >= 0 ? j->ckpt_step : 0,
+                        .restarted = j->last_stop_failed, .mem_dir = a->mem_dir, .uid = w->confine.uid,
+                        .gid = w->confine.gid, .exec_fd = a->in_fd};
+  return lt_wsess_start(&sc, &a->sess, errstr, n);
+}
+
 /* The fetch ended: start the executor with what it fetched, unless the attempt was stopped,
  * fenced or cancelled meanwhile, or the fetch failed. */
 static void inputs_ready(lt_worker_t *w, attempt_t *a) {
@@ -696,7 +729,7 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
     finish_attempt(w, a, 0);
     return;
   }
-  if (launch(w, a, &a->spec, err, sizeof err)) {
+  if (launch(w, a, &a->spec, err, sizeof err) || start_session(w, a, err, sizeof err)) {
     fail_start(w, a, err);
     return;
   }
@@ -808,7 +841,6 @@ static void run_pending(lt_worker_t *w) {
 }
 
 /* ---------------------------------------------------------------- consumers */
-
 /* A JobDispatched record for this worker (or any worker) is kept pending until its attempt is
  * the job's live one in the fold of lathe.control. Its spec is read and validated here, once. */
 static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
@@ -912,7 +944,6 @@ static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t 
 }
 
 /* ---------------------------------------------------------------- heartbeat and timers */
-
 /* What this worker offers (slots, memory, base models) and holds (dispatch partitions, leases):
  * the scheduler's view of it, and, once delivered, the renewal of its leases. */
 static void heartbeat(lt_worker_t *w) {
@@ -973,6 +1004,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     }
     if (a->stop_signal && now - a->stop_sent_ms > w->conf.kill_deadline_ms)
       kill_attempt(w, a, "it did not stop within the kill deadline");
+    if (a->sess && !lt_wsess_busy(a->sess)) a->last_progress_ms = now; /* an idle session owes no progress */
     if (now - a->last_progress_ms > w->conf.watchdog_ms) kill_attempt(w, a, "no progress (step watchdog)");
   }
   run_pending(w);
@@ -995,7 +1027,6 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 }
 
 /* ---------------------------------------------------------------- life cycle */
-
 /* The configuration with its defaults filled in, and the names of the topics it uses. */
 static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   w->conf = *conf;
@@ -1016,6 +1047,7 @@ static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   snprintf(w->producer_id, sizeof w->producer_id, "worker/%s", conf->worker_id);
   lt_bus_topic_name(conf->bus, "control", w->t_control, sizeof w->t_control);
   lt_bus_topic_name(conf->bus, "progress", w->t_progress, sizeof w->t_progress);
+  lt_bus_topic_name(conf->bus, "calls", w->t_calls, sizeof w->t_calls);
   lt_bus_topic_name(conf->bus, "workers", w->t_workers, sizeof w->t_workers);
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
     char base_name[64];

@@ -112,7 +112,7 @@ static lt_err_t fetch_all(lt_xfer_t *x) {
   lt_crypto_dek_export(dek, x->in.key);
   snprintf(x->in.key_id, sizeof x->in.key_id, "%s", lt_crypto_dek_key_id(dek));
   lt_err_t e = LT_OK;
-  if (fetch_dataset(x, x->train, &x->in.train_fd, err, sizeof err))
+  if (x->train[0] && fetch_dataset(x, x->train, &x->in.train_fd, err, sizeof err))
     e = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_IO, "cannot read the training dataset: %s", err);
   else if (x->valid[0] && fetch_dataset(x, x->valid, &x->in.valid_fd, err, sizeof err))
     e = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_IO, "cannot read the validation dataset: %s", err);
@@ -139,8 +139,8 @@ static void *fetch_main(void *arg) {
 
 lt_err_t lt_xfer_start(const lt_xfer_conf_t *c, lt_xfer_t **out, char *errstr, size_t n) {
   *out = NULL;
-  if (!c->store || !c->kek || !c->tenant_id || !c->train_id || c->wrapped_key_len > LT_CRYPTO_WRAPPED_MAX)
-    return lt_errf(errstr, n, LT_ERR_INVALID, "lt_xfer_start: store, kek, tenant, dataset and a key are required");
+  if (!c->store || !c->kek || !c->tenant_id || c->wrapped_key_len > LT_CRYPTO_WRAPPED_MAX)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "lt_xfer_start: store, kek, tenant and a key are required");
   lt_xfer_t *x = calloc(1, sizeof *x);
   if (!x) return LT_ERR_NOMEM;
   x->store = c->store;
@@ -149,7 +149,7 @@ lt_err_t lt_xfer_start(const lt_xfer_conf_t *c, lt_xfer_t **out, char *errstr, s
   memcpy(x->wrapped, c->wrapped_key, c->wrapped_key_len);
   x->wrapped_len = c->wrapped_key_len;
   snprintf(x->tenant, sizeof x->tenant, "%s", c->tenant_id);
-  snprintf(x->train, sizeof x->train, "%s", c->train_id);
+  snprintf(x->train, sizeof x->train, "%s", c->train_id ? c->train_id : "");
   snprintf(x->valid, sizeof x->valid, "%s", c->valid_id ? c->valid_id : "");
   snprintf(x->resume, sizeof x->resume, "%s", c->resume_key ? c->resume_key : "");
   lt_xfer_inputs_init(&x->in);

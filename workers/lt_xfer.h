@@ -28,7 +28,7 @@ typedef struct lt_xfer_conf {
   const char *tenant_id;      /* copied */
   const uint8_t *wrapped_key; /* the tenant's data key, wrapped by the master key (copied) */
   size_t wrapped_key_len;
-  const char *train_id;       /* the training dataset (copied) */
+  const char *train_id;       /* the training dataset (copied); NULL or "" for none (a session) */
   const char *valid_id;       /* the validation dataset or NULL (copied) */
   const char *resume_key;     /* the sealed state.bin to resume from, or NULL (copied) */
   int notify_fd;              /* written one byte, 'f', when the fetch ends */

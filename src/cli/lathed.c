@@ -67,6 +67,10 @@ typedef struct lathed {
   lt_worker_t *worker;
   lt_embedded_t *embedded; /* --embedded: the mock cluster the roles use */
   lt_tok_t *tok;           /* api: the bundled model's tokenizer for dataset reports, or NULL */
+  struct {                 /* api: base models' tokenizers for /v1/tokenize, loaded when first asked */
+    char model[64];
+    lt_tok_t *tok;
+  } toks[8];
   char instance[128];
   char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
 } lathed_t;
@@ -110,6 +114,71 @@ static int64_t count_tokens(void *ctx, lt_dataset_format_t format, const json_t 
   lt_tok_seq_free(&seq);
   free(text);
   return n;
+}
+
+/* The tokenizer of base model `model` (an id: no '/'), from <models>/<model>/tokenizer.json, kept
+ * once loaded; NULL (reported) when there is none. */
+static lt_tok_t *model_tokenizer(lathed_t *d, const char *model, char *err, size_t n) {
+  int free_slot = -1;
+  for (int i = 0; i < 8; i++) {
+    if (d->toks[i].tok && strcmp(d->toks[i].model, model) == 0) return d->toks[i].tok;
+    if (!d->toks[i].tok && free_slot < 0) free_slot = i;
+  }
+  char path[2200];
+  snprintf(path, sizeof path, "%s/%s/tokenizer.json", d->models, model);
+  lt_tok_t *tok = NULL;
+  if (access(path, R_OK) != 0 || lt_tok_load_file(path, &tok, err, n)) {
+    snprintf(err, n, "no base model \"%s\" with a tokenizer is served here", model);
+    return NULL;
+  }
+  if (free_slot < 0) {
+    lt_tok_destroy(d->toks[7].tok);
+    free_slot = 7;
+  }
+  snprintf(d->toks[free_slot].model, sizeof d->toks[free_slot].model, "%s", model);
+  d->toks[free_slot].tok = tok;
+  return tok;
+}
+
+/* /v1/tokenize ({"tokens"} of a string) and /v1/detokenize ({"text"} of ids) for the API. */
+static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t **out, char *err, size_t n) {
+  lt_tok_t *tok = model_tokenizer(ctx, model, err, n);
+  if (!tok) return LT_ERR_NOT_FOUND;
+  if (json_is_string(in)) {
+    lt_tok_seq_t seq;
+    lt_tok_seq_init(&seq);
+    lt_err_t e = lt_tok_encode(tok, json_string_value(in), json_string_length(in), 0, 1, &seq, err, n);
+    json_t *ids = json_array();
+    for (size_t i = 0; !e && i < seq.len; i++) json_array_append_new(ids, json_integer(seq.ids[i]));
+    lt_tok_seq_free(&seq);
+    *out = json_pack("{s:o}", "tokens", ids);
+    return e;
+  }
+  size_t count = json_array_size(in);
+  int32_t *ids = malloc((count ? count : 1) * sizeof *ids);
+  if (!ids) return LT_ERR_NOMEM;
+  for (size_t i = 0; i < count; i++) {
+    const json_t *v = json_array_get(in, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= lt_tok_vocab_size(tok)) {
+      free(ids);
+      return lt_errf(err, n, LT_ERR_INVALID, "tokens[%zu] is not a token id of %s (0 to %d)", i, model,
+                     lt_tok_vocab_size(tok) - 1);
+    }
+    ids[i] = (int32_t)json_integer_value(v);
+  }
+  char *text = NULL;
+  size_t len = 0;
+  lt_err_t e = lt_tok_decode(tok, ids, count, 0, &text, &len, err, n);
+  free(ids);
+  if (!e) *out = json_pack("{s:s%}", "text", text, len);
+  free(text);
+  return e;
+}
+
+static int vocab_size(void *ctx, const char *model) {
+  char err[256];
+  lt_tok_t *tok = model_tokenizer(ctx, model, err, sizeof err);
+  return tok ? lt_tok_vocab_size(tok) : 0;
 }
 
 static lt_tok_t *load_tokenizer(const char *models) {
@@ -264,6 +333,7 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
                         .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
+                        .tokenize_fn = tokenize, .vocab_fn = vocab_size, .tokenize_ctx = d,
                         .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
                         .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
                         .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
@@ -394,6 +464,7 @@ static void lathed_teardown(lathed_t *d) {
   lt_scheduler_destroy(d->scheduler);
   lt_api_destroy(d->api);
   lt_tok_destroy(d->tok);
+  for (int i = 0; i < 8; i++) lt_tok_destroy(d->toks[i].tok);
   lt_store_destroy(d->store);
   lt_recmac_key_destroy(d->tenant_mac);
   lt_crypto_kek_destroy(d->kek);

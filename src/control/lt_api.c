@@ -65,6 +65,18 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/staff/access/{id}/revoke", lt_api_staff_access_revoke, LT_API_SLOT_ACCESS},
     {EVHTTP_REQ_GET, "/v1/staff/access/{id}/datasets/{name}", lt_api_staff_access_read_dataset, LT_API_SLOT_ACCESS},
     {EVHTTP_REQ_GET, "/v1/staff/access/{id}/jobs/{name}", lt_api_staff_access_read_artifact, LT_API_SLOT_ACCESS},
+    {EVHTTP_REQ_POST, "/v1/sessions", lt_api_sessions_create, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions", lt_api_sessions_list, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}", lt_api_sessions_show, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_DELETE, "/v1/sessions/{id}", lt_api_sessions_end, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_POST, "/v1/sessions/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_POST, "/v1/sessions/{id}/calls", lt_api_sessions_call, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/calls/{name}", lt_api_sessions_call_show, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/events", lt_api_events_stream, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/artifacts", lt_api_jobs_artifacts, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_GET, "/v1/sessions/{id}/artifacts/{name}", lt_api_jobs_artifacts, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_POST, "/v1/tokenize", lt_api_tokenize, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_POST, "/v1/detokenize", lt_api_detokenize, LT_API_SLOT_SESSIONS},
 };
 
 /* ---------------------------------------------------------------- route families */
@@ -142,6 +154,9 @@ static const route_family_t families[] = {
     {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request", true, false, false},
     {"/v1/staff/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_staff_access_resolve, "no such access request", true,
      false, true},
+    {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session", true, false, false},
+    {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
+    {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
 };
 
 /* ---------------------------------------------------------------- routing */
@@ -354,6 +369,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   }
   if (!err) err = lt_api_work_start(api, errstr, n);
   if (!err) err = lt_api_access_start(api, errstr, n);
+  if (!err) err = lt_api_sessions_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
   if (!err) err = listen_http(api, &api->http, api->conf.bind_addr, api->conf.port, false, &api->port, errstr, n);
   if (!err)
@@ -376,6 +392,7 @@ void lt_api_destroy(lt_api_t *api) {
   if (!api) return;
   lt_api_work_stop(api);          /* answers what is still in the pool */
   lt_api_download_stop_all(api);
+  lt_api_sessions_free(api);      /* long polls go unanswered: their connections are going */
   if (api->http) evhttp_free(api->http);
   if (api->ops_http) evhttp_free(api->ops_http);
   lt_api_events_free(api);
@@ -391,6 +408,7 @@ void lt_api_destroy(lt_api_t *api) {
   }
   lt_avro_record_destroy(api->rec_submit);
   lt_avro_record_destroy(api->rec_cancel);
+  lt_avro_record_destroy(api->rec_call);
   lt_api_access_free(api);
   lt_keyring_destroy(api->keyring);
   lt_proj_destroy(api->proj);

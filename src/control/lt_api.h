@@ -75,6 +75,15 @@ typedef struct lt_api_conf {
   const char *producer_id;             /* identity in records, e.g. "api/host-1" */
   lt_dataset_tokens_fn *tokens_fn;     /* token counting for uploads; NULL: no token checks */
   void *tokens_ctx;
+  /* /v1/tokenize and /v1/detokenize with a base model's tokenizer (NULL: 501): in is the text (a
+   * JSON string) or the ids (an array); *out gets {"tokens": [...]} or {"text": "..."}.
+   * LT_ERR_NOT_FOUND for a model with no tokenizer here, LT_ERR_INVALID for bad ids. */
+  lt_err_t (*tokenize_fn)(void *ctx, const char *model, const json_t *in, json_t **out, char *errstr,
+                          size_t errstr_size);
+  /* A base model's vocabulary size, which session calls' token ids are checked against (0 when
+   * not known here: the executor checks them). */
+  int (*vocab_fn)(void *ctx, const char *model);
+  void *tokenize_ctx;
   int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
   size_t max_json_body;                /* largest JSON request body (65536) */
   uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */

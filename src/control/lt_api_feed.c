@@ -24,6 +24,7 @@ typedef struct lt_api_pending {
   void *value; /* a copy of the record, folded on success when fold_now */
   size_t len;
   bool fold_now;
+  int64_t offset;      /* where the broker wrote it */
 } lt_api_pending_t;
 
 static void pending_free(lt_api_pending_t *p) {
@@ -48,6 +49,7 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
   } else {
     api->stats.produce_failed++;
   }
+  api->done_offset = p->offset;
   if (!p->answered) p->done(api, p->ctx, p->err, p->msg);
   pending_free(p);
 }
@@ -66,6 +68,7 @@ static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
   lt_api_pending_t *p = d->msg_opaque;
   (void)opaque;
   p->err = d->err;
+  p->offset = d->offset;
   snprintf(p->msg, sizeof p->msg, "%s", d->err ? (d->errmsg && *d->errmsg ? d->errmsg : lt_err_str(d->err)) : "");
   event_active(p->ev, 0, 0);
 }
@@ -126,6 +129,8 @@ static bool caught_up(lt_api_t *api) {
 
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
   lt_api_t *api = ctx;
+  if (res->type && strcmp(res->type, "PrimitiveCompleted") == 0) lt_api_sessions_on_record(api, res);
+  if (res->job_id && res->job_outcome == LT_JOB_APPLIED) lt_api_sessions_on_job(api, res->job_id);
   if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
                                     strcmp(res->type, "ArtifactPublished") == 0)))
     lt_api_events_on_record(api, res);

@@ -15,6 +15,7 @@
  *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
+ *   lt_api_sessions.c  /v1/sessions: training sessions and their calls; /v1/tokenize
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
  * feed calls the event streams. Nothing calls back into the router. */
@@ -43,6 +44,9 @@ typedef struct lt_api_sse lt_api_sse_t;
 typedef struct lt_api_pool lt_api_pool_t;
 typedef struct lt_api_download lt_api_download_t;
 typedef struct lt_api_conn lt_api_conn_t;
+typedef struct lt_api_waiter lt_api_waiter_t;
+
+#define LT_API_SESSION_PREFIX "ses-" /* a session's id (a job in mode interactive) */
 
 /* Route families, as /metrics names them ("route" label). */
 typedef enum lt_api_slot {
@@ -52,6 +56,7 @@ typedef enum lt_api_slot {
   LT_API_SLOT_UPLOADS,
   LT_API_SLOT_JOBS,
   LT_API_SLOT_ACCESS,
+  LT_API_SLOT_SESSIONS,
   LT_API_SLOT_OTHER,
   LT_API_SLOT__COUNT
 } lt_api_slot_t;
@@ -115,6 +120,12 @@ struct lt_api {
   lt_api_conn_t *conns_new; /* accepted, not yet attached (lt_api_limits.c) */
   struct event *conns_ev;  /* attaches conns_new on the next turn of the loop */
   bool rewriting;          /* an output buffer is being rewritten (no re-entry) */
+  /* training sessions (lt_api_sessions.c) */
+  lt_map_t *sessions;          /* job_id -> what its calls did, folded from PrimitiveCompleted */
+  lt_api_waiter_t *waiters;    /* long polls on calls */
+  lt_avro_record_t *rec_call;  /* SessionCall */
+  char topic_calls[128];
+  int64_t done_offset;         /* the offset of the record whose lt_api_done_fn is running */
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */
@@ -249,6 +260,10 @@ void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
 
 bool lt_api_jobs_resolve(lt_api_call_t *c);
 void lt_api_jobs_submit(lt_api_call_t *c);
+/* Names, admits and records a spec read elsewhere (a session's: lt_api_sessions.c). */
+void lt_api_jobs_submit_spec(lt_api_call_t *c, lt_jobspec_t *spec);
+/* A job as GET /v1/jobs/{id} shows it. New reference. */
+json_t *lt_api_job_json(lt_api_t *api, const lt_job_t *j);
 void lt_api_jobs_list(lt_api_call_t *c);
 void lt_api_jobs_show(lt_api_call_t *c);
 void lt_api_jobs_cancel(lt_api_call_t *c);
@@ -260,6 +275,23 @@ void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's byt
 /* ---------------------------------------------------------------- events (lt_api_events.c) */
 
 void lt_api_events_stream(lt_api_call_t *c);
+/* ---------------------------------------------------------------- sessions (lt_api_sessions.c) */
+lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n);
+void lt_api_sessions_free(lt_api_t *api); /* answers nothing: the connections are going */
+bool lt_api_is_session_id(const char *id);
+bool lt_api_sessions_resolve(lt_api_call_t *c);
+void lt_api_sessions_create(lt_api_call_t *c);
+void lt_api_sessions_list(lt_api_call_t *c); /* lt_api_jobs.c: the jobs' pages */
+void lt_api_sessions_show(lt_api_call_t *c);
+void lt_api_sessions_end(lt_api_call_t *c);
+void lt_api_sessions_call(lt_api_call_t *c);
+void lt_api_sessions_call_show(lt_api_call_t *c);
+void lt_api_tokenize(lt_api_call_t *c);
+void lt_api_detokenize(lt_api_call_t *c);
+/* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
+void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
+void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
+/* ---------------------------------------------------------------- events (lt_api_events.c) */
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_events_free(lt_api_t *api); /* detaches open streams */

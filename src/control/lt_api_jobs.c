@@ -45,7 +45,7 @@ static int64_t fleet_slots(lt_api_t *api) {
   return slots;
 }
 
-static json_t *job_json(lt_api_t *api, const lt_job_t *j) {
+json_t *lt_api_job_json(lt_api_t *api, const lt_job_t *j) {
   json_t *o = json_pack("{s:s,s:s,s:s,s:i,s:s,s:s,s:b,s:i,s:I}", "id", j->job_id, "state", lt_job_state_name(j->state),
                         "priority", lt_job_class_name(j->job_class), "attempt", j->attempt, "base_model", j->base_model,
                         "dataset_id", j->dataset_id, "cancel_requested", j->cancel_requested, "failed_attempts",
@@ -93,7 +93,8 @@ static const lt_job_t *own_job(lt_api_t *api, const lt_tenant_t *t, const char *
 }
 
 bool lt_api_jobs_resolve(lt_api_call_t *c) {
-  c->job = lt_id_valid(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
+  /* A session is a job too, but its routes are /v1/sessions (lt_api_sessions.c). */
+  c->job = lt_id_valid(c->id) && !lt_api_is_session_id(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
   /* A deleted job is gone on every route; DELETE again finishes a deletion a failure cut short. */
   if (c->job && lt_api_job_deleted(c->api, c->job->job_id) &&
       evhttp_request_get_command(c->req) != EVHTTP_REQ_DELETE) {
@@ -105,7 +106,7 @@ bool lt_api_jobs_resolve(lt_api_call_t *c) {
   return false;
 }
 
-void lt_api_jobs_show(lt_api_call_t *c) { lt_api_reply_json(c->req, 200, job_json(c->api, c->job)); }
+void lt_api_jobs_show(lt_api_call_t *c) { lt_api_reply_json(c->req, 200, lt_api_job_json(c->api, c->job)); }
 
 /* ---------------------------------------------------------------- records, then answers */
 
@@ -157,7 +158,7 @@ static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
                                                        "retry with the same Idempotency-Key");
   } else {
     const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), c->job_id);
-    lt_api_reply_json(c->req, c->status, j ? job_json(api, j) : json_pack("{s:s}", "id", c->job_id));
+    lt_api_reply_json(c->req, c->status, j ? lt_api_job_json(api, j) : json_pack("{s:s}", "id", c->job_id));
   }
   free(c);
 }
@@ -253,10 +254,11 @@ static bool same_request(lt_api_t *api, const char *job_id, const lt_jobspec_t *
  * Without a key the id is random. */
 static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                      char job_id[LT_ID_MAX + 1]) {
+  const char *prefix = spec->mode == LT_MODE_INTERACTIVE ? LT_API_SESSION_PREFIX : "job-";
   if (!spec->idempotency_key[0]) {
     char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
     lt_crypto_random_id(rnd);
-    snprintf(job_id, LT_ID_MAX + 1, "job-%.24s", rnd);
+    snprintf(job_id, LT_ID_MAX + 1, "%s%.24s", prefix, rnd);
     return true;
   }
   char seed[256];
@@ -265,7 +267,7 @@ static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
   snprintf(seed, sizeof seed, "%s\n%s", t->tenant_id, spec->idempotency_key);
   lt_crypto_sha256(seed, strlen(seed), h);
   lt_crypto_hex(h, 12, hex);
-  snprintf(job_id, LT_ID_MAX + 1, "job-%.24s", hex);
+  snprintf(job_id, LT_ID_MAX + 1, "%s%.24s", prefix, hex);
   const lt_job_t *j = own_job(api, t, job_id);
   if (!j) return true;
   if (!same_request(api, job_id, spec))
@@ -274,7 +276,7 @@ static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
                        "to get that job again, or use a new key for a new job",
                        spec->idempotency_key, job_id);
   else
-    lt_api_reply_json(req, 200, job_json(api, j));
+    lt_api_reply_json(req, 200, lt_api_job_json(api, j));
   return false;
 }
 
@@ -340,6 +342,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
     }
   }
   if (model_unserved(api, req, spec->base_model)) return false;
+  if (spec->mode == LT_MODE_INTERACTIVE) return true; /* a session has no dataset */
   if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
   return !(spec->validation_dataset_id[0] &&
            dataset_missing(api, req, t, "validation_dataset_id", spec->validation_dataset_id));
@@ -347,12 +350,24 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
 
 /* POST /v1/jobs: read, name, admit, then JobSubmitted into lathe.jobs; 201 once it is durable. */
 void lt_api_jobs_submit(lt_api_call_t *call) {
+  lt_jobspec_t spec;
+  if (!read_spec(call->api, call->req, call->tenant, &spec)) return;
+  if (spec.mode == LT_MODE_INTERACTIVE) {
+    lt_api_reply_error(call->req, 400, "invalid", "mode",
+                       "mode: an interactive job is a training session: create it with POST /v1/sessions "
+                       "(its calls are /v1/sessions/{id}/calls)");
+    return;
+  }
+  lt_api_jobs_submit_spec(call, &spec);
+}
+
+void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   lt_api_t *api = call->api;
   struct evhttp_request *req = call->req;
   const lt_tenant_t *t = call->tenant;
-  lt_jobspec_t spec;
+  lt_jobspec_t spec = *specp;
   char job_id[LT_ID_MAX + 1], msg[256];
-  if (!read_spec(api, req, t, &spec) || !name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  if (!name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
   lt_avro_record_t *rec = api->rec_submit;
   const uint8_t *bytes;
   size_t blen;
@@ -378,7 +393,7 @@ static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
   else {
     lt_map_set(api->cancels_sent, c->job_id, NULL);
     /* The cancel is in the log; the projection folds it in order when it reads it. */
-    json_t *o = job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id));
+    json_t *o = lt_api_job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id));
     if (!json_is_true(json_object_get(o, "cancel_requested")) &&
         !lt_job_state_is_terminal(lt_job_get(lt_proj_jobs(api->proj), c->job_id)->state))
       json_object_set_new(o, "cancel_requested", json_true());
@@ -394,7 +409,7 @@ void lt_api_jobs_cancel(lt_api_call_t *call) {
   const lt_job_t *j = call->job;
   /* Idempotent: a finished job or one already being cancelled answers its state. */
   if (lt_job_state_is_terminal(j->state) || j->cancel_requested || lt_map_has(api->cancels_sent, j->job_id)) {
-    json_t *o = job_json(api, j);
+    json_t *o = lt_api_job_json(api, j);
     if (!lt_job_state_is_terminal(j->state)) json_object_set_new(o, "cancel_requested", json_true());
     lt_api_reply_json(req, lt_job_state_is_terminal(j->state) ? 200 : 202, o);
     return;
@@ -423,18 +438,20 @@ typedef struct {
   json_t *out;
   const char *last;
   bool more;
+  bool sessions; /* list sessions (GET /v1/sessions), else managed jobs */
 } list_acc_t;
 
 static bool list_scan(const lt_job_t *j, void *ctx) {
   list_acc_t *l = ctx;
   if (strcmp(j->tenant_id, l->tenant) != 0 || lt_api_job_deleted(l->api, j->job_id)) return true;
+  if (lt_api_is_session_id(j->job_id) != l->sessions) return true;
   if (l->cursor && strcmp(j->job_id, l->cursor) <= 0) return true;
   if (l->state >= 0 && (int)j->state != l->state) return true;
   if ((int)json_array_size(l->out) == l->limit) {
     l->more = true;
     return false;
   }
-  json_array_append_new(l->out, job_json(l->api, j));
+  json_array_append_new(l->out, lt_api_job_json(l->api, j));
   l->last = j->job_id;
   return true;
 }
@@ -445,13 +462,14 @@ static bool list_scan(const lt_job_t *j, void *ctx) {
 /* GET /v1/jobs?state=&limit=&after=: the tenant's jobs in id order, a page at a time, as
  * OpenAI's list objects page: `after` is the last id of the page before (opaque to the client;
  * `cursor` is its older name), `has_more` says whether another page follows. */
-void lt_api_jobs_list(lt_api_call_t *c) {
+static void list_page(lt_api_call_t *c, bool sessions) {
   lt_api_t *api = c->api;
   struct evhttp_request *req = c->req;
   const lt_tenant_t *t = c->tenant;
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
-  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = LIST_LIMIT_DEFAULT, .out = json_array()};
+  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = LIST_LIMIT_DEFAULT, .out = json_array(),
+                  .sessions = sessions};
   const char *v;
   if ((v = lt_api_query(&q, "limit"))) {
     char *end;
@@ -484,13 +502,22 @@ void lt_api_jobs_list(lt_api_call_t *c) {
   json_t *first = json_array_size(l.out) ? json_object_get(json_array_get(l.out, 0), "id") : NULL;
   json_t *last = l.last ? json_string(l.last) : json_null();
   lt_api_reply_json(req, 200,
-                    json_pack("{s:s,s:O,s:b,s:O,s:O,s:o}", "object", "list", "jobs", l.out, "has_more", l.more,
+                    json_pack("{s:s,s:O,s:b,s:O,s:O,s:o}", "object", "list", sessions ? "data" : "jobs", l.out,
+                              "has_more", l.more,
                               "first_id", first ? first : json_null(), "last_id", last, "next_cursor",
                               l.more && l.last ? json_string(l.last) : json_null()));
   json_decref(last);
 out:
   json_decref(l.out);
   evhttp_clear_headers(&q);
+}
+
+void lt_api_jobs_list(lt_api_call_t *c) { list_page(c, false); }
+
+/* GET /v1/sessions: the same pages, of the tenant's sessions (each shown as GET /v1/jobs shows a job;
+ * GET /v1/sessions/{id} adds its calls). */
+void lt_api_sessions_list(lt_api_call_t *c) {
+  list_page(c, true);
 }
 
 /* ---------------------------------------------------------------- artifacts */

@@ -13,7 +13,7 @@
 #include <string.h>
 
 static const char *const slot_names[LT_API_SLOT__COUNT] = {"healthz", "metrics", "datasets", "uploads", "jobs",
-                                                            "access",  "other"};
+                                                            "access",  "sessions", "other"};
 static const double latency_bounds_ms[LT_API_LATENCY_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 1000, 1e12};
 
 void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us) {

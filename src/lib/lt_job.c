@@ -207,7 +207,8 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
   case LT_EV_ATTEMPT_STOPPED:
     if (terminal || !live_attempt(j, ev->attempt)) return false;
     j->attempt_stopped = true;
-    if (ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED) {
+    j->last_stop_failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED;
+    if (j->last_stop_failed) {
       j->failed_attempts++;
       if (ev->reason && *ev->reason) set_str(j->reason, sizeof j->reason, ev->reason);
     }

@@ -120,6 +120,7 @@ typedef struct lt_job {
   int32_t attempt;            /* current attempt number; 0 before the first dispatch */
   bool attempt_stopped;       /* the current attempt confirmed its stop */
   int32_t failed_attempts;    /* attempts lost or failed */
+  bool last_stop_failed;      /* the newest stopped attempt was lost or failed (not preempted) */
   bool cancel_requested;
   bool cleanup_done;
   char worker_id[LT_ID_MAX + 1];

@@ -312,3 +312,9 @@ lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_er
     return LT_ERR_INVALID;
   return LT_OK;
 }
+
+int32_t lt_calls_partition(const char *job_id) {
+  uint32_t h = 2166136261u;
+  for (const char *c = job_id; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
+  return (int32_t)(h % LT_CALLS_PARTITIONS);
+}

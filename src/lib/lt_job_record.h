@@ -47,6 +47,12 @@ lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, c
 /* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
  * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
  * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
+/* The partition of lathe.calls that holds a training session's calls: the API produces each
+ * SessionCall there and the session's worker reads only it (FNV-1a of the id over the topic's
+ * LT_CALLS_PARTITIONS partitions, as ops/topics.tsv creates it). */
+#define LT_CALLS_PARTITIONS 6
+int32_t lt_calls_partition(const char *job_id);
+
 lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_err_t code, const char *reason,
                              const char *consumer);
 

@@ -146,7 +146,8 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
   if (!lt_id_valid(s->base_model))
     return bad(field, fs, "base_model", errstr, n, "%s",
                "is required: 1-63 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
-  if (!lt_id_valid(s->dataset_id))
+  /* A session (mode interactive) gets its data call by call; a managed job trains on a dataset. */
+  if (s->mode == LT_MODE_INTERACTIVE ? s->dataset_id[0] && !lt_id_valid(s->dataset_id) : !lt_id_valid(s->dataset_id))
     return bad(field, fs, "dataset_id", errstr, n, "%s",
                "is required: 1-63 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
   if (s->validation_dataset_id[0] && !lt_id_valid(s->validation_dataset_id))

@@ -124,6 +124,7 @@ typedef struct lt_batch {
    * earlier tokens of its example and RoPE sees its position there, so a packed row computes
    * exactly what one row per example would. NULL: one example per row (0..T-1). */
   const int32_t *positions;
+  float clip_low, clip_high; /* LT_LOSS_PPO only: the ratio is clipped to [1 - low, 1 + high] */
 } lt_batch_t;
 
 typedef enum lt_loss {
@@ -133,6 +134,7 @@ typedef enum lt_loss {
    * (importance-sampled policy gradient; its gradient is the REINFORCE estimator reweighted by
    * the ratio of the current policy to the sampler's). */
   LT_LOSS_IMPORTANCE = 1,
+  LT_LOSS_PPO = 2,
 } lt_loss_t;
 
 /* Forward and backward pass: adds this batch's gradient of `loss` to the accumulated

@@ -1,0 +1,638 @@
+/* lt_api_sessions: /v1/sessions, training sessions driven by the customer's own loop
+ * (docs/DESIGN.md §5), and /v1/tokenize.
+ *
+ * A session is a job in mode interactive (id "ses-..."): created, admitted, scheduled, cancelled
+ * and published like one. Its calls are asynchronous. POST .../calls checks the call
+ * (lt_callspec.h: every field, token ids against the base model's vocabulary), seals its body
+ * under the tenant's data key into the store (sessions/<tenant>/<id>/calls/<call id>) on the work
+ * pool, then records a SessionCall in lathe.calls on the session's partition; once the broker has
+ * it, the answer is 202 with the record's offset as the call's sequence number: calls run in that
+ * order. The worker holding the session records each call's end as PrimitiveCompleted in
+ * lathe.progress, with its result sealed in the store; GET .../calls/{seq} long-polls for it and
+ * answers the result, opened. No call body or result is ever in a record.
+ *
+ * What a session's calls did is folded here from PrimitiveCompleted: per call its status, per
+ * session the step its state is at and its saved states by name (load_state names them). The
+ * first record of a call wins; a record of an attempt older than the session's current one is
+ * ignored (invariant 2). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <openssl/crypto.h>
+
+#include "lt_api_int.h"
+#include "lt_callspec.h"
+#include "lt_job_record.h"
+
+#define WAIT_DEFAULT_S 30
+#define WAIT_MAX_S 60
+
+bool lt_api_is_session_id(const char *id) {
+  return strncmp(id, LT_API_SESSION_PREFIX, strlen(LT_API_SESSION_PREFIX)) == 0;
+}
+
+/* ---------------------------------------------------------------- what the calls did */
+
+/* A session's folded calls. */
+typedef struct {
+  json_t *calls;   /* seq (decimal) -> {seq, kind, status, error?, step, tokens, loss?, duration_ms,
+                    *                   result_key?} */
+  json_t *saved;   /* name -> {name, step, checkpoint, state_key} */
+  int64_t step;    /* the step of the session's state after its newest call */
+  int64_t completed;
+} sess_fold_t;
+
+static void fold_free(void *v) {
+  sess_fold_t *f = v;
+  json_decref(f->calls);
+  json_decref(f->saved);
+  free(f);
+}
+
+static sess_fold_t *fold_of(lt_api_t *api, const char *job_id, bool create) {
+  sess_fold_t *f = lt_map_get(api->sessions, job_id);
+  if (f || !create) return f;
+  if (!(f = calloc(1, sizeof *f))) return NULL;
+  f->calls = json_object();
+  f->saved = json_object();
+  lt_map_set(api->sessions, job_id, f);
+  return f;
+}
+
+/* A long poll on one call. */
+struct lt_api_waiter {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  struct evhttp_connection *evcon;
+  struct event *timer;
+  char job_id[LT_ID_MAX + 1];
+  int64_t seq;
+  struct lt_api_waiter *next;
+};
+
+static void answer_call(lt_api_t *api, struct evhttp_request *req, const lt_job_t *j, int64_t seq);
+
+static void waiter_unlink(lt_api_t *api, lt_api_waiter_t *w) {
+  for (lt_api_waiter_t **p = &api->waiters; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  lt_api_door_on_close(api, w->evcon, NULL, NULL);
+  event_free(w->timer);
+  free(w);
+}
+
+/* Answers every long poll of the job (seq < 0: whatever it waits for) with what is known now. */
+static void wake(lt_api_t *api, const char *job_id, int64_t seq) {
+  for (lt_api_waiter_t *w = api->waiters, *next; w; w = next) {
+    next = w->next;
+    if (strcmp(w->job_id, job_id) != 0 || (seq >= 0 && w->seq != seq)) continue;
+    struct evhttp_request *req = w->req;
+    int64_t s = w->seq;
+    waiter_unlink(api, w);
+    answer_call(api, req, lt_job_get(lt_proj_jobs(api->proj), job_id), s);
+  }
+}
+
+void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
+  lt_avro_record_t *r = res->record;
+  const char *job_id = NULL, *kind = NULL, *status = NULL, *s;
+  int32_t attempt = 0;
+  int64_t seq = 0, step = 0, tokens = 0;
+  double d;
+  lt_avro_get_string(r, "job_id", &job_id, NULL);
+  lt_avro_get_int(r, "attempt", &attempt);
+  lt_avro_get_long(r, "seq", &seq);
+  lt_avro_get_enum(r, "kind", &kind);
+  lt_avro_get_enum(r, "status", &status);
+  const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
+  if (!j || !kind || !status || attempt < j->attempt) return; /* a fenced attempt's */
+  sess_fold_t *f = fold_of(api, job_id, true);
+  char key[32];
+  snprintf(key, sizeof key, "%lld", (long long)seq);
+  if (!f || json_object_get(f->calls, key)) return; /* the first record of a call wins */
+  lt_avro_get_long(r, "step", &step);
+  lt_avro_get_long(r, "tokens", &tokens);
+  json_t *c = json_pack("{s:I,s:s,s:s,s:I,s:I,s:i}", "seq", (json_int_t)seq, "kind", kind, "status", status, "step",
+                        (json_int_t)step, "tokens", (json_int_t)tokens, "attempt", attempt);
+  if (!lt_avro_get_double(r, "loss", &d)) json_object_set_new(c, "loss", json_real(d));
+  if (!lt_avro_get_double(r, "grad_norm", &d)) json_object_set_new(c, "grad_norm", json_real(d));
+  if (!lt_avro_get_double(r, "duration_ms", &d)) json_object_set_new(c, "duration_ms", json_real(d));
+  if (!lt_avro_get_string(r, "result_key", &s, NULL)) json_object_set_new(c, "result_key", json_string(s));
+  if (strcmp(status, "failed") == 0) {
+    json_t *e = json_object();
+    const char *names[3] = {"error_code", "error_field", "error_reason"}, *keys[3] = {"code", "field", "message"};
+    for (int i = 0; i < 3; i++)
+      if (!lt_avro_get_string(r, names[i], &s, NULL)) json_object_set_new(e, keys[i], json_string(s));
+    const char *code = json_string_value(json_object_get(e, "code"));
+    if (code && strcmp(code, "session_restarted") == 0)
+      json_object_set_new(e, "resumed_from_step", json_integer(step));
+    json_object_set_new(c, "error", e);
+  }
+  if (strcmp(status, "done") == 0 && !lt_avro_get_string(r, "checkpoint_name", &s, NULL) && lt_id_valid(s)) {
+    /* A saved state: load_state finds it by name, as the state file of the checkpoint numbered seq. */
+    char skey[LT_STORE_KEY_MAX + 1];
+    snprintf(skey, sizeof skey, "staging/%s/%s/%d/%lld/state.bin", j->tenant_id, job_id, (int)attempt, (long long)seq);
+    json_object_set_new(f->saved, s,
+                        json_pack("{s:s,s:I,s:I,s:s}", "name", s, "step", (json_int_t)step, "checkpoint",
+                                  (json_int_t)seq, "state_key", skey));
+  }
+  json_object_set_new(f->calls, key, c);
+  f->completed++;
+  f->step = step;
+  wake(api, job_id, seq);
+}
+
+/* ---------------------------------------------------------------- answers */
+
+/* The call as GET answers it, without the store's key. New reference. */
+static json_t *call_view(const json_t *c) {
+  json_t *v = json_deep_copy(c);
+  json_object_del(v, "result_key");
+  json_object_del(v, "attempt");
+  return v;
+}
+
+typedef struct {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1];
+  const lt_crypto_dek_t *dek;
+  char key[LT_STORE_KEY_MAX + 1];
+  json_t *call, *result;
+  lt_err_t err;
+  char msg[256];
+} fetch_t;
+
+static void fetch_work(void *arg) {
+  fetch_t *f = arg;
+  void *data = NULL;
+  size_t len = 0;
+  f->err = lt_sealed_get(f->api->conf.store, f->dek, f->key, (size_t)256 << 20, &data, &len, f->msg, sizeof f->msg);
+  if (!f->err && !(f->result = json_loadb(data, len, 0, NULL)))
+    f->err = lt_errf(f->msg, sizeof f->msg, LT_ERR_CORRUPT, "the stored result is not JSON");
+  free(data);
+}
+
+static void fetch_after(lt_api_t *api, void *arg) {
+  fetch_t *f = arg;
+  if (f->err) {
+    lt_api_reply_store_err(f->req, f->err, "the call's result cannot be read now; retry");
+  } else {
+    json_t *v = call_view(f->call);
+    json_object_set(v, "result", f->result);
+    lt_api_reply_json(f->req, 200, v);
+  }
+  json_decref(f->call);
+  json_decref(f->result);
+  free(f);
+}
+
+/* Answers GET .../calls/{seq} with what is known now: the result (read from the store), the
+ * failure, "pending", or the session's end. */
+static void answer_call(lt_api_t *api, struct evhttp_request *req, const lt_job_t *j, int64_t seq) {
+  sess_fold_t *f = j ? fold_of(api, j->job_id, false) : NULL;
+  char key[32];
+  snprintf(key, sizeof key, "%lld", (long long)seq);
+  json_t *c = f ? json_object_get(f->calls, key) : NULL;
+  if (!c) {
+    bool ended = !j || lt_job_state_is_terminal(j->state);
+    json_t *o = json_pack("{s:I,s:s}", "seq", (json_int_t)seq, "status", ended ? "failed" : "pending");
+    if (ended)
+      json_object_set_new(o, "error",
+                          json_pack("{s:s,s:s}", "code", "session_ended", "message",
+                                    "the session ended before this call ran"));
+    lt_api_reply_json(req, 200, o);
+    return;
+  }
+  const char *rkey = json_string_value(json_object_get(c, "result_key"));
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), j->tenant_id);
+  if (!rkey || !t) {
+    lt_api_reply_json(req, 200, call_view(c));
+    return;
+  }
+  fetch_t *ft = calloc(1, sizeof *ft);
+  char msg[256];
+  if (!ft || lt_keyring_tenant_dek(api->keyring, t, &ft->dek, msg, sizeof msg)) {
+    free(ft);
+    lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");
+    return;
+  }
+  ft->api = api;
+  ft->req = req;
+  ft->call = json_incref(c);
+  snprintf(ft->job_id, sizeof ft->job_id, "%s", j->job_id);
+  snprintf(ft->key, sizeof ft->key, "%s", rkey);
+  lt_api_work(api, j->tenant_id, fetch_work, fetch_after, ft);
+}
+
+static void waiter_timeout(evutil_socket_t fd, short what, void *arg) {
+  lt_api_waiter_t *w = arg;
+  lt_api_t *api = w->api;
+  struct evhttp_request *req = w->req;
+  int64_t seq = w->seq;
+  char job[LT_ID_MAX + 1];
+  snprintf(job, sizeof job, "%s", w->job_id);
+  waiter_unlink(api, w);
+  answer_call(api, req, lt_job_get(lt_proj_jobs(api->proj), job), seq);
+}
+
+static void waiter_closed(void *arg) {
+  lt_api_waiter_t *w = arg;
+  w->evcon = NULL; /* the connection is going: lt_api_door_on_close must not be called for it */
+  for (lt_api_waiter_t **p = &w->api->waiters; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  event_free(w->timer);
+  free(w);
+}
+
+/* GET /v1/sessions/{id}/calls/{seq}?wait=S */
+void lt_api_sessions_call_show(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
+  char *end;
+  long long seq = strtoll(c->name, &end, 10);
+  if (!c->name[0] || *end || seq < 0) {
+    lt_api_reply_error(c->req, 404, "not_found", NULL, "no call %.40s in session %s (calls are numbered by their seq)",
+                       c->name, c->job->job_id);
+    return;
+  }
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  const char *v = lt_api_query(&q, "wait");
+  long wait = v ? strtol(v, &end, 10) : WAIT_DEFAULT_S;
+  bool bad = v && (*end || wait < 0 || wait > WAIT_MAX_S);
+  evhttp_clear_headers(&q);
+  if (bad) {
+    lt_api_reply_error(c->req, 400, "invalid", "wait", "wait must be a whole number of seconds from 0 to %d", WAIT_MAX_S);
+    return;
+  }
+  sess_fold_t *f = fold_of(api, c->job->job_id, false);
+  char key[32];
+  snprintf(key, sizeof key, "%lld", seq);
+  if (wait == 0 || (f && json_object_get(f->calls, key)) || lt_job_state_is_terminal(c->job->state)) {
+    answer_call(api, c->req, c->job, seq);
+    return;
+  }
+  lt_api_waiter_t *w = calloc(1, sizeof *w);
+  struct evhttp_connection *evcon = evhttp_request_get_connection(c->req);
+  if (!w || !(w->timer = evtimer_new(api->base, waiter_timeout, w)) || !lt_api_door_on_close(api, evcon, waiter_closed, w)) {
+    if (w && w->timer) event_free(w->timer);
+    free(w);
+    answer_call(api, c->req, c->job, seq);
+    return;
+  }
+  w->api = api;
+  w->req = c->req;
+  w->evcon = evcon;
+  w->seq = seq;
+  snprintf(w->job_id, sizeof w->job_id, "%s", c->job->job_id);
+  w->next = api->waiters;
+  api->waiters = w;
+  struct timeval tv = {wait, 0};
+  evtimer_add(w->timer, &tv);
+}
+
+/* The session's end (a cancel, a failure, the end call) answers every long poll of it. */
+void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
+  if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
+}
+
+void lt_api_sessions_free(lt_api_t *api) {
+  while (api->waiters) {
+    lt_api_waiter_t *w = api->waiters;
+    api->waiters = w->next;
+    lt_api_door_on_close(api, w->evcon, NULL, NULL);
+    event_free(w->timer);
+    free(w);
+  }
+  lt_map_destroy(api->sessions);
+  api->sessions = NULL;
+}
+
+lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
+  api->sessions = lt_map_new(fold_free);
+  if (!api->sessions) return LT_ERR_NOMEM;
+  lt_bus_topic_name(api->conf.bus, "calls", api->topic_calls, sizeof api->topic_calls);
+  return lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
+}
+
+/* ---------------------------------------------------------------- a session */
+
+bool lt_api_sessions_resolve(lt_api_call_t *c) {
+  const lt_job_t *j = lt_id_valid(c->id) && lt_api_is_session_id(c->id) ? lt_job_get(lt_proj_jobs(c->api->proj), c->id)
+                                                                        : NULL;
+  if (j && strcmp(j->tenant_id, c->tenant->tenant_id) == 0) {
+    c->job = j;
+    return true;
+  }
+  lt_api_reply_error(c->req, 404, "not_found", NULL, "no session %s for this tenant",
+                     lt_id_valid(c->id) ? c->id : "(invalid id)");
+  return false;
+}
+
+/* A session as GET shows it: the job, and where its calls stand. */
+static json_t *session_json(lt_api_t *api, const lt_job_t *j) {
+  json_t *o = lt_api_job_json(api, j);
+  sess_fold_t *f = fold_of(api, j->job_id, false);
+  json_t *saved = json_array();
+  const char *name;
+  json_t *s;
+  if (f) json_object_foreach(f->saved, name, s)
+      json_array_append_new(saved, json_pack("{s:O,s:O}", "name", json_object_get(s, "name"), "step", json_object_get(s, "step")));
+  json_object_set_new(o, "object", json_string("session"));
+  json_object_set_new(o, "step", json_integer(f ? f->step : 0));
+  json_object_set_new(o, "calls_completed", json_integer(f ? f->completed : 0));
+  json_object_set_new(o, "saved", saved);
+  return o;
+}
+
+void lt_api_sessions_show(lt_api_call_t *c) { lt_api_reply_json(c->req, 200, session_json(c->api, c->job)); }
+
+/* The body of POST /v1/sessions as a job spec (mode interactive): its errors name the session's
+ * fields (lora.rank), not the spec's. */
+static bool session_spec(lt_api_t *api, struct evhttp_request *req, lt_jobspec_t *spec) {
+  size_t len;
+  char *text = lt_api_body_text(api, req, &len);
+  if (!text) return false;
+  json_error_t je;
+  json_t *body = json_loadb(text, len, 0, &je);
+  free(text);
+  char field[96] = "", msg[256] = "";
+  lt_err_t err = body && json_is_object(body) ? LT_OK : LT_ERR_INVALID;
+  if (err) snprintf(msg, sizeof msg, "the body must be a JSON object%s%s", body ? "" : ": ", body ? "" : je.text);
+  json_t *js = json_pack("{s:s,s:o}", "mode", "interactive", "hyperparameters", json_object());
+  json_t *hp = json_object_get(js, "hyperparameters");
+  const char *k;
+  json_t *v;
+  if (!err) json_object_foreach(body, k, v) {
+      if (strcmp(k, "base_model") == 0 || strcmp(k, "priority") == 0 || strcmp(k, "max_duration_s") == 0)
+        json_object_set(js, k, v);
+      else if (strcmp(k, "seed") == 0) json_object_set(hp, "seed", v);
+      else if (strcmp(k, "lora") == 0 && json_is_object(v)) {
+        const char *lk;
+        json_t *lv;
+        json_object_foreach(v, lk, lv) {
+          char hk[64];
+          snprintf(hk, sizeof hk, "%s%s", strcmp(lk, "targets") == 0 ? "" : "lora_",
+                   strcmp(lk, "targets") == 0 ? "target_modules" : lk);
+          json_object_set(hp, hk, lv);
+        }
+      } else {
+        snprintf(field, sizeof field, "%s", k);
+        snprintf(msg, sizeof msg, "%s: unknown field (a session takes base_model, lora {rank, alpha, dropout, "
+                                  "targets}, seed, priority, max_duration_s)", k);
+        err = LT_ERR_INVALID;
+        break;
+      }
+    }
+  if (!err) err = lt_jobspec_from_json(js, spec, field, sizeof field, msg, sizeof msg);
+  json_decref(js);
+  json_decref(body);
+  if (!err) return true;
+  /* hyperparameters.lora_rank -> lora.rank, hyperparameters.target_modules -> lora.targets */
+  char shown[96];
+  if (strncmp(field, "hyperparameters.lora_", 21) == 0) snprintf(shown, sizeof shown, "lora.%s", field + 21);
+  else if (strcmp(field, "hyperparameters.target_modules") == 0) snprintf(shown, sizeof shown, "lora.targets");
+  else if (strncmp(field, "hyperparameters.", 16) == 0) snprintf(shown, sizeof shown, "%s", field + 16);
+  else snprintf(shown, sizeof shown, "%s", field);
+  lt_api_reply_error(req, 400, "invalid", shown[0] ? shown : NULL, "%s", msg);
+  return false;
+}
+
+/* POST /v1/sessions */
+void lt_api_sessions_create(lt_api_call_t *c) {
+  lt_jobspec_t spec;
+  if (!session_spec(c->api, c->req, &spec)) return;
+  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Idempotency-Key");
+  if (idem && lt_id_valid(idem)) snprintf(spec.idempotency_key, sizeof spec.idempotency_key, "%s", idem);
+  lt_api_jobs_submit_spec(c, &spec);
+}
+
+/* ---------------------------------------------------------------- calls in */
+
+typedef struct {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1], call_id[40], kind[32];
+  const lt_crypto_dek_t *dek;
+  char *body;            /* plaintext, scrubbed once sealed */
+  size_t len;
+  char key[LT_STORE_KEY_MAX + 1];
+  char sha_hex[65];
+  int examples;
+  lt_err_t err;
+  char msg[256];
+} call_in_t;
+
+static void call_in_free(call_in_t *ci) {
+  if (ci->body) {
+    OPENSSL_cleanse(ci->body, ci->len);
+    free(ci->body);
+  }
+  free(ci);
+}
+
+static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
+  call_in_t *ci = arg;
+  (void)msg;
+  if (err) {
+    lt_api_reply_err(ci->req, LT_ERR_UNAVAILABLE, NULL, "the call could not be recorded durably; it was not queued, retry");
+  } else {
+    char rid[LT_ID_MAX + 32];
+    snprintf(rid, sizeof rid, "%s:%lld", ci->job_id, (long long)api->done_offset);
+    lt_api_reply_json(ci->req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)api->done_offset,
+                                              "kind", ci->kind));
+  }
+  call_in_free(ci);
+}
+
+/* The SessionCall of a sealed body (or of none), into the session's partition of lathe.calls. */
+static void record_call(lt_api_t *api, call_in_t *ci) {
+  lt_avro_record_t *rec = api->rec_call;
+  lt_avro_record_clear(rec);
+  lt_err_t err = lt_avro_record_stamp(rec, api->conf.producer_id);
+  if (!err) err = lt_avro_set_string(rec, "job_id", ci->job_id);
+  if (!err) err = lt_avro_set_string(rec, "tenant_id", ci->tenant);
+  if (!err) err = lt_avro_set_string(rec, "call_id", ci->call_id);
+  if (!err) err = lt_avro_set_enum(rec, "kind", ci->kind);
+  if (!err) err = ci->key[0] ? lt_avro_set_string(rec, "object_key", ci->key) : lt_avro_set_null(rec, "object_key");
+  if (!err) err = ci->key[0] ? lt_avro_set_string(rec, "sha256", ci->sha_hex) : lt_avro_set_null(rec, "sha256");
+  if (!err) err = lt_avro_set_long(rec, "size_bytes", (int64_t)ci->len);
+  if (!err) err = lt_avro_set_int(rec, "examples", ci->examples);
+  const uint8_t *bytes;
+  size_t blen;
+  char m[256];
+  if (!err) err = lt_avro_record_encode(rec, &bytes, &blen, m, sizeof m);
+  if (err) {
+    lt_api_reply_error(ci->req, 500, "internal", NULL, "cannot encode the call: %s", lt_avro_record_error(rec));
+    call_in_free(ci);
+    return;
+  }
+  if (lt_api_produce(api, api->topic_calls, lt_calls_partition(ci->job_id), ci->job_id, bytes, blen, false, produced,
+                     ci)) {
+    lt_api_reply_err(ci->req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the call now; it was not queued, retry");
+    call_in_free(ci);
+  }
+}
+
+static void seal_work(void *arg) {
+  call_in_t *ci = arg;
+  uint8_t sha[32];
+  ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
+  if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
+}
+
+static void seal_after(lt_api_t *api, void *arg) {
+  call_in_t *ci = arg;
+  if (ci->err) {
+    lt_api_reply_store_err(ci->req, ci->err, "the call could not be stored; it was not queued, retry");
+    call_in_free(ci);
+    return;
+  }
+  record_call(api, ci);
+}
+
+/* The request's body, up to LT_API_PART_MAX bytes (413 beyond). NULL after replying. */
+static char *call_body(struct evhttp_request *req, size_t *len) {
+  struct evbuffer *in = evhttp_request_get_input_buffer(req);
+  *len = evbuffer_get_length(in);
+  if (*len > LT_API_PART_MAX) {
+    lt_api_reply_error(req, 413, "too_large", NULL, "a call's body is at most %u bytes; split the batch", LT_API_PART_MAX);
+    return NULL;
+  }
+  char *s = malloc(*len + 1);
+  if (!s) {
+    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+    return NULL;
+  }
+  evbuffer_copyout(in, s, *len);
+  s[*len] = '\0';
+  return s;
+}
+
+/* Queues one call of c's session: kind and body checked, the body sealed, then recorded. */
+static void queue_call(lt_api_call_t *c, const char *kind, json_t *body) {
+  lt_api_t *api = c->api;
+  if (lt_job_state_is_terminal(c->job->state) || c->job->cancel_requested) {
+    lt_api_reply_error(c->req, 409, "session_ended", NULL, "session %s is %s: it takes no more calls", c->job->job_id,
+                       c->job->cancel_requested ? "being cancelled" : lt_job_state_name(c->job->state));
+    return;
+  }
+  call_in_t *ci = calloc(1, sizeof *ci);
+  char msg[256];
+  if (!ci) {
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  ci->api = api;
+  ci->req = c->req;
+  snprintf(ci->tenant, sizeof ci->tenant, "%s", c->tenant->tenant_id);
+  snprintf(ci->job_id, sizeof ci->job_id, "%s", c->job->job_id);
+  snprintf(ci->kind, sizeof ci->kind, "%s", kind);
+  lt_crypto_random_id(ci->call_id);
+  if (!body) {
+    record_call(api, ci);
+    return;
+  }
+  ci->examples = (int)json_array_size(json_object_get(body, json_object_get(body, "data") ? "data" : "prompts"));
+  ci->body = json_dumps(body, JSON_COMPACT);
+  ci->len = ci->body ? strlen(ci->body) : 0;
+  if (!ci->body || lt_keyring_tenant_dek(api->keyring, c->tenant, &ci->dek, msg, sizeof msg)) {
+    call_in_free(ci);
+    lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");
+    return;
+  }
+  snprintf(ci->key, sizeof ci->key, "sessions/%s/%s/calls/%s", ci->tenant, ci->job_id, ci->call_id);
+  lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
+}
+
+/* POST /v1/sessions/{id}/calls */
+void lt_api_sessions_call(lt_api_call_t *c) {
+  lt_api_t *api = c->api;
+  size_t len;
+  char *text = call_body(c->req, &len);
+  if (!text) return;
+  char field[96] = "", msg[320];
+  json_t *body = lt_callspec_parse(text, len, field, sizeof field, msg, sizeof msg);
+  OPENSSL_cleanse(text, len);
+  free(text);
+  if (!body) {
+    lt_api_reply_error(c->req, 400, "invalid", field[0] ? field : NULL, "%s", msg);
+    return;
+  }
+  int vocab = api->conf.vocab_fn ? api->conf.vocab_fn(api->conf.tokenize_ctx, c->job->base_model) : 0;
+  lt_callspec_limits_t lim = {.vocab_size = vocab, .max_tokens_per_call = LT_CALLSPEC_MAX_TOKENS};
+  const char *kind = NULL;
+  if (lt_callspec_check(body, &lim, &kind, field, sizeof field, msg, sizeof msg)) {
+    lt_api_reply_error(c->req, 400, "invalid", field[0] ? field : NULL, "%s", msg);
+    json_decref(body);
+    return;
+  }
+  if (strcmp(kind, "load_state") == 0) {
+    /* The name becomes the key of a state of this session's own: the worker takes no other. */
+    sess_fold_t *f = fold_of(api, c->job->job_id, false);
+    json_t *s = f ? json_object_get(f->saved, json_string_value(json_object_get(body, "name"))) : NULL;
+    if (!s) {
+      lt_api_reply_error(c->req, 400, "invalid", "name", "name: session %s has no saved state \"%.64s\" (yet: a "
+                                                          "save_state counts once it completed)",
+                         c->job->job_id, json_string_value(json_object_get(body, "name")));
+      json_decref(body);
+      return;
+    }
+    json_object_set(body, "state_key", json_object_get(s, "state_key"));
+  }
+  queue_call(c, kind, body);
+  json_decref(body);
+}
+
+/* DELETE /v1/sessions/{id}: the end, after the calls before it (a final checkpoint, then the
+ * session completes and its adapter is published). */
+void lt_api_sessions_end(lt_api_call_t *c) {
+  if (lt_job_state_is_terminal(c->job->state)) {
+    lt_api_reply_json(c->req, 200, session_json(c->api, c->job));
+    return;
+  }
+  queue_call(c, "end", NULL);
+}
+
+/* ---------------------------------------------------------------- the tokenizer */
+
+/* POST /v1/tokenize {model, text} and /v1/detokenize {model, tokens}: with the base model's own
+ * tokenizer, so a client needs none. */
+static void tokenize(lt_api_call_t *c, bool decode) {
+  lt_api_t *api = c->api;
+  size_t len;
+  char *text = call_body(c->req, &len);
+  if (!text) return;
+  json_error_t je;
+  json_t *body = json_loadb(text, len, 0, &je);
+  OPENSSL_cleanse(text, len);
+  free(text);
+  const char *model = json_string_value(json_object_get(body, "model"));
+  json_t *in = json_object_get(body, decode ? "tokens" : "text");
+  char msg[320];
+  if (!body) lt_api_reply_error(c->req, 400, "invalid", NULL, "the body is not JSON: %s", je.text);
+  else if (!model || !lt_id_valid(model)) lt_api_reply_error(c->req, 400, "invalid", "model", "model: a base model's id is required");
+  else if (decode ? !json_is_array(in) : !json_is_string(in))
+    lt_api_reply_error(c->req, 400, "invalid", decode ? "tokens" : "text", decode ? "tokens: an array of token ids is required"
+                                                                                   : "text: a string is required");
+  else if (!api->conf.tokenize_fn)
+    lt_api_reply_error(c->req, 501, "not_implemented", NULL, "this server has no tokenizer");
+  else {
+    json_t *out = NULL;
+    lt_err_t e = api->conf.tokenize_fn(api->conf.tokenize_ctx, model, in, &out, msg, sizeof msg);
+    if (e) lt_api_reply_err(c->req, e, e == LT_ERR_NOT_FOUND ? "model" : decode ? "tokens" : "text", msg);
+    else lt_api_reply_json(c->req, 200, out);
+  }
+  json_decref(body);
+}
+
+void lt_api_tokenize(lt_api_call_t *c) { tokenize(c, false); }
+void lt_api_detokenize(lt_api_call_t *c) { tokenize(c, true); }

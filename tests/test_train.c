@@ -362,3 +362,27 @@ Test(train, replaying_the_plan_on_a_fresh_session_gives_the_same_adapter, .init 
   }
   fclose(p.lines);
 }
+
+Test(train, a_bad_plan_line_is_refused_naming_the_field) {
+  static const struct {
+    const char *line, *needle;
+  } cases[] = {
+      {"{\"type\":\"batch\",\"step\":1,\"micro\":0,\"rows\":[{\"tokens\":[1,2],\"targets\":[2]}]}",
+       "rows[0].targets"},
+      {"{\"type\":\"batch\",\"step\":1,\"micro\":0,\"rows\":[{\"tokens\":[1,2],\"targets\":[2,3],"
+       "\"weights\":[1,\"x\"]}]}",
+       "rows[0].weights[1]"},
+      {"{\"type\":\"optim\",\"step\":1,\"adam\":{\"lr\":0.1,\"beta1\":0.9,\"beta2\":0.99,\"eps\":1e-8,"
+       "\"weight_decay\":0}}",
+       "adam.grad_clip"},
+      {"{\"type\":\"step\",\"step\":1}", "type"},
+      {"{\"type\":\"optim\"}", "step"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    lt_plan_event_t ev;
+    cr_assert_eq(lt_plan_parse(cases[i].line, strlen(cases[i].line), &ev, err, sizeof err), LT_ERR_INVALID,
+                 "%s", cases[i].line);
+    cr_assert_not_null(strstr(err, cases[i].needle), "%s: %s", cases[i].line, err);
+    lt_plan_event_free(&ev);
+  }
+}

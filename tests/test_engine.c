@@ -222,8 +222,8 @@ static void parity_case(lt_model_config_t c, int importance) {
   OK(lt_st_open_file(path, &ref, errbuf, sizeof errbuf));
 
   lt_loss_t kind = importance ? LT_LOSS_IMPORTANCE : LT_LOSS_CROSS_ENTROPY;
-  lt_batch_t b0 = {B, T, tok[0], tgt[0], w[0], adv[0], slp[0], NULL};
-  lt_batch_t b1 = {B, T, tok[1], tgt[1], w[1], adv[1], slp[1], NULL};
+  lt_batch_t b0 = {.B = B, .T = T, .tokens = tok[0], .targets = tgt[0], .weights = w[0], .advantages = adv[0], .sampler_logp = slp[0]};
+  lt_batch_t b1 = {.B = B, .T = T, .tokens = tok[1], .targets = tgt[1], .weights = w[1], .advantages = adv[1], .sampler_logp = slp[1]};
   float loss, logp[N];
   OK(lt_forward_backward(s, &b0, kind, &loss, NULL, errbuf, sizeof errbuf));
   OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
@@ -700,6 +700,212 @@ Test(engine, bad_batches_are_refused_with_the_position) {
   cr_assert_not_null(strstr(errbuf, "weight 0"), "%s", errbuf);
   lt_adamw_t opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
   cr_assert_eq(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* ---- PPO's clipped surrogate ------------------------------------------------------------- */
+
+/* Every tensor of a dump (lt_dump_tensors) in file order, concatenated: *n floats, malloc'd. */
+static float *read_dump(const char *path, size_t *n) {
+  lt_st_t *st;
+  OK(lt_st_open_file(path, &st, errbuf, sizeof errbuf));
+  size_t total = 0;
+  for (size_t i = 0; i < lt_st_count(st); i++) total += (size_t)lt_st_at(st, i)->numel;
+  float *v = malloc(total * sizeof(float));
+  cr_assert_not_null(v);
+  size_t at = 0;
+  for (size_t i = 0; i < lt_st_count(st); i++) {
+    const lt_st_tensor_t *t = lt_st_at(st, i);
+    cr_assert_eq(t->dtype, LT_ST_F32);
+    memcpy(v + at, t->data, (size_t)t->numel * sizeof(float));
+    at += (size_t)t->numel;
+  }
+  lt_st_close(st);
+  *n = total;
+  return v;
+}
+
+enum { PB = 2, PT = 12, PN = PB * PT };
+
+/* A batch for the policy losses on a session whose adapter has taken one cross-entropy step
+ * (so that lora_B, and with it every LoRA gradient, is nonzero): random tokens and targets, the
+ * first two positions of a row masked, advantages of both signs, and sampler_logp = the current
+ * logp + shift(i) so that each token's ratio is exp(-shift(i)). */
+typedef struct {
+  int32_t tok[PN], tgt[PN];
+  float w[PN], adv[PN], slp[PN], logp[PN];
+  lt_batch_t b;
+} ppo_batch_t;
+
+static void ppo_batch(lt_session_t *s, int V, ppo_batch_t *p, double (*shift)(int i, float adv)) {
+  unsigned rs = 17;
+  rand_tokens(p->tok, PN, V, &rs);
+  rand_tokens(p->tgt, PN, V, &rs);
+  for (int i = 0; i < PN; i++) {
+    p->w[i] = (i % PT) < 2 ? 0.0f : 1.0f + 0.25f * (float)(i % 3);
+    p->adv[i] = (float)((int)(rand_r(&rs) % 200) - 100) / 40.0f;
+  }
+  p->b = (lt_batch_t){.B = PB, .T = PT, .tokens = p->tok, .targets = p->tgt, .weights = p->w,
+                      .advantages = p->adv, .sampler_logp = p->slp};
+  OK(lt_forward(s, &p->b, LT_LOSS_CROSS_ENTROPY, NULL, p->logp, errbuf, sizeof errbuf));
+  for (int i = 0; i < PN; i++) p->slp[i] = (float)(p->logp[i] + shift(i, p->adv[i]));
+}
+
+/* A session on f after one cross-entropy AdamW step on random data. */
+static lt_session_t *stepped_session(fixture_t *f) {
+  lt_session_t *s = fixture_session(f, (lt_session_config_t){.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 3});
+  int32_t tok[PN], tgt[PN];
+  unsigned rs = 5;
+  rand_tokens(tok, PN, f->c.vocab_size, &rs);
+  rand_tokens(tgt, PN, f->c.vocab_size, &rs);
+  lt_batch_t b = {.B = PB, .T = PT, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 2e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  return s;
+}
+
+/* log-ratios within +-0.1: inside [0.8, 1.2] */
+static double shift_inside(int i, float adv) {
+  (void)adv;
+  return 0.1 * (double)((i % 5) - 2) / 2.0;
+}
+
+/* Ratio e^4 where the advantage is positive, e^-4 where it is not: min() takes the clipped term
+ * (1.2 A, resp. 0.8 A) for every token. */
+static double shift_clipped(int i, float adv) {
+  (void)i;
+  return adv > 0 ? -4.0 : 4.0;
+}
+
+/* Most tokens inside the range, every third one clipped: a loss with both kinds of term. */
+static double shift_mixed(int i, float adv) {
+  return i % 3 == 0 ? shift_clipped(i, adv) : shift_inside(i, adv);
+}
+
+Test(engine, ppo_with_ratios_inside_the_clip_range_is_importance_sampling) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 51, 1);
+  lt_session_t *s = stepped_session(&f), *t = stepped_session(&f);
+  ppo_batch_t p;
+  ppo_batch(s, f.c.vocab_size, &p, shift_inside);
+  float l_is, l_ppo, l_fwd, lp_is[PN], lp_ppo[PN];
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_IMPORTANCE, &l_is, lp_is, errbuf, sizeof errbuf));
+  OK(lt_forward_backward(t, &p.b, LT_LOSS_PPO, &l_ppo, lp_ppo, errbuf, sizeof errbuf));
+  OK(lt_forward(t, &p.b, LT_LOSS_PPO, &l_fwd, NULL, errbuf, sizeof errbuf));
+  cr_assert_eq(l_is, l_ppo, "loss: importance sampling %.9g, PPO %.9g", l_is, l_ppo);
+  cr_assert_eq(l_fwd, l_ppo, "lt_forward's PPO loss %.9g, lt_forward_backward's %.9g", l_fwd, l_ppo);
+  cr_assert_eq(memcmp(lp_is, lp_ppo, sizeof lp_is), 0, "the log-probs differ");
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s/g_is.safetensors", f.dir);
+  snprintf(b, sizeof b, "%s/g_ppo.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 1, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 1, b, errbuf, sizeof errbuf));
+  size_t n;
+  float *g = read_dump(b, &n);
+  double norm = 0;
+  for (size_t i = 0; i < n; i++) norm += (double)g[i] * g[i];
+  cr_assert_gt(norm, 0, "the gradient is not trivially zero");
+  free(g);
+  cr_assert(files_equal(a, b), "the gradients of the two losses differ");
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(&f);
+}
+
+Test(engine, ppo_gives_no_gradient_where_every_token_is_clipped) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 52, 1);
+  lt_session_t *s = stepped_session(&f);
+  ppo_batch_t p;
+  ppo_batch(s, f.c.vocab_size, &p, shift_clipped);
+  float loss;
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_PPO, &loss, NULL, errbuf, sizeof errbuf));
+  double W = 0, want = 0;
+  for (int i = 0; i < PN; i++) {
+    W += p.w[i];
+    want += -(double)p.w[i] * (p.adv[i] > 0 ? 1.2 : 0.8) * p.adv[i];
+  }
+  cr_assert_float_eq(loss, want / W, 1e-5, "loss %.7g, the clipped terms give %.7g", loss, want / W);
+  char a[512];
+  snprintf(a, sizeof a, "%s/g.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 1, a, errbuf, sizeof errbuf));
+  size_t n;
+  float *g = read_dump(a, &n);
+  cr_assert_gt(n, 0);
+  for (size_t i = 0; i < n; i++) cr_assert_eq(g[i], 0.0f, "gradient[%zu] = %g", i, (double)g[i]);
+  free(g);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+/* The gradient is the loss's: along the AdamW update d the optimizer then takes (every LoRA
+ * parameter moves), L(theta + d) - L(theta) matches g . d, with a third of the tokens clipped.
+ * A gradient from a clipped token would show here, since its term does not move the loss. */
+Test(engine, ppo_gradient_matches_a_finite_difference_of_its_loss) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 53, 1);
+  lt_session_t *s = stepped_session(&f);
+  ppo_batch_t p;
+  ppo_batch(s, f.c.vocab_size, &p, shift_mixed);
+  p.b.clip_low = 0.25f; /* an asymmetric range: tokens at e^-0.1 .. e^0.1 stay inside */
+  char p0[512], p1[512], g[512];
+  snprintf(p0, sizeof p0, "%s/p0.safetensors", f.dir);
+  snprintf(p1, sizeof p1, "%s/p1.safetensors", f.dir);
+  snprintf(g, sizeof g, "%s/g.safetensors", f.dir);
+  float l0, l1;
+  OK(lt_dump_tensors(s, 0, p0, errbuf, sizeof errbuf));
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_PPO, &l0, NULL, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(s, 1, g, errbuf, sizeof errbuf));
+  lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(s, 0, p1, errbuf, sizeof errbuf));
+  OK(lt_forward(s, &p.b, LT_LOSS_PPO, &l1, NULL, errbuf, sizeof errbuf));
+  size_t n0, n1, ng;
+  float *x0 = read_dump(p0, &n0), *x1 = read_dump(p1, &n1), *gr = read_dump(g, &ng);
+  cr_assert(n0 == n1 && n0 == ng);
+  double dot = 0;
+  for (size_t i = 0; i < n0; i++) dot += (double)gr[i] * ((double)x1[i] - x0[i]);
+  double fd = (double)l1 - l0;
+  cr_log_info("PPO: L(theta + d) - L(theta) = %.6g, g . d = %.6g", fd, dot);
+  cr_assert_lt(dot, 0, "AdamW went downhill: g . d = %g", dot);
+  cr_assert_lt(fabs(fd - dot), 0.01 * fabs(dot), "finite difference %.6g vs g . d %.6g", fd, dot);
+  free(x0), free(x1), free(gr);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+Test(engine, ppo_refuses_bad_inputs_naming_the_field) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 54, 1);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = 2, .alpha = 2, .targets = LT_TARGET_Q, .seed = 5});
+  ppo_batch_t p;
+  ppo_batch(s, f.c.vocab_size, &p, shift_inside);
+  p.adv[PT + 3] = NAN;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "advantages[1][3] = nan"), "%s", errbuf);
+  cr_assert_eq(lt_forward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  p.adv[PT + 3] = 1;
+  p.slp[4] = INFINITY;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "sampler_logp[0][4] = inf"), "%s", errbuf);
+  p.slp[4] = -1;
+  p.w[0] = 0;
+  p.slp[0] = NAN; /* a masked token's inputs are not read */
+  p.b.clip_high = 10;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "clip_high = 10"), "%s", errbuf);
+  p.b.clip_high = 0;
+  p.b.clip_low = NAN;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "clip_low = nan"), "%s", errbuf);
+  p.b.clip_low = 0;
+  p.b.advantages = NULL;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(errbuf, "advantages missing"), "%s", errbuf);
+  p.b.advantages = p.adv;
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_PPO, NULL, NULL, errbuf, sizeof errbuf));
   lt_session_destroy(s);
   fixture_close(&f);
 }

@@ -2,8 +2,9 @@
  * lt_task. What must hold: short examples are packed several to a row (fewer rows than
  * examples); the run is deterministic (the same seed and data give a bitwise identical adapter,
  * dropout on); a run resumed from a checkpoint's state ends with the adapter of the run that
- * never stopped (docs/DESIGN.md §4.5: a crash loses only the steps since the last commit); and bad
- * data fails naming the line. */
+ * never stopped (docs/DESIGN.md §4.5: a crash loses only the steps since the last commit); bad
+ * data fails naming the line; and the run's plan (its batches and AdamW updates, lt_plan.h),
+ * replayed on a fresh session, gives the managed run's adapter byte for byte. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "lt_engine.h"
+#include "lt_plan.h"
 #include "lt_task.h"
 #include "lt_train.h"
 #include "lt_test.h"
@@ -205,4 +207,182 @@ Test(train, a_byte_order_mark_and_crlf_line_ends_train_like_the_plain_file, .ini
   }
   cr_expect_eq(res[1].examples, res[0].examples);
   cr_expect_eq(res[1].steps, res[0].steps);
+}
+
+/* ---- the plan: a loop outside lt_train_run replays the run byte for byte ------------------ */
+
+/* The plan as the hooks saw it: the events copied in order, and the same events as JSON lines
+ * (lt_plan) in `lines`. */
+typedef struct {
+  lt_plan_event_t ev[64];
+  int n;
+  FILE *lines;
+  int evals, exact_match_evals;
+} plan_capture_t;
+
+static int32_t *copy_i32(const int32_t *v, size_t n) {
+  if (!v) return NULL;
+  int32_t *c = malloc(n * sizeof *c);
+  memcpy(c, v, n * sizeof *c);
+  return c;
+}
+
+static void capture_batch(void *ctx, int64_t step, int micro, const lt_batch_t *b) {
+  plan_capture_t *p = ctx;
+  cr_assert_lt(p->n, 64);
+  lt_plan_event_t *e = &p->ev[p->n++];
+  size_t N = (size_t)b->B * b->T;
+  *e = (lt_plan_event_t){.kind = LT_PLAN_BATCH, .step = step, .micro = micro};
+  e->tokens = copy_i32(b->tokens, N);
+  e->targets = copy_i32(b->targets, N);
+  e->positions = copy_i32(b->positions, N);
+  e->weights = malloc(N * sizeof(float));
+  memcpy(e->weights, b->weights, N * sizeof(float));
+  e->batch = (lt_batch_t){.B = b->B, .T = b->T, .tokens = e->tokens, .targets = e->targets,
+                          .weights = e->weights, .positions = e->positions};
+  lt_plan_write_batch(p->lines, step, micro, b);
+}
+
+static void capture_update(void *ctx, int64_t step, const lt_adamw_t *opt) {
+  plan_capture_t *p = ctx;
+  cr_assert_lt(p->n, 64);
+  p->ev[p->n++] = (lt_plan_event_t){.kind = LT_PLAN_OPTIM, .step = step, .adam = *opt};
+  lt_plan_write_update(p->lines, step, opt);
+}
+
+static void count_eval(void *ctx, const lt_train_eval_t *ev) {
+  plan_capture_t *p = ctx;
+  p->evals++;
+  p->exact_match_evals += ev->exact_match >= 0;
+}
+
+/* Replays events on a fresh session of the run's configuration and exports its adapter into
+ * root/dir. */
+static void replay(const lt_hparams_t *hp, const lt_plan_event_t *ev, int n, const char *dir) {
+  lt_backend_t *be;
+  lt_engine_t *eng;
+  lt_session_t *s;
+  lt_session_config_t sc;
+  lt_train_session_config(hp, &sc);
+  cr_assert_eq(lt_backend_cpu_new(1, &be, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_engine_open(model, be, &eng, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_session_new(eng, &sc, &s, err, sizeof err), LT_OK, "%s", err);
+  for (int i = 0; i < n; i++) {
+    lt_err_t e = ev[i].kind == LT_PLAN_BATCH
+                     ? lt_forward_backward(s, &ev[i].batch, LT_LOSS_CROSS_ENTROPY, NULL, NULL, err, sizeof err)
+                     : lt_optim_step(s, &ev[i].adam, NULL, err, sizeof err);
+    cr_assert_eq(e, LT_OK, "event %d: %s", i, err);
+  }
+  char out[256];
+  snprintf(out, sizeof out, "%s/%s", root, dir);
+  cr_assert_eq(lt_export_peft(s, out, "tiny", err, sizeof err), LT_OK, "%s", err);
+  lt_session_destroy(s);
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+}
+
+/* The plan's JSON lines parse back to exactly the events the hooks saw. */
+static int parse_lines(FILE *f, lt_plan_event_t *out, const plan_capture_t *p) {
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  int n = 0;
+  rewind(f);
+  while ((len = getline(&line, &cap, f)) > 0) {
+    cr_assert_lt(n, p->n, "more lines than events");
+    cr_assert_eq(lt_plan_parse(line, (size_t)len, &out[n], err, sizeof err), LT_OK, "line %d: %s", n + 1, err);
+    const lt_plan_event_t *a = &p->ev[n], *b = &out[n];
+    cr_assert(a->kind == b->kind && a->step == b->step && a->micro == b->micro, "line %d: another event", n + 1);
+    if (a->kind == LT_PLAN_OPTIM)
+      cr_assert_eq(memcmp(&a->adam, &b->adam, sizeof a->adam), 0, "line %d: the AdamW floats changed", n + 1);
+    else {
+      size_t N = (size_t)a->batch.B * a->batch.T;
+      cr_assert(b->batch.B == a->batch.B && b->batch.T == a->batch.T, "line %d: shape", n + 1);
+      cr_assert(memcmp(a->tokens, b->tokens, N * 4) == 0 && memcmp(a->targets, b->targets, N * 4) == 0 &&
+                    memcmp(a->weights, b->weights, N * 4) == 0 &&
+                    (a->positions ? memcmp(a->positions, b->batch.positions, N * 4) == 0 : !b->batch.positions),
+                "line %d: the batch changed on its way through JSON", n + 1);
+    }
+    n++;
+  }
+  free(line);
+  return n;
+}
+
+/* Dropout on, evaluation (loss, token accuracy, greedy exact match) every 2 steps, checkpoints
+ * every 3, gradient accumulation and packing: none of it may make the managed run's adapter
+ * differ from a replay of its batches and updates on a fresh session. */
+Test(train, replaying_the_plan_on_a_fresh_session_gives_the_same_adapter, .init = make_model,
+     .fini = remove_all, .timeout = 300) {
+  char work[256];
+  snprintf(work, sizeof work, "%s/managed", root);
+  mkdir(work, 0700);
+  size_t len;
+  char *data = dataset(&len);
+  lt_hparams_t hp = job_hparams("{\"max_steps\": 6, \"batch_size\": 6, \"grad_accum\": 2, \"eval_interval\": 2, "
+                                "\"checkpoint_interval\": 3, \"checkpoint_interval_s\": 0, \"lora_rank\": 4, "
+                                "\"lora_dropout\": 0.1, \"learning_rate\": 0.01, \"warmup_steps\": 2, "
+                                "\"weight_decay\": 0.05, \"validation_fraction\": 0.1, \"seed\": 13, "
+                                "\"max_seq_len\": 64}");
+  lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
+                        .hp = hp, .threads = 1, .work_dir = work, .gen_max_tokens = 8};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  static plan_capture_t p;
+  memset(&p, 0, sizeof p);
+  p.lines = tmpfile();
+  cr_assert_not_null(p.lines);
+  lt_train_hooks_t hooks = {.ctx = &p, .on_batch = capture_batch, .on_update = capture_update,
+                            .on_eval = count_eval};
+  lt_train_result_t res;
+  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_OK, "%s", err);
+  free(data);
+  cr_assert_eq(res.steps, 6);
+  cr_assert_eq(p.n, 6 * 3, "two micro-batches and an update per step: %d events", p.n);
+  cr_assert_eq(p.evals, 3, "evaluations at steps 2, 4 and 6");
+  cr_assert_eq(p.exact_match_evals, 3, "each evaluation sampled greedily for exact match");
+  for (int i = 0; i < p.n; i++) {
+    cr_assert_eq(p.ev[i].step, i / 3 + 1, "event %d: step", i);
+    cr_assert_eq(p.ev[i].kind, i % 3 == 2 ? LT_PLAN_OPTIM : LT_PLAN_BATCH, "event %d: kind", i);
+    if (p.ev[i].kind == LT_PLAN_BATCH) cr_assert_eq(p.ev[i].micro, i % 3, "event %d: micro", i);
+  }
+  cr_assert_not_null(p.ev[0].positions, "packing: the batches carry positions");
+  cr_assert_gt(p.ev[2].adam.lr, 0);
+  cr_assert_neq(p.ev[2].adam.lr, p.ev[5].adam.lr, "the lr is the schedule's at each step");
+  cr_assert_float_eq(p.ev[2].adam.weight_decay, 0.05f, 1e-9);
+  replay(&hp, p.ev, p.n, "replay_memory");
+  assert_same_adapter("managed", "replay_memory", "the batches and updates the hooks saw, replayed");
+  static lt_plan_event_t parsed[64];
+  int n = parse_lines(p.lines, parsed, &p);
+  cr_assert_eq(n, p.n);
+  replay(&hp, parsed, n, "replay_json");
+  assert_same_adapter("managed", "replay_json", "the plan's JSON lines, parsed and replayed");
+  for (int i = 0; i < p.n; i++) {
+    lt_plan_event_free(&p.ev[i]);
+    lt_plan_event_free(&parsed[i]);
+  }
+  fclose(p.lines);
+}
+
+Test(train, a_bad_plan_line_is_refused_naming_the_field) {
+  static const struct {
+    const char *line, *needle;
+  } cases[] = {
+      {"{\"type\":\"batch\",\"step\":1,\"micro\":0,\"rows\":[{\"tokens\":[1,2],\"targets\":[2]}]}",
+       "rows[0].targets"},
+      {"{\"type\":\"batch\",\"step\":1,\"micro\":0,\"rows\":[{\"tokens\":[1,2],\"targets\":[2,3],"
+       "\"weights\":[1,\"x\"]}]}",
+       "rows[0].weights[1]"},
+      {"{\"type\":\"optim\",\"step\":1,\"adam\":{\"lr\":0.1,\"beta1\":0.9,\"beta2\":0.99,\"eps\":1e-8,"
+       "\"weight_decay\":0}}",
+       "adam.grad_clip"},
+      {"{\"type\":\"step\",\"step\":1}", "type"},
+      {"{\"type\":\"optim\"}", "step"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    lt_plan_event_t ev;
+    cr_assert_eq(lt_plan_parse(cases[i].line, strlen(cases[i].line), &ev, err, sizeof err), LT_ERR_INVALID,
+                 "%s", cases[i].line);
+    cr_assert_not_null(strstr(err, cases[i].needle), "%s: %s", cases[i].line, err);
+    lt_plan_event_free(&ev);
+  }
 }

@@ -538,11 +538,14 @@ static lt_err_t read_examples(run_t *r, char *errstr, size_t n) {
 }
 
 /* The adapter session, the config digest, and the state resumed from, if any. */
+void lt_train_session_config(const lt_hparams_t *hp, lt_session_config_t *out) {
+  *out = (lt_session_config_t){.rank = hp->lora_rank, .alpha = (float)hp->lora_alpha,
+                               .dropout = (float)hp->lora_dropout, .targets = hp->target_modules,
+                               .seed = (uint64_t)hp->seed};
+}
+
 static lt_err_t start_session(run_t *r, char *errstr, size_t n) {
-  const lt_hparams_t *hp = r->hp;
-  r->sc = (lt_session_config_t){.rank = hp->lora_rank, .alpha = (float)hp->lora_alpha,
-                                .dropout = (float)hp->lora_dropout, .targets = hp->target_modules,
-                                .seed = (uint64_t)hp->seed};
+  lt_train_session_config(r->hp, &r->sc);
   lt_err_t err = lt_session_new(r->eng, &r->sc, &r->sess, errstr, n);
   if (err) return err;
   r->metrics = json_array();
@@ -645,6 +648,7 @@ static lt_err_t accumulate(run_t *r, double *loss_sum, int64_t *step_tokens, lt_
     r->out->examples += count;
     lt_batch_t batch = {.B = rows, .T = r->T, .tokens = r->b.tokens, .targets = r->b.targets,
                         .weights = r->b.weights, .positions = c->one_row_per_example ? NULL : r->b.positions};
+    if (hooks && hooks->on_batch) hooks->on_batch(hooks->ctx, r->step + 1, micro, &batch);
     float loss = 0;
     lt_err_t err = lt_forward_backward(r->sess, &batch, LT_LOSS_CROSS_ENTROPY, &loss, NULL, errstr, n);
     if (err) return err;
@@ -677,6 +681,7 @@ static lt_err_t train_step(run_t *r, lt_train_stop_t *why, char *errstr, size_t 
   if (err || *why != LT_TRAIN_GO) return err;
   if (hooks && hooks->before_update && (err = hooks->before_update(hooks->ctx, errstr, n))) return err;
   r->opt.lr = (float)lr_at(r->hp, r->step, r->total);
+  if (hooks && hooks->on_update) hooks->on_update(hooks->ctx, r->step + 1, &r->opt);
   float gnorm = 0;
   if ((err = lt_optim_step(r->sess, &r->opt, &gnorm, errstr, n))) return err;
   r->step = lt_session_step(r->sess);

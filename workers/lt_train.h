@@ -75,6 +75,17 @@ typedef struct lt_train_hooks {
    * (the executor waits there for the previous checkpoint's commit). A failure stops the run.
    * May be NULL. */
   lt_err_t (*before_update)(void *ctx, char *errstr, size_t errstr_size);
+  /* The run's plan, enough to replay it outside the loop (lt_plan.h): on_batch sees each training
+   * micro-batch right before its lt_forward_backward (LT_LOSS_CROSS_ENTROPY; never an evaluation
+   * batch), on_update the AdamW parameters right before each lt_optim_step (lr after the
+   * schedule), exactly as the loop passes them. step is the optimizer step they make, counted
+   * from 1 as lt_train_step_t.step; micro counts from 0 within it. The batch, its arrays and opt
+   * are borrowed for the call. Either may be NULL. Replaying the calls in order on a fresh
+   * session of lt_train_session_config(hp) on the same model, backend and thread count gives a
+   * byte-identical adapter: evaluation, sampling and checkpoints do not touch the trained
+   * session's state (tests/test_train.c proves it). */
+  void (*on_batch)(void *ctx, int64_t step, int micro, const lt_batch_t *batch);
+  void (*on_update)(void *ctx, int64_t step, const lt_adamw_t *opt);
 } lt_train_hooks_t;
 
 typedef struct lt_train_conf {
@@ -105,6 +116,10 @@ typedef struct lt_train_result {
                                  * packing puts several short examples in one row */
   char config_digest[65];
 } lt_train_result_t;
+
+/* The adapter session a run of hp trains (LoRA rank, alpha, dropout, targets, seed): what a
+ * replay of its plan must start from. */
+void lt_train_session_config(const lt_hparams_t *hp, lt_session_config_t *out);
 
 /* Runs (or resumes) a managed fine-tune. Bad data gets LT_ERR_INVALID naming the line. */
 lt_err_t lt_train_run(const lt_train_conf_t *conf, const lt_train_hooks_t *hooks, lt_train_result_t *out,

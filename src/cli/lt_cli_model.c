@@ -7,12 +7,16 @@
  *   lathe model path
  *       Prints where the bundled model lives ($LATHE_MODELS_DIR/lathe-tiny).
  *   lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]
+ *               [--dump-plan FILE]
  *       A managed fine-tune run locally (no broker, no store): the same loop an executor runs.
- *       Prints progress and the eval against the base model; --out keeps the last checkpoint.
+ *       Prints progress and the eval against the base model; --out keeps the last checkpoint;
+ *       --dump-plan writes the run's batches and AdamW updates as JSON lines (workers/lt_plan.h),
+ *       which a training session can replay to the same adapter.
  *
  * Models live in $LATHE_MODELS_DIR (default: the meson option models_dir; ops/stack env sets
  * var/models in the checkout). */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,7 @@
 
 #include "lt_config.h"
 #include "lt_jobspec.h"
+#include "lt_plan.h"
 #include "lt_task.h"
 #include "lt_train.h"
 
@@ -133,9 +138,14 @@ static char *slurp(const char *path, size_t *len) {
   return buf;
 }
 
-typedef struct {
-  const char *out;
-} train_ctx_t;
+/* The plan's hooks: one JSON line per training micro-batch and per update, into FILE. */
+static void plan_batch(void *ctx, int64_t step, int micro, const lt_batch_t *batch) {
+  lt_plan_write_batch(ctx, step, micro, batch);
+}
+
+static void plan_update(void *ctx, int64_t step, const lt_adamw_t *opt) {
+  lt_plan_write_update(ctx, step, opt);
+}
 
 static void on_step(void *ctx, const lt_train_step_t *st) {
   (void)ctx;
@@ -154,14 +164,22 @@ static void on_eval(void *ctx, const lt_train_eval_t *e) {
   fprintf(stderr, "\n");
 }
 
+static void train_usage(FILE *f) {
+  fprintf(f, "usage: lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]\n"
+             "                   [--dump-plan FILE]\n"
+             "  --dump-plan FILE  write every training batch and AdamW update as one JSON line each\n"
+             "                    (workers/lt_plan.h): the plan a training session replays exactly\n");
+}
+
 static int train_cmd(int argc, char **argv) {
-  const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL;
+  const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL;
   json_t *hp = json_object();
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model = argv[++i];
     else if (strcmp(argv[i], "--train") == 0 && i + 1 < argc) train = argv[++i];
     else if (strcmp(argv[i], "--valid") == 0 && i + 1 < argc) valid = argv[++i];
     else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
+    else if (strcmp(argv[i], "--dump-plan") == 0 && i + 1 < argc) plan_path = argv[++i];
     else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
       char *kv = argv[++i], *eq = strchr(kv, '=');
       if (!eq) {
@@ -174,9 +192,10 @@ static int train_cmd(int argc, char **argv) {
       json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, &je);
       json_object_set_new(hp, kv, v ? v : json_string(eq + 1));
     } else {
-      fprintf(stderr, "usage: lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]\n");
+      bool help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+      train_usage(help ? stdout : stderr);
       json_decref(hp);
-      return 2;
+      return help ? 0 : 2;
     }
   }
   if (!model || !train) {
@@ -218,11 +237,21 @@ static int train_cmd(int argc, char **argv) {
     }
     c.work_dir = work;
   }
-  lt_train_hooks_t hooks = {.on_step = on_step, .on_eval = on_eval};
+  FILE *plan = plan_path ? fopen(plan_path, "w") : NULL;
+  if (plan_path && !plan) {
+    fprintf(stderr, "lathe train: cannot write the plan to %s: %s\n", plan_path, strerror(errno));
+    free(tt);
+    free(vt);
+    return 1;
+  }
+  lt_train_hooks_t hooks = {.ctx = plan, .on_step = on_step, .on_eval = on_eval,
+                            .on_batch = plan ? plan_batch : NULL, .on_update = plan ? plan_update : NULL};
   lt_train_result_t res;
   lt_err_t e = lt_train_run(&c, &hooks, &res, err, sizeof err);
   free(tt);
   free(vt);
+  if (plan && (ferror(plan) | fclose(plan)) && !e)
+    e = lt_errf(err, sizeof err, LT_ERR_IO, "writing the plan to %s failed", plan_path);
   if (e) {
     fprintf(stderr, "lathe train: %s\n", err);
     return 1;

@@ -416,6 +416,38 @@ static void backward(lt_session_t *s) {
 
 /* ---- the primitives ---------------------------------------------------------------------- */
 
+/* The policy-gradient losses' inputs (LT_LOSS_IMPORTANCE, LT_LOSS_PPO): advantages and
+ * sampler_logp present and finite where a token counts, and PPO's clip range. */
+static lt_err_t check_policy_inputs(const lt_batch_t *b, lt_loss_t loss, char *errstr,
+                                    size_t errstr_size) {
+  const char *name = loss == LT_LOSS_PPO ? "PPO" : "importance-sampling";
+  if (!b->advantages || !b->sampler_logp)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "batch: the %s loss needs advantages and sampler_logp (%s missing)", name,
+                   !b->advantages ? "advantages" : "sampler_logp");
+  if (loss == LT_LOSS_PPO) {
+    const float clip[2] = {b->clip_low, b->clip_high};
+    for (int k = 0; k < 2; k++)
+      if (!isfinite(clip[k]) || !(clip[k] >= 0 && clip[k] < 10))
+        return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                       "batch: %s = %g, expected a finite value in [0, 10) (0: 0.2)",
+                       k ? "clip_high" : "clip_low", (double)clip[k]);
+  }
+  size_t N = (size_t)b->B * b->T;
+  for (size_t i = 0; i < N; i++) {
+    if (b->weights && b->weights[i] == 0) continue;
+    const char *bad = !isfinite(b->advantages[i])     ? "advantages"
+                      : !isfinite(b->sampler_logp[i]) ? "sampler_logp"
+                                                      : NULL;
+    if (bad)
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                     "batch: %s[%zu][%zu] = %g, expected a finite value", bad, i / (size_t)b->T,
+                     i % (size_t)b->T,
+                     (double)(bad[0] == 'a' ? b->advantages[i] : b->sampler_logp[i]));
+  }
+  return LT_OK;
+}
+
 static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_t loss,
                             int need_targets, char *errstr, size_t errstr_size) {
   int V = s->mc.vocab_size;
@@ -447,10 +479,7 @@ static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_
   if (!need_targets) return LT_OK;
   if (!b->targets)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "batch: targets missing");
-  if (loss == LT_LOSS_IMPORTANCE && (!b->advantages || !b->sampler_logp))
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "batch: the importance-sampling loss needs advantages and sampler_logp");
-  if (loss != LT_LOSS_CROSS_ENTROPY && loss != LT_LOSS_IMPORTANCE)
+  if (loss != LT_LOSS_CROSS_ENTROPY && loss != LT_LOSS_IMPORTANCE && loss != LT_LOSS_PPO)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "loss %d: unknown", (int)loss);
   double W = 0;
   for (size_t i = 0; i < N; i++) {
@@ -463,17 +492,34 @@ static lt_err_t check_batch(const lt_session_t *s, const lt_batch_t *b, lt_loss_
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "batch: targets[%zu][%zu] = %d is outside the vocabulary [0, %d)",
                      i / (size_t)b->T, i % (size_t)b->T, b->targets[i], V);
-    if (w != 0 && loss == LT_LOSS_IMPORTANCE &&
-        (!isfinite(b->advantages[i]) || !isfinite(b->sampler_logp[i])))
-      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                     "batch: advantages/sampler_logp[%zu][%zu] is not finite", i / (size_t)b->T,
-                     i % (size_t)b->T);
     W += w;
   }
   if (!(W > 0))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "batch: every token has weight 0, there is nothing to learn from");
-  return LT_OK;
+  if (loss == LT_LOSS_CROSS_ENTROPY) return LT_OK;
+  return check_policy_inputs(b, loss, errstr, errstr_size);
+}
+
+/* One token's term of the loss (before the -w / W factor) and its derivative with respect to
+ * the token's log-prob lp, in double. */
+static double token_term(const lt_batch_t *b, lt_loss_t loss, size_t i, double lp,
+                         double *dterm) {
+  if (loss == LT_LOSS_CROSS_ENTROPY) {
+    *dterm = 1;
+    return lp;
+  }
+  double ratio = exp(lp - (double)b->sampler_logp[i]), adv = b->advantages[i];
+  *dterm = ratio * adv;
+  if (loss == LT_LOSS_IMPORTANCE) return ratio * adv;
+  double lo = 1.0 - (b->clip_low > 0 ? (double)b->clip_low : 0.2),
+         hi = 1.0 + (b->clip_high > 0 ? (double)b->clip_high : 0.2);
+  double clipped = ratio < lo ? lo : ratio > hi ? hi : ratio;
+  /* min(r A, clip(r) A): on a tie (r inside the range) the unclipped term, whose gradient is
+   * the importance-sampling one; otherwise the clipped term, a constant. */
+  if (ratio * adv <= clipped * adv) return ratio * adv;
+  *dterm = 0;
+  return clipped * adv;
 }
 
 /* Puts the batch's positions (or t = 0..T-1 in every row) where RoPE and attention read them;
@@ -524,14 +570,9 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
       a->h_coef[i] = 0;
       continue;
     }
-    if (loss == LT_LOSS_CROSS_ENTROPY) {
-      Ls += -w * lp;
-      a->h_coef[i] = (float)(-w / W);
-    } else {
-      double ratio = exp(lp - (double)b->sampler_logp[i]), adv = b->advantages[i];
-      Ls += -w * ratio * adv;
-      a->h_coef[i] = (float)(-w * ratio * adv / W);
-    }
+    double dterm, term = token_term(b, loss, i, lp, &dterm);
+    Ls += -w * term;
+    a->h_coef[i] = (float)(-w * dterm / W);
   }
   if (loss_out) *loss_out = (float)(Ls / W);
   if (logp_out) memcpy(logp_out, a->h_logp, N * sizeof(float));

@@ -117,14 +117,17 @@ typedef struct lt_batch {
   const int32_t *tokens;       /* inputs, each in [0, V) */
   const int32_t *targets;      /* next tokens, in [0, V) where weight != 0 (else ignored) */
   const float *weights;        /* per-token loss weight >= 0 (0 masks prompt/padding); NULL = 1 */
-  const float *advantages;     /* LT_LOSS_IMPORTANCE only: per-token advantage */
-  const float *sampler_logp;   /* LT_LOSS_IMPORTANCE only: log-prob under the sampler */
+  const float *advantages;     /* LT_LOSS_IMPORTANCE and LT_LOSS_PPO: per-token advantage */
+  const float *sampler_logp;   /* LT_LOSS_IMPORTANCE and LT_LOSS_PPO: log-prob under the sampler */
   /* Packing: each token's position within its own example, so that one row may hold several
    * examples one after the other (each counting 0, 1, 2, ...); a token attends only to the
    * earlier tokens of its example and RoPE sees its position there, so a packed row computes
    * exactly what one row per example would. NULL: one example per row (0..T-1). */
   const int32_t *positions;
-  float clip_low, clip_high; /* LT_LOSS_PPO only: the ratio is clipped to [1 - low, 1 + high] */
+  /* LT_LOSS_PPO only: the ratio is clipped to [1 - clip_low, 1 + clip_high], each finite and in
+   * [0, 10); 0 means the default 0.2 (PPO's epsilon), so a designated initialiser that leaves
+   * them out gets the usual symmetric clip. */
+  float clip_low, clip_high;
 } lt_batch_t;
 
 typedef enum lt_loss {
@@ -134,6 +137,10 @@ typedef enum lt_loss {
    * (importance-sampled policy gradient; its gradient is the REINFORCE estimator reweighted by
    * the ratio of the current policy to the sampler's). */
   LT_LOSS_IMPORTANCE = 1,
+  /* loss = -sum_t w_t * min(r_t * adv_t, clip(r_t, 1 - clip_low, 1 + clip_high) * adv_t) / sum_t w_t
+   * with r_t = exp(logp_t - sampler_logp_t) (PPO's clipped surrogate). Where the min takes the
+   * clipped, constant term the token's gradient is 0; where the ratio is inside the clip range
+   * loss and gradient are exactly LT_LOSS_IMPORTANCE's. */
   LT_LOSS_PPO = 2,
 } lt_loss_t;
 

@@ -321,6 +321,21 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(f.result(timeout=10).name, "b")
         self.assertEqual(len(self.reqs("GET", f"{path}/{f.seq}")), 2)
 
+    def test_retry_429_opt_in(self):
+        path = "/v1/sessions/ses-1/calls"
+        svc = lc.ServiceClient(base_url=self.url, api_key=KEY, retry_429=True)
+        tc = svc.training_client("ses-1")
+        limited = (429, {"error": {"code": "rate_limited", "message": "slow down"}}, {"Retry-After": "0"})
+        self.fake.script[("POST", path)] = [limited, limited]
+        f = tc.save_state("a")
+        self.assertEqual((f.seq, len(self.reqs("POST", path)), len(self.fake.calls)), (1, 3, 1))
+        # 503 may mean taken: never repeated, even with retry_429
+        self.fake.script[("POST", path)] = [(503, {"error": {"code": "unavailable", "message": "x"}},
+                                             {"Retry-After": "0"})]
+        with self.assertRaises(lc.Unavailable):
+            tc.save_state("b")
+        self.assertEqual((len(self.reqs("POST", path)), len(self.fake.calls)), (4, 1))
+
     def test_errors_mapped(self):
         with self.assertRaises(lc.NotFound):
             self.service.training_client("ses-nope").state()

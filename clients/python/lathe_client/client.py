@@ -220,14 +220,18 @@ class ServiceClient:
     base_url: LATHE_API_URL or http://127.0.0.1:8080; api_key: LATHE_API_KEY; ca_file: a PEM to
     check an https server against (LATHE_API_CA_FILE; default the system's CAs). timeout: seconds
     for each ordinary request (long polls wait their own time plus 30 s). No global state: two
-    ServiceClients with different keys do not meet."""
+    ServiceClients with different keys do not meet.
+
+    retry_429: also send a POST again (after Retry-After, a few times) when the API's rate limit
+    refused it with 429, which it does before acting on a request. Off by default: only
+    idempotent requests are repeated unless you ask."""
 
     def __init__(self, base_url: Optional[str] = None, api_key: Optional[str] = None,
-                 ca_file: Optional[str] = None, timeout: float = 60.0) -> None:
+                 ca_file: Optional[str] = None, timeout: float = 60.0, retry_429: bool = False) -> None:
         url = base_url or os.environ.get("LATHE_API_URL") or DEFAULT_URL
         key = api_key if api_key is not None else os.environ.get("LATHE_API_KEY")
         ca = ca_file or os.environ.get("LATHE_API_CA_FILE") or None
-        self.http = Http(url, key, ca, timeout=timeout)
+        self.http = Http(url, key, ca, timeout=timeout, retry_429=retry_429)
 
     @property
     def base_url(self) -> str:

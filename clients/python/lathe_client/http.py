@@ -3,6 +3,11 @@
 Only requests marked idempotent (GETs, tokenize/detokenize) are retried, a bounded number of
 times, on 429/503 (after Retry-After) and on connection failures. Anything else that fails
 raises at once: repeating a POST that may have been taken could run a training call twice.
+
+One opt-in exception, retry_429: Lathe's API answers 429 from its rate limiter before it looks
+at the request, so a 429 means "not taken" and the POST may be sent again after Retry-After.
+The sessions contract does not say so in words, hence off by default. 503 and connection
+failures are never retried for a POST: the request may have been taken.
 """
 from __future__ import annotations
 
@@ -49,8 +54,10 @@ class Http:
     (each request opens its own connection)."""
 
     def __init__(self, base_url: str, api_key: Optional[str], ca_file: Optional[str] = None,
-                 timeout: float = 60.0, max_retries: int = 4, max_retry_wait: float = 30.0) -> None:
+                 timeout: float = 60.0, max_retries: int = 4, max_retry_wait: float = 30.0,
+                 retry_429: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
+        self.retry_429 = retry_429
         self.api_key = api_key
         self.timeout = timeout
         self.max_retries = max_retries
@@ -119,7 +126,8 @@ class Http:
                     raise LatheError(f"{method} {path}: the answer is not JSON", status=status) from e
             except (RateLimited, ConnectionFailed) as e:
                 attempt += 1
-                if not idempotent or attempt > self.max_retries:
+                refused = self.retry_429 and e.status == 429 and not hasattr(data, "read")
+                if not (idempotent or refused) or attempt > self.max_retries:
                     raise
                 wait = getattr(e, "retry_after", None)
                 if wait is None:

@@ -8,6 +8,7 @@ mapping of errors to typed exceptions (400 -> InvalidRequest with its field, a f
 session_restarted -> SessionRestarted with resumed_from_step, no repeat of a refused POST).
 
 usage: client_python_unit.py      (LATHE_SOURCE_ROOT: the repository; else this file's parent)"""
+import hashlib
 import json
 import os
 import sys
@@ -415,9 +416,16 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(self.service.wait_job("job-1", timeout=10, poll=0.01)["state"], "completed")
             self.assertEqual(len(self.reqs("GET", "/v1/jobs/job-1")), 3)
             out = os.path.join(d, "adapter.safetensors")
-            self.assertEqual(self.service.download_artifact("job-1", "adapter_model.safetensors", out), 9000)
+            good = hashlib.sha256(b"\x00weights\xff" * 1000).hexdigest()
+            self.assertEqual(self.service.download_artifact("job-1", "adapter_model.safetensors", out, sha256=good),
+                             9000)
             with open(out, "rb") as f:
                 self.assertEqual(f.read(), b"\x00weights\xff" * 1000)
+            # other bytes than listed: an error and no file left behind
+            bad = os.path.join(d, "bad.safetensors")
+            with self.assertRaises(lc.LatheError):
+                self.service.download_artifact("job-1", "adapter_model.safetensors", bad, sha256="00" * 32)
+            self.assertFalse(os.path.exists(bad) or os.path.exists(bad + ".part"))
 
 
 if __name__ == "__main__":

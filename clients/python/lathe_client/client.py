@@ -292,6 +292,13 @@ class ServiceClient:
                                  idempotent=idempotency_key is not None)
         return r
 
+    def list_jobs(self, state: Optional[str] = None, limit: Optional[int] = None,
+                  cursor: Optional[str] = None) -> Dict[str, Any]:
+        """One page of the tenant's jobs: {"jobs": [...], "has_more", "next_cursor", ...}."""
+        _, r = self.http.request("GET", "/v1/jobs", query={"state": state, "limit": limit, "cursor": cursor},
+                                 idempotent=True)
+        return r
+
     def get_job(self, job_id: str) -> Dict[str, Any]:
         _, r = self.http.request("GET", f"/v1/jobs/{_q(job_id)}", idempotent=True)
         return r
@@ -300,9 +307,12 @@ class ServiceClient:
         _, r = self.http.request("POST", f"/v1/jobs/{_q(job_id)}/cancel", idempotent=True)
         return r or {}
 
-    def wait_job(self, job_id: str, timeout: Optional[float] = None, poll: float = 2.0) -> Dict[str, Any]:
+    def wait_job(self, job_id: str, timeout: Optional[float] = None, poll: float = 2.0,
+                 artifacts: bool = False) -> Dict[str, Any]:
         """Polls get_job until the job is completed, failed, cancelled or rejected; returns it.
-        CallTimeout after timeout seconds (None: no limit)."""
+        artifacts=True: a completed job is waited for until its artifacts are published too (the
+        publisher promotes them a moment after the job completes). CallTimeout after timeout
+        seconds (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
@@ -310,12 +320,21 @@ class ServiceClient:
             except ConnectionFailed:
                 j = None  # get_job already retried; keep waiting while the deadline allows
             if j is not None and j.get("state") in JOB_DONE_STATES:
-                return j
+                if not artifacts or j.get("state") != "completed" or j.get("artifacts"):
+                    return j
             if deadline is not None and time.monotonic() >= deadline:
                 state = j.get("state") if j else "unknown"
                 raise CallTimeout(f"job {job_id} still {state} after {timeout} s")
             time.sleep(poll)
 
-    def download_artifact(self, job_id: str, name: str, path: str, timeout: float = 600.0) -> int:
-        """Downloads a published artifact of a job to path; returns its size in bytes."""
-        return self.http.download(f"/v1/jobs/{_q(job_id)}/artifacts/{_q(name)}", path, timeout=timeout)
+    def list_artifacts(self, job_id: str) -> List[Dict[str, Any]]:
+        """A job's published artifacts: [{"name", "sha256", "bytes"}] (empty until published)."""
+        _, r = self.http.request("GET", f"/v1/jobs/{_q(job_id)}/artifacts", idempotent=True)
+        return list((r or {}).get("artifacts") or [])
+
+    def download_artifact(self, job_id: str, name: str, path: str, timeout: float = 600.0,
+                          sha256: Optional[str] = None) -> int:
+        """Downloads a published artifact of a job to path; returns its size in bytes. With
+        sha256 (from list_artifacts), a download with other bytes raises and leaves no file."""
+        return self.http.download(f"/v1/jobs/{_q(job_id)}/artifacts/{_q(name)}", path, timeout=timeout,
+                                  sha256=sha256)

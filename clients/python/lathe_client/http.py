@@ -12,8 +12,10 @@ failures are never retried for a POST: the request may have been taken.
 from __future__ import annotations
 
 import email.message
+import hashlib
 import json
 import math
+import os
 import socket
 import ssl
 import time
@@ -134,23 +136,31 @@ class Http:
                     wait = min(2.0 ** attempt * 0.25, 8.0)
                 time.sleep(min(wait, self.max_retry_wait))
 
-    def download(self, path: str, dest: str, *, timeout: Optional[float] = None, chunk: int = 1 << 20) -> int:
-        """GETs path into the file dest (written to dest + ".part", then renamed); returns the
-        number of bytes. Not retried: call it again to start over."""
-        import os
+    def download(self, path: str, dest: str, *, timeout: Optional[float] = None, sha256: Optional[str] = None,
+                 chunk: int = 1 << 20) -> int:
+        """GETs path into the file dest (written to dest + ".part", renamed when complete and, if
+        sha256 is given, only when the bytes have that SHA-256); returns the number of bytes.
+        Not retried: call it again to start over."""
         url = self.url(path)
         t = self.timeout if timeout is None else timeout
         _, _, resp = self._once("GET", url, None, None, t, None)
         tmp = dest + ".part"
         n = 0
+        h = hashlib.sha256()
         try:
             with resp, open(tmp, "wb") as f:
                 while True:
-                    b = resp.read(chunk)
+                    try:
+                        b = resp.read(chunk)
+                    except (socket.timeout, OSError) as e:
+                        raise ConnectionFailed(f"GET {url}: reading the answer: {e}") from e
                     if not b:
                         break
                     f.write(b)
+                    h.update(b)
                     n += len(b)
+            if sha256 is not None and h.hexdigest() != sha256.lower():
+                raise LatheError(f"GET {url}: the {n} bytes have SHA-256 {h.hexdigest()}, not {sha256}")
             os.replace(tmp, dest)
         except BaseException:
             try:

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from .errors import ConnectionFailed, InvalidRequest, LatheError
 from .futures import CallFuture, CallTimeout
-from .http import DEFAULT_URL, Http
+from .transport import DEFAULT_URL, Http
 from .types import (AdamParams, DatumLike, ForwardBackwardOutput, OptimStepOutput, Sample, SampleOutput,
                     SamplingParams, SavedState, datum_json)
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 from .errors import CallFailed, LatheError, call_error
 
 if TYPE_CHECKING:
-    from .http import Http
+    from .transport import Http
 
 T = TypeVar("T")
 
@@ -71,7 +71,9 @@ class CallFuture(Generic[T]):
 
     def result(self, timeout: Optional[float] = None) -> T:
         """The call's result; raises its typed error (SessionRestarted, InvalidCall, CallFailed)
-        when it failed, CallTimeout when timeout seconds passed first."""
+        when it failed, CallTimeout when timeout seconds passed first. When the server cannot be
+        reached (ConnectionFailed, after a few tries) the call goes on there: calling result()
+        again resumes waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._outcome is None:
             if deadline is None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import email.message
 import hashlib
+import http.client
 import json
 import math
 import os
-import socket
 import ssl
 import time
 import urllib.error
@@ -96,7 +96,7 @@ class Http:
             except ValueError:
                 body = raw.decode("utf-8", "replace")
             raise error_from(e.code, body, _retry_after(e.headers)) from None
-        except (urllib.error.URLError, socket.timeout, ConnectionError, ssl.SSLError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:  # refused, reset, timeout, TLS
             reason = getattr(e, "reason", e)
             raise ConnectionFailed(f"{method} {url}: {reason}") from e
         return resp.status, resp.headers, resp
@@ -120,7 +120,7 @@ class Http:
                 try:
                     with resp:
                         text = resp.read()
-                except (socket.timeout, OSError) as e:
+                except (http.client.HTTPException, OSError) as e:
                     raise ConnectionFailed(f"{method} {url}: reading the answer: {e}") from e
                 try:
                     return status, (json.loads(text) if text else None)
@@ -152,7 +152,7 @@ class Http:
                 while True:
                     try:
                         b = resp.read(chunk)
-                    except (socket.timeout, OSError) as e:
+                    except (http.client.HTTPException, OSError) as e:
                         raise ConnectionFailed(f"GET {url}: reading the answer: {e}") from e
                     if not b:
                         break

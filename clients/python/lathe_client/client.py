@@ -51,8 +51,9 @@ class TrainingClient:
 
     A POST the server refuses raises at once (InvalidRequest naming the field, NotFound,
     Conflict when the session has ended, RateLimited/Unavailable, ConnectionFailed). None is
-    repeated by the client: after ConnectionFailed or Unavailable the call may or may not be
-    queued; state()["calls_submitted"] tells."""
+    repeated by the client (but a 429 with ServiceClient(retry_429=True)): after
+    ConnectionFailed or Unavailable the call may or may not be queued;
+    state()["calls_submitted"] tells."""
 
     def __init__(self, http: Http, session_id: str, info: Optional[Dict[str, Any]] = None) -> None:
         self._http = http

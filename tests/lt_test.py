@@ -1,7 +1,12 @@
 """lt_test: what the Python tests share (the C tests' counterpart is lt_test.h): the stack's
 environment, and the client libraries they need with the message that says how to get them."""
 import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 
 BOOTSTRAP = os.environ.get("LATHE_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 ROOT = os.environ.get("LATHE_SOURCE_ROOT", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -54,3 +59,81 @@ def admin_client(fail):
         fail(f"Kafka broker at {BOOTSTRAP} is not reachable ({e}): run `ops/stack up` and "
              "`eval \"$(ops/stack env)\"`")
     return admin
+
+
+def _fail(msg):
+    raise SystemExit(f"FAIL: {msg}")
+
+
+class Child:
+    """A lathed child whose stderr is collected by a thread (for "leading" and the port)."""
+
+    def __init__(self, name, argv, env, tag="test"):
+        self.name = name
+        self.tag = tag
+        self.lines = []
+        self.cv = threading.Condition()
+        self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="replace")
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            with self.cv:
+                self.lines.append(line.rstrip("\n"))
+                self.cv.notify_all()
+        with self.cv:
+            self.cv.notify_all()
+
+    def wait_for(self, pattern, timeout):
+        rx = re.compile(pattern)
+        deadline = time.time() + timeout
+        with self.cv:
+            while True:
+                for line in self.lines:
+                    m = rx.search(line)
+                    if m:
+                        return m
+                if self.p.poll() is not None and not self.t.is_alive():
+                    _fail(f"{self.name} exited {self.p.returncode} before printing /{pattern}/")
+                left = deadline - time.time()
+                if left <= 0:
+                    _fail(f"{self.name} did not print /{pattern}/ within {timeout} s")
+                self.cv.wait(min(left, 0.5))
+
+    def text(self):
+        with self.cv:
+            return "\n".join(self.lines)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+        self.t.join(5)
+
+    def dump(self):
+        tail = self.lines[-40:]
+        print(f"{self.tag}: --- {self.name} stderr (last {len(tail)} lines) ---", file=sys.stderr)
+        for line in tail:
+            print(f"  {line}", file=sys.stderr)
+
+
+def run(argv, env, what):
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"{what} exited {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def run(argv, env, what):
+    """Runs a command to its end; its stdout, or SystemExit naming what failed."""
+    import subprocess
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        _fail(f"{what} exited {p.returncode}: {p.stderr.strip()}")
+    return p.stdout

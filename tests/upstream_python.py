@@ -57,6 +57,7 @@ import urllib.error
 import urllib.request
 import uuid
 
+import lt_test
 from lt_test import BOOTSTRAP, ROOT, admin_client, kafka_conf, require_clients
 
 require_clients("upstream")
@@ -122,69 +123,14 @@ def decode(by_fp, value, where):
 
 # ---- children ----
 
-class Child:
-    """A lathed child whose stderr is collected by a thread (for "leading" and the port)."""
-
-    def __init__(self, name, argv, env):
-        self.name = name
-        self.lines = []
-        self.cv = threading.Condition()
-        self.p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, errors="replace")
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
-        CHILDREN.append(self)
-
-    def _read(self):
-        for line in self.p.stderr:
-            with self.cv:
-                self.lines.append(line.rstrip("\n"))
-                self.cv.notify_all()
-        with self.cv:
-            self.cv.notify_all()
-
-    def wait_for(self, pattern, timeout):
-        rx = re.compile(pattern)
-        deadline = time.time() + timeout
-        with self.cv:
-            while True:
-                for line in self.lines:
-                    m = rx.search(line)
-                    if m:
-                        return m
-                if self.p.poll() is not None and not self.t.is_alive():
-                    fail(f"{self.name} exited {self.p.returncode} before printing /{pattern}/")
-                left = deadline - time.time()
-                if left <= 0:
-                    fail(f"{self.name} did not print /{pattern}/ within {timeout} s")
-                self.cv.wait(min(left, 0.5))
-
-    def text(self):
-        with self.cv:
-            return "\n".join(self.lines)
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(5)
-        self.t.join(5)
-
-    def dump(self):
-        tail = self.lines[-40:]
-        print(f"upstream: --- {self.name} stderr (last {len(tail)} lines) ---", file=sys.stderr)
-        for line in tail:
-            print(f"  {line}", file=sys.stderr)
+def Child(name, argv, env):
+    c = lt_test.Child(name, argv, env, tag="upstream")
+    CHILDREN.append(c)
+    return c
 
 
 def run(argv, env, what):
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        fail(f"{what} exited {p.returncode}: {p.stderr.strip()}")
-    return p.stdout
+    return lt_test.run(argv, env, what)
 
 
 # ---- the API (stdlib HTTP) ----

@@ -313,13 +313,13 @@ static void *inbound_main(void *arg) {
     size_t kl = 0, vl = 0;
     const void *k = lt_bus_msg_key(m, &kl), *v = lt_bus_msg_value(m, &vl);
     lt_avro_record_t *rec;
-    int64_t seq = lt_bus_msg_offset(m);
+    int64_t seq = lt_bus_msg_offset(m) + 1; /* calls count from 1: 0 is "none" for checkpoints */
     if (!k || kl != jl || memcmp(k, s->job, jl) != 0 || seq <= s->c.resume_seq || !v ||
         lt_avro_decode(s->dec, v, vl, &rec, NULL, 0) || strcmp(lt_avro_record_type(rec), "SessionCall") != 0)
       continue;
     const char *tenant = NULL, *kind = NULL;
     if (lt_avro_get_string(rec, "tenant_id", &tenant, NULL) || strcmp(tenant, s->tenant) != 0) continue;
-    if (s->c.restarted && seq < mark) {
+    if (s->c.restarted && seq <= mark) { /* recorded before this attempt began */
       char why[256];
       int64_t step = wait_ready(s);
       snprintf(why, sizeof why,

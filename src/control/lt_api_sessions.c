@@ -446,9 +446,9 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
     lt_api_reply_err(ci->req, LT_ERR_UNAVAILABLE, NULL, "the call could not be recorded durably; it was not queued, retry");
   } else {
     char rid[LT_ID_MAX + 32];
-    snprintf(rid, sizeof rid, "%s:%lld", ci->job_id, (long long)api->done_offset);
-    lt_api_reply_json(ci->req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)api->done_offset,
-                                              "kind", ci->kind));
+    int64_t seq = api->done_offset + 1; /* the worker numbers calls so too (lt_worker_session.c) */
+    snprintf(rid, sizeof rid, "%s:%lld", ci->job_id, (long long)seq);
+    lt_api_reply_json(ci->req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)seq, "kind", ci->kind));
   }
   call_in_free(ci);
 }

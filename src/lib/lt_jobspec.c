@@ -175,7 +175,8 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
 
 static lt_err_t read_id(const json_t *v, const char *path, char *dst, char *field, size_t fs, char *errstr,
                         size_t n) {
-  if (json_is_null(v)) return LT_OK;
+  /* "" is no id, as null: lt_jobspec_to_json writes a session's absent dataset so. */
+  if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return LT_OK;
   if (!json_is_string(v)) return bad(field, fs, path, errstr, n, "%s", "must be a string");
   if (json_string_length(v) > LT_ID_MAX) return bad(field, fs, path, errstr, n, "%s", "is longer than 63 characters");
   if (!lt_id_valid(json_string_value(v)))

@@ -1,0 +1,253 @@
+#!/usr/bin/python3
+"""Training sessions end to end (docs/DESIGN.md §5), driven by the Python client
+(clients/python) against the real stack: Kafka broker, object store, and `lathed --role all`
+(api, scheduler, publisher, a worker with confined executors) over the tiny base model.
+
+  1. the four primitives and the ones around them: tokenize, forward_backward, optim_step,
+     forward (the loss went down), sample, save_state, load_state (the step goes back);
+  2. bad input answers 400 naming the field (a token id outside the vocabulary, an empty batch,
+     weights of the wrong length, an unknown loss, NaN advantages), and the session stays usable;
+     an optim_step with no gradient fails as "invalid" and the session stays usable;
+  3. another tenant's id answers 404 on every session route; mode "interactive" on /v1/jobs is
+     refused pointing at /v1/sessions;
+  4. equivalence: a managed job, and a session fed the managed loop's own batches in order with
+     its AdamW parameters (`lathe train --dump-plan`), publish byte-identical
+     adapter_model.safetensors;
+  5. ending the session publishes its adapter; a call after the end answers 409.
+
+usage: sessions_python.py PATH/TO/lathe PATH/TO/lathed
+Environment: the stack's (`ops/stack env`), LATHE_E2E_CACHE (where the tiny base model is made
+once). Exits non-zero with a message on any failure."""
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
+
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+import lathe_client  # noqa: E402
+from lathe_client import AdamParams, InvalidCall, SamplingParams, ServiceClient, sft_datum  # noqa: E402
+
+CHECKS = []
+
+
+def fail(msg):
+    raise SystemExit(f"sessions: FAIL: {msg}")
+
+
+def check(cond, what):
+    if not cond:
+        fail(what)
+    CHECKS.append(what)
+    print(f"sessions: ok: {what}", flush=True)
+
+
+def http(base, key, method, path, body=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=90) as r:
+            payload = r.read()
+            return r.status, (json.loads(payload) if payload[:1] in (b"{", b"[") else payload)
+    except urllib.error.HTTPError as e:
+        payload = e.read()
+        try:
+            return e.code, json.loads(payload)
+        except ValueError:
+            return e.code, payload
+
+
+def model_dir(lathe, env):
+    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
+    d = os.path.join(cache, "lathe-tiny")
+    if not os.path.exists(os.path.join(d, "model.safetensors")):
+        run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--force", "--out", d], env, "lathe model make")
+    return cache
+
+
+def dataset(path, n=24):
+    months = ["January", "February", "March", "April", "May", "June", "July", "August"]
+    with open(path, "w") as f:
+        for i in range(n):
+            m = months[i % len(months)]
+            f.write(json.dumps({"prompt": f"date: {m} {i % 27 + 1}, {1990 + i}\niso:",
+                                "completion": f" {1990 + i}-{i % len(months) + 1:02d}-{i % 27 + 1:02d}"}) + "\n")
+
+
+# ---- 1-3: the primitives, bad input, isolation ----
+
+def primitives(svc, base, key_a, key_b):
+    tok = svc.tokenize("lathe-tiny", "date: March 5, 2021\niso:")
+    check(len(tok) > 3 and svc.detokenize("lathe-tiny", tok) == "date: March 5, 2021\niso:",
+          "tokenize and detokenize go through the server's tokenizer and back")
+    batch = [sft_datum(svc.tokenize("lathe-tiny", "date: March 5, 2021\niso:"), svc.tokenize("lathe-tiny", " 2021-03-05")),
+             sft_datum(svc.tokenize("lathe-tiny", "date: 7 June 1999\niso:"), svc.tokenize("lathe-tiny", " 1999-06-07"))]
+    tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=5)
+    check(tc.id.startswith("ses-"), f"POST /v1/sessions made session {tc.id}")
+    before = tc.forward(batch)                       # queued while the session waits for a slot
+    fb = tc.forward_backward(batch)
+    opt = tc.optim_step(AdamParams(lr=2e-2))
+    after = tc.forward(batch)
+    b, f, o, a = before.result(timeout=300), fb.result(timeout=300), opt.result(timeout=300), after.result(timeout=300)
+    check(abs(b.loss - f.loss) < 1e-5 and f.loss > 0, f"forward and forward_backward agree on the loss ({b.loss:.4f})")
+    check([len(x) for x in f.logprobs] == [len(d.tokens) for d in batch], "logprobs come per example, one per token")
+    check(o.step == 1 and o.grad_norm > 0, f"optim_step took step 1 (grad norm {o.grad_norm:.3f})")
+    check(a.loss < b.loss, f"the loss went down after the step ({b.loss:.4f} -> {a.loss:.4f})")
+    s = tc.sample(tok, 3, SamplingParams(max_tokens=6, temperature=1.0, seed=1)).result(timeout=120)
+    check(len(s.samples) == 3 and all(0 < len(x.tokens) <= 6 and all(lp <= 0 for lp in x.logprobs) for x in s.samples),
+          "sample gives 3 samples of at most 6 tokens with log-probs")
+    saved = tc.save_state("s1").result(timeout=120)
+    check(saved.step == 1, "save_state s1 at step 1 (committed like a checkpoint)")
+    tc.forward_backward(batch)
+    check(tc.optim_step(AdamParams(lr=2e-2)).result(timeout=120).step == 2, "a second step")
+    check(tc.load_state("s1").result(timeout=120).step == 1, "load_state s1 brings the state back to step 1")
+    check(tc.state()["step"] == 1 and any(x["name"] == "s1" for x in tc.state()["saved"]),
+          "GET the session says step 1 and lists s1")
+
+    path = f"/v1/sessions/{tc.id}/calls"
+    ex = {"tokens": [1, 2, 3], "targets": [2, 3, 4], "weights": [1, 1, 1]}
+    bad = [({"kind": "forward_backward", "data": [dict(ex, tokens=[1, 999999, 3])]}, "data[0].tokens[1]"),
+           ({"kind": "forward_backward", "data": []}, "data"),
+           ({"kind": "forward_backward", "data": [dict(ex, weights=[1, 1])]}, "data[0].weights"),
+           ({"kind": "forward_backward", "loss": "hinge", "data": [ex]}, "loss"),
+           ({"kind": "teleport"}, "kind")]
+    for body, field in bad:
+        st, r = http(base, key_a, "POST", path, body)
+        check(st == 400 and r["error"]["field"] == field, f"400 naming {field}: {r.get('error', {}).get('message')}")
+    raw = (b'{"kind":"forward_backward","loss":"importance_sampling","data":[{"tokens":[1,2],"targets":[2,3],'
+           b'"logprobs":[-1,-1],"advantages":[0.5,NaN]}]}')
+    st, r = http(base, key_a, "POST", path, raw=raw)
+    check(st == 400 and r["error"]["field"] == "data[0].advantages[1]", f"NaN advantages: 400 naming the field")
+    try:
+        tc.optim_step(AdamParams(lr=1e-3)).result(timeout=120)
+        fail("an optim_step with no gradient succeeded")
+    except InvalidCall as e:
+        check(True, f"optim_step without a gradient fails as invalid: {e}")
+    check(tc.forward(batch).result(timeout=120).loss > 0, "the session is still usable after the bad calls")
+
+    # Another tenant: every route of this session is 404.
+    for method, p, body in [("GET", f"/v1/sessions/{tc.id}", None), ("POST", path, {"kind": "save_state", "name": "x"}),
+                            ("GET", f"{path}/{saved.seq if hasattr(saved, 'seq') else 0}?wait=0", None),
+                            ("POST", f"/v1/sessions/{tc.id}/cancel", None), ("DELETE", f"/v1/sessions/{tc.id}", None),
+                            ("GET", f"/v1/sessions/{tc.id}/artifacts", None)]:
+        st, _ = http(base, key_b, method, p, body)
+        check(st == 404, f"tenant B: {method} {p.split('?')[0]} -> 404")
+    st, r = http(base, key_b, "GET", "/v1/sessions")
+    check(st == 200 and all(x["id"] != tc.id for x in r["data"]), "tenant B's session list does not show A's")
+    st, r = http(base, key_a, "POST", "/v1/jobs", {"base_model": "lathe-tiny", "dataset_id": "ds-x", "mode": "interactive"})
+    check(st == 400 and r["error"]["field"] == "mode" and "/v1/sessions" in r["error"]["message"],
+          "mode interactive on /v1/jobs is refused, pointing at /v1/sessions")
+    tc.end()
+    check(tc.wait_until(timeout=300)["state"] == "completed", "DELETE ends the session: completed, its slot freed")
+    return tc
+
+
+# ---- 4: the same batches as a managed job give the same adapter ----
+
+HP = {"max_steps": 4, "batch_size": 2, "grad_accum": 2, "lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1,
+      "seed": 3, "learning_rate": 1e-3, "warmup_steps": 1, "eval_interval": 1000, "checkpoint_interval": 1000}
+
+
+def artifact_sha(base, key, kind, job_id):
+    st, data = http(base, key, "GET", f"/v1/{kind}/{job_id}/artifacts/adapter_model.safetensors")
+    if st != 200 or not isinstance(data, bytes):
+        fail(f"{kind} {job_id}: adapter_model.safetensors answered {st}: {str(data)[:200]}")
+    return hashlib.sha256(data).hexdigest()
+
+
+def equivalence(svc, base, key, lathe, env, models, tmp):
+    path = os.path.join(tmp, "train.jsonl")
+    dataset(path)
+    ds = svc.upload_dataset(path, "dates")
+    job = svc.submit_job({"base_model": "lathe-tiny", "dataset_id": ds["id"], "hyperparameters": HP})
+    plan = os.path.join(tmp, "plan.jsonl")
+    sets = []
+    for k, v in HP.items():
+        sets += ["--set", f"{k}={v}"]
+    run([lathe, "train", "--model", os.path.join(models, "lathe-tiny"), "--train", path, "--out",
+         os.path.join(tmp, "local"), "--dump-plan", plan] + sets, env, "lathe train --dump-plan")
+    events = [json.loads(line) for line in open(plan)]
+    check(sum(e["type"] == "optim" for e in events) == HP["max_steps"] and
+          sum(e["type"] == "batch" for e in events) == HP["max_steps"] * HP["grad_accum"],
+          f"the plan has {HP['max_steps']} updates of {HP['grad_accum']} micro-batches")
+    tc = svc.create_lora_training_client("lathe-tiny", rank=HP["lora_rank"], alpha=HP["lora_alpha"],
+                                         dropout=HP["lora_dropout"], seed=HP["seed"])
+    futures = []
+    for e in events:                                  # pipelined: every call sent before any result
+        if e["type"] == "batch":
+            futures.append(tc.forward_backward(e["rows"]))
+        else:
+            futures.append(tc.optim_step(e["adam"]))
+    last = futures[-1].result(timeout=600)
+    check(last.step == HP["max_steps"], f"the session replayed the plan to step {last.step}")
+    tc.end()
+    s = tc.wait_until(timeout=300)
+    check(s["state"] == "completed", "the session completed after DELETE")
+    j = svc.wait_job(job["id"], timeout=600, artifacts=True)
+    check(j["state"] == "completed", "the managed job completed")
+    for _ in range(60):                              # the publisher promotes the session's adapter
+        st, r = http(base, key, "GET", f"/v1/sessions/{tc.id}/artifacts")
+        if st == 200 and any(a.get("name") == "adapter_model.safetensors" for a in r.get("artifacts", r.get("data", []))):
+            break
+        time.sleep(1)
+    a_job, a_ses = artifact_sha(base, key, "jobs", job["id"]), artifact_sha(base, key, "sessions", tc.id)
+    check(a_job == a_ses, f"managed job and session adapters are byte-identical (sha256 {a_job[:16]}...)")
+    st, r = http(base, key, "POST", f"/v1/sessions/{tc.id}/calls", {"kind": "save_state", "name": "late"})
+    check(st == 409, "a call after the end answers 409")
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: sessions_python.py PATH/TO/lathe PATH/TO/lathed")
+    lathe, lathed = sys.argv[1], sys.argv[2]
+    admin = admin_client(fail)
+    run_id = f"{os.getpid()}{secrets.token_hex(3)}"
+    prefix = f"tses{run_id}."
+    env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
+    tmp = tempfile.mkdtemp(prefix="lathe-sessions-")
+    models = model_dir(lathe, env)
+    env["LATHE_MODELS_DIR"] = models
+    children = []
+    try:
+        run([lathe, "admin", "topics"], env, "lathe admin topics")
+        keys = []
+        for t in ("a", "b"):
+            out = run([lathe, "admin", "tenant", "create", f"ses{t}{run_id}", "--json"], env, "lathe admin tenant create")
+            keys.append(json.loads(out)["api_key"])
+        d = Child("lathed", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
+                  dict(env, LATHE_INSTANCE=f"ses{run_id}", LATHE_API_KEY_RATE="off", LATHE_API_TENANT_RATE="off",
+                       LATHE_WORKER_SLOTS="2"))
+        children.append(d)
+        port = int(d.wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 90).group(1))
+        d.wait_for(r"scheduler: leading \(", 90)
+        base = f"http://127.0.0.1:{port}"
+        svc = ServiceClient(base_url=base, api_key=keys[0], timeout=120)
+        try:
+            primitives(svc, base, keys[0], keys[1])
+            equivalence(svc, base, keys[0], lathe, env, models, tmp)
+        except BaseException:
+            d.dump()
+            raise
+    finally:
+        for c in children:
+            c.stop()
+        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+        for f in (admin.delete_topics(names).values() if names else []):
+            try:
+                f.result(timeout=30)
+            except Exception:
+                pass
+        subprocess.run(["rm", "-rf", tmp])
+    print(f"sessions: {len(CHECKS)} checks passed ({lathe_client.__version__})")
+
+
+if __name__ == "__main__":
+    main()

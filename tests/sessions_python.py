@@ -204,6 +204,97 @@ def equivalence(svc, base, key, lathe, env, models, tmp):
     check(st == 409, "a call after the end answers 409")
 
 
+# ---- 6: the worker holding a session is killed mid-call ----
+
+def big_batch(svc, n=48):
+    p = svc.tokenize("lathe-tiny", "date: September 30, 2017 in the long form of the calendar\niso:")
+    c = svc.tokenize("lathe-tiny", " 2017-09-30")
+    return [sft_datum(p + p[: i % 7], c) for i in range(n)]
+
+
+def loop(tc, batches, lr):
+    """One optimizer step per batch, pipelined; the futures."""
+    out = []
+    for b in batches:
+        out.append(tc.forward_backward(b))
+        out.append(tc.optim_step(AdamParams(lr=lr)))
+    return out
+
+
+def failure(lathed, env, tmp, key):
+    """api, scheduler and publisher in one process, two workers of their own; the worker holding
+    a session is killed with SIGKILL while a large forward_backward runs."""
+    fast = dict(env, LATHE_LEASE_MS="4000", LATHE_LEASE_MARGIN_MS="1000", LATHE_API_KEY_RATE="off",
+                LATHE_API_TENANT_RATE="off")
+    kids = []
+    try:
+        for role in ("api", "scheduler", "publisher"):
+            kids.append(Child(role, [lathed, "--role", role, "--port", "0", "--operator-port", "0"],
+                              dict(fast, LATHE_INSTANCE=f"f{role}")))
+        workers = {}
+        for w in ("w1", "w2"):
+            workers[w] = Child(w, [lathed, "--role", "worker"], dict(fast, LATHE_INSTANCE=w))
+            kids.append(workers[w])
+        port = int(kids[0].wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 90).group(1))
+        kids[1].wait_for(r"scheduler: leading \(", 90)
+        svc = ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=key, timeout=120)
+        for _ in range(120):                                  # until the new API has folded the tenants
+            try:
+                svc.list_sessions()
+                break
+            except lathe_client.AuthError:
+                time.sleep(0.5)
+        small = [[sft_datum(svc.tokenize("lathe-tiny", f"date: May {d}, 2003\niso:"),
+                            svc.tokenize("lathe-tiny", f" 2003-05-{d:02d}"))] for d in range(1, 7)]
+        big = big_batch(svc)
+        # The uninterrupted run: 3 steps, save, 3 steps, end.
+        ref = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, dropout=0.1, seed=11)
+        loop(ref, small[:3], 1e-2)
+        ref.save_state("three").result(timeout=300)
+        loop(ref, small[3:], 1e-2)[-1].result(timeout=300)
+        ref.end()
+        check(ref.wait_until(timeout=300)["state"] == "completed", "the uninterrupted session completed")
+        # The same, with its worker killed after the save, during a large call.
+        tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, dropout=0.1, seed=11)
+        loop(tc, small[:3], 1e-2)
+        saved = tc.save_state("three").result(timeout=300)
+        victim = next(w for w, c in workers.items() if f"started {tc.id} attempt 1" in c.text())
+        doomed = [tc.forward_backward(big)] + loop(tc, small[3:], 1e-2)
+        time.sleep(0.5)                                       # the large call is running
+        workers[victim].p.kill()
+        restarted = 0
+        for f in doomed:
+            try:
+                f.result(timeout=300)
+            except lathe_client.SessionRestarted as e:
+                restarted += 1
+                check(e.resumed_from_step == saved.step, f"call {f.seq} failed with session_restarted, resumed from "
+                                                          f"step {e.resumed_from_step}")
+        check(restarted >= 1, f"{restarted} calls in flight failed with the typed error")
+        check(tc.state()["step"] == saved.step and tc.state()["attempt"] == 2,
+              f"the session says it is at step {saved.step}, on attempt 2")
+        last = loop(tc, small[3:], 1e-2)[-1].result(timeout=300)
+        check(last.step == 6, "the calls after the restart ran on the other worker, to step 6")
+        tc.end()
+        check(tc.wait_until(timeout=300)["state"] == "completed", "the restarted session completed")
+        base = f"http://127.0.0.1:{port}"
+        for sid in (ref.id, tc.id):
+            for _ in range(60):
+                st, r = http(base, key, "GET", f"/v1/sessions/{sid}/artifacts")
+                if st == 200 and r.get("artifacts"):
+                    break
+                time.sleep(1)
+        check(artifact_sha(base, key, "sessions", ref.id) == artifact_sha(base, key, "sessions", tc.id),
+              "the restarted session ends with the uninterrupted one's adapter, byte for byte")
+    except BaseException:
+        for c in kids:
+            c.dump()
+        raise
+    finally:
+        for c in kids:
+            c.stop()
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: sessions_python.py PATH/TO/lathe PATH/TO/lathed")
@@ -236,6 +327,8 @@ def main():
         except BaseException:
             d.dump()
             raise
+        d.stop()
+        failure(lathed, env, tmp, keys[0])
     finally:
         for c in children:
             c.stop()

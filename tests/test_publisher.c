@@ -563,6 +563,15 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   char orphan[LT_STORE_KEY_MAX + 1];
   cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
   cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  /* A training session's call bodies and results: kept while it lives, collected after its end
+   * (and a job nobody knows has none to keep). */
+  char live_call[LT_STORE_KEY_MAX + 1], dead_result[LT_STORE_KEY_MAX + 1], stray[LT_STORE_KEY_MAX + 1];
+  snprintf(live_call, sizeof live_call, "sessions/%s/job-g/calls/c1", tenant);
+  snprintf(dead_result, sizeof dead_result, "sessions/%s/job-x/results/1", tenant);
+  snprintf(stray, sizeof stray, "sessions/%s/job-nobody/calls/c9", tenant);
+  const char *session_keys[3] = {live_call, dead_result, stray};
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(lt_sealed_put(store, dek, session_keys[i], "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
 
   keep_checkpoints = -1; /* only the newest commit is kept: the superseded one is garbage */
   lt_publisher_t *p = start(store, NULL, 8000);
@@ -578,7 +587,10 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   for (int i = 0; i < live.n; i++) cr_assert(object_exists(live.keys[i]), "%s is kept", live.keys[i]);
   for (int i = 0; i < old.n; i++) cr_assert(!object_exists(old.keys[i]), "superseded %s is collected", old.keys[i]);
   for (int i = 0; i < dead.n; i++) cr_assert(!object_exists(dead.keys[i]), "failed job's %s is collected", dead.keys[i]);
-  cr_assert_eq(deleted, 1 + (uint64_t)old.n + (uint64_t)dead.n);
+  cr_assert(object_exists(live_call), "a running session's call body is kept");
+  cr_assert(!object_exists(dead_result), "an ended session's result is collected after the grace period");
+  cr_assert(!object_exists(stray), "a session object of no known job is collected");
+  cr_assert_eq(deleted, 3 + (uint64_t)old.n + (uint64_t)dead.n);
 }
 
 /* Retention (lt_publisher.h): at completion a job keeps its final checkpoint and the newest

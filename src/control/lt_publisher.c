@@ -750,7 +750,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 
 typedef struct {
   lt_publisher_t *p;
-  size_t plen; /* length of "staging/<tenant>/" */
+  size_t plen; /* length of "staging/<tenant>/" or "sessions/<tenant>/" */
+  bool sessions; /* walking a session's call bodies and results, not staging */
   int64_t now_ms;
   json_t *doomed;
   uint64_t kept;
@@ -780,7 +781,10 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
   json_t *jinfo = j ? lt_proj_job_info(g->p->proj, job) : NULL;
   bool keep = false;
-  if (j && json_object_get(jinfo, "deleted"))
+  if (g->sessions) /* a session's calls and results: kept while it lives, then for the grace period */
+    keep = j && !json_object_get(jinfo, "deleted") &&
+           (!lt_job_state_is_terminal(j->state) || g->now_ms - j->ended_at_ms < grace);
+  else if (j && json_object_get(jinfo, "deleted"))
     keep = false; /* deleted by its tenant: nothing of it stays */
   else if (j && (!lt_job_state_is_terminal(j->state) || j->state == LT_JOB_COMPLETED))
     keep = named_by_checkpoint(lt_proj_job_info(g->p->proj, job), key) || retained(g->p, job, key);
@@ -798,9 +802,10 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
   lt_err_t err = LT_OK;
   uint64_t count = 0;
   lt_tenant_table_t *tt = lt_proj_tenants(p->proj);
-  for (size_t ti = 0; !err && ti < lt_tenant_count(tt); ti++) {
+  for (size_t ti = 0; !err && ti < 2 * lt_tenant_count(tt); ti++) {
     char prefix[LT_STORE_KEY_MAX + 1], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1] = "";
-    snprintf(prefix, sizeof prefix, "staging/%s/", lt_tenant_at(tt, ti)->tenant_id);
+    g.sessions = ti % 2 == 1;
+    snprintf(prefix, sizeof prefix, "%s/%s/", g.sessions ? "sessions" : "staging", lt_tenant_at(tt, ti / 2)->tenant_id);
     g.plen = strlen(prefix);
     do {
       g.doomed = json_array();

@@ -75,7 +75,10 @@
  * objects under staging/<tenant>/ older than the grace period are deleted unless retention keeps
  * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose
  * all their staging objects once both the object and the job's end are older than the grace
- * period; a deleted job (JobDeleted) loses them whatever its state.
+ * period; a deleted job (JobDeleted) loses them whatever its state. A training session's call
+ * bodies and results (sessions/<tenant>/<job>/) are kept while it is not terminal and for the
+ * grace period after its end (the customer reads results for that long), then deleted, as is such
+ * an object of a job the projection does not know.
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is

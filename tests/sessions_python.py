@@ -295,6 +295,46 @@ def failure(lathed, env, tmp, key):
             c.stop()
 
 
+# ---- 7: an idle session saves its state, frees its slot, and wakes on the next call ----
+
+def idle(lathed, env, key):
+    kid = Child("lathed-idle", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
+                dict(env, LATHE_INSTANCE="sesidle", LATHE_SESSION_IDLE_MS="1500", LATHE_API_KEY_RATE="off",
+                     LATHE_API_TENANT_RATE="off"))
+    try:
+        port = int(kid.wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 90).group(1))
+        svc = ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=key, timeout=120)
+        for _ in range(120):
+            try:
+                svc.list_sessions()
+                break
+            except lathe_client.AuthError:
+                time.sleep(0.5)
+        batch = [sft_datum(svc.tokenize("lathe-tiny", "date: April 2, 2011\niso:"), svc.tokenize("lathe-tiny", " 2011-04-02"))]
+        tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=2)
+        tc.forward_backward(batch)
+        check(tc.optim_step(AdamParams(lr=1e-2)).result(timeout=300).step == 1, "a step before going idle")
+        loss = tc.forward(batch).result(timeout=300).loss
+        st = {}
+        for _ in range(60):
+            st = tc.state()
+            if st.get("idle") and st["state"] == "queued":
+                break
+            time.sleep(0.5)
+        check(st.get("idle") and st["state"] == "queued", f"idle for 1.5 s, the session is parked: {st.get('state')}")
+        again = tc.forward(batch).result(timeout=300)
+        st = tc.state()
+        check(st["state"] == "running" and st["attempt"] == 2 and not st["idle"],
+              "the next call woke it: running again, on attempt 2")
+        check(abs(again.loss - loss) < 1e-6 and st["step"] == 1, "with its state as it left it (step 1, the same loss)")
+        tc.cancel()
+    except BaseException:
+        kid.dump()
+        raise
+    finally:
+        kid.stop()
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: sessions_python.py PATH/TO/lathe PATH/TO/lathed")
@@ -328,6 +368,7 @@ def main():
             d.dump()
             raise
         d.stop()
+        idle(lathed, env, keys[1])
         failure(lathed, env, tmp, keys[0])
     finally:
         for c in children:

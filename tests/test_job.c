@@ -140,6 +140,29 @@ Test(job, preempted_attempt_returns_the_job_to_the_queue_with_its_checkpoint) {
   cr_assert_eq(j->failed_attempts, 0, "a preemption is not a failure");
 }
 
+/* A training session that went idle (docs/DESIGN.md §5): parked by its live attempt only, queued
+ * but parked after the stop, woken by SessionWoken, and running again after a new dispatch. */
+Test(job, an_idle_session_parks_until_woken_and_only_its_live_attempt_parks_it) {
+  run_to_running("s");
+  lt_job_event_t stale = ev(LT_EV_SESSION_IDLE, "s", 0);
+  cr_assert_eq(apply(stale), LT_JOB_IGNORED, "an attempt that is not the live one parks nothing");
+  cr_assert_eq(apply(ev(LT_EV_SESSION_WOKEN, "s", 0)), LT_JOB_IGNORED, "nothing to wake");
+  lt_job_event_t idle = ev(LT_EV_SESSION_IDLE, "s", 1);
+  idle.step = 12;
+  cr_assert_eq(apply(idle), LT_JOB_APPLIED);
+  lt_job_event_t s = ev(LT_EV_ATTEMPT_STOPPED, "s", 1);
+  s.stop_reason = LT_STOP_PREEMPT;
+  apply(s);
+  const lt_job_t *j = lt_job_get(T, "s");
+  cr_assert(j->state == LT_JOB_QUEUED && j->parked && j->parked_seq == 12 && !j->last_stop_failed);
+  cr_assert_eq(apply(ev(LT_EV_SESSION_WOKEN, "s", 0)), LT_JOB_APPLIED);
+  cr_assert(!lt_job_get(T, "s")->parked, "woken: the scheduler may dispatch it");
+  cr_assert_eq(apply(ev(LT_EV_SESSION_WOKEN, "s", 0)), LT_JOB_IGNORED, "a second wake is a duplicate");
+  apply(ev(LT_EV_JOB_DISPATCHED, "s", 2));
+  apply(ev(LT_EV_ATTEMPT_STARTED, "s", 2));
+  cr_assert_eq(state("s"), LT_JOB_RUNNING);
+}
+
 Test(job, cancel_of_a_running_job_waits_for_the_stop_then_the_cancelled_record) {
   run_to_running("j");
   apply(ev(LT_EV_CANCEL_REQUESTED, "j", 0));

@@ -513,11 +513,9 @@ static void on_error_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m)
 }
 
 /* A session's executor loaded its state, or answered a call (lt_worker_session.h). */
-static void on_ready_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
-  if (a->sess && w) lt_wsess_ready(a->sess, m->committed.step);
-}
-static void on_result_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
-  if (a->sess && w) lt_wsess_result(a->sess, &m->result);
+static void on_session_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
+  if (a->sess && w && m->type == LT_PROTO_READY) lt_wsess_ready(a->sess, m->committed.step);
+  else if (a->sess && w) lt_wsess_result(a->sess, &m->result);
 }
 
 /* What an executor may say (lt_proto.h); other types are ignored. */
@@ -525,7 +523,7 @@ static void (*const line_handlers[LT_PROTO__COUNT])(lt_worker_t *w, attempt_t *a
     [LT_PROTO_STEP] = on_step_line,       [LT_PROTO_EVAL] = on_eval_line,
     [LT_PROTO_CHECKPOINT] = on_checkpoint_line, [LT_PROTO_DONE] = on_done_line,
     [LT_PROTO_STOPPED] = on_stopped_line, [LT_PROTO_ERROR] = on_error_line,
-    [LT_PROTO_READY] = on_ready_line,     [LT_PROTO_RESULT] = on_result_line,
+    [LT_PROTO_READY] = on_session_line,   [LT_PROTO_RESULT] = on_session_line,
 };
 
 /* One line from an executor: any line is progress; a fenced attempt's lines are not recorded. */
@@ -707,7 +705,7 @@ static lt_err_t start_session(lt_worker_t *w, attempt_t *a, char *errstr, size_t
   if (a->spec.mode != LT_MODE_INTERACTIVE || !j) return LT_OK;
   lt_wsess_conf_t sc = {.bus = w->conf.bus, .producer = w->producer, .store = w->conf.store,
                         .registry = w->conf.registry, .producer_id = w->producer_id, .t_calls = w->t_calls,
-                        .t_progress = w->t_progress, .tenant_id = a->tenant_id, .job_id = a->job_id,
+                        .t_progress = w->t_progress, .t_control = w->t_control, .tenant_id = a->tenant_id, .job_id = a->job_id,
                         .attempt = a->attempt, .key = a->in.key, .key_id = a->in.key_id,
                         .since_ms = j->submitted_at_ms, .resume_seq = a->in.resume_fd >= 0 ? j->ckpt_step : 0,
                         .restarted = j->last_stop_failed, .mem_dir = a->mem_dir, .uid = w->confine.uid,
@@ -1005,6 +1003,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     if (a->stop_signal && now - a->stop_sent_ms > w->conf.kill_deadline_ms)
       kill_attempt(w, a, "it did not stop within the kill deadline");
     if (a->sess && !lt_wsess_busy(a->sess)) a->last_progress_ms = now; /* an idle session owes no progress */
+    int64_t seq; /* an idle session saves its state and frees its slot until a call wakes it */
+    if (a->sess && !a->stop_signal && lt_wsess_idle(a->sess, now, w->conf.session_idle_ms, &seq) &&
+        lt_wsess_park(a->sess, seq, NULL, 0) == LT_OK)
+      stop_attempt(w, a, SIGUSR2);
     if (now - a->last_progress_ms > w->conf.watchdog_ms) kill_attempt(w, a, "no progress (step watchdog)");
   }
   run_pending(w);
@@ -1039,6 +1041,7 @@ static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   if (!w->conf.heartbeat_ms) w->conf.heartbeat_ms = 1000;
   if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
   if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
+  if (!w->conf.session_idle_ms) w->conf.session_idle_ms = 300000;
   for (int i = 0; i < MAX_SLOTS; i++) {
     attempt_t *a = &w->slots[i];
     a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;

@@ -58,6 +58,7 @@ typedef struct lt_worker_conf {
   int heartbeat_ms;                   /* 1000 */
   int kill_deadline_ms;               /* 30000: stop requested -> SIGKILL after this */
   int watchdog_ms;                    /* 600000: no progress line for this long -> kill */
+  int64_t session_idle_ms;            /* 300000: a session with no call this long is parked; < 0 never */
 } lt_worker_conf_t;
 
 lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,

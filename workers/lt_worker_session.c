@@ -44,7 +44,8 @@ struct lt_wsess {
   bool stop, fenced;
   int64_t ready_step;          /* -1 until the executor said it loaded its state */
   result_t *head, *tail;
-  int64_t sent, seen;          /* calls written to the executor; results it returned */
+  int64_t received, answered;  /* calls of the session read; calls answered (atomic) */
+  int64_t last_ms, last_seq;   /* the newest call's arrival or answer; the newest answered (atomic) */
 };
 
 /* ---------------------------------------------------------------- results (outbound) */
@@ -66,8 +67,15 @@ static void free_result(result_t *r) {
   free(r);
 }
 
+static void answered(lt_wsess_t *s, int64_t seq) {
+  __atomic_add_fetch(&s->answered, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->last_ms, lt_time_wall_ms(), __ATOMIC_RELAXED);
+  if (seq > __atomic_load_n(&s->last_seq, __ATOMIC_RELAXED)) __atomic_store_n(&s->last_seq, seq, __ATOMIC_RELAXED);
+}
+
 /* A failure made here (the call never reached the executor). */
 static void fail_call(lt_wsess_t *s, int64_t seq, const char *kind, const char *code, int64_t step, const char *reason) {
+  answered(s, seq);
   result_t *r = calloc(1, sizeof *r);
   if (!r) return;
   r->seq = seq;
@@ -268,11 +276,9 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
   lt_proto_msg_t m = {.type = LT_PROTO_CALL, .call = {.seq = seq, .kind = kind, .body = text}};
   char *line = NULL;
   size_t ll = 0;
-  if (lt_proto_encode(&m, &line, &ll) == LT_OK) {
-    __atomic_add_fetch(&s->sent, 1, __ATOMIC_RELAXED);
-    if (!lt_wsess_write(s, line, ll)) __atomic_sub_fetch(&s->sent, 1, __ATOMIC_RELAXED);
-    OPENSSL_cleanse(line, ll);
-  }
+  if (lt_proto_encode(&m, &line, &ll) != LT_OK || !lt_wsess_write(s, line, ll))
+    answered(s, seq); /* the executor is gone: the attempt ends, nothing is owed */
+  if (line) OPENSSL_cleanse(line, ll);
   free(line);
   if (text) {
     OPENSSL_cleanse(text, strlen(text));
@@ -319,6 +325,8 @@ static void *inbound_main(void *arg) {
       continue;
     const char *tenant = NULL, *kind = NULL;
     if (lt_avro_get_string(rec, "tenant_id", &tenant, NULL) || strcmp(tenant, s->tenant) != 0) continue;
+    __atomic_add_fetch(&s->received, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->last_ms, lt_time_wall_ms(), __ATOMIC_RELAXED);
     if (s->c.restarted && seq <= mark) { /* recorded before this attempt began */
       char why[256];
       int64_t step = wait_ready(s);
@@ -351,6 +359,8 @@ lt_err_t lt_wsess_start(const lt_wsess_conf_t *c, lt_wsess_t **out, char *errstr
   snprintf(s->mem_dir, sizeof s->mem_dir, "%s", c->mem_dir);
   snprintf(s->key_id, sizeof s->key_id, "%s", c->key_id);
   s->ready_step = -1;
+  s->last_ms = lt_time_wall_ms();
+  s->last_seq = c->resume_seq;
   pthread_mutex_init(&s->lock, NULL);
   pthread_mutex_init(&s->wlock, NULL);
   pthread_cond_init(&s->cond, NULL);
@@ -376,7 +386,7 @@ void lt_wsess_ready(lt_wsess_t *s, int64_t step) {
 }
 
 void lt_wsess_result(lt_wsess_t *s, const lt_proto_result_t *r) {
-  __atomic_add_fetch(&s->seen, 1, __ATOMIC_RELAXED);
+  answered(s, r->seq);
   result_t *q = calloc(1, sizeof *q);
   if (!q) return;
   q->seq = r->seq;
@@ -407,7 +417,32 @@ void lt_wsess_fence(lt_wsess_t *s) {
 }
 
 bool lt_wsess_busy(lt_wsess_t *s) {
-  return __atomic_load_n(&s->sent, __ATOMIC_RELAXED) > __atomic_load_n(&s->seen, __ATOMIC_RELAXED);
+  return __atomic_load_n(&s->received, __ATOMIC_RELAXED) > __atomic_load_n(&s->answered, __ATOMIC_RELAXED);
+}
+
+lt_err_t lt_wsess_park(lt_wsess_t *s, int64_t seq, char *errstr, size_t n) {
+  lt_avro_record_t *rec = NULL;
+  lt_err_t err = lt_avro_record_new(s->c.registry, "SessionIdle", &rec, errstr, n);
+  if (!err) err = lt_avro_record_stamp(rec, s->producer_id);
+  SET(lt_avro_set_string(rec, "job_id", s->job));
+  SET(lt_avro_set_string(rec, "tenant_id", s->tenant));
+  SET(lt_avro_set_int(rec, "attempt", s->c.attempt));
+  SET(lt_avro_set_long(rec, "seq", seq));
+  const uint8_t *bytes;
+  size_t blen;
+  if (!err) err = lt_avro_record_encode(rec, &bytes, &blen, errstr, n);
+  lt_bus_record_t br = {.topic = s->c.t_control, .partition = LT_BUS_PARTITION_ANY, .key = s->job,
+                        .key_size = strlen(s->job), .value = bytes, .value_size = blen};
+  if (!err) err = lt_bus_produce_sync(s->c.producer, &br, 3000, NULL, NULL, errstr, n);
+  lt_avro_record_destroy(rec);
+  return err;
+}
+
+bool lt_wsess_idle(lt_wsess_t *s, int64_t now_ms, int64_t idle_ms, int64_t *last_seq) {
+  if (idle_ms <= 0 || lt_wsess_busy(s) || now_ms - __atomic_load_n(&s->last_ms, __ATOMIC_RELAXED) < idle_ms)
+    return false;
+  *last_seq = __atomic_load_n(&s->last_seq, __ATOMIC_RELAXED);
+  return true;
 }
 
 void lt_wsess_destroy(lt_wsess_t *s) {

@@ -43,7 +43,7 @@ typedef struct lt_wsess_conf {
   lt_store_t *store;                  /* borrowed (thread-safe) */
   const lt_avro_registry_t *registry; /* borrowed */
   const char *producer_id;            /* "worker/<id>" */
-  const char *t_calls, *t_progress;   /* full topic names */
+  const char *t_calls, *t_progress, *t_control; /* full topic names (borrowed) */
   const char *tenant_id, *job_id;
   int32_t attempt;
   const uint8_t *key;                 /* the tenant's data key (LT_CRYPTO_KEY_BYTES) and its id */
@@ -71,9 +71,18 @@ void lt_wsess_result(lt_wsess_t *s, const lt_proto_result_t *r);
 /* The attempt is no longer the session's live one: record nothing more. */
 void lt_wsess_fence(lt_wsess_t *s);
 
-/* True while a call was sent to the executor and its result has not come back: the watchdog
- * applies only then (an idle session makes no progress lines, and need not). */
+/* True while a call of the session was read and is not answered yet: the watchdog applies only
+ * then (an idle session makes no progress lines, and need not). */
 bool lt_wsess_busy(lt_wsess_t *s);
+
+/* True when no call came or was answered for idle_ms (> 0) and none is pending: the session may be
+ * parked (SessionIdle, then a preemption: its state saved, its slot freed). *last_seq gets the
+ * newest call answered. */
+bool lt_wsess_idle(lt_wsess_t *s, int64_t now_ms, int64_t idle_ms, int64_t *last_seq);
+
+/* Records SessionIdle (the session parks after call seq) with acks=all; the caller then preempts
+ * the attempt, which saves the state and stops. Loop thread. */
+lt_err_t lt_wsess_park(lt_wsess_t *s, int64_t seq, char *errstr, size_t errstr_size);
 
 /* Stops both threads (what is queued is dropped) and frees. NULL is fine. */
 void lt_wsess_destroy(lt_wsess_t *s);

@@ -19,6 +19,7 @@
  *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_SESSION_IDLE_MS                            worker: a session idle this long is parked (300000)
  *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
  *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
@@ -406,7 +407,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
                          .worker_id = d->instance, .models_dir = d->models,
                          .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
                          .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
-                         .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1};
+                         .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1,
+                         .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
   return e;

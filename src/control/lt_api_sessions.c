@@ -33,6 +33,42 @@ bool lt_api_is_session_id(const char *id) {
   return strncmp(id, LT_API_SESSION_PREFIX, strlen(LT_API_SESSION_PREFIX)) == 0;
 }
 
+/* ---------------------------------------------------------------- parked sessions */
+
+/* A parked session (it went idle: SessionIdle) is queued again by SessionWoken, which this API
+ * writes when it sees a call after the one the session parked after: when it accepts one, when a
+ * client waits for one, and when it folds the park while a client waits. Once per park. */
+static void woken(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
+  char *key = ctx;
+  if (err) {
+    fprintf(stderr, "lathed api: SessionWoken for %s not recorded (retried on the next poll): %s\n", key, msg);
+    lt_map_del(api->wakes, key);
+  }
+  free(key);
+}
+
+static void wake_parked(lt_api_t *api, const lt_job_t *j, int64_t seq) {
+  if (!j || !j->parked || seq <= j->parked_seq || lt_job_state_is_terminal(j->state)) return;
+  char key[LT_ID_MAX + 32];
+  snprintf(key, sizeof key, "%s:%lld", j->job_id, (long long)j->parked_seq);
+  if (lt_map_has(api->wakes, key)) return;
+  lt_avro_record_t *rec = NULL;
+  const uint8_t *bytes;
+  size_t blen;
+  lt_err_t err = lt_avro_record_new(api->reg, "SessionWoken", &rec, NULL, 0);
+  if (!err) err = lt_avro_record_stamp(rec, api->conf.producer_id);
+  if (!err) err = lt_avro_set_string(rec, "job_id", j->job_id);
+  if (!err) err = lt_avro_set_string(rec, "tenant_id", j->tenant_id);
+  if (!err) err = lt_avro_set_long(rec, "seq", seq);
+  if (!err) err = lt_avro_record_encode(rec, &bytes, &blen, NULL, 0);
+  char *ctx = err ? NULL : strdup(key);
+  if (ctx && lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false, woken, ctx) == LT_OK)
+    lt_map_set(api->wakes, key, NULL);
+  else
+    free(ctx);
+  lt_avro_record_destroy(rec);
+}
+
 /* ---------------------------------------------------------------- what the calls did */
 
 /* A session's folded calls. */
@@ -279,6 +315,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
     answer_call(api, c->req, c->job, seq);
     return;
   }
+  wake_parked(api, c->job, seq); /* a call waits: a parked session must run again */
   lt_api_waiter_t *w = calloc(1, sizeof *w);
   struct evhttp_connection *evcon = evhttp_request_get_connection(c->req);
   if (!w || !(w->timer = evtimer_new(api->base, waiter_timeout, w)) || !lt_api_door_on_close(api, evcon, waiter_closed, w)) {
@@ -302,6 +339,9 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
+  if (j && j->parked)
+    for (lt_api_waiter_t *w = api->waiters; w; w = w->next)
+      if (strcmp(w->job_id, job_id) == 0) wake_parked(api, j, w->seq);
 }
 
 void lt_api_sessions_free(lt_api_t *api) {
@@ -313,12 +353,15 @@ void lt_api_sessions_free(lt_api_t *api) {
     free(w);
   }
   lt_map_destroy(api->sessions);
+  lt_map_destroy(api->wakes);
   api->sessions = NULL;
+  api->wakes = NULL;
 }
 
 lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
   api->sessions = lt_map_new(fold_free);
-  if (!api->sessions) return LT_ERR_NOMEM;
+  api->wakes = lt_map_new(NULL);
+  if (!api->sessions || !api->wakes) return LT_ERR_NOMEM;
   lt_bus_topic_name(api->conf.bus, "calls", api->topic_calls, sizeof api->topic_calls);
   return lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
 }
@@ -350,6 +393,7 @@ static json_t *session_json(lt_api_t *api, const lt_job_t *j) {
   json_object_set_new(o, "step", json_integer(f ? f->step : 0));
   json_object_set_new(o, "calls_completed", json_integer(f ? f->completed : 0));
   json_object_set_new(o, "saved", saved);
+  json_object_set_new(o, "idle", json_boolean(j->parked)); /* parked: holds no slot until a call */
   return o;
 }
 
@@ -447,6 +491,7 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   } else {
     char rid[LT_ID_MAX + 32];
     int64_t seq = api->done_offset + 1; /* the worker numbers calls so too (lt_worker_session.c) */
+    wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), seq);
     snprintf(rid, sizeof rid, "%s:%lld", ci->job_id, (long long)seq);
     lt_api_reply_json(ci->req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)seq, "kind", ci->kind));
   }

@@ -238,7 +238,7 @@ static void fold_job(lt_scheduler_t *s, const lt_proj_result_t *res) {
   case LT_EV_ATTEMPT_STOPPED:
     if (s->sched && sd->in_sched) {
       const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
-      if (j && j->state == LT_JOB_QUEUED && sd->sched_running &&
+      if (j && j->state == LT_JOB_QUEUED && sd->sched_running && !j->parked &&
           lt_sched_job_requeue(s->sched, idx + 1, s->now_s) == LT_OK)
         sd->sched_running = false;
       else

@@ -306,7 +306,8 @@ static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
   size_t nq = 0;
   for (size_t i = 0; i < s->nsides; i++) {
     const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-    if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && j->failed_attempts < s->conf.max_attempts)
+    if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && !j->parked &&
+        j->failed_attempts < s->conf.max_attempts)
       q[nq++] = (order_t){i, j->queued_at_ms};
   }
   qsort(q, nq, sizeof *q, cmp_order);
@@ -427,7 +428,8 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
       scheduler_drop(s, sd);
       return;
     }
-    if (!sd->in_sched && mine_read_back && !j->cancel_requested)
+    /* A parked session waits out of the queue, holding nothing, until a call wakes it. */
+    if (!sd->in_sched && mine_read_back && !j->cancel_requested && !j->parked)
       sched_enqueue(s, idx, j->attempt, j->job_class);
     return;
   }

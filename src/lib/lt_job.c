@@ -22,7 +22,8 @@ static const char *const class_names[LT_CLASS__COUNT] = {"production", "standard
 static const char *const event_names[LT_EV__COUNT] = {
     "JobSubmitted",   "JobAccepted",         "JobRejected",   "JobDispatched", "AttemptStarted",
     "CancelRequested", "PreemptRequested",   "CheckpointCommitted", "AttemptStopped",
-    "JobCompleted",   "JobFailed",           "JobCancelled",  "CleanupDone"};
+    "JobCompleted",   "JobFailed",           "JobCancelled",  "CleanupDone",   "SessionIdle",
+    "SessionWoken"};
 static const char *const stop_names[LT_STOP__COUNT] = {"cancel", "preempt", "lost", "failed"};
 
 bool lt_job_state_is_terminal(lt_job_state_t s) {
@@ -173,6 +174,7 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     if (j->state == LT_JOB_SUBMITTED) return false; /* not accepted: nothing may run it */
     j->attempt = ev->attempt;
     j->attempt_stopped = false;
+    j->parked = false; /* dispatched: running again, whatever woke it */
     j->state = LT_JOB_DISPATCHED;
     j->lease_ms = ev->lease_ms;
     set_str(j->worker_id, sizeof j->worker_id, ev->worker_id);
@@ -239,6 +241,16 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     /* A fenced attempt's cleanup says nothing about the live one. */
     if (j->cleanup_done || (!terminal && ev->attempt != j->attempt)) return false;
     j->cleanup_done = true;
+    return true;
+  case LT_EV_SESSION_IDLE:
+    /* Only the live attempt parks its session; it then stops like a preempted one. */
+    if (terminal || ev->attempt != j->attempt || j->parked) return false;
+    j->parked = true;
+    j->parked_seq = ev->step;
+    return true;
+  case LT_EV_SESSION_WOKEN:
+    if (terminal || !j->parked) return false;
+    j->parked = false;
     return true;
   case LT_EV__COUNT:
     break;

@@ -60,6 +60,8 @@ typedef enum lt_job_event_type {
   LT_EV_JOB_FAILED,
   LT_EV_JOB_CANCELLED,
   LT_EV_CLEANUP_DONE,
+  LT_EV_SESSION_IDLE,  /* a session's worker parks it: its attempt stops, no slot until woken */
+  LT_EV_SESSION_WOKEN, /* a call came for a parked session */
   LT_EV__COUNT
 } lt_job_event_type_t;
 
@@ -95,7 +97,7 @@ typedef struct lt_job_event {
   /* JobDispatched, AttemptStarted */
   const char *worker_id;
   int64_t lease_ms;
-  /* CheckpointCommitted */
+  /* CheckpointCommitted; SessionIdle, SessionWoken: the call's sequence number */
   int64_t step;
   const char *object_key;    /* the checkpoint's first object (its state file) */
   const char *sha256_hex;
@@ -121,6 +123,8 @@ typedef struct lt_job {
   bool attempt_stopped;       /* the current attempt confirmed its stop */
   int32_t failed_attempts;    /* attempts lost or failed */
   bool last_stop_failed;      /* the newest stopped attempt was lost or failed (not preempted) */
+  bool parked;                /* a session that went idle: QUEUED, but not to be dispatched until woken */
+  int64_t parked_seq;         /* the last call it ran before it went idle */
   bool cancel_requested;
   bool cleanup_done;
   char worker_id[LT_ID_MAX + 1];

@@ -20,12 +20,12 @@ static const char *opt_str(lt_avro_record_t *rec, const char *path) {
 enum {
   F_EVENT_ID, F_JOB_ID, F_TENANT_ID, F_OCCURRED_AT, F_ATTEMPT, F_BASE_MODEL, F_DATASET_ID, F_PRIORITY,
   F_GPUS, F_MAX_DURATION_S, F_WORKER_ID, F_LEASE_MS, F_STEP, F_OBJECT_KEYS, F_SHA256, F_BYTES, F_FINAL,
-  F_REASON, F_DETAIL, F__COUNT
+  F_REASON, F_DETAIL, F_SEQ, F__COUNT
 };
 static const char *const field_names[F__COUNT] = {
     "event_id", "job_id", "tenant_id", "occurred_at", "attempt", "base_model", "dataset_id", "priority",
     "gpus", "max_duration_s", "worker_id", "lease_ms", "step", "object_keys", "sha256", "bytes", "final",
-    "reason", "detail"};
+    "reason", "detail", "seq"};
 
 struct lt_job_reader {
   const lt_avro_schema_t *schema[LT_EV__COUNT]; /* newest version of each job record type */
@@ -125,6 +125,10 @@ static lt_err_t event_fill(const acc_t *a, lt_job_event_t *ev, char *errstr, siz
     break;
   case LT_EV_CANCEL_REQUESTED:
     ev->reason = a_opt_str(a, F_REASON);
+    break;
+  case LT_EV_SESSION_IDLE:
+  case LT_EV_SESSION_WOKEN:
+    a_long(a, F_SEQ, &ev->step); /* the call's sequence number */
     break;
   default:
     break;

@@ -116,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
                 state = fake.job_states.pop(0) if len(fake.job_states) > 1 else fake.job_states[0]
             return self.reply(200, {"id": "job-1", "state": state})
         if self.command == "GET" and u.path in ("/v1/jobs/job-1/artifacts/adapter_model.safetensors",
-                                                "/v1/sessions/ses-1/weights/w1/adapter_model.safetensors"):
+                                                "/v1/sessions/ses-1/artifacts/adapter_model.safetensors"):
             return self.reply(200, raw=b"\x00weights\xff" * 1000)
         return self.reply(404, {"error": {"code": "not_found", "message": "no route", "field": None}})
 
@@ -375,7 +375,7 @@ class ClientTest(unittest.TestCase):
         f = sampler.sample_many([[1], [2, 3]], num_samples=2)
         self.assertEqual(self.fake.calls[f.seq - 1]["prompts"], [[1], [2, 3]])
         with tempfile.TemporaryDirectory() as d:
-            n = sampler.download_adapter(os.path.join(d, "a.safetensors"))
+            n = sampler.training.download_artifact("adapter_model.safetensors", os.path.join(d, "a.safetensors"))
             self.assertEqual(n, 9000)
             self.assertEqual(sorted(os.listdir(d)), ["a.safetensors"])
 

@@ -28,6 +28,15 @@
  *                                        gap" first when events after it are no longer kept)
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
  *                                        (streamed in pieces: lt_api_download.c)
+ *   POST   /v1/sessions                  a training session: {base_model, lora, seed, priority}
+ *   GET    /v1/sessions, /v1/sessions/{id}   pages of them; one, with its step and saved states
+ *   DELETE /v1/sessions/{id}             end it after its queued calls (its adapter is published)
+ *   POST   /v1/sessions/{id}/cancel      stop it at once
+ *   POST   /v1/sessions/{id}/calls       a call (forward_backward, forward, optim_step, save_state,
+ *                                        load_state, save_weights_for_sampler, sample): 202 {seq}
+ *   GET    /v1/sessions/{id}/calls/{seq}?wait=S  long poll for its result (lt_api_sessions.c)
+ *   GET    /v1/sessions/{id}/events, /artifacts[/{name}]  as a job's
+ *   POST   /v1/tokenize, /v1/detokenize  {model, text} <-> {tokens} with the base model's tokenizer
  *
  * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
  * work (upload validation and encryption, object-store calls) runs on a small pool of threads

@@ -53,7 +53,7 @@ class TrainingClient:
     Conflict when the session has ended, RateLimited/Unavailable, ConnectionFailed). None is
     repeated by the client (but a 429 with ServiceClient(retry_429=True)): after
     ConnectionFailed or Unavailable the call may or may not be queued;
-    state()["calls_submitted"] tells."""
+    state()["calls_completed"] and the results of the calls you hold tell."""
 
     def __init__(self, http: Http, session_id: str, info: Optional[Dict[str, Any]] = None) -> None:
         self._http = http
@@ -151,7 +151,7 @@ class TrainingClient:
 
     def state(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """GET the session: state, attempt, step (optimizer steps of the state it holds),
-        calls_submitted, calls_completed, saved [{name, step}], lora."""
+        calls_completed, saved [{name, step}], idle."""
         _, r = self._http.request("GET", self._path, timeout=timeout, idempotent=True)
         self.info = r
         return r
@@ -179,9 +179,10 @@ class TrainingClient:
                 raise CallTimeout(f"session {self.id} still {s.get('state')} after {timeout} s")
             time.sleep(poll)
 
-    def download_weights(self, name: str, path: str, filename: str = "adapter_model.safetensors") -> int:
-        """Downloads a file of the adapter saved by save_weights_for_sampler(name) to path."""
-        return self._http.download(f"{self._path}/weights/{_q(name)}/{_q(filename)}", path)
+    def download_artifact(self, name: str, path: str) -> int:
+        """Downloads a published artifact of the ended session (adapter_model.safetensors,
+        adapter_config.json, ...: its final state, published once end() completed) to path."""
+        return self._http.download(f"{self._path}/artifacts/{_q(name)}", path)
 
 
 class SamplingClient:
@@ -210,9 +211,6 @@ class SamplingClient:
     def sample_many(self, prompts: Sequence[Sequence[int]], num_samples: int = 1,
                     sampling_params: Optional[SamplingParams] = None) -> "CallFuture[SampleOutput]":
         return self.training.sample_many(prompts, num_samples, sampling_params)
-
-    def download_adapter(self, path: str, filename: str = "adapter_model.safetensors") -> int:
-        return self.training.download_weights(self.name, path, filename)
 
 
 class ServiceClient:

@@ -137,3 +137,13 @@ def run(argv, env, what):
     if p.returncode != 0:
         _fail(f"{what} exited {p.returncode}: {p.stderr.strip()}")
     return p.stdout
+
+
+def delete_topics(admin, prefix):
+    """Deletes every topic under prefix (a test's scratch topics), ignoring what is already gone."""
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    for f in (admin.delete_topics(names).values() if names else []):
+        try:
+            f.result(timeout=30)
+        except Exception:
+            pass

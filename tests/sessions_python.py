@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 
+import lt_test
 from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
 
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
@@ -373,12 +374,7 @@ def main():
     finally:
         for c in children:
             c.stop()
-        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-        for f in (admin.delete_topics(names).values() if names else []):
-            try:
-                f.result(timeout=30)
-            except Exception:
-                pass
+        lt_test.delete_topics(admin, prefix)
         subprocess.run(["rm", "-rf", tmp])
     print(f"sessions: {len(CHECKS)} checks passed ({lathe_client.__version__})")
 

@@ -181,12 +181,7 @@ def main():
             for c in CHILDREN:
                 c.stop()
     finally:
-        names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-        for f in (admin.delete_topics(names).values() if names else []):
-            try:
-                f.result(timeout=30)
-            except Exception:
-                pass
+        lt_test.delete_topics(admin, prefix)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -118,17 +118,22 @@ static void *read_acks(void *arg) {
   return NULL;
 }
 
+/* Waits on acks.cond (acks.lock held) for at most ms milliseconds. */
+static void wait_acks(long ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += ms * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
+}
+
 lt_exec_call_t *lt_exec_next_call(bool *gone) {
   pthread_mutex_lock(&acks.lock);
   while (!acks.head && !acks.gone && !stop_cancel && !stop_preempt) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 50 * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
+    wait_acks(50); /* the signal handlers only set flags: look again now and then */
   }
   lt_exec_call_t *c = acks.head;
   if (c) {
@@ -220,14 +225,7 @@ lt_err_t lt_exec_wait_committed(exec_t *x, int64_t step, bool cancel_ends, char 
       if (err) return err;
       pthread_mutex_lock(&acks.lock);
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 20 * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&acks.cond, &acks.lock, &until);
+    wait_acks(20); /* the signal handlers only set flags: look again now and then */
   }
   bool gone = acks.committed < step && acks.gone && !(cancel_ends && stop_cancel);
   pthread_mutex_unlock(&acks.lock);

@@ -19,6 +19,7 @@
 #include "lt_time.h"
 
 #define MAX_BODY ((size_t)64 << 20) /* the largest call body or state the worker reads */
+#define MAX_AHEAD 8                 /* calls handed to the executor and not yet answered, at most */
 
 /* A result waiting for the outbound thread (a copy of the executor's line, or one made here). */
 typedef struct result {
@@ -325,6 +326,11 @@ static void *inbound_main(void *arg) {
       continue;
     const char *tenant = NULL, *kind = NULL;
     if (lt_avro_get_string(rec, "tenant_id", &tenant, NULL) || strcmp(tenant, s->tenant) != 0) continue;
+    /* Back-pressure: a client may queue thousands of calls; the executor holds a few. */
+    while (__atomic_load_n(&s->received, __ATOMIC_RELAXED) - __atomic_load_n(&s->answered, __ATOMIC_RELAXED) >=
+               MAX_AHEAD &&
+           !stopping(s))
+      usleep(2000);
     __atomic_add_fetch(&s->received, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&s->last_ms, lt_time_wall_ms(), __ATOMIC_RELAXED);
     if (s->c.restarted && seq <= mark) { /* recorded before this attempt began */

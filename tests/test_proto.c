@@ -180,3 +180,38 @@ Test(proto, a_value_that_cannot_be_written_is_an_error_not_a_line) {
   cr_assert_null(line);
   cr_assert_eq(len, 0);
 }
+
+/* A training session's messages: the call's body crosses whole (a JSON text inside a JSON string,
+ * newlines and quotes included); a result keeps its error fields, leaves out a metric it does not
+ * have (NAN) and reads it back as NAN; "ready" carries the step the state was loaded at. */
+Test(proto, a_sessions_call_result_and_ready_survive_the_line) {
+  const char *body = "{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,2],\"note\":\"a \\\"q\\\"\\nline\"}]}";
+  lt_proto_msg_t m = {.type = LT_PROTO_CALL, .call = {.seq = 17, .kind = "forward_backward", .body = body}};
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_eq(out.type, LT_PROTO_CALL);
+  cr_assert_eq(out.call.seq, 17);
+  cr_assert_str_eq(out.call.kind, "forward_backward");
+  cr_assert_str_eq(out.call.body, body);
+  lt_proto_msg_release(&out);
+
+  lt_proto_msg_t r = {.type = LT_PROTO_RESULT,
+                      .result = {.seq = 18, .kind = "optim_step", .ok = false, .error_code = "invalid",
+                                 .error_field = "kind", .error_reason = "no gradient", .step = 3, .tokens = 0,
+                                 .loss = NAN, .grad_norm = 1.5, .duration_ms = 2.25, .body = NULL}};
+  out = roundtrip(&r);
+  cr_assert_eq(out.type, LT_PROTO_RESULT);
+  cr_assert(!out.result.ok && out.result.seq == 18 && out.result.step == 3);
+  cr_assert_str_eq(out.result.error_code, "invalid");
+  cr_assert_str_eq(out.result.error_field, "kind");
+  cr_assert_str_eq(out.result.error_reason, "no gradient");
+  cr_assert(isnan(out.result.loss), "a metric the kind has not is absent, read back as NAN");
+  cr_assert_float_eq(out.result.grad_norm, 1.5, 1e-9);
+  cr_assert_null(out.result.body);
+  lt_proto_msg_release(&out);
+
+  lt_proto_msg_t ready = {.type = LT_PROTO_READY, .committed = {.step = 5}};
+  out = roundtrip(&ready);
+  cr_assert_eq(out.type, LT_PROTO_READY);
+  cr_assert_eq(out.committed.step, 5);
+  lt_proto_msg_release(&out);
+}

@@ -1,0 +1,70 @@
+/* Tests of a session call's checks (src/lib/lt_callspec.h): what the API refuses before anything
+ * is stored or recorded, each refusal naming the field as a path. */
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "lt_callspec.h"
+
+static const lt_callspec_limits_t LIM = {.vocab_size = 100, .max_tokens_per_call = 64};
+
+/* The field named when text is refused ("" when accepted). */
+static const char *refused(const char *text) {
+  static char field[128];
+  char msg[320];
+  const char *kind = NULL;
+  json_t *body = lt_callspec_parse(text, strlen(text), field, sizeof field, msg, sizeof msg);
+  if (!body) return field[0] ? field : "(parse)";
+  lt_err_t err = lt_callspec_check(body, &LIM, &kind, field, sizeof field, msg, sizeof msg);
+  json_decref(body);
+  if (err) cr_assert(strstr(msg, field), "the message names the field: %s", msg);
+  return err ? field : "";
+}
+
+Test(callspec, good_calls_of_every_kind_pass) {
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,2],\"targets\":[2,3]}]}"), "");
+  cr_assert_str_eq(refused("{\"kind\":\"forward\",\"loss\":\"ppo\",\"loss_config\":{\"clip_low\":0.1},\"data\":[{\"tokens\""
+                           ":[1,2],\"targets\":[2,-100],\"weights\":[1,0],\"logprobs\":[-1,-2],\"advantages\":[0.5,0]}]}"),
+                   "", "a masked target may be -100");
+  cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001,\"grad_clip\":1}}"), "");
+  cr_assert_str_eq(refused("{\"kind\":\"save_state\",\"name\":\"s1\"}"), "");
+  cr_assert_str_eq(refused("{\"kind\":\"sample\",\"prompts\":[[1,2]],\"num_samples\":4,\"max_tokens\":8,\"stop\":[0]}"), "");
+}
+
+Test(callspec, bad_calls_name_the_field) {
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,100],\"targets\":[2,3]}]}"),
+                   "data[0].tokens[1]", "a token id outside the vocabulary");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,2],\"targets\":[2,300]}]}"),
+                   "data[0].targets[1]", "a weighted target outside the vocabulary");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[]}"), "data");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,2],\"targets\":[2,3],\"weights\":[1]}]}"),
+                   "data[0].weights");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1],\"targets\":[2],\"wieghts\":[1]}]}"),
+                   "data[0].wieghts", "a misspelt field is refused, not ignored");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"loss\":\"ppo\",\"data\":[{\"tokens\":[1],\"targets\":[2]}]}"),
+                   "data[0].logprobs", "a policy loss needs the sampler's log-probs");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"loss_config\":{\"clip_low\":0.1},\"data\":[{\"tokens\":[1],"
+                           "\"targets\":[2]}]}"),
+                   "loss_config", "a clip range is for ppo only");
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"data\":[{\"tokens\":[1,2,3,4,5,6,7,8,9],\"targets\":[1,1,1,"
+                           "1,1,1,1,1,1]},{\"tokens\":[1],\"targets\":[1]},{\"tokens\":[1],\"targets\":[1]},{\"tokens\":"
+                           "[1],\"targets\":[1]},{\"tokens\":[1],\"targets\":[1]},{\"tokens\":[1],\"targets\":[1]},"
+                           "{\"tokens\":[1],\"targets\":[1]},{\"tokens\":[1],\"targets\":[1]}]}"),
+                   "data", "8 examples padded to 9 tokens exceed 64 tokens a call");
+  cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":2}}"), "adam.lr");
+  cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{}}"), "adam.lr");
+  cr_assert_str_eq(refused("{\"kind\":\"load_state\",\"name\":\"../x\"}"), "name");
+  cr_assert_str_eq(refused("{\"kind\":\"sample\",\"prompts\":[[]]}"), "prompts[0]");
+  cr_assert_str_eq(refused("{\"kind\":\"sample\",\"prompts\":[[1]],\"num_samples\":2.5}"), "num_samples");
+  cr_assert_str_eq(refused("{\"kind\":\"end\"}"), "kind", "the end is DELETE, not a call");
+  cr_assert_str_eq(refused("[1,2]"), "body");
+}
+
+Test(callspec, a_nan_or_an_infinity_is_named_by_its_path) {
+  cr_assert_str_eq(refused("{\"kind\":\"forward_backward\",\"loss\":\"importance_sampling\",\"data\":[{\"tokens\":[1,2],"
+                           "\"targets\":[2,3]},{\"tokens\":[1,2],\"targets\":[2,3],\"logprobs\":[-1,-1],"
+                           "\"advantages\":[0.5, NaN]}]}"),
+                   "data[1].advantages[1]");
+  cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":-Infinity}}"), "adam.lr");
+  cr_assert_str_eq(refused("{\"kind\": nope}"), "(parse)", "other bad JSON says where, naming no field");
+}

@@ -182,6 +182,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     api->pruned_at_ms = now;
     lt_api_door_tick(api);
     lt_api_events_prune(api);
+    lt_api_sessions_prune(api);
   }
 }
 

@@ -292,6 +292,9 @@ void lt_api_detokenize(lt_api_call_t *c);
 /* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
+/* Forgets what the calls of sessions that ended over an hour ago did (their results are deleted
+ * by then: the publisher's GC); a call of such a session then answers "session_ended". */
+void lt_api_sessions_prune(lt_api_t *api);
 /* ---------------------------------------------------------------- events (lt_api_events.c) */
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);

@@ -25,6 +25,7 @@
 #include "lt_api_int.h"
 #include "lt_callspec.h"
 #include "lt_job_record.h"
+#include "lt_time.h"
 
 #define WAIT_DEFAULT_S 30
 #define WAIT_MAX_S 60
@@ -342,6 +343,21 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   if (j && j->parked)
     for (lt_api_waiter_t *w = api->waiters; w; w = w->next)
       if (strcmp(w->job_id, job_id) == 0) wake_parked(api, j, w->seq);
+}
+
+#define FORGET_AFTER_MS (3600 * 1000) /* as the publisher's GC grace: results are gone by then */
+
+void lt_api_sessions_prune(lt_api_t *api) {
+  lt_map_iter_t it = {0};
+  char doomed[64][LT_ID_MAX + 1];
+  int n = 0;
+  int64_t now = lt_time_wall_ms();
+  while (n < 64 && lt_map_next(api->sessions, &it)) {
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), it.key);
+    if (!j || (lt_job_state_is_terminal(j->state) && now - j->ended_at_ms > FORGET_AFTER_MS))
+      snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
+  }
+  for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
 }
 
 void lt_api_sessions_free(lt_api_t *api) {

@@ -165,8 +165,14 @@ static void run_call(sess_t *s, const lt_proto_call_t *c, const json_t *body, lt
  * ended the session). */
 static bool serve_one(sess_t *s, lt_exec_call_t *call, lt_err_t *fatal, bool *ended, char *errstr, size_t n) {
   const lt_proto_call_t *c = &call->msg.call;
-  if (c->seq <= s->last_seq) return true; /* done before the state this attempt resumed from */
   double t0 = now_ms();
+  if (c->seq <= s->last_seq) { /* ran before the state this attempt resumed from: answered, not run */
+    lt_proto_result_t r = {.seq = c->seq, .kind = c->kind, .ok = false, .error_code = "internal",
+                           .error_reason = "the call ran before the state this attempt resumed from",
+                           .step = lt_session_step(s->sess), .loss = NAN, .grad_norm = NAN};
+    lt_exec_emit_line(&(lt_proto_msg_t){.type = LT_PROTO_RESULT, .result = r}, false);
+    return true;
+  }
   json_error_t je;
   json_t *body = c->body ? json_loads(c->body, 0, &je) : json_object();
   lt_prim_out_t out;

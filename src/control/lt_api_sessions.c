@@ -145,8 +145,11 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   lt_avro_get_long(r, "seq", &seq);
   lt_avro_get_enum(r, "kind", &kind);
   lt_avro_get_enum(r, "status", &status);
+  const char *tenant = NULL;
+  lt_avro_get_string(r, "tenant_id", &tenant, NULL);
   const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
-  if (!j || !kind || !status || attempt < j->attempt) return; /* a fenced attempt's */
+  if (!j || !kind || !status || !tenant || strcmp(tenant, j->tenant_id) != 0) return; /* not this session's */
+  if (attempt < j->attempt) return; /* a fenced attempt's */
   sess_fold_t *f = fold_of(api, job_id, true);
   char key[32];
   snprintf(key, sizeof key, "%lld", (long long)seq);

@@ -243,7 +243,7 @@ def failure(lathed, env, tmp, key):
             try:
                 svc.list_sessions()
                 break
-            except lathe_client.AuthError:
+            except (lathe_client.AuthError, lathe_client.Unavailable):
                 time.sleep(0.5)
         small = [[sft_datum(svc.tokenize("lathe-tiny", f"date: May {d}, 2003\niso:"),
                             svc.tokenize("lathe-tiny", f" 2003-05-{d:02d}"))] for d in range(1, 7)]
@@ -309,7 +309,7 @@ def idle(lathed, env, key):
             try:
                 svc.list_sessions()
                 break
-            except lathe_client.AuthError:
+            except (lathe_client.AuthError, lathe_client.Unavailable):
                 time.sleep(0.5)
         batch = [sft_datum(svc.tokenize("lathe-tiny", "date: April 2, 2011\niso:"), svc.tokenize("lathe-tiny", " 2011-04-02"))]
         tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=2)

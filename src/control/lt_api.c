@@ -165,6 +165,12 @@ static const route_family_t families[] = {
  * that failed too often is refused before its key is looked at; then the key's and the tenant's
  * buckets. NULL after replying 401 or 429. */
 static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req) {
+  if (!api->ready) {
+    /* Until the tenants are read back a good key would look revoked: say "not yet" instead. */
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    lt_api_reply_error(req, 503, "starting", NULL, "the API is starting (reading the log); retry in a moment");
+    return NULL;
+  }
   if (!lt_api_door_addr(api, req, false)) return NULL;
   const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
   const lt_tenant_t *t = NULL;

@@ -29,7 +29,7 @@ def run(*args, env=None):
     return subprocess.run([lathe, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
-for cmd in ("jobs", "datasets"):
+for cmd in ("jobs", "datasets", "sessions"):
     for opts in (["--json"], ["-q"], ["--json", "--quiet"], []):
         p = run(cmd, *opts)
         check(f"lathe {cmd} {' '.join(opts)} with no command exits 2 with usage",

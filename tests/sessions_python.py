@@ -37,6 +37,7 @@ import lathe_client  # noqa: E402
 from lathe_client import AdamParams, InvalidCall, SamplingParams, ServiceClient, sft_datum  # noqa: E402
 
 CHECKS = []
+LATHE = []  # the lathe binary (main)
 
 
 def fail(msg):
@@ -146,6 +147,12 @@ def primitives(svc, base, key_a, key_b):
     st, r = http(base, key_a, "POST", "/v1/jobs", {"base_model": "lathe-tiny", "dataset_id": "ds-x", "mode": "interactive"})
     check(st == 400 and r["error"]["field"] == "mode" and "/v1/sessions" in r["error"]["message"],
           "mode interactive on /v1/jobs is refused, pointing at /v1/sessions")
+    cli = subprocess.run([LATHE[0], "sessions", "show", tc.id, "--url", base, "--api-key", key_a], capture_output=True,
+                         text=True, timeout=60)
+    check(cli.returncode == 0 and tc.id in cli.stdout and "s1@1" in cli.stdout, f"lathe sessions show: {cli.stdout.strip()}")
+    cli = subprocess.run([LATHE[0], "sessions", "show", tc.id, "--url", base, "--api-key", key_b], capture_output=True,
+                         text=True, timeout=60)
+    check(cli.returncode != 0 and "no session" in cli.stderr, "lathe sessions show with another tenant's key: not found")
     tc.end()
     check(tc.wait_until(timeout=300)["state"] == "completed", "DELETE ends the session: completed, its slot freed")
     return tc
@@ -340,6 +347,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage: sessions_python.py PATH/TO/lathe PATH/TO/lathed")
     lathe, lathed = sys.argv[1], sys.argv[2]
+    LATHE.append(lathe)
     admin = admin_client(fail)
     run_id = f"{os.getpid()}{secrets.token_hex(3)}"
     prefix = f"tses{run_id}."

@@ -27,6 +27,7 @@ int lt_cli_admin(int argc, char **argv);
 int lt_cli_model(int argc, char **argv);
 int lt_cli_train(int argc, char **argv);
 int lt_cli_jobs(int argc, char **argv);
+int lt_cli_sessions(int argc, char **argv);
 int lt_cli_datasets(int argc, char **argv);
 int lt_cli_access(int argc, char **argv);
 
@@ -42,6 +43,7 @@ static const struct {
     {"admin", lt_cli_admin, "operators: tenants and API keys, replay"},
     {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe vs FIFO)"},
     {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel and watch jobs (over the API)"},
+    {"sessions", lt_cli_sessions, "customers: list, show, end and cancel training sessions (over the API)"},
     {"datasets", lt_cli_datasets, "customers: upload, list, show and delete datasets (over the API)"},
     {"access", lt_cli_access, "customers: see, approve, deny and revoke staff access to your data"},
 };

@@ -1,0 +1,99 @@
+/* lathe sessions: customers' training sessions over the API (lt_client). A session's calls come
+ * from the customer's own code (clients/python); this command looks at sessions and ends them.
+ *
+ *   lathe sessions list [--limit N] [--cursor C]
+ *   lathe sessions show ID       state, attempt, the step its state is at, saved states, idle
+ *   lathe sessions end ID        after its queued calls: a final state, then its adapter is published
+ *   lathe sessions cancel ID     stop it now
+ *   common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json] [--quiet] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/http.h>
+
+#include "lt_cli_api.h"
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: lathe sessions list [--limit N] [--cursor C]\n"
+             "       lathe sessions show|end|cancel ID\n"
+             "       common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json] [--quiet]\n"
+             "A session's calls come from your own code: clients/python (docs/DESIGN.md §5).\n");
+}
+
+static void print_session(json_t *s, bool header) {
+  if (header) printf("%-30s %-11s %-8s %-6s %-6s %-14s %s\n", "ID", "STATE", "ATTEMPT", "STEP", "CALLS", "MODEL", "SAVED");
+  json_t *saved = json_object_get(s, "saved"), *v;
+  size_t i;
+  char names[256] = "";
+  json_array_foreach(saved, i, v) {
+    size_t len = strlen(names);
+    snprintf(names + len, sizeof names - len, "%s%s@%lld", len ? " " : "", json_string_value(json_object_get(v, "name")),
+             (long long)json_integer_value(json_object_get(v, "step")));
+  }
+  printf("%-30s %-11s %-8lld %-6lld %-6lld %-14.14s %s%s\n", json_string_value(json_object_get(s, "id")),
+         json_string_value(json_object_get(s, "state")), (long long)json_integer_value(json_object_get(s, "attempt")),
+         (long long)json_integer_value(json_object_get(s, "step")),
+         (long long)json_integer_value(json_object_get(s, "calls_completed")),
+         json_string_value(json_object_get(s, "base_model")), names,
+         json_is_true(json_object_get(s, "idle")) ? " (idle: holds no slot)" : "");
+}
+
+static int list(lt_cli_opts_t *o, int argc, char **argv) {
+  char path[512] = "/v1/sessions";
+  char sep = '?';
+  for (int i = 1; i < argc; i++) {
+    const char *name = strcmp(argv[i], "--limit") == 0 ? "limit" : strcmp(argv[i], "--cursor") == 0 ? "after" : NULL;
+    if (!name || i + 1 >= argc) {
+      fprintf(stderr, "lathe sessions list: unexpected argument \"%s\"\n", argv[i]);
+      return 2;
+    }
+    char *enc = evhttp_uriencode(argv[++i], -1, 0);
+    size_t len = strlen(path);
+    snprintf(path + len, sizeof path - len, "%c%s=%s", sep, name, enc ? enc : "");
+    free(enc);
+    sep = '&';
+  }
+  lt_client_resp_t r;
+  int rc = lt_cli_call(o, "sessions list", "GET", path, NULL, NULL, &r);
+  if (rc) return rc;
+  if (!o->json) {
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(r.json, "data"), i, s) print_session(s, i == 0);
+    const char *next = json_string_value(json_object_get(r.json, "next_cursor"));
+    if (next) printf("(more: lathe sessions list --cursor %s)\n", next);
+  }
+  lt_client_resp_free(&r);
+  return 0;
+}
+
+int lt_cli_sessions(int argc, char **argv) {
+  lt_cli_opts_t o;
+  int rc = lt_cli_open(&o, "sessions", usage, &argc, argv);
+  if (rc >= 0) return rc;
+  const char *verb = argv[1];
+  static const struct {
+    const char *verb, *method, *suffix;
+  } verbs[] = {{"show", "GET", NULL}, {"end", "DELETE", NULL}, {"cancel", "POST", "/cancel"}};
+  char path[512], what[64];
+  lt_client_resp_t r;
+  rc = -1;
+  if (strcmp(verb, "list") == 0) rc = list(&o, argc - 1, argv + 1);
+  for (size_t k = 0; rc < 0 && argc == 3 && k < sizeof verbs / sizeof *verbs; k++) {
+    if (strcmp(verb, verbs[k].verb) != 0) continue;
+    snprintf(what, sizeof what, "sessions %s", verb);
+    if (!lt_cli_path_id(path, sizeof path, "/v1/sessions/", argv[2], verbs[k].suffix)) rc = 2;
+    else if (!(rc = lt_cli_call(&o, what, verbs[k].method, path, NULL, NULL, &r))) {
+      if (!o.json && json_object_get(r.json, "id")) print_session(r.json, true);
+      else if (!o.json) printf("%s: %s queued (seq %lld)\n", argv[2], verb, (long long)json_integer_value(json_object_get(r.json, "seq")));
+      lt_client_resp_free(&r);
+    }
+  }
+  if (rc < 0) {
+    usage(stderr);
+    rc = 2;
+  }
+  lt_cli_close(&o);
+  return rc;
+}

@@ -10,6 +10,7 @@
  *
  * Usage: bench_session_call MODEL_DIR BODY.json [N]
  *        bench_session_call --store BODY.json [N]
+ *        bench_session_call --make-model DIR --shape smollm
  *   LATHE_BENCH_THREADS (1: lathed's worker default, LATHE_WORKER_THREADS), LATHE_BENCH_RANK (4),
  *   LATHE_BENCH_ALPHA (8), LATHE_BENCH_SEED (5); dropout 0.
  * Prints the setting, then `inproc_ms p50 P p99 P mean M min M max M n N` (milliseconds per call:
@@ -20,7 +21,11 @@
  * (lt_sealed_put) before it answers the POST, the worker reads it back (lt_sealed_get), and the
  * result takes the same two trips the other way. This times one sealed put and one sealed get of
  * BODY.json's bytes against the S3 server of ops/stack (LATHE_S3_*), N times, under a fresh DEK;
- * prints `store_put_ms ...` and `store_get_ms ...` lines like inproc_ms, and deletes the keys. */
+ * prints `store_put_ms ...` and `store_get_ms ...` lines like inproc_ms, and deletes the keys.
+ *
+ * --make-model DIR --shape smollm: writes a randomly initialised model of SmolLM2-135M's shape
+ * (d 576, 30 layers, 9 heads / 3 kv heads of 64, ffn 1536, vocab 49152, tied embeddings; F32,
+ * N(0, 0.02), seed 1) into DIR (config.json + model.safetensors), for bench/sessions --smollm. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,9 +99,30 @@ static int store_mode(const char *text, size_t len, int n) {
   return 0;
 }
 
+static int make_model(const char *dir, const char *shape) {
+  if (strcmp(shape, "smollm") != 0) {
+    fprintf(stderr, "bench_session_call: --shape %s: only smollm\n", shape);
+    return 2;
+  }
+  lt_model_config_t c = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536, .num_layers = 30,
+                         .num_heads = 9, .num_kv_heads = 3, .head_dim = 64, .max_position = 2048,
+                         .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
+                         .tie_embeddings = 1};
+  double t0 = bench_now_s();
+  if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err)) {
+    fprintf(stderr, "bench_session_call: --make-model %s: %s\n", dir, err);
+    return 1;
+  }
+  printf("made %s: SmolLM2-135M shape, random (seed 1), %.1f s\n", dir, bench_now_s() - t0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 5 && strcmp(argv[1], "--make-model") == 0 && strcmp(argv[3], "--shape") == 0)
+    return make_model(argv[2], argv[4]);
   if (argc < 3) {
-    fprintf(stderr, "usage: bench_session_call MODEL_DIR BODY.json [N]\n       bench_session_call --store BODY.json [N]\n");
+    fprintf(stderr, "usage: bench_session_call MODEL_DIR BODY.json [N]\n       bench_session_call --store BODY.json [N]\n"
+                    "       bench_session_call --make-model DIR --shape smollm\n");
     return 2;
   }
   int n = argc > 3 ? atoi(argv[3]) : 40;

@@ -335,7 +335,17 @@ def idle(lathed, env, key):
         check(st["state"] == "running" and st["attempt"] == 2 and not st["idle"],
               "the next call woke it: running again, on attempt 2")
         check(abs(again.loss - loss) < 1e-6 and st["step"] == 1, "with its state as it left it (step 1, the same loss)")
+        # Long calls (64 samples of up to 200 tokens each), so that the cancel lands among them.
+        late = [tc.sample_many([batch[0].tokens[:4]] * 16, 4, SamplingParams(max_tokens=200, seed=3)) for _ in range(6)]
         tc.cancel()
+        check(tc.wait_until(timeout=120)["state"] == "cancelled", "cancel stops a running session: cancelled")
+        ended = 0
+        for f in late:
+            try:
+                f.result(timeout=60)
+            except lathe_client.CallFailed as e:
+                ended += e.code == "session_ended"
+        check(ended >= 1, f"calls it did not run answer session_ended ({ended} of {len(late)})")
     except BaseException:
         kid.dump()
         raise

@@ -321,12 +321,6 @@ static lt_err_t role_bus(lathed_t *d, int slot, const char *role, lt_bus_conf_t 
   d->role_bus[slot] = lt_bus_conf_dup(d->bus);
   if (!d->role_bus[slot]) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
   *out = d->role_bus[slot];
-  /* A session's call makes one produce in the api and one in the worker, each waited for: they
-   * send at once instead of waiting 5 ms for company (bench/sessions). A role's file may say
-   * otherwise. */
-  if ((strcmp(role, "api") == 0 || strcmp(role, "worker") == 0) &&
-      lt_bus_conf_set(d->role_bus[slot], "linger.ms", "0", err, n))
-    return LT_ERR_INVALID;
   return lt_bus_conf_for_role(d->role_bus[slot], role, err, n);
 }
 

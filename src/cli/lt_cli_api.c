@@ -82,6 +82,25 @@ bool lt_cli_path_id(char *out, size_t n, const char *prefix, const char *id, con
   return true;
 }
 
+bool lt_cli_list_query(char *path, size_t n, const char *what, int argc, char **argv, const char *const *flags) {
+  char sep = '?';
+  for (int i = 1; i < argc; i++) {
+    const char *name = NULL;
+    for (const char *const *f = flags; *f && !name; f += 2)
+      if (strcmp(argv[i], f[0]) == 0) name = f[1];
+    if (!name || i + 1 >= argc) {
+      fprintf(stderr, "lathe %s: unexpected argument \"%s\"\n", what, argv[i]);
+      return false;
+    }
+    char *enc = evhttp_uriencode(argv[++i], -1, 0);
+    size_t len = strlen(path);
+    snprintf(path + len, n - len, "%c%s=%s", sep, name, enc ? enc : "");
+    free(enc);
+    sep = '&';
+  }
+  return true;
+}
+
 const char *lt_cli_time(int64_t ms, char *out, size_t n) {
   if (ms <= 0) {
     snprintf(out, n, "-");

@@ -37,6 +37,11 @@ int lt_cli_call(lt_cli_opts_t *o, const char *what, const char *method, const ch
  * is empty or too long. */
 bool lt_cli_path_id(char *out, size_t n, const char *prefix, const char *id, const char *suffix);
 
+/* A list route's path with its query: path holds the route ("/v1/jobs"); each "--flag VALUE" of
+ * argv[1..argc) whose flag is in flags (pairs: "--state", "state", ..., NULL) is appended as
+ * name=VALUE, encoded. False (after saying which, naming what) on another argument. */
+bool lt_cli_list_query(char *path, size_t n, const char *what, int argc, char **argv, const char *const *flags);
+
 /* "2026-11-29 14:03:07" (UTC) from ms since the epoch; "-" for 0. */
 const char *lt_cli_time(int64_t ms, char *out, size_t n);
 

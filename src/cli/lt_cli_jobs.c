@@ -157,22 +157,8 @@ static void progress_text(json_t *j, char *out, size_t n) {
 
 static int list(lt_cli_opts_t *o, int argc, char **argv) {
   char path[1024] = "/v1/jobs";
-  char sep = '?';
-  for (int i = 1; i < argc; i++) {
-    const char *name = strcmp(argv[i], "--state") == 0   ? "state"
-                       : strcmp(argv[i], "--limit") == 0 ? "limit"
-                       : strcmp(argv[i], "--cursor") == 0 ? "cursor"
-                                                          : NULL;
-    if (!name || i + 1 >= argc) {
-      fprintf(stderr, "lathe jobs list: unexpected argument \"%s\"\n", argv[i]);
-      return 2;
-    }
-    char *enc = evhttp_uriencode(argv[++i], -1, 0);
-    size_t len = strlen(path);
-    snprintf(path + len, sizeof path - len, "%c%s=%s", sep, name, enc ? enc : "");
-    free(enc);
-    sep = '&';
-  }
+  static const char *const flags[] = {"--state", "state", "--limit", "limit", "--cursor", "cursor", NULL};
+  if (!lt_cli_list_query(path, sizeof path, "jobs list", argc, argv, flags)) return 2;
   lt_client_resp_t r;
   int rc = lt_cli_call(o, "jobs list", "GET", path, NULL, NULL, &r);
   if (rc) return rc;

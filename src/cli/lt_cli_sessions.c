@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/http.h>
-
 #include "lt_cli_api.h"
 
 static void usage(FILE *f) {
@@ -41,19 +39,8 @@ static void print_session(json_t *s, bool header) {
 
 static int list(lt_cli_opts_t *o, int argc, char **argv) {
   char path[512] = "/v1/sessions";
-  char sep = '?';
-  for (int i = 1; i < argc; i++) {
-    const char *name = strcmp(argv[i], "--limit") == 0 ? "limit" : strcmp(argv[i], "--cursor") == 0 ? "after" : NULL;
-    if (!name || i + 1 >= argc) {
-      fprintf(stderr, "lathe sessions list: unexpected argument \"%s\"\n", argv[i]);
-      return 2;
-    }
-    char *enc = evhttp_uriencode(argv[++i], -1, 0);
-    size_t len = strlen(path);
-    snprintf(path + len, sizeof path - len, "%c%s=%s", sep, name, enc ? enc : "");
-    free(enc);
-    sep = '&';
-  }
+  static const char *const flags[] = {"--limit", "limit", "--cursor", "after", NULL};
+  if (!lt_cli_list_query(path, sizeof path, "sessions list", argc, argv, flags)) return 2;
   lt_client_resp_t r;
   int rc = lt_cli_call(o, "sessions list", "GET", path, NULL, NULL, &r);
   if (rc) return rc;

@@ -73,6 +73,15 @@ class Tokenizer:
         self._dec[()] = ""
         todo = sorted({k for k in keys if k not in self._dec})
         with ThreadPoolExecutor(self.parallel) as pool:
-            for k, text in zip(todo, pool.map(lambda s: self.service.detokenize(self.model, list(s)), todo)):
+            for k, text in zip(todo, pool.map(self._detokenize, todo)):
                 self._dec[k] = text
         return [self._dec[k] for k in keys]
+
+    def _detokenize(self, ids: Sequence[int]) -> str:
+        # Not ServiceClient.detokenize: for ids that decode to bytes that are not UTF-8 (a byte
+        # token 0x80-0xff on its own, which a sampler can emit) the server answers 200 with an
+        # empty body, where detokenize raises TypeError. Such a text matches no expected answer:
+        # U+FFFD stands for it here.
+        _, r = self.service.http.request("POST", "/v1/detokenize", {"model": self.model, "tokens": list(ids)},
+                                         idempotent=True)
+        return str(r["text"]) if isinstance(r, dict) and "text" in r else "\ufffd"

@@ -90,6 +90,8 @@ def primitives(svc, base, key_a, key_b):
     tok = svc.tokenize("lathe-tiny", "date: March 5, 2021\niso:")
     check(len(tok) > 3 and svc.detokenize("lathe-tiny", tok) == "date: March 5, 2021\niso:",
           "tokenize and detokenize go through the server's tokenizer and back")
+    half = svc.detokenize("lathe-tiny", [131])          # one byte of a character cut in two
+    check(half == "\ufffd", f"ids that are not whole UTF-8 decode to U+FFFD, as Hugging Face's do ({half!r})")
     batch = [sft_datum(svc.tokenize("lathe-tiny", "date: March 5, 2021\niso:"), svc.tokenize("lathe-tiny", " 2021-03-05")),
              sft_datum(svc.tokenize("lathe-tiny", "date: 7 June 1999\niso:"), svc.tokenize("lathe-tiny", " 1999-06-07"))]
     tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=5)

@@ -141,6 +141,36 @@ static lt_tok_t *model_tokenizer(lathed_t *d, const char *model, char *err, size
   return tok;
 }
 
+/* A copy of the len bytes at s with every byte that is not part of well-formed UTF-8 replaced by
+ * U+FFFD (as Hugging Face's decode does): ids of single bytes may cut a character in two. */
+static char *utf8_replace_invalid(const char *s, size_t len, size_t *out_len) {
+  char *o = malloc(3 * len + 1);
+  if (!o) return NULL;
+  size_t k = 0;
+  const unsigned char *u = (const unsigned char *)s;
+  for (size_t i = 0; i < len;) {
+    size_t need = u[i] < 0x80 ? 1 : (u[i] & 0xE0) == 0xC0 && u[i] >= 0xC2 ? 2 : (u[i] & 0xF0) == 0xE0 ? 3
+                                  : (u[i] & 0xF8) == 0xF0 && u[i] <= 0xF4 ? 4 : 0;
+    bool ok = need > 0 && i + need <= len;
+    for (size_t j = 1; ok && j < need; j++) ok = (u[i + j] & 0xC0) == 0x80;
+    /* Overlong three-byte forms, surrogates and code points above U+10FFFF are not well formed. */
+    if (ok && need == 3) ok = !(u[i] == 0xE0 && u[i + 1] < 0xA0) && !(u[i] == 0xED && u[i + 1] >= 0xA0);
+    if (ok && need == 4) ok = !(u[i] == 0xF0 && u[i + 1] < 0x90) && !(u[i] == 0xF4 && u[i + 1] >= 0x90);
+    if (ok) {
+      memcpy(o + k, s + i, need);
+      k += need;
+      i += need;
+    } else {
+      memcpy(o + k, "\xEF\xBF\xBD", 3);
+      k += 3;
+      i++;
+    }
+  }
+  o[k] = '\0';
+  *out_len = k;
+  return o;
+}
+
 /* /v1/tokenize ({"tokens"} of a string) and /v1/detokenize ({"text"} of ids) for the API. */
 static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t **out, char *err, size_t n) {
   lt_tok_t *tok = model_tokenizer(ctx, model, err, n);
@@ -171,7 +201,9 @@ static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t 
   size_t len = 0;
   lt_err_t e = lt_tok_decode(tok, ids, count, 0, &text, &len, err, n);
   free(ids);
-  if (!e) *out = json_pack("{s:s%}", "text", text, len);
+  char *valid = e ? NULL : utf8_replace_invalid(text, len, &len);
+  if (!e && !(*out = valid ? json_pack("{s:s%}", "text", valid, len) : NULL)) e = LT_ERR_NOMEM;
+  free(valid);
   free(text);
   return e;
 }

@@ -693,6 +693,7 @@ static void tokenize(lt_api_call_t *c, bool decode) {
     json_t *out = NULL;
     lt_err_t e = api->conf.tokenize_fn(api->conf.tokenize_ctx, model, in, &out, msg, sizeof msg);
     if (e) lt_api_reply_err(c->req, e, e == LT_ERR_NOT_FOUND ? "model" : decode ? "tokens" : "text", msg);
+    else if (!out) lt_api_reply_error(c->req, 500, "internal", NULL, "the tokenizer gave no answer");
     else lt_api_reply_json(c->req, 200, out);
   }
   json_decref(body);

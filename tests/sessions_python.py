@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import lt_test
@@ -65,6 +66,24 @@ def http(base, key, method, path, body=None, raw=None):
             return e.code, json.loads(payload)
         except ValueError:
             return e.code, payload
+
+
+def sse_events(base, key, path, want, timeout=30):
+    """The event types of a Server-Sent Events stream, read until every type in want was seen."""
+    import http.client
+    u = urllib.parse.urlparse(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {key}"})
+    r = conn.getresponse()
+    seen, deadline = [], time.time() + timeout
+    while not set(want) <= set(seen) and time.time() < deadline:
+        line = r.fp.readline().decode()
+        if not line:
+            break
+        if line.startswith("event:"):
+            seen.append(line.split(":", 1)[1].strip())
+    conn.close()
+    return seen
 
 
 def model_dir(lathe, env):
@@ -115,6 +134,9 @@ def primitives(svc, base, key_a, key_b):
     check(tc.load_state("s1").result(timeout=120).step == 1, "load_state s1 brings the state back to step 1")
     check(tc.state()["step"] == 1 and any(x["name"] == "s1" for x in tc.state()["saved"]),
           "GET the session says step 1 and lists s1")
+    ev = sse_events(base, key_a, f"/v1/sessions/{tc.id}/events", ["AttemptStarted", "PrimitiveCompleted"])
+    check("PrimitiveCompleted" in ev and "AttemptStarted" in ev,
+          f"the session's event stream carries its calls' PrimitiveCompleted ({ev.count('PrimitiveCompleted')} of them)")
 
     path = f"/v1/sessions/{tc.id}/calls"
     ex = {"tokens": [1, 2, 3], "targets": [2, 3, 4], "weights": [1, 1, 1]}

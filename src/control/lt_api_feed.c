@@ -132,7 +132,8 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
   if (res->type && strcmp(res->type, "PrimitiveCompleted") == 0) lt_api_sessions_on_record(api, res);
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) lt_api_sessions_on_job(api, res->job_id);
   if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
-                                    strcmp(res->type, "ArtifactPublished") == 0)))
+                                    strcmp(res->type, "ArtifactPublished") == 0 ||
+                                    strcmp(res->type, "PrimitiveCompleted") == 0)))
     lt_api_events_on_record(api, res);
 }
 

@@ -621,6 +621,45 @@ Test(publisher, completion_keeps_the_final_and_newest_n_checkpoints_and_deletes_
   cr_expect_eq(count_published("job-r"), 1);
 }
 
+/* A training session's checkpoints are the states it saved by name (load_state may ask for any of
+ * them while it lives): retention keeps them all until the session ends, then the final and the
+ * newest keep_checkpoints, as for a job. */
+Test(publisher, a_live_session_keeps_every_saved_state_and_its_end_keeps_the_newest_n) {
+  ckpt_t ck[5];
+  lt_avro_record_t *rec = rec_new("JobSubmitted", "ses-r");
+  cr_assert_eq(lt_avro_set_string(rec, "base_model", "smollm2-135m"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "dataset_id", ""), LT_OK);
+  cr_assert_eq(lt_avro_set_enum(rec, "mode", "interactive"), LT_OK);
+  send_rec(rec, topic_jobs, "ses-r");
+  send_rec(rec_new("JobAccepted", "ses-r"), topic_control, "ses-r");
+  send_attempt("JobDispatched", "ses-r", 1);
+  send_attempt("AttemptStarted", "ses-r", 1);
+  for (int i = 0; i < 4; i++) {
+    stage("ses-r", 1, 10 * (i + 1), &ck[i]);
+    commit("ses-r", &ck[i], false);
+  }
+  keep_checkpoints = 1;
+  lt_publisher_t *p = start(store, NULL, 1); /* grace 1 ms: the GC judges everything at once */
+  cr_assert(run(p, 60000, is_ready));
+  sleep(1);
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  for (int c = 0; c < 4; c++)
+    for (int i = 0; i < ck[c].n; i++) cr_expect(object_exists(ck[c].keys[i]), "a live session keeps %s", ck[c].keys[i]);
+  stage("ses-r", 1, 50, &ck[4]);
+  commit("ses-r", &ck[4], true);
+  complete("ses-r", &ck[4], 1);
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  lt_publisher_stats_t st;
+  lt_publisher_stats(p, &st);
+  lt_publisher_destroy(p);
+  cr_assert_eq(st.published, 1, "%s", st.last_errmsg);
+  for (int c = 0; c < 5; c++)
+    for (int i = 0; i < ck[c].n; i++)
+      cr_expect_eq(object_exists(ck[c].keys[i]), c >= 3, "after the end, %s should be %s", ck[c].keys[i],
+                   c >= 3 ? "kept" : "deleted");
+}
+
 /* A job its tenant deleted (JobDeleted in lathe.artifacts) before the publisher got to it is
  * never published, and the GC takes its staging objects whatever its state. */
 Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {

@@ -313,8 +313,22 @@ static size_t kept_count(const lt_publisher_t *p) {
   return 1 + (size_t)(p->conf.keep_checkpoints > 0 ? p->conf.keep_checkpoints : 0);
 }
 
+/* A training session (mode interactive): its checkpoints are the states it saved by name, which
+ * load_state may ask for at any time while it lives. */
+static bool is_session(json_t *info) {
+  const char *mode = json_string_value(json_object_get(json_object_get(info, "spec"), "mode"));
+  return mode && strcmp(mode, "interactive") == 0;
+}
+
+/* Drops the job's oldest remembered checkpoints beyond kept_count. */
+static void trim_checkpoints(lt_publisher_t *p, const char *job_id) {
+  json_t *dirs = json_object_get(p->ckpt_dirs, job_id);
+  while (json_array_size(dirs) > kept_count(p)) json_array_remove(dirs, 0);
+}
+
 /* Remembers the staging prefix ("staging/<t>/<job>/<attempt>/<step>/") of the commit just folded
- * (the newest checkpoint in the job's info), dropping the oldest beyond kept_count. */
+ * (the newest checkpoint in the job's info), dropping the oldest beyond kept_count, except for a
+ * live session, which keeps every state it saved until it ends. */
 static void note_checkpoint(lt_publisher_t *p, const char *job_id, json_t *info) {
   json_t *ck = info ? json_object_get(info, "checkpoint") : NULL;
   const char *key = json_string_value(json_array_get(json_object_get(ck, "object_keys"), 0));
@@ -329,7 +343,7 @@ static void note_checkpoint(lt_publisher_t *p, const char *job_id, json_t *info)
     return;
   }
   json_array_append_new(dirs, dir);
-  while (json_array_size(dirs) > kept_count(p)) json_array_remove(dirs, 0);
+  if (!is_session(info)) trim_checkpoints(p, job_id);
 }
 
 /* True when retention keeps key (a staging key of job). */
@@ -640,6 +654,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
       p->stats.published++;
       LOG("job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
           (int)jc.attempt, c.step);
+      trim_checkpoints(p, jc.job_id); /* a session's saved states go with its end */
       prune_job(p, jc.tenant_id, jc.job_id);
       st = DONE;
     }

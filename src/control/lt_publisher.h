@@ -66,7 +66,8 @@
  *
  * Retention: a job keeps in staging its newest committed checkpoint (the final one, once
  * completed: kept so a replay can promote again) and the keep_checkpoints committed checkpoints
- * before it, each whole (optimizer state included); everything else of the job is garbage. Once
+ * before it, each whole (optimizer state included); everything else of the job is garbage (a live
+ * training session keeps every checkpoint: they are the states it saved by name). Once
  * a completed job is published, that garbage is deleted at once (stats.pruned), not after the
  * grace period: older checkpoints, their optimizer state, and objects of uploads that were never
  * committed.

@@ -305,6 +305,7 @@ static void slot_reset(attempt_t *a) {
   if (a->in_fd >= 0) close(a->in_fd);
   for (int i = 0; i < 2; i++)
     if (a->notify[i] >= 0) close(a->notify[i]);
+  if (a->line) OPENSSL_cleanse(a->line, a->line_cap); /* a session's results passed through it */
   free(a->line);
   memset(a, 0, sizeof *a);
   a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;

@@ -180,8 +180,7 @@ static bool count_live(const lt_job_t *j, void *ctx) {
   return true;
 }
 
-/* Phase 1: the body as a job spec, with the Idempotency-Key header and the tenant's duration
- * limit checked. False when it replied 4xx. */
+/* Phase 1: the body as a job spec. False when it replied 4xx. */
 static bool read_spec(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, lt_jobspec_t *spec) {
   size_t len;
   char *text = lt_api_body_text(api, req, &len);
@@ -199,21 +198,6 @@ static bool read_spec(lt_api_t *api, struct evhttp_request *req, const lt_tenant
   json_decref(body);
   if (err) {
     lt_api_reply_err(req, err, field, msg);
-    return false;
-  }
-  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(req), "Idempotency-Key");
-  if (idem) {
-    if (!lt_id_valid(idem)) {
-      lt_api_reply_error(req, 400, "invalid", "Idempotency-Key",
-                         "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
-      return false;
-    }
-    snprintf(spec->idempotency_key, sizeof spec->idempotency_key, "%s", idem);
-  }
-  if (t->quotas.max_job_duration_s > 0 && spec->max_duration_s > t->quotas.max_job_duration_s) {
-    lt_api_reply_error(req, 400, "invalid", "max_duration_s",
-                       "max_duration_s: %lld is over the tenant's limit max_job_duration_s = %lld",
-                       (long long)spec->max_duration_s, (long long)t->quotas.max_job_duration_s);
     return false;
   }
   return true;
@@ -361,13 +345,34 @@ void lt_api_jobs_submit(lt_api_call_t *call) {
   lt_api_jobs_submit_spec(call, &spec);
 }
 
+/* What every submission is checked for, a job's or a session's: the Idempotency-Key header and the
+ * tenant's duration limit. False when it replied 4xx. */
+static bool check_request(struct evhttp_request *req, const lt_tenant_t *t, lt_jobspec_t *spec) {
+  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(req), "Idempotency-Key");
+  if (idem) {
+    if (!lt_id_valid(idem)) {
+      lt_api_reply_error(req, 400, "invalid", "Idempotency-Key",
+                         "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
+      return false;
+    }
+    snprintf(spec->idempotency_key, sizeof spec->idempotency_key, "%s", idem);
+  }
+  if (t->quotas.max_job_duration_s > 0 && spec->max_duration_s > t->quotas.max_job_duration_s) {
+    lt_api_reply_error(req, 400, "invalid", "max_duration_s",
+                       "max_duration_s: %lld is over the tenant's limit max_job_duration_s = %lld",
+                       (long long)spec->max_duration_s, (long long)t->quotas.max_job_duration_s);
+    return false;
+  }
+  return true;
+}
+
 void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   lt_api_t *api = call->api;
   struct evhttp_request *req = call->req;
   const lt_tenant_t *t = call->tenant;
   lt_jobspec_t spec = *specp;
   char job_id[LT_ID_MAX + 1], msg[256];
-  if (!name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  if (!check_request(req, t, &spec) || !name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
   lt_avro_record_t *rec = api->rec_submit;
   const uint8_t *bytes;
   size_t blen;

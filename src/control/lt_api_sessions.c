@@ -473,9 +473,7 @@ static bool session_spec(lt_api_t *api, struct evhttp_request *req, lt_jobspec_t
 void lt_api_sessions_create(lt_api_call_t *c) {
   lt_jobspec_t spec;
   if (!session_spec(c->api, c->req, &spec)) return;
-  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Idempotency-Key");
-  if (idem && lt_id_valid(idem)) snprintf(spec.idempotency_key, sizeof spec.idempotency_key, "%s", idem);
-  lt_api_jobs_submit_spec(c, &spec);
+  lt_api_jobs_submit_spec(c, &spec); /* the Idempotency-Key and the tenant's limits, as for a job */
 }
 
 /* ---------------------------------------------------------------- calls in */

@@ -131,6 +131,17 @@ lt_err_t lt_k_attn_cached(float *out, const float *q, const float *kcache, const
                           const int32_t *seq, const int32_t *pos, int n, int H, int KV, int hd,
                           int max_t, cudaStream_t stream, char *errstr, size_t errstr_size);
 
+/* ---- paged KV cache (lt_k_paged.cu) ------------------------------------------------------ */
+
+/* cache[slot[r], :] = src[r, :]; see lt_backend.h kv_store_paged. */
+lt_err_t lt_k_kv_store_paged(float *cache, const float *src, const int32_t *slot, int n,
+                             int width, cudaStream_t stream, char *errstr, size_t errstr_size);
+/* Attention of each row over its sequence's blocks; see lt_backend.h attn_paged. */
+lt_err_t lt_k_attn_paged(float *out, const float *q, const float *kcache, const float *vcache,
+                         const int32_t *btab, const int32_t *btab_off, const int32_t *pos, int n,
+                         int H, int KV, int hd, int block_tokens, cudaStream_t stream,
+                         char *errstr, size_t errstr_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -178,6 +178,22 @@ struct lt_backend {
                       const float *vcache, const int32_t *seq, const int32_t *pos, int n, int H,
                       int KV, int hd, int max_t);
 
+  /* ---- attention against a paged KV cache (serving, lt_serve.h) ----------------------- */
+
+  /* Cache layout per layer: a pool of blocks of block_tokens positions, (blocks*block_tokens,
+   * KV*hd); position p of a sequence lives in row btab[p / block_tokens] * block_tokens +
+   * p % block_tokens, btab being that sequence's block table.
+   * kv_store_paged: cache[slot[r], :] = src[r, :] for r < n (slot[r] the physical row). */
+  void (*kv_store_paged)(lt_backend_t *be, float *cache, const float *src, const int32_t *slot,
+                         int n, int width);
+  /* out[r] (H*hd) = attention of q[r] over positions 0..pos[r] (inclusive) of its sequence,
+   * whose block table is btab + btab_off[r] (btab: the step's tables, flat). Positions are
+   * visited in increasing order whatever the blocks are, so a row's result is bitwise that of
+   * attn_cached over the same keys and values, and independent of the other rows in the call. */
+  void (*attn_paged)(lt_backend_t *be, float *out, const float *q, const float *kcache,
+                     const float *vcache, const int32_t *btab, const int32_t *btab_off,
+                     const int32_t *pos, int n, int H, int KV, int hd, int block_tokens);
+
   /* ---- SwiGLU MLP activation ---------------------------------------------------------- */
 
   /* h = silu(g) * u, all (n). */

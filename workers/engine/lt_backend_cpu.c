@@ -687,6 +687,67 @@ static void cpu_attn_cached(lt_backend_t *be, float *out, const float *q, const 
   pool_run(CPU(be), attn_cached_task, &a);
 }
 
+/* Paged cache (lt_serve): the row of position p is found through the sequence's block table;
+ * the arithmetic is attn_cached's, position by position in increasing order. */
+static void cpu_kv_store_paged(lt_backend_t *be, float *cache, const float *src,
+                               const int32_t *slot, int n, int width) {
+  for (int r = 0; r < n; r++)
+    memcpy(cache + (size_t)slot[r] * width, src + (size_t)r * width,
+           (size_t)width * sizeof(float));
+}
+
+typedef struct paged_args {
+  float *out;
+  const float *q, *kc, *vc;
+  const int32_t *btab, *off, *pos;
+  int n, H, KV, hd, bt;
+  cpu_t *c;
+} paged_t;
+
+static void attn_paged_task(void *p, int tid, int nt) {
+  paged_t *a = p;
+  int H = a->H, KV = a->KV, hd = a->hd, g = H / KV, w = KV * hd, bt = a->bt;
+  float scale = 1.0f / sqrtf((float)hd);
+  size_t lo, hi;
+  chunk((size_t)a->n * H, tid, nt, &lo, &hi);
+  int maxl = 0;
+  for (size_t rh = lo; rh < hi; rh++)
+    maxl = a->pos[rh / H] + 1 > maxl ? a->pos[rh / H] + 1 : maxl;
+  float *s = scratch(a->c, tid, (size_t)maxl + 1);
+  for (size_t rh = lo; rh < hi; rh++) {
+    int r = (int)(rh / H), h = (int)(rh % H), kv = h / g, L = a->pos[r] + 1;
+    const int32_t *bl = a->btab + a->off[r];
+    const float *q = a->q + (size_t)r * H * hd + (size_t)h * hd;
+    float mx = -INFINITY;
+    for (int j = 0; j < L; j++) {
+      const float *K = a->kc + ((size_t)bl[j / bt] * bt + j % bt) * w + (size_t)kv * hd;
+      float d = 0;
+      for (int i = 0; i < hd; i++) d += q[i] * K[i];
+      s[j] = d;
+      mx = d > mx ? d : mx;
+    }
+    float sum = 0;
+    for (int j = 0; j < L; j++) {
+      s[j] = lt_fexp((s[j] - mx) * scale);
+      sum += s[j];
+    }
+    float *o = a->out + (size_t)r * H * hd + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) o[i] = 0;
+    for (int j = 0; j < L; j++) {
+      const float *Vv = a->vc + ((size_t)bl[j / bt] * bt + j % bt) * w + (size_t)kv * hd;
+      float pj = s[j] / sum;
+      for (int i = 0; i < hd; i++) o[i] += pj * Vv[i];
+    }
+  }
+}
+
+static void cpu_attn_paged(lt_backend_t *be, float *out, const float *q, const float *kcache,
+                           const float *vcache, const int32_t *btab, const int32_t *btab_off,
+                           const int32_t *pos, int n, int H, int KV, int hd, int block_tokens) {
+  paged_t a = {out, q, kcache, vcache, btab, btab_off, pos, n, H, KV, hd, block_tokens, CPU(be)};
+  pool_run(CPU(be), attn_paged_task, &a);
+}
+
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
 static void swiglu_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
@@ -848,6 +909,8 @@ lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_
       .attn_bwd = cpu_attn_bwd,
       .kv_store = cpu_kv_store,
       .attn_cached = cpu_attn_cached,
+      .kv_store_paged = cpu_kv_store_paged,
+      .attn_paged = cpu_attn_paged,
       .swiglu_fwd = cpu_swiglu_fwd,
       .swiglu_bwd = cpu_swiglu_bwd,
       .ce_fwd = cpu_ce_fwd,

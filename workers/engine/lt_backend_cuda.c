@@ -401,6 +401,18 @@ static void lt_cb_attn_cached(lt_backend_t *be, float *out, const float *q, cons
   LT_CB_K(be, lt_k_attn_cached(out, q, kcache, vcache, seq, pos, n, H, KV, hd, max_t, LT_CB_S));
 }
 
+static void lt_cb_kv_store_paged(lt_backend_t *be, float *cache, const float *src,
+                                 const int32_t *slot, int n, int width) {
+  LT_CB_K(be, lt_k_kv_store_paged(cache, src, slot, n, width, LT_CB_S));
+}
+
+static void lt_cb_attn_paged(lt_backend_t *be, float *out, const float *q, const float *kcache,
+                             const float *vcache, const int32_t *btab, const int32_t *btab_off,
+                             const int32_t *pos, int n, int H, int KV, int hd, int block_tokens) {
+  LT_CB_K(be, lt_k_attn_paged(out, q, kcache, vcache, btab, btab_off, pos, n, H, KV, hd,
+                              block_tokens, LT_CB_S));
+}
+
 static void lt_cb_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const float *u,
                              size_t n) {
   LT_CB_K(be, lt_k_swiglu_fwd(h, g, u, n, LT_CB_S));
@@ -490,6 +502,8 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
   be->attn_bwd = lt_cb_attn_bwd;
   be->kv_store = lt_cb_kv_store;
   be->attn_cached = lt_cb_attn_cached;
+  be->kv_store_paged = lt_cb_kv_store_paged;
+  be->attn_paged = lt_cb_attn_paged;
   be->swiglu_fwd = lt_cb_swiglu_fwd;
   be->swiglu_bwd = lt_cb_swiglu_bwd;
   be->ce_fwd = lt_cb_ce_fwd;

@@ -1,12 +1,14 @@
 /* lt_engine_sample: KV-cache sampling. Each prompt is prefilled alone, then every unfinished
  * sequence decodes one row per step through the batch-invariant product (mm_nt rowwise), so a
  * sequence's tokens do not depend on which others share its step. Tokens are picked on the host
- * in double from each row's logits with a per-sequence RNG. */
+ * in double from each row's logits with a per-sequence RNG, by lt_picker_pick (lt_serve.c), the
+ * picker a served request uses, so both pick identically. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lt_engine_int.h"
+#include "lt_serve.h" /* lt_picker_t: the token picker lt_serve's callers use too */
 
 void lt_engine_sampl_free(lt_session_t *s) {
   s->be->free(s->be, s->sp.block);
@@ -77,75 +79,6 @@ static void infer_rows(lt_session_t *s, int n) {
   be->rmsnorm_fwd(be, p->ln, NULL, p->x, s->w.norm, n, D, c->rms_norm_eps);
 }
 
-typedef struct cand {
-  float z;
-  int id;
-} cand_t;
-
-static int cand_cmp(const void *a, const void *b) {
-  const cand_t *x = a, *y = b;
-  if (x->z != y->z) return x->z > y->z ? -1 : 1;
-  return x->id - y->id;
-}
-
-/* Picks a token from one logits row; *logp gets log softmax(logits)[token] at temperature 1. */
-static int32_t pick(const float *lg, int V, const lt_sample_params_t *sp, rng_t *rng,
-                    cand_t *cand, float *logp) {
-  double mx = -INFINITY;
-  int arg = 0;
-  for (int j = 0; j < V; j++)
-    if (lg[j] > mx) mx = lg[j], arg = j;
-  double sum = 0;
-  for (int j = 0; j < V; j++) sum += exp((double)lg[j] - mx);
-  double lse = mx + log(sum);
-  int tok = arg;
-  if (sp->temperature > 0) {
-    double t = sp->temperature, u = rng_uniform(rng);
-    if (sp->top_k > 0 || sp->top_p < 1.0f) {
-      for (int j = 0; j < V; j++) cand[j] = (cand_t){lg[j], j};
-      qsort(cand, (size_t)V, sizeof *cand, cand_cmp);
-      int k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
-      double tot = 0;
-      for (int j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
-      if (sp->top_p < 1.0f) { /* smallest prefix with mass >= top_p */
-        double cum = 0;
-        int kk = 0;
-        while (kk < k) {
-          cum += exp(((double)cand[kk].z - mx) / t) / tot;
-          kk++;
-          if (cum >= sp->top_p) break;
-        }
-        k = kk;
-        tot = 0;
-        for (int j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
-      }
-      double acc = 0, target = u * tot;
-      tok = cand[k - 1].id;
-      for (int j = 0; j < k; j++) {
-        acc += exp(((double)cand[j].z - mx) / t);
-        if (acc > target) {
-          tok = cand[j].id;
-          break;
-        }
-      }
-    } else {
-      double tot = 0;
-      for (int j = 0; j < V; j++) tot += exp(((double)lg[j] - mx) / t);
-      double acc = 0, target = u * tot;
-      tok = V - 1;
-      for (int j = 0; j < V; j++) {
-        acc += exp(((double)lg[j] - mx) / t);
-        if (acc > target) {
-          tok = j;
-          break;
-        }
-      }
-    }
-  }
-  *logp = (float)((double)lg[tok] - lse);
-  return tok;
-}
-
 /* Checks the request; *maxlen gets the longest prompt. */
 static lt_err_t sample_check(const lt_session_t *s, int n, const int32_t *const *prompts,
                              const int *lens, const lt_sample_params_t *sp, int *maxlen,
@@ -179,11 +112,10 @@ static lt_err_t sample_check(const lt_session_t *s, int n, const int32_t *const 
 /* One lt_sample call: its host buffers and where its answers go. */
 typedef struct sample_run {
   const lt_sample_params_t *sp;
-  rng_t *rngs;                  /* [n] one per sequence */
+  lt_picker_t *pk;              /* [n] one per sequence, sharing pk[0]'s scratch */
   int32_t *htok, *hseq, *hpos;  /* [R] rows of the next forward step */
   int *done, *rows;             /* [n] finished flags; the sequence of each decode row */
   float *lg;                    /* (V) one logits row */
-  cand_t *cand;                 /* [V] top-k / top-p candidates */
   int32_t *out_tokens;          /* (n, max_tokens) */
   float *out_logp;              /* (n, max_tokens) or NULL */
   int *out_lens;                /* [n] */
@@ -204,7 +136,7 @@ static void sample_rows(lt_session_t *s, const sample_run_t *run, int m) {
 static void sample_emit(const lt_session_t *s, sample_run_t *run, int i) {
   const lt_sample_params_t *sp = run->sp;
   float lp;
-  int32_t t = pick(run->lg, s->mc.vocab_size, sp, &run->rngs[i], run->cand, &lp);
+  int32_t t = lt_picker_pick(&run->pk[i], run->lg, sp, &lp, 0, NULL, NULL);
   size_t at = (size_t)i * sp->max_tokens + run->out_lens[i];
   run->out_tokens[at] = t;
   if (run->out_logp) run->out_logp[at] = lp;
@@ -272,29 +204,30 @@ lt_err_t lt_sample(lt_session_t *s, int n, const int32_t *const *prompts, const 
   if ((err = sampl_ensure(s, n, max_t, R, errstr, errstr_size))) return err;
   sample_run_t run = {.sp = sp, .out_tokens = out_tokens, .out_logp = out_logp,
                       .out_lens = out_lens};
-  run.rngs = malloc((size_t)n * sizeof *run.rngs);
+  run.pk = calloc((size_t)n, sizeof *run.pk);
   int32_t *h = malloc((size_t)3 * R * sizeof(int32_t));
   run.done = calloc((size_t)n, sizeof(int));
   run.rows = malloc((size_t)n * sizeof(int));
   run.lg = malloc((size_t)V * sizeof(float));
-  run.cand = malloc((size_t)V * sizeof *run.cand);
-  if (!run.rngs || !h || !run.done || !run.rows || !run.lg || !run.cand) {
+  if (!run.pk || !h || !run.done || !run.rows || !run.lg ||
+      lt_picker_init(&run.pk[0], V, sp->seeds ? sp->seeds[0] : sp->seed, NULL, 0)) {
     err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "sample: out of memory");
     goto out;
   }
   run.htok = h, run.hseq = h + R, run.hpos = h + 2 * R;
   for (int i = 0; i < n; i++) {
-    rng_seed(&run.rngs[i], sp->seeds ? sp->seeds[i] : sp->seed + (uint64_t)i);
+    run.pk[i] = run.pk[0];
+    lt_picker_reseed(&run.pk[i], sp->seeds ? sp->seeds[i] : sp->seed + (uint64_t)i);
     out_lens[i] = 0;
   }
   sample_prefill(s, &run, n, prompts, lens);
   sample_decode(s, &run, n, lens);
 out:
-  free(run.rngs);
+  if (run.pk) lt_picker_free(&run.pk[0]);
+  free(run.pk);
   free(h);
   free(run.done);
   free(run.rows);
   free(run.lg);
-  free(run.cand);
   return err;
 }

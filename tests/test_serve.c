@@ -85,8 +85,9 @@ static void fixture_open(fixture_t *f, int bias, int tied) {
   OK(lt_backend_cpu_new(2, &f->be, errbuf, sizeof errbuf));
   OK(lt_engine_open(path, f->be, &f->eng, errbuf, sizeof errbuf));
   static const int rank[NAD] = {4, 8, 2};
-  static const unsigned targets[NAD] = {LT_TARGET_ALL, LT_TARGET_Q | LT_TARGET_V,
-                                        LT_TARGET_GATE | LT_TARGET_UP | LT_TARGET_DOWN | LT_TARGET_O};
+  static const unsigned targets[NAD] = {
+      LT_TARGET_ALL, LT_TARGET_Q | LT_TARGET_V,
+      LT_TARGET_GATE | LT_TARGET_UP | LT_TARGET_DOWN | LT_TARGET_O};
   lt_session_config_t bc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 99};
   OK(lt_session_new(f->eng, &bc, &f->base, errbuf, sizeof errbuf));
   for (int i = 0; i < NAD; i++) {

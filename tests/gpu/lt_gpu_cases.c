@@ -330,6 +330,39 @@ static int lt_gt_attn_cached(lt_backend_t *be, int bf16, char *msg, size_t n) {
   return ok;
 }
 
+/* The paged cache (serving): the cache above scattered over shuffled blocks of 4 positions by
+ * kv_store_paged; attn_paged must give attn_cached's result bit for bit (same order of
+ * positions), hence also the double reference's. */
+static int lt_gt_attn_paged(lt_backend_t *be, int bf16, char *msg, size_t n) {
+  int S = 2, max_t = 24, H = 4, KV = 2, hd = 32, rows = 3, bt = 4, w = KV * hd;
+  size_t ncache = (size_t)S * max_t * w, nq = (size_t)rows * H * hd;
+  float *kc = lt_gt_randv(ncache, 1), *vc = lt_gt_randv(ncache, 1), *q = lt_gt_randv(nq, 1);
+  int32_t seq[3] = {0, 1, 1}, pos[3] = {23, 0, 11};
+  int32_t btab[12] = {11, 3, 7, 0, 5, 9, 1, 10, 2, 8, 4, 6}, off[3] = {0, 6, 6}, slot[48];
+  for (int r = 0; r < S * max_t; r++)
+    slot[r] = btab[(r / max_t) * 6 + (r % max_t) / bt] * bt + (r % max_t) % bt;
+  float *dK = lt_gt_up(be, kc, ncache * 4), *dV = lt_gt_up(be, vc, ncache * 4);
+  float *pK = lt_gt_up(be, NULL, ncache * 4), *pV = lt_gt_up(be, NULL, ncache * 4);
+  float *dQ = lt_gt_up(be, q, nq * 4), *dO = lt_gt_up(be, NULL, nq * 4);
+  float *dP2 = lt_gt_up(be, NULL, nq * 4);
+  int32_t *dS = lt_gt_up(be, seq, sizeof seq), *dP = lt_gt_up(be, pos, sizeof pos);
+  int32_t *dB = lt_gt_up(be, btab, sizeof btab), *dF = lt_gt_up(be, off, sizeof off);
+  int32_t *dL = lt_gt_up(be, slot, sizeof slot);
+  be->kv_store_paged(be, pK, dK, dL, S * max_t, w);
+  be->kv_store_paged(be, pV, dV, dL, S * max_t, w);
+  be->attn_cached(be, dO, dQ, dK, dV, dS, dP, rows, H, KV, hd, max_t);
+  be->attn_paged(be, dP2, dQ, pK, pV, dB, dF, dP, rows, H, KV, hd, bt);
+  float *want = lt_gt_down(be, dO, nq), *got = lt_gt_down(be, dP2, nq);
+  int ok = 1;
+  for (size_t i = 0; ok && i < nq; i++)
+    if (memcmp(&got[i], &want[i], sizeof(float))) {
+      snprintf(msg, n, "attn_paged %g differs from attn_cached %g at %zu", got[i], want[i], i);
+      ok = 0;
+    }
+  free(kc), free(vc), free(q), free(want), free(got);
+  return ok;
+}
+
 static int lt_gt_swiglu(lt_backend_t *be, int bf16, char *msg, size_t n) {
   size_t N = 1000;
   float *g = lt_gt_randv(N, 6), *u = lt_gt_randv(N, 2), *dh = lt_gt_randv(N, 1);
@@ -456,6 +489,7 @@ const lt_gpu_case_t lt_gpu_cases[] = {
     {"attention_f32", 0, lt_gt_attn},
     {"attention_bf16", 1, lt_gt_attn},
     {"attention_cached", 0, lt_gt_attn_cached},
+    {"attention_paged", 0, lt_gt_attn_paged},
     {"swiglu", 0, lt_gt_swiglu},
     {"cross_entropy", 0, lt_gt_xent},
     {"adamw", 0, lt_gt_adamw},

@@ -101,7 +101,7 @@ static lt_err_t st_mem_open(const void *st, size_t len, st_mem_t *m, char *errst
                    "%s: header length %llu is beyond the %zu bytes", what,
                    (unsigned long long)hl, len);
   json_error_t jerr;
-  m->hdr = json_loadb((const char *)b + 8, (size_t)hl, 0, &jerr);
+  m->hdr = json_loadb((const char *)b + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
   if (!m->hdr || !json_is_object(m->hdr)) {
     json_decref(m->hdr);
     m->hdr = NULL;
@@ -635,7 +635,7 @@ static lt_err_t step_tables(lt_serve_t *srv, const lt_serve_row_t *rows, int n) 
   if (!err) err = be->upload(be, srv->d.pos, srv->hpos, b);
   if (!err) err = be->upload(be, srv->d.slot, srv->hslot, b);
   if (!err) err = be->upload(be, srv->d.off, srv->hoff, b);
-  if (!err) err = be->upload(be, srv->d.btab, srv->hbtab, (size_t)(cur ? cur : 1) * sizeof(int32_t));
+  if (!err && cur) err = be->upload(be, srv->d.btab, srv->hbtab, (size_t)cur * sizeof(int32_t));
   return err;
 }
 

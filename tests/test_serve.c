@@ -324,6 +324,11 @@ Test(serve, pool_exhaustion_is_busy_and_closing_returns_zeroed_blocks) {
   float *lg = malloc(sizeof(float) * 20 * V);
   a = prefill(srv, f.ad[0], tok, 18, lg); /* 5 blocks */
   cr_assert_eq(lt_serve_blocks_free(srv), 1);
+  cr_assert_eq(lt_serve_seq_positions(srv, a), 18);
+  lt_serve_row_t skip = {a, 1, 19, 1};
+  cr_assert_eq(lt_serve_step(srv, &skip, 1, lg, errbuf, sizeof errbuf), LT_ERR_INVALID,
+               "a row skipping position 18 ran");
+  cr_assert_not_null(strstr(errbuf, "row 0"), "%s", errbuf);
   OK(lt_serve_seq_open(srv, NULL, &b, errbuf, sizeof errbuf));
   cr_assert_eq(lt_serve_seq_reserve(srv, b, 8, errbuf, sizeof errbuf), LT_SERVE_BUSY);
   cr_assert_not_null(strstr(errbuf, "free"), "%s", errbuf);

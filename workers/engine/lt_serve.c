@@ -517,6 +517,11 @@ void lt_serve_seq_close(lt_serve_t *srv, int seq) {
   s->open = 0;
 }
 
+int lt_serve_seq_positions(const lt_serve_t *srv, int seq) {
+  const seq_t *s = seq_get(srv, seq);
+  return s ? s->len : 0;
+}
+
 int lt_serve_seq_blocks(const lt_serve_t *srv, int seq, int32_t *ids, int max) {
   const seq_t *s = seq_get(srv, seq);
   if (!s) return 0;

@@ -99,6 +99,8 @@ lt_err_t lt_serve_seq_reserve(lt_serve_t *srv, int seq, int n_positions, char *e
 /* Zeroes the sequence's blocks and returns them to the pool; the id becomes free. A closed or
  * unknown id is a no-op. */
 void lt_serve_seq_close(lt_serve_t *srv, int seq);
+/* Positions of seq written so far (its next decode row's position); 0 when not open. */
+int lt_serve_seq_positions(const lt_serve_t *srv, int seq);
 /* Number of blocks seq holds, and (if ids != NULL) their ids, at most max (tests, metrics). */
 int lt_serve_seq_blocks(const lt_serve_t *srv, int seq, int32_t *ids, int max);
 /* Tests: block `block`'s contents in every layer (K then V per layer: 2 * L * block_tokens *

@@ -215,3 +215,40 @@ Test(chat, tokenizer_config_gives_template_and_tokens) {
   cr_expect(strstr(err, "no chat_template") != NULL, "%s", err);
   cr_expect_eq(lt_chat_config_parse("{", 1, &t, &b, &e, err, sizeof err), LT_ERR_INVALID);
 }
+
+/* Mutated real templates (a byte replaced by template punctuation, deleted or duplicated) render
+ * or fail with a positioned message: never a crash, a hang or an unpositioned error. */
+Test(chat, mutated_templates_fail_cleanly) {
+  static const char *names[] = {"smollm2", "qwen2.5", "llama3", "mistral", "zephyr", "constructs"};
+  static const char punct[] = "{}%#-()[]'\"|.,:=+~ \n\\aZ09";
+  unsigned long long rng = 0x9e3779b97f4a7c15ULL;
+  json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "Hi?", "role",
+                           "assistant", "content", "Hello");
+  for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/data/chat_templates/%s.jinja", names[k]);
+    char *src = slurp_rel(rel);
+    size_t n = strlen(src);
+    for (int round = 0; round < 400; round++) {
+      char *t = malloc(n + 8), *out = NULL, err[256] = "";
+      cr_assert_not_null(t);
+      memcpy(t, src, n + 1);
+      for (int m = 0; m < 1 + round % 3; m++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        size_t len = strlen(t), at = len ? (size_t)(rng >> 33) % len : 0;
+        int how = (int)((rng >> 20) % 3);
+        if (how == 0) t[at] = punct[(rng >> 40) % (sizeof punct - 1)];
+        else if (how == 1) memmove(t + at, t + at + 1, len - at);
+        else { memmove(t + at + 1, t + at, len - at + 1); }
+      }
+      lt_err_t e = lt_chat_render(t, msgs, round % 2, "<s>", "</s>", &out, err, sizeof err);
+      cr_expect(e == LT_OK || !strncmp(err, "chat template line ", 19), "%s round %d: %s (%s)",
+                names[k], round, lt_err_name(e), err);
+      cr_expect(e == LT_OK ? out != NULL : out == NULL);
+      free(out);
+      free(t);
+    }
+    free(src);
+  }
+  json_decref(msgs);
+}

@@ -39,6 +39,18 @@ static void shuffle(uint32_t *v, size_t n, uint64_t seed) {
   }
 }
 
+static lt_err_t write_file(const char *dir, const char *name, const char *text, char *errstr, size_t n);
+
+/* The chat template of the bundled model: it was taught plain prompts ("date: ...\niso:"), so a
+ * chat is the messages' contents, one per line (the sampler renders it for /v1/chat/completions). */
+lt_err_t lt_train_write_chat_config(const char *dir, char *errstr, size_t n) {
+  return write_file(dir, "tokenizer_config.json",
+                    "{\"bos_token\": null, \"eos_token\": \"<|endoftext|>\", \"model_max_length\": 256,\n"
+                    " \"chat_template\": \"{% for m in messages %}{{ m['content'] }}{% if not loop.last %}{{ '\\\\n' }}"
+                    "{% endif %}{% endfor %}\"}\n",
+                    errstr, n);
+}
+
 static lt_err_t write_file(const char *dir, const char *name, const char *text, char *errstr, size_t n) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -903,6 +915,7 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) 
   free(order);
   if (!err) err = lt_export_model(s, c->out_dir, errstr, n);
   if (!err) err = write_file(c->out_dir, "tokenizer.json", tokjson, errstr, n);
+  if (!err) err = lt_train_write_chat_config(c->out_dir, errstr, n);
 out:
   batch_free(&b);
   lt_session_destroy(s);

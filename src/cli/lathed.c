@@ -3,7 +3,8 @@
  *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
  *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
  *   lathed --role scheduler|worker|publisher
- *   lathed --role all [--port N]
+ *   lathed --role sampler [--bind ADDR] [--port N] [--operator-port N]   OpenAI-compatible sampling
+ *   lathed --role all [--port N] [--sampler-port N]  (the sampler only with --sampler-port)
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
  *   lathed --role executor        (spawned by a worker; not for people)
  *
@@ -28,6 +29,10 @@
  *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
  *   LATHE_API_SSE_HISTORY, LATHE_API_SSE_KEEP_ENDED_MS   api: events kept per job (1024), and how
  *                    long after a job ended (600000)
+ *   LATHE_SAMPLER_THREADS, _KV_MB, _ADAPTER_MB, _MAX_RUNNING, _PREFILL_CHUNK, _QUEUE_PER_TENANT,
+ *   _QUEUE_TOTAL, _CUDA=1   sampler: compute threads (1), KV cache per base model (64), adapter
+ *                    cache (256), requests decoding at once (64), prompt rows per step (64),
+ *                    requests in the sampler per tenant (16) and in all (128), the GPU
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -44,6 +49,7 @@
 
 #include "lt_api.h"
 #include "lt_publisher.h"
+#include "lt_sampler.h"
 #include "lt_scheduler.h"
 #include "lt_tok.h"
 #include "lt_worker.h"
@@ -53,16 +59,20 @@
 #include "lt_embedded.h"
 #include "lt_recmac.h"
 #include "lt_store.h"
+#include "lt_utf8.h"
 
 typedef struct lathed {
   struct event_base *base;
   lt_bus_conf_t *bus;       /* the environment's; each role adds its principal to a copy */
-  lt_bus_conf_t *role_bus[4]; /* those copies: api, scheduler, publisher, worker */
+  lt_bus_conf_t *role_bus[5]; /* those copies: api, scheduler, publisher, worker, sampler */
   lt_store_t *store;
   lt_crypto_kek_t *kek;
   lt_recmac_key_t *tenant_mac; /* from kek: every role folds only signed tenant records */
   lt_avro_registry_t *reg;
   lt_api_t *api;
+  lt_api_t *sampler_api;   /* the sampler role's HTTP side */
+  lt_sampler_t *sampler;   /* and its backend */
+  lt_sample_ops_t sampler_ops;
   lt_scheduler_t *scheduler;
   lt_publisher_t *publisher;
   lt_worker_t *worker;
@@ -78,9 +88,9 @@ typedef struct lathed {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: lathed --role api|scheduler|worker|publisher|all [--bind ADDR] [--port N]\n"
+          "usage: lathed --role api|scheduler|worker|publisher|sampler|all [--bind ADDR] [--port N]\n"
           "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
-          "              [--tls-cert PEM --tls-key PEM]\n"
+          "              [--tls-cert PEM --tls-key PEM] [--sampler-port N (with --role all)]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
@@ -141,36 +151,6 @@ static lt_tok_t *model_tokenizer(lathed_t *d, const char *model, char *err, size
   return tok;
 }
 
-/* A copy of the len bytes at s with every byte that is not part of well-formed UTF-8 replaced by
- * U+FFFD (as Hugging Face's decode does): ids of single bytes may cut a character in two. */
-static char *utf8_replace_invalid(const char *s, size_t len, size_t *out_len) {
-  char *o = malloc(3 * len + 1);
-  if (!o) return NULL;
-  size_t k = 0;
-  const unsigned char *u = (const unsigned char *)s;
-  for (size_t i = 0; i < len;) {
-    size_t need = u[i] < 0x80 ? 1 : (u[i] & 0xE0) == 0xC0 && u[i] >= 0xC2 ? 2 : (u[i] & 0xF0) == 0xE0 ? 3
-                                  : (u[i] & 0xF8) == 0xF0 && u[i] <= 0xF4 ? 4 : 0;
-    bool ok = need > 0 && i + need <= len;
-    for (size_t j = 1; ok && j < need; j++) ok = (u[i + j] & 0xC0) == 0x80;
-    /* Overlong three-byte forms, surrogates and code points above U+10FFFF are not well formed. */
-    if (ok && need == 3) ok = !(u[i] == 0xE0 && u[i + 1] < 0xA0) && !(u[i] == 0xED && u[i + 1] >= 0xA0);
-    if (ok && need == 4) ok = !(u[i] == 0xF0 && u[i + 1] < 0x90) && !(u[i] == 0xF4 && u[i + 1] >= 0x90);
-    if (ok) {
-      memcpy(o + k, s + i, need);
-      k += need;
-      i += need;
-    } else {
-      memcpy(o + k, "\xEF\xBF\xBD", 3);
-      k += 3;
-      i++;
-    }
-  }
-  o[k] = '\0';
-  *out_len = k;
-  return o;
-}
-
 /* /v1/tokenize ({"tokens"} of a string) and /v1/detokenize ({"text"} of ids) for the API. */
 static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t **out, char *err, size_t n) {
   lt_tok_t *tok = model_tokenizer(ctx, model, err, n);
@@ -201,7 +181,7 @@ static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t 
   size_t len = 0;
   lt_err_t e = lt_tok_decode(tok, ids, count, 0, &text, &len, err, n);
   free(ids);
-  char *valid = e ? NULL : utf8_replace_invalid(text, len, &len);
+  char *valid = e ? NULL : lt_utf8_sanitize(text, len, &len);
   if (!e && !(*out = valid ? json_pack("{s:s%}", "text", valid, len) : NULL)) e = LT_ERR_NOMEM;
   free(valid);
   free(text);
@@ -258,8 +238,8 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 /* What the command line asked for. */
 typedef struct lathed_opts {
   const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
-  bool embedded, api, scheduler, publisher, worker;
-  uint16_t port, ops_port;
+  bool embedded, api, scheduler, publisher, worker, sampler, sampler_port_set;
+  uint16_t port, ops_port, sampler_port;
   int max_connections;
 } lathed_opts_t;
 
@@ -295,6 +275,10 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
     } else if (strcmp(argv[i], "--operator-port") == 0 && more) {
       if (!num_arg("--operator-port", argv[++i], 0, 65535, &v)) return 2;
       o->ops_port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--sampler-port") == 0 && more) {
+      if (!num_arg("--sampler-port", argv[++i], 0, 65535, &v)) return 2;
+      o->sampler_port = (uint16_t)v;
+      o->sampler_port_set = true;
     } else if (strcmp(argv[i], "--max-connections") == 0 && more) {
       if (!num_arg("--max-connections", argv[++i], 1, 1000000, &v)) return 2;
       o->max_connections = (int)v;
@@ -316,8 +300,10 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
   o->scheduler = all || (o->role && strcmp(o->role, "scheduler") == 0);
   o->publisher = all || (o->role && strcmp(o->role, "publisher") == 0);
   o->worker = all || (o->role && strcmp(o->role, "worker") == 0);
-  if (!o->api && !o->scheduler && !o->publisher && !o->worker) {
-    fprintf(stderr, "lathed: --role must be api, scheduler, worker, publisher or all (not \"%s\")\n",
+  o->sampler = (all && o->sampler_port_set) || (o->role && strcmp(o->role, "sampler") == 0);
+  if (o->sampler && !all) o->sampler_port = o->port;
+  if (!o->api && !o->scheduler && !o->publisher && !o->worker && !o->sampler) {
+    fprintf(stderr, "lathed: --role must be api, scheduler, worker, publisher, sampler or all (not \"%s\")\n",
             o->role ? o->role : "(missing)");
     usage(stderr);
     return 2;
@@ -392,6 +378,48 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
           lt_api_operator_port(d->api));
   fprintf(stderr, "lathed: api listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
           lt_api_port(d->api));
+  return LT_OK;
+}
+
+/* An integer from the environment (unset: def). */
+static long env_long(const char *name, long def) {
+  const char *v = getenv(name);
+  return v && *v ? atol(v) : def;
+}
+
+/* The sampler: its backend over the base models, then an API instance serving only the sampling
+ * routes over it, under the sampler's own Kafka principal. */
+static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  lt_sampler_conf_t sc = {.models_dir = d->models, .threads = (int)env_long("LATHE_SAMPLER_THREADS", 1),
+                          .cuda = (int)env_long("LATHE_SAMPLER_CUDA", 0),
+                          .kv_bytes = (size_t)env_long("LATHE_SAMPLER_KV_MB", 0) << 20,
+                          .adapter_bytes = (size_t)env_long("LATHE_SAMPLER_ADAPTER_MB", 0) << 20,
+                          .max_running = (int)env_long("LATHE_SAMPLER_MAX_RUNNING", 0),
+                          .prefill_chunk = (int)env_long("LATHE_SAMPLER_PREFILL_CHUNK", 0),
+                          .queue_per_tenant = (int)env_long("LATHE_SAMPLER_QUEUE_PER_TENANT", 0),
+                          .queue_total = (int)env_long("LATHE_SAMPLER_QUEUE_TOTAL", 0)};
+  lt_err_t e = lt_sampler_new(&sc, &d->sampler, err, n);
+  if (e) return e;
+  lt_sampler_ops(d->sampler, &d->sampler_ops);
+  lt_bus_conf_t *bus;
+  if ((e = role_bus(d, 4, "sampler", &bus, err, n))) return e;
+  char producer[160];
+  snprintf(producer, sizeof producer, "sampler/%s", d->instance);
+  bool alone = !o->api;
+  lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->sampler_port, .bus = bus, .store = d->store,
+                        .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
+                        .tokenize_fn = tokenize, .vocab_fn = vocab_size, .tokenize_ctx = d,
+                        .operator_bind_addr = o->ops_bind, .operator_port = alone ? o->ops_port : 0,
+                        .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
+                        .tls_key_file = o->tls_key, .sampler = &d->sampler_ops, .sampler_only = true};
+  e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
+  if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
+  if (!e) e = lt_api_new(d->base, &conf, &d->sampler_api, err, n);
+  if (e) return e;
+  fprintf(stderr, "lathed: sampler operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
+          lt_api_operator_port(d->sampler_api));
+  fprintf(stderr, "lathed: sampler listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
+          lt_api_port(d->sampler_api));
   return LT_OK;
 }
 
@@ -473,6 +501,7 @@ static lt_err_t start_roles(lathed_t *d, const lathed_opts_t *o, char *err, size
   if (o->scheduler && (what = "scheduler") && (e = start_scheduler(d, why, sizeof why))) goto fail;
   if (o->publisher && (what = "publisher") && (e = start_publisher(d, why, sizeof why))) goto fail;
   if (o->worker && (what = "worker") && (e = start_worker(d, why, sizeof why))) goto fail;
+  if (o->sampler && (what = "sampler") && (e = start_sampler(d, o, why, sizeof why))) goto fail;
   if (d->embedded && (what = "embedded") && (e = announce_embedded(d, o, why, sizeof why))) goto fail;
   return LT_OK;
 fail:
@@ -497,6 +526,8 @@ static void lathed_teardown(lathed_t *d) {
   lt_publisher_destroy(d->publisher);
   lt_scheduler_destroy(d->scheduler);
   lt_api_destroy(d->api);
+  lt_api_destroy(d->sampler_api); /* before the backend it calls */
+  lt_sampler_destroy(d->sampler);
   lt_tok_destroy(d->tok);
   for (int i = 0; i < 8; i++) lt_tok_destroy(d->toks[i].tok);
   lt_store_destroy(d->store);
@@ -504,7 +535,7 @@ static void lathed_teardown(lathed_t *d) {
   lt_crypto_kek_destroy(d->kek);
   lt_avro_registry_destroy(d->reg);
   lt_bus_conf_destroy(d->bus);
-  for (int i = 0; i < 4; i++) lt_bus_conf_destroy(d->role_bus[i]);
+  for (int i = 0; i < 5; i++) lt_bus_conf_destroy(d->role_bus[i]);
   lt_embedded_stop(d->embedded); /* after every Kafka client */
   event_base_free(d->base);
 }

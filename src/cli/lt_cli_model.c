@@ -81,6 +81,13 @@ static int model_make(int argc, char **argv) {
   char probe[4200];
   snprintf(probe, sizeof probe, "%s/model.safetensors", out);
   if (!force && access(probe, R_OK) == 0) {
+    /* A model made before it had a chat template gets one (the sampler reads it). */
+    char cfg[4300], err[512];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", out);
+    if (access(cfg, R_OK) != 0 && lt_train_write_chat_config(out, err, sizeof err)) {
+      fprintf(stderr, "lathe model make: %s\n", err);
+      return 1;
+    }
     printf("%s\n", out);
     return 0;
   }

@@ -77,6 +77,9 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/artifacts/{name}", lt_api_jobs_artifacts, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_POST, "/v1/tokenize", lt_api_tokenize, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_POST, "/v1/detokenize", lt_api_detokenize, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_POST, "/v1/completions", lt_api_sample_completions, LT_API_SLOT_SAMPLE},
+    {EVHTTP_REQ_POST, "/v1/chat/completions", lt_api_sample_chat, LT_API_SLOT_SAMPLE},
+    {EVHTTP_REQ_GET, "/v1/models", lt_api_sample_models, LT_API_SLOT_SAMPLE},
 };
 
 /* ---------------------------------------------------------------- route families */
@@ -157,6 +160,9 @@ static const route_family_t families[] = {
     {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session", true, false, false},
     {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
     {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
+    {"/v1/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
+    {"/v1/chat/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
+    {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
 };
 
 /* ---------------------------------------------------------------- routing */
@@ -246,6 +252,13 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   if (!f) {
     lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s", path);
     return LT_API_SLOT_OTHER;
+  }
+  /* The sampler role serves sampling (and the tokenizer) only; the api role everything else. */
+  bool sampling = f->slot == LT_API_SLOT_SAMPLE || strcmp(f->prefix, "/v1/tokenize") == 0 ||
+                  strcmp(f->prefix, "/v1/detokenize") == 0;
+  if (api->conf.sampler_only && !sampling) {
+    lt_api_reply_error(req, 404, "not_found", NULL, "no such route on the sampler: %s is served by the api", f->prefix);
+    return f->slot;
   }
   path_t p = {.part = 0};
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name};
@@ -376,6 +389,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!err) err = lt_api_work_start(api, errstr, n);
   if (!err) err = lt_api_access_start(api, errstr, n);
   if (!err) err = lt_api_sessions_start(api, errstr, n);
+  if (!err) err = lt_api_sample_start(api, errstr, n);
   if (!err) err = lt_api_feed_start(api, errstr, n);
   if (!err) err = listen_http(api, &api->http, api->conf.bind_addr, api->conf.port, false, &api->port, errstr, n);
   if (!err)

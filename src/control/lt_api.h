@@ -37,6 +37,10 @@
  *   GET    /v1/sessions/{id}/calls/{seq}?wait=S  long poll for its result (lt_api_sessions.c)
  *   GET    /v1/sessions/{id}/events, /artifacts[/{name}]  as a job's
  *   POST   /v1/tokenize, /v1/detokenize  {model, text} <-> {tokens} with the base model's tokenizer
+ *   POST   /v1/completions, /v1/chat/completions  OpenAI-compatible sampling from a base model or
+ *                                        ft:<base>:<job-id>, streamed with stream: true (SSE)
+ *   GET    /v1/models                    the base models served and the caller's own adapters
+ *                                        (the sampler role: lt_api_sample.c)
  *
  * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
  * work (upload validation and encryption, object-store calls) runs on a small pool of threads
@@ -56,6 +60,7 @@
 #include "lt_dataset.h"
 #include "lt_err.h"
 #include "lt_recmac.h"
+#include "lt_sampling.h"
 #include "lt_store.h"
 
 typedef struct lt_api lt_api_t;
@@ -114,6 +119,12 @@ typedef struct lt_api_conf {
   const char *tls_key_file;            /* its PEM private key (both NULL: plain HTTP) */
   int sse_history;                     /* events kept per job for SSE replay (0: 1024), oldest dropped */
   int64_t sse_keep_ended_ms;           /* a finished job's events are kept this long (0: 10 min) */
+  /* The sampling backend (borrowed; lathed's sampler role): /v1/completions, /v1/chat/completions
+   * and /v1/models (lt_api_sample.c). NULL: those routes answer 404 naming the sampler. */
+  const lt_sample_ops_t *sampler;
+  /* The sampler role: only the sampling routes and /v1/tokenize|detokenize are served; the rest
+   * answer 404 (they are the api role's). */
+  bool sampler_only;
 } lt_api_conf_t;
 
 /* Creates the server, binds, starts folding the topics from the beginning. */

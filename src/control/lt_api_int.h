@@ -16,6 +16,7 @@
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
  *   lt_api_sessions.c  /v1/sessions: training sessions and their calls; /v1/tokenize
+ *   lt_api_sample.c    /v1/completions, /v1/chat/completions, /v1/models over the sampler
  *
  * Calls go one way: the router calls handlers; handlers call the reply helpers and the feed; the
  * feed calls the event streams. Nothing calls back into the router. */
@@ -57,6 +58,7 @@ typedef enum lt_api_slot {
   LT_API_SLOT_JOBS,
   LT_API_SLOT_ACCESS,
   LT_API_SLOT_SESSIONS,
+  LT_API_SLOT_SAMPLE,
   LT_API_SLOT_OTHER,
   LT_API_SLOT__COUNT
 } lt_api_slot_t;
@@ -127,6 +129,7 @@ struct lt_api {
   lt_avro_record_t *rec_call;  /* SessionCall */
   char topic_calls[128];
   int64_t done_offset;         /* the offset of the record whose lt_api_done_fn is running */
+  char topic_usage[128];       /* SamplingUsage (lt_api_sample.c) */
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */
@@ -295,6 +298,12 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
 /* Forgets what the calls of sessions that ended over an hour ago did (their results are deleted
  * by then: the publisher's GC); a call of such a session then answers "session_ended". */
 void lt_api_sessions_prune(lt_api_t *api);
+/* ---------------------------------------------------------------- sampling (lt_api_sample.c) */
+lt_err_t lt_api_sample_start(lt_api_t *api, char *errstr, size_t n);
+bool lt_api_sample_resolve(lt_api_call_t *c); /* the sampling routes have no {id} */
+void lt_api_sample_completions(lt_api_call_t *c);
+void lt_api_sample_chat(lt_api_call_t *c);
+void lt_api_sample_models(lt_api_call_t *c);
 /* ---------------------------------------------------------------- events (lt_api_events.c) */
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);

@@ -13,7 +13,7 @@
 #include <string.h>
 
 static const char *const slot_names[LT_API_SLOT__COUNT] = {"healthz", "metrics", "datasets", "uploads", "jobs",
-                                                            "access",  "sessions", "other"};
+                                                            "access",  "sessions", "sample", "other"};
 static const double latency_bounds_ms[LT_API_LATENCY_BUCKETS] = {1, 2, 5, 10, 25, 50, 100, 250, 1000, 1e12};
 
 void lt_api_metrics_observe(lt_api_t *api, lt_api_slot_t slot, int status, int64_t us) {
@@ -227,6 +227,10 @@ static void write_routes(lt_api_t *api, struct evbuffer *out) {
                            "# TYPE lathe_api_connections gauge\nlathe_api_connections %zu\n",
                       api->conns ? lt_map_count(api->conns) : (size_t)0);
   evbuffer_add_printf(out, "lathe_api_refused_records_total %" PRIu64 "\n", st->refused);
+  const lt_sample_ops_t *ops = api->conf.sampler;
+  char *sampler = ops && ops->metrics ? ops->metrics(ops->ctx) : NULL;
+  if (sampler) evbuffer_add(out, sampler, strlen(sampler));
+  free(sampler);
 }
 
 void lt_api_metrics_reply(lt_api_call_t *c) {

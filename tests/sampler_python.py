@@ -1,0 +1,405 @@
+#!/usr/bin/python3
+"""The sampler end to end (docs/DESIGN.md §2, sampler): `lathed --role all --sampler-port 0` on
+the real stack (Kafka broker, object store) over the tiny base model. Two tenants fine-tune an
+adapter each (managed jobs); then, through the OpenAI-compatible routes:
+
+  1. completions from each adapter, greedy, give what the job's own evaluation samples
+     (samples.json, made by the executor with the training engine) say the adapter answers;
+     chat completions render the base model's own template; streaming (SSE, ending in
+     `data: [DONE]`) gives the same text as the whole answer; logprobs come with the tokens;
+  2. determinism: 64 requests with fixed seeds (temperature 0.9, top_p 0.95), sent one at a time,
+     then all at once mixed with requests for the other adapter and the base model, give the same
+     tokens and log-probs, bit for bit;
+  3. isolation: tenant B cannot list, sample from or time-probe A's adapter (the 404 is the
+     nonexistent job's, word for word, and the sampler's adapter cache is not consulted: its
+     counters do not move);
+  4. bad input answers 400 naming the field; a client that goes away frees its request;
+  5. usage records on lathe.usage name tenant, model and counts, and carry no prompt or output;
+  6. overload: a sampler with small queue bounds, sent 10x its bound of concurrent requests,
+     answers 429 with Retry-After to the excess, serves the rest, and its peak memory stays within
+     a few MiB of where it was before the burst;
+  7. the unmodified `openai` npm package (tests/reference) runs completions, chat completions and
+     a stream against A's adapter (tests/sampler_openai.mjs).
+
+usage: sampler_python.py PATH/TO/lathe PATH/TO/lathed
+Environment: the stack's (`ops/stack env`), LATHE_E2E_CACHE. Exits non-zero on any failure."""
+import concurrent.futures
+import http.client
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import lt_test
+from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
+
+CHECKS = []
+
+
+def fail(msg):
+    raise SystemExit(f"sampler: FAIL: {msg}")
+
+
+def check(cond, what):
+    if not cond:
+        fail(what)
+    CHECKS.append(what)
+    print(f"sampler: ok: {what}", flush=True)
+
+
+def http_json(base, key, method, path, body=None, timeout=120):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}"), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        payload = e.read()
+        try:
+            return e.code, json.loads(payload), dict(e.headers)
+        except ValueError:
+            return e.code, {"raw": payload.decode(errors="replace")}, dict(e.headers)
+
+
+def metrics(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line.startswith("lathe_sampler_"):
+                k, v = line.split()
+                out[k] = float(v)
+        return out
+
+
+def model_dir(lathe, env):
+    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
+    d = os.path.join(cache, "lathe-tiny")
+    # `lathe model make` adds the chat template to a model made before it had one.
+    run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--out", d], env, "lathe model make")
+    return cache
+
+
+def train_adapter(lathe, env, key, tmp, name, seed):
+    """A managed fine-tune of the tiny model on its own task; returns the finished job's id."""
+    src = os.path.join(env["LATHE_MODELS_DIR"], "lathe-tiny", "task_train.jsonl")
+    path = os.path.join(tmp, f"{name}.jsonl")
+    with open(src) as f, open(path, "w") as o:
+        for i, line in enumerate(f):
+            if i >= 200:
+                break
+            o.write(line)
+    e = dict(env, LATHE_API_KEY=key)
+    ds = json.loads(run([lathe, "datasets", "upload", path, "--name", name, "--json"], e, "datasets upload"))["id"]
+    job = json.loads(run([lathe, "jobs", "submit", "--model", "lathe-tiny", "--dataset", ds, "--set", "max_steps=40",
+                          "--set", "batch_size=8", "--set", "learning_rate=0.003", "--set", "lora_rank=4",
+                          "--set", "lora_dropout=0", "--set", f"seed={seed}", "--json"], e, "jobs submit"))["id"]
+    return job
+
+
+def wait_published(base, key, job, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, body, _ = http_json(base, key, "GET", f"/v1/jobs/{job}/artifacts")
+        names = [a["name"] for a in body.get("artifacts", [])] if st == 200 else []
+        if "adapter_model.safetensors" in names and "samples.json" in names:
+            return
+        if body.get("state") in ("failed", "cancelled"):
+            fail(f"job {job} ended {body.get('state')}")
+        time.sleep(1)
+    fail(f"job {job} was not published within {timeout} s")
+
+
+def samples_of(base, key, job):
+    req = urllib.request.Request(f"{base}/v1/jobs/{job}/artifacts/samples.json",
+                                 headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def complete(sbase, key, body):
+    return http_json(sbase, key, "POST", "/v1/completions", body)
+
+
+def stream_text(sbase, key, path, body):
+    """A streamed answer: (the texts of its data chunks joined, whether it ended with [DONE])."""
+    u = urllib.parse.urlparse(sbase)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", path, json.dumps(dict(body, stream=True)),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    text, done = [], False
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            break
+        ch = json.loads(line[6:])["choices"]
+        for c in ch:
+            text.append(c.get("text") if "text" in c else (c.get("delta") or {}).get("content") or "")
+    conn.close()
+    return "".join(t or "" for t in text), done
+
+
+# ---- 1: answers ----
+
+def answers(sbase, key_a, job_a, base, model_a):
+    samples = samples_of(base, key_a, job_a)
+    check(len(samples) >= 3, f"the job published {len(samples)} evaluation samples")
+    same = 0
+    for s in samples:
+        st, body, _ = complete(sbase, key_a, {"model": model_a, "prompt": s["prompt"], "max_tokens": 24,
+                                              "temperature": 0})
+        if st != 200:
+            fail(f"completion answered {st}: {body}")
+        got = body["choices"][0]["text"]
+        same += got.strip() == s["fine_tuned"].strip()
+    check(same == len(samples), f"greedy completions from the adapter equal the job's own samples "
+                                f"({same}/{len(samples)})")
+    st, chat, _ = http_json(sbase, key_a, "POST", "/v1/chat/completions",
+                            {"model": model_a, "messages": [{"role": "user", "content": samples[0]["prompt"]}],
+                             "max_tokens": 24, "temperature": 0})
+    check(st == 200 and chat["choices"][0]["message"]["content"].strip() == samples[0]["fine_tuned"].strip(),
+          "chat completions render the model's own template (the plain prompt): the same answer")
+    body = {"model": model_a, "prompt": samples[1]["prompt"], "max_tokens": 24, "temperature": 0}
+    _, whole, _ = complete(sbase, key_a, body)
+    text, done = stream_text(sbase, key_a, "/v1/completions", body)
+    check(done and text == whole["choices"][0]["text"], "a stream ends in [DONE] and carries the whole answer's text")
+    ctext, cdone = stream_text(sbase, key_a, "/v1/chat/completions",
+                               {"model": model_a, "messages": [{"role": "user", "content": samples[1]["prompt"]}],
+                                "max_tokens": 24, "temperature": 0})
+    check(cdone and ctext == text, "a chat stream carries the same text")
+    st, lp, _ = complete(sbase, key_a, dict(body, logprobs=3, n=2, temperature=0.7, seed=11))
+    ok = st == 200 and len(lp["choices"]) == 2
+    for c in lp["choices"] if ok else []:
+        l = c["logprobs"]
+        ok = ok and len(l["tokens"]) == len(l["token_logprobs"]) > 0 and all(x <= 0 for x in l["token_logprobs"])
+        ok = ok and all(len(t) <= 3 for t in l["top_logprobs"])
+    check(ok, "n=2 choices with logprobs (tokens, log-probs <= 0, up to 3 alternatives each)")
+
+
+# ---- 2: determinism ----
+
+def one(sbase, key, model, i):
+    st, body, _ = complete(sbase, key, {"model": model, "prompt": f"date: March {i % 28 + 1}, {1950 + i}\niso:",
+                                        "max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 1000 + i,
+                                        "logprobs": 0})
+    if st != 200:
+        return ("error", st, json.dumps(body))
+    lp = body["choices"][0]["logprobs"]
+    return (body["choices"][0]["text"], tuple(lp["tokens"]), tuple(lp["token_logprobs"]))
+
+
+def determinism(sbase, key_a, key_b, model_a, model_b):
+    alone = [one(sbase, key_a, model_a, i) for i in range(64)]
+    check(all(a[0] != "error" for a in alone), "64 seeded requests answered one at a time")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=48) as pool:
+        futs = [pool.submit(one, sbase, key_a, model_a, i) for i in range(64)]
+        noise = [pool.submit(one, sbase, key_b, model_b, i + 7) for i in range(16)]
+        noise += [pool.submit(one, sbase, key_b, "lathe-tiny", i + 3) for i in range(16)]
+        mixed = [f.result() for f in futs]
+        for f in noise:
+            f.result()
+    diff = [i for i in range(64) if mixed[i] != alone[i]]
+    check(not diff, f"the same 64 requests sent at once among other adapters' and the base model's give the same "
+                    f"tokens and log-probs bit for bit (differing: {diff[:5]})")
+    texts = {a[0] for a in alone}
+    check(len(texts) > 8, f"the seeds matter: {len(texts)} distinct answers among 64")
+
+
+# ---- 3: isolation ----
+
+def isolation(sbase, ops, key_b, job_a, model_a):
+    st, models, _ = http_json(sbase, key_b, "GET", "/v1/models")
+    ids = [m["id"] for m in models.get("data", [])]
+    check(st == 200 and "lathe-tiny" in ids and model_a not in ids and not any(job_a in i for i in ids),
+          "tenant B's /v1/models lists the base model and not A's adapter")
+    before = metrics(ops)
+    st1, b1, _ = complete(sbase, key_b, {"model": model_a, "prompt": "x", "max_tokens": 2})
+    fake = "ft:lathe-tiny:job-" + "0" * len(job_a.split("-", 1)[1]) if "-" in job_a else "ft:lathe-tiny:nope"
+    st2, b2, _ = complete(sbase, key_b, {"model": fake, "prompt": "x", "max_tokens": 2})
+    after = metrics(ops)
+    m1 = b1["error"]["message"].replace(model_a, "MODEL")
+    m2 = b2["error"]["message"].replace(fake, "MODEL")
+    check(st1 == st2 == 404 and m1 == m2 and b1["error"]["code"] == b2["error"]["code"],
+          "A's adapter answers B exactly as a job that does not exist (404, same code and message)")
+    keys = ("lathe_sampler_adapter_hits_total", "lathe_sampler_adapter_misses_total",
+            "lathe_sampler_adapter_loads_total", "lathe_sampler_requests_total")
+    check(all(before[k] == after[k] for k in keys),
+          "B's probes never reached the adapter cache (hits, misses, loads and requests unchanged): nothing to time")
+
+
+# ---- 4: bad input, a client that leaves ----
+
+def bad_input(sbase, key):
+    cases = [({"model": "lathe-tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+             ({"model": "lathe-tiny", "prompt": "x", "temperature": "hot"}, "temperature"),
+             ({"model": "lathe-tiny", "prompt": "x", "colour": 1}, "colour"),
+             ({"model": "lathe-tiny", "prompt": 7}, "prompt"),
+             ({"model": "lathe-tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+             ({"model": "lathe-tiny", "prompt": "x", "top_p": 0}, "top_p"),
+             ({"model": "lathe-tiny", "prompt": "date " * 300, "max_tokens": 8}, "prompt")]
+    for body, field in cases:
+        st, b, _ = complete(sbase, key, body)
+        check(st == 400 and b["error"].get("field") == field, f"400 naming {field} ({b['error']['message'][:60]})")
+    st, b, _ = complete(sbase, key, {"model": "no-such-model", "prompt": "x"})
+    check(st == 404 and b["error"]["field"] == "model", "an unknown model is 404 naming model")
+
+
+def client_leaves(sbase, ops, key, model):
+    before = metrics(ops)
+    u = urllib.parse.urlparse(sbase)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": "date:", "max_tokens": 200,
+                                                        "temperature": 1, "stream": True, "stop": ["\x01"]}),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.fp.readline()
+    conn.sock.close()
+    conn.close()
+    deadline, m = time.time() + 20, before
+    while time.time() < deadline:
+        m = metrics(ops)
+        if m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"] and m["lathe_sampler_running"] == 0:
+            break
+        time.sleep(0.1)
+    check(m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"] and m["lathe_sampler_running"] == 0
+          and m["lathe_sampler_kv_blocks_free"] == m["lathe_sampler_kv_blocks_total"],
+          "a streaming client that goes away is cancelled and its cache blocks freed")
+
+
+# ---- 5: usage records ----
+
+def usage(lathe, env, tenant_a, secret_prompt):
+    p = subprocess.run([lathe, "topic", "tail", "usage", "--from-beginning", "--max", "1000", "--timeout-ms", "5000"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    out = p.stdout
+    recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    mine = [r for r in recs if r.get("record", {}).get("tenant_id") == tenant_a]
+    check(len(mine) > 64, f"usage records name the tenant ({len(mine)} of {len(recs)} for A)")
+    v = mine[0]["record"]
+    check(v["completion_tokens"] > 0 and v["prompt_tokens"] > 0 and v["base_model"] == "lathe-tiny",
+          "a usage record carries the model and token counts")
+    check(secret_prompt not in out, "no usage record carries a prompt")
+
+
+# ---- 6: overload ----
+
+def vm_hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def overload(lathed, env, key, model, log_tag):
+    c = Child("lathed sampler", [lathed, "--role", "sampler", "--port", "0", "--operator-port", "0"],
+              dict(env, LATHE_INSTANCE=f"{log_tag}-s2", LATHE_SAMPLER_QUEUE_PER_TENANT="8",
+                   LATHE_SAMPLER_QUEUE_TOTAL="8", LATHE_SAMPLER_MAX_RUNNING="4", LATHE_API_KEY_RATE="off",
+                   LATHE_API_TENANT_RATE="off"))
+    try:
+        port = int(c.wait_for(r"sampler listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        sbase = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            st, _, _ = http_json(sbase, key, "GET", "/v1/models")
+            if st == 200:
+                break
+            time.sleep(0.2)
+        complete(sbase, key, {"model": model, "prompt": "date:", "max_tokens": 4})  # adapter loaded, warm
+        hwm0 = vm_hwm(c.p.pid)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=80) as pool:
+            res = list(pool.map(lambda i: complete(sbase, key, {"model": model, "prompt": f"date: May {i % 28 + 1}, 1999\niso:",
+                                                                "max_tokens": 16, "temperature": 0}), range(80)))
+        hwm1 = vm_hwm(c.p.pid)
+        codes = [r[0] for r in res]
+        n429 = codes.count(429)
+        check(n429 > 0 and codes.count(200) > 0 and set(codes) <= {200, 429},
+              f"80 concurrent requests against a bound of 8: {codes.count(200)} served, {n429} answered 429")
+        check(all(r[2].get("Retry-After") for r in res if r[0] == 429), "every 429 says Retry-After")
+        check(hwm1 - hwm0 < 32 * 1024, f"peak memory grew {(hwm1 - hwm0) / 1024:.1f} MiB under the burst (< 32)")
+    finally:
+        c.stop()
+
+
+# ---- 7: the openai npm package ----
+
+def openai_npm(sbase, key, model, expect):
+    script = os.path.join(ROOT, "tests", "sampler_openai.mjs")
+    if not os.path.isdir(os.path.join(ROOT, "tests", "reference", "node_modules", "openai")):
+        fail("tests/reference/node_modules/openai is missing: run ops/setup")
+    p = subprocess.run(["node", script, sbase + "/v1", key, model, expect["prompt"]], capture_output=True, text=True,
+                       timeout=180)
+    if p.returncode != 0:
+        fail(f"the openai package run failed: {p.stderr.strip()[-800:]}")
+    out = json.loads(p.stdout)
+    want = expect["fine_tuned"].strip()
+    check(out["completion"].strip() == want and out["chat"].strip() == want and out["stream"].strip() == want,
+          f"the unmodified openai npm package ({out['version']}) gets the adapter's answer by completion, chat and stream")
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: sampler_python.py PATH/TO/lathe PATH/TO/lathed")
+    lathe, lathed = sys.argv[1], sys.argv[2]
+    admin = admin_client(fail)
+    run_id = f"{os.getpid()}{secrets.token_hex(3)}"
+    prefix = f"tsam{run_id}."
+    env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
+    tmp = tempfile.mkdtemp(prefix="lathe-sampler-")
+    env["LATHE_MODELS_DIR"] = model_dir(lathe, env)
+    d = None
+    try:
+        run([lathe, "admin", "topics"], env, "lathe admin topics")
+        tenants, keys = [], []
+        for t in ("a", "b"):
+            out = json.loads(run([lathe, "admin", "tenant", "create", f"sam{t}{run_id}", "--json"], env, "tenant create"))
+            tenants.append(out["tenant_id"] if "tenant_id" in out else f"sam{t}{run_id}")
+            keys.append(out["api_key"])
+        d = Child("lathed", [lathed, "--role", "all", "--port", "0", "--operator-port", "0", "--sampler-port", "0"],
+                  dict(env, LATHE_INSTANCE=f"sam{run_id}", LATHE_API_KEY_RATE="off", LATHE_API_TENANT_RATE="off",
+                       LATHE_WORKER_SLOTS="2", LATHE_SAMPLER_QUEUE_PER_TENANT="128", LATHE_SAMPLER_QUEUE_TOTAL="256",
+                       LATHE_SAMPLER_THREADS="2"))
+        port = int(d.wait_for(r"api listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        sport = int(d.wait_for(r"sampler listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        sops = int(d.wait_for(r"sampler operator endpoints \(/healthz, /metrics\) at http://127\.0\.0\.1:(\d+)", 10).group(1))
+        d.wait_for(r"scheduler: leading \(", 90)
+        base, sbase, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{sport}", f"http://127.0.0.1:{sops}"
+        try:
+            job_a = train_adapter(lathe, dict(env, LATHE_API_URL=base), keys[0], tmp, "a", 7)
+            job_b = train_adapter(lathe, dict(env, LATHE_API_URL=base), keys[1], tmp, "b", 8)
+            wait_published(base, keys[0], job_a)
+            wait_published(base, keys[1], job_b)
+            model_a, model_b = f"ft:lathe-tiny:{job_a}", f"ft:lathe-tiny:{job_b}"
+            answers(sbase, keys[0], job_a, base, model_a)
+            determinism(sbase, keys[0], keys[1], model_a, model_b)
+            isolation(sbase, ops, keys[1], job_a, model_a)
+            bad_input(sbase, keys[0])
+            client_leaves(sbase, ops, keys[0], model_a)
+            secret = "date: zz-secret-prompt-" + secrets.token_hex(4)
+            complete(sbase, keys[0], {"model": model_a, "prompt": secret, "max_tokens": 3})
+            usage(lathe, env, tenants[0], secret)
+            openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
+            overload(lathed, env, keys[0], model_a, f"sam{run_id}")
+        except BaseException:
+            d.dump()
+            raise
+    finally:
+        if d:
+            d.stop()
+        lt_test.delete_topics(admin, prefix)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"sampler: {len(CHECKS)} checks passed")
+
+
+if __name__ == "__main__":
+    import urllib.parse  # noqa: F401  (http.client users above)
+    main()

@@ -1,0 +1,459 @@
+/* lt_sampler: base models, the adapter cache, submit and cancel (lt_sampler.h; the batch thread
+ * is lt_sampler_batch.c). */
+#include "lt_sampler_int.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lt_backend.h"
+#include "lt_chat.h"
+#include "lt_time.h"
+
+/* ---------------------------------------------------------------- base models */
+
+/* Reads a small file whole (NULL when missing or unreadable). */
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t cap = 0, n = 0;
+  for (;;) {
+    if (n + 4096 + 1 > cap) {
+      char *nb = realloc(buf, cap = (cap ? 2 * cap : 8192));
+      if (!nb) break;
+      buf = nb;
+    }
+    size_t got = fread(buf + n, 1, cap - n - 1, f);
+    n += got;
+    if (got == 0) break;
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  *len = n;
+  return buf;
+}
+
+/* The chat template and special tokens of a base model, from its tokenizer_config.json (none
+ * when the file is absent: chat completions then answer that the model has no template). */
+static void base_chat_config(sbase_t *b, const char *dir) {
+  char path[2500];
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+  char *text = read_file(path, &len), msg[256];
+  if (text && lt_chat_config_parse(text, len, &b->tmpl, &b->bos, &b->eos, msg, sizeof msg))
+    fprintf(stderr, "lathed: sampler: %s: no chat template: %s\n", b->name, msg);
+  free(text);
+  b->eos_id = b->eos ? lt_tok_token_id(b->tok, b->eos) : -1;
+  if (b->eos_id < 0) b->eos_id = lt_tok_eos_id(b->tok);
+}
+
+/* Opens the base model in dir (config.json, model.safetensors, tokenizer.json) with its cache. */
+static lt_err_t base_open(lt_sampler_t *s, sbase_t *b, const char *name, const char *dir, char *msg, size_t n) {
+  snprintf(b->name, sizeof b->name, "%s", name);
+  char path[2500];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  lt_err_t err = lt_tok_load_file(path, &b->tok, msg, n);
+  if (!err) err = lt_engine_open(dir, s->be, &b->eng, msg, n);
+  if (err) return err;
+  const lt_model_config_t *c = lt_engine_config(b->eng);
+  b->V = c->vocab_size;
+  b->max_positions = c->max_position;
+  lt_serve_conf_t sc = {.block_tokens = s->conf.block_tokens, .kv_bytes = s->conf.kv_bytes,
+                        .max_rows = s->conf.max_running + s->conf.prefill_chunk};
+  if ((err = lt_serve_new(b->eng, &sc, &b->srv, msg, n))) return err;
+  base_chat_config(b, dir);
+  return LT_OK;
+}
+
+static void base_close(sbase_t *b) {
+  lt_serve_free(b->srv);
+  lt_engine_close(b->eng);
+  lt_tok_destroy(b->tok);
+  free(b->tmpl);
+  free(b->bos);
+  free(b->eos);
+  memset(b, 0, sizeof *b);
+}
+
+/* Every model directory under models_dir (sorted by name: the order /v1/models lists). */
+static lt_err_t open_bases(lt_sampler_t *s, char *msg, size_t n) {
+  struct dirent **list = NULL;
+  int count = scandir(s->models_dir, &list, NULL, alphasort);
+  if (count < 0) return lt_errf(msg, n, LT_ERR_IO, "models directory %s cannot be read", s->models_dir);
+  lt_err_t err = LT_OK;
+  for (int i = 0; i < count; i++) {
+    char dir[2400], probe[2500];
+    const char *name = list[i]->d_name;
+    snprintf(dir, sizeof dir, "%s/%s", s->models_dir, name);
+    snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
+    bool model = name[0] != '.' && strlen(name) <= LT_ID_MAX && access(probe, R_OK) == 0;
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    model = model && access(probe, R_OK) == 0;
+    if (model && s->nbases < SAMPLER_MAX_BASES && !err) {
+      char why[256];
+      sbase_t *b = &s->bases[s->nbases];
+      if (base_open(s, b, name, dir, why, sizeof why)) {
+        fprintf(stderr, "lathed: sampler: base model %s not served: %s\n", name, why);
+        base_close(b);
+      } else {
+        s->names[s->nbases++] = b->name;
+      }
+    }
+    free(list[i]);
+  }
+  free(list);
+  if (!err && s->nbases == 0) err = lt_errf(msg, n, LT_ERR_NOT_FOUND, "no base model to serve in %s", s->models_dir);
+  return err;
+}
+
+static sbase_t *find_base(lt_sampler_t *s, const char *name) {
+  for (int i = 0; i < s->nbases; i++)
+    if (strcmp(s->bases[i].name, name) == 0) return &s->bases[i];
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- tenants */
+
+stenant_t *lt_sampler_tenant(lt_sampler_t *s, const char *tenant) {
+  for (int i = 0; i < s->ntenants; i++)
+    if (strcmp(s->tenants[i].id, tenant) == 0) return &s->tenants[i];
+  if (s->ntenants == s->tenants_cap) {
+    int cap = s->tenants_cap ? 2 * s->tenants_cap : 16;
+    stenant_t *nt = realloc(s->tenants, (size_t)cap * sizeof *nt);
+    if (!nt) return NULL;
+    s->tenants = nt;
+    s->tenants_cap = cap;
+  }
+  /* A newcomer starts at the least served tenant's clock: no credit saved up while away. */
+  double floor = 0;
+  for (int i = 0; i < s->ntenants; i++)
+    if (i == 0 || s->tenants[i].served < floor) floor = s->tenants[i].served;
+  stenant_t *t = &s->tenants[s->ntenants++];
+  memset(t, 0, sizeof *t);
+  snprintf(t->id, sizeof t->id, "%s", tenant);
+  t->served = floor;
+  return t;
+}
+
+/* ---------------------------------------------------------------- adapters */
+
+static sadapter_t *find_adapter(lt_sampler_t *s, const char *id) {
+  for (sadapter_t *a = s->adapters; a; a = a->next)
+    if (strcmp(a->id, id) == 0) return a;
+  return NULL;
+}
+
+/* Evicts least recently used adapters no request holds until `need` more bytes fit. Under mu.
+ * False when they cannot: every adapter in the way is in use. */
+static bool make_room(lt_sampler_t *s, size_t need) {
+  while (s->adapter_total + need > s->conf.adapter_bytes) {
+    sadapter_t **victim = NULL;
+    for (sadapter_t **p = &s->adapters; *p; p = &(*p)->next)
+      if ((*p)->refs == 0 && (!victim || (*p)->used < (*victim)->used)) victim = p;
+    if (!victim) return false;
+    sadapter_t *a = *victim;
+    *victim = a->next;
+    s->adapter_total -= a->bytes;
+    lt_adapter_free(a->a); /* zeroes the tenant's weights before the memory is reused */
+    free(a);
+    s->st.adapter_evictions++;
+  }
+  return true;
+}
+
+static bool op_has_adapter(void *ctx, const char *id) {
+  lt_sampler_t *s = ctx;
+  pthread_mutex_lock(&s->mu);
+  sadapter_t *a = find_adapter(s, id);
+  if (a) a->used = ++s->clock;
+  if (a) s->st.adapter_hits++;
+  else s->st.adapter_misses++;
+  pthread_mutex_unlock(&s->mu);
+  return a != NULL;
+}
+
+static lt_err_t op_load_adapter(void *ctx, const char *id, const char *base, const void *st, size_t st_len,
+                                const char *config, size_t config_len, char *msg, size_t n) {
+  lt_sampler_t *s = ctx;
+  sbase_t *b = find_base(s, base);
+  if (!b) return lt_errf(msg, n, LT_ERR_NOT_FOUND, "base model %s is not served here", base);
+  if (strlen(id) > LT_SAMPLE_ADAPTER_MAX) return lt_errf(msg, n, LT_ERR_INVALID, "adapter id too long");
+  pthread_mutex_lock(&s->load_mu);
+  pthread_mutex_lock(&s->mu);
+  bool have = find_adapter(s, id) != NULL;
+  pthread_mutex_unlock(&s->mu);
+  lt_err_t err = LT_OK;
+  lt_adapter_t *ad = NULL;
+  if (!have) err = lt_adapter_load(b->eng, st, st_len, config, config_len, &ad, msg, n);
+  if (!have && !err) {
+    size_t bytes = lt_adapter_bytes(ad);
+    sadapter_t *e = calloc(1, sizeof *e);
+    pthread_mutex_lock(&s->mu);
+    if (!e) err = lt_errf(msg, n, LT_ERR_NOMEM, "out of memory");
+    else if (bytes > s->conf.adapter_bytes || !make_room(s, bytes))
+      err = lt_errf(msg, n, LT_ERR_QUOTA, "the adapter cache (%zu bytes) is full of adapters in use", s->conf.adapter_bytes);
+    if (!err) {
+      snprintf(e->id, sizeof e->id, "%s", id);
+      e->base = b;
+      e->a = ad;
+      e->bytes = bytes;
+      e->used = ++s->clock;
+      e->next = s->adapters;
+      s->adapters = e;
+      s->adapter_total += bytes;
+      s->st.adapter_loads++;
+      ad = NULL;
+      e = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(e);
+    lt_adapter_free(ad);
+  }
+  pthread_mutex_unlock(&s->load_mu);
+  return err;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
+  if (r->seq >= 0) lt_serve_seq_close(r->base->srv, r->seq);
+  if (r->ad) r->ad->refs--;
+  stenant_t *t = lt_sampler_tenant(s, r->tenant);
+  if (t) t->inflight--;
+  s->inflight--;
+  for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+  lt_picker_free(&r->pk);
+  free(r->ids);
+  free(r->text);
+  free(r);
+}
+
+/* The prompt's tokens into a new request (not yet queued). */
+static lt_err_t req_tokens(sreq_t *r, const lt_sample_req_t *in, char *msg, size_t n) {
+  lt_tok_seq_t seq;
+  lt_tok_seq_init(&seq);
+  const lt_tok_t *tok = r->base->tok;
+  lt_err_t err = lt_tok_encode(tok, in->prompt, strlen(in->prompt), in->special ? LT_TOK_SPECIAL : 0, 1, &seq, msg, n);
+  int limit = r->base->max_positions;
+  int pool = lt_serve_blocks_total(r->base->srv) * lt_serve_block_tokens(r->base->srv);
+  if (pool < limit) limit = pool;
+  if (!err && seq.len == 0) err = lt_errf(msg, n, LT_ERR_INVALID, "prompt: empty (it has no tokens)");
+  if (!err && (long)seq.len + in->max_tokens > limit)
+    err = lt_errf(msg, n, LT_ERR_INVALID, "prompt (%zu tokens) + max_tokens (%d) exceeds %d, the most this sampler holds "
+                  "for %s", seq.len, in->max_tokens, limit, r->base->name);
+  if (!err) {
+    r->cap = (int)seq.len + in->max_tokens;
+    if (!(r->ids = malloc((size_t)r->cap * sizeof *r->ids))) err = LT_ERR_NOMEM;
+  }
+  if (!err) {
+    memcpy(r->ids, seq.ids, seq.len * sizeof *r->ids);
+    r->nprompt = (int)seq.len;
+  }
+  lt_tok_seq_free(&seq);
+  return err;
+}
+
+/* A new request from in: checked, tokenized, its picker seeded. */
+static lt_err_t req_new(lt_sampler_t *s, const lt_sample_req_t *in, sreq_t **out, char *msg, size_t n) {
+  sbase_t *b = find_base(s, in->base);
+  if (!b) return lt_errf(msg, n, LT_ERR_NOT_FOUND, "model: base model %s is not served here", in->base);
+  if (in->max_tokens < 1) return lt_errf(msg, n, LT_ERR_INVALID, "max_tokens: %d, expected >= 1", in->max_tokens);
+  if (in->nstop < 0 || in->nstop > LT_SAMPLE_MAX_STOP || in->top_logprobs < 0 || in->top_logprobs > LT_SAMPLE_MAX_TOP)
+    return lt_errf(msg, n, LT_ERR_INVALID, "stop or logprobs out of range");
+  sreq_t *r = calloc(1, sizeof *r);
+  if (!r) return LT_ERR_NOMEM;
+  r->base = b;
+  r->seq = -1;
+  r->weight = in->weight > 0 ? in->weight : 1;
+  snprintf(r->tenant, sizeof r->tenant, "%s", in->tenant);
+  r->max_tokens = in->max_tokens;
+  r->top_logprobs = in->top_logprobs;
+  r->sp = (lt_sample_params_t){.max_tokens = in->max_tokens, .temperature = in->temperature,
+                               .top_p = in->top_p > 0 ? in->top_p : 1, .top_k = in->top_k, .seed = in->seed};
+  r->deadline_ms = in->deadline_ms;
+  r->on_event = in->on_event;
+  r->ctx = in->ctx;
+  r->t0_us = lt_time_mono_us();
+  lt_err_t err = lt_picker_init(&r->pk, b->V, in->seed, msg, n);
+  for (int i = 0; !err && i < in->nstop; i++)
+    if (in->stop[i][0] && !(r->stop[r->nstop++] = strdup(in->stop[i]))) err = LT_ERR_NOMEM;
+  if (!err) err = req_tokens(r, in, msg, n);
+  if (err) {
+    for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+    lt_picker_free(&r->pk);
+    free(r->ids);
+    free(r);
+    return err;
+  }
+  *out = r;
+  return LT_OK;
+}
+
+static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle, char *msg, size_t n) {
+  lt_sampler_t *s = ctx;
+  sreq_t *r = NULL;
+  lt_err_t err = req_new(s, in, &r, msg, n);
+  if (err) return err;
+  pthread_mutex_lock(&s->mu);
+  stenant_t *t = lt_sampler_tenant(s, in->tenant);
+  sadapter_t *a = in->adapter && in->adapter[0] ? find_adapter(s, in->adapter) : NULL;
+  if (!t) err = LT_ERR_NOMEM;
+  else if (in->adapter && in->adapter[0] && (!a || a->base != r->base))
+    err = lt_errf(msg, n, LT_ERR_NOT_FOUND, "adapter %s is not loaded", in->adapter);
+  else if (t->inflight >= s->conf.queue_per_tenant)
+    err = lt_errf(msg, n, LT_ERR_QUOTA, "too many requests of this tenant in the sampler (limit %d)", s->conf.queue_per_tenant);
+  else if (s->inflight >= s->conf.queue_total)
+    err = lt_errf(msg, n, LT_ERR_QUOTA, "the sampler is full (%d requests)", s->conf.queue_total);
+  if (err) {
+    if (err == LT_ERR_QUOTA) s->st.rejected++;
+    pthread_mutex_unlock(&s->mu);
+    lt_picker_free(&r->pk);
+    for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+    free(r->ids);
+    free(r);
+    return err;
+  }
+  r->ad = a;
+  if (a) a->refs++, a->used = ++s->clock;
+  t->inflight++;
+  s->inflight++;
+  s->st.requests++;
+  *handle = r->handle = ++s->next_handle;
+  sreq_t **p = &s->queue;
+  while (*p) p = &(*p)->next;
+  *p = r;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return LT_OK;
+}
+
+static void op_cancel(void *ctx, uint64_t handle) {
+  lt_sampler_t *s = ctx;
+  pthread_mutex_lock(&s->mu);
+  for (sreq_t **p = &s->queue; *p; p = &(*p)->next)
+    if ((*p)->handle == handle) {
+      sreq_t *r = *p;
+      *p = r->next;
+      s->st.cancelled++;
+      lt_sampler_req_free(s, r);
+      pthread_mutex_unlock(&s->mu);
+      return;
+    }
+  /* A running one: no event from now on; the batch thread frees it after the step under way. */
+  for (sreq_t *r = s->running; r; r = r->next)
+    if (r->handle == handle) r->cancelled = true;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static lt_err_t op_model_info(void *ctx, const char *base, char **tmpl, char **bos, char **eos, char *msg, size_t n) {
+  lt_sampler_t *s = ctx;
+  sbase_t *b = find_base(s, base);
+  if (!b) return lt_errf(msg, n, LT_ERR_NOT_FOUND, "base model %s is not served here", base);
+  *tmpl = b->tmpl ? strdup(b->tmpl) : NULL;
+  *bos = b->bos ? strdup(b->bos) : NULL;
+  *eos = b->eos ? strdup(b->eos) : NULL;
+  return LT_OK;
+}
+
+static const char *const *op_models(void *ctx) { return ((lt_sampler_t *)ctx)->names; }
+
+static char *op_metrics(void *ctx) {
+  lt_sampler_t *s = ctx;
+  char *out = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&out, &len);
+  if (!f) return NULL;
+  pthread_mutex_lock(&s->mu);
+  sstats_t st = s->st;
+  int queued = 0, blocks_free = 0, blocks_total = 0;
+  for (sreq_t *r = s->queue; r; r = r->next) queued++;
+  for (int i = 0; i < s->nbases; i++) {
+    blocks_free += lt_serve_blocks_free(s->bases[i].srv);
+    blocks_total += lt_serve_blocks_total(s->bases[i].srv);
+  }
+  fprintf(f, "lathe_sampler_running %d\nlathe_sampler_queued %d\n", s->nrunning, queued);
+  fprintf(f, "lathe_sampler_kv_blocks_free %d\nlathe_sampler_kv_blocks_total %d\n", blocks_free, blocks_total);
+  fprintf(f, "lathe_sampler_adapter_cache_bytes %zu\n", s->adapter_total);
+  pthread_mutex_unlock(&s->mu);
+#define C(name, field) fprintf(f, "lathe_sampler_" name "_total %llu\n", (unsigned long long)st.field);
+  C("requests", requests) C("rejected", rejected) C("finished", finished) C("prompt_tokens", prompt_tokens)
+  C("completion_tokens", completion_tokens) C("steps", steps) C("rows", rows) C("preempted", preempted)
+  C("timeouts", timeouts) C("cancelled", cancelled) C("adapter_loads", adapter_loads)
+  C("adapter_hits", adapter_hits) C("adapter_misses", adapter_misses) C("adapter_evictions", adapter_evictions)
+#undef C
+  fclose(f);
+  return out;
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+lt_err_t lt_sampler_new(const lt_sampler_conf_t *conf, lt_sampler_t **out, char *msg, size_t n) {
+  lt_sampler_t *s = calloc(1, sizeof *s);
+  if (!s) return LT_ERR_NOMEM;
+  s->conf = *conf;
+  snprintf(s->models_dir, sizeof s->models_dir, "%s", conf->models_dir ? conf->models_dir : ".");
+  s->conf.models_dir = s->models_dir;
+  if (s->conf.threads <= 0) s->conf.threads = 1;
+  if (!s->conf.kv_bytes) s->conf.kv_bytes = 64u << 20;
+  if (!s->conf.adapter_bytes) s->conf.adapter_bytes = 256u << 20;
+  if (s->conf.max_running <= 0) s->conf.max_running = 64;
+  if (s->conf.prefill_chunk <= 0) s->conf.prefill_chunk = 64;
+  if (s->conf.queue_per_tenant <= 0) s->conf.queue_per_tenant = 16;
+  if (s->conf.queue_total <= 0) s->conf.queue_total = 128;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->load_mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  lt_err_t err = s->conf.cuda ? lt_backend_cuda_new(0, &s->be, msg, n) : lt_backend_cpu_new(s->conf.threads, &s->be, msg, n);
+  if (!err) err = open_bases(s, msg, n);
+  if (!err && pthread_create(&s->thread, NULL, lt_sampler_batch_main, s) != 0)
+    err = lt_errf(msg, n, LT_ERR_INTERNAL, "cannot start the batch thread");
+  if (err) {
+    lt_sampler_destroy(s);
+    return err;
+  }
+  s->thread_started = true;
+  *out = s;
+  return LT_OK;
+}
+
+void lt_sampler_destroy(lt_sampler_t *s) {
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->stopping = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  if (s->thread_started) pthread_join(s->thread, NULL);
+  while (s->queue) {
+    sreq_t *r = s->queue;
+    s->queue = r->next;
+    lt_sampler_req_free(s, r);
+  }
+  while (s->running) {
+    sreq_t *r = s->running;
+    s->running = r->next;
+    lt_sampler_req_free(s, r);
+  }
+  while (s->adapters) {
+    sadapter_t *a = s->adapters;
+    s->adapters = a->next;
+    lt_adapter_free(a->a);
+    free(a);
+  }
+  for (int i = 0; i < s->nbases; i++) base_close(&s->bases[i]);
+  lt_backend_destroy(s->be);
+  free(s->tenants);
+  pthread_mutex_destroy(&s->mu);
+  pthread_mutex_destroy(&s->load_mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+void lt_sampler_ops(lt_sampler_t *s, lt_sample_ops_t *out) {
+  *out = (lt_sample_ops_t){.ctx = s, .submit = op_submit, .cancel = op_cancel, .has_adapter = op_has_adapter,
+                           .load_adapter = op_load_adapter, .model_info = op_model_info, .models = op_models,
+                           .metrics = op_metrics};
+}

@@ -748,7 +748,7 @@ static json_t *ch_call_method(ev_t *e, const ch_node_t *n, json_t *self, const c
 
 static const char *const filters[] = {"trim", "length", "count", "upper", "lower", "capitalize",
   "title", "tojson", "default", "d", "string", "join", "first", "last", "list", "items",
-  "replace", NULL};
+  "replace", "selectattr", "rejectattr", "map", NULL};
 static const char *const tests[] = {"defined", "undefined", "none", "string", "number", "integer",
   "boolean", "mapping", "iterable", "sequence", "true", "false", "odd", "even", "equalto", "eq",
   NULL};
@@ -771,6 +771,42 @@ static json_t *tojson(ev_t *e, const ch_node_t *n, const json_t *v, const json_t
   return r;
 }
 
+/* list | selectattr/rejectattr(attr[, test[, arg]]) and list | map(attribute=attr): items kept
+ * by a test on one attribute (truthiness without a test), or that attribute of every item. */
+static json_t *by_attr(ev_t *e, const ch_node_t *n, const json_t *list, json_t *pos, json_t *kw) {
+  bool map = n->name[0] == 'm', reject = n->name[0] == 'r';
+  const char *attr = json_string_value(map ? json_object_get(kw, "attribute") : json_array_get(pos, 1));
+  const char *test = map ? NULL : json_string_value(json_array_get(pos, 2));
+  if (!json_is_array(list) || !attr) {
+    fail(e, LT_ERR_INVALID, n, "%s needs a list and an attribute name%s", n->name,
+         map ? " (map(attribute='name'))" : "");
+    return NULL;
+  }
+  if (test && !ch_test_known(test)) {
+    fail(e, LT_ERR_UNSUPPORTED, n, "unknown test \"%s\"", test);
+    return NULL;
+  }
+  json_t *r = json_array();
+  for (size_t i = 0; i < json_array_size(list) && !e->err; i++) {
+    json_t *it = json_array_get(list, i), *v = json_is_object(it) ? json_object_get(it, attr) : NULL;
+    if (map) { json_array_append(r, v ? v : json_null()); continue; }
+    bool keep;
+    if (!test) keep = truthy(v);
+    else if (!strcmp(test, "defined") || !strcmp(test, "undefined")) keep = (v != NULL) == (test[0] == 'd');
+    else if (!v) keep = false;
+    else {
+      json_t *args = json_pack("[OO]", v, json_array_get(pos, 3) ? json_array_get(pos, 3) : json_null());
+      ch_node_t t = *n;
+      t.name = (char *)test;
+      keep = ch_test(e, &t, args);
+      json_decref(args);
+    }
+    if (keep != reject) json_array_append(r, it);
+  }
+  if (e->err) { json_decref(r); return NULL; }
+  return r;
+}
+
 /* v | name(args): pos[0] is the operand (none when undefined: kw's marker says which). */
 static json_t *ch_filter(ev_t *e, const ch_node_t *n, json_t *pos, json_t *kw) {
   const char *f = n->name;
@@ -782,6 +818,8 @@ static json_t *ch_filter(ev_t *e, const ch_node_t *n, json_t *pos, json_t *kw) {
     return json_incref(use ? a1 : v);
   }
   if (!strcmp(f, "tojson")) return tojson(e, n, v, kw);
+  if (!strcmp(f, "selectattr") || !strcmp(f, "rejectattr") || !strcmp(f, "map"))
+    return by_attr(e, n, v, pos, kw);
   if (!strcmp(f, "length") || !strcmp(f, "count")) {
     if (json_is_string(v)) return json_integer((json_int_t)utf8_len(json_string_value(v), json_string_length(v)));
     if (json_is_array(v)) return json_integer((json_int_t)json_array_size(v));

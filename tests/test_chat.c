@@ -108,7 +108,8 @@ Test(chat, whitespace_control_and_block_trimming_follow_transformers) {
 }
 
 Test(chat, scoping_namespace_and_loops) {
-  expect_ok("{% set x = 1 %}{% for m in messages %}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}", "21");
+  expect_ok("{% set x = 1 %}{% for m in messages %}{% set x = 2 %}{{ x }}{% endfor %}{{ x }}",
+            "21");
   expect_ok("{% set ns = namespace(n=0) %}{% for i in [1,2,3] %}{% set ns.n = ns.n + i %}"
             "{% endfor %}{{ ns.n }}", "6");
   expect_ok("{% for i in [5,6,7] %}{{ loop.index }}{{ loop.index0 }}{{ loop.length }}"
@@ -120,14 +121,24 @@ Test(chat, scoping_namespace_and_loops) {
   expect_ok("{{ true }}{{ none }}{{ 3 }}", "TrueNone3"); /* Python's spelling, as transformers */
 }
 
+/* tojson as transformers' json.dumps(ensure_ascii=False) and @huggingface/jinja print it. */
+Test(chat, tojson_matches_python_separators) {
+  expect_ok("{{ {'a': 1, 'b': [1, 'x', none, true]} | tojson }}",
+            "{\"a\": 1, \"b\": [1, \"x\", null, true]}");
+  expect_ok("{{ {'a': 1} | tojson(indent=2) }}", "{\n  \"a\": 1\n}");
+  expect_ok("{{ '\u00e9\"\\n' | tojson }}", "\"\u00e9\\\"\\n\"");
+}
+
 Test(chat, unsupported_or_broken_templates_fail_with_line_and_column) {
   expect_fail("ab\n  {{ messages", LT_ERR_INVALID, "line 2, column 3: unterminated tag '{{'");
   expect_fail("{% if true %}x", LT_ERR_INVALID, "block not closed: no '{% endif %}'");
   expect_fail("{{ 'abc }}", LT_ERR_INVALID, "line 1, column 4: unterminated string literal");
   expect_fail("{# open", LT_ERR_INVALID, "unterminated comment");
-  expect_fail("\n{{ x | frobnicate }}", LT_ERR_UNSUPPORTED, "line 2, column 8: unknown filter \"frobnicate\"");
+  expect_fail("\n{{ x | frobnicate }}", LT_ERR_UNSUPPORTED,
+              "line 2, column 8: unknown filter \"frobnicate\"");
   expect_fail("{{ x is weird }}", LT_ERR_UNSUPPORTED, "unknown test \"weird\"");
-  expect_fail("{% macro m() %}{% endmacro %}", LT_ERR_UNSUPPORTED, "'{% macro %}' is not supported");
+  expect_fail("{% macro m() %}{% endmacro %}", LT_ERR_UNSUPPORTED,
+              "'{% macro %}' is not supported");
   expect_fail("{% endfor %}", LT_ERR_INVALID, "'{% endfor %}' is not inside a block");
   expect_fail("{{ 1.5 }}", LT_ERR_UNSUPPORTED, "floating-point literals are not supported");
   expect_fail("{{ lipsum() }}", LT_ERR_UNSUPPORTED, "unknown function \"lipsum\"");
@@ -143,7 +154,8 @@ Test(chat, runaway_templates_are_bounded) {
   expect_fail("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
               LT_ERR_INVALID, "evaluation steps: the template runs away");
   expect_fail("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}"
-              "{% set ns.s = ns.s + ns.s %}{% endfor %}", LT_ERR_INVALID, "output over 1048576 bytes");
+              "{% set ns.s = ns.s + ns.s %}{% endfor %}", LT_ERR_INVALID,
+              "output over 1048576 bytes");
   expect_fail("{% for i in range(30) %}{{ messages[0].content * 100000 }}{% endfor %}",
               LT_ERR_INVALID, "output over 1048576 bytes");
   expect_fail("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
@@ -185,7 +197,8 @@ Test(chat, messages_must_be_role_and_string_content) {
   char *out = NULL, err[256] = "";
   json_t *m = json_pack("[{s:s, s:s}, {s:s, s:[{s:s}]}]", "role", "user", "content", "hi", "role",
                         "user", "content", "type", "text");
-  cr_expect_eq(lt_chat_render("{{ 1 }}", m, false, NULL, NULL, &out, err, sizeof err), LT_ERR_INVALID);
+  cr_expect_eq(lt_chat_render("{{ 1 }}", m, false, NULL, NULL, &out, err, sizeof err),
+               LT_ERR_INVALID);
   cr_expect_str_eq(err, "messages[1].content is not a string");
   cr_expect_null(out);
   json_decref(m);
@@ -200,7 +213,8 @@ Test(chat, tokenizer_config_gives_template_and_tokens) {
                     "\"</s>\", \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, "
                     "{\"name\": \"default\", \"template\": \"{{ bos_token }}D\"}]}";
   char *t = NULL, *b = NULL, *e = NULL, err[256] = "";
-  cr_assert_eq(lt_chat_config_parse(cfg, strlen(cfg), &t, &b, &e, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_chat_config_parse(cfg, strlen(cfg), &t, &b, &e, err, sizeof err), LT_OK, "%s",
+               err);
   cr_expect_str_eq(t, "{{ bos_token }}D");
   cr_expect_str_eq(b, "<s>");
   cr_expect_str_eq(e, "</s>");
@@ -211,7 +225,8 @@ Test(chat, tokenizer_config_gives_template_and_tokens) {
   cr_expect_str_eq(b, "");
   free(t); free(b); free(e);
   const char *none = "{\"eos_token\": \"</s>\"}";
-  cr_expect_eq(lt_chat_config_parse(none, strlen(none), &t, &b, &e, err, sizeof err), LT_ERR_NOT_FOUND);
+  cr_expect_eq(lt_chat_config_parse(none, strlen(none), &t, &b, &e, err, sizeof err),
+               LT_ERR_NOT_FOUND);
   cr_expect(strstr(err, "no chat_template") != NULL, "%s", err);
   cr_expect_eq(lt_chat_config_parse("{", 1, &t, &b, &e, err, sizeof err), LT_ERR_INVALID);
 }

@@ -62,7 +62,10 @@ static tok_t *push(ch_t *p, int k) {
   if (p->ntoks == p->cap) {
     size_t cap = p->cap ? p->cap * 2 : 64;
     tok_t *t = realloc(p->toks, cap * sizeof *t);
-    if (!t) { p->err = lt_errf(p->errstr, p->errstr_size, LT_ERR_NOMEM, "out of memory"); return NULL; }
+    if (!t) {
+      p->err = lt_errf(p->errstr, p->errstr_size, LT_ERR_NOMEM, "out of memory");
+      return NULL;
+    }
     p->toks = t;
     p->cap = cap;
   }
@@ -267,7 +270,10 @@ static bool expect_k(ch_t *p, int k, const char *what) {
 
 static ch_node_t *mk(ch_t *p, int type, const tok_t *at) {
   ch_node_t *n = calloc(1, sizeof *n);
-  if (!n) { p->err = lt_errf(p->errstr, p->errstr_size, LT_ERR_NOMEM, "out of memory"); return NULL; }
+  if (!n) {
+    p->err = lt_errf(p->errstr, p->errstr_size, LT_ERR_NOMEM, "out of memory");
+    return NULL;
+  }
   n->type = type;
   n->line = at->line;
   n->col = at->col;
@@ -459,8 +465,8 @@ static ch_node_t *postfix(ch_t *p) {
                   filter ? "filter" : "test", tok_desc(f)); break; }
       if (!(m->name = strdup(f->s))) { p->err = LT_ERR_NOMEM; break; }
       if (filter ? !ch_filter_known(f->s) : !ch_test_known(f->s))
-        FAIL(p, LT_ERR_UNSUPPORTED, f->line, f->col, "unknown %s \"%s\"", filter ? "filter" : "test",
-             f->s);
+        FAIL(p, LT_ERR_UNSUPPORTED, f->line, f->col, "unknown %s \"%s\"",
+             filter ? "filter" : "test", f->s);
       if (is_op(peek(p), "(")) call_args(p, m);
       n = m;
     } else {
@@ -695,8 +701,9 @@ static ch_node_t *body(ch_t *p, const char *const *ends, const char **which) {
   bool stop = false;
   while (p->err == LT_OK && !stop) {
     if (peek(p)->k == K_EOF) {
-      if (ends) FAIL(p, LT_ERR_INVALID, line, col, "block not closed: no '{%% %s %%}' before the end",
-                     ends[0] && !strcmp(ends[0], "elif") ? "endif" : ends[1] ? ends[1] : ends[0]);
+      if (ends)
+        FAIL(p, LT_ERR_INVALID, line, col, "block not closed: no '{%% %s %%}' before the end",
+             ends[0] && !strcmp(ends[0], "elif") ? "endif" : ends[1] ? ends[1] : ends[0]);
       break;
     }
     ch_node_t *n = stmt(p, ends, which, &stop);

@@ -257,14 +257,18 @@ static json_t *binop(ev_t *e, const ch_node_t *n) {
   case OP_LT: case OP_GT: case OP_LE: case OP_GE: {
     int c;
     if (json_is_number(a) && json_is_number(b))
-      c = json_number_value(a) < json_number_value(b) ? -1 : json_number_value(a) > json_number_value(b);
+      c = (json_number_value(a) > json_number_value(b)) -
+          (json_number_value(a) < json_number_value(b));
     else if (json_is_string(a) && json_is_string(b))
       c = strcmp(json_string_value(a), json_string_value(b));
     else {
       fail(e, LT_ERR_INVALID, n, "cannot compare %s with %s", type_name(a), type_name(b));
       break;
     }
-    r = json_boolean(n->op == OP_LT ? c < 0 : n->op == OP_GT ? c > 0 : n->op == OP_LE ? c <= 0 : c >= 0);
+    r = json_boolean(n->op == OP_LT   ? c < 0
+                     : n->op == OP_GT ? c > 0
+                     : n->op == OP_LE ? c <= 0
+                                      : c >= 0);
     break;
   }
   case OP_CAT: {
@@ -291,7 +295,8 @@ static size_t slice_idx(ev_t *e, const ch_node_t *n, long long len, long long *s
   json_t *st = n->kids[0] ? eval(e, n->kids[0]) : NULL;
   long long s = 1, a, b;
   size_t cnt = 0;
-  if ((lo && !json_is_null(lo) && !json_is_integer(lo)) || (hi && !json_is_null(hi) && !json_is_integer(hi)) ||
+  if ((lo && !json_is_null(lo) && !json_is_integer(lo)) ||
+      (hi && !json_is_null(hi) && !json_is_integer(hi)) ||
       (st && !json_is_null(st) && !json_is_integer(st))) {
     fail(e, LT_ERR_INVALID, n, "slice bounds must be integers");
     goto done;
@@ -478,7 +483,8 @@ static json_t *eval(ev_t *e, const ch_node_t *n) {
   }
   case E_NEG:
     v = eval(e, n->a);
-    if (!e->err && !json_is_integer(v)) fail(e, LT_ERR_INVALID, n, "cannot negate %s", type_name(v));
+    if (!e->err && !json_is_integer(v))
+      fail(e, LT_ERR_INVALID, n, "cannot negate %s", type_name(v));
     if (e->err) { json_decref(v); return NULL; }
     if (n->op) return v;
     json_t *neg = json_integer(-json_integer_value(v));
@@ -504,7 +510,8 @@ static json_t *eval(ev_t *e, const ch_node_t *n) {
       if (!x) x = json_null();
       if (n->type == E_LIST) { json_array_append_new(r, x); continue; }
       json_t *y = e->err ? NULL : eval(e, n->kids[++i]);
-      if (!e->err && !json_is_string(x)) fail(e, LT_ERR_UNSUPPORTED, n, "dict keys must be strings");
+      if (!e->err && !json_is_string(x))
+        fail(e, LT_ERR_UNSUPPORTED, n, "dict keys must be strings");
       if (!e->err) json_object_set_new(r, json_string_value(x), y ? y : json_null());
       json_decref(x);
     }
@@ -667,7 +674,8 @@ static json_t *split(ev_t *e, const ch_node_t *n, const json_t *v, const char *s
     else while (q < end && !isspace((unsigned char)*q)) q++;
     if (!q) q = end;
     json_array_append_new(r, str_new(s, (size_t)(q - s)));
-    if (json_array_size(r) > CH_MAX_LIST) fail(e, LT_ERR_INVALID, n, "split() over %d items", CH_MAX_LIST);
+    if (json_array_size(r) > CH_MAX_LIST)
+      fail(e, LT_ERR_INVALID, n, "split() over %d items", CH_MAX_LIST);
     if (q == end) break;
     s = q + (sep ? strlen(sep) : 0);
   }
@@ -763,7 +771,8 @@ bool ch_test_known(const char *name) { return known(tests, name); }
 
 static json_t *tojson(ev_t *e, const ch_node_t *n, const json_t *v, const json_t *kw) {
   const json_t *ind = json_object_get(kw, "indent");
-  size_t flags = JSON_ENCODE_ANY | (json_is_integer(ind) ? JSON_INDENT(json_integer_value(ind) & 31) : 0);
+  size_t flags = JSON_ENCODE_ANY;
+  if (json_is_integer(ind)) flags |= JSON_INDENT(json_integer_value(ind) & 31);
   char *s = json_dumps(v ? v : json_null(), flags);
   if (!s) { fail(e, LT_ERR_NOMEM, n, "out of memory"); return NULL; }
   json_t *r = json_string_nocheck(s);
@@ -775,7 +784,8 @@ static json_t *tojson(ev_t *e, const ch_node_t *n, const json_t *v, const json_t
  * by a test on one attribute (truthiness without a test), or that attribute of every item. */
 static json_t *by_attr(ev_t *e, const ch_node_t *n, const json_t *list, json_t *pos, json_t *kw) {
   bool map = n->name[0] == 'm', reject = n->name[0] == 'r';
-  const char *attr = json_string_value(map ? json_object_get(kw, "attribute") : json_array_get(pos, 1));
+  const char *attr =
+      json_string_value(map ? json_object_get(kw, "attribute") : json_array_get(pos, 1));
   const char *test = map ? NULL : json_string_value(json_array_get(pos, 2));
   if (!json_is_array(list) || !attr) {
     fail(e, LT_ERR_INVALID, n, "%s needs a list and an attribute name%s", n->name,
@@ -788,14 +798,17 @@ static json_t *by_attr(ev_t *e, const ch_node_t *n, const json_t *list, json_t *
   }
   json_t *r = json_array();
   for (size_t i = 0; i < json_array_size(list) && !e->err; i++) {
-    json_t *it = json_array_get(list, i), *v = json_is_object(it) ? json_object_get(it, attr) : NULL;
+    json_t *it = json_array_get(list, i);
+    json_t *v = json_is_object(it) ? json_object_get(it, attr) : NULL;
     if (map) { json_array_append(r, v ? v : json_null()); continue; }
     bool keep;
     if (!test) keep = truthy(v);
-    else if (!strcmp(test, "defined") || !strcmp(test, "undefined")) keep = (v != NULL) == (test[0] == 'd');
+    else if (!strcmp(test, "defined") || !strcmp(test, "undefined"))
+      keep = (v != NULL) == (test[0] == 'd');
     else if (!v) keep = false;
     else {
-      json_t *args = json_pack("[OO]", v, json_array_get(pos, 3) ? json_array_get(pos, 3) : json_null());
+      json_t *arg = json_array_get(pos, 3);
+      json_t *args = json_pack("[OO]", v, arg ? arg : json_null());
       ch_node_t t = *n;
       t.name = (char *)test;
       keep = ch_test(e, &t, args);
@@ -821,7 +834,8 @@ static json_t *ch_filter(ev_t *e, const ch_node_t *n, json_t *pos, json_t *kw) {
   if (!strcmp(f, "selectattr") || !strcmp(f, "rejectattr") || !strcmp(f, "map"))
     return by_attr(e, n, v, pos, kw);
   if (!strcmp(f, "length") || !strcmp(f, "count")) {
-    if (json_is_string(v)) return json_integer((json_int_t)utf8_len(json_string_value(v), json_string_length(v)));
+    if (json_is_string(v))
+      return json_integer((json_int_t)utf8_len(json_string_value(v), json_string_length(v)));
     if (json_is_array(v)) return json_integer((json_int_t)json_array_size(v));
     if (json_is_object(v)) {
       json_t *k = items(v, 'k');
@@ -834,7 +848,8 @@ static json_t *ch_filter(ev_t *e, const ch_node_t *n, json_t *pos, json_t *kw) {
     return json_incref(v);
   } else if (!strcmp(f, "items") && json_is_object(v)) {
     return items(v, 'i');
-  } else if ((!strcmp(f, "first") || !strcmp(f, "last")) && (json_is_array(v) || json_is_string(v))) {
+  } else if ((!strcmp(f, "first") || !strcmp(f, "last")) &&
+             (json_is_array(v) || json_is_string(v))) {
     json_t *idx = json_integer(f[0] == 'f' ? 0 : -1), *r = item(e, n, v, idx);
     json_decref(idx);
     return r;

@@ -28,8 +28,10 @@ struct ch_node {
   char *name;            /* E_NAME, E_ATTR, E_FILTER, E_TEST, S_FOR's variable, S_SET's target */
   char *attr;            /* S_SET ns.attr's attribute */
   json_t *lit;           /* E_LIT's value, S_TEXT's text */
-  ch_node_t *a, *b, *c;  /* operands; S_IF: cond/then/else; S_FOR: iter/body/else; E_SLICE: lo/hi/step */
-  ch_node_t **kids;      /* E_CALL/E_FILTER/E_TEST arguments, E_LIST items, E_DICT keys and values */
+  ch_node_t *a, *b, *c;  /* operands; S_IF: cond/then/else; S_FOR: iter/body/else;
+                          * E_SLICE: object/lo/hi (its step is kids[0]) */
+  ch_node_t **kids;      /* E_CALL/E_FILTER/E_TEST arguments, E_LIST items, E_DICT keys and
+                          * values in turn */
   char **knames;         /* keyword names parallel to kids (NULL for a positional one) */
   size_t nkids;
   ch_node_t *next;       /* the next statement */

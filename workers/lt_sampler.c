@@ -401,6 +401,7 @@ lt_err_t lt_sampler_new(const lt_sampler_conf_t *conf, lt_sampler_t **out, char 
   if (!s->conf.kv_bytes) s->conf.kv_bytes = 64u << 20;
   if (!s->conf.adapter_bytes) s->conf.adapter_bytes = 256u << 20;
   if (s->conf.max_running <= 0) s->conf.max_running = 64;
+  if (s->conf.max_running > SAMPLER_MAX_RUNNING) s->conf.max_running = SAMPLER_MAX_RUNNING;
   if (s->conf.prefill_chunk <= 0) s->conf.prefill_chunk = 64;
   if (s->conf.queue_per_tenant <= 0) s->conf.queue_per_tenant = 16;
   if (s->conf.queue_total <= 0) s->conf.queue_total = 128;

@@ -43,7 +43,8 @@ typedef struct lt_sampler_conf {
 } lt_sampler_conf_t;
 
 lt_err_t lt_sampler_new(const lt_sampler_conf_t *conf, lt_sampler_t **out, char *errstr, size_t errstr_size);
-/* Ends every request (finish "cancelled"), joins the thread, zeroes and frees. NULL-safe. */
+/* Drops every request without an event (the front is gone first), joins the thread, zeroes the
+ * caches and frees. NULL-safe. */
 void lt_sampler_destroy(lt_sampler_t *s);
 /* The table of functions over s, for lt_api_conf_t.sampler. */
 void lt_sampler_ops(lt_sampler_t *s, lt_sample_ops_t *out);

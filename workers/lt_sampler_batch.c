@@ -257,9 +257,9 @@ static sbase_t *pick_base(lt_sampler_t *s) {
 static void plan_step(lt_sampler_t *s, plan_t *pl, sbase_t *b) {
   pl->n = pl->nlogits = 0;
   pl->base = b;
-  sreq_t *order[256];
+  sreq_t *order[SAMPLER_MAX_RUNNING];
   int m = 0;
-  for (sreq_t *r = s->running; r && m < 256; r = r->next)
+  for (sreq_t *r = s->running; r && m < SAMPLER_MAX_RUNNING; r = r->next)
     if (r->base == b) order[m++] = r;
   for (int i = 1; i < m; i++) /* admission order, oldest first */
     for (int j = i; j > 0 && order[j]->order < order[j - 1]->order; j--) {
@@ -329,16 +329,17 @@ void *lt_sampler_batch_main(void *arg) {
     reap(s);
     admit(s);
     sbase_t *b = pick_base(s);
-    if (!b) {
-      /* Idle: wake for a submit or cancel, or a queued request's deadline. */
+    if (b) plan_step(s, &pl, b);
+    if (!b || pl.n == 0) {
+      /* Idle (or every request waits for cache blocks): wake for a submit or cancel, or a
+       * deadline. */
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 100 * 1000 * 1000;
+      ts.tv_nsec += (b ? 1 : 100) * 1000 * 1000;
       if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
       pthread_cond_timedwait(&s->cv, &s->mu, &ts);
       continue;
     }
-    plan_step(s, &pl, b);
     run_step(s, &pl);
   }
   pthread_mutex_unlock(&s->mu);

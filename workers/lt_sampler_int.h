@@ -19,6 +19,7 @@
 #include "lt_tok.h"
 
 #define SAMPLER_MAX_BASES 16
+#define SAMPLER_MAX_RUNNING 256 /* requests decoding at once, at most (a step plans them on the stack) */
 
 /* A base model served: one copy of its weights, its tokenizer and its cache. */
 typedef struct sbase {

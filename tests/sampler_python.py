@@ -286,7 +286,7 @@ def usage(lathe, env, tenant_a, secret_prompt):
     mine = [r for r in recs if r.get("record", {}).get("tenant_id") == tenant_a]
     check(len(mine) > 64, f"usage records name the tenant ({len(mine)} of {len(recs)} for A)")
     v = mine[0]["record"]
-    check(v["completion_tokens"] > 0 and v["prompt_tokens"] > 0 and v["base_model"] == "lathe-tiny",
+    check(v["tokens_out"] > 0 and v["tokens_in"] > 0 and v["base_model"] == "lathe-tiny",
           "a usage record carries the model and token counts")
     check(secret_prompt not in out, "no usage record carries a prompt")
 

@@ -255,8 +255,8 @@ static void record_usage(sample_req_t *r, const char *finish) {
   if (!err) err = lt_avro_set_string(rec, "endpoint", r->chat ? "chat.completions" : "completions");
   if (!err) err = lt_avro_set_int(rec, "choices", r->n);
   if (!err) err = lt_avro_set_bool(rec, "stream", r->stream);
-  if (!err) err = lt_avro_set_long(rec, "prompt_tokens", r->ch[0].prompt_tokens);
-  if (!err) err = lt_avro_set_long(rec, "completion_tokens", completion);
+  if (!err) err = lt_avro_set_long(rec, "tokens_in", r->ch[0].prompt_tokens);
+  if (!err) err = lt_avro_set_long(rec, "tokens_out", completion);
   if (!err) err = lt_avro_set_long(rec, "ttft_ms", ttft);
   if (!err) err = lt_avro_set_long(rec, "duration_ms", duration);
   if (!err) err = lt_avro_set_string(rec, "finish", finish);

@@ -18,7 +18,10 @@ adapter each (managed jobs); then, through the OpenAI-compatible routes:
   6. overload: a sampler with small queue bounds, sent 10x its bound of concurrent requests,
      answers 429 with Retry-After to the excess, serves the rest, and its peak memory stays within
      a few MiB of where it was before the burst;
-  7. the unmodified `openai` npm package (tests/reference) runs completions, chat completions and
+  7. a live training session's save_weights_for_sampler is served as ft:<base>:<session>:<name>
+     (greedy tokens and log-probs as the session's own sample gives them; 404 to another tenant;
+     gone once the session ended, when its published adapter takes over as ft:<base>:<session>);
+  8. the unmodified `openai` npm package (tests/reference) runs completions, chat completions and
      a stream against A's adapter (tests/sampler_openai.mjs).
 
 usage: sampler_python.py PATH/TO/lathe PATH/TO/lathed
@@ -38,6 +41,9 @@ import urllib.request
 
 import lt_test
 from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
+
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+from lathe_client import AdamParams, SamplingParams, ServiceClient, sft_datum  # noqa: E402
 
 CHECKS = []
 
@@ -330,7 +336,46 @@ def overload(lathed, env, key, model, log_tag):
         c.stop()
 
 
-# ---- 7: the openai npm package ----
+# ---- 7: a live session's weights ----
+
+def session_weights(base, sbase, key_a, key_b):
+    svc = ServiceClient(base_url=base, api_key=key_a, timeout=120)
+    prompt = "date: March 5, 2021\niso:"
+    tok = svc.tokenize("lathe-tiny", prompt)
+    batch = [sft_datum(tok, svc.tokenize("lathe-tiny", " 2021-03-05"))]
+    tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=5)
+    for _ in range(3):
+        tc.forward_backward(batch)
+        tc.optim_step(AdamParams(lr=5e-2))
+    tc.save_weights_for_sampler("w1").result(timeout=300)
+    own = tc.sample(tok, 1, SamplingParams(max_tokens=8, temperature=0, seed=1)).result(timeout=300).samples[0]
+    model = f"ft:lathe-tiny:{tc.id}:w1"
+    st, models, _ = http_json(sbase, key_a, "GET", "/v1/models")
+    check(st == 200 and model in [m["id"] for m in models["data"]], f"/v1/models lists the live session's {model}")
+    st, body, _ = complete(sbase, key_a, {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                          "logprobs": 0})
+    lp = body["choices"][0]["logprobs"] if st == 200 else {"tokens": [], "token_logprobs": []}
+    n = len(lp["tokens"])
+    theirs = [svc.detokenize("lathe-tiny", [t]) for t in own.tokens[:n]]
+    close = all(abs(a - b) < 1e-3 for a, b in zip(lp["token_logprobs"], own.logprobs))
+    check(st == 200 and n > 0 and lp["tokens"] == theirs and close,
+          f"the sampler serves the session's saved weights: its greedy tokens and log-probs ({n}) are the session's own")
+    st, b, _ = complete(sbase, key_b, {"model": model, "prompt": prompt, "max_tokens": 2})
+    check(st == 404, "another tenant gets 404 for the session's saved weights")
+    tc.end()
+    tc.wait_until(timeout=300)
+    st, b, _ = complete(sbase, key_a, {"model": model, "prompt": prompt, "max_tokens": 2})
+    check(st == 404, "after the session ended its live weights are gone (404)")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        st, b, _ = complete(sbase, key_a, {"model": f"ft:lathe-tiny:{tc.id}", "prompt": prompt, "max_tokens": 2})
+        if st == 200:
+            break
+        time.sleep(1)
+    check(st == 200, "the ended session's published adapter is served as ft:lathe-tiny:<session>")
+
+
+# ---- 8: the openai npm package ----
 
 def openai_npm(sbase, key, model, expect):
     script = os.path.join(ROOT, "tests", "sampler_openai.mjs")
@@ -387,6 +432,7 @@ def main():
             secret = "date: zz-secret-prompt-" + secrets.token_hex(4)
             complete(sbase, keys[0], {"model": model_a, "prompt": secret, "max_tokens": 3})
             usage(lathe, env, tenants[0], secret)
+            session_weights(base, sbase, keys[0], keys[1])
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
             overload(lathed, env, keys[0], model_a, f"sam{run_id}")
         except BaseException:

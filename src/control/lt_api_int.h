@@ -295,6 +295,12 @@ void lt_api_detokenize(lt_api_call_t *c);
 /* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
+/* The key of the state file a live session saved under name (save_state or
+ * save_weights_for_sampler; its adapter files lie beside it), and the checkpoint's number; NULL
+ * when the session saved none by that name. Borrowed until the next record is folded. */
+const char *lt_api_sessions_saved(lt_api_t *api, const char *job_id, const char *name, int64_t *checkpoint);
+/* The names of the states a session saved (a new JSON array of strings). */
+json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id);
 /* Forgets what the calls of sessions that ended over an hour ago did (their results are deleted
  * by then: the publisher's GC); a call of such a session then answers "session_ended". */
 void lt_api_sessions_prune(lt_api_t *api);

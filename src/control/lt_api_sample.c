@@ -69,7 +69,7 @@ typedef struct sample_req {
   struct evhttp_request *req;
   struct evhttp_connection *evcon;
   bool chat, stream, usage_in_stream, gone, started, answered, watching;
-  char id[48], model[256], base[LT_ID_MAX + 1], adapter[LT_SAMPLE_ADAPTER_MAX + 1], job_id[LT_ID_MAX + 1];
+  char id[48], model[256], base[LT_JOB_NAME_MAX], adapter[LT_SAMPLE_ADAPTER_MAX + 1], job_id[LT_ID_MAX + 1];
   char tenant[LT_ID_MAX + 1];
   int logprobs; /* alternatives per token; -1: no logprobs at all */
   int64_t created;
@@ -455,10 +455,13 @@ static void load_work(void *ctx) {
   void *blob = NULL, *st = NULL, *cfg = NULL;
   size_t blen = 0, st_len = 0, cfg_len = 0;
   lt_crypto_dek_t *job_dek = NULL;
-  lt_err_t err = lt_store_get(api->conf.store, r->dek_key, LT_CRYPTO_WRAPPED_MAX, &blob, &blen, NULL, msg, n);
-  if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, r->tenant, blob, blen, &job_dek, msg, n);
-  free(blob);
-  if (err == LT_ERR_NOT_FOUND) err = LT_OK; /* artifacts from before jobs had keys: the tenant's */
+  lt_err_t err = LT_OK;
+  if (r->dek_key[0]) { /* a published adapter: its job's key (none before jobs had keys: the tenant's) */
+    err = lt_store_get(api->conf.store, r->dek_key, LT_CRYPTO_WRAPPED_MAX, &blob, &blen, NULL, msg, n);
+    if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, r->tenant, blob, blen, &job_dek, msg, n);
+    free(blob);
+    if (err == LT_ERR_NOT_FOUND) err = LT_OK;
+  }
   const lt_crypto_dek_t *dek = job_dek ? job_dek : r->tenant_dek;
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->st_key, ADAPTER_MAX_BYTES, &st, &st_len, msg, n);
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->cfg_key, 1u << 20, &cfg, &cfg_len, msg, n);
@@ -500,36 +503,61 @@ static const char *artifact_key(lt_api_t *api, const char *job_id, const char *n
   return NULL;
 }
 
-/* Resolves r->model for tenant t: a served base model, or ft:<base>:<job> of t's own job with a
- * published adapter. Replies 404 (the same for another tenant's job as for none) and returns false. */
+/* ft:<base>:<id>[:<name>] of tenant t: a finished job's (or ended session's) published adapter,
+ * or, with a name, the weights a live session saved under it (save_weights_for_sampler). */
+static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
+  lt_api_t *api = c->api;
+  char base[LT_ID_MAX + 1] = "", id[LT_ID_MAX + 1] = "", name[LT_ID_MAX + 1] = "";
+  const char *m = r->model + 3, *c1 = strchr(m, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+  if (!c1 || (size_t)(c1 - m) > LT_ID_MAX) return false;
+  size_t idlen = c2 ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1);
+  if (idlen > LT_ID_MAX || (c2 && strlen(c2 + 1) > LT_ID_MAX)) return false;
+  memcpy(base, m, (size_t)(c1 - m));
+  memcpy(id, c1 + 1, idlen);
+  if (c2) snprintf(name, sizeof name, "%s", c2 + 1);
+  const lt_job_t *j = lt_id_valid(id) ? lt_job_get(lt_proj_jobs(api->proj), id) : NULL;
+  if (!j || strcmp(j->tenant_id, c->tenant->tenant_id) != 0 || lt_api_job_deleted(api, j->job_id) ||
+      strcmp(j->base_model, base) != 0)
+    return false;
+  if (name[0]) { /* a live session's saved weights: in staging, under the tenant's key */
+    int64_t ckpt = 0;
+    const char *state = lt_id_valid(name) && lt_api_is_session_id(j->job_id) && !lt_job_state_is_terminal(j->state)
+                            ? lt_api_sessions_saved(api, j->job_id, name, &ckpt)
+                            : NULL;
+    size_t dir = state ? strlen(state) - strlen("state.bin") : 0;
+    if (!state || dir == 0 || dir >= LT_STORE_KEY_MAX - 32) return false;
+    snprintf(r->st_key, sizeof r->st_key, "%.*sadapter_model.safetensors", (int)dir, state);
+    snprintf(r->cfg_key, sizeof r->cfg_key, "%.*sadapter_config.json", (int)dir, state);
+    snprintf(r->adapter, sizeof r->adapter, "%s/%s/%lld", j->tenant_id, j->job_id, (long long)ckpt);
+    r->dek_key[0] = '\0';
+  } else {
+    const char *st = artifact_key(api, j->job_id, "adapter_model.safetensors");
+    const char *cfg = artifact_key(api, j->job_id, "adapter_config.json");
+    if (!st || !cfg) return false;
+    snprintf(r->st_key, sizeof r->st_key, "%s", st);
+    snprintf(r->cfg_key, sizeof r->cfg_key, "%s", cfg);
+    snprintf(r->adapter, sizeof r->adapter, "%s/%s", j->tenant_id, j->job_id);
+    lt_publisher_artifact_dek_key(r->dek_key, sizeof r->dek_key, j->tenant_id, j->job_id);
+  }
+  snprintf(r->base, sizeof r->base, "%s", j->base_model);
+  snprintf(r->job_id, sizeof r->job_id, "%s", j->job_id);
+  return true;
+}
+
+/* Resolves r->model for the caller: a served base model, or one of its own adapters
+ * (resolve_adapter). Replies 404 — the same for another tenant's job as for none — and returns
+ * false. */
 static bool resolve_model(lt_api_call_t *c, sample_req_t *r) {
   const lt_sample_ops_t *ops = c->api->conf.sampler;
-  const char *m = r->model;
-  if (strncmp(m, "ft:", 3) == 0) {
-    const char *colon = strchr(m + 3, ':');
-    size_t blen = colon ? (size_t)(colon - m - 3) : 0;
-    const lt_job_t *j = colon && blen <= LT_ID_MAX && lt_id_valid(colon + 1) ? lt_job_get(lt_proj_jobs(c->api->proj), colon + 1)
-                                                                              : NULL;
-    if (j && strcmp(j->tenant_id, c->tenant->tenant_id) != 0) j = NULL;
-    if (j && lt_api_job_deleted(c->api, j->job_id)) j = NULL;
-    if (j && (strlen(j->base_model) != blen || strncmp(j->base_model, m + 3, blen) != 0)) j = NULL;
-    const char *st = j ? artifact_key(c->api, j->job_id, "adapter_model.safetensors") : NULL;
-    const char *cfg = j ? artifact_key(c->api, j->job_id, "adapter_config.json") : NULL;
-    if (st && cfg) {
-      snprintf(r->base, sizeof r->base, "%s", j->base_model);
-      snprintf(r->job_id, sizeof r->job_id, "%s", j->job_id);
-      snprintf(r->adapter, sizeof r->adapter, "%s/%s", j->tenant_id, j->job_id);
-      snprintf(r->st_key, sizeof r->st_key, "%s", st);
-      snprintf(r->cfg_key, sizeof r->cfg_key, "%s", cfg);
-      lt_publisher_artifact_dek_key(r->dek_key, sizeof r->dek_key, j->tenant_id, j->job_id);
-    }
+  if (strncmp(r->model, "ft:", 3) == 0) {
+    if (!resolve_adapter(c, r)) r->base[0] = '\0';
   } else {
     for (const char *const *b = ops->models(ops->ctx); *b; b++)
-      if (strcmp(*b, m) == 0) snprintf(r->base, sizeof r->base, "%s", *b);
+      if (strcmp(*b, r->model) == 0) snprintf(r->base, sizeof r->base, "%s", *b);
   }
   if (r->base[0]) return true;
   lt_api_reply_error(c->req, 404, "model_not_found", "model",
-                     "the model %s does not exist or you do not have access to it (GET /v1/models lists yours)", m);
+                     "the model %s does not exist or you do not have access to it (GET /v1/models lists yours)", r->model);
   return false;
 }
 
@@ -799,16 +827,30 @@ typedef struct {
   json_t *data;
 } models_ctx_t;
 
-static bool add_adapter_model(const lt_job_t *j, void *arg) {
-  models_ctx_t *m = arg;
-  if (strcmp(j->tenant_id, m->tenant) != 0 || lt_api_job_deleted(m->api, j->job_id)) return true;
-  if (!artifact_key(m->api, j->job_id, "adapter_model.safetensors") || !artifact_key(m->api, j->job_id, "adapter_config.json"))
-    return true;
-  char id[256];
-  snprintf(id, sizeof id, "ft:%s:%s", j->base_model, j->job_id);
+static void add_model(models_ctx_t *m, const lt_job_t *j, const char *id) {
   json_array_append_new(m->data, json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", "model", "created",
                                            (json_int_t)(j->submitted_at_ms / 1000), "owned_by", j->tenant_id, "root",
                                            j->base_model));
+}
+
+static bool add_adapter_model(const lt_job_t *j, void *arg) {
+  models_ctx_t *m = arg;
+  if (strcmp(j->tenant_id, m->tenant) != 0 || lt_api_job_deleted(m->api, j->job_id)) return true;
+  char id[256];
+  if (lt_api_is_session_id(j->job_id) && !lt_job_state_is_terminal(j->state)) { /* its saved weights */
+    json_t *names = lt_api_sessions_saved_names(m->api, j->job_id), *nm;
+    size_t i;
+    json_array_foreach(names, i, nm) {
+      snprintf(id, sizeof id, "ft:%s:%s:%s", j->base_model, j->job_id, json_string_value(nm));
+      add_model(m, j, id);
+    }
+    json_decref(names);
+    return true;
+  }
+  if (!artifact_key(m->api, j->job_id, "adapter_model.safetensors") || !artifact_key(m->api, j->job_id, "adapter_config.json"))
+    return true;
+  snprintf(id, sizeof id, "ft:%s:%s", j->base_model, j->job_id);
+  add_model(m, j, id);
   return true;
 }
 

@@ -98,6 +98,23 @@ static sess_fold_t *fold_of(lt_api_t *api, const char *job_id, bool create) {
   return f;
 }
 
+json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id) {
+  sess_fold_t *f = fold_of(api, job_id, false);
+  json_t *names = json_array();
+  const char *name;
+  json_t *s;
+  if (f) json_object_foreach(f->saved, name, s) json_array_append_new(names, json_string(name));
+  return names;
+}
+
+const char *lt_api_sessions_saved(lt_api_t *api, const char *job_id, const char *name, int64_t *checkpoint) {
+  sess_fold_t *f = fold_of(api, job_id, false);
+  json_t *s = f ? json_object_get(f->saved, name) : NULL;
+  if (!s) return NULL;
+  *checkpoint = json_integer_value(json_object_get(s, "checkpoint"));
+  return json_string_value(json_object_get(s, "state_key"));
+}
+
 /* A long poll on one call. */
 struct lt_api_waiter {
   lt_api_t *api;

@@ -191,7 +191,8 @@ class SamplingClient:
     sample() is a call of the same session, so it runs in order after the calls sent before it
     and samples with the weights the session holds then -- the saved ones only if no optim_step
     or load_state was sent in between (the sessions contract has no field to pick saved weights
-    in a sample call)."""
+    in a sample call). The saved weights themselves are served by the sampler (lathed --role
+    sampler) to any OpenAI client as model "ft:<base>:<session id>:<name>" while the session lives."""
 
     def __init__(self, training: TrainingClient, name: str, step: int, adapter: Optional[str],
                  raw: Optional[Dict[str, Any]] = None) -> None:

@@ -17,7 +17,8 @@ adapter each (managed jobs); then, through the OpenAI-compatible routes:
   5. usage records on lathe.usage name tenant, model and counts, and carry no prompt or output;
   6. overload: a sampler with small queue bounds, sent 10x its bound of concurrent requests,
      answers 429 with Retry-After to the excess, serves the rest, and its peak memory stays within
-     a few MiB of where it was before the burst;
+     a few MiB of where it was before the burst; a seeded request gives there what it gave on the
+     first sampler; killed mid-stream, it leaves a stream without [DONE];
   7. a live training session's save_weights_for_sampler is served as ft:<base>:<session>:<name>
      (greedy tokens and log-probs as the session's own sample gives them; 404 to another tenant;
      gone once the session ended, when its published adapter takes over as ft:<base>:<session>);
@@ -307,7 +308,7 @@ def vm_hwm(pid):
     return 0
 
 
-def overload(lathed, env, key, model, log_tag):
+def overload(lathed, env, key, model, log_tag, main_sbase):
     c = Child("lathed sampler", [lathed, "--role", "sampler", "--port", "0", "--operator-port", "0"],
               dict(env, LATHE_INSTANCE=f"{log_tag}-s2", LATHE_SAMPLER_QUEUE_PER_TENANT="8",
                    LATHE_SAMPLER_QUEUE_TOTAL="8", LATHE_SAMPLER_MAX_RUNNING="4", LATHE_API_KEY_RATE="off",
@@ -332,6 +333,25 @@ def overload(lathed, env, key, model, log_tag):
               f"80 concurrent requests against a bound of 8: {codes.count(200)} served, {n429} answered 429")
         check(all(r[2].get("Retry-After") for r in res if r[0] == 429), "every 429 says Retry-After")
         check(hwm1 - hwm0 < 32 * 1024, f"peak memory grew {(hwm1 - hwm0) / 1024:.1f} MiB under the burst (< 32)")
+        here, there = one(sbase, key, model, 5), one(main_sbase, key, model, 5)
+        check(here == there and here[0] != "error",
+              "the same seeded request gives the same tokens and log-probs on another sampler process")
+        # A sampler killed mid-stream: the client sees the stream end without [DONE].
+        u = urllib.parse.urlparse(sbase)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": "date:", "max_tokens": 200,
+                                                            "temperature": 1, "stream": True, "stop": ["\x01"]}),
+                     {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.fp.readline()
+        c.p.kill()
+        rest = b""
+        try:
+            rest = r.read()
+        except (http.client.IncompleteRead, ConnectionError) as e:
+            rest = getattr(e, "partial", b"") or b""
+        conn.close()
+        check(b"[DONE]" not in rest, "a sampler killed mid-stream leaves a stream without [DONE]: the client can tell")
     finally:
         c.stop()
 
@@ -434,7 +454,7 @@ def main():
             usage(lathe, env, tenants[0], secret)
             session_weights(base, sbase, keys[0], keys[1])
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
-            overload(lathed, env, keys[0], model_a, f"sam{run_id}")
+            overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)
         except BaseException:
             d.dump()
             raise

@@ -27,13 +27,15 @@
  * Two runs in one process, after an untimed warm-up (every stream, base model, a 4-token prompt, 4 tokens): --streams streams all on adapter 0,
  * then --streams streams on --adapters adapters (stream i on adapter i % A; A = 0: the base
  * model both times). Last line: `multi_adapter_ratio: R` = decode_tok_s distinct / single.
+ * --rounds K: K such pairs, the order alternating (single first, then distinct first) so that a
+ * drift in the shared machine's load falls on both; R is the median of the K paired ratios.
  * --batch-only B: one run of B streams on the base model instead; last line `decode_tok_s: X`
  * (steady_tok_s: the figure to hold against bench/sample_torch.py at the same B, P, N, threads).
  * --json adds one JSON line with every figure, before the last line.
  *
  * Usage: bench_sample --models DIR --model NAME [--threads T] [--streams S] [--adapters A]
  *                     [--prompt-len P] [--new-tokens N] [--rank R] [--batch-only B] [--text STR]
- *                     [--json] */
+ *                     [--rounds K] [--json] */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,7 +55,7 @@ static char err[1024];
 typedef struct opts {
   const char *models, *model;
   const char *line; /* the prompt's text, repeated */
-  int threads, streams, adapters, prompt_len, new_tokens, rank, batch_only, json;
+  int threads, streams, adapters, prompt_len, new_tokens, rank, batch_only, rounds, json;
 } opts_t;
 
 /* One request's record, written by the batch thread's callback, read by main after done. */
@@ -304,12 +306,12 @@ static void json_result(const char *name, const result_t *r, int comma) {
 static int usage(void) {
   fprintf(stderr, "usage: bench_sample --models DIR --model NAME [--threads T] [--streams S] [--adapters A]\n"
                   "                    [--prompt-len P] [--new-tokens N] [--rank R] [--batch-only B] [--text STR]\n"
-                  "                    [--json]\n");
+                  "                    [--rounds K] [--json]\n");
   return 2;
 }
 
 int main(int argc, char **argv) {
-  opts_t o = {.threads = 2, .streams = 32, .adapters = 32, .prompt_len = 64, .new_tokens = 64, .rank = 8,
+  opts_t o = {.threads = 2, .streams = 32, .adapters = 32, .prompt_len = 64, .new_tokens = 64, .rank = 8, .rounds = 1,
             .line = "The quick brown fox jumps over the lazy dog. "};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -325,11 +327,12 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--new-tokens") == 0) o.new_tokens = atoi(v);
     else if (strcmp(a, "--rank") == 0) o.rank = atoi(v);
     else if (strcmp(a, "--text") == 0) o.line = v;
+    else if (strcmp(a, "--rounds") == 0) o.rounds = atoi(v);
     else if (strcmp(a, "--batch-only") == 0) o.batch_only = atoi(v);
     else return usage();
   }
   if (!o.models || !o.model || o.threads < 1 || o.streams < 1 || o.adapters < 0 || o.prompt_len < 1 ||
-      o.new_tokens < 1 || o.rank < 1 || o.batch_only < 0)
+      o.new_tokens < 1 || o.rank < 1 || o.batch_only < 0 || o.rounds < 1 || o.rounds > 16)
     return usage();
   if (o.batch_only) o.streams = o.batch_only, o.adapters = 0;
 
@@ -400,19 +403,39 @@ int main(int argc, char **argv) {
     }
     printf("decode_tok_s: %.2f\n", one.steady_tok_s);
   } else {
-    if (run(&ops, &o, prompt, S, o.adapters > 0 ? 1 : 0, o.new_tokens, &one)) goto fail;
-    print_result(o.adapters > 0 ? "one adapter" : "base model", S, &one);
-    if (run(&ops, &o, prompt, S, o.adapters, o.new_tokens, &many)) goto fail;
+    /* Rounds of the pair, the order alternating (single first, then distinct first) so that a
+     * drift in the machine's load falls on both; the figure is the median of the paired ratios. */
+    double ratios[16], tok1[16], tokm[16];
     char name[64];
     snprintf(name, sizeof name, "%d distinct adapters", o.adapters);
-    print_result(name, S, &many);
-    double ratio = many.decode_tok_s / one.decode_tok_s;
+    for (int k = 0; k < o.rounds; k++) {
+      for (int half = 0; half < 2; half++) {
+        int distinct = (half + k) % 2;
+        result_t *r = distinct ? &many : &one;
+        if (run(&ops, &o, prompt, S, distinct ? o.adapters : (o.adapters > 0 ? 1 : 0), o.new_tokens, r)) goto fail;
+        printf("round %d ", k + 1);
+        print_result(distinct ? name : (o.adapters > 0 ? "one adapter" : "base model"), S, r);
+      }
+      tok1[k] = one.decode_tok_s;
+      tokm[k] = many.decode_tok_s;
+      ratios[k] = many.decode_tok_s / one.decode_tok_s;
+      printf("round %d ratio %.3f\n", k + 1, ratios[k]);
+    }
+    double sorted[16];
+    memcpy(sorted, ratios, sizeof sorted);
+    double ratio = bench_median(sorted, o.rounds);
     if (o.json) {
-      printf("{\"streams\":%d,\"adapters\":%d,\"prompt_len\":%d,\"new_tokens\":%d,\"threads\":%d,\"rank\":%d,", S,
-             o.adapters, o.prompt_len, o.new_tokens, o.threads, o.rank);
-      json_result("single", &one, 1);
+      printf("{\"streams\":%d,\"adapters\":%d,\"prompt_len\":%d,\"new_tokens\":%d,\"threads\":%d,\"rank\":%d,"
+             "\"rounds\":%d,", S, o.adapters, o.prompt_len, o.new_tokens, o.threads, o.rank, o.rounds);
+      json_result("single", &one, 1); /* the last round's */
       json_result("distinct", &many, 1);
-      printf("\"multi_adapter_ratio\":%.4f}\n", ratio);
+      printf("\"ratios\":[");
+      for (int k = 0; k < o.rounds; k++) printf("%s%.4f", k ? "," : "", ratios[k]);
+      printf("],\"single_tok_s\":[");
+      for (int k = 0; k < o.rounds; k++) printf("%s%.3f", k ? "," : "", tok1[k]);
+      printf("],\"distinct_tok_s\":[");
+      for (int k = 0; k < o.rounds; k++) printf("%s%.3f", k ? "," : "", tokm[k]);
+      printf("],\"multi_adapter_ratio\":%.4f}\n", ratio);
     }
     printf("multi_adapter_ratio: %.3f\n", ratio);
   }

@@ -1,0 +1,650 @@
+/* Tests of the sampler backend (workers/lt_sampler.h) through its table of functions
+ * (src/lib/lt_sampling.h), on a tiny random model (D=64, L=2) with a tokenizer trained on the
+ * task corpus and three PEFT adapters: outputs independent of how requests were batched,
+ * preemption and recompute on a short KV pool, weighted fair share, cancel, deadlines, queue
+ * bounds, bad input, the adapter cache's LRU eviction, and stop strings.
+ *
+ * The model directory is made once per test run (under /tmp, named after the runner's pid) and
+ * removed when the run ends. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lt_engine.h"
+#include "lt_sampler.h"
+#include "lt_task.h"
+#include "lt_time.h"
+#include "lt_tok.h"
+#include "lt_utf8.h"
+
+static char errbuf[512];
+
+#define OK(call)                                                                               \
+  do {                                                                                         \
+    errbuf[0] = 0;                                                                             \
+    lt_err_t e_ = (call);                                                                      \
+    cr_assert_eq(e_, LT_OK, "%s failed: %s (%s)", #call, errbuf, lt_err_name(e_));            \
+  } while (0)
+
+enum { NAD = 3, MAXT = 128 };
+#define BASE "tiny"
+
+/* ---------------------------------------------------------------- the model directory */
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  b[n] = 0;
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static void spit(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f, "%s", path);
+  cr_assert_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+  fclose(f);
+}
+
+/* A few AdamW steps on random tokens, so that B != 0 and the adapter changes the outputs. */
+static void train(lt_session_t *s, int V, unsigned seed) {
+  int32_t tok[2 * 16], tgt[2 * 16];
+  lt_adamw_t opt = {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  for (int step = 0; step < 4; step++) {
+    for (int i = 0; i < 32; i++) tok[i] = (int32_t)(rand_r(&seed) % (unsigned)V);
+    for (int i = 0; i < 32; i++) tgt[i] = (int32_t)(rand_r(&seed) % (unsigned)V);
+    lt_batch_t b = {.B = 2, .T = 16, .tokens = tok, .targets = tgt};
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  }
+}
+
+/* Builds root/models/tiny/{tokenizer.json, config.json, model.safetensors} and root/adN/ (PEFT
+ * files of rank 4 on every module, B trained away from 0). */
+static void build(const char *root) {
+  char path[600], *corpus, *json;
+  size_t len;
+  snprintf(path, sizeof path, "%s/models", root);
+  cr_assert_eq(mkdir(path, 0700), 0);
+  snprintf(path, sizeof path, "%s/models/" BASE, root);
+  cr_assert_eq(mkdir(path, 0700), 0);
+  OK(lt_task_corpus(7, 256u << 10, &corpus, &len, errbuf, sizeof errbuf));
+  OK(lt_tok_train(corpus, len, 512, lt_task_specials, LT_TASK_N_SPECIAL, &json, errbuf, sizeof errbuf));
+  free(corpus);
+  lt_tok_t *tok;
+  OK(lt_tok_load_json(json, strlen(json), &tok, errbuf, sizeof errbuf));
+  int V = lt_tok_vocab_size(tok);
+  lt_tok_destroy(tok);
+  snprintf(path, sizeof path, "%s/models/" BASE "/tokenizer.json", root);
+  spit(path, json);
+  free(json);
+  lt_model_config_t c = {.vocab_size = V, .hidden_size = 64, .intermediate_size = 96, .num_layers = 2,
+                         .num_heads = 4, .num_kv_heads = 2, .head_dim = 16, .max_position = 128,
+                         .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f};
+  snprintf(path, sizeof path, "%s/models/" BASE, root);
+  OK(lt_model_init_random(&c, path, 7, 0.2f, 0.1f, errbuf, sizeof errbuf));
+  lt_backend_t *be;
+  lt_engine_t *eng;
+  OK(lt_backend_cpu_new(1, &be, errbuf, sizeof errbuf));
+  OK(lt_engine_open(path, be, &eng, errbuf, sizeof errbuf));
+  for (int i = 0; i < NAD; i++) {
+    lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 100 + (uint64_t)i};
+    lt_session_t *s;
+    OK(lt_session_new(eng, &sc, &s, errbuf, sizeof errbuf));
+    train(s, V, 11 + (unsigned)i);
+    snprintf(path, sizeof path, "%s/ad%d", root, i);
+    OK(lt_export_peft(s, path, BASE, errbuf, sizeof errbuf));
+    lt_session_destroy(s);
+  }
+  lt_engine_close(eng);
+  lt_backend_destroy(be);
+}
+
+/* The run's model directory: made by the first test that needs it (built aside, then renamed
+ * into place, so tests running at once agree on one copy). */
+static char g_root[256];
+static const char *root_dir(void) {
+  if (g_root[0]) return g_root;
+  snprintf(g_root, sizeof g_root, "/tmp/lt_sampler_test_%d", (int)getppid());
+  struct stat st;
+  if (stat(g_root, &st) == 0) return g_root;
+  char tmp[300];
+  snprintf(tmp, sizeof tmp, "%s.XXXXXX", g_root);
+  cr_assert_not_null(mkdtemp(tmp));
+  build(tmp);
+  if (rename(tmp, g_root) != 0) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    cr_assert_eq(system(cmd), 0);
+  }
+  return g_root;
+}
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+  (void)stats;
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf /tmp/lt_sampler_test_%d /tmp/lt_sampler_test_%d.*", (int)getpid(),
+           (int)getpid());
+  if (system(cmd) != 0) fprintf(stderr, "test_sampler: could not remove the model directory\n");
+}
+
+/* ---------------------------------------------------------------- a sampler and its events */
+
+typedef struct tsampler {
+  lt_sampler_t *s;
+  lt_sample_ops_t ops;
+} tsampler_t;
+
+static void ts_open(tsampler_t *t, lt_sampler_conf_t conf) {
+  char models[300];
+  snprintf(models, sizeof models, "%s/models", root_dir());
+  conf.models_dir = models;
+  conf.threads = 1;
+  OK(lt_sampler_new(&conf, &t->s, errbuf, sizeof errbuf));
+  lt_sampler_ops(t->s, &t->ops);
+}
+
+static void ts_close(tsampler_t *t) { lt_sampler_destroy(t->s); }
+
+/* Loads adapter i (its PEFT files) as "tenant/adi". */
+static lt_err_t ts_load(tsampler_t *t, int i) {
+  char path[400], id[64];
+  size_t st_len, cfg_len;
+  snprintf(path, sizeof path, "%s/ad%d/adapter_model.safetensors", root_dir(), i);
+  char *st = slurp(path, &st_len);
+  snprintf(path, sizeof path, "%s/ad%d/adapter_config.json", root_dir(), i);
+  char *cfg = slurp(path, &cfg_len);
+  snprintf(id, sizeof id, "tenant/ad%d", i);
+  lt_err_t err = t->ops.load_adapter(t->ops.ctx, id, BASE, st, st_len, cfg, cfg_len, errbuf, sizeof errbuf);
+  free(st);
+  free(cfg);
+  return err;
+}
+
+/* A counter of the metrics text ("lathe_sampler_NAME VALUE"). */
+static long long metric(tsampler_t *t, const char *name) {
+  char *text = t->ops.metrics(t->ops.ctx), key[128];
+  cr_assert_not_null(text);
+  snprintf(key, sizeof key, "lathe_sampler_%s ", name);
+  char *at = strstr(text, key);
+  cr_assert_not_null(at, "metric %s missing from:\n%s", name, text);
+  long long v = strtoll(at + strlen(key), NULL, 10);
+  free(text);
+  return v;
+}
+
+/* Waits until the sampler is idle with every cache block free; false after 20 s. */
+static bool idle_and_free(tsampler_t *t) {
+  for (int i = 0; i < 2000; i++) {
+    if (metric(t, "running") == 0 && metric(t, "queued") == 0 &&
+        metric(t, "kv_blocks_free") == metric(t, "kv_blocks_total"))
+      return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+/* The completion order across requests (fairness). */
+static pthread_mutex_t g_order_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_order[64], g_norder;
+
+/* What one request's events said. */
+typedef struct rec {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int id;
+  int32_t tok[MAXT];
+  float logp[MAXT];
+  int n, events;
+  char text[4096];
+  size_t text_len;
+  bool deltas_valid; /* every delta was valid UTF-8 */
+  bool done;
+  char finish[16];
+  lt_err_t err;
+  bool cancel_returned; /* set right after cancel returned */
+  int after_cancel;     /* events that came after that */
+  int slow_us;          /* each event takes this long (keeps a request in the batch a while) */
+} rec_t;
+
+static void rec_init(rec_t *r, int id) {
+  memset(r, 0, sizeof *r);
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  r->id = id;
+  r->deltas_valid = true;
+}
+
+static void on_event(void *ctx, const lt_sample_event_t *ev) {
+  rec_t *r = ctx;
+  if (r->slow_us) usleep((useconds_t)r->slow_us);
+  pthread_mutex_lock(&r->mu);
+  r->events++;
+  if (r->cancel_returned) r->after_cancel++;
+  if (ev->kind == LT_SAMPLE_TOKEN) {
+    if (r->n < MAXT) r->tok[r->n] = ev->token, r->logp[r->n] = ev->logp;
+    r->n++;
+    size_t len;
+    char *clean = lt_utf8_sanitize(ev->text, ev->text_len, &len);
+    if (!clean || len != ev->text_len || memcmp(clean, ev->text, len) != 0) r->deltas_valid = false;
+    free(clean);
+    if (r->text_len + ev->text_len < sizeof r->text) {
+      memcpy(r->text + r->text_len, ev->text, ev->text_len);
+      r->text_len += ev->text_len;
+    }
+  } else {
+    r->done = true;
+    snprintf(r->finish, sizeof r->finish, "%s", ev->finish ? ev->finish : "");
+    r->err = ev->err;
+    pthread_mutex_lock(&g_order_mu);
+    if (g_norder < 64) g_order[g_norder++] = r->id;
+    pthread_mutex_unlock(&g_order_mu);
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Waits until r has at least `tokens` tokens (or is done when tokens < 0); false after 30 s. */
+static bool rec_wait(rec_t *r, int tokens) {
+  int64_t end = lt_time_mono_ms() + 30000;
+  pthread_mutex_lock(&r->mu);
+  while (tokens < 0 ? !r->done : r->n < tokens && !r->done) {
+    if (lt_time_mono_ms() > end) break;
+    pthread_mutex_unlock(&r->mu);
+    usleep(2000);
+    pthread_mutex_lock(&r->mu);
+  }
+  bool ok = tokens < 0 ? r->done : r->n >= tokens;
+  pthread_mutex_unlock(&r->mu);
+  return ok;
+}
+
+static lt_sample_req_t req_of(rec_t *r, const char *tenant, const char *adapter, const char *prompt, int max_tokens,
+                              float temperature, uint64_t seed) {
+  return (lt_sample_req_t){.tenant = tenant, .weight = 1, .base = BASE, .adapter = adapter, .prompt = prompt,
+                           .max_tokens = max_tokens, .temperature = temperature, .top_p = 1, .seed = seed,
+                           .on_event = on_event, .ctx = r};
+}
+
+static uint64_t submit_ok(tsampler_t *t, const lt_sample_req_t *q) {
+  uint64_t h = 0;
+  OK(t->ops.submit(t->ops.ctx, q, &h, errbuf, sizeof errbuf));
+  return h;
+}
+
+static const char *const k_prompts[] = {
+    "Once upon a time there was a little fox who",
+    "The market opened early and the farmer sold",
+    "Question: what is two plus three? Answer:",
+};
+static const char *const k_adapters[] = {"", "tenant/ad0", "tenant/ad1", "tenant/ad2"};
+
+/* ---------------------------------------------------------------- tests */
+
+/* 12 seeded requests over 3 adapters and the base model: one at a time and all at once give the
+ * same tokens and logprobs, and the adapters do change the output. */
+Test(sampler, outputs_do_not_depend_on_batching, .timeout = 120) {
+  enum { N = 12 };
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
+  static rec_t one[N], all[N];
+  for (int i = 0; i < N; i++) {
+    rec_init(&one[i], i);
+    lt_sample_req_t q = req_of(&one[i], "t", k_adapters[i % 4], k_prompts[i / 4], 24, 0.9f, 1000 + (uint64_t)(i / 4));
+    submit_ok(&t, &q);
+    cr_assert(rec_wait(&one[i], -1));
+  }
+  for (int i = 0; i < N; i++) {
+    rec_init(&all[i], i);
+    lt_sample_req_t q = req_of(&all[i], "t", k_adapters[i % 4], k_prompts[i / 4], 24, 0.9f, 1000 + (uint64_t)(i / 4));
+    submit_ok(&t, &q);
+  }
+  for (int i = 0; i < N; i++) {
+    cr_assert(rec_wait(&all[i], -1), "request %d did not finish", i);
+    cr_assert_eq(all[i].err, LT_OK);
+    cr_assert_eq(one[i].n, all[i].n, "request %d: %d tokens alone, %d batched", i, one[i].n, all[i].n);
+    cr_assert(one[i].n > 0);
+    cr_assert_eq(memcmp(one[i].tok, all[i].tok, (size_t)one[i].n * sizeof(int32_t)), 0, "request %d: tokens", i);
+    cr_assert_eq(memcmp(one[i].logp, all[i].logp, (size_t)one[i].n * sizeof(float)), 0, "request %d: logprobs", i);
+  }
+  /* Same prompt and seed: the base model and the three adapters do not all agree. */
+  for (int p = 0; p < 3; p++) {
+    int differ = 0;
+    for (int a = 1; a < 4; a++)
+      differ += one[4 * p + a].n != one[4 * p].n ||
+                memcmp(one[4 * p + a].tok, one[4 * p].tok, (size_t)one[4 * p].n * sizeof(int32_t)) != 0;
+    cr_assert(differ > 0, "prompt %d: the adapters change nothing", p);
+  }
+  cr_assert(metric(&t, "rows_total") > metric(&t, "steps_total"), "nothing was ever batched");
+  ts_close(&t);
+}
+
+/* Runs 8 long requests at once on a sampler with kv_bytes of KV cache (block_tokens 4); fills
+ * out[8]. */
+static void run_long(tsampler_t *t, rec_t *out, long long *preempted) {
+  static const char *const adapters[] = {"", "tenant/ad0", "tenant/ad1", "tenant/ad2"};
+  char prompts[8][200];
+  for (int i = 0; i < 8; i++) {
+    snprintf(prompts[i], sizeof prompts[i], "Story %d. %s and then the %s", i, k_prompts[i % 3],
+             k_prompts[(i + 1) % 3]);
+    rec_init(&out[i], i);
+    lt_sample_req_t q = req_of(&out[i], "t", adapters[i % 4], prompts[i], 40, 0.9f, 77 + (uint64_t)i);
+    submit_ok(t, &q);
+  }
+  for (int i = 0; i < 8; i++) {
+    cr_assert(rec_wait(&out[i], -1), "request %d did not finish", i);
+    cr_assert_eq(out[i].err, LT_OK, "request %d: %s", i, out[i].finish);
+  }
+  *preempted = metric(t, "preempted_total");
+  cr_assert(idle_and_free(t), "blocks still held after every request ended");
+}
+
+/* A KV pool for about 2-3 of 8 concurrent long requests: every one finishes, some are preempted
+ * and recomputed, and the outputs equal those of a sampler with a large pool. */
+Test(sampler, preempted_requests_recompute_the_same_tokens, .timeout = 180) {
+  static rec_t small[8], large[8];
+  long long pre_small, pre_large;
+  tsampler_t t;
+  /* A block: 2 (K, V) x 2 layers x 4 positions x 2 kv heads x 16 dims x 4 bytes = 2 KiB. A
+   * request holds up to ~70 positions (18 blocks): 40 blocks hold two and a bit. */
+  ts_open(&t, (lt_sampler_conf_t){.kv_bytes = 40 * 2048, .block_tokens = 4});
+  cr_assert_eq(metric(&t, "kv_blocks_total"), 40);
+  for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
+  run_long(&t, small, &pre_small);
+  ts_close(&t);
+  ts_open(&t, (lt_sampler_conf_t){.block_tokens = 4});
+  for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
+  run_long(&t, large, &pre_large);
+  ts_close(&t);
+  cr_assert(pre_small > 0, "the small pool never preempted");
+  cr_assert_eq(pre_large, 0);
+  for (int i = 0; i < 8; i++) {
+    cr_assert_eq(small[i].n, large[i].n, "request %d: %d tokens vs %d", i, small[i].n, large[i].n);
+    cr_assert_eq(memcmp(small[i].tok, large[i].tok, (size_t)small[i].n * sizeof(int32_t)), 0, "request %d", i);
+    cr_assert_eq(memcmp(small[i].logp, large[i].logp, (size_t)small[i].n * sizeof(float)), 0, "request %d", i);
+    cr_assert_eq(strcmp(small[i].finish, large[i].finish), 0);
+  }
+}
+
+/* One request runs at a time: tenant A (weight 2) completes about twice as many as tenant B
+ * (weight 1) early on, and a tenant that arrives late is served soon, not after the backlog. */
+Test(sampler, tenants_share_decode_by_weight, .timeout = 120) {
+  enum { PER = 12 };
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .queue_per_tenant = 64, .queue_total = 128});
+  static rec_t r[2 * PER + 2];
+  g_norder = 0;
+  for (int i = 0; i < 2 * PER; i++) {
+    rec_init(&r[i], i);
+    bool a = i < PER;
+    r[i].slow_us = 1000; /* 8 ms a request: the newcomer arrives while the backlog is long */
+    lt_sample_req_t q = req_of(&r[i], a ? "A" : "B", "", k_prompts[i % 3], 8, 0, 1);
+    q.weight = a ? 2 : 1;
+    submit_ok(&t, &q);
+  }
+  cr_assert(rec_wait(&r[0], -1));
+  pthread_mutex_lock(&g_order_mu);
+  int arrived = g_norder; /* completions before the newcomer came */
+  pthread_mutex_unlock(&g_order_mu);
+  for (int i = 2 * PER; i < 2 * PER + 2; i++) {
+    rec_init(&r[i], i);
+    lt_sample_req_t q = req_of(&r[i], "C", "", k_prompts[0], 8, 0, 1);
+    submit_ok(&t, &q);
+  }
+  for (int i = 0; i < 2 * PER + 2; i++) cr_assert(rec_wait(&r[i], -1), "request %d did not finish", i);
+  pthread_mutex_lock(&g_order_mu);
+  int na = 0, nb = 0, last_c = -1;
+  for (int k = 0; k < g_norder; k++) {
+    if (k < 9 && g_order[k] < PER) na++;
+    else if (k < 9 && g_order[k] < 2 * PER) nb++;
+    if (g_order[k] >= 2 * PER) last_c = k;
+  }
+  cr_assert_eq(g_norder, 2 * PER + 2);
+  char seen[64] = "";
+  for (int k = 0; k < g_norder; k++) seen[k] = g_order[k] < PER ? 'A' : g_order[k] < 2 * PER ? 'B' : 'C';
+  pthread_mutex_unlock(&g_order_mu);
+  cr_log_info("completion order: %s", seen);
+  cr_assert(na >= 5 && nb >= 2, "first 9 completions: A %d, B %d (%s)", na, nb, seen);
+  cr_assert(last_c >= 0 && last_c - arrived < 8, "the newcomer came after %d completions; its last request "
+            "finished %dth of %d (%s)", arrived, last_c + 1, 2 * PER + 2, seen);
+  ts_close(&t);
+}
+
+/* Cancel: a running request gets no event after cancel returns and its blocks come back; a
+ * queued one gets no event at all. */
+Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .block_tokens = 4});
+  static rec_t run, queued;
+  rec_init(&run, 0);
+  rec_init(&queued, 1);
+  run.slow_us = queued.slow_us = 5000;
+  lt_sample_req_t q = req_of(&run, "t", "", k_prompts[0], 100, 0.9f, 5);
+  uint64_t h = submit_ok(&t, &q);
+  q = req_of(&queued, "t", "", k_prompts[1], 100, 0.9f, 6);
+  uint64_t hq = submit_ok(&t, &q);
+  cr_assert(rec_wait(&run, 3));
+  t.ops.cancel(t.ops.ctx, h);
+  pthread_mutex_lock(&run.mu);
+  run.cancel_returned = true;
+  pthread_mutex_unlock(&run.mu);
+  /* The queued one is admitted once the first leaves: cancel it before or after, no matter. */
+  t.ops.cancel(t.ops.ctx, hq);
+  pthread_mutex_lock(&queued.mu);
+  queued.cancel_returned = true;
+  int queued_events = queued.events;
+  pthread_mutex_unlock(&queued.mu);
+  cr_assert(idle_and_free(&t), "blocks still held after cancel");
+  usleep(100000);
+  cr_assert_eq(run.after_cancel, 0, "%d events after cancel returned", run.after_cancel);
+  cr_assert(!run.done, "a cancelled request got DONE after cancel");
+  cr_assert(run.n < 100);
+  cr_assert_eq(queued.after_cancel, 0);
+  cr_assert_eq(metric(&t, "cancelled_total"), 2);
+  (void)queued_events;
+  ts_close(&t);
+
+  /* Strictly queued: behind a running request with max_running 1, cancelled before admission. */
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .block_tokens = 4});
+  rec_init(&run, 0);
+  rec_init(&queued, 1);
+  run.slow_us = 5000;
+  q = req_of(&run, "t", "", k_prompts[0], 100, 0.9f, 5);
+  h = submit_ok(&t, &q);
+  cr_assert(rec_wait(&run, 1));
+  q = req_of(&queued, "t", "", k_prompts[1], 100, 0.9f, 6);
+  hq = submit_ok(&t, &q);
+  t.ops.cancel(t.ops.ctx, hq);
+  cr_assert_eq(metric(&t, "queued"), 0, "the cancelled request is still queued");
+  t.ops.cancel(t.ops.ctx, h);
+  cr_assert(idle_and_free(&t));
+  usleep(50000);
+  cr_assert_eq(queued.events, 0, "a request cancelled while queued got %d events", queued.events);
+  ts_close(&t);
+}
+
+/* A deadline already past: DONE "timeout" with LT_ERR_TIMEOUT, and nothing generated. */
+Test(sampler, past_deadline_ends_with_timeout, .timeout = 60) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  static rec_t r;
+  rec_init(&r, 0);
+  lt_sample_req_t q = req_of(&r, "t", "", k_prompts[0], 50, 0, 1);
+  q.deadline_ms = lt_time_mono_ms() - 1;
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&r, -1));
+  cr_assert_str_eq(r.finish, "timeout");
+  cr_assert_eq(r.err, LT_ERR_TIMEOUT);
+  cr_assert_eq(r.n, 0);
+  cr_assert_eq(metric(&t, "timeouts_total"), 1);
+  cr_assert(idle_and_free(&t));
+  ts_close(&t);
+}
+
+/* queue_per_tenant and queue_total: LT_ERR_QUOTA past each, other tenants unaffected by one's. */
+Test(sampler, queue_bounds_answer_quota, .timeout = 60) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .queue_per_tenant = 2, .queue_total = 3});
+  static rec_t r[5];
+  uint64_t h[5] = {0};
+  for (int i = 0; i < 5; i++) rec_init(&r[i], i), r[i].slow_us = 5000;
+  lt_sample_req_t q = req_of(&r[0], "A", "", k_prompts[0], 100, 0.9f, 1);
+  h[0] = submit_ok(&t, &q);
+  q.ctx = &r[1];
+  h[1] = submit_ok(&t, &q);
+  q.ctx = &r[2];
+  char msg[256] = "";
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h[2], msg, sizeof msg), LT_ERR_QUOTA);
+  cr_assert(strstr(msg, "tenant") != NULL, "%s", msg);
+  q.tenant = "B";
+  h[2] = submit_ok(&t, &q);
+  q.ctx = &r[3];
+  q.tenant = "C";
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h[3], msg, sizeof msg), LT_ERR_QUOTA);
+  cr_assert(strstr(msg, "full") != NULL, "%s", msg);
+  cr_assert_eq(metric(&t, "rejected_total"), 2);
+  for (int i = 0; i < 3; i++) t.ops.cancel(t.ops.ctx, h[i]);
+  cr_assert(idle_and_free(&t));
+  h[3] = submit_ok(&t, &q); /* room again */
+  cr_assert(rec_wait(&r[3], 1));
+  t.ops.cancel(t.ops.ctx, h[3]);
+  ts_close(&t);
+}
+
+/* Bad requests are refused at submit with the right error and a message naming the problem;
+ * garbage adapter bytes leave the cache as it was. */
+Test(sampler, bad_input_is_refused_at_submit, .timeout = 60) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  OK(ts_load(&t, 0));
+  static rec_t r;
+  rec_init(&r, 0);
+  uint64_t h;
+  char msg[256];
+  lt_sample_req_t q = req_of(&r, "t", "", k_prompts[0], 8, 0, 1);
+  q.base = "nope";
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, msg, sizeof msg), LT_ERR_NOT_FOUND);
+  cr_assert(strstr(msg, "nope") != NULL, "%s", msg);
+  q.base = BASE;
+  q.adapter = "tenant/missing";
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, msg, sizeof msg), LT_ERR_NOT_FOUND);
+  cr_assert(strstr(msg, "tenant/missing") != NULL, "%s", msg);
+  q.adapter = "";
+  q.max_tokens = 200;
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, msg, sizeof msg), LT_ERR_INVALID);
+  cr_assert(strstr(msg, "max_tokens") != NULL && strstr(msg, "128") != NULL, "%s", msg);
+  q.max_tokens = 8;
+  q.prompt = "";
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, msg, sizeof msg), LT_ERR_INVALID);
+  cr_assert(strstr(msg, "prompt") != NULL, "%s", msg);
+  q.prompt = k_prompts[0];
+  q.max_tokens = 0;
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, msg, sizeof msg), LT_ERR_INVALID);
+  cr_assert(strstr(msg, "max_tokens") != NULL, "%s", msg);
+  long long bytes = metric(&t, "adapter_cache_bytes");
+  cr_assert(bytes > 0);
+  static const char garbage[] = "\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}not a safetensors file";
+  cr_assert_neq(t.ops.load_adapter(t.ops.ctx, "tenant/bad", BASE, garbage, sizeof garbage, "{\"r\":4}", 7, msg,
+                                   sizeof msg),
+                LT_OK);
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/bad"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert_eq(metric(&t, "adapter_cache_bytes"), bytes);
+  cr_assert_eq(metric(&t, "adapter_loads_total"), 1);
+  cr_assert_eq(metric(&t, "requests_total"), 0);
+  ts_close(&t);
+}
+
+/* A cache for two adapters: a third evicts the least recently used one that no request holds;
+ * when every adapter is held, loading fails with LT_ERR_QUOTA and evicts nothing. */
+Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  OK(ts_load(&t, 0));
+  long long one = metric(&t, "adapter_cache_bytes");
+  ts_close(&t);
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 5 / 2), .max_running = 4});
+  OK(ts_load(&t, 0));
+  OK(ts_load(&t, 1));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0")); /* ad1 is now the least recently used */
+  OK(ts_load(&t, 2));
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad1"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  /* Both held by requests: nothing can go. */
+  static rec_t r[2];
+  uint64_t h[2];
+  for (int i = 0; i < 2; i++) {
+    rec_init(&r[i], i);
+    r[i].slow_us = 10000;
+    lt_sample_req_t q = req_of(&r[i], "t", i ? "tenant/ad2" : "tenant/ad0", k_prompts[i], 100, 0.9f, 3);
+    h[i] = submit_ok(&t, &q);
+  }
+  cr_assert(rec_wait(&r[0], 1) && rec_wait(&r[1], 1));
+  cr_assert_eq(ts_load(&t, 1), LT_ERR_QUOTA, "%s", errbuf);
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  /* One released: it goes. ad2 was asked for last, so the LRU is ad0; hold ad2 only. */
+  t.ops.cancel(t.ops.ctx, h[0]);
+  for (int i = 0; i < 200 && metric(&t, "running") > 1; i++) usleep(10000);
+  cr_assert_eq(metric(&t, "running"), 1);
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  OK(ts_load(&t, 1));
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 2);
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  t.ops.cancel(t.ops.ctx, h[1]);
+  cr_assert(idle_and_free(&t));
+  ts_close(&t);
+}
+
+/* A stop string from the greedy output: the text released ends right before it, finish "stop",
+ * and no delta ever showed it or broke a UTF-8 character. */
+Test(sampler, stop_string_cuts_the_text_before_it, .timeout = 60) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  static rec_t full, cut;
+  rec_init(&full, 0);
+  lt_sample_req_t q = req_of(&full, "t", "", k_prompts[2], 40, 0, 1);
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&full, -1));
+  cr_assert(full.deltas_valid);
+  cr_assert(full.text_len >= 8, "greedy output too short: %zu bytes", full.text_len);
+  /* Three ASCII bytes from the middle of the text. */
+  size_t at = full.text_len / 2;
+  while (at + 3 <= full.text_len &&
+         ((unsigned char)full.text[at] >= 0x80 || (unsigned char)full.text[at + 1] >= 0x80 ||
+          (unsigned char)full.text[at + 2] >= 0x80))
+    at++;
+  cr_assert(at + 3 <= full.text_len, "no ASCII in the greedy output");
+  char stop[4] = {full.text[at], full.text[at + 1], full.text[at + 2], 0};
+  size_t first = (size_t)((char *)memmem(full.text, full.text_len, stop, 3) - full.text);
+  rec_init(&cut, 1);
+  q = req_of(&cut, "t", "", k_prompts[2], 40, 0, 1);
+  q.stop[0] = "never appears \x01";
+  q.stop[1] = stop;
+  q.nstop = 2;
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&cut, -1));
+  cr_assert_str_eq(cut.finish, "stop");
+  cr_assert(cut.deltas_valid);
+  cr_assert_eq(cut.text_len, first, "released %zu bytes, the stop string \"%s\" is at %zu", cut.text_len, stop, first);
+  cr_assert_eq(memcmp(cut.text, full.text, first), 0);
+  cr_assert_null(memmem(cut.text, cut.text_len, stop, 3));
+  ts_close(&t);
+}

@@ -423,6 +423,53 @@ Test(sampler, tenants_share_decode_by_weight, .timeout = 120) {
   ts_close(&t);
 }
 
+/* A tenant that comes back after others were served a while starts level with them: it does not
+ * get the decode it did not use while away (its requests interleave with the backlog). */
+Test(sampler, returning_tenant_brings_no_saved_credit, .timeout = 120) {
+  enum { PER = 12 };
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .queue_per_tenant = 64, .queue_total = 128});
+  static rec_t r[2 * PER + 5];
+  rec_init(&r[2 * PER], 2 * PER);
+  lt_sample_req_t q = req_of(&r[2 * PER], "C", "", k_prompts[0], 8, 0, 1);
+  submit_ok(&t, &q); /* C alone, then gone */
+  cr_assert(rec_wait(&r[2 * PER], -1));
+  g_norder = 0;
+  for (int i = 0; i < 2 * PER; i++) {
+    rec_init(&r[i], i);
+    r[i].slow_us = 1000;
+    q = req_of(&r[i], i < PER ? "A" : "B", "", k_prompts[i % 3], 8, 0, 1);
+    q.weight = i < PER ? 2 : 1;
+    submit_ok(&t, &q);
+  }
+  for (int k = 0; k < 3000; k++) {
+    pthread_mutex_lock(&g_order_mu);
+    int done = g_norder;
+    pthread_mutex_unlock(&g_order_mu);
+    if (done >= 14) break;
+    usleep(1000);
+  }
+  pthread_mutex_lock(&g_order_mu);
+  int arrived = g_norder;
+  pthread_mutex_unlock(&g_order_mu);
+  for (int i = 2 * PER + 1; i < 2 * PER + 5; i++) {
+    rec_init(&r[i], i);
+    r[i].slow_us = 1000;
+    q = req_of(&r[i], "C", "", k_prompts[1], 8, 0, 1);
+    submit_ok(&t, &q);
+  }
+  for (int i = 0; i < 2 * PER + 5; i++) cr_assert(rec_wait(&r[i], -1), "request %d did not finish", i);
+  char seen[64] = "";
+  int nc = 0;
+  pthread_mutex_lock(&g_order_mu);
+  for (int k = 0; k < g_norder; k++) seen[k] = g_order[k] < PER ? 'A' : g_order[k] < 2 * PER ? 'B' : 'C';
+  for (int k = arrived + 1; k < arrived + 5 && k < g_norder; k++) nc += g_order[k] >= 2 * PER;
+  pthread_mutex_unlock(&g_order_mu);
+  cr_log_info("completion order: %s (C back after %d)", seen, arrived);
+  cr_assert(nc <= 2, "C came back after %d completions and took %d of the next 4 (%s)", arrived, nc, seen);
+  ts_close(&t);
+}
+
 /* Cancel: a running request gets no event after cancel returns and its blocks come back; a
  * queued one gets no event at all. */
 Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {

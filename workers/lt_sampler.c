@@ -127,7 +127,9 @@ stenant_t *lt_sampler_tenant(lt_sampler_t *s, const char *tenant) {
     s->tenants = nt;
     s->tenants_cap = cap;
   }
-  /* A newcomer starts at the least served tenant's clock: no credit saved up while away. */
+  /* A newcomer starts at the least served tenant's clock: no credit saved up while away. The table
+   * holds only tenants with requests in the sampler (tenant_drop_idle), so a tenant that comes back
+   * is a newcomer too, and an idle tenant's old clock never lowers the floor. */
   double floor = 0;
   for (int i = 0; i < s->ntenants; i++)
     if (i == 0 || s->tenants[i].served < floor) floor = s->tenants[i].served;
@@ -136,6 +138,11 @@ stenant_t *lt_sampler_tenant(lt_sampler_t *s, const char *tenant) {
   snprintf(t->id, sizeof t->id, "%s", tenant);
   t->served = floor;
   return t;
+}
+
+/* Drops t's row once nothing of it is in the sampler (see lt_sampler_tenant). Under mu. */
+static void tenant_drop_idle(lt_sampler_t *s, stenant_t *t) {
+  if (t && t->inflight <= 0) *t = s->tenants[--s->ntenants];
 }
 
 /* ---------------------------------------------------------------- adapters */
@@ -223,6 +230,7 @@ void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
   if (r->ad) r->ad->refs--;
   stenant_t *t = lt_sampler_tenant(s, r->tenant);
   if (t) t->inflight--;
+  tenant_drop_idle(s, t);
   s->inflight--;
   for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
   lt_picker_free(&r->pk);
@@ -309,6 +317,7 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
     err = lt_errf(msg, n, LT_ERR_QUOTA, "the sampler is full (%d requests)", s->conf.queue_total);
   if (err) {
     if (err == LT_ERR_QUOTA) s->st.rejected++;
+    tenant_drop_idle(s, t);
     pthread_mutex_unlock(&s->mu);
     lt_picker_free(&r->pk);
     for (int i = 0; i < r->nstop; i++) free(r->stop[i]);

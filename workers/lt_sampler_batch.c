@@ -290,19 +290,27 @@ static void run_step(lt_sampler_t *s, plan_t *pl) {
   pthread_mutex_lock(&s->mu);
   s->st.steps++;
   s->st.rows += (uint64_t)pl->n;
+  if (err) {
+    /* A failed step left nothing dependable in the cache: every request with rows in it ends,
+     * prefilling ones too (advancing them would decode from keys and values never written). */
+    for (sreq_t *r = s->running, *next; r; r = next) {
+      next = r->next;
+      bool in = false;
+      for (int i = 0; i < pl->n && !in; i++) in = r->base == b && r->seq == pl->rows[i].seq;
+      if (in && !r->cancelled) {
+        send_done(s, r, "error", err, msg);
+        leave(s, r);
+      }
+    }
+    return;
+  }
   /* The rows are in the cache now: advance every request that had rows in the step. */
   for (int i = 0; i < pl->n; i++)
     for (sreq_t *r = s->running; r; r = r->next)
       if (r->seq == pl->rows[i].seq && r->base == b && r->done_pos == pl->rows[i].pos) r->done_pos++;
   for (int i = 0; i < pl->nlogits; i++) {
     sreq_t *r = pl->owner[i];
-    if (r->cancelled) continue; /* reap frees it */
-    if (err) {
-      send_done(s, r, "error", err, msg);
-      leave(s, r);
-    } else {
-      emit(s, r, pl->logits + (size_t)i * b->V);
-    }
+    if (!r->cancelled) emit(s, r, pl->logits + (size_t)i * b->V); /* else reap frees it */
   }
 }
 

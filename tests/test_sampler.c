@@ -492,7 +492,6 @@ Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
   t.ops.cancel(t.ops.ctx, hq);
   pthread_mutex_lock(&queued.mu);
   queued.cancel_returned = true;
-  int queued_events = queued.events;
   pthread_mutex_unlock(&queued.mu);
   cr_assert(idle_and_free(&t), "blocks still held after cancel");
   usleep(100000);
@@ -501,7 +500,6 @@ Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
   cr_assert(run.n < 100);
   cr_assert_eq(queued.after_cancel, 0);
   cr_assert_eq(metric(&t, "cancelled_total"), 2);
-  (void)queued_events;
   ts_close(&t);
 
   /* Strictly queued: behind a running request with max_running 1, cancelled before admission. */
@@ -520,6 +518,8 @@ Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
   cr_assert(idle_and_free(&t));
   usleep(50000);
   cr_assert_eq(queued.events, 0, "a request cancelled while queued got %d events", queued.events);
+  cr_assert(!run.done);
+  cr_assert_eq(metric(&t, "cancelled_total"), 2);
   ts_close(&t);
 }
 

@@ -355,8 +355,8 @@ static void run_long(tsampler_t *t, rec_t *out, long long *preempted) {
 /* A KV pool for about 2-3 of 8 concurrent long requests: every one finishes, some are preempted
  * and recomputed, and the outputs equal those of a sampler with a large pool. */
 Test(sampler, preempted_requests_recompute_the_same_tokens, .timeout = 180) {
-  static rec_t small[8], large[8];
-  long long pre_small, pre_large;
+  static rec_t small[8], chunked[8], large[8];
+  long long pre_small, pre_chunked, pre_large;
   tsampler_t t;
   /* A block: 2 (K, V) x 2 layers x 4 positions x 2 kv heads x 16 dims x 4 bytes = 2 KiB. A
    * request holds up to ~70 positions (18 blocks): 40 blocks hold two and a bit. */
@@ -365,17 +365,28 @@ Test(sampler, preempted_requests_recompute_the_same_tokens, .timeout = 180) {
   for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
   run_long(&t, small, &pre_small);
   ts_close(&t);
+  /* The same with prompts fed 5 rows a step: preempted mid-prefill as well. */
+  ts_open(&t, (lt_sampler_conf_t){.kv_bytes = 40 * 2048, .block_tokens = 4, .prefill_chunk = 5});
+  for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
+  run_long(&t, chunked, &pre_chunked);
+  ts_close(&t);
   ts_open(&t, (lt_sampler_conf_t){.block_tokens = 4});
   for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
   run_long(&t, large, &pre_large);
   ts_close(&t);
-  cr_assert(pre_small > 0, "the small pool never preempted");
+  cr_log_info("preempted: %lld, %lld with prefill chunks of 5", pre_small, pre_chunked);
+  cr_assert(pre_small > 0 && pre_chunked > 0, "the small pool never preempted");
   cr_assert_eq(pre_large, 0);
   for (int i = 0; i < 8; i++) {
     cr_assert_eq(small[i].n, large[i].n, "request %d: %d tokens vs %d", i, small[i].n, large[i].n);
     cr_assert_eq(memcmp(small[i].tok, large[i].tok, (size_t)small[i].n * sizeof(int32_t)), 0, "request %d", i);
     cr_assert_eq(memcmp(small[i].logp, large[i].logp, (size_t)small[i].n * sizeof(float)), 0, "request %d", i);
     cr_assert_eq(strcmp(small[i].finish, large[i].finish), 0);
+    cr_assert_eq(chunked[i].n, large[i].n, "request %d: %d tokens vs %d", i, chunked[i].n, large[i].n);
+    cr_assert_eq(memcmp(chunked[i].tok, large[i].tok, (size_t)large[i].n * sizeof(int32_t)), 0, "request %d", i);
+    cr_assert_eq(memcmp(chunked[i].logp, large[i].logp, (size_t)large[i].n * sizeof(float)), 0, "request %d", i);
+    cr_assert_eq(small[i].text_len, large[i].text_len);
+    cr_assert_eq(memcmp(small[i].text, large[i].text, large[i].text_len), 0, "request %d: text", i);
   }
 }
 

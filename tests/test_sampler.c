@@ -549,6 +549,20 @@ Test(sampler, past_deadline_ends_with_timeout, .timeout = 60) {
   cr_assert_eq(r.n, 0);
   cr_assert_eq(metric(&t, "timeouts_total"), 1);
   cr_assert(idle_and_free(&t));
+  /* A deadline reached mid-stream (10 ms an event, 200 ms to go): DONE "timeout" after some tokens,
+   * and the blocks come back. */
+  static rec_t mid;
+  rec_init(&mid, 1);
+  mid.slow_us = 10000;
+  q = req_of(&mid, "t", "", k_prompts[0], 100, 0.9f, 1);
+  q.deadline_ms = lt_time_mono_ms() + 200;
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&mid, -1));
+  cr_assert_str_eq(mid.finish, "timeout");
+  cr_assert_eq(mid.err, LT_ERR_TIMEOUT);
+  cr_assert(mid.n > 0 && mid.n < 100, "%d tokens", mid.n);
+  cr_assert_eq(metric(&t, "timeouts_total"), 2);
+  cr_assert(idle_and_free(&t));
   ts_close(&t);
 }
 

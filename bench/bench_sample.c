@@ -1,4 +1,4 @@
-/* bench_sample: the sampler's continuous batch in process (issue 12) — what `lathed --role
+/* bench_sample: the sampler's continuous batch in process — what `lathed --role
  * sampler` serves, without HTTP: workers/lt_sampler.h's table of functions, driven the way the
  * API's sampling routes drive it (submit with an on_event callback, events on the batch thread).
  *

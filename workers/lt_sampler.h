@@ -7,8 +7,9 @@
  *   (tokenizer_config.json) and paged KV cache (lt_serve) are opened on first use.
  * - Adapters: loaded by the front from the store (decrypted with the owner's key) into a cache
  *   with a byte budget; the least recently used one no request holds is evicted, and zeroed.
- * - The batch: one thread. Each step it admits queued requests while the cache has blocks (the
- *   tenant with the least decode served per unit of weight first), then runs one row per decoding
+ * - The batch: one thread. Each step it admits queued requests whose prefix fits in the free
+ *   blocks (the tenant with the least decode served per unit of weight first), then runs one row
+ *   per decoding
  *   request plus up to prefill_chunk prompt rows of those still prefilling, of every adapter, in
  *   one lt_serve_step; a request leaves the batch the step it ends. When the cache runs out of
  *   blocks mid-decode, the newest request is preempted: its blocks are freed and it is queued
@@ -16,7 +17,8 @@
  *   invariant). A cancelled or timed-out request frees its slot and blocks at the end of the
  *   step under way.
  * - Admission: at most queue_per_tenant requests of one tenant and queue_total of all are in the
- *   sampler (queued or running); beyond that submit is LT_ERR_BUSY (the front answers 429).
+ *   sampler (queued or running); beyond that submit is LT_ERR_QUOTA (the front answers 429). A
+ *   queued request is admitted when its prefix (and the next token) fits in the free blocks.
  *
  * Threads: see lt_sampling.h. */
 #ifndef LT_SAMPLER_H

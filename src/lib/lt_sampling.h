@@ -12,7 +12,9 @@
  * Threads: submit, cancel, has_adapter, load_adapter, model_info and models may be called from
  * any thread; load_adapter blocks (it is called from the API's pool). Events come on the
  * backend's own thread, in order, and the last event of a request is LT_SAMPLE_DONE; after
- * cancel(handle) returns, no event of that request comes any more. */
+ * cancel(handle) returns, no event of that request comes any more. An event callback must not
+ * call back into the backend (it runs under the backend's lock): it hands the event over and
+ * returns. */
 #ifndef LT_SAMPLING_H
 #define LT_SAMPLING_H
 

@@ -9,9 +9,8 @@
  *   with a byte budget; the least recently used one no request holds is evicted, and zeroed.
  * - The batch: one thread. Each step it admits queued requests whose prefix fits in the free
  *   blocks (the tenant with the least decode served per unit of weight first), then runs one row
- *   per decoding
- *   request plus up to prefill_chunk prompt rows of those still prefilling, of every adapter, in
- *   one lt_serve_step; a request leaves the batch the step it ends. When the cache runs out of
+ *   per decoding request plus up to prefill_chunk prompt rows of those still prefilling, of every
+ *   adapter, in one lt_serve_step; a request leaves the batch the step it ends. When the cache runs out of
  *   blocks mid-decode, the newest request is preempted: its blocks are freed and it is queued
  *   again at the front, to recompute its prefix later (bit for bit the same: the batch is
  *   invariant). A cancelled or timed-out request frees its slot and blocks at the end of the

@@ -170,6 +170,7 @@ Test(dp, allreduce_of_three_ranks_is_the_rank_ordered_sum_with_the_same_bits_eve
 typedef struct train_ctx {
   char model[300], out[300];
   int32_t tok[STEPS][2 * SEQ], tgt[STEPS][2 * SEQ]; /* each step's batch: row 0, row 1 */
+  lt_session_config_t cfg;
 } train_ctx_t;
 
 static const lt_session_config_t lora_cfg = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL,
@@ -186,7 +187,7 @@ static lt_err_t train(const train_ctx_t *c, lt_dp_t *dp, const char *path, char 
   lt_session_t *s = NULL;
   lt_err_t err = lt_backend_cpu_new(1, &be, errstr, errstr_size);
   if (!err) err = lt_engine_open(c->model, be, &eng, errstr, errstr_size);
-  if (!err) err = lt_session_new(eng, &lora_cfg, &s, errstr, errstr_size);
+  if (!err) err = lt_session_new(eng, &c->cfg, &s, errstr, errstr_size);
   for (int k = 0; k < STEPS && !err; k++) {
     for (int row = 0; row < 2 && !err; row++) {
       if (dp && row != lt_dp_rank(dp)) continue;
@@ -216,13 +217,16 @@ static lt_err_t train_rank(rank_job_t *j, lt_dp_t *dp) {
   return train(c, dp, path, j->errstr, sizeof j->errstr);
 }
 
-Test(dp, two_ranks_on_half_batches_give_the_accumulating_session_adapter_byte_for_byte,
-     .timeout = 120) {
+/* The adapters of one session accumulating both halves of each batch (out[0]) and of ranks 0
+ * and 1 training on one half each (out[1], out[2]), as safetensors bytes (lengths in len). */
+static void dp_vs_one(float alpha, char *out[3], size_t len[3]) {
   static train_ctx_t c;
-  char root[] = "/tmp/lt-dp-test-XXXXXX", err[512];
+  char root[] = "/tmp/lt-dp-test-XXXXXX", err[512], path[400];
   cr_assert_not_null(mkdtemp(root));
   snprintf(c.model, sizeof c.model, "%s/model", root);
   snprintf(c.out, sizeof c.out, "%s", root);
+  c.cfg = lora_cfg;
+  c.cfg.alpha = alpha;
   lt_model_config_t mc = {.vocab_size = 67, .hidden_size = 32, .intermediate_size = 44,
                           .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8,
                           .max_position = 64, .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f,
@@ -235,27 +239,61 @@ Test(dp, two_ranks_on_half_batches_give_the_accumulating_session_adapter_byte_fo
       c.tok[k][i] = (int32_t)(rand_r(&rs) % mc.vocab_size);
       c.tgt[k][i] = (int32_t)(rand_r(&rs) % mc.vocab_size);
     }
-  char one[400];
-  snprintf(one, sizeof one, "%s/one.safetensors", root);
-  cr_assert_eq(train(&c, NULL, one, err, sizeof err), LT_OK, "one session: %s", err);
+  snprintf(path, sizeof path, "%s/one.safetensors", root);
+  cr_assert_eq(train(&c, NULL, path, err, sizeof err), LT_OK, "one session: %s", err);
+  out[0] = lt_test_slurp(path, &len[0]);
   rank_job_t g[2];
   for (int r = 0; r < 2; r++) {
     g[r] = job(r, 2, "job-b/1", 30000, train_rank);
     g[r].arg = &c;
   }
   run_gang(g, 2);
-  size_t n0, n1, n;
-  char *a = lt_test_slurp(one, &n), *r0 = NULL, *r1 = NULL, path[400];
   for (int r = 0; r < 2; r++) {
     cr_assert_eq(g[r].err, LT_OK, "rank %d: %s", r, g[r].errstr);
     snprintf(path, sizeof path, "%s/rank%d.safetensors", root, r);
-    *(r ? &r1 : &r0) = lt_test_slurp(path, r ? &n1 : &n0);
+    out[1 + r] = lt_test_slurp(path, &len[1 + r]);
   }
-  cr_assert(a && r0 && r1);
-  cr_assert(n0 == n && memcmp(r0, a, n) == 0, "rank 0's adapter differs from one session's");
-  cr_assert(n1 == n && memcmp(r1, a, n) == 0, "rank 1's adapter differs from one session's");
-  free(a), free(r0), free(r1);
+  cr_assert(out[0] && out[1] && out[2]);
   lt_test_rm_rf(root);
+}
+
+/* lora alpha / r = 2: the engine adds each call's gradient onto the buffer as one rounded value
+ * per element (0 + g0 + g1), which is exactly what the rank-ordered sum computes. */
+Test(dp, two_ranks_on_half_batches_give_the_accumulating_session_adapter_byte_for_byte,
+     .timeout = 120) {
+  char *a[3];
+  size_t n[3];
+  dp_vs_one(8, a, n);
+  cr_assert(n[1] == n[0] && memcmp(a[1], a[0], n[0]) == 0,
+            "rank 0's adapter differs from one session's");
+  cr_assert(n[2] == n[0] && memcmp(a[2], a[0], n[0]) == 0,
+            "rank 1's adapter differs from one session's");
+  for (int i = 0; i < 3; i++) free(a[i]);
+}
+
+/* lora alpha / r = 1.5: OpenBLAS folds the scale into a fused multiply-add onto the old
+ * gradient, g0 + 1.5 * p1 rounded once, where a rank rounds 1.5 * p1 before the sum. The ranks
+ * still agree bit for bit; the single session differs only in the last bits. */
+Test(dp, with_a_scale_that_rounds_the_ranks_agree_and_match_one_session_within_rounding,
+     .timeout = 120) {
+  char *a[3];
+  size_t n[3];
+  dp_vs_one(6, a, n);
+  cr_assert(n[1] == n[2] && memcmp(a[1], a[2], n[1]) == 0, "the ranks' adapters differ");
+  cr_assert_eq(n[1], n[0]);
+  uint64_t hl = 0;
+  memcpy(&hl, a[0], 8); /* safetensors: header length, header, then the F32 payload */
+  cr_assert_eq(memcmp(a[0], a[1], 8 + hl), 0, "the tensors' names or shapes differ");
+  double worst = 0, scale = 0;
+  for (size_t o = 8 + hl; o + sizeof(float) <= n[0]; o += sizeof(float)) {
+    float x, y;
+    memcpy(&x, a[0] + o, sizeof x);
+    memcpy(&y, a[1] + o, sizeof y);
+    worst = fmax(worst, fabs((double)x - y));
+    scale = fmax(scale, fabs((double)x));
+  }
+  cr_assert_lt(worst, 1e-5 * scale, "dp vs one session: %g (scale %g)", worst, scale);
+  for (int i = 0; i < 3; i++) free(a[i]);
 }
 
 Test(dp, set_accum_refuses_a_count_below_one) {
@@ -307,7 +345,8 @@ Test(dp, a_rank_that_never_connects_times_out_naming_it) {
   run_gang(g, 2);
   assert_fails(&g[0], LT_ERR_TIMEOUT, "rank 2 never joined within 1000 ms");
   assert_fails(&g[1], LT_ERR_TIMEOUT, "rank 2 never joined");
-  for (int r = 0; r < 2; r++) cr_assert_lt(g[r].ms, 3000, "rank %d took %lld ms", r, (long long)g[r].ms);
+  for (int r = 0; r < 2; r++)
+    cr_assert_lt(g[r].ms, 3000, "rank %d took %lld ms", r, (long long)g[r].ms);
 }
 
 Test(dp, a_missing_rank_0_times_out_naming_its_address) {
@@ -343,7 +382,8 @@ Test(dp, a_peer_that_closes_mid_reduce_is_an_io_error_on_every_rank_not_a_hang) 
   cr_assert_eq(g[2].err, LT_OK, "%s", g[2].errstr);
   assert_fails(&g[0], LT_ERR_IO, "rank 2 closed its connection");
   assert_fails(&g[1], LT_ERR_IO, "rank 0 closed its connection");
-  for (int r = 0; r < 2; r++) cr_assert_lt(g[r].ms, 5000, "rank %d took %lld ms", r, (long long)g[r].ms);
+  for (int r = 0; r < 2; r++)
+    cr_assert_lt(g[r].ms, 5000, "rank %d took %lld ms", r, (long long)g[r].ms);
 }
 
 /* A stranger that connects to rank 0 and talks something else (HTTP) is turned away; the gang
@@ -369,7 +409,8 @@ static void *stranger(void *p) {
 Test(dp, a_stranger_talking_garbage_is_turned_away_and_the_gang_still_forms) {
   board_t b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   pthread_t th[3];
-  rank_job_t g[2] = {job(0, 2, "job-g/1", 5000, reduce_twice), job(1, 2, "job-g/1", 5000, reduce_twice)};
+  rank_job_t g[2] = {job(0, 2, "job-g/1", 5000, reduce_twice),
+                     job(1, 2, "job-g/1", 5000, reduce_twice)};
   g[1].delay_ms = 300; /* after the stranger */
   g[0].board = g[1].board = &b;
   cr_assert_eq(pthread_create(&th[2], NULL, stranger, &b), 0);

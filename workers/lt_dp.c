@@ -171,6 +171,10 @@ static lt_err_t frame_recv(lt_dp_t *dp, int fd, int peer, uint32_t type, int ref
   if (st != IO_OK) return io_fail(dp, st, peer, what, errstr, errstr_size);
   int who = peer < 0 ? (int)get32(h + 12) : peer;
   f->type = get32(h + 4), f->seq = get32(h + 8), f->rank = get32(h + 12), f->len = get64(h + 16);
+  if (get32(h) != DP_MAGIC && peer < 0)
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
+                   "dp rank %d: a connection sent bytes that are not an lt_dp hello (bad magic; "
+                   "not a rank of a gang?)", dp->rank);
   if (get32(h) != DP_MAGIC)
     return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT,
                    "dp rank %d: rank %d sent bytes that are not an lt_dp frame (bad magic) "

@@ -13,6 +13,11 @@
  * back: every rank gets the same bits, and they are the bits a single session gets by running
  * rank 0's micro-batch, then rank 1's, ... as lt_forward_backward calls (the engine adds each
  * call's gradient onto the buffer, 0 + g0 + g1 + ...; tests/test_dp.c checks it byte for byte).
+ * That holds where each call adds one rounded value per gradient element: LoRA with alpha / r a
+ * power of two and no dropout. OpenBLAS folds another scale into a fused multiply-add onto the
+ * old gradient (rounded once, where a rank rounds its product before the sum), and dropout masks
+ * follow each session's own call count: there the ranks still agree bit for bit and differ from
+ * the single session within rounding (also checked).
  * A star through rank 0 moves (W - 1) buffers each way: right for a few CPU executors of LoRA
  * gradients (megabytes), not for a large world.
  *

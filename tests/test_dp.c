@@ -59,6 +59,8 @@ struct rank_job {
   int delay_ms;                        /* before connecting */
   lt_err_t (*body)(rank_job_t *j, lt_dp_t *dp); /* after a successful open; may be NULL */
   void *arg;
+  const lt_dp_ops_t *ops; /* the conf's collectives (NULL: TCP) */
+  void *ops_ctx;
   lt_err_t err; /* of lt_dp_open, else of body */
   char errstr[512];
   int64_t ms;   /* how long the rank ran */
@@ -77,7 +79,7 @@ static void *rank_main(void *p) {
   }
   lt_dp_conf_t c = {.rank = j->rank, .world = j->world, .rendezvous = addr, .token = j->token,
                     .timeout_ms = j->timeout_ms, .on_listen = board_post,
-                    .on_listen_ctx = j->board};
+                    .on_listen_ctx = j->board, .ops = j->ops, .ops_ctx = j->ops_ctx};
   lt_dp_t *dp = NULL;
   j->err = lt_dp_open(&c, &dp, j->errstr, sizeof j->errstr);
   if (!j->err && j->body) j->err = j->body(j, dp);
@@ -434,4 +436,38 @@ Test(dp, ranks_that_reduce_different_sizes_fail_naming_the_rank) {
   cr_assert_not_null(strstr(g[0].errstr, "rank 2 sent a 64-byte data"), "%s", g[0].errstr);
   assert_fails(&g[1], LT_ERR_IO, "rank 0 closed its connection");
   assert_fails(&g[2], LT_ERR_IO, "rank 0 closed its connection");
+}
+
+/* The seam for NCCL: a conf's ops take the collectives after the TCP rendezvous. */
+static int fake_calls;
+static lt_err_t fake_allreduce(lt_dp_t *dp, float *buf, size_t n, char *errstr,
+                               size_t errstr_size) {
+  __atomic_add_fetch((int *)lt_dp_ops_ctx(dp), 1, __ATOMIC_SEQ_CST);
+  for (size_t i = 0; i < n; i++) buf[i] *= (float)lt_dp_world(dp); /* as if all ranks agreed */
+  return LT_OK;
+}
+static lt_err_t fake_barrier(lt_dp_t *dp, char *errstr, size_t errstr_size) {
+  return fake_allreduce(dp, NULL, 0, errstr, errstr_size);
+}
+static const lt_dp_ops_t fake_ops = {"fake", fake_allreduce, fake_barrier};
+
+static lt_err_t reduce_one(rank_job_t *j, lt_dp_t *dp) {
+  j->buf[0] = 3;
+  lt_err_t err = lt_dp_allreduce_sum(dp, j->buf, 1, j->errstr, sizeof j->errstr);
+  return err ? err : lt_dp_barrier(dp, j->errstr, sizeof j->errstr);
+}
+
+Test(dp, a_conf_with_its_own_ops_gets_the_collectives_after_the_rendezvous) {
+  rank_job_t g[2];
+  for (int r = 0; r < 2; r++) {
+    g[r] = job(r, 2, "job-i/1", 5000, reduce_one);
+    g[r].ops = &fake_ops;
+    g[r].ops_ctx = &fake_calls;
+  }
+  run_gang(g, 2);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(g[r].err, LT_OK, "rank %d: %s", r, g[r].errstr);
+    cr_assert_eq(g[r].buf[0], 6.0f);
+  }
+  cr_assert_eq(fake_calls, 4, "the fake ops saw %d calls, expected 2 per rank", fake_calls);
 }

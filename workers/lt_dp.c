@@ -31,6 +31,7 @@ static const char *const frame_name[] = {"?", "hello", "welcome", "refusal", "da
 
 struct lt_dp {
   const lt_dp_ops_t *ops;
+  void *ops_ctx;
   int rank, world, timeout_ms;
   int *fd;        /* rank 0: fd[r] is rank r's connection (r >= 1); others: fd[0] is rank 0's */
   uint32_t seq;   /* collectives so far; each frame of one carries its number */
@@ -402,7 +403,9 @@ static lt_err_t peer_join(lt_dp_t *dp, int64_t deadline, char *errstr, size_t er
   if (err) return err;
   char msg[REFUSE_MAX + 1];
   frame_t f;
-  if ((err = frame_recv(dp, dp->fd[0], 0, F_WELCOME, 1, &f, msg, REFUSE_MAX, deadline, errstr,
+  /* rank 0's verdict names the missing ranks: wait a little past our own deadline for it */
+  int64_t verdict_by = deadline + (dp->timeout_ms / 2 < 2000 ? dp->timeout_ms / 2 : 2000);
+  if ((err = frame_recv(dp, dp->fd[0], 0, F_WELCOME, 1, &f, msg, REFUSE_MAX, verdict_by, errstr,
                         errstr_size))) {
     if (err == LT_ERR_TIMEOUT)
       return lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT,
@@ -528,7 +531,8 @@ lt_err_t lt_dp_open(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t e
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "dp: out of memory");
   }
   for (int r = 0; r < c->world; r++) dp->fd[r] = -1;
-  dp->ops = &tcp_ops;
+  dp->ops = c->ops ? c->ops : &tcp_ops;
+  dp->ops_ctx = c->ops_ctx;
   dp->rank = c->rank, dp->world = c->world, dp->timeout_ms = c->timeout_ms;
   snprintf(dp->token, sizeof dp->token, "%s", c->token);
   snprintf(dp->where, sizeof dp->where, "%s", c->rendezvous ? c->rendezvous : "-");
@@ -560,6 +564,7 @@ lt_err_t lt_dp_barrier(lt_dp_t *dp, char *errstr, size_t errstr_size) {
 }
 
 int lt_dp_rank(const lt_dp_t *dp) { return dp->rank; }
+void *lt_dp_ops_ctx(const lt_dp_t *dp) { return dp->ops_ctx; }
 int lt_dp_world(const lt_dp_t *dp) { return dp->world; }
 
 void lt_dp_close(lt_dp_t *dp) {

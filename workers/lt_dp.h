@@ -52,6 +52,7 @@
 #define LT_DP_MAX_TOKEN 256
 
 typedef struct lt_dp lt_dp_t;
+typedef struct lt_dp_ops lt_dp_ops_t;
 
 typedef struct lt_dp_conf {
   int rank, world;        /* 0 <= rank < world <= LT_DP_MAX_WORLD */
@@ -63,25 +64,36 @@ typedef struct lt_dp_conf {
    * waits for the others (how a test with port 0 tells the other ranks where to connect). */
   void (*on_listen)(void *ctx, int port);
   void *on_listen_ctx;
+  /* The collectives after the rendezvous (borrowed, may be NULL): NULL is the TCP star of
+   * lt_dp.c over host buffers. An NCCL transport would pass its own here, with its
+   * communicator as ops_ctx (lt_dp_ops_ctx), and buffers in device memory. */
+  const lt_dp_ops_t *ops;
+  void *ops_ctx;
 } lt_dp_conf_t;
 
-/* The collectives, as a vtable: the TCP star of lt_dp.c, or later NCCL for device buffers. */
-typedef struct lt_dp_ops {
-  const char *name; /* "tcp" */
+/* The collectives, as a vtable (the seam where NCCL plugs in for the GPU; not built yet). */
+struct lt_dp_ops {
+  const char *name; /* "tcp", "nccl" */
   lt_err_t (*allreduce_sum)(lt_dp_t *dp, float *buf, size_t n, char *errstr, size_t errstr_size);
   lt_err_t (*barrier)(lt_dp_t *dp, char *errstr, size_t errstr_size);
-} lt_dp_ops_t;
+};
+
+/* conf->ops_ctx of the handle (for an lt_dp_ops_t implementation). */
+void *lt_dp_ops_ctx(const lt_dp_t *dp);
 
 /* Joins the gang: rank 0 listens and waits for ranks 1..world-1, the others connect (retrying
  * until the timeout) and say hello. Returns when the whole gang has joined, on every rank.
  * A refused hello (world size, token, protocol version, rank) is LT_ERR_INVALID saying which
  * field; a gang not complete within the timeout is LT_ERR_TIMEOUT naming the missing ranks
- * (rank 0) or the unreachable address (the others). The caller owns *out (lt_dp_close). */
+ * (rank 0, and the ranks that joined: they wait up to half the timeout, at most 2 s, past it
+ * for rank 0's verdict) or the unreachable address (the others). The caller owns *out
+ * (lt_dp_close). */
 lt_err_t lt_dp_open(const lt_dp_conf_t *conf, lt_dp_t **out, char *errstr, size_t errstr_size);
 
-/* In place: buf (n floats of host memory) becomes the sum over the ranks, added in rank order
- * ((rank 0 + rank 1) + rank 2) + ..., bit-identical on every rank. Every rank calls it with the
- * same n, in the same order of collectives; a rank with another n fails the call everywhere. */
+/* In place: buf (n floats) becomes the sum over the ranks, through conf->ops. The TCP star
+ * (host memory) adds in rank order, ((rank 0 + rank 1) + rank 2) + ..., bit-identical on every
+ * rank. Every rank calls it with the same n, in the same order of collectives; a rank with
+ * another n fails the call everywhere. */
 lt_err_t lt_dp_allreduce_sum(lt_dp_t *dp, float *buf, size_t n, char *errstr,
                              size_t errstr_size);
 

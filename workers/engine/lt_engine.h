@@ -179,6 +179,20 @@ lt_err_t lt_optim_step(lt_session_t *s, const lt_adamw_t *opt, float *grad_norm_
 /* Number of optimizer steps taken. */
 long lt_session_step(const lt_session_t *s);
 
+/* Data parallelism (workers/lt_dp.h): the gradients accumulated since the last step, for an
+ * all-reduce across the ranks of a gang. *n (may be NULL) gets their count, which is
+ * lt_session_num_params. The buffer is the backend's memory (host memory on the cpu backend,
+ * device memory on cuda) and belongs to the session: it stays valid until lt_session_destroy and
+ * is zeroed by every lt_optim_step. LoRA: the adapters' gradients; full: every weight's. */
+float *lt_session_grad_buffer(lt_session_t *s, size_t *n);
+
+/* Data parallelism: how many micro-batches the gradient buffer now sums over, so that
+ * lt_optim_step averages over them. A rank that ran one lt_forward_backward and then received
+ * the sum over W ranks sets W. Replaces the count of forward_backward calls since the last step
+ * (the next forward_backward counts on from it); LT_ERR_INVALID unless micro_batches >= 1. */
+lt_err_t lt_session_set_accum(lt_session_t *s, long micro_batches, char *errstr,
+                              size_t errstr_size);
+
 /* Trainable parameter count (LoRA: adapter only). */
 size_t lt_session_num_params(const lt_session_t *s);
 

@@ -12,6 +12,21 @@
 long lt_session_step(const lt_session_t *s) { return s->step; }
 size_t lt_session_num_params(const lt_session_t *s) { return s->nparams; }
 
+float *lt_session_grad_buffer(lt_session_t *s, size_t *n) {
+  if (n) *n = s->nparams;
+  return s->grads;
+}
+
+lt_err_t lt_session_set_accum(lt_session_t *s, long micro_batches, char *errstr,
+                              size_t errstr_size) {
+  if (micro_batches < 1)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "set_accum: %ld micro-batches: expected >= 1 (the ranks whose gradients the "
+                   "buffer sums)", micro_batches);
+  s->accum = micro_batches;
+  return LT_OK;
+}
+
 void lt_session_destroy(lt_session_t *s) {
   if (!s) return;
   lt_engine_acts_free(s);

@@ -333,8 +333,17 @@ typedef struct sim {
   double *waits;          /* per trace row: scratch for quantiles */
   double *got, *ent;      /* per (tenant, class): slot-seconds held, entitled slot-seconds */
   uint32_t *njobs;        /* per (tenant, class): jobs in the trace */
-  lt_sched_tenant_stats_t *st; /* per tenant: scratch for lt_sched_tenants_stats */
   double *weights;        /* per tenant */
+  /* The fairness integrals, kept by the simulator from what it applies (the policy's own
+   * lt_sched_tenants_stats() costs O(all tenants) a call): per (tenant, class) k, slots running
+   * and GPUs queued; got[k] is integrated lazily (since last[k]), and ent[k] holds the integral
+   * of (entitlement - running), added only while the class has queued work (otherwise each
+   * tenant's entitlement is what it runs). act[c]: the tenants with demand in class c. */
+  double *run, *qd, *last;
+  uint32_t *act[LT_CLASS__COUNT], nact[LT_CLASS__COUNT];
+  uint8_t *in_act;
+  double *sd, *sw, *sa;   /* per tenant: waterfill scratch */
+  void *fair_block;
   evheap_t ev;
   size_t nt, nrow_slots;  /* tenants; tenants * classes */
   size_t next_arrival, completed;
@@ -372,14 +381,24 @@ static lt_err_t sim_open(sim_t *m) {
   /* One block holds the tables, widest elements first; sim_close frees it as m->jobs. */
   size_t nts = nt ? nt : 1;
   m->jobs = calloc(1, tr->n * sizeof *m->jobs + (tr->n + 2 * m->nrow_slots + nts) * sizeof(double) +
-                          nts * sizeof *m->st + m->nrow_slots * sizeof *m->njobs);
+                          m->nrow_slots * sizeof *m->njobs);
+  m->fair_block = calloc(1, (3 * m->nrow_slots + 3 * nts) * sizeof(double) +
+                                m->nrow_slots * (sizeof(uint32_t) + 1));
+  if (!m->fair_block) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  m->run = m->fair_block;
+  m->qd = m->run + m->nrow_slots;
+  m->last = m->qd + m->nrow_slots;
+  m->sd = m->last + m->nrow_slots;
+  m->sw = m->sd + nts;
+  m->sa = m->sw + nts;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) m->act[c] = (uint32_t *)(m->sa + nts) + (size_t)c * nts;
+  m->in_act = (uint8_t *)(m->act[0] + m->nrow_slots);
   if (!m->jobs) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
   m->waits = (double *)(m->jobs + tr->n);
   m->got = m->waits + tr->n;
   m->ent = m->got + m->nrow_slots;
   m->weights = m->ent + m->nrow_slots;
-  m->st = (lt_sched_tenant_stats_t *)(m->weights + nts);
-  m->njobs = (uint32_t *)(m->st + nts);
+  m->njobs = (uint32_t *)(m->weights + nts);
   lt_err_t err = lt_sched_new(&sc, &m->s, m->errstr, m->errstr_size);
   for (size_t k = 0; !err && k < tr->nmodels; k++) {
     uint32_t id;
@@ -413,13 +432,29 @@ static lt_err_t sim_open(sim_t *m) {
 static void sim_close(sim_t *m) {
   lt_sched_destroy(m->s);
   free(m->jobs); /* and the tables carved from it */
+  free(m->fair_block);
   free(m->ev.a);
+}
+
+/* Row ji's (tenant, class) runs dr more slots and queues dq more GPUs from now on. */
+static void sim_fair(sim_t *m, uint32_t ji, double dr, double dq) {
+  const trace_row_t *r = &m->tr->rows[ji];
+  size_t k = (size_t)r->tenant * LT_CLASS__COUNT + r->cls;
+  m->got[k] += m->run[k] * (m->now - m->last[k]);
+  m->last[k] = m->now;
+  m->run[k] += dr;
+  m->qd[k] += dq;
+  if (!m->in_act[k] && m->run[k] + m->qd[k] > 0) {
+    m->in_act[k] = 1;
+    m->act[r->cls][m->nact[r->cls]++] = r->tenant;
+  }
 }
 
 /* Job ji is done at now (completed, or stopped past its tenant's max duration). */
 static void sim_done(sim_t *m, uint32_t ji) {
   sim_job_t *j = &m->jobs[ji];
   lt_sched_job_finished(m->s, ji + 1, m->now);
+  if (j->running) sim_fair(m, ji, -(double)m->tr->rows[ji].gpus, 0);
   j->running = false;
   j->done = true;
   m->completed++;
@@ -440,6 +475,7 @@ static void sim_events(sim_t *m) {
       if (worked > 0) j->remaining -= worked;
       if (j->remaining < 0) j->remaining = 0;
       lt_sched_job_requeue(m->s, e.job + 1, m->now);
+      sim_fair(m, e.job, -(double)m->tr->rows[e.job].gpus, m->tr->rows[e.job].gpus);
       j->running = false;
       j->preempting = false;
       j->gen++;
@@ -468,6 +504,7 @@ static lt_err_t sim_arrivals(sim_t *m) {
                           .model = r->model};
     lt_err_t err = lt_sched_job_enqueue(m->s, &job, m->now, m->errstr, m->errstr_size);
     if (err) return err;
+    sim_fair(m, (uint32_t)m->next_arrival, 0, r->gpus);
     m->next_arrival++;
   }
   return LT_OK;
@@ -487,6 +524,7 @@ static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
     j->run_from = now + cold;
     if (j->first_dispatch < 0) j->first_dispatch = now;
     if (m->tr->rows[ji].gpus > 1) m->gangs++;
+    sim_fair(m, ji, m->tr->rows[ji].gpus, -(double)m->tr->rows[ji].gpus);
     if (ev_push(&m->ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) return LT_ERR_NOMEM;
     break;
   }
@@ -551,18 +589,40 @@ static lt_err_t sim_stalled(sim_t *m, const lt_sched_counters_t *cnt) {
 }
 
 /* Adds to the run's integrals what the fleet looked like from now for dt seconds: busy slots,
- * and per (tenant, class) the slots held and the weighted max-min fair entitlement. */
+ * and, per class with queued work, each tenant's weighted max-min fair entitlement of the slots
+ * the class holds (water-filling its demand, queued GPUs + running slots) less what it runs. */
 static void sim_integrate(sim_t *m, const lt_sched_counters_t *cnt, double dt) {
   if (dt <= 0) return;
   m->busy += cnt->slots_used * dt;
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    if (cnt->slots_used_class[c] == 0) continue; /* nothing held: nothing to split */
-    size_t n = lt_sched_tenants_stats(m->s, (lt_job_class_t)c, m->st, m->nt);
-    for (size_t i = 0; i < n && i < m->nt; i++) {
-      size_t ti = (size_t)(m->st[i].tenant_id - 1);
-      m->got[ti * LT_CLASS__COUNT + c] += m->st[i].running_slots * dt;
-      m->ent[ti * LT_CLASS__COUNT + c] += m->st[i].entitlement * cnt->slots_used_class[c] * dt;
+    if (cnt->queued_class[c] == 0 || cnt->slots_used_class[c] == 0) continue;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->nact[c]; i++) { /* drop the tenants without demand */
+      uint32_t t = m->act[c][i];
+      size_t k = (size_t)t * LT_CLASS__COUNT + c;
+      if (m->run[k] + m->qd[k] <= 0) {
+        m->in_act[k] = 0;
+        continue;
+      }
+      m->act[c][n] = t;
+      m->sd[n] = m->run[k] + m->qd[k];
+      m->sw[n++] = m->weights[t];
     }
+    m->nact[c] = n;
+    lt_sched_waterfill(n, m->sd, m->sw, cnt->slots_used_class[c], m->sa);
+    for (uint32_t i = 0; i < n; i++) {
+      size_t k = (size_t)m->act[c][i] * LT_CLASS__COUNT + c;
+      m->ent[k] += (m->sa[i] - m->run[k]) * dt;
+    }
+  }
+}
+
+/* At the end of the run: the lazily integrated slot-seconds up to now, and the entitlements. */
+static void sim_integrate_close(sim_t *m) {
+  for (size_t k = 0; k < m->nrow_slots; k++) {
+    m->got[k] += m->run[k] * (m->now - m->last[k]);
+    m->last[k] = m->now;
+    m->ent[k] += m->got[k];
   }
 }
 
@@ -617,6 +677,7 @@ static void sim_row(sim_t *m, size_t ti, int c, const double *class_got, const d
 /* Fills res from the finished run: counters, utilisation, a row per (tenant, class) with jobs,
  * and Jain's index of share / entitlement per class. */
 static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
+  sim_integrate_close(m);
   lt_sched_counters_t cnt;
   lt_sched_counters(m->s, &cnt);
   res->dispatches = cnt.dispatches;

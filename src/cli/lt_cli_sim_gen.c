@@ -25,8 +25,8 @@ static void gen_usage(FILE *f) {
           "  or preemptible, gpus 1..64 (all on one worker), duration_s the run time (> 0).\n"
           "  --jobs N     jobs (default 15000)          --days D   arrival span (default 125)\n"
           "  --seed S     random seed (default 1); the same options give the same bytes\n"
-          "  --load L     scale every duration by one factor so that the trace asks for L times\n"
-          "               the GPU-seconds of a fleet of W workers x G slots over D days\n"
+          "  --load L     scale every duration by one factor so that the jobs that fit on a worker\n"
+          "               ask for L times the GPU-seconds of W workers x G slots over D days\n"
           "               (--workers, default 100; --slots, default 8); without it, durations\n"
           "               follow p10 18 min, p50 4.1 h, p90 3.8 d, p99 35 d\n"
           "  Mix: tenants with 3..2000 jobs each (Pareto); classes 15%% production, 60%%\n"
@@ -247,7 +247,8 @@ int lt_cli_sim_gen(int argc, char **argv) {
   rng_t r = {.x = a.seed};
   uint32_t nt = gen_draw(&r, &a, jobs, owner);
   double k = 1, gpu_s = 0;
-  for (long i = 0; i < a.jobs; i++) gpu_s += jobs[i].gpus * jobs[i].duration;
+  for (long i = 0; i < a.jobs; i++) /* what the fleet can run: jobs that fit on a worker */
+    if (jobs[i].gpus <= a.slots) gpu_s += jobs[i].gpus * jobs[i].duration;
   if (a.load > 0) k = a.load * a.workers * a.slots * a.days * 86400.0 / gpu_s;
   rc = gen_write(&a, jobs, k);
   if (rc == 0)

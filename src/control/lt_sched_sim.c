@@ -342,7 +342,12 @@ typedef struct sim {
   double *run, *qd, *last;
   uint32_t *act[LT_CLASS__COUNT], nact[LT_CLASS__COUNT];
   uint8_t *in_act;
-  double *sd, *sw, *sa;   /* per tenant: waterfill scratch */
+  double *sd, *sw;       /* per tenant: waterfill scratch */
+  /* Per class, the last water-filling (alloc[c][i] for tenant act[c][i], i < nalloc[c]) holds
+   * until a change in the class (dirty); the seconds it held since its last flush are pend[c]. */
+  double *alloc[LT_CLASS__COUNT], pend[LT_CLASS__COUNT];
+  uint32_t nalloc[LT_CLASS__COUNT];
+  bool dirty[LT_CLASS__COUNT];
   void *fair_block;
   evheap_t ev;
   size_t nt, nrow_slots;  /* tenants; tenants * classes */
@@ -382,7 +387,7 @@ static lt_err_t sim_open(sim_t *m) {
   size_t nts = nt ? nt : 1;
   m->jobs = calloc(1, tr->n * sizeof *m->jobs + (tr->n + 2 * m->nrow_slots + nts) * sizeof(double) +
                           m->nrow_slots * sizeof *m->njobs);
-  m->fair_block = calloc(1, (3 * m->nrow_slots + 3 * nts) * sizeof(double) +
+  m->fair_block = calloc(1, (3 * m->nrow_slots + 2 * nts + m->nrow_slots) * sizeof(double) +
                                 m->nrow_slots * (sizeof(uint32_t) + 1));
   if (!m->fair_block) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
   m->run = m->fair_block;
@@ -390,8 +395,9 @@ static lt_err_t sim_open(sim_t *m) {
   m->last = m->qd + m->nrow_slots;
   m->sd = m->last + m->nrow_slots;
   m->sw = m->sd + nts;
-  m->sa = m->sw + nts;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) m->act[c] = (uint32_t *)(m->sa + nts) + (size_t)c * nts;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) m->alloc[c] = m->sw + nts + (size_t)c * nts;
+  for (int c = 0; c < LT_CLASS__COUNT; c++)
+    m->act[c] = (uint32_t *)(m->alloc[0] + m->nrow_slots) + (size_t)c * nts;
   m->in_act = (uint8_t *)(m->act[0] + m->nrow_slots);
   if (!m->jobs) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
   m->waits = (double *)(m->jobs + tr->n);
@@ -436,10 +442,22 @@ static void sim_close(sim_t *m) {
   free(m->ev.a);
 }
 
+/* Adds to class c's entitlement integrals the seconds its last water-filling held. */
+static void sim_fair_flush(sim_t *m, int c) {
+  if (m->pend[c] <= 0) return;
+  for (uint32_t i = 0; i < m->nalloc[c]; i++) {
+    size_t k = (size_t)m->act[c][i] * LT_CLASS__COUNT + c;
+    m->ent[k] += (m->alloc[c][i] - m->run[k]) * m->pend[c];
+  }
+  m->pend[c] = 0;
+}
+
 /* Row ji's (tenant, class) runs dr more slots and queues dq more GPUs from now on. */
 static void sim_fair(sim_t *m, uint32_t ji, double dr, double dq) {
   const trace_row_t *r = &m->tr->rows[ji];
   size_t k = (size_t)r->tenant * LT_CLASS__COUNT + r->cls;
+  sim_fair_flush(m, r->cls);
+  m->dirty[r->cls] = true;
   m->got[k] += m->run[k] * (m->now - m->last[k]);
   m->last[k] = m->now;
   m->run[k] += dr;
@@ -595,30 +613,32 @@ static void sim_integrate(sim_t *m, const lt_sched_counters_t *cnt, double dt) {
   if (dt <= 0) return;
   m->busy += cnt->slots_used * dt;
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    if (cnt->queued_class[c] == 0 || cnt->slots_used_class[c] == 0) continue;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < m->nact[c]; i++) { /* drop the tenants without demand */
-      uint32_t t = m->act[c][i];
-      size_t k = (size_t)t * LT_CLASS__COUNT + c;
-      if (m->run[k] + m->qd[k] <= 0) {
-        m->in_act[k] = 0;
-        continue;
+    if (m->dirty[c]) { /* water-fill again: the class changed since */
+      m->dirty[c] = false;
+      m->nalloc[c] = 0;
+      if (cnt->queued_class[c] == 0 || cnt->slots_used_class[c] == 0) continue;
+      uint32_t n = 0;
+      for (uint32_t i = 0; i < m->nact[c]; i++) { /* drop the tenants without demand */
+        uint32_t t = m->act[c][i];
+        size_t k = (size_t)t * LT_CLASS__COUNT + c;
+        if (m->run[k] + m->qd[k] <= 0) {
+          m->in_act[k] = 0;
+          continue;
+        }
+        m->act[c][n] = t;
+        m->sd[n] = m->run[k] + m->qd[k];
+        m->sw[n++] = m->weights[t];
       }
-      m->act[c][n] = t;
-      m->sd[n] = m->run[k] + m->qd[k];
-      m->sw[n++] = m->weights[t];
+      m->nact[c] = m->nalloc[c] = n;
+      lt_sched_waterfill(n, m->sd, m->sw, cnt->slots_used_class[c], m->alloc[c]);
     }
-    m->nact[c] = n;
-    lt_sched_waterfill(n, m->sd, m->sw, cnt->slots_used_class[c], m->sa);
-    for (uint32_t i = 0; i < n; i++) {
-      size_t k = (size_t)m->act[c][i] * LT_CLASS__COUNT + c;
-      m->ent[k] += (m->sa[i] - m->run[k]) * dt;
-    }
+    if (m->nalloc[c]) m->pend[c] += dt;
   }
 }
 
 /* At the end of the run: the lazily integrated slot-seconds up to now, and the entitlements. */
 static void sim_integrate_close(sim_t *m) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) sim_fair_flush(m, c);
   for (size_t k = 0; k < m->nrow_slots; k++) {
     m->got[k] += m->run[k] * (m->now - m->last[k]);
     m->last[k] = m->now;

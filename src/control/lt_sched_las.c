@@ -13,6 +13,8 @@
 #include <assert.h>
 #include <math.h>
 
+#define LAS_WALK 8 /* queued jobs walked per decide call and level, in units of max_scan */
+
 static double las_attained(const job_t *j, double now) {
   double a = j->attained;
   if (j->state == JS_RUNNING && now > j->start) a += j->gpus * (now - j->start);
@@ -104,10 +106,12 @@ size_t sched_las_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, siz
   size_t n = 0;
   uint32_t blocked0 = NIL; /* the oldest first-queue job that could not start */
   for (int level = 0; level < 2 && n < cap; level++) {
-    uint32_t at[LT_CLASS__COUNT], min_fail = UINT32_MAX, scanned = 0;
+    uint32_t at[LT_CLASS__COUNT], min_fail = UINT32_MAX, scanned = 0, walked = 0;
     for (int c = 0; c < LT_CLASS__COUNT; c++) at[c] = s->age[c].head;
+    /* the walk is bounded too (LAS_WALK x max_scan jobs a level), so a long queue of jobs too
+     * big for what is free costs a bounded time per call */
     for (uint32_t jx; n < cap && min_fail > 1 && s->slots_used < s->total_slots &&
-                      (jx = las_next(s, at)) != NIL;) {
+                      walked++ < LAS_WALK * s->cfg.max_scan && (jx = las_next(s, at)) != NIL;) {
       const job_t *j = &s->jobs[jx];
       if (las_level(s, j, now) != level) continue;
       /* resources only shrink within a call: a job as big as one that failed fails too */

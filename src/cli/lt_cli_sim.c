@@ -181,11 +181,13 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
       if (!r->class_present[c]) continue;
       json_object_set_new(jain, lt_job_class_name((lt_job_class_t)c), json_real(r->jain[c]));
       json_object_set_new(waits, lt_job_class_name((lt_job_class_t)c),
-                          json_pack("{s:f,s:f}", "p50_s", r->wait_p50_s[c], "p99_s", r->wait_p99_s[c]));
+                          json_pack("{s:f,s:f}", "p50_s", r->wait_p50_s[c], "p99_s",
+                                    r->wait_p99_s[c]));
     }
     json_t *pj = json_pack("{s:o,s:I,s:I,s:I,s:I}", "class_waits", waits, "gangs_started",
-                           (json_int_t)r->gangs_started, "refused_by_size", (json_int_t)r->refused_size,
-                           "refused_first_line", (json_int_t)r->refused_first_line, "decide_calls",
+                           (json_int_t)r->gangs_started, "refused_by_size",
+                           (json_int_t)r->refused_size, "refused_first_line",
+                           (json_int_t)r->refused_first_line, "decide_calls",
                            (json_int_t)r->decide_calls);
     json_object_update_new(pj, json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
                                     lt_sched_policy_name(r->policy), "rows", rows, "jain", jain, "utilisation",

@@ -186,6 +186,12 @@ static uint32_t worker_add(lt_sched_t *s, uint64_t id) {
 
 /* ---- events ----------------------------------------------------------------------------- */
 
+/* Running job jx stops at now without finishing: what it ran counts as attained service (LAS). */
+static void job_attain(lt_sched_t *s, uint32_t jx, double now) {
+  job_t *j = &s->jobs[jx];
+  if (now > j->start) j->attained += j->gpus * (now - j->start);
+}
+
 lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char *errstr,
                                 size_t errstr_size) {
   if (!(in->weight > 0) || !isfinite(in->weight))
@@ -297,7 +303,7 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   worker_t *wk = &s->workers[w];
   while (wk->run.head != NIL) {
     uint32_t jx = wk->run.head;
-    if (now > s->jobs[jx].start) s->jobs[jx].attained += s->jobs[jx].gpus * (now - s->jobs[jx].start);
+    job_attain(s, jx, now);
     sched_run_release(s, jx);
     s->requeues++;
     sched_queue_insert(s, jx, true, now);
@@ -396,7 +402,7 @@ lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now) {
 lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_RUNNING) return LT_ERR_NOT_FOUND;
-  if (now > s->jobs[jx].start) s->jobs[jx].attained += s->jobs[jx].gpus * (now - s->jobs[jx].start);
+  job_attain(s, jx, now);
   sched_run_release(s, jx);
   s->requeues++;
   sched_queue_insert(s, jx, true, now);

@@ -41,6 +41,7 @@ def mixed(path):
 
 
 def write(path, rows):
+    rows = sorted(rows, key=lambda r: r[0])  # `lathe sim` wants arrivals in order (stable sort)
     with open(path, "w") as f:
         f.write(HEADER)
         for r in rows:

@@ -1,7 +1,8 @@
 /* lt_cli_sim: `lathe sim TRACE` — runs the scheduling policy over a CSV trace with virtual time
- * (lt_sched_sim_run) and prints per-tenant waits and shares, Jain's index per class,
- * utilisation, preemptions and cold loads, for Lathe's policy and FIFO side by side.
- * This file only reads the trace and prints; the simulation itself is in the library. */
+ * (lt_sched_sim_run) and prints per-tenant waits and shares, per-class waits and Jain's index,
+ * utilisation, preemptions, cold loads and gangs, for Lathe's policy, FIFO and least attained
+ * service side by side. This file only reads the trace (line by line) and prints; the simulation
+ * itself is in the library, the trace generator (`lathe sim gen`) in lt_cli_sim_gen.c. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -14,20 +15,26 @@
 #include "lt_sched.h"
 
 int lt_cli_sim(int argc, char **argv);
+int lt_cli_sim_gen(int argc, char **argv);
 
 static void sim_usage(FILE *f) {
   fprintf(f,
-          "usage: lathe sim TRACE [options]\n"
+          "usage: lathe sim TRACE [options]     (lathe sim gen --help: make a trace)\n"
           "  TRACE: CSV with a header line, then arrival_s,tenant,class,gpus,duration_s,"
           "base_model\n"
-          "  --policy lathe|fifo|both   policy to simulate (default both)\n"
+          "         per job, sorted by arrival_s ('#' and blank lines skipped); a job with more\n"
+          "         GPUs than a worker's slots is counted as refused_by_size, not run\n"
+          "  --policy lathe|fifo|las|both|all  policies to simulate (default all; both: lathe\n"
+          "                             and fifo)\n"
           "  --json                     print the results as one JSON object\n"
           "  --workers N                workers in the fleet (default 16)\n"
           "  --slots N                  GPU slots per worker (default 8)\n"
           "  --models-per-worker N      base models a worker holds at once (default 2)\n"
           "  --cold-load S              seconds to load a base model (default 60)\n"
           "  --checkpoint S             seconds from preempt request to stop (default 30)\n"
-          "  --tick S                   policy re-evaluation period while jobs wait (default 5)\n"
+          "  --tick S                   also decide every S s while jobs wait (default 0: only\n"
+          "                             on arrivals, ends and the policy's timers)\n"
+          "  --las-threshold GPU_S      LAS: attained GPU-seconds of the first queue (3600)\n"
           "  --aging S                  wait before a job competes one class higher (600)\n"
           "  --preempt-after S          wait before preemptible work is preempted (120)\n"
           "  --gang-reserve-after S     wait before a worker is reserved for a gang (300)\n"
@@ -74,33 +81,6 @@ static int parse_tenant(const char *v, lt_sched_sim_tenant_t *t) {
   return 0;
 }
 
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    size_t r = fread(buf + n, 1, cap - n, f);
-    n += r;
-    if (n < cap) break;
-    char *nb = realloc(buf, cap * 2);
-    if (!nb) {
-      free(buf);
-      buf = NULL;
-      break;
-    }
-    buf = nb;
-    cap *= 2;
-  }
-  if (buf && ferror(f)) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  *len = n;
-  return buf;
-}
-
 static const lt_sched_sim_row_t *find_row(const lt_sched_sim_result_t *r, size_t tenant, int c) {
   for (size_t i = 0; i < r->n_rows; i++)
     if (r->rows[i].tenant == tenant && (int)r->rows[i].cls == c) return &r->rows[i];
@@ -139,6 +119,18 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
     for (size_t k = 0; k < nres; k++) printf(" %14.4f", res[k].jain[c]);
     printf("\n");
   }
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    if (!res[0].class_present[c]) continue;
+    char label[64];
+    for (int q = 0; q < 2; q++) {
+      snprintf(label, sizeof label, "wait_%s_%s_s", q ? "p99" : "p50",
+               lt_job_class_name((lt_job_class_t)c));
+      printf("%-28s", label);
+      for (size_t k = 0; k < nres; k++)
+        printf(" %14.0f", q ? res[k].wait_p99_s[c] : res[k].wait_p50_s[c]);
+      printf("\n");
+    }
+  }
   printf("%-28s", "utilisation");
   for (size_t k = 0; k < nres; k++) printf(" %13.1f%%", 100 * res[k].utilisation);
   printf("\n%-28s", "makespan_s");
@@ -149,9 +141,20 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].cold_loads);
   printf("\n%-28s", "duration_stops");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].stops);
+  printf("\n%-28s", "gangs_started");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].gangs_started);
   printf("\n%-28s", "jobs_completed");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].completed);
+  printf("\n%-28s", "refused_by_size");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].refused_size);
+  printf("\n%-28s", "decide_calls");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].decide_calls);
   printf("\n");
+  if (res[0].refused_size)
+    printf("\nrefused_by_size: %llu jobs need more GPUs than a worker has (the first: trace line "
+           "%u, %u GPUs); multi-worker gangs do not exist yet\n",
+           (unsigned long long)res[0].refused_size, res[0].refused_first_line,
+           res[0].refused_first_gpus);
 }
 
 /* The same results as one JSON object (--json), for scripts: per policy, per (tenant, class)
@@ -173,15 +176,26 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
                                             "wait_p50_s", w->wait_p50_s, "wait_p99_s", w->wait_p99_s, "wait_max_s",
                                             w->wait_max_s, "share", w->share, "entitlement", w->entitlement));
     }
-    for (int c = 0; c < LT_CLASS__COUNT; c++)
-      if (r->class_present[c]) json_object_set_new(jain, lt_job_class_name((lt_job_class_t)c), json_real(r->jain[c]));
-    json_array_append_new(json_object_get(out, "policies"),
-                          json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
+    json_t *waits = json_object();
+    for (int c = 0; c < LT_CLASS__COUNT; c++) {
+      if (!r->class_present[c]) continue;
+      json_object_set_new(jain, lt_job_class_name((lt_job_class_t)c), json_real(r->jain[c]));
+      json_object_set_new(waits, lt_job_class_name((lt_job_class_t)c),
+                          json_pack("{s:f,s:f}", "p50_s", r->wait_p50_s[c], "p99_s",
+                                    r->wait_p99_s[c]));
+    }
+    json_t *pj = json_pack("{s:o,s:I,s:I,s:I,s:I}", "class_waits", waits, "gangs_started",
+                           (json_int_t)r->gangs_started, "refused_by_size",
+                           (json_int_t)r->refused_size, "refused_first_line",
+                           (json_int_t)r->refused_first_line, "decide_calls",
+                           (json_int_t)r->decide_calls);
+    json_object_update_new(pj, json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
                                     lt_sched_policy_name(r->policy), "rows", rows, "jain", jain, "utilisation",
                                     r->utilisation, "makespan_s", r->makespan_s, "dispatches",
                                     (json_int_t)r->dispatches, "preemptions", (json_int_t)r->preemptions, "stops",
                                     (json_int_t)r->stops, "cold_loads", (json_int_t)r->cold_loads, "completed",
                                     (json_int_t)r->completed));
+    json_array_append_new(json_object_get(out, "policies"), pj);
   }
   char *text = json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(6));
   if (text) puts(text);
@@ -194,13 +208,13 @@ typedef struct sim_args {
   lt_sched_sim_config_t cfg;
   lt_sched_sim_tenant_t tenants[256]; /* --tenant, in cfg.tenants */
   size_t ntenants;
-  int policies; /* bit 0 lathe, bit 1 fifo */
+  int policies; /* bit 0 lathe, bit 1 fifo, bit 2 las */
   bool json;
   const char *path;
 } sim_args_t;
 
 enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
-       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON };
+       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON, O_LAS };
 
 /* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
 static int sim_option(sim_args_t *a, int o, const char *arg) {
@@ -210,9 +224,12 @@ static int sim_option(sim_args_t *a, int o, const char *arg) {
   case O_POLICY:
     if (strcmp(arg, "lathe") == 0) a->policies = 1;
     else if (strcmp(arg, "fifo") == 0) a->policies = 2;
+    else if (strcmp(arg, "las") == 0) a->policies = 4;
     else if (strcmp(arg, "both") == 0) a->policies = 3;
+    else if (strcmp(arg, "all") == 0) a->policies = 7;
     else {
-      fprintf(stderr, "lathe sim: --policy must be lathe, fifo or both, got \"%s\"\n", arg);
+      fprintf(stderr, "lathe sim: --policy must be lathe, fifo, las, both or all, got \"%s\"\n",
+              arg);
       return 2;
     }
     return 0;
@@ -233,7 +250,8 @@ static int sim_option(sim_args_t *a, int o, const char *arg) {
     return 0;
   case O_COLD: return parse_num("--cold-load", arg, 0, &cfg->cold_load_s) ? 2 : 0;
   case O_CKPT: return parse_num("--checkpoint", arg, 0, &cfg->checkpoint_s) ? 2 : 0;
-  case O_TICK: return parse_num("--tick", arg, 0.001, &cfg->tick_s) ? 2 : 0;
+  case O_TICK: return parse_num("--tick", arg, 0, &cfg->tick_s) ? 2 : 0;
+  case O_LAS: return parse_num("--las-threshold", arg, 0, &cfg->sched.las_threshold_gpu_s) ? 2 : 0;
   case O_AGING: return parse_num("--aging", arg, 0, &cfg->sched.aging_s) ? 2 : 0;
   case O_PREEMPT:
     return parse_num("--preempt-after", arg, 0, &cfg->sched.preempt_after_s) ? 2 : 0;
@@ -278,11 +296,12 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
       {"tenant", required_argument, 0, O_TENANT},
       {"help", no_argument, 0, O_HELP},
       {"json", no_argument, 0, O_JSON},
+      {"las-threshold", required_argument, 0, O_LAS},
       {0, 0, 0, 0},
   };
   lt_sched_sim_config_default(&a->cfg);
   a->ntenants = 0;
-  a->policies = 3;
+  a->policies = 7;
   a->json = false;
   optind = 1;
   int o;
@@ -310,18 +329,26 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
 /* Reads and parses the trace; warns about --tenant names it does not have. NULL after saying
  * why it could not. */
 static lt_sched_trace_t *sim_load(const sim_args_t *a) {
-  size_t len;
-  char *text = read_file(a->path, &len);
-  if (!text) {
+  FILE *f = fopen(a->path, "r");
+  if (!f) {
     fprintf(stderr, "lathe sim: cannot read %s: %s\n", a->path, strerror(errno));
     return NULL;
   }
   char err[512];
-  lt_sched_trace_t *tr;
-  lt_err_t e = lt_sched_trace_parse(text, len, &tr, err, sizeof err);
-  free(text);
+  lt_sched_trace_t *tr = NULL;
+  lt_err_t e = lt_sched_trace_new(&tr, err, sizeof err);
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  while (!e && (n = getline(&line, &cap, f)) >= 0)
+    e = lt_sched_trace_add_line(tr, line, (size_t)n, err, sizeof err);
+  if (!e && ferror(f)) e = lt_errf(err, sizeof err, LT_ERR_IO, "read error: %s", strerror(errno));
+  if (!e) e = lt_sched_trace_finish(tr, err, sizeof err);
+  free(line);
+  fclose(f);
   if (e) {
     fprintf(stderr, "lathe sim: %s: %s\n", a->path, err);
+    lt_sched_trace_destroy(tr);
     return NULL;
   }
   for (size_t k = 0; k < a->ntenants; k++) {
@@ -336,20 +363,23 @@ static lt_sched_trace_t *sim_load(const sim_args_t *a) {
 }
 
 int lt_cli_sim(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "gen") == 0) return lt_cli_sim_gen(argc - 1, argv + 1);
   sim_args_t a;
   int rc = sim_parse_args(argc, argv, &a);
   if (rc >= 0) return rc;
   lt_sched_trace_t *tr = sim_load(&a);
   if (!tr) return 1;
 
-  /* Lathe's policy, then FIFO, on the same trace and fleet */
-  lt_sched_sim_result_t res[2];
+  /* Lathe's policy, FIFO and LAS, on the same trace and fleet */
+  static const lt_sched_policy_t order[3] = {LT_SCHED_POLICY_LATHE, LT_SCHED_POLICY_FIFO,
+                                             LT_SCHED_POLICY_LAS};
+  lt_sched_sim_result_t res[3];
   size_t nres = 0;
   char err[512];
   rc = 0;
-  for (int p = 0; p < 2; p++) {
+  for (int p = 0; p < 3; p++) {
     if (!(a.policies & (1 << p))) continue;
-    a.cfg.sched.policy = p == 0 ? LT_SCHED_POLICY_LATHE : LT_SCHED_POLICY_FIFO;
+    a.cfg.sched.policy = order[p];
     if (lt_sched_sim_run(tr, &a.cfg, &res[nres], err, sizeof err)) {
       fprintf(stderr, "lathe sim: %s policy: %s\n", lt_sched_policy_name(a.cfg.sched.policy), err);
       rc = 1;

@@ -74,7 +74,9 @@ void lt_sched_config_default(lt_sched_config_t *c) {
                            .preempt_after_s = 120,
                            .gang_reserve_after_s = 300,
                            .production_reserve = 0.1,
-                           .max_scan = 256};
+                           .max_scan = 256,
+                           .las_threshold_gpu_s = 3600,
+                           .las_preempt = true};
 }
 
 lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *errstr,
@@ -83,7 +85,8 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   lt_sched_config_t cfg;
   if (config) cfg = *config;
   else lt_sched_config_default(&cfg);
-  if (cfg.policy != LT_SCHED_POLICY_LATHE && cfg.policy != LT_SCHED_POLICY_FIFO)
+  if (cfg.policy != LT_SCHED_POLICY_LATHE && cfg.policy != LT_SCHED_POLICY_FIFO &&
+      cfg.policy != LT_SCHED_POLICY_LAS)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "sched: unknown policy %d",
                    (int)cfg.policy);
   if (cfg.max_tenants == 0 || cfg.max_workers == 0 || cfg.max_jobs == 0 || cfg.max_models == 0 ||
@@ -109,6 +112,9 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   s->tables = calloc(1, sched_tables_layout(s, NULL));
   if (!s->tables) goto nomem;
   sched_tables_layout(s, s->tables);
+  s->timers_cap = cfg.max_jobs > (NIL - 64) / 8 ? NIL - 64 : cfg.max_jobs * 8 + 64;
+  s->timers = malloc((size_t)s->timers_cap * sizeof *s->timers);
+  if (!s->timers) goto nomem;
   for (int c = 0; c < LT_CLASS__COUNT; c++) s->age[c].head = s->age[c].tail = s->cursor[c] = NIL;
   memset(s->job_hash, 0xff, ((size_t)s->job_hmask + 1) * sizeof(uint32_t));
   memset(s->ten_hash, 0xff, ((size_t)s->ten_hmask + 1) * sizeof(uint32_t));
@@ -130,6 +136,7 @@ void lt_sched_destroy(lt_sched_t *s) {
   if (s->tables)
     for (uint32_t i = 0; i < s->nmodels; i++) free(s->model_names[i]);
   free(s->tables);
+  free(s->timers);
   free(s);
 }
 
@@ -178,6 +185,12 @@ static uint32_t worker_add(lt_sched_t *s, uint64_t id) {
 }
 
 /* ---- events ----------------------------------------------------------------------------- */
+
+/* Running job jx stops at now without finishing: what it ran counts as attained service (LAS). */
+static void job_attain(lt_sched_t *s, uint32_t jx, double now) {
+  job_t *j = &s->jobs[jx];
+  if (now > j->start) j->attained += j->gpus * (now - j->start);
+}
 
 lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char *errstr,
                                 size_t errstr_size) {
@@ -290,9 +303,11 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   worker_t *wk = &s->workers[w];
   while (wk->run.head != NIL) {
     uint32_t jx = wk->run.head;
+    job_attain(s, jx, now);
     sched_run_release(s, jx);
     s->requeues++;
     sched_queue_insert(s, jx, true, now);
+    sched_timers_push(s, jx, now);
   }
   sched_unreserve(s, w);
   for (uint32_t i = 0; i < wk->nmodels; i++) bm_clr(model_bm(s, wk->models[i]), w);
@@ -345,6 +360,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   hash_add(s->job_hash, s->job_hmask, in->id, &j->hnext, jx);
   s->njobs++;
   sched_queue_insert(s, jx, false, now);
+  sched_timers_push(s, jx, now);
   assert(sched_ok(s));
   return LT_OK;
 }
@@ -386,9 +402,11 @@ lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now) {
 lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_RUNNING) return LT_ERR_NOT_FOUND;
+  job_attain(s, jx, now);
   sched_run_release(s, jx);
   s->requeues++;
   sched_queue_insert(s, jx, true, now);
+  sched_timers_push(s, jx, now);
   assert(sched_ok(s));
   return LT_OK;
 }
@@ -538,5 +556,98 @@ double lt_sched_jain(lt_sched_t *s, lt_job_class_t cls) {
 }
 
 const char *lt_sched_policy_name(lt_sched_policy_t p) {
-  return p == LT_SCHED_POLICY_FIFO ? "fifo" : p == LT_SCHED_POLICY_LATHE ? "lathe" : "?";
+  return p == LT_SCHED_POLICY_FIFO ? "fifo" : p == LT_SCHED_POLICY_LATHE ? "lathe"
+       : p == LT_SCHED_POLICY_LAS ? "las" : "?";
+}
+
+/* ---- timers: when waiting changes a decision (lt_sched_next_timer) ----------------------- */
+
+static bool timer_less(const struct sched_timer *a, const struct sched_timer *b) {
+  return a->t < b->t || (a->t == b->t && a->jx < b->jx);
+}
+
+static void timer_sift_down(lt_sched_t *s, uint32_t i) {
+  struct sched_timer *h = s->timers, x = h[i];
+  for (;;) {
+    uint32_t l = 2 * i + 1, b = i;
+    const struct sched_timer *bv = &x;
+    if (l < s->ntimers && timer_less(&h[l], bv)) b = l, bv = &h[l];
+    if (l + 1 < s->ntimers && timer_less(&h[l + 1], bv)) b = l + 1, bv = &h[l + 1];
+    if (b == i) break;
+    h[i] = h[b];
+    i = b;
+  }
+  h[i] = x;
+}
+
+/* True while the entry's job is still queued since the time the entry was pushed for. */
+static bool timer_live(const lt_sched_t *s, const struct sched_timer *e) {
+  const job_t *j = &s->jobs[e->jx];
+  return j->state == JS_QUEUED && j->enq == e->enq;
+}
+
+/* Drops every entry whose job left the queue, then restores the heap: O(entries), when full. */
+static void timers_compact(lt_sched_t *s) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->ntimers; i++)
+    if (timer_live(s, &s->timers[i])) s->timers[n++] = s->timers[i];
+  s->ntimers = n;
+  for (uint32_t i = n / 2; i-- > 0;) timer_sift_down(s, i);
+}
+
+static void timer_push(lt_sched_t *s, uint32_t jx, double t) {
+  if (s->ntimers == s->timers_cap) timers_compact(s);
+  if (s->ntimers == s->timers_cap) return; /* cannot happen: at most 4 live entries a job */
+  struct sched_timer e = {t, s->jobs[jx].enq, jx};
+  uint32_t i = s->ntimers++;
+  while (i > 0 && timer_less(&e, &s->timers[(i - 1) / 2])) {
+    s->timers[i] = s->timers[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  s->timers[i] = e;
+}
+
+/* The times at which a job queued at now starts to count as aged (each level), starving
+ * (preempt_after_s, production and standard) or a waiting gang (gang_reserve_after_s): the
+ * thresholds lt_sched_decide() compares waits with (docs/DESIGN.md §6). FIFO and LAS compare
+ * none. */
+void sched_timers_push(lt_sched_t *s, uint32_t jx, double now) {
+  const lt_sched_config_t *c = &s->cfg;
+  const job_t *j = &s->jobs[jx];
+  if (c->policy != LT_SCHED_POLICY_LATHE) return;
+  if (c->aging_s > 0)
+    for (uint32_t k = 1; k <= c->aging_levels && k <= j->cls; k++)
+      timer_push(s, jx, now + c->aging_s * k);
+  if (j->cls != LT_CLASS_PREEMPTIBLE && c->preempt_after_s >= 0)
+    timer_push(s, jx, now + c->preempt_after_s);
+  if (j->gpus > 1 && c->gang_reserve_after_s >= 0)
+    timer_push(s, jx, now + c->gang_reserve_after_s);
+}
+
+double lt_sched_next_timer(lt_sched_t *s, double now) {
+  while (s->ntimers && (s->timers[0].t <= now || !timer_live(s, &s->timers[0]))) {
+    s->timers[0] = s->timers[--s->ntimers];
+    if (s->ntimers) timer_sift_down(s, 0);
+  }
+  double t = s->ntimers ? s->timers[0].t : INFINITY;
+  if (s->next_deadline > now && s->next_deadline < t) t = s->next_deadline;
+  if (s->cfg.policy == LT_SCHED_POLICY_LAS) {
+    double l = sched_las_next_timer(s, now);
+    if (l < t) t = l;
+  }
+  return t;
+}
+
+double lt_sched_next_retry(const lt_sched_t *s, double now) {
+  double t = INFINITY;
+  if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return t;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    uint32_t looked = 0; /* the starvation pass looks at no more than the 16 oldest a class */
+    for (uint32_t jx = s->age[c].head; jx != NIL && looked < 32; jx = s->jobs[jx].age.next) {
+      looked++;
+      double r = s->jobs[jx].starve_next;
+      if (r > now && r < t) t = r;
+    }
+  }
+  return t;
 }

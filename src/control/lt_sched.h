@@ -31,6 +31,11 @@
  * LT_SCHED_POLICY_FIFO is the comparison peer behind the same interface: one queue in arrival
  * order, head-of-line blocking, best-fit placement, no classes, fairness, quotas, affinity or
  * preemption (max duration is still enforced).
+ * LT_SCHED_POLICY_LAS is the second peer, least attained service as Tiresias does it: a job's
+ * attained service is gpus x seconds run over all its attempts; two queues split at
+ * las_threshold_gpu_s (jobs below it first), FIFO by arrival within a queue, skipping what
+ * does not fit (no head-of-line blocking), best-fit placement, no classes, fairness, quotas or
+ * affinity; a first-queue job that cannot start preempts second-queue jobs (las_preempt).
  *
  * Threads: an lt_sched_t is not thread-safe; one thread owns it (the scheduler's fold loop or
  * the simulator). Memory: everything is allocated by lt_sched_new() from the configured
@@ -51,6 +56,7 @@ typedef struct lt_sched lt_sched_t;
 typedef enum lt_sched_policy {
   LT_SCHED_POLICY_LATHE = 0,
   LT_SCHED_POLICY_FIFO = 1,
+  LT_SCHED_POLICY_LAS = 2, /* least attained service, Tiresias-style (lt_sched_las.c) */
 } lt_sched_policy_t;
 
 /* Largest number of GPUs (slots) one worker may have: a dispatch names them in a 64-bit mask. */
@@ -72,6 +78,11 @@ typedef struct lt_sched_config {
   uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 5% of workers, >= 1 */
   bool check_invariants;      /* after every event and decide call, assert that the tables are
                                * consistent, in O(jobs + tenants + workers): for tests */
+  double las_threshold_gpu_s; /* LAS: attained GPU-seconds past which a job drops from the
+                               * first queue to the second (default 3600 GPU-s, Tiresias's
+                               * 2-level queue); <= 0: one queue */
+  bool las_preempt;           /* LAS: a first-queue job that cannot start preempts second-queue
+                               * jobs (checkpoint and requeue, as PREEMPT); default true */
 } lt_sched_config_t;
 
 /* Fills *config with defaults: Lathe policy, 1024 tenants, 1024 workers, 65536 jobs,
@@ -177,6 +188,21 @@ lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now);
  * periodically (aging, preemption and gang bounds are measured against now). */
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
 
+/* The earliest time after now at which lt_sched_decide() could decide differently although no
+ * event comes in: a queued job's wait crossing aging_s (each level), preempt_after_s or
+ * gang_reserve_after_s; a running job reaching its tenant's max duration; under LAS a running
+ * job crossing las_threshold_gpu_s. INFINITY when there is none. The caller need not call
+ * decide at other times (the simulator calls it on events and at these times only). Drops the
+ * crossings that passed from its table (so it is not const); decisions are unchanged. O(1)
+ * amortised, plus O(running) under LAS. */
+double lt_sched_next_timer(lt_sched_t *s, double now);
+
+/* When the starvation pass looks again at a job it looked at and could not help (it waits
+ * STARVE_RETRY_S between looks): the earliest such time after now among the oldest queued jobs,
+ * INFINITY when none. Meaningful only after something changed (an event or a decision): with
+ * nothing changed, the next look finds the same. */
+double lt_sched_next_retry(const lt_sched_t *s, double now);
+
 /* --- visibility --------------------------------------------------------------------------- */
 
 typedef struct lt_sched_counters {
@@ -232,10 +258,19 @@ const char *lt_sched_policy_name(lt_sched_policy_t p);
 
 typedef struct lt_sched_trace lt_sched_trace_t;
 
-/* Parses a CSV trace: a header line, then `arrival_s,tenant,class,gpus,duration_s,base_model`
- * per line ('#' lines and blank lines skipped). A bad line fails with a message naming the line
- * and column. text need not be NUL-terminated. The caller frees *out with
+/* A CSV trace: a header line, then `arrival_s,tenant,class,gpus,duration_s,base_model` per
+ * line ('#' lines and blank lines skipped), sorted by arrival_s. Read line by line: the caller
+ * makes an empty trace, adds each line as it reads it (len bytes, a trailing newline is
+ * dropped; a bad line, or a line whose arrival is before the previous one's, fails with a
+ * message naming the line and column) and finishes it (fails when no job line came). Only the
+ * parsed rows are kept (32 bytes a job), not the text. The caller frees the trace with
  * lt_sched_trace_destroy(). */
+lt_err_t lt_sched_trace_new(lt_sched_trace_t **out, char *errstr, size_t errstr_size);
+lt_err_t lt_sched_trace_add_line(lt_sched_trace_t *t, const char *line, size_t len,
+                                 char *errstr, size_t errstr_size);
+lt_err_t lt_sched_trace_finish(lt_sched_trace_t *t, char *errstr, size_t errstr_size);
+/* The whole text at once (need not be NUL-terminated), for tests: lines need not be sorted here,
+ * they are sorted by (arrival, line). */
 lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
                               char *errstr, size_t errstr_size);
 void lt_sched_trace_destroy(lt_sched_trace_t *t);
@@ -258,7 +293,9 @@ typedef struct lt_sched_sim_config {
   uint32_t models_per_worker;
   double cold_load_s;        /* added to a job's run time when its worker loads the model */
   double checkpoint_s;       /* from PREEMPT to the stop (work until then is kept) */
-  double tick_s;             /* decide at least this often while jobs wait */
+  double tick_s;             /* 0 (default): decide on events and at the policy's timers only
+                              * (lt_sched_next_timer); > 0: also every tick_s while jobs wait
+                              * (the simulator before it was event-driven; for comparison) */
   const lt_sched_sim_tenant_t *tenants; /* weights/quotas by name; others get weight 1 */
   size_t n_tenants;
 } lt_sched_sim_config_t;
@@ -281,13 +318,22 @@ typedef struct lt_sched_sim_result {
   size_t n_rows;
   double jain[LT_CLASS__COUNT]; /* over rows of the class: share / entitlement */
   bool class_present[LT_CLASS__COUNT];
+  double wait_p50_s[LT_CLASS__COUNT], wait_p99_s[LT_CLASS__COUNT]; /* all the class's jobs */
   double utilisation;   /* busy slot-seconds / (slots * makespan) */
   double makespan_s;    /* first arrival to last completion */
   uint64_t dispatches, preemptions, stops, cold_loads, completed;
+  uint64_t gangs_started;  /* dispatches of jobs of more than one GPU */
+  uint64_t decide_calls;   /* lt_sched_decide() calls the run made */
+  /* Jobs larger than one worker: set aside at arrival (never queued) until multi-worker gangs
+   * exist; counted here, the first one's trace line named. */
+  uint64_t refused_size;
+  uint32_t refused_first_line, refused_first_gpus;
 } lt_sched_sim_result_t;
 
 /* Runs the trace to completion under config. The caller frees *out's rows with
- * lt_sched_sim_result_free(). Pure: no I/O. */
+ * lt_sched_sim_result_free(). Pure: no I/O. Fails (LT_ERR_INTERNAL) only on a real deadlock:
+ * jobs queued, none running, and no arrival, event or policy timer to come; the message names
+ * the jobs (trace lines) that can never start and why. */
 lt_err_t lt_sched_sim_run(const lt_sched_trace_t *trace, const lt_sched_sim_config_t *config,
                           lt_sched_sim_result_t *out, char *errstr, size_t errstr_size);
 void lt_sched_sim_result_free(lt_sched_sim_result_t *r);

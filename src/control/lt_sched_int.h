@@ -41,6 +41,7 @@ typedef struct job {
   double enq;   /* when it was (re)queued */
   double start; /* dispatch, then AttemptStarted */
   double starve_next; /* next time the starvation pass looks at it */
+  double attained;    /* GPU-seconds run in earlier attempts (LAS orders by it) */
   uint32_t tenant, worker, model, attempt, gpus;
   uint32_t reserved; /* worker reserved for it */
   uint32_t hnext;
@@ -123,7 +124,22 @@ struct lt_sched {
 
   double *scratch_d, *scratch_w, *scratch_a; /* max_tenants each: visibility */
   uint32_t *scratch_t;
+
+  /* lt_sched_next_timer: when queued jobs' waits cross a threshold, a min-heap of
+   * (time, job, its enq), pushed when a job is (re)queued; entries of jobs that left the queue
+   * since are dropped when they reach the top, or all at once when the table is full. */
+  struct sched_timer {
+    double t, enq;
+    uint32_t jx;
+  } *timers;
+  uint32_t ntimers, timers_cap;
 };
+
+/* lt_sched.c: the threshold crossings of job jx, (re)queued at now, into the timer heap. */
+void sched_timers_push(lt_sched_t *s, uint32_t jx, double now);
+/* lt_sched_las.c: lt_sched_decide() for LT_SCHED_POLICY_LAS, and its next timer. */
+size_t sched_las_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
+double sched_las_next_timer(const lt_sched_t *s, double now);
 
 /* ---- lookups: ids to table indexes, worker bitmaps ---------------------------------------- */
 

@@ -31,6 +31,11 @@ struct lt_sched_trace {
   size_t ntenants, tcap;
   char (*models)[NAME_MAX_LEN + 1];
   size_t nmodels, mcap;
+  char *buf; /* the line being parsed */
+  size_t bcap;
+  uint32_t lineno;
+  bool header;      /* the next non-blank line is the header */
+  bool unsorted_ok; /* lt_sched_trace_parse: sort at the end instead of refusing */
 };
 
 static const char *const trace_cols[6] = {"arrival_s", "tenant", "class",
@@ -146,58 +151,76 @@ void lt_sched_trace_destroy(lt_sched_trace_t *t) {
   free(t->rows);
   free(t->tenants);
   free(t->models);
+  free(t->buf);
   free(t);
+}
+
+lt_err_t lt_sched_trace_new(lt_sched_trace_t **out, char *errstr, size_t errstr_size) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+  (*out)->header = true;
+  return LT_OK;
+}
+
+lt_err_t lt_sched_trace_add_line(lt_sched_trace_t *t, const char *text, size_t len,
+                                 char *errstr, size_t errstr_size) {
+  uint32_t lineno = ++t->lineno;
+  if (len && text[len - 1] == '\n') len--;
+  if (len + 1 > t->bcap) {
+    char *nb = realloc(t->buf, len + 64);
+    if (!nb) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
+    t->buf = nb;
+    t->bcap = len + 64;
+  }
+  if (memchr(text, 0, len))
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace line %u: contains a NUL byte",
+                   lineno);
+  memcpy(t->buf, text, len);
+  t->buf[len] = 0;
+  char *s = trim(t->buf);
+  if (!*s || *s == '#') return LT_OK;
+  lt_err_t err = parse_line(t, s, lineno, t->header, errstr, errstr_size);
+  if (err || t->header) {
+    t->header = false;
+    return err;
+  }
+  const trace_row_t *r = &t->rows[t->n - 1];
+  if (!t->unsorted_ok && t->n > 1 && r->arrival < t->rows[t->n - 2].arrival)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "trace line %u, column 1 (arrival_s): %g is before line %u's %g: a trace "
+                   "must be sorted by arrival time (sort -t, -k1,1g, keeping the header first)",
+                   lineno, r->arrival, t->rows[t->n - 2].line, t->rows[t->n - 2].arrival);
+  return LT_OK;
+}
+
+lt_err_t lt_sched_trace_finish(lt_sched_trace_t *t, char *errstr, size_t errstr_size) {
+  if (t->n == 0)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace: no job lines after the header");
+  if (t->unsorted_ok) qsort(t->rows, t->n, sizeof *t->rows, row_cmp);
+  free(t->buf);
+  t->buf = NULL;
+  t->bcap = 0;
+  return LT_OK;
 }
 
 lt_err_t lt_sched_trace_parse(const char *text, size_t len, lt_sched_trace_t **out,
                               char *errstr, size_t errstr_size) {
-  *out = NULL;
-  lt_sched_trace_t *t = calloc(1, sizeof *t);
-  char *buf = NULL;
-  size_t bcap = 0;
-  lt_err_t err = LT_OK;
-  if (!t) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
-  bool header = true;
-  uint32_t lineno = 0;
-  for (size_t pos = 0; pos < len;) {
-    size_t end = pos;
-    while (end < len && text[end] != '\n') end++;
-    size_t l = end - pos;
-    lineno++;
-    if (l + 1 > bcap) {
-      bcap = l + 64;
-      char *nb = realloc(buf, bcap);
-      if (!nb) {
-        err = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "trace: out of memory");
-        goto fail;
-      }
-      buf = nb;
-    }
-    memcpy(buf, text + pos, l);
-    buf[l] = 0;
+  lt_sched_trace_t *t;
+  lt_err_t err = lt_sched_trace_new(&t, errstr, errstr_size);
+  if (err) return err;
+  t->unsorted_ok = true;
+  for (size_t pos = 0; !err && pos < len;) {
+    const char *nl = memchr(text + pos, '\n', len - pos);
+    size_t end = nl ? (size_t)(nl - text) : len;
+    err = lt_sched_trace_add_line(t, text + pos, end - pos, errstr, errstr_size);
     pos = end + 1;
-    if (memchr(buf, 0, l)) {
-      err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace line %u: contains a NUL byte",
-                    lineno);
-      goto fail;
-    }
-    char *s = trim(buf);
-    if (!*s || *s == '#') continue;
-    err = parse_line(t, s, lineno, header, errstr, errstr_size);
-    if (err) goto fail;
-    header = false;
   }
-  if (t->n == 0) {
-    err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "trace: no job lines after the header");
-    goto fail;
+  if (!err) err = lt_sched_trace_finish(t, errstr, errstr_size);
+  if (err) {
+    lt_sched_trace_destroy(t);
+    t = NULL;
   }
-  qsort(t->rows, t->n, sizeof *t->rows, row_cmp);
-  free(buf);
   *out = t;
-  return LT_OK;
-fail:
-  free(buf);
-  lt_sched_trace_destroy(t);
   return err;
 }
 
@@ -218,7 +241,7 @@ void lt_sched_sim_config_default(lt_sched_sim_config_t *c) {
   c->models_per_worker = 2;
   c->cold_load_s = 60;
   c->checkpoint_s = 30;
-  c->tick_s = 5;
+  c->tick_s = 0;
 }
 
 enum { EV_COMPLETE = 0, EV_PREEMPT_STOP = 1 };
@@ -310,30 +333,41 @@ typedef struct sim {
   double *waits;          /* per trace row: scratch for quantiles */
   double *got, *ent;      /* per (tenant, class): slot-seconds held, entitled slot-seconds */
   uint32_t *njobs;        /* per (tenant, class): jobs in the trace */
-  lt_sched_tenant_stats_t *st; /* per tenant: scratch for lt_sched_tenants_stats */
   double *weights;        /* per tenant */
+  /* The fairness integrals, kept by the simulator from what it applies (the policy's own
+   * lt_sched_tenants_stats() costs O(all tenants) a call): per (tenant, class) k, slots running
+   * and GPUs queued; got[k] is integrated lazily (since last[k]), and ent[k] holds the integral
+   * of (entitlement - running), added only while the class has queued work (otherwise each
+   * tenant's entitlement is what it runs). act[c]: the tenants with demand in class c. */
+  double *run, *qd, *last;
+  uint32_t *act[LT_CLASS__COUNT], nact[LT_CLASS__COUNT];
+  uint8_t *in_act;
+  double *sd, *sw;       /* per tenant: waterfill scratch */
+  /* Per class, the last water-filling (alloc[c][i] for tenant act[c][i], i < nalloc[c]) holds
+   * until a change in the class (dirty); the seconds it held since its last flush are pend[c]. */
+  double *alloc[LT_CLASS__COUNT], pend[LT_CLASS__COUNT];
+  uint32_t nalloc[LT_CLASS__COUNT];
+  bool dirty[LT_CLASS__COUNT];
+  void *fair_block;
   evheap_t ev;
   size_t nt, nrow_slots;  /* tenants; tenants * classes */
   size_t next_arrival, completed;
-  double now, last_decide, last_progress, busy, t_end;
+  double now, last_decide, busy, t_end;
+  double retry_at;        /* the starvation pass's next look, armed by a change */
+  bool changed;           /* an event, an arrival or a decision at now */
+  uint64_t gangs, decides, refused;
+  uint32_t refused_line, refused_gpus;
   char *errstr;
   size_t errstr_size;
 } sim_t;
 
-/* Refuses a fleet or a trace that could never finish. */
-static lt_err_t sim_check(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
-                          char *errstr, size_t errstr_size) {
+/* Refuses a fleet that cannot run anything. */
+static lt_err_t sim_check(const lt_sched_sim_config_t *cfg, char *errstr, size_t errstr_size) {
   if (cfg->workers == 0 || cfg->slots_per_worker == 0 ||
-      cfg->slots_per_worker > LT_SCHED_MAX_WORKER_SLOTS || !(cfg->tick_s > 0))
+      cfg->slots_per_worker > LT_SCHED_MAX_WORKER_SLOTS || !(cfg->tick_s >= 0))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "sim: need workers >= 1, slots per worker within 1..%d and tick > 0",
+                   "sim: need workers >= 1, slots per worker within 1..%d and tick >= 0",
                    LT_SCHED_MAX_WORKER_SLOTS);
-  for (size_t i = 0; i < tr->n; i++)
-    if (tr->rows[i].gpus > cfg->slots_per_worker)
-      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                     "trace line %u, column 4 (gpus): %u GPUs but a worker has %u slots: it "
-                     "could never start",
-                     tr->rows[i].line, tr->rows[i].gpus, cfg->slots_per_worker);
   return LT_OK;
 }
 
@@ -352,14 +386,25 @@ static lt_err_t sim_open(sim_t *m) {
   /* One block holds the tables, widest elements first; sim_close frees it as m->jobs. */
   size_t nts = nt ? nt : 1;
   m->jobs = calloc(1, tr->n * sizeof *m->jobs + (tr->n + 2 * m->nrow_slots + nts) * sizeof(double) +
-                          nts * sizeof *m->st + m->nrow_slots * sizeof *m->njobs);
+                          m->nrow_slots * sizeof *m->njobs);
+  m->fair_block = calloc(1, (3 * m->nrow_slots + 2 * nts + m->nrow_slots) * sizeof(double) +
+                                m->nrow_slots * (sizeof(uint32_t) + 1));
+  if (!m->fair_block) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  m->run = m->fair_block;
+  m->qd = m->run + m->nrow_slots;
+  m->last = m->qd + m->nrow_slots;
+  m->sd = m->last + m->nrow_slots;
+  m->sw = m->sd + nts;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) m->alloc[c] = m->sw + nts + (size_t)c * nts;
+  for (int c = 0; c < LT_CLASS__COUNT; c++)
+    m->act[c] = (uint32_t *)(m->alloc[0] + m->nrow_slots) + (size_t)c * nts;
+  m->in_act = (uint8_t *)(m->act[0] + m->nrow_slots);
   if (!m->jobs) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
   m->waits = (double *)(m->jobs + tr->n);
   m->got = m->waits + tr->n;
   m->ent = m->got + m->nrow_slots;
   m->weights = m->ent + m->nrow_slots;
-  m->st = (lt_sched_tenant_stats_t *)(m->weights + nts);
-  m->njobs = (uint32_t *)(m->st + nts);
+  m->njobs = (uint32_t *)(m->weights + nts);
   lt_err_t err = lt_sched_new(&sc, &m->s, m->errstr, m->errstr_size);
   for (size_t k = 0; !err && k < tr->nmodels; k++) {
     uint32_t id;
@@ -393,13 +438,41 @@ static lt_err_t sim_open(sim_t *m) {
 static void sim_close(sim_t *m) {
   lt_sched_destroy(m->s);
   free(m->jobs); /* and the tables carved from it */
+  free(m->fair_block);
   free(m->ev.a);
+}
+
+/* Adds to class c's entitlement integrals the seconds its last water-filling held. */
+static void sim_fair_flush(sim_t *m, int c) {
+  if (m->pend[c] <= 0) return;
+  for (uint32_t i = 0; i < m->nalloc[c]; i++) {
+    size_t k = (size_t)m->act[c][i] * LT_CLASS__COUNT + c;
+    m->ent[k] += (m->alloc[c][i] - m->run[k]) * m->pend[c];
+  }
+  m->pend[c] = 0;
+}
+
+/* Row ji's (tenant, class) runs dr more slots and queues dq more GPUs from now on. */
+static void sim_fair(sim_t *m, uint32_t ji, double dr, double dq) {
+  const trace_row_t *r = &m->tr->rows[ji];
+  size_t k = (size_t)r->tenant * LT_CLASS__COUNT + r->cls;
+  sim_fair_flush(m, r->cls);
+  m->dirty[r->cls] = true;
+  m->got[k] += m->run[k] * (m->now - m->last[k]);
+  m->last[k] = m->now;
+  m->run[k] += dr;
+  m->qd[k] += dq;
+  if (!m->in_act[k] && m->run[k] + m->qd[k] > 0) {
+    m->in_act[k] = 1;
+    m->act[r->cls][m->nact[r->cls]++] = r->tenant;
+  }
 }
 
 /* Job ji is done at now (completed, or stopped past its tenant's max duration). */
 static void sim_done(sim_t *m, uint32_t ji) {
   sim_job_t *j = &m->jobs[ji];
   lt_sched_job_finished(m->s, ji + 1, m->now);
+  if (j->running) sim_fair(m, ji, -(double)m->tr->rows[ji].gpus, 0);
   j->running = false;
   j->done = true;
   m->completed++;
@@ -420,11 +493,12 @@ static void sim_events(sim_t *m) {
       if (worked > 0) j->remaining -= worked;
       if (j->remaining < 0) j->remaining = 0;
       lt_sched_job_requeue(m->s, e.job + 1, m->now);
+      sim_fair(m, e.job, -(double)m->tr->rows[e.job].gpus, m->tr->rows[e.job].gpus);
       j->running = false;
       j->preempting = false;
       j->gen++;
     }
-    m->last_progress = m->now;
+    m->changed = true;
   }
 }
 
@@ -433,6 +507,13 @@ static lt_err_t sim_arrivals(sim_t *m) {
   const lt_sched_trace_t *tr = m->tr;
   while (m->next_arrival < tr->n && tr->rows[m->next_arrival].arrival <= m->now) {
     const trace_row_t *r = &tr->rows[m->next_arrival];
+    m->njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
+    m->changed = true;
+    if (r->gpus > m->cfg->slots_per_worker) { /* larger than a worker: set aside, counted */
+      if (m->refused++ == 0) m->refused_line = r->line, m->refused_gpus = r->gpus;
+      m->jobs[m->next_arrival++].done = true;
+      continue;
+    }
     lt_sched_job_t job = {.id = m->next_arrival + 1,
                           .tenant_id = r->tenant + 1,
                           .cls = r->cls,
@@ -441,7 +522,7 @@ static lt_err_t sim_arrivals(sim_t *m) {
                           .model = r->model};
     lt_err_t err = lt_sched_job_enqueue(m->s, &job, m->now, m->errstr, m->errstr_size);
     if (err) return err;
-    m->njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
+    sim_fair(m, (uint32_t)m->next_arrival, 0, r->gpus);
     m->next_arrival++;
   }
   return LT_OK;
@@ -460,8 +541,9 @@ static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
     j->gen++;
     j->run_from = now + cold;
     if (j->first_dispatch < 0) j->first_dispatch = now;
+    if (m->tr->rows[ji].gpus > 1) m->gangs++;
+    sim_fair(m, ji, m->tr->rows[ji].gpus, -(double)m->tr->rows[ji].gpus);
     if (ev_push(&m->ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) return LT_ERR_NOMEM;
-    m->last_progress = now;
     break;
   }
   case LT_SCHED_PREEMPT:
@@ -472,7 +554,6 @@ static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
   case LT_SCHED_STOP:
     sim_done(m, ji);
     j->gen++;
-    m->last_progress = now;
     break;
   }
   return LT_OK;
@@ -484,6 +565,8 @@ static lt_err_t sim_decide(sim_t *m) {
   size_t nd;
   do {
     nd = lt_sched_decide(m->s, m->now, dec, sizeof dec / sizeof dec[0]);
+    m->decides++;
+    if (nd) m->changed = true;
     for (size_t k = 0; k < nd; k++)
       if (sim_apply(m, &dec[k]))
         return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
@@ -492,10 +575,81 @@ static lt_err_t sim_decide(sim_t *m) {
   return LT_OK;
 }
 
-/* Moves now to the next instant something happens (an event, an arrival, or the next tick
- * while jobs wait) and integrates what the fleet looked like until then. Fails when nothing
- * can happen any more, or nothing has for too long. */
-static lt_err_t sim_advance(sim_t *m, double stall_limit) {
+/* A real deadlock: jobs wait, none runs, and nothing is to come. Names the first few waiting
+ * jobs by trace line, and why each can never start. */
+static lt_err_t sim_stalled(sim_t *m, const lt_sched_counters_t *cnt) {
+  char why[384] = "";
+  size_t len = 0, named = 0;
+  for (size_t i = 0; i < m->next_arrival && named < 3; i++) {
+    const sim_job_t *j = &m->jobs[i];
+    if (j->done || j->running) continue;
+    const trace_row_t *r = &m->tr->rows[i];
+    uint32_t quota = 0;
+    for (size_t k = 0; k < m->cfg->n_tenants; k++)
+      if (strcmp(m->cfg->tenants[k].name, m->tr->tenants[r->tenant]) == 0)
+        quota = m->cfg->tenants[k].max_running_slots;
+    char reason[128];
+    if (quota && r->gpus > quota && m->cfg->sched.policy == LT_SCHED_POLICY_LATHE)
+      snprintf(reason, sizeof reason, "tenant %s's running-slot quota is %u",
+               m->tr->tenants[r->tenant], quota);
+    else
+      snprintf(reason, sizeof reason, "the policy does not start it on an idle fleet");
+    int w = snprintf(why + len, sizeof why - len, "%strace line %u (tenant %s, %u GPUs): %s",
+                     named ? "; " : "", r->line, m->tr->tenants[r->tenant], r->gpus, reason);
+    if (w < 0 || (size_t)w >= sizeof why - len) break;
+    len += (size_t)w;
+    named++;
+  }
+  return lt_errf(m->errstr, m->errstr_size, LT_ERR_INTERNAL,
+                 "sim: deadlock at t=%.0f s: %u jobs queued, none running, nothing to come; "
+                 "never starts: %s",
+                 m->now, cnt->queued, why);
+}
+
+/* Adds to the run's integrals what the fleet looked like from now for dt seconds: busy slots,
+ * and, per class with queued work, each tenant's weighted max-min fair entitlement of the slots
+ * the class holds (water-filling its demand, queued GPUs + running slots) less what it runs. */
+static void sim_integrate(sim_t *m, const lt_sched_counters_t *cnt, double dt) {
+  if (dt <= 0) return;
+  m->busy += cnt->slots_used * dt;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    if (m->dirty[c]) { /* water-fill again: the class changed since */
+      m->dirty[c] = false;
+      m->nalloc[c] = 0;
+      if (cnt->queued_class[c] == 0 || cnt->slots_used_class[c] == 0) continue;
+      uint32_t n = 0;
+      for (uint32_t i = 0; i < m->nact[c]; i++) { /* drop the tenants without demand */
+        uint32_t t = m->act[c][i];
+        size_t k = (size_t)t * LT_CLASS__COUNT + c;
+        if (m->run[k] + m->qd[k] <= 0) {
+          m->in_act[k] = 0;
+          continue;
+        }
+        m->act[c][n] = t;
+        m->sd[n] = m->run[k] + m->qd[k];
+        m->sw[n++] = m->weights[t];
+      }
+      m->nact[c] = m->nalloc[c] = n;
+      lt_sched_waterfill(n, m->sd, m->sw, cnt->slots_used_class[c], m->alloc[c]);
+    }
+    if (m->nalloc[c]) m->pend[c] += dt;
+  }
+}
+
+/* At the end of the run: the lazily integrated slot-seconds up to now, and the entitlements. */
+static void sim_integrate_close(sim_t *m) {
+  for (int c = 0; c < LT_CLASS__COUNT; c++) sim_fair_flush(m, c);
+  for (size_t k = 0; k < m->nrow_slots; k++) {
+    m->got[k] += m->run[k] * (m->now - m->last[k]);
+    m->last[k] = m->now;
+    m->ent[k] += m->got[k];
+  }
+}
+
+/* Moves now to the next instant something can happen — an event, an arrival, a policy timer
+ * (lt_sched_next_timer), the starvation pass's retry after a change, or (tick_s > 0) the next
+ * tick while jobs wait — integrating the fleet until then. Fails only on a real deadlock. */
+static lt_err_t sim_advance(sim_t *m) {
   const lt_sched_trace_t *tr = m->tr;
   lt_sched_counters_t cnt;
   lt_sched_counters(m->s, &cnt);
@@ -503,23 +657,17 @@ static lt_err_t sim_advance(sim_t *m, double stall_limit) {
   if (m->ev.n) next = m->ev.a[0].t;
   if (m->next_arrival < tr->n && tr->rows[m->next_arrival].arrival < next)
     next = tr->rows[m->next_arrival].arrival;
-  if (cnt.queued > 0 && m->last_decide + m->cfg->tick_s < next)
-    next = m->last_decide + m->cfg->tick_s;
-  if (!isfinite(next) || m->now - m->last_progress > stall_limit)
-    return lt_errf(m->errstr, m->errstr_size, LT_ERR_INTERNAL,
-                   "sim: no progress at t=%.0f s with %u jobs queued and %u running", m->now,
-                   cnt.queued, cnt.running);
-  double dt = next - m->now;
-  m->busy += cnt.slots_used * dt;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    if (cnt.slots_used_class[c] == 0 && cnt.queued_class[c] == 0) continue;
-    size_t n = lt_sched_tenants_stats(m->s, (lt_job_class_t)c, m->st, m->nt);
-    for (size_t i = 0; i < n && i < m->nt; i++) {
-      size_t ti = (size_t)(m->st[i].tenant_id - 1);
-      m->got[ti * LT_CLASS__COUNT + c] += m->st[i].running_slots * dt;
-      m->ent[ti * LT_CLASS__COUNT + c] += m->st[i].entitlement * cnt.slots_used_class[c] * dt;
-    }
+  if (cnt.queued > 0 && m->cfg->tick_s > 0) { /* the tick-based simulator, for comparison */
+    if (m->last_decide + m->cfg->tick_s < next) next = m->last_decide + m->cfg->tick_s;
+  } else if (cnt.queued > 0 || cnt.running > 0) {
+    double t = lt_sched_next_timer(m->s, m->now);
+    if (t < next) next = t;
+    if (m->changed) m->retry_at = lt_sched_next_retry(m->s, m->now);
+    if (m->retry_at > m->now && m->retry_at < next) next = m->retry_at;
   }
+  m->changed = false;
+  if (!isfinite(next)) return sim_stalled(m, &cnt);
+  sim_integrate(m, &cnt, next - m->now);
   m->now = next;
   return LT_OK;
 }
@@ -549,6 +697,7 @@ static void sim_row(sim_t *m, size_t ti, int c, const double *class_got, const d
 /* Fills res from the finished run: counters, utilisation, a row per (tenant, class) with jobs,
  * and Jain's index of share / entitlement per class. */
 static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
+  sim_integrate_close(m);
   lt_sched_counters_t cnt;
   lt_sched_counters(m->s, &cnt);
   res->dispatches = cnt.dispatches;
@@ -556,6 +705,20 @@ static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
   res->stops = cnt.stops;
   res->cold_loads = cnt.cold_loads;
   res->completed = m->completed;
+  res->gangs_started = m->gangs;
+  res->decide_calls = m->decides;
+  res->refused_size = m->refused;
+  res->refused_first_line = m->refused_line;
+  res->refused_first_gpus = m->refused_gpus;
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    size_t nw = 0;
+    for (size_t i = 0; i < m->tr->n; i++)
+      if ((int)m->tr->rows[i].cls == c && m->jobs[i].first_dispatch >= 0)
+        m->waits[nw++] = m->jobs[i].first_dispatch - m->tr->rows[i].arrival;
+    qsort(m->waits, nw, sizeof *m->waits, dbl_cmp);
+    res->wait_p50_s[c] = quantile_sorted(m->waits, nw, 0.5);
+    res->wait_p99_s[c] = quantile_sorted(m->waits, nw, 0.99);
+  }
   res->makespan_s = m->t_end - m->tr->rows[0].arrival;
   res->utilisation =
       res->makespan_s > 0
@@ -590,25 +753,23 @@ lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_
                           lt_sched_sim_result_t *res, char *errstr, size_t errstr_size) {
   memset(res, 0, sizeof *res);
   res->policy = cfg->sched.policy;
-  lt_err_t err = sim_check(tr, cfg, errstr, errstr_size);
+  lt_err_t err = sim_check(cfg, errstr, errstr_size);
   if (err) return err;
   sim_t m = {.tr = tr, .cfg = cfg, .errstr = errstr, .errstr_size = errstr_size};
   err = sim_open(&m);
   if (!err) {
     m.now = tr->rows[0].arrival;
     m.last_decide = -INFINITY;
-    m.last_progress = m.t_end = m.now;
+    m.retry_at = INFINITY;
+    m.t_end = m.now;
   }
-  /* a run that makes no progress for this long is stuck (a bug, or a trace it cannot finish) */
-  double stall_limit = 3600 + cfg->sched.aging_s * (cfg->sched.aging_levels + 1) +
-                       fabs(cfg->sched.preempt_after_s) + fabs(cfg->sched.gang_reserve_after_s);
-  while (!err && m.completed < tr->n) {
+  while (!err && m.completed + m.refused < tr->n) {
     /* what happens at now: ends, checkpoints, arrivals, then the policy */
     sim_events(&m);
     err = sim_arrivals(&m);
     if (!err) err = sim_decide(&m);
-    if (err || m.completed == tr->n) break;
-    err = sim_advance(&m, stall_limit);
+    if (err || m.completed + m.refused == tr->n) break;
+    err = sim_advance(&m);
   }
   if (!err) err = sim_results(&m, res);
   if (err) lt_sched_sim_result_free(res);

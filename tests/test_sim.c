@@ -1,0 +1,117 @@
+/* test_sim: what the event-driven simulator relies on in the policy — lt_sched_next_timer() names
+ * the instants at which waiting changes a decision — and the least-attained-service peer
+ * (LT_SCHED_POLICY_LAS); the streaming trace reader refuses an out-of-order line. The
+ * simulator's end-to-end behaviour (same results as the tick-based run, no false stall, a named
+ * deadlock, `lathe sim gen`) is tests/sim_json.py. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "lt_sched.h"
+
+static lt_sched_t *fleet(lt_sched_policy_t p, uint32_t workers, uint32_t slots) {
+  lt_sched_config_t c;
+  lt_sched_config_default(&c);
+  c.policy = p;
+  c.check_invariants = true;
+  c.max_jobs = 64;
+  c.max_tenants = 8;
+  c.max_workers = 8;
+  lt_sched_t *s;
+  char err[256];
+  cr_assert_eq(lt_sched_new(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  lt_sched_tenant_t t = {.id = 1, .weight = 1};
+  cr_assert_eq(lt_sched_tenant_upsert(s, &t, err, sizeof err), LT_OK, "%s", err);
+  for (uint32_t w = 0; w < workers; w++) {
+    lt_sched_worker_t wk = {.id = w + 1, .slots = slots, .mem_bytes = 0, .model_cache = 1};
+    cr_assert_eq(lt_sched_worker_up(s, &wk, err, sizeof err), LT_OK, "%s", err);
+  }
+  return s;
+}
+
+static void enqueue(lt_sched_t *s, uint64_t id, lt_job_class_t cls, uint32_t gpus, double now) {
+  lt_sched_job_t j = {.id = id, .tenant_id = 1, .cls = cls, .gpus = gpus,
+                      .model = LT_SCHED_NO_MODEL};
+  char err[256];
+  cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
+}
+
+Test(sim, next_timer_names_the_waits_that_change_a_decision) {
+  lt_sched_t *s = fleet(LT_SCHED_POLICY_LATHE, 1, 2);
+  lt_sched_decision_t d[8];
+  enqueue(s, 1, LT_CLASS_PREEMPTIBLE, 2, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1); /* the fleet is now full */
+  cr_assert(isinf(lt_sched_next_timer(s, 0)), "nothing waits: no timer");
+  enqueue(s, 2, LT_CLASS_STANDARD, 2, 10);
+  cr_assert_eq(lt_sched_decide(s, 10, d, 8), 0);
+  /* standard, 2 GPUs: preempt_after_s 120, gang_reserve_after_s 300, aging_s 600 */
+  cr_assert_float_eq(lt_sched_next_timer(s, 10), 130, 1e-9);
+  cr_assert_float_eq(lt_sched_next_timer(s, 130), 310, 1e-9);
+  cr_assert_float_eq(lt_sched_next_timer(s, 310), 610, 1e-9);
+  cr_assert(isinf(lt_sched_next_timer(s, 610)));
+  /* at the first one, the policy preempts the preemptible job */
+  size_t n = lt_sched_decide(s, 130, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT);
+  cr_assert_eq(d[0].job_id, 1);
+  lt_sched_destroy(s);
+}
+
+Test(sim, next_timer_under_fifo_is_only_durations) {
+  lt_sched_t *s = fleet(LT_SCHED_POLICY_FIFO, 1, 1);
+  lt_sched_decision_t d[4];
+  enqueue(s, 1, LT_CLASS_STANDARD, 1, 0);
+  enqueue(s, 2, LT_CLASS_PRODUCTION, 1, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);
+  cr_assert(isinf(lt_sched_next_timer(s, 0)), "FIFO compares no wait with a threshold");
+  lt_sched_destroy(s);
+}
+
+Test(sim, las_starts_the_least_attained_job_first) {
+  lt_sched_t *s = fleet(LT_SCHED_POLICY_LAS, 1, 1);
+  lt_sched_decision_t d[4];
+  enqueue(s, 1, LT_CLASS_PRODUCTION, 1, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);
+  cr_assert_eq(lt_sched_job_started(s, 1, 0), LT_OK);
+  /* job 1 ran 4000 GPU-s (past the 3600 threshold) and is requeued; job 2 arrives later */
+  cr_assert_eq(lt_sched_job_requeue(s, 1, 4000), LT_OK);
+  enqueue(s, 2, LT_CLASS_PREEMPTIBLE, 1, 4001);
+  cr_assert_eq(lt_sched_decide(s, 4001, d, 4), 1);
+  cr_assert_eq(d[0].job_id, 2, "the job with no attained service goes first, whatever its class");
+  lt_sched_destroy(s);
+}
+
+Test(sim, las_preempts_a_second_queue_job_for_a_first_queue_one) {
+  lt_sched_t *s = fleet(LT_SCHED_POLICY_LAS, 1, 2);
+  lt_sched_decision_t d[4];
+  enqueue(s, 1, LT_CLASS_STANDARD, 2, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 4), 1);
+  enqueue(s, 2, LT_CLASS_STANDARD, 1, 100);
+  cr_assert_eq(lt_sched_decide(s, 100, d, 4), 0, "job 1 is still in the first queue");
+  /* job 1 crosses 3600 GPU-s at 1800 s (2 GPUs): the timer says so, and then it is preempted */
+  cr_assert_float_eq(lt_sched_next_timer(s, 100), 1800, 1e-9);
+  size_t n = lt_sched_decide(s, 1800, d, 4);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT);
+  cr_assert_eq(d[0].job_id, 1);
+  cr_assert_eq(lt_sched_job_requeue(s, 1, 1830), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 1830, d, 4), 1);
+  cr_assert_eq(d[0].job_id, 2);
+  lt_sched_destroy(s);
+}
+
+Test(sim, streaming_trace_refuses_an_out_of_order_line_naming_it) {
+  lt_sched_trace_t *t;
+  char err[256];
+  cr_assert_eq(lt_sched_trace_new(&t, err, sizeof err), LT_OK);
+  const char *lines[] = {"arrival_s,tenant,class,gpus,duration_s,base_model\n",
+                         "# comment\n", "5,a,standard,1,60,m\n", "7,a,standard,1,60,m\n"};
+  for (size_t i = 0; i < 4; i++)
+    cr_assert_eq(lt_sched_trace_add_line(t, lines[i], strlen(lines[i]), err, sizeof err), LT_OK,
+                 "%s", err);
+  const char *bad = "6,b,standard,1,60,m\n";
+  cr_assert_eq(lt_sched_trace_add_line(t, bad, strlen(bad), err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "trace line 5") && strstr(err, "line 4") && strstr(err, "sorted"),
+            "message: %s", err);
+  lt_sched_trace_destroy(t);
+}

@@ -255,45 +255,99 @@ typedef struct mr_args {
 } mr_args_t;
 
 /* The order every element of the product is summed in, whatever M: 16 partial sums, lane i
- * taking k = i, i + 16, ... (the tail in the low lanes), then folded pairwise. */
-static inline float fold16(float *acc) {
+ * taking k = i, i + 16, ... (the tail in the low lanes), then folded pairwise. The kernels below
+ * keep the 16 lanes as two 8-float vectors (GCC's vector extension: two registers with AVX2, four
+ * with SSE2), so each lane sees the same operations in the same order in every kernel and build. */
+typedef float v8f __attribute__((vector_size(32)));
+/* The helpers taking and returning v8f are always inlined: no call, so no ABI to change (GCC
+ * warns at the end of the file, so the warning is off for all of it). */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+static inline __attribute__((always_inline)) v8f ld8(const float *p) {
+  v8f v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline __attribute__((always_inline)) float fold16(float *acc) {
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; i++) acc[i] += acc[i + w];
   return acc[0];
 }
 
-static inline float dot16(const float *a, const float *b, int K) {
-  float acc[16] = {0};
-  int k = 0;
-  for (; k + 16 <= K; k += 16)
-    for (int i = 0; i < 16; i++) acc[i] += a[k + i] * b[k + i];
-  for (int i = 0; k + i < K; i++) acc[i] += a[k + i] * b[k + i];
+/* The lanes' partial sums (lo: lanes 0-7, hi: 8-15) plus the tail k0..K-1 in the low lanes,
+ * folded. */
+static inline __attribute__((always_inline)) float finish16(v8f lo, v8f hi, const float *a, const float *b,
+                                                            int k0, int K) {
+  float acc[16];
+  memcpy(acc, &lo, sizeof lo);
+  memcpy(acc + 8, &hi, sizeof hi);
+  for (int i = 0; k0 + i < K; i++) acc[i] += a[k0 + i] * b[k0 + i];
   return fold16(acc);
+}
+
+static inline __attribute__((always_inline)) float dot16(const float *a, const float *b, int K) {
+  v8f lo = {0}, hi = {0};
+  int k = 0;
+  for (; k + 16 <= K; k += 16) {
+    lo += ld8(a + k) * ld8(b + k);
+    hi += ld8(a + k + 8) * ld8(b + k + 8);
+  }
+  return finish16(lo, hi, a, b, k, K);
 }
 
 /* Four rows against one weight row at once: each weight value is loaded once for the four, and
  * each element is summed exactly as dot16 sums it (same lanes, same fold), so a row's result does
  * not depend on whether it was computed in a block of four or alone. */
-static inline void dot16x4(const float *a0, const float *a1, const float *a2, const float *a3,
-                           const float *b, int K, float out[4]) {
-  float acc[4][16] = {{0}};
+static inline __attribute__((always_inline)) void dot16x4(const float *a0, const float *a1,
+                                                          const float *a2, const float *a3,
+                                                          const float *b, int K, float out[4]) {
+  v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
   int k = 0;
-  for (; k + 16 <= K; k += 16)
-    for (int i = 0; i < 16; i++) {
-      float wv = b[k + i];
-      acc[0][i] += a0[k + i] * wv;
-      acc[1][i] += a1[k + i] * wv;
-      acc[2][i] += a2[k + i] * wv;
-      acc[3][i] += a3[k + i] * wv;
-    }
-  for (int i = 0; k + i < K; i++) {
-    float wv = b[k + i];
-    acc[0][i] += a0[k + i] * wv;
-    acc[1][i] += a1[k + i] * wv;
-    acc[2][i] += a2[k + i] * wv;
-    acc[3][i] += a3[k + i] * wv;
+  for (; k + 16 <= K; k += 16) {
+    v8f wl = ld8(b + k), wh = ld8(b + k + 8);
+    l0 += ld8(a0 + k) * wl;
+    h0 += ld8(a0 + k + 8) * wh;
+    l1 += ld8(a1 + k) * wl;
+    h1 += ld8(a1 + k + 8) * wh;
+    l2 += ld8(a2 + k) * wl;
+    h2 += ld8(a2 + k + 8) * wh;
+    l3 += ld8(a3 + k) * wl;
+    h3 += ld8(a3 + k + 8) * wh;
   }
-  for (int q = 0; q < 4; q++) out[q] = fold16(acc[q]);
+  out[0] = finish16(l0, h0, a0, b, k, K);
+  out[1] = finish16(l1, h1, a1, b, k, K);
+  out[2] = finish16(l2, h2, a2, b, k, K);
+  out[3] = finish16(l3, h3, a3, b, k, K);
+}
+
+/* One row against four weight rows: four independent sums in flight, for the few-row products
+ * of decoding (memory-bound: more loads outstanding), each summed exactly as dot16 sums it. */
+static inline __attribute__((always_inline)) void dot16w4(const float *a, const float *b0,
+                                                          const float *b1, const float *b2,
+                                                          const float *b3, int K, float out[4]) {
+  v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
+  int k = 0;
+  for (; k + 16 <= K; k += 16) {
+    v8f al = ld8(a + k), ah = ld8(a + k + 8);
+    l0 += al * ld8(b0 + k);
+    h0 += ah * ld8(b0 + k + 8);
+    l1 += al * ld8(b1 + k);
+    h1 += ah * ld8(b1 + k + 8);
+    l2 += al * ld8(b2 + k);
+    h2 += ah * ld8(b2 + k + 8);
+    l3 += al * ld8(b3 + k);
+    h3 += ah * ld8(b3 + k + 8);
+  }
+  out[0] = finish16(l0, h0, a, b0, k, K);
+  out[1] = finish16(l1, h1, a, b1, k, K);
+  out[2] = finish16(l2, h2, a, b2, k, K);
+  out[3] = finish16(l3, h3, a, b3, k, K);
+}
+
+static inline __attribute__((always_inline)) void mr_store(const mr_args_t *a, int r, size_t j, float d) {
+  float *c = a->C + (size_t)r * a->ldc + j;
+  *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
 }
 
 /* Built twice, for AVX2 and for the x86-64 baseline, and picked at load time. AVX2 here brings
@@ -304,23 +358,26 @@ static void mr_task(void *p, int tid, int nt) {
   const mr_args_t *a = p;
   size_t lo, hi;
   chunk((size_t)a->N, tid, nt, &lo, &hi);
-  for (size_t j = lo; j < hi; j++) {
+  size_t j = lo;
+  if (a->M < 4) /* decoding a few rows: four weight rows at a time */
+    for (; j + 4 <= hi; j += 4) {
+      const float *w = a->W + j * (size_t)a->ldw;
+      for (int r = 0; r < a->M; r++) {
+        float d[4];
+        dot16w4(a->A + (size_t)r * a->lda, w, w + a->ldw, w + 2 * (size_t)a->ldw, w + 3 * (size_t)a->ldw, a->K, d);
+        for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
+      }
+    }
+  for (; j < hi; j++) {
     const float *w = a->W + j * (size_t)a->ldw;
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       const float *x = a->A + (size_t)r * a->lda;
       float d[4];
       dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, a->K, d);
-      for (int q = 0; q < 4; q++) {
-        float *c = a->C + (size_t)(r + q) * a->ldc + j;
-        *c = a->beta == 0.0f ? a->alpha * d[q] : a->alpha * d[q] + a->beta * *c;
-      }
+      for (int q = 0; q < 4; q++) mr_store(a, r + q, j, d[q]);
     }
-    for (; r < a->M; r++) {
-      float *c = a->C + (size_t)r * a->ldc + j;
-      float d = a->alpha * dot16(a->A + (size_t)r * a->lda, w, a->K);
-      *c = a->beta == 0.0f ? d : d + a->beta * *c;
-    }
+    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, a->K));
   }
 }
 

@@ -177,8 +177,29 @@ static void starve_reserve(lt_sched_t *s, uint32_t jx) {
   sched_reserve(s, best, jx);
 }
 
+/* Whether a preemption asked of worker w is still in flight (a preempted job has not stopped). */
+static bool worker_preempting(const lt_sched_t *s, uint32_t w) {
+  for (uint32_t r = s->workers[w].run.head; r != NIL; r = s->jobs[r].run.next)
+    if (s->jobs[r].preempting) return true;
+  return false;
+}
+
+/* Whether standard job j is held back by the production reserve: it may use the reserved part
+ * once it has aged (docs/DESIGN.md §6). */
+static bool reserve_holds(const lt_sched_t *s, const job_t *j, double waited) {
+  const lt_sched_config_t *cfg = &s->cfg;
+  if (cfg->aging_s > 0 && cfg->aging_levels > 0 && waited >= cfg->aging_s) return false;
+  uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
+  return s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve;
+}
+
 /* After dispatching what fits: the oldest waiting jobs that are still blocked get a reserved
- * worker, by preempting preemptible work (production, standard) or by draining (gangs). */
+ * worker, by preempting preemptible work (production, standard) or by draining (gangs). A
+ * production gang does both at once — it needs a whole hole that 1-GPU work of lower classes
+ * would otherwise keep filling, and under class order a slot freed there is its (invariant 9);
+ * while nothing it can preempt makes room, it drains a worker, and retries preempting every
+ * STARVE_RETRY_S. Other jobs preempt after preempt_after_s; other gangs reserve after
+ * gang_reserve_after_s, within max_reservations. */
 static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = 0;
   const lt_sched_config_t *cfg = &s->cfg;
@@ -187,9 +208,10 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
     double b = cfg->gang_reserve_after_s >= 0 ? cfg->gang_reserve_after_s : INFINITY;
     if (c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 && cfg->preempt_after_s < b)
       b = cfg->preempt_after_s;
-    first_bound[c] = b;
+    first_bound[c] = c == LT_CLASS_PRODUCTION ? 0 : b;
   }
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    bool prod = c == LT_CLASS_PRODUCTION;
     uint32_t looked = 0;
     for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].age.next) {
       job_t *j = &s->jobs[jx];
@@ -197,24 +219,20 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
       looked++;
       bool may_preempt = c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 &&
-                         waited >= cfg->preempt_after_s;
-      bool may_reserve = j->gpus > 1 && cfg->gang_reserve_after_s >= 0 &&
-                         waited >= cfg->gang_reserve_after_s;
-      if (!may_preempt && !may_reserve) continue;
-      if (j->reserved != NIL || now < j->starve_next) continue;
-      /* production is never kept waiting by the bound on reservations (invariant 9) */
-      if (c != LT_CLASS_PRODUCTION && s->nreserved >= max_reserved(s)) return n;
+                         (waited >= cfg->preempt_after_s || (prod && j->gpus > 1));
+      bool may_reserve = j->gpus > 1 && (prod || (cfg->gang_reserve_after_s >= 0 &&
+                                                  waited >= cfg->gang_reserve_after_s));
+      if ((!may_preempt && !may_reserve) || now < j->starve_next) continue;
+      if (j->reserved != NIL && !(prod && may_preempt && !worker_preempting(s, j->reserved)))
+        continue;
+      if (!prod && s->nreserved >= max_reserved(s)) return n;
       const tenant_t *t = &s->tenants[j->tenant];
       if (t->max_running && t->running_slots + j->gpus > t->max_running) continue;
-      if (c == LT_CLASS_STANDARD &&
-          !(cfg->aging_s > 0 && cfg->aging_levels > 0 && waited >= cfg->aging_s &&
-            s->queued_c[LT_CLASS_PRODUCTION] == 0)) {
-        uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
-        if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) continue;
-      }
+      if (c == LT_CLASS_STANDARD && reserve_holds(s, j, waited)) continue;
       if (find_worker(s, jx, false) != NIL) continue; /* it fits: the next decide starts it */
       j->starve_next = now + STARVE_RETRY_S;
-      if (may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
+      if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);
+      if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
       if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
       if (n == cap) return n;
     }
@@ -292,16 +310,16 @@ static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, s
 }
 
 /* Aging, bounded by class order (docs/DESIGN.md §6): it never puts a job ahead of a waiting
- * job of a higher class. What it lifts is the production reserve: while no production job
- * waits, standard work that has waited aging_s may use the slots reserved for production, in
- * the class's own fair order, competing as production. Before this bound, every standard job
+ * job of a higher class. What it lifts is the production reserve: called once no production
+ * job can start in this round (none waits, or none fits a free slot; a worker draining for a
+ * production gang stays held), standard work that has waited aging_s may use the slots
+ * reserved for production, in the class's own fair order, competing as production. Before this bound, every standard job
  * that had waited aging_s competed ahead of production's own jobs, oldest first; in overload
  * every standard job ages, so aged standard work took nearly every slot before fresh production
  * work (production waited ~9x longer than standard on an overloaded trace). */
 static bool pick_aged_reserve(lt_sched_t *s, double now, lt_sched_decision_t *d, scan_t *sc) {
   const lt_sched_config_t *cfg = &s->cfg;
-  if (cfg->aging_s <= 0 || cfg->aging_levels == 0 || s->queued_c[LT_CLASS_PRODUCTION] > 0)
-    return false;
+  if (cfg->aging_s <= 0 || cfg->aging_levels == 0) return false;
   uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
   if (reserve == 0 || s->used_c[LT_CLASS_STANDARD] + 1 <= s->total_slots - reserve) return false;
   uint32_t oldest = s->age[LT_CLASS_STANDARD].head;

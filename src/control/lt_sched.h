@@ -69,7 +69,8 @@ typedef struct lt_sched_config {
   double gang_reserve_after_s; /* multi-GPU wait before a worker is reserved for it; <0: never */
   double production_reserve;  /* fraction of slots standard work may not hold, 0..1 */
   uint32_t max_scan;          /* blocked candidates examined per decide call (bounds its cost) */
-  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 5% of workers, >= 1 */
+  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 1/8 of workers, >= 1;
+                               * production does not count against it */
   bool check_invariants;      /* after every event and decide call, assert that the tables are
                                * consistent, in O(jobs + tenants + workers): for tests */
 } lt_sched_config_t;

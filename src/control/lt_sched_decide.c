@@ -10,10 +10,13 @@
 #define STARVE_SCAN 16     /* oldest blocked jobs per class the starvation pass looks at */
 #define STARVE_RETRY_S 1.0 /* before the starvation pass looks at the same job again */
 
-/* Reserved workers drain, so they cost throughput: at most max_reservations at once. */
+/* Reserved workers drain, so they cost throughput: at most max_reservations at once (production
+ * is not bounded by it). The default, 1/8 of the workers, was 1/20: on an overloaded 16 x 8
+ * fleet that left one reservation, and standard 8-GPU gangs waited longer than preemptible
+ * ones, since 1-GPU and 4-GPU work kept filling every hole. */
 static uint32_t max_reserved(const lt_sched_t *s) {
   if (s->cfg.max_reservations) return s->cfg.max_reservations;
-  return s->nup / 20 > 1 ? s->nup / 20 : 1;
+  return s->nup / 8 > 1 ? s->nup / 8 : 1;
 }
 
 /* A worker reserved (draining) for a job holds its free slots for that job, and against every

@@ -812,3 +812,46 @@ Test(sched, moderately_loaded_trace_keeps_waits_in_class_order) {
   syn_print("70% load, 16 x 8", &r);
   assert_class_order(&r);
 }
+
+/* Invariant 9, the targeted cases: a production job waiting for a slot is never passed by a
+ * standard or preemptible job starting on a slot it could use — not when its tenant's own
+ * gang, ahead of it, finds no hole; not by aged standard work; not on a worker draining for a
+ * standard gang. */
+Test(sched, production_job_is_never_passed_on_a_slot_it_could_use) {
+  lt_sched_t *s = fleet((fleet_t){.reserve = 0.25, .aging = 60, .gang = 10,
+                                  .weights = {1, 1}, .workers = 2, .slots = 4, .cache = 1});
+  lt_sched_decision_t d[16];
+  for (uint64_t i = 1; i <= 7; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 6, "standard holds at most 1 - reserve of 8");
+  /* tenant 1: a production gang no worker can hold, then a 1-GPU production job */
+  job(s, 100, 1, LT_CLASS_PRODUCTION, 4, LT_SCHED_NO_MODEL, 1);
+  job(s, 101, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 200, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 1);
+  /* the standard job 7 has aged past 60 s: it may use the reserve only after production */
+  size_t n = lt_sched_decide(s, 100, d, 16);
+  cr_assert(n >= 1 && d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 101,
+            "the 1-GPU production job behind its tenant's gang starts first, not %llu",
+            (unsigned long long)d[0].job_id);
+  for (size_t i = 1; i < n; i++)
+    cr_assert(d[i].action != LT_SCHED_DISPATCH || d[i].job_id == 7,
+              "only the aged standard job may take the last free slot, not %llu",
+              (unsigned long long)d[i].job_id);
+  lt_sched_destroy(s);
+
+  /* a worker draining for a standard gang does not keep production off its free slots */
+  s = fleet((fleet_t){.gang = 10, .weights = {1, 1}, .workers = 1, .slots = 4, .cache = 1});
+  for (uint64_t i = 1; i <= 3; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 3);
+  job(s, 50, 2, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  job(s, 51, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 20, d, 16), 1, "the 1-GPU standard job fills the hole");
+  cr_assert_eq(d[0].job_id, 51);
+  lt_sched_job_finished(s, 51, 21);
+  cr_assert_eq(lt_sched_decide(s, 21, d, 16), 0, "the worker drains for the gang");
+  job(s, 60, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 22);
+  job(s, 61, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 22);
+  n = lt_sched_decide(s, 22, d, 16);
+  cr_assert_eq(n, 1, "production takes the drained slot; preemptible does not");
+  cr_assert_eq(d[0].job_id, 60);
+  lt_sched_destroy(s);
+}

@@ -216,7 +216,8 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
     bool prod = c == LT_CLASS_PRODUCTION;
     uint32_t looked = 0;
-    for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].age.next) {
+    for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN;
+         jx = s->jobs[jx].age.next) {
       job_t *j = &s->jobs[jx];
       double waited = now - j->enq;
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
@@ -316,10 +317,11 @@ static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, s
  * job of a higher class. What it lifts is the production reserve: called once no production
  * job can start in this round (none waits, or none fits a free slot; a worker draining for a
  * production gang stays held), standard work that has waited aging_s may use the slots
- * reserved for production, in the class's own fair order, competing as production. Before this bound, every standard job
- * that had waited aging_s competed ahead of production's own jobs, oldest first; in overload
- * every standard job ages, so aged standard work took nearly every slot before fresh production
- * work (production waited ~9x longer than standard on an overloaded trace). */
+ * reserved for production, in the class's own fair order, competing as production. Before
+ * this bound, every standard job that had waited aging_s competed ahead of production's own
+ * jobs, oldest first; in overload every standard job ages, so aged standard work took nearly
+ * every slot before fresh production work (production waited ~9x longer than standard on an
+ * overloaded trace). */
 static bool pick_aged_reserve(lt_sched_t *s, double now, lt_sched_decision_t *d, scan_t *sc) {
   const lt_sched_config_t *cfg = &s->cfg;
   if (cfg->aging_s <= 0 || cfg->aging_levels == 0) return false;

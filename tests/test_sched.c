@@ -855,3 +855,19 @@ Test(sched, production_job_is_never_passed_on_a_slot_it_could_use) {
   cr_assert_eq(d[0].job_id, 60);
   lt_sched_destroy(s);
 }
+
+/* Trying the jobs behind a blocked head stays cheap: a tenant whose quota holds back hundreds
+ * of queued gangs costs one try, not max_scan, so other tenants still start in the call. */
+Test(sched, a_quota_held_queue_does_not_use_up_the_scan) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 2, 0, 0); /* max_running_slots 2 */
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 8, 1);
+  for (uint64_t i = 1; i <= 400; i++) job(s, i, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  job(s, 401, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 500; i < 504; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  lt_sched_decision_t d[16];
+  size_t n = lt_sched_decide(s, 2, d, 16);
+  cr_assert_eq(n, 5, "tenant 1's 1-GPU job and tenant 2's four start (got %zu)", n);
+  lt_sched_destroy(s);
+}

@@ -276,13 +276,15 @@ static void scan_note_nofit(scan_t *sc, const job_t *j) {
  * a slot that lower classes would then take. Returns true when one started. */
 static bool try_tenant(lt_sched_t *s, uint32_t t, int c, int effective, double now,
                        lt_sched_decision_t *d, scan_t *sc) {
+  uint32_t held = UINT32_MAX; /* a quota or the reserve holds back jobs of this many GPUs */
   for (uint32_t jx = s->tenants[t].q[c].head; jx != NIL; jx = s->jobs[jx].tq.next) {
     const job_t *j = &s->jobs[jx];
     if (++sc->walked >= 64 * s->cfg.max_scan) break;
-    if (scan_nofit(sc, j)) continue;
+    if (j->gpus >= held || scan_nofit(sc, j)) continue;
     int r = try_dispatch(s, jx, effective, now, d);
     if (r == TRY_STARTED) return true;
     if (r == TRY_NOFIT) scan_note_nofit(sc, j);
+    if (r == TRY_HELD) held = j->gpus;
     if (++sc->scanned >= s->cfg.max_scan) break;
   }
   sc->limited = sc->scanned >= s->cfg.max_scan || sc->walked >= 64 * s->cfg.max_scan;

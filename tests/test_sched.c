@@ -612,3 +612,262 @@ Test(sched, waterfill_and_jain_index) {
   cr_assert_float_eq(lt_sched_jain_index(3, x1), 1, 1e-12);
   cr_assert_float_eq(lt_sched_jain_index(2, x2), 0.5, 1e-12);
 }
+
+/* ---- class order under load: a seeded synthetic trace through the pure policy -------------- */
+
+/* One job of the synthetic trace and what happened to it in the run. */
+typedef struct syn_job {
+  double arrive, left, end, stop_at, wait;
+  uint32_t gpus, worker;
+  uint64_t tenant;
+  lt_job_class_t cls;
+  enum { SJ_FUTURE, SJ_QUEUED, SJ_RUNNING, SJ_STOPPING, SJ_DONE } state;
+} syn_job_t;
+
+enum { SYN_JOBS = 2000, SYN_TENANTS = 8, SYN_MAX_WORKERS = 64 };
+
+static double syn_unit(uint64_t *x) { /* xorshift64*: uniform in (0, 1) */
+  *x ^= *x >> 12;
+  *x ^= *x << 25;
+  *x ^= *x >> 27;
+  return ((double)((*x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* The issue's public-trace shape: 15% production, 60% standard, 25% preemptible, the same size
+ * and duration distributions in every class: 80% 1 GPU, 15% 4, 5% 8; log-normal durations
+ * (median 245 s, mean ~500 s, p99 ~4000 s); Poisson arrivals at `load` times the fleet's
+ * slots; tenants 1..8 by a heavy-tailed draw, so tenant 1 is large. */
+static void syn_trace(uint64_t seed, double load, uint32_t slots_total, syn_job_t *jobs) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  double mean_gpus = 0.8 * 1 + 0.15 * 4 + 0.05 * 8, mean_dur = exp(5.5 + 1.2 * 1.2 / 2);
+  double gap = mean_gpus * mean_dur / (load * slots_total), t = 0;
+  for (size_t i = 0; i < SYN_JOBS; i++) {
+    syn_job_t *j = &jobs[i];
+    t += -log(syn_unit(&x)) * gap;
+    double r = syn_unit(&x), g = syn_unit(&x);
+    double normal = sqrt(-2 * log(syn_unit(&x))) * cos(2 * M_PI * syn_unit(&x));
+    uint64_t ten = (uint64_t)pow(syn_unit(&x), -1 / 1.2);
+    *j = (syn_job_t){.arrive = t,
+                     .left = fmax(10, round(exp(5.5 + 1.2 * normal))),
+                     .gpus = g < 0.05 ? 8 : g < 0.2 ? 4 : 1,
+                     .tenant = ten > SYN_TENANTS ? SYN_TENANTS : ten,
+                     .cls = r < 0.15 ? LT_CLASS_PRODUCTION
+                            : r < 0.75 ? LT_CLASS_STANDARD : LT_CLASS_PREEMPTIBLE,
+                     .wait = -1};
+  }
+}
+
+typedef struct syn_result {
+  double p50[LT_CLASS__COUNT], p99[LT_CLASS__COUNT];
+  uint32_t passed;       /* dispatches onto a slot a waiting higher-class job could use */
+  uint64_t dispatches, preemptions;
+} syn_result_t;
+
+/* Whether dispatch d (class d->cls onto a worker with `free` free slots, before d books them)
+ * passes a queued job of a higher class that could use the slot now: any production job that
+ * fits; a standard job that fits and that the production reserve does not hold back. */
+static bool syn_passes(const syn_job_t *jobs, const lt_sched_decision_t *d, uint32_t free,
+                       uint32_t used_std, uint32_t std_cap) {
+  for (size_t i = 0; i < SYN_JOBS; i++) {
+    const syn_job_t *q = &jobs[i];
+    if (q->state != SJ_QUEUED || q->cls >= d->cls || q->gpus > free) continue;
+    if (q->cls == LT_CLASS_PRODUCTION || used_std + q->gpus <= std_cap) return true;
+  }
+  return false;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Per class, the p50 and p99 of the first-dispatch waits. */
+static void syn_quantiles(const syn_job_t *jobs, syn_result_t *r) {
+  static double w[SYN_JOBS];
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    size_t k = 0;
+    for (size_t i = 0; i < SYN_JOBS; i++)
+      if (jobs[i].cls == (lt_job_class_t)c) w[k++] = jobs[i].wait;
+    qsort(w, k, sizeof w[0], cmp_double);
+    r->p50[c] = k ? w[(k - 1) / 2] : 0;
+    r->p99[c] = k ? w[(size_t)((double)(k - 1) * 0.99)] : 0;
+  }
+}
+
+/* Applies the decisions of one decide call at now: dispatches start (each checked against the
+ * queue as it stood when the policy made it), preempted jobs stop after a 30 s checkpoint. */
+static void syn_apply(syn_job_t *jobs, const lt_sched_decision_t *d, size_t n, double now,
+                      uint32_t *free, uint32_t *used_std, uint32_t std_cap, syn_result_t *r) {
+  for (size_t i = 0; i < n; i++) {
+    syn_job_t *j = &jobs[d[i].job_id - 1];
+    if (d[i].action == LT_SCHED_PREEMPT) {
+      cr_assert_eq(j->cls, LT_CLASS_PREEMPTIBLE, "only preemptible work is preempted");
+      j->state = SJ_STOPPING;
+      j->stop_at = now + 30;
+      r->preemptions++;
+      continue;
+    }
+    cr_assert_eq(d[i].action, LT_SCHED_DISPATCH);
+    uint32_t w = (uint32_t)d[i].worker_id;
+    if (syn_passes(jobs, &d[i], free[w], *used_std, std_cap)) r->passed++;
+    free[w] -= j->gpus;
+    if (j->cls == LT_CLASS_STANDARD) *used_std += j->gpus;
+    j->state = SJ_RUNNING;
+    j->worker = w;
+    j->end = now + j->left;
+    j->stop_at = now; /* its start, until a preemption sets the stop */
+    if (j->wait < 0) j->wait = now - j->arrive;
+    r->dispatches++;
+  }
+}
+
+/* Drives the trace through lt_sched in virtual time on workers x 8 slots (aging 600 s,
+ * preemption after 120 s, gang reservation after 300 s, production reserve 0.1), deciding at
+ * every arrival and completion and every 5 s while jobs wait, until every job has finished. */
+static void syn_run(syn_job_t *jobs, uint32_t workers, syn_result_t *r) {
+  lt_sched_t *s = fleet((fleet_t){.reserve = 0.1, .aging = 600, .preempt = 120, .gang = 300,
+                                  .weights = {2, 1, 1, 3, 1, 1, 2, 1},
+                                  .workers = workers, .slots = 8, .cache = 2});
+  uint32_t free[SYN_MAX_WORKERS + 1], used_std = 0, std_cap = workers * 8 - workers * 8 / 10;
+  for (uint32_t w = 1; w <= workers; w++) free[w] = 8;
+  memset(r, 0, sizeof *r);
+  static lt_sched_decision_t d[256];
+  size_t next = 0, done = 0;
+  double now = 0;
+  while (done < SYN_JOBS) {
+    double t_next = next < SYN_JOBS ? jobs[next].arrive : INFINITY;
+    bool waiting = false;
+    for (size_t i = 0; i < next; i++) {
+      syn_job_t *j = &jobs[i];
+      bool stops = j->state == SJ_STOPPING && j->stop_at <= now && j->end > now;
+      if ((j->state == SJ_RUNNING || j->state == SJ_STOPPING) && (j->end <= now || stops)) {
+        free[j->worker] += j->gpus;
+        if (j->cls == LT_CLASS_STANDARD) used_std -= j->gpus;
+        if (stops) {
+          j->left = j->end - now;
+          cr_assert_eq(lt_sched_job_requeue(s, i + 1, now), LT_OK);
+          j->state = SJ_QUEUED;
+        } else {
+          cr_assert_eq(lt_sched_job_finished(s, i + 1, now), LT_OK);
+          j->state = SJ_DONE;
+          done++;
+        }
+      }
+      waiting |= j->state == SJ_QUEUED;
+      if (j->state == SJ_RUNNING || j->state == SJ_STOPPING) t_next = fmin(t_next, j->end);
+      if (j->state == SJ_STOPPING) t_next = fmin(t_next, j->stop_at);
+    }
+    for (; next < SYN_JOBS && jobs[next].arrive <= now; next++) {
+      job(s, next + 1, jobs[next].tenant, jobs[next].cls, jobs[next].gpus, LT_SCHED_NO_MODEL,
+          now);
+      jobs[next].state = SJ_QUEUED;
+      waiting = true;
+    }
+    size_t n = lt_sched_decide(s, now, d, 256);
+    syn_apply(jobs, d, n, now, free, &used_std, std_cap, r);
+    if (waiting) t_next = fmin(t_next, now + 5);
+    if (done < SYN_JOBS) now = fmax(t_next, now);
+  }
+  syn_quantiles(jobs, r);
+  lt_sched_destroy(s);
+}
+
+static void syn_print(const char *what, const syn_result_t *r) {
+  fprintf(stderr, "%s: wait p50/p99 production %.0f/%.0f s, standard %.0f/%.0f s, "
+          "preemptible %.0f/%.0f s; %llu preemptions, %u passes\n", what,
+          r->p50[0], r->p99[0], r->p50[1], r->p99[1], r->p50[2], r->p99[2],
+          (unsigned long long)r->preemptions, r->passed);
+}
+
+/* No dispatch passed a waiting higher-class job, and waits are in class order. The one slack:
+ * a production gang that finds no whole worker free waits one checkpoint (30 s) for the
+ * preemptible work it displaces, which can exceed standard's p99 when standard barely waits. */
+static void assert_class_order(const syn_result_t *r) {
+  cr_assert_eq(r->passed, 0, "%u dispatches passed a waiting higher-class job", r->passed);
+  cr_assert(r->p50[0] <= r->p50[1] && r->p50[1] <= r->p50[2],
+            "p50 waits out of class order: %g, %g, %g s", r->p50[0], r->p50[1], r->p50[2]);
+  cr_assert(r->p99[0] <= fmax(r->p99[1], 30) && r->p99[1] <= r->p99[2],
+            "p99 waits out of class order: %g, %g, %g s", r->p99[0], r->p99[1], r->p99[2]);
+}
+
+/* docs/DESIGN.md §4 invariant 9 in overload: every standard job ages past aging_s, which must
+ * not let standard work take production's turn. */
+Test(sched, overloaded_trace_keeps_waits_in_class_order) {
+  static syn_job_t jobs[SYN_JOBS];
+  syn_trace(13, 1.5, 16 * 8, jobs);
+  syn_result_t r;
+  syn_run(jobs, 16, &r);
+  syn_print("150% load, 16 x 8", &r);
+  assert_class_order(&r);
+  cr_assert(r.p99[1] > 3600, "the trace is overloaded: standard waits past an hour (%g s)",
+            r.p99[1]);
+  cr_assert(r.preemptions > 0, "preemptible work is preempted for production");
+}
+
+Test(sched, moderately_loaded_trace_keeps_waits_in_class_order) {
+  static syn_job_t jobs[SYN_JOBS];
+  syn_trace(14, 0.7, 16 * 8, jobs);
+  syn_result_t r;
+  syn_run(jobs, 16, &r);
+  syn_print("70% load, 16 x 8", &r);
+  assert_class_order(&r);
+}
+
+/* Invariant 9, the targeted cases: a production job waiting for a slot is never passed by a
+ * standard or preemptible job starting on a slot it could use — not when its tenant's own
+ * gang, ahead of it, finds no hole; not by aged standard work; not on a worker draining for a
+ * standard gang. */
+Test(sched, production_job_is_never_passed_on_a_slot_it_could_use) {
+  lt_sched_t *s = fleet((fleet_t){.reserve = 0.25, .aging = 60, .gang = 10,
+                                  .weights = {1, 1}, .workers = 2, .slots = 4, .cache = 1});
+  lt_sched_decision_t d[16];
+  for (uint64_t i = 1; i <= 7; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 6, "standard holds at most 1 - reserve of 8");
+  /* tenant 1: a production gang no worker can hold, then a 1-GPU production job */
+  job(s, 100, 1, LT_CLASS_PRODUCTION, 4, LT_SCHED_NO_MODEL, 1);
+  job(s, 101, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 1);
+  job(s, 200, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 1);
+  /* the standard job 7 has aged past 60 s: it may use the reserve only after production */
+  size_t n = lt_sched_decide(s, 100, d, 16);
+  cr_assert(n >= 1 && d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 101,
+            "the 1-GPU production job behind its tenant's gang starts first, not %llu",
+            (unsigned long long)d[0].job_id);
+  for (size_t i = 1; i < n; i++)
+    cr_assert(d[i].action != LT_SCHED_DISPATCH || d[i].job_id == 7,
+              "only the aged standard job may take the last free slot, not %llu",
+              (unsigned long long)d[i].job_id);
+  lt_sched_destroy(s);
+
+  /* a worker draining for a standard gang does not keep production off its free slots */
+  s = fleet((fleet_t){.gang = 10, .weights = {1, 1}, .workers = 1, .slots = 4, .cache = 1});
+  for (uint64_t i = 1; i <= 3; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 3);
+  job(s, 50, 2, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  job(s, 51, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 20, d, 16), 1, "the 1-GPU standard job fills the hole");
+  cr_assert_eq(d[0].job_id, 51);
+  lt_sched_job_finished(s, 51, 21);
+  cr_assert_eq(lt_sched_decide(s, 21, d, 16), 0, "the worker drains for the gang");
+  job(s, 60, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 22);
+  job(s, 61, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 22);
+  n = lt_sched_decide(s, 22, d, 16);
+  cr_assert_eq(n, 1, "production takes the drained slot; preemptible does not");
+  cr_assert_eq(d[0].job_id, 60);
+  lt_sched_destroy(s);
+}
+
+/* Trying the jobs behind a blocked head stays cheap: a tenant whose quota holds back hundreds
+ * of queued gangs costs one try, not max_scan, so other tenants still start in the call. */
+Test(sched, a_quota_held_queue_does_not_use_up_the_scan) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 2, 0, 0); /* max_running_slots 2 */
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 8, 1);
+  for (uint64_t i = 1; i <= 400; i++) job(s, i, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  job(s, 401, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 500; i < 504; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  lt_sched_decision_t d[16];
+  size_t n = lt_sched_decide(s, 2, d, 16);
+  cr_assert_eq(n, 5, "tenant 1's 1-GPU job and tenant 2's four start (got %zu)", n);
+  lt_sched_destroy(s);
+}

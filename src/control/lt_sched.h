@@ -6,12 +6,12 @@
  * that depends on time takes `now` (seconds, any epoch, non-decreasing across calls).
  *
  * Policy (LT_SCHED_POLICY_LATHE):
- *   - strict priority across classes (production > standard > preemptible), with aging: a job
- *     that waited `aging_s` competes one class higher (at most `aging_levels` classes), ahead
- *     of that class's own jobs, oldest first; a higher class never waits behind a lower one
- *     otherwise. Aging acts only when there is a higher class to pass (jobs of it waiting, or
- *     the production reserve holding a standard job back), so it does not turn a class's fair
- *     order into FIFO when that class is alone;
+ *   - strict priority across classes (production > standard > preemptible), in overload too:
+ *     no job starts on a slot that a waiting job of a higher class could use now (the jobs
+ *     behind a tenant's blocked head are tried; a worker draining for a gang holds its slots
+ *     only against the gang's class and lower ones). Aging is bounded by that order: a
+ *     standard job that waited `aging_s` may use the production reserve once no production
+ *     job can start (aging_levels 0 turns this off); it never competes ahead of production;
  *   - within a class, weighted max-min fair share by DRF: the tenant with the lowest
  *     max(slots share, device-memory share) / weight goes next (a heap, O(log tenants));
  *     within a tenant and class, FIFO;
@@ -25,8 +25,9 @@
  *     otherwise a cold load on the best-fitting worker (counted);
  *   - gang allocation: a job's GPUs are all on one worker or it does not start; a gang waiting
  *     past `gang_reserve_after_s` reserves a worker, which then drains for it;
- *   - preemption: a production or standard job blocked past `preempt_after_s` reserves a worker
- *     and asks preemptible jobs there to checkpoint and stop (PREEMPT decisions); the caller
+ *   - preemption: a production or standard job blocked past `preempt_after_s` (a production
+ *     gang at once) reserves a worker and asks preemptible jobs there to checkpoint and stop
+ *     (PREEMPT decisions); the caller
  *     reports each stop with lt_sched_job_requeue(), which puts the job back in its queue.
  * LT_SCHED_POLICY_FIFO is the comparison peer behind the same interface: one queue in arrival
  * order, head-of-line blocking, best-fit placement, no classes, fairness, quotas, affinity or
@@ -69,13 +70,15 @@ typedef struct lt_sched_config {
   uint32_t max_workers;
   uint32_t max_jobs;          /* queued + running jobs at once */
   uint32_t max_models;        /* distinct base-model names */
-  double aging_s;             /* wait after which a job competes one class higher; 0: never */
-  uint32_t aging_levels;      /* how many classes a job may rise by aging (default 1) */
+  double aging_s;             /* wait after which standard work may use the production reserve
+                               * once no production job can start; 0: never */
+  uint32_t aging_levels;      /* 0: no aging; otherwise as above (default 1) */
   double preempt_after_s;     /* production/standard wait before preempting; <0: never */
   double gang_reserve_after_s; /* multi-GPU wait before a worker is reserved for it; <0: never */
   double production_reserve;  /* fraction of slots standard work may not hold, 0..1 */
   uint32_t max_scan;          /* blocked candidates examined per decide call (bounds its cost) */
-  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 5% of workers, >= 1 */
+  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 1/8 of workers, >= 1;
+                               * production does not count against it */
   bool check_invariants;      /* after every event and decide call, assert that the tables are
                                * consistent, in O(jobs + tenants + workers): for tests */
   double las_threshold_gpu_s; /* LAS: attained GPU-seconds past which a job drops from the

@@ -10,14 +10,27 @@
 #define STARVE_SCAN 16     /* oldest blocked jobs per class the starvation pass looks at */
 #define STARVE_RETRY_S 1.0 /* before the starvation pass looks at the same job again */
 
-/* Reserved workers drain, so they cost throughput: at most max_reservations at once. */
+/* Reserved workers drain, so they cost throughput: at most max_reservations at once (production
+ * is not bounded by it). The default, 1/8 of the workers, was 1/20: on an overloaded 16 x 8
+ * fleet that left one reservation, and standard 8-GPU gangs waited longer than preemptible
+ * ones, since 1-GPU and 4-GPU work kept filling every hole. */
 static uint32_t max_reserved(const lt_sched_t *s) {
   if (s->cfg.max_reservations) return s->cfg.max_reservations;
-  return s->nup / 20 > 1 ? s->nup / 20 : 1;
+  return s->nup / 8 > 1 ? s->nup / 8 : 1;
+}
+
+/* A worker reserved (draining) for a job holds its free slots for that job, and against every
+ * job of the same or a lower class; a job of a higher class may still use them, since class
+ * order comes first (docs/DESIGN.md §4 invariant 9): a standard gang draining a worker must not
+ * keep a production job off a slot it could use now. */
+static bool may_use_reserved(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
+  uint32_t r = wk->reserved_job;
+  return r == NIL || r == jx || s->jobs[jx].cls < s->jobs[r].cls;
 }
 
 /* Best fit: among workers with enough free slots and memory, the fewest free slots; with
- * affinity, workers that hold the model first. A worker reserved for another job is skipped. */
+ * affinity, workers that hold the model first. A worker reserved for another job is skipped
+ * unless that job is of a lower class. */
 static uint32_t find_worker(lt_sched_t *s, uint32_t jx, bool affinity) {
   const job_t *j = &s->jobs[jx];
   int pass0 = (affinity && j->model != LT_SCHED_NO_MODEL) ? 0 : 1;
@@ -32,7 +45,7 @@ static uint32_t find_worker(lt_sched_t *s, uint32_t jx, bool affinity) {
           uint32_t w = (uint32_t)(wi * 64 + (size_t)__builtin_ctzll(bits));
           bits &= bits - 1;
           const worker_t *wk = &s->workers[w];
-          if (wk->reserved_job != NIL && wk->reserved_job != jx) continue;
+          if (!may_use_reserved(s, wk, jx)) continue;
           if (wk->mem_free < j->mem) continue;
           return w;
         }
@@ -44,22 +57,26 @@ static uint32_t find_worker(lt_sched_t *s, uint32_t jx, bool affinity) {
 
 /* ---- the policy ------------------------------------------------------------------------- */
 
-/* Tries to start queued job jx competing in class `effective`; false when it cannot now. */
-static bool try_dispatch(lt_sched_t *s, uint32_t jx, int effective, double now,
-                         lt_sched_decision_t *d) {
+/* What try_dispatch did: started the job, held it back by policy (a quota, the production
+ * reserve), or found no worker with room for it. */
+enum { TRY_STARTED, TRY_HELD, TRY_NOFIT };
+
+/* Tries to start queued job jx competing in class `effective`. */
+static int try_dispatch(lt_sched_t *s, uint32_t jx, int effective, double now,
+                        lt_sched_decision_t *d) {
   const job_t *j = &s->jobs[jx];
   const tenant_t *t = &s->tenants[j->tenant];
   if (s->cfg.policy == LT_SCHED_POLICY_LATHE) {
-    if (t->max_running && t->running_slots + j->gpus > t->max_running) return false;
+    if (t->max_running && t->running_slots + j->gpus > t->max_running) return TRY_HELD;
     if (j->cls == LT_CLASS_STANDARD && effective == LT_CLASS_STANDARD) {
       uint32_t reserve = (uint32_t)(s->cfg.production_reserve * s->total_slots);
-      if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) return false;
+      if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) return TRY_HELD;
     }
   }
   uint32_t w = find_worker(s, jx, s->cfg.policy == LT_SCHED_POLICY_LATHE);
-  if (w == NIL) return false;
+  if (w == NIL) return TRY_NOFIT;
   sched_book(s, jx, w, effective, now, d);
-  return true;
+  return TRY_STARTED;
 }
 
 static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
@@ -163,8 +180,29 @@ static void starve_reserve(lt_sched_t *s, uint32_t jx) {
   sched_reserve(s, best, jx);
 }
 
+/* Whether a preemption asked of worker w is still in flight (a preempted job has not stopped). */
+static bool worker_preempting(const lt_sched_t *s, uint32_t w) {
+  for (uint32_t r = s->workers[w].run.head; r != NIL; r = s->jobs[r].run.next)
+    if (s->jobs[r].preempting) return true;
+  return false;
+}
+
+/* Whether standard job j is held back by the production reserve: it may use the reserved part
+ * once it has aged (docs/DESIGN.md §6). */
+static bool reserve_holds(const lt_sched_t *s, const job_t *j, double waited) {
+  const lt_sched_config_t *cfg = &s->cfg;
+  if (cfg->aging_s > 0 && cfg->aging_levels > 0 && waited >= cfg->aging_s) return false;
+  uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
+  return s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve;
+}
+
 /* After dispatching what fits: the oldest waiting jobs that are still blocked get a reserved
- * worker, by preempting preemptible work (production, standard) or by draining (gangs). */
+ * worker, by preempting preemptible work (production, standard) or by draining (gangs). A
+ * production gang does both at once — it needs a whole hole that 1-GPU work of lower classes
+ * would otherwise keep filling, and under class order a slot freed there is its (invariant 9);
+ * while nothing it can preempt makes room, it drains a worker, and retries preempting every
+ * STARVE_RETRY_S. Other jobs preempt after preempt_after_s; other gangs reserve after
+ * gang_reserve_after_s, within max_reservations. */
 static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = 0;
   const lt_sched_config_t *cfg = &s->cfg;
@@ -173,32 +211,32 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
     double b = cfg->gang_reserve_after_s >= 0 ? cfg->gang_reserve_after_s : INFINITY;
     if (c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 && cfg->preempt_after_s < b)
       b = cfg->preempt_after_s;
-    first_bound[c] = b;
+    first_bound[c] = c == LT_CLASS_PRODUCTION ? 0 : b;
   }
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    bool prod = c == LT_CLASS_PRODUCTION;
     uint32_t looked = 0;
-    for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN; jx = s->jobs[jx].age.next) {
+    for (uint32_t jx = s->age[c].head; jx != NIL && looked < STARVE_SCAN;
+         jx = s->jobs[jx].age.next) {
       job_t *j = &s->jobs[jx];
       double waited = now - j->enq;
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
       looked++;
       bool may_preempt = c != LT_CLASS_PREEMPTIBLE && cfg->preempt_after_s >= 0 &&
-                         waited >= cfg->preempt_after_s;
-      bool may_reserve = j->gpus > 1 && cfg->gang_reserve_after_s >= 0 &&
-                         waited >= cfg->gang_reserve_after_s;
-      if (!may_preempt && !may_reserve) continue;
-      if (j->reserved != NIL || now < j->starve_next) continue;
-      if (s->nreserved >= max_reserved(s)) return n;
+                         (waited >= cfg->preempt_after_s || (prod && j->gpus > 1));
+      bool may_reserve = j->gpus > 1 && (prod || (cfg->gang_reserve_after_s >= 0 &&
+                                                  waited >= cfg->gang_reserve_after_s));
+      if ((!may_preempt && !may_reserve) || now < j->starve_next) continue;
+      if (j->reserved != NIL && !(prod && may_preempt && !worker_preempting(s, j->reserved)))
+        continue;
+      if (!prod && s->nreserved >= max_reserved(s)) return n;
       const tenant_t *t = &s->tenants[j->tenant];
       if (t->max_running && t->running_slots + j->gpus > t->max_running) continue;
-      if (c == LT_CLASS_STANDARD && !(cfg->aging_s > 0 && cfg->aging_levels > 0 &&
-                                      waited >= cfg->aging_s)) {
-        uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
-        if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) continue;
-      }
+      if (c == LT_CLASS_STANDARD && reserve_holds(s, j, waited)) continue;
       if (find_worker(s, jx, false) != NIL) continue; /* it fits: the next decide starts it */
       j->starve_next = now + STARVE_RETRY_S;
-      if (may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
+      if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);
+      if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
       if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
       if (n == cap) return n;
     }
@@ -206,38 +244,64 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
   return n;
 }
 
-/* How aging applies to class c's jobs competing at level e < c. Aging lets a job pass the
- * classes above its own, oldest first (AGE_JOBS) — when jobs of those classes wait. When none
- * waits there is nothing to pass, and the class's fair order must not turn into FIFO; the one
- * thing that can still hold standard work back is the production reserve, and once standard
- * work has waited aging_s the class may use it, in its own fair order (AGE_CLASS). */
-enum { AGE_NONE, AGE_JOBS, AGE_CLASS };
-static int aging_mode(const lt_sched_t *s, int e, int c) {
-  for (int k = e; k < c; k++)
-    if (s->queued_c[k] > 0) return AGE_JOBS;
-  if (c == LT_CLASS_STANDARD && e == LT_CLASS_PRODUCTION) {
-    uint32_t reserve = (uint32_t)(s->cfg.production_reserve * s->total_slots);
-    if (reserve > 0 && s->used_c[LT_CLASS_STANDARD] + 1 > s->total_slots - reserve)
-      return AGE_CLASS;
-  }
-  return AGE_NONE;
+/* One decide call's scan state. Resources only shrink during a call, so a job of class c that
+ * found no worker proves that no job of class c or lower (which may use fewer reserved
+ * workers) needing at least its GPUs and memory finds one either (nofit_*), unless a worker is
+ * reserved for it. */
+typedef struct scan {
+  uint32_t scanned; /* candidates tried; at cfg.max_scan the call stops (limited) */
+  uint32_t walked;  /* queued jobs passed over; at 64 * max_scan the call stops too */
+  bool limited;
+  uint32_t nofit_gpus[LT_CLASS__COUNT]; /* per class, the smallest shape known not to fit */
+  uint64_t nofit_mem[LT_CLASS__COUNT];
+} scan_t;
+
+static bool scan_nofit(const scan_t *sc, const job_t *j) {
+  return j->reserved == NIL && j->gpus >= sc->nofit_gpus[j->cls] &&
+         j->mem >= sc->nofit_mem[j->cls];
 }
 
-/* Starts the head job of the tenant with the lowest weighted dominant share in class c's
- * heap, competing at level `effective`; tenants that cannot start are set aside for the rest
- * of the call. Returns true when one started. */
+static void scan_note_nofit(scan_t *sc, const job_t *j) {
+  if (j->reserved != NIL) return;
+  for (int k = j->cls; k < LT_CLASS__COUNT; k++)
+    if (j->gpus <= sc->nofit_gpus[k] && j->mem <= sc->nofit_mem[k]) {
+      sc->nofit_gpus[k] = j->gpus;
+      sc->nofit_mem[k] = j->mem;
+    }
+}
+
+/* Tries tenant t's queued jobs of class c in FIFO order, competing at level `effective`: the
+ * head first, then, when it cannot start (a gang too big for any free hole, a quota), the jobs
+ * behind it, so that a blocked gang never keeps its own tenant's smaller jobs of the class off
+ * a slot that lower classes would then take. Returns true when one started. */
+static bool try_tenant(lt_sched_t *s, uint32_t t, int c, int effective, double now,
+                       lt_sched_decision_t *d, scan_t *sc) {
+  uint32_t held = UINT32_MAX; /* a quota or the reserve holds back jobs of this many GPUs */
+  for (uint32_t jx = s->tenants[t].q[c].head; jx != NIL; jx = s->jobs[jx].tq.next) {
+    const job_t *j = &s->jobs[jx];
+    if (++sc->walked >= 64 * s->cfg.max_scan) break;
+    if (j->gpus >= held || scan_nofit(sc, j)) continue;
+    int r = try_dispatch(s, jx, effective, now, d);
+    if (r == TRY_STARTED) return true;
+    if (r == TRY_NOFIT) scan_note_nofit(sc, j);
+    if (r == TRY_HELD) held = j->gpus;
+    if (++sc->scanned >= s->cfg.max_scan) break;
+  }
+  sc->limited = sc->scanned >= s->cfg.max_scan || sc->walked >= 64 * s->cfg.max_scan;
+  return false;
+}
+
+/* Starts a job of the tenant with the lowest weighted dominant share in class c's heap,
+ * competing at level `effective`; tenants that cannot start are set aside for the rest of the
+ * call. Returns true when one started. */
 static bool pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_decision_t *d,
-                      uint32_t *scanned, bool *limited) {
-  while (s->heap_n[c] > 0) {
+                      scan_t *sc) {
+  while (s->heap_n[c] > 0 && !sc->limited) {
     uint32_t t = s->heap[c][0];
-    if (try_dispatch(s, s->tenants[t].q[c].head, effective, now, d)) return true;
+    if (try_tenant(s, t, c, effective, now, d, sc)) return true;
     sched_heap_remove(s, c, t);
     s->tenants[t].blocked |= (uint8_t)(1u << c);
     s->blocked[c][s->nblocked[c]++] = t;
-    if (++*scanned >= s->cfg.max_scan) {
-      *limited = true;
-      return false;
-    }
   }
   return false;
 }
@@ -245,38 +309,29 @@ static bool pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_
 static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   size_t n = 0;
   while (n < cap && s->age[0].head != NIL && s->slots_used < s->total_slots)
-    if (!try_dispatch(s, s->age[0].head, s->jobs[s->age[0].head].cls, now, &out[n])) break;
+    if (try_dispatch(s, s->age[0].head, s->jobs[s->age[0].head].cls, now, &out[n]) != TRY_STARTED)
+      break;
     else n++;
   return n;
 }
 
-/* Starts one job of a lower class that aged into level e: the oldest first (AGE_JOBS), or the
- * class's fair order (AGE_CLASS). Returns true when one started. */
-static bool pick_aged(lt_sched_t *s, int e, double now, lt_sched_decision_t *d, uint32_t *scanned,
-                      bool *limited) {
+/* Aging, bounded by class order (docs/DESIGN.md §6): it never puts a job ahead of a waiting
+ * job of a higher class. What it lifts is the production reserve: called once no production
+ * job can start in this round (none waits, or none fits a free slot; a worker draining for a
+ * production gang stays held), standard work that has waited aging_s may use the slots
+ * reserved for production, in the class's own fair order, competing as production. Before
+ * this bound, every standard job that had waited aging_s competed ahead of production's own
+ * jobs, oldest first; in overload every standard job ages, so aged standard work took nearly
+ * every slot before fresh production work (production waited ~9x longer than standard on an
+ * overloaded trace). */
+static bool pick_aged_reserve(lt_sched_t *s, double now, lt_sched_decision_t *d, scan_t *sc) {
   const lt_sched_config_t *cfg = &s->cfg;
-  for (int c = e + 1; c < LT_CLASS__COUNT && c <= e + (int)cfg->aging_levels; c++) {
-    int mode = aging_mode(s, e, c);
-    if (mode == AGE_NONE) continue;
-    double thr = cfg->aging_s * (c - e);
-    if (mode == AGE_CLASS) {
-      if (s->age[c].head != NIL && now - s->jobs[s->age[c].head].enq >= thr &&
-          pick_fair(s, c, e, now, d, scanned, limited))
-        return true;
-      if (*limited) return false;
-      continue;
-    }
-    while (s->cursor[c] != NIL && now - s->jobs[s->cursor[c]].enq >= thr) {
-      uint32_t jx = s->cursor[c];
-      s->cursor[c] = s->jobs[jx].age.next;
-      if (try_dispatch(s, jx, e, now, d)) return true;
-      if (++*scanned >= cfg->max_scan) {
-        *limited = true;
-        return false;
-      }
-    }
-  }
-  return false;
+  if (cfg->aging_s <= 0 || cfg->aging_levels == 0) return false;
+  uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
+  if (reserve == 0 || s->used_c[LT_CLASS_STANDARD] + 1 <= s->total_slots - reserve) return false;
+  uint32_t oldest = s->age[LT_CLASS_STANDARD].head;
+  if (oldest == NIL || now - s->jobs[oldest].enq < cfg->aging_s) return false;
+  return pick_fair(s, LT_CLASS_STANDARD, LT_CLASS_PRODUCTION, now, d, sc);
 }
 
 /* Puts the tenants set aside during this call back in their heaps, and resets the cursors. */
@@ -301,28 +356,28 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     return n;
   }
 
-  uint32_t scanned = 0;
-  bool limited = false;
-  for (int c = 0; c < LT_CLASS__COUNT; c++) s->cursor[c] = s->age[c].head;
-  /* one job per round, from the highest level that can start one */
-  while (!limited) {
-    if (n >= cap) {
-      limited = true;
-      break;
-    }
-    if (s->slots_used >= s->total_slots) break;
+  scan_t sc = {.scanned = 0};
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    sc.nofit_gpus[c] = UINT32_MAX;
+    sc.nofit_mem[c] = UINT64_MAX;
+    s->cursor[c] = NIL;
+  }
+  /* one job per round, from the highest class that can start one */
+  while (n < cap && !sc.limited && s->slots_used < s->total_slots) {
     bool placed = false;
-    for (int e = 0; e < LT_CLASS__COUNT && !placed && !limited; e++) {
-      /* jobs of lower classes that aged into e go first, then class e's own jobs, the tenant
-       * with the lowest weighted dominant share first */
-      if (s->cfg.aging_s > 0 && pick_aged(s, e, now, &out[n], &scanned, &limited)) placed = true;
-      else if (!limited && pick_fair(s, e, e, now, &out[n], &scanned, &limited)) placed = true;
+    for (int e = 0; e < LT_CLASS__COUNT && !placed && !sc.limited; e++) {
+      /* class e's own jobs, the tenant with the lowest weighted dominant share first; only
+       * when none can start does a lower class get the round (class order, invariant 9) */
+      placed = pick_fair(s, e, e, now, &out[n], &sc) ||
+               (e == LT_CLASS_PRODUCTION && !sc.limited && pick_aged_reserve(s, now, &out[n], &sc));
     }
     if (!placed) break;
     n++;
   }
   unblock_all(s);
-  if (!limited && n < cap) n += starvation_pass(s, now, out + n, cap - n);
+  /* the starvation pass runs even when the scan bound stopped the call: it is what preempts
+   * for production, and its own cost is bounded (STARVE_SCAN) */
+  if (n < cap) n += starvation_pass(s, now, out + n, cap - n);
   assert(sched_ok(s));
   return n;
 }

@@ -4,8 +4,9 @@
  *
  * Data layout, all sized once at lt_sched_new():
  *   - a job pool with intrusive links: each queued job sits on its tenant's per-class FIFO and
- *     on an age-ordered list (one per class for the Lathe policy, which aging scans from the
- *     oldest; one global list in arrival order for FIFO); a running job on its worker's list;
+ *     on an age-ordered list (one per class for the Lathe policy, which the starvation pass
+ *     scans from the oldest; one global list in arrival order for FIFO); a running job on its
+ *     worker's list;
  *   - per class, a binary heap of the tenants that have queued work and room in their quota,
  *     keyed by DRF dominant share / weight, so picking the next tenant is O(log tenants);
  *   - per free-slot count k, a bitmap of workers with exactly k free slots, and per base model

@@ -35,7 +35,7 @@ static void sim_usage(FILE *f) {
           "  --tick S                   also decide every S s while jobs wait (default 0: only\n"
           "                             on arrivals, ends and the policy's timers)\n"
           "  --las-threshold GPU_S      LAS: attained GPU-seconds of the first queue (3600)\n"
-          "  --aging S                  wait before a job competes one class higher (600)\n"
+          "  --aging S                  wait after which standard work may use production's reserve (600)\n"
           "  --preempt-after S          wait before preemptible work is preempted (120)\n"
           "  --gang-reserve-after S     wait before a worker is reserved for a gang (300)\n"
           "  --reserve F                fraction of slots standard work may not hold (0.1)\n"

@@ -219,11 +219,21 @@ static json_t *job_info(const char *job) {
   return j;
 }
 
-/* Waits until the API shows the job in a terminal state; returns that state (static). */
+/* Waits until the API shows the job in a terminal state; returns that state (static). A job
+ * produced upstream is 404 until the API has folded its JobSubmitted: that is waited out too. */
 static const char *wait_terminal(const char *job, int timeout_ms) {
   static char state[32];
   for (int64_t t0 = lt_time_wall_ms(); lt_time_wall_ms() - t0 < timeout_ms; lt_test_msleep(300)) {
-    json_t *j = job_info(job);
+    char path[512];
+    snprintf(path, sizeof path, "/v1/jobs/%s", job);
+    lt_client_resp_t r = req("GET", path, NULL, 0);
+    json_t *j = r.status == 200 ? json_incref(r.json) : NULL;
+    cr_assert(r.status == 200 || r.status == 404, "%s: %d %s", path, r.status, r.body);
+    lt_client_resp_free(&r);
+    if (!j) {
+      snprintf(state, sizeof state, "not yet folded");
+      continue;
+    }
     const char *sv = json_string_value(json_object_get(j, "state"));
     snprintf(state, sizeof state, "%s", sv ? sv : "?");
     for (char *p = state; *p; p++) *p = (char)toupper((unsigned char)*p); /* the API says "completed" */

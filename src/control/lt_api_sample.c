@@ -444,6 +444,13 @@ static void submit_all(sample_req_t *r) {
     r->ch[i].submitted = true;
   }
   r->watching = lt_api_door_on_close(r->api, r->evcon, on_client_gone, r);
+  if (!r->watching && r->stream) {
+    /* A stream outlives its request when the connection closes: unwatched, it could write to a
+     * freed request. (An answer that is not streamed keeps its request valid until sent.) */
+    for (int i = 0; i < r->n; i++) ops->cancel(ops->ctx, r->ch[i].handle);
+    lt_api_reply_error(r->req, 503, "unavailable", NULL, "the connection cannot be watched; retry");
+    req_free(r);
+  }
 }
 
 /* The pool's side of an adapter load: read, decrypt, hand to the backend, scrub. */

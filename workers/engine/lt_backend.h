@@ -40,6 +40,15 @@
 
 typedef struct lt_backend lt_backend_t;
 
+/* One product C[M,N] = alpha * A[M,K] @ W[N,K]^T + beta * C of matmul_rows_multi. */
+typedef struct lt_mr_desc {
+  int M, N, K;
+  float alpha, beta;
+  const float *A, *W;
+  float *C;
+  int lda, ldw, ldc;
+} lt_mr_desc_t;
+
 struct lt_backend {
   const char *name; /* "cpu" or "cuda" */
   void *ctx;        /* the implementation's private state */
@@ -88,6 +97,10 @@ struct lt_backend {
    * are. Sampling's decode steps use it so a prompt's output does not depend on its batch. */
   void (*matmul_rows)(lt_backend_t *be, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *W, int ldw, float beta, float *C, int ldc);
+  /* count matmul_rows products in one call, each element bitwise as matmul_rows computes it;
+   * their outputs must not overlap. For the many small products of one step (each adapter's
+   * low-rank update on its own rows): one dispatch to the threads instead of one per product. */
+  void (*matmul_rows_multi)(lt_backend_t *be, int count, const lt_mr_desc_t *d);
 
   /* `batch` independent matmuls; matrix i uses A + i*stride_a, B + i*stride_b, C + i*stride_c
    * (strides in floats). Same semantics as matmul for each. */

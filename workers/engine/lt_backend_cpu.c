@@ -350,14 +350,12 @@ static inline __attribute__((always_inline)) void mr_store(const mr_args_t *a, i
   *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
 }
 
-/* Built twice, for AVX2 and for the x86-64 baseline, and picked at load time. AVX2 here brings
- * wider registers, not FMA: a multiply and an add stay two roundings, so both builds give the
- * same bits (the sampler's answers do not depend on the machine's instruction set). */
+/* Columns [lo, hi) of one product. Built twice, for AVX2 and for the x86-64 baseline, and picked
+ * at load time. AVX2 here brings wider registers, not FMA: a multiply and an add stay two
+ * roundings, so both builds give the same bits (the sampler's answers do not depend on the
+ * machine's instruction set). */
 __attribute__((target_clones("avx2", "default")))
-static void mr_task(void *p, int tid, int nt) {
-  const mr_args_t *a = p;
-  size_t lo, hi;
-  chunk((size_t)a->N, tid, nt, &lo, &hi);
+static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
   size_t j = lo;
   if (a->M < 4) /* decoding a few rows: four weight rows at a time */
     for (; j + 4 <= hi; j += 4) {
@@ -379,6 +377,38 @@ static void mr_task(void *p, int tid, int nt) {
     }
     for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, a->K));
   }
+}
+
+static void mr_task(void *p, int tid, int nt) {
+  const mr_args_t *a = p;
+  size_t lo, hi;
+  chunk((size_t)a->N, tid, nt, &lo, &hi);
+  mr_cols(a, lo, hi);
+}
+
+/* matmul_rows_multi: each thread takes its share of every product's columns. */
+typedef struct mrm_args {
+  int count;
+  const lt_mr_desc_t *d;
+} mrm_args_t;
+
+static void mrm_task(void *p, int tid, int nt) {
+  const mrm_args_t *m = p;
+  for (int i = 0; i < m->count; i++) {
+    const lt_mr_desc_t *d = &m->d[i];
+    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C};
+    size_t lo, hi;
+    chunk((size_t)d->N, tid, nt, &lo, &hi);
+    mr_cols(&a, lo, hi);
+  }
+}
+
+static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_t *d) {
+  double flops = 0;
+  for (int i = 0; i < count; i++) flops += (double)d[i].M * d[i].N * d[i].K;
+  mrm_args_t m = {count, d};
+  if (flops < 1 << 15) mrm_task(&m, 0, 1);
+  else pool_run(CPU(be), mrm_task, &m);
 }
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
@@ -992,6 +1022,7 @@ lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_
       .scrub = cpu_scrub,
       .matmul = cpu_matmul,
       .matmul_rows = cpu_matmul_rows,
+      .matmul_rows_multi = cpu_matmul_rows_multi,
       .matmul_strided = cpu_matmul_strided,
       .zero = cpu_zero,
       .copy = cpu_copy,

@@ -269,6 +269,12 @@ static void lt_cb_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha
     lt_cb_matmul(be, 0, 1, 1, N, K, alpha, A + (size_t)i * lda, lda, W, ldw, beta, C + (size_t)i * ldc, ldc);
 }
 
+static void lt_cb_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_t *d) {
+  for (int i = 0; i < count; i++)
+    lt_cb_matmul_rows(be, d[i].M, d[i].N, d[i].K, d[i].alpha, d[i].A, d[i].lda, d[i].W, d[i].ldw, d[i].beta, d[i].C,
+                      d[i].ldc);
+}
+
 static void lt_cb_matmul_strided(lt_backend_t *be, int trans_a, int trans_b, int M, int N, int K,
                                  float alpha, const float *A, int lda, long stride_a,
                                  const float *B, int ldb, long stride_b, float beta, float *C,
@@ -484,6 +490,7 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
   be->matmul = lt_cb_matmul;
   be->matmul_strided = lt_cb_matmul_strided;
   be->matmul_rows = lt_cb_matmul_rows;
+  be->matmul_rows_multi = lt_cb_matmul_rows_multi;
   be->zero = lt_cb_zero;
   be->copy = lt_cb_copy;
   be->scale = lt_cb_scale;

@@ -341,6 +341,7 @@ struct lt_serve {
   int *fill;   /* [R] per-group cursor while ordering */
   const lt_adapter_t **gad; /* [R] adapter of each group (NULL: base) */
   int ngroups;
+  lt_mr_desc_t *mr;          /* [2R] the adapters' low-rank products of one module */
 };
 
 void lt_serve_free(lt_serve_t *srv) {
@@ -358,6 +359,7 @@ void lt_serve_free(lt_serve_t *srv) {
   free(srv->htok);
   free(srv->perm);
   free(srv->gad);
+  free(srv->mr);
   free(srv);
 }
 
@@ -382,7 +384,8 @@ static lt_err_t serve_buffers(lt_serve_t *srv, char *errstr, size_t errstr_size)
   srv->htok = malloc((4 * R + TB) * sizeof(int32_t));
   srv->perm = malloc((5 * R + 1) * sizeof(int));
   srv->gad = malloc(R * sizeof *srv->gad);
-  if (!srv->htok || !srv->perm || !srv->gad)
+  srv->mr = malloc(2 * R * sizeof *srv->mr);
+  if (!srv->htok || !srv->perm || !srv->gad || !srv->mr)
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "serve: out of memory");
   srv->hpos = srv->htok + R;
   srv->hslot = srv->hpos + R;
@@ -645,7 +648,9 @@ static lt_err_t step_tables(lt_serve_t *srv, const lt_serve_row_t *rows, int n) 
 }
 
 /* Y (n, out) = X W^T (+ b) + beta Y for layer l's module m, one row-wise product for all rows,
- * then each adapter targeting m adds scale (X_g A^T) B^T to its own contiguous rows. */
+ * then each adapter targeting m adds scale (X_g A^T) B^T to its own contiguous rows: every
+ * adapter's X_g A^T in one call (each group's rows of la at its own rows), then every B product in
+ * another, so 32 adapters cost two dispatches to the threads, not 64. */
 static void serve_linear(lt_serve_t *srv, const float *X, int n, int l, int m, float *Y,
                          float beta) {
   lt_backend_t *be = srv->be;
@@ -654,17 +659,24 @@ static void serve_linear(lt_serve_t *srv, const float *X, int n, int l, int m, f
   const layer_w_t *lw = &srv->eng->w.layer[l];
   be->matmul_rows(be, n, out, in, 1.0f, X, in, lw->w[m], in, beta, Y, out);
   if (m <= M_V && lw->b[m]) be->bias_add(be, Y, lw->b[m], n, out);
+  int k = 0, D = srv->c.hidden_size, R = srv->max_rows;
   for (int g = 0; g < srv->ngroups; g++) {
     const lt_adapter_t *ad = srv->gad[g];
     if (!ad) continue;
     const lora_t *lo = &ad->lora[(size_t)l * M_COUNT + m];
     if (!lo->on) continue;
     int r0 = srv->gstart[g], cnt = srv->gstart[g + 1] - r0, r = ad->rank;
-    be->matmul_rows(be, cnt, r, in, 1.0f, X + (size_t)r0 * in, in, ad->block + lo->off_a, in,
-                    0.0f, srv->d.la, r);
-    be->matmul_rows(be, cnt, out, r, ad->scale, srv->d.la, r, ad->block + lo->off_b, r, 1.0f,
-                    Y + (size_t)r0 * out, out);
+    float *la = srv->d.la + (size_t)r0 * D; /* rank <= D: the group's rows of la are its own */
+    srv->mr[k] = (lt_mr_desc_t){.M = cnt, .N = r, .K = in, .alpha = 1.0f, .beta = 0.0f, .A = X + (size_t)r0 * in,
+                                .lda = in, .W = ad->block + lo->off_a, .ldw = in, .C = la, .ldc = r};
+    srv->mr[R + k] = (lt_mr_desc_t){.M = cnt, .N = out, .K = r, .alpha = ad->scale, .beta = 1.0f, .A = la,
+                                    .lda = r, .W = ad->block + lo->off_b, .ldw = r, .C = Y + (size_t)r0 * out,
+                                    .ldc = out};
+    k++;
   }
+  if (k == 0) return;
+  be->matmul_rows_multi(be, k, srv->mr);
+  be->matmul_rows_multi(be, k, srv->mr + R);
 }
 
 /* The decoder over the step's n rows (already uploaded): keys and values into the pool, the

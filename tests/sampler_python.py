@@ -261,8 +261,8 @@ def bad_input(sbase, key):
     check(st == 404 and b["error"]["field"] == "model", "an unknown model is 404 naming model")
 
 
-def client_leaves(sbase, ops, key, model):
-    before = metrics(ops)
+def long_stream(sbase, key, model):
+    """A long streamed request, read up to its first line: (connection, response)."""
     u = urllib.parse.urlparse(sbase)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": "date:", "max_tokens": 200,
@@ -270,6 +270,12 @@ def client_leaves(sbase, ops, key, model):
                  {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     r = conn.getresponse()
     r.fp.readline()
+    return conn, r
+
+
+def client_leaves(sbase, ops, key, model):
+    before = metrics(ops)
+    conn, _ = long_stream(sbase, key, model)
     conn.sock.close()
     conn.close()
     deadline, m = time.time() + 20, before
@@ -337,13 +343,7 @@ def overload(lathed, env, key, model, log_tag, main_sbase):
         check(here == there and here[0] != "error",
               "the same seeded request gives the same tokens and log-probs on another sampler process")
         # A sampler killed mid-stream: the client sees the stream end without [DONE].
-        u = urllib.parse.urlparse(sbase)
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-        conn.request("POST", "/v1/completions", json.dumps({"model": model, "prompt": "date:", "max_tokens": 200,
-                                                            "temperature": 1, "stream": True, "stop": ["\x01"]}),
-                     {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        r = conn.getresponse()
-        r.fp.readline()
+        conn, r = long_stream(sbase, key, model)
         c.p.kill()
         rest = b""
         try:

@@ -119,11 +119,13 @@ static void on_backend_event(void *ctx, const lt_sample_event_t *ev) {
     e->top_logp[i] = ev->top_logp[i];
     e->top_text[i] = dup_or_null(ev->top_text[i]);
   }
+  /* event_active under mu: once the loop has taken this event it may free r (the last event of
+   * the last choice), and req_free takes mu before it frees the event, so it waits for this. */
   pthread_mutex_lock(&r->mu);
   *r->tail = e;
   r->tail = &e->next;
-  pthread_mutex_unlock(&r->mu);
   event_active(r->ev, 0, 0);
+  pthread_mutex_unlock(&r->mu);
 }
 
 static void sev_free(sev_t *e) {
@@ -137,13 +139,17 @@ static void sev_free(sev_t *e) {
 
 static void req_free(sample_req_t *r) {
   if (r->watching) lt_api_door_on_close(r->api, r->evcon, NULL, NULL);
+  pthread_mutex_lock(&r->mu); /* the batch thread may still be in on_backend_event's event_active */
+  if (r->ev) event_free(r->ev);
+  r->ev = NULL;
   sev_t *e = r->head;
+  r->head = NULL;
+  pthread_mutex_unlock(&r->mu);
   while (e) {
     sev_t *next = e->next;
     sev_free(e);
     e = next;
   }
-  if (r->ev) event_free(r->ev);
   for (int i = 0; i < r->n; i++) {
     if (r->ch[i].text) OPENSSL_cleanse(r->ch[i].text, r->ch[i].len);
     free(r->ch[i].text);

@@ -238,8 +238,8 @@ static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
 static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
   if (a->state != A_RUNNING || a->killed) return;
   a->killed = true;
+  logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why); /* said first, then done */
   if (a->pid > 0) kill(a->pid, SIGKILL); /* else still fetching its inputs: it will not start */
-  logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why);
 }
 
 /* Scrubs an attempt's private directory (lt_scrub: every file in every subdirectory overwritten,

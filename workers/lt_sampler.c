@@ -11,30 +11,9 @@
 #include "lt_backend.h"
 #include "lt_chat.h"
 #include "lt_time.h"
+#include "lt_train.h"
 
 /* ---------------------------------------------------------------- base models */
-
-/* Reads a small file whole (NULL when missing or unreadable). */
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t cap = 0, n = 0;
-  for (;;) {
-    if (n + 4096 + 1 > cap) {
-      char *nb = realloc(buf, cap = (cap ? 2 * cap : 8192));
-      if (!nb) break;
-      buf = nb;
-    }
-    size_t got = fread(buf + n, 1, cap - n - 1, f);
-    n += got;
-    if (got == 0) break;
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  *len = n;
-  return buf;
-}
 
 /* The chat template and special tokens of a base model, from its tokenizer_config.json (none
  * when the file is absent: chat completions then answer that the model has no template). */
@@ -42,8 +21,9 @@ static void base_chat_config(sbase_t *b, const char *dir) {
   char path[2500];
   size_t len = 0;
   snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-  char *text = read_file(path, &len), msg[256];
-  if (text && lt_chat_config_parse(text, len, &b->tmpl, &b->bos, &b->eos, msg, sizeof msg))
+  char *text = NULL, msg[256];
+  if (lt_train_read_file(path, &text, &len, msg, sizeof msg) == LT_OK &&
+      lt_chat_config_parse(text, len, &b->tmpl, &b->bos, &b->eos, msg, sizeof msg))
     fprintf(stderr, "lathed: sampler: %s: no chat template: %s\n", b->name, msg);
   free(text);
   b->eos_id = b->eos ? lt_tok_token_id(b->tok, b->eos) : -1;

@@ -59,24 +59,28 @@ static size_t stop_tail(const sreq_t *r, const char *text, size_t len) {
   return hold;
 }
 
-/* Decodes what r generated; sets *release to the bytes of text the client may see now and
- * returns true when a stop string ended the text (cut before it). */
-static bool text_update(sreq_t *r, bool final, size_t *release) {
-  char *text = NULL;
-  size_t len = 0;
-  int ngen = r->ngen;
-  if (ngen > 0 && r->ids[r->nprompt + ngen - 1] == r->base->eos_id) ngen--; /* the end token shows no text */
-  if (lt_tok_decode(r->base->tok, r->ids + r->nprompt, (size_t)ngen, 1, &text, &len, NULL, 0)) {
+/* Appends a token's bytes (raw, len) to what r generated; sets *release to the bytes of text the
+ * client may see now and returns true when a stop string ended the text (cut before it). Only the
+ * new bytes and the stop strings' reach before them are searched: an earlier match ended r. */
+static bool text_update(sreq_t *r, const char *raw, size_t rlen, bool final, size_t *release) {
+  size_t old = r->text_len, reach = 0;
+  char *t = rlen ? realloc(r->text, old + rlen + 1) : r->text;
+  if (rlen && !t) {
     *release = r->sent;
     return false;
   }
-  free(r->text);
-  r->text = text;
-  r->text_len = len;
-  size_t first = len;
-  for (int i = 0; i < r->nstop; i++) {
-    char *at = memmem(text, len, r->stop[i], strlen(r->stop[i]));
-    if (at && (size_t)(at - text) < first) first = (size_t)(at - text);
+  if (rlen) {
+    memcpy(t + old, raw, rlen);
+    t[old + rlen] = '\0';
+    r->text = t;
+    r->text_len = old + rlen;
+  }
+  size_t len = r->text_len, first = len;
+  for (int i = 0; i < r->nstop; i++) reach = strlen(r->stop[i]) > reach ? strlen(r->stop[i]) : reach;
+  size_t from = old >= reach ? old - reach + 1 : 0;
+  for (int i = 0; i < r->nstop && len > from; i++) {
+    char *at = memmem(r->text + from, len - from, r->stop[i], strlen(r->stop[i]));
+    if (at && (size_t)(at - r->text) < first) first = (size_t)(at - r->text);
   }
   if (first < len) {
     *release = first > r->sent ? first : r->sent;
@@ -86,18 +90,24 @@ static bool text_update(sreq_t *r, bool final, size_t *release) {
     *release = len;
     return false;
   }
-  size_t ok = lt_utf8_complete(text, len);
-  ok -= stop_tail(r, text, ok);
+  size_t ok = r->text ? lt_utf8_complete(r->text, len) : 0;
+  ok -= stop_tail(r, r->text, ok);
   *release = ok > r->sent ? ok : r->sent;
   return false;
 }
 
-/* A token's own text for logprobs (invalid UTF-8 replaced); malloc'd. */
+/* A token's own bytes (raw; *len) and its text for logprobs (invalid UTF-8 replaced), both
+ * malloc'd. */
+static char *token_bytes(const sbase_t *b, int32_t id, size_t *len) {
+  char *raw = NULL;
+  *len = 0;
+  if (lt_tok_decode(b->tok, &id, 1, 0, &raw, len, NULL, 0)) return strdup("");
+  return raw;
+}
+
 static char *token_text(const sbase_t *b, int32_t id) {
-  char *raw = NULL, *out = NULL;
-  size_t len = 0;
-  if (lt_tok_decode(b->tok, &id, 1, 0, &raw, &len, NULL, 0)) return strdup("");
-  out = lt_utf8_sanitize(raw, len, &len);
+  size_t len;
+  char *raw = token_bytes(b, id, &len), *out = raw ? lt_utf8_sanitize(raw, len, &len) : NULL;
   free(raw);
   return out ? out : strdup("");
 }
@@ -114,14 +124,18 @@ static void emit(lt_sampler_t *s, sreq_t *r, const float *logits) {
   if (tn) tn->served += 1.0 / r->weight;
   bool eos = t == r->base->eos_id;
   bool length = r->ngen >= r->max_tokens || r->nprompt + r->ngen >= r->base->max_positions;
-  size_t release;
-  bool stopped = text_update(r, eos || length, &release);
-  size_t len;
+  size_t release, rlen, len;
+  char *raw = token_bytes(r->base, t, &rlen);
+  /* The text is the tokens' bytes one after the other, without special tokens (the end token's
+   * among them): what decoding the whole sequence with skip_special gives. */
+  bool shown = raw && !eos && !lt_tok_is_special(r->base->tok, t);
+  bool stopped = text_update(r, raw, shown ? rlen : 0, eos || length, &release);
   char *delta = lt_utf8_sanitize(r->text ? r->text + r->sent : "", release - r->sent, &len);
-  char *tt = token_text(r->base, t), *alts[LT_SAMPLE_MAX_TOP] = {0};
+  char *tt = raw ? lt_utf8_sanitize(raw, rlen, &rlen) : strdup(""), *alts[LT_SAMPLE_MAX_TOP] = {0};
+  free(raw);
   for (int i = 0; i < r->top_logprobs; i++) alts[i] = token_text(r->base, top_ids[i]);
   lt_sample_event_t ev = {.kind = LT_SAMPLE_TOKEN, .token = t, .logp = logp, .text = delta ? delta : "",
-                          .text_len = delta ? len : 0, .token_text = tt, .ntop = r->top_logprobs,
+                          .text_len = delta ? len : 0, .token_text = tt ? tt : "", .ntop = r->top_logprobs,
                           .top_ids = top_ids, .top_logp = top_logp, .top_text = (const char *const *)alts};
   r->sent = release;
   if (!r->cancelled) r->on_event(r->ctx, &ev);

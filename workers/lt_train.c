@@ -824,7 +824,7 @@ void lt_train_default_model(lt_model_config_t *cfg) {
   cfg->tie_embeddings = 1;
 }
 
-static lt_err_t read_all(const char *path, char **out, size_t *len, char *errstr, size_t n) {
+lt_err_t lt_train_read_file(const char *path, char **out, size_t *len, char *errstr, size_t n) {
   FILE *f = fopen(path, "rb");
   if (!f) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
   fseek(f, 0, SEEK_END);
@@ -856,9 +856,9 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) 
   batch_buf_t b = {0};
   lt_err_t err;
   snprintf(path, sizeof path, "%s/corpus.txt", c->bundle_dir);
-  if ((err = read_all(path, &corpus, &corpus_len, errstr, n))) goto out;
+  if ((err = lt_train_read_file(path, &corpus, &corpus_len, errstr, n))) goto out;
   snprintf(path, sizeof path, "%s/tokenizer.json", c->bundle_dir);
-  if ((err = read_all(path, &tokjson, &tokjson_len, errstr, n))) goto out;
+  if ((err = lt_train_read_file(path, &tokjson, &tokjson_len, errstr, n))) goto out;
   if ((err = lt_tok_load_json(tokjson, tokjson_len, &tok, errstr, n))) goto out;
   /* Special tokens in the corpus (<|endoftext|> between documents) are real tokens here. */
   if ((err = lt_tok_encode(tok, corpus, corpus_len, LT_TOK_SPECIAL, 1.0f, &seq, errstr, n))) goto out;

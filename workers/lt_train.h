@@ -141,6 +141,9 @@ typedef struct lt_pretrain_conf {
 /* Pretrains a small base model over the bundle's corpus (full-parameter AdamW) and writes it. */
 lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *conf, char *errstr, size_t errstr_size);
 
+/* Reads a whole file into a malloc'd, NUL-terminated buffer (*len its bytes). */
+lt_err_t lt_train_read_file(const char *path, char **out, size_t *len, char *errstr, size_t errstr_size);
+
 /* Writes the bundled model's tokenizer_config.json (its eos token and chat template) into dir. */
 lt_err_t lt_train_write_chat_config(const char *dir, char *errstr, size_t errstr_size);
 

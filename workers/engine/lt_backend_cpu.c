@@ -780,6 +780,17 @@ typedef struct cached_args {
   cpu_t *c;
 } cached_t;
 
+/* exp((s[j] - mx) * scale) in place for j < L, in order; returns their sum. The cached and the
+ * paged attention share it, so the two give the same bits for the same keys. */
+static inline float softmax_scores(float *s, int L, float mx, float scale) {
+  float sum = 0;
+  for (int j = 0; j < L; j++) {
+    s[j] = lt_fexp((s[j] - mx) * scale);
+    sum += s[j];
+  }
+  return sum;
+}
+
 static void attn_cached_task(void *p, int tid, int nt) {
   cached_t *a = p;
   int H = a->H, KV = a->KV, hd = a->hd, g = H / KV, w = KV * hd;
@@ -799,11 +810,7 @@ static void attn_cached_task(void *p, int tid, int nt) {
       s[j] = d;
       mx = d > mx ? d : mx;
     }
-    float sum = 0;
-    for (int j = 0; j < L; j++) {
-      s[j] = lt_fexp((s[j] - mx) * scale);
-      sum += s[j];
-    }
+    float sum = softmax_scores(s, L, mx, scale);
     float *o = a->out + (size_t)r * H * hd + (size_t)h * hd;
     for (int i = 0; i < hd; i++) o[i] = 0;
     for (int j = 0; j < L; j++) {
@@ -858,11 +865,7 @@ static void attn_paged_task(void *p, int tid, int nt) {
       s[j] = d;
       mx = d > mx ? d : mx;
     }
-    float sum = 0;
-    for (int j = 0; j < L; j++) {
-      s[j] = lt_fexp((s[j] - mx) * scale);
-      sum += s[j];
-    }
+    float sum = softmax_scores(s, L, mx, scale);
     float *o = a->out + (size_t)r * H * hd + (size_t)h * hd;
     for (int i = 0; i < hd; i++) o[i] = 0;
     for (int j = 0; j < L; j++) {

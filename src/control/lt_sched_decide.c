@@ -114,6 +114,23 @@ static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *ou
   return n;
 }
 
+lt_sched_decision_t sched_preempt(lt_sched_t *s, worker_t *wk, job_t *rj) {
+  rj->preempting = true;
+  if (rj->cls == LT_CLASS_PREEMPTIBLE) { /* the tables count preemptible slots not yet asked */
+    wk->preempt_slots -= rj->gpus;
+    wk->preempt_mem -= rj->mem;
+  }
+  s->preemptions++;
+  return (lt_sched_decision_t){.action = LT_SCHED_PREEMPT,
+                               .job_id = rj->id,
+                               .tenant_id = s->tenants[rj->tenant].id,
+                               .worker_id = wk->id,
+                               .gpu_mask = rj->gpu_mask,
+                               .attempt = rj->attempt,
+                               .cls = (lt_job_class_t)rj->cls,
+                               .effective = (lt_job_class_t)rj->cls};
+}
+
 /* Preemption for job jx: the unreserved worker where stopping the fewest preemptible jobs
  * (newest first: least work lost) makes room; reserves it and emits PREEMPT decisions. */
 static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *out, size_t cap) {
@@ -149,18 +166,7 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
     if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
     slots += rj->gpus;
     mem += rj->mem;
-    rj->preempting = true;
-    wk->preempt_slots -= rj->gpus;
-    wk->preempt_mem -= rj->mem;
-    s->preemptions++;
-    out[n++] = (lt_sched_decision_t){.action = LT_SCHED_PREEMPT,
-                                     .job_id = rj->id,
-                                     .tenant_id = s->tenants[rj->tenant].id,
-                                     .worker_id = wk->id,
-                                     .gpu_mask = rj->gpu_mask,
-                                     .attempt = rj->attempt,
-                                     .cls = LT_CLASS_PREEMPTIBLE,
-                                     .effective = LT_CLASS_PREEMPTIBLE};
+    out[n++] = sched_preempt(s, wk, rj);
   }
   return n;
 }

@@ -188,6 +188,10 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
 /* Releases what running job jx holds; it is then JS_FREE. */
 void sched_run_release(lt_sched_t *s, uint32_t jx);
 void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx);
+/* Asks running job rj on worker wk to checkpoint and stop: marks it, takes a preemptible job's
+ * slots and memory out of the worker's preemptible counts, counts the preemption; the PREEMPT
+ * decision. lt_sched_decide.c: the Lathe policy's preemptions and LAS's share it. */
+lt_sched_decision_t sched_preempt(lt_sched_t *s, worker_t *wk, job_t *rj);
 void sched_unreserve(lt_sched_t *s, uint32_t w); /* no-op when w is not reserved */
 double sched_tenant_key(const lt_sched_t *s, const tenant_t *t, int c);
 void sched_heap_remove(lt_sched_t *s, int c, uint32_t t);

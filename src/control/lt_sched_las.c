@@ -84,20 +84,7 @@ static size_t las_preempt(lt_sched_t *s, uint32_t jx, double now, lt_sched_decis
     job_t *rj = &s->jobs[r];
     if (rj->preempting || las_level(s, rj, now) == 0) continue;
     slots += rj->gpus;
-    rj->preempting = true;
-    if (rj->cls == LT_CLASS_PREEMPTIBLE) { /* the tables count preemptible slots not yet asked */
-      wk->preempt_slots -= rj->gpus;
-      wk->preempt_mem -= rj->mem;
-    }
-    s->preemptions++;
-    out[n++] = (lt_sched_decision_t){.action = LT_SCHED_PREEMPT,
-                                     .job_id = rj->id,
-                                     .tenant_id = s->tenants[rj->tenant].id,
-                                     .worker_id = wk->id,
-                                     .gpu_mask = rj->gpu_mask,
-                                     .attempt = rj->attempt,
-                                     .cls = (lt_job_class_t)rj->cls,
-                                     .effective = (lt_job_class_t)rj->cls};
+    out[n++] = sched_preempt(s, wk, rj);
   }
   return n;
 }

@@ -15,19 +15,15 @@
 #include <openssl/evp.h>
 
 #include "lt_dataset.h"
+#include "lt_rand.h"
 #include "lt_task.h"
-#include "lt_tok.h"
 #include "lt_time.h"
+#include "lt_tok.h"
 
 /* ---------------------------------------------------------------- small helpers */
 
 /* splitmix64: the data order and the bootstrap depend only on the seed. */
-static uint64_t mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+static uint64_t mix(uint64_t *s) { return lt_splitmix64(s); }
 
 static void shuffle(uint32_t *v, size_t n, uint64_t seed) {
   uint64_t s = seed;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_rand.h"
+
 int lt_cli_sim_gen(int argc, char **argv);
 
 static void gen_usage(FILE *f) {
@@ -39,12 +41,7 @@ typedef struct rng {
   uint64_t x;
 } rng_t;
 
-static uint64_t rng_u64(rng_t *r) {
-  uint64_t z = (r->x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+static uint64_t rng_u64(rng_t *r) { return lt_splitmix64(&r->x); }
 static double rng_unit(rng_t *r) { return ((double)(rng_u64(r) >> 11) + 0.5) / 9007199254740992.0; }
 static double rng_exp(rng_t *r, double mean) { return -mean * log(rng_unit(r)); }
 static double rng_normal(rng_t *r) {

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "lt_rand.h"
 #include "lt_sched.h"
 
 #define NIL UINT32_MAX
@@ -144,12 +145,7 @@ double sched_las_next_timer(const lt_sched_t *s, double now);
 
 /* ---- lookups: ids to table indexes, worker bitmaps ---------------------------------------- */
 
-static inline uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+static inline uint64_t mix64(uint64_t x) { return lt_mix64(x + 0x9e3779b97f4a7c15ULL); }
 
 static inline void bm_set(uint64_t *bm, uint32_t i) { bm[i >> 6] |= 1ULL << (i & 63); }
 static inline void bm_clr(uint64_t *bm, uint32_t i) { bm[i >> 6] &= ~(1ULL << (i & 63)); }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "lt_engine.h"
+#include "lt_rand.h"
 #include "lt_safetensors.h"
 
 /* ---- RNG: xoshiro256** seeded by SplitMix64 ------------------------------------------------ */
@@ -22,12 +23,7 @@ typedef struct rng {
   uint64_t s[4];
 } rng_t;
 
-static inline uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static inline uint64_t splitmix64(uint64_t *x) { return lt_splitmix64(x); }
 
 static inline void rng_seed(rng_t *r, uint64_t seed) {
   for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);

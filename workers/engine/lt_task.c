@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_rand.h"
 #include "lt_tok.h"
 
 const char *const lt_task_specials[LT_TASK_N_SPECIAL] = {"<|endoftext|>", "<|im_start|>",
@@ -23,12 +24,7 @@ typedef struct rng {
   uint64_t s;
 } rng_t;
 
-static uint64_t rng_next(rng_t *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static uint64_t rng_next(rng_t *r) { return lt_splitmix64(&r->s); }
 
 static uint32_t rng_below(rng_t *r, uint32_t n) { return (uint32_t)(rng_next(r) % n); }
 

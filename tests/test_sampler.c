@@ -19,6 +19,7 @@
 #include "lt_engine.h"
 #include "lt_sampler.h"
 #include "lt_task.h"
+#include "lt_test.h"
 #include "lt_time.h"
 #include "lt_tok.h"
 #include "lt_utf8.h"
@@ -37,17 +38,10 @@ enum { NAD = 3, MAXT = 128 };
 
 /* ---------------------------------------------------------------- the model directory */
 
+/* A whole file: it must be there. */
 static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  b[n] = 0;
-  fclose(f);
-  *len = (size_t)n;
+  char *b = lt_test_slurp(path, len);
+  cr_assert_not_null(b, "%s", path);
   return b;
 }
 

@@ -13,6 +13,7 @@
 #include "lt_engine.h"
 #include "lt_safetensors.h"
 #include "lt_serve.h"
+#include "lt_test.h"
 
 static char errbuf[512];
 
@@ -39,17 +40,10 @@ typedef struct fixture {
   size_t st_len[NAD], cfg_len[NAD];
 } fixture_t;
 
+/* A whole file: it must be there. */
 static char *slurp(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  cr_assert_not_null(f, "%s", path);
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *b = malloc((size_t)n + 1);
-  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  b[n] = 0;
-  fclose(f);
-  *len = (size_t)n;
+  char *b = lt_test_slurp(path, len);
+  cr_assert_not_null(b, "%s", path);
   return b;
 }
 

@@ -148,21 +148,30 @@ typedef struct route_family {
   bool collection_405;        /* the collection with another method: 405 (else the 404 above) */
   bool item_405;              /* {id} with another route: 405 (else 404 "no such route under") */
   bool staff;                 /* authenticated by a staff key (lt_access.h), not a tenant's */
+  bool sampler;               /* served by the sampler role too (lt_api_conf_t.sampler_only) */
 } route_family_t;
 
 static const route_family_t families[] = {
-    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false},
-    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset", true, true, false},
-    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload", false, false, false},
-    {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request", true, false, false},
+    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false, false},
+    {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset",
+     true, true, false, false},
+    {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload",
+     false, false, false, false},
+    {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request",
+     true, false, false, false},
     {"/v1/staff/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_staff_access_resolve, "no such access request", true,
-     false, true},
-    {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session", true, false, false},
-    {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
-    {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route", true, false, false},
-    {"/v1/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
-    {"/v1/chat/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
-    {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false},
+     false, true, false},
+    {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session",
+     true, false, false, false},
+    {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
+     true, false, false, true},
+    {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
+     true, false, false, true},
+    {"/v1/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
+     true, false, false, true},
+    {"/v1/chat/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
+     true, false, false, true},
+    {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false, true},
 };
 
 /* ---------------------------------------------------------------- routing */
@@ -254,9 +263,7 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
     return LT_API_SLOT_OTHER;
   }
   /* The sampler role serves sampling (and the tokenizer) only; the api role everything else. */
-  bool sampling = f->slot == LT_API_SLOT_SAMPLE || strcmp(f->prefix, "/v1/tokenize") == 0 ||
-                  strcmp(f->prefix, "/v1/detokenize") == 0;
-  if (api->conf.sampler_only && !sampling) {
+  if (api->conf.sampler_only && !f->sampler) {
     lt_api_reply_error(req, 404, "not_found", NULL, "no such route on the sampler: %s is served by the api", f->prefix);
     return f->slot;
   }

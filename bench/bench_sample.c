@@ -35,7 +35,7 @@
  *
  * Usage: bench_sample --models DIR --model NAME [--threads T] [--streams S] [--adapters A]
  *                     [--prompt-len P] [--new-tokens N] [--rank R] [--batch-only B] [--text STR]
- *                     [--rounds K] [--json] */
+ *                     [--rounds K] [--precision f32|bf16] [--json] */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -56,6 +56,7 @@ typedef struct opts {
   const char *models, *model;
   const char *line; /* the prompt's text, repeated */
   int threads, streams, adapters, prompt_len, new_tokens, rank, batch_only, rounds, json;
+  int bf16; /* --precision bf16: the sampler reads bf16 copies of the base weights */
 } opts_t;
 
 /* One request's record, written by the batch thread's callback, read by main after done. */
@@ -306,7 +307,7 @@ static void json_result(const char *name, const result_t *r, int comma) {
 static int usage(void) {
   fprintf(stderr, "usage: bench_sample --models DIR --model NAME [--threads T] [--streams S] [--adapters A]\n"
                   "                    [--prompt-len P] [--new-tokens N] [--rank R] [--batch-only B] [--text STR]\n"
-                  "                    [--rounds K] [--json]\n");
+                  "                    [--rounds K] [--precision f32|bf16] [--json]\n");
   return 2;
 }
 
@@ -321,6 +322,7 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--models") == 0) o.models = v;
     else if (strcmp(a, "--model") == 0) o.model = v;
     else if (strcmp(a, "--threads") == 0) o.threads = atoi(v);
+    else if (strcmp(a, "--precision") == 0) o.bf16 = strcmp(v, "bf16") == 0 ? 1 : strcmp(v, "f32") == 0 ? 0 : -1;
     else if (strcmp(a, "--streams") == 0) o.streams = atoi(v);
     else if (strcmp(a, "--adapters") == 0) o.adapters = atoi(v);
     else if (strcmp(a, "--prompt-len") == 0) o.prompt_len = atoi(v);
@@ -332,7 +334,7 @@ int main(int argc, char **argv) {
     else return usage();
   }
   if (!o.models || !o.model || o.threads < 1 || o.streams < 1 || o.adapters < 0 || o.prompt_len < 1 ||
-      o.new_tokens < 1 || o.rank < 1 || o.batch_only < 0 || o.rounds < 1 || o.rounds > 16)
+      o.new_tokens < 1 || o.rank < 1 || o.batch_only < 0 || o.bf16 < 0 || o.rounds < 1 || o.rounds > 16)
     return usage();
   if (o.batch_only) o.streams = o.batch_only, o.adapters = 0;
 
@@ -367,7 +369,7 @@ int main(int argc, char **argv) {
     bench_rm_rf(root);
     return 1;
   }
-  lt_sampler_conf_t conf = {.models_dir = mdir, .threads = o.threads, .kv_bytes = kv,
+  lt_sampler_conf_t conf = {.models_dir = mdir, .threads = o.threads, .bf16_weights = o.bf16, .kv_bytes = kv,
                             .adapter_bytes = (size_t)2 << 30, .max_running = S, .queue_per_tenant = 4 * S + 8,
                             .queue_total = 4 * S + 8};
   lt_sampler_t *smp = NULL;

@@ -45,6 +45,9 @@ ap.add_argument("--prompt-len", type=int, default=64)
 ap.add_argument("--new-tokens", type=int, default=64)
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--repeat", type=int, default=3, help="timed runs after the warm-up; median reported")
+ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                help="the model's weights, activations and KV cache in this type (bf16: as people serve "
+                     "bf16 checkpoints on CPUs with AVX512-BF16/AMX)")
 ap.add_argument("--json", action="store_true")
 ap.add_argument("--check", action="store_true", help="cached vs uncached logits self-check first")
 args = ap.parse_args()
@@ -59,6 +62,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 DT = {"F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2)}
+DTYPE = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
 
 def load_safetensors(path):
@@ -74,7 +78,7 @@ def load_safetensors(path):
         a, b = m["data_offsets"]
         dt, size = DT[m["dtype"]]
         t = torch.frombuffer(data, dtype=dt, count=(b - a) // size, offset=a)
-        out[name] = t.reshape(m["shape"]).float().clone()
+        out[name] = t.reshape(m["shape"]).to(DTYPE).clone()
     return out
 
 
@@ -120,7 +124,7 @@ class Model:
         inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float64) / self.hd))
         fr = torch.outer(torch.arange(T, dtype=torch.float64), inv)
         emb = torch.cat([fr, fr], -1)
-        self.cos, self.sin = emb.cos().float(), emb.sin().float()
+        self.cos, self.sin = emb.cos().to(DTYPE), emb.sin().to(DTYPE)
 
     def rms(self, x, wt):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * wt
@@ -131,7 +135,8 @@ class Model:
         return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
 
     def new_cache(self, B, T):
-        return [(torch.zeros(B, self.KV, T, self.hd), torch.zeros(B, self.KV, T, self.hd)) for _ in self.layers]
+        return [(torch.zeros(B, self.KV, T, self.hd, dtype=DTYPE), torch.zeros(B, self.KV, T, self.hd, dtype=DTYPE))
+                for _ in self.layers]
 
     def forward(self, tok, cache, pos0, last_only=True):
         """tok (B, S) at positions pos0..pos0+S-1; writes K/V into cache in place; attends over
@@ -142,7 +147,7 @@ class Model:
         mask = None
         if S > 1:  # causal: query i (pos pos0+i) sees keys j <= pos0+i; rows ordered (g, s)
             m = torch.arange(t)[None, :] > (pos0 + torch.arange(S))[:, None]
-            mask = torch.zeros(S, t).masked_fill(m, float("-inf")).repeat(G, 1)
+            mask = torch.zeros(S, t, dtype=DTYPE).masked_fill(m, float("-inf")).repeat(G, 1)
         x = self.E[tok]
         for ly, (kc, vc) in zip(self.layers, cache):
             h = self.rms(x, ly["n1"])
@@ -216,7 +221,7 @@ def main():
     tps = B * N / dec  # N decode forwards of (B, 1), B tokens each
     if a.json:
         print(json.dumps({"batch": B, "prompt_len": P, "new_tokens": N, "threads": a.threads,
-                          "decode_tok_s": round(tps, 2), "prefill_s": round(pre, 6), "torch": torch.__version__}))
+                          "decode_tok_s": round(tps, 2), "dtype": args.dtype, "prefill_s": round(pre, 6), "torch": torch.__version__}))
     else:
         print(f"torch {torch.__version__}  B={B} P={P} N={N} threads={a.threads}: "
               f"decode {tps:.1f} tok/s ({dec:.4f} s), prefill {pre:.4f} s")

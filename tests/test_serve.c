@@ -64,7 +64,10 @@ static void train(lt_session_t *s, unsigned seed) {
   }
 }
 
-static void fixture_open(fixture_t *f, int bias, int tied) {
+/* bf16: the backend keeps bf16 copies of every mapped weight, as the sampler's does with
+ * LATHE_SAMPLER_PRECISION=bf16 (here down to the smallest tensor: this model's matrices are far
+ * below the default threshold). */
+static void fixture_open_prec(fixture_t *f, int bias, int tied, int bf16) {
   memset(f, 0, sizeof *f);
   f->c = (lt_model_config_t){.vocab_size = V, .hidden_size = 64, .intermediate_size = 96,
                              .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .head_dim = 16,
@@ -76,7 +79,8 @@ static void fixture_open(fixture_t *f, int bias, int tied) {
   char path[400];
   snprintf(path, sizeof path, "%s/model", f->dir);
   OK(lt_model_init_random(&f->c, path, 7, 0.3f, 0.1f, errbuf, sizeof errbuf));
-  OK(lt_backend_cpu_new(2, &f->be, errbuf, sizeof errbuf));
+  lt_cpu_opts_t o = {.threads = 2, .bf16_weights = bf16, .bf16_min_elems = 1};
+  OK(lt_backend_cpu_new_opts(&o, &f->be, errbuf, sizeof errbuf));
   OK(lt_engine_open(path, f->be, &f->eng, errbuf, sizeof errbuf));
   static const int rank[NAD] = {4, 8, 2};
   static const unsigned targets[NAD] = {
@@ -100,6 +104,8 @@ static void fixture_open(fixture_t *f, int bias, int tied) {
                        errbuf, sizeof errbuf));
   }
 }
+
+static void fixture_open(fixture_t *f, int bias, int tied) { fixture_open_prec(f, bias, tied, 0); }
 
 static void fixture_close(fixture_t *f) {
   for (int i = 0; i < NAD; i++) {
@@ -279,9 +285,9 @@ static void run_crowded(fixture_t *f, const int32_t *prompt, xrun_t *out) {
   lt_serve_free(srv);
 }
 
-Test(serve, a_sequence_is_bitwise_the_same_whatever_shares_its_steps) {
+static void invariance_case(int bf16) {
   fixture_t f;
-  fixture_open(&f, 1, 0);
+  fixture_open_prec(&f, 1, 0, bf16);
   int32_t prompt[XP];
   unsigned seed = 3;
   rand_tokens(prompt, XP, &seed);
@@ -296,6 +302,84 @@ Test(serve, a_sequence_is_bitwise_the_same_whatever_shares_its_steps) {
   free(a);
   free(b);
   fixture_close(&f);
+}
+
+Test(serve, a_sequence_is_bitwise_the_same_whatever_shares_its_steps) { invariance_case(0); }
+Test(serve, a_sequence_is_bitwise_the_same_whatever_shares_its_steps_bf16) { invariance_case(1); }
+
+/* ---- serving precision --------------------------------------------------------------------- */
+
+/* With bf16 weights, matmul_rows is bitwise the float product over the weights rounded to bf16:
+ * for every M (the four-row and four-column kernels and the tails), K not a multiple of 16, a W
+ * that starts inside a mapped weight, matmul_rows_multi, and a W outside any mapped weight (read
+ * as floats). After free_const the floats are read again. */
+Test(serve, bf16_weights_give_the_float_product_over_rounded_weights) {
+  enum { N = 37, K = 53, MM = 9 };
+  lt_backend_t *h, *f;
+  lt_cpu_opts_t o = {.threads = 2, .bf16_weights = 1, .bf16_min_elems = 64};
+  OK(lt_backend_cpu_new_opts(&o, &h, errbuf, sizeof errbuf));
+  OK(lt_backend_cpu_new(2, &f, errbuf, sizeof errbuf));
+  float *w = malloc(sizeof(float) * (N + 3) * K), *wr = malloc(sizeof(float) * (N + 3) * K),
+        *a = malloc(sizeof(float) * MM * K), *c1 = malloc(sizeof(float) * MM * N),
+        *c2 = malloc(sizeof(float) * MM * N);
+  unsigned seed = 5;
+  for (int i = 0; i < (N + 3) * K; i++) {
+    w[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
+    wr[i] = lt_st_bf16_to_f32(lt_st_f32_to_bf16(w[i]));
+  }
+  for (int i = 0; i < MM * K; i++) a[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
+  const float *dev = h->map_const(h, w, (size_t)(N + 3) * K);
+  cr_assert_eq(dev, w, "the cpu backend maps weights in place");
+  int differs = 0;
+  for (int M = 1; M <= MM; M++)
+    for (int off = 0; off <= 3; off += 3) {
+      h->matmul_rows(h, M, N, K, 1.0f, a, K, w + (size_t)off * K, K, 0.0f, c1, N);
+      f->matmul_rows(f, M, N, K, 1.0f, a, K, wr + (size_t)off * K, K, 0.0f, c2, N);
+      cr_assert_eq(memcmp(c1, c2, sizeof(float) * M * N), 0, "M %d, offset %d: not the rounded product", M, off);
+      f->matmul_rows(f, M, N, K, 1.0f, a, K, w + (size_t)off * K, K, 0.0f, c2, N);
+      differs |= memcmp(c1, c2, sizeof(float) * M * N) != 0;
+    }
+  cr_assert(differs, "the bf16 copy was never read");
+  lt_mr_desc_t d[2] = {{.M = 3, .N = N, .K = K, .alpha = 1, .A = a, .W = w, .C = c1, .lda = K, .ldw = K, .ldc = N},
+                       {.M = 2, .N = N, .K = K, .alpha = 1, .A = a + 3 * K, .W = wr, .C = c1 + 3 * N, .lda = K,
+                        .ldw = K, .ldc = N}};
+  h->matmul_rows_multi(h, 2, d);
+  f->matmul_rows(f, 3, N, K, 1.0f, a, K, wr, K, 0.0f, c2, N);
+  f->matmul_rows(f, 2, N, K, 1.0f, a + 3 * K, K, wr, K, 0.0f, c2 + 3 * N, N); /* wr is not mapped in h */
+  cr_assert_eq(memcmp(c1, c2, sizeof(float) * 5 * N), 0, "matmul_rows_multi");
+  h->free_const(h, dev);
+  h->matmul_rows(h, 4, N, K, 1.0f, a, K, w, K, 0.0f, c1, N);
+  f->matmul_rows(f, 4, N, K, 1.0f, a, K, w, K, 0.0f, c2, N);
+  cr_assert_eq(memcmp(c1, c2, sizeof(float) * 4 * N), 0, "after free_const the floats are read");
+  free(w), free(wr), free(a), free(c1), free(c2);
+  lt_backend_destroy(h);
+  lt_backend_destroy(f);
+}
+
+/* The same model served with bf16 weights: other logits than with floats (the copies are
+ * read), close to them (rounding, not a different model). */
+Test(serve, bf16_weights_change_logits_by_rounding_only) {
+  fixture_t f32, b16;
+  fixture_open_prec(&f32, 1, 0, 0);
+  fixture_open_prec(&b16, 1, 0, 1);
+  int32_t prompt[XP];
+  unsigned seed = 3;
+  rand_tokens(prompt, XP, &seed);
+  xrun_t *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+  run_alone(&f32, prompt, a);
+  run_alone(&b16, prompt, b);
+  double maxd = 0, maxa = 0;
+  for (int i = 0; i < V; i++) { /* the prompt's logits: the same input on both */
+    double dd = fabs((double)a->logits[i] - b->logits[i]);
+    if (dd > maxd) maxd = dd;
+    if (fabs(a->logits[i]) > maxa) maxa = fabs(a->logits[i]);
+  }
+  cr_assert_gt(maxd, 0.0, "bf16 serving gave the float logits: the copies were not read");
+  cr_assert_lt(maxd, 0.02 * maxa + 1e-3, "bf16 moved a logit by %g (largest %g)", maxd, maxa);
+  free(a);
+  free(b);
+  fixture_close(&f32);
+  fixture_close(&b16);
 }
 
 /* ---- paging -------------------------------------------------------------------------------- */

@@ -397,7 +397,8 @@ lt_err_t lt_sampler_new(const lt_sampler_conf_t *conf, lt_sampler_t **out, char 
   pthread_mutex_init(&s->mu, NULL);
   pthread_mutex_init(&s->load_mu, NULL);
   pthread_cond_init(&s->cv, NULL);
-  lt_err_t err = s->conf.cuda ? lt_backend_cuda_new(0, &s->be, msg, n) : lt_backend_cpu_new(s->conf.threads, &s->be, msg, n);
+  lt_cpu_opts_t cpu = {.threads = s->conf.threads, .bf16_weights = s->conf.bf16_weights};
+  lt_err_t err = s->conf.cuda ? lt_backend_cuda_new(0, &s->be, msg, n) : lt_backend_cpu_new_opts(&cpu, &s->be, msg, n);
   if (!err) err = open_bases(s, msg, n);
   if (!err && pthread_create(&s->thread, NULL, lt_sampler_batch_main, s) != 0)
     err = lt_errf(msg, n, LT_ERR_INTERNAL, "cannot start the batch thread");

@@ -34,6 +34,8 @@ typedef struct lt_sampler_conf {
   const char *models_dir;  /* base models (copied) */
   int threads;             /* compute threads of the cpu backend (1) */
   int cuda;                /* 1: the cuda backend (device 0) */
+  int bf16_weights;        /* 1: the base weights' products read bf16 copies (lt_cpu_opts_t);
+                            * on cuda, LATHE_CUDA_PRECISION=bf16 does this for the backend */
   size_t kv_bytes;         /* KV cache per base model (0: 64 MiB) */
   size_t adapter_bytes;    /* adapter cache (0: 256 MiB) */
   int block_tokens;        /* KV block size (0: 16) */

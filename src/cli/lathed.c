@@ -33,6 +33,9 @@
  *   _QUEUE_TOTAL, _CUDA=1   sampler: compute threads (1), KV cache per base model (64), adapter
  *                    cache (256), requests decoding at once (64), prompt rows per step (64),
  *                    requests in the sampler per tenant (16) and in all (128), the GPU
+ *   LATHE_SAMPLER_PRECISION=f32|bf16   sampler: the base weights' products read the floats (f32,
+ *                    the default: the answers are the training engine's, bit for bit) or bf16
+ *                    copies (half the bytes a decode step streams; answers within bf16 rounding)
  *
  * The process-wide things are here and nowhere else: the signal events and the event base.
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
@@ -390,8 +393,12 @@ static long env_long(const char *name, long def) {
 /* The sampler: its backend over the base models, then an API instance serving only the sampling
  * routes over it, under the sampler's own Kafka principal. */
 static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
+  const char *prec = getenv("LATHE_SAMPLER_PRECISION");
+  if (prec && *prec && strcmp(prec, "f32") != 0 && strcmp(prec, "bf16") != 0)
+    return lt_errf(err, n, LT_ERR_INVALID, "LATHE_SAMPLER_PRECISION=\"%s\": expected f32 or bf16", prec);
   lt_sampler_conf_t sc = {.models_dir = d->models, .threads = (int)env_long("LATHE_SAMPLER_THREADS", 1),
                           .cuda = (int)env_long("LATHE_SAMPLER_CUDA", 0),
+                          .bf16_weights = prec && strcmp(prec, "bf16") == 0,
                           .kv_bytes = (size_t)env_long("LATHE_SAMPLER_KV_MB", 0) << 20,
                           .adapter_bytes = (size_t)env_long("LATHE_SAMPLER_ADAPTER_MB", 0) << 20,
                           .max_running = (int)env_long("LATHE_SAMPLER_MAX_RUNNING", 0),

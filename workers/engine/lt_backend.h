@@ -243,6 +243,21 @@ struct lt_backend {
  * one). It sets OpenBLAS to the same count. The caller owns the result (lt_backend_destroy). */
 lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size);
 
+typedef struct lt_cpu_opts {
+  int threads;          /* as lt_backend_cpu_new */
+  /* Serving precision: map_const also keeps a bf16 copy (rounded to nearest even) of every
+   * weight of at least bf16_min_elems floats (0: 65536, i.e. the matrices, not the norms), and
+   * matmul_rows / matmul_rows_multi read it when W lies in a mapped weight. The products are then
+   * bitwise those over the weights rounded to bf16 (a bf16 value widens to its float exactly;
+   * the sums, A and C stay float), batch-invariant as before, with half the weight bytes a
+   * decode step streams. Everything else (matmul, embeddings, norms, training) reads the floats.
+   * The sampler sets it (LATHE_SAMPLER_PRECISION); training never does. */
+  int bf16_weights;
+  size_t bf16_min_elems;
+} lt_cpu_opts_t;
+lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *opts, lt_backend_t **out, char *errstr,
+                                 size_t errstr_size);
+
 /* Creates the cuda backend on device `device`. LT_ERR_UNAVAILABLE when the build has no CUDA or
  * no GPU is present ("driver version is insufficient" counts as no GPU). Defined in
  * lt_backend_cuda.c when built with CUDA, else by a stub in the engine library. */

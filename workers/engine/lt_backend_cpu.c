@@ -13,11 +13,13 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lt_backend.h"
+#include "lt_safetensors.h" /* lt_st_f32_to_bf16: the bf16 copies of mapped weights */
 
 /* OpenBLAS's own setter (declared in its cblas.h on Debian, repeated for other layouts). */
 void openblas_set_num_threads(int num_threads);
@@ -64,7 +66,20 @@ typedef struct cpu {
   char err[256];
   /* allocation list for destroy() */
   struct blk *blocks;
+  /* bf16 copies of mapped weights (lt_cpu_opts_t.bf16_weights), sorted by address */
+  int bf16;
+  size_t bf16_min;
+  struct shadow *sh;
+  size_t nsh, capsh;
 } cpu_t;
+
+/* A mapped weight [p, p + n) and its copy rounded to bf16 (nearest even), which matmul_rows
+ * reads instead of the floats. */
+typedef struct shadow {
+  const float *p;
+  size_t n;
+  uint16_t *h;
+} shadow_t;
 
 /* One pool thread: its handle (unused for tid 0, the caller) and its scratch (attention
  * backward, rmsnorm dw partials), which grows at warm-up only. */
@@ -184,8 +199,61 @@ static lt_err_t cpu_download(lt_backend_t *be, void *dst, const void *src, size_
   memcpy(dst, src, bytes);
   return LT_OK;
 }
-static const float *cpu_map_const(lt_backend_t *be, const float *host, size_t n) { return host; }
-static void cpu_free_const(lt_backend_t *be, const float *dev) {}
+/* How many shadows start at or before p (the one that may hold p is the last of them). */
+static size_t shadows_upto(const cpu_t *c, const float *p) {
+  size_t lo = 0, hi = c->nsh;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (c->sh[mid].p <= p) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The bf16 copy of the weight element at w, or NULL when w is in no mapped weight. */
+static const uint16_t *shadow_of(const cpu_t *c, const float *w) {
+  size_t i = shadows_upto(c, w);
+  if (i == 0 || w >= c->sh[i - 1].p + c->sh[i - 1].n) return NULL;
+  return c->sh[i - 1].h + (w - c->sh[i - 1].p);
+}
+
+/* On the cpu a mapped weight is the host memory itself; with bf16_weights, weights of at least
+ * bf16_min floats also get a bf16 copy, which matmul_rows reads instead (the floats stay, for
+ * the other ops: embedding lookups, norms). */
+static const float *cpu_map_const(lt_backend_t *be, const float *host, size_t n) {
+  cpu_t *c = CPU(be);
+  if (!c->bf16 || n < c->bf16_min || shadow_of(c, host)) return host;
+  if (c->nsh == c->capsh) {
+    size_t cap = c->capsh ? 2 * c->capsh : 64;
+    shadow_t *ns = realloc(c->sh, cap * sizeof *ns);
+    if (!ns) {
+      snprintf(c->err, sizeof c->err, "cpu backend: map_const: out of memory");
+      return NULL;
+    }
+    c->sh = ns;
+    c->capsh = cap;
+  }
+  uint16_t *h = malloc(n * sizeof *h);
+  if (!h) {
+    snprintf(c->err, sizeof c->err, "cpu backend: map_const: no memory for a bf16 copy of %zu floats", n);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++) h[i] = lt_st_f32_to_bf16(host[i]);
+  size_t at = shadows_upto(c, host);
+  memmove(c->sh + at + 1, c->sh + at, (c->nsh - at) * sizeof *c->sh);
+  c->sh[at] = (shadow_t){host, n, h};
+  c->nsh++;
+  return host;
+}
+
+static void cpu_free_const(lt_backend_t *be, const float *dev) {
+  cpu_t *c = CPU(be);
+  size_t i = shadows_upto(c, dev);
+  if (i == 0 || c->sh[i - 1].p != dev) return;
+  free(c->sh[i - 1].h);
+  memmove(c->sh + i - 1, c->sh + i, (c->nsh - i) * sizeof *c->sh);
+  c->nsh--;
+}
 static void cpu_scrub(lt_backend_t *be, void *p, size_t bytes) { scrub_bytes(p, bytes); }
 
 /* ---- matmul ----------------------------------------------------------------------------- */
@@ -246,30 +314,54 @@ static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, fl
 }
 
 /* Batch-invariant NT product: each C element is one dot product computed by the same code
- * whatever M is; threads split the columns. */
+ * whatever M is; threads split the columns. W is floats, or (Wh set) the bf16 copy of a mapped
+ * weight: a bf16 value widens to its float exactly, so the bf16 product is bitwise the float
+ * product over the weights rounded to bf16, with half the bytes to stream. */
 typedef struct mr_args {
   int M, N, K, lda, ldw, ldc;
   float alpha, beta;
   const float *A, *W;
   float *C;
+  const uint16_t *Wh; /* NULL: read W */
 } mr_args_t;
 
 /* The order every element of the product is summed in, whatever M: 16 partial sums, lane i
  * taking k = i, i + 16, ... (the tail in the low lanes), then folded pairwise. The kernels below
  * keep the 16 lanes as two 8-float vectors (GCC's vector extension: two registers with AVX2, four
- * with SSE2), so each lane sees the same operations in the same order in every kernel and build. */
+ * with SSE2), so each lane sees the same operations in the same order in every kernel and build.
+ * The weight operand is `const void *` with `h` saying bf16 (true) or float: every caller passes
+ * a constant, so each kernel is compiled once per weight type, without a branch in the loop. */
 typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
 /* The helpers taking and returning v8f are always inlined: no call, so no ABI to change (GCC
  * warns at the end of the file, so the warning is off for all of it). */
 #pragma GCC diagnostic ignored "-Wpsabi"
+#define AI static inline __attribute__((always_inline))
 
-static inline __attribute__((always_inline)) v8f ld8(const float *p) {
+AI v8f ld8(const float *p) {
   v8f v;
   memcpy(&v, p, sizeof v);
   return v;
 }
 
-static inline __attribute__((always_inline)) float fold16(float *acc) {
+/* Eight weights from element k on: floats, or bf16 widened (the bits shifted into the top half). */
+AI v8f ldw(const void *w, int k, bool h) {
+  if (!h) return ld8((const float *)w + k);
+  v8h x;
+  memcpy(&x, (const uint16_t *)w + k, sizeof x);
+  return (v8f)(__builtin_convertvector(x, v8u) << 16);
+}
+
+AI float wat(const void *w, int k, bool h) {
+  if (!h) return ((const float *)w)[k];
+  uint32_t u = (uint32_t)((const uint16_t *)w)[k] << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+AI float fold16(float *acc) {
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; i++) acc[i] += acc[i + w];
   return acc[0];
@@ -277,35 +369,33 @@ static inline __attribute__((always_inline)) float fold16(float *acc) {
 
 /* The lanes' partial sums (lo: lanes 0-7, hi: 8-15) plus the tail k0..K-1 in the low lanes,
  * folded. */
-static inline __attribute__((always_inline)) float finish16(v8f lo, v8f hi, const float *a, const float *b,
-                                                            int k0, int K) {
+AI float finish16(v8f lo, v8f hi, const float *a, const void *b, bool h, int k0, int K) {
   float acc[16];
   memcpy(acc, &lo, sizeof lo);
   memcpy(acc + 8, &hi, sizeof hi);
-  for (int i = 0; k0 + i < K; i++) acc[i] += a[k0 + i] * b[k0 + i];
+  for (int i = 0; k0 + i < K; i++) acc[i] += a[k0 + i] * wat(b, k0 + i, h);
   return fold16(acc);
 }
 
-static inline __attribute__((always_inline)) float dot16(const float *a, const float *b, int K) {
+AI float dot16(const float *a, const void *b, bool h, int K) {
   v8f lo = {0}, hi = {0};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
-    lo += ld8(a + k) * ld8(b + k);
-    hi += ld8(a + k + 8) * ld8(b + k + 8);
+    lo += ld8(a + k) * ldw(b, k, h);
+    hi += ld8(a + k + 8) * ldw(b, k + 8, h);
   }
-  return finish16(lo, hi, a, b, k, K);
+  return finish16(lo, hi, a, b, h, k, K);
 }
 
 /* Four rows against one weight row at once: each weight value is loaded once for the four, and
  * each element is summed exactly as dot16 sums it (same lanes, same fold), so a row's result does
  * not depend on whether it was computed in a block of four or alone. */
-static inline __attribute__((always_inline)) void dot16x4(const float *a0, const float *a1,
-                                                          const float *a2, const float *a3,
-                                                          const float *b, int K, float out[4]) {
+AI void dot16x4(const float *a0, const float *a1, const float *a2, const float *a3, const void *b, bool h,
+                int K, float out[4]) {
   v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
-    v8f wl = ld8(b + k), wh = ld8(b + k + 8);
+    v8f wl = ldw(b, k, h), wh = ldw(b, k + 8, h);
     l0 += ld8(a0 + k) * wl;
     h0 += ld8(a0 + k + 8) * wh;
     l1 += ld8(a1 + k) * wl;
@@ -315,68 +405,77 @@ static inline __attribute__((always_inline)) void dot16x4(const float *a0, const
     l3 += ld8(a3 + k) * wl;
     h3 += ld8(a3 + k + 8) * wh;
   }
-  out[0] = finish16(l0, h0, a0, b, k, K);
-  out[1] = finish16(l1, h1, a1, b, k, K);
-  out[2] = finish16(l2, h2, a2, b, k, K);
-  out[3] = finish16(l3, h3, a3, b, k, K);
+  out[0] = finish16(l0, h0, a0, b, h, k, K);
+  out[1] = finish16(l1, h1, a1, b, h, k, K);
+  out[2] = finish16(l2, h2, a2, b, h, k, K);
+  out[3] = finish16(l3, h3, a3, b, h, k, K);
 }
 
-/* One row against four weight rows: four independent sums in flight, for the few-row products
- * of decoding (memory-bound: more loads outstanding), each summed exactly as dot16 sums it. */
-static inline __attribute__((always_inline)) void dot16w4(const float *a, const float *b0,
-                                                          const float *b1, const float *b2,
-                                                          const float *b3, int K, float out[4]) {
+/* One row against four weight rows (b, b + ldb, ...): four independent sums in flight, for the
+ * few-row products of decoding (memory-bound: more loads outstanding), each summed exactly as
+ * dot16 sums it. */
+AI void dot16w4(const float *a, const void *b, size_t ldb, bool h, int K, float out[4]) {
+  const void *b1 = h ? (const void *)((const uint16_t *)b + ldb) : (const void *)((const float *)b + ldb);
+  const void *b2 = h ? (const void *)((const uint16_t *)b + 2 * ldb) : (const void *)((const float *)b + 2 * ldb);
+  const void *b3 = h ? (const void *)((const uint16_t *)b + 3 * ldb) : (const void *)((const float *)b + 3 * ldb);
   v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
     v8f al = ld8(a + k), ah = ld8(a + k + 8);
-    l0 += al * ld8(b0 + k);
-    h0 += ah * ld8(b0 + k + 8);
-    l1 += al * ld8(b1 + k);
-    h1 += ah * ld8(b1 + k + 8);
-    l2 += al * ld8(b2 + k);
-    h2 += ah * ld8(b2 + k + 8);
-    l3 += al * ld8(b3 + k);
-    h3 += ah * ld8(b3 + k + 8);
+    l0 += al * ldw(b, k, h);
+    h0 += ah * ldw(b, k + 8, h);
+    l1 += al * ldw(b1, k, h);
+    h1 += ah * ldw(b1, k + 8, h);
+    l2 += al * ldw(b2, k, h);
+    h2 += ah * ldw(b2, k + 8, h);
+    l3 += al * ldw(b3, k, h);
+    h3 += ah * ldw(b3, k + 8, h);
   }
-  out[0] = finish16(l0, h0, a, b0, k, K);
-  out[1] = finish16(l1, h1, a, b1, k, K);
-  out[2] = finish16(l2, h2, a, b2, k, K);
-  out[3] = finish16(l3, h3, a, b3, k, K);
+  out[0] = finish16(l0, h0, a, b, h, k, K);
+  out[1] = finish16(l1, h1, a, b1, h, k, K);
+  out[2] = finish16(l2, h2, a, b2, h, k, K);
+  out[3] = finish16(l3, h3, a, b3, h, k, K);
 }
 
-static inline __attribute__((always_inline)) void mr_store(const mr_args_t *a, int r, size_t j, float d) {
+AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
   float *c = a->C + (size_t)r * a->ldc + j;
   *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
 }
 
-/* Columns [lo, hi) of one product. Built twice, for AVX2 and for the x86-64 baseline, and picked
- * at load time. AVX2 here brings wider registers, not FMA: a multiply and an add stay two
- * roundings, so both builds give the same bits (the sampler's answers do not depend on the
- * machine's instruction set). */
-__attribute__((target_clones("avx2", "default")))
-static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
+/* Columns [lo, hi) of one product, weights of type h. */
+AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool h) {
   size_t j = lo;
+  const void *W = h ? (const void *)a->Wh : (const void *)a->W;
+#define MR_WROW(j) (h ? (const void *)((const uint16_t *)W + (j) * (size_t)a->ldw) \
+                      : (const void *)((const float *)W + (j) * (size_t)a->ldw))
   if (a->M < 4) /* decoding a few rows: four weight rows at a time */
-    for (; j + 4 <= hi; j += 4) {
-      const float *w = a->W + j * (size_t)a->ldw;
+    for (; j + 4 <= hi; j += 4)
       for (int r = 0; r < a->M; r++) {
         float d[4];
-        dot16w4(a->A + (size_t)r * a->lda, w, w + a->ldw, w + 2 * (size_t)a->ldw, w + 3 * (size_t)a->ldw, a->K, d);
+        dot16w4(a->A + (size_t)r * a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, d);
         for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
       }
-    }
   for (; j < hi; j++) {
-    const float *w = a->W + j * (size_t)a->ldw;
+    const void *w = MR_WROW(j);
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       const float *x = a->A + (size_t)r * a->lda;
       float d[4];
-      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, a->K, d);
+      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, h, a->K, d);
       for (int q = 0; q < 4; q++) mr_store(a, r + q, j, d[q]);
     }
-    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, a->K));
+    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, h, a->K));
   }
+#undef MR_WROW
+}
+
+/* Built twice, for AVX2 and for the x86-64 baseline, and picked at load time. AVX2 here brings
+ * wider registers, not FMA: a multiply and an add stay two roundings, so both builds give the
+ * same bits (the sampler's answers do not depend on the machine's instruction set). */
+__attribute__((target_clones("avx2", "default")))
+static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
+  if (a->Wh) mr_cols_of(a, lo, hi, true);
+  else mr_cols_of(a, lo, hi, false);
 }
 
 static void mr_task(void *p, int tid, int nt) {
@@ -388,6 +487,7 @@ static void mr_task(void *p, int tid, int nt) {
 
 /* matmul_rows_multi: each thread takes its share of every product's columns. */
 typedef struct mrm_args {
+  const cpu_t *c;
   int count;
   const lt_mr_desc_t *d;
 } mrm_args_t;
@@ -396,7 +496,7 @@ static void mrm_task(void *p, int tid, int nt) {
   const mrm_args_t *m = p;
   for (int i = 0; i < m->count; i++) {
     const lt_mr_desc_t *d = &m->d[i];
-    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C};
+    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C, shadow_of(m->c, d->W)};
     size_t lo, hi;
     chunk((size_t)d->N, tid, nt, &lo, &hi);
     mr_cols(&a, lo, hi);
@@ -406,14 +506,14 @@ static void mrm_task(void *p, int tid, int nt) {
 static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_t *d) {
   double flops = 0;
   for (int i = 0; i < count; i++) flops += (double)d[i].M * d[i].N * d[i].K;
-  mrm_args_t m = {count, d};
+  mrm_args_t m = {CPU(be), count, d};
   if (flops < 1 << 15) mrm_task(&m, 0, 1);
   else pool_run(CPU(be), mrm_task, &m);
 }
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
                             int lda, const float *W, int ldw, float beta, float *C, int ldc) {
-  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C};
+  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W)};
   if ((double)M * N * K < 1 << 15) mr_task(&a, 0, 1);
   else pool_run(CPU(be), mr_task, &a);
 }
@@ -987,6 +1087,8 @@ static void cpu_destroy(lt_backend_t *be) {
   for (int t = 1; t < c->nt; t++) pthread_join(c->lanes[t].thread, NULL);
   while (c->blocks) cpu_free(be, c->blocks + 1);
   for (int t = 0; t < c->nt; t++) free(c->lanes[t].scratch);
+  for (size_t i = 0; i < c->nsh; i++) free(c->sh[i].h);
+  free(c->sh);
   free(c->lanes);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->go);
@@ -995,13 +1097,21 @@ static void cpu_destroy(lt_backend_t *be) {
 }
 
 lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size) {
+  lt_cpu_opts_t o = {.threads = threads};
+  return lt_backend_cpu_new_opts(&o, out, errstr, errstr_size);
+}
+
+lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, char *errstr, size_t errstr_size) {
   *out = NULL;
+  int threads = o->threads;
   if (threads < 1 || threads > 256)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "cpu backend: threads = %d, expected 1..256", threads);
   cpu_t *c = calloc(1, sizeof *c);
   if (!c) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
   c->nt = threads;
+  c->bf16 = o->bf16_weights;
+  c->bf16_min = o->bf16_min_elems ? o->bf16_min_elems : 65536;
   c->lanes = calloc((size_t)threads, sizeof *c->lanes);
   if (!c->lanes) {
     free(c);

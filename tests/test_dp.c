@@ -5,7 +5,10 @@
  * halves of each batch end with the adapter of one session that accumulated both halves, byte
  * for byte; a hello of another world size or gang is refused by name; a rank that never comes,
  * a rank 0 that is not there, a peer that closes mid-reduce and a stranger talking garbage each
- * give a clear error within the timeout, never a hang. */
+ * give a clear error within the timeout, never a hang. The managed loop as a gang of two
+ * (lt_train_conf_t.dp) trains one executor's adapter (bit for bit when each rank runs one
+ * micro-batch a step, within rounding when more), and one rank's preemption stops both at one
+ * step. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <math.h>
@@ -15,12 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lt_dp.h"
 #include "lt_engine.h"
+#include "lt_task.h"
 #include "lt_test.h"
 #include "lt_time.h"
+#include "lt_train.h"
 
 /* ---- a gang of threads --------------------------------------------------------------------- */
 
@@ -470,4 +476,189 @@ Test(dp, a_conf_with_its_own_ops_gets_the_collectives_after_the_rendezvous) {
     cr_assert_eq(g[r].buf[0], 6.0f);
   }
   cr_assert_eq(fake_calls, 4, "the fake ops saw %d calls, expected 2 per rank", fake_calls);
+}
+
+/* ---- the managed loop as a gang (lt_train_conf_t.dp) --------------------------------------- */
+
+/* A small model with the bundled task's tokenizer, 48 prompt/completion lines, and the runs'
+ * work directories: [0] one executor, [1] and [2] ranks 0 and 1. */
+typedef struct managed {
+  char root[64], model[128], work[3][128];
+  char *data;
+  size_t len;
+  lt_hparams_t hp;
+  lt_train_result_t res[3];
+  int steps_seen[3];  /* on_step calls */
+  int ckpts[3];       /* on_checkpoint calls */
+  int preempt_after;  /* rank 1 asks to stop (preempt) after this many steps; 0: never */
+} managed_t;
+
+typedef struct managed_hook {
+  managed_t *m;
+  int who; /* index into the arrays above */
+} managed_hook_t;
+
+static void managed_on_step(void *ctx, const lt_train_step_t *st) {
+  managed_hook_t *h = ctx;
+  h->m->steps_seen[h->who]++;
+}
+
+static lt_err_t managed_on_ckpt(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
+  managed_hook_t *h = ctx;
+  h->m->ckpts[h->who]++;
+  return LT_OK;
+}
+
+static lt_train_stop_t managed_should_stop(void *ctx) {
+  managed_hook_t *h = ctx;
+  bool ask = h->who == 2 && h->m->preempt_after && h->m->steps_seen[2] >= h->m->preempt_after;
+  return ask ? LT_TRAIN_STOP_PREEMPT : LT_TRAIN_GO;
+}
+
+static lt_err_t managed_run(managed_t *m, int who, lt_dp_t *dp, char *errstr, size_t n) {
+  managed_hook_t h = {m, who};
+  lt_train_hooks_t hooks = {.ctx = &h, .on_step = managed_on_step, .on_checkpoint = managed_on_ckpt,
+                            .should_stop = managed_should_stop};
+  lt_train_conf_t tc = {.model_dir = m->model, .base_model_name = "tiny", .train = m->data, .train_len = m->len,
+                        .hp = m->hp, .threads = 1, .work_dir = m->work[who], .gen_max_tokens = 6, .dp = dp};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  return lt_train_run(&tc, &hooks, &m->res[who], errstr, n);
+}
+
+static lt_err_t managed_rank(rank_job_t *j, lt_dp_t *dp) {
+  return managed_run(j->arg, 1 + j->rank, dp, j->errstr, sizeof j->errstr);
+}
+
+/* Sets up m with hyperparameters hp_json (a job's "hyperparameters" object). */
+static void managed_open(managed_t *m, const char *hp_json) {
+  char err[512], body[600], cmd[1400];
+  memset(m, 0, sizeof *m);
+  snprintf(m->root, sizeof m->root, "/tmp/lt-dp-managed-XXXXXX");
+  cr_assert_not_null(mkdtemp(m->root));
+  snprintf(m->model, sizeof m->model, "%s/model", m->root);
+  for (int i = 0; i < 3; i++) {
+    snprintf(m->work[i], sizeof m->work[i], "%s/work%d", m->root, i);
+    cr_assert_eq(mkdir(m->work[i], 0700), 0);
+  }
+  snprintf(body, sizeof body, "%s/bundle", m->root);
+  mkdir(body, 0700);
+  cr_assert_eq(lt_task_write_bundle(body, 1, 200000, 512, 10, 2, err, sizeof err), LT_OK, "%s", err);
+  lt_model_config_t c = {.vocab_size = 512, .hidden_size = 32, .intermediate_size = 48, .num_layers = 2,
+                         .num_heads = 4, .num_kv_heads = 2, .head_dim = 8, .max_position = 128,
+                         .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
+                         .tie_embeddings = 1};
+  cr_assert_eq(lt_model_init_random(&c, m->model, 7, 0.05f, 0.0f, err, sizeof err), LT_OK, "%s", err);
+  snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer.json'", body, m->model);
+  cr_assert_eq(system(cmd), 0);
+  size_t cap = 1 << 14;
+  m->data = malloc(cap);
+  for (int i = 0; i < 48; i++)
+    m->len += (size_t)snprintf(m->data + m->len, cap - m->len, "{\"prompt\":\"%d+1=\",\"completion\":\"%d\"}\n", i,
+                               i + 1);
+  snprintf(body, sizeof body, "{\"base_model\": \"tiny\", \"dataset_id\": \"d\", \"hyperparameters\": %s}", hp_json);
+  json_t *j = json_loads(body, 0, NULL);
+  cr_assert_not_null(j, "%s", body);
+  lt_jobspec_t spec;
+  cr_assert_eq(lt_jobspec_from_json(j, &spec, NULL, 0, err, sizeof err), LT_OK, "%s", err);
+  json_decref(j);
+  m->hp = spec.hp;
+}
+
+/* One executor, then a gang of two on the same hyperparameters. */
+static void managed_both(managed_t *m) {
+  char err[512];
+  cr_assert_eq(managed_run(m, 0, NULL, err, sizeof err), LT_OK, "one executor: %s", err);
+  rank_job_t g[2];
+  for (int r = 0; r < 2; r++) {
+    g[r] = job(r, 2, "job-m/1", 60000, managed_rank);
+    g[r].arg = m;
+  }
+  run_gang(g, 2);
+  for (int r = 0; r < 2; r++) cr_assert_eq(g[r].err, LT_OK, "rank %d: %s", r, g[r].errstr);
+}
+
+static char *managed_adapter(const managed_t *m, int who, size_t *len) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", m->work[who]);
+  return lt_test_slurp(path, len);
+}
+
+/* grad_accum 2 over two ranks, dropout on: each rank runs one micro-batch a step with the masks
+ * one executor draws for it, so rank 0's published adapter, its evaluation and the step count
+ * are one executor's exactly; rank 1 writes no checkpoint and scores nothing. */
+Test(dp, a_managed_gang_of_two_trains_one_executors_adapter_bit_for_bit, .timeout = 300) {
+  managed_t m;
+  managed_open(&m, "{\"max_steps\": 5, \"batch_size\": 4, \"grad_accum\": 2, \"lora_rank\": 4, "
+                   "\"lora_alpha\": 16, \"lora_dropout\": 0.1, \"learning_rate\": 0.01, \"checkpoint_interval\": 2, "
+                   "\"checkpoint_interval_s\": 0, \"validation_fraction\": 0.1, \"seed\": 5, \"max_seq_len\": 64}");
+  managed_both(&m);
+  size_t l0, l1, l2;
+  char *a0 = managed_adapter(&m, 0, &l0), *a1 = managed_adapter(&m, 1, &l1), *a2 = managed_adapter(&m, 2, &l2);
+  cr_assert(a0 && a1, "the adapters were not written");
+  cr_assert(l0 == l1 && memcmp(a0, a1, l0) == 0, "rank 0's adapter differs from one executor's");
+  cr_assert_null(a2, "rank 1 wrote a checkpoint");
+  cr_assert_eq(m.ckpts[2], 0);
+  cr_assert_eq(m.ckpts[1], m.ckpts[0], "rank 0 checkpoints as one executor does");
+  cr_assert_eq(m.res[1].steps, 5);
+  cr_assert_eq(m.res[2].steps, 5);
+  cr_assert_eq(m.steps_seen[2], 5, "every rank sees every step");
+  cr_assert(m.res[1].final_eval.val_loss == m.res[0].final_eval.val_loss &&
+                m.res[1].final_eval.exact_match == m.res[0].final_eval.exact_match,
+            "rank 0's evaluation differs from one executor's");
+  free(a0), free(a1), free(a2), free(m.data);
+  lt_test_rm_rf(m.root);
+}
+
+/* grad_accum 4 over two ranks: each rank sums two micro-batches before the rank-ordered sum, so
+ * the additions group differently from one executor's: the same adapter within rounding. */
+Test(dp, more_micro_batches_than_ranks_match_one_executor_within_rounding, .timeout = 300) {
+  managed_t m;
+  managed_open(&m, "{\"max_steps\": 3, \"batch_size\": 2, \"grad_accum\": 4, \"lora_rank\": 4, "
+                   "\"lora_alpha\": 16, \"lora_dropout\": 0.1, \"learning_rate\": 0.01, \"checkpoint_interval\": 0, "
+                   "\"checkpoint_interval_s\": 0, \"validation_fraction\": 0.1, \"seed\": 6, \"max_seq_len\": 64}");
+  managed_both(&m);
+  size_t l0, l1;
+  char *a0 = managed_adapter(&m, 0, &l0), *a1 = managed_adapter(&m, 1, &l1);
+  cr_assert(a0 && a1 && l0 == l1);
+  uint64_t hl = 0;
+  memcpy(&hl, a0, 8);
+  cr_assert_eq(memcmp(a0, a1, 8 + hl), 0, "the tensors' names or shapes differ");
+  double worst = 0, scale = 0;
+  for (size_t o = 8 + hl; o + sizeof(float) <= l0; o += sizeof(float)) {
+    float x, y;
+    memcpy(&x, a0 + o, sizeof x);
+    memcpy(&y, a1 + o, sizeof y);
+    worst = fmax(worst, fabs((double)x - y));
+    scale = fmax(scale, fabs((double)x));
+  }
+  cr_assert_gt(scale, 0.0);
+  cr_assert_lt(worst, 1e-4 * scale, "gang vs one executor: %g (scale %g)", worst, scale);
+  free(a0), free(a1), free(m.data);
+  lt_test_rm_rf(m.root);
+}
+
+/* Rank 1's hooks ask for a preemption after step 2: the gang votes, both ranks stop at the same
+ * step boundary, and rank 0 alone leaves the checkpoint to resume from. */
+Test(dp, one_ranks_preemption_stops_the_whole_gang_at_one_step, .timeout = 300) {
+  managed_t m;
+  managed_open(&m, "{\"max_steps\": 6, \"batch_size\": 4, \"grad_accum\": 2, \"lora_rank\": 4, "
+                   "\"lora_dropout\": 0.0, \"learning_rate\": 0.01, \"checkpoint_interval\": 0, "
+                   "\"checkpoint_interval_s\": 0, \"validation_fraction\": 0.1, \"seed\": 7, \"max_seq_len\": 64}");
+  m.preempt_after = 2;
+  rank_job_t g[2];
+  for (int r = 0; r < 2; r++) {
+    g[r] = job(r, 2, "job-p/1", 60000, managed_rank);
+    g[r].arg = &m;
+  }
+  run_gang(g, 2);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(g[r].err, LT_OK, "rank %d: %s", r, g[r].errstr);
+    cr_assert_eq(m.res[1 + r].stopped, LT_TRAIN_STOP_PREEMPT, "rank %d did not stop", r);
+    cr_assert_eq(m.res[1 + r].steps, 2, "rank %d stopped after %lld steps", r, (long long)m.res[1 + r].steps);
+  }
+  cr_assert_eq(m.ckpts[1], 1, "rank 0 checkpoints the last whole step");
+  cr_assert_eq(m.res[1].last_checkpoint_step, 2);
+  cr_assert_eq(m.ckpts[2], 0, "rank 1 writes no checkpoint");
+  free(m.data);
+  lt_test_rm_rf(m.root);
 }

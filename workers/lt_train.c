@@ -428,6 +428,7 @@ typedef struct {
   int64_t step;
   lt_adamw_t opt;
   int64_t t0, last_ckpt_ms, ckpt_every_ms, tokens_total;
+  int rank, world;         /* of the gang (conf->dp); 0 and 1 alone */
 } run_t;
 
 static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
@@ -573,7 +574,7 @@ static lt_err_t start_session(run_t *r, char *errstr, size_t n) {
 /* The base model's scores: a fresh adapter has B = 0, so it computes exactly the base. */
 static lt_err_t score_base(run_t *r, char *errstr, size_t n) {
   r->eval_max = r->conf->eval_max_examples > 0 ? r->conf->eval_max_examples : 200;
-  if (r->val.n == 0) return LT_OK;
+  if (r->val.n == 0 || r->rank != 0) return LT_OK;
   lt_session_t *base = NULL;
   lt_err_t err = lt_session_new(r->eng, &r->sc, &base, errstr, n);
   if (err) return err;
@@ -633,6 +634,34 @@ static void next_examples(run_t *r, uint32_t *idx, int count) {
   }
 }
 
+/* The gang's step (lt_train_conf_t.dp): every rank's gradients summed in rank order, the count
+ * of micro-batches and of calls one executor would have, and the loss and tokens of the whole
+ * step (tokens in two exact halves: a float holds integers up to 2^24). */
+static lt_err_t gang_reduce(run_t *r, uint64_t calls0, double *loss_sum, int64_t *step_tokens, char *errstr,
+                            size_t n) {
+  size_t np;
+  float *g = lt_session_grad_buffer(r->sess, &np);
+  lt_err_t err = lt_dp_allreduce_sum(r->conf->dp, g, np, errstr, n);
+  if (err) return err;
+  float sums[3] = {(float)*loss_sum, (float)(*step_tokens >> 16), (float)(*step_tokens & 0xffff)};
+  if ((err = lt_dp_allreduce_sum(r->conf->dp, sums, 3, errstr, n))) return err;
+  *loss_sum = sums[0];
+  *step_tokens = ((int64_t)sums[1] << 16) + (int64_t)sums[2];
+  lt_session_set_call_index(r->sess, calls0 + (uint64_t)r->hp->grad_accum);
+  return lt_session_set_accum(r->sess, r->hp->grad_accum, errstr, n);
+}
+
+/* The ranks' verdict on the hooks' should_stop before a step: one rank's cancel stops all,
+ * else one rank's preemption does; so every rank stops at the same step boundary. */
+static lt_err_t gang_vote(run_t *r, lt_train_stop_t *why, char *errstr, size_t n) {
+  const lt_train_hooks_t *hooks = r->hooks;
+  lt_train_stop_t mine = hooks && hooks->should_stop ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
+  float v[2] = {mine == LT_TRAIN_STOP_CANCEL, mine == LT_TRAIN_STOP_PREEMPT};
+  lt_err_t err = lt_dp_allreduce_sum(r->conf->dp, v, 2, errstr, n);
+  *why = err ? LT_TRAIN_GO : v[0] > 0 ? LT_TRAIN_STOP_CANCEL : v[1] > 0 ? LT_TRAIN_STOP_PREEMPT : LT_TRAIN_GO;
+  return err;
+}
+
 /* The forward and backward passes of one step's micro-batches, gradients accumulated. The hooks
  * may stop it before any micro-batch (*why says why): a cancel at once, a preemption only before
  * the first, so that the step it leaves is whole. */
@@ -640,15 +669,18 @@ static lt_err_t accumulate(run_t *r, double *loss_sum, int64_t *step_tokens, lt_
                            size_t n) {
   const lt_train_hooks_t *hooks = r->hooks;
   const lt_train_conf_t *c = r->conf;
+  uint64_t calls0 = lt_session_call_index(r->sess);
   *loss_sum = 0;
   *step_tokens = 0;
   for (int micro = 0; micro < r->hp->grad_accum; micro++) {
-    *why = hooks && hooks->should_stop ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
+    *why = hooks && hooks->should_stop && !c->dp ? hooks->should_stop(hooks->ctx) : LT_TRAIN_GO;
     if (*why == LT_TRAIN_STOP_PREEMPT && micro > 0) *why = LT_TRAIN_GO;
     if (*why != LT_TRAIN_GO) return LT_OK;
     uint32_t idx[1024];
     int count = r->hp->batch_size;
     next_examples(r, idx, count);
+    if (micro % r->world != r->rank) continue; /* another rank's micro-batch */
+    if (c->dp) lt_session_set_call_index(r->sess, calls0 + (uint64_t)micro);
     int64_t micro_tokens = 0;
     int rows = batch_fill(&r->b, &r->train, idx, count, c->one_row_per_example, &micro_tokens);
     *step_tokens += micro_tokens;
@@ -662,7 +694,7 @@ static lt_err_t accumulate(run_t *r, double *loss_sum, int64_t *step_tokens, lt_
     if (err) return err;
     *loss_sum += loss;
   }
-  return LT_OK;
+  return c->dp ? gang_reduce(r, calls0, loss_sum, step_tokens, errstr, n) : LT_OK;
 }
 
 /* The step's numbers: into metrics.json and to the hooks. */
@@ -685,7 +717,9 @@ static lt_err_t train_step(run_t *r, lt_train_stop_t *why, char *errstr, size_t 
   const lt_train_hooks_t *hooks = r->hooks;
   double loss_sum;
   int64_t step_tokens;
-  lt_err_t err = accumulate(r, &loss_sum, &step_tokens, why, errstr, n);
+  lt_err_t err = r->conf->dp ? gang_vote(r, why, errstr, n) : LT_OK;
+  if (err || *why != LT_TRAIN_GO) return err;
+  err = accumulate(r, &loss_sum, &step_tokens, why, errstr, n);
   if (err || *why != LT_TRAIN_GO) return err;
   if (hooks && hooks->before_update && (err = hooks->before_update(hooks->ctx, errstr, n))) return err;
   r->opt.lr = (float)lr_at(r->hp, r->step, r->total);
@@ -720,7 +754,7 @@ static void keep_samples(run_t *r, const eval_acc_t *acc) {
 static lt_err_t evaluate(run_t *r, bool last, char *errstr, size_t n) {
   const lt_hparams_t *hp = r->hp;
   bool due = last || (hp->eval_interval > 0 && r->step % hp->eval_interval == 0);
-  if (!due || r->val.n == 0) return LT_OK;
+  if (!due || r->val.n == 0 || r->rank != 0) return LT_OK;
   eval_acc_t acc;
   const eval_acc_t *base = &r->base_acc;
   lt_err_t err = eval_split(r->sess, r->tok, &r->val, &r->vb, r->mc->vocab_size, r->eval_max, r->gen_max, &acc,
@@ -752,7 +786,7 @@ static lt_err_t maybe_checkpoint(run_t *r, bool last, char *errstr, size_t n) {
   const lt_hparams_t *hp = r->hp;
   bool by_steps = hp->checkpoint_interval > 0 && r->step % hp->checkpoint_interval == 0;
   bool by_time = r->ckpt_every_ms > 0 && lt_time_mono_ms() - r->last_ckpt_ms >= r->ckpt_every_ms;
-  if (!last && !by_steps && !by_time) return LT_OK;
+  if ((!last && !by_steps && !by_time) || r->rank != 0) return LT_OK;
   lt_err_t err = checkpoint(r, last, errstr, n);
   if (err) return err;
   r->out->last_checkpoint_step = r->step;
@@ -765,7 +799,7 @@ static lt_err_t maybe_checkpoint(run_t *r, bool last, char *errstr, size_t n) {
 static lt_err_t stop_run(run_t *r, lt_train_stop_t why, char *errstr, size_t n) {
   lt_err_t err = LT_OK;
   r->out->stopped = why;
-  if (why == LT_TRAIN_STOP_PREEMPT && r->step > 0) {
+  if (why == LT_TRAIN_STOP_PREEMPT && r->step > 0 && r->rank == 0) {
     err = checkpoint(r, false, errstr, n);
     if (!err) r->out->last_checkpoint_step = r->step;
   }
@@ -777,7 +811,14 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
                       size_t n) {
   memset(out, 0, sizeof *out);
   out->last_checkpoint_step = -1;
-  run_t r = {.conf = c, .hp = &c->hp, .hooks = hooks, .out = out};
+  run_t r = {.conf = c, .hp = &c->hp, .hooks = hooks, .out = out, .world = 1};
+  if (c->dp) {
+    r.rank = lt_dp_rank(c->dp);
+    r.world = lt_dp_world(c->dp);
+    if (c->backend && strcmp(c->backend, "cpu") != 0)
+      return lt_errf(errstr, n, LT_ERR_UNSUPPORTED, "data parallel training runs on the cpu backend only (the %s "
+                     "backend's gradients are device memory; its NCCL transport is not built)", c->backend);
+  }
   lt_err_t err = open_model(&r, errstr, n);
   if (!err) err = read_examples(&r, errstr, n);
   if (!err) err = start_session(&r, errstr, n);

@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lt_dp.h"
 #include "lt_engine.h"
 #include "lt_err.h"
 #include "lt_jobspec.h"
@@ -105,6 +106,21 @@ typedef struct lt_train_conf {
   int gen_max_tokens;           /* greedy generation budget (0: longest completion + 8) */
   int64_t checkpoint_every_ms;  /* time-based checkpoints (hp.checkpoint_interval_s if 0) */
   bool one_row_per_example;     /* no packing: bench/bench_pack's peer */
+  /* Data parallel (borrowed, NULL: one executor): this run is rank lt_dp_rank() of a gang of
+   * lt_dp_world() executors, all given the same conf (data, hp, resume state). Every rank walks
+   * the whole data order; of each step's grad_accum micro-batches, rank r runs those with
+   * micro % world == r, drawing the dropout masks one executor would draw for them
+   * (lt_session_set_call_index); the ranks sum their gradients (lt_dp_allreduce_sum, in rank
+   * order), and each applies the same update. The adapter is one executor's on the same hp:
+   * bit for bit when grad_accum == world (each rank's buffer then holds one micro-batch's
+   * gradient, and the rank-ordered sum is the one an executor accumulates), within float
+   * rounding otherwise (the additions are grouped by rank). At each step's start the ranks
+   * vote on the hooks' should_stop (one stops: all stop there, a preemption checkpointing the
+   * whole step). Rank 0 alone scores the base model, evaluates and writes checkpoints (the
+   * others' hooks never see on_eval or on_checkpoint); every rank sees on_step with the gang's
+   * loss and tokens. The cpu backend only (the TCP transport reduces host memory; on cuda the
+   * gradients are device memory and NCCL's transport is not built). */
+  lt_dp_t *dp;
 } lt_train_conf_t;
 
 typedef struct lt_train_result {

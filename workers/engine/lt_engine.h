@@ -193,6 +193,14 @@ float *lt_session_grad_buffer(lt_session_t *s, size_t *n);
 lt_err_t lt_session_set_accum(lt_session_t *s, long micro_batches, char *errstr,
                               size_t errstr_size);
 
+/* Data parallelism: the session's count of lt_forward_backward calls since it began (saved in
+ * its state), which seeds the next call's dropout masks; and setting it. A rank of a gang that
+ * runs micro-batch i of a step sets the count a single session running all of the step's
+ * micro-batches would be at (and, after the step, the count that session ends it with), so the
+ * gang draws the masks one session draws. */
+uint64_t lt_session_call_index(const lt_session_t *s);
+void lt_session_set_call_index(lt_session_t *s, uint64_t calls);
+
 /* Trainable parameter count (LoRA: adapter only). */
 size_t lt_session_num_params(const lt_session_t *s);
 

@@ -27,6 +27,10 @@ lt_err_t lt_session_set_accum(lt_session_t *s, long micro_batches, char *errstr,
   return LT_OK;
 }
 
+uint64_t lt_session_call_index(const lt_session_t *s) { return s->fb_calls; }
+
+void lt_session_set_call_index(lt_session_t *s, uint64_t calls) { s->fb_calls = calls; }
+
 void lt_session_destroy(lt_session_t *s) {
   if (!s) return;
   lt_engine_acts_free(s);

@@ -11,6 +11,7 @@
  * step. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -19,8 +20,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "lt_confine.h"
 #include "lt_dp.h"
 #include "lt_engine.h"
 #include "lt_task.h"
@@ -72,6 +75,8 @@ struct rank_job {
   int64_t ms;   /* how long the rank ran */
   float buf[1000];
   size_t n;
+  bool detach;  /* take the connections out of the handle (lt_dp_detach) into keep */
+  int keep[4], nkeep;
 };
 
 static void *rank_main(void *p) {
@@ -89,7 +94,8 @@ static void *rank_main(void *p) {
   lt_dp_t *dp = NULL;
   j->err = lt_dp_open(&c, &dp, j->errstr, sizeof j->errstr);
   if (!j->err && j->body) j->err = j->body(j, dp);
-  lt_dp_close(dp);
+  if (!j->err && j->detach) j->nkeep = lt_dp_detach(dp, j->keep);
+  else lt_dp_close(dp);
   j->ms = lt_time_mono_ms() - t0;
   return NULL;
 }
@@ -476,6 +482,73 @@ Test(dp, a_conf_with_its_own_ops_gets_the_collectives_after_the_rendezvous) {
     cr_assert_eq(g[r].buf[0], 6.0f);
   }
   cr_assert_eq(fake_calls, 4, "the fake ops saw %d calls, expected 2 per rank", fake_calls);
+}
+
+/* ---- connections handed to a confined process ------------------------------------------ */
+
+/* The worker's half in a child confined as an executor is (lt_confine_conf_from_env: a network
+ * namespace of its own where privileges allow, the seccomp filter: no socket but AF_UNIX): it adopts rank 1's connection, inherited on descriptor 3, and reduces with rank 0
+ * here. Exit status: 0 when the sum came back right; otherwise which step failed. */
+static void confined_rank1(int fd) {
+  if (dup2(fd, 3) != 3) _exit(10);
+  lt_confine_conf_t cc;
+  char report[512], e[512];
+  unsetenv("LATHE_EXECUTOR_USER");
+  if (lt_confine_conf_from_env(&cc, 1, e, sizeof e)) _exit(11);
+  if (lt_confine_apply(&cc, 3, report, sizeof report, e, sizeof e)) _exit(16);
+  if (socket(AF_INET, SOCK_STREAM, 0) >= 0) _exit(12); /* not confined: the test proves nothing */
+  lt_dp_conf_t c = {.rank = 1, .world = 2, .token = "job-c/1", .timeout_ms = 20000};
+  int in = 3;
+  lt_dp_t *dp;
+  if (lt_dp_adopt(&c, &in, 1, &dp, e, sizeof e)) _exit(13);
+  float x[3] = {1, 2, 3};
+  if (lt_dp_allreduce_sum(dp, x, 3, e, sizeof e)) _exit(14);
+  lt_dp_close(dp);
+  _exit(x[0] == 11 && x[1] == 22 && x[2] == 33 ? 0 : 15);
+}
+
+Test(dp, connections_joined_here_carry_the_collectives_of_a_confined_process, .timeout = 60) {
+  rank_job_t g[2];
+  for (int r = 0; r < 2; r++) {
+    g[r] = job(r, 2, "job-c/1", 20000, NULL);
+    g[r].detach = true;
+  }
+  run_gang(g, 2);
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(g[r].err, LT_OK, "rank %d: %s", r, g[r].errstr);
+    cr_assert_eq(g[r].nkeep, 1, "rank %d kept %d connections", r, g[r].nkeep);
+  }
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) confined_rank1(g[1].keep[0]);
+  close(g[1].keep[0]);
+  lt_dp_conf_t c = {.rank = 0, .world = 2, .token = "job-c/1", .timeout_ms = 20000};
+  lt_dp_t *dp;
+  char e[512];
+  cr_assert_eq(lt_dp_adopt(&c, g[0].keep, 1, &dp, e, sizeof e), LT_OK, "%s", e);
+  float x[3] = {10, 20, 30};
+  lt_err_t re = lt_dp_allreduce_sum(dp, x, 3, e, sizeof e);
+  lt_dp_close(dp);
+  int st = 0;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the confined rank failed at step %d", WEXITSTATUS(st));
+  cr_assert_eq(re, LT_OK, "%s", e);
+  cr_assert(x[0] == 11 && x[1] == 22 && x[2] == 33, "rank 0 got %g %g %g", x[0], x[1], x[2]);
+}
+
+Test(dp, adopting_the_wrong_number_of_connections_or_a_non_socket_is_refused) {
+  lt_dp_conf_t c = {.rank = 0, .world = 3, .token = "job-x/1", .timeout_ms = 1000};
+  int p[2];
+  cr_assert_eq(pipe(p), 0);
+  lt_dp_t *dp = NULL;
+  char e[512];
+  cr_assert_eq(lt_dp_adopt(&c, p, 1, &dp, e, sizeof e), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(e, "takes 2 connections, not 1"), "%s", e);
+  cr_assert_eq(pipe(p), 0);
+  cr_assert_eq(lt_dp_adopt(&c, p, 2, &dp, e, sizeof e), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(e, "not an open stream socket"), "%s", e);
+  cr_assert_null(dp);
+  cr_assert_eq(fcntl(p[0], F_GETFD), -1, "a refused adopt still owns (closes) its fds");
 }
 
 /* ---- the managed loop as a gang (lt_train_conf_t.dp) --------------------------------------- */

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -503,7 +504,7 @@ static const lt_dp_ops_t tcp_ops = {"tcp", tcp_allreduce_sum, tcp_barrier};
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
-static lt_err_t conf_check(const lt_dp_conf_t *c, char *errstr, size_t errstr_size) {
+static lt_err_t conf_check(const lt_dp_conf_t *c, bool adopting, char *errstr, size_t errstr_size) {
   if (c->world < 1 || c->world > LT_DP_MAX_WORLD || c->rank < 0 || c->rank >= c->world)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "dp: rank %d of world %d: expected 0 <= rank < world <= %d", c->rank, c->world,
@@ -514,16 +515,14 @@ static lt_err_t conf_check(const lt_dp_conf_t *c, char *errstr, size_t errstr_si
   if (c->timeout_ms <= 0)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "dp: timeout %d ms: expected > 0",
                    c->timeout_ms);
-  if (c->world > 1 && (!c->rendezvous || strlen(c->rendezvous) >= 256))
+  if (c->world > 1 && (!c->rendezvous || strlen(c->rendezvous) >= 256) && !adopting)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "dp: a gang of %d needs a rendezvous HOST:PORT", c->world);
   return LT_OK;
 }
 
-lt_err_t lt_dp_open(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t errstr_size) {
-  *out = NULL;
-  lt_err_t err = conf_check(c, errstr, errstr_size);
-  if (err) return err;
+/* A handle of conf c with no connection yet. */
+static lt_err_t dp_new(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t errstr_size) {
   lt_dp_t *dp = calloc(1, sizeof *dp);
   if (dp) dp->fd = malloc((size_t)c->world * sizeof *dp->fd);
   if (!dp || !dp->fd) {
@@ -535,7 +534,17 @@ lt_err_t lt_dp_open(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t e
   dp->ops_ctx = c->ops_ctx;
   dp->rank = c->rank, dp->world = c->world, dp->timeout_ms = c->timeout_ms;
   snprintf(dp->token, sizeof dp->token, "%s", c->token);
-  snprintf(dp->where, sizeof dp->where, "%s", c->rendezvous ? c->rendezvous : "-");
+  snprintf(dp->where, sizeof dp->where, "%s", c->rendezvous ? c->rendezvous : "adopted connections");
+  *out = dp;
+  return LT_OK;
+}
+
+lt_err_t lt_dp_open(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t errstr_size) {
+  *out = NULL;
+  lt_err_t err = conf_check(c, false, errstr, errstr_size);
+  lt_dp_t *dp = NULL;
+  if (!err) err = dp_new(c, &dp, errstr, errstr_size);
+  if (err) return err;
   int64_t deadline = lt_time_mono_ms() + c->timeout_ms;
   if (c->world > 1 && c->rank == 0) {
     int lfd = -1;
@@ -561,6 +570,55 @@ lt_err_t lt_dp_allreduce_sum(lt_dp_t *dp, float *buf, size_t n, char *errstr,
 
 lt_err_t lt_dp_barrier(lt_dp_t *dp, char *errstr, size_t errstr_size) {
   return dp->ops->barrier(dp, errstr, errstr_size);
+}
+
+int lt_dp_peer_count(const lt_dp_t *dp) { return dp->world == 1 ? 0 : dp->rank == 0 ? dp->world - 1 : 1; }
+
+int lt_dp_detach(lt_dp_t *dp, int *fds) {
+  int n = lt_dp_peer_count(dp);
+  if (dp->broken) {
+    lt_dp_close(dp);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    int r = dp->rank == 0 ? i + 1 : 0;
+    fds[i] = dp->fd[r];
+    dp->fd[r] = -1;
+  }
+  lt_dp_close(dp);
+  return n;
+}
+
+lt_err_t lt_dp_adopt(const lt_dp_conf_t *c, const int *fds, int nfds, lt_dp_t **out, char *errstr,
+                     size_t errstr_size) {
+  *out = NULL;
+  lt_err_t err = conf_check(c, true, errstr, errstr_size);
+  lt_dp_t *dp = NULL;
+  if (!err) err = dp_new(c, &dp, errstr, errstr_size);
+  int want = c->world == 1 ? 0 : c->rank == 0 ? c->world - 1 : 1;
+  if (!err && nfds != want)
+    err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "dp: adopt: rank %d of %d takes %d connections, not %d",
+                  c->rank, c->world, want, nfds);
+  for (int i = 0; i < nfds; i++) {
+    int type = 0;
+    socklen_t tl = sizeof type;
+    if (!err && (getsockopt(fds[i], SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM))
+      err = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "dp: adopt: fds[%d] = %d is not an open stream socket",
+                    i, fds[i]);
+    if (dp && i < want) dp->fd[c->rank == 0 ? i + 1 : 0] = fds[i];
+    else close(fds[i]);
+  }
+  for (int i = 0; !err && i < nfds; i++) {
+    int fl = fcntl(fds[i], F_GETFL);
+    if (fl < 0 || fcntl(fds[i], F_SETFL, fl | O_NONBLOCK) != 0)
+      err = lt_errf(errstr, errstr_size, LT_ERR_IO, "dp: adopt: fds[%d]: cannot make it non-blocking", i);
+  }
+  if (err) {
+    lt_dp_close(dp);
+    return err;
+  }
+  *out = dp;
+  return LT_OK;
 }
 
 int lt_dp_rank(const lt_dp_t *dp) { return dp->rank; }

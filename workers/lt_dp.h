@@ -100,6 +100,26 @@ lt_err_t lt_dp_allreduce_sum(lt_dp_t *dp, float *buf, size_t n, char *errstr,
 /* Returns once every rank has entered it (an all-reduce of nothing). */
 lt_err_t lt_dp_barrier(lt_dp_t *dp, char *errstr, size_t errstr_size);
 
+/* The gang's connections outlive the process that made them: a worker (which may use the network)
+ * joins the gang with lt_dp_open, takes the connections out with lt_dp_detach, and hands them to
+ * its executor as inherited descriptors; the executor, confined with no network of its own
+ * (lt_confine.h: no socket but AF_UNIX), takes them up with lt_dp_adopt and runs the collectives
+ * on them. The connections are already verified (the hello checked world size, rank and token).
+ *
+ * lt_dp_detach: writes the handle's connections into fds and frees the handle without closing
+ * them; the caller owns them. Rank 0 gets world - 1 of them (fds[r - 1] is rank r's), every
+ * other rank one (rank 0's). Returns how many; -1 for a broken handle (its connections are shut:
+ * nothing worth handing on), which is freed and closed. lt_dp_peer_count says how many first. */
+int lt_dp_peer_count(const lt_dp_t *dp);
+int lt_dp_detach(lt_dp_t *dp, int *fds);
+/* The handle of a rank over connections from lt_dp_detach of the same rank (conf: rank, world,
+ * token, timeout_ms, ops; rendezvous is not used and may be NULL). The handle owns the fds from
+ * then on, even on failure (closed). Both ends of a connection must adopt before their first
+ * collective: the collectives' sequence numbers start again at 0. LT_ERR_INVALID naming the
+ * field for a conf lt_dp_open would refuse, or an fd that is not an open stream socket. */
+lt_err_t lt_dp_adopt(const lt_dp_conf_t *conf, const int *fds, int nfds, lt_dp_t **out, char *errstr,
+                     size_t errstr_size);
+
 int lt_dp_rank(const lt_dp_t *dp);
 int lt_dp_world(const lt_dp_t *dp);
 

@@ -195,6 +195,7 @@ void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
   t->queued_gpus_c[c] += j->gpus;
   s->queued++;
   s->queued_c[c]++;
+  s->queued_by_gpus[j->gpus]++;
   sched_tenant_refresh(s, j->tenant, c);
 }
 
@@ -213,6 +214,7 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
   t->queued_gpus_c[c] -= j->gpus;
   s->queued--;
   s->queued_c[c]--;
+  s->queued_by_gpus[j->gpus]--;
   j->state = JS_FREE;
   sched_tenant_refresh(s, j->tenant, c);
 }
@@ -317,7 +319,10 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
   s->slots_used += j->gpus;
   s->running++;
   s->dispatches++;
-  if (cold) s->cold_loads++;
+  if (cold) {
+    s->cold_loads++;
+    t->cold_c[j->cls]++;
+  }
   if (t->max_duration > 0 && now + t->max_duration < s->next_deadline)
     s->next_deadline = now + t->max_duration;
   sched_tenant_refresh_all(s, j->tenant);

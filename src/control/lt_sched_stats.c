@@ -1,0 +1,86 @@
+/* lt_sched_stats: what operators see of the policy beyond its counters (lt_sched.h,
+ * visibility) — GPU-seconds and cold loads per tenant and class, idle-but-reserved slot time
+ * and fragmentation. Like the rest of lt_sched: pure, no clock (now comes in), no allocation.
+ *
+ * Reserved idle time is integrated here rather than sampled by the caller, so the scheduler
+ * daemon and the simulator report the same figure for the same calls: every event and decide
+ * call that takes now first adds (free slots on reserved workers) x (now - the last call), a
+ * value that only changes inside those calls. */
+#include "lt_sched_int.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+/* Free slots now on up workers reserved for a waiting job; *workers_out: how many such workers. */
+static uint32_t held_free(const lt_sched_t *s, uint32_t *workers_out) {
+  uint32_t held = 0, n = 0;
+  if (s->nreserved > 0)
+    for (uint32_t w = 0; w < s->nworkers; w++) {
+      const worker_t *wk = &s->workers[w];
+      if (!wk->up || wk->reserved_job == NIL) continue;
+      held += wk->free_slots;
+      n++;
+    }
+  if (workers_out) *workers_out = n;
+  return held;
+}
+
+void sched_stats_advance(lt_sched_t *s, double now) {
+  if (!(now > s->idle_at)) return;
+  if (s->nreserved > 0) s->idle_reserved_s += held_free(s, NULL) * (now - s->idle_at);
+  s->idle_at = now;
+}
+
+void sched_stats_ran(lt_sched_t *s, uint32_t jx, double now) {
+  const job_t *j = &s->jobs[jx];
+  assert(j->state == JS_RUNNING);
+  if (now > j->start) s->tenants[j->tenant].gpu_s_c[j->cls] += j->gpus * (now - j->start);
+}
+
+size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t *out,
+                              size_t cap) {
+  for (uint32_t t = 0; t < s->ntenants && t < cap; t++) {
+    const tenant_t *tt = &s->tenants[t];
+    out[t].tenant_id = tt->id;
+    memcpy(out[t].gpu_seconds, tt->gpu_s_c, sizeof out[t].gpu_seconds);
+    memcpy(out[t].cold_loads, tt->cold_c, sizeof out[t].cold_loads);
+  }
+  for (uint32_t w = 0; w < s->nworkers; w++) {
+    if (!s->workers[w].up) continue;
+    for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {
+      const job_t *j = &s->jobs[jx];
+      if (j->tenant < cap && now > j->start)
+        out[j->tenant].gpu_seconds[j->cls] += j->gpus * (now - j->start);
+    }
+  }
+  return s->ntenants;
+}
+
+uint32_t lt_sched_smallest_queued(const lt_sched_t *s) {
+  if (s->queued == 0) return 0;
+  for (uint32_t g = 1; g <= LT_SCHED_MAX_WORKER_SLOTS; g++)
+    if (s->queued_by_gpus[g]) return g;
+  assert(!"queued jobs but no GPU count"); /* queued_by_gpus sums to queued */
+  return 0;
+}
+
+uint32_t lt_sched_fragmented_slots(const lt_sched_t *s) {
+  uint32_t g = lt_sched_smallest_queued(s), frag = 0;
+  if (g <= 1) return 0; /* nothing waits, or every free slot fits a 1-GPU job */
+  for (uint32_t w = 0; w < s->nworkers; w++) {
+    const worker_t *wk = &s->workers[w];
+    if (wk->up && wk->reserved_job == NIL && wk->free_slots < g) frag += wk->free_slots;
+  }
+  return frag;
+}
+
+double lt_sched_reserved_idle_slot_s(const lt_sched_t *s, double now) {
+  double total = s->idle_reserved_s;
+  if (now > s->idle_at && s->nreserved > 0) total += held_free(s, NULL) * (now - s->idle_at);
+  return total;
+}
+
+uint32_t lt_sched_reserved_idle_slots(const lt_sched_t *s, uint32_t *workers_out) {
+  return held_free(s, workers_out);
+}

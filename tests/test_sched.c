@@ -913,6 +913,21 @@ Test(sched, gpu_seconds_and_cold_loads_are_counted_per_tenant_and_class) {
   cr_assert_eq(lt_sched_decide(s, 5000, d, 8), 2);
   lt_sched_tenants_usage(s, 5000, u, 4);
   cr_assert_eq(usage_of(u, 2, 1)->cold_loads[LT_CLASS_STANDARD], 1);
+  /* waits: tenant 1's two jobs started at once; tenant 2's job at 0 s, then 3190 s after its
+   * requeue (between the 1800 s and 3600 s bounds) */
+  const lt_sched_usage_t *u1 = usage_of(u, 2, 1), *u2 = usage_of(u, 2, 2);
+  cr_assert_eq(u1->waits[LT_CLASS_STANDARD], 2);
+  cr_assert_eq(u1->wait_le[LT_CLASS_STANDARD][0], 2, "both <= 1 s");
+  cr_assert_eq(u2->waits[LT_CLASS_PREEMPTIBLE], 2);
+  cr_assert_float_eq(u2->wait_sum_s[LT_CLASS_PREEMPTIBLE], 3190, 1e-9);
+  cr_assert_eq(lt_sched_wait_bounds_s[6], 1800);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][6], 1);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][7], 2);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][LT_SCHED_WAIT_BUCKETS - 1], 2);
+  cr_assert(u2->wait_p99_s[LT_CLASS_PREEMPTIBLE] > 3190 / 1.15 &&
+            u2->wait_p99_s[LT_CLASS_PREEMPTIBLE] < 3190 * 1.15, "p99 %g",
+            u2->wait_p99_s[LT_CLASS_PREEMPTIBLE]);
+  cr_assert_eq(u2->waits[LT_CLASS_STANDARD], 0, "tenant 2 ran nothing standard");
   lt_sched_counters_t c;
   lt_sched_counters(s, &c);
   cr_assert_eq(c.cold_loads, 1);

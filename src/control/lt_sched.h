@@ -246,13 +246,24 @@ size_t lt_sched_tenants_stats(lt_sched_t *s, lt_job_class_t cls, lt_sched_tenant
  * slots. 1 when fair (or when no tenant has demand). */
 double lt_sched_jain(lt_sched_t *s, lt_job_class_t cls);
 
-/* What each tenant's jobs used, per class of the job: GPU-seconds run (every ended attempt,
- * from its start to its end, plus the running ones up to now) and cold loads (dispatches whose
- * worker did not hold the job's base model). */
+/* Upper bounds, in seconds, of the buckets of lt_sched_usage_t's wait histograms (Prometheus
+ * `le`); the last is INFINITY. */
+#define LT_SCHED_WAIT_BUCKETS 12
+extern const double lt_sched_wait_bounds_s[LT_SCHED_WAIT_BUCKETS];
+
+/* What each tenant's jobs used and waited, per class of the job: GPU-seconds run (every ended
+ * attempt, from its start to its end, plus the running ones up to now), cold loads (dispatches
+ * whose worker did not hold the job's base model), and the waits of its dispatches (each from
+ * the job's last (re)queueing): how many, their sum, a cumulative histogram (wait_le[c][b]:
+ * waits <= lt_sched_wait_bounds_s[b]) and quantiles (log buckets, within ~12%). */
 typedef struct lt_sched_usage {
   uint64_t tenant_id;
   double gpu_seconds[LT_CLASS__COUNT];
   uint64_t cold_loads[LT_CLASS__COUNT];
+  uint64_t waits[LT_CLASS__COUNT];
+  double wait_sum_s[LT_CLASS__COUNT];
+  uint64_t wait_le[LT_CLASS__COUNT][LT_SCHED_WAIT_BUCKETS];
+  double wait_p50_s[LT_CLASS__COUNT], wait_p99_s[LT_CLASS__COUNT];
 } lt_sched_usage_t;
 
 /* One row per known tenant, in tenant-table order (row i is tenant-table entry i); writes at

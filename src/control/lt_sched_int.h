@@ -75,6 +75,11 @@ typedef struct tenant {
    * up to now when asked) and how many of their dispatches loaded the base model */
   double gpu_s_c[LT_CLASS__COUNT];
   uint64_t cold_c[LT_CLASS__COUNT];
+  /* and the waits of its dispatches per class: log buckets as hist, exact counts per
+   * lt_sched_wait_bounds_s bucket (not cumulative), their sum */
+  uint32_t hist_c[LT_CLASS__COUNT][NHIST];
+  uint64_t wait_n_c[LT_CLASS__COUNT][LT_SCHED_WAIT_BUCKETS];
+  double wait_sum_c[LT_CLASS__COUNT];
 } tenant_t;
 
 typedef struct worker {
@@ -155,6 +160,8 @@ void sched_stats_advance(lt_sched_t *s, double now);
 /* lt_sched_stats.c: running job jx stops at now (finished, requeued, its worker down): what it
  * ran since its start counts as its tenant's GPU-seconds. */
 void sched_stats_ran(lt_sched_t *s, uint32_t jx, double now);
+/* lt_sched_stats.c: queued job jx is dispatched after waiting `waited` s (log bucket hb). */
+void sched_stats_waited(lt_sched_t *s, uint32_t jx, double waited, uint32_t hb);
 /* lt_sched_las.c: lt_sched_decide() for LT_SCHED_POLICY_LAS, and its next timer. */
 size_t sched_las_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
 double sched_las_next_timer(const lt_sched_t *s, double now);

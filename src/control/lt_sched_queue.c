@@ -315,6 +315,7 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
   t->run_mem_c[j->cls] += j->mem;
   t->dispatched++;
   t->hist[hist_bucket(waited)]++;
+  sched_stats_waited(s, jx, waited, hist_bucket(waited));
   s->used_c[j->cls] += j->gpus;
   s->slots_used += j->gpus;
   s->running++;

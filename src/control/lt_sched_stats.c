@@ -38,14 +38,38 @@ void sched_stats_ran(lt_sched_t *s, uint32_t jx, double now) {
   if (now > j->start) s->tenants[j->tenant].gpu_s_c[j->cls] += j->gpus * (now - j->start);
 }
 
+const double lt_sched_wait_bounds_s[LT_SCHED_WAIT_BUCKETS] = {
+    1, 5, 15, 60, 300, 900, 1800, 3600, 3 * 3600, 12 * 3600, 86400, INFINITY};
+
+void sched_stats_waited(lt_sched_t *s, uint32_t jx, double waited, uint32_t hb) {
+  const job_t *j = &s->jobs[jx];
+  tenant_t *t = &s->tenants[j->tenant];
+  uint32_t b = 0;
+  while (b < LT_SCHED_WAIT_BUCKETS - 1 && !(waited <= lt_sched_wait_bounds_s[b])) b++;
+  t->wait_n_c[j->cls][b]++;
+  t->wait_sum_c[j->cls] += waited > 0 ? waited : 0;
+  t->hist_c[j->cls][hb]++;
+}
+
+/* Row t of lt_sched_tenants_usage() from tenant t's counters (the running jobs come after). */
+static void usage_row(const tenant_t *tt, lt_sched_usage_t *u) {
+  memset(u, 0, sizeof *u);
+  u->tenant_id = tt->id;
+  memcpy(u->gpu_seconds, tt->gpu_s_c, sizeof u->gpu_seconds);
+  memcpy(u->cold_loads, tt->cold_c, sizeof u->cold_loads);
+  for (int c = 0; c < LT_CLASS__COUNT; c++) {
+    uint64_t n = 0;
+    for (int b = 0; b < LT_SCHED_WAIT_BUCKETS; b++) u->wait_le[c][b] = n += tt->wait_n_c[c][b];
+    u->waits[c] = n;
+    u->wait_sum_s[c] = tt->wait_sum_c[c];
+    u->wait_p50_s[c] = sched_hist_quantile(tt->hist_c[c], n, 0.5);
+    u->wait_p99_s[c] = sched_hist_quantile(tt->hist_c[c], n, 0.99);
+  }
+}
+
 size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t *out,
                               size_t cap) {
-  for (uint32_t t = 0; t < s->ntenants && t < cap; t++) {
-    const tenant_t *tt = &s->tenants[t];
-    out[t].tenant_id = tt->id;
-    memcpy(out[t].gpu_seconds, tt->gpu_s_c, sizeof out[t].gpu_seconds);
-    memcpy(out[t].cold_loads, tt->cold_c, sizeof out[t].cold_loads);
-  }
+  for (uint32_t t = 0; t < s->ntenants && t < cap; t++) usage_row(&s->tenants[t], &out[t]);
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!s->workers[w].up) continue;
     for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {

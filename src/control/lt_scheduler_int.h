@@ -105,6 +105,9 @@ struct lt_scheduler {
   out_rec_t *out;
   size_t nout, capout;
   bool offsets_dirty;
+  /* the operator endpoint (lt_scheduler_ops.c) */
+  struct evhttp *ops_http;
+  uint16_t ops_port;
 };
 
 /* ---- lt_scheduler.c ------------------------------------------------------------------------- */
@@ -120,6 +123,12 @@ lt_err_t scheduler_emit(lt_scheduler_t *s, int topic, const char *key, const voi
                         size_t key_len, lt_avro_record_t *rec);
 /* Writes the batch and the fold's offsets in one transaction; a failure ends the term. */
 void scheduler_flush(lt_scheduler_t *s);
+
+/* ---- lt_scheduler_ops.c --------------------------------------------------------------------- */
+
+/* Opens the operator endpoint when conf.operator_bind_addr is set; closes it (NULL is fine). */
+lt_err_t scheduler_ops_open(lt_scheduler_t *s, char *errstr, size_t n);
+void scheduler_ops_close(lt_scheduler_t *s);
 
 /* ---- lt_scheduler_decide.c ------------------------------------------------------------------ */
 

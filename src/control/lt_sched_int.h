@@ -1,6 +1,7 @@
-/* lt_sched_int.h: the policy's private tables, shared by its three files and nothing else:
+/* lt_sched_int.h: the policy's private tables, shared by its files and nothing else:
  * lt_sched.c (lifecycle, events, visibility), lt_sched_queue.c (queues, fair-share heaps, what a
- * running job books) and lt_sched_decide.c (the decisions).
+ * running job books), lt_sched_decide.c (the decisions), lt_sched_las.c (the LAS peer) and
+ * lt_sched_stats.c (usage, reserved idle slots, fragmentation).
  *
  * Data layout, all sized once at lt_sched_new():
  *   - a job pool with intrusive links: each queued job sits on its tenant's per-class FIFO and

@@ -1,5 +1,6 @@
-/* lt_scheduler_int.h: what lt_scheduler.c (leadership, membership, the fold feed, transactions)
- * and lt_scheduler_decide.c (validation, lt_sched bookkeeping, decisions, record writing) share:
+/* lt_scheduler_int.h: what lt_scheduler.c (leadership, membership, the fold feed, transactions),
+ * lt_scheduler_decide.c (validation, lt_sched bookkeeping, decisions, record writing) and
+ * lt_scheduler_ops.c (the operator endpoint) share:
  * the scheduler's struct, its per-job and per-worker tables, and the functions that cross. */
 #ifndef LT_SCHEDULER_INT_H
 #define LT_SCHEDULER_INT_H

@@ -42,6 +42,9 @@
  * QUEUED) and, when leading starts, the jobs already running on each live worker. Job memory is
  * not known before a run, so jobs ask for 0 bytes and memory never constrains placement yet.
  *
+ * Operators see the leader's policy through its operator endpoint (conf.operator_bind_addr:
+ * /metrics and /v1/admin/queue, lt_scheduler_ops.c; `lathe admin queue`).
+ *
  * Threads: everything runs on the caller's event_base thread. The process must call
  * evthread_use_pthreads() before creating the event_base. */
 #ifndef LT_SCHEDULER_H

@@ -16,7 +16,6 @@
 #include <arpa/inet.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,7 +283,7 @@ lt_err_t scheduler_ops_open(lt_scheduler_t *s, char *errstr, size_t n) {
   if (!addr) return LT_OK;
   if (!(s->ops_http = evhttp_new(s->base))) return lt_errf(errstr, n, LT_ERR_NOMEM, "evhttp_new failed");
   evhttp_set_timeout(s->ops_http, 30);
-  evhttp_set_allowed_methods(s->ops_http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+  evhttp_set_allowed_methods(s->ops_http, EVHTTP_REQ_GET);
   evhttp_set_gencb(s->ops_http, on_request, s);
   struct evhttp_bound_socket *b = evhttp_bind_socket_with_handle(s->ops_http, addr, s->conf.operator_port);
   if (!b)

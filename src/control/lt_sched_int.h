@@ -151,12 +151,14 @@ struct lt_sched {
    * for the smallest waiting gang */
   double idle_reserved_s, idle_at;
   uint32_t queued_by_gpus[LT_SCHED_MAX_WORKER_SLOTS + 1];
+  uint32_t reserved_free; /* free slots on reserved workers now (lt_sched_queue.c keeps it) */
 };
 
 /* lt_sched.c: the threshold crossings of job jx, (re)queued at now, into the timer heap. */
 void sched_timers_push(lt_sched_t *s, uint32_t jx, double now);
-/* lt_sched_stats.c: integrates the slots held free on reserved workers from the last call up to
- * now (before anything at now changes them); a now earlier than the last is ignored. */
+/* lt_sched_stats.c: integrates the slots held free on reserved workers (reserved_free) from the
+ * last call up to now (before anything at now changes them); a now earlier than the last is
+ * ignored. With cfg.check_invariants, asserts that reserved_free matches the workers. */
 void sched_stats_advance(lt_sched_t *s, double now);
 /* lt_sched_stats.c: running job jx stops at now (finished, requeued, its worker down): what it
  * ran since its start counts as its tenant's GPU-seconds. */

@@ -15,6 +15,7 @@ void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx) {
   s->workers[w].reserved_job = jx;
   s->jobs[jx].reserved = w;
   s->nreserved++;
+  s->reserved_free += s->workers[w].free_slots;
 }
 
 void sched_unreserve(lt_sched_t *s, uint32_t w) {
@@ -23,6 +24,7 @@ void sched_unreserve(lt_sched_t *s, uint32_t w) {
   s->jobs[jx].reserved = NIL;
   s->workers[w].reserved_job = NIL;
   s->nreserved--;
+  s->reserved_free -= s->workers[w].free_slots;
 }
 
 static uint32_t hist_bucket(double w) {
@@ -224,6 +226,7 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
 static void worker_set_free(lt_sched_t *s, uint32_t w, uint32_t free_slots) {
   worker_t *wk = &s->workers[w];
   if (wk->up) bm_clr(free_bm(s, wk->free_slots), w);
+  if (wk->reserved_job != NIL) s->reserved_free = s->reserved_free - wk->free_slots + free_slots;
   wk->free_slots = free_slots;
   if (wk->up) bm_set(free_bm(s, free_slots), w);
 }

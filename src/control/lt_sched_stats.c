@@ -5,14 +5,17 @@
  * Reserved idle time is integrated here rather than sampled by the caller, so the scheduler
  * daemon and the simulator report the same figure for the same calls: every event and decide
  * call that takes now first adds (free slots on reserved workers) x (now - the last call), a
- * value that only changes inside those calls. */
+ * value that only changes inside those calls (kept as a running sum, reserved_free, so an event
+ * costs O(1) here). */
 #include "lt_sched_int.h"
 
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 
-/* Free slots now on up workers reserved for a waiting job; *workers_out: how many such workers. */
+/* Free slots now on up workers reserved for a waiting job, counted (lt_sched_queue.c keeps the
+ * same sum in reserved_free as slots and reservations change); *workers_out: how many such
+ * workers. O(workers): for visibility and the invariant check only. */
 static uint32_t held_free(const lt_sched_t *s, uint32_t *workers_out) {
   uint32_t held = 0, n = 0;
   if (s->nreserved > 0)
@@ -27,9 +30,10 @@ static uint32_t held_free(const lt_sched_t *s, uint32_t *workers_out) {
 }
 
 void sched_stats_advance(lt_sched_t *s, double now) {
+  assert(!s->cfg.check_invariants || s->reserved_free == held_free(s, NULL));
   if (!(now > s->idle_at)) return;
-  if (s->nreserved > 0) s->idle_reserved_s += held_free(s, NULL) * (now - s->idle_at);
-  s->idle_at = now;
+  if (s->reserved_free) s->idle_reserved_s += s->reserved_free * (now - s->idle_at);
+  s->idle_at = now; /* from -INFINITY at the first call, when nothing can be reserved yet */
 }
 
 void sched_stats_ran(lt_sched_t *s, uint32_t jx, double now) {
@@ -101,7 +105,7 @@ uint32_t lt_sched_fragmented_slots(const lt_sched_t *s) {
 
 double lt_sched_reserved_idle_slot_s(const lt_sched_t *s, double now) {
   double total = s->idle_reserved_s;
-  if (now > s->idle_at && s->nreserved > 0) total += held_free(s, NULL) * (now - s->idle_at);
+  if (now > s->idle_at && s->reserved_free) total += s->reserved_free * (now - s->idle_at);
   return total;
 }
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -54,6 +55,20 @@ def heartbeat(lathe, env, worker, seq, models=(), draining=False):
         fail(f"lathe topic produce workers WorkerHeartbeat exited {p.returncode}: {p.stderr.strip()}")
 
 
+def wait_ready(healthz, timeout=90):
+    """Until the API has read the log (/healthz answers 200 rather than 503 "starting")."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(healthz, timeout=10) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    fail(f"the API was not ready within {timeout} s ({healthz})")
+
+
 def queue(lathe, env, url):
     return json.loads(run([lathe, "admin", "queue", "--url", url, "--json"], env, "lathe admin queue --json"))
 
@@ -76,10 +91,19 @@ def row(q, tenant, cls):
 
 
 def submit(lathe, env, key, ds, *sets):
+    """Submits a job; retried while the API has not yet folded the heartbeat that lists the model
+    (the two heartbeats are keyed apart, so they may be folded in either order)."""
     args = [lathe, "jobs", "submit", "--model", "lathe-tiny", "--dataset", ds, "--json"]
     for s in sets:
         args += ["--set", s] if "=" in s else ["--priority", s]
-    return json.loads(run(args, dict(env, LATHE_API_KEY=key), "lathe jobs submit"))["id"]
+    deadline = time.time() + 30
+    while True:
+        p = subprocess.run(args, env=dict(env, LATHE_API_KEY=key), capture_output=True, text=True, timeout=60)
+        if p.returncode == 0:
+            return json.loads(p.stdout)["id"]
+        if "is not served here" not in p.stderr or time.time() > deadline:
+            fail(f"lathe jobs submit exited {p.returncode}: {p.stderr.strip()}")
+        time.sleep(0.3)
 
 
 def scenario(lathe, env, api_url, url, ta, tb, keys, tmp):
@@ -95,7 +119,8 @@ def scenario(lathe, env, api_url, url, ta, tb, keys, tmp):
     ds = {}
     for t in (ta, tb):
         e = dict(env, LATHE_API_KEY=keys[t])
-        ds[t] = json.loads(run([lathe, "datasets", "upload", path, "--name", "d", "--json"], e, "datasets upload"))["id"]
+        up = run([lathe, "datasets", "upload", path, "--name", "d", "--json"], e, "datasets upload")
+        ds[t] = json.loads(up)["id"]
     submit(lathe, env, keys[ta], ds[ta], "standard")
     submit(lathe, env, keys[ta], ds[ta], "standard")
     submit(lathe, env, keys[tb], ds[tb], "preemptible")
@@ -152,14 +177,17 @@ def main():
         ta, tb = f"qa{run_id}", f"qb{run_id}"
         keys = {t: json.loads(run([lathe, "admin", "tenant", "create", t, "--json"], env, "tenant create"))["api_key"]
                 for t in (ta, tb)}
-        api = Child("api", [lathed, "--role", "api", "--port", "0", "--operator-port", "0"], dict(env, LATHE_INSTANCE="qapi"))
+        api = Child("api", [lathed, "--role", "api", "--port", "0", "--operator-port", "0"],
+                    dict(env, LATHE_INSTANCE="qapi"))
         sched = Child("scheduler", [lathed, "--role", "scheduler", "--scheduler-port", "0"],
                       dict(env, LATHE_INSTANCE="qsched"))
         kids += [api, sched]
         port = int(api.wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 90).group(1))
+        ops = int(api.wait_for(r"api operator endpoints .* at http://127\.0\.0\.1:(\d+)", 90).group(1))
         sport = int(sched.wait_for(r"scheduler operator endpoints .* at http://127\.0\.0\.1:(\d+)", 90).group(1))
         sched.wait_for(r"scheduler: leading \(", 90)
         api_url, url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{sport}"
+        wait_ready(f"http://127.0.0.1:{ops}/healthz")
         env["LATHE_API_URL"] = api_url
         try:
             scenario(lathe, env, api_url, url, ta, tb, keys, tmp)

@@ -128,7 +128,8 @@ pol = {p["policy"]: p for p in d["policies"]}
 for name, p in pol.items():
     rows = {r["tenant"]: r for r in p["rows"]}
     if p["makespan_s"] != 1160 or abs(p["gpu_hours"] - 1460 / 3600) > 1e-4 or \
-            abs(rows["a"]["gpu_hours"] - 1060 / 3600) > 1e-4 or rows["a"]["cold_loads"] != 1 or rows["b"]["cold_loads"] != 0:
+            abs(rows["a"]["gpu_hours"] - 1060 / 3600) > 1e-4 or \
+            rows["a"]["cold_loads"] != 1 or rows["b"]["cold_loads"] != 0:
         sys.exit(f"sim_json: gang trace {name}: GPU-hours or cold loads wrong: {p}")
     idle = p["reserved_idle_slot_hours"] * 3600 + p["fragmented_slots_mean"] * 1160
     if abs(idle - 3 * 1060) > 0.5:

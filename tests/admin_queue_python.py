@@ -179,8 +179,9 @@ def main():
                 for t in (ta, tb)}
         api = Child("api", [lathed, "--role", "api", "--port", "0", "--operator-port", "0"],
                     dict(env, LATHE_INSTANCE="qapi"))
+        # long leases: the heartbeat worker never renews, and its jobs never start
         sched = Child("scheduler", [lathed, "--role", "scheduler", "--scheduler-port", "0"],
-                      dict(env, LATHE_INSTANCE="qsched"))
+                      dict(env, LATHE_INSTANCE="qsched", LATHE_LEASE_MS="600000", LATHE_START_TIMEOUT_MS="600000"))
         kids += [api, sched]
         port = int(api.wait_for(r"listening on http://127\.0\.0\.1:(\d+)", 90).group(1))
         ops = int(api.wait_for(r"api operator endpoints .* at http://127\.0\.0\.1:(\d+)", 90).group(1))

@@ -31,9 +31,24 @@ if d["jobs"] <= 0 or not pol["lathe"]["rows"]:
     sys.exit("sim_json: no jobs or no rows")
 for p in pol.values():
     for row in p["rows"]:
-        for k in ("tenant", "class", "weight", "jobs", "wait_p50_s", "wait_p99_s", "share", "entitlement"):
+        for k in ("tenant", "class", "weight", "jobs", "wait_p50_s", "wait_p99_s", "share", "entitlement",
+                  "gpu_hours", "cold_loads"):
             if k not in row:
                 sys.exit(f"sim_json: row without {k}: {row}")
+    for k in ("gpu_hours", "reserved_idle_slot_hours", "fragmented_slots_mean"):
+        if k not in p:
+            sys.exit(f"sim_json: {p['policy']} without {k}")
+    if sum(r["cold_loads"] for r in p["rows"]) != p["cold_loads"]:
+        sys.exit(f"sim_json: {p['policy']}: the rows' cold loads do not add up to {p['cold_loads']}")
+    # heavy.csv: 1-GPU jobs, never preempted under these policies, so each ran its duration plus
+    # the 60 s cold load when its worker lacked the model
+    with open(trace) as f:
+        work = sum(int(x["gpus"]) * float(x["duration_s"]) for x in csv.DictReader(f))
+    want = (work + 60 * p["cold_loads"]) / 3600
+    if p["preemptions"] == 0 and abs(p["gpu_hours"] - want) > 1e-3:
+        sys.exit(f"sim_json: {p['policy']}: {p['gpu_hours']} GPU-hours, wanted {want}")
+    if abs(sum(r["gpu_hours"] for r in p["rows"]) - p["gpu_hours"]) > 1e-3:
+        sys.exit(f"sim_json: {p['policy']}: the rows' GPU-hours do not add up")
 jl, jf = pol["lathe"]["jain"]["standard"], pol["fifo"]["jain"]["standard"]
 if not jl > jf + 0.1:
     sys.exit(f"sim_json: Jain (standard) lathe {jl} is not above fifo {jf} + 0.1")
@@ -103,6 +118,24 @@ d = sim(trace("big.csv", ["0,a,standard,1,60,m", "1,a,standard,16,60,m", "2,a,st
 for p in d["policies"]:
     if p["refused_by_size"] != 1 or p["refused_first_line"] != 3 or p["completed"] != 2:
         sys.exit(f"sim_json: a 16-GPU job on 8-slot workers: {p['policy']} {p}")
+
+# fragmentation and reserved idle slots, on one 4-slot worker: a's 1-GPU job runs 1000 s after a
+# 60 s cold load, b's 4-GPU gang waits behind it with 3 slots free for 1060 s, then runs 100 s.
+# FIFO leaves the 3 slots fragmented all along; Lathe reserves the worker for the gang at some
+# point, and from then on they are reserved idle instead: the two add up to 3 x 1060 slot-s.
+d = sim(trace("gang.csv", ["0,a,standard,1,1000,m", "0,b,standard,4,100,m"]), "--workers", "1", "--slots", "4")
+pol = {p["policy"]: p for p in d["policies"]}
+for name, p in pol.items():
+    rows = {r["tenant"]: r for r in p["rows"]}
+    if p["makespan_s"] != 1160 or abs(p["gpu_hours"] - 1460 / 3600) > 1e-4 or \
+            abs(rows["a"]["gpu_hours"] - 1060 / 3600) > 1e-4 or \
+            rows["a"]["cold_loads"] != 1 or rows["b"]["cold_loads"] != 0:
+        sys.exit(f"sim_json: gang trace {name}: GPU-hours or cold loads wrong: {p}")
+    idle = p["reserved_idle_slot_hours"] * 3600 + p["fragmented_slots_mean"] * 1160
+    if abs(idle - 3 * 1060) > 0.5:
+        sys.exit(f"sim_json: gang trace {name}: reserved idle + fragmented = {idle} slot-s, wanted 3180")
+if pol["fifo"]["reserved_idle_slot_hours"] != 0 or pol["lathe"]["reserved_idle_slot_hours"] <= 0:
+    sys.exit(f"sim_json: gang trace: FIFO reserves nothing, Lathe reserves the worker: {pol}")
 
 # an out-of-order line is refused, naming it
 r = sim(trace("order.csv", ["10,a,standard,1,60,m", "5,a,standard,1,60,m"]), ok=False)

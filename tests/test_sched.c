@@ -871,3 +871,126 @@ Test(sched, a_quota_held_queue_does_not_use_up_the_scan) {
   cr_assert_eq(n, 5, "tenant 1's 1-GPU job and tenant 2's four start (got %zu)", n);
   lt_sched_destroy(s);
 }
+
+/* ---- visibility: GPU-seconds, cold loads, reserved idle slots, fragmentation --------------- */
+
+static const lt_sched_usage_t *usage_of(const lt_sched_usage_t *u, size_t n, uint64_t tenant_id) {
+  for (size_t i = 0; i < n; i++)
+    if (u[i].tenant_id == tenant_id) return &u[i];
+  cr_assert_fail("tenant %llu has no usage row", (unsigned long long)tenant_id);
+  return NULL;
+}
+
+Test(sched, gpu_seconds_and_cold_loads_are_counted_per_tenant_and_class) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  uint32_t m;
+  char err[128];
+  cr_assert_eq(lt_sched_model_intern(s, "llama-8b", &m, err, sizeof err), LT_OK);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  job(s, 10, 1, LT_CLASS_STANDARD, 2, m, 0);                  /* a cold load */
+  job(s, 20, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0); /* no model: never cold */
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  cr_assert_eq(lt_sched_job_started(s, 10, 10), LT_OK); /* runs from its AttemptStarted */
+  lt_sched_usage_t u[4];
+  cr_assert_eq(lt_sched_tenants_usage(s, 1810, u, 4), 2);
+  /* running now: 2 GPUs x 1800 s since its start; 1 GPU x 1810 s since its dispatch */
+  cr_assert_float_eq(usage_of(u, 2, 1)->gpu_seconds[LT_CLASS_STANDARD], 3600, 1e-9);
+  cr_assert_float_eq(usage_of(u, 2, 2)->gpu_seconds[LT_CLASS_PREEMPTIBLE], 1810, 1e-9);
+  cr_assert_eq(usage_of(u, 2, 1)->cold_loads[LT_CLASS_STANDARD], 1);
+  cr_assert_eq(usage_of(u, 2, 2)->cold_loads[LT_CLASS_PREEMPTIBLE], 0);
+  /* tenant 2's job is requeued at 1810 (kept), tenant 1's finishes at 3610 */
+  cr_assert_eq(lt_sched_job_requeue(s, 20, 1810), LT_OK);
+  cr_assert_eq(lt_sched_job_finished(s, 10, 3610), LT_OK);
+  cr_assert_eq(lt_sched_tenants_usage(s, 5000, u, 4), 2);
+  cr_assert_float_eq(usage_of(u, 2, 1)->gpu_seconds[LT_CLASS_STANDARD], 7200, 1e-9);
+  cr_assert_float_eq(usage_of(u, 2, 2)->gpu_seconds[LT_CLASS_PREEMPTIBLE], 1810, 1e-9);
+  cr_assert_float_eq(usage_of(u, 2, 1)->gpu_seconds[LT_CLASS_PREEMPTIBLE], 0, 1e-9);
+  /* a second run of the same model on the same worker is warm: still one cold load */
+  job(s, 11, 1, LT_CLASS_STANDARD, 1, m, 5000);
+  cr_assert_eq(lt_sched_decide(s, 5000, d, 8), 2);
+  lt_sched_tenants_usage(s, 5000, u, 4);
+  cr_assert_eq(usage_of(u, 2, 1)->cold_loads[LT_CLASS_STANDARD], 1);
+  /* waits: tenant 1's two jobs started at once; tenant 2's job at 0 s, then 3190 s after its
+   * requeue (between the 1800 s and 3600 s bounds) */
+  const lt_sched_usage_t *u1 = usage_of(u, 2, 1), *u2 = usage_of(u, 2, 2);
+  cr_assert_eq(u1->waits[LT_CLASS_STANDARD], 2);
+  cr_assert_eq(u1->wait_le[LT_CLASS_STANDARD][0], 2, "both <= 1 s");
+  cr_assert_eq(u2->waits[LT_CLASS_PREEMPTIBLE], 2);
+  cr_assert_float_eq(u2->wait_sum_s[LT_CLASS_PREEMPTIBLE], 3190, 1e-9);
+  cr_assert_eq(lt_sched_wait_bounds_s[6], 1800);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][6], 1);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][7], 2);
+  cr_assert_eq(u2->wait_le[LT_CLASS_PREEMPTIBLE][LT_SCHED_WAIT_BUCKETS - 1], 2);
+  cr_assert(u2->wait_p99_s[LT_CLASS_PREEMPTIBLE] > 3190 / 1.15 &&
+            u2->wait_p99_s[LT_CLASS_PREEMPTIBLE] < 3190 * 1.15, "p99 %g",
+            u2->wait_p99_s[LT_CLASS_PREEMPTIBLE]);
+  cr_assert_eq(u2->waits[LT_CLASS_STANDARD], 0, "tenant 2 ran nothing standard");
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.cold_loads, 1);
+  lt_sched_destroy(s);
+}
+
+Test(sched, reserved_worker_idle_slots_are_integrated_over_time) {
+  /* two 4-slot workers run a 1-GPU job each (the second on the worker that holds its model);
+   * a 4-GPU gang waits, reserves worker 1 at 100 s and starts there when its job ends at
+   * 110 s: 3 free slots held for 10 s = 30 slot-seconds */
+  lt_sched_t *s = fleet((fleet_t){.gang = 100, .weights = {1, 1}, .workers = 2, .slots = 4, .cache = 2});
+  uint32_t m;
+  char err[128];
+  cr_assert_eq(lt_sched_model_intern(s, "llama-8b", &m, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_sched_worker_heartbeat(s, 2, &m, 1, err, sizeof err), LT_OK);
+  lt_sched_decision_t d[8];
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  uint64_t w_first = d[0].worker_id;
+  job(s, 3, 1, LT_CLASS_STANDARD, 1, m, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert_eq(d[0].worker_id, 2, "the warm worker");
+  cr_assert_eq(w_first, 1);
+  job(s, 2, 2, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 50, d, 8), 0);
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, NULL), 0, "not reserved before 100 s");
+  cr_assert_eq(lt_sched_fragmented_slots(s), 6, "3 + 3 free, too few for the gang");
+  cr_assert_eq(lt_sched_decide(s, 100, d, 8), 0);
+  uint32_t nres = 0;
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, &nres), 3);
+  cr_assert_eq(nres, 1);
+  cr_assert_float_eq(lt_sched_reserved_idle_slot_s(s, 100), 0, 1e-9);
+  cr_assert_float_eq(lt_sched_reserved_idle_slot_s(s, 105), 15, 1e-9);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 3, "a reserved worker's free slots are reserved "
+                                                "idle, not fragmented");
+  cr_assert_eq(lt_sched_job_finished(s, 1, 110), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 110, d, 8), 1);
+  cr_assert_eq(d[0].job_id, 2);
+  cr_assert_eq(d[0].worker_id, 1);
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, NULL), 0);
+  cr_assert_float_eq(lt_sched_reserved_idle_slot_s(s, 110), 30, 1e-9);
+  cr_assert_float_eq(lt_sched_reserved_idle_slot_s(s, 500), 30, 1e-9, "nothing held since");
+  lt_sched_destroy(s);
+}
+
+Test(sched, fragmented_slots_are_free_slots_too_few_for_the_smallest_waiting_job) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_fragmented_slots(s), 0, "nothing waits: idle, not fragmented");
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1); /* worker 1: 3 free */
+  worker(s, 2, 3, 2);                           /* worker 2: 3 free */
+  job(s, 2, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 1, d, 8), 0);
+  cr_assert_eq(lt_sched_smallest_queued(s), 4);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 6, "3 + 3 free, neither hosts the 4-GPU gang");
+  job(s, 3, 1, LT_CLASS_STANDARD, 3, LT_SCHED_NO_MODEL, 1); /* now a 3-GPU job waits too */
+  cr_assert_eq(lt_sched_smallest_queued(s), 3);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 0, "each worker hosts the 3-GPU job");
+  cr_assert_eq(lt_sched_decide(s, 1, d, 8), 1);
+  cr_assert_eq(lt_sched_smallest_queued(s), 4);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 3, "the other worker's 3 free slots");
+  lt_sched_destroy(s);
+}

@@ -40,7 +40,7 @@ static const struct {
     {"topic", lt_cli_topic, "tail a topic as JSON lines; produce JSON lines as records"},
     {"model", lt_cli_model, "make the bundled base model (lathe-tiny)"},
     {"train", lt_cli_train, "run a managed fine-tune locally (no broker, no store)"},
-    {"admin", lt_cli_admin, "operators: tenants and API keys, replay"},
+    {"admin", lt_cli_admin, "operators: tenants and API keys, replay, the queue"},
     {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe, FIFO, LAS; sim gen)"},
     {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel and watch jobs (over the API)"},
     {"sessions", lt_cli_sessions, "customers: list, show, end and cancel training sessions (over the API)"},

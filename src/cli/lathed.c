@@ -2,7 +2,8 @@
  *
  *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
  *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
- *   lathed --role scheduler|worker|publisher
+ *   lathed --role scheduler [--operator-bind ADDR] [--scheduler-port N]   (or LATHE_SCHEDULER_PORT)
+ *   lathed --role worker|publisher
  *   lathed --role sampler [--bind ADDR] [--port N] [--operator-port N]   OpenAI-compatible sampling
  *   lathed --role all [--port N] [--sampler-port N]  (the sampler only with --sampler-port)
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
@@ -94,6 +95,7 @@ static void usage(FILE *f) {
           "usage: lathed --role api|scheduler|worker|publisher|sampler|all [--bind ADDR] [--port N]\n"
           "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
           "              [--tls-cert PEM --tls-key PEM] [--sampler-port N (with --role all)]\n"
+          "              [--scheduler-port N (with --role scheduler or all)]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
@@ -105,6 +107,9 @@ static void usage(FILE *f) {
           "--tls-key (PEM files) the customer port speaks HTTPS. Rate limits:\n"
           "LATHE_API_KEY_RATE (20/40), LATHE_API_TENANT_RATE (50/100), LATHE_API_AUTH_FAIL_RATE (2/30,\n"
           "per source address), each \"R/B\" (R a second, bursts of B) or \"off\".\n"
+          "\nThe scheduler serves /healthz, /metrics and /v1/admin/queue (`lathe admin queue`) on\n"
+          "--operator-bind:--scheduler-port (or LATHE_SCHEDULER_PORT; off unless one is given; 0 is any\n"
+          "free port): plain HTTP without authentication, for loopback.\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
@@ -241,8 +246,8 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 /* What the command line asked for. */
 typedef struct lathed_opts {
   const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
-  bool embedded, api, scheduler, publisher, worker, sampler, sampler_port_set;
-  uint16_t port, ops_port, sampler_port;
+  bool embedded, api, scheduler, publisher, worker, sampler, sampler_port_set, sched_port_set;
+  uint16_t port, ops_port, sampler_port, sched_port;
   int max_connections;
 } lathed_opts_t;
 
@@ -278,6 +283,10 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
     } else if (strcmp(argv[i], "--operator-port") == 0 && more) {
       if (!num_arg("--operator-port", argv[++i], 0, 65535, &v)) return 2;
       o->ops_port = (uint16_t)v;
+    } else if (strcmp(argv[i], "--scheduler-port") == 0 && more) {
+      if (!num_arg("--scheduler-port", argv[++i], 0, 65535, &v)) return 2;
+      o->sched_port = (uint16_t)v;
+      o->sched_port_set = true;
     } else if (strcmp(argv[i], "--sampler-port") == 0 && more) {
       if (!num_arg("--sampler-port", argv[++i], 0, 65535, &v)) return 2;
       o->sampler_port = (uint16_t)v;
@@ -430,7 +439,7 @@ static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, si
   return LT_OK;
 }
 
-static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
+static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "scheduler/%s", d->instance);
   lt_bus_conf_t *bus;
@@ -444,8 +453,20 @@ static lt_err_t start_scheduler(lathed_t *d, char *err, size_t n) {
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
+  /* The operator endpoint only when asked for: several schedulers may share a host. */
+  const char *port = getenv("LATHE_SCHEDULER_PORT");
+  if (o->sched_port_set || (port && *port)) {
+    long v = o->sched_port;
+    if (!o->sched_port_set && !num_arg("LATHE_SCHEDULER_PORT", port, 0, 65535, &v))
+      return lt_errf(err, n, LT_ERR_INVALID, "LATHE_SCHEDULER_PORT is not a port");
+    sc.operator_bind_addr = o->ops_bind;
+    sc.operator_port = (uint16_t)v;
+  }
   e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
   if (!e) fprintf(stderr, "lathed: scheduler started\n");
+  if (!e && sc.operator_bind_addr)
+    fprintf(stderr, "lathed: scheduler operator endpoints (/healthz, /metrics, /v1/admin/queue) at http://%s:%u\n",
+            o->ops_bind, lt_scheduler_operator_port(d->scheduler));
   return e;
 }
 
@@ -505,7 +526,7 @@ static lt_err_t start_roles(lathed_t *d, const lathed_opts_t *o, char *err, size
   const char *md = getenv("LATHE_MODELS_DIR");
   snprintf(d->models, sizeof d->models, "%s", md && *md ? md : LT_MODELS_DIR);
   if (o->api && (what = "api") && (e = start_api(d, o, why, sizeof why))) goto fail;
-  if (o->scheduler && (what = "scheduler") && (e = start_scheduler(d, why, sizeof why))) goto fail;
+  if (o->scheduler && (what = "scheduler") && (e = start_scheduler(d, o, why, sizeof why))) goto fail;
   if (o->publisher && (what = "publisher") && (e = start_publisher(d, why, sizeof why))) goto fail;
   if (o->worker && (what = "worker") && (e = start_worker(d, why, sizeof why))) goto fail;
   if (o->sampler && (what = "sampler") && (e = start_sampler(d, o, why, sizeof why))) goto fail;

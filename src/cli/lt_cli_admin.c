@@ -6,6 +6,7 @@
  *   lathe admin tenant rotate-key ID [--json]
  *   lathe admin tenant list [--json]
  *   lathe admin replay ...        (lt_cli_replay.c)
+ *   lathe admin queue [--json]    (lt_cli_queue.c: the scheduler's operator endpoint)
  *
  * Tenants live in lathe.tenants (compacted, one TenantUpserted per tenant). create makes the
  * tenant's data key, wraps it with the master key (LATHE_MASTER_KEY_FILE / LATHE_MASTER_KEY) and
@@ -29,6 +30,7 @@
 int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
 int lt_cli_admin_access(int argc, char **argv); /* lt_cli_access.c */
 int lt_cli_admin_staff(int argc, char **argv);  /* lt_cli_access.c */
+int lt_cli_admin_queue(int argc, char **argv);  /* lt_cli_queue.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
@@ -41,6 +43,7 @@ static void usage(FILE *f) {
              "       lathe admin replay [--from-beginning|--from-offset N|--from-time ISO8601]\n"
              "       lathe admin access ...        staff access to a tenant's data (see --help)\n"
              "       lathe admin staff add NAME    a staff key\n"
+             "       lathe admin queue [--json]    the scheduler's queue, fairness and fleet (see --help)\n"
              "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX, the admin principal\n"
              "(LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG) and the master key\n"
              "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment. Tenant records are\n"
@@ -344,6 +347,7 @@ int lt_cli_admin(int argc, char **argv) {
   if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
   if (strcmp(argv[1], "access") == 0) return lt_cli_admin_access(argc - 1, argv + 1);
   if (strcmp(argv[1], "staff") == 0) return lt_cli_admin_staff(argc - 1, argv + 1);
+  if (strcmp(argv[1], "queue") == 0) return lt_cli_admin_queue(argc - 1, argv + 1);
   if (strcmp(argv[1], "replay") == 0) {
     return lt_cli_admin_replay(argc - 1, argv + 1);
   }

@@ -87,6 +87,55 @@ static const lt_sched_sim_row_t *find_row(const lt_sched_sim_result_t *r, size_t
   return NULL;
 }
 
+/* GPU-hours and cold loads of tenant ti under result r, over its classes. */
+static void tenant_usage(const lt_sched_sim_result_t *r, size_t ti, double *gpu_h, uint64_t *cold) {
+  *gpu_h = 0;
+  *cold = 0;
+  for (size_t i = 0; i < r->n_rows; i++)
+    if (r->rows[i].tenant == ti) {
+      *gpu_h += r->rows[i].gpu_hours;
+      *cold += r->rows[i].cold_loads;
+    }
+}
+
+#define TOP_TENANTS 8
+
+/* The tenants that ran the most GPU-hours under the first policy (all of them are in --json),
+ * with their GPU-hours and cold loads under each policy. */
+static void print_top_tenants(const lt_sched_trace_t *tr, const lt_sched_sim_result_t *res,
+                              size_t nres) {
+  size_t top[TOP_TENANTS], ntop = 0, nt = lt_sched_trace_tenants(tr);
+  double top_h[TOP_TENANTS];
+  for (size_t ti = 0; ti < nt; ti++) { /* insertion into the top list, largest first */
+    double h;
+    uint64_t cold;
+    tenant_usage(&res[0], ti, &h, &cold);
+    size_t at = ntop;
+    while (at > 0 && top_h[at - 1] < h) at--;
+    if (at >= TOP_TENANTS) continue;
+    size_t last = ntop < TOP_TENANTS ? ntop : TOP_TENANTS - 1;
+    for (size_t k = last; k > at; k--) top[k] = top[k - 1], top_h[k] = top_h[k - 1];
+    top[at] = ti;
+    top_h[at] = h;
+    if (ntop < TOP_TENANTS) ntop++;
+  }
+  printf("\n%-28s", nt > TOP_TENANTS ? "gpu_hours (top tenants)" : "gpu_hours");
+  for (size_t k = 0; k < nres; k++) printf(" | %5s %8s %6s", lt_sched_policy_name(res[k].policy), "gpu_h", "cold");
+  printf("\n");
+  for (size_t i = 0; i < ntop; i++) {
+    printf("%-28s", lt_sched_trace_tenant_name(tr, top[i]));
+    for (size_t k = 0; k < nres; k++) {
+      double h;
+      uint64_t cold;
+      tenant_usage(&res[k], top[i], &h, &cold);
+      printf(" | %5s %8.1f %6llu", "", h, (unsigned long long)cold);
+    }
+    printf("\n");
+  }
+}
+
+static void print_summary(const lt_sched_sim_result_t *res, size_t nres);
+
 static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_t *res,
                           size_t nres) {
   printf("%-16s %-11s %6s %5s", "tenant", "class", "weight", "jobs");
@@ -108,6 +157,12 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
       }
       printf("\n");
     }
+  print_top_tenants(tr, res, nres);
+  print_summary(res, nres);
+}
+
+/* The fleet lines: one column per policy. */
+static void print_summary(const lt_sched_sim_result_t *res, size_t nres) {
   printf("\n%-28s", "summary");
   for (size_t k = 0; k < nres; k++) printf(" %14s", lt_sched_policy_name(res[k].policy));
   printf("\n");
@@ -149,6 +204,12 @@ static void print_results(const lt_sched_trace_t *tr, const lt_sched_sim_result_
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].refused_size);
   printf("\n%-28s", "decide_calls");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].decide_calls);
+  printf("\n%-28s", "gpu_hours");
+  for (size_t k = 0; k < nres; k++) printf(" %14.1f", res[k].gpu_hours);
+  printf("\n%-28s", "reserved_idle_slot_hours");
+  for (size_t k = 0; k < nres; k++) printf(" %14.2f", res[k].reserved_idle_slot_hours);
+  printf("\n%-28s", "fragmented_slots_mean");
+  for (size_t k = 0; k < nres; k++) printf(" %14.3f", res[k].fragmented_slots_mean);
   printf("\n");
   if (res[0].refused_size)
     printf("\nrefused_by_size: %llu jobs need more GPUs than a worker has (the first: trace line "
@@ -170,11 +231,13 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
     json_t *rows = json_array(), *jain = json_object();
     for (size_t i = 0; i < r->n_rows; i++) {
       const lt_sched_sim_row_t *w = &r->rows[i];
-      json_array_append_new(rows, json_pack("{s:s,s:s,s:f,s:i,s:f,s:f,s:f,s:f,s:f}", "tenant",
+      json_t *row = json_pack("{s:f,s:I}", "gpu_hours", w->gpu_hours, "cold_loads", (json_int_t)w->cold_loads);
+      json_object_update_new(row, json_pack("{s:s,s:s,s:f,s:i,s:f,s:f,s:f,s:f,s:f}", "tenant",
                                             lt_sched_trace_tenant_name(tr, w->tenant), "class",
                                             lt_job_class_name(w->cls), "weight", w->weight, "jobs", (int)w->jobs,
                                             "wait_p50_s", w->wait_p50_s, "wait_p99_s", w->wait_p99_s, "wait_max_s",
                                             w->wait_max_s, "share", w->share, "entitlement", w->entitlement));
+      json_array_append_new(rows, row);
     }
     json_t *waits = json_object();
     for (int c = 0; c < LT_CLASS__COUNT; c++) {
@@ -189,6 +252,9 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
                            (json_int_t)r->refused_size, "refused_first_line",
                            (json_int_t)r->refused_first_line, "decide_calls",
                            (json_int_t)r->decide_calls);
+    json_object_update_new(pj, json_pack("{s:f,s:f,s:f}", "gpu_hours", r->gpu_hours,
+                                         "reserved_idle_slot_hours", r->reserved_idle_slot_hours,
+                                         "fragmented_slots_mean", r->fragmented_slots_mean));
     json_object_update_new(pj, json_pack("{s:s,s:o,s:o,s:f,s:f,s:I,s:I,s:I,s:I,s:I}", "policy",
                                     lt_sched_policy_name(r->policy), "rows", rows, "jain", jain, "utilisation",
                                     r->utilisation, "makespan_s", r->makespan_s, "dispatches",

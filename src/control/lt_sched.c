@@ -122,6 +122,7 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   for (uint32_t i = 0; i < cfg.max_jobs; i++) s->jobs[i].tq.next = i + 1 < cfg.max_jobs ? i + 1 : NIL;
   s->job_free = 0;
   s->next_deadline = INFINITY;
+  s->idle_at = -INFINITY;
   *out = s;
   return LT_OK;
 nomem:
@@ -301,8 +302,10 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   uint32_t w = worker_find(s, worker_id);
   if (w == NIL || !s->workers[w].up) return LT_ERR_NOT_FOUND;
   worker_t *wk = &s->workers[w];
+  sched_stats_advance(s, now);
   while (wk->run.head != NIL) {
     uint32_t jx = wk->run.head;
+    sched_stats_ran(s, jx, now);
     job_attain(s, jx, now);
     sched_run_release(s, jx);
     s->requeues++;
@@ -346,6 +349,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   if (s->job_free == NIL)
     return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
                    "sched: job table full (max_jobs %u)", s->cfg.max_jobs);
+  sched_stats_advance(s, now);
   uint32_t jx = s->job_free;
   job_t *j = &s->jobs[jx];
   s->job_free = j->tq.next;
@@ -368,6 +372,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
 lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_RUNNING) return LT_ERR_NOT_FOUND;
+  sched_stats_advance(s, now);
   s->jobs[jx].start = now;
   return LT_OK;
 }
@@ -376,7 +381,9 @@ lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL) return LT_ERR_NOT_FOUND;
   job_t *j = &s->jobs[jx];
+  sched_stats_advance(s, now);
   if (j->state == JS_RUNNING) {
+    sched_stats_ran(s, jx, now);
     double ran = now - j->start;
     if (ran >= 0) {
       s->finished_n++;
@@ -402,6 +409,8 @@ lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now) {
 lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_RUNNING) return LT_ERR_NOT_FOUND;
+  sched_stats_advance(s, now);
+  sched_stats_ran(s, jx, now);
   job_attain(s, jx, now);
   sched_run_release(s, jx);
   s->requeues++;

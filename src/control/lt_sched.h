@@ -246,6 +246,49 @@ size_t lt_sched_tenants_stats(lt_sched_t *s, lt_job_class_t cls, lt_sched_tenant
  * slots. 1 when fair (or when no tenant has demand). */
 double lt_sched_jain(lt_sched_t *s, lt_job_class_t cls);
 
+/* Upper bounds, in seconds, of the buckets of lt_sched_usage_t's wait histograms (Prometheus
+ * `le`); the last is INFINITY. */
+#define LT_SCHED_WAIT_BUCKETS 12
+extern const double lt_sched_wait_bounds_s[LT_SCHED_WAIT_BUCKETS];
+
+/* What each tenant's jobs used and waited, per class of the job: GPU-seconds run (every ended
+ * attempt, from its start to its end, plus the running ones up to now), cold loads (dispatches
+ * whose worker did not hold the job's base model), and the waits of its dispatches (each from
+ * the job's last (re)queueing): how many, their sum, a cumulative histogram (wait_le[c][b]:
+ * waits <= lt_sched_wait_bounds_s[b]) and quantiles (log buckets, within ~12%). */
+typedef struct lt_sched_usage {
+  uint64_t tenant_id;
+  double gpu_seconds[LT_CLASS__COUNT];
+  uint64_t cold_loads[LT_CLASS__COUNT];
+  uint64_t waits[LT_CLASS__COUNT];
+  double wait_sum_s[LT_CLASS__COUNT];
+  uint64_t wait_le[LT_CLASS__COUNT][LT_SCHED_WAIT_BUCKETS];
+  double wait_p50_s[LT_CLASS__COUNT], wait_p99_s[LT_CLASS__COUNT];
+} lt_sched_usage_t;
+
+/* One row per known tenant, in tenant-table order (row i is tenant-table entry i); writes at
+ * most cap rows and returns the number of tenants. O(tenants + workers + running jobs). */
+size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t *out,
+                              size_t cap);
+
+/* The smallest GPU count among queued jobs; 0 when nothing is queued. O(1). */
+uint32_t lt_sched_smallest_queued(const lt_sched_t *s);
+
+/* Fragmentation now: free slots on unreserved up workers whose free count is below the
+ * smallest queued job's GPUs, so that no waiting job fits there. 0 when nothing is queued.
+ * (Free slots on a reserved worker are counted by lt_sched_reserved_idle_slot_s instead.)
+ * O(workers). */
+uint32_t lt_sched_fragmented_slots(const lt_sched_t *s);
+
+/* Idle-but-reserved slot time: the integral over time of the free slots on workers reserved
+ * (draining) for a waiting gang, in slot-seconds, up to now. Integrated at every event and
+ * decide call that takes now; a worker's free slots count from the call that reserved it until
+ * the call that dispatches the gang or drops the reservation. */
+double lt_sched_reserved_idle_slot_s(const lt_sched_t *s, double now);
+
+/* Free slots on reserved workers now, and how many workers are reserved. */
+uint32_t lt_sched_reserved_idle_slots(const lt_sched_t *s, uint32_t *workers_out);
+
 /* Weighted max-min fair (water-filling) split of capacity among n claimants with the given
  * demands and weights (> 0): alloc_out[i] <= demand[i], sums to min(capacity, sum demand).
  * Pure; used by the scheduler's visibility and by the simulator. */
@@ -313,6 +356,8 @@ typedef struct lt_sched_sim_row {  /* one (tenant, class) with jobs in the trace
   double wait_p50_s, wait_p99_s, wait_max_s; /* arrival to first dispatch, exact */
   double share;        /* slot-seconds it held / slot-seconds its class held */
   double entitlement;  /* time-integrated weighted max-min fair share of its class */
+  double gpu_hours;    /* slot-hours its jobs ran, from dispatch (cold loads included) */
+  uint64_t cold_loads; /* dispatches of its jobs that loaded the base model */
 } lt_sched_sim_row_t;
 
 typedef struct lt_sched_sim_result {
@@ -327,6 +372,9 @@ typedef struct lt_sched_sim_result {
   uint64_t dispatches, preemptions, stops, cold_loads, completed;
   uint64_t gangs_started;  /* dispatches of jobs of more than one GPU */
   uint64_t decide_calls;   /* lt_sched_decide() calls the run made */
+  double reserved_idle_slot_hours; /* free slots held on reserved workers, integrated */
+  double fragmented_slots_mean;    /* lt_sched_fragmented_slots(), time-weighted over the run */
+  double gpu_hours;                /* all tenants: the rows' sum */
   /* Jobs larger than one worker: set aside at arrival (never queued) until multi-worker gangs
    * exist; counted here, the first one's trace line named. */
   uint64_t refused_size;

@@ -354,6 +354,7 @@ static void unblock_all(lt_sched_t *s) {
 }
 
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
+  sched_stats_advance(s, now);
   size_t n = check_deadlines(s, now, out, cap);
   if (s->cfg.policy == LT_SCHED_POLICY_LAS) return n + sched_las_decide(s, now, out + n, cap - n);
   if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {

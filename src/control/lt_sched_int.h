@@ -1,6 +1,7 @@
-/* lt_sched_int.h: the policy's private tables, shared by its three files and nothing else:
+/* lt_sched_int.h: the policy's private tables, shared by its files and nothing else:
  * lt_sched.c (lifecycle, events, visibility), lt_sched_queue.c (queues, fair-share heaps, what a
- * running job books) and lt_sched_decide.c (the decisions).
+ * running job books), lt_sched_decide.c (the decisions), lt_sched_las.c (the LAS peer) and
+ * lt_sched_stats.c (usage, reserved idle slots, fragmentation).
  *
  * Data layout, all sized once at lt_sched_new():
  *   - a job pool with intrusive links: each queued job sits on its tenant's per-class FIFO and
@@ -71,6 +72,15 @@ typedef struct tenant {
   uint32_t hnext;
   uint64_t dispatched;
   uint32_t hist[NHIST];
+  /* lt_sched_stats.c: what its jobs of each class ran (ended attempts; running ones are added
+   * up to now when asked) and how many of their dispatches loaded the base model */
+  double gpu_s_c[LT_CLASS__COUNT];
+  uint64_t cold_c[LT_CLASS__COUNT];
+  /* and the waits of its dispatches per class: log buckets as hist, exact counts per
+   * lt_sched_wait_bounds_s bucket (not cumulative), their sum */
+  uint32_t hist_c[LT_CLASS__COUNT][NHIST];
+  uint64_t wait_n_c[LT_CLASS__COUNT][LT_SCHED_WAIT_BUCKETS];
+  double wait_sum_c[LT_CLASS__COUNT];
 } tenant_t;
 
 typedef struct worker {
@@ -135,10 +145,26 @@ struct lt_sched {
     uint32_t jx;
   } *timers;
   uint32_t ntimers, timers_cap;
+
+  /* lt_sched_stats.c: slot-seconds held free on reserved workers up to idle_at, advanced by
+   * every event and decide call that takes now (sched_stats_advance); queued jobs by GPUs,
+   * for the smallest waiting gang */
+  double idle_reserved_s, idle_at;
+  uint32_t queued_by_gpus[LT_SCHED_MAX_WORKER_SLOTS + 1];
+  uint32_t reserved_free; /* free slots on reserved workers now (lt_sched_queue.c keeps it) */
 };
 
 /* lt_sched.c: the threshold crossings of job jx, (re)queued at now, into the timer heap. */
 void sched_timers_push(lt_sched_t *s, uint32_t jx, double now);
+/* lt_sched_stats.c: integrates the slots held free on reserved workers (reserved_free) from the
+ * last call up to now (before anything at now changes them); a now earlier than the last is
+ * ignored. With cfg.check_invariants, asserts that reserved_free matches the workers. */
+void sched_stats_advance(lt_sched_t *s, double now);
+/* lt_sched_stats.c: running job jx stops at now (finished, requeued, its worker down): what it
+ * ran since its start counts as its tenant's GPU-seconds. */
+void sched_stats_ran(lt_sched_t *s, uint32_t jx, double now);
+/* lt_sched_stats.c: queued job jx is dispatched after waiting `waited` s (log bucket hb). */
+void sched_stats_waited(lt_sched_t *s, uint32_t jx, double waited, uint32_t hb);
 /* lt_sched_las.c: lt_sched_decide() for LT_SCHED_POLICY_LAS, and its next timer. */
 size_t sched_las_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
 double sched_las_next_timer(const lt_sched_t *s, double now);

@@ -15,6 +15,7 @@ void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx) {
   s->workers[w].reserved_job = jx;
   s->jobs[jx].reserved = w;
   s->nreserved++;
+  s->reserved_free += s->workers[w].free_slots;
 }
 
 void sched_unreserve(lt_sched_t *s, uint32_t w) {
@@ -23,6 +24,7 @@ void sched_unreserve(lt_sched_t *s, uint32_t w) {
   s->jobs[jx].reserved = NIL;
   s->workers[w].reserved_job = NIL;
   s->nreserved--;
+  s->reserved_free -= s->workers[w].free_slots;
 }
 
 static uint32_t hist_bucket(double w) {
@@ -195,6 +197,7 @@ void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
   t->queued_gpus_c[c] += j->gpus;
   s->queued++;
   s->queued_c[c]++;
+  s->queued_by_gpus[j->gpus]++;
   sched_tenant_refresh(s, j->tenant, c);
 }
 
@@ -213,6 +216,7 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
   t->queued_gpus_c[c] -= j->gpus;
   s->queued--;
   s->queued_c[c]--;
+  s->queued_by_gpus[j->gpus]--;
   j->state = JS_FREE;
   sched_tenant_refresh(s, j->tenant, c);
 }
@@ -222,6 +226,7 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
 static void worker_set_free(lt_sched_t *s, uint32_t w, uint32_t free_slots) {
   worker_t *wk = &s->workers[w];
   if (wk->up) bm_clr(free_bm(s, wk->free_slots), w);
+  if (wk->reserved_job != NIL) s->reserved_free = s->reserved_free - wk->free_slots + free_slots;
   wk->free_slots = free_slots;
   if (wk->up) bm_set(free_bm(s, free_slots), w);
 }
@@ -313,11 +318,15 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
   t->run_mem_c[j->cls] += j->mem;
   t->dispatched++;
   t->hist[hist_bucket(waited)]++;
+  sched_stats_waited(s, jx, waited, hist_bucket(waited));
   s->used_c[j->cls] += j->gpus;
   s->slots_used += j->gpus;
   s->running++;
   s->dispatches++;
-  if (cold) s->cold_loads++;
+  if (cold) {
+    s->cold_loads++;
+    t->cold_c[j->cls]++;
+  }
   if (t->max_duration > 0 && now + t->max_duration < s->next_deadline)
     s->next_deadline = now + t->max_duration;
   sched_tenant_refresh_all(s, j->tenant);

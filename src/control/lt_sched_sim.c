@@ -353,6 +353,7 @@ typedef struct sim {
   size_t nt, nrow_slots;  /* tenants; tenants * classes */
   size_t next_arrival, completed;
   double now, last_decide, busy, t_end;
+  double frag;            /* fragmented slots integrated over time (slot-seconds) */
   double retry_at;        /* the starvation pass's next look, armed by a change */
   bool changed;           /* an event, an arrival or a decision at now */
   uint64_t gangs, decides, refused;
@@ -612,6 +613,7 @@ static lt_err_t sim_stalled(sim_t *m, const lt_sched_counters_t *cnt) {
 static void sim_integrate(sim_t *m, const lt_sched_counters_t *cnt, double dt) {
   if (dt <= 0) return;
   m->busy += cnt->slots_used * dt;
+  if (cnt->queued > 0) m->frag += lt_sched_fragmented_slots(m->s) * dt;
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
     if (m->dirty[c]) { /* water-fill again: the class changed since */
       m->dirty[c] = false;
@@ -694,6 +696,28 @@ static void sim_row(sim_t *m, size_t ti, int c, const double *class_got, const d
   row->entitlement = class_ent[c] > 0 ? m->ent[k] / class_ent[c] : 0;
 }
 
+/* GPU-hours and cold loads into the rows, from the policy's per-tenant usage (tenant id =
+ * trace tenant + 1); the run is over, so nothing runs any more. */
+static lt_err_t sim_usage(sim_t *m, lt_sched_sim_result_t *res) {
+  lt_sched_usage_t *u = calloc(m->nt ? m->nt : 1, sizeof *u);
+  if (!u) return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
+  size_t n = lt_sched_tenants_usage(m->s, m->now, u, m->nt);
+  for (size_t i = 0; i < res->n_rows; i++) {
+    lt_sched_sim_row_t *row = &res->rows[i];
+    for (size_t k = 0; k < n && k < m->nt; k++) {
+      if (u[k].tenant_id != row->tenant + 1) continue;
+      row->gpu_hours = u[k].gpu_seconds[row->cls] / 3600;
+      row->cold_loads = u[k].cold_loads[row->cls];
+    }
+    res->gpu_hours += row->gpu_hours;
+  }
+  free(u);
+  res->reserved_idle_slot_hours = lt_sched_reserved_idle_slot_s(m->s, m->now) / 3600;
+  double span = m->now - m->tr->rows[0].arrival;
+  res->fragmented_slots_mean = span > 0 ? m->frag / span : 0;
+  return LT_OK;
+}
+
 /* Fills res from the finished run: counters, utilisation, a row per (tenant, class) with jobs,
  * and Jain's index of share / entitlement per class. */
 static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
@@ -746,7 +770,7 @@ static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
         m->waits[k++] = res->rows[i].share / res->rows[i].entitlement;
     res->jain[c] = lt_sched_jain_index(k, m->waits);
   }
-  return LT_OK;
+  return sim_usage(m, res);
 }
 
 lt_err_t lt_sched_sim_run(const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,

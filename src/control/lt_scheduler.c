@@ -608,6 +608,7 @@ lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *co
     if (!s->group_ev || !s->tick_ev || event_add(s->group_ev, NULL) || event_add(s->tick_ev, &tv))
       err = lt_errf(errstr, n, LT_ERR_NOMEM, "cannot register the scheduler's events");
   }
+  if (!err) err = scheduler_ops_open(s, errstr, n);
   if (err) {
     lt_scheduler_destroy(s);
     return err;
@@ -619,6 +620,7 @@ lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *co
 void lt_scheduler_destroy(lt_scheduler_t *s) {
   if (!s) return;
   stop_leading(s, "shutting down");
+  scheduler_ops_close(s);
   if (s->group_ev) event_free(s->group_ev);
   if (s->tick_ev) event_free(s->tick_ev);
   lt_bus_consumer_destroy(s->group);

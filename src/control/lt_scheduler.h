@@ -42,6 +42,9 @@
  * QUEUED) and, when leading starts, the jobs already running on each live worker. Job memory is
  * not known before a run, so jobs ask for 0 bytes and memory never constrains placement yet.
  *
+ * Operators see the leader's policy through its operator endpoint (conf.operator_bind_addr:
+ * /metrics and /v1/admin/queue, lt_scheduler_ops.c; `lathe admin queue`).
+ *
  * Threads: everything runs on the caller's event_base thread. The process must call
  * evthread_use_pthreads() before creating the event_base. */
 #ifndef LT_SCHEDULER_H
@@ -80,6 +83,11 @@ typedef struct lt_scheduler_conf {
   int tick_ms;                        /* timer: group, timeouts and decisions (100) */
   lt_store_t *store;                  /* borrowed, may be NULL: checks that a submission's datasets
                                          exist, as the API does (NULL: not checked) */
+  /* The operator endpoint (lt_scheduler_ops.c): plain HTTP without authentication, so keep it on
+   * loopback. NULL: none. It serves GET /healthz, /metrics (Prometheus) and /v1/admin/queue
+   * (JSON, `lathe admin queue`) from the leader's lt_sched; a standby answers 503 there. */
+  const char *operator_bind_addr;
+  uint16_t operator_port;             /* 0: any free port (lt_scheduler_operator_port tells) */
 } lt_scheduler_conf_t;
 
 typedef enum lt_scheduler_role {
@@ -111,6 +119,9 @@ void lt_scheduler_stats(const lt_scheduler_t *s, lt_scheduler_stats_t *out);
 
 /* The fold's job-state digest (lt_job_digest). LT_ERR_UNAVAILABLE while standby (no fold). */
 lt_err_t lt_scheduler_digest(lt_scheduler_t *s, char out_hex[65]);
+
+/* The port of the operator endpoint; 0 when conf.operator_bind_addr was NULL. */
+uint16_t lt_scheduler_operator_port(const lt_scheduler_t *s);
 
 /* The current fold (NULL while standby); borrowed, valid until the next event-loop turn. */
 lt_proj_t *lt_scheduler_proj(lt_scheduler_t *s);

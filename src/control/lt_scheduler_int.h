@@ -1,5 +1,6 @@
-/* lt_scheduler_int.h: what lt_scheduler.c (leadership, membership, the fold feed, transactions)
- * and lt_scheduler_decide.c (validation, lt_sched bookkeeping, decisions, record writing) share:
+/* lt_scheduler_int.h: what lt_scheduler.c (leadership, membership, the fold feed, transactions),
+ * lt_scheduler_decide.c (validation, lt_sched bookkeeping, decisions, record writing) and
+ * lt_scheduler_ops.c (the operator endpoint) share:
  * the scheduler's struct, its per-job and per-worker tables, and the functions that cross. */
 #ifndef LT_SCHEDULER_INT_H
 #define LT_SCHEDULER_INT_H
@@ -105,6 +106,9 @@ struct lt_scheduler {
   out_rec_t *out;
   size_t nout, capout;
   bool offsets_dirty;
+  /* the operator endpoint (lt_scheduler_ops.c) */
+  struct evhttp *ops_http;
+  uint16_t ops_port;
 };
 
 /* ---- lt_scheduler.c ------------------------------------------------------------------------- */
@@ -120,6 +124,12 @@ lt_err_t scheduler_emit(lt_scheduler_t *s, int topic, const char *key, const voi
                         size_t key_len, lt_avro_record_t *rec);
 /* Writes the batch and the fold's offsets in one transaction; a failure ends the term. */
 void scheduler_flush(lt_scheduler_t *s);
+
+/* ---- lt_scheduler_ops.c --------------------------------------------------------------------- */
+
+/* Opens the operator endpoint when conf.operator_bind_addr is set; closes it (NULL is fine). */
+lt_err_t scheduler_ops_open(lt_scheduler_t *s, char *errstr, size_t n);
+void scheduler_ops_close(lt_scheduler_t *s);
 
 /* ---- lt_scheduler_decide.c ------------------------------------------------------------------ */
 

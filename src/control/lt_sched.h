@@ -23,8 +23,17 @@
  *     STOP decision);
  *   - base-model affinity: a worker that holds the job's model first (best fit by free slots),
  *     otherwise a cold load on the best-fitting worker (counted);
- *   - gang allocation: a job's GPUs are all on one worker or it does not start; a gang waiting
- *     past `gang_reserve_after_s` reserves a worker, which then drains for it;
+ *   - gang allocation, all or nothing: a job that fits on one worker (gpus <= the largest
+ *     worker's slots) runs on one worker or does not start, even when two half-free workers
+ *     would hold it; a larger job (a multi-worker gang) runs on a set of workers of one node
+ *     group (lt_sched_worker_t.node_group: a rack, an NVLink domain) whose free slots together
+ *     cover it, or does not start — the fewest workers, whole free workers first, the last
+ *     part best fit, in the group that is left with the fewest free slots. A gang waiting past
+ *     `gang_reserve_after_s` reserves a worker (a multi-worker gang: the workers of one group
+ *     closest to free whose slots cover it), which then drains for it; the reserved workers
+ *     count against max_reservations (one each), so drains stay bounded. No backfill: a
+ *     draining worker's free slots are held against the gang's class and lower ones (no
+ *     duration estimates prove a job would end before the gang starts);
  *   - preemption: a production or standard job blocked past `preempt_after_s` (a production
  *     gang at once) reserves a worker and asks preemptible jobs there to checkpoint and stop
  *     (PREEMPT decisions); the caller
@@ -63,6 +72,9 @@ typedef enum lt_sched_policy {
 /* Largest number of GPUs (slots) one worker may have: a dispatch names them in a 64-bit mask. */
 #define LT_SCHED_MAX_WORKER_SLOTS 64
 #define LT_SCHED_NO_MODEL UINT32_MAX
+/* Most workers one multi-worker gang spans, and so most GPUs one job may ask for. */
+#define LT_SCHED_MAX_GANG_WORKERS 64
+#define LT_SCHED_MAX_JOB_GPUS (LT_SCHED_MAX_GANG_WORKERS * LT_SCHED_MAX_WORKER_SLOTS)
 
 typedef struct lt_sched_config {
   lt_sched_policy_t policy;
@@ -77,8 +89,9 @@ typedef struct lt_sched_config {
   double gang_reserve_after_s; /* multi-GPU wait before a worker is reserved for it; <0: never */
   double production_reserve;  /* fraction of slots standard work may not hold, 0..1 */
   uint32_t max_scan;          /* blocked candidates examined per decide call (bounds its cost) */
-  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 1/8 of workers, >= 1;
-                               * production does not count against it */
+  uint32_t max_reservations;  /* workers reserved (draining) at once, a multi-worker gang's
+                               * counting one each; 0: 1/8 of workers, >= 1; production does
+                               * not count against it */
   bool check_invariants;      /* after every event and decide call, assert that the tables are
                                * consistent, in O(jobs + tenants + workers): for tests */
   double las_threshold_gpu_s; /* LAS: attained GPU-seconds past which a job drops from the
@@ -106,13 +119,16 @@ typedef struct lt_sched_worker {
   uint32_t slots;        /* GPUs (or CPU slots), 1..LT_SCHED_MAX_WORKER_SLOTS */
   uint64_t mem_bytes;    /* device memory across its slots */
   uint32_t model_cache;  /* base models it can hold loaded at once (>= 1) */
+  uint32_t node_group;   /* workers of one group (a rack, an NVLink domain) may host one
+                          * multi-worker gang together; 0 by default: one group */
 } lt_sched_worker_t;
 
 typedef struct lt_sched_job {
   uint64_t id;
   uint64_t tenant_id;       /* must have been upserted */
   lt_job_class_t cls;
-  uint32_t gpus;            /* slots needed, all on one worker (gang), >= 1 */
+  uint32_t gpus;            /* slots needed, 1..LT_SCHED_MAX_JOB_GPUS: all on one worker when
+                             * it has that many, else on workers of one node group (gang) */
   uint64_t mem_bytes;       /* device memory needed in total */
   uint32_t model;           /* from lt_sched_model_intern(), or LT_SCHED_NO_MODEL */
   uint32_t attempt;         /* the attempt the next dispatch starts is attempt + 1 */
@@ -124,16 +140,24 @@ typedef enum lt_sched_action {
   LT_SCHED_STOP = 3,     /* the job ran past its tenant's max duration: stop it */
 } lt_sched_action_t;
 
+/* One decision row names one worker. A multi-worker gang gets one row per worker part, all with
+ * the same action, job_id and attempt, consecutive in the output, rank 0 first (rank
+ * 0..world-1); a single-worker job one row with rank 0 and world 1. Callers must treat the
+ * world rows of one job as one dispatch (or one preemption, one stop): the resources of every
+ * part are booked at once, and the job starts when all its parts have — a caller that cannot
+ * run a multi-worker gang drops the job (lt_sched_job_finished) so its parts are freed. */
 typedef struct lt_sched_decision {
   lt_sched_action_t action;
   uint64_t job_id;
   uint64_t tenant_id;
   uint64_t worker_id;
-  uint64_t gpu_mask;          /* DISPATCH: bit i = GPU i of the worker */
+  uint64_t gpu_mask;          /* bit i = GPU i of the worker: this part's */
+  uint32_t rank;              /* this part's rank in the gang, 0..world-1 */
+  uint32_t world;             /* the job's parts (workers it runs on); 1: a single worker */
   uint32_t attempt;           /* DISPATCH: the new attempt number; otherwise the running one */
   lt_job_class_t cls;       /* the job's own class */
   lt_job_class_t effective; /* DISPATCH: the class it competed in (after aging) */
-  bool cold_load;             /* DISPATCH: the worker did not hold the job's base model */
+  bool cold_load;             /* DISPATCH: this part's worker did not hold the base model */
   double waited_s;            /* DISPATCH: time since it was (re)queued */
 } lt_sched_decision_t;
 
@@ -187,7 +211,9 @@ lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now);
 /* --- decisions out ------------------------------------------------------------------------ */
 
 /* Applies the policy at time now and writes at most cap decisions into out (caller-owned);
- * returns how many. Dispatches book their resources at once. Call it after events and
+ * returns how many. Dispatches book their resources at once. A job's rows are never split
+ * across calls: a gang whose world rows do not fit in what is left of cap waits for the next
+ * call (cap >= LT_SCHED_MAX_GANG_WORKERS lets every gang start). Call it after events and
  * periodically (aging, preemption and gang bounds are measured against now). */
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
 
@@ -292,6 +318,8 @@ typedef struct lt_sched_sim_config {
   lt_sched_config_t sched;   /* policy and bounds; capacities are sized from the trace */
   uint32_t workers;
   uint32_t slots_per_worker;
+  uint32_t workers_per_group; /* node groups of this many workers (the last may be smaller);
+                               * 0: all workers in one group */
   uint64_t mem_per_slot;     /* device memory per slot; a job needs gpus * mem_per_slot */
   uint32_t models_per_worker;
   double cold_load_s;        /* added to a job's run time when its worker loads the model */
@@ -326,9 +354,11 @@ typedef struct lt_sched_sim_result {
   double makespan_s;    /* first arrival to last completion */
   uint64_t dispatches, preemptions, stops, cold_loads, completed;
   uint64_t gangs_started;  /* dispatches of jobs of more than one GPU */
+  uint64_t multi_started, multi_finished; /* dispatches of multi-worker gangs, and such jobs
+                                           * completed (or stopped at max duration) */
   uint64_t decide_calls;   /* lt_sched_decide() calls the run made */
-  /* Jobs larger than one worker: set aside at arrival (never queued) until multi-worker gangs
-   * exist; counted here, the first one's trace line named. */
+  /* Jobs larger than one node group (workers_per_group x slots), or than a gang may span:
+   * set aside at arrival (never queued); counted here, the first one's trace line named. */
   uint64_t refused_size;
   uint32_t refused_first_line, refused_first_gpus;
 } lt_sched_sim_result_t;

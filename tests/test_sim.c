@@ -1,10 +1,12 @@
 /* test_sim: what the event-driven simulator relies on in the policy — lt_sched_next_timer() names
  * the instants at which waiting changes a decision — and the least-attained-service peer
- * (LT_SCHED_POLICY_LAS); the streaming trace reader refuses an out-of-order line. The
+ * (LT_SCHED_POLICY_LAS); the streaming trace reader refuses an out-of-order line; every policy runs
+ * multi-worker gangs to completion in the simulator, refusing only jobs larger than a group. The
  * simulator's end-to-end behaviour (same results as the tick-based run, no false stall, a named
  * deadlock, `lathe sim gen`) is tests/sim_json.py. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lt_sched.h"
@@ -114,4 +116,42 @@ Test(sim, streaming_trace_refuses_an_out_of_order_line_naming_it) {
   cr_assert(strstr(err, "trace line 5") && strstr(err, "line 4") && strstr(err, "sorted"),
             "message: %s", err);
   lt_sched_trace_destroy(t);
+}
+
+Test(sim, runs_multi_worker_gangs_to_completion_under_every_policy) {
+  /* 16 workers of 8 in node groups of 8 (64 GPUs a group): gangs of 16, 32 and 64 GPUs among
+   * single-worker jobs, and one 128-GPU job, larger than a group, which is refused */
+  char text[4096] = "arrival_s,tenant,class,gpus,duration_s,base_model\n";
+  size_t len = strlen(text);
+  static const uint32_t gpus[] = {1, 16, 4, 32, 8, 64, 1, 16, 2, 32, 128, 1, 64, 8, 16};
+  static const char *const cls[] = {"production", "standard", "preemptible"};
+  uint32_t multi = 0, n = sizeof gpus / sizeof gpus[0];
+  for (uint32_t i = 0; i < n; i++) {
+    len += (size_t)snprintf(text + len, sizeof text - len, "%u,t%u,%s,%u,%u,m%u\n", i * 30, i % 3,
+                            cls[i % 3], gpus[i], 600 + 100 * i, i % 2);
+    multi += gpus[i] > 8 && gpus[i] <= 64;
+  }
+  lt_sched_trace_t *tr;
+  char err[256];
+  cr_assert_eq(lt_sched_trace_parse(text, len, &tr, err, sizeof err), LT_OK, "%s", err);
+  for (int p = 0; p < 3; p++) {
+    lt_sched_sim_config_t cfg;
+    lt_sched_sim_config_default(&cfg);
+    cfg.sched.policy = (lt_sched_policy_t)p;
+    cfg.sched.check_invariants = true;
+    cfg.workers = 16;
+    cfg.slots_per_worker = 8;
+    cfg.workers_per_group = 8;
+    lt_sched_sim_result_t r;
+    cr_assert_eq(lt_sched_sim_run(tr, &cfg, &r, err, sizeof err), LT_OK, "%s", err);
+    const char *name = lt_sched_policy_name(cfg.sched.policy);
+    cr_assert_eq(r.refused_size, 1, "%s", name);
+    cr_assert_eq(r.refused_first_gpus, 128, "%s", name);
+    cr_assert_eq(r.completed, n - 1, "%s: every job that fits a group completes", name);
+    cr_assert_eq(r.multi_finished, multi, "%s: %llu of %u gangs finished", name,
+                 (unsigned long long)r.multi_finished, multi);
+    cr_assert_geq(r.multi_started, multi, "%s", name);
+    lt_sched_sim_result_free(&r);
+  }
+  lt_sched_trace_destroy(tr);
 }

@@ -1,6 +1,6 @@
 /* test_sched: the scheduling policy (lt_sched) and its simulator — weighted fairness, strict
- * priority, preemption, gangs (on one worker, and across the workers of a node group), affinity, quotas, invariant 9 (prompt start), FIFO comparison,
- * determinism and trace errors. */
+ * priority, preemption, gangs (on one worker, and across the workers of a node group), affinity,
+ * quotas, invariant 9 (prompt start), FIFO comparison, determinism and trace errors. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>

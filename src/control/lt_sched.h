@@ -35,12 +35,14 @@
  *     draining worker's free slots are held against the gang's class and lower ones (no
  *     duration estimates prove a job would end before the gang starts);
  *   - preemption: a production or standard job blocked past `preempt_after_s` (a production
- *     gang at once) reserves a worker and asks preemptible jobs there to checkpoint and stop
- *     (PREEMPT decisions); the caller
- *     reports each stop with lt_sched_job_requeue(), which puts the job back in its queue.
+ *     gang at once) reserves a worker (a production multi-worker gang: the workers of one
+ *     group) and asks preemptible jobs there to checkpoint and stop (PREEMPT decisions, one
+ *     row per part of a multi-worker job); the caller reports each stop with
+ *     lt_sched_job_requeue(), which puts the job back in its queue, all its parts freed.
  * LT_SCHED_POLICY_FIFO is the comparison peer behind the same interface: one queue in arrival
  * order, head-of-line blocking, best-fit placement, no classes, fairness, quotas, affinity or
- * preemption (max duration is still enforced).
+ * preemption (max duration is still enforced). Both peers place multi-worker gangs with the
+ * Lathe policy's own all-or-nothing helper, so comparisons are fair.
  * LT_SCHED_POLICY_LAS is the second peer, least attained service as Tiresias does it: a job's
  * attained service is gpus x seconds run over all its attempts; two queues split at
  * las_threshold_gpu_s (jobs below it first), FIFO by arrival within a queue, skipping what
@@ -191,7 +193,9 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *worker, char
 /* A heartbeat: the models it holds now (replacing what the scheduler assumed). */
 lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint32_t *models,
                                    size_t n_models, char *errstr, size_t errstr_size);
-/* A worker is gone (lease expired): its running jobs go back to their queues (new attempt). */
+/* A worker is gone (lease expired): its running jobs go back to their queues (new attempt); a
+ * multi-worker gang with a part on it goes back whole, its parts on other workers freed. A
+ * worker that comes back up with another node_group moves to that group. */
 lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now);
 
 /* An accepted job enters the queue at time now. Never refused for quota (admission is

@@ -1131,3 +1131,34 @@ Test(sched, gang_reservation_drains_workers_within_the_reservation_bound) {
   cr_assert(!gang_reservation_run(2), "two workers reserved: the 1-GPU job waits");
   cr_assert(gang_reservation_run(1), "the gang needs two workers, the bound is one: no drain");
 }
+
+Test(sched, gang_past_max_duration_gets_a_stop_row_per_part) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  tenant(s, 1, 1, 0, 0, 100); /* jobs may run 100 s */
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  cr_assert_eq(lt_sched_decide(s, 100, d, 1), 0, "two rows do not fit in one: next call");
+  size_t n = lt_sched_decide(s, 100, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  cr_assert_eq(d[0].action, LT_SCHED_STOP);
+  cr_assert_eq(lt_sched_decide(s, 101, d, 8), 0, "stopped once");
+  lt_sched_destroy(s);
+}
+
+Test(sched, a_worker_back_in_another_node_group_moves_there) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 1);
+  gworker(s, 2, 8, 2);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 0);
+  gworker(s, 2, 8, 1); /* idle: it may change group without going down first */
+  size_t n = lt_sched_decide(s, 1, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  lt_sched_destroy(s);
+}

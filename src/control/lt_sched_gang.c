@@ -11,7 +11,6 @@
 #include "lt_sched_int.h"
 
 #include <assert.h>
-#include <stdlib.h>
 
 /* ---- node groups ------------------------------------------------------------------------ */
 
@@ -58,13 +57,29 @@ static uint32_t mem_bound(const job_t *j, uint64_t mem, uint32_t slots) {
   return (uint32_t)(mem / per);
 }
 
-static int key_cmp(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
+/* Moves key i of the max-heap k[0..n) down to its place. */
+static void key_sift(uint64_t *k, uint32_t i, uint32_t n) {
+  uint64_t x = k[i];
+  for (uint32_t c; (c = 2 * i + 1) < n; i = c) {
+    if (c + 1 < n && k[c + 1] > k[c]) c++;
+    if (k[c] <= x) break;
+    k[i] = k[c];
+  }
+  k[i] = x;
 }
 
-/* Sorts the n keys of s->gang_key: (order << 32 | worker), order ascending, then worker. */
-static void keys_sort(lt_sched_t *s, uint32_t n) { qsort(s->gang_key, n, sizeof *s->gang_key, key_cmp); }
+/* Sorts the n keys of s->gang_key ascending: (order << 32 | worker), so by order, then worker.
+ * A heap sort, in place: decisions allocate nothing (qsort may). */
+static void keys_sort(lt_sched_t *s, uint32_t n) {
+  uint64_t *k = s->gang_key;
+  for (uint32_t i = n / 2; i-- > 0;) key_sift(k, i, n);
+  for (uint32_t m = n; m > 1; m--) {
+    uint64_t t = k[0];
+    k[0] = k[m - 1];
+    k[m - 1] = t;
+    key_sift(k, 0, m - 1);
+  }
+}
 static uint32_t key_worker(uint64_t k) { return (uint32_t)k; }
 
 /* The usable free slots of worker w for job jx, as sorted in gang_find's keys. */

@@ -131,8 +131,8 @@ bool sched_gang_find(lt_sched_t *s, uint32_t jx, placement_t *pl) {
 /* The workers of one node group a gang would take once they are free (prod: once their
  * preemptible work stops as well): unreserved up workers, those with the most free slots first,
  * until their slots cover it; of the groups, the one needing the fewest workers, then the one
- * whose chosen workers have the most free slots. Writes them to pl (gpus: what each would
- * give) and returns false when no group can hold it. */
+ * whose chosen workers have the most free slots. Writes them to pl (workers only) and returns
+ * false when no group can hold it. */
 static bool gang_target(lt_sched_t *s, uint32_t jx, bool prod, placement_t *pl) {
   const job_t *j = &s->jobs[jx];
   uint32_t best_n = UINT32_MAX, best_free = 0;

@@ -155,3 +155,87 @@ Test(sim, runs_multi_worker_gangs_to_completion_under_every_policy) {
   }
   lt_sched_trace_destroy(tr);
 }
+
+/* A random run under policy p with multi-worker gangs, invariants checked after every call:
+ * jobs of 1..12 GPUs on 6 workers of 4 slots in two node groups; jobs finish, are requeued,
+ * and workers go down and come back. Returns the multi-worker gangs dispatched. */
+static uint32_t gang_stress(lt_sched_policy_t p, unsigned seed) {
+  lt_sched_config_t c;
+  lt_sched_config_default(&c);
+  c.policy = p;
+  c.check_invariants = true;
+  c.max_jobs = 512;
+  c.max_workers = 8;
+  c.preempt_after_s = 20;
+  c.gang_reserve_after_s = 30;
+  c.las_threshold_gpu_s = 200;
+  lt_sched_t *s;
+  char err[256];
+  cr_assert_eq(lt_sched_new(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  for (uint64_t t = 1; t <= 3; t++) {
+    lt_sched_tenant_t ten = {.id = t, .weight = (double)t, .max_duration_s = t == 3 ? 50 : 0};
+    cr_assert_eq(lt_sched_tenant_upsert(s, &ten, err, sizeof err), LT_OK, "%s", err);
+  }
+  lt_sched_worker_t wk[6];
+  for (uint32_t w = 0; w < 6; w++) {
+    wk[w] = (lt_sched_worker_t){.id = w + 1, .slots = 4, .mem_bytes = 4 << 20, .model_cache = 1,
+                                .node_group = w / 3};
+    cr_assert_eq(lt_sched_worker_up(s, &wk[w], err, sizeof err), LT_OK, "%s", err);
+  }
+  srand(seed);
+  uint64_t next = 1, running[256];
+  size_t nrun = 0;
+  uint32_t multi = 0;
+  lt_sched_decision_t d[64];
+  for (int step = 0; step < 2000; step++) {
+    double now = step;
+    if (rand() % 2) {
+      uint32_t g = rand() % 4 == 0 ? 5 + (uint32_t)(rand() % 8) : 1 + (uint32_t)(rand() % 4);
+      lt_sched_job_t j = {.id = next++, .tenant_id = 1 + (uint64_t)(rand() % 3),
+                          .cls = (lt_job_class_t)(rand() % 3), .gpus = g,
+                          .mem_bytes = (uint64_t)g << 20, .model = LT_SCHED_NO_MODEL};
+      cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
+    }
+    size_t n = lt_sched_decide(s, now, d, 64);
+    for (size_t i = 0; i < n; i += d[i].world) {
+      cr_assert_eq(d[i].rank, 0, "a job's rows start at rank 0");
+      cr_assert_leq(i + d[i].world, n, "a job's rows are never split");
+      for (uint32_t r = 1; r < d[i].world; r++)
+        cr_assert(d[i + r].job_id == d[i].job_id && d[i + r].rank == r);
+      if (d[i].action == LT_SCHED_DISPATCH) {
+        running[nrun++] = d[i].job_id;
+        multi += d[i].world > 1;
+      } else { /* preempted after its checkpoint, or stopped: at once */
+        if (d[i].action == LT_SCHED_PREEMPT) lt_sched_job_requeue(s, d[i].job_id, now);
+        else lt_sched_job_finished(s, d[i].job_id, now);
+        for (size_t k = 0; k < nrun; k++)
+          if (running[k] == d[i].job_id) running[k] = running[--nrun];
+      }
+    }
+    if (nrun > 0 && rand() % 3 == 0) {
+      size_t k = (size_t)rand() % nrun;
+      if (rand() % 8) lt_sched_job_finished(s, running[k], now);
+      else lt_sched_job_requeue(s, running[k], now);
+      running[k] = running[--nrun];
+    }
+    if (rand() % 100 == 0) { /* a worker goes down (its jobs, gangs whole, are requeued) */
+      uint32_t w = (uint32_t)(rand() % 6);
+      if (lt_sched_worker_down(s, w + 1, now) == LT_OK) {
+        nrun = 0; /* which jobs were requeued is the policy's business: forget them all */
+        lt_sched_counters_t cnt;
+        lt_sched_counters(s, &cnt);
+        for (uint64_t id = 1; id < next && cnt.running; id++)
+          if (lt_sched_job_requeue(s, id, now) == LT_OK) cnt.running--;
+        cr_assert_eq(lt_sched_worker_up(s, &wk[w], err, sizeof err), LT_OK, "%s", err);
+      }
+    }
+  }
+  lt_sched_destroy(s);
+  return multi;
+}
+
+Test(sim, random_runs_with_multi_worker_gangs_keep_the_tables_consistent) {
+  for (int p = 0; p < 3; p++)
+    cr_assert_gt(gang_stress((lt_sched_policy_t)p, 7 + (unsigned)p), 0, "%s",
+                 lt_sched_policy_name((lt_sched_policy_t)p));
+}

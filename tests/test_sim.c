@@ -1,7 +1,8 @@
 /* test_sim: what the event-driven simulator relies on in the policy — lt_sched_next_timer() names
  * the instants at which waiting changes a decision — and the least-attained-service peer
  * (LT_SCHED_POLICY_LAS); the streaming trace reader refuses an out-of-order line; every policy runs
- * multi-worker gangs to completion in the simulator, refusing only jobs larger than a group. The
+ * multi-worker gangs to completion in the simulator, refusing only jobs larger than a group, and
+ * random runs with such gangs keep the policy's tables consistent. The
  * simulator's end-to-end behaviour (same results as the tick-based run, no false stall, a named
  * deadlock, `lathe sim gen`) is tests/sim_json.py. */
 #include <criterion/criterion.h>

@@ -1,6 +1,6 @@
 /* bench_sched: scheduler decisions per second at DESIGN scale — 10,000 queued jobs, 1,000
- * tenants, 500 workers of 8 GPUs — for Lathe's policy and, as the peer in the same run, FIFO
- * behind the same interface.
+ * tenants, 500 workers of 8 GPUs in node groups of 8, multi-worker gangs of 16 and 32 GPUs in
+ * the mix — for Lathe's policy and, as the peer in the same run, FIFO behind the same interface.
  *
  * Steady state: the fleet starts full; each cycle finishes 256 random running jobs (a few are
  * requeued instead, as after a lost attempt), tops the queue back up to 10,000, advances
@@ -19,6 +19,7 @@
 #define TENANTS 1000
 #define WORKERS 500
 #define SLOTS 8
+#define GROUP 8 /* workers per node group */
 #define QUEUED 10000
 #define MODELS 20
 #define CYCLES 400
@@ -46,6 +47,7 @@ typedef struct bench {
   size_t nrun;
   lt_sched_decision_t *d; /* 8192 */
   uint64_t next_id;
+  uint64_t multi; /* multi-worker gangs dispatched */
   double vt;
 } bench_t;
 
@@ -77,7 +79,7 @@ static int bench_open(bench_t *b, lt_sched_policy_t policy) {
   }
   for (uint64_t w = 1; w <= WORKERS; w++) {
     lt_sched_worker_t wk = {.id = w, .slots = SLOTS, .mem_bytes = SLOTS * (80ULL << 30),
-                            .model_cache = 2};
+                            .model_cache = 2, .node_group = (uint32_t)((w - 1) / GROUP)};
     lt_sched_worker_up(b->s, &wk, err, sizeof err);
   }
   b->next_id = 1;
@@ -85,6 +87,7 @@ static int bench_open(bench_t *b, lt_sched_policy_t policy) {
   b->nrun = 0;
   b->d = malloc(sizeof *b->d * 8192);
   b->vt = 0;
+  b->multi = 0;
   return 0;
 }
 
@@ -99,7 +102,7 @@ static void bench_churn(bench_t *b) {
 }
 
 /* Events: new jobs top the queue back up to QUEUED (20% production, 70% standard; one in 20 a
- * gang of 8, of 4 or of 2). */
+ * gang of 8, of 4 or of 2; one in 200 a multi-worker gang of 16, one in 400 of 32). */
 static int bench_top_up(bench_t *b) {
   lt_sched_counters_t cnt;
   lt_sched_counters(b->s, &cnt);
@@ -113,6 +116,9 @@ static int bench_top_up(bench_t *b) {
                         .cls = (lt_job_class_t)cls,
                         .gpus = g == 0 ? 8 : g == 1 ? 4 : g == 2 ? 2 : 1,
                         .model = b->models[(x >> 24) % MODELS]};
+    uint32_t big = (x >> 3) % 400;
+    if (big < 2) j.gpus = 16;
+    else if (big == 2) j.gpus = 32;
     j.mem_bytes = j.gpus * (40ULL << 30);
     if (lt_sched_job_enqueue(b->s, &j, b->vt, err, sizeof err)) {
       fprintf(stderr, "bench_sched: %s\n", err);
@@ -122,14 +128,18 @@ static int bench_top_up(bench_t *b) {
   return 0;
 }
 
-/* Decides until the policy has nothing more to say; returns the number of decisions. */
+/* Decides until the policy has nothing more to say; returns the number of decisions (a
+ * multi-worker gang's rows, one a worker, count as one). */
 static uint64_t bench_decide(bench_t *b) {
   uint64_t decisions = 0;
   size_t n;
   do {
     n = lt_sched_decide(b->s, b->vt, b->d, 8192);
     for (size_t i = 0; i < n; i++) {
+      if (b->d[i].rank != 0) continue; /* a multi-worker gang's rows are one decision */
+      decisions++;
       if (b->d[i].action == LT_SCHED_DISPATCH) {
+        if (b->d[i].world > 1) b->multi++;
         b->running[b->nrun++] = b->d[i].job_id;
       } else {
         /* answered at once: preempted after its checkpoint, or stopped */
@@ -141,8 +151,7 @@ static uint64_t bench_decide(bench_t *b) {
         lt_sched_job_requeue(b->s, b->d[i].job_id, b->vt);
       }
     }
-    decisions += n;
-  } while (n == 8192);
+  } while (n + LT_SCHED_MAX_GANG_WORKERS > 8192);
   return decisions;
 }
 
@@ -175,11 +184,12 @@ static int run(lt_sched_policy_t policy, result_t *r) {
   r->cold_loads = cnt.cold_loads;
   r->jain_standard = lt_sched_jain(b.s, LT_CLASS_STANDARD);
   printf("%-6s decisions %8llu  with events %10.0f/s  decide only %10.0f/s  queued %u  "
-         "slots used %u/%u  preemptions %llu  cold loads %llu  jain(standard) %.3f\n",
+         "slots used %u/%u  preemptions %llu  cold loads %llu  multi-worker gangs %llu  "
+         "jain(standard) %.3f\n",
          lt_sched_policy_name(policy), (unsigned long long)decisions, r->decisions_per_s,
          r->decide_only_per_s, cnt.queued, cnt.slots_used, cnt.slots_total,
          (unsigned long long)cnt.preemptions,
-         (unsigned long long)cnt.cold_loads, r->jain_standard);
+         (unsigned long long)cnt.cold_loads, (unsigned long long)b.multi, r->jain_standard);
   free(b.running);
   free(b.d);
   lt_sched_destroy(b.s);
@@ -187,9 +197,9 @@ static int run(lt_sched_policy_t policy, result_t *r) {
 }
 
 int main(void) {
-  printf("bench_sched: %d queued jobs, %d tenants, %d workers x %d GPUs, %d cycles of %d "
-         "finishes\n",
-         QUEUED, TENANTS, WORKERS, SLOTS, CYCLES, CHURN);
+  printf("bench_sched: %d queued jobs, %d tenants, %d workers x %d GPUs in node groups of %d, "
+         "%d cycles of %d finishes\n",
+         QUEUED, TENANTS, WORKERS, SLOTS, GROUP, CYCLES, CHURN);
   result_t lathe, fifo;
   if (run(LT_SCHED_POLICY_FIFO, &fifo) || run(LT_SCHED_POLICY_LATHE, &lathe)) return 1;
   printf("lathe/fifo decisions/s ratio: %.2f\n", lathe.decisions_per_s / fifo.decisions_per_s);

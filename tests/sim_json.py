@@ -4,7 +4,8 @@ Then the simulator's own behaviour: event-driven runs equal the tick-based ones 
 traces (exactly on heavy.csv; on mixed.csv FIFO exactly and Lathe within tolerance, since the
 tick delayed each aging or preemption decision by up to 5 s); multi-day jobs on a full fleet are
 not a stall; a real deadlock names the job; an out-of-order line is refused naming it; jobs
-larger than a worker are counted, not fatal; `lathe sim gen` is deterministic and matches its
+larger than a worker run as multi-worker gangs, and larger than a node group are counted, not
+fatal; `lathe sim gen` is deterministic and matches its
 mix.
 
 usage: sim_json.py PATH/TO/lathe   (LATHE_SOURCE_ROOT: the repository)"""
@@ -113,11 +114,18 @@ r = sim(trace("dead.csv", ["0,a,standard,1,60,m", "5,q,standard,4,60,m"]), "--po
 if r.returncode != 1 or "deadlock" not in r.stderr or "trace line 3" not in r.stderr or "quota" not in r.stderr:
     sys.exit(f"sim_json: the deadlock must be reported naming trace line 3 and the quota, got {r.returncode}: {r.stderr}")
 
-# larger than a worker: counted and named, the rest runs
-d = sim(trace("big.csv", ["0,a,standard,1,60,m", "1,a,standard,16,60,m", "2,a,standard,2,60,m"]), "--slots", "8")
+# larger than a worker: a multi-worker gang, run by every policy; larger than a node group:
+# counted and named, the rest runs
+big = trace("big.csv", ["0,a,standard,1,60,m", "1,a,standard,16,60,m", "2,a,standard,2,60,m"])
+d = sim(big, "--slots", "8")
+for p in d["policies"]:
+    if p["refused_by_size"] != 0 or p["completed"] != 3 or p["multi_worker_gangs_started"] != 1 or \
+            p["multi_worker_gangs_finished"] != 1:
+        sys.exit(f"sim_json: a 16-GPU job on 8-slot workers must run on two: {p['policy']} {p}")
+d = sim(big, "--slots", "8", "--workers-per-group", "1")
 for p in d["policies"]:
     if p["refused_by_size"] != 1 or p["refused_first_line"] != 3 or p["completed"] != 2:
-        sys.exit(f"sim_json: a 16-GPU job on 8-slot workers: {p['policy']} {p}")
+        sys.exit(f"sim_json: a 16-GPU job on 8-slot workers in groups of one: {p['policy']} {p}")
 
 # fragmentation and reserved idle slots, on one 4-slot worker: a's 1-GPU job runs 1000 s after a
 # 60 s cold load, b's 4-GPU gang waits behind it with 3 slots free for 1060 s, then runs 100 s.

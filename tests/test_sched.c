@@ -1,6 +1,6 @@
 /* test_sched: the scheduling policy (lt_sched) and its simulator — weighted fairness, strict
- * priority, preemption, gangs, affinity, quotas, invariant 9 (prompt start), FIFO comparison,
- * determinism and trace errors. */
+ * priority, preemption, gangs (on one worker, and across the workers of a node group), affinity,
+ * quotas, invariant 9 (prompt start), FIFO comparison, determinism and trace errors. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -992,5 +992,326 @@ Test(sched, fragmented_slots_are_free_slots_too_few_for_the_smallest_waiting_job
   cr_assert_eq(lt_sched_decide(s, 1, d, 8), 1);
   cr_assert_eq(lt_sched_smallest_queued(s), 4);
   cr_assert_eq(lt_sched_fragmented_slots(s), 3, "the other worker's 3 free slots");
+  lt_sched_destroy(s);
+}
+
+/* ---- multi-worker gangs on node groups ------------------------------------------------------ */
+
+/* A scheduler for gang cases: gang reservation after `gang` s (<= 0: never), preemption after
+ * `preempt` s (<= 0: never), at most max_res workers reserved (0: the default); tenant 1. */
+static lt_sched_t *gang_fleet(double gang, double preempt, uint32_t max_res) {
+  lt_sched_config_t c;
+  lt_sched_config_default(&c);
+  c.gang_reserve_after_s = gang > 0 ? gang : -1;
+  c.preempt_after_s = preempt > 0 ? preempt : -1;
+  c.max_reservations = max_res;
+  c.production_reserve = 0;
+  c.max_jobs = 256;
+  c.max_workers = 16;
+  c.check_invariants = true;
+  lt_sched_t *s;
+  char err[256];
+  cr_assert_eq(lt_sched_new(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  tenant(s, 1, 1, 0, 0, 0);
+  return s;
+}
+
+static void gworker(lt_sched_t *s, uint64_t id, uint32_t slots, uint32_t group) {
+  lt_sched_worker_t w = {.id = id, .slots = slots, .mem_bytes = slots * 80 * GB,
+                         .model_cache = 1, .node_group = group};
+  char err[256];
+  cr_assert_eq(lt_sched_worker_up(s, &w, err, sizeof err), LT_OK, "%s", err);
+}
+
+/* The decisions d[0..n) are one job's world rows: same action, job and attempt, ranks 0.. in
+ * order, distinct workers, masks of `gpus_each` GPUs (0: any). */
+static void assert_gang_rows(const lt_sched_decision_t *d, size_t n, uint64_t job_id,
+                             uint32_t gpus_each) {
+  cr_assert(n >= 1);
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(d[i].job_id, job_id);
+    cr_assert_eq(d[i].action, d[0].action);
+    cr_assert_eq(d[i].attempt, d[0].attempt);
+    cr_assert_eq(d[i].rank, i, "rank 0 first, in order");
+    cr_assert_eq(d[i].world, n);
+    if (gpus_each) cr_assert_eq(__builtin_popcountll(d[i].gpu_mask), gpus_each);
+    for (size_t k = 0; k < i; k++) cr_assert_neq(d[i].worker_id, d[k].worker_id);
+  }
+}
+
+Test(sched, gang_of_16_starts_on_two_workers_of_one_group_with_ranks) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 7);
+  gworker(s, 2, 8, 7);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  size_t n = lt_sched_decide(s, 0, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  cr_assert_eq(d[0].action, LT_SCHED_DISPATCH);
+  cr_assert_eq(d[0].gpu_mask, 0xff);
+  cr_assert_eq(d[1].gpu_mask, 0xff);
+  cr_assert_eq(d[0].attempt, 1);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.running, 1, "one job on two workers");
+  cr_assert_eq(c.slots_used, 16);
+  /* finished: both parts are free again, and a single-worker job sees world 1 */
+  cr_assert_eq(lt_sched_job_finished(s, 1, 10), LT_OK);
+  job(s, 2, 1, LT_CLASS_STANDARD, 8, LT_SCHED_NO_MODEL, 10);
+  cr_assert_eq(lt_sched_decide(s, 10, d, 8), 1);
+  cr_assert_eq(d[0].world, 1);
+  cr_assert_eq(d[0].rank, 0);
+  lt_sched_destroy(s);
+}
+
+Test(sched, gang_never_spans_two_node_groups) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 1);
+  gworker(s, 2, 8, 2);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 0, "16 GPUs free, but in two groups");
+  gworker(s, 3, 8, 2);
+  size_t n = lt_sched_decide(s, 1, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  for (size_t i = 0; i < n; i++) cr_assert_neq(d[i].worker_id, 1, "group 2 only");
+  lt_sched_destroy(s);
+}
+
+Test(sched, gang_waits_all_or_nothing_while_only_15_slots_are_free) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  job(s, 2, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 1, d, 8), 0, "no partial gang on 15 free slots");
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.slots_used, 1);
+  cr_assert_eq(lt_sched_job_finished(s, 1, 2), LT_OK);
+  size_t n = lt_sched_decide(s, 2, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 2, 8);
+  /* a gang's rows are never split across calls: with room for one row, it waits */
+  cr_assert_eq(lt_sched_job_requeue(s, 2, 3), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 3, d, 1), 0);
+  cr_assert_eq(lt_sched_decide(s, 3, d, 2), 2);
+  lt_sched_destroy(s);
+}
+
+Test(sched, gang_of_8_prefers_one_worker_over_two_half_free_ones) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  lt_sched_decision_t d[8];
+  /* 4-GPU jobs: 10 and 11 fill worker 1 (best fit), 12 half of worker 2; 11 ends */
+  for (uint64_t i = 10; i <= 12; i++) job(s, i, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 3);
+  cr_assert_eq(lt_sched_job_finished(s, 11, 1), LT_OK);
+  job(s, 1, 1, LT_CLASS_STANDARD, 8, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 1, d, 8), 0, "8 GPUs fit one worker: not split over two");
+  gworker(s, 3, 8, 0);
+  size_t n = lt_sched_decide(s, 2, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].worker_id, 3);
+  cr_assert_eq(d[0].world, 1);
+  cr_assert_eq(d[0].gpu_mask, 0xff);
+  lt_sched_destroy(s);
+}
+
+Test(sched, gang_prefers_whole_free_workers_and_best_fit_for_the_rest) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  for (uint64_t w = 1; w <= 4; w++) gworker(s, w, 8, 0);
+  lt_sched_decision_t d[8];
+  /* worker 1: 2 free (a 6-GPU job), worker 2: 4 free (a 4-GPU job), 3 and 4 whole */
+  job(s, 10, 1, LT_CLASS_STANDARD, 6, LT_SCHED_NO_MODEL, 0);
+  job(s, 11, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  cr_assert_eq(d[0].worker_id, 1);
+  cr_assert_eq(d[1].worker_id, 2);
+  /* 10 GPUs: one whole worker and the 2 left on worker 1 (best fit), not 8 + 4 */
+  job(s, 1, 1, LT_CLASS_STANDARD, 10, LT_SCHED_NO_MODEL, 1);
+  size_t n = lt_sched_decide(s, 1, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 0);
+  cr_assert(d[0].worker_id == 3 || d[0].worker_id == 4);
+  cr_assert_eq(d[0].gpu_mask, 0xff);
+  cr_assert_eq(d[1].worker_id, 1);
+  cr_assert_eq(__builtin_popcountll(d[1].gpu_mask), 2);
+  lt_sched_destroy(s);
+}
+
+Test(sched, losing_a_worker_of_a_gang_requeues_the_whole_gang) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  for (uint64_t w = 1; w <= 3; w++) gworker(s, w, 8, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  uint64_t lost = d[1].worker_id, kept = d[0].worker_id;
+  cr_assert_eq(lt_sched_worker_down(s, lost, 10), LT_OK);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.running, 0);
+  cr_assert_eq(c.queued, 1);
+  cr_assert_eq(c.slots_used, 0, "the part on the other worker is freed");
+  size_t n = lt_sched_decide(s, 11, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  cr_assert_eq(d[0].attempt, 2);
+  for (size_t i = 0; i < n; i++) cr_assert_neq(d[i].worker_id, lost);
+  cr_assert(d[0].worker_id == kept || d[1].worker_id == kept);
+  lt_sched_destroy(s);
+}
+
+Test(sched, production_gang_preempts_preemptible_work_across_workers) {
+  lt_sched_t *s = gang_fleet(0, 120, 0);
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  lt_sched_decision_t d[8];
+  /* a preemptible 16-GPU gang holds both workers */
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 16, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  /* a production 16-GPU gang preempts it at once: one PREEMPT row per part */
+  job(s, 2, 1, LT_CLASS_PRODUCTION, 16, LT_SCHED_NO_MODEL, 5);
+  size_t n = lt_sched_decide(s, 5, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT);
+  cr_assert_eq(lt_sched_decide(s, 6, d, 8), 0, "the checkpoint is still in flight");
+  cr_assert_eq(lt_sched_job_requeue(s, 1, 35), LT_OK);
+  n = lt_sched_decide(s, 35, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 2, 8);
+  cr_assert_eq(d[0].action, LT_SCHED_DISPATCH);
+  lt_sched_destroy(s);
+}
+
+Test(sched, production_gang_preempts_single_worker_jobs_on_the_workers_it_takes) {
+  lt_sched_t *s = gang_fleet(0, 120, 0);
+  for (uint64_t w = 1; w <= 3; w++) gworker(s, w, 8, 0);
+  lt_sched_decision_t d[16];
+  /* workers 1 and 2: a preemptible 8-GPU job each; worker 3: a standard one (kept) */
+  job(s, 10, 1, LT_CLASS_STANDARD, 8, LT_SCHED_NO_MODEL, 0);
+  job(s, 11, 1, LT_CLASS_PREEMPTIBLE, 8, LT_SCHED_NO_MODEL, 0);
+  job(s, 12, 1, LT_CLASS_PREEMPTIBLE, 8, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 16), 3);
+  job(s, 1, 1, LT_CLASS_PRODUCTION, 16, LT_SCHED_NO_MODEL, 1);
+  size_t n = lt_sched_decide(s, 1, d, 16);
+  cr_assert_eq(n, 2);
+  uint64_t got = 0;
+  for (size_t i = 0; i < n; i++) {
+    cr_assert_eq(d[i].action, LT_SCHED_PREEMPT);
+    cr_assert_eq(d[i].world, 1);
+    got |= 1ULL << d[i].job_id;
+  }
+  cr_assert_eq(got, (1ULL << 11) | (1ULL << 12), "only the preemptible jobs");
+  cr_assert_eq(lt_sched_job_requeue(s, 11, 30), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 30, d, 16), 0, "8 of 16 free: all or nothing");
+  cr_assert_eq(lt_sched_job_requeue(s, 12, 31), LT_OK);
+  n = lt_sched_decide(s, 31, d, 16);
+  cr_assert_eq(n, 2, "the gang, and not the requeued preemptible jobs");
+  assert_gang_rows(d, n, 1, 8);
+  lt_sched_destroy(s);
+}
+
+/* Two workers run a 7-GPU preemptible job each (preemption off); a standard 16-GPU gang waits
+ * past its reservation bound (10 s); then a standard 1-GPU job arrives. Returns whether that job
+ * started. */
+static bool gang_reservation_run(uint32_t max_res) {
+  lt_sched_t *s = gang_fleet(10, 0, max_res);
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  lt_sched_decision_t d[8];
+  job(s, 10, 1, LT_CLASS_PREEMPTIBLE, 7, LT_SCHED_NO_MODEL, 0);
+  job(s, 11, 1, LT_CLASS_PREEMPTIBLE, 7, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 15, d, 8), 0);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 16);
+  size_t n = lt_sched_decide(s, 16, d, 8);
+  bool started = n == 1 && d[0].job_id == 2;
+  if (!started) {
+    /* the workers drain for the gang; a production job may still use them (class order) */
+    job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 17);
+    cr_assert_eq(lt_sched_decide(s, 17, d, 8), 1);
+    cr_assert_eq(d[0].job_id, 3);
+    cr_assert_eq(lt_sched_job_finished(s, 3, 18), LT_OK);
+    cr_assert_eq(lt_sched_job_finished(s, 10, 18), LT_OK);
+    cr_assert_eq(lt_sched_job_finished(s, 11, 18), LT_OK);
+    n = lt_sched_decide(s, 18, d, 8);
+    cr_assert_eq(n, 2, "drained: the gang starts before the waiting 1-GPU job");
+    assert_gang_rows(d, n, 1, 8);
+  }
+  lt_sched_destroy(s);
+  return started;
+}
+
+Test(sched, gang_reservation_drains_workers_within_the_reservation_bound) {
+  cr_assert(!gang_reservation_run(2), "two workers reserved: the 1-GPU job waits");
+  cr_assert(gang_reservation_run(1), "the gang needs two workers, the bound is one: no drain");
+}
+
+Test(sched, gang_past_max_duration_gets_a_stop_row_per_part) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  tenant(s, 1, 1, 0, 0, 100); /* jobs may run 100 s */
+  gworker(s, 1, 8, 0);
+  gworker(s, 2, 8, 0);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  cr_assert_eq(lt_sched_decide(s, 100, d, 1), 0, "two rows do not fit in one: next call");
+  size_t n = lt_sched_decide(s, 100, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  cr_assert_eq(d[0].action, LT_SCHED_STOP);
+  cr_assert_eq(lt_sched_decide(s, 101, d, 8), 0, "stopped once");
+  lt_sched_destroy(s);
+}
+
+Test(sched, a_worker_back_in_another_node_group_moves_there) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 1);
+  gworker(s, 2, 8, 2);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 0);
+  gworker(s, 2, 8, 1); /* idle: it may change group without going down first */
+  size_t n = lt_sched_decide(s, 1, d, 8);
+  cr_assert_eq(n, 2);
+  assert_gang_rows(d, n, 1, 8);
+  lt_sched_destroy(s);
+}
+
+/* The visibility of a gang across workers: its GPU-seconds count every part; a waiting gang
+ * larger than any worker waits as the smallest queued job, and the free slots of
+ * a group too small for it are fragmented, those of a group that could host it are not. */
+Test(sched, a_multi_worker_gangs_usage_and_fragmentation_count_its_parts_and_groups) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  gworker(s, 1, 8, 1);
+  gworker(s, 2, 8, 1);
+  gworker(s, 3, 8, 2);
+  gworker(s, 4, 8, 2);
+  job(s, 1, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  cr_assert_eq(lt_sched_job_started(s, 1, 10), LT_OK);
+  lt_sched_usage_t u[4];
+  cr_assert_eq(lt_sched_tenants_usage(s, 20, u, 4), 1);
+  cr_assert_float_eq(u[0].gpu_seconds[LT_CLASS_STANDARD], 16 * 10.0, 1e-9, "both parts count");
+  job(s, 2, 1, LT_CLASS_STANDARD, 2, LT_SCHED_NO_MODEL, 20); /* takes 2 slots of group 2 */
+  cr_assert_eq(lt_sched_decide(s, 20, d, 8), 1);
+  job(s, 3, 1, LT_CLASS_STANDARD, 16, LT_SCHED_NO_MODEL, 21); /* 14 free in group 2: waits */
+  cr_assert_eq(lt_sched_decide(s, 21, d, 8), 0);
+  cr_assert_eq(lt_sched_smallest_queued(s), 16);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 14, "group 2's 14 free slots cannot host the gang");
+  cr_assert_eq(lt_sched_job_finished(s, 2, 30), LT_OK);
+  cr_assert_eq(lt_sched_fragmented_slots(s), 0, "group 2 could host it now");
+  cr_assert_eq(lt_sched_job_finished(s, 1, 40), LT_OK);
+  cr_assert_eq(lt_sched_tenants_usage(s, 40, u, 4), 1);
+  cr_assert_float_eq(u[0].gpu_seconds[LT_CLASS_STANDARD], 16 * 30.0 + 2 * 10.0, 1e-9);
   lt_sched_destroy(s);
 }

@@ -23,12 +23,15 @@ static void sim_usage(FILE *f) {
           "  TRACE: CSV with a header line, then arrival_s,tenant,class,gpus,duration_s,"
           "base_model\n"
           "         per job, sorted by arrival_s ('#' and blank lines skipped); a job with more\n"
-          "         GPUs than a worker's slots is counted as refused_by_size, not run\n"
+          "         GPUs than a worker's slots runs as a multi-worker gang within one node\n"
+          "         group; one larger than a group is counted as refused_by_size, not run\n"
           "  --policy lathe|fifo|las|both|all  policies to simulate (default all; both: lathe\n"
           "                             and fifo)\n"
           "  --json                     print the results as one JSON object\n"
           "  --workers N                workers in the fleet (default 16)\n"
           "  --slots N                  GPU slots per worker (default 8)\n"
+          "  --workers-per-group N      workers per node group, where one gang may span\n"
+          "                             (default 0: all workers in one group)\n"
           "  --models-per-worker N      base models a worker holds at once (default 2)\n"
           "  --cold-load S              seconds to load a base model (default 60)\n"
           "  --checkpoint S             seconds from preempt request to stop (default 30)\n"
@@ -198,6 +201,10 @@ static void print_summary(const lt_sched_sim_result_t *res, size_t nres) {
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].stops);
   printf("\n%-28s", "gangs_started");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].gangs_started);
+  printf("\n%-28s", "multi_worker_gangs_started");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].multi_started);
+  printf("\n%-28s", "multi_worker_gangs_finished");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].multi_finished);
   printf("\n%-28s", "jobs_completed");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].completed);
   printf("\n%-28s", "refused_by_size");
@@ -212,8 +219,8 @@ static void print_summary(const lt_sched_sim_result_t *res, size_t nres) {
   for (size_t k = 0; k < nres; k++) printf(" %14.3f", res[k].fragmented_slots_mean);
   printf("\n");
   if (res[0].refused_size)
-    printf("\nrefused_by_size: %llu jobs need more GPUs than a worker has (the first: trace line "
-           "%u, %u GPUs); multi-worker gangs do not exist yet\n",
+    printf("\nrefused_by_size: %llu jobs need more GPUs than a node group has (the first: trace "
+           "line %u, %u GPUs)\n",
            (unsigned long long)res[0].refused_size, res[0].refused_first_line,
            res[0].refused_first_gpus);
 }
@@ -222,9 +229,10 @@ static void print_summary(const lt_sched_sim_result_t *res, size_t nres) {
  * rows, Jain's index per class and the fleet figures. */
 static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sched_sim_config_t *cfg,
                        const lt_sched_sim_result_t *res, size_t nres) {
-  json_t *out = json_pack("{s:s,s:I,s:I,s:{s:i,s:i,s:i},s:[]}", "trace", path, "jobs", (json_int_t)lt_sched_trace_jobs(tr),
+  json_t *out = json_pack("{s:s,s:I,s:I,s:{s:i,s:i,s:i,s:i},s:[]}", "trace", path, "jobs", (json_int_t)lt_sched_trace_jobs(tr),
                           "tenants", (json_int_t)lt_sched_trace_tenants(tr), "fleet", "workers", (int)cfg->workers,
-                          "slots_per_worker", (int)cfg->slots_per_worker, "models_per_worker",
+                          "slots_per_worker", (int)cfg->slots_per_worker, "workers_per_group",
+                          (int)cfg->workers_per_group, "models_per_worker",
                           (int)cfg->models_per_worker, "policies");
   for (size_t k = 0; k < nres; k++) {
     const lt_sched_sim_result_t *r = &res[k];
@@ -247,8 +255,10 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
                           json_pack("{s:f,s:f}", "p50_s", r->wait_p50_s[c], "p99_s",
                                     r->wait_p99_s[c]));
     }
-    json_t *pj = json_pack("{s:o,s:I,s:I,s:I,s:I}", "class_waits", waits, "gangs_started",
-                           (json_int_t)r->gangs_started, "refused_by_size",
+    json_t *pj = json_pack("{s:o,s:I,s:I,s:I,s:I,s:I,s:I}", "class_waits", waits, "gangs_started",
+                           (json_int_t)r->gangs_started, "multi_worker_gangs_started",
+                           (json_int_t)r->multi_started, "multi_worker_gangs_finished",
+                           (json_int_t)r->multi_finished, "refused_by_size",
                            (json_int_t)r->refused_size, "refused_first_line",
                            (json_int_t)r->refused_first_line, "decide_calls",
                            (json_int_t)r->decide_calls);
@@ -279,7 +289,7 @@ typedef struct sim_args {
   const char *path;
 } sim_args_t;
 
-enum { O_POLICY = 256, O_WORKERS, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
+enum { O_POLICY = 256, O_WORKERS, O_GROUP, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
        O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON, O_LAS };
 
 /* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
@@ -302,6 +312,10 @@ static int sim_option(sim_args_t *a, int o, const char *arg) {
   case O_WORKERS:
     if (parse_num("--workers", arg, 1, &d)) return 2;
     cfg->workers = (uint32_t)d;
+    return 0;
+  case O_GROUP:
+    if (parse_num("--workers-per-group", arg, 0, &d)) return 2;
+    cfg->workers_per_group = (uint32_t)d;
     return 0;
   case O_SLOTS:
     if (parse_num("--slots", arg, 1, &d) || d > LT_SCHED_MAX_WORKER_SLOTS) {
@@ -350,6 +364,7 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
   static const struct option opts[] = {
       {"policy", required_argument, 0, O_POLICY},
       {"workers", required_argument, 0, O_WORKERS},
+      {"workers-per-group", required_argument, 0, O_GROUP},
       {"slots", required_argument, 0, O_SLOTS},
       {"models-per-worker", required_argument, 0, O_MODELS},
       {"cold-load", required_argument, 0, O_COLD},

@@ -48,6 +48,9 @@ static size_t sched_tables_layout(lt_sched_t *s, char *base) {
   s->workers = carve(base, &off, c->max_workers, sizeof *s->workers);
   s->wrk_hash = carve(base, &off, (size_t)s->wrk_hmask + 1, sizeof *s->wrk_hash);
   s->model_names = carve(base, &off, c->max_models, sizeof *s->model_names);
+  s->parts = carve(base, &off, s->parts_cap, sizeof *s->parts);
+  s->groups = carve(base, &off, c->max_workers, sizeof *s->groups);
+  s->gang_key = carve(base, &off, c->max_workers, sizeof *s->gang_key);
   s->free_bm = carve(base, &off, (LT_SCHED_MAX_WORKER_SLOTS + 1) * s->words, sizeof *s->free_bm);
   s->model_bm = carve(base, &off, (size_t)c->max_models * s->words, sizeof *s->model_bm);
   for (int k = 0; k < LT_CLASS__COUNT; k++) {
@@ -109,6 +112,9 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   s->ten_hmask = pow2_at_least(cfg.max_tenants * 2) - 1;
   s->wrk_hmask = pow2_at_least(cfg.max_workers * 2) - 1;
   s->words = (cfg.max_workers + 63) / 64;
+  /* a part holds at least one GPU of an up worker: max_workers full workers bound them */
+  uint64_t parts = (uint64_t)cfg.max_workers * LT_SCHED_MAX_WORKER_SLOTS;
+  s->parts_cap = parts < NIL / 2 ? (uint32_t)parts : NIL / 2;
   s->tables = calloc(1, sched_tables_layout(s, NULL));
   if (!s->tables) goto nomem;
   sched_tables_layout(s, s->tables);
@@ -121,6 +127,8 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   memset(s->wrk_hash, 0xff, ((size_t)s->wrk_hmask + 1) * sizeof(uint32_t));
   for (uint32_t i = 0; i < cfg.max_jobs; i++) s->jobs[i].tq.next = i + 1 < cfg.max_jobs ? i + 1 : NIL;
   s->job_free = 0;
+  for (uint32_t i = 0; i < s->parts_cap; i++) s->parts[i].next = i + 1 < s->parts_cap ? i + 1 : NIL;
+  s->part_free = 0;
   s->next_deadline = INFINITY;
   s->idle_at = -INFINITY;
   *out = s;
@@ -180,7 +188,7 @@ static uint32_t tenant_add(lt_sched_t *s, uint64_t id) {
 static uint32_t worker_add(lt_sched_t *s, uint64_t id) {
   if (s->nworkers >= s->cfg.max_workers) return NIL;
   uint32_t w = s->nworkers++;
-  s->workers[w] = (worker_t){.id = id};
+  s->workers[w] = (worker_t){.id = id, .group = NIL, .gnext = NIL};
   hash_add(s->wrk_hash, s->wrk_hmask, id, &s->workers[w].hnext, w);
   return w;
 }
@@ -191,6 +199,18 @@ static uint32_t worker_add(lt_sched_t *s, uint64_t id) {
 static void job_attain(lt_sched_t *s, uint32_t jx, double now) {
   job_t *j = &s->jobs[jx];
   if (now > j->start) j->attained += j->gpus * (now - j->start);
+}
+
+/* Running job jx stopped without finishing at now: it frees every part and goes back to the
+ * head of its tenant's queue, as a new attempt. */
+static void job_requeue(lt_sched_t *s, uint32_t jx, double now) {
+  sched_stats_advance(s, now);
+  sched_stats_ran(s, jx, now);
+  job_attain(s, jx, now);
+  sched_run_release(s, jx);
+  s->requeues++;
+  sched_queue_insert(s, jx, true, now);
+  sched_timers_push(s, jx, now);
 }
 
 lt_err_t lt_sched_tenant_upsert(lt_sched_t *s, const lt_sched_tenant_t *in, char *errstr,
@@ -245,11 +265,13 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   uint32_t w = worker_find(s, in->id);
   if (w != NIL && s->workers[w].up) {
     worker_t *wk = &s->workers[w];
-    if (wk->slots == in->slots && wk->mem_total == in->mem_bytes) return LT_OK;
+    if (wk->slots == in->slots && wk->mem_total == in->mem_bytes &&
+        s->groups[wk->group].id == in->node_group)
+      return LT_OK;
     if (wk->run.head != NIL)
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                     "sched: worker %llu changed capacity while running jobs: report it down "
-                     "first",
+                     "sched: worker %llu changed capacity or node group while running jobs: "
+                     "report it down first",
                      (unsigned long long)in->id);
     lt_sched_worker_down(s, in->id, 0);
   }
@@ -268,7 +290,10 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   wk->run = (list_t){NIL, NIL};
   wk->reserved_job = NIL;
   wk->free_slots = in->slots;
+  sched_group_join(s, w, in->node_group);
   wk->up = true;
+  sched_group_free(s, w, in->slots);
+  s->groups[wk->group].slots += in->slots;
   bm_set(free_bm(s, in->slots), w);
   if (in->slots > s->max_slots) s->max_slots = in->slots;
   s->total_slots += in->slots;
@@ -302,20 +327,14 @@ lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now) {
   uint32_t w = worker_find(s, worker_id);
   if (w == NIL || !s->workers[w].up) return LT_ERR_NOT_FOUND;
   worker_t *wk = &s->workers[w];
-  sched_stats_advance(s, now);
-  while (wk->run.head != NIL) {
-    uint32_t jx = wk->run.head;
-    sched_stats_ran(s, jx, now);
-    job_attain(s, jx, now);
-    sched_run_release(s, jx);
-    s->requeues++;
-    sched_queue_insert(s, jx, true, now);
-    sched_timers_push(s, jx, now);
-  }
+  /* a multi-worker gang with a part here is requeued whole: its other parts are freed too */
+  while (wk->run.head != NIL) job_requeue(s, s->parts[wk->run.head].job, now);
   sched_unreserve(s, w);
   for (uint32_t i = 0; i < wk->nmodels; i++) bm_clr(model_bm(s, wk->models[i]), w);
   wk->nmodels = 0;
   bm_clr(free_bm(s, wk->free_slots), w);
+  sched_group_free(s, w, -(int64_t)wk->free_slots);
+  s->groups[wk->group].slots -= wk->slots;
   wk->up = false;
   s->total_slots -= wk->slots;
   s->total_mem -= wk->mem_total;
@@ -335,10 +354,10 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   if ((unsigned)in->cls >= LT_CLASS__COUNT)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "sched: job %llu: bad class %d",
                    (unsigned long long)in->id, (int)in->cls);
-  if (in->gpus == 0 || in->gpus > LT_SCHED_MAX_WORKER_SLOTS)
+  if (in->gpus == 0 || in->gpus > LT_SCHED_MAX_JOB_GPUS)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "sched: job %llu: gpus must be within 1..%d, got %u",
-                   (unsigned long long)in->id, LT_SCHED_MAX_WORKER_SLOTS, in->gpus);
+                   (unsigned long long)in->id, LT_SCHED_MAX_JOB_GPUS, in->gpus);
   if (in->model != LT_SCHED_NO_MODEL && in->model >= s->nmodels)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "sched: job %llu: model id %u was not interned", (unsigned long long)in->id,
@@ -409,13 +428,7 @@ lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now) {
 lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_RUNNING) return LT_ERR_NOT_FOUND;
-  sched_stats_advance(s, now);
-  sched_stats_ran(s, jx, now);
-  job_attain(s, jx, now);
-  sched_run_release(s, jx);
-  s->requeues++;
-  sched_queue_insert(s, jx, true, now);
-  sched_timers_push(s, jx, now);
+  job_requeue(s, jx, now);
   assert(sched_ok(s));
   return LT_OK;
 }

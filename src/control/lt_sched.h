@@ -23,15 +23,26 @@
  *     STOP decision);
  *   - base-model affinity: a worker that holds the job's model first (best fit by free slots),
  *     otherwise a cold load on the best-fitting worker (counted);
- *   - gang allocation: a job's GPUs are all on one worker or it does not start; a gang waiting
- *     past `gang_reserve_after_s` reserves a worker, which then drains for it;
+ *   - gang allocation, all or nothing: a job that fits on one worker (gpus <= the largest
+ *     worker's slots) runs on one worker or does not start, even when two half-free workers
+ *     would hold it; a larger job (a multi-worker gang) runs on a set of workers of one node
+ *     group (lt_sched_worker_t.node_group: a rack, an NVLink domain) whose free slots together
+ *     cover it, or does not start — the fewest workers, whole free workers first, the last
+ *     part best fit, in the group that is left with the fewest free slots. A gang waiting past
+ *     `gang_reserve_after_s` reserves a worker (a multi-worker gang: the workers of one group
+ *     closest to free whose slots cover it), which then drains for it; the reserved workers
+ *     count against max_reservations (one each), so drains stay bounded. No backfill: a
+ *     draining worker's free slots are held against the gang's class and lower ones (no
+ *     duration estimates prove a job would end before the gang starts);
  *   - preemption: a production or standard job blocked past `preempt_after_s` (a production
- *     gang at once) reserves a worker and asks preemptible jobs there to checkpoint and stop
- *     (PREEMPT decisions); the caller
- *     reports each stop with lt_sched_job_requeue(), which puts the job back in its queue.
+ *     gang at once) reserves a worker (a production multi-worker gang: the workers of one
+ *     group) and asks preemptible jobs there to checkpoint and stop (PREEMPT decisions, one
+ *     row per part of a multi-worker job); the caller reports each stop with
+ *     lt_sched_job_requeue(), which puts the job back in its queue, all its parts freed.
  * LT_SCHED_POLICY_FIFO is the comparison peer behind the same interface: one queue in arrival
  * order, head-of-line blocking, best-fit placement, no classes, fairness, quotas, affinity or
- * preemption (max duration is still enforced).
+ * preemption (max duration is still enforced). Both peers place multi-worker gangs with the
+ * Lathe policy's own all-or-nothing helper, so comparisons are fair.
  * LT_SCHED_POLICY_LAS is the second peer, least attained service as Tiresias does it: a job's
  * attained service is gpus x seconds run over all its attempts; two queues split at
  * las_threshold_gpu_s (jobs below it first), FIFO by arrival within a queue, skipping what
@@ -63,6 +74,9 @@ typedef enum lt_sched_policy {
 /* Largest number of GPUs (slots) one worker may have: a dispatch names them in a 64-bit mask. */
 #define LT_SCHED_MAX_WORKER_SLOTS 64
 #define LT_SCHED_NO_MODEL UINT32_MAX
+/* Most workers one multi-worker gang spans, and so most GPUs one job may ask for. */
+#define LT_SCHED_MAX_GANG_WORKERS 64
+#define LT_SCHED_MAX_JOB_GPUS (LT_SCHED_MAX_GANG_WORKERS * LT_SCHED_MAX_WORKER_SLOTS)
 
 typedef struct lt_sched_config {
   lt_sched_policy_t policy;
@@ -77,8 +91,9 @@ typedef struct lt_sched_config {
   double gang_reserve_after_s; /* multi-GPU wait before a worker is reserved for it; <0: never */
   double production_reserve;  /* fraction of slots standard work may not hold, 0..1 */
   uint32_t max_scan;          /* blocked candidates examined per decide call (bounds its cost) */
-  uint32_t max_reservations;  /* workers reserved (draining) at once; 0: 1/8 of workers, >= 1;
-                               * production does not count against it */
+  uint32_t max_reservations;  /* workers reserved (draining) at once, a multi-worker gang's
+                               * counting one each; 0: 1/8 of workers, >= 1; production does
+                               * not count against it */
   bool check_invariants;      /* after every event and decide call, assert that the tables are
                                * consistent, in O(jobs + tenants + workers): for tests */
   double las_threshold_gpu_s; /* LAS: attained GPU-seconds past which a job drops from the
@@ -106,13 +121,16 @@ typedef struct lt_sched_worker {
   uint32_t slots;        /* GPUs (or CPU slots), 1..LT_SCHED_MAX_WORKER_SLOTS */
   uint64_t mem_bytes;    /* device memory across its slots */
   uint32_t model_cache;  /* base models it can hold loaded at once (>= 1) */
+  uint32_t node_group;   /* workers of one group (a rack, an NVLink domain) may host one
+                          * multi-worker gang together; 0 by default: one group */
 } lt_sched_worker_t;
 
 typedef struct lt_sched_job {
   uint64_t id;
   uint64_t tenant_id;       /* must have been upserted */
   lt_job_class_t cls;
-  uint32_t gpus;            /* slots needed, all on one worker (gang), >= 1 */
+  uint32_t gpus;            /* slots needed, 1..LT_SCHED_MAX_JOB_GPUS: all on one worker when
+                             * it has that many, else on workers of one node group (gang) */
   uint64_t mem_bytes;       /* device memory needed in total */
   uint32_t model;           /* from lt_sched_model_intern(), or LT_SCHED_NO_MODEL */
   uint32_t attempt;         /* the attempt the next dispatch starts is attempt + 1 */
@@ -124,16 +142,24 @@ typedef enum lt_sched_action {
   LT_SCHED_STOP = 3,     /* the job ran past its tenant's max duration: stop it */
 } lt_sched_action_t;
 
+/* One decision row names one worker. A multi-worker gang gets one row per worker part, all with
+ * the same action, job_id and attempt, consecutive in the output, rank 0 first (rank
+ * 0..world-1); a single-worker job one row with rank 0 and world 1. Callers must treat the
+ * world rows of one job as one dispatch (or one preemption, one stop): the resources of every
+ * part are booked at once, and the job starts when all its parts have — a caller that cannot
+ * run a multi-worker gang drops the job (lt_sched_job_finished) so its parts are freed. */
 typedef struct lt_sched_decision {
   lt_sched_action_t action;
   uint64_t job_id;
   uint64_t tenant_id;
   uint64_t worker_id;
-  uint64_t gpu_mask;          /* DISPATCH: bit i = GPU i of the worker */
+  uint64_t gpu_mask;          /* bit i = GPU i of the worker: this part's */
+  uint32_t rank;              /* this part's rank in the gang, 0..world-1 */
+  uint32_t world;             /* the job's parts (workers it runs on); 1: a single worker */
   uint32_t attempt;           /* DISPATCH: the new attempt number; otherwise the running one */
   lt_job_class_t cls;       /* the job's own class */
   lt_job_class_t effective; /* DISPATCH: the class it competed in (after aging) */
-  bool cold_load;             /* DISPATCH: the worker did not hold the job's base model */
+  bool cold_load;             /* DISPATCH: this part's worker did not hold the base model */
   double waited_s;            /* DISPATCH: time since it was (re)queued */
 } lt_sched_decision_t;
 
@@ -167,7 +193,9 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *worker, char
 /* A heartbeat: the models it holds now (replacing what the scheduler assumed). */
 lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint32_t *models,
                                    size_t n_models, char *errstr, size_t errstr_size);
-/* A worker is gone (lease expired): its running jobs go back to their queues (new attempt). */
+/* A worker is gone (lease expired): its running jobs go back to their queues (new attempt); a
+ * multi-worker gang with a part on it goes back whole, its parts on other workers freed. A
+ * worker that comes back up with another node_group moves to that group. */
 lt_err_t lt_sched_worker_down(lt_sched_t *s, uint64_t worker_id, double now);
 
 /* An accepted job enters the queue at time now. Never refused for quota (admission is
@@ -187,7 +215,9 @@ lt_err_t lt_sched_job_requeue(lt_sched_t *s, uint64_t job_id, double now);
 /* --- decisions out ------------------------------------------------------------------------ */
 
 /* Applies the policy at time now and writes at most cap decisions into out (caller-owned);
- * returns how many. Dispatches book their resources at once. Call it after events and
+ * returns how many. Dispatches book their resources at once. A job's rows are never split
+ * across calls: a gang whose world rows do not fit in what is left of cap waits for the next
+ * call (cap >= LT_SCHED_MAX_GANG_WORKERS lets every gang start). Call it after events and
  * periodically (aging, preemption and gang bounds are measured against now). */
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap);
 
@@ -271,7 +301,10 @@ typedef struct lt_sched_usage {
 size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t *out,
                               size_t cap);
 
-/* The smallest GPU count among queued jobs; 0 when nothing is queued. O(1). */
+/* The smallest GPU count among queued jobs; 0 when nothing is queued; when only gangs larger than
+ * any worker (LT_SCHED_MAX_WORKER_SLOTS) wait, LT_SCHED_MAX_WORKER_SLOTS + 1 (their exact size is
+ * not tracked). O(1). Fragmentation then counts the free slots of node groups with fewer free
+ * slots than that, a lower bound of what cannot host the gang. */
 uint32_t lt_sched_smallest_queued(const lt_sched_t *s);
 
 /* Fragmentation now: free slots on unreserved up workers whose free count is below the
@@ -335,6 +368,8 @@ typedef struct lt_sched_sim_config {
   lt_sched_config_t sched;   /* policy and bounds; capacities are sized from the trace */
   uint32_t workers;
   uint32_t slots_per_worker;
+  uint32_t workers_per_group; /* node groups of this many workers (the last may be smaller);
+                               * 0: all workers in one group */
   uint64_t mem_per_slot;     /* device memory per slot; a job needs gpus * mem_per_slot */
   uint32_t models_per_worker;
   double cold_load_s;        /* added to a job's run time when its worker loads the model */
@@ -371,12 +406,14 @@ typedef struct lt_sched_sim_result {
   double makespan_s;    /* first arrival to last completion */
   uint64_t dispatches, preemptions, stops, cold_loads, completed;
   uint64_t gangs_started;  /* dispatches of jobs of more than one GPU */
+  uint64_t multi_started, multi_finished; /* dispatches of multi-worker gangs, and such jobs
+                                           * completed (or stopped at max duration) */
   uint64_t decide_calls;   /* lt_sched_decide() calls the run made */
   double reserved_idle_slot_hours; /* free slots held on reserved workers, integrated */
   double fragmented_slots_mean;    /* lt_sched_fragmented_slots(), time-weighted over the run */
   double gpu_hours;                /* all tenants: the rows' sum */
-  /* Jobs larger than one worker: set aside at arrival (never queued) until multi-worker gangs
-   * exist; counted here, the first one's trace line named. */
+  /* Jobs larger than one node group (workers_per_group x slots), or than a gang may span:
+   * set aside at arrival (never queued); counted here, the first one's trace line named. */
   uint64_t refused_size;
   uint32_t refused_first_line, refused_first_gpus;
 } lt_sched_sim_result_t;

@@ -20,13 +20,9 @@ static uint32_t max_reserved(const lt_sched_t *s) {
 }
 
 /* A worker reserved (draining) for a job holds its free slots for that job, and against every
- * job of the same or a lower class; a job of a higher class may still use them, since class
- * order comes first (docs/DESIGN.md §4 invariant 9): a standard gang draining a worker must not
- * keep a production job off a slot it could use now. */
-static bool may_use_reserved(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
-  uint32_t r = wk->reserved_job;
-  return r == NIL || r == jx || s->jobs[jx].cls < s->jobs[r].cls;
-}
+ * job of the same or a lower class (sched_may_use); a job of a higher class may still use them,
+ * since class order comes first (docs/DESIGN.md §4 invariant 9): a standard gang draining a
+ * worker must not keep a production job off a slot it could use now. */
 
 /* Best fit: among workers with enough free slots and memory, the fewest free slots; with
  * affinity, workers that hold the model first. A worker reserved for another job is skipped
@@ -45,7 +41,7 @@ static uint32_t find_worker(lt_sched_t *s, uint32_t jx, bool affinity) {
           uint32_t w = (uint32_t)(wi * 64 + (size_t)__builtin_ctzll(bits));
           bits &= bits - 1;
           const worker_t *wk = &s->workers[w];
-          if (!may_use_reserved(s, wk, jx)) continue;
+          if (!sched_may_use(s, wk, jx)) continue;
           if (wk->mem_free < j->mem) continue;
           return w;
         }
@@ -58,12 +54,15 @@ static uint32_t find_worker(lt_sched_t *s, uint32_t jx, bool affinity) {
 /* ---- the policy ------------------------------------------------------------------------- */
 
 /* What try_dispatch did: started the job, held it back by policy (a quota, the production
- * reserve), or found no worker with room for it. */
+ * reserve, no room left in the output for a gang's rows), or found no worker with room. */
 enum { TRY_STARTED, TRY_HELD, TRY_NOFIT };
 
-/* Tries to start queued job jx competing in class `effective`. */
+/* Tries to start queued job jx competing in class `effective`, writing its decisions (one a
+ * worker part) into d, room rows at most; *nd says how many. A job that fits on one worker
+ * goes on one (best fit); a larger one on workers of one node group (sched_gang_find), all or
+ * nothing. */
 static int try_dispatch(lt_sched_t *s, uint32_t jx, int effective, double now,
-                        lt_sched_decision_t *d) {
+                        lt_sched_decision_t *d, size_t room, size_t *nd) {
   const job_t *j = &s->jobs[jx];
   const tenant_t *t = &s->tenants[j->tenant];
   if (s->cfg.policy == LT_SCHED_POLICY_LATHE) {
@@ -73,20 +72,32 @@ static int try_dispatch(lt_sched_t *s, uint32_t jx, int effective, double now,
       if (s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve) return TRY_HELD;
     }
   }
+  if (sched_multi(s, j)) {
+    placement_t pl;
+    if (!sched_gang_find(s, jx, &pl)) return TRY_NOFIT;
+    if (pl.n > room) return TRY_HELD;
+    sched_book(s, jx, &pl, effective, now, d);
+    *nd = pl.n;
+    return TRY_STARTED;
+  }
   uint32_t w = find_worker(s, jx, s->cfg.policy == LT_SCHED_POLICY_LATHE);
   if (w == NIL) return TRY_NOFIT;
-  sched_book(s, jx, w, effective, now, d);
+  sched_book1(s, jx, w, effective, now, d);
+  *nd = 1;
   return TRY_STARTED;
 }
 
+/* STOP decisions for running jobs past their tenant's max duration: one row a part, from the
+ * part of rank 0 (a job's rows are never split: one that does not fit waits for the next call). */
 static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   if (now < s->next_deadline) return 0;
   size_t n = 0;
   double next = INFINITY;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!s->workers[w].up) continue;
-    for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {
-      job_t *j = &s->jobs[jx];
+    for (uint32_t p = s->workers[w].run.head; p != NIL; p = s->parts[p].run.next) {
+      if (s->parts[p].rank != 0) continue;
+      job_t *j = &s->jobs[s->parts[p].job];
       const tenant_t *t = &s->tenants[j->tenant];
       if (j->stop_sent || t->max_duration <= 0) continue;
       double dl = j->start + t->max_duration;
@@ -94,41 +105,35 @@ static size_t check_deadlines(lt_sched_t *s, double now, lt_sched_decision_t *ou
         if (dl < next) next = dl;
         continue;
       }
-      if (n == cap) {
+      if (cap - n < j->world) {
         next = now;
         continue;
       }
       j->stop_sent = true;
       s->stops++;
-      out[n++] = (lt_sched_decision_t){.action = LT_SCHED_STOP,
-                                       .job_id = j->id,
-                                       .tenant_id = t->id,
-                                       .worker_id = s->workers[w].id,
-                                       .gpu_mask = j->gpu_mask,
-                                       .attempt = j->attempt,
-                                       .cls = (lt_job_class_t)j->cls,
-                                       .effective = (lt_job_class_t)j->cls};
+      for (uint32_t q = j->part; q != NIL; q = s->parts[q].next)
+        out[n++] = sched_part_decision(s, j, q, LT_SCHED_STOP);
     }
   }
   s->next_deadline = next;
   return n;
 }
 
-lt_sched_decision_t sched_preempt(lt_sched_t *s, worker_t *wk, job_t *rj) {
+size_t sched_preempt(lt_sched_t *s, job_t *rj, lt_sched_decision_t *out, size_t cap) {
+  if (cap < rj->world) return 0;
   rj->preempting = true;
-  if (rj->cls == LT_CLASS_PREEMPTIBLE) { /* the tables count preemptible slots not yet asked */
-    wk->preempt_slots -= rj->gpus;
-    wk->preempt_mem -= rj->mem;
+  size_t n = 0;
+  for (uint32_t p = rj->part; p != NIL; p = s->parts[p].next) {
+    const part_t *pt = &s->parts[p];
+    if (rj->cls == LT_CLASS_PREEMPTIBLE) { /* the tables count preemptible slots not yet asked */
+      worker_t *wk = &s->workers[pt->worker];
+      wk->preempt_slots -= pt->gpus;
+      wk->preempt_mem -= pt->mem;
+    }
+    out[n++] = sched_part_decision(s, rj, p, LT_SCHED_PREEMPT);
   }
   s->preemptions++;
-  return (lt_sched_decision_t){.action = LT_SCHED_PREEMPT,
-                               .job_id = rj->id,
-                               .tenant_id = s->tenants[rj->tenant].id,
-                               .worker_id = wk->id,
-                               .gpu_mask = rj->gpu_mask,
-                               .attempt = rj->attempt,
-                               .cls = (lt_job_class_t)rj->cls,
-                               .effective = (lt_job_class_t)rj->cls};
+  return n;
 }
 
 /* Preemption for job jx: the unreserved worker where stopping the fewest preemptible jobs
@@ -145,11 +150,11 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
     uint32_t slots = wk->free_slots, cost = 0;
     uint64_t mem = wk->mem_free;
     for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
-         r = s->jobs[r].run.next) {
-      const job_t *rj = &s->jobs[r];
+         r = s->parts[r].run.next) {
+      const job_t *rj = &s->jobs[s->parts[r].job];
       if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
-      slots += rj->gpus;
-      mem += rj->mem;
+      slots += s->parts[r].gpus;
+      mem += s->parts[r].mem;
       cost++;
     }
     if (cost < best_cost) best = w, best_cost = cost;
@@ -161,12 +166,14 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
   uint32_t slots = wk->free_slots;
   uint64_t mem = wk->mem_free;
   for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
-       r = s->jobs[r].run.next) {
-    job_t *rj = &s->jobs[r];
+       r = s->parts[r].run.next) {
+    job_t *rj = &s->jobs[s->parts[r].job];
     if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting) continue;
-    slots += rj->gpus;
-    mem += rj->mem;
-    out[n++] = sched_preempt(s, wk, rj);
+    size_t k = sched_preempt(s, rj, out + n, cap - n);
+    if (k == 0) break; /* out of room: the retry asks the rest */
+    n += k;
+    slots += s->parts[r].gpus;
+    mem += s->parts[r].mem;
   }
   return n;
 }
@@ -186,10 +193,16 @@ static void starve_reserve(lt_sched_t *s, uint32_t jx) {
   sched_reserve(s, best, jx);
 }
 
-/* Whether a preemption asked of worker w is still in flight (a preempted job has not stopped). */
-static bool worker_preempting(const lt_sched_t *s, uint32_t w) {
-  for (uint32_t r = s->workers[w].run.head; r != NIL; r = s->jobs[r].run.next)
-    if (s->jobs[r].preempting) return true;
+/* Whether a preemption asked of a worker reserved for job jx is still in flight (a preempted
+ * job has not stopped). */
+static bool reservation_preempting(const lt_sched_t *s, uint32_t jx) {
+  const job_t *j = &s->jobs[jx];
+  for (uint32_t w = j->nres > 1 ? 0 : j->reserved; w < s->nworkers; w++) {
+    if (s->workers[w].reserved_job != jx) continue;
+    for (uint32_t r = s->workers[w].run.head; r != NIL; r = s->parts[r].run.next)
+      if (s->jobs[s->parts[r].job].preempting) return true;
+    if (j->nres <= 1) break;
+  }
   return false;
 }
 
@@ -233,17 +246,26 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       bool may_reserve = j->gpus > 1 && (prod || (cfg->gang_reserve_after_s >= 0 &&
                                                   waited >= cfg->gang_reserve_after_s));
       if ((!may_preempt && !may_reserve) || now < j->starve_next) continue;
-      if (j->reserved != NIL && !(prod && may_preempt && !worker_preempting(s, j->reserved)))
+      if (j->reserved != NIL && !(prod && may_preempt && !reservation_preempting(s, jx)))
         continue;
       if (!prod && s->nreserved >= max_reserved(s)) return n;
       const tenant_t *t = &s->tenants[j->tenant];
       if (t->max_running && t->running_slots + j->gpus > t->max_running) continue;
       if (c == LT_CLASS_STANDARD && reserve_holds(s, j, waited)) continue;
-      if (find_worker(s, jx, false) != NIL) continue; /* it fits: the next decide starts it */
+      bool multi = sched_multi(s, j);
+      placement_t pl;
+      /* it fits: the next decide starts it */
+      if (multi ? sched_gang_find(s, jx, &pl) : find_worker(s, jx, false) != NIL) continue;
       j->starve_next = now + STARVE_RETRY_S;
       if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);
-      if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
-      if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
+      if (multi) { /* a multi-worker gang: the workers of one group, bounded in number */
+        uint32_t room = prod ? UINT32_MAX : max_reserved(s) - s->nreserved;
+        if (j->reserved == NIL && may_preempt) n += sched_gang_preempt(s, jx, out + n, cap - n);
+        if (j->reserved == NIL && may_reserve) sched_gang_reserve(s, jx, room);
+      } else {
+        if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
+        if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
+      }
       if (n == cap) return n;
     }
   }
@@ -258,66 +280,72 @@ typedef struct scan {
   uint32_t scanned; /* candidates tried; at cfg.max_scan the call stops (limited) */
   uint32_t walked;  /* queued jobs passed over; at 64 * max_scan the call stops too */
   bool limited;
-  uint32_t nofit_gpus[LT_CLASS__COUNT]; /* per class, the smallest shape known not to fit */
-  uint64_t nofit_mem[LT_CLASS__COUNT];
+  /* per kind (0: one worker, 1: a multi-worker gang, which a full worker does not stop) and
+   * class, the smallest shape known not to fit */
+  uint32_t nofit_gpus[2][LT_CLASS__COUNT];
+  uint64_t nofit_mem[2][LT_CLASS__COUNT];
 } scan_t;
 
-static bool scan_nofit(const scan_t *sc, const job_t *j) {
-  return j->reserved == NIL && j->gpus >= sc->nofit_gpus[j->cls] &&
-         j->mem >= sc->nofit_mem[j->cls];
+static bool scan_nofit(const lt_sched_t *s, const scan_t *sc, const job_t *j) {
+  int m = sched_multi(s, j);
+  return j->reserved == NIL && j->gpus >= sc->nofit_gpus[m][j->cls] &&
+         j->mem >= sc->nofit_mem[m][j->cls];
 }
 
-static void scan_note_nofit(scan_t *sc, const job_t *j) {
+static void scan_note_nofit(const lt_sched_t *s, scan_t *sc, const job_t *j) {
   if (j->reserved != NIL) return;
+  int m = sched_multi(s, j);
   for (int k = j->cls; k < LT_CLASS__COUNT; k++)
-    if (j->gpus <= sc->nofit_gpus[k] && j->mem <= sc->nofit_mem[k]) {
-      sc->nofit_gpus[k] = j->gpus;
-      sc->nofit_mem[k] = j->mem;
+    if (j->gpus <= sc->nofit_gpus[m][k] && j->mem <= sc->nofit_mem[m][k]) {
+      sc->nofit_gpus[m][k] = j->gpus;
+      sc->nofit_mem[m][k] = j->mem;
     }
 }
 
 /* Tries tenant t's queued jobs of class c in FIFO order, competing at level `effective`: the
  * head first, then, when it cannot start (a gang too big for any free hole, a quota), the jobs
  * behind it, so that a blocked gang never keeps its own tenant's smaller jobs of the class off
- * a slot that lower classes would then take. Returns true when one started. */
-static bool try_tenant(lt_sched_t *s, uint32_t t, int c, int effective, double now,
-                       lt_sched_decision_t *d, scan_t *sc) {
+ * a slot that lower classes would then take. Returns the decisions written (0: none started). */
+static size_t try_tenant(lt_sched_t *s, uint32_t t, int c, int effective, double now,
+                         lt_sched_decision_t *d, size_t room, scan_t *sc) {
   uint32_t held = UINT32_MAX; /* a quota or the reserve holds back jobs of this many GPUs */
   for (uint32_t jx = s->tenants[t].q[c].head; jx != NIL; jx = s->jobs[jx].tq.next) {
     const job_t *j = &s->jobs[jx];
     if (++sc->walked >= 64 * s->cfg.max_scan) break;
-    if (j->gpus >= held || scan_nofit(sc, j)) continue;
-    int r = try_dispatch(s, jx, effective, now, d);
-    if (r == TRY_STARTED) return true;
-    if (r == TRY_NOFIT) scan_note_nofit(sc, j);
+    if (j->gpus >= held || scan_nofit(s, sc, j)) continue;
+    size_t nd = 0;
+    int r = try_dispatch(s, jx, effective, now, d, room, &nd);
+    if (r == TRY_STARTED) return nd;
+    if (r == TRY_NOFIT) scan_note_nofit(s, sc, j);
     if (r == TRY_HELD) held = j->gpus;
     if (++sc->scanned >= s->cfg.max_scan) break;
   }
   sc->limited = sc->scanned >= s->cfg.max_scan || sc->walked >= 64 * s->cfg.max_scan;
-  return false;
+  return 0;
 }
 
 /* Starts a job of the tenant with the lowest weighted dominant share in class c's heap,
  * competing at level `effective`; tenants that cannot start are set aside for the rest of the
- * call. Returns true when one started. */
-static bool pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_decision_t *d,
-                      scan_t *sc) {
+ * call. Returns the decisions written (0: none started). */
+static size_t pick_fair(lt_sched_t *s, int c, int effective, double now, lt_sched_decision_t *d,
+                        size_t room, scan_t *sc) {
   while (s->heap_n[c] > 0 && !sc->limited) {
     uint32_t t = s->heap[c][0];
-    if (try_tenant(s, t, c, effective, now, d, sc)) return true;
+    size_t nd = try_tenant(s, t, c, effective, now, d, room, sc);
+    if (nd) return nd;
     sched_heap_remove(s, c, t);
     s->tenants[t].blocked |= (uint8_t)(1u << c);
     s->blocked[c][s->nblocked[c]++] = t;
   }
-  return false;
+  return 0;
 }
 
 static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
-  size_t n = 0;
-  while (n < cap && s->age[0].head != NIL && s->slots_used < s->total_slots)
-    if (try_dispatch(s, s->age[0].head, s->jobs[s->age[0].head].cls, now, &out[n]) != TRY_STARTED)
-      break;
-    else n++;
+  size_t n = 0, nd = 0;
+  while (n < cap && s->age[0].head != NIL && s->slots_used < s->total_slots &&
+         try_dispatch(s, s->age[0].head, s->jobs[s->age[0].head].cls, now, out + n, cap - n,
+                      &nd) == TRY_STARTED)
+    n += nd;
   return n;
 }
 
@@ -330,14 +358,15 @@ static size_t decide_fifo(lt_sched_t *s, double now, lt_sched_decision_t *out, s
  * jobs, oldest first; in overload every standard job ages, so aged standard work took nearly
  * every slot before fresh production work (production waited ~9x longer than standard on an
  * overloaded trace). */
-static bool pick_aged_reserve(lt_sched_t *s, double now, lt_sched_decision_t *d, scan_t *sc) {
+static size_t pick_aged_reserve(lt_sched_t *s, double now, lt_sched_decision_t *d, size_t room,
+                                scan_t *sc) {
   const lt_sched_config_t *cfg = &s->cfg;
-  if (cfg->aging_s <= 0 || cfg->aging_levels == 0) return false;
+  if (cfg->aging_s <= 0 || cfg->aging_levels == 0) return 0;
   uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
-  if (reserve == 0 || s->used_c[LT_CLASS_STANDARD] + 1 <= s->total_slots - reserve) return false;
+  if (reserve == 0 || s->used_c[LT_CLASS_STANDARD] + 1 <= s->total_slots - reserve) return 0;
   uint32_t oldest = s->age[LT_CLASS_STANDARD].head;
-  if (oldest == NIL || now - s->jobs[oldest].enq < cfg->aging_s) return false;
-  return pick_fair(s, LT_CLASS_STANDARD, LT_CLASS_PRODUCTION, now, d, sc);
+  if (oldest == NIL || now - s->jobs[oldest].enq < cfg->aging_s) return 0;
+  return pick_fair(s, LT_CLASS_STANDARD, LT_CLASS_PRODUCTION, now, d, room, sc);
 }
 
 /* Puts the tenants set aside during this call back in their heaps, and resets the cursors. */
@@ -365,21 +394,24 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
 
   scan_t sc = {.scanned = 0};
   for (int c = 0; c < LT_CLASS__COUNT; c++) {
-    sc.nofit_gpus[c] = UINT32_MAX;
-    sc.nofit_mem[c] = UINT64_MAX;
+    for (int m = 0; m < 2; m++) {
+      sc.nofit_gpus[m][c] = UINT32_MAX;
+      sc.nofit_mem[m][c] = UINT64_MAX;
+    }
     s->cursor[c] = NIL;
   }
   /* one job per round, from the highest class that can start one */
   while (n < cap && !sc.limited && s->slots_used < s->total_slots) {
-    bool placed = false;
+    size_t placed = 0;
     for (int e = 0; e < LT_CLASS__COUNT && !placed && !sc.limited; e++) {
       /* class e's own jobs, the tenant with the lowest weighted dominant share first; only
        * when none can start does a lower class get the round (class order, invariant 9) */
-      placed = pick_fair(s, e, e, now, &out[n], &sc) ||
-               (e == LT_CLASS_PRODUCTION && !sc.limited && pick_aged_reserve(s, now, &out[n], &sc));
+      placed = pick_fair(s, e, e, now, &out[n], cap - n, &sc);
+      if (!placed && e == LT_CLASS_PRODUCTION && !sc.limited)
+        placed = pick_aged_reserve(s, now, &out[n], cap - n, &sc);
     }
     if (!placed) break;
-    n++;
+    n += placed;
   }
   unblock_all(s);
   /* the starvation pass runs even when the scan bound stopped the call: it is what preempts

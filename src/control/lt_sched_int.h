@@ -1,17 +1,21 @@
 /* lt_sched_int.h: the policy's private tables, shared by its files and nothing else:
  * lt_sched.c (lifecycle, events, visibility), lt_sched_queue.c (queues, fair-share heaps, what a
  * running job books), lt_sched_decide.c (the decisions), lt_sched_las.c (the LAS peer) and
- * lt_sched_stats.c (usage, reserved idle slots, fragmentation).
+ * lt_sched_stats.c (usage, reserved idle slots, fragmentation) and
+ * lt_sched_gang.c (node groups and multi-worker gang placement).
  *
  * Data layout, all sized once at lt_sched_new():
  *   - a job pool with intrusive links: each queued job sits on its tenant's per-class FIFO and
  *     on an age-ordered list (one per class for the Lathe policy, which the starvation pass
- *     scans from the oldest; one global list in arrival order for FIFO); a running job on its
- *     worker's list;
+ *     scans from the oldest; one global list in arrival order for FIFO); a running job holds
+ *     one part per worker it runs on (one part, or world parts for a multi-worker gang), each
+ *     part on its worker's running list;
  *   - per class, a binary heap of the tenants that have queued work and room in their quota,
  *     keyed by DRF dominant share / weight, so picking the next tenant is O(log tenants);
  *   - per free-slot count k, a bitmap of workers with exactly k free slots, and per base model
- *     a bitmap of workers holding it, so best-fit warm placement is a few word ANDs.
+ *     a bitmap of workers holding it, so best-fit warm placement is a few word ANDs;
+ *   - per node group, its workers and their free slots, so a multi-worker gang looks only at
+ *     the groups that could hold it.
  * Candidates that cannot be placed are set aside for the rest of a decide call (resources only
  * shrink during a call), and at most max_scan of them are examined per call. */
 #ifndef LT_SCHED_INT_H
@@ -37,20 +41,31 @@ typedef struct list {
   uint32_t head, tail;
 } list_t;
 
+/* What a running job books on one worker: a single-worker job has one part, a multi-worker gang
+ * one per worker (rank order along next, rank 0 first). */
+typedef struct part {
+  uint64_t mask;  /* its GPUs on the worker */
+  uint64_t mem;   /* its share of the job's device memory */
+  uint32_t job, worker, gpus, rank;
+  uint32_t next;  /* the job's next part; the free list's next when free */
+  link_t run;     /* its worker's running list */
+} part_t;
+
 typedef struct job {
   uint64_t id;
   uint64_t mem;
-  uint64_t gpu_mask;
   double enq;   /* when it was (re)queued */
   double start; /* dispatch, then AttemptStarted */
   double starve_next; /* next time the starvation pass looks at it */
   double attained;    /* GPU-seconds run in earlier attempts (LAS orders by it) */
-  uint32_t tenant, worker, model, attempt, gpus;
-  uint32_t reserved; /* worker reserved for it */
+  uint32_t tenant, model, attempt, gpus;
+  uint32_t part;     /* running: its first part (rank 0); NIL otherwise */
+  uint32_t world;    /* running: its parts (workers it runs on) */
+  uint32_t reserved; /* a worker reserved for it (one of nres), NIL: none */
+  uint32_t nres;     /* workers reserved for it (a multi-worker gang may hold several) */
   uint32_t hnext;
   link_t tq;  /* its tenant's queue of its class (tq.next: the free list when free) */
   link_t age; /* its age list */
-  link_t run; /* its worker's running list */
   uint8_t cls, state;
   bool preempting, stop_sent;
 } job_t;
@@ -91,11 +106,19 @@ typedef struct worker {
   uint32_t cache_cap, nmodels;
   uint32_t models[MAX_CACHE];
   uint64_t lru[MAX_CACHE];
-  list_t run; /* running jobs, newest first */
+  list_t run; /* parts of running jobs, newest first */
   uint32_t reserved_job;
   uint32_t hnext;
+  uint32_t group, gnext; /* its node group (index) and the group's next worker */
   bool up;
 } worker_t;
+
+/* A node group (lt_sched_worker_t.node_group): the workers that may host one gang together. */
+typedef struct group {
+  uint32_t id;
+  uint32_t head;        /* its workers, up or down, along worker_t.gnext */
+  uint32_t slots, free_slots; /* over its up workers */
+} group_t;
 
 struct lt_sched {
   lt_sched_config_t cfg;
@@ -113,6 +136,12 @@ struct lt_sched {
   uint64_t *free_bm; /* (MAX_WORKER_SLOTS + 1) bitmaps */
   uint64_t *model_bm;
   uint32_t max_slots; /* largest worker seen */
+
+  part_t *parts;      /* parts_cap: at most one a GPU of max_workers full workers */
+  uint32_t parts_cap, part_free;
+  group_t *groups;    /* ngroups used, max_workers at most */
+  uint32_t ngroups;
+  uint64_t *gang_key; /* max_workers: placement scratch, (order key << 32 | worker) */
 
   uint32_t *heap[LT_CLASS__COUNT];
   uint32_t heap_n[LT_CLASS__COUNT];
@@ -150,9 +179,48 @@ struct lt_sched {
    * every event and decide call that takes now (sched_stats_advance); queued jobs by GPUs,
    * for the smallest waiting gang */
   double idle_reserved_s, idle_at;
-  uint32_t queued_by_gpus[LT_SCHED_MAX_WORKER_SLOTS + 1];
+  /* queued jobs by GPUs asked; the last bucket: more than a worker may have (a multi-worker
+   * gang, whatever its size) */
+  uint32_t queued_by_gpus[LT_SCHED_MAX_WORKER_SLOTS + 2];
   uint32_t reserved_free; /* free slots on reserved workers now (lt_sched_queue.c keeps it) */
 };
+
+/* ---- lt_sched_gang.c: node groups and multi-worker gangs --------------------------------- */
+
+/* A placement: the workers of one job's parts and the GPUs on each, rank order. */
+typedef struct placement {
+  uint32_t n;
+  uint32_t worker[LT_SCHED_MAX_GANG_WORKERS];
+  uint32_t gpus[LT_SCHED_MAX_GANG_WORKERS];
+} placement_t;
+
+/* Whether job jx can never run on one worker (more GPUs than the largest worker has): then it
+ * is placed as a multi-worker gang, or not at all. */
+static inline bool sched_multi(const lt_sched_t *s, const job_t *j) { return j->gpus > s->max_slots; }
+/* Device memory a gang's part books per GPU: the job's, split by GPUs, rounded up. */
+static inline uint64_t sched_mem_per_gpu(const job_t *j) { return (j->mem + j->gpus - 1) / j->gpus; }
+/* Worker w joins node group id (its index is created the first time), or leaves its group. */
+void sched_group_join(lt_sched_t *s, uint32_t w, uint32_t id);
+/* Worker w's free slots change by delta (up workers only count). */
+void sched_group_free(lt_sched_t *s, uint32_t w, int64_t delta);
+/* All-or-nothing placement of multi-worker gang jx on workers of one node group whose usable
+ * free slots cover it, workers it may use only (sched_may_use): the fewest workers, whole free
+ * ones first, the last part best fit, then the group left with the fewest free slots. False
+ * when no group can hold it now. */
+bool sched_gang_find(lt_sched_t *s, uint32_t jx, placement_t *pl);
+/* The gang's starvation handling (lt_sched_decide.c's pass): reserve the workers of one group
+ * closest to free whose capacity covers it (false when none, or over the bound `room`
+ * workers); a production gang preempts preemptible parts on them (PREEMPT decisions). */
+bool sched_gang_reserve(lt_sched_t *s, uint32_t jx, uint32_t room);
+size_t sched_gang_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *out, size_t cap);
+
+/* Whether job jx may use worker wk's free slots: the worker is not reserved, or reserved for
+ * jx, or (Lathe) reserved for a job of a lower class. */
+static inline bool sched_may_use(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
+  uint32_t r = wk->reserved_job;
+  if (r == NIL || r == jx) return true;
+  return s->cfg.policy == LT_SCHED_POLICY_LATHE && s->jobs[jx].cls < s->jobs[r].cls;
+}
 
 /* lt_sched.c: the threshold crossings of job jx, (re)queued at now, into the timer heap. */
 void sched_timers_push(lt_sched_t *s, uint32_t jx, double now);
@@ -203,18 +271,27 @@ static inline uint32_t worker_find(const lt_sched_t *s, uint64_t id) {
 void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now);
 /* Takes queued job jx off its queues (and drops its reservation); it is then JS_FREE. */
 void sched_queue_remove(lt_sched_t *s, uint32_t jx);
-/* Books worker w's resources for queued job jx, competing in class effective, and fills *d
- * with the DISPATCH decision. */
-void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
+/* Books the placement's workers for queued job jx, competing in class effective, and writes
+ * one DISPATCH decision per part into d (pl->n of them, rank 0 first). */
+void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective, double now,
                 lt_sched_decision_t *d);
-/* Releases what running job jx holds; it is then JS_FREE. */
+/* The same on one worker w (the job's whole gang): one decision. */
+void sched_book1(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
+                 lt_sched_decision_t *d);
+/* Releases what running job jx holds, every part; it is then JS_FREE. */
 void sched_run_release(lt_sched_t *s, uint32_t jx);
 void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx);
-/* Asks running job rj on worker wk to checkpoint and stop: marks it, takes a preemptible job's
- * slots and memory out of the worker's preemptible counts, counts the preemption; the PREEMPT
- * decision. lt_sched_decide.c: the Lathe policy's preemptions and LAS's share it. */
-lt_sched_decision_t sched_preempt(lt_sched_t *s, worker_t *wk, job_t *rj);
-void sched_unreserve(lt_sched_t *s, uint32_t w); /* no-op when w is not reserved */
+/* Asks running job rj to checkpoint and stop: marks it, takes a preemptible job's slots and
+ * memory out of its workers' preemptible counts, counts the preemption; writes one PREEMPT
+ * decision per part (rank 0 first) and returns how many, or 0 (nothing done) when cap is too
+ * small for them. lt_sched_decide.c: the Lathe policy's preemptions and LAS's share it. */
+size_t sched_preempt(lt_sched_t *s, job_t *rj, lt_sched_decision_t *out, size_t cap);
+/* One decision row for part p of running job j (action; DISPATCH fields are the caller's). */
+lt_sched_decision_t sched_part_decision(const lt_sched_t *s, const job_t *j, uint32_t p,
+                                        lt_sched_action_t action);
+/* Drops the reservation of the job reserved on worker w (all its workers); no-op when w is not
+ * reserved. */
+void sched_unreserve(lt_sched_t *s, uint32_t w);
 double sched_tenant_key(const lt_sched_t *s, const tenant_t *t, int c);
 void sched_heap_remove(lt_sched_t *s, int c, uint32_t t);
 void sched_tenant_refresh(lt_sched_t *s, uint32_t t, int c);

@@ -37,7 +37,7 @@ static uint32_t las_find_worker(lt_sched_t *s, uint32_t jx) {
       for (uint64_t bits = fb[wi]; bits; bits &= bits - 1) {
         uint32_t w = (uint32_t)(wi * 64 + (size_t)__builtin_ctzll(bits));
         const worker_t *wk = &s->workers[w];
-        if (wk->reserved_job != NIL && wk->reserved_job != jx) continue;
+        if (!sched_may_use(s, wk, jx)) continue;
         if (wk->mem_free < j->mem) continue;
         return w;
       }
@@ -67,10 +67,10 @@ static size_t las_preempt(lt_sched_t *s, uint32_t jx, double now, lt_sched_decis
     const worker_t *wk = &s->workers[w];
     if (!wk->up || wk->reserved_job != NIL || wk->slots < j->gpus) continue;
     uint32_t slots = wk->free_slots, cost = 0;
-    for (uint32_t r = wk->run.head; r != NIL && slots < j->gpus; r = s->jobs[r].run.next) {
-      const job_t *rj = &s->jobs[r];
+    for (uint32_t r = wk->run.head; r != NIL && slots < j->gpus; r = s->parts[r].run.next) {
+      const job_t *rj = &s->jobs[s->parts[r].job];
       if (rj->preempting || las_level(s, rj, now) == 0) continue;
-      slots += rj->gpus;
+      slots += s->parts[r].gpus;
       cost++;
     }
     if (slots >= j->gpus && cost < best_cost) best = w, best_cost = cost;
@@ -80,11 +80,13 @@ static size_t las_preempt(lt_sched_t *s, uint32_t jx, double now, lt_sched_decis
   sched_reserve(s, best, jx);
   size_t n = 0;
   uint32_t slots = wk->free_slots;
-  for (uint32_t r = wk->run.head; r != NIL && slots < j->gpus; r = s->jobs[r].run.next) {
-    job_t *rj = &s->jobs[r];
+  for (uint32_t r = wk->run.head; r != NIL && slots < j->gpus; r = s->parts[r].run.next) {
+    job_t *rj = &s->jobs[s->parts[r].job];
     if (rj->preempting || las_level(s, rj, now) == 0) continue;
-    slots += rj->gpus;
-    out[n++] = sched_preempt(s, wk, rj);
+    size_t k = sched_preempt(s, rj, out + n, cap - n);
+    if (k == 0) break;
+    n += k;
+    slots += s->parts[r].gpus;
   }
   return n;
 }
@@ -93,29 +95,42 @@ size_t sched_las_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, siz
   size_t n = 0;
   uint32_t blocked0 = NIL; /* the oldest first-queue job that could not start */
   for (int level = 0; level < 2 && n < cap; level++) {
-    uint32_t at[LT_CLASS__COUNT], min_fail = UINT32_MAX, scanned = 0, walked = 0;
+    /* the smallest job that failed, per kind (0: one worker, 1: a multi-worker gang) */
+    uint32_t at[LT_CLASS__COUNT], min_fail[2] = {UINT32_MAX, UINT32_MAX}, scanned = 0, walked = 0;
     for (int c = 0; c < LT_CLASS__COUNT; c++) at[c] = s->age[c].head;
     /* the walk is bounded too (LAS_WALK x max_scan jobs a level), so a long queue of jobs too
      * big for what is free costs a bounded time per call */
-    for (uint32_t jx; n < cap && min_fail > 1 && s->slots_used < s->total_slots &&
+    for (uint32_t jx; n < cap && min_fail[0] > 1 && s->slots_used < s->total_slots &&
                       walked++ < LAS_WALK * s->cfg.max_scan && (jx = las_next(s, at)) != NIL;) {
       const job_t *j = &s->jobs[jx];
       if (las_level(s, j, now) != level) continue;
       /* resources only shrink within a call: a job as big as one that failed fails too */
-      if (j->gpus >= min_fail && j->reserved == NIL) continue;
-      uint32_t w = las_find_worker(s, jx);
-      if (w != NIL) {
-        sched_book(s, jx, w, j->cls, now, &out[n++]);
-        continue;
+      int multi = sched_multi(s, j);
+      if (j->gpus >= min_fail[multi] && j->reserved == NIL) continue;
+      if (multi) { /* the shared all-or-nothing placement on one node group */
+        placement_t pl;
+        if (sched_gang_find(s, jx, &pl) && pl.n <= cap - n) {
+          sched_book(s, jx, &pl, j->cls, now, out + n);
+          n += pl.n;
+          continue;
+        }
+      } else {
+        uint32_t w = las_find_worker(s, jx);
+        if (w != NIL) {
+          sched_book1(s, jx, w, j->cls, now, &out[n++]);
+          continue;
+        }
+        /* a multi-worker gang does not preempt under LAS: the first blocked single-worker job
+         * does */
+        if (level == 0 && blocked0 == NIL) blocked0 = jx;
       }
-      if (level == 0 && blocked0 == NIL) blocked0 = jx;
-      if (j->gpus < min_fail) min_fail = j->gpus;
+      if (j->gpus < min_fail[multi]) min_fail[multi] = j->gpus;
       if (++scanned >= s->cfg.max_scan) break;
     }
     if (level == 0 && s->slots_used >= s->total_slots && blocked0 == NIL)
       for (uint32_t k = 0; k < LT_CLASS__COUNT && blocked0 == NIL; k++)
         for (uint32_t jx = s->age[k].head; jx != NIL; jx = s->jobs[jx].age.next)
-          if (las_level(s, &s->jobs[jx], now) == 0) {
+          if (las_level(s, &s->jobs[jx], now) == 0 && !sched_multi(s, &s->jobs[jx])) {
             blocked0 = jx;
             break;
           }
@@ -137,8 +152,9 @@ double sched_las_next_timer(const lt_sched_t *s, double now) {
   if (!s->cfg.las_preempt || thr <= 0 || s->queued == 0) return t;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!s->workers[w].up) continue;
-    for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {
-      const job_t *j = &s->jobs[jx];
+    for (uint32_t p = s->workers[w].run.head; p != NIL; p = s->parts[p].run.next) {
+      if (s->parts[p].rank != 0) continue;
+      const job_t *j = &s->jobs[s->parts[p].job];
       if (j->preempting || j->attained >= thr) continue;
       double at = j->start + (thr - j->attained) / j->gpus;
       if (at > now && at < t) t = at;

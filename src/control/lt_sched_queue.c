@@ -12,19 +12,33 @@
 /* ---- reservations and wait histograms ---------------------------------------------------- */
 
 void sched_reserve(lt_sched_t *s, uint32_t w, uint32_t jx) {
+  assert(s->workers[w].reserved_job == NIL);
   s->workers[w].reserved_job = jx;
   s->jobs[jx].reserved = w;
+  s->jobs[jx].nres++;
   s->nreserved++;
   s->reserved_free += s->workers[w].free_slots;
 }
 
+/* A multi-worker gang's reservation spans several workers, found by a scan of the workers:
+ * reservations are rare events (a bounded few at once), not per decision. */
 void sched_unreserve(lt_sched_t *s, uint32_t w) {
   uint32_t jx = s->workers[w].reserved_job;
   if (jx == NIL) return;
-  s->jobs[jx].reserved = NIL;
-  s->workers[w].reserved_job = NIL;
-  s->nreserved--;
-  s->reserved_free -= s->workers[w].free_slots;
+  job_t *j = &s->jobs[jx];
+  if (j->nres > 1) {
+    for (uint32_t k = 0; k < s->nworkers; k++)
+      if (s->workers[k].reserved_job == jx) {
+        s->workers[k].reserved_job = NIL;
+        s->reserved_free -= s->workers[k].free_slots;
+      }
+  } else {
+    s->workers[w].reserved_job = NIL;
+    s->reserved_free -= s->workers[w].free_slots;
+  }
+  s->nreserved -= j->nres;
+  j->nres = 0;
+  j->reserved = NIL;
 }
 
 static uint32_t hist_bucket(double w) {
@@ -142,34 +156,40 @@ void sched_heaps_rebuild(lt_sched_t *s) {
 
 /* ---- queues ----------------------------------------------------------------------------- */
 
-/* The link_t at byte offset off in job jx: one of its tq, age or run links. */
-static link_t *job_link(lt_sched_t *s, uint32_t jx, size_t off) {
-  return (link_t *)((char *)&s->jobs[jx] + off);
-}
+/* Lists link elements of one table: jobs (their tq and age links) or parts (their run link). */
+typedef struct ltab {
+  char *base;
+  size_t size, off; /* element size, and the link's offset in it */
+} ltab_t;
 
-/* Puts job jx on list l (through its link at offset off) at the head, or at the tail. */
-static void list_push(lt_sched_t *s, list_t *l, uint32_t jx, size_t off, bool front) {
-  link_t *n = job_link(s, jx, off);
+#define JOB_LINK(s, field) ((ltab_t){(char *)(s)->jobs, sizeof(job_t), offsetof(job_t, field)})
+#define PART_RUN(s) ((ltab_t){(char *)(s)->parts, sizeof(part_t), offsetof(part_t, run)})
+
+static link_t *tab_link(ltab_t t, uint32_t i) { return (link_t *)(t.base + i * t.size + t.off); }
+
+/* Puts element i on list l at the head, or at the tail. */
+static void list_push(ltab_t t, list_t *l, uint32_t i, bool front) {
+  link_t *n = tab_link(t, i);
   if (front) {
     n->prev = NIL;
     n->next = l->head;
-    if (l->head != NIL) job_link(s, l->head, off)->prev = jx;
-    else l->tail = jx;
-    l->head = jx;
+    if (l->head != NIL) tab_link(t, l->head)->prev = i;
+    else l->tail = i;
+    l->head = i;
   } else {
     n->next = NIL;
     n->prev = l->tail;
-    if (l->tail != NIL) job_link(s, l->tail, off)->next = jx;
-    else l->head = jx;
-    l->tail = jx;
+    if (l->tail != NIL) tab_link(t, l->tail)->next = i;
+    else l->head = i;
+    l->tail = i;
   }
 }
 
-static void list_unlink(lt_sched_t *s, list_t *l, uint32_t jx, size_t off) {
-  const link_t *n = job_link(s, jx, off);
-  if (n->prev != NIL) job_link(s, n->prev, off)->next = n->next;
+static void list_unlink(ltab_t t, list_t *l, uint32_t i) {
+  const link_t *n = tab_link(t, i);
+  if (n->prev != NIL) tab_link(t, n->prev)->next = n->next;
   else l->head = n->next;
-  if (n->next != NIL) job_link(s, n->next, off)->prev = n->prev;
+  if (n->next != NIL) tab_link(t, n->next)->prev = n->prev;
   else l->tail = n->prev;
 }
 
@@ -186,18 +206,20 @@ void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
   j->starve_next = now;
   j->preempting = false;
   j->stop_sent = false;
-  j->worker = NIL;
+  j->part = NIL;
+  j->world = 0;
   j->reserved = NIL;
+  j->nres = 0;
   /* tenant queue: new jobs at the tail, requeued ones (already started once) at the head;
    * age list: the tail, so it stays ordered by enq, except FIFO puts requeued jobs first */
-  list_push(s, &t->q[c], jx, offsetof(job_t, tq), front);
-  list_push(s, &s->age[a], jx, offsetof(job_t, age), front && s->cfg.policy == LT_SCHED_POLICY_FIFO);
+  list_push(JOB_LINK(s, tq), &t->q[c], jx, front);
+  list_push(JOB_LINK(s, age), &s->age[a], jx, front && s->cfg.policy == LT_SCHED_POLICY_FIFO);
   t->queued++;
   t->queued_c[c]++;
   t->queued_gpus_c[c] += j->gpus;
   s->queued++;
   s->queued_c[c]++;
-  s->queued_by_gpus[j->gpus]++;
+  s->queued_by_gpus[j->gpus <= LT_SCHED_MAX_WORKER_SLOTS ? j->gpus : LT_SCHED_MAX_WORKER_SLOTS + 1]++;
   sched_tenant_refresh(s, j->tenant, c);
 }
 
@@ -206,17 +228,17 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx) {
   tenant_t *t = &s->tenants[j->tenant];
   int c = j->cls, a = age_list(s, j);
   assert(j->state == JS_QUEUED);
-  list_unlink(s, &t->q[c], jx, offsetof(job_t, tq));
+  list_unlink(JOB_LINK(s, tq), &t->q[c], jx);
   for (int k = 0; k < LT_CLASS__COUNT; k++)
     if (s->cursor[k] == jx) s->cursor[k] = j->age.next;
-  list_unlink(s, &s->age[a], jx, offsetof(job_t, age));
+  list_unlink(JOB_LINK(s, age), &s->age[a], jx);
   if (j->reserved != NIL) sched_unreserve(s, j->reserved);
   t->queued--;
   t->queued_c[c]--;
   t->queued_gpus_c[c] -= j->gpus;
   s->queued--;
   s->queued_c[c]--;
-  s->queued_by_gpus[j->gpus]--;
+  s->queued_by_gpus[j->gpus <= LT_SCHED_MAX_WORKER_SLOTS ? j->gpus : LT_SCHED_MAX_WORKER_SLOTS + 1]--;
   j->state = JS_FREE;
   sched_tenant_refresh(s, j->tenant, c);
 }
@@ -227,6 +249,7 @@ static void worker_set_free(lt_sched_t *s, uint32_t w, uint32_t free_slots) {
   worker_t *wk = &s->workers[w];
   if (wk->up) bm_clr(free_bm(s, wk->free_slots), w);
   if (wk->reserved_job != NIL) s->reserved_free = s->reserved_free - wk->free_slots + free_slots;
+  if (wk->up) sched_group_free(s, w, (int64_t)free_slots - wk->free_slots);
   wk->free_slots = free_slots;
   if (wk->up) bm_set(free_bm(s, free_slots), w);
 }
@@ -259,20 +282,26 @@ static bool worker_touch_model(lt_sched_t *s, uint32_t w, uint32_t m) {
   return true;
 }
 
-/* Releases what a running job holds. */
+/* Releases what a running job holds: every part. */
 void sched_run_release(lt_sched_t *s, uint32_t jx) {
   job_t *j = &s->jobs[jx];
-  worker_t *wk = &s->workers[j->worker];
   tenant_t *t = &s->tenants[j->tenant];
   assert(j->state == JS_RUNNING);
-  list_unlink(s, &wk->run, jx, offsetof(job_t, run));
-  wk->gpu_free |= j->gpu_mask;
-  wk->mem_free += j->mem;
-  if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) {
-    wk->preempt_slots -= j->gpus;
-    wk->preempt_mem -= j->mem;
+  for (uint32_t p = j->part, next; p != NIL; p = next) {
+    part_t *pt = &s->parts[p];
+    worker_t *wk = &s->workers[pt->worker];
+    next = pt->next;
+    list_unlink(PART_RUN(s), &wk->run, p);
+    wk->gpu_free |= pt->mask;
+    wk->mem_free += pt->mem;
+    if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) {
+      wk->preempt_slots -= pt->gpus;
+      wk->preempt_mem -= pt->mem;
+    }
+    worker_set_free(s, pt->worker, wk->free_slots + pt->gpus);
+    pt->next = s->part_free;
+    s->part_free = p;
   }
-  worker_set_free(s, j->worker, wk->free_slots + j->gpus);
   t->running_slots -= j->gpus;
   t->run_slots_c[j->cls] -= j->gpus;
   t->run_mem_c[j->cls] -= j->mem;
@@ -280,38 +309,85 @@ void sched_run_release(lt_sched_t *s, uint32_t jx) {
   s->slots_used -= j->gpus;
   s->running--;
   j->state = JS_FREE;
-  j->worker = NIL;
-  j->gpu_mask = 0;
+  j->part = NIL;
+  j->world = 0;
   sched_tenant_refresh_all(s, j->tenant);
 }
 
-void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
-                     lt_sched_decision_t *d) {
+lt_sched_decision_t sched_part_decision(const lt_sched_t *s, const job_t *j, uint32_t p,
+                                        lt_sched_action_t action) {
+  const part_t *pt = &s->parts[p];
+  return (lt_sched_decision_t){.action = action,
+                               .job_id = j->id,
+                               .tenant_id = s->tenants[j->tenant].id,
+                               .worker_id = s->workers[pt->worker].id,
+                               .gpu_mask = pt->mask,
+                               .rank = pt->rank,
+                               .world = j->world,
+                               .attempt = j->attempt,
+                               .cls = (lt_job_class_t)j->cls,
+                               .effective = (lt_job_class_t)j->cls};
+}
+
+/* Books gpus GPUs (the lowest free ones) and mem bytes of worker w for job jx as its part of
+ * rank `rank`; returns the part and whether the worker loaded the job's model cold. */
+static uint32_t book_part(lt_sched_t *s, uint32_t jx, uint32_t w, uint32_t gpus, uint64_t mem,
+                          uint32_t rank, bool *cold) {
   job_t *j = &s->jobs[jx];
   worker_t *wk = &s->workers[w];
-  tenant_t *t = &s->tenants[j->tenant];
-  double waited = now - j->enq;
-  sched_queue_remove(s, jx); /* also drops j's reservation */
   uint64_t mask = 0, freem = wk->gpu_free;
-  for (uint32_t i = 0; i < j->gpus; i++) {
+  for (uint32_t i = 0; i < gpus; i++) {
     uint64_t bit = freem & (~freem + 1);
     assert(bit);
     mask |= bit;
     freem &= ~bit;
   }
   wk->gpu_free = freem;
-  wk->mem_free -= j->mem;
-  worker_set_free(s, w, wk->free_slots - j->gpus);
-  bool cold = j->model != LT_SCHED_NO_MODEL && worker_touch_model(s, w, j->model);
+  assert(wk->mem_free >= mem);
+  wk->mem_free -= mem;
+  worker_set_free(s, w, wk->free_slots - gpus);
+  *cold = j->model != LT_SCHED_NO_MODEL && worker_touch_model(s, w, j->model);
+  uint32_t p = s->part_free;
+  assert(p != NIL); /* parts_cap: one a GPU of max_workers full workers */
+  part_t *pt = &s->parts[p];
+  s->part_free = pt->next;
+  *pt = (part_t){.mask = mask, .mem = mem, .job = jx, .worker = w, .gpus = gpus, .rank = rank,
+                 .next = NIL};
+  list_push(PART_RUN(s), &wk->run, p, true);
+  if (j->cls == LT_CLASS_PREEMPTIBLE) {
+    wk->preempt_slots += gpus;
+    wk->preempt_mem += mem;
+  }
+  return p;
+}
+
+void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective, double now,
+                lt_sched_decision_t *d) {
+  job_t *j = &s->jobs[jx];
+  tenant_t *t = &s->tenants[j->tenant];
+  double waited = now - j->enq;
+  sched_queue_remove(s, jx); /* also drops j's reservation */
   j->state = JS_RUNNING;
-  j->worker = w;
-  j->gpu_mask = mask;
   j->start = now;
   j->attempt++;
-  list_push(s, &wk->run, jx, offsetof(job_t, run), true);
-  if (j->cls == LT_CLASS_PREEMPTIBLE) {
-    wk->preempt_slots += j->gpus;
-    wk->preempt_mem += j->mem;
+  j->world = pl->n;
+  /* memory is split by GPUs, rounded up, the last part taking what is left: no part needs more
+   * than sched_gang_find counted for it (sched_mem_per_gpu) */
+  uint64_t per_gpu = sched_mem_per_gpu(j), left = j->mem;
+  uint32_t *link = &j->part;
+  bool any_cold = false;
+  for (uint32_t r = 0; r < pl->n; r++) {
+    bool cold;
+    uint64_t mem = per_gpu * pl->gpus[r] < left ? per_gpu * pl->gpus[r] : left;
+    left -= mem;
+    uint32_t p = book_part(s, jx, pl->worker[r], pl->gpus[r], mem, r, &cold);
+    *link = p;
+    link = &s->parts[p].next;
+    any_cold |= cold;
+    d[r] = sched_part_decision(s, j, p, LT_SCHED_DISPATCH);
+    d[r].effective = (lt_job_class_t)effective;
+    d[r].cold_load = cold;
+    d[r].waited_s = waited;
   }
   t->running_slots += j->gpus;
   t->run_slots_c[j->cls] += j->gpus;
@@ -323,29 +399,46 @@ void sched_book(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double no
   s->slots_used += j->gpus;
   s->running++;
   s->dispatches++;
-  if (cold) {
+  if (any_cold) {
     s->cold_loads++;
     t->cold_c[j->cls]++;
   }
   if (t->max_duration > 0 && now + t->max_duration < s->next_deadline)
     s->next_deadline = now + t->max_duration;
   sched_tenant_refresh_all(s, j->tenant);
-  *d = (lt_sched_decision_t){.action = LT_SCHED_DISPATCH,
-                             .job_id = j->id,
-                             .tenant_id = t->id,
-                             .worker_id = wk->id,
-                             .gpu_mask = mask,
-                             .attempt = j->attempt,
-                             .cls = (lt_job_class_t)j->cls,
-                             .effective = (lt_job_class_t)effective,
-                             .cold_load = cold,
-                             .waited_s = waited};
+}
+
+void sched_book1(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
+                 lt_sched_decision_t *d) {
+  placement_t pl;
+  pl.n = 1;
+  pl.worker[0] = w;
+  pl.gpus[0] = s->jobs[jx].gpus;
+  sched_book(s, jx, &pl, effective, now, d);
 }
 
 /* ---- invariants ------------------------------------------------------------------------- */
 
+/* Running job jx's parts: world of them, in rank order, on distinct up workers, adding up to its
+ * GPUs and memory. */
+static bool job_parts_ok(const lt_sched_t *s, uint32_t jx) {
+  const job_t *j = &s->jobs[jx];
+  uint32_t n = 0, gpus = 0;
+  uint64_t mem = 0;
+  for (uint32_t p = j->part; p != NIL; p = s->parts[p].next, n++) {
+    const part_t *pt = &s->parts[p];
+    if (pt->job != jx || pt->rank != n || n >= LT_SCHED_MAX_GANG_WORKERS || !s->workers[pt->worker].up)
+      return false;
+    for (uint32_t q = j->part; q != p; q = s->parts[q].next)
+      if (s->parts[q].worker == pt->worker) return false;
+    gpus += pt->gpus;
+    mem += pt->mem;
+  }
+  return n == j->world && n >= 1 && gpus == j->gpus && mem == j->mem;
+}
+
 /* Worker w's run list books exactly what the worker lacks: GPUs (disjoint masks, none of them
- * free), slots, memory, and the preemptible part of it. */
+ * free), slots, memory, and the preemptible part of it; each part's job is consistent. */
 static bool worker_ok(const lt_sched_t *s, uint32_t w, uint32_t *running) {
   const worker_t *wk = &s->workers[w];
   if (!wk->up) return wk->run.head == NIL && wk->reserved_job == NIL;
@@ -354,19 +447,38 @@ static bool worker_ok(const lt_sched_t *s, uint32_t w, uint32_t *running) {
   if (!(s->free_bm[(size_t)wk->free_slots * s->words + (w >> 6)] & (1ULL << (w & 63)))) return false;
   uint64_t masks = 0, mem = 0, pmem = 0;
   uint32_t slots = 0, pslots = 0;
-  for (uint32_t jx = wk->run.head; jx != NIL; jx = s->jobs[jx].run.next) {
-    const job_t *j = &s->jobs[jx];
-    if (j->state != JS_RUNNING || j->worker != w || (j->gpu_mask & (masks | wk->gpu_free)) ||
-        (uint32_t)__builtin_popcountll(j->gpu_mask) != j->gpus)
+  for (uint32_t p = wk->run.head; p != NIL; p = s->parts[p].run.next) {
+    const part_t *pt = &s->parts[p];
+    const job_t *j = &s->jobs[pt->job];
+    if (j->state != JS_RUNNING || pt->worker != w || (pt->mask & (masks | wk->gpu_free)) ||
+        (uint32_t)__builtin_popcountll(pt->mask) != pt->gpus)
       return false;
-    masks |= j->gpu_mask;
-    slots += j->gpus;
-    mem += j->mem;
-    if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) pslots += j->gpus, pmem += j->mem;
-    ++*running;
+    masks |= pt->mask;
+    slots += pt->gpus;
+    mem += pt->mem;
+    if (j->cls == LT_CLASS_PREEMPTIBLE && !j->preempting) pslots += pt->gpus, pmem += pt->mem;
+    if (pt->rank == 0) {
+      if (j->part != p || !job_parts_ok(s, pt->job)) return false;
+      ++*running;
+    }
   }
   return slots == wk->slots - wk->free_slots && mem == wk->mem_total - wk->mem_free &&
          pslots == wk->preempt_slots && pmem == wk->preempt_mem;
+}
+
+/* Each node group's free and total slots are those of its up workers. */
+static bool groups_ok(const lt_sched_t *s) {
+  for (uint32_t g = 0; g < s->ngroups; g++) {
+    uint32_t slots = 0, free_slots = 0;
+    for (uint32_t w = s->groups[g].head; w != NIL; w = s->workers[w].gnext) {
+      if (s->workers[w].group != g) return false;
+      if (!s->workers[w].up) continue;
+      slots += s->workers[w].slots;
+      free_slots += s->workers[w].free_slots;
+    }
+    if (slots != s->groups[g].slots || free_slots != s->groups[g].free_slots) return false;
+  }
+  return true;
 }
 
 /* Tenant t's queues hold what its counters say, in (re)queue state. */
@@ -401,9 +513,19 @@ bool sched_ok(const lt_sched_t *s) {
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!worker_ok(s, w, &running)) return false;
     uint32_t jx = s->workers[w].reserved_job;
-    if (jx != NIL && (s->jobs[jx].state != JS_QUEUED || s->jobs[jx].reserved != w)) return false;
+    if (jx != NIL) {
+      const job_t *j = &s->jobs[jx];
+      if (j->state != JS_QUEUED || j->reserved == NIL || j->nres == 0 ||
+          s->workers[j->reserved].reserved_job != jx)
+        return false;
+      uint32_t held = 0; /* every worker reserved for jx, counted once at the one it names */
+      if (j->reserved == w)
+        for (uint32_t k = 0; k < s->nworkers; k++) held += s->workers[k].reserved_job == jx;
+      if (j->reserved == w && held != j->nres) return false;
+    }
     reserved += jx != NIL;
   }
+  if (!groups_ok(s)) return false;
   for (uint32_t t = 0; t < s->ntenants; t++)
     if (!tenant_ok(s, t, &in_queues)) return false;
   return running == s->running && in_queues == s->queued && reserved == s->nreserved;

@@ -2,8 +2,9 @@
  * with virtual time over a CSV trace, so Lathe's policy and FIFO are compared on the same
  * workload. Pure: the caller reads the file and prints the result.
  *
- * Model: a fleet of identical workers; a job runs for its trace duration plus the cold-load
- * time when its worker did not hold its base model; a PREEMPT decision stops the job
+ * Model: a fleet of identical workers in node groups of workers_per_group; a job runs for its
+ * trace duration plus the cold-load time when its worker (any worker of a multi-worker gang)
+ * did not hold its base model; a job larger than a node group is refused at arrival; a PREEMPT decision stops the job
  * checkpoint_s later, keeping the work done until then; a STOP ends it at once. Fairness is
  * integrated over time: at every instant each class's held slots are split by weighted
  * max-min fair share of the demand (queued GPUs + running slots) into an entitlement. */
@@ -116,9 +117,9 @@ static lt_err_t parse_line(lt_sched_trace_t *t, char *line, uint32_t lineno, boo
     return COLERR(3, "\"%s\" is not production, standard or preemptible", lineno, 3,
                   trace_cols[2], f[2]);
   double g;
-  if (!parse_double(f[3], &g) || g != floor(g) || g < 1 || g > LT_SCHED_MAX_WORKER_SLOTS)
+  if (!parse_double(f[3], &g) || g != floor(g) || g < 1 || g > LT_SCHED_MAX_JOB_GPUS)
     return COLERR(4, "\"%s\" is not a GPU count within 1..%d", lineno, 4, trace_cols[3], f[3],
-                  LT_SCHED_MAX_WORKER_SLOTS);
+                  LT_SCHED_MAX_JOB_GPUS);
   r.gpus = (uint32_t)g;
   if (!parse_double(f[4], &r.duration) || r.duration <= 0)
     return COLERR(5, "\"%s\" is not a duration in seconds > 0", lineno, 5, trace_cols[4], f[4]);
@@ -258,6 +259,7 @@ typedef struct sim_job {
   double first_dispatch;
   uint32_t gen;
   bool running, preempting, done;
+  bool multi; /* its current attempt runs on several workers */
 } sim_job_t;
 
 typedef struct evheap {
@@ -357,6 +359,8 @@ typedef struct sim {
   double retry_at;        /* the starvation pass's next look, armed by a change */
   bool changed;           /* an event, an arrival or a decision at now */
   uint64_t gangs, decides, refused;
+  uint64_t multi_started, multi_finished;
+  uint32_t group_slots;   /* GPUs of the largest node group: larger jobs are refused */
   uint32_t refused_line, refused_gpus;
   char *errstr;
   size_t errstr_size;
@@ -364,10 +368,11 @@ typedef struct sim {
 
 /* Refuses a fleet that cannot run anything. */
 static lt_err_t sim_check(const lt_sched_sim_config_t *cfg, char *errstr, size_t errstr_size) {
-  if (cfg->workers == 0 || cfg->slots_per_worker == 0 ||
+  if (cfg->workers == 0 || cfg->slots_per_worker == 0 || cfg->workers_per_group > cfg->workers ||
       cfg->slots_per_worker > LT_SCHED_MAX_WORKER_SLOTS || !(cfg->tick_s >= 0))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "sim: need workers >= 1, slots per worker within 1..%d and tick >= 0",
+                   "sim: need workers >= 1, slots per worker within 1..%d, workers per group "
+                   "within 0..workers and tick >= 0",
                    LT_SCHED_MAX_WORKER_SLOTS);
   return LT_OK;
 }
@@ -426,9 +431,13 @@ static lt_err_t sim_open(sim_t *m) {
     lt_sched_worker_t wk = {.id = w + 1,
                             .slots = cfg->slots_per_worker,
                             .mem_bytes = cfg->slots_per_worker * cfg->mem_per_slot,
-                            .model_cache = cfg->models_per_worker};
+                            .model_cache = cfg->models_per_worker,
+                            .node_group = cfg->workers_per_group ? w / cfg->workers_per_group : 0};
     err = lt_sched_worker_up(m->s, &wk, m->errstr, m->errstr_size);
   }
+  uint32_t group = cfg->workers_per_group ? cfg->workers_per_group : cfg->workers;
+  if (group > LT_SCHED_MAX_GANG_WORKERS) group = LT_SCHED_MAX_GANG_WORKERS;
+  m->group_slots = group * cfg->slots_per_worker;
   for (size_t i = 0; i < tr->n; i++) {
     m->jobs[i].remaining = tr->rows[i].duration;
     m->jobs[i].first_dispatch = -1;
@@ -474,6 +483,7 @@ static void sim_done(sim_t *m, uint32_t ji) {
   sim_job_t *j = &m->jobs[ji];
   lt_sched_job_finished(m->s, ji + 1, m->now);
   if (j->running) sim_fair(m, ji, -(double)m->tr->rows[ji].gpus, 0);
+  if (j->running && j->multi) m->multi_finished++;
   j->running = false;
   j->done = true;
   m->completed++;
@@ -510,7 +520,7 @@ static lt_err_t sim_arrivals(sim_t *m) {
     const trace_row_t *r = &tr->rows[m->next_arrival];
     m->njobs[r->tenant * LT_CLASS__COUNT + r->cls]++;
     m->changed = true;
-    if (r->gpus > m->cfg->slots_per_worker) { /* larger than a worker: set aside, counted */
+    if (r->gpus > m->group_slots) { /* larger than a node group: set aside, counted */
       if (m->refused++ == 0) m->refused_line = r->line, m->refused_gpus = r->gpus;
       m->jobs[m->next_arrival++].done = true;
       continue;
@@ -529,20 +539,25 @@ static lt_err_t sim_arrivals(sim_t *m) {
   return LT_OK;
 }
 
-/* Applies one decision at now: a dispatch schedules the completion (after a cold load when the
- * worker lacked the model), a preemption the checkpoint, a stop ends the job. */
+/* Applies one decision at now — a job's world rows (d[0..world), rank 0 first) as one: a
+ * dispatch schedules the completion (after a cold load when a worker lacked the model), a
+ * preemption the checkpoint, a stop ends the job. */
 static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
   uint32_t ji = (uint32_t)(d->job_id - 1);
   sim_job_t *j = &m->jobs[ji];
   double now = m->now;
   switch (d->action) {
   case LT_SCHED_DISPATCH: {
-    double cold = d->cold_load ? m->cfg->cold_load_s : 0;
+    bool any_cold = false;
+    for (uint32_t r = 0; r < d->world; r++) any_cold |= d[r].cold_load;
+    double cold = any_cold ? m->cfg->cold_load_s : 0;
     j->running = true;
     j->gen++;
     j->run_from = now + cold;
+    j->multi = d->world > 1;
     if (j->first_dispatch < 0) j->first_dispatch = now;
     if (m->tr->rows[ji].gpus > 1) m->gangs++;
+    if (j->multi) m->multi_started++;
     sim_fair(m, ji, m->tr->rows[ji].gpus, -(double)m->tr->rows[ji].gpus);
     if (ev_push(&m->ev, now + cold + j->remaining, EV_COMPLETE, ji, j->gen)) return LT_ERR_NOMEM;
     break;
@@ -564,14 +579,16 @@ static lt_err_t sim_apply(sim_t *m, const lt_sched_decision_t *d) {
 static lt_err_t sim_decide(sim_t *m) {
   lt_sched_decision_t dec[256];
   size_t nd;
+  size_t cap = sizeof dec / sizeof dec[0];
   do {
-    nd = lt_sched_decide(m->s, m->now, dec, sizeof dec / sizeof dec[0]);
+    nd = lt_sched_decide(m->s, m->now, dec, cap);
     m->decides++;
     if (nd) m->changed = true;
-    for (size_t k = 0; k < nd; k++)
+    for (size_t k = 0; k < nd; k += dec[k].world) /* a job's rows are consecutive, rank 0 first */
       if (sim_apply(m, &dec[k]))
         return lt_errf(m->errstr, m->errstr_size, LT_ERR_NOMEM, "sim: out of memory");
-  } while (nd == sizeof dec / sizeof dec[0]);
+    /* a gang whose rows did not fit in what was left of dec waits for the next call */
+  } while (nd + LT_SCHED_MAX_GANG_WORKERS > cap);
   m->last_decide = m->now;
   return LT_OK;
 }
@@ -730,6 +747,8 @@ static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
   res->cold_loads = cnt.cold_loads;
   res->completed = m->completed;
   res->gangs_started = m->gangs;
+  res->multi_started = m->multi_started;
+  res->multi_finished = m->multi_finished;
   res->decide_calls = m->decides;
   res->refused_size = m->refused;
   res->refused_first_line = m->refused_line;

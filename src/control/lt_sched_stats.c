@@ -76,10 +76,10 @@ size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t 
   for (uint32_t t = 0; t < s->ntenants && t < cap; t++) usage_row(&s->tenants[t], &out[t]);
   for (uint32_t w = 0; w < s->nworkers; w++) {
     if (!s->workers[w].up) continue;
-    for (uint32_t jx = s->workers[w].run.head; jx != NIL; jx = s->jobs[jx].run.next) {
-      const job_t *j = &s->jobs[jx];
-      if (j->tenant < cap && now > j->start)
-        out[j->tenant].gpu_seconds[j->cls] += j->gpus * (now - j->start);
+    for (uint32_t px = s->workers[w].run.head; px != NIL; px = s->parts[px].run.next) {
+      const part_t *p = &s->parts[px];
+      const job_t *j = &s->jobs[p->job];
+      if (j->tenant < cap && now > j->start) out[j->tenant].gpu_seconds[j->cls] += p->gpus * (now - j->start);
     }
   }
   return s->ntenants;
@@ -87,7 +87,7 @@ size_t lt_sched_tenants_usage(const lt_sched_t *s, double now, lt_sched_usage_t 
 
 uint32_t lt_sched_smallest_queued(const lt_sched_t *s) {
   if (s->queued == 0) return 0;
-  for (uint32_t g = 1; g <= LT_SCHED_MAX_WORKER_SLOTS; g++)
+  for (uint32_t g = 1; g <= LT_SCHED_MAX_WORKER_SLOTS + 1; g++)
     if (s->queued_by_gpus[g]) return g;
   assert(!"queued jobs but no GPU count"); /* queued_by_gpus sums to queued */
   return 0;
@@ -96,9 +96,11 @@ uint32_t lt_sched_smallest_queued(const lt_sched_t *s) {
 uint32_t lt_sched_fragmented_slots(const lt_sched_t *s) {
   uint32_t g = lt_sched_smallest_queued(s), frag = 0;
   if (g <= 1) return 0; /* nothing waits, or every free slot fits a 1-GPU job */
+  bool multi = g > s->max_slots; /* only a gang across workers waits: a group's free slots count */
   for (uint32_t w = 0; w < s->nworkers; w++) {
     const worker_t *wk = &s->workers[w];
-    if (wk->up && wk->reserved_job == NIL && wk->free_slots < g) frag += wk->free_slots;
+    uint32_t room = multi ? s->groups[wk->group].free_slots : wk->free_slots;
+    if (wk->up && wk->reserved_job == NIL && room < g) frag += wk->free_slots;
   }
   return frag;
 }

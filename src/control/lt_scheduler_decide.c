@@ -160,6 +160,13 @@ static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job
                        .gpus = j->gpus > 0 ? (uint32_t)j->gpus : 1,
                        .model = model,
                        .attempt = attempt > 0 ? (uint32_t)attempt : 0};
+  /* A job larger than every known worker would be placed as a multi-worker gang, which this
+   * daemon does not run yet: it stays queued outside the policy, as it waited before gangs
+   * spanned workers, until a worker that large is known (drop_multi_worker is the backstop). */
+  uint32_t largest = 0;
+  for (size_t w = 0; w < s->nworkers; w++)
+    if (s->workers[w].slots > largest) largest = s->workers[w].slots;
+  if (sj.gpus > largest) return false;
   char err[256];
   if (lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err) != LT_OK) return false;
   sd->in_sched = true;
@@ -469,6 +476,19 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   }
 }
 
+/* The daemon does not run multi-worker gangs yet (no dispatch record carries rank, world and a
+ * rendezvous): a job the policy placed on several workers (world > 1) is dropped from the
+ * policy, which frees its parts, with a log line; it stays queued in the job table. Workers
+ * join node group 0, so such a job is one larger than any worker. Returns true when dropped. */
+static bool drop_multi_worker(lt_scheduler_t *s, side_t *sd, const lt_sched_decision_t *d) {
+  if (d->world <= 1) return false;
+  if (sd->in_sched && d->rank == 0)
+    fprintf(stderr, "lathed scheduler: job %s needs %u workers (a multi-worker gang): not run "
+            "by this scheduler yet, dropped from the policy\n", sd->job_id, d->world);
+  scheduler_drop(s, sd);
+  return true;
+}
+
 static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
   lt_job_table_t *jobs = lt_proj_jobs(s->fold);
   lt_sched_decision_t d[DECIDE_CAP];
@@ -478,7 +498,7 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
       if (d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
       side_t *sd = s->sides[d[k].job_id - 1];
       const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-      if (!j) continue;
+      if (!j || drop_multi_worker(s, sd, &d[k])) continue;
       if (d[k].action == LT_SCHED_DISPATCH) {
         size_t w = (size_t)(d[k].worker_id - 1);
         bool ok = !lt_job_state_is_terminal(j->state) && !sd->w_terminal && !j->cancel_requested &&

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "lt_test.h"
 #include "lt_time.h"
 #include "lt_train.h"
+#include "lt_worker_gang.h"
 
 /* ---- a gang of threads --------------------------------------------------------------------- */
 
@@ -734,4 +736,95 @@ Test(dp, one_ranks_preemption_stops_the_whole_gang_at_one_step, .timeout = 300) 
   cr_assert_eq(m.ckpts[2], 0, "rank 1 writes no checkpoint");
   free(m.data);
   lt_test_rm_rf(m.root);
+}
+
+/* A thread's all-reduce of two floats on its handle (the join tests). */
+typedef struct red {
+  lt_dp_t *dp;
+  float *x;
+} red_t;
+
+static void *reduce_two(void *p) {
+  red_t *r = p;
+  char e[256];
+  lt_dp_allreduce_sum(r->dp, r->x, 2, e, sizeof e);
+  return NULL;
+}
+
+/* ---- a worker's join (lt_worker_gang.h) ------------------------------------------------------ */
+
+static int read_byte(int fd, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  char b = 0;
+  if (poll(&p, 1, timeout_ms) != 1 || read(fd, &b, 1) != 1) return -1;
+  return b;
+}
+
+/* Two workers' joins (threads of their own) end with a 'g' each and one verified connection
+ * each, which carry a sum once adopted; the token is the job and attempt. */
+Test(dp, two_workers_join_a_gang_and_hand_over_its_connections, .timeout = 60) {
+  int p0[2], p1[2], port = 0;
+  cr_assert_eq(pipe(p0), 0);
+  cr_assert_eq(pipe(p1), 0);
+  { /* a free port for rank 0 */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+    getsockname(s, (struct sockaddr *)&a, &len);
+    port = ntohs(a.sin_port);
+    close(s);
+  }
+  char rdv[64], e[512];
+  snprintf(rdv, sizeof rdv, "127.0.0.1:%d", port);
+  lt_wgang_t *g0, *g1;
+  lt_wgang_conf_t c0 = {.rank = 0, .world = 2, .rendezvous = rdv, .job_id = "job-w", .attempt = 3,
+                        .timeout_ms = 20000, .notify_fd = p0[1]};
+  lt_wgang_conf_t c1 = c0;
+  c1.rank = 1, c1.notify_fd = p1[1];
+  cr_assert_eq(lt_wgang_start(&c0, &g0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_start(&c1, &g1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(read_byte(p0[0], 20000), 'g');
+  cr_assert_eq(read_byte(p1[0], 20000), 'g');
+  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS], n0 = 0, n1 = 0;
+  cr_assert_eq(lt_wgang_finish(g0, f0, &n0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_finish(g1, f1, &n1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert(n0 == 1 && n1 == 1);
+  lt_dp_conf_t a0 = {.rank = 0, .world = 2, .token = "job-w/3", .timeout_ms = 20000}, a1 = a0;
+  a1.rank = 1;
+  lt_dp_t *d0, *d1;
+  cr_assert_eq(lt_dp_adopt(&a0, f0, 1, &d0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_dp_adopt(&a1, f1, 1, &d1, e, sizeof e), LT_OK, "%s", e);
+  float x1[2] = {1, 2}, x0[2] = {10, 20};
+  pthread_t t;
+  red_t r1 = {d1, x1};
+  cr_assert_eq(pthread_create(&t, NULL, reduce_two, &r1), 0);
+  cr_assert_eq(lt_dp_allreduce_sum(d0, x0, 2, e, sizeof e), LT_OK, "%s", e);
+  pthread_join(t, NULL);
+  cr_assert(x0[0] == 11 && x0[1] == 22 && x1[0] == 11 && x1[1] == 22);
+  lt_dp_close(d0);
+  lt_dp_close(d1);
+  for (int i = 0; i < 2; i++) close(p0[i]), close(p1[i]);
+}
+
+/* An attempt stopped while it joins abandons the join at once; the join's thread ends on its own
+ * (its timeout here) and frees what it holds, and the attempt's notify pipe gets nothing. */
+Test(dp, an_abandoned_join_returns_at_once_and_tells_nobody, .timeout = 30) {
+  int p[2];
+  cr_assert_eq(pipe(p), 0);
+  char e[512];
+  lt_wgang_t *g;
+  lt_wgang_conf_t c = {.rank = 0, .world = 2, .rendezvous = "127.0.0.1:0", .job_id = "job-a", .attempt = 1,
+                       .timeout_ms = 1500, .notify_fd = p[1]};
+  cr_assert_eq(lt_wgang_start(&c, &g, e, sizeof e), LT_OK, "%s", e);
+  int64_t t0 = lt_time_mono_ms();
+  lt_wgang_abandon(g);
+  cr_assert_lt(lt_time_mono_ms() - t0, 500, "abandon waited for the join");
+  close(p[1]);
+  cr_assert_eq(read_byte(p[0], 4000), -1, "an abandoned join wrote to the attempt's pipe");
+  close(p[0]);
+  lt_wgang_conf_t bad = c;
+  bad.world = 1;
+  cr_assert_eq(lt_wgang_start(&bad, &g, e, sizeof e), LT_ERR_INVALID);
+  cr_assert_not_null(strstr(e, "gang_world"), "%s", e);
 }

@@ -265,7 +265,7 @@ lt_err_t lt_confine_apply(const lt_confine_conf_t *c, int keep_max, char *report
 lt_err_t lt_confine_spawn(const char *path, const lt_confine_conf_t *c, const int inputs[LT_CONFINE_INPUTS], pid_t *pid,
                           int *in_fd, int *out_fd, char *errstr, size_t n) {
   /* Close-on-exec everywhere: another executor must not inherit this one's pipes or inputs (the
-   * dup2s below clear the flag on the child's own 0, 1 and 3-6). The inputs are first moved
+   * dup2s below clear the flag on the child's own 0, 1 and 3-14). The inputs are first moved
    * above the numbers they go to, so that no dup2 overwrites a source another one still needs. */
   int in[2] = {-1, -1}, out[2] = {-1, -1}, high[LT_CONFINE_INPUTS], null_fd = -1;
   for (int i = 0; i < LT_CONFINE_INPUTS; i++) high[i] = -1;

@@ -84,8 +84,9 @@ lt_err_t lt_confine_conf_from_executor_env(lt_confine_conf_t *c, char *errstr, s
 lt_err_t lt_confine_apply(const lt_confine_conf_t *c, int keep_max, char *report, size_t report_size, char *errstr,
                           size_t errstr_size);
 
-/* Descriptors an executor inherits beside 0-2: 3 + i for inputs[i]. */
-#define LT_CONFINE_INPUTS 4
+/* Descriptors an executor inherits beside 0-2: 3 + i for inputs[i]: its datasets, resume state
+ * and base model (3-6), then a gang's connections (7-14, lt_worker_gang.h). */
+#define LT_CONFINE_INPUTS 12
 
 /* Spawns the executor at path (`lathed --role executor`) with c's environment, its stdin and
  * stdout on new pipes (*in_fd: the write end of its stdin; *out_fd: the read end of its stdout,

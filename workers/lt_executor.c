@@ -33,12 +33,14 @@
 
 #include "lt_ckpt.h"
 #include "lt_confine.h"
+#include "lt_dp.h"
 #include "lt_executor_int.h"
 #include "lt_crypto.h"
 #include "lt_proto.h"
 #include "lt_store.h"
 #include "lt_train.h"
 #include "lt_worker.h"
+#include "lt_worker_gang.h"
 
 /* The highest descriptor an executor inherits: 0-2, then its inputs (lt_worker.c hands them on
  * 3-6: the datasets, the resume state, the base model's directory). Every other one is closed
@@ -371,7 +373,20 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
   lt_train_hooks_t hooks = {.ctx = x, .should_stop = should_stop, .on_step = on_step, .on_eval = on_eval,
                             .on_checkpoint = on_checkpoint, .before_update = before_update};
   lt_train_result_t res;
-  lt_err_t e = lt_train_run(&tc, &hooks, &res, errstr, n);
+  lt_err_t e = LT_OK;
+  if (a->gang_world > 1) {
+    /* The gang's connections, joined and verified by the worker: this process has no network. A
+     * collective waits for the slowest rank, which may be evaluating or checkpointing (rank 0):
+     * the bound is generous; a dead peer is seen at once, as a closed connection. */
+    int fds[LT_WGANG_MAX_FDS];
+    char token[LT_DP_MAX_TOKEN + 1];
+    snprintf(token, sizeof token, "%.200s/%d", a->job_id, (int)a->attempt);
+    for (int i = 0; i < a->gang_nfds && i < LT_WGANG_MAX_FDS; i++) fds[i] = a->gang_fd0 + i;
+    lt_dp_conf_t dc = {.rank = a->gang_rank, .world = a->gang_world, .token = token, .timeout_ms = 30 * 60 * 1000};
+    e = lt_dp_adopt(&dc, fds, a->gang_nfds, &tc.dp, errstr, n);
+  }
+  if (!e) e = lt_train_run(&tc, &hooks, &res, errstr, n);
+  lt_dp_close(tc.dp);
   if (e) {
     lt_ckpt_abort(x->ckpt);
     return e;

@@ -27,11 +27,15 @@ const char *lt_proto_type_name(lt_proto_type_t type) {
 /* ---------------------------------------------------------------- encoding */
 
 static json_t *pack_assignment(const lt_proto_assignment_t *a) {
-  return json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:s,s:i,s:{s:i,s:i,s:i},s:{s:s,s:s}}", "job_id", a->job_id,
+  json_t *o = json_pack("{s:s,s:s,s:i,s:o,s:s,s:s,s:s,s:i,s:{s:i,s:i,s:i},s:{s:s,s:s}}", "job_id", a->job_id,
                    "tenant_id", a->tenant_id, "attempt", (int)a->attempt, "spec", lt_jobspec_to_json(&a->spec),
                    "model_dir", a->model_dir, "work_dir", a->work_dir, "sealed_dir", a->sealed_dir, "threads",
                    a->threads, "inputs", "train_fd", a->train_fd, "valid_fd", a->valid_fd, "resume_fd", a->resume_fd,
                    "tenant_key", "key_id", a->key_id, "key_hex", a->key_hex);
+  if (o && a->gang_world > 1)
+    json_object_set_new(o, "gang", json_pack("{s:i,s:i,s:i,s:i}", "rank", a->gang_rank, "world", a->gang_world,
+                                             "fd0", a->gang_fd0, "nfds", a->gang_nfds));
+  return o;
 }
 
 static json_t *pack_step(const lt_train_step_t *st) {
@@ -153,6 +157,15 @@ static lt_err_t read_assignment(const json_t *o, lt_proto_assignment_t *a, char 
     return lt_errf(errstr, n, LT_ERR_INVALID, "the job spec is invalid: %s", err);
   if (a->train_fd < 0 && a->spec.mode == LT_MODE_MANAGED)
     return lt_errf(errstr, n, LT_ERR_INVALID, "the assignment of a managed job lacks inputs.train_fd");
+  json_t *g = json_object_get(o, "gang");
+  a->gang_rank = (int)get_int(g, "rank");
+  a->gang_world = g ? (int)get_int(g, "world") : 1;
+  a->gang_fd0 = (int)get_int(g, "fd0");
+  a->gang_nfds = (int)get_int(g, "nfds");
+  if (g && (a->gang_world < 2 || a->gang_rank < 0 || a->gang_rank >= a->gang_world || a->gang_fd0 < 3 ||
+            a->gang_nfds != (a->gang_rank == 0 ? a->gang_world - 1 : 1) || a->spec.mode != LT_MODE_MANAGED))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "gang: rank %d of world %d on %d descriptors from %d is not a "
+                   "managed job's gang", a->gang_rank, a->gang_world, a->gang_nfds, a->gang_fd0);
   return LT_OK;
 }
 

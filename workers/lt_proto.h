@@ -70,6 +70,11 @@ typedef struct lt_proto_assignment {
   int resume_fd;                /* the state to resume from, or -1 */
   const char *key_id;           /* the tenant's data key (its id) ... */
   const char *key_hex;          /* ... and its bytes in hex: it seals the checkpoints */
+  /* A gang across workers (world > 1; 0 or 1: alone): this executor is rank gang_rank and
+   * inherited its connections to the other ranks, verified by its worker (lt_worker_gang.h), on
+   * descriptors gang_fd0 .. gang_fd0 + gang_nfds - 1 (rank 0: one per other rank, in rank
+   * order; the others: rank 0's). */
+  int gang_rank, gang_world, gang_fd0, gang_nfds;
 } lt_proto_assignment_t;
 
 typedef struct lt_proto_committed {

@@ -5,13 +5,11 @@
 #include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +24,8 @@
 #include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
+#include "lt_worker_gang.h"
+#include "lt_worker_setup.h"
 #include "lt_worker_session.h"
 #include "lt_xfer.h"
 
@@ -68,6 +68,12 @@ typedef struct attempt {
   bool killed;          /* we sent SIGKILL */
   int64_t step;
   char final_ckpt_event[40], final_ckpt_sha[65];
+  /* A part of a gang across workers (gang_world > 1): rank 0 speaks for the attempt, the others'
+   * records are muted. The join (lt_worker_gang.h), then the connections it handed over. */
+  int gang_rank, gang_world, gang_nfds, gang_fds[LT_WGANG_MAX_FDS];
+  char gang_rdv[300];
+  lt_wgang_t *gang;
+  bool gang_joined;
 } attempt_t;
 
 typedef struct pending {
@@ -79,6 +85,8 @@ typedef struct pending {
   lt_jobspec_t spec;    /* read from the JobDispatched record and validated ... */
   lt_err_t spec_err;    /* ... or why it is not valid */
   char spec_msg[512];
+  int gang_rank, gang_world; /* JobDispatched v2: this worker's part of a gang (world 1: none) */
+  char gang_rdv[300];
 } pending_t;
 
 struct lt_worker {
@@ -126,6 +134,7 @@ static void logf_(lt_worker_t *w, const char *fmt, ...) {
 typedef struct {
   lt_avro_record_t *r;
   lt_err_t err;
+  bool mute; /* a gang's rank > 0: rank 0 alone speaks for the attempt, so nothing is sent */
 } rec_t;
 
 /* Sets a field of b unless an earlier set failed: PUT(&b, lt_avro_set_long, "step", v). */
@@ -150,6 +159,7 @@ static rec_t fresh(lt_worker_t *w, int which, const attempt_t *a) {
   lt_avro_record_clear(b.r);
   b.err = lt_avro_record_stamp(b.r, w->producer_id);
   if (a) {
+    b.mute = a->gang_rank > 0;
     PUT(&b, lt_avro_set_string, "job_id", a->job_id);
     PUT(&b, lt_avro_set_string, "tenant_id", a->tenant_id);
     PUT(&b, lt_avro_set_int, "attempt", a->attempt);
@@ -177,6 +187,7 @@ static bool to_bus(lt_worker_t *w, const rec_t *b, const char *topic, const char
 
 /* Produces with acks=all and waits; retries a bounded time while the broker is unavailable. */
 static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, const rec_t *b) {
+  if (b->mute) return LT_OK;
   lt_bus_record_t rec;
   if (!to_bus(w, b, topic, key, &rec)) return LT_ERR_INTERNAL;
   char err[512];
@@ -196,7 +207,7 @@ static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, co
 static void send_async(lt_worker_t *w, const char *topic, const char *key, const rec_t *b, void *opaque) {
   lt_bus_record_t rec;
   char err[512];
-  if (to_bus(w, b, topic, key, &rec) && lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
+  if (!b->mute && to_bus(w, b, topic, key, &rec) && lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
     logf_(w, "%s for %s not queued: %s", lt_avro_record_type(b->r), key, err);
 }
 
@@ -318,6 +329,10 @@ static void slot_reset(attempt_t *a) {
 static int64_t scrub_attempt(lt_worker_t *w, attempt_t *a) {
   lt_wsess_destroy(a->sess);
   a->sess = NULL;
+  lt_wgang_abandon(a->gang);
+  a->gang = NULL;
+  for (int i = 0; i < a->gang_nfds; i++) close(a->gang_fds[i]);
+  a->gang_nfds = 0;
   lt_xfer_destroy(a->xfer);
   a->xfer = NULL;
   lt_ckpt_destroy(a->up);
@@ -352,7 +367,7 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
   int64_t zeroed = scrub_attempt(w, a);
-  int deleted = cancelled ? delete_staging(w, a->tenant_id, a->job_id) : 0;
+  int deleted = cancelled && a->gang_rank == 0 ? delete_staging(w, a->tenant_id, a->job_id) : 0;
   rec_t b = fresh(w, R_CLEANUP, a);
   PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
   PUT(&b, lt_avro_set_int, "staging_objects_deleted", deleted);
@@ -607,9 +622,12 @@ static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size
   int model_fd = open(model_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (model_fd < 0) return lt_errf(errstr, n, LT_ERR_IO, "the base model's directory: %s", strerror(errno));
   int inputs[LT_CONFINE_INPUTS] = {a->in.train_fd, a->in.valid_fd, a->in.resume_fd, model_fd};
+  for (int i = 4; i < LT_CONFINE_INPUTS; i++) inputs[i] = i - 4 < a->gang_nfds ? a->gang_fds[i - 4] : -1;
   lt_err_t err = lt_confine_spawn(w->conf.executor_path, &w->confine, inputs, &a->pid, &a->in_fd, &a->out_fd,
                                   errstr, n);
   close(model_fd);
+  for (int i = 0; i < a->gang_nfds; i++) close(a->gang_fds[i]); /* the executor has them now */
+  a->gang_nfds = 0;
   if (err) return err;
   bool ok = write(a->in_fd, assignment, len) == (ssize_t)len;
   fcntl(a->out_fd, F_SETFL, fcntl(a->out_fd, F_GETFL) | O_NONBLOCK);
@@ -680,7 +698,8 @@ static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, c
                                      .sealed_dir = a->work_dir, .threads = w->conf.threads_per_executor,
                                      .train_fd = 3, .valid_fd = a->in.valid_fd >= 0 ? 4 : -1,
                                      .resume_fd = a->in.resume_fd >= 0 ? 5 : -1, .key_id = a->in.key_id,
-                                     .key_hex = key_hex}};
+                                     .key_hex = key_hex, .gang_rank = a->gang_rank, .gang_world = a->gang_world,
+                                     .gang_fd0 = 7, .gang_nfds = a->gang_nfds}};
   char *line;
   size_t len;
   lt_err_t e = lt_proto_encode(&m, &line, &len);
@@ -718,7 +737,7 @@ static lt_err_t start_session(lt_worker_t *w, attempt_t *a, char *errstr, size_t
  * fenced or cancelled meanwhile, or the fetch failed. */
 static void inputs_ready(lt_worker_t *w, attempt_t *a) {
   char err[512];
-  lt_err_t e = lt_xfer_finish(a->xfer, &a->in, err, sizeof err);
+  lt_err_t e = a->gang_joined ? LT_OK : lt_xfer_finish(a->xfer, &a->in, err, sizeof err);
   a->xfer = NULL;
   if (e) {
     fail_start(w, a, err);
@@ -728,11 +747,27 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
     finish_attempt(w, a, 0);
     return;
   }
+  if (a->gang_world > 1 && !a->gang_joined) { /* the gang first: gang_joined comes back here */
+    lt_wgang_conf_t gc = {.rank = a->gang_rank, .world = a->gang_world, .rendezvous = a->gang_rdv,
+                          .job_id = a->job_id, .attempt = a->attempt, .timeout_ms = 120000, .notify_fd = a->notify[1]};
+    if (lt_wgang_start(&gc, &a->gang, err, sizeof err)) fail_start(w, a, err);
+    return;
+  }
   if (launch(w, a, &a->spec, err, sizeof err) || start_session(w, a, err, sizeof err)) {
     fail_start(w, a, err);
     return;
   }
   logf_(w, "started %s attempt %d (pid %d)", a->job_id, a->attempt, (int)a->pid);
+}
+
+/* The gang's join ended ('g'): its connections go to the executor, which starts now. */
+static void gang_joined(lt_worker_t *w, attempt_t *a) {
+  char err[512];
+  lt_err_t e = lt_wgang_finish(a->gang, a->gang_fds, &a->gang_nfds, err, sizeof err);
+  a->gang = NULL;
+  a->gang_joined = true;
+  if (e) fail_start(w, a, err);
+  else inputs_ready(w, a);
 }
 
 /* A checkpoint upload ended: commit it, or end the attempt with the upload's failure. */
@@ -754,6 +789,7 @@ static void on_notify(evutil_socket_t fd, short what, void *arg) {
   for (ssize_t i = 0; i < got && a->state == A_RUNNING; i++) {
     if (b[i] == 'f' && a->xfer) inputs_ready(w, a);
     else if (b[i] == 'u') upload_ended(w, a);
+    else if (b[i] == 'g' && a->gang) gang_joined(w, a);
   }
 }
 
@@ -783,7 +819,9 @@ static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, cons
 static bool try_start(lt_worker_t *w, pending_t *p) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
   if (!j || j->attempt < p->attempt) return false; /* the control record is not folded yet */
-  if (j->attempt > p->attempt || j->state != LT_JOB_DISPATCHED || j->cancel_requested) return true; /* stale: drop */
+  /* A gang's rank > 0 may find rank 0 already started (its AttemptStarted folded). */
+  bool startable = j->state == LT_JOB_DISPATCHED || (p->gang_rank > 0 && j->state == LT_JOB_RUNNING);
+  if (j->attempt > p->attempt || !startable || j->cancel_requested) return true; /* stale: drop */
   /* The scheduler dispatched the job, so its tenant exists: a tenant this worker has not met is
    * one its fold has not read yet (lathe.tenants is a topic of its own, read beside the job
    * topics in no set order). Wait for it; if it never comes, the scheduler's start timeout
@@ -799,6 +837,8 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   snprintf(a->tenant_id, sizeof a->tenant_id, "%s", j->tenant_id);
   a->attempt = p->attempt;
   a->cls = j->job_class;
+  a->gang_rank = p->gang_rank, a->gang_world = p->gang_world;
+  snprintf(a->gang_rdv, sizeof a->gang_rdv, "%s", p->gang_rdv);
   a->lease_ms = p->lease_ms > 0 ? p->lease_ms : 30000;
   a->last_progress_ms = lt_time_wall_ms();
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
@@ -868,6 +908,12 @@ static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
   p->cls = c;
   p->since_ms = lt_time_wall_ms();
   lt_avro_get_long(rec, "lease_ms", &p->lease_ms);
+  const char *rdv = NULL;
+  lt_avro_get_int(rec, "gang_rank", &p->gang_rank); /* JobDispatched v2; v1 records read the defaults */
+  lt_avro_get_int(rec, "gang_world", &p->gang_world);
+  lt_avro_get_string(rec, "gang_rendezvous", &rdv, NULL);
+  snprintf(p->gang_rdv, sizeof p->gang_rdv, "%s", rdv ? rdv : "");
+  if (p->gang_world < 1) p->gang_world = 1;
   char field[96];
   p->spec_err = lt_jobspec_from_record(rec, &p->spec, p->spec_msg, sizeof p->spec_msg);
   if (!p->spec_err)
@@ -975,13 +1021,15 @@ static void heartbeat(lt_worker_t *w) {
   }
   for (int s = 0; s < w->conf.slots; s++) {
     attempt_t *a = &w->slots[s];
-    if (a->state != A_RUNNING || a->fenced) continue;
+    if (a->state != A_RUNNING || a->fenced || a->gang_rank > 0) continue; /* rank 0 holds a gang's lease */
     size_t idx = put_elem(&b, "leases");
     PUT(&b, lt_avro_set_string, elem(path, "leases", idx, "job_id"), a->job_id);
     PUT(&b, lt_avro_set_int, elem(path, "leases", idx, "attempt"), a->attempt);
     PUT(&b, lt_avro_set_long, elem(path, "leases", idx, "lease_deadline"), lt_time_wall_ms() + a->lease_ms);
   }
   PUT(&b, lt_avro_set_bool, "draining", false);
+  PUT(&b, lt_avro_set_string, "node_group", w->conf.node_group ? w->conf.node_group : "");
+  PUT(&b, lt_avro_set_string, "rendezvous", w->conf.rendezvous ? w->conf.rendezvous : "");
   send_async(w, w->t_workers, w->conf.worker_id, &b, w);
 }
 
@@ -996,6 +1044,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   for (int i = 0; i < w->conf.slots; i++) {
     attempt_t *a = &w->slots[i];
     if (a->state != A_RUNNING) continue;
+    if (a->gang && (a->stop_signal || a->killed || !live(w, a))) { /* joining a gang: end it now */
+      finish_attempt(w, a, 0);
+      continue;
+    }
     /* Partitioned: the lease cannot be renewed. Stop before it can expire (invariant 2). */
     if (hb_ok > 0 && now - hb_ok > a->lease_ms * 2 / 3) {
       a->fenced = true;
@@ -1060,81 +1112,6 @@ static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   }
 }
 
-/* lathe.jobs, lathe.control and lathe.tenants, folded from the beginning: job states (a job's
- * state is the fold of both job topics), cancels, tenants and their data keys. */
-static lt_err_t assign_control(lt_worker_t *w, char *errstr, size_t n) {
-  const lt_bus_conf_t *bus = w->conf.bus;
-  lt_err_t err = lt_bus_consumer_new(bus, NULL, &w->control, errstr, n);
-  if (err) return err;
-  lt_bus_admin_t *admin = NULL;
-  lt_bus_tp_t parts[64];
-  char names[3][128];
-  size_t np = 0;
-  err = lt_bus_admin_new(bus, &admin, errstr, n);
-  const char *bases[3] = {"jobs", "control", "tenants"};
-  for (int b = 0; b < 3 && !err; b++) {
-    int count = 0;
-    lt_bus_topic_name(bus, bases[b], names[b], sizeof names[b]);
-    err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
-    for (int p = 0; !err && p < count && np < 64; p++)
-      parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
-  }
-  lt_bus_admin_destroy(admin);
-  return err ? err : lt_bus_consumer_assign(w->control, parts, np, errstr, n);
-}
-
-/* One dispatch group per deployment (topic prefix), like the scheduler's: workers of another
- * prefix on the same broker must not share its rebalances. */
-static lt_err_t join_dispatch(lt_worker_t *w, char *errstr, size_t n) {
-  char group[160];
-  lt_bus_topic_name(w->conf.bus, "worker-group", group, sizeof group);
-  lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = on_rebalance, .opaque = w};
-  /* A dead worker's dispatch partitions go to the living within seconds, not librdkafka's 45 s. */
-  lt_bus_conf_t *dconf = lt_bus_conf_dup(w->conf.bus);
-  if (!dconf) return LT_ERR_NOMEM;
-  lt_err_t err = lt_bus_conf_set(dconf, "session.timeout.ms", "6000", errstr, n);
-  if (!err) err = lt_bus_conf_set(dconf, "heartbeat.interval.ms", "1500", errstr, n);
-  if (!err) err = lt_bus_consumer_new(dconf, &co, &w->dispatch, errstr, n);
-  lt_bus_conf_destroy(dconf);
-  if (err) return err;
-  const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
-  return lt_bus_consumer_subscribe(w->dispatch, topics, LT_CLASS__COUNT, errstr, n);
-}
-
-/* What executors may do (lt_confine.h), and where their plaintext goes: a memory file system,
- * never a disk. Says in the log what this worker cannot apply. */
-static lt_err_t confinement(lt_worker_t *w, char *errstr, size_t n) {
-  struct statfs fs;
-  if (!w->conf.store || !w->conf.kek)
-    return lt_errf(errstr, n, LT_ERR_INVALID, "the worker needs the object store and the master key");
-  if (statfs(w->conf.mem_root, &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC))
-    return lt_errf(errstr, n, LT_ERR_INVALID,
-                   "%s (LATHE_WORKER_MEM_DIR) is not a memory file system (tmpfs): executors' plaintext would be "
-                   "written to a disk; name a tmpfs directory",
-                   w->conf.mem_root);
-  lt_err_t err = lt_confine_conf_from_env(&w->confine, w->conf.slots, errstr, n);
-  if (err) return err;
-  /* The attempts' directories go into a directory of this worker's that can be passed through
-   * but not listed (0711): executors share a uid, and one must not find another's by name. */
-  snprintf(w->work_parent, sizeof w->work_parent, "%s/lathe-%s", w->conf.work_root, w->conf.worker_id);
-  snprintf(w->mem_parent, sizeof w->mem_parent, "%s/lathe-%s", w->conf.mem_root, w->conf.worker_id);
-  const char *parents[] = {w->work_parent, w->mem_parent};
-  for (int i = 0; i < 2; i++) {
-    struct stat st;
-    if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
-        st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
-      return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
-                     strerror(errno));
-  }
-  if (geteuid() != 0)
-    logf_(w, "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in a network namespace "
-             "only where the kernel allows user namespaces (each executor logs what it could not apply)");
-  else
-    logf_(w, "executors run as uid %lld gid %lld, %llu MiB of data each", (long long)w->confine.uid,
-          (long long)w->confine.gid, (unsigned long long)(w->confine.data_bytes >> 20));
-  return LT_OK;
-}
-
 lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,
                        size_t n) {
   lt_worker_t *w = calloc(1, sizeof *w);
@@ -1142,7 +1119,7 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   w->base = base;
   w->owned = json_array();
   configure(w, conf);
-  lt_err_t err = confinement(w, errstr, n);
+  lt_err_t err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, errstr, n);
   if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
@@ -1154,8 +1131,9 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
     lt_bus_producer_prepare(w->producer, w->t_progress, 2000);
     lt_bus_producer_prepare(w->producer, w->t_workers, 2000);
   }
-  if (!err) err = assign_control(w, errstr, n);
-  if (!err) err = join_dispatch(w, errstr, n);
+  if (!err) err = lt_worker_assign_control(w->conf.bus, &w->control, errstr, n);
+  const char *topics[LT_CLASS__COUNT] = {w->t_dispatch[0], w->t_dispatch[1], w->t_dispatch[2]};
+  if (!err) err = lt_worker_join_dispatch(w->conf.bus, topics, on_rebalance, w, &w->dispatch, errstr, n);
   if (!err) {
     w->control_ev = event_new(base, lt_bus_consumer_fd(w->control), EV_READ | EV_PERSIST, on_control, w);
     w->dispatch_ev = event_new(base, lt_bus_consumer_fd(w->dispatch), EV_READ | EV_PERSIST, on_dispatch, w);

@@ -59,6 +59,11 @@ typedef struct lt_worker_conf {
   int kill_deadline_ms;               /* 30000: stop requested -> SIGKILL after this */
   int watchdog_ms;                    /* 600000: no progress line for this long -> kill */
   int64_t session_idle_ms;            /* 300000: a session with no call this long is parked; < 0 never */
+  /* Gangs across workers (docs/DESIGN.md §6): the node group this worker is in, and the
+   * host:port other workers of the group reach it at (rank 0 of a gang listens at that port plus
+   * the lowest index of the slots it was given). Either empty (the default): no gang spans this
+   * worker. LATHE_WORKER_NODE_GROUP, LATHE_WORKER_RENDEZVOUS. */
+  const char *node_group, *rendezvous;
 } lt_worker_conf_t;
 
 lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,

@@ -24,6 +24,8 @@
  *   LATHE_SESSION_IDLE_MS                            worker: a session idle this long is parked (300000)
  *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
  *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
+ *   LATHE_WORKER_NODE_GROUP, LATHE_WORKER_RENDEZVOUS worker: its node group, and the host:port the
+ *                    group's other workers reach it at for a gang across workers (both, or none)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
  *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
@@ -496,7 +498,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
                          .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
                          .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1,
-                         .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0};
+                         .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
+                         .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
   return e;

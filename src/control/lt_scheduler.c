@@ -266,7 +266,11 @@ static void heartbeat_capacity(lt_scheduler_t *s, lt_avro_record_t *rec, size_t 
   lt_avro_get_int(rec, "slots_total", &slots);
   lt_avro_get_long(rec, "memory_total_bytes", &mem);
   lt_avro_get_bool(rec, "draining", &wk->draining);
-  if (wk->up && s->sched && ((uint32_t)(slots > 0 ? slots : 0) != wk->slots || (uint64_t)mem != wk->mem)) {
+  const char *grp = NULL, *rdv = NULL; /* v2; a v1 heartbeat reads "" */
+  lt_avro_get_string(rec, "node_group", &grp, NULL);
+  lt_avro_get_string(rec, "rendezvous", &rdv, NULL);
+  bool moved = strcmp(wk->group, grp ? grp : "") != 0 || strcmp(wk->rdv, rdv ? rdv : "") != 0;
+  if (wk->up && s->sched && ((uint32_t)(slots > 0 ? slots : 0) != wk->slots || (uint64_t)mem != wk->mem || moved)) {
     bool busy = false;
     for (size_t i = 0; i < s->nsides && !busy; i++) busy = s->sides[i]->sched_running && s->sides[i]->sched_worker == w;
     if (!busy) {
@@ -277,6 +281,8 @@ static void heartbeat_capacity(lt_scheduler_t *s, lt_avro_record_t *rec, size_t 
   if (!wk->up) {
     wk->slots = slots > 0 ? (uint32_t)slots : 0;
     wk->mem = mem > 0 ? (uint64_t)mem : 0;
+    snprintf(wk->group, sizeof wk->group, "%s", grp ? grp : "");
+    snprintf(wk->rdv, sizeof wk->rdv, "%s", rdv ? rdv : "");
   }
 }
 

@@ -16,6 +16,13 @@
 
 /* ---------------------------------------------------------------- record writers */
 
+/* An attempt's workers by rank (n = 1: a job on one worker) and rank 0's GPUs there. */
+typedef struct placement {
+  uint32_t n;
+  size_t w[GANG_MAX];
+  uint64_t mask0;
+} placement_t;
+
 static lt_avro_record_t *begin_rec(lt_scheduler_t *s, int r, const side_t *sd, const lt_job_t *j) {
   lt_avro_record_t *rec = s->rec[r];
   lt_avro_record_clear(rec);
@@ -103,7 +110,32 @@ static int32_t dispatch_partition(lt_scheduler_t *s, const char *worker, const c
   return LT_BUS_PARTITION_ANY;
 }
 
-static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const char *worker, int64_t now_ms) {
+/* Where rank 0 of a gang listens: its worker's rendezvous host, at the worker's port plus the
+ * lowest index of rank 0's GPUs (two gangs with rank 0 on one worker hold distinct GPUs). */
+static bool gang_rendezvous(const worker_t *wk, uint64_t mask0, char *out, size_t size) {
+  const char *colon = strrchr(wk->rdv, ':');
+  char *end = NULL;
+  long port = colon ? strtol(colon + 1, &end, 10) : -1;
+  if (!colon || !end || *end || port <= 0 || port + __builtin_ctzll(mask0 | (1ULL << 63)) > 65535) return false;
+  snprintf(out, size, "%.*s:%ld", (int)(colon - wk->rdv), wk->rdv, port + __builtin_ctzll(mask0 | (1ULL << 63)));
+  return true;
+}
+
+/* The gang fields of a dispatch across pl->n > 1 workers (rank 0's; write_dispatch sets each
+ * rank's own). False when rank 0's worker has no usable rendezvous address. */
+static bool set_gang(lt_scheduler_t *s, lt_avro_record_t *rec, const placement_t *pl) {
+  char rdv[300];
+  if (!gang_rendezvous(&s->workers[pl->w[0]], pl->mask0, rdv, sizeof rdv)) return false;
+  lt_avro_set_int(rec, "gang_world", (int32_t)pl->n);
+  lt_avro_set_int(rec, "gang_rank", 0);
+  lt_avro_set_string(rec, "gang_rendezvous", rdv);
+  for (uint32_t r = 0; r < pl->n; r++) lt_avro_array_append_string(rec, "gang_workers", s->workers[pl->w[r]].id);
+  return true;
+}
+
+/* The attempt's JobDispatched: one on lathe.control (rank 0's worker; a gang's names every
+ * worker), and one per rank on its class's dispatch topic, on a partition its worker owns. */
+static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, const placement_t *pl, int64_t now_ms) {
   int32_t attempt = (j->attempt > sd->w_dispatch_attempt ? j->attempt : sd->w_dispatch_attempt) + 1;
   lt_avro_record_t *rec = begin_rec(s, R_DISP, sd, j);
   char err[256];
@@ -111,8 +143,13 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
     fprintf(stderr, "lathed scheduler: job %s: %s\n", sd->job_id, err);
     return false;
   }
+  if (pl->n > 1 && !set_gang(s, rec, pl)) {
+    fprintf(stderr, "lathed scheduler: job %s: worker %s has no usable rendezvous address (\"%s\") for a gang\n",
+            sd->job_id, s->workers[pl->w[0]].id, s->workers[pl->w[0]].rdv);
+    return false;
+  }
   lt_avro_set_int(rec, "attempt", attempt);
-  lt_avro_set_string(rec, "worker_id", worker);
+  lt_avro_set_string(rec, "worker_id", s->workers[pl->w[0]].id);
   lt_avro_set_long(rec, "memory_bytes", 0);
   lt_avro_set_long(rec, "lease_ms", s->conf.lease_ms);
   lt_avro_set_long(rec, "lease_deadline", now_ms + s->conf.lease_ms);
@@ -121,8 +158,16 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
     if (sd->ckpt_event_id[0]) lt_avro_set_string(rec, "resume_checkpoint_event_id", sd->ckpt_event_id);
   }
   if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) != LT_OK) return false;
-  if (scheduler_emit(s, O_DISPATCH0 + (int)sd->spec.priority, sd->job_id, NULL, 0, rec) != LT_OK) return false;
-  s->out[s->nout - 1].partition = dispatch_partition(s, worker, s->out_topics[O_DISPATCH0 + (int)sd->spec.priority]);
+  int topic = O_DISPATCH0 + (int)sd->spec.priority;
+  for (uint32_t r = 0; r < pl->n; r++) {
+    const char *worker = s->workers[pl->w[r]].id;
+    lt_avro_set_string(rec, "worker_id", worker);
+    if (pl->n > 1) lt_avro_set_int(rec, "gang_rank", (int32_t)r);
+    if (scheduler_emit(s, topic, sd->job_id, NULL, 0, rec) != LT_OK) return false;
+    s->out[s->nout - 1].partition = dispatch_partition(s, worker, s->out_topics[topic]);
+  }
+  sd->gang_n = pl->n > 1 ? pl->n : 0;
+  for (uint32_t r = 0; r < pl->n && pl->n > 1; r++) sd->gang_w[r] = (uint32_t)pl->w[r];
   sd->w_dispatch_attempt = attempt;
   s->st.dispatched++;
   return true;
@@ -160,13 +205,6 @@ static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job
                        .gpus = j->gpus > 0 ? (uint32_t)j->gpus : 1,
                        .model = model,
                        .attempt = attempt > 0 ? (uint32_t)attempt : 0};
-  /* A job larger than every known worker would be placed as a multi-worker gang, which this
-   * daemon does not run yet: it stays queued outside the policy, as it waited before gangs
-   * spanned workers, until a worker that large is known (drop_multi_worker is the backstop). */
-  uint32_t largest = 0;
-  for (size_t w = 0; w < s->nworkers; w++)
-    if (s->workers[w].slots > largest) largest = s->workers[w].slots;
-  if (sj.gpus > largest) return false;
   char err[256];
   if (lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err) != LT_OK) return false;
   sd->in_sched = true;
@@ -191,13 +229,32 @@ static void worker_models(lt_scheduler_t *s, size_t w) {
   s->workers[w].models_changed = false;
 }
 
+/* The job of sd runs on worker w (one of its gang's workers). */
+static bool side_on_worker(const side_t *sd, size_t w) {
+  if (sd->sched_worker == w) return true;
+  for (uint32_t r = 0; r < sd->gang_n; r++)
+    if (sd->gang_w[r] == w) return true;
+  return false;
+}
+
 static bool worker_alive(const lt_scheduler_t *s, const worker_t *w, int64_t now_ms) {
   return w->slots > 0 && now_ms - w->last_hb_ms <= s->conf.worker_timeout_ms;
 }
 
+/* The policy's node group of worker w: the workers naming one group (and a rendezvous) share
+ * an id, the first such worker's index + 1; a worker without both is a group of its own
+ * (2^31 + index), so no gang spans it. */
+static uint32_t worker_group(const lt_scheduler_t *s, size_t w) {
+  const worker_t *wk = &s->workers[w];
+  if (!wk->group[0] || !wk->rdv[0]) return 0x80000000u + (uint32_t)w;
+  for (size_t k = 0; k < w; k++)
+    if (s->workers[k].rdv[0] && strcmp(s->workers[k].group, wk->group) == 0) return (uint32_t)k + 1;
+  return (uint32_t)w + 1;
+}
+
 static void worker_bring_up(lt_scheduler_t *s, size_t w) {
   worker_t *wk = &s->workers[w];
-  lt_sched_worker_t sw = {.id = w + 1,
+  lt_sched_worker_t sw = {.id = w + 1, .node_group = worker_group(s, w),
                           .slots = wk->slots > LT_SCHED_MAX_WORKER_SLOTS ? LT_SCHED_MAX_WORKER_SLOTS : wk->slots,
                           .mem_bytes = wk->mem,
                           .model_cache = wk->nmodels > 4 ? (uint32_t)wk->nmodels : 4};
@@ -219,7 +276,7 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     bool alive = worker_alive(s, wk, now_ms);
     if (wk->up && !alive) {
       for (size_t i = 0; i < s->nsides; i++)
-        if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) scheduler_drop(s, s->sides[i]);
+        if (s->sides[i]->sched_running && side_on_worker(s->sides[i], w)) scheduler_drop(s, s->sides[i]);
       lt_sched_worker_down(s->sched, w + 1, s->now_s);
       wk->up = false;
     } else if (!wk->up && alive && !wk->draining) {
@@ -476,16 +533,22 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   }
 }
 
-/* The daemon does not run multi-worker gangs yet (no dispatch record carries rank, world and a
- * rendezvous): a job the policy placed on several workers (world > 1) is dropped from the
- * policy, which frees its parts, with a log line; it stays queued in the job table. Workers
- * join node group 0, so such a job is one larger than any worker. Returns true when dropped. */
-static bool drop_multi_worker(lt_scheduler_t *s, side_t *sd, const lt_sched_decision_t *d) {
-  if (d->world <= 1) return false;
-  if (sd->in_sched && d->rank == 0)
-    fprintf(stderr, "lathed scheduler: job %s needs %u workers (a multi-worker gang): not run "
-            "by this scheduler yet, dropped from the policy\n", sd->job_id, d->world);
-  scheduler_drop(s, sd);
+/* The placement of the dispatch rows d[0..] of one job (a gang's world rows, rank 0 first, come
+ * together: lt_sched.h); false for rows that are not one whole gang, or one wider than
+ * GANG_MAX workers (logged; the caller drops the job from the policy, which frees its parts). */
+static bool placement_of(const lt_scheduler_t *s, const lt_sched_decision_t *d, size_t left, placement_t *pl) {
+  uint32_t n = d[0].world > 1 ? d[0].world : 1;
+  pl->n = n;
+  pl->mask0 = d[0].gpu_mask;
+  if (n > GANG_MAX || n > left) {
+    fprintf(stderr, "lathed scheduler: job placed on %u workers: a gang spans at most %d\n", n, GANG_MAX);
+    return false;
+  }
+  for (uint32_t r = 0; r < n; r++) {
+    if (d[r].job_id != d[0].job_id || d[r].rank != r || d[r].worker_id == 0 || d[r].worker_id > s->nworkers)
+      return false;
+    pl->w[r] = (size_t)(d[r].worker_id - 1);
+  }
   return true;
 }
 
@@ -498,15 +561,17 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
       if (d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
       side_t *sd = s->sides[d[k].job_id - 1];
       const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-      if (!j || drop_multi_worker(s, sd, &d[k])) continue;
+      if (!j) continue;
       if (d[k].action == LT_SCHED_DISPATCH) {
-        size_t w = (size_t)(d[k].worker_id - 1);
+        placement_t pl;
+        bool whole = placement_of(s, &d[k], nd - k, &pl);
+        k += (whole ? pl.n : 1) - 1; /* the gang's other rows are in pl */
         bool ok = !lt_job_state_is_terminal(j->state) && !sd->w_terminal && !j->cancel_requested &&
                   j->attempt >= sd->w_dispatch_attempt &&
                   (j->state == LT_JOB_QUEUED || (j->state == LT_JOB_DISPATCHED && sd->redispatch_for == j->attempt));
         sd->sched_running = true;
-        sd->sched_worker = (uint32_t)w;
-        if (!ok || w >= s->nworkers || !write_dispatch(s, sd, j, s->workers[w].id, now_ms)) scheduler_drop(s, sd);
+        sd->sched_worker = (uint32_t)pl.w[0];
+        if (!whole || !ok || !write_dispatch(s, sd, j, &pl, now_ms)) scheduler_drop(s, sd);
       } else if (d[k].action == LT_SCHED_PREEMPT) {
         if (j->state == LT_JOB_RUNNING && !j->attempt_stopped && sd->w_preempt_attempt != j->attempt)
           write_preempt(s, sd, j, now_ms);

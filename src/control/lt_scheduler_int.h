@@ -18,6 +18,9 @@ enum { T_JOBS = 0, T_CONTROL, T_WORKERS, T_TENANTS, T_NFOLD };
 enum { O_CONTROL = 0, O_DISPATCH0, O_DEADLETTER = O_DISPATCH0 + LT_CLASS__COUNT, O_N };
 #define MAX_TPS 256
 #define MAX_MODELS 16
+/* Workers one gang may span: an executor inherits at most 8 connections to the others
+ * (workers/lt_worker_gang.h). A wider placement is dropped from the policy with a log line. */
+#define GANG_MAX 9
 #define DECIDE_CAP 256
 #define FILLER_TENANT (UINT64_MAX - 1)
 #define FILLER_JOB0 (UINT64_MAX / 2)
@@ -45,7 +48,9 @@ typedef struct side {
   bool w_decided, w_terminal;
   /* lt_sched's view */
   bool in_sched, sched_running, dirty;
-  uint32_t sched_worker;
+  uint32_t sched_worker;   /* rank 0's, for a gang across workers */
+  uint32_t gang_n;         /* that gang's workers (gang_w; 0: a job on one worker) */
+  uint32_t gang_w[GANG_MAX];
 } side_t;
 
 typedef struct worker {
@@ -57,6 +62,9 @@ typedef struct worker {
   int nmodels;
   char models[MAX_MODELS][LT_JOB_NAME_MAX];
   bool models_changed;
+  /* WorkerHeartbeat v2: its node group and gang rendezvous address, both or none (then it is a
+   * group of its own: no gang spans it) */
+  char group[LT_JOB_NAME_MAX], rdv[256];
 } worker_t;
 
 typedef struct out_rec {

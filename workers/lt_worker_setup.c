@@ -1,0 +1,84 @@
+/* lt_worker_setup: a worker's one-time setup (see lt_worker_setup.h). */
+#include "lt_worker_setup.h"
+
+#include <errno.h>
+#include <linux/magic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+lt_err_t lt_worker_assign_control(const lt_bus_conf_t *bus, lt_bus_consumer_t **out, char *errstr, size_t n) {
+  lt_err_t err = lt_bus_consumer_new(bus, NULL, out, errstr, n);
+  if (err) return err;
+  lt_bus_admin_t *admin = NULL;
+  lt_bus_tp_t parts[64];
+  char names[3][128];
+  size_t np = 0;
+  err = lt_bus_admin_new(bus, &admin, errstr, n);
+  const char *bases[3] = {"jobs", "control", "tenants"};
+  for (int b = 0; b < 3 && !err; b++) {
+    int count = 0;
+    lt_bus_topic_name(bus, bases[b], names[b], sizeof names[b]);
+    err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);
+    for (int p = 0; !err && p < count && np < 64; p++)
+      parts[np++] = (lt_bus_tp_t){.topic = names[b], .partition = p, .offset = LT_BUS_OFFSET_BEGINNING};
+  }
+  lt_bus_admin_destroy(admin);
+  return err ? err : lt_bus_consumer_assign(*out, parts, np, errstr, n);
+}
+
+/* One dispatch group per deployment (topic prefix), like the scheduler's: workers of another
+ * prefix on the same broker must not share its rebalances. */
+lt_err_t lt_worker_join_dispatch(const lt_bus_conf_t *bus, const char *const topics[LT_CLASS__COUNT],
+                                 lt_bus_rebalance_cb *rebalance_cb, void *opaque, lt_bus_consumer_t **out,
+                                 char *errstr, size_t n) {
+  char group[160];
+  lt_bus_topic_name(bus, "worker-group", group, sizeof group);
+  lt_bus_consumer_opts_t co = {.group_id = group, .rebalance_cb = rebalance_cb, .opaque = opaque};
+  /* A dead worker's dispatch partitions go to the living within seconds, not librdkafka's 45 s. */
+  lt_bus_conf_t *dconf = lt_bus_conf_dup(bus);
+  if (!dconf) return LT_ERR_NOMEM;
+  lt_err_t err = lt_bus_conf_set(dconf, "session.timeout.ms", "6000", errstr, n);
+  if (!err) err = lt_bus_conf_set(dconf, "heartbeat.interval.ms", "1500", errstr, n);
+  if (!err) err = lt_bus_consumer_new(dconf, &co, out, errstr, n);
+  lt_bus_conf_destroy(dconf);
+  if (err) return err;
+  return lt_bus_consumer_subscribe(*out, topics, LT_CLASS__COUNT, errstr, n);
+}
+
+/* Where executors' plaintext goes: a memory file system, never a disk. */
+lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *confine, char *work_parent,
+                               char *mem_parent, char *errstr, size_t n) {
+  struct statfs fs;
+  if (!conf->store || !conf->kek)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "the worker needs the object store and the master key");
+  if (statfs(conf->mem_root, &fs) != 0 || (fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC))
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "%s (LATHE_WORKER_MEM_DIR) is not a memory file system (tmpfs): executors' plaintext would be "
+                   "written to a disk; name a tmpfs directory",
+                   conf->mem_root);
+  lt_err_t err = lt_confine_conf_from_env(confine, conf->slots, errstr, n);
+  if (err) return err;
+  /* The attempts' directories go into a directory of this worker's that can be passed through
+   * but not listed (0711): executors share a uid, and one must not find another's by name. */
+  snprintf(work_parent, 512, "%s/lathe-%s", conf->work_root, conf->worker_id);
+  snprintf(mem_parent, 512, "%s/lathe-%s", conf->mem_root, conf->worker_id);
+  const char *parents[] = {work_parent, mem_parent};
+  for (int i = 0; i < 2; i++) {
+    struct stat st;
+    if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
+      return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
+                     strerror(errno));
+  }
+  if (geteuid() != 0)
+    fprintf(stderr, "lathed worker %s: not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
+            "a network namespace only where the kernel allows user namespaces (each executor logs what it could "
+            "not apply)\n", conf->worker_id);
+  else
+    fprintf(stderr, "lathed worker %s: executors run as uid %lld gid %lld, %llu MiB of data each\n", conf->worker_id,
+            (long long)confine->uid, (long long)confine->gid, (unsigned long long)(confine->data_bytes >> 20));
+  return LT_OK;
+}

@@ -540,6 +540,7 @@ static bool placement_of(const lt_scheduler_t *s, const lt_sched_decision_t *d, 
   uint32_t n = d[0].world > 1 ? d[0].world : 1;
   pl->n = n;
   pl->mask0 = d[0].gpu_mask;
+  pl->w[0] = d[0].worker_id > 0 ? (size_t)(d[0].worker_id - 1) : 0;
   if (n > GANG_MAX || n > left) {
     fprintf(stderr, "lathed scheduler: job placed on %u workers: a gang spans at most %d\n", n, GANG_MAX);
     return false;

@@ -1315,3 +1315,35 @@ Test(sched, a_multi_worker_gangs_usage_and_fragmentation_count_its_parts_and_gro
   cr_assert_float_eq(u[0].gpu_seconds[LT_CLASS_STANDARD], 16 * 30.0 + 2 * 10.0, 1e-9);
   lt_sched_destroy(s);
 }
+
+/* Fair share inside the preemptible class: a tenant holding every preemptible slot gives one up
+ * (its newest job, checkpointed first) to a tenant holding none that waited past
+ * preempt_after_s; once the shares are as even as whole jobs allow, nobody preempts anybody:
+ * the victim must still hold more than the taker after the move, so no slot goes back. */
+Test(sched, preemptible_work_preempts_within_its_class_only_for_fair_share) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 100, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  lt_sched_decision_t d[8];
+  for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, (double)i);
+  cr_assert_eq(lt_sched_decide(s, 5, d, 8), 4);
+  job(s, 10, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 10);
+  cr_assert_eq(lt_sched_decide(s, 50, d, 8), 0, "not before preempt_after_s");
+  cr_assert_eq(lt_sched_decide(s, 111, d, 8), 1);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT);
+  cr_assert_eq(d[0].tenant_id, 1, "the tenant over its share gives");
+  cr_assert_eq(d[0].job_id, 4, "its newest job: the least work lost");
+  cr_assert_eq(lt_sched_job_requeue(s, 4, 120), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 120, d, 8), 1);
+  cr_assert_eq(d[0].action, LT_SCHED_DISPATCH);
+  cr_assert_eq(d[0].job_id, 10, "the reserved slot goes to the tenant that waited");
+  /* 3 against 1 with a fourth of tenant 1's waiting: moving a slot back would make it 4 : 0 */
+  for (double t = 300; t < 3000; t += 300) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  job(s, 11, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 3000);
+  cr_assert_eq(lt_sched_decide(s, 3200, d, 8), 0, "a move that only levels them (2 : 2) is not made");
+  cr_assert_eq(lt_sched_job_finished(s, 1, 3300), LT_OK); /* a slot frees: tenant 2 is served first */
+  cr_assert_eq(lt_sched_decide(s, 3300, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 11, "the lower share goes first");
+  lt_sched_destroy(s);
+}

@@ -44,6 +44,7 @@
 #define LT_DP_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "lt_err.h"
 
@@ -119,6 +120,12 @@ int lt_dp_detach(lt_dp_t *dp, int *fds);
  * field for a conf lt_dp_open would refuse, or an fd that is not an open stream socket. */
 lt_err_t lt_dp_adopt(const lt_dp_conf_t *conf, const int *fds, int nfds, lt_dp_t **out, char *errstr,
                      size_t errstr_size);
+
+/* The token of attempt `attempt` of job `job_id`'s gang, "<job>/<attempt>", into buf (at least
+ * LT_DP_MAX_TOKEN + 1 bytes): what the worker joins with and the executor adopts with. */
+static inline void lt_dp_token(char *buf, size_t size, const char *job_id, int attempt) {
+  snprintf(buf, size, "%.200s/%d", job_id, attempt);
+}
 
 int lt_dp_rank(const lt_dp_t *dp);
 int lt_dp_world(const lt_dp_t *dp);

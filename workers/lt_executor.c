@@ -380,7 +380,7 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
      * the bound is generous; a dead peer is seen at once, as a closed connection. */
     int fds[LT_WGANG_MAX_FDS];
     char token[LT_DP_MAX_TOKEN + 1];
-    snprintf(token, sizeof token, "%.200s/%d", a->job_id, (int)a->attempt);
+    lt_dp_token(token, sizeof token, a->job_id, (int)a->attempt);
     for (int i = 0; i < a->gang_nfds && i < LT_WGANG_MAX_FDS; i++) fds[i] = a->gang_fd0 + i;
     lt_dp_conf_t dc = {.rank = a->gang_rank, .world = a->gang_world, .token = token, .timeout_ms = 30 * 60 * 1000};
     e = lt_dp_adopt(&dc, fds, a->gang_nfds, &tc.dp, errstr, n);

@@ -70,7 +70,7 @@ lt_err_t lt_wgang_start(const lt_wgang_conf_t *c, lt_wgang_t **out, char *errstr
   if (!g) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "gang: out of memory");
   g->rank = c->rank, g->world = c->world, g->timeout_ms = c->timeout_ms > 0 ? c->timeout_ms : 60000;
   snprintf(g->rendezvous, sizeof g->rendezvous, "%s", c->rendezvous);
-  snprintf(g->token, sizeof g->token, "%.200s/%d", c->job_id, c->attempt);
+  lt_dp_token(g->token, sizeof g->token, c->job_id, c->attempt);
   pthread_mutex_init(&g->mu, NULL);
   if ((g->notify_fd = fcntl(c->notify_fd, F_DUPFD_CLOEXEC, 0)) < 0 || pthread_create(&g->thread, NULL, join_main, g) != 0) {
     if (g->notify_fd >= 0) close(g->notify_fd);

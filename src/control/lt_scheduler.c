@@ -272,7 +272,7 @@ static void heartbeat_capacity(lt_scheduler_t *s, lt_avro_record_t *rec, size_t 
   bool moved = strcmp(wk->group, grp ? grp : "") != 0 || strcmp(wk->rdv, rdv ? rdv : "") != 0;
   if (wk->up && s->sched && ((uint32_t)(slots > 0 ? slots : 0) != wk->slots || (uint64_t)mem != wk->mem || moved)) {
     bool busy = false;
-    for (size_t i = 0; i < s->nsides && !busy; i++) busy = s->sides[i]->sched_running && s->sides[i]->sched_worker == w;
+    for (size_t i = 0; i < s->nsides && !busy; i++) busy = s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w);
     if (!busy) {
       lt_sched_worker_down(s->sched, w + 1, s->now_s);
       wk->up = false;

@@ -229,8 +229,7 @@ static void worker_models(lt_scheduler_t *s, size_t w) {
   s->workers[w].models_changed = false;
 }
 
-/* The job of sd runs on worker w (one of its gang's workers). */
-static bool side_on_worker(const side_t *sd, size_t w) {
+bool scheduler_side_on_worker(const side_t *sd, size_t w) {
   if (sd->sched_worker == w) return true;
   for (uint32_t r = 0; r < sd->gang_n; r++)
     if (sd->gang_w[r] == w) return true;
@@ -276,7 +275,7 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     bool alive = worker_alive(s, wk, now_ms);
     if (wk->up && !alive) {
       for (size_t i = 0; i < s->nsides; i++)
-        if (s->sides[i]->sched_running && side_on_worker(s->sides[i], w)) scheduler_drop(s, s->sides[i]);
+        if (s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w)) scheduler_drop(s, s->sides[i]);
       lt_sched_worker_down(s->sched, w + 1, s->now_s);
       wk->up = false;
     } else if (!wk->up && alive && !wk->draining) {

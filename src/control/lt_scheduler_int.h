@@ -145,6 +145,8 @@ void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err
                                 const char *reason);
 uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool placing);
 /* Takes job sd out of lt_sched (releasing what it booked); no-op when it is not there. */
+/* The job of sd is booked on worker w (rank 0's, or another of its gang's workers). */
+bool scheduler_side_on_worker(const side_t *sd, size_t w);
 void scheduler_drop(lt_scheduler_t *s, side_t *sd);
 /* Builds lt_sched from the fold when a term starts leading. */
 lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n);

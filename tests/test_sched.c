@@ -1347,3 +1347,124 @@ Test(sched, preemptible_work_preempts_within_its_class_only_for_fair_share) {
   cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 11, "the lower share goes first");
   lt_sched_destroy(s);
 }
+
+/* Fair share over time inside the preemptible class: with one slot and one job each, the
+ * instantaneous rule never moves the slot (1 : 0 either way), so the tenant that came second
+ * would wait as long as the first one's job runs. Its deficit (the slot-seconds it was entitled
+ * to and did not run) does it: once the running job has had its quantum (an hour) and the gap
+ * in deficits exceeds an hour of the slot, the running job is preempted for it — and not before. */
+Test(sched, preemptible_deficit_takes_a_turn_after_a_quantum) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 100, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 1, 2);
+  lt_sched_decision_t d[8];
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  job(s, 2, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 10);
+  /* each is entitled to half the slot: tenant 2's deficit grows 0.5 slot-s/s, tenant 1's falls
+   * as fast, so the gap passes an hour of the slot at t ~ 3610; the quantum ends at 3600 */
+  for (double t = 60; t <= 3600; t += 60) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  size_t n = 0;
+  double t = 3660;
+  for (; t <= 4000 && n == 0; t += 60) n = lt_sched_decide(s, t, d, 8);
+  cr_assert_eq(n, 1, "a turn by 4000 s");
+  cr_assert(d[0].action == LT_SCHED_PREEMPT && d[0].job_id == 1 && d[0].tenant_id == 1);
+  cr_assert_eq(lt_sched_job_requeue(s, 1, t), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, t, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 2, "the slot goes to tenant 2");
+  /* now tenant 1 waits with the larger deficit, but tenant 2's job has its own quantum */
+  for (double u = t + 60; u < t + 3600; u += 60) cr_assert_eq(lt_sched_decide(s, u, d, 8), 0, "at %g s", u);
+  lt_sched_destroy(s);
+}
+
+/* The same two tenants, a production job waiting: the deficit rule never preempts for a class
+ * other than preemptible, and a tenant's own jobs never take turns among themselves. */
+Test(sched, preemptible_deficit_is_between_tenants_only) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 100, -1);
+  tenant(s, 1, 1, 0, 0, 0);
+  worker(s, 1, 1, 2);
+  lt_sched_decision_t d[8];
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  job(s, 2, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 10);
+  for (double t = 60; t <= 20000; t += 60) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  lt_sched_destroy(s);
+}
+
+/* Backfill (EASY): a standard 4-GPU job drains a 4-slot worker whose two running jobs end by
+ * their bounds at 1000 and 2000 s (limit_s). A bounded job that ends before the shadow time —
+ * when the gang could start, 2000 s — may use the free slot; one that would end later, one
+ * without a bound, and any job once the only job left to end has no bound, may not. A worker
+ * reserved for production is never backfilled. */
+static void bjob(lt_sched_t *s, uint64_t id, uint64_t ten, lt_job_class_t cls, uint32_t gpus,
+                 double limit, double now) {
+  lt_sched_job_t j = {.id = id, .tenant_id = ten, .cls = cls, .gpus = gpus, .mem_bytes = gpus * 40 * GB,
+                      .model = LT_SCHED_NO_MODEL, .limit_s = limit};
+  char err[256];
+  cr_assert_eq(lt_sched_job_enqueue(s, &j, now, err, sizeof err), LT_OK, "%s", err);
+}
+
+Test(sched, backfill_uses_held_slots_only_when_it_ends_before_the_gang_could_start) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  worker(s, 2, 4, 2); /* kept full by production work, so the gang drains worker 1 */
+  lt_sched_decision_t d[8];
+  bjob(s, 9, 1, LT_CLASS_PRODUCTION, 4, 0, 0);
+  bjob(s, 1, 1, LT_CLASS_STANDARD, 2, 1000, 0);
+  bjob(s, 2, 1, LT_CLASS_STANDARD, 1, 2000, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 3);
+  bjob(s, 3, 2, LT_CLASS_STANDARD, 4, 0, 10); /* the gang: waits, then drains worker 1 */
+  cr_assert_eq(lt_sched_decide(s, 10, d, 8), 0);
+  cr_assert_eq(lt_sched_decide(s, 200, d, 8), 0);
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, NULL), 1, "one free slot held for the gang");
+  bjob(s, 4, 1, LT_CLASS_PREEMPTIBLE, 1, 0, 210);    /* no bound */
+  bjob(s, 5, 1, LT_CLASS_PREEMPTIBLE, 1, 1900, 210); /* would end at 2110 > 2000 */
+  cr_assert_eq(lt_sched_decide(s, 210, d, 8), 0, "neither backfills");
+  bjob(s, 6, 2, LT_CLASS_PREEMPTIBLE, 1, 1700, 220); /* ends by 1920 <= 2000 */
+  cr_assert_eq(lt_sched_decide(s, 220, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 6, "the short bounded job backfills");
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.backfills, 1);
+  /* the backfilled job ends before the shadow time: the gang is not delayed past it */
+  cr_assert_eq(lt_sched_job_finished(s, 1, 1000), LT_OK);
+  cr_assert_eq(lt_sched_job_finished(s, 6, 1920), LT_OK);
+  cr_assert_eq(lt_sched_job_finished(s, 2, 2000), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 2000, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 3, "the gang starts at its shadow time");
+  lt_sched_destroy(s);
+}
+
+/* Two holds nothing backfills: one whose gang waits on a job without a bound (its start is
+ * unknown), and one held for production. */
+static void backfill_refused(lt_job_class_t waiting_cls, double running_limit) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 4, 2);
+  worker(s, 2, 4, 2);
+  lt_sched_decision_t d[8];
+  bjob(s, 1, 1, LT_CLASS_STANDARD, 3, running_limit, 0); /* worker 1 */
+  bjob(s, 2, 1, LT_CLASS_PRODUCTION, 4, 0, 0);           /* worker 2, full */
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
+  bjob(s, 3, 2, waiting_cls, 4, 0, 10);
+  cr_assert_eq(lt_sched_decide(s, 200, d, 8), 0);
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, NULL), 1, "worker 1's free slot is held");
+  bjob(s, 5, 1, LT_CLASS_PREEMPTIBLE, 1, 10, 300);
+  cr_assert_eq(lt_sched_decide(s, 300, d, 8), 0, "a 10 s job does not backfill");
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.backfills, 0);
+  lt_sched_destroy(s);
+}
+
+Test(sched, backfill_needs_the_end_it_waits_on_bounded) {
+  backfill_refused(LT_CLASS_STANDARD, 0);
+}
+
+Test(sched, backfill_never_takes_slots_held_for_production) {
+  backfill_refused(LT_CLASS_PRODUCTION, 1000);
+}

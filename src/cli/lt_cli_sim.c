@@ -42,6 +42,8 @@ static void sim_usage(FILE *f) {
           "  --preempt-after S          wait before preemptible work is preempted (120)\n"
           "  --gang-reserve-after S     wait before a worker is reserved for a gang (300)\n"
           "  --reserve F                fraction of slots standard work may not hold (0.1)\n"
+          "  --limit-factor F           each job declares a maximum duration of F (>= 1) times\n"
+          "                             its own, which the policy backfills by (default 0: none)\n"
           "  --tenant NAME:W[:MAXRUN[:MAXDUR]]  weight, running-slot quota, max duration s\n"
           "                             (repeatable; tenants not named have weight 1)\n");
 }
@@ -195,6 +197,8 @@ static void print_summary(const lt_sched_sim_result_t *res, size_t nres) {
   for (size_t k = 0; k < nres; k++) printf(" %14.0f", res[k].makespan_s);
   printf("\n%-28s", "preemptions");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].preemptions);
+  printf("\n%-28s", "backfills");
+  for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].backfills);
   printf("\n%-28s", "cold_model_loads");
   for (size_t k = 0; k < nres; k++) printf(" %14llu", (unsigned long long)res[k].cold_loads);
   printf("\n%-28s", "duration_stops");
@@ -262,6 +266,7 @@ static void print_json(const char *path, const lt_sched_trace_t *tr, const lt_sc
                            (json_int_t)r->refused_size, "refused_first_line",
                            (json_int_t)r->refused_first_line, "decide_calls",
                            (json_int_t)r->decide_calls);
+    json_object_set_new(pj, "backfills", json_integer((json_int_t)r->backfills));
     json_object_update_new(pj, json_pack("{s:f,s:f,s:f}", "gpu_hours", r->gpu_hours,
                                          "reserved_idle_slot_hours", r->reserved_idle_slot_hours,
                                          "fragmented_slots_mean", r->fragmented_slots_mean));
@@ -290,7 +295,7 @@ typedef struct sim_args {
 } sim_args_t;
 
 enum { O_POLICY = 256, O_WORKERS, O_GROUP, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
-       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON, O_LAS };
+       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON, O_LAS, O_LIMIT };
 
 /* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
 static int sim_option(sim_args_t *a, int o, const char *arg) {
@@ -355,6 +360,13 @@ static int sim_option(sim_args_t *a, int o, const char *arg) {
   case O_JSON:
     a->json = true;
     return 0;
+  case O_LIMIT:
+    if (parse_num("--limit-factor", arg, 0, &cfg->limit_factor)) return 2;
+    if (cfg->limit_factor > 0 && cfg->limit_factor < 1) {
+      fprintf(stderr, "lathe sim: --limit-factor must be 0 or >= 1 (a job never runs past its bound), got %s\n", arg);
+      return 2;
+    }
+    return 0;
   }
   return 2;
 }
@@ -378,6 +390,7 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
       {"help", no_argument, 0, O_HELP},
       {"json", no_argument, 0, O_JSON},
       {"las-threshold", required_argument, 0, O_LAS},
+      {"limit-factor", required_argument, 0, O_LIMIT},
       {0, 0, 0, 0},
   };
   lt_sched_sim_config_default(&a->cfg);

@@ -61,6 +61,7 @@ static size_t sched_tables_layout(lt_sched_t *s, char *base) {
   s->scratch_w = carve(base, &off, c->max_tenants, sizeof *s->scratch_w);
   s->scratch_a = carve(base, &off, c->max_tenants, sizeof *s->scratch_a);
   s->scratch_t = carve(base, &off, c->max_tenants, sizeof *s->scratch_t);
+  s->fair_t = carve(base, &off, c->max_tenants, sizeof *s->fair_t);
   return off;
 }
 
@@ -131,6 +132,7 @@ lt_err_t lt_sched_new(const lt_sched_config_t *config, lt_sched_t **out, char *e
   s->part_free = 0;
   s->next_deadline = INFINITY;
   s->idle_at = -INFINITY;
+  s->fair_at = -1;
   *out = s;
   return LT_OK;
 nomem:
@@ -378,6 +380,7 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *in, double no
   j->cls = (uint8_t)in->cls;
   j->gpus = in->gpus;
   j->mem = in->mem_bytes;
+  j->limit = in->limit_s > 0 ? in->limit_s : 0;
   j->model = in->model;
   j->attempt = in->attempt;
   hash_add(s->job_hash, s->job_hmask, in->id, &j->hnext, jx);
@@ -442,6 +445,7 @@ void lt_sched_counters(const lt_sched_t *s, lt_sched_counters_t *o) {
   o->stops = s->stops;
   o->cold_loads = s->cold_loads;
   o->requeues = s->requeues;
+  o->backfills = s->backfills;
   o->queued = s->queued;
   o->running = s->running;
   o->tenants = s->ntenants;

@@ -134,6 +134,10 @@ typedef struct lt_sched_job {
   uint64_t mem_bytes;       /* device memory needed in total */
   uint32_t model;           /* from lt_sched_model_intern(), or LT_SCHED_NO_MODEL */
   uint32_t attempt;         /* the attempt the next dispatch starts is attempt + 1 */
+  double limit_s;           /* its run-time bound per attempt (the spec's max_duration_s, or
+                             * the tenant's, whichever is lower), enforced by the caller; 0:
+                             * none. A bounded job may be backfilled onto slots held for a
+                             * waiting gang when it ends before the gang could start there. */
 } lt_sched_job_t;
 
 typedef enum lt_sched_action {
@@ -240,6 +244,7 @@ double lt_sched_next_retry(const lt_sched_t *s, double now);
 
 typedef struct lt_sched_counters {
   uint64_t dispatches, preemptions, stops, cold_loads, requeues;
+  uint64_t backfills; /* dispatches onto a worker reserved for another job (lt_sched_job_t.limit_s) */
   uint32_t queued, running, tenants, workers;
   uint32_t slots_total, slots_used;
   uint32_t slots_used_class[LT_CLASS__COUNT];
@@ -379,6 +384,10 @@ typedef struct lt_sched_sim_config {
                               * (the simulator before it was event-driven; for comparison) */
   const lt_sched_sim_tenant_t *tenants; /* weights/quotas by name; others get weight 1 */
   size_t n_tenants;
+  double limit_factor;       /* each job declares a maximum duration of this times its true
+                              * one, plus cold_load_s (lt_sched_job_t.limit_s), so the policy
+                              * may backfill; >= 1, or 0 (default): no job declares one, as
+                              * max_duration_s is optional live */
 } lt_sched_sim_config_t;
 
 void lt_sched_sim_config_default(lt_sched_sim_config_t *config);
@@ -405,6 +414,7 @@ typedef struct lt_sched_sim_result {
   double utilisation;   /* busy slot-seconds / (slots * makespan) */
   double makespan_s;    /* first arrival to last completion */
   uint64_t dispatches, preemptions, stops, cold_loads, completed;
+  uint64_t backfills;      /* dispatches onto slots held for a waiting gang (lt_sched_counters) */
   uint64_t gangs_started;  /* dispatches of jobs of more than one GPU */
   uint64_t multi_started, multi_finished; /* dispatches of multi-worker gangs, and such jobs
                                            * completed (or stopped at max duration) */

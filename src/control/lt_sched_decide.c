@@ -9,6 +9,8 @@
 
 #define STARVE_SCAN 16     /* oldest blocked jobs per class the starvation pass looks at */
 #define STARVE_RETRY_S 1.0 /* before the starvation pass looks at the same job again */
+#define FAIR_PERIOD_S 60.0    /* fair_advance integrates at most this often */
+#define FAIR_QUANTUM_S 3600.0 /* preemptible: run time before fair share may preempt a job */
 
 /* Reserved workers drain, so they cost throughput: at most max_reservations at once (production
  * is not bounded by it). The default, 1/8 of the workers, was 1/20: on an overloaded 16 x 8
@@ -147,10 +149,44 @@ static bool victim_ok(const lt_sched_t *s, const job_t *j, const job_t *rj) {
   if (j->cls != LT_CLASS_PREEMPTIBLE) return true;
   if (rj->tenant == j->tenant || !s->total_slots) return false;
   const tenant_t *tv = &s->tenants[rj->tenant], *tr = &s->tenants[j->tenant];
+  if (s->now - rj->start >= FAIR_QUANTUM_S && tr->deficit_p > tv->deficit_p + FAIR_QUANTUM_S * j->gpus)
+    return true;
   double moved = (double)rj->gpus / s->total_slots;
   double kv = sched_tenant_key(s, tv, LT_CLASS_PREEMPTIBLE) - moved / tv->weight;
   double kr = sched_tenant_key(s, tr, LT_CLASS_PREEMPTIBLE) + (double)j->gpus / s->total_slots / tr->weight;
   return kv > kr; /* the move back would then need kr - m > kv + m: never */
+}
+
+/* The preemptible class's fairness over time: each tenant's deficit (docs/DESIGN.md §6). The
+ * class gets what production and standard leave, often a few slots for days, so an
+ * instantaneous rule alone (two tenants with one job each never preempt each other) lets the
+ * first tenant in keep its slots while later ones wait: their entitlement accrues and nothing
+ * runs. Integrated at most every FAIR_PERIOD_S with the running counts of the moment (a
+ * heuristic, not an account); a tenant with no work in the class starts again from 0. */
+static void fair_advance(lt_sched_t *s, double now) {
+  const int c = LT_CLASS_PREEMPTIBLE;
+  if (s->fair_at >= 0 && now - s->fair_at < FAIR_PERIOD_S) return;
+  double dt = s->fair_at >= 0 ? now - s->fair_at : 0;
+  size_t n = 0;
+  for (uint32_t i = 0; i < s->nfair; i++) {
+    uint32_t t = s->fair_t[i];
+    tenant_t *tt = &s->tenants[t];
+    tt->deficit_p += (tt->alloc_p - tt->run_slots_c[c]) * dt;
+    double demand = (double)tt->queued_gpus_c[c] + tt->run_slots_c[c];
+    if (demand <= 0) { /* off the list until it queues preemptible work again */
+      tt->alloc_p = tt->deficit_p = 0;
+      tt->in_fair = false;
+      s->fair_t[i--] = s->fair_t[--s->nfair];
+      continue;
+    }
+    s->scratch_t[n] = t;
+    s->scratch_d[n] = demand;
+    s->scratch_w[n] = tt->weight;
+    n++;
+  }
+  lt_sched_waterfill(n, s->scratch_d, s->scratch_w, s->used_c[c], s->scratch_a);
+  for (size_t i = 0; i < n; i++) s->tenants[s->scratch_t[i]].alloc_p = s->scratch_a[i];
+  s->fair_at = now;
 }
 
 /* Preemption for job jx: the unreserved worker where stopping the fewest jobs it may preempt
@@ -293,8 +329,8 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
 
 /* One decide call's scan state. Resources only shrink during a call, so a job of class c that
  * found no worker proves that no job of class c or lower (which may use fewer reserved
- * workers) needing at least its GPUs and memory finds one either (nofit_*), unless a worker is
- * reserved for it. */
+ * workers) needing at least its GPUs and memory, and bounded no tighter (backfill), finds one
+ * either (nofit_*), unless a worker is reserved for it. */
 typedef struct scan {
   uint32_t scanned; /* candidates tried; at cfg.max_scan the call stops (limited) */
   uint32_t walked;  /* queued jobs passed over; at 64 * max_scan the call stops too */
@@ -303,21 +339,29 @@ typedef struct scan {
    * class, the smallest shape known not to fit */
   uint32_t nofit_gpus[2][LT_CLASS__COUNT];
   uint64_t nofit_mem[2][LT_CLASS__COUNT];
+  double nofit_bound[2][LT_CLASS__COUNT]; /* INFINITY: no bound */
 } scan_t;
+
+static double scan_bound(const lt_sched_t *s, const job_t *j) {
+  double b = sched_job_bound(s, j);
+  return b > 0 ? b : INFINITY;
+}
 
 static bool scan_nofit(const lt_sched_t *s, const scan_t *sc, const job_t *j) {
   int m = sched_multi(s, j);
   return j->reserved == NIL && j->gpus >= sc->nofit_gpus[m][j->cls] &&
-         j->mem >= sc->nofit_mem[m][j->cls];
+         j->mem >= sc->nofit_mem[m][j->cls] && scan_bound(s, j) >= sc->nofit_bound[m][j->cls];
 }
 
 static void scan_note_nofit(const lt_sched_t *s, scan_t *sc, const job_t *j) {
   if (j->reserved != NIL) return;
   int m = sched_multi(s, j);
+  double b = scan_bound(s, j);
   for (int k = j->cls; k < LT_CLASS__COUNT; k++)
-    if (j->gpus <= sc->nofit_gpus[m][k] && j->mem <= sc->nofit_mem[m][k]) {
+    if (j->gpus <= sc->nofit_gpus[m][k] && j->mem <= sc->nofit_mem[m][k] && b <= sc->nofit_bound[m][k]) {
       sc->nofit_gpus[m][k] = j->gpus;
       sc->nofit_mem[m][k] = j->mem;
+      sc->nofit_bound[m][k] = b;
     }
 }
 
@@ -403,6 +447,8 @@ static void unblock_all(lt_sched_t *s) {
 
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   sched_stats_advance(s, now);
+  s->now = now;
+  if (s->cfg.policy == LT_SCHED_POLICY_LATHE) fair_advance(s, now);
   size_t n = check_deadlines(s, now, out, cap);
   if (s->cfg.policy == LT_SCHED_POLICY_LAS) return n + sched_las_decide(s, now, out + n, cap - n);
   if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
@@ -416,6 +462,7 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
     for (int m = 0; m < 2; m++) {
       sc.nofit_gpus[m][c] = UINT32_MAX;
       sc.nofit_mem[m][c] = UINT64_MAX;
+      sc.nofit_bound[m][c] = INFINITY;
     }
     s->cursor[c] = NIL;
   }

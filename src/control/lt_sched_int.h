@@ -58,6 +58,7 @@ typedef struct job {
   double start; /* dispatch, then AttemptStarted */
   double starve_next; /* next time the starvation pass looks at it */
   double attained;    /* GPU-seconds run in earlier attempts (LAS orders by it) */
+  double limit;       /* lt_sched_job_t.limit_s (0: none) */
   uint32_t tenant, model, attempt, gpus;
   uint32_t part;     /* running: its first part (rank 0); NIL otherwise */
   uint32_t world;    /* running: its parts (workers it runs on) */
@@ -83,6 +84,11 @@ typedef struct tenant {
   list_t q[LT_CLASS__COUNT]; /* queued jobs per class, FIFO (requeued jobs first) */
   uint32_t heap_pos[LT_CLASS__COUNT];
   double key[LT_CLASS__COUNT];
+  /* the preemptible class over time (lt_sched_decide.c fair_advance): its water-filled share of
+   * the slots the class runs (weighted max-min over tenants with work in it), and the
+   * slot-seconds of that share it did not run while it had work there (< 0: ran more) */
+  double alloc_p, deficit_p;
+  bool in_fair; /* listed in lt_sched.fair_t */
   uint8_t blocked; /* bit c: set aside in this decide call */
   uint32_t hnext;
   uint64_t dispatched;
@@ -160,7 +166,10 @@ struct lt_sched {
   double next_deadline;
   double mean_run;
   uint64_t finished_n;
-  uint64_t dispatches, preemptions, stops, cold_loads, requeues;
+  uint64_t dispatches, preemptions, stops, cold_loads, requeues, backfills;
+  double now; /* the running decide call's time (backfill's clock) */
+  double fair_at; /* fair_advance's last time; < 0: never */
+  uint32_t *fair_t, nfair; /* tenants that had preemptible work since fair_advance last looked */
   uint32_t nreserved; /* workers reserved for a starving job */
 
   double *scratch_d, *scratch_w, *scratch_a; /* max_tenants each: visibility */
@@ -214,12 +223,24 @@ bool sched_gang_find(lt_sched_t *s, uint32_t jx, placement_t *pl);
 bool sched_gang_reserve(lt_sched_t *s, uint32_t jx, uint32_t room);
 size_t sched_gang_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *out, size_t cap);
 
+/* lt_sched_queue.c: backfill. Whether job jx, bounded (limit), ends before the job worker wk
+ * is reserved for could start there: the shadow time, when wk's free slots and those of the
+ * parts whose bounds end by then cover that job's share of wk (a part with no bound never
+ * ends: when the reserved job waits on one, its start is unknown and nothing backfills; nor
+ * while a preemption is in flight, which means it is about to start).
+ * Bounds are enforced by the caller, so a backfilled job never delays the reserved one past
+ * its shadow time (EASY backfilling's guarantee). */
+bool sched_backfill_ok(const lt_sched_t *s, const worker_t *wk, uint32_t jx);
+/* A job's run-time bound: its own (limit) and its tenant's max duration, the lower; 0: none. */
+double sched_job_bound(const lt_sched_t *s, const job_t *j);
+
 /* Whether job jx may use worker wk's free slots: the worker is not reserved, or reserved for
- * jx, or (Lathe) reserved for a job of a lower class. */
+ * jx, or (Lathe) reserved for a job of a lower class or jx backfills (sched_backfill_ok). */
 static inline bool sched_may_use(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
   uint32_t r = wk->reserved_job;
   if (r == NIL || r == jx) return true;
-  return s->cfg.policy == LT_SCHED_POLICY_LATHE && s->jobs[jx].cls < s->jobs[r].cls;
+  if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return false;
+  return s->jobs[jx].cls < s->jobs[r].cls || sched_backfill_ok(s, wk, jx);
 }
 
 /* lt_sched.c: the threshold crossings of job jx, (re)queued at now, into the timer heap. */

@@ -204,6 +204,10 @@ void sched_queue_insert(lt_sched_t *s, uint32_t jx, bool front, double now) {
   j->state = JS_QUEUED;
   j->enq = now;
   j->starve_next = now;
+  if (c == LT_CLASS_PREEMPTIBLE && !t->in_fair) { /* fair_advance's list */
+    t->in_fair = true;
+    s->fair_t[s->nfair++] = j->tenant;
+  }
   j->preempting = false;
   j->stop_sent = false;
   j->part = NIL;
@@ -361,11 +365,55 @@ static uint32_t book_part(lt_sched_t *s, uint32_t jx, uint32_t w, uint32_t gpus,
   return p;
 }
 
+double sched_job_bound(const lt_sched_t *s, const job_t *j) {
+  double b = j->limit, t = s->tenants[j->tenant].max_duration;
+  if (t > 0 && (b <= 0 || t < b)) b = t;
+  return b;
+}
+
+bool sched_backfill_ok(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
+  double b = sched_job_bound(s, &s->jobs[jx]);
+  if (b <= 0) return false;
+  const job_t *r = &s->jobs[wk->reserved_job];
+  if (r->cls == LT_CLASS_PRODUCTION) return false; /* production preempts for its gangs */
+  uint32_t need = r->gpus < wk->slots ? r->gpus : wk->slots, have = wk->free_slots;
+  if (have >= need) return false; /* it can start now: the slots are its */
+  double ends[LT_SCHED_MAX_WORKER_SLOTS];
+  uint32_t gpus[LT_SCHED_MAX_WORKER_SLOTS], n = 0;
+  for (uint32_t p = wk->run.head; p != NIL && n < LT_SCHED_MAX_WORKER_SLOTS; p = s->parts[p].run.next) {
+    const job_t *rj = &s->jobs[s->parts[p].job];
+    if (rj->preempting) return false;
+    double rb = sched_job_bound(s, rj);
+    if (rb <= 0) continue; /* never ends, as far as the shadow goes */
+    double e = rj->start + rb;
+    uint32_t i = n++; /* insertion sort: a worker runs at most `slots` parts */
+    for (; i > 0 && ends[i - 1] > e; i--) {
+      ends[i] = ends[i - 1];
+      gpus[i] = gpus[i - 1];
+    }
+    ends[i] = e;
+    gpus[i] = s->parts[p].gpus;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    have += gpus[i];
+    if (have >= need) return s->now + b <= ends[i];
+  }
+  return false;
+}
+
 void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective, double now,
                 lt_sched_decision_t *d) {
   job_t *j = &s->jobs[jx];
   tenant_t *t = &s->tenants[j->tenant];
   double waited = now - j->enq;
+  for (uint32_t r = 0; r < pl->n; r++) { /* on a worker held for another job it may only use
+                                           * as a higher class or by backfill: count the latter */
+    uint32_t h = s->workers[pl->worker[r]].reserved_job;
+    if (h != NIL && h != jx && j->cls >= s->jobs[h].cls) {
+      s->backfills++;
+      break;
+    }
+  }
   sched_queue_remove(s, jx); /* also drops j's reservation */
   j->state = JS_RUNNING;
   j->start = now;

@@ -243,6 +243,7 @@ void lt_sched_sim_config_default(lt_sched_sim_config_t *c) {
   c->cold_load_s = 60;
   c->checkpoint_s = 30;
   c->tick_s = 0;
+  c->limit_factor = 0;
 }
 
 enum { EV_COMPLETE = 0, EV_PREEMPT_STOP = 1 };
@@ -530,7 +531,10 @@ static lt_err_t sim_arrivals(sim_t *m) {
                           .cls = r->cls,
                           .gpus = r->gpus,
                           .mem_bytes = r->gpus * m->cfg->mem_per_slot,
-                          .model = r->model};
+                          .model = r->model,
+                          .limit_s = m->cfg->limit_factor > 0
+                                         ? m->cfg->limit_factor * r->duration + m->cfg->cold_load_s
+                                         : 0};
     lt_err_t err = lt_sched_job_enqueue(m->s, &job, m->now, m->errstr, m->errstr_size);
     if (err) return err;
     sim_fair(m, (uint32_t)m->next_arrival, 0, r->gpus);
@@ -745,6 +749,7 @@ static lt_err_t sim_results(sim_t *m, lt_sched_sim_result_t *res) {
   res->preemptions = cnt.preemptions;
   res->stops = cnt.stops;
   res->cold_loads = cnt.cold_loads;
+  res->backfills = cnt.backfills;
   res->completed = m->completed;
   res->gangs_started = m->gangs;
   res->multi_started = m->multi_started;

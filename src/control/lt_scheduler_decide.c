@@ -193,6 +193,16 @@ uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool
   return id;
 }
 
+/* A job's run-time bound per attempt: the spec's max_duration_s or the tenant's, the lower;
+ * 0: none. examine() fails a job past it; lt_sched backfills by it. */
+static int64_t duration_limit_s(lt_scheduler_t *s, const side_t *sd, const lt_job_t *j) {
+  int64_t lim = sd->spec_err ? j->max_duration_s : sd->spec.max_duration_s;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
+  if (t && t->quotas.max_job_duration_s > 0 && (lim <= 0 || t->quotas.max_job_duration_s < lim))
+    lim = t->quotas.max_job_duration_s;
+  return lim;
+}
+
 static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job_class_t cls) {
   side_t *sd = s->sides[idx];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
@@ -204,7 +214,8 @@ static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job
                        .cls = cls,
                        .gpus = j->gpus > 0 ? (uint32_t)j->gpus : 1,
                        .model = model,
-                       .attempt = attempt > 0 ? (uint32_t)attempt : 0};
+                       .attempt = attempt > 0 ? (uint32_t)attempt : 0,
+                       .limit_s = (double)duration_limit_s(s, sd, j)};
   char err[256];
   if (lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err) != LT_OK) return false;
   sd->in_sched = true;
@@ -448,14 +459,6 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
     return;
   }
   write_accept(s, sd, j);
-}
-
-static int64_t duration_limit_s(lt_scheduler_t *s, const side_t *sd, const lt_job_t *j) {
-  int64_t lim = sd->spec_err ? j->max_duration_s : sd->spec.max_duration_s;
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), j->tenant_id);
-  if (t && t->quotas.max_job_duration_s > 0 && (lim <= 0 || t->quotas.max_job_duration_s < lim))
-    lim = t->quotas.max_job_duration_s;
-  return lim;
 }
 
 /* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */

@@ -356,6 +356,39 @@ Test(serve, bf16_weights_give_the_float_product_over_rounded_weights) {
   lt_backend_destroy(f);
 }
 
+/* The AVX-512 kernels (4x4 tiles, 16-float registers) and the narrow ones (AVX2 or baseline)
+ * give the same bits, for floats and bf16 copies, every M through the tiles and their edges,
+ * K with and without a tail: the sampler's answers do not depend on the machine. */
+Test(serve, matmul_rows_is_the_same_bits_on_every_instruction_set) {
+  enum { N = 37, MM = 9, KMAX = 64 };
+  if (!__builtin_cpu_supports("avx512f"))
+    fprintf(stderr, "note: no AVX-512 here: both backends run the narrow kernels\n");
+  float *w = malloc(sizeof(float) * N * KMAX), *a = malloc(sizeof(float) * MM * KMAX),
+        *c1 = malloc(sizeof(float) * MM * N), *c2 = malloc(sizeof(float) * MM * N);
+  unsigned seed = 11;
+  for (int i = 0; i < N * KMAX; i++) w[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
+  for (int i = 0; i < MM * KMAX; i++) a[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    lt_backend_t *wide, *narrow;
+    lt_cpu_opts_t o = {.threads = 2, .bf16_weights = bf16, .bf16_min_elems = 64};
+    OK(lt_backend_cpu_new_opts(&o, &wide, errbuf, sizeof errbuf));
+    o.narrow = 1;
+    OK(lt_backend_cpu_new_opts(&o, &narrow, errbuf, sizeof errbuf));
+    const float *d1 = wide->map_const(wide, w, (size_t)N * KMAX), *d2 = narrow->map_const(narrow, w, (size_t)N * KMAX);
+    for (int K = 53; K <= KMAX; K += KMAX - 53)
+      for (int M = 1; M <= MM; M++) {
+        wide->matmul_rows(wide, M, N, K, 1.0f, a, KMAX, w, KMAX, 0.0f, c1, N);
+        narrow->matmul_rows(narrow, M, N, K, 1.0f, a, KMAX, w, KMAX, 0.0f, c2, N);
+        cr_assert_eq(memcmp(c1, c2, sizeof(float) * M * N), 0, "bf16 %d, K %d, M %d: the kernels differ", bf16, K, M);
+      }
+    wide->free_const(wide, d1);
+    narrow->free_const(narrow, d2);
+    lt_backend_destroy(wide);
+    lt_backend_destroy(narrow);
+  }
+  free(w), free(a), free(c1), free(c2);
+}
+
 /* The same model served with bf16 weights: other logits than with floats (the copies are
  * read), close to them (rounding, not a different model). */
 Test(serve, bf16_weights_change_logits_by_rounding_only) {

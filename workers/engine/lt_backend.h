@@ -254,6 +254,9 @@ typedef struct lt_cpu_opts {
    * The sampler sets it (LATHE_SAMPLER_PRECISION); training never does. */
   int bf16_weights;
   size_t bf16_min_elems;
+  /* matmul_rows runs AVX-512 kernels (4x4 tiles) where the processor has them; narrow: the
+   * AVX2 / baseline kernels even there. Same bits either way (tests compare them). */
+  int narrow;
 } lt_cpu_opts_t;
 lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *opts, lt_backend_t **out, char *errstr,
                                  size_t errstr_size);

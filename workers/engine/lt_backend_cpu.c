@@ -10,6 +10,7 @@
  * flags); exp() uses a branch-free polynomial (lt_fexp) so those loops vectorise too. */
 #include <assert.h>
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -69,6 +70,7 @@ typedef struct cpu {
   /* bf16 copies of mapped weights (lt_cpu_opts_t.bf16_weights), sorted by address */
   int bf16;
   size_t bf16_min;
+  bool wide; /* matmul_rows: the AVX-512 kernels (lt_cpu_opts_t.narrow unset, and the chip has them) */
   struct shadow *sh;
   size_t nsh, capsh;
 } cpu_t;
@@ -323,34 +325,46 @@ typedef struct mr_args {
   const float *A, *W;
   float *C;
   const uint16_t *Wh; /* NULL: read W */
+  bool wide;          /* cpu_t.wide */
 } mr_args_t;
 
 /* The order every element of the product is summed in, whatever M: 16 partial sums, lane i
  * taking k = i, i + 16, ... (the tail in the low lanes), then folded pairwise. The kernels below
- * keep the 16 lanes as two 8-float vectors (GCC's vector extension: two registers with AVX2, four
- * with SSE2), so each lane sees the same operations in the same order in every kernel and build.
- * The weight operand is `const void *` with `h` saying bf16 (true) or float: every caller passes
- * a constant, so each kernel is compiled once per weight type, without a branch in the loop. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
-/* The helpers taking and returning v8f are always inlined: no call, so no ABI to change (GCC
+ * keep the 16 lanes as one 16-float vector (GCC's vector extension: one register with AVX-512,
+ * two with AVX2, four with SSE2), so each lane sees the same operations in the same order in
+ * every kernel and build. The weight operand is `const void *` with `h` saying bf16 (true) or
+ * float: every caller passes a constant, so each kernel is compiled once per weight type,
+ * without a branch in the loop. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+/* The helpers taking and returning v16f are always inlined: no call, so no ABI to change (GCC
  * warns at the end of the file, so the warning is off for all of it). */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #define AI static inline __attribute__((always_inline))
 
-AI v8f ld8(const float *p) {
-  v8f v;
+AI v16f ld16(const float *p) {
+  v16f v;
   memcpy(&v, p, sizeof v);
   return v;
 }
 
-/* Eight weights from element k on: floats, or bf16 widened (the bits shifted into the top half). */
-AI v8f ldw(const void *w, int k, bool h) {
-  if (!h) return ld8((const float *)w + k);
-  v8h x;
+/* Sixteen weights from element k on: floats, or bf16 widened (the bits shifted into the top
+ * half). The kernels take the loader as an argument (a constant: it is inlined), so the AVX-512
+ * build can widen with one instruction (GCC splits the generic conversion in four). */
+typedef v16f (*ldw_fn)(const void *w, int k, bool h);
+
+AI v16f ldw(const void *w, int k, bool h) {
+  if (!h) return ld16((const float *)w + k);
+  v16h x;
   memcpy(&x, (const uint16_t *)w + k, sizeof x);
-  return (v8f)(__builtin_convertvector(x, v8u) << 16);
+  return (v16f)(__builtin_convertvector(x, v16u) << 16);
+}
+
+__attribute__((target("avx512f"))) AI v16f ldw_avx512(const void *w, int k, bool h) {
+  if (!h) return ld16((const float *)w + k);
+  __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k));
+  return (v16f)_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
 }
 
 AI float wat(const void *w, int k, bool h) {
@@ -367,74 +381,61 @@ AI float fold16(float *acc) {
   return acc[0];
 }
 
-/* The lanes' partial sums (lo: lanes 0-7, hi: 8-15) plus the tail k0..K-1 in the low lanes,
- * folded. */
-AI float finish16(v8f lo, v8f hi, const float *a, const void *b, bool h, int k0, int K) {
+/* The lanes' partial sums plus the tail k0..K-1 in the low lanes, folded. */
+AI float finish16(v16f v, const float *a, const void *b, bool h, int k0, int K) {
   float acc[16];
-  memcpy(acc, &lo, sizeof lo);
-  memcpy(acc + 8, &hi, sizeof hi);
+  memcpy(acc, &v, sizeof v);
   for (int i = 0; k0 + i < K; i++) acc[i] += a[k0 + i] * wat(b, k0 + i, h);
   return fold16(acc);
 }
 
-AI float dot16(const float *a, const void *b, bool h, int K) {
-  v8f lo = {0}, hi = {0};
+AI float dot16(const float *a, const void *b, bool h, int K, ldw_fn ld) {
+  v16f v = {0};
   int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    lo += ld8(a + k) * ldw(b, k, h);
-    hi += ld8(a + k + 8) * ldw(b, k + 8, h);
-  }
-  return finish16(lo, hi, a, b, h, k, K);
+  for (; k + 16 <= K; k += 16) v += ld16(a + k) * ld(b, k, h);
+  return finish16(v, a, b, h, k, K);
 }
 
 /* Four rows against one weight row at once: each weight value is loaded once for the four, and
  * each element is summed exactly as dot16 sums it (same lanes, same fold), so a row's result does
  * not depend on whether it was computed in a block of four or alone. */
 AI void dot16x4(const float *a0, const float *a1, const float *a2, const float *a3, const void *b, bool h,
-                int K, float out[4]) {
-  v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
+                int K, ldw_fn ld, float out[4]) {
+  v16f v0 = {0}, v1 = {0}, v2 = {0}, v3 = {0};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
-    v8f wl = ldw(b, k, h), wh = ldw(b, k + 8, h);
-    l0 += ld8(a0 + k) * wl;
-    h0 += ld8(a0 + k + 8) * wh;
-    l1 += ld8(a1 + k) * wl;
-    h1 += ld8(a1 + k + 8) * wh;
-    l2 += ld8(a2 + k) * wl;
-    h2 += ld8(a2 + k + 8) * wh;
-    l3 += ld8(a3 + k) * wl;
-    h3 += ld8(a3 + k + 8) * wh;
+    v16f w = ld(b, k, h);
+    v0 += ld16(a0 + k) * w;
+    v1 += ld16(a1 + k) * w;
+    v2 += ld16(a2 + k) * w;
+    v3 += ld16(a3 + k) * w;
   }
-  out[0] = finish16(l0, h0, a0, b, h, k, K);
-  out[1] = finish16(l1, h1, a1, b, h, k, K);
-  out[2] = finish16(l2, h2, a2, b, h, k, K);
-  out[3] = finish16(l3, h3, a3, b, h, k, K);
+  out[0] = finish16(v0, a0, b, h, k, K);
+  out[1] = finish16(v1, a1, b, h, k, K);
+  out[2] = finish16(v2, a2, b, h, k, K);
+  out[3] = finish16(v3, a3, b, h, k, K);
 }
 
 /* One row against four weight rows (b, b + ldb, ...): four independent sums in flight, for the
  * few-row products of decoding (memory-bound: more loads outstanding), each summed exactly as
  * dot16 sums it. */
-AI void dot16w4(const float *a, const void *b, size_t ldb, bool h, int K, float out[4]) {
+AI void dot16w4(const float *a, const void *b, size_t ldb, bool h, int K, ldw_fn ld, float out[4]) {
   const void *b1 = h ? (const void *)((const uint16_t *)b + ldb) : (const void *)((const float *)b + ldb);
   const void *b2 = h ? (const void *)((const uint16_t *)b + 2 * ldb) : (const void *)((const float *)b + 2 * ldb);
   const void *b3 = h ? (const void *)((const uint16_t *)b + 3 * ldb) : (const void *)((const float *)b + 3 * ldb);
-  v8f l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
+  v16f v0 = {0}, v1 = {0}, v2 = {0}, v3 = {0};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
-    v8f al = ld8(a + k), ah = ld8(a + k + 8);
-    l0 += al * ldw(b, k, h);
-    h0 += ah * ldw(b, k + 8, h);
-    l1 += al * ldw(b1, k, h);
-    h1 += ah * ldw(b1, k + 8, h);
-    l2 += al * ldw(b2, k, h);
-    h2 += ah * ldw(b2, k + 8, h);
-    l3 += al * ldw(b3, k, h);
-    h3 += ah * ldw(b3, k + 8, h);
+    v16f x = ld16(a + k);
+    v0 += x * ld(b, k, h);
+    v1 += x * ld(b1, k, h);
+    v2 += x * ld(b2, k, h);
+    v3 += x * ld(b3, k, h);
   }
-  out[0] = finish16(l0, h0, a, b, h, k, K);
-  out[1] = finish16(l1, h1, a, b1, h, k, K);
-  out[2] = finish16(l2, h2, a, b2, h, k, K);
-  out[3] = finish16(l3, h3, a, b3, h, k, K);
+  out[0] = finish16(v0, a, b, h, k, K);
+  out[1] = finish16(v1, a, b1, h, k, K);
+  out[2] = finish16(v2, a, b2, h, k, K);
+  out[3] = finish16(v3, a, b3, h, k, K);
 }
 
 AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
@@ -442,40 +443,87 @@ AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
   *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
 }
 
-/* Columns [lo, hi) of one product, weights of type h. */
-AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool h) {
+/* Four rows (x, x + lda, ...) against four weight rows (b, b + ldb, ...): a 4x4 tile of the
+ * product in sixteen 16-lane sums (out[4 * row + col]), each weight and activation vector loaded
+ * once for four sums; each element summed exactly as dot16 sums it. Sixteen accumulators fit
+ * AVX-512's 32 registers, not AVX2's 16, so only the AVX-512 build tiles. */
+AI void dot16t44(const float *x, size_t lda, const void *b, size_t ldb, bool h, int K, ldw_fn ld, float out[16]) {
+  const float *xr[4] = {x, x + lda, x + 2 * lda, x + 3 * lda};
+  const void *br[4];
+  for (int q = 0; q < 4; q++)
+    br[q] = h ? (const void *)((const uint16_t *)b + q * ldb) : (const void *)((const float *)b + q * ldb);
+  v16f v[16] = {{0}};
+  int k = 0;
+  for (; k + 16 <= K; k += 16) {
+    v16f w0 = ld(br[0], k, h), w1 = ld(br[1], k, h), w2 = ld(br[2], k, h), w3 = ld(br[3], k, h);
+    for (int r = 0; r < 4; r++) {
+      v16f a = ld16(xr[r] + k);
+      v[4 * r] += a * w0;
+      v[4 * r + 1] += a * w1;
+      v[4 * r + 2] += a * w2;
+      v[4 * r + 3] += a * w3;
+    }
+  }
+  for (int r = 0; r < 4; r++)
+    for (int q = 0; q < 4; q++) out[4 * r + q] = finish16(v[4 * r + q], xr[r], br[q], h, k, K);
+}
+
+/* Columns [lo, hi) of one product, weights of type h; tile: 4x4 tiles where four rows and four
+ * columns remain (dot16t44). */
+AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool h, bool tile, ldw_fn ld) {
   size_t j = lo;
   const void *W = h ? (const void *)a->Wh : (const void *)a->W;
 #define MR_WROW(j) (h ? (const void *)((const uint16_t *)W + (j) * (size_t)a->ldw) \
                       : (const void *)((const float *)W + (j) * (size_t)a->ldw))
-  if (a->M < 4) /* decoding a few rows: four weight rows at a time */
-    for (; j + 4 <= hi; j += 4)
-      for (int r = 0; r < a->M; r++) {
+  if (a->M < 4 || tile) /* four weight rows at a time: decoding a few rows, or tiles */
+    for (; j + 4 <= hi; j += 4) {
+      int r = 0;
+      if (tile)
+        for (; r + 4 <= a->M; r += 4) {
+          float d[16];
+          dot16t44(a->A + (size_t)r * a->lda, (size_t)a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, ld, d);
+          for (int i = 0; i < 16; i++) mr_store(a, r + i / 4, j + (size_t)(i % 4), d[i]);
+        }
+      for (; r < a->M; r++) {
         float d[4];
-        dot16w4(a->A + (size_t)r * a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, d);
+        dot16w4(a->A + (size_t)r * a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, ld, d);
         for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
       }
+    }
   for (; j < hi; j++) {
     const void *w = MR_WROW(j);
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       const float *x = a->A + (size_t)r * a->lda;
       float d[4];
-      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, h, a->K, d);
+      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, h, a->K, ld, d);
       for (int q = 0; q < 4; q++) mr_store(a, r + q, j, d[q]);
     }
-    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, h, a->K));
+    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, h, a->K, ld));
   }
 #undef MR_WROW
 }
 
-/* Built twice, for AVX2 and for the x86-64 baseline, and picked at load time. AVX2 here brings
- * wider registers, not FMA: a multiply and an add stay two roundings, so both builds give the
- * same bits (the sampler's answers do not depend on the machine's instruction set). */
+/* Built for AVX-512 (tiled), AVX2 and the x86-64 baseline, and picked at run time. The wider
+ * sets bring wider registers, not FMA: a multiply and an add stay two roundings (no contraction:
+ * -ffp-contract=off for this file), and every element is the same 16-lane sum, tiled or not, so
+ * every build gives the same bits (the sampler's answers do not depend on the machine's
+ * instruction set). */
+__attribute__((target("avx512f")))
+static void mr_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) {
+  if (a->Wh) mr_cols_of(a, lo, hi, true, true, ldw_avx512);
+  else mr_cols_of(a, lo, hi, false, true, ldw_avx512);
+}
+
 __attribute__((target_clones("avx2", "default")))
+static void mr_cols_narrow(const mr_args_t *a, size_t lo, size_t hi) {
+  if (a->Wh) mr_cols_of(a, lo, hi, true, false, ldw);
+  else mr_cols_of(a, lo, hi, false, false, ldw);
+}
+
 static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
-  if (a->Wh) mr_cols_of(a, lo, hi, true);
-  else mr_cols_of(a, lo, hi, false);
+  if (a->wide) mr_cols_avx512(a, lo, hi);
+  else mr_cols_narrow(a, lo, hi);
 }
 
 static void mr_task(void *p, int tid, int nt) {
@@ -496,7 +544,8 @@ static void mrm_task(void *p, int tid, int nt) {
   const mrm_args_t *m = p;
   for (int i = 0; i < m->count; i++) {
     const lt_mr_desc_t *d = &m->d[i];
-    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C, shadow_of(m->c, d->W)};
+    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C,
+                   shadow_of(m->c, d->W), m->c->wide};
     size_t lo, hi;
     chunk((size_t)d->N, tid, nt, &lo, &hi);
     mr_cols(&a, lo, hi);
@@ -513,7 +562,7 @@ static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
                             int lda, const float *W, int ldw, float beta, float *C, int ldc) {
-  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W)};
+  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W), CPU(be)->wide};
   if ((double)M * N * K < 1 << 15) mr_task(&a, 0, 1);
   else pool_run(CPU(be), mr_task, &a);
 }
@@ -1112,6 +1161,7 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
   c->nt = threads;
   c->bf16 = o->bf16_weights;
   c->bf16_min = o->bf16_min_elems ? o->bf16_min_elems : 65536;
+  c->wide = !o->narrow && __builtin_cpu_supports("avx512f");
   c->lanes = calloc((size_t)threads, sizeof *c->lanes);
   if (!c->lanes) {
     free(c);

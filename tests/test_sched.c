@@ -1378,8 +1378,8 @@ Test(sched, preemptible_deficit_takes_a_turn_after_a_quantum) {
   lt_sched_destroy(s);
 }
 
-/* The same two tenants, a production job waiting: the deficit rule never preempts for a class
- * other than preemptible, and a tenant's own jobs never take turns among themselves. */
+/* One tenant, two preemptible jobs, one slot: the deficit is a tenant's, so a tenant's own jobs
+ * never take turns among themselves, however long the second waits. */
 Test(sched, preemptible_deficit_is_between_tenants_only) {
   lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, 100, -1);
   tenant(s, 1, 1, 0, 0, 0);

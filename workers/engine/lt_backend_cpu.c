@@ -10,7 +10,6 @@
  * flags); exp() uses a branch-free polynomial (lt_fexp) so those loops vectorise too. */
 #include <assert.h>
 #include <cblas.h>
-#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -20,6 +19,7 @@
 #include <string.h>
 
 #include "lt_backend.h"
+#include "lt_cpu_dot.h"
 #include "lt_safetensors.h" /* lt_st_f32_to_bf16: the bf16 copies of mapped weights */
 
 /* OpenBLAS's own setter (declared in its cblas.h on Debian, repeated for other layouts). */
@@ -328,116 +328,6 @@ typedef struct mr_args {
   bool wide;          /* cpu_t.wide */
 } mr_args_t;
 
-/* The order every element of the product is summed in, whatever M: 16 partial sums, lane i
- * taking k = i, i + 16, ... (the tail in the low lanes), then folded pairwise. The kernels below
- * keep the 16 lanes as one 16-float vector (GCC's vector extension: one register with AVX-512,
- * two with AVX2, four with SSE2), so each lane sees the same operations in the same order in
- * every kernel and build. The weight operand is `const void *` with `h` saying bf16 (true) or
- * float: every caller passes a constant, so each kernel is compiled once per weight type,
- * without a branch in the loop. */
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-/* The helpers taking and returning v16f are always inlined: no call, so no ABI to change (GCC
- * warns at the end of the file, so the warning is off for all of it). */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#define AI static inline __attribute__((always_inline))
-
-AI v16f ld16(const float *p) {
-  v16f v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-
-/* Sixteen weights from element k on: floats, or bf16 widened (the bits shifted into the top
- * half). The kernels take the loader as an argument (a constant: it is inlined), so the AVX-512
- * build can widen with one instruction (GCC splits the generic conversion in four). */
-typedef v16f (*ldw_fn)(const void *w, int k, bool h);
-
-AI v16f ldw(const void *w, int k, bool h) {
-  if (!h) return ld16((const float *)w + k);
-  v16h x;
-  memcpy(&x, (const uint16_t *)w + k, sizeof x);
-  return (v16f)(__builtin_convertvector(x, v16u) << 16);
-}
-
-__attribute__((target("avx512f"))) AI v16f ldw_avx512(const void *w, int k, bool h) {
-  if (!h) return ld16((const float *)w + k);
-  __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k));
-  return (v16f)_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
-}
-
-AI float wat(const void *w, int k, bool h) {
-  if (!h) return ((const float *)w)[k];
-  uint32_t u = (uint32_t)((const uint16_t *)w)[k] << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-AI float fold16(float *acc) {
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; i++) acc[i] += acc[i + w];
-  return acc[0];
-}
-
-/* The lanes' partial sums plus the tail k0..K-1 in the low lanes, folded. */
-AI float finish16(v16f v, const float *a, const void *b, bool h, int k0, int K) {
-  float acc[16];
-  memcpy(acc, &v, sizeof v);
-  for (int i = 0; k0 + i < K; i++) acc[i] += a[k0 + i] * wat(b, k0 + i, h);
-  return fold16(acc);
-}
-
-AI float dot16(const float *a, const void *b, bool h, int K, ldw_fn ld) {
-  v16f v = {0};
-  int k = 0;
-  for (; k + 16 <= K; k += 16) v += ld16(a + k) * ld(b, k, h);
-  return finish16(v, a, b, h, k, K);
-}
-
-/* Four rows against one weight row at once: each weight value is loaded once for the four, and
- * each element is summed exactly as dot16 sums it (same lanes, same fold), so a row's result does
- * not depend on whether it was computed in a block of four or alone. */
-AI void dot16x4(const float *a0, const float *a1, const float *a2, const float *a3, const void *b, bool h,
-                int K, ldw_fn ld, float out[4]) {
-  v16f v0 = {0}, v1 = {0}, v2 = {0}, v3 = {0};
-  int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    v16f w = ld(b, k, h);
-    v0 += ld16(a0 + k) * w;
-    v1 += ld16(a1 + k) * w;
-    v2 += ld16(a2 + k) * w;
-    v3 += ld16(a3 + k) * w;
-  }
-  out[0] = finish16(v0, a0, b, h, k, K);
-  out[1] = finish16(v1, a1, b, h, k, K);
-  out[2] = finish16(v2, a2, b, h, k, K);
-  out[3] = finish16(v3, a3, b, h, k, K);
-}
-
-/* One row against four weight rows (b, b + ldb, ...): four independent sums in flight, for the
- * few-row products of decoding (memory-bound: more loads outstanding), each summed exactly as
- * dot16 sums it. */
-AI void dot16w4(const float *a, const void *b, size_t ldb, bool h, int K, ldw_fn ld, float out[4]) {
-  const void *b1 = h ? (const void *)((const uint16_t *)b + ldb) : (const void *)((const float *)b + ldb);
-  const void *b2 = h ? (const void *)((const uint16_t *)b + 2 * ldb) : (const void *)((const float *)b + 2 * ldb);
-  const void *b3 = h ? (const void *)((const uint16_t *)b + 3 * ldb) : (const void *)((const float *)b + 3 * ldb);
-  v16f v0 = {0}, v1 = {0}, v2 = {0}, v3 = {0};
-  int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    v16f x = ld16(a + k);
-    v0 += x * ld(b, k, h);
-    v1 += x * ld(b1, k, h);
-    v2 += x * ld(b2, k, h);
-    v3 += x * ld(b3, k, h);
-  }
-  out[0] = finish16(v0, a, b, h, k, K);
-  out[1] = finish16(v1, a, b1, h, k, K);
-  out[2] = finish16(v2, a, b2, h, k, K);
-  out[3] = finish16(v3, a, b3, h, k, K);
-}
-
 AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
   float *c = a->C + (size_t)r * a->ldc + j;
   *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
@@ -616,6 +506,17 @@ static void ew_run(lt_backend_t *be, ew_fn fn, const ew_t *e, size_t span) {
   pool_run(CPU(be), ew_job_task, &j);
 }
 
+/* Below this many elements an elementwise op runs on the caller alone: waking the pool costs
+ * more than the op (a decode step of one sequence runs a few hundred ops of a few hundred
+ * floats). Only for ops whose every row or element is computed the same whichever thread and
+ * chunk it falls in, so the answer does not depend on the size of the batch. */
+#define EW_INLINE 16384
+
+static void ew_run_small(lt_backend_t *be, ew_fn fn, const ew_t *e, size_t span, size_t elems) {
+  if (elems < EW_INLINE) fn(e, 0, span, 0);
+  else ew_run(be, fn, e, span);
+}
+
 static void zero_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   memset(e->x + lo, 0, (hi - lo) * sizeof(float));
 }
@@ -739,7 +640,7 @@ static void rms_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
 static void cpu_rmsnorm_fwd(lt_backend_t *be, float *out, float *rstd, const float *x,
                             const float *w, int N, int D, float eps) {
   ew_t e = {.x = out, .y = rstd, .a = x, .b = w, .cols = D, .f1 = eps};
-  ew_run(be, rms_fwd_task, &e, (size_t)N);
+  ew_run_small(be, rms_fwd_task, &e, (size_t)N, (size_t)N * (size_t)D);
 }
 
 static void rms_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
@@ -794,7 +695,7 @@ static void cpu_rope(lt_backend_t *be, float *x, const float *cos_tab, const flo
                      const int32_t *pos, int N, int nh, int hd, int inverse) {
   ew_t e = {.x = x, .a = cos_tab, .b = sin_tab, .ia = pos, .i1 = nh, .i2 = hd,
             .i3 = inverse};
-  ew_run(be, rope_task, &e, (size_t)N);
+  ew_run_small(be, rope_task, &e, (size_t)N, (size_t)N * (size_t)nh * (size_t)hd);
 }
 
 /* ---- attention -------------------------------------------------------------------------- */
@@ -1029,7 +930,10 @@ static void cpu_attn_paged(lt_backend_t *be, float *out, const float *q, const f
                            const float *vcache, const int32_t *btab, const int32_t *btab_off,
                            const int32_t *pos, int n, int H, int KV, int hd, int block_tokens) {
   paged_t a = {out, q, kcache, vcache, btab, btab_off, pos, n, H, KV, hd, block_tokens, CPU(be)};
-  pool_run(CPU(be), attn_paged_task, &a);
+  size_t work = 0; /* products of a query with keys and values: every (row, head) is its own */
+  for (int r = 0; r < n; r++) work += ((size_t)pos[r] + 1) * (size_t)H * (size_t)hd * 2;
+  if (work < 4 * EW_INLINE) attn_paged_task(&a, 0, 1);
+  else pool_run(CPU(be), attn_paged_task, &a);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
@@ -1042,7 +946,7 @@ static void swiglu_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
 static void cpu_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const float *u,
                            size_t n) {
   ew_t e = {.x = h, .a = g, .b = u};
-  ew_run(be, swiglu_fwd_task, &e, n);
+  ew_run_small(be, swiglu_fwd_task, &e, n, n);
 }
 
 static void swiglu_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {

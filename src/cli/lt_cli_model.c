@@ -7,7 +7,7 @@
  *   lathe model path
  *       Prints where the bundled model lives ($LATHE_MODELS_DIR/lathe-tiny).
  *   lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]
- *               [--dump-plan FILE]
+ *               [--dump-plan FILE] [--threads N]
  *       A managed fine-tune run locally (no broker, no store): the same loop an executor runs.
  *       Prints progress and the eval against the base model; --out keeps the last checkpoint;
  *       --dump-plan writes the run's batches and AdamW updates as JSON lines (workers/lt_plan.h),
@@ -173,13 +173,16 @@ static void on_eval(void *ctx, const lt_train_eval_t *e) {
 
 static void train_usage(FILE *f) {
   fprintf(f, "usage: lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]\n"
-             "                   [--dump-plan FILE]\n"
+             "                   [--dump-plan FILE] [--threads N]\n"
              "  --dump-plan FILE  write every training batch and AdamW update as one JSON line each\n"
-             "                    (workers/lt_plan.h): the plan a training session replays exactly\n");
+             "                    (workers/lt_plan.h): the plan a training session replays exactly\n"
+             "  --threads N       compute threads (default: the online CPUs); a worker uses\n"
+             "                    LATHE_WORKER_THREADS, and the result depends on the count\n");
 }
 
 static int train_cmd(int argc, char **argv) {
   const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL;
+  long threads = sysconf(_SC_NPROCESSORS_ONLN);
   json_t *hp = json_object();
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model = argv[++i];
@@ -187,6 +190,7 @@ static int train_cmd(int argc, char **argv) {
     else if (strcmp(argv[i], "--valid") == 0 && i + 1 < argc) valid = argv[++i];
     else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
     else if (strcmp(argv[i], "--dump-plan") == 0 && i + 1 < argc) plan_path = argv[++i];
+    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
     else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
       char *kv = argv[++i], *eq = strchr(kv, '=');
       if (!eq) {
@@ -210,6 +214,11 @@ static int train_cmd(int argc, char **argv) {
     json_decref(hp);
     return 2;
   }
+  if (threads < 1 || threads > 256) {
+    fprintf(stderr, "lathe train: --threads must be 1..256\n");
+    json_decref(hp);
+    return 2;
+  }
   json_t *body = json_pack("{s:s,s:s,s:o}", "base_model", "local", "dataset_id", "local", "hyperparameters", hp);
   lt_jobspec_t spec;
   char field[96], err[512];
@@ -220,7 +229,7 @@ static int train_cmd(int argc, char **argv) {
   }
   json_decref(body);
   lt_train_conf_t c = {.model_dir = model, .base_model_name = model, .hp = spec.hp,
-                       .threads = (int)sysconf(_SC_NPROCESSORS_ONLN)};
+                       .threads = (int)threads};
   size_t tl = 0, vl = 0;
   char *tt = slurp(train, &tl), *vt = valid ? slurp(valid, &vl) : NULL;
   if (!tt || (valid && !vt)) {

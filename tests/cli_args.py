@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """cli_args: what `lathe` does with arguments a person gets wrong, and JSON a program reads.
 
+- Every command and subcommand, found by walking `lathe --help` and each command's usage (not a
+  list kept here), answers --help with exit 0 and usage on stdout, and an unknown option with
+  exit 2, the option named and usage on stderr: one argument parser (src/cli/lt_cli_args.c).
 - --url takes http:// and https://; --ca-file without a value, or naming no file, says so.
 - Only shared options and no command (`lathe jobs --json`, `lathe datasets -q`) is a usage
   error (exit 2, usage on stderr), not a crash; --help is exit 0 with usage on stdout; an
@@ -12,6 +15,7 @@ usage: cli_args.py PATH/TO/lathe      Prints one line per check; exit 1 if any f
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -28,6 +32,48 @@ def check(what, ok, detail=""):
 def run(*args, env=None):
     return subprocess.run([lathe, *args], capture_output=True, text=True, timeout=60, env=env)
 
+
+def commands():
+    """Every command path: those `lathe --help` lists, then each word that follows a path in the
+    lines of its usage ("lathe jobs submit ...", "lathe sessions show|end|cancel ID") until the
+    next word is an argument (ID, FILE, [OPTIONS], --flag)."""
+    top = run("--help")
+    todo = [[c] for c in re.findall(r"^  ([a-z]+) ", top.stdout, re.M)]
+    seen = []
+    while todo:
+        path = todo.pop(0)
+        seen.append(path)
+        prefix = "lathe " + " ".join(path) + " "
+        for line in run(*path, "--help").stdout.splitlines():
+            line = re.sub(r"^\s*(usage:)?\s*", "", line)
+            words = line[len(prefix):].split() if line.startswith(prefix) else []
+            for w in words[0].split("|") if words else []:
+                if re.fullmatch(r"[a-z][a-z-]*", w) and path + [w] not in seen + todo:
+                    todo.append(path + [w])
+    return seen
+
+
+paths = commands()
+check("the walk finds the commands and their subcommands",
+      len(paths) > 40 and ["jobs", "download"] in paths and ["admin", "tenant", "create"] in paths, paths)
+for path in paths:
+    name = " ".join(path)
+    for h in ("--help", "-h"):
+        p = run(*path, h)
+        check(f"lathe {name} {h} exits 0 with usage on stdout",
+              p.returncode == 0 and "usage:" in p.stdout and not p.stderr, f"exit {p.returncode}, {p.stderr[:200]!r}")
+    p = run(*path, "--no-such-option")
+    check(f"lathe {name} --no-such-option exits 2 naming it, usage on stderr",
+          p.returncode == 2 and '"--no-such-option"' in p.stderr and "usage:" in p.stderr and not p.stdout,
+          f"exit {p.returncode}, {p.stderr[:200]!r}")
+p = run("jobs", "submit", "--model")
+check("an option without its value is named", p.returncode == 2 and "--model needs a value" in p.stderr, p.stderr)
+p = run("jobs", "show")
+check("a missing operand is a usage error", p.returncode == 2 and "missing" in p.stderr, p.stderr)
+p = run("jobs", "show", "a", "b")
+check("an extra operand is named", p.returncode == 2 and '"b"' in p.stderr, p.stderr)
+p = run("jobs", "submit", "--json=1")
+check("a flag given a value says it takes none", p.returncode == 2 and "--json takes no value" in p.stderr, p.stderr)
 
 for cmd in ("jobs", "datasets", "sessions"):
     for opts in (["--json"], ["-q"], ["--json", "--quiet"], []):

@@ -16,7 +16,11 @@
  *   answered;
  * - DELETE of a finished job: recorded, its artifact key destroyed first, its objects deleted,
  *   410 on its routes after a restart too; 409 for a running one, 404 for another tenant;
- * - the storage quota (datasets and artifacts together): 413 naming quota and usage. */
+ * - the storage quota (datasets and artifacts together): 413 naming quota and usage;
+ * - `lathe jobs download` writes every published artifact, each checked against its listed
+ *   sha256 and size, and on a mismatch names the file and leaves no file or partial one;
+ *   `lathe jobs checkpoints` and GET /v1/jobs/{id}/checkpoints list the live attempt's commits
+ *   with an evaluation's metrics, never a fenced attempt's, and another tenant gets 404. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -24,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lt_avro.h"
@@ -757,6 +762,145 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_store_delete(store, art_key, NULL, 0);
   free(blob);
   free(big);
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}
+
+/* ---------------------------------------------------------------- lathe jobs download, checkpoints */
+
+/* `lathe jobs VERB ARGS` as tenant A (or B) against this API: exit status in *rc, output taken. */
+static char *cli(const char *key, const char *args, int *rc) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' jobs %s 2>&1", url, key, lt_test_lathe_bin(), args);
+  return lt_test_run(cmd, rc);
+}
+
+static bool file_is(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char *buf = malloc(len + 1);
+  size_t got = fread(buf, 1, len + 1, f);
+  fclose(f);
+  bool same = got == len && memcmp(buf, data, len) == 0;
+  free(buf);
+  return same;
+}
+
+Test(api_data, jobs_download_checks_every_sha256_and_jobs_checkpoints_lists_the_live_attempts_commits) {
+  start_api(NULL);
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  char job[64], k1[512], k2[512], dir[128], args[512], path[256], list[4096] = "";
+  a_job(job, sizeof job);
+  const char *cfg = "{\"r\":4}";
+  size_t len = 300000;
+  uint8_t *data = malloc(len);
+  cr_assert_eq(lt_crypto_random(data, len), LT_OK);
+  json_t *arts = json_array();
+  seal_artifact(store, dek, job, "adapter_model.safetensors", data, len, k1, sizeof k1, arts);
+  seal_artifact(store, dek, job, "adapter_config.json", cfg, strlen(cfg), k2, sizeof k2, arts);
+  publish(job, arts);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "adapter_config"), 20000,
+                     100, "the publication never showed: %s", list);
+  /* Whole and verified: both files under their names, no partial one left. */
+  snprintf(dir, sizeof dir, "/tmp/test_api_data.%d.dl", (int)getpid());
+  snprintf(args, sizeof args, "download %s %s", job, dir);
+  int rc;
+  char *out = cli(key_a, args, &rc), f1[256], f2[256], part[256];
+  cr_expect_eq(rc, 0, "%s", out);
+  cr_expect(strstr(out, "adapter_model.safetensors") && strstr(out, "ok"), "%s", out);
+  free(out);
+  snprintf(f1, sizeof f1, "%s/adapter_model.safetensors", dir);
+  snprintf(f2, sizeof f2, "%s/adapter_config.json", dir);
+  snprintf(part, sizeof part, "%s/.adapter_config.json.part", dir);
+  cr_expect(file_is(f1, data, len), "%s is the artifact", f1);
+  cr_expect(file_is(f2, cfg, strlen(cfg)), "%s is the artifact", f2);
+  unlink(f1);
+  unlink(f2);
+  /* The listing says another sha256 for one file (a second publication replaces the first):
+   * that file is named, neither it nor its partial file stays, the other one lands, exit 1. */
+  json_t *bad = json_deep_copy(arts);
+  json_object_set_new(json_array_get(bad, 1), "sha256", json_string("00" "11223344556677889900112233445566778899"
+                                                                       "00112233445566778899001122334455"));
+  publish(job, bad);
+  json_decref(bad);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "\"0011223344"), 20000,
+                     100, "the second publication never showed: %s", list);
+  out = cli(key_a, args, &rc);
+  cr_expect_eq(rc, 1, "%s", out);
+  cr_expect(strstr(out, "adapter_config.json: sha256") && strstr(out, "does not match"), "%s", out);
+  free(out);
+  struct stat st;
+  cr_expect(stat(f2, &st) != 0 && stat(part, &st) != 0, "no file and no partial file for the mismatch");
+  cr_expect(file_is(f1, data, len), "the verified one landed");
+  unlink(f1);
+  rmdir(dir);
+  /* Another tenant: 404 from the API, exit 1 from the CLI. */
+  snprintf(args, sizeof args, "download %s %s", job, dir);
+  out = cli(key_b, args, &rc);
+  cr_expect(rc == 1 && strstr(out, "404"), "%d %s", rc, out);
+  free(out);
+  json_decref(arts);
+
+  /* Checkpoints: attempt 1 commits steps 10 and 20 (an evaluation at 20); attempt 2 was never
+   * dispatched, so its commit is fenced and not listed. */
+  produce("control", "JobAccepted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:s,s:i,s:i}", "event_id", "acc", "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", job, "priority", "standard", "gpus", 1,
+                    "max_duration_s", 3600));
+  produce("control", "JobDispatched",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:s,s:n,s:{},s:s,s:i,s:i,s:s,s:n,s:i,s:i,s:i,s:n,s:n}", "event_id",
+                    "dis", "occurred_at", 2, "producer", "test", "job_id", job, "tenant_id", tenant_a, "attempt", 1,
+                    "base_model", "tiny-llama", "dataset_id", "d", "validation_dataset_id", "hyperparameters",
+                    "priority", "standard", "max_duration_s", 3600, "gpus", 1, "mode", "managed", "worker_id",
+                    "memory_bytes", 0, "lease_ms", 60000, "lease_deadline", 3, "resume_step",
+                    "resume_checkpoint_event_id", "gang_rendezvous"));
+  const int64_t at[3] = {1764000000000, 1764000060000, 1764000120000};
+  for (int i = 0; i < 3; i++)
+    produce("control", "CheckpointCommitted",
+            json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:i,s:[s],s:s,s:i,s:b,s:s}", "event_id", i == 0 ? "c1" : i == 1 ? "c2" : "c3",
+                      "occurred_at", (json_int_t)at[i], "producer", "test", "job_id", job, "tenant_id", tenant_a,
+                      "attempt", i == 2 ? 2 : 1, "step", 10 * (i + 1), "object_keys", "k", "sha256", "", "bytes",
+                      1000 + i, "final", i == 1, "trigger", "interval"));
+  produce("progress", "EvalCompleted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:i,s:b,s:i,s:[{s:s,s:f,s:n,s:n,s:n}],s:s}", "event_id", "ev",
+                    "occurred_at", 4, "producer", "test", "job_id", job, "tenant_id", tenant_a, "attempt", 1, "step",
+                    20, "final", 1, "examples", 8, "metrics", "name", "exact_match", "value", 0.75, "base_value",
+                    "ci_low", "ci_high", "config_digest", ""));
+  snprintf(path, sizeof path, "/v1/jobs/%s/checkpoints", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, list, sizeof list) == 200 && strstr(list, "exact_match"), 20000, 100,
+                     "the checkpoints never showed: %s", list);
+  lt_client_resp_t r = req(ca, "GET", path, NULL, 0);
+  json_t *cks = json_object_get(r.json, "checkpoints");
+  cr_assert_eq(json_array_size(cks), 2, "attempt 1's two commits only: %s", r.body);
+  json_t *c0 = json_array_get(cks, 0), *c1 = json_array_get(cks, 1);
+  cr_expect(json_integer_value(json_object_get(c0, "step")) == 10 && json_integer_value(json_object_get(c1, "step")) == 20,
+            "%s", r.body);
+  cr_expect(json_integer_value(json_object_get(c1, "committed_at")) == at[1] && json_is_true(json_object_get(c1, "final")) &&
+                json_integer_value(json_object_get(c1, "bytes")) == 1001, "%s", r.body);
+  cr_expect(!json_object_get(c0, "metrics") &&
+                json_real_value(json_object_get(json_array_get(json_object_get(c1, "metrics"), 0), "value")) == 0.75,
+            "the evaluation at step 20 beside its checkpoint: %s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(lt_test_get_status(cb, path, NULL, 0), 404, "another tenant's job");
+  snprintf(args, sizeof args, "checkpoints %s", job);
+  out = cli(key_a, args, &rc);
+  cr_expect(rc == 0 && strstr(out, "2025-11-24 16:01:00") && strstr(out, "exact_match 0.75"), "%s", out);
+  free(out);
+  out = cli(key_b, args, &rc);
+  cr_expect(rc == 1 && strstr(out, "404"), "another tenant from the CLI: %d %s", rc, out);
+  free(out);
+  lt_store_delete(store, k1, NULL, 0);
+  lt_store_delete(store, k2, NULL, 0);
+  free(data);
   lt_store_destroy(store);
   lt_keyring_destroy(kr);
   lt_crypto_kek_destroy(kek);

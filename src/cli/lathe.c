@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "lt_avro.h"
+#include "lt_cli_args.h"
 #include "lt_config.h"
 
 typedef int (*lt_cli_fn)(int argc, char **argv);
@@ -42,7 +43,7 @@ static const struct {
     {"train", lt_cli_train, "run a managed fine-tune locally (no broker, no store)"},
     {"admin", lt_cli_admin, "operators: tenants and API keys, replay, the queue"},
     {"sim", lt_cli_sim, "simulate the scheduling policy over a trace (Lathe, FIFO, LAS; sim gen)"},
-    {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel and watch jobs (over the API)"},
+    {"jobs", lt_cli_jobs, "customers: submit, list, show, cancel, watch jobs; their checkpoints, artifacts"},
     {"sessions", lt_cli_sessions, "customers: list, show, end and cancel training sessions (over the API)"},
     {"datasets", lt_cli_datasets, "customers: upload, list, show and delete datasets (over the API)"},
     {"access", lt_cli_access, "customers: see, approve, deny and revoke staff access to your data"},
@@ -204,28 +205,30 @@ static int record_schemas(const lt_avro_registry_t *reg, int canonical) {
   return fflush(stdout) ? 1 : 0;
 }
 
-int lt_cli_record(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    record_usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  char err[512];
+/* encode TYPE, decode [--value], schemas [--canonical]. */
+static int record_verb(int argc, char **argv) {
+  bool encode = strcmp(argv[0], "encode") == 0, decode = strcmp(argv[0], "decode") == 0;
+  static const struct option decode_opts[] = {{"value", no_argument, NULL, 256}, {0}};
+  static const struct option schemas_opts[] = {{"canonical", no_argument, NULL, 256}, {0}};
+  char what[32], err[512];
+  snprintf(what, sizeof what, "record %s", argv[0]);
+  lt_cli_args_t a = {.what = what, .usage = record_usage, .opts = encode ? NULL : decode ? decode_opts : schemas_opts,
+                     .min = encode, .max = encode};
+  bool flag = false;
+  int c;
+  while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) flag = true;
+  if (c != LT_CLI_ARGS_END) return a.status;
   lt_avro_registry_t *reg;
   if (lt_avro_registry_new(&reg, err, sizeof err)) {
     fprintf(stderr, "lathe record: %s\n", err);
     return 1;
   }
-  int status;
-  if (strcmp(argv[1], "encode") == 0 && argc == 3) {
-    status = record_encode(reg, argv[2]);
-  } else if (strcmp(argv[1], "decode") == 0 && (argc == 2 || (argc == 3 && strcmp(argv[2], "--value") == 0))) {
-    status = record_decode(reg, argc == 3);
-  } else if (strcmp(argv[1], "schemas") == 0 && (argc == 2 || (argc == 3 && strcmp(argv[2], "--canonical") == 0))) {
-    status = record_schemas(reg, argc == 3);
-  } else {
-    record_usage(stderr);
-    status = 2;
-  }
+  int status = encode ? record_encode(reg, a.operands[0]) : decode ? record_decode(reg, flag) : record_schemas(reg, flag);
   lt_avro_registry_destroy(reg);
   return status;
+}
+
+int lt_cli_record(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {{"encode", record_verb}, {"decode", record_verb}, {"schemas", record_verb}};
+  return lt_cli_args_dispatch("record", record_usage, verbs, 3, NULL, argc, argv);
 }

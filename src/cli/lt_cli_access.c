@@ -5,7 +5,7 @@
  *     lathe access list | show ID | approve ID | deny ID [--reason TEXT] | revoke ID [--reason TEXT]
  *   staff (LATHE_STAFF_KEY or --api-key):
  *     lathe admin access request --tenant T --scope S [--scope S...] --reason TEXT [--ttl 1h]
- *     lathe admin access list | show ID | approve ID | revoke ID [--reason TEXT]
+ *     lathe admin access list | show|approve|revoke ID [--reason TEXT]
  *     lathe admin access read ID (--dataset D | --artifact JOB/NAME) [-o FILE]
  *   operators:
  *     lathe admin staff add NAME [--file FILE]     a new staff key; its hash line goes in FILE
@@ -30,7 +30,8 @@ static void usage_tenant(FILE *f) {
 
 static void usage_staff(FILE *f) {
   fprintf(f, "usage: lathe admin access request --tenant T --scope S [--scope S ...] --reason TEXT [--ttl 1h]\n"
-             "       lathe admin access list | show ID | approve ID | revoke ID [--reason TEXT]\n"
+             "       lathe admin access list\n"
+             "       lathe admin access show|approve|revoke ID [--reason TEXT]\n"
              "       lathe admin access read ID (--dataset D | --artifact JOB/NAME) [-o FILE]\n"
              "       lathe admin staff add NAME [--file FILE]\n"
              "Scopes: dataset:ID, job:ID (the job's artifacts), artifact:JOB/NAME. --ttl: 90s, 30m, 1h, 2d\n"
@@ -78,97 +79,125 @@ static int call_and_print(lt_cli_opts_t *o, const char *what, const char *method
   return 0;
 }
 
-/* ID [--reason TEXT] after the verb: the path of the decision and its body. */
-static int decision(lt_cli_opts_t *o, const char *what, const char *prefix, int argc, char **argv) {
-  const char *reason = NULL, *id = NULL;
-  for (int i = 2; i < argc; i++) {
-    if (strcmp(argv[i], "--reason") == 0 && i + 1 < argc) reason = argv[++i];
-    else if (!id && argv[i][0] != '-') id = argv[i];
-    else {
-      fprintf(stderr, "%s: unexpected argument \"%s\"\n", what, argv[i]);
-      return 2;
-    }
-  }
-  char path[512], suffix[32];
-  snprintf(suffix, sizeof suffix, "/%s", argv[1]);
-  if (!id) {
-    fprintf(stderr, "%s: which access request? (an ID from list)\n", what);
-    return 2;
-  }
-  if (!lt_cli_path_id(path, sizeof path, prefix, id, strcmp(argv[1], "show") == 0 ? NULL : suffix)) return 2;
-  bool show = strcmp(argv[1], "show") == 0;
-  return call_and_print(o, what, show ? "GET" : "POST", path,
-                        show ? NULL : json_pack("{s:s}", "reason", reason ? reason : ""));
+enum { O_REASON = 256, O_TENANT, O_SCOPE, O_TTL, O_DATASET, O_ARTIFACT };
+
+/* lt_cli_api_next for a lockbox verb; a staff member's client sends LATHE_STAFF_KEY unless
+ * --api-key names another. */
+static int next(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv) {
+  int c = lt_cli_api_next(o, a, argc, argv);
+  if (c == LT_CLI_ARGS_END && a->usage == usage_staff && !o->api_key)
+    lt_client_set_api_key(o->client, getenv("LATHE_STAFF_KEY"));
+  return c;
 }
 
-int lt_cli_access(int argc, char **argv) {
-  lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "access", usage_tenant, &argc, argv);
-  if (rc >= 0) return rc;
-  const char *v = argv[1];
-  if (strcmp(v, "list") == 0) rc = call_and_print(&o, "lathe access list", "GET", "/v1/access", NULL);
-  else if (!strcmp(v, "show") || !strcmp(v, "approve") || !strcmp(v, "deny") || !strcmp(v, "revoke"))
-    rc = decision(&o, "lathe access", "/v1/access/", argc, argv);
-  else {
-    fprintf(stderr, "lathe access: unknown command \"%s\"\n", v);
-    usage_tenant(stderr);
-    rc = 2;
+/* list, staff or tenant. */
+static int list(int argc, char **argv, void (*usage)(FILE *f)) {
+  bool staff = usage == usage_staff;
+  const char *what = staff ? "admin access list" : "access list";
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = what, .usage = usage, .opts = lt_cli_api_options};
+  int c;
+  while ((c = next(&o, &a, argc, argv)) >= 0) {
   }
+  int rc = c == LT_CLI_ARGS_END ? call_and_print(&o, what, "GET", staff ? "/v1/staff/access" : "/v1/access", NULL)
+                                : a.status;
   lt_cli_close(&o);
   return rc;
 }
 
+/* show ID, approve ID, deny ID [--reason TEXT], revoke ID [--reason TEXT]: a decision's path and
+ * body, staff or tenant. */
+static int decision(int argc, char **argv, void (*usage)(FILE *f)) {
+  static const struct option opts[] = {{"reason", required_argument, NULL, O_REASON}, LT_CLI_API_OPTIONS, {0}};
+  bool staff = usage == usage_staff, show = strcmp(argv[0], "show") == 0;
+  char what[64], path[512], suffix[32];
+  snprintf(what, sizeof what, "%saccess %s", staff ? "admin " : "", argv[0]);
+  snprintf(suffix, sizeof suffix, "/%s", argv[0]);
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = what, .usage = usage, .opts = opts, .min = 1, .max = 1};
+  const char *reason = "";
+  int c, rc;
+  while ((c = next(&o, &a, argc, argv)) >= 0) reason = a.value;
+  if (c != LT_CLI_ARGS_END) rc = a.status;
+  else if (!lt_cli_path_id(path, sizeof path, staff ? "/v1/staff/access/" : "/v1/access/", a.operands[0],
+                           show ? NULL : suffix))
+    rc = 2;
+  else rc = call_and_print(&o, what, show ? "GET" : "POST", path, show ? NULL : json_pack("{s:s}", "reason", reason));
+  lt_cli_close(&o);
+  return rc;
+}
+
+static int tenant_list(int argc, char **argv) { return list(argc, argv, usage_tenant); }
+static int tenant_decision(int argc, char **argv) { return decision(argc, argv, usage_tenant); }
+
+int lt_cli_access(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {{"list", tenant_list},        {"show", tenant_decision},
+                                        {"approve", tenant_decision}, {"deny", tenant_decision},
+                                        {"revoke", tenant_decision}};
+  return lt_cli_args_dispatch("access", usage_tenant, verbs, sizeof verbs / sizeof *verbs, lt_cli_api_options, argc,
+                              argv);
+}
+
 /* ---------------------------------------------------------------- staff */
 
-static int staff_request(lt_cli_opts_t *o, int argc, char **argv) {
+static int staff_request(int argc, char **argv) {
+  static const struct option opts[] = {{"tenant", required_argument, NULL, O_TENANT},
+                                       {"scope", required_argument, NULL, O_SCOPE},
+                                       {"reason", required_argument, NULL, O_REASON},
+                                       {"ttl", required_argument, NULL, O_TTL},
+                                       LT_CLI_API_OPTIONS,
+                                       {0}};
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = "admin access request", .usage = usage_staff, .opts = opts};
   const char *tenant = NULL, *reason = NULL;
   long long ttl = 3600;
   json_t *scope = json_array();
-  for (int i = 2; i < argc; i++) {
-    bool has = i + 1 < argc;
-    if (strcmp(argv[i], "--tenant") == 0 && has) tenant = argv[++i];
-    else if (strcmp(argv[i], "--scope") == 0 && has) json_array_append_new(scope, json_string(argv[++i]));
-    else if (strcmp(argv[i], "--reason") == 0 && has) reason = argv[++i];
-    else if (strcmp(argv[i], "--ttl") == 0 && has) {
-      if ((ttl = parse_ttl(argv[++i])) < 0) {
-        fprintf(stderr, "lathe admin access request: --ttl \"%s\": want 90s, 30m, 1h or 2d\n", argv[i]);
-        json_decref(scope);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "lathe admin access request: unexpected argument \"%s\"\n", argv[i]);
-      json_decref(scope);
-      return 2;
-    }
+  int c, rc = -1; /* -1: going on */
+  while (rc < 0 && (c = next(&o, &a, argc, argv)) >= 0) {
+    if (c == O_TENANT) tenant = a.value;
+    else if (c == O_SCOPE) json_array_append_new(scope, json_string(a.value));
+    else if (c == O_REASON) reason = a.value;
+    else if ((ttl = parse_ttl(a.value)) < 0) rc = lt_cli_args_fail(&a, "--ttl \"%s\": want 90s, 30m, 1h or 2d", a.value);
   }
-  if (!tenant || !reason || json_array_size(scope) == 0) {
-    fprintf(stderr, "lathe admin access request: --tenant, --scope and --reason are required\n");
-    json_decref(scope);
-    return 2;
-  }
-  return call_and_print(o, "lathe admin access request", "POST", "/v1/staff/access",
-                        json_pack("{s:s,s:o,s:s,s:I}", "tenant_id", tenant, "scope", scope, "justification", reason,
+  if (rc < 0 && c == LT_CLI_ARGS_STOP) rc = a.status;
+  if (rc < 0 && (!tenant || !reason || json_array_size(scope) == 0))
+    rc = lt_cli_args_fail(&a, "--tenant, --scope and --reason are required");
+  if (rc < 0)
+    rc = call_and_print(&o, "admin access request", "POST", "/v1/staff/access",
+                        json_pack("{s:s,s:O,s:s,s:I}", "tenant_id", tenant, "scope", scope, "justification", reason,
                                   "duration_s", (json_int_t)ttl));
+  json_decref(scope);
+  lt_cli_close(&o);
+  return rc;
 }
 
-static int staff_read(lt_cli_opts_t *o, int argc, char **argv) {
-  const char *id = NULL, *dataset = NULL, *artifact = NULL, *out = NULL;
-  for (int i = 2; i < argc; i++) {
-    bool has = i + 1 < argc;
-    if (strcmp(argv[i], "--dataset") == 0 && has) dataset = argv[++i];
-    else if (strcmp(argv[i], "--artifact") == 0 && has) artifact = argv[++i];
-    else if (strcmp(argv[i], "-o") == 0 && has) out = argv[++i];
-    else if (!id && argv[i][0] != '-') id = argv[i];
-    else {
-      fprintf(stderr, "lathe admin access read: unexpected argument \"%s\"\n", argv[i]);
-      return 2;
-    }
+static int staff_read_to(lt_cli_opts_t *o, const char *id, const char *dataset, const char *artifact, const char *out);
+
+static int staff_read(int argc, char **argv) {
+  static const struct option opts[] = {{"dataset", required_argument, NULL, O_DATASET},
+                                       {"artifact", required_argument, NULL, O_ARTIFACT},
+                                       {"output", required_argument, NULL, 'o'},
+                                       LT_CLI_API_OPTIONS,
+                                       {0}};
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = "admin access read", .usage = usage_staff, .opts = opts, .min = 1, .max = 1};
+  const char *dataset = NULL, *artifact = NULL, *out = NULL;
+  int c, rc;
+  while ((c = next(&o, &a, argc, argv)) >= 0) {
+    if (c == O_DATASET) dataset = a.value;
+    else if (c == O_ARTIFACT) artifact = a.value;
+    else out = a.value;
   }
+  if (c != LT_CLI_ARGS_END) rc = a.status;
+  else if (!!dataset == !!artifact || (artifact && !strchr(artifact, '/')))
+    rc = lt_cli_args_fail(&a, "want ID and one of --dataset D or --artifact JOB/NAME");
+  else rc = staff_read_to(&o, a.operands[0], dataset, artifact, out);
+  lt_cli_close(&o);
+  return rc;
+}
+
+static int staff_read_to(lt_cli_opts_t *o, const char *id, const char *dataset, const char *artifact, const char *out) {
   const char *slash = artifact ? strchr(artifact, '/') : NULL;
-  if (!id || !!dataset == !!artifact || (artifact && !slash)) {
-    fprintf(stderr, "lathe admin access read: want ID and one of --dataset D or --artifact JOB/NAME\n");
-    return 2;
-  }
   char path[1024], suffix[600];
   if (dataset) snprintf(suffix, sizeof suffix, "/datasets/%s", dataset);
   else snprintf(suffix, sizeof suffix, "/jobs/%.*s/artifacts/%s", (int)(slash - artifact), artifact, slash + 1);
@@ -176,7 +205,7 @@ static int staff_read(lt_cli_opts_t *o, int argc, char **argv) {
   lt_client_resp_t resp;
   bool json = o->json;
   o->json = false; /* the body is the tenant's data, not JSON to echo */
-  int rc = lt_cli_call(o, "lathe admin access read", "GET", path, NULL, NULL, &resp);
+  int rc = lt_cli_call(o, "admin access read", "GET", path, NULL, NULL, &resp);
   o->json = json;
   if (rc) return rc;
   FILE *f = out ? fopen(out, "wb") : stdout;
@@ -189,38 +218,25 @@ static int staff_read(lt_cli_opts_t *o, int argc, char **argv) {
   return rc;
 }
 
+static int staff_list(int argc, char **argv) { return list(argc, argv, usage_staff); }
+static int staff_decision(int argc, char **argv) { return decision(argc, argv, usage_staff); }
+
 int lt_cli_admin_access(int argc, char **argv) {
-  bool has_key = false;
-  for (int i = 1; i < argc; i++) has_key |= strcmp(argv[i], "--api-key") == 0;
-  lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "admin access", usage_staff, &argc, argv);
-  if (rc >= 0) return rc;
-  if (!has_key) lt_client_set_api_key(o.client, getenv("LATHE_STAFF_KEY"));
-  const char *v = argv[1];
-  if (strcmp(v, "request") == 0) rc = staff_request(&o, argc, argv);
-  else if (strcmp(v, "list") == 0) rc = call_and_print(&o, "lathe admin access list", "GET", "/v1/staff/access", NULL);
-  else if (strcmp(v, "read") == 0) rc = staff_read(&o, argc, argv);
-  else if (!strcmp(v, "show") || !strcmp(v, "approve") || !strcmp(v, "revoke"))
-    rc = decision(&o, "lathe admin access", "/v1/staff/access/", argc, argv);
-  else {
-    fprintf(stderr, "lathe admin access: unknown command \"%s\"\n", v);
-    usage_staff(stderr);
-    rc = 2;
-  }
-  lt_cli_close(&o);
-  return rc;
+  static const lt_cli_verb_t verbs[] = {{"request", staff_request}, {"list", staff_list},
+                                        {"read", staff_read},       {"show", staff_decision},
+                                        {"approve", staff_decision}, {"revoke", staff_decision}};
+  return lt_cli_args_dispatch("admin access", usage_staff, verbs, sizeof verbs / sizeof *verbs, lt_cli_api_options,
+                              argc, argv);
 }
 
-int lt_cli_admin_staff(int argc, char **argv) {
-  if (argc < 3 || strcmp(argv[1], "add") != 0) {
-    usage_staff(stderr);
-    return 2;
-  }
-  const char *name = argv[2], *file = argc == 5 && strcmp(argv[3], "--file") == 0 ? argv[4] : NULL;
-  if (argc != 3 && !file) {
-    usage_staff(stderr);
-    return 2;
-  }
+static int staff_add(int argc, char **argv) {
+  static const struct option opts[] = {{"file", required_argument, NULL, 'f'}, {0}};
+  lt_cli_args_t a = {.what = "admin staff add", .usage = usage_staff, .opts = opts, .min = 1, .max = 1};
+  const char *file = NULL;
+  int c;
+  while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) file = a.value;
+  if (c != LT_CLI_ARGS_END) return a.status;
+  const char *name = a.operands[0];
   char key[LT_ACCESS_STAFF_KEY_SIZE], line[256], err[256];
   if (lt_access_staff_key_new(name, key, line, sizeof line, err, sizeof err)) {
     fprintf(stderr, "lathe admin staff add: %s\n", err);
@@ -239,4 +255,9 @@ int lt_cli_admin_staff(int argc, char **argv) {
   }
   printf("staff key for %s (shown once, store it now): %s\n", name, key);
   return 0;
+}
+
+int lt_cli_admin_staff(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {{"add", staff_add}};
+  return lt_cli_args_dispatch("admin staff", usage_staff, verbs, 1, NULL, argc, argv);
 }

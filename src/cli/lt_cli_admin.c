@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "lt_avro.h"
+#include "lt_cli_args.h"
 #include "lt_bus.h"
 #include "lt_config.h"
 #include "lt_crypto.h"
@@ -136,53 +137,49 @@ out:
   return rc;
 }
 
-static int parse_num(const char *opt, const char *v, double min, double max, double *out) {
-  char *end;
-  double d = strtod(v, &end);
-  if (*end || d < min || d > max) {
-    fprintf(stderr, "lathe admin: %s must be a number from %g to %g, not \"%s\"\n", opt, min, max, v);
-    return 2;
-  }
-  *out = d;
-  return 0;
-}
+enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_JSON };
 
-/* Applies --options to t. Returns 0, or 2 on a usage error. */
-static int apply_options(int argc, char **argv, int i, lt_tenant_t *t, bool *json) {
-  for (; i < argc; i++) {
-    double d;
-    const char *o = argv[i];
-    if (strcmp(o, "--json") == 0) {
-      *json = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "lathe admin: %s needs a value\n", o);
-      return 2;
-    }
-    const char *v = argv[++i];
-    if (strcmp(o, "--name") == 0) snprintf(t->display_name, sizeof t->display_name, "%s", v);
-    else if (strcmp(o, "--weight") == 0) {
-      if (parse_num(o, v, 0.01, 1000, &d)) return 2;
+/* The options of tenant create|update|rotate-key|list (rotate-key and list: --json only); into t
+ * (may be NULL then). Returns -1 to go on with the operands in a, or the exit status. */
+static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, bool *json) {
+  static const struct option opts[] = {{"name", required_argument, NULL, O_NAME},
+                                       {"weight", required_argument, NULL, O_WEIGHT},
+                                       {"max-running", required_argument, NULL, O_MAX_RUNNING},
+                                       {"max-queued", required_argument, NULL, O_MAX_QUEUED},
+                                       {"max-duration", required_argument, NULL, O_MAX_DURATION},
+                                       {"max-dataset-bytes", required_argument, NULL, O_MAX_DATASET_BYTES},
+                                       {"json", no_argument, NULL, O_JSON},
+                                       {0}};
+  a->opts = t ? opts : opts + 6;
+  int c;
+  double d = 0;
+  while ((c = lt_cli_args_next(a, argc, argv)) >= 0) {
+    switch (c) {
+    case O_JSON: *json = true; break;
+    case O_NAME: snprintf(t->display_name, sizeof t->display_name, "%s", a->value); break;
+    case O_WEIGHT:
+      if (!lt_cli_args_num(a, "--weight", 0.01, 1000, false, &d)) return 2;
       t->weight = d;
-    } else if (strcmp(o, "--max-running") == 0) {
-      if (parse_num(o, v, 0, 100000, &d)) return 2;
+      break;
+    case O_MAX_RUNNING:
+      if (!lt_cli_args_num(a, "--max-running", 0, 100000, true, &d)) return 2;
       t->quotas.max_running_slots = (int32_t)d;
-    } else if (strcmp(o, "--max-queued") == 0) {
-      if (parse_num(o, v, 0, 1000000, &d)) return 2;
+      break;
+    case O_MAX_QUEUED:
+      if (!lt_cli_args_num(a, "--max-queued", 0, 1000000, true, &d)) return 2;
       t->quotas.max_queued_jobs = (int32_t)d;
-    } else if (strcmp(o, "--max-duration") == 0) {
-      if (parse_num(o, v, 0, 365 * 86400.0, &d)) return 2;
+      break;
+    case O_MAX_DURATION:
+      if (!lt_cli_args_num(a, "--max-duration", 0, 365 * 86400.0, true, &d)) return 2;
       t->quotas.max_job_duration_s = (int64_t)d;
-    } else if (strcmp(o, "--max-dataset-bytes") == 0) {
-      if (parse_num(o, v, 0, 1e13, &d)) return 2;
+      break;
+    case O_MAX_DATASET_BYTES:
+      if (!lt_cli_args_num(a, "--max-dataset-bytes", 0, 1e13, true, &d)) return 2;
       t->quotas.max_dataset_bytes = (int64_t)d;
-    } else {
-      fprintf(stderr, "lathe admin: unknown option \"%s\"\n", o);
-      return 2;
+      break;
     }
   }
-  return 0;
+  return c == LT_CLI_ARGS_END ? -1 : a->status;
 }
 
 static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
@@ -210,38 +207,41 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }
 
-static int tenant_cmd(int argc, char **argv) {
-  if (argc < 2) {
-    usage(stderr);
-    return 2;
-  }
-  const char *verb = argv[1];
+static int tenant_list(int argc, char **argv) {
+  lt_cli_args_t a = {.what = "admin tenant list", .usage = usage};
   bool json = false;
-  admin_t a = {0};
-  int rc = load_tenants(&a);
-  if (rc) goto out;
-  lt_tenant_table_t *tt = lt_proj_tenants(a.proj);
-  if (strcmp(verb, "list") == 0) {
-    if (argc > 2 && strcmp(argv[2], "--json") == 0) json = true;
-    for (size_t i = 0; i < lt_tenant_count(tt); i++) print_tenant(lt_tenant_at(tt, i), NULL, json);
-    goto out;
-  }
-  if (argc < 3) {
-    usage(stderr);
-    rc = 2;
-    goto out;
-  }
-  const char *id = argv[2];
+  int rc = tenant_args(&a, argc, argv, NULL, &json);
+  if (rc >= 0) return rc;
+  admin_t ad = {0};
+  rc = load_tenants(&ad);
+  lt_tenant_table_t *tt = lt_proj_tenants(ad.proj);
+  for (size_t i = 0; !rc && i < lt_tenant_count(tt); i++) print_tenant(lt_tenant_at(tt, i), NULL, json);
+  admin_free(&ad);
+  return rc;
+}
+
+/* create, update, rotate-key ID. The options are read before the broker is asked (so --help and
+ * mistakes need none), and again over the tenant as it is. */
+static int tenant_write(int argc, char **argv) {
+  const char *verb = argv[0];
+  bool create = strcmp(verb, "create") == 0, rotate = strcmp(verb, "rotate-key") == 0;
+  char what[48];
+  snprintf(what, sizeof what, "admin tenant %s", verb);
+  lt_cli_args_t a = {.what = what, .usage = usage, .min = 1, .max = 1};
+  lt_tenant_t t = {0};
+  bool json = false;
+  int rc = tenant_args(&a, argc, argv, rotate ? NULL : &t, &json);
+  if (rc >= 0) return rc;
+  const char *id = a.operands[0];
   if (!lt_id_valid(id)) {
     fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
-    rc = 2;
-    goto out;
+    return 2;
   }
-  const lt_tenant_t *cur = lt_tenant_get(tt, id);
-  lt_tenant_t t;
+  admin_t ad = {0};
+  if ((rc = load_tenants(&ad))) goto out;
+  const lt_tenant_t *cur = lt_tenant_get(lt_proj_tenants(ad.proj), id);
   char key[LT_TENANT_API_KEY_SIZE], err[512];
-  bool want_key = false;
-  if (strcmp(verb, "create") == 0) {
+  if (create) {
     if (cur) {
       fprintf(stderr, "lathe admin: tenant %s exists; use update or rotate-key\n", id);
       rc = 1;
@@ -252,7 +252,6 @@ static int tenant_cmd(int argc, char **argv) {
     snprintf(t.display_name, sizeof t.display_name, "%s", id);
     t.weight = 1.0;
     t.quotas.max_queued_jobs = 100;
-    if ((rc = apply_options(argc, argv, 3, &t, &json))) goto out;
     lt_crypto_kek_t *kek = NULL;
     lt_crypto_dek_t *dek = NULL;
     const char *key_id = "dek-1"; /* bound to the tenant by the wrap; a rotation makes dek-2 */
@@ -268,35 +267,33 @@ static int tenant_cmd(int argc, char **argv) {
     snprintf(t.data_key_id, sizeof t.data_key_id, "%s", key_id);
     lt_crypto_dek_destroy(dek);
     lt_crypto_kek_destroy(kek);
-    want_key = true;
-  } else if (strcmp(verb, "update") == 0 || strcmp(verb, "rotate-key") == 0) {
+  } else {
     if (!cur) {
       fprintf(stderr, "lathe admin: no tenant %s\n", id);
       rc = 1;
       goto out;
     }
     t = *cur;
-    if (strcmp(verb, "update") == 0) {
-      if ((rc = apply_options(argc, argv, 3, &t, &json))) goto out;
-    } else {
-      if (argc > 3 && strcmp(argv[3], "--json") == 0) json = true;
-      want_key = true;
-    }
-  } else {
-    usage(stderr);
-    rc = 2;
-    goto out;
   }
-  if (want_key && lt_tenant_add_key(&t, strcmp(verb, "rotate-key") == 0, lt_time_wall_ms(), key)) {
+  lt_cli_args_t again = {.what = what, .usage = usage, .min = 1, .max = 1}; /* read once already */
+  tenant_args(&again, argc, argv, rotate ? NULL : &t, &json);
+  bool want_key = create || rotate;
+  if (want_key && lt_tenant_add_key(&t, rotate, lt_time_wall_ms(), key)) {
     fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
     rc = 1;
     goto out;
   }
-  if ((rc = write_tenant(&a, &t))) goto out;
+  if ((rc = write_tenant(&ad, &t))) goto out;
   print_tenant(&t, want_key ? key : NULL, json);
 out:
-  admin_free(&a);
+  admin_free(&ad);
   return rc;
+}
+
+static int tenant_cmd(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {
+      {"create", tenant_write}, {"update", tenant_write}, {"rotate-key", tenant_write}, {"list", tenant_list}};
+  return lt_cli_args_dispatch("admin tenant", usage, verbs, sizeof verbs / sizeof *verbs, NULL, argc, argv);
 }
 
 /* lathe admin topics [FILE]: the roles' ACLs of ops/acls.tsv, then every topic of
@@ -304,7 +301,10 @@ out:
  * itself may create topics only once its own ACLs exist (docs/DESIGN.md §5a). A broker without
  * an authorizer has no ACLs to set, which is said and not an error. */
 static int topics_cmd(int argc, char **argv) {
-  const char *path = argc > 1 ? argv[1] : getenv("LATHE_TOPICS_FILE"); /* NULL: built in */
+  lt_cli_args_t a = {.what = "admin topics", .usage = usage, .max = 1};
+  int c = lt_cli_args_next(&a, argc, argv);
+  if (c != LT_CLI_ARGS_END) return a.status;
+  const char *path = a.noperands ? a.operands[0] : getenv("LATHE_TOPICS_FILE"); /* NULL: built in */
   const char *acls = getenv("LATHE_ACLS_FILE");                        /* NULL: built in */
   char err[512];
   lt_bus_conf_t *bus = lt_bus_conf_new();
@@ -339,18 +339,8 @@ out:
 }
 
 int lt_cli_admin(int argc, char **argv) {
-  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  if (strcmp(argv[1], "tenant") == 0) return tenant_cmd(argc - 1, argv + 1);
-  if (strcmp(argv[1], "topics") == 0) return topics_cmd(argc - 1, argv + 1);
-  if (strcmp(argv[1], "access") == 0) return lt_cli_admin_access(argc - 1, argv + 1);
-  if (strcmp(argv[1], "staff") == 0) return lt_cli_admin_staff(argc - 1, argv + 1);
-  if (strcmp(argv[1], "queue") == 0) return lt_cli_admin_queue(argc - 1, argv + 1);
-  if (strcmp(argv[1], "replay") == 0) {
-    return lt_cli_admin_replay(argc - 1, argv + 1);
-  }
-  usage(stderr);
-  return 2;
+  static const lt_cli_verb_t verbs[] = {{"tenant", tenant_cmd},           {"topics", topics_cmd},
+                                        {"access", lt_cli_admin_access}, {"staff", lt_cli_admin_staff},
+                                        {"queue", lt_cli_admin_queue},   {"replay", lt_cli_admin_replay}};
+  return lt_cli_args_dispatch("admin", usage, verbs, sizeof verbs / sizeof *verbs, NULL, argc, argv);
 }

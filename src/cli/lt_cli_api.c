@@ -1,5 +1,4 @@
-/* lt_cli_api: the shared options and helpers of `lathe jobs` and `lathe datasets` (see
- * lt_cli_api.h). */
+/* lt_cli_api: the shared options and helpers of the customer commands (see lt_cli_api.h). */
 #include "lt_cli_api.h"
 
 #include <stdio.h>
@@ -9,42 +8,57 @@
 
 #include <event2/http.h>
 
-int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *argc, char **argv) {
-  memset(o, 0, sizeof *o);
-  o->cmd = cmd;
-  if (*argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-    usage(*argc < 2 ? stderr : stdout);
-    return *argc < 2 ? 2 : 0;
-  }
-  const char *url = NULL, *key = NULL, *ca = NULL;
-  int w = 1;
-  for (int i = 1; i < *argc; i++) {
-    if ((strcmp(argv[i], "--url") == 0 || strcmp(argv[i], "--api-key") == 0 || strcmp(argv[i], "--ca-file") == 0) &&
-        i + 1 >= *argc) {
-      fprintf(stderr, "lathe %s: %s needs a value\n", cmd, argv[i]);
-      return 2;
+const struct option lt_cli_api_options[] = {LT_CLI_API_OPTIONS, {0}};
+
+int lt_cli_api_next(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv) {
+  for (;;) {
+    int c = lt_cli_args_next(a, argc, argv);
+    switch (c) {
+    case LT_CLI_O_URL: o->url = a->value; continue;
+    case LT_CLI_O_API_KEY: o->api_key = a->value; continue;
+    case LT_CLI_O_CA_FILE: o->ca_file = a->value; continue;
+    case LT_CLI_O_JSON: o->json = true; continue;
+    case 'q': o->quiet = true; continue;
+    case LT_CLI_ARGS_END: break;
+    default: return c;
     }
-    if (strcmp(argv[i], "--url") == 0) url = argv[++i];
-    else if (strcmp(argv[i], "--api-key") == 0) key = argv[++i];
-    else if (strcmp(argv[i], "--ca-file") == 0) ca = argv[++i];
-    else if (strcmp(argv[i], "--json") == 0) o->json = true;
-    else if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0) o->quiet = true;
-    else argv[w++] = argv[i];
+    char err[512];
+    lt_client_opts_t co = {.url = o->url, .api_key = o->api_key, .ca_file = o->ca_file};
+    if (lt_client_new(&co, &o->client, err, sizeof err)) {
+      a->status = lt_cli_args_fail(a, "%s", err);
+      return LT_CLI_ARGS_STOP;
+    }
+    return LT_CLI_ARGS_END;
   }
-  *argc = w;
-  argv[w] = NULL;
-  if (w < 2) { /* only shared options, no verb: `lathe jobs --json` */
-    fprintf(stderr, "lathe %s: which command? (see lathe %s --help)\n", cmd, cmd);
-    usage(stderr);
-    return 2;
+}
+
+int lt_cli_api_open(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv) {
+  static const struct option common[] = {LT_CLI_API_OPTIONS, {0}};
+  if (!a->opts) a->opts = common;
+  int c;
+  while ((c = lt_cli_api_next(o, a, argc, argv)) >= 0) {
   }
-  char err[512];
-  lt_client_opts_t co = {.url = url, .api_key = key, .ca_file = ca};
-  if (lt_client_new(&co, &o->client, err, sizeof err)) {
-    fprintf(stderr, "lathe %s: %s\n", cmd, err);
-    return 2;
+  return c == LT_CLI_ARGS_END ? -1 : a->status;
+}
+
+int lt_cli_api_list_open(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv, const char *const *flags,
+                         char *path, size_t n) {
+  struct option opts[LT_CLI_ARGS_MAX] = {LT_CLI_API_OPTIONS};
+  size_t k = 0;
+  while (opts[k].name) k++; /* after the common ones */
+  for (int i = 0; flags[i] && k < LT_CLI_ARGS_MAX - 2; i += 2, k++)
+    opts[k] = (struct option){flags[i], required_argument, NULL, 0x2000 + i};
+  a->opts = opts;
+  char sep = strchr(path, '?') ? '&' : '?';
+  int c;
+  while ((c = lt_cli_api_next(o, a, argc, argv)) >= 0) {
+    char *enc = evhttp_uriencode(a->value, -1, 0);
+    size_t len = strlen(path);
+    snprintf(path + len, n - len, "%c%s=%s", sep, flags[c - 0x2000 + 1], enc ? enc : "");
+    free(enc);
+    sep = '&';
   }
-  return -1;
+  return c == LT_CLI_ARGS_END ? -1 : a->status;
 }
 
 void lt_cli_close(lt_cli_opts_t *o) {
@@ -79,25 +93,6 @@ bool lt_cli_path_id(char *out, size_t n, const char *prefix, const char *id, con
   if (!enc) return false;
   snprintf(out, n, "%s%s%s", prefix, enc, suffix ? suffix : "");
   free(enc);
-  return true;
-}
-
-bool lt_cli_list_query(char *path, size_t n, const char *what, int argc, char **argv, const char *const *flags) {
-  char sep = '?';
-  for (int i = 1; i < argc; i++) {
-    const char *name = NULL;
-    for (const char *const *f = flags; *f && !name; f += 2)
-      if (strcmp(argv[i], f[0]) == 0) name = f[1];
-    if (!name || i + 1 >= argc) {
-      fprintf(stderr, "lathe %s: unexpected argument \"%s\"\n", what, argv[i]);
-      return false;
-    }
-    char *enc = evhttp_uriencode(argv[++i], -1, 0);
-    size_t len = strlen(path);
-    snprintf(path + len, n - len, "%c%s=%s", sep, name, enc ? enc : "");
-    free(enc);
-    sep = '&';
-  }
   return true;
 }
 

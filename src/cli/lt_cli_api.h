@@ -1,6 +1,7 @@
-/* lt_cli_api: what the customer commands of `lathe` (lt_cli_jobs.c, lt_cli_datasets.c) share:
- * the common options (--url, --api-key, --json, --quiet), one call-and-report helper, and
- * formatting. Not a library API: only the CLI uses it. Single-threaded. */
+/* lt_cli_api: what the customer commands of `lathe` (lt_cli_jobs.c, lt_cli_datasets.c,
+ * lt_cli_sessions.c, lt_cli_access.c) share: the common options (--url, --api-key, --ca-file,
+ * --json, --quiet) read through lt_cli_args, one call-and-report helper, and formatting. Not a
+ * library API: only the CLI uses it. Single-threaded. */
 #ifndef LT_CLI_API_H
 #define LT_CLI_API_H
 
@@ -11,20 +12,39 @@
 
 #include <jansson.h>
 
+#include "lt_cli_args.h"
 #include "lt_client.h"
 
 typedef struct lt_cli_opts {
-  lt_client_t *client; /* owned; lt_cli_close frees it */
+  lt_client_t *client; /* owned; made at the end of the options; lt_cli_close frees it */
   bool json;           /* --json: print the server's JSON on stdout */
-  bool quiet;          /* --quiet: no progress output */
-  const char *cmd;     /* "jobs", "datasets": the prefix of messages */
+  bool quiet;          /* --quiet, -q: no progress output */
+  const char *url, *api_key, *ca_file; /* --url, --api-key, --ca-file (NULL: the environment's) */
 } lt_cli_opts_t;
 
-/* The prologue of a command: without a verb prints usage on stderr (exit status 2), for --help
- * or -h on stdout (0). Otherwise removes the common options from argv (argv[0] stays), updates
- * *argc and creates the client. Returns -1 to go on, or the exit status to return (2: usage,
- * 1: failure, message printed). */
-int lt_cli_open(lt_cli_opts_t *o, const char *cmd, void (*usage)(FILE *f), int *argc, char **argv);
+/* The common options, for a command's option table (before its {0}), and alone (ends with {0}:
+ * what lt_cli_args_dispatch lets come before the verb). */
+enum { LT_CLI_O_URL = 0x1000, LT_CLI_O_API_KEY, LT_CLI_O_CA_FILE, LT_CLI_O_JSON };
+#define LT_CLI_API_OPTIONS                                                                                          \
+  {"url", required_argument, NULL, LT_CLI_O_URL}, {"api-key", required_argument, NULL, LT_CLI_O_API_KEY},          \
+      {"ca-file", required_argument, NULL, LT_CLI_O_CA_FILE}, {"json", no_argument, NULL, LT_CLI_O_JSON},           \
+      {"quiet", no_argument, NULL, 'q'}
+extern const struct option lt_cli_api_options[];
+
+/* lt_cli_args_next for a verb over the API (a->opts includes LT_CLI_API_OPTIONS; o zeroed before
+ * the first call): takes the common options into o and returns the verb's own; at the end of the
+ * options makes o->client (a bad --url or --ca-file: LT_CLI_ARGS_STOP, status 2). */
+int lt_cli_api_next(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv);
+
+/* A verb with the common options only (a->opts may be NULL): parses argv and makes the client.
+ * Returns -1 to go on (the operands in a), or the exit status to return. */
+int lt_cli_api_open(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv);
+
+/* A list verb: the common options, and each of flags (pairs: "state", "state", "cursor", "after",
+ * ..., NULL: --state VALUE becomes the query's state=VALUE, encoded) appended to path ("/v1/jobs").
+ * Returns -1 to go on, or the exit status to return. */
+int lt_cli_api_list_open(lt_cli_opts_t *o, lt_cli_args_t *a, int argc, char **argv, const char *const *flags,
+                         char *path, size_t n);
 void lt_cli_close(lt_cli_opts_t *o);
 
 /* Sends a JSON request (body borrowed, may be NULL). On a 2xx answer fills *resp (the caller
@@ -36,11 +56,6 @@ int lt_cli_call(lt_cli_opts_t *o, const char *what, const char *method, const ch
 /* prefix + URI-encoded id + suffix (may be NULL) into out; false (message printed) when the id
  * is empty or too long. */
 bool lt_cli_path_id(char *out, size_t n, const char *prefix, const char *id, const char *suffix);
-
-/* A list route's path with its query: path holds the route ("/v1/jobs"); each "--flag VALUE" of
- * argv[1..argc) whose flag is in flags (pairs: "--state", "state", ..., NULL) is appended as
- * name=VALUE, encoded. False (after saying which, naming what) on another argument. */
-bool lt_cli_list_query(char *path, size_t n, const char *what, int argc, char **argv, const char *const *flags);
 
 /* "2026-11-29 14:03:07" (UTC) from ms since the epoch; "-" for 0. */
 const char *lt_cli_time(int64_t ms, char *out, size_t n);

@@ -132,21 +132,27 @@ static bool upload_begin(lt_cli_opts_t *o, const char *name, const char *max_tok
   return true;
 }
 
-static int upload(lt_cli_opts_t *o, int argc, char **argv) {
-  const char *file = NULL, *name = NULL, *max_tokens = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--name") == 0 && i + 1 < argc) name = argv[++i];
-    else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc) max_tokens = argv[++i];
-    else if (argv[i][0] != '-' && !file) file = argv[i];
-    else {
-      fprintf(stderr, "lathe datasets upload: unexpected argument \"%s\"\n", argv[i]);
-      return 2;
-    }
+enum { O_NAME = 256, O_MAX_TOKENS };
+
+static int upload_file(lt_cli_opts_t *o, const char *file, const char *name, const char *max_tokens);
+
+static int upload(int argc, char **argv) {
+  static const struct option opts[] = {{"name", required_argument, NULL, O_NAME},
+                                       {"max-tokens", required_argument, NULL, O_MAX_TOKENS}, LT_CLI_API_OPTIONS, {0}};
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = "datasets upload", .usage = usage, .opts = opts, .min = 1, .max = 1};
+  const char *name = NULL, *max_tokens = NULL;
+  int c;
+  while ((c = lt_cli_api_next(&o, &a, argc, argv)) >= 0) {
+    if (c == O_NAME) name = a.value;
+    else max_tokens = a.value;
   }
-  if (!file) {
-    usage(stderr);
-    return 2;
-  }
+  int rc = c == LT_CLI_ARGS_END ? upload_file(&o, a.operands[0], name, max_tokens) : a.status;
+  lt_cli_close(&o);
+  return rc;
+}
+
+static int upload_file(lt_cli_opts_t *o, const char *file, const char *name, const char *max_tokens) {
   FILE *f = fopen(file, "rb");
   struct stat st;
   if (!f || fstat(fileno(f), &st) != 0) {
@@ -234,7 +240,7 @@ out:
 /* ---------------------------------------------------------------- list, show, delete */
 
 /* Every page (--json: the server's pages as they come, one JSON object each). */
-static int list(lt_cli_opts_t *o) {
+static int list_pages(lt_cli_opts_t *o) {
   char path[256] = "/v1/datasets?limit=500", last[LT_ID_MAX + 1] = "";
   if (!o->json) printf("%-28s %-28s %12s  %-20s\n", "ID", "NAME", "BYTES", "CREATED (UTC)");
   for (bool more = true; more;) {
@@ -261,33 +267,30 @@ static int list(lt_cli_opts_t *o) {
   return 0;
 }
 
-int lt_cli_datasets(int argc, char **argv) {
-  lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "datasets", usage, &argc, argv);
+/* list; show ID, delete ID. */
+static int datasets_verb(int argc, char **argv) {
+  const char *verb = argv[0];
+  bool list = strcmp(verb, "list") == 0, show = strcmp(verb, "show") == 0;
+  char what[32], path[512];
+  snprintf(what, sizeof what, "datasets %s", verb);
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = what, .usage = usage, .min = !list, .max = !list};
+  lt_client_resp_t r;
+  int rc = lt_cli_api_open(&o, &a, argc, argv);
   if (rc >= 0) return rc;
-  const char *verb = argv[1];
-  if (strcmp(verb, "upload") == 0) {
-    rc = upload(&o, argc - 1, argv + 1);
-  } else if (strcmp(verb, "list") == 0 && argc == 2) {
-    rc = list(&o);
-  } else if ((strcmp(verb, "show") == 0 || strcmp(verb, "delete") == 0) && argc == 3) {
-    char path[512];
-    lt_client_resp_t r;
-    bool show = strcmp(verb, "show") == 0;
-    if (!lt_cli_path_id(path, sizeof path, "/v1/datasets/", argv[2], NULL)) {
-      rc = 2;
-    } else if (!(rc = lt_cli_call(&o, show ? "datasets show" : "datasets delete", show ? "GET" : "DELETE", path, NULL,
-                                  NULL, &r))) {
-      if (!o.json) {
-        if (show) print_dataset(r.json);
-        else printf("dataset %s deleted (its key is shredded)\n", argv[2]);
-      }
-      lt_client_resp_free(&r);
-    }
-  } else {
-    usage(stderr);
-    rc = 2;
+  if (list) rc = list_pages(&o);
+  else if (!lt_cli_path_id(path, sizeof path, "/v1/datasets/", a.operands[0], NULL)) rc = 2;
+  else if (!(rc = lt_cli_call(&o, what, show ? "GET" : "DELETE", path, NULL, NULL, &r))) {
+    if (show && !o.json) print_dataset(r.json);
+    else if (!o.json) printf("dataset %s deleted (its key is shredded)\n", a.operands[0]);
+    lt_client_resp_free(&r);
   }
   lt_cli_close(&o);
   return rc;
+}
+
+int lt_cli_datasets(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {
+      {"upload", upload}, {"list", datasets_verb}, {"show", datasets_verb}, {"delete", datasets_verb}};
+  return lt_cli_args_dispatch("datasets", usage, verbs, sizeof verbs / sizeof *verbs, lt_cli_api_options, argc, argv);
 }

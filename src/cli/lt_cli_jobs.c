@@ -7,22 +7,32 @@
  *   lathe jobs cancel ID
  *   lathe jobs delete ID     (a finished job: its artifacts are crypto-shredded)
  *   lathe jobs watch ID
+ *   lathe jobs checkpoints ID
+ *   lathe jobs download ID DIR
  *   common: [--url URL] [--api-key KEY] [--ca-file PEM] [--json] [--quiet]
  *
  * watch follows GET /v1/jobs/{id}/events (SSE) with a live progress line (step/total, loss,
  * tokens/s, ETA), reconnects with Last-Event-ID when the connection drops, and exits with the
  * outcome: 0 for completed, 1 for failed, cancelled or rejected. --json prints each event as a
- * JSON line {"id","event","data"} instead. */
+ * JSON line {"id","event","data"} instead.
+ *
+ * download writes each published artifact to DIR/.NAME.part, checks its size and sha256 against
+ * the listing (GET /v1/jobs/{id}/artifacts), and only then renames it to DIR/NAME: a file under
+ * its own name is always the whole, verified artifact. A mismatch names the file and removes the
+ * partial one; any failure exits 1. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <event2/http.h>
 
 #include "lt_cli_api.h"
+#include "lt_crypto.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe jobs submit --model M --dataset D [--validation D2] [--priority P]\n"
@@ -32,6 +42,8 @@ static void usage(FILE *f) {
              "       lathe jobs cancel ID\n"
              "       lathe jobs delete ID      a finished job, its artifacts and checkpoints (for good)\n"
              "       lathe jobs watch ID\n"
+             "       lathe jobs checkpoints ID   the checkpoints it committed: step, metrics, time\n"
+             "       lathe jobs download ID DIR  its published artifacts into DIR, each sha256 checked\n"
              "options for every command: --url URL (LATHE_API_URL, default http://127.0.0.1:8080; https://\n"
              "  verifies the server against --ca-file PEM, LATHE_API_CA_FILE or the system's CAs),\n"
              "  --api-key KEY (LATHE_API_KEY), --json (print the server's JSON), --quiet\n"
@@ -99,45 +111,40 @@ static void print_job_line(json_t *j) {
   printf("\n");
 }
 
-static int submit(lt_cli_opts_t *o, int argc, char **argv) {
+enum { O_MODEL = 256, O_DATASET, O_VALIDATION, O_PRIORITY, O_IDEM, O_SET };
+
+static int submit(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"model", required_argument, NULL, O_MODEL},       {"dataset", required_argument, NULL, O_DATASET},
+      {"validation", required_argument, NULL, O_VALIDATION}, {"priority", required_argument, NULL, O_PRIORITY},
+      {"idempotency-key", required_argument, NULL, O_IDEM},  {"set", required_argument, NULL, O_SET},
+      LT_CLI_API_OPTIONS,                                    {0}};
+  static const char *const fields[] = {[O_MODEL - O_MODEL] = "base_model", [O_DATASET - O_MODEL] = "dataset_id",
+                                       [O_VALIDATION - O_MODEL] = "validation_dataset_id",
+                                       [O_PRIORITY - O_MODEL] = "priority"};
+  lt_cli_opts_t ob = {0}, *o = &ob;
+  lt_cli_args_t a = {.what = "jobs submit", .usage = usage, .opts = opts};
   json_t *body = json_object();
   const char *idem = NULL;
-  int rc = 0;
-  for (int i = 1; i < argc && !rc; i++) {
-    const char *a = argv[i];
-    if (i + 1 >= argc) {
-      fprintf(stderr, "lathe jobs submit: %s needs a value\n", a);
-      rc = 2;
-      break;
-    }
-    const char *v = argv[++i];
-    if (strcmp(a, "--model") == 0) json_object_set_new(body, "base_model", json_string(v));
-    else if (strcmp(a, "--dataset") == 0) json_object_set_new(body, "dataset_id", json_string(v));
-    else if (strcmp(a, "--validation") == 0) json_object_set_new(body, "validation_dataset_id", json_string(v));
-    else if (strcmp(a, "--priority") == 0) json_object_set_new(body, "priority", json_string(v));
-    else if (strcmp(a, "--idempotency-key") == 0) idem = v;
-    else if (strcmp(a, "--set") == 0) rc = apply_set(body, v);
-    else {
-      fprintf(stderr, "lathe jobs submit: unknown option \"%s\"\n", a);
-      rc = 2;
-    }
+  int rc = -1, c; /* -1: going on */
+  while (rc < 0 && (c = lt_cli_api_next(o, &a, argc, argv)) >= 0) {
+    if (c == O_IDEM) idem = a.value;
+    else if (c == O_SET) rc = apply_set(body, a.value) ? 2 : -1;
+    else json_object_set_new(body, fields[c - O_MODEL], json_string(a.value));
   }
-  if (!rc && (!json_object_get(body, "base_model") || !json_object_get(body, "dataset_id"))) {
-    fprintf(stderr, "lathe jobs submit: --model and --dataset are required\n");
-    rc = 2;
-  }
-  if (!rc) {
-    lt_client_resp_t r;
-    rc = lt_cli_call(o, "jobs submit", "POST", "/v1/jobs", body, idem, &r);
-    if (!rc) {
-      if (!o->json) {
-        if (r.status == 200) printf("(the job this Idempotency-Key already submitted)\n");
-        print_job_line(r.json);
-      }
-      lt_client_resp_free(&r);
+  if (rc < 0 && c == LT_CLI_ARGS_STOP) rc = a.status;
+  if (rc < 0 && (!json_object_get(body, "base_model") || !json_object_get(body, "dataset_id")))
+    rc = lt_cli_args_fail(&a, "--model and --dataset are required");
+  lt_client_resp_t r;
+  if (rc < 0 && !(rc = lt_cli_call(o, "jobs submit", "POST", "/v1/jobs", body, idem, &r))) {
+    if (!o->json) {
+      if (r.status == 200) printf("(the job this Idempotency-Key already submitted)\n");
+      print_job_line(r.json);
     }
+    lt_client_resp_free(&r);
   }
   json_decref(body);
+  lt_cli_close(o);
   return rc;
 }
 
@@ -155,13 +162,19 @@ static void progress_text(json_t *j, char *out, size_t n) {
            json_number_value(json_object_get(p, "loss")));
 }
 
-static int list(lt_cli_opts_t *o, int argc, char **argv) {
+static int list(int argc, char **argv) {
   char path[1024] = "/v1/jobs";
-  static const char *const flags[] = {"--state", "state", "--limit", "limit", "--cursor", "cursor", NULL};
-  if (!lt_cli_list_query(path, sizeof path, "jobs list", argc, argv, flags)) return 2;
+  static const char *const flags[] = {"state", "state", "limit", "limit", "cursor", "cursor", NULL};
+  lt_cli_opts_t ob = {0}, *o = &ob;
+  lt_cli_args_t a = {.what = "jobs list", .usage = usage};
   lt_client_resp_t r;
-  int rc = lt_cli_call(o, "jobs list", "GET", path, NULL, NULL, &r);
-  if (rc) return rc;
+  int rc = lt_cli_api_list_open(o, &a, argc, argv, flags, path, sizeof path);
+  if (rc < 0) rc = lt_cli_call(o, "jobs list", "GET", path, NULL, NULL, &r);
+  else if (rc == 0) rc = -1; /* --help: said */
+  if (rc) {
+    lt_cli_close(o);
+    return rc < 0 ? 0 : rc;
+  }
   if (!o->json) {
     printf("%-28s %-11s %-12s %-20s %-28s %-19s %s\n", "ID", "STATE", "PRIORITY", "MODEL", "DATASET", "SUBMITTED (UTC)",
            "PROGRESS");
@@ -180,6 +193,7 @@ static int list(lt_cli_opts_t *o, int argc, char **argv) {
     if (next) printf("(more: lathe jobs list --cursor %s)\n", next);
   }
   lt_client_resp_free(&r);
+  lt_cli_close(o);
   return 0;
 }
 
@@ -354,41 +368,138 @@ static int watch(lt_cli_opts_t *o, const char *id) {
 
 /* ---------------------------------------------------------------- main */
 
-int lt_cli_jobs(int argc, char **argv) {
-  lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "jobs", usage, &argc, argv);
-  if (rc >= 0) return rc;
-  const char *verb = argv[1];
+/* ---------------------------------------------------------------- checkpoints, download */
+
+static void print_checkpoints(json_t *r) {
+  printf("%-8s %-10s %-12s %-6s %-20s %s\n", "ATTEMPT", "STEP", "BYTES", "FINAL", "COMMITTED (UTC)", "METRICS");
+  size_t i, k;
+  json_t *c, *m;
+  json_array_foreach(json_object_get(r, "checkpoints"), i, c) {
+    char when[32];
+    lt_cli_time(json_integer_value(json_object_get(c, "committed_at")), when, sizeof when);
+    printf("%-8" JSON_INTEGER_FORMAT " %-10" JSON_INTEGER_FORMAT " %-12" JSON_INTEGER_FORMAT " %-6s %-20s",
+           json_integer_value(json_object_get(c, "attempt")), json_integer_value(json_object_get(c, "step")),
+           json_integer_value(json_object_get(c, "bytes")), json_is_true(json_object_get(c, "final")) ? "yes" : "no",
+           when);
+    json_array_foreach(json_object_get(c, "metrics"), k, m)
+      printf(" %s %.4g", json_string_value(json_object_get(m, "name")), json_number_value(json_object_get(m, "value")));
+    printf("%s\n", json_array_size(json_object_get(c, "metrics")) ? "" : " -");
+  }
+  if (!json_array_size(json_object_get(r, "checkpoints")))
+    printf("(job %s, %s, has committed no checkpoint)\n", json_string_value(json_object_get(r, "job_id")),
+           json_string_value(json_object_get(r, "state")));
+}
+
+/* A name the server listed, safe as a file name in DIR: no path, no dot file. */
+static bool plain_name(const char *n) { return n && *n && *n != '.' && !strchr(n, '/') && strlen(n) < 200; }
+
+/* Downloads one listed artifact into dir through a temporary name; 0, or 1 after saying which file
+ * failed and why (the temporary file removed). */
+static int download_one(lt_cli_opts_t *o, const char *id, const char *dir, json_t *art) {
+  const char *name = json_string_value(json_object_get(art, "name"));
+  const char *want = json_string_value(json_object_get(art, "sha256"));
+  json_int_t bytes = json_integer_value(json_object_get(art, "bytes"));
+  char path[1024], part[1024], dest[1024], err[512], hex[65], line[700];
+  if (!plain_name(name) || !want) {
+    fprintf(stderr, "lathe jobs download: the server listed an artifact named \"%s\": not a plain file name\n",
+            name ? name : "");
+    return 1;
+  }
+  char *enc = evhttp_uriencode(name, -1, 0);
+  bool ok = enc && lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, "/artifacts/");
+  if (ok) strncat(path, enc, sizeof path - strlen(path) - 1);
+  free(enc);
+  snprintf(part, sizeof part, "%s/.%s.part", dir, name);
+  snprintf(dest, sizeof dest, "%s/%s", dir, name);
+  lt_client_resp_t r = {0};
+  if (!ok || lt_client_request(o->client, "GET", path, NULL, 0, NULL, 0, NULL, &r, err, sizeof err)) {
+    fprintf(stderr, "lathe jobs download: %s: %s\n", name, ok ? err : "bad id");
+    return 1;
+  }
+  int rc = 1;
+  uint8_t sha[LT_CRYPTO_SHA256_BYTES];
+  lt_crypto_sha256(r.body, r.len, sha);
+  lt_crypto_hex(sha, sizeof sha, hex);
+  FILE *f = NULL;
+  if (r.status != 200) {
+    fprintf(stderr, "lathe jobs download: %s: %s\n", name, lt_client_error_text(&r, line, sizeof line));
+  } else if (!(f = fopen(part, "wb")) || fwrite(r.body, 1, r.len, f) != r.len || fflush(f) || fsync(fileno(f))) {
+    fprintf(stderr, "lathe jobs download: %s: cannot write %s: %s\n", name, part, strerror(errno));
+  } else if ((json_int_t)r.len != bytes) {
+    fprintf(stderr, "lathe jobs download: %s: %zu bytes arrived, the job published %" JSON_INTEGER_FORMAT
+                    "; removed it\n", name, r.len, bytes);
+  } else if (strcmp(hex, want) != 0) {
+    fprintf(stderr, "lathe jobs download: %s: sha256 %s does not match the published %s; removed it\n", name, hex,
+            want);
+  } else if (rename(part, dest) != 0) {
+    fprintf(stderr, "lathe jobs download: %s: cannot rename %s to %s: %s\n", name, part, dest, strerror(errno));
+  } else {
+    rc = 0;
+    if (!o->quiet && !o->json) printf("%-32s %12zu bytes  sha256 %s  ok\n", name, r.len, hex);
+  }
+  if (f) fclose(f);
+  if (rc) unlink(part);
+  lt_client_resp_free(&r);
+  return rc;
+}
+
+/* download ID DIR: every published artifact, each verified (see the top of the file). */
+static int download(lt_cli_opts_t *o, const char *id, const char *dir) {
   char path[512];
   lt_client_resp_t r;
-  if (strcmp(verb, "submit") == 0) {
-    rc = submit(&o, argc - 1, argv + 1);
-  } else if (strcmp(verb, "list") == 0) {
-    rc = list(&o, argc - 1, argv + 1);
-  } else if (strcmp(verb, "show") == 0 && argc == 3) {
-    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], NULL)) rc = 2;
-    else if (!(rc = lt_cli_call(&o, "jobs show", "GET", path, NULL, NULL, &r))) {
-      if (!o.json) show_job(r.json);
-      lt_client_resp_free(&r);
-    }
-  } else if (strcmp(verb, "cancel") == 0 && argc == 3) {
-    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], "/cancel")) rc = 2;
-    else if (!(rc = lt_cli_call(&o, "jobs cancel", "POST", path, NULL, NULL, &r))) {
-      if (!o.json) print_job_line(r.json);
-      lt_client_resp_free(&r);
-    }
-  } else if (strcmp(verb, "delete") == 0 && argc == 3) {
-    if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", argv[2], NULL)) rc = 2;
-    else if (!(rc = lt_cli_call(&o, "jobs delete", "DELETE", path, NULL, NULL, &r))) {
-      if (!o.json) printf("%s deleted (its artifacts and checkpoints cannot be read again)\n", argv[2]);
-      lt_client_resp_free(&r);
-    }
-  } else if (strcmp(verb, "watch") == 0 && argc == 3) {
-    rc = watch(&o, argv[2]);
-  } else {
-    usage(stderr);
-    rc = 2;
+  if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, "/artifacts")) return 2;
+  int rc = lt_cli_call(o, "jobs download", "GET", path, NULL, NULL, &r);
+  if (rc) return rc;
+  json_t *arts = json_object_get(r.json, "artifacts");
+  if (json_array_size(arts) == 0) {
+    fprintf(stderr, "lathe jobs download: job %s (%s) has no published artifacts yet\n", id,
+            json_string_value(json_object_get(r.json, "state")));
+    rc = 1;
+  } else if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "lathe jobs download: cannot create %s: %s\n", dir, strerror(errno));
+    rc = 1;
+  }
+  size_t i;
+  json_t *a;
+  if (!rc) json_array_foreach(arts, i, a) rc |= download_one(o, id, dir, a);
+  lt_client_resp_free(&r);
+  return rc;
+}
+
+/* show, cancel, delete, watch, checkpoints: ID; download: ID DIR; and the common options. */
+static int one_job(int argc, char **argv) {
+  const char *verb = argv[0];
+  char what[32], path[512];
+  snprintf(what, sizeof what, "jobs %s", verb);
+  lt_cli_opts_t o = {0};
+  bool dl = strcmp(verb, "download") == 0;
+  lt_cli_args_t a = {.what = what, .usage = usage, .min = 1 + dl, .max = 1 + dl};
+  int rc = lt_cli_api_open(&o, &a, argc, argv);
+  if (rc >= 0) return rc;
+  const char *id = a.operands[0];
+  bool show = strcmp(verb, "show") == 0, cancel = strcmp(verb, "cancel") == 0;
+  bool ckpts = strcmp(verb, "checkpoints") == 0;
+  lt_client_resp_t r;
+  if (strcmp(verb, "watch") == 0) rc = watch(&o, id);
+  else if (dl) rc = download(&o, id, a.operands[1]);
+  else if (ckpts && lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, "/checkpoints")) {
+    if (!(rc = lt_cli_call(&o, what, "GET", path, NULL, NULL, &r)) && !o.json) print_checkpoints(r.json);
+    if (!rc) lt_client_resp_free(&r);
+  } else if (ckpts) rc = 2;
+  else if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, cancel ? "/cancel" : NULL)) rc = 2;
+  else if (!(rc = lt_cli_call(&o, what, show ? "GET" : cancel ? "POST" : "DELETE", path, NULL, NULL, &r))) {
+    if (show && !o.json) show_job(r.json);
+    else if (cancel && !o.json) print_job_line(r.json);
+    else if (!o.json) printf("%s deleted (its artifacts and checkpoints cannot be read again)\n", id);
+    lt_client_resp_free(&r);
   }
   lt_cli_close(&o);
   return rc;
+}
+
+int lt_cli_jobs(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {{"submit", submit}, {"list", list},       {"show", one_job},
+                                        {"cancel", one_job}, {"delete", one_job}, {"watch", one_job},
+                                        {"checkpoints", one_job}, {"download", one_job}};
+  return lt_cli_args_dispatch("jobs", usage, verbs, sizeof verbs / sizeof *verbs, lt_cli_api_options, argc, argv);
 }

@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 
+#include "lt_cli_args.h"
 #include "lt_config.h"
 #include "lt_jobspec.h"
 #include "lt_plan.h"
@@ -58,22 +59,35 @@ static void on_pretrain_step(void *ctx, int64_t step, int64_t total, double loss
             loss, tps);
 }
 
+static void model_usage(FILE *f) {
+  fprintf(f, "usage: lathe model make [--out DIR] [--steps N] [--threads N] [--force]\n"
+             "       lathe model path\n"
+             "make pretrains the bundled base model (%s) into DIR (default: lathe model path) and\n"
+             "prints where it is; a model already there is kept unless --force. path prints where it goes.\n",
+          LT_MODEL_NAME);
+}
+
 static int model_make(int argc, char **argv) {
   char dir[2048], out[2200], bundle[2200];
   models_dir(dir, sizeof dir);
   snprintf(out, sizeof out, "%s/%s", dir, LT_MODEL_NAME);
   long steps = 600, threads = sysconf(_SC_NPROCESSORS_ONLN);
   bool force = false;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) snprintf(out, sizeof out, "%s", argv[++i]);
-    else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = strtol(argv[++i], NULL, 10);
-    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
-    else if (strcmp(argv[i], "--force") == 0) force = true;
-    else {
-      fprintf(stderr, "usage: lathe model make [--out DIR] [--steps N] [--threads N] [--force]\n");
-      return 2;
-    }
+  enum { O_OUT = 256, O_STEPS, O_THREADS, O_FORCE };
+  static const struct option opts[] = {{"out", required_argument, NULL, O_OUT},
+                                       {"steps", required_argument, NULL, O_STEPS},
+                                       {"threads", required_argument, NULL, O_THREADS},
+                                       {"force", no_argument, NULL, O_FORCE},
+                                       {0}};
+  lt_cli_args_t a = {.what = "model make", .usage = model_usage, .opts = opts};
+  int c;
+  while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) {
+    if (c == O_OUT) snprintf(out, sizeof out, "%s", a.value);
+    else if (c == O_STEPS) steps = strtol(a.value, NULL, 10);
+    else if (c == O_THREADS) threads = strtol(a.value, NULL, 10);
+    else force = true;
   }
+  if (c != LT_CLI_ARGS_END) return a.status;
   if (steps < 1 || steps > 1000000 || threads < 1 || threads > 256) {
     fprintf(stderr, "lathe model make: --steps must be 1..1000000 and --threads 1..256\n");
     return 2;
@@ -183,39 +197,46 @@ static void train_usage(FILE *f) {
 static int train_cmd(int argc, char **argv) {
   const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL;
   long threads = sysconf(_SC_NPROCESSORS_ONLN);
+  enum { O_MODEL = 256, O_TRAIN, O_VALID, O_OUT, O_PLAN, O_SET, O_THREADS };
+  static const struct option opts[] = {
+      {"model", required_argument, NULL, O_MODEL}, {"train", required_argument, NULL, O_TRAIN},
+      {"valid", required_argument, NULL, O_VALID}, {"out", required_argument, NULL, O_OUT},
+      {"dump-plan", required_argument, NULL, O_PLAN}, {"set", required_argument, NULL, O_SET},
+      {"threads", required_argument, NULL, O_THREADS}, {0}};
+  lt_cli_args_t a = {.what = "train", .usage = train_usage, .opts = opts};
+  const char **dest[] = {[O_MODEL - O_MODEL] = &model, [O_TRAIN - O_MODEL] = &train, [O_VALID - O_MODEL] = &valid,
+                         [O_OUT - O_MODEL] = &out, [O_PLAN - O_MODEL] = &plan_path};
   json_t *hp = json_object();
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) model = argv[++i];
-    else if (strcmp(argv[i], "--train") == 0 && i + 1 < argc) train = argv[++i];
-    else if (strcmp(argv[i], "--valid") == 0 && i + 1 < argc) valid = argv[++i];
-    else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) out = argv[++i];
-    else if (strcmp(argv[i], "--dump-plan") == 0 && i + 1 < argc) plan_path = argv[++i];
-    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
-    else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
-      char *kv = argv[++i], *eq = strchr(kv, '=');
-      if (!eq) {
-        fprintf(stderr, "lathe train: --set wants KEY=VALUE, not \"%s\"\n", kv);
+  int o;
+  while ((o = lt_cli_args_next(&a, argc, argv)) >= 0) {
+    if (o == O_THREADS) {
+      char *end;
+      threads = strtol(a.value, &end, 10);
+      if (*end || end == a.value || threads < 1 || threads > 256) {
         json_decref(hp);
-        return 2;
+        return lt_cli_args_fail(&a, "--threads must be 1..256, not \"%s\"", a.value);
       }
-      *eq = '\0';
-      json_error_t je;
-      json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, &je);
-      json_object_set_new(hp, kv, v ? v : json_string(eq + 1));
-    } else {
-      bool help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
-      train_usage(help ? stdout : stderr);
-      json_decref(hp);
-      return help ? 0 : 2;
+      continue;
     }
+    if (o != O_SET) {
+      *dest[o - O_MODEL] = a.value;
+      continue;
+    }
+    char *kv = (char *)a.value, *eq = strchr(kv, '=');
+    if (!eq) {
+      json_decref(hp);
+      return lt_cli_args_fail(&a, "--set wants KEY=VALUE, not \"%s\"", kv);
+    }
+    *eq = '\0';
+    json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+    json_object_set_new(hp, kv, v ? v : json_string(eq + 1));
+  }
+  if (o != LT_CLI_ARGS_END) {
+    json_decref(hp);
+    return a.status;
   }
   if (!model || !train) {
     fprintf(stderr, "lathe train: --model and --train are required\n");
-    json_decref(hp);
-    return 2;
-  }
-  if (threads < 1 || threads > 256) {
-    fprintf(stderr, "lathe train: --threads must be 1..256\n");
     json_decref(hp);
     return 2;
   }
@@ -285,17 +306,18 @@ static int train_cmd(int argc, char **argv) {
   return 0;
 }
 
+static int model_path(int argc, char **argv) {
+  lt_cli_args_t a = {.what = "model path", .usage = model_usage};
+  if (lt_cli_args_next(&a, argc, argv) != LT_CLI_ARGS_END) return a.status;
+  char dir[4096];
+  models_dir(dir, sizeof dir);
+  printf("%s/%s\n", dir, LT_MODEL_NAME);
+  return 0;
+}
+
 int lt_cli_model(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "make") == 0) return model_make(argc - 1, argv + 1);
-  if (argc >= 2 && strcmp(argv[1], "path") == 0) {
-    char dir[4096];
-    models_dir(dir, sizeof dir);
-    printf("%s/%s\n", dir, LT_MODEL_NAME);
-    return 0;
-  }
-  fprintf(stderr, "usage: lathe model make [--out DIR] [--steps N] [--threads N] [--force]\n"
-                  "       lathe model path\n");
-  return 2;
+  static const lt_cli_verb_t verbs[] = {{"make", model_make}, {"path", model_path}};
+  return lt_cli_args_dispatch("model", model_usage, verbs, 2, NULL, argc, argv);
 }
 
 int lt_cli_train(int argc, char **argv) { return train_cmd(argc, argv); }

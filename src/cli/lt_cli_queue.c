@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "lt_cli_args.h"
 #include "lt_client.h"
 
 #define DEFAULT_URL "http://127.0.0.1:8082"
@@ -73,22 +74,18 @@ static void print_table(const json_t *q) {
 }
 
 int lt_cli_admin_queue(int argc, char **argv) {
+  enum { O_URL = 256, O_JSON };
+  static const struct option opts[] = {
+      {"url", required_argument, NULL, O_URL}, {"json", no_argument, NULL, O_JSON}, {0}};
+  lt_cli_args_t a = {.what = "admin queue", .usage = usage, .opts = opts};
   const char *url = NULL;
   bool json = false;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      usage(stdout);
-      return 0;
-    } else if (strcmp(argv[i], "--json") == 0) {
-      json = true;
-    } else if (strcmp(argv[i], "--url") == 0 && i + 1 < argc) {
-      url = argv[++i];
-    } else {
-      fprintf(stderr, "lathe admin queue: unknown argument \"%s\"\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
+  int o;
+  while ((o = lt_cli_args_next(&a, argc, argv)) >= 0) {
+    if (o == O_URL) url = a.value;
+    else json = true;
   }
+  if (o != LT_CLI_ARGS_END) return a.status;
   if (!url) url = getenv("LATHE_SCHEDULER_URL");
   if (!url || !*url) url = DEFAULT_URL;
   char err[512];

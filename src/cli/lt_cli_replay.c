@@ -22,6 +22,7 @@
 
 #include "lt_avro.h"
 #include "lt_bus.h"
+#include "lt_cli_args.h"
 #include "lt_job.h"
 #include "lt_scheduler.h"
 #include "lt_time.h"
@@ -93,33 +94,25 @@ typedef struct replay {
 
 /* Parses argv. Returns -1 to go on, else the exit status (after saying what is wrong). */
 static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, bool *as_json) {
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--from-beginning") == 0) *start = LT_BUS_OFFSET_BEGINNING;
-    else if (strcmp(argv[i], "--from-offset") == 0 && i + 1 < argc) {
-      char *end;
-      long long v = strtoll(argv[++i], &end, 10);
-      if (*end || v < 0) {
-        fprintf(stderr, "lathe admin replay: --from-offset needs an offset >= 0, not \"%s\"\n", argv[i]);
-        return 2;
-      }
-      *start = v;
-    } else if (strcmp(argv[i], "--from-time") == 0 && i + 1 < argc) {
-      if (parse_time(argv[++i], time_ms)) {
-        fprintf(stderr, "lathe admin replay: --from-time needs an ISO 8601 time such as 2026-11-29T10:00:00Z, "
-                        "not \"%s\"\n", argv[i]);
-        return 2;
-      }
-    } else if (strcmp(argv[i], "--json") == 0) *as_json = true;
-    else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "lathe admin replay: unknown argument \"%s\"\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
+  enum { O_BEGINNING = 256, O_OFFSET, O_TIME, O_JSON };
+  static const struct option opts[] = {{"from-beginning", no_argument, NULL, O_BEGINNING},
+                                       {"from-offset", required_argument, NULL, O_OFFSET},
+                                       {"from-time", required_argument, NULL, O_TIME},
+                                       {"json", no_argument, NULL, O_JSON},
+                                       {0}};
+  lt_cli_args_t a = {.what = "admin replay", .usage = usage, .opts = opts};
+  int c;
+  double d;
+  while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) {
+    if (c == O_BEGINNING) *start = LT_BUS_OFFSET_BEGINNING;
+    else if (c == O_JSON) *as_json = true;
+    else if (c == O_OFFSET && lt_cli_args_num(&a, "--from-offset", 0, 9e18, true, &d)) *start = (int64_t)d;
+    else if (c == O_OFFSET) return 2;
+    else if (parse_time(a.value, time_ms))
+      return lt_cli_args_fail(&a, "--from-time needs an ISO 8601 time such as 2026-11-29T10:00:00Z, not \"%s\"",
+                              a.value);
   }
-  return -1;
+  return c == LT_CLI_ARGS_END ? -1 : a.status;
 }
 
 /* Lists every partition of both topics into r->tps, each starting at `from` (an offset, or a

@@ -37,50 +37,51 @@ static void print_session(json_t *s, bool header) {
          json_is_true(json_object_get(s, "idle")) ? " (idle: holds no slot)" : "");
 }
 
-static int list(lt_cli_opts_t *o, int argc, char **argv) {
+static int list(int argc, char **argv) {
   char path[512] = "/v1/sessions";
-  static const char *const flags[] = {"--limit", "limit", "--cursor", "after", NULL};
-  if (!lt_cli_list_query(path, sizeof path, "sessions list", argc, argv, flags)) return 2;
+  static const char *const flags[] = {"limit", "limit", "cursor", "after", NULL};
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = "sessions list", .usage = usage};
   lt_client_resp_t r;
-  int rc = lt_cli_call(o, "sessions list", "GET", path, NULL, NULL, &r);
-  if (rc) return rc;
-  if (!o->json) {
-    size_t i;
-    json_t *s;
-    json_array_foreach(json_object_get(r.json, "data"), i, s) print_session(s, i == 0);
-    const char *next = json_string_value(json_object_get(r.json, "next_cursor"));
-    if (next) printf("(more: lathe sessions list --cursor %s)\n", next);
-  }
-  lt_client_resp_free(&r);
-  return 0;
-}
-
-int lt_cli_sessions(int argc, char **argv) {
-  lt_cli_opts_t o;
-  int rc = lt_cli_open(&o, "sessions", usage, &argc, argv);
-  if (rc >= 0) return rc;
-  const char *verb = argv[1];
-  static const struct {
-    const char *verb, *method, *suffix;
-  } verbs[] = {{"show", "GET", NULL}, {"end", "DELETE", NULL}, {"cancel", "POST", "/cancel"}};
-  char path[512], what[64];
-  lt_client_resp_t r;
-  rc = -1;
-  if (strcmp(verb, "list") == 0) rc = list(&o, argc - 1, argv + 1);
-  for (size_t k = 0; rc < 0 && argc == 3 && k < sizeof verbs / sizeof *verbs; k++) {
-    if (strcmp(verb, verbs[k].verb) != 0) continue;
-    snprintf(what, sizeof what, "sessions %s", verb);
-    if (!lt_cli_path_id(path, sizeof path, "/v1/sessions/", argv[2], verbs[k].suffix)) rc = 2;
-    else if (!(rc = lt_cli_call(&o, what, verbs[k].method, path, NULL, NULL, &r))) {
-      if (!o.json && json_object_get(r.json, "id")) print_session(r.json, true);
-      else if (!o.json) printf("%s: %s queued (seq %lld)\n", argv[2], verb, (long long)json_integer_value(json_object_get(r.json, "seq")));
-      lt_client_resp_free(&r);
+  int rc = lt_cli_api_list_open(&o, &a, argc, argv, flags, path, sizeof path);
+  if (rc < 0 && !(rc = lt_cli_call(&o, "sessions list", "GET", path, NULL, NULL, &r))) {
+    if (!o.json) {
+      size_t i;
+      json_t *s;
+      json_array_foreach(json_object_get(r.json, "data"), i, s) print_session(s, i == 0);
+      const char *next = json_string_value(json_object_get(r.json, "next_cursor"));
+      if (next) printf("(more: lathe sessions list --cursor %s)\n", next);
     }
-  }
-  if (rc < 0) {
-    usage(stderr);
-    rc = 2;
+    lt_client_resp_free(&r);
   }
   lt_cli_close(&o);
   return rc;
+}
+
+/* show, end, cancel: ID and the common options. */
+static int one_session(int argc, char **argv) {
+  const char *verb = argv[0];
+  bool show = strcmp(verb, "show") == 0, end = strcmp(verb, "end") == 0;
+  char path[512], what[64];
+  snprintf(what, sizeof what, "sessions %s", verb);
+  lt_cli_opts_t o = {0};
+  lt_cli_args_t a = {.what = what, .usage = usage, .min = 1, .max = 1};
+  lt_client_resp_t r;
+  int rc = lt_cli_api_open(&o, &a, argc, argv);
+  if (rc >= 0) return rc;
+  const char *id = a.operands[0];
+  if (!lt_cli_path_id(path, sizeof path, "/v1/sessions/", id, show || end ? NULL : "/cancel")) rc = 2;
+  else if (!(rc = lt_cli_call(&o, what, show ? "GET" : end ? "DELETE" : "POST", path, NULL, NULL, &r))) {
+    if (!o.json && json_object_get(r.json, "id")) print_session(r.json, true);
+    else if (!o.json) printf("%s: %s queued (seq %lld)\n", id, verb, (long long)json_integer_value(json_object_get(r.json, "seq")));
+    lt_client_resp_free(&r);
+  }
+  lt_cli_close(&o);
+  return rc;
+}
+
+int lt_cli_sessions(int argc, char **argv) {
+  static const lt_cli_verb_t verbs[] = {
+      {"list", list}, {"show", one_session}, {"end", one_session}, {"cancel", one_session}};
+  return lt_cli_args_dispatch("sessions", usage, verbs, sizeof verbs / sizeof *verbs, lt_cli_api_options, argc, argv);
 }

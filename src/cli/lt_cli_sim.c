@@ -4,7 +4,6 @@
  * service side by side. This file only reads the trace (line by line) and prints; the simulation
  * itself is in the library, the trace generator (`lathe sim gen`) in lt_cli_sim_gen.c. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "lt_cli_args.h"
 #include "lt_sched.h"
 
 int lt_cli_sim(int argc, char **argv);
@@ -19,7 +19,8 @@ int lt_cli_sim_gen(int argc, char **argv);
 
 static void sim_usage(FILE *f) {
   fprintf(f,
-          "usage: lathe sim TRACE [options]     (lathe sim gen --help: make a trace)\n"
+          "usage: lathe sim TRACE [options]\n"
+          "       lathe sim gen [options]       make a trace (lathe sim gen --help)\n"
           "  TRACE: CSV with a header line, then arrival_s,tenant,class,gpus,duration_s,"
           "base_model\n"
           "         per job, sorted by arrival_s ('#' and blank lines skipped); a job with more\n"
@@ -295,7 +296,7 @@ typedef struct sim_args {
 } sim_args_t;
 
 enum { O_POLICY = 256, O_WORKERS, O_GROUP, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_TICK, O_AGING,
-       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_HELP, O_JSON, O_LAS, O_LIMIT };
+       O_PREEMPT, O_GANG, O_RESERVE, O_TENANT, O_JSON, O_LAS, O_LIMIT };
 
 /* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
 static int sim_option(sim_args_t *a, int o, const char *arg) {
@@ -387,7 +388,6 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
       {"gang-reserve-after", required_argument, 0, O_GANG},
       {"reserve", required_argument, 0, O_RESERVE},
       {"tenant", required_argument, 0, O_TENANT},
-      {"help", no_argument, 0, O_HELP},
       {"json", no_argument, 0, O_JSON},
       {"las-threshold", required_argument, 0, O_LAS},
       {"limit-factor", required_argument, 0, O_LIMIT},
@@ -397,24 +397,12 @@ static int sim_parse_args(int argc, char **argv, sim_args_t *a) {
   a->ntenants = 0;
   a->policies = 7;
   a->json = false;
-  optind = 1;
+  lt_cli_args_t p = {.what = "sim", .usage = sim_usage, .opts = opts, .min = 1, .max = 1};
   int o;
-  while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if (o == O_HELP || o == 'h') {
-      sim_usage(stdout);
-      return 0;
-    }
-    if (o < O_POLICY) {
-      sim_usage(stderr);
-      return 2;
-    }
-    if (sim_option(a, o, optarg)) return 2;
-  }
-  if (optind != argc - 1) {
-    sim_usage(stderr);
-    return 2;
-  }
-  a->path = argv[optind];
+  while ((o = lt_cli_args_next(&p, argc, argv)) >= 0)
+    if (sim_option(a, o, p.value)) return 2;
+  if (o != LT_CLI_ARGS_END) return p.status;
+  a->path = p.operands[0];
   a->cfg.tenants = a->tenants;
   a->cfg.n_tenants = a->ntenants;
   return -1;

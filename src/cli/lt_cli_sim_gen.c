@@ -4,7 +4,6 @@
  * from minutes to weeks, and bursty arrivals. The same options give the same bytes: the random
  * numbers come from one splitmix64 stream seeded by --seed, used in a fixed order. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_cli_args.h"
 #include "lt_rand.h"
 
 int lt_cli_sim_gen(int argc, char **argv);
@@ -137,30 +137,22 @@ static int gen_parse(int argc, char **argv, gen_args_t *a) {
       {"jobs", required_argument, 0, 'n'}, {"days", required_argument, 0, 'd'},
       {"seed", required_argument, 0, 's'}, {"load", required_argument, 0, 'l'},
       {"workers", required_argument, 0, 'w'}, {"slots", required_argument, 0, 'g'},
-      {"out", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"out", required_argument, 0, 'o'}, {0, 0, 0, 0}};
   *a = (gen_args_t){.jobs = 15000, .days = 125, .seed = 1, .workers = 100, .slots = 8};
-  optind = 1;
+  lt_cli_args_t p = {.what = "sim gen", .usage = gen_usage, .opts = opts};
   int o;
-  while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((o = lt_cli_args_next(&p, argc, argv)) >= 0) {
     char *end = NULL;
     double v = 0;
-    if (o == 'h') {
-      gen_usage(stdout);
-      return 0;
-    }
-    if (o == '?') {
-      gen_usage(stderr);
-      return 2;
-    }
     if (o != 'o') {
       errno = 0;
-      v = strtod(optarg, &end);
-      if (end == optarg || *end || errno || !isfinite(v) || v <= 0 ||
+      v = strtod(p.value, &end);
+      if (end == p.value || *end || errno || !isfinite(v) || v <= 0 ||
           (o != 'd' && o != 'l' && v != floor(v))) {
         fprintf(stderr, "lathe sim gen: --%s: \"%s\" is not a %s > 0\n",
                 o == 'n' ? "jobs" : o == 'd' ? "days" : o == 's' ? "seed" : o == 'l' ? "load"
                 : o == 'w' ? "workers" : "slots",
-                optarg, (o == 'd' || o == 'l') ? "number" : "whole number");
+                p.value, (o == 'd' || o == 'l') ? "number" : "whole number");
         return 2;
       }
     }
@@ -171,13 +163,10 @@ static int gen_parse(int argc, char **argv, gen_args_t *a) {
     case 'l': a->load = v; break;
     case 'w': a->workers = (uint32_t)v; break;
     case 'g': a->slots = (uint32_t)v; break;
-    case 'o': a->out = optarg; break;
+    case 'o': a->out = p.value; break;
     }
   }
-  if (optind != argc) {
-    gen_usage(stderr);
-    return 2;
-  }
+  if (o != LT_CLI_ARGS_END) return p.status;
   return -1;
 }
 

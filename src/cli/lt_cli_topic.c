@@ -28,6 +28,7 @@
 
 #include "lt_avro.h"
 #include "lt_bus.h"
+#include "lt_cli_args.h"
 #include "lt_time.h"
 
 static volatile sig_atomic_t lt_cli_topic_stop;
@@ -150,36 +151,24 @@ static void topic_close(topic_session_t *t) {
 }
 
 static int topic_tail(int argc, char **argv) {
-  const char *topic = NULL;
+  enum { O_BEGINNING = 256, O_MAX, O_TIMEOUT };
+  static const struct option opts[] = {{"from-beginning", no_argument, NULL, O_BEGINNING},
+                                       {"max", required_argument, NULL, O_MAX},
+                                       {"timeout-ms", required_argument, NULL, O_TIMEOUT},
+                                       {0}};
+  lt_cli_args_t a = {.what = "topic tail", .usage = topic_usage, .opts = opts, .min = 1, .max = 1};
   bool from_beginning = false;
   long max = -1, timeout_ms = -1;
-  for (int i = 2; i < argc; i++) {
-    if (strcmp(argv[i], "--from-beginning") == 0) {
-      from_beginning = true;
-    } else if ((strcmp(argv[i], "--max") == 0 || strcmp(argv[i], "--timeout-ms") == 0) &&
-               i + 1 < argc) {
-      char *end;
-      long n = strtol(argv[i + 1], &end, 10);
-      if (*end || n < 0) {
-        fprintf(stderr, "lathe topic tail: %s wants a number >= 0, not \"%s\"\n", argv[i],
-                argv[i + 1]);
-        return 2;
-      }
-      if (argv[i][2] == 'm') max = n;
-      else timeout_ms = n;
-      i++;
-    } else if (argv[i][0] == '-' || topic) {
-      fprintf(stderr, "lathe topic tail: unexpected argument \"%s\"\n", argv[i]);
-      topic_usage(stderr);
-      return 2;
-    } else {
-      topic = argv[i];
-    }
+  int c;
+  double d;
+  while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) {
+    if (c == O_BEGINNING) from_beginning = true;
+    else if (!lt_cli_args_num(&a, c == O_MAX ? "--max" : "--timeout-ms", 0, 1e15, true, &d)) return 2;
+    else if (c == O_MAX) max = (long)d;
+    else timeout_ms = (long)d;
   }
-  if (!topic) {
-    topic_usage(stderr);
-    return 2;
-  }
+  if (c != LT_CLI_ARGS_END) return a.status;
+  const char *topic = a.operands[0];
 
   char err[1024];
   int rc = 1;
@@ -224,16 +213,14 @@ out:
 }
 
 static int topic_produce(int argc, char **argv) {
-  if (argc != 4) {
-    topic_usage(stderr);
-    return 2;
-  }
+  lt_cli_args_t a = {.what = "topic produce", .usage = topic_usage, .min = 2, .max = 2};
+  if (lt_cli_args_next(&a, argc, argv) != LT_CLI_ARGS_END) return a.status;
   char err[1024];
   int rc = 1;
   topic_session_t t;
   char *line = NULL;
   size_t cap = 0;
-  if (topic_open(&t, argv[2], argv[3], err, sizeof err)) {
+  if (topic_open(&t, a.operands[0], a.operands[1], err, sizeof err)) {
     fprintf(stderr, "lathe topic produce: %s\n", err);
     goto out;
   }
@@ -278,12 +265,6 @@ out:
 }
 
 int lt_cli_topic(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "tail") == 0) return topic_tail(argc, argv);
-  if (argc >= 2 && strcmp(argv[1], "produce") == 0) return topic_produce(argc, argv);
-  if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-    topic_usage(stdout);
-    return 0;
-  }
-  topic_usage(stderr);
-  return 2;
+  static const lt_cli_verb_t verbs[] = {{"tail", topic_tail}, {"produce", topic_produce}};
+  return lt_cli_args_dispatch("topic", topic_usage, verbs, 2, NULL, argc, argv);
 }

@@ -43,6 +43,7 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_DELETE, "/v1/jobs/{id}", lt_api_jobs_delete, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_POST, "/v1/jobs/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/events", lt_api_events_stream, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/jobs/{id}/checkpoints", lt_api_jobs_checkpoints, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_GET, "/v1/jobs/{id}/artifacts/{name}", lt_api_jobs_artifacts, LT_API_SLOT_JOBS},
     {EVHTTP_REQ_POST, "/v1/datasets", lt_api_datasets_upload, LT_API_SLOT_DATASETS},

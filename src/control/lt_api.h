@@ -26,6 +26,8 @@
  *   POST   /v1/jobs/{id}/cancel          idempotent
  *   GET    /v1/jobs/{id}/events          Server-Sent Events, resumable with Last-Event-ID ("event:
  *                                        gap" first when events after it are no longer kept)
+ *   GET    /v1/jobs/{id}/checkpoints     the checkpoints it committed, oldest first: attempt, step,
+ *                                        bytes, final, committed_at, an evaluation's metrics at that step
  *   GET    /v1/jobs/{id}/artifacts[/{name}]  published artifacts only, decrypted for the owner
  *                                        (streamed in pieces: lt_api_download.c)
  *   POST   /v1/sessions                  a training session: {base_model, lora, seed, priority}

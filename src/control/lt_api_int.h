@@ -274,6 +274,7 @@ void lt_api_jobs_cancel(lt_api_call_t *c);
 void lt_api_jobs_delete(lt_api_call_t *c); /* lt_api_delete.c */
 /* True once the job's JobDeleted was folded (lt_api_delete.c). */
 bool lt_api_job_deleted(lt_api_t *api, const char *job_id);
+void lt_api_jobs_checkpoints(lt_api_call_t *c); /* the committed checkpoints, oldest first */
 void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's bytes with {name} */
 
 /* ---------------------------------------------------------------- events (lt_api_events.c) */

@@ -1,4 +1,4 @@
-/* lt_api_jobs: /v1/jobs — submit, list, show, cancel and artifacts (events are in
+/* lt_api_jobs: /v1/jobs — submit, list, show, cancel, checkpoints and artifacts (events are in
  * lt_api_events.c). A submission or cancel is answered only once its record is in the log. */
 #include "lt_api_int.h"
 
@@ -523,6 +523,33 @@ void lt_api_jobs_list(lt_api_call_t *c) { list_page(c, false); }
  * GET /v1/sessions/{id} adds its calls). */
 void lt_api_sessions_list(lt_api_call_t *c) {
   list_page(c, true);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* GET /v1/jobs/{id}/checkpoints: every checkpoint the job committed, oldest first — attempt, step,
+ * bytes, final, committed_at (ms) and, when an evaluation ran at that step of that attempt, its
+ * metrics. From the projection's fold: a fenced attempt's commits are not listed. */
+void lt_api_jobs_checkpoints(lt_api_call_t *c) {
+  const lt_job_t *j = c->job;
+  size_t n;
+  const lt_proj_ckpt_t *ck = lt_proj_job_checkpoints(c->api->proj, j->job_id, &n);
+  json_t *info = lt_proj_job_info(c->api->proj, j->job_id);
+  json_t *evals = info ? json_object_get(info, "evals") : NULL, *list = json_array(), *e;
+  for (size_t i = 0; i < n; i++) {
+    json_t *o = json_pack("{s:i,s:I,s:I,s:b,s:I}", "attempt", ck[i].attempt, "step", (json_int_t)ck[i].step, "bytes",
+                          (json_int_t)ck[i].bytes, "final", ck[i].final, "committed_at",
+                          (json_int_t)ck[i].committed_at_ms);
+    size_t k;
+    json_array_foreach(evals, k, e) {
+      if (json_integer_value(json_object_get(e, "step")) == ck[i].step &&
+          json_integer_value(json_object_get(e, "attempt")) == ck[i].attempt)
+        json_object_set(o, "metrics", json_object_get(e, "metrics"));
+    }
+    json_array_append_new(list, o);
+  }
+  lt_api_reply_json(c->req, 200, json_pack("{s:s,s:s,s:o}", "job_id", j->job_id, "state", lt_job_state_name(j->state),
+                                           "checkpoints", list));
 }
 
 /* ---------------------------------------------------------------- artifacts */

@@ -34,6 +34,8 @@ typedef struct lazy_buf {
 typedef struct info {
   json_t *doc; /* the side document (lt_proj_job_info) */
   lazy_buf_t ckpt, progress;
+  lt_proj_ckpt_t *ckpts; /* every committed checkpoint, in commit order (lt_proj_job_checkpoints) */
+  size_t nckpts, ckpts_cap;
 } info_t;
 
 struct lt_proj {
@@ -60,6 +62,7 @@ static void info_free(void *v) {
   json_decref(in->doc);
   free(in->ckpt.bytes);
   free(in->progress.bytes);
+  free(in->ckpts);
   free(in);
 }
 
@@ -198,6 +201,26 @@ static void lazy_build(lt_proj_t *p, info_t *in) {
   }
 }
 
+/* Adds the checkpoint ev committed to the job's list; the list doubles when full, so a job's
+ * checkpoints cost an allocation now and then, not one each. */
+static void ckpt_add(info_t *in, const lt_job_event_t *ev) {
+  if (in->nckpts == in->ckpts_cap) {
+    size_t cap = in->ckpts_cap ? 2 * in->ckpts_cap : 8;
+    lt_proj_ckpt_t *grown = realloc(in->ckpts, cap * sizeof *grown);
+    if (!grown) return; /* the list misses one entry; the job's state does not */
+    in->ckpts = grown;
+    in->ckpts_cap = cap;
+  }
+  in->ckpts[in->nckpts++] = (lt_proj_ckpt_t){.attempt = ev->attempt, .step = ev->step, .bytes = ev->bytes,
+                                             .committed_at_ms = ev->occurred_at_ms, .final = ev->final_checkpoint};
+}
+
+const lt_proj_ckpt_t *lt_proj_job_checkpoints(lt_proj_t *p, const char *job_id, size_t *n) {
+  info_t *in = job_id ? lt_map_get(p->info, job_id) : NULL;
+  *n = in ? in->nckpts : 0;
+  return in ? in->ckpts : NULL;
+}
+
 json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id) {
   info_t *in = job_id ? lt_map_get(p->info, job_id) : NULL;
   if (!in) return NULL;
@@ -238,6 +261,7 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void
   } else if (ev.type == LT_EV_CHECKPOINT_COMMITTED) {
     info_t *in = lt_map_get(p->info, ev.job_id);
     if (in && !lazy_keep(&in->ckpt, buf, len)) checkpoint_json(in->doc, rec); /* no room: now */
+    if (in) ckpt_add(in, &ev);
   } else if (ev.type == LT_EV_JOB_DISPATCHED) {
     info_t *in = lt_map_get(p->info, ev.job_id);
     if (in) {

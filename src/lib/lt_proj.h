@@ -99,6 +99,20 @@ lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
  * next lt_proj_apply / lt_proj_fold followed by lt_proj_job_info of the same job. */
 json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id);
 
+/* One checkpoint a job committed (a CheckpointCommitted the fold applied). */
+typedef struct lt_proj_ckpt {
+  int32_t attempt;
+  int64_t step;
+  int64_t bytes;
+  int64_t committed_at_ms; /* the record's occurred_at */
+  bool final;              /* the attempt's last: what the publisher promotes */
+} lt_proj_ckpt_t;
+
+/* The job's committed checkpoints, oldest first (a fenced attempt's commits are not among them),
+ * borrowed until the next lt_proj_apply / lt_proj_fold; *n how many. NULL and 0 for a job not
+ * known. */
+const lt_proj_ckpt_t *lt_proj_job_checkpoints(lt_proj_t *p, const char *job_id, size_t *n);
+
 /* Latest heartbeat per worker: object worker_id -> heartbeat JSON (borrowed). */
 json_t *lt_proj_workers(lt_proj_t *p);
 

@@ -274,19 +274,29 @@ def long_stream(sbase, key, model):
 
 
 def client_leaves(sbase, ops, key, model):
-    before = metrics(ops)
-    conn, _ = long_stream(sbase, key, model)
-    conn.sock.close()
-    conn.close()
-    deadline, m = time.time() + 20, before
-    while time.time() < deadline:
-        m = metrics(ops)
-        if m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"] and m["lathe_sampler_running"] == 0:
+    """A client that closes its stream after the first chunk. On a loaded machine the tiny model can
+    generate all 200 tokens before the sampler sees the socket close; such a try says nothing about
+    cancelling (its request finished, counted as finished), so it is tried again, up to 5 times."""
+    for attempt in range(5):
+        before = metrics(ops)
+        conn, _ = long_stream(sbase, key, model)
+        conn.sock.close()
+        conn.close()
+        deadline, m = time.time() + 20, before
+        while time.time() < deadline:
+            m = metrics(ops)
+            ended = (m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"]
+                     or m["lathe_sampler_finished_total"] > before["lathe_sampler_finished_total"])
+            if ended and m["lathe_sampler_running"] == 0:
+                break
+            time.sleep(0.1)
+        cancelled = m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"]
+        freed = m["lathe_sampler_running"] == 0 and m["lathe_sampler_kv_blocks_free"] == m["lathe_sampler_kv_blocks_total"]
+        check(freed, f"the stream's slot and cache blocks are freed once it ended (try {attempt + 1})")
+        if cancelled:
             break
-        time.sleep(0.1)
-    check(m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"] and m["lathe_sampler_running"] == 0
-          and m["lathe_sampler_kv_blocks_free"] == m["lathe_sampler_kv_blocks_total"],
-          "a streaming client that goes away is cancelled and its cache blocks freed")
+        print(f"sampler: note: try {attempt + 1}: the stream ran to its end before the close was seen; again")
+    check(cancelled, "a streaming client that goes away is cancelled and its cache blocks freed")
 
 
 # ---- 5: usage records ----

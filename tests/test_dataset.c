@@ -125,6 +125,23 @@ Test(dataset, chat_messages_are_checked_message_by_message) {
   cr_assert_str_eq(find(&r, 4)->field, "messages");
 }
 
+Test(dataset, openai_message_weights_are_0_or_1_on_assistant_messages_only) {
+  const char *text =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\",\"weight\":0},"
+      "{\"role\":\"user\",\"content\":\"again\"},{\"role\":\"assistant\",\"content\":\"b\",\"weight\":1}]}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\",\"weight\":1},{\"role\":\"assistant\",\"content\":\"a\"}]}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\",\"weight\":0.5}]}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\",\"weight\":0}]}\n";
+  lt_dataset_report_t r = report(text, 7, NULL, LT_ERR_INVALID);
+  cr_assert_eq(r.examples, 1, "only the first line is valid, got %llu", (unsigned long long)r.examples);
+  cr_assert_str_eq(find(&r, 2)->field, "messages[0].weight");
+  cr_assert(strstr(find(&r, 2)->reason, "only assistant messages"));
+  cr_assert_str_eq(find(&r, 3)->field, "messages[1].weight");
+  cr_assert(strstr(find(&r, 3)->reason, "0 or 1"));
+  cr_assert_str_eq(find(&r, 4)->field, "messages");
+  cr_assert(strstr(find(&r, 4)->reason, "nothing to learn"));
+}
+
 Test(dataset, any_chunking_gives_the_same_report) {
   char text[8192] = "";
   for (int i = 0; i < 60; i++) {

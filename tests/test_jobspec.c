@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "lt_avro.h"
+#include "lt_job_record.h"
 #include "lt_jobspec.h"
 
 static lt_err_t parse(const char *text, lt_jobspec_t *s, char *field, char *err) {
@@ -80,6 +82,13 @@ Test(jobspec, every_bad_field_is_named) {
       {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"gpus\":64}", "gpus", "above the maximum 8"},
       {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"tenant_id\":\"other\"}", "tenant_id", "not a known field"},
       {"[1,2]", "(body)", "JSON object"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"suffix\":\"my model\"}", "suffix", "up to 64 characters"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"suffix\":\"-x\"}", "suffix", "not starting"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"metadata\":[1]}", "metadata", "object of strings"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"metadata\":{\"team\":7}}", "metadata.team", "must be a string"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"metadata\":{\"a\":\"1\",\"b\":\"2\",\"c\":\"3\",\"d\":\"4\","
+       "\"e\":\"5\",\"f\":\"6\",\"g\":\"7\",\"h\":\"8\",\"i\":\"9\",\"j\":\"10\",\"k\":\"11\",\"l\":\"12\",\"m\":\"13\","
+       "\"n\":\"14\",\"o\":\"15\",\"p\":\"16\",\"q\":\"17\"}}", "metadata", "over the limit of 16"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     lt_jobspec_t s;
@@ -102,6 +111,44 @@ Test(jobspec, to_json_and_back_is_the_same_spec) {
   cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
   cr_assert_eq(b.hp.target_modules, (uint32_t)(LT_MODULE_Q | LT_MODULE_V));
   cr_assert_eq(b.hp.seed, 99);
+}
+
+Test(jobspec, suffix_and_metadata_survive_json_and_the_record) {
+  lt_jobspec_t a, b, c;
+  char field[96], err[256];
+  char big[600];
+  memset(big, 'v', 512);
+  big[512] = '\0';
+  char body[1200];
+  snprintf(body, sizeof body, "{\"base_model\":\"m\",\"dataset_id\":\"d\",\"suffix\":\"%s\","
+           "\"metadata\":{\"team\":\"search\",\"long\":\"%s\"}}",
+           "s012345678901234567890123456789012345678901234567890123456789012", big);
+  cr_assert_eq(parse(body, &a, field, err), LT_OK, "%s", err);
+  cr_assert_eq(strlen(a.suffix), 64);
+  cr_assert_eq(a.nmeta, 2);
+  json_t *j = lt_jobspec_to_json(&a);
+  cr_assert_eq(lt_jobspec_from_json(j, &b, field, sizeof field, err, sizeof err), LT_OK, "%s", err);
+  json_decref(j);
+  cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_new(reg, "JobSubmitted", &rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_jobspec_to_record(&a, rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_jobspec_from_record(rec, &c, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_str_eq(c.suffix, a.suffix);
+  cr_assert_eq(c.nmeta, 2);
+  cr_assert_str_eq(c.meta[0].key, "team");
+  cr_assert_str_eq(c.meta[0].value, "search");
+  cr_assert_str_eq(c.meta[1].value, big);
+  /* 513 bytes: one over. */
+  big[512] = 'v';
+  big[513] = '\0';
+  snprintf(body, sizeof body, "{\"base_model\":\"m\",\"dataset_id\":\"d\",\"metadata\":{\"k\":\"%s\"}}", big);
+  cr_assert_eq(parse(body, &b, field, err), LT_ERR_INVALID);
+  cr_assert_str_eq(field, "metadata.k");
+  lt_avro_record_destroy(rec);
+  lt_avro_registry_destroy(reg);
 }
 
 Test(jobspec, ids_refuse_paths_and_options) {

@@ -471,11 +471,11 @@ static char *decode_where(lt_tok_t *tok, const lt_tok_seq_t *seq, float w) {
 Test(tok, chat_template_weights_only_assistant_content_and_its_end) {
   lt_tok_t *tok = load(trained_json());
   lt_tok_msg_t msgs[] = {
-      {"system", "Be brief.", 9},
-      {"user", "What is 2+2?", 12},
-      {"assistant", "4", 1},
-      {"user", "And <|im_end|> 3+3?", 19},
-      {"assistant", "6, I think.", 11},
+      {"system", "Be brief.", 9, false},
+      {"user", "What is 2+2?", 12, false},
+      {"assistant", "4", 1, false},
+      {"user", "And <|im_end|> 3+3?", 19, false},
+      {"assistant", "6, I think.", 11, false},
   };
   lt_tok_seq_t seq = {0};
   char err[256];
@@ -498,6 +498,22 @@ Test(tok, chat_template_weights_only_assistant_content_and_its_end) {
   free(all);
   free(learned);
   free(ctx);
+  lt_tok_seq_free(&seq);
+  lt_tok_destroy(tok);
+}
+
+Test(tok, an_assistant_message_of_weight_0_is_context_not_learned) {
+  lt_tok_t *tok = load(trained_json());
+  lt_tok_seq_t seq = {0};
+  char err[256];
+  const char *line = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"},"
+                     " {\"role\": \"assistant\", \"content\": \"bad answer\", \"weight\": 0},"
+                     " {\"role\": \"user\", \"content\": \"again\"},"
+                     " {\"role\": \"assistant\", \"content\": \"good answer\", \"weight\": 1}]}";
+  cr_assert_eq(lt_tok_encode_json_line(tok, line, strlen(line), &seq, err, sizeof err), LT_OK, "%s", err);
+  char *learned = decode_where(tok, &seq, 1);
+  cr_assert_str_eq(learned, "good answer<|im_end|>");
+  free(learned);
   lt_tok_seq_free(&seq);
   lt_tok_destroy(tok);
 }

@@ -644,6 +644,50 @@ lt_err_t lt_avro_array_append_string(lt_avro_record_t *rec, const char *path, co
   return avro_value_set_string_len(&e, s, strlen(s) + 1) ? LT_ERR_NOMEM : LT_OK;
 }
 
+/* Maps of strings (or nullable maps): the value under key set, and entry i read back. */
+static lt_err_t map_target(lt_avro_record_t *rec, const char *path, bool for_set, avro_value_t *v,
+                           const lt_node **n) {
+  lt_err_t rc = for_set ? resolve_path(rec, path, true, v, n) : target_for_get(rec, path, v, n);
+  if (rc) return rc;
+  if ((*n)->type == AVRO_UNION) {
+    static const avro_type_t t[] = {AVRO_MAP};
+    return target_for_set(rec, path, t, 1, v, n);
+  }
+  if ((*n)->type != AVRO_MAP) return wrong_type(rec, path, *n, "a map");
+  if ((*n)->items->type != AVRO_STRING) return acc_fail(rec, path, "is not a map of strings");
+  return LT_OK;
+}
+
+lt_err_t lt_avro_map_set_string(lt_avro_record_t *rec, const char *path, const char *key, const char *s) {
+  avro_value_t v, e;
+  const lt_node *n;
+  lt_err_t rc = map_target(rec, path, true, &v, &n);
+  if (rc) return rc;
+  if (!key || !s) return acc_fail(rec, path, "NULL key or value");
+  if (avro_value_add(&v, key, &e, NULL, NULL)) return acc_fail(rec, path, "cannot add to the map");
+  return avro_value_set_string_len(&e, s, strlen(s) + 1) ? LT_ERR_NOMEM : LT_OK;
+}
+
+lt_err_t lt_avro_map_size(lt_avro_record_t *rec, const char *path, size_t *count) {
+  avro_value_t v;
+  const lt_node *n;
+  lt_err_t rc = map_target(rec, path, false, &v, &n);
+  if (rc) return rc;
+  return avro_value_get_size(&v, count) ? LT_ERR_INTERNAL : LT_OK;
+}
+
+lt_err_t lt_avro_map_get_string_at(lt_avro_record_t *rec, const char *path, size_t i, const char **key,
+                                   const char **s) {
+  avro_value_t v, e;
+  const lt_node *n;
+  lt_err_t rc = map_target(rec, path, false, &v, &n);
+  if (rc) return rc;
+  size_t len;
+  if (avro_value_get_by_index(&v, i, &e, key) || avro_value_get_string(&e, s, &len))
+    return acc_fail(rec, path, "no such entry");
+  return LT_OK;
+}
+
 lt_err_t lt_avro_record_stamp(lt_avro_record_t *rec, const char *producer) {
   char id[37];
   lt_avro_uuid(id);

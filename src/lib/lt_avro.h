@@ -228,6 +228,13 @@ lt_err_t lt_avro_array_clear(lt_avro_record_t *rec, const char *path);
 lt_err_t lt_avro_array_append(lt_avro_record_t *rec, const char *path, size_t *index);
 lt_err_t lt_avro_array_append_string(lt_avro_record_t *rec, const char *path, const char *s);
 
+/* Maps of strings: sets the value under key (replacing one there), the entry count, and entry
+ * i (in insertion order; *key and *s are the record's, valid until it changes). */
+lt_err_t lt_avro_map_set_string(lt_avro_record_t *rec, const char *path, const char *key, const char *s);
+lt_err_t lt_avro_map_size(lt_avro_record_t *rec, const char *path, size_t *n);
+lt_err_t lt_avro_map_get_string_at(lt_avro_record_t *rec, const char *path, size_t i, const char **key,
+                                   const char **s);
+
 /* ---- JSON ----
  *
  * The JSON form of a record is an object of its fields. Nullable unions are written as the value

@@ -146,14 +146,25 @@ static bool check_messages(lt_dataset_check_t *c, uint64_t ln, const json_t *msg
     if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))) {
       add_error(c, ln, path, "must be \"system\", \"user\" or \"assistant\"");
       ok = false;
-    } else if (strcmp(r, "assistant") == 0) {
+    }
+    /* OpenAI's per-message weight: 0 keeps an assistant turn as context without learning it. */
+    const json_t *w = json_object_get(m, "weight");
+    bool is_assistant = r && strcmp(r, "assistant") == 0;
+    snprintf(path, sizeof path, "messages[%zu].weight", i);
+    if (w && !is_assistant) {
+      add_error(c, ln, path, "only assistant messages take a weight");
+      ok = false;
+    } else if (w && !(json_is_integer(w) && (json_integer_value(w) == 0 || json_integer_value(w) == 1))) {
+      add_error(c, ln, path, "must be 0 or 1");
+      ok = false;
+    } else if (is_assistant && (!w || json_integer_value(w) == 1)) {
       assistant = true;
     }
     snprintf(path, sizeof path, "messages[%zu].content", i);
     if (!need_text(c, ln, m, "content", path)) ok = false;
   }
   if (ok && !assistant) {
-    add_error(c, ln, "messages", "has no \"assistant\" message: there is nothing to learn");
+    add_error(c, ln, "messages", "has no \"assistant\" message with weight 1: there is nothing to learn");
     ok = false;
   }
   return ok;

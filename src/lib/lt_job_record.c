@@ -261,6 +261,27 @@ lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char 
     }
     spec->hp.target_modules = bits;
   }
+  const char *suffix = opt_str(rec, "suffix");
+  if (suffix && strlen(suffix) >= sizeof spec->suffix)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "suffix: is longer than 64 characters");
+  if (suffix) snprintf(spec->suffix, sizeof spec->suffix, "%s", suffix);
+  size_t nmeta = 0;
+  if (lt_avro_map_size(rec, "metadata", &nmeta) == LT_OK) {
+    if (nmeta > LT_JOBSPEC_META_MAX)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "metadata: has %zu keys, over the limit of %d", nmeta,
+                     LT_JOBSPEC_META_MAX);
+    for (size_t i = 0; i < nmeta; i++) {
+      const char *k, *v;
+      if (lt_avro_map_get_string_at(rec, "metadata", i, &k, &v))
+        return lt_errf(errstr, n, LT_ERR_INVALID, "%s", lt_avro_record_error(rec));
+      if (!*k || strlen(k) > LT_JOBSPEC_META_KEY_MAX || strlen(v) > LT_JOBSPEC_META_VALUE_MAX)
+        return lt_errf(errstr, n, LT_ERR_INVALID, "metadata.%.64s: keys must be 1-%d bytes, values at most %d",
+                       k, LT_JOBSPEC_META_KEY_MAX, LT_JOBSPEC_META_VALUE_MAX);
+      snprintf(spec->meta[i].key, sizeof spec->meta[i].key, "%s", k);
+      snprintf(spec->meta[i].value, sizeof spec->meta[i].value, "%s", v);
+    }
+    spec->nmeta = (int32_t)nmeta;
+  }
   return LT_OK;
 }
 
@@ -277,6 +298,9 @@ lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, c
   if (strcmp(lt_avro_record_type(rec), "JobSubmitted") == 0) {
     if (spec->idempotency_key[0]) TRY(lt_avro_set_string(rec, "idempotency_key", spec->idempotency_key));
     else TRY(lt_avro_set_null(rec, "idempotency_key"));
+    if (spec->suffix[0]) TRY(lt_avro_set_string(rec, "suffix", spec->suffix));
+    else TRY(lt_avro_set_null(rec, "suffix"));
+    for (int i = 0; i < spec->nmeta; i++) TRY(lt_avro_map_set_string(rec, "metadata", spec->meta[i].key, spec->meta[i].value));
   }
   TRY(lt_avro_set_enum(rec, "priority", lt_job_class_name(spec->priority)));
   TRY(lt_avro_set_enum(rec, "mode", spec->mode == LT_MODE_INTERACTIVE ? "interactive" : "managed"));

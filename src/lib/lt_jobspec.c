@@ -1,5 +1,6 @@
 /* lt_jobspec: defaults, ranges and validation of job submissions (see lt_jobspec.h). */
 #include "lt_jobspec.h"
+#include "lt_dataset.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -142,6 +143,13 @@ static lt_err_t check_num(const num_field_t *f, double v, const char *prefix, ch
   return LT_OK;
 }
 
+/* An id's alphabet, up to 64 characters (a suffix becomes part of a model's name). */
+static bool suffix_valid(const char *s) {
+  size_t len = strlen(s);
+  if (len == 0 || len > 64 || s[0] == '.' || s[0] == '-') return false;
+  return strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == len;
+}
+
 lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char *errstr, size_t n) {
   if (!lt_id_valid(s->base_model))
     return bad(field, fs, "base_model", errstr, n, "%s",
@@ -155,6 +163,11 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
   if (s->idempotency_key[0] && !lt_id_valid(s->idempotency_key))
     return bad(field, fs, "idempotency_key", errstr, n, "%s",
                "must be 1-63 characters of A-Z a-z 0-9 . _ -");
+  if (s->suffix[0] && !suffix_valid(s->suffix))
+    return bad(field, fs, "suffix", errstr, n, "%s",
+               "must be up to 64 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
+  if (s->nmeta < 0 || s->nmeta > LT_JOBSPEC_META_MAX)
+    return bad(field, fs, "metadata", errstr, n, "%s", "has more than 16 keys");
   if ((unsigned)s->priority >= LT_CLASS__COUNT)
     return bad(field, fs, "priority", errstr, n, "%s", "must be production, standard or preemptible");
   if ((unsigned)s->mode > LT_MODE_INTERACTIVE)
@@ -182,6 +195,44 @@ static lt_err_t read_id(const json_t *v, const char *path, char *dst, char *fiel
   if (!lt_id_valid(json_string_value(v)))
     return bad(field, fs, path, errstr, n, "%s", "must be 1-63 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
   snprintf(dst, LT_ID_MAX + 1, "%s", json_string_value(v));
+  return LT_OK;
+}
+
+/* suffix: a string (lt_jobspec_validate checks its characters). */
+static lt_err_t read_suffix(const json_t *v, lt_jobspec_t *s, char *field, size_t fs, char *errstr, size_t n) {
+  if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return LT_OK;
+  if (!json_is_string(v) || json_string_length(v) > 64 || strlen(json_string_value(v)) != json_string_length(v))
+    return bad(field, fs, "suffix", errstr, n, "%s",
+               "must be up to 64 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
+  snprintf(s->suffix, sizeof s->suffix, "%s", json_string_value(v));
+  return LT_OK;
+}
+
+/* metadata: an object of up to 16 string values, keys up to 64 bytes, values up to 512, UTF-8. */
+static lt_err_t read_metadata(const json_t *v, lt_jobspec_t *s, char *field, size_t fs, char *errstr, size_t n) {
+  s->nmeta = 0;
+  if (json_is_null(v)) return LT_OK;
+  if (!json_is_object(v)) return bad(field, fs, "metadata", errstr, n, "%s", "must be an object of strings");
+  char detail[96];
+  if (json_object_size(v) > LT_JOBSPEC_META_MAX) {
+    snprintf(detail, sizeof detail, "has %zu keys, over the limit of %d", json_object_size(v), LT_JOBSPEC_META_MAX);
+    return bad(field, fs, "metadata", errstr, n, "%s", detail);
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)v, key, val) {
+    char path[96];
+    snprintf(path, sizeof path, "metadata.%.60s", key);
+    size_t kl = strlen(key);
+    if (kl == 0 || kl > LT_JOBSPEC_META_KEY_MAX || !lt_utf8_valid(key, kl, NULL))
+      return bad(field, fs, path, errstr, n, "%s", "keys must be 1-64 bytes of UTF-8");
+    if (!json_is_string(val)) return bad(field, fs, path, errstr, n, "%s", "must be a string");
+    if (json_string_length(val) > LT_JOBSPEC_META_VALUE_MAX || strlen(json_string_value(val)) != json_string_length(val))
+      return bad(field, fs, path, errstr, n, "%s", "must be at most 512 bytes (and hold no NUL)");
+    snprintf(s->meta[s->nmeta].key, sizeof s->meta[0].key, "%s", key);
+    snprintf(s->meta[s->nmeta].value, sizeof s->meta[0].value, "%s", json_string_value(val));
+    s->nmeta++;
+  }
   return LT_OK;
 }
 
@@ -252,6 +303,8 @@ lt_err_t lt_jobspec_from_json(const json_t *body, lt_jobspec_t *s, char *field, 
     else if (strcmp(key, "validation_dataset_id") == 0)
       err = read_id(v, key, s->validation_dataset_id, field, fs, errstr, n);
     else if (strcmp(key, "hyperparameters") == 0) err = read_hparams(v, s, field, fs, errstr, n);
+    else if (strcmp(key, "suffix") == 0) err = read_suffix(v, s, field, fs, errstr, n);
+    else if (strcmp(key, "metadata") == 0) err = read_metadata(v, s, field, fs, errstr, n);
     else if (strcmp(key, "priority") == 0) {
       if (!json_is_string(v) || lt_job_class_parse(json_string_value(v), &s->priority))
         err = bad(field, fs, key, errstr, n, "%s", "must be \"production\", \"standard\" or \"preemptible\"");
@@ -296,5 +349,11 @@ json_t *lt_jobspec_to_json(const lt_jobspec_t *s) {
   json_object_set_new(o, "max_duration_s", json_integer(s->max_duration_s));
   json_object_set_new(o, "gpus", json_integer(s->gpus));
   json_object_set_new(o, "hyperparameters", hp);
+  if (s->suffix[0]) json_object_set_new(o, "suffix", json_string(s->suffix));
+  if (s->nmeta) {
+    json_t *m = json_object();
+    for (int i = 0; i < s->nmeta; i++) json_object_set_new(m, s->meta[i].key, json_string(s->meta[i].value));
+    json_object_set_new(o, "metadata", m);
+  }
   return o;
 }

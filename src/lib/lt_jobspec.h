@@ -55,6 +55,10 @@ typedef struct lt_hparams {
   int64_t seed;
 } lt_hparams_t;
 
+#define LT_JOBSPEC_META_MAX 16       /* metadata pairs (OpenAI's limit) */
+#define LT_JOBSPEC_META_KEY_MAX 64   /* bytes of a metadata key */
+#define LT_JOBSPEC_META_VALUE_MAX 512 /* bytes of a metadata value */
+
 typedef struct lt_jobspec {
   char base_model[LT_ID_MAX + 1];
   char dataset_id[LT_ID_MAX + 1];
@@ -65,6 +69,12 @@ typedef struct lt_jobspec {
   int64_t max_duration_s;
   int32_t gpus;
   lt_hparams_t hp;
+  char suffix[LT_ID_MAX + 2]; /* "" when none; else up to 64 characters of an id's alphabet */
+  int32_t nmeta;              /* the customer's labels (metadata), in the order given */
+  struct {
+    char key[LT_JOBSPEC_META_KEY_MAX + 1];
+    char value[LT_JOBSPEC_META_VALUE_MAX + 1];
+  } meta[LT_JOBSPEC_META_MAX];
 } lt_jobspec_t;
 
 /* Fills every field with its documented default (ids empty). */

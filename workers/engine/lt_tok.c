@@ -506,7 +506,7 @@ lt_err_t lt_tok_encode_chat(const lt_tok_t *tok, const lt_tok_msg_t *msgs, size_
                        role);
   }
   for (size_t i = 0; i < n && !err; i++) {
-    float w = strcmp(msgs[i].role, "assistant") == 0 ? 1.0f : 0.0f;
+    float w = strcmp(msgs[i].role, "assistant") == 0 && !msgs[i].no_loss ? 1.0f : 0.0f;
     if (seq_push(seq, start, 0)) goto nomem;
     if ((err = lt_tok_encode(tok, msgs[i].role, strlen(msgs[i].role), 0, 0, seq, errstr,
                              errstr_size)) ||
@@ -584,6 +584,8 @@ lt_err_t lt_tok_encode_json_line(const lt_tok_t *tok, const char *line, size_t l
       msgs[i].role = json_string_value(role);
       msgs[i].content = json_string_value(content);
       msgs[i].content_len = json_string_length(content);
+      json_t *weight = json_object_get(o, "weight");
+      msgs[i].no_loss = json_is_integer(weight) && json_integer_value(weight) == 0;
     }
     err = lt_tok_encode_chat(tok, msgs, n, 0, seq, errstr, errstr_size);
   } else if (p || c) {

@@ -39,6 +39,7 @@
 #ifndef LT_TOK_H
 #define LT_TOK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,6 +113,7 @@ typedef struct lt_tok_msg {
   const char *role;    /* "system", "user", "assistant" or another [a-z_]+ name */
   const char *content;
   size_t content_len;
+  bool no_loss;        /* an assistant message with "weight": 0: context, not learned */
 } lt_tok_msg_t;
 
 /* Appends the ChatML encoding of msgs (see the top of this file) with weights. Errors:

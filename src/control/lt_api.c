@@ -81,6 +81,17 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/completions", lt_api_sample_completions, LT_API_SLOT_SAMPLE},
     {EVHTTP_REQ_POST, "/v1/chat/completions", lt_api_sample_chat, LT_API_SLOT_SAMPLE},
     {EVHTTP_REQ_GET, "/v1/models", lt_api_sample_models, LT_API_SLOT_SAMPLE},
+    /* OpenAI's fine-tuning API over the same state (lt_api_openai.c) */
+    {EVHTTP_REQ_POST, "/v1/files", lt_api_openai_files_create, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_GET, "/v1/files", lt_api_datasets_list, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_GET, "/v1/files/{id}", lt_api_datasets_show, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_DELETE, "/v1/files/{id}", lt_api_datasets_delete, LT_API_SLOT_DATASETS},
+    {EVHTTP_REQ_POST, "/v1/fine_tuning/jobs", lt_api_openai_jobs_create, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs", lt_api_openai_jobs_list, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}", lt_api_openai_jobs_show, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_POST, "/v1/fine_tuning/jobs/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}/events", lt_api_openai_jobs_events, LT_API_SLOT_JOBS},
+    {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}/checkpoints", lt_api_openai_jobs_checkpoints, LT_API_SLOT_JOBS},
 };
 
 /* ---------------------------------------------------------------- route families */
@@ -150,29 +161,34 @@ typedef struct route_family {
   bool item_405;              /* {id} with another route: 405 (else 404 "no such route under") */
   bool staff;                 /* authenticated by a staff key (lt_access.h), not a tenant's */
   bool sampler;               /* served by the sampler role too (lt_api_conf_t.sampler_only) */
+  bool openai;                /* OpenAI-compatible: the handlers answer in its shapes */
 } route_family_t;
 
 static const route_family_t families[] = {
-    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false, false},
+    {"/v1/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such job", true, false, false, false, false},
     {"/v1/datasets", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such dataset",
-     true, true, false, false},
+     true, true, false, false, false},
     {"/v1/uploads", LT_API_SLOT_UPLOADS, parse_uploads, lt_api_uploads_resolve, "no such upload",
-     false, false, false, false},
+     false, false, false, false, false},
     {"/v1/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_access_resolve, "no such access request",
-     true, false, false, false},
+     true, false, false, false, false},
     {"/v1/staff/access", LT_API_SLOT_ACCESS, parse_jobs, lt_api_staff_access_resolve, "no such access request", true,
-     false, true, false},
+     false, true, false, false},
     {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session",
-     true, false, false, false},
+     true, false, false, false, false},
     {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
-     true, false, false, true},
+     true, false, false, true, false},
     {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
-     true, false, false, true},
+     true, false, false, true, false},
     {"/v1/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
-     true, false, false, true},
+     true, false, false, true, false},
     {"/v1/chat/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
-     true, false, false, true},
-    {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false, true},
+     true, false, false, true, false},
+    {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false, true, false},
+    {"/v1/files", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such file", true, true, false,
+     false, true},
+    {"/v1/fine_tuning/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such fine-tuning job", true, false,
+     false, false, true},
 };
 
 /* ---------------------------------------------------------------- routing */
@@ -269,7 +285,7 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
     return f->slot;
   }
   path_t p = {.part = 0};
-  lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name};
+  lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name, .openai = f->openai};
   snprintf(p.pattern, sizeof p.pattern, "%s", f->prefix);
   if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req)))
     return f->slot;

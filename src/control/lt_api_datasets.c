@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include <malloc.h>
+#include <sys/queue.h>
 #include <openssl/crypto.h>
 
 struct lt_api_upload {
@@ -160,6 +161,7 @@ typedef struct upload_task {
   uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
   bool measured;
   bool over_storage;     /* err is the storage quota's */
+  bool openai;           /* answer with OpenAI's file object (POST /v1/files) */
 } upload_task_t;
 
 /* One piece of a part through the validator, then the encryptor into the store. */
@@ -225,9 +227,9 @@ static void reply_refused(struct evhttp_request *req, lt_err_t err, const lt_dat
              r->errors[0].field[0] ? ", field " : "", r->errors[0].field, r->errors[0].reason);
   else
     snprintf(summary, sizeof summary, "the dataset was refused: %s", r->errors_kept ? r->errors[0].reason : "invalid");
-  json_t *e = json_pack("{s:s,s:s,s:n}", "code", err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", "message",
-                        summary, "field");
-  lt_api_reply_json(req, err == LT_ERR_QUOTA ? 429 : 400, json_pack("{s:o,s:o}", "error", e, "report", report));
+  int status = err == LT_ERR_QUOTA ? 429 : 400;
+  json_t *e = lt_api_error_json(status, err == LT_ERR_QUOTA ? "over_quota" : "invalid_dataset", NULL, summary);
+  lt_api_reply_json(req, status, json_pack("{s:o,s:o}", "error", e, "report", report));
 }
 
 /* On the loop: answers the part or the completion. A failed part, or any completion, ends the
@@ -258,8 +260,8 @@ static void upload_after(lt_api_t *api, void *ctx) {
     char seen[160];
     seen_key(seen, sizeof seen, u->tenant, u->id);
     lt_map_set(api->datasets_seen, seen, NULL);
-    lt_api_reply_json(t->req, 201, t->meta);
-    t->meta = NULL;
+    if (t->openai) lt_api_reply_json(t->req, 200, lt_api_openai_file_json(t->meta));
+    else lt_api_reply_json(t->req, 201, json_incref(t->meta));
     if (u->dropped) upload_free(u);
     else upload_drop(api, u);
   }
@@ -269,10 +271,13 @@ static void upload_after(lt_api_t *api, void *ctx) {
   free(t);
 }
 
-/* Hands a part (body: the request's, moved), a completion, or both to the pool. */
-static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool complete) {
+/* Hands a part (body: the one given, taken, or else the request's, moved), a completion, or both
+ * to the pool. */
+static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool complete, struct evbuffer *body) {
   upload_task_t *t = calloc(1, sizeof *t);
-  if (t && part && (t->body = evbuffer_new())) evbuffer_add_buffer(t->body, evhttp_request_get_input_buffer(c->req));
+  if (t && body) t->body = body;
+  else if (t && part && (t->body = evbuffer_new())) evbuffer_add_buffer(t->body, evhttp_request_get_input_buffer(c->req));
+  else if (body) evbuffer_free(body);
   if (!t || (part && !t->body)) {
     free(t);
     upload_drop(c->api, u);
@@ -283,6 +288,7 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
   t->req = c->req;
   t->u = u;
   t->complete = complete;
+  t->openai = c->openai;
   if (c->api->conf.max_storage_bytes && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
   u->busy = true;
   lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
@@ -373,12 +379,12 @@ void lt_api_uploads_part(lt_api_call_t *c) {
                        u->next_part);
     return;
   }
-  upload_run(c, u, true, false);
+  upload_run(c, u, true, false, NULL);
 }
 
 /* POST /v1/uploads/{id}/complete. */
 void lt_api_uploads_complete(lt_api_call_t *c) {
-  if (!upload_busy(c)) upload_run(c, c->upload, false, true);
+  if (!upload_busy(c)) upload_run(c, c->upload, false, true, NULL);
 }
 
 /* DELETE /v1/uploads/{id}: drops the upload and whatever of it was stored. */
@@ -440,6 +446,7 @@ typedef struct ds_task {
   bool measured;
   int limit;         /* list: datasets a page */
   bool more;         /* list: another page follows */
+  bool openai;       /* answer with OpenAI's file objects (/v1/files) */
 } ds_task_t;
 
 /* Hands a dataset request to the pool (limit: a list's page size); after answers it and frees
@@ -455,6 +462,7 @@ static void ds_run_limit(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn
   snprintf(t->tenant, sizeof t->tenant, "%s", c->tenant->tenant_id);
   snprintf(t->id, sizeof t->id, "%s", c->id);
   t->limit = limit;
+  t->openai = c->openai;
   lt_api_work(c->api, t->tenant, work, after, t);
 }
 
@@ -512,7 +520,23 @@ void lt_api_datasets_upload(lt_api_call_t *c) {
     lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
     return;
   }
-  upload_run(c, u, true, true);
+  upload_run(c, u, true, true, NULL);
+}
+
+void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbuffer *body) {
+  char msg[512];
+  struct evkeyvalq q;
+  TAILQ_INIT(&q);
+  if (name) evhttp_add_header(&q, "name", name);
+  lt_api_upload_t *u;
+  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
+  evhttp_clear_headers(&q);
+  if (err) {
+    evbuffer_free(body);
+    lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "file" : NULL, msg);
+    return;
+  }
+  upload_run(c, u, true, true, body);
 }
 
 /* On a pool thread: a page of the tenant's datasets in store order (t->id: the last id of the
@@ -543,7 +567,14 @@ static void list_after(lt_api_t *api, void *ctx) {
   json_t *first = n ? json_object_get(json_array_get(t->out, 0), "id") : NULL;
   json_t *last = n ? json_object_get(json_array_get(t->out, n - 1), "id") : NULL;
   if (t->err) ds_reply_err(t);
-  else
+  else if (t->openai) {
+    json_t *files = json_array(), *m;
+    size_t i;
+    json_array_foreach(t->out, i, m) json_array_append_new(files, lt_api_openai_file_json(m));
+    lt_api_reply_json(t->req, 200, json_pack("{s:s,s:o,s:b,s:O,s:O}", "object", "list", "data", files, "has_more",
+                                             t->more, "first_id", first ? first : json_null(), "last_id",
+                                             last ? last : json_null()));
+  } else
     lt_api_reply_json(t->req, 200,
                       json_pack("{s:s,s:O,s:b,s:O,s:O}", "object", "list", "datasets", t->out, "has_more", t->more,
                                 "first_id", first ? first : json_null(), "last_id", last ? last : json_null()));
@@ -593,7 +624,7 @@ static void show_after(lt_api_t *api, void *ctx) {
   ds_task_t *t = ctx;
   (void)api;
   if (t->err) ds_reply_err(t);
-  else lt_api_reply_json(t->req, 200, json_incref(t->out));
+  else lt_api_reply_json(t->req, 200, t->openai ? lt_api_openai_file_json(t->out) : json_incref(t->out));
   ds_free(t);
 }
 
@@ -625,6 +656,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   lt_map_del(api->datasets_seen, seen);
   if (t->measured) lt_map_set(api->dataset_bytes, t->tenant, (void *)(uintptr_t)t->datasets);
   if (t->err) ds_reply_err(t);
+  else if (t->openai) lt_api_reply_json(t->req, 200, json_pack("{s:s,s:s,s:b}", "id", t->id, "object", "file", "deleted", 1));
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));
   ds_free(t);
 }

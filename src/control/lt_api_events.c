@@ -190,6 +190,11 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   }
 }
 
+json_t *lt_api_events_history(lt_api_t *api, const char *job_id) {
+  history_t *h = lt_map_get(api->history, job_id);
+  return h ? h->events : NULL;
+}
+
 void lt_api_events_prune(lt_api_t *api) {
   int64_t now = lt_time_wall_ms();
   lt_map_iter_t it = {0};

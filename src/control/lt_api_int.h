@@ -148,9 +148,13 @@ typedef struct lt_api_call {
   json_t *meta;              /* /v1/datasets/{id}: the dataset's meta; a handler that keeps it
                                 sets this to NULL, else the router releases it */
   lt_api_upload_t *upload;   /* /v1/uploads/{id}: the tenant's open upload */
+  bool openai;               /* an OpenAI-compatible route: answers take its shapes (lt_api_openai.c) */
 } lt_api_call_t;
 
 typedef void lt_api_handler_fn(lt_api_call_t *c);
+
+/* How a job is shown: lt_api_job_json (the native API) or the OpenAI-compatible view. New ref. */
+typedef json_t *lt_api_job_view_fn(lt_api_t *api, const lt_job_t *j);
 
 /* Looks up {id} for a route family; when it does not exist, replies (404) and returns false. */
 typedef bool lt_api_resolve_fn(lt_api_call_t *c);
@@ -159,7 +163,11 @@ typedef bool lt_api_resolve_fn(lt_api_call_t *c);
 
 /* Replies with a JSON body (takes the reference) and the given status. */
 void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body);
-/* Replies {"error":{"code","message","field"}}; field may be NULL. */
+/* The error object {"code","message","field","type","param"}: type is OpenAI's for the status
+ * (invalid_request_error, authentication_error, not_found_error, rate_limit_error,
+ * server_error, ...), param repeats field. New reference. */
+json_t *lt_api_error_json(int status, const char *code, const char *field, const char *msg);
+/* Replies {"error": lt_api_error_json(...)}; field may be NULL. */
 void lt_api_reply_error(struct evhttp_request *req, int status, const char *code, const char *field,
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Maps an lt_err_t to a status and code and replies with msg. */
@@ -266,6 +274,13 @@ bool lt_api_jobs_resolve(lt_api_call_t *c);
 void lt_api_jobs_submit(lt_api_call_t *c);
 /* Names, admits and records a spec read elsewhere (a session's: lt_api_sessions.c). */
 void lt_api_jobs_submit_spec(lt_api_call_t *c, lt_jobspec_t *spec);
+/* A page of the caller's jobs (sessions) newest first, each shown by view, from the query's
+ * limit, state and after (or cursor). LT_ERR_INVALID after replying 400. */
+/* True (after replying 400 naming field) when the fleet has said which base models it serves and
+ * model is none of them. */
+bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char *model, const char *field);
+lt_err_t lt_api_jobs_page(lt_api_call_t *c, struct evkeyvalq *q, bool sessions, lt_api_job_view_fn *view,
+                          json_t **data, bool *more);
 /* A job as GET /v1/jobs/{id} shows it. New reference. */
 json_t *lt_api_job_json(lt_api_t *api, const lt_job_t *j);
 void lt_api_jobs_list(lt_api_call_t *c);
@@ -359,5 +374,21 @@ void lt_api_staff_access_read_artifact(lt_api_call_t *c);
 
 /* True when the tenant's dataset exists (its meta object is in the store). */
 bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);
+
+/* ---------------------------------------------------------------- OpenAI-compatible (lt_api_openai.c) */
+
+void lt_api_openai_files_create(lt_api_call_t *c);      /* POST /v1/files (multipart) */
+void lt_api_openai_jobs_create(lt_api_call_t *c);       /* POST /v1/fine_tuning/jobs */
+void lt_api_openai_jobs_list(lt_api_call_t *c);         /* GET /v1/fine_tuning/jobs */
+void lt_api_openai_jobs_show(lt_api_call_t *c);         /* GET /v1/fine_tuning/jobs/{id} */
+void lt_api_openai_jobs_events(lt_api_call_t *c);       /* GET .../{id}/events */
+void lt_api_openai_jobs_checkpoints(lt_api_call_t *c);  /* GET .../{id}/checkpoints */
+/* OpenAI's fine_tuning.job object of a job, and file object of a dataset's meta. New refs. */
+json_t *lt_api_openai_job_json(lt_api_t *api, const lt_job_t *j);
+json_t *lt_api_openai_file_json(const json_t *meta);
+/* A dataset upload of body (taken) named name (NULL: its id), answered as c->openai says. */
+void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbuffer *body);
+/* The job's kept event history [{id, event, data}], oldest first (borrowed), or NULL. */
+json_t *lt_api_events_history(lt_api_t *api, const char *job_id);
 
 #endif

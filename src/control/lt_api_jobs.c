@@ -115,7 +115,11 @@ typedef struct {
   struct evhttp_request *req;
   char job_id[LT_ID_MAX + 1];
   int status;
+  lt_api_job_view_fn *view;
 } answer_ctx_t;
+
+/* The view a call's answers take. */
+static lt_api_job_view_fn *view_of(const lt_api_call_t *c) { return c->openai ? lt_api_openai_job_json : lt_api_job_json; }
 
 /* Starts one of the API's job records: cleared, stamped with this producer, naming the job and
  * its tenant. */
@@ -129,9 +133,10 @@ static lt_err_t record_start(lt_api_t *api, lt_avro_record_t *rec, const char *j
 
 /* Encodes rec (unless err says filling it failed) and makes the context that answers req with
  * status once the record is durable. Replies 500 itself and returns NULL when either fails. */
-static answer_ctx_t *encode_for_answer(struct evhttp_request *req, lt_avro_record_t *rec, lt_err_t err,
+static answer_ctx_t *encode_for_answer(const lt_api_call_t *call, lt_avro_record_t *rec, lt_err_t err,
                                        const char *what, const char *job_id, int status, const uint8_t **bytes,
                                        size_t *blen) {
+  struct evhttp_request *req = call->req;
   char msg[256];
   if (!err) err = lt_avro_record_encode(rec, bytes, blen, msg, sizeof msg);
   if (err) {
@@ -145,6 +150,7 @@ static answer_ctx_t *encode_for_answer(struct evhttp_request *req, lt_avro_recor
   }
   c->req = req;
   c->status = status;
+  c->view = view_of(call);
   snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
   return c;
 }
@@ -158,7 +164,7 @@ static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
                                                        "retry with the same Idempotency-Key");
   } else {
     const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), c->job_id);
-    lt_api_reply_json(c->req, c->status, j ? lt_api_job_json(api, j) : json_pack("{s:s}", "id", c->job_id));
+    lt_api_reply_json(c->req, c->status, j ? c->view(api, j) : json_pack("{s:s}", "id", c->job_id));
   }
   free(c);
 }
@@ -236,8 +242,10 @@ static bool same_request(lt_api_t *api, const char *job_id, const lt_jobspec_t *
  * finds it: then this replies 200 with the job and returns false; the key reused for a different
  * request is refused (422): it would silently answer with a job the caller did not ask for.
  * Without a key the id is random. */
-static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
-                     char job_id[LT_ID_MAX + 1]) {
+static bool name_job(const lt_api_call_t *call, const lt_jobspec_t *spec, char job_id[LT_ID_MAX + 1]) {
+  lt_api_t *api = call->api;
+  struct evhttp_request *req = call->req;
+  const lt_tenant_t *t = call->tenant;
   const char *prefix = spec->mode == LT_MODE_INTERACTIVE ? LT_API_SESSION_PREFIX : "job-";
   if (!spec->idempotency_key[0]) {
     char rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1];
@@ -260,7 +268,7 @@ static bool name_job(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
                        "to get that job again, or use a new key for a new job",
                        spec->idempotency_key, job_id);
   else
-    lt_api_reply_json(req, 200, lt_api_job_json(api, j));
+    lt_api_reply_json(req, 200, view_of(call)(api, j));
   return false;
 }
 
@@ -277,7 +285,7 @@ static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_
  * in the latest heartbeat of every worker that has reported (docs/DESIGN.md §1). Before any worker
  * has reported — a fresh deployment, or an API started ahead of its workers — the fleet has said
  * nothing, and the submission is accepted: refusing everything then would be worse. */
-static bool model_unserved(lt_api_t *api, struct evhttp_request *req, const char *model) {
+bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char *model, const char *field) {
   json_t *workers = lt_proj_workers(api->proj), *hb, *m;
   if (!json_object_size(workers)) return false;
   json_t *served = json_object(); /* a set, in the order first seen */
@@ -295,7 +303,7 @@ static bool model_unserved(lt_api_t *api, struct evhttp_request *req, const char
       size_t used = strlen(list);
       snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", name);
     }
-    lt_api_reply_error(req, 400, "invalid", "base_model", "base_model: \"%s\" is not served here; the workers serve: %s",
+    lt_api_reply_error(req, 400, "invalid", field, "%s: \"%s\" is not served here; the workers serve: %s", field,
                        model, list[0] ? list : "(none)");
   }
   json_decref(served);
@@ -325,7 +333,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
-  if (model_unserved(api, req, spec->base_model)) return false;
+  if (lt_api_model_unserved(api, req, spec->base_model, "base_model")) return false;
   if (spec->mode == LT_MODE_INTERACTIVE) return true; /* a session has no dataset */
   if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
   return !(spec->validation_dataset_id[0] &&
@@ -372,13 +380,13 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   const lt_tenant_t *t = call->tenant;
   lt_jobspec_t spec = *specp;
   char job_id[LT_ID_MAX + 1], msg[256];
-  if (!check_request(req, t, &spec) || !name_job(api, req, t, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec)) return;
   lt_avro_record_t *rec = api->rec_submit;
   const uint8_t *bytes;
   size_t blen;
   lt_err_t err = record_start(api, rec, job_id, t->tenant_id);
   if (!err) err = lt_jobspec_to_record(&spec, rec, msg, sizeof msg);
-  answer_ctx_t *c = encode_for_answer(req, rec, err, "submission", job_id, 201, &bytes, &blen);
+  answer_ctx_t *c = encode_for_answer(call, rec, err, "submission", job_id, call->openai ? 200 : 201, &bytes, &blen);
   if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec.priority * 2 + (int32_t)(fnv(job_id) % 2);
@@ -391,6 +399,12 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
 
 /* ---------------------------------------------------------------- cancel */
 
+/* A job whose cancel is in the log but not yet folded shows it in the native view
+ * (cancel_requested); OpenAI's view has no such flag and shows the state as it is. */
+static void view_cancel_requested(lt_api_job_view_fn *view, json_t *o, const lt_job_t *j) {
+  if (view == lt_api_job_json && !lt_job_state_is_terminal(j->state)) json_object_set_new(o, "cancel_requested", json_true());
+}
+
 static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   answer_ctx_t *c = arg;
   if (err)
@@ -398,10 +412,9 @@ static void cancel_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
   else {
     lt_map_set(api->cancels_sent, c->job_id, NULL);
     /* The cancel is in the log; the projection folds it in order when it reads it. */
-    json_t *o = lt_api_job_json(api, lt_job_get(lt_proj_jobs(api->proj), c->job_id));
-    if (!json_is_true(json_object_get(o, "cancel_requested")) &&
-        !lt_job_state_is_terminal(lt_job_get(lt_proj_jobs(api->proj), c->job_id)->state))
-      json_object_set_new(o, "cancel_requested", json_true());
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), c->job_id);
+    json_t *o = c->view(api, j);
+    view_cancel_requested(c->view, o, j);
     lt_api_reply_json(c->req, c->status, o);
   }
   free(c);
@@ -414,9 +427,9 @@ void lt_api_jobs_cancel(lt_api_call_t *call) {
   const lt_job_t *j = call->job;
   /* Idempotent: a finished job or one already being cancelled answers its state. */
   if (lt_job_state_is_terminal(j->state) || j->cancel_requested || lt_map_has(api->cancels_sent, j->job_id)) {
-    json_t *o = lt_api_job_json(api, j);
-    if (!lt_job_state_is_terminal(j->state)) json_object_set_new(o, "cancel_requested", json_true());
-    lt_api_reply_json(req, lt_job_state_is_terminal(j->state) ? 200 : 202, o);
+    json_t *o = view_of(call)(api, j);
+    view_cancel_requested(view_of(call), o, j);
+    lt_api_reply_json(req, lt_job_state_is_terminal(j->state) || call->openai ? 200 : 202, o);
     return;
   }
   lt_avro_record_t *rec = api->rec_cancel;
@@ -424,7 +437,7 @@ void lt_api_jobs_cancel(lt_api_call_t *call) {
   size_t blen;
   lt_err_t err = record_start(api, rec, j->job_id, call->tenant->tenant_id);
   if (!err) err = lt_avro_set_string(rec, "requested_by", "customer");
-  answer_ctx_t *c = encode_for_answer(req, rec, err, "cancel", j->job_id, 202, &bytes, &blen);
+  answer_ctx_t *c = encode_for_answer(call, rec, err, "cancel", j->job_id, call->openai ? 200 : 202, &bytes, &blen);
   if (!c) return;
   if (lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false, cancel_done, c)) {
     free(c);
@@ -437,83 +450,105 @@ void lt_api_jobs_cancel(lt_api_call_t *call) {
 typedef struct {
   lt_api_t *api;
   const char *tenant;
-  const char *cursor;
   int state; /* -1: any */
-  int limit;
-  json_t *out;
-  const char *last;
-  bool more;
   bool sessions; /* list sessions (GET /v1/sessions), else managed jobs */
+  const lt_job_t **jobs;
+  size_t n, cap;
 } list_acc_t;
 
 static bool list_scan(const lt_job_t *j, void *ctx) {
   list_acc_t *l = ctx;
   if (strcmp(j->tenant_id, l->tenant) != 0 || lt_api_job_deleted(l->api, j->job_id)) return true;
   if (lt_api_is_session_id(j->job_id) != l->sessions) return true;
-  if (l->cursor && strcmp(j->job_id, l->cursor) <= 0) return true;
   if (l->state >= 0 && (int)j->state != l->state) return true;
-  if ((int)json_array_size(l->out) == l->limit) {
-    l->more = true;
-    return false;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    const lt_job_t **p = realloc(l->jobs, cap * sizeof *p);
+    if (!p) return false;
+    l->jobs = p;
+    l->cap = cap;
   }
-  json_array_append_new(l->out, lt_api_job_json(l->api, j));
-  l->last = j->job_id;
+  l->jobs[l->n++] = j;
   return true;
+}
+
+/* Newest first: by submission time, then by id (both descending), so that pages are stable. */
+static bool newer(const lt_job_t *a, const lt_job_t *b) {
+  if (a->submitted_at_ms != b->submitted_at_ms) return a->submitted_at_ms > b->submitted_at_ms;
+  return strcmp(a->job_id, b->job_id) > 0;
+}
+
+static int cmp_newest(const void *pa, const void *pb) {
+  const lt_job_t *a = *(const lt_job_t *const *)pa, *b = *(const lt_job_t *const *)pb;
+  return newer(a, b) ? -1 : newer(b, a) ? 1 : 0;
 }
 
 #define LIST_LIMIT_DEFAULT 50
 #define LIST_LIMIT_MAX 500
 
-/* GET /v1/jobs?state=&limit=&after=: the tenant's jobs in id order, a page at a time, as
- * OpenAI's list objects page: `after` is the last id of the page before (opaque to the client;
- * `cursor` is its older name), `has_more` says whether another page follows. */
-static void list_page(lt_api_call_t *c, bool sessions) {
+lt_err_t lt_api_jobs_page(lt_api_call_t *c, struct evkeyvalq *q, bool sessions, lt_api_job_view_fn *view,
+                          json_t **data, bool *more) {
   lt_api_t *api = c->api;
   struct evhttp_request *req = c->req;
-  const lt_tenant_t *t = c->tenant;
-  struct evkeyvalq q;
-  lt_api_parse_query(req, &q);
-  list_acc_t l = {.api = api, .tenant = t->tenant_id, .state = -1, .limit = LIST_LIMIT_DEFAULT, .out = json_array(),
-                  .sessions = sessions};
+  list_acc_t l = {.api = api, .tenant = c->tenant->tenant_id, .state = -1, .sessions = sessions};
+  int limit = LIST_LIMIT_DEFAULT;
   const char *v;
-  if ((v = lt_api_query(&q, "limit"))) {
+  if ((v = lt_api_query(q, "limit"))) {
     char *end;
     long n = strtol(v, &end, 10);
     if (*end || end == v || n < 1 || n > LIST_LIMIT_MAX) {
       lt_api_reply_error(req, 400, "invalid", "limit", "limit must be a whole number from 1 to %d (default %d), not \"%.40s\"",
                          LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT, v);
-      goto out;
+      return LT_ERR_INVALID;
     }
-    l.limit = (int)n;
+    limit = (int)n;
   }
-  if ((v = lt_api_query(&q, "state"))) {
+  if ((v = lt_api_query(q, "state"))) {
     for (int s = 0; s < LT_JOB__STATE_COUNT; s++)
       if (strcmp(v, lt_job_state_name(s)) == 0) l.state = s;
     if (l.state < 0) {
       lt_api_reply_error(req, 400, "invalid", "state",
                          "state must be one of submitted queued dispatched running preempting completed failed "
                          "cancelled rejected");
-      goto out;
+      return LT_ERR_INVALID;
     }
   }
-  const char *after_name = lt_api_query(&q, "after") ? "after" : "cursor";
-  l.cursor = lt_api_query(&q, after_name);
-  if (l.cursor && !lt_id_valid(l.cursor)) {
-    lt_api_reply_error(req, 400, "invalid", after_name, "%s must be the last id of a page (the last_id it gave)",
-                       after_name);
-    goto out;
+  const char *after_name = lt_api_query(q, "after") ? "after" : "cursor";
+  const char *cursor = lt_api_query(q, after_name);
+  const lt_job_t *from = NULL;
+  if (cursor && !(lt_id_valid(cursor) && (from = own_job(api, c->tenant, cursor)))) {
+    lt_api_reply_error(req, 400, "invalid", after_name,
+                       "%s must be the id of one of your jobs (the last_id of the page before)", after_name);
+    return LT_ERR_INVALID;
   }
   lt_job_foreach(lt_proj_jobs(api->proj), list_scan, &l);
-  json_t *first = json_array_size(l.out) ? json_object_get(json_array_get(l.out, 0), "id") : NULL;
-  json_t *last = l.last ? json_string(l.last) : json_null();
-  lt_api_reply_json(req, 200,
-                    json_pack("{s:s,s:O,s:b,s:O,s:O,s:o}", "object", "list", sessions ? "data" : "jobs", l.out,
-                              "has_more", l.more,
-                              "first_id", first ? first : json_null(), "last_id", last, "next_cursor",
-                              l.more && l.last ? json_string(l.last) : json_null()));
-  json_decref(last);
-out:
-  json_decref(l.out);
+  if (l.n) qsort(l.jobs, l.n, sizeof *l.jobs, cmp_newest);
+  *data = json_array();
+  size_t i = 0;
+  while (from && i < l.n && !newer(from, l.jobs[i]) ) i++; /* past the cursor and everything newer */
+  for (; i < l.n && json_array_size(*data) < (size_t)limit; i++) json_array_append_new(*data, view(api, l.jobs[i]));
+  *more = i < l.n;
+  free(l.jobs);
+  return LT_OK;
+}
+
+/* GET /v1/jobs?state=&limit=&after=: the tenant's jobs newest first, a page at a time, as
+ * OpenAI's list objects page: `after` is the last id of the page before (`cursor` is its older
+ * name), `has_more` says whether another page follows. */
+static void list_page(lt_api_call_t *c, bool sessions) {
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  json_t *data;
+  bool more;
+  if (lt_api_jobs_page(c, &q, sessions, lt_api_job_json, &data, &more) == LT_OK) {
+    size_t n = json_array_size(data);
+    json_t *first = n ? json_object_get(json_array_get(data, 0), "id") : json_null();
+    json_t *last = n ? json_object_get(json_array_get(data, n - 1), "id") : json_null();
+    lt_api_reply_json(c->req, 200,
+                      json_pack("{s:s,s:o,s:b,s:O,s:O,s:O}", "object", "list", sessions ? "data" : "jobs", data,
+                                "has_more", more, "first_id", first, "last_id", last, "next_cursor",
+                                more ? last : json_null()));
+  }
   evhttp_clear_headers(&q);
 }
 

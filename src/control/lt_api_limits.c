@@ -183,7 +183,7 @@ static void page_json(const lt_api_t *api, int status, const char *reason, char 
   else
     snprintf(msg, sizeof msg, "%s", reason);
   (void)api;
-  json_t *body = json_pack("{s:{s:s,s:s,s:n}}", "error", "code", code, "message", msg, "field");
+  json_t *body = json_pack("{s:o}", "error", lt_api_error_json(status, code, NULL, msg));
   char *text = json_dumps(body, JSON_COMPACT);
   snprintf(out, n, "%s\n", text ? text : "{}");
   free(text);

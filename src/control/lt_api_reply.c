@@ -1,5 +1,6 @@
 /* lt_api_reply: how the API answers — JSON bodies, the error envelope
- * {"error":{"code","message","field"}} with the status an lt_err_t maps to — and the request
+ * {"error":{"code","message","field","type","param"}} (OpenAI's shape: type from the status,
+ * param = field) with the status an lt_err_t maps to — and the request
  * helpers every handler uses (body text, query string). See lt_api_int.h. */
 #include "lt_api_int.h"
 
@@ -25,6 +26,25 @@ void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
   evbuffer_free(out);
 }
 
+/* OpenAI's error type for a status: clients written for it branch on this. */
+static const char *error_type(int status) {
+  switch (status) {
+  case 401: return "authentication_error";
+  case 403: return "permission_error";
+  case 404:
+  case 410: return "not_found_error";
+  case 409: return "conflict_error";
+  case 429: return "rate_limit_error";
+  default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+json_t *lt_api_error_json(int status, const char *code, const char *field, const char *msg) {
+  json_t *f = field && *field ? json_string(field) : json_null();
+  return json_pack("{s:s,s:s,s:O,s:s,s:o}", "code", code, "message", msg, "field", f, "type", error_type(status),
+                   "param", f);
+}
+
 void lt_api_reply_error(struct evhttp_request *req, int status, const char *code, const char *field,
                         const char *fmt, ...) {
   char msg[512];
@@ -32,9 +52,7 @@ void lt_api_reply_error(struct evhttp_request *req, int status, const char *code
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  json_t *err = json_pack("{s:s,s:s,s:o}", "code", code, "message", msg, "field",
-                          field && *field ? json_string(field) : json_null());
-  lt_api_reply_json(req, status, json_pack("{s:o}", "error", err));
+  lt_api_reply_json(req, status, json_pack("{s:o}", "error", lt_api_error_json(status, code, field, msg)));
 }
 
 void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *field, const char *msg) {

@@ -874,8 +874,18 @@ void lt_api_sample_models(lt_api_call_t *c) {
   if (ops) {
     for (const char *const *b = ops->models(ops->ctx); *b; b++)
       json_array_append_new(m.data, json_pack("{s:s,s:s,s:i,s:s}", "id", *b, "object", "model", "created", 0, "owned_by", "lathe"));
-    lt_job_foreach(lt_proj_jobs(api->proj), add_adapter_model, &m);
+  } else { /* the api role: the base models the workers serve (to fine-tune), from their heartbeats */
+    json_t *seen = json_object(), *hb, *b;
+    const char *wid;
+    size_t i;
+    json_object_foreach(lt_proj_workers(api->proj), wid, hb) json_array_foreach(json_object_get(hb, "base_models"), i, b) {
+      if (!json_is_string(b) || json_object_get(seen, json_string_value(b))) continue;
+      json_object_set_new(seen, json_string_value(b), json_true());
+      json_array_append_new(m.data, json_pack("{s:O,s:s,s:i,s:s}", "id", b, "object", "model", "created", 0, "owned_by", "lathe"));
+    }
+    json_decref(seen);
   }
+  lt_job_foreach(lt_proj_jobs(api->proj), add_adapter_model, &m);
   lt_api_reply_json(c->req, 200, json_pack("{s:s,s:o}", "object", "list", "data", m.data));
 }
 

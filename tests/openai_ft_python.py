@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""OpenAI's fine-tuning API on the real stack, driven by the unmodified `openai` npm package.
+
+Against `lathed --role all` on the stack's broker and object store:
+  1. tests/openai_ft.mjs uploads a file, creates a job (n_epochs 1, a suffix, metadata, a seed),
+     cancels a second one, lists jobs newest first, polls to succeeded, reads the events and the
+     checkpoints, lists files and models, and provokes the errors a client gets wrong;
+  2. every answer is checked here: OpenAI's objects and statuses, the model name the sampler serves,
+     the hyperparameters mapped both ways, events newest first without duplicates across pages,
+     checkpoints with their metrics, errors with OpenAI's status, type and param;
+  3. tenant B reaches none of A's files or jobs through these routes (404, as for ids that do not
+     exist), and A's job is the same job on the native API (its suffix and metadata recorded).
+
+usage: openai_ft_python.py PATH/TO/lathe PATH/TO/lathed
+Environment: the stack's (`ops/stack env`), LATHE_E2E_CACHE. Exits non-zero on any failure."""
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import lt_test
+from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
+
+CHECKS = []
+
+
+def fail(msg):
+    raise SystemExit(f"openai_ft: FAIL: {msg}")
+
+
+def check(cond, what):
+    if not cond:
+        fail(what)
+    CHECKS.append(what)
+    print(f"openai_ft: ok: {what}")
+
+
+def http_json(base, key, method, path):
+    req = urllib.request.Request(base + path, method=method, headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def model_dir(lathe, env):
+    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
+    run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--out", os.path.join(cache, "lathe-tiny")], env,
+        "lathe model make")
+    return cache
+
+
+def train_file(models, tmp):
+    path = os.path.join(tmp, "train.jsonl")
+    with open(os.path.join(models, "lathe-tiny", "task_train.jsonl")) as f, open(path, "w") as o:
+        for i, line in enumerate(f):
+            if i >= 200:
+                break
+            o.write(line)
+    return path
+
+
+def run_npm(base, key, path):
+    if not os.path.isdir(os.path.join(ROOT, "tests", "reference", "node_modules", "openai")):
+        fail("tests/reference/node_modules/openai is missing: run ops/setup")
+    p = subprocess.run(["node", os.path.join(ROOT, "tests", "openai_ft.mjs"), base + "/v1", key, path],
+                       capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        fail(f"the openai package run failed: {p.stderr.strip()[-1500:]}")
+    return json.loads(p.stdout)
+
+
+def check_npm(out, path):
+    f = out["file"]
+    check(f["object"] == "file" and f["purpose"] == "fine-tune" and f["filename"] == "train.jsonl"
+          and f["bytes"] == os.path.getsize(path) and f["status"] == "processed",
+          f"files.create gives OpenAI's file object ({f['bytes']} bytes, openai {out['version']})")
+    check(out["file_retrieved"]["id"] == f["id"] and f["id"] in out["files"], "files.retrieve and files.list find it")
+    c = out["created"]
+    hp = c["hyperparameters"]
+    check(c["object"] == "fine_tuning.job" and c["model"] == "lathe-tiny" and c["training_file"] == f["id"]
+          and c["status"] in ("validating_files", "queued") and c["seed"] == 7,
+          f"fine_tuning.jobs.create answers a fine_tuning.job ({c['status']})")
+    check(hp["n_epochs"] == 1 and hp["batch_size"] == 8 and abs(hp["learning_rate_multiplier"] - 15) < 1e-9,
+          "the hyperparameters read back as given (n_epochs, batch_size, learning_rate_multiplier)")
+    check(c["user_provided_suffix"] == "npm-test" and c["metadata"] == {"team": "ci"}, "suffix and metadata kept")
+    doomed = out["cancelled"]["id"]
+    check(out["listed"][:2] == [doomed, c["id"]], f"jobs.list is newest first ({out['listed'][:2]})")
+    fin = out["final"]
+    check(fin["status"] == "succeeded" and fin["fine_tuned_model"] == f"ft:lathe-tiny:{c['id']}"
+          and fin["finished_at"] >= fin["created_at"] and fin["error"] is None,
+          f"the job succeeded as {fin['fine_tuned_model']} ({fin['status']}: {fin['error']})")
+    check(out["cancelled"]["status"] == "cancelled", "jobs.cancel ends the second job cancelled")
+    ev = out["events"]
+    ids = [e["id"] for e in ev]
+    check(len(ev) > 5 and len(set(ids)) == len(ids), f"listEvents pages through {len(ev)} events, none twice")
+    times = [e["created_at"] for e in ev]
+    check(times == sorted(times, reverse=True) and ev[-1]["message"] == "Created fine-tuning job",
+          "events are newest first, the creation last")
+    steps = [e for e in ev if e["type"] == "metrics" and "train_loss" in e["data"]]
+    check(steps and all(e["object"] == "fine_tuning.job.event" and e["level"] == "info" for e in steps),
+          f"step events carry train_loss ({len(steps)} of them)")
+    cks = out["checkpoints"]
+    nums = [k["step_number"] for k in cks]
+    check(cks and nums == sorted(nums, reverse=True) and cks[0]["fine_tuned_model_checkpoint"] == fin["fine_tuned_model"]
+          and all(k["fine_tuning_job_id"] == c["id"] for k in cks),
+          f"checkpoints.list is newest first, the final one named as the model (steps {nums})")
+    check(all(isinstance(k["metrics"].get("train_loss"), (int, float)) for k in cks),
+          "each checkpoint carries the training loss of its step")
+    check("lathe-tiny" in out["models"] and fin["fine_tuned_model"] in out["models"],
+          "models.list names the base model and the fine-tuned one")
+    e = out["errors"]
+    want = {"model": (400, "invalid_request_error", "model"), "file": (404, "not_found_error", "training_file"),
+            "hp": (400, "invalid_request_error", "hyperparameters.n_epochs"),
+            "unknown": (404, "not_found_error", None), "purpose": (400, "invalid_request_error", "purpose"),
+            "bad_file": (400, "invalid_request_error", None)}
+    for name, (status, typ, param) in want.items():
+        got = e[name]
+        check(got and got["status"] == status and got["type"] == typ and got["param"] == param,
+              f"a bad {name} raises APIError {status} {typ} param={param} ({(got or {}).get('message', '')[:70]})")
+
+
+def isolation(base, key_a, key_b, out):
+    job, file = out["created"]["id"], out["file"]["id"]
+    for method, path in (("GET", f"/v1/fine_tuning/jobs/{job}"), ("POST", f"/v1/fine_tuning/jobs/{job}/cancel"),
+                         ("GET", f"/v1/fine_tuning/jobs/{job}/events"), ("GET", f"/v1/fine_tuning/jobs/{job}/checkpoints"),
+                         ("GET", f"/v1/files/{file}"), ("DELETE", f"/v1/files/{file}")):
+        st, body = http_json(base, key_b, method, path)
+        check(st == 404 and body["error"]["type"] == "not_found_error", f"tenant B: {method} {path.split('/')[2]}/A's → 404")
+    st, body = http_json(base, key_b, "GET", "/v1/fine_tuning/jobs")
+    check(st == 200 and job not in [j["id"] for j in body["data"]], "tenant B's job list does not hold A's job")
+    st, body = http_json(base, key_b, "GET", "/v1/files")
+    check(st == 200 and file not in [f["id"] for f in body["data"]], "tenant B's file list does not hold A's file")
+    st, body = http_json(base, key_a, "GET", f"/v1/jobs/{job}")
+    check(st == 200 and body["state"] == "completed" and body["spec"].get("metadata") == {"team": "ci"}
+          and body["spec"].get("suffix") == "npm-test", "the native API shows the same job, its metadata recorded")
+    st, body = http_json(base, key_a, "GET", "/v1/jobs?limit=1")
+    check(st == 200 and body["jobs"][0]["id"] == out["cancelled"]["id"] and body["has_more"],
+          "the native job list is newest first too")
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: openai_ft_python.py PATH/TO/lathe PATH/TO/lathed")
+    lathe, lathed = sys.argv[1], sys.argv[2]
+    admin = admin_client(fail)
+    run_id = f"{os.getpid()}{secrets.token_hex(3)}"
+    prefix = f"toft{run_id}."
+    env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
+    tmp = tempfile.mkdtemp(prefix="lathe-openai-ft-")
+    env["LATHE_MODELS_DIR"] = model_dir(lathe, env)
+    d = None
+    try:
+        run([lathe, "admin", "topics"], env, "lathe admin topics")
+        keys = []
+        for t in ("a", "b"):
+            keys.append(json.loads(run([lathe, "admin", "tenant", "create", f"oft{t}{run_id}", "--json"], env,
+                                       "tenant create"))["api_key"])
+        d = Child("lathed", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
+                  dict(env, LATHE_INSTANCE=f"oft{run_id}", LATHE_API_KEY_RATE="off", LATHE_API_TENANT_RATE="off",
+                       LATHE_WORKER_SLOTS="2"))
+        port = int(d.wait_for(r"api listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        d.wait_for(r"scheduler: leading \(", 90)
+        d.wait_for(r"worker \S+ started", 90)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            path = train_file(env["LATHE_MODELS_DIR"], tmp)
+            out = run_npm(base, keys[0], path)
+            check_npm(out, path)
+            isolation(base, keys[0], keys[1], out)
+        except BaseException:
+            d.dump()
+            raise
+    finally:
+        if d:
+            d.stop()
+        lt_test.delete_topics(admin, prefix)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"openai_ft: {len(CHECKS)} checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -843,10 +843,14 @@ Test(api, job_listing_pages_with_limit_after_and_has_more) {
   cr_expect_eq(json_array_size(json_object_get(r.json, "jobs")), 2);
   cr_expect(json_is_true(json_object_get(r.json, "has_more")), "%s", r.body);
   char path[256], seen[3][64];
+  json_int_t at[3];
   const char *last = json_string_value(json_object_get(r.json, "last_id"));
   cr_assert(last, "%s", r.body);
-  for (int i = 0; i < 2; i++)
-    snprintf(seen[i], sizeof seen[i], "%s", json_string_value(json_object_get(json_array_get(json_object_get(r.json, "jobs"), i), "id")));
+  for (int i = 0; i < 2; i++) {
+    json_t *job = json_array_get(json_object_get(r.json, "jobs"), i);
+    snprintf(seen[i], sizeof seen[i], "%s", json_string_value(json_object_get(job, "id")));
+    at[i] = json_integer_value(json_object_get(job, "submitted_at"));
+  }
   cr_expect_str_eq(last, seen[1]);
   snprintf(path, sizeof path, "/v1/jobs?limit=2&after=%s", last);
   lt_client_resp_free(&r);
@@ -855,10 +859,15 @@ Test(api, job_listing_pages_with_limit_after_and_has_more) {
   cr_expect_eq(json_array_size(json_object_get(r.json, "jobs")), 1, "%s", r.body);
   cr_expect(json_is_false(json_object_get(r.json, "has_more")), "%s", r.body);
   cr_expect(json_is_null(json_object_get(r.json, "next_cursor")), "%s", r.body);
-  snprintf(seen[2], sizeof seen[2], "%s", json_string_value(json_object_get(json_array_get(json_object_get(r.json, "jobs"), 0), "id")));
+  json_t *third = json_array_get(json_object_get(r.json, "jobs"), 0);
+  snprintf(seen[2], sizeof seen[2], "%s", json_string_value(json_object_get(third, "id")));
+  at[2] = json_integer_value(json_object_get(third, "submitted_at"));
   lt_client_resp_free(&r);
-  /* The pages hold each job once, in id order. */
-  cr_expect(strcmp(seen[0], seen[1]) < 0 && strcmp(seen[1], seen[2]) < 0, "%s %s %s", seen[0], seen[1], seen[2]);
+  /* The pages hold each job once, newest first (by submission time, then id). */
+  for (int i = 0; i < 2; i++)
+    cr_expect(at[i] > at[i + 1] || (at[i] == at[i + 1] && strcmp(seen[i], seen[i + 1]) > 0), "%s@%lld then %s@%lld",
+              seen[i], (long long)at[i], seen[i + 1], (long long)at[i + 1]);
+  cr_expect_str_eq(seen[0], ids[2], "the job submitted last comes first");
   int found = 0;
   for (int i = 0; i < 3; i++)
     for (int k = 0; k < 3; k++) found += strcmp(ids[i], seen[k]) == 0;
@@ -870,18 +879,20 @@ Test(api, job_listing_pages_with_limit_after_and_has_more) {
   cr_expect(strstr(r.body, "1 to 500") && strstr(r.body, "default 50"), "%s", r.body);
   lt_client_resp_free(&r);
   expect_error(cb, "GET", "/v1/jobs?after=..%2F..", NULL, 400, "invalid");
-  /* Another tenant's job id as the cursor shows nothing of that tenant. */
+  /* Another tenant's job id as the cursor is refused as any id that is not the caller's: it
+   * shows nothing of that tenant, not even that the id exists. */
   char ads[64], aid[64];
   upload(ca, ads, sizeof ads);
   submit_ok(ca, ads, aid, sizeof aid);
   snprintf(path, sizeof path, "/v1/jobs?limit=500&after=%s", aid);
   r = req(cb, "GET", path, NULL);
-  cr_assert_eq(r.status, 200, "%s", r.body);
-  size_t i;
-  json_t *j;
-  json_array_foreach(json_object_get(r.json, "jobs"), i, j) cr_expect_str_neq(json_string_value(json_object_get(j, "id")), aid);
+  lt_client_resp_t none = req(cb, "GET", "/v1/jobs?limit=500&after=job-000000000000000000000000", NULL);
+  cr_expect_eq(r.status, 400, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")), "after");
+  cr_expect_str_eq(r.body, none.body, "another tenant's id and no id answer alike");
   cr_expect(!strstr(r.body, tenant_a), "tenant A shows in B's listing: %s", r.body);
   lt_client_resp_free(&r);
+  lt_client_resp_free(&none);
 }
 
 /* ---------------------------------------------------------------- SSE history, bounded */

@@ -797,6 +797,29 @@ Test(api, events_arrive_in_order_and_last_event_id_resumes_after_that_event) {
 
 /* Datasets page like jobs: each costs a store read, so a page bounds the work. The pages cover
  * every dataset once; another tenant's id as the cursor shows nothing of theirs. */
+/* A stream of a job nothing happens to (no scheduler here: it stays submitted) still says something
+ * every 15 s, so that proxies with idle timeouts do not cut it. */
+Test(api, an_idle_event_stream_gets_a_keepalive_comment) {
+  char ds[64], id[64], text[512];
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, id, sizeof id);
+  int fd = raw_connect(api.port, NULL);
+  int n = snprintf(text, sizeof text, "GET /v1/jobs/%s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                   id, key_a);
+  cr_assert_eq(send(fd, text, (size_t)n, MSG_NOSIGNAL), n);
+  char buf[8192] = "";
+  size_t got = 0;
+  time_t t0 = time(NULL);
+  while (!strstr(buf, ": keepalive") && time(NULL) - t0 < 40 && got + 1 < sizeof buf) {
+    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0); /* SO_RCVTIMEO 10 s */
+    if (r > 0) buf[got += (size_t)r] = '\0';
+    else if (r == 0) break;
+  }
+  close(fd);
+  cr_expect(strstr(buf, "text/event-stream"), "%s", buf);
+  cr_expect(strstr(buf, "\n: keepalive\n\n"), "no keepalive within %lld s: %s", (long long)(time(NULL) - t0), buf);
+}
+
 Test(api, dataset_listing_pages_with_limit_after_and_has_more) {
   char ds[3][64], ids[3][64], path[256];
   for (int i = 0; i < 3; i++) upload(ca, ds[i], sizeof ds[i]);

@@ -327,9 +327,11 @@ static int watch(lt_cli_opts_t *o, const char *id) {
   char path[512], err[512];
   if (!lt_cli_path_id(path, sizeof path, "/v1/jobs/", id, "/events")) return 2;
   watch_t w = {.o = o, .tty = isatty(2) && !o->quiet && !o->json};
-  int failures = 0;
+  int failures = 0; /* in a row: a connection that brought an event resets the count */
   for (;;) {
     int status = 0;
+    char before[sizeof w.last_id];
+    snprintf(before, sizeof before, "%s", w.last_id);
     lt_err_t e = lt_client_events(o->client, path, w.last_id[0] ? w.last_id : NULL, on_event, &w, &status, err,
                                   sizeof err);
     if (e == LT_OK) break;
@@ -338,7 +340,9 @@ static int watch(lt_cli_opts_t *o, const char *id) {
       fprintf(stderr, "lathe jobs watch: %s\n", err);
       return 1;
     }
-    /* The stream dropped (API restarted, network): resume after the last event seen. */
+    /* The stream dropped (API restarted, network): resume after the last event seen. A long job
+     * outlives many drops; only 30 in a row without an event between them is giving up. */
+    if (strcmp(before, w.last_id) != 0) failures = 0;
     if (++failures > 30) {
       fprintf(stderr, "lathe jobs watch: giving up: %s\n", err);
       return 1;

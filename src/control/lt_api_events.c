@@ -9,7 +9,10 @@
  * a finished job's buffer is forgotten conf.sse_keep_ended_ms after it ended (its state stays in
  * GET /v1/jobs/{id}). A Last-Event-ID that is no longer kept — or was never sent — gets
  * "event: gap" with {"dropped": N, "message"} first, then the replay from the oldest event kept:
- * the client learns that it missed events rather than silently getting a partial history. */
+ * the client learns that it missed events rather than silently getting a partial history.
+ *
+ * A stream with nothing to say (a job queued for hours) gets a comment line ": keepalive" every
+ * 15 s, so that proxies and load balancers with idle timeouts do not cut it. */
 #include "lt_api_int.h"
 #include "lt_time.h"
 
@@ -193,6 +196,16 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
 json_t *lt_api_events_history(lt_api_t *api, const char *job_id) {
   history_t *h = lt_map_get(api->history, job_id);
   return h ? h->events : NULL;
+}
+
+void lt_api_events_heartbeat(lt_api_t *api) {
+  for (lt_api_sse_t *s = api->sse; s; s = s->next) {
+    struct evbuffer *b = evbuffer_new();
+    if (!b) return;
+    evbuffer_add_printf(b, ": keepalive\n\n");
+    evhttp_send_reply_chunk(s->req, b);
+    evbuffer_free(b);
+  }
 }
 
 void lt_api_events_prune(lt_api_t *api) {

@@ -185,6 +185,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     lt_api_events_prune(api);
     lt_api_sessions_prune(api);
   }
+  if (now - api->sse_beat_at_ms >= 15000) { /* proxies cut idle streams: say something */
+    api->sse_beat_at_ms = now;
+    lt_api_events_heartbeat(api);
+  }
 }
 
 /* The producer, told the topics it writes so a customer's first cancel does not wait for it to

@@ -97,6 +97,7 @@ struct lt_api {
   bool ready;
   lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
   int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
+  int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
@@ -390,5 +391,7 @@ json_t *lt_api_openai_file_json(const json_t *meta);
 void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbuffer *body);
 /* The job's kept event history [{id, event, data}], oldest first (borrowed), or NULL. */
 json_t *lt_api_events_history(lt_api_t *api, const char *job_id);
+/* ": keepalive" on every open event stream (the feed's tick calls it every 15 s). */
+void lt_api_events_heartbeat(lt_api_t *api);
 
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "lt_bus_int.h"
+#include "lt_time.h"
 
 struct lt_bus_consumer {
   rd_kafka_t *rk;
@@ -397,10 +398,20 @@ lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size
 
 lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,
                                     int timeout_ms, char *errstr, size_t errstr_size) {
+  int64_t deadline = lt_time_mono_ms() + timeout_ms;
   for (size_t i = 0; i < n; i++) {
     int64_t lo = 0, hi = 0;
-    rd_kafka_resp_err_t e =
-        rd_kafka_query_watermark_offsets(c->rk, parts[i].topic, parts[i].partition, &lo, &hi, timeout_ms);
+    rd_kafka_resp_err_t e;
+    /* A partition of a topic created a moment ago may have no leader yet, or one its metadata does
+     * not know: that passes within the time allowed. */
+    for (;;) {
+      int64_t left = deadline - lt_time_mono_ms();
+      e = rd_kafka_query_watermark_offsets(c->rk, parts[i].topic, parts[i].partition, &lo, &hi,
+                                           left > 0 ? (int)left : 1);
+      bool transient = e == RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION || e == RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE;
+      if (!transient || lt_time_mono_ms() + 100 > deadline) break;
+      usleep(100 * 1000);
+    }
     if (e)
       return lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "watermarks of %s [%d]: %s", parts[i].topic,
                      (int)parts[i].partition, rd_kafka_err2str(e));

@@ -294,7 +294,7 @@ static int count_objects(const char *under) {
  * none. */
 static json_int_t max_staged_step(const char *under, json_int_t from, json_int_t to, json_int_t every) {
   static const char *const names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                      "metrics.json", "eval.json", "config.json", "samples.json"};
+                                      "metrics.json", "eval.json", "lathe_run.json", "samples.json"};
   lt_store_t *st = open_store();
   json_int_t found = 0;
   for (json_int_t step = from - from % every + every; step <= to; step += every)
@@ -1648,7 +1648,7 @@ Test(e2e, a_tenants_canary_is_nowhere_after_its_attempts_are_killed_at_random_po
 Test(e2e, a_forged_checkpoint_naming_another_tenants_objects_is_refused_and_nothing_is_stored) {
   char script[700], keys[2048] = "", ds[64], job[64];
   static const char *const names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                      "metrics.json", "eval.json", "config.json", "samples.json"};
+                                      "metrics.json", "eval.json", "lathe_run.json", "samples.json"};
   for (size_t i = 0; i < 7; i++) {
     size_t used = strlen(keys);
     snprintf(keys + used, sizeof keys - used, "%s\"staging/victim-tenant/job-victim/1/2/%s\"", i ? "," : "", names[i]);

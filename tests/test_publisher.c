@@ -192,7 +192,9 @@ typedef struct {
 } ckpt_t;
 
 static const char *const staged_names[6] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                            "eval.json", "metrics.json", "config.json"};
+                                            "eval.json", "metrics.json", "lathe_run.json"};
+
+static bool legacy_run_name; /* stage the run configuration as config.json, its name before */
 
 /* Stages the six objects; the object at index bad (or none when bad < 0) is sealed with another
  * data key of the same name, so it is well-formed and hashed into the commit but does not decrypt. */
@@ -221,7 +223,8 @@ static void stage_bad(const char *job, int attempt, int64_t step, ckpt_t *ck, in
       len = (size_t)snprintf(plain, 128, "{\"file\":\"%s\",\"step\":%lld}", staged_names[i], (long long)step);
     }
     snprintf(ck->names[i], sizeof ck->names[i], "%s", staged_names[i]);
-    cr_assert_eq(lt_publisher_staging_key(ck->keys[i], sizeof ck->keys[i], tenant, job, attempt, step, staged_names[i]),
+    const char *stored_as = i == 5 && legacy_run_name ? "config.json" : staged_names[i];
+    cr_assert_eq(lt_publisher_staging_key(ck->keys[i], sizeof ck->keys[i], tenant, job, attempt, step, stored_as),
                  LT_OK);
     lt_crypto_dek_t *other = NULL;
     if (i == bad) cr_assert_eq(lt_crypto_dek_generate(&other, tenant, "dek-1", err, sizeof err), LT_OK, "%s", err);
@@ -433,6 +436,21 @@ Test(publisher, completed_job_is_published_once_with_plaintext_hashes_and_decryp
   json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-a");
   cr_assert_eq(json_array_size(pubs), 1, "exactly one ArtifactPublished, got %zu", json_array_size(pubs));
   assert_publication(json_array_get(pubs, 0), "job-a", &ck);
+  json_decref(pubs);
+}
+
+/* A checkpoint staged before the run configuration was renamed publishes it as lathe_run.json. */
+Test(publisher, a_checkpoint_staged_with_the_old_config_name_publishes_it_renamed) {
+  ckpt_t ck;
+  legacy_run_name = true;
+  completed_job("job-l", 30, &ck);
+  legacy_run_name = false;
+  cr_assert(strstr(ck.keys[5], "/config.json"), "%s", ck.keys[5]);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
+  cr_assert_eq(s.published, 1, "%s", s.last_errmsg);
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-l");
+  cr_assert_eq(json_array_size(pubs), 1);
+  assert_publication(json_array_get(pubs, 0), "job-l", &ck);
   json_decref(pubs);
 }
 
@@ -689,7 +707,7 @@ Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {
 Test(publisher, object_that_does_not_decrypt_is_never_promoted) {
   ckpt_t ck;
   job_running("job-k");
-  stage_bad("job-k", 1, 40, &ck, 5); /* config.json sealed with a different key: hash matches, tag does not */
+  stage_bad("job-k", 1, 40, &ck, 5); /* lathe_run.json sealed with a different key: hash matches, tag does not */
   commit("job-k", &ck, true);
   complete("job-k", &ck, 1);
   lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0);

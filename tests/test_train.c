@@ -386,3 +386,26 @@ Test(train, a_bad_plan_line_is_refused_naming_the_field) {
     lt_plan_event_free(&ev);
   }
 }
+
+/* base_model_name_or_path: the Hub id a base came from, else the bundle's name (never a path of the
+ * machine that trained it). */
+Test(train, an_adapter_names_its_base_by_hub_id_when_the_base_has_one) {
+  char dir[] = "/tmp/lt-baseref-XXXXXX", path[256], out[256];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  const char *cases[][2] = {{"{\"_name_or_path\": \"HuggingFaceTB/SmolLM2-135M\"}", "HuggingFaceTB/SmolLM2-135M"},
+                            {"{\"_name_or_path\": \"/home/ops/models/smol\"}", "smol-bundle"},
+                            {"{\"_name_or_path\": \"a/b/c\"}", "smol-bundle"},
+                            {"{\"hidden_size\": 64}", "smol-bundle"}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    FILE *f = fopen(path, "w");
+    fputs(cases[i][0], f);
+    fclose(f);
+    lt_train_base_ref(dir, "smol-bundle", out, sizeof out);
+    cr_expect_str_eq(out, cases[i][1], "case %zu", i);
+  }
+  unlink(path);
+  lt_train_base_ref(dir, "smol-bundle", out, sizeof out);
+  cr_expect_str_eq(out, "smol-bundle", "no config.json");
+  rmdir(dir);
+}

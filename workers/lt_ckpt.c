@@ -16,7 +16,7 @@
 #include "lt_sealed.h"
 
 const char *const lt_ckpt_names[LT_CKPT_NAMES] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
-                                                  "metrics.json", "eval.json", "config.json", "samples.json"};
+                                                  "metrics.json", "eval.json", "lathe_run.json", "samples.json"};
 
 struct lt_ckpt {
   lt_ckpt_conf_t conf;

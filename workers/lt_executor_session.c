@@ -35,7 +35,7 @@ typedef struct {
   lt_session_t *sess;
   const lt_model_config_t *mc;
   int64_t last_seq;   /* the newest call done: the data cursor of every state this session saves */
-  json_t *config;     /* what the session was made with (config.json) */
+  json_t *config;     /* what the session was made with (lathe_run.json) */
   char digest[65];
 } sess_t;
 
@@ -90,7 +90,9 @@ static lt_err_t checkpoint(sess_t *s, int64_t seq, const char *name, bool final,
   char path[4200];
   snprintf(path, sizeof path, "%s/state.bin", dir);
   lt_err_t err = lt_save_state(s->sess, path, (uint64_t)seq, errstr, n);
-  if (!err) err = lt_export_peft(s->sess, dir, x->asg->spec.base_model, errstr, n);
+  char base_ref[256];
+  lt_train_base_ref(x->asg->model_dir, x->asg->spec.base_model, base_ref, sizeof base_ref);
+  if (!err) err = lt_export_peft(s->sess, dir, base_ref, errstr, n);
   if (!err)
     err = write_json(dir, "metrics.json",
                      json_pack("{s:s,s:I,s:I}", "name", name, "step", (json_int_t)lt_session_step(s->sess), "seq",
@@ -98,7 +100,7 @@ static lt_err_t checkpoint(sess_t *s, int64_t seq, const char *name, bool final,
                      errstr, n);
   if (!err) err = write_json(dir, "eval.json", json_object(), errstr, n);
   if (!err)
-    err = write_json(dir, "config.json", json_pack("{s:s,s:O}", "config_digest", s->digest, "config", s->config),
+    err = write_json(dir, "lathe_run.json", json_pack("{s:s,s:O}", "config_digest", s->digest, "config", s->config),
                      errstr, n);
   if (!err) err = write_json(dir, "samples.json", json_array(), errstr, n);
   if (!err) err = lt_ckpt_submit(x->ckpt, dir, seq, final, trigger, errstr, n);

@@ -450,13 +450,16 @@ static lt_err_t checkpoint(run_t *r, bool final, char *errstr, size_t n) {
   char path[4096];
   snprintf(path, sizeof path, "%s/state.bin", dir);
   lt_err_t err = lt_save_state(r->sess, path, r->cursor, errstr, n);
-  if (!err) err = lt_export_peft(r->sess, dir, r->conf->base_model_name ? r->conf->base_model_name : "base", errstr, n);
+  char base_ref[256];
+  lt_train_base_ref(r->conf->model_dir, r->conf->base_model_name ? r->conf->base_model_name : "base", base_ref,
+                    sizeof base_ref);
+  if (!err) err = lt_export_peft(r->sess, dir, base_ref, errstr, n);
   if (!err) err = write_json(dir, "metrics.json", r->metrics, errstr, n);
   json_t *ev = r->have_eval ? eval_json(&r->last_eval, r->digest) : json_object();
   if (!err) err = write_json(dir, "eval.json", ev, errstr, n);
   json_decref(ev);
   json_t *cfg = json_pack("{s:s,s:O}", "config_digest", r->digest, "config", r->config);
-  if (!err) err = write_json(dir, "config.json", cfg, errstr, n);
+  if (!err) err = write_json(dir, "lathe_run.json", cfg, errstr, n);
   json_decref(cfg);
   json_t *samples = r->samples ? json_incref(r->samples) : json_array();
   if (!err) err = write_json(dir, "samples.json", samples, errstr, n);
@@ -963,4 +966,20 @@ out:
   free(corpus);
   free(tokjson);
   return err;
+}
+
+void lt_train_base_ref(const char *model_dir, const char *name, char *out, size_t n) {
+  snprintf(out, n, "%s", name);
+  char path[4200], *text = NULL;
+  size_t len;
+  snprintf(path, sizeof path, "%s/config.json", model_dir ? model_dir : ".");
+  if (!model_dir || lt_train_read_file(path, &text, &len, NULL, 0)) return;
+  json_t *cfg = json_loadb(text, len, 0, NULL);
+  free(text);
+  const char *id = json_string_value(json_object_get(cfg, "_name_or_path"));
+  /* "org/name" as the Hub spells ids: one slash, no path (a local save records its directory). */
+  if (id && strlen(id) < n && strchr(id, '/') && strchr(id, '/') == strrchr(id, '/') && id[0] != '/' && id[0] != '.' &&
+      strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-/") == strlen(id))
+    snprintf(out, n, "%s", id);
+  json_decref(cfg);
 }

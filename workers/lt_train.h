@@ -69,7 +69,7 @@ typedef struct lt_train_hooks {
   void (*on_step)(void *ctx, const lt_train_step_t *st);          /* may be NULL */
   void (*on_eval)(void *ctx, const lt_train_eval_t *ev);          /* may be NULL */
   /* The checkpoint's files are in dir (names: adapter_model.safetensors, adapter_config.json,
-   * state.bin, metrics.json, eval.json, config.json, samples.json). A failure stops the run. */
+   * state.bin, metrics.json, eval.json, lathe_run.json, samples.json). A failure stops the run. */
   lt_err_t (*on_checkpoint)(void *ctx, const char *dir, int64_t step, bool final, char *errstr,
                             size_t errstr_size);
   /* Called before every optimizer update, after the step's forward and backward passes; may wait
@@ -159,6 +159,11 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *conf, char *errstr, size_t 
 
 /* Reads a whole file into a malloc'd, NUL-terminated buffer (*len its bytes). */
 lt_err_t lt_train_read_file(const char *path, char **out, size_t *len, char *errstr, size_t errstr_size);
+
+/* What an adapter's base_model_name_or_path names (PEFT loads the base from it): the Hugging Face
+ * id the base came from (its config.json's "_name_or_path", when that is "org/name"), else name,
+ * the bundle's directory name under the models directory. Into out (n bytes). */
+void lt_train_base_ref(const char *model_dir, const char *name, char *out, size_t n);
 
 /* Writes the bundled model's tokenizer_config.json (its eos token and chat template) into dir. */
 lt_err_t lt_train_write_chat_config(const char *dir, char *errstr, size_t errstr_size);

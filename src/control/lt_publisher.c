@@ -31,7 +31,7 @@ typedef struct {
 static const layout_name_t names[] = {
     {"adapter_model.safetensors", true, true},
     {"adapter_config.json", true, true},
-    {"config.json", true, true},
+    {"lathe_run.json", true, true},
     {"eval.json", false, true},
     {"metrics.json", false, true},
     {"samples.json", false, true},
@@ -40,6 +40,9 @@ static const layout_name_t names[] = {
 #define NNAMES (sizeof names / sizeof names[0])
 
 static int name_index(const char *name) {
+  /* Checkpoints staged before the run configuration was renamed (it collided with a model's
+   * config.json) still publish, under the new name. */
+  if (strcmp(name, "config.json") == 0) name = "lathe_run.json";
   for (size_t i = 0; i < NNAMES; i++)
     if (strcmp(names[i].name, name) == 0) return (int)i;
   return -1;
@@ -82,7 +85,7 @@ static lt_err_t read_config_digest(const void *data, size_t len, char out[65], c
   json_decref(doc);
   if (!ok)
     return lt_errf(errstr, n, LT_ERR_INVALID,
-                   "config.json has no \"config_digest\" of 64 lowercase hex digits (the worker must write "
+                   "lathe_run.json has no \"config_digest\" of 64 lowercase hex digits (the worker must write "
                    "{\"config_digest\":...,\"spec\":...})");
   return LT_OK;
 }
@@ -167,7 +170,7 @@ static lt_err_t promote_read(lt_store_t *store, const lt_publisher_checkpoint_t 
 }
 
 /* Phase 2: decrypts each published object (every chunk authenticated, bound to its staging key)
- * and describes it in out->artifacts; config.json gives out->config_digest. */
+ * and describes it in out->artifacts; lathe_run.json gives out->config_digest. */
 static lt_err_t promote_open(const lt_crypto_dek_t *dek, const lt_publisher_checkpoint_t *ck, promo_t *p,
                              lt_publisher_promotion_t *out, char *errstr, size_t n) {
   for (size_t i = 0; i < ck->nkeys; i++) {
@@ -188,7 +191,7 @@ static lt_err_t promote_open(const lt_crypto_dek_t *dek, const lt_publisher_chec
     lt_crypto_sha256(p->plain[i], p->plain_len[i], d);
     lt_crypto_hex(d, 32, a->sha256);
     a->bytes = p->plain_len[i];
-    if (strcmp(nm->name, "config.json") == 0) {
+    if (strcmp(nm->name, "lathe_run.json") == 0) {
       err = read_config_digest(p->plain[i], p->plain_len[i], out->config_digest, errstr, n);
       if (err) return err;
     }

@@ -12,7 +12,7 @@
  *
  *   adapter_model.safetensors  the adapter, PEFT layout                    required, published
  *   adapter_config.json        PEFT adapter config                         required, published
- *   config.json                {"config_digest":"<64 hex>","spec":{..}}    required, published
+ *   lathe_run.json             {"config_digest":"<64 hex>","spec":{..}}    required, published
  *   eval.json                  eval report                                 optional, published
  *   metrics.json               training metrics                            optional, published
  *   samples.json               a few validation prompts, greedy outputs of  optional, published
@@ -40,7 +40,7 @@
  *
  * sealed with the tenant's data key under exactly that key. ArtifactPublished (lathe.artifacts,
  * key job_id) lists {name, key, sha256 and bytes of the PLAINTEXT}, the promoted checkpoint's
- * event id and config_digest (from config.json); the API serves only what it lists.
+ * event id and config_digest (from lathe_run.json); the API serves only what it lists.
  *
  * ---- What the publisher does ----
  *

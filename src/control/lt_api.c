@@ -5,6 +5,7 @@
  * the path's pattern and the request's method. Handlers answer through lt_api_reply.c and never
  * call back here. See lt_api.h for the routes and lt_api_int.h for the files. */
 #include "lt_api_int.h"
+#include "lt_web.h"
 #include "lt_time.h"
 
 #include <stdio.h>
@@ -273,6 +274,8 @@ static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, cons
 
 /* Routes one request with a decoded path; returns the family's slot for the counters. */
 static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char *path) {
+  /* The dashboard's static files: public, they hold no data (lt_web.h). */
+  if (!api->conf.sampler_only && lt_web_serve(req, path)) return LT_API_SLOT_OTHER;
   const char *rest;
   const route_family_t *f = find_family(path, &rest);
   if (!f) {

@@ -12,6 +12,7 @@
  * dispatches and ends this leader saw (a job already running when it took over counts from
  * then). Plain HTTP without authentication, like the API's operator port: bind it to loopback. */
 #include "lt_scheduler_int.h"
+#include "lt_web.h"
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -252,6 +253,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
   bool queue = path && strcmp(path, "/v1/admin/queue") == 0;
   bool health = path && strcmp(path, "/healthz") == 0;
   ops_view_t v;
+  if (lt_web_serve(req, path)) return; /* the dashboard's operator view (lt_web.h) */
   if (evhttp_request_get_command(req) != EVHTTP_REQ_GET || !(metrics || queue || health)) {
     reply_error(req, 404, "not_found", "the scheduler serves GET /healthz, /metrics and /v1/admin/queue");
   } else if (health) {

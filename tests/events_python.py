@@ -10,14 +10,19 @@ Through the real broker, under a scratch topic prefix:
      ce_id the record's event_id.
   3. docs/examples/consume.py, with Debian's python3-avro 1.11.1, decodes every one of them,
      the header-less record too, to the fields that were sent.
+  4. With --java, instead of 2 and 3: docs/examples/java/Consume.java (Apache Avro's
+     BinaryMessageDecoder) decodes every one of them to its type and event_id. Its jars come
+     from Maven (docs/examples/java/pom.xml); exit 77 (skipped) when Maven cannot get them.
 
-usage: events_python.py PATH/TO/lathe
+usage: events_python.py PATH/TO/lathe [--java]
 Environment: the stack's (`eval "$(ops/stack env)"`), LATHE_SOURCE_ROOT.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -173,9 +178,10 @@ def kcat_headers(prefix, base):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--java"]):
         sys.exit(__doc__)
-    lathe = sys.argv[1]
+    lathe, java = sys.argv[1], sys.argv[2:] == ["--java"]
+    jars = java_jars() if java else None
     admin = admin_client(fail)
     prefix = f"events-{os.getpid()}-{int(time.time())}."
     admin_topics(lathe, prefix, fail)
@@ -185,11 +191,76 @@ def main():
         sent = produce_all(lathe, env, schemas)
         bare_id, bare = produce_bare(prefix)
         sent[bare_id] = bare
-        check(prefix, sent, bare_id)
+        if java:
+            check_java(prefix, sent, bare_id, jars)
+        else:
+            check(prefix, sent, bare_id)
     finally:
         delete_topics(admin, prefix)
+        if jars:
+            shutil.rmtree(jars, ignore_errors=True)
+    if java:
+        print(f"events: OK (Java: {len(sent)} records of {len(sent) - 1} types decoded by "
+              "docs/examples/java/Consume.java, one without headers)")
+        return
     print(f"events: OK ({len(sent)} records of {len(sent) - 1} types: headers by kcat, decoded by "
           "docs/examples/consume.py with python3-avro, one without headers)")
+
+
+def java_jars():
+    """A temporary folder with the Java example's jars, or exit 77 when Java or Maven lacks."""
+    if not all(shutil.which(t) for t in ("java", "javac", "mvn")):
+        print("events: SKIP: java, javac or mvn not found (a JDK: ops/setup installs only a JRE)")
+        sys.exit(77)
+    d = tempfile.mkdtemp(prefix="lathe-events-java-")
+    argv = ["mvn", "-B", "-q", "-f", os.path.join(ROOT, "docs", "examples", "java", "pom.xml"),
+            "dependency:copy-dependencies", "-DincludeScope=runtime", "-DoutputDirectory=" + d]
+    if os.environ.get("LATHE_MAVEN_REPO"):
+        argv.append("-Dmaven.repo.local=" + os.environ["LATHE_MAVEN_REPO"])
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        print(f"events: SKIP: Maven could not fetch the Java example's jars:\n{p.stdout[-2000:]}")
+        sys.exit(77)
+    # Compiled once here rather than by the source launcher on each of the topics' runs.
+    p = subprocess.run(["javac", "-d", d, "-cp", os.path.join(d, "*"),
+                        os.path.join(ROOT, "docs", "examples", "java", "Consume.java")],
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        fail(f"javac docs/examples/java/Consume.java exited {p.returncode}: {p.stderr}")
+    return d
+
+
+def check_java(prefix, sent, bare_id, jars):
+    by_topic = {}
+    for eid, (base, *_rest) in sent.items():
+        by_topic.setdefault(base, []).append(eid)
+    props = os.path.join(os.environ["LATHE_KAFKA_CONFIG_DIR"], "admin.properties") \
+        if os.environ.get("LATHE_KAFKA_CONFIG_DIR") else None
+    seen = set()
+    for base, ids in sorted(by_topic.items()):
+        argv = ["java", "-cp", jars + os.pathsep + os.path.join(jars, "*"), "Consume",
+                os.path.join(ROOT, "schemas"), prefix + base, BOOTSTRAP]
+        argv += [props or "/dev/null", str(len(ids)), prefix + "java-" + base]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            fail(f"Consume.java --topic {prefix + base} exited {p.returncode}: {p.stderr[-3000:]}")
+        lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        if len(lines) != len(ids):
+            fail(f"Consume.java read {len(lines)} of {len(ids)} records of {prefix + base}:\n{p.stdout}")
+        for line in lines:
+            if "error" in line:
+                fail(f"Consume.java could not decode a record of {base}: {line}")
+            eid = line["event_id"]
+            if eid not in sent:
+                fail(f"{base}: Consume.java printed a record nobody sent: {line}")
+            _, name, version, _want = sent[eid]
+            want_ce = None if eid == bare_id else "dev.lathe." + name
+            if (line["type"], line["version"], line["ce_type"]) != (name, version, want_ce):
+                fail(f"{name} v{version} on {base}: Consume.java says {line}")
+            seen.add(eid)
+    if seen != set(sent):
+        fail(f"Consume.java missed {len(set(sent) - seen)} records")
 
 
 def check(prefix, sent, bare_id):

@@ -120,6 +120,17 @@ Test(bus_ce, an_envelope_that_is_not_an_id_never_reaches_a_header) {
   lt_bus_ce_fill(names, "lathe-cli", &rec, &again);
   cr_assert_str_eq(header(&again, "ce_id"), header(&ce, "ce_id"));
   cr_assert_str_eq(header(&ce, "ce_source"), "lathe/lathe-cli");
+
+  /* A NUL inside an id would cut the header short of what the record says. */
+  lt_avro_record_t *r;
+  cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &r, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_set_string_len(r, "event_id", "e-1\0tail", 8), LT_OK);
+  const uint8_t *b;
+  cr_assert_eq(lt_avro_record_encode(r, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t nul = {.topic = "t", .value = b, .value_size = len};
+  lt_bus_ce_fill(names, "c", &nul, &ce);
+  cr_assert_eq(strlen(header(&ce, "ce_id")), 33, "%s", header(&ce, "ce_id"));
+  lt_avro_record_destroy(r);
 }
 
 Test(bus_ce, bytes_that_are_not_a_known_schema_get_no_headers_and_callers_win) {

@@ -115,7 +115,7 @@ static bool id_like(const char *s, size_t len, size_t max) {
   for (size_t i = 0; i < len; i++) {
     char c = s[i];
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          strchr("-_.:/@", c)))
+          (c && strchr("-_.:/@", c))))
       return false;
   }
   return true;

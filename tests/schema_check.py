@@ -84,6 +84,9 @@ def house_rules(key, js, problems):
     for req, typ in (("event_id", "string"), ("producer", "string")):
         if fields.get(req, {}).get("type") != typ:
             problems.append("%s: needs %s (%s)" % (name, req, typ))
+    # The producer reads the envelope in place for the CloudEvents headers (src/lib/lt_bus_ce.c).
+    if [f["name"] for f in js["fields"][:3]] != ["event_id", "occurred_at", "producer"]:
+        problems.append("%s: must open with event_id, occurred_at, producer, in that order" % name)
     occ = fields.get("occurred_at", {}).get("type")
     if occ != {"type": "long", "logicalType": "timestamp-millis"}:
         problems.append("%s: occurred_at must be a timestamp-millis long" % name)

@@ -2,7 +2,9 @@
  *
  * Kafka is the only channel between the control plane and the data plane (docs/DESIGN.md §2), so
  * this is the one place that knows librdkafka. The bus is payload-agnostic: records are bytes,
- * a key and headers; Avro lives in lt_avro. What the bus guarantees:
+ * a key and headers; Avro lives in lt_avro. The one exception is naming: the producer reads a
+ * value's single-object header and envelope to add CloudEvents headers (lt_bus_ce.c), so every
+ * record says what it is to tools that do not know Lathe. What the bus guarantees:
  *   - every producer is idempotent with acks=all (invariant 5: nothing acknowledged is lost);
  *     lt_bus_produce_sync() returns LT_OK only when the broker has durably acknowledged;
  *   - every consumer reads read_committed and commits offsets only when told to;
@@ -94,6 +96,21 @@ typedef struct lt_bus_header {
   const void *value;
   size_t size;
 } lt_bus_header_t;
+
+/* The headers the producer adds to every record whose value is a single-object Avro message of
+ * a schema this build knows (the CloudEvents Kafka binding, binary content mode; docs/EVENTS.md).
+ * A header of the same name given by the caller is kept and the bus's own is not added. They
+ * name the record and say where it came from, never what it holds: ids, a time, a type. */
+#define LT_BUS_CE_SPECVERSION "ce_specversion" /* "1.0" */
+#define LT_BUS_CE_ID "ce_id"                   /* the record's event_id */
+#define LT_BUS_CE_SOURCE "ce_source"           /* "lathe/" + the record's producer */
+#define LT_BUS_CE_TYPE "ce_type"               /* LT_BUS_CE_TYPE_PREFIX + record name */
+#define LT_BUS_CE_TIME "ce_time"               /* occurred_at, RFC 3339 UTC with ms */
+#define LT_BUS_CE_CONTENT_TYPE "content-type"  /* LT_BUS_CE_MEDIA_TYPE */
+#define LT_BUS_CE_DATASCHEMA "ce_dataschema"   /* "lathe:schema/<Name>/v<N>/<fingerprint>" */
+#define LT_BUS_CE_FINGERPRINT "lathe_schema_fingerprint" /* 16 hex digits, header bytes 2..9 */
+#define LT_BUS_CE_TYPE_PREFIX "dev.lathe."
+#define LT_BUS_CE_MEDIA_TYPE "application/avro"
 
 /* A record to produce. Every pointer is borrowed for the duration of the call only (the bus
  * copies what it keeps). topic is a full name (lt_bus_topic_name). */

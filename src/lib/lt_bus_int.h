@@ -78,6 +78,27 @@ typedef lt_err_t lt_bus_topic_fn(void *ctx, const char *topic, int partitions, c
                                  size_t nconfigs, const char *where, char *errstr, size_t errstr_size);
 lt_err_t lt_bus_topics_file_each(const char *path, const lt_bus_conf_t *conf, lt_bus_topic_fn *fn, void *ctx,
                                  char *errstr, size_t errstr_size);
+/* The CloudEvents names of produced records (lt_bus_ce.c): a table from schema fingerprint to
+ * record name and version, built once per producer from the schemas embedded in the build. */
+typedef struct lt_bus_ce_names lt_bus_ce_names_t;
+lt_err_t lt_bus_ce_names_new(lt_bus_ce_names_t **out, char *errstr, size_t errstr_size);
+void lt_bus_ce_names_destroy(lt_bus_ce_names_t *t); /* NULL is fine */
+
+#define LT_BUS_CE_MAX 8 /* headers lt_bus_ce_fill may add */
+
+/* The headers of one record: h[0..n) are views into the strings beside them. */
+typedef struct lt_bus_ce {
+  lt_bus_header_t h[LT_BUS_CE_MAX];
+  size_t n;
+  char id[96], source[80], type[96], time[32], dataschema[128], fingerprint[17];
+} lt_bus_ce_t;
+
+/* Fills out with the LT_BUS_CE_* headers of rec that rec's caller did not set itself, and
+ * returns how many (0 when rec's value is not a single-object message of a known schema).
+ * fallback_source names the producer when the record's envelope does not (the client id). */
+size_t lt_bus_ce_fill(const lt_bus_ce_names_t *t, const char *fallback_source,
+                      const lt_bus_record_t *rec, lt_bus_ce_t *out);
+
 rd_kafka_t *lt_bus_producer_rk(lt_bus_producer_t *p);
 rd_kafka_t *lt_bus_admin_rk(lt_bus_admin_t *a);
 const lt_bus_conf_t *lt_bus_admin_conf(const lt_bus_admin_t *a);

@@ -42,6 +42,8 @@ struct lt_bus_producer {
   pthread_cond_t slot_cv;
   lt_bus_waiter_t *free_list;
   lt_bus_waiter_t slots[LT_BUS_SYNC_SLOTS];
+  lt_bus_ce_names_t *ce; /* record names by fingerprint, for the CloudEvents headers */
+  char client_id[64];    /* ce_source of a record whose envelope names no producer */
 };
 
 static bool is_waiter(lt_bus_producer_t *p, void *ptr) {
@@ -124,8 +126,12 @@ lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_op
   p->cb = opts->delivery_cb;
   p->opaque = opts->opaque;
   p->transactional = opts->transactional_id != NULL;
+  const char *cid = lt_bus_conf_get(conf, "client.id");
+  snprintf(p->client_id, sizeof p->client_id, "%s", cid && *cid ? cid : "lathe");
 
-  lt_err_t ret = LT_ERR_INVALID;
+  lt_err_t ret = lt_bus_ce_names_new(&p->ce, errstr, errstr_size);
+  if (ret) goto err_free;
+  ret = LT_ERR_INVALID;
   rd_kafka_conf_t *rc = lt_bus_rk_conf(conf, defaults, forced, errstr, errstr_size);
   if (!rc) goto err_free;
   char rderr[512];
@@ -156,6 +162,7 @@ lt_err_t lt_bus_producer_new(const lt_bus_conf_t *conf, const lt_bus_producer_op
   *out = p;
   return LT_OK;
 err_free:
+  lt_bus_ce_names_destroy(p->ce);
   for (int i = 0; i < LT_BUS_SYNC_SLOTS; i++) pthread_cond_destroy(&p->slots[i].cv);
   pthread_cond_destroy(&p->slot_cv);
   pthread_mutex_destroy(&p->mu);
@@ -174,6 +181,7 @@ void lt_bus_producer_destroy(lt_bus_producer_t *p, int timeout_ms) {
   atomic_store(&p->stop, true);
   pthread_join(p->thread, NULL);
   rd_kafka_destroy(p->rk);
+  lt_bus_ce_names_destroy(p->ce);
   for (int i = 0; i < LT_BUS_SYNC_SLOTS; i++) pthread_cond_destroy(&p->slots[i].cv);
   pthread_cond_destroy(&p->slot_cv);
   pthread_mutex_destroy(&p->mu);
@@ -189,7 +197,7 @@ static lt_err_t enqueue(lt_bus_producer_t *p, const lt_bus_record_t *rec, void *
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "record to %s has %zu headers, the limit is %d", rec->topic,
                    rec->header_count, LT_BUS_MAX_HEADERS);
-  rd_kafka_vu_t vu[8 + LT_BUS_MAX_HEADERS];
+  rd_kafka_vu_t vu[8 + LT_BUS_MAX_HEADERS + LT_BUS_CE_MAX];
   size_t n = 0;
   vu[n].vtype = RD_KAFKA_VTYPE_TOPIC;
   vu[n++].u.cstr = rec->topic;
@@ -216,6 +224,14 @@ static lt_err_t enqueue(lt_bus_producer_t *p, const lt_bus_record_t *rec, void *
     vu[n].u.header.name = rec->headers[i].name;
     vu[n].u.header.val = rec->headers[i].value;
     vu[n++].u.header.size = rec->headers[i].value ? (ssize_t)rec->headers[i].size : 0;
+  }
+  lt_bus_ce_t ce; /* its strings must live until produceva has copied them */
+  lt_bus_ce_fill(p->ce, p->client_id, rec, &ce);
+  for (size_t i = 0; i < ce.n; i++) {
+    vu[n].vtype = RD_KAFKA_VTYPE_HEADER;
+    vu[n].u.header.name = ce.h[i].name;
+    vu[n].u.header.val = ce.h[i].value;
+    vu[n++].u.header.size = (ssize_t)ce.h[i].size;
   }
   rd_kafka_error_t *e = rd_kafka_produceva(p->rk, vu, n);
   if (!e) return LT_OK;

@@ -60,6 +60,7 @@
 #include "lt_tok.h"
 #include "lt_worker.h"
 #include "lt_bus.h"
+#include "lt_conf.h"
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_embedded.h"
@@ -114,6 +115,8 @@ static void usage(FILE *f) {
           "free port): plain HTTP without authentication, for loopback.\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
+          "--config FILE reads NAME=VALUE lines (a LATHE_ setting, or kafka.PROPERTY for any librdkafka\n"
+          "property); --set NAME=VALUE sets one. A flag wins over the environment, which wins over a file.\n"
           "Configuration from the environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
           "LATHE_KAFKA_CONFIG (a file of librdkafka name=value properties: SASL, TLS) and\n"
           "LATHE_KAFKA_CONFIG_DIR (ROLE.properties per role: each role its own principal),\n"
@@ -573,6 +576,12 @@ static void lathed_teardown(lathed_t *d) {
 
 int main(int argc, char **argv) {
   lathed_opts_t o;
+  char cerr[640];
+  /* --config FILE and --set NAME=VALUE become environment settings first (lt_conf.h). */
+  if (lt_conf_from_args(&argc, argv, cerr, sizeof cerr)) {
+    fprintf(stderr, "lathed: %s\n", cerr);
+    return 2;
+  }
   int rc = parse_args(argc, argv, &o);
   if (rc >= 0) return rc;
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();

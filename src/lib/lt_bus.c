@@ -139,7 +139,22 @@ lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *c, char *errstr, size_t errstr_size
     if (e) return e;
   }
   const char *file = getenv("LATHE_KAFKA_CONFIG");
-  return file && *file ? lt_bus_conf_load_file(c, file, errstr, errstr_size) : LT_OK;
+  lt_err_t e = file && *file ? lt_bus_conf_load_file(c, file, errstr, errstr_size) : LT_OK;
+  /* name=value lines that lathed --config / --set passed through (lt_conf.h), after the file. */
+  const char *props = getenv("LATHE_KAFKA_PROPERTIES");
+  for (const char *p = props; !e && p && *p;) {
+    size_t len = strcspn(p, "\n");
+    char line[4200];
+    snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), p);
+    char *eq = strchr(line, '=');
+    if (!eq) e = lt_errf(errstr, errstr_size, LT_ERR_INVALID, "LATHE_KAFKA_PROPERTIES: \"%.60s\" is not name=value", line);
+    else {
+      *eq = '\0';
+      e = lt_bus_conf_set(c, line, eq + 1, errstr, errstr_size);
+    }
+    p += len + (p[len] == '\n');
+  }
+  return e;
 }
 
 lt_err_t lt_bus_conf_for_role(lt_bus_conf_t *c, const char *role, char *errstr, size_t errstr_size) {

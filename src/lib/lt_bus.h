@@ -45,7 +45,8 @@ typedef struct lt_bus_conf lt_bus_conf_t;
 lt_bus_conf_t *lt_bus_conf_new(void);
 
 /* Applies the environment: LATHE_KAFKA_BOOTSTRAP (bootstrap.servers), LATHE_TOPIC_PREFIX,
- * LATHE_KAFKA_CLIENT_ID, then the properties of the file LATHE_KAFKA_CONFIG names
+ * LATHE_KAFKA_CLIENT_ID, then the properties of the file LATHE_KAFKA_CONFIG names, then those of
+ * LATHE_KAFKA_PROPERTIES (newline-separated name=value: lathed --config / --set kafka.NAME, lt_conf.h)
  * (lt_bus_conf_load_file: SASL, TLS or any librdkafka property, for every client of the
  * process). Unset variables leave the value alone. */
 lt_err_t lt_bus_conf_from_env(lt_bus_conf_t *conf, char *errstr, size_t errstr_size);

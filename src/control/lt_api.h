@@ -10,7 +10,7 @@
  *   GET    /metrics                      Prometheus text (names every tenant: never for customers)
  *
  * The customer port (HTTPS when tls_cert_file is set; the operator port stays plain HTTP on its
- * loopback address) serves (all JSON; errors {"error":{"code","message","field"}}, including
+ * loopback address) serves (all JSON; errors {"error":{"code","message","field","type","param"}}, including
  * what libevent itself refuses: 400, 413, 501):
  *   POST   /v1/datasets?name=N           JSONL body, streamed: validated, encrypted, stored
  *   GET    /v1/datasets                  the tenant's datasets
@@ -43,6 +43,15 @@
  *                                        ft:<base>:<job-id>, streamed with stream: true (SSE)
  *   GET    /v1/models                    the base models served and the caller's own adapters
  *                                        (the sampler role: lt_api_sample.c)
+ *   GET    /v1/access[/{id}], POST /v1/access/{id}/approve|deny|revoke   the tenant's lockbox
+ *   /v1/staff/access...                  staff's side of the lockbox (a staff key; lt_api_access.c)
+ *   POST   /v1/files, GET /v1/files[/{id}], DELETE /v1/files/{id}   OpenAI's files over datasets
+ *   POST   /v1/fine_tuning/jobs, GET /v1/fine_tuning/jobs[/{id}[/events|/checkpoints]],
+ *   POST   /v1/fine_tuning/jobs/{id}/cancel   OpenAI's fine-tuning API over jobs (lt_api_openai.c)
+ *   GET    /dashboard/[FILE]             the web dashboard's static files (lt_web.h; public)
+ *
+ * docs/openapi.yaml describes every route with its bodies and errors; tests/openapi_check.py
+ * holds it to the routes[] table of lt_api.c.
  *
  * Threads: requests are parsed, routed and answered on the caller's event_base thread; blocking
  * work (upload validation and encryption, object-store calls) runs on a small pool of threads

@@ -330,6 +330,12 @@ static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report,
   return err;
 }
 
+/* The query parameter an upload_open refusal names (its message starts with it). */
+static const char *refused_field(lt_err_t err, const char *msg) {
+  if (err != LT_ERR_INVALID) return NULL;
+  return strncmp(msg, "max_tokens", 10) == 0 ? "max_tokens" : "name";
+}
+
 /* upload_open with the request's ?name=&max_tokens=. */
 static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg, size_t n) {
   struct evkeyvalq q;
@@ -345,7 +351,7 @@ void lt_api_uploads_open(lt_api_call_t *c) {
   lt_api_upload_t *u;
   lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
   if (err) {
-    lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
+    lt_api_reply_err(c->req, err, refused_field(err, msg), msg);
     return;
   }
   lt_api_reply_json(c->req, 201, json_pack("{s:s,s:i,s:i}", "upload_id", u->id, "next_part", u->next_part,
@@ -517,7 +523,7 @@ void lt_api_datasets_upload(lt_api_call_t *c) {
   lt_api_upload_t *u;
   lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
   if (err) {
-    lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "name" : NULL, msg);
+    lt_api_reply_err(c->req, err, refused_field(err, msg), msg);
     return;
   }
   upload_run(c, u, true, true, NULL);

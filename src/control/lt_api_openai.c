@@ -347,6 +347,7 @@ void lt_api_openai_jobs_create(lt_api_call_t *c) {
 void lt_api_openai_jobs_list(lt_api_call_t *c) {
   struct evkeyvalq q;
   lt_api_parse_query(c->req, &q);
+  if (!lt_api_query(&q, "limit")) evhttp_add_header(&q, "limit", "20"); /* OpenAI's default page */
   json_t *data;
   bool more;
   if (lt_api_jobs_page(c, &q, false, lt_api_openai_job_json, &data, &more) == LT_OK)
@@ -424,10 +425,26 @@ static bool list_query(lt_api_call_t *c, struct evkeyvalq *q, long *limit, const
   return true;
 }
 
-/* A newest-first page of items (an array, newest last) after the id `after`. Takes items. */
+static const char *id_of(const json_t *item) {
+  const char *id = json_string_value(json_object_get(item, "id"));
+  return id ? id : "";
+}
+
+/* A newest-first page of items (an array, newest last) after the id `after`: 400 naming after
+ * when no item has that id (an event no longer kept, or another job's). Takes items. */
 static void reply_page(lt_api_call_t *c, json_t *items, long limit, const char *after, bool ids) {
-  json_t *data = json_array();
   size_t n = json_array_size(items);
+  bool known = !after;
+  for (size_t k = 0; k < n && !known; k++)
+    known = strcmp(id_of(json_array_get(items, k)), after) == 0;
+  if (!known) {
+    json_decref(items);
+    lt_api_reply_error(c->req, 400, "invalid", "after",
+                       "after: %.80s is not an id of this list (or is no longer kept): start from the first page",
+                       after);
+    return;
+  }
+  json_t *data = json_array();
   bool started = !after, more = false;
   for (size_t k = n; k-- > 0;) {
     json_t *it = json_array_get(items, k);

@@ -171,7 +171,7 @@ static lt_err_t ts_load(tsampler_t *t, int i) {
 static long long metric(tsampler_t *t, const char *name) {
   char *text = t->ops.metrics(t->ops.ctx), key[128];
   cr_assert_not_null(text);
-  snprintf(key, sizeof key, "lathe_sampler_%s ", name);
+  snprintf(key, sizeof key, "\nlathe_sampler_%s ", name); /* a sample line, not its HELP */
   char *at = strstr(text, key);
   cr_assert_not_null(at, "metric %s missing from:\n%s", name, text);
   long long v = strtoll(at + strlen(key), NULL, 10);

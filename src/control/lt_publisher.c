@@ -21,8 +21,10 @@
 #include "lt_time.h"
 
 #define LOG(...) lt_log(LT_LOG_INFO, "publisher", NULL, __VA_ARGS__)
+#define WARN(...) lt_log(LT_LOG_WARN, "publisher", NULL, __VA_ARGS__)
 /* A line about one job: its id in its own field of a JSON line. */
 #define JLOG(job, ...) lt_log(LT_LOG_INFO, "publisher", LT_LOG_JOB(job), __VA_ARGS__)
+#define JWARN(job, ...) lt_log(LT_LOG_WARN, "publisher", LT_LOG_JOB(job), __VA_ARGS__)
 
 /* ---------------------------------------------------------------- the layout */
 
@@ -293,7 +295,7 @@ static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, i
     size_t cap = p->captodo ? p->captodo * 2 : 16;
     todo_t *t = realloc(p->todo, cap * sizeof *t);
     if (!t) {
-      LOG("out of memory: job %s not queued for promotion\n", job_id);
+      WARN("out of memory: job %s not queued for promotion", job_id);
       return;
     }
     p->todo = t;
@@ -389,9 +391,10 @@ static void prune_job(lt_publisher_t *p, const char *tenant_id, const char *job_
     if (e) break;
     if (!(e = lt_store_delete(p->conf.store, json_string_value(k), err, sizeof err))) p->stats.pruned++;
   }
-  if (e) JLOG(job_id, "job %s: retention: %s (the GC retries)\n", job_id, err);
+  if (e) JWARN(job_id, "job %s: retention: %s (the GC retries)", job_id, err);
   else if (json_array_size(c.doomed))
-    JLOG(job_id, "job %s: retention: deleted %zu staging objects, kept %zu checkpoints\n", job_id, json_array_size(c.doomed),
+    JLOG(job_id, "job %s: retention: deleted %zu staging objects, kept %zu checkpoints", job_id,
+         json_array_size(c.doomed),
         json_array_size(json_object_get(p->ckpt_dirs, job_id)));
   json_decref(c.doomed);
 }
@@ -485,7 +488,7 @@ static void dead_letter(lt_publisher_t *p, const todo_t *t, lt_err_t code, const
   }
   if (!e) e = lt_avro_record_encode(rec, &bytes, &len, err, sizeof err);
   if (!e) e = produce(p, p->deadletter, t->job_id, bytes, len, err, sizeof err);
-  if (e) JLOG(t->job_id, "job %s: DeadLetter not written: %s\n", t->job_id, err);
+  if (e) JWARN(t->job_id, "job %s: DeadLetter not written: %s", t->job_id, err);
   lt_avro_record_destroy(rec);
 }
 
@@ -528,7 +531,7 @@ static lt_err_t publish_record(lt_publisher_t *p, const lt_job_t *j, const char 
 typedef enum { DONE, RETRY } step_t;
 
 static step_t reject(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why) {
-  JLOG(t->job_id, "job %s: not published: %s\n", t->job_id, why);
+  JWARN(t->job_id, "job %s: not published: %s", t->job_id, why);
   p->stats.rejected++;
   set_last(p, code, why);
   dead_letter(p, t, code, why);
@@ -543,7 +546,7 @@ static step_t retry(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why
   t->next_ms = lt_time_wall_ms() + delay;
   p->stats.retries++;
   set_last(p, code, why);
-  JLOG(t->job_id, "job %s: promotion postponed %" PRId64 " ms (try %d): %s\n", t->job_id, delay, t->tries, why);
+  JWARN(t->job_id, "job %s: promotion postponed %" PRId64 " ms (try %d): %s", t->job_id, delay, t->tries, why);
   return RETRY;
 }
 
@@ -605,7 +608,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   json_t *pub = json_object_get(info, "published");
   if (pub) {
     if (strcmp(jstr(pub, "checkpoint_event_id"), ck_ev) != 0)
-      JLOG(t->job_id, "job %s: already published from checkpoint %s; never again from %s\n", t->job_id,
+      JLOG(t->job_id, "job %s: already published from checkpoint %s; never again from %s", t->job_id,
           jstr(pub, "checkpoint_event_id"), ck_ev);
     p->stats.already_published++;
     return DONE;
@@ -656,7 +659,8 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
       st = retry(p, t, err, why);
     } else {
       p->stats.published++;
-      JLOG(jc.job_id, "job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
+      JLOG(jc.job_id, "job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")", jc.job_id,
+           pr->n, ev,
           (int)jc.attempt, c.step);
       trim_checkpoints(p, jc.job_id); /* a session's saved states go with its end */
       prune_job(p, jc.tenant_id, jc.job_id);
@@ -681,7 +685,7 @@ static void commit_offsets(lt_publisher_t *p) {
   if (!n) return;
   char err[256];
   if (lt_bus_consumer_commit(p->consumer, tp, n, false, err, sizeof err) != LT_OK) {
-    LOG("offset commit failed (will retry): %s\n", err);
+    WARN("offset commit failed (will retry): %s", err);
     return;
   }
   for (size_t k = 0; k < n; k++) p->ctrl_committed[tp[k].partition] = tp[k].offset;
@@ -725,7 +729,7 @@ static void check_ready(lt_publisher_t *p) {
   if (!ok && now - quiet_since < p->conf.settle_ms) return;
   p->stats.ready = true;
   if (p->conf.gc_interval_ms > 0) p->next_gc_ms = now + p->conf.gc_interval_ms;
-  LOG("caught up (%" PRIu64 " records folded, %zu completions to check)\n", p->stats.folded, p->ntodo);
+  LOG("caught up (%" PRIu64 " records folded, %zu completions to check)", p->stats.folded, p->ntodo);
 }
 
 static void feed(lt_publisher_t *p) {
@@ -734,7 +738,7 @@ static void feed(lt_publisher_t *p) {
     const lt_bus_msg_t *m = NULL;
     char err[256];
     if (lt_bus_consumer_poll(p->consumer, 0, &m, err, sizeof err) != LT_OK) {
-      LOG("consumer: %s\n", err);
+      WARN("consumer: %s", err);
       break;
     }
     if (!m) break;
@@ -760,7 +764,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_time_wall_ms() >= p->next_gc_ms) {
     char err[256];
     uint64_t n = 0;
-    if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) LOG("gc: %s\n", err);
+    if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) WARN("gc: %s", err);
     p->next_gc_ms = lt_time_wall_ms() + p->conf.gc_interval_ms;
   }
 }
@@ -836,7 +840,7 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
         err = lt_store_delete(p->conf.store, json_string_value(k), errstr, n);
         if (!err) {
           count++;
-          LOG("gc: deleted %s\n", json_string_value(k));
+          LOG("gc: deleted %s", json_string_value(k));
         }
       }
       json_decref(g.doomed);

@@ -146,7 +146,8 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
   }
   if (pl->n > 1 && !set_gang(s, rec, pl)) {
     lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id),
-           "job %s: worker %s has no usable rendezvous address (\"%s\") for a gang", sd->job_id, s->workers[pl->w[0]].id, s->workers[pl->w[0]].rdv);
+           "job %s: worker %s has no usable rendezvous address (\"%s\") for a gang", sd->job_id,
+           s->workers[pl->w[0]].id, s->workers[pl->w[0]].rdv);
     return false;
   }
   lt_avro_set_int(rec, "attempt", attempt);

@@ -181,7 +181,8 @@ static void view_metrics(lt_metrics_t *m, const ops_view_t *v) {
           "GPU-seconds run per tenant and class this term (ended attempts plus running ones).", row_gpu_seconds);
   per_row(m, v, "lathe_cold_loads_total", LT_METRIC_COUNTER,
           "Dispatches whose worker did not hold the job's base model, per tenant and class.", row_cold);
-  lt_metrics_family(m, "lathe_sched_class_jain", LT_METRIC_GAUGE, "Jain's index of running / entitled slots per class.");
+  lt_metrics_family(m, "lathe_sched_class_jain", LT_METRIC_GAUGE,
+                    "Jain's index of running / entitled slots per class.");
   for (int c = 0; c < LT_CLASS__COUNT; c++)
     lt_metrics_sample(m, (lt_metric_label_t[]){{"class", lt_job_class_name((lt_job_class_t)c)}, {0}}, v->jain[c]);
   lt_metrics_family(m, "lathe_slots", LT_METRIC_GAUGE, "Worker slots of the fleet: total and used.");

@@ -156,14 +156,15 @@ static void on_request(struct evhttp_request *req, void *arg) {
   if (path && strcmp(path, "/metrics") == 0) {
     char *text = s->render(s->ctx);
     if (text) reply(req, 200, "text/plain; version=0.0.4", text);
-    else reply(req, 503, "application/json", strdup("{\"error\":{\"code\":\"unavailable\",\"message\":\"out of memory\"}}\n"));
+    else reply(req, 503, "application/json", strdup("{\"error\":{\"code\":\"unavailable\"}}\n"));
   } else if (path && strcmp(path, "/healthz") == 0) {
     char *json = NULL;
     int code = s->health(s->ctx, &json);
     reply(req, code, "application/json", json);
   } else {
     reply(req, 404, "application/json",
-          strdup("{\"error\":{\"code\":\"not_found\",\"message\":\"the operator port serves GET /healthz and /metrics\"}}\n"));
+          strdup("{\"error\":{\"code\":\"not_found\",\"message\":\"the operator port serves GET /healthz "
+                 "and /metrics\"}}\n"));
   }
 }
 

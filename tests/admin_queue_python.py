@@ -157,8 +157,8 @@ def scenario(lathe, env, api_url, url, ta, tb, keys, tmp):
                  "lathe_fragmented_slots 1", "lathe_reserved_idle_slot_seconds_total 0",
                  'lathe_slots{state="used"} 3'):
         check(want in m, f"/metrics has {want}")
-    check(re.search(rf'lathe_tenant_gpu_hours{{class="standard",tenant="{ta}"}} [0-9.e-]+', m) is not None,
-          "/metrics has A's GPU-hours")
+    check(re.search(rf'lathe_tenant_gpu_seconds_total{{class="standard",tenant="{ta}"}} [0-9.e+-]+', m) is not None,
+          "/metrics has A's GPU-seconds")
 
 
 def main():

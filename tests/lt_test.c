@@ -343,7 +343,11 @@ static unsigned wait_port(lt_test_proc_t *p, const char *mark, int timeout_ms) {
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms) { return wait_port(p, "listening on http", timeout_ms); }
 
 unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms) {
-  return wait_port(p, "operator endpoints (/healthz, /metrics) at http", timeout_ms);
+  return wait_port(p, "api operator endpoints (/healthz, /metrics) at http", timeout_ms);
+}
+
+unsigned lt_test_proc_port_of(lt_test_proc_t *p, const char *mark, int timeout_ms) {
+  return wait_port(p, mark, timeout_ms);
 }
 
 /* ---------------------------------------------------------------- HTTP */

@@ -137,6 +137,9 @@ void lt_test_procs_stop_all(void);
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);
 /* The api's operator port (/healthz, /metrics), as it printed it (waits up to timeout_ms). */
 unsigned lt_test_proc_operator_port(lt_test_proc_t *p, int timeout_ms);
+/* The port of the last line "MARK...://HOST:PORT" a child printed (waits up to timeout_ms):
+ * "worker operator endpoints" gives the worker's. */
+unsigned lt_test_proc_port_of(lt_test_proc_t *p, const char *mark, int timeout_ms);
 
 /* ---------------------------------------------------------------- HTTP (lt_client) */
 

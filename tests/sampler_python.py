@@ -291,7 +291,7 @@ def client_leaves(sbase, ops, key, model):
                 break
             time.sleep(0.1)
         cancelled = m["lathe_sampler_cancelled_total"] > before["lathe_sampler_cancelled_total"]
-        freed = m["lathe_sampler_running"] == 0 and m["lathe_sampler_kv_blocks_free"] == m["lathe_sampler_kv_blocks_total"]
+        freed = m["lathe_sampler_running"] == 0 and m["lathe_sampler_kv_blocks_free"] == m["lathe_sampler_kv_blocks_capacity"]
         check(freed, f"the stream's slot and cache blocks are freed once it ended (try {attempt + 1})")
         if cancelled:
             break

@@ -151,8 +151,8 @@ static long refused_count(void) {
   lt_client_t *c = lt_test_client(ops, NULL, 0);
   lt_client_resp_t r = lt_test_req(c, "GET", "/metrics", NULL, 0);
   long n = -1;
-  const char *at = r.body ? strstr(r.body, "lathe_api_refused_records_total ") : NULL;
-  if (at) n = strtol(at + strlen("lathe_api_refused_records_total "), NULL, 10);
+  const char *at = r.body ? strstr(r.body, "\nlathe_api_refused_records_total ") : NULL; /* the sample, not HELP */
+  if (at) n = strtol(at + strlen("\nlathe_api_refused_records_total "), NULL, 10);
   lt_client_resp_free(&r);
   lt_client_destroy(c);
   return n;

@@ -34,6 +34,7 @@ typedef struct emb {
   char key_file[300];
   unsigned api_port;
   unsigned ops_port;    /* the operator port: /healthz, /metrics */
+  unsigned role_ops[2]; /* the worker's and the publisher's operator ports */
 } emb_t;
 
 /* The value of `export NAME='VALUE'` in text, into out; false when absent. */
@@ -92,6 +93,8 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
   free(text);
   /* Ready when the projection has caught up. */
   e.ops_port = lt_test_proc_operator_port(e.proc, 30000);
+  e.role_ops[0] = lt_test_proc_port_of(e.proc, "worker operator endpoints", 30000);
+  e.role_ops[1] = lt_test_proc_port_of(e.proc, "publisher operator endpoints", 30000);
   char ops_url[64];
   snprintf(ops_url, sizeof ops_url, "http://127.0.0.1:%u", e.ops_port);
   lt_client_t *c = lt_test_client(ops_url, NULL, 0);
@@ -247,7 +250,8 @@ static void scan_group(pid_t pgid, int *n, int *foreign, char *what, size_t what
 }
 
 /* One look at the running daemon: only lathed in its group, no connection to port 9092, and it
- * listens on its API (customer and operator) and mock-broker ports and nothing else. Returns how many processes the
+ * listens on its API (customer and operator), the worker's and publisher's operator ports and
+ * the mock broker's, and nothing else. Returns how many processes the
  * group holds (the daemon and its executors). */
 static int look_at_group(const emb_t *e) {
   int n, foreign;
@@ -259,7 +263,8 @@ static int look_at_group(const emb_t *e) {
   unsigned mock_port = (unsigned)atoi(strrchr(e->bootstrap, ':') + 1);
   cr_expect_eq(sk.to_9092, 0, "lathed --embedded has %d connection(s) to port 9092", sk.to_9092);
   for (int i = 0; i < sk.nlisten; i++)
-    cr_expect(sk.listen[i] == e->api_port || sk.listen[i] == e->ops_port || sk.listen[i] == mock_port,
+    cr_expect(sk.listen[i] == e->api_port || sk.listen[i] == e->ops_port || sk.listen[i] == e->role_ops[0] ||
+                  sk.listen[i] == e->role_ops[1] || sk.listen[i] == mock_port,
               "lathed --embedded listens on %u (API %u, mock broker %u)", sk.listen[i], e->api_port, mock_port);
   bool api = false, mock = false;
   for (int i = 0; i < sk.nlisten; i++) api |= sk.listen[i] == e->api_port, mock |= sk.listen[i] == mock_port;

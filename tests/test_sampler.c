@@ -171,7 +171,7 @@ static lt_err_t ts_load(tsampler_t *t, int i) {
 static long long metric(tsampler_t *t, const char *name) {
   char *text = t->ops.metrics(t->ops.ctx), key[128];
   cr_assert_not_null(text);
-  snprintf(key, sizeof key, "lathe_sampler_%s ", name);
+  snprintf(key, sizeof key, "\nlathe_sampler_%s ", name); /* a sample line, not its HELP */
   char *at = strstr(text, key);
   cr_assert_not_null(at, "metric %s missing from:\n%s", name, text);
   long long v = strtoll(at + strlen(key), NULL, 10);
@@ -183,7 +183,7 @@ static long long metric(tsampler_t *t, const char *name) {
 static bool idle_and_free(tsampler_t *t) {
   for (int i = 0; i < 2000; i++) {
     if (metric(t, "running") == 0 && metric(t, "queued") == 0 &&
-        metric(t, "kv_blocks_free") == metric(t, "kv_blocks_total"))
+        metric(t, "kv_blocks_free") == metric(t, "kv_blocks_capacity"))
       return true;
     usleep(10000);
   }
@@ -355,7 +355,7 @@ Test(sampler, preempted_requests_recompute_the_same_tokens, .timeout = 180) {
   /* A block: 2 (K, V) x 2 layers x 4 positions x 2 kv heads x 16 dims x 4 bytes = 2 KiB. A
    * request holds up to ~70 positions (18 blocks): 40 blocks hold two and a bit. */
   ts_open(&t, (lt_sampler_conf_t){.kv_bytes = 40 * 2048, .block_tokens = 4});
-  cr_assert_eq(metric(&t, "kv_blocks_total"), 40);
+  cr_assert_eq(metric(&t, "kv_blocks_capacity"), 40);
   for (int i = 0; i < NAD; i++) OK(ts_load(&t, i));
   run_long(&t, small, &pre_small);
   ts_close(&t);

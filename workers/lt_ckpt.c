@@ -13,6 +13,7 @@
 
 #include <openssl/crypto.h>
 
+#include "lt_log.h"
 #include "lt_sealed.h"
 
 const char *const lt_ckpt_names[LT_CKPT_NAMES] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
@@ -174,8 +175,8 @@ static void *upload_main(void *arg) {
   for (;;) {
     u->err = upload_once(u, &d, u->errstr, sizeof u->errstr);
     if (!u->err || !lt_store_err_retriable(u->err) || waited >= u->conf.retry_ms) break;
-    fprintf(stderr, "checkpoint upload failed at step %lld (%s); retrying in %lld ms\n", (long long)u->step,
-            u->errstr, (long long)delay);
+    lt_log_warn("worker", "%s: checkpoint upload failed at step %lld (%s); retrying in %lld ms", u->prefix,
+                (long long)u->step, u->errstr, (long long)delay);
     if (!nap(u, delay)) {
       u->err = lt_errf(u->errstr, sizeof u->errstr, LT_ERR_CANCELLED, "checkpoint upload aborted");
       break;

@@ -73,7 +73,8 @@ lt_err_t lt_confine_conf_from_env(lt_confine_conf_t *c, int slots, char *errstr,
 
 /* Variables an executor may keep: they tune libraries, never name a secret or a server. */
 static bool env_allowed(const char *kv) {
-  static const char *const exact[] = {"LANG=", "TZ=", "PATH=", NULL};
+  /* LATHE_LOG_FORMAT and LATHE_INSTANCE: the executor logs as the worker does (lt_log.h). */
+  static const char *const exact[] = {"LANG=", "TZ=", "PATH=", "LATHE_LOG_FORMAT=", "LATHE_INSTANCE=", NULL};
   static const char *const prefixes[] = {"LC_", "OPENBLAS_", "GOTO", "OMP_", "CUDA_", "NVIDIA_", "ASAN_",
                                          "UBSAN_", "LSAN_", "TSAN_", NULL};
   for (size_t i = 0; exact[i]; i++)

@@ -32,6 +32,7 @@
 #include <openssl/crypto.h>
 
 #include "lt_ckpt.h"
+#include "lt_log.h"
 #include "lt_confine.h"
 #include "lt_dp.h"
 #include "lt_executor_int.h"
@@ -272,7 +273,7 @@ static bool setup_process(void) {
     return false;
   }
   if (report[0])
-    fprintf(stderr, "lathed executor (pid %d): confinement not applied in full: %s\n", (int)getpid(), report);
+    lt_log_warn("executor", "(pid %d) confinement not applied in full: %s", (int)getpid(), report);
   /* PR_SET_PDEATHSIG is cleared by a change of credentials: set it again. */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != worker) return false;

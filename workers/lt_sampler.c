@@ -3,6 +3,7 @@
 #include "lt_sampler_int.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,8 @@
 
 #include "lt_backend.h"
 #include "lt_chat.h"
+#include "lt_log.h"
+#include "lt_metrics.h"
 #include "lt_time.h"
 #include "lt_train.h"
 
@@ -24,7 +27,7 @@ static void base_chat_config(sbase_t *b, const char *dir) {
   char *text = NULL, msg[256];
   if (lt_train_read_file(path, &text, &len, msg, sizeof msg) == LT_OK &&
       lt_chat_config_parse(text, len, &b->tmpl, &b->bos, &b->eos, msg, sizeof msg))
-    fprintf(stderr, "lathed: sampler: %s: no chat template: %s\n", b->name, msg);
+    lt_log_warn("sampler", "%s: no chat template: %s", b->name, msg);
   free(text);
   b->eos_id = b->eos ? lt_tok_token_id(b->tok, b->eos) : -1;
   if (b->eos_id < 0) b->eos_id = lt_tok_eos_id(b->tok);
@@ -76,7 +79,7 @@ static lt_err_t open_bases(lt_sampler_t *s, char *msg, size_t n) {
       char why[256];
       sbase_t *b = &s->bases[s->nbases];
       if (base_open(s, b, name, dir, why, sizeof why)) {
-        fprintf(stderr, "lathed: sampler: base model %s not served: %s\n", name, why);
+        lt_log_warn("sampler", "base model %s not served: %s", name, why);
         base_close(b);
       } else {
         s->names[s->nbases++] = b->name;
@@ -352,30 +355,46 @@ static const char *const *op_models(void *ctx) { return ((lt_sampler_t *)ctx)->n
 
 static char *op_metrics(void *ctx) {
   lt_sampler_t *s = ctx;
-  char *out = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&out, &len);
-  if (!f) return NULL;
   pthread_mutex_lock(&s->mu);
   sstats_t st = s->st;
-  int queued = 0, blocks_free = 0, blocks_total = 0;
+  int queued = 0, blocks_free = 0, blocks_total = 0, running = s->nrunning;
+  size_t adapter_bytes = s->adapter_total;
   for (sreq_t *r = s->queue; r; r = r->next) queued++;
   for (int i = 0; i < s->nbases; i++) {
     blocks_free += lt_serve_blocks_free(s->bases[i].srv);
     blocks_total += lt_serve_blocks_total(s->bases[i].srv);
   }
-  fprintf(f, "lathe_sampler_running %d\nlathe_sampler_queued %d\n", s->nrunning, queued);
-  fprintf(f, "lathe_sampler_kv_blocks_free %d\nlathe_sampler_kv_blocks_total %d\n", blocks_free, blocks_total);
-  fprintf(f, "lathe_sampler_adapter_cache_bytes %zu\n", s->adapter_total);
   pthread_mutex_unlock(&s->mu);
-#define C(name, field) fprintf(f, "lathe_sampler_" name "_total %llu\n", (unsigned long long)st.field);
-  C("requests", requests) C("rejected", rejected) C("finished", finished) C("prompt_tokens", prompt_tokens)
-  C("completion_tokens", completion_tokens) C("steps", steps) C("rows", rows) C("preempted", preempted)
-  C("timeouts", timeouts) C("cancelled", cancelled) C("adapter_loads", adapter_loads)
-  C("adapter_hits", adapter_hits) C("adapter_misses", adapter_misses) C("adapter_evictions", adapter_evictions)
+  lt_metrics_t *m = lt_metrics_new();
+  lt_metrics_one(m, "lathe_sampler_running", LT_METRIC_GAUGE, "Requests decoding now.", running);
+  lt_metrics_one(m, "lathe_sampler_queued", LT_METRIC_GAUGE, "Requests admitted and waiting to start.", queued);
+  lt_metrics_one(m, "lathe_sampler_kv_blocks_free", LT_METRIC_GAUGE, "Free KV cache blocks of all base models.",
+                 blocks_free);
+  lt_metrics_one(m, "lathe_sampler_kv_blocks_capacity", LT_METRIC_GAUGE, "KV cache blocks of all base models.",
+                 blocks_total);
+  lt_metrics_one(m, "lathe_sampler_adapter_cache_bytes", LT_METRIC_GAUGE, "Bytes of adapters held in the cache.",
+                 (double)adapter_bytes);
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } counters[] = {
+#define C(field, help) {"lathe_sampler_" #field "_total", help, offsetof(sstats_t, field)}
+      C(requests, "Sampling requests received."), C(rejected, "Requests refused for a full queue (429)."),
+      C(finished, "Requests that ran to their end."), C(prompt_tokens, "Prompt tokens prefilled."),
+      C(completion_tokens, "Tokens generated."), C(steps, "Batch steps run."), C(rows, "Rows of all batch steps."),
+      C(preempted, "Requests preempted for KV blocks and recomputed later."),
+      C(timeouts, "Requests ended by their timeout."), C(cancelled, "Requests whose client went away."),
+      C(adapter_loads, "Adapters read from the store."), C(adapter_hits, "Requests whose adapter was cached."),
+      C(adapter_misses, "Requests whose adapter had to be loaded."),
+      C(adapter_evictions, "Adapters evicted from the cache."),
 #undef C
-  fclose(f);
-  return out;
+  };
+  for (size_t i = 0; i < sizeof counters / sizeof *counters; i++) {
+    uint64_t v;
+    memcpy(&v, (const char *)&st + counters[i].off, sizeof v);
+    lt_metrics_one(m, counters[i].name, LT_METRIC_COUNTER, counters[i].help, (double)v);
+  }
+  return lt_metrics_text(m, NULL);
 }
 
 /* ---------------------------------------------------------------- life cycle */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_log.h"
 #include "lt_time.h"
 #include "lt_utf8.h"
 
@@ -349,7 +350,7 @@ void *lt_sampler_batch_main(void *arg) {
   lt_sampler_t *s = arg;
   plan_t pl = {0};
   if (plan_alloc(s, &pl)) {
-    fprintf(stderr, "lathed: sampler: out of memory for the batch\n");
+    lt_log_error("sampler", "out of memory for the batch");
     return NULL;
   }
   pthread_mutex_lock(&s->mu);

@@ -20,6 +20,7 @@
 
 #include "lt_confine.h"
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_proto.h"
 #include "lt_scrub.h"
 #include "lt_proj.h"
@@ -65,6 +66,7 @@ typedef struct attempt {
   int stop_signal;      /* SIGUSR1 (cancel) or SIGUSR2 (preempt) once sent */
   bool fenced;          /* not the job's live attempt any more: record nothing */
   bool reported;        /* the terminal line (done/stopped/error) was recorded */
+  lt_worker_end_t outcome; /* what that line said (lt_worker_stats) */
   bool killed;          /* we sent SIGKILL */
   int64_t step;
   char final_ckpt_event[40], final_ckpt_sha[65];
@@ -107,6 +109,7 @@ struct lt_worker {
   int64_t hb_seq;
   int64_t last_hb_sent_ms;
   int64_t hb_ok_ms;         /* last heartbeat the broker acknowledged (atomic) */
+  lt_worker_stats_t st;     /* counters since creation (lt_worker_stats) */
   char producer_id[160];
   lt_confine_conf_t confine; /* what executors may do (lt_confine.h) */
   char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
@@ -117,14 +120,16 @@ static const char *const rec_types[R__N] = {"AttemptStarted", "CheckpointCommitt
                                             "JobCancelled", "CleanupDone", "StepCompleted", "EvalCompleted",
                                             "WorkerHeartbeat"};
 
-static void logf_(lt_worker_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void logf_(lt_worker_t *w, const char *fmt, ...) {
+/* A line of this worker's, about attempt a (NULL: none): its ids go in fields of their own. */
+static void logf_(const attempt_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(const attempt_t *a, const char *fmt, ...) {
+  char msg[2048];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "lathed worker %s: ", w->conf.worker_id);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  lt_log(LT_LOG_INFO, "worker", a ? &(lt_log_ids_t){.job = a->job_id, .tenant = a->tenant_id, .attempt = a->attempt}
+                                  : NULL, "%s", msg);
 }
 
 /* ---------------------------------------------------------------- producing */
@@ -173,11 +178,11 @@ static bool to_bus(lt_worker_t *w, const rec_t *b, const char *topic, const char
   size_t len;
   char err[512];
   if (b->err) {
-    logf_(w, "%s for %s not built (a bug): %s", lt_avro_record_type(b->r), key, lt_avro_record_error(b->r));
+    logf_(NULL, "%s for %s not built (a bug): %s", lt_avro_record_type(b->r), key, lt_avro_record_error(b->r));
     return false;
   }
   if (lt_avro_record_encode(b->r, &bytes, &len, err, sizeof err)) {
-    logf_(w, "cannot encode %s: %s", lt_avro_record_type(b->r), err);
+    logf_(NULL, "cannot encode %s: %s", lt_avro_record_type(b->r), err);
     return false;
   }
   *out = (lt_bus_record_t){.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
@@ -200,7 +205,7 @@ static lt_err_t send_sync(lt_worker_t *w, const char *topic, const char *key, co
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
     usleep(200000);
   }
-  logf_(w, "%s for %s was not recorded: %s", lt_avro_record_type(b->r), key, err);
+  logf_(NULL, "%s for %s was not recorded: %s", lt_avro_record_type(b->r), key, err);
   return e;
 }
 
@@ -208,7 +213,7 @@ static void send_async(lt_worker_t *w, const char *topic, const char *key, const
   lt_bus_record_t rec;
   char err[512];
   if (!b->mute && to_bus(w, b, topic, key, &rec) && lt_bus_produce(w->producer, &rec, opaque, err, sizeof err))
-    logf_(w, "%s for %s not queued: %s", lt_avro_record_type(b->r), key, err);
+    logf_(NULL, "%s for %s not queued: %s", lt_avro_record_type(b->r), key, err);
 }
 
 /* Delivery reports (producer thread): a delivered heartbeat renews this worker's leases. */
@@ -243,13 +248,13 @@ static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
   a->stop_signal = sig;
   a->stop_sent_ms = lt_time_wall_ms();
   if (a->pid > 0) kill(a->pid, sig); /* else still fetching its inputs: it will not start */
-  logf_(w, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
+  logf_(a, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
 }
 
 static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
   if (a->state != A_RUNNING || a->killed) return;
   a->killed = true;
-  logf_(w, "killed %s attempt %d: %s", a->job_id, a->attempt, why); /* said first, then done */
+  logf_(a, "killed %s attempt %d: %s", a->job_id, a->attempt, why); /* said first, then done */
   if (a->pid > 0) kill(a->pid, SIGKILL); /* else still fetching its inputs: it will not start */
 }
 
@@ -259,7 +264,7 @@ static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
 static int64_t scrub_dir(lt_worker_t *w, const char *dir) {
   int64_t zeroed = 0;
   char err[512];
-  if (dir[0] && lt_scrub_tree(dir, &zeroed, err, sizeof err)) logf_(w, "%s", err);
+  if (dir[0] && lt_scrub_tree(dir, &zeroed, err, sizeof err)) logf_(NULL, "%s", err);
   return zeroed;
 }
 
@@ -375,7 +380,8 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
   PUT(&b, lt_avro_set_long, "device_bytes_zeroed", 0);
   send_sync(w, w->t_control, a->job_id, &b);
   if (a->ev) event_free(a->ev);
-  logf_(w, "attempt %d of %s ended", a->attempt, a->job_id);
+  logf_(a, "attempt %d of %s ended", a->attempt, a->job_id);
+  w->st.ended[a->reported ? a->outcome : LT_WORKER_END_LOST]++;
   slot_reset(a);
 }
 
@@ -450,6 +456,7 @@ static void commit_checkpoint(lt_worker_t *w, attempt_t *a, const lt_ckpt_done_t
     kill_attempt(w, a, "its checkpoint could not be recorded");
     return;
   }
+  w->st.checkpoints++, w->st.uploaded_bytes += d->bytes;
   char *ack = NULL;
   size_t len = 0;
   lt_proto_msg_t committed = {.type = LT_PROTO_COMMITTED, .committed.step = d->step};
@@ -502,7 +509,7 @@ static void notify_loop(attempt_t *a, char what) {
 static void on_upload_end(void *ctx) { notify_loop(ctx, 'u'); }
 
 static void on_done_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
-  a->reported = true;
+  a->reported = true, a->outcome = a->final_ckpt_event[0] ? LT_WORKER_END_COMPLETED : LT_WORKER_END_FAILED;
   if (!a->final_ckpt_event[0]) {
     record_stopped(w, a, "failed", "finished without a final checkpoint");
     return;
@@ -516,15 +523,15 @@ static void on_done_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) 
 
 static void on_stopped_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
   bool cancel = m->stopped.why == LT_TRAIN_STOP_CANCEL;
-  a->reported = true;
+  a->reported = true, a->outcome = LT_WORKER_END_STOPPED;
   a->step = m->stopped.step;
   record_stopped(w, a, cancel ? "cancel" : "preempt", NULL);
   if (cancel) record_cancelled(w, a);
 }
 
 static void on_error_line(lt_worker_t *w, attempt_t *a, const lt_proto_msg_t *m) {
-  a->reported = true;
-  logf_(w, "%s attempt %d failed: %s", a->job_id, a->attempt, m->error.reason ? m->error.reason : "(no reason)");
+  a->reported = true, a->outcome = LT_WORKER_END_FAILED;
+  logf_(a, "%s attempt %d failed: %s", a->job_id, a->attempt, m->error.reason ? m->error.reason : "(no reason)");
   record_stopped(w, a, "failed", m->error.reason ? m->error.reason : "the executor failed");
 }
 
@@ -547,7 +554,7 @@ static void on_line(lt_worker_t *w, attempt_t *a, const char *line) {
   lt_proto_msg_t m;
   char err[256];
   if (lt_proto_decode(line, &m, err, sizeof err)) {
-    logf_(w, "%s: unreadable executor line: %s", a->job_id, err);
+    logf_(a, "%s: unreadable executor line: %s", a->job_id, err);
   } else {
     a->last_progress_ms = lt_time_wall_ms();
     if (!live(w, a)) {
@@ -637,7 +644,7 @@ static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size
   c->a = a;
   a->ev = event_new(w->base, a->out_fd, EV_READ | EV_PERSIST, read_output, c);
   event_add(a->ev, NULL);
-  if (!ok) logf_(w, "could not hand the assignment to the executor of %s", a->job_id);
+  if (!ok) logf_(a, "could not hand the assignment to the executor of %s", a->job_id);
   return LT_OK;
 }
 
@@ -757,7 +764,8 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
     fail_start(w, a, err);
     return;
   }
-  logf_(w, "started %s attempt %d (pid %d)", a->job_id, a->attempt, (int)a->pid);
+  logf_(a, "started %s attempt %d (pid %d)", a->job_id, a->attempt, (int)a->pid);
+  w->st.started++, w->st.fetched_bytes += a->in.bytes;
 }
 
 /* The gang's join ended ('g'): its connections go to the executor, which starts now. */
@@ -811,7 +819,7 @@ static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, cons
                        .valid_id = a->spec.validation_dataset_id[0] ? a->spec.validation_dataset_id : NULL,
                        .resume_key = resume, .notify_fd = a->notify[1]};
   lt_err_t err = lt_xfer_start(&xc, &a->xfer, errstr, n);
-  if (!err) logf_(w, "fetching the inputs of %s attempt %d%s", a->job_id, a->attempt, resume ? " (resuming)" : "");
+  if (!err) logf_(a, "fetching the inputs of %s attempt %d%s", a->job_id, a->attempt, resume ? " (resuming)" : "");
   return err;
 }
 
@@ -888,7 +896,7 @@ static void on_dispatch_msg(lt_worker_t *w, const lt_bus_msg_t *m) {
   lt_avro_record_t *rec;
   char err[256];
   if (!v || lt_avro_decode(w->dec, v, len, &rec, err, sizeof err) || strcmp(lt_avro_record_type(rec), "JobDispatched")) {
-    logf_(w, "skipping an undecodable dispatch record at offset %lld", (long long)lt_bus_msg_offset(m));
+    logf_(NULL, "skipping an undecodable dispatch record at offset %lld", (long long)lt_bus_msg_offset(m));
     return;
   }
   const char *wid = NULL, *job = NULL, *cls = NULL;
@@ -967,7 +975,7 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
 static void fold_control(lt_worker_t *w, const lt_bus_msg_t *m) {
   char err[512];
   if (lt_proj_fold_msg(w->proj, m, NULL, on_folded, w, err, sizeof err) == LT_ERR_AUTH)
-    fprintf(stderr, "lathed worker: %s\n", err);
+    logf_(NULL, "%s", err);
 }
 
 static void on_control(evutil_socket_t fd, short what, void *arg) {
@@ -1150,6 +1158,16 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   __atomic_store_n(&w->hb_ok_ms, lt_time_wall_ms(), __ATOMIC_RELEASE);
   *out = w;
   return LT_OK;
+}
+
+void lt_worker_stats(lt_worker_t *w, lt_worker_stats_t *out) {
+  *out = w->st;
+  out->slots = w->conf.slots;
+  out->busy = w->conf.slots - free_slots(w);
+  out->pending = w->npending;
+  out->hb_ok_ms = __atomic_load_n(&w->hb_ok_ms, __ATOMIC_ACQUIRE);
+  out->hb_sent_ms = w->last_hb_sent_ms;
+  out->heartbeat_ms = w->conf.heartbeat_ms;
 }
 
 void lt_worker_destroy(lt_worker_t *w) {

@@ -73,6 +73,37 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
  * leases expire) and frees. NULL is fine. */
 void lt_worker_destroy(lt_worker_t *w);
 
+/* How attempts ended here: the executor finished (completed) or stopped on request (stopped,
+ * a cancel or a preemption), said it failed or finished without a final checkpoint (failed), or
+ * ended without saying (lost: it died, was killed, or never started). */
+typedef enum {
+  LT_WORKER_END_COMPLETED,
+  LT_WORKER_END_STOPPED,
+  LT_WORKER_END_FAILED,
+  LT_WORKER_END_LOST,
+  LT_WORKER_END__COUNT
+} lt_worker_end_t;
+
+/* The operator endpoint's figures: the state now and counters since creation (a copy). */
+typedef struct lt_worker_stats {
+  int slots, busy, pending;             /* slots, those holding an attempt, dispatches waiting */
+  uint64_t started;                     /* executors started */
+  uint64_t ended[LT_WORKER_END__COUNT]; /* attempts ended, by outcome */
+  uint64_t fetched_bytes;               /* plaintext inputs fetched for started executors */
+  uint64_t uploaded_bytes, checkpoints; /* checkpoints committed and their stored bytes */
+  int64_t hb_ok_ms, hb_sent_ms;         /* last heartbeat acknowledged, and sent (wall ms; 0: none) */
+  int64_t heartbeat_ms;                 /* the heartbeat interval */
+} lt_worker_stats_t;
+
+/* On the worker's event loop. */
+void lt_worker_stats(lt_worker_t *w, lt_worker_stats_t *out);
+
+/* /metrics (Prometheus text, malloc'd; NULL when out of memory) and /healthz (200 while its
+ * heartbeats are acknowledged, else 503; *json malloc'd) of the worker's operator endpoint
+ * (lt_worker_ops.c). On the worker's event loop. */
+char *lt_worker_metrics(lt_worker_t *w);
+int lt_worker_health(lt_worker_t *w, char **json);
+
 /* The executor side, for `lathed --role executor` (lt_executor.c). Returns the exit status. */
 int lt_executor_main(void);
 

@@ -15,8 +15,12 @@
 #include <openssl/crypto.h>
 
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_sealed.h"
 #include "lt_time.h"
+
+/* A line about the session s: its id in a field of its own (lt_log.h). */
+#define SESSION(s) (&(lt_log_ids_t){.session = (s)->job})
 
 #define MAX_BODY ((size_t)64 << 20) /* the largest call body or state the worker reads */
 #define MAX_AHEAD 8                 /* calls handed to the executor and not yet answered, at most */
@@ -109,8 +113,8 @@ static void record_result(lt_wsess_t *s, result_t *r) {
     uint8_t sha[32];
     snprintf(key, sizeof key, "sessions/%s/%s/results/%lld", s->tenant, s->job, (long long)r->seq);
     if (lt_sealed_put(s->c.store, s->dek, key, r->body, len, sha, err_msg, sizeof err_msg)) {
-      fprintf(stderr, "lathed worker: %s: the result of call %lld was not stored: %s\n", s->job, (long long)r->seq,
-              err_msg);
+      lt_log(LT_LOG_ERROR, "worker", SESSION(s), "%s: the result of call %lld was not stored: %s", s->job,
+             (long long)r->seq, err_msg);
       r->ok = false;
       snprintf(r->code, sizeof r->code, "internal");
       snprintf(r->reason, sizeof r->reason, "the call ran, but its result could not be stored");
@@ -144,7 +148,7 @@ static void record_result(lt_wsess_t *s, result_t *r) {
   const uint8_t *bytes;
   size_t blen;
   if (err || lt_avro_record_encode(rec, &bytes, &blen, err_msg, sizeof err_msg)) {
-    fprintf(stderr, "lathed worker: PrimitiveCompleted not built (a bug): %s\n", lt_avro_record_error(rec));
+    lt_log_error("worker", "PrimitiveCompleted not built (a bug): %s", lt_avro_record_error(rec));
     return;
   }
   lt_bus_record_t br = {.topic = s->t_progress, .partition = LT_BUS_PARTITION_ANY, .key = s->job,
@@ -154,8 +158,8 @@ static void record_result(lt_wsess_t *s, result_t *r) {
     if (!e) return;
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
   }
-  fprintf(stderr, "lathed worker: %s: PrimitiveCompleted of call %lld not recorded: %s\n", s->job, (long long)r->seq,
-          err_msg);
+  lt_log(LT_LOG_ERROR, "worker", SESSION(s), "%s: PrimitiveCompleted of call %lld not recorded: %s",
+         s->job, (long long)r->seq, err_msg);
 }
 
 static void *outbound_main(void *arg) {
@@ -270,7 +274,7 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
   char *text = !e && body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
   if (e) {
-    fprintf(stderr, "lathed worker: %s: call %lld not run: %s\n", s->job, (long long)seq, err);
+    lt_log(LT_LOG_ERROR, "worker", SESSION(s), "%s: call %lld not run: %s", s->job, (long long)seq, err);
     fail_call(s, seq, kind, "internal", wait_ready(s), "the call's body could not be read back from the store");
     return;
   }
@@ -309,7 +313,7 @@ static void *inbound_main(void *arg) {
   int64_t mark = 0;
   char err[512];
   if (open_calls(s, &cons, &mark, err, sizeof err)) {
-    fprintf(stderr, "lathed worker: %s: cannot read the session's calls: %s\n", s->job, err);
+    lt_log(LT_LOG_ERROR, "worker", SESSION(s), "%s: cannot read the session's calls: %s", s->job, err);
     lt_bus_consumer_destroy(cons);
     return NULL; /* the calls wait; the session's attempt is ended by its own watchdog or a cancel */
   }

@@ -9,6 +9,8 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "lt_log.h"
+
 lt_err_t lt_worker_assign_control(const lt_bus_conf_t *bus, lt_bus_consumer_t **out, char *errstr, size_t n) {
   lt_err_t err = lt_bus_consumer_new(bus, NULL, out, errstr, n);
   if (err) return err;
@@ -74,11 +76,11 @@ lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *
                      strerror(errno));
   }
   if (geteuid() != 0)
-    fprintf(stderr, "lathed worker %s: not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
+    lt_log_warn("worker", "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
             "a network namespace only where the kernel allows user namespaces (each executor logs what it could "
-            "not apply)\n", conf->worker_id);
+            "not apply)");
   else
-    fprintf(stderr, "lathed worker %s: executors run as uid %lld gid %lld, %llu MiB of data each\n", conf->worker_id,
-            (long long)confine->uid, (long long)confine->gid, (unsigned long long)(confine->data_bytes >> 20));
+    lt_log_info("worker", "executors run as uid %lld gid %lld, %llu MiB of data each",
+                (long long)confine->uid, (long long)confine->gid, (unsigned long long)(confine->data_bytes >> 20));
   return LT_OK;
 }

@@ -3,11 +3,12 @@
  *   lathed --role api [--bind ADDR] [--port N] [--operator-bind ADDR] [--operator-port N]
  *                     [--max-connections N] [--tls-cert PEM --tls-key PEM]
  *   lathed --role scheduler [--operator-bind ADDR] [--scheduler-port N]   (or LATHE_SCHEDULER_PORT)
- *   lathed --role worker|publisher
+ *   lathed --role worker|publisher [--operator-bind ADDR] [--operator-port N]   (default: any free port)
  *   lathed --role sampler [--bind ADDR] [--port N] [--operator-port N]   OpenAI-compatible sampling
  *   lathed --role all [--port N] [--sampler-port N]  (the sampler only with --sampler-port)
  *   lathed --role all --embedded [--port N] [--data DIR]   (in memory: see lt_embedded.h)
  *   lathed --role executor        (spawned by a worker; not for people)
+ *   every role: [--log-format text|json]   (or LATHE_LOG_FORMAT; lt_log.h)
  *
  * Configuration comes from the environment (`eval "$(ops/stack env)"` sets the local stack's):
  *   LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX        Kafka
@@ -40,7 +41,9 @@
  *                    the default: the answers are the training engine's, bit for bit) or bf16
  *                    copies (half the bytes a decode step streams; answers within bf16 rounding)
  *
- * The process-wide things are here and nowhere else: the signal events and the event base.
+ * The process-wide things are here and nowhere else: the signal events, the event base, and
+ * the log format (lt_log_setup, before any thread starts; executors inherit it through
+ * LATHE_LOG_FORMAT).
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
 #include <errno.h>
 #include <malloc.h>
@@ -52,6 +55,7 @@
 
 #include <event2/event.h>
 #include <event2/thread.h>
+#include <event2/util.h>
 
 #include "lt_api.h"
 #include "lt_publisher.h"
@@ -64,6 +68,8 @@
 #include "lt_config.h"
 #include "lt_crypto.h"
 #include "lt_embedded.h"
+#include "lt_log.h"
+#include "lt_metrics.h"
 #include "lt_recmac.h"
 #include "lt_store.h"
 #include "lt_utf8.h"
@@ -83,6 +89,7 @@ typedef struct lathed {
   lt_scheduler_t *scheduler;
   lt_publisher_t *publisher;
   lt_worker_t *worker;
+  lt_metrics_server_t *worker_ops, *publisher_ops; /* their operator endpoints */
   lt_embedded_t *embedded; /* --embedded: the mock cluster the roles use */
   lt_tok_t *tok;           /* api: the bundled model's tokenizer for dataset reports, or NULL */
   struct {                 /* api: base models' tokenizers for /v1/tokenize, loaded when first asked */
@@ -98,7 +105,7 @@ static void usage(FILE *f) {
           "usage: lathed --role api|scheduler|worker|publisher|sampler|all [--bind ADDR] [--port N]\n"
           "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
           "              [--tls-cert PEM --tls-key PEM] [--sampler-port N (with --role all)]\n"
-          "              [--scheduler-port N (with --role scheduler or all)]\n"
+          "              [--scheduler-port N (with --role scheduler or all)] [--log-format text|json]\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"
@@ -113,6 +120,10 @@ static void usage(FILE *f) {
           "\nThe scheduler serves /healthz, /metrics and /v1/admin/queue (`lathe admin queue`) on\n"
           "--operator-bind:--scheduler-port (or LATHE_SCHEDULER_PORT; off unless one is given; 0 is any\n"
           "free port): plain HTTP without authentication, for loopback.\n"
+          "\nA worker and a publisher serve /healthz and /metrics on --operator-bind:--operator-port\n"
+          "(any free port unless given; with --role all, always any free port). Each prints the port.\n"
+          "\n--log-format json (or LATHE_LOG_FORMAT=json) writes every log line as one JSON object: ts,\n"
+          "level, role, instance, msg, and job, tenant, attempt, session when the line is about one.\n"
           "\nLATHE_MODELS_DIR, LATHE_WORKER_SLOTS and LATHE_WORKER_THREADS configure a worker.\n"
           "\n"
           "--config FILE reads NAME=VALUE lines (a LATHE_ setting, or kafka.PROPERTY for any librdkafka\n"
@@ -218,7 +229,7 @@ static lt_tok_t *load_tokenizer(const char *models) {
   char err[256];
   if (access(p, R_OK) != 0) return NULL;
   if (lt_tok_load_file(p, &tok, err, sizeof err)) {
-    fprintf(stderr, "lathed: api: no token counts in dataset reports: %s\n", err);
+    lt_log_warn("api", "no token counts in dataset reports: %s", err);
     return NULL;
   }
   return tok;
@@ -226,14 +237,18 @@ static lt_tok_t *load_tokenizer(const char *models) {
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   lathed_t *d = arg;
-  fprintf(stderr, "lathed: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  lt_log_info(NULL, "%s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
   event_base_loopexit(d->base, NULL);
 }
 
-static int setup_common(lathed_t *d, char *err, size_t n) {
+/* This process's name in records and log lines: LATHE_INSTANCE, else the host name. */
+static void instance_name(char *out, size_t n) {
   const char *inst = getenv("LATHE_INSTANCE");
-  if (inst && *inst) snprintf(d->instance, sizeof d->instance, "%s", inst);
-  else if (gethostname(d->instance, sizeof d->instance) != 0) snprintf(d->instance, sizeof d->instance, "lathed");
+  if (inst && *inst) snprintf(out, n, "%s", inst);
+  else if (gethostname(out, n) != 0) snprintf(out, n, "lathed");
+}
+
+static int setup_common(lathed_t *d, char *err, size_t n) {
   d->bus = lt_bus_conf_new();
   if (!d->bus) return lt_errf(err, n, LT_ERR_NOMEM, "out of memory");
   lt_err_t e = lt_bus_conf_from_env(d->bus, err, n);
@@ -250,8 +265,8 @@ static int setup_common(lathed_t *d, char *err, size_t n) {
 
 /* What the command line asked for. */
 typedef struct lathed_opts {
-  const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key;
-  bool embedded, api, scheduler, publisher, worker, sampler, sampler_port_set, sched_port_set;
+  const char *role, *bind, *data_dir, *ops_bind, *tls_cert, *tls_key, *log_format;
+  bool embedded, api, scheduler, publisher, worker, sampler, sampler_port_set, sched_port_set, ops_port_set;
   uint16_t port, ops_port, sampler_port, sched_port;
   int max_connections;
 } lathed_opts_t;
@@ -261,7 +276,7 @@ static bool num_arg(const char *opt, const char *text, long lo, long hi, long *o
   char *end;
   long v = strtol(text, &end, 10);
   if (*end || end == text || v < lo || v > hi) {
-    fprintf(stderr, "lathed: %s must be %ld..%ld, not \"%s\"\n", opt, lo, hi, text);
+    lt_log_error(NULL, "%s must be %ld..%ld, not \"%s\"", opt, lo, hi, text);
     return false;
   }
   *out = v;
@@ -282,12 +297,14 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
     else if (strcmp(argv[i], "--tls-key") == 0 && more) o->tls_key = argv[++i];
     else if (strcmp(argv[i], "--embedded") == 0) o->embedded = true;
     else if (strcmp(argv[i], "--data") == 0 && more) o->data_dir = argv[++i];
+    else if (strcmp(argv[i], "--log-format") == 0 && more) o->log_format = argv[++i];
     else if (strcmp(argv[i], "--port") == 0 && more) {
       if (!num_arg("--port", argv[++i], 0, 65535, &v)) return 2;
       o->port = (uint16_t)v;
     } else if (strcmp(argv[i], "--operator-port") == 0 && more) {
       if (!num_arg("--operator-port", argv[++i], 0, 65535, &v)) return 2;
       o->ops_port = (uint16_t)v;
+      o->ops_port_set = true;
     } else if (strcmp(argv[i], "--scheduler-port") == 0 && more) {
       if (!num_arg("--scheduler-port", argv[++i], 0, 65535, &v)) return 2;
       o->sched_port = (uint16_t)v;
@@ -310,6 +327,11 @@ static int parse_args(int argc, char **argv, lathed_opts_t *o) {
       usage(stderr);
       return 2;
     }
+  }
+  lt_log_format_t fmt;
+  if (o->log_format && !lt_log_format_parse(o->log_format, &fmt)) {
+    fprintf(stderr, "lathed: --log-format must be text or json, not \"%s\"\n", o->log_format);
+    return 2;
   }
   if (o->role && strcmp(o->role, "executor") == 0) return -1;
   bool all = o->role && strcmp(o->role, "all") == 0;
@@ -338,7 +360,7 @@ static lt_err_t start_embedded(lathed_t *d, const lathed_opts_t *o, char *err, s
   lt_embedded_conf_t ec = {.data_dir = o->data_dir};
   lt_err_t e = lt_embedded_start(&ec, &d->embedded, err, n);
   if (e) return e;
-  fprintf(stderr, "lathed: embedded: in-memory Kafka (mock cluster) at %s, store and key in %s\n",
+  lt_log_info(NULL, "embedded: in-memory Kafka (mock cluster) at %s, store and key in %s",
           lt_embedded_bootstrap(d->embedded), lt_embedded_dir(d->embedded));
   return LT_OK;
 }
@@ -391,10 +413,9 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (e) return e;
   /* Tests and scripts read the two ports from these lines. */
-  fprintf(stderr, "lathed: api operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
-          lt_api_operator_port(d->api));
-  fprintf(stderr, "lathed: api listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
-          lt_api_port(d->api));
+  lt_log_info(NULL, "api operator endpoints (/healthz, /metrics) at http://%s:%u", o->ops_bind,
+              lt_api_operator_port(d->api));
+  lt_log_info(NULL, "api listening on %s://%s:%u", o->tls_cert ? "https" : "http", o->bind, lt_api_port(d->api));
   return LT_OK;
 }
 
@@ -437,10 +458,10 @@ static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, si
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   if (!e) e = lt_api_new(d->base, &conf, &d->sampler_api, err, n);
   if (e) return e;
-  fprintf(stderr, "lathed: sampler operator endpoints (/healthz, /metrics) at http://%s:%u\n", o->ops_bind,
-          lt_api_operator_port(d->sampler_api));
-  fprintf(stderr, "lathed: sampler listening on %s://%s:%u\n", o->tls_cert ? "https" : "http", o->bind,
-          lt_api_port(d->sampler_api));
+  lt_log_info(NULL, "sampler operator endpoints (/healthz, /metrics) at http://%s:%u", o->ops_bind,
+              lt_api_operator_port(d->sampler_api));
+  lt_log_info(NULL, "sampler listening on %s://%s:%u", o->tls_cert ? "https" : "http", o->bind,
+              lt_api_port(d->sampler_api));
   return LT_OK;
 }
 
@@ -468,14 +489,33 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
     sc.operator_port = (uint16_t)v;
   }
   e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
-  if (!e) fprintf(stderr, "lathed: scheduler started\n");
+  if (!e) lt_log_info(NULL, "scheduler started");
   if (!e && sc.operator_bind_addr)
-    fprintf(stderr, "lathed: scheduler operator endpoints (/healthz, /metrics, /v1/admin/queue) at http://%s:%u\n",
-            o->ops_bind, lt_scheduler_operator_port(d->scheduler));
+    lt_log_info(NULL, "scheduler operator endpoints (/healthz, /metrics, /v1/admin/queue) at http://%s:%u",
+                o->ops_bind, lt_scheduler_operator_port(d->scheduler));
   return e;
 }
 
-static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
+/* The operator port of a role without a server of its own (worker, publisher): --operator-port
+ * when given to that role alone, else any free port, so that several roles and instances share
+ * a host without a clash; the port is printed either way. */
+static lt_err_t start_ops(lathed_t *d, const lathed_opts_t *o, const char *role, lt_metrics_render_fn render,
+                          lt_metrics_health_fn health, void *ctx, lt_metrics_server_t **out, char *err, size_t n) {
+  bool alone = !o->api && !o->sampler && !(o->worker && o->publisher);
+  uint16_t port = alone && o->ops_port_set ? o->ops_port : 0;
+  lt_err_t e = lt_metrics_server_new(d->base, o->ops_bind, port, render, health, ctx, out, err, n);
+  if (!e)
+    lt_log_info(NULL, "%s operator endpoints (/healthz, /metrics) at http://%s:%u", role, o->ops_bind,
+                lt_metrics_server_port(*out));
+  return e;
+}
+
+static char *publisher_metrics(void *ctx) { return lt_publisher_metrics(ctx); }
+static int publisher_health(void *ctx, char **json) { return lt_publisher_health(ctx, json); }
+static char *worker_metrics(void *ctx) { return lt_worker_metrics(ctx); }
+static int worker_health(void *ctx, char **json) { return lt_worker_health(ctx, json); }
+
+static lt_err_t start_publisher(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
   const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
@@ -486,11 +526,13 @@ static lt_err_t start_publisher(lathed_t *d, char *err, size_t n) {
                             .registry = d->reg,
                             .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
-  if (!e) fprintf(stderr, "lathed: publisher started\n");
+  if (!e) lt_log_info(NULL, "publisher started");
+  if (!e)
+    e = start_ops(d, o, "publisher", publisher_metrics, publisher_health, d->publisher, &d->publisher_ops, err, n);
   return e;
 }
 
-static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
+static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
@@ -504,7 +546,8 @@ static lt_err_t start_worker(lathed_t *d, char *err, size_t n) {
                          .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
                          .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
-  if (!e) fprintf(stderr, "lathed: worker %s started (models in %s)\n", d->instance, d->models);
+  if (!e) lt_log_info(NULL, "worker %s started (models in %s)", d->instance, d->models);
+  if (!e) e = start_ops(d, o, "worker", worker_metrics, worker_health, d->worker, &d->worker_ops, err, n);
   return e;
 }
 
@@ -516,8 +559,8 @@ static lt_err_t announce_embedded(lathed_t *d, const lathed_opts_t *o, char *err
            lt_api_port(d->api));
   lt_err_t e = lt_embedded_write_env(d->embedded, url, stdout, err, n);
   if (!e)
-    fprintf(stderr, "lathed: embedded: ready; the exports above are in %s/env (in memory: gone on exit)\n",
-            lt_embedded_dir(d->embedded));
+    lt_log_info(NULL, "embedded: ready; the exports above are in %s/env (in memory: gone on exit)",
+                lt_embedded_dir(d->embedded));
   return e;
 }
 
@@ -533,8 +576,8 @@ static lt_err_t start_roles(lathed_t *d, const lathed_opts_t *o, char *err, size
   snprintf(d->models, sizeof d->models, "%s", md && *md ? md : LT_MODELS_DIR);
   if (o->api && (what = "api") && (e = start_api(d, o, why, sizeof why))) goto fail;
   if (o->scheduler && (what = "scheduler") && (e = start_scheduler(d, o, why, sizeof why))) goto fail;
-  if (o->publisher && (what = "publisher") && (e = start_publisher(d, why, sizeof why))) goto fail;
-  if (o->worker && (what = "worker") && (e = start_worker(d, why, sizeof why))) goto fail;
+  if (o->publisher && (what = "publisher") && (e = start_publisher(d, o, why, sizeof why))) goto fail;
+  if (o->worker && (what = "worker") && (e = start_worker(d, o, why, sizeof why))) goto fail;
   if (o->sampler && (what = "sampler") && (e = start_sampler(d, o, why, sizeof why))) goto fail;
   if (d->embedded && (what = "embedded") && (e = announce_embedded(d, o, why, sizeof why))) goto fail;
   return LT_OK;
@@ -556,6 +599,8 @@ static void run_until_signal(lathed_t *d) {
 }
 
 static void lathed_teardown(lathed_t *d) {
+  lt_metrics_server_destroy(d->worker_ops); /* before the roles they read */
+  lt_metrics_server_destroy(d->publisher_ops);
   lt_worker_destroy(d->worker);
   lt_publisher_destroy(d->publisher);
   lt_scheduler_destroy(d->scheduler);
@@ -574,6 +619,24 @@ static void lathed_teardown(lathed_t *d) {
   event_base_free(d->base);
 }
 
+/* libevent's own warnings as log lines (one format for every line on stderr). */
+static void on_event_log(int severity, const char *msg) {
+  lt_log(severity >= EVENT_LOG_ERR ? LT_LOG_ERROR : severity == EVENT_LOG_WARN ? LT_LOG_WARN : LT_LOG_DEBUG,
+         NULL, NULL, "libevent: %s", msg);
+}
+
+/* The log format: --log-format, else LATHE_LOG_FORMAT, else text. JSON is exported, so that
+ * the executors a worker spawns (lt_confine passes LATHE_LOG_FORMAT on) write JSON too. */
+static void setup_log(const lathed_opts_t *o, const char *instance) {
+  lt_log_format_t fmt = LT_LOG_TEXT;
+  const char *env = getenv("LATHE_LOG_FORMAT");
+  if (!(o->log_format && lt_log_format_parse(o->log_format, &fmt)) && env && !lt_log_format_parse(env, &fmt))
+    fmt = LT_LOG_TEXT;
+  lt_log_setup(fmt, o->role, instance);
+  setenv("LATHE_LOG_FORMAT", fmt == LT_LOG_JSON ? "json" : "text", 1);
+  event_set_log_callback(on_event_log);
+}
+
 int main(int argc, char **argv) {
   lathed_opts_t o;
   char cerr[640];
@@ -582,8 +645,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "lathed: %s\n", cerr);
     return 2;
   }
+  lathed_t d = {0};
+  instance_name(d.instance, sizeof d.instance);
   int rc = parse_args(argc, argv, &o);
   if (rc >= 0) return rc;
+  setup_log(&o, d.instance);
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
@@ -593,15 +659,14 @@ int main(int argc, char **argv) {
    * the api's memory then never came back after uploads (tests/test_api_data.c). */
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 20);
-  lathed_t d = {0};
   d.base = event_base_new();
   if (!d.base) {
-    fprintf(stderr, "lathed: cannot create the event loop\n");
+    lt_log_error(NULL, "cannot create the event loop");
     return 1;
   }
   char err[640] = "";
   if (start_roles(&d, &o, err, sizeof err)) {
-    fprintf(stderr, "lathed: %s\n", err);
+    lt_log_error(NULL, "%s", err);
     rc = 1;
   } else {
     run_until_signal(&d);

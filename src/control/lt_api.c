@@ -339,8 +339,11 @@ static void serve(lt_api_t *api, struct evhttp_request *req, bool operator) {
   else slot = operator ? route_operator(api, req, decoded) : route(api, req, decoded);
   free(decoded);
   if (parsed) evhttp_uri_free(parsed);
-  /* Status of requests answered now; async ones (submissions) count their handler time. */
-  lt_api_metrics_observe(api, slot, evhttp_request_get_response_code(req), lt_time_mono_us() - t0);
+  /* A request not answered yet (a submission waiting for the broker) is counted when it is, with
+   * the status it gets: a 503 must not count as a success. */
+  int code = evhttp_request_get_response_code(req);
+  if (code || operator || !lt_api_door_count_later(api, req, slot, t0))
+    lt_api_metrics_observe(api, slot, code, lt_time_mono_us() - t0);
 }
 
 static void on_request(struct evhttp_request *req, void *arg) { serve(arg, req, false); }

@@ -30,6 +30,7 @@
 
 #include "lt_dataset.h"
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_publisher.h"
 
 static const char *const types[] = {"AccessRequested", "AccessApproved", "AccessDenied", "AccessRevoked",
@@ -65,7 +66,7 @@ static lt_err_t fold(lt_api_t *api, const void *v, size_t len, char *why, size_t
 }
 
 static void dead_letter_done(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
-  if (err) fprintf(stderr, "lathed api: a refused audit record could not be dead-lettered: %s\n", msg);
+  if (err) lt_log_error("api", "a refused audit record could not be dead-lettered: %s", msg);
 }
 
 /* A refused record goes to lathe.deadletter with the reason, once: only a record that arrived
@@ -92,7 +93,7 @@ static void dead_letter(lt_api_t *api, const lt_bus_msg_t *m, const char *reason
   char kstr[LT_ID_MAX + 1]; /* the original key (a tenant id), as the dead letter's key */
   snprintf(kstr, sizeof kstr, "%.*s", key ? (int)(klen < LT_ID_MAX ? klen : LT_ID_MAX) : 0, key ? (const char *)key : "");
   if (!err) err = lt_api_produce(api, topic, LT_BUS_PARTITION_ANY, kstr, bytes, len, false, dead_letter_done, NULL);
-  if (err) fprintf(stderr, "lathed api: a refused audit record could not be dead-lettered (%s)\n", lt_err_name(err));
+  if (err) lt_log_error("api", "a refused audit record could not be dead-lettered (%s)", lt_err_name(err));
   lt_avro_record_destroy(rec);
 }
 
@@ -102,14 +103,14 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
   char why[512];
   if (!api->audit_mac || !lt_recmac_msg_ok(api->audit_mac, "audit", m, why, sizeof why)) {
     api->stats.refused++;
-    fprintf(stderr, "lathed api: lathe.audit offset %lld refused: %s\n", (long long)lt_bus_msg_offset(m),
-            api->audit_mac ? why : "no master key to check the record MAC");
+    lt_log_warn("api", "lathe.audit offset %lld refused: %s", (long long)lt_bus_msg_offset(m),
+                api->audit_mac ? why : "no master key to check the record MAC");
     if (api->audit_mac) dead_letter(api, m, why);
     return;
   }
   lt_err_t err = fold(api, v, vlen, why, sizeof why);
   if (err && err != LT_ERR_EXISTS)
-    fprintf(stderr, "lathed api: lathe.audit offset %lld ignored: %s\n", (long long)lt_bus_msg_offset(m), why);
+    lt_log_warn("api", "lathe.audit offset %lld ignored: %s", (long long)lt_bus_msg_offset(m), why);
 }
 
 /* ---------------------------------------------------------------- records out */
@@ -127,7 +128,7 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   produced_t *p = arg;
   char why[512];
   if (!err && fold(api, p->bytes, p->len, why, sizeof why) && strstr(why, "a replay") == NULL)
-    fprintf(stderr, "lathed api: own audit record not folded: %s\n", why);
+    lt_log_error("api", "own audit record not folded: %s", why);
   (void)msg;
   p->then(api, p->ctx, err);
   free(p->bytes);

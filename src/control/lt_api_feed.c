@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_log.h"
+
 /* ---------------------------------------------------------------- produce, then answer */
 
 typedef struct lt_api_pending {
@@ -144,7 +146,7 @@ static void feed(lt_api_t *api) {
     char err[256];
     lt_err_t e = lt_bus_consumer_poll(api->consumer, 0, &m, err, sizeof err);
     if (e) {
-      fprintf(stderr, "lathed api: consumer: %s\n", err);
+      lt_log_error("api", "consumer: %s", err);
       return;
     }
     if (!m) {
@@ -164,7 +166,7 @@ static void feed(lt_api_t *api) {
     lt_err_t fe = lt_proj_fold_msg(api->proj, m, NULL, on_folded, api, err, sizeof err);
     if (fe == LT_ERR_AUTH) {
       api->stats.refused++;
-      fprintf(stderr, "lathed api: %s\n", err);
+      lt_log_warn("api", "%s", err);
     } else if (fe) {
       api->stats.undecodable++;
     }

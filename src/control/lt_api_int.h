@@ -33,6 +33,7 @@
 #include "lt_access.h"
 #include "lt_api.h"
 #include "lt_map.h"
+#include "lt_metrics.h"
 #include "lt_proj.h"
 #include "lt_recmac.h"
 #include "lt_sealed.h"
@@ -64,13 +65,11 @@ typedef enum lt_api_slot {
 } lt_api_slot_t;
 
 #define LT_API_STATUS_CLASSES 5   /* 1xx .. 5xx */
-#define LT_API_LATENCY_BUCKETS 10 /* bounds in lt_api_metrics.c; the last one is +Inf */
 
 /* Counters for /metrics, by route family and status class. */
 typedef struct lt_api_stats {
   uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
-  uint64_t latency_us_sum[LT_API_SLOT__COUNT];
-  uint64_t latency_le[LT_API_SLOT__COUNT][LT_API_LATENCY_BUCKETS];
+  lt_metrics_hist_t latency[LT_API_SLOT__COUNT]; /* seconds to the answer (bounds in lt_api_metrics.c) */
   uint64_t produced, produce_failed, undecodable;
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
@@ -201,6 +200,11 @@ bool lt_api_door_admit(lt_api_t *api, struct evhttp_request *req);
 bool lt_api_door_addr(lt_api_t *api, struct evhttp_request *req, bool fail);
 /* The per-key and per-tenant limits: false after replying 429. */
 bool lt_api_door_tenant(lt_api_t *api, struct evhttp_request *req, const char *tenant_id, const char *key_id);
+/* A request its handler answers later (a submission waits for the broker's acknowledgement):
+ * /metrics counts it with the status actually sent, when the reply goes out. false when req has
+ * no connection record (then count it now). */
+bool lt_api_door_count_later(lt_api_t *api, struct evhttp_request *req, lt_api_slot_t slot, int64_t t0_us);
+
 /* Calls fn(arg) when the connection closes (one per connection; fn NULL clears). False when the
  * connection is not known (out of memory when it opened): then nothing will call fn. */
 bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (*fn)(void *), void *arg);

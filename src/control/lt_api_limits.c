@@ -46,6 +46,8 @@ struct lt_api_conn {
   void (*on_close)(void *);        /* chained (an event stream's) */
   void *on_close_arg;
   lt_api_conn_t *next;             /* in api->conns_new until attached */
+  lt_api_slot_t answer_slot;       /* its request answered later (lt_api_door_count_later) */
+  int64_t answer_t0_us;
   char key[32];
 };
 
@@ -359,6 +361,24 @@ bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (
   if (!cn) return false;
   cn->on_close = fn;
   cn->on_close_arg = arg;
+  return true;
+}
+
+/* The reply of a request answered later went out: its status and time are what /metrics counts. */
+static void on_answered(struct evhttp_request *req, void *arg) {
+  lt_api_conn_t *cn = arg;
+  lt_api_metrics_observe(cn->api, cn->answer_slot, evhttp_request_get_response_code(req),
+                         lt_time_mono_us() - cn->answer_t0_us);
+}
+
+bool lt_api_door_count_later(lt_api_t *api, struct evhttp_request *req, lt_api_slot_t slot, int64_t t0_us) {
+  lt_api_conn_t *cn = conn_of(api, evhttp_request_get_connection(req));
+  if (!cn) return false;
+  /* evhttp reads a connection's next request only after answering this one: one slot suffices.
+   * A connection that closes first frees cn, and libevent then never calls on_answered. */
+  cn->answer_slot = slot;
+  cn->answer_t0_us = t0_us;
+  evhttp_request_set_on_complete_cb(req, on_answered, cn);
   return true;
 }
 

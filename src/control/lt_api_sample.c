@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "lt_chat.h"
+#include "lt_log.h"
 #include "lt_publisher.h"
 #include "lt_time.h"
 
@@ -235,7 +236,7 @@ static void stream_chunk(sample_req_t *r, int i, const char *text, size_t len, j
 
 static void usage_done(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
   (void)api;
-  if (err) fprintf(stderr, "lathed sampler: usage of %s not recorded: %s\n", (char *)ctx, msg);
+  if (err) lt_log_error("sampler", "usage of %s not recorded: %s", (char *)ctx, msg);
   free(ctx);
 }
 
@@ -492,7 +493,7 @@ static void load_after(lt_api_t *api, void *ctx) {
   (void)api;
   sample_req_t *r = ctx;
   if (r->load_err) {
-    fprintf(stderr, "lathed sampler: adapter %s not loaded: %s\n", r->adapter, r->load_msg);
+    lt_log_warn("sampler", "adapter %s not loaded: %s", r->adapter, r->load_msg);
     if (r->load_err == LT_ERR_QUOTA) {
       evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);

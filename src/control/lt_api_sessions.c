@@ -25,6 +25,7 @@
 #include "lt_api_int.h"
 #include "lt_callspec.h"
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_time.h"
 
 #define WAIT_DEFAULT_S 30
@@ -42,7 +43,8 @@ bool lt_api_is_session_id(const char *id) {
 static void woken(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
   char *key = ctx;
   if (err) {
-    fprintf(stderr, "lathed api: SessionWoken for %s not recorded (retried on the next poll): %s\n", key, msg);
+    lt_log(LT_LOG_WARN, "api", &(lt_log_ids_t){.session = key},
+           "SessionWoken for %s not recorded (retried on the next poll): %s", key, msg);
     lt_map_del(api->wakes, key);
   }
   free(key);

@@ -13,12 +13,18 @@
 #include <openssl/crypto.h>
 
 #include "lt_job.h"
+#include "lt_log.h"
+#include "lt_metrics.h"
 #include "lt_proj.h"
 #include "lt_sealed.h"
 #include "lt_tenant.h"
 #include "lt_time.h"
 
-#define LOG(...) fprintf(stderr, "lathed publisher: " __VA_ARGS__)
+#define LOG(...) lt_log(LT_LOG_INFO, "publisher", NULL, __VA_ARGS__)
+#define WARN(...) lt_log(LT_LOG_WARN, "publisher", NULL, __VA_ARGS__)
+/* A line about one job: its id in its own field of a JSON line. */
+#define JLOG(job, ...) lt_log(LT_LOG_INFO, "publisher", LT_LOG_JOB(job), __VA_ARGS__)
+#define JWARN(job, ...) lt_log(LT_LOG_WARN, "publisher", LT_LOG_JOB(job), __VA_ARGS__)
 
 /* ---------------------------------------------------------------- the layout */
 
@@ -292,7 +298,7 @@ static void todo_add(lt_publisher_t *p, const char *job_id, int32_t partition, i
     size_t cap = p->captodo ? p->captodo * 2 : 16;
     todo_t *t = realloc(p->todo, cap * sizeof *t);
     if (!t) {
-      LOG("out of memory: job %s not queued for promotion\n", job_id);
+      WARN("out of memory: job %s not queued for promotion", job_id);
       return;
     }
     p->todo = t;
@@ -388,9 +394,10 @@ static void prune_job(lt_publisher_t *p, const char *tenant_id, const char *job_
     if (e) break;
     if (!(e = lt_store_delete(p->conf.store, json_string_value(k), err, sizeof err))) p->stats.pruned++;
   }
-  if (e) LOG("job %s: retention: %s (the GC retries)\n", job_id, err);
+  if (e) JWARN(job_id, "job %s: retention: %s (the GC retries)", job_id, err);
   else if (json_array_size(c.doomed))
-    LOG("job %s: retention: deleted %zu staging objects, kept %zu checkpoints\n", job_id, json_array_size(c.doomed),
+    JLOG(job_id, "job %s: retention: deleted %zu staging objects, kept %zu checkpoints", job_id,
+         json_array_size(c.doomed),
         json_array_size(json_object_get(p->ckpt_dirs, job_id)));
   json_decref(c.doomed);
 }
@@ -436,7 +443,7 @@ static void fold_msg(lt_publisher_t *p, const lt_bus_msg_t *m, const void *v, si
    * publisher skips and counts them (a refused tenant keeps its previous state). */
   lt_err_t e = m ? lt_proj_fold_msg(p->proj, m, &origin, on_folded, p, err, sizeof err)
                  : lt_proj_fold_at(p->proj, v, len, &origin, on_folded, p, err, sizeof err);
-  if (e == LT_ERR_AUTH) fprintf(stderr, "lathed publisher: %s\n", err);
+  if (e == LT_ERR_AUTH) lt_log_error("publisher", "%s", err);
   if (e) p->stats.undecodable++;
 }
 
@@ -484,7 +491,7 @@ static void dead_letter(lt_publisher_t *p, const todo_t *t, lt_err_t code, const
   }
   if (!e) e = lt_avro_record_encode(rec, &bytes, &len, err, sizeof err);
   if (!e) e = produce(p, p->deadletter, t->job_id, bytes, len, err, sizeof err);
-  if (e) LOG("job %s: DeadLetter not written: %s\n", t->job_id, err);
+  if (e) JWARN(t->job_id, "job %s: DeadLetter not written: %s", t->job_id, err);
   lt_avro_record_destroy(rec);
 }
 
@@ -527,7 +534,7 @@ static lt_err_t publish_record(lt_publisher_t *p, const lt_job_t *j, const char 
 typedef enum { DONE, RETRY } step_t;
 
 static step_t reject(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why) {
-  LOG("job %s: not published: %s\n", t->job_id, why);
+  JWARN(t->job_id, "job %s: not published: %s", t->job_id, why);
   p->stats.rejected++;
   set_last(p, code, why);
   dead_letter(p, t, code, why);
@@ -542,7 +549,7 @@ static step_t retry(lt_publisher_t *p, todo_t *t, lt_err_t code, const char *why
   t->next_ms = lt_time_wall_ms() + delay;
   p->stats.retries++;
   set_last(p, code, why);
-  LOG("job %s: promotion postponed %" PRId64 " ms (try %d): %s\n", t->job_id, delay, t->tries, why);
+  JWARN(t->job_id, "job %s: promotion postponed %" PRId64 " ms (try %d): %s", t->job_id, delay, t->tries, why);
   return RETRY;
 }
 
@@ -598,13 +605,13 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
     return reject(p, t, LT_ERR_CORRUPT, why);
   }
   if (json_object_get(info, "deleted")) {
-    LOG("job %s: deleted by its tenant: not published\n", t->job_id);
+    JLOG(t->job_id, "job %s: deleted by its tenant: not published", t->job_id);
     return DONE;
   }
   json_t *pub = json_object_get(info, "published");
   if (pub) {
     if (strcmp(jstr(pub, "checkpoint_event_id"), ck_ev) != 0)
-      LOG("job %s: already published from checkpoint %s; never again from %s\n", t->job_id,
+      JLOG(t->job_id, "job %s: already published from checkpoint %s; never again from %s", t->job_id,
           jstr(pub, "checkpoint_event_id"), ck_ev);
     p->stats.already_published++;
     return DONE;
@@ -655,7 +662,8 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
       st = retry(p, t, err, why);
     } else {
       p->stats.published++;
-      LOG("job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")\n", jc.job_id, pr->n, ev,
+      JLOG(jc.job_id, "job %s: published %zu artifacts from checkpoint %s (attempt %d, step %" PRId64 ")", jc.job_id,
+           pr->n, ev,
           (int)jc.attempt, c.step);
       trim_checkpoints(p, jc.job_id); /* a session's saved states go with its end */
       prune_job(p, jc.tenant_id, jc.job_id);
@@ -680,7 +688,7 @@ static void commit_offsets(lt_publisher_t *p) {
   if (!n) return;
   char err[256];
   if (lt_bus_consumer_commit(p->consumer, tp, n, false, err, sizeof err) != LT_OK) {
-    LOG("offset commit failed (will retry): %s\n", err);
+    WARN("offset commit failed (will retry): %s", err);
     return;
   }
   for (size_t k = 0; k < n; k++) p->ctrl_committed[tp[k].partition] = tp[k].offset;
@@ -724,7 +732,7 @@ static void check_ready(lt_publisher_t *p) {
   if (!ok && now - quiet_since < p->conf.settle_ms) return;
   p->stats.ready = true;
   if (p->conf.gc_interval_ms > 0) p->next_gc_ms = now + p->conf.gc_interval_ms;
-  LOG("caught up (%" PRIu64 " records folded, %zu completions to check)\n", p->stats.folded, p->ntodo);
+  LOG("caught up (%" PRIu64 " records folded, %zu completions to check)", p->stats.folded, p->ntodo);
 }
 
 static void feed(lt_publisher_t *p) {
@@ -733,7 +741,7 @@ static void feed(lt_publisher_t *p) {
     const lt_bus_msg_t *m = NULL;
     char err[256];
     if (lt_bus_consumer_poll(p->consumer, 0, &m, err, sizeof err) != LT_OK) {
-      LOG("consumer: %s\n", err);
+      WARN("consumer: %s", err);
       break;
     }
     if (!m) break;
@@ -759,7 +767,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   if (p->stats.ready && p->conf.gc_interval_ms > 0 && lt_time_wall_ms() >= p->next_gc_ms) {
     char err[256];
     uint64_t n = 0;
-    if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) LOG("gc: %s\n", err);
+    if (lt_publisher_gc(p, &n, err, sizeof err) != LT_OK) WARN("gc: %s", err);
     p->next_gc_ms = lt_time_wall_ms() + p->conf.gc_interval_ms;
   }
 }
@@ -835,7 +843,7 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
         err = lt_store_delete(p->conf.store, json_string_value(k), errstr, n);
         if (!err) {
           count++;
-          LOG("gc: deleted %s\n", json_string_value(k));
+          LOG("gc: deleted %s", json_string_value(k));
         }
       }
       json_decref(g.doomed);
@@ -955,6 +963,47 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
 void lt_publisher_stats(const lt_publisher_t *p, lt_publisher_stats_t *out) {
   *out = p->stats;
   out->waiting = p->ntodo;
+}
+
+char *lt_publisher_metrics(lt_publisher_t *p) {
+  lt_publisher_stats_t st;
+  lt_publisher_stats(p, &st);
+  lt_metrics_t *m = lt_metrics_new();
+  lt_metrics_one(m, "lathe_publisher_ready", LT_METRIC_GAUGE, "1 once caught up with the topics as of start-up.",
+                 st.ready);
+  lt_metrics_one(m, "lathe_publisher_records_folded_total", LT_METRIC_COUNTER, "Records folded.", (double)st.folded);
+  lt_metrics_one(m, "lathe_publisher_undecodable_records_total", LT_METRIC_COUNTER,
+                 "Records the fold refused (skipped).", (double)st.undecodable);
+  lt_metrics_family(m, "lathe_publisher_completions_total", LT_METRIC_COUNTER,
+                    "Completed jobs checked for promotion, by outcome: published now, found already published "
+                    "from the same checkpoint, or refused for good (SHA, decryption, layout).");
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"outcome", "published"}, {0}}, (double)st.published);
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"outcome", "already_published"}, {0}}, (double)st.already_published);
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"outcome", "rejected"}, {0}}, (double)st.rejected);
+  lt_metrics_one(m, "lathe_publisher_artifacts_published_total", LT_METRIC_COUNTER,
+                 "ArtifactPublished records this instance wrote.", (double)st.published);
+  lt_metrics_one(m, "lathe_publisher_retries_total", LT_METRIC_COUNTER,
+                 "Promotions postponed by a retriable error (the store down).", (double)st.retries);
+  lt_metrics_one(m, "lathe_publisher_completions_waiting", LT_METRIC_GAUGE, "Completions waiting to be promoted.",
+                 (double)st.waiting);
+  lt_metrics_family(m, "lathe_publisher_staging_deleted_objects_total", LT_METRIC_COUNTER,
+                    "Staging objects deleted: by the garbage collector, or by retention at completion.");
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "gc"}, {0}}, (double)st.gc_deleted);
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "retention"}, {0}}, (double)st.pruned);
+  int64_t lag = lt_bus_consumer_lag(p->consumer);
+  lt_metrics_one(m, "lathe_publisher_consumer_lag_records", LT_METRIC_GAUGE,
+                 "Records of the control and job topics not folded yet (-1: unknown).", (double)lag);
+  int64_t quiet = p->last_record_ms ? lt_time_wall_ms() - p->last_record_ms : 0;
+  lt_metrics_one(m, "lathe_publisher_last_record_age_seconds", LT_METRIC_GAUGE,
+                 "Seconds since the last record was folded (0 before the first).", (double)quiet / 1000.0);
+  return lt_metrics_text(m, NULL);
+}
+
+int lt_publisher_health(lt_publisher_t *p, char **json) {
+  json_t *o = json_pack("{s:s,s:b,s:I}", "role", "publisher", "ready", p->stats.ready, "waiting", (json_int_t)p->ntodo);
+  *json = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  return p->stats.ready ? 200 : 503;
 }
 
 void lt_publisher_destroy(lt_publisher_t *p) {

@@ -156,6 +156,11 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
 
 void lt_publisher_stats(const lt_publisher_t *p, lt_publisher_stats_t *out);
 
+/* The operator endpoint's /metrics (Prometheus text, malloc'd; NULL when out of memory) and
+ * /healthz (200 once caught up, else 503; *json malloc'd). On the publisher's event loop. */
+char *lt_publisher_metrics(lt_publisher_t *p);
+int lt_publisher_health(lt_publisher_t *p, char **json);
+
 /* Runs one GC pass now (also before the first periodic one); *deleted (may be NULL) gets the
  * count. LT_ERR_RETRIABLE while not caught up; store errors as lt_store. */
 lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, size_t errstr_size);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_time.h"
 
 static const char *const rec_types[R_N] = {
@@ -107,7 +108,7 @@ lt_err_t scheduler_emit(lt_scheduler_t *s, int topic, const char *key, const voi
   char err[256];
   lt_err_t e = lt_avro_record_encode(rec, &bytes, &len, err, sizeof err);
   if (e) {
-    fprintf(stderr, "lathed scheduler: cannot encode %s: %s\n", lt_avro_record_type(rec), err);
+    lt_log_error("scheduler", "cannot encode %s: %s", lt_avro_record_type(rec), err);
     return e;
   }
   out_rec_t *out = grow(s->out, s->nout, &s->capout, sizeof *out, 64);
@@ -389,7 +390,7 @@ static const lt_bus_msg_t *fold_next(lt_scheduler_t *s) {
   char err[512];
   lt_err_t e = lt_bus_consumer_poll(s->fold_c, 0, &m, err, sizeof err);
   if (!e) return m;
-  fprintf(stderr, "lathed scheduler: fold consumer: %s\n", err);
+  lt_log_error("scheduler", "fold consumer: %s", err);
   if (e == LT_ERR_FATAL) stop_leading(s, err);
   return NULL;
 }
@@ -412,7 +413,7 @@ static void feed(lt_scheduler_t *s) {
     if (!v) continue; /* a tombstone on a compacted topic */
     char err[512];
     lt_err_t e = lt_proj_fold_msg(s->fold, m, NULL, on_folded, s, err, sizeof err);
-    if (e == LT_ERR_AUTH) fprintf(stderr, "lathed scheduler: %s\n", err);
+    if (e == LT_ERR_AUTH) lt_log_warn("scheduler", "%s", err);
     /* Dead-lettered once: by the leader that first reads it (later terms start past it). */
     if (e && tp >= 0 && off >= s->committed[tp]) scheduler_write_deadletter(s, m, e, err);
   }
@@ -424,8 +425,8 @@ static void feed(lt_scheduler_t *s) {
       return;
     }
     s->role = LT_SCHEDULER_LEADING;
-    fprintf(stderr, "lathed scheduler: leading (term %" PRIu64 ", %zu jobs, %zu workers folded)\n", s->st.terms,
-            s->nsides, s->nworkers);
+    lt_log_info("scheduler", "leading (term %" PRIu64 ", %zu jobs, %zu workers folded)", s->st.terms,
+                s->nsides, s->nworkers);
   }
   if (s->role == LT_SCHEDULER_LEADING) scheduler_step(s);
   else if (s->nout) scheduler_flush(s); /* dead letters found while catching up */
@@ -438,7 +439,7 @@ static void on_fold_fd(evutil_socket_t fd, short what, void *arg) { feed(arg); }
 
 static void stop_leading(lt_scheduler_t *s, const char *why) {
   if (s->role == LT_SCHEDULER_STANDBY && !s->prod) return;
-  fprintf(stderr, "lathed scheduler: stops leading: %s\n", why ? why : "");
+  lt_log_info("scheduler", "stops leading: %s", why ? why : "");
   if (s->fold_ev) event_free(s->fold_ev);
   s->fold_ev = NULL;
   lt_bus_consumer_destroy(s->fold_c);
@@ -542,7 +543,7 @@ static void poll_group(lt_scheduler_t *s) {
   if (s->own_p0 && !s->fenced && s->role == LT_SCHEDULER_STANDBY) {
     char err[512];
     if (start_leading(s, err, sizeof err)) {
-      fprintf(stderr, "lathed scheduler: cannot start leading: %s\n", err);
+      lt_log_error("scheduler", "cannot start leading: %s", err);
       stop_leading(s, err);
     }
   }

@@ -11,6 +11,7 @@
 
 #include "lt_dataset.h"
 #include "lt_job_record.h"
+#include "lt_log.h"
 #include "lt_tenant.h"
 #include "lt_time.h"
 
@@ -140,12 +141,13 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
   lt_avro_record_t *rec = begin_rec(s, R_DISP, sd, j);
   char err[256];
   if (lt_jobspec_to_record(&sd->spec, rec, err, sizeof err) != LT_OK) {
-    fprintf(stderr, "lathed scheduler: job %s: %s\n", sd->job_id, err);
+    lt_log(LT_LOG_ERROR, "scheduler", LT_LOG_JOB(sd->job_id), "job %s: %s", sd->job_id, err);
     return false;
   }
   if (pl->n > 1 && !set_gang(s, rec, pl)) {
-    fprintf(stderr, "lathed scheduler: job %s: worker %s has no usable rendezvous address (\"%s\") for a gang\n",
-            sd->job_id, s->workers[pl->w[0]].id, s->workers[pl->w[0]].rdv);
+    lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id),
+           "job %s: worker %s has no usable rendezvous address (\"%s\") for a gang", sd->job_id,
+           s->workers[pl->w[0]].id, s->workers[pl->w[0]].rdv);
     return false;
   }
   lt_avro_set_int(rec, "attempt", attempt);
@@ -270,7 +272,7 @@ static void worker_bring_up(lt_scheduler_t *s, size_t w) {
                           .model_cache = wk->nmodels > 4 ? (uint32_t)wk->nmodels : 4};
   char err[256];
   if (lt_sched_worker_up(s->sched, &sw, err, sizeof err) != LT_OK) {
-    fprintf(stderr, "lathed scheduler: worker %s: %s\n", wk->id, err);
+    lt_log_error("scheduler", "worker %s: %s", wk->id, err);
     return;
   }
   wk->up = true;
@@ -355,7 +357,8 @@ static void rebuild_worker(lt_scheduler_t *s, size_t w, uint64_t *filler) {
   for (size_t i = 0; i < s->nsides; i++) {
     side_t *sd = s->sides[i];
     if (sd->in_sched && !sd->sched_running) {
-      fprintf(stderr, "lathed scheduler: job %s running on %s could not be booked there\n", sd->job_id, wk->id);
+      lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id), "job %s running on %s could not be booked there",
+             sd->job_id, wk->id);
       scheduler_drop(s, sd);
     }
   }
@@ -544,7 +547,7 @@ static bool placement_of(const lt_scheduler_t *s, const lt_sched_decision_t *d, 
   pl->mask0 = d[0].gpu_mask;
   pl->w[0] = d[0].worker_id > 0 ? (size_t)(d[0].worker_id - 1) : 0;
   if (n > GANG_MAX || n > left) {
-    fprintf(stderr, "lathed scheduler: job placed on %u workers: a gang spans at most %d\n", n, GANG_MAX);
+    lt_log_error("scheduler", "job placed on %u workers: a gang spans at most %d", n, GANG_MAX);
     return false;
   }
   for (uint32_t r = 0; r < n; r++) {

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "lt_metrics.h"
 #include "lt_time.h"
 
 /* One (tenant, class) with demand or history in the class, and the whole fleet. */
@@ -135,92 +136,65 @@ static json_t *view_json(const ops_view_t *v) {
 
 /* ---------------------------------------------------------------- Prometheus */
 
-/* A label value with \ and " escaped (tenant names are ids, so this rarely changes anything). */
-static const char *label(const char *in, char *out, size_t n) {
-  size_t k = 0;
-  for (; *in && k + 2 < n; in++) {
-    if (*in == '\\' || *in == '"') out[k++] = '\\';
-    out[k++] = *in == '\n' ? ' ' : *in;
-  }
-  out[k] = 0;
-  return out;
-}
-
-static void help(struct evbuffer *b, const char *name, const char *type, const char *text) {
-  evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
-}
-
 /* A gauge or counter per (tenant, class) row; value(row) gives the number. */
-static void per_row(struct evbuffer *b, const ops_view_t *v, const char *name, const char *type,
-                    const char *text, double (*value)(const ops_row_t *r)) {
-  char t[2 * LT_ID_MAX + 8];
-  help(b, name, type, text);
+static void per_row(lt_metrics_t *m, const ops_view_t *v, const char *name, lt_metric_type_t type, const char *text,
+                    double (*value)(const ops_row_t *r)) {
+  lt_metrics_family(m, name, type, text);
   for (size_t i = 0; i < v->nrows; i++)
-    evbuffer_add_printf(b, "%s{class=\"%s\",tenant=\"%s\"} %.9g\n", name,
-                        lt_job_class_name((lt_job_class_t)v->rows[i].cls),
-                        label(v->rows[i].tenant, t, sizeof t), value(&v->rows[i]));
+    lt_metrics_sample(m,
+                      (lt_metric_label_t[]){{"class", lt_job_class_name((lt_job_class_t)v->rows[i].cls)},
+                                            {"tenant", v->rows[i].tenant}, {0}},
+                      value(&v->rows[i]));
 }
 
 static double row_queued(const ops_row_t *r) { return r->st.queued; }
 static double row_running(const ops_row_t *r) { return r->st.running_slots; }
 static double row_share(const ops_row_t *r) { return r->st.share; }
 static double row_entitlement(const ops_row_t *r) { return r->st.entitlement; }
-static double row_gpu_hours(const ops_row_t *r) { return r->u ? r->u->gpu_seconds[r->cls] / 3600 : 0; }
+static double row_gpu_seconds(const ops_row_t *r) { return r->u ? r->u->gpu_seconds[r->cls] : 0; }
 static double row_cold(const ops_row_t *r) { return r->u ? (double)r->u->cold_loads[r->cls] : 0; }
 
 /* lathe_wait_seconds: one histogram per (tenant, class) that dispatched in the class. */
-static void wait_histograms(struct evbuffer *b, const ops_view_t *v) {
-  char t[2 * LT_ID_MAX + 8];
-  help(b, "lathe_wait_seconds", "histogram",
-       "Wait of each dispatch since the job was (re)queued, per tenant and class (this term).");
+static void wait_histograms(lt_metrics_t *m, const ops_view_t *v) {
+  lt_metrics_family(m, "lathe_wait_seconds", LT_METRIC_HISTOGRAM,
+                    "Wait of each dispatch since the job was (re)queued, per tenant and class (this term).");
   for (size_t i = 0; i < v->nrows; i++) {
     const ops_row_t *r = &v->rows[i];
     if (!r->u || !r->u->waits[r->cls]) continue;
-    const char *cls = lt_job_class_name((lt_job_class_t)r->cls);
-    label(r->tenant, t, sizeof t);
-    for (int k = 0; k < LT_SCHED_WAIT_BUCKETS - 1; k++)
-      evbuffer_add_printf(b, "lathe_wait_seconds_bucket{class=\"%s\",tenant=\"%s\",le=\"%g\"} %llu\n",
-                          cls, t, lt_sched_wait_bounds_s[k],
-                          (unsigned long long)r->u->wait_le[r->cls][k]);
-    evbuffer_add_printf(b,
-                        "lathe_wait_seconds_bucket{class=\"%s\",tenant=\"%s\",le=\"+Inf\"} %llu\n"
-                        "lathe_wait_seconds_sum{class=\"%s\",tenant=\"%s\"} %.9g\n"
-                        "lathe_wait_seconds_count{class=\"%s\",tenant=\"%s\"} %llu\n",
-                        cls, t, (unsigned long long)r->u->waits[r->cls], cls, t,
-                        r->u->wait_sum_s[r->cls], cls, t, (unsigned long long)r->u->waits[r->cls]);
+    lt_metrics_buckets(m,
+                       (lt_metric_label_t[]){{"class", lt_job_class_name((lt_job_class_t)r->cls)},
+                                             {"tenant", r->tenant}, {0}},
+                       lt_sched_wait_bounds_s, r->u->wait_le[r->cls], LT_SCHED_WAIT_BUCKETS - 1,
+                       r->u->wait_sum_s[r->cls], r->u->waits[r->cls]);
   }
 }
 
-static void view_metrics(struct evbuffer *b, const ops_view_t *v) {
-  per_row(b, v, "lathe_sched_queued", "gauge", "Queued jobs per tenant and class (the policy's view).",
+static void view_metrics(lt_metrics_t *m, const ops_view_t *v) {
+  per_row(m, v, "lathe_sched_queued", LT_METRIC_GAUGE, "Queued jobs per tenant and class (the policy's view).",
           row_queued);
-  per_row(b, v, "lathe_sched_running_slots", "gauge", "Slots held per tenant and class.", row_running);
-  per_row(b, v, "lathe_sched_tenant_share", "gauge",
+  per_row(m, v, "lathe_sched_running_slots", LT_METRIC_GAUGE, "Slots held per tenant and class.", row_running);
+  per_row(m, v, "lathe_sched_tenant_share", LT_METRIC_GAUGE,
           "Fraction of the class's running slots the tenant holds.", row_share);
-  per_row(b, v, "lathe_sched_tenant_entitlement", "gauge",
+  per_row(m, v, "lathe_sched_tenant_entitlement", LT_METRIC_GAUGE,
           "The tenant's weighted max-min fair fraction of the class's running slots.", row_entitlement);
-  wait_histograms(b, v);
-  per_row(b, v, "lathe_tenant_gpu_hours", "gauge",
-          "GPU-hours run per tenant and class this term (ended attempts plus running ones).",
-          row_gpu_hours);
-  per_row(b, v, "lathe_cold_loads_total", "counter",
+  wait_histograms(m, v);
+  per_row(m, v, "lathe_tenant_gpu_seconds_total", LT_METRIC_COUNTER,
+          "GPU-seconds run per tenant and class this term (ended attempts plus running ones).", row_gpu_seconds);
+  per_row(m, v, "lathe_cold_loads_total", LT_METRIC_COUNTER,
           "Dispatches whose worker did not hold the job's base model, per tenant and class.", row_cold);
-  help(b, "lathe_sched_class_jain", "gauge", "Jain's index of running / entitled slots per class.");
+  lt_metrics_family(m, "lathe_sched_class_jain", LT_METRIC_GAUGE,
+                    "Jain's index of running / entitled slots per class.");
   for (int c = 0; c < LT_CLASS__COUNT; c++)
-    evbuffer_add_printf(b, "lathe_sched_class_jain{class=\"%s\"} %.6g\n",
-                        lt_job_class_name((lt_job_class_t)c), v->jain[c]);
-  help(b, "lathe_slots", "gauge", "Worker slots of the fleet: total and used.");
-  evbuffer_add_printf(b, "lathe_slots{state=\"total\"} %u\nlathe_slots{state=\"used\"} %u\n",
-                      v->cnt.slots_total, v->cnt.slots_used);
-  help(b, "lathe_reserved_idle_slots", "gauge",
-       "Free slots held now on workers reserved (draining) for a waiting gang.");
-  evbuffer_add_printf(b, "lathe_reserved_idle_slots %u\n", v->reserved_slots);
-  help(b, "lathe_reserved_idle_slot_seconds_total", "counter",
-       "Slot-seconds held free on reserved workers (this term).");
-  evbuffer_add_printf(b, "lathe_reserved_idle_slot_seconds_total %.9g\n", v->reserved_idle_slot_s);
-  help(b, "lathe_fragmented_slots", "gauge",
-       "Free slots on unreserved workers too few for the smallest queued job.");
-  evbuffer_add_printf(b, "lathe_fragmented_slots %u\n", v->fragmented);
+    lt_metrics_sample(m, (lt_metric_label_t[]){{"class", lt_job_class_name((lt_job_class_t)c)}, {0}}, v->jain[c]);
+  lt_metrics_family(m, "lathe_slots", LT_METRIC_GAUGE, "Worker slots of the fleet: total and used.");
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"state", "total"}, {0}}, v->cnt.slots_total);
+  lt_metrics_sample(m, (lt_metric_label_t[]){{"state", "used"}, {0}}, v->cnt.slots_used);
+  lt_metrics_one(m, "lathe_reserved_idle_slots", LT_METRIC_GAUGE,
+                 "Free slots held now on workers reserved (draining) for a waiting gang.", v->reserved_slots);
+  lt_metrics_one(m, "lathe_reserved_idle_slot_seconds_total", LT_METRIC_COUNTER,
+                 "Slot-seconds held free on reserved workers (this term).", v->reserved_idle_slot_s);
+  lt_metrics_one(m, "lathe_fragmented_slots", LT_METRIC_GAUGE,
+                 "Free slots on unreserved workers too few for the smallest queued job.", v->fragmented);
 }
 
 /* ---------------------------------------------------------------- HTTP */
@@ -268,13 +242,16 @@ static void on_request(struct evhttp_request *req, void *arg) {
     reply_json(req, 200, view_json(&v));
     view_free(&v);
   } else {
+    lt_metrics_t *m = lt_metrics_new();
+    lt_metrics_one(m, "lathe_scheduler_leading", LT_METRIC_GAUGE,
+                   "1 on the leading scheduler, whose policy the rest reports.", leading);
+    if (leading) view_metrics(m, &v);
+    size_t len = 0;
+    char *text = lt_metrics_text(m, &len);
     struct evbuffer *b = evbuffer_new();
-    if (b) {
-      help(b, "lathe_scheduler_leading", "gauge", "1 on the leading scheduler, whose policy the rest reports.");
-      evbuffer_add_printf(b, "lathe_scheduler_leading %d\n", leading);
-      if (leading) view_metrics(b, &v);
-    }
-    reply(req, 200, "text/plain; version=0.0.4", b);
+    if (b && text) evbuffer_add(b, text, len);
+    free(text);
+    reply(req, text ? 200 : 503, "text/plain; version=0.0.4", b);
     if (b) evbuffer_free(b);
     if (leading) view_free(&v);
   }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "lt_bus_int.h"
+#include "lt_log.h"
 #include "lt_map.h"
 
 #define LT_BUS_PREFIX_KEY "lathe.topic.prefix"
@@ -198,9 +199,17 @@ size_t lt_bus_topic_name(const lt_bus_conf_t *c, const char *base, char *out, si
   return pl + bl;
 }
 
+/* librdkafka's own lines (from its threads) as the process's log lines, so that with
+ * --log-format json every stderr line is still one JSON object. Syslog levels: 0-3 error. */
+void lt_bus_rk_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+  lt_log(level <= 3 ? LT_LOG_ERROR : level == 4 ? LT_LOG_WARN : level <= 6 ? LT_LOG_INFO : LT_LOG_DEBUG, NULL, NULL,
+         "kafka %s %s: %s", fac, rk ? rd_kafka_name(rk) : "", buf);
+}
+
 rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *c, const char *const *defaults,
                                 const char *const *forced, char *errstr, size_t errstr_size) {
   rd_kafka_conf_t *rc = rd_kafka_conf_new();
+  rd_kafka_conf_set_log_cb(rc, lt_bus_rk_log);
   char rderr[256];
   const char *bad = NULL;
   for (size_t i = 0; defaults && defaults[i]; i += 2)

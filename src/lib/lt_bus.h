@@ -329,6 +329,11 @@ lt_err_t lt_bus_consumer_committed(lt_bus_consumer_t *c, lt_bus_tp_t *parts, siz
 lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n,
                                   char *errstr, size_t errstr_size);
 
+/* Records behind: over the assigned partitions, the high watermark the last fetch saw minus
+ * the position (never a request to the broker, so a scrape may call it). -1 when the
+ * assignment or positions cannot be read. Call from the thread that polls c. */
+int64_t lt_bus_consumer_lag(lt_bus_consumer_t *c);
+
 /* Asks the broker for each partition's high watermark (the offset the next record will get) and
  * writes it into parts[i].offset; low (may be NULL, n entries) gets the oldest offset kept. A
  * consumer that reached the high watermark of every partition it was given has read the topic

@@ -421,6 +421,23 @@ lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, si
   return LT_OK;
 }
 
+int64_t lt_bus_consumer_lag(lt_bus_consumer_t *c) {
+  rd_kafka_topic_partition_list_t *l = NULL;
+  if (rd_kafka_assignment(c->rk, &l) || !l) return -1;
+  int64_t lag = 0;
+  if (rd_kafka_position(c->rk, l)) lag = -1;
+  for (int i = 0; lag >= 0 && i < l->cnt; i++) {
+    int64_t lo = 0, hi = 0;
+    /* The watermarks the last fetch brought (no request): -1 until the first one. */
+    if (rd_kafka_get_watermark_offsets(c->rk, l->elems[i].topic, l->elems[i].partition, &lo, &hi) || hi < 0)
+      continue;
+    int64_t pos = l->elems[i].offset >= 0 ? l->elems[i].offset : lo;
+    if (hi > pos) lag += hi - pos;
+  }
+  rd_kafka_topic_partition_list_destroy(l);
+  return lag;
+}
+
 lt_err_t lt_bus_consumer_seek(lt_bus_consumer_t *c, const char *topic, int32_t partition,
                               int64_t offset, int timeout_ms, char *errstr, size_t errstr_size) {
   rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);

@@ -38,6 +38,9 @@ bool lt_bus_code_is_fenced(rd_kafka_resp_err_t err);
 /* Builds a librdkafka configuration: first `defaults` (name, value pairs, NULL-terminated),
  * then the conf's pass-through properties, then `forced` pairs that may not be overridden.
  * Returns NULL with errstr set on failure. */
+/* librdkafka's log callback: its lines through lt_log (every handle's conf sets it). */
+void lt_bus_rk_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf);
+
 rd_kafka_conf_t *lt_bus_rk_conf(const lt_bus_conf_t *conf, const char *const *defaults,
                                 const char *const *forced, char *errstr, size_t errstr_size);
 

@@ -26,6 +26,7 @@ lt_err_t lt_bus_mock_new(int brokers, lt_bus_mock_t **out, char *errstr, size_t 
   char n[16], rkerr[512];
   snprintf(n, sizeof n, "%d", brokers);
   rd_kafka_conf_t *rc = rd_kafka_conf_new();
+  rd_kafka_conf_set_log_cb(rc, lt_bus_rk_log);
   /* The handle only carries the cluster: it never produces, so keep it from logging. */
   if (rd_kafka_conf_set(rc, "test.mock.num.brokers", n, rkerr, sizeof rkerr) != RD_KAFKA_CONF_OK ||
       rd_kafka_conf_set(rc, "client.id", "lathe-mock", rkerr, sizeof rkerr) != RD_KAFKA_CONF_OK) {

@@ -106,6 +106,7 @@ static void usage(FILE *f) {
           "              [--operator-bind ADDR] [--operator-port N] [--max-connections N]\n"
           "              [--tls-cert PEM --tls-key PEM] [--sampler-port N (with --role all)]\n"
           "              [--scheduler-port N (with --role scheduler or all)] [--log-format text|json]\n"
+          "              [--config FILE] [--set NAME=VALUE]...\n"
           "       lathed --role all --embedded [--port N] [--data DIR]\n"
           "\n--embedded runs every role in one process with no server to start: Kafka is librdkafka's\n"
           "mock cluster IN MEMORY (every tenant, job and record is gone when lathed stops), the store\n"

@@ -23,18 +23,8 @@ import urllib.request
 import lt_test
 from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
 
-CHECKS = []
-
-
-def fail(msg):
-    raise SystemExit(f"dashboard: FAIL: {msg}")
-
-
-def check(cond, what):
-    if not cond:
-        fail(what)
-    CHECKS.append(what)
-    print(f"dashboard: ok: {what}")
+T = lt_test.Checks("dashboard")
+check, fail = T.check, T.fail
 
 
 def get(url, method="GET"):
@@ -82,10 +72,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="lathe-dashboard-")
     shots = os.path.join(os.getcwd(), "tests", "dashboard-shots")
     os.makedirs(shots, exist_ok=True)
-    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
-    run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--out", os.path.join(cache, "lathe-tiny")], env,
-        "lathe model make")
-    env["LATHE_MODELS_DIR"] = cache
+    cache = env["LATHE_MODELS_DIR"] = lt_test.tiny_model(lathe, env)
     d = None
     try:
         run([lathe, "admin", "topics"], env, "lathe admin topics")
@@ -98,9 +85,7 @@ def main():
         sport = int(d.wait_for(r"scheduler operator endpoints .* at http://127\.0\.0\.1:(\d+)", 120).group(1))
         d.wait_for(r"scheduler: leading \(", 90)
         base, sbase = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{sport}"
-        train = os.path.join(tmp, "train.jsonl")
-        with open(os.path.join(cache, "lathe-tiny", "task_train.jsonl")) as f, open(train, "w") as o:
-            o.writelines(line for i, line in enumerate(f) if i < 200)
+        train = lt_test.task_file(cache, os.path.join(tmp, "train.jsonl"))
         try:
             serving(base)
             p = subprocess.run(["node", os.path.join(ROOT, "tests", "dashboard.mjs"), base, sbase, key, train, shots],
@@ -135,7 +120,7 @@ def main():
             d.stop()
         lt_test.delete_topics(admin, prefix)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"dashboard: {len(CHECKS)} checks passed")
+    T.summary()
 
 
 if __name__ == "__main__":

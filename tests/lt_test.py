@@ -124,13 +124,6 @@ class Child:
 
 
 def run(argv, env, what):
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        fail(f"{what} exited {p.returncode}: {p.stderr.strip()}")
-    return p.stdout
-
-
-def run(argv, env, what):
     """Runs a command to its end; its stdout, or SystemExit naming what failed."""
     import subprocess
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
@@ -147,3 +140,38 @@ def delete_topics(admin, prefix):
             f.result(timeout=30)
         except Exception:
             pass
+
+
+class Checks:
+    """A test's named checks: check() prints "TAG: ok: WHAT" or exits with "TAG: FAIL: WHAT"."""
+
+    def __init__(self, tag):
+        self.tag = tag
+        self.passed = []
+
+    def fail(self, msg):
+        raise SystemExit(f"{self.tag}: FAIL: {msg}")
+
+    def check(self, cond, what):
+        if not cond:
+            self.fail(what)
+        self.passed.append(what)
+        print(f"{self.tag}: ok: {what}")
+
+    def summary(self):
+        print(f"{self.tag}: {len(self.passed)} checks passed")
+
+
+def tiny_model(lathe, env):
+    """The models directory (LATHE_E2E_CACHE) with the bundled lathe-tiny made in it (once)."""
+    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
+    run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--out", os.path.join(cache, "lathe-tiny")], env,
+        "lathe model make")
+    return cache
+
+
+def task_file(models, out, lines=200):
+    """The first `lines` examples of lathe-tiny's task training set, written to out; returns out."""
+    with open(os.path.join(models, "lathe-tiny", "task_train.jsonl")) as f, open(out, "w") as o:
+        o.writelines(line for i, line in enumerate(f) if i < lines)
+    return out

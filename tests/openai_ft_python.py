@@ -26,18 +26,8 @@ import urllib.request
 import lt_test
 from lt_test import BOOTSTRAP, ROOT, Child, admin_client, run
 
-CHECKS = []
-
-
-def fail(msg):
-    raise SystemExit(f"openai_ft: FAIL: {msg}")
-
-
-def check(cond, what):
-    if not cond:
-        fail(what)
-    CHECKS.append(what)
-    print(f"openai_ft: ok: {what}")
+T = lt_test.Checks("openai_ft")
+check, fail = T.check, T.fail
 
 
 def http_json(base, key, method, path):
@@ -47,23 +37,6 @@ def http_json(base, key, method, path):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
-
-
-def model_dir(lathe, env):
-    cache = os.environ.get("LATHE_E2E_CACHE") or "/tmp/lathe-e2e-models"
-    run([lathe, "model", "make", "--steps", "20", "--threads", "2", "--out", os.path.join(cache, "lathe-tiny")], env,
-        "lathe model make")
-    return cache
-
-
-def train_file(models, tmp):
-    path = os.path.join(tmp, "train.jsonl")
-    with open(os.path.join(models, "lathe-tiny", "task_train.jsonl")) as f, open(path, "w") as o:
-        for i, line in enumerate(f):
-            if i >= 200:
-                break
-            o.write(line)
-    return path
 
 
 def run_npm(base, key, path):
@@ -154,7 +127,7 @@ def main():
     prefix = f"toft{run_id}."
     env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
     tmp = tempfile.mkdtemp(prefix="lathe-openai-ft-")
-    env["LATHE_MODELS_DIR"] = model_dir(lathe, env)
+    env["LATHE_MODELS_DIR"] = lt_test.tiny_model(lathe, env)
     d = None
     try:
         run([lathe, "admin", "topics"], env, "lathe admin topics")
@@ -170,7 +143,7 @@ def main():
         d.wait_for(r"worker \S+ started", 90)
         base = f"http://127.0.0.1:{port}"
         try:
-            path = train_file(env["LATHE_MODELS_DIR"], tmp)
+            path = lt_test.task_file(env["LATHE_MODELS_DIR"], os.path.join(tmp, "train.jsonl"))
             out = run_npm(base, keys[0], path)
             check_npm(out, path)
             isolation(base, keys[0], keys[1], out)
@@ -182,7 +155,7 @@ def main():
             d.stop()
         lt_test.delete_topics(admin, prefix)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"openai_ft: {len(CHECKS)} checks passed")
+    T.summary()
 
 
 if __name__ == "__main__":

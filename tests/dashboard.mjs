@@ -78,6 +78,7 @@ try {
   await op.waitForFunction(() => document.querySelectorAll("#queue tbody tr").length > 0, { timeout: 30000 });
   out.operator_rows = await op.$$eval("#queue tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
   out.operator_jain = await op.$$eval("#jain tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
+  out.operator_workers = await op.$$eval("#workers tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
   out.operator_fleet = await op.$$eval("#fleet tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
   await op.screenshot({ path: path.join(outDir, "dashboard-operator.png") });
 } finally {

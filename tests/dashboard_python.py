@@ -109,6 +109,9 @@ def main():
             check(sorted(r[0] for r in out["operator_jain"]) == ["preemptible", "production", "standard"],
                   "the operator view shows Jain's index per class")
             check(any(r[0] == "workers" for r in out["operator_fleet"]), "the operator view shows the fleet")
+            check(len(out["operator_workers"]) == 1 and out["operator_workers"][0][2] == "yes"
+                  and float(out["operator_workers"][0][4]) < 30,
+                  f"the operator view shows the worker up, its heartbeat recent ({out['operator_workers']})")
             for name in ("dashboard-training.png", "dashboard-completed.png", "dashboard-operator.png"):
                 with open(os.path.join(shots, name), "rb") as f:
                     check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"screenshot {name} kept under {shots}")

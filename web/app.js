@@ -269,6 +269,13 @@ async function refreshOperator() {
     cell(tr, typeof v === "number" && !Number.isInteger(v) ? v.toFixed(2) : v);
     fleet.appendChild(tr);
   }
+  const workers = $("workers").tBodies[0];
+  workers.replaceChildren();
+  for (const w of q.workers || []) {
+    const tr = document.createElement("tr");
+    [w.id, w.slots, w.up ? "yes" : "NO", w.draining ? "yes" : "", w.last_heartbeat_s.toFixed(1), w.node_group].forEach((v) => cell(tr, v));
+    workers.appendChild(tr);
+  }
   const jain = $("jain").tBodies[0];
   jain.replaceChildren();
   for (const [k, v] of Object.entries(q.jain || {})) {

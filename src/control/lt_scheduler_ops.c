@@ -134,6 +134,21 @@ static json_t *view_json(const ops_view_t *v) {
                    fleet, "jain", jain);
 }
 
+/* Each worker the leader folded: its slots, whether it is up (heartbeats within its lease) or
+ * draining, the age of its last heartbeat, its node group. */
+static json_t *workers_json(const lt_scheduler_t *s) {
+  json_t *out = json_array();
+  int64_t now = lt_time_wall_ms();
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const worker_t *w = &s->workers[i];
+    json_array_append_new(out, json_pack("{s:s,s:i,s:b,s:b,s:f,s:s}", "id", w->id, "slots", (int)w->slots, "up", w->up,
+                                         "draining", w->draining, "last_heartbeat_s",
+                                         w->last_hb_ms ? (double)(now - w->last_hb_ms) / 1000.0 : -1.0, "node_group",
+                                         w->group));
+  }
+  return out;
+}
+
 /* ---------------------------------------------------------------- Prometheus */
 
 /* A gauge or counter per (tenant, class) row; value(row) gives the number. */
@@ -239,7 +254,9 @@ static void on_request(struct evhttp_request *req, void *arg) {
     view_free(&v);
     reply_error(req, 503, "unavailable", "out of memory");
   } else if (queue) {
-    reply_json(req, 200, view_json(&v));
+    json_t *o = view_json(&v);
+    json_object_set_new(o, "workers", workers_json(s));
+    reply_json(req, 200, o);
     view_free(&v);
   } else {
     lt_metrics_t *m = lt_metrics_new();

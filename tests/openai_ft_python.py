@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -30,8 +31,10 @@ T = lt_test.Checks("openai_ft")
 check, fail = T.check, T.fail
 
 
-def http_json(base, key, method, path):
-    req = urllib.request.Request(base + path, method=method, headers={"Authorization": f"Bearer {key}"})
+def http_json(base, key, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -118,6 +121,25 @@ def isolation(base, key_a, key_b, out):
           "the native job list is newest first too")
 
 
+def hub_id(base, key, out):
+    """A base named as the Hub names models (ORG/NAME: a directory one level down) trains and is
+    listed; a path in its place is refused naming the field."""
+    st, m = http_json(base, key, "GET", "/v1/models")
+    check(st == 200 and "hf-lathe/tiny" in [x["id"] for x in m["data"]], "/v1/models lists the base hf-lathe/tiny")
+    st, j = http_json(base, key, "POST", "/v1/fine_tuning/jobs",
+                      {"model": "hf-lathe/tiny", "training_file": out["file"]["id"], "hyperparameters": {"n_epochs": 1}})
+    check(st == 200 and j["model"] == "hf-lathe/tiny", f"a job on the Hub-named base hf-lathe/tiny is created ({st})")
+    deadline = time.time() + 600
+    while time.time() < deadline and j.get("status") not in ("succeeded", "failed", "cancelled"):
+        time.sleep(1)
+        st, j = http_json(base, key, "GET", f"/v1/fine_tuning/jobs/{j['id']}")
+    check(j.get("status") == "succeeded" and j["fine_tuned_model"] == f"ft:hf-lathe/tiny:{j['id']}",
+          f"it trains and is published as {j.get('fine_tuned_model')} ({j.get('status')}: {j.get('error')})")
+    for model in ("../lathe-tiny", "hf-lathe/tiny/x", "/etc"):
+        st, e = http_json(base, key, "POST", "/v1/fine_tuning/jobs", {"model": model, "training_file": out["file"]["id"]})
+        check(st == 400 and e["error"]["param"] == "model", f"model {model!r} is refused naming model")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: openai_ft_python.py PATH/TO/lathe PATH/TO/lathed")
@@ -127,7 +149,13 @@ def main():
     prefix = f"toft{run_id}."
     env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
     tmp = tempfile.mkdtemp(prefix="lathe-openai-ft-")
-    env["LATHE_MODELS_DIR"] = lt_test.tiny_model(lathe, env)
+    cache = lt_test.tiny_model(lathe, env)
+    # Its own models directory: the bundle, and the same model as a Hub-named base (ORG/NAME).
+    models = os.path.join(tmp, "models")
+    os.makedirs(os.path.join(models, "hf-lathe"))
+    os.symlink(os.path.join(cache, "lathe-tiny"), os.path.join(models, "lathe-tiny"))
+    os.symlink(os.path.join(cache, "lathe-tiny"), os.path.join(models, "hf-lathe", "tiny"))
+    env["LATHE_MODELS_DIR"] = models
     d = None
     try:
         run([lathe, "admin", "topics"], env, "lathe admin topics")
@@ -147,6 +175,7 @@ def main():
             out = run_npm(base, keys[0], path)
             check_npm(out, path)
             isolation(base, keys[0], keys[1], out)
+            hub_id(base, keys[0], out)
         except BaseException:
             d.dump()
             raise

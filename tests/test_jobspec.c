@@ -160,3 +160,19 @@ Test(jobspec, ids_refuse_paths_and_options) {
   longid[64] = 0;
   cr_assert(!lt_id_valid(longid));
 }
+
+/* A base model is an id or a Hugging Face id ORG/NAME: one slash, each side an id, never a path. */
+Test(jobspec, base_models_take_hub_ids_and_refuse_paths) {
+  const char *good[] = {"lathe-tiny", "HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B-Instruct"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) cr_expect(lt_model_id_valid(good[i]), "%s", good[i]);
+  const char *bad[] = {"", "/abs", "org/", "/name", "a/b/c", "../x", "org/..", "org/.hidden", "a//b", "org/-rf", "a b/c"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) cr_expect(!lt_model_id_valid(bad[i]), "%s", bad[i]);
+  lt_jobspec_t s;
+  char field[96], err[256];
+  cr_expect_eq(parse("{\"base_model\":\"HuggingFaceTB/SmolLM2-135M\",\"dataset_id\":\"d\"}", &s, field, err), LT_OK,
+               "%s", err);
+  cr_expect_str_eq(s.base_model, "HuggingFaceTB/SmolLM2-135M");
+  cr_expect_eq(parse("{\"base_model\":\"../../etc\",\"dataset_id\":\"d\"}", &s, field, err), LT_ERR_INVALID);
+  cr_expect_str_eq(field, "base_model");
+  cr_expect(strstr(err, "ORG/NAME"), "%s", err);
+}

@@ -1,6 +1,7 @@
 /* lt_sampler: base models, the adapter cache, submit and cancel (lt_sampler.h; the batch thread
  * is lt_sampler_batch.c). */
 #include "lt_sampler_int.h"
+#include "lt_models.h"
 
 #include <dirent.h>
 #include <stddef.h>
@@ -63,35 +64,27 @@ static void base_close(sbase_t *b) {
 
 /* Every model directory under models_dir (sorted by name: the order /v1/models lists). */
 static lt_err_t open_bases(lt_sampler_t *s, char *msg, size_t n) {
-  struct dirent **list = NULL;
-  int count = scandir(s->models_dir, &list, NULL, alphasort);
-  if (count < 0) return lt_errf(msg, n, LT_ERR_IO, "models directory %s cannot be read", s->models_dir);
-  lt_err_t err = LT_OK;
-  for (int i = 0; i < count; i++) {
-    char dir[2400], probe[2500];
-    const char *name = list[i]->d_name;
-    snprintf(dir, sizeof dir, "%s/%s", s->models_dir, name);
-    snprintf(probe, sizeof probe, "%s/tokenizer.json", dir);
-    bool model = name[0] != '.' && strlen(name) <= LT_ID_MAX && access(probe, R_OK) == 0;
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    model = model && access(probe, R_OK) == 0;
-    if (model && s->nbases < SAMPLER_MAX_BASES && !err) {
-      char why[256];
-      sbase_t *b = &s->bases[s->nbases];
-      if (base_open(s, b, name, dir, why, sizeof why)) {
-        lt_log_warn("sampler", "base model %s not served: %s", name, why);
-        base_close(b);
-      } else {
-        s->names[s->nbases++] = b->name;
-      }
+  static const char *const need[] = {"tokenizer.json", "config.json", NULL};
+  char (*names)[LT_JOB_NAME_MAX] = calloc(SAMPLER_MAX_BASES, sizeof *names);
+  if (!names) return lt_errf(msg, n, LT_ERR_NOMEM, "out of memory");
+  size_t count = lt_models_list(s->models_dir, need, names, SAMPLER_MAX_BASES);
+  for (size_t i = 0; i < count && i < SAMPLER_MAX_BASES; i++) {
+    char dir[2400], why[256];
+    snprintf(dir, sizeof dir, "%s/%s", s->models_dir, names[i]);
+    sbase_t *b = &s->bases[s->nbases];
+    if (base_open(s, b, names[i], dir, why, sizeof why)) {
+      lt_log_warn("sampler", "base model %s not served: %s", names[i], why);
+      base_close(b);
+    } else {
+      s->names[s->nbases++] = b->name;
     }
-    free(list[i]);
   }
-  free(list);
-  if (!err && s->nbases == 0) err = lt_errf(msg, n, LT_ERR_NOT_FOUND, "no base model to serve in %s", s->models_dir);
-  return err;
+  free(names);
+  if (s->nbases == 0) return lt_errf(msg, n, LT_ERR_NOT_FOUND, "no base model to serve in %s", s->models_dir);
+  return LT_OK;
 }
 
+/* Every model directory under models_dir (sorted by name: the order /v1/models lists). */
 static sbase_t *find_base(lt_sampler_t *s, const char *name) {
   for (int i = 0; i < s->nbases; i++)
     if (strcmp(s->bases[i].name, name) == 0) return &s->bases[i];

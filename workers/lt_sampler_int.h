@@ -23,7 +23,7 @@
 
 /* A base model served: one copy of its weights, its tokenizer and its cache. */
 typedef struct sbase {
-  char name[LT_ID_MAX + 1];
+  char name[LT_JOB_NAME_MAX]; /* an id or ORG/NAME */
   lt_engine_t *eng;
   lt_serve_t *srv;
   lt_tok_t *tok;

@@ -1,5 +1,6 @@
 /* lt_worker: the worker role — dispatch, executors, leases, progress, cancel (see lt_worker.h). */
 #include "lt_worker.h"
+#include "lt_models.h"
 
 #include <dirent.h>
 #include <stdarg.h>
@@ -856,7 +857,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   }
   if (!model_installed(w, p->spec.base_model)) {
     /* Said here, without the worker's paths or name: the reason reaches the customer. */
-    char why[160];
+    char why[256];
     snprintf(why, sizeof why, "base model \"%s\" is not installed on the worker that took the job",
              p->spec.base_model);
     fail_start(w, a, why);
@@ -1011,12 +1012,10 @@ static void heartbeat(lt_worker_t *w) {
     PUT(&b, lt_avro_set_long, "memory_total_bytes", (int64_t)si.totalram * si.mem_unit);
     PUT(&b, lt_avro_set_long, "memory_free_bytes", (int64_t)si.freeram * si.mem_unit);
   }
-  DIR *d = opendir(w->conf.models_dir);
-  struct dirent *e;
-  while (d && (e = readdir(d)))
-    if (e->d_name[0] != '.' && model_installed(w, e->d_name))
-      PUT(&b, lt_avro_array_append_string, "base_models", e->d_name);
-  if (d) closedir(d);
+  static const char *const need[] = {"model.safetensors", NULL};
+  char models[64][LT_JOB_NAME_MAX];
+  size_t nm = lt_models_list(w->conf.models_dir, need, models, 64);
+  for (size_t i = 0; i < nm && i < 64; i++) PUT(&b, lt_avro_array_append_string, "base_models", models[i]);
   char path[64];
   size_t i;
   json_t *p;

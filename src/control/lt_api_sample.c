@@ -521,9 +521,9 @@ static const char *artifact_key(lt_api_t *api, const char *job_id, const char *n
  * or, with a name, the weights a live session saved under it (save_weights_for_sampler). */
 static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
   lt_api_t *api = c->api;
-  char base[LT_ID_MAX + 1] = "", id[LT_ID_MAX + 1] = "", name[LT_ID_MAX + 1] = "";
+  char base[LT_JOB_NAME_MAX] = "", id[LT_ID_MAX + 1] = "", name[LT_ID_MAX + 1] = "";
   const char *m = r->model + 3, *c1 = strchr(m, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-  if (!c1 || (size_t)(c1 - m) > LT_ID_MAX) return false;
+  if (!c1 || (size_t)(c1 - m) >= sizeof base) return false; /* the base: an id or ORG/NAME */
   size_t idlen = c2 ? (size_t)(c2 - c1 - 1) : strlen(c1 + 1);
   if (idlen > LT_ID_MAX || (c2 && strlen(c2 + 1) > LT_ID_MAX)) return false;
   memcpy(base, m, (size_t)(c1 - m));

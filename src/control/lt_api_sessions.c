@@ -700,7 +700,7 @@ static void tokenize(lt_api_call_t *c, bool decode) {
   json_t *in = json_object_get(body, decode ? "tokens" : "text");
   char msg[320];
   if (!body) lt_api_reply_error(c->req, 400, "invalid", NULL, "the body is not JSON: %s", je.text);
-  else if (!model || !lt_id_valid(model)) lt_api_reply_error(c->req, 400, "invalid", "model", "model: a base model's id is required");
+  else if (!model || !lt_model_id_valid(model)) lt_api_reply_error(c->req, 400, "invalid", "model", "model: a base model's id is required");
   else if (decode ? !json_is_array(in) : !json_is_string(in))
     lt_api_reply_error(c->req, 400, "invalid", decode ? "tokens" : "text", decode ? "tokens: an array of token ids is required"
                                                                                    : "text: a string is required");

@@ -219,10 +219,13 @@ lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char 
   lt_jobspec_defaults(spec);
   /* An id longer than LT_ID_MAX is cut here and then fails lt_id_valid's character check only
    * if it is malformed; so refuse it explicitly for a clear message. */
-  const char *ids[][2] = {{"base_model", NULL}, {"dataset_id", NULL}, {"validation_dataset_id", NULL},
-                          {"idempotency_key", NULL}};
-  char *dst[] = {spec->base_model, spec->dataset_id, spec->validation_dataset_id, spec->idempotency_key};
-  for (int i = 0; i < 4; i++) {
+  const char *model = opt_str(rec, "base_model");
+  if (model && strlen(model) >= sizeof spec->base_model)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "base_model: is longer than %d characters", LT_JOB_NAME_MAX - 1);
+  if (model) snprintf(spec->base_model, sizeof spec->base_model, "%s", model);
+  const char *ids[][2] = {{"dataset_id", NULL}, {"validation_dataset_id", NULL}, {"idempotency_key", NULL}};
+  char *dst[] = {spec->dataset_id, spec->validation_dataset_id, spec->idempotency_key};
+  for (int i = 0; i < 3; i++) {
     ids[i][1] = opt_str(rec, ids[i][0]);
     if (ids[i][1] && strlen(ids[i][1]) > LT_ID_MAX)
       return lt_errf(errstr, n, LT_ERR_INVALID, "%s: is longer than %d characters", ids[i][0], LT_ID_MAX);

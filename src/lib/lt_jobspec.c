@@ -75,6 +75,16 @@ lt_err_t lt_lr_schedule_parse(const char *name, lt_lr_schedule_t *out) {
   return LT_ERR_INVALID;
 }
 
+bool lt_model_id_valid(const char *s) {
+  if (!s || strlen(s) >= LT_JOB_NAME_MAX) return false;
+  const char *slash = strchr(s, '/');
+  if (!slash) return lt_id_valid(s);
+  char org[LT_JOB_NAME_MAX];
+  snprintf(org, sizeof org, "%.*s", (int)(slash - s), s);
+  /* "ORG/NAME" as the Hub spells ids: one slash, each side an id (so never "..", never a path). */
+  return lt_id_valid(org) && lt_id_valid(slash + 1);
+}
+
 bool lt_id_valid(const char *s) {
   if (!s) return false;
   size_t n = strlen(s);
@@ -151,9 +161,10 @@ static bool suffix_valid(const char *s) {
 }
 
 lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char *errstr, size_t n) {
-  if (!lt_id_valid(s->base_model))
+  if (!lt_model_id_valid(s->base_model))
     return bad(field, fs, "base_model", errstr, n, "%s",
-               "is required: 1-63 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
+               "is required: 1-63 characters of A-Z a-z 0-9 . _ - (not starting with . or -), or a Hugging "
+               "Face id ORG/NAME of two such");
   /* A session (mode interactive) gets its data call by call; a managed job trains on a dataset. */
   if (s->mode == LT_MODE_INTERACTIVE ? s->dataset_id[0] && !lt_id_valid(s->dataset_id) : !lt_id_valid(s->dataset_id))
     return bad(field, fs, "dataset_id", errstr, n, "%s",
@@ -236,6 +247,16 @@ static lt_err_t read_metadata(const json_t *v, lt_jobspec_t *s, char *field, siz
   return LT_OK;
 }
 
+/* base_model: an id or a Hugging Face id ORG/NAME (lt_jobspec_validate checks it). */
+static lt_err_t read_model_id(const json_t *v, lt_jobspec_t *s, char *field, size_t fs, char *errstr, size_t n) {
+  if (json_is_null(v)) return LT_OK;
+  if (!json_is_string(v) || json_string_length(v) >= sizeof s->base_model ||
+      strlen(json_string_value(v)) != json_string_length(v))
+    return bad(field, fs, "base_model", errstr, n, "%s", "must be a model id of at most 127 characters");
+  snprintf(s->base_model, sizeof s->base_model, "%s", json_string_value(v));
+  return LT_OK;
+}
+
 static lt_err_t read_num(const json_t *v, const num_field_t *f, void *base, const char *prefix, char *field,
                          size_t fs, char *errstr, size_t n) {
   char path[96];
@@ -298,7 +319,7 @@ lt_err_t lt_jobspec_from_json(const json_t *body, lt_jobspec_t *s, char *field, 
   json_object_foreach((json_t *)body, key, v) {
     char path[96];
     snprintf(path, sizeof path, "%.60s", key);
-    if (strcmp(key, "base_model") == 0) err = read_id(v, key, s->base_model, field, fs, errstr, n);
+    if (strcmp(key, "base_model") == 0) err = read_model_id(v, s, field, fs, errstr, n);
     else if (strcmp(key, "dataset_id") == 0) err = read_id(v, key, s->dataset_id, field, fs, errstr, n);
     else if (strcmp(key, "validation_dataset_id") == 0)
       err = read_id(v, key, s->validation_dataset_id, field, fs, errstr, n);

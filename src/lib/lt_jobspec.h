@@ -60,7 +60,7 @@ typedef struct lt_hparams {
 #define LT_JOBSPEC_META_VALUE_MAX 512 /* bytes of a metadata value */
 
 typedef struct lt_jobspec {
-  char base_model[LT_ID_MAX + 1];
+  char base_model[LT_JOB_NAME_MAX]; /* an id, or a Hugging Face id ORG/NAME (lt_model_id_valid) */
   char dataset_id[LT_ID_MAX + 1];
   char validation_dataset_id[LT_ID_MAX + 1]; /* "" when none */
   char idempotency_key[LT_ID_MAX + 1];       /* "" when none */
@@ -99,6 +99,10 @@ json_t *lt_jobspec_to_json(const lt_jobspec_t *spec);
 /* True when s is a valid id: 1..LT_ID_MAX bytes of [A-Za-z0-9._-], not starting with '.' or
  * '-' (so never a path, never "..", never an option). */
 bool lt_id_valid(const char *s);
+
+/* True when s names a base model: an id (lt_id_valid), or a Hugging Face id "ORG/NAME" whose two
+ * sides are ids (one slash; never a path), under LT_JOB_NAME_MAX bytes. */
+bool lt_model_id_valid(const char *s);
 
 /* PEFT module name of one LT_MODULE_* bit ("q_proj"), or NULL. */
 const char *lt_target_name(uint32_t bit);

@@ -106,7 +106,8 @@ static bool form_parse(const char *body, size_t len, const char *boundary, form_
 void lt_api_openai_files_create(lt_api_call_t *c) {
   const char *ct = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Content-Type");
   char boundary[80];
-  if (!ct || strncasecmp(ct, "multipart/form-data", 19) != 0 || !header_param(ct, "boundary", boundary, sizeof boundary)) {
+  if (!ct || strncasecmp(ct, "multipart/form-data", 19) != 0 ||
+      !header_param(ct, "boundary", boundary, sizeof boundary)) {
     lt_api_reply_error(c->req, 400, "invalid", "file",
                        "send the file as multipart/form-data with the fields purpose and file");
     return;
@@ -191,19 +192,18 @@ json_t *lt_api_openai_job_json(lt_api_t *api, const lt_job_t *j) {
   json_t *meta = json_object_get(spec, "metadata"), *seed = json_object_get(hp, "seed");
   json_t *o = json_pack("{s:s,s:s,s:s,s:I,s:o,s:o,s:s,s:s,s:s,s:O,s:[],s:o,s:n,s:[]}", "object", "fine_tuning.job",
                         "id", j->job_id, "model", j->base_model, "created_at", (json_int_t)(j->submitted_at_ms / 1000),
-                        "finished_at", finished ? ms_to_s(j->ended_at_ms) : json_null(),
-                        "fine_tuned_model", model, "organization_id", j->tenant_id, "status", status, "training_file", j->dataset_id, "validation_file",
-                        json_is_string(vfile) ? vfile : json_null(), "result_files", "seed",
+                        "finished_at", finished ? ms_to_s(j->ended_at_ms) : json_null(), "fine_tuned_model", model,
+                        "organization_id", j->tenant_id, "status", status, "training_file", j->dataset_id,
+                        "validation_file", json_is_string(vfile) ? vfile : json_null(), "result_files", "seed",
                         seed ? json_incref(seed) : json_integer(0), "estimated_finish", "integrations");
   json_t *h = hp ? hyperparameters(hp) : json_object();
   json_object_set_new(o, "hyperparameters", json_deep_copy(h));
-  json_object_set_new(o, "method", json_pack("{s:s,s:{s:o}}", "type", "supervised", "supervised", "hyperparameters", h));
+  json_object_set_new(o, "method",
+                      json_pack("{s:s,s:{s:o}}", "type", "supervised", "supervised", "hyperparameters", h));
   json_object_set_new(o, "user_provided_suffix", json_is_string(suffix) ? json_incref(suffix) : json_null());
   json_object_set_new(o, "metadata", json_object_size(meta) ? json_incref(meta) : json_null());
-  json_t *progress = json_object_get(info, "progress");
-  json_object_set_new(o, "trained_tokens", j->state == LT_JOB_COMPLETED && json_object_get(progress, "tokens")
-                                               ? json_incref(json_object_get(progress, "tokens"))
-                                               : json_null());
+  /* StepCompleted counts a step's tokens, not the run's: no total is kept, so none is claimed. */
+  json_object_set_new(o, "trained_tokens", json_null());
   if (j->state == LT_JOB_FAILED || j->state == LT_JOB_REJECTED) {
     char reason[sizeof j->reason + 256];
     lt_api_scrub(api, j->reason, reason, sizeof reason);
@@ -223,7 +223,8 @@ static bool map_hp(lt_api_call_t *c, json_t *src, const char *from, json_t *dst,
   json_t *v = json_object_get(src, from);
   if (!v || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)) return true;
   if (!json_is_number(v)) {
-    lt_api_reply_error(c->req, 400, "invalid", "hyperparameters", "hyperparameters.%s: must be a number or \"auto\"", from);
+    lt_api_reply_error(c->req, 400, "invalid", "hyperparameters", "hyperparameters.%s: must be a number or \"auto\"",
+                       from);
     return false;
   }
   double d = json_number_value(v) * scale;
@@ -278,7 +279,8 @@ static json_t *native_body(lt_api_call_t *c, json_t *b) {
   json_object_foreach(src, key, v) {
     if (strcmp(key, "n_epochs") && strcmp(key, "batch_size") && strcmp(key, "learning_rate_multiplier")) {
       lt_api_reply_error(c->req, 400, "invalid", "hyperparameters",
-                         "hyperparameters.%.40s: is not known (n_epochs, batch_size, learning_rate_multiplier are)", key);
+                         "hyperparameters.%.40s: is not known (n_epochs, batch_size, learning_rate_multiplier are)",
+                         key);
       return NULL;
     }
   }
@@ -310,7 +312,8 @@ void lt_api_openai_jobs_create(lt_api_call_t *c) {
   json_t *b = json_loadb(text, len, 0, &je);
   free(text);
   if (!json_is_object(b)) {
-    lt_api_reply_error(c->req, 400, "invalid", NULL, "the body must be a JSON object (%s)", b ? "not an object" : je.text);
+    lt_api_reply_error(c->req, 400, "invalid", NULL, "the body must be a JSON object (%s)",
+                       b ? "not an object" : je.text);
     json_decref(b);
     return;
   }
@@ -334,7 +337,8 @@ void lt_api_openai_jobs_create(lt_api_call_t *c) {
                        spec.dataset_id);
     return;
   }
-  if (spec.validation_dataset_id[0] && !lt_api_dataset_exists(c->api, c->tenant->tenant_id, spec.validation_dataset_id)) {
+  if (spec.validation_dataset_id[0] &&
+      !lt_api_dataset_exists(c->api, c->tenant->tenant_id, spec.validation_dataset_id)) {
     lt_api_reply_error(c->req, 404, "not_found", "validation_file", "validation_file: no file %s for this tenant",
                        spec.validation_dataset_id);
     return;
@@ -355,7 +359,9 @@ void lt_api_openai_jobs_list(lt_api_call_t *c) {
   evhttp_clear_headers(&q);
 }
 
-void lt_api_openai_jobs_show(lt_api_call_t *c) { lt_api_reply_json(c->req, 200, lt_api_openai_job_json(c->api, c->job)); }
+void lt_api_openai_jobs_show(lt_api_call_t *c) {
+  lt_api_reply_json(c->req, 200, lt_api_openai_job_json(c->api, c->job));
+}
 
 static const char *reason_of(const json_t *d) {
   const char *r = json_string_value(json_object_get(d, "reason"));
@@ -375,7 +381,8 @@ static json_t *event_json(const json_t *e) {
   else if (strcmp(type, "JobAccepted") == 0) snprintf(msg, sizeof msg, "Files validated; the job is queued");
   else if (strcmp(type, "JobDispatched") == 0) snprintf(msg, sizeof msg, "Fine-tuning job placed on a worker");
   else if (strcmp(type, "AttemptStarted") == 0)
-    snprintf(msg, sizeof msg, "Fine-tuning started (attempt %lld)", (long long)json_integer_value(json_object_get(d, "attempt")));
+    snprintf(msg, sizeof msg, "Fine-tuning started (attempt %lld)",
+             (long long)json_integer_value(json_object_get(d, "attempt")));
   else if (strcmp(type, "StepCompleted") == 0) {
     double loss = json_number_value(json_object_get(d, "loss"));
     snprintf(msg, sizeof msg, "Step %lld/%lld: training loss=%.4f", (long long)step,
@@ -390,7 +397,8 @@ static json_t *event_json(const json_t *e) {
     kind = "metrics";
     json_object_set_new(data, "step", json_integer(step));
     json_object_set(data, "metrics", json_object_get(d, "metrics"));
-  } else if (strcmp(type, "CheckpointCommitted") == 0) snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
+  } else if (strcmp(type, "CheckpointCommitted") == 0)
+    snprintf(msg, sizeof msg, "Checkpoint saved at step %lld", (long long)step);
   else if (strcmp(type, "ArtifactPublished") == 0) snprintf(msg, sizeof msg, "New fine-tuned model created");
   else if (strcmp(type, "JobCompleted") == 0) snprintf(msg, sizeof msg, "The job has successfully completed");
   else if (strcmp(type, "JobCancelled") == 0) snprintf(msg, sizeof msg, "The job was cancelled");
@@ -399,7 +407,8 @@ static json_t *event_json(const json_t *e) {
     snprintf(msg, sizeof msg, "The job failed: %s", reason_of(d));
   } else if (strcmp(type, "AttemptStopped") == 0 || strcmp(type, "PreemptRequested") == 0) {
     level = "warn";
-    snprintf(msg, sizeof msg, "%s (%s)", strcmp(type, "AttemptStopped") == 0 ? "Attempt stopped" : "Preemption requested",
+    snprintf(msg, sizeof msg, "%s (%s)",
+             strcmp(type, "AttemptStopped") == 0 ? "Attempt stopped" : "Preemption requested",
              reason_of(d));
   } else {
     snprintf(msg, sizeof msg, "%s", type);

@@ -593,24 +593,35 @@ lt_err_t lt_avro_get_array_string_at(lt_avro_record_t *rec, int field, size_t i,
   return read_string(rec, path, &v, n, s, len);
 }
 
-static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_set,
-                             avro_value_t *v, const lt_node **n) {
+/* The array or map at path (a nullable one: its non-null branch selected), for get or set. */
+static lt_err_t container_target(lt_avro_record_t *rec, const char *path, bool for_set, avro_type_t type,
+                                 avro_value_t *v, const lt_node **n) {
   lt_err_t rc = for_set ? resolve_path(rec, path, true, v, n) : target_for_get(rec, path, v, n);
   if (rc) return rc;
-  if ((*n)->type == AVRO_UNION) { /* nullable array: select its array branch */
-    static const avro_type_t t[] = {AVRO_ARRAY};
+  if ((*n)->type == AVRO_UNION) {
+    const avro_type_t t[] = {type};
     return target_for_set(rec, path, t, 1, v, n);
   }
-  if ((*n)->type != AVRO_ARRAY) return wrong_type(rec, path, *n, "an array");
+  if ((*n)->type != type) return wrong_type(rec, path, *n, type == AVRO_ARRAY ? "an array" : "a map");
   return LT_OK;
 }
 
-lt_err_t lt_avro_array_size(lt_avro_record_t *rec, const char *path, size_t *count) {
+static lt_err_t array_target(lt_avro_record_t *rec, const char *path, bool for_set, avro_value_t *v,
+                             const lt_node **n) {
+  return container_target(rec, path, for_set, AVRO_ARRAY, v, n);
+}
+
+/* Element count of the array or map at path. */
+static lt_err_t container_size(lt_avro_record_t *rec, const char *path, avro_type_t type, size_t *count) {
   avro_value_t v;
   const lt_node *n;
-  lt_err_t rc = array_target(rec, path, false, &v, &n);
+  lt_err_t rc = container_target(rec, path, false, type, &v, &n);
   if (rc) return rc;
   return avro_value_get_size(&v, count) ? LT_ERR_INTERNAL : LT_OK;
+}
+
+lt_err_t lt_avro_array_size(lt_avro_record_t *rec, const char *path, size_t *count) {
+  return container_size(rec, path, AVRO_ARRAY, count);
 }
 
 lt_err_t lt_avro_array_clear(lt_avro_record_t *rec, const char *path) {
@@ -647,15 +658,9 @@ lt_err_t lt_avro_array_append_string(lt_avro_record_t *rec, const char *path, co
 /* Maps of strings (or nullable maps): the value under key set, and entry i read back. */
 static lt_err_t map_target(lt_avro_record_t *rec, const char *path, bool for_set, avro_value_t *v,
                            const lt_node **n) {
-  lt_err_t rc = for_set ? resolve_path(rec, path, true, v, n) : target_for_get(rec, path, v, n);
-  if (rc) return rc;
-  if ((*n)->type == AVRO_UNION) {
-    static const avro_type_t t[] = {AVRO_MAP};
-    return target_for_set(rec, path, t, 1, v, n);
-  }
-  if ((*n)->type != AVRO_MAP) return wrong_type(rec, path, *n, "a map");
-  if ((*n)->items->type != AVRO_STRING) return acc_fail(rec, path, "is not a map of strings");
-  return LT_OK;
+  lt_err_t rc = container_target(rec, path, for_set, AVRO_MAP, v, n);
+  if (!rc && (*n)->items->type != AVRO_STRING) return acc_fail(rec, path, "is not a map of strings");
+  return rc;
 }
 
 lt_err_t lt_avro_map_set_string(lt_avro_record_t *rec, const char *path, const char *key, const char *s) {
@@ -669,11 +674,7 @@ lt_err_t lt_avro_map_set_string(lt_avro_record_t *rec, const char *path, const c
 }
 
 lt_err_t lt_avro_map_size(lt_avro_record_t *rec, const char *path, size_t *count) {
-  avro_value_t v;
-  const lt_node *n;
-  lt_err_t rc = map_target(rec, path, false, &v, &n);
-  if (rc) return rc;
-  return avro_value_get_size(&v, count) ? LT_ERR_INTERNAL : LT_OK;
+  return container_size(rec, path, AVRO_MAP, count);
 }
 
 lt_err_t lt_avro_map_get_string_at(lt_avro_record_t *rec, const char *path, size_t i, const char **key,

@@ -99,11 +99,16 @@ static int open_uploads(lt_api_t *api, const char *tenant) {
   return n;
 }
 
+/* Opens an upload from the query's name and max_tokens; *field names the parameter a refusal is
+ * about (NULL when none). */
 static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyvalq *q, lt_api_upload_t **out,
-                            char *msg, size_t n) {
+                            const char **field, char *msg, size_t n) {
+  *field = NULL;
   const char *name = lt_api_query(q, "name");
-  if (name && (strlen(name) > 100 || !lt_utf8_valid(name, strlen(name), NULL)))
+  if (name && (strlen(name) > 100 || !lt_utf8_valid(name, strlen(name), NULL))) {
+    *field = "name";
     return lt_errf(msg, n, LT_ERR_INVALID, "name must be at most 100 bytes of UTF-8");
+  }
   /* Each open upload may hold up to a part's bytes between its parts: the cap bounds a tenant's
    * share of the API's memory. */
   int open = open_uploads(api, t->tenant_id);
@@ -118,7 +123,10 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   if (mt) {
     char *end;
     long v = strtol(mt, &end, 10);
-    if (*end || v < 8 || v > 32768) return lt_errf(msg, n, LT_ERR_INVALID, "max_tokens must be from 8 to 32768");
+    if (*end || v < 8 || v > 32768) {
+      *field = "max_tokens";
+      return lt_errf(msg, n, LT_ERR_INVALID, "max_tokens must be from 8 to 32768");
+    }
     lim.max_tokens = (int32_t)v;
   }
   lt_api_upload_t *u = calloc(1, sizeof *u);
@@ -330,17 +338,11 @@ static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report,
   return err;
 }
 
-/* The query parameter an upload_open refusal names (its message starts with it). */
-static const char *refused_field(lt_err_t err, const char *msg) {
-  if (err != LT_ERR_INVALID) return NULL;
-  return strncmp(msg, "max_tokens", 10) == 0 ? "max_tokens" : "name";
-}
-
 /* upload_open with the request's ?name=&max_tokens=. */
-static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg, size_t n) {
+static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, const char **field, char *msg, size_t n) {
   struct evkeyvalq q;
   lt_api_parse_query(c->req, &q);
-  lt_err_t err = upload_open(c->api, c->tenant, &q, u, msg, n);
+  lt_err_t err = upload_open(c->api, c->tenant, &q, u, field, msg, n);
   evhttp_clear_headers(&q);
   return err;
 }
@@ -349,9 +351,10 @@ static lt_err_t upload_open_req(lt_api_call_t *c, lt_api_upload_t **u, char *msg
 void lt_api_uploads_open(lt_api_call_t *c) {
   char msg[512];
   lt_api_upload_t *u;
-  lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
+  const char *field;
+  lt_err_t err = upload_open_req(c, &u, &field, msg, sizeof msg);
   if (err) {
-    lt_api_reply_err(c->req, err, refused_field(err, msg), msg);
+    lt_api_reply_err(c->req, err, field, msg);
     return;
   }
   lt_api_reply_json(c->req, 201, json_pack("{s:s,s:i,s:i}", "upload_id", u->id, "next_part", u->next_part,
@@ -521,9 +524,10 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
 void lt_api_datasets_upload(lt_api_call_t *c) {
   char msg[512];
   lt_api_upload_t *u;
-  lt_err_t err = upload_open_req(c, &u, msg, sizeof msg);
+  const char *field;
+  lt_err_t err = upload_open_req(c, &u, &field, msg, sizeof msg);
   if (err) {
-    lt_api_reply_err(c->req, err, refused_field(err, msg), msg);
+    lt_api_reply_err(c->req, err, field, msg);
     return;
   }
   upload_run(c, u, true, true, NULL);
@@ -535,7 +539,8 @@ void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbu
   TAILQ_INIT(&q);
   if (name) evhttp_add_header(&q, "name", name);
   lt_api_upload_t *u;
-  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, msg, sizeof msg);
+  const char *field;
+  lt_err_t err = upload_open(c->api, c->tenant, &q, &u, &field, msg, sizeof msg);
   evhttp_clear_headers(&q);
   if (err) {
     evbuffer_free(body);

@@ -85,10 +85,11 @@ typedef struct {
 
 /* The small files of a checkpoint beside state and adapter; their content does not matter here. */
 static void write_small_files(const char *dir) {
-  static const char *const names[] = {"metrics.json", "eval.json", "config.json", "samples.json"};
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+  for (size_t i = 0; i < LT_CKPT_NAMES; i++) {
+    const char *name = lt_ckpt_names[i];
+    if (!strstr(name, ".json") || !strcmp(name, "adapter_config.json")) continue; /* the engine's own */
     char path[512];
-    snprintf(path, sizeof path, "%.400s/%s", dir, names[i]);
+    snprintf(path, sizeof path, "%.400s/%s", dir, name);
     FILE *f = fopen(path, "w");
     if (!f || fputs("{}\n", f) < 0 || fclose(f) != 0) die("small files");
   }

@@ -14,7 +14,9 @@
 
 #include "lt_config.h"
 #include "lt_engine.h"
+#include "lt_engine_int.h"
 #include "lt_safetensors.h"
+#include "lt_test.h"
 
 static char errbuf[512];
 
@@ -448,10 +450,83 @@ Test(engine, damaged_or_foreign_state_files_fail_clearly) {
   sc2.rank = 8;
   OK(lt_session_new(f.eng, &sc2, &other, errbuf, sizeof errbuf));
   cr_assert_eq(load_expect(other, st, "rank"), LT_ERR_INVALID);
-  /* a failed load leaves the session usable and unchanged */
+  /* a newer format is refused by its version */
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", st, bad);
+  cr_assert_eq(system(cmd), 0);
+  fd = open(bad, O_RDWR);
+  unsigned char v3 = 3;
+  cr_assert_eq(pwrite(fd, &v3, 1, 8), 1);
+  close(fd);
+  cr_assert_eq(load_expect(s, bad, "version 3"), LT_ERR_UNSUPPORTED);
+  /* a failed load leaves the session usable and unchanged: its tensors are the same bytes as
+   * before the damaged files were tried (a restore checks the whole file before copying) */
+  char before[512], after[512];
+  snprintf(before, sizeof before, "%s/before.safetensors", f.dir);
+  snprintf(after, sizeof after, "%s/after.safetensors", f.dir);
+  lt_session_t *u;
+  OK(lt_session_new(f.eng, &sc, &u, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(u, 0, before, errbuf, sizeof errbuf));
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", st, bad);
+  cr_assert_eq(system(cmd), 0);
+  fd = open(bad, O_RDWR);
+  cr_assert_eq(pread(fd, &byte, 1, sb.st_size - 9), 1); /* the payload's last byte */
+  byte ^= 0x01;
+  cr_assert_eq(pwrite(fd, &byte, 1, sb.st_size - 9), 1);
+  close(fd);
+  cr_assert_eq(load_expect(u, bad, "checksum"), LT_ERR_CORRUPT);
+  OK(lt_dump_tensors(u, 0, after, errbuf, sizeof errbuf));
+  cr_assert(files_equal(before, after), "a damaged state file changed the session");
+  lt_session_destroy(u);
   OK(lt_load_state(s, st, NULL, errbuf, sizeof errbuf));
   lt_session_destroy(other);
   lt_session_destroy(s);
+  fixture_close(&f);
+}
+
+Test(engine, a_version_1_state_file_is_still_restored) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 9, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 4, .targets = LT_TARGET_ALL, .seed = 3};
+  lt_session_t *s, *t;
+  OK(lt_session_new(f.eng, &sc, &s, errbuf, sizeof errbuf));
+  OK(lt_session_new(f.eng, &sc, &t, errbuf, sizeof errbuf));
+  int32_t tok[32], tgt[32];
+  unsigned rs = 5;
+  rand_tokens(tok, 32, f.c.vocab_size, &rs);
+  rand_tokens(tgt, 32, f.c.vocab_size, &rs);
+  lt_batch_t b = {.B = 2, .T = 16, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf));
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  char st[512], a[512], bb[512];
+  snprintf(st, sizeof st, "%s/state.bin", f.dir);
+  snprintf(a, sizeof a, "%s/a.safetensors", f.dir);
+  snprintf(bb, sizeof bb, "%s/b.safetensors", f.dir);
+  OK(lt_save_state(s, st, 41, errbuf, sizeof errbuf));
+  /* rewrite it as the version-1 format wrote it: version field 1, the old checksum */
+  size_t len;
+  unsigned char *buf = (unsigned char *)lt_test_slurp(st, &len);
+  cr_assert(buf && len > 16);
+  buf[8] = 1;
+  uint64_t sum = lt_engine_state_cks_v1(buf, len - 8);
+  for (int j = 0; j < 8; j++) buf[len - 8 + j] = (unsigned char)(sum >> (8 * j));
+  FILE *fp = fopen(st, "wb");
+  cr_assert(fp && fwrite(buf, 1, len, fp) == len && fclose(fp) == 0);
+  uint64_t cursor = 0;
+  OK(lt_load_state(t, st, &cursor, errbuf, sizeof errbuf));
+  cr_assert_eq(cursor, 41);
+  cr_assert_eq(lt_session_step(t), 1);
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, bb, errbuf, sizeof errbuf));
+  cr_assert(files_equal(a, bb), "the version-1 file restored other tensors");
+  /* and the old checksum is checked: one flipped payload byte is refused */
+  buf[len / 2] ^= 0x01;
+  fp = fopen(st, "wb");
+  cr_assert(fp && fwrite(buf, 1, len, fp) == len && fclose(fp) == 0);
+  cr_assert_eq(load_expect(t, st, "checksum"), LT_ERR_CORRUPT);
+  free(buf);
+  lt_session_destroy(s);
+  lt_session_destroy(t);
   fixture_close(&f);
 }
 

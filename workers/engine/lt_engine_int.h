@@ -251,4 +251,8 @@ void lt_engine_linear_fwd(lt_session_t *s, const float *X, int n, int l, int m, 
 /* lt_engine_sample.c: frees the sampling buffers (the session stays usable). */
 void lt_engine_sampl_free(lt_session_t *s);
 
+/* lt_engine_state.c: the checksum of a version-1 state file over its n bytes before the
+ * checksum (still read; tests write such files). */
+uint64_t lt_engine_state_cks_v1(const void *p, size_t n);
+
 #endif

@@ -69,8 +69,14 @@ typedef struct lt_confine_conf {
  * user. */
 lt_err_t lt_confine_conf_from_env(lt_confine_conf_t *c, int slots, char *errstr, size_t errstr_size);
 
+/* Whether lt_confine_apply() sets RLIMIT_DATA: false in an AddressSanitizer build (the report
+ * says so). */
+bool lt_confine_data_limit_applies(void);
+
 /* The executor's environment: the allowed variables of environ (locale, TZ, PATH, OPENBLAS_*,
- * OMP_*, CUDA_*, NVIDIA_*, the sanitizers' *SAN_OPTIONS) and LT_CONFINE_ENV=<c>; never a LATHE_*
+ * OMP_*, CUDA_*, NVIDIA_*, the sanitizers' *SAN_OPTIONS, with detect_leaks=0 added in an
+ * AddressSanitizer build: LeakSanitizer needs ptrace, which the filter refuses) and
+ * LT_CONFINE_ENV=<c>; never a LATHE_*
  * variable of the worker. NULL-terminated; the caller frees it with lt_confine_env_free. */
 char **lt_confine_env(const lt_confine_conf_t *c);
 void lt_confine_env_free(char **env);

@@ -71,6 +71,7 @@ typedef struct cpu {
   int bf16;
   size_t bf16_min;
   bool wide; /* matmul_rows: the AVX-512 kernels (lt_cpu_opts_t.narrow unset, and the chip has them) */
+  bool avx2; /* otherwise: the AVX2 build of the narrow kernels (the chip has AVX2) */
   struct shadow *sh;
   size_t nsh, capsh;
 } cpu_t;
@@ -325,7 +326,7 @@ typedef struct mr_args {
   const float *A, *W;
   float *C;
   const uint16_t *Wh; /* NULL: read W */
-  bool wide;          /* cpu_t.wide */
+  bool wide, avx2;    /* cpu_t.wide, cpu_t.avx2 */
 } mr_args_t;
 
 AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
@@ -405,15 +406,23 @@ static void mr_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) {
   else mr_cols_of(a, lo, hi, false, true, ldw_avx512);
 }
 
-__attribute__((target_clones("avx2", "default")))
-static void mr_cols_narrow(const mr_args_t *a, size_t lo, size_t hi) {
+/* Picked by a flag, not target_clones: an ifunc resolver runs during relocation, before a
+ * sanitizer's runtime is up, and ThreadSanitizer builds crashed there. */
+__attribute__((target("avx2")))
+static void mr_cols_avx2(const mr_args_t *a, size_t lo, size_t hi) {
+  if (a->Wh) mr_cols_of(a, lo, hi, true, false, ldw);
+  else mr_cols_of(a, lo, hi, false, false, ldw);
+}
+
+static void mr_cols_base(const mr_args_t *a, size_t lo, size_t hi) {
   if (a->Wh) mr_cols_of(a, lo, hi, true, false, ldw);
   else mr_cols_of(a, lo, hi, false, false, ldw);
 }
 
 static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
   if (a->wide) mr_cols_avx512(a, lo, hi);
-  else mr_cols_narrow(a, lo, hi);
+  else if (a->avx2) mr_cols_avx2(a, lo, hi);
+  else mr_cols_base(a, lo, hi);
 }
 
 static void mr_task(void *p, int tid, int nt) {
@@ -435,7 +444,7 @@ static void mrm_task(void *p, int tid, int nt) {
   for (int i = 0; i < m->count; i++) {
     const lt_mr_desc_t *d = &m->d[i];
     mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C,
-                   shadow_of(m->c, d->W), m->c->wide};
+                   shadow_of(m->c, d->W), m->c->wide, m->c->avx2};
     size_t lo, hi;
     chunk((size_t)d->N, tid, nt, &lo, &hi);
     mr_cols(&a, lo, hi);
@@ -452,7 +461,7 @@ static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
                             int lda, const float *W, int ldw, float beta, float *C, int ldc) {
-  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W), CPU(be)->wide};
+  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W), CPU(be)->wide, CPU(be)->avx2};
   if ((double)M * N * K < 1 << 15) mr_task(&a, 0, 1);
   else pool_run(CPU(be), mr_task, &a);
 }
@@ -1066,6 +1075,7 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
   c->bf16 = o->bf16_weights;
   c->bf16_min = o->bf16_min_elems ? o->bf16_min_elems : 65536;
   c->wide = !o->narrow && __builtin_cpu_supports("avx512f");
+  c->avx2 = __builtin_cpu_supports("avx2");
   c->lanes = calloc((size_t)threads, sizeof *c->lanes);
   if (!c->lanes) {
     free(c);

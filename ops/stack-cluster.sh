@@ -17,7 +17,7 @@
 # the controller fences one silent for 4 s, so a killed leader is replaced within seconds.
 
 # Heap of a cluster broker: four JVMs share the machine.
-cluster_broker_jvm=(-Xms128m -Xmx512m)
+cluster_broker_jvm=(-Xms128m -Xmx512m -XX:TieredStopAtLevel=1)
 controller_node_id=100
 
 replication() { if [ "$brokers" -ge 3 ]; then echo 3; else echo "$brokers"; fi; }

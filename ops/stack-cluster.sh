@@ -165,6 +165,23 @@ start_controller() {
     -cp "$(kafka_cp)" $kafka_main "$kafka_dir/controller.properties"
 }
 
+# acls_seen N: broker node N already authorizes by the ACLs `up` just made: it shows the admin
+# principal the first topic of ops/topics.tsv (a broker applies new ACLs a moment after the
+# controller took them, each at its own pace).
+acls_seen() {
+  local t
+  t=$prefix$(awk -F'\t' '!/^#/ && NF { print $1; exit }' "$repo/ops/topics.tsv")
+  timeout 10 kcat -b "$kafka_host:$(node_port "$1")" -F "$clients_dir/admin.properties" -L -t "$t" 2>/dev/null |
+    grep -q "topic \"$t\" with [1-9][0-9]* partitions:$"
+}
+
+# wait_acls: every broker node authorizes by the new ACLs (a client of any of them is let in).
+wait_acls() {
+  local n
+  sasl_on || return 0
+  for ((n = 0; n < brokers; n++)); do wait_until "$(node_name $n)" "$(node_log $n)" acls_seen $n; done
+}
+
 # ---------------------------------------------------------------- faults
 
 # ops/stack broker stop|start N, broker list.

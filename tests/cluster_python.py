@@ -311,8 +311,8 @@ def main():
         res = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in names])
         isr = {r.name: fut.result(30)["min.insync.replicas"].value for r, fut in res.items()}
         ck.check(set(isr.values()) == {"2"}, f"all Lathe topics: min.insync.replicas=2 ({set(isr.values())})")
-        bres = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, "1")])
-        bcfg = list(bres.values())[0].result(30)
+        bcfg = wait(lambda: list(admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, "1")])
+                                 .values())[0].result(30), 20, "broker 1's configs, as the admin principal")
         want = {"offsets.topic.replication.factor": "3", "transaction.state.log.replication.factor": "3",
                 "transaction.state.log.min.isr": "2", "min.insync.replicas": "2", "default.replication.factor": "3"}
         got = {k: bcfg[k].value for k in want}

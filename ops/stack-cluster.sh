@@ -206,11 +206,16 @@ cmd_broker() {
     die "broker $verb: want a node from 0 to $((brokers - 1)), got '$n'"
   name=$(node_name "$n")
   mkdir -p "$logs_dir" "$run_dir"
+  # The lock covers the kill or the start, not the wait for an answer: two nodes (and S3) may
+  # come back at once.
   take_lock
   if [ "$verb" = stop ]; then kill_daemon "$name"; return 0; fi
   [ "$brokers" -gt 1 ] && ! pid_of controller >/dev/null && say "warning: the controller is not running (ops/stack up)"
-  write_kafka_config
+  # Configs are written by `up`; rewriting them here could truncate the file of a node that
+  # another `broker start` just launched.
+  [ -f "$(node_config "$n")" ] || write_kafka_config
   start_node "$n"
+  exec 9>&-
   wait_until "$name" "$(node_log "$n")" node_answers "$n"
   say "$name answers on $kafka_host:$(node_port "$n")"
 }
@@ -223,6 +228,7 @@ cmd_s3() {
     start)
       take_lock
       start_s3
+      exec 9>&-
       wait_until s3 "$logs_dir/s3.log" s3_answers
       say "s3 answers on $s3_host:$s3_port" ;;
     *) die "s3: want stop or start, got '${1:-}'" ;;

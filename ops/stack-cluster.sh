@@ -41,8 +41,6 @@ choose_brokers() {
     die "$stack_dir holds a stack of $brokers broker(s); ops/stack wipe first to make one of $want"
   fi
   brokers=$want
-  mkdir -p "$stack_dir"
-  echo "$brokers" >"$brokers_file"
   if [ "$brokers" -gt 1 ]; then
     local n p ports=" $controller_port "
     for ((n = 0; n < brokers; n++)); do
@@ -51,7 +49,8 @@ choose_brokers() {
       ports+="$p "
     done
   fi
-  return 0
+  mkdir -p "$stack_dir"
+  echo "$brokers" >"$brokers_file"
 }
 
 # write_cluster_configs BROKER_PASSWORD CONTROLLER_PASSWORD JAAS_USERS: the controller's

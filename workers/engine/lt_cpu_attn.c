@@ -1,0 +1,241 @@
+/* lt_cpu_attn: tiled causal attention for the cpu backend's training pass (see lt_cpu_attn.h).
+ *
+ * Forward (per sequence and query head): for each query tile, the key tiles from the tile's
+ * earliest example start up to its last row; scores S = Q K^T * scale on the tile
+ * (cblas_sgemm), masked per row to the row's window t - pos[t] .. t, then the online softmax:
+ * a running max m and sum l per row, the output rows rescaled by exp(m_old - m_new) before
+ * P V is added. The state is m and 1/l per row.
+ *
+ * Backward (per sequence and kv head, FlashAttention-2's equations, query tiles outer): with
+ * D_t = rowsum(dO_t * O_t) (in double) and P = exp(S - m) / l recomputed per tile: dV += P^T dO,
+ * dP = dO V^T, dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One task owns a kv
+ * head and every query head reading it, so dq, dk and dv are summed in place in a fixed order:
+ * no atomics, no partial buffers, results independent of the thread count. */
+#include "lt_cpu_attn.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_cpu_fexp.h"
+
+size_t lt_cpu_attn_scratch(int tile, int hd) {
+  (void)hd;
+  return 2 * (size_t)tile * tile + 2 * (size_t)tile;
+}
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* Row i of a tile of scores starting at key k0 (nk keys) for query row t: the columns of its
+ * window, [*lo, *hi) (empty when the window misses the tile). */
+static inline void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
+  *lo = imin(imax(k0, t - ps[t]) - k0, nk);
+  *hi = imax(imin(k0 + nk, t + 1) - k0, *lo);
+}
+
+void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
+                          const float *q, const float *k, const float *v, const int32_t *pos,
+                          float *scratch) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+  float scale = 1.0f / sqrtf((float)hd);
+  const float *Q = q + (size_t)b * T * ldq + (size_t)h * hd;
+  const float *K = k + (size_t)b * T * ldk + (size_t)(h / g) * hd;
+  const float *Vv = v + (size_t)b * T * ldk + (size_t)(h / g) * hd;
+  float *O = out + (size_t)b * T * ldq + (size_t)h * hd;
+  float *L = st + ((size_t)b * H + h) * T * 2;
+  const int32_t *ps = pos + (size_t)b * T;
+  float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile;
+  for (int q0 = 0; q0 < T; q0 += tile) {
+    int nq = imin(tile, T - q0);
+    int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
+    for (int i = 0; i < nq; i++) {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+      memset(O + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+    }
+    for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
+      int nk = imin(tile, q0 + nq - k0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
+                  Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, S, tile);
+      for (int i = 0; i < nq; i++) {
+        float *row = S + (size_t)i * tile;
+        int lo, hi;
+        window(ps, q0 + i, k0, nk, &lo, &hi);
+        for (int j = 0; j < lo; j++) row[j] = 0.0f;
+        for (int j = hi; j < nk; j++) row[j] = 0.0f;
+        if (lo == hi) continue;
+        float mx = m[i];
+        for (int j = lo; j < hi; j++) mx = row[j] > mx ? row[j] : mx;
+        float sum = 0.0f;
+        for (int j = lo; j < hi; j++) {
+          row[j] = lt_fexp(row[j] - mx);
+          sum += row[j];
+        }
+        if (mx != m[i] && m[i] != -INFINITY) {
+          float corr = lt_fexp(m[i] - mx);
+          float *o = O + (size_t)(q0 + i) * ldq;
+          for (int c = 0; c < hd; c++) o[c] *= corr;
+          l[i] *= corr;
+        }
+        m[i] = mx;
+        l[i] += sum;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, tile,
+                  Vv + (size_t)k0 * ldk, ldk, 1.0f, O + (size_t)q0 * ldq, ldq);
+    }
+    for (int i = 0; i < nq; i++) {
+      float inv = 1.0f / l[i], *o = O + (size_t)(q0 + i) * ldq;
+      for (int c = 0; c < hd; c++) o[c] *= inv;
+      L[2 * (q0 + i)] = m[i];
+      L[2 * (q0 + i) + 1] = inv;
+    }
+  }
+}
+
+void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq, float *dk,
+                        float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *out, const float *st, const int32_t *pos,
+                        float *scratch) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+  float scale = 1.0f / sqrtf((float)hd);
+  size_t koff = (size_t)b * T * ldk + (size_t)kv * hd;
+  const float *K = k + koff, *Vv = v + koff;
+  float *dK = dk + koff, *dV = dv + koff;
+  const int32_t *ps = pos + (size_t)b * T;
+  float *P = scratch, *dP = P + (size_t)tile * tile, *Dr = dP + (size_t)tile * tile;
+  for (int t = 0; t < T; t++) {
+    memset(dK + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
+    memset(dV + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
+  }
+  for (int hh = 0; hh < g; hh++) {
+    int h = kv * g + hh;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
+    const float *Q = q + qoff, *dO = dout + qoff, *O = out + qoff;
+    const float *L = st + ((size_t)b * H + h) * T * 2;
+    float *dQ = dq + qoff;
+    for (int q0 = 0; q0 < T; q0 += tile) {
+      int nq = imin(tile, T - q0);
+      int kbeg = q0 - ps[q0];
+      for (int i = 0; i < nq; i++) {
+        const float *o = O + (size_t)(q0 + i) * ldq, *go = dO + (size_t)(q0 + i) * ldq;
+        double s = 0.0;
+        for (int c = 0; c < hd; c++) s += (double)go[c] * o[c];
+        Dr[i] = (float)s;
+        memset(dQ + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+      }
+      for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
+        int nk = imin(tile, q0 + nq - k0);
+        /* P = exp(scale Q K^T - m) / l, 0 outside each row's window */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
+                    Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, P, tile);
+        for (int i = 0; i < nq; i++) {
+          float *row = P + (size_t)i * tile, mr = L[2 * (q0 + i)], il = L[2 * (q0 + i) + 1];
+          int lo, hi;
+          window(ps, q0 + i, k0, nk, &lo, &hi);
+          for (int j = 0; j < lo; j++) row[j] = 0.0f;
+          for (int j = lo; j < hi; j++) row[j] = lt_fexp(row[j] - mr) * il;
+          for (int j = hi; j < nk; j++) row[j] = 0.0f;
+        }
+        /* dV += P^T dO */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, tile,
+                    dO + (size_t)q0 * ldq, ldq, 1.0f, dV + (size_t)k0 * ldk, ldk);
+        /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
+                    dO + (size_t)q0 * ldq, ldq, Vv + (size_t)k0 * ldk, ldk, 0.0f, dP, tile);
+        for (int i = 0; i < nq; i++) {
+          const float *pr = P + (size_t)i * tile;
+          float *dr = dP + (size_t)i * tile, di = Dr[i];
+          for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
+        }
+        /* dQ += scale dS K ; dK += scale dS^T Q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dP, tile,
+                    K + (size_t)k0 * ldk, ldk, 1.0f, dQ + (size_t)q0 * ldq, ldq);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dP, tile,
+                    Q + (size_t)q0 * ldq, ldq, 1.0f, dK + (size_t)k0 * ldk, ldk);
+      }
+    }
+  }
+}
+
+/* ---- the full-square reference -------------------------------------------------------- */
+
+/* Causal softmax in place on the T x T scores of one head: row t over its example's columns
+ * t - pos[t] .. t (pos: the sequence's positions); every other entry = 0. */
+static void causal_softmax(float *P, int T, float scale, const int32_t *pos) {
+  for (int t = 0; t < T; t++) {
+    float *row = P + (size_t)t * T;
+    int j0 = t - pos[t];
+    float mx = -INFINITY;
+    for (int j = j0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0;
+    for (int j = j0; j <= t; j++) {
+      row[j] = lt_fexp((row[j] - mx) * scale);
+      sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    for (int j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int j = j0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+  }
+}
+
+void lt_cpu_attn_ref_fwd(lt_cpu_attn_dims_t d, float *out, float *state, const float *q,
+                         const float *k, const float *v, const int32_t *pos) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV;
+  for (size_t bh = 0; bh < (size_t)d.B * H; bh++) {
+    int b = (int)(bh / H), h = (int)(bh % H), kv = h / g;
+    const float *Q = q + (size_t)b * T * H * hd + (size_t)h * hd;
+    const float *K = k + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *Vv = v + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    float *P = state + bh * (size_t)T * T;
+    float *O = out + (size_t)b * T * H * hd + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, Q, H * hd, K, KV * hd,
+                0.0f, P, T);
+    causal_softmax(P, T, 1.0f / sqrtf((float)hd), pos + (size_t)b * T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, Vv, KV * hd,
+                0.0f, O, H * hd);
+  }
+}
+
+void lt_cpu_attn_ref_bwd(lt_cpu_attn_dims_t d, float *dq, float *dk, float *dv,
+                         const float *dout, const float *q, const float *k, const float *v,
+                         const float *state) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV;
+  float scale = 1.0f / sqrtf((float)hd);
+  float *dP = malloc((size_t)T * T * sizeof(float));
+  assert(dP);
+  for (size_t bk = 0; bk < (size_t)d.B * KV; bk++) {
+    int b = (int)(bk / KV), kv = (int)(bk % KV);
+    size_t koff = (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *K = k + koff, *Vv = v + koff;
+    float *dK = dk + koff, *dV = dv + koff;
+    for (int hh = 0; hh < g; hh++) {
+      int h = kv * g + hh;
+      size_t qoff = (size_t)b * T * H * hd + (size_t)h * hd;
+      const float *Q = q + qoff, *dO = dout + qoff;
+      const float *P = state + ((size_t)b * H + h) * (size_t)T * T;
+      float *dQ = dq + qoff;
+      float beta = hh == 0 ? 0.0f : 1.0f;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, H * hd,
+                  beta, dV, KV * hd);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, H * hd, Vv,
+                  KV * hd, 0.0f, dP, T);
+      for (int t = 0; t < T; t++) {
+        const float *pr = P + (size_t)t * T;
+        float *dr = dP + (size_t)t * T;
+        float s = 0;
+        for (int j = 0; j <= t; j++) s += pr[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - s) * scale;
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, K, KV * hd,
+                  0.0f, dQ, H * hd);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, Q, H * hd,
+                  beta, dK, KV * hd);
+    }
+  }
+  free(dP);
+}

@@ -1,8 +1,8 @@
 /* Tests of the cpu backend's tiled training attention (workers/engine/lt_cpu_attn.c behind
  * attn_fwd / attn_bwd of lt_backend_cpu): against the full-square implementation it replaced
  * (lt_cpu_attn_ref_*) on packed rows, GQA, B > 1 and lengths that are not a multiple of the
- * tile; its state size (linear in T); bitwise determinism over runs and thread counts; and masking (a key
- * outside a row's window changes nothing for that row). */
+ * tile; its state size (linear in T); bitwise determinism over runs and thread counts; and
+ * masking (a key outside a row's window changes nothing for that row). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>

@@ -1,16 +1,17 @@
 /* lt_cpu_attn: tiled causal attention for the cpu backend's training pass (see lt_cpu_attn.h).
  *
  * Forward (per sequence and query head): for each query tile, the key tiles from the tile's
- * earliest example start up to its last row; scores S = Q K^T * scale on the tile
- * (cblas_sgemm), masked per row to the row's window t - pos[t] .. t, then the online softmax:
- * a running max m and sum l per row, the output rows rescaled by exp(m_old - m_new) before
- * P V is added. The state is m and 1/l per row.
+ * earliest example start up to its last row; scores S = Q K^T on the tile (cblas_sgemm; the
+ * 1/sqrt(hd) is applied to s - max, see row_exp), masked per row to the row's window
+ * t - pos[t] .. t, then the online softmax: a running max m and sum l per row, the output rows
+ * rescaled by exp(m_old - m_new) before P V is added. The state is m and 1/l per row.
  *
  * Backward (per sequence and kv head, FlashAttention-2's equations, query tiles outer): with
- * D_t = rowsum(dO_t * O_t) (in double) and P = exp(S - m) / l recomputed per tile: dV += P^T dO,
- * dP = dO V^T, dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One task owns a kv
- * head and every query head reading it, so dq, dk and dv are summed in place in a fixed order:
- * no atomics, no partial buffers, results independent of the thread count. */
+ * D_t = rowsum(dO_t * O_t) (in double) and P = exp((S - m) * scale) / l recomputed per tile:
+ * dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One
+ * task owns a kv head and every query head reading it, so dq, dk and dv are summed in place in
+ * a fixed order: no atomics, no partial buffers, results independent of the thread count.
+ * Tiles of 64: within noise of 48, 96 and 128 at T = 256 .. 2048, hd 64; 32 is slower. */
 #include "lt_cpu_attn.h"
 
 #include <assert.h>
@@ -23,7 +24,7 @@
 
 size_t lt_cpu_attn_scratch(int tile, int hd) {
   (void)hd;
-  return 2 * (size_t)tile * tile + 2 * (size_t)tile;
+  return 2 * (size_t)tile * tile + 3 * (size_t)tile;
 }
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
@@ -34,6 +35,103 @@ static inline int imax(int a, int b) { return a > b ? a : b; }
 static inline void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
   *lo = imin(imax(k0, t - ps[t]) - k0, nk);
   *hi = imax(imin(k0 + nk, t + 1) - k0, *lo);
+}
+
+/* Reductions over a row in 16 lanes (lane u takes j = u, u + 16, ...), folded pairwise: a
+ * fixed order that every instruction set below vectorises alike, so every clone gives the
+ * same bits. */
+#define LANES 16
+static inline float row_max(const float *x, int n, float init) {
+  float a[LANES];
+  for (int u = 0; u < LANES; u++) a[u] = init;
+  int j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int u = 0; u < LANES; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
+  for (int u = 0; j + u < n; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
+  for (int w = LANES / 2; w; w /= 2)
+    for (int u = 0; u < w; u++) a[u] = a[u + w] > a[u] ? a[u + w] : a[u];
+  return a[0];
+}
+static inline float row_sum(const float *x, int n) {
+  float a[LANES] = {0};
+  int j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int u = 0; u < LANES; u++) a[u] += x[j + u];
+  for (int u = 0; j + u < n; u++) a[u] += x[j + u];
+  for (int w = LANES / 2; w; w /= 2)
+    for (int u = 0; u < w; u++) a[u] += a[u + w];
+  return a[0];
+}
+/* x[j] = exp((x[j] - sub) * scale) * mul, elementwise. The scores stay unscaled until here,
+ * as in the full-square kernels: s - max is then (nearly) exact and only the difference is
+ * rounded by the scale, where scaling each score first would add an ulp of |s| to every
+ * exponent. */
+static inline void row_exp(float *x, int n, float sub, float scale, float mul) {
+  for (int j = 0; j < n; j++) x[j] = lt_fexp((x[j] - sub) * scale) * mul;
+}
+
+/* The elementwise work on tiles, built for AVX-512, AVX2 and the baseline and picked at load
+ * time: wider registers only (no FMA: -ffp-contract=off), elementwise operations and the
+ * 16-lane reductions above, so the same bits on every machine. */
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* Forward: the unscaled scores S (nq x nk, row stride tile) of query rows q0.. against keys
+ * k0.. become exp((s - m_new) * scale) inside each row's window and 0 outside; m (running max
+ * of s) and l (running sum) are updated, and corr[i] is what row i's output so far must be
+ * multiplied by. */
+CLONES static void fwd_tile(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
+                            int k0, float scale, float *m, float *l, float *corr) {
+  for (int i = 0; i < nq; i++) {
+    float *row = S + (size_t)i * tile;
+    int lo, hi;
+    window(ps, q0 + i, k0, nk, &lo, &hi);
+    for (int j = 0; j < lo; j++) row[j] = 0.0f;
+    for (int j = hi; j < nk; j++) row[j] = 0.0f;
+    corr[i] = 1.0f;
+    if (lo == hi) continue;
+    float mx = row_max(row + lo, hi - lo, m[i]);
+    row_exp(row + lo, hi - lo, mx, scale, 1.0f);
+    float sum = row_sum(row + lo, hi - lo);
+    if (mx != m[i] && m[i] != -INFINITY) {
+      corr[i] = lt_fexp((m[i] - mx) * scale);
+      l[i] *= corr[i];
+    }
+    m[i] = mx;
+    l[i] += sum;
+  }
+}
+
+/* rows of out *= f[i] */
+CLONES static void scale_rows(float *O, int ld, int nq, int hd, const float *f) {
+  for (int i = 0; i < nq; i++) {
+    if (f[i] == 1.0f) continue;
+    float *o = O + (size_t)i * ld;
+    for (int c = 0; c < hd; c++) o[c] *= f[i];
+  }
+}
+
+/* Backward: the scores (as fwd_tile's) become P = exp((s - m) * scale) / l, 0 outside the
+ * windows. */
+CLONES static void bwd_p_tile(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
+                              int k0, float scale, const float *st) {
+  for (int i = 0; i < nq; i++) {
+    float *row = P + (size_t)i * tile;
+    int lo, hi;
+    window(ps, q0 + i, k0, nk, &lo, &hi);
+    for (int j = 0; j < lo; j++) row[j] = 0.0f;
+    row_exp(row + lo, hi - lo, st[2 * (q0 + i)], scale, st[2 * (q0 + i) + 1]);
+    for (int j = hi; j < nk; j++) row[j] = 0.0f;
+  }
+}
+
+/* dP <- P * (dP - D) */
+CLONES static void bwd_ds_tile(float *dP, const float *P, int tile, int nq, int nk,
+                               const float *D) {
+  for (int i = 0; i < nq; i++) {
+    const float *pr = P + (size_t)i * tile;
+    float *dr = dP + (size_t)i * tile, di = D[i];
+    for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
+  }
 }
 
 void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
@@ -47,7 +145,7 @@ void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *o
   float *O = out + (size_t)b * T * ldq + (size_t)h * hd;
   float *L = st + ((size_t)b * H + h) * T * 2;
   const int32_t *ps = pos + (size_t)b * T;
-  float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile;
+  float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile, *corr = l + tile;
   for (int q0 = 0; q0 < T; q0 += tile) {
     int nq = imin(tile, T - q0);
     int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
@@ -58,31 +156,10 @@ void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *o
     }
     for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
       int nk = imin(tile, q0 + nq - k0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
                   Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, S, tile);
-      for (int i = 0; i < nq; i++) {
-        float *row = S + (size_t)i * tile;
-        int lo, hi;
-        window(ps, q0 + i, k0, nk, &lo, &hi);
-        for (int j = 0; j < lo; j++) row[j] = 0.0f;
-        for (int j = hi; j < nk; j++) row[j] = 0.0f;
-        if (lo == hi) continue;
-        float mx = m[i];
-        for (int j = lo; j < hi; j++) mx = row[j] > mx ? row[j] : mx;
-        float sum = 0.0f;
-        for (int j = lo; j < hi; j++) {
-          row[j] = lt_fexp(row[j] - mx);
-          sum += row[j];
-        }
-        if (mx != m[i] && m[i] != -INFINITY) {
-          float corr = lt_fexp(m[i] - mx);
-          float *o = O + (size_t)(q0 + i) * ldq;
-          for (int c = 0; c < hd; c++) o[c] *= corr;
-          l[i] *= corr;
-        }
-        m[i] = mx;
-        l[i] += sum;
-      }
+      fwd_tile(S, tile, nq, nk, ps, q0, k0, scale, m, l, corr);
+      scale_rows(O + (size_t)q0 * ldq, ldq, nq, hd, corr);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, tile,
                   Vv + (size_t)k0 * ldk, ldk, 1.0f, O + (size_t)q0 * ldq, ldq);
     }
@@ -128,28 +205,17 @@ void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq
       }
       for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
         int nk = imin(tile, q0 + nq - k0);
-        /* P = exp(scale Q K^T - m) / l, 0 outside each row's window */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale,
+        /* P = exp((Q K^T - m) * scale) / l, 0 outside each row's window */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
                     Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, P, tile);
-        for (int i = 0; i < nq; i++) {
-          float *row = P + (size_t)i * tile, mr = L[2 * (q0 + i)], il = L[2 * (q0 + i) + 1];
-          int lo, hi;
-          window(ps, q0 + i, k0, nk, &lo, &hi);
-          for (int j = 0; j < lo; j++) row[j] = 0.0f;
-          for (int j = lo; j < hi; j++) row[j] = lt_fexp(row[j] - mr) * il;
-          for (int j = hi; j < nk; j++) row[j] = 0.0f;
-        }
+        bwd_p_tile(P, tile, nq, nk, ps, q0, k0, scale, L);
         /* dV += P^T dO */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, tile,
                     dO + (size_t)q0 * ldq, ldq, 1.0f, dV + (size_t)k0 * ldk, ldk);
         /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
                     dO + (size_t)q0 * ldq, ldq, Vv + (size_t)k0 * ldk, ldk, 0.0f, dP, tile);
-        for (int i = 0; i < nq; i++) {
-          const float *pr = P + (size_t)i * tile;
-          float *dr = dP + (size_t)i * tile, di = Dr[i];
-          for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
-        }
+        bwd_ds_tile(dP, P, tile, nq, nk, Dr);
         /* dQ += scale dS K ; dK += scale dS^T Q */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dP, tile,
                     K + (size_t)k0 * ldk, ldk, 1.0f, dQ + (size_t)q0 * ldq, ldq);

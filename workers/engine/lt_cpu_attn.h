@@ -12,8 +12,9 @@
  * Why m and 1/sum rather than the log-sum-exp alone (half the state): P = exp(s - lse) adds
  * lse's rounding (an ulp of log T + max, several times an ulp of s) to every recomputed
  * probability, and the engine's PyTorch parity (two AdamW steps, 1e-4) went from 4.5e-5 to
- * 1.05e-4. exp(s - m) * (1/sum) is bitwise the forward's probability for a row whose window
- * fits one key tile, and as accurate as the full-square kernels otherwise.
+ * 1.05e-4. exp((s - m) / sqrt(hd)) * (1/sum) is bitwise the forward's probability for a row
+ * whose window fits one key tile, and as accurate as the full-square kernels otherwise (s
+ * unscaled until s - m is taken, as they did: scaling first cost 1.7e-4 on the same test).
  *
  * The old full-square kernels (T x T probabilities as the state) stay here as
  * lt_cpu_attn_ref_*: the tests hold the tiled kernels to them. */
@@ -32,13 +33,13 @@ typedef struct lt_cpu_attn_dims {
 } lt_cpu_attn_dims_t;
 
 /* Floats of per-thread scratch lt_cpu_attn_fwd_head and lt_cpu_attn_bwd_kv need with tiles of
- * `tile` rows (at most 3 * tile * tile + tile; independent of T). */
+ * `tile` rows (2 * tile * tile + 3 * tile: independent of T). */
 size_t lt_cpu_attn_scratch(int tile, int hd);
 
 /* Forward pass of query head h of sequence b: its rows of out (N, H*hd) and of the state
- * (2*B*H*T floats; row r = (b*H + h)*T + t holds at 2r the max m of s_j = q_t k_j / sqrt(hd)
- * over the row's window and at 2r + 1 the inverse of sum_j exp(s_j - m)). q, k, v, pos as
- * attn_fwd. Writes nothing else. */
+ * (2*B*H*T floats; row r = (b*H + h)*T + t holds at 2r the max m of s_j = q_t k_j over the
+ * row's window and at 2r + 1 the inverse of sum_j exp((s_j - m) / sqrt(hd))). q, k, v, pos
+ * as attn_fwd. Writes nothing else. */
 void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
                           const float *q, const float *k, const float *v, const int32_t *pos,
                           float *scratch);

@@ -71,6 +71,15 @@ static lt_model_config_t bench_config(int layers, int max_t) {
   return c;
 }
 
+/* CPU seconds (user + system) of this process, all its threads: on a loaded machine the work
+ * a step did, where wall time also says how much of the machine it got. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec / 1e6;
+}
+
 /* One length of --lengths, in a child process: B x T rows, `steps` timed steps after a warm-up
  * one; prints the engine's tokens/s and the child's peak RSS. Returns 0 on success. */
 static int sweep_length(int threads, int steps, int layers, int B, int T) {
@@ -104,18 +113,18 @@ static int sweep_length(int threads, int steps, int layers, int B, int T) {
     lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                       .weight_decay = 0.01f, .max_grad_norm = 1.0f};
     float loss = 0;
-    double t0 = 0;
+    double t0 = 0, c0 = 0;
     for (int k = 0; k <= steps; k++) {
-      if (k == 1) t0 = bench_now_s();
+      if (k == 1) t0 = bench_now_s(), c0 = cpu_s();
       if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
           lt_optim_step(s, &opt, NULL, err, sizeof err)) {
         fprintf(stderr, "step: %s\n", err);
         _exit(1);
       }
     }
-    double step_s = (bench_now_s() - t0) / steps;
-    printf("length %d: %d x %d tokens, %.3f s/step, %.1f tokens/s, loss %.3f", T, B, T, step_s,
-           N / step_s, (double)loss);
+    double step_s = (bench_now_s() - t0) / steps, cpu_step = (cpu_s() - c0) / steps;
+    printf("length %d: %d x %d tokens, %.3f s/step, %.1f tokens/s, %.1f CPU s/step, loss %.3f",
+           T, B, T, step_s, N / step_s, cpu_step, (double)loss);
     fflush(stdout);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -6,12 +6,20 @@
  * (bench/train_cpu_torch.py, same thread count) and OpenBLAS sgemm at n = 2048 (its own
  * threads), so the figures are ratios measured under the same load.
  *
- * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch]
- * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>`. */
+ * --lengths T1,T2,... first sweeps the engine alone over row lengths at a fixed number of tokens
+ * per step (--tokens, default the largest length: B = tokens / T rows), each length in a child
+ * process so that its peak RSS is its own: one `length T: ...` line each (attention's share of
+ * time and memory grows with T). With --no-torch the sweep is all that runs.
+ *
+ * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch] [--lengths T1,T2,...]
+ *                  [--tokens N]
+ * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256). */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,25 +61,127 @@ static double step_flops(const lt_model_config_t *c, int B, int T, int r) {
   return fwd + bwd;
 }
 
+/* The shape the benchmark trains; max_position covers the longest row asked for. */
+static lt_model_config_t bench_config(int layers, int max_t) {
+  lt_model_config_t c = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536,
+                         .num_layers = layers, .num_heads = 9, .num_kv_heads = 3,
+                         .head_dim = 64, .max_position = max_t > 2048 ? max_t : 2048,
+                         .rms_norm_eps = 1e-5f, .rope_theta = 10000.0f,
+                         .rope_linear_factor = 1.0f, .tie_embeddings = 1};
+  return c;
+}
+
+/* CPU seconds (user + system) of this process, all its threads: on a loaded machine the work
+ * a step did, where wall time also says how much of the machine it got. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec / 1e6;
+}
+
+/* One length of --lengths, in a child process: B x T rows, `steps` timed steps after a warm-up
+ * one; prints the engine's tokens/s and the child's peak RSS. Returns 0 on success. */
+static int sweep_length(int threads, int steps, int layers, int B, int T) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) return perror("fork"), 1;
+  if (pid == 0) {
+    char err[512];
+    lt_model_config_t c = bench_config(layers, T);
+    char dir[] = "/tmp/lt_bench_train_cpu_XXXXXX";
+    if (!mkdtemp(dir)) _exit(1);
+    lt_backend_t *be;
+    lt_engine_t *eng;
+    lt_session_t *s;
+    lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
+    if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err) ||
+        lt_backend_cpu_new(threads, &be, err, sizeof err) ||
+        lt_engine_open(dir, be, &eng, err, sizeof err) ||
+        lt_session_new(eng, &sc, &s, err, sizeof err)) {
+      fprintf(stderr, "engine: %s\n", err);
+      _exit(1);
+    }
+    int N = B * T;
+    int32_t *tok = malloc((size_t)N * sizeof(int32_t)), *tgt = malloc((size_t)N * sizeof(int32_t));
+    unsigned rs = 1;
+    for (int i = 0; i < N; i++) {
+      tok[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
+      tgt[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
+    }
+    lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+    lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                      .weight_decay = 0.01f, .max_grad_norm = 1.0f};
+    float loss = 0;
+    double t0 = 0, c0 = 0;
+    for (int k = 0; k <= steps; k++) {
+      if (k == 1) t0 = bench_now_s(), c0 = cpu_s();
+      if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
+          lt_optim_step(s, &opt, NULL, err, sizeof err)) {
+        fprintf(stderr, "step: %s\n", err);
+        _exit(1);
+      }
+    }
+    double step_s = (bench_now_s() - t0) / steps, cpu_step = (cpu_s() - c0) / steps;
+    printf("length %d: %d x %d tokens, %.3f s/step, %.1f tokens/s, %.1f CPU s/step, loss %.3f",
+           T, B, T, step_s, N / step_s, cpu_step, (double)loss);
+    fflush(stdout);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    _exit(0);
+  }
+  int st;
+  struct rusage ru;
+  if (wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "length %d failed\n", T);
+    return 1;
+  }
+  printf(", peak RSS %.0f MiB\n", (double)ru.ru_maxrss / 1024.0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  int threads = 2, steps = 2, layers = 30, torch = 1;
+  int threads = 2, steps = 2, layers = 30, torch = 1, tokens = 0, nlen = 0, lens[16];
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a log */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-torch")) torch = 0;
-    else {
-      fprintf(stderr, "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch]\n", argv[0]);
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
+      for (char *p = argv[++i], *e; *p && nlen < 16; p = *e ? e + 1 : e) {
+        lens[nlen] = (int)strtol(p, &e, 10);
+        if (lens[nlen++] < 1 || (*e && *e != ',')) nlen = 17;
+      }
+      if (nlen > 16) nlen = -1;
+    } else nlen = -1;
+    if (nlen < 0) {
+      fprintf(stderr,
+              "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch] "
+              "[--lengths T1,T2,...] [--tokens N]\n",
+              argv[0]);
       return 2;
     }
   }
+  if (nlen) {
+    int most = 0;
+    for (int i = 0; i < nlen; i++) most = lens[i] > most ? lens[i] : most;
+    if (tokens <= 0) tokens = most;
+    printf("length sweep: %d tokens per step, %d layers, %d threads, %d steps\n", tokens, layers,
+           threads, steps);
+    for (int i = 0; i < nlen; i++) {
+      int rows = tokens / lens[i] > 0 ? tokens / lens[i] : 1;
+      if (sweep_length(threads, steps, layers, rows, lens[i])) return 1;
+    }
+    if (!torch) { /* the sweep alone: no peer to compare the 4 x 256 run with */
+      printf("train_cpu_vs_torch: 0.00\n");
+      return 0;
+    }
+  }
   char err[512];
-  lt_model_config_t c = {.vocab_size = 49152, .hidden_size = 576, .intermediate_size = 1536,
-                         .num_layers = layers, .num_heads = 9, .num_kv_heads = 3,
-                         .head_dim = 64, .max_position = 2048, .rms_norm_eps = 1e-5f,
-                         .rope_theta = 10000.0f, .rope_linear_factor = 1.0f,
-                         .tie_embeddings = 1};
+  lt_model_config_t c = bench_config(layers, 2048);
   const int B = 4, T = 256, R = 16;
   char dir[] = "/tmp/lt_bench_train_cpu_XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;

@@ -162,7 +162,8 @@ struct lt_backend {
   /* ---- causal grouped-query attention (training / full sequences) ---------------------- */
 
   /* Floats of the per-layer state attn_fwd saves for attn_bwd for B sequences of T tokens and
-   * H heads (cpu: the probabilities, B*H*T*T; a flash-style backend may keep B*H*T). */
+   * H heads: linear in T on both backends, which recompute the probabilities tile by tile in
+   * attn_bwd (cpu: each row's softmax max and 1/sum, 2*B*H*T, lt_cpu_attn.h; cuda: B*H*T). */
   size_t (*attn_state_floats)(lt_backend_t *be, int B, int T, int H);
   /* out (N, H*hd) = softmax(q k^T / sqrt(hd) + mask) v per sequence and head, where row t of
    * a sequence attends to its rows t - pos[r] .. t (r = b*T + t): pos (N) int32 device

@@ -19,35 +19,13 @@
 #include <string.h>
 
 #include "lt_backend.h"
+#include "lt_cpu_attn.h"
 #include "lt_cpu_dot.h"
+#include "lt_cpu_fexp.h"
 #include "lt_safetensors.h" /* lt_st_f32_to_bf16: the bf16 copies of mapped weights */
 
 /* OpenBLAS's own setter (declared in its cblas.h on Debian, repeated for other layouts). */
 void openblas_set_num_threads(int num_threads);
-
-/* ---- fast exp ------------------------------------------------------------------------- */
-
-/* exp(x) for float, relative error about 2e-7 over the range used (x <= 0 mostly), branch-free
- * so gcc vectorises loops calling it. Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
- * polynomial, 2^n assembled in the exponent bits. Results below ~-87 flush to 0. */
-static inline float lt_fexp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float r2 = r * r;
-  float p = 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * r2 + r + 1.0f;
-  int32_t e = ((int32_t)n + 127) << 23;
-  float s;
-  memcpy(&s, &e, 4);
-  return p * s;
-}
 
 /* ---- thread pool ------------------------------------------------------------------------ */
 
@@ -85,7 +63,7 @@ typedef struct shadow {
 } shadow_t;
 
 /* One pool thread: its handle (unused for tid 0, the caller) and its scratch (attention
- * backward, rmsnorm dw partials), which grows at warm-up only. */
+ * tiles, rmsnorm dw partials), which grows at warm-up only. */
 typedef struct lane {
   pthread_t thread;
   float *scratch;
@@ -710,118 +688,54 @@ static void cpu_rope(lt_backend_t *be, float *x, const float *cos_tab, const flo
 /* ---- attention -------------------------------------------------------------------------- */
 
 static size_t cpu_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
-  return (size_t)B * H * T * T;
-}
-
-/* Causal softmax in place on the T x T scores of one head: row t over its example's columns
- * t - pos[t] .. t (pos: the sequence's positions); every other entry = 0. The backward pass
- * needs no mask of its own: P is 0 wherever the forward pass masked. */
-static void causal_softmax(float *P, int T, float scale, const int32_t *pos) {
-  for (int t = 0; t < T; t++) {
-    float *row = P + (size_t)t * T;
-    int j0 = t - pos[t];
-    float mx = -INFINITY;
-    for (int j = j0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0;
-    for (int j = j0; j <= t; j++) {
-      row[j] = lt_fexp((row[j] - mx) * scale);
-      sum += row[j];
-    }
-    float inv = 1.0f / sum;
-    for (int j = 0; j < j0; j++) row[j] = 0.0f;
-    for (int j = j0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
-  }
+  return (size_t)B * H * T * 2; /* each row's softmax max and 1/sum (lt_cpu_attn.h) */
 }
 
 typedef struct attn_args {
-  float *out, *state, *dq, *dk, *dv;
-  const float *q, *k, *v, *dout, *o, *cstate;
+  float *out, *st, *dq, *dk, *dv;
+  const float *q, *k, *v, *dout, *o, *cst;
   const int32_t *pos;
-  int B, T, H, KV, hd;
+  lt_cpu_attn_dims_t d;
   cpu_t *c;
 } attn_t;
 
+/* One task per (sequence, query head); each writes only its own rows and columns. */
 static void attn_fwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  int T = a->T, H = a->H, KV = a->KV, hd = a->hd, g = H / KV;
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
   size_t lo, hi;
-  chunk((size_t)a->B * H, tid, nt, &lo, &hi);
-  for (size_t bh = lo; bh < hi; bh++) {
-    int b = (int)(bh / H), h = (int)(bh % H), kv = h / g;
-    const float *Q = a->q + (size_t)b * T * H * hd + (size_t)h * hd;
-    const float *K = a->k + (size_t)b * T * KV * hd + (size_t)kv * hd;
-    const float *Vv = a->v + (size_t)b * T * KV * hd + (size_t)kv * hd;
-    float *P = a->state + bh * (size_t)T * T;
-    float *O = a->out + (size_t)b * T * H * hd + (size_t)h * hd;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, Q, H * hd, K, KV * hd,
-                0.0f, P, T);
-    causal_softmax(P, T, 1.0f / sqrtf((float)hd), a->pos + (size_t)b * T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, Vv, KV * hd,
-                0.0f, O, H * hd);
-  }
+  chunk((size_t)a->d.B * a->d.H, tid, nt, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++)
+    lt_cpu_attn_fwd_head(a->d, LT_CPU_ATTN_TILE, (int)(bh / a->d.H), (int)(bh % a->d.H), a->out,
+                         a->st, a->q, a->k, a->v, a->pos, scr);
 }
 static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
                          const float *k, const float *v, const int32_t *pos, int B, int T, int H,
                          int KV, int hd) {
-  attn_t a = {.out = out, .state = state, .q = q, .k = k, .v = v, .pos = pos, .B = B, .T = T,
-              .H = H, .KV = KV, .hd = hd};
+  attn_t a = {.out = out, .st = state, .q = q, .k = k, .v = v, .pos = pos,
+              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .c = CPU(be)};
   pool_run(CPU(be), attn_fwd_task, &a);
 }
 
-/* Per (sequence, kv head): the g query heads sharing it run in order, so dk/dv accumulate in a
- * fixed order without atomics. */
+/* One task per (sequence, kv head): the g query heads sharing it run in order inside it, so
+ * dk/dv accumulate in a fixed order without atomics, whatever the thread count. */
 static void attn_bwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  int T = a->T, H = a->H, KV = a->KV, hd = a->hd, g = H / KV;
-  float scale = 1.0f / sqrtf((float)hd);
-  float *dP = scratch(a->c, tid, (size_t)T * T);
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
   size_t lo, hi;
-  chunk((size_t)a->B * KV, tid, nt, &lo, &hi);
-  for (size_t bk = lo; bk < hi; bk++) {
-    int b = (int)(bk / KV), kv = (int)(bk % KV);
-    size_t koff = (size_t)b * T * KV * hd + (size_t)kv * hd;
-    const float *K = a->k + koff, *Vv = a->v + koff;
-    float *dK = a->dk + koff, *dV = a->dv + koff;
-    for (int hh = 0; hh < g; hh++) {
-      int h = kv * g + hh;
-      size_t qoff = (size_t)b * T * H * hd + (size_t)h * hd;
-      const float *Q = a->q + qoff, *dO = a->dout + qoff;
-      const float *P = a->cstate + ((size_t)b * H + h) * (size_t)T * T;
-      float *dQ = a->dq + qoff;
-      float beta = hh == 0 ? 0.0f : 1.0f;
-      /* dV += P^T dO */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, H * hd,
-                  beta, dV, KV * hd);
-      /* dP = dO V^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, H * hd, Vv,
-                  KV * hd, 0.0f, dP, T);
-      /* dS = P * (dP - sum_j P dP) * scale */
-      for (int t = 0; t < T; t++) {
-        const float *pr = P + (size_t)t * T;
-        float *dr = dP + (size_t)t * T;
-        float s = 0;
-        for (int j = 0; j <= t; j++) s += pr[j] * dr[j];
-        for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - s) * scale;
-        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
-      }
-      /* dQ = dS K ; dK += dS^T Q */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, K, KV * hd,
-                  0.0f, dQ, H * hd);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, Q, H * hd,
-                  beta, dK, KV * hd);
-    }
-  }
+  chunk((size_t)a->d.B * a->d.KV, tid, nt, &lo, &hi);
+  for (size_t bk = lo; bk < hi; bk++)
+    lt_cpu_attn_bwd_kv(a->d, LT_CPU_ATTN_TILE, (int)(bk / a->d.KV), (int)(bk % a->d.KV), a->dq,
+                       a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->cst, a->pos, scr);
 }
 static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
                          const float *q, const float *k, const float *v, const float *out,
                          const float *state, const int32_t *pos, int B, int T, int H, int KV,
                          int hd) {
-  (void)pos; /* P is 0 outside each example's window already */
-  cpu_t *c = CPU(be);
   attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
-              .cstate = state, .B = B, .T = T, .H = H, .KV = KV, .hd = hd, .c = c};
-  pool_run(c, attn_bwd_task, &a);
+              .cst = state, .pos = pos, .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd},
+              .c = CPU(be)};
+  pool_run(CPU(be), attn_bwd_task, &a);
 }
 
 static void cpu_kv_store(lt_backend_t *be, float *cache, const float *src, const int32_t *seq,

@@ -1,0 +1,307 @@
+/* lt_cpu_attn: tiled causal attention for the cpu backend's training pass (see lt_cpu_attn.h).
+ *
+ * Forward (per sequence and query head): for each query tile, the key tiles from the tile's
+ * earliest example start up to its last row; scores S = Q K^T on the tile (cblas_sgemm; the
+ * 1/sqrt(hd) is applied to s - max, see row_exp), masked per row to the row's window
+ * t - pos[t] .. t, then the online softmax: a running max m and sum l per row, the output rows
+ * rescaled by exp(m_old - m_new) before P V is added. The state is m and 1/l per row.
+ *
+ * Backward (per sequence and kv head, FlashAttention-2's equations, query tiles outer): with
+ * D_t = rowsum(dO_t * O_t) (in double) and P = exp((S - m) * scale) / l recomputed per tile:
+ * dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One
+ * task owns a kv head and every query head reading it, so dq, dk and dv are summed in place in
+ * a fixed order: no atomics, no partial buffers, results independent of the thread count.
+ * Tiles of 64: within noise of 48, 96 and 128 at T = 256 .. 2048, hd 64; 32 is slower. */
+#include "lt_cpu_attn.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_cpu_fexp.h"
+
+size_t lt_cpu_attn_scratch(int tile, int hd) {
+  (void)hd;
+  return 2 * (size_t)tile * tile + 3 * (size_t)tile;
+}
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+/* Row i of a tile of scores starting at key k0 (nk keys) for query row t: the columns of its
+ * window, [*lo, *hi) (empty when the window misses the tile). */
+static inline void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
+  *lo = imin(imax(k0, t - ps[t]) - k0, nk);
+  *hi = imax(imin(k0 + nk, t + 1) - k0, *lo);
+}
+
+/* Reductions over a row in 16 lanes (lane u takes j = u, u + 16, ...), folded pairwise: a
+ * fixed order that every instruction set below vectorises alike, so every clone gives the
+ * same bits. */
+#define LANES 16
+static inline float row_max(const float *x, int n, float init) {
+  float a[LANES];
+  for (int u = 0; u < LANES; u++) a[u] = init;
+  int j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int u = 0; u < LANES; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
+  for (int u = 0; j + u < n; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
+  for (int w = LANES / 2; w; w /= 2)
+    for (int u = 0; u < w; u++) a[u] = a[u + w] > a[u] ? a[u + w] : a[u];
+  return a[0];
+}
+static inline float row_sum(const float *x, int n) {
+  float a[LANES] = {0};
+  int j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int u = 0; u < LANES; u++) a[u] += x[j + u];
+  for (int u = 0; j + u < n; u++) a[u] += x[j + u];
+  for (int w = LANES / 2; w; w /= 2)
+    for (int u = 0; u < w; u++) a[u] += a[u + w];
+  return a[0];
+}
+/* x[j] = exp((x[j] - sub) * scale) * mul, elementwise. The scores stay unscaled until here,
+ * as in the full-square kernels: s - max is then (nearly) exact and only the difference is
+ * rounded by the scale, where scaling each score first would add an ulp of |s| to every
+ * exponent. */
+static inline void row_exp(float *x, int n, float sub, float scale, float mul) {
+  for (int j = 0; j < n; j++) x[j] = lt_fexp((x[j] - sub) * scale) * mul;
+}
+
+/* The elementwise work on tiles, built for AVX-512, AVX2 and the baseline and picked at load
+ * time: wider registers only (no FMA: -ffp-contract=off), elementwise operations and the
+ * 16-lane reductions above, so the same bits on every machine. */
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+/* Forward: the unscaled scores S (nq x nk, row stride tile) of query rows q0.. against keys
+ * k0.. become exp((s - m_new) * scale) inside each row's window and 0 outside; m (running max
+ * of s) and l (running sum) are updated, and corr[i] is what row i's output so far must be
+ * multiplied by. */
+CLONES static void fwd_tile(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
+                            int k0, float scale, float *m, float *l, float *corr) {
+  for (int i = 0; i < nq; i++) {
+    float *row = S + (size_t)i * tile;
+    int lo, hi;
+    window(ps, q0 + i, k0, nk, &lo, &hi);
+    for (int j = 0; j < lo; j++) row[j] = 0.0f;
+    for (int j = hi; j < nk; j++) row[j] = 0.0f;
+    corr[i] = 1.0f;
+    if (lo == hi) continue;
+    float mx = row_max(row + lo, hi - lo, m[i]);
+    row_exp(row + lo, hi - lo, mx, scale, 1.0f);
+    float sum = row_sum(row + lo, hi - lo);
+    if (mx != m[i] && m[i] != -INFINITY) {
+      corr[i] = lt_fexp((m[i] - mx) * scale);
+      l[i] *= corr[i];
+    }
+    m[i] = mx;
+    l[i] += sum;
+  }
+}
+
+/* rows of out *= f[i] */
+CLONES static void scale_rows(float *O, int ld, int nq, int hd, const float *f) {
+  for (int i = 0; i < nq; i++) {
+    if (f[i] == 1.0f) continue;
+    float *o = O + (size_t)i * ld;
+    for (int c = 0; c < hd; c++) o[c] *= f[i];
+  }
+}
+
+/* Backward: the scores (as fwd_tile's) become P = exp((s - m) * scale) / l, 0 outside the
+ * windows. */
+CLONES static void bwd_p_tile(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
+                              int k0, float scale, const float *st) {
+  for (int i = 0; i < nq; i++) {
+    float *row = P + (size_t)i * tile;
+    int lo, hi;
+    window(ps, q0 + i, k0, nk, &lo, &hi);
+    for (int j = 0; j < lo; j++) row[j] = 0.0f;
+    row_exp(row + lo, hi - lo, st[2 * (q0 + i)], scale, st[2 * (q0 + i) + 1]);
+    for (int j = hi; j < nk; j++) row[j] = 0.0f;
+  }
+}
+
+/* dP <- P * (dP - D) */
+CLONES static void bwd_ds_tile(float *dP, const float *P, int tile, int nq, int nk,
+                               const float *D) {
+  for (int i = 0; i < nq; i++) {
+    const float *pr = P + (size_t)i * tile;
+    float *dr = dP + (size_t)i * tile, di = D[i];
+    for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
+  }
+}
+
+void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
+                          const float *q, const float *k, const float *v, const int32_t *pos,
+                          float *scratch) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+  float scale = 1.0f / sqrtf((float)hd);
+  const float *Q = q + (size_t)b * T * ldq + (size_t)h * hd;
+  const float *K = k + (size_t)b * T * ldk + (size_t)(h / g) * hd;
+  const float *Vv = v + (size_t)b * T * ldk + (size_t)(h / g) * hd;
+  float *O = out + (size_t)b * T * ldq + (size_t)h * hd;
+  float *L = st + ((size_t)b * H + h) * T * 2;
+  const int32_t *ps = pos + (size_t)b * T;
+  float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile, *corr = l + tile;
+  for (int q0 = 0; q0 < T; q0 += tile) {
+    int nq = imin(tile, T - q0);
+    int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
+    for (int i = 0; i < nq; i++) {
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+      memset(O + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+    }
+    for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
+      int nk = imin(tile, q0 + nq - k0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
+                  Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, S, tile);
+      fwd_tile(S, tile, nq, nk, ps, q0, k0, scale, m, l, corr);
+      scale_rows(O + (size_t)q0 * ldq, ldq, nq, hd, corr);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, tile,
+                  Vv + (size_t)k0 * ldk, ldk, 1.0f, O + (size_t)q0 * ldq, ldq);
+    }
+    for (int i = 0; i < nq; i++) {
+      float inv = 1.0f / l[i], *o = O + (size_t)(q0 + i) * ldq;
+      for (int c = 0; c < hd; c++) o[c] *= inv;
+      L[2 * (q0 + i)] = m[i];
+      L[2 * (q0 + i) + 1] = inv;
+    }
+  }
+}
+
+void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq, float *dk,
+                        float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *out, const float *st, const int32_t *pos,
+                        float *scratch) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+  float scale = 1.0f / sqrtf((float)hd);
+  size_t koff = (size_t)b * T * ldk + (size_t)kv * hd;
+  const float *K = k + koff, *Vv = v + koff;
+  float *dK = dk + koff, *dV = dv + koff;
+  const int32_t *ps = pos + (size_t)b * T;
+  float *P = scratch, *dP = P + (size_t)tile * tile, *Dr = dP + (size_t)tile * tile;
+  for (int t = 0; t < T; t++) {
+    memset(dK + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
+    memset(dV + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
+  }
+  for (int hh = 0; hh < g; hh++) {
+    int h = kv * g + hh;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
+    const float *Q = q + qoff, *dO = dout + qoff, *O = out + qoff;
+    const float *L = st + ((size_t)b * H + h) * T * 2;
+    float *dQ = dq + qoff;
+    for (int q0 = 0; q0 < T; q0 += tile) {
+      int nq = imin(tile, T - q0);
+      int kbeg = q0 - ps[q0];
+      for (int i = 0; i < nq; i++) {
+        const float *o = O + (size_t)(q0 + i) * ldq, *go = dO + (size_t)(q0 + i) * ldq;
+        double s = 0.0;
+        for (int c = 0; c < hd; c++) s += (double)go[c] * o[c];
+        Dr[i] = (float)s;
+        memset(dQ + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+      }
+      for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
+        int nk = imin(tile, q0 + nq - k0);
+        /* P = exp((Q K^T - m) * scale) / l, 0 outside each row's window */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
+                    Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, P, tile);
+        bwd_p_tile(P, tile, nq, nk, ps, q0, k0, scale, L);
+        /* dV += P^T dO */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, tile,
+                    dO + (size_t)q0 * ldq, ldq, 1.0f, dV + (size_t)k0 * ldk, ldk);
+        /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
+                    dO + (size_t)q0 * ldq, ldq, Vv + (size_t)k0 * ldk, ldk, 0.0f, dP, tile);
+        bwd_ds_tile(dP, P, tile, nq, nk, Dr);
+        /* dQ += scale dS K ; dK += scale dS^T Q */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dP, tile,
+                    K + (size_t)k0 * ldk, ldk, 1.0f, dQ + (size_t)q0 * ldq, ldq);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dP, tile,
+                    Q + (size_t)q0 * ldq, ldq, 1.0f, dK + (size_t)k0 * ldk, ldk);
+      }
+    }
+  }
+}
+
+/* ---- the full-square reference -------------------------------------------------------- */
+
+/* Causal softmax in place on the T x T scores of one head: row t over its example's columns
+ * t - pos[t] .. t (pos: the sequence's positions); every other entry = 0. */
+static void causal_softmax(float *P, int T, float scale, const int32_t *pos) {
+  for (int t = 0; t < T; t++) {
+    float *row = P + (size_t)t * T;
+    int j0 = t - pos[t];
+    float mx = -INFINITY;
+    for (int j = j0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0;
+    for (int j = j0; j <= t; j++) {
+      row[j] = lt_fexp((row[j] - mx) * scale);
+      sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    for (int j = 0; j < j0; j++) row[j] = 0.0f;
+    for (int j = j0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+  }
+}
+
+void lt_cpu_attn_ref_fwd(lt_cpu_attn_dims_t d, float *out, float *state, const float *q,
+                         const float *k, const float *v, const int32_t *pos) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV;
+  for (size_t bh = 0; bh < (size_t)d.B * H; bh++) {
+    int b = (int)(bh / H), h = (int)(bh % H), kv = h / g;
+    const float *Q = q + (size_t)b * T * H * hd + (size_t)h * hd;
+    const float *K = k + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *Vv = v + (size_t)b * T * KV * hd + (size_t)kv * hd;
+    float *P = state + bh * (size_t)T * T;
+    float *O = out + (size_t)b * T * H * hd + (size_t)h * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, Q, H * hd, K, KV * hd,
+                0.0f, P, T);
+    causal_softmax(P, T, 1.0f / sqrtf((float)hd), pos + (size_t)b * T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, Vv, KV * hd,
+                0.0f, O, H * hd);
+  }
+}
+
+void lt_cpu_attn_ref_bwd(lt_cpu_attn_dims_t d, float *dq, float *dk, float *dv,
+                         const float *dout, const float *q, const float *k, const float *v,
+                         const float *state) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV;
+  float scale = 1.0f / sqrtf((float)hd);
+  float *dP = malloc((size_t)T * T * sizeof(float));
+  assert(dP);
+  for (size_t bk = 0; bk < (size_t)d.B * KV; bk++) {
+    int b = (int)(bk / KV), kv = (int)(bk % KV);
+    size_t koff = (size_t)b * T * KV * hd + (size_t)kv * hd;
+    const float *K = k + koff, *Vv = v + koff;
+    float *dK = dk + koff, *dV = dv + koff;
+    for (int hh = 0; hh < g; hh++) {
+      int h = kv * g + hh;
+      size_t qoff = (size_t)b * T * H * hd + (size_t)h * hd;
+      const float *Q = q + qoff, *dO = dout + qoff;
+      const float *P = state + ((size_t)b * H + h) * (size_t)T * T;
+      float *dQ = dq + qoff;
+      float beta = hh == 0 ? 0.0f : 1.0f;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T, dO, H * hd,
+                  beta, dV, KV * hd);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dO, H * hd, Vv,
+                  KV * hd, 0.0f, dP, T);
+      for (int t = 0; t < T; t++) {
+        const float *pr = P + (size_t)t * T;
+        float *dr = dP + (size_t)t * T;
+        float s = 0;
+        for (int j = 0; j <= t; j++) s += pr[j] * dr[j];
+        for (int j = 0; j <= t; j++) dr[j] = pr[j] * (dr[j] - s) * scale;
+        for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, K, KV * hd,
+                  0.0f, dQ, H * hd);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dP, T, Q, H * hd,
+                  beta, dK, KV * hd);
+    }
+  }
+  free(dP);
+}

@@ -1,0 +1,64 @@
+/* lt_cpu_attn: the cpu backend's causal attention for training (attn_fwd / attn_bwd of
+ * lt_backend.h), flash-attention style, internal to the cpu backend and its tests.
+ *
+ * lt_backend_cpu.c runs one call per task on its thread pool: the forward pass per (sequence,
+ * query head), the backward pass per (sequence, kv head). Each call walks query tiles x key
+ * tiles of LT_CPU_ATTN_TILE rows, skips every key tile above the diagonal or before the first
+ * example start of the query tile (packed rows), and never holds more than a tile of scores:
+ * the forward pass keeps a running max and sum per row (online softmax) and saves only the
+ * row's max m and 1/sum, the backward pass recomputes the probabilities from them. Memory is
+ * 2*B*H*T floats of state plus lt_cpu_attn_scratch() floats per thread, whatever T is.
+ *
+ * Why m and 1/sum rather than the log-sum-exp alone (half the state): P = exp(s - lse) adds
+ * lse's rounding (an ulp of log T + max, several times an ulp of s) to every recomputed
+ * probability, and the engine's PyTorch parity (two AdamW steps, 1e-4) went from 4.5e-5 to
+ * 1.05e-4. exp((s - m) / sqrt(hd)) * (1/sum) is bitwise the forward's probability for a row
+ * whose window fits one key tile, and as accurate as the full-square kernels otherwise (s
+ * unscaled until s - m is taken, as they did: scaling first cost 1.7e-4 on the same test).
+ *
+ * The old full-square kernels (T x T probabilities as the state) stay here as
+ * lt_cpu_attn_ref_*: the tests hold the tiled kernels to them. */
+#ifndef LT_CPU_ATTN_H
+#define LT_CPU_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Rows of a query tile and of a key tile (bench: 64 beats 32 and 128 at hd 64). */
+#define LT_CPU_ATTN_TILE 64
+
+/* The shapes of one attn_fwd / attn_bwd call (lt_backend.h's names). */
+typedef struct lt_cpu_attn_dims {
+  int B, T, H, KV, hd;
+} lt_cpu_attn_dims_t;
+
+/* Floats of per-thread scratch lt_cpu_attn_fwd_head and lt_cpu_attn_bwd_kv need with tiles of
+ * `tile` rows (2 * tile * tile + 3 * tile: independent of T). */
+size_t lt_cpu_attn_scratch(int tile, int hd);
+
+/* Forward pass of query head h of sequence b: its rows of out (N, H*hd) and of the state
+ * (2*B*H*T floats; row r = (b*H + h)*T + t holds at 2r the max m of s_j = q_t k_j over the
+ * row's window and at 2r + 1 the inverse of sum_j exp((s_j - m) / sqrt(hd))). q, k, v, pos
+ * as attn_fwd. Writes nothing else. */
+void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
+                          const float *q, const float *k, const float *v, const int32_t *pos,
+                          float *scratch);
+
+/* Backward pass of kv head kv of sequence b: overwrites its rows of dk and dv and the rows of
+ * dq of the query heads that read it, summing the query heads kv*g .. kv*g + g-1 in that
+ * order (g = H/KV), each over its query tiles in increasing order: the result depends on
+ * nothing but the inputs and `tile`. Arguments as attn_bwd, st from lt_cpu_attn_fwd_head. */
+void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq, float *dk,
+                        float *dv, const float *dout, const float *q, const float *k,
+                        const float *v, const float *out, const float *st, const int32_t *pos,
+                        float *scratch);
+
+/* The previous implementation, single-threaded, for tests: the T x T probabilities of every
+ * (sequence, head) as the state (P: B*H*T*T floats), full-square products. */
+void lt_cpu_attn_ref_fwd(lt_cpu_attn_dims_t d, float *out, float *P, const float *q,
+                         const float *k, const float *v, const int32_t *pos);
+void lt_cpu_attn_ref_bwd(lt_cpu_attn_dims_t d, float *dq, float *dk, float *dv,
+                         const float *dout, const float *q, const float *k, const float *v,
+                         const float *P);
+
+#endif

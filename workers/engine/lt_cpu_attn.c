@@ -27,12 +27,14 @@ size_t lt_cpu_attn_scratch(int tile, int hd) {
   return 2 * (size_t)tile * tile + 3 * (size_t)tile;
 }
 
+#define AI static inline __attribute__((always_inline))
+
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
 /* Row i of a tile of scores starting at key k0 (nk keys) for query row t: the columns of its
  * window, [*lo, *hi) (empty when the window misses the tile). */
-static inline void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
+AI void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
   *lo = imin(imax(k0, t - ps[t]) - k0, nk);
   *hi = imax(imin(k0 + nk, t + 1) - k0, *lo);
 }
@@ -41,7 +43,7 @@ static inline void window(const int32_t *ps, int t, int k0, int nk, int *lo, int
  * fixed order that every instruction set below vectorises alike, so every clone gives the
  * same bits. */
 #define LANES 16
-static inline float row_max(const float *x, int n, float init) {
+AI float row_max(const float *x, int n, float init) {
   float a[LANES];
   for (int u = 0; u < LANES; u++) a[u] = init;
   int j = 0;
@@ -52,7 +54,7 @@ static inline float row_max(const float *x, int n, float init) {
     for (int u = 0; u < w; u++) a[u] = a[u + w] > a[u] ? a[u + w] : a[u];
   return a[0];
 }
-static inline float row_sum(const float *x, int n) {
+AI float row_sum(const float *x, int n) {
   float a[LANES] = {0};
   int j = 0;
   for (; j + LANES <= n; j += LANES)
@@ -66,20 +68,31 @@ static inline float row_sum(const float *x, int n) {
  * as in the full-square kernels: s - max is then (nearly) exact and only the difference is
  * rounded by the scale, where scaling each score first would add an ulp of |s| to every
  * exponent. */
-static inline void row_exp(float *x, int n, float sub, float scale, float mul) {
+AI void row_exp(float *x, int n, float sub, float scale, float mul) {
   for (int j = 0; j < n; j++) x[j] = lt_fexp((x[j] - sub) * scale) * mul;
 }
 
-/* The elementwise work on tiles, built for AVX-512, AVX2 and the baseline and picked at load
- * time: wider registers only (no FMA: -ffp-contract=off), elementwise operations and the
+/* The elementwise work on tiles, built for AVX-512, AVX2 and the baseline and picked at each
+ * call (ISA_DISPATCH): wider registers only (no FMA: -ffp-contract=off), elementwise operations and the
  * 16-lane reductions above, so the same bits on every machine. */
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* NAME(PARAMS) calls NAME_of built for AVX-512, AVX2 or the baseline, by the chip: picked at
+ * the call, not by target_clones, whose ifunc resolver runs during relocation, before a
+ * sanitizer's runtime is up (ThreadSanitizer builds crashed there). */
+#define ISA_DISPATCH(name, params, args)                                                       \
+  __attribute__((target("avx512f"))) static void name##_avx512 params { name##_of args; }     \
+  __attribute__((target("avx2"))) static void name##_avx2 params { name##_of args; }          \
+  static void name##_base params { name##_of args; }                                          \
+  static void name params {                                                                   \
+    if (__builtin_cpu_supports("avx512f")) name##_avx512 args;                                \
+    else if (__builtin_cpu_supports("avx2")) name##_avx2 args;                                \
+    else name##_base args;                                                                    \
+  }
 
 /* Forward: the unscaled scores S (nq x nk, row stride tile) of query rows q0.. against keys
  * k0.. become exp((s - m_new) * scale) inside each row's window and 0 outside; m (running max
  * of s) and l (running sum) are updated, and corr[i] is what row i's output so far must be
  * multiplied by. */
-CLONES static void fwd_tile(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
+AI void fwd_tile_of(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
                             int k0, float scale, float *m, float *l, float *corr) {
   for (int i = 0; i < nq; i++) {
     float *row = S + (size_t)i * tile;
@@ -100,19 +113,23 @@ CLONES static void fwd_tile(float *S, int tile, int nq, int nk, const int32_t *p
     l[i] += sum;
   }
 }
+ISA_DISPATCH(fwd_tile, (float *S, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, float *m, float *l, float *corr),
+             (S, tile, nq, nk, ps, q0, k0, scale, m, l, corr))
 
 /* rows of out *= f[i] */
-CLONES static void scale_rows(float *O, int ld, int nq, int hd, const float *f) {
+AI void scale_rows_of(float *O, int ld, int nq, int hd, const float *f) {
   for (int i = 0; i < nq; i++) {
     if (f[i] == 1.0f) continue;
     float *o = O + (size_t)i * ld;
     for (int c = 0; c < hd; c++) o[c] *= f[i];
   }
 }
+ISA_DISPATCH(scale_rows, (float *O, int ld, int nq, int hd, const float *f),
+             (O, ld, nq, hd, f))
 
 /* Backward: the scores (as fwd_tile's) become P = exp((s - m) * scale) / l, 0 outside the
  * windows. */
-CLONES static void bwd_p_tile(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
+AI void bwd_p_tile_of(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
                               int k0, float scale, const float *st) {
   for (int i = 0; i < nq; i++) {
     float *row = P + (size_t)i * tile;
@@ -123,9 +140,11 @@ CLONES static void bwd_p_tile(float *P, int tile, int nq, int nk, const int32_t 
     for (int j = hi; j < nk; j++) row[j] = 0.0f;
   }
 }
+ISA_DISPATCH(bwd_p_tile, (float *P, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, const float *st),
+             (P, tile, nq, nk, ps, q0, k0, scale, st))
 
 /* dP <- P * (dP - D) */
-CLONES static void bwd_ds_tile(float *dP, const float *P, int tile, int nq, int nk,
+AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
                                const float *D) {
   for (int i = 0; i < nq; i++) {
     const float *pr = P + (size_t)i * tile;
@@ -133,6 +152,8 @@ CLONES static void bwd_ds_tile(float *dP, const float *P, int tile, int nq, int 
     for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
   }
 }
+ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
+             (dP, P, tile, nq, nk, D))
 
 void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
                           const float *q, const float *k, const float *v, const int32_t *pos,

@@ -221,7 +221,7 @@ class Fleet:
             if p.role == "scheduler" and p.alive() and not p.paused:
                 t = p.text_since_start()
                 i = t.rfind("scheduler: leading")
-                if i >= 0 and t.rfind("stopped leading") < i and (best is None or i >= 0):
+                if i >= 0 and t.rfind("stops leading") < i:
                     best = p
         return best
 
@@ -722,6 +722,8 @@ def parse(argv):
     ap.add_argument("--gc-grace-ms", type=int, default=3000, help="the publishers' staging GC grace")
     ap.add_argument("--drain-timeout", type=float, default=180)
     ap.add_argument("--no-partition", action="store_true", help="no worker in a network namespace")
+    ap.add_argument("--require-faults", type=int, default=0,
+                    help="exit non-zero unless at least this many faults were injected in all")
     ap.add_argument("--keep", action="store_true", help="keep the runs' topics and objects")
     ap.add_argument("--out", help="directory for the runs' logs (default: a new temporary one)")
     ap.add_argument("--lathe", default=os.environ.get("LATHE_CLI") or os.path.join(ROOT, "build", "lathe"))
@@ -774,6 +776,10 @@ def main(argv=None):
             f.write(json.dumps(line) + "\n")
     print(check.table(a.runs, faults, total))
     print(f"chaos: {a.runs} runs from seed {a.seed} in {time.time() - started:.0f} s; logs in {out}")
+    if sum(faults.values()) < a.require_faults:
+        print(f"chaos: FAIL: {sum(faults.values())} faults injected, fewer than --require-faults "
+              f"{a.require_faults}")
+        return 1
     return 1 if total.violations else 0
 
 

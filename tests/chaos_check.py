@@ -216,6 +216,11 @@ def plant_artifact_missing(w):
     return "job-b"
 
 
+def plant_artifact_corrupt(w):
+    w.log.append({"ev": "download", "job": "job-a", "ok": False, "detail": "adapter_model.safetensors: sha256 differs"})
+    return "job-a"
+
+
 def plant_lost_steps(w):
     w.steps("job-b", 1, 26, 35)  # attempt 1 went 15 steps past its newest commit before it was lost
     return "job-b"

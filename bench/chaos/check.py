@@ -21,6 +21,8 @@ as topic/partition@offset):
   published_not_final  the publication is not of the final checkpoint the completion names
   checkpoint_mismatch  the final checkpoint's stored objects are missing or do not hash to its commit
   artifact_missing     a published artifact's object is not in the store
+  artifact_corrupt     `lathe jobs download` of a completed job failed (an artifact's bytes do not
+                       hash to what its ArtifactPublished says, or it is not served)
   lost_steps           an attempt resumed more than one checkpoint interval behind the steps its
                        predecessors reached
   resume_not_newest    an attempt resumed from other than the newest live commit before it
@@ -46,7 +48,7 @@ TOPICS = ("jobs", "control", "progress", "artifacts", "deadletter")
 TERMINAL = {"JobCompleted": "completed", "JobFailed": "failed", "JobCancelled": "cancelled",
             "JobRejected": "rejected"}
 KINDS = ("forgotten", "not_terminal", "state_mismatch", "published_not_completed", "published_fenced",
-         "multiple_publications", "published_not_final", "checkpoint_mismatch", "artifact_missing",
+         "multiple_publications", "published_not_final", "checkpoint_mismatch", "artifact_missing", "artifact_corrupt",
          "lost_steps", "resume_not_newest", "digest_mismatch", "cancel_slow", "staged_orphan",
          "not_drained", "fleet_unhealthy")
 
@@ -199,6 +201,9 @@ def check_records(recs, log, store, res=None):
     check_staging(jobs, store, conf, run, log, res)
     check_digests(log, res)
     for e in log:
+        if e.get("ev") == "download" and not e.get("ok"):
+            res.add("artifact_corrupt", e.get("job", "?"), f"lathe jobs download: {e.get('detail', '')}",
+                    jobs[e["job"]].pubs if e.get("job") in jobs else [])
         if e.get("ev") == "not_drained":
             res.add("not_drained", ",".join(e.get("jobs", [])[:8]), e.get("detail", "workload did not drain"))
         if e.get("ev") == "unhealthy":

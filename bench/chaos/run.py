@@ -651,6 +651,8 @@ class Run:
             for job in self.jobs:
                 st, _ = self.job_state(job)
                 self.log("final_state", job=job, state=st)
+                if st == "completed" and self.jobs[job].get("kind") != "session":
+                    self.download(job)
             self.digests()
         res = check.Result()
         if check_world:
@@ -665,6 +667,15 @@ class Run:
                 res.add("fleet_unhealthy" if e["ev"] == "unhealthy" else "not_drained", e.get("proc", "?"),
                         e.get("detail", ""))
         return res
+
+    def download(self, job):
+        """`lathe jobs download`: every published artifact, checked against its record's sha256."""
+        out = os.path.join(self.rundir, "download", job)
+        key = self.tenants[self.jobs[job]["tenant"]][0]
+        p = subprocess.run([self.a.lathe, "jobs", "download", job, out, "--url", self.fleet.urls()[0],
+                            "--api-key", key], capture_output=True, text=True, timeout=120)
+        self.log("download", job=job, ok=p.returncode == 0, detail=p.stderr.strip()[-300:])
+        shutil.rmtree(out, ignore_errors=True)
 
     def digests(self):
         """Each live api's digest against `lathe admin replay`'s, until they agree (30 s)."""

@@ -257,6 +257,26 @@ def plant_fleet_unhealthy(w):
     return "w2"
 
 
+def driver_kinds(tmp):
+    """The driver injects broker and store faults exactly when ops/stack has the subcommands."""
+    import run
+    for name, body, want in (
+            ("old", "echo usage >&2; exit 2", set()),
+            ("new", 'case "$1 $2" in "broker list") echo "1 running";; help\ *) echo "  ops/stack s3 stop";; '
+                    '*) exit 2;; esac', {"broker_restart", "s3_restart"})):
+        script = os.path.join(tmp, f"stack-{name}")
+        with open(script, "w") as f:
+            f.write(f"#!/bin/sh\n{body}\n")
+        os.chmod(script, 0o755)
+        os.environ["LATHE_CHAOS_STACK"] = script
+        kinds, skipped = run.available_kinds(False)
+        got = set(kinds) & {"broker_restart", "s3_restart"}
+        ok(got == want and "partition_worker" in skipped and set(kinds) >= {"kill_process", "kill_executor"},
+           f"an ops/stack {'with' if want else 'without'} broker/s3 subcommands: kinds {sorted(got)}, "
+           f"skipped {sorted(skipped)}")
+    del os.environ["LATHE_CHAOS_STACK"]
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="chaos-check-") as tmp:
         clean = clean_world(os.path.join(tmp, "clean"))
@@ -278,6 +298,7 @@ def main():
             if hit and kind not in ("forgotten", "digest_mismatch", "not_drained", "fleet_unhealthy",
                                     "checkpoint_mismatch", "artifact_missing", "staged_orphan"):
                 ok(hit[0]["records"], f"{kind} names the records ({', '.join(hit[0]['records'])})")
+        driver_kinds(tmp)
         table = check.table(1, {"kill_process": 2}, res)
         ok("violations by kind:" in table and "kill_process" in table, "the table has faults and violations by kind")
     print(f"chaos_check: {len(PASSED)} checks passed")

@@ -73,6 +73,7 @@ class Result:
         self.violations = []
         self.jobs = 0
         self.outcomes = collections.Counter()
+        self.events = collections.Counter()  # what the workload went through: preemptions, resumes...
 
     def add(self, kind, job, detail, records=()):
         assert kind in KINDS, kind
@@ -177,6 +178,14 @@ def check_records(recs, log, store, res=None):
         if m.get("type") == "ArtifactPublished":
             jobs.setdefault(r["job_id"], Job(r["job_id"])).pubs.append(m)
     res.jobs += len(jobs)
+    for m in recs.get("control", []):
+        t = m.get("type")
+        if t in ("PreemptRequested", "CancelRequested", "AttemptStopped"):
+            res.events[{"PreemptRequested": "preemptions", "CancelRequested": "cancels"}.get(
+                t, f"stops ({unwrap(m['record'].get('reason'))})")] += 1
+        elif t == "JobDispatched" and m["record"].get("attempt", 1) > 1:
+            res.events["redispatches"] += 1
+    res.events["sessions"] += sum(1 for jid in jobs if jid.startswith("ses-"))
     acked = {e["job"]: e for e in log if e.get("ev") == "submit" and e.get("acked")}
     api_states = {e["job"]: e["state"] for e in log if e.get("ev") == "final_state"}
     for jid, e in acked.items():
@@ -435,7 +444,8 @@ def read_log(path):
 def table(runs, faults, res):
     """The campaign table: runs, faults by kind, jobs by outcome, violations by kind."""
     lines = [f"runs: {runs}", f"jobs: {res.jobs} (" + ", ".join(f"{k} {v}" for k, v in sorted(res.outcomes.items()))
-             + ")", "faults by kind:"]
+             + ")", "workload: " + ", ".join(f"{k} {v}" for k, v in sorted(res.events.items())),
+             "faults by kind:"]
     for k, v in sorted(faults.items()):
         lines.append(f"  {k:<22} {v}")
     lines.append(f"  {'total':<22} {sum(faults.values())}")

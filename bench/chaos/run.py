@@ -19,7 +19,8 @@ Fault kinds (a kind the machine cannot do is skipped, and the run says so):
 
 usage: run.py --seed S [--runs N] [--duration SECONDS] [--faults K] [--jobs J] [--out DIR] ...
 Environment: the stack's (`eval "$(ops/stack env)"`); LATHE_E2E_CACHE (the tiny base model,
-made once). Prints one table for all runs and exits non-zero on any violation."""
+made once); LATHE_CHAOS_STACK (the ops/stack script that stops and starts brokers and the store;
+default: the one beside the stack's directory). Prints one table for all runs and exits non-zero on any violation."""
 import argparse
 import collections
 import json
@@ -69,7 +70,7 @@ def stack_dir():
 def stack_cmd(*args, timeout=180):
     """Runs the stack's own ops/stack (the repository the stack lives in) with args."""
     sd = stack_dir()
-    script = os.path.join(os.path.dirname(sd), "ops", "stack")
+    script = os.environ.get("LATHE_CHAOS_STACK") or os.path.join(os.path.dirname(sd), "ops", "stack")
     if not os.path.exists(script):
         script = os.path.join(ROOT, "ops", "stack")
     return subprocess.run([script, *args], env=dict(os.environ, LATHE_STACK_DIR=sd), capture_output=True,
@@ -773,6 +774,7 @@ def main(argv=None):
         total.violations += res.violations
         total.jobs += res.jobs
         total.outcomes.update(res.outcomes)
+        total.events.update(res.events)
         faults.update(r.faults)
         line = {"seed": seed, "seconds": round(time.time() - t, 1), "jobs": res.jobs, "faults": dict(r.faults),
                 "violations": len(res.violations), "dir": rundir}

@@ -356,8 +356,18 @@ class Run:
         raise RuntimeError("the fleet did not become ready (apis healthy, a scheduler leading)")
 
     def teardown(self):
+        for t in self.restores:
+            t.cancel()
         if self.fleet:
             self.fleet.stop()
+        stray = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if self.ours(pid)]
+        for pid in stray:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if stray:
+            print(f"chaos: seed {self.seed}: killed {len(stray)} stray processes of the run: {stray}", flush=True)
         if self.proxy:
             self.proxy.terminate()
             self.proxy.wait(10)
@@ -368,6 +378,14 @@ class Run:
             for top in ("staging", "tenants", "sessions"):
                 for t in self.tenants:
                     shutil.rmtree(os.path.join(self.a.store_dir, top, t), ignore_errors=True)
+
+    def ours(self, pid):
+        """Is pid a process of this run (its environment names the run's topic prefix)?"""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return f"LATHE_TOPIC_PREFIX={self.prefix}".encode() in f.read().split(b"\0")
+        except OSError:
+            return False
 
     # ---- the workload
 
@@ -532,7 +550,7 @@ class Run:
 
     def restart(self, p):
         with self.fleet.lock:
-            if not p.alive():
+            if not p.alive() and not self.stop.is_set():
                 p.start()
                 self.log("restored", target=p.name, how="restart")
 
@@ -755,7 +773,12 @@ def ensure_model(a):
             sys.exit(f"chaos: lathe model make: {p.stderr.strip()}")
 
 
+def on_term(*_):
+    raise KeyboardInterrupt("SIGTERM")  # so that every run's teardown runs
+
+
 def main(argv=None):
+    signal.signal(signal.SIGTERM, on_term)
     a = parse(argv)
     ensure_model(a)
     out = a.out or tempfile.mkdtemp(prefix="lathe-chaos-")

@@ -33,7 +33,7 @@ as topic/partition@offset):
   not_drained          the driver gave up waiting for the workload to drain
   fleet_unhealthy      a process of the fleet did not come back healthy at the end
 
-usage: check.py --prefix P --log DRIVER.jsonl [--lathe PATH] [--store-dir DIR] [--json]
+usage: check.py --prefix P --log DRIVER.jsonl [--lathe PATH] [--store-dir DIR] [--records FILE] [--json]
 Exits 0 when there are no violations, 1 otherwise (the table says which)."""
 import argparse
 import collections
@@ -482,10 +482,21 @@ def main(argv=None):
     ap.add_argument("--log", required=True, help="the driver's JSONL of the run")
     ap.add_argument("--lathe", default=os.environ.get("LATHE_CLI", "build/lathe"))
     ap.add_argument("--store-dir")
+    ap.add_argument("--records", help="read the records from this JSONL (a run's records.jsonl) instead of "
+                    "the topics")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     log = read_log(a.log)
-    res = check_run(a.lathe, a.prefix, log, a.store_dir)
+    if a.records:
+        recs = collections.defaultdict(list)
+        for m in read_log(a.records):
+            recs[m["topic"][len(a.prefix):] if m["topic"].startswith(a.prefix) else m["topic"]].append(m)
+        run = next((e for e in log if e.get("ev") == "run"), {})
+        root = a.store_dir or run.get("store_dir") or default_store_dir()
+        store = list_store(root, run.get("tenants", [])) if os.path.isdir(root) else None
+        res = check_records(recs, log, store)
+    else:
+        res = check_run(a.lathe, a.prefix, log, a.store_dir)
     if a.json:
         print(json.dumps({"jobs": res.jobs, "violations": res.violations, "faults": faults_of(log)}))
     else:

@@ -677,6 +677,9 @@ class Run:
         if check_world:
             try:
                 recs = check.read_topics(self.a.lathe, self.prefix, self.env)
+                with open(os.path.join(self.rundir, "records.jsonl"), "w") as f:  # the evidence, kept
+                    for t in check.TOPICS:
+                        f.writelines(json.dumps(m) + "\n" for m in recs.get(t, []))
                 store = check.list_store(self.a.store_dir, list(self.tenants))
                 check.check_records(recs, self.log.events, store, res)
             except BaseException as e:

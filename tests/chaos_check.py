@@ -222,7 +222,10 @@ def plant_artifact_corrupt(w):
 
 
 def plant_lost_steps(w):
+    stop = find(w, "AttemptStopped", "job-b", attempt=1)
     w.steps("job-b", 1, 26, 35)  # attempt 1 went 15 steps past its newest commit before it was lost
+    for m in w.recs["progress"][-10:]:
+        m["record"]["occurred_at"] = stop["record"]["occurred_at"] - 1
     return "job-b"
 
 

@@ -103,7 +103,7 @@ class Job:
         self.starts = {}             # attempt -> AttemptStarted message
         self.stops = {}              # attempt -> AttemptStopped message (applied)
         self.control = []            # every control message of the job
-        self.steps = collections.defaultdict(int)   # attempt -> highest StepCompleted step
+        self.steps = collections.defaultdict(list)  # attempt -> [(occurred_at, step)] of StepCompleted
         self.pubs = []               # ArtifactPublished messages
 
 
@@ -139,8 +139,8 @@ def fold(jobs_msgs, control_msgs):
         elif t == "CancelRequested":
             if not done and j.cancel is None:
                 j.cancel = m
-        elif t == "CheckpointCommitted":
-            fenced = done or a != j.attempt or j.attempt == 0
+        elif t == "CheckpointCommitted":  # a stopped attempt is fenced too (DESIGN.md §4.2)
+            fenced = done or a != j.attempt or j.attempt == 0 or a in j.stopped
             j.commits[r["event_id"]] = (m, fenced)
             if not fenced:
                 j.live_commits.append(m)
@@ -170,9 +170,7 @@ def check_records(recs, log, store, res=None):
     for m in recs.get("progress", []):
         r = m.get("record") or {}
         if m.get("type") == "StepCompleted" and r.get("job_id") in jobs:
-            a = r.get("attempt", 0)
-            j = jobs[r["job_id"]]
-            j.steps[a] = max(j.steps[a], unwrap(r.get("step")) or 0)
+            jobs[r["job_id"]].steps[r.get("attempt", 0)].append((r.get("occurred_at", 0), unwrap(r.get("step")) or 0))
     for m in recs.get("artifacts", []):
         r = m.get("record") or {}
         if m.get("type") == "ArtifactPublished":
@@ -294,7 +292,15 @@ def check_resumes(j, res):
         if a > 1 and interval > 0 and reached - (resume or 0) > interval:
             res.add("lost_steps", j.id, f"attempt {a} resumes at step {resume or 0} after step {reached} was "
                     f"reached: {reached - (resume or 0)} steps lost > interval {interval}", [m])
-        reached = max(reached, max((s for at, s in j.steps.items() if at <= a), default=0))
+        reached = max(reached, reached_by(j, a))
+
+
+def reached_by(j, a):
+    """The highest step attempt a completed before its stop was recorded: what a crash could
+    lose. Steps a fenced attempt makes after it was declared lost count for nothing."""
+    stop = j.stops.get(a)
+    until = stop["record"]["occurred_at"] if stop else float("inf")
+    return max((s for t, s in j.steps.get(a, []) if t <= until), default=0)
 
 
 def fault_near(log, t0, t1):

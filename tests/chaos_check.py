@@ -247,6 +247,7 @@ def plant_cancel_slow(w):
 
 def plant_staged_orphan(w):
     w.obj(f"staging/{TENANT}/job-c/1/2/state.bin", b"left behind")
+    w.obj(f"sessions/{TENANT}/job-c/results/7", b"a result kept past its session")
     return "job-c"
 
 

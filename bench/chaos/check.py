@@ -29,7 +29,8 @@ as topic/partition@offset):
   digest_mismatch      a live API's state digest differs from `lathe admin replay`'s
   cancel_slow          cancel -> attempt stopped took longer than the kill deadline (plus the lease
                        and margin when a fault may have taken the worker)
-  staged_orphan        a staging object after GC that no live retention owns
+  staged_orphan        a staging object after GC that no live retention owns, or a call or result
+                       of a session that ended
   not_drained          the driver gave up waiting for the workload to drain
   fleet_unhealthy      a process of the fleet did not come back healthy at the end
 
@@ -353,7 +354,13 @@ def check_staging(jobs, store, conf, run, log, res):
                     owned[k] = j.id
     for key in sorted(store):
         parts = key.split("/")
-        if len(parts) < 4 or parts[0] != "staging" or (tenants and parts[1] not in tenants):
+        if len(parts) < 4 or parts[0] not in ("staging", "sessions") or (tenants and parts[1] not in tenants):
+            continue
+        if parts[0] == "sessions":  # a session's calls and results: kept only while it lives (and the grace)
+            j = jobs.get(parts[2])
+            if j is not None and j.outcome is not None:
+                res.add("staged_orphan", parts[2], f"{key} left after GC (session {j.outcome})",
+                        [j.terminal] if j.terminal else [])
             continue
         jid = parts[2]
         j = jobs.get(jid)

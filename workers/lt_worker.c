@@ -997,8 +997,7 @@ static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t 
   for (size_t i = 0; i < n; i++)
     json_array_append_new(w->owned, json_pack("{s:s,s:i}", "topic", parts[i].topic, "partition", parts[i].partition));
   /* librdkafka keeps a partition paused across a rebalance, and a resume sent between the revoke
-   * and this assignment reached no partition (owned was empty): without this the worker never
-   * consumed a dispatch again (chaos seed 7101). */
+   * and this assignment reached no partition: apply the pause state again (chaos seed 7101). */
   w->dispatch_reassigned = true;
 }
 

@@ -693,6 +693,7 @@ class Run:
     def download(self, job):
         """`lathe jobs download`: every published artifact, checked against its record's sha256."""
         out = os.path.join(self.rundir, "download", job)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         key = self.tenants[self.jobs[job]["tenant"]][0]
         p = subprocess.run([self.a.lathe, "jobs", "download", job, out, "--url", self.fleet.urls()[0],
                             "--api-key", key], capture_output=True, text=True, timeout=120)

@@ -95,25 +95,6 @@ Test(job, stale_attempt_records_are_ignored_after_a_new_dispatch) {
   cr_assert_eq(apply(ev(LT_EV_JOB_DISPATCHED, "j", 1)), LT_JOB_IGNORED);
 }
 
-/* A partitioned worker's commit delivered after the scheduler recorded its attempt lost, and
- * before the next dispatch, is not the job's checkpoint: the dispatch resumes from what the log
- * held at the stop, and every fold must agree with it (found by bench/chaos, seed 1001). */
-Test(job, a_commit_landing_after_its_attempt_was_stopped_is_not_resumed_from) {
-  run_to_running("j");
-  lt_job_event_t c = ev(LT_EV_CHECKPOINT_COMMITTED, "j", 1);
-  c.step = 80;
-  apply(c);
-  lt_job_event_t lost = ev(LT_EV_ATTEMPT_STOPPED, "j", 1);
-  lost.stop_reason = LT_STOP_LOST;
-  apply(lost);
-  lt_job_event_t late = ev(LT_EV_CHECKPOINT_COMMITTED, "j", 1);
-  late.step = 100;
-  cr_assert_eq(apply(late), LT_JOB_IGNORED);
-  const lt_job_t *j = lt_job_get(T, "j");
-  cr_assert_eq(j->state, LT_JOB_QUEUED);
-  cr_assert_eq(j->ckpt_step, 80);
-}
-
 Test(job, cancel_recorded_before_completion_means_cancelled) {
   run_to_running("j");
   apply(ev(LT_EV_CANCEL_REQUESTED, "j", 0));

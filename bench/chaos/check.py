@@ -100,7 +100,8 @@ class Job:
         self.terminal = None         # the message that decided it
         self.commits = {}            # event_id -> (message, fenced)
         self.live_commits = []       # applied CheckpointCommitted messages, in order
-        self.dispatches = []         # (message, newest live commit before it or None)
+        self.dispatches = []         # (message, newest live commit before it, newest at the last stop)
+        self.at_stop = {}            # attempt -> newest live commit when its AttemptStopped applied
         self.starts = {}             # attempt -> AttemptStarted message
         self.stops = {}              # attempt -> AttemptStopped message (applied)
         self.control = []            # every control message of the job
@@ -132,16 +133,19 @@ def fold(jobs_msgs, control_msgs):
             j.outcome, j.terminal = "rejected", m
         elif t == "JobDispatched":
             if not done and a > j.attempt:
+                # The scheduler decides a redispatch from what it folded by the previous attempt's
+                # stop; a commit of that attempt may land between the stop and the dispatch.
+                j.dispatches.append((m, j.live_commits[-1] if j.live_commits else None,
+                                     j.at_stop.get(j.attempt, j.live_commits[-1] if j.live_commits else None)))
                 j.attempt = a
-                j.dispatches.append((m, j.live_commits[-1] if j.live_commits else None))
         elif t == "AttemptStarted":
             if a == j.attempt and a not in j.starts:
                 j.starts[a] = m
         elif t == "CancelRequested":
             if not done and j.cancel is None:
                 j.cancel = m
-        elif t == "CheckpointCommitted":  # a stopped attempt is fenced too (DESIGN.md §4.2)
-            fenced = done or a != j.attempt or j.attempt == 0 or a in j.stopped
+        elif t == "CheckpointCommitted":  # as lt_job.c: the current attempt's, stopped or not
+            fenced = done or a != j.attempt or j.attempt == 0
             j.commits[r["event_id"]] = (m, fenced)
             if not fenced:
                 j.live_commits.append(m)
@@ -149,6 +153,7 @@ def fold(jobs_msgs, control_msgs):
             if not done and a == j.attempt and a not in j.stopped:
                 j.stopped.add(a)
                 j.stops[a] = m
+                j.at_stop[a] = j.live_commits[-1] if j.live_commits else None
         elif t == "JobCompleted":
             if not done and a == j.attempt:
                 j.outcome, j.terminal = ("cancelled" if j.cancel else "completed"), m
@@ -282,14 +287,15 @@ def check_resumes(j, res):
     loses at most one checkpoint interval of the steps its predecessors reached."""
     interval = unwrap(j.hp.get("checkpoint_interval")) or 0
     reached = 0
-    for m, newest in j.dispatches:
+    for m, newest, at_stop in j.dispatches:
         r = m["record"]
         a = r.get("attempt")
         resume = unwrap(r.get("resume_step"))
         want = newest["record"]["step"] if newest else None
-        if a > 1 and resume != want:
-            res.add("resume_not_newest", j.id, f"attempt {a} resumes from {resume}, newest commit is {want}",
-                    [m] + ([newest] if newest else []))
+        low = at_stop["record"]["step"] if at_stop else None
+        if a > 1 and not (low or 0) <= (resume or 0) <= (want or 0):
+            res.add("resume_not_newest", j.id, f"attempt {a} resumes from {resume}, newest commit is {want} "
+                    f"({low} at the stop)", [m] + ([newest] if newest else []))
         if a > 1 and interval > 0 and reached - (resume or 0) > interval:
             res.add("lost_steps", j.id, f"attempt {a} resumes at step {resume or 0} after step {reached} was "
                     f"reached: {reached - (resume or 0)} steps lost > interval {interval}", [m])

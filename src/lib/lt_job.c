@@ -195,12 +195,8 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     return true;
   case LT_EV_CHECKPOINT_COMMITTED:
     /* Only the live attempt's commits count: a fenced attempt's checkpoint is never resumed
-     * from nor published (invariants 2 and 4). A stopped attempt is fenced too: a partitioned
-     * worker's commit can land after the scheduler recorded the attempt lost, and the next
-     * dispatch resumes from what the log held at the stop (chaos seed 1001). Every commit an
-     * attempt makes of its own accord (interval, preempt, final) precedes its stop. Steps only
-     * move forward. */
-    if (terminal || !live_attempt(j, ev->attempt)) return false;
+     * from nor published (invariants 2 and 4). Steps only move forward. */
+    if (terminal || ev->attempt != j->attempt || j->attempt == 0) return false;
     if (j->ckpt_attempt == ev->attempt && ev->step <= j->ckpt_step && !(ev->final_checkpoint && !j->ckpt_final))
       return false;
     j->ckpt_attempt = ev->attempt;

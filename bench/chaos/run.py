@@ -286,7 +286,8 @@ class Run:
         self.env = dict(os.environ, LATHE_TOPIC_PREFIX=self.prefix, LATHE_MODELS_DIR=a.models,
                         LATHE_LEASE_MS=str(a.lease_ms), LATHE_LEASE_MARGIN_MS=str(a.margin_ms),
                         LATHE_START_TIMEOUT_MS=str(a.start_timeout_ms), LATHE_KILL_DEADLINE_MS=str(a.kill_ms),
-                        LATHE_GC_GRACE_MS=str(a.gc_grace_ms), LATHE_API_KEY_RATE="off",
+                        LATHE_GC_GRACE_MS=str(a.gc_grace_ms), LATHE_PREEMPT_AFTER_S=str(a.preempt_after_s),
+                        LATHE_API_KEY_RATE="off",
                         LATHE_API_TENANT_RATE="off", LATHE_API_AUTH_FAIL_RATE="off", LATHE_WORKER_SLOTS="1",
                         LATHE_WORKER_THREADS="1")
         self.fleet = None
@@ -389,25 +390,39 @@ class Run:
 
     # ---- the workload
 
-    def submit(self, i):
-        tid = self.rng.choice(list(self.tenants))
+    def job_plan(self):
+        """Each job's tenant, class, steps and cancel time, drawn up front (so that a seed gives the
+        same workload whatever the threads do), and when it is submitted. The first wave, one job
+        per worker, is long preemptible work at the start: the production jobs that come later
+        find the fleet full and preempt it."""
+        plan = []
+        for i in range(self.a.jobs):
+            wave = i < self.a.workers and self.a.preempt_wave
+            plan.append((self.rng.uniform(0, 0.05 if wave else 0.5) * self.a.duration, "job", {
+                "i": i, "tenant": self.rng.choice(sorted(self.tenants)),
+                "cls": "preemptible" if wave else self.rng.choice(CLASSES),
+                "steps": self.rng.randint(self.a.min_steps, self.a.max_steps) * (3 if wave else 1),
+                "cancel_at": self.rng.uniform(0.5, 8.0) if self.rng.random() < self.a.cancel_p else None}))
+        return plan
+
+    def submit(self, job):
+        i, tid, cls, steps = job["i"], job["tenant"], job["cls"], job["steps"]
+        rng = random.Random(self.seed * 1000 + i)
         key, ds = self.tenants[tid]
-        cls = self.rng.choice(CLASSES)
-        steps = self.rng.randint(self.a.min_steps, self.a.max_steps)
         body = {"base_model": "lathe-tiny", "dataset_id": ds, "priority": cls,
                 "hyperparameters": {"max_steps": steps, "batch_size": 2, "lora_rank": 4, "eval_interval": 0,
                                     "checkpoint_interval": self.a.ckpt_interval, "seed": i}}
         idem = f"{self.tag}-{i}"
-        cancel_at = self.rng.uniform(0.5, 8.0) if self.rng.random() < self.a.cancel_p else None
+        cancel_at = job["cancel_at"]
         t0 = time.time()
         while time.time() - t0 < 60 and not self.stop.is_set():
-            url = self.rng.choice(self.fleet.urls())
+            url = rng.choice(self.fleet.urls())
             st, r = http(url, key, "POST", "/v1/jobs", body, {"Idempotency-Key": idem})
             if st in (200, 201, 202) and isinstance(r, dict) and r.get("id"):
                 e = self.log("submit", job=r["id"], tenant=tid, cls=cls, steps=steps, status=st, acked=True)
                 self.jobs[r["id"]] = e
                 if cancel_at is not None:
-                    self.later(cancel_at, self.cancel, r["id"], key)
+                    self.later(cancel_at, self.cancel, r["id"], key, rng)
                 return
             if st is not None and 400 <= st < 500 and st != 429:
                 self.log("submit_refused", tenant=tid, status=st, detail=str(r)[:300])
@@ -415,9 +430,9 @@ class Run:
             time.sleep(0.5)
         self.log("submit_unknown", tenant=tid, idem=idem)
 
-    def cancel(self, job, key):
+    def cancel(self, job, key, rng):
         for _ in range(40):
-            st, r = http(self.rng.choice(self.fleet.urls()), key, "POST", f"/v1/jobs/{job}/cancel")
+            st, r = http(rng.choice(self.fleet.urls()), key, "POST", f"/v1/jobs/{job}/cancel")
             if st in (200, 202):
                 self.log("cancel", job=job, status=st)
                 return
@@ -444,9 +459,10 @@ class Run:
         """One training session: a few steps, a save, then end (or cancel), surviving faults."""
         sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
         import lathe_client
-        tid = self.rng.choice(list(self.tenants))
+        rng = random.Random(self.seed * 1000 + 999)  # its own: it runs on a thread of its own
+        tid = rng.choice(sorted(self.tenants))
         key = self.tenants[tid][0]
-        cancel = self.rng.random() < self.a.cancel_p
+        cancel = rng.random() < self.a.cancel_p
         svc = lathe_client.ServiceClient(base_url=self.fleet.urls()[0], api_key=key, timeout=30)
         tc = None
         for _ in range(20):
@@ -473,7 +489,7 @@ class Run:
             except Exception as e:
                 self.log("session_call_failed", job=tc.id, detail=str(e)[:200])
         for _ in range(60):
-            st, _ = http(self.rng.choice(self.fleet.urls()), key, "POST" if cancel else "DELETE",
+            st, _ = http(rng.choice(self.fleet.urls()), key, "POST" if cancel else "DELETE",
                          f"/v1/sessions/{tc.id}/cancel" if cancel else f"/v1/sessions/{tc.id}")
             if st in (200, 202, 204):
                 self.log("cancel" if cancel else "session_end", job=tc.id, status=st)
@@ -587,7 +603,7 @@ class Run:
         try:
             self.setup()
             t0 = time.time()
-            plan = [(self.rng.uniform(0, 0.5) * self.a.duration, "job", i) for i in range(self.a.jobs)]
+            plan = self.job_plan()
             plan += [(self.rng.uniform(0, 0.3) * self.a.duration, "session", i) for i in range(self.a.sessions)]
             plan += [(t, "fault", k) for t, k in self.fault_plan()]
             plan.sort(key=lambda x: x[0])
@@ -748,12 +764,15 @@ def parse(argv):
     ap.add_argument("--min-steps", type=int, default=80)
     ap.add_argument("--max-steps", type=int, default=300)
     ap.add_argument("--ckpt-interval", type=int, default=20, help="checkpoint_interval (steps) of every job")
+    ap.add_argument("--no-preempt-wave", dest="preempt_wave", action="store_false",
+                    help="no first wave of long preemptible jobs (one per worker)")
     ap.add_argument("--cancel-p", type=float, default=0.25, help="chance a job or session is cancelled")
     ap.add_argument("--lease-ms", type=int, default=3000)
     ap.add_argument("--margin-ms", type=int, default=1000)
     ap.add_argument("--start-timeout-ms", type=int, default=10000)
     ap.add_argument("--kill-ms", type=int, default=3000, help="the workers' kill deadline")
     ap.add_argument("--gc-grace-ms", type=int, default=3000, help="the publishers' staging GC grace")
+    ap.add_argument("--preempt-after-s", type=float, default=3, help="the scheduler's preemption wait")
     ap.add_argument("--drain-timeout", type=float, default=180)
     ap.add_argument("--no-partition", action="store_true", help="no worker in a network namespace")
     ap.add_argument("--require-faults", type=int, default=0,

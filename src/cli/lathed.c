@@ -29,6 +29,8 @@
  *                    group's other workers reach it at for a gang across workers (both, or none)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
+ *   LATHE_PREEMPT_AFTER_S                            scheduler: a blocked production or standard job
+ *                    preempts preemptible work after this wait (120; chaos runs shorten it)
  *   LATHE_KILL_DEADLINE_MS                           worker: stop asked -> SIGKILL after this (30000)
  *   LATHE_GC_GRACE_MS                                publisher: staging garbage older than this is
  *                    collected (3600000; tests and chaos runs shorten it)
@@ -483,6 +485,13 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
+  lt_sched_config_t policy; /* copied by lt_scheduler_new */
+  const char *preempt = getenv("LATHE_PREEMPT_AFTER_S");
+  if (preempt && *preempt) {
+    lt_sched_config_default(&policy);
+    policy.preempt_after_s = atof(preempt);
+    sc.policy = &policy;
+  }
   /* The operator endpoint only when asked for: several schedulers may share a host. */
   const char *port = getenv("LATHE_SCHEDULER_PORT");
   if (o->sched_port_set || (port && *port)) {

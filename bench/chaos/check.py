@@ -310,8 +310,34 @@ def reached_by(j, a):
     return max((s for t, s in j.steps.get(a, []) if t <= until), default=0)
 
 
-def fault_near(log, t0, t1):
-    return any(e.get("ev") == "fault" and t0 - 60000 <= e.get("t", 0) <= t1 for e in log)
+def fault_windows(log):
+    """[start, end] of each fault: from its injection to its restoration (a restart, SIGCONT, a
+    heal, a server answering again), or the injection alone for a fault nothing restores."""
+    out, open_ = [], {}
+    for e in log:
+        if e.get("ev") == "fault":
+            open_.setdefault(e.get("target"), []).append(e["t"])
+            if e.get("kind") == "kill_executor":
+                out.append((e["t"], e["t"]))
+        elif e.get("ev") == "restored":
+            tgt = e.get("target")
+            key = next((k for k in open_ if k == tgt or (tgt == "partition" and k.startswith("w"))
+                        or (tgt == "s3" and k == "s3")), None)
+            if key and open_[key]:
+                out.append((open_[key].pop(0), e["t"]))
+    out += [(t, t) for ts in open_.values() for t in ts]
+    return out
+
+
+def fault_allowance(log, t0, t1):
+    """How much longer than the kill deadline a stop in [t0, t1] may take because of faults: the
+    outages that overlap it, and for each a lease and its margin (the scheduler's lost-attempt
+    path); 0 when no fault came near."""
+    extra = 0
+    for a, b in fault_windows(log):
+        if a - 60000 <= t1 and b >= t0 - 60000:
+            extra += (b - a) + 1
+    return extra
 
 
 def check_cancel(j, conf, log, res):
@@ -336,8 +362,10 @@ def check_cancel(j, conf, log, res):
         return
     took = stop["record"]["occurred_at"] - t0
     bound = conf.get("kill_deadline_ms", 30000) + conf.get("slack_ms", 5000)
-    if fault_near(log, t0, t0 + took):
-        bound += conf.get("lease_ms", 30000) + conf.get("lease_margin_ms", 5000) + conf.get("start_timeout_ms", 0)
+    extra = fault_allowance(log, t0, t0 + took)
+    if extra:
+        bound += extra + conf.get("lease_ms", 30000) + conf.get("lease_margin_ms", 5000) + \
+            conf.get("start_timeout_ms", 0)
     if took > bound:
         res.add("cancel_slow", j.id, f"cancel -> {stop['type']} took {took} ms > {bound} ms", [j.cancel, stop])
 

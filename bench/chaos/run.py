@@ -554,15 +554,22 @@ class Run:
                 stack_cmd("broker", "stop", b, timeout=60)
                 hold = self.rng.uniform(2.0, 6.0)
                 self.log("fault", kind=kind, target=f"broker{b}", hold_s=round(hold, 2))
-                self.later(hold, lambda: stack_cmd("broker", "start", b, timeout=180))
+                self.later(hold, self.stack_start, "broker", b)
                 return True
             if kind == "s3_restart":
                 stack_cmd("s3", "stop", timeout=60)
                 hold = self.rng.uniform(2.0, 6.0)
                 self.log("fault", kind=kind, target="s3", hold_s=round(hold, 2))
-                self.later(hold, lambda: stack_cmd("s3", "start", timeout=180))
+                self.later(hold, self.stack_start, "s3")
                 return True
         return False
+
+    def stack_start(self, what, *args):
+        """`ops/stack broker start N` / `s3 start`, which return once the server answers."""
+        p = stack_cmd(what, "start", *args, timeout=300)
+        self.log("restored", target=what + "".join(args), how=f"ops/stack {what} start: exit {p.returncode}")
+        if p.returncode:
+            self.log("unhealthy", proc=what + "".join(args), detail=f"ops/stack {what} start: {p.stderr.strip()[-300:]}")
 
     def restart(self, p):
         with self.fleet.lock:
@@ -658,6 +665,7 @@ class Run:
         """Until every acknowledged job is terminal and every completed one is published."""
         deadline = time.time() + self.a.drain_timeout
         terminal = ("completed", "failed", "cancelled", "rejected")
+        self.end_orphan_sessions(terminal)
         pending = set(self.jobs)
         while pending and time.time() < deadline:
             for job in list(pending):
@@ -671,6 +679,19 @@ class Run:
                      f"after {self.a.drain_timeout} s")
         time.sleep(2 * self.a.gc_grace_ms / 1000 + 2)  # one GC pass past the grace period
         self.log("gc_done")
+
+    def end_orphan_sessions(self, terminal):
+        """A session whose creation the client saw fail (a timeout while the broker was away) may
+        exist all the same: a careful client lists its sessions and ends the ones it does not know,
+        as the driver does here; they are then checked like every other job."""
+        for tid, (key, _) in self.tenants.items():
+            st, r = http(self.fleet.urls()[0], key, "GET", "/v1/sessions")
+            for ses in (r.get("data", []) if st == 200 and isinstance(r, dict) else []):
+                if ses.get("id") in self.jobs or ses.get("state") in terminal:
+                    continue
+                st2, _ = http(self.fleet.urls()[0], key, "DELETE", f"/v1/sessions/{ses['id']}")
+                self.jobs[ses["id"]] = self.log("submit", job=ses["id"], tenant=tid, kind="session", acked=False,
+                                                orphan=True, end_status=st2)
 
     def published(self, job):
         key = self.tenants[self.jobs[job]["tenant"]][0]

@@ -73,8 +73,9 @@ def stack_cmd(*args, timeout=180):
     script = os.environ.get("LATHE_CHAOS_STACK") or os.path.join(os.path.dirname(sd), "ops", "stack")
     if not os.path.exists(script):
         script = os.path.join(ROOT, "ops", "stack")
-    return subprocess.run([script, *args], env=dict(os.environ, LATHE_STACK_DIR=sd), capture_output=True,
-                          text=True, timeout=timeout)
+    # A broker restart loads every partition of every prefix on the stack: minutes on a shared one.
+    env = dict(os.environ, LATHE_STACK_DIR=sd, LATHE_STACK_TIMEOUT=os.environ.get("LATHE_STACK_TIMEOUT", "400"))
+    return subprocess.run([script, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def available_kinds(want_partition):
@@ -566,7 +567,7 @@ class Run:
 
     def stack_start(self, what, *args):
         """`ops/stack broker start N` / `s3 start`, which return once the server answers."""
-        p = stack_cmd(what, "start", *args, timeout=300)
+        p = stack_cmd(what, "start", *args, timeout=450)
         self.log("restored", target=what + "".join(args), how=f"ops/stack {what} start: exit {p.returncode}")
         if p.returncode:
             self.log("unhealthy", proc=what + "".join(args), detail=f"ops/stack {what} start: {p.stderr.strip()[-300:]}")

@@ -118,6 +118,7 @@ class Proc:
         self.p = None
         self.starts = 0
         self.paused = False
+        self.killed = False  # by the driver, which restarts it itself
 
     def start(self):
         argv = (["ip", "netns", "exec", self.netns] if self.netns else []) + self.argv
@@ -127,6 +128,7 @@ class Proc:
                                       start_new_session=True)
         self.starts += 1
         self.paused = False
+        self.killed = False
 
     def alive(self):
         return self.p is not None and self.p.poll() is None
@@ -228,6 +230,10 @@ class Fleet:
         return best
 
     def stop(self):
+        with self.lock:
+            self._stop()
+
+    def _stop(self):
         for p in reversed(list(self.procs.values())):
             try:
                 p.stop()
@@ -331,6 +337,7 @@ class Run:
                        "keep_checkpoints": 2, "slack_ms": 5000})
         self.fleet = Fleet(self.a, self.env, self.rundir, self.netns)
         self.fleet.start()
+        threading.Thread(target=self.supervise, daemon=True).start()
         self.wait_ready()
         data = os.path.join(self.rundir, "train.jsonl")
         with open(os.path.join(self.a.models, "lathe-tiny", "task_train.jsonl")) as f, open(data, "w") as o:
@@ -512,6 +519,7 @@ class Run:
                     p = fl.leader()
                 if p is None:
                     return False
+                p.killed = True
                 p.signal(signal.SIGKILL)
                 p.p.wait(10)
                 delay = self.rng.uniform(0.5, 3.0)
@@ -571,6 +579,20 @@ class Run:
         self.log("restored", target=what + "".join(args), how=f"ops/stack {what} start: exit {p.returncode}")
         if p.returncode:
             self.log("unhealthy", proc=what + "".join(args), detail=f"ops/stack {what} start: {p.stderr.strip()[-300:]}")
+
+    def supervise(self):
+        """What systemd does for the units in ops/systemd (Restart=on-failure, RestartSec=2): a
+        process that exits by itself (a worker started while the broker was away gives up) is
+        started again 2 s later."""
+        while not self.stop.wait(2):
+            with self.fleet.lock:
+                for p in self.fleet.procs.values():
+                    if self.stop.is_set():
+                        return
+                    if p.p is not None and not p.alive() and not p.killed:
+                        rc = p.p.returncode
+                        p.start()
+                        self.log("supervisor_restart", target=p.name, exit=rc)
 
     def restart(self, p):
         with self.fleet.lock:

@@ -107,6 +107,7 @@ struct lt_worker {
   int npending;
   json_t *owned;            /* [{topic, partition}] of the dispatch group */
   bool dispatch_paused;
+  bool dispatch_reassigned; /* a rebalance assigned partitions: apply the pause state to them */
   int64_t hb_seq;
   int64_t last_hb_sent_ms;
   int64_t hb_ok_ms;         /* last heartbeat the broker acknowledged (atomic) */
@@ -995,6 +996,9 @@ static void on_rebalance(void *opaque, lt_bus_consumer_t *c, lt_bus_rebalance_t 
   json_array_clear(w->owned);
   for (size_t i = 0; i < n; i++)
     json_array_append_new(w->owned, json_pack("{s:s,s:i}", "topic", parts[i].topic, "partition", parts[i].partition));
+  /* librdkafka keeps a partition paused across a rebalance, and a resume sent between the revoke
+   * and this assignment reached no partition: apply the pause state again (chaos seed 7101). */
+  w->dispatch_reassigned = true;
 }
 
 /* ---------------------------------------------------------------- heartbeat and timers */
@@ -1072,7 +1076,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   run_pending(w);
   /* Pause dispatch consumption while every slot is busy; lower classes wait in Kafka. */
   bool full = free_slots(w) == 0;
-  if (full != w->dispatch_paused) {
+  if (full != w->dispatch_paused || w->dispatch_reassigned) {
     lt_bus_tp_t parts[64];
     size_t np = 0;
     size_t i;
@@ -1083,6 +1087,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     if (full) lt_bus_consumer_pause(w->dispatch, parts, np, NULL, 0);
     else lt_bus_consumer_resume(w->dispatch, parts, np, NULL, 0);
     w->dispatch_paused = full;
+    w->dispatch_reassigned = false;
   }
   on_control(-1, 0, w);
   on_dispatch(-1, 0, w);

@@ -29,6 +29,11 @@
  *                    group's other workers reach it at for a gang across workers (both, or none)
  *   LATHE_EXECUTOR_USER, _DATA_MB, _NOFILE, _NPROC   worker: executors' uid and rlimits (lt_confine.h)
  *   LATHE_LEASE_MS, LATHE_LEASE_MARGIN_MS, LATHE_START_TIMEOUT_MS   scheduler: lease clock (tests)
+ *   LATHE_PREEMPT_AFTER_S                            scheduler: a blocked production or standard job
+ *                    preempts preemptible work after this wait (120; chaos runs shorten it)
+ *   LATHE_KILL_DEADLINE_MS                           worker: stop asked -> SIGKILL after this (30000)
+ *   LATHE_GC_GRACE_MS                                publisher: staging garbage older than this is
+ *                    collected (3600000; tests and chaos runs shorten it)
  *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
  *                    (R requests a second, bursts of B) or "off"; defaults 20/40, 50/100, 2/30
  *   LATHE_API_SSE_HISTORY, LATHE_API_SSE_KEEP_ENDED_MS   api: events kept per job (1024), and how
@@ -480,6 +485,13 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
+  lt_sched_config_t policy; /* copied by lt_scheduler_new */
+  const char *preempt = getenv("LATHE_PREEMPT_AFTER_S");
+  if (preempt && *preempt) {
+    lt_sched_config_default(&policy);
+    policy.preempt_after_s = atof(preempt);
+    sc.policy = &policy;
+  }
   /* The operator endpoint only when asked for: several schedulers may share a host. */
   const char *port = getenv("LATHE_SCHEDULER_PORT");
   if (o->sched_port_set || (port && *port)) {
@@ -520,12 +532,14 @@ static lt_err_t start_publisher(lathed_t *d, const lathed_opts_t *o, char *err, 
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
   const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
+  const char *grace = getenv("LATHE_GC_GRACE_MS");      /* 0 or unset: the default (1 h) */
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
   if (e) return e;
   lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
                             .registry = d->reg,
-                            .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0};
+                            .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0,
+                            .gc_grace_ms = grace ? atoll(grace) : 0};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) lt_log_info(NULL, "publisher started");
   if (!e)
@@ -545,6 +559,7 @@ static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, siz
                          .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
                          .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1,
                          .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
+                         .kill_deadline_ms = getenv("LATHE_KILL_DEADLINE_MS") ? atoi(getenv("LATHE_KILL_DEADLINE_MS")) : 0,
                          .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) lt_log_info(NULL, "worker %s started (models in %s)", d->instance, d->models);

@@ -2,21 +2,25 @@
  * request line and headers; what Lathe does with them is here): the router's reading of a path
  * (lt_api_match: route families, {id}/{name}/{n}, the route table), the multipart/form-data of
  * POST /v1/files (lt_api_header_param, lt_api_form_parse) and OpenAI's fine-tuning job body
- * (lt_api_openai_job_spec, mapped onto the job spec).
+ * (lt_api_openai_job_spec, mapped onto the job spec), and a training session's call body
+ * (lt_callspec_parse, lt_callspec_check: POST /v1/sessions/{id}/calls).
  *
- * First byte: mode (low 2 bits); the rest:
+ * First byte: mode (modulo 5); the rest:
  *   0  a method byte, then a request URI, decoded as lathed decodes it (evhttp_uri_parse,
  *      evhttp_uridecode, no NUL), then matched
  *   1  a Content-Type value up to the first '\n', then the body
  *   2  a POST /v1/fine_tuning/jobs body
  *   3  a Content-Disposition line up to the first '\n': its name and filename parameters
+ *   4  a vocabulary size byte, then a session call's body
  * Properties: a match names only what its family has (the prefix is the path's, an {id} is an
  * id, a handler only for a pattern of the table); multipart parts lie inside the body, in order,
- * with terminated names; an accepted OpenAI body is a spec that validates. */
+ * with terminated names; an accepted OpenAI body is a spec that validates; an accepted call
+ * is accepted again, as the same kind, from its own JSON text. */
 #include <string.h>
 
 #include "fuzz.h"
 #include "lt_api_int.h"
+#include "lt_callspec.h"
 #include "lt_jobspec.h"
 
 static void fuzz_route(const uint8_t *data, size_t size) {
@@ -102,12 +106,32 @@ static void fuzz_disposition(const uint8_t *data, size_t size) {
   free(h);
 }
 
+static void fuzz_call(const uint8_t *data, size_t size) {
+  lt_callspec_limits_t lim = {.vocab_size = 1 + fuzz_take(&data, &size) * 4, .max_tokens_per_call = 4096};
+  char field[128], msg[256];
+  json_t *body = lt_callspec_parse((const char *)data, size, field, sizeof field, msg, sizeof msg);
+  const char *kind = NULL;
+  if (body && lt_callspec_check(body, &lim, &kind, field, sizeof field, msg, sizeof msg) == LT_OK) {
+    char *text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY);
+    FUZZ_CHECK(text != NULL, "an accepted call has no JSON text");
+    json_t *again = lt_callspec_parse(text, strlen(text), field, sizeof field, msg, sizeof msg);
+    const char *kind2 = NULL;
+    FUZZ_CHECK(again && lt_callspec_check(again, &lim, &kind2, field, sizeof field, msg, sizeof msg) == LT_OK &&
+                   strcmp(kind, kind2) == 0,
+               "an accepted call's own text is refused: %s: %s (%s)", field, msg, text);
+    json_decref(again);
+    free(text);
+  }
+  json_decref(body);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  switch (fuzz_take(&data, &size) & 3) {
+  switch (fuzz_take(&data, &size) % 5) {
   case 0: fuzz_route(data, size); break;
   case 1: fuzz_multipart(data, size); break;
   case 2: fuzz_openai_body(data, size); break;
-  default: fuzz_disposition(data, size); break;
+  case 3: fuzz_disposition(data, size); break;
+  default: fuzz_call(data, size); break;
   }
   return 0;
 }

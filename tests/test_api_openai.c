@@ -48,7 +48,8 @@ Test(api_openai, multipart_parts_point_into_the_body) {
   cr_assert(lt_api_header_param(ct, "boundary", boundary, sizeof boundary));
   cr_assert_str_eq(boundary, "XyZ");
   const char body[] = "--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nfine-tune\r\n"
-                      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t.jsonl\"\r\n\r\n{}\n\r\n--XyZ--";
+                      "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t.jsonl\"\r\n\r\n"
+                      "{}\n\r\n--XyZ--";
   lt_api_form_part_t parts[8];
   int n = 0;
   cr_assert(lt_api_form_parse(body, sizeof body - 1, boundary, parts, 8, &n));

@@ -43,7 +43,8 @@ static void fuzz_route(const uint8_t *data, size_t size) {
       size_t pl = strlen(m.prefix);
       FUZZ_CHECK(strncmp(decoded, m.prefix, pl) == 0 && strchr("/?", decoded[pl]) != NULL,
                  "%s matched under %s", decoded, m.prefix);
-      FUZZ_CHECK(strlen(m.id) <= LT_ID_MAX && memchr(m.name, 0, sizeof m.name) && memchr(m.pattern, 0, sizeof m.pattern),
+      FUZZ_CHECK(strlen(m.id) <= LT_ID_MAX && memchr(m.name, 0, sizeof m.name) &&
+                     memchr(m.pattern, 0, sizeof m.pattern),
                  "parts of %s overflow", decoded);
       FUZZ_CHECK(strncmp(m.pattern, m.prefix, pl) == 0, "pattern %s is not under %s", m.pattern, m.prefix);
       FUZZ_CHECK(!m.handler || m.parsed, "a handler for a path the family does not have: %s", decoded);
@@ -75,7 +76,8 @@ static void fuzz_multipart(const uint8_t *data, size_t size) {
       for (int i = 0; i < n; i++) {
         FUZZ_CHECK(parts[i].data >= prev_end && parts[i].data + parts[i].len <= body + len,
                    "part %d lies outside the body or before the previous one", i);
-        FUZZ_CHECK(memchr(parts[i].name, 0, sizeof parts[i].name) && memchr(parts[i].filename, 0, sizeof parts[i].filename),
+        FUZZ_CHECK(memchr(parts[i].name, 0, sizeof parts[i].name) &&
+                       memchr(parts[i].filename, 0, sizeof parts[i].filename),
                    "part %d's name is not terminated", i);
         prev_end = parts[i].data + parts[i].len;
       }

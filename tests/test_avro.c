@@ -129,6 +129,24 @@ Test(avro, canonical_form_strips_docs_defaults_and_logical_types_and_orders_keys
   free(out);
 }
 
+/* Found by tests/fuzz/fuzz_avro: a namespace holding a tab (or any non-name) was accepted, and
+ * the canonical form wrote it raw: not JSON, so the canonical form of it did not parse. */
+Test(avro, namespaces_are_names_too) {
+  static const char *const bad[] = {"l\\the", "a..b", ".a", "a.", "a.1b", "a b"};
+  char text[256], *out = NULL;
+  size_t len = 0;
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(text, sizeof text, "{\"type\":\"record\",\"name\":\"R\",\"namespace\":\"%s\",\"fields\":[]}", bad[i]);
+    cr_assert_eq(lt_avro_canonical_form(text, strlen(text), &out, &len, err, sizeof err), LT_ERR_INVALID,
+                 "namespace %s", bad[i]);
+    cr_assert(strstr(err, "invalid name"), "%s", err);
+  }
+  snprintf(text, sizeof text, "{\"type\":\"record\",\"name\":\"x.y.R\",\"namespace\":\"\",\"fields\":[]}");
+  cr_assert_eq(lt_avro_canonical_form(text, strlen(text), &out, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_str_eq(out, "{\"name\":\"x.y.R\",\"type\":\"record\",\"fields\":[]}");
+  free(out);
+}
+
 Test(avro, canonical_forms_and_fingerprints_match_python_avro) {
   char path[] = "/tmp/lt_avro_ours_XXXXXX";
   int fd = mkstemp(path);

@@ -68,3 +68,17 @@ Test(callspec, a_nan_or_an_infinity_is_named_by_its_path) {
   cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":-Infinity}}"), "adam.lr");
   cr_assert_str_eq(refused("{\"kind\": nope}"), "(parse)", "other bad JSON says where, naming no field");
 }
+
+/* Found by tests/fuzz/fuzz_http: the NaN/Infinity check compared past the body's length (the API
+ * NUL-terminates its bodies, so there it read the terminator; the contract is len bytes). */
+Test(callspec, a_body_is_read_within_its_length) {
+  const char text[] = "{\"adam\":NaN}";
+  char field[64], msg[256];
+  json_t *body = lt_callspec_parse(text, 10, field, sizeof field, msg, sizeof msg); /* "{"adam":Na" */
+  cr_assert_null(body);
+  cr_assert(strstr(msg, "not valid JSON"), "a cut NaN is not a NaN: %s", msg);
+  cr_assert_str_eq(field, "");
+  body = lt_callspec_parse(text, 0, field, sizeof field, msg, sizeof msg);
+  cr_assert_null(body);
+  cr_assert(strstr(msg, "not valid JSON"), "%s", msg);
+}

@@ -286,6 +286,17 @@ Test(crypto, wrong_data_key_is_refused) {
   drop(&f);
 }
 
+/* Found by tests/fuzz/fuzz_crypto: a key id with a NUL byte came out shorter than the header
+ * said (here, as ""), naming another key. */
+Test(crypto, peeked_key_id_with_a_nul_byte_is_refused) {
+  struct fixture f = make(C, "obj", 13);
+  char kid[LT_CRYPTO_ID_MAX + 1];
+  f.ct[HDR - 2] = 0; /* "k1" -> "\0" "1" */
+  cr_assert_eq(lt_crypto_peek_key_id(f.ct, f.ct_len, kid, sizeof kid, err, sizeof err), LT_ERR_CORRUPT);
+  cr_assert(strstr(err, "NUL"), "%s", err);
+  drop(&f);
+}
+
 Test(crypto, plaintext_of_a_bad_chunk_is_never_released) {
   struct fixture f = make(4 * C, "obj", 12);
   f.ct[HDR + 3] ^= 1; /* chunk 0 body */

@@ -165,6 +165,25 @@ Test(dataset, file_over_the_byte_quota_stops_with_the_limit_named) {
   cr_assert_leq(r.bytes, 100);
 }
 
+/* Found by tests/fuzz/fuzz_dataset: a piece that crossed the quota was refused whole, so lines
+ * before it were checked when the body came in small pieces and not when it came in one. */
+Test(dataset, quota_report_does_not_depend_on_the_pieces) {
+  lt_dataset_limits_t lim = {.max_bytes = 100, .max_errors = 2};
+  const char *text = "not json\n{\"prompt\":1}\n[]\n{\"prompt\":\"p\",\"completion\":\"c\"}\n"
+                     "{\"prompt\":\"p\",\"completion\":\"c\"}\n{\"prompt\":\"p\",\"completion\":\"c\"}\n";
+  lt_dataset_report_t a = report(text, 1, &lim, LT_ERR_QUOTA), b = report(text, 4096, &lim, LT_ERR_QUOTA);
+  cr_assert_eq(a.lines, b.lines);
+  cr_assert_eq(a.examples, b.examples);
+  cr_assert_eq(a.error_count, b.error_count);
+  cr_assert_eq(a.bytes, 100);
+  cr_assert_eq(b.bytes, 100);
+  cr_assert_eq(a.error_count, 5, "four errors on three lines, then the quota: %llu", (unsigned long long)a.error_count);
+  /* the kept errors were full: the quota still is the last one, which the API answers with */
+  cr_assert_eq(a.errors_kept, 2);
+  cr_assert(strstr(a.errors[1].reason, "quota of 100 bytes"), "%s", a.errors[1].reason);
+  cr_assert(strstr(b.errors[1].reason, "quota of 100 bytes"), "%s", b.errors[1].reason);
+}
+
 Test(dataset, overlong_line_and_empty_file_are_errors) {
   lt_dataset_limits_t lim = {.max_line_bytes = 64};
   const char *text = "{\"prompt\":\"0123456789012345678901234567890123456789012345678901234567890\",\"completion\":\"c\"}\n"

@@ -151,6 +151,26 @@ Test(jobspec, suffix_and_metadata_survive_json_and_the_record) {
   lt_avro_registry_destroy(reg);
 }
 
+/* Found by tests/fuzz/fuzz_jobspec: a JobSubmitted record's metadata key that was not UTF-8
+ * passed validation, and the job's JSON view silently had no metadata. */
+Test(jobspec, metadata_a_json_view_cannot_show_is_refused_from_a_record) {
+  lt_jobspec_t s;
+  char field[96], err[256];
+  cr_assert_eq(parse("{\"base_model\":\"m\",\"dataset_id\":\"d\",\"metadata\":{\"a\":\"1\",\"b\":\"2\"}}", &s,
+                     field, err), LT_OK, "%s", err);
+  cr_assert_eq(lt_jobspec_validate(&s, field, sizeof field, err, sizeof err), LT_OK, "%s", err);
+  snprintf(s.meta[1].key, sizeof s.meta[1].key, "tea\xed");
+  cr_assert_eq(lt_jobspec_validate(&s, field, sizeof field, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_str_eq(field, "metadata");
+  snprintf(s.meta[1].key, sizeof s.meta[1].key, "b");
+  snprintf(s.meta[1].value, sizeof s.meta[1].value, "\xc3(");
+  cr_assert_eq(lt_jobspec_validate(&s, field, sizeof field, err, sizeof err), LT_ERR_INVALID, "a value not UTF-8");
+  snprintf(s.meta[1].key, sizeof s.meta[1].key, "a");
+  snprintf(s.meta[1].value, sizeof s.meta[1].value, "2");
+  cr_assert_eq(lt_jobspec_validate(&s, field, sizeof field, err, sizeof err), LT_ERR_INVALID, "a key twice");
+  cr_assert(strstr(err, "twice"), "%s", err);
+}
+
 Test(jobspec, ids_refuse_paths_and_options) {
   cr_assert(lt_id_valid("job-01.a_b"));
   const char *bad[] = {"", "..", ".hidden", "-rf", "a/b", "a b", "é", "x\n"};

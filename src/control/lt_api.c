@@ -97,13 +97,8 @@ static const lt_api_route_t routes[] = {
 
 /* ---------------------------------------------------------------- route families */
 
-/* The path after a family's prefix, taken apart. */
-typedef struct {
-  char pattern[128];      /* the route pattern the path has, e.g. "/v1/jobs/{id}/cancel" */
-  char id[LT_ID_MAX + 1]; /* "" on the collection */
-  char name[128];
-  int part;
-} path_t;
+/* The path after a family's prefix, taken apart (lt_api_int.h). */
+typedef lt_api_match_t path_t;
 
 /* Splits rest (the path after prefix: "", "/..." or "?...") into p; false when it names
  * nothing the family has. */
@@ -272,33 +267,50 @@ static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, cons
   }
 }
 
-/* Routes one request with a decoded path; returns the family's slot for the counters. */
+void lt_api_match(const char *path, int method, lt_api_match_t *m) {
+  memset(m, 0, sizeof *m);
+  m->family = -1;
+  const char *rest;
+  const route_family_t *f = find_family(path, &rest);
+  if (!f) return;
+  m->family = (int)(f - families);
+  m->prefix = f->prefix;
+  snprintf(m->pattern, sizeof m->pattern, "%s", f->prefix);
+  if (!(m->parsed = f->parse(f->prefix, rest, m))) return;
+  const lt_api_route_t *r = find_route(m->pattern, method);
+  if (r) m->handler = r->handler;
+}
+
+/* Routes one request with a decoded path; returns the family's slot for the counters. The path
+ * is matched first (lt_api_match, pure); what the request is told follows from the match in
+ * this order: no family, a family the sampler does not serve, authentication, a path the family
+ * does not have, an {id} the tenant does not have, then the handler or a 404/405. */
 static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char *path) {
   /* The dashboard's static files: public, they hold no data (lt_web.h). */
   if (!api->conf.sampler_only && lt_web_serve(req, path)) return LT_API_SLOT_OTHER;
-  const char *rest;
-  const route_family_t *f = find_family(path, &rest);
-  if (!f) {
+  int method = evhttp_request_get_command(req);
+  lt_api_match_t p;
+  lt_api_match(path, method, &p);
+  if (p.family < 0) {
     lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s", path);
     return LT_API_SLOT_OTHER;
   }
+  const route_family_t *f = &families[p.family];
   /* The sampler role serves sampling (and the tokenizer) only; the api role everything else. */
   if (api->conf.sampler_only && !f->sampler) {
     lt_api_reply_error(req, 404, "not_found", NULL, "no such route on the sampler: %s is served by the api", f->prefix);
     return f->slot;
   }
-  path_t p = {.part = 0};
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name, .openai = f->openai};
-  snprintf(p.pattern, sizeof p.pattern, "%s", f->prefix);
   if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req)))
     return f->slot;
-  if (!f->parse(f->prefix, rest, &p)) {
+  if (!p.parsed) {
     lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
     return f->slot;
   }
   c.part = p.part;
   if (p.id[0] && !f->resolve(&c)) return f->slot;
-  const lt_api_route_t *r = find_route(p.pattern, evhttp_request_get_command(req));
+  const lt_api_route_t *r = find_route(p.pattern, method);
   if (r) r->handler(&c);
   else reply_no_route(f, &c, p.pattern);
   json_decref(c.meta);

@@ -153,6 +153,21 @@ typedef struct lt_api_call {
 
 typedef void lt_api_handler_fn(lt_api_call_t *c);
 
+/* How the router reads a decoded path under a method, before it looks at who asks: the route
+ * family, the path's parts as that family spells them, and the route. Pure: no request, no
+ * reply (the router's first step; tests/fuzz drives it with any bytes). */
+typedef struct lt_api_match {
+  int family;             /* index of the route family, -1 when the path is under none (404) */
+  const char *prefix;     /* the family's prefix ("/v1/jobs"), NULL when none */
+  bool parsed;            /* the rest of the path names something the family has (else 404) */
+  char pattern[128];      /* the route pattern the path has, e.g. "/v1/jobs/{id}/cancel" */
+  char id[LT_ID_MAX + 1]; /* {id}; "" on the collection */
+  char name[128];         /* {name}: the rest of the path */
+  int part;               /* {n} */
+  lt_api_handler_fn *handler; /* the route of the pattern and method; NULL: 404 or 405 */
+} lt_api_match_t;
+void lt_api_match(const char *path, int method, lt_api_match_t *m);
+
 /* How a job is shown: lt_api_job_json (the native API) or the OpenAI-compatible view. New ref. */
 typedef json_t *lt_api_job_view_fn(lt_api_t *api, const lt_job_t *j);
 
@@ -382,6 +397,26 @@ bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *datase
 
 /* ---------------------------------------------------------------- OpenAI-compatible (lt_api_openai.c) */
 
+/* What the OpenAI routes parse, pure (no request, no reply), for the handlers and tests/fuzz: */
+#define LT_API_FIELD_MAX 256 /* the "field" of an error, as long as a refused key may be */
+/* The value of a parameter (boundary=...) of a Content-Type header, unquoted, into out (n bytes);
+ * false when h has none or it does not fit. */
+bool lt_api_header_param(const char *h, const char *name, char *out, size_t n);
+/* One part of a multipart/form-data body. */
+typedef struct lt_api_form_part {
+  char name[64];
+  char filename[128];
+  const char *data; /* into the body */
+  size_t len;
+} lt_api_form_part_t;
+/* Splits body (len bytes, need not be NUL-terminated) at the boundary into at most max parts;
+ * false when it is not a well-formed multipart body. The parts point into body. */
+bool lt_api_form_parse(const char *body, size_t len, const char *boundary, lt_api_form_part_t *parts, int max,
+                       int *count);
+/* POST /v1/fine_tuning/jobs's body (len bytes) as a validated job spec; false with the field (in
+ * OpenAI's words, "" when none) and the message of the 400 when it is refused. */
+bool lt_api_openai_job_spec(const char *text, size_t len, lt_jobspec_t *spec, char *field, size_t field_size,
+                            char *msg, size_t msg_size);
 void lt_api_openai_files_create(lt_api_call_t *c);      /* POST /v1/files (multipart) */
 void lt_api_openai_jobs_create(lt_api_call_t *c);       /* POST /v1/fine_tuning/jobs */
 void lt_api_openai_jobs_list(lt_api_call_t *c);         /* GET /v1/fine_tuning/jobs */

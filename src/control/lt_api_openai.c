@@ -11,6 +11,7 @@
  * (lt_api_reply.c). */
 #include "lt_api_int.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +33,7 @@ json_t *lt_api_openai_file_json(const json_t *meta) {
                    "purpose", "fine-tune", "status", "processed", "status_details");
 }
 
-/* The value of a parameter (boundary=...) of a Content-Type header, unquoted, into out. */
-static bool header_param(const char *h, const char *name, char *out, size_t n) {
+bool lt_api_header_param(const char *h, const char *name, char *out, size_t n) {
   size_t nl = strlen(name);
   for (const char *p = strchr(h, ';'); p; p = strchr(p + 1, ';')) {
     const char *s = p + 1;
@@ -50,21 +50,12 @@ static bool header_param(const char *h, const char *name, char *out, size_t n) {
   return false;
 }
 
-/* One part of a multipart/form-data body. */
-typedef struct {
-  char name[64];
-  char filename[128];
-  const char *data;
-  size_t len;
-} form_part_t;
-
 static const char *find_bytes(const char *hay, size_t hn, const char *needle, size_t nn) {
   return nn <= hn ? memmem(hay, hn, needle, nn) : NULL;
 }
 
-/* Splits body (len bytes) at the boundary into at most max parts; false when it is not a
- * well-formed multipart body. The parts point into body. */
-static bool form_parse(const char *body, size_t len, const char *boundary, form_part_t *parts, int max, int *count) {
+bool lt_api_form_parse(const char *body, size_t len, const char *boundary, lt_api_form_part_t *parts, int max,
+                       int *count) {
   char delim[96];
   int dl = snprintf(delim, sizeof delim, "--%s", boundary);
   if (dl <= 2 || (size_t)dl >= sizeof delim) return false;
@@ -77,7 +68,7 @@ static bool form_parse(const char *body, size_t len, const char *boundary, form_
     p += 2;
     const char *hend = find_bytes(p, (size_t)(end - p), "\r\n\r\n", 4);
     if (!hend) return false;
-    form_part_t *f = &parts[(*count)++];
+    lt_api_form_part_t *f = &parts[(*count)++];
     memset(f, 0, sizeof *f);
     for (const char *line = p; line < hend;) {
       const char *eol = find_bytes(line, (size_t)(hend - line), "\r\n", 2);
@@ -85,8 +76,8 @@ static bool form_parse(const char *body, size_t len, const char *boundary, form_
       char h[512];
       snprintf(h, sizeof h, "%.*s", (int)(eol - line), line);
       if (strncasecmp(h, "Content-Disposition:", 20) == 0) {
-        header_param(h, "name", f->name, sizeof f->name);
-        header_param(h, "filename", f->filename, sizeof f->filename);
+        lt_api_header_param(h, "name", f->name, sizeof f->name);
+        lt_api_header_param(h, "filename", f->filename, sizeof f->filename);
       }
       line = eol + 2;
     }
@@ -107,7 +98,7 @@ void lt_api_openai_files_create(lt_api_call_t *c) {
   const char *ct = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Content-Type");
   char boundary[80];
   if (!ct || strncasecmp(ct, "multipart/form-data", 19) != 0 ||
-      !header_param(ct, "boundary", boundary, sizeof boundary)) {
+      !lt_api_header_param(ct, "boundary", boundary, sizeof boundary)) {
     lt_api_reply_error(c->req, 400, "invalid", "file",
                        "send the file as multipart/form-data with the fields purpose and file");
     return;
@@ -115,13 +106,13 @@ void lt_api_openai_files_create(lt_api_call_t *c) {
   struct evbuffer *in = evhttp_request_get_input_buffer(c->req);
   size_t len = evbuffer_get_length(in);
   const char *body = (const char *)evbuffer_pullup(in, -1);
-  form_part_t parts[8];
+  lt_api_form_part_t parts[8];
   int n = 0;
-  if (!body || !form_parse(body, len, boundary, parts, 8, &n)) {
+  if (!body || !lt_api_form_parse(body, len, boundary, parts, 8, &n)) {
     lt_api_reply_error(c->req, 400, "invalid", "file", "the multipart/form-data body is malformed");
     return;
   }
-  const form_part_t *file = NULL, *purpose = NULL;
+  const lt_api_form_part_t *file = NULL, *purpose = NULL;
   for (int i = 0; i < n; i++) {
     if (strcmp(parts[i].name, "file") == 0) file = &parts[i];
     else if (strcmp(parts[i].name, "purpose") == 0) purpose = &parts[i];
@@ -218,15 +209,25 @@ json_t *lt_api_openai_job_json(lt_api_t *api, const lt_job_t *j) {
 
 /* ---------------------------------------------------------------- jobs: create */
 
+/* Sets field and msg (as lt_errf does) and answers false: the body is refused. */
+static bool refuse(char *field, size_t fn, const char *f, char *msg, size_t mn, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static bool refuse(char *field, size_t fn, const char *f, char *msg, size_t mn, const char *fmt, ...) {
+  snprintf(field, fn, "%s", f ? f : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, mn, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
 /* A number or "auto" (Lathe's default) for one of OpenAI's hyperparameters, into native hp. */
-static bool map_hp(lt_api_call_t *c, json_t *src, const char *from, json_t *dst, const char *to, double scale) {
+static bool map_hp(json_t *src, const char *from, json_t *dst, const char *to, double scale, char *field, size_t fn,
+                   char *msg, size_t mn) {
   json_t *v = json_object_get(src, from);
   if (!v || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)) return true;
-  if (!json_is_number(v)) {
-    lt_api_reply_error(c->req, 400, "invalid", "hyperparameters", "hyperparameters.%s: must be a number or \"auto\"",
-                       from);
-    return false;
-  }
+  if (!json_is_number(v))
+    return refuse(field, fn, "hyperparameters", msg, mn, "hyperparameters.%s: must be a number or \"auto\"", from);
   double d = json_number_value(v) * scale;
   json_object_set_new(dst, to, scale != 1.0 ? json_real(d) : json_incref(v));
   return true;
@@ -243,8 +244,8 @@ static const char *openai_field(const char *f) {
   return f;
 }
 
-/* OpenAI's create body as a native submission; NULL after replying 400. */
-static json_t *native_body(lt_api_call_t *c, json_t *b) {
+/* OpenAI's create body as a native submission; NULL with field and msg when it is refused. */
+static json_t *native_body(json_t *b, char *field, size_t fn, char *msg, size_t mn) {
   static const char *const known[] = {"model", "training_file", "validation_file", "hyperparameters", "suffix",
                                       "seed", "metadata", "method", "integrations"};
   const char *key;
@@ -253,40 +254,40 @@ static json_t *native_body(lt_api_call_t *c, json_t *b) {
     bool ok = false;
     for (size_t i = 0; i < sizeof known / sizeof *known && !ok; i++) ok = strcmp(key, known[i]) == 0;
     if (!ok) {
-      lt_api_reply_error(c->req, 400, "invalid", key, "%.60s: is not a known field", key);
+      refuse(field, fn, key, msg, mn, "%.60s: is not a known field", key);
       return NULL;
     }
   }
   json_t *integ = json_object_get(b, "integrations");
   if (json_array_size(integ) || (integ && !json_is_array(integ) && !json_is_null(integ))) {
-    lt_api_reply_error(c->req, 400, "invalid", "integrations", "integrations are not supported here");
+    refuse(field, fn, "integrations", msg, mn, "integrations are not supported here");
     return NULL;
   }
   json_t *src = json_object_get(b, "hyperparameters"), *method = json_object_get(b, "method");
   if (method) {
     const char *type = json_string_value(json_object_get(method, "type"));
     if (!type || strcmp(type, "supervised") != 0) {
-      lt_api_reply_error(c->req, 400, "invalid", "method.type", "method.type must be \"supervised\"");
+      refuse(field, fn, "method.type", msg, mn, "method.type must be \"supervised\"");
       return NULL;
     }
     json_t *m = json_object_get(json_object_get(method, "supervised"), "hyperparameters");
     if (m) src = m;
   }
   if (src && !json_is_object(src)) {
-    lt_api_reply_error(c->req, 400, "invalid", "hyperparameters", "hyperparameters must be an object");
+    refuse(field, fn, "hyperparameters", msg, mn, "hyperparameters must be an object");
     return NULL;
   }
   json_object_foreach(src, key, v) {
     if (strcmp(key, "n_epochs") && strcmp(key, "batch_size") && strcmp(key, "learning_rate_multiplier")) {
-      lt_api_reply_error(c->req, 400, "invalid", "hyperparameters",
-                         "hyperparameters.%.40s: is not known (n_epochs, batch_size, learning_rate_multiplier are)",
-                         key);
+      refuse(field, fn, "hyperparameters", msg, mn,
+             "hyperparameters.%.40s: is not known (n_epochs, batch_size, learning_rate_multiplier are)", key);
       return NULL;
     }
   }
   json_t *hp = json_object(), *n = json_object();
-  if (!map_hp(c, src, "n_epochs", hp, "epochs", 1.0) || !map_hp(c, src, "batch_size", hp, "batch_size", 1.0) ||
-      !map_hp(c, src, "learning_rate_multiplier", hp, "learning_rate", BASE_LR)) {
+  if (!map_hp(src, "n_epochs", hp, "epochs", 1.0, field, fn, msg, mn) ||
+      !map_hp(src, "batch_size", hp, "batch_size", 1.0, field, fn, msg, mn) ||
+      !map_hp(src, "learning_rate_multiplier", hp, "learning_rate", BASE_LR, field, fn, msg, mn)) {
     json_decref(hp);
     json_decref(n);
     return NULL;
@@ -302,33 +303,42 @@ static json_t *native_body(lt_api_call_t *c, json_t *b) {
   return n;
 }
 
+bool lt_api_openai_job_spec(const char *text, size_t len, lt_jobspec_t *spec, char *field, size_t fn, char *msg,
+                            size_t mn) {
+  json_error_t je;
+  json_t *b = json_loadb(text, len, 0, &je);
+  if (!json_is_object(b)) {
+    refuse(field, fn, NULL, msg, mn, "the body must be a JSON object (%s)", b ? "not an object" : je.text);
+    json_decref(b);
+    return false;
+  }
+  json_t *n = native_body(b, field, fn, msg, mn);
+  json_decref(b);
+  if (!n) return false;
+  char nf[96], nm[256];
+  lt_err_t err = lt_jobspec_from_json(n, spec, nf, sizeof nf, nm, sizeof nm);
+  json_decref(n);
+  if (err) {
+    const char *of = openai_field(nf);
+    /* the message starts with the native path: say it in OpenAI's words */
+    const char *rest = strncmp(nm, nf, strlen(nf)) == 0 ? nm + strlen(nf) : nm;
+    return refuse(field, fn, of, msg, mn, "%s%s", rest != nm ? of : "", rest);
+  }
+  return true;
+}
+
 /* POST /v1/fine_tuning/jobs: OpenAI's body mapped onto a job spec, then the one submission path
  * (lt_api_jobs_submit_spec): the same checks, record and answer-when-durable; OpenAI's job object. */
 void lt_api_openai_jobs_create(lt_api_call_t *c) {
   size_t len;
   char *text = lt_api_body_text(c->api, c->req, &len);
   if (!text) return;
-  json_error_t je;
-  json_t *b = json_loadb(text, len, 0, &je);
-  free(text);
-  if (!json_is_object(b)) {
-    lt_api_reply_error(c->req, 400, "invalid", NULL, "the body must be a JSON object (%s)",
-                       b ? "not an object" : je.text);
-    json_decref(b);
-    return;
-  }
-  json_t *n = native_body(c, b);
-  json_decref(b);
-  if (!n) return;
   lt_jobspec_t spec;
-  char field[96], msg[256];
-  lt_err_t err = lt_jobspec_from_json(n, &spec, field, sizeof field, msg, sizeof msg);
-  json_decref(n);
-  if (err) {
-    const char *of = openai_field(field);
-    /* the message starts with the native path: say it in OpenAI's words */
-    const char *rest = strncmp(msg, field, strlen(field)) == 0 ? msg + strlen(field) : msg;
-    lt_api_reply_error(c->req, 400, "invalid", of, "%s%s", rest != msg ? of : "", rest);
+  char field[LT_API_FIELD_MAX], msg[512];
+  bool ok = lt_api_openai_job_spec(text, len, &spec, field, sizeof field, msg, sizeof msg);
+  free(text);
+  if (!ok) {
+    lt_api_reply_error(c->req, 400, "invalid", field[0] ? field : NULL, "%s", msg);
     return;
   }
   if (lt_api_model_unserved(c->api, c->req, spec.base_model, "model")) return;

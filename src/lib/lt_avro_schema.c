@@ -132,6 +132,21 @@ static bool valid_name(const char *s) {
   return true;
 }
 
+/* A full name: names joined by dots ("lathe.JobRejected"). The namespace is checked as well as
+ * the last name: the canonical form writes full names unescaped (sb_str). */
+static bool valid_fullname(const char *s) {
+  char part[256];
+  for (const char *p = s;;) {
+    size_t n = strcspn(p, ".");
+    if (n == 0 || n >= sizeof part) return false;
+    memcpy(part, p, n);
+    part[n] = '\0';
+    if (!valid_name(part)) return false;
+    if (!p[n]) return true;
+    p += n + 1;
+  }
+}
+
 static lt_node *parse_fail(lt_parse *ps, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static lt_node *parse_fail(lt_parse *ps, const char *fmt, ...) {
@@ -180,7 +195,7 @@ static bool register_named(lt_parse *ps, lt_node *n, json_t *j, const char *ns, 
   if (!n->fullname) return parse_fail(ps, "out of memory"), false;
   const char *dot = strrchr(n->fullname, '.');
   n->name = dot ? dot + 1 : n->fullname;
-  if (!valid_name(n->name)) return parse_fail(ps, "%s: invalid name \"%s\"", where, name), false;
+  if (!valid_fullname(n->fullname)) return parse_fail(ps, "%s: invalid name \"%s\"", where, name), false;
   for (size_t i = 0; i < ps->nnamed; i++)
     if (strcmp(ps->named[i]->fullname, n->fullname) == 0)
       return parse_fail(ps, "%s: type %s defined twice", where, n->fullname), false;

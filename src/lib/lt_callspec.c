@@ -72,6 +72,12 @@ static void path_at(const char *text, size_t off, char *out, size_t n) {
   }
 }
 
+/* True when the len bytes of text hold word at offset at (text need not be NUL-terminated). */
+static bool word_at(const char *text, size_t len, size_t at, const char *word) {
+  size_t wl = strlen(word);
+  return at <= len && len - at >= wl && memcmp(text + at, word, wl) == 0;
+}
+
 json_t *lt_callspec_parse(const char *text, size_t len, char *field, size_t fs, char *errstr, size_t n) {
   json_error_t je;
   json_t *body = json_loadb(text, len, 0, &je);
@@ -79,11 +85,12 @@ json_t *lt_callspec_parse(const char *text, size_t len, char *field, size_t fs, 
   if (body) return body;
   /* jansson stops just after the token it refused: find where that token starts. */
   size_t end = je.position > 0 && (size_t)je.position <= len ? (size_t)je.position : 0, start = end;
-  while (start > 0 && (strchr("-+", text[start - 1]) || ((text[start - 1] | 32) >= 'a' && (text[start - 1] | 32) <= 'z')))
+  while (start > 0 && ((text[start - 1] && strchr("-+", text[start - 1])) ||
+                       ((text[start - 1] | 32) >= 'a' && (text[start - 1] | 32) <= 'z')))
     start--;
-  bool not_a_number = strncmp(text + start, "NaN", 3) == 0 || strncmp(text + start, "Infinity", 8) == 0 ||
-                      strncmp(text + start, "-Infinity", 9) == 0 || strncmp(text + start, "nan", 3) == 0 ||
-                      strncmp(text + start, "inf", 3) == 0 || strncmp(text + start, "-inf", 4) == 0;
+  static const char *const nans[] = {"NaN", "Infinity", "-Infinity", "nan", "inf", "-inf"};
+  bool not_a_number = false;
+  for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) not_a_number |= word_at(text, len, start, nans[i]);
   if (!not_a_number) {
     lt_errf(errstr, n, LT_ERR_INVALID, "the body is not valid JSON: %s at line %d column %d", je.text, je.line,
             je.column);

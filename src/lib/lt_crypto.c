@@ -878,6 +878,10 @@ lt_err_t lt_crypto_peek_key_id(const void *in_v, size_t in_len, char *key_id, si
   if (kl == 0 || kl > LT_CRYPTO_ID_MAX)
     return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "LTE1 header has a bad key id length %zu",
                    kl);
+  /* A key id is a C string: one with a NUL byte in it would come out shorter than the header
+   * says, and name another key. */
+  if (memchr(in + HDR_FIXED, 0, kl))
+    return lt_errf(errstr, errstr_size, LT_ERR_CORRUPT, "LTE1 header's key id holds a NUL byte");
   if (key_id_size < kl + 1)
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "key id buffer of %zu bytes is too small",
                    key_id_size);

@@ -249,15 +249,8 @@ static void end_line(lt_dataset_check_t *c) {
   c->line_too_long = false;
 }
 
-lt_err_t lt_dataset_check_feed(lt_dataset_check_t *c, const void *data, size_t len) {
-  if (c->r.over_quota) return LT_ERR_QUOTA;
-  if (c->lim.max_bytes && c->r.bytes + len > c->lim.max_bytes) {
-    c->r.over_quota = true;
-    add_error(c, 0, "", "the file is over the tenant's dataset quota of %llu bytes",
-              (unsigned long long)c->lim.max_bytes);
-    return LT_ERR_QUOTA;
-  }
-  c->r.bytes += len;
+/* Splits len bytes into lines and checks each line it completes. */
+static void feed_lines(lt_dataset_check_t *c, const void *data, size_t len) {
   const char *p = data, *end = p + len;
   while (p < end) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -274,6 +267,25 @@ lt_err_t lt_dataset_check_feed(lt_dataset_check_t *c, const void *data, size_t l
     end_line(c);
     p = nl + 1;
   }
+}
+
+lt_err_t lt_dataset_check_feed(lt_dataset_check_t *c, const void *data, size_t len) {
+  if (c->r.over_quota) return LT_ERR_QUOTA;
+  if (c->lim.max_bytes && c->r.bytes + len > c->lim.max_bytes) {
+    /* The bytes up to the quota are read first (their complete lines checked), so the report
+     * is the same however the body was cut into pieces; the quota error is kept even when the
+     * kept errors are full, since the API answers with it. */
+    size_t room = (size_t)(c->lim.max_bytes - c->r.bytes);
+    feed_lines(c, data, room);
+    c->r.bytes += room;
+    c->r.over_quota = true;
+    if (c->r.errors_kept == c->lim.max_errors) c->r.errors_kept--;
+    add_error(c, 0, "", "the file is over the tenant's dataset quota of %llu bytes",
+              (unsigned long long)c->lim.max_bytes);
+    return LT_ERR_QUOTA;
+  }
+  c->r.bytes += len;
+  feed_lines(c, data, len);
   return LT_OK;
 }
 

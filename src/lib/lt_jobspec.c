@@ -179,6 +179,18 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
                "must be up to 64 characters of A-Z a-z 0-9 . _ - (not starting with . or -)");
   if (s->nmeta < 0 || s->nmeta > LT_JOBSPEC_META_MAX)
     return bad(field, fs, "metadata", errstr, n, "%s", "has more than 16 keys");
+  /* What read_metadata (and JSON itself) ensures of a body, checked here for a record too: an
+   * upstream JobSubmitted's map may repeat a key or hold bytes that are not UTF-8, which no
+   * JSON view of the job could show. */
+  for (int i = 0; i < s->nmeta; i++) {
+    size_t kl = strnlen(s->meta[i].key, sizeof s->meta[i].key);
+    if (kl == 0 || kl > LT_JOBSPEC_META_KEY_MAX || !lt_utf8_valid(s->meta[i].key, kl, NULL) ||
+        !lt_utf8_valid(s->meta[i].value, strnlen(s->meta[i].value, sizeof s->meta[i].value), NULL))
+      return bad(field, fs, "metadata", errstr, n, "%s", "keys must be 1-64 bytes and values at most 512 of UTF-8");
+    for (int j = 0; j < i; j++)
+      if (strcmp(s->meta[i].key, s->meta[j].key) == 0)
+        return bad(field, fs, "metadata", errstr, n, "%s", "names a key twice");
+  }
   if ((unsigned)s->priority >= LT_CLASS__COUNT)
     return bad(field, fs, "priority", errstr, n, "%s", "must be production, standard or preemptible");
   if ((unsigned)s->mode > LT_MODE_INTERACTIVE)

@@ -43,8 +43,14 @@ AI v16f ldw(const void *w, int k, bool h) {
   return (v16f)(__builtin_convertvector(x, v16u) << 16);
 }
 
+/* Loads without calling ld16: clang refuses a call returning a 64-byte vector between functions
+ * of different targets, even one always inlined. */
 __attribute__((target("avx512f"))) AI v16f ldw_avx512(const void *w, int k, bool h) {
-  if (!h) return ld16((const float *)w + k);
+  if (!h) {
+    v16f v;
+    memcpy(&v, (const float *)w + k, sizeof v);
+    return v;
+  }
   __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k));
   return (v16f)_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
 }

@@ -319,6 +319,23 @@ def failure(lathed, env, tmp, key):
                 time.sleep(1)
         check(artifact_sha(base, key, "sessions", ref.id) == artifact_sha(base, key, "sessions", tc.id),
               "the restarted session ends with the uninterrupted one's adapter, byte for byte")
+        # An end acknowledged while its worker is being declared lost still ends the session: the
+        # new attempt runs it from the saved state (it used to fail it with session_restarted, and
+        # the session, which no client waits on after a 202, ran on for good).
+        workers["w3"] = Child("w3", [lathed, "--role", "worker"], dict(fast, LATHE_INSTANCE="w3"))
+        kids.append(workers["w3"])
+        te = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, dropout=0.1, seed=11)
+        loop(te, small[:2], 1e-2)
+        two = te.save_state("two").result(timeout=300)
+        a1 = te.state()["attempt"]
+        holder = next(w for w, c in workers.items() if f"started {te.id} attempt {a1} " in c.text())
+        workers[holder].p.kill()
+        te.end()                                              # recorded before the next attempt starts
+        final = te.wait_until(timeout=300)
+        check(final["state"] == "completed" and final["attempt"] > a1,
+              f"the end sent as its worker died ended the session on a later attempt ({final['state']}, attempt "
+              f"{final['attempt']}, was {a1})")
+        check(final["step"] == two.step, f"it ended from the saved state, at step {final['step']} (saved {two.step})")
     except BaseException:
         for c in kids:
             c.dump()

@@ -11,7 +11,8 @@
  *    fetches the named state (a checkpoint of this session only) into the attempt's private
  *    directory. When the attempt replaces one that was lost, every call recorded before this
  *    attempt began is failed instead, with session_restarted and the step the state resumed from:
- *    the lost attempt may have run some of them on a state that is gone.
+ *    the lost attempt may have run some of them on a state that is gone — except an end, which
+ *    ends the session from the state this attempt resumed.
  *  - the outbound thread takes the executor's "result" lines in order, seals each result body
  *    into the store (sessions/<tenant>/<job>/results/<seq>) and records PrimitiveCompleted in
  *    lathe.progress with acks=all.

@@ -210,6 +210,13 @@ def main():
         sched.wait_for(r"leading \(", 90)
         base = f"http://127.0.0.1:{port}"
         try:
+            deadline = time.time() + 120
+            while True:  # the API answers 503 "starting" until it has read the log (slower under ASan)
+                st, _ = get(f"{base}/v1/jobs", key)
+                if st != 503 or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            check(st == 200, f"api: ready for the tenant ({st})")
             job = submit(lathe, dict(env, LATHE_API_URL=base), key, tmp)
             wait_published(base, key, job)
             secret = "date: zz-ops-secret-" + secrets.token_hex(4)

@@ -29,6 +29,21 @@
 
 void openblas_set_num_threads(int num_threads);
 
+
+/* B rows of T random tokens and targets over the model's vocabulary (seed 1); the caller frees
+ * *tok and *tgt. */
+static lt_batch_t random_batch(const lt_model_config_t *c, int B, int T, int32_t **tok, int32_t **tgt) {
+  size_t n = (size_t)B * T;
+  *tok = malloc(n * sizeof(int32_t));
+  *tgt = malloc(n * sizeof(int32_t));
+  unsigned rs = 1;
+  for (size_t i = 0; i < n; i++) {
+    (*tok)[i] = (int32_t)(rand_r(&rs) % c->vocab_size);
+    (*tgt)[i] = (int32_t)(rand_r(&rs) % c->vocab_size);
+  }
+  return (lt_batch_t){.B = B, .T = T, .tokens = *tok, .targets = *tgt};
+}
+
 static double sgemm_gflops(int threads) {
   const int n = 2048;
   float *a = malloc((size_t)n * n * sizeof(float)), *b = malloc((size_t)n * n * sizeof(float)),
@@ -103,13 +118,8 @@ static int sweep_length(int threads, int steps, int layers, int B, int T) {
       _exit(1);
     }
     int N = B * T;
-    int32_t *tok = malloc((size_t)N * sizeof(int32_t)), *tgt = malloc((size_t)N * sizeof(int32_t));
-    unsigned rs = 1;
-    for (int i = 0; i < N; i++) {
-      tok[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
-      tgt[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
-    }
-    lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+    int32_t *tok, *tgt;
+    lt_batch_t b = random_batch(&c, B, T, &tok, &tgt);
     lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                       .weight_decay = 0.01f, .max_grad_norm = 1.0f};
     float loss = 0;
@@ -203,13 +213,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "engine: %s\n", err);
     return 1;
   }
-  int32_t *tok = malloc(B * T * sizeof(int32_t)), *tgt = malloc(B * T * sizeof(int32_t));
-  unsigned rs = 1;
-  for (int i = 0; i < B * T; i++) {
-    tok[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
-    tgt[i] = (int32_t)(rand_r(&rs) % c.vocab_size);
-  }
-  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  int32_t *tok, *tgt;
+  lt_batch_t b = random_batch(&c, B, T, &tok, &tgt);
   lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.01f, .max_grad_norm = 1.0f};
   float loss = 0;

@@ -492,3 +492,40 @@ Test(crypto, hex_constant_time_compare_and_random_ids) {
     for (int j = 0; j < i; j++) cr_assert_str_neq(ids[i], ids[j]);
   }
 }
+
+/* A derived data key depends on its parent and label only: the same inputs give the same key in any
+ * process (two publishers making one job's key agree), other labels or parents another one. */
+Test(crypto, derived_data_key_is_a_function_of_parent_and_label) {
+  uint8_t raw[LT_CRYPTO_KEY_BYTES], a[LT_CRYPTO_KEY_BYTES], b[LT_CRYPTO_KEY_BYTES], c[LT_CRYPTO_KEY_BYTES],
+      d[LT_CRYPTO_KEY_BYTES], p[LT_CRYPTO_KEY_BYTES];
+  memset(raw, 0x5a, sizeof raw);
+  lt_crypto_dek_t *parent, *parent2, *other, *k1, *k2, *k3, *k4;
+  cr_assert_eq(lt_crypto_dek_import(&parent, "tenant-a", "dek-1", raw, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_import(&parent2, "tenant-a", "dek-1", raw, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_generate(&other, "tenant-a", "dek-1", err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_derive(parent, "artifact\njob-1", "job-1", &k1, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_derive(parent2, "artifact\njob-1", "job-1", &k2, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_derive(parent, "artifact\njob-2", "job-1", &k3, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_derive(other, "artifact\njob-1", "job-1", &k4, err, sizeof err), LT_OK, "%s", err);
+  lt_crypto_dek_export(k1, a);
+  lt_crypto_dek_export(k2, b);
+  lt_crypto_dek_export(k3, c);
+  lt_crypto_dek_export(k4, d);
+  lt_crypto_dek_export(parent, p);
+  cr_assert(memcmp(a, b, sizeof a) == 0, "one parent and label gave two keys");
+  cr_assert(memcmp(a, c, sizeof a) != 0, "another label gave the same key");
+  cr_assert(memcmp(a, d, sizeof a) != 0, "another parent gave the same key");
+  cr_assert(memcmp(a, p, sizeof a) != 0, "the derived key is the parent's");
+  cr_assert_str_eq(lt_crypto_dek_tenant(k1), "tenant-a");
+  cr_assert_str_eq(lt_crypto_dek_key_id(k1), "job-1");
+  /* What one sealed the other opens. */
+  uint8_t sealed[256], out[256];
+  size_t slen, olen;
+  cr_assert_eq(lt_crypto_seal(k1, "o", 0, "hello", 5, sealed, sizeof sealed, &slen, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_open(k2, "o", sealed, slen, out, sizeof out, &olen, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(olen, 5);
+  cr_assert_eq(lt_crypto_dek_derive(parent, "", "job-1", &k3, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_eq(lt_crypto_dek_derive(parent, "x", "", &k3, err, sizeof err), LT_ERR_INVALID);
+  lt_crypto_dek_t *ds[] = {parent, parent2, other, k1, k2, k3, k4};
+  for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) lt_crypto_dek_destroy(ds[i]);
+}

@@ -720,3 +720,60 @@ Test(publisher, object_that_does_not_decrypt_is_never_promoted) {
   lt_publisher_artifact_key(key, sizeof key, tenant, "job-k", "adapter_model.safetensors");
   cr_assert(!object_exists(key), "no object is re-encrypted before the whole checkpoint verified");
 }
+
+/* Two publishers promote one completion at once (chaos seeds 2000 and 2001): each found no
+ * key.wrapped, made the job's key, sealed the artifacts and wrote key.wrapped; the last writes
+ * win. Replayed here in the order that broke it: the first publication lands, then the second
+ * publisher's key and artifacts overwrite it. Every artifact must still open under the stored key,
+ * which holds when both made the same key, whoever made it. */
+Test(publisher, two_publishers_making_one_jobs_key_at_once_agree_on_it) {
+  ckpt_t ck;
+  completed_job("job-race", 40, &ck);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 0);
+  cr_assert_eq(s.published, 1);
+  lt_crypto_dek_t *stored = job_dek("job-race"), *made = NULL;
+  cr_assert_eq(lt_publisher_artifact_dek(dek, "job-race", &made, err, sizeof err), LT_OK, "%s", err);
+  uint8_t a[LT_CRYPTO_KEY_BYTES], b[LT_CRYPTO_KEY_BYTES];
+  lt_crypto_dek_export(stored, a);
+  lt_crypto_dek_export(made, b);
+  cr_assert(memcmp(a, b, sizeof a) == 0, "the second publisher would make another key for the job");
+
+  /* The second publisher's writes: its wrapped key, then its artifacts, over the first's. */
+  char key[LT_STORE_KEY_MAX + 1];
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wl;
+  cr_assert_eq(lt_publisher_artifact_dek_key(key, sizeof key, tenant, "job-race"), LT_OK);
+  cr_assert_eq(lt_crypto_dek_wrap(kek, made, wrapped, sizeof wrapped, &wl, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_put(store, key, wrapped, wl, NULL, err, sizeof err), LT_OK, "%s", err);
+  const char *kv[6];
+  for (int i = 0; i < 6; i++) kv[i] = ck.keys[i];
+  lt_publisher_checkpoint_t c = {.tenant_id = tenant, .job_id = "job-race", .attempt = 1, .step = ck.step,
+                                 .object_keys = kv, .nkeys = 6, .sha256_hex = ck.sha256, .bytes = (uint64_t)ck.bytes,
+                                 .artifact_dek = made};
+  lt_publisher_promotion_t *pr = malloc(sizeof *pr);
+  cr_assert_eq(lt_publisher_promote(store, dek, &c, 1 << 26, pr, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(pr->n, 5);
+  free(pr);
+  lt_crypto_dek_destroy(made);
+  lt_crypto_dek_destroy(stored);
+
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-race");
+  cr_assert_eq(json_array_size(pubs), 1);
+  assert_publication(json_array_get(pubs, 0), "job-race", &ck); /* every object opens under key.wrapped */
+  json_decref(pubs);
+
+  /* Keys of other jobs, and of other tenants' keys, differ. */
+  lt_crypto_dek_t *other_job = NULL, *other_tenant = NULL, *tdek = NULL;
+  cr_assert_eq(lt_publisher_artifact_dek(dek, "job-race2", &other_job, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_dek_generate(&tdek, "tenant-other", "dek-1", err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_publisher_artifact_dek(tdek, "job-race", &other_tenant, err, sizeof err), LT_OK, "%s", err);
+  lt_crypto_dek_export(other_job, b);
+  cr_assert(memcmp(a, b, sizeof a) != 0, "two jobs share an artifact key");
+  lt_crypto_dek_export(other_tenant, b);
+  cr_assert(memcmp(a, b, sizeof a) != 0, "two tenants' jobs of one id share an artifact key");
+  cr_assert_str_eq(lt_crypto_dek_tenant(other_tenant), "tenant-other");
+  cr_assert_eq(lt_publisher_artifact_dek(dek, "../x", &other_job, err, sizeof err), LT_ERR_INVALID);
+  lt_crypto_dek_destroy(other_job);
+  lt_crypto_dek_destroy(other_tenant);
+  lt_crypto_dek_destroy(tdek);
+}

@@ -558,10 +558,21 @@ static const char *jstr(json_t *o, const char *k) {
   return s ? s : "";
 }
 
+lt_err_t lt_publisher_artifact_dek(const lt_crypto_dek_t *tenant_dek, const char *job, lt_crypto_dek_t **out,
+                                   char *errstr, size_t n) {
+  char label[LT_ID_MAX + 32];
+  if (!component_ok(job) || strlen(job) > LT_ID_MAX)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "job id '%.80s' cannot name an artifact key", job ? job : "");
+  snprintf(label, sizeof label, "lathe artifact key\n%s", job);
+  return lt_crypto_dek_derive(tenant_dek, label, job, out, errstr, n);
+}
+
 /* The job's artifact key: unwrapped from its key.wrapped, or made and stored there first (before
- * any artifact is sealed with it). *out is the caller's. */
-static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, lt_crypto_dek_t **out, char *why,
-                        size_t n) {
+ * any artifact is sealed with it). Made, it is derived (lt_publisher_artifact_dek), never drawn at
+ * random: two publishers that promote one completion at once both write key.wrapped and the last
+ * write wins, so both must have sealed their artifacts under the same key. *out is the caller's. */
+static lt_err_t job_dek(lt_publisher_t *p, const lt_crypto_dek_t *tenant_dek, const char *tenant, const char *job,
+                        lt_crypto_dek_t **out, char *why, size_t n) {
   char key[LT_STORE_KEY_MAX + 1];
   lt_err_t err = lt_publisher_artifact_dek_key(key, sizeof key, tenant, job);
   void *blob = NULL;
@@ -571,7 +582,7 @@ static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, 
   free(blob);
   if (err != LT_ERR_NOT_FOUND) return err;
   uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
-  err = lt_crypto_dek_generate(out, tenant, job, why, n);
+  err = lt_publisher_artifact_dek(tenant_dek, job, out, why, n);
   if (!err) err = lt_crypto_dek_wrap(p->conf.kek, *out, wrapped, sizeof wrapped, &len, why, n);
   if (!err) err = lt_store_put(p->conf.store, key, wrapped, len, NULL, why, n);
   if (err) {
@@ -639,7 +650,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
                                  .sha256_hex = jstr(ck, "sha256"),
                                  .bytes = (uint64_t)json_integer_value(json_object_get(ck, "bytes"))};
   lt_crypto_dek_t *adek = NULL;
-  if ((err = job_dek(p, j->tenant_id, j->job_id, &adek, why, sizeof why)))
+  if ((err = job_dek(p, dek, j->tenant_id, j->job_id, &adek, why, sizeof why)))
     return lt_store_err_retriable(err) ? retry(p, t, err, why) : reject(p, t, err, why);
   c.artifact_dek = adek;
   lt_publisher_promotion_t *pr = malloc(sizeof *pr);

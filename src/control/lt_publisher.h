@@ -83,7 +83,10 @@
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is
- * written, and reused by a repeated promotion. DELETE /v1/jobs/{id} removes it first: what is
+ * written, and reused by a repeated promotion. The key is derived from the tenant's key and the
+ * job id (lt_publisher_artifact_dek), not drawn at random: two publishers that promote one
+ * completion at once each write key.wrapped and artifacts, the last writes win, and every object
+ * still opens under the stored key. DELETE /v1/jobs/{id} removes it first: what is
  * left of the artifacts anywhere then decrypts no more (crypto-shred). A deleted job is never
  * promoted. Only staging/ of
  * tenants in lathe.tenants is ever listed or deleted.
@@ -191,6 +194,11 @@ typedef struct lt_publisher_checkpoint {
   uint64_t bytes;                 /* stored bytes in all */
   const lt_crypto_dek_t *artifact_dek; /* seals the artifacts (the job's own key); NULL: dek */
 } lt_publisher_checkpoint_t;
+
+/* The artifact key of tenant_dek's job `job`: HKDF of the tenant's key and the job id, key id the
+ * job id; the same inputs give the same key in every process. *out is the caller's. */
+lt_err_t lt_publisher_artifact_dek(const lt_crypto_dek_t *tenant_dek, const char *job, lt_crypto_dek_t **out,
+                                   char *errstr, size_t n);
 
 /* The key of a job's artifact key, wrapped by the master key: deleting it shreds the artifacts. */
 lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job);

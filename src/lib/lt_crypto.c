@@ -261,14 +261,13 @@ lt_err_t lt_crypto_kek_from_env(lt_crypto_kek_t **out, char *errstr, size_t errs
   return e;
 }
 
-lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uint8_t *out, size_t len,
-                              char *errstr, size_t errstr_size) {
-  if (!kek || !label || !*label || !out || len == 0 || len > 64)
-    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "lt_crypto_kek_derive: want a label and 1..64 bytes");
+/* HKDF-SHA256(key, info = label) into out (1..64 bytes). */
+static lt_err_t hkdf(const uint8_t key[LT_CRYPTO_KEY_BYTES], const char *label, uint8_t *out, size_t len,
+                     char *errstr, size_t errstr_size) {
   EVP_KDF *kdf = EVP_KDF_fetch(NULL, "HKDF", NULL);
   EVP_KDF_CTX *k = kdf ? EVP_KDF_CTX_new(kdf) : NULL;
   OSSL_PARAM p[] = {OSSL_PARAM_construct_utf8_string(OSSL_KDF_PARAM_DIGEST, (char *)"SHA256", 0),
-                    OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)kek->key, sizeof kek->key),
+                    OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_KEY, (void *)key, LT_CRYPTO_KEY_BYTES),
                     OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_INFO, (void *)label, strlen(label)),
                     OSSL_PARAM_construct_end()};
   int ok = k && EVP_KDF_derive(k, out, len, p) == 1;
@@ -276,6 +275,13 @@ lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uin
   EVP_KDF_free(kdf);
   if (!ok) return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "HKDF derivation failed");
   return LT_OK;
+}
+
+lt_err_t lt_crypto_kek_derive(const lt_crypto_kek_t *kek, const char *label, uint8_t *out, size_t len,
+                              char *errstr, size_t errstr_size) {
+  if (!kek || !label || !*label || !out || len == 0 || len > 64)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "lt_crypto_kek_derive: want a label and 1..64 bytes");
+  return hkdf(kek->key, label, out, len, errstr, errstr_size);
 }
 
 const char *lt_crypto_kek_id(const lt_crypto_kek_t *kek) { return kek->id; }
@@ -312,6 +318,17 @@ lt_err_t lt_crypto_dek_generate(lt_crypto_dek_t **out, const char *tenant, const
   if (lt_crypto_random(key, sizeof key))
     return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "RAND_bytes failed for a data key");
   lt_err_t e = lt_crypto_dek_import(out, tenant, key_id, key, errstr, errstr_size);
+  OPENSSL_cleanse(key, sizeof key);
+  return e;
+}
+
+lt_err_t lt_crypto_dek_derive(const lt_crypto_dek_t *parent, const char *label, const char *key_id,
+                              lt_crypto_dek_t **out, char *errstr, size_t errstr_size) {
+  if (!parent || !label || !*label || !out)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "lt_crypto_dek_derive: want a parent key and a label");
+  uint8_t key[LT_CRYPTO_KEY_BYTES];
+  lt_err_t e = hkdf(parent->key, label, key, sizeof key, errstr, errstr_size);
+  if (!e) e = lt_crypto_dek_import(out, parent->tenant, key_id, key, errstr, errstr_size);
   OPENSSL_cleanse(key, sizeof key);
   return e;
 }

@@ -85,6 +85,12 @@ lt_err_t lt_crypto_dek_import(lt_crypto_dek_t **out, const char *tenant, const c
                               const uint8_t key[LT_CRYPTO_KEY_BYTES], char *errstr,
                               size_t errstr_size);
 
+/* A DEK derived from another: HKDF-SHA256(parent, info = label), for parent's tenant, named
+ * key_id. The same parent and label always give the same key, so two processes that make "the"
+ * key of one thing at once make the same one (the publisher's artifact keys). */
+lt_err_t lt_crypto_dek_derive(const lt_crypto_dek_t *parent, const char *label, const char *key_id,
+                              lt_crypto_dek_t **out, char *errstr, size_t errstr_size);
+
 /* Wraps `dek` under `kek` into out (capacity LT_CRYPTO_WRAPPED_MAX is always enough); the blob
  * binds dek's tenant and key id. *out_len receives the blob length. */
 lt_err_t lt_crypto_dek_wrap(const lt_crypto_kek_t *kek, const lt_crypto_dek_t *dek, uint8_t *out,

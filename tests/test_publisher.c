@@ -578,17 +578,24 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert_eq(lt_avro_set_string(rec, "code", "executor_failed"), LT_OK);
   cr_assert_eq(lt_avro_set_string(rec, "reason", "test"), LT_OK);
   send_rec(rec, topic_control, "job-x");
-  char orphan[LT_STORE_KEY_MAX + 1];
-  cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
+  /* An upload of step 15 was never committed (step 20 was): garbage. One of step 30 may be a
+   * checkpoint whose commit is late (a worker partitioned between upload and commit): kept. */
+  char orphan[LT_STORE_KEY_MAX + 1], pending[LT_STORE_KEY_MAX + 1];
+  cr_assert_eq(lt_publisher_staging_key(orphan, sizeof orphan, tenant, "job-g", 1, 15, "state.bin"), LT_OK);
   cr_assert_eq(lt_sealed_put(store, dek, orphan, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
-  /* A training session's call bodies and results: kept while it lives, collected after its end
-   * (and a job nobody knows has none to keep). */
+  cr_assert_eq(lt_publisher_staging_key(pending, sizeof pending, tenant, "job-g", 1, 30, "state.bin"), LT_OK);
+  cr_assert_eq(lt_sealed_put(store, dek, pending, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  /* A training session's call bodies and results: kept while it lives, collected after its end.
+   * Objects of a job this publisher has not folded yet (its records are on their way: a publisher
+   * lagging on lathe.jobs deleted a published job's final checkpoint, chaos seed 2001): kept. */
   char live_call[LT_STORE_KEY_MAX + 1], dead_result[LT_STORE_KEY_MAX + 1], stray[LT_STORE_KEY_MAX + 1];
   snprintf(live_call, sizeof live_call, "sessions/%s/job-g/calls/c1", tenant);
   snprintf(dead_result, sizeof dead_result, "sessions/%s/job-x/results/1", tenant);
   snprintf(stray, sizeof stray, "sessions/%s/job-nobody/calls/c9", tenant);
-  const char *session_keys[3] = {live_call, dead_result, stray};
-  for (int i = 0; i < 3; i++)
+  char unfolded[LT_STORE_KEY_MAX + 1];
+  cr_assert_eq(lt_publisher_staging_key(unfolded, sizeof unfolded, tenant, "job-nobody", 1, 40, "state.bin"), LT_OK);
+  const char *session_keys[4] = {live_call, dead_result, stray, unfolded};
+  for (int i = 0; i < 4; i++)
     cr_assert_eq(lt_sealed_put(store, dek, session_keys[i], "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
 
   keep_checkpoints = -1; /* only the newest commit is kept: the superseded one is garbage */
@@ -602,13 +609,15 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
   lt_publisher_destroy(p);
   cr_assert(!object_exists(orphan), "the orphan is collected");
+  cr_assert(object_exists(pending), "an upload newer than the running job's newest commit is kept");
   for (int i = 0; i < live.n; i++) cr_assert(object_exists(live.keys[i]), "%s is kept", live.keys[i]);
   for (int i = 0; i < old.n; i++) cr_assert(!object_exists(old.keys[i]), "superseded %s is collected", old.keys[i]);
   for (int i = 0; i < dead.n; i++) cr_assert(!object_exists(dead.keys[i]), "failed job's %s is collected", dead.keys[i]);
   cr_assert(object_exists(live_call), "a running session's call body is kept");
   cr_assert(!object_exists(dead_result), "an ended session's result is collected after the grace period");
-  cr_assert(!object_exists(stray), "a session object of no known job is collected");
-  cr_assert_eq(deleted, 3 + (uint64_t)old.n + (uint64_t)dead.n);
+  cr_assert(object_exists(stray), "a session object of a job not folded yet is kept");
+  cr_assert(object_exists(unfolded), "a staging object of a job not folded yet is kept");
+  cr_assert_eq(deleted, 2 + (uint64_t)old.n + (uint64_t)dead.n);
 }
 
 /* Retention (lt_publisher.h): at completion a job keeps its final checkpoint and the newest

@@ -74,12 +74,15 @@
  *
  * Garbage collection (every gc_interval_ms once caught up): for every known tenant, staging
  * objects under staging/<tenant>/ older than the grace period are deleted unless retention keeps
- * them for a job that is not terminal or is COMPLETED. Cancelled, failed and rejected jobs lose
+ * them for a job that is not terminal or is COMPLETED, or they are a live job's current attempt's
+ * past its newest commit folded (the commit of an upload can come late). Cancelled, failed and rejected jobs lose
  * all their staging objects once both the object and the job's end are older than the grace
  * period; a deleted job (JobDeleted) loses them whatever its state. A training session's call
  * bodies and results (sessions/<tenant>/<job>/) are kept while it is not terminal and for the
- * grace period after its end (the customer reads results for that long), then deleted, as is such
- * an object of a job the projection does not know.
+ * grace period after its end (the customer reads results for that long), then deleted. An object
+ * of a job the projection does not know is kept: only a dispatched job has staging objects and
+ * only a known session gets calls, so the job's records are still on their way to this publisher
+ * (it lags on one topic: deleting there lost a published job's final checkpoint, chaos seed 2001).
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is

@@ -4,6 +4,7 @@
  * to each backend: path safety of the directory store, retries against a closed port, refused
  * credentials. */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -641,4 +642,28 @@ Test(store_s3, configuration_errors_name_the_field_or_variable) {
   cr_assert(strstr(err, "LATHE_S3_") != NULL, "%s", err);
   if (saved) setenv("LATHE_S3_BUCKET", saved, 1);
   free(saved);
+}
+
+/* libs3 dates each request with gmtime(); lt_store_s3.c gives it a buffer per thread (glibc's is
+ * one for the process, and threads signing at once tore each other's Date). The gmtime that
+ * libs3 binds to is the process's first definition: this one, per thread. */
+static void *gmtime_in_thread(void *arg) {
+  time_t t = *(time_t *)arg;
+  struct tm *(*fn)(const time_t *);
+  void *sym = dlsym(RTLD_DEFAULT, "gmtime");
+  memcpy(&fn, &sym, sizeof fn);
+  return fn(&t);
+}
+
+Test(store_s3, gmtime_as_libs3_binds_it_keeps_one_buffer_per_thread) {
+  time_t a = 0, b = 86400 * 365;
+  struct tm *mine = gmtime(&b);
+  pthread_t ta;
+  void *ra;
+  pthread_create(&ta, NULL, gmtime_in_thread, &a);
+  pthread_join(ta, &ra);
+  cr_assert_neq(ra, (void *)mine, "another thread got this thread's gmtime buffer (glibc's static one)");
+  cr_assert_eq(mine->tm_year, 71, "another thread's gmtime changed this one's: year %d", mine->tm_year + 1900);
+  void *self = dlsym(RTLD_DEFAULT, "gmtime"), *libc = dlsym(RTLD_NEXT, "gmtime");
+  cr_assert_neq(self, libc, "libs3's gmtime binds to glibc's");
 }

@@ -23,16 +23,21 @@
 
 extern char **environ;
 
-/* An AddressSanitizer build maps its shadow memory (terabytes of address space, private and
- * writable) before main, so every RLIMIT_DATA is already exceeded and the next allocation of
- * the executor fails; such a build applies no data limit and says so in the report. */
+/* An AddressSanitizer or ThreadSanitizer build maps its shadow memory (terabytes of address
+ * space, private and writable) before main, so every RLIMIT_DATA is already exceeded and the next
+ * allocation of the executor fails; such a build applies no data limit and says so in the report. */
 #if defined(__SANITIZE_ADDRESS__)
 static const bool asan_build = true;
 #else
 static const bool asan_build = false;
 #endif
+#if defined(__SANITIZE_THREAD__)
+static const bool tsan_build = true;
+#else
+static const bool tsan_build = false;
+#endif
 
-bool lt_confine_data_limit_applies(void) { return !asan_build; }
+bool lt_confine_data_limit_applies(void) { return !asan_build && !tsan_build; }
 
 /* ---------------------------------------------------------------- the worker's side */
 
@@ -187,8 +192,9 @@ static lt_err_t limit(int resource, const char *name, uint64_t value, char *errs
 /* Step 3. */
 static lt_err_t limits(const lt_confine_conf_t *c, char *report, size_t rs, char *errstr, size_t n) {
   lt_err_t err = limit(RLIMIT_CORE, "RLIMIT_CORE", 0, errstr, n);
-  if (!err && c->data_bytes && asan_build)
-    note(report, rs, "no RLIMIT_DATA (an AddressSanitizer build: its shadow memory exceeds any limit)");
+  if (!err && c->data_bytes && !lt_confine_data_limit_applies())
+    note(report, rs, asan_build ? "no RLIMIT_DATA (an AddressSanitizer build: its shadow memory exceeds any limit)"
+                                : "no RLIMIT_DATA (a ThreadSanitizer build: its shadow memory exceeds any limit)");
   else if (!err && c->data_bytes)
     err = limit(RLIMIT_DATA, "RLIMIT_DATA", c->data_bytes, errstr, n);
   if (!err && c->nofile) err = limit(RLIMIT_NOFILE, "RLIMIT_NOFILE", c->nofile, errstr, n);

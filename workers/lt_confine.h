@@ -69,8 +69,8 @@ typedef struct lt_confine_conf {
  * user. */
 lt_err_t lt_confine_conf_from_env(lt_confine_conf_t *c, int slots, char *errstr, size_t errstr_size);
 
-/* Whether lt_confine_apply() sets RLIMIT_DATA: false in an AddressSanitizer build (the report
- * says so). */
+/* Whether lt_confine_apply() sets RLIMIT_DATA: false in an AddressSanitizer or ThreadSanitizer
+ * build (the report says so). */
 bool lt_confine_data_limit_applies(void);
 
 /* The executor's environment: the allowed variables of environ (locale, TZ, PATH, OPENBLAS_*,

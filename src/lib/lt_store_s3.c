@@ -28,6 +28,16 @@
 
 #include "lt_crypto.h"
 
+/* libs3 2.0 dates every request with gmtime(), whose result is one static buffer for the whole
+ * process: two threads signing requests at once (a worker's checkpoint uploader and its session
+ * threads) can each read the other's half-written date, and the store refuses a request whose
+ * Date is off (ThreadSanitizer saw the race in a chaos run). Defined here, in the executable,
+ * gmtime is where libs3's call binds; this one keeps a buffer per thread, as POSIX allows. */
+struct tm *gmtime(const time_t *t) {
+  static __thread struct tm buf;
+  return gmtime_r(t, &buf);
+}
+
 #define MIN_PART (5u * 1024 * 1024)
 #define DEFAULT_PART (8u * 1024 * 1024)
 #define BACKOFF_CAP_MS 5000

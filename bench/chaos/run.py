@@ -317,8 +317,11 @@ class Run:
             self.netns = f"lch{self.tag}"[:15]
             subprocess.run(["ip", "netns", "add", self.netns], check=True)
             subprocess.run(["ip", "netns", "exec", self.netns, "ip", "link", "set", "lo", "up"], check=True)
-            ports = [os.environ.get("LATHE_KAFKA_BOOTSTRAP", "127.0.0.1:9092").split(":")[-1],
-                     os.environ.get("LATHE_S3_ENDPOINT", "127.0.0.1:9000").split(":")[-1]]
+            # every broker (a cluster's bootstrap names each) and the store: a worker that
+            # reached only one broker would heartbeat and never see its dispatches
+            brokers = os.environ.get("LATHE_KAFKA_BOOTSTRAP", "127.0.0.1:9092").split(",")
+            ports = [b.strip().rsplit(":", 1)[-1] for b in brokers if b.strip()] + \
+                [os.environ.get("LATHE_S3_ENDPOINT", "127.0.0.1:9000").rsplit(":", 1)[-1]]
             self.proxy = subprocess.Popen([sys.executable, os.path.join(HERE, "proxy.py"), self.netns, *ports],
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if "ready" not in self.proxy.stdout.readline():

@@ -1468,3 +1468,41 @@ Test(sched, backfill_needs_the_end_it_waits_on_bounded) {
 Test(sched, backfill_never_takes_slots_held_for_production) {
   backfill_refused(LT_CLASS_PRODUCTION, 1000);
 }
+
+/* A cordoned worker (a dispatch to it was not started in time: lt_scheduler) gets no new job and is
+ * never preempted for one; what runs there stays; lifting the cordon gives it work again. */
+Test(sched, a_cordoned_worker_takes_no_new_work_and_keeps_what_runs) {
+  lt_sched_t *s = fleet((fleet_t){.preempt = 10, .weights = {1}, .workers = 2, .slots = 1, .cache = 1});
+  job(s, 1, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  uint64_t busy = d[0].worker_id, other = busy == 1 ? 2 : 1;
+  cr_assert_eq(lt_sched_worker_cordon(s, other, true), LT_OK);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 2, d, 8), 0, "a job went to the cordoned worker");
+  /* production waits past the preemption bound: the preemptible job on the open worker goes,
+   * nothing of the cordoned one is touched */
+  cr_assert_eq(lt_sched_worker_cordon(s, busy, true), LT_OK);
+  job(s, 3, 1, LT_CLASS_PRODUCTION, 1, LT_SCHED_NO_MODEL, 3);
+  cr_assert_eq(lt_sched_decide(s, 20, d, 8), 0, "preemption on a cordoned worker");
+  cr_assert_eq(lt_sched_worker_cordon(s, busy, false), LT_OK);
+  size_t n = lt_sched_decide(s, 21, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert_eq(d[0].action, LT_SCHED_PREEMPT, "the lifted worker's preemptible job makes room");
+  cr_assert_eq(d[0].job_id, 1);
+  cr_assert_eq(lt_sched_worker_cordon(s, other, false), LT_OK);
+  n = lt_sched_decide(s, 22, d, 8);
+  cr_assert_eq(n, 1, "the lifted worker takes a job again");
+  cr_assert_eq(d[0].action, LT_SCHED_DISPATCH);
+  cr_assert_eq(d[0].worker_id, other);
+  cr_assert_eq(d[0].job_id, 3, "production first");
+  cr_assert_eq(lt_sched_worker_cordon(s, 99, true), LT_ERR_NOT_FOUND);
+  /* a worker that goes down and comes up again is not cordoned */
+  cr_assert_eq(lt_sched_worker_cordon(s, other, true), LT_OK);
+  cr_assert_eq(lt_sched_worker_down(s, other, 30), LT_OK);
+  worker(s, other, 1, 1);
+  n = lt_sched_decide(s, 31, d, 8);
+  cr_assert(n >= 1 && d[0].action == LT_SCHED_DISPATCH && d[0].worker_id == other,
+            "a worker that came back is still cordoned");
+  lt_sched_destroy(s);
+}

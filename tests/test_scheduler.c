@@ -447,6 +447,35 @@ Test(scheduler, a_dispatch_not_started_in_time_is_dispatched_again_as_attempt_2)
   lt_scheduler_destroy(s);
 }
 
+/* A worker that heartbeats but does not start what it is given (cut from the broker its dispatch
+ * partition leads on: chaos seed 6104 redispatched one job to it 20 times) gets no new work for a
+ * while: the redispatch goes to another worker. */
+Test(scheduler, a_worker_that_does_not_start_its_dispatch_gets_no_redispatch) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 1);
+  heartbeat("w2", 1);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .start_timeout_ms = 1500};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-deaf", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobDispatched", "job-deaf", "control", 1, 20000));
+  const char *first = json_string_value(json_object_get(find_seen("JobDispatched", "job-deaf", "control", 0), "worker_id"));
+  cr_assert_not_null(first);
+  char deaf[16];
+  snprintf(deaf, sizeof deaf, "%s", first);
+  for (int i = 0; i < 20; i++) { /* both stay alive: heartbeats go on */
+    heartbeat("w1", 1);
+    heartbeat("w2", 1);
+    if (wait_for("JobDispatched", "job-deaf", "control", 2, 500)) break;
+  }
+  json_t *second = find_seen("JobDispatched", "job-deaf", "control", 1);
+  cr_assert_not_null(second, "not dispatched again");
+  cr_assert_eq(json_integer_value(json_object_get(second, "attempt")), 2);
+  cr_assert_str_neq(json_string_value(json_object_get(second, "worker_id")), deaf,
+                    "the redispatch went back to the worker that did not start it");
+  lt_scheduler_destroy(s);
+}
+
 Test(scheduler, a_started_attempt_whose_lease_expires_is_stopped_lost_then_requeued) {
   put_tenant("acme", 0);
   heartbeat("w1", 1);

@@ -294,6 +294,7 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *in, char *er
   wk->free_slots = in->slots;
   sched_group_join(s, w, in->node_group);
   wk->up = true;
+  wk->cordoned = false;
   sched_group_free(s, w, in->slots);
   s->groups[wk->group].slots += in->slots;
   bm_set(free_bm(s, in->slots), w);
@@ -321,6 +322,15 @@ lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint
     wk->lru[wk->nmodels++] = ++s->tick;
     bm_set(model_bm(s, models[i]), w);
   }
+  assert(sched_ok(s));
+  return LT_OK;
+}
+
+lt_err_t lt_sched_worker_cordon(lt_sched_t *s, uint64_t worker_id, bool on) {
+  uint32_t w = worker_find(s, worker_id);
+  if (w == NIL || !s->workers[w].up) return LT_ERR_NOT_FOUND;
+  s->workers[w].cordoned = on;
+  if (on) sched_unreserve(s, w); /* a gang waiting for it looks elsewhere */
   assert(sched_ok(s));
   return LT_OK;
 }

@@ -197,6 +197,11 @@ lt_err_t lt_sched_worker_up(lt_sched_t *s, const lt_sched_worker_t *worker, char
 /* A heartbeat: the models it holds now (replacing what the scheduler assumed). */
 lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint32_t *models,
                                    size_t n_models, char *errstr, size_t errstr_size);
+/* Cordons an up worker (on) or lifts it: a cordoned worker gets no new job, no reservation and
+ * no preemption for another job's sake; what runs there keeps running and is accounted as
+ * before. Coming up again (lt_sched_worker_up after down) lifts it. LT_ERR_NOT_FOUND for a worker
+ * that is not up. The caller decides again after a lift. */
+lt_err_t lt_sched_worker_cordon(lt_sched_t *s, uint64_t worker_id, bool on);
 /* A worker is gone (lease expired): its running jobs go back to their queues (new attempt); a
  * multi-worker gang with a part on it goes back whole, its parts on other workers freed. A
  * worker that comes back up with another node_group moves to that group. */

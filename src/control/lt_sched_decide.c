@@ -197,7 +197,7 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *ou
   uint32_t best = NIL, best_cost = UINT32_MAX;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     const worker_t *wk = &s->workers[w];
-    if (!wk->up || wk->reserved_job != NIL || wk->slots < j->gpus) continue;
+    if (!wk->up || wk->cordoned || wk->reserved_job != NIL || wk->slots < j->gpus) continue;
     if (wk->free_slots + wk->preempt_slots < j->gpus || wk->mem_free + wk->preempt_mem < j->mem)
       continue;
     /* run lists are newest first; count how many preemptible jobs must go */
@@ -239,7 +239,7 @@ static void starve_reserve(lt_sched_t *s, uint32_t jx) {
   uint32_t best = NIL;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     const worker_t *wk = &s->workers[w];
-    if (!wk->up || wk->reserved_job != NIL || wk->slots < j->gpus || wk->mem_total < j->mem)
+    if (!wk->up || wk->cordoned || wk->reserved_job != NIL || wk->slots < j->gpus || wk->mem_total < j->mem)
       continue;
     if (best == NIL || wk->free_slots > s->workers[best].free_slots) best = w;
   }

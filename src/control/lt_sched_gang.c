@@ -142,7 +142,7 @@ static bool gang_target(lt_sched_t *s, uint32_t jx, bool prod, placement_t *pl) 
     uint32_t n = 0;
     for (uint32_t w = gr->head; w != NIL; w = s->workers[w].gnext) {
       const worker_t *wk = &s->workers[w];
-      if (!wk->up || wk->reserved_job != NIL) continue;
+      if (!wk->up || wk->cordoned || wk->reserved_job != NIL) continue;
       uint32_t f = prod ? wk->free_slots + wk->preempt_slots : wk->free_slots;
       s->gang_key[n++] = (uint64_t)(LT_SCHED_MAX_WORKER_SLOTS - f) << 32 | w;
     }

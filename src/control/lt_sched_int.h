@@ -117,6 +117,7 @@ typedef struct worker {
   uint32_t hnext;
   uint32_t group, gnext; /* its node group (index) and the group's next worker */
   bool up;
+  bool cordoned; /* takes no new work, keeps what runs (lt_sched_worker_cordon) */
 } worker_t;
 
 /* A node group (lt_sched_worker_t.node_group): the workers that may host one gang together. */
@@ -234,9 +235,10 @@ bool sched_backfill_ok(const lt_sched_t *s, const worker_t *wk, uint32_t jx);
 /* A job's run-time bound: its own (limit) and its tenant's max duration, the lower; 0: none. */
 double sched_job_bound(const lt_sched_t *s, const job_t *j);
 
-/* Whether job jx may use worker wk's free slots: the worker is not reserved, or reserved for
- * jx, or (Lathe) reserved for a job of a lower class or jx backfills (sched_backfill_ok). */
+/* Whether job jx may use worker wk's free slots: the worker is not cordoned and not reserved, or
+ * reserved for jx, or (Lathe) reserved for a job of a lower class or jx backfills (sched_backfill_ok). */
 static inline bool sched_may_use(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
+  if (wk->cordoned) return false;
   uint32_t r = wk->reserved_job;
   if (r == NIL || r == jx) return true;
   if (s->cfg.policy != LT_SCHED_POLICY_LATHE) return false;

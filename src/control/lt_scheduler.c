@@ -228,6 +228,10 @@ static void fold_job(lt_scheduler_t *s, const lt_proj_result_t *res) {
   case LT_EV_ATTEMPT_STARTED:
     if (lt_avro_get_long(rec, "lease_deadline", &v) == LT_OK && v > sd->lease_deadline_ms) sd->lease_deadline_ms = v;
     if (s->sched && sd->sched_running) lt_sched_job_started(s->sched, idx + 1, s->now_s);
+    if (s->sched) {
+      const lt_job_t *sj = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
+      if (sj && sj->worker_id[0]) scheduler_worker_started(s, sj->worker_id);
+    }
     break;
   case LT_EV_CANCEL_REQUESTED:
     copy_field(rec, "event_id", sd->cancel_event_id, sizeof sd->cancel_event_id);

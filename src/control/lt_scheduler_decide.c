@@ -279,6 +279,37 @@ static void worker_bring_up(lt_scheduler_t *s, size_t w) {
   worker_models(s, w);
 }
 
+static worker_t *worker_find(lt_scheduler_t *s, const char *id, size_t *w) {
+  size_t pos = (uintptr_t)lt_map_get(s->worker_idx, id);
+  if (!pos) return NULL;
+  *w = pos - 1;
+  return &s->workers[pos - 1];
+}
+
+void scheduler_worker_missed_start(lt_scheduler_t *s, const char *worker_id, int64_t now_ms) {
+  size_t w;
+  worker_t *wk = worker_find(s, worker_id, &w);
+  if (!wk) return;
+  int shift = wk->missed_starts < 3 ? wk->missed_starts : 3;
+  wk->missed_starts++;
+  wk->cordon_until_ms = now_ms + ((int64_t)s->conf.start_timeout_ms << shift);
+  if (wk->up) lt_sched_worker_cordon(s->sched, w + 1, true);
+  lt_log_warn("scheduler", "worker %s: %d dispatch(es) in a row not started in %lld ms: no new work for it for %lld ms",
+              wk->id, wk->missed_starts, (long long)s->conf.start_timeout_ms,
+              (long long)(wk->cordon_until_ms - now_ms));
+}
+
+void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id) {
+  size_t w;
+  worker_t *wk = worker_find(s, worker_id, &w);
+  if (!wk) return;
+  wk->missed_starts = 0;
+  if (wk->cordon_until_ms) {
+    wk->cordon_until_ms = 0;
+    if (wk->up && s->sched) lt_sched_worker_cordon(s->sched, w + 1, false);
+  }
+}
+
 /* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
  * worker that goes down leaves lt_sched: it comes back only when the log says it is queued
  * again (AttemptStopped lost after its lease expired), never earlier (invariant 2). */
@@ -296,6 +327,11 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     } else if (wk->up && wk->models_changed) {
       worker_models(s, w);
     }
+    /* a cordon (scheduler_worker_missed_start) ends with its time; one that came up again gets
+     * what is left of it */
+    if (wk->up && wk->cordon_until_ms)
+      lt_sched_worker_cordon(s->sched, w + 1, now_ms < wk->cordon_until_ms);
+    if (wk->cordon_until_ms && now_ms >= wk->cordon_until_ms) wk->cordon_until_ms = 0;
   }
 }
 
@@ -506,8 +542,10 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   if (j->state == LT_JOB_DISPATCHED) {
     int64_t since = sd->dispatched_at_ms ? sd->dispatched_at_ms : now_ms;
     if (now_ms - since > s->conf.start_timeout_ms && sd->redispatch_for != j->attempt && !j->cancel_requested) {
-      /* not started in time: a new attempt (the new number fences this one) */
+      /* not started in time: a new attempt (the new number fences this one), not on that worker
+       * for a while */
       sd->redispatch_for = j->attempt;
+      scheduler_worker_missed_start(s, j->worker_id, now_ms);
       if (sd->in_sched && sd->sched_running) {
         size_t i;
         scheduler_side_get(s, sd->job_id, false, &i);

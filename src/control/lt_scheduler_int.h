@@ -65,6 +65,10 @@ typedef struct worker {
   /* WorkerHeartbeat v2: its node group and gang rendezvous address, both or none (then it is a
    * group of its own: no gang spans it) */
   char group[LT_JOB_NAME_MAX], rdv[256];
+  /* dispatches to it not started in time in a row (reset when it starts one), and until when it
+   * takes no new work for that (scheduler_worker_missed_start) */
+  int missed_starts;
+  int64_t cordon_until_ms;
 } worker_t;
 
 typedef struct out_rec {
@@ -148,6 +152,12 @@ uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool
 /* The job of sd is booked on worker w (rank 0's, or another of its gang's workers). */
 bool scheduler_side_on_worker(const side_t *sd, size_t w);
 void scheduler_drop(lt_scheduler_t *s, side_t *sd);
+/* A dispatch to worker_id was not started in time: the worker takes no new work for a while
+ * (the start timeout, doubled for each miss in a row, at most 8 times): one that heartbeats but
+ * cannot see its dispatches (cut from some brokers) would otherwise get the redispatch again. */
+void scheduler_worker_missed_start(lt_scheduler_t *s, const char *worker_id, int64_t now_ms);
+/* worker_id started an attempt: it takes work again at once. */
+void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id);
 /* Builds lt_sched from the fold when a term starts leading. */
 lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n);
 /* One pass while leading: workers, every job that changed (all of them every 250 ms), lt_sched's

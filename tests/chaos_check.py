@@ -142,6 +142,15 @@ def clean_world(root):
               (("job-a", "completed"), ("job-b", "completed"), ("job-c", "cancelled"), ("job-d", "rejected"))]
     w.log += [{"ev": "replay_digest", "digest": "d1"}, {"ev": "api_digest", "api": "api1", "digest": "d1"},
               {"ev": "api_digest", "api": "api2", "digest": "d1"}]
+    # job-a's adapter through both samplers: the same greedy answer, a usage record each (counts,
+    # never the prompt or the text); another tenant gets 404.
+    for i, rid in ((1, "cmpl-1"), (2, "cmpl-2")):
+        w.log.append({"ev": "sample", "job": "job-a", "tenant": TENANT, "sampler": f"sampler{i}", "status": 200,
+                      "request_id": rid, "text": " 2021-03-05", "logprobs": [-0.1, -0.2],
+                      "prompt": "date: March 5, 2021\niso:"})
+        w.put("usage", "SamplingUsage", i - 1, request_id=rid, base_model="lathe-tiny", adapter_id="job-a",
+              prompt_tokens=9, completion_tokens=8)
+    w.log.append({"ev": "sample_probe", "job": "job-a", "owner": TENANT, "tenant": "tother", "status": 404})
     # job-a keeps its final and the two before it; job-b keeps 40, 30 and 20, 10 of attempt 1 goes.
     for k in list(w.store()):
         if k.startswith(f"staging/{TENANT}/job-b/1/10/"):
@@ -235,7 +244,7 @@ def plant_resume_not_newest(w):
 
 
 def plant_digest_mismatch(w):
-    w.log[-1]["digest"] = "d2"
+    next(e for e in w.log if e.get("ev") == "api_digest" and e["api"] == "api2")["digest"] = "d2"
     return "api2"
 
 
@@ -249,6 +258,32 @@ def plant_staged_orphan(w):
     w.obj(f"staging/{TENANT}/job-c/1/2/state.bin", b"left behind")
     w.obj(f"sessions/{TENANT}/job-c/results/7", b"a result kept past its session")
     return "job-c"
+
+
+def plant_sample_unavailable(w):
+    w.log.append({"ev": "sample", "job": "job-b", "tenant": TENANT, "sampler": "sampler2", "status": 503,
+                  "detail": "starting"})
+    return "job-b"
+
+
+def plant_sample_mismatch(w):
+    next(e for e in w.log if e.get("ev") == "sample" and e["sampler"] == "sampler2")["logprobs"] = [-0.1, -0.3]
+    return "job-a"
+
+
+def plant_sample_wrong_tenant(w):
+    next(e for e in w.log if e.get("ev") == "sample_probe")["status"] = 200
+    return "job-a"
+
+
+def plant_usage_missing(w):
+    drop(w, next(m for m in w.recs["usage"] if m["record"]["request_id"] == "cmpl-2"))
+    return "job-a"
+
+
+def plant_usage_leak(w):
+    w.recs["usage"][0]["record"]["note"] = "asked: date: March 5, 2021\niso:"
+    return "cmpl-1"
 
 
 def plant_not_drained(w):
@@ -300,7 +335,8 @@ def main():
                f"{sorted(also)}): {kinds} "
                f"{hit[0]['detail'] if hit else ''} {hit[0]['records'] if hit else ''}")
             if hit and kind not in ("forgotten", "digest_mismatch", "not_drained", "fleet_unhealthy",
-                                    "checkpoint_mismatch", "artifact_missing", "staged_orphan"):
+                                    "checkpoint_mismatch", "artifact_missing", "staged_orphan",
+                                    "sample_unavailable", "sample_mismatch", "sample_wrong_tenant", "usage_missing"):
                 ok(hit[0]["records"], f"{kind} names the records ({', '.join(hit[0]['records'])})")
         driver_kinds(tmp)
         table = check.table(1, {"kill_process": 2}, res)

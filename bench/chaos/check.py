@@ -31,6 +31,11 @@ as topic/partition@offset):
                        and margin when a fault may have taken the worker)
   staged_orphan        a staging object after GC that no live retention owns, or a call or result
                        of a session that ended
+  sample_unavailable   a completed job's adapter did not answer 200 on a sampler at the end
+  sample_mismatch      two samplers answered one greedy, seeded request with other tokens or logprobs
+  sample_wrong_tenant  a tenant asking for another tenant's adapter got anything but 404
+  usage_missing        an answered sampling request has no SamplingUsage record of its tenant
+  usage_leak           a SamplingUsage record holds the prompt or the text it answered
   not_drained          the driver gave up waiting for the workload to drain
   fleet_unhealthy      a process of the fleet did not come back healthy at the end
 
@@ -45,12 +50,13 @@ import subprocess
 import sys
 import threading
 
-TOPICS = ("jobs", "control", "progress", "artifacts", "deadletter")
+TOPICS = ("jobs", "control", "progress", "artifacts", "deadletter", "usage")
 TERMINAL = {"JobCompleted": "completed", "JobFailed": "failed", "JobCancelled": "cancelled",
             "JobRejected": "rejected"}
 KINDS = ("forgotten", "not_terminal", "state_mismatch", "published_not_completed", "published_fenced",
          "multiple_publications", "published_not_final", "checkpoint_mismatch", "artifact_missing", "artifact_corrupt",
          "lost_steps", "resume_not_newest", "digest_mismatch", "cancel_slow", "staged_orphan",
+         "sample_unavailable", "sample_mismatch", "sample_wrong_tenant", "usage_missing", "usage_leak",
          "not_drained", "fleet_unhealthy")
 
 
@@ -213,6 +219,7 @@ def check_records(recs, log, store, res=None):
         check_cancel(j, conf, log, res)
     check_staging(jobs, store, conf, run, log, res)
     check_digests(log, res)
+    check_sampling(recs.get("usage", []), log, res)
     for e in log:
         if e.get("ev") == "download" and not e.get("ok"):
             res.add("artifact_corrupt", e.get("job", "?"), f"lathe jobs download: {e.get('detail', '')}",
@@ -404,6 +411,45 @@ def check_staging(jobs, store, conf, run, log, res):
             continue  # not published yet: retention keeps everything until then
         res.add("staged_orphan", jid, f"{key} left after GC (job {j.outcome})",
                 [j.terminal] if j.terminal else [])
+
+
+def check_sampling(usage, log, res):
+    """The samplers at the end of the run (the driver's sample and sample_probe events): every
+    completed job's adapter answers 200 on every sampler, with the same tokens and logprobs on all;
+    another tenant gets 404; every answer has a SamplingUsage record of its tenant (by request id),
+    and no usage record holds a prompt or an answer."""
+    by_req = {}
+    for m in usage:
+        r = m.get("record") or {}
+        by_req[r.get("request_id")] = m
+    answers = collections.defaultdict(list)
+    for e in log:
+        if e.get("ev") == "sample":
+            if e.get("status") != 200:
+                res.add("sample_unavailable", e.get("job", "?"),
+                        f"{e.get('sampler')} answered {e.get('status')}: {e.get('detail', '')}")
+                continue
+            answers[e["job"]].append(e)
+            m = by_req.get(e.get("request_id"))
+            if m is None or (m.get("record") or {}).get("tenant_id") != e.get("tenant"):
+                res.add("usage_missing", e["job"], f"{e.get('sampler')}'s answer {e.get('request_id')} has no "
+                        f"SamplingUsage record of tenant {e.get('tenant')}", [m] if m else [])
+        elif e.get("ev") == "sample_probe" and e.get("status") != 404:
+            res.add("sample_wrong_tenant", e.get("job", "?"), f"tenant {e.get('tenant')} asked for {e.get('owner')}'s "
+                    f"adapter and got {e.get('status')}: {e.get('detail', '')}")
+    for jid, got in answers.items():
+        first = got[0]
+        for e in got[1:]:
+            if (e.get("text"), e.get("logprobs")) != (first.get("text"), first.get("logprobs")):
+                res.add("sample_mismatch", jid, f"{first.get('sampler')} answered {first.get('text')!r} "
+                        f"{first.get('logprobs')}, {e.get('sampler')} {e.get('text')!r} {e.get('logprobs')}")
+    secrets = {e.get(k) for e in log if e.get("ev") == "sample" for k in ("prompt", "text") if e.get(k)}
+    for m in usage:
+        blob = json.dumps(m.get("record"))
+        leaked = [x for x in secrets if len(x) >= 4 and json.dumps(x)[1:-1] in blob]
+        if leaked:
+            res.add("usage_leak", (m.get("record") or {}).get("request_id", "?"),
+                    f"a SamplingUsage record holds {leaked[0]!r}", [m])
 
 
 def check_digests(log, res):

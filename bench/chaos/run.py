@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """bench/chaos/run.py: Lathe's chaos driver. Each run starts a fleet of lathed processes on the
-local stack (2 apis, 2 schedulers, 3 workers, 2 publishers by default) under a fresh topic
+local stack (2 apis, 2 schedulers, 3 workers, 2 publishers, 2 samplers by default) under a fresh topic
 prefix and fresh tenants, runs a seeded mixed workload (tenants, every priority class, managed
 jobs, a training session, cancels; preemptions come from production work arriving on a full
 fleet) while it injects faults at seeded random times, stops injecting, waits for the workload
-to drain, then proves the invariants with bench/chaos/check.py and tears everything down
-(always: no process, topic, netns or object of the run is left behind).
+to drain, samples every completed job's adapter through every sampler, then proves the
+invariants with bench/chaos/check.py and tears everything down (always: no process, topic, netns
+or object of the run is left behind).
 
 Fault kinds (a kind the machine cannot do is skipped, and the run says so):
   kill_process           SIGKILL of a random lathed (any role); restarted after a seeded delay
@@ -207,6 +208,13 @@ class Fleet:
         for i in range(1, a.workers + 1):
             ns = netns if (netns and i == a.workers) else None
             self.add(f"w{i}", "worker", [lathed, "--role", "worker"], env, rundir, ns)
+        self.sampler_ports = []
+        for i in range(1, a.samplers + 1):
+            port, ops = free_port(), free_port()
+            self.sampler_ports.append((port, ops))
+            self.add(f"sampler{i}", "sampler", [lathed, "--role", "sampler", "--port", str(port),
+                                                "--operator-port", str(ops)], dict(env, LATHE_SAMPLER_THREADS="1"),
+                     rundir)
 
     def add(self, name, role, argv, env, rundir, netns=None):
         self.procs[name] = Proc(name, role, argv, dict(env, LATHE_INSTANCE=name), rundir, netns)
@@ -357,11 +365,11 @@ class Run:
                 raise RuntimeError(f"dataset upload for {tid}: {p.stderr.strip()}")
 
     def wait_ready(self, timeout=120):
-        """Until every api answers /healthz 200 and a scheduler leads."""
+        """Until every api and sampler answers /healthz 200 and a scheduler leads."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             ok = all(http(f"http://127.0.0.1:{ops}", "", "GET", "/healthz", timeout=3)[0] == 200
-                     for _, ops in self.fleet.api_ports)
+                     for _, ops in self.fleet.api_ports + self.fleet.sampler_ports)
             if ok and self.fleet.leader():
                 return
             time.sleep(0.5)
@@ -727,6 +735,7 @@ class Run:
 
     def finish(self, check_world=True):
         if check_world:
+            self.sample_prompt = "date: March 5, 2021\niso:"
             for p in self.fleet.procs.values():
                 if not p.alive():
                     self.log("unhealthy", proc=p.name, detail=f"exited {p.p.returncode} after the run")
@@ -735,6 +744,7 @@ class Run:
                 self.log("final_state", job=job, state=st)
                 if st == "completed" and self.jobs[job].get("kind") != "session":
                     self.download(job)
+                    self.sample(job)
             self.digests()
         res = check.Result()
         if check_world:
@@ -762,6 +772,33 @@ class Run:
                             "--api-key", key], capture_output=True, text=True, timeout=120)
         self.log("download", job=job, ok=p.returncode == 0, detail=p.stderr.strip()[-300:])
         shutil.rmtree(out, ignore_errors=True)
+
+    def sample(self, job):
+        """The fine-tuned adapter of a completed job through every sampler (greedy, a fixed seed):
+        each must answer (sample, 200; a restarted sampler may still be reading the log: 503 is
+        retried for 30 s), all the same tokens and logprobs; another tenant asking for it gets 404
+        (sample_probe)."""
+        tid = self.jobs[job]["tenant"]
+        key = self.tenants[tid][0]
+        body = {"model": f"ft:lathe-tiny:{job}", "prompt": self.sample_prompt, "max_tokens": 8, "temperature": 0,
+                "seed": 7, "logprobs": 1}
+        for i, (port, _) in enumerate(self.fleet.sampler_ports):
+            deadline = time.time() + 30
+            while True:
+                st, r = http(f"http://127.0.0.1:{port}", key, "POST", "/v1/completions", body, timeout=60)
+                if st not in (None, 429, 503) or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+            ch = (r.get("choices") or [{}])[0] if st == 200 and isinstance(r, dict) else {}
+            self.log("sample", job=job, tenant=tid, sampler=f"sampler{i + 1}", status=st, request_id=(
+                r.get("id") if isinstance(r, dict) else None), text=ch.get("text"),
+                logprobs=(ch.get("logprobs") or {}).get("token_logprobs"), prompt=self.sample_prompt,
+                detail="" if st == 200 else str(r)[:200])
+        other = next((t for t in sorted(self.tenants) if t != tid), None)
+        if other and self.fleet.sampler_ports:
+            st, r = http(f"http://127.0.0.1:{self.fleet.sampler_ports[0][0]}", self.tenants[other][0], "POST",
+                         "/v1/completions", body, timeout=60)
+            self.log("sample_probe", job=job, owner=tid, tenant=other, status=st, detail=str(r)[:200])
 
     def digests(self):
         """Each live api's digest against `lathe admin replay`'s, until they agree (30 s)."""
@@ -808,6 +845,8 @@ def parse(argv):
     ap.add_argument("--schedulers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--publishers", type=int, default=2)
+    ap.add_argument("--samplers", type=int, default=2, help="sampler processes (each completed job is sampled "
+                    "through every one at the end)")
     ap.add_argument("--min-steps", type=int, default=80)
     ap.add_argument("--max-steps", type=int, default=300)
     ap.add_argument("--ckpt-interval", type=int, default=20, help="checkpoint_interval (steps) of every job")

@@ -187,6 +187,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     lt_api_events_prune(api);
     lt_api_sessions_prune(api);
   }
+  if (api->ready && now - api->healed_at_ms >= 5000) { /* a partition's fetcher may stop: see lt_bus.h */
+    api->healed_at_ms = now;
+    size_t healed = 0;
+    char err[256];
+    if (lt_bus_consumer_heal_stalls(api->consumer, 10000, 500, &healed, err, sizeof err) == LT_OK && healed) {
+      api->stats.feed_healed += healed;
+      lt_log_warn("api", "feed: %zu partition(s) stood still behind the log for 10 s: fetching them again", healed);
+    }
+  }
   if (now - api->sse_beat_at_ms >= 15000) { /* proxies cut idle streams: say something */
     api->sse_beat_at_ms = now;
     lt_api_events_heartbeat(api);

@@ -71,6 +71,7 @@ typedef struct lt_api_stats {
   uint64_t requests[LT_API_SLOT__COUNT][LT_API_STATUS_CLASSES]; /* [slot][status/100 - 1] */
   lt_metrics_hist_t latency[LT_API_SLOT__COUNT]; /* seconds to the answer (bounds in lt_api_metrics.c) */
   uint64_t produced, produce_failed, undecodable;
+  uint64_t feed_healed; /* partitions whose stalled fetch was started over (lt_bus_consumer_heal_stalls) */
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
 } lt_api_stats_t;
@@ -97,6 +98,7 @@ struct lt_api {
   lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
   int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
+  int64_t healed_at_ms;    /* when the feed was last checked for stalled partitions (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel

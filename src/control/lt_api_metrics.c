@@ -188,6 +188,9 @@ static void write_routes(lt_api_t *api, lt_metrics_t *out) {
                  "Records the broker did not take (the request answered 503).", (double)st->produce_failed);
   lt_metrics_one(out, "lathe_api_undecodable_records_total", LT_METRIC_COUNTER,
                  "Records the projection could not decode (skipped).", (double)st->undecodable);
+  lt_metrics_one(out, "lathe_api_feed_partitions_healed_total", LT_METRIC_COUNTER,
+                 "Partitions of the API's feed that stood still behind the log and were fetched again.",
+                 (double)st->feed_healed);
   lt_metrics_family(out, "lathe_api_refused_total", LT_METRIC_COUNTER,
                     "Requests the front door refused: over a rate limit (429), on a connection over "
                     "max_connections (503), or refused by libevent itself (400/413/501, answered in the JSON "

@@ -559,6 +559,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_scheduler_t *s = arg;
   poll_group(s);
   feed(s);
+  int64_t now = lt_time_mono_ms();
+  if (s->fold_c && now - s->healed_at_ms >= 5000) { /* a partition's fetcher may stop: see lt_bus.h */
+    s->healed_at_ms = now;
+    size_t healed = 0;
+    char err[256];
+    if (lt_bus_consumer_heal_stalls(s->fold_c, 10000, 500, &healed, err, sizeof err) == LT_OK && healed)
+      lt_log_warn("scheduler", "fold: %zu partition(s) stood still behind the log for 10 s: fetching them again",
+                  healed);
+  }
 }
 
 lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *conf, lt_scheduler_t **out,

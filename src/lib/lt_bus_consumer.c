@@ -25,6 +25,13 @@ struct lt_bus_consumer {
   void *opaque;
   rd_kafka_resp_err_t async_commit_err; /* last async commit failure, reported once */
   bool fd_armed;                        /* lt_bus_consumer_fd() was called */
+  /* lt_bus_consumer_heal_stalls: each assigned partition's position when it last moved */
+  struct watch {
+    char *topic;
+    int32_t partition;
+    int64_t pos, since_ms;
+  } *watch;
+  size_t nwatch, capwatch;
 };
 
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c) { return c->rk; }
@@ -178,6 +185,8 @@ err:
 
 void lt_bus_consumer_destroy(lt_bus_consumer_t *c) {
   if (!c) return;
+  for (size_t i = 0; i < c->nwatch; i++) free(c->watch[i].topic);
+  free(c->watch);
   if (c->cur) rd_kafka_message_destroy(c->cur);
   if (c->rk) {
     if (c->queue) {
@@ -419,6 +428,82 @@ lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, si
     if (low) low[i] = lo;
   }
   return LT_OK;
+}
+
+/* The watch entry of (topic, partition), added (position unknown) the first time; NULL when out of
+ * memory. */
+static struct watch *watch_of(lt_bus_consumer_t *c, const char *topic, int32_t partition, int64_t now) {
+  for (size_t i = 0; i < c->nwatch; i++)
+    if (c->watch[i].partition == partition && strcmp(c->watch[i].topic, topic) == 0) return &c->watch[i];
+  if (c->nwatch == c->capwatch) {
+    size_t cap = c->capwatch ? 2 * c->capwatch : 32;
+    struct watch *w = realloc(c->watch, cap * sizeof *w);
+    if (!w) return NULL;
+    c->watch = w;
+    c->capwatch = cap;
+  }
+  struct watch *w = &c->watch[c->nwatch];
+  if (!(w->topic = strdup(topic))) return NULL;
+  w->partition = partition;
+  w->pos = RD_KAFKA_OFFSET_INVALID;
+  w->since_ms = now;
+  c->nwatch++;
+  return w;
+}
+
+lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int timeout_ms, size_t *healed,
+                                     char *errstr, size_t errstr_size) {
+  *healed = 0;
+  rd_kafka_topic_partition_list_t *l = NULL, *idle = NULL, *stuck = NULL;
+  if (rd_kafka_assignment(c->rk, &l) || !l) return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "no assignment");
+  lt_err_t err = LT_OK;
+  int64_t now = lt_time_mono_ms();
+  if (rd_kafka_position(c->rk, l)) err = lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "positions not readable");
+  idle = rd_kafka_topic_partition_list_new(l->cnt > 0 ? l->cnt : 1);
+  for (int i = 0; !err && i < l->cnt; i++) {
+    rd_kafka_topic_partition_t *e = &l->elems[i];
+    struct watch *w = watch_of(c, e->topic, e->partition, now);
+    if (!w) {
+      err = LT_ERR_NOMEM;
+      break;
+    }
+    if (e->offset != w->pos) { /* it moved (or is seen for the first time) */
+      w->pos = e->offset;
+      w->since_ms = now;
+    } else if (e->offset >= 0 && now - w->since_ms >= stall_ms) {
+      rd_kafka_topic_partition_list_add(idle, e->topic, e->partition)->offset = RD_KAFKA_OFFSET_END;
+    }
+  }
+  if (!err && idle->cnt > 0) {
+    /* One ListOffsets per leader for all of them (latest: the high watermark). */
+    rd_kafka_resp_err_t e = rd_kafka_offsets_for_times(c->rk, idle, timeout_ms);
+    if (e) err = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "high watermarks: %s", rd_kafka_err2str(e));
+    stuck = rd_kafka_topic_partition_list_new(idle->cnt);
+    for (int i = 0; !err && i < idle->cnt; i++) {
+      rd_kafka_topic_partition_t *h = &idle->elems[i];
+      struct watch *w = watch_of(c, h->topic, h->partition, now);
+      w->since_ms = now; /* asked: not again before another stall_ms */
+      if (!h->err && h->offset > w->pos) rd_kafka_topic_partition_list_add(stuck, h->topic, h->partition)->offset = w->pos;
+    }
+    if (!err && stuck->cnt > 0) {
+      /* Dropped and added again at the position: the fetcher of each starts over. */
+      rd_kafka_error_t *ue = rd_kafka_incremental_unassign(c->rk, stuck);
+      rd_kafka_error_t *ae = ue ? NULL : rd_kafka_incremental_assign(c->rk, stuck);
+      rd_kafka_error_t *fe = ue ? ue : ae;
+      if (fe) {
+        err = lt_errf(errstr, errstr_size, lt_bus_err_from_code(rd_kafka_error_code(fe)), "reassigning: %s",
+                      rd_kafka_error_string(fe));
+        rd_kafka_error_destroy(fe);
+      } else {
+        rd_kafka_resume_partitions(c->rk, stuck); /* and a fetch stopped by a pause flag (none of ours) */
+        *healed = (size_t)stuck->cnt;
+      }
+    }
+  }
+  if (stuck) rd_kafka_topic_partition_list_destroy(stuck);
+  rd_kafka_topic_partition_list_destroy(idle);
+  rd_kafka_topic_partition_list_destroy(l);
+  return err;
 }
 
 int64_t lt_bus_consumer_lag(lt_bus_consumer_t *c) {

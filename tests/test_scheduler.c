@@ -678,3 +678,61 @@ Test(scheduler, a_later_production_job_takes_the_next_free_slot_before_waiting_s
   cr_assert_eq(count_seen("JobDispatched", NULL, "control"), 4, "%s", dispatch_log("control"));
   lt_scheduler_destroy(s);
 }
+
+/* A consumer whose offset is reset rereads a partition from its start (after a broker restart); the
+ * projection folds nothing of it twice: same state, same digest, every reread message counted
+ * (chaos seeds 8010 and 8015: an API that folded a partition again had another digest). */
+Test(scheduler, a_partition_read_again_folds_nothing_twice) {
+  put_tenant("acme", 0);
+  submit("job-again", "acme", LT_CLASS_STANDARD, NULL);
+  control_rec("JobAccepted", "job-again", "acme", 0);
+  control_rec("JobDispatched", "job-again", "acme", 1);
+  control_rec("AttemptStarted", "job-again", "acme", 1);
+  char topics[2][256];
+  lt_bus_topic_name(conf, "jobs", topics[0], sizeof topics[0]);
+  lt_bus_topic_name(conf, "control", topics[1], sizeof topics[1]);
+  lt_proj_t *p;
+  cr_assert_eq(lt_proj_new(reg, &p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t parts[64];
+  size_t np = 0;
+  for (int t = 0; t < 2; t++) {
+    int n = 0;
+    lt_bus_admin_t *a;
+    cr_assert_eq(lt_bus_admin_new(conf, &a, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_bus_admin_describe_topic(a, topics[t], 10000, &n, err, sizeof err), LT_OK, "%s", err);
+    lt_bus_admin_destroy(a);
+    for (int i = 0; i < n && np < 64; i++) parts[np++] = (lt_bus_tp_t){topics[t], i, LT_BUS_OFFSET_BEGINNING};
+  }
+  cr_assert_eq(lt_bus_consumer_assign(c, parts, np, err, sizeof err), LT_OK, "%s", err);
+  int folded = 0;
+  for (int64_t t0 = lt_time_mono_ms(); folded < 4 && lt_time_mono_ms() - t0 < 20000;) {
+    const lt_bus_msg_t *m;
+    cr_assert_eq(lt_bus_consumer_poll(c, 200, &m, err, sizeof err), LT_OK, "%s", err);
+    if (m && lt_proj_fold_msg(p, m, NULL, NULL, NULL, err, sizeof err) == LT_OK) folded++;
+  }
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(p), "job-again");
+  cr_assert(j && j->state == LT_JOB_RUNNING, "the job is not running in the projection");
+  uint64_t records = j->records;
+  char before[65], after[65];
+  cr_assert_eq(lt_job_digest(lt_proj_jobs(p), before), LT_OK);
+  /* every partition again from its start, as after an offset reset */
+  for (size_t i = 0; i < np; i++)
+    cr_assert_eq(lt_bus_consumer_seek(c, parts[i].topic, parts[i].partition, LT_BUS_OFFSET_BEGINNING, 5000, err,
+                                      sizeof err), LT_OK, "%s", err);
+  for (int64_t t0 = lt_time_mono_ms(); lt_proj_redelivered(p) < 4 && lt_time_mono_ms() - t0 < 20000;) {
+    const lt_bus_msg_t *m;
+    cr_assert_eq(lt_bus_consumer_poll(c, 200, &m, err, sizeof err), LT_OK, "%s", err);
+    if (m) cr_assert_eq(lt_proj_fold_msg(p, m, NULL, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  }
+  cr_assert_eq(lt_proj_redelivered(p), 4, "%llu messages skipped as read before, want 4",
+               (unsigned long long)lt_proj_redelivered(p));
+  j = lt_job_get(lt_proj_jobs(p), "job-again");
+  cr_assert_eq(j->records, records, "records applied again: %llu, were %llu", (unsigned long long)j->records,
+               (unsigned long long)records);
+  cr_assert_eq(lt_job_digest(lt_proj_jobs(p), after), LT_OK);
+  cr_assert_str_eq(after, before);
+  lt_bus_consumer_destroy(c);
+  lt_proj_destroy(p);
+}

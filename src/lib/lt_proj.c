@@ -55,6 +55,8 @@ struct lt_proj {
   orphan_t *head, *tail; /* job records waiting for their JobSubmitted, in arrival order */
   size_t norphans;
   uint64_t dropped;
+  lt_map_t *next_offset; /* "topic\npartition" -> the next offset to fold + 1 (0: none yet) */
+  uint64_t redelivered;
 };
 
 static void info_free(void *v) {
@@ -78,6 +80,7 @@ void lt_proj_destroy(lt_proj_t *p) {
   lt_job_table_destroy(p->jobs);
   lt_tenant_table_destroy(p->tenants);
   lt_map_destroy(p->info);
+  lt_map_destroy(p->next_offset);
   json_decref(p->workers);
   free(p);
 }
@@ -105,8 +108,9 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
   if (!err) err = lt_tenant_table_new(&p->tenants);
   if (!err) {
     p->info = lt_map_new(info_free);
+    p->next_offset = lt_map_new(NULL);
     p->workers = json_object();
-    if (!p->info || !p->workers) err = LT_ERR_NOMEM;
+    if (!p->info || !p->next_offset || !p->workers) err = LT_ERR_NOMEM;
   }
   if (err) {
     lt_proj_destroy(p);
@@ -461,11 +465,25 @@ lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_pro
 
 lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_origin_t *origin, lt_proj_cb *cb,
                           void *ctx, char *errstr, size_t n) {
+  /* A partition read again from an earlier offset (a consumer whose offset was reset after a broker
+   * restart rereads from the beginning) folds nothing twice. */
+  char key[300];
+  snprintf(key, sizeof key, "%s\n%d", lt_bus_msg_topic(m), (int)lt_bus_msg_partition(m));
+  int64_t off = lt_bus_msg_offset(m);
+  uintptr_t next = (uintptr_t)lt_map_get(p->next_offset, key);
+  if (off >= 0 && next && off + 1 < (int64_t)next) {
+    p->redelivered++;
+    return LT_OK;
+  }
+  if (off >= 0 && lt_map_set(p->next_offset, key, (void *)(uintptr_t)(off + 2)))
+    return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory");
   size_t len = 0;
   const void *v = lt_bus_msg_value(m, &len);
   if (!v) return LT_OK; /* a tombstone on a compacted topic */
   return fold(p, v, len, m, origin, cb, ctx, errstr, n);
 }
+
+uint64_t lt_proj_redelivered(const lt_proj_t *p) { return p->redelivered; }
 
 lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
   return lt_proj_fold_at(p, buf, len, NULL, cb, ctx, errstr, n);

@@ -74,7 +74,11 @@ lt_err_t lt_proj_fold_at(lt_proj_t *p, const void *buf, size_t len, const lt_pro
                          void *ctx, char *errstr, size_t errstr_size);
 
 /* lt_proj_fold_at on a consumed message (a tombstone is LT_OK and folds nothing). The message
- * lets the projection check a signed record's MAC (lt_proj_require_tenant_mac). */
+ * lets the projection check a signed record's MAC (lt_proj_require_tenant_mac). A message at or
+ * below an offset this projection already folded from its partition is skipped and counted
+ * (lt_proj_redelivered): a consumer whose offset was reset rereads a partition from its start
+ * after a broker restart, and the fold counts every record that changed a job, so folding those
+ * again made one API's state digest differ from the replay's (chaos seeds 8010, 8015). */
 lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_origin_t *origin, lt_proj_cb *cb,
                           void *ctx, char *errstr, size_t errstr_size);
 
@@ -84,6 +88,9 @@ lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_ori
  * LT_ERR_AUTH and a reason naming the tenant, and the tenant keeps its previous state
  * (docs/DESIGN.md §5a). Every daemon sets it; without it (tests, tools) tenants fold unchecked. */
 void lt_proj_require_tenant_mac(lt_proj_t *p, const lt_recmac_key_t *key);
+
+/* Messages lt_proj_fold_msg skipped as read before. */
+uint64_t lt_proj_redelivered(const lt_proj_t *p);
 
 /* Records waiting for their JobSubmitted, and how many were dropped over the bound. */
 size_t lt_proj_orphans(const lt_proj_t *p, uint64_t *dropped);

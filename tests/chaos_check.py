@@ -124,6 +124,7 @@ def clean_world(root):
     w.put("control", "AttemptStarted", 1, job_id="job-b", attempt=2)
     w.steps("job-b", 2, 21, 40)
     w.ckpt("job-b", 2, 30)
+    w.ckpt("job-b", 2, 30)  # the same commit again (a worker's retry across a broker restart): one checkpoint
     fb = w.ckpt("job-b", 2, 40, final=True)
     w.put("control", "JobCompleted", 1, job_id="job-b", attempt=2, step=40,
           checkpoint_event_id=fb["record"]["event_id"], checkpoint_sha256=fb["record"]["sha256"])

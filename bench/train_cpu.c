@@ -13,7 +13,8 @@
  *
  * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch] [--lengths T1,T2,...]
  *                  [--tokens N]
- * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256). */
+ * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
+ * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,7 +187,7 @@ int main(int argc, char **argv) {
       if (sweep_length(threads, steps, layers, rows, lens[i])) return 1;
     }
     if (!torch) { /* the sweep alone: no peer to compare the 4 x 256 run with */
-      printf("train_cpu_vs_torch: 0.00\n");
+      printf("train_cpu_vs_torch: none (--no-torch: no peer ran)\n");
       return 0;
     }
   }
@@ -259,6 +260,7 @@ int main(int argc, char **argv) {
            flops / tstep / 1e9);
     ratio = tstep / step_s;
   }
-  printf("train_cpu_vs_torch: %.2f\n", ratio);
+  if (torch) printf("train_cpu_vs_torch: %.2f\n", ratio);
+  else printf("train_cpu_vs_torch: none (--no-torch: no peer ran)\n");
   return 0;
 }

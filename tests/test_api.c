@@ -384,6 +384,7 @@ Test(api, healthz_and_metrics_answer_only_on_the_operator_port) {
   lt_client_destroy(none);
   expect_error(ca, "GET", "/healthz", NULL, 404, "not_found");
   expect_error(ca, "GET", "/metrics", NULL, 404, "not_found");
+  expect_error(ca, "GET", "/debug/jobs", NULL, 404, "not_found"); /* every tenant's job states */
   /* The operator port: both, and nothing of the customers' API. */
   lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
   lt_client_resp_t r = req(ops, "GET", "/healthz", NULL);
@@ -1130,6 +1131,21 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   r = req(ca, "GET", path, NULL);
   cr_expect(json_is_true(json_object_get(r.json, "cancel_requested")), "%s", r.body);
   lt_client_resp_free(&r);
+  /* /debug/jobs: the lines the digest hashes, one per job (an operator diffs two processes') */
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  r = req(ops, "GET", "/debug/jobs", NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(r.json, "digest")), d2);
+  json_t *lines = json_object_get(r.json, "jobs"), *l;
+  size_t i, mine = 0;
+  json_array_foreach(lines, i, l) {
+    const char *t = json_string_value(l);
+    cr_assert(t && strchr(t, '|'), "a job line is not the digest's form: %s", r.body);
+    mine += strncmp(t, ids[0], strlen(ids[0])) == 0 || strncmp(t, ids[1], strlen(ids[1])) == 0;
+  }
+  cr_expect_eq(mine, 2, "the two jobs' lines: %s", r.body);
+  lt_client_resp_free(&r);
+  lt_client_destroy(ops);
   json_decref(before);
   json_decref(after);
   free(d1);

@@ -467,11 +467,14 @@ def check_digests(log, res):
     if not replay:
         return
     want = replay[-1]["digest"]
+    diffs = {e.get("api"): e for e in log if e.get("ev") == "digest_diff"}
     for e in log:
         if e.get("ev") == "api_digest" and e.get("digest") != want:
+            d = diffs.get(e.get("api"))
+            how = f"; the api has {d.get('api_only')}, the replay {d.get('replay_only')}" if d else ""
             res.add("digest_mismatch", e.get("api", "?"),
                     f"{e.get('api')} digest {e.get('digest')} ({e.get('records_folded')} records folded) "
-                    f"!= replay {want}")
+                    f"!= replay {want}{how}")
 
 
 # ---------------------------------------------------------------- reading the world

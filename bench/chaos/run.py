@@ -819,6 +819,20 @@ class Run:
         self.log("replay_digest", digest=replay.get("digest"), records=replay.get("records"))
         for name, h in apis:
             self.log("api_digest", api=name, digest=h.get("digest"), records_folded=h.get("records_folded"))
+        if any(h.get("digest") != replay.get("digest") for _, h in apis):
+            self.digest_diff()
+
+    def digest_diff(self):
+        """Which jobs differ, field by field: each api's /debug/jobs against the replay's lines."""
+        p = subprocess.run([self.a.lathe, "admin", "replay", "--json", "--jobs"], env=self.env, capture_output=True,
+                           text=True, timeout=120)
+        want = set(json.loads(p.stdout).get("job_lines", [])) if p.returncode == 0 else set()
+        for i, (_, ops) in enumerate(self.fleet.api_ports):
+            st, r = http(f"http://127.0.0.1:{ops}", "", "GET", "/debug/jobs")
+            got = set(r.get("jobs", [])) if st == 200 and isinstance(r, dict) else set()
+            if got != want:
+                self.log("digest_diff", api=f"api{i + 1}", api_only=sorted(got - want)[:6],
+                         replay_only=sorted(want - got)[:6])
 
 
 def delete_topics(prefix):

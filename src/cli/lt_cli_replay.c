@@ -1,6 +1,6 @@
 /* lt_cli_replay: `lathe admin replay` — rebuilds job states from lathe.jobs + lathe.control.
  *
- *   lathe admin replay [--from-beginning | --from-offset N | --from-time ISO8601] [--json]
+ *   lathe admin replay [--from-beginning | --from-offset N | --from-time ISO8601] [--json] [--jobs]
  *
  * Reads both topics (read_committed) from the chosen start up to their ends as of start-up,
  * folds every record with lt_proj_fold (the same code the scheduler and the API
@@ -32,12 +32,14 @@ int lt_cli_admin_replay(int argc, char **argv);
 #define MAX_TPS 128
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: lathe admin replay [--from-beginning | --from-offset N | --from-time ISO8601] [--json]\n"
+  fprintf(f, "usage: lathe admin replay [--from-beginning | --from-offset N | --from-time ISO8601] [--json] [--jobs]\n"
              "\n"
              "Rebuilds every job's state from lathe.jobs and lathe.control and prints the count of\n"
              "jobs per state and the state digest. --from-offset N starts every partition of both\n"
              "topics at offset N; --from-time at the first record at or after the time\n"
-             "(e.g. 2026-11-29T10:00:00Z). Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
+             "(e.g. 2026-11-29T10:00:00Z). --jobs adds every job's state as the digest hashes it, a\n"
+             "line each (GET /debug/jobs on an api's operator port gives its own, to compare).\n"
+             "Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
              "the admin principal (LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG).\n");
 }
 
@@ -93,12 +95,13 @@ typedef struct replay {
 } replay_t;
 
 /* Parses argv. Returns -1 to go on, else the exit status (after saying what is wrong). */
-static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, bool *as_json) {
-  enum { O_BEGINNING = 256, O_OFFSET, O_TIME, O_JSON };
+static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, bool *as_json, bool *job_lines) {
+  enum { O_BEGINNING = 256, O_OFFSET, O_TIME, O_JSON, O_JOBS };
   static const struct option opts[] = {{"from-beginning", no_argument, NULL, O_BEGINNING},
                                        {"from-offset", required_argument, NULL, O_OFFSET},
                                        {"from-time", required_argument, NULL, O_TIME},
                                        {"json", no_argument, NULL, O_JSON},
+                                       {"jobs", no_argument, NULL, O_JOBS},
                                        {0}};
   lt_cli_args_t a = {.what = "admin replay", .usage = usage, .opts = opts};
   int c;
@@ -106,6 +109,7 @@ static int parse_args(int argc, char **argv, int64_t *start, int64_t *time_ms, b
   while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) {
     if (c == O_BEGINNING) *start = LT_BUS_OFFSET_BEGINNING;
     else if (c == O_JSON) *as_json = true;
+    else if (c == O_JOBS) *job_lines = true;
     else if (c == O_OFFSET && lt_cli_args_num(&a, "--from-offset", 0, 9e18, true, &d)) *start = (int64_t)d;
     else if (c == O_OFFSET) return 2;
     else if (parse_time(a.value, time_ms))
@@ -189,7 +193,7 @@ static lt_err_t replay_read(replay_t *r, char *err, size_t n) {
 }
 
 /* Prints the jobs per state, the record counts and the state digest, as text or one JSON line. */
-static void replay_print(replay_t *r, bool as_json) {
+static void replay_print(replay_t *r, bool as_json, bool job_lines) {
   lt_job_table_t *jobs = lt_proj_jobs(r->fold);
   uint64_t count[LT_JOB__STATE_COUNT] = {0};
   char digest[65];
@@ -204,6 +208,7 @@ static void replay_print(replay_t *r, bool as_json) {
     json_t *o = json_pack("{s:I,s:o,s:I,s:I,s:I,s:s}", "jobs", (json_int_t)lt_job_count(jobs), "states", states,
                           "records", (json_int_t)r->records, "undecodable", (json_int_t)r->bad,
                           "unknown_job_records", (json_int_t)(orphans + dropped), "digest", digest);
+    if (o && job_lines) json_object_set_new(o, "job_lines", lt_proj_job_lines(r->fold));
     char *text = json_dumps(o, JSON_COMPACT);
     printf("%s\n", text);
     free(text);
@@ -216,6 +221,12 @@ static void replay_print(replay_t *r, bool as_json) {
   printf("records: %" PRIu64 " (undecodable or not applicable: %" PRIu64 ", naming unknown jobs: %" PRIu64 ")\n",
          r->records, r->bad, (uint64_t)orphans + dropped);
   printf("digest: %s\n", digest);
+  if (job_lines) {
+    json_t *lines = lt_proj_job_lines(r->fold), *l;
+    size_t i;
+    json_array_foreach(lines, i, l) printf("%s\n", json_string_value(l));
+    json_decref(lines);
+  }
 }
 
 static void replay_close(replay_t *r) {
@@ -227,14 +238,14 @@ static void replay_close(replay_t *r) {
 
 int lt_cli_admin_replay(int argc, char **argv) {
   int64_t start = LT_BUS_OFFSET_BEGINNING, time_ms = -1;
-  bool as_json = false;
-  int rc = parse_args(argc, argv, &start, &time_ms, &as_json);
+  bool as_json = false, job_lines = false;
+  int rc = parse_args(argc, argv, &start, &time_ms, &as_json, &job_lines);
   if (rc >= 0) return rc;
   char err[512] = "";
   replay_t r = {0};
   lt_err_t e = replay_open(&r, start, time_ms, err, sizeof err);
   if (!e) e = replay_read(&r, err, sizeof err);
-  if (!e) replay_print(&r, as_json);
+  if (!e) replay_print(&r, as_json, job_lines);
   else fprintf(stderr, "lathe admin replay: %s\n", err);
   replay_close(&r);
   return e ? 1 : 0;

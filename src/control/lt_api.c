@@ -317,23 +317,29 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   return r ? r->slot : f->slot;
 }
 
-/* The operator port: /healthz and /metrics, nothing else. */
+/* The operator port: /healthz, /metrics and /debug/jobs (every job's state as the digest hashes
+ * it, to compare two processes job by job), nothing else. */
 static lt_api_slot_t route_operator(lt_api_t *api, struct evhttp_request *req, const char *path) {
   lt_api_call_t c = {.api = api, .req = req, .id = "", .name = ""};
-  bool health = strcmp(path, "/healthz") == 0, metrics = strcmp(path, "/metrics") == 0;
-  if (!health && !metrics) {
-    lt_api_reply_error(req, 404, "not_found", NULL, "no such route: %s (the operator port serves /healthz and /metrics)",
-                       path);
+  bool health = strcmp(path, "/healthz") == 0, metrics = strcmp(path, "/metrics") == 0,
+       jobs = strcmp(path, "/debug/jobs") == 0;
+  if (!health && !metrics && !jobs) {
+    lt_api_reply_error(req, 404, "not_found", NULL,
+                       "no such route: %s (the operator port serves /healthz, /metrics and /debug/jobs)", path);
     return LT_API_SLOT_OTHER;
   }
   if (evhttp_request_get_command(req) != EVHTTP_REQ_GET) {
     lt_api_reply_error(req, 405, "method_not_allowed", NULL, "use GET on %s", path);
   } else if (health) {
     reply_health(&c);
+  } else if (jobs) {
+    char digest[65] = "";
+    lt_api_digest(api, digest);
+    lt_api_reply_json(req, 200, json_pack("{s:s,s:o}", "digest", digest, "jobs", lt_proj_job_lines(api->proj)));
   } else {
     lt_api_metrics_reply(&c);
   }
-  return health ? LT_API_SLOT_HEALTH : LT_API_SLOT_METRICS;
+  return metrics ? LT_API_SLOT_METRICS : LT_API_SLOT_HEALTH;
 }
 
 /* Decodes the request's path and hands it to route (the customer port) or route_operator. */

@@ -369,6 +369,18 @@ void lt_job_scan(const lt_job_table_t *t, bool (*fn)(const lt_job_t *, void *), 
     if (t->slots[i] && !fn(t->slots[i], ctx)) return;
 }
 
+int lt_job_line(const lt_job_t *j, char *line, size_t n) {
+  /* Every field of the state, in a fixed text form: the digest covers all of it. */
+  return snprintf(line, n,
+                  "%s|%s|%s|%s|%d|%d|%" PRId64 "|%d|%d|%d|%d|%d|%d|%d|%s|%" PRId64 "|%" PRId64
+                  "|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%" PRId64 "|%" PRId64 "|%d|%s|%s|%s|%" PRIu64 "\n",
+                  j->job_id, j->tenant_id, j->base_model, j->dataset_id, (int)j->job_class, j->gpus,
+                  j->max_duration_s, (int)j->state, j->attempt, j->attempt_stopped, j->failed_attempts,
+                  j->cancel_requested, j->cleanup_done, 0, j->worker_id, j->submitted_at_ms, j->queued_at_ms,
+                  j->started_at_ms, j->lease_ms, j->ended_at_ms, j->ckpt_attempt, j->ckpt_step, j->ckpt_bytes,
+                  j->ckpt_final, j->ckpt_key, j->ckpt_sha256, j->reason, j->records);
+}
+
 lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]) {
   lt_job_t **v = sorted(t);
   if (!v) return LT_ERR_NOMEM;
@@ -380,17 +392,7 @@ lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]) {
   }
   char line[2048];
   for (size_t i = 0; i < t->count; i++) {
-    const lt_job_t *j = v[i];
-    /* Every field of the state, in a fixed text form: the digest covers all of it. */
-    int n = snprintf(line, sizeof line,
-                     "%s|%s|%s|%s|%d|%d|%" PRId64 "|%d|%d|%d|%d|%d|%d|%d|%s|%" PRId64 "|%" PRId64
-                     "|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%" PRId64 "|%" PRId64 "|%d|%s|%s|%s|%" PRIu64 "\n",
-                     j->job_id, j->tenant_id, j->base_model, j->dataset_id, (int)j->job_class, j->gpus,
-                     j->max_duration_s, (int)j->state, j->attempt, j->attempt_stopped,
-                     j->failed_attempts, j->cancel_requested, j->cleanup_done, 0, j->worker_id,
-                     j->submitted_at_ms, j->queued_at_ms, j->started_at_ms, j->lease_ms,
-                     j->ended_at_ms, j->ckpt_attempt, j->ckpt_step, j->ckpt_bytes, j->ckpt_final,
-                     j->ckpt_key, j->ckpt_sha256, j->reason, j->records);
+    int n = lt_job_line(v[i], line, sizeof line);
     EVP_DigestUpdate(md, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
   }
   unsigned char d[32];

@@ -174,6 +174,11 @@ void lt_job_foreach(const lt_job_table_t *t, bool (*fn)(const lt_job_t *job, voi
  * result does not depend on order. Stops if fn returns false. */
 void lt_job_scan(const lt_job_table_t *t, bool (*fn)(const lt_job_t *job, void *ctx), void *ctx);
 
+/* The job's state as the digest hashes it: one line of '|'-separated fields, ending in a newline
+ * (snprintf's return: the length it needed). For an operator comparing two processes' states job
+ * by job (GET /debug/jobs on the api's operator port, `lathe admin replay --jobs`). */
+int lt_job_line(const lt_job_t *j, char *line, size_t n);
+
 /* SHA-256 over every job's state in job-id order, as 64 hex digits and a NUL. Replaying the same
  * records gives the same digest, byte for byte (invariant 1). */
 lt_err_t lt_job_digest(const lt_job_table_t *t, char out_hex[65]);

@@ -485,6 +485,20 @@ lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_ori
 
 uint64_t lt_proj_redelivered(const lt_proj_t *p) { return p->redelivered; }
 
+static bool add_line(const lt_job_t *j, void *ctx) {
+  char line[2048];
+  lt_job_line(j, line, sizeof line);
+  size_t n = strlen(line);
+  if (n && line[n - 1] == '\n') line[n - 1] = '\0';
+  return json_array_append_new(ctx, json_string(line)) == 0;
+}
+
+json_t *lt_proj_job_lines(lt_proj_t *p) {
+  json_t *a = json_array();
+  if (a) lt_job_foreach(p->jobs, add_line, a);
+  return a;
+}
+
 lt_err_t lt_proj_fold(lt_proj_t *p, const void *buf, size_t len, lt_proj_cb *cb, void *ctx, char *errstr, size_t n) {
   return lt_proj_fold_at(p, buf, len, NULL, cb, ctx, errstr, n);
 }

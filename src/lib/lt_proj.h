@@ -89,6 +89,10 @@ lt_err_t lt_proj_fold_msg(lt_proj_t *p, const lt_bus_msg_t *m, const lt_proj_ori
  * (docs/DESIGN.md §5a). Every daemon sets it; without it (tests, tools) tenants fold unchecked. */
 void lt_proj_require_tenant_mac(lt_proj_t *p, const lt_recmac_key_t *key);
 
+/* Every job's state as lt_job_digest hashes it (lt_job_line, without the newline), in job-id
+ * order: a new array (the caller's), NULL when out of memory. */
+json_t *lt_proj_job_lines(lt_proj_t *p);
+
 /* Messages lt_proj_fold_msg skipped as read before. */
 uint64_t lt_proj_redelivered(const lt_proj_t *p);
 

@@ -167,9 +167,22 @@ def main():
                   dict(env, LATHE_INSTANCE=f"oft{run_id}", LATHE_API_KEY_RATE="off", LATHE_API_TENANT_RATE="off",
                        LATHE_WORKER_SLOTS="2"))
         port = int(d.wait_for(r"api listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        ops = int(d.wait_for(r"api operator endpoints \(\S+, \S+\) at http://127\.0\.0\.1:(\d+)", 120).group(1))
         d.wait_for(r"scheduler: leading \(", 90)
         d.wait_for(r"worker \S+ started", 90)
         base = f"http://127.0.0.1:{port}"
+        # The api answers 503 "starting" until it has read the log back (slow under the sanitizers).
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ops}/healthz", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (OSError, urllib.error.HTTPError):
+                pass
+            time.sleep(0.2)
+        else:
+            fail("the api did not become ready (/healthz 200) within 120 s")
         try:
             path = lt_test.task_file(env["LATHE_MODELS_DIR"], os.path.join(tmp, "train.jsonl"))
             out = run_npm(base, keys[0], path)

@@ -187,8 +187,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     lt_api_events_prune(api);
     lt_api_sessions_prune(api);
   }
-  if (api->ready && now - api->healed_at_ms >= 5000) { /* a partition's fetcher may stop: see lt_bus.h */
-    api->healed_at_ms = now;
+  if (api->ready) { /* a partition's fetcher may stop: see lt_bus.h */
     size_t healed = 0;
     char err[256];
     if (lt_bus_consumer_heal_stalls(api->consumer, 10000, 500, &healed, err, sizeof err) == LT_OK && healed) {

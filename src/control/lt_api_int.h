@@ -98,7 +98,6 @@ struct lt_api {
   lt_map_t *history;       /* job_id -> the SSE replay buffer (lt_api_events.c) */
   int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
-  int64_t healed_at_ms;    /* when the feed was last checked for stalled partitions (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel

@@ -274,7 +274,6 @@ struct lt_publisher {
   todo_t *todo;
   size_t ntodo, captodo;
   int64_t next_gc_ms;
-  int64_t healed_at_ms; /* when the consumer was last checked for stalled partitions (monotonic) */
   lt_publisher_stats_t stats;
   bool in_work;
 };
@@ -776,9 +775,7 @@ static void on_consumer(evutil_socket_t fd, short what, void *arg) { feed(arg); 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_publisher_t *p = arg;
   feed(p);
-  int64_t now = lt_time_mono_ms();
-  if (p->stats.ready && now - p->healed_at_ms >= 5000) { /* a partition's fetcher may stop: lt_bus.h */
-    p->healed_at_ms = now;
+  if (p->stats.ready) { /* a partition's fetcher may stop: lt_bus.h */
     size_t healed = 0;
     char err[256];
     if (lt_bus_consumer_heal_stalls(p->consumer, 10000, 500, &healed, err, sizeof err) == LT_OK && healed)

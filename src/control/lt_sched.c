@@ -329,6 +329,7 @@ lt_err_t lt_sched_worker_heartbeat(lt_sched_t *s, uint64_t worker_id, const uint
 lt_err_t lt_sched_worker_cordon(lt_sched_t *s, uint64_t worker_id, bool on) {
   uint32_t w = worker_find(s, worker_id);
   if (w == NIL || !s->workers[w].up) return LT_ERR_NOT_FOUND;
+  if (s->workers[w].cordoned == on) return LT_OK;
   s->workers[w].cordoned = on;
   if (on) sched_unreserve(s, w); /* a gang waiting for it looks elsewhere */
   assert(sched_ok(s));

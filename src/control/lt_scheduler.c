@@ -559,9 +559,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_scheduler_t *s = arg;
   poll_group(s);
   feed(s);
-  int64_t now = lt_time_mono_ms();
-  if (s->fold_c && now - s->healed_at_ms >= 5000) { /* a partition's fetcher may stop: see lt_bus.h */
-    s->healed_at_ms = now;
+  if (s->fold_c) { /* a partition's fetcher may stop: see lt_bus.h */
     size_t healed = 0;
     char err[256];
     if (lt_bus_consumer_heal_stalls(s->fold_c, 10000, 500, &healed, err, sizeof err) == LT_OK && healed)

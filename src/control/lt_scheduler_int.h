@@ -106,7 +106,6 @@ struct lt_scheduler {
   worker_t *workers;
   size_t nworkers, capworkers;
   lt_map_t *worker_idx; /* worker_id -> index + 1 */
-  int64_t healed_at_ms; /* when the fold consumer was last checked for stalled partitions (monotonic) */
   lt_map_t *tenant_ids; /* tenant_id -> lt_sched id (index in tenant_names + 1) */
   char **tenant_names;
   size_t ntenants, captenants;

@@ -340,7 +340,8 @@ int64_t lt_bus_consumer_lag(lt_bus_consumer_t *c);
  * and assigned again at its position, so its fetcher starts over; *healed says how many. librdkafka
  * 2.0 can leave a partition's fetcher stopped after a broker restart (a chaos run's API folded
  * two records less than the log, seed 6204). A partition that waits on an open transaction looks
- * the same and only fetches again. Call from the thread that polls c. */
+ * the same and only fetches again. A call within stall_ms / 2 of the last look returns at once, so a
+ * caller's periodic timer may call it every tick. Call from the thread that polls c. */
 lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int timeout_ms, size_t *healed,
                                      char *errstr, size_t errstr_size);
 

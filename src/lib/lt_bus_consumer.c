@@ -32,6 +32,7 @@ struct lt_bus_consumer {
     int64_t pos, since_ms;
   } *watch;
   size_t nwatch, capwatch;
+  int64_t watched_ms; /* when heal_stalls last looked */
 };
 
 rd_kafka_t *lt_bus_consumer_rk(lt_bus_consumer_t *c) { return c->rk; }
@@ -454,10 +455,12 @@ static struct watch *watch_of(lt_bus_consumer_t *c, const char *topic, int32_t p
 lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int timeout_ms, size_t *healed,
                                      char *errstr, size_t errstr_size) {
   *healed = 0;
+  int64_t now = lt_time_mono_ms();
+  if (c->watched_ms && now - c->watched_ms < stall_ms / 2) return LT_OK; /* called every tick: look less often */
+  c->watched_ms = now;
   rd_kafka_topic_partition_list_t *l = NULL, *idle = NULL, *stuck = NULL;
   if (rd_kafka_assignment(c->rk, &l) || !l) return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "no assignment");
   lt_err_t err = LT_OK;
-  int64_t now = lt_time_mono_ms();
   if (rd_kafka_position(c->rk, l)) err = lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "positions not readable");
   idle = rd_kafka_topic_partition_list_new(l->cnt > 0 ? l->cnt : 1);
   for (int i = 0; !err && i < l->cnt; i++) {

@@ -4,7 +4,9 @@
  * zeroing on free, and the token picker shared with lt_sample. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <immintrin.h> /* _mm_getcsr: the bf16 reference's FTZ and DAZ */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,60 +311,103 @@ Test(serve, a_sequence_is_bitwise_the_same_whatever_shares_its_steps_bf16) { inv
 
 /* ---- serving precision --------------------------------------------------------------------- */
 
-/* With bf16 weights, matmul_rows is bitwise the float product over the weights rounded to bf16:
- * for every M (the four-row and four-column kernels and the tails), K not a multiple of 16, a W
- * that starts inside a mapped weight, matmul_rows_multi, and a W outside any mapped weight (read
- * as floats). After free_const the floats are read again. */
-Test(serve, bf16_weights_give_the_float_product_over_rounded_weights) {
+/* The bf16 product's element as workers/engine/lt_cpu_dot.h defines it, in scalar code: both
+ * operands rounded to bf16 (nearest even; a subnormal activation to zero), 16 lanes, lane l of
+ * chunk c taking the pair k = 32c + 2l + 1 then 32c + 2l (zeros past K), the lanes folded
+ * pairwise, all with MXCSR's FTZ and DAZ set. */
+static float bf16_round_daz(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) == 0) return signbit(f) ? -0.0f : 0.0f;
+  return lt_st_bf16_to_f32(lt_st_f32_to_bf16(f));
+}
+
+static float bf16_ref_dot(const float *a, const float *w, int K) {
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);
+  volatile float lane[16] = {0};
+  for (int c = 0; c < K; c += 32)
+    for (int l = 0; l < 16; l++)
+      for (int e = 1; e >= 0; e--) {
+        int k = c + 2 * l + e;
+        float x = k < K ? bf16_round_daz(a[k]) : 0.0f, y = k < K ? lt_st_bf16_to_f32(lt_st_f32_to_bf16(w[k])) : 0.0f;
+        float p = x * y;
+        lane[l] = lane[l] + p;
+      }
+  for (int s = 8; s >= 1; s /= 2)
+    for (int i = 0; i < s; i++) lane[i] = lane[i] + lane[i + s];
+  float r = lane[0];
+  _mm_setcsr(csr);
+  return r;
+}
+
+/* With bf16 weights, every element of matmul_rows is bitwise bf16_ref_dot: for every M (the
+ * tiles, the four-column and single-column kernels and their tails), K not a multiple of 32, a W
+ * that starts inside a mapped weight, activations and weights with subnormals and values that
+ * round up to the smallest normal, matmul_rows_multi mixing a mapped and an unmapped W (read as
+ * floats), alpha and beta. After free_const the floats are read again. */
+Test(serve, bf16_weights_give_the_defined_bf16_pair_sum) {
   enum { N = 37, K = 53, MM = 9 };
   lt_backend_t *h, *f;
   lt_cpu_opts_t o = {.threads = 2, .bf16_weights = 1, .bf16_min_elems = 64};
   OK(lt_backend_cpu_new_opts(&o, &h, errbuf, sizeof errbuf));
   OK(lt_backend_cpu_new(2, &f, errbuf, sizeof errbuf));
-  float *w = malloc(sizeof(float) * (N + 3) * K), *wr = malloc(sizeof(float) * (N + 3) * K),
+  float *w = malloc(sizeof(float) * (N + 3) * K), *wc = malloc(sizeof(float) * (N + 3) * K),
         *a = malloc(sizeof(float) * MM * K), *c1 = malloc(sizeof(float) * MM * N),
         *c2 = malloc(sizeof(float) * MM * N);
   unsigned seed = 5;
-  for (int i = 0; i < (N + 3) * K; i++) {
-    w[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
-    wr[i] = lt_st_bf16_to_f32(lt_st_f32_to_bf16(w[i]));
-  }
+  for (int i = 0; i < (N + 3) * K; i++) w[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
   for (int i = 0; i < MM * K; i++) a[i] = (float)rand_r(&seed) / RAND_MAX - 0.5f;
+  const float tiny[] = {1e-39f, -2e-40f, 1.1754942e-38f /* rounds up to the smallest normal */, 3e-20f};
+  for (int i = 0; i < 4; i++) a[7 * i + 2] = tiny[i], w[11 * i + 5] = tiny[3 - i];
+  memcpy(wc, w, sizeof(float) * (N + 3) * K);
   const float *dev = h->map_const(h, w, (size_t)(N + 3) * K);
   cr_assert_eq(dev, w, "the cpu backend maps weights in place");
-  int differs = 0;
   for (int M = 1; M <= MM; M++)
     for (int off = 0; off <= 3; off += 3) {
-      h->matmul_rows(h, M, N, K, 1.0f, a, K, w + (size_t)off * K, K, 0.0f, c1, N);
-      f->matmul_rows(f, M, N, K, 1.0f, a, K, wr + (size_t)off * K, K, 0.0f, c2, N);
-      cr_assert_eq(memcmp(c1, c2, sizeof(float) * M * N), 0, "M %d, offset %d: not the rounded product", M, off);
-      f->matmul_rows(f, M, N, K, 1.0f, a, K, w + (size_t)off * K, K, 0.0f, c2, N);
-      differs |= memcmp(c1, c2, sizeof(float) * M * N) != 0;
+      const float *W = w + (size_t)off * K;
+      for (int i = 0; i < M * N; i++) c1[i] = 1.0f;
+      h->matmul_rows(h, M, N, K, 0.5f, a, K, W, K, 2.0f, c1, N);
+      for (int r = 0; r < M; r++)
+        for (int j = 0; j < N; j++) {
+          float e = 0.5f * bf16_ref_dot(a + (size_t)r * K, W + (size_t)j * K, K) + 2.0f * 1.0f;
+          cr_assert_eq(memcmp(&c1[r * N + j], &e, sizeof e), 0, "M %d, offset %d, [%d,%d]: %.9g, expected %.9g", M,
+                       off, r, j, c1[r * N + j], e);
+        }
     }
-  cr_assert(differs, "the bf16 copy was never read");
+  f->matmul_rows(f, 4, N, K, 1.0f, a, K, w, K, 0.0f, c2, N);
+  h->matmul_rows(h, 4, N, K, 1.0f, a, K, w, K, 0.0f, c1, N);
+  cr_assert_neq(memcmp(c1, c2, sizeof(float) * 4 * N), 0, "the bf16 product equals the float one");
   lt_mr_desc_t d[2] = {{.M = 3, .N = N, .K = K, .alpha = 1, .A = a, .W = w, .C = c1, .lda = K, .ldw = K, .ldc = N},
-                       {.M = 2, .N = N, .K = K, .alpha = 1, .A = a + 3 * K, .W = wr, .C = c1 + 3 * N, .lda = K,
+                       {.M = 2, .N = N, .K = K, .alpha = 1, .A = a + 3 * K, .W = wc, .C = c1 + 3 * N, .lda = K,
                         .ldw = K, .ldc = N}};
   h->matmul_rows_multi(h, 2, d);
-  f->matmul_rows(f, 3, N, K, 1.0f, a, K, wr, K, 0.0f, c2, N);
-  f->matmul_rows(f, 2, N, K, 1.0f, a + 3 * K, K, wr, K, 0.0f, c2 + 3 * N, N); /* wr is not mapped in h */
-  cr_assert_eq(memcmp(c1, c2, sizeof(float) * 5 * N), 0, "matmul_rows_multi");
+  for (int r = 0; r < 3; r++)
+    for (int j = 0; j < N; j++) {
+      float e = bf16_ref_dot(a + (size_t)r * K, w + (size_t)j * K, K);
+      cr_assert_eq(memcmp(&c1[r * N + j], &e, sizeof e), 0, "matmul_rows_multi, mapped [%d,%d]", r, j);
+    }
+  f->matmul_rows(f, 2, N, K, 1.0f, a + 3 * K, K, wc, K, 0.0f, c2, N); /* wc is not mapped in h */
+  cr_assert_eq(memcmp(c1 + 3 * N, c2, sizeof(float) * 2 * N), 0, "matmul_rows_multi, unmapped");
   h->free_const(h, dev);
   h->matmul_rows(h, 4, N, K, 1.0f, a, K, w, K, 0.0f, c1, N);
   f->matmul_rows(f, 4, N, K, 1.0f, a, K, w, K, 0.0f, c2, N);
   cr_assert_eq(memcmp(c1, c2, sizeof(float) * 4 * N), 0, "after free_const the floats are read");
-  free(w), free(wr), free(a), free(c1), free(c2);
+  free(w), free(wc), free(a), free(c1), free(c2);
   lt_backend_destroy(h);
   lt_backend_destroy(f);
 }
 
-/* The AVX-512 kernels (4x4 tiles, 16-float registers) and the narrow ones (AVX2 or baseline)
- * give the same bits, for floats and bf16 copies, every M through the tiles and their edges,
- * K with and without a tail: the sampler's answers do not depend on the machine. */
+/* The AVX-512 kernels (4x4 tiles, 16-float registers; vdpbf16ps for bf16 copies) and the
+ * narrow ones (AVX2 or baseline) give the same bits, for floats and bf16 copies, every M through
+ * the tiles and their edges, K with and without a tail: the sampler's answers do not depend on
+ * the machine. */
 Test(serve, matmul_rows_is_the_same_bits_on_every_instruction_set) {
   enum { N = 37, MM = 9, KMAX = 64 };
   if (!__builtin_cpu_supports("avx512f"))
     fprintf(stderr, "note: no AVX-512 here: both backends run the narrow kernels\n");
+  else if (!__builtin_cpu_supports("avx512bf16"))
+    fprintf(stderr, "note: no AVX-512 BF16 here: both backends run the narrow bf16 kernels\n");
   float *w = malloc(sizeof(float) * N * KMAX), *a = malloc(sizeof(float) * MM * KMAX),
         *c1 = malloc(sizeof(float) * MM * N), *c2 = malloc(sizeof(float) * MM * N);
   unsigned seed = 11;

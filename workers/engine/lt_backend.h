@@ -248,11 +248,12 @@ typedef struct lt_cpu_opts {
   int threads;          /* as lt_backend_cpu_new */
   /* Serving precision: map_const also keeps a bf16 copy (rounded to nearest even) of every
    * weight of at least bf16_min_elems floats (0: 65536, i.e. the matrices, not the norms), and
-   * matmul_rows / matmul_rows_multi read it when W lies in a mapped weight. The products are then
-   * bitwise those over the weights rounded to bf16 (a bf16 value widens to its float exactly;
-   * the sums, A and C stay float), batch-invariant as before, with half the weight bytes a
-   * decode step streams. Everything else (matmul, embeddings, norms, training) reads the floats.
-   * The sampler sets it (LATHE_SAMPLER_PRECISION); training never does. */
+   * matmul_rows / matmul_rows_multi read it when W lies in a mapped weight, with A's rows
+   * rounded to bf16 too: each element is the bf16 pairs' sum of lt_cpu_dot.h (vdpbf16ps where
+   * the chip has AVX-512 BF16, the same bits elsewhere), float sums and C, batch-invariant as
+   * before, with half the weight bytes a decode step streams. Everything else (matmul,
+   * embeddings, norms, training) reads the floats. The sampler sets it
+   * (LATHE_SAMPLER_PRECISION); training never does. */
   int bf16_weights;
   size_t bf16_min_elems;
   /* matmul_rows runs AVX-512 kernels (4x4 tiles) where the processor has them; narrow: the

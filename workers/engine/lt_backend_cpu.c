@@ -50,6 +50,10 @@ typedef struct cpu {
   size_t bf16_min;
   bool wide; /* matmul_rows: the AVX-512 kernels (lt_cpu_opts_t.narrow unset, and the chip has them) */
   bool avx2; /* otherwise: the AVX2 build of the narrow kernels (the chip has AVX2) */
+  bool bfdp; /* wide, and the chip has AVX-512 BF16: bf16 products run vdpbf16ps */
+  /* the activation rows of a bf16 product, rounded (bf16_rows); grows, never shrinks */
+  uint16_t *abf;
+  size_t abf_n;
   struct shadow *sh;
   size_t nsh, capsh;
 } cpu_t;
@@ -296,15 +300,17 @@ static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, fl
 
 /* Batch-invariant NT product: each C element is one dot product computed by the same code
  * whatever M is; threads split the columns. W is floats, or (Wh set) the bf16 copy of a mapped
- * weight: a bf16 value widens to its float exactly, so the bf16 product is bitwise the float
- * product over the weights rounded to bf16, with half the bytes to stream. */
+ * weight, and then Ah holds A's rows rounded to bf16 and the product is the bf16 pairs' sum of
+ * lt_cpu_dot.h: half the weight bytes to stream, and on AVX-512 BF16 one instruction per 32
+ * products. */
 typedef struct mr_args {
   int M, N, K, lda, ldw, ldc;
   float alpha, beta;
   const float *A, *W;
   float *C;
   const uint16_t *Wh; /* NULL: read W */
-  bool wide, avx2;    /* cpu_t.wide, cpu_t.avx2 */
+  const uint16_t *Ah; /* with Wh: A's M rows rounded to bf16, K apart */
+  bool wide, avx2, bfdp; /* cpu_t's */
 } mr_args_t;
 
 AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
@@ -312,19 +318,79 @@ AI void mr_store(const mr_args_t *a, int r, size_t j, float d) {
   *c = a->beta == 0.0f ? a->alpha * d : a->alpha * d + a->beta * *c;
 }
 
+/* M rows of A (lda apart) rounded to bf16 into dst (K apart): nearest even, and subnormals to
+ * zero as vdpbf16ps reads them. */
+static void bf16_rows(const float *A, int lda, int M, int K, uint16_t *dst) {
+  for (int r = 0; r < M; r++)
+    for (int k = 0; k < K; k++) {
+      float f = A[(size_t)r * lda + k];
+      uint32_t u;
+      memcpy(&u, &f, sizeof u);
+      dst[(size_t)r * K + k] = (u & 0x7f800000u) == 0 ? (uint16_t)((u >> 16) & 0x8000u) : lt_st_f32_to_bf16(f);
+    }
+}
+
+/* Room for n rounded activations in c->abf. */
+static uint16_t *abf_room(cpu_t *c, size_t n) {
+  if (c->abf_n < n) {
+    free(c->abf);
+    c->abf = malloc(n * sizeof *c->abf);
+    assert(c->abf && "cpu backend: bf16 activation buffer allocation failed");
+    c->abf_n = n;
+  }
+  return c->abf;
+}
+
+/* Columns [lo, hi) of a bf16 product: 4x4 tiles, the rows left against four columns, then the
+ * columns left one element at a time; every element summed alike (lt_cpu_dot.h). */
+AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_fn step) {
+  const size_t ldw = (size_t)a->ldw, lda = (size_t)a->K;
+  size_t j = lo;
+  for (; j + 4 <= hi; j += 4) {
+    const uint16_t *w = a->Wh + j * ldw;
+    int r = 0;
+    for (; r + 4 <= a->M; r += 4) {
+      float d[16];
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 4, 4, ld, step, d);
+      for (int i = 0; i < 16; i++) mr_store(a, r + i / 4, j + (size_t)(i % 4), d[i]);
+    }
+    for (; r < a->M; r++) {
+      float d[4];
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 1, 4, ld, step, d);
+      for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
+    }
+  }
+  for (; j < hi; j++)
+    for (int r = 0; r < a->M; r++) {
+      float d;
+      bdot_tile(a->Ah + r * lda, lda, a->Wh + j * ldw, ldw, a->K, 1, 1, ld, step, &d);
+      mr_store(a, r, j, d);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+static void mrb_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) {
+  mrb_cols_of(a, lo, hi, ldp_avx512, bstep_avx512);
+}
+
+__attribute__((target("avx2")))
+static void mrb_cols_avx2(const mr_args_t *a, size_t lo, size_t hi) {
+  mrb_cols_of(a, lo, hi, ldp, bstep);
+}
+
+static void mrb_cols_base(const mr_args_t *a, size_t lo, size_t hi) { mrb_cols_of(a, lo, hi, ldp, bstep); }
+
 /* Four rows (x, x + lda, ...) against four weight rows (b, b + ldb, ...): a 4x4 tile of the
  * product in sixteen 16-lane sums (out[4 * row + col]), each weight and activation vector loaded
  * once for four sums; each element summed exactly as dot16 sums it. Sixteen accumulators fit
  * AVX-512's 32 registers, not AVX2's 16, so only the AVX-512 build tiles. */
-AI void dot16t44(const float *x, size_t lda, const void *b, size_t ldb, bool h, int K, ldw_fn ld, float out[16]) {
+AI void dot16t44(const float *x, size_t lda, const float *b, size_t ldb, int K, ldw_fn ld, float out[16]) {
   const float *xr[4] = {x, x + lda, x + 2 * lda, x + 3 * lda};
-  const void *br[4];
-  for (int q = 0; q < 4; q++)
-    br[q] = h ? (const void *)((const uint16_t *)b + q * ldb) : (const void *)((const float *)b + q * ldb);
+  const float *br[4] = {b, b + ldb, b + 2 * ldb, b + 3 * ldb};
   v16f v[16] = {{0}};
   int k = 0;
   for (; k + 16 <= K; k += 16) {
-    v16f w0 = ld(br[0], k, h), w1 = ld(br[1], k, h), w2 = ld(br[2], k, h), w3 = ld(br[3], k, h);
+    v16f w0 = ld(br[0], k), w1 = ld(br[1], k), w2 = ld(br[2], k), w3 = ld(br[3], k);
     for (int r = 0; r < 4; r++) {
       v16f a = ld16(xr[r] + k);
       v[4 * r] += a * w0;
@@ -334,43 +400,40 @@ AI void dot16t44(const float *x, size_t lda, const void *b, size_t ldb, bool h, 
     }
   }
   for (int r = 0; r < 4; r++)
-    for (int q = 0; q < 4; q++) out[4 * r + q] = finish16(v[4 * r + q], xr[r], br[q], h, k, K);
+    for (int q = 0; q < 4; q++) out[4 * r + q] = finish16(v[4 * r + q], xr[r], br[q], k, K);
 }
 
-/* Columns [lo, hi) of one product, weights of type h; tile: 4x4 tiles where four rows and four
- * columns remain (dot16t44). */
-AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool h, bool tile, ldw_fn ld) {
+/* Columns [lo, hi) of a float product; tile: 4x4 tiles where four rows and four columns remain
+ * (dot16t44). */
+AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool tile, ldw_fn ld) {
   size_t j = lo;
-  const void *W = h ? (const void *)a->Wh : (const void *)a->W;
-#define MR_WROW(j) (h ? (const void *)((const uint16_t *)W + (j) * (size_t)a->ldw) \
-                      : (const void *)((const float *)W + (j) * (size_t)a->ldw))
+  const size_t ldw = (size_t)a->ldw;
   if (a->M < 4 || tile) /* four weight rows at a time: decoding a few rows, or tiles */
     for (; j + 4 <= hi; j += 4) {
       int r = 0;
       if (tile)
         for (; r + 4 <= a->M; r += 4) {
           float d[16];
-          dot16t44(a->A + (size_t)r * a->lda, (size_t)a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, ld, d);
+          dot16t44(a->A + (size_t)r * a->lda, (size_t)a->lda, a->W + j * ldw, ldw, a->K, ld, d);
           for (int i = 0; i < 16; i++) mr_store(a, r + i / 4, j + (size_t)(i % 4), d[i]);
         }
       for (; r < a->M; r++) {
         float d[4];
-        dot16w4(a->A + (size_t)r * a->lda, MR_WROW(j), (size_t)a->ldw, h, a->K, ld, d);
+        dot16w4(a->A + (size_t)r * a->lda, a->W + j * ldw, ldw, a->K, ld, d);
         for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
       }
     }
   for (; j < hi; j++) {
-    const void *w = MR_WROW(j);
+    const float *w = a->W + j * ldw;
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       const float *x = a->A + (size_t)r * a->lda;
       float d[4];
-      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, h, a->K, ld, d);
+      dot16x4(x, x + a->lda, x + 2 * (size_t)a->lda, x + 3 * (size_t)a->lda, w, a->K, ld, d);
       for (int q = 0; q < 4; q++) mr_store(a, r + q, j, d[q]);
     }
-    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, h, a->K, ld));
+    for (; r < a->M; r++) mr_store(a, r, j, dot16(a->A + (size_t)r * a->lda, w, a->K, ld));
   }
-#undef MR_WROW
 }
 
 /* Built for AVX-512 (tiled), AVX2 and the x86-64 baseline, and picked at run time. The wider
@@ -379,35 +442,37 @@ AI void mr_cols_of(const mr_args_t *a, size_t lo, size_t hi, bool h, bool tile, 
  * every build gives the same bits (the sampler's answers do not depend on the machine's
  * instruction set). */
 __attribute__((target("avx512f")))
-static void mr_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) {
-  if (a->Wh) mr_cols_of(a, lo, hi, true, true, ldw_avx512);
-  else mr_cols_of(a, lo, hi, false, true, ldw_avx512);
-}
+static void mr_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) { mr_cols_of(a, lo, hi, true, ldw_avx512); }
 
 /* Picked by a flag, not target_clones: an ifunc resolver runs during relocation, before a
  * sanitizer's runtime is up, and ThreadSanitizer builds crashed there. */
 __attribute__((target("avx2")))
-static void mr_cols_avx2(const mr_args_t *a, size_t lo, size_t hi) {
-  if (a->Wh) mr_cols_of(a, lo, hi, true, false, ldw);
-  else mr_cols_of(a, lo, hi, false, false, ldw);
-}
+static void mr_cols_avx2(const mr_args_t *a, size_t lo, size_t hi) { mr_cols_of(a, lo, hi, false, ldw); }
 
-static void mr_cols_base(const mr_args_t *a, size_t lo, size_t hi) {
-  if (a->Wh) mr_cols_of(a, lo, hi, true, false, ldw);
-  else mr_cols_of(a, lo, hi, false, false, ldw);
-}
+static void mr_cols_base(const mr_args_t *a, size_t lo, size_t hi) { mr_cols_of(a, lo, hi, false, ldw); }
 
 static void mr_cols(const mr_args_t *a, size_t lo, size_t hi) {
-  if (a->wide) mr_cols_avx512(a, lo, hi);
+  if (a->Wh) {
+    unsigned csr = bf16_csr_enter();
+    if (a->bfdp) mrb_cols_avx512(a, lo, hi);
+    else if (a->avx2) mrb_cols_avx2(a, lo, hi);
+    else mrb_cols_base(a, lo, hi);
+    bf16_csr_leave(csr);
+  } else if (a->wide) mr_cols_avx512(a, lo, hi);
   else if (a->avx2) mr_cols_avx2(a, lo, hi);
   else mr_cols_base(a, lo, hi);
 }
 
-static void mr_task(void *p, int tid, int nt) {
-  const mr_args_t *a = p;
-  size_t lo, hi;
-  chunk((size_t)a->N, tid, nt, &lo, &hi);
-  mr_cols(a, lo, hi);
+/* The arguments of one product; Ah: where its rounded rows go when W has a bf16 copy (then
+ * *used grows by M*K), else unused. */
+static mr_args_t mr_args_of(const cpu_t *c, const lt_mr_desc_t *d, uint16_t *Ah, size_t *used) {
+  mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C,
+                 shadow_of(c, d->W), NULL, c->wide, c->avx2, c->bfdp};
+  if (a.Wh) {
+    a.Ah = Ah + *used;
+    *used += (size_t)d->M * d->K;
+  }
+  return a;
 }
 
 /* matmul_rows_multi: each thread takes its share of every product's columns. */
@@ -419,19 +484,35 @@ typedef struct mrm_args {
 
 static void mrm_task(void *p, int tid, int nt) {
   const mrm_args_t *m = p;
+  size_t used = 0;
   for (int i = 0; i < m->count; i++) {
-    const lt_mr_desc_t *d = &m->d[i];
-    mr_args_t a = {d->M, d->N, d->K, d->lda, d->ldw, d->ldc, d->alpha, d->beta, d->A, d->W, d->C,
-                   shadow_of(m->c, d->W), m->c->wide, m->c->avx2};
+    mr_args_t a = mr_args_of(m->c, &m->d[i], m->c->abf, &used);
     size_t lo, hi;
-    chunk((size_t)d->N, tid, nt, &lo, &hi);
+    chunk((size_t)a.N, tid, nt, &lo, &hi);
     mr_cols(&a, lo, hi);
+  }
+}
+
+/* Rounds the activations of every product of d that reads a bf16 copy into c->abf, in the
+ * order mr_args_of hands them out. */
+static void bf16_prepare(cpu_t *c, int count, const lt_mr_desc_t *d) {
+  if (!c->bf16) return;
+  size_t n = 0;
+  for (int i = 0; i < count; i++)
+    if (shadow_of(c, d[i].W)) n += (size_t)d[i].M * d[i].K;
+  if (n == 0) return;
+  uint16_t *ah = abf_room(c, n);
+  size_t used = 0;
+  for (int i = 0; i < count; i++) {
+    mr_args_t a = mr_args_of(c, &d[i], ah, &used);
+    if (a.Wh) bf16_rows(a.A, a.lda, a.M, a.K, (uint16_t *)a.Ah);
   }
 }
 
 static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_t *d) {
   double flops = 0;
   for (int i = 0; i < count; i++) flops += (double)d[i].M * d[i].N * d[i].K;
+  bf16_prepare(CPU(be), count, d);
   mrm_args_t m = {CPU(be), count, d};
   if (flops < 1 << 15) mrm_task(&m, 0, 1);
   else pool_run(CPU(be), mrm_task, &m);
@@ -439,9 +520,9 @@ static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
                             int lda, const float *W, int ldw, float beta, float *C, int ldc) {
-  mr_args_t a = {M, N, K, lda, ldw, ldc, alpha, beta, A, W, C, shadow_of(CPU(be), W), CPU(be)->wide, CPU(be)->avx2};
-  if ((double)M * N * K < 1 << 15) mr_task(&a, 0, 1);
-  else pool_run(CPU(be), mr_task, &a);
+  lt_mr_desc_t d = {.M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .A = A, .lda = lda,
+                    .W = W, .ldw = ldw, .C = C, .ldc = ldc};
+  cpu_matmul_rows_multi(be, 1, &d);
 }
 
 static void cpu_matmul_strided(lt_backend_t *be, int ta, int tb, int M, int N, int K,
@@ -963,6 +1044,7 @@ static void cpu_destroy(lt_backend_t *be) {
   for (int t = 1; t < c->nt; t++) pthread_join(c->lanes[t].thread, NULL);
   while (c->blocks) cpu_free(be, c->blocks + 1);
   for (int t = 0; t < c->nt; t++) free(c->lanes[t].scratch);
+  free(c->abf);
   for (size_t i = 0; i < c->nsh; i++) free(c->sh[i].h);
   free(c->sh);
   free(c->lanes);
@@ -990,6 +1072,7 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
   c->bf16_min = o->bf16_min_elems ? o->bf16_min_elems : 65536;
   c->wide = !o->narrow && __builtin_cpu_supports("avx512f");
   c->avx2 = __builtin_cpu_supports("avx2");
+  c->bfdp = c->wide && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   c->lanes = calloc((size_t)threads, sizeof *c->lanes);
   if (!c->lanes) {
     free(c);

@@ -311,7 +311,7 @@ typedef struct serve_dev {
   float *q, *atty;  /* (R, H*hd) */
   float *k, *v;     /* (R, KV*hd) */
   float *g, *u, *h; /* (R, F) */
-  float *la;        /* (R, D): x A^T of one adapter's rows (r <= D) */
+  float *la;        /* (3, R, D): x A^T of each adapter's rows (r <= D), per module of a set */
   float *hw;        /* (R, D) final hidden states of the rows that want logits */
   float *logits;    /* (R, V) */
   int32_t *tok, *pos, *slot, *off; /* (R) */
@@ -341,7 +341,7 @@ struct lt_serve {
   int *fill;   /* [R] per-group cursor while ordering */
   const lt_adapter_t **gad; /* [R] adapter of each group (NULL: base) */
   int ngroups;
-  lt_mr_desc_t *mr;          /* [2R] the adapters' low-rank products of one module */
+  lt_mr_desc_t *mr;          /* [6R] the adapters' low-rank products of up to three modules */
 };
 
 void lt_serve_free(lt_serve_t *srv) {
@@ -372,7 +372,7 @@ static lt_err_t serve_buffers(lt_serve_t *srv, char *errstr, size_t errstr_size)
 #define DPIECES(X)                                                                             \
   X(x, R * D, float) X(ln, R * D, float) X(q, R * QD, float) X(atty, R * QD, float)             \
   X(k, R * KD, float) X(v, R * KD, float) X(g, R * F, float) X(u, R * F, float)                 \
-  X(h, R * F, float) X(la, R * D, float) X(hw, R * D, float) X(logits, R * V, float)            \
+  X(h, R * F, float) X(la, 3 * R * D, float) X(hw, R * D, float) X(logits, R * V, float)            \
   X(tok, R, int32_t) X(pos, R, int32_t) X(slot, R, int32_t) X(off, R, int32_t)                  \
   X(btab, TB, int32_t)
   size_t total;
@@ -384,7 +384,7 @@ static lt_err_t serve_buffers(lt_serve_t *srv, char *errstr, size_t errstr_size)
   srv->htok = malloc((4 * R + TB) * sizeof(int32_t));
   srv->perm = malloc((5 * R + 1) * sizeof(int));
   srv->gad = malloc(R * sizeof *srv->gad);
-  srv->mr = malloc(2 * R * sizeof *srv->mr);
+  srv->mr = malloc(6 * R * sizeof *srv->mr);
   if (!srv->htok || !srv->perm || !srv->gad || !srv->mr)
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "serve: out of memory");
   srv->hpos = srv->htok + R;
@@ -647,33 +647,44 @@ static lt_err_t step_tables(lt_serve_t *srv, const lt_serve_row_t *rows, int n) 
   return err;
 }
 
-/* Y (n, out) = X W^T (+ b) + beta Y for layer l's module m, one row-wise product for all rows,
- * then each adapter targeting m adds scale (X_g A^T) B^T to its own contiguous rows: every
- * adapter's X_g A^T in one call (each group's rows of la at its own rows), then every B product in
- * another, so 32 adapters cost two dispatches to the threads, not 64. */
-static void serve_linear(lt_serve_t *srv, const float *X, int n, int l, int m, float *Y,
+/* Y[i] (n, out) = X W^T (+ b) + beta Y[i] for layer l's modules m[0..nm) (nm <= 3), all reading
+ * X: one row-wise product for all rows and modules in one dispatch to the threads, then each
+ * adapter targeting a module adds scale (X_g A^T) B^T to its own contiguous rows: every adapter's
+ * X_g A^T of every module in one call (each group's rows of its module's third of la at its own
+ * rows), then every B product in another, so q, k and v under 32 adapters cost three dispatches,
+ * not 3 + 192. Grouping changes no bit: each element is the same sums in the same order. */
+static void serve_linear(lt_serve_t *srv, const float *X, int n, int l, int nm, const int *m, float *const *Y,
                          float beta) {
   lt_backend_t *be = srv->be;
-  int out, in;
-  mod_shape(&srv->c, m, &out, &in);
   const layer_w_t *lw = &srv->eng->w.layer[l];
-  be->matmul_rows(be, n, out, in, 1.0f, X, in, lw->w[m], in, beta, Y, out);
-  if (m <= M_V && lw->b[m]) be->bias_add(be, Y, lw->b[m], n, out);
-  int k = 0, D = srv->c.hidden_size, R = srv->max_rows;
-  for (int g = 0; g < srv->ngroups; g++) {
-    const lt_adapter_t *ad = srv->gad[g];
-    if (!ad) continue;
-    const lora_t *lo = &ad->lora[(size_t)l * M_COUNT + m];
-    if (!lo->on) continue;
-    int r0 = srv->gstart[g], cnt = srv->gstart[g + 1] - r0, r = ad->rank;
-    float *la = srv->d.la + (size_t)r0 * D; /* rank <= D: the group's rows of la are its own */
-    srv->mr[k] = (lt_mr_desc_t){.M = cnt, .N = r, .K = in, .alpha = 1.0f, .beta = 0.0f, .A = X + (size_t)r0 * in,
-                                .lda = in, .W = ad->block + lo->off_a, .ldw = in, .C = la, .ldc = r};
-    srv->mr[R + k] = (lt_mr_desc_t){.M = cnt, .N = out, .K = r, .alpha = ad->scale, .beta = 1.0f, .A = la,
-                                    .lda = r, .W = ad->block + lo->off_b, .ldw = r, .C = Y + (size_t)r0 * out,
-                                    .ldc = out};
-    k++;
+  int out[3], in[3];
+  lt_mr_desc_t base[3];
+  for (int i = 0; i < nm; i++) {
+    mod_shape(&srv->c, m[i], &out[i], &in[i]);
+    base[i] = (lt_mr_desc_t){.M = n, .N = out[i], .K = in[i], .alpha = 1.0f, .beta = beta, .A = X, .lda = in[i],
+                             .W = lw->w[m[i]], .ldw = in[i], .C = Y[i], .ldc = out[i]};
   }
+  be->matmul_rows_multi(be, nm, base);
+  for (int i = 0; i < nm; i++)
+    if (m[i] <= M_V && lw->b[m[i]]) be->bias_add(be, Y[i], lw->b[m[i]], n, out[i]);
+  int k = 0, D = srv->c.hidden_size, R = 3 * srv->max_rows;
+  for (int i = 0; i < nm; i++)
+    for (int g = 0; g < srv->ngroups; g++) {
+      const lt_adapter_t *ad = srv->gad[g];
+      if (!ad) continue;
+      const lora_t *lo = &ad->lora[(size_t)l * M_COUNT + m[i]];
+      if (!lo->on) continue;
+      int r0 = srv->gstart[g], cnt = srv->gstart[g + 1] - r0, r = ad->rank;
+      /* rank <= D: the group's rows of its module's third of la are its own */
+      float *la = srv->d.la + ((size_t)i * srv->max_rows + (size_t)r0) * D;
+      srv->mr[k] = (lt_mr_desc_t){.M = cnt, .N = r, .K = in[i], .alpha = 1.0f, .beta = 0.0f,
+                                  .A = X + (size_t)r0 * in[i], .lda = in[i], .W = ad->block + lo->off_a,
+                                  .ldw = in[i], .C = la, .ldc = r};
+      srv->mr[R + k] = (lt_mr_desc_t){.M = cnt, .N = out[i], .K = r, .alpha = ad->scale, .beta = 1.0f, .A = la,
+                                      .lda = r, .W = ad->block + lo->off_b, .ldw = r,
+                                      .C = Y[i] + (size_t)r0 * out[i], .ldc = out[i]};
+      k++;
+    }
   if (k == 0) return;
   be->matmul_rows_multi(be, k, srv->mr);
   be->matmul_rows_multi(be, k, srv->mr + R);
@@ -694,20 +705,17 @@ static void serve_layers(lt_serve_t *srv, int n) {
     float *kc = srv->kpool + (size_t)l * srv->layer_floats,
           *vc = srv->vpool + (size_t)l * srv->layer_floats;
     be->rmsnorm_fwd(be, p->ln, NULL, p->x, lw->ln1, n, D, c->rms_norm_eps);
-    serve_linear(srv, p->ln, n, l, M_Q, p->q, 0.0f);
-    serve_linear(srv, p->ln, n, l, M_K, p->k, 0.0f);
-    serve_linear(srv, p->ln, n, l, M_V, p->v, 0.0f);
+    serve_linear(srv, p->ln, n, l, 3, (const int[]){M_Q, M_K, M_V}, (float *const[]){p->q, p->k, p->v}, 0.0f);
     be->rope(be, p->q, e->rope_cos, e->rope_sin, p->pos, n, H, hd, 0);
     be->rope(be, p->k, e->rope_cos, e->rope_sin, p->pos, n, KV, hd, 0);
     be->kv_store_paged(be, kc, p->k, p->slot, n, KD);
     be->kv_store_paged(be, vc, p->v, p->slot, n, KD);
     be->attn_paged(be, p->atty, p->q, kc, vc, p->btab, p->off, p->pos, n, H, KV, hd, srv->bt);
-    serve_linear(srv, p->atty, n, l, M_O, p->x, 1.0f);
+    serve_linear(srv, p->atty, n, l, 1, (const int[]){M_O}, &p->x, 1.0f);
     be->rmsnorm_fwd(be, p->ln, NULL, p->x, lw->ln2, n, D, c->rms_norm_eps);
-    serve_linear(srv, p->ln, n, l, M_GATE, p->g, 0.0f);
-    serve_linear(srv, p->ln, n, l, M_UP, p->u, 0.0f);
+    serve_linear(srv, p->ln, n, l, 2, (const int[]){M_GATE, M_UP}, (float *const[]){p->g, p->u}, 0.0f);
     be->swiglu_fwd(be, p->h, p->g, p->u, (size_t)n * F);
-    serve_linear(srv, p->h, n, l, M_DOWN, p->x, 1.0f);
+    serve_linear(srv, p->h, n, l, 1, (const int[]){M_DOWN}, &p->x, 1.0f);
   }
   be->rmsnorm_fwd(be, p->ln, NULL, p->x, e->w.norm, n, D, c->rms_norm_eps);
 }

@@ -612,6 +612,37 @@ Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
   cr_expect_eq(count_records("control", "CancelRequested", id), 0);
 }
 
+/* An api whose object store cannot be reached does not know whether a dataset exists: a
+ * submission naming one answers 503 (retry), never 404 (which tells the client its dataset is
+ * gone), on /v1/jobs and the OpenAI route alike, and records nothing; an unknown id is 503 there
+ * too (it cannot be told apart). The api with the store answers 201 for the same dataset. (Found
+ * by the chaos suite: an S3 restart turned submissions into 404s.) */
+Test(api, a_store_that_cannot_be_reached_makes_a_submission_503_not_404) {
+  char ds[64], body[512];
+  upload(ca, ds, sizeof ds);
+  srv_t blind = start_api_with(NULL, (const char *const[]){"LATHE_S3_ENDPOINT=127.0.0.1:1", NULL});
+  lt_client_t *c = lt_test_client(blind.url, key_a, 90);
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200, 20000, 100, "the api never knew the key");
+  int before = count_records("jobs", "JobSubmitted", NULL);
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", ds);
+  lt_client_resp_t r = req(c, "POST", "/v1/jobs", body);
+  cr_expect_eq(r.status, 503, "%s", r.body);
+  cr_expect_str_eq(err_code(&r) ? err_code(&r) : "(none)", "unavailable", "%s", r.body);
+  cr_expect(strstr(r.body, "dataset_id") && strstr(r.body, ds), "names the field and the dataset: %s", r.body);
+  cr_expect(atoi(r.retry_after) >= 1, "Retry-After \"%s\"", r.retry_after);
+  lt_client_resp_free(&r);
+  snprintf(body, sizeof body, "{\"model\":\"tiny-llama\",\"training_file\":\"%s\"}", ds);
+  r = req(c, "POST", "/v1/fine_tuning/jobs", body);
+  cr_expect_eq(r.status, 503, "%s", r.body);
+  cr_expect(strstr(r.body, "training_file") != NULL, "names the field: %s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(count_records("jobs", "JobSubmitted", NULL), before, "a refused submission recorded a job");
+  lt_client_destroy(c);
+  stop_api(&blind);
+  char id[64];
+  submit_ok(ca, ds, id, sizeof id); /* the dataset was there all along */
+}
+
 Test(api, invalid_utf8_dataset_is_refused_naming_the_line_and_stores_nothing) {
   const char *bad = "{\"prompt\":\"ok\",\"completion\":\"fine\"}\n"
                     "{\"prompt\":\"caf\xc3\x28\",\"completion\":\"x\"}\n"

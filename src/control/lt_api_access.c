@@ -517,8 +517,11 @@ static void read_under_grant(lt_api_call_t *c, read_t *r) {
   snprintf(r->tenant, sizeof r->tenant, "%s", q->tenant_id);
   snprintf(r->request_id, sizeof r->request_id, "%s", q->request_id);
   snprintf(r->staff, sizeof r->staff, "%s", c->staff);
-  if (r->dataset[0] && !lt_api_dataset_exists(api, r->tenant, r->dataset)) {
-    lt_api_reply_error(c->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
+  lt_err_t derr = r->dataset[0] ? lt_api_dataset_lookup(api, r->tenant, r->dataset) : LT_OK;
+  if (derr) {
+    if (derr == LT_ERR_NOT_FOUND)
+      lt_api_reply_error(c->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
+    else lt_api_reply_store_unsure(c->req, NULL, r->dataset, derr);
     free(r);
     return;
   }

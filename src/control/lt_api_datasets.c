@@ -430,16 +430,23 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
   return err;
 }
 
-bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id) {
-  if (!lt_id_valid(dataset_id)) return false;
+lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  if (!lt_id_valid(dataset_id)) return LT_ERR_NOT_FOUND;
   char key[512], seen[160];
   seen_key(seen, sizeof seen, tenant, dataset_id);
-  if (lt_map_has(api->datasets_seen, seen)) return true; /* no store round trip per submission */
+  if (lt_map_has(api->datasets_seen, seen)) return LT_OK; /* no store round trip per submission */
   lt_store_info_t info;
   lt_dataset_object_key(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
-  if (lt_store_head(api->conf.store, key, &info, NULL, 0) != LT_OK) return false;
+  lt_err_t err = lt_store_head(api->conf.store, key, &info, NULL, 0);
+  if (err) return err;
   lt_map_set(api->datasets_seen, seen, NULL);
-  return true;
+  return LT_OK;
+}
+
+void lt_api_reply_store_unsure(struct evhttp_request *req, const char *field, const char *id, lt_err_t err) {
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+  lt_api_reply_error(req, 503, "unavailable", field, "%s%sthe object store could not say whether dataset %s exists (%s); retry",
+                     field ? field : "", field ? ": " : "", id, lt_err_str(err));
 }
 
 /* A dataset request on its way through the pool. */

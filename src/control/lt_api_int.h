@@ -393,8 +393,15 @@ void lt_api_staff_access_revoke(lt_api_call_t *c);
 void lt_api_staff_access_read_dataset(lt_api_call_t *c);
 void lt_api_staff_access_read_artifact(lt_api_call_t *c);
 
-/* True when the tenant's dataset exists (its meta object is in the store). */
-bool lt_api_dataset_exists(lt_api_t *api, const char *tenant, const char *dataset_id);
+/* LT_OK when the tenant's dataset exists (its meta object is in the store), LT_ERR_NOT_FOUND when
+ * it does not (or the id is no id), another code when the store could not say (unreachable): the
+ * caller then answers 503 (lt_api_reply_store_unsure), never a 404 that tells a client its
+ * dataset is gone while the store restarts. */
+lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id);
+
+/* 503 "unavailable" with Retry-After, naming field (may be NULL): the store could not say whether
+ * the tenant's dataset id exists (err: lt_api_dataset_lookup's); retrying is safe. */
+void lt_api_reply_store_unsure(struct evhttp_request *req, const char *field, const char *id, lt_err_t err);
 
 /* ---------------------------------------------------------------- OpenAI-compatible (lt_api_openai.c) */
 

@@ -272,11 +272,14 @@ static bool name_job(const lt_api_call_t *call, const lt_jobspec_t *spec, char j
   return false;
 }
 
-/* True (after replying 404) when the tenant has no dataset id; field names the spec's field. */
+/* True (after replying 404, or 503 when the store could not say) when the tenant has no dataset
+ * id; field names the spec's field. */
 static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *field,
                             const char *id) {
-  if (lt_api_dataset_exists(api, t->tenant_id, id)) return false;
-  lt_api_reply_error(req, 404, "not_found", field, "%s: no dataset %s for this tenant", field, id);
+  lt_err_t err = lt_api_dataset_lookup(api, t->tenant_id, id);
+  if (!err) return false;
+  if (err == LT_ERR_NOT_FOUND) lt_api_reply_error(req, 404, "not_found", field, "%s: no dataset %s for this tenant", field, id);
+  else lt_api_reply_store_unsure(req, field, id, err);
   return true;
 }
 

@@ -342,16 +342,15 @@ void lt_api_openai_jobs_create(lt_api_call_t *c) {
     return;
   }
   if (lt_api_model_unserved(c->api, c->req, spec.base_model, "model")) return;
-  if (!lt_api_dataset_exists(c->api, c->tenant->tenant_id, spec.dataset_id)) {
-    lt_api_reply_error(c->req, 404, "not_found", "training_file", "training_file: no file %s for this tenant",
-                       spec.dataset_id);
-    return;
-  }
-  if (spec.validation_dataset_id[0] &&
-      !lt_api_dataset_exists(c->api, c->tenant->tenant_id, spec.validation_dataset_id)) {
-    lt_api_reply_error(c->req, 404, "not_found", "validation_file", "validation_file: no file %s for this tenant",
-                       spec.validation_dataset_id);
-    return;
+  const char *fields[2] = {"training_file", "validation_file"}, *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
+  for (int i = 0; i < 2; i++) {
+    if (i == 1 && !ids[i][0]) break;
+    lt_err_t err = lt_api_dataset_lookup(c->api, c->tenant->tenant_id, ids[i]);
+    if (err == LT_ERR_NOT_FOUND)
+      lt_api_reply_error(c->req, 404, "not_found", fields[i], "%s: no file %s for this tenant", fields[i], ids[i]);
+    else if (err)
+      lt_api_reply_store_unsure(c->req, fields[i], ids[i], err);
+    if (err) return;
   }
   lt_api_jobs_submit_spec(c, &spec);
 }

@@ -736,3 +736,77 @@ Test(scheduler, a_partition_read_again_folds_nothing_twice) {
   lt_bus_consumer_destroy(c);
   lt_proj_destroy(p);
 }
+
+/* The job's messages (key job) on the jobs topic's partition part, from its start: folded into p
+ * (when not NULL) as the consumer reads them; returns how many there were (want: stop after). */
+static int fold_job_messages(lt_proj_t *p, const char *job, int32_t part, int want, int64_t *offsets) {
+  char topic[256];
+  lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t tp = {topic, part, LT_BUS_OFFSET_BEGINNING};
+  cr_assert_eq(lt_bus_consumer_assign(c, &tp, 1, err, sizeof err), LT_OK, "%s", err);
+  int seen = 0;
+  for (int64_t t0 = lt_time_mono_ms(); seen < want && lt_time_mono_ms() - t0 < 20000;) {
+    const lt_bus_msg_t *m;
+    cr_assert_eq(lt_bus_consumer_poll(c, 200, &m, err, sizeof err), LT_OK, "%s", err);
+    size_t kl = 0;
+    const char *k = m ? lt_bus_msg_key(m, &kl) : NULL;
+    if (!k || kl != strlen(job) || memcmp(k, job, kl) != 0) continue;
+    if (offsets) offsets[seen] = lt_bus_msg_offset(m);
+    if (p) cr_assert_eq(lt_proj_fold_msg(p, m, NULL, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+    seen++;
+  }
+  lt_bus_consumer_destroy(c);
+  return seen;
+}
+
+static void two_gpus(lt_jobspec_t *s) { s->gpus = 2; }
+
+/* An api folds its own JobSubmitted when the broker acknowledges it (read-your-writes), before its
+ * consumer reads that far. The same job id submitted again elsewhere (an idempotency key retried
+ * on another api while a broker restarted) can stand earlier in the log; the job is the log's
+ * first, so when the consumer reads that one the projection takes it: same fields and digest as a
+ * fold in log order (chaos seed 8507: an api kept its own record's submitted_at). */
+Test(scheduler, a_submission_folded_early_yields_to_an_earlier_one_in_the_log) {
+  put_tenant("acme", 0);
+  submit("job-twice", "acme", LT_CLASS_STANDARD, NULL);
+  usleep(20 * 1000);
+  lt_avro_record_t *second = job_submitted("test-upstream", "job-twice", "acme", LT_CLASS_STANDARD, 3600, two_gpus);
+  const uint8_t *enc;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(second, &enc, &len, err, sizeof err), LT_OK, "%s", err);
+  void *bytes = malloc(len);
+  cr_assert_not_null(bytes);
+  memcpy(bytes, enc, len);
+  produce_rec("jobs", (int32_t)LT_CLASS_STANDARD * 2, "job-twice", second);
+  lt_avro_record_destroy(second);
+  int64_t off[2];
+  cr_assert_eq(fold_job_messages(NULL, "job-twice", LT_CLASS_STANDARD * 2, 2, off), 2, "both submissions in the log");
+  lt_proj_t *live, *log;
+  cr_assert_eq(lt_proj_new(reg, &live, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_proj_new(reg, &log, err, sizeof err), LT_OK, "%s", err);
+  /* the api that wrote the second folds it at its acknowledgement, then reads the log */
+  cr_assert_eq(lt_proj_apply_early(live, bytes, len, LT_CLASS_STANDARD * 2, off[1], NULL, err, sizeof err), LT_OK,
+               "%s", err);
+  cr_assert_eq(lt_job_get(lt_proj_jobs(live), "job-twice")->gpus, 2, "read-your-writes: the api's own record");
+  fold_job_messages(live, "job-twice", LT_CLASS_STANDARD * 2, 2, NULL);
+  fold_job_messages(log, "job-twice", LT_CLASS_STANDARD * 2, 2, NULL);
+  const lt_job_t *a = lt_job_get(lt_proj_jobs(live), "job-twice"), *b = lt_job_get(lt_proj_jobs(log), "job-twice");
+  cr_assert(a && b);
+  cr_assert_eq(b->gpus, 1, "the log's first submission asked for one GPU");
+  cr_assert_eq(a->gpus, 1, "the api kept its own later submission (%d GPUs)", a->gpus);
+  cr_assert_eq(a->submitted_at_ms, b->submitted_at_ms);
+  cr_assert_eq(a->records, b->records);
+  cr_assert_eq(lt_proj_reseeded(live), 1);
+  json_t *sa = lt_proj_job_info(live, "job-twice"), *sb = lt_proj_job_info(log, "job-twice");
+  cr_assert(sa && sb && json_equal(json_object_get(sa, "spec"), json_object_get(sb, "spec")),
+            "the job's spec is the first's");
+  char da[65], db[65];
+  cr_assert_eq(lt_job_digest(lt_proj_jobs(live), da), LT_OK);
+  cr_assert_eq(lt_job_digest(lt_proj_jobs(log), db), LT_OK);
+  cr_assert_str_eq(da, db);
+  free(bytes);
+  lt_proj_destroy(live);
+  lt_proj_destroy(log);
+}

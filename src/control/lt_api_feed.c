@@ -26,7 +26,8 @@ typedef struct lt_api_pending {
   void *value; /* a copy of the record, folded on success when fold_now */
   size_t len;
   bool fold_now;
-  int64_t offset;      /* where the broker wrote it */
+  int32_t partition;   /* where the broker wrote it */
+  int64_t offset;
 } lt_api_pending_t;
 
 static void pending_free(lt_api_pending_t *p) {
@@ -42,11 +43,15 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
   lt_api_t *api = p->api;
   if (p->err == LT_OK) {
     api->stats.produced++;
-    /* Read-your-writes only for a job's first record: nothing of the job can precede it in the
-     * log. Any other record is folded when the consumer reads it, in log order (invariant 3: a
-     * cancel folded early could overtake a completion that came first). */
+    /* Read-your-writes only for a job's first record: nothing else of the job can precede it in
+     * the log. Another JobSubmitted of the same id can (the idempotency key retried on another
+     * api): the projection then takes that one when the consumer reads it
+     * (lt_proj_apply_early). Any other record is folded when the consumer reads it, in log order
+     * (invariant 3: a cancel folded early could overtake a completion that came first). */
     lt_proj_result_t res;
-    if (p->fold_now && lt_proj_apply(api->proj, p->value, p->len, &res, NULL, 0) == LT_OK && res.job_id)
+    if (p->fold_now &&
+        lt_proj_apply_early(api->proj, p->value, p->len, p->partition, p->offset, &res, NULL, 0) == LT_OK &&
+        res.job_id)
       lt_api_events_on_record(api, &res);
   } else {
     api->stats.produce_failed++;
@@ -70,6 +75,7 @@ static void on_delivery(void *opaque, const lt_bus_delivery_t *d) {
   lt_api_pending_t *p = d->msg_opaque;
   (void)opaque;
   p->err = d->err;
+  p->partition = d->partition;
   p->offset = d->offset;
   snprintf(p->msg, sizeof p->msg, "%s", d->err ? (d->errmsg && *d->errmsg ? d->errmsg : lt_err_str(d->err)) : "");
   event_active(p->ev, 0, 0);

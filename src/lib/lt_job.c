@@ -289,6 +289,24 @@ static lt_err_t check_id(const char *field, const char *v, bool required, char *
   return LT_OK;
 }
 
+/* The fields a JobSubmitted gives a job. */
+static void seed(lt_job_t *j, const lt_job_event_t *ev) {
+  set_str(j->base_model, sizeof j->base_model, ev->base_model);
+  set_str(j->dataset_id, sizeof j->dataset_id, ev->dataset_id);
+  j->job_class = (unsigned)ev->job_class < LT_CLASS__COUNT ? ev->job_class : LT_CLASS_STANDARD;
+  j->gpus = ev->gpus > 0 ? ev->gpus : 1;
+  j->max_duration_s = ev->max_duration_s;
+  j->submitted_at_ms = ev->occurred_at_ms;
+}
+
+bool lt_job_reseed(lt_job_table_t *t, const lt_job_event_t *ev) {
+  if (ev->type != LT_EV_JOB_SUBMITTED || !ev->job_id || !ev->tenant_id) return false;
+  lt_job_t *j = *probe(t, ev->job_id);
+  if (!j || !same_str(j->tenant_id, ev->tenant_id)) return false;
+  seed(j, ev);
+  return true;
+}
+
 lt_err_t lt_job_apply(lt_job_table_t *t, const lt_job_event_t *ev, lt_job_outcome_t *outcome,
                       char *errstr, size_t errstr_size) {
   lt_job_outcome_t dummy;
@@ -315,13 +333,8 @@ lt_err_t lt_job_apply(lt_job_table_t *t, const lt_job_event_t *ev, lt_job_outcom
     if (!j) return LT_ERR_NOMEM;
     set_str(j->job_id, sizeof j->job_id, ev->job_id);
     set_str(j->tenant_id, sizeof j->tenant_id, ev->tenant_id);
-    set_str(j->base_model, sizeof j->base_model, ev->base_model);
-    set_str(j->dataset_id, sizeof j->dataset_id, ev->dataset_id);
-    j->job_class = (unsigned)ev->job_class < LT_CLASS__COUNT ? ev->job_class : LT_CLASS_STANDARD;
-    j->gpus = ev->gpus > 0 ? ev->gpus : 1;
-    j->max_duration_s = ev->max_duration_s;
+    seed(j, ev);
     j->state = LT_JOB_SUBMITTED;
-    j->submitted_at_ms = ev->occurred_at_ms;
     j->records = 1;
     *slot = j;
     t->count++;

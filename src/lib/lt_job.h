@@ -156,6 +156,13 @@ typedef enum lt_job_outcome {
 lt_err_t lt_job_table_new(lt_job_table_t **out);
 void lt_job_table_destroy(lt_job_table_t *t);
 
+/* A JobSubmitted for a job already in the table, of its tenant: its fields replace those the job
+ * was created with (model, dataset, class, GPUs, duration, submitted_at); the state and the rest
+ * stay. For a projection that created the job from its own submission before reading the log
+ * (lt_proj_apply_early) and then reads an earlier JobSubmitted of the same id: the log's first
+ * one is the job, as a fold in log order has it. False when there is no such job. */
+bool lt_job_reseed(lt_job_table_t *t, const lt_job_event_t *ev);
+
 /* Folds one record into the table. Returns LT_ERR_INVALID (with a message naming the field)
  * for a record that cannot be applied at all (missing job id, id too long); *outcome says
  * whether it changed anything. outcome may be NULL. */

@@ -57,7 +57,15 @@ struct lt_proj {
   uint64_t dropped;
   lt_map_t *next_offset; /* "topic\npartition" -> the next offset to fold + 1 (0: none yet) */
   uint64_t redelivered;
+  lt_map_t *early; /* job_id -> early_t (owned): jobs made by lt_proj_apply_early, not yet read */
+  uint64_t reseeded;
 };
+
+/* Where the JobSubmitted that lt_proj_apply_early folded lies in the log. */
+typedef struct early {
+  int32_t partition;
+  int64_t offset;
+} early_t;
 
 static void info_free(void *v) {
   info_t *in = v;
@@ -81,6 +89,7 @@ void lt_proj_destroy(lt_proj_t *p) {
   lt_tenant_table_destroy(p->tenants);
   lt_map_destroy(p->info);
   lt_map_destroy(p->next_offset);
+  lt_map_destroy(p->early);
   json_decref(p->workers);
   free(p);
 }
@@ -109,8 +118,9 @@ lt_err_t lt_proj_new(const lt_avro_registry_t *reg, lt_proj_t **out, char *errst
   if (!err) {
     p->info = lt_map_new(info_free);
     p->next_offset = lt_map_new(NULL);
+    p->early = lt_map_new(free);
     p->workers = json_object();
-    if (!p->info || !p->next_offset || !p->workers) err = LT_ERR_NOMEM;
+    if (!p->info || !p->next_offset || !p->early || !p->workers) err = LT_ERR_NOMEM;
   }
   if (err) {
     lt_proj_destroy(p);
@@ -241,8 +251,31 @@ static bool current_attempt(lt_proj_t *p, lt_avro_record_t *rec, int f_job_id, i
   return j && j->attempt == attempt && lt_map_get(p->info, *job_id);
 }
 
+/* The job info's "spec": the JobSubmitted record, without its time. */
+static void set_spec(json_t *doc, lt_avro_record_t *rec) {
+  json_t *spec = record_json(rec);
+  if (!spec) return;
+  json_object_del(spec, "occurred_at");
+  json_object_set_new(doc, "spec", spec);
+}
+
+/* The consumer reads a JobSubmitted (m) of a job lt_proj_apply_early made from a record further
+ * on in the log: the first one read is the log's first of that id (the consumer reads a partition
+ * in order), so it is the job, as a fold in log order has it. The early record itself, read in
+ * its turn, only ends the watch. */
+static void early_read(lt_proj_t *p, const lt_job_event_t *ev, lt_avro_record_t *rec, const lt_bus_msg_t *m) {
+  early_t *e = lt_map_get(p->early, ev->job_id);
+  if (!e || lt_bus_msg_partition(m) != e->partition) return;
+  if (lt_bus_msg_offset(m) != e->offset && lt_job_reseed(p->jobs, ev)) {
+    info_t *in = lt_map_get(p->info, ev->job_id);
+    if (in) set_spec(in->doc, rec);
+    p->reseeded++;
+  }
+  lt_map_del(p->early, ev->job_id);
+}
+
 static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void *buf, size_t len,
-                                 lt_proj_result_t *res, char *errstr, size_t n) {
+                                 const lt_bus_msg_t *m, lt_proj_result_t *res, char *errstr, size_t n) {
   lt_job_event_t ev;
   lt_err_t err = lt_job_event_read(p->reader, rec, &ev, errstr, n);
   if (err) return err;
@@ -250,15 +283,12 @@ static lt_err_t apply_job_record(lt_proj_t *p, lt_avro_record_t *rec, const void
   if (err) return err;
   const lt_job_t *job = lt_job_get(p->jobs, ev.job_id);
   res->job_id = job ? job->job_id : NULL;
+  if (ev.type == LT_EV_JOB_SUBMITTED && m && lt_map_count(p->early)) early_read(p, &ev, rec, m);
   if (res->job_outcome != LT_JOB_APPLIED) return LT_OK;
   assert(job); /* a record the fold applied is about a job in the table */
   if (ev.type == LT_EV_JOB_SUBMITTED) {
     json_t *doc = json_object();
-    json_t *spec = record_json(rec);
-    if (spec) {
-      json_object_del(spec, "occurred_at");
-      json_object_set_new(doc, "spec", spec);
-    }
+    set_spec(doc, rec);
     json_object_set_new(doc, "evals", json_array());
     json_object_set_new(doc, "artifacts", json_array());
     info_set_doc(p, ev.job_id, doc);
@@ -311,7 +341,7 @@ static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bu
   p->applied++;
   const lt_avro_schema_t *s = lt_avro_record_schema(rec); /* the newest version of its type */
   lt_job_event_type_t et;
-  if (lt_job_reader_type(p->reader, s, &et) == LT_OK) return apply_job_record(p, rec, buf, len, res, errstr, n);
+  if (lt_job_reader_type(p->reader, s, &et) == LT_OK) return apply_job_record(p, rec, buf, len, m, res, errstr, n);
 
   const char *job_id = NULL;
   if (s == p->s_tenant) {
@@ -369,6 +399,26 @@ static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bu
 lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr, size_t n) {
   return apply_msg(p, buf, len, NULL, res, errstr, n);
 }
+
+lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t partition, int64_t offset,
+                             lt_proj_result_t *res, char *errstr, size_t n) {
+  lt_proj_result_t dummy;
+  if (!res) res = &dummy;
+  lt_err_t err = apply_msg(p, buf, len, NULL, res, errstr, n);
+  if (err || offset < 0 || !res->job_id || res->job_outcome != LT_JOB_APPLIED || !res->type ||
+      strcmp(res->type, "JobSubmitted") != 0)
+    return err;
+  early_t *e = malloc(sizeof *e);
+  if (!e) return LT_ERR_NOMEM;
+  *e = (early_t){partition, offset};
+  if (lt_map_set(p->early, res->job_id, e)) {
+    free(e);
+    return LT_ERR_NOMEM;
+  }
+  return LT_OK;
+}
+
+uint64_t lt_proj_reseeded(const lt_proj_t *p) { return p->reseeded; }
 
 /* The orphan list is bounded, and its ends and count agree. */
 static bool orphans_ok(const lt_proj_t *p) {

@@ -737,11 +737,12 @@ Test(scheduler, a_partition_read_again_folds_nothing_twice) {
   lt_proj_destroy(p);
 }
 
-/* The job's messages (key job) on the jobs topic's partition part, from its start: folded into p
+/* The job's messages (key job) on partition part of topic topic_base, from its start: folded into p
  * (when not NULL) as the consumer reads them; returns how many there were (want: stop after). */
-static int fold_job_messages(lt_proj_t *p, const char *job, int32_t part, int want, int64_t *offsets) {
+static int fold_job_messages(lt_proj_t *p, const char *topic_base, const char *job, int32_t part, int want,
+                             int64_t *offsets) {
   char topic[256];
-  lt_bus_topic_name(conf, "jobs", topic, sizeof topic);
+  lt_bus_topic_name(conf, topic_base, topic, sizeof topic);
   lt_bus_consumer_t *c;
   cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
   lt_bus_tp_t tp = {topic, part, LT_BUS_OFFSET_BEGINNING};
@@ -765,11 +766,15 @@ static void two_gpus(lt_jobspec_t *s) { s->gpus = 2; }
 
 /* An api folds its own JobSubmitted when the broker acknowledges it (read-your-writes), before its
  * consumer reads that far. The same job id submitted again elsewhere (an idempotency key retried
- * on another api while a broker restarted) can stand earlier in the log; the job is the log's
- * first, so when the consumer reads that one the projection takes it: same fields and digest as a
- * fold in log order (chaos seed 8507: an api kept its own record's submitted_at). */
+ * on another api while a broker restarted) can stand earlier in the log, and the scheduler may
+ * already have accepted that one. The job is the log's first: when the consumer reads it the
+ * projection takes its fields, and the job's records read before the early fold (kept aside, the
+ * job unknown then) are applied at it; same state, fields and digest as a fold in log order (chaos
+ * seeds 8507: an api kept its own record's submitted_at; 6514: an api's job stayed "submitted",
+ * its control records aside for good). */
 Test(scheduler, a_submission_folded_early_yields_to_an_earlier_one_in_the_log) {
   put_tenant("acme", 0);
+  const int32_t part = LT_CLASS_STANDARD * 2;
   submit("job-twice", "acme", LT_CLASS_STANDARD, NULL);
   usleep(20 * 1000);
   lt_avro_record_t *second = job_submitted("test-upstream", "job-twice", "acme", LT_CLASS_STANDARD, 3600, two_gpus);
@@ -779,24 +784,38 @@ Test(scheduler, a_submission_folded_early_yields_to_an_earlier_one_in_the_log) {
   void *bytes = malloc(len);
   cr_assert_not_null(bytes);
   memcpy(bytes, enc, len);
-  produce_rec("jobs", (int32_t)LT_CLASS_STANDARD * 2, "job-twice", second);
+  produce_rec("jobs", part, "job-twice", second);
   lt_avro_record_destroy(second);
+  lt_avro_record_t *acc;
+  cr_assert_eq(lt_avro_record_new(reg, "JobAccepted", &acc, err, sizeof err), LT_OK);
+  lt_avro_record_stamp(acc, "test");
+  lt_avro_set_string(acc, "job_id", "job-twice");
+  lt_avro_set_string(acc, "tenant_id", "acme");
+  produce_rec("control", 0, "job-twice", acc);
+  lt_avro_record_destroy(acc);
   int64_t off[2];
-  cr_assert_eq(fold_job_messages(NULL, "job-twice", LT_CLASS_STANDARD * 2, 2, off), 2, "both submissions in the log");
+  cr_assert_eq(fold_job_messages(NULL, "jobs", "job-twice", part, 2, off), 2, "both submissions in the log");
   lt_proj_t *live, *log;
   cr_assert_eq(lt_proj_new(reg, &live, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_proj_new(reg, &log, err, sizeof err), LT_OK, "%s", err);
-  /* the api that wrote the second folds it at its acknowledgement, then reads the log */
-  cr_assert_eq(lt_proj_apply_early(live, bytes, len, LT_CLASS_STANDARD * 2, off[1], NULL, err, sizeof err), LT_OK,
-               "%s", err);
-  cr_assert_eq(lt_job_get(lt_proj_jobs(live), "job-twice")->gpus, 2, "read-your-writes: the api's own record");
-  fold_job_messages(live, "job-twice", LT_CLASS_STANDARD * 2, 2, NULL);
-  fold_job_messages(log, "job-twice", LT_CLASS_STANDARD * 2, 2, NULL);
-  const lt_job_t *a = lt_job_get(lt_proj_jobs(live), "job-twice"), *b = lt_job_get(lt_proj_jobs(log), "job-twice");
+  /* the api that wrote the second reads the acceptance first (kept aside: no such job yet), folds
+   * its own submission at the acknowledgement, then reads the jobs partition */
+  cr_assert_eq(fold_job_messages(live, "control", "job-twice", 0, 1, NULL), 1);
+  cr_assert_null(lt_job_get(lt_proj_jobs(live), "job-twice"));
+  cr_assert_eq(lt_proj_apply_early(live, bytes, len, part, off[1], NULL, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  const lt_job_t *a = lt_job_get(lt_proj_jobs(live), "job-twice");
+  cr_assert(a && a->gpus == 2, "read-your-writes: the api's own record");
+  cr_assert_eq(a->state, LT_JOB_QUEUED, "the acceptance kept aside was not applied at the early fold");
+  fold_job_messages(live, "jobs", "job-twice", part, 2, NULL);
+  fold_job_messages(log, "jobs", "job-twice", part, 2, NULL);
+  fold_job_messages(log, "control", "job-twice", 0, 1, NULL);
+  a = lt_job_get(lt_proj_jobs(live), "job-twice");
+  const lt_job_t *b = lt_job_get(lt_proj_jobs(log), "job-twice");
   cr_assert(a && b);
   cr_assert_eq(b->gpus, 1, "the log's first submission asked for one GPU");
   cr_assert_eq(a->gpus, 1, "the api kept its own later submission (%d GPUs)", a->gpus);
   cr_assert_eq(a->submitted_at_ms, b->submitted_at_ms);
+  cr_assert_eq(a->state, b->state);
   cr_assert_eq(a->records, b->records);
   cr_assert_eq(lt_proj_reseeded(live), 1);
   json_t *sa = lt_proj_job_info(live, "job-twice"), *sb = lt_proj_job_info(log, "job-twice");

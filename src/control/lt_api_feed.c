@@ -37,6 +37,8 @@ static void pending_free(lt_api_pending_t *p) {
   free(p);
 }
 
+static void on_folded(void *ctx, const lt_proj_result_t *res);
+
 /* On the loop thread: the broker answered. */
 static void pending_fire(evutil_socket_t fd, short what, void *arg) {
   lt_api_pending_t *p = arg;
@@ -50,7 +52,8 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
      * (invariant 3: a cancel folded early could overtake a completion that came first). */
     lt_proj_result_t res;
     if (p->fold_now &&
-        lt_proj_apply_early(api->proj, p->value, p->len, p->partition, p->offset, &res, NULL, 0) == LT_OK &&
+        lt_proj_apply_early(api->proj, p->value, p->len, p->partition, p->offset, on_folded, api, &res, NULL, 0) ==
+            LT_OK &&
         res.job_id)
       lt_api_events_on_record(api, &res);
   } else {

@@ -61,6 +61,8 @@ struct lt_proj {
   uint64_t reseeded;
 };
 
+static void release(lt_proj_t *p, const char *job_id, lt_proj_cb *cb, void *ctx);
+
 /* Where the JobSubmitted that lt_proj_apply_early folded lies in the log. */
 typedef struct early {
   int32_t partition;
@@ -401,7 +403,7 @@ lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result
 }
 
 lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t partition, int64_t offset,
-                             lt_proj_result_t *res, char *errstr, size_t n) {
+                             lt_proj_cb *cb, void *ctx, lt_proj_result_t *res, char *errstr, size_t n) {
   lt_proj_result_t dummy;
   if (!res) res = &dummy;
   lt_err_t err = apply_msg(p, buf, len, NULL, res, errstr, n);
@@ -411,10 +413,15 @@ lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t 
   early_t *e = malloc(sizeof *e);
   if (!e) return LT_ERR_NOMEM;
   *e = (early_t){partition, offset};
-  if (lt_map_set(p->early, res->job_id, e)) {
+  char id[LT_ID_MAX + 1];
+  snprintf(id, sizeof id, "%s", res->job_id);
+  if (lt_map_set(p->early, id, e)) {
     free(e);
     return LT_ERR_NOMEM;
   }
+  /* The job's records the consumer read before it knew the job: the log's JobSubmitted, read
+   * later, folds as a duplicate and would release nothing. */
+  if (p->norphans) release(p, id, cb, ctx);
   return LT_OK;
 }
 

@@ -57,20 +57,23 @@ void lt_proj_destroy(lt_proj_t *p);
 lt_err_t lt_proj_apply(lt_proj_t *p, const void *buf, size_t len, lt_proj_result_t *res, char *errstr,
                        size_t errstr_size);
 
+/* Called for every record lt_proj_fold applied (and for records it skipped: res says). */
+typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
+
 /* lt_proj_apply for a record this process wrote, folded when the broker acknowledged it at
  * (partition, offset), before the consumer reads it (an api's read-your-writes of a new job). A
  * JobSubmitted that made a job is remembered: should the consumer then read an earlier
  * JobSubmitted of the same id on that partition (the same job submitted again elsewhere, an
  * idempotency key retried on another api), the job takes that one's fields (lt_job_reseed), so
- * the projection equals a fold in log order (chaos seed 8507). */
+ * the projection equals a fold in log order (chaos seed 8507). Records of the job the consumer
+ * had kept aside (read before the job was known) are applied now, each handed to cb (may be
+ * NULL) as lt_proj_fold_at would; res is the early record's (chaos seed 6514: they stayed aside
+ * for good, the job never left "submitted" in that api). */
 lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t partition, int64_t offset,
-                             lt_proj_result_t *res, char *errstr, size_t errstr_size);
+                             lt_proj_cb *cb, void *ctx, lt_proj_result_t *res, char *errstr, size_t errstr_size);
 
 /* How many jobs an earlier JobSubmitted in the log re-seeded (see lt_proj_apply_early). */
 uint64_t lt_proj_reseeded(const lt_proj_t *p);
-
-/* Called for every record lt_proj_fold applied (and for records it skipped: res says). */
-typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
 
 /* lt_proj_apply in log order across topics: a job record (or an ArtifactPublished or JobDeleted) for a job
  * whose JobSubmitted has not been folded yet (jobs, control and artifacts are different topics,

@@ -50,12 +50,8 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
      * api): the projection then takes that one when the consumer reads it
      * (lt_proj_apply_early). Any other record is folded when the consumer reads it, in log order
      * (invariant 3: a cancel folded early could overtake a completion that came first). */
-    lt_proj_result_t res;
-    if (p->fold_now &&
-        lt_proj_apply_early(api->proj, p->value, p->len, p->partition, p->offset, on_folded, api, &res, NULL, 0) ==
-            LT_OK &&
-        res.job_id)
-      lt_api_events_on_record(api, &res);
+    if (p->fold_now)
+      lt_proj_apply_early(api->proj, p->value, p->len, p->partition, p->offset, on_folded, api, NULL, NULL, 0);
   } else {
     api->stats.produce_failed++;
   }

@@ -407,9 +407,11 @@ lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t 
   lt_proj_result_t dummy;
   if (!res) res = &dummy;
   lt_err_t err = apply_msg(p, buf, len, NULL, res, errstr, n);
-  if (err || offset < 0 || !res->job_id || res->job_outcome != LT_JOB_APPLIED || !res->type ||
+  if (err) return err;
+  if (cb) cb(ctx, res);
+  if (offset < 0 || !res->job_id || res->job_outcome != LT_JOB_APPLIED || !res->type ||
       strcmp(res->type, "JobSubmitted") != 0)
-    return err;
+    return LT_OK;
   early_t *e = malloc(sizeof *e);
   if (!e) return LT_ERR_NOMEM;
   *e = (early_t){partition, offset};
@@ -420,7 +422,8 @@ lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t 
     return LT_ERR_NOMEM;
   }
   /* The job's records the consumer read before it knew the job: the log's JobSubmitted, read
-   * later, folds as a duplicate and would release nothing. */
+   * later, folds as a duplicate and would release nothing. (Each apply reuses the decoder: res's
+   * record is not the early one's after this.) */
   if (p->norphans) release(p, id, cb, ctx);
   return LT_OK;
 }

@@ -65,10 +65,11 @@ typedef void lt_proj_cb(void *ctx, const lt_proj_result_t *res);
  * JobSubmitted that made a job is remembered: should the consumer then read an earlier
  * JobSubmitted of the same id on that partition (the same job submitted again elsewhere, an
  * idempotency key retried on another api), the job takes that one's fields (lt_job_reseed), so
- * the projection equals a fold in log order (chaos seed 8507). Records of the job the consumer
- * had kept aside (read before the job was known) are applied now, each handed to cb (may be
- * NULL) as lt_proj_fold_at would; res is the early record's (chaos seed 6514: they stayed aside
- * for good, the job never left "submitted" in that api). */
+ * the projection equals a fold in log order (chaos seed 8507). cb (may be NULL) sees the record,
+ * then the job's records the consumer had kept aside (read before the job was known), applied now
+ * as lt_proj_fold_at would (chaos seed 6514: they stayed aside for good, the job never left
+ * "submitted" in that api). res (may be NULL) gets the record's result, whose record field is
+ * only valid in cb. */
 lt_err_t lt_proj_apply_early(lt_proj_t *p, const void *buf, size_t len, int32_t partition, int64_t offset,
                              lt_proj_cb *cb, void *ctx, lt_proj_result_t *res, char *errstr, size_t errstr_size);
 

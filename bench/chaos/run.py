@@ -52,12 +52,35 @@ def now_ms():
     return int(time.time() * 1000)
 
 
+_ports_given = set()
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    """A free port for a server of the fleet, below the kernel's ephemeral range: a port the kernel
+    handed out (bind to 0) can become some client connection's local port before the server binds
+    it (seed 6535: a sampler's operator port was taken at its start, and it never came up). Never
+    the same port twice in one driver."""
+    hi = 29000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            hi = min(hi, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+    pick = random.SystemRandom()  # not the run's seeded generator: ports are not part of a seed
+    for _ in range(500):
+        p = pick.randrange(20000, hi)
+        if p in _ports_given:
+            continue
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        _ports_given.add(p)
+        return p
+    raise SystemExit("chaos: no free port in 20000..%d" % hi)
 
 
 def stack_dir():

@@ -343,7 +343,7 @@ static uint16_t *abf_room(cpu_t *c, size_t n) {
 
 /* Columns [lo, hi) of a bf16 product: 4x4 tiles, the rows left against four columns, then the
  * columns left one element at a time; every element summed alike (lt_cpu_dot.h). */
-AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_fn step) {
+AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_fn step, bfold_fn fold) {
   const size_t ldw = (size_t)a->ldw, lda = (size_t)a->K;
   size_t j = lo;
   for (; j + 4 <= hi; j += 4) {
@@ -351,34 +351,34 @@ AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_f
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       float d[16];
-      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 4, 4, ld, step, d);
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 4, 4, ld, step, fold, d);
       for (int i = 0; i < 16; i++) mr_store(a, r + i / 4, j + (size_t)(i % 4), d[i]);
     }
     for (; r < a->M; r++) {
       float d[4];
-      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 1, 4, ld, step, d);
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 1, 4, ld, step, fold, d);
       for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
     }
   }
   for (; j < hi; j++)
     for (int r = 0; r < a->M; r++) {
       float d;
-      bdot_tile(a->Ah + r * lda, lda, a->Wh + j * ldw, ldw, a->K, 1, 1, ld, step, &d);
+      bdot_tile(a->Ah + r * lda, lda, a->Wh + j * ldw, ldw, a->K, 1, 1, ld, step, fold, &d);
       mr_store(a, r, j, d);
     }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 static void mrb_cols_avx512(const mr_args_t *a, size_t lo, size_t hi) {
-  mrb_cols_of(a, lo, hi, ldp_avx512, bstep_avx512);
+  mrb_cols_of(a, lo, hi, ldp_avx512, bstep_avx512, bfold_avx512);
 }
 
 __attribute__((target("avx2")))
 static void mrb_cols_avx2(const mr_args_t *a, size_t lo, size_t hi) {
-  mrb_cols_of(a, lo, hi, ldp, bstep);
+  mrb_cols_of(a, lo, hi, ldp, bstep, bfold);
 }
 
-static void mrb_cols_base(const mr_args_t *a, size_t lo, size_t hi) { mrb_cols_of(a, lo, hi, ldp, bstep); }
+static void mrb_cols_base(const mr_args_t *a, size_t lo, size_t hi) { mrb_cols_of(a, lo, hi, ldp, bstep, bfold); }
 
 /* Four rows (x, x + lda, ...) against four weight rows (b, b + ldb, ...): a 4x4 tile of the
  * product in sixteen 16-lane sums (out[4 * row + col]), each weight and activation vector loaded

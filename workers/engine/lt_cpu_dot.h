@@ -159,6 +159,18 @@ AI float bfold(v16f v) {
   return fold16(acc);
 }
 
+/* fold16's tree in registers: halves, quarters, pairs, then the two (a tile folds sixteen sums
+ * after every K; through memory that cost as much as the products at K = 576). */
+__attribute__((target("avx512f"))) AI float bfold_avx512(v16f v) {
+  __m512 x = (__m512)v;
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(x), hi);
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+typedef float (*bfold_fn)(v16f v);
+
 /* Enters and leaves the bf16 products' floating-point mode (FTZ and DAZ). */
 AI unsigned bf16_csr_enter(void) {
   unsigned csr = _mm_getcsr();
@@ -172,7 +184,7 @@ AI void bf16_csr_leave(unsigned csr) { _mm_setcsr(csr); }
  * no bit. rows x cols is 4x4, 1x4 or 1x1 (a constant at every call). The accumulators are named,
  * not an array: GCC kept an array of sixteen in memory, a store per chunk. */
 AI void bdot_tile(const uint16_t *a, size_t lda, const uint16_t *w, size_t ldw, int K, int rows, int cols,
-                  ldp_fn ld, bstep_fn step, float *out) {
+                  ldp_fn ld, bstep_fn step, bfold_fn fold, float *out) {
   v16f v00 = {0}, v01 = {0}, v02 = {0}, v03 = {0}, v10 = {0}, v11 = {0}, v12 = {0}, v13 = {0};
   v16f v20 = {0}, v21 = {0}, v22 = {0}, v23 = {0}, v30 = {0}, v31 = {0}, v32 = {0}, v33 = {0};
   for (int k = 0; k < K; k += 32) {
@@ -189,13 +201,13 @@ AI void bdot_tile(const uint16_t *a, size_t lda, const uint16_t *w, size_t ldw, 
       }
     }
   }
-  out[0] = bfold(v00);
+  out[0] = fold(v00);
   if (cols == 4) {
-    out[1] = bfold(v01), out[2] = bfold(v02), out[3] = bfold(v03);
+    out[1] = fold(v01), out[2] = fold(v02), out[3] = fold(v03);
     if (rows == 4) {
-      out[4] = bfold(v10), out[5] = bfold(v11), out[6] = bfold(v12), out[7] = bfold(v13);
-      out[8] = bfold(v20), out[9] = bfold(v21), out[10] = bfold(v22), out[11] = bfold(v23);
-      out[12] = bfold(v30), out[13] = bfold(v31), out[14] = bfold(v32), out[15] = bfold(v33);
+      out[4] = fold(v10), out[5] = fold(v11), out[6] = fold(v12), out[7] = fold(v13);
+      out[8] = fold(v20), out[9] = fold(v21), out[10] = fold(v22), out[11] = fold(v23);
+      out[12] = fold(v30), out[13] = fold(v31), out[14] = fold(v32), out[15] = fold(v33);
     }
   }
 }

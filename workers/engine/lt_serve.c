@@ -372,7 +372,7 @@ static lt_err_t serve_buffers(lt_serve_t *srv, char *errstr, size_t errstr_size)
 #define DPIECES(X)                                                                             \
   X(x, R * D, float) X(ln, R * D, float) X(q, R * QD, float) X(atty, R * QD, float)             \
   X(k, R * KD, float) X(v, R * KD, float) X(g, R * F, float) X(u, R * F, float)                 \
-  X(h, R * F, float) X(la, 3 * R * D, float) X(hw, R * D, float) X(logits, R * V, float)            \
+  X(h, R * F, float) X(la, 3 * R * D, float) X(hw, R * D, float) X(logits, R * V, float)        \
   X(tok, R, int32_t) X(pos, R, int32_t) X(slot, R, int32_t) X(off, R, int32_t)                  \
   X(btab, TB, int32_t)
   size_t total;

@@ -829,3 +829,35 @@ Test(scheduler, a_submission_folded_early_yields_to_an_earlier_one_in_the_log) {
   lt_proj_destroy(live);
   lt_proj_destroy(log);
 }
+
+/* A JobSubmitted of the same id naming another tenant, earlier in the log (a forged write: only
+ * the api principal may write lathe.jobs), does not re-seed the job an api made from its own
+ * tenant's submission: the api keeps its tenant's fields, and nothing counts as re-seeded. */
+Test(scheduler, an_earlier_submission_of_another_tenant_does_not_reseed_a_job) {
+  put_tenant("acme", 0);
+  put_tenant("evil", 0);
+  const int32_t part = LT_CLASS_STANDARD * 2;
+  submit("job-forged", "evil", LT_CLASS_STANDARD, NULL);
+  lt_avro_record_t *own = job_submitted("test-upstream", "job-forged", "acme", LT_CLASS_STANDARD, 3600, two_gpus);
+  const uint8_t *enc;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(own, &enc, &len, err, sizeof err), LT_OK, "%s", err);
+  void *bytes = malloc(len);
+  cr_assert_not_null(bytes);
+  memcpy(bytes, enc, len);
+  produce_rec("jobs", part, "job-forged", own);
+  lt_avro_record_destroy(own);
+  int64_t off[2];
+  cr_assert_eq(fold_job_messages(NULL, "jobs", "job-forged", part, 2, off), 2, "both submissions in the log");
+  lt_proj_t *live;
+  cr_assert_eq(lt_proj_new(reg, &live, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_proj_apply_early(live, bytes, len, part, off[1], NULL, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  fold_job_messages(live, "jobs", "job-forged", part, 2, NULL);
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(live), "job-forged");
+  cr_assert(j != NULL);
+  cr_assert_str_eq(j->tenant_id, "acme");
+  cr_assert_eq(j->gpus, 2, "the other tenant's record re-seeded the job");
+  cr_assert_eq(lt_proj_reseeded(live), 0);
+  free(bytes);
+  lt_proj_destroy(live);
+}

@@ -402,11 +402,31 @@ static void prune_job(lt_publisher_t *p, const char *tenant_id, const char *job_
   json_decref(c.doomed);
 }
 
+/* Each checkpoint commit read, applied or not, with where it lies in the log: what the GC keeps
+ * follows from these, so a missing one explains a deleted checkpoint. */
+static void log_commit(lt_publisher_t *p, const lt_proj_result_t *res) {
+  const char *jid = NULL;
+  int32_t attempt = 0;
+  int64_t step = 0;
+  lt_avro_get_string(res->record, "job_id", &jid, NULL);
+  lt_avro_get_int(res->record, "attempt", &attempt);
+  lt_avro_get_long(res->record, "step", &step);
+  const lt_job_t *j = jid ? lt_job_get(lt_proj_jobs(p->proj), jid) : NULL;
+  JLOG(jid ? jid : "",
+       "job %s: checkpoint commit (attempt %d, step %" PRId64 ") at %s/%d@%" PRId64
+       ": %s (job at attempt %d, checkpoint %d/%" PRId64 ")",
+       jid ? jid : "?", (int)attempt, step, res->origin.tag == T_CONTROL ? "control" : "other",
+       (int)res->origin.partition, res->origin.offset,
+       res->job_outcome == LT_JOB_APPLIED ? "applied" : "not applied", j ? (int)j->attempt : -1,
+       j ? (int)j->ckpt_attempt : -1, j ? j->ckpt_step : (int64_t)-1);
+}
+
 /* Every record the fold applied, in log order across topics (lt_proj_fold keeps a job's records
  * aside until its JobSubmitted is folded): note checkpoints and completions to promote. */
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
   lt_publisher_t *p = ctx;
   p->stats.folded++;
+  if (res->type && strcmp(res->type, "CheckpointCommitted") == 0) log_commit(p, res);
   if (!res->type || res->job_outcome != LT_JOB_APPLIED) return;
   const char *jid = NULL;
   lt_avro_get_string(res->record, "job_id", &jid, NULL);

@@ -6,7 +6,8 @@
  * sequence number. This module, one per session attempt, runs two threads:
  *
  *  - the inbound thread reads the session's partition from the session's start, skips the calls
- *    the resumed state already holds (sequence <= its checkpoint's), fetches and opens each call's
+ *    the resumed state already holds (sequence <= its checkpoint's) but an end (its final
+ *    checkpoint may be the one resumed from, the completion lost), fetches and opens each call's
  *    body and writes it to the executor as a "call" line (lt_proto.h). For load_state it also
  *    fetches the named state (a checkpoint of this session only) into the attempt's private
  *    directory. When the attempt replaces one that was lost, every call recorded before this

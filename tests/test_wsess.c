@@ -1,0 +1,171 @@
+/* lt_worker_session against the real broker of ops/stack: which of a session's recorded calls a
+ * resumed attempt hands its executor. The test writes SessionCall records the way the API does
+ * (scratch topics, ops/topics.tsv), starts the worker's side of an attempt with an executor that
+ * is a pipe, and reads the "call" lines it gets. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lt_avro.h"
+#include "lt_bus.h"
+#include "lt_crypto.h"
+#include "lt_job_record.h"
+#include "lt_store.h"
+#include "lt_test.h"
+#include "lt_time.h"
+#include "lt_worker_session.h"
+
+#define T_MS 20000
+
+static char err[1024];
+static lt_bus_conf_t *bus;
+static lt_bus_admin_t *admin;
+static lt_bus_producer_t *prod;
+static lt_avro_registry_t *reg;
+static lt_store_t *store;
+static char prefix[96], t_calls[256], t_progress[256], t_control[256], dir[] = "/tmp/lt-wsess-XXXXXX";
+
+static void setup(void) {
+  bus = lt_test_bus_scratch("twss", prefix, sizeof prefix, &admin);
+  lt_test_topics_create(bus, admin, T_MS);
+  lt_bus_topic_name(bus, "calls", t_calls, sizeof t_calls);
+  lt_bus_topic_name(bus, "progress", t_progress, sizeof t_progress);
+  lt_bus_topic_name(bus, "control", t_control, sizeof t_control);
+  cr_assert_eq(lt_bus_producer_new(bus, NULL, &prod, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_not_null(mkdtemp(dir));
+  cr_assert_eq(lt_store_dir_new(&store, dir, err, sizeof err), LT_OK, "%s", err);
+}
+
+static void teardown(void) {
+  lt_store_destroy(store);
+  lt_test_rm_rf(dir);
+  lt_avro_registry_destroy(reg);
+  lt_bus_producer_destroy(prod, 5000);
+  if (admin) lt_test_topics_delete(prefix);
+  lt_bus_admin_destroy(admin);
+  lt_bus_conf_destroy(bus);
+}
+
+TestSuite(wsess, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A SessionCall without a body, as the API records one; returns its sequence number (offset + 1). */
+static int64_t record_call(const char *tenant, const char *job, const char *kind) {
+  lt_avro_record_t *rec;
+  const uint8_t *bytes;
+  size_t len;
+  char cid[33];
+  cr_assert_eq(lt_crypto_random_id(cid), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "SessionCall", &rec, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_stamp(rec, "api/test"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "job_id", job), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "tenant_id", tenant), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "call_id", cid), LT_OK);
+  cr_assert_eq(lt_avro_set_enum(rec, "kind", kind), LT_OK);
+  cr_assert_eq(lt_avro_set_null(rec, "object_key"), LT_OK);
+  cr_assert_eq(lt_avro_set_null(rec, "sha256"), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "size_bytes", 0), LT_OK);
+  cr_assert_eq(lt_avro_set_int(rec, "examples", 0), LT_OK);
+  cr_assert_eq(lt_avro_record_encode(rec, &bytes, &len, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = {.topic = t_calls, .partition = lt_calls_partition(job), .key = job, .key_size = strlen(job),
+                       .value = bytes, .value_size = len};
+  int64_t offset = -1;
+  cr_assert_eq(lt_bus_produce_sync(prod, &r, T_MS, NULL, &offset, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_record_destroy(rec);
+  return offset + 1;
+}
+
+/* The "call" lines the executor's pipe got within ms: "seq kind" each, space-separated. */
+static void read_calls(int fd, int ms, char *out, size_t n) {
+  char buf[8192];
+  size_t got = 0;
+  int64_t until = lt_time_mono_ms() + ms;
+  for (int64_t now; (now = lt_time_mono_ms()) < until && got < sizeof buf - 1;) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(until - now)) <= 0) break;
+    ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  buf[got] = '\0';
+  out[0] = '\0';
+  for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+    json_t *o = json_loads(line, 0, NULL);
+    const char *type = json_string_value(json_object_get(o, "type"));
+    const char *kind = json_string_value(json_object_get(o, "kind"));
+    if (type && strcmp(type, "call") == 0)
+      snprintf(out + strlen(out), n - strlen(out), "%s%lld %s", out[0] ? " " : "",
+               (long long)json_integer_value(json_object_get(o, "seq")), kind ? kind : "?");
+    json_decref(o);
+  }
+}
+
+/* Chaos seed 6703: the lost attempt ran the session's end, its final checkpoint (the end's
+ * sequence number) was committed, and the attempt died before the job's completion was recorded.
+ * The next attempt resumes from that checkpoint: it skips the calls the state holds, but must run
+ * the end again, or the session waits for calls for good. */
+Test(wsess, a_resumed_attempt_runs_the_end_its_checkpoint_was_taken_for) {
+  char tenant[40], job[48], rid[33], calls[512];
+  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
+  snprintf(tenant, sizeof tenant, "wt-%.12s", rid);
+  snprintf(job, sizeof job, "ses-%.24s", rid);
+  int64_t since = lt_time_wall_ms();
+  int64_t s1 = record_call(tenant, job, "forward_backward");
+  int64_t s2 = record_call(tenant, job, "optim_step");
+  int64_t end = record_call(tenant, job, "end");
+  cr_assert(s1 < s2 && s2 < end);
+
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  uint8_t key[LT_CRYPTO_KEY_BYTES];
+  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
+                       .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
+                       .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
+                       .resume_seq = end, .restarted = true, .mem_dir = dir, .exec_fd = fds[1]};
+  lt_wsess_t *s = NULL;
+  cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  lt_wsess_ready(s, 1);
+  read_calls(fds[0], 8000, calls, sizeof calls);
+  lt_wsess_destroy(s);
+  char want[64];
+  snprintf(want, sizeof want, "%lld end", (long long)end);
+  cr_assert_str_eq(calls, want, "the executor got [%s]: the end alone, not the calls its state holds", calls);
+  close(fds[0]);
+  close(fds[1]);
+}
+
+/* The calls after the resumed checkpoint run; those it holds do not (the state has them). */
+Test(wsess, a_resumed_attempt_skips_what_its_state_holds_and_runs_the_rest) {
+  char tenant[40], job[48], rid[33], calls[512];
+  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
+  snprintf(tenant, sizeof tenant, "wt-%.12s", rid);
+  snprintf(job, sizeof job, "ses-%.24s", rid);
+  int64_t since = lt_time_wall_ms();
+  record_call(tenant, job, "forward_backward");
+  int64_t held = record_call(tenant, job, "save_state");
+  int fds[2];
+  cr_assert_eq(pipe(fds), 0);
+  uint8_t key[LT_CRYPTO_KEY_BYTES];
+  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
+                       .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
+                       .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
+                       .resume_seq = held, .restarted = false, .mem_dir = dir, .exec_fd = fds[1]};
+  lt_wsess_t *s = NULL;
+  cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  lt_wsess_ready(s, 1);
+  int64_t next = record_call(tenant, job, "optim_step");
+  read_calls(fds[0], 8000, calls, sizeof calls);
+  lt_wsess_destroy(s);
+  char want[64];
+  snprintf(want, sizeof want, "%lld optim_step", (long long)next);
+  cr_assert_str_eq(calls, want, "the executor got [%s]", calls);
+  close(fds[0]);
+  close(fds[1]);
+}

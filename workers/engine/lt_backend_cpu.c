@@ -341,6 +341,9 @@ static uint16_t *abf_room(cpu_t *c, size_t n) {
   return c->abf;
 }
 
+/* How many blocks of four weight rows ahead a bf16 tile prefetches (bdot_tile's pf). */
+#define MRB_AHEAD 2
+
 /* Columns [lo, hi) of a bf16 product: 4x4 tiles, the rows left against four columns, then the
  * columns left one element at a time; every element summed alike (lt_cpu_dot.h). */
 AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_fn step, bfold_fn fold) {
@@ -348,22 +351,24 @@ AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_f
   size_t j = lo;
   for (; j + 4 <= hi; j += 4) {
     const uint16_t *w = a->Wh + j * ldw;
+    /* the first tile of these columns fetches the columns MRB_AHEAD blocks on */
+    const uint16_t *pf = j + 4 * MRB_AHEAD + 4 <= hi ? w + 4 * MRB_AHEAD * ldw : NULL;
     int r = 0;
     for (; r + 4 <= a->M; r += 4) {
       float d[16];
-      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 4, 4, ld, step, fold, d);
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 4, 4, r == 0 ? pf : NULL, ld, step, fold, d);
       for (int i = 0; i < 16; i++) mr_store(a, r + i / 4, j + (size_t)(i % 4), d[i]);
     }
     for (; r < a->M; r++) {
       float d[4];
-      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 1, 4, ld, step, fold, d);
+      bdot_tile(a->Ah + r * lda, lda, w, ldw, a->K, 1, 4, r == 0 ? pf : NULL, ld, step, fold, d);
       for (int q = 0; q < 4; q++) mr_store(a, r, j + (size_t)q, d[q]);
     }
   }
   for (; j < hi; j++)
     for (int r = 0; r < a->M; r++) {
       float d;
-      bdot_tile(a->Ah + r * lda, lda, a->Wh + j * ldw, ldw, a->K, 1, 1, ld, step, fold, &d);
+      bdot_tile(a->Ah + r * lda, lda, a->Wh + j * ldw, ldw, a->K, 1, 1, NULL, ld, step, fold, &d);
       mr_store(a, r, j, d);
     }
 }

@@ -182,12 +182,17 @@ AI void bf16_csr_leave(unsigned csr) { _mm_setcsr(csr); }
 /* rows x cols elements: rows activation rows (a, a + lda, ...) against cols weight rows
  * (w, w + ldw, ...), out[cols * r + q]; each element summed exactly as above, so tiling changes
  * no bit. rows x cols is 4x4, 1x4 or 1x1 (a constant at every call). The accumulators are named,
- * not an array: GCC kept an array of sixteen in memory, a store per chunk. */
+ * not an array: GCC kept an array of sixteen in memory, a store per chunk. pf, unless NULL: four
+ * weight rows (ldw apart) a later tile reads, prefetched chunk by chunk beside this one's (the
+ * weights stream from memory once a step; without it a tile waited for each chunk, and the
+ * products of the rows in L1 did not overlap the next rows' fetch). */
 AI void bdot_tile(const uint16_t *a, size_t lda, const uint16_t *w, size_t ldw, int K, int rows, int cols,
-                  ldp_fn ld, bstep_fn step, bfold_fn fold, float *out) {
+                  const uint16_t *pf, ldp_fn ld, bstep_fn step, bfold_fn fold, float *out) {
   v16f v00 = {0}, v01 = {0}, v02 = {0}, v03 = {0}, v10 = {0}, v11 = {0}, v12 = {0}, v13 = {0};
   v16f v20 = {0}, v21 = {0}, v22 = {0}, v23 = {0}, v30 = {0}, v31 = {0}, v32 = {0}, v33 = {0};
   for (int k = 0; k < K; k += 32) {
+    if (pf)
+      for (int q = 0; q < 4; q++) _mm_prefetch((const char *)(pf + q * ldw + k), _MM_HINT_T0);
     v16u w0 = ld(w, k, K), a0 = ld(a, k, K);
     v00 = step(v00, a0, w0);
     if (cols == 4) {

@@ -83,14 +83,6 @@ float lt_st_f16_to_f32(uint16_t h) {
   return f;
 }
 
-uint16_t lt_st_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1);                                          /* nearest even */
-  return (uint16_t)(u >> 16);
-}
-
 uint16_t lt_st_f32_to_f16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);

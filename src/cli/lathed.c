@@ -533,13 +533,15 @@ static lt_err_t start_publisher(lathed_t *d, const lathed_opts_t *o, char *err, 
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
   const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
   const char *grace = getenv("LATHE_GC_GRACE_MS");      /* 0 or unset: the default (1 h) */
+  const char *log_commits = getenv("LATHE_PUBLISHER_LOG_COMMITS"); /* "1": during catch-up too */
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
   if (e) return e;
   lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
                             .registry = d->reg,
                             .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0,
-                            .gc_grace_ms = grace ? atoll(grace) : 0};
+                            .gc_grace_ms = grace ? atoll(grace) : 0,
+                            .log_commits = log_commits && strcmp(log_commits, "1") == 0};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) lt_log_info(NULL, "publisher started");
   if (!e)

@@ -135,6 +135,8 @@ typedef struct lt_publisher_conf {
   int settle_ms;                      /* catch-up fallback: quiet this long means caught up; 0: 2000 */
   int keep_checkpoints;               /* committed checkpoints a job keeps in staging besides its newest
                                          (the final one, once completed); 0: 2; < 0: none */
+  bool log_commits;                   /* log every checkpoint commit read during catch-up too (after
+                                         it, each is logged anyway): LATHE_PUBLISHER_LOG_COMMITS */
 } lt_publisher_conf_t;
 
 /* Counters since creation (a copy). */

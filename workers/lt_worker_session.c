@@ -325,18 +325,18 @@ static void *inbound_main(void *arg) {
     const void *k = lt_bus_msg_key(m, &kl), *v = lt_bus_msg_value(m, &vl);
     lt_avro_record_t *rec;
     int64_t seq = lt_bus_msg_offset(m) + 1; /* calls count from 1: 0 is "none" for checkpoints */
-    if (!k || kl != jl || memcmp(k, s->job, jl) != 0 || !v || lt_avro_decode(s->dec, v, vl, &rec, NULL, 0) ||
-        strcmp(lt_avro_record_type(rec), "SessionCall") != 0)
+    /* The calls the resumed state holds are skipped unread, but for the one it was saved by: that
+     * may be the end, whose final checkpoint was committed while the job's completion was not (the
+     * lost attempt died between the two: chaos seed 6703); skipped, the session waited for calls
+     * for good. Run again, it ends the session from that same state. */
+    if (!k || kl != jl || memcmp(k, s->job, jl) != 0 || seq < s->c.resume_seq || !v ||
+        lt_avro_decode(s->dec, v, vl, &rec, NULL, 0) || strcmp(lt_avro_record_type(rec), "SessionCall") != 0)
       continue;
     const char *tenant = NULL, *kind = NULL;
     if (lt_avro_get_string(rec, "tenant_id", &tenant, NULL) || strcmp(tenant, s->tenant) != 0) continue;
     lt_avro_get_enum(rec, "kind", &kind);
     bool end = kind && strcmp(kind, "end") == 0;
-    /* Calls the resumed state already holds are skipped, but not the end: its final checkpoint
-     * may be the one resumed from, committed while the job's completion was not (the lost attempt
-     * died between the two: chaos seed 6703), and the session, skipping it, waited for calls for
-     * good. Run again, it ends the session from that same state. */
-    if (seq <= s->c.resume_seq && !end) continue;
+    if (seq == s->c.resume_seq && !end) continue;
     /* Back-pressure: a client may queue thousands of calls; the executor holds a few. */
     while (__atomic_load_n(&s->received, __ATOMIC_RELAXED) - __atomic_load_n(&s->answered, __ATOMIC_RELAXED) >=
                MAX_AHEAD &&

@@ -4,7 +4,6 @@
  * is a pipe, and reads the "call" lines it gets. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include "lt_bus.h"
 #include "lt_crypto.h"
 #include "lt_job_record.h"
+#include "lt_proto.h"
 #include "lt_store.h"
 #include "lt_test.h"
 #include "lt_time.h"
@@ -95,13 +95,11 @@ static void read_calls(int fd, int ms, char *out, size_t n) {
   buf[got] = '\0';
   out[0] = '\0';
   for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-    json_t *o = json_loads(line, 0, NULL);
-    const char *type = json_string_value(json_object_get(o, "type"));
-    const char *kind = json_string_value(json_object_get(o, "kind"));
-    if (type && strcmp(type, "call") == 0)
-      snprintf(out + strlen(out), n - strlen(out), "%s%lld %s", out[0] ? " " : "",
-               (long long)json_integer_value(json_object_get(o, "seq")), kind ? kind : "?");
-    json_decref(o);
+    lt_proto_msg_t m = {0};
+    if (lt_proto_decode(line, &m, NULL, 0) == LT_OK && m.type == LT_PROTO_CALL)
+      snprintf(out + strlen(out), n - strlen(out), "%s%lld %s", out[0] ? " " : "", (long long)m.call.seq,
+               m.call.kind ? m.call.kind : "?");
+    lt_proto_msg_release(&m);
   }
 }
 

@@ -8,6 +8,8 @@
 - Only shared options and no command (`lathe jobs --json`, `lathe datasets -q`) is a usage
   error (exit 2, usage on stderr), not a crash; --help is exit 0 with usage on stdout; an
   option without its value names the option.
+- A 503 `starting` (an API still reading its log) is sent again after its Retry-After, a POST
+  too; any other 503 is the answer (a stand-in server on loopback).
 - `lathe admin tenant create --json` prints JSON that parses whatever the display name holds
   (quotes, backslashes), on the real broker under a scratch topic prefix.
 
@@ -18,6 +20,8 @@ import random
 import re
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 lathe = sys.argv[1]
 failed = 0
@@ -95,6 +99,45 @@ for cmd in ("jobs", "datasets", "sessions"):
     p = run(cmd, "list", "--url", "ftp://127.0.0.1:1")
     check(f"lathe {cmd} list with an ftp:// URL names the schemes it takes",
           p.returncode == 2 and "https://HOST" in p.stderr, f"exit {p.returncode}, {p.stderr!r}")
+
+
+
+class Starting(BaseHTTPRequestHandler):
+    """A stand-in for an API still reading its log: answers `script` in turn, then 200."""
+    script, seen = [], []
+
+    def answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Starting.seen.append(f"{self.command} {self.path}")
+        status, code = Starting.script.pop(0) if Starting.script else (200, None)
+        body = json.dumps({"error": {"code": code, "message": "not yet"}} if code else
+                          {"id": "ftjob-x", "state": "cancelled", "cancel_requested": True, "model": "m"}).encode()
+        self.send_response(status)
+        if code:
+            self.send_header("Retry-After", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = answer
+
+    def log_message(self, *a):
+        pass
+
+
+srv = ThreadingHTTPServer(("127.0.0.1", 0), Starting)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+url = f"http://127.0.0.1:{srv.server_address[1]}"
+Starting.script, Starting.seen = [(503, "starting"), (503, "starting")], []
+p = run("jobs", "cancel", "ftjob-x", "--url", url, "--json")
+check("a 503 `starting` is sent again after its Retry-After, a POST too, until it is answered",
+      p.returncode == 0 and Starting.seen == ["POST /v1/jobs/ftjob-x/cancel"] * 3, f"{Starting.seen} {p.stderr!r}")
+Starting.script, Starting.seen = [(503, "unavailable")], []
+p = run("jobs", "show", "ftjob-x", "--url", url)
+check("any other 503 is the answer: said once, not sent again",
+      p.returncode == 1 and len(Starting.seen) == 1 and "HTTP 503 unavailable" in p.stderr, f"{Starting.seen} {p.stderr!r}")
+srv.shutdown()
 
 if not os.environ.get("LATHE_KAFKA_BOOTSTRAP"):
     check("the stack's environment is set (ops/test sets it)", False, "LATHE_KAFKA_BOOTSTRAP unset")

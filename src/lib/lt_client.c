@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -264,9 +265,9 @@ static struct evhttp_request *new_request(lt_client_t *c, call_t *k, const lt_cl
   return req;
 }
 
-lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path, const lt_client_header_t *headers,
-                           size_t nheaders, const void *body, size_t len, const char *content_type,
-                           lt_client_resp_t *resp, char *errstr, size_t n) {
+static lt_err_t request_once(lt_client_t *c, const char *method, const char *path, const lt_client_header_t *headers,
+                             size_t nheaders, const void *body, size_t len, const char *content_type,
+                             lt_client_resp_t *resp, char *errstr, size_t n) {
   memset(resp, 0, sizeof *resp);
   /* A TLS session cannot be reconnected in place, as evhttp would after the server closed an
    * idle connection: each request over https has a connection of its own. */
@@ -320,6 +321,39 @@ lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path,
   }
   evbuffer_free(k.body);
   return err;
+}
+
+/* 503 "starting": the API has not read the log back yet and refused before looking at the request
+ * (docs/DESIGN.md §5a), so sending it again is safe whatever its method. */
+static bool starting(const lt_client_resp_t *r) {
+  json_t *e = r->status == 503 && r->json ? json_object_get(r->json, "error") : NULL;
+  const char *code = json_string_value(json_object_get(e, "code"));
+  return code && strcmp(code, "starting") == 0;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path, const lt_client_header_t *headers,
+                           size_t nheaders, const void *body, size_t len, const char *content_type,
+                           lt_client_resp_t *resp, char *errstr, size_t n) {
+  double t0 = now_s();
+  for (;;) {
+    lt_err_t err = request_once(c, method, path, headers, nheaders, body, len, content_type, resp, errstr, n);
+    if (err || !starting(resp)) return err;
+    /* Waits as Retry-After says (1 to 5 s), within the client's timeout; past it, the 503 is the answer. */
+    long wait = atol(resp->retry_after);
+    wait = wait < 1 ? 1 : wait > 5 ? 5 : wait;
+    if (now_s() - t0 + (double)wait > (double)c->timeout_s) return LT_OK;
+    lt_client_resp_free(resp);
+    /* A fresh connection: one the server closed while we slept would fail the write. */
+    if (c->evcon) evhttp_connection_free(c->evcon);
+    c->evcon = NULL;
+    nanosleep(&(struct timespec){.tv_sec = wait}, NULL);
+  }
 }
 
 lt_err_t lt_client_json(lt_client_t *c, const char *method, const char *path, const json_t *body,

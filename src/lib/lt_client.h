@@ -65,7 +65,9 @@ void lt_client_resp_free(lt_client_resp_t *r);
 /* Sends method (GET POST PUT DELETE) to path (starts with '/', may hold a query) with an
  * optional body (len bytes, NULL when none) of content_type (NULL: application/json), and the
  * given extra headers. Fills *resp. LT_ERR_UNAVAILABLE when the server cannot be reached,
- * LT_ERR_TIMEOUT when it did not answer in time, LT_ERR_IO when the connection broke mid-way. */
+ * LT_ERR_TIMEOUT when it did not answer in time, LT_ERR_IO when the connection broke mid-way.
+ * A 503 `starting` (the API still reading the log back) is sent again after its Retry-After,
+ * until the client's timeout; then it is the answer. */
 lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path, const lt_client_header_t *headers,
                            size_t nheaders, const void *body, size_t len, const char *content_type,
                            lt_client_resp_t *resp, char *errstr, size_t errstr_size);

@@ -6,16 +6,20 @@
  * (bench/train_cpu_torch.py, same thread count) and OpenBLAS sgemm at n = 2048 (its own
  * threads), so the figures are ratios measured under the same load.
  *
- * --lengths T1,T2,... first sweeps the engine alone over row lengths at a fixed number of tokens
- * per step (--tokens, default the largest length: B = tokens / T rows), each length in a child
- * process so that its peak RSS is its own: one `length T: ...` line each (attention's share of
- * time and memory grows with T). With --no-torch the sweep is all that runs.
+ * --lengths T1,T2,... first sweeps over row lengths at a fixed number of tokens per step
+ * (--tokens, default the largest length: B = tokens / T rows), the engine in a child process
+ * so that its peak RSS is its own: one `length T: ...` line each (attention's share of time and
+ * memory grows with T), then the PyTorch peer on the same rows (`torch length T: ...`, with the
+ * ratio), its address space capped at --torch-mem-gib (16): where it runs out of memory it runs
+ * again with per-layer checkpointing, and says so. With --no-torch the engine's lines are all
+ * the sweep prints.
  *
  * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch] [--lengths T1,T2,...]
- *                  [--tokens N]
+ *                  [--tokens N] [--torch-mem-gib G]
  * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
  * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,9 +100,36 @@ static double cpu_s(void) {
          ru.ru_stime.tv_usec / 1e6;
 }
 
+/* The PyTorch peer (bench/train_cpu_torch.py) on B x T rows: its seconds per step and peak RSS.
+ * mem_gib > 0 caps its address space; checkpoint: per-layer recompute. 0 when it ran, 3 when
+ * it ran out of memory under the cap, 1 otherwise. */
+static int torch_peer(int threads, int steps, int layers, int B, int T, double mem_gib, bool checkpoint,
+                      double *step_s, double *rss_mib) {
+  char cmd[4200], line[512];
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 %s/bench/train_cpu_torch.py --threads %d --steps %d --layers %d --batch %d --seq %d "
+           "--mem-gib %g%s",
+           LT_SOURCE_ROOT, threads, steps, layers, B, T, mem_gib, checkpoint ? " --checkpoint" : "");
+  fflush(stdout);
+  FILE *p = popen(cmd, "r");
+  *step_s = *rss_mib = 0;
+  bool oom = false;
+  while (p && fgets(line, sizeof line, p)) {
+    sscanf(line, "torch_step_s: %lf", step_s);
+    sscanf(line, "torch_peak_rss_mib: %lf", rss_mib);
+    if (!strncmp(line, "torch_oom:", 10)) oom = true, fprintf(stderr, "torch peer: %s", line);
+  }
+  if (p) pclose(p);
+  if (oom) return 3;
+  if (*step_s <= 0) return fprintf(stderr, "torch peer failed: %s\n", cmd), 1;
+  return 0;
+}
+
 /* One length of --lengths, in a child process: B x T rows, `steps` timed steps after a warm-up
- * one; prints the engine's tokens/s and the child's peak RSS. Returns 0 on success. */
-static int sweep_length(int threads, int steps, int layers, int B, int T) {
+ * one; prints the engine's tokens/s and the child's peak RSS into *tps. Returns 0 on success. */
+static int sweep_length(int threads, int steps, int layers, int B, int T, double *tps) {
+  int fd[2];
+  if (pipe(fd)) return perror("pipe"), 1;
   fflush(stdout);
   pid_t pid = fork();
   if (pid < 0) return perror("fork"), 1;
@@ -133,18 +164,22 @@ static int sweep_length(int threads, int steps, int layers, int B, int T) {
         _exit(1);
       }
     }
-    double step_s = (bench_now_s() - t0) / steps, cpu_step = (cpu_s() - c0) / steps;
+    double step_s = (bench_now_s() - t0) / steps, cpu_step = (cpu_s() - c0) / steps, r = N / step_s;
     printf("length %d: %d x %d tokens, %.3f s/step, %.1f tokens/s, %.1f CPU s/step, loss %.3f",
-           T, B, T, step_s, N / step_s, cpu_step, (double)loss);
+           T, B, T, step_s, r, cpu_step, (double)loss);
     fflush(stdout);
+    if (write(fd[1], &r, sizeof r) != sizeof r) _exit(1);
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     _exit(0);
   }
+  close(fd[1]);
   int st;
   struct rusage ru;
-  if (wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+  bool got = read(fd[0], tps, sizeof *tps) == sizeof *tps;
+  close(fd[0]);
+  if (wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !got) {
     fprintf(stderr, "length %d failed\n", T);
     return 1;
   }
@@ -154,6 +189,7 @@ static int sweep_length(int threads, int steps, int layers, int B, int T) {
 
 int main(int argc, char **argv) {
   int threads = 2, steps = 2, layers = 30, torch = 1, tokens = 0, nlen = 0, lens[16];
+  double mem_gib = 16;
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a log */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -161,6 +197,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-torch")) torch = 0;
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--torch-mem-gib") && i + 1 < argc) mem_gib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
       for (char *p = argv[++i], *e; *p && nlen < 16; p = *e ? e + 1 : e) {
         lens[nlen] = (int)strtol(p, &e, 10);
@@ -171,7 +208,7 @@ int main(int argc, char **argv) {
     if (nlen < 0) {
       fprintf(stderr,
               "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch] "
-              "[--lengths T1,T2,...] [--tokens N]\n",
+              "[--lengths T1,T2,...] [--tokens N] [--torch-mem-gib G]\n",
               argv[0]);
       return 2;
     }
@@ -184,7 +221,24 @@ int main(int argc, char **argv) {
            threads, steps);
     for (int i = 0; i < nlen; i++) {
       int rows = tokens / lens[i] > 0 ? tokens / lens[i] : 1;
-      if (sweep_length(threads, steps, layers, rows, lens[i])) return 1;
+      double tps, tstep, rss;
+      if (sweep_length(threads, steps, layers, rows, lens[i], &tps)) return 1;
+      if (!torch) continue;
+      /* PyTorch keeps B*H*T*T probabilities per layer: past some length it cannot run on this
+       * machine at all; then it runs again with per-layer recompute, labelled as such. */
+      int rc = torch_peer(threads, steps, layers, rows, lens[i], mem_gib, false, &tstep, &rss);
+      bool ckpt = rc == 3;
+      if (ckpt) {
+        printf("torch length %d: out of memory under a %.0f GiB cap; again with per-layer checkpointing\n",
+               lens[i], mem_gib);
+        rc = torch_peer(threads, steps, layers, rows, lens[i], mem_gib, true, &tstep, &rss);
+      }
+      if (rc == 3) printf("torch length %d: out of memory under a %.0f GiB cap, checkpointed too: no ratio\n",
+                          lens[i], mem_gib);
+      else if (rc) return 1;
+      else
+        printf("torch length %d%s: %.3f s/step, %.1f tokens/s, peak RSS %.0f MiB; engine / torch: %.2f\n", lens[i],
+               ckpt ? " (checkpointed)" : "", tstep, rows * lens[i] / tstep, rss, tps * tstep / (rows * lens[i]));
     }
     if (!torch) { /* the sweep alone: no peer to compare the 4 x 256 run with */
       printf("train_cpu_vs_torch: none (--no-torch: no peer ran)\n");
@@ -243,19 +297,8 @@ int main(int argc, char **argv) {
 
   double ratio = 0;
   if (torch) {
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/bench/train_cpu_torch.py --threads %d --steps %d --layers %d",
-             LT_SOURCE_ROOT, threads, steps, layers);
-    FILE *p = popen(cmd, "r");
-    double tstep = 0;
-    char line[256];
-    while (p && fgets(line, sizeof line, p))
-      if (sscanf(line, "torch_step_s: %lf", &tstep) == 1) break;
-    if (p) pclose(p);
-    if (tstep <= 0) {
-      fprintf(stderr, "torch peer failed: %s\n", cmd);
-      return 1;
-    }
+    double tstep, rss;
+    if (torch_peer(threads, steps, layers, B, T, 0, false, &tstep, &rss)) return 1;
     printf("torch: %.3f s/step, %.1f tokens/s, %.1f GFLOP/s\n", tstep, B * T / tstep,
            flops / tstep / 1e9);
     ratio = tstep / step_s;

@@ -125,6 +125,8 @@ Test(cpu_attn, matches_full_square_on_packed_rows_with_gqa_and_ragged_tiles) {
   parity((lt_cpu_attn_dims_t){.B = 3, .T = 257, .H = 6, .KV = 2, .hd = 64}, 90, 2, TOL);
   parity((lt_cpu_attn_dims_t){.B = 2, .T = 64, .H = 3, .KV = 1, .hd = 64}, 64, 3, TOL);
   parity((lt_cpu_attn_dims_t){.B = 1, .T = 1, .H = 3, .KV = 3, .hd = 8}, 1, 4, TOL);
+  /* one long row: the backward pass runs 11 ranges of query tiles and adds their dk, dv */
+  parity((lt_cpu_attn_dims_t){.B = 1, .T = 700, .H = 3, .KV = 1, .hd = 16}, 200, 6, TOL);
   /* examples of one token: every row attends only to itself */
   parity((lt_cpu_attn_dims_t){.B = 2, .T = 70, .H = 3, .KV = 1, .hd = 32}, 1, 5, TOL);
 }
@@ -150,12 +152,12 @@ Test(cpu_attn, state_is_two_floats_per_row_and_head) {
 
 static int same(const void *a, const void *b, size_t bytes) { return !memcmp(a, b, bytes); }
 
-Test(cpu_attn, bitwise_identical_over_runs_and_thread_counts) {
-  lt_cpu_attn_dims_t d = {.B = 3, .T = 150, .H = 6, .KV = 2, .hd = 64};
+/* d runs 4 times (2, 2, 1 and 3 threads) with the same bits. */
+static void bitwise(lt_cpu_attn_dims_t d, int max_ex) {
   io_t x[4];
   int threads[4] = {2, 2, 1, 3};
   for (int i = 0; i < 4; i++) {
-    io_init(&x[i], d, 60, 9);
+    io_init(&x[i], d, max_ex, 9);
     run_backend(&x[i], threads[i]);
   }
   for (int i = 1; i < 4; i++) {
@@ -166,6 +168,44 @@ Test(cpu_attn, bitwise_identical_over_runs_and_thread_counts) {
     cr_assert(same(x[i].dv, x[0].dv, x[0].nk * 4), "dv: %d threads differ", threads[i]);
   }
   for (int i = 0; i < 4; i++) io_free(&x[i]);
+}
+
+Test(cpu_attn, bitwise_identical_over_runs_and_thread_counts) {
+  bitwise((lt_cpu_attn_dims_t){.B = 3, .T = 150, .H = 6, .KV = 2, .hd = 64}, 60);
+  /* one long row, one kv head: the backend cuts it into 16 ranges of query tiles, whose dk and
+   * dv it adds in range order */
+  bitwise((lt_cpu_attn_dims_t){.B = 1, .T = 1100, .H = 3, .KV = 1, .hd = 16}, 2000);
+  bitwise((lt_cpu_attn_dims_t){.B = 1, .T = 1100, .H = 3, .KV = 1, .hd = 16}, 300);
+}
+
+/* The ranges of lt_cpu_attn_split cover the tiles in order, and no range holds more than its
+ * share of the work plus one tile's. */
+Test(cpu_attn, split_cuts_the_query_tiles_into_ranges_of_equal_work) {
+  int T = 2048, tile = 64, ntiles = 32, bounds[7];
+  int32_t *ps = malloc(T * sizeof *ps);
+  cr_assert(ps);
+  for (int packed = 0; packed < 2; packed++) {
+    for (int t = 0; t < T; t++) ps[t] = packed ? t % 300 : t;
+    long work[32], total = 0;
+    for (int i = 0; i < ntiles; i++) {
+      int q0 = i * tile, kbeg = q0 - ps[q0];
+      work[i] = (q0 + tile - kbeg + tile - 1) / tile;
+      total += work[i];
+    }
+    lt_cpu_attn_split(T, tile, ps, 6, bounds);
+    cr_assert_eq(bounds[0], 0);
+    cr_assert_eq(bounds[6], ntiles);
+    for (int p = 0; p < 6; p++) {
+      cr_assert(bounds[p] <= bounds[p + 1], "range %d runs backwards", p);
+      long w = 0;
+      for (int i = bounds[p]; i < bounds[p + 1]; i++) w += work[i];
+      cr_assert(w <= total / 6 + work[bounds[p + 1] - 1], "packed %d: range %d holds %ld of %ld", packed, p, w,
+                total);
+    }
+  }
+  lt_cpu_attn_split(100, tile, ps, 5, bounds); /* 2 tiles, 5 ranges: 3 of them empty */
+  cr_assert(bounds[0] == 0 && bounds[5] == 2, "%d %d", bounds[0], bounds[5]);
+  free(ps);
 }
 
 /* Rows [r0, r1) of sequence b of a (N, width) tensor are bitwise equal in x and y. */

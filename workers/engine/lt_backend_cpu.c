@@ -54,6 +54,9 @@ typedef struct cpu {
   /* the activation rows of a bf16 product, rounded (bf16_rows); grows, never shrinks */
   uint16_t *abf;
   size_t abf_n;
+  /* attention backward: the dk, dv of query-tile ranges after the first (cpu_attn_bwd); grows */
+  float *attn_part;
+  size_t attn_part_n;
   struct shadow *sh;
   size_t nsh, capsh;
 } cpu_t;
@@ -777,51 +780,112 @@ static size_t cpu_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
   return (size_t)B * H * T * 2; /* each row's softmax max and 1/sum (lt_cpu_attn.h) */
 }
 
+/* A few long rows make few (sequence, head) tasks: 1 x 2048 with 3 kv heads was 3 backward
+ * tasks on 2 threads, one thread idle a third of the time. Each task is cut into ranges of
+ * query tiles (lt_cpu_attn_split) until there are at least ATTN_UNITS; the count depends on
+ * the shapes only, never on the thread count, so neither do the results. */
+#define ATTN_UNITS 16
+#define ATTN_MAX_PARTS 16
+
 typedef struct attn_args {
   float *out, *st, *dq, *dk, *dv;
+  float *part; /* backward: range p >= 1 adds its dk, dv into part + (p-1) * 2 * nk */
+  size_t nk;   /* floats of dk (and of dv) */
   const float *q, *k, *v, *dout, *o, *cst;
   const int32_t *pos;
   lt_cpu_attn_dims_t d;
+  int parts, heads; /* ranges per (sequence, head); heads per sequence (H forward, KV backward) */
   cpu_t *c;
 } attn_t;
 
-/* One task per (sequence, query head); each writes only its own rows and columns. */
+static int attn_parts(int B, int heads, int T) {
+  int p = (ATTN_UNITS + B * heads - 1) / (B * heads), tiles = (T + LT_CPU_ATTN_TILE - 1) / LT_CPU_ATTN_TILE;
+  p = p < tiles ? p : tiles;
+  return p < 1 ? 1 : p > ATTN_MAX_PARTS ? ATTN_MAX_PARTS : p;
+}
+
+/* Unit u of attention task fn: its sequence, head and query tiles. */
+static void attn_unit(const attn_t *a, size_t u, int *b, int *h, int *qt0, int *qt1, int *part) {
+  int bounds[ATTN_MAX_PARTS + 1];
+  *part = (int)(u % (size_t)a->parts);
+  *h = (int)(u / (size_t)a->parts % (size_t)a->heads);
+  *b = (int)(u / (size_t)a->parts / (size_t)a->heads);
+  lt_cpu_attn_split(a->d.T, LT_CPU_ATTN_TILE, a->pos + (size_t)*b * a->d.T, a->parts, bounds);
+  *qt0 = bounds[*part];
+  *qt1 = bounds[*part + 1];
+}
+
+/* One unit per (sequence, query head, range of query tiles); each writes only its own rows. */
 static void attn_fwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
   float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
   size_t lo, hi;
-  chunk((size_t)a->d.B * a->d.H, tid, nt, &lo, &hi);
-  for (size_t bh = lo; bh < hi; bh++)
-    lt_cpu_attn_fwd_head(a->d, LT_CPU_ATTN_TILE, (int)(bh / a->d.H), (int)(bh % a->d.H), a->out,
-                         a->st, a->q, a->k, a->v, a->pos, scr);
+  chunk((size_t)a->d.B * a->d.H * a->parts, tid, nt, &lo, &hi);
+  for (size_t u = lo; u < hi; u++) {
+    int b, h, qt0, qt1, part;
+    attn_unit(a, u, &b, &h, &qt0, &qt1, &part);
+    lt_cpu_attn_fwd_head(a->d, LT_CPU_ATTN_TILE, b, h, qt0, qt1, a->out, a->st, a->q, a->k, a->v, a->pos, scr);
+  }
 }
 static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
                          const float *k, const float *v, const int32_t *pos, int B, int T, int H,
                          int KV, int hd) {
   attn_t a = {.out = out, .st = state, .q = q, .k = k, .v = v, .pos = pos,
-              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .c = CPU(be)};
+              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = attn_parts(B, H, T), .heads = H,
+              .c = CPU(be)};
   pool_run(CPU(be), attn_fwd_task, &a);
 }
 
-/* One task per (sequence, kv head): the g query heads sharing it run in order inside it, so
- * dk/dv accumulate in a fixed order without atomics, whatever the thread count. */
+/* One unit per (sequence, kv head, range of query tiles): the g query heads sharing the kv head
+ * run in order inside it. The first range adds into dk and dv, range p >= 1 into a buffer of
+ * its own; attn_sum_task then adds the buffers into dk and dv in range order. No atomics, and
+ * the same sums whatever the thread count. */
 static void attn_bwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
   float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
   size_t lo, hi;
-  chunk((size_t)a->d.B * a->d.KV, tid, nt, &lo, &hi);
-  for (size_t bk = lo; bk < hi; bk++)
-    lt_cpu_attn_bwd_kv(a->d, LT_CPU_ATTN_TILE, (int)(bk / a->d.KV), (int)(bk % a->d.KV), a->dq,
-                       a->dk, a->dv, a->dout, a->q, a->k, a->v, a->o, a->cst, a->pos, scr);
+  chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
+  for (size_t u = lo; u < hi; u++) {
+    int b, kv, qt0, qt1, part;
+    attn_unit(a, u, &b, &kv, &qt0, &qt1, &part);
+    float *dk = part ? a->part + (size_t)(part - 1) * 2 * a->nk : a->dk, *dv = part ? dk + a->nk : a->dv;
+    lt_cpu_attn_bwd_kv(a->d, LT_CPU_ATTN_TILE, b, kv, qt0, qt1, a->dq, dk, dv, a->dout, a->q, a->k, a->v,
+                       a->o, a->cst, a->pos, scr);
+  }
+}
+static void attn_sum_task(void *p, int tid, int nt) {
+  attn_t *a = p;
+  size_t lo, hi;
+  chunk(a->nk, tid, nt, &lo, &hi);
+  for (int part = 1; part < a->parts; part++) {
+    const float *pk = a->part + (size_t)(part - 1) * 2 * a->nk, *pv = pk + a->nk;
+    for (size_t i = lo; i < hi; i++) {
+      a->dk[i] += pk[i];
+      a->dv[i] += pv[i];
+    }
+  }
 }
 static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, const float *dout,
                          const float *q, const float *k, const float *v, const float *out,
                          const float *state, const int32_t *pos, int B, int T, int H, int KV,
                          int hd) {
+  cpu_t *c = CPU(be);
   attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
               .cst = state, .pos = pos, .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd},
-              .c = CPU(be)};
-  pool_run(CPU(be), attn_bwd_task, &a);
+              .nk = (size_t)B * T * KV * hd, .parts = attn_parts(B, KV, T), .heads = KV, .c = c};
+  size_t need = (size_t)(a.parts - 1) * 2 * a.nk;
+  if (c->attn_part_n < need) {
+    free(c->attn_part);
+    c->attn_part = aligned_alloc(64, ((need * sizeof(float)) + 63) & ~(size_t)63);
+    assert(c->attn_part && "cpu backend: attention buffer allocation failed");
+    c->attn_part_n = need;
+  }
+  a.part = c->attn_part;
+  memset(dk, 0, a.nk * sizeof(float));
+  memset(dv, 0, a.nk * sizeof(float));
+  if (need) memset(a.part, 0, need * sizeof(float));
+  pool_run(c, attn_bwd_task, &a);
+  if (a.parts > 1) pool_run(c, attn_sum_task, &a);
 }
 
 static void cpu_kv_store(lt_backend_t *be, float *cache, const float *src, const int32_t *seq,
@@ -1050,6 +1114,7 @@ static void cpu_destroy(lt_backend_t *be) {
   while (c->blocks) cpu_free(be, c->blocks + 1);
   for (int t = 0; t < c->nt; t++) free(c->lanes[t].scratch);
   free(c->abf);
+  free(c->attn_part);
   for (size_t i = 0; i < c->nsh; i++) free(c->sh[i].h);
   free(c->sh);
   free(c->lanes);

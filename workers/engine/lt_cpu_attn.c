@@ -32,6 +32,25 @@ size_t lt_cpu_attn_scratch(int tile, int hd) {
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
 
+/* Key tiles query tile i visits. */
+static long tile_work(int T, int tile, const int32_t *ps, int i) {
+  int q0 = i * tile, nq = imin(tile, T - q0), kbeg = q0 - ps[q0];
+  return (q0 + nq - kbeg + tile - 1) / tile;
+}
+
+void lt_cpu_attn_split(int T, int tile, const int32_t *ps, int parts, int *bounds) {
+  int ntiles = (T + tile - 1) / tile;
+  long total = 0, acc = 0;
+  for (int i = 0; i < ntiles; i++) total += tile_work(T, tile, ps, i);
+  int p = 1;
+  bounds[0] = 0;
+  for (int i = 0; i < ntiles && p < parts; i++) {
+    acc += tile_work(T, tile, ps, i);
+    while (p < parts && acc * parts >= total * p) bounds[p++] = i + 1;
+  }
+  while (p <= parts) bounds[p++] = ntiles;
+}
+
 /* Row i of a tile of scores starting at key k0 (nk keys) for query row t: the columns of its
  * window, [*lo, *hi) (empty when the window misses the tile). */
 AI void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
@@ -155,8 +174,8 @@ AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
 ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
              (dP, P, tile, nq, nk, D))
 
-void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *out, float *st,
-                          const float *q, const float *k, const float *v, const int32_t *pos,
+void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, int qt0, int qt1, float *out,
+                          float *st, const float *q, const float *k, const float *v, const int32_t *pos,
                           float *scratch) {
   int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
   float scale = 1.0f / sqrtf((float)hd);
@@ -167,7 +186,7 @@ void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *o
   float *L = st + ((size_t)b * H + h) * T * 2;
   const int32_t *ps = pos + (size_t)b * T;
   float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile, *corr = l + tile;
-  for (int q0 = 0; q0 < T; q0 += tile) {
+  for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
     int nq = imin(tile, T - q0);
     int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
     for (int i = 0; i < nq; i++) {
@@ -193,8 +212,8 @@ void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, float *o
   }
 }
 
-void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq, float *dk,
-                        float *dv, const float *dout, const float *q, const float *k,
+void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, int qt1, float *dq,
+                        float *dk, float *dv, const float *dout, const float *q, const float *k,
                         const float *v, const float *out, const float *st, const int32_t *pos,
                         float *scratch) {
   int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
@@ -204,17 +223,13 @@ void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, float *dq
   float *dK = dk + koff, *dV = dv + koff;
   const int32_t *ps = pos + (size_t)b * T;
   float *P = scratch, *dP = P + (size_t)tile * tile, *Dr = dP + (size_t)tile * tile;
-  for (int t = 0; t < T; t++) {
-    memset(dK + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
-    memset(dV + (size_t)t * ldk, 0, (size_t)hd * sizeof(float));
-  }
   for (int hh = 0; hh < g; hh++) {
     int h = kv * g + hh;
     size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
     const float *Q = q + qoff, *dO = dout + qoff, *O = out + qoff;
     const float *L = st + ((size_t)b * H + h) * T * 2;
     float *dQ = dq + qoff;
-    for (int q0 = 0; q0 < T; q0 += tile) {
+    for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
       int nq = imin(tile, T - q0);
       int kbeg = q0 - ps[q0];
       for (int i = 0; i < nq; i++) {

@@ -794,7 +794,7 @@ typedef struct attn_args {
   const float *q, *k, *v, *dout, *o, *cst;
   const int32_t *pos;
   lt_cpu_attn_dims_t d;
-  int parts, heads; /* ranges per (sequence, head); heads per sequence (H forward, KV backward) */
+  int parts, heads; /* ranges per (sequence, kv head); kv heads per sequence */
   cpu_t *c;
 } attn_t;
 
@@ -815,23 +815,23 @@ static void attn_unit(const attn_t *a, size_t u, int *b, int *h, int *qt0, int *
   *qt1 = bounds[*part + 1];
 }
 
-/* One unit per (sequence, query head, range of query tiles); each writes only its own rows. */
+/* One unit per (sequence, kv head, range of query tiles); each writes only its own rows. */
 static void attn_fwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV));
   size_t lo, hi;
-  chunk((size_t)a->d.B * a->d.H * a->parts, tid, nt, &lo, &hi);
+  chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {
-    int b, h, qt0, qt1, part;
-    attn_unit(a, u, &b, &h, &qt0, &qt1, &part);
-    lt_cpu_attn_fwd_head(a->d, LT_CPU_ATTN_TILE, b, h, qt0, qt1, a->out, a->st, a->q, a->k, a->v, a->pos, scr);
+    int b, kv, qt0, qt1, part;
+    attn_unit(a, u, &b, &kv, &qt0, &qt1, &part);
+    lt_cpu_attn_fwd_kv(a->d, LT_CPU_ATTN_TILE, b, kv, qt0, qt1, a->out, a->st, a->q, a->k, a->v, a->pos, scr);
   }
 }
 static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float *q,
                          const float *k, const float *v, const int32_t *pos, int B, int T, int H,
                          int KV, int hd) {
   attn_t a = {.out = out, .st = state, .q = q, .k = k, .v = v, .pos = pos,
-              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = attn_parts(B, H, T), .heads = H,
+              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = attn_parts(B, KV, T), .heads = KV,
               .c = CPU(be)};
   pool_run(CPU(be), attn_fwd_task, &a);
 }
@@ -842,7 +842,7 @@ static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float
  * the same sums whatever the thread count. */
 static void attn_bwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd));
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV));
   size_t lo, hi;
   chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {

@@ -1,16 +1,20 @@
 /* lt_cpu_attn: tiled causal attention for the cpu backend's training pass (see lt_cpu_attn.h).
  *
- * Forward (per sequence and query head): for each query tile, the key tiles from the tile's
- * earliest example start up to its last row; scores S = Q K^T on the tile (cblas_sgemm; the
- * 1/sqrt(hd) is applied to s - max, see row_exp), masked per row to the row's window
- * t - pos[t] .. t, then the online softmax: a running max m and sum l per row, the output rows
- * rescaled by exp(m_old - m_new) before P V is added. The state is m and 1/l per row.
+ * Both passes work per sequence and kv head, on the g = H/KV query heads that read it stacked
+ * into one tile of g * 64 rows (head after head): one product per key tile for all of them,
+ * three times the rows OpenBLAS gets per call at SmolLM2's 9/3 heads, and K and V read once.
  *
- * Backward (per sequence and kv head, FlashAttention-2's equations, query tiles outer): with
- * D_t = rowsum(dO_t * O_t) (in double) and P = exp((S - m) * scale) / l recomputed per tile:
- * dV += P^T dO, dP = dO V^T, dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One
- * task owns a kv head and every query head reading it, so dq, dk and dv are summed in place in
- * a fixed order: no atomics, no partial buffers, results independent of the thread count.
+ * Forward: for each query tile, the key tiles from the tile's earliest example start up to its
+ * last row; scores S = Q K^T on the tile (cblas_sgemm; the 1/sqrt(hd) is applied to s - max,
+ * see row_exp), masked per row to the row's window t - pos[t] .. t, then the online softmax: a
+ * running max m and sum l per row, the output rows rescaled by exp(m_old - m_new) before P V is
+ * added. The state is m and 1/l per row.
+ *
+ * Backward (FlashAttention-2's equations, query tiles outer): with D_t = rowsum(dO_t * O_t) (in
+ * double) and P = exp((S - m) * scale) / l recomputed per tile: dV += P^T dO, dP = dO V^T,
+ * dS = P * (dP - D), dQ += scale * dS K, dK += scale * dS^T Q. One task owns a kv head and every
+ * query head reading it, so dk and dv are summed in a fixed order: no atomics, results
+ * independent of the thread count.
  * Tiles of 64: within noise of 48, 96 and 128 at T = 256 .. 2048, hd 64; 32 is slower. */
 #include "lt_cpu_attn.h"
 
@@ -22,9 +26,8 @@
 
 #include "lt_cpu_fexp.h"
 
-size_t lt_cpu_attn_scratch(int tile, int hd) {
-  (void)hd;
-  return 2 * (size_t)tile * tile + 3 * (size_t)tile;
+size_t lt_cpu_attn_scratch(int tile, int hd, int g) {
+  return (size_t)g * (2 * (size_t)tile * tile + 3 * (size_t)tile * hd + 3 * (size_t)tile);
 }
 
 #define AI static inline __attribute__((always_inline))
@@ -174,40 +177,56 @@ AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
 ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
              (dP, P, tile, nq, nk, D))
 
-void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, int qt0, int qt1, float *out,
-                          float *st, const float *q, const float *k, const float *v, const int32_t *pos,
-                          float *scratch) {
-  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+/* The rows q0 .. q0+nq-1 of the g query heads of kv head kv, stacked head after head (row
+ * hh*nq + i: head kv*g + hh, position q0 + i) into X (ld hd), from a (ld ldq) at head offset. */
+static void gather(float *X, const float *a, int ldq, int hd, int g, int h0, int q0, int nq) {
+  for (int hh = 0; hh < g; hh++)
+    for (int i = 0; i < nq; i++)
+      memcpy(X + ((size_t)hh * nq + i) * hd, a + (size_t)(q0 + i) * ldq + (size_t)(h0 + hh) * hd,
+             (size_t)hd * sizeof(float));
+}
+
+void lt_cpu_attn_fwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, int qt1, float *out, float *st,
+                        const float *q, const float *k, const float *v, const int32_t *pos, float *scratch) {
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd, h0 = kv * g;
   float scale = 1.0f / sqrtf((float)hd);
-  const float *Q = q + (size_t)b * T * ldq + (size_t)h * hd;
-  const float *K = k + (size_t)b * T * ldk + (size_t)(h / g) * hd;
-  const float *Vv = v + (size_t)b * T * ldk + (size_t)(h / g) * hd;
-  float *O = out + (size_t)b * T * ldq + (size_t)h * hd;
-  float *L = st + ((size_t)b * H + h) * T * 2;
+  const float *Q = q + (size_t)b * T * ldq;
+  const float *K = k + (size_t)b * T * ldk + (size_t)kv * hd;
+  const float *Vv = v + (size_t)b * T * ldk + (size_t)kv * hd;
+  float *O = out + (size_t)b * T * ldq;
   const int32_t *ps = pos + (size_t)b * T;
-  float *S = scratch, *m = S + (size_t)tile * tile, *l = m + tile, *corr = l + tile;
+  float *S = scratch, *Qs = S + (size_t)g * tile * tile, *Os = Qs + (size_t)g * tile * hd;
+  float *m = Os + (size_t)g * tile * hd, *l = m + (size_t)g * tile, *corr = l + (size_t)g * tile;
   for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
-    int nq = imin(tile, T - q0);
+    int nq = imin(tile, T - q0), M = g * nq;
     int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
-    for (int i = 0; i < nq; i++) {
-      m[i] = -INFINITY;
-      l[i] = 0.0f;
-      memset(O + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+    gather(Qs, Q, ldq, hd, g, h0, q0, nq);
+    memset(Os, 0, (size_t)M * hd * sizeof(float));
+    for (int r = 0; r < M; r++) {
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
     }
     for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
       int nk = imin(tile, q0 + nq - k0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
-                  Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, S, tile);
-      fwd_tile(S, tile, nq, nk, ps, q0, k0, scale, m, l, corr);
-      scale_rows(O + (size_t)q0 * ldq, ldq, nq, hd, corr);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, tile,
-                  Vv + (size_t)k0 * ldk, ldk, 1.0f, O + (size_t)q0 * ldq, ldq);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, Qs, hd, K + (size_t)k0 * ldk, ldk,
+                  0.0f, S, tile);
+      for (int hh = 0; hh < g; hh++)
+        fwd_tile(S + (size_t)hh * nq * tile, tile, nq, nk, ps, q0, k0, scale, m + hh * nq, l + hh * nq,
+                 corr + hh * nq);
+      scale_rows(Os, hd, M, hd, corr);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, S, tile, Vv + (size_t)k0 * ldk, ldk,
+                  1.0f, Os, hd);
     }
-    for (int i = 0; i < nq; i++) {
-      float inv = 1.0f / l[i], *o = O + (size_t)(q0 + i) * ldq;
-      for (int c = 0; c < hd; c++) o[c] *= inv;
-      L[2 * (q0 + i)] = m[i];
-      L[2 * (q0 + i) + 1] = inv;
+    for (int hh = 0; hh < g; hh++) {
+      float *L = st + ((size_t)b * H + h0 + hh) * T * 2;
+      for (int i = 0; i < nq; i++) {
+        int r = hh * nq + i;
+        float inv = 1.0f / l[r], *o = O + (size_t)(q0 + i) * ldq + (size_t)(h0 + hh) * hd;
+        const float *os = Os + (size_t)r * hd;
+        for (int c = 0; c < hd; c++) o[c] = os[c] * inv;
+        L[2 * (q0 + i)] = m[r];
+        L[2 * (q0 + i) + 1] = inv;
+      }
     }
   }
 }
@@ -216,49 +235,52 @@ void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, 
                         float *dk, float *dv, const float *dout, const float *q, const float *k,
                         const float *v, const float *out, const float *st, const int32_t *pos,
                         float *scratch) {
-  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd;
+  int T = d.T, H = d.H, KV = d.KV, hd = d.hd, g = H / KV, ldq = H * hd, ldk = KV * hd, h0 = kv * g;
   float scale = 1.0f / sqrtf((float)hd);
-  size_t koff = (size_t)b * T * ldk + (size_t)kv * hd;
-  const float *K = k + koff, *Vv = v + koff;
-  float *dK = dk + koff, *dV = dv + koff;
+  size_t koff = (size_t)b * T * ldk + (size_t)kv * hd, qoff = (size_t)b * T * ldq;
+  const float *K = k + koff, *Vv = v + koff, *Q = q + qoff, *dO = dout + qoff, *O = out + qoff;
+  float *dK = dk + koff, *dV = dv + koff, *dQ = dq + qoff;
   const int32_t *ps = pos + (size_t)b * T;
-  float *P = scratch, *dP = P + (size_t)tile * tile, *Dr = dP + (size_t)tile * tile;
-  for (int hh = 0; hh < g; hh++) {
-    int h = kv * g + hh;
-    size_t qoff = (size_t)b * T * ldq + (size_t)h * hd;
-    const float *Q = q + qoff, *dO = dout + qoff, *O = out + qoff;
-    const float *L = st + ((size_t)b * H + h) * T * 2;
-    float *dQ = dq + qoff;
-    for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
-      int nq = imin(tile, T - q0);
-      int kbeg = q0 - ps[q0];
+  size_t tt = (size_t)g * tile * tile, th = (size_t)g * tile * hd;
+  float *P = scratch, *dP = P + tt, *Qs = dP + tt, *dOs = Qs + th, *dQs = dOs + th, *Dr = dQs + th;
+  for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
+    int nq = imin(tile, T - q0), M = g * nq;
+    int kbeg = q0 - ps[q0];
+    gather(Qs, Q, ldq, hd, g, h0, q0, nq);
+    gather(dOs, dO, ldq, hd, g, h0, q0, nq);
+    memset(dQs, 0, (size_t)M * hd * sizeof(float));
+    for (int hh = 0; hh < g; hh++)
       for (int i = 0; i < nq; i++) {
-        const float *o = O + (size_t)(q0 + i) * ldq, *go = dO + (size_t)(q0 + i) * ldq;
-        double s = 0.0;
-        for (int c = 0; c < hd; c++) s += (double)go[c] * o[c];
-        Dr[i] = (float)s;
-        memset(dQ + (size_t)(q0 + i) * ldq, 0, (size_t)hd * sizeof(float));
+        const float *o = O + (size_t)(q0 + i) * ldq + (size_t)(h0 + hh) * hd, *go = dOs + ((size_t)hh * nq + i) * hd;
+        double sum = 0.0;
+        for (int c = 0; c < hd; c++) sum += (double)go[c] * o[c];
+        Dr[hh * nq + i] = (float)sum;
       }
-      for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
-        int nk = imin(tile, q0 + nq - k0);
-        /* P = exp((Q K^T - m) * scale) / l, 0 outside each row's window */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
-                    Q + (size_t)q0 * ldq, ldq, K + (size_t)k0 * ldk, ldk, 0.0f, P, tile);
-        bwd_p_tile(P, tile, nq, nk, ps, q0, k0, scale, L);
-        /* dV += P^T dO */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, 1.0f, P, tile,
-                    dO + (size_t)q0 * ldq, ldq, 1.0f, dV + (size_t)k0 * ldk, ldk);
-        /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, 1.0f,
-                    dO + (size_t)q0 * ldq, ldq, Vv + (size_t)k0 * ldk, ldk, 0.0f, dP, tile);
-        bwd_ds_tile(dP, P, tile, nq, nk, Dr);
-        /* dQ += scale dS K ; dK += scale dS^T Q */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, scale, dP, tile,
-                    K + (size_t)k0 * ldk, ldk, 1.0f, dQ + (size_t)q0 * ldq, ldq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, nq, scale, dP, tile,
-                    Q + (size_t)q0 * ldq, ldq, 1.0f, dK + (size_t)k0 * ldk, ldk);
-      }
+    for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
+      int nk = imin(tile, q0 + nq - k0);
+      /* P = exp((Q K^T - m) * scale) / l, 0 outside each row's window */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, Qs, hd, K + (size_t)k0 * ldk, ldk,
+                  0.0f, P, tile);
+      for (int hh = 0; hh < g; hh++)
+        bwd_p_tile(P + (size_t)hh * nq * tile, tile, nq, nk, ps, q0, k0, scale,
+                   st + ((size_t)b * H + h0 + hh) * T * 2);
+      /* dV += P^T dO */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, 1.0f, P, tile, dOs, hd, 1.0f,
+                  dV + (size_t)k0 * ldk, ldk);
+      /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, dOs, hd, Vv + (size_t)k0 * ldk, ldk,
+                  0.0f, dP, tile);
+      bwd_ds_tile(dP, P, tile, M, nk, Dr);
+      /* dQ += scale dS K ; dK += scale dS^T Q */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, scale, dP, tile, K + (size_t)k0 * ldk, ldk,
+                  1.0f, dQs, hd);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, scale, dP, tile, Qs, hd, 1.0f,
+                  dK + (size_t)k0 * ldk, ldk);
     }
+    for (int hh = 0; hh < g; hh++)
+      for (int i = 0; i < nq; i++)
+        memcpy(dQ + (size_t)(q0 + i) * ldq + (size_t)(h0 + hh) * hd, dQs + ((size_t)hh * nq + i) * hd,
+               (size_t)hd * sizeof(float));
   }
 }
 

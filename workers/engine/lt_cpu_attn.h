@@ -2,7 +2,7 @@
  * lt_backend.h), flash-attention style, internal to the cpu backend and its tests.
  *
  * lt_backend_cpu.c runs one call per task on its thread pool: the forward pass per (sequence,
- * query head, range of query tiles), the backward pass per (sequence, kv head, range); with
+ * kv head, range of query tiles), the backward pass likewise; with
  * many rows a range is all of a row's tiles, with a few long ones (1 x 2048) each row is cut
  * into ranges of equal work (lt_cpu_attn_split), the backward pass giving each range after the
  * first a dk and dv of its own that the backend adds up in range order. Each call walks query tiles x key
@@ -37,9 +37,10 @@ typedef struct lt_cpu_attn_dims {
   int B, T, H, KV, hd;
 } lt_cpu_attn_dims_t;
 
-/* Floats of per-thread scratch lt_cpu_attn_fwd_head and lt_cpu_attn_bwd_kv need with tiles of
- * `tile` rows (2 * tile * tile + 3 * tile: independent of T). */
-size_t lt_cpu_attn_scratch(int tile, int hd);
+/* Floats of per-thread scratch lt_cpu_attn_fwd_kv and lt_cpu_attn_bwd_kv need with tiles of
+ * `tile` rows and g query heads per kv head (g * (2 * tile * tile + 3 * tile * hd + 3 * tile):
+ * independent of T). */
+size_t lt_cpu_attn_scratch(int tile, int hd, int g);
 
 /* Cuts the query tiles of one sequence (ps: its positions) into `parts` ranges of about equal
  * work (key tiles visited): range p is tiles [bounds[p], bounds[p+1]); bounds has parts + 1
@@ -47,20 +48,19 @@ size_t lt_cpu_attn_scratch(int tile, int hd);
  * backend can run the ranges as tasks and keep its results independent of its thread count. */
 void lt_cpu_attn_split(int T, int tile, const int32_t *ps, int parts, int *bounds);
 
-/* Forward pass of query head h of sequence b over query tiles [qt0, qt1): those rows of out
- * (N, H*hd) and of the state (2*B*H*T floats; row r = (b*H + h)*T + t holds at 2r the max m of
- * s_j = q_t k_j over the row's window and at 2r + 1 the inverse of
- * sum_j exp((s_j - m) / sqrt(hd))). q, k, v, pos as attn_fwd. Writes nothing else; a row's
- * result does not depend on the range it was computed in. */
-void lt_cpu_attn_fwd_head(lt_cpu_attn_dims_t d, int tile, int b, int h, int qt0, int qt1, float *out,
-                          float *st, const float *q, const float *k, const float *v, const int32_t *pos,
-                          float *scratch);
+/* Forward pass of the query heads kv*g .. kv*g + g-1 (g = H/KV) of sequence b over query tiles
+ * [qt0, qt1): those rows of out (N, H*hd) and of the state (2*B*H*T floats; row
+ * r = (b*H + h)*T + t holds at 2r the max m of s_j = q_t k_j over the row's window and at 2r + 1
+ * the inverse of sum_j exp((s_j - m) / sqrt(hd))). q, k, v, pos as attn_fwd. Writes nothing
+ * else; a row's result does not depend on the range it was computed in. */
+void lt_cpu_attn_fwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, int qt1, float *out, float *st,
+                        const float *q, const float *k, const float *v, const int32_t *pos, float *scratch);
 
 /* Backward pass of kv head kv of sequence b over query tiles [qt0, qt1): overwrites the rows
  * of those tiles in dq for the query heads that read the kv head, and adds their part of dk
- * and dv into dk and dv (laid out as attn_bwd's: the caller zeroes them), summing the query
- * heads kv*g .. kv*g + g-1 in that order (g = H/KV), each over its query tiles in increasing
- * order: the result depends on nothing but the inputs, `tile` and the range. Arguments as
+ * and dv into dk and dv (laid out as attn_bwd's: the caller zeroes them), summing over its query tiles
+ * in increasing order, the g query heads of a tile in one product: the result depends on
+ * nothing but the inputs, `tile` and the range. Arguments as
  * attn_bwd, st from lt_cpu_attn_fwd_head. */
 void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, int qt1, float *dq,
                         float *dk, float *dv, const float *dout, const float *q, const float *k,

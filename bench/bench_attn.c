@@ -6,7 +6,8 @@
  * backend's pool with --threads threads (2); so does the peer (OpenBLAS's threads inside its
  * large products). Each figure is the median of --reps calls after a warm-up.
  *
- * Usage: bench_attn [--threads N] [--tokens N] [--reps K] [--lengths T1,T2,...]
+ * Usage: bench_attn [--threads N] [--tokens N] [--reps K] [--lengths T1,T2,...] [--no-peer]
+ * (--no-peer: the tiled kernels alone, for a profiler)
  * Last line: `attn_tiled_vs_square_T2048: <square ms / tiled ms>` (at T = 2048). */
 #include <cblas.h>
 #include <stdint.h>
@@ -91,16 +92,18 @@ static double square_ms(lt_cpu_attn_dims_t d, int reps, int threads) {
 }
 
 int main(int argc, char **argv) {
-  int threads = 2, tokens = 4096, reps = 3, lens[8] = {256, 1024, 2048, 4096}, nlen = 4;
+  int threads = 2, tokens = 4096, reps = 3, lens[8] = {256, 1024, 2048, 4096}, nlen = 4, peer = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-peer")) peer = 0;
     else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
       nlen = 0;
       for (char *p = argv[++i], *e; *p && nlen < 8; p = *e ? e + 1 : e) lens[nlen++] = (int)strtol(p, &e, 10);
     } else {
-      fprintf(stderr, "usage: %s [--threads N] [--tokens N] [--reps K] [--lengths T1,T2,...]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--threads N] [--tokens N] [--reps K] [--lengths T1,T2,...] [--no-peer]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -114,13 +117,18 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nlen; i++) {
     int T = lens[i], B = tokens / T > 0 ? tokens / T : 1;
     lt_cpu_attn_dims_t d = {.B = B, .T = T, .H = 9, .KV = 3, .hd = 64};
-    double tiled = tiled_ms(be, d, reps), square = square_ms(d, reps, threads);
+    double tiled = tiled_ms(be, d, reps);
+    if (!peer) {
+      printf("T %4d (%2d rows): tiled %8.1f ms (%.2f us/token)\n", T, B, tiled, tiled * 1e3 / (B * T));
+      continue;
+    }
+    double square = square_ms(d, reps, threads);
     printf("T %4d (%2d rows): tiled %8.1f ms (%.2f us/token), full square %8.1f ms: %.2fx\n", T, B, tiled,
            tiled * 1e3 / (B * T), square, square / tiled);
     if (T == 2048) at2048 = square / tiled;
   }
   lt_backend_destroy(be);
   if (at2048 > 0) printf("attn_tiled_vs_square_T2048: %.2f\n", at2048);
-  else printf("attn_tiled_vs_square_T2048: none (2048 not among the lengths)\n");
+  else printf("attn_tiled_vs_square_T2048: none (%s)\n", peer ? "2048 not among the lengths" : "--no-peer");
   return 0;
 }

@@ -836,9 +836,10 @@ static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float
   pool_run(CPU(be), attn_fwd_task, &a);
 }
 
-/* One unit per (sequence, kv head, range of query tiles): the g query heads sharing the kv head
- * run in order inside it. The first range adds into dk and dv, range p >= 1 into a buffer of
- * its own; attn_sum_task then adds the buffers into dk and dv in range order. No atomics, and
+/* One unit per (sequence, kv head, range of query tiles), the g query heads sharing the kv head
+ * stacked in one product per tile. The first range adds into dk and dv, range p >= 1 into a
+ * buffer of its own (ranges of other sequences or kv heads share it: they write other rows or
+ * columns); attn_sum_task then adds the buffers into dk and dv in range order. No atomics, and
  * the same sums whatever the thread count. */
 static void attn_bwd_task(void *p, int tid, int nt) {
   attn_t *a = p;

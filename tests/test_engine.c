@@ -662,6 +662,55 @@ Test(engine, gradient_accumulation_of_two_halves_equals_one_full_batch) {
   close_pair(&f, s, t);
 }
 
+/* The LM head, the loss and its gradient run over the batch in chunks of rows
+ * (LT_ENGINE_HEAD_ROWS), so N x V logits never exist: chunks of 7 rows (7 chunks, the last of
+ * 6) compute what one chunk of all 48 computes — loss, log-probs, logits, and after two AdamW
+ * steps every trainable tensor, the LM head's too in full training — within float rounding. */
+static void head_chunks_case(int full) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 37, 2);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 9, .full = full};
+  lt_session_t *s, *t;
+  open_pair(&f, sc, &s, &t);
+  enum { B = 3, T = 16, N = B * T };
+  int32_t tok[N], tgt[N];
+  unsigned rs = 4;
+  rand_tokens(tok, N, f.c.vocab_size, &rs);
+  rand_tokens(tgt, N, f.c.vocab_size, &rs);
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .max_grad_norm = 1.0f};
+  float ls = 0, lt = 0, ps[N], pt[N];
+  for (int k = 0; k < 2; k++) {
+    lt_engine_head_rows = 0; /* the default, 256: one chunk */
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &ls, ps, errbuf, sizeof errbuf));
+    lt_engine_head_rows = 7;
+    OK(lt_forward_backward(t, &b, LT_LOSS_CROSS_ENTROPY, &lt, pt, errbuf, sizeof errbuf));
+    cr_assert_eq(s->a.head_cap, (size_t)N, "one chunk holds the batch");
+    cr_assert_eq(t->a.head_cap, (size_t)7, "t holds 7 rows of logits, not %zu", t->a.head_cap);
+    cr_assert_lt(fabs((double)ls - lt), 1e-5 * fabs((double)ls), "step %d: loss %.8g in one chunk, %.8g in 7", k, ls,
+                 lt);
+    cr_assert_lt(rel_err(pt, ps, N), 1e-5, "step %d: log-probs differ by %.3g", k, rel_err(pt, ps, N));
+    step_pair(s, t, &opt);
+  }
+  assert_same_tensors(s, t, f.dir, 1e-4, full ? "full training, head in chunks vs one" : "head in chunks vs one");
+  size_t nl = (size_t)N * f.c.vocab_size;
+  float *la = malloc(nl * sizeof(float)), *lb = malloc(nl * sizeof(float));
+  cr_assert(la && lb);
+  lt_engine_head_rows = 0;
+  OK(lt_logits(s, B, T, tok, la, errbuf, sizeof errbuf));
+  lt_engine_head_rows = 7;
+  OK(lt_logits(s, B, T, tok, lb, errbuf, sizeof errbuf));
+  cr_assert_lt(rel_err(lb, la, nl), 1e-6, "lt_logits in chunks differ by %.3g", rel_err(lb, la, nl));
+  lt_engine_head_rows = 0;
+  free(la), free(lb);
+  close_pair(&f, s, t);
+}
+
+Test(engine, the_head_and_loss_in_chunks_of_rows_compute_what_one_chunk_computes) {
+  head_chunks_case(0);
+  head_chunks_case(1);
+}
+
 /* Packing: two examples in one row, each attending only within itself and counting its
  * positions from 0, compute what one row per example computes — loss, per-token log-probs,
  * gradients (hence the adapter after AdamW steps) — within float rounding. And a plain batch

@@ -180,9 +180,17 @@ void lt_engine_acts_free(lt_session_t *s) {
   X(g, (layers) * N * F, float) X(u, (layers) * N * F, float) X(h, (layers) * N * F, float)    \
   X(la, (layers) * M_COUNT * N * r, float)
 
+int lt_engine_head_rows;
+
+/* Rows of logits per chunk for a batch of N rows. */
+static size_t head_rows(size_t N) {
+  size_t c = lt_engine_head_rows > 0 ? (size_t)lt_engine_head_rows : LT_ENGINE_HEAD_ROWS;
+  return N < c ? N : c;
+}
+
 static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t errstr_size) {
   acts_t *a = &s->a;
-  if (a->block && a->T == T && B <= a->B_cap) {
+  if (a->block && a->T == T && B <= a->B_cap && a->head_cap == head_rows((size_t)a->B_cap * T)) {
     /* Fewer rows of the same length (a packed batch): every piece is indexed by a->N, so a
      * prefix of the block serves; nothing is allocated per step. */
     a->B = B;
@@ -204,7 +212,7 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
 #define PIECES(X)                                                                              \
   X(tokens, N, int32_t) X(targets, N, int32_t) X(pos, N, int32_t) X(resid, (L + 1) * N * D, float) \
   LAYER_PIECES(X, L) X(lnf, N * D, float) X(rstdf, N, float)                                   \
-  X(logits, N * V, float) X(lse, N, float) X(logp, N, float) X(coef, N, float)                 \
+  X(logits, head_rows(N) * V, float) X(lse, N, float) X(logp, N, float) X(coef, N, float)      \
   X(dx, N * D, float) X(dln, N * dlnw, float) X(dq, N * QD, float) X(datty, N * QD, float)     \
   X(dk, N * KD, float) X(dv, N * KD, float) X(dg, N * F, float) X(du, N * F, float)            \
   X(dh, N * F, float) X(dla, N * (r ? r : 1), float) X(scr, N * wide, float)
@@ -219,6 +227,7 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
   a->B_cap = B;
   a->T = T;
   a->N = (int)N;
+  a->head_cap = head_rows(N);
   a->state_floats = st;
   a->h_targets = malloc(N * sizeof(int32_t));
   a->h_logp = malloc(N * sizeof(float));
@@ -368,24 +377,38 @@ static void forward(lt_session_t *s, int train) {
   }
   be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->resid + (size_t)c->num_layers * N * D, s->w.norm, N,
                   D, c->rms_norm_eps);
-  be->matmul(be, 0, 1, N, c->vocab_size, D, 1.0f, a->lnf, D, s->w.lm_head, D, 0.0f, a->logits,
-             c->vocab_size);
+}
+
+/* The LM head over rows [n0, n0 + n) of the batch, into a->logits (n <= the chunk rows). */
+static void head_fwd(lt_session_t *s, size_t n0, size_t n) {
+  int D = s->mc.hidden_size, V = s->mc.vocab_size;
+  s->be->matmul(s->be, 0, 1, (int)n, V, D, 1.0f, s->a.lnf + n0 * D, D, s->w.lm_head, D, 0.0f, s->a.logits, V);
+}
+
+/* From the chunk's logit gradients (in a->logits) to its rows of dln, and to the LM head's
+ * gradient in full training (summed over the chunks in order). */
+static void head_bwd(lt_session_t *s, size_t n0, size_t n) {
+  lt_backend_t *be = s->be;
+  acts_t *a = &s->a;
+  int D = s->mc.hidden_size, V = s->mc.vocab_size;
+  be->matmul(be, 0, 0, (int)n, D, V, 1.0f, a->logits, V, s->w.lm_head, D, 0.0f, a->dln + n0 * D, D);
+  if (s->cfg.full)
+    be->matmul(be, 1, 0, V, D, (int)n, 1.0f, a->logits, V, a->lnf + n0 * D, D, 1.0f, s->gw.lm_head, D);
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
-/* Backward pass from the logit gradients (already in a->logits) to every trainable weight. */
+/* Backward pass from the gradient of the final norm's output (already in a->dln, head_bwd) to
+ * every trainable weight. */
 static void backward(lt_session_t *s) {
   lt_backend_t *be = s->be;
   acts_t *a = &s->a;
   const lt_model_config_t *c = &s->mc;
   const lt_engine_t *e = s->eng;
   int N = a->N, D = c->hidden_size, F = c->intermediate_size, H = c->num_heads,
-      KV = c->num_kv_heads, hd = c->head_dim, V = c->vocab_size, L = c->num_layers,
+      KV = c->num_kv_heads, hd = c->head_dim, L = c->num_layers,
       full = s->cfg.full;
   size_t r = full ? 0 : (size_t)s->cfg.rank;
-  be->matmul(be, 0, 0, N, D, V, 1.0f, a->logits, V, s->w.lm_head, D, 0.0f, a->dln, D);
-  if (full) be->matmul(be, 1, 0, V, D, N, 1.0f, a->logits, V, a->lnf, D, 1.0f, s->gw.lm_head, D);
   be->zero(be, a->dx, (size_t)N * D);
   be->rmsnorm_bwd(be, a->dx, full ? s->gw.norm : NULL, a->dln, a->resid + (size_t)L * N * D,
                   s->w.norm, a->rstdf, N, D);
@@ -559,26 +582,34 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
   be->upload(be, a->tokens, b->tokens, N * sizeof(int32_t));
   be->upload(be, a->targets, a->h_targets, N * sizeof(int32_t));
   forward(s, train);
-  be->ce_fwd(be, a->logp, a->lse, a->logits, a->targets, (int)N, s->mc.vocab_size);
-  be->download(be, a->h_logp, a->logp, N * sizeof(float));
-  /* loss and its derivative wrt each log-prob, on the host in double, fixed order */
+  /* The head, the loss and its gradient chunk by chunk (LT_ENGINE_HEAD_ROWS); the loss and its
+   * derivative wrt each log-prob on the host in double, in row order. */
   double W = 0, Ls = 0;
   for (size_t i = 0; i < N; i++) W += b->weights ? b->weights[i] : 1.0f;
-  for (size_t i = 0; i < N; i++) {
-    double w = b->weights ? b->weights[i] : 1.0f, lp = a->h_logp[i];
-    if (w == 0) {
-      a->h_coef[i] = 0;
-      continue;
+  int V = s->mc.vocab_size;
+  for (size_t n0 = 0, n; n0 < N; n0 += n) {
+    n = head_rows(N) < N - n0 ? head_rows(N) : N - n0;
+    head_fwd(s, n0, n);
+    be->ce_fwd(be, a->logp + n0, a->lse + n0, a->logits, a->targets + n0, (int)n, V);
+    be->download(be, a->h_logp + n0, a->logp + n0, n * sizeof(float));
+    for (size_t i = n0; i < n0 + n; i++) {
+      double w = b->weights ? b->weights[i] : 1.0f, lp = a->h_logp[i];
+      if (w == 0) {
+        a->h_coef[i] = 0;
+        continue;
+      }
+      double dterm, term = token_term(b, loss, i, lp, &dterm);
+      Ls += -w * term;
+      a->h_coef[i] = (float)(-w * dterm / W);
     }
-    double dterm, term = token_term(b, loss, i, lp, &dterm);
-    Ls += -w * term;
-    a->h_coef[i] = (float)(-w * dterm / W);
+    if (!train) continue;
+    be->upload(be, a->coef + n0, a->h_coef + n0, n * sizeof(float));
+    be->ce_bwd(be, a->logits, a->lse + n0, a->targets + n0, a->coef + n0, (int)n, V);
+    head_bwd(s, n0, n);
   }
   if (loss_out) *loss_out = (float)(Ls / W);
   if (logp_out) memcpy(logp_out, a->h_logp, N * sizeof(float));
   if (!train) return LT_OK;
-  be->upload(be, a->coef, a->h_coef, N * sizeof(float));
-  be->ce_bwd(be, a->logits, a->lse, a->targets, a->coef, (int)N, s->mc.vocab_size);
   backward(s);
   s->accum++;
   s->fb_calls++;
@@ -605,6 +636,11 @@ lt_err_t lt_logits(lt_session_t *s, int B, int T, const int32_t *tokens, float *
   if ((err = acts_positions(s, NULL, errstr, errstr_size))) return err;
   s->be->upload(s->be, s->a.tokens, tokens, (size_t)B * T * sizeof(int32_t));
   forward(s, 0);
-  return s->be->download(s->be, logits_out, s->a.logits,
-                         (size_t)B * T * s->mc.vocab_size * sizeof(float));
+  size_t N = (size_t)B * T, V = (size_t)s->mc.vocab_size;
+  for (size_t n0 = 0, n; n0 < N; n0 += n) {
+    n = head_rows(N) < N - n0 ? head_rows(N) : N - n0;
+    head_fwd(s, n0, n);
+    if ((err = s->be->download(s->be, logits_out + n0 * V, s->a.logits, n * V * sizeof(float)))) return err;
+  }
+  return LT_OK;
 }

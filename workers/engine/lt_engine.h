@@ -11,7 +11,9 @@
  *    copy. Several sessions may use one engine.
  *  - lt_session_t: one training run: the adapter (or, in full mode, a private copy of every
  *    weight), its gradients, AdamW moments, RNG, step counter and the activation buffers
- *    (allocated once per (batch, seq) shape: no allocation per step after warm-up).
+ *    (allocated once per (batch, seq) shape: no allocation per step after warm-up). The LM
+ *    head, the loss and its gradient run over the batch in chunks of rows, so the activations
+ *    hold 256 rows of logits, never B*T x vocab.
  *
  * Primitives (the four of docs/DESIGN.md §5): lt_forward_backward, lt_optim_step, lt_save_state /
  * lt_load_state, lt_sample. Plus lt_export_peft (HF PEFT adapter files) and lt_export_model

@@ -136,9 +136,16 @@ typedef struct lora {
 } lora_t;
 
 /* Activations of one (B, T) shape, one backend allocation (sizes in floats unless int32). */
+/* Rows of logits the engine holds at once: the LM head, the loss and its gradient run over the
+ * batch in chunks of this many rows, so N x V logits never exist (4096 x 49152 floats would be
+ * 805 MB; 256 rows are 50 MB). lt_engine_head_rows overrides it (tests; 0: this default). */
+#define LT_ENGINE_HEAD_ROWS 256
+extern int lt_engine_head_rows;
+
 typedef struct acts {
   int B, T, N;
   int B_cap;      /* rows the block was carved for: a batch of B <= B_cap rows of T reuses it */
+  size_t head_cap; /* rows of logits the block holds (head_rows of B_cap * T) */
   int pos_custom; /* a->pos holds a batch's own positions (packing), not t = 0..T-1 */
   int32_t *tokens, *targets, *pos; /* (N) */
   float *resid;   /* (L+1, N, D) resid[l] is the input of layer l, resid[L] the last output */
@@ -155,7 +162,8 @@ typedef struct acts {
   float *la;      /* (L, M_COUNT, N, r) LoRA x A^T */
   float *lnf;     /* (N, D) */
   float *rstdf;   /* (N) */
-  float *logits;  /* (N, V), becomes dlogits in the backward pass */
+  float *logits;  /* (min(N, LT_ENGINE_HEAD_ROWS), V): one chunk of rows at a time, becomes
+                   * that chunk's dlogits in the backward pass */
   float *lse, *logp, *coef; /* (N) */
   /* backward scratch, reused by every layer */
   float *dx;      /* (N, D) gradient of the residual stream */

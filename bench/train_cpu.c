@@ -15,7 +15,8 @@
  * the sweep prints.
  *
  * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch] [--lengths T1,T2,...]
- *                  [--tokens N] [--torch-mem-gib G]
+ *                  [--tokens N] [--torch-mem-gib G] [--recompute]
+ * --recompute: the engine keeps one layer's activations and recomputes each in backward.
  * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
  * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
@@ -127,6 +128,8 @@ static int torch_peer(int threads, int steps, int layers, int B, int T, double m
 
 /* One length of --lengths, in a child process: B x T rows, `steps` timed steps after a warm-up
  * one; prints the engine's tokens/s and the child's peak RSS into *tps. Returns 0 on success. */
+static int recompute; /* --recompute: per-layer activation recompute in every engine run */
+
 static int sweep_length(int threads, int steps, int layers, int B, int T, double *tps) {
   int fd[2];
   if (pipe(fd)) return perror("pipe"), 1;
@@ -141,7 +144,7 @@ static int sweep_length(int threads, int steps, int layers, int B, int T, double
     lt_backend_t *be;
     lt_engine_t *eng;
     lt_session_t *s;
-    lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
+    lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1, .recompute = recompute};
     if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err) ||
         lt_backend_cpu_new(threads, &be, err, sizeof err) ||
         lt_engine_open(dir, be, &eng, err, sizeof err) ||
@@ -196,6 +199,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-torch")) torch = 0;
+    else if (!strcmp(argv[i], "--recompute")) recompute = 1;
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--torch-mem-gib") && i + 1 < argc) mem_gib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
@@ -208,7 +212,7 @@ int main(int argc, char **argv) {
     if (nlen < 0) {
       fprintf(stderr,
               "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch] "
-              "[--lengths T1,T2,...] [--tokens N] [--torch-mem-gib G]\n",
+              "[--lengths T1,T2,...] [--tokens N] [--torch-mem-gib G] [--recompute]\n",
               argv[0]);
       return 2;
     }
@@ -217,8 +221,8 @@ int main(int argc, char **argv) {
     int most = 0;
     for (int i = 0; i < nlen; i++) most = lens[i] > most ? lens[i] : most;
     if (tokens <= 0) tokens = most;
-    printf("length sweep: %d tokens per step, %d layers, %d threads, %d steps\n", tokens, layers,
-           threads, steps);
+    printf("length sweep: %d tokens per step, %d layers, %d threads, %d steps%s\n", tokens, layers,
+           threads, steps, recompute ? ", the engine recomputing each layer" : "");
     for (int i = 0; i < nlen; i++) {
       int rows = tokens / lens[i] > 0 ? tokens / lens[i] : 1;
       double tps, tstep, rss;
@@ -261,7 +265,7 @@ int main(int argc, char **argv) {
   lt_backend_t *be;
   lt_engine_t *eng;
   lt_session_t *s;
-  lt_session_config_t sc = {.rank = R, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1};
+  lt_session_config_t sc = {.rank = R, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1, .recompute = recompute};
   if (lt_backend_cpu_new(threads, &be, err, sizeof err) ||
       lt_engine_open(dir, be, &eng, err, sizeof err) ||
       lt_session_new(eng, &sc, &s, err, sizeof err)) {

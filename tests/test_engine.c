@@ -711,6 +711,86 @@ Test(engine, the_head_and_loss_in_chunks_of_rows_compute_what_one_chunk_computes
   head_chunks_case(1);
 }
 
+/* Per-layer recompute (lt_session_config_t.recompute) keeps one layer's activations and runs
+ * each layer's forward again before its backward: the same bits as keeping them all — every
+ * trainable tensor after three AdamW steps on packed rows, with LoRA dropout (the masks must
+ * come back the same) and in full training. */
+static void recompute_case(int full) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 41, 2);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .dropout = full ? 0.0f : 0.1f, .targets = LT_TARGET_ALL,
+                            .seed = 3, .full = full};
+  lt_session_t *s = fixture_session(&f, sc);
+  sc.recompute = 1;
+  lt_session_t *t = fixture_session(&f, sc);
+  enum { B = 2, T = 24, N = B * T };
+  int32_t tok[N], tgt[N], pos[N];
+  for (int i = 0; i < N; i++) pos[i] = i % T < 10 ? i % T : i % T - 10; /* two examples a row */
+  unsigned rs = 6;
+  rand_tokens(tok, N, f.c.vocab_size, &rs);
+  rand_tokens(tgt, N, f.c.vocab_size, &rs);
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt, .positions = pos};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .max_grad_norm = 1.0f};
+  for (int k = 0; k < 3; k++) {
+    float ls, lt;
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &ls, NULL, errbuf, sizeof errbuf));
+    OK(lt_forward_backward(t, &b, LT_LOSS_CROSS_ENTROPY, &lt, NULL, errbuf, sizeof errbuf));
+    cr_assert(ls == lt, "step %d: loss %.9g kept, %.9g recomputed", k, ls, lt);
+    /* the block holds ln1 of every layer, or of one (the pieces are carved back to back) */
+    size_t one = (size_t)N * f.c.hidden_size * sizeof(float);
+    cr_assert((size_t)((char *)s->a.rstd1 - (char *)s->a.ln1) >= one * f.c.num_layers);
+    cr_assert((size_t)((char *)t->a.rstd1 - (char *)t->a.ln1) < 2 * one, "recompute holds one layer");
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(t, &opt, NULL, errbuf, sizeof errbuf));
+  }
+  char a[512], c[512];
+  snprintf(a, sizeof a, "%s/kept.safetensors", f.dir);
+  snprintf(c, sizeof c, "%s/recomputed.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t, 0, c, errbuf, sizeof errbuf));
+  cr_assert(files_equal(a, c), "%s: recomputing each layer changed the trained tensors", full ? "full" : "LoRA");
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  fixture_close(&f);
+}
+
+Test(engine, recomputing_each_layer_in_backward_gives_the_same_bits) {
+  recompute_case(0);
+  recompute_case(1);
+}
+
+/* A batch whose activations cannot all be allocated falls back to recompute instead of failing;
+ * one that does not fit even so fails naming its size. */
+Test(engine, a_batch_too_large_for_every_layer_falls_back_to_recompute) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 43, 1);
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 3};
+  lt_session_t *s = fixture_session(&f, sc), *t = fixture_session(&f, sc), *u = fixture_session(&f, sc);
+  enum { B = 2, T = 32, N = B * T };
+  int32_t tok[N], tgt[N];
+  unsigned rs = 8;
+  rand_tokens(tok, N, f.c.vocab_size, &rs);
+  rand_tokens(tgt, N, f.c.vocab_size, &rs);
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  float ls, lt;
+  OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &ls, NULL, errbuf, sizeof errbuf));
+  cr_assert(!lt_session_recomputes(s));
+  /* between one layer's block and every layer's */
+  size_t one_layer = (size_t)((char *)s->a.rstd1 - (char *)s->a.ln1) / f.c.num_layers;
+  lt_engine_act_limit = (size_t)((char *)s->a.ln1 - (char *)s->a.block) + 4 * one_layer * 8;
+  OK(lt_forward_backward(t, &b, LT_LOSS_CROSS_ENTROPY, &lt, NULL, errbuf, sizeof errbuf));
+  cr_assert(lt_session_recomputes(t), "the session did not fall back to recompute");
+  cr_assert(ls == lt, "loss %.9g, %.9g after the fallback", ls, lt);
+  lt_engine_act_limit = 1000; /* not even one layer */
+  cr_assert_eq(lt_forward_backward(u, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_NOMEM);
+  cr_assert(strstr(errbuf, "activations for batch 2 x 32 tokens"), "%s", errbuf);
+  lt_engine_act_limit = 0;
+  lt_session_destroy(s);
+  lt_session_destroy(t);
+  lt_session_destroy(u);
+  fixture_close(&f);
+}
+
 /* Packing: two examples in one row, each attending only within itself and counting its
  * positions from 0, compute what one row per example computes — loss, per-token log-probs,
  * gradients (hence the adapter after AdamW steps) — within float rounding. And a plain batch

@@ -458,7 +458,10 @@ static lt_err_t checkpoint(run_t *r, bool final, char *errstr, size_t n) {
   json_t *ev = r->have_eval ? eval_json(&r->last_eval, r->digest) : json_object();
   if (!err) err = write_json(dir, "eval.json", ev, errstr, n);
   json_decref(ev);
-  json_t *cfg = json_pack("{s:s,s:O}", "config_digest", r->digest, "config", r->config);
+  /* recompute: the batches' activations did not fit for every layer at once, so each layer ran
+   * its forward pass again in backward (slower; the same adapter, bit for bit) */
+  json_t *cfg = json_pack("{s:s,s:O,s:b}", "config_digest", r->digest, "config", r->config, "recompute",
+                          lt_session_recomputes(r->sess));
   if (!err) err = write_json(dir, "lathe_run.json", cfg, errstr, n);
   json_decref(cfg);
   json_t *samples = r->samples ? json_incref(r->samples) : json_array();

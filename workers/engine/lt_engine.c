@@ -181,12 +181,15 @@ void lt_engine_acts_free(lt_session_t *s) {
   X(la, (layers) * M_COUNT * N * r, float)
 
 int lt_engine_head_rows;
+size_t lt_engine_act_limit;
 
 /* Rows of logits per chunk for a batch of N rows. */
 static size_t head_rows(size_t N) {
   size_t c = lt_engine_head_rows > 0 ? (size_t)lt_engine_head_rows : LT_ENGINE_HEAD_ROWS;
   return N < c ? N : c;
 }
+
+int lt_session_recomputes(const lt_session_t *s) { return s->cfg.recompute; }
 
 static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t errstr_size) {
   acts_t *a = &s->a;
@@ -206,12 +209,13 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
          KD = (size_t)c->num_kv_heads * c->head_dim, V = (size_t)c->vocab_size,
          r = s->cfg.full ? 0 : (size_t)s->cfg.rank;
   size_t st = be->attn_state_floats(be, B, T, c->num_heads);
+  size_t LA_ = s->cfg.recompute ? 1 : L; /* layers whose activations the block holds */
   size_t wide = D > F ? D : F;
   wide = wide > QD ? wide : QD;
   size_t dlnw = D > QD ? D : QD;
 #define PIECES(X)                                                                              \
   X(tokens, N, int32_t) X(targets, N, int32_t) X(pos, N, int32_t) X(resid, (L + 1) * N * D, float) \
-  LAYER_PIECES(X, L) X(lnf, N * D, float) X(rstdf, N, float)                                   \
+  LAYER_PIECES(X, LA_) X(lnf, N * D, float) X(rstdf, N, float)                                 \
   X(logits, head_rows(N) * V, float) X(lse, N, float) X(logp, N, float) X(coef, N, float)      \
   X(dx, N * D, float) X(dln, N * dlnw, float) X(dq, N * QD, float) X(datty, N * QD, float)     \
   X(dk, N * KD, float) X(dv, N * KD, float) X(dg, N * F, float) X(du, N * F, float)            \
@@ -219,6 +223,16 @@ static lt_err_t acts_ensure(lt_session_t *s, int B, int T, char *errstr, size_t 
   size_t total;
   CARVE(PIECES, be, a, total);
 #undef PIECES
+  if (a->block && lt_engine_act_limit && total > lt_engine_act_limit) {
+    be->free(be, a->block);
+    a->block = NULL;
+  }
+  if (!a->block && !s->cfg.recompute) {
+    /* Every layer's activations do not fit: keep one layer's and recompute the rest in the
+     * backward pass; the same bits, one more forward pass. */
+    s->cfg.recompute = 1;
+    return acts_ensure(s, B, T, errstr, errstr_size);
+  }
   if (!a->block)
     return lt_errf(errstr, errstr_size, LT_ERR_NOMEM,
                    "activations for batch %d x %d tokens (%.1f MiB): %s", B, T,
@@ -334,15 +348,18 @@ static layer_acts_t layer_acts(const lt_session_t *s, int l) {
          r = s->cfg.full ? 0 : (size_t)s->cfg.rank, st = a->state_floats;
   /* the pieces of the l layers before this one are its offset */
 #define LAYER_AT(name, n, T_) .name = a->name + (n),
-  return (layer_acts_t){.x = a->resid + (size_t)l * N * D, LAYER_PIECES(LAYER_AT, (size_t)l)};
+  size_t at = s->cfg.recompute ? 0 : (size_t)l; /* recompute: one slot, every layer's in turn */
+  return (layer_acts_t){.x = a->resid + (size_t)l * N * D, LAYER_PIECES(LAYER_AT, at)};
 #undef LAYER_AT
 }
 
 /* Layer l's LoRA scratch of module m, (N, r), in forward and backward. */
 #define LA(m) (p.la + (size_t)(m) * N * r)
 
-/* Forward pass over the uploaded tokens of shape (B, T) up to the logits. */
-static void forward(lt_session_t *s, int train) {
+/* Layer l's forward pass: from resid[l] to its activations and resid[l + 1]. scr: the dropout
+ * scratch when training with dropout, else NULL. Run again before the layer's backward pass
+ * (cfg.recompute), it computes the same bits: the same inputs, dropout seeds and kernels. */
+static void layer_fwd(lt_session_t *s, int l, float *scr) {
   lt_backend_t *be = s->be;
   acts_t *a = &s->a;
   const lt_model_config_t *c = &s->mc;
@@ -350,31 +367,39 @@ static void forward(lt_session_t *s, int train) {
   int N = a->N, D = c->hidden_size, F = c->intermediate_size, H = c->num_heads,
       KV = c->num_kv_heads, hd = c->head_dim;
   size_t r = s->cfg.full ? 0 : (size_t)s->cfg.rank;
+  const layer_w_t *lw = &s->w.layer[l];
+  layer_acts_t p = layer_acts(s, l);
+  float *xo = p.x + (size_t)N * D;
+  be->rmsnorm_fwd(be, p.ln1, p.rstd1, p.x, lw->ln1, N, D, c->rms_norm_eps);
+  lt_engine_linear_fwd(s, p.ln1, N, l, M_Q, p.q, 0.0f, LA(M_Q), drop_seed(s, l, M_Q), scr);
+  lt_engine_linear_fwd(s, p.ln1, N, l, M_K, p.k, 0.0f, LA(M_K), drop_seed(s, l, M_K), scr);
+  lt_engine_linear_fwd(s, p.ln1, N, l, M_V, p.v, 0.0f, LA(M_V), drop_seed(s, l, M_V), scr);
+  be->rope(be, p.q, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 0);
+  be->rope(be, p.k, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 0);
+  be->attn_fwd(be, p.atty, p.att, p.q, p.k, p.v, a->pos, a->B, a->T, H, KV, hd);
+  be->copy(be, p.xmid, p.x, (size_t)N * D);
+  lt_engine_linear_fwd(s, p.atty, N, l, M_O, p.xmid, 1.0f, LA(M_O), drop_seed(s, l, M_O),
+                       scr);
+  be->rmsnorm_fwd(be, p.ln2, p.rstd2, p.xmid, lw->ln2, N, D, c->rms_norm_eps);
+  lt_engine_linear_fwd(s, p.ln2, N, l, M_GATE, p.g, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE),
+                       scr);
+  lt_engine_linear_fwd(s, p.ln2, N, l, M_UP, p.u, 0.0f, LA(M_UP), drop_seed(s, l, M_UP), scr);
+  be->swiglu_fwd(be, p.h, p.g, p.u, (size_t)N * F);
+  be->copy(be, xo, p.xmid, (size_t)N * D);
+  lt_engine_linear_fwd(s, p.h, N, l, M_DOWN, xo, 1.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN),
+                       scr);
+}
+
+/* Forward pass over the uploaded tokens of shape (B, T) up to the final norm (the head runs in
+ * chunks: head_fwd). */
+static void forward(lt_session_t *s, int train) {
+  lt_backend_t *be = s->be;
+  acts_t *a = &s->a;
+  const lt_model_config_t *c = &s->mc;
+  int N = a->N, D = c->hidden_size;
   float *scr = train && s->cfg.dropout > 0 ? a->scr : NULL;
   be->embed_fwd(be, a->resid, s->w.embed, a->tokens, N, D);
-  for (int l = 0; l < c->num_layers; l++) {
-    const layer_w_t *lw = &s->w.layer[l];
-    layer_acts_t p = layer_acts(s, l);
-    float *xo = p.x + (size_t)N * D;
-    be->rmsnorm_fwd(be, p.ln1, p.rstd1, p.x, lw->ln1, N, D, c->rms_norm_eps);
-    lt_engine_linear_fwd(s, p.ln1, N, l, M_Q, p.q, 0.0f, LA(M_Q), drop_seed(s, l, M_Q), scr);
-    lt_engine_linear_fwd(s, p.ln1, N, l, M_K, p.k, 0.0f, LA(M_K), drop_seed(s, l, M_K), scr);
-    lt_engine_linear_fwd(s, p.ln1, N, l, M_V, p.v, 0.0f, LA(M_V), drop_seed(s, l, M_V), scr);
-    be->rope(be, p.q, e->rope_cos, e->rope_sin, a->pos, N, H, hd, 0);
-    be->rope(be, p.k, e->rope_cos, e->rope_sin, a->pos, N, KV, hd, 0);
-    be->attn_fwd(be, p.atty, p.att, p.q, p.k, p.v, a->pos, a->B, a->T, H, KV, hd);
-    be->copy(be, p.xmid, p.x, (size_t)N * D);
-    lt_engine_linear_fwd(s, p.atty, N, l, M_O, p.xmid, 1.0f, LA(M_O), drop_seed(s, l, M_O),
-                         scr);
-    be->rmsnorm_fwd(be, p.ln2, p.rstd2, p.xmid, lw->ln2, N, D, c->rms_norm_eps);
-    lt_engine_linear_fwd(s, p.ln2, N, l, M_GATE, p.g, 0.0f, LA(M_GATE), drop_seed(s, l, M_GATE),
-                         scr);
-    lt_engine_linear_fwd(s, p.ln2, N, l, M_UP, p.u, 0.0f, LA(M_UP), drop_seed(s, l, M_UP), scr);
-    be->swiglu_fwd(be, p.h, p.g, p.u, (size_t)N * F);
-    be->copy(be, xo, p.xmid, (size_t)N * D);
-    lt_engine_linear_fwd(s, p.h, N, l, M_DOWN, xo, 1.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN),
-                         scr);
-  }
+  for (int l = 0; l < c->num_layers; l++) layer_fwd(s, l, scr);
   be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->resid + (size_t)c->num_layers * N * D, s->w.norm, N,
                   D, c->rms_norm_eps);
 }
@@ -415,6 +440,7 @@ static void backward(lt_session_t *s) {
   for (int l = L - 1; l >= 0; l--) {
     const layer_w_t *lw = &s->w.layer[l];
     layer_w_t *gl = full ? &s->gw.layer[l] : NULL;
+    if (s->cfg.recompute) layer_fwd(s, l, s->cfg.dropout > 0 ? a->scr : NULL);
     layer_acts_t p = layer_acts(s, l);
     /* MLP: resid[l+1] = xmid + down(silu(gate(ln2)) * up(ln2)) */
     linear_bwd(s, a->dx, p.h, N, l, M_DOWN, a->dh, 0.0f, LA(M_DOWN), drop_seed(s, l, M_DOWN));

@@ -103,6 +103,11 @@ typedef struct lt_session_config {
   unsigned targets; /* LT_TARGET_* bits, at least one */
   uint64_t seed;    /* adapter init (A ~ U(-1/sqrt(in), 1/sqrt(in)) as PEFT's kaiming-uniform,
                        B = 0) and dropout masks */
+  int recompute;    /* 1: keep only each layer's input through the forward pass and run the
+                       layer's forward again before its backward (one layer's activations
+                       instead of every layer's, for one more forward pass); the same bits.
+                       A session turns it on by itself when every layer's activations for a
+                       batch cannot be allocated (lt_session_recomputes) */
 } lt_session_config_t;
 
 typedef struct lt_session lt_session_t;
@@ -112,6 +117,9 @@ lt_err_t lt_session_new(lt_engine_t *eng, const lt_session_config_t *cfg, lt_ses
                         char *errstr, size_t errstr_size);
 /* Scrubs every buffer (tenant isolation) and frees. NULL-safe. */
 void lt_session_destroy(lt_session_t *s);
+
+/* 1 when the session recomputes each layer in backward (asked, or fallen back to). */
+int lt_session_recomputes(const lt_session_t *s);
 
 /* A batch of B sequences of T tokens, row-major (B, T). Pointers are borrowed for the call. */
 typedef struct lt_batch {

@@ -142,6 +142,11 @@ typedef struct lora {
 #define LT_ENGINE_HEAD_ROWS 256
 extern int lt_engine_head_rows;
 
+/* Tests: an activation block larger than this many bytes is taken as one the backend could not
+ * allocate (0: no limit), to reach the fallback to per-layer recompute without exhausting
+ * memory. */
+extern size_t lt_engine_act_limit;
+
 typedef struct acts {
   int B, T, N;
   int B_cap;      /* rows the block was carved for: a batch of B <= B_cap rows of T reuses it */

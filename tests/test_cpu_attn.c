@@ -203,6 +203,11 @@ Test(cpu_attn, split_cuts_the_query_tiles_into_ranges_of_equal_work) {
                 total);
     }
   }
+  /* ranges per task: until 16 tasks, no more than the tiles; 8 x 256 with 3 kv heads uncut */
+  cr_assert_eq(lt_cpu_attn_parts(1, 3, 2048, tile), 6);
+  cr_assert_eq(lt_cpu_attn_parts(8, 3, 256, tile), 1);
+  cr_assert_eq(lt_cpu_attn_parts(1, 1, 100, tile), 2);
+  cr_assert_eq(lt_cpu_attn_parts(1, 1, 4096, tile), 16);
   lt_cpu_attn_split(100, tile, ps, 5, bounds); /* 2 tiles, 5 ranges: 3 of them empty */
   cr_assert(bounds[0] == 0 && bounds[5] == 2, "%d %d", bounds[0], bounds[5]);
   free(ps);

@@ -780,13 +780,6 @@ static size_t cpu_attn_state_floats(lt_backend_t *be, int B, int T, int H) {
   return (size_t)B * H * T * 2; /* each row's softmax max and 1/sum (lt_cpu_attn.h) */
 }
 
-/* A few long rows make few (sequence, head) tasks: 1 x 2048 with 3 kv heads was 3 backward
- * tasks on 2 threads, one thread idle a third of the time. Each task is cut into ranges of
- * query tiles (lt_cpu_attn_split) until there are at least ATTN_UNITS; the count depends on
- * the shapes only, never on the thread count, so neither do the results. */
-#define ATTN_UNITS 16
-#define ATTN_MAX_PARTS 16
-
 typedef struct attn_args {
   float *out, *st, *dq, *dk, *dv;
   float *part; /* backward: range p >= 1 adds its dk, dv into part + (p-1) * 2 * nk */
@@ -794,26 +787,9 @@ typedef struct attn_args {
   const float *q, *k, *v, *dout, *o, *cst;
   const int32_t *pos;
   lt_cpu_attn_dims_t d;
-  int parts, heads; /* ranges per (sequence, kv head); kv heads per sequence */
+  int parts; /* ranges of query tiles per (sequence, kv head): lt_cpu_attn_parts */
   cpu_t *c;
 } attn_t;
-
-static int attn_parts(int B, int heads, int T) {
-  int p = (ATTN_UNITS + B * heads - 1) / (B * heads), tiles = (T + LT_CPU_ATTN_TILE - 1) / LT_CPU_ATTN_TILE;
-  p = p < tiles ? p : tiles;
-  return p < 1 ? 1 : p > ATTN_MAX_PARTS ? ATTN_MAX_PARTS : p;
-}
-
-/* Unit u of attention task fn: its sequence, head and query tiles. */
-static void attn_unit(const attn_t *a, size_t u, int *b, int *h, int *qt0, int *qt1, int *part) {
-  int bounds[ATTN_MAX_PARTS + 1];
-  *part = (int)(u % (size_t)a->parts);
-  *h = (int)(u / (size_t)a->parts % (size_t)a->heads);
-  *b = (int)(u / (size_t)a->parts / (size_t)a->heads);
-  lt_cpu_attn_split(a->d.T, LT_CPU_ATTN_TILE, a->pos + (size_t)*b * a->d.T, a->parts, bounds);
-  *qt0 = bounds[*part];
-  *qt1 = bounds[*part + 1];
-}
 
 /* One unit per (sequence, kv head, range of query tiles); each writes only its own rows. */
 static void attn_fwd_task(void *p, int tid, int nt) {
@@ -823,7 +799,7 @@ static void attn_fwd_task(void *p, int tid, int nt) {
   chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {
     int b, kv, qt0, qt1, part;
-    attn_unit(a, u, &b, &kv, &qt0, &qt1, &part);
+    lt_cpu_attn_unit(a->d, LT_CPU_ATTN_TILE, a->pos, a->parts, u, &b, &kv, &qt0, &qt1, &part);
     lt_cpu_attn_fwd_kv(a->d, LT_CPU_ATTN_TILE, b, kv, qt0, qt1, a->out, a->st, a->q, a->k, a->v, a->pos, scr);
   }
 }
@@ -831,7 +807,7 @@ static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float
                          const float *k, const float *v, const int32_t *pos, int B, int T, int H,
                          int KV, int hd) {
   attn_t a = {.out = out, .st = state, .q = q, .k = k, .v = v, .pos = pos,
-              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = attn_parts(B, KV, T), .heads = KV,
+              .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = lt_cpu_attn_parts(B, KV, T, LT_CPU_ATTN_TILE),
               .c = CPU(be)};
   pool_run(CPU(be), attn_fwd_task, &a);
 }
@@ -848,7 +824,7 @@ static void attn_bwd_task(void *p, int tid, int nt) {
   chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {
     int b, kv, qt0, qt1, part;
-    attn_unit(a, u, &b, &kv, &qt0, &qt1, &part);
+    lt_cpu_attn_unit(a->d, LT_CPU_ATTN_TILE, a->pos, a->parts, u, &b, &kv, &qt0, &qt1, &part);
     float *dk = part ? a->part + (size_t)(part - 1) * 2 * a->nk : a->dk, *dv = part ? dk + a->nk : a->dv;
     lt_cpu_attn_bwd_kv(a->d, LT_CPU_ATTN_TILE, b, kv, qt0, qt1, a->dq, dk, dv, a->dout, a->q, a->k, a->v,
                        a->o, a->cst, a->pos, scr);
@@ -873,7 +849,7 @@ static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, cons
   cpu_t *c = CPU(be);
   attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
               .cst = state, .pos = pos, .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd},
-              .nk = (size_t)B * T * KV * hd, .parts = attn_parts(B, KV, T), .heads = KV, .c = c};
+              .nk = (size_t)B * T * KV * hd, .parts = lt_cpu_attn_parts(B, KV, T, LT_CPU_ATTN_TILE), .c = c};
   size_t need = (size_t)(a.parts - 1) * 2 * a.nk;
   if (c->attn_part_n < need) {
     free(c->attn_part);

@@ -41,6 +41,23 @@ static long tile_work(int T, int tile, const int32_t *ps, int i) {
   return (q0 + nq - kbeg + tile - 1) / tile;
 }
 
+int lt_cpu_attn_parts(int B, int heads, int T, int tile) {
+  int p = (LT_CPU_ATTN_UNITS + B * heads - 1) / (B * heads), tiles = (T + tile - 1) / tile;
+  p = p < tiles ? p : tiles;
+  return p < 1 ? 1 : p > LT_CPU_ATTN_MAX_PARTS ? LT_CPU_ATTN_MAX_PARTS : p;
+}
+
+void lt_cpu_attn_unit(lt_cpu_attn_dims_t d, int tile, const int32_t *pos, int parts, size_t u, int *b, int *kv,
+                      int *qt0, int *qt1, int *part) {
+  int bounds[LT_CPU_ATTN_MAX_PARTS + 1];
+  *part = (int)(u % (size_t)parts);
+  *kv = (int)(u / (size_t)parts % (size_t)d.KV);
+  *b = (int)(u / (size_t)parts / (size_t)d.KV);
+  lt_cpu_attn_split(d.T, tile, pos + (size_t)*b * d.T, parts, bounds);
+  *qt0 = bounds[*part];
+  *qt1 = bounds[*part + 1];
+}
+
 void lt_cpu_attn_split(int T, int tile, const int32_t *ps, int parts, int *bounds) {
   int ntiles = (T + tile - 1) / tile;
   long total = 0, acc = 0;

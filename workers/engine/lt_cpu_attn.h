@@ -42,6 +42,19 @@ typedef struct lt_cpu_attn_dims {
  * independent of T). */
 size_t lt_cpu_attn_scratch(int tile, int hd, int g);
 
+/* A few long rows make few (sequence, kv head) tasks: 1 x 2048 with 3 kv heads was 3 backward
+ * tasks for 2 threads, one idle a third of the time. lt_cpu_attn_parts says into how many
+ * ranges of query tiles to cut each, so that there are at least LT_CPU_ATTN_UNITS tasks (at most
+ * LT_CPU_ATTN_MAX_PARTS ranges, no more than the tiles): a count of the shapes alone, never of
+ * the thread count, so neither are the results. */
+#define LT_CPU_ATTN_UNITS 16
+#define LT_CPU_ATTN_MAX_PARTS 16
+int lt_cpu_attn_parts(int B, int heads, int T, int tile);
+
+/* Task u of B * KV * parts: its sequence b, kv head, range number and query tiles [qt0, qt1). */
+void lt_cpu_attn_unit(lt_cpu_attn_dims_t d, int tile, const int32_t *pos, int parts, size_t u, int *b, int *kv,
+                      int *qt0, int *qt1, int *part);
+
 /* Cuts the query tiles of one sequence (ps: its positions) into `parts` ranges of about equal
  * work (key tiles visited): range p is tiles [bounds[p], bounds[p+1]); bounds has parts + 1
  * entries, some ranges may be empty. Depends on nothing but T, tile, ps and parts, so the

@@ -794,7 +794,7 @@ typedef struct attn_args {
 /* One unit per (sequence, kv head, range of query tiles); each writes only its own rows. */
 static void attn_fwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV));
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV, a->d.T));
   size_t lo, hi;
   chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {
@@ -819,7 +819,7 @@ static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float
  * the same sums whatever the thread count. */
 static void attn_bwd_task(void *p, int tid, int nt) {
   attn_t *a = p;
-  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV));
+  float *scr = scratch(a->c, tid, lt_cpu_attn_scratch(LT_CPU_ATTN_TILE, a->d.hd, a->d.H / a->d.KV, a->d.T));
   size_t lo, hi;
   chunk((size_t)a->d.B * a->d.KV * a->parts, tid, nt, &lo, &hi);
   for (size_t u = lo; u < hi; u++) {

@@ -20,14 +20,16 @@
 
 #include <assert.h>
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lt_cpu_fexp.h"
 
-size_t lt_cpu_attn_scratch(int tile, int hd, int g) {
-  return (size_t)g * (2 * (size_t)tile * tile + 3 * (size_t)tile * hd + 3 * (size_t)tile);
+size_t lt_cpu_attn_scratch(int tile, int hd, int g, int T) {
+  return (size_t)g * (2 * (size_t)tile * tile + 3 * (size_t)tile * hd + 3 * (size_t)tile) + 2 * (size_t)hd * T;
 }
 
 #define AI static inline __attribute__((always_inline))
@@ -194,6 +196,95 @@ AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
 ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
              (dP, P, tile, nq, nk, D))
 
+/* ---- the tile products --------------------------------------------------------------------
+ *
+ * Every product of both passes has 64 columns when hd = 64 and the key tile is whole: C (M x 64,
+ * ldc) = alpha * A B (+ C when acc), A read as A[m * sam + k * sak] (so A or A^T), B (K x 64,
+ * ldb); the two products against K^T and V^T take a 64 x 64 transposed copy of the tile. On
+ * AVX-512 a kernel of our own does them: 6 rows x 64 columns of C in 24 registers, one pass over k
+ * (a fixed order: the same bits whatever the thread count), no packing per call; OpenBLAS spent
+ * as long packing as computing on these sizes (perf). Elsewhere, and for other shapes, cblas. */
+__attribute__((target("avx512f"))) static void mm64_avx512(int M, int K, float alpha, const float *A, size_t sam,
+                                                          size_t sak, const float *B, int ldb, float *C, int ldc,
+                                                          int acc) {
+  int m = 0;
+  for (; m + 6 <= M; m += 6) {
+    __m512 c[6][4];
+    for (int r = 0; r < 6; r++)
+      for (int q = 0; q < 4; q++) c[r][q] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+      const float *b = B + (size_t)k * ldb, *a = A + (size_t)m * sam + (size_t)k * sak;
+      __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32),
+             b3 = _mm512_loadu_ps(b + 48);
+      for (int r = 0; r < 6; r++) {
+        __m512 x = _mm512_set1_ps(a[(size_t)r * sam]);
+        c[r][0] = _mm512_fmadd_ps(x, b0, c[r][0]);
+        c[r][1] = _mm512_fmadd_ps(x, b1, c[r][1]);
+        c[r][2] = _mm512_fmadd_ps(x, b2, c[r][2]);
+        c[r][3] = _mm512_fmadd_ps(x, b3, c[r][3]);
+      }
+    }
+    __m512 al = _mm512_set1_ps(alpha);
+    for (int r = 0; r < 6; r++)
+      for (int q = 0; q < 4; q++) {
+        float *o = C + (size_t)(m + r) * ldc + 16 * q;
+        __m512 v = _mm512_mul_ps(al, c[r][q]);
+        _mm512_storeu_ps(o, acc ? _mm512_add_ps(_mm512_loadu_ps(o), v) : v);
+      }
+  }
+  for (; m < M; m++) { /* the last rows, one at a time, in the same order */
+    __m512 c[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int k = 0; k < K; k++) {
+      const float *b = B + (size_t)k * ldb;
+      __m512 x = _mm512_set1_ps(A[(size_t)m * sam + (size_t)k * sak]);
+      for (int q = 0; q < 4; q++) c[q] = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 16 * q), c[q]);
+    }
+    __m512 al = _mm512_set1_ps(alpha);
+    for (int q = 0; q < 4; q++) {
+      float *o = C + (size_t)m * ldc + 16 * q;
+      __m512 v = _mm512_mul_ps(al, c[q]);
+      _mm512_storeu_ps(o, acc ? _mm512_add_ps(_mm512_loadu_ps(o), v) : v);
+    }
+  }
+}
+
+/* Whether the products of this call take the kernel above: hd 64 on a chip with AVX-512. */
+static bool mm64_ok(int hd) {
+  static int avx512 = -1;
+  if (avx512 < 0) avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+  return hd == 64 && avx512;
+}
+
+/* C = alpha * op(A) B (+ C when acc): op(A) is A (M x K, lda) or, with ta, A^T (A: K x M). N
+ * columns of B (K x N, ldb). */
+static void tile_mm(bool fast, bool ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                    int ldb, float *C, int ldc, bool acc) {
+  if (fast && N == 64) {
+    mm64_avx512(M, K, alpha, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, B, ldb, C, ldc, acc);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
+              acc ? 1.0f : 0.0f, C, ldc);
+}
+
+/* C = A X^T for a tile X of N rows (ld ldx). The fast path reads X^T from xt (ld ldxt), the
+ * transposed keys (or values) the call made once for all its tiles (transpose_rows). */
+static void tile_mm_nt(bool fast, int M, int N, int hd, const float *A, int lda, const float *X, int ldx,
+                       const float *xt, int ldxt, float *C, int ldc) {
+  if (fast && N == 64) {
+    mm64_avx512(M, hd, 1.0f, A, (size_t)lda, 1, xt, ldxt, C, ldc, 0);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, hd, 1.0f, A, lda, X, ldx, 0.0f, C, ldc);
+}
+
+/* xt (hd x (hi - lo)) = rows lo .. hi-1 of X (ld ldx), transposed. */
+static void transpose_rows(float *xt, const float *X, int ldx, int hd, int lo, int hi) {
+  int w = hi - lo;
+  for (int k = lo; k < hi; k++)
+    for (int c = 0; c < hd; c++) xt[(size_t)c * w + (k - lo)] = X[(size_t)k * ldx + c];
+}
+
 /* The rows q0 .. q0+nq-1 of the g query heads of kv head kv, stacked head after head (row
  * hh*nq + i: head kv*g + hh, position q0 + i) into X (ld hd), from a (ld ldq) at head offset. */
 static void gather(float *X, const float *a, int ldq, int hd, int g, int h0, int q0, int nq) {
@@ -214,6 +305,10 @@ void lt_cpu_attn_fwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, 
   const int32_t *ps = pos + (size_t)b * T;
   float *S = scratch, *Qs = S + (size_t)g * tile * tile, *Os = Qs + (size_t)g * tile * hd;
   float *m = Os + (size_t)g * tile * hd, *l = m + (size_t)g * tile, *corr = l + (size_t)g * tile;
+  float *kt = corr + (size_t)g * tile; /* the keys the call reads, transposed (hd x w) */
+  bool fast = tile == 64 && mm64_ok(hd);
+  int klo = qt0 * tile < T ? qt0 * tile - ps[qt0 * tile] : 0, w = imin(qt1 * tile, T) - klo;
+  if (fast && w > 0) transpose_rows(kt, K, ldk, hd, klo, klo + w);
   for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
     int nq = imin(tile, T - q0), M = g * nq;
     int kbeg = q0 - ps[q0]; /* example starts never decrease along a row */
@@ -225,14 +320,12 @@ void lt_cpu_attn_fwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, 
     }
     for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
       int nk = imin(tile, q0 + nq - k0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, Qs, hd, K + (size_t)k0 * ldk, ldk,
-                  0.0f, S, tile);
+      tile_mm_nt(fast, M, nk, hd, Qs, hd, K + (size_t)k0 * ldk, ldk, kt + (k0 - klo), w, S, tile);
       for (int hh = 0; hh < g; hh++)
         fwd_tile(S + (size_t)hh * nq * tile, tile, nq, nk, ps, q0, k0, scale, m + hh * nq, l + hh * nq,
                  corr + hh * nq);
       scale_rows(Os, hd, M, hd, corr);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, 1.0f, S, tile, Vv + (size_t)k0 * ldk, ldk,
-                  1.0f, Os, hd);
+      tile_mm(fast, false, M, hd, nk, 1.0f, S, tile, Vv + (size_t)k0 * ldk, ldk, Os, hd, true);
     }
     for (int hh = 0; hh < g; hh++) {
       float *L = st + ((size_t)b * H + h0 + hh) * T * 2;
@@ -260,6 +353,13 @@ void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, 
   const int32_t *ps = pos + (size_t)b * T;
   size_t tt = (size_t)g * tile * tile, th = (size_t)g * tile * hd;
   float *P = scratch, *dP = P + tt, *Qs = dP + tt, *dOs = Qs + th, *dQs = dOs + th, *Dr = dQs + th;
+  bool fast = tile == 64 && mm64_ok(hd);
+  int klo = qt0 * tile < T ? qt0 * tile - ps[qt0 * tile] : 0, w = imin(qt1 * tile, T) - klo;
+  float *kt = Dr + (size_t)g * tile, *vt = kt + (size_t)hd * (w > 0 ? w : 0); /* transposed (hd x w) */
+  if (fast && w > 0) {
+    transpose_rows(kt, K, ldk, hd, klo, klo + w);
+    transpose_rows(vt, Vv, ldk, hd, klo, klo + w);
+  }
   for (int q0 = qt0 * tile; q0 < imin(qt1 * tile, T); q0 += tile) {
     int nq = imin(tile, T - q0), M = g * nq;
     int kbeg = q0 - ps[q0];
@@ -276,23 +376,18 @@ void lt_cpu_attn_bwd_kv(lt_cpu_attn_dims_t d, int tile, int b, int kv, int qt0, 
     for (int k0 = kbeg; k0 < q0 + nq; k0 += tile) {
       int nk = imin(tile, q0 + nq - k0);
       /* P = exp((Q K^T - m) * scale) / l, 0 outside each row's window */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, Qs, hd, K + (size_t)k0 * ldk, ldk,
-                  0.0f, P, tile);
+      tile_mm_nt(fast, M, nk, hd, Qs, hd, K + (size_t)k0 * ldk, ldk, kt + (k0 - klo), w, P, tile);
       for (int hh = 0; hh < g; hh++)
         bwd_p_tile(P + (size_t)hh * nq * tile, tile, nq, nk, ps, q0, k0, scale,
                    st + ((size_t)b * H + h0 + hh) * T * 2);
       /* dV += P^T dO */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, 1.0f, P, tile, dOs, hd, 1.0f,
-                  dV + (size_t)k0 * ldk, ldk);
+      tile_mm(fast, true, nk, hd, M, 1.0f, P, tile, dOs, hd, dV + (size_t)k0 * ldk, ldk, true);
       /* dP = dO V^T ; dS = P * (dP - D) (scale folded into the two products below) */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, nk, hd, 1.0f, dOs, hd, Vv + (size_t)k0 * ldk, ldk,
-                  0.0f, dP, tile);
+      tile_mm_nt(fast, M, nk, hd, dOs, hd, Vv + (size_t)k0 * ldk, ldk, vt + (k0 - klo), w, dP, tile);
       bwd_ds_tile(dP, P, tile, M, nk, Dr);
       /* dQ += scale dS K ; dK += scale dS^T Q */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, nk, scale, dP, tile, K + (size_t)k0 * ldk, ldk,
-                  1.0f, dQs, hd);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hd, M, scale, dP, tile, Qs, hd, 1.0f,
-                  dK + (size_t)k0 * ldk, ldk);
+      tile_mm(fast, false, M, hd, nk, scale, dP, tile, K + (size_t)k0 * ldk, ldk, dQs, hd, true);
+      tile_mm(fast, true, nk, hd, M, scale, dP, tile, Qs, hd, dK + (size_t)k0 * ldk, ldk, true);
     }
     for (int hh = 0; hh < g; hh++)
       for (int i = 0; i < nq; i++)

@@ -10,7 +10,7 @@
  * example start of the query tile (packed rows), and never holds more than a tile of scores:
  * the forward pass keeps a running max and sum per row (online softmax) and saves only the
  * row's max m and 1/sum, the backward pass recomputes the probabilities from them. Memory is
- * 2*B*H*T floats of state plus lt_cpu_attn_scratch() floats per thread, whatever T is, and in
+ * 2*B*H*T floats of state plus lt_cpu_attn_scratch() floats per thread (linear in T), and in
  * the backward pass the ranges' dk and dv: fewer than 16 * 2 * T * hd floats (16.8 MB at
  * T = 2048, hd 64), as ranges are cut only until there are 16 tasks.
  *
@@ -38,9 +38,10 @@ typedef struct lt_cpu_attn_dims {
 } lt_cpu_attn_dims_t;
 
 /* Floats of per-thread scratch lt_cpu_attn_fwd_kv and lt_cpu_attn_bwd_kv need with tiles of
- * `tile` rows and g query heads per kv head (g * (2 * tile * tile + 3 * tile * hd + 3 * tile):
- * independent of T). */
-size_t lt_cpu_attn_scratch(int tile, int hd, int g);
+ * `tile` rows, g query heads per kv head and rows of T: g * (2 * tile * tile + 3 * tile * hd +
+ * 3 * tile) for the tiles, and 2 * hd * T for the keys and values a call reads, transposed
+ * (1 MB at T = 2048, hd 64). */
+size_t lt_cpu_attn_scratch(int tile, int hd, int g, int T);
 
 /* A few long rows make few (sequence, kv head) tasks: 1 x 2048 with 3 kv heads was 3 backward
  * tasks for 2 threads, one idle a third of the time. lt_cpu_attn_parts says into how many

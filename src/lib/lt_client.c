@@ -18,6 +18,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include "lt_time.h"
+
 #define DEFAULT_URL "http://127.0.0.1:8080"
 #define SSE_TIMEOUT_S (24 * 3600) /* a stream may be quiet for a long time */
 
@@ -331,23 +333,17 @@ static bool starting(const lt_client_resp_t *r) {
   return code && strcmp(code, "starting") == 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 lt_err_t lt_client_request(lt_client_t *c, const char *method, const char *path, const lt_client_header_t *headers,
                            size_t nheaders, const void *body, size_t len, const char *content_type,
                            lt_client_resp_t *resp, char *errstr, size_t n) {
-  double t0 = now_s();
+  int64_t t0 = lt_time_mono_ms();
   for (;;) {
     lt_err_t err = request_once(c, method, path, headers, nheaders, body, len, content_type, resp, errstr, n);
     if (err || !starting(resp)) return err;
     /* Waits as Retry-After says (1 to 5 s), within the client's timeout; past it, the 503 is the answer. */
     long wait = atol(resp->retry_after);
     wait = wait < 1 ? 1 : wait > 5 ? 5 : wait;
-    if (now_s() - t0 + (double)wait > (double)c->timeout_s) return LT_OK;
+    if (lt_time_mono_ms() - t0 + wait * 1000 > (int64_t)c->timeout_s * 1000) return LT_OK;
     lt_client_resp_free(resp);
     /* A fresh connection: one the server closed while we slept would fail the write. */
     if (c->evcon) evhttp_connection_free(c->evcon);

@@ -248,12 +248,9 @@ __attribute__((target("avx512f"))) static void mm64_avx512(int M, int K, float a
   }
 }
 
-/* Whether the products of this call take the kernel above: hd 64 on a chip with AVX-512. */
-static bool mm64_ok(int hd) {
-  static int avx512 = -1;
-  if (avx512 < 0) avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-  return hd == 64 && avx512;
-}
+/* Whether the products of this call take the kernel above: hd 64 on a chip with AVX-512 (asked
+ * at each call, as ISA_DISPATCH does: no cached flag for the pool's threads to race on). */
+static bool mm64_ok(int hd) { return hd == 64 && __builtin_cpu_supports("avx512f"); }
 
 /* C = alpha * op(A) B (+ C when acc): op(A) is A (M x K, lda) or, with ta, A^T (A: K x M). N
  * columns of B (K x N, ldb). */

@@ -297,6 +297,26 @@ def plant_fleet_unhealthy(w):
     return "w2"
 
 
+def plant_unfolded_resume(w):
+    w.log.append({"ev": "unfolded_resume", "proc": "pub1", "job": "job-a",
+                  "detail": "job job-a: attempt 2 resumes from checkpoint commit e-9 (step 80), which this "
+                            "publisher never folded (its newest: e-7)"})
+    return "job-a"
+
+
+def driver_reads_publisher_logs(tmp):
+    """The driver finds a publisher's word of a resume it never folded, in every start of its log."""
+    import run
+    path = os.path.join(tmp, "pub1.log")
+    with open(path, "w") as f:
+        f.write("=== chaos: start 1 at 1\nlathed publisher: job job-7: attempt 2 resumes from checkpoint commit "
+                "e-9 (step 80), which this publisher never folded (its newest: e-7); that step's ...\n"
+                "=== chaos: start 2 at 2\nlathed publisher: job job-7: checkpoint commit (attempt 2, step 100)\n")
+    got = run.unfolded_resumes(path)
+    ok([j for j, _ in got] == ["job-7"], f"the driver reads the publisher's line from its first start: {got}")
+    ok(run.unfolded_resumes(os.path.join(tmp, "none.log")) == [], "a publisher without a log says nothing")
+
+
 def driver_kinds(tmp):
     """The driver injects broker and store faults exactly when ops/stack has the subcommands."""
     import run
@@ -335,11 +355,12 @@ def main():
             ok(hit and set(kinds) - also == {kind}, f"{kind} planted on {job} is reported (alone, or with "
                f"{sorted(also)}): {kinds} "
                f"{hit[0]['detail'] if hit else ''} {hit[0]['records'] if hit else ''}")
-            if hit and kind not in ("forgotten", "digest_mismatch", "not_drained", "fleet_unhealthy",
+            if hit and kind not in ("forgotten", "digest_mismatch", "not_drained", "fleet_unhealthy", "unfolded_resume",
                                     "checkpoint_mismatch", "artifact_missing", "staged_orphan",
                                     "sample_unavailable", "sample_mismatch", "sample_wrong_tenant", "usage_missing"):
                 ok(hit[0]["records"], f"{kind} names the records ({', '.join(hit[0]['records'])})")
         driver_kinds(tmp)
+        driver_reads_publisher_logs(tmp)
         table = check.table(1, {"kill_process": 2}, res)
         ok("violations by kind:" in table and "kill_process" in table, "the table has faults and violations by kind")
     print(f"chaos_check: {len(PASSED)} checks passed")

@@ -620,6 +620,71 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert_eq(deleted, 2 + (uint64_t)old.n + (uint64_t)dead.n);
 }
 
+/* Attempt 2 of a job resumes from a commit (step 80) the publisher's view lacks: chaos seed 6528,
+ * a publisher whose GC deleted the checkpoint a new attempt had resumed from, every step of it
+ * fitting a publisher that never folded that commit. The commit is left out of the log here, the
+ * dispatch still names it (as the scheduler's did): the publisher says so, and its GC and retention
+ * keep step 80 as the commit it is, and retire the older ones as the log's order would. */
+static void dispatch_resuming(const char *job, int attempt, int64_t step, const char *event_id) {
+  lt_avro_record_t *rec = rec_new("JobDispatched", job);
+  cr_assert_eq(lt_avro_set_int(rec, "attempt", attempt), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "worker_id", "w-2"), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "lease_ms", 30000), LT_OK);
+  cr_assert_eq(lt_avro_set_long(rec, "resume_step", step), LT_OK);
+  cr_assert_eq(lt_avro_set_string(rec, "resume_checkpoint_event_id", event_id), LT_OK);
+  send_rec(rec, topic_control, job);
+}
+
+Test(publisher, a_resume_from_a_commit_it_never_folded_keeps_that_checkpoint_and_says_so) {
+  ckpt_t ck[6]; /* steps 20, 40, 60, 80 (attempt 1), 100, 120 (attempt 2) */
+  job_running("job-m");
+  for (int i = 0; i < 4; i++) {
+    stage("job-m", 1, 20 * (i + 1), &ck[i]);
+    if (i < 3) commit("job-m", &ck[i], false);
+  }
+  dispatch_resuming("job-m", 2, 80, "6528-missed-commit");
+  send_attempt("AttemptStarted", "job-m", 2);
+  /* A job whose resume point the publisher did fold: nothing to say. */
+  ckpt_t other;
+  job_running("job-n");
+  stage("job-n", 1, 10, &other);
+  commit("job-n", &other, false);
+  dispatch_resuming("job-n", 2, 10, other.event_id);
+
+  keep_checkpoints = 2; /* the newest three commits */
+  lt_publisher_t *p = start(store, NULL, 1); /* grace 1 ms: the GC judges everything at once */
+  cr_assert(run(p, 60000, is_ready));
+  sleep(1);
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_stats_t st;
+  lt_publisher_stats(p, &st);
+  cr_expect_eq(st.unfolded_resumes, 1, "one dispatch resumed from a commit the publisher never folded");
+  for (int c = 0; c < 4; c++)
+    for (int i = 0; i < ck[c].n; i++)
+      cr_expect_eq(object_exists(ck[c].keys[i]), c >= 1, "while attempt 2 runs, step %lld: %s should be %s",
+                   (long long)ck[c].step, ck[c].keys[i], c >= 1 ? "kept" : "deleted");
+  for (int i = 0; i < other.n; i++) cr_expect(object_exists(other.keys[i]), "%s is kept", other.keys[i]);
+  char *metrics = lt_publisher_metrics(p);
+  cr_assert(metrics);
+  cr_expect(strstr(metrics, "lathe_publisher_unfolded_resumes_total 1\n"), "%s", metrics);
+  free(metrics);
+
+  stage("job-m", 2, 100, &ck[4]);
+  commit("job-m", &ck[4], false);
+  stage("job-m", 2, 120, &ck[5]);
+  commit("job-m", &ck[5], true);
+  complete("job-m", &ck[5], 2);
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  lt_publisher_stats(p, &st);
+  lt_publisher_destroy(p);
+  cr_assert_eq(st.published, 1, "%s", st.last_errmsg);
+  for (int c = 0; c < 6; c++)
+    for (int i = 0; i < ck[c].n; i++)
+      cr_expect_eq(object_exists(ck[c].keys[i]), c >= 3, "after completion, step %lld: %s should be %s",
+                   (long long)ck[c].step, ck[c].keys[i], c >= 3 ? "kept" : "deleted");
+}
+
 /* Retention (lt_publisher.h): at completion a job keeps its final checkpoint and the newest
  * keep_checkpoints before it, whole; older ones (optimizer state included) and uploads never
  * committed are deleted as soon as the job is published, an hour's grace period or not. */

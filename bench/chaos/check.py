@@ -38,6 +38,8 @@ as topic/partition@offset):
   usage_leak           a SamplingUsage record holds the prompt or the text it answered
   not_drained          the driver gave up waiting for the workload to drain
   fleet_unhealthy      a process of the fleet did not come back healthy at the end
+  unfolded_resume      a publisher saw a dispatch resume from a checkpoint commit it never folded
+                       (a record its consumer or fold missed; it keeps that checkpoint and says so)
 
 usage: check.py --prefix P --log DRIVER.jsonl [--lathe PATH] [--store-dir DIR] [--records FILE] [--json]
 Exits 0 when there are no violations, 1 otherwise (the table says which)."""
@@ -57,7 +59,7 @@ KINDS = ("forgotten", "not_terminal", "state_mismatch", "published_not_completed
          "multiple_publications", "published_not_final", "checkpoint_mismatch", "artifact_missing", "artifact_corrupt",
          "lost_steps", "resume_not_newest", "digest_mismatch", "cancel_slow", "staged_orphan",
          "sample_unavailable", "sample_mismatch", "sample_wrong_tenant", "usage_missing", "usage_leak",
-         "not_drained", "fleet_unhealthy")
+         "not_drained", "fleet_unhealthy", "unfolded_resume")
 
 
 def unwrap(v):
@@ -228,6 +230,8 @@ def check_records(recs, log, store, res=None):
             res.add("not_drained", ",".join(e.get("jobs", [])[:8]), e.get("detail", "workload did not drain"))
         if e.get("ev") == "unhealthy":
             res.add("fleet_unhealthy", e.get("proc", "?"), e.get("detail", ""))
+        if e.get("ev") == "unfolded_resume":
+            res.add("unfolded_resume", e.get("job", "?"), f"{e.get('proc', '?')}: {e.get('detail', '')}")
     return res
 
 

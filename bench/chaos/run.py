@@ -27,6 +27,7 @@ import collections
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -188,6 +189,18 @@ class Proc:
         except FileNotFoundError:
             return ""
         return t[t.rfind("=== chaos: start"):]
+
+
+def unfolded_resumes(path):
+    """(job, line) for each time a publisher said a dispatch resumed from a checkpoint commit it
+    never folded (a record its consumer or fold missed: seed 6528), over every start in its log."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.strip() for ln in f if "which this publisher never folded" in ln]
+    except FileNotFoundError:
+        return []
+    found = [(re.search(r"job (\S+): attempt", ln), ln) for ln in lines]
+    return [(m.group(1) if m else "?", ln) for m, ln in found]
 
 
 def descendants(pid):
@@ -763,6 +776,8 @@ class Run:
             for p in self.fleet.procs.values():
                 if not p.alive():
                     self.log("unhealthy", proc=p.name, detail=f"exited {p.p.returncode} after the run")
+                for job, line in unfolded_resumes(p.log) if p.role == "publisher" else ():
+                    self.log("unfolded_resume", proc=p.name, job=job, detail=line[-400:])
             for job in self.jobs:
                 st, _ = self.job_state(job)
                 self.log("final_state", job=job, state=st)

@@ -355,13 +355,54 @@ static void note_checkpoint(lt_publisher_t *p, const char *job_id, json_t *info)
   if (!is_session(info)) trim_checkpoints(p, job_id);
 }
 
+/* Does the retained entry d name key ("staging/<t>/<job>/<attempt>/<step>/<name>"): a staging
+ * prefix, or a resume point {step, before} (check_resume): that step of any attempt before. */
+static bool entry_names(json_t *d, const char *key) {
+  if (json_is_string(d)) return strncmp(key, json_string_value(d), json_string_length(d)) == 0;
+  const char *rest = key;
+  for (int i = 0; i < 3 && rest; i++) {
+    rest = strchr(rest, '/');
+    if (rest) rest++;
+  }
+  int attempt = 0;
+  long long step = 0;
+  return rest && sscanf(rest, "%d/%lld/", &attempt, &step) == 2 &&
+         step == json_integer_value(json_object_get(d, "step")) &&
+         attempt < json_integer_value(json_object_get(d, "before"));
+}
+
 /* True when retention keeps key (a staging key of job). */
 static bool retained(const lt_publisher_t *p, const char *job_id, const char *key) {
   size_t i;
   json_t *d;
-  json_array_foreach(json_object_get(p->ckpt_dirs, job_id), i, d)
-      if (strncmp(key, json_string_value(d), json_string_length(d)) == 0) return true;
+  json_array_foreach(json_object_get(p->ckpt_dirs, job_id), i, d) if (entry_names(d, key)) return true;
   return false;
+}
+
+/* A dispatch names the commit its attempt resumes from, the scheduler's newest applied one. That
+ * commit lies before the dispatch in the job's lathe.control partition, so this publisher folded it
+ * too, unless its consumer or its fold missed a record: chaos seed 6528, where a publisher's GC
+ * deleted the checkpoint a new attempt had resumed from, acting in every step as if it never read
+ * that commit. Said loudly and counted; and the resume point joins the job's retained checkpoints,
+ * whichever earlier attempt wrote it, so the GC and retention keep it as a commit they folded. */
+static void check_resume(lt_publisher_t *p, const char *job_id, lt_avro_record_t *rec, json_t *info) {
+  const char *want = NULL;
+  int64_t step = -1;
+  int32_t attempt = 0;
+  if (lt_avro_get_string(rec, "resume_checkpoint_event_id", &want, NULL) || !want || !*want ||
+      lt_avro_get_long(rec, "resume_step", &step) || lt_avro_get_int(rec, "attempt", &attempt))
+    return;
+  const char *have = json_string_value(json_object_get(p->ckpt_ev, job_id));
+  if (have && strcmp(have, want) == 0) return;
+  p->stats.unfolded_resumes++;
+  JWARN(job_id,
+        "job %s: attempt %d resumes from checkpoint commit %s (step %" PRId64 "), which this publisher never "
+        "folded (its newest: %s); that step's staging objects are kept as a committed checkpoint",
+        job_id, (int)attempt, want, step, have && *have ? have : "none");
+  json_t *dirs = json_object_get(p->ckpt_dirs, job_id);
+  if (!dirs) json_object_set_new(p->ckpt_dirs, job_id, dirs = json_array());
+  json_array_append_new(dirs, json_pack("{s:I,s:i}", "step", (json_int_t)step, "before", (int)attempt));
+  if (!is_session(info)) trim_checkpoints(p, job_id);
 }
 
 typedef struct {
@@ -443,6 +484,8 @@ static void on_folded(void *ctx, const lt_proj_result_t *res) {
     lt_avro_get_string(res->record, "event_id", &ev, NULL);
     json_object_set_new(p->ckpt_ev, job_id, json_string(ev ? ev : ""));
     note_checkpoint(p, job_id, lt_proj_job_info(p->proj, job_id));
+  } else if (strcmp(res->type, "JobDispatched") == 0) {
+    check_resume(p, job_id, res->record, lt_proj_job_info(p->proj, job_id));
   } else if (strcmp(res->type, "JobCompleted") == 0) {
     const char *cev = NULL, *csha = NULL;
     lt_avro_get_string(res->record, "checkpoint_event_id", &cev, NULL);
@@ -1046,6 +1089,10 @@ char *lt_publisher_metrics(lt_publisher_t *p) {
                     "Staging objects deleted: by the garbage collector, or by retention at completion.");
   lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "gc"}, {0}}, (double)st.gc_deleted);
   lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "retention"}, {0}}, (double)st.pruned);
+  lt_metrics_one(m, "lathe_publisher_unfolded_resumes_total", LT_METRIC_COUNTER,
+                 "Dispatches resuming from a checkpoint commit this publisher never folded (a missed record; "
+                 "its checkpoint is kept as committed).",
+                 (double)st.unfolded_resumes);
   int64_t lag = lt_bus_consumer_lag(p->consumer);
   lt_metrics_one(m, "lathe_publisher_consumer_lag_records", LT_METRIC_GAUGE,
                  "Records of the control and job topics not folded yet (-1: unknown).", (double)lag);

@@ -151,6 +151,7 @@ typedef struct lt_publisher_stats {
   uint64_t gc_deleted;        /* staging objects deleted */
   uint64_t gc_kept;           /* staging objects seen and kept by the last GC pass */
   uint64_t pruned;            /* staging objects deleted at completion (retention) */
+  uint64_t unfolded_resumes;  /* dispatches resuming from a commit this instance never folded */
   size_t waiting;             /* completions waiting to be promoted */
   lt_err_t last_err;          /* last promotion failure (LT_ERR_UNAVAILABLE: store down) */
   char last_errmsg[256];

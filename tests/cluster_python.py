@@ -116,9 +116,9 @@ class Stack:
         self.up = False
         link_jars(self.dir)
 
-    def run(self, *args, timeout=240, check=True):
+    def run(self, *args, timeout=240, check=True, env=None):
         t = time.time()
-        p = subprocess.run([STACK, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([STACK, *args], env=env or self.env, capture_output=True, text=True, timeout=timeout)
         log(f"ops/stack {' '.join(args)}: exit {p.returncode} in {time.time() - t:.1f} s")
         if check and p.returncode != 0:
             ck.fail(f"ops/stack {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
@@ -419,7 +419,13 @@ def main():
             with open(f, "wb") as fh:
                 fh.write(b"x" * 100)
         os.setxattr(finished, "user.user.content-md5", b"0123456789abcdef")
-        st.run("s3", "start")
+        # Without the port variables, as a chaos driver given only LATHE_STACK_DIR calls it: the
+        # ports `up` kept in the stack dir, not the defaults (another stack's, seed 6900).
+        portless = {k: v for k, v in st.env.items() if not k.endswith("_PORT")}
+        envs = st.run("env", env=portless).stdout
+        ck.check(f"127.0.0.1:{st.kafka_port}," in envs and f"127.0.0.1:{st.s3_port}" in envs,
+                 "ops/stack env without the port variables names this stack's ports")
+        st.run("s3", "start", env=portless)
         ck.check(not os.path.exists(partial) and os.path.exists(finished),
                  "s3 start: a killed upload's leftover is removed, a finished object kept")
         for n, sp in zip((victim, second), starts):

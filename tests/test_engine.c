@@ -711,6 +711,51 @@ Test(engine, the_head_and_loss_in_chunks_of_rows_compute_what_one_chunk_computes
   head_chunks_case(1);
 }
 
+/* lt_eval_tokens, evaluation without N x V logits: the log-prob of each target and the most
+ * likely next token at every position, the head in chunks of 7 rows, are what lt_logits' full
+ * rows give (a masked position, target -100, is skipped). */
+Test(engine, eval_tokens_give_what_the_full_logits_give) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 43, 2);
+  lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL,
+                                                              .seed = 5});
+  enum { B = 3, T = 16, N = B * T };
+  int32_t tok[N], tgt[N], am[N];
+  float lp[N], w[N];
+  unsigned rs = 8;
+  rand_tokens(tok, N, f.c.vocab_size, &rs);
+  rand_tokens(tgt, N, f.c.vocab_size, &rs);
+  for (int i = 0; i < N; i++) w[i] = i % 5 == 4 ? 0.0f : 1.0f;
+  tgt[4] = -100;
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt, .weights = w};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, NULL, NULL, errbuf, sizeof errbuf)); /* an adapter != 0 */
+  OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+  lt_engine_head_rows = 7;
+  OK(lt_eval_tokens(s, &b, lp, am, errbuf, sizeof errbuf));
+  OK(lt_eval_tokens(s, &b, NULL, NULL, errbuf, sizeof errbuf));
+  lt_engine_head_rows = 0;
+  int V = f.c.vocab_size;
+  float *lg = malloc((size_t)N * V * sizeof(float));
+  cr_assert(lg);
+  OK(lt_logits(s, B, T, tok, lg, errbuf, sizeof errbuf));
+  for (int i = 0; i < N; i++) {
+    const float *row = lg + (size_t)i * V;
+    int arg = 0;
+    for (int v = 1; v < V; v++)
+      if (row[v] > row[arg]) arg = v;
+    cr_assert_eq(am[i], arg, "position %d: most likely token %d, the full row says %d", i, am[i], arg);
+    if (w[i] == 0) continue;
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)row[v] - row[arg]);
+    double want = (double)row[tgt[i]] - row[arg] - log(z);
+    cr_assert_lt(fabs(lp[i] - want), 1e-4, "position %d: log-prob %.7g, the full row gives %.7g", i, lp[i], want);
+  }
+  free(lg);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
 /* Per-layer recompute (lt_session_config_t.recompute) keeps one layer's activations and runs
  * each layer's forward again before its backward: the same bits as keeping them all — every
  * trainable tensor after three AdamW steps on packed rows, with LoRA dropout (the masks must

@@ -5,6 +5,7 @@
  * never stopped (docs/DESIGN.md §4.5: a crash loses only the steps since the last commit); bad
  * data fails naming the line; and the run's plan (its batches and AdamW updates, lt_plan.h),
  * replayed on a fresh session, gives the managed run's adapter byte for byte. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,49 @@ Test(train, a_failing_before_update_stops_the_run_with_its_error, .init = make_m
   cr_assert_eq(run_with("gate", NULL, &hc, &res), LT_ERR_IO);
   cr_assert_not_null(strstr(err, "the commit never came"), "the hook's error is the run's: %s", err);
   cr_assert_eq(hc.updates, 4, "nothing ran after the failure");
+}
+
+/* Evaluation in length-bucketed batches without N x V logits (eval_split, lt_eval_tokens):
+ * the base model's loss and token accuracy on a validation set of mixed lengths do not depend on
+ * how its examples were batched: one at a time (batch_size 1) or sorted into buckets of 5. */
+static void keep_eval(void *ctx, const lt_train_eval_t *ev) { *(lt_train_eval_t *)ctx = *ev; }
+
+static lt_train_eval_t eval_with_batch(int batch) {
+  char work[256], hpj[256];
+  snprintf(work, sizeof work, "%s/eval-b%d", root, batch);
+  mkdir(work, 0700);
+  size_t len, vlen = 0;
+  char *data = dataset(&len), valid[4096];
+  for (int i = 0; i < 12; i++) /* long and short interleaved, so the buckets reorder them */
+    vlen += (size_t)snprintf(valid + vlen, sizeof valid - vlen,
+                             i % 3 ? "{\"prompt\":\"%d+2=\",\"completion\":\"%d\"}\n"
+                                   : "{\"prompt\":\"Count on from %d by two for a while:\","
+                                     "\"completion\":\" %d and then some more numbers after it\"}\n",
+                             i, i + 2);
+  snprintf(hpj, sizeof hpj, "{\"max_steps\": 1, \"batch_size\": %d, \"lora_rank\": 4, \"seed\": 3, "
+           "\"max_seq_len\": 64, \"checkpoint_interval\": 0, \"checkpoint_interval_s\": 0}", batch);
+  lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
+                        .valid = valid, .valid_len = vlen, .hp = job_hparams(hpj), .threads = 1,
+                        .work_dir = work, .gen_max_tokens = 8};
+  snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
+  lt_train_eval_t ev = {.step = -1};
+  lt_train_hooks_t hooks = {.ctx = &ev, .on_eval = keep_eval};
+  lt_train_result_t res;
+  cr_assert_eq(lt_train_run(&tc, &hooks, &res, err, sizeof err), LT_OK, "batch %d: %s", batch, err);
+  free(data);
+  cr_assert(ev.final, "batch %d: a final evaluation", batch);
+  return ev;
+}
+
+Test(train, evaluation_does_not_depend_on_how_examples_are_batched, .init = make_model, .fini = remove_all,
+     .timeout = 120) {
+  lt_train_eval_t a = eval_with_batch(1), b = eval_with_batch(5);
+  cr_assert(a.base_val_loss > 0 && a.base_token_accuracy >= 0, "base loss %g, accuracy %g", a.base_val_loss,
+            a.base_token_accuracy);
+  cr_assert_lt(fabs(a.base_val_loss - b.base_val_loss), 1e-6 * a.base_val_loss,
+               "base loss %.9g one at a time, %.9g in buckets of 5", a.base_val_loss, b.base_val_loss);
+  cr_assert_eq(a.base_token_accuracy, b.base_token_accuracy, "base token accuracy %.6f one at a time, %.6f in "
+               "buckets of 5", a.base_token_accuracy, b.base_token_accuracy);
 }
 
 Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_all, .timeout = 120) {

@@ -185,24 +185,23 @@ typedef struct {
   int B, T;
   void *block;
   int32_t *tokens, *targets, *positions;
-  float *weights, *logp, *logits; /* logits NULL when the batch keeps none */
+  float *weights, *logp;
 } batch_buf_t;
 
 _Static_assert(sizeof(int32_t) == sizeof(float), "batch arrays share one block of 4-byte cells");
 
-/* Carves the five (B, T) arrays and, when V > 0, the (B, T, V) logits from one zeroed block. */
-static lt_err_t batch_alloc(batch_buf_t *b, int B, int T, int V) {
+/* Carves the five (B, T) arrays from one zeroed block. */
+static lt_err_t batch_alloc(batch_buf_t *b, int B, int T) {
   size_t N = (size_t)B * T;
   b->B = B;
   b->T = T;
-  b->block = calloc(5 * N + N * (size_t)V, sizeof(float));
+  b->block = calloc(5 * N, sizeof(float));
   if (!b->block) return LT_ERR_NOMEM;
   b->tokens = b->block;
   b->targets = b->tokens + N;
   b->positions = b->targets + N;
   b->weights = (float *)(void *)(b->positions + N);
   b->logp = b->weights + N;
-  b->logits = V ? b->logp + N : NULL;
   return LT_OK;
 }
 
@@ -264,38 +263,53 @@ static void acc_free(eval_acc_t *a) {
   memset(a, 0, sizeof *a);
 }
 
-static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_t *val, batch_buf_t *b, int V,
+#define EVAL_T_STEP 64 /* evaluation rows are a multiple of this long (or the longest row) */
+
+/* Validation examples by length, shortest first (ties by index): the batches of eval_split,
+ * each as long as its own longest row (length-bucketed), not the dataset's. */
+static int by_len(const void *x, const void *y, void *ctx) {
+  const examples_t *val = ctx;
+  uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+  int la = val->v[a].len, lb = val->v[b].len;
+  return la != lb ? (la > lb) - (la < lb) : (a > b) - (a < b);
+}
+
+/* Loss and token accuracy of the validation split through lt_eval_tokens (no B x T x V logits),
+ * in length-bucketed batches of b->B rows; then greedy exact match. The sums are over tokens,
+ * so they do not depend on how the examples were batched. */
+static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_t *val, batch_buf_t *b,
                            int eval_max, int gen_max, eval_acc_t *acc, char *errstr, size_t n) {
   memset(acc, 0, sizeof *acc);
-  uint32_t idx[1024];
-  for (size_t i = 0; i < val->n; i += (size_t)b->B) {
+  uint32_t *order = malloc((val->n ? val->n : 1) * sizeof *order);
+  int32_t *argmax = malloc((size_t)b->B * b->T * sizeof *argmax);
+  lt_err_t err = order && argmax ? LT_OK : LT_ERR_NOMEM;
+  for (size_t i = 0; i < val->n && order; i++) order[i] = (uint32_t)i;
+  if (!err) qsort_r(order, val->n, sizeof *order, by_len, (void *)val);
+  int T_all = b->T;
+  for (size_t i = 0; i < val->n && !err; i += (size_t)b->B) {
     int count = (int)(val->n - i < (size_t)b->B ? val->n - i : (size_t)b->B);
-    for (int r = 0; r < count; r++) idx[r] = (uint32_t)(i + (size_t)r);
+    int T = 1;
+    for (int r = 0; r < count; r++) T = val->v[order[i + (size_t)r]].len - 1 > T ? val->v[order[i + (size_t)r]].len - 1 : T;
+    T = (T + EVAL_T_STEP - 1) / EVAL_T_STEP * EVAL_T_STEP; /* few shapes: the engine keeps its buffers */
+    b->T = T < T_all ? T : T_all;
     int64_t unused;
-    batch_fill(b, val, idx, count, true, &unused);
-    lt_err_t err = lt_logits(s, b->B, b->T, b->tokens, b->logits, errstr, n);
-    if (err) return err;
-    for (int r = 0; r < count; r++)
-      for (int t = 0; t < b->T; t++) {
-        float w = b->weights[r * b->T + t];
-        if (w <= 0) continue;
-        const float *row = b->logits + ((size_t)r * b->T + t) * V;
-        float mx = row[0];
-        int arg = 0;
-        for (int v = 1; v < V; v++)
-          if (row[v] > mx) {
-            mx = row[v];
-            arg = v;
-          }
-        double z = 0;
-        for (int v = 0; v < V; v++) z += exp((double)(row[v] - mx));
-        double logp = (double)(row[b->targets[r * b->T + t]] - mx) - log(z);
-        acc->loss_sum += -logp * w;
-        acc->weight_sum += w;
-        acc->correct += arg == b->targets[r * b->T + t];
-        acc->counted++;
-      }
+    batch_fill(b, val, order + i, count, true, &unused);
+    lt_batch_t eb = {.B = count, .T = b->T, .tokens = b->tokens, .targets = b->targets, .weights = b->weights,
+                     .positions = b->positions};
+    err = lt_eval_tokens(s, &eb, b->logp, argmax, errstr, n);
+    for (size_t k = 0; !err && k < (size_t)count * b->T; k++) {
+      float w = b->weights[k];
+      if (w <= 0) continue;
+      acc->loss_sum += -(double)b->logp[k] * w;
+      acc->weight_sum += w;
+      acc->correct += argmax[k] == b->targets[k];
+      acc->counted++;
+    }
   }
+  b->T = T_all;
+  free(order);
+  free(argmax);
+  if (err) return err;
   if (!val->prompt_completion) return LT_OK;
   /* Exact match of greedy generation on up to eval_max examples, in fixed order. */
   size_t m = val->n < (size_t)eval_max ? val->n : (size_t)eval_max;
@@ -308,7 +322,6 @@ static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_
   int plens[G], olens[G];
   int32_t *out = malloc((size_t)G * gen_max * sizeof *out);
   if (!out) return LT_ERR_NOMEM;
-  lt_err_t err = LT_OK;
   for (size_t i = 0; i < m && !err; i += G) {
     int count = (int)(m - i < G ? m - i : G);
     for (int r = 0; r < count; r++) {
@@ -543,7 +556,7 @@ static lt_err_t read_examples(run_t *r, char *errstr, size_t n) {
     }
   }
   int B = hp->batch_size;
-  if ((err = batch_alloc(&r->b, B, r->T, 0)) || (err = batch_alloc(&r->vb, B < 16 ? B : 16, r->T, r->mc->vocab_size)))
+  if ((err = batch_alloc(&r->b, B, r->T)) || (err = batch_alloc(&r->vb, B < 16 ? B : 16, r->T)))
     return err;
   int64_t per_step = (int64_t)B * hp->grad_accum;
   r->total = hp->max_steps > 0 ? hp->max_steps
@@ -584,7 +597,7 @@ static lt_err_t score_base(run_t *r, char *errstr, size_t n) {
   lt_session_t *base = NULL;
   lt_err_t err = lt_session_new(r->eng, &r->sc, &base, errstr, n);
   if (err) return err;
-  err = eval_split(base, r->tok, &r->val, &r->vb, r->mc->vocab_size, r->eval_max, r->gen_max, &r->base_acc, errstr, n);
+  err = eval_split(base, r->tok, &r->val, &r->vb, r->eval_max, r->gen_max, &r->base_acc, errstr, n);
   lt_session_destroy(base);
   return err;
 }
@@ -763,7 +776,7 @@ static lt_err_t evaluate(run_t *r, bool last, char *errstr, size_t n) {
   if (!due || r->val.n == 0 || r->rank != 0) return LT_OK;
   eval_acc_t acc;
   const eval_acc_t *base = &r->base_acc;
-  lt_err_t err = eval_split(r->sess, r->tok, &r->val, &r->vb, r->mc->vocab_size, r->eval_max, r->gen_max, &acc,
+  lt_err_t err = eval_split(r->sess, r->tok, &r->val, &r->vb, r->eval_max, r->gen_max, &acc,
                             errstr, n);
   if (!err) {
     lt_train_eval_t ev = {.step = r->step, .final = last, .examples = (int64_t)r->val.n};
@@ -915,7 +928,7 @@ lt_err_t lt_train_pretrain(const lt_pretrain_conf_t *c, char *errstr, size_t n) 
   lt_session_config_t sc = {.full = 1, .rank = 1, .alpha = 1, .targets = LT_TARGET_ALL, .seed = c->seed};
   if ((err = lt_session_new(eng, &sc, &s, errstr, n))) goto out;
   int B = c->batch, T = c->seq_len;
-  if ((err = batch_alloc(&b, B, T, 0))) goto out;
+  if ((err = batch_alloc(&b, B, T))) goto out;
   size_t windows = (seq.len - 1) / (size_t)T;
   if (windows < (size_t)B) {
     err = lt_errf(errstr, n, LT_ERR_INVALID, "the corpus has %zu tokens: too few for batches of %dx%d", seq.len, B, T);

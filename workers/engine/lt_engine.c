@@ -591,9 +591,28 @@ static lt_err_t acts_positions(lt_session_t *s, const int32_t *positions, char *
   return err;
 }
 
+/* The most likely next token of each of the n rows of logits the head just wrote (the first
+ * of equal ones), a row at a time through one row of host memory: never the chunk's n x V. */
+static lt_err_t chunk_argmax(lt_session_t *s, int32_t *out, size_t n, char *errstr, size_t errstr_size) {
+  int V = s->mc.vocab_size;
+  float *row = malloc((size_t)V * sizeof *row);
+  if (!row) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory for a row of %d logits", V);
+  lt_err_t err = LT_OK;
+  for (size_t i = 0; i < n && !err; i++) {
+    if ((err = s->be->download(s->be, row, s->a.logits + i * (size_t)V, (size_t)V * sizeof(float)))) break;
+    int arg = 0;
+    for (int v = 1; v < V; v++)
+      if (row[v] > row[arg]) arg = v;
+    out[i] = arg;
+  }
+  free(row);
+  return err;
+}
+
 /* Forward (+ backward when train) of a batch with a loss. */
 static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, int train,
-                          float *loss_out, float *logp_out, char *errstr, size_t errstr_size) {
+                          float *loss_out, float *logp_out, int32_t *argmax_out, char *errstr,
+                          size_t errstr_size) {
   lt_err_t err;
   if ((err = check_batch(s, b, loss, 1, errstr, errstr_size))) return err;
   if ((err = acts_ensure(s, b->B, b->T, errstr, errstr_size))) return err;
@@ -618,6 +637,7 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
     head_fwd(s, n0, n);
     be->ce_fwd(be, a->logp + n0, a->lse + n0, a->logits, a->targets + n0, (int)n, V);
     be->download(be, a->h_logp + n0, a->logp + n0, n * sizeof(float));
+    if (argmax_out && (err = chunk_argmax(s, argmax_out + n0, n, errstr, errstr_size))) return err;
     for (size_t i = n0; i < n0 + n; i++) {
       double w = b->weights ? b->weights[i] : 1.0f, lp = a->h_logp[i];
       if (w == 0) {
@@ -645,12 +665,17 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
 lt_err_t lt_forward_backward(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss,
                              float *loss_out, float *logp_out, char *errstr,
                              size_t errstr_size) {
-  return run_batch(s, b, loss, 1, loss_out, logp_out, errstr, errstr_size);
+  return run_batch(s, b, loss, 1, loss_out, logp_out, NULL, errstr, errstr_size);
 }
 
 lt_err_t lt_forward(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, float *loss_out,
                     float *logp_out, char *errstr, size_t errstr_size) {
-  return run_batch(s, b, loss, 0, loss_out, logp_out, errstr, errstr_size);
+  return run_batch(s, b, loss, 0, loss_out, logp_out, NULL, errstr, errstr_size);
+}
+
+lt_err_t lt_eval_tokens(lt_session_t *s, const lt_batch_t *b, float *logp_out, int32_t *argmax_out,
+                        char *errstr, size_t errstr_size) {
+  return run_batch(s, b, LT_LOSS_CROSS_ENTROPY, 0, NULL, logp_out, argmax_out, errstr, errstr_size);
 }
 
 lt_err_t lt_logits(lt_session_t *s, int B, int T, const int32_t *tokens, float *logits_out,

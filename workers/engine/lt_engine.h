@@ -167,6 +167,13 @@ lt_err_t lt_forward_backward(lt_session_t *s, const lt_batch_t *batch, lt_loss_t
 lt_err_t lt_forward(lt_session_t *s, const lt_batch_t *batch, lt_loss_t loss, float *loss_out,
                     float *logp_out, char *errstr, size_t errstr_size);
 
+/* Forward only, for evaluation: log p(targets[t] | tokens[..t]) (logp_out, B*T floats, may be
+ * NULL) and the most likely next token (argmax_out, B*T, the first of equal logits; may be
+ * NULL) at every position, through the head in chunks: no B*T*V logits are ever held. The
+ * batch's weights only mark where targets must be valid. */
+lt_err_t lt_eval_tokens(lt_session_t *s, const lt_batch_t *batch, float *logp_out, int32_t *argmax_out,
+                        char *errstr, size_t errstr_size);
+
 /* Logits (B*T*V floats, host) of the current model (base + adapter) for `tokens` (B, T). */
 lt_err_t lt_logits(lt_session_t *s, int B, int T, const int32_t *tokens, float *logits_out,
                    char *errstr, size_t errstr_size);

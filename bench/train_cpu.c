@@ -15,8 +15,11 @@
  * the sweep prints.
  *
  * Usage: train_cpu [--threads N] [--steps K] [--layers L] [--no-torch] [--lengths T1,T2,...]
- *                  [--tokens N] [--torch-mem-gib G] [--recompute]
+ *                  [--tokens N] [--torch-mem-gib G] [--recompute] [--bf16]
  * --recompute: the engine keeps one layer's activations and recomputes each in backward.
+ * --bf16: the 4 x 256 step also runs with the frozen base weights in bf16 on AMX tiles
+ * (lt_cpu_opts_t.amx_bf16), in alternating rounds with the f32 engine: `train_cpu_bf16_vs_f32: R`
+ * (tokens/s ratio) before the last line, which stays the f32 engine's against PyTorch.
  * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
  * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
@@ -130,6 +133,21 @@ static int torch_peer(int threads, int steps, int layers, int B, int T, double m
  * one; prints the engine's tokens/s and the child's peak RSS into *tps. Returns 0 on success. */
 static int recompute; /* --recompute: per-layer activation recompute in every engine run */
 
+/* Seconds per step over `steps` LoRA steps of s on b. */
+static double time_steps(lt_session_t *s, const lt_batch_t *b, int steps, float *loss) {
+  lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.01f, .max_grad_norm = 1.0f};
+  char err[512];
+  double t0 = bench_now_s();
+  for (int k = 0; k < steps; k++)
+    if (lt_forward_backward(s, b, LT_LOSS_CROSS_ENTROPY, loss, NULL, err, sizeof err) ||
+        lt_optim_step(s, &opt, NULL, err, sizeof err)) {
+      fprintf(stderr, "step: %s\n", err);
+      exit(1);
+    }
+  return (bench_now_s() - t0) / steps;
+}
+
 static int sweep_length(int threads, int steps, int layers, int B, int T, double *tps) {
   int fd[2];
   if (pipe(fd)) return perror("pipe"), 1;
@@ -191,7 +209,7 @@ static int sweep_length(int threads, int steps, int layers, int B, int T, double
 }
 
 int main(int argc, char **argv) {
-  int threads = 2, steps = 2, layers = 30, torch = 1, tokens = 0, nlen = 0, lens[16];
+  int threads = 2, steps = 2, layers = 30, torch = 1, tokens = 0, nlen = 0, lens[16], bf16 = 0;
   double mem_gib = 16;
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows when piped to a log */
   for (int i = 1; i < argc; i++) {
@@ -200,6 +218,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-torch")) torch = 0;
     else if (!strcmp(argv[i], "--recompute")) recompute = 1;
+    else if (!strcmp(argv[i], "--bf16")) bf16 = 1;
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--torch-mem-gib") && i + 1 < argc) mem_gib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--lengths") && i + 1 < argc) {
@@ -212,7 +231,7 @@ int main(int argc, char **argv) {
     if (nlen < 0) {
       fprintf(stderr,
               "usage: %s [--threads N] [--steps K] [--layers L] [--no-torch] "
-              "[--lengths T1,T2,...] [--tokens N] [--torch-mem-gib G] [--recompute]\n",
+              "[--lengths T1,T2,...] [--tokens N] [--torch-mem-gib G] [--recompute] [--bf16]\n",
               argv[0]);
       return 2;
     }
@@ -272,24 +291,38 @@ int main(int argc, char **argv) {
     fprintf(stderr, "engine: %s\n", err);
     return 1;
   }
+  /* --bf16: the same model and batch on a backend with the base weights on AMX */
+  lt_backend_t *bb = NULL;
+  lt_engine_t *eb = NULL;
+  lt_session_t *sb = NULL;
+  lt_cpu_opts_t bo = {.threads = threads, .amx_bf16 = 1};
+  if (bf16 && (lt_backend_cpu_new_opts(&bo, &bb, err, sizeof err) || lt_engine_open(dir, bb, &eb, err, sizeof err) ||
+               lt_session_new(eb, &sc, &sb, err, sizeof err))) {
+    fprintf(stderr, "bf16 engine: %s\n", err);
+    return 1;
+  }
   int32_t *tok, *tgt;
   lt_batch_t b = random_batch(&c, B, T, &tok, &tgt);
-  lt_adamw_t opt = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                    .weight_decay = 0.01f, .max_grad_norm = 1.0f};
-  float loss = 0;
-  double t0 = 0;
-  for (int k = 0; k <= steps; k++) { /* step 0 warms up (allocates activations) */
-    if (k == 1) t0 = bench_now_s();
-    if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
-        lt_optim_step(s, &opt, NULL, err, sizeof err)) {
-      fprintf(stderr, "step: %s\n", err);
-      return 1;
-    }
+  float loss = 0, loss_b = 0;
+  time_steps(s, &b, 1, &loss); /* warm-up: allocates activations, packs the bf16 weights */
+  if (sb) time_steps(sb, &b, 1, &loss_b);
+  int rounds = sb ? 2 : 1; /* alternating, so both see the machine alike */
+  double step_s = 0, step_b = 0;
+  for (int r = 0; r < rounds; r++) {
+    step_s += time_steps(s, &b, steps, &loss) / rounds;
+    if (sb) step_b += time_steps(sb, &b, steps, &loss_b) / rounds;
   }
-  double step_s = (bench_now_s() - t0) / steps;
   double tps = B * T / step_s, flops = step_flops(&c, B, T, R);
   printf("engine: %d layers, %.3f s/step, %.1f tokens/s, loss %.3f\n", layers, step_s, tps,
          (double)loss);
+  if (sb) {
+    printf("engine, bf16 base weights on AMX: %.3f s/step, %.1f tokens/s, loss %.3f\n", step_b, B * T / step_b,
+           (double)loss_b);
+    printf("train_cpu_bf16_vs_f32: %.2f\n", step_s / step_b);
+    lt_session_destroy(sb);
+    lt_engine_close(eb);
+    lt_backend_destroy(bb);
+  }
   printf("engine: %.1f GFLOP/step, %.1f GFLOP/s = %.0f%% of the sgemm ceiling\n", flops / 1e9,
          flops / step_s / 1e9, 100.0 * flops / step_s / 1e9 / ceiling);
   lt_session_destroy(s);

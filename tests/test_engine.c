@@ -756,6 +756,114 @@ Test(engine, eval_tokens_give_what_the_full_logits_give) {
   fixture_close(&f);
 }
 
+/* ---- bf16 base weights on AMX (lt_cpu_opts_t.amx_bf16) ------------------------------------ */
+
+/* A cpu backend with the frozen weights' products on AMX; the test is skipped, saying so, on a
+ * chip or kernel without it. */
+static lt_backend_t *amx_backend(int threads) {
+  lt_backend_t *be = NULL;
+  lt_cpu_opts_t o = {.threads = threads, .amx_bf16 = 1, .bf16_min_elems = 1};
+  lt_err_t e = lt_backend_cpu_new_opts(&o, &be, errbuf, sizeof errbuf);
+  if (e == LT_ERR_UNSUPPORTED) cr_skip_test("skipped: no AMX here (%s)", errbuf);
+  OK(e);
+  return be;
+}
+
+static void fill_uniform(float *x, size_t n, unsigned *rs) {
+  for (size_t i = 0; i < n; i++) x[i] = (float)rand_r(rs) / RAND_MAX - 0.5f;
+}
+
+/* Both forms against the f32 products, shapes off every tile edge: within bf16 rounding; each
+ * row the same bits whatever rows share the product, and whatever the thread count; a weight
+ * that is not mapped, or a part of one, takes the f32 product. */
+Test(engine, amx_products_of_mapped_weights_are_bf16_close_and_row_invariant) {
+  lt_backend_t *a1 = amx_backend(1), *a2 = amx_backend(2), *ref = NULL, *ref1 = NULL;
+  OK(lt_backend_cpu_new(2, &ref, errbuf, sizeof errbuf));
+  OK(lt_backend_cpu_new(1, &ref1, errbuf, sizeof errbuf));
+  enum { M = 37, N = 45, K = 70 };
+  static float A[M * K], W[N * K], U[N * K], C1[M * N], C2[M * N], C5[5 * N], R[M * N];
+  unsigned rs = 12;
+  fill_uniform(A, M * K, &rs);
+  fill_uniform(W, N * K, &rs);
+  memcpy(U, W, sizeof W);
+  a1->map_const(a1, W, N * K);
+  a2->map_const(a2, W, N * K);
+  for (int tb = 1; tb >= 0; tb--) { /* A W^T with W N x K; A W with W K x N */
+    int ldb = tb ? K : N;
+    for (int i = 0; i < M * N; i++) C1[i] = C2[i] = R[i] = 0.25f;
+    a1->matmul(a1, 0, tb, M, N, K, 0.5f, A, K, W, ldb, 1.0f, C1, N);
+    a2->matmul(a2, 0, tb, M, N, K, 0.5f, A, K, W, ldb, 1.0f, C2, N);
+    a2->matmul(a2, 0, tb, 5, N, K, 0.5f, A + 7 * K, K, W, ldb, 0.0f, C5, N);
+    ref->matmul(ref, 0, tb, M, N, K, 0.5f, A, K, W, ldb, 1.0f, R, N);
+    double e = rel_err(C1, R, M * N);
+    cr_assert(e > 0 && e < 1e-2, "tb %d: bf16 products differ from f32 by %.3g", tb, e);
+    cr_assert(memcmp(C1, C2, sizeof C1) == 0, "tb %d: 1 and 2 threads give other bits", tb);
+    for (int i = 0; i < 5 * N; i++) C5[i] += 0.25f; /* beta 1 against beta 0 plus the same C */
+    cr_assert(memcmp(C5, C1 + 7 * N, sizeof C5) == 0, "tb %d: rows 7..11 alone differ from within 37 rows", tb);
+    a1->matmul(a1, 0, tb, M, N, K, 1.0f, A, K, U, ldb, 0.0f, C1, N); /* not mapped: f32 */
+    ref1->matmul(ref1, 0, tb, M, N, K, 1.0f, A, K, U, ldb, 0.0f, R, N);
+    cr_assert(memcmp(C1, R, sizeof C1) == 0, "tb %d: an unmapped weight went to AMX", tb);
+  }
+  lt_backend_destroy(a1);
+  lt_backend_destroy(a2);
+  lt_backend_destroy(ref);
+  lt_backend_destroy(ref1);
+}
+
+/* LoRA training with the base weights in bf16: the loss follows the f32 run within 1 % over
+ * three AdamW steps and after them (the adapters' elements themselves do not: AdamW's first
+ * steps move each by about lr whatever its gradient's size, so a small gradient rounded
+ * otherwise moves it as far the other way); run twice, the same bits (the LM head's f32
+ * product, like every other, depends on the thread count: the products test checks that the bf16
+ * ones do not). */
+Test(engine, lora_on_amx_bf16_base_weights_follows_f32_and_repeats_bitwise) {
+  lt_model_config_t cfg = small_config(4, 2, 1, 0, 1.0f);
+  fixture_t f;
+  fixture_open(&f, cfg, 47, 2);
+  lt_backend_t *ab[2] = {amx_backend(2), amx_backend(2)};
+  lt_engine_t *ae[2];
+  for (int i = 0; i < 2; i++) OK(lt_engine_open(f.model, ab[i], &ae[i], errbuf, sizeof errbuf));
+  lt_session_config_t sc = {.rank = 4, .alpha = 8, .targets = LT_TARGET_ALL, .seed = 2};
+  lt_session_t *s = fixture_session(&f, sc), *t[2];
+  for (int i = 0; i < 2; i++) OK(lt_session_new(ae[i], &sc, &t[i], errbuf, sizeof errbuf));
+  enum { B = 2, T = 24, N = B * T };
+  int32_t tok[N], tgt[N];
+  unsigned rs = 5;
+  rand_tokens(tok, N, f.c.vocab_size, &rs);
+  rand_tokens(tgt, N, f.c.vocab_size, &rs);
+  lt_batch_t b = {.B = B, .T = T, .tokens = tok, .targets = tgt};
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .max_grad_norm = 1.0f};
+  for (int k = 0; k < 3; k++) {
+    float ls, lt[2];
+    OK(lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &ls, NULL, errbuf, sizeof errbuf));
+    OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
+    for (int i = 0; i < 2; i++) {
+      OK(lt_forward_backward(t[i], &b, LT_LOSS_CROSS_ENTROPY, &lt[i], NULL, errbuf, sizeof errbuf));
+      OK(lt_optim_step(t[i], &opt, NULL, errbuf, sizeof errbuf));
+    }
+    cr_assert(lt[0] != ls, "step %d: bf16 gave the f32 loss exactly: the products did not run on AMX", k);
+    cr_assert_lt(fabs((double)lt[0] - ls), 1e-2 * fabs((double)ls), "step %d: loss %.7g f32, %.7g bf16", k, ls, lt[0]);
+    cr_assert(lt[0] == lt[1], "step %d: two bf16 runs' losses %.9g and %.9g", k, lt[0], lt[1]);
+  }
+  char a[512], c[512];
+  snprintf(a, sizeof a, "%s/amx0.safetensors", f.dir);
+  snprintf(c, sizeof c, "%s/amx1.safetensors", f.dir);
+  OK(lt_dump_tensors(t[0], 0, a, errbuf, sizeof errbuf));
+  OK(lt_dump_tensors(t[1], 0, c, errbuf, sizeof errbuf));
+  cr_assert(files_equal(a, c), "two bf16 runs gave other adapters");
+  float lf, lb;
+  OK(lt_forward(s, &b, LT_LOSS_CROSS_ENTROPY, &lf, NULL, errbuf, sizeof errbuf));
+  OK(lt_forward(t[0], &b, LT_LOSS_CROSS_ENTROPY, &lb, NULL, errbuf, sizeof errbuf));
+  cr_assert_lt(fabs((double)lb - lf), 1e-2 * fabs((double)lf), "trained: loss %.7g f32, %.7g bf16", lf, lb);
+  lt_session_destroy(s);
+  for (int i = 0; i < 2; i++) {
+    lt_session_destroy(t[i]);
+    lt_engine_close(ae[i]);
+    lt_backend_destroy(ab[i]);
+  }
+  fixture_close(&f);
+}
+
 /* Per-layer recompute (lt_session_config_t.recompute) keeps one layer's activations and runs
  * each layer's forward again before its backward: the same bits as keeping them all — every
  * trainable tensor after three AdamW steps on packed rows, with LoRA dropout (the masks must

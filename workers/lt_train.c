@@ -394,6 +394,9 @@ static double lr_at(const lt_hparams_t *hp, int64_t step, int64_t total) {
 }
 
 /* The config digest: SHA-256 of the canonical JSON of what determines the result. */
+/* Whether the run asks for the base weights in bf16 (lt_train_conf_t.precision). */
+static bool bf16_base(const lt_train_conf_t *c) { return c->precision && strcmp(c->precision, "bf16") == 0; }
+
 static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
   lt_jobspec_t spec;
   lt_jobspec_defaults(&spec);
@@ -407,6 +410,7 @@ static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
                         c->dataset_sha256, "hyperparameters", hp, "decoding", "strategy", "greedy", "max_tokens",
                         gen_max, "temperature", 0.0, "backend", c->backend ? c->backend : "cpu", "threads",
                         c->threads > 0 ? c->threads : 1);
+  if (o && bf16_base(c)) json_object_set_new(o, "precision", json_string("bf16")); /* f32 runs keep their digest */
   return o;
 }
 
@@ -492,8 +496,16 @@ static lt_err_t open_model(run_t *r, char *errstr, size_t n) {
   const lt_train_conf_t *c = r->conf;
   char path[4096];
   lt_err_t err;
-  if (c->backend && strcmp(c->backend, "cuda") == 0) err = lt_backend_cuda_new(0, &r->be, errstr, n);
-  else err = lt_backend_cpu_new(c->threads > 0 ? c->threads : 1, &r->be, errstr, n);
+  if (c->precision && !bf16_base(c) && strcmp(c->precision, "f32") != 0)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "precision must be \"f32\" or \"bf16\", not \"%.40s\"", c->precision);
+  if (c->backend && strcmp(c->backend, "cuda") == 0) {
+    if (bf16_base(c)) return lt_errf(errstr, n, LT_ERR_UNSUPPORTED, "precision bf16 is a cpu backend option");
+    err = lt_backend_cuda_new(0, &r->be, errstr, n);
+  } else {
+    /* every mapped weight: the norms never reach a product, the rest all do */
+    lt_cpu_opts_t o = {.threads = c->threads > 0 ? c->threads : 1, .amx_bf16 = bf16_base(c), .bf16_min_elems = 1};
+    err = lt_backend_cpu_new_opts(&o, &r->be, errstr, n);
+  }
   if (err) return err;
   if ((err = lt_engine_open(c->model_dir, r->be, &r->eng, errstr, n))) return err;
   r->mc = lt_engine_config(r->eng);

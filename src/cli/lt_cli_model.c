@@ -187,25 +187,28 @@ static void on_eval(void *ctx, const lt_train_eval_t *e) {
 
 static void train_usage(FILE *f) {
   fprintf(f, "usage: lathe train --model DIR --train FILE [--valid FILE] [--set KEY=VALUE ...] [--out DIR]\n"
-             "                   [--dump-plan FILE] [--threads N]\n"
+             "                   [--dump-plan FILE] [--threads N] [--precision f32|bf16]\n"
              "  --dump-plan FILE  write every training batch and AdamW update as one JSON line each\n"
              "                    (workers/lt_plan.h): the plan a training session replays exactly\n"
              "  --threads N       compute threads (default: the online CPUs); a worker uses\n"
-             "                    LATHE_WORKER_THREADS, and the result depends on the count\n");
+             "                    LATHE_WORKER_THREADS, and the result depends on the count\n"
+             "  --precision bf16  the frozen base weights' products in bf16 on AMX tiles, f32\n"
+             "                    accumulation (a cpu with AMX-BF16; default f32)\n");
 }
 
 static int train_cmd(int argc, char **argv) {
-  const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL;
+  const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL, *precision = NULL;
   long threads = sysconf(_SC_NPROCESSORS_ONLN);
-  enum { O_MODEL = 256, O_TRAIN, O_VALID, O_OUT, O_PLAN, O_SET, O_THREADS };
+  enum { O_MODEL = 256, O_TRAIN, O_VALID, O_OUT, O_PLAN, O_PRECISION, O_SET, O_THREADS };
   static const struct option opts[] = {
       {"model", required_argument, NULL, O_MODEL}, {"train", required_argument, NULL, O_TRAIN},
       {"valid", required_argument, NULL, O_VALID}, {"out", required_argument, NULL, O_OUT},
-      {"dump-plan", required_argument, NULL, O_PLAN}, {"set", required_argument, NULL, O_SET},
-      {"threads", required_argument, NULL, O_THREADS}, {0}};
+      {"dump-plan", required_argument, NULL, O_PLAN}, {"precision", required_argument, NULL, O_PRECISION},
+      {"set", required_argument, NULL, O_SET}, {"threads", required_argument, NULL, O_THREADS}, {0}};
   lt_cli_args_t a = {.what = "train", .usage = train_usage, .opts = opts};
   const char **dest[] = {[O_MODEL - O_MODEL] = &model, [O_TRAIN - O_MODEL] = &train, [O_VALID - O_MODEL] = &valid,
-                         [O_OUT - O_MODEL] = &out, [O_PLAN - O_MODEL] = &plan_path};
+                         [O_OUT - O_MODEL] = &out, [O_PLAN - O_MODEL] = &plan_path,
+                         [O_PRECISION - O_MODEL] = &precision};
   json_t *hp = json_object();
   int o;
   while ((o = lt_cli_args_next(&a, argc, argv)) >= 0) {
@@ -250,7 +253,7 @@ static int train_cmd(int argc, char **argv) {
   }
   json_decref(body);
   lt_train_conf_t c = {.model_dir = model, .base_model_name = model, .hp = spec.hp,
-                       .threads = (int)threads};
+                       .threads = (int)threads, .precision = precision};
   size_t tl = 0, vl = 0;
   char *tt = slurp(train, &tl), *vt = valid ? slurp(valid, &vl) : NULL;
   if (!tt || (valid && !vt)) {

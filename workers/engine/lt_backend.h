@@ -77,6 +77,9 @@ struct lt_backend {
    * cuda copies. NULL on failure. Release with free_const(). */
   const float *(*map_const)(lt_backend_t *be, const float *host, size_t n);
   void (*free_const)(lt_backend_t *be, const float *dev);
+  /* May be NULL. The products of mapped weight dev stay in f32 whatever lower precision the
+   * others take (the LM head: its logits are the loss and pick the greedy tokens). */
+  void (*keep_f32)(lt_backend_t *be, const float *dev);
   /* Overwrites `bytes` at p with zeros (not elided). Used on gradients and on buffers that held
    * a tenant's data before they are reused. */
   void (*scrub)(lt_backend_t *be, void *p, size_t bytes);
@@ -240,10 +243,6 @@ struct lt_backend {
                 float grad_scale, long step);
 };
 
-/* Creates the cpu backend with `threads` worker threads (>= 1; the calling thread counts as
- * one). It sets OpenBLAS to the same count. The caller owns the result (lt_backend_destroy). */
-lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size);
-
 typedef struct lt_cpu_opts {
   int threads;          /* as lt_backend_cpu_new */
   /* Serving precision: map_const also keeps a bf16 copy (rounded to nearest even) of every
@@ -259,9 +258,22 @@ typedef struct lt_cpu_opts {
   /* matmul_rows runs AVX-512 kernels (4x4 tiles) where the processor has them; narrow: the
    * AVX2 / baseline kernels even there. Same bits either way (tests compare them). */
   int narrow;
+  /* Training precision: a LoRA session's products against the frozen base weights (map_const,
+   * at least bf16_min_elems floats) run in bf16 on AMX tiles with f32 accumulation
+   * (lt_cpu_amx.h): the weights packed once, the activations rounded at each product; not
+   * the LM head (keep_f32: in bf16 it cost the bundled task 1 % of its exact match).
+   * lt_backend_cpu_new_opts fails with LT_ERR_UNSUPPORTED where the chip or kernel has no AMX. */
+  int amx_bf16;
 } lt_cpu_opts_t;
 lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *opts, lt_backend_t **out, char *errstr,
                                  size_t errstr_size);
+
+/* Creates the cpu backend with `threads` worker threads (>= 1; the calling thread counts as
+ * one). It sets OpenBLAS to the same count. The caller owns the result (lt_backend_destroy). */
+static inline lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size) {
+  lt_cpu_opts_t o = {.threads = threads};
+  return lt_backend_cpu_new_opts(&o, out, errstr, errstr_size);
+}
 
 /* Creates the cuda backend on device `device`. LT_ERR_UNAVAILABLE when the build has no CUDA or
  * no GPU is present ("driver version is insufficient" counts as no GPU). Defined in

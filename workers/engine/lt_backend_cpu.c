@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "lt_backend.h"
+#include "lt_cpu_amx.h"
 #include "lt_cpu_attn.h"
 #include "lt_cpu_dot.h"
 #include "lt_cpu_fexp.h"
@@ -59,6 +60,7 @@ typedef struct cpu {
   size_t attn_part_n;
   struct shadow *sh;
   size_t nsh, capsh;
+  lt_amx_t *amx; /* lt_cpu_opts_t.amx_bf16 */
 } cpu_t;
 
 /* A mapped weight [p, p + n) and its copy rounded to bf16 (nearest even), which matmul_rows
@@ -210,6 +212,7 @@ static const uint16_t *shadow_of(const cpu_t *c, const float *w) {
  * the other ops: embedding lookups, norms). */
 static const float *cpu_map_const(lt_backend_t *be, const float *host, size_t n) {
   cpu_t *c = CPU(be);
+  if (c->amx && lt_amx_add(c->amx, host, n)) return NULL;
   if (!c->bf16 || n < c->bf16_min || shadow_of(c, host)) return host;
   if (c->nsh == c->capsh) {
     size_t cap = c->capsh ? 2 * c->capsh : 64;
@@ -236,12 +239,14 @@ static const float *cpu_map_const(lt_backend_t *be, const float *host, size_t n)
 
 static void cpu_free_const(lt_backend_t *be, const float *dev) {
   cpu_t *c = CPU(be);
+  lt_amx_remove(c->amx, dev);
   size_t i = shadows_upto(c, dev);
   if (i == 0 || c->sh[i - 1].p != dev) return;
   free(c->sh[i - 1].h);
   memmove(c->sh + i - 1, c->sh + i, (c->nsh - i) * sizeof *c->sh);
   c->nsh--;
 }
+static void cpu_keep_f32(lt_backend_t *be, const float *dev) { lt_amx_remove(CPU(be)->amx, dev); }
 static void cpu_scrub(lt_backend_t *be, void *p, size_t bytes) { scrub_bytes(p, bytes); }
 
 /* ---- matmul ----------------------------------------------------------------------------- */
@@ -290,15 +295,20 @@ static void mm_task(void *p, int tid, int nt) {
   }
 }
 
+static void amx_run(void *pool, pool_fn fn, void *arg) { pool_run(pool, fn, arg); }
+
 static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc) {
-  if (M == 0 || N == 0) return;
+  cpu_t *c = CPU(be);
+  if (M == 0 || N == 0 || (c->amx && !ta && lt_amx_matmul(c->amx, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                          amx_run, c)))
+    return;
   /* OpenBLAS assigns (not scales) C when beta == 0, so stale NaNs there are harmless */
   mm_args_t a = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, 0, 0, 0, 1};
   /* small products are not worth waking the pool */
   if ((double)M * N * K < 1 << 15) mm_task(&a, 0, 1);
-  else pool_run(CPU(be), mm_task, &a);
+  else pool_run(c, mm_task, &a);
 }
 
 /* Batch-invariant NT product: each C element is one dot product computed by the same code
@@ -1094,16 +1104,12 @@ static void cpu_destroy(lt_backend_t *be) {
   free(c->attn_part);
   for (size_t i = 0; i < c->nsh; i++) free(c->sh[i].h);
   free(c->sh);
+  lt_amx_destroy(c->amx);
   free(c->lanes);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->go);
   pthread_cond_destroy(&c->done);
   free(c);
-}
-
-lt_err_t lt_backend_cpu_new(int threads, lt_backend_t **out, char *errstr, size_t errstr_size) {
-  lt_cpu_opts_t o = {.threads = threads};
-  return lt_backend_cpu_new_opts(&o, out, errstr, errstr_size);
 }
 
 lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, char *errstr, size_t errstr_size) {
@@ -1121,9 +1127,10 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
   c->avx2 = __builtin_cpu_supports("avx2");
   c->bfdp = c->wide && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   c->lanes = calloc((size_t)threads, sizeof *c->lanes);
-  if (!c->lanes) {
-    free(c);
-    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
+  lt_err_t err = c->lanes ? LT_OK : lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: out of memory");
+  if (err || (o->amx_bf16 && (err = lt_amx_new(c->bf16_min, &c->amx, errstr, errstr_size)))) {
+    free(c->lanes), free(c);
+    return err;
   }
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->go, NULL);
@@ -1140,6 +1147,7 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
       .download = cpu_download,
       .map_const = cpu_map_const,
       .free_const = cpu_free_const,
+      .keep_f32 = cpu_keep_f32,
       .scrub = cpu_scrub,
       .matmul = cpu_matmul,
       .matmul_rows = cpu_matmul_rows,

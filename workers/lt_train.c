@@ -289,7 +289,10 @@ static lt_err_t eval_split(lt_session_t *s, const lt_tok_t *tok, const examples_
   for (size_t i = 0; i < val->n && !err; i += (size_t)b->B) {
     int count = (int)(val->n - i < (size_t)b->B ? val->n - i : (size_t)b->B);
     int T = 1;
-    for (int r = 0; r < count; r++) T = val->v[order[i + (size_t)r]].len - 1 > T ? val->v[order[i + (size_t)r]].len - 1 : T;
+    for (int r = 0; r < count; r++) {
+      int len = val->v[order[i + (size_t)r]].len - 1;
+      T = len > T ? len : T;
+    }
     T = (T + EVAL_T_STEP - 1) / EVAL_T_STEP * EVAL_T_STEP; /* few shapes: the engine keeps its buffers */
     b->T = T < T_all ? T : T_all;
     int64_t unused;
@@ -393,10 +396,10 @@ static double lr_at(const lt_hparams_t *hp, int64_t step, int64_t total) {
   }
 }
 
-/* The config digest: SHA-256 of the canonical JSON of what determines the result. */
 /* Whether the run asks for the base weights in bf16 (lt_train_conf_t.precision). */
 static bool bf16_base(const lt_train_conf_t *c) { return c->precision && strcmp(c->precision, "bf16") == 0; }
 
+/* The config digest: SHA-256 of the canonical JSON of what determines the result. */
 static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
   lt_jobspec_t spec;
   lt_jobspec_defaults(&spec);

@@ -379,12 +379,14 @@ static bool retained(const lt_publisher_t *p, const char *job_id, const char *ke
   return false;
 }
 
-/* A dispatch names the commit its attempt resumes from, the scheduler's newest applied one. That
- * commit lies before the dispatch in the job's lathe.control partition, so this publisher folded it
- * too, unless its consumer or its fold missed a record: chaos seed 6528, where a publisher's GC
- * deleted the checkpoint a new attempt had resumed from, acting in every step as if it never read
- * that commit. Said loudly and counted; and the resume point joins the job's retained checkpoints,
- * whichever earlier attempt wrote it, so the GC and retention keep it as a commit they folded. */
+/* A dispatch names the commit its attempt resumes from: the newest the scheduler had applied when
+ * it decided, so one this publisher folded before the dispatch, in the job's lathe.control
+ * partition; not always its newest (the stopped attempt may commit again before the dispatch
+ * lands: chaos seed 6944). A resume step this publisher folded no commit at means its consumer or
+ * its fold missed a record: chaos seed 6528, where a publisher's GC deleted the checkpoint a new
+ * attempt had resumed from, acting in every step as if it never read that commit. Said loudly and
+ * counted; and the resume point joins the job's retained checkpoints, whichever earlier attempt
+ * wrote it, so the GC and retention keep it as a commit they folded. */
 static void check_resume(lt_publisher_t *p, const char *job_id, lt_avro_record_t *rec, json_t *info) {
   const char *want = NULL;
   int64_t step = -1;
@@ -394,6 +396,10 @@ static void check_resume(lt_publisher_t *p, const char *job_id, lt_avro_record_t
     return;
   const char *have = json_string_value(json_object_get(p->ckpt_ev, job_id));
   if (have && strcmp(have, want) == 0) return;
+  size_t n = 0;
+  const lt_proj_ckpt_t *folded = lt_proj_job_checkpoints(p->proj, job_id, &n);
+  for (size_t i = 0; i < n; i++)
+    if (folded[i].step == step && folded[i].attempt < attempt) return;
   p->stats.unfolded_resumes++;
   JWARN(job_id,
         "job %s: attempt %d resumes from checkpoint commit %s (step %" PRId64 "), which this publisher never "

@@ -8,6 +8,7 @@
  * in four accumulator tiles, over kb in order. */
 #include "lt_cpu_amx.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -47,13 +48,20 @@ typedef struct {
 
 static int round32(int v) { return (v + 31) / 32 * 32; }
 
+/* AMX-TILE, AMX-BF16 (CPUID leaf 7: EDX bits 24, 22) and AVX-512 BF16 (leaf 7.1: EAX bit 5), asked
+ * of the chip itself: clang 14's __builtin_cpu_supports does not know the AMX names. */
+static bool chip_has_amx(void) {
+  unsigned a, b, c, d, a1, b1, c1, d1;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) return false;
+  return (d >> 24 & 1) && (d >> 22 & 1) && (a1 >> 5 & 1);
+}
+
 static int perm_rc = -1; /* arch_prctl's answer, asked once per process */
 static void ask_perm(void) { perm_rc = (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
 
 lt_err_t lt_amx_new(size_t min_elems, lt_amx_t **out, char *errstr, size_t errstr_size) {
   *out = NULL;
-  if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile") ||
-      !__builtin_cpu_supports("avx512bf16"))
+  if (!chip_has_amx())
     return lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED,
                    "bf16 base weights need a cpu with AMX-BF16 and AVX-512 BF16 (this one has not)");
   static pthread_once_t once = PTHREAD_ONCE_INIT;

@@ -17,6 +17,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "lt_safetensors.h" /* lt_st_f32_to_bf16 */
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE_ELEMS 512 /* bf16 in one 16 x 64-byte tile */
@@ -109,15 +111,6 @@ void lt_amx_remove(lt_amx_t *x, const float *w) {
     }
 }
 
-/* Nearest-even bf16 of f (NaN stays NaN). */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 /* Packs W for one form: nt, W is Q x R (B(r, c) = W[c][r]); else R x Q (B(r, c) = W[r][c]). */
 static uint16_t *pack(const float *W, int nt, int Q, int R) {
   int Qp = round32(Q), Rp = round32(R), KB = Rp / 32;
@@ -130,7 +123,8 @@ static uint16_t *pack(const float *W, int nt, int Q, int R) {
         for (int c = 0; c < 16; c++)
           for (int h = 0; h < 2; h++) {
             int r = kb * 32 + 2 * p + h, q = cb * 16 + c;
-            if (r < R && q < Q) t[p * 32 + c * 2 + h] = to_bf16(nt ? W[(size_t)q * R + r] : W[(size_t)r * Q + q]);
+            if (r < R && q < Q)
+              t[p * 32 + c * 2 + h] = lt_st_f32_to_bf16(nt ? W[(size_t)q * R + r] : W[(size_t)r * Q + q]);
           }
     }
   return pk;
@@ -161,7 +155,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void round_rows(void *arg, 
       __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(a + k));
       _mm512_storeu_si512(d + k, (__m512i)v);
     }
-    for (; k < j->R; k++) d[k] = to_bf16(a[k]);
+    for (; k < j->R; k++) d[k] = lt_st_f32_to_bf16(a[k]);
     for (; k < j->Rp; k++) d[k] = 0;
   }
 }

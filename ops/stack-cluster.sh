@@ -230,6 +230,9 @@ cmd_s3() {
       exec 9>&-
       wait_until s3 "$logs_dir/s3.log" s3_answers
       say "s3 answers on $s3_host:$s3_port" ;;
-    *) die "s3: want stop or start, got '${1:-}'" ;;
+    sweep)
+      [[ ${2:-60} =~ ^[0-9]+$ ]] || die "s3 sweep: AGE is whole seconds, got '${2:-}'"
+      clean_s3_partials "${2:-60}" ;;
+    *) die "s3: want stop, start or sweep, got '${1:-}'" ;;
   esac
 }

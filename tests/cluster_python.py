@@ -457,6 +457,21 @@ def main():
             answered = False
         ck.check(answered and os.path.isdir(os.path.join(st.dir, "s3", "data", "lathe")),
                  "s3 start: the S3 server answers again, bucket kept")
+        # 6. A running S3Proxy keeps the file of an upload whose client vanished (chaos seed 9050):
+        # `s3 sweep` removes it once untouched for AGE seconds, and leaves one still being written.
+        stale, fresh = os.path.join(pdir, f"model.bin-{uid}"), os.path.join(pdir, f"opt.bin-{uid}")
+        for f in (stale, fresh):
+            with open(f, "wb") as fh:
+                fh.write(b"y" * 100)
+        os.utime(stale, (time.time() - 120, time.time() - 120))
+        sw = st.run("s3", "sweep", "60", env=portless)
+        ck.check(not os.path.exists(stale) and os.path.exists(fresh) and os.path.exists(finished)
+                 and "removed 1 " in sw.stderr,
+                 f"s3 sweep 60: the abandoned upload removed, the fresh one and the finished object kept "
+                 f"({sw.stderr.strip()})")
+        bad = subprocess.run([STACK, "s3", "sweep", "soon"], env=st.env, capture_output=True, text=True)
+        ck.check(bad.returncode != 0 and "AGE is whole seconds" in bad.stderr and os.path.exists(fresh),
+                 f"s3 sweep soon: refused, naming AGE, nothing removed ({bad.stderr.strip()})")
         ck.summary()
     except BaseException:
         st.dump_logs()

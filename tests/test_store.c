@@ -245,6 +245,51 @@ CONTRACT(list_by_prefix_pages_through_every_key_once_in_order) {
   free(c);
 }
 
+CONTRACT(delete_prefix_deletes_what_is_under_it_and_nothing_beside_it) {
+  for (int i = 0; i < 12; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "job-a/%d/%02d", i % 3, i);
+    cr_assert_eq(lt_store_put(s, k(prefix, name), "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  }
+  cr_assert_eq(lt_store_put(s, k(prefix, "job-ab/0"), "y", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_store_delete_prefix(s, k(prefix, "job-a/"), &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(deleted, 12, "deleted %llu of 12", (unsigned long long)deleted);
+  struct collected *c = calloc(1, sizeof *c);
+  int pages;
+  cr_assert_eq(list_all(s, prefix, 0, c, &pages), 1, "only the neighbour with a longer name is left");
+  cr_assert_str_eq(c->keys[0], k(prefix, "job-ab/0"));
+  deleted = 0;
+  cr_assert_eq(lt_store_delete_prefix(s, k(prefix, "job-a/"), &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(deleted, 0, "nothing left to delete: a second call deletes nothing");
+  cr_assert_eq(lt_store_delete_prefix(s, "", &deleted, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "empty prefix") != NULL, "%s", err);
+  cr_assert_eq(list_all(s, prefix, 0, c, &pages), 1, "the refused call deleted nothing");
+  lt_store_delete(s, k(prefix, "job-ab/0"), err, sizeof err);
+  free(c);
+}
+
+/* More keys than one list page holds: every page is deleted (the directory store: 1,000 puts
+ * there take a moment, on S3 a minute). */
+Test(store_dir, delete_prefix_goes_past_one_list_page) {
+  lt_store_t *s = open_dir();
+  int n = LT_STORE_LIST_MAX + 7;
+  for (int i = 0; i < n; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "many/%05d", i);
+    cr_assert_eq(lt_store_put(s, key, "z", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  }
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_store_delete_prefix(s, "many/", &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(deleted, (uint64_t)n, "deleted %llu of %d", (unsigned long long)deleted, n);
+  char next[LT_STORE_KEY_MAX + 1];
+  struct collected *c = calloc(1, sizeof *c);
+  cr_assert_eq(lt_store_list(s, "many/", NULL, 0, collect, c, next, sizeof next, err, sizeof err), LT_OK);
+  cr_assert_eq(c->n, 0, "%d keys left", c->n);
+  free(c);
+  lt_store_destroy(s);
+}
+
 /* 20 MiB: three 8 MiB parts on S3. Written through the streaming writer in odd-sized pieces and
  * through the buffer put; read back streamed, hashes compared. */
 struct hash_sink {

@@ -270,33 +270,14 @@ static int64_t scrub_dir(lt_worker_t *w, const char *dir) {
   return zeroed;
 }
 
-typedef struct {
-  lt_store_t *store;
-  int deleted;
-  char keys[64][512];
-  int n;
-} del_ctx_t;
-
-static lt_err_t collect_key(void *ctx, const char *key, const lt_store_info_t *info) {
-  del_ctx_t *d = ctx;
-  (void)info;
-  if (d->n < 64) snprintf(d->keys[d->n++], sizeof d->keys[0], "%s", key);
-  return LT_OK;
-}
-
-/* Deletes the staging objects of a job (all attempts): a cancelled job leaves nothing behind. */
+/* Deletes the staging objects of a job (all attempts): a cancelled job leaves nothing behind. A
+ * failure leaves the rest to the publisher's GC. */
 static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
-  char prefix[512], next[LT_STORE_KEY_MAX + 1] = ""; /* lt_store_list wants room for any key */
+  char prefix[512];
   snprintf(prefix, sizeof prefix, "staging/%s/%s/", tenant, job);
-  int deleted = 0;
-  for (int pages = 0; pages < 1000; pages++) {
-    del_ctx_t d = {.store = w->conf.store};
-    if (lt_store_list(w->conf.store, prefix, NULL, 64, collect_key, &d, next, sizeof next, NULL, 0)) break;
-    for (int i = 0; i < d.n; i++)
-      if (lt_store_delete(w->conf.store, d.keys[i], NULL, 0) == LT_OK) deleted++;
-    if (d.n == 0) break;
-  }
-  return deleted;
+  uint64_t deleted = 0;
+  lt_store_delete_prefix(w->conf.store, prefix, &deleted, NULL, 0);
+  return (int)deleted;
 }
 
 static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {

@@ -37,11 +37,6 @@ typedef struct delete_task {
   uint64_t deleted;
 } delete_task_t;
 
-static lt_err_t collect(void *ctx, const char *key, const lt_store_info_t *info) {
-  (void)info;
-  return json_array_append_new(ctx, json_string(key)) ? LT_ERR_NOMEM : LT_OK;
-}
-
 /* Deletes every object under prefix; the wrapped key (when first is set) before the rest. */
 static lt_err_t delete_prefix(delete_task_t *t, const char *prefix, const char *first) {
   lt_store_t *store = t->api->conf.store;
@@ -49,21 +44,7 @@ static lt_err_t delete_prefix(delete_task_t *t, const char *prefix, const char *
   lt_store_info_t info;
   if (first && lt_store_head(store, first, &info, NULL, 0) == LT_OK) t->deleted++; /* counted if there */
   if (first) err = lt_store_delete(store, first, t->msg, sizeof t->msg);
-  char next[LT_STORE_KEY_MAX + 1] = "";
-  do {
-    json_t *keys = json_array();
-    char after[LT_STORE_KEY_MAX + 1];
-    snprintf(after, sizeof after, "%s", next);
-    if (!err) err = lt_store_list(store, prefix, after, 0, collect, keys, next, sizeof next, t->msg, sizeof t->msg);
-    size_t i;
-    json_t *k;
-    json_array_foreach(keys, i, k) {
-      if (err) break;
-      if (!(err = lt_store_delete(store, json_string_value(k), t->msg, sizeof t->msg))) t->deleted++;
-    }
-    json_decref(keys);
-  } while (!err && next[0]);
-  return err;
+  return err ? err : lt_store_delete_prefix(store, prefix, &t->deleted, t->msg, sizeof t->msg);
 }
 
 /* On a pool thread: the key, the artifacts, the staging objects. */

@@ -255,3 +255,36 @@ void lt_store_writer_abort(lt_store_writer_t *w) {
   lt_crypto_sha256_destroy(w->sha);
   free(w);
 }
+
+typedef struct {
+  char (*keys)[LT_STORE_KEY_MAX + 1];
+  size_t n;
+} page_t;
+
+static lt_err_t collect_key(void *ctx, const char *key, const lt_store_info_t *info) {
+  page_t *p = ctx;
+  (void)info;
+  if (p->n >= LT_STORE_LIST_MAX) return LT_ERR_INVALID; /* the list promised at most that many */
+  snprintf(p->keys[p->n++], sizeof p->keys[0], "%s", key);
+  return LT_OK;
+}
+
+lt_err_t lt_store_delete_prefix(lt_store_t *s, const char *prefix, uint64_t *deleted, char *errstr,
+                                size_t errstr_size) {
+  if (!prefix || !prefix[0])
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "delete_prefix: an empty prefix would delete everything");
+  page_t p = {.keys = malloc(LT_STORE_LIST_MAX * sizeof *p.keys)};
+  char after[LT_STORE_KEY_MAX + 1] = "", next[LT_STORE_KEY_MAX + 1];
+  if (!p.keys) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "delete_prefix: out of memory");
+  lt_err_t err = LT_OK;
+  do {
+    p.n = 0;
+    err = lt_store_list(s, prefix, after, LT_STORE_LIST_MAX, collect_key, &p, next, sizeof next, errstr,
+                        errstr_size);
+    for (size_t i = 0; !err && i < p.n; i++)
+      if (!(err = lt_store_delete(s, p.keys[i], errstr, errstr_size)) && deleted) ++*deleted;
+    memcpy(after, next, sizeof after);
+  } while (!err && after[0]);
+  free(p.keys);
+  return err;
+}

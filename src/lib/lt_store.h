@@ -118,6 +118,12 @@ lt_err_t lt_store_list(lt_store_t *s, const char *prefix, const char *start_afte
                        size_t max_keys, lt_store_list_fn fn, void *ctx, char *next,
                        size_t next_size, char *errstr, size_t errstr_size);
 
+/* Deletes every object whose key starts with prefix (not ""), page by page; *deleted (may be
+ * NULL) counts those deleted. Stops at the first failure and returns it: what was deleted stays
+ * deleted, the rest stays listed. */
+lt_err_t lt_store_delete_prefix(lt_store_t *s, const char *prefix, uint64_t *deleted, char *errstr,
+                                size_t errstr_size);
+
 /* ---- streaming writes ---------------------------------------------------------------------- */
 
 /* Starts a streamed write of key. Memory stays bounded (one multipart part for S3) whatever the

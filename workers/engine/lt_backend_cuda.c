@@ -457,6 +457,18 @@ lt_err_t lt_cuda_device_count(int *count, char *errstr, size_t errstr_size) {
   return LT_OK;
 }
 
+lt_err_t lt_cuda_devices(lt_cuda_device_t *out, int max, int *n, char *errstr, size_t errstr_size) {
+  lt_err_t err = lt_cuda_device_count(n, errstr, errstr_size);
+  for (int i = 0; !err && i < *n && i < max; i++) {
+    struct cudaDeviceProp p;
+    LT_CUDA_TRY(cudaGetDeviceProperties(&p, i), errstr, errstr_size);
+    out[i] = (lt_cuda_device_t){.index = i, .memory_bytes = p.totalGlobalMem, .cc_major = p.major,
+                                .cc_minor = p.minor};
+    snprintf(out[i].name, sizeof out[i].name, "%.95s", p.name);
+  }
+  return err;
+}
+
 lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_backend_t **out,
                                   char *errstr, size_t errstr_size) {
   *out = NULL;

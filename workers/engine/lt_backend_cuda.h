@@ -27,7 +27,9 @@ typedef struct lt_cuda_opts {
                             (norm weights, biases); 0 means 65536 */
 } lt_cuda_opts_t;
 
-/* lt_backend_cuda_new() (declared in lt_backend.h) uses f32, unless the environment variable
+/* Without the CUDA toolkit the build links lt_backend_cuda_stub.c instead: these three answer
+ * LT_ERR_UNAVAILABLE there (the NCCL members below exist in CUDA builds only).
+ * lt_backend_cuda_new() (declared in lt_backend.h) uses f32, unless the environment variable
  * LATHE_CUDA_PRECISION=bf16 asks otherwise (read once, at creation). */
 lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_backend_t **out,
                                   char *errstr, size_t errstr_size);
@@ -35,6 +37,20 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
 /* Number of usable GPUs; 0 (and LT_ERR_UNAVAILABLE with the runtime's reason in errstr) when
  * there is none, including "driver version is insufficient". */
 lt_err_t lt_cuda_device_count(int *count, char *errstr, size_t errstr_size);
+
+/* A GPU as a worker's heartbeat reports it. */
+typedef struct lt_cuda_device {
+  int index;
+  char name[96];          /* "NVIDIA H200" */
+  uint64_t memory_bytes;  /* total device memory */
+  int cc_major, cc_minor; /* compute capability */
+} lt_cuda_device_t;
+
+/* The GPUs this process can use, the first `max` of them in out, how many in *n. Reads the
+ * devices' properties only: no context is made, so a worker can list the GPUs it hands to its
+ * executors without holding memory on them. 0 (and the reason, as lt_cuda_device_count) when
+ * there is none. */
+lt_err_t lt_cuda_devices(lt_cuda_device_t *out, int max, int *n, char *errstr, size_t errstr_size);
 
 /* ---- NCCL: data parallelism over the GPUs of one node --------------------------------- */
 

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "lt_access.h"
+#include "lt_backend_cuda.h"
 #include "lt_crypto.h"
 #include "lt_job_record.h"
 #include "lt_jobspec.h"
@@ -570,6 +571,15 @@ Test(e2e, a_job_runs_from_upload_to_a_published_peft_adapter_with_eval_against_b
   cr_assert_str_eq(lt_test_rs(done, "checkpoint_event_id"), lt_test_rs(last, "event_id"));
   cr_assert_str_eq(lt_test_rs(ap, "checkpoint_event_id"), lt_test_rs(last, "event_id"));
   json_decref(commits);
+  /* The worker's heartbeats say what it trains on: this machine's GPUs, one a slot, or the cpu. */
+  char why[512] = "";
+  int gpus = 0;
+  if (lt_cuda_device_count(&gpus, why, sizeof why)) gpus = 0;
+  json_t *hbs = records(t, "WorkerHeartbeat", NULL, 0), *hb = json_array_get(hbs, json_array_size(hbs) - 1);
+  cr_assert_not_null(hb, "no heartbeat");
+  cr_assert_str_eq(lt_test_rs(hb, "backend"), gpus ? "cuda" : "cpu", "GPUs here: %d (%s)", gpus, why);
+  cr_assert_eq(json_array_size(json_object_get(json_object_get(hb, "r"), "devices")), (size_t)gpus);
+  json_decref(hbs);
 
   size_t st_len, cfg_len, ev_len, x_len;
   char sha[65];

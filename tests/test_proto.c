@@ -141,6 +141,44 @@ Test(proto, assignment_carries_the_spec_the_input_descriptors_and_the_data_key) 
   lt_proto_msg_release(&out);
 }
 
+/* The GPU a worker gives an attempt travels in the assignment; a cpu attempt's line has none and
+ * reads as cpu; a device the worker could not have meant is refused, naming the field. */
+Test(proto, assignment_names_the_gpu_and_a_device_that_is_not_one_is_refused) {
+  lt_proto_msg_t m = {.type = LT_PROTO_ASSIGNMENT,
+                      .assignment = {.job_id = "job-1", .tenant_id = "acme", .attempt = 1, .model_dir = "/m",
+                                     .work_dir = "/dev/shm/a1", .sealed_dir = "/work/a1", .threads = 1,
+                                     .backend = "cuda", .device = 3, .train_fd = 3, .valid_fd = -1,
+                                     .resume_fd = -1, .key_id = "k1", .key_hex = "00ff"}};
+  lt_jobspec_defaults(&m.assignment.spec);
+  snprintf(m.assignment.spec.base_model, sizeof m.assignment.spec.base_model, "lathe-tiny");
+  snprintf(m.assignment.spec.dataset_id, sizeof m.assignment.spec.dataset_id, "ds-1");
+  lt_proto_msg_t out = roundtrip(&m);
+  cr_assert_str_eq(out.assignment.backend, "cuda");
+  cr_assert_eq(out.assignment.device, 3);
+  lt_proto_msg_release(&out);
+
+  m.assignment.backend = "cpu";
+  char *line = NULL, err[256] = "";
+  size_t len = 0;
+  cr_assert_eq(lt_proto_encode(&m, &line, &len), LT_OK);
+  cr_assert_null(strstr(line, "\"device\""), "a cpu attempt's line names no device: %s", line);
+  out = roundtrip(&m);
+  cr_assert_str_eq(out.assignment.backend, "cpu");
+  cr_assert_eq(out.assignment.device, -1);
+  lt_proto_msg_release(&out);
+
+  static const char *const forged[] = {"{\"backend\":\"tpu\",\"index\":0}", "{\"backend\":\"cuda\",\"index\":-1}",
+                                       "{\"backend\":\"cuda\"}", "{\"index\":0}"};
+  for (size_t i = 0; i < sizeof forged / sizeof *forged; i++) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "{\"device\":%s,%s", forged[i], line + 1);
+    lt_proto_msg_t bad;
+    cr_assert_eq(lt_proto_decode(buf, &bad, err, sizeof err), LT_ERR_INVALID, "%s", forged[i]);
+    cr_assert(strstr(err, "device") != NULL, "%s: %s", forged[i], err);
+  }
+  free(line);
+}
+
 /* What an executor could print that is not a message: each is refused with a reason. */
 static const struct {
   const char *line;

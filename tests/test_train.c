@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lt_backend_cuda.h"
 #include "lt_engine.h"
 #include "lt_plan.h"
 #include "lt_task.h"
@@ -221,7 +222,8 @@ Test(train, evaluation_does_not_depend_on_how_examples_are_batched, .init = make
 /* --precision: "bf16" trains with the base weights' products on AMX (skipped, saying so, on a
  * chip without it), the same base scores within bf16 rounding, and another config digest (the
  * numbers came from another computation); anything but f32 or bf16 is refused by name. */
-static lt_err_t run_precision(const char *name, const char *precision, lt_train_eval_t *ev, lt_train_result_t *res) {
+static lt_err_t run_on(const char *name, const char *backend, const char *precision, lt_train_eval_t *ev,
+                       lt_train_result_t *res) {
   char work[256];
   snprintf(work, sizeof work, "%s/%s", root, name);
   mkdir(work, 0700);
@@ -230,7 +232,8 @@ static lt_err_t run_precision(const char *name, const char *precision, lt_train_
   lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
                         .hp = job_hparams("{\"max_steps\": 2, \"batch_size\": 4, \"lora_rank\": 4, \"seed\": 3, "
                                           "\"max_seq_len\": 64, \"validation_fraction\": 0.2}"),
-                        .threads = 1, .work_dir = work, .gen_max_tokens = 8, .precision = precision};
+                        .threads = 1, .work_dir = work, .gen_max_tokens = 8, .precision = precision,
+                        .backend = backend};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
   lt_train_hooks_t hooks = {.ctx = ev, .on_eval = keep_eval};
   lt_err_t e = lt_train_run(&tc, &hooks, res, err, sizeof err);
@@ -242,16 +245,39 @@ Test(train, precision_bf16_runs_on_amx_and_a_bad_precision_is_refused, .init = m
      .timeout = 120) {
   lt_train_eval_t ef, eb;
   lt_train_result_t rf, rb;
-  cr_assert_eq(run_precision("p-f16", "f16", &ef, &rf), LT_ERR_INVALID);
+  cr_assert_eq(run_on("p-f16", NULL, "f16", &ef, &rf), LT_ERR_INVALID);
   cr_assert(strstr(err, "precision") && strstr(err, "\"f16\""), "%s", err);
-  cr_assert_eq(run_precision("p-f32", NULL, &ef, &rf), LT_OK, "%s", err);
-  lt_err_t e = run_precision("p-bf16", "bf16", &eb, &rb);
+  cr_assert_eq(run_on("p-f32", NULL, NULL, &ef, &rf), LT_OK, "%s", err);
+  lt_err_t e = run_on("p-bf16", NULL, "bf16", &eb, &rb);
   if (e == LT_ERR_UNSUPPORTED) cr_skip_test("skipped: no AMX here (%s)", err);
   cr_assert_eq(e, LT_OK, "%s", err);
   cr_assert(strcmp(rf.config_digest, rb.config_digest) != 0, "bf16 and f32 runs share a config digest");
   cr_assert(eb.base_val_loss != ef.base_val_loss, "bf16 gave the f32 base loss exactly: no product ran in bf16");
   cr_assert_lt(fabs(eb.base_val_loss - ef.base_val_loss), 1e-2 * ef.base_val_loss, "base loss %.7g f32, %.7g bf16",
                ef.base_val_loss, eb.base_val_loss);
+}
+
+/* What a cuda worker's executor asks for: the cuda backend in bf16. Without a GPU (this project's
+ * CI) it is refused with the runtime's reason, and a backend that is none is refused by name;
+ * with one, it trains and its base loss is the cpu's within bf16 rounding. */
+Test(train, the_cuda_backend_trains_where_a_gpu_is_and_is_refused_with_a_reason_where_none_is,
+     .init = make_model, .fini = remove_all, .timeout = 300) {
+  lt_train_eval_t ef, eg;
+  lt_train_result_t rf, rg;
+  cr_assert_eq(run_on("b-tpu", "tpu", NULL, &ef, &rf), LT_ERR_INVALID);
+  cr_assert(strstr(err, "backend") && strstr(err, "\"tpu\""), "%s", err);
+  char why[512] = "";
+  int gpus = 0;
+  if (lt_cuda_device_count(&gpus, why, sizeof why)) gpus = 0;
+  lt_err_t e = run_on("b-cuda", "cuda", "bf16", &eg, &rg);
+  if (gpus == 0) {
+    cr_assert_eq(e, LT_ERR_UNAVAILABLE, "no GPU here (%s), yet: %s", why, err);
+    return;
+  }
+  cr_assert_eq(e, LT_OK, "%s", err);
+  cr_assert_eq(run_on("b-cpu", NULL, NULL, &ef, &rf), LT_OK, "%s", err);
+  cr_assert_lt(fabs(eg.base_val_loss - ef.base_val_loss), 1e-2 * ef.base_val_loss, "base loss %.7g cpu, %.7g cuda",
+               ef.base_val_loss, eg.base_val_loss);
 }
 
 Test(train, bad_data_fails_naming_the_line, .init = make_model, .fini = remove_all, .timeout = 120) {

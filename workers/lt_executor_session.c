@@ -25,6 +25,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "lt_backend_cuda.h"
 #include "lt_executor_int.h"
 #include "lt_prim.h"
 
@@ -59,7 +60,9 @@ static lt_err_t write_json(const char *dir, const char *name, json_t *v, char *e
 static lt_err_t open_session(sess_t *s, char *errstr, size_t n) {
   const lt_proto_assignment_t *a = s->x->asg;
   const lt_hparams_t *hp = &a->spec.hp;
-  lt_err_t err = lt_backend_cpu_new(a->threads > 0 ? a->threads : 1, &s->be, errstr, n);
+  lt_err_t err = a->backend && strcmp(a->backend, "cuda") == 0
+                     ? lt_backend_cuda_new_opts(a->device, NULL, &s->be, errstr, n) /* f32: as on the cpu */
+                     : lt_backend_cpu_new(a->threads > 0 ? a->threads : 1, &s->be, errstr, n);
   if (!err) err = lt_engine_open(a->model_dir, s->be, &s->eng, errstr, n);
   if (err) return err;
   s->mc = lt_engine_config(s->eng);

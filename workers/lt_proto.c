@@ -32,6 +32,8 @@ static json_t *pack_assignment(const lt_proto_assignment_t *a) {
                    "model_dir", a->model_dir, "work_dir", a->work_dir, "sealed_dir", a->sealed_dir, "threads",
                    a->threads, "inputs", "train_fd", a->train_fd, "valid_fd", a->valid_fd, "resume_fd", a->resume_fd,
                    "tenant_key", "key_id", a->key_id, "key_hex", a->key_hex);
+  if (o && a->backend && strcmp(a->backend, "cpu") != 0)
+    json_object_set_new(o, "device", json_pack("{s:s,s:i}", "backend", a->backend, "index", a->device));
   if (o && a->gang_world > 1)
     json_object_set_new(o, "gang", json_pack("{s:i,s:i,s:i,s:i}", "rank", a->gang_rank, "world", a->gang_world,
                                              "fd0", a->gang_fd0, "nfds", a->gang_nfds));
@@ -157,6 +159,13 @@ static lt_err_t read_assignment(const json_t *o, lt_proto_assignment_t *a, char 
     return lt_errf(errstr, n, LT_ERR_INVALID, "the job spec is invalid: %s", err);
   if (a->train_fd < 0 && a->spec.mode == LT_MODE_MANAGED)
     return lt_errf(errstr, n, LT_ERR_INVALID, "the assignment of a managed job lacks inputs.train_fd");
+  json_t *d = json_object_get(o, "device");
+  a->backend = d ? get_str(d, "backend") : "cpu";
+  a->device = d ? (int)get_int(d, "index") : -1;
+  if (d && (!a->backend || strcmp(a->backend, "cuda") != 0 || !json_is_integer(json_object_get(d, "index")) ||
+            a->device < 0))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "device: want {\"backend\": \"cuda\", \"index\": GPU >= 0}, got "
+                   "backend %s, index %d", a->backend ? a->backend : "(none)", a->device);
   json_t *g = json_object_get(o, "gang");
   a->gang_rank = (int)get_int(g, "rank");
   a->gang_world = g ? (int)get_int(g, "world") : 1;

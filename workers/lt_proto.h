@@ -65,6 +65,8 @@ typedef struct lt_proto_assignment {
   const char *sealed_dir;       /* a directory store on disk where it seals its checkpoints, for
                                  * the worker to upload */
   int threads;                  /* cpu backend threads */
+  const char *backend;          /* "cpu" (NULL, absent) or "cuda": the worker's (lt_worker_devices) */
+  int device;                   /* cuda: the GPU, the slot the worker gave the attempt (-1: none) */
   int train_fd;                 /* the training dataset's plaintext: a memory file (-1: a session) */
   int valid_fd;                 /* the validation dataset's, or -1: hold out a share */
   int resume_fd;                /* the state to resume from, or -1 */

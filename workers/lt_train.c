@@ -14,6 +14,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "lt_backend_cuda.h"
 #include "lt_dataset.h"
 #include "lt_rand.h"
 #include "lt_task.h"
@@ -501,9 +502,12 @@ static lt_err_t open_model(run_t *r, char *errstr, size_t n) {
   lt_err_t err;
   if (c->precision && !bf16_base(c) && strcmp(c->precision, "f32") != 0)
     return lt_errf(errstr, n, LT_ERR_INVALID, "precision must be \"f32\" or \"bf16\", not \"%.40s\"", c->precision);
+  if (c->backend && strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "backend must be \"cpu\" or \"cuda\", not \"%.40s\"", c->backend);
   if (c->backend && strcmp(c->backend, "cuda") == 0) {
-    if (bf16_base(c)) return lt_errf(errstr, n, LT_ERR_UNSUPPORTED, "precision bf16 is a cpu backend option");
-    err = lt_backend_cuda_new(0, &r->be, errstr, n);
+    /* bf16: the mapped weights' products on tensor cores, f32 accumulation (lt_backend_cuda.h) */
+    lt_cuda_opts_t o = {.bf16 = bf16_base(c)};
+    err = lt_backend_cuda_new_opts(c->device, &o, &r->be, errstr, n);
   } else {
     /* every mapped weight: the norms never reach a product, the rest all do */
     lt_cpu_opts_t o = {.threads = c->threads > 0 ? c->threads : 1, .amx_bf16 = bf16_base(c), .bf16_min_elems = 1};

@@ -100,8 +100,10 @@ typedef struct lt_train_conf {
   lt_hparams_t hp;
   int threads;                  /* cpu backend threads (0: 1) */
   const char *backend;          /* "cpu" (default) or "cuda" */
-  /* "f32" (default) or "bf16": the frozen base weights' products in bf16 on AMX tiles, f32
-   * accumulation (cpu backend; LT_ERR_UNSUPPORTED on a chip without AMX). In the config digest. */
+  int device;                   /* cuda: the GPU (0 ..) */
+  /* "f32" (default) or "bf16": the frozen base weights' products in bf16, f32 accumulation: on
+   * AMX tiles (cpu backend; LT_ERR_UNSUPPORTED on a chip without AMX) or tensor cores (cuda). In
+   * the config digest. */
   const char *precision;
   const char *work_dir;         /* private directory for checkpoint files (must exist, 0700) */
   const char *resume_state;     /* state.bin of the checkpoint to resume from, or NULL */

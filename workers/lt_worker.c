@@ -114,6 +114,7 @@ struct lt_worker {
   lt_worker_stats_t st;     /* counters since creation (lt_worker_stats) */
   char producer_id[160];
   lt_confine_conf_t confine; /* what executors may do (lt_confine.h) */
+  lt_worker_devices_t dev;   /* what they train on: the cpu, or slot i on GPU i */
   char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
 };
 
@@ -686,6 +687,7 @@ static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, c
                       .assignment = {.job_id = a->job_id, .tenant_id = a->tenant_id, .attempt = a->attempt,
                                      .spec = *spec, .model_dir = "/proc/self/fd/6", .work_dir = a->mem_dir,
                                      .sealed_dir = a->work_dir, .threads = w->conf.threads_per_executor,
+                                     .backend = w->dev.backend, .device = w->dev.ngpus ? (int)(a - w->slots) : -1,
                                      .train_fd = 3, .valid_fd = a->in.valid_fd >= 0 ? 4 : -1,
                                      .resume_fd = a->in.resume_fd >= 0 ? 5 : -1, .key_id = a->in.key_id,
                                      .key_hex = key_hex, .gang_rank = a->gang_rank, .gang_world = a->gang_world,
@@ -989,7 +991,7 @@ static void heartbeat(lt_worker_t *w) {
   rec_t b = fresh(w, R_HB, NULL);
   PUT(&b, lt_avro_set_string, "worker_id", w->conf.worker_id);
   PUT(&b, lt_avro_set_long, "seq", ++w->hb_seq);
-  PUT(&b, lt_avro_set_string, "backend", "cpu");
+  PUT(&b, lt_avro_set_string, "backend", w->dev.backend);
   PUT(&b, lt_avro_set_int, "slots_total", w->conf.slots);
   PUT(&b, lt_avro_set_int, "slots_free", free_slots(w));
   struct sysinfo si;
@@ -1022,6 +1024,16 @@ static void heartbeat(lt_worker_t *w) {
   PUT(&b, lt_avro_set_bool, "draining", false);
   PUT(&b, lt_avro_set_string, "node_group", w->conf.node_group ? w->conf.node_group : "");
   PUT(&b, lt_avro_set_string, "rendezvous", w->conf.rendezvous ? w->conf.rendezvous : "");
+  for (int g = 0; g < w->dev.ngpus; g++) {
+    const lt_cuda_device_t *d = &w->dev.gpus[g];
+    size_t idx = put_elem(&b, "devices");
+    char cc[24];
+    snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
+    PUT(&b, lt_avro_set_int, elem(path, "devices", idx, "index"), d->index);
+    PUT(&b, lt_avro_set_string, elem(path, "devices", idx, "name"), d->name);
+    PUT(&b, lt_avro_set_long, elem(path, "devices", idx, "memory_bytes"), (int64_t)d->memory_bytes);
+    PUT(&b, lt_avro_set_string, elem(path, "devices", idx, "compute_capability"), cc);
+  }
   send_async(w, w->t_workers, w->conf.worker_id, &b, w);
 }
 
@@ -1078,7 +1090,6 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 /* The configuration with its defaults filled in, and the names of the topics it uses. */
 static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   w->conf = *conf;
-  if (w->conf.slots <= 0) w->conf.slots = 1;
   if (w->conf.slots > MAX_SLOTS) w->conf.slots = MAX_SLOTS;
   if (w->conf.threads_per_executor <= 0) w->conf.threads_per_executor = 1;
   if (!w->conf.work_root) w->conf.work_root = "/tmp";
@@ -1112,7 +1123,8 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   w->base = base;
   w->owned = json_array();
   configure(w, conf);
-  lt_err_t err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, errstr, n);
+  lt_err_t err = lt_worker_devices(conf->backend, &w->conf.slots, &w->dev, errstr, n);
+  if (!err) err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, errstr, n);
   if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);

@@ -48,7 +48,8 @@ typedef struct lt_worker_conf {
   const lt_recmac_key_t *tenant_mac;
   const lt_avro_registry_t *registry; /* borrowed */
   const char *worker_id;              /* also the producer identity ("worker/<id>") */
-  int slots;                          /* attempts at once (1) */
+  int slots;                          /* attempts at once (1; on cuda, one a GPU: every GPU) */
+  const char *backend;                /* "auto" (NULL), "cpu" or "cuda" (lt_worker_devices) */
   int threads_per_executor;           /* cpu backend threads of each executor (1) */
   const char *models_dir;             /* <models_dir>/<base_model>/ holds each base model */
   const char *executor_path;          /* the lathed binary to spawn (/proc/self/exe) */

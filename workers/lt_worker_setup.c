@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <linux/magic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -10,6 +11,35 @@
 #include <unistd.h>
 
 #include "lt_log.h"
+
+lt_err_t lt_worker_devices(const char *backend, int *slots, lt_worker_devices_t *out, char *errstr, size_t n) {
+  memset(out, 0, sizeof *out);
+  bool autod = !backend || !backend[0] || strcmp(backend, "auto") == 0;
+  if (!autod && strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "LATHE_WORKER_BACKEND: want auto, cpu or cuda, got '%s'", backend);
+  char why[512] = "";
+  if (autod || strcmp(backend, "cuda") == 0) {
+    lt_err_t err = lt_cuda_devices(out->gpus, LT_WORKER_MAX_GPUS, &out->ngpus, why, sizeof why);
+    if (err || out->ngpus <= 0) {
+      out->ngpus = 0;
+      if (!autod) return lt_errf(errstr, n, LT_ERR_UNAVAILABLE, "LATHE_WORKER_BACKEND=cuda, but no GPU: %s", why);
+      lt_log_info(NULL, "worker: training on the cpu (no GPU: %s)", why);
+    }
+    if (out->ngpus > LT_WORKER_MAX_GPUS) out->ngpus = LT_WORKER_MAX_GPUS;
+  }
+  snprintf(out->backend, sizeof out->backend, "%s", out->ngpus > 0 ? "cuda" : "cpu");
+  if (out->ngpus == 0) {
+    if (*slots <= 0) *slots = 1;
+    return LT_OK;
+  }
+  if (*slots <= 0) *slots = out->ngpus;
+  if (*slots > out->ngpus)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "LATHE_WORKER_SLOTS: %d slots, but the cuda backend has one GPU a "
+                   "slot and this machine has %d", *slots, out->ngpus);
+  lt_log_info(NULL, "worker: training on %d GPU%s (%s, %.1f GiB), one a slot", out->ngpus, out->ngpus > 1 ? "s" : "",
+              out->gpus[0].name, (double)out->gpus[0].memory_bytes / (1 << 30));
+  return LT_OK;
+}
 
 lt_err_t lt_worker_assign_control(const lt_bus_conf_t *bus, lt_bus_consumer_t **out, char *errstr, size_t n) {
   lt_err_t err = lt_bus_consumer_new(bus, NULL, out, errstr, n);

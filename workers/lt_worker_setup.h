@@ -1,14 +1,30 @@
-/* lt_worker_setup: what a worker sets up once, at lt_worker_new (lt_worker.c): the confinement of
- * its executors and their directories, and its two consumers. */
+/* lt_worker_setup: what a worker sets up once, at lt_worker_new (lt_worker.c): the backend its
+ * executors train on and its slots, the confinement of its executors and their directories, and
+ * its two consumers. */
 #ifndef LT_WORKER_SETUP_H
 #define LT_WORKER_SETUP_H
 
 #include <stddef.h>
 
+#include "lt_backend_cuda.h"
 #include "lt_bus.h"
 #include "lt_confine.h"
 #include "lt_job.h"
 #include "lt_worker.h"
+
+/* What a worker's executors train on: the cpu backend, or one GPU each (slot i on GPU i). */
+#define LT_WORKER_MAX_GPUS 16
+typedef struct lt_worker_devices {
+  char backend[8];                          /* "cpu" or "cuda" */
+  int ngpus;                                /* 0 on a cpu worker */
+  lt_cuda_device_t gpus[LT_WORKER_MAX_GPUS];
+} lt_worker_devices_t;
+
+/* Chooses the backend (conf->backend: "auto" or NULL, "cpu", "cuda"; LATHE_WORKER_BACKEND) and
+ * settles *slots: auto takes the GPUs when this build and machine have any, the cpu otherwise;
+ * cuda without a GPU is refused with the runtime's reason. On cuda, *slots <= 0 becomes the GPU
+ * count, and more slots than GPUs is refused; on cpu, *slots <= 0 becomes 1. */
+lt_err_t lt_worker_devices(const char *backend, int *slots, lt_worker_devices_t *out, char *errstr, size_t n);
 
 /* What executors may do (lt_confine.h) into *confine, and the parents of the attempts'
  * directories (work_parent, mem_parent: 512 bytes each), created 0711. Fails when mem_root is not

@@ -22,6 +22,8 @@
  *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
  *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
+ *   LATHE_WORKER_BACKEND=auto|cpu|cuda               worker: what executors train on (auto: every
+ *                    GPU, one a slot, where there are GPUs; the cpu otherwise)
  *   LATHE_SESSION_IDLE_MS                            worker: a session idle this long is parked (300000)
  *   LATHE_WORKER_MEM_DIR                             worker: a tmpfs for executors' plaintext (/dev/shm)
  *   LATHE_WORKER_EXECUTOR                            worker: the executor binary (this one; tests)
@@ -559,7 +561,8 @@ static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, siz
                          .worker_id = d->instance, .models_dir = d->models,
                          .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
                          .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
-                         .slots = slots ? atoi(slots) : 1, .threads_per_executor = threads ? atoi(threads) : 1,
+                         .slots = slots ? atoi(slots) : 0, .threads_per_executor = threads ? atoi(threads) : 1,
+                         .backend = getenv("LATHE_WORKER_BACKEND"),
                          .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
                          .kill_deadline_ms = getenv("LATHE_KILL_DEADLINE_MS") ? atoi(getenv("LATHE_KILL_DEADLINE_MS")) : 0,
                          .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};

@@ -238,6 +238,29 @@ Test(api, acknowledged_submission_is_in_lathe_jobs_and_an_idempotency_key_makes_
   lt_client_resp_free(&r3);
 }
 
+/* A job's precision reaches its record, and the API shows it back. */
+Test(api, a_jobs_precision_is_recorded_and_shown_back) {
+  char ds[64], body[512];
+  upload(ca, ds, sizeof ds);
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\",\"hyperparameters\":"
+           "{\"precision\":\"bf16\"}}", ds);
+  lt_client_resp_t r = req(ca, "POST", "/v1/jobs", body);
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  const char *id = json_string_value(json_object_get(r.json, "id"));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(r.json, "spec"), "hyperparameters"), "precision")),
+                   "bf16",
+                   "%s", r.body);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"jobs", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *found = lt_test_tail_select(t, NULL, "JobSubmitted", id, 0);
+  cr_assert_eq(json_array_size(found), 1);
+  json_t *hp = json_object_get(json_object_get(json_array_get(found, 0), "r"), "hyperparameters");
+  cr_assert_str_eq(json_string_value(json_object_get(hp, "precision")), "bf16");
+  json_decref(found);
+  lt_test_tail_close(t);
+  lt_client_resp_free(&r);
+}
+
 /* ---------------------------------------------------------------- bad input */
 
 Test(api, bad_job_submissions_get_their_documented_errors_and_record_nothing) {
@@ -254,6 +277,13 @@ Test(api, bad_job_submissions_get_their_documented_errors_and_record_nothing) {
   cr_expect_eq(r.status, 400);
   cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")),
                    "hyperparameters.learning_rate", "%s", r.body);
+  lt_client_resp_free(&r);
+  snprintf(body, sizeof body, "{\"base_model\":\"m\",\"dataset_id\":\"%s\",\"hyperparameters\":{\"precision\":\"fp8\"}}",
+           ds);
+  r = req(ca, "POST", "/v1/jobs", body);
+  cr_expect_eq(r.status, 400);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(r.json, "error"), "field")),
+                   "hyperparameters.precision", "%s", r.body);
   lt_client_resp_free(&r);
   expect_error(ca, "POST", "/v1/jobs", "{\"base_model\":", 400, "invalid");
   expect_error(ca, "POST", "/v1/jobs", "[1,2]", 400, "invalid");

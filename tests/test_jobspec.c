@@ -31,7 +31,7 @@ Test(jobspec, minimal_submission_gets_the_documented_defaults) {
  * field would mean something else than an API submission without it. */
 Test(jobspec, defaults_equal_the_schema_defaults) {
   char path[1024];
-  snprintf(path, sizeof path, "%s/schemas/JobSubmitted.v1.avsc", getenv("LATHE_SOURCE_ROOT"));
+  snprintf(path, sizeof path, "%s/schemas/JobSubmitted.v3.avsc", getenv("LATHE_SOURCE_ROOT"));
   json_error_t je;
   json_t *schema = json_load_file(path, 0, &je);
   cr_assert_not_null(schema, "%s: %s", path, je.text);
@@ -39,6 +39,7 @@ Test(jobspec, defaults_equal_the_schema_defaults) {
   lt_jobspec_defaults(&s);
   json_t *spec_json = lt_jobspec_to_json(&s);
   json_t *mine = json_object_get(spec_json, "hyperparameters");
+  json_object_set_new(mine, "precision", json_string(lt_precision_name(s.hp.precision))); /* JSON leaves auto out */
   json_t *fields = json_object_get(schema, "fields"), *f, *hp = NULL;
   size_t i;
   json_array_foreach(fields, i, f) {
@@ -74,6 +75,10 @@ Test(jobspec, every_bad_field_is_named) {
        "hyperparameters.lora_rank", "whole number"},
       {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"lora_rank\":\"8\"}}",
        "hyperparameters.lora_rank", "must be a number"},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"precision\":\"fp8\"}}",
+       "hyperparameters.precision", "\"auto\", \"f32\" or \"bf16\""},
+      {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"precision\":16}}",
+       "hyperparameters.precision", "\"bf16\""},
       {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"lr\":0.1}}",
        "hyperparameters.lr", "not a known hyperparameter"},
       {"{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"target_modules\":[\"q_proj\",\"attn\"]}}",
@@ -111,6 +116,46 @@ Test(jobspec, to_json_and_back_is_the_same_spec) {
   cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
   cr_assert_eq(b.hp.target_modules, (uint32_t)(LT_MODULE_Q | LT_MODULE_V));
   cr_assert_eq(b.hp.seed, 99);
+}
+
+/* A job's precision goes from the API's JSON into its record and back; auto (the default) stays
+ * out of the JSON, so every job from before it shows and digests as it did; a record an upstream
+ * service forged with a precision that is none is refused, naming the field. */
+Test(jobspec, precision_survives_json_and_the_record_and_auto_stays_out_of_json) {
+  lt_jobspec_t a, b, c;
+  char field[96], err[256];
+  cr_assert_eq(parse("{\"base_model\":\"m\",\"dataset_id\":\"d\"}", &a, field, err), LT_OK, "%s", err);
+  cr_assert_eq(a.hp.precision, LT_PRECISION_AUTO);
+  json_t *j = lt_jobspec_to_json(&a);
+  cr_assert_null(json_object_get(json_object_get(j, "hyperparameters"), "precision"));
+  json_decref(j);
+  cr_assert_eq(parse("{\"base_model\":\"m\",\"dataset_id\":\"d\",\"hyperparameters\":{\"precision\":\"bf16\"}}", &a,
+                     field, err), LT_OK, "%s", err);
+  cr_assert_eq(a.hp.precision, LT_PRECISION_BF16);
+  j = lt_jobspec_to_json(&a);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "hyperparameters"), "precision")), "bf16");
+  cr_assert_eq(lt_jobspec_from_json(j, &b, field, sizeof field, err, sizeof err), LT_OK, "%s", err);
+  json_decref(j);
+  cr_assert_eq(memcmp(&a, &b, sizeof a), 0);
+  lt_avro_registry_t *reg;
+  lt_avro_record_t *rec;
+  cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
+  const char *types[] = {"JobSubmitted", "JobDispatched"};
+  for (int t = 0; t < 2; t++) {
+    cr_assert_eq(lt_avro_record_new(reg, types[t], &rec, err, sizeof err), LT_OK, "%s", err);
+    for (lt_precision_t p = LT_PRECISION_AUTO; p <= LT_PRECISION_BF16; p++) {
+      a.hp.precision = p;
+      cr_assert_eq(lt_jobspec_to_record(&a, rec, err, sizeof err), LT_OK, "%s", err);
+      cr_assert_eq(lt_jobspec_from_record(rec, &c, err, sizeof err), LT_OK, "%s", err);
+      cr_assert_eq(c.hp.precision, p, "%s: %s came back as %s", types[t], lt_precision_name(p),
+                   lt_precision_name(c.hp.precision));
+    }
+    cr_assert_eq(lt_avro_set_string(rec, "hyperparameters.precision", "fp8"), LT_OK);
+    cr_assert_eq(lt_jobspec_from_record(rec, &c, err, sizeof err), LT_ERR_INVALID, "%s", types[t]);
+    cr_assert(strstr(err, "hyperparameters.precision") && strstr(err, "fp8"), "%s", err);
+    lt_avro_record_destroy(rec);
+  }
+  lt_avro_registry_destroy(reg);
 }
 
 Test(jobspec, suffix_and_metadata_survive_json_and_the_record) {

@@ -222,16 +222,20 @@ Test(train, evaluation_does_not_depend_on_how_examples_are_batched, .init = make
 /* --precision: "bf16" trains with the base weights' products on AMX (skipped, saying so, on a
  * chip without it), the same base scores within bf16 rounding, and another config digest (the
  * numbers came from another computation); anything but f32 or bf16 is refused by name. */
-static lt_err_t run_on(const char *name, const char *backend, const char *precision, lt_train_eval_t *ev,
-                       lt_train_result_t *res) {
+/* A short run on backend; precision as lathe train --precision gives it, hp_precision as a job's
+ * hyperparameters do (NULL: neither said). */
+static lt_err_t run_on(const char *name, const char *backend, const char *precision, const char *hp_precision,
+                       lt_train_eval_t *ev, lt_train_result_t *res) {
   char work[256];
   snprintf(work, sizeof work, "%s/%s", root, name);
   mkdir(work, 0700);
   size_t len;
-  char *data = dataset(&len);
+  char *data = dataset(&len), hp[300];
+  snprintf(hp, sizeof hp, "{\"max_steps\": 2, \"batch_size\": 4, \"lora_rank\": 4, \"seed\": 3, \"max_seq_len\": 64, "
+           "\"validation_fraction\": 0.2%s%s%s}", hp_precision ? ", \"precision\": \"" : "",
+           hp_precision ? hp_precision : "", hp_precision ? "\"" : "");
   lt_train_conf_t tc = {.model_dir = model, .base_model_name = "tiny", .train = data, .train_len = len,
-                        .hp = job_hparams("{\"max_steps\": 2, \"batch_size\": 4, \"lora_rank\": 4, \"seed\": 3, "
-                                          "\"max_seq_len\": 64, \"validation_fraction\": 0.2}"),
+                        .hp = job_hparams(hp),
                         .threads = 1, .work_dir = work, .gen_max_tokens = 8, .precision = precision,
                         .backend = backend};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
@@ -245,16 +249,26 @@ Test(train, precision_bf16_runs_on_amx_and_a_bad_precision_is_refused, .init = m
      .timeout = 120) {
   lt_train_eval_t ef, eb;
   lt_train_result_t rf, rb;
-  cr_assert_eq(run_on("p-f16", NULL, "f16", &ef, &rf), LT_ERR_INVALID);
+  cr_assert_eq(run_on("p-f16", NULL, "f16", NULL, &ef, &rf), LT_ERR_INVALID);
   cr_assert(strstr(err, "precision") && strstr(err, "\"f16\""), "%s", err);
-  cr_assert_eq(run_on("p-f32", NULL, NULL, &ef, &rf), LT_OK, "%s", err);
-  lt_err_t e = run_on("p-bf16", NULL, "bf16", &eb, &rb);
+  cr_assert_eq(run_on("p-f32", NULL, NULL, NULL, &ef, &rf), LT_OK, "%s", err);
+  lt_err_t e = run_on("p-bf16", NULL, "bf16", NULL, &eb, &rb);
   if (e == LT_ERR_UNSUPPORTED) cr_skip_test("skipped: no AMX here (%s)", err);
   cr_assert_eq(e, LT_OK, "%s", err);
   cr_assert(strcmp(rf.config_digest, rb.config_digest) != 0, "bf16 and f32 runs share a config digest");
   cr_assert(eb.base_val_loss != ef.base_val_loss, "bf16 gave the f32 base loss exactly: no product ran in bf16");
   cr_assert_lt(fabs(eb.base_val_loss - ef.base_val_loss), 1e-2 * ef.base_val_loss, "base loss %.7g f32, %.7g bf16",
                ef.base_val_loss, eb.base_val_loss);
+  /* The job's own hyperparameter picks the same: its digest records what ran, not how it was asked. */
+  lt_train_eval_t eh, e3;
+  lt_train_result_t rh, r3;
+  cr_assert_eq(run_on("p-hp-bf16", NULL, NULL, "bf16", &eh, &rh), LT_OK, "%s", err);
+  cr_assert_str_eq(rh.config_digest, rb.config_digest);
+  cr_assert(eh.base_val_loss == eb.base_val_loss, "hp bf16 %.9g, --precision bf16 %.9g", eh.base_val_loss,
+            eb.base_val_loss);
+  cr_assert_eq(run_on("p-hp-f32", NULL, NULL, "f32", &e3, &r3), LT_OK, "%s", err);
+  cr_assert_str_eq(r3.config_digest, rf.config_digest, "an explicit f32 digests as auto on the cpu");
+  cr_assert(e3.base_val_loss == ef.base_val_loss);
 }
 
 /* What a cuda worker's executor asks for: the cuda backend in bf16. Without a GPU (this project's
@@ -264,18 +278,18 @@ Test(train, the_cuda_backend_trains_where_a_gpu_is_and_is_refused_with_a_reason_
      .init = make_model, .fini = remove_all, .timeout = 300) {
   lt_train_eval_t ef, eg;
   lt_train_result_t rf, rg;
-  cr_assert_eq(run_on("b-tpu", "tpu", NULL, &ef, &rf), LT_ERR_INVALID);
+  cr_assert_eq(run_on("b-tpu", "tpu", NULL, NULL, &ef, &rf), LT_ERR_INVALID);
   cr_assert(strstr(err, "backend") && strstr(err, "\"tpu\""), "%s", err);
   char why[512] = "";
   int gpus = 0;
   if (lt_cuda_device_count(&gpus, why, sizeof why)) gpus = 0;
-  lt_err_t e = run_on("b-cuda", "cuda", "bf16", &eg, &rg);
+  lt_err_t e = run_on("b-cuda", "cuda", NULL, NULL, &eg, &rg);
   if (gpus == 0) {
     cr_assert_eq(e, LT_ERR_UNAVAILABLE, "no GPU here (%s), yet: %s", why, err);
     return;
   }
   cr_assert_eq(e, LT_OK, "%s", err);
-  cr_assert_eq(run_on("b-cpu", NULL, NULL, &ef, &rf), LT_OK, "%s", err);
+  cr_assert_eq(run_on("b-cpu", NULL, NULL, NULL, &ef, &rf), LT_OK, "%s", err);
   cr_assert_lt(fabs(eg.base_val_loss - ef.base_val_loss), 1e-2 * ef.base_val_loss, "base loss %.7g cpu, %.7g cuda",
                ef.base_val_loss, eg.base_val_loss);
 }

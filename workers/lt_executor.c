@@ -369,9 +369,7 @@ static lt_err_t train_and_report(exec_t *x, char *errstr, size_t n) {
                         .train = x->train ? x->train : "",
                         .train_len = x->train_len, .valid = x->valid, .valid_len = x->valid_len, .hp = a->spec.hp,
                         .threads = a->threads, .work_dir = a->work_dir, .backend = a->backend,
-                        .device = a->device,
-                        /* on a GPU the base weights' products run on tensor cores (bf16, f32 sums) */
-                        .precision = a->backend && strcmp(a->backend, "cuda") == 0 ? "bf16" : NULL,
+                        .device = a->device, /* the precision is the job's (hp.precision) */
                         .resume_state = x->resume_path[0] ? x->resume_path : NULL};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%s", x->train_sha);
   lt_train_hooks_t hooks = {.ctx = x, .should_stop = should_stop, .on_step = on_step, .on_eval = on_eval,

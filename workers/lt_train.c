@@ -398,7 +398,13 @@ static double lr_at(const lt_hparams_t *hp, int64_t step, int64_t total) {
 }
 
 /* Whether the run asks for the base weights in bf16 (lt_train_conf_t.precision). */
-static bool bf16_base(const lt_train_conf_t *c) { return c->precision && strcmp(c->precision, "bf16") == 0; }
+/* The base weights' products in bf16: as conf.precision says when set (lathe train --precision),
+ * else as the job's hyperparameter does, auto meaning bf16 on a GPU only. */
+static bool bf16_base(const lt_train_conf_t *c) {
+  if (c->precision) return strcmp(c->precision, "bf16") == 0;
+  return c->hp.precision == LT_PRECISION_BF16 ||
+         (c->hp.precision == LT_PRECISION_AUTO && c->backend && strcmp(c->backend, "cuda") == 0);
+}
 
 /* The config digest: SHA-256 of the canonical JSON of what determines the result. */
 static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
@@ -407,6 +413,7 @@ static json_t *config_json(const lt_train_conf_t *c, int gen_max) {
   snprintf(spec.base_model, sizeof spec.base_model, "%s", c->base_model_name ? c->base_model_name : "base");
   snprintf(spec.dataset_id, sizeof spec.dataset_id, "dataset");
   spec.hp = c->hp;
+  spec.hp.precision = LT_PRECISION_AUTO; /* what ran, not what was asked, goes in: "precision" below */
   json_t *full = lt_jobspec_to_json(&spec);
   json_t *hp = json_incref(json_object_get(full, "hyperparameters"));
   json_decref(full);

@@ -101,9 +101,9 @@ typedef struct lt_train_conf {
   int threads;                  /* cpu backend threads (0: 1) */
   const char *backend;          /* "cpu" (default) or "cuda" */
   int device;                   /* cuda: the GPU (0 ..) */
-  /* "f32" (default) or "bf16": the frozen base weights' products in bf16, f32 accumulation: on
-   * AMX tiles (cpu backend; LT_ERR_UNSUPPORTED on a chip without AMX) or tensor cores (cuda). In
-   * the config digest. */
+  /* "f32" or "bf16": the frozen base weights' products in bf16, f32 accumulation: on AMX tiles
+   * (cpu backend; LT_ERR_UNSUPPORTED on a chip without AMX) or tensor cores (cuda). NULL: as
+   * hp.precision says (auto: bf16 on cuda, f32 on the cpu). What ran is in the config digest. */
   const char *precision;
   const char *work_dir;         /* private directory for checkpoint files (must exist, 0700) */
   const char *resume_state;     /* state.bin of the checkpoint to resume from, or NULL */

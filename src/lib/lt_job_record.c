@@ -250,6 +250,9 @@ lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char 
   if (sched && lt_lr_schedule_parse(sched, &spec->hp.lr_schedule))
     return lt_errf(errstr, n, LT_ERR_INVALID,
                    "hyperparameters.lr_schedule: \"%s\" is not cosine, linear or constant", sched);
+  const char *prec = opt_str(rec, "hyperparameters.precision"); /* v3 */
+  if (prec && lt_precision_parse(prec, &spec->hp.precision))
+    return lt_errf(errstr, n, LT_ERR_INVALID, "hyperparameters.precision: \"%.40s\" is not auto, f32 or bf16", prec);
   size_t count = 0;
   if (lt_avro_array_size(rec, "hyperparameters.target_modules", &count) == LT_OK) {
     uint32_t bits = 0;
@@ -318,6 +321,7 @@ lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, c
                                 : lt_avro_set_double(rec, path, *(const double *)p));
   }
   TRY(lt_avro_set_string(rec, "hyperparameters.lr_schedule", lt_lr_schedule_name(spec->hp.lr_schedule)));
+  TRY(lt_avro_set_string(rec, "hyperparameters.precision", lt_precision_name(spec->hp.precision)));
   TRY(lt_avro_array_clear(rec, "hyperparameters.target_modules"));
   for (uint32_t b = 1; b <= LT_MODULE_DOWN; b <<= 1)
     if (spec->hp.target_modules & b) TRY(lt_avro_array_append_string(rec, "hyperparameters.target_modules", lt_target_name(b)));

@@ -66,6 +66,19 @@ const char *lt_lr_schedule_name(lt_lr_schedule_t s) {
   return (unsigned)s < 3 ? schedule_names[s] : "?";
 }
 
+static const char *const precision_names[] = {"auto", "f32", "bf16"};
+
+const char *lt_precision_name(lt_precision_t p) { return (unsigned)p < 3 ? precision_names[p] : "?"; }
+
+lt_err_t lt_precision_parse(const char *name, lt_precision_t *out) {
+  for (int i = 0; i < 3; i++)
+    if (strcmp(name, precision_names[i]) == 0) {
+      *out = (lt_precision_t)i;
+      return LT_OK;
+    }
+  return LT_ERR_INVALID;
+}
+
 lt_err_t lt_lr_schedule_parse(const char *name, lt_lr_schedule_t *out) {
   for (int i = 0; i < 3; i++)
     if (strcmp(name, schedule_names[i]) == 0) {
@@ -197,6 +210,8 @@ lt_err_t lt_jobspec_validate(const lt_jobspec_t *s, char *field, size_t fs, char
     return bad(field, fs, "mode", errstr, n, "%s", "must be managed or interactive");
   if ((unsigned)s->hp.lr_schedule > LT_LR_CONSTANT)
     return bad(field, fs, "hyperparameters.lr_schedule", errstr, n, "%s", "must be cosine, linear or constant");
+  if ((unsigned)s->hp.precision > LT_PRECISION_BF16)
+    return bad(field, fs, "hyperparameters.precision", errstr, n, "%s", "must be auto, f32 or bf16");
   if (s->hp.target_modules == 0 || (s->hp.target_modules & ~(uint32_t)LT_MODULE_ALL))
     return bad(field, fs, "hyperparameters.target_modules", errstr, n, "%s",
                "must name at least one of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
@@ -299,6 +314,9 @@ static lt_err_t read_hparams(const json_t *hp, lt_jobspec_t *s, char *field, siz
     if (strcmp(key, "lr_schedule") == 0) {
       if (!json_is_string(v) || lt_lr_schedule_parse(json_string_value(v), &s->hp.lr_schedule))
         return bad(field, fs, path, errstr, n, "%s", "must be \"cosine\", \"linear\" or \"constant\"");
+    } else if (strcmp(key, "precision") == 0) {
+      if (!json_is_string(v) || lt_precision_parse(json_string_value(v), &s->hp.precision))
+        return bad(field, fs, path, errstr, n, "%s", "must be \"auto\", \"f32\" or \"bf16\"");
     } else if (strcmp(key, "target_modules") == 0) {
       if (!json_is_array(v) || json_array_size(v) == 0)
         return bad(field, fs, path, errstr, n, "%s", "must be a non-empty array of module names");
@@ -372,6 +390,8 @@ json_t *lt_jobspec_to_json(const lt_jobspec_t *s) {
   for (int i = 0; i < 7; i++)
     if (s->hp.target_modules & (1u << i)) json_array_append_new(mods, json_string(target_names[i]));
   json_object_set_new(hp, "target_modules", mods);
+  if (s->hp.precision != LT_PRECISION_AUTO) /* absent: auto, and the JSON of every job before it */
+    json_object_set_new(hp, "precision", json_string(lt_precision_name(s->hp.precision)));
   json_t *o = json_object();
   json_object_set_new(o, "base_model", json_string(s->base_model));
   json_object_set_new(o, "dataset_id", json_string(s->dataset_id));

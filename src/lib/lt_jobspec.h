@@ -32,6 +32,9 @@ enum {
 };
 
 typedef enum lt_lr_schedule { LT_LR_COSINE = 0, LT_LR_LINEAR, LT_LR_CONSTANT } lt_lr_schedule_t;
+/* What the frozen base weights' products read: auto (f32 on a cpu worker, bf16 on a GPU), f32, or
+ * bf16 operands with f32 sums (AMX tiles on a cpu, tensor cores on a GPU; lt_train.h). */
+typedef enum lt_precision { LT_PRECISION_AUTO = 0, LT_PRECISION_F32, LT_PRECISION_BF16 } lt_precision_t;
 typedef enum lt_job_mode { LT_MODE_MANAGED = 0, LT_MODE_INTERACTIVE } lt_job_mode_t;
 
 typedef struct lt_hparams {
@@ -53,6 +56,7 @@ typedef struct lt_hparams {
   int32_t checkpoint_interval_s;
   double validation_fraction;
   int64_t seed;
+  lt_precision_t precision; /* JobSubmitted v3; shown in JSON only when not auto */
 } lt_hparams_t;
 
 #define LT_JOBSPEC_META_MAX 16       /* metadata pairs (OpenAI's limit) */
@@ -110,5 +114,7 @@ const char *lt_target_name(uint32_t bit);
 uint32_t lt_target_parse(const char *name);
 const char *lt_lr_schedule_name(lt_lr_schedule_t s);
 lt_err_t lt_lr_schedule_parse(const char *name, lt_lr_schedule_t *out);
+const char *lt_precision_name(lt_precision_t p);
+lt_err_t lt_precision_parse(const char *name, lt_precision_t *out);
 
 #endif

@@ -481,6 +481,28 @@ static int lt_gt_misc(lt_backend_t *be, int bf16, char *msg, size_t n) {
   return ok;
 }
 
+/* What a worker's heartbeat reports of each GPU (lt_cuda_devices): every device, named, with its
+ * memory and a compute capability the kernels build for. */
+static int lt_gt_devices(lt_backend_t *be, int bf16, char *msg, size_t n) {
+  (void)be, (void)bf16;
+  lt_cuda_device_t d[16];
+  int count = 0, total = 0;
+  if (lt_cuda_devices(d, 16, &count, msg, n) || lt_cuda_device_count(&total, msg, n)) return 0;
+  if (count < 1 || count != total) {
+    snprintf(msg, n, "listed %d GPUs, the runtime counts %d", count, total);
+    return 0;
+  }
+  for (int i = 0; i < count && i < 16; i++)
+    if (d[i].index != i || !d[i].name[0] || d[i].memory_bytes < ((uint64_t)1 << 30) || d[i].cc_major < 7) {
+      snprintf(msg, n, "GPU %d: index %d, '%s', %llu bytes, cc %d.%d", i, d[i].index, d[i].name,
+               (unsigned long long)d[i].memory_bytes, d[i].cc_major, d[i].cc_minor);
+      return 0;
+    }
+  fprintf(stderr, "GPU 0: %s, %.1f GiB, cc %d.%d (%d listed)\n", d[0].name, (double)d[0].memory_bytes / (1 << 30),
+          d[0].cc_major, d[0].cc_minor, count);
+  return 1;
+}
+
 const lt_gpu_case_t lt_gpu_cases[] = {
     {"matmul_f32", 0, lt_gt_matmul},
     {"matmul_bf16", 1, lt_gt_matmul},
@@ -494,6 +516,7 @@ const lt_gpu_case_t lt_gpu_cases[] = {
     {"cross_entropy", 0, lt_gt_xent},
     {"adamw", 0, lt_gt_adamw},
     {"misc_sumsq_embed_bias_dropout_scrub", 0, lt_gt_misc},
+    {"devices_as_a_heartbeat_reports_them", 0, lt_gt_devices},
     {NULL, 0, NULL},
 };
 

@@ -7,7 +7,8 @@
  * spin its own next to ours) keeps two pools from fighting over the cores.
  *
  * Loops are written plainly for gcc to vectorise (this file is built with -O3 and portable
- * flags); exp() uses a branch-free polynomial (lt_fexp) so those loops vectorise too. */
+ * flags); exp() uses a branch-free polynomial (lt_fexp). SwiGLU and the cross-entropy's rows
+ * are lt_cpu_ew's, cloned per instruction set. */
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
@@ -22,6 +23,7 @@
 #include "lt_cpu_amx.h"
 #include "lt_cpu_attn.h"
 #include "lt_cpu_dot.h"
+#include "lt_cpu_ew.h"
 #include "lt_cpu_fexp.h"
 #include "lt_safetensors.h" /* lt_st_f32_to_bf16: the bf16 copies of mapped weights */
 
@@ -999,9 +1001,7 @@ static void cpu_attn_paged(lt_backend_t *be, float *out, const float *q, const f
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
 
 static void swiglu_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
-  const float *g = e->a, *u = e->b;
-  float *h = e->x;
-  for (size_t i = lo; i < hi; i++) h[i] = g[i] / (1.0f + lt_fexp(-g[i])) * u[i];
+  lt_cpu_swiglu_fwd(e->x + lo, e->a + lo, e->b + lo, hi - lo);
 }
 static void cpu_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const float *u,
                            size_t n) {
@@ -1010,14 +1010,7 @@ static void cpu_swiglu_fwd(lt_backend_t *be, float *h, const float *g, const flo
 }
 
 static void swiglu_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
-  const float *dh = e->a, *g = e->b, *u = e->c;
-  float *dg = e->x, *du = e->y;
-  for (size_t i = lo; i < hi; i++) {
-    float sg = 1.0f / (1.0f + lt_fexp(-g[i]));
-    float silu = g[i] * sg;
-    du[i] = dh[i] * silu;
-    dg[i] = dh[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-  }
+  lt_cpu_swiglu_bwd(e->x + lo, e->y + lo, e->a + lo, e->b + lo, e->c + lo, hi - lo);
 }
 static void cpu_swiglu_bwd(lt_backend_t *be, float *dg, float *du, const float *dh,
                            const float *g, const float *u, size_t n) {
@@ -1031,11 +1024,7 @@ static void ce_fwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
   int V = e->cols;
   for (size_t r = lo; r < hi; r++) {
     const float *l = e->a + r * V;
-    float mx = -INFINITY;
-    for (int j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
-    float sum = 0;
-    for (int j = 0; j < V; j++) sum += lt_fexp(l[j] - mx);
-    float lse = mx + logf(sum);
+    float lse = lt_cpu_ce_lse(l, V);
     e->y[r] = lse;
     e->x[r] = l[e->ia[r]] - lse;
   }
@@ -1055,7 +1044,7 @@ static void ce_bwd_task(const ew_t *e, size_t lo, size_t hi, int tid) {
       memset(l, 0, (size_t)V * sizeof(float));
       continue;
     }
-    for (int j = 0; j < V; j++) l[j] = -c * lt_fexp(l[j] - lse);
+    lt_cpu_ce_grad(l, V, lse, c);
     l[e->ia[r]] += c;
   }
 }

@@ -27,12 +27,12 @@
 #include <string.h>
 
 #include "lt_cpu_fexp.h"
+#include "lt_cpu_vec.h"
 
 size_t lt_cpu_attn_scratch(int tile, int hd, int g, int T) {
   return (size_t)g * (2 * (size_t)tile * tile + 3 * (size_t)tile * hd + 3 * (size_t)tile) + 2 * (size_t)hd * T;
 }
 
-#define AI static inline __attribute__((always_inline))
 
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline int imax(int a, int b) { return a > b ? a : b; }
@@ -75,65 +75,26 @@ void lt_cpu_attn_split(int T, int tile, const int32_t *ps, int parts, int *bound
 
 /* Row i of a tile of scores starting at key k0 (nk keys) for query row t: the columns of its
  * window, [*lo, *hi) (empty when the window misses the tile). */
-AI void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
+LT_AI void window(const int32_t *ps, int t, int k0, int nk, int *lo, int *hi) {
   *lo = imin(imax(k0, t - ps[t]) - k0, nk);
   *hi = imax(imin(k0 + nk, t + 1) - k0, *lo);
 }
 
-/* Reductions over a row in 16 lanes (lane u takes j = u, u + 16, ...), folded pairwise: a
- * fixed order that every instruction set below vectorises alike, so every clone gives the
- * same bits. */
-#define LANES 16
-AI float row_max(const float *x, int n, float init) {
-  float a[LANES];
-  for (int u = 0; u < LANES; u++) a[u] = init;
-  int j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int u = 0; u < LANES; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
-  for (int u = 0; j + u < n; u++) a[u] = x[j + u] > a[u] ? x[j + u] : a[u];
-  for (int w = LANES / 2; w; w /= 2)
-    for (int u = 0; u < w; u++) a[u] = a[u + w] > a[u] ? a[u + w] : a[u];
-  return a[0];
-}
-AI float row_sum(const float *x, int n) {
-  float a[LANES] = {0};
-  int j = 0;
-  for (; j + LANES <= n; j += LANES)
-    for (int u = 0; u < LANES; u++) a[u] += x[j + u];
-  for (int u = 0; j + u < n; u++) a[u] += x[j + u];
-  for (int w = LANES / 2; w; w /= 2)
-    for (int u = 0; u < w; u++) a[u] += a[u + w];
-  return a[0];
-}
 /* x[j] = exp((x[j] - sub) * scale) * mul, elementwise. The scores stay unscaled until here,
  * as in the full-square kernels: s - max is then (nearly) exact and only the difference is
  * rounded by the scale, where scaling each score first would add an ulp of |s| to every
  * exponent. */
-AI void row_exp(float *x, int n, float sub, float scale, float mul) {
+LT_AI void row_exp(float *x, int n, float sub, float scale, float mul) {
   for (int j = 0; j < n; j++) x[j] = lt_fexp((x[j] - sub) * scale) * mul;
 }
 
 /* The elementwise work on tiles, built for AVX-512, AVX2 and the baseline and picked at each
- * call (ISA_DISPATCH): wider registers only (no FMA: -ffp-contract=off), elementwise operations and the
- * 16-lane reductions above, so the same bits on every machine. */
-/* NAME(PARAMS) calls NAME_of built for AVX-512, AVX2 or the baseline, by the chip: picked at
- * the call, not by target_clones, whose ifunc resolver runs during relocation, before a
- * sanitizer's runtime is up (ThreadSanitizer builds crashed there). */
-#define ISA_DISPATCH(name, params, args)                                                       \
-  __attribute__((target("avx512f"))) static void name##_avx512 params { name##_of args; }     \
-  __attribute__((target("avx2"))) static void name##_avx2 params { name##_of args; }          \
-  static void name##_base params { name##_of args; }                                          \
-  static void name params {                                                                   \
-    if (__builtin_cpu_supports("avx512f")) name##_avx512 args;                                \
-    else if (__builtin_cpu_supports("avx2")) name##_avx2 args;                                \
-    else name##_base args;                                                                    \
-  }
-
+ * call (LT_ISA_DISPATCH, lt_cpu_vec.h). */
 /* Forward: the unscaled scores S (nq x nk, row stride tile) of query rows q0.. against keys
  * k0.. become exp((s - m_new) * scale) inside each row's window and 0 outside; m (running max
  * of s) and l (running sum) are updated, and corr[i] is what row i's output so far must be
  * multiplied by. */
-AI void fwd_tile_of(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
+LT_AI void fwd_tile_of(float *S, int tile, int nq, int nk, const int32_t *ps, int q0,
                             int k0, float scale, float *m, float *l, float *corr) {
   for (int i = 0; i < nq; i++) {
     float *row = S + (size_t)i * tile;
@@ -143,9 +104,9 @@ AI void fwd_tile_of(float *S, int tile, int nq, int nk, const int32_t *ps, int q
     for (int j = hi; j < nk; j++) row[j] = 0.0f;
     corr[i] = 1.0f;
     if (lo == hi) continue;
-    float mx = row_max(row + lo, hi - lo, m[i]);
+    float mx = lt_vec_max(row + lo, hi - lo, m[i]);
     row_exp(row + lo, hi - lo, mx, scale, 1.0f);
-    float sum = row_sum(row + lo, hi - lo);
+    float sum = lt_vec_sum(row + lo, hi - lo);
     if (mx != m[i] && m[i] != -INFINITY) {
       corr[i] = lt_fexp((m[i] - mx) * scale);
       l[i] *= corr[i];
@@ -154,23 +115,23 @@ AI void fwd_tile_of(float *S, int tile, int nq, int nk, const int32_t *ps, int q
     l[i] += sum;
   }
 }
-ISA_DISPATCH(fwd_tile, (float *S, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, float *m, float *l, float *corr),
+LT_ISA_DISPATCH(fwd_tile, (float *S, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, float *m, float *l, float *corr),
              (S, tile, nq, nk, ps, q0, k0, scale, m, l, corr))
 
 /* rows of out *= f[i] */
-AI void scale_rows_of(float *O, int ld, int nq, int hd, const float *f) {
+LT_AI void scale_rows_of(float *O, int ld, int nq, int hd, const float *f) {
   for (int i = 0; i < nq; i++) {
     if (f[i] == 1.0f) continue;
     float *o = O + (size_t)i * ld;
     for (int c = 0; c < hd; c++) o[c] *= f[i];
   }
 }
-ISA_DISPATCH(scale_rows, (float *O, int ld, int nq, int hd, const float *f),
+LT_ISA_DISPATCH(scale_rows, (float *O, int ld, int nq, int hd, const float *f),
              (O, ld, nq, hd, f))
 
 /* Backward: the scores (as fwd_tile's) become P = exp((s - m) * scale) / l, 0 outside the
  * windows. */
-AI void bwd_p_tile_of(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
+LT_AI void bwd_p_tile_of(float *P, int tile, int nq, int nk, const int32_t *ps, int q0,
                               int k0, float scale, const float *st) {
   for (int i = 0; i < nq; i++) {
     float *row = P + (size_t)i * tile;
@@ -181,11 +142,11 @@ AI void bwd_p_tile_of(float *P, int tile, int nq, int nk, const int32_t *ps, int
     for (int j = hi; j < nk; j++) row[j] = 0.0f;
   }
 }
-ISA_DISPATCH(bwd_p_tile, (float *P, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, const float *st),
+LT_ISA_DISPATCH(bwd_p_tile, (float *P, int tile, int nq, int nk, const int32_t *ps, int q0, int k0, float scale, const float *st),
              (P, tile, nq, nk, ps, q0, k0, scale, st))
 
 /* dP <- P * (dP - D) */
-AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
+LT_AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
                                const float *D) {
   for (int i = 0; i < nq; i++) {
     const float *pr = P + (size_t)i * tile;
@@ -193,7 +154,7 @@ AI void bwd_ds_tile_of(float *dP, const float *P, int tile, int nq, int nk,
     for (int j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - di);
   }
 }
-ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
+LT_ISA_DISPATCH(bwd_ds_tile, (float *dP, const float *P, int tile, int nq, int nk, const float *D),
              (dP, P, tile, nq, nk, D))
 
 /* ---- the tile products --------------------------------------------------------------------
@@ -249,7 +210,7 @@ __attribute__((target("avx512f"))) static void mm64_avx512(int M, int K, float a
 }
 
 /* Whether the products of this call take the kernel above: hd 64 on a chip with AVX-512 (asked
- * at each call, as ISA_DISPATCH does: no cached flag for the pool's threads to race on). */
+ * at each call, as LT_ISA_DISPATCH does: no cached flag for the pool's threads to race on). */
 static bool mm64_ok(int hd) { return hd == 64 && __builtin_cpu_supports("avx512f"); }
 
 /* C = alpha * op(A) B (+ C when acc): op(A) is A (M x K, lda) or, with ta, A^T (A: K x M). N

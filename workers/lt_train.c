@@ -397,7 +397,6 @@ static double lr_at(const lt_hparams_t *hp, int64_t step, int64_t total) {
   }
 }
 
-/* Whether the run asks for the base weights in bf16 (lt_train_conf_t.precision). */
 /* The base weights' products in bf16: as conf.precision says when set (lathe train --precision),
  * else as the job's hyperparameter does, auto meaning bf16 on a GPU only. */
 static bool bf16_base(const lt_train_conf_t *c) {

@@ -503,6 +503,24 @@ static int lt_gt_devices(lt_backend_t *be, int bf16, char *msg, size_t n) {
   return 1;
 }
 
+/* The NCCL communicator a data-parallel gang would average its gradients over, on one rank (a
+ * machine with one GPU cannot hold two: NCCL refuses two ranks on one device): the id, the
+ * join, the mean of one rank is the buffer itself, bit for bit. */
+static int lt_gt_nccl(lt_backend_t *be, int bf16, char *msg, size_t n) {
+  (void)bf16;
+  uint8_t id[LT_CUDA_COMM_ID_BYTES];
+  lt_cuda_comm_t *comm = NULL;
+  if (lt_cuda_comm_id(id, msg, n) || lt_cuda_comm_new(be, id, 1, 0, &comm, msg, n)) return 0;
+  size_t N = 4099;
+  float *x = lt_gt_randv(N, 1), *d = lt_gt_up(be, x, N * 4);
+  int ok = lt_cuda_comm_allreduce_mean(comm, d, N, msg, n) == LT_OK;
+  float *g = lt_gt_down(be, d, N);
+  ok = ok && lt_gt_close("allreduce_mean over one rank", g, x, N, 0.0f, 0.0f, msg, n);
+  lt_cuda_comm_destroy(comm);
+  free(x), free(g);
+  return ok;
+}
+
 const lt_gpu_case_t lt_gpu_cases[] = {
     {"matmul_f32", 0, lt_gt_matmul},
     {"matmul_bf16", 1, lt_gt_matmul},
@@ -517,6 +535,7 @@ const lt_gpu_case_t lt_gpu_cases[] = {
     {"adamw", 0, lt_gt_adamw},
     {"misc_sumsq_embed_bias_dropout_scrub", 0, lt_gt_misc},
     {"devices_as_a_heartbeat_reports_them", 0, lt_gt_devices},
+    {"nccl_one_rank_allreduce", 0, lt_gt_nccl},
     {NULL, 0, NULL},
 };
 

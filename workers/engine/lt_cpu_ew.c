@@ -35,9 +35,7 @@ LT_AI void sum_exp_of(const float *l, int V, float mx, float *out) {
   for (; j + LT_VEC_LANES <= V; j += LT_VEC_LANES)
     for (int u = 0; u < LT_VEC_LANES; u++) a[u] += lt_fexp(l[j + u] - mx);
   for (int u = 0; j + u < V; u++) a[u] += lt_fexp(l[j + u] - mx);
-  for (int w = LT_VEC_LANES / 2; w; w /= 2)
-    for (int u = 0; u < w; u++) a[u] += a[u + w];
-  *out = a[0];
+  *out = lt_vec_fold_sum(a);
 }
 LT_ISA_DISPATCH(sum_exp, (const float *l, int V, float mx, float *out), (l, V, mx, out))
 LT_AI void row_max_of(const float *l, int V, float *out) { *out = lt_vec_max(l, V, -INFINITY); }

@@ -35,15 +35,19 @@ LT_AI float lt_vec_max(const float *x, int n, float init) {
     for (int u = 0; u < w; u++) a[u] = a[u + w] > a[u] ? a[u + w] : a[u];
   return a[0];
 }
+/* The lanes' partial sums folded pairwise (lane u + w onto lane u, w = 8, 4, 2, 1). */
+LT_AI float lt_vec_fold_sum(float a[LT_VEC_LANES]) {
+  for (int w = LT_VEC_LANES / 2; w; w /= 2)
+    for (int u = 0; u < w; u++) a[u] += a[u + w];
+  return a[0];
+}
 LT_AI float lt_vec_sum(const float *x, int n) {
   float a[LT_VEC_LANES] = {0};
   int j = 0;
   for (; j + LT_VEC_LANES <= n; j += LT_VEC_LANES)
     for (int u = 0; u < LT_VEC_LANES; u++) a[u] += x[j + u];
   for (int u = 0; j + u < n; u++) a[u] += x[j + u];
-  for (int w = LT_VEC_LANES / 2; w; w /= 2)
-    for (int u = 0; u < w; u++) a[u] += a[u + w];
-  return a[0];
+  return lt_vec_fold_sum(a);
 }
 
 #endif

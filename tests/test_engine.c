@@ -810,6 +810,39 @@ Test(engine, amx_products_of_mapped_weights_are_bf16_close_and_row_invariant) {
   lt_backend_destroy(ref1);
 }
 
+/* grad_f32 (the engine marks the LM head): a marked weight's A W^T still runs in bf16, its
+ * A W (the input gradient) is the f32 product, bit for bit; a weight not marked keeps both on
+ * the tiles. */
+Test(engine, amx_grad_f32_keeps_only_the_input_gradient_in_f32) {
+  lt_backend_t *a = amx_backend(2), *ref = NULL;
+  OK(lt_backend_cpu_new(2, &ref, errbuf, sizeof errbuf));
+  enum { M = 33, N = 40, K = 72 };
+  static float A[M * K], W[N * K], V[N * K], C[M * N], R[M * N];
+  unsigned rs = 19;
+  fill_uniform(A, M * K, &rs);
+  fill_uniform(W, N * K, &rs);
+  memcpy(V, W, sizeof W);
+  a->map_const(a, W, N * K);
+  a->map_const(a, V, N * K);
+  cr_assert(a->grad_f32, "the cpu backend has no grad_f32");
+  a->grad_f32(a, W);
+  for (int tb = 1; tb >= 0; tb--) {
+    int ldb = tb ? K : N;
+    for (int marked = 1; marked >= 0; marked--) {
+      a->matmul(a, 0, tb, M, N, K, 1.0f, A, K, marked ? W : V, ldb, 0.0f, C, N);
+      ref->matmul(ref, 0, tb, M, N, K, 1.0f, A, K, marked ? W : V, ldb, 0.0f, R, N);
+      bool same = memcmp(C, R, sizeof C) == 0;
+      if (marked && !tb)
+        cr_assert(same, "the marked weight's A W is not the f32 product (rel err %.3g)", rel_err(C, R, M * N));
+      else
+        cr_assert(!same && rel_err(C, R, M * N) < 1e-2, "%s weight, tb %d: not the bf16 product (rel err %.3g)",
+                  marked ? "the marked" : "an unmarked", tb, rel_err(C, R, M * N));
+    }
+  }
+  lt_backend_destroy(a);
+  lt_backend_destroy(ref);
+}
+
 /* LoRA training with the base weights in bf16: the loss follows the f32 run within 1 % over
  * three AdamW steps and after them (the adapters' elements themselves do not: AdamW's first
  * steps move each by about lr whatever its gradient's size, so a small gradient rounded

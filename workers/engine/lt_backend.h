@@ -77,9 +77,11 @@ struct lt_backend {
    * cuda copies. NULL on failure. Release with free_const(). */
   const float *(*map_const)(lt_backend_t *be, const float *host, size_t n);
   void (*free_const)(lt_backend_t *be, const float *dev);
-  /* May be NULL. The products of mapped weight dev stay in f32 whatever lower precision the
-   * others take (the LM head: its logits are the loss and pick the greedy tokens). */
-  void (*keep_f32)(lt_backend_t *be, const float *dev);
+  /* May be NULL. The input-gradient products of mapped weight dev (A W with W K x N: dY W)
+   * stay in f32 whatever lower precision the others take; its forward products (A W^T) take
+   * it. The engine marks the LM head: in bf16 the product of the logits' gradient cost the
+   * bundled task exact match (0.890 against 1.000 on one seed of three), the logits did not. */
+  void (*grad_f32)(lt_backend_t *be, const float *dev);
   /* Overwrites `bytes` at p with zeros (not elided). Used on gradients and on buffers that held
    * a tenant's data before they are reused. */
   void (*scrub)(lt_backend_t *be, void *p, size_t bytes);
@@ -260,8 +262,8 @@ typedef struct lt_cpu_opts {
   int narrow;
   /* Training precision: a LoRA session's products against the frozen base weights (map_const,
    * at least bf16_min_elems floats) run in bf16 on AMX tiles with f32 accumulation
-   * (lt_cpu_amx.h): the weights packed once, the activations rounded at each product; not
-   * the LM head (keep_f32: in bf16 it cost the bundled task 1 % of its exact match).
+   * (lt_cpu_amx.h): the weights packed once, the activations rounded at each product; the LM
+   * head's logits too, but not its input gradient (grad_f32).
    * lt_backend_cpu_new_opts fails with LT_ERR_UNSUPPORTED where the chip or kernel has no AMX. */
   int amx_bf16;
 } lt_cpu_opts_t;

@@ -248,7 +248,7 @@ static void cpu_free_const(lt_backend_t *be, const float *dev) {
   memmove(c->sh + i - 1, c->sh + i, (c->nsh - i) * sizeof *c->sh);
   c->nsh--;
 }
-static void cpu_keep_f32(lt_backend_t *be, const float *dev) { lt_amx_remove(CPU(be)->amx, dev); }
+static void cpu_grad_f32(lt_backend_t *be, const float *dev) { lt_amx_grad_f32(CPU(be)->amx, dev); }
 static void cpu_scrub(lt_backend_t *be, void *p, size_t bytes) { scrub_bytes(p, bytes); }
 
 /* ---- matmul ----------------------------------------------------------------------------- */
@@ -1136,7 +1136,7 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
       .download = cpu_download,
       .map_const = cpu_map_const,
       .free_const = cpu_free_const,
-      .keep_f32 = cpu_keep_f32,
+      .grad_f32 = cpu_grad_f32,
       .scrub = cpu_scrub,
       .matmul = cpu_matmul,
       .matmul_rows = cpu_matmul_rows,

@@ -29,6 +29,7 @@ typedef struct {
   /* packed for A W^T (nt) and for A W (nn), with the Q x R they were packed for */
   uint16_t *pk[2];
   int q[2], r[2];
+  bool grad_f32; /* lt_amx_grad_f32: the A W form stays f32 */
 } weight_t;
 
 struct lt_amx {
@@ -102,6 +103,10 @@ lt_err_t lt_amx_add(lt_amx_t *x, const float *w, size_t n) {
   return LT_OK;
 }
 
+void lt_amx_grad_f32(lt_amx_t *x, const float *w) {
+  for (size_t i = 0; x && i < x->nw; i++)
+    if (x->w[i].w == w) x->w[i].grad_f32 = true;
+}
 void lt_amx_remove(lt_amx_t *x, const float *w) {
   for (size_t i = 0; x && i < x->nw; i++)
     if (x->w[i].w == w) {
@@ -217,7 +222,7 @@ bool lt_amx_matmul(lt_amx_t *x, int tb, int M, int N, int K, float alpha, const 
   weight_t *e = NULL;
   for (size_t i = 0; i < x->nw && !e; i++)
     if (x->w[i].w == W) e = &x->w[i];
-  if (!e || (size_t)N * K != e->n || ldb != (tb ? K : N) || M <= 0) return false;
+  if (!e || (e->grad_f32 && !tb) || (size_t)N * K != e->n || ldb != (tb ? K : N) || M <= 0) return false;
   int f = tb ? 0 : 1;
   if (e->pk[f] && (e->q[f] != N || e->r[f] != K)) return false; /* packed for another shape */
   if (!e->pk[f]) {

@@ -1,6 +1,6 @@
 /* The frozen base weights' products in bf16 on AMX tiles (lt_cpu_opts_t.amx_bf16): a LoRA
  * session's X W^T and dY W, where W is a mapped weight of the base model, which never changes
- * (all but the LM head, which the engine keeps in f32: lt_backend_t.keep_f32).
+ * (but the LM head's dY W, which the engine keeps in f32: lt_backend_t.grad_f32).
  * Each weight is packed once, on its first product of each form, into the tile layout AMX reads
  * (bf16 pairs, nearest even); the activations are rounded to bf16 at every product; the tiles
  * accumulate in f32. Each output element is one accumulation over the reduction in a fixed order,
@@ -28,6 +28,9 @@ void lt_amx_destroy(lt_amx_t *x); /* NULL-safe */
  * its first product. */
 lt_err_t lt_amx_add(lt_amx_t *x, const float *w, size_t n);
 void lt_amx_remove(lt_amx_t *x, const float *w);
+/* The A W products of registered weight w take the f32 path from now on (its A W^T stay here);
+ * NULL-safe, and nothing when w is not registered. */
+void lt_amx_grad_f32(lt_amx_t *x, const float *w);
 
 /* C (M x N, ldc) = alpha * A W^T + beta * C (tb: W is N x K, ldb K) or alpha * A W + beta * C
  * (W is K x N, ldb N), A (M x K, lda) row-major, when W is a whole registered weight; else false

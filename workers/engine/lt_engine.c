@@ -97,7 +97,7 @@ static lt_err_t engine_load_weights(lt_engine_t *e, const char *dir, char *errst
     e->nspecs = i + 1;
   }
   if (c->tie_embeddings) e->w.lm_head = e->w.embed;
-  if (be->keep_f32) be->keep_f32(be, e->w.lm_head);
+  if (be->grad_f32) be->grad_f32(be, e->w.lm_head);
   return LT_OK;
 }
 

@@ -2,10 +2,15 @@
 # run_on_device.sh: on a machine with an NVIDIA GPU and nvcc (no meson, Criterion or Debian
 # -dev packages needed), builds kernels/ + the cuda backend + the GPU test driver + the bench
 # with nvcc and cc directly, runs the kernel tests against their C references, then the
-# 1B-class LoRA bench (tokens/s, MFU). Logs go to $OUT (default ./gpu-out).
+# 1B-class LoRA bench (tokens/s, MFU). With the engine's C libraries at hand (on the machine, or
+# carried as Debian packages in .gpudeps: tests/gpu/fetch_deps.sh) it also builds the engine and
+# runs engine_parity (the engine on cuda against cpu: loss, gradients, AdamW, sampling) and
+# bench_gpu_engine (a whole lt_engine training step, LM head, loss and AdamW included, tokens/s
+# and MFU against the measured bf16 ceiling). Logs go to $OUT (default ./gpu-out).
 #   tests/gpu/run_on_device.sh            from the repository root
 # Environment: OUT, GENCODE (default sm_90; e.g. "-arch=native"), LATHE_PEAK_TFLOPS,
-# BENCH_ARGS (default: the 1B shape, see bench_gpu.c), JOBS.
+# BENCH_ARGS (default: the 1B shape, see bench_gpu.c), ENGINE_BENCH_ARGS (bench_gpu_engine.c),
+# JOBS.
 set -u
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
@@ -153,8 +158,61 @@ if [ -z "${BENCH_ARGS:-}" ] && [ $brc -eq 0 ]; then
   timeout 180 "$work/bench_gpu" 16 2048 32 8 8192 8 1024 16 5 2>&1 | tee "$OUT/bench_t1024.log"
 fi
 
+# ---- the engine end to end --------------------------------------------------------------------
+# The engine links OpenBLAS, jansson, PCRE2 and xxHash: the machine's own when its compiler finds
+# them, else the .deb files carried in .gpudeps, unpacked under $work (never into /).
+deps="$work/deps"
+dinc="" dlib=""
+if ls "$top"/.gpudeps/*.deb >/dev/null 2>&1; then
+  mkdir -p "$deps"
+  for f in "$top"/.gpudeps/*.deb; do
+    dpkg-deb -x "$f" "$deps" 2>/dev/null || (cd "$deps" && ar p "$f" data.tar.xz | tar -xJ) \
+      || say "could not unpack $f"
+  done
+  ml="$deps/usr/lib/x86_64-linux-gnu"
+  dinc="-I$deps/usr/include -I$deps/usr/include/x86_64-linux-gnu/openblas-pthread"
+  dlib="-L$ml -L$ml/openblas-pthread -Xlinker -rpath=$ml -Xlinker -rpath=$ml/openblas-pthread"
+  export LD_LIBRARY_PATH="$ml:$ml/openblas-pthread:$LD_LIBRARY_PATH"
+fi
+erc=0 ebrc=0
+say "engine: compiling workers/engine with the cuda backend"
+eobj="$work/eobj"; mkdir -p "$eobj"
+ebuild=1
+for f in workers/engine/*.c tests/gpu/engine_parity.c tests/gpu/bench_gpu_engine.c; do
+  case $f in */lt_backend_cuda_stub.c|*/lt_backend_cuda.c) continue ;; esac # cuda: built above
+  fl="-O2"
+  case $f in
+    */lt_backend_cpu.c|*/lt_cpu_amx.c) fl="-O3 -fno-math-errno -ffp-contract=off" ;;
+    */lt_cpu_attn.c|*/lt_cpu_ew.c) fl="-O3 -fno-math-errno -ffp-contract=off -fno-trapping-math" ;;
+  esac
+  "$CC" -std=gnu11 $fl -D_GNU_SOURCE -pthread $incs $dinc -c "$f" -o "$eobj/$(basename "$f" .c).o" >> "$OUT/engine-build.log" 2>&1 \
+    || { ebuild=0; say "engine: $f failed to compile (engine-build.log; tests/gpu/fetch_deps.sh brings the libraries)"; break; }
+done
+if [ $ebuild -eq 1 ]; then
+  eall=$(ls "$eobj"/*.o | grep -v -e /engine_parity.o -e /bench_gpu_engine.o)
+  for t in engine_parity bench_gpu_engine; do
+    "$NVCC" -o "$work/$t" "$eobj/$t.o" $eall $common $libs $dlib -lcublas $nccl_link \
+      -lopenblas -ljansson -lpcre2-8 -lxxhash -lpthread -lm >> "$OUT/engine-build.log" 2>&1 \
+      || { ebuild=0; say "engine: $t failed to link (engine-build.log)"; }
+  done
+fi
+if [ $ebuild -eq 1 ]; then
+  say "engine parity: cuda against cpu"
+  timeout 300 "$work/engine_parity" 2>&1 | tee "$OUT/engine_parity.log"
+  erc=${PIPESTATUS[0]}
+  say "engine parity exit status: $erc"
+  say "bench: lt_engine's whole step on cuda, bf16"
+  timeout 300 "$work/bench_gpu_engine" ${ENGINE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_engine.log"
+  ebrc=${PIPESTATUS[0]}
+  say "bench_gpu_engine exit status: $ebrc"
+else
+  erc=3
+  tail -n 20 "$OUT/engine-build.log"
+fi
+
 say "summary"
 tail -n 1 "$OUT/kernels.log"
-grep -h -E '^(device|shape|best step|gpu_lora_)' "$OUT"/bench*.log
+[ -f "$OUT/engine_parity.log" ] && tail -n 1 "$OUT/engine_parity.log"
+grep -h -E '^(device|shape|best step|gpu_lora_|gpu_engine_)' "$OUT"/bench*.log
 rm -rf "$work"
-[ "$trc" -eq 0 ] && [ "$brc" -eq 0 ]
+[ "$trc" -eq 0 ] && [ "$brc" -eq 0 ] && { [ "$erc" -eq 0 ] || [ "$erc" -eq 77 ]; } && [ "$ebrc" -eq 0 ]

@@ -33,11 +33,12 @@
  * naming the rank. After any failure the handle is broken (LT_ERR_FATAL from then on) and its
  * connections are shut, so the other ranks fail at once rather than at their timeout.
  *
- * GPU: on the cuda backend the gradient buffer is device memory and the all-reduce belongs to
- * NCCL (lt_cuda_comm_t, workers/engine/lt_backend_cuda.h). The seam is lt_dp_ops_t below: an
- * NCCL implementation would supply allreduce_sum and barrier over its communicator (ncclSum in
- * place on the device), keeping this rendezvous to hand out its ncclUniqueId. Not built yet.
- * Note NCCL's ring sums in its own order: the same bits on every rank, not a single process's.
+ * GPU: on the cuda backend the gradient buffer is device memory; the managed loop downloads it,
+ * sums it here and uploads the sum (lt_train.c, gang_reduce). NCCL (lt_cuda_comm_t,
+ * workers/engine/lt_backend_cuda.h) is not used across a gang: its bootstrap opens sockets of its
+ * own, and an executor, confined, has none (lt_confine.h). lt_dp_ops_t below is the seam where a
+ * transport over device buffers would plug in, keeping this rendezvous (NCCL's ring would sum
+ * in its own order: the same bits on every rank, not a single process's).
  *
  * Threads: one handle is used by one thread at a time (the executor's training thread). */
 #ifndef LT_DP_H
@@ -72,7 +73,7 @@ typedef struct lt_dp_conf {
   void *ops_ctx;
 } lt_dp_conf_t;
 
-/* The collectives, as a vtable (the seam where NCCL plugs in for the GPU; not built yet). */
+/* The collectives, as a vtable (the seam where a transport over device buffers would plug in). */
 struct lt_dp_ops {
   const char *name; /* "tcp", "nccl" */
   lt_err_t (*allreduce_sum)(lt_dp_t *dp, float *buf, size_t n, char *errstr, size_t errstr_size);

@@ -456,6 +456,7 @@ typedef struct {
   lt_adamw_t opt;
   int64_t t0, last_ckpt_ms, ckpt_every_ms, tokens_total;
   int rank, world;         /* of the gang (conf->dp); 0 and 1 alone */
+  float *gang_host;        /* the gradients on the host for the gang's sum (gang_reduce) */
 } run_t;
 
 static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
@@ -652,6 +653,7 @@ static void run_free(run_t *r) {
   batch_free(&r->vb);
   json_decref(r->metrics);
   json_decref(r->config);
+  free(r->gang_host);
   lt_session_destroy(r->sess);
   examples_free(&r->train);
   examples_free(&r->val);
@@ -680,13 +682,20 @@ static void next_examples(run_t *r, uint32_t *idx, int count) {
 
 /* The gang's step (lt_train_conf_t.dp): every rank's gradients summed in rank order, the count
  * of micro-batches and of calls one executor would have, and the loss and tokens of the whole
- * step (tokens in two exact halves: a float holds integers up to 2^24). */
+ * step (tokens in two exact halves: a float holds integers up to 2^24). The gradients cross host
+ * memory whatever the backend (on cuda they live on the device): downloaded, summed over the
+ * gang's connections, uploaded; on the cpu backend the two copies are memcpy. */
 static lt_err_t gang_reduce(run_t *r, uint64_t calls0, double *loss_sum, int64_t *step_tokens, char *errstr,
                             size_t n) {
   size_t np;
   float *g = lt_session_grad_buffer(r->sess, &np);
-  lt_err_t err = lt_dp_allreduce_sum(r->conf->dp, g, np, errstr, n);
-  if (err) return err;
+  if (!r->gang_host && !(r->gang_host = malloc(np * sizeof(float))))
+    return lt_errf(errstr, n, LT_ERR_NOMEM, "gang: no memory for %zu gradients on the host", np);
+  lt_err_t err = r->be->download(r->be, r->gang_host, g, np * sizeof(float));
+  if (err) return lt_errf(errstr, n, err, "gang: gradients to the host: %s", r->be->last_error(r->be));
+  if ((err = lt_dp_allreduce_sum(r->conf->dp, r->gang_host, np, errstr, n))) return err;
+  if ((err = r->be->upload(r->be, g, r->gang_host, np * sizeof(float))))
+    return lt_errf(errstr, n, err, "gang: the sum back to the backend: %s", r->be->last_error(r->be));
   float sums[3] = {(float)*loss_sum, (float)(*step_tokens >> 16), (float)(*step_tokens & 0xffff)};
   if ((err = lt_dp_allreduce_sum(r->conf->dp, sums, 3, errstr, n))) return err;
   *loss_sum = sums[0];
@@ -859,9 +868,6 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
   if (c->dp) {
     r.rank = lt_dp_rank(c->dp);
     r.world = lt_dp_world(c->dp);
-    if (c->backend && strcmp(c->backend, "cpu") != 0)
-      return lt_errf(errstr, n, LT_ERR_UNSUPPORTED, "data parallel training runs on the cpu backend only (the %s "
-                     "backend's gradients are device memory; its NCCL transport is not built)", c->backend);
   }
   lt_err_t err = open_model(&r, errstr, n);
   if (!err) err = read_examples(&r, errstr, n);

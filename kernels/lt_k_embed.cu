@@ -11,6 +11,13 @@ __global__ void lt_k_embed_fwd_kernel(float *out, const float *table, const int3
   for (int c = threadIdx.x; c < D; c += blockDim.x) out[(size_t)r * D + c] = src[c];
 }
 
+__global__ void lt_k_embed_fwd_bf16_kernel(float *out, const uint16_t *table, const int32_t *tokens,
+                                           int N, int D) {
+  int r = blockIdx.x;
+  const uint16_t *src = table + (size_t)tokens[r] * D;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) out[(size_t)r * D + c] = __uint_as_float((uint32_t)src[c] << 16);
+}
+
 __global__ void lt_k_embed_bwd_kernel(float *dtable, const float *dout, const int32_t *tokens,
                                       int N, int D) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -29,6 +36,14 @@ extern "C" lt_err_t lt_k_embed_fwd(float *out, const float *table, const int32_t
                                    int D, cudaStream_t stream, char *errstr, size_t errstr_size) {
   if (N <= 0 || D <= 0) return LT_OK;
   lt_k_embed_fwd_kernel<<<N, LT_K_THREADS, 0, stream>>>(out, table, tokens, N, D);
+  LT_CUDA_LAUNCHED(errstr, errstr_size);
+  return LT_OK;
+}
+
+extern "C" lt_err_t lt_k_embed_fwd_bf16(float *out, const void *table_bf16, const int32_t *tokens, int N,
+                                        int D, cudaStream_t stream, char *errstr, size_t errstr_size) {
+  if (N <= 0 || D <= 0) return LT_OK;
+  lt_k_embed_fwd_bf16_kernel<<<N, LT_K_THREADS, 0, stream>>>(out, (const uint16_t *)table_bf16, tokens, N, D);
   LT_CUDA_LAUNCHED(errstr, errstr_size);
   return LT_OK;
 }

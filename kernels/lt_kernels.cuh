@@ -63,6 +63,10 @@ lt_err_t lt_k_bias_bwd(float *db, const float *dy, int rows, int cols, cudaStrea
 
 lt_err_t lt_k_embed_fwd(float *out, const float *table, const int32_t *tokens, int N, int D,
                         cudaStream_t stream, char *errstr, size_t errstr_size);
+/* out[r, :] = table[tokens[r], :] widened to floats, the table in bf16 (a weight the cuda backend
+ * keeps in bf16 alone). */
+lt_err_t lt_k_embed_fwd_bf16(float *out, const void *table_bf16, const int32_t *tokens, int N, int D,
+                             cudaStream_t stream, char *errstr, size_t errstr_size);
 /* dtable[tokens[r], :] += dout[r, :], r increasing (one thread per column: no atomics). */
 lt_err_t lt_k_embed_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int D,
                         cudaStream_t stream, char *errstr, size_t errstr_size);

@@ -90,10 +90,10 @@ static const char *peer = "cuda";
  * backend (bf16: AMX tiles). */
 static lt_err_t peer_new(int bf16, lt_backend_t **out) {
   if (cpu_peer) {
-    lt_cpu_opts_t o = {.threads = 1, .amx_bf16 = bf16, .bf16_min_elems = 1};
+    lt_cpu_opts_t o = {.threads = 1, .amx_bf16 = bf16, .bf16_min_elems = 4096};
     return lt_backend_cpu_new_opts(&o, out, err, sizeof err);
   }
-  lt_cuda_opts_t o = {bf16, 1}; /* every weight in bf16, however small */
+  lt_cuda_opts_t o = {bf16, 4096}; /* the matrices in bf16, the norms and biases (which kernels read as floats) not */
   return lt_backend_cuda_new_opts(0, &o, out, err, sizeof err);
 }
 

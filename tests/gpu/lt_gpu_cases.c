@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime_api.h>
+
 #include "lt_backend_cuda.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -521,6 +523,58 @@ static int lt_gt_nccl(lt_backend_t *be, int bf16, char *msg, size_t n) {
   return ok;
 }
 
+/* bf16 mode stores a large weight once, in bf16: mapping 2^26 floats takes about 2 bytes a
+ * float of device memory, not 6 (f32 and bf16 copies); copy and download give its exact floats (from the caller's);
+ * the embedding reads its bf16 rows; a norm kernel handed it refuses by name. */
+static int lt_gt_bf16_once(lt_backend_t *be, int bf16, char *msg, size_t n) {
+  (void)bf16;
+  size_t V = 1 << 16, D = 1 << 10, N = V * D, f0, f1, total;
+  float *W = lt_gt_randv(N, 1);
+  const float *d0 = be->map_const(be, W, N); /* the first mapping also grows the cast scratch */
+  if (!d0 || cudaMemGetInfo(&f0, &total) != cudaSuccess) return snprintf(msg, n, "map_const: %s", be->last_error(be)), 0;
+  const float *dW = be->map_const(be, W, N);
+  if (!dW || cudaMemGetInfo(&f1, &total) != cudaSuccess) return snprintf(msg, n, "map_const: %s", be->last_error(be)), 0;
+  double per = (double)(f0 - f1) / N;
+  int ok = per > 1.9 && per < 2.6;
+  if (!ok) snprintf(msg, n, "mapping took %.2f bytes a float of device memory (bf16 alone: 2)", per);
+  float *back = malloc(4096 * 4), *dc = be->alloc(be, 4096 * 4), *de = be->alloc(be, 3 * D * 4);
+  ok = ok && be->download(be, back, dW + 5, 4096 * 4) == LT_OK && !memcmp(back, W + 5, 4096 * 4);
+  if (ok) {
+    be->copy(be, dc, dW + 7, 4096);
+    float *g = lt_gt_down(be, dc, 4096);
+    ok = lt_gt_close("copy from a bf16-only weight", g, W + 7, 4096, 0.0f, 0.0f, msg, n);
+    free(g);
+  } else if (!msg[0]) {
+    snprintf(msg, n, "download of a bf16-only weight: not its floats");
+  }
+  int32_t tok[3] = {3, 65535, 3};
+  int32_t *dt = lt_gt_up(be, tok, sizeof tok);
+  if (ok) {
+    be->embed_fwd(be, de, dW, dt, 3, (int)D);
+    float *g = lt_gt_down(be, de, 3 * D), *want = malloc(3 * D * 4);
+    for (int r = 0; r < 3; r++)
+      for (size_t c = 0; c < D; c++) want[r * D + c] = lt_gt_bf16(W[(size_t)tok[r] * D + c]);
+    ok = lt_gt_close("embedding rows of a bf16-only table", g, want, 3 * D, 0.0f, 0.0f, msg, n);
+    free(g), free(want);
+  }
+  be->free(be, dc), be->free(be, de), be->free(be, dt), be->free_const(be, dW), be->free_const(be, d0);
+  if (ok) { /* a kernel that reads floats is refused, naming itself (on a backend of its own:
+             * the refusal fails it for good) */
+    lt_backend_t *b2 = NULL;
+    lt_cuda_opts_t o = {1, 1024};
+    char err[256];
+    if (lt_backend_cuda_new_opts(0, &o, &b2, err, sizeof err)) return snprintf(msg, n, "second backend: %s", err), 0;
+    const float *d2 = b2->map_const(b2, W, 4096);
+    float *x = b2->alloc(b2, 4096 * 4), *r = b2->alloc(b2, 4 * 4);
+    b2->rmsnorm_fwd(b2, x, r, x, d2, 4, 1024, 1e-5f);
+    ok = strstr(b2->last_error(b2), "rmsnorm") != NULL;
+    if (!ok) snprintf(msg, n, "rmsnorm over a bf16-only weight was not refused: '%s'", b2->last_error(b2));
+    lt_backend_destroy(b2);
+  }
+  free(W), free(back);
+  return ok;
+}
+
 const lt_gpu_case_t lt_gpu_cases[] = {
     {"matmul_f32", 0, lt_gt_matmul},
     {"matmul_bf16", 1, lt_gt_matmul},
@@ -536,6 +590,7 @@ const lt_gpu_case_t lt_gpu_cases[] = {
     {"misc_sumsq_embed_bias_dropout_scrub", 0, lt_gt_misc},
     {"devices_as_a_heartbeat_reports_them", 0, lt_gt_devices},
     {"nccl_one_rank_allreduce", 0, lt_gt_nccl},
+    {"bf16_weights_stored_once", 1, lt_gt_bf16_once},
     {NULL, 0, NULL},
 };
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "lt_cuda_check.cuh"
 #include "lt_kernels.cuh"
@@ -23,6 +24,11 @@ typedef struct {
   void *bf16; /* map_const shadow, or NULL */
   size_t n;   /* floats, for map_const entries */
   int is_const;
+  /* A weight kept in bf16 alone (bf16 mode, at least bf16_min floats): p is not device memory
+   * but a reserved, inaccessible host range of n floats (the weight's name: unique, and any
+   * kernel handed it faults instead of reading garbage); host is the caller's floats, which
+   * copy and download read (map_const's contract keeps them valid). */
+  const float *host;
 } lt_cb_buf;
 
 typedef struct {
@@ -82,6 +88,25 @@ static const void *lt_cb_shadow(lt_cb_ctx *c, const float *p) {
   return NULL;
 }
 
+/* The bf16-only weight whose range holds p, or NULL. */
+static const lt_cb_buf *lt_cb_bf16_only(const lt_cb_ctx *c, const void *p) {
+  for (size_t i = 0; i < c->nbufs; i++) {
+    const lt_cb_buf *b = &c->bufs[i];
+    if (b->host && (const float *)p >= (const float *)b->p && (const float *)p < (const float *)b->p + b->n)
+      return b;
+  }
+  return NULL;
+}
+
+/* p for a kernel that reads floats; NULL (and the backend failed, saying why) when p lies in a
+ * weight kept in bf16 alone: only the products and the embedding read those. */
+static const float *lt_cb_f32(lt_cb_ctx *c, const float *p, const char *what) {
+  if (!p || !lt_cb_bf16_only(c, p)) return p;
+  snprintf(c->tmp, sizeof c->tmp, "%s reads a weight kept in bf16 alone (bf16_min_elems is too small for it)", what);
+  lt_cb_rec(c, LT_ERR_INTERNAL);
+  return NULL;
+}
+
 static int lt_cb_track(lt_cb_ctx *c, lt_cb_buf b) {
   if (c->nbufs == c->capbufs) {
     size_t cap = c->capbufs ? 2 * c->capbufs : 64;
@@ -112,15 +137,19 @@ static int lt_cb_scratch(lt_cb_ctx *c, void **p, size_t *have, size_t need) {
   return 0;
 }
 
+/* Releases what entry b holds: its device memory, its bf16 shadow, a bf16-only weight's range. */
+static void lt_cb_buf_release(lt_cb_ctx *c, lt_cb_buf *b) {
+  if (b->host) munmap(b->p, b->n * sizeof(float));
+  else lt_cb_release(c, b->p, b->bytes ? b->bytes : 64);
+  if (b->bf16) lt_cb_release(c, b->bf16, b->n * 2);
+}
+
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
 static void lt_cb_destroy(lt_backend_t *be) {
   lt_cb_ctx *c = lt_cb(be);
   cudaSetDevice(c->device);
-  for (size_t i = 0; i < c->nbufs; i++) {
-    lt_cb_release(c, c->bufs[i].p, c->bufs[i].bytes ? c->bufs[i].bytes : 64);
-    if (c->bufs[i].bf16) lt_cb_release(c, c->bufs[i].bf16, c->bufs[i].n * 2);
-  }
+  for (size_t i = 0; i < c->nbufs; i++) lt_cb_buf_release(c, &c->bufs[i]);
   free(c->bufs);
   lt_cb_release(c, c->cast, c->cast_bytes);
   lt_cb_release(c, c->attn, c->attn_bytes);
@@ -145,7 +174,7 @@ static void *lt_cb_alloc(lt_backend_t *be, size_t bytes) {
     cudaFree(p);
     return NULL;
   }
-  lt_cb_buf b = {p, real, NULL, 0, 0};
+  lt_cb_buf b = {p, real, NULL, 0, 0, NULL};
   if (lt_cb_track(c, b)) {
     cudaFree(p);
     snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
@@ -164,8 +193,7 @@ static void lt_cb_untrack_free(lt_cb_ctx *c, const void *p) {
     lt_cb_rec(c, LT_ERR_INTERNAL);
     return;
   }
-  lt_cb_release(c, b->p, b->bytes);
-  if (b->bf16) lt_cb_release(c, b->bf16, b->n * 2);
+  lt_cb_buf_release(c, b);
   *b = c->bufs[--c->nbufs];
 }
 
@@ -186,25 +214,58 @@ static lt_err_t lt_cb_upload(lt_backend_t *be, void *dst, const void *src, size_
 }
 
 static lt_err_t lt_cb_download(lt_backend_t *be, void *dst, const void *src, size_t bytes) {
+  const lt_cb_buf *w = lt_cb_bf16_only(lt_cb(be), src);
+  if (w) { /* a weight kept in bf16 alone: its floats are the caller's */
+    memcpy(dst, w->host + ((const float *)src - (const float *)w->p), bytes);
+    return lt_cb(be)->err;
+  }
   return lt_cb_copy_sync(be, dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+/* bf16 mode, n >= bf16_min: the weight on the device in bf16 alone, cast there in chunks through
+ * the matmul scratch (the same rounding as a shadow of a device copy), named by a reserved
+ * host range; NULL on failure. */
+static const float *lt_cb_map_bf16_only(lt_cb_ctx *c, const float *host, size_t n) {
+  void *name = mmap(NULL, n * sizeof(float), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (name == MAP_FAILED) {
+    snprintf(c->tmp, sizeof c->tmp, "map_const: no address range for %zu floats", n);
+    lt_cb_rec(c, LT_ERR_NOMEM);
+    return NULL;
+  }
+  void *s = NULL;
+  size_t chunk = n < ((size_t)1 << 24) ? n : (size_t)1 << 24;
+  if (LT_CB_CUDA(c, cudaMalloc(&s, n * 2)) || lt_cb_scratch(c, &c->cast, &c->cast_bytes, chunk * sizeof(float))) {
+    if (s) cudaFree(s);
+    munmap(name, n * sizeof(float));
+    return NULL;
+  }
+  for (size_t off = 0; off < n && c->err == LT_OK; off += chunk) {
+    size_t m = n - off < chunk ? n - off : chunk;
+    if (!LT_CB_CUDA(c, cudaMemcpyAsync(c->cast, host + off, m * sizeof(float), cudaMemcpyHostToDevice, c->stream)))
+      LT_CB_REC(c, lt_k_cast_bf16((uint16_t *)s + off, 0, c->cast, 0, 1, (int)m, c->stream, c->tmp, sizeof c->tmp));
+  }
+  lt_cb_buf b = {name, 0, s, n, 1, host};
+  if (c->err != LT_OK || LT_CB_CUDA(c, cudaStreamSynchronize(c->stream)) || lt_cb_track(c, b)) {
+    if (c->err == LT_OK) {
+      snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
+      lt_cb_rec(c, LT_ERR_NOMEM);
+    }
+    lt_cb_release(c, s, n * 2);
+    munmap(name, n * sizeof(float));
+    return NULL;
+  }
+  return name;
 }
 
 static const float *lt_cb_map_const(lt_backend_t *be, const float *host, size_t n) {
   lt_cb_ctx *c = lt_cb(be);
+  if (c->bf16 && n >= c->bf16_min) return lt_cb_enter(c) ? lt_cb_map_bf16_only(c, host, n) : NULL;
   float *p = lt_cb_alloc(be, n * sizeof(float));
   if (!p) return NULL;
   if (lt_cb_upload(be, p, host, n * sizeof(float)) != LT_OK) return NULL;
   lt_cb_buf *b = lt_cb_find(c, p);
   b->is_const = 1;
   b->n = n;
-  if (c->bf16 && n >= c->bf16_min) {
-    void *s = NULL;
-    if (LT_CB_CUDA(c, cudaMalloc(&s, n * 2))) return NULL;
-    b = lt_cb_find(c, p);
-    b->bf16 = s;
-    if (LT_CB_REC(c, lt_k_cast_bf16(s, 0, p, 0, 1, (int)n, c->stream, c->tmp, sizeof c->tmp)))
-      return NULL;
-  }
   return p;
 }
 
@@ -280,7 +341,9 @@ static void lt_cb_matmul_strided(lt_backend_t *be, int trans_a, int trans_b, int
                                  const float *B, int ldb, long stride_b, float beta, float *C,
                                  int ldc, long stride_c, int batch) {
   lt_cb_ctx *c = lt_cb(be);
-  if (!lt_cb_enter(c) || M <= 0 || N <= 0 || batch <= 0) return;
+  if (!lt_cb_enter(c) || M <= 0 || N <= 0 || batch <= 0 || !lt_cb_f32(c, A, "matmul_strided") ||
+      !lt_cb_f32(c, B, "matmul_strided"))
+    return;
   cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LT_CB_BLAS(c, cublasSgemmStridedBatched(c->blas, ob, oa, N, M, K, &alpha, B, ldb, stride_b, A,
@@ -300,6 +363,11 @@ static void lt_cb_zero(lt_backend_t *be, float *x, size_t n) { lt_cb_scrub(be, x
 
 static void lt_cb_copy(lt_backend_t *be, float *dst, const float *src, size_t n) {
   lt_cb_ctx *c = lt_cb(be);
+  const lt_cb_buf *w = lt_cb_bf16_only(c, src);
+  if (w && lt_cb_enter(c) && n) { /* from the caller's floats of a weight kept in bf16 alone */
+    lt_cb_copy_sync(be, dst, w->host + (src - (const float *)w->p), n * 4, cudaMemcpyHostToDevice);
+    return;
+  }
   if (lt_cb_enter(c) && n)
     LT_CB_CUDA(c, cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, c->stream));
 }
@@ -322,7 +390,7 @@ static double lt_cb_sumsq(lt_backend_t *be, const float *x, size_t n) {
 }
 
 static void lt_cb_bias_add(lt_backend_t *be, float *y, const float *b, int rows, int cols) {
-  LT_CB_K(be, lt_k_bias_add(y, b, rows, cols, LT_CB_S));
+  if ((b = lt_cb_f32(lt_cb(be), b, "bias_add"))) LT_CB_K(be, lt_k_bias_add(y, b, rows, cols, LT_CB_S));
 }
 
 static void lt_cb_bias_bwd(lt_backend_t *be, float *db, const float *dy, int rows, int cols) {
@@ -336,7 +404,9 @@ static void lt_cb_dropout(lt_backend_t *be, float *out, const float *in, size_t 
 
 static void lt_cb_embed_fwd(lt_backend_t *be, float *out, const float *table,
                             const int32_t *tokens, int N, int D) {
-  LT_CB_K(be, lt_k_embed_fwd(out, table, tokens, N, D, LT_CB_S));
+  const void *h = lt_cb_bf16_only(lt_cb(be), table) ? lt_cb_shadow(lt_cb(be), table) : NULL;
+  if (h) LT_CB_K(be, lt_k_embed_fwd_bf16(out, h, tokens, N, D, LT_CB_S));
+  else LT_CB_K(be, lt_k_embed_fwd(out, table, tokens, N, D, LT_CB_S));
 }
 
 static void lt_cb_embed_bwd(lt_backend_t *be, float *dtable, const float *dout,
@@ -346,12 +416,12 @@ static void lt_cb_embed_bwd(lt_backend_t *be, float *dtable, const float *dout,
 
 static void lt_cb_rmsnorm_fwd(lt_backend_t *be, float *out, float *rstd, const float *x,
                               const float *w, int N, int D, float eps) {
-  LT_CB_K(be, lt_k_rmsnorm_fwd(out, rstd, x, w, N, D, eps, LT_CB_S));
+  if ((w = lt_cb_f32(lt_cb(be), w, "rmsnorm"))) LT_CB_K(be, lt_k_rmsnorm_fwd(out, rstd, x, w, N, D, eps, LT_CB_S));
 }
 
 static void lt_cb_rmsnorm_bwd(lt_backend_t *be, float *dx, float *dw, const float *dout,
                               const float *x, const float *w, const float *rstd, int N, int D) {
-  LT_CB_K(be, lt_k_rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, D, LT_CB_S));
+  if ((w = lt_cb_f32(lt_cb(be), w, "rmsnorm"))) LT_CB_K(be, lt_k_rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, D, LT_CB_S));
 }
 
 static void lt_cb_rope(lt_backend_t *be, float *x, const float *cos_tab, const float *sin_tab,

@@ -3,10 +3,12 @@
  *
  * The backend keeps the vtable's f32 contract. Precision of the matrix products is chosen at
  * creation: `f32` (the default: exact FP32 cuBLAS GEMMs, no TF32, for parity with the cpu
- * backend and the PyTorch reference) or `bf16` (weights from map_const() also get a bf16 shadow,
- * and matmul()s that read one run on tensor cores with the activations cast to bf16 and f32
- * accumulation; attention's GEMMs likewise). map_const() keeps the f32 copy too, because the
- * vtable lets the model hand a weight to any member (embedding, norms, bias).
+ * backend and the PyTorch reference) or `bf16`: a weight from map_const() of at least
+ * bf16_min_elems floats lives on the device in bf16 alone, stored once (its name is a reserved
+ * host range, not device memory), and the matmul()s that read one run on tensor cores with the activations cast to bf16 and f32
+ * accumulation (attention's GEMMs likewise); embed_fwd() widens its bf16 rows; copy() and
+ * download() give the caller's floats. Smaller weights (norms, biases) stay f32 for the kernels
+ * that read floats; handing such a kernel a bf16-only weight fails the backend, naming it.
  *
  * Errors: members that cannot return an error (kernels) record the first failure; upload(),
  * download() and last_error() report it, and every later call is a no-op until destroy().

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "lt_backend_cuda.h"
+#include "lt_gpu_peak.h"
 
 static int L = 16, D = 2048, H = 32, KV = 8, F = 8192, B = 4, T = 2048, R = 16, ITERS = 5;
 static lt_backend_t *be;
@@ -103,10 +104,7 @@ int main(int argc, char **argv) {
   struct cudaDeviceProp prop;
   memset(&prop, 0, sizeof prop);
   cudaGetDeviceProperties(&prop, 0);
-  double peak = 989.4e12; /* H100/H200 SXM dense bf16 */
-  if (strstr(prop.name, "A100")) peak = 312e12;
-  if (strstr(prop.name, "H100 PCIe")) peak = 756e12;
-  if (getenv("LATHE_PEAK_TFLOPS")) peak = atof(getenv("LATHE_PEAK_TFLOPS")) * 1e12;
+  double peak = lt_gpu_nominal_peak_tflops(prop.name) * 1e12;
   printf("device: %s (%d SMs), peak bf16 dense %.1f TFLOP/s\n", prop.name,
          prop.multiProcessorCount, peak / 1e12);
   printf("shape: layers=%d D=%d H=%d KV=%d hd=%d FFN=%d B=%d T=%d lora_r=%d\n", L, D, H, KV, hd,

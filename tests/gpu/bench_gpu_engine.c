@@ -19,6 +19,7 @@
 
 #include "lt_backend_cuda.h"
 #include "lt_engine.h"
+#include "lt_gpu_peak.h"
 
 static double now(void) {
   struct timespec ts;
@@ -66,10 +67,7 @@ int main(int argc, char **argv) {
   struct cudaDeviceProp prop;
   memset(&prop, 0, sizeof prop);
   cudaGetDeviceProperties(&prop, 0);
-  double nominal = 989.4; /* H100/H200 SXM dense bf16, TFLOP/s */
-  if (strstr(prop.name, "A100")) nominal = 312;
-  if (strstr(prop.name, "H100 PCIe")) nominal = 756;
-  if (getenv("LATHE_PEAK_TFLOPS")) nominal = atof(getenv("LATHE_PEAK_TFLOPS"));
+  double nominal = lt_gpu_nominal_peak_tflops(prop.name);
   double ceil_tf = ceiling(be, 8192);
   printf("device: %s; bf16 ceiling measured %.1f TFLOP/s (nominal %.1f)\n", prop.name, ceil_tf, nominal);
 

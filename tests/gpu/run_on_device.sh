@@ -18,6 +18,9 @@ OUT=${OUT:-$top/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 say() { echo "== $*"; }
+# stage SECONDS LOG CMD...: runs CMD under a timeout, its output to the terminal and $OUT/LOG;
+# rc gets its exit status.
+stage() { local t=$1 log=$2; shift 2; timeout "$t" "$@" 2>&1 | tee "$OUT/$log"; rc=${PIPESTATUS[0]}; }
 work=$(mktemp -d)
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 GENCODE=${GENCODE:--gencode arch=compute_90,code=sm_90}
@@ -144,18 +147,16 @@ say "build ok"
 
 # ---- kernel tests ---------------------------------------------------------------------------
 say "kernel tests (each kernel vs its C reference)"
-timeout 300 "$work/gpu_driver" 2>&1 | tee "$OUT/kernels.log"
-trc=${PIPESTATUS[0]}
+stage 300 kernels.log "$work/gpu_driver"; trc=$rc
 say "kernel tests exit status: $trc"
 
 # ---- bench ----------------------------------------------------------------------------------
 say "bench: 1B-class LoRA layer stack, bf16, forward+backward"
-timeout 240 "$work/bench_gpu" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-brc=${PIPESTATUS[0]}
+stage 240 bench.log "$work/bench_gpu" ${BENCH_ARGS:-}; brc=$rc
 say "bench exit status: $brc"
 if [ -z "${BENCH_ARGS:-}" ] && [ $brc -eq 0 ]; then
   say "bench: same model, B=8 x T=1024"
-  timeout 180 "$work/bench_gpu" 16 2048 32 8 8192 8 1024 16 5 2>&1 | tee "$OUT/bench_t1024.log"
+  stage 180 bench_t1024.log "$work/bench_gpu" 16 2048 32 8 8192 8 1024 16 5
 fi
 
 # ---- the engine end to end --------------------------------------------------------------------
@@ -198,12 +199,10 @@ if [ $ebuild -eq 1 ]; then
 fi
 if [ $ebuild -eq 1 ]; then
   say "engine parity: cuda against cpu"
-  timeout 300 "$work/engine_parity" 2>&1 | tee "$OUT/engine_parity.log"
-  erc=${PIPESTATUS[0]}
+  stage 300 engine_parity.log "$work/engine_parity"; erc=$rc
   say "engine parity exit status: $erc"
   say "bench: lt_engine's whole step on cuda, bf16"
-  timeout 300 "$work/bench_gpu_engine" ${ENGINE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_engine.log"
-  ebrc=${PIPESTATUS[0]}
+  stage 300 bench_engine.log "$work/bench_gpu_engine" ${ENGINE_BENCH_ARGS:-}; ebrc=$rc
   say "bench_gpu_engine exit status: $ebrc"
 else
   erc=3

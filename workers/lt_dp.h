@@ -34,7 +34,7 @@
  * connections are shut, so the other ranks fail at once rather than at their timeout.
  *
  * GPU: on the cuda backend the gradient buffer is device memory; the managed loop downloads it,
- * sums it here and uploads the sum (lt_train.c, gang_reduce). NCCL (lt_cuda_comm_t,
+ * sums it here and uploads the sum (lt_train.c, gang_reduce; on cpu it sums in place). NCCL (lt_cuda_comm_t,
  * workers/engine/lt_backend_cuda.h) is not used across a gang: its bootstrap opens sockets of its
  * own, and an executor, confined, has none (lt_confine.h). lt_dp_ops_t below is the seam where a
  * transport over device buffers would plug in, keeping this rendezvous (NCCL's ring would sum

@@ -682,20 +682,26 @@ static void next_examples(run_t *r, uint32_t *idx, int count) {
 
 /* The gang's step (lt_train_conf_t.dp): every rank's gradients summed in rank order, the count
  * of micro-batches and of calls one executor would have, and the loss and tokens of the whole
- * step (tokens in two exact halves: a float holds integers up to 2^24). The gradients cross host
- * memory whatever the backend (on cuda they live on the device): downloaded, summed over the
- * gang's connections, uploaded; on the cpu backend the two copies are memcpy. */
+ * step (tokens in two exact halves: a float holds integers up to 2^24). On the cpu backend the
+ * buffer is host memory and is summed in place; elsewhere (cuda: device memory) the gradients
+ * are downloaded into a host buffer, summed over the gang's connections and uploaded. */
 static lt_err_t gang_reduce(run_t *r, uint64_t calls0, double *loss_sum, int64_t *step_tokens, char *errstr,
                             size_t n) {
   size_t np;
   float *g = lt_session_grad_buffer(r->sess, &np);
-  if (!r->gang_host && !(r->gang_host = malloc(np * sizeof(float))))
-    return lt_errf(errstr, n, LT_ERR_NOMEM, "gang: no memory for %zu gradients on the host", np);
-  lt_err_t err = r->be->download(r->be, r->gang_host, g, np * sizeof(float));
-  if (err) return lt_errf(errstr, n, err, "gang: gradients to the host: %s", r->be->last_error(r->be));
-  if ((err = lt_dp_allreduce_sum(r->conf->dp, r->gang_host, np, errstr, n))) return err;
-  if ((err = r->be->upload(r->be, g, r->gang_host, np * sizeof(float))))
-    return lt_errf(errstr, n, err, "gang: the sum back to the backend: %s", r->be->last_error(r->be));
+  lt_err_t err;
+  if (!strcmp(r->be->name, "cpu")) {
+    err = lt_dp_allreduce_sum(r->conf->dp, g, np, errstr, n);
+  } else {
+    if (!r->gang_host && !(r->gang_host = malloc(np * sizeof(float))))
+      return lt_errf(errstr, n, LT_ERR_NOMEM, "gang: no memory for %zu gradients on the host", np);
+    if ((err = r->be->download(r->be, r->gang_host, g, np * sizeof(float))))
+      return lt_errf(errstr, n, err, "gang: gradients to the host: %s", r->be->last_error(r->be));
+    if (!(err = lt_dp_allreduce_sum(r->conf->dp, r->gang_host, np, errstr, n)) &&
+        (err = r->be->upload(r->be, g, r->gang_host, np * sizeof(float))))
+      return lt_errf(errstr, n, err, "gang: the sum back to the backend: %s", r->be->last_error(r->be));
+  }
+  if (err) return err;
   float sums[3] = {(float)*loss_sum, (float)(*step_tokens >> 16), (float)(*step_tokens & 0xffff)};
   if ((err = lt_dp_allreduce_sum(r->conf->dp, sums, 3, errstr, n))) return err;
   *loss_sum = sums[0];

@@ -123,9 +123,9 @@ typedef struct lt_train_conf {
    * vote on the hooks' should_stop (one stops: all stop there, a preemption checkpointing the
    * whole step). Rank 0 alone scores the base model, evaluates and writes checkpoints (the
    * others' hooks never see on_eval or on_checkpoint); every rank sees on_step with the gang's
-   * loss and tokens. On any backend: the gradients cross host memory for the sum (downloaded,
-   * summed over the gang's connections, uploaded), since the executor has no network of its
-   * own for NCCL's bootstrap to open (lt_dp.h, GPU). */
+   * loss and tokens. On any backend: on cuda the gradients cross host memory for the sum
+   * (downloaded, summed over the gang's connections, uploaded), since the executor has no
+   * network of its own for NCCL's bootstrap to open (lt_dp.h, GPU). */
   lt_dp_t *dp;
 } lt_train_conf_t;
 

@@ -524,8 +524,9 @@ static int lt_gt_nccl(lt_backend_t *be, int bf16, char *msg, size_t n) {
 }
 
 /* bf16 mode stores a large weight once, in bf16: mapping 2^26 floats takes about 2 bytes a
- * float of device memory, not 6 (f32 and bf16 copies); copy and download give its exact floats (from the caller's);
- * the embedding reads its bf16 rows; a norm kernel handed it refuses by name. */
+ * float of device memory, not 6 (f32 and bf16 copies); copy and download give its exact floats
+ * (the caller's); the embedding reads its bf16 rows; marked grad_f32 (the LM head), its A W is
+ * the f32 product and its A W^T still bf16; a norm kernel handed it refuses by name. */
 static int lt_gt_bf16_once(lt_backend_t *be, int bf16, char *msg, size_t n) {
   (void)bf16;
   size_t V = 1 << 16, D = 1 << 10, N = V * D, f0, f1, total;
@@ -556,6 +557,30 @@ static int lt_gt_bf16_once(lt_backend_t *be, int bf16, char *msg, size_t n) {
       for (size_t c = 0; c < D; c++) want[r * D + c] = lt_gt_bf16(W[(size_t)tok[r] * D + c]);
     ok = lt_gt_close("embedding rows of a bf16-only table", g, want, 3 * D, 0.0f, 0.0f, msg, n);
     free(g), free(want);
+  }
+  if (ok) { /* grad_f32: 2 rows times W (V x D) in f32; 2 rows times W^T still in bf16 */
+    int M = 2;
+    float *A = lt_gt_randv((size_t)M * V, 1), *R = malloc((size_t)M * D * 4);
+    float *dA = lt_gt_up(be, A, (size_t)M * V * 4), *dC = be->alloc(be, (size_t)M * V * 4);
+    be->grad_f32(be, dW);
+    be->matmul(be, 0, 0, M, (int)D, (int)V, 1.0f, dA, (int)V, dW, (int)D, 0.0f, dC, (int)D);
+    lt_gt_ref_mm(0, 0, M, (int)D, (int)V, 1.0f, A, (int)V, W, (int)D, 0.0f, R, (int)D);
+    float *g = lt_gt_down(be, dC, (size_t)M * D);
+    ok = lt_gt_close("A W of a grad_f32 weight (f32)", g, R, (size_t)M * D, 2e-3f, 1e-4f, msg, n);
+    free(g);
+    if (ok) { /* A W^T: 2 rows of D times W^T (D x V): bf16, so not within the f32 tolerance */
+      be->matmul(be, 0, 1, M, (int)V, (int)D, 1.0f, dA, (int)D, dW, (int)D, 0.0f, dC, (int)V);
+      float *R2 = malloc((size_t)M * V * 4);
+      lt_gt_ref_mm(0, 1, M, (int)V, (int)D, 1.0f, A, (int)D, W, (int)D, 0.0f, R2, (int)V);
+      g = lt_gt_down(be, dC, (size_t)M * V);
+      char tmp[256];
+      ok = !lt_gt_close("A W^T", g, R2, (size_t)M * V, 1e-5f, 1e-5f, tmp, sizeof tmp) &&
+           lt_gt_close("A W^T of a grad_f32 weight (bf16)", g, R2, (size_t)M * V, 0.5f, 3e-2f, msg, n);
+      if (!ok && !msg[0]) snprintf(msg, n, "A W^T of a grad_f32 weight matched f32 to 1e-5: not the bf16 path");
+      free(g), free(R2);
+    }
+    be->free(be, dA), be->free(be, dC);
+    free(A), free(R);
   }
   be->free(be, dc), be->free(be, de), be->free(be, dt), be->free_const(be, dW), be->free_const(be, d0);
   if (ok) { /* a kernel that reads floats is refused, naming itself (on a backend of its own:

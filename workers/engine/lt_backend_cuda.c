@@ -29,6 +29,7 @@ typedef struct {
    * kernel handed it faults instead of reading garbage); host is the caller's floats, which
    * copy and download read (map_const's contract keeps them valid). */
   const float *host;
+  float *f32; /* grad_f32 on a bf16-only weight: its floats on the device for A W, or NULL */
 } lt_cb_buf;
 
 typedef struct {
@@ -142,6 +143,7 @@ static void lt_cb_buf_release(lt_cb_ctx *c, lt_cb_buf *b) {
   if (b->host) munmap(b->p, b->n * sizeof(float));
   else lt_cb_release(c, b->p, b->bytes ? b->bytes : 64);
   if (b->bf16) lt_cb_release(c, b->bf16, b->n * 2);
+  if (b->f32) lt_cb_release(c, b->f32, b->n * sizeof(float));
 }
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
@@ -174,7 +176,7 @@ static void *lt_cb_alloc(lt_backend_t *be, size_t bytes) {
     cudaFree(p);
     return NULL;
   }
-  lt_cb_buf b = {p, real, NULL, 0, 0, NULL};
+  lt_cb_buf b = {p, real, NULL, 0, 0, NULL, NULL};
   if (lt_cb_track(c, b)) {
     cudaFree(p);
     snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
@@ -244,7 +246,7 @@ static const float *lt_cb_map_bf16_only(lt_cb_ctx *c, const float *host, size_t 
     if (!LT_CB_CUDA(c, cudaMemcpyAsync(c->cast, host + off, m * sizeof(float), cudaMemcpyHostToDevice, c->stream)))
       LT_CB_REC(c, lt_k_cast_bf16((uint16_t *)s + off, 0, c->cast, 0, 1, (int)m, c->stream, c->tmp, sizeof c->tmp));
   }
-  lt_cb_buf b = {name, 0, s, n, 1, host};
+  lt_cb_buf b = {name, 0, s, n, 1, host, NULL};
   if (c->err != LT_OK || LT_CB_CUDA(c, cudaStreamSynchronize(c->stream)) || lt_cb_track(c, b)) {
     if (c->err == LT_OK) {
       snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
@@ -267,6 +269,21 @@ static const float *lt_cb_map_const(lt_backend_t *be, const float *host, size_t 
   b->is_const = 1;
   b->n = n;
   return p;
+}
+
+/* The LM head's input gradient (dY W) in f32 as on the cpu backend: a bf16-only weight gets its
+ * floats on the device too, which matmul reads for the A W form. */
+static void lt_cb_grad_f32(lt_backend_t *be, const float *dev) {
+  lt_cb_ctx *c = lt_cb(be);
+  lt_cb_buf *b = (lt_cb_buf *)lt_cb_bf16_only(c, dev);
+  if (!b || b->p != dev || b->f32 || !lt_cb_enter(c)) return;
+  float *f = NULL;
+  if (LT_CB_CUDA(c, cudaMalloc((void **)&f, b->n * sizeof(float)))) return;
+  if (lt_cb_copy_sync(be, f, b->host, b->n * sizeof(float), cudaMemcpyHostToDevice) != LT_OK) {
+    cudaFree(f);
+    return;
+  }
+  b->f32 = f;
 }
 
 static void lt_cb_free_const(lt_backend_t *be, const float *dev) {
@@ -296,7 +313,10 @@ static void lt_cb_matmul(lt_backend_t *be, int trans_a, int trans_b, int M, int 
   if (!lt_cb_enter(c) || M <= 0 || N <= 0) return;
   cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const void *sa = lt_cb_shadow(c, A), *sb = lt_cb_shadow(c, B);
+  const lt_cb_buf *wb = trans_b ? NULL : lt_cb_bf16_only(c, B);
+  if (wb && wb->f32) /* grad_f32: dY W on the weight's floats */
+    B = wb->f32 + (B - (const float *)wb->p);
+  const void *sa = lt_cb_shadow(c, A), *sb = wb && wb->f32 ? NULL : lt_cb_shadow(c, B);
   if (K > 0 && (sa || sb)) {
     /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
     int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;
@@ -568,6 +588,7 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
   be->download = lt_cb_download;
   be->map_const = lt_cb_map_const;
   be->free_const = lt_cb_free_const;
+  be->grad_f32 = lt_cb_grad_f32;
   be->scrub = lt_cb_scrub;
   be->matmul = lt_cb_matmul;
   be->matmul_strided = lt_cb_matmul_strided;

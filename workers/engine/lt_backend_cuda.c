@@ -29,7 +29,8 @@ typedef struct {
    * kernel handed it faults instead of reading garbage); host is the caller's floats, which
    * copy and download read (map_const's contract keeps them valid). */
   const float *host;
-  float *f32; /* grad_f32 on a bf16-only weight: its floats on the device for A W, or NULL */
+  int grad_f32; /* grad_f32 was asked for this bf16-only weight */
+  float *f32;   /* then its floats on the device, made at its first A W product; or NULL */
 } lt_cb_buf;
 
 typedef struct {
@@ -176,7 +177,7 @@ static void *lt_cb_alloc(lt_backend_t *be, size_t bytes) {
     cudaFree(p);
     return NULL;
   }
-  lt_cb_buf b = {p, real, NULL, 0, 0, NULL, NULL};
+  lt_cb_buf b = {p, real, NULL, 0, 0, NULL, 0, NULL};
   if (lt_cb_track(c, b)) {
     cudaFree(p);
     snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
@@ -246,7 +247,7 @@ static const float *lt_cb_map_bf16_only(lt_cb_ctx *c, const float *host, size_t 
     if (!LT_CB_CUDA(c, cudaMemcpyAsync(c->cast, host + off, m * sizeof(float), cudaMemcpyHostToDevice, c->stream)))
       LT_CB_REC(c, lt_k_cast_bf16((uint16_t *)s + off, 0, c->cast, 0, 1, (int)m, c->stream, c->tmp, sizeof c->tmp));
   }
-  lt_cb_buf b = {name, 0, s, n, 1, host, NULL};
+  lt_cb_buf b = {name, 0, s, n, 1, host, 0, NULL};
   if (c->err != LT_OK || LT_CB_CUDA(c, cudaStreamSynchronize(c->stream)) || lt_cb_track(c, b)) {
     if (c->err == LT_OK) {
       snprintf(c->tmp, sizeof c->tmp, "out of host memory tracking a buffer");
@@ -271,19 +272,26 @@ static const float *lt_cb_map_const(lt_backend_t *be, const float *host, size_t 
   return p;
 }
 
-/* The LM head's input gradient (dY W) in f32 as on the cpu backend: a bf16-only weight gets its
- * floats on the device too, which matmul reads for the A W form. */
+/* The LM head's input gradient (dY W) in f32 as on the cpu backend: a bf16-only weight so marked
+ * gets its floats on the device at its first A W product (a sampler, which has none, never pays
+ * for them), and matmul reads those for that form. */
 static void lt_cb_grad_f32(lt_backend_t *be, const float *dev) {
+  lt_cb_buf *b = (lt_cb_buf *)lt_cb_bf16_only(lt_cb(be), dev);
+  if (b && b->p == dev) b->grad_f32 = 1;
+}
+
+/* The floats of bf16-only weight b on the device (grad_f32), made on first use; NULL on failure
+ * (recorded). */
+static const float *lt_cb_weight_f32(lt_backend_t *be, lt_cb_buf *b) {
   lt_cb_ctx *c = lt_cb(be);
-  lt_cb_buf *b = (lt_cb_buf *)lt_cb_bf16_only(c, dev);
-  if (!b || b->p != dev || b->f32 || !lt_cb_enter(c)) return;
+  if (b->f32) return b->f32;
   float *f = NULL;
-  if (LT_CB_CUDA(c, cudaMalloc((void **)&f, b->n * sizeof(float)))) return;
+  if (LT_CB_CUDA(c, cudaMalloc((void **)&f, b->n * sizeof(float)))) return NULL;
   if (lt_cb_copy_sync(be, f, b->host, b->n * sizeof(float), cudaMemcpyHostToDevice) != LT_OK) {
     cudaFree(f);
-    return;
+    return NULL;
   }
-  b->f32 = f;
+  return b->f32 = f;
 }
 
 static void lt_cb_free_const(lt_backend_t *be, const float *dev) {
@@ -313,10 +321,13 @@ static void lt_cb_matmul(lt_backend_t *be, int trans_a, int trans_b, int M, int 
   if (!lt_cb_enter(c) || M <= 0 || N <= 0) return;
   cublasOperation_t oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const lt_cb_buf *wb = trans_b ? NULL : lt_cb_bf16_only(c, B);
-  if (wb && wb->f32) /* grad_f32: dY W on the weight's floats */
-    B = wb->f32 + (B - (const float *)wb->p);
-  const void *sa = lt_cb_shadow(c, A), *sb = wb && wb->f32 ? NULL : lt_cb_shadow(c, B);
+  lt_cb_buf *wb = trans_b ? NULL : (lt_cb_buf *)lt_cb_bf16_only(c, B);
+  if (wb && wb->grad_f32) { /* dY W on the weight's floats */
+    const float *f = lt_cb_weight_f32(be, wb);
+    if (!f) return;
+    B = f + (B - (const float *)wb->p);
+  }
+  const void *sa = lt_cb_shadow(c, A), *sb = wb && wb->grad_f32 ? NULL : lt_cb_shadow(c, B);
   if (K > 0 && (sa || sb)) {
     /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
     int ar = trans_a ? K : M, ac = trans_a ? M : K, br = trans_b ? N : K, bc = trans_b ? K : N;

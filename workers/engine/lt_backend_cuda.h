@@ -7,8 +7,8 @@
  * bf16_min_elems floats lives on the device in bf16 alone, stored once (its name is a reserved
  * host range, not device memory), and the matmul()s that read one run on tensor cores with the activations cast to bf16 and f32
  * accumulation (attention's GEMMs likewise); embed_fwd() widens its bf16 rows; copy() and
- * download() give the caller's floats; grad_f32() (the LM head) adds the weight's floats on the
- * device, which its A W products (the input gradient) read, as on the cpu backend. Smaller
+ * download() give the caller's floats; grad_f32() (the LM head) puts the weight's floats on the
+ * device at its first A W product (the input gradient), which reads them, as on the cpu backend. Smaller
  * weights (norms, biases) stay f32 for the kernels that read floats; handing such a kernel a
  * bf16-only weight fails the backend, naming it. The embedding's rows are bf16 in this mode
  * (the cpu backend's bf16 path reads them as floats).

@@ -1,6 +1,7 @@
 /* bench_util: what the benchmarks share — their LATHE_BENCH_* settings, a monotonic clock,
  * medians, and the CPU time of this process and of a local server process (the Kafka broker's or
- * the S3 server's JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ alone. */
+ * the S3 server's JVM), so a benchmark can say whose CPU a cost is. Header-only, for bench/ and
+ * the GPU benches of tests/gpu. */
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 

@@ -190,9 +190,7 @@ static int sweep_length(int threads, int steps, int layers, int B, int T, double
            T, B, T, step_s, r, cpu_step, (double)loss);
     fflush(stdout);
     if (write(fd[1], &r, sizeof r) != sizeof r) _exit(1);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    bench_rm_rf(dir);
     _exit(0);
   }
   close(fd[1]);
@@ -328,9 +326,7 @@ int main(int argc, char **argv) {
   lt_session_destroy(s);
   lt_engine_close(eng);
   lt_backend_destroy(be);
-  char cmd[4200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  bench_rm_rf(dir);
 
   double ratio = 0;
   if (torch) {

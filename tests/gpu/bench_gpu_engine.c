@@ -15,17 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../../bench/bench_util.h" /* bench_now_s, bench_rm_rf */
 #include "lt_backend_cuda.h"
 #include "lt_engine.h"
 #include "lt_gpu_peak.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* TFLOP/s of the backend's bf16 product C = A W^T at n x n x n (W mapped, so bf16). */
 static double ceiling(lt_backend_t *be, int n) {
@@ -41,10 +35,10 @@ static double ceiling(lt_backend_t *be, int n) {
   be->upload(be, A, h, nn * sizeof(float));
   double best = 1e30;
   for (int i = 0; i < 6; i++) {
-    double t = now();
+    double t = bench_now_s();
     be->matmul(be, 0, 1, n, n, n, 1.0f, A, n, W, n, 0.0f, C, n);
     be->sumsq(be, C, 1); /* waits for the stream */
-    t = now() - t;
+    t = bench_now_s() - t;
     if (i && t < best) best = t;
   }
   be->free(be, A), be->free(be, C), be->free_const(be, W);
@@ -78,7 +72,7 @@ int main(int argc, char **argv) {
                           .num_heads = H, .num_kv_heads = KV, .head_dim = hd, .max_position = T,
                           .rms_norm_eps = 1e-5f, .rope_theta = 500000.0f, .rope_linear_factor = 1.0f,
                           .tie_embeddings = 1};
-  double t0 = now();
+  double t0 = bench_now_s();
   if (lt_model_init_random(&mc, dir, 1, 0.02f, 0.0f, err, sizeof err)) {
     printf("bench_gpu_engine: model: %s\n", err);
     return 1;
@@ -91,7 +85,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("shape: layers=%d D=%d H=%d KV=%d hd=%d FFN=%d V=%d B=%d T=%d lora_r=%d (model made and loaded in %.1f s)\n",
-         L, D, H, KV, hd, F, V, B, T, R, now() - t0);
+         L, D, H, KV, hd, F, V, B, T, R, bench_now_s() - t0);
   size_t n = (size_t)B * T;
   int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
   unsigned rs = 1;
@@ -101,13 +95,13 @@ int main(int argc, char **argv) {
   double best = 1e30;
   for (int k = 0; k <= steps; k++) {
     float loss, gn;
-    double t = now();
+    double t = bench_now_s();
     if (lt_forward_backward(s, &b, LT_LOSS_CROSS_ENTROPY, &loss, NULL, err, sizeof err) ||
         lt_optim_step(s, &opt, &gn, err, sizeof err)) {
       printf("bench_gpu_engine: step %d: %s\n", k, err);
       return 1;
     }
-    t = now() - t;
+    t = bench_now_s() - t;
     printf("step %d: %.2f ms, loss %.4f, grad norm %.3g%s\n", k, t * 1e3, loss, gn, k ? "" : " (warm-up)");
     fflush(stdout);
     if (k && t < best) best = t;
@@ -124,9 +118,7 @@ int main(int argc, char **argv) {
   lt_session_destroy(s);
   lt_engine_close(eng);
   lt_backend_destroy(be);
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  if (system(cmd) != 0) fprintf(stderr, "bench_gpu_engine: could not remove %s\n", dir);
+  bench_rm_rf(dir);
   free(tok), free(tgt);
   return 0;
 }

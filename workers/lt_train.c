@@ -457,6 +457,7 @@ typedef struct {
   int64_t t0, last_ckpt_ms, ckpt_every_ms, tokens_total;
   int rank, world;         /* of the gang (conf->dp); 0 and 1 alone */
   float *gang_host;        /* the gradients on the host for the gang's sum (gang_reduce) */
+  size_t gang_n;           /* its floats */
 } run_t;
 
 static json_t *eval_json(const lt_train_eval_t *e, const char *digest) {
@@ -653,6 +654,7 @@ static void run_free(run_t *r) {
   batch_free(&r->vb);
   json_decref(r->metrics);
   json_decref(r->config);
+  if (r->gang_host) explicit_bzero(r->gang_host, r->gang_n * sizeof(float)); /* a tenant's gradients */
   free(r->gang_host);
   lt_session_destroy(r->sess);
   examples_free(&r->train);
@@ -695,6 +697,7 @@ static lt_err_t gang_reduce(run_t *r, uint64_t calls0, double *loss_sum, int64_t
   } else {
     if (!r->gang_host && !(r->gang_host = malloc(np * sizeof(float))))
       return lt_errf(errstr, n, LT_ERR_NOMEM, "gang: no memory for %zu gradients on the host", np);
+    r->gang_n = np;
     if ((err = r->be->download(r->be, r->gang_host, g, np * sizeof(float))))
       return lt_errf(errstr, n, err, "gang: gradients to the host: %s", r->be->last_error(r->be));
     if (!(err = lt_dp_allreduce_sum(r->conf->dp, r->gang_host, np, errstr, n)) &&

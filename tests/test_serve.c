@@ -342,12 +342,12 @@ static float bf16_ref_dot(const float *a, const float *w, int K) {
 }
 
 /* With bf16 weights, every element of matmul_rows is bitwise bf16_ref_dot: for every M (the
- * tiles, the four-column and single-column kernels and their tails), K not a multiple of 32, a W
- * that starts inside a mapped weight, activations and weights with subnormals and values that
- * round up to the smallest normal, matmul_rows_multi mixing a mapped and an unmapped W (read as
+ * 8x2 and 4x4 tiles, the four-column and single-column kernels and their tails: M to 8 + 4 + 1),
+ * K not a multiple of 32, a W that starts inside a mapped weight, activations and weights with
+ * subnormals and values that round up to the smallest normal, matmul_rows_multi mixing a mapped and an unmapped W (read as
  * floats), alpha and beta. After free_const the floats are read again. */
 Test(serve, bf16_weights_give_the_defined_bf16_pair_sum) {
-  enum { N = 37, K = 53, MM = 9 };
+  enum { N = 37, K = 53, MM = 13 };
   lt_backend_t *h, *f;
   lt_cpu_opts_t o = {.threads = 2, .bf16_weights = 1, .bf16_min_elems = 64};
   OK(lt_backend_cpu_new_opts(&o, &h, errbuf, sizeof errbuf));
@@ -398,12 +398,12 @@ Test(serve, bf16_weights_give_the_defined_bf16_pair_sum) {
   lt_backend_destroy(f);
 }
 
-/* The AVX-512 kernels (4x4 tiles, 16-float registers; vdpbf16ps for bf16 copies) and the
+/* The AVX-512 kernels (4x4 and 8x2 tiles, 16-float registers; vdpbf16ps for bf16 copies) and the
  * narrow ones (AVX2 or baseline) give the same bits, for floats and bf16 copies, every M through
  * the tiles and their edges, K with and without a tail: the sampler's answers do not depend on
  * the machine. */
 Test(serve, matmul_rows_is_the_same_bits_on_every_instruction_set) {
-  enum { N = 37, MM = 9, KMAX = 64 };
+  enum { N = 37, MM = 13, KMAX = 64 };
   if (!__builtin_cpu_supports("avx512f"))
     fprintf(stderr, "note: no AVX-512 here: both backends run the narrow kernels\n");
   else if (!__builtin_cpu_supports("avx512bf16"))

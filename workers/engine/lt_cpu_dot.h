@@ -217,4 +217,32 @@ AI void bdot_tile(const uint16_t *a, size_t lda, const uint16_t *w, size_t ldw, 
   }
 }
 
+/* Eight activation rows against two weight rows: sixteen sums (out[2 * row + col]), each weight
+ * chunk loaded once for eight rows, so a batch of eight streams the weights once with the
+ * products between the loads; every element summed exactly as bdot_tile sums it. */
+AI void bdot_tile82(const uint16_t *a, size_t lda, const uint16_t *w, size_t ldw, int K,
+                    const uint16_t *pf, ldp_fn ld, bstep_fn step, bfold_fn fold, float *out) {
+  v16f v00 = {0}, v01 = {0}, v10 = {0}, v11 = {0}, v20 = {0}, v21 = {0}, v30 = {0}, v31 = {0};
+  v16f v40 = {0}, v41 = {0}, v50 = {0}, v51 = {0}, v60 = {0}, v61 = {0}, v70 = {0}, v71 = {0};
+  for (int k = 0; k < K; k += 32) {
+    if (pf) {
+      _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
+      _mm_prefetch((const char *)(pf + ldw + k), _MM_HINT_T0);
+    }
+    v16u w0 = ld(w, k, K), w1 = ld(w + ldw, k, K), x;
+    x = ld(a, k, K), v00 = step(v00, x, w0), v01 = step(v01, x, w1);
+    x = ld(a + lda, k, K), v10 = step(v10, x, w0), v11 = step(v11, x, w1);
+    x = ld(a + 2 * lda, k, K), v20 = step(v20, x, w0), v21 = step(v21, x, w1);
+    x = ld(a + 3 * lda, k, K), v30 = step(v30, x, w0), v31 = step(v31, x, w1);
+    x = ld(a + 4 * lda, k, K), v40 = step(v40, x, w0), v41 = step(v41, x, w1);
+    x = ld(a + 5 * lda, k, K), v50 = step(v50, x, w0), v51 = step(v51, x, w1);
+    x = ld(a + 6 * lda, k, K), v60 = step(v60, x, w0), v61 = step(v61, x, w1);
+    x = ld(a + 7 * lda, k, K), v70 = step(v70, x, w0), v71 = step(v71, x, w1);
+  }
+  out[0] = fold(v00), out[1] = fold(v01), out[2] = fold(v10), out[3] = fold(v11);
+  out[4] = fold(v20), out[5] = fold(v21), out[6] = fold(v30), out[7] = fold(v31);
+  out[8] = fold(v40), out[9] = fold(v41), out[10] = fold(v50), out[11] = fold(v51);
+  out[12] = fold(v60), out[13] = fold(v61), out[14] = fold(v70), out[15] = fold(v71);
+}
+
 #endif

@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -38,16 +39,16 @@ typedef void (*pool_fn)(void *arg, int tid, int nt);
 typedef struct cpu {
   lt_backend_t be;
   int nt;
-  /* A job is published by fn, arg and then gen; workers spin on gen for POOL_SPIN pauses
-   * before they sleep on go, and the caller spins on pending before it sleeps on done: a decode
-   * step runs hundreds of short jobs, and a futex sleep and wake-up for each cost about a tenth
-   * of it. sleepers and waiting say who sleeps, so that a wake-up is only sent to a sleeper
-   * (seq_cst on both sides: a thread that sets its flag and then reads the condition, against
-   * one that changes the condition and then reads the flag, cannot both miss). */
+  /* A job is published by fn, arg and then gen; workers wait awake on gen (spin_while) before
+   * they sleep on go, and the caller on pending before it sleeps on done: a decode step runs
+   * hundreds of short jobs, and a sleep and wake-up for each cost a third of it in a VM.
+   * sleepers and waiting say who sleeps, so that a wake-up is only sent to a sleeper (seq_cst
+   * on both sides: a thread that sets its flag and then reads the condition, against one that
+   * changes the condition and then reads the flag, cannot both miss). */
   pthread_mutex_t mu;
   pthread_cond_t go, done;
   _Atomic long gen;     /* incremented per job */
-  _Atomic int pending;  /* workers still running the current job */
+  _Atomic long pending; /* workers still running the current job */
   _Atomic int sleepers; /* workers asleep on go, or about to be */
   _Atomic int waiting;  /* the caller asleep on done, or about to be */
   int quit;             /* written before gen moves, read after */
@@ -96,8 +97,36 @@ typedef struct blk {
   char pad[40]; /* header is 64 bytes so the payload keeps 64-byte alignment */
 } blk_t;
 
-/* Pauses before a pool thread sleeps: ~140 cycles each on recent Xeons, so about 50 us. */
-#define POOL_SPIN 400
+/* How long a pool thread waits awake before it sleeps, and how many pauses of that wait come
+ * before it yields the CPU at each turn instead (so a machine with more runnable threads than
+ * cores runs them). Measured on the 2-vCPU VM (bench_sample, SmolLM2 shape, bf16): a wait of
+ * 5 us decoded 29 tokens/s at batch 1, 50 us 40-42, 200 us 41-62, 1 ms 50-55 (the old pool,
+ * asleep at once: 30-33), batch 8 143 -> 203-235; in a VM a sleeping vCPU's wake-up is an
+ * exit to the hypervisor, and a decode step runs hundreds of jobs with gaps between them. */
+#define POOL_AWAKE_NS 1000000L
+#define POOL_PAUSES 2048
+
+static long mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Waits awake while (*v == x) == eq, for at most POOL_AWAKE_NS; returns *v. */
+static long spin_while(_Atomic long *v, long x, bool eq) {
+  long now = atomic_load(v), end = 0;
+  for (int i = 1; (now == x) == eq; i++) {
+    _mm_pause();
+    now = atomic_load(v);
+    if ((i & 63) == 0) {
+      long t = mono_ns();
+      if (!end) end = t + POOL_AWAKE_NS;
+      else if (t > end) break;
+    }
+    if (i > POOL_PAUSES) sched_yield();
+  }
+  return now;
+}
 
 static void *worker_main(void *p) {
   cpu_t *c = ((void **)p)[0];
@@ -105,11 +134,7 @@ static void *worker_main(void *p) {
   free(p);
   long seen = 0;
   for (;;) {
-    long g = atomic_load(&c->gen);
-    for (int i = 0; i < POOL_SPIN && g == seen; i++) {
-      _mm_pause();
-      g = atomic_load(&c->gen);
-    }
+    long g = spin_while(&c->gen, seen, true);
     if (g == seen) {
       pthread_mutex_lock(&c->mu);
       atomic_fetch_add(&c->sleepers, 1);
@@ -145,8 +170,7 @@ static void pool_run(cpu_t *c, pool_fn fn, void *arg) {
     pthread_mutex_unlock(&c->mu);
   }
   fn(arg, 0, c->nt);
-  for (int i = 0; i < POOL_SPIN && atomic_load(&c->pending); i++) _mm_pause();
-  if (!atomic_load(&c->pending)) return;
+  if (!spin_while(&c->pending, 0, false)) return;
   pthread_mutex_lock(&c->mu);
   atomic_store(&c->waiting, 1);
   while (atomic_load(&c->pending)) pthread_cond_wait(&c->done, &c->mu);

@@ -1,9 +1,9 @@
 /* lt_backend_cpu: the cpu implementation of lt_backend.h.
  *
- * Matrix products go to OpenBLAS (cblas_sgemm) set to one thread; parallelism comes from this
- * file's own fixed-size pthread pool, which splits every op into `threads` static chunks, so the
- * partition (and thus every floating-point reduction order) depends only on the shapes and the
- * thread count: runs are bitwise reproducible. Owning all threads (rather than letting OpenBLAS
+ * Matrix products go to OpenBLAS (cblas_sgemm) set to one thread; parallelism comes from our
+ * own fixed-size thread pool (lt_cpu_pool.h), which splits every op into `threads` static
+ * chunks, so the partition (and thus every floating-point reduction order) depends only on the
+ * shapes and the thread count: runs are bitwise reproducible. Owning all threads (rather than letting OpenBLAS
  * spin its own next to ours) keeps two pools from fighting over the cores.
  *
  * Loops are written plainly for gcc to vectorise (this file is built with -O3 and portable
@@ -12,10 +12,7 @@
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,33 +24,17 @@
 #include "lt_cpu_dot.h"
 #include "lt_cpu_ew.h"
 #include "lt_cpu_fexp.h"
+#include "lt_cpu_pool.h"
 #include "lt_safetensors.h" /* lt_st_f32_to_bf16: the bf16 copies of mapped weights */
 
 /* OpenBLAS's own setter (declared in its cblas.h on Debian, repeated for other layouts). */
 void openblas_set_num_threads(int num_threads);
 
-/* ---- thread pool ------------------------------------------------------------------------ */
-
-typedef void (*pool_fn)(void *arg, int tid, int nt);
-
 typedef struct cpu {
   lt_backend_t be;
   int nt;
-  /* A job is published by fn, arg and then gen; workers wait awake on gen (spin_while) before
-   * they sleep on go, and the caller on pending before it sleeps on done: a decode step runs
-   * hundreds of short jobs, and a sleep and wake-up for each cost a third of it in a VM.
-   * sleepers and waiting say who sleeps, so that a wake-up is only sent to a sleeper (seq_cst
-   * on both sides: a thread that sets its flag and then reads the condition, against one that
-   * changes the condition and then reads the flag, cannot both miss). */
-  pthread_mutex_t mu;
-  pthread_cond_t go, done;
-  _Atomic long gen;     /* incremented per job */
-  _Atomic long pending; /* workers still running the current job */
-  _Atomic int sleepers; /* workers asleep on go, or about to be */
-  _Atomic int waiting;  /* the caller asleep on done, or about to be */
-  int quit;             /* written before gen moves, read after */
-  pool_fn fn;
-  void *arg;
+  lt_cpu_pool_t pool; /* nt threads, the caller's included */
+  bool pooled;        /* pool started */
   struct lane *lanes; /* [nt] */
   char err[256];
   /* allocation list for destroy() */
@@ -83,10 +64,9 @@ typedef struct shadow {
   uint16_t *h;
 } shadow_t;
 
-/* One pool thread: its handle (unused for tid 0, the caller) and its scratch (attention
- * tiles, rmsnorm dw partials), which grows at warm-up only. */
+/* One pool thread's scratch (attention tiles, rmsnorm dw partials), which grows at warm-up
+ * only. */
 typedef struct lane {
-  pthread_t thread;
   float *scratch;
   size_t scratch_n;
 } lane_t;
@@ -96,87 +76,6 @@ typedef struct blk {
   size_t bytes;
   char pad[40]; /* header is 64 bytes so the payload keeps 64-byte alignment */
 } blk_t;
-
-/* How long a pool thread waits awake before it sleeps, and how many pauses of that wait come
- * before it yields the CPU at each turn instead (so a machine with more runnable threads than
- * cores runs them). Measured on the 2-vCPU VM (bench_sample, SmolLM2 shape, bf16): a wait of
- * 5 us decoded 29 tokens/s at batch 1, 50 us 40-42, 200 us 41-62, 1 ms 50-55 (the old pool,
- * asleep at once: 30-33), batch 8 143 -> 203-235; in a VM a sleeping vCPU's wake-up is an
- * exit to the hypervisor, and a decode step runs hundreds of jobs with gaps between them. */
-#define POOL_AWAKE_NS 1000000L
-#define POOL_PAUSES 2048
-
-static long mono_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-/* Waits awake while (*v == x) == eq, for at most POOL_AWAKE_NS; returns *v. */
-static long spin_while(_Atomic long *v, long x, bool eq) {
-  long now = atomic_load(v), end = 0;
-  for (int i = 1; (now == x) == eq; i++) {
-    _mm_pause();
-    now = atomic_load(v);
-    if ((i & 63) == 0) {
-      long t = mono_ns();
-      if (!end) end = t + POOL_AWAKE_NS;
-      else if (t > end) break;
-    }
-    if (i > POOL_PAUSES) sched_yield();
-  }
-  return now;
-}
-
-static void *worker_main(void *p) {
-  cpu_t *c = ((void **)p)[0];
-  int tid = (int)(intptr_t)((void **)p)[1];
-  free(p);
-  long seen = 0;
-  for (;;) {
-    long g = spin_while(&c->gen, seen, true);
-    if (g == seen) {
-      pthread_mutex_lock(&c->mu);
-      atomic_fetch_add(&c->sleepers, 1);
-      while ((g = atomic_load(&c->gen)) == seen) pthread_cond_wait(&c->go, &c->mu);
-      atomic_fetch_sub(&c->sleepers, 1);
-      pthread_mutex_unlock(&c->mu);
-    }
-    if (c->quit) break;
-    seen = g;
-    c->fn(c->arg, tid, c->nt);
-    if (atomic_fetch_sub(&c->pending, 1) == 1 && atomic_load(&c->waiting)) {
-      pthread_mutex_lock(&c->mu);
-      pthread_cond_signal(&c->done);
-      pthread_mutex_unlock(&c->mu);
-    }
-  }
-  return NULL;
-}
-
-/* Runs fn(arg, tid, nt) for tid in [0, nt), the caller being tid 0; returns when all are done. */
-static void pool_run(cpu_t *c, pool_fn fn, void *arg) {
-  if (c->nt == 1) {
-    fn(arg, 0, 1);
-    return;
-  }
-  c->fn = fn;
-  c->arg = arg;
-  atomic_store(&c->pending, c->nt - 1);
-  atomic_fetch_add(&c->gen, 1);
-  if (atomic_load(&c->sleepers)) {
-    pthread_mutex_lock(&c->mu);
-    pthread_cond_broadcast(&c->go);
-    pthread_mutex_unlock(&c->mu);
-  }
-  fn(arg, 0, c->nt);
-  if (!spin_while(&c->pending, 0, false)) return;
-  pthread_mutex_lock(&c->mu);
-  atomic_store(&c->waiting, 1);
-  while (atomic_load(&c->pending)) pthread_cond_wait(&c->done, &c->mu);
-  atomic_store(&c->waiting, 0);
-  pthread_mutex_unlock(&c->mu);
-}
 
 /* The tid-th of nt contiguous chunks of [0, n). */
 static inline void chunk(size_t n, int tid, int nt, size_t *lo, size_t *hi) {
@@ -348,7 +247,7 @@ static void mm_task(void *p, int tid, int nt) {
   }
 }
 
-static void amx_run(void *pool, pool_fn fn, void *arg) { pool_run(pool, fn, arg); }
+static void amx_run(void *c, lt_cpu_pool_fn fn, void *arg) { lt_cpu_pool_run(&((cpu_t *)c)->pool, fn, arg); }
 
 static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
@@ -361,7 +260,7 @@ static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, fl
   mm_args_t a = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, 0, 0, 0, 1};
   /* small products are not worth waking the pool */
   if ((double)M * N * K < 1 << 15) mm_task(&a, 0, 1);
-  else pool_run(c, mm_task, &a);
+  else lt_cpu_pool_run(&c->pool, mm_task, &a);
 }
 
 /* Batch-invariant NT product: each C element is one dot product computed by the same code
@@ -596,7 +495,7 @@ static void cpu_matmul_rows_multi(lt_backend_t *be, int count, const lt_mr_desc_
   bf16_prepare(CPU(be), count, d);
   mrm_args_t m = {CPU(be), count, d};
   if (flops < 1 << 15) mrm_task(&m, 0, 1);
-  else pool_run(CPU(be), mrm_task, &m);
+  else lt_cpu_pool_run(&CPU(be)->pool, mrm_task, &m);
 }
 
 static void cpu_matmul_rows(lt_backend_t *be, int M, int N, int K, float alpha, const float *A,
@@ -616,7 +515,7 @@ static void cpu_matmul_strided(lt_backend_t *be, int ta, int tb, int M, int N, i
     return;
   }
   mm_args_t a = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sa, sb, sc, batch};
-  pool_run(CPU(be), mm_task, &a);
+  lt_cpu_pool_run(&CPU(be)->pool, mm_task, &a);
 }
 
 /* ---- elementwise ------------------------------------------------------------------------ */
@@ -652,7 +551,7 @@ static void ew_job_task(void *p, int tid, int nt) {
 /* Runs fn over [0, span) split into the pool's static chunks. */
 static void ew_run(lt_backend_t *be, ew_fn fn, const ew_t *e, size_t span) {
   ew_job_t j = {fn, e, span};
-  pool_run(CPU(be), ew_job_task, &j);
+  lt_cpu_pool_run(&CPU(be)->pool, ew_job_task, &j);
 }
 
 /* Below this many elements an elementwise op runs on the caller alone: waking the pool costs
@@ -882,7 +781,7 @@ static void cpu_attn_fwd(lt_backend_t *be, float *out, float *state, const float
   attn_t a = {.out = out, .st = state, .q = q, .k = k, .v = v, .pos = pos,
               .d = {.B = B, .T = T, .H = H, .KV = KV, .hd = hd}, .parts = lt_cpu_attn_parts(B, KV, T, LT_CPU_ATTN_TILE),
               .c = CPU(be)};
-  pool_run(CPU(be), attn_fwd_task, &a);
+  lt_cpu_pool_run(&CPU(be)->pool, attn_fwd_task, &a);
 }
 
 /* One unit per (sequence, kv head, range of query tiles), the g query heads sharing the kv head
@@ -934,8 +833,8 @@ static void cpu_attn_bwd(lt_backend_t *be, float *dq, float *dk, float *dv, cons
   memset(dk, 0, a.nk * sizeof(float));
   memset(dv, 0, a.nk * sizeof(float));
   if (need) memset(a.part, 0, need * sizeof(float));
-  pool_run(c, attn_bwd_task, &a);
-  if (a.parts > 1) pool_run(c, attn_sum_task, &a);
+  lt_cpu_pool_run(&c->pool, attn_bwd_task, &a);
+  if (a.parts > 1) lt_cpu_pool_run(&c->pool, attn_sum_task, &a);
 }
 
 static void cpu_kv_store(lt_backend_t *be, float *cache, const float *src, const int32_t *seq,
@@ -996,7 +895,7 @@ static void cpu_attn_cached(lt_backend_t *be, float *out, const float *q, const 
                             const float *vcache, const int32_t *seq, const int32_t *pos, int n,
                             int H, int KV, int hd, int max_t) {
   cached_t a = {out, q, kcache, vcache, seq, pos, n, H, KV, hd, max_t, CPU(be)};
-  pool_run(CPU(be), attn_cached_task, &a);
+  lt_cpu_pool_run(&CPU(be)->pool, attn_cached_task, &a);
 }
 
 /* Paged cache (lt_serve): the row of position p is found through the sequence's block table;
@@ -1056,7 +955,7 @@ static void cpu_attn_paged(lt_backend_t *be, float *out, const float *q, const f
   size_t work = 0; /* products of a query with keys and values: every (row, head) is its own */
   for (int r = 0; r < n; r++) work += ((size_t)pos[r] + 1) * (size_t)H * (size_t)hd * 2;
   if (work < 4 * EW_INLINE) attn_paged_task(&a, 0, 1);
-  else pool_run(CPU(be), attn_paged_task, &a);
+  else lt_cpu_pool_run(&CPU(be)->pool, attn_paged_task, &a);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
@@ -1143,12 +1042,7 @@ static void cpu_adamw(lt_backend_t *be, float *p, const float *grad, float *m, f
 
 static void cpu_destroy(lt_backend_t *be) {
   cpu_t *c = CPU(be);
-  pthread_mutex_lock(&c->mu);
-  c->quit = 1;
-  atomic_fetch_add(&c->gen, 1);
-  pthread_cond_broadcast(&c->go);
-  pthread_mutex_unlock(&c->mu);
-  for (int t = 1; t < c->nt; t++) pthread_join(c->lanes[t].thread, NULL);
+  if (c->pooled) lt_cpu_pool_stop(&c->pool);
   while (c->blocks) cpu_free(be, c->blocks + 1);
   for (int t = 0; t < c->nt; t++) free(c->lanes[t].scratch);
   free(c->abf);
@@ -1157,9 +1051,6 @@ static void cpu_destroy(lt_backend_t *be) {
   free(c->sh);
   lt_amx_destroy(c->amx);
   free(c->lanes);
-  pthread_mutex_destroy(&c->mu);
-  pthread_cond_destroy(&c->go);
-  pthread_cond_destroy(&c->done);
   free(c);
 }
 
@@ -1183,9 +1074,6 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
     free(c->lanes), free(c);
     return err;
   }
-  pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->go, NULL);
-  pthread_cond_init(&c->done, NULL);
   lt_backend_t *be = &c->be;
   *be = (lt_backend_t){
       .name = "cpu",
@@ -1232,19 +1120,11 @@ lt_err_t lt_backend_cpu_new_opts(const lt_cpu_opts_t *o, lt_backend_t **out, cha
   };
   /* ours is the only pool: OpenBLAS runs single-threaded inside each of our threads */
   openblas_set_num_threads(1);
-  for (int t = 1; t < threads; t++) {
-    void **arg = malloc(2 * sizeof *arg);
-    if (arg) {
-      arg[0] = c;
-      arg[1] = (void *)(intptr_t)t;
-    }
-    if (!arg || pthread_create(&c->lanes[t].thread, NULL, worker_main, arg) != 0) {
-      free(arg);
-      c->nt = t;
-      cpu_destroy(be);
-      return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: cannot start thread %d",
-                     t);
-    }
+  int bad = lt_cpu_pool_start(&c->pool, threads);
+  c->pooled = !bad;
+  if (bad) {
+    cpu_destroy(be);
+    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "cpu backend: cannot start thread %d", bad);
   }
   *out = be;
   return LT_OK;

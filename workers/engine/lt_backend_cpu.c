@@ -3,8 +3,8 @@
  * Matrix products go to OpenBLAS (cblas_sgemm) set to one thread; parallelism comes from our
  * own fixed-size thread pool (lt_cpu_pool.h), which splits every op into `threads` static
  * chunks, so the partition (and thus every floating-point reduction order) depends only on the
- * shapes and the thread count: runs are bitwise reproducible. Owning all threads (rather than letting OpenBLAS
- * spin its own next to ours) keeps two pools from fighting over the cores.
+ * shapes and the thread count: runs are bitwise reproducible. Owning all threads (rather than
+ * letting OpenBLAS spin its own next to ours) keeps two pools from fighting over the cores.
  *
  * Loops are written plainly for gcc to vectorise (this file is built with -O3 and portable
  * flags); exp() uses a branch-free polynomial (lt_fexp). SwiGLU and the cross-entropy's rows
@@ -247,7 +247,9 @@ static void mm_task(void *p, int tid, int nt) {
   }
 }
 
-static void amx_run(void *c, lt_cpu_pool_fn fn, void *arg) { lt_cpu_pool_run(&((cpu_t *)c)->pool, fn, arg); }
+static void amx_run(void *c, lt_cpu_pool_fn fn, void *arg) {
+  lt_cpu_pool_run(&((cpu_t *)c)->pool, fn, arg);
+}
 
 static void cpu_matmul(lt_backend_t *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
@@ -325,8 +327,8 @@ AI void mrb_cols_of(const mr_args_t *a, size_t lo, size_t hi, ldp_fn ld, bstep_f
     for (; r + 8 <= a->M; r += 8) /* weights streamed once, products between the loads */
       for (size_t q = 0; q < 4; q += 2) {
         float d[16];
-        bdot_tile82(a->Ah + r * lda, lda, w + q * ldw, ldw, a->K, r == 0 && pf ? pf + q * ldw : NULL,
-                    ld, step, fold, d);
+        const uint16_t *pq = r == 0 && pf ? pf + q * ldw : NULL;
+        bdot_tile82(a->Ah + r * lda, lda, w + q * ldw, ldw, a->K, pq, ld, step, fold, d);
         for (int i = 0; i < 16; i++) mr_store(a, r + i / 2, j + q + (size_t)(i % 2), d[i]);
       }
     for (; r + 4 <= a->M; r += 4) {

@@ -6,31 +6,27 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "lt_time.h"
 
 /* How long a pool thread waits awake before it sleeps, and how many pauses of that wait come
  * before it yields the CPU at each turn instead (so a machine with more runnable threads than
  * cores runs them). Measured on the 2-vCPU VM (bench_sample, SmolLM2 shape, bf16): a wait of
  * 5 us decoded 29 tokens/s at batch 1, 50 us 40-42, 200 us 41-62, 1 ms 50-55 (asleep at once:
  * 30-33); batch 8 143 -> 203-235. */
-#define POOL_AWAKE_NS 1000000L
+#define POOL_AWAKE_US 1000
 #define POOL_PAUSES 2048
 
-static long mono_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-/* Waits awake while (*v == x) == eq, for at most POOL_AWAKE_NS; returns *v. */
+/* Waits awake while (*v == x) == eq, for at most POOL_AWAKE_US; returns *v. */
 static long spin_while(_Atomic long *v, long x, bool eq) {
-  long now = atomic_load(v), end = 0;
+  long now = atomic_load(v);
+  int64_t end = 0;
   for (int i = 1; (now == x) == eq; i++) {
     _mm_pause();
     now = atomic_load(v);
     if ((i & 63) == 0) {
-      long t = mono_ns();
-      if (!end) end = t + POOL_AWAKE_NS;
+      int64_t t = lt_time_mono_us();
+      if (!end) end = t + POOL_AWAKE_US;
       else if (t > end) break;
     }
     if (i > POOL_PAUSES) sched_yield();

@@ -1392,6 +1392,50 @@ Test(sched, preemptible_deficit_is_between_tenants_only) {
   lt_sched_destroy(s);
 }
 
+/* Reservations inside the preemptible class go to the tenants the class owes: a gang of the
+ * class drains a worker that higher classes may keep refilling, so a reservation can last long.
+ * Tenant 1, alone in the class, may reserve for its 2-GPU job; once tenant 2 queues work and
+ * tenant 1 runs more than its share, tenant 1 gives the reservation up, and tenant 2's own 2-GPU
+ * job (owed) takes the reserved worker when it drains — not tenant 1's older one. */
+Test(sched, preemptible_reservations_go_to_tenants_the_class_owes) {
+  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
+  tenant(s, 1, 1, 0, 0, 0);
+  tenant(s, 2, 1, 0, 0, 0);
+  worker(s, 1, 2, 2);
+  worker(s, 2, 2, 2);
+  lt_sched_decision_t d[8];
+  for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 4);
+  uint64_t on_w1[2], n1 = 0;
+  for (int i = 0; i < 4; i++)
+    if (d[i].worker_id == 1) on_w1[n1++] = d[i].job_id;
+  cr_assert_eq(n1, 2);
+  job(s, 5, 1, LT_CLASS_PREEMPTIBLE, 2, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_decide(s, 60, d, 8), 0);
+  uint32_t nw = 9;
+  lt_sched_reserved_idle_slots(s, &nw);
+  cr_assert_eq(nw, 0, "not before gang_reserve_after_s");
+  cr_assert_eq(lt_sched_decide(s, 120, d, 8), 0);
+  lt_sched_reserved_idle_slots(s, &nw);
+  cr_assert_eq(nw, 1, "alone in the class, tenant 1 is owed nothing and owes nothing: it drains one");
+  job(s, 6, 2, LT_CLASS_PREEMPTIBLE, 2, LT_SCHED_NO_MODEL, 130);
+  /* from 180 s tenant 1 runs 4 slots against a share of 2: its deficit turns negative, and
+   * at 240 s (job 6 past the bound) the one reservation allowed passes to tenant 2 */
+  for (double t = 180; t <= 300; t += 60) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  lt_sched_reserved_idle_slots(s, &nw);
+  cr_assert_eq(nw, 1);
+  /* the reserved worker is worker 1 (most free slots, then the first): drain it */
+  cr_assert_eq(lt_sched_job_finished(s, on_w1[0], 400), LT_OK);
+  cr_assert_eq(lt_sched_reserved_idle_slots(s, NULL), 1, "worker 1 is the reserved one");
+  cr_assert_eq(lt_sched_decide(s, 400, d, 8), 0, "the freed slot is held for the gang");
+  cr_assert_eq(lt_sched_job_finished(s, on_w1[1], 410), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 410, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 6 && d[0].worker_id == 1,
+            "tenant 2's gang starts on the drained worker, not tenant 1's older one (job %llu)",
+            (unsigned long long)d[0].job_id);
+  lt_sched_destroy(s);
+}
+
 /* Backfill (EASY): a standard 4-GPU job drains a 4-slot worker whose two running jobs end by
  * their bounds at 1000 and 2000 s (limit_s). A bounded job that ends before the shadow time —
  * when the gang could start, 2000 s — may use the free slot; one that would end later, one

@@ -86,8 +86,9 @@ typedef struct tenant {
   double key[LT_CLASS__COUNT];
   /* the preemptible class over time (lt_sched_decide.c fair_advance): its water-filled share of
    * the slots the class runs (weighted max-min over tenants with work in it), and the
-   * slot-seconds of that share it did not run while it had work there (< 0: ran more) */
-  double alloc_p, deficit_p;
+   * slot-seconds of that share it did not run while it had work there (< 0: ran more), and
+   * the slots it ran when the share was last computed */
+  double alloc_p, deficit_p, run_p;
   bool in_fair; /* listed in lt_sched.fair_t */
   uint8_t blocked; /* bit c: set aside in this decide call */
   uint32_t hnext;

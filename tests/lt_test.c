@@ -2,12 +2,18 @@
  * assertions: a helper that cannot do its part ends the test with a message saying why. */
 #include "lt_test.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -481,4 +487,94 @@ json_t *lt_test_tail_select(lt_test_tail_t *t, const char *topic, const char *ty
     json_array_append(out, r);
   }
   return out;
+}
+
+/* ---------------------------------------------------------------- a relay */
+
+int lt_test_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &al) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct lt_test_relay {
+  int port, up_port, lfd;
+  atomic_int stop;
+  pthread_t thread;
+};
+
+/* Reads what `from` has and writes it all to `to`; false when either side is done. */
+static bool relay_pass(int from, int to) {
+  char buf[1 << 14];
+  ssize_t got = read(from, buf, sizeof buf);
+  for (ssize_t off = 0; got > 0 && off < got;) {
+    ssize_t w = write(to, buf + off, (size_t)(got - off));
+    if (w <= 0) return false;
+    off += w;
+  }
+  return got > 0;
+}
+
+static void *relay_main(void *arg) {
+  lt_test_relay_t *r = arg;
+  int pa[16], pb[16], np = 0;
+  while (!atomic_load(&r->stop)) {
+    struct pollfd pf[1 + 32];
+    int n = 0;
+    pf[n++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+    for (int i = 0; i < np; i++) {
+      pf[n++] = (struct pollfd){.fd = pa[i], .events = POLLIN};
+      pf[n++] = (struct pollfd){.fd = pb[i], .events = POLLIN};
+    }
+    if (poll(pf, (nfds_t)n, 50) <= 0) continue;
+    for (int i = np - 1; i >= 0; i--) {
+      bool keep = (!pf[1 + 2 * i].revents || relay_pass(pa[i], pb[i])) &&
+                  (!pf[2 + 2 * i].revents || relay_pass(pb[i], pa[i]));
+      if (!keep) {
+        close(pa[i]);
+        close(pb[i]);
+        pa[i] = pa[np - 1], pb[i] = pb[np - 1], np--;
+      }
+    }
+    if ((pf[0].revents & POLLIN) && np < 16) {
+      int c = accept(r->lfd, NULL, NULL), u = socket(AF_INET, SOCK_STREAM, 0);
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)r->up_port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+      if (c < 0 || connect(u, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (c >= 0) close(c);
+        close(u);
+        continue;
+      }
+      pa[np] = c, pb[np++] = u;
+    }
+  }
+  for (int i = 0; i < np; i++) close(pa[i]), close(pb[i]);
+  return NULL;
+}
+
+lt_test_relay_t *lt_test_relay_start(int port, int up_port) {
+  lt_test_relay_t *r = calloc(1, sizeof *r);
+  cr_assert_not_null(r);
+  r->port = port, r->up_port = up_port;
+  r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert(bind(r->lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(r->lfd, 16) == 0,
+            "cannot listen on 127.0.0.1:%d", port);
+  cr_assert_eq(pthread_create(&r->thread, NULL, relay_main, r), 0);
+  return r;
+}
+
+void lt_test_relay_stop(lt_test_relay_t *r) {
+  if (!r) return;
+  atomic_store(&r->stop, 1);
+  pthread_join(r->thread, NULL);
+  close(r->lfd);
+  free(r);
 }

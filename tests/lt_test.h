@@ -176,4 +176,15 @@ const char *lt_test_rs(json_t *rec, const char *field);
 json_int_t lt_test_ri(json_t *rec, const char *field);
 bool lt_test_rb(json_t *rec, const char *field);
 
+/* ---------------------------------------------------------------- a relay */
+
+/* A port on loopback where nothing listens (bound, then closed). */
+int lt_test_free_port(void);
+
+/* A store or broker coming back: a thread that listens on 127.0.0.1:port and relays every
+ * connection byte for byte to 127.0.0.1:up_port, until lt_test_relay_stop (which closes them). */
+typedef struct lt_test_relay lt_test_relay_t;
+lt_test_relay_t *lt_test_relay_start(int port, int up_port);
+void lt_test_relay_stop(lt_test_relay_t *r); /* NULL is fine */
+
 #endif

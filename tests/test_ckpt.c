@@ -2,10 +2,13 @@
  * ops/stack (LATHE_S3_*; the S3 cases FAIL when it is not reachable) and a directory store. What
  * must hold: every object stored sealed under its deterministic key and reported once with the
  * hash and size the commit record carries; commits in step order; a failure is never lost (the
- * next call returns it); an abort stops a retrying upload, reports nothing and leaves nothing. */
+ * next call returns it); an abort stops a retrying upload, reports nothing and leaves nothing.
+ * And the other direction, lt_xfer (an attempt's inputs fetched before its executor starts): a
+ * store that is not there is waited out within retry_ms, and an abort ends the wait. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +19,8 @@
 #include "lt_crypto.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
+#include "lt_test.h"
+#include "lt_xfer.h"
 
 static char err[1024];
 
@@ -290,4 +295,116 @@ Test(ckpt, copy_mode_uploads_the_sealed_objects_unchanged_and_empties_the_sealed
   lt_ckpt_destroy(u);
   lt_store_destroy(s3);
   fix_close(&sealer);
+}
+
+/* ---- lt_xfer: the inputs fetched while the store is away ------------------------------------ */
+
+/* A state sealed in the stack's store with a fresh tenant key, and that key wrapped by a master
+ * key, as the worker finds them when an attempt resumes. */
+typedef struct {
+  lt_crypto_kek_t *kek;
+  uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
+  size_t wrapped_len;
+  char key[128];
+  char *blob;
+  size_t len;
+  int notify[2];
+} xfix_t;
+
+static void xfix_open(xfix_t *f) {
+  memset(f, 0, sizeof *f);
+  cr_assert_eq(lt_crypto_kek_from_text(&f->kek, "m1", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+                                       err, sizeof err), LT_OK, "%s", err);
+  lt_crypto_dek_t *k = dek();
+  cr_assert_eq(lt_crypto_dek_wrap(f->kek, k, f->wrapped, sizeof f->wrapped, &f->wrapped_len, err, sizeof err), LT_OK);
+  f->len = content(2, 5, &f->blob);
+  snprintf(f->key, sizeof f->key, "staging/acme/xfer-%d/1/state.bin", (int)getpid());
+  lt_store_t *s3 = open_s3(3, NULL);
+  uint8_t sha[32];
+  cr_assert_eq(lt_sealed_put(s3, k, f->key, f->blob, f->len, sha, err, sizeof err), LT_OK, "%s", err);
+  lt_store_destroy(s3);
+  lt_crypto_dek_destroy(k);
+  cr_assert_eq(pipe(f->notify), 0);
+}
+
+static void xfix_close(xfix_t *f) {
+  lt_store_t *s3 = open_s3(3, NULL);
+  lt_store_delete(s3, f->key, NULL, 0);
+  lt_store_destroy(s3);
+  lt_crypto_kek_destroy(f->kek);
+  free(f->blob);
+  close(f->notify[0]);
+  close(f->notify[1]);
+}
+
+static lt_xfer_t *xfer_start(xfix_t *f, lt_store_t *store, int64_t retry_ms) {
+  lt_xfer_conf_t c = {.store = store, .kek = f->kek, .tenant_id = "acme", .wrapped_key = f->wrapped,
+                      .wrapped_key_len = f->wrapped_len, .resume_key = f->key, .notify_fd = f->notify[1],
+                      .retry_ms = retry_ms};
+  lt_xfer_t *x = NULL;
+  cr_assert_eq(lt_xfer_start(&c, &x, err, sizeof err), LT_OK, "%s", err);
+  return x;
+}
+
+/* Waits for the fetch's 'f' (a fetch that never ends fails here, not by the suite's timeout). */
+static void xfer_wait_end(xfix_t *f, int timeout_ms) {
+  struct pollfd p = {.fd = f->notify[0], .events = POLLIN};
+  cr_assert_eq(poll(&p, 1, timeout_ms), 1, "the fetch did not end within %d ms", timeout_ms);
+  char c = 0;
+  cr_assert_eq(read(f->notify[0], &c, 1), 1);
+  cr_assert_eq(c, 'f');
+}
+
+/* The store is away when an attempt starts (connection refused: unavailable) and comes back
+ * a second later: the fetch waits it out and hands over the state, byte for byte. Before, the
+ * attempt failed at once, and an outage across three attempts failed the job. */
+Test(ckpt, xfer_waits_out_a_store_that_is_away_and_hands_over_the_inputs) {
+  xfix_t f;
+  xfix_open(&f);
+  const char *se = getenv("LATHE_S3_ENDPOINT");
+  cr_assert(se && strncmp(se, "127.0.0.1:", 10) == 0, "the relay handles a local stack only (%s)", se);
+  int port = lt_test_free_port();
+  char ep[32];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+  lt_store_t *away = open_s3(1, ep);
+  lt_xfer_t *x = xfer_start(&f, away, 60000);
+  usleep(1000000); /* it fails and retries meanwhile */
+  struct pollfd p = {.fd = f.notify[0], .events = POLLIN};
+  cr_assert_eq(poll(&p, 1, 0), 0, "the fetch gave up while the store was away");
+  lt_test_relay_t *r = lt_test_relay_start(port, atoi(se + 10));
+  xfer_wait_end(&f, 30000);
+  lt_xfer_inputs_t in;
+  cr_assert_eq(lt_xfer_finish(x, &in, err, sizeof err), LT_OK, "%s", err);
+  lt_test_relay_stop(r);
+  cr_assert_eq(in.bytes, f.len);
+  char *got = malloc(f.len);
+  cr_assert_eq(pread(in.resume_fd, got, f.len, 0), (ssize_t)f.len);
+  cr_assert(memcmp(got, f.blob, f.len) == 0, "the state is not what was sealed");
+  free(got);
+  lt_xfer_inputs_scrub(&in);
+  lt_store_destroy(away);
+  xfix_close(&f);
+}
+
+/* An attempt stopped while its fetch waits for the store: the wait ends at the abort, as
+ * cancelled, with nothing handed over; and with no retry at all the failure says the store is
+ * unavailable (the code the worker keeps) and names what it could not read. */
+Test(ckpt, xfer_abort_ends_the_wait_and_no_retry_fails_as_unavailable) {
+  xfix_t f;
+  xfix_open(&f);
+  lt_store_t *down = open_s3(1, "127.0.0.1:1");
+  lt_xfer_t *x = xfer_start(&f, down, 600000);
+  usleep(300000);
+  lt_xfer_abort(x);
+  xfer_wait_end(&f, 10000);
+  lt_xfer_inputs_t in;
+  cr_assert_eq(lt_xfer_finish(x, &in, err, sizeof err), LT_ERR_CANCELLED, "%s", err);
+  cr_assert(in.resume_fd == -1 && in.bytes == 0, "an aborted fetch hands over nothing");
+
+  x = xfer_start(&f, down, 0);
+  xfer_wait_end(&f, 30000);
+  cr_assert_eq(lt_xfer_finish(x, &in, err, sizeof err), LT_ERR_UNAVAILABLE, "%s", err);
+  cr_assert(strstr(err, "the checkpoint to resume from"), "%s", err);
+  lt_store_destroy(down);
+  xfix_close(&f);
 }

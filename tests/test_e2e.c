@@ -12,6 +12,8 @@
  *     nothing published, staging objects deleted (6, 4);
  *   - cancel racing completion: the outcome is the one the log order says (3, 4);
  *   - the object server down during a checkpoint: retried, the job completes (5);
+ *   - the object server away when an attempt starts: its inputs' fetch waits it out and the job
+ *     completes on attempt 1; cancelled while it waits, the attempt stops as cancelled (5, 6);
  *   - a partitioned worker (in its own network namespace behind a proxy the test cuts) kills its
  *     executor before the scheduler declares the attempt lost and dispatches a new one (2).
  *
@@ -1055,21 +1057,11 @@ static lt_test_proc_t *start_s3proxy(int port, const char *dir) {
   return s3;
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_completes) {
   char dir[700], endpoint[64];
   snprintf(dir, sizeof dir, "%s/s3", tmp_dir);
   mkdir(dir, 0700);
-  int port = free_port();
+  int port = lt_test_free_port();
   lt_test_proc_t *s3 = start_s3proxy(port, dir);
   snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", port);
   setenv("LATHE_S3_ENDPOINT", endpoint, 1); /* every daemon of this test, and the test's own reads */
@@ -1123,6 +1115,78 @@ Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_comp
   char sha[65];
   char *a = published_adapter(t, job, &len, sha);
   free(a);
+  lt_test_tail_close(t);
+}
+
+/* The object server away from the worker when an attempt starts: the worker reaches its store
+ * through a relay that is not listening yet (connection refused), so the fetch of the attempt's
+ * inputs fails as unavailable; it waits the outage out (lt_xfer's retry) and the job completes on
+ * its first attempt. Before, the attempt failed at once, and an outage across three attempts
+ * failed the job (docs/DESIGN.md §9: worst loss none). */
+static lt_test_relay_t *relay;
+static void relay_fini(void) {
+  lt_test_relay_stop(relay);
+  relay = NULL;
+  teardown();
+}
+
+/* A fleet whose worker reaches the store through 127.0.0.1:*port, where nothing listens yet,
+ * with job submitted and the worker's fetch for it failed twice (and retrying). */
+static lt_test_tail_t *fleet_with_store_away(int *port, char *job, size_t n) {
+  *port = lt_test_free_port();
+  char env0[64], log[600], ds[64];
+  snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", *port);
+  const char *env[] = {env0, NULL};
+  start_control_plane();
+  snprintf(log, sizeof log, "%s/w1.log", tmp_dir);
+  lt_test_proc_t *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
+  upload_dataset(ds, sizeof ds);
+  submit(ds, 6, 3, 5, job, n);
+  for (int64_t t0 = lt_time_wall_ms();; lt_test_msleep(200)) {
+    char *all = lt_test_slurp(w1->log, NULL);
+    int fails = 0;
+    for (char *p = all; p && (p = strstr(p, "fetching an attempt's inputs failed")); p++) fails++;
+    free(all);
+    if (fails >= 2) break;
+    cr_assert(lt_time_wall_ms() - t0 < 60000, "the fetch did not meet the outage in 60 s:\n%s", lt_test_log_tail(w1->log));
+    lt_test_procs_check();
+  }
+  return t;
+}
+
+static int s3_port(void) {
+  const char *se = getenv("LATHE_S3_ENDPOINT");
+  cr_assert(se && strncmp(se, "127.0.0.1:", 10) == 0, "the relay handles a local stack only (%s)", se);
+  return atoi(se + 10);
+}
+
+Test(e2e, the_object_server_away_when_an_attempt_starts_is_waited_out_on_attempt_one, .fini = relay_fini) {
+  int up = s3_port(), port;
+  char job[64];
+  lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
+  relay = lt_test_relay_start(port, up);
+  cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
+  wait_for(t, "JobCompleted", job, 1, 30000);
+  json_t *stops = records(t, "AttemptStopped", job, 0), *dispatches = records(t, "JobDispatched", job, 0);
+  cr_assert_eq(json_array_size(stops), 0, "an attempt stopped during the outage");
+  cr_assert_eq(json_array_size(dispatches), 1, "the job took %zu attempts", json_array_size(dispatches));
+  json_decref(stops);
+  json_decref(dispatches);
+  lt_test_tail_close(t);
+}
+
+/* Cancelled while its fetch waits for the store: the wait ends at once (the attempt never had an
+ * executor) and the attempt stops as cancelled, not failed. */
+Test(e2e, cancel_while_the_fetch_waits_for_the_object_server_stops_as_cancelled, .fini = relay_fini) {
+  int port;
+  char job[64];
+  s3_port();
+  lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
+  cr_assert_eq(cancel(job), 202);
+  json_t *st = wait_for(t, "AttemptStopped", job, 1, 30000);
+  cr_assert_str_eq(lt_test_rs(st, "reason"), "cancel");
+  cr_assert_str_eq(wait_terminal(job, 60000), "CANCELLED");
   lt_test_tail_close(t);
 }
 

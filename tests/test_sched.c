@@ -1398,11 +1398,8 @@ Test(sched, preemptible_deficit_is_between_tenants_only) {
  * tenant 1 runs more than its share, tenant 1 gives the reservation up, and tenant 2's own 2-GPU
  * job (owed) takes the reserved worker when it drains — not tenant 1's older one. */
 Test(sched, preemptible_reservations_go_to_tenants_the_class_owes) {
-  lt_sched_t *s = mk(LT_SCHED_POLICY_LATHE, 0, 0, -1, 100);
-  tenant(s, 1, 1, 0, 0, 0);
-  tenant(s, 2, 1, 0, 0, 0);
-  worker(s, 1, 2, 2);
-  worker(s, 2, 2, 2);
+  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_LATHE, .gang = 100, .weights = {1, 1},
+                                  .workers = 2, .slots = 2, .cache = 2});
   lt_sched_decision_t d[8];
   for (uint64_t i = 1; i <= 4; i++) job(s, i, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
   cr_assert_eq(lt_sched_decide(s, 0, d, 8), 4);

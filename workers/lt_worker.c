@@ -250,7 +250,8 @@ static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
   if (a->state != A_RUNNING || a->stop_signal) return;
   a->stop_signal = sig;
   a->stop_sent_ms = lt_time_wall_ms();
-  if (a->pid > 0) kill(a->pid, sig); /* else still fetching its inputs: it will not start */
+  if (a->pid > 0) kill(a->pid, sig);
+  else lt_xfer_abort(a->xfer); /* still fetching its inputs: it will not start */
   logf_(a, "asked %s attempt %d to stop (%s)", a->job_id, a->attempt, sig == SIGUSR2 ? "preempt" : "cancel");
 }
 
@@ -258,7 +259,8 @@ static void kill_attempt(lt_worker_t *w, attempt_t *a, const char *why) {
   if (a->state != A_RUNNING || a->killed) return;
   a->killed = true;
   logf_(a, "killed %s attempt %d: %s", a->job_id, a->attempt, why); /* said first, then done */
-  if (a->pid > 0) kill(a->pid, SIGKILL); /* else still fetching its inputs: it will not start */
+  if (a->pid > 0) kill(a->pid, SIGKILL);
+  else lt_xfer_abort(a->xfer); /* still fetching its inputs: it will not start */
 }
 
 /* Scrubs an attempt's private directory (lt_scrub: every file in every subdirectory overwritten,
@@ -731,12 +733,12 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
   char err[512];
   lt_err_t e = a->gang_joined ? LT_OK : lt_xfer_finish(a->xfer, &a->in, err, sizeof err);
   a->xfer = NULL;
-  if (e) {
-    fail_start(w, a, err);
+  if (a->killed || a->stop_signal || !live(w, a)) { /* an aborted fetch is no failure of the job */
+    finish_attempt(w, a, 0);
     return;
   }
-  if (a->killed || a->stop_signal || !live(w, a)) {
-    finish_attempt(w, a, 0);
+  if (e) {
+    fail_start(w, a, err);
     return;
   }
   if (a->gang_world > 1 && !a->gang_joined) { /* the gang first: gang_joined comes back here */
@@ -802,7 +804,7 @@ static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, cons
                        .wrapped_key = t->wrapped_data_key, .wrapped_key_len = t->wrapped_data_key_len,
                        .train_id = a->spec.dataset_id,
                        .valid_id = a->spec.validation_dataset_id[0] ? a->spec.validation_dataset_id : NULL,
-                       .resume_key = resume, .notify_fd = a->notify[1]};
+                       .resume_key = resume, .notify_fd = a->notify[1], .retry_ms = 120000};
   lt_err_t err = lt_xfer_start(&xc, &a->xfer, errstr, n);
   if (!err) logf_(a, "fetching the inputs of %s attempt %d%s", a->job_id, a->attempt, resume ? " (resuming)" : "");
   return err;

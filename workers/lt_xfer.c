@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <openssl/crypto.h>
 
 #include "lt_dataset.h"
+#include "lt_log.h"
 #include "lt_sealed.h"
 
 struct lt_xfer {
@@ -24,6 +26,8 @@ struct lt_xfer {
   size_t wrapped_len;
   char train[256], valid[256], resume[LT_STORE_KEY_MAX + 1];
   int notify_fd;
+  int64_t retry_ms;
+  atomic_int abort;
   pthread_t thread;
   /* Written by the thread, read after the join. */
   lt_xfer_inputs_t in;
@@ -104,6 +108,12 @@ static lt_err_t fetch_dataset(lt_xfer_t *x, const char *id, int *fd, char *errst
   return to_memfd("lathe-dataset", data, len, fd, errstr, n);
 }
 
+/* A failure to read `what`: the store's own code when it is one a retry may mend, else LT_ERR_IO. */
+static lt_err_t read_failed(lt_xfer_t *x, lt_err_t e, const char *what, const char *err) {
+  return lt_errf(x->errstr, sizeof x->errstr, lt_store_err_retriable(e) ? e : LT_ERR_IO, "cannot read %s: %s",
+                 what, err);
+}
+
 static lt_err_t fetch_all(lt_xfer_t *x) {
   char err[512];
   lt_crypto_dek_t *dek = NULL;
@@ -112,25 +122,47 @@ static lt_err_t fetch_all(lt_xfer_t *x) {
   lt_crypto_dek_export(dek, x->in.key);
   snprintf(x->in.key_id, sizeof x->in.key_id, "%s", lt_crypto_dek_key_id(dek));
   lt_err_t e = LT_OK;
-  if (x->train[0] && fetch_dataset(x, x->train, &x->in.train_fd, err, sizeof err))
-    e = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_IO, "cannot read the training dataset: %s", err);
-  else if (x->valid[0] && fetch_dataset(x, x->valid, &x->in.valid_fd, err, sizeof err))
-    e = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_IO, "cannot read the validation dataset: %s", err);
+  if (x->train[0] && (e = fetch_dataset(x, x->train, &x->in.train_fd, err, sizeof err)))
+    e = read_failed(x, e, "the training dataset", err);
+  else if (x->valid[0] && (e = fetch_dataset(x, x->valid, &x->in.valid_fd, err, sizeof err)))
+    e = read_failed(x, e, "the validation dataset", err);
   else if (x->resume[0]) {
     void *state = NULL;
     size_t len = 0;
-    if (lt_sealed_get(x->store, dek, x->resume, (size_t)1 << 34, &state, &len, err, sizeof err) ||
-        (x->in.bytes += len, to_memfd("lathe-resume", state, len, &x->in.resume_fd, err, sizeof err)))
-      e = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_IO, "cannot read the checkpoint to resume from: %s", err);
+    e = lt_sealed_get(x->store, dek, x->resume, (size_t)1 << 34, &state, &len, err, sizeof err);
+    if (!e) x->in.bytes += len, e = to_memfd("lathe-resume", state, len, &x->in.resume_fd, err, sizeof err);
+    if (e) e = read_failed(x, e, "the checkpoint to resume from", err);
   }
   lt_crypto_dek_destroy(dek);
   return e;
 }
 
+/* Sleeps ms in steps of 50; false when aborted meanwhile. */
+static bool nap(lt_xfer_t *x, int64_t ms) {
+  for (int64_t t = 0; t < ms; t += 50) {
+    if (atomic_load(&x->abort)) return false;
+    usleep(50000);
+  }
+  return !atomic_load(&x->abort);
+}
+
 static void *fetch_main(void *arg) {
   lt_xfer_t *x = arg;
-  x->err = fetch_all(x);
-  if (x->err) lt_xfer_inputs_scrub(&x->in);
+  int64_t waited = 0, delay = 200;
+  for (;;) {
+    x->err = fetch_all(x);
+    if (x->err) lt_xfer_inputs_scrub(&x->in); /* a retry starts from nothing */
+    if (!x->err || !lt_store_err_retriable(x->err) || waited >= x->retry_ms) break;
+    lt_log_warn("worker", "tenant %s: fetching an attempt's inputs failed (%s); retrying in %lld ms", x->tenant,
+                x->errstr, (long long)delay);
+    if (!nap(x, delay)) break;
+    waited += delay;
+    delay = delay * 2 > 5000 ? 5000 : delay * 2;
+  }
+  if (atomic_load(&x->abort)) {
+    lt_xfer_inputs_scrub(&x->in);
+    x->err = lt_errf(x->errstr, sizeof x->errstr, LT_ERR_CANCELLED, "the fetch of the inputs was aborted");
+  }
   char one = 'f';
   while (write(x->notify_fd, &one, 1) < 0 && errno == EINTR) {
   }
@@ -146,6 +178,7 @@ lt_err_t lt_xfer_start(const lt_xfer_conf_t *c, lt_xfer_t **out, char *errstr, s
   x->store = c->store;
   x->kek = c->kek;
   x->notify_fd = c->notify_fd;
+  x->retry_ms = c->retry_ms;
   memcpy(x->wrapped, c->wrapped_key, c->wrapped_key_len);
   x->wrapped_len = c->wrapped_key_len;
   snprintf(x->tenant, sizeof x->tenant, "%s", c->tenant_id);
@@ -176,8 +209,13 @@ lt_err_t lt_xfer_finish(lt_xfer_t *x, lt_xfer_inputs_t *in, char *errstr, size_t
   return err;
 }
 
+void lt_xfer_abort(lt_xfer_t *x) {
+  if (x) atomic_store(&x->abort, 1);
+}
+
 void lt_xfer_destroy(lt_xfer_t *x) {
   if (!x) return;
+  lt_xfer_abort(x);
   pthread_join(x->thread, NULL);
   lt_xfer_inputs_scrub(&x->in);
   free(x);

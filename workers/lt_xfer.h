@@ -11,8 +11,13 @@
  * When the attempt ends the worker zeroes the memory files (lt_xfer_inputs_scrub) whether or not
  * the executor got to it, and says how many bytes it zeroed.
  *
+ * A store that is not there (lt_store_err_retriable) is retried with backoff for up to retry_ms,
+ * as the checkpoint uploader does (docs/DESIGN.md §9): an outage at an attempt's start would
+ * otherwise end the attempt as failed, and three of them the job.
+ *
  * Threads: lt_xfer_start, lt_xfer_finish and lt_xfer_destroy from one thread (the worker's loop);
- * the fetch runs on its own thread, which writes one byte ('f') to notify_fd as its last act. */
+ * lt_xfer_abort from any; the fetch runs on its own thread, which writes one byte ('f') to
+ * notify_fd as its last act. */
 #ifndef LT_XFER_H
 #define LT_XFER_H
 
@@ -32,6 +37,7 @@ typedef struct lt_xfer_conf {
   const char *valid_id;       /* the validation dataset or NULL (copied) */
   const char *resume_key;     /* the sealed state.bin to resume from, or NULL (copied) */
   int notify_fd;              /* written one byte, 'f', when the fetch ends */
+  int64_t retry_ms;           /* how long a store that is not there is retried (0: not at all) */
 } lt_xfer_conf_t;
 
 /* What the executor is handed: memory files (-1: none) and the tenant's data key. */
@@ -52,7 +58,12 @@ lt_err_t lt_xfer_start(const lt_xfer_conf_t *conf, lt_xfer_t **out, char *errstr
  * dataset or state that could not be read, and *in holds nothing. Frees x. */
 lt_err_t lt_xfer_finish(lt_xfer_t *x, lt_xfer_inputs_t *in, char *errstr, size_t errstr_size);
 
-/* Abandons the fetch: waits for its thread, scrubs what it fetched and frees. NULL is fine. */
+/* Asks the fetch to stop retrying: it ends with LT_ERR_CANCELLED at its next wait (within 50 ms)
+ * or when the request in flight returns. NULL is fine. */
+void lt_xfer_abort(lt_xfer_t *x);
+
+/* Abandons the fetch: aborts it, waits for its thread, scrubs what it fetched and frees. NULL is
+ * fine. */
 void lt_xfer_destroy(lt_xfer_t *x);
 
 /* An empty set of inputs (every fd -1). */

@@ -3,8 +3,9 @@
  * SmolLM2-135M shape (d=576, 30 layers, 9 heads, 3 kv heads, ffn 1536, vocab 49152, tied
  * embeddings; random weights), LoRA rank 16 on q,k,v,o,gate,up,down, batch 4 x 256 tokens,
  * forward + backward + AdamW. In the same run: the same step in PyTorch
- * (bench/train_cpu_torch.py, same thread count) and OpenBLAS sgemm at n = 2048 (its own
- * threads), so the figures are ratios measured under the same load.
+ * (bench/train_cpu_torch.py, same thread count), OpenBLAS sgemm at n = 2048 (its own
+ * threads) and the chip's fp32 FMA peak (independent FMA chains on the widest vectors it has,
+ * one thread per core asked), so the figures are ratios measured under the same load.
  *
  * --lengths T1,T2,... first sweeps over row lengths at a fixed number of tokens per step
  * (--tokens, default the largest length: B = tokens / T rows), the engine in a child process
@@ -23,6 +24,8 @@
  * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
  * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
+#include <immintrin.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +72,59 @@ static double sgemm_gflops(int threads) {
   }
   free(a), free(b), free(c);
   return 2.0 * n * n * (double)n / best / 1e9;
+}
+
+/* One thread of fma_peak: 12 independent chains of `iters` FMAs on 16 (AVX-512) or 8 (AVX2)
+ * lanes, enough to cover two FMA units' latency; the chains stay in registers, and each starts
+ * from its own value (chains from one value are one computation to the compiler, which then
+ * runs it once). */
+#define FMA_CHAINS(V, FMA, SET1)                                                                    \
+  V a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f), a5 = SET1(5.f); \
+  V a6 = SET1(6.f), a7 = SET1(7.f), a8 = SET1(8.f), a9 = SET1(9.f), a10 = SET1(10.f), a11 = SET1(11.f); \
+  for (long k = 0; k < iters; k++) {                                                                \
+    a0 = FMA(a0, b, c), a1 = FMA(a1, b, c), a2 = FMA(a2, b, c), a3 = FMA(a3, b, c);                 \
+    a4 = FMA(a4, b, c), a5 = FMA(a5, b, c), a6 = FMA(a6, b, c), a7 = FMA(a7, b, c);                 \
+    a8 = FMA(a8, b, c), a9 = FMA(a9, b, c), a10 = FMA(a10, b, c), a11 = FMA(a11, b, c);             \
+    __asm__ volatile("" : "+v"(a0), "+v"(a4), "+v"(a8));                                            \
+  }                                                                                                 \
+  V t = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+
+__attribute__((target("avx512f"))) static float fma_chains_512(long iters) {
+  __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps)
+  return t[0];
+}
+
+__attribute__((target("avx2,fma"))) static float fma_chains_256(long iters) {
+  __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps)
+  return t[0];
+}
+
+static volatile float fma_sink;
+static void *fma_thread(void *arg) {
+  long iters = *(long *)arg;
+  fma_sink = __builtin_cpu_supports("avx512f") ? fma_chains_512(iters) : fma_chains_256(iters);
+  return NULL;
+}
+
+/* The chip's fp32 FMA peak over `threads` threads, GFLOP/s (0 without AVX2 and FMA). */
+static double fma_peak_gflops(int threads) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+  int lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  long iters = 50000000;
+  pthread_t th[64];
+  threads = threads < 64 ? threads : 64;
+  double best = 0;
+  for (int r = 0; r < 3; r++) {
+    double t = bench_now_s();
+    for (int i = 0; i < threads; i++) pthread_create(&th[i], NULL, fma_thread, &iters);
+    for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+    t = bench_now_s() - t;
+    double g = 2.0 * lanes * 12 * (double)iters * threads / t / 1e9;
+    best = g > best ? g : best;
+  }
+  return best;
 }
 
 /* Matrix FLOPs the step needs (causal attention counted at half the square). */
@@ -272,8 +328,11 @@ int main(int argc, char **argv) {
   char dir[] = "/tmp/lt_bench_train_cpu_XXXXXX";
   if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
 
-  double ceiling = sgemm_gflops(threads);
-  printf("openblas sgemm n=2048, %d threads: %.1f GFLOP/s\n", threads, ceiling);
+  double ceiling = sgemm_gflops(threads), peak = fma_peak_gflops(threads);
+  printf("openblas sgemm n=2048, %d threads: %.1f GFLOP/s (OpenBLAS core %s)\n", threads, ceiling,
+         openblas_get_corename());
+  printf("fp32 FMA peak, %d threads, %s: %.1f GFLOP/s (sgemm at %.0f%% of it)\n", threads,
+         __builtin_cpu_supports("avx512f") ? "AVX-512" : "AVX2", peak, peak > 0 ? 100.0 * ceiling / peak : 0);
 
   if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err)) {
     fprintf(stderr, "init: %s\n", err);
@@ -321,8 +380,9 @@ int main(int argc, char **argv) {
     lt_engine_close(eb);
     lt_backend_destroy(bb);
   }
-  printf("engine: %.1f GFLOP/step, %.1f GFLOP/s = %.0f%% of the sgemm ceiling\n", flops / 1e9,
-         flops / step_s / 1e9, 100.0 * flops / step_s / 1e9 / ceiling);
+  printf("engine: %.1f GFLOP/step, %.1f GFLOP/s = %.0f%% of the sgemm ceiling, %.0f%% of the FMA peak\n",
+         flops / 1e9, flops / step_s / 1e9, 100.0 * flops / step_s / 1e9 / ceiling,
+         peak > 0 ? 100.0 * flops / step_s / 1e9 / peak : 0);
   lt_session_destroy(s);
   lt_engine_close(eng);
   lt_backend_destroy(be);

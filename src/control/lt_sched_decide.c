@@ -300,12 +300,12 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       double waited = now - j->enq;
       if (waited < first_bound[c]) break; /* the list is oldest first: younger jobs follow */
       looked++;
-      /* in the preemptible class only a tenant the class owes (deficit >= 0) may drain or
-       * preempt, and a tenant that became over-served gives its reservation up: an 8-GPU job of
-       * the class drains a worker that higher classes keep refilling, so without this the
-       * reservations went to the oldest jobs, of the most over-served tenants, and held for
-       * weeks (measured: all 12 on the 100-worker fleet, for 26 days) while the tenants the
-       * class owed had none to act with */
+      /* in the preemptible class only a tenant the class owes (deficit >= 0, to a GPU-second of
+       * rounding) may drain or preempt, and a tenant that became over-served gives its
+       * reservation up: an 8-GPU job of the class drains a worker that higher classes keep
+       * refilling, so without this the reservations went to the oldest jobs, of the most
+       * over-served tenants, and held for weeks (measured: all 12 on the 100-worker fleet, for
+       * 26 days) while the tenants the class owed had none to act with */
       if (c == LT_CLASS_PREEMPTIBLE && s->tenants[j->tenant].deficit_p < -1.0) {
         if (j->reserved != NIL) sched_unreserve(s, j->reserved);
         continue;

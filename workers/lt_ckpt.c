@@ -156,15 +156,6 @@ static void remove_spooled(lt_ckpt_t *u) {
   }
 }
 
-/* Sleeps up to ms, waking early on abort; false when aborted. */
-static bool nap(lt_ckpt_t *u, int64_t ms) {
-  for (int64_t t = 0; t < ms; t += 50) {
-    if (atomic_load(&u->abort)) return false;
-    usleep(50000);
-  }
-  return !atomic_load(&u->abort);
-}
-
 /* The upload thread: retries while the store is unavailable (the job goes on once it is back),
  * then reports. The spooled files are removed whatever happened. */
 static void *upload_main(void *arg) {
@@ -177,12 +168,10 @@ static void *upload_main(void *arg) {
     if (!u->err || !lt_store_err_retriable(u->err) || waited >= u->conf.retry_ms) break;
     lt_log_warn("worker", "%s: checkpoint upload failed at step %lld (%s); retrying in %lld ms", u->prefix,
                 (long long)u->step, u->errstr, (long long)delay);
-    if (!nap(u, delay)) {
+    if (!lt_store_retry_wait(&u->abort, &waited, &delay)) {
       u->err = lt_errf(u->errstr, sizeof u->errstr, LT_ERR_CANCELLED, "checkpoint upload aborted");
       break;
     }
-    waited += delay;
-    delay = delay * 2 > 5000 ? 5000 : delay * 2;
   }
   if (!u->err && atomic_load(&u->abort)) {
     delete_stored(u, LT_CKPT_NAMES); /* stored, but its owner no longer wants it reported */

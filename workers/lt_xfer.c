@@ -137,15 +137,6 @@ static lt_err_t fetch_all(lt_xfer_t *x) {
   return e;
 }
 
-/* Sleeps ms in steps of 50; false when aborted meanwhile. */
-static bool nap(lt_xfer_t *x, int64_t ms) {
-  for (int64_t t = 0; t < ms; t += 50) {
-    if (atomic_load(&x->abort)) return false;
-    usleep(50000);
-  }
-  return !atomic_load(&x->abort);
-}
-
 static void *fetch_main(void *arg) {
   lt_xfer_t *x = arg;
   int64_t waited = 0, delay = 200;
@@ -155,9 +146,7 @@ static void *fetch_main(void *arg) {
     if (!x->err || !lt_store_err_retriable(x->err) || waited >= x->retry_ms) break;
     lt_log_warn("worker", "tenant %s: fetching an attempt's inputs failed (%s); retrying in %lld ms", x->tenant,
                 x->errstr, (long long)delay);
-    if (!nap(x, delay)) break;
-    waited += delay;
-    delay = delay * 2 > 5000 ? 5000 : delay * 2;
+    if (!lt_store_retry_wait(&x->abort, &waited, &delay)) break;
   }
   if (atomic_load(&x->abort)) {
     lt_xfer_inputs_scrub(&x->in);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lt_crypto.h"
 
@@ -36,6 +37,17 @@ const char *lt_store_kind(const lt_store_t *s) { return s->ops->kind; }
 
 bool lt_store_err_retriable(lt_err_t err) {
   return err == LT_ERR_UNAVAILABLE || err == LT_ERR_RETRIABLE || err == LT_ERR_TIMEOUT;
+}
+
+bool lt_store_retry_wait(const atomic_int *abort, int64_t *waited_ms, int64_t *delay_ms) {
+  for (int64_t t = 0; t < *delay_ms; t += 50) {
+    if (atomic_load(abort)) return false;
+    usleep(50000);
+  }
+  if (atomic_load(abort)) return false;
+  *waited_ms += *delay_ms;
+  *delay_ms = *delay_ms * 2 > 5000 ? 5000 : *delay_ms * 2;
+  return true;
 }
 
 lt_err_t lt_store_key_check(const char *key, size_t len, char *errstr, size_t errstr_size) {

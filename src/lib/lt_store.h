@@ -24,6 +24,7 @@
 #ifndef LT_STORE_H
 #define LT_STORE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -158,5 +159,11 @@ lt_err_t lt_store_key_check(const char *key, size_t len, char *errstr, size_t er
 /* True for errors a caller may retry later (LT_ERR_UNAVAILABLE, LT_ERR_RETRIABLE,
  * LT_ERR_TIMEOUT). */
 bool lt_store_err_retriable(lt_err_t err);
+
+/* The wait between two tries of work that failed as retriable, for callers that retry past the
+ * store's own attempts (a checkpoint upload, an attempt's input fetch): sleeps *delay_ms in steps
+ * of 50 ms, adds it to *waited_ms and doubles it (at most 5 s; start it at 200). False, at once,
+ * when *abort is or becomes set. */
+bool lt_store_retry_wait(const atomic_int *abort, int64_t *waited_ms, int64_t *delay_ms);
 
 #endif

@@ -501,6 +501,13 @@ int lt_test_free_port(void) {
   return ntohs(a.sin_port);
 }
 
+int lt_test_local_port(const char *var) {
+  const char *v = getenv(var);
+  cr_assert(v && strncmp(v, "127.0.0.1:", 10) == 0, "a relay or proxy handles a local stack only (%s=%s)", var,
+            v ? v : "(unset)");
+  return atoi(v + 10);
+}
+
 struct lt_test_relay {
   int port, up_port, lfd;
   atomic_int stop;

@@ -181,6 +181,11 @@ bool lt_test_rb(json_t *rec, const char *field);
 /* A port on loopback where nothing listens (bound, then closed). */
 int lt_test_free_port(void);
 
+/* The port of a server of the local stack whose address env var `var` holds (LATHE_S3_ENDPOINT,
+ * LATHE_KAFKA_BOOTSTRAP); fails the test unless it is 127.0.0.1:PORT (a relay or proxy in front
+ * of it handles a local stack only). */
+int lt_test_local_port(const char *var);
+
 /* A store or broker coming back: a thread that listens on 127.0.0.1:port and relays every
  * connection byte for byte to 127.0.0.1:up_port, until lt_test_relay_stop (which closes them). */
 typedef struct lt_test_relay lt_test_relay_t;

@@ -1057,6 +1057,20 @@ static lt_test_proc_t *start_s3proxy(int port, const char *dir) {
   return s3;
 }
 
+/* How many times `needle` is in worker w's log once it is there `times` times or timeout_ms
+ * passed (the daemons checked meanwhile). */
+static int log_count_within(const lt_test_proc_t *w, const char *needle, int times, int timeout_ms) {
+  int count = 0;
+  for (int64_t t0 = lt_time_wall_ms();; lt_test_msleep(200)) {
+    char *all = lt_test_slurp(w->log, NULL);
+    count = 0;
+    for (char *p = all; p && (p = strstr(p, needle)); p++) count++;
+    free(all);
+    if (count >= times || lt_time_wall_ms() - t0 >= timeout_ms) return count;
+    lt_test_procs_check();
+  }
+}
+
 Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_completes) {
   char dir[700], endpoint[64];
   snprintf(dir, sizeof dir, "%s/s3", tmp_dir);
@@ -1077,14 +1091,7 @@ Test(e2e, the_object_server_down_during_a_checkpoint_is_retried_and_the_job_comp
   lt_test_proc_kill(s3, SIGKILL);
   int64_t down_at = lt_time_wall_ms();
   /* Wait until a checkpoint upload has failed at least twice, then bring the server back. */
-  for (int64_t t0 = lt_time_wall_ms(); lt_time_wall_ms() - t0 < 100000; lt_test_msleep(200)) {
-    char *all = lt_test_slurp(w1->log, NULL);
-    int fails = 0;
-    for (char *p = all; p && (p = strstr(p, "checkpoint upload failed")); p++) fails++;
-    free(all);
-    if (fails >= 2) break;
-    lt_test_procs_check();
-  }
+  log_count_within(w1, "checkpoint upload failed", 2, 100000);
   cr_assert(lt_test_file_has(w1->log, "checkpoint upload failed"), "no checkpoint upload met the outage");
   /* An upload that finished before the kill may still be reported; once uploads fail, no
    * commit may be recorded until the store is back. */
@@ -1143,26 +1150,13 @@ static lt_test_tail_t *fleet_with_store_away(int *port, char *job, size_t n) {
   lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
   upload_dataset(ds, sizeof ds);
   submit(ds, 6, 3, 5, job, n);
-  for (int64_t t0 = lt_time_wall_ms();; lt_test_msleep(200)) {
-    char *all = lt_test_slurp(w1->log, NULL);
-    int fails = 0;
-    for (char *p = all; p && (p = strstr(p, "fetching an attempt's inputs failed")); p++) fails++;
-    free(all);
-    if (fails >= 2) break;
-    cr_assert(lt_time_wall_ms() - t0 < 60000, "the fetch did not meet the outage in 60 s:\n%s", lt_test_log_tail(w1->log));
-    lt_test_procs_check();
-  }
+  cr_assert(log_count_within(w1, "fetching an attempt's inputs failed", 2, 60000) >= 2,
+            "the fetch did not meet the outage in 60 s:\n%s", lt_test_log_tail(w1->log));
   return t;
 }
 
-static int s3_port(void) {
-  const char *se = getenv("LATHE_S3_ENDPOINT");
-  cr_assert(se && strncmp(se, "127.0.0.1:", 10) == 0, "the relay handles a local stack only (%s)", se);
-  return atoi(se + 10);
-}
-
 Test(e2e, the_object_server_away_when_an_attempt_starts_is_waited_out_on_attempt_one, .fini = relay_fini) {
-  int up = s3_port(), port;
+  int up = lt_test_local_port("LATHE_S3_ENDPOINT"), port;
   char job[64];
   lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
   relay = lt_test_relay_start(port, up);
@@ -1181,7 +1175,7 @@ Test(e2e, the_object_server_away_when_an_attempt_starts_is_waited_out_on_attempt
 Test(e2e, cancel_while_the_fetch_waits_for_the_object_server_stops_as_cancelled, .fini = relay_fini) {
   int port;
   char job[64];
-  s3_port();
+  lt_test_local_port("LATHE_S3_ENDPOINT");
   lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
   cr_assert_eq(cancel(job), 202);
   json_t *st = wait_for(t, "AttemptStopped", job, 1, 30000);
@@ -1310,11 +1304,8 @@ Test(e2e, a_partitioned_worker_kills_its_attempt_before_the_scheduler_starts_ano
   }
   /* The proxy forwards the broker's and the object server's ports, as the stack names them. */
   int ports[2];
-  const char *kb = getenv("LATHE_KAFKA_BOOTSTRAP"), *se = getenv("LATHE_S3_ENDPOINT");
-  cr_assert(strncmp(kb, "127.0.0.1:", 10) == 0 && strncmp(se, "127.0.0.1:", 10) == 0,
-            "the proxy handles a local stack only (%s, %s)", kb, se);
-  ports[0] = atoi(kb + 10);
-  ports[1] = atoi(se + 10);
+  ports[0] = lt_test_local_port("LATHE_KAFKA_BOOTSTRAP");
+  ports[1] = lt_test_local_port("LATHE_S3_ENDPOINT");
   proxy_pid = fork();
   cr_assert(proxy_pid >= 0);
   if (proxy_pid == 0) proxy_main(netns_name, ports, 2);

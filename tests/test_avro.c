@@ -356,6 +356,36 @@ Test(avro, old_reader_reads_new_data) {
   lt_avro_record_destroy(v2);
 }
 
+/* An enum symbol an old reader does not know reads as the enum's default: AttemptStopped v2's
+ * "unavailable" (an attempt that never ran, not to be counted) is "failed" to a v1 reader, which
+ * counts it, the safe side; a symbol both know passes unchanged. */
+Test(avro, old_reader_reads_a_new_enum_symbol_as_its_default) {
+  static const char *const sent[] = {"unavailable", "preempt"}, *const seen[] = {"failed", "preempt"};
+  for (int i = 0; i < 2; i++) {
+    lt_avro_record_t *v1, *v2;
+    cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "AttemptStopped", 1), &v1, err, sizeof err),
+                 LT_OK);
+    cr_assert_eq(lt_avro_record_new(reg, "AttemptStopped", &v2, err, sizeof err), LT_OK);
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"event_id\": \"e1\", \"occurred_at\": 1, \"producer\": \"worker/w1\", \"job_id\": \"j1\", "
+             "\"tenant_id\": \"t1\", \"attempt\": 4, \"reason\": \"%s\", \"step\": 0, \"killed\": false, "
+             "\"detail\": null}",
+             sent[i]);
+    cr_assert_eq(lt_avro_record_from_json(v2, json, strlen(json), err, sizeof err), LT_OK, "%s", err);
+    const uint8_t *b;
+    size_t len;
+    cr_assert_eq(lt_avro_record_encode(v2, &b, &len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_avro_record_decode(v1, b, len, err, sizeof err), LT_OK, "%s", err);
+    cr_assert_eq(lt_avro_record_writer_version(v1), 2);
+    const char *reason;
+    cr_assert_eq(lt_avro_get_enum(v1, "reason", &reason), LT_OK);
+    cr_assert_str_eq(reason, seen[i]);
+    lt_avro_record_destroy(v1);
+    lt_avro_record_destroy(v2);
+  }
+}
+
 static lt_avro_record_t *encoded_step(const uint8_t **b, size_t *len) {
   lt_avro_record_t *r;
   cr_assert_eq(lt_avro_record_new(reg, "StepCompleted", &r, err, sizeof err), LT_OK);

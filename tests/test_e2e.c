@@ -1137,13 +1137,14 @@ static void relay_fini(void) {
   teardown();
 }
 
-/* A fleet whose worker reaches the store through 127.0.0.1:*port, where nothing listens yet,
- * with job submitted and the worker's fetch for it failed twice (and retrying). */
-static lt_test_tail_t *fleet_with_store_away(int *port, char *job, size_t n) {
+/* A fleet whose worker reaches the store through 127.0.0.1:*port, where nothing listens yet
+ * (and with env1, NULL or one more of its environment's entries), with job submitted and the
+ * worker's fetch for it failed twice. */
+static lt_test_tail_t *fleet_with_store_away(int *port, const char *env1, char *job, size_t n) {
   *port = lt_test_free_port();
   char env0[64], log[600], ds[64];
   snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", *port);
-  const char *env[] = {env0, NULL};
+  const char *env[] = {env0, env1, NULL};
   start_control_plane();
   snprintf(log, sizeof log, "%s/w1.log", tmp_dir);
   lt_test_proc_t *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
@@ -1158,7 +1159,7 @@ static lt_test_tail_t *fleet_with_store_away(int *port, char *job, size_t n) {
 Test(e2e, the_object_server_away_when_an_attempt_starts_is_waited_out_on_attempt_one, .fini = relay_fini) {
   int up = lt_test_local_port("LATHE_S3_ENDPOINT"), port;
   char job[64];
-  lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
+  lt_test_tail_t *t = fleet_with_store_away(&port, NULL, job, sizeof job);
   relay = lt_test_relay_start(port, up);
   cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
   wait_for(t, "JobCompleted", job, 1, 30000);
@@ -1176,11 +1177,49 @@ Test(e2e, cancel_while_the_fetch_waits_for_the_object_server_stops_as_cancelled,
   int port;
   char job[64];
   lt_test_local_port("LATHE_S3_ENDPOINT");
-  lt_test_tail_t *t = fleet_with_store_away(&port, job, sizeof job);
+  lt_test_tail_t *t = fleet_with_store_away(&port, NULL, job, sizeof job);
   cr_assert_eq(cancel(job), 202);
   json_t *st = wait_for(t, "AttemptStopped", job, 1, 30000);
   cr_assert_str_eq(lt_test_rs(st, "reason"), "cancel");
   cr_assert_str_eq(wait_terminal(job, 60000), "CANCELLED");
+  lt_test_tail_close(t);
+}
+
+/* Away past the worker's retry window (1.5 s here, 2 min by default): each attempt stops as
+ * unavailable, its executor never started, and goes back to the queue without spending the job's
+ * attempts — more such stops than max_attempts (3), then the store returns and the job completes
+ * with no failed attempt (docs/DESIGN.md §9). */
+Test(e2e, attempts_the_object_server_stays_away_from_never_count_against_the_job, .fini = relay_fini) {
+  int up = lt_test_local_port("LATHE_S3_ENDPOINT"), port;
+  char job[64];
+  lt_test_tail_t *t = fleet_with_store_away(&port, "LATHE_WORKER_STORE_RETRY_MS=1500", job, sizeof job);
+  json_t *stops = NULL;
+  for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < 120000; lt_test_tail_poll(t, 300)) {
+    lt_test_procs_check();
+    json_decref(stops);
+    stops = records(t, "AttemptStopped", job, 0);
+    if (json_array_size(stops) >= 4) break;
+  }
+  cr_assert_geq(json_array_size(stops), 4, "%zu attempts stopped in 2 minutes", json_array_size(stops));
+  size_t i;
+  json_t *r;
+  json_array_foreach(stops, i, r) {
+    cr_assert_str_eq(lt_test_rs(r, "reason"), "unavailable", "attempt %lld", (long long)lt_test_ri(r, "attempt"));
+    cr_assert(strstr(lt_test_rs(r, "detail"), "cannot read"), "detail: %s", lt_test_rs(r, "detail"));
+  }
+  json_decref(stops);
+  cr_assert_null(first(t, "StepCompleted", job, 0), "a step ran while the store was away");
+  relay = lt_test_relay_start(port, up);
+  cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
+  json_t *done = wait_for(t, "JobCompleted", job, 0, 30000);
+  cr_assert_gt(lt_test_ri(done, "attempt"), 4);
+  cr_assert_null(first(t, "JobFailed", job, 0));
+  char path[128];
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_client_resp_t g = req("GET", path, NULL, 0);
+  cr_assert_eq(g.status, 200);
+  cr_assert_eq(json_integer_value(json_object_get(g.json, "failed_attempts")), 0, "%s", g.body);
+  lt_client_resp_free(&g);
   lt_test_tail_close(t);
 }
 

@@ -140,6 +140,34 @@ Test(job, preempted_attempt_returns_the_job_to_the_queue_with_its_checkpoint) {
   cr_assert_eq(j->failed_attempts, 0, "a preemption is not a failure");
 }
 
+/* An attempt whose inputs the worker could not fetch (the store away past its retry window) never
+ * ran: back to the queue, however many times, without spending the job's attempts, and a lost
+ * attempt before it still reads as the last one that ran (a session's restart). */
+Test(job, an_attempt_stopped_unavailable_requeues_without_counting_as_a_failure) {
+  run_to_running("j");
+  lt_job_event_t lost = ev(LT_EV_ATTEMPT_STOPPED, "j", 1);
+  lost.stop_reason = LT_STOP_LOST;
+  lost.reason = "lease expired";
+  apply(lost);
+  for (int32_t a = 2; a <= 6; a++) {
+    apply(ev(LT_EV_JOB_DISPATCHED, "j", a));
+    apply(ev(LT_EV_ATTEMPT_STARTED, "j", a));
+    lt_job_event_t s = ev(LT_EV_ATTEMPT_STOPPED, "j", a);
+    s.stop_reason = LT_STOP_UNAVAILABLE;
+    s.reason = "cannot read the training dataset: connection refused";
+    cr_assert_eq(apply(s), LT_JOB_APPLIED);
+    const lt_job_t *j = lt_job_get(T, "j");
+    cr_assert_eq(j->state, LT_JOB_QUEUED, "attempt %d", a);
+    cr_assert_eq(j->failed_attempts, 1, "attempt %d: an unavailable stop counted as a failure", a);
+    cr_assert(j->last_stop_failed, "attempt %d: the lost attempt before it no longer reads as the last that ran", a);
+    cr_assert_str_eq(j->reason, "lease expired");
+  }
+  lt_job_stop_reason_t r;
+  cr_assert_eq(lt_job_stop_reason_parse("unavailable", &r), LT_OK);
+  cr_assert_eq(r, LT_STOP_UNAVAILABLE);
+  cr_assert_str_eq(lt_job_stop_reason_name(LT_STOP_UNAVAILABLE), "unavailable");
+}
+
 /* A training session that went idle (docs/DESIGN.md §5): parked by its live attempt only, queued
  * but parked after the stop, woken by SessionWoken, and running again after a new dispatch. */
 Test(job, an_idle_session_parks_until_woken_and_only_its_live_attempt_parks_it) {

@@ -647,10 +647,12 @@ static const char *resume_key(lt_worker_t *w, const char *job_id) {
   return NULL;
 }
 
-/* Ends an attempt that failed before its executor ran: recorded, scrubbed, its slot freed. */
-static void fail_start(lt_worker_t *w, attempt_t *a, const char *why) {
-  record_stopped(w, a, "failed", why);
-  a->reported = true;
+/* Ends an attempt that failed before its executor ran: recorded, scrubbed, its slot freed. An
+ * object store still away past the retry window (store_away) is no failure of the job: nothing
+ * ran, so the attempt stops as unavailable and is not counted (docs/DESIGN.md §9). */
+static void fail_start(lt_worker_t *w, attempt_t *a, bool store_away, const char *why) {
+  record_stopped(w, a, store_away ? "unavailable" : "failed", why);
+  a->reported = true, a->outcome = store_away ? LT_WORKER_END_UNAVAILABLE : LT_WORKER_END_FAILED;
   finish_attempt(w, a, 0);
 }
 
@@ -669,7 +671,7 @@ static lt_err_t claim(lt_worker_t *w, attempt_t *a, const lt_job_t *j) {
 static lt_err_t launch(lt_worker_t *w, attempt_t *a, const lt_jobspec_t *spec, char *errstr, size_t n) {
   char key_hex[2 * LT_CRYPTO_KEY_BYTES + 1], prefix[512], err[512];
   snprintf(prefix, sizeof prefix, "staging/%s/%s/%d/", a->tenant_id, a->job_id, a->attempt);
-  lt_ckpt_conf_t cc = {.store = w->conf.store, .copy_from = NULL, .prefix = prefix, .retry_ms = 120000,
+  lt_ckpt_conf_t cc = {.store = w->conf.store, .copy_from = NULL, .prefix = prefix, .retry_ms = w->conf.store_retry_ms,
                        .on_done = on_uploaded, .on_end = on_upload_end, .ctx = a};
   /* The executor writes into both directories, under its own uid. */
   if (w->confine.uid > 0 && (chown(a->work_dir, (uid_t)w->confine.uid, (gid_t)w->confine.gid) != 0 ||
@@ -738,17 +740,17 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
     return;
   }
   if (e) {
-    fail_start(w, a, err);
+    fail_start(w, a, lt_store_err_retriable(e), err);
     return;
   }
   if (a->gang_world > 1 && !a->gang_joined) { /* the gang first: gang_joined comes back here */
     lt_wgang_conf_t gc = {.rank = a->gang_rank, .world = a->gang_world, .rendezvous = a->gang_rdv,
                           .job_id = a->job_id, .attempt = a->attempt, .timeout_ms = 120000, .notify_fd = a->notify[1]};
-    if (lt_wgang_start(&gc, &a->gang, err, sizeof err)) fail_start(w, a, err);
+    if (lt_wgang_start(&gc, &a->gang, err, sizeof err)) fail_start(w, a, false, err);
     return;
   }
   if (launch(w, a, &a->spec, err, sizeof err) || start_session(w, a, err, sizeof err)) {
-    fail_start(w, a, err);
+    fail_start(w, a, false, err);
     return;
   }
   logf_(a, "started %s attempt %d (pid %d)", a->job_id, a->attempt, (int)a->pid);
@@ -761,7 +763,7 @@ static void gang_joined(lt_worker_t *w, attempt_t *a) {
   lt_err_t e = lt_wgang_finish(a->gang, a->gang_fds, &a->gang_nfds, err, sizeof err);
   a->gang = NULL;
   a->gang_joined = true;
-  if (e) fail_start(w, a, err);
+  if (e) fail_start(w, a, false, err);
   else inputs_ready(w, a);
 }
 
@@ -804,7 +806,7 @@ static lt_err_t prepare(lt_worker_t *w, attempt_t *a, const lt_tenant_t *t, cons
                        .wrapped_key = t->wrapped_data_key, .wrapped_key_len = t->wrapped_data_key_len,
                        .train_id = a->spec.dataset_id,
                        .valid_id = a->spec.validation_dataset_id[0] ? a->spec.validation_dataset_id : NULL,
-                       .resume_key = resume, .notify_fd = a->notify[1], .retry_ms = 120000};
+                       .resume_key = resume, .notify_fd = a->notify[1], .retry_ms = w->conf.store_retry_ms};
   lt_err_t err = lt_xfer_start(&xc, &a->xfer, errstr, n);
   if (!err) logf_(a, "fetching the inputs of %s attempt %d%s", a->job_id, a->attempt, resume ? " (resuming)" : "");
   return err;
@@ -838,7 +840,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->last_progress_ms = lt_time_wall_ms();
   a->state = A_RUNNING; /* from here the slot is ours, whatever happens next */
   if (p->spec_err) {
-    fail_start(w, a, p->spec_msg);
+    fail_start(w, a, false, p->spec_msg);
     return true;
   }
   if (!model_installed(w, p->spec.base_model)) {
@@ -846,7 +848,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
     char why[256];
     snprintf(why, sizeof why, "base model \"%s\" is not installed on the worker that took the job",
              p->spec.base_model);
-    fail_start(w, a, why);
+    fail_start(w, a, false, why);
     return true;
   }
   if (claim(w, a, j)) {
@@ -856,7 +858,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->spec = p->spec;
   a->w = w;
   char err[512];
-  if (prepare(w, a, t, resume_key(w, a->job_id), err, sizeof err)) fail_start(w, a, err);
+  if (prepare(w, a, t, resume_key(w, a->job_id), err, sizeof err)) fail_start(w, a, false, err);
   return true;
 }
 
@@ -1101,6 +1103,7 @@ static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
   if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
   if (!w->conf.session_idle_ms) w->conf.session_idle_ms = 300000;
+  if (w->conf.store_retry_ms <= 0) w->conf.store_retry_ms = 120000;
   for (int i = 0; i < MAX_SLOTS; i++) {
     attempt_t *a = &w->slots[i];
     a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;

@@ -60,6 +60,9 @@ typedef struct lt_worker_conf {
   int kill_deadline_ms;               /* 30000: stop requested -> SIGKILL after this */
   int watchdog_ms;                    /* 600000: no progress line for this long -> kill */
   int64_t session_idle_ms;            /* 300000: a session with no call this long is parked; < 0 never */
+  int64_t store_retry_ms;             /* 120000: an unreachable object store is retried this long
+                                       * (an attempt's inputs, a checkpoint's upload);
+                                       * LATHE_WORKER_STORE_RETRY_MS */
   /* Gangs across workers (docs/DESIGN.md §6): the node group this worker is in, and the
    * host:port other workers of the group reach it at (rank 0 of a gang listens at that port plus
    * the lowest index of the slots it was given). Either empty (the default): no gang spans this
@@ -75,13 +78,15 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
 void lt_worker_destroy(lt_worker_t *w);
 
 /* How attempts ended here: the executor finished (completed) or stopped on request (stopped,
- * a cancel or a preemption), said it failed or finished without a final checkpoint (failed), or
- * ended without saying (lost: it died, was killed, or never started). */
+ * a cancel or a preemption), said it failed, finished without a final checkpoint or could not
+ * start (failed), ended without saying (lost: it died or was killed), or never started because
+ * the object store stayed away (unavailable). */
 typedef enum {
   LT_WORKER_END_COMPLETED,
   LT_WORKER_END_STOPPED,
   LT_WORKER_END_FAILED,
   LT_WORKER_END_LOST,
+  LT_WORKER_END_UNAVAILABLE,
   LT_WORKER_END__COUNT
 } lt_worker_end_t;
 

@@ -17,7 +17,8 @@ static double heartbeat_lag_s(const lt_worker_stats_t *st, int64_t now) {
 }
 
 char *lt_worker_metrics(lt_worker_t *w) {
-  static const char *const ends[LT_WORKER_END__COUNT] = {"completed", "stopped", "failed", "lost"};
+  static const char *const ends[LT_WORKER_END__COUNT] = {"completed", "stopped", "failed", "lost",
+                                                         "unavailable"};
   lt_worker_stats_t st;
   lt_worker_stats(w, &st);
   lt_metrics_t *m = lt_metrics_new();
@@ -30,7 +31,8 @@ char *lt_worker_metrics(lt_worker_t *w) {
                  (double)st.started);
   lt_metrics_family(m, "lathe_worker_attempts_ended_total", LT_METRIC_COUNTER,
                     "Attempts ended on this worker, by outcome: completed, stopped on request (cancel, "
-                    "preemption), failed (the executor said so), lost (it died or never started).");
+                    "preemption), failed (the executor said so, or the attempt could not start), lost (it died or "
+                    "was killed), unavailable (the object store stayed away: it never started).");
   for (int i = 0; i < LT_WORKER_END__COUNT; i++)
     lt_metrics_sample(m, (lt_metric_label_t[]){{"outcome", ends[i]}, {0}}, (double)st.ended[i]);
   lt_metrics_one(m, "lathe_worker_fetched_bytes_total", LT_METRIC_COUNTER,

@@ -565,6 +565,7 @@ static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, siz
                          .backend = getenv("LATHE_WORKER_BACKEND"),
                          .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
                          .kill_deadline_ms = getenv("LATHE_KILL_DEADLINE_MS") ? atoi(getenv("LATHE_KILL_DEADLINE_MS")) : 0,
+                         .store_retry_ms = getenv("LATHE_WORKER_STORE_RETRY_MS") ? atoll(getenv("LATHE_WORKER_STORE_RETRY_MS")) : 0,
                          .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) lt_log_info(NULL, "worker %s started (models in %s)", d->instance, d->models);

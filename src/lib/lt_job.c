@@ -24,7 +24,8 @@ static const char *const event_names[LT_EV__COUNT] = {
     "CancelRequested", "PreemptRequested",   "CheckpointCommitted", "AttemptStopped",
     "JobCompleted",   "JobFailed",           "JobCancelled",  "CleanupDone",   "SessionIdle",
     "SessionWoken"};
-static const char *const stop_names[LT_STOP__COUNT] = {"cancel", "preempt", "lost", "failed"};
+static const char *const stop_names[LT_STOP__COUNT] = {"cancel", "preempt", "lost", "failed",
+                                                        "unavailable"};
 
 bool lt_job_state_is_terminal(lt_job_state_t s) {
   return s == LT_JOB_COMPLETED || s == LT_JOB_FAILED || s == LT_JOB_CANCELLED ||
@@ -209,8 +210,11 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
   case LT_EV_ATTEMPT_STOPPED:
     if (terminal || !live_attempt(j, ev->attempt)) return false;
     j->attempt_stopped = true;
-    j->last_stop_failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED;
-    if (j->last_stop_failed) {
+    /* unavailable: nothing ran (the store was away for the inputs), so it neither counts as a
+     * failure nor changes what the last attempt that ran left (a session's restart) */
+    if (ev->stop_reason != LT_STOP_UNAVAILABLE)
+      j->last_stop_failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED;
+    if (ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED) {
       j->failed_attempts++;
       if (ev->reason && *ev->reason) set_str(j->reason, sizeof j->reason, ev->reason);
     }

@@ -12,7 +12,11 @@ with LATHE_WORKER_NODE_GROUP and their own LATHE_WORKER_RENDEZVOUS), and a manag
      byte-identical adapter: the gang's rank-ordered sum is what one executor accumulates
      (lora_alpha / lora_rank a power of two, dropout on: the ranks draw one executor's masks);
   3. both workers logged an executor of the gang job, and only rank 0 spoke for it: the job's
-     control records name rank 0's worker alone, and the second worker recorded no step.
+     control records name rank 0's worker alone, and the second worker recorded no step;
+  4. the second worker again, now with its object store unreachable (a port nothing listens on,
+     a 1.5 s retry window): whichever rank it holds stops the gang's attempt as unavailable, the
+     other rank, waiting to join, ends at once instead of failing at its join timeout, and with
+     the scheduler's bound at 2 the job fails as store_unavailable with no failed attempt.
 
 usage: gang_python.py PATH/TO/lathe PATH/TO/lathed
 Environment: the stack's (`ops/stack env`). Exits non-zero with a message on any failure."""
@@ -120,6 +124,17 @@ def wait_partitions(lathe, env, workers, timeout=90):
     fail(f"the workers' dispatch partitions did not settle within {timeout} s")
 
 
+def wait_ended(base, key, job, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, body = http(base, key, f"/v1/jobs/{job}")
+        j = json.loads(body) if st == 200 else {}
+        if j.get("state") in ("completed", "failed", "cancelled", "rejected"):
+            return j
+        time.sleep(1)
+    fail(f"job {job} did not end within {timeout} s")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: gang_python.py PATH/TO/lathe PATH/TO/lathed")
@@ -141,7 +156,8 @@ def main():
         out = json.loads(run([lathe, "admin", "tenant", "create", f"gang{run_id}", "--json"], env, "tenant create"))
         key = out["api_key"]
         d = Child("lathed all", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
-                  dict(env, LATHE_INSTANCE=f"g1{run_id}", LATHE_WORKER_RENDEZVOUS=f"127.0.0.1:{free_port()}", **group),
+                  dict(env, LATHE_INSTANCE=f"g1{run_id}", LATHE_WORKER_RENDEZVOUS=f"127.0.0.1:{free_port()}",
+                       LATHE_MAX_UNAVAILABLE_STOPS="2", **group),
                   tag="gang")
         w2 = Child("lathed worker", [lathed, "--role", "worker"],
                    dict(env, LATHE_INSTANCE=f"g2{run_id}", LATHE_WORKER_RENDEZVOUS=f"127.0.0.1:{free_port()}",
@@ -179,6 +195,31 @@ def main():
                   "one JobDispatched on lathe.control names both workers, world 2")
             starters = {r["record"].get("worker_id") for r in recs if r.get("type") == "AttemptStarted"}
             check(starters == {disp[0]["record"]["worker_id"]}, f"only rank 0's worker started the attempt ({starters})")
+            # 4. the second worker cut off from the store
+            w2.stop()
+            w2 = Child("lathed worker (no store)", [lathed, "--role", "worker"],
+                       dict(env, LATHE_INSTANCE=f"g2{run_id}", LATHE_WORKER_RENDEZVOUS=f"127.0.0.1:{free_port()}",
+                            LATHE_S3_ENDPOINT=f"127.0.0.1:{free_port()}", LATHE_WORKER_STORE_RETRY_MS="1500", **group),
+                       tag="gang")
+            w2.wait_for(r"worker .* started", 60)
+            time.sleep(6)  # its heartbeats follow the old process's before the partitions are read
+            wait_partitions(lathe, env, [f"g1{run_id}", f"g2{run_id}"])
+            t0 = time.time()
+            away = submit(lathe, e, key, ds, 2, 6)
+            j = wait_ended(base, key, away, 200)
+            took = time.time() - t0
+            check(j.get("state") == "failed" and "object store could not be reached" in (j.get("reason") or ""),
+                  f"the gang job whose worker cannot reach the store failed as store_unavailable ({j.get('reason')})")
+            check(j.get("failed_attempts") == 0, f"no failed attempt counted ({j.get('failed_attempts')})")
+            recs = control_records(lathe, e, away)
+            ranks0 = [r["record"].get("worker_id") for r in recs if r.get("type") == "JobDispatched"]
+            print(f"gang: the worker without a store held rank {0 if ranks0[:1] == [f'g2{run_id}'] else 1}",
+                  flush=True)
+            stops = [r["record"] for r in recs if r.get("type") == "AttemptStopped"]
+            check([s.get("reason") for s in stops] == ["unavailable", "unavailable"],
+                  f"two attempts stopped, both unavailable ({[s.get('reason') for s in stops]})")
+            check(took < 120, f"the rank waiting to join ended with its peer's stop, not at its join timeout "
+                              f"({took:.0f} s for both attempts)")
         except BaseException:
             d.dump()
             w2.dump()

@@ -809,6 +809,42 @@ Test(dp, two_workers_join_a_gang_and_hand_over_its_connections, .timeout = 60) {
 
 /* An attempt stopped while it joins abandons the join at once; the join's thread ends on its own
  * (its timeout here) and frees what it holds, and the attempt's notify pipe gets nothing. */
+/* A rank 0 abandoned while it waits for the others (its attempt stopped: a peer's store stayed
+ * away) and the gang's next attempt at once, with rank 0 on the same port (the worker's
+ * rendezvous port plus its first slot): the old join gives the port up within a second, not at
+ * its 60 s timeout (lt_dp_conf_t.abort), and the new rank 0 waits for it to be free instead of
+ * failing (measured before both: "cannot listen …: Address already in use", a counted failure). */
+Test(dp, the_next_attempt_of_a_gang_listens_where_an_abandoned_join_did, .timeout = 30) {
+  int p0[2], p1[2], p2[2];
+  cr_assert(pipe(p0) == 0 && pipe(p1) == 0 && pipe(p2) == 0);
+  char rdv[64], e[512];
+  snprintf(rdv, sizeof rdv, "127.0.0.1:%d", lt_test_free_port());
+  lt_wgang_t *old, *g0, *g1;
+  lt_wgang_conf_t c = {.rank = 0, .world = 2, .rendezvous = rdv, .job_id = "job-p", .attempt = 1,
+                       .timeout_ms = 60000, .notify_fd = p0[1]};
+  cr_assert_eq(lt_wgang_start(&c, &old, e, sizeof e), LT_OK, "%s", e);
+  lt_test_msleep(300); /* it listens */
+  lt_wgang_abandon(old);
+  int64_t t0 = lt_time_mono_ms();
+  lt_wgang_conf_t c0 = c, c1 = c;
+  c0.attempt = c1.attempt = 2, c0.timeout_ms = c1.timeout_ms = 10000;
+  c0.notify_fd = p1[1], c1.rank = 1, c1.notify_fd = p2[1];
+  cr_assert_eq(lt_wgang_start(&c0, &g0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_start(&c1, &g1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(read_byte(p1[0], 15000), 'g');
+  cr_assert_eq(read_byte(p2[0], 15000), 'g');
+  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS], n0 = 0, n1 = 0;
+  cr_assert_eq(lt_wgang_finish(g0, f0, &n0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_finish(g1, f1, &n1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert(n0 == 1 && n1 == 1);
+  cr_log_info("the next attempt's gang formed %lld ms after the abandon", (long long)(lt_time_mono_ms() - t0));
+  close(f0[0]), close(f1[0]);
+  close(p0[1]);
+  cr_assert_eq(read_byte(p0[0], 1000), -1, "the abandoned join wrote to its attempt's pipe");
+  for (int i = 0; i < 2; i++) close(p1[i]), close(p2[i]);
+  close(p0[0]);
+}
+
 Test(dp, an_abandoned_join_returns_at_once_and_tells_nobody, .timeout = 30) {
   int p[2];
   cr_assert_eq(pipe(p), 0);

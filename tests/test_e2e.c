@@ -1223,6 +1223,34 @@ Test(e2e, attempts_the_object_server_stays_away_from_never_count_against_the_job
   lt_test_tail_close(t);
 }
 
+/* ... but not for ever: a job whose attempts the store kept from starting LATHE_MAX_UNAVAILABLE_STOPS
+ * times (2 here, 30 by default) fails as store_unavailable, naming the store, with no failed
+ * attempt — a worker that can never reach its store does not cycle a job through it for good. */
+Test(e2e, a_job_the_object_server_stays_away_from_fails_as_store_unavailable_at_the_bound, .fini = relay_fini) {
+  setenv("LATHE_MAX_UNAVAILABLE_STOPS", "2", 1);
+  lt_test_local_port("LATHE_S3_ENDPOINT");
+  int port;
+  char job[64];
+  lt_test_tail_t *t = fleet_with_store_away(&port, "LATHE_WORKER_STORE_RETRY_MS=1500", job, sizeof job);
+  cr_assert_str_eq(wait_terminal(job, 120000), "FAILED");
+  json_t *failed = wait_for(t, "JobFailed", job, 0, 30000);
+  cr_assert_str_eq(lt_test_rs(failed, "code"), "store_unavailable");
+  cr_assert(strstr(lt_test_rs(failed, "reason"), "object store could not be reached"), "%s",
+            lt_test_rs(failed, "reason"));
+  json_t *stops = records(t, "AttemptStopped", job, 0);
+  cr_assert_eq(json_array_size(stops), 2);
+  size_t i;
+  json_t *r;
+  json_array_foreach(stops, i, r) cr_assert_str_eq(lt_test_rs(r, "reason"), "unavailable");
+  json_decref(stops);
+  char path[128];
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_client_resp_t g = req("GET", path, NULL, 0);
+  cr_assert_eq(json_integer_value(json_object_get(g.json, "failed_attempts")), 0, "%s", g.body);
+  lt_client_resp_free(&g);
+  lt_test_tail_close(t);
+}
+
 /* ================================================================ 6. a partitioned worker */
 
 /* The worker's network: its own namespace whose broker and object-server ports (as the stack

@@ -141,8 +141,9 @@ Test(job, preempted_attempt_returns_the_job_to_the_queue_with_its_checkpoint) {
 }
 
 /* An attempt whose inputs the worker could not fetch (the store away past its retry window) never
- * ran: back to the queue, however many times, without spending the job's attempts, and a lost
- * attempt before it still reads as the last one that ran (a session's restart). */
+ * ran: back to the queue without spending the job's attempts (counted apart, for the scheduler's
+ * own bound), its detail the job's reason, and a lost attempt before it still reads as the last
+ * one that ran (a session's restart). */
 Test(job, an_attempt_stopped_unavailable_requeues_without_counting_as_a_failure) {
   run_to_running("j");
   lt_job_event_t lost = ev(LT_EV_ATTEMPT_STOPPED, "j", 1);
@@ -159,8 +160,9 @@ Test(job, an_attempt_stopped_unavailable_requeues_without_counting_as_a_failure)
     const lt_job_t *j = lt_job_get(T, "j");
     cr_assert_eq(j->state, LT_JOB_QUEUED, "attempt %d", a);
     cr_assert_eq(j->failed_attempts, 1, "attempt %d: an unavailable stop counted as a failure", a);
+    cr_assert_eq(j->unavailable_stops, a - 1);
     cr_assert(j->last_stop_failed, "attempt %d: the lost attempt before it no longer reads as the last that ran", a);
-    cr_assert_str_eq(j->reason, "lease expired");
+    cr_assert_str_eq(j->reason, "cannot read the training dataset: connection refused");
   }
   lt_job_stop_reason_t r;
   cr_assert_eq(lt_job_stop_reason_parse("unavailable", &r), LT_OK);

@@ -29,11 +29,13 @@ static const char *const frame_name[] = {"?", "hello", "welcome", "refusal", "da
 #define HEAD_BYTES 32
 #define HELLO_MAX (20 + LT_DP_MAX_TOKEN)
 #define REFUSE_MAX 256
+#define BIND_WAIT_MS 5000 /* rank 0: how long a rendezvous port in use is waited for */
 
 struct lt_dp {
   const lt_dp_ops_t *ops;
   void *ops_ctx;
   int rank, world, timeout_ms;
+  const atomic_int *abort; /* lt_dp_conf_t.abort: the rendezvous stops when set */
   int *fd;        /* rank 0: fd[r] is rank r's connection (r >= 1); others: fd[0] is rank 0's */
   uint32_t seq;   /* collectives so far; each frame of one carries its number */
   int broken;     /* a collective failed: the connections are shut */
@@ -78,6 +80,8 @@ static uint64_t cks(uint64_t h, const void *data, size_t n) {
 }
 
 enum { IO_OK, IO_EOF, IO_TIMEOUT, IO_ERR };
+
+static bool aborted(const lt_dp_t *dp) { return dp->abort && atomic_load(dp->abort); }
 
 /* Waits until fd is ready for `events` or the deadline passes. */
 static int io_wait(int fd, short events, int64_t deadline) {
@@ -234,9 +238,15 @@ static lt_err_t listen_open(lt_dp_t *dp, const lt_dp_conf_t *c, int *lfd, char *
   struct addrinfo *res;
   lt_err_t err = resolve(c->rendezvous, 1, &res, errstr, errstr_size);
   if (err) return err;
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1, bound = -1;
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, c->world)) {
+  /* the port in use: the gang's previous attempt, abandoned, may hold it for up to a second more
+   * (lt_dp_conf_t.abort); waited out for a few seconds, not the whole rendezvous */
+  for (int64_t until = lt_time_mono_ms() + BIND_WAIT_MS;
+       fd >= 0 && (bound = bind(fd, res->ai_addr, res->ai_addrlen)) != 0 && errno == EADDRINUSE &&
+       lt_time_mono_ms() < until && !aborted(dp);)
+    nanosleep(&(struct timespec){.tv_nsec = 50 * 1000000}, NULL);
+  if (fd < 0 || bound != 0 || listen(fd, c->world)) {
     err = lt_errf(errstr, errstr_size, LT_ERR_IO, "dp rank 0: cannot listen on %s: %s",
                   c->rendezvous, strerror(errno));
     if (fd >= 0) close(fd);
@@ -278,7 +288,7 @@ static lt_err_t peer_connect(lt_dp_t *dp, const char *addr, int64_t deadline, ch
   lt_err_t err = resolve(addr, 0, &res, errstr, errstr_size);
   if (err) return err;
   int last = ETIMEDOUT;
-  while (dp->fd[0] < 0 && lt_time_mono_ms() < deadline) {
+  while (dp->fd[0] < 0 && lt_time_mono_ms() < deadline && !aborted(dp)) {
     for (struct addrinfo *ai = res; ai && dp->fd[0] < 0; ai = ai->ai_next) {
       dp->fd[0] = connect_once(ai, deadline);
       if (dp->fd[0] < 0) last = errno;
@@ -371,8 +381,11 @@ static lt_err_t root_gather(lt_dp_t *dp, int lfd, int64_t deadline, char *errstr
                             size_t errstr_size) {
   int joined = 0, refused = 0;
   char why[256] = "";
-  while (joined < dp->world - 1) {
-    if (io_wait(lfd, POLLIN, deadline) != IO_OK) break;
+  while (joined < dp->world - 1 && !aborted(dp)) {
+    int64_t slice = lt_time_mono_ms() + 1000; /* aborted is looked at every second */
+    int st = io_wait(lfd, POLLIN, slice < deadline ? slice : deadline);
+    if (st == IO_TIMEOUT && slice < deadline) continue;
+    if (st != IO_OK) break;
     accept_one(dp, lfd, deadline, &refused, why, sizeof why);
     joined = 0;
     for (int r = 1; r < dp->world; r++) joined += dp->fd[r] >= 0;
@@ -532,7 +545,7 @@ static lt_err_t dp_new(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_
   for (int r = 0; r < c->world; r++) dp->fd[r] = -1;
   dp->ops = c->ops ? c->ops : &tcp_ops;
   dp->ops_ctx = c->ops_ctx;
-  dp->rank = c->rank, dp->world = c->world, dp->timeout_ms = c->timeout_ms;
+  dp->rank = c->rank, dp->world = c->world, dp->timeout_ms = c->timeout_ms, dp->abort = c->abort;
   snprintf(dp->token, sizeof dp->token, "%s", c->token);
   snprintf(dp->where, sizeof dp->where, "%s", c->rendezvous ? c->rendezvous : "adopted connections");
   *out = dp;
@@ -552,8 +565,18 @@ lt_err_t lt_dp_open(const lt_dp_conf_t *c, lt_dp_t **out, char *errstr, size_t e
     if (!err) err = root_gather(dp, lfd, deadline, errstr, errstr_size);
     if (lfd >= 0) close(lfd);
   } else if (c->world > 1) {
-    err = peer_connect(dp, c->rendezvous, deadline, errstr, errstr_size);
-    if (!err) err = peer_join(dp, deadline, errstr, errstr_size);
+    /* rank 0 of an earlier attempt of the gang may hold the address for a second more
+     * (abandoned: lt_dp_conf_t.abort): its refusal of this attempt's token, or its closing before
+     * a verdict, is tried again until the deadline, and the last error kept */
+    for (;;) {
+      err = peer_connect(dp, c->rendezvous, deadline, errstr, errstr_size);
+      if (!err) err = peer_join(dp, deadline, errstr, errstr_size);
+      bool stale = err == LT_ERR_IO || (err == LT_ERR_INVALID && strstr(errstr, "token does not match"));
+      if (!stale || aborted(dp) || lt_time_mono_ms() + 100 >= deadline) break;
+      close(dp->fd[0]);
+      dp->fd[0] = -1;
+      nanosleep(&(struct timespec){.tv_nsec = 100 * 1000000}, NULL);
+    }
   }
   if (err) {
     lt_dp_close(dp);

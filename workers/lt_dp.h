@@ -44,6 +44,7 @@
 #ifndef LT_DP_H
 #define LT_DP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -62,6 +63,9 @@ typedef struct lt_dp_conf {
                              rank 0 may give port 0 for an ephemeral port (see on_listen) */
   const char *token;      /* the gang's identity, e.g. "<job>/<attempt>" (borrowed, 1..256 bytes) */
   int timeout_ms;         /* bound on the rendezvous and on each collective; > 0 */
+  /* May be NULL: once *abort is set the rendezvous gives up within a second (a worker that
+   * abandons a join: its listening port is free for the next attempt well before the timeout). */
+  const atomic_int *abort;
   /* Rank 0 only, may be NULL: called once the socket listens, with the bound port, before it
    * waits for the others (how a test with port 0 tells the other ranks where to connect). */
   void (*on_listen)(void *ctx, int port);

@@ -72,7 +72,8 @@ typedef struct attempt {
   int64_t step;
   char final_ckpt_event[40], final_ckpt_sha[65];
   /* A part of a gang across workers (gang_world > 1): rank 0 speaks for the attempt, the others'
-   * records are muted. The join (lt_worker_gang.h), then the connections it handed over. */
+   * records are muted but an unavailable stop (nothing of the gang ran: the others waited to
+   * join). The join (lt_worker_gang.h), then the connections it handed over. */
   int gang_rank, gang_world, gang_nfds, gang_fds[LT_WGANG_MAX_FDS];
   char gang_rdv[300];
   lt_wgang_t *gang;
@@ -246,6 +247,13 @@ static bool live(lt_worker_t *w, const attempt_t *a) {
   return j && j->attempt == a->attempt && !lt_job_state_is_terminal(j->state) && !a->fenced;
 }
 
+/* A gang's attempt another rank already stopped (a rank whose store stayed away: unavailable; a
+ * later rank's stop is the one record it writes). */
+static bool peer_stopped(lt_worker_t *w, const attempt_t *a) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), a->job_id);
+  return j && j->attempt == a->attempt && j->attempt_stopped;
+}
+
 static void stop_attempt(lt_worker_t *w, attempt_t *a, int sig) {
   if (a->state != A_RUNNING || a->stop_signal) return;
   a->stop_signal = sig;
@@ -286,6 +294,7 @@ static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
 static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {
   if (a->fenced || !live(w, a)) return;
   rec_t b = fresh(w, R_STOPPED, a);
+  if (!strcmp(reason, "unavailable")) b.mute = false; /* a gang's later rank too: its peers wait for it */
   PUT(&b, lt_avro_set_enum, "reason", reason);
   PUT(&b, lt_avro_set_long, "step", a->step);
   PUT(&b, lt_avro_set_bool, "killed", a->killed);
@@ -634,19 +643,6 @@ static lt_err_t spawn(lt_worker_t *w, attempt_t *a, const char *assignment, size
   return LT_OK;
 }
 
-static const char *resume_key(lt_worker_t *w, const char *job_id) {
-  json_t *info = lt_proj_job_info(w->proj, job_id);
-  json_t *keys = info ? json_object_get(info, "checkpoint_keys") : NULL;
-  size_t i;
-  json_t *k;
-  json_array_foreach(keys, i, k) {
-    const char *s = json_string_value(k);
-    size_t l = s ? strlen(s) : 0;
-    if (l > 10 && strcmp(s + l - 10, "/state.bin") == 0) return s;
-  }
-  return NULL;
-}
-
 /* Ends an attempt that failed before its executor ran: recorded, scrubbed, its slot freed. An
  * object store still away past the retry window (store_away) is no failure of the job: nothing
  * ran, so the attempt stops as unavailable and is not counted (docs/DESIGN.md §9). */
@@ -745,7 +741,10 @@ static void inputs_ready(lt_worker_t *w, attempt_t *a) {
   }
   if (a->gang_world > 1 && !a->gang_joined) { /* the gang first: gang_joined comes back here */
     lt_wgang_conf_t gc = {.rank = a->gang_rank, .world = a->gang_world, .rendezvous = a->gang_rdv,
-                          .job_id = a->job_id, .attempt = a->attempt, .timeout_ms = 120000, .notify_fd = a->notify[1]};
+                          .job_id = a->job_id, .attempt = a->attempt, .notify_fd = a->notify[1],
+                          /* longer than a peer's wait for the store: its unavailable stop, not
+                           * this rank's timeout, then says why the attempt ended */
+                          .timeout_ms = (int)(w->conf.store_retry_ms + 120000)};
     if (lt_wgang_start(&gc, &a->gang, err, sizeof err)) fail_start(w, a, false, err);
     return;
   }
@@ -858,7 +857,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
   a->spec = p->spec;
   a->w = w;
   char err[512];
-  if (prepare(w, a, t, resume_key(w, a->job_id), err, sizeof err)) fail_start(w, a, false, err);
+  if (prepare(w, a, t, lt_proj_resume_key(w->proj, a->job_id), err, sizeof err)) fail_start(w, a, false, err);
   return true;
 }
 
@@ -1052,8 +1051,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   for (int i = 0; i < w->conf.slots; i++) {
     attempt_t *a = &w->slots[i];
     if (a->state != A_RUNNING) continue;
-    if (a->gang && (a->stop_signal || a->killed || !live(w, a))) { /* joining a gang: end it now */
-      finish_attempt(w, a, 0);
+    if (a->gang && (a->stop_signal || a->killed || !live(w, a) || peer_stopped(w, a))) {
+      if (peer_stopped(w, a)) a->reported = true, a->outcome = LT_WORKER_END_STOPPED; /* its stop is said */
+      finish_attempt(w, a, 0); /* joining a gang: end it now */
       continue;
     }
     /* Partitioned: the lease cannot be renewed. Stop before it can expire (invariant 2). */

@@ -18,6 +18,7 @@ struct lt_wgang {
   int rank, world, timeout_ms, notify_fd;
   char rendezvous[300], token[LT_DP_MAX_TOKEN + 1];
   bool done, abandoned;
+  atomic_int abort; /* set with abandoned: the rendezvous gives up (lt_dp_conf_t.abort) */
   lt_err_t err;
   char errstr[512];
   int fds[LT_WGANG_MAX_FDS], nfds;
@@ -31,7 +32,7 @@ static void close_all(lt_wgang_t *g) {
 static void *join_main(void *p) {
   lt_wgang_t *g = p;
   lt_dp_conf_t c = {.rank = g->rank, .world = g->world, .rendezvous = g->rendezvous, .token = g->token,
-                    .timeout_ms = g->timeout_ms};
+                    .timeout_ms = g->timeout_ms, .abort = &g->abort};
   lt_dp_t *dp = NULL;
   char errstr[512];
   lt_err_t err = lt_dp_open(&c, &dp, errstr, sizeof errstr);
@@ -103,6 +104,7 @@ void lt_wgang_abandon(lt_wgang_t *g) {
   pthread_mutex_lock(&g->mu);
   bool done = g->done;
   g->abandoned = true;
+  atomic_store(&g->abort, 1); /* its port is free within a second, for the next attempt */
   pthread_mutex_unlock(&g->mu);
   if (!done) return; /* the thread frees it */
   close_all(g);

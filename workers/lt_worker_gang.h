@@ -11,8 +11,9 @@
  *
  * Lifetime: the join runs on its own thread with its own copy of the notify descriptor; it
  * writes one byte ('g') there when it ends. lt_wgang_abandon() may be called at any time (the
- * attempt was stopped or fenced): the thread then frees itself and closes what it joined when
- * it ends, never touching the attempt. */
+ * attempt was stopped or fenced): the rendezvous gives up within a second (a listening rank 0
+ * frees its port for the next attempt), and the thread then frees itself and closes what it
+ * joined, never touching the attempt. */
 #ifndef LT_WORKER_GANG_H
 #define LT_WORKER_GANG_H
 

@@ -34,6 +34,10 @@
  *   LATHE_PREEMPT_AFTER_S                            scheduler: a blocked production or standard job
  *                    preempts preemptible work after this wait (120; chaos runs shorten it)
  *   LATHE_KILL_DEADLINE_MS                           worker: stop asked -> SIGKILL after this (30000)
+ *   LATHE_WORKER_STORE_RETRY_MS                      worker: an unreachable object store is retried
+ *                    this long for an attempt's inputs and a checkpoint's upload (120000)
+ *   LATHE_MAX_UNAVAILABLE_STOPS                      scheduler: attempts a job may lose to an
+ *                    unreachable store (AttemptStopped unavailable) before it fails (30)
  *   LATHE_GC_GRACE_MS                                publisher: staging garbage older than this is
  *                    collected (3600000; tests and chaos runs shorten it)
  *   LATHE_API_KEY_RATE, LATHE_API_TENANT_RATE, LATHE_API_AUTH_FAIL_RATE   api: rate limits, "R/B"
@@ -487,6 +491,8 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
   if (lease) sc.lease_ms = atoll(lease);
   if (margin) sc.lease_margin_ms = atoll(margin);
   if (start) sc.start_timeout_ms = atoll(start);
+  const char *away = getenv("LATHE_MAX_UNAVAILABLE_STOPS");
+  if (away) sc.max_unavailable_stops = atoi(away);
   lt_sched_config_t policy; /* copied by lt_scheduler_new */
   const char *preempt = getenv("LATHE_PREEMPT_AFTER_S");
   if (preempt && *preempt) {

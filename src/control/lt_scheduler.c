@@ -586,6 +586,7 @@ lt_err_t lt_scheduler_new(struct event_base *base, const lt_scheduler_conf_t *co
   else if (c->tenant_grace_ms == 0) c->tenant_grace_ms = 5000;
   if (c->checkpoint_deadline_ms <= 0) c->checkpoint_deadline_ms = 30000;
   if (c->max_attempts <= 0) c->max_attempts = 3;
+  if (c->max_unavailable_stops <= 0) c->max_unavailable_stops = 30;
   if (c->tick_ms <= 0) c->tick_ms = 100;
   snprintf(s->producer_id, sizeof s->producer_id, "%s", c->producer_id ? c->producer_id : "scheduler");
   c->producer_id = s->producer_id;

@@ -420,7 +420,7 @@ static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
   for (size_t i = 0; i < s->nsides; i++) {
     const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
     if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && !j->parked &&
-        j->failed_attempts < s->conf.max_attempts)
+        j->failed_attempts < s->conf.max_attempts && j->unavailable_stops < s->conf.max_unavailable_stops)
       q[nq++] = (order_t){i, j->queued_at_ms};
   }
   qsort(q, nq, sizeof *q, cmp_order);
@@ -530,6 +530,16 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
       snprintf(why, sizeof why, "failed %d attempts; last: %s", (int)j->failed_attempts,
                j->reason[0] ? j->reason : "(no reason given)");
       write_failed(s, sd, j, "too_many_attempts", why);
+      scheduler_drop(s, sd);
+      return;
+    }
+    if (j->unavailable_stops >= s->conf.max_unavailable_stops) {
+      char why[LT_JOB_REASON_MAX + 192];
+      snprintf(why, sizeof why,
+               "the object store could not be reached for the job's inputs on %d attempts (none ran); "
+               "last: %s; submit it again once the store is back",
+               (int)j->unavailable_stops, j->reason[0] ? j->reason : "(no reason given)");
+      write_failed(s, sd, j, "store_unavailable", why);
       scheduler_drop(s, sd);
       return;
     }

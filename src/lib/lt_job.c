@@ -207,22 +207,24 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     set_str(j->ckpt_key, sizeof j->ckpt_key, ev->object_key);
     set_str(j->ckpt_sha256, sizeof j->ckpt_sha256, ev->sha256_hex);
     return true;
-  case LT_EV_ATTEMPT_STOPPED:
+  case LT_EV_ATTEMPT_STOPPED: {
     if (terminal || !live_attempt(j, ev->attempt)) return false;
     j->attempt_stopped = true;
-    /* unavailable: nothing ran (the store was away for the inputs), so it neither counts as a
-     * failure nor changes what the last attempt that ran left (a session's restart) */
-    if (ev->stop_reason != LT_STOP_UNAVAILABLE)
-      j->last_stop_failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED;
-    if (ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED) {
-      j->failed_attempts++;
-      if (ev->reason && *ev->reason) set_str(j->reason, sizeof j->reason, ev->reason);
-    }
+    /* unavailable: nothing ran (the store was away for the inputs), so it is counted apart from
+     * failures (the scheduler's own bound) and leaves what the last attempt that ran left (a
+     * session's restart); its detail says why the job waits */
+    bool failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED,
+         away = ev->stop_reason == LT_STOP_UNAVAILABLE;
+    if (!away) j->last_stop_failed = failed;
+    j->failed_attempts += failed;
+    j->unavailable_stops += away;
+    if ((failed || away) && ev->reason && *ev->reason) set_str(j->reason, sizeof j->reason, ev->reason);
     if (!j->cancel_requested) {
       j->state = LT_JOB_QUEUED;
       j->queued_at_ms = ev->occurred_at_ms;
     }
     return true;
+  }
   case LT_EV_JOB_COMPLETED:
     if (terminal) return false;
     if (ev->attempt != j->attempt) return false; /* a fenced attempt cannot complete the job */
@@ -263,20 +265,23 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
 }
 
 /* What fold() guarantees whatever the record, asserted around every step (docs/STYLE.md habit
- * 7): the attempt number, the failed attempts and the checkpoint's attempt never go down, a
+ * 7): the attempt number, the failed and unavailable attempts and the checkpoint's attempt never
+ * go down, a
  * cancel request is never withdrawn, and a terminal state never changes. */
 typedef struct fold_mark {
   lt_job_state_t state;
-  int32_t attempt, failed_attempts, ckpt_attempt;
+  int32_t attempt, failed_attempts, unavailable_stops, ckpt_attempt;
   bool cancel_requested;
 } fold_mark_t;
 
 static fold_mark_t fold_mark(const lt_job_t *j) {
-  return (fold_mark_t){j->state, j->attempt, j->failed_attempts, j->ckpt_attempt, j->cancel_requested};
+  return (fold_mark_t){j->state, j->attempt, j->failed_attempts, j->unavailable_stops, j->ckpt_attempt,
+                       j->cancel_requested};
 }
 
 static bool fold_ok(const fold_mark_t *before, const lt_job_t *j) {
   return j->attempt >= before->attempt && j->failed_attempts >= before->failed_attempts &&
+         j->unavailable_stops >= before->unavailable_stops &&
          j->ckpt_attempt >= before->ckpt_attempt && j->ckpt_attempt <= j->attempt &&
          (!before->cancel_requested || j->cancel_requested) &&
          (!lt_job_state_is_terminal(before->state) || j->state == before->state);
@@ -389,11 +394,11 @@ void lt_job_scan(const lt_job_table_t *t, bool (*fn)(const lt_job_t *, void *), 
 int lt_job_line(const lt_job_t *j, char *line, size_t n) {
   /* Every field of the state, in a fixed text form: the digest covers all of it. */
   return snprintf(line, n,
-                  "%s|%s|%s|%s|%d|%d|%" PRId64 "|%d|%d|%d|%d|%d|%d|%d|%s|%" PRId64 "|%" PRId64
+                  "%s|%s|%s|%s|%d|%d|%" PRId64 "|%d|%d|%d|%d|%d|%d|%d|%d|%s|%" PRId64 "|%" PRId64
                   "|%" PRId64 "|%" PRId64 "|%" PRId64 "|%d|%" PRId64 "|%" PRId64 "|%d|%s|%s|%s|%" PRIu64 "\n",
                   j->job_id, j->tenant_id, j->base_model, j->dataset_id, (int)j->job_class, j->gpus,
                   j->max_duration_s, (int)j->state, j->attempt, j->attempt_stopped, j->failed_attempts,
-                  j->cancel_requested, j->cleanup_done, 0, j->worker_id, j->submitted_at_ms, j->queued_at_ms,
+                  j->unavailable_stops, j->cancel_requested, j->cleanup_done, 0, j->worker_id, j->submitted_at_ms, j->queued_at_ms,
                   j->started_at_ms, j->lease_ms, j->ended_at_ms, j->ckpt_attempt, j->ckpt_step, j->ckpt_bytes,
                   j->ckpt_final, j->ckpt_key, j->ckpt_sha256, j->reason, j->records);
 }

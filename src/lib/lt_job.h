@@ -124,6 +124,7 @@ typedef struct lt_job {
   int32_t attempt;            /* current attempt number; 0 before the first dispatch */
   bool attempt_stopped;       /* the current attempt confirmed its stop */
   int32_t failed_attempts;    /* attempts lost or failed */
+  int32_t unavailable_stops;  /* attempts stopped unavailable: the store away, nothing ran */
   bool last_stop_failed;      /* the newest stopped attempt that ran was lost or failed (not preempted) */
   bool parked;                /* a session that went idle: QUEUED, but not to be dispatched until woken */
   int64_t parked_seq;         /* the last call it ran before it went idle */

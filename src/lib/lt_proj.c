@@ -244,6 +244,19 @@ json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id) {
   return in->doc;
 }
 
+const char *lt_proj_resume_key(lt_proj_t *p, const char *job_id) {
+  json_t *info = lt_proj_job_info(p, job_id);
+  json_t *keys = info ? json_object_get(info, "checkpoint_keys") : NULL;
+  size_t i;
+  json_t *k;
+  json_array_foreach(keys, i, k) {
+    const char *s = json_string_value(k);
+    size_t l = s ? strlen(s) : 0;
+    if (l > 10 && strcmp(s + l - 10, "/state.bin") == 0) return s;
+  }
+  return NULL;
+}
+
 /* Progress and evaluation records of a job: only the current attempt's count (invariant 2). */
 static bool current_attempt(lt_proj_t *p, lt_avro_record_t *rec, int f_job_id, int f_attempt, const char **job_id) {
   int32_t attempt = 0;

@@ -126,6 +126,10 @@ lt_tenant_table_t *lt_proj_tenants(lt_proj_t *p);
  * next lt_proj_apply / lt_proj_fold followed by lt_proj_job_info of the same job. */
 json_t *lt_proj_job_info(lt_proj_t *p, const char *job_id);
 
+/* The object key of the state to resume the job from: its newest commit's "…/state.bin"
+ * (borrowed, as lt_proj_job_info's values); NULL when it has none. */
+const char *lt_proj_resume_key(lt_proj_t *p, const char *job_id);
+
 /* One checkpoint a job committed (a CheckpointCommitted the fold applied). */
 typedef struct lt_proj_ckpt {
   int32_t attempt;

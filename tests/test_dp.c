@@ -762,6 +762,21 @@ static int read_byte(int fd, int timeout_ms) {
 
 /* Two workers' joins (threads of their own) end with a 'g' each and one verified connection
  * each, which carry a sum once adopted; the token is the job and attempt. */
+/* Ranks 0 and 1 (c0, c1; their pipes' read ends r0, r1) join a gang of two: each hands over its
+ * one connection (into f0[0], f1[0]). */
+static void join_pair(const lt_wgang_conf_t *c0, const lt_wgang_conf_t *c1, int r0, int r1, int *f0, int *f1) {
+  char e[512];
+  lt_wgang_t *g0, *g1;
+  int n0 = 0, n1 = 0;
+  cr_assert_eq(lt_wgang_start(c0, &g0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_start(c1, &g1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(read_byte(r0, 20000), 'g');
+  cr_assert_eq(read_byte(r1, 20000), 'g');
+  cr_assert_eq(lt_wgang_finish(g0, f0, &n0, e, sizeof e), LT_OK, "%s", e);
+  cr_assert_eq(lt_wgang_finish(g1, f1, &n1, e, sizeof e), LT_OK, "%s", e);
+  cr_assert(n0 == 1 && n1 == 1);
+}
+
 Test(dp, two_workers_join_a_gang_and_hand_over_its_connections, .timeout = 60) {
   int p0[2], p1[2], port = 0;
   cr_assert_eq(pipe(p0), 0);
@@ -777,19 +792,12 @@ Test(dp, two_workers_join_a_gang_and_hand_over_its_connections, .timeout = 60) {
   }
   char rdv[64], e[512];
   snprintf(rdv, sizeof rdv, "127.0.0.1:%d", port);
-  lt_wgang_t *g0, *g1;
   lt_wgang_conf_t c0 = {.rank = 0, .world = 2, .rendezvous = rdv, .job_id = "job-w", .attempt = 3,
                         .timeout_ms = 20000, .notify_fd = p0[1]};
   lt_wgang_conf_t c1 = c0;
   c1.rank = 1, c1.notify_fd = p1[1];
-  cr_assert_eq(lt_wgang_start(&c0, &g0, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(lt_wgang_start(&c1, &g1, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(read_byte(p0[0], 20000), 'g');
-  cr_assert_eq(read_byte(p1[0], 20000), 'g');
-  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS], n0 = 0, n1 = 0;
-  cr_assert_eq(lt_wgang_finish(g0, f0, &n0, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(lt_wgang_finish(g1, f1, &n1, e, sizeof e), LT_OK, "%s", e);
-  cr_assert(n0 == 1 && n1 == 1);
+  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS];
+  join_pair(&c0, &c1, p0[0], p1[0], f0, f1);
   lt_dp_conf_t a0 = {.rank = 0, .world = 2, .token = "job-w/3", .timeout_ms = 20000}, a1 = a0;
   a1.rank = 1;
   lt_dp_t *d0, *d1;
@@ -819,7 +827,7 @@ Test(dp, the_next_attempt_of_a_gang_listens_where_an_abandoned_join_did, .timeou
   cr_assert(pipe(p0) == 0 && pipe(p1) == 0 && pipe(p2) == 0);
   char rdv[64], e[512];
   snprintf(rdv, sizeof rdv, "127.0.0.1:%d", lt_test_free_port());
-  lt_wgang_t *old, *g0, *g1;
+  lt_wgang_t *old;
   lt_wgang_conf_t c = {.rank = 0, .world = 2, .rendezvous = rdv, .job_id = "job-p", .attempt = 1,
                        .timeout_ms = 60000, .notify_fd = p0[1]};
   cr_assert_eq(lt_wgang_start(&c, &old, e, sizeof e), LT_OK, "%s", e);
@@ -829,14 +837,8 @@ Test(dp, the_next_attempt_of_a_gang_listens_where_an_abandoned_join_did, .timeou
   lt_wgang_conf_t c0 = c, c1 = c;
   c0.attempt = c1.attempt = 2, c0.timeout_ms = c1.timeout_ms = 10000;
   c0.notify_fd = p1[1], c1.rank = 1, c1.notify_fd = p2[1];
-  cr_assert_eq(lt_wgang_start(&c0, &g0, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(lt_wgang_start(&c1, &g1, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(read_byte(p1[0], 15000), 'g');
-  cr_assert_eq(read_byte(p2[0], 15000), 'g');
-  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS], n0 = 0, n1 = 0;
-  cr_assert_eq(lt_wgang_finish(g0, f0, &n0, e, sizeof e), LT_OK, "%s", e);
-  cr_assert_eq(lt_wgang_finish(g1, f1, &n1, e, sizeof e), LT_OK, "%s", e);
-  cr_assert(n0 == 1 && n1 == 1);
+  int f0[LT_WGANG_MAX_FDS], f1[LT_WGANG_MAX_FDS];
+  join_pair(&c0, &c1, p1[0], p2[0], f0, f1);
   cr_log_info("the next attempt's gang formed %lld ms after the abandon", (long long)(lt_time_mono_ms() - t0));
   close(f0[0]), close(f1[0]);
   close(p0[1]);

@@ -1051,8 +1051,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   for (int i = 0; i < w->conf.slots; i++) {
     attempt_t *a = &w->slots[i];
     if (a->state != A_RUNNING) continue;
-    if (a->gang && (a->stop_signal || a->killed || !live(w, a) || peer_stopped(w, a))) {
-      if (peer_stopped(w, a)) a->reported = true, a->outcome = LT_WORKER_END_STOPPED; /* its stop is said */
+    bool said = a->gang && peer_stopped(w, a); /* its stop is in the log already */
+    if (a->gang && (a->stop_signal || a->killed || !live(w, a) || said)) {
+      if (said) a->reported = true, a->outcome = LT_WORKER_END_STOPPED;
       finish_attempt(w, a, 0); /* joining a gang: end it now */
       continue;
     }

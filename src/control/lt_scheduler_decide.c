@@ -411,6 +411,12 @@ static void rebuild_worker(lt_scheduler_t *s, size_t w, uint64_t *filler) {
   }
 }
 
+/* A queued job is out of attempts: max_attempts failed, or max_unavailable_stops that the object
+ * store kept from starting; examine() records its JobFailed. */
+static bool attempts_spent(const lt_scheduler_t *s, const lt_job_t *j) {
+  return j->failed_attempts >= s->conf.max_attempts || j->unavailable_stops >= s->conf.max_unavailable_stops;
+}
+
 /* Queues the jobs the log says are queued, in the order they entered the queue. */
 static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_job_table_t *jobs = lt_proj_jobs(s->fold);
@@ -419,8 +425,7 @@ static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
   size_t nq = 0;
   for (size_t i = 0; i < s->nsides; i++) {
     const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-    if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && !j->parked &&
-        j->failed_attempts < s->conf.max_attempts && j->unavailable_stops < s->conf.max_unavailable_stops)
+    if (j && j->state == LT_JOB_QUEUED && !j->cancel_requested && !j->parked && !attempts_spent(s, j))
       q[nq++] = (order_t){i, j->queued_at_ms};
   }
   qsort(q, nq, sizeof *q, cmp_order);
@@ -525,21 +530,17 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
     return;
   }
   if (j->state == LT_JOB_QUEUED) {
-    if (j->failed_attempts >= s->conf.max_attempts) {
-      char why[LT_JOB_REASON_MAX + 64];
-      snprintf(why, sizeof why, "failed %d attempts; last: %s", (int)j->failed_attempts,
-               j->reason[0] ? j->reason : "(no reason given)");
-      write_failed(s, sd, j, "too_many_attempts", why);
-      scheduler_drop(s, sd);
-      return;
-    }
-    if (j->unavailable_stops >= s->conf.max_unavailable_stops) {
+    if (attempts_spent(s, j)) {
+      bool away = j->failed_attempts < s->conf.max_attempts; /* the store's bound, not failures */
+      const char *last = j->reason[0] ? j->reason : "(no reason given)";
       char why[LT_JOB_REASON_MAX + 192];
-      snprintf(why, sizeof why,
-               "the object store could not be reached for the job's inputs on %d attempts (none ran); "
-               "last: %s; submit it again once the store is back",
-               (int)j->unavailable_stops, j->reason[0] ? j->reason : "(no reason given)");
-      write_failed(s, sd, j, "store_unavailable", why);
+      if (away)
+        snprintf(why, sizeof why,
+                 "the object store could not be reached for the job's inputs on %d attempts (none ran); "
+                 "last: %s; submit it again once the store is back", (int)j->unavailable_stops, last);
+      else
+        snprintf(why, sizeof why, "failed %d attempts; last: %s", (int)j->failed_attempts, last);
+      write_failed(s, sd, j, away ? "store_unavailable" : "too_many_attempts", why);
       scheduler_drop(s, sd);
       return;
     }

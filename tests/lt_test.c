@@ -548,7 +548,7 @@ static void *relay_main(void *arg) {
       }
     }
     if ((pf[0].revents & POLLIN) && np < 16) {
-      int c = accept(r->lfd, NULL, NULL), u = socket(AF_INET, SOCK_STREAM, 0);
+      int c = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC), u = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)r->up_port),
                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
       if (c < 0 || connect(u, (struct sockaddr *)&a, sizeof a) != 0) {
@@ -567,7 +567,9 @@ lt_test_relay_t *lt_test_relay_start(int port, int up_port) {
   lt_test_relay_t *r = calloc(1, sizeof *r);
   cr_assert_not_null(r);
   r->port = port, r->up_port = up_port;
-  r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  /* close-on-exec: a daemon started after the relay must not keep its port listening (and
+   * accepting into a backlog no one reads) once the relay stops */
+  r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),

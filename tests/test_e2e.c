@@ -1246,6 +1246,52 @@ Test(e2e, a_job_the_object_server_stays_away_from_fails_as_store_unavailable_at_
   lt_test_tail_close(t);
 }
 
+/* Away while a job trains, past the worker's retry window (1.5 s here): the checkpoint upload
+ * that meets the outage stops the attempt as unavailable, not failed — what it trained after its
+ * last commit is redone from that commit — and attempts wait on; the store back, the job
+ * completes with no failed attempt and every commit once, in step order (docs/DESIGN.md §9).
+ * Before, each such attempt counted, and three failed the job. */
+Test(e2e, a_checkpoint_the_object_server_stays_away_from_is_redone_not_charged, .fini = relay_fini) {
+  int up = lt_test_local_port("LATHE_S3_ENDPOINT"), port = lt_test_free_port();
+  relay = lt_test_relay_start(port, up);
+  char env0[64], log[600], ds[64], job[64];
+  snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", port);
+  const char *env[] = {env0, "LATHE_WORKER_STORE_RETRY_MS=1500", NULL};
+  start_control_plane();
+  snprintf(log, sizeof log, "%s/w1.log", tmp_dir);
+  lt_test_proc_t *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
+  upload_dataset(ds, sizeof ds);
+  submit(ds, 60, 3, 9, job, sizeof job);
+  wait_for(t, "CheckpointCommitted", job, 1, 600000);
+  lt_test_relay_stop(relay); /* the worker's connections cut, and nothing listening */
+  relay = NULL;
+  json_t *st = wait_for(t, "AttemptStopped", job, 1, 120000);
+  cr_assert_str_eq(lt_test_rs(st, "reason"), "unavailable", "detail: %s", lt_test_rs(st, "detail"));
+  cr_assert(strstr(lt_test_rs(st, "detail"), "checkpoint at step"), "detail: %s", lt_test_rs(st, "detail"));
+  cr_assert(lt_test_file_has(w1->log, "checkpoint upload failed"), "%s", lt_test_log_tail(w1->log));
+  relay = lt_test_relay_start(port, up);
+  cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
+  json_t *done = wait_for(t, "JobCompleted", job, 0, 30000);
+  cr_assert_gt(lt_test_ri(done, "attempt"), 1);
+  cr_assert_null(first(t, "JobFailed", job, 0));
+  json_t *stops = records(t, "AttemptStopped", job, 0), *commits = records(t, "CheckpointCommitted", job, 0), *r;
+  size_t i;
+  json_array_foreach(stops, i, r) cr_assert_str_eq(lt_test_rs(r, "reason"), "unavailable");
+  json_int_t want = 3;
+  json_array_foreach(commits, i, r) {
+    cr_assert_eq(lt_test_ri(r, "step"), want, "commits at 3, 6, 9, ..., 60, each once, in order");
+    want += 3;
+  }
+  cr_assert_eq(want, 63);
+  json_decref(stops);
+  json_decref(commits);
+  json_t *info = job_info(job);
+  cr_assert_eq(json_integer_value(json_object_get(info, "failed_attempts")), 0);
+  json_decref(info);
+  lt_test_tail_close(t);
+}
+
 /* ================================================================ 6. a partitioned worker */
 
 /* The worker's network: its own namespace whose broker and object-server ports (as the stack

@@ -66,6 +66,7 @@ typedef struct attempt {
   int64_t last_progress_ms, stop_sent_ms;
   int stop_signal;      /* SIGUSR1 (cancel) or SIGUSR2 (preempt) once sent */
   bool fenced;          /* not the job's live attempt any more: record nothing */
+  bool store_away;      /* ended by the worker: its checkpoint upload met the store away past the window */
   bool reported;        /* the terminal line (done/stopped/error) was recorded */
   lt_worker_end_t outcome; /* what that line said (lt_worker_stats) */
   bool killed;          /* we sent SIGKILL */
@@ -363,7 +364,9 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
       snprintf(detail, sizeof detail, "the executor died of signal %d", WTERMSIG(status));
     else
       snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
-    record_stopped(w, a, cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : "failed", detail);
+    const char *why = cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : a->store_away ? "unavailable" : "failed";
+    record_stopped(w, a, why, detail);
+    if (!strcmp(why, "unavailable")) a->reported = true, a->outcome = LT_WORKER_END_UNAVAILABLE;
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
   int64_t zeroed = scrub_attempt(w, a);
@@ -771,7 +774,12 @@ static void upload_ended(lt_worker_t *w, attempt_t *a) {
   char err[512];
   if (!a->uploading) return;
   a->uploading = false;
-  if (lt_ckpt_flush(a->up, err, sizeof err)) fail_attempt(w, a, err);
+  lt_err_t e = lt_ckpt_flush(a->up, err, sizeof err);
+  /* the store away past the window: a job's attempt stops as unavailable, not charged to the job
+   * (it resumes from its last commit); a session's as failed, which its next attempt must say to
+   * the calls that ran on the state lost with it (session_restarted) */
+  a->store_away = e && !a->sess && lt_store_err_retriable(e);
+  if (e) fail_attempt(w, a, err);
   else if (!a->fenced) commit_checkpoint(w, a, &a->uploaded);
 }
 
@@ -1095,16 +1103,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 /* The configuration with its defaults filled in, and the names of the topics it uses. */
 static void configure(lt_worker_t *w, const lt_worker_conf_t *conf) {
   w->conf = *conf;
-  if (w->conf.slots > MAX_SLOTS) w->conf.slots = MAX_SLOTS;
-  if (w->conf.threads_per_executor <= 0) w->conf.threads_per_executor = 1;
-  if (!w->conf.work_root) w->conf.work_root = "/tmp";
-  if (!w->conf.mem_root) w->conf.mem_root = "/dev/shm";
-  if (!w->conf.executor_path) w->conf.executor_path = "/proc/self/exe";
-  if (!w->conf.heartbeat_ms) w->conf.heartbeat_ms = 1000;
-  if (!w->conf.kill_deadline_ms) w->conf.kill_deadline_ms = 30000;
-  if (!w->conf.watchdog_ms) w->conf.watchdog_ms = 600000;
-  if (!w->conf.session_idle_ms) w->conf.session_idle_ms = 300000;
-  if (w->conf.store_retry_ms <= 0) w->conf.store_retry_ms = 120000;
+  lt_worker_conf_defaults(&w->conf, MAX_SLOTS);
   for (int i = 0; i < MAX_SLOTS; i++) {
     attempt_t *a = &w->slots[i];
     a->out_fd = a->in_fd = a->notify[0] = a->notify[1] = -1;

@@ -79,8 +79,8 @@ void lt_worker_destroy(lt_worker_t *w);
 
 /* How attempts ended here: the executor finished (completed) or stopped on request (stopped,
  * a cancel or a preemption), said it failed, finished without a final checkpoint or could not
- * start (failed), ended without saying (lost: it died or was killed), or never started because
- * the object store stayed away (unavailable). */
+ * start (failed), ended without saying (lost: it died or was killed), or met the object store
+ * away past the retry window: before it started, or a job's checkpoint upload (unavailable). */
 typedef enum {
   LT_WORKER_END_COMPLETED,
   LT_WORKER_END_STOPPED,

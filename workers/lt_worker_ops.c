@@ -32,7 +32,8 @@ char *lt_worker_metrics(lt_worker_t *w) {
   lt_metrics_family(m, "lathe_worker_attempts_ended_total", LT_METRIC_COUNTER,
                     "Attempts ended on this worker, by outcome: completed, stopped on request (cancel, "
                     "preemption), failed (the executor said so, or the attempt could not start), lost (it died or "
-                    "was killed), unavailable (the object store stayed away: it never started).");
+                    "was killed), unavailable (the object store stayed away: it never started, or a job's checkpoint "
+                    "could not be stored).");
   for (int i = 0; i < LT_WORKER_END__COUNT; i++)
     lt_metrics_sample(m, (lt_metric_label_t[]){{"outcome", ends[i]}, {0}}, (double)st.ended[i]);
   lt_metrics_one(m, "lathe_worker_fetched_bytes_total", LT_METRIC_COUNTER,

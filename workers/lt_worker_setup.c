@@ -12,6 +12,19 @@
 
 #include "lt_log.h"
 
+void lt_worker_conf_defaults(lt_worker_conf_t *c, int max_slots) {
+  if (c->slots > max_slots) c->slots = max_slots;
+  if (c->threads_per_executor <= 0) c->threads_per_executor = 1;
+  if (!c->work_root) c->work_root = "/tmp";
+  if (!c->mem_root) c->mem_root = "/dev/shm";
+  if (!c->executor_path) c->executor_path = "/proc/self/exe";
+  if (!c->heartbeat_ms) c->heartbeat_ms = 1000;
+  if (!c->kill_deadline_ms) c->kill_deadline_ms = 30000;
+  if (!c->watchdog_ms) c->watchdog_ms = 600000;
+  if (!c->session_idle_ms) c->session_idle_ms = 300000;
+  if (c->store_retry_ms <= 0) c->store_retry_ms = 120000;
+}
+
 lt_err_t lt_worker_devices(const char *backend, int *slots, lt_worker_devices_t *out, char *errstr, size_t n) {
   memset(out, 0, sizeof *out);
   bool autod = !backend || !backend[0] || strcmp(backend, "auto") == 0;

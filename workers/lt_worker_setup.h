@@ -1,6 +1,6 @@
 /* lt_worker_setup: what a worker sets up once, at lt_worker_new (lt_worker.c): the backend its
- * executors train on and its slots, the confinement of its executors and their directories, and
- * its two consumers. */
+ * executors train on and its slots, its configuration's defaults, the confinement of its
+ * executors and their directories, and its two consumers. */
 #ifndef LT_WORKER_SETUP_H
 #define LT_WORKER_SETUP_H
 
@@ -25,6 +25,10 @@ typedef struct lt_worker_devices {
  * cuda without a GPU is refused with the runtime's reason. On cuda, *slots <= 0 becomes the GPU
  * count, and more slots than GPUs is refused; on cpu, *slots <= 0 becomes 1. */
 lt_err_t lt_worker_devices(const char *backend, int *slots, lt_worker_devices_t *out, char *errstr, size_t n);
+
+/* conf's defaults where it leaves a field 0 (or negative: store_retry_ms, threads_per_executor),
+ * and at most max_slots slots. */
+void lt_worker_conf_defaults(lt_worker_conf_t *conf, int max_slots);
 
 /* What executors may do (lt_confine.h) into *confine, and the parents of the attempts'
  * directories (work_parent, mem_parent: 512 bytes each), created 0711. Fails when mem_root is not

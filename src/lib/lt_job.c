@@ -210,9 +210,10 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
   case LT_EV_ATTEMPT_STOPPED: {
     if (terminal || !live_attempt(j, ev->attempt)) return false;
     j->attempt_stopped = true;
-    /* unavailable: nothing ran (the store was away for the inputs), so it is counted apart from
-     * failures (the scheduler's own bound) and leaves what the last attempt that ran left (a
-     * session's restart); its detail says why the job waits */
+    /* unavailable: the store was away — for the inputs (nothing ran) or for a job's checkpoint
+     * (what ran after its last commit is redone from it) — so it is counted apart from failures
+     * (the scheduler's own bound) and leaves what the last attempt that ran left (a session's
+     * restart: a session's upload that fails stops as failed); its detail says why the job waits */
     bool failed = ev->stop_reason == LT_STOP_LOST || ev->stop_reason == LT_STOP_FAILED,
          away = ev->stop_reason == LT_STOP_UNAVAILABLE;
     if (!away) j->last_stop_failed = failed;

@@ -366,7 +366,8 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
       snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
     const char *why = cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : a->store_away ? "unavailable" : "failed";
     record_stopped(w, a, why, detail);
-    if (!strcmp(why, "unavailable")) a->reported = true, a->outcome = LT_WORKER_END_UNAVAILABLE;
+    if (!strcmp(why, "unavailable") && !a->fenced && live(w, a)) /* recorded as such */
+      a->reported = true, a->outcome = LT_WORKER_END_UNAVAILABLE;
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }
   int64_t zeroed = scrub_attempt(w, a);

@@ -80,10 +80,10 @@ typedef struct lt_scheduler_conf {
   int64_t tenant_grace_ms;            /* unknown tenant: wait this long before rejecting (5000) */
   int64_t checkpoint_deadline_ms;     /* PreemptRequested: time to checkpoint (30000) */
   int32_t max_attempts;               /* failed attempts before JobFailed (3) */
-  int32_t max_unavailable_stops;      /* attempts stopped unavailable (the object store away, the
-                                         executor never ran) before JobFailed store_unavailable:
-                                         not failures, but bounded (30, about an hour of the
-                                         worker's 2-minute retry window) */
+  int32_t max_unavailable_stops;      /* attempts stopped unavailable (the object store away for
+                                         their inputs or a checkpoint) before JobFailed
+                                         store_unavailable: not failures, but bounded (30, about
+                                         an hour of the worker's 2-minute retry window) */
   int tick_ms;                        /* timer: group, timeouts and decisions (100) */
   lt_store_t *store;                  /* borrowed, may be NULL: checks that a submission's datasets
                                          exist, as the API does (NULL: not checked) */

@@ -412,7 +412,7 @@ static void rebuild_worker(lt_scheduler_t *s, size_t w, uint64_t *filler) {
 }
 
 /* A queued job is out of attempts: max_attempts failed, or max_unavailable_stops that the object
- * store kept from starting; examine() records its JobFailed. */
+ * store stopped (away for their inputs or a checkpoint); examine() records its JobFailed. */
 static bool attempts_spent(const lt_scheduler_t *s, const lt_job_t *j) {
   return j->failed_attempts >= s->conf.max_attempts || j->unavailable_stops >= s->conf.max_unavailable_stops;
 }
@@ -536,7 +536,7 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
       char why[LT_JOB_REASON_MAX + 192];
       if (away)
         snprintf(why, sizeof why,
-                 "the object store could not be reached for the job's inputs on %d attempts (none ran); "
+                 "the object store could not be reached on %d attempts (for their inputs, or for a checkpoint); "
                  "last: %s; submit it again once the store is back", (int)j->unavailable_stops, last);
       else
         snprintf(why, sizeof why, "failed %d attempts; last: %s", (int)j->failed_attempts, last);

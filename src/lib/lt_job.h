@@ -71,8 +71,9 @@ typedef enum lt_job_stop_reason {
   LT_STOP_PREEMPT,    /* preempted after a checkpoint: back to the queue */
   LT_STOP_LOST,       /* lease expired or worker lost: back to the queue, counts as a failure */
   LT_STOP_FAILED,     /* the executor failed (error, watchdog): counts as a failure */
-  LT_STOP_UNAVAILABLE, /* the object store could not be reached for the attempt's inputs, so its
-                        * executor never ran: back to the queue, not a failure (AttemptStopped v2) */
+  LT_STOP_UNAVAILABLE, /* the object store could not be reached for the attempt's inputs (its
+                        * executor never ran) or a job's checkpoint (redone from the last commit):
+                        * back to the queue, not a failure (AttemptStopped v2) */
   LT_STOP__COUNT
 } lt_job_stop_reason_t;
 
@@ -124,7 +125,7 @@ typedef struct lt_job {
   int32_t attempt;            /* current attempt number; 0 before the first dispatch */
   bool attempt_stopped;       /* the current attempt confirmed its stop */
   int32_t failed_attempts;    /* attempts lost or failed */
-  int32_t unavailable_stops;  /* attempts stopped unavailable: the store away, nothing ran */
+  int32_t unavailable_stops;  /* attempts stopped unavailable: the store away (inputs or a checkpoint) */
   bool last_stop_failed;      /* the newest stopped attempt that ran was lost or failed (not preempted) */
   bool parked;                /* a session that went idle: QUEUED, but not to be dispatched until woken */
   int64_t parked_seq;         /* the last call it ran before it went idle */

@@ -1433,38 +1433,29 @@ Test(sched, preemptible_reservations_go_to_tenants_the_class_owes) {
   lt_sched_destroy(s);
 }
 
-/* The preemptible class slices itself once a fair period: a tenant it owes gets a slot from one
- * it over-served even when its job is not among the oldest the starvation pass looks at. Tenant
- * 1 queues 20 jobs and runs both slots; tenant 2's one job comes later, behind 18 of tenant 1's
- * (the pass scans 16, and tenant 1, over-served, may not preempt). Once a running job of tenant
- * 1 has run two hours (and tenant 2 is owed an hour of a GPU more than tenant 1), it is
- * preempted for tenant 2's job; then the two hold a slot each and nothing moves again. */
-Test(sched, an_owed_tenants_job_behind_the_scan_gets_a_slice_of_the_class) {
-  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_LATHE, .preempt = 60, .weights = {1, 1},
-                                  .workers = 1, .slots = 2, .cache = 2});
+/* A lower class's reservation never holds a higher class's job back (invariant 9): with the one
+ * reservation a 2-worker fleet has (max_reservations, 1/8 of the workers, at least 1) held by a
+ * preemptible gang draining a worker, a standard job that starves takes it back and preempts. */
+Test(sched, a_starving_standard_job_takes_the_reservation_back_from_the_preemptible_class) {
+  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_LATHE, .preempt = 60, .gang = 100,
+                                  .weights = {1, 1, 1}, .workers = 2, .slots = 2, .cache = 2});
   lt_sched_decision_t d[8];
-  for (uint64_t i = 1; i <= 20; i++) job(s, i, 1, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
-  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 2);
-  job(s, 21, 2, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 100);
-  double t = 60, preempted_at = -1;
-  uint64_t victim = 0;
-  for (; t <= 9000 && preempted_at < 0; t += 60) {
-    size_t n = lt_sched_decide(s, t, d, 8);
-    for (size_t i = 0; i < n; i++) {
-      cr_assert_eq(d[i].action, LT_SCHED_PREEMPT, "at %g s", t);
-      cr_assert(d[i].job_id <= 2, "a running job of tenant 1 (job %llu)", (unsigned long long)d[i].job_id);
-      cr_assert_eq(n, 1, "one slot is what tenant 2 needs");
-      victim = d[i].job_id, preempted_at = t;
-    }
-  }
-  cr_assert(preempted_at >= 7200 && preempted_at <= 7260, "preempted at %g s: after two hours of its run, "
-            "within a fair period", preempted_at);
-  cr_assert_eq(lt_sched_job_requeue(s, victim, preempted_at + 30), LT_OK);
-  cr_assert_eq(lt_sched_decide(s, preempted_at + 30, d, 8), 1);
-  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 21, "tenant 2's job takes the slot (job %llu)",
-            (unsigned long long)d[0].job_id);
-  for (t = preempted_at + 60; t <= preempted_at + 4 * 7200; t += 60)
-    cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "nothing moves back (at %g s)", t);
+  job(s, 1, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  for (uint64_t i = 2; i <= 4; i++) job(s, i, 3, LT_CLASS_PREEMPTIBLE, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 4);
+  job(s, 5, 1, LT_CLASS_PREEMPTIBLE, 2, LT_SCHED_NO_MODEL, 10); /* the gang: reserves at 110 s */
+  for (double t = 60; t <= 150; t += 30) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  uint32_t nw = 0;
+  lt_sched_reserved_idle_slots(s, &nw);
+  cr_assert_eq(nw, 1, "the gang holds the fleet's one reservation");
+  job(s, 6, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 160);
+  size_t n = 0;
+  double t = 180;
+  for (; t <= 600 && n == 0; t += 30) n = lt_sched_decide(s, t, d, 8);
+  cr_assert_eq(n, 1, "the standard job preempts within its bound (by %g s)", t);
+  cr_assert(d[0].action == LT_SCHED_PREEMPT && d[0].job_id >= 2 && d[0].job_id <= 4,
+            "one of tenant 3's preemptible jobs (job %llu)", (unsigned long long)d[0].job_id);
+  cr_assert_lt(t, 300, "at preempt_after_s, not when the gang's reservation ends");
   lt_sched_destroy(s);
 }
 

@@ -11,8 +11,6 @@
 #define STARVE_RETRY_S 1.0 /* before the starvation pass looks at the same job again */
 #define FAIR_PERIOD_S 60.0    /* fair_advance integrates at most this often */
 #define FAIR_QUANTUM_S 3600.0 /* preemptible: run time before fair share may preempt a job */
-#define SLICE_RUN_S 7200.0    /* and before fair_slice may (its run, not the job's) */
-#define SLICE_TRIES 64        /* preemptions fair_slice looks for per fair period */
 
 /* Reserved workers drain, so they cost throughput: at most max_reservations at once (production
  * is not bounded by it). The default, 1/8 of the workers, was 1/20: on an overloaded 16 x 8
@@ -166,11 +164,10 @@ static bool victim_ok(const lt_sched_t *s, const job_t *j, const job_t *rj) {
  * runs. Integrated at most every FAIR_PERIOD_S, each period with the share and the running
  * count of its start (a heuristic, not an account: a tenant alone in the class stays at 0, where
  * the running count of the period's end made a tenant that had just started jobs look
- * over-served); a tenant with no work in the class starts again from 0. Returns whether it
- * integrated (a new period). */
-static bool fair_advance(lt_sched_t *s, double now) {
+ * over-served); a tenant with no work in the class starts again from 0. */
+static void fair_advance(lt_sched_t *s, double now) {
   const int c = LT_CLASS_PREEMPTIBLE;
-  if (s->fair_at >= 0 && now - s->fair_at < FAIR_PERIOD_S) return false;
+  if (s->fair_at >= 0 && now - s->fair_at < FAIR_PERIOD_S) return;
   double dt = s->fair_at >= 0 ? now - s->fair_at : 0;
   size_t n = 0;
   for (uint32_t i = 0; i < s->nfair; i++) {
@@ -196,27 +193,12 @@ static bool fair_advance(lt_sched_t *s, double now) {
     tt->run_p = tt->run_slots_c[c];
   }
   s->fair_at = now;
-  return true;
-}
-
-/* Time slicing in the preemptible class (fair_slice): a job that has run SLICE_RUN_S, of a tenant
- * the class over-served (deficit < 0), gives way to waiting job j when j's tenant is owed more
- * by an hour of j's GPUs. Unlike victim_ok's quantum rule it needs the victim's tenant to be
- * over-served: without that, slicing between two owed tenants only moved the slots around
- * (measured over six seeds: the class's mean Jain's index 0.476 overloaded and 0.730 at load
- * 1.0, below no slicing at all, against 0.551 and 0.789 with it). */
-static bool slice_ok(const lt_sched_t *s, const job_t *j, const job_t *rj) {
-  if (rj->cls != LT_CLASS_PREEMPTIBLE || rj->preempting || rj->tenant == j->tenant) return false;
-  const tenant_t *tv = &s->tenants[rj->tenant], *tr = &s->tenants[j->tenant];
-  return s->now - rj->start >= SLICE_RUN_S && tv->deficit_p < 0 &&
-         tr->deficit_p > tv->deficit_p + FAIR_QUANTUM_S * j->gpus;
 }
 
 /* Preemption for job jx: the unreserved worker where stopping the fewest jobs it may preempt
- * (victim_ok, or slice_ok when slicing; newest first: least work lost) makes room; reserves it
- * and emits PREEMPT decisions. */
-static size_t starve_preempt(lt_sched_t *s, uint32_t jx, bool slice, lt_sched_decision_t *out,
-                             size_t cap) {
+ * (victim_ok; newest first: least work lost) makes room; reserves it and emits PREEMPT
+ * decisions. */
+static size_t starve_preempt(lt_sched_t *s, uint32_t jx, lt_sched_decision_t *out, size_t cap) {
   job_t *j = &s->jobs[jx];
   uint32_t best = NIL, best_cost = UINT32_MAX;
   for (uint32_t w = 0; w < s->nworkers; w++) {
@@ -230,7 +212,7 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, bool slice, lt_sched_de
     for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
          r = s->parts[r].run.next) {
       const job_t *rj = &s->jobs[s->parts[r].job];
-      if (!(slice ? slice_ok(s, j, rj) : victim_ok(s, j, rj))) continue;
+      if (!victim_ok(s, j, rj)) continue;
       slots += s->parts[r].gpus;
       mem += s->parts[r].mem;
       cost++;
@@ -246,51 +228,12 @@ static size_t starve_preempt(lt_sched_t *s, uint32_t jx, bool slice, lt_sched_de
   for (uint32_t r = wk->run.head; r != NIL && (slots < j->gpus || mem < j->mem);
        r = s->parts[r].run.next) {
     job_t *rj = &s->jobs[s->parts[r].job];
-    if (!(slice ? slice_ok(s, j, rj) : victim_ok(s, j, rj))) continue;
+    if (!victim_ok(s, j, rj)) continue;
     size_t k = sched_preempt(s, rj, out + n, cap - n);
     if (k == 0) break; /* out of room: the retry asks the rest */
     n += k;
     slots += s->parts[r].gpus;
     mem += s->parts[r].mem;
-  }
-  return n;
-}
-
-/* Once a fair period (fair_advance): the preemptible class's own slicing. The starvation pass
- * looks at the STARVE_SCAN oldest jobs only, so in overload the class preempted little (1,668
- * times on seed 1 of the overloaded trace, LAS 9,385): 1-GPU jobs that found a hole ran to the
- * end while gangs of owed tenants waited. Here the tenants with queued work, most owed first,
- * each offer their first job that may preempt (one worker, not reserved, waited
- * preempt_after_s) and does not fit now, and it preempts what slice_ok allows on one worker
- * (starve_preempt, which reserves it), SLICE_TRIES tries at most. Over six seeds the class's
- * mean Jain's index went 0.526 -> 0.551 overloaded and 0.746 -> 0.789 at load 1.0. */
-static size_t fair_slice(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
-  const int c = LT_CLASS_PREEMPTIBLE;
-  uint32_t nt = 0;
-  for (uint32_t i = 0; i < s->nfair; i++) {
-    uint32_t t = s->fair_t[i];
-    if (!s->tenants[t].queued_c[c]) continue;
-    s->scratch_t[nt] = t;
-    s->scratch_d[nt++] = s->tenants[t].deficit_p;
-  }
-  size_t n = 0;
-  uint32_t tries = 0;
-  for (uint32_t i = 0; i < nt && n < cap && tries < SLICE_TRIES; i++) {
-    uint32_t m = i; /* selection sort, as far as the tries go */
-    for (uint32_t k = i + 1; k < nt; k++)
-      if (s->scratch_d[k] > s->scratch_d[m]) m = k;
-    uint32_t t = s->scratch_t[m];
-    double d = s->scratch_d[m];
-    s->scratch_t[m] = s->scratch_t[i], s->scratch_d[m] = s->scratch_d[i];
-    s->scratch_t[i] = t, s->scratch_d[i] = d;
-    for (uint32_t jx = s->tenants[t].q[c].head; jx != NIL; jx = s->jobs[jx].tq.next) {
-      job_t *j = &s->jobs[jx];
-      if (sched_multi(s, j) || j->reserved != NIL || now - j->enq < s->cfg.preempt_after_s) continue;
-      if (find_worker(s, jx, false) != NIL) break; /* it fits: the next decide starts it */
-      tries++;
-      n += starve_preempt(s, jx, true, out + n, cap - n);
-      break;
-    }
   }
   return n;
 }
@@ -330,6 +273,19 @@ static bool reserve_holds(const lt_sched_t *s, const job_t *j, double waited) {
   if (cfg->aging_s > 0 && cfg->aging_levels > 0 && waited >= cfg->aging_s) return false;
   uint32_t reserve = (uint32_t)(cfg->production_reserve * s->total_slots);
   return s->used_c[LT_CLASS_STANDARD] + j->gpus > s->total_slots - reserve;
+}
+
+/* A standard job that starves while the reservations are all taken takes one back from the
+ * preemptible class (one whose preemptions are not in flight): a lower class's reservation never
+ * holds a higher class's job back (invariant 9). Whether one was given up. */
+static bool yield_reservation(lt_sched_t *s) {
+  for (uint32_t w = 0; w < s->nworkers; w++) {
+    uint32_t rj = s->workers[w].reserved_job;
+    if (rj == NIL || s->jobs[rj].cls != LT_CLASS_PREEMPTIBLE || reservation_preempting(s, rj)) continue;
+    sched_unreserve(s, w);
+    return true;
+  }
+  return false;
 }
 
 /* After dispatching what fits: the oldest waiting jobs that are still blocked get a reserved
@@ -376,7 +332,8 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       if ((!may_preempt && !may_reserve) || now < j->starve_next) continue;
       if (j->reserved != NIL && !(prod && may_preempt && !reservation_preempting(s, jx)))
         continue;
-      if (!prod && s->nreserved >= max_reserved(s)) return n;
+      bool full = !prod && s->nreserved >= max_reserved(s);
+      if (full && c != LT_CLASS_STANDARD) return n;
       const tenant_t *t = &s->tenants[j->tenant];
       if (t->max_running && t->running_slots + j->gpus > t->max_running) continue;
       if (c == LT_CLASS_STANDARD && reserve_holds(s, j, waited)) continue;
@@ -384,6 +341,7 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       placement_t pl;
       /* it fits: the next decide starts it */
       if (multi ? sched_gang_find(s, jx, &pl) : find_worker(s, jx, false) != NIL) continue;
+      if (full && !yield_reservation(s)) return n;
       j->starve_next = now + STARVE_RETRY_S;
       if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);
       if (multi) { /* a multi-worker gang: the workers of one group, bounded in number */
@@ -391,7 +349,7 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
         if (j->reserved == NIL && may_preempt) n += sched_gang_preempt(s, jx, out + n, cap - n);
         if (j->reserved == NIL && may_reserve) sched_gang_reserve(s, jx, room);
       } else {
-        if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, false, out + n, cap - n);
+        if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
         if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
       }
       if (n == cap) return n;
@@ -521,7 +479,7 @@ static void unblock_all(lt_sched_t *s) {
 size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size_t cap) {
   sched_stats_advance(s, now);
   s->now = now;
-  bool fair = s->cfg.policy == LT_SCHED_POLICY_LATHE && fair_advance(s, now);
+  if (s->cfg.policy == LT_SCHED_POLICY_LATHE) fair_advance(s, now);
   size_t n = check_deadlines(s, now, out, cap);
   if (s->cfg.policy == LT_SCHED_POLICY_LAS) return n + sched_las_decide(s, now, out + n, cap - n);
   if (s->cfg.policy == LT_SCHED_POLICY_FIFO) {
@@ -556,7 +514,6 @@ size_t lt_sched_decide(lt_sched_t *s, double now, lt_sched_decision_t *out, size
   /* the starvation pass runs even when the scan bound stopped the call: it is what preempts
    * for production, and its own cost is bounded (STARVE_SCAN) */
   if (n < cap) n += starvation_pass(s, now, out + n, cap - n);
-  if (fair && n < cap) n += fair_slice(s, now, out + n, cap - n);
   assert(sched_ok(s));
   return n;
 }

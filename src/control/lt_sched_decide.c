@@ -277,12 +277,12 @@ static bool reserve_holds(const lt_sched_t *s, const job_t *j, double waited) {
 
 /* A standard job that starves while the reservations are all taken takes one back from the
  * preemptible class (one whose preemptions are not in flight): a lower class's reservation never
- * holds a higher class's job back (invariant 9). Whether one was given up. */
-static bool yield_reservation(lt_sched_t *s) {
+ * holds a higher class's job back (invariant 9). Whether one was (dry: could be) given up. */
+static bool yield_reservation(lt_sched_t *s, bool dry) {
   for (uint32_t w = 0; w < s->nworkers; w++) {
     uint32_t rj = s->workers[w].reserved_job;
     if (rj == NIL || s->jobs[rj].cls != LT_CLASS_PREEMPTIBLE || reservation_preempting(s, rj)) continue;
-    sched_unreserve(s, w);
+    if (!dry) sched_unreserve(s, w);
     return true;
   }
   return false;
@@ -341,9 +341,12 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       placement_t pl;
       /* it fits: the next decide starts it */
       if (multi ? sched_gang_find(s, jx, &pl) : find_worker(s, jx, false) != NIL) continue;
-      if (full && !yield_reservation(s)) return n;
+      /* a gang's reservation is made against the budget, so one is given back first; a job on
+       * one worker gives one back only once its preemption took a worker (it may find none) */
+      if (full && !yield_reservation(s, !multi)) return n;
       j->starve_next = now + STARVE_RETRY_S;
       if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);
+      uint32_t held = s->nreserved;
       if (multi) { /* a multi-worker gang: the workers of one group, bounded in number */
         uint32_t room = prod ? UINT32_MAX : max_reserved(s) - s->nreserved;
         if (j->reserved == NIL && may_preempt) n += sched_gang_preempt(s, jx, out + n, cap - n);
@@ -351,6 +354,7 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       } else {
         if (j->reserved == NIL && may_preempt) n += starve_preempt(s, jx, out + n, cap - n);
         if (j->reserved == NIL && may_reserve) starve_reserve(s, jx);
+        if (full && s->nreserved > held) yield_reservation(s, false);
       }
       if (n == cap) return n;
     }

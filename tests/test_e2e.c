@@ -1137,20 +1137,27 @@ static void relay_fini(void) {
   teardown();
 }
 
-/* A fleet whose worker reaches the store through 127.0.0.1:*port, where nothing listens yet
- * (and with env1, NULL or one more of its environment's entries), with job submitted and the
- * worker's fetch for it failed twice. */
-static lt_test_tail_t *fleet_with_store_away(int *port, const char *env1, char *job, size_t n) {
-  *port = lt_test_free_port();
+/* A fleet whose worker reaches the store through 127.0.0.1:port (and with env1, NULL or one more
+ * of its environment's entries), with a job of max_steps (checkpoints every 3, seed) submitted. */
+static lt_test_tail_t *fleet_via_port(int port, const char *env1, int max_steps, int seed, lt_test_proc_t **w1,
+                                      char *job, size_t n) {
   char env0[64], log[600], ds[64];
-  snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", *port);
+  snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", port);
   const char *env[] = {env0, env1, NULL};
   start_control_plane();
   snprintf(log, sizeof log, "%s/w1.log", tmp_dir);
-  lt_test_proc_t *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
+  *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
   lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
   upload_dataset(ds, sizeof ds);
-  submit(ds, 6, 3, 5, job, n);
+  submit(ds, max_steps, 3, seed, job, n);
+  return t;
+}
+
+/* The same where nothing listens yet at *port, with the worker's fetch for the job failed twice. */
+static lt_test_tail_t *fleet_with_store_away(int *port, const char *env1, char *job, size_t n) {
+  *port = lt_test_free_port();
+  lt_test_proc_t *w1;
+  lt_test_tail_t *t = fleet_via_port(*port, env1, 6, 5, &w1, job, n);
   cr_assert(log_count_within(w1, "fetching an attempt's inputs failed", 2, 60000) >= 2,
             "the fetch did not meet the outage in 60 s:\n%s", lt_test_log_tail(w1->log));
   return t;
@@ -1254,15 +1261,9 @@ Test(e2e, a_job_the_object_server_stays_away_from_fails_as_store_unavailable_at_
 Test(e2e, a_checkpoint_the_object_server_stays_away_from_is_redone_not_charged, .fini = relay_fini) {
   int up = lt_test_local_port("LATHE_S3_ENDPOINT"), port = lt_test_free_port();
   relay = lt_test_relay_start(port, up);
-  char env0[64], log[600], ds[64], job[64];
-  snprintf(env0, sizeof env0, "LATHE_S3_ENDPOINT=127.0.0.1:%d", port);
-  const char *env[] = {env0, "LATHE_WORKER_STORE_RETRY_MS=1500", NULL};
-  start_control_plane();
-  snprintf(log, sizeof log, "%s/w1.log", tmp_dir);
-  lt_test_proc_t *w1 = lt_test_lathed("w1", log, "worker", NULL, env);
-  lt_test_tail_t *t = lt_test_tail_open(NULL, log_topics);
-  upload_dataset(ds, sizeof ds);
-  submit(ds, 60, 3, 9, job, sizeof job);
+  char job[64];
+  lt_test_proc_t *w1;
+  lt_test_tail_t *t = fleet_via_port(port, "LATHE_WORKER_STORE_RETRY_MS=1500", 60, 9, &w1, job, sizeof job);
   wait_for(t, "CheckpointCommitted", job, 1, 600000);
   lt_test_relay_stop(relay); /* the worker's connections cut, and nothing listening */
   relay = NULL;

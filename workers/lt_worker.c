@@ -292,8 +292,9 @@ static int delete_staging(lt_worker_t *w, const char *tenant, const char *job) {
   return (int)deleted;
 }
 
-static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {
-  if (a->fenced || !live(w, a)) return;
+/* AttemptStopped for the attempt; false when it is fenced or not the live one (nothing written). */
+static bool record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, const char *detail) {
+  if (a->fenced || !live(w, a)) return false;
   rec_t b = fresh(w, R_STOPPED, a);
   if (!strcmp(reason, "unavailable")) b.mute = false; /* a gang's later rank too: its peers wait for it */
   PUT(&b, lt_avro_set_enum, "reason", reason);
@@ -301,7 +302,7 @@ static void record_stopped(lt_worker_t *w, attempt_t *a, const char *reason, con
   PUT(&b, lt_avro_set_bool, "killed", a->killed);
   if (detail) PUT(&b, lt_avro_set_string, "detail", detail);
   else PUT(&b, lt_avro_set_null, "detail");
-  send_sync(w, w->t_control, a->job_id, &b);
+  return send_sync(w, w->t_control, a->job_id, &b) == LT_OK;
 }
 
 static void record_cancelled(lt_worker_t *w, attempt_t *a) {
@@ -365,8 +366,7 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
     else
       snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
     const char *why = cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : a->store_away ? "unavailable" : "failed";
-    record_stopped(w, a, why, detail);
-    if (!strcmp(why, "unavailable") && !a->fenced && live(w, a)) /* recorded as such */
+    if (record_stopped(w, a, why, detail) && !strcmp(why, "unavailable"))
       a->reported = true, a->outcome = LT_WORKER_END_UNAVAILABLE;
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
   }

@@ -341,8 +341,9 @@ static size_t starvation_pass(lt_sched_t *s, double now, lt_sched_decision_t *ou
       placement_t pl;
       /* it fits: the next decide starts it */
       if (multi ? sched_gang_find(s, jx, &pl) : find_worker(s, jx, false) != NIL) continue;
-      /* a gang's reservation is made against the budget, so one is given back first; a job on
-       * one worker gives one back only once its preemption took a worker (it may find none) */
+      /* a multi-worker gang's reservation is made against the budget, so one is given back first;
+       * a job on one worker gives one back only once its preemption or drain took a worker (it
+       * may find none) */
       if (full && !yield_reservation(s, !multi)) return n;
       j->starve_next = now + STARVE_RETRY_S;
       if (j->reserved != NIL && may_preempt) sched_unreserve(s, j->reserved);

@@ -1459,6 +1459,32 @@ Test(sched, a_starving_standard_job_takes_the_reservation_back_from_the_preempti
   lt_sched_destroy(s);
 }
 
+/* A starving standard job on one worker takes a reservation back only once its preemption took
+ * a worker: one that can preempt nothing (every running job is standard) leaves the preemptible
+ * gang's drain alone, which giving it back first reset at every look. */
+Test(sched, a_standard_job_that_can_preempt_nothing_leaves_the_preemptible_drain_alone) {
+  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_LATHE, .preempt = 60, .gang = 100,
+                                  .weights = {1, 1, 1}, .workers = 2, .slots = 2, .cache = 2});
+  lt_sched_decision_t d[8];
+  for (uint64_t i = 1; i <= 4; i++) job(s, i, 2, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 4, "the fleet full of standard work");
+  job(s, 5, 1, LT_CLASS_PREEMPTIBLE, 2, LT_SCHED_NO_MODEL, 10); /* the gang: reserves at 110 s */
+  uint32_t nw = 0;
+  for (double t = 60; t <= 150; t += 30) cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "at %g s", t);
+  lt_sched_reserved_idle_slots(s, &nw);
+  cr_assert_eq(nw, 1, "the gang holds the fleet's one reservation");
+  job(s, 6, 3, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 160); /* starves from 220 s */
+  for (double t = 170; t <= 400; t += 0.5) {
+    cr_assert_eq(lt_sched_decide(s, t, d, 8), 0, "nothing to preempt, nothing to start (%g s)", t);
+    lt_sched_reserved_idle_slots(s, &nw);
+    cr_assert_eq(nw, 1, "the gang's drain still holds at %g s", t);
+  }
+  cr_assert_eq(lt_sched_job_finished(s, 1, 400), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 400, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_DISPATCH && d[0].job_id == 6, "the freed slot goes to the standard job first");
+  lt_sched_destroy(s);
+}
+
 /* Backfill (EASY): a standard 4-GPU job drains a 4-slot worker whose two running jobs end by
  * their bounds at 1000 and 2000 s (limit_s). A bounded job that ends before the shadow time —
  * when the gang could start, 2000 s — may use the free slot; one that would end later, one

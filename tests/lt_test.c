@@ -317,9 +317,9 @@ void lt_test_procs_stop_all(void) {
   for (int i = 0; i < nprocs; i++)
     if (procs[i].own_group) /* a group left running: the test failed mid-way, nothing to wait for */
       lt_test_proc_kill(&procs[i], SIGKILL);
-    else if (procs[i].pid > 0) {
+    else if (procs[i].pid > 0) { /* SIGINT: a worker stops now (SIGTERM would drain it first) */
       procs[i].expect_exit = true;
-      kill(procs[i].pid, SIGTERM);
+      kill(procs[i].pid, SIGINT);
     }
   for (int i = 0; i < nprocs; i++) lt_test_proc_stop(&procs[i], 10000);
   nprocs = 0;

@@ -107,8 +107,8 @@ class Child:
             return "\n".join(self.lines)
 
     def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
+        if self.p.poll() is None:  # SIGINT: a worker stops now (SIGTERM would drain it first)
+            self.p.send_signal(signal.SIGINT)
             try:
                 self.p.wait(15)
             except subprocess.TimeoutExpired:

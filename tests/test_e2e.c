@@ -845,6 +845,54 @@ Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit
   lt_test_tail_close(t);
 }
 
+/* A graceful stop (SIGTERM, what systemd sends): the worker drains — its heartbeats say so and
+ * the scheduler places nothing more there, its attempt checkpoints and stops as a preempted one
+ * does — and exits 0; the job resumes on the other worker from the step it stopped at, charged
+ * nothing. */
+Test(e2e, a_worker_stopped_by_sigterm_drains_and_its_job_resumes_elsewhere_losing_no_step) {
+  const int steps = 300, interval = 50;
+  lt_test_proc_t *w1;
+  char ds[64], job[64];
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  submit(ds, steps, interval, 42, job, sizeof job);
+  cr_assert_str_eq(lt_test_rs(wait_for(t, "AttemptStarted", job, 1, 300000), "worker_id"), "w1");
+  spawn("w2", "worker", NULL);
+  wait_owns_partitions(t, "w2");
+  json_int_t committed = wait_past_a_commit(t, job);
+  lt_test_proc_kill(w1, SIGTERM);
+  cr_assert(!first(t, "JobCompleted", job, 0), "the job completed before the stop: make it longer");
+
+  json_t *stop = wait_for(t, "AttemptStopped", job, 1, 120000);
+  cr_assert_str_eq(lt_test_rs(stop, "reason"), "preempt", "detail: %s", lt_test_rs(stop, "detail"));
+  int st = -1;
+  for (int64_t t0 = lt_time_wall_ms(); lt_time_wall_ms() - t0 < 60000 && !lt_test_proc_exited(w1, &st);)
+    lt_test_msleep(100);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "w1 did not exit 0 after its drain (status %d):\n%s", st,
+            lt_test_log_tail(w1->log));
+  cr_assert(lt_test_file_has(w1->log, "worker drained, stopping"), "%s", lt_test_log_tail(w1->log));
+  json_t *d2 = wait_for(t, "JobDispatched", job, 2, 120000);
+  cr_assert_str_eq(lt_test_rs(d2, "worker_id"), "w2", "the draining worker got attempt 2");
+  json_t *s2 = wait_for(t, "AttemptStarted", job, 2, 120000);
+  cr_assert_str_eq(lt_test_rs(s2, "worker_id"), "w2");
+  /* the stop's own checkpoint is attempt 1's last commit: no step ran that was not kept */
+  json_int_t lo1, last1, lo2, hi2, max1;
+  step_range(t, "CheckpointCommitted", job, 1, &lo1, &last1);
+  cr_assert_gt(last1, committed, "no checkpoint at the stop (last commit %lld)", (long long)last1);
+  cr_assert_eq(lt_test_ri(s2, "resume_step"), last1);
+  cr_assert_str_eq(wait_terminal(job, 600000), "COMPLETED");
+  lt_test_tail_poll(t, 500);
+  step_range(t, "StepCompleted", job, 1, &lo1, &max1);
+  step_range(t, "StepCompleted", job, 2, &lo2, &hi2);
+  cr_assert_leq(max1, last1, "attempt 1 reported step %lld past its last commit %lld", (long long)max1, (long long)last1);
+  cr_assert_eq(lo2, last1 + 1);
+  cr_assert_eq(hi2, steps);
+  json_t *info = job_info(job);
+  cr_assert_eq(json_integer_value(json_object_get(info, "failed_attempts")), 0);
+  json_decref(info);
+  cr_log_info("stopped at step %lld (interval %d): attempt 2 resumed there", (long long)last1, interval);
+  lt_test_tail_close(t);
+}
+
 /* ================================================================ 3. cancel while running */
 
 Test(e2e, cancel_while_running_stops_within_the_kill_deadline_publishes_nothing_and_deletes_staging) {

@@ -782,6 +782,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
 }
 
 static void run_pending(lt_worker_t *w) {
+  if (w->draining) return; /* what waits here is dispatched again once the start times out */
   /* Highest class first, then oldest. */
   for (int pass = 0; pass < LT_CLASS__COUNT; pass++)
     for (int i = 0; i < w->npending; i++) {
@@ -944,7 +945,7 @@ static void heartbeat(lt_worker_t *w) {
     PUT(&b, lt_avro_set_int, elem(path, "leases", idx, "attempt"), a->attempt);
     PUT(&b, lt_avro_set_long, elem(path, "leases", idx, "lease_deadline"), lt_time_wall_ms() + a->lease_ms);
   }
-  PUT(&b, lt_avro_set_bool, "draining", false);
+  PUT(&b, lt_avro_set_bool, "draining", w->draining);
   PUT(&b, lt_avro_set_string, "node_group", w->conf.node_group ? w->conf.node_group : "");
   PUT(&b, lt_avro_set_string, "rendezvous", w->conf.rendezvous ? w->conf.rendezvous : "");
   for (int g = 0; g < w->dev.ngpus; g++) {
@@ -993,7 +994,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   }
   run_pending(w);
   /* Pause dispatch consumption while every slot is busy; lower classes wait in Kafka. */
-  bool full = free_slots(w) == 0;
+  bool full = w->draining || free_slots(w) == 0;
   if (full != w->dispatch_paused || w->dispatch_reassigned) {
     lt_bus_tp_t parts[64];
     size_t np = 0;
@@ -1073,6 +1074,27 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   *out = w;
   return LT_OK;
 }
+
+void lt_worker_drain(lt_worker_t *w) {
+  if (w->draining) return;
+  w->draining = true;
+  int asked = 0, ranks = 0;
+  for (int i = 0; i < w->conf.slots; i++) {
+    attempt_t *a = &w->slots[i];
+    if (a->state != A_RUNNING) continue;
+    if (a->gang_rank > 0) { /* rank 0 speaks for the gang; this part ends with it */
+      ranks++;
+      continue;
+    }
+    stop_attempt(w, a, SIGUSR2);
+    asked++;
+  }
+  lt_log_info("worker", "draining: %d attempt(s) asked to checkpoint and stop, %d gang part(s) left to their rank 0, "
+              "%d dispatch(es) not started left to the scheduler", asked, ranks, w->npending);
+  heartbeat(w); /* the scheduler stops placing work here at once */
+}
+
+bool lt_worker_idle(lt_worker_t *w) { return free_slots(w) == w->conf.slots; }
 
 void lt_worker_stats(lt_worker_t *w, lt_worker_stats_t *out) {
   *out = w->st;

@@ -77,6 +77,17 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
  * leases expire) and frees. NULL is fine. */
 void lt_worker_destroy(lt_worker_t *w);
 
+/* Drains the worker (a graceful stop, `lathed` on SIGTERM): its heartbeats say draining, so the
+ * scheduler places nothing more here; it consumes no dispatch and starts none of those waiting
+ * (the scheduler dispatches them again when their start times out); every attempt it speaks for
+ * is asked to checkpoint and stop, as a preemption is (AttemptStopped preempt: the job is
+ * queued again, nothing charged, no step lost), and one that does not within kill_deadline_ms
+ * is killed. A part of another worker's gang (rank > 0) runs on until its rank 0 ends it. Once
+ * called, it lasts until the worker is destroyed. On the worker's event loop. */
+void lt_worker_drain(lt_worker_t *w);
+/* No attempt holds a slot (a drained worker may stop). */
+bool lt_worker_idle(lt_worker_t *w);
+
 /* How attempts ended here: the executor finished (completed) or stopped on request (stopped,
  * a cancel or a preemption), said it failed, finished without a final checkpoint or could not
  * start (failed), ended without saying (lost: it died or was killed), or met the object store

@@ -98,6 +98,7 @@ struct lt_worker {
   int npending;
   json_t *owned;            /* [{topic, partition}] of the dispatch group */
   bool dispatch_paused;
+  bool draining;             /* lt_worker_drain: no new attempt, the running ones asked to stop */
   bool dispatch_reassigned; /* a rebalance assigned partitions: apply the pause state to them */
   int64_t hb_seq;
   int64_t last_hb_sent_ms;

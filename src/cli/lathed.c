@@ -83,6 +83,7 @@
 #include "lt_metrics.h"
 #include "lt_recmac.h"
 #include "lt_store.h"
+#include "lt_time.h"
 #include "lt_utf8.h"
 
 typedef struct lathed {
@@ -109,7 +110,12 @@ typedef struct lathed {
   } toks[8];
   char instance[128];
   char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
+  struct event *drain_ev;  /* SIGTERM with a worker: its drain's watch (on_drain_tick) */
+  int64_t drain_until_ms;  /* when the watch gives up: the kill deadline and DRAIN_MARGIN_MS */
 } lathed_t;
+
+/* What a drain allows past the worker's kill deadline: the killed attempts' records. */
+#define DRAIN_MARGIN_MS 15000
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -247,8 +253,33 @@ static lt_tok_t *load_tokenizer(const char *models) {
   return tok;
 }
 
+/* Stops the loop once the draining worker holds no attempt, or at the drain's bound. */
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg) {
+  lathed_t *d = arg;
+  bool idle = lt_worker_idle(d->worker);
+  if (!idle && lt_time_mono_ms() < d->drain_until_ms) return;
+  if (idle) lt_log_info(NULL, "worker drained, stopping");
+  else lt_log_warn(NULL, "worker still busy at the drain's bound, stopping");
+  event_base_loopexit(d->base, NULL);
+}
+
+/* SIGTERM (systemd's stop) drains a worker first: its attempts checkpoint and stop, each job
+ * queued again and charged nothing, before the process goes (lt_worker_drain). SIGINT, a second
+ * SIGTERM, or a process with no worker: stop now (a running attempt is then lost: its lease
+ * expires and the job is queued again, the attempt counted as failed). */
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   lathed_t *d = arg;
+  if (sig == SIGTERM && d->worker && !d->drain_ev) {
+    const char *kd = getenv("LATHE_KILL_DEADLINE_MS");
+    int64_t bound = (kd && atoi(kd) > 0 ? atoi(kd) : 30000) + DRAIN_MARGIN_MS;
+    d->drain_until_ms = lt_time_mono_ms() + bound;
+    lt_log_info(NULL, "SIGTERM, draining the worker (at most %lld ms; SIGINT or SIGTERM again: stop now)",
+                (long long)bound);
+    lt_worker_drain(d->worker);
+    d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
+    struct timeval tick = {0, 100000};
+    if (d->drain_ev && event_add(d->drain_ev, &tick) == 0) return;
+  }
   lt_log_info(NULL, "%s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
   event_base_loopexit(d->base, NULL);
 }
@@ -624,6 +655,8 @@ static void run_until_signal(lathed_t *d) {
   event_base_dispatch(d->base);
   event_free(sigint);
   event_free(sigterm);
+  if (d->drain_ev) event_free(d->drain_ev);
+  d->drain_ev = NULL;
 }
 
 static void lathed_teardown(lathed_t *d) {

@@ -306,7 +306,7 @@ void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id) {
   wk->missed_starts = 0;
   if (wk->cordon_until_ms) {
     wk->cordon_until_ms = 0;
-    if (wk->up && s->sched) lt_sched_worker_cordon(s->sched, w + 1, false);
+    if (wk->up && s->sched) lt_sched_worker_cordon(s->sched, w + 1, wk->draining);
   }
 }
 
@@ -327,10 +327,10 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     } else if (wk->up && wk->models_changed) {
       worker_models(s, w);
     }
-    /* a cordon (scheduler_worker_missed_start) ends with its time; one that came up again gets
-     * what is left of it */
-    if (wk->up && wk->cordon_until_ms)
-      lt_sched_worker_cordon(s->sched, w + 1, now_ms < wk->cordon_until_ms);
+    /* a cordon (scheduler_worker_missed_start) ends with its time, one that came up again gets
+     * what is left of it; a worker whose heartbeat says it drains (a graceful stop) gets no new
+     * work while its attempts checkpoint and stop */
+    if (wk->up) lt_sched_worker_cordon(s->sched, w + 1, wk->draining || now_ms < wk->cordon_until_ms);
     if (wk->cordon_until_ms && now_ms >= wk->cordon_until_ms) wk->cordon_until_ms = 0;
   }
 }

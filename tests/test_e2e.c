@@ -893,6 +893,42 @@ Test(e2e, a_worker_stopped_by_sigterm_drains_and_its_job_resumes_elsewhere_losin
   lt_test_tail_close(t);
 }
 
+/* The operator who will not wait: a second SIGTERM while the worker drains stops it at once,
+ * its executor killed with it (the attempt is then lost like a dead worker's). */
+Test(e2e, a_second_sigterm_stops_a_draining_worker_at_once) {
+  lt_test_proc_t *w1;
+  char ds[64], job[64];
+  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
+  submit(ds, 3000, 1000, 42, job, sizeof job); /* no commit before the stop's own checkpoint */
+  wait_for(t, "AttemptStarted", job, 1, 300000);
+  for (int64_t t0 = lt_time_wall_ms(); !first(t, "StepCompleted", job, 1); lt_test_tail_poll(t, 100))
+    cr_assert_lt(lt_time_wall_ms() - t0, 120000, "attempt 1 never reported a step");
+  pid_t ex = executor_pid(w1, job, 1);
+  cr_assert(ex > 0, "w1 logged no executor pid");
+  kill(ex, SIGSTOP); /* it cannot checkpoint: the drain would wait for the kill deadline */
+  lt_test_proc_kill(w1, SIGTERM);
+  lt_test_wait_until(lt_test_file_has(w1->log, "draining: 1 attempt(s) asked"), 30000, 50, "no drain:\n%s",
+                     lt_test_log_tail(w1->log));
+  int64_t again = lt_time_mono_ms();
+  kill(w1->pid, SIGTERM);
+  int st = -1;
+  while (lt_time_mono_ms() - again < 20000 && !lt_test_proc_exited(w1, &st)) lt_test_msleep(20);
+  int64_t took = lt_time_mono_ms() - again;
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "w1 did not exit 0 (status %d):\n%s", st, lt_test_log_tail(w1->log));
+  cr_assert(lt_test_file_has(w1->log, "SIGTERM, stopping"), "%s", lt_test_log_tail(w1->log));
+  cr_assert(!lt_test_file_has(w1->log, "worker drained"), "%s", lt_test_log_tail(w1->log));
+  for (int64_t t0 = lt_time_wall_ms(); lt_time_wall_ms() - t0 < 10000 && !lt_test_pid_dead(ex);) lt_test_msleep(50);
+  if (!lt_test_pid_dead(ex)) {
+    kill(ex, SIGKILL);
+    cr_assert_fail("the executor (pid %d) outlived its worker", (int)ex);
+  }
+  lt_test_tail_poll(t, 500);
+  json_t *stop = first(t, "AttemptStopped", job, 1); /* none yet, or lost once the lease expired */
+  cr_assert(!stop || strcmp(lt_test_rs(stop, "reason"), "preempt") != 0, "the drain went on to stop the attempt");
+  cr_log_info("the second SIGTERM stopped w1 in %lld ms", (long long)took);
+  lt_test_tail_close(t);
+}
+
 /* ================================================================ 3. cancel while running */
 
 Test(e2e, cancel_while_running_stops_within_the_kill_deadline_publishes_nothing_and_deletes_staging) {

@@ -167,8 +167,8 @@ class Proc:
             return
         if self.paused:
             self.signal(signal.SIGCONT)
-        if self.alive():
-            self.p.terminate()
+        if self.alive():  # SIGINT: a worker stops now (SIGTERM would drain it first)
+            self.p.send_signal(signal.SIGINT)
             try:
                 self.p.wait(10)
             except subprocess.TimeoutExpired:

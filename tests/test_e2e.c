@@ -760,20 +760,29 @@ Test(e2e, a_job_on_a_base_model_no_worker_has_fails_naming_the_model_and_no_serv
   json_decref(j);
 }
 
+/* A job of `steps` (checkpoint every `interval`, seed 42) running on w1 (ds and job: 64 bytes
+ * each), a second worker w2 owning dispatch partitions beside it, and attempt 1 a step past a
+ * commit (*committed): the moment a stop of w1 can lose progress. */
+static lt_test_tail_t *past_a_commit_beside_w2(int steps, int interval, lt_test_proc_t **w1, char *ds, char *job,
+                                               json_int_t *committed) {
+  lt_test_tail_t *t = start_fleet(NULL, w1, ds, 64);
+  submit(ds, steps, interval, 42, job, 64);
+  cr_assert_str_eq(lt_test_rs(wait_for(t, "AttemptStarted", job, 1, 300000), "worker_id"), "w1");
+  spawn("w2", "worker", NULL);
+  wait_owns_partitions(t, "w2");
+  *committed = wait_past_a_commit(t, job);
+  return t;
+}
+
 Test(e2e, a_worker_killed_mid_training_is_resumed_elsewhere_from_its_last_commit_bit_for_bit) {
   /* Long enough to be mid-training once w2 owns partitions: uploads run beside training, so a
    * 60-step job could finish before the kill. */
   const int steps = 300, interval = 4;
   lt_test_proc_t *w1;
   char ds[64], job[64], ref[64];
-  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
-  submit(ds, steps, interval, 42, job, sizeof job);
-  cr_assert_str_eq(lt_test_rs(wait_for(t, "AttemptStarted", job, 1, 300000), "worker_id"), "w1");
-  /* A second worker waits in the group (it owns dispatch partitions before w1 dies). */
-  spawn("w2", "worker", NULL);
-  wait_owns_partitions(t, "w2");
+  json_int_t committed;
   /* Mid-interval: a step past the newest commit of attempt 1, then kill -9 the worker. */
-  json_int_t committed = wait_past_a_commit(t, job);
+  lt_test_tail_t *t = past_a_commit_beside_w2(steps, interval, &w1, ds, job, &committed);
   cr_assert_eq(committed % interval, 0);
   pid_t ex = executor_pid(w1, job, 1);
   cr_assert(ex > 0, "w1 logged no executor pid");
@@ -853,12 +862,8 @@ Test(e2e, a_worker_stopped_by_sigterm_drains_and_its_job_resumes_elsewhere_losin
   const int steps = 300, interval = 50;
   lt_test_proc_t *w1;
   char ds[64], job[64];
-  lt_test_tail_t *t = start_fleet(NULL, &w1, ds, sizeof ds);
-  submit(ds, steps, interval, 42, job, sizeof job);
-  cr_assert_str_eq(lt_test_rs(wait_for(t, "AttemptStarted", job, 1, 300000), "worker_id"), "w1");
-  spawn("w2", "worker", NULL);
-  wait_owns_partitions(t, "w2");
-  json_int_t committed = wait_past_a_commit(t, job);
+  json_int_t committed;
+  lt_test_tail_t *t = past_a_commit_beside_w2(steps, interval, &w1, ds, job, &committed);
   lt_test_proc_kill(w1, SIGTERM);
   cr_assert(!first(t, "JobCompleted", job, 0), "the job completed before the stop: make it longer");
 

@@ -20,7 +20,8 @@
  * --recompute: the engine keeps one layer's activations and recomputes each in backward.
  * --bf16: the 4 x 256 step also runs with the frozen base weights in bf16 on AMX tiles
  * (lt_cpu_opts_t.amx_bf16), in alternating rounds with the f32 engine: `train_cpu_bf16_vs_f32: R`
- * (tokens/s ratio) before the last line, which stays the f32 engine's against PyTorch.
+ * (tokens/s ratio) before the last line, which stays the f32 engine's against PyTorch; in a
+ * sweep, each length runs a second time so (`length T (bf16 base weights): ...`).
  * Last line: `train_cpu_vs_torch: <engine tokens/s / torch tokens/s>` (batch 4 x 256), or
  * `train_cpu_vs_torch: none (...)` with --no-torch: no ratio is made up. */
 #include <cblas.h>
@@ -204,7 +205,7 @@ static double time_steps(lt_session_t *s, const lt_batch_t *b, int steps, float 
   return (bench_now_s() - t0) / steps;
 }
 
-static int sweep_length(int threads, int steps, int layers, int B, int T, double *tps) {
+static int sweep_length(int threads, int steps, int layers, int B, int T, bool bf16, double *tps) {
   int fd[2];
   if (pipe(fd)) return perror("pipe"), 1;
   fflush(stdout);
@@ -219,8 +220,9 @@ static int sweep_length(int threads, int steps, int layers, int B, int T, double
     lt_engine_t *eng;
     lt_session_t *s;
     lt_session_config_t sc = {.rank = 16, .alpha = 32, .targets = LT_TARGET_ALL, .seed = 1, .recompute = recompute};
+    lt_cpu_opts_t bo = {.threads = threads, .amx_bf16 = bf16};
     if (lt_model_init_random(&c, dir, 1, 0.02f, 0.0f, err, sizeof err) ||
-        lt_backend_cpu_new(threads, &be, err, sizeof err) ||
+        lt_backend_cpu_new_opts(&bo, &be, err, sizeof err) ||
         lt_engine_open(dir, be, &eng, err, sizeof err) ||
         lt_session_new(eng, &sc, &s, err, sizeof err)) {
       fprintf(stderr, "engine: %s\n", err);
@@ -242,8 +244,8 @@ static int sweep_length(int threads, int steps, int layers, int B, int T, double
       }
     }
     double step_s = (bench_now_s() - t0) / steps, cpu_step = (cpu_s() - c0) / steps, r = N / step_s;
-    printf("length %d: %d x %d tokens, %.3f s/step, %.1f tokens/s, %.1f CPU s/step, loss %.3f",
-           T, B, T, step_s, r, cpu_step, (double)loss);
+    printf("length %d%s: %d x %d tokens, %.3f s/step, %.1f tokens/s, %.1f CPU s/step, loss %.3f", T,
+           bf16 ? " (bf16 base weights)" : "", B, T, step_s, r, cpu_step, (double)loss);
     fflush(stdout);
     if (write(fd[1], &r, sizeof r) != sizeof r) _exit(1);
     bench_rm_rf(dir);
@@ -298,8 +300,9 @@ int main(int argc, char **argv) {
            threads, steps, recompute ? ", the engine recomputing each layer" : "");
     for (int i = 0; i < nlen; i++) {
       int rows = tokens / lens[i] > 0 ? tokens / lens[i] : 1;
-      double tps, tstep, rss;
-      if (sweep_length(threads, steps, layers, rows, lens[i], &tps)) return 1;
+      double tps, tstep, rss, tb;
+      if (sweep_length(threads, steps, layers, rows, lens[i], false, &tps)) return 1;
+      if (bf16 && sweep_length(threads, steps, layers, rows, lens[i], true, &tb)) return 1;
       if (!torch) continue;
       /* PyTorch keeps B*H*T*T probabilities per layer: past some length it cannot run on this
        * machine at all; then it runs again with per-layer recompute, labelled as such. */

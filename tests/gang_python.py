@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -79,9 +80,9 @@ def wait_published(base, key, job, timeout=600):
     fail(f"job {job} was not published within {timeout} s")
 
 
-def submit(lathe, env, key, ds, gpus, seed):
+def submit(lathe, env, key, ds, gpus, seed, steps=6):
     e = dict(env, LATHE_API_KEY=key)
-    sets = ["max_steps=6", "batch_size=4", "grad_accum=2", "lora_rank=4", "lora_alpha=8", "lora_dropout=0.1",
+    sets = [f"max_steps={steps}", "batch_size=4", "grad_accum=2", "lora_rank=4", "lora_alpha=8", "lora_dropout=0.1",
             "learning_rate=0.003", f"seed={seed}", f"gpus={gpus}", "eval_interval=0"]
     args = [lathe, "jobs", "submit", "--model", "lathe-tiny", "--dataset", ds, "--json"]
     for s in sets:
@@ -195,8 +196,38 @@ def main():
                   "one JobDispatched on lathe.control names both workers, world 2")
             starters = {r["record"].get("worker_id") for r in recs if r.get("type") == "AttemptStarted"}
             check(starters == {disp[0]["record"]["worker_id"]}, f"only rank 0's worker started the attempt ({starters})")
-            # 4. the second worker cut off from the store
-            w2.stop()
+            # 4. a worker of a running gang stopped with SIGTERM drains: the gang checkpoints and stops
+            # as a preempted one (rank 0 here: by the worker itself; rank 1: the scheduler asks rank
+            # 0's worker), and the worker exits 0 once its part has ended
+            long = submit(lathe, e, key, ds, 2, 8, steps=100000)
+            deadline = time.time() + 120
+            while not any(r.get("type") == "AttemptStarted" for r in control_records(lathe, e, long)):
+                check(time.time() < deadline, "the long gang job started")
+                time.sleep(1)
+            time.sleep(3)  # training, past the join
+            w2.p.send_signal(signal.SIGTERM)
+            try:
+                rc = w2.p.wait(90)
+            except subprocess.TimeoutExpired:
+                rc = None
+            w2.t.join(5)  # its last lines read
+            check(rc == 0 and "worker drained, stopping" in w2.text(),
+                  f"the SIGTERMed worker drained and exited 0 (exit {rc})")
+            deadline = time.time() + 60
+            while True:
+                recs = control_records(lathe, e, long)
+                stops = [r["record"] for r in recs if r.get("type") == "AttemptStopped"]
+                if stops or time.time() > deadline:
+                    break
+                time.sleep(1)
+            rank0 = [r["record"].get("worker_id") for r in recs if r.get("type") == "JobDispatched"][:1]
+            print(f"gang: the drained worker held rank {0 if rank0 == [f'g2{run_id}'] else 1}", flush=True)
+            check([x.get("reason") for x in stops] == ["preempt"],
+                  f"the gang's attempt stopped once, as preempted ({[x.get('reason') for x in stops]})")
+            st, body = http(base, key, f"/v1/jobs/{long}")
+            check(st == 200 and json.loads(body).get("failed_attempts") == 0, "no failed attempt counted")
+            run([lathe, "jobs", "cancel", long], e, "jobs cancel")
+            # 5. the second worker cut off from the store
             w2 = Child("lathed worker (no store)", [lathed, "--role", "worker"],
                        dict(env, LATHE_INSTANCE=f"g2{run_id}", LATHE_WORKER_RENDEZVOUS=f"127.0.0.1:{free_port()}",
                             LATHE_S3_ENDPOINT=f"127.0.0.1:{free_port()}", LATHE_WORKER_STORE_RETRY_MS="1500", **group),

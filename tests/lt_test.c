@@ -302,10 +302,12 @@ void lt_test_proc_kill(lt_test_proc_t *p, int sig) {
   }
 }
 
-int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms) {
+int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms) { return lt_test_proc_stop_by(p, SIGTERM, timeout_ms); }
+
+int lt_test_proc_stop_by(lt_test_proc_t *p, int sig, int timeout_ms) {
   if (p->pid <= 0) return -1;
   p->expect_exit = true;
-  kill(p->pid, SIGTERM);
+  kill(p->pid, sig);
   int st = 0;
   for (int64_t t0 = lt_time_mono_ms(); lt_time_mono_ms() - t0 < timeout_ms; lt_test_msleep(100))
     if (lt_test_proc_exited(p, &st)) return st;
@@ -321,7 +323,7 @@ void lt_test_procs_stop_all(void) {
       procs[i].expect_exit = true;
       kill(procs[i].pid, SIGINT);
     }
-  for (int i = 0; i < nprocs; i++) lt_test_proc_stop(&procs[i], 10000);
+  for (int i = 0; i < nprocs; i++) lt_test_proc_stop_by(&procs[i], SIGINT, 10000);
   nprocs = 0;
 }
 

@@ -127,11 +127,13 @@ void lt_test_procs_check(void);
 bool lt_test_proc_exited(lt_test_proc_t *p, int *status);
 /* Sends sig (its death is expected from now on); SIGKILL also reaps it. */
 void lt_test_proc_kill(lt_test_proc_t *p, int sig);
-/* SIGTERM, then SIGKILL when it has not exited within timeout_ms. The wait status, or -1 when it
- * had to be killed or was not running. */
+/* SIGTERM (a worker drains first: lathed), then SIGKILL when it has not exited within timeout_ms.
+ * The wait status, or -1 when it had to be killed or was not running. */
 int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
-/* Stops every registered child (10 s each for SIGTERM; a group leader's group is killed at once)
- * and forgets them: a suite's fini. */
+/* The same with signal sig (SIGINT: lathed stops at once, draining nothing). */
+int lt_test_proc_stop_by(lt_test_proc_t *p, int sig, int timeout_ms);
+/* Stops every registered child (SIGINT, 10 s each; a group leader's group is killed at once) and
+ * forgets them: a suite's fini. */
 void lt_test_procs_stop_all(void);
 /* The port a child printed as "listening on http[s]://HOST:PORT" in its log (waits up to timeout_ms). */
 unsigned lt_test_proc_port(lt_test_proc_t *p, int timeout_ms);

@@ -341,6 +341,29 @@ def failure(lathed, env, tmp, key):
               f"the end sent as its worker died ended the session on a later attempt ({final['state']}, attempt "
               f"{final['attempt']}, was {a1})")
         check(final["step"] == two.step, f"it ended from the saved state, at step {final['step']} (saved {two.step})")
+        # The worker holding a session stopped with SIGTERM drains: the session checkpoints where it
+        # is and goes on on another worker from that step; no call fails.
+        workers["w4"] = Child("w4", [lathed, "--role", "worker"], dict(fast, LATHE_INSTANCE="w4"))
+        kids.append(workers["w4"])
+        workers["w4"].wait_for(r"worker .* started", 60)
+        td = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, dropout=0.1, seed=11)
+        three = loop(td, small[:3], 1e-2)[-1].result(timeout=300)
+        a2 = td.state()["attempt"]
+        holder = next(w for w, c in workers.items() if f"started {td.id} attempt {a2} " in c.text())
+        workers[holder].p.send_signal(signal.SIGTERM)
+        try:
+            rc = workers[holder].p.wait(90)
+        except subprocess.TimeoutExpired:
+            rc = None
+        workers[holder].t.join(5)
+        check(rc == 0 and "worker drained, stopping" in workers[holder].text(),
+              f"the session's worker drained on SIGTERM and exited 0 (exit {rc})")
+        last = loop(td, small[3:], 1e-2)[-1].result(timeout=300)
+        check(last.step == 6 and td.state()["attempt"] > a2,
+              f"the drained session went on to step 6 from step {three.step} on attempt {td.state()['attempt']} "
+              f"(was {a2}), no call failed")
+        td.end()
+        check(td.wait_until(timeout=300)["state"] == "completed", "the drained session completed")
     except BaseException:
         for c in kids:
             c.dump()

@@ -132,7 +132,9 @@ static void control_rec(const char *type, const char *job, const char *tenant, i
   lt_avro_record_destroy(rec);
 }
 
-static void heartbeat(const char *worker, int slots) {
+/* A heartbeat of worker (slots free), in node group `group` reachable at `rdv` (NULL: none), and
+ * whether it drains. */
+static void heartbeat_of(const char *worker, int slots, const char *group, const char *rdv, bool draining) {
   lt_avro_record_t *rec;
   cr_assert_eq(lt_avro_record_new(reg, "WorkerHeartbeat", &rec, err, sizeof err), LT_OK);
   lt_avro_record_stamp(rec, "test-worker");
@@ -143,9 +145,14 @@ static void heartbeat(const char *worker, int slots) {
   lt_avro_set_long(rec, "memory_total_bytes", 1LL << 34);
   lt_avro_set_long(rec, "memory_free_bytes", 1LL << 34);
   lt_avro_array_append_string(rec, "base_models", "llama-test");
+  lt_avro_set_bool(rec, "draining", draining);
+  if (group) lt_avro_set_string(rec, "node_group", group);
+  if (rdv) lt_avro_set_string(rec, "rendezvous", rdv);
   produce_rec("workers", LT_BUS_PARTITION_ANY, worker, rec);
   lt_avro_record_destroy(rec);
 }
+
+static void heartbeat(const char *worker, int slots) { heartbeat_of(worker, slots, NULL, NULL, false); }
 
 /* Is r (a tail record) of type (and job, and topic base, when not NULL)? */
 static bool seen_is(json_t *r, const char *type, const char *job, const char *topic_base) {
@@ -476,6 +483,70 @@ Test(scheduler, a_worker_that_does_not_start_its_dispatch_gets_no_redispatch) {
   lt_scheduler_destroy(s);
 }
 
+/* A worker whose heartbeat says it drains (lt_worker_drain) gets no new job while it stays up:
+ * the jobs go to the other worker, and one more than it holds waits. */
+Test(scheduler, a_draining_worker_gets_no_new_job) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 2);
+  heartbeat("w2", 2);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50};
+  lt_scheduler_t *s = start(NULL, &c);
+  settle(1000); /* both up */
+  heartbeat_of("w1", 2, NULL, NULL, true);
+  settle(1000);
+  const char *jobs[] = {"job-d1", "job-d2", "job-d3"};
+  for (int i = 0; i < 3; i++) submit(jobs[i], "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobDispatched", "job-d1", "control", 1, 20000));
+  cr_assert(wait_for("JobDispatched", "job-d2", "control", 1, 20000));
+  for (int i = 0; i < 10; i++) { /* both stay alive; w1 still draining */
+    heartbeat_of("w1", 2, NULL, NULL, true);
+    heartbeat("w2", 2);
+    settle(300);
+  }
+  for (int i = 0; i < 3; i++) {
+    json_t *d = find_seen("JobDispatched", jobs[i], "control", 0);
+    if (i == 2) {
+      cr_assert_null(d, "a third job was placed: on the draining worker");
+      continue;
+    }
+    cr_assert_str_eq(json_string_value(json_object_get(d, "worker_id")), "w2", "%s", jobs[i]);
+  }
+  heartbeat("w1", 2); /* the drain over (a new process with the same id) */
+  cr_assert(wait_for("JobDispatched", "job-d3", "control", 1, 20000), "not placed once w1 took work again");
+  cr_assert_str_eq(json_string_value(json_object_get(find_seen("JobDispatched", "job-d3", "control", 0), "worker_id")),
+                   "w1");
+  lt_scheduler_destroy(s);
+}
+
+static void two_gpus(lt_jobspec_t *s) { s->gpus = 2; }
+
+/* A gang across two workers one of which drains: the draining worker stops only what it speaks
+ * for, so the scheduler asks rank 0 (wherever it is) to checkpoint and stop the gang. */
+Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
+  put_tenant("acme", 0);
+  heartbeat_of("w1", 1, "rack", "127.0.0.1:7001", false);
+  heartbeat_of("w2", 1, "rack", "127.0.0.1:7002", false);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-gang", "acme", LT_CLASS_STANDARD, two_gpus);
+  cr_assert(wait_for("JobDispatched", "job-gang", "control", 1, 20000));
+  json_t *d = find_seen("JobDispatched", "job-gang", "control", 0);
+  json_t *ranks = json_object_get(d, "gang_workers");
+  cr_assert_eq(json_array_size(ranks), 2, "not a gang of two workers");
+  const char *rank1 = json_string_value(json_array_get(ranks, 1));
+  control_rec("AttemptStarted", "job-gang", "acme", 1);
+  settle(1000);
+  cr_assert_eq(count_seen("PreemptRequested", "job-gang", "control"), 0, "asked to stop before any drain");
+  heartbeat_of(rank1, 1, "rack", strcmp(rank1, "w1") ? "127.0.0.1:7002" : "127.0.0.1:7001", true);
+  cr_assert(wait_for("PreemptRequested", "job-gang", "control", 1, 20000), "the gang was not asked to stop");
+  json_t *p = find_seen("PreemptRequested", "job-gang", "control", 0);
+  cr_assert(strstr(json_string_value(json_object_get(p, "reason")), "drains"), "%s",
+            json_string_value(json_object_get(p, "reason")));
+  settle(1000);
+  cr_assert_eq(count_seen("PreemptRequested", "job-gang", "control"), 1, "asked more than once");
+  lt_scheduler_destroy(s);
+}
+
 Test(scheduler, a_started_attempt_whose_lease_expires_is_stopped_lost_then_requeued) {
   put_tenant("acme", 0);
   heartbeat("w1", 1);
@@ -762,7 +833,6 @@ static int fold_job_messages(lt_proj_t *p, const char *topic_base, const char *j
   return seen;
 }
 
-static void two_gpus(lt_jobspec_t *s) { s->gpus = 2; }
 
 /* An api folds its own JobSubmitted when the broker acknowledges it (read-your-writes), before its
  * consumer reads that far. The same job id submitted again elsewhere (an idempotency key retried

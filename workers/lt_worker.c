@@ -276,7 +276,13 @@ static void finish_attempt(lt_worker_t *w, attempt_t *a, int status) {
       snprintf(detail, sizeof detail, "the executor died of signal %d", WTERMSIG(status));
     else
       snprintf(detail, sizeof detail, "the executor exited with status %d without reporting", WEXITSTATUS(status));
-    const char *why = cancelled ? "cancel" : a->stop_signal == SIGUSR2 ? "preempt" : a->store_away ? "unavailable" : "failed";
+    /* a session killed before its preemption's checkpoint lost the state its calls ran on: failed,
+     * so that its next attempt fails them with session_restarted */
+    bool lost_state = a->killed && a->sess;
+    const char *why = cancelled                                  ? "cancel"
+                      : a->stop_signal == SIGUSR2 && !lost_state ? "preempt"
+                      : a->store_away                            ? "unavailable"
+                                                                 : "failed";
     if (record_stopped(w, a, why, detail) && !strcmp(why, "unavailable"))
       a->reported = true, a->outcome = LT_WORKER_END_UNAVAILABLE;
     if (cancelled && !a->fenced && j && !lt_job_state_is_terminal(j->state)) record_cancelled(w, a);
@@ -961,6 +967,24 @@ static void heartbeat(lt_worker_t *w) {
   send_async(w, w->t_workers, w->conf.worker_id, &b, w);
 }
 
+/* Pauses dispatch consumption while every slot is busy (lower classes wait in Kafka) or the worker
+ * drains; resumes it otherwise. */
+static void pause_dispatch(lt_worker_t *w) {
+  bool full = w->draining || free_slots(w) == 0;
+  if (full == w->dispatch_paused && !w->dispatch_reassigned) return;
+  lt_bus_tp_t parts[64];
+  size_t np = 0;
+  size_t i;
+  json_t *p;
+  json_array_foreach(w->owned, i, p) if (np < 64) parts[np++] = (lt_bus_tp_t){
+      .topic = json_string_value(json_object_get(p, "topic")),
+      .partition = (int32_t)json_integer_value(json_object_get(p, "partition"))};
+  if (full) lt_bus_consumer_pause(w->dispatch, parts, np, NULL, 0);
+  else lt_bus_consumer_resume(w->dispatch, parts, np, NULL, 0);
+  w->dispatch_paused = full;
+  w->dispatch_reassigned = false;
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_worker_t *w = arg;
   int64_t now = lt_time_wall_ms();
@@ -993,21 +1017,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     if (now - a->last_progress_ms > w->conf.watchdog_ms) kill_attempt(w, a, "no progress (step watchdog)");
   }
   run_pending(w);
-  /* Pause dispatch consumption while every slot is busy; lower classes wait in Kafka. */
-  bool full = w->draining || free_slots(w) == 0;
-  if (full != w->dispatch_paused || w->dispatch_reassigned) {
-    lt_bus_tp_t parts[64];
-    size_t np = 0;
-    size_t i;
-    json_t *p;
-    json_array_foreach(w->owned, i, p) if (np < 64) parts[np++] = (lt_bus_tp_t){
-        .topic = json_string_value(json_object_get(p, "topic")),
-        .partition = (int32_t)json_integer_value(json_object_get(p, "partition"))};
-    if (full) lt_bus_consumer_pause(w->dispatch, parts, np, NULL, 0);
-    else lt_bus_consumer_resume(w->dispatch, parts, np, NULL, 0);
-    w->dispatch_paused = full;
-    w->dispatch_reassigned = false;
-  }
+  pause_dispatch(w);
   on_control(-1, 0, w);
   on_dispatch(-1, 0, w);
 }
@@ -1075,23 +1085,45 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   return LT_OK;
 }
 
-void lt_worker_drain(lt_worker_t *w) {
-  if (w->draining) return;
+/* A dispatch taken but not started when the worker drains: its AttemptStopped (preempt), so the
+ * job is queued again now rather than when its start times out (which also cordons this worker's
+ * id, and a gang's rank 0 elsewhere would wait minutes to be joined). A gang's part of any rank
+ * writes it: its peers end when it is in the log. */
+static void drop_pending(lt_worker_t *w, const pending_t *p) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(w->proj), p->job_id);
+  if (!j || j->attempt != p->attempt || j->attempt_stopped || lt_job_state_is_terminal(j->state) ||
+      !(j->state == LT_JOB_DISPATCHED || (p->gang_world > 1 && j->state == LT_JOB_RUNNING)))
+    return;
+  static attempt_t t; /* record_stopped reads its ids only */
+  memset(&t, 0, sizeof t);
+  snprintf(t.job_id, sizeof t.job_id, "%s", p->job_id);
+  snprintf(t.tenant_id, sizeof t.tenant_id, "%s", j->tenant_id);
+  t.attempt = p->attempt;
+  record_stopped(w, &t, "preempt", "not started: its worker drains");
+}
+
+int64_t lt_worker_drain(lt_worker_t *w) {
+  if (w->draining) return w->conf.kill_deadline_ms;
   w->draining = true;
-  int asked = 0, ranks = 0;
+  pause_dispatch(w);
+  heartbeat(w); /* said before any stop below is, so the scheduler places nothing more here */
+  lt_bus_producer_flush(w->producer, 3000, NULL, 0);
+  int asked = 0, ranks = 0, pending = w->npending;
   for (int i = 0; i < w->conf.slots; i++) {
     attempt_t *a = &w->slots[i];
-    if (a->state != A_RUNNING) continue;
-    if (a->gang_rank > 0) { /* rank 0 speaks for the gang; this part ends with it */
+    if (a->state != A_RUNNING || a->killed || a->stop_signal) continue; /* ending already */
+    if (a->gang_rank > 0) { /* rank 0 speaks for the gang; the scheduler asks it to stop */
       ranks++;
       continue;
     }
     stop_attempt(w, a, SIGUSR2);
     asked++;
   }
+  for (int i = 0; i < w->npending; i++) drop_pending(w, &w->pending[i]);
+  w->npending = 0;
   lt_log_info("worker", "draining: %d attempt(s) asked to checkpoint and stop, %d gang part(s) left to their rank 0, "
-              "%d dispatch(es) not started left to the scheduler", asked, ranks, w->npending);
-  heartbeat(w); /* the scheduler stops placing work here at once */
+              "%d dispatch(es) not started given back", asked, ranks, pending);
+  return w->conf.kill_deadline_ms;
 }
 
 bool lt_worker_idle(lt_worker_t *w) { return free_slots(w) == w->conf.slots; }

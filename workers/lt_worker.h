@@ -77,14 +77,17 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
  * leases expire) and frees. NULL is fine. */
 void lt_worker_destroy(lt_worker_t *w);
 
-/* Drains the worker (a graceful stop, `lathed` on SIGTERM): its heartbeats say draining, so the
- * scheduler places nothing more here; it consumes no dispatch and starts none of those waiting
- * (the scheduler dispatches them again when their start times out); every attempt it speaks for
- * is asked to checkpoint and stop, as a preemption is (AttemptStopped preempt: the job is
- * queued again, nothing charged, no step lost), and one that does not within kill_deadline_ms
- * is killed. A part of another worker's gang (rank > 0) runs on until its rank 0 ends it. Once
- * called, it lasts until the worker is destroyed. On the worker's event loop. */
-void lt_worker_drain(lt_worker_t *w);
+/* Drains the worker (a graceful stop, `lathed` on SIGTERM): its heartbeat says draining, sent
+ * before anything else, so the scheduler places nothing more here and asks the gangs with a part
+ * here to stop; it consumes no dispatch, and each one taken but not started gets its
+ * AttemptStopped (preempt) so the job is queued again at once; every attempt it speaks for is
+ * asked to checkpoint and stop, as a preemption is (AttemptStopped preempt: queued again, not
+ * charged, resumed from that checkpoint). One that does not stop within kill_deadline_ms is
+ * killed: a job then resumes from its last interval commit (still not charged), and a session's
+ * attempt is recorded failed (the state its calls ran on is gone). A part of another worker's
+ * gang (rank > 0) ends when its rank 0 stops. Returns the kill deadline (ms), within which the
+ * attempts end. Lasts until the worker is destroyed. On the worker's event loop. */
+int64_t lt_worker_drain(lt_worker_t *w);
 /* No attempt holds a slot (a drained worker may stop). */
 bool lt_worker_idle(lt_worker_t *w);
 

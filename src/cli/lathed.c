@@ -265,17 +265,16 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg) {
 
 /* SIGTERM (systemd's stop) drains a worker first: its attempts checkpoint and stop, each job
  * queued again and charged nothing, before the process goes (lt_worker_drain). SIGINT, a second
- * SIGTERM, or a process with no worker: stop now (a running attempt is then lost: its lease
- * expires and the job is queued again, the attempt counted as failed). */
+ * SIGTERM, a process with no worker, or --embedded (its log dies with it): stop now (a running
+ * attempt is then lost: its lease expires and the job is queued again, the attempt counted as
+ * failed). */
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   lathed_t *d = arg;
-  if (sig == SIGTERM && d->worker && !d->drain_ev) {
-    const char *kd = getenv("LATHE_KILL_DEADLINE_MS");
-    int64_t bound = (kd && atoi(kd) > 0 ? atoi(kd) : 30000) + DRAIN_MARGIN_MS;
+  if (sig == SIGTERM && d->worker && !d->embedded && !d->drain_ev) {
+    lt_log_info(NULL, "SIGTERM, draining the worker (SIGINT or SIGTERM again: stop now)");
+    int64_t bound = lt_worker_drain(d->worker) + DRAIN_MARGIN_MS;
     d->drain_until_ms = lt_time_mono_ms() + bound;
-    lt_log_info(NULL, "SIGTERM, draining the worker (at most %lld ms; SIGINT or SIGTERM again: stop now)",
-                (long long)bound);
-    lt_worker_drain(d->worker);
+    lt_log_info(NULL, "the drain ends when no attempt holds a slot, at most in %lld ms", (long long)bound);
     d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
     struct timeval tick = {0, 100000};
     if (d->drain_ev && event_add(d->drain_ev, &tick) == 0) return;

@@ -88,10 +88,10 @@ static void write_lost(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t
   sd->w_lost_attempt = j->attempt;
 }
 
-static void write_preempt(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t now_ms) {
+static void write_preempt(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t now_ms, const char *why) {
   lt_avro_record_t *rec = begin_rec(s, R_PRE, sd, j);
   lt_avro_set_int(rec, "attempt", j->attempt);
-  lt_avro_set_string(rec, "reason", "a higher priority class is waiting: checkpoint and stop");
+  lt_avro_set_string(rec, "reason", why);
   lt_avro_set_long(rec, "checkpoint_deadline", now_ms + s->conf.checkpoint_deadline_ms);
   if (scheduler_emit(s, O_CONTROL, sd->job_id, NULL, 0, rec) == LT_OK) s->st.preempted++;
   sd->w_preempt_attempt = j->attempt;
@@ -506,6 +506,13 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
 }
 
 /* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */
+/* Whether a worker of gang sd says in its heartbeat that it drains. */
+static bool gang_draining(const lt_scheduler_t *s, const side_t *sd) {
+  for (uint32_t r = 0; r < sd->gang_n; r++)
+    if (s->workers[sd->gang_w[r]].draining) return true;
+  return false;
+}
+
 static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   side_t *sd = s->sides[idx];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
@@ -578,6 +585,10 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
     }
     return;
   }
+  /* a gang with a part on a draining worker: rank 0, elsewhere, checkpoints and stops it (the
+   * draining worker stops only what it speaks for, lt_worker_drain) */
+  if (j->state == LT_JOB_RUNNING && sd->gang_n && sd->w_preempt_attempt != j->attempt && gang_draining(s, sd))
+    write_preempt(s, sd, j, now_ms, "a worker of the gang drains: checkpoint and stop");
   int64_t lim = duration_limit_s(s, sd, j);
   if (lim > 0 && j->state == LT_JOB_RUNNING && j->started_at_ms && now_ms - j->started_at_ms > lim * 1000) {
     char why[128];
@@ -629,7 +640,7 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
         if (!whole || !ok || !write_dispatch(s, sd, j, &pl, now_ms)) scheduler_drop(s, sd);
       } else if (d[k].action == LT_SCHED_PREEMPT) {
         if (j->state == LT_JOB_RUNNING && !j->attempt_stopped && sd->w_preempt_attempt != j->attempt)
-          write_preempt(s, sd, j, now_ms);
+          write_preempt(s, sd, j, now_ms, "a higher priority class is waiting: checkpoint and stop");
       }
     }
     if (nd < DECIDE_CAP) break;

@@ -1562,6 +1562,22 @@ Test(sched, backfill_never_takes_slots_held_for_production) {
   backfill_refused(LT_CLASS_PRODUCTION, 1000);
 }
 
+/* Under LAS too a cordoned (or draining) worker's jobs are never preempted for another job: a
+ * first-queue job waits until the cordon is lifted. */
+Test(sched, las_never_preempts_on_a_cordoned_worker) {
+  lt_sched_t *s = fleet((fleet_t){.policy = LT_SCHED_POLICY_LAS, .weights = {1}, .workers = 1, .slots = 1, .cache = 1});
+  lt_sched_decision_t d[8];
+  job(s, 1, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  cr_assert_eq(lt_sched_decide(s, 0, d, 8), 1);
+  cr_assert_eq(lt_sched_worker_cordon(s, 1, true), LT_OK);
+  job(s, 2, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 4000); /* job 1 is past 3,600 GPU-s */
+  cr_assert_eq(lt_sched_decide(s, 4001, d, 8), 0, "LAS preempted on a cordoned worker");
+  cr_assert_eq(lt_sched_worker_cordon(s, 1, false), LT_OK);
+  cr_assert_eq(lt_sched_decide(s, 4002, d, 8), 1);
+  cr_assert(d[0].action == LT_SCHED_PREEMPT && d[0].job_id == 1, "the lifted worker's long job makes room");
+  lt_sched_destroy(s);
+}
+
 /* A cordoned worker (a dispatch to it was not started in time: lt_scheduler) gets no new job and is
  * never preempted for one; what runs there stays; lifting the cordon gives it work again. */
 Test(sched, a_cordoned_worker_takes_no_new_work_and_keeps_what_runs) {

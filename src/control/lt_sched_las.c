@@ -65,7 +65,7 @@ static size_t las_preempt(lt_sched_t *s, uint32_t jx, double now, lt_sched_decis
   uint32_t best = NIL, best_cost = UINT32_MAX;
   for (uint32_t w = 0; w < s->nworkers; w++) {
     const worker_t *wk = &s->workers[w];
-    if (!wk->up || wk->reserved_job != NIL || wk->slots < j->gpus) continue;
+    if (!wk->up || wk->cordoned || wk->reserved_job != NIL || wk->slots < j->gpus) continue;
     uint32_t slots = wk->free_slots, cost = 0;
     for (uint32_t r = wk->run.head; r != NIL && slots < j->gpus; r = s->parts[r].run.next) {
       const job_t *rj = &s->jobs[s->parts[r].job];

@@ -21,6 +21,7 @@ once). Exits non-zero with a message on any failure."""
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -364,6 +365,42 @@ def failure(lathed, env, tmp, key):
               f"(was {a2}), no call failed")
         td.end()
         check(td.wait_until(timeout=300)["state"] == "completed", "the drained session completed")
+        # A session whose executor cannot stop within the kill deadline (here SIGSTOPped) is killed
+        # by the drain: recorded failed, so the call that was in flight fails with session_restarted
+        # and the session says it is back at its save (recorded preempted, it would be re-run on the
+        # saved state as if nothing was lost).
+        workers["w5"] = Child("w5", [lathed, "--role", "worker"], dict(fast, LATHE_INSTANCE="w5"))
+        kids.append(workers["w5"])
+        workers["w5"].wait_for(r"worker .* started", 60)
+        tk = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, dropout=0.1, seed=11)
+        loop(tk, small[:3], 1e-2)
+        saved3 = tk.save_state("three").result(timeout=300)
+        loop(tk, small[3:4], 1e-2)[-1].result(timeout=300)  # step 4, answered, never saved
+        a3 = tk.state()["attempt"]
+        holder = next(w for w, c in workers.items() if c.p.poll() is None and
+                      f"started {tk.id} attempt {a3} " in c.text())
+        m = re.search(rf"started {re.escape(tk.id)} attempt {a3} \(pid (\d+)\)", workers[holder].text())
+        check(m is not None, "the worker named its executor's pid")
+        os.kill(int(m.group(1)), signal.SIGSTOP)
+        inflight = loop(tk, small[4:5], 1e-2)
+        workers[holder].p.send_signal(signal.SIGTERM)
+        try:
+            rc = workers[holder].p.wait(90)  # the kill deadline (30 s), then the drain's end
+        except subprocess.TimeoutExpired:
+            rc = None
+        workers[holder].t.join(5)
+        check(rc == 0 and "killed" in workers[holder].text(),
+              f"the drain killed the executor at its deadline and the worker exited 0 (exit {rc})")
+        try:
+            inflight[0].result(timeout=300)
+            got = "answered"
+        except lathe_client.SessionRestarted as e:
+            got = f"session_restarted from step {e.resumed_from_step}"
+        check(got == f"session_restarted from step {saved3.step}",
+              f"the call in flight when the session was killed: {got} (saved at {saved3.step})")
+        check(tk.state()["step"] == saved3.step, f"the session says it is at step {tk.state()['step']}, its save")
+        tk.end()
+        check(tk.wait_until(timeout=300)["state"] == "completed", "the killed session completed from its save")
     except BaseException:
         for c in kids:
             c.dump()

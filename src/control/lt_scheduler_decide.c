@@ -505,7 +505,6 @@ static void validate(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, int64_t n
   write_accept(s, sd, j);
 }
 
-/* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */
 /* Whether a worker of gang sd says in its heartbeat that it drains. */
 static bool gang_draining(const lt_scheduler_t *s, const side_t *sd) {
   for (uint32_t r = 0; r < sd->gang_n; r++)
@@ -513,6 +512,7 @@ static bool gang_draining(const lt_scheduler_t *s, const side_t *sd) {
   return false;
 }
 
+/* Everything the fold says should happen to one job now, except dispatch (lt_sched's). */
 static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
   side_t *sd = s->sides[idx];
   const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), sd->job_id);

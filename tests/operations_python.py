@@ -241,6 +241,7 @@ def main():
             promtool_clean(promtool, "worker (after the attempt ended)", w)
             check(value(w, 'lathe_worker_slots{state="total"}') == 1, "worker: its slots on /metrics")
             check(value(w, "lathe_worker_executors_started_total") == 1, "worker: one executor started")
+            check(value(w, "lathe_worker_draining") == 0, "worker: not draining, on /metrics")
             check((value(w, "lathe_worker_uploaded_bytes_total") or 0) > 0 and
                   (value(w, "lathe_worker_fetched_bytes_total") or 0) > 0, "worker: bytes fetched and uploaded")
             check(0 <= (value(w, "lathe_worker_heartbeat_lag_seconds") or -1) < 30, "worker: heartbeats acknowledged")

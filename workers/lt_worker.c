@@ -1136,6 +1136,7 @@ void lt_worker_stats(lt_worker_t *w, lt_worker_stats_t *out) {
   out->hb_ok_ms = __atomic_load_n(&w->hb_ok_ms, __ATOMIC_ACQUIRE);
   out->hb_sent_ms = w->last_hb_sent_ms;
   out->heartbeat_ms = w->conf.heartbeat_ms;
+  out->draining = w->draining;
 }
 
 void lt_worker_destroy(lt_worker_t *w) {

@@ -113,6 +113,7 @@ typedef struct lt_worker_stats {
   uint64_t uploaded_bytes, checkpoints; /* checkpoints committed and their stored bytes */
   int64_t hb_ok_ms, hb_sent_ms;         /* last heartbeat acknowledged, and sent (wall ms; 0: none) */
   int64_t heartbeat_ms;                 /* the heartbeat interval */
+  bool draining;                        /* lt_worker_drain was called */
 } lt_worker_stats_t;
 
 /* On the worker's event loop. */

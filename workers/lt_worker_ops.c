@@ -25,6 +25,9 @@ char *lt_worker_metrics(lt_worker_t *w) {
   lt_metrics_family(m, "lathe_worker_slots", LT_METRIC_GAUGE, "Attempt slots of this worker: all, and busy.");
   lt_metrics_sample(m, (lt_metric_label_t[]){{"state", "total"}, {0}}, st.slots);
   lt_metrics_sample(m, (lt_metric_label_t[]){{"state", "busy"}, {0}}, st.busy);
+  lt_metrics_one(m, "lathe_worker_draining", LT_METRIC_GAUGE,
+                 "1 while the worker drains (SIGTERM: its attempts checkpoint and stop, it takes no new one).",
+                 st.draining ? 1 : 0);
   lt_metrics_one(m, "lathe_worker_pending_dispatches", LT_METRIC_GAUGE,
                  "Dispatches taken and waiting for a free slot.", st.pending);
   lt_metrics_one(m, "lathe_worker_executors_started_total", LT_METRIC_COUNTER, "Executor processes started.",
@@ -56,8 +59,8 @@ int lt_worker_health(lt_worker_t *w, char **json) {
   /* Healthy while heartbeats get through: a few missed ones are the broker's hiccup. */
   double limit = st.heartbeat_ms > 0 ? 5.0 * (double)st.heartbeat_ms / 1000.0 : 5.0;
   bool ok = lag >= 0 && lag <= (limit > 10 ? limit : 10);
-  json_t *o = json_pack("{s:s,s:b,s:i,s:i,s:f}", "role", "worker", "ready", ok, "slots", st.slots, "busy", st.busy,
-                        "heartbeat_lag_seconds", lag);
+  json_t *o = json_pack("{s:s,s:b,s:i,s:i,s:f,s:b}", "role", "worker", "ready", ok, "slots", st.slots, "busy",
+                        st.busy, "heartbeat_lag_seconds", lag, "draining", st.draining);
   *json = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return ok ? 200 : 503;

@@ -788,7 +788,7 @@ static bool try_start(lt_worker_t *w, pending_t *p) {
 }
 
 static void run_pending(lt_worker_t *w) {
-  if (w->draining) return; /* what waits here is dispatched again once the start times out */
+  if (w->draining) return; /* lt_worker_drain gave these back; one taken since waits for its start timeout */
   /* Highest class first, then oldest. */
   for (int pass = 0; pass < LT_CLASS__COUNT; pass++)
     for (int i = 0; i < w->npending; i++) {

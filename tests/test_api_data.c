@@ -767,6 +767,57 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_crypto_kek_destroy(kek);
 }
 
+/* POST /v1/datasets of body as client c: the status. */
+static int post_dataset(lt_client_t *c, const char *body, char *msg, size_t msgn) {
+  lt_client_resp_t r = req(c, "POST", "/v1/datasets?name=q", body, strlen(body));
+  int st = r.status;
+  if (msg) snprintf(msg, msgn, "%s", r.body ? r.body : "");
+  lt_client_resp_free(&r);
+  return st;
+}
+
+/* A tenant's own storage quota (TenantUpserted v2, `lathe admin tenant --max-storage-bytes`)
+ * replaces the API's figure for that tenant alone, lower or higher; set back to 0, the API's
+ * applies again. */
+Test(api_data, a_tenants_own_storage_quota_replaces_the_apis_for_that_tenant_alone) {
+  char low[64], high[64], key_low[128], key_high[128], rnd[LT_CRYPTO_RANDOM_ID_CHARS + 1], msg[2048];
+  lt_crypto_random_id(rnd);
+  snprintf(low, sizeof low, "low-%.10s", rnd);
+  snprintf(high, sizeof high, "high-%.10s", rnd);
+  lt_test_tenant_create(low, "--max-storage-bytes 500000", key_low, sizeof key_low);
+  lt_test_tenant_create(high, "--max-storage-bytes 2500000", key_high, sizeof key_high);
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
+  lt_client_t *cl = lt_test_client(url, key_low, 120), *ch = lt_test_client(url, key_high, 120);
+  lt_test_wait_until(lt_test_get_status(cl, "/v1/jobs", NULL, 0) == 200 && lt_test_get_status(ch, "/v1/jobs", NULL, 0) == 200,
+                     20000, 100, "the API never accepted the new tenants' keys");
+  char *big = jsonl(1000000);
+  /* below the API's 1.5 MB, above its own 500 kB: refused, naming its own quota */
+  cr_expect_eq(post_dataset(cl, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "max_storage_bytes is 500000") && strstr(msg, low), "%s", msg);
+  /* above the API's 1.5 MB, within its own 2.5 MB: two fit, a third does not */
+  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 201, "%s", msg);
+  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 201, "2 MB under its own 2.5 MB: %s", msg);
+  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "max_storage_bytes is 2500000"), "%s", msg);
+  /* tenant A has none of its own: the API's figure, as before */
+  cr_expect_eq(post_dataset(ca, big, msg, sizeof msg), 201, "%s", msg);
+  cr_expect_eq(post_dataset(ca, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "max_storage_bytes is 1500000"), "%s", msg);
+  /* the low tenant's own quota set back to 0: the API's 1.5 MB applies to it once it reads that */
+  char cmd[512];
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant update %s --max-storage-bytes 0 --json", lt_test_lathe_bin(), low);
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s: %s", cmd, out);
+  cr_expect(strstr(out, "\"max_storage_bytes\":0"), "%s", out);
+  free(out);
+  lt_test_wait_until(post_dataset(cl, big, msg, sizeof msg) == 201, 20000, 200,
+                     "the API never applied the tenant's quota set back to 0: %s", msg);
+  lt_client_destroy(cl);
+  lt_client_destroy(ch);
+  free(big);
+}
+
 /* ---------------------------------------------------------------- lathe jobs download, checkpoints */
 
 /* `lathe jobs VERB ARGS` as tenant A (or B) against this API: exit status in *rc, output taken. */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "lt_avro.h"
+#include "lt_tenant.h"
 
 static lt_avro_registry_t *reg;
 static char err[512];
@@ -329,6 +330,45 @@ Test(avro, new_reader_reads_old_data_with_defaults) {
   char args[512];
   snprintf(args, sizeof args, "evolve %s/schemas", src_root());
   cr_assert_eq(run_python(args), 0, "python3-avro disagrees on StepCompleted evolution");
+}
+
+/* TenantUpserted v2 added quotas.max_storage_bytes: a v1 record (every tenant made before it)
+ * reads as no quota of its own, a v2 one carries it, and a negative one is refused by name. */
+Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refused) {
+  lt_tenant_t t = {.weight = 1.0, .quotas = {.max_queued_jobs = 7, .max_storage_bytes = 123456}}, back;
+  snprintf(t.tenant_id, sizeof t.tenant_id, "acme");
+  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
+  lt_avro_record_t *v1, *v2;
+  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 1), &v1, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &v2, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 2);
+  /* v1 has no such field: a record as the writers before v2 made it */
+  cr_assert_neq(lt_tenant_to_record(&t, v1, err, sizeof err), LT_OK);
+  cr_assert(strstr(err, "max_storage_bytes"), "%s", err);
+  cr_assert_eq(lt_avro_set_string(v1, "tenant_id", "acme"), LT_OK);
+  cr_assert_eq(lt_avro_set_string(v1, "display_name", "acme"), LT_OK);
+  cr_assert_eq(lt_avro_set_double(v1, "weight", 1.0), LT_OK);
+  cr_assert_eq(lt_avro_set_int(v1, "quotas.max_queued_jobs", 7), LT_OK);
+  cr_assert_eq(lt_avro_set_string(v1, "key_id", "dek-1"), LT_OK);
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_avro_record_encode(v1, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_set_long(v2, "quotas.max_storage_bytes", 99), LT_OK); /* the default overwrites it */
+  cr_assert_eq(lt_avro_record_decode(v2, b, len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(back.quotas.max_storage_bytes, 0);
+  cr_expect_eq(back.quotas.max_queued_jobs, 7);
+  t.quotas.max_storage_bytes = 123456;
+  cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_encode(v2, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_decode(v2, b, len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(back.quotas.max_storage_bytes, 123456);
+  cr_assert_eq(lt_avro_set_long(v2, "quotas.max_storage_bytes", -5), LT_OK);
+  cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_ERR_INVALID);
+  cr_expect(strstr(err, "quotas.max_storage_bytes is -5"), "%s", err);
+  lt_avro_record_destroy(v1);
+  lt_avro_record_destroy(v2);
 }
 
 Test(avro, old_reader_reads_new_data) {

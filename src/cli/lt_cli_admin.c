@@ -1,7 +1,8 @@
 /* lathe admin: operator commands that write straight to Kafka (no API in between).
  *
  *   lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N] [--max-queued N]
- *                                [--max-duration S] [--max-dataset-bytes B] [--json]
+ *                                [--max-duration S] [--max-dataset-bytes B] [--max-storage-bytes B]
+ *                                [--json]
  *   lathe admin tenant update ID [same options]
  *   lathe admin tenant rotate-key ID [--json]
  *   lathe admin tenant list [--json]
@@ -35,7 +36,10 @@ int lt_cli_admin_queue(int argc, char **argv);  /* lt_cli_queue.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
-             "                     [--max-queued N] [--max-duration S] [--max-dataset-bytes B] [--json]\n"
+             "                     [--max-queued N] [--max-duration S] [--max-dataset-bytes B]\n"
+             "                     [--max-storage-bytes B] [--json]\n"
+             "           --max-storage-bytes: the tenant's datasets and artifacts together (0: the\n"
+             "           API's LATHE_API_MAX_STORAGE_BYTES applies)\n"
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]\n"
              "       lathe admin tenant list [--json]\n"
@@ -137,7 +141,7 @@ out:
   return rc;
 }
 
-enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_JSON };
+enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON };
 
 /* The options of tenant create|update|rotate-key|list (rotate-key and list: --json only); into t
  * (may be NULL then). Returns -1 to go on with the operands in a, or the exit status. */
@@ -148,9 +152,10 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
                                        {"max-queued", required_argument, NULL, O_MAX_QUEUED},
                                        {"max-duration", required_argument, NULL, O_MAX_DURATION},
                                        {"max-dataset-bytes", required_argument, NULL, O_MAX_DATASET_BYTES},
+                                       {"max-storage-bytes", required_argument, NULL, O_MAX_STORAGE_BYTES},
                                        {"json", no_argument, NULL, O_JSON},
                                        {0}};
-  a->opts = t ? opts : opts + 6;
+  a->opts = t ? opts : opts + 7;
   int c;
   double d = 0;
   while ((c = lt_cli_args_next(a, argc, argv)) >= 0) {
@@ -177,6 +182,10 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
       if (!lt_cli_args_num(a, "--max-dataset-bytes", 0, 1e13, true, &d)) return 2;
       t->quotas.max_dataset_bytes = (int64_t)d;
       break;
+    case O_MAX_STORAGE_BYTES:
+      if (!lt_cli_args_num(a, "--max-storage-bytes", 0, 1e15, true, &d)) return 2;
+      t->quotas.max_storage_bytes = (int64_t)d;
+      break;
     }
   }
   return c == LT_CLI_ARGS_END ? -1 : a->status;
@@ -186,11 +195,12 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   int live = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
   if (json) { /* through jansson: a display name may hold quotes */
-    json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
+    json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
                           t->display_name, "weight", t->weight, "max_running_slots",
                           t->quotas.max_running_slots, "max_queued_jobs", t->quotas.max_queued_jobs,
                           "max_job_duration_s", (json_int_t)t->quotas.max_job_duration_s,
-                          "max_dataset_bytes", (json_int_t)t->quotas.max_dataset_bytes, "live_keys", live,
+                          "max_dataset_bytes", (json_int_t)t->quotas.max_dataset_bytes, "max_storage_bytes",
+                          (json_int_t)t->quotas.max_storage_bytes, "live_keys", live,
                           "disabled", t->disabled);
     if (o && api_key) json_object_set_new(o, "api_key", json_string(api_key));
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -200,9 +210,10 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
     return;
   }
   printf("tenant %s (%s): weight %g, max running %d, max queued %d, max duration %llds, max dataset %lld bytes, "
-         "%d live key(s)%s\n",
+         "max storage %lld bytes, %d live key(s)%s\n",
          t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
-         (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes, live,
+         (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes,
+         (long long)t->quotas.max_storage_bytes, live,
          t->disabled ? ", DISABLED" : "");
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }

@@ -165,6 +165,7 @@ typedef struct upload_task {
   lt_err_t refused;      /* the validator's verdict at completion (LT_ERR_INVALID, _QUOTA) */
   lt_dataset_report_t r;
   json_t *report, *meta;
+  uint64_t quota;        /* the tenant's storage quota (lt_api_storage_quota; 0: none), from the loop */
   uint64_t artifacts;    /* the tenant's artifact bytes (storage quota), from the loop */
   uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
   bool measured;
@@ -207,12 +208,12 @@ static lt_err_t store_dataset(lt_api_t *api, lt_api_upload_t *u, json_t *report,
  * dataset stored. */
 static void upload_work(void *ctx) {
   upload_task_t *t = ctx;
-  bool quota = t->api->conf.max_storage_bytes > 0;
+  bool quota = t->quota > 0;
   if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
     t->err = lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
     t->measured = !t->err;
     if (!t->err)
-      t->err = lt_api_storage_check(t->api, t->u->tenant, t->datasets, t->artifacts,
+      t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets, t->artifacts,
                                     t->u->bytes + evbuffer_get_length(t->body), t->msg, sizeof t->msg);
     t->over_storage = t->err == LT_ERR_QUOTA;
   }
@@ -297,7 +298,8 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
   t->u = u;
   t->complete = complete;
   t->openai = c->openai;
-  if (c->api->conf.max_storage_bytes && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
+  t->quota = lt_api_storage_quota(c->api, c->tenant);
+  if (t->quota && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
   u->busy = true;
   lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
 }
@@ -458,6 +460,7 @@ typedef struct ds_task {
   lt_err_t err;
   char msg[256];
   json_t *out;
+  uint64_t quota;    /* the tenant's storage quota (lt_api_storage_quota; 0: none) */
   uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
   bool measured;
   int limit;         /* list: datasets a page */
@@ -477,6 +480,7 @@ static void ds_run_limit(lt_api_call_t *c, lt_api_work_fn *work, lt_api_after_fn
   t->req = c->req;
   snprintf(t->tenant, sizeof t->tenant, "%s", c->tenant->tenant_id);
   snprintf(t->id, sizeof t->id, "%s", c->id);
+  t->quota = lt_api_storage_quota(c->api, c->tenant);
   t->limit = limit;
   t->openai = c->openai;
   lt_api_work(c->api, t->tenant, work, after, t);
@@ -663,7 +667,7 @@ static void delete_work(void *ctx) {
     lt_dataset_object_key(key, sizeof key, t->tenant, t->id, leaves[i]);
     t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
-  if (!t->err && t->api->conf.max_storage_bytes)
+  if (!t->err && t->quota)
     t->measured = !lt_api_dataset_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
 }
 

@@ -282,9 +282,12 @@ void lt_api_download_stop_all(lt_api_t *api);
 uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
 /* Stored bytes of the tenant's datasets, listed from the store. Any thread. */
 lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
-/* LT_ERR_QUOTA naming quota and usage when adding bytes would take the tenant over
- * conf.max_storage_bytes (adding 0: when it is at or over it already). */
-lt_err_t lt_api_storage_check(const lt_api_t *api, const char *tenant, uint64_t datasets, uint64_t artifacts,
+/* Tenant t's storage quota: its own quotas.max_storage_bytes where set (> 0), else the API's
+ * conf.max_storage_bytes; 0: no limit. Loop thread (it reads the tenant's record). */
+uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t);
+/* LT_ERR_QUOTA naming quota and usage when adding bytes would take the tenant over quota
+ * (adding 0: when it is at or over it already); quota 0: never. */
+lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datasets, uint64_t artifacts,
                               uint64_t adding, char *msg, size_t n);
 /* 413 storage_quota_exceeded with msg. */
 void lt_api_reply_storage(struct evhttp_request *req, const char *msg);

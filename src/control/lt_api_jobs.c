@@ -327,10 +327,11 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
-  if (api->conf.max_storage_bytes) { /* lt_api_quota.c; datasets as last measured */
+  uint64_t quota = lt_api_storage_quota(api, t);
+  if (quota) { /* lt_api_quota.c; datasets as last measured */
     char msg[512];
     uint64_t datasets = (uint64_t)(uintptr_t)lt_map_get(api->dataset_bytes, t->tenant_id);
-    if (lt_api_storage_check(api, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
+    if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
                              sizeof msg)) {
       lt_api_reply_storage(req, msg);
       return false;

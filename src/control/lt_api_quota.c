@@ -1,5 +1,6 @@
-/* lt_api_quota: a tenant's storage — its datasets and its artifacts together — against
- * conf.max_storage_bytes (0: no limit).
+/* lt_api_quota: a tenant's storage — its datasets and its artifacts together — against its
+ * quota: the tenant's own quotas.max_storage_bytes (TenantUpserted v2, `lathe admin tenant
+ * --max-storage-bytes`) where set, else the API's conf.max_storage_bytes (0: no limit).
  *
  * Usage is measured where it lives: the datasets' stored bytes by listing the tenant's dataset
  * prefix (a pool thread does it for each upload part), the artifacts' bytes from the publications
@@ -54,9 +55,13 @@ lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, 
   return err;
 }
 
-lt_err_t lt_api_storage_check(const lt_api_t *api, const char *tenant, uint64_t datasets, uint64_t artifacts,
+uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t) {
+  return t && t->quotas.max_storage_bytes > 0 ? (uint64_t)t->quotas.max_storage_bytes : api->conf.max_storage_bytes;
+}
+
+lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datasets, uint64_t artifacts,
                               uint64_t adding, char *msg, size_t n) {
-  uint64_t quota = api->conf.max_storage_bytes, used = datasets + artifacts;
+  uint64_t used = datasets + artifacts;
   if (!quota || (adding ? used + adding <= quota : used < quota)) return LT_OK;
   char what[96];
   if (adding) snprintf(what, sizeof what, " and this upload would add %llu", (unsigned long long)adding);

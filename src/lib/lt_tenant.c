@@ -151,6 +151,10 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
   NEED(lt_avro_get_int(rec, "quotas.max_queued_jobs", &out->quotas.max_queued_jobs));
   NEED(lt_avro_get_long(rec, "quotas.max_job_duration_s", &out->quotas.max_job_duration_s));
   NEED(lt_avro_get_long(rec, "quotas.max_dataset_bytes", &out->quotas.max_dataset_bytes));
+  NEED(lt_avro_get_long(rec, "quotas.max_storage_bytes", &out->quotas.max_storage_bytes)); /* v1: 0 */
+  if (out->quotas.max_storage_bytes < 0)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted: quotas.max_storage_bytes is %lld; it must be >= 0",
+                   (long long)out->quotas.max_storage_bytes);
   NEED(lt_avro_get_string(rec, "key_id", &s, NULL));
   copy_field(out->data_key_id, sizeof out->data_key_id, s);
   const void *p;
@@ -198,6 +202,7 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
   SET(lt_avro_set_int(rec, "quotas.max_queued_jobs", tn->quotas.max_queued_jobs));
   SET(lt_avro_set_long(rec, "quotas.max_job_duration_s", tn->quotas.max_job_duration_s));
   SET(lt_avro_set_long(rec, "quotas.max_dataset_bytes", tn->quotas.max_dataset_bytes));
+  SET(lt_avro_set_long(rec, "quotas.max_storage_bytes", tn->quotas.max_storage_bytes));
   SET(lt_avro_set_string(rec, "key_id", tn->data_key_id));
   SET(lt_avro_set_bytes(rec, "wrapped_data_key", tn->wrapped_data_key, tn->wrapped_data_key_len));
   SET(lt_avro_set_bool(rec, "disabled", tn->disabled));

@@ -30,6 +30,7 @@ typedef struct lt_tenant_quotas {
   int32_t max_queued_jobs;    /* 0: no limit */
   int64_t max_job_duration_s; /* 0: no limit */
   int64_t max_dataset_bytes;  /* per dataset file; 0: no limit */
+  int64_t max_storage_bytes;  /* its datasets and artifacts together; 0: the API's figure (TenantUpserted v2) */
 } lt_tenant_quotas_t;
 
 typedef struct lt_tenant_key {

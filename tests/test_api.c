@@ -673,6 +673,62 @@ Test(api, a_store_that_cannot_be_reached_makes_a_submission_503_not_404) {
   submit_ok(ca, ds, id, sizeof id); /* the dataset was there all along */
 }
 
+/* A submission on its own thread: its answer's status once it came back. */
+typedef struct {
+  lt_client_t *c;
+  const char *body;
+  int status;
+  volatile int done;
+} submit_bg_t;
+
+static void *submit_bg(void *arg) {
+  submit_bg_t *b = arg;
+  lt_client_resp_t r = req(b->c, "POST", "/v1/jobs", b->body);
+  b->status = r.status;
+  lt_client_resp_free(&r);
+  __atomic_store_n(&b->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+/* A store that takes the connection and never answers holds the submission asking it whether a
+ * dataset exists, not the loop every tenant's requests share: the look-up runs on the work pool.
+ * (Before, the HEAD ran on the loop, and every request waited out libs3's timeouts with it.) */
+Test(api, a_store_that_never_answers_holds_the_submission_not_every_other_request) {
+  int hole = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  cr_assert(hole >= 0 && bind(hole, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(hole, 16) == 0 &&
+            getsockname(hole, (struct sockaddr *)&sa, &sl) == 0);
+  fcntl(hole, F_SETFD, FD_CLOEXEC);
+  fcntl(hole, F_SETFL, O_NONBLOCK);
+  char env[64];
+  snprintf(env, sizeof env, "LATHE_S3_ENDPOINT=127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+  srv_t mute = start_api_with(NULL, (const char *const[]){env, NULL});
+  lt_client_t *c = lt_test_client(mute.url, key_a, 120), *c2 = lt_test_client(mute.url, key_b, 10);
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200 && lt_test_get_status(c2, "/v1/jobs", NULL, 0) == 200,
+                     20000, 100, "the api never knew the keys");
+  for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* whatever came before the submission */
+  submit_bg_t b = {.c = c, .body = "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-never-seen-here\"}"};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, submit_bg, &b), 0);
+  int taken = -1; /* the api's HEAD, connected and waiting for an answer that never comes */
+  lt_test_wait_until((taken = accept(hole, NULL, NULL)) >= 0, 30000, 20, "the api never asked the store");
+  /* meanwhile another tenant's request is answered, and the submission still waits */
+  lt_client_resp_t r = req(c2, "GET", "/v1/jobs", NULL);
+  int waiting = !__atomic_load_n(&b.done, __ATOMIC_SEQ_CST);
+  cr_expect_eq(r.status, 200, "another tenant's request while the store is mute: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  cr_expect(waiting, "the submission was answered before the store said anything (status %d)", b.status);
+  /* the store goes away: the submission is answered 503 (retry), not 404 */
+  close(taken);
+  close(hole);
+  pthread_join(th, NULL);
+  cr_expect_eq(b.status, 503, "the submission once the store was gone: %d", b.status);
+  lt_client_destroy(c);
+  lt_client_destroy(c2);
+  stop_api(&mute);
+}
+
 Test(api, invalid_utf8_dataset_is_refused_naming_the_line_and_stores_nothing) {
   const char *bad = "{\"prompt\":\"ok\",\"completion\":\"fine\"}\n"
                     "{\"prompt\":\"caf\xc3\x28\",\"completion\":\"x\"}\n"

@@ -432,17 +432,32 @@ static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, 
   return err;
 }
 
-lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id) {
-  if (!lt_id_valid(dataset_id)) return LT_ERR_NOT_FOUND;
-  char key[512], seen[160];
+bool lt_api_dataset_seen(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  char seen[160];
   seen_key(seen, sizeof seen, tenant, dataset_id);
-  if (lt_map_has(api->datasets_seen, seen)) return LT_OK; /* no store round trip per submission */
+  return lt_map_has(api->datasets_seen, seen);
+}
+
+void lt_api_dataset_mark_seen(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  char seen[160];
+  seen_key(seen, sizeof seen, tenant, dataset_id);
+  lt_map_set(api->datasets_seen, seen, NULL);
+}
+
+lt_err_t lt_api_dataset_head(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  if (!lt_id_valid(dataset_id)) return LT_ERR_NOT_FOUND;
+  char key[512];
   lt_store_info_t info;
   lt_dataset_object_key(key, sizeof key, tenant, dataset_id, LT_DATASET_META);
-  lt_err_t err = lt_store_head(api->conf.store, key, &info, NULL, 0);
-  if (err) return err;
-  lt_map_set(api->datasets_seen, seen, NULL);
-  return LT_OK;
+  return lt_store_head(api->conf.store, key, &info, NULL, 0);
+}
+
+lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id) {
+  if (!lt_id_valid(dataset_id)) return LT_ERR_NOT_FOUND;
+  if (lt_api_dataset_seen(api, tenant, dataset_id)) return LT_OK; /* no store round trip per submission */
+  lt_err_t err = lt_api_dataset_head(api, tenant, dataset_id);
+  if (!err) lt_api_dataset_mark_seen(api, tenant, dataset_id);
+  return err;
 }
 
 void lt_api_reply_store_unsure(struct evhttp_request *req, const char *field, const char *id, lt_err_t err) {

@@ -272,17 +272,6 @@ static bool name_job(const lt_api_call_t *call, const lt_jobspec_t *spec, char j
   return false;
 }
 
-/* True (after replying 404, or 503 when the store could not say) when the tenant has no dataset
- * id; field names the spec's field. */
-static bool dataset_missing(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const char *field,
-                            const char *id) {
-  lt_err_t err = lt_api_dataset_lookup(api, t->tenant_id, id);
-  if (!err) return false;
-  if (err == LT_ERR_NOT_FOUND) lt_api_reply_error(req, 404, "not_found", field, "%s: no dataset %s for this tenant", field, id);
-  else lt_api_reply_store_unsure(req, field, id, err);
-  return true;
-}
-
 /* True (after replying 400 naming the field) when the fleet has said which base models it serves
  * and model is none of them: such a job could only fail its attempts later. The models are those
  * in the latest heartbeat of every worker that has reported (docs/DESIGN.md §1). Before any worker
@@ -337,11 +326,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
-  if (lt_api_model_unserved(api, req, spec->base_model, "base_model")) return false;
-  if (spec->mode == LT_MODE_INTERACTIVE) return true; /* a session has no dataset */
-  if (dataset_missing(api, req, t, "dataset_id", spec->dataset_id)) return false;
-  return !(spec->validation_dataset_id[0] &&
-           dataset_missing(api, req, t, "validation_dataset_id", spec->validation_dataset_id));
+  return !lt_api_model_unserved(api, req, spec->base_model, "base_model");
 }
 
 /* POST /v1/jobs: read, name, admit, then JobSubmitted into lathe.jobs; 201 once it is durable. */
@@ -378,27 +363,113 @@ static bool check_request(struct evhttp_request *req, const lt_tenant_t *t, lt_j
   return true;
 }
 
-void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
+/* Phase 4: JobSubmitted into lathe.jobs, answered once durable. */
+static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_jobspec_t *spec, const char *job_id) {
   lt_api_t *api = call->api;
   struct evhttp_request *req = call->req;
-  const lt_tenant_t *t = call->tenant;
-  lt_jobspec_t spec = *specp;
-  char job_id[LT_ID_MAX + 1], msg[256];
-  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  char msg[256];
   lt_avro_record_t *rec = api->rec_submit;
   const uint8_t *bytes;
   size_t blen;
-  lt_err_t err = record_start(api, rec, job_id, t->tenant_id);
-  if (!err) err = lt_jobspec_to_record(&spec, rec, msg, sizeof msg);
+  lt_err_t err = record_start(api, rec, job_id, tenant_id);
+  if (!err) err = lt_jobspec_to_record(spec, rec, msg, sizeof msg);
   answer_ctx_t *c = encode_for_answer(call, rec, err, "submission", job_id, call->openai ? 200 : 201, &bytes, &blen);
   if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
-  int32_t partition = (int32_t)spec.priority * 2 + (int32_t)(fnv(job_id) % 2);
+  int32_t partition = (int32_t)spec->priority * 2 + (int32_t)(fnv(job_id) % 2);
   err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
   if (err) {
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the submission now; nothing was submitted");
   }
+}
+
+/* Phase 3, for the datasets this API has not yet seen exist: the store is asked on the work pool,
+ * so a slow or unreachable store holds this submission, not the loop every tenant's requests run
+ * on (before, the HEAD ran on the loop: up to libs3's timeouts times lt_store's tries). */
+typedef struct lookup_task {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  bool openai;
+  lt_jobspec_t spec;
+  char tenant_id[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1];
+  int n;               /* datasets asked for: dataset_id, then validation_dataset_id */
+  const char *field[2];
+  const char *id[2];   /* into spec */
+  lt_err_t err[2];     /* the store's answers, from the pool */
+} lookup_task_t;
+
+static void lookup_work(void *ctx) {
+  lookup_task_t *t = ctx;
+  for (int i = 0; i < t->n; i++)
+    if (t->id[i]) t->err[i] = lt_api_dataset_head(t->api, t->tenant_id, t->id[i]);
+}
+
+/* 404 naming the field when the tenant has no such dataset, 503 when the store could not say
+ * (then a retry is safe); false when it replied. */
+static bool dataset_found(struct evhttp_request *req, bool openai, const char *field, const char *id, lt_err_t err) {
+  if (!err) return true;
+  if (err != LT_ERR_NOT_FOUND) lt_api_reply_store_unsure(req, field, id, err);
+  else if (openai) lt_api_reply_error(req, 404, "not_found", field, "%s: no file %s for this tenant", field, id);
+  else lt_api_reply_error(req, 404, "not_found", field, "%s: no dataset %s for this tenant", field, id);
+  return false;
+}
+
+static void lookup_after(lt_api_t *api, void *ctx) {
+  lookup_task_t *t = ctx;
+  bool ok = true;
+  for (int i = 0; i < t->n; i++) {
+    if (!t->id[i]) continue;
+    if (!t->err[i]) lt_api_dataset_mark_seen(api, t->tenant_id, t->id[i]);
+    ok = ok && dataset_found(t->req, t->openai, t->field[i], t->id[i], t->err[i]);
+  }
+  if (ok) {
+    lt_api_call_t call = {.api = api, .req = t->req, .openai = t->openai};
+    submit_record(&call, t->tenant_id, &t->spec, t->job_id);
+  }
+  free(t);
+}
+
+void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
+  lt_api_t *api = call->api;
+  struct evhttp_request *req = call->req;
+  const lt_tenant_t *t = call->tenant;
+  lt_jobspec_t spec = *specp;
+  char job_id[LT_ID_MAX + 1];
+  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  /* a session has no dataset; an invalid id or one this API has seen needs no store */
+  const char *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
+  const char *fields[2][2] = {{"dataset_id", "validation_dataset_id"}, {"training_file", "validation_file"}};
+  lookup_task_t *lt = NULL;
+  for (int i = 0; i < 2 && spec.mode != LT_MODE_INTERACTIVE; i++) {
+    if (i == 1 && !ids[1][0]) break;
+    const char *field = fields[call->openai][i];
+    if (!lt_id_valid(ids[i])) {
+      dataset_found(req, call->openai, field, ids[i], LT_ERR_NOT_FOUND);
+      free(lt);
+      return;
+    }
+    if (lt_api_dataset_seen(api, t->tenant_id, ids[i])) continue;
+    if (!lt && !(lt = calloc(1, sizeof *lt))) {
+      lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+      return;
+    }
+    lt->field[i] = field;
+    lt->n = i + 1;
+  }
+  if (!lt) {
+    submit_record(call, t->tenant_id, &spec, job_id);
+    return;
+  }
+  lt->api = api;
+  lt->req = req;
+  lt->openai = call->openai;
+  lt->spec = spec;
+  snprintf(lt->tenant_id, sizeof lt->tenant_id, "%s", t->tenant_id);
+  snprintf(lt->job_id, sizeof lt->job_id, "%s", job_id);
+  for (int i = 0; i < lt->n; i++)
+    if (lt->field[i]) lt->id[i] = i == 0 ? lt->spec.dataset_id : lt->spec.validation_dataset_id;
+  lt_api_work(api, t->tenant_id, lookup_work, lookup_after, lt);
 }
 
 /* ---------------------------------------------------------------- cancel */

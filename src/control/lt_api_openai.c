@@ -342,17 +342,7 @@ void lt_api_openai_jobs_create(lt_api_call_t *c) {
     return;
   }
   if (lt_api_model_unserved(c->api, c->req, spec.base_model, "model")) return;
-  const char *fields[2] = {"training_file", "validation_file"}, *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
-  for (int i = 0; i < 2; i++) {
-    if (i == 1 && !ids[i][0]) break;
-    lt_err_t err = lt_api_dataset_lookup(c->api, c->tenant->tenant_id, ids[i]);
-    if (err == LT_ERR_NOT_FOUND)
-      lt_api_reply_error(c->req, 404, "not_found", fields[i], "%s: no file %s for this tenant", fields[i], ids[i]);
-    else if (err)
-      lt_api_reply_store_unsure(c->req, fields[i], ids[i], err);
-    if (err) return;
-  }
-  lt_api_jobs_submit_spec(c, &spec);
+  lt_api_jobs_submit_spec(c, &spec); /* training_file and validation_file looked up there, off the loop */
 }
 
 /* ---------------------------------------------------------------- jobs: read */

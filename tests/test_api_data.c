@@ -767,9 +767,9 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_crypto_kek_destroy(kek);
 }
 
-/* POST /v1/datasets of body as client c: the status. */
-static int post_dataset(lt_client_t *c, const char *body, char *msg, size_t msgn) {
-  lt_client_resp_t r = req(c, "POST", "/v1/datasets?name=q", body, strlen(body));
+/* POST path with body as client c: the status, the answer's body into msg. */
+static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn) {
+  lt_client_resp_t r = req(c, "POST", path, body, strlen(body));
   int st = r.status;
   if (msg) snprintf(msg, msgn, "%s", r.body ? r.body : "");
   lt_client_resp_free(&r);
@@ -792,16 +792,16 @@ Test(api_data, a_tenants_own_storage_quota_replaces_the_apis_for_that_tenant_alo
                      20000, 100, "the API never accepted the new tenants' keys");
   char *big = jsonl(1000000);
   /* below the API's 1.5 MB, above its own 500 kB: refused, naming its own quota */
-  cr_expect_eq(post_dataset(cl, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect_eq(post_status(cl, "/v1/datasets?name=q", big, msg, sizeof msg), 413, "%s", msg);
   cr_expect(strstr(msg, "max_storage_bytes is 500000") && strstr(msg, low), "%s", msg);
   /* above the API's 1.5 MB, within its own 2.5 MB: two fit, a third does not */
-  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 201, "%s", msg);
-  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 201, "2 MB under its own 2.5 MB: %s", msg);
-  cr_expect_eq(post_dataset(ch, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect_eq(post_status(ch, "/v1/datasets?name=q", big, msg, sizeof msg), 201, "%s", msg);
+  cr_expect_eq(post_status(ch, "/v1/datasets?name=q", big, msg, sizeof msg), 201, "2 MB under its own 2.5 MB: %s", msg);
+  cr_expect_eq(post_status(ch, "/v1/datasets?name=q", big, msg, sizeof msg), 413, "%s", msg);
   cr_expect(strstr(msg, "max_storage_bytes is 2500000"), "%s", msg);
   /* tenant A has none of its own: the API's figure, as before */
-  cr_expect_eq(post_dataset(ca, big, msg, sizeof msg), 201, "%s", msg);
-  cr_expect_eq(post_dataset(ca, big, msg, sizeof msg), 413, "%s", msg);
+  cr_expect_eq(post_status(ca, "/v1/datasets?name=q", big, msg, sizeof msg), 201, "%s", msg);
+  cr_expect_eq(post_status(ca, "/v1/datasets?name=q", big, msg, sizeof msg), 413, "%s", msg);
   cr_expect(strstr(msg, "max_storage_bytes is 1500000"), "%s", msg);
   /* the low tenant's own quota set back to 0: the API's 1.5 MB applies to it once it reads that */
   char cmd[512];
@@ -811,10 +811,41 @@ Test(api_data, a_tenants_own_storage_quota_replaces_the_apis_for_that_tenant_alo
   cr_assert_eq(rc, 0, "%s: %s", cmd, out);
   cr_expect(strstr(out, "\"max_storage_bytes\":0"), "%s", out);
   free(out);
-  lt_test_wait_until(post_dataset(cl, big, msg, sizeof msg) == 201, 20000, 200,
+  lt_test_wait_until(post_status(cl, "/v1/datasets?name=q", big, msg, sizeof msg) == 201, 20000, 200,
                      "the API never applied the tenant's quota set back to 0: %s", msg);
   lt_client_destroy(cl);
   lt_client_destroy(ch);
+  free(big);
+}
+
+/* A tenant quota with no API-wide figure, set after the tenant's datasets were stored (so this API
+ * never measured them): a job submission measures them first (off the loop) and is refused while
+ * they are over the quota, then accepted once a delete brings them under. */
+Test(api_data, a_storage_quota_set_after_the_uploads_is_checked_on_the_next_submission) {
+  start_api(NULL);
+  char *big = jsonl(1000000), ids[2][64], msg[2048], body[256], path[128], cmd[512];
+  for (int i = 0; i < 2; i++) {
+    lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=big", big, strlen(big));
+    cr_assert_eq(r.status, 201, "no quota yet: %d %s", r.status, r.body);
+    snprintf(ids[i], sizeof ids[i], "%s", json_string_value(json_object_get(r.json, "id")));
+    lt_client_resp_free(&r);
+  }
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant update %s --max-storage-bytes 1500000 --json", lt_test_lathe_bin(), tenant_a);
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s: %s", cmd, out);
+  free(out);
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", ids[0]);
+  int st = 0;
+  lt_test_wait_until((st = post_status(ca, "/v1/jobs", body, msg, sizeof msg)) == 413, 20000, 200,
+                     "2 MB stored under a 1.5 MB quota set afterwards: a submission got %d %s", st, msg);
+  cr_expect(strstr(msg, "max_storage_bytes is 1500000") && strstr(msg, "datasets 2"), "%s", msg);
+  snprintf(path, sizeof path, "/v1/datasets/%s", ids[1]);
+  lt_client_resp_t r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  st = post_status(ca, "/v1/jobs", body, msg, sizeof msg);
+  cr_expect_eq(st, 201, "1 MB under the quota: %d %s", st, msg);
   free(big);
 }
 

@@ -117,7 +117,10 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
   const uint8_t *bytes;
   size_t len;
   int rc = 1;
-  if (lt_avro_record_new(a->reg, "TenantUpserted", &rec, err, sizeof err) ||
+  /* v1 unless the tenant has a storage quota of its own: a reader older than v2 (a process not yet
+   * upgraded) cannot decode v2 and would miss the record, a key's rotation or revocation included */
+  const lt_avro_schema_t *schema = lt_avro_schema_find(a->reg, "TenantUpserted", t->quotas.max_storage_bytes ? 2 : 1);
+  if (lt_avro_record_new_schema(a->reg, schema, &rec, err, sizeof err) ||
       lt_avro_record_stamp(rec, "admin/cli") || lt_tenant_to_record(t, rec, err, sizeof err) ||
       lt_avro_record_encode(rec, &bytes, &len, err, sizeof err) ||
       lt_bus_producer_new(a->bus, NULL, &p, err, sizeof err)) {

@@ -248,6 +248,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   lt_api_upload_t *u = t->u;
   u->busy = false;
   if (t->measured) lt_map_set(api->dataset_bytes, u->tenant, (void *)(uintptr_t)t->datasets);
+  else lt_map_del(api->dataset_bytes, u->tenant); /* not measured: unknown, measured again when a quota asks */
   if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
     upload_free(u);
@@ -692,6 +693,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   seen_key(seen, sizeof seen, t->tenant, t->id);
   lt_map_del(api->datasets_seen, seen);
   if (t->measured) lt_map_set(api->dataset_bytes, t->tenant, (void *)(uintptr_t)t->datasets);
+  else lt_map_del(api->dataset_bytes, t->tenant); /* not measured: unknown, measured again when a quota asks */
   if (t->err) ds_reply_err(t);
   else if (t->openai) lt_api_reply_json(t->req, 200, json_pack("{s:s,s:s,s:b}", "id", t->id, "object", "file", "deleted", 1));
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));

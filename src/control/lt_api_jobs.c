@@ -304,7 +304,11 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
 
 /* Phase 3: the tenant's live-job quota, the base model, and the datasets the spec names. False
  * when it replied. */
-static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec) {
+/* Phase 3: the tenant's quotas and the fleet's models. The storage quota is checked against the
+ * datasets' bytes as this API last measured them; with none measured yet (since it started, or
+ * since the tenant's quota came), *measure asks phase 4 to measure them off the loop first. */
+static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
+                  bool *measure) {
   if (t->quotas.max_queued_jobs > 0) {
     live_acc_t a = {.tenant = t->tenant_id};
     lt_job_scan(lt_proj_jobs(api->proj), count_live, &a);
@@ -317,7 +321,8 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
     }
   }
   uint64_t quota = lt_api_storage_quota(api, t);
-  if (quota) { /* lt_api_quota.c; datasets as last measured */
+  *measure = quota && !lt_map_has(api->dataset_bytes, t->tenant_id);
+  if (quota && !*measure) { /* lt_api_quota.c; datasets as last measured */
     char msg[512];
     uint64_t datasets = (uint64_t)(uintptr_t)lt_map_get(api->dataset_bytes, t->tenant_id);
     if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
@@ -363,7 +368,7 @@ static bool check_request(struct evhttp_request *req, const lt_tenant_t *t, lt_j
   return true;
 }
 
-/* Phase 4: JobSubmitted into lathe.jobs, answered once durable. */
+/* Phase 5: JobSubmitted into lathe.jobs, answered once durable. */
 static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_jobspec_t *spec, const char *job_id) {
   lt_api_t *api = call->api;
   struct evhttp_request *req = call->req;
@@ -384,9 +389,10 @@ static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_j
   }
 }
 
-/* Phase 3, for the datasets this API has not yet seen exist: the store is asked on the work pool,
- * so a slow or unreachable store holds this submission, not the loop every tenant's requests run
- * on (before, the HEAD ran on the loop: up to libs3's timeouts times lt_store's tries). */
+/* Phase 4, for the datasets this API has not yet seen exist, and for a storage quota with no
+ * measure of the tenant's datasets: the store is asked on the work pool, so a slow or unreachable
+ * store holds this submission, not the loop every tenant's requests run on (before, the HEAD ran
+ * on the loop: up to libs3's timeouts times lt_store's tries). */
 typedef struct lookup_task {
   lt_api_t *api;
   struct evhttp_request *req;
@@ -397,12 +403,37 @@ typedef struct lookup_task {
   const char *field[2];
   const char *id[2];   /* into spec */
   lt_err_t err[2];     /* the store's answers, from the pool */
+  bool measure;        /* and the tenant's datasets' bytes: */
+  uint64_t datasets;
+  lt_err_t measured;
 } lookup_task_t;
 
 static void lookup_work(void *ctx) {
   lookup_task_t *t = ctx;
   for (int i = 0; i < t->n; i++)
     if (t->id[i]) t->err[i] = lt_api_dataset_head(t->api, t->tenant_id, t->id[i]);
+  if (t->measure) t->measured = lt_api_dataset_bytes(t->api, t->tenant_id, &t->datasets, NULL, 0);
+}
+
+/* The storage quota with the datasets just measured (the quota read again: it may have changed
+ * meanwhile); false when it replied. */
+static bool storage_ok(lt_api_t *api, const lookup_task_t *t) {
+  if (!t->measure) return true;
+  if (t->measured) {
+    evhttp_add_header(evhttp_request_get_output_headers(t->req), "Retry-After", "1");
+    lt_api_reply_error(t->req, 503, "unavailable", NULL,
+                       "the object store could not say how much tenant %s stores (%s), which its storage quota needs; "
+                       "retry", t->tenant_id, lt_err_str(t->measured));
+    return false;
+  }
+  lt_map_set(api->dataset_bytes, t->tenant_id, (void *)(uintptr_t)t->datasets);
+  char msg[512];
+  const lt_tenant_t *tn = lt_tenant_get(lt_proj_tenants(api->proj), t->tenant_id);
+  if (!lt_api_storage_check(lt_api_storage_quota(api, tn), t->tenant_id, t->datasets,
+                            lt_api_artifact_bytes(api, t->tenant_id), 0, msg, sizeof msg))
+    return true;
+  lt_api_reply_storage(t->req, msg);
+  return false;
 }
 
 /* 404 naming the field when the tenant has no such dataset, 503 when the store could not say
@@ -423,7 +454,7 @@ static void lookup_after(lt_api_t *api, void *ctx) {
     if (!t->err[i]) lt_api_dataset_mark_seen(api, t->tenant_id, t->id[i]);
     ok = ok && dataset_found(t->req, t->openai, t->field[i], t->id[i], t->err[i]);
   }
-  if (ok) {
+  if (ok && storage_ok(api, t)) {
     lt_api_call_t call = {.api = api, .req = t->req, .openai = t->openai};
     submit_record(&call, t->tenant_id, &t->spec, t->job_id);
   }
@@ -436,7 +467,8 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   const lt_tenant_t *t = call->tenant;
   lt_jobspec_t spec = *specp;
   char job_id[LT_ID_MAX + 1];
-  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec)) return;
+  bool measure = false;
+  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec, &measure)) return;
   /* a session has no dataset; an invalid id or one this API has seen needs no store */
   const char *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
   const char *fields[2][2] = {{"dataset_id", "validation_dataset_id"}, {"training_file", "validation_file"}};
@@ -457,6 +489,10 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
     lt->field[i] = field;
     lt->n = i + 1;
   }
+  if (measure && !lt && !(lt = calloc(1, sizeof *lt))) {
+    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+    return;
+  }
   if (!lt) {
     submit_record(call, t->tenant_id, &spec, job_id);
     return;
@@ -464,6 +500,7 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   lt->api = api;
   lt->req = req;
   lt->openai = call->openai;
+  lt->measure = measure;
   lt->spec = spec;
   snprintf(lt->tenant_id, sizeof lt->tenant_id, "%s", t->tenant_id);
   snprintf(lt->job_id, sizeof lt->job_id, "%s", job_id);

@@ -202,7 +202,11 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
   SET(lt_avro_set_int(rec, "quotas.max_queued_jobs", tn->quotas.max_queued_jobs));
   SET(lt_avro_set_long(rec, "quotas.max_job_duration_s", tn->quotas.max_job_duration_s));
   SET(lt_avro_set_long(rec, "quotas.max_dataset_bytes", tn->quotas.max_dataset_bytes));
-  SET(lt_avro_set_long(rec, "quotas.max_storage_bytes", tn->quotas.max_storage_bytes));
+  if (lt_avro_schema_version(lt_avro_record_schema(rec)) >= 2)
+    SET(lt_avro_set_long(rec, "quotas.max_storage_bytes", tn->quotas.max_storage_bytes));
+  else if (tn->quotas.max_storage_bytes)
+    return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v1 has no quotas.max_storage_bytes (%lld asked): write v2",
+                   (long long)tn->quotas.max_storage_bytes);
   SET(lt_avro_set_string(rec, "key_id", tn->data_key_id));
   SET(lt_avro_set_bytes(rec, "wrapped_data_key", tn->wrapped_data_key, tn->wrapped_data_key_len));
   SET(lt_avro_set_bool(rec, "disabled", tn->disabled));

@@ -288,6 +288,18 @@ Test(api, bad_job_submissions_get_their_documented_errors_and_record_nothing) {
   expect_error(ca, "POST", "/v1/jobs", "{\"base_model\":", 400, "invalid");
   expect_error(ca, "POST", "/v1/jobs", "[1,2]", 400, "invalid");
   expect_error(ca, "POST", "/v1/jobs", "{\"base_model\":\"m\",\"dataset_id\":\"ds-none\"}", 404, "not_found");
+  /* the look-up runs on the work pool: the answer still names the field and the dataset, in the
+   * route's own words */
+  r = req(ca, "POST", "/v1/jobs", "{\"base_model\":\"m\",\"dataset_id\":\"ds-none2\"}");
+  cr_expect(r.status == 404 && strstr(r.body, "dataset_id: no dataset ds-none2"), "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  snprintf(body, sizeof body, "{\"base_model\":\"m\",\"dataset_id\":\"%s\",\"validation_dataset_id\":\"ds-none3\"}", ds);
+  r = req(ca, "POST", "/v1/jobs", body);
+  cr_expect(r.status == 404 && strstr(r.body, "validation_dataset_id: no dataset ds-none3"), "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "POST", "/v1/fine_tuning/jobs", "{\"model\":\"m\",\"training_file\":\"ds-none4\"}");
+  cr_expect(r.status == 404 && strstr(r.body, "training_file: no file ds-none4"), "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
   /* A body over 64 KiB. */
   size_t big = 70 * 1024;
   char *huge = malloc(big + 64);

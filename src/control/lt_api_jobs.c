@@ -302,11 +302,10 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
   return !known;
 }
 
-/* Phase 3: the tenant's live-job quota, the base model, and the datasets the spec names. False
- * when it replied. */
-/* Phase 3: the tenant's quotas and the fleet's models. The storage quota is checked against the
- * datasets' bytes as this API last measured them; with none measured yet (since it started, or
- * since the tenant's quota came), *measure asks phase 4 to measure them off the loop first. */
+/* Phase 3: the tenant's quotas and the fleet's models; false when it replied. The storage quota
+ * is checked against the datasets' bytes as this API last measured them; with none measured yet
+ * (since it started, or since the tenant's quota came), *measure asks phase 4 to measure them off
+ * the loop first. */
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                   bool *measure) {
   if (t->quotas.max_queued_jobs > 0) {
@@ -334,7 +333,8 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
   return !lt_api_model_unserved(api, req, spec->base_model, "base_model");
 }
 
-/* POST /v1/jobs: read, name, admit, then JobSubmitted into lathe.jobs; 201 once it is durable. */
+/* POST /v1/jobs: read, name, admit, look its datasets up, then JobSubmitted into lathe.jobs; 201
+ * once it is durable. */
 void lt_api_jobs_submit(lt_api_call_t *call) {
   lt_jobspec_t spec;
   if (!read_spec(call->api, call->req, call->tenant, &spec)) return;

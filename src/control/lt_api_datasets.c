@@ -454,7 +454,6 @@ lt_err_t lt_api_dataset_head(lt_api_t *api, const char *tenant, const char *data
 }
 
 lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id) {
-  if (!lt_id_valid(dataset_id)) return LT_ERR_NOT_FOUND;
   if (lt_api_dataset_seen(api, tenant, dataset_id)) return LT_OK; /* no store round trip per submission */
   lt_err_t err = lt_api_dataset_head(api, tenant, dataset_id);
   if (!err) lt_api_dataset_mark_seen(api, tenant, dataset_id);

@@ -399,9 +399,9 @@ typedef struct lookup_task {
   bool openai;
   lt_jobspec_t spec;
   char tenant_id[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1];
-  int n;               /* datasets asked for: dataset_id, then validation_dataset_id */
+  int n;               /* datasets the spec names: dataset_id, then validation_dataset_id */
   const char *field[2];
-  const char *id[2];   /* into spec */
+  const char *id[2];   /* into spec; NULL for one this API has seen already */
   lt_err_t err[2];     /* the store's answers, from the pool */
   bool measure;        /* and the tenant's datasets' bytes: */
   uint64_t datasets;
@@ -420,10 +420,10 @@ static void lookup_work(void *ctx) {
 static bool storage_ok(lt_api_t *api, const lookup_task_t *t) {
   if (!t->measure) return true;
   if (t->measured) {
-    evhttp_add_header(evhttp_request_get_output_headers(t->req), "Retry-After", "1");
-    lt_api_reply_error(t->req, 503, "unavailable", NULL,
-                       "the object store could not say how much tenant %s stores (%s), which its storage quota needs; "
-                       "retry", t->tenant_id, lt_err_str(t->measured));
+    char why[256];
+    snprintf(why, sizeof why, "the object store could not say how much tenant %s stores (%s), which its storage "
+             "quota needs; retry", t->tenant_id, lt_err_str(t->measured));
+    lt_api_reply_err(t->req, LT_ERR_UNAVAILABLE, NULL, why);
     return false;
   }
   lt_map_set(api->dataset_bytes, t->tenant_id, (void *)(uintptr_t)t->datasets);
@@ -469,43 +469,33 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   char job_id[LT_ID_MAX + 1];
   bool measure = false;
   if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec, &measure)) return;
-  /* a session has no dataset; an invalid id or one this API has seen needs no store */
-  const char *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
+  /* a session has no dataset; an invalid id is none; one this API has seen needs no store */
   const char *fields[2][2] = {{"dataset_id", "validation_dataset_id"}, {"training_file", "validation_file"}};
-  lookup_task_t *lt = NULL;
-  for (int i = 0; i < 2 && spec.mode != LT_MODE_INTERACTIVE; i++) {
-    if (i == 1 && !ids[1][0]) break;
-    const char *field = fields[call->openai][i];
+  const char *ids[2] = {spec.dataset_id, spec.validation_dataset_id};
+  int n = spec.mode == LT_MODE_INTERACTIVE ? 0 : ids[1][0] ? 2 : 1;
+  bool ask[2] = {false, false};
+  for (int i = 0; i < n; i++) {
     if (!lt_id_valid(ids[i])) {
-      dataset_found(req, call->openai, field, ids[i], LT_ERR_NOT_FOUND);
-      free(lt);
+      dataset_found(req, call->openai, fields[call->openai][i], ids[i], LT_ERR_NOT_FOUND);
       return;
     }
-    if (lt_api_dataset_seen(api, t->tenant_id, ids[i])) continue;
-    if (!lt && !(lt = calloc(1, sizeof *lt))) {
-      lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
-      return;
-    }
-    lt->field[i] = field;
-    lt->n = i + 1;
+    ask[i] = !lt_api_dataset_seen(api, t->tenant_id, ids[i]);
   }
-  if (measure && !lt && !(lt = calloc(1, sizeof *lt))) {
-    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
-    return;
-  }
-  if (!lt) {
+  if (!ask[0] && !ask[1] && !measure) {
     submit_record(call, t->tenant_id, &spec, job_id);
     return;
   }
-  lt->api = api;
-  lt->req = req;
-  lt->openai = call->openai;
-  lt->measure = measure;
-  lt->spec = spec;
+  lookup_task_t *lt = calloc(1, sizeof *lt);
+  if (!lt) {
+    lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
+    return;
+  }
+  *lt = (lookup_task_t){.api = api, .req = req, .openai = call->openai, .spec = spec, .n = n, .measure = measure};
   snprintf(lt->tenant_id, sizeof lt->tenant_id, "%s", t->tenant_id);
   snprintf(lt->job_id, sizeof lt->job_id, "%s", job_id);
-  for (int i = 0; i < lt->n; i++)
-    if (lt->field[i]) lt->id[i] = i == 0 ? lt->spec.dataset_id : lt->spec.validation_dataset_id;
+  const char *own[2] = {lt->spec.dataset_id, lt->spec.validation_dataset_id};
+  for (int i = 0; i < n; i++)
+    if (ask[i]) lt->field[i] = fields[call->openai][i], lt->id[i] = own[i];
   lt_api_work(api, t->tenant_id, lookup_work, lookup_after, lt);
 }
 

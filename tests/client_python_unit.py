@@ -5,7 +5,9 @@ The fake (http.server on a loopback port) is not Lathe: it only records what the
 and answers what the test tells it, to check the client's side of the sessions contract --
 request bodies, the order of the POSTs while results are awaited later, long polling, and the
 mapping of errors to typed exceptions (400 -> InvalidRequest with its field, a failed call with
-session_restarted -> SessionRestarted with resumed_from_step, no repeat of a refused POST).
+session_restarted -> SessionRestarted with resumed_from_step), and which POSTs are sent again: a
+call's, with its own Idempotency-Key each time (the fake answers a repeated key with the first
+seq, as Lathe does), never a POST without a key.
 
 usage: client_python_unit.py      (LATHE_SOURCE_ROOT: the repository; else this file's parent)"""
 import hashlib
@@ -34,8 +36,10 @@ class Fake:
         self.lock = threading.Condition()
         self.requests = []            # (method, path, query, headers, body bytes)
         self.calls = []               # POSTed call bodies, index = seq - 1
+        self.keys = {}                # Idempotency-Key -> seq of the call it queued
         self.outcomes = {}            # seq -> the GET answer once the call is finished
-        self.script = {}              # (method, path) -> list of (status, body, headers) to answer first
+        self.script = {}              # (method, path) -> list of (status, body, headers) to answer first;
+        #                               status 0: take the request, then close without an answer
         self.job_states = ["queued", "running", "completed"]
 
     def finish(self, seq, **answer):
@@ -68,9 +72,12 @@ class Handler(BaseHTTPRequestHandler):
         with fake.lock:
             fake.requests.append((self.command, u.path, parse_qs(u.query), dict(self.headers), body))
             scripted = fake.script.get((self.command, u.path))
-            if scripted:
+            drop = bool(scripted) and scripted[0][0] == 0
+            if scripted and not drop:
                 status, b, h = scripted.pop(0)
                 return self.reply(status, b, h)
+            if drop:
+                scripted.pop(0)
         if self.headers.get("Authorization") != f"Bearer {KEY}":
             return self.reply(401, {"error": {"code": "unauthorized", "message": "bad key", "field": None}})
         parts = u.path.strip("/").split("/")
@@ -83,10 +90,19 @@ class Handler(BaseHTTPRequestHandler):
             if call.get("kind") == "forward_backward" and call.get("loss") == "ppo" and "loss_config" not in call:
                 return self.reply(400, {"error": {"code": "invalid", "message": "ppo needs clip_low",
                                                   "field": "loss_config.clip_low"}})
+            idem = self.headers.get("Idempotency-Key")
             with fake.lock:
-                fake.calls.append(call)
-                seq = len(fake.calls)
-            return self.reply(202, {"request_id": f"ses-1:{seq}", "seq": seq})
+                replayed = idem in fake.keys
+                if not replayed:
+                    fake.calls.append(call)
+                    fake.keys[idem] = len(fake.calls)
+                seq = fake.keys[idem]
+            if drop:  # taken, but the answer is lost
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return None
+            return self.reply(202, {"request_id": f"ses-1:{seq}", "seq": seq},
+                              {"Idempotent-Replayed": "true"} if replayed else None)
         if self.command == "GET" and len(parts) == 5 and parts[3] == "calls":
             seq, wait = int(parts[4]), float(parse_qs(u.query).get("wait", ["30"])[0])
             with fake.lock:
@@ -299,21 +315,41 @@ class ClientTest(unittest.TestCase):
             f3.result(timeout=10)
         self.assertNotIsInstance(cm.exception, lc.SessionRestarted)
 
-    def test_rate_limited_post_is_not_repeated_get_is(self):
+    def test_a_calls_post_is_repeated_with_its_key_a_keyless_post_is_not(self):
         tc = self.session()
         path = "/v1/sessions/ses-1/calls"
-        self.fake.script[("POST", path)] = [(429, {"error": {"code": "rate_limited", "message": "slow down",
-                                                             "field": None}}, {"Retry-After": "3"})]
-        with self.assertRaises(lc.RateLimited) as cm:
-            tc.save_state("a")
-        self.assertEqual(cm.exception.retry_after, 3.0)
-        self.assertEqual(len(self.reqs("POST", path)), 1)
-        self.fake.script[("POST", path)] = [(503, {"error": {"code": "unavailable", "message": "broker",
-                                                             "field": None}}, {"Retry-After": "1"})]
+        limited = (429, {"error": {"code": "rate_limited", "message": "slow down", "field": None}}, {"Retry-After": "0"})
+        down = (503, {"error": {"code": "unavailable", "message": "broker", "field": None}}, {"Retry-After": "0"})
+        busy = (409, {"error": {"code": "idempotency_key_in_use", "message": "being recorded", "field": None}},
+                {"Retry-After": "0"})
+        self.fake.script[("POST", path)] = [limited, down, busy]
+        f = tc.save_state("a")
+        posts = self.reqs("POST", path)
+        keys = {r[3].get("Idempotency-Key") for r in posts}
+        self.assertEqual((f.seq, len(posts), len(self.fake.calls), len(keys)), (1, 4, 1, 1))
+        self.assertRegex(keys.pop(), r"^[0-9a-f]{32}$")
+        # the answer lost after the server took the call: sent again with the same key, one call
+        self.fake.script[("POST", path)] = [(0, None, None)]
+        g = tc.save_state("b")
+        posts = self.reqs("POST", path)[4:]
+        self.assertEqual((g.seq, len(posts), len(self.fake.calls)), (2, 2, 2))
+        self.assertEqual(posts[0][3]["Idempotency-Key"], posts[1][3]["Idempotency-Key"])
+        self.assertNotEqual(posts[0][3]["Idempotency-Key"], self.reqs("POST", path)[0][3]["Idempotency-Key"])
+        # the tries are bounded: RateLimited once they are spent, and the call may or may not be queued
+        self.fake.script[("POST", path)] = [limited] * 9
+        with self.assertRaises(lc.RateLimited):
+            tc.save_state("c")
+        self.assertEqual((len(self.reqs("POST", path)), len(self.fake.calls)), (6 + 5, 2))
+        # another conflict (the session ended) is not repeated
+        self.fake.script[("POST", path)] = [(409, {"error": {"code": "session_ended", "message": "x"}}, None)]
+        with self.assertRaises(lc.Conflict):
+            tc.save_state("d")
+        self.assertEqual(len(self.reqs("POST", path)), 12)
+        # a POST without a key (a session's creation) that may have been taken is never repeated
+        self.fake.script[("POST", "/v1/sessions")] = [down]
         with self.assertRaises(lc.Unavailable):
-            tc.save_state("a")
-        self.assertEqual(len(self.reqs("POST", path)), 2)
-        self.assertEqual(self.fake.calls, [])
+            self.session()
+        self.assertEqual(len(self.reqs("POST", "/v1/sessions")), 2)
         # a long poll (a GET) is safe to repeat: after Retry-After it is
         f = tc.save_state("b")
         self.fake.finish(f.seq, status="done", result={"name": "b", "step": 0})
@@ -323,19 +359,23 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(self.reqs("GET", f"{path}/{f.seq}")), 2)
 
     def test_retry_429_opt_in(self):
-        path = "/v1/sessions/ses-1/calls"
+        path = "/v1/jobs"  # a POST without a key
         svc = lc.ServiceClient(base_url=self.url, api_key=KEY, retry_429=True)
-        tc = svc.training_client("ses-1")
         limited = (429, {"error": {"code": "rate_limited", "message": "slow down"}}, {"Retry-After": "0"})
         self.fake.script[("POST", path)] = [limited, limited]
-        f = tc.save_state("a")
-        self.assertEqual((f.seq, len(self.reqs("POST", path)), len(self.fake.calls)), (1, 3, 1))
-        # 503 may mean taken: never repeated, even with retry_429
+        self.assertEqual(svc.submit_job({"base_model": "m", "dataset_id": "ds-1"})["id"], "job-1")
+        self.assertEqual(len(self.reqs("POST", path)), 3)
+        # 503 may mean taken: never repeated without a key, even with retry_429
         self.fake.script[("POST", path)] = [(503, {"error": {"code": "unavailable", "message": "x"}},
                                              {"Retry-After": "0"})]
         with self.assertRaises(lc.Unavailable):
-            tc.save_state("b")
-        self.assertEqual((len(self.reqs("POST", path)), len(self.fake.calls)), (4, 1))
+            svc.submit_job({"base_model": "m", "dataset_id": "ds-1"})
+        self.assertEqual(len(self.reqs("POST", path)), 4)
+        # without retry_429, a keyless POST's 429 raises at once
+        self.fake.script[("POST", path)] = [limited]
+        with self.assertRaises(lc.RateLimited):
+            self.service.submit_job({"base_model": "m", "dataset_id": "ds-1"})
+        self.assertEqual(len(self.reqs("POST", path)), 5)
 
     def test_errors_mapped(self):
         with self.assertRaises(lc.NotFound):

@@ -54,16 +54,22 @@ def check(cond, what):
     print(f"sessions: ok: {what}", flush=True)
 
 
-def http(base, key, method, path, body=None, raw=None):
+def http(base, key, method, path, body=None, raw=None, headers=None, answer_headers=None):
+    """(status, JSON or bytes); the answer's headers into answer_headers (a dict) when given."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(base + path, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+                                 headers=dict({"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                                              **(headers or {})))
     try:
         with urllib.request.urlopen(req, timeout=90) as r:
             payload = r.read()
+            if answer_headers is not None:
+                answer_headers.update(r.headers.items())
             return r.status, (json.loads(payload) if payload[:1] in (b"{", b"[") else payload)
     except urllib.error.HTTPError as e:
         payload = e.read()
+        if answer_headers is not None:
+            answer_headers.update(e.headers.items())
         try:
             return e.code, json.loads(payload)
         except ValueError:
@@ -182,6 +188,78 @@ def primitives(svc, base, key_a, key_b):
     tc.end()
     check(tc.wait_until(timeout=300)["state"] == "completed", "DELETE ends the session: completed, its slot freed")
     return tc
+
+
+# ---- 3a: a call sent again with its Idempotency-Key runs once ----
+
+def post_keyed(base, key, path, body, idem):
+    """POST a call with an Idempotency-Key: (status, answer, whether the answer says it replayed)."""
+    h = {}
+    st, r = http(base, key, "POST", path, body, headers={"Idempotency-Key": idem}, answer_headers=h)
+    return st, r, h.get("Idempotent-Replayed") == "true"
+
+
+def calls_of(env, job_id, topic, kind):
+    """The records of a session in one of its topics (`lathe topic tail`), oldest first."""
+    p = subprocess.run([LATHE[0], "topic", "tail", topic, "--from-beginning", "--timeout-ms", "3000"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"lathe topic tail {topic}: {p.stderr}")
+    out = []
+    for line in p.stdout.splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == kind and rec.get("record", {}).get("job_id") == job_id:
+            out.append(rec)
+    return out
+
+
+def idempotency(svc, base, key_a, env, daemon):
+    """The same call POSTed twice with one Idempotency-Key is one call: the retry answers its seq
+    (Idempotent-Replayed: true), another body under the key is 422, and a second SessionCall of the
+    key's call id written into the log (as two API processes racing would) is not run again: GET of
+    its seq answers the first's result. Returns what the restart check (idle) needs."""
+    batch = [sft_datum(svc.tokenize("lathe-tiny", "date: May 1, 2001\niso:"), svc.tokenize("lathe-tiny", " 2001-05-01"))]
+    tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=9)
+    path = f"/v1/sessions/{tc.id}/calls"
+    tc.forward_backward(batch)
+    body = {"kind": "optim_step", "adam": {"lr": 1e-2}}
+    idem = f"step-{secrets.token_hex(6)}"
+    st, r, replayed = post_keyed(base, key_a, path, body, idem)
+    check(st == 202 and not replayed, f"a keyed optim_step is queued as call {r.get('seq')}")
+    seq = r["seq"]
+    st, r2, replayed = post_keyed(base, key_a, path, body, idem)
+    check(st == 202 and r2["seq"] == seq and replayed,
+          f"sent again with its Idempotency-Key: 202, the same seq {r2.get('seq')}, Idempotent-Replayed: true")
+    st, r3, _ = post_keyed(base, key_a, path, dict(body, adam={"lr": 5e-2}), idem)
+    check(st == 422 and r3["error"]["field"] == "Idempotency-Key" and str(seq) in r3["error"]["message"],
+          f"the key with another body: 422 naming the Idempotency-Key and call {seq}")
+    st, r4 = http(base, key_a, "POST", path, body, headers={"Idempotency-Key": "no spaces allowed"})
+    check(st == 400 and r4["error"]["field"] == "Idempotency-Key", "a malformed Idempotency-Key: 400 naming it")
+    first = calls_of(env, tc.id, "calls", "SessionCall")
+    keyed = [c for c in first if c["offset"] + 1 == seq]
+    check(len(keyed) == 1 and keyed[0]["record"]["call_id"].startswith("k") and
+          len(first) == 2, f"the log holds one SessionCall of the keyed call (and the forward_backward): {len(first)}")
+    forged = dict(keyed[0]["record"], event_id=secrets.token_hex(16), producer="api/other")
+    p = subprocess.run([LATHE[0], "topic", "produce", "calls", "SessionCall"], env=env, input=json.dumps(forged) + "\n",
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"lathe topic produce: {p.stderr}")
+    dup = json.loads(p.stdout.splitlines()[-1])["offset"] + 1
+    done = tc.forward(batch).result(timeout=300)  # runs after the copy: the worker has read it by then
+    st, a = http(base, key_a, "GET", f"{path}/{seq}?wait=60")
+    st2, b = http(base, key_a, "GET", f"{path}/{dup}?wait=60")
+    check(st == 200 and a["status"] == "done" and a["step"] == 1 and st2 == 200 and b == a,
+          f"GET of the copy's seq {dup} answers call {seq}'s result (step {a.get('step')})")
+    ran = [c["record"]["seq"] for c in calls_of(env, tc.id, "progress", "PrimitiveCompleted")]
+    check(ran.count(seq) == 1 and dup not in ran and done.loss > 0,
+          f"the worker ran the keyed call once and the copy never (PrimitiveCompleted of calls {ran})")
+    daemon.wait_for(r"repeats call id k[0-9a-f]{32}", 30)
+    check(tc.state()["step"] == 1, "the session took one optimizer step for the three POSTs and the copy")
+    tc.end()
+    check(tc.wait_until(timeout=300)["state"] == "completed", "the keyed session ended")
+    st, r, replayed = post_keyed(base, key_a, path, body, idem)
+    check(st == 202 and r["seq"] == seq and replayed, "after the end the key still answers its call's seq")
+    return {"path": path, "body": body, "idem": idem, "seq": seq}
 
 
 # ---- 4: the same batches as a managed job give the same adapter ----
@@ -412,7 +490,9 @@ def failure(lathed, env, tmp, key):
 
 # ---- 7: an idle session saves its state, frees its slot, and wakes on the next call ----
 
-def idle(lathed, env, key):
+def idle(lathed, env, key, keyed=None, key_a=None):
+    """keyed (from idempotency): its Idempotency-Key sent to this new API process, which read it
+    back from lathe.calls."""
     kid = Child("lathed-idle", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
                 dict(env, LATHE_INSTANCE="sesidle", LATHE_SESSION_IDLE_MS="1500", LATHE_API_KEY_RATE="off",
                      LATHE_API_TENANT_RATE="off"))
@@ -425,6 +505,10 @@ def idle(lathed, env, key):
                 break
             except (lathe_client.AuthError, lathe_client.Unavailable):
                 time.sleep(0.5)
+        if keyed:
+            st, r, replayed = post_keyed(f"http://127.0.0.1:{port}", key_a, keyed["path"], keyed["body"], keyed["idem"])
+            check(st == 202 and r["seq"] == keyed["seq"] and replayed,
+                  f"after a restart, another API process answers the Idempotency-Key with call {r.get('seq')} again")
         batch = [sft_datum(svc.tokenize("lathe-tiny", "date: April 2, 2011\niso:"), svc.tokenize("lathe-tiny", " 2011-04-02"))]
         tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=2)
         tc.forward_backward(batch)
@@ -491,12 +575,13 @@ def main():
         svc = ServiceClient(base_url=base, api_key=keys[0], timeout=120)
         try:
             primitives(svc, base, keys[0], keys[1])
+            keyed = idempotency(svc, base, keys[0], env, d)
             equivalence(svc, base, keys[0], lathe, env, models, tmp)
         except BaseException:
             d.dump()
             raise
         d.stop()
-        idle(lathed, env, keys[1])
+        idle(lathed, env, keys[1], keyed, keys[0])
         failure(lathed, env, tmp, keys[0])
     finally:
         for c in children:

@@ -54,13 +54,12 @@ static void teardown(void) {
 
 TestSuite(wsess, .init = setup, .fini = teardown, .timeout = 120);
 
-/* A SessionCall without a body, as the API records one; returns its sequence number (offset + 1). */
-static int64_t record_call(const char *tenant, const char *job, const char *kind) {
+/* A SessionCall without a body, as the API records one, with call id cid; returns its sequence
+ * number (offset + 1). */
+static int64_t record_call_id(const char *tenant, const char *job, const char *kind, const char *cid) {
   lt_avro_record_t *rec;
   const uint8_t *bytes;
   size_t len;
-  char cid[33];
-  cr_assert_eq(lt_crypto_random_id(cid), LT_OK);
   cr_assert_eq(lt_avro_record_new(reg, "SessionCall", &rec, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_record_stamp(rec, "api/test"), LT_OK);
   cr_assert_eq(lt_avro_set_string(rec, "job_id", job), LT_OK);
@@ -78,6 +77,13 @@ static int64_t record_call(const char *tenant, const char *job, const char *kind
   cr_assert_eq(lt_bus_produce_sync(prod, &r, T_MS, NULL, &offset, err, sizeof err), LT_OK, "%s", err);
   lt_avro_record_destroy(rec);
   return offset + 1;
+}
+
+/* The same with a random call id, as a call sent without an Idempotency-Key. */
+static int64_t record_call(const char *tenant, const char *job, const char *kind) {
+  char cid[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  cr_assert_eq(lt_crypto_random_id(cid), LT_OK);
+  return record_call_id(tenant, job, kind, cid);
 }
 
 /* The "call" lines the executor's pipe got within ms: "seq kind" each, space-separated. */
@@ -153,6 +159,38 @@ Test(wsess, a_resumed_attempt_runs_the_end_its_checkpoint_was_taken_for) {
   int fds[2];
   lt_wsess_t *s = start_attempt(tenant, job, since, end, true, fds);
   expect_calls(s, fds, end, "end"); /* the end alone, not the calls its state holds */
+}
+
+/* Two records of one keyed call id (an Idempotency-Key retried through two API processes, or after a
+ * delivery report that said "failed" for a record the broker kept): the first runs, the second
+ * never, even when the first is one the resumed state holds; another tenant's record of the id
+ * (forged) neither runs nor takes the id from the session's own. */
+Test(wsess, a_keyed_call_recorded_twice_runs_once) {
+  char tenant[40], job[48], k1[LT_CALL_ID_MAX], k2[LT_CALL_ID_MAX];
+  fresh_ids(tenant, job);
+  lt_call_id_for_key(tenant, job, "step-1", k1);
+  lt_call_id_for_key(tenant, job, "save-1", k2);
+  cr_assert(lt_call_id_keyed(k1) && !lt_call_id_keyed("0123456789abcdef0123456789abcdef") && strcmp(k1, k2) != 0);
+  char other[LT_CALL_ID_MAX];
+  lt_call_id_for_key("another-tenant", job, "step-1", other);
+  cr_assert_str_neq(other, k1, "the id is the tenant's own");
+  int64_t since = lt_time_wall_ms();
+  record_call_id(tenant, job, "forward_backward", k2);
+  int64_t held = record_call_id(tenant, job, "save_state", k2); /* a second record of k2, before the state */
+  int fds[2];
+  lt_wsess_t *s = start_attempt(tenant, job, since, held, false, fds);
+  record_call_id("another-tenant", job, "optim_step", k1);
+  int64_t first = record_call_id(tenant, job, "optim_step", k1);
+  record_call_id(tenant, job, "optim_step", k1);
+  record_call_id(tenant, job, "save_state", k2); /* the state holds k2's first record */
+  int64_t last = record_call(tenant, job, "forward");
+  char calls[512], want[128];
+  read_calls(fds[0], 8000, calls, sizeof calls);
+  lt_wsess_destroy(s);
+  close(fds[0]);
+  close(fds[1]);
+  snprintf(want, sizeof want, "%lld optim_step %lld forward", (long long)first, (long long)last);
+  cr_assert_str_eq(calls, want, "the executor got [%s], not [%s]", calls, want);
 }
 
 /* The calls after the resumed checkpoint run; those it holds do not (the state has them). */

@@ -16,6 +16,7 @@
 
 #include "lt_job_record.h"
 #include "lt_log.h"
+#include "lt_map.h"
 #include "lt_sealed.h"
 #include "lt_time.h"
 
@@ -41,6 +42,7 @@ struct lt_wsess {
   char tenant[64], job[64], t_calls[128], t_progress[128], producer_id[160], mem_dir[720], key_id[64];
   lt_crypto_dek_t *dek;
   lt_avro_decoder_t *dec;      /* the inbound thread's */
+  lt_map_t *keyed;             /* the inbound thread's: keyed call ids read (set) */
   lt_avro_record_t *rec;       /* the outbound thread's PrimitiveCompleted */
   pthread_t in_thr, out_thr;
   bool in_started, out_started;
@@ -329,11 +331,23 @@ static void *inbound_main(void *arg) {
      * may be the end, whose final checkpoint was committed while the job's completion was not (the
      * lost attempt died between the two: chaos seed 6703); skipped, the session waited for calls
      * for good. Run again, it ends the session from that same state. */
-    if (!k || kl != jl || memcmp(k, s->job, jl) != 0 || seq < s->c.resume_seq || !v ||
-        lt_avro_decode(s->dec, v, vl, &rec, NULL, 0) || strcmp(lt_avro_record_type(rec), "SessionCall") != 0)
+    if (!k || kl != jl || memcmp(k, s->job, jl) != 0 || !v || lt_avro_decode(s->dec, v, vl, &rec, NULL, 0) ||
+        strcmp(lt_avro_record_type(rec), "SessionCall") != 0)
       continue;
-    const char *tenant = NULL, *kind = NULL;
+    const char *tenant = NULL, *kind = NULL, *call_id = NULL;
     if (lt_avro_get_string(rec, "tenant_id", &tenant, NULL) || strcmp(tenant, s->tenant) != 0) continue;
+    /* A later record of a keyed call id (an Idempotency-Key retried, lt_job_record.h) is the call
+     * already run or queued: never a second run. The ids held include the calls the resumed state
+     * holds, which are read for this alone. */
+    if (!lt_avro_get_string(rec, "call_id", &call_id, NULL) && lt_call_id_keyed(call_id)) {
+      if (lt_map_has(s->keyed, call_id)) {
+        lt_log(LT_LOG_INFO, "worker", SESSION(s), "%s: call %lld repeats call id %s: the first of it is the one run",
+               s->job, (long long)seq, call_id);
+        continue;
+      }
+      lt_map_set(s->keyed, call_id, NULL);
+    }
+    if (seq < s->c.resume_seq) continue;
     lt_avro_get_enum(rec, "kind", &kind);
     bool end = kind && strcmp(kind, "end") == 0;
     if (seq == s->c.resume_seq && !end) continue;
@@ -386,6 +400,7 @@ lt_err_t lt_wsess_start(const lt_wsess_conf_t *c, lt_wsess_t **out, char *errstr
   pthread_cond_init(&s->cond, NULL);
   lt_err_t err = lt_crypto_dek_import(&s->dek, s->tenant, s->key_id, c->key, errstr, n);
   if (!err) err = lt_avro_decoder_new(c->registry, &s->dec, errstr, n);
+  if (!err && !(s->keyed = lt_map_new(NULL))) err = LT_ERR_NOMEM;
   if (!err) err = lt_avro_record_new(c->registry, "PrimitiveCompleted", &s->rec, errstr, n);
   if (!err && pthread_create(&s->out_thr, NULL, outbound_main, s) == 0) s->out_started = true;
   if (!err && s->out_started && pthread_create(&s->in_thr, NULL, inbound_main, s) == 0) s->in_started = true;
@@ -479,6 +494,7 @@ void lt_wsess_destroy(lt_wsess_t *s) {
   }
   lt_avro_record_destroy(s->rec);
   lt_avro_decoder_destroy(s->dec);
+  lt_map_destroy(s->keyed);
   lt_crypto_dek_destroy(s->dek);
   pthread_mutex_destroy(&s->lock);
   pthread_mutex_destroy(&s->wlock);

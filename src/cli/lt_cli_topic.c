@@ -16,7 +16,7 @@
  *
  * `produce` encodes each JSON line on stdin as the newest version of TYPE (fields with a
  * default may be left out), keys it by its job_id (or tenant_id, worker_id) when the type has
- * one, and writes it with the idempotent producer, waiting for the durable acknowledgement; it
+ * one (a SessionCall goes to its session's partition of lathe.calls), and writes it with the idempotent producer, waiting for the durable acknowledgement; it
  * prints {"partition":P,"offset":O} per record. For operators injecting a record by hand and
  * for interop tests. */
 #include <jansson.h>
@@ -29,6 +29,7 @@
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_cli_args.h"
+#include "lt_job_record.h"
 #include "lt_time.h"
 
 static volatile sig_atomic_t lt_cli_topic_stop;
@@ -245,7 +246,9 @@ static int topic_produce(int argc, char **argv) {
     static const char *const key_fields[] = {"job_id", "tenant_id", "worker_id"};
     for (size_t i = 0; i < 3 && !key; i++)
       if (lt_avro_get_string(rec, key_fields[i], &key, NULL) != LT_OK) key = NULL;
-    lt_bus_record_t r = {.topic = t.full, .partition = LT_BUS_PARTITION_ANY, .key = key,
+    /* A session's calls are on the partition its worker reads (lt_job_record.h), not the key's hash. */
+    bool call = key && strcmp(lt_avro_record_type(rec), "SessionCall") == 0;
+    lt_bus_record_t r = {.topic = t.full, .partition = call ? lt_calls_partition(key) : LT_BUS_PARTITION_ANY, .key = key,
                          .key_size = key ? strlen(key) : 0, .value = buf, .value_size = len};
     int32_t part;
     int64_t off;

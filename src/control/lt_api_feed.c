@@ -165,6 +165,10 @@ static void feed(lt_api_t *api) {
       lt_api_access_on_record(api, m);
       continue;
     }
+    if (strcmp(lt_bus_msg_topic(m), api->topic_calls) == 0) {
+      lt_api_sessions_on_call(api, m);
+      continue;
+    }
     /* The scheduler owns dead-lettering (of lathe.jobs, and of tenant records refused for their
      * MAC, once, through its group's offsets); the API skips, says and counts. A refused tenant
      * record leaves the tenant as it was: its keys, its data key (docs/DESIGN.md §5a). */
@@ -221,8 +225,10 @@ static lt_err_t start_producer(lt_api_t *api, char *errstr, size_t n) {
 
 lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
   /* workers: the heartbeats say which base models the fleet serves (checked at submission);
-   * audit: the lockbox's records (lt_api_access.c). */
-  static const char *const bases[] = {"jobs", "control", "tenants", "progress", "artifacts", "workers", "audit"};
+   * audit: the lockbox's records (lt_api_access.c); calls: which call an Idempotency-Key named
+   * (lt_api_sessions.c). */
+  static const char *const bases[] = {"jobs",    "control", "tenants", "progress",
+                                      "artifacts", "workers", "audit",   "calls"};
   enum { NBASES = sizeof bases / sizeof *bases };
   lt_err_t err = start_producer(api, errstr, n);
   if (err) return err;
@@ -235,6 +241,7 @@ lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
   if (!names) err = LT_ERR_NOMEM;
   api->feed_names = names;
   for (size_t b = 0; b < NBASES && !err; b++) {
+    if (api->conf.sampler_only && strcmp(bases[b], "calls") == 0) continue; /* it takes no calls */
     lt_bus_topic_name(api->conf.bus, bases[b], names[b], sizeof names[b]);
     int count = 0;
     err = lt_bus_admin_describe_topic(admin, names[b], 10000, &count, errstr, n);

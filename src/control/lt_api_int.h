@@ -128,6 +128,7 @@ struct lt_api {
   lt_map_t *wakes;             /* set of "job:parked_seq": SessionWoken written for that park */
   lt_api_waiter_t *waiters;    /* long polls on calls */
   lt_avro_record_t *rec_call;  /* SessionCall */
+  lt_avro_decoder_t *call_dec; /* lathe.calls as the feed reads it (keyed calls, lt_api_sessions.c) */
   char topic_calls[128];
   int64_t done_offset;         /* the offset of the record whose lt_api_done_fn is running */
   char topic_usage[128];       /* SamplingUsage (lt_api_sample.c) */
@@ -334,6 +335,8 @@ void lt_api_tokenize(lt_api_call_t *c);
 void lt_api_detokenize(lt_api_call_t *c);
 /* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
+/* A record of lathe.calls: which call a keyed call id (Idempotency-Key) named first. */
+void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
 /* The key of the state file a live session saved under name (save_state or
  * save_weights_for_sampler; its adapter files lie beside it), and the checkpoint's number; NULL

@@ -14,7 +14,16 @@
  * What a session's calls did is folded here from PrimitiveCompleted: per call its status, per
  * session the step its state is at and its saved states by name (load_state names them). The
  * first record of a call wins; a record of an attempt older than the session's current one is
- * ignored (invariant 2). */
+ * ignored (invariant 2).
+ *
+ * A call sent with an Idempotency-Key gets a call id made from the tenant, the session and the
+ * key (lt_call_id_for_key), so a retry whose first answer was lost names the same call on any API
+ * process, after a restart too: this API reads lathe.calls back and keeps, per keyed id, the first
+ * SessionCall that carried it. A retry of the same body answers that call's seq again; another
+ * body under the same key is refused (422); a retry while the first is still being recorded here
+ * is 409 with Retry-After. Where two records of one keyed id reach the log (two API processes at
+ * once, or a retry after a delivery report that said "failed" for a record the broker kept), the
+ * worker runs the first and skips the rest, and GET of a later one answers the first's result. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +88,10 @@ typedef struct {
   json_t *calls;   /* seq (decimal) -> {seq, kind, status, error?, step, tokens, loss?, duration_ms,
                     *                   result_key?} */
   json_t *saved;   /* name -> {name, step, checkpoint, state_key} */
+  json_t *keys;    /* "<tenant>/<call id>" -> {seq, object_key} of keyed calls: the first SessionCall of
+                    * the id (seq 0 while this API records it) */
+  json_t *dups;    /* seq (decimal) -> seq of the first call of its keyed id: a later record the worker
+                    * does not run */
   int64_t step;    /* the step of the session's state after its newest call */
   int64_t completed;
 } sess_fold_t;
@@ -87,6 +100,8 @@ static void fold_free(void *v) {
   sess_fold_t *f = v;
   json_decref(f->calls);
   json_decref(f->saved);
+  json_decref(f->keys);
+  json_decref(f->dups);
   free(f);
 }
 
@@ -96,8 +111,22 @@ static sess_fold_t *fold_of(lt_api_t *api, const char *job_id, bool create) {
   if (!(f = calloc(1, sizeof *f))) return NULL;
   f->calls = json_object();
   f->saved = json_object();
-  lt_map_set(api->sessions, job_id, f);
+  f->keys = json_object();
+  f->dups = json_object();
+  if (!f->calls || !f->saved || !f->keys || !f->dups || lt_map_set(api->sessions, job_id, f)) {
+    fold_free(f);
+    return NULL;
+  }
   return f;
+}
+
+/* The call a GET of seq answers: seq itself, or the first call of its keyed id when seq is a later
+ * record of that id, which the worker skips. */
+static int64_t first_of(const sess_fold_t *f, int64_t seq) {
+  char key[32];
+  snprintf(key, sizeof key, "%lld", (long long)seq);
+  json_t *d = f ? json_object_get(f->dups, key) : NULL;
+  return d ? (int64_t)json_integer_value(d) : seq;
 }
 
 json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id) {
@@ -205,6 +234,48 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   wake(api, job_id, seq);
 }
 
+/* seq is a later record of the keyed call first: the worker skips it, so its long polls wait for
+ * the first call's end. */
+static void fold_dup(lt_api_t *api, sess_fold_t *f, const char *job_id, int64_t seq, int64_t first) {
+  char key[32];
+  snprintf(key, sizeof key, "%lld", (long long)seq);
+  json_object_set_new(f->dups, key, json_integer(first));
+  for (lt_api_waiter_t *w = api->waiters; w; w = w->next)
+    if (w->seq == seq && strcmp(w->job_id, job_id) == 0) w->seq = first;
+  snprintf(key, sizeof key, "%lld", (long long)first);
+  if (json_object_get(f->calls, key)) wake(api, job_id, first);
+}
+
+void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
+  size_t len = 0;
+  const void *v = lt_bus_msg_value(m, &len);
+  lt_avro_record_t *r;
+  const char *job_id = NULL, *tenant = NULL, *call_id = NULL, *okey = NULL;
+  if (!v || lt_avro_decode(api->call_dec, v, len, &r, NULL, 0) ||
+      strcmp(lt_avro_record_type(r), "SessionCall") != 0 || lt_avro_get_string(r, "call_id", &call_id, NULL) ||
+      !lt_call_id_keyed(call_id) || lt_avro_get_string(r, "job_id", &job_id, NULL) ||
+      lt_avro_get_string(r, "tenant_id", &tenant, NULL) || !lt_id_valid(job_id) || !lt_id_valid(tenant))
+    return; /* a call without a key: nothing to remember */
+  lt_avro_get_string(r, "object_key", &okey, NULL);
+  int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
+  sess_fold_t *f = fold_of(api, job_id, true);
+  if (!f) return;
+  char k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
+  snprintf(k, sizeof k, "%s/%s", tenant, call_id); /* another tenant's record of the id is not this one */
+  json_t *e = json_object_get(f->keys, k);
+  int64_t had = e ? (int64_t)json_integer_value(json_object_get(e, "seq")) : 0;
+  if (had == seq) return; /* this API's own record, already known from its delivery */
+  if (had > 0 && had < seq) {
+    fold_dup(api, f, job_id, seq, had);
+    return;
+  }
+  /* the first record of the id, or one before the record this API's delivery made known */
+  json_t *n = json_pack("{s:I}", "seq", (json_int_t)seq);
+  if (n && okey) json_object_set_new(n, "object_key", json_string(okey));
+  if (n) json_object_set_new(f->keys, k, n);
+  if (had > 0) fold_dup(api, f, job_id, had, seq);
+}
+
 /* ---------------------------------------------------------------- answers */
 
 /* The call as GET answers it, without the store's key. New reference. */
@@ -254,6 +325,7 @@ static void fetch_after(lt_api_t *api, void *arg) {
  * failure, "pending", or the session's end. */
 static void answer_call(lt_api_t *api, struct evhttp_request *req, const lt_job_t *j, int64_t seq) {
   sess_fold_t *f = j ? fold_of(api, j->job_id, false) : NULL;
+  seq = first_of(f, seq);
   char key[32];
   snprintf(key, sizeof key, "%lld", (long long)seq);
   json_t *c = f ? json_object_get(f->calls, key) : NULL;
@@ -332,6 +404,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
     return;
   }
   sess_fold_t *f = fold_of(api, c->job->job_id, false);
+  seq = first_of(f, seq);
   char key[32];
   snprintf(key, sizeof key, "%lld", seq);
   if (wait == 0 || (f && json_object_get(f->calls, key)) || lt_job_state_is_terminal(c->job->state)) {
@@ -376,7 +449,9 @@ void lt_api_sessions_prune(lt_api_t *api) {
   int64_t now = lt_time_wall_ms();
   while (n < 64 && lt_map_next(api->sessions, &it)) {
     const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), it.key);
-    if (!j || (lt_job_state_is_terminal(j->state) && now - j->ended_at_ms > FORGET_AFTER_MS))
+    /* unknown: a record of a session the feed has not read yet while it catches up (lathe.calls
+     * and lathe.jobs are read in no fixed order), else one of none */
+    if ((!j && api->ready) || (j && lt_job_state_is_terminal(j->state) && now - j->ended_at_ms > FORGET_AFTER_MS))
       snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
@@ -392,6 +467,8 @@ void lt_api_sessions_free(lt_api_t *api) {
   }
   lt_map_destroy(api->sessions);
   lt_map_destroy(api->wakes);
+  lt_avro_decoder_destroy(api->call_dec);
+  api->call_dec = NULL;
   api->sessions = NULL;
   api->wakes = NULL;
 }
@@ -401,7 +478,8 @@ lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
   api->wakes = lt_map_new(NULL);
   if (!api->sessions || !api->wakes) return LT_ERR_NOMEM;
   lt_bus_topic_name(api->conf.bus, "calls", api->topic_calls, sizeof api->topic_calls);
-  return lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
+  lt_err_t err = lt_avro_decoder_new(api->reg, &api->call_dec, errstr, n);
+  return err ? err : lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
 }
 
 /* ---------------------------------------------------------------- a session */
@@ -500,7 +578,8 @@ void lt_api_sessions_create(lt_api_call_t *c) {
 typedef struct {
   lt_api_t *api;
   struct evhttp_request *req;
-  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1], call_id[40], kind[32];
+  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1], call_id[LT_CALL_ID_MAX], kind[32];
+  char keyed[LT_ID_MAX + LT_CALL_ID_MAX + 2]; /* "<tenant>/<call id>" of a call with an Idempotency-Key */
   const lt_crypto_dek_t *dek;
   char *body;            /* plaintext, scrubbed once sealed */
   size_t len;
@@ -511,7 +590,16 @@ typedef struct {
   char msg[256];
 } call_in_t;
 
+/* The keyed call's entry while this API records it (seq 0); NULL once a record of the id is known. */
+static json_t *pending_key(lt_api_t *api, const call_in_t *ci) {
+  sess_fold_t *f = ci->keyed[0] ? fold_of(api, ci->job_id, false) : NULL;
+  json_t *e = f ? json_object_get(f->keys, ci->keyed) : NULL;
+  return e && json_integer_value(json_object_get(e, "seq")) == 0 ? e : NULL;
+}
+
+/* Also frees the key of a keyed call that was not recorded: a retry records it then. */
 static void call_in_free(call_in_t *ci) {
+  if (pending_key(ci->api, ci)) json_object_del(fold_of(ci->api, ci->job_id, false)->keys, ci->keyed);
   if (ci->body) {
     OPENSSL_cleanse(ci->body, ci->len);
     free(ci->body);
@@ -519,18 +607,38 @@ static void call_in_free(call_in_t *ci) {
   free(ci);
 }
 
+/* 202: the call is durable, and runs as call seq. replayed: a retry with the call's Idempotency-Key. */
+static void reply_queued(struct evhttp_request *req, const char *job_id, int64_t seq, const char *kind, bool replayed) {
+  char rid[LT_ID_MAX + 32];
+  snprintf(rid, sizeof rid, "%s:%lld", job_id, (long long)seq);
+  if (replayed) evhttp_add_header(evhttp_request_get_output_headers(req), "Idempotent-Replayed", "true");
+  lt_api_reply_json(req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)seq, "kind", kind));
+}
+
 static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   call_in_t *ci = arg;
   (void)msg;
   if (err) {
     lt_api_reply_err(ci->req, LT_ERR_UNAVAILABLE, NULL, "the call could not be recorded durably; it was not queued, retry");
-  } else {
-    char rid[LT_ID_MAX + 32];
-    int64_t seq = api->done_offset + 1; /* the worker numbers calls so too (lt_worker_session.c) */
-    wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), seq);
-    snprintf(rid, sizeof rid, "%s:%lld", ci->job_id, (long long)seq);
-    lt_api_reply_json(ci->req, 202, json_pack("{s:s,s:I,s:s}", "request_id", rid, "seq", (json_int_t)seq, "kind", ci->kind));
+    call_in_free(ci);
+    return;
   }
+  int64_t seq = api->done_offset + 1, first = seq; /* the worker numbers calls so too (lt_worker_session.c) */
+  json_t *e = pending_key(api, ci);
+  if (e) { /* known here before the feed reads the record back */
+    json_object_set_new(e, "seq", json_integer(seq));
+    json_object_set_new(e, "object_key", json_string(ci->key));
+  } else if (ci->keyed[0]) { /* the feed read a record of the id first: this one is a later one */
+    sess_fold_t *f = fold_of(api, ci->job_id, false);
+    json_t *k = f ? json_object_get(f->keys, ci->keyed) : NULL;
+    int64_t had = k ? (int64_t)json_integer_value(json_object_get(k, "seq")) : 0;
+    if (had > 0 && had < seq) {
+      first = had;
+      fold_dup(api, f, ci->job_id, seq, had);
+    }
+  }
+  wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), first);
+  reply_queued(ci->req, ci->job_id, first, ci->kind, first != seq);
   call_in_free(ci);
 }
 
@@ -598,9 +706,102 @@ static char *call_body(struct evhttp_request *req, size_t *len) {
   return s;
 }
 
-/* Queues one call of c's session: kind and body checked, the body sealed, then recorded. */
-static void queue_call(lt_api_call_t *c, const char *kind, json_t *body) {
+/* A retry of a keyed call: the first call's body, read back from the store on the work pool, against
+ * the retry's. */
+typedef struct {
+  lt_api_t *api;
+  struct evhttp_request *req;
+  const lt_crypto_dek_t *dek;
+  char job_id[LT_ID_MAX + 1], kind[32], idem[LT_ID_MAX + 1], key[LT_STORE_KEY_MAX + 1];
+  int64_t seq;
+  json_t *body; /* the retry's, a copy the task owns */
+  bool same;
+  lt_err_t err;
+  char msg[256];
+} replay_t;
+
+static void replay_work(void *arg) {
+  replay_t *r = arg;
+  void *data = NULL;
+  size_t len = 0;
+  r->err = lt_sealed_get(r->api->conf.store, r->dek, r->key, LT_API_PART_MAX + 4096, &data, &len, r->msg, sizeof r->msg);
+  json_t *first = r->err ? NULL : json_loadb(data, len, 0, NULL);
+  if (data) {
+    OPENSSL_cleanse(data, len);
+    free(data);
+  }
+  if (!r->err && !first) r->err = lt_errf(r->msg, sizeof r->msg, LT_ERR_CORRUPT, "the first call's body is not JSON");
+  if (first) { /* load_state's state key is the API's addition, not the client's */
+    json_object_del(first, "state_key");
+    json_object_del(r->body, "state_key");
+    r->same = json_equal(first, r->body);
+    json_decref(first);
+  }
+}
+
+static void replay_after(lt_api_t *api, void *arg) {
+  replay_t *r = arg;
+  if (r->err)
+    lt_api_reply_store_err(r->req, r->err, "the call this Idempotency-Key recorded cannot be read back now; retry");
+  else if (r->same)
+    reply_queued(r->req, r->job_id, r->seq, r->kind, true);
+  else
+    lt_api_reply_error(r->req, 422, "idempotency_key_reused", "Idempotency-Key",
+                       "Idempotency-Key %s was used for call %lld of session %s with a different body: send the "
+                       "same call to get that one again, or use a new key for a new call",
+                       r->idem, (long long)r->seq, r->job_id);
+  json_decref(r->body);
+  free(r);
+}
+
+/* A call whose Idempotency-Key named a call already (e: its entry in the session's keys). */
+static void replay_call(lt_api_call_t *c, const char *kind, json_t *body, const char *idem, json_t *e) {
+  int64_t seq = (int64_t)json_integer_value(json_object_get(e, "seq"));
+  const char *okey = json_string_value(json_object_get(e, "object_key"));
+  if (seq == 0) {
+    evhttp_add_header(evhttp_request_get_output_headers(c->req), "Retry-After", "1");
+    lt_api_reply_error(c->req, 409, "idempotency_key_in_use", "Idempotency-Key",
+                       "a call with Idempotency-Key %s is being recorded now; retry to learn its seq", idem);
+    return;
+  }
+  replay_t *r = calloc(1, sizeof *r);
+  char msg[256];
+  if (!r || !okey || !(r->body = json_deep_copy(body))) {
+    free(r);
+    lt_api_reply_error(c->req, 500, "internal", NULL, okey ? "out of memory" : "the keyed call has no body to compare");
+    return;
+  }
+  if (lt_keyring_tenant_dek(c->api->keyring, c->tenant, &r->dek, msg, sizeof msg)) {
+    json_decref(r->body);
+    free(r);
+    lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");
+    return;
+  }
+  r->api = c->api;
+  r->req = c->req;
+  r->seq = seq;
+  snprintf(r->job_id, sizeof r->job_id, "%s", c->job->job_id);
+  snprintf(r->kind, sizeof r->kind, "%s", kind);
+  snprintf(r->idem, sizeof r->idem, "%s", idem);
+  snprintf(r->key, sizeof r->key, "%s", okey);
+  lt_api_work(c->api, c->tenant->tenant_id, replay_work, replay_after, r);
+}
+
+/* Queues one call of c's session: kind and body checked, the body sealed, then recorded. idem: the
+ * request's Idempotency-Key, or NULL. */
+static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const char *idem) {
   lt_api_t *api = c->api;
+  char call_id[LT_CALL_ID_MAX], keyed[LT_ID_MAX + LT_CALL_ID_MAX + 2] = "";
+  sess_fold_t *f = NULL;
+  if (idem) { /* before the session's state: a retry after the end still learns its call's seq */
+    lt_call_id_for_key(c->tenant->tenant_id, c->job->job_id, idem, call_id);
+    snprintf(keyed, sizeof keyed, "%s/%s", c->tenant->tenant_id, call_id);
+    json_t *e = (f = fold_of(api, c->job->job_id, true)) ? json_object_get(f->keys, keyed) : NULL;
+    if (e) {
+      replay_call(c, kind, body, idem, e);
+      return;
+    }
+  }
   if (lt_job_state_is_terminal(c->job->state) || c->job->cancel_requested) {
     lt_api_reply_error(c->req, 409, "session_ended", NULL, "session %s is %s: it takes no more calls", c->job->job_id,
                        c->job->cancel_requested ? "being cancelled" : lt_job_state_name(c->job->state));
@@ -617,7 +818,15 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body) {
   snprintf(ci->tenant, sizeof ci->tenant, "%s", c->tenant->tenant_id);
   snprintf(ci->job_id, sizeof ci->job_id, "%s", c->job->job_id);
   snprintf(ci->kind, sizeof ci->kind, "%s", kind);
-  lt_crypto_random_id(ci->call_id);
+  char obj[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  lt_crypto_random_id(obj);
+  if (idem && f) { /* the body's object is the attempt's own: a retry's body never overwrites it */
+    snprintf(ci->call_id, sizeof ci->call_id, "%s", call_id);
+    snprintf(ci->keyed, sizeof ci->keyed, "%s", keyed);
+    json_object_set_new(f->keys, keyed, json_pack("{s:i}", "seq", 0));
+  } else {
+    snprintf(ci->call_id, sizeof ci->call_id, "%s", obj);
+  }
   if (!body) {
     record_call(api, ci);
     return;
@@ -630,13 +839,19 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body) {
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");
     return;
   }
-  snprintf(ci->key, sizeof ci->key, "sessions/%s/%s/calls/%s", ci->tenant, ci->job_id, ci->call_id);
+  snprintf(ci->key, sizeof ci->key, "sessions/%s/%s/calls/%s%s%s", ci->tenant, ci->job_id, ci->call_id,
+           ci->keyed[0] ? "-" : "", ci->keyed[0] ? obj : "");
   lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
 }
 
 /* POST /v1/sessions/{id}/calls */
 void lt_api_sessions_call(lt_api_call_t *c) {
   lt_api_t *api = c->api;
+  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Idempotency-Key");
+  if (idem && !lt_id_valid(idem)) {
+    lt_api_reply_error(c->req, 400, "invalid", "Idempotency-Key", "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
+    return;
+  }
   size_t len;
   char *text = call_body(c->req, &len);
   if (!text) return;
@@ -669,7 +884,7 @@ void lt_api_sessions_call(lt_api_call_t *c) {
     }
     json_object_set(body, "state_key", json_object_get(s, "state_key"));
   }
-  queue_call(c, kind, body);
+  queue_call(c, kind, body, idem);
   json_decref(body);
 }
 
@@ -680,7 +895,7 @@ void lt_api_sessions_end(lt_api_call_t *c) {
     lt_api_reply_json(c->req, 200, session_json(c->api, c->job));
     return;
   }
-  queue_call(c, "end", NULL);
+  queue_call(c, "end", NULL, NULL);
 }
 
 /* ---------------------------------------------------------------- the tokenizer */

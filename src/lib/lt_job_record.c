@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_crypto.h"
+
 /* A string field, or NULL when the field is null or absent in this record type. */
 static const char *opt_str(lt_avro_record_t *rec, const char *path) {
   const char *s = NULL;
@@ -352,4 +354,20 @@ int32_t lt_calls_partition(const char *job_id) {
   uint32_t h = 2166136261u;
   for (const char *c = job_id; *c; c++) h = (h ^ (unsigned char)*c) * 16777619u;
   return (int32_t)(h % LT_CALLS_PARTITIONS);
+}
+
+void lt_call_id_for_key(const char *tenant_id, const char *job_id, const char *key, char out[LT_CALL_ID_MAX]) {
+  char seed[256];
+  uint8_t h[32];
+  int n = snprintf(seed, sizeof seed, "%s\n%s\n%s", tenant_id, job_id, key);
+  lt_crypto_sha256(seed, n < 0 ? 0 : (size_t)n < sizeof seed ? (size_t)n : sizeof seed - 1, h);
+  out[0] = 'k';
+  lt_crypto_hex(h, 16, out + 1);
+}
+
+bool lt_call_id_keyed(const char *call_id) {
+  if (!call_id || call_id[0] != 'k' || strlen(call_id) != 33) return false;
+  for (const char *c = call_id + 1; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'))) return false;
+  return true;
 }

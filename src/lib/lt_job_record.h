@@ -44,15 +44,23 @@ lt_err_t lt_jobspec_from_record(lt_avro_record_t *rec, lt_jobspec_t *spec, char 
 lt_err_t lt_jobspec_to_record(const lt_jobspec_t *spec, lt_avro_record_t *rec, char *errstr,
                               size_t errstr_size);
 
-/* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
- * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
- * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
 /* The partition of lathe.calls that holds a training session's calls: the API produces each
  * SessionCall there and the session's worker reads only it (FNV-1a of the id over the topic's
  * LT_CALLS_PARTITIONS partitions, as ops/topics.tsv creates it). */
 #define LT_CALLS_PARTITIONS 6
 int32_t lt_calls_partition(const char *job_id);
 
+/* The call id of a session's call sent with an Idempotency-Key: "k" and 32 hex digits of SHA-256
+ * over the tenant, the session and the key, so a retry names the same call on any API process and
+ * after a restart. Random call ids are 32 hex digits, without the "k": lt_call_id_keyed tells the
+ * two apart (the worker runs the first call of a keyed id and skips any later record of it). */
+#define LT_CALL_ID_MAX 40
+void lt_call_id_for_key(const char *tenant_id, const char *job_id, const char *key, char out[LT_CALL_ID_MAX]);
+bool lt_call_id_keyed(const char *call_id);
+
+/* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
+ * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
+ * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
 lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_err_t code, const char *reason,
                              const char *consumer);
 

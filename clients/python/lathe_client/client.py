@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 from urllib.parse import quote
 
@@ -49,11 +50,13 @@ class TrainingClient:
     call to run; the server runs a session's calls in order. So you can queue the next
     forward_backward while the last one runs, and await results later.
 
-    A POST the server refuses raises at once (InvalidRequest naming the field, NotFound,
-    Conflict when the session has ended, RateLimited/Unavailable, ConnectionFailed). None is
-    repeated by the client (but a 429 with ServiceClient(retry_429=True)): after
-    ConnectionFailed or Unavailable the call may or may not be queued;
-    state()["calls_completed"] and the results of the calls you hold tell."""
+    Every call's POST carries an Idempotency-Key of its own, so the client sends it again after
+    a lost answer, a connection failure, 429 or 503 (a few times, after Retry-After): the server
+    answers a repeat with the seq of the call the key first queued, and the call runs once. What
+    it refuses raises (InvalidRequest naming the field, NotFound, Conflict when the session has
+    ended); RateLimited/Unavailable or ConnectionFailed raise once the tries are spent, and then
+    the call may or may not be queued: state()["calls_completed"] and the results of the calls
+    you hold tell."""
 
     def __init__(self, http: Http, session_id: str, info: Optional[Dict[str, Any]] = None) -> None:
         self._http = http
@@ -82,8 +85,10 @@ class TrainingClient:
     # -------------------------------------------------------------- calls
 
     def _call(self, body: Dict[str, Any], convert: Any) -> CallFuture:
-        with self._post_lock:
-            _, r = self._http.request("POST", self._path + "/calls", body)
+        key = uuid.uuid4().hex
+        with self._post_lock:  # a retry is sent before the next call, so the order holds
+            _, r = self._http.request("POST", self._path + "/calls", body, idempotent=True,
+                                      headers={"Idempotency-Key": key})
         if not isinstance(r, dict) or not isinstance(r.get("seq"), int):
             raise LatheError(f"POST {self._path}/calls: no seq in the answer {r!r}")
         return CallFuture(self._http, self.id, r["seq"], body["kind"], r.get("request_id"), convert)

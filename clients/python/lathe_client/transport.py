@@ -1,13 +1,16 @@
 """The HTTP layer: one request, JSON in and out, errors mapped, timeouts always.
 
-Only requests marked idempotent (GETs, tokenize/detokenize) are retried, a bounded number of
-times, on 429/503 (after Retry-After) and on connection failures. Anything else that fails
-raises at once: repeating a POST that may have been taken could run a training call twice.
+Only requests marked idempotent are retried, a bounded number of times, on 429/503 (after
+Retry-After), on connection failures, and on 409 idempotency_key_in_use (the same key's first
+request is still being recorded): GETs, tokenize/detokenize, and POSTs that carry an
+Idempotency-Key (a session's calls, a job submitted with a key), which the server answers with
+what the first one made instead of making a second. Anything else that fails raises at once:
+repeating a POST without a key that may have been taken could make a second one.
 
 One opt-in exception, retry_429: Lathe's API answers 429 from its rate limiter before it looks
 at the request, so a 429 means "not taken" and the POST may be sent again after Retry-After.
 The sessions contract does not say so in words, hence off by default. 503 and connection
-failures are never retried for a POST: the request may have been taken.
+failures are never retried for a POST without a key: the request may have been taken.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Optional, Tuple
 
-from .errors import ConnectionFailed, LatheError, RateLimited, error_from
+from .errors import Conflict, ConnectionFailed, LatheError, RateLimited, error_from
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 USER_AGENT = "lathe-client-python/0.1"
@@ -126,8 +129,10 @@ class Http:
                     return status, (json.loads(text) if text else None)
                 except ValueError as e:
                     raise LatheError(f"{method} {path}: the answer is not JSON", status=status) from e
-            except (RateLimited, ConnectionFailed) as e:
+            except (RateLimited, ConnectionFailed, Conflict) as e:
                 attempt += 1
+                if isinstance(e, Conflict) and e.code != "idempotency_key_in_use":
+                    raise
                 refused = self.retry_429 and e.status == 429 and not hasattr(data, "read")
                 if not (idempotent or refused) or attempt > self.max_retries:
                     raise

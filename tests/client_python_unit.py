@@ -340,11 +340,17 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(lc.RateLimited):
             tc.save_state("c")
         self.assertEqual((len(self.reqs("POST", path)), len(self.fake.calls)), (6 + 5, 2))
+        # still being recorded after every try: Unavailable (the outcome is not known), not Conflict
+        self.fake.script[("POST", path)] = [busy] * 9
+        with self.assertRaises(lc.Unavailable) as cm:
+            tc.save_state("c")
+        self.assertEqual((cm.exception.code, len(self.reqs("POST", path)), len(self.fake.calls)),
+                         ("idempotency_key_in_use", 11 + 5, 2))
         # another conflict (the session ended) is not repeated
         self.fake.script[("POST", path)] = [(409, {"error": {"code": "session_ended", "message": "x"}}, None)]
         with self.assertRaises(lc.Conflict):
             tc.save_state("d")
-        self.assertEqual(len(self.reqs("POST", path)), 12)
+        self.assertEqual(len(self.reqs("POST", path)), 17)
         # a POST without a key (a session's creation) that may have been taken is never repeated
         self.fake.script[("POST", "/v1/sessions")] = [down]
         with self.assertRaises(lc.Unavailable):

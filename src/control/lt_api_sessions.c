@@ -106,6 +106,7 @@ static void fold_free(void *v) {
 }
 
 static sess_fold_t *fold_of(lt_api_t *api, const char *job_id, bool create) {
+  if (!api->sessions) return NULL; /* shutting down: the producer's last delivery reports come after */
   sess_fold_t *f = lt_map_get(api->sessions, job_id);
   if (f || !create) return f;
   if (!(f = calloc(1, sizeof *f))) return NULL;
@@ -251,11 +252,17 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   const void *v = lt_bus_msg_value(m, &len);
   lt_avro_record_t *r;
   const char *job_id = NULL, *tenant = NULL, *call_id = NULL, *okey = NULL;
+  size_t kl = 0;
+  const void *mkey = lt_bus_msg_key(m, &kl);
   if (!v || lt_avro_decode(api->call_dec, v, len, &r, NULL, 0) ||
       strcmp(lt_avro_record_type(r), "SessionCall") != 0 || lt_avro_get_string(r, "call_id", &call_id, NULL) ||
       !lt_call_id_keyed(call_id) || lt_avro_get_string(r, "job_id", &job_id, NULL) ||
       lt_avro_get_string(r, "tenant_id", &tenant, NULL) || !lt_id_valid(job_id) || !lt_id_valid(tenant))
     return; /* a call without a key: nothing to remember */
+  /* Only where the session's worker reads (its partition, its key): another record is never run. */
+  if (!mkey || kl != strlen(job_id) || memcmp(mkey, job_id, kl) != 0 ||
+      lt_bus_msg_partition(m) != lt_calls_partition(job_id))
+    return;
   lt_avro_get_string(r, "object_key", &okey, NULL);
   int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
   sess_fold_t *f = fold_of(api, job_id, true);

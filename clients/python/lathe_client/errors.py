@@ -118,6 +118,8 @@ def error_from(status: int, body: Any, retry_after: Optional[float] = None) -> L
         return AuthError(message, **kw)
     if status in (404, 410):
         return NotFound(message, **kw)
+    if status == 409 and code == "idempotency_key_in_use":  # the key's first POST is still being taken: retry
+        return Unavailable(message, retry_after=retry_after, **kw)
     if status in (409, 422):
         return Conflict(message, **kw)
     if status == 429:

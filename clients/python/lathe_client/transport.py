@@ -27,7 +27,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Dict, Optional, Tuple
 
-from .errors import Conflict, ConnectionFailed, LatheError, RateLimited, error_from
+from .errors import ConnectionFailed, LatheError, RateLimited, error_from
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 USER_AGENT = "lathe-client-python/0.1"
@@ -129,10 +129,8 @@ class Http:
                     return status, (json.loads(text) if text else None)
                 except ValueError as e:
                     raise LatheError(f"{method} {path}: the answer is not JSON", status=status) from e
-            except (RateLimited, ConnectionFailed, Conflict) as e:
+            except (RateLimited, ConnectionFailed) as e:  # Unavailable, too: 503, 409 idempotency_key_in_use
                 attempt += 1
-                if isinstance(e, Conflict) and e.code != "idempotency_key_in_use":
-                    raise
                 refused = self.retry_429 and e.status == 429 and not hasattr(data, "read")
                 if not (idempotent or refused) or attempt > self.max_retries:
                     raise

@@ -43,6 +43,7 @@ RECORDS = {
     "SessionCall": (["calls"], "job_id", "api"),
     "SamplingUsage": (["usage"], "tenant_id", "sampler"),
     "WorkerHeartbeat": (["workers"], "worker_id", "worker"),
+    "WorkerDrainRequested": (["control"], "worker_id", "`lathe admin drain`"),
     "ArtifactPublished": (["artifacts"], "job_id", "publisher"),
     "JobDeleted": (["artifacts"], "job_id", "api"),
     "TenantUpserted": (["tenants"], "tenant_id", "`lathe admin tenant`"),

@@ -13,7 +13,12 @@ artifact, an executor's outcome, uploaded bytes) and one completion goes through
   2. the figures that say the flow happened are there (a 2xx submission counted once answered,
      the job's wait in a histogram, an executor ended "completed", an artifact published);
   3. every stderr line of every role parses as JSON with ts, level, role, instance and msg
-     (`jq -e` as well), lines about a job carry it as a field, and no line holds a prompt.
+     (`jq -e` as well), lines about a job carry it as a field, and no line holds a prompt;
+  4. `lathe admin drain` from here: a worker that never ran is refused by name; a drain request
+     without the master key's signature (written with `lathe topic produce`) is ignored; the
+     signed one makes the worker's heartbeat say draining and the worker-only process exit 0; a
+     second drain says it drains already; the worker started again under the same id is not
+     drained by the old request (it runs the next job).
 
 usage: operations_python.py PATH/TO/lathe PATH/TO/lathed
 promtool (Debian package prometheus) and jq are required: ops/setup installs both."""
@@ -166,6 +171,40 @@ def logs_are_json(children, jq, secret, job):
     check(secret not in text, "no log line holds the prompt a customer sent")
 
 
+def drain(lathe, env, wrk, wid, start, base, key, tmp):
+    """Section 4. wrk: the worker-only child, whose id is wid; start(role): another child of that role."""
+    p = subprocess.run([lathe, "admin", "drain", "no-such-worker", "--wait", "0"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    check(p.returncode == 1 and "no worker \"no-such-worker\"" in p.stderr and wid in p.stderr,
+          f"drain of an unknown worker: refused, naming the known ones ({p.stderr.strip()})")
+    forged = {"event_id": secrets.token_hex(16), "occurred_at": int(time.time() * 1000) + 1000,
+              "producer": "admin/forger", "worker_id": wid, "reason": "forged"}
+    subprocess.run([lathe, "topic", "produce", "control", "WorkerDrainRequested"], env=env,
+                   input=json.dumps(forged) + "\n", capture_output=True, text=True, timeout=120, check=True)
+    wrk.wait_for(r"drain request for this worker at control/\d+@\d+ is not signed with the master key: ignored", 60)
+    time.sleep(2)
+    check(wrk.p.poll() is None, "a drain request without the master key's signature is ignored: the worker runs on")
+    p = subprocess.run([lathe, "admin", "drain", wid, "--reason", "kernel upgrade", "--wait", "60"], env=env,
+                       capture_output=True, text=True, timeout=180)
+    check(p.returncode == 0 and "drains: its heartbeat says so" in p.stdout,
+          f"lathe admin drain {wid}: its heartbeat says draining ({p.stdout.strip()} {p.stderr.strip()})")
+    try:
+        rc = wrk.p.wait(90)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(rc == 0, f"the drained worker-only process exited 0 ({rc})")
+    wrk.wait_for(r"an operator asks this worker to drain: kernel upgrade", 5)
+    p = subprocess.run([lathe, "admin", "drain", wid, "--wait", "0"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    check(p.returncode == 0 and "drains already" in p.stdout, f"a second drain: {p.stdout.strip()}")
+    again = start("worker", "--operator-port", "0")
+    again.wait_for(r"worker operator endpoints", 90)
+    job = submit(lathe, dict(env, LATHE_API_URL=base), key, tmp)
+    wait_published(base, key, job)
+    check(again.p.poll() is None and "asks this worker to drain" not in again.text(),
+          "the worker started again under the same id ignores the old request and runs the next job")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: operations_python.py PATH/TO/lathe PATH/TO/lathed")
@@ -249,6 +288,7 @@ def main():
             check((value(p, "lathe_publisher_records_folded_total") or 0) > 0, "publisher: records folded")
             check(value(p, "lathe_publisher_consumer_lag_records") is not None, "publisher: its consumer lag")
             check((value(texts["sampler"], "lathe_sampler_finished_total") or 0) >= 1, "sampler: the completion counted")
+            drain(lathe, env, wrk, f"ops{run_id}-worker", start, base, key, tmp)
         except BaseException:
             for c in children:
                 c.dump()

@@ -23,6 +23,7 @@
 #include "lt_job_record.h"
 #include "lt_log.h"
 #include "lt_proto.h"
+#include "lt_recmac.h"
 #include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
@@ -881,16 +882,44 @@ static void react(lt_worker_t *w, const char *job_id) {
   }
 }
 
+/* An operator's request to drain (lathe admin drain): acted on when it names this worker, carries a
+ * valid MAC under the master key, and was made after this process started (the log is read from
+ * its beginning: an old request drained an earlier run, not this one). */
+static void drain_requested(lt_worker_t *w, lt_avro_record_t *rec, const lt_bus_msg_t *m) {
+  const char *wid = NULL, *reason = "";
+  int64_t at = 0;
+  char why[256];
+  if (lt_avro_get_string(rec, "worker_id", &wid, NULL) || strcmp(wid, w->conf.worker_id) != 0) return;
+  lt_avro_get_string(rec, "reason", &reason, NULL);
+  lt_avro_get_long(rec, "occurred_at", &at);
+  if (!m || !w->op_mac || !lt_recmac_msg_ok(w->op_mac, "control", m, why, sizeof why)) {
+    lt_log_warn("worker", "a drain request for this worker at control/%d@%lld is not signed with the master key: "
+                "ignored (%s)",
+          m ? (int)lt_bus_msg_partition(m) : -1, m ? (long long)lt_bus_msg_offset(m) : -1LL,
+          w->op_mac ? why : "no master key here to check it");
+    return;
+  }
+  if (at < w->started_wall_ms || w->draining) return;
+  lt_log_info("worker", "an operator asks this worker to drain: %s", reason[0] ? reason : "(no reason given)");
+  lt_worker_drain(w);
+  if (w->conf.on_drain) w->conf.on_drain(w->conf.on_drain_ctx, reason);
+}
+
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
-  if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(ctx, res->job_id);
+  lt_worker_t *w = ctx;
+  if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(w, res->job_id);
+  if (res->type && res->record && strcmp(res->type, "WorkerDrainRequested") == 0)
+    drain_requested(w, res->record, w->folding);
 }
 
 /* Folds one record of jobs, control or tenants; a refused tenant record (no valid MAC) is said
  * and skipped: the tenant keeps its previous data key (the scheduler dead-letters it). */
 static void fold_control(lt_worker_t *w, const lt_bus_msg_t *m) {
   char err[512];
+  w->folding = m;
   if (lt_proj_fold_msg(w->proj, m, NULL, on_folded, w, err, sizeof err) == LT_ERR_AUTH)
     logf_(NULL, "%s", err);
+  w->folding = NULL;
 }
 
 static void on_control(evutil_socket_t fd, short what, void *arg) {
@@ -1055,6 +1084,8 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   if (!err) err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, errstr, n);
   if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
+  if (!err && conf->kek) err = lt_recmac_key_new(conf->kek, LT_RECMAC_OPERATOR, &w->op_mac, errstr, n);
+  w->started_wall_ms = lt_time_wall_ms();
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
   lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};
@@ -1159,6 +1190,7 @@ void lt_worker_destroy(lt_worker_t *w) {
   lt_bus_producer_destroy(w->producer, 5000);
   for (int i = 0; i < R__N; i++) lt_avro_record_destroy(w->rec[i]);
   lt_avro_decoder_destroy(w->dec);
+  lt_recmac_key_destroy(w->op_mac);
   lt_proj_destroy(w->proj);
   json_decref(w->owned);
   free(w);

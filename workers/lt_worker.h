@@ -68,6 +68,10 @@ typedef struct lt_worker_conf {
    * the lowest index of the slots it was given). Either empty (the default): no gang spans this
    * worker. LATHE_WORKER_NODE_GROUP, LATHE_WORKER_RENDEZVOUS. */
   const char *node_group, *rendezvous;
+  /* Called once when an operator's signed WorkerDrainRequested for this worker (lathe admin drain)
+   * made it drain, with the request's reason; NULL: the worker drains and the process goes on. */
+  void (*on_drain)(void *ctx, const char *reason);
+  void *on_drain_ctx;
 } lt_worker_conf_t;
 
 lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt_worker_t **out, char *errstr,

@@ -263,6 +263,17 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg) {
   event_base_loopexit(d->base, NULL);
 }
 
+/* Drains the worker and watches the drain: the loop stops once no attempt holds a slot, or at the
+ * bound. False when the watch cannot be set up. */
+static bool drain_then_stop(lathed_t *d) {
+  int64_t bound = lt_worker_drain(d->worker) + DRAIN_MARGIN_MS;
+  d->drain_until_ms = lt_time_mono_ms() + bound;
+  lt_log_info(NULL, "the drain ends when no attempt holds a slot, at most in %lld ms", (long long)bound);
+  d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
+  struct timeval tick = {0, 100000};
+  return d->drain_ev && event_add(d->drain_ev, &tick) == 0;
+}
+
 /* SIGTERM (systemd's stop) drains a worker first: its attempts checkpoint and stop, each job
  * queued again and charged nothing, before the process goes (lt_worker_drain). SIGINT, a second
  * SIGTERM, a process with no worker, or --embedded (its log dies with it): stop now (a running
@@ -272,15 +283,25 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   lathed_t *d = arg;
   if (sig == SIGTERM && d->worker && !d->embedded && !d->drain_ev) {
     lt_log_info(NULL, "SIGTERM, draining the worker (SIGINT or SIGTERM again: stop now)");
-    int64_t bound = lt_worker_drain(d->worker) + DRAIN_MARGIN_MS;
-    d->drain_until_ms = lt_time_mono_ms() + bound;
-    lt_log_info(NULL, "the drain ends when no attempt holds a slot, at most in %lld ms", (long long)bound);
-    d->drain_ev = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
-    struct timeval tick = {0, 100000};
-    if (d->drain_ev && event_add(d->drain_ev, &tick) == 0) return;
+    if (drain_then_stop(d)) return;
   }
   lt_log_info(NULL, "%s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
   event_base_loopexit(d->base, NULL);
+}
+
+/* An operator drained the worker (lathe admin drain, lt_worker_conf_t.on_drain). A process that is
+ * only a worker then stops as after SIGTERM (exit 0: systemd's Restart=on-failure leaves it
+ * stopped); one with other roles keeps them, its worker taking no work until it restarts. */
+static void on_operator_drain(void *ctx, const char *reason) {
+  lathed_t *d = ctx;
+  (void)reason;
+  if (d->drain_ev) return;
+  if (d->api || d->scheduler || d->publisher || d->sampler || d->embedded) {
+    lt_log_info(NULL, "the worker drains; this process's other roles go on, and its worker takes no work until it "
+                      "restarts");
+    return;
+  }
+  if (!drain_then_stop(d)) event_base_loopexit(d->base, NULL);
 }
 
 /* This process's name in records and log lines: LATHE_INSTANCE, else the host name. */
@@ -602,7 +623,8 @@ static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, siz
                          .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
                          .kill_deadline_ms = getenv("LATHE_KILL_DEADLINE_MS") ? atoi(getenv("LATHE_KILL_DEADLINE_MS")) : 0,
                          .store_retry_ms = getenv("LATHE_WORKER_STORE_RETRY_MS") ? atoll(getenv("LATHE_WORKER_STORE_RETRY_MS")) : 0,
-                         .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS")};
+                         .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS"),
+                         .on_drain = on_operator_drain, .on_drain_ctx = d};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
   if (!e) lt_log_info(NULL, "worker %s started (models in %s)", d->instance, d->models);
   if (!e) e = start_ops(d, o, "worker", worker_metrics, worker_health, d->worker, &d->worker_ops, err, n);

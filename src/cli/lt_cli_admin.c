@@ -33,6 +33,7 @@ int lt_cli_admin_replay(int argc, char **argv); /* lt_cli_replay.c */
 int lt_cli_admin_access(int argc, char **argv); /* lt_cli_access.c */
 int lt_cli_admin_staff(int argc, char **argv);  /* lt_cli_access.c */
 int lt_cli_admin_queue(int argc, char **argv);  /* lt_cli_queue.c */
+int lt_cli_admin_drain(int argc, char **argv);  /* lt_cli_drain.c */
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe admin tenant create ID [--name TEXT] [--weight W] [--max-running N]\n"
@@ -49,6 +50,7 @@ static void usage(FILE *f) {
              "       lathe admin access ...        staff access to a tenant's data (see --help)\n"
              "       lathe admin staff add NAME    a staff key\n"
              "       lathe admin queue [--json]    the scheduler's queue, fairness and fleet (see --help)\n"
+             "       lathe admin drain WORKER      a running worker drains, as SIGTERM on its host (see --help)\n"
              "\nReads LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX, the admin principal\n"
              "(LATHE_KAFKA_CONFIG_DIR/admin.properties, or LATHE_KAFKA_CONFIG) and the master key\n"
              "(LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY) from the environment. Tenant records are\n"
@@ -355,6 +357,7 @@ out:
 int lt_cli_admin(int argc, char **argv) {
   static const lt_cli_verb_t verbs[] = {{"tenant", tenant_cmd},           {"topics", topics_cmd},
                                         {"access", lt_cli_admin_access}, {"staff", lt_cli_admin_staff},
-                                        {"queue", lt_cli_admin_queue},   {"replay", lt_cli_admin_replay}};
+                                        {"queue", lt_cli_admin_queue},   {"replay", lt_cli_admin_replay},
+                                        {"drain", lt_cli_admin_drain}};
   return lt_cli_args_dispatch("admin", usage, verbs, sizeof verbs / sizeof *verbs, NULL, argc, argv);
 }

@@ -11,7 +11,8 @@ struct lt_recmac_key {
   uint8_t key[32];
 };
 
-static const char *const labels[] = {"lathe record mac v1: tenants", "lathe record mac v1: audit"};
+static const char *const labels[] = {"lathe record mac v1: tenants", "lathe record mac v1: audit",
+                                     "lathe record mac v1: operator"};
 
 lt_err_t lt_recmac_key_new(const lt_crypto_kek_t *kek, lt_recmac_purpose_t purpose, lt_recmac_key_t **out,
                            char *errstr, size_t n) {

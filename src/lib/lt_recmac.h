@@ -24,8 +24,9 @@
 #define LT_RECMAC_BYTES 32
 
 typedef enum lt_recmac_purpose {
-  LT_RECMAC_TENANTS, /* TenantUpserted on lathe.tenants */
-  LT_RECMAC_AUDIT    /* Access* records on lathe.audit */
+  LT_RECMAC_TENANTS,  /* TenantUpserted on lathe.tenants */
+  LT_RECMAC_AUDIT,    /* Access* records on lathe.audit */
+  LT_RECMAC_OPERATOR  /* an operator's requests on lathe.control (WorkerDrainRequested) */
 } lt_recmac_purpose_t;
 
 typedef struct lt_recmac_key lt_recmac_key_t;

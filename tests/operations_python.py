@@ -177,8 +177,13 @@ def drain(lathe, env, wrk, wid, start, base, key, tmp):
                        text=True, timeout=120)
     check(p.returncode == 1 and "no worker \"no-such-worker\"" in p.stderr and wid in p.stderr,
           f"drain of an unknown worker: refused, naming the known ones ({p.stderr.strip()})")
-    forged = {"event_id": secrets.token_hex(16), "occurred_at": int(time.time() * 1000) + 1000,
-              "producer": "admin/forger", "worker_id": wid, "reason": "forged"}
+    tail = subprocess.run([lathe, "topic", "tail", "workers", "--max", "1", "--timeout-ms", "30000"], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)  # the next heartbeat: this run's
+    beat = json.loads(tail.stdout.splitlines()[0])["record"]
+    check(beat["worker_id"] == wid, f"the only worker's heartbeat, read back ({beat['worker_id']})")
+    beat = beat["event_id"]
+    forged = {"event_id": secrets.token_hex(16), "occurred_at": int(time.time() * 1000),
+              "producer": "admin/forger", "worker_id": wid, "heartbeat_event_id": beat, "reason": "forged"}
     subprocess.run([lathe, "topic", "produce", "control", "WorkerDrainRequested"], env=env,
                    input=json.dumps(forged) + "\n", capture_output=True, text=True, timeout=120, check=True)
     wrk.wait_for(r"drain request for this worker at control/\d+@\d+ is not signed with the master key: ignored", 60)

@@ -882,24 +882,27 @@ static void react(lt_worker_t *w, const char *job_id) {
   }
 }
 
-/* An operator's request to drain (lathe admin drain): acted on when it names this worker, carries a
- * valid MAC under the master key, and was made after this process started (the log is read from
- * its beginning: an old request drained an earlier run, not this one). */
+/* An operator's request to drain (lathe admin drain): acted on when it is on lathe.control, names
+ * this worker and one of this run's heartbeats (the log is read from its beginning: a request made
+ * from an earlier run's heartbeat drained that run, not this one), and carries a valid MAC under
+ * the master key. */
 static void drain_requested(lt_worker_t *w, lt_avro_record_t *rec, const lt_bus_msg_t *m) {
-  const char *wid = NULL, *reason = "";
-  int64_t at = 0;
+  const char *wid = NULL, *hb = NULL, *reason = "";
   char why[256];
-  if (lt_avro_get_string(rec, "worker_id", &wid, NULL) || strcmp(wid, w->conf.worker_id) != 0) return;
+  if (!m || strcmp(lt_bus_msg_topic(m), w->t_control) != 0 || lt_avro_get_string(rec, "worker_id", &wid, NULL) ||
+      strcmp(wid, w->conf.worker_id) != 0 || lt_avro_get_string(rec, "heartbeat_event_id", &hb, NULL))
+    return;
+  bool this_run = false;
+  for (unsigned i = 0; i < 128 && i < w->hb_next && !this_run; i++) this_run = strcmp(w->hb_ids[i], hb) == 0;
+  if (!this_run) return;
   lt_avro_get_string(rec, "reason", &reason, NULL);
-  lt_avro_get_long(rec, "occurred_at", &at);
-  if (!m || !w->op_mac || !lt_recmac_msg_ok(w->op_mac, "control", m, why, sizeof why)) {
+  if (!w->op_mac || !lt_recmac_msg_ok(w->op_mac, "control", m, why, sizeof why)) {
     lt_log_warn("worker", "a drain request for this worker at control/%d@%lld is not signed with the master key: "
-                "ignored (%s)",
-          m ? (int)lt_bus_msg_partition(m) : -1, m ? (long long)lt_bus_msg_offset(m) : -1LL,
-          w->op_mac ? why : "no master key here to check it");
+                "ignored (%s)", (int)lt_bus_msg_partition(m), (long long)lt_bus_msg_offset(m),
+                w->op_mac ? why : "no master key here to check it");
     return;
   }
-  if (at < w->started_wall_ms || w->draining) return;
+  if (w->draining) return;
   lt_log_info("worker", "an operator asks this worker to drain: %s", reason[0] ? reason : "(no reason given)");
   lt_worker_drain(w);
   if (w->conf.on_drain) w->conf.on_drain(w->conf.on_drain_ctx, reason);
@@ -993,6 +996,9 @@ static void heartbeat(lt_worker_t *w) {
     PUT(&b, lt_avro_set_long, elem(path, "devices", idx, "memory_bytes"), (int64_t)d->memory_bytes);
     PUT(&b, lt_avro_set_string, elem(path, "devices", idx, "compute_capability"), cc);
   }
+  const char *eid = NULL;
+  if (!b.err && !lt_avro_get_string(b.r, "event_id", &eid, NULL)) /* a drain request names one */
+    snprintf(w->hb_ids[w->hb_next++ % 128], sizeof w->hb_ids[0], "%s", eid);
   send_async(w, w->t_workers, w->conf.worker_id, &b, w);
 }
 
@@ -1085,7 +1091,6 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err && conf->kek) err = lt_recmac_key_new(conf->kek, LT_RECMAC_OPERATOR, &w->op_mac, errstr, n);
-  w->started_wall_ms = lt_time_wall_ms();
   if (!err) err = lt_avro_decoder_new(conf->registry, &w->dec, errstr, n);
   for (int i = 0; i < R__N && !err; i++) err = lt_avro_record_new(conf->registry, rec_types[i], &w->rec[i], errstr, n);
   lt_bus_producer_opts_t po = {.delivery_cb = on_delivery, .opaque = w};

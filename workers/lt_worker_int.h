@@ -93,7 +93,8 @@ struct lt_worker {
   lt_avro_decoder_t *dec;
   lt_recmac_key_t *op_mac;      /* from conf.kek: an operator's WorkerDrainRequested is signed under it */
   const lt_bus_msg_t *folding;  /* the control record being folded (its MAC header, for on_folded) */
-  int64_t started_wall_ms;      /* a drain request older than this process is not for it */
+  char hb_ids[128][40];         /* the event ids of this run's newest heartbeats (a ring): a drain */
+  unsigned hb_next;             /* request names one (WorkerDrainRequested.heartbeat_event_id) */
   lt_avro_record_t *rec[16];
   char t_control[128], t_progress[128], t_workers[128], t_calls[128], t_dispatch[LT_CLASS__COUNT][128];
   attempt_t slots[MAX_SLOTS];

@@ -6,9 +6,14 @@
  * grant, the wrong scope, another staff member's grant, another tenant's request, self-approval,
  * forged records (no MAC, another master key's MAC) and a replayed approval; and, on librdkafka's
  * mock cluster, an audit write that fails (503, no data). */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "lt_access.h"
@@ -196,6 +201,71 @@ Test(lockbox, approved_read_returns_the_data_and_is_audited_first) {
   start_api(false);
   cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "after a restart: %s", body);
   cr_assert_eq(audit_count("AccessUsed", id), 2);
+}
+
+/* A staff read on its own thread: its answer's status once it came back. */
+typedef struct {
+  lt_client_t *c;
+  const char *id, *ds;
+  int status;
+  volatile int done;
+} read_bg_t;
+
+static void *read_bg(void *arg) {
+  read_bg_t *b = arg;
+  char body[4096];
+  b->status = read_dataset(b->c, b->id, b->ds, body, sizeof body);
+  __atomic_store_n(&b->done, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+/* A store that takes the connection and never answers holds the staff read that asks it whether
+ * the dataset exists (and then for its bytes), not the loop every tenant's requests share: both run
+ * on the work pool. (Before, the look-up and the whole read ran on the loop.) */
+Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_request) {
+  char ds[64], id[64], scope[128], body[4096];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  int hole = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  cr_assert(hole >= 0 && bind(hole, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(hole, 16) == 0 &&
+            getsockname(hole, (struct sockaddr *)&sa, &sl) == 0);
+  fcntl(hole, F_SETFD, FD_CLOEXEC);
+  fcntl(hole, F_SETFL, O_NONBLOCK);
+  char log[256], keys_env[128], s3_env[64], mute_url[64];
+  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.mute.log", (int)getpid());
+  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
+  snprintf(s3_env, sizeof s3_env, "LATHE_S3_ENDPOINT=127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+  lt_test_proc_t *mute = lt_test_lathed("api-mute", log, "api", NULL,
+                                        (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
+  snprintf(mute_url, sizeof mute_url, "http://127.0.0.1:%u", lt_test_proc_port(mute, 30000));
+  lt_client_t *staff = lt_test_client(mute_url, key_alice, 120), *other = lt_test_client(mute_url, key_b, 10);
+  lt_test_wait_until(lt_test_get_status(other, "/v1/jobs", NULL, 0) == 200 &&
+                         status_of(staff, "GET", "/v1/staff/access", NULL, NULL, 0) == 200,
+                     30000, 100, "the mute api never knew the keys; see %s", log);
+  for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* whatever came before the read */
+  read_bg_t b = {.c = staff, .id = id, .ds = ds};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, read_bg, &b), 0);
+  int taken = -1; /* the api's look-up, connected and waiting for an answer that never comes */
+  lt_test_wait_until((taken = accept(hole, NULL, NULL)) >= 0, 30000, 20, "the api never asked the store");
+  /* meanwhile another tenant's request is answered, and the staff read still waits */
+  int st = status_of(other, "GET", "/v1/jobs", NULL, body, sizeof body);
+  int waiting = !__atomic_load_n(&b.done, __ATOMIC_SEQ_CST);
+  cr_expect_eq(st, 200, "another tenant's request while the store is mute: %d %s", st, body);
+  cr_expect(waiting, "the staff read was answered before the store said anything (status %d)", b.status);
+  /* the store goes away: the read is answered 503 (retry), not 404, and nothing was read */
+  close(taken);
+  close(hole);
+  pthread_join(th, NULL);
+  cr_expect_eq(b.status, 503, "the staff read once the store was gone: %d", b.status);
+  cr_expect_eq(audit_count("AccessUsed", id), 0, "no AccessUsed for a read that could not look the dataset up");
+  lt_client_destroy(staff);
+  lt_client_destroy(other);
+  if (lt_test_proc_stop(mute, 10000) != -1) unlink(log);
 }
 
 /* ---------------------------------------------------------------- bypasses */

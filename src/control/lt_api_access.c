@@ -429,6 +429,7 @@ void lt_api_staff_access_revoke(lt_api_call_t *c) { staff_decides(c, 3); }
 /* ---------------------------------------------------------------- reads under a grant */
 
 typedef struct {
+  lt_api_t *api;
   struct evhttp_request *req;
   char request_id[LT_ID_MAX + 1];
   char staff[LT_ACCESS_PRINCIPAL_LEN];
@@ -438,6 +439,11 @@ typedef struct {
   char job[LT_ID_MAX + 1];
   uint64_t bytes;       /* artifacts: the plaintext size */
   char dataset[LT_ID_MAX + 1];
+  /* datasets: what the work pool found (the look-up, then the read) */
+  lt_err_t err;
+  char msg[256];
+  void *data;
+  size_t len;
 } read_t;
 
 static void send_plain(struct evhttp_request *req, void *data, size_t len, const char *type) {
@@ -450,12 +456,36 @@ static void send_plain(struct evhttp_request *req, void *data, size_t len, const
   evbuffer_free(b);
 }
 
+/* A dataset's bytes, opened under the tenant's key (work pool: a store round trip per object, and
+ * the dataset whole). */
+static void dataset_read_work(void *arg) {
+  read_t *r = arg;
+  char key[512];
+  void *wrapped = NULL;
+  size_t wlen = 0;
+  lt_crypto_dek_t *dek = NULL;
+  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_KEY);
+  r->err = lt_store_get(r->api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, r->msg, sizeof r->msg);
+  if (!r->err) r->err = lt_crypto_dek_unwrap(r->api->conf.kek, r->tenant, wrapped, wlen, &dek, r->msg, sizeof r->msg);
+  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_DATA);
+  if (!r->err)
+    r->err = lt_sealed_get(r->api->conf.store, dek, key, r->api->conf.max_upload_bytes, &r->data, &r->len, r->msg,
+                           sizeof r->msg);
+  lt_crypto_dek_destroy(dek);
+  free(wrapped);
+}
+
+static void dataset_read_after(lt_api_t *api, void *arg) {
+  read_t *r = arg;
+  if (r->err) lt_api_reply_store_err(r->req, r->err, "the object could not be read");
+  else send_plain(r->req, r->data, r->len, "application/jsonl"); /* scrubs and frees the data */
+  free(r);
+}
+
 /* The audit record is durable (or not): only now is the data read. */
 static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   read_t *r = arg;
   char msg[256];
-  void *data = NULL, *wrapped = NULL;
-  size_t len = 0, wlen = 0;
   if (err) {
     lt_api_reply_error(r->req, 503, "unavailable", NULL,
                        "the audit record of this access could not be written durably, so nothing is returned; retry");
@@ -473,32 +503,62 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
     return;
   }
   if (r->dataset[0]) {
-    char key[512];
-    lt_crypto_dek_t *dek = NULL;
-    lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_KEY);
-    err = lt_store_get(api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, msg, sizeof msg);
-    if (!err) err = lt_crypto_dek_unwrap(api->conf.kek, r->tenant, wrapped, wlen, &dek, msg, sizeof msg);
-    lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_DATA);
-    if (!err) err = lt_sealed_get(api->conf.store, dek, key, api->conf.max_upload_bytes, &data, &len, msg, sizeof msg);
-    lt_crypto_dek_destroy(dek);
-    free(wrapped);
+    lt_api_work(api, r->tenant, dataset_read_work, dataset_read_after, r);
+    return;
+  }
+  /* An artifact: streamed like the tenant's own download, under the job's artifact key. */
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
+  const lt_crypto_dek_t *dek;
+  char dek_key[LT_STORE_KEY_MAX + 1];
+  err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
+  if (err) {
+    lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
   } else {
-    /* An artifact: streamed like the tenant's own download, under the job's artifact key. */
-    const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
-    const lt_crypto_dek_t *dek;
-    char dek_key[LT_STORE_KEY_MAX + 1];
-    err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
-    if (err) {
-      lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
-    } else {
-      lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
-      lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, "application/octet-stream");
-    }
+    lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
+    lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, "application/octet-stream");
+  }
+  free(r);
+}
+
+/* The grant checked again (it may have been revoked while the store was asked), then AccessUsed
+ * written: only once it is durable is anything read (read_after_audit). */
+static void audit_then_read(lt_api_t *api, read_t *r) {
+  const lt_access_req_t *q;
+  char why[512];
+  lt_err_t err = lt_access_check(api->access, r->request_id, r->staff, r->resource, lt_time_wall_ms(), &q, why,
+                                 sizeof why);
+  if (err) {
+    lt_api_reply_error(r->req, err == LT_ERR_NOT_FOUND ? 404 : 403, err == LT_ERR_NOT_FOUND ? "not_found" : "forbidden",
+                       NULL, "%s", why);
     free(r);
     return;
   }
-  if (err) lt_api_reply_store_err(r->req, err, "the object could not be read");
-  else send_plain(r->req, data, len, "application/jsonl");
+  lt_avro_record_t *rec = record_start(api, 4, q->request_id, q->tenant_id);
+  err = rec ? LT_OK : LT_ERR_INTERNAL;
+  if (!err)
+    err = lt_avro_set_string(rec, "staff_principal", r->staff) || lt_avro_set_string(rec, "resource", r->resource) ||
+          lt_avro_set_string(rec, "action", "read");
+  if (!send_record(api, r->req, rec ? rec : api->rec_access[4], err, q->tenant_id, read_after_audit, r)) free(r);
+}
+
+/* Whether the granted dataset exists, asked of the store on the work pool (once per dataset and
+ * API process: lt_api_dataset_seen). */
+static void dataset_lookup_work(void *arg) {
+  read_t *r = arg;
+  r->err = lt_api_dataset_head(r->api, r->tenant, r->dataset);
+}
+
+static void dataset_lookup_after(lt_api_t *api, void *arg) {
+  read_t *r = arg;
+  if (r->err == LT_ERR_NOT_FOUND) {
+    lt_api_reply_error(r->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
+  } else if (r->err) {
+    lt_api_reply_store_unsure(r->req, NULL, r->dataset, r->err);
+  } else {
+    lt_api_dataset_mark_seen(api, r->tenant, r->dataset);
+    audit_then_read(api, r);
+    return;
+  }
   free(r);
 }
 
@@ -517,21 +577,12 @@ static void read_under_grant(lt_api_call_t *c, read_t *r) {
   snprintf(r->tenant, sizeof r->tenant, "%s", q->tenant_id);
   snprintf(r->request_id, sizeof r->request_id, "%s", q->request_id);
   snprintf(r->staff, sizeof r->staff, "%s", c->staff);
-  lt_err_t derr = r->dataset[0] ? lt_api_dataset_lookup(api, r->tenant, r->dataset) : LT_OK;
-  if (derr) {
-    if (derr == LT_ERR_NOT_FOUND)
-      lt_api_reply_error(c->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
-    else lt_api_reply_store_unsure(c->req, NULL, r->dataset, derr);
-    free(r);
-    return;
-  }
-  lt_avro_record_t *rec = record_start(api, 4, q->request_id, q->tenant_id);
-  err = rec ? LT_OK : LT_ERR_INTERNAL;
-  if (!err)
-    err = lt_avro_set_string(rec, "staff_principal", c->staff) || lt_avro_set_string(rec, "resource", r->resource) ||
-          lt_avro_set_string(rec, "action", "read");
+  r->api = api;
   r->req = c->req;
-  if (!send_record(api, c->req, rec ? rec : api->rec_access[4], err, q->tenant_id, read_after_audit, r)) free(r);
+  if (r->dataset[0] && !lt_api_dataset_seen(api, r->tenant, r->dataset))
+    lt_api_work(api, r->tenant, dataset_lookup_work, dataset_lookup_after, r);
+  else
+    audit_then_read(api, r);
 }
 
 /* GET /v1/staff/access/{id}/datasets/{name} */

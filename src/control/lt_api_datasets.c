@@ -453,13 +453,6 @@ lt_err_t lt_api_dataset_head(lt_api_t *api, const char *tenant, const char *data
   return lt_store_head(api->conf.store, key, &info, NULL, 0);
 }
 
-lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id) {
-  if (lt_api_dataset_seen(api, tenant, dataset_id)) return LT_OK; /* no store round trip per submission */
-  lt_err_t err = lt_api_dataset_head(api, tenant, dataset_id);
-  if (!err) lt_api_dataset_mark_seen(api, tenant, dataset_id);
-  return err;
-}
-
 void lt_api_reply_store_unsure(struct evhttp_request *req, const char *field, const char *id, lt_err_t err) {
   evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
   lt_api_reply_error(req, 503, "unavailable", field, "%s%sthe object store could not say whether dataset %s exists (%s); retry",

@@ -399,20 +399,19 @@ void lt_api_staff_access_revoke(lt_api_call_t *c);
 void lt_api_staff_access_read_dataset(lt_api_call_t *c);
 void lt_api_staff_access_read_artifact(lt_api_call_t *c);
 
-/* LT_OK when the tenant's dataset exists (its meta object is in the store), LT_ERR_NOT_FOUND when
- * it does not (or the id is no id), another code when the store could not say (unreachable): the
- * caller then answers 503 (lt_api_reply_store_unsure), never a 404 that tells a client its
- * dataset is gone while the store restarts. */
-lt_err_t lt_api_dataset_lookup(lt_api_t *api, const char *tenant, const char *dataset_id);
-/* Its parts, for a look-up off the loop (POST /v1/jobs): whether this API has seen the dataset
- * exist (a valid id, loop thread); the store's answer (any thread: a pool task); noting that it
- * exists (loop thread). lt_api_dataset_lookup blocks the loop on the store: staff reads only. */
+/* Whether a tenant's dataset exists, in three parts so that the store is asked off the loop (a
+ * submission, a staff read under a grant): whether this API has seen it exist (a valid id, loop
+ * thread); the store's answer (any thread: a pool task): LT_OK when its meta object is in the
+ * store, LT_ERR_NOT_FOUND when it is not (or the id is no id), another code when the store could
+ * not say (unreachable), and the caller then answers 503 (lt_api_reply_store_unsure), never a 404
+ * that tells a client its dataset is gone while the store restarts; noting that it exists (loop
+ * thread). */
 bool lt_api_dataset_seen(lt_api_t *api, const char *tenant, const char *dataset_id);
 lt_err_t lt_api_dataset_head(lt_api_t *api, const char *tenant, const char *dataset_id);
 void lt_api_dataset_mark_seen(lt_api_t *api, const char *tenant, const char *dataset_id);
 
 /* 503 "unavailable" with Retry-After, naming field (may be NULL): the store could not say whether
- * the tenant's dataset id exists (err: lt_api_dataset_lookup's); retrying is safe. */
+ * the tenant's dataset id exists (err: lt_api_dataset_head's); retrying is safe. */
 void lt_api_reply_store_unsure(struct evhttp_request *req, const char *field, const char *id, lt_err_t err);
 
 /* ---------------------------------------------------------------- OpenAI-compatible (lt_api_openai.c) */

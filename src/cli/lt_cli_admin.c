@@ -129,13 +129,7 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
     fprintf(stderr, "lathe admin: %s\n", err);
     goto out;
   }
-  uint8_t mac[LT_RECMAC_BYTES];
-  lt_recmac_sign(a->mac, "tenants", t->tenant_id, strlen(t->tenant_id), bytes, len, mac);
-  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = sizeof mac};
-  lt_bus_record_t r = {.topic = a->topic, .partition = LT_BUS_PARTITION_ANY, .key = t->tenant_id,
-                       .key_size = strlen(t->tenant_id), .value = bytes, .value_size = len,
-                       .headers = &h, .header_count = 1};
-  if (lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err)) {
+  if (lt_recmac_produce_sync(p, a->mac, a->topic, "tenants", t->tenant_id, bytes, len, 15000, err, sizeof err)) {
     fprintf(stderr, "lathe admin: the tenant record was not written: %s\n", err);
     goto out;
   }

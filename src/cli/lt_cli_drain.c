@@ -151,12 +151,7 @@ static int write_request(lt_bus_conf_t *bus, lt_avro_registry_t *reg, const lt_c
     fprintf(stderr, "lathe admin drain: %s\n", err[0] ? err : lt_avro_record_error(rec));
     goto out;
   }
-  uint8_t sig[LT_RECMAC_BYTES];
-  lt_recmac_sign(mac, "control", worker, strlen(worker), bytes, len, sig);
-  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = sig, .size = sizeof sig};
-  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = worker, .key_size = strlen(worker),
-                       .value = bytes, .value_size = len, .headers = &h, .header_count = 1};
-  if (lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err)) {
+  if (lt_recmac_produce_sync(p, mac, topic, "control", worker, bytes, len, 15000, err, sizeof err)) {
     fprintf(stderr, "lathe admin drain: the request was not written: %s\n", err);
     goto out;
   }

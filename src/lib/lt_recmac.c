@@ -88,3 +88,14 @@ bool lt_recmac_msg_ok(const lt_recmac_key_t *k, const char *topic_base, const lt
   }
   return true;
 }
+
+lt_err_t lt_recmac_produce_sync(lt_bus_producer_t *p, const lt_recmac_key_t *k, const char *topic,
+                                const char *topic_base, const char *key, const void *value, size_t value_len,
+                                int timeout_ms, char *errstr, size_t n) {
+  uint8_t mac[LT_RECMAC_BYTES];
+  lt_recmac_sign(k, topic_base, key, strlen(key), value, value_len, mac);
+  lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = sizeof mac};
+  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                       .value = value, .value_size = value_len, .headers = &h, .header_count = 1};
+  return lt_bus_produce_sync(p, &r, timeout_ms, NULL, NULL, errstr, n);
+}

@@ -49,4 +49,11 @@ bool lt_recmac_verify(const lt_recmac_key_t *k, const char *topic_base, const vo
 bool lt_recmac_msg_ok(const lt_recmac_key_t *k, const char *topic_base, const lt_bus_msg_t *m, char *errstr,
                       size_t errstr_size);
 
+/* Writes value under key to topic (full name; its base name topic_base goes into the MAC) with the
+ * MAC in LT_RECMAC_HEADER, and waits up to timeout_ms for the durable acknowledgement
+ * (lt_bus_produce_sync). */
+lt_err_t lt_recmac_produce_sync(lt_bus_producer_t *p, const lt_recmac_key_t *k, const char *topic,
+                                const char *topic_base, const char *key, const void *value, size_t value_len,
+                                int timeout_ms, char *errstr, size_t errstr_size);
+
 #endif

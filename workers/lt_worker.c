@@ -23,7 +23,6 @@
 #include "lt_job_record.h"
 #include "lt_log.h"
 #include "lt_proto.h"
-#include "lt_recmac.h"
 #include "lt_scrub.h"
 #include "lt_proj.h"
 #include "lt_time.h"
@@ -882,37 +881,11 @@ static void react(lt_worker_t *w, const char *job_id) {
   }
 }
 
-/* An operator's request to drain (lathe admin drain): acted on when it is on lathe.control, names
- * this worker and one of this run's heartbeats (the log is read from its beginning: a request made
- * from an earlier run's heartbeat drained that run, not this one), and carries a valid MAC under
- * the master key. */
-static void drain_requested(lt_worker_t *w, lt_avro_record_t *rec, const lt_bus_msg_t *m) {
-  const char *wid = NULL, *hb = NULL, *reason = "";
-  char why[256];
-  if (!m || strcmp(lt_bus_msg_topic(m), w->t_control) != 0 || lt_avro_get_string(rec, "worker_id", &wid, NULL) ||
-      strcmp(wid, w->conf.worker_id) != 0 || lt_avro_get_string(rec, "heartbeat_event_id", &hb, NULL))
-    return;
-  bool this_run = false;
-  for (unsigned i = 0; i < 128 && i < w->hb_next && !this_run; i++) this_run = strcmp(w->hb_ids[i], hb) == 0;
-  if (!this_run) return;
-  lt_avro_get_string(rec, "reason", &reason, NULL);
-  if (!w->op_mac || !lt_recmac_msg_ok(w->op_mac, "control", m, why, sizeof why)) {
-    lt_log_warn("worker", "a drain request for this worker at control/%d@%lld is not signed with the master key: "
-                "ignored (%s)", (int)lt_bus_msg_partition(m), (long long)lt_bus_msg_offset(m),
-                w->op_mac ? why : "no master key here to check it");
-    return;
-  }
-  if (w->draining) return;
-  lt_log_info("worker", "an operator asks this worker to drain: %s", reason[0] ? reason : "(no reason given)");
-  lt_worker_drain(w);
-  if (w->conf.on_drain) w->conf.on_drain(w->conf.on_drain_ctx, reason);
-}
-
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
   lt_worker_t *w = ctx;
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) react(w, res->job_id);
   if (res->type && res->record && strcmp(res->type, "WorkerDrainRequested") == 0)
-    drain_requested(w, res->record, w->folding);
+    lt_worker_drain_requested(w, res->record, w->folding);
 }
 
 /* Folds one record of jobs, control or tenants; a refused tenant record (no valid MAC) is said

@@ -114,4 +114,8 @@ struct lt_worker {
   char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
 };
 
+/* A WorkerDrainRequested folded from lathe.control (m: its message), acted on when it is for this
+ * worker's run and signed (lt_worker_ops.c). */
+void lt_worker_drain_requested(lt_worker_t *w, lt_avro_record_t *rec, const lt_bus_msg_t *m);
+
 #endif

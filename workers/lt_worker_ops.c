@@ -1,4 +1,5 @@
-/* lt_worker_ops: the worker's operator endpoint — /metrics and /healthz over lt_worker_stats.
+/* lt_worker_ops: the worker's operator endpoint — /metrics and /healthz over lt_worker_stats —
+ * and an operator's request to drain it (lathe admin drain).
  *
  * Apart from lt_worker.c so that the role's logic and what operators read of it stay readable
  * each on its own. The heartbeat lag is the one figure that says a worker is in trouble before
@@ -6,10 +7,14 @@
  * stops its attempts itself (lt_worker.c, on_tick). */
 #include <jansson.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "lt_log.h"
 #include "lt_metrics.h"
+#include "lt_recmac.h"
 #include "lt_time.h"
 #include "lt_worker.h"
+#include "lt_worker_int.h"
 
 /* Seconds since the last acknowledged heartbeat; -1 before the first. */
 static double heartbeat_lag_s(const lt_worker_stats_t *st, int64_t now) {
@@ -64,4 +69,30 @@ int lt_worker_health(lt_worker_t *w, char **json) {
   *json = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return ok ? 200 : 503;
+}
+
+/* An operator's request to drain (lathe admin drain): acted on when it is on lathe.control, names
+ * this worker and one of this run's heartbeats (the log is read from its beginning: a request made
+ * from an earlier run's heartbeat drained that run, not this one), and carries a valid MAC under
+ * the master key. */
+void lt_worker_drain_requested(lt_worker_t *w, lt_avro_record_t *rec, const lt_bus_msg_t *m) {
+  const char *wid = NULL, *hb = NULL, *reason = "";
+  char why[256];
+  if (!m || strcmp(lt_bus_msg_topic(m), w->t_control) != 0 || lt_avro_get_string(rec, "worker_id", &wid, NULL) ||
+      strcmp(wid, w->conf.worker_id) != 0 || lt_avro_get_string(rec, "heartbeat_event_id", &hb, NULL))
+    return;
+  bool this_run = false;
+  for (unsigned i = 0; i < 128 && i < w->hb_next && !this_run; i++) this_run = strcmp(w->hb_ids[i], hb) == 0;
+  if (!this_run) return;
+  lt_avro_get_string(rec, "reason", &reason, NULL);
+  if (!w->op_mac || !lt_recmac_msg_ok(w->op_mac, "control", m, why, sizeof why)) {
+    lt_log_warn("worker", "a drain request for this worker at control/%d@%lld is not signed with the master key: "
+                "ignored (%s)", (int)lt_bus_msg_partition(m), (long long)lt_bus_msg_offset(m),
+                w->op_mac ? why : "no master key here to check it");
+    return;
+  }
+  if (w->draining) return;
+  lt_log_info("worker", "an operator asks this worker to drain: %s", reason[0] ? reason : "(no reason given)");
+  lt_worker_drain(w);
+  if (w->conf.on_drain) w->conf.on_drain(w->conf.on_drain_ctx, reason);
 }

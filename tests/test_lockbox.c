@@ -219,15 +219,20 @@ static void *read_bg(void *arg) {
   return NULL;
 }
 
-/* A store that takes the connection and never answers holds the staff read that asks it whether
+/* A store that takes the connection and never answers holds the staff reads that ask it whether
  * the dataset exists (and then for its bytes), not the loop every tenant's requests share: both run
- * on the work pool. (Before, the look-up and the whole read ran on the loop.) */
+ * on the work pool. (Before, the look-up and the whole read ran on the loop.) Two grants on one
+ * dataset, each read waiting on the store; one grant is revoked meanwhile. When the store goes away,
+ * the read under the grant still held answers 503 (retry), not 404; the one under the revoked grant
+ * 403, saying nothing of the dataset; neither wrote AccessUsed. */
 Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_request) {
-  char ds[64], id[64], scope[128], body[4096];
+  char ds[64], held[64], revoked[64], scope[128], body[4096];
   upload(ca, canary_jsonl, ds, sizeof ds);
   snprintf(scope, sizeof scope, "dataset:%s", ds);
-  ask(alice, tenant_a, scope, 600, id, sizeof id);
-  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  ask(alice, tenant_a, scope, 600, held, sizeof held);
+  ask(alice, tenant_a, scope, 600, revoked, sizeof revoked);
+  cr_assert_eq(decide(ca, "/v1/access", held, "approve"), 200);
+  cr_assert_eq(decide(ca, "/v1/access", revoked, "approve"), 200);
   int hole = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t sl = sizeof sa;
@@ -242,28 +247,44 @@ Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_re
   lt_test_proc_t *mute = lt_test_lathed("api-mute", log, "api", NULL,
                                         (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
   snprintf(mute_url, sizeof mute_url, "http://127.0.0.1:%u", lt_test_proc_port(mute, 30000));
-  lt_client_t *staff = lt_test_client(mute_url, key_alice, 120), *other = lt_test_client(mute_url, key_b, 10);
+  /* a client each (a client is one thread's at a time, and one connection carries one request) */
+  lt_client_t *staff = lt_test_client(mute_url, key_alice, 120), *staff2 = lt_test_client(mute_url, key_alice, 120),
+              *looker = lt_test_client(mute_url, key_alice, 10), *other = lt_test_client(mute_url, key_b, 10);
   lt_test_wait_until(lt_test_get_status(other, "/v1/jobs", NULL, 0) == 200 &&
-                         status_of(staff, "GET", "/v1/staff/access", NULL, NULL, 0) == 200,
+                         status_of(looker, "GET", "/v1/staff/access", NULL, NULL, 0) == 200,
                      30000, 100, "the mute api never knew the keys; see %s", log);
-  for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* whatever came before the read */
-  read_bg_t b = {.c = staff, .id = id, .ds = ds};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, read_bg, &b), 0);
-  int taken = -1; /* the api's look-up, connected and waiting for an answer that never comes */
+  for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* whatever came before the reads */
+  read_bg_t b[2] = {{.c = staff, .id = held, .ds = ds}, {.c = staff2, .id = revoked, .ds = ds}};
+  pthread_t th[2];
+  int taken = -1; /* the first read's look-up, connected and waiting for an answer that never comes (the
+                   * second's waits behind it in the tenant's queue of the work pool, or beside it) */
+  for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, read_bg, &b[i]), 0);
   lt_test_wait_until((taken = accept(hole, NULL, NULL)) >= 0, 30000, 20, "the api never asked the store");
-  /* meanwhile another tenant's request is answered, and the staff read still waits */
+  usleep(500 * 1000); /* the second read reaches the api too */
+  /* meanwhile another tenant's request is answered, and the staff reads still wait */
   int st = status_of(other, "GET", "/v1/jobs", NULL, body, sizeof body);
-  int waiting = !__atomic_load_n(&b.done, __ATOMIC_SEQ_CST);
+  int waiting = !__atomic_load_n(&b[0].done, __ATOMIC_SEQ_CST) && !__atomic_load_n(&b[1].done, __ATOMIC_SEQ_CST);
   cr_expect_eq(st, 200, "another tenant's request while the store is mute: %d %s", st, body);
-  cr_expect(waiting, "the staff read was answered before the store said anything (status %d)", b.status);
-  /* the store goes away: the read is answered 503 (retry), not 404, and nothing was read */
+  cr_expect(waiting, "a staff read was answered before the store said anything (%d, %d)", b[0].status, b[1].status);
+  /* the tenant revokes one grant; the mute api folds it from lathe.audit */
+  cr_assert_eq(decide(ca, "/v1/access", revoked, "revoke"), 200);
+  char want[128];
+  snprintf(want, sizeof want, "\"%s\"", revoked);
+  lt_test_wait_until(status_of(looker, "GET", "/v1/staff/access", NULL, body, sizeof body) == 200 &&
+                         strstr(body, want) && strstr(strstr(body, want), "\"revoked\""),
+                     30000, 100, "the mute api never folded the revoke: %s", body);
+  /* the store goes away */
   close(taken);
+  for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* the second look-up, if it came */
   close(hole);
-  pthread_join(th, NULL);
-  cr_expect_eq(b.status, 503, "the staff read once the store was gone: %d", b.status);
-  cr_expect_eq(audit_count("AccessUsed", id), 0, "no AccessUsed for a read that could not look the dataset up");
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  cr_expect_eq(b[0].status, 503, "the read under the grant still held, once the store was gone: %d", b[0].status);
+  cr_expect_eq(b[1].status, 403, "the read under the grant revoked while it waited: %d", b[1].status);
+  cr_expect_eq(audit_count("AccessUsed", held) + audit_count("AccessUsed", revoked), 0,
+               "no AccessUsed for a read that could not look the dataset up");
   lt_client_destroy(staff);
+  lt_client_destroy(staff2);
+  lt_client_destroy(looker);
   lt_client_destroy(other);
   if (lt_test_proc_stop(mute, 10000) != -1) unlink(log);
 }

@@ -456,6 +456,19 @@ static void send_plain(struct evhttp_request *req, void *data, size_t len, const
   evbuffer_free(b);
 }
 
+/* Whether r's grant still holds now (it may be revoked, or run out, at any step); when not, answers
+ * 403 or 404 saying why, and the caller frees r. */
+static bool grant_holds(lt_api_t *api, read_t *r) {
+  const lt_access_req_t *q;
+  char why[512];
+  lt_err_t err = lt_access_check(api->access, r->request_id, r->staff, r->resource, lt_time_wall_ms(), &q, why,
+                                 sizeof why);
+  if (err)
+    lt_api_reply_error(r->req, err == LT_ERR_NOT_FOUND ? 404 : 403, err == LT_ERR_NOT_FOUND ? "not_found" : "forbidden",
+                       NULL, "%s", why);
+  return !err;
+}
+
 /* A dataset's bytes, opened under the tenant's key (work pool: a store round trip per object, and
  * the dataset whole). */
 static void dataset_read_work(void *arg) {
@@ -477,8 +490,14 @@ static void dataset_read_work(void *arg) {
 
 static void dataset_read_after(lt_api_t *api, void *arg) {
   read_t *r = arg;
-  if (r->err) lt_api_reply_store_err(r->req, r->err, "the object could not be read");
-  else send_plain(r->req, r->data, r->len, "application/jsonl"); /* scrubs and frees the data */
+  if (r->err) {
+    lt_api_reply_store_err(r->req, r->err, "the object could not be read");
+  } else if (!grant_holds(api, r)) { /* revoked while the pool read: not a byte goes out */
+    OPENSSL_cleanse(r->data, r->len);
+    free(r->data);
+  } else {
+    send_plain(r->req, r->data, r->len, "application/jsonl"); /* scrubs and frees the data */
+  }
   free(r);
 }
 
@@ -492,13 +511,7 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
     free(r);
     return;
   }
-  /* Again now: the grant may have been revoked, or run out, while the record was written. */
-  const lt_access_req_t *q;
-  char why[512];
-  err = lt_access_check(api->access, r->request_id, r->staff, r->resource, lt_time_wall_ms(), &q, why, sizeof why);
-  if (err) {
-    lt_api_reply_error(r->req, err == LT_ERR_NOT_FOUND ? 404 : 403, err == LT_ERR_NOT_FOUND ? "not_found" : "forbidden",
-                       NULL, "%s", why);
+  if (!grant_holds(api, r)) { /* again now: revoked, or run out, while the record was written */
     free(r);
     return;
   }
@@ -523,22 +536,16 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
 /* The grant checked again (it may have been revoked while the store was asked), then AccessUsed
  * written: only once it is durable is anything read (read_after_audit). */
 static void audit_then_read(lt_api_t *api, read_t *r) {
-  const lt_access_req_t *q;
-  char why[512];
-  lt_err_t err = lt_access_check(api->access, r->request_id, r->staff, r->resource, lt_time_wall_ms(), &q, why,
-                                 sizeof why);
-  if (err) {
-    lt_api_reply_error(r->req, err == LT_ERR_NOT_FOUND ? 404 : 403, err == LT_ERR_NOT_FOUND ? "not_found" : "forbidden",
-                       NULL, "%s", why);
+  if (!grant_holds(api, r)) {
     free(r);
     return;
   }
-  lt_avro_record_t *rec = record_start(api, 4, q->request_id, q->tenant_id);
-  err = rec ? LT_OK : LT_ERR_INTERNAL;
+  lt_avro_record_t *rec = record_start(api, 4, r->request_id, r->tenant);
+  lt_err_t err = rec ? LT_OK : LT_ERR_INTERNAL;
   if (!err)
     err = lt_avro_set_string(rec, "staff_principal", r->staff) || lt_avro_set_string(rec, "resource", r->resource) ||
           lt_avro_set_string(rec, "action", "read");
-  if (!send_record(api, r->req, rec ? rec : api->rec_access[4], err, q->tenant_id, read_after_audit, r)) free(r);
+  if (!send_record(api, r->req, rec ? rec : api->rec_access[4], err, r->tenant, read_after_audit, r)) free(r);
 }
 
 /* Whether the granted dataset exists, asked of the store on the work pool (once per dataset and
@@ -550,6 +557,10 @@ static void dataset_lookup_work(void *arg) {
 
 static void dataset_lookup_after(lt_api_t *api, void *arg) {
   read_t *r = arg;
+  if (!grant_holds(api, r)) { /* first: whether the dataset exists is the tenant's data too */
+    free(r);
+    return;
+  }
   if (r->err == LT_ERR_NOT_FOUND) {
     lt_api_reply_error(r->req, 404, "not_found", NULL, "tenant %s has no dataset %s", r->tenant, r->dataset);
   } else if (r->err) {

@@ -351,11 +351,18 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(lc.Conflict):
             tc.save_state("d")
         self.assertEqual(len(self.reqs("POST", path)), 17)
-        # a POST without a key (a session's creation) that may have been taken is never repeated
+        # a session's creation carries a key too: sent again after a 503, under the same key
         self.fake.script[("POST", "/v1/sessions")] = [down]
+        self.session()
+        made = self.reqs("POST", "/v1/sessions")[1:]
+        self.assertEqual(len(made), 2)
+        self.assertEqual(made[0][3]["Idempotency-Key"], made[1][3]["Idempotency-Key"])
+        self.assertNotEqual(made[0][3]["Idempotency-Key"], self.reqs("POST", "/v1/sessions")[0][3]["Idempotency-Key"])
+        # a POST without a key (a job submitted without one) that may have been taken is never repeated
+        self.fake.script[("POST", "/v1/jobs")] = [down]
         with self.assertRaises(lc.Unavailable):
-            self.session()
-        self.assertEqual(len(self.reqs("POST", "/v1/sessions")), 2)
+            self.service.submit_job({"base_model": "m", "dataset_id": "ds-1"})
+        self.assertEqual(len(self.reqs("POST", "/v1/jobs")), 1)
         # a long poll (a GET) is safe to repeat: after Retry-After it is
         f = tc.save_state("b")
         self.fake.finish(f.seq, status="done", result={"name": "b", "step": 0})

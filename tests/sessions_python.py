@@ -219,6 +219,13 @@ def idempotency(svc, base, key_a, env, daemon):
     key's call id written into the log (as two API processes racing would) is not run again: GET of
     its seq answers the first's result. Returns what the restart check (idle) needs."""
     batch = [sft_datum(svc.tokenize("lathe-tiny", "date: May 1, 2001\niso:"), svc.tokenize("lathe-tiny", " 2001-05-01"))]
+    spec, k = {"base_model": "lathe-tiny", "lora": {"rank": 4, "alpha": 8}, "seed": 11}, f"open-{secrets.token_hex(6)}"
+    st1, s1 = http(base, key_a, "POST", "/v1/sessions", spec, headers={"Idempotency-Key": k})
+    st2, s2 = http(base, key_a, "POST", "/v1/sessions", spec, headers={"Idempotency-Key": k})
+    check(st1 == 201 and st2 == 200 and s1["id"] == s2["id"],
+          f"POST /v1/sessions sent again with its Idempotency-Key: the same session {s1.get('id')} ({st1}, {st2})")
+    st, _ = http(base, key_a, "POST", f"/v1/sessions/{s1['id']}/cancel")
+    check(st in (200, 202), f"and it is cancelled ({st})")
     tc = svc.create_lora_training_client("lathe-tiny", rank=4, alpha=8, seed=9)
     path = f"/v1/sessions/{tc.id}/calls"
     tc.forward_backward(batch)

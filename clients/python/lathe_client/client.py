@@ -162,13 +162,15 @@ class TrainingClient:
         return r
 
     def end(self) -> Dict[str, Any]:
-        """Ends the session once its queued calls have run (DELETE; state -> completed)."""
-        _, r = self._http.request("DELETE", self._path)
+        """Ends the session once its queued calls have run (DELETE; state -> completed). Sent
+        again after a lost answer: a second end never runs (the first ends the session)."""
+        _, r = self._http.request("DELETE", self._path, idempotent=True)
         return r or {}
 
     def cancel(self) -> Dict[str, Any]:
-        """Stops the session at once (state -> cancelled); queued calls do not run."""
-        _, r = self._http.request("POST", self._path + "/cancel")
+        """Stops the session at once (state -> cancelled); queued calls do not run. Idempotent:
+        sent again after a lost answer."""
+        _, r = self._http.request("POST", self._path + "/cancel", idempotent=True)
         return r or {}
 
     def wait_until(self, states: Iterable[str] = ("completed", "cancelled", "failed"),
@@ -248,12 +250,15 @@ class ServiceClient:
                                     targets: Optional[Sequence[str]] = None, seed: int = 0,
                                     priority: str = "standard", dropout: float = 0.0) -> TrainingClient:
         """Opens a training session (POST /v1/sessions). It may still be queued for a slot when
-        this returns; calls sent meanwhile wait their turn. targets None: every target module."""
+        this returns; calls sent meanwhile wait their turn. targets None: every target module.
+        Sent with an Idempotency-Key of its own, so it is sent again after a lost answer without
+        opening a second session (which would hold a slot of its own)."""
         lora: Dict[str, Any] = {"rank": rank, "alpha": alpha, "dropout": dropout}
         if targets is not None:
             lora["targets"] = list(targets)
         body = {"base_model": base_model, "lora": lora, "seed": seed, "priority": priority}
-        _, r = self.http.request("POST", "/v1/sessions", body)
+        _, r = self.http.request("POST", "/v1/sessions", body, idempotent=True,
+                                 headers={"Idempotency-Key": uuid.uuid4().hex})
         if not isinstance(r, dict) or not r.get("id"):
             raise LatheError(f"POST /v1/sessions: no id in the answer {r!r}")
         return TrainingClient(self.http, r["id"], r)

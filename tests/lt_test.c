@@ -367,6 +367,18 @@ lt_client_t *lt_test_client(const char *url, const char *api_key, int timeout_s)
   return c;
 }
 
+int lt_test_mute_store(char *env, size_t n) {
+  int hole = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  cr_assert(hole >= 0 && bind(hole, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(hole, 16) == 0 &&
+            getsockname(hole, (struct sockaddr *)&sa, &sl) == 0);
+  fcntl(hole, F_SETFD, FD_CLOEXEC);
+  fcntl(hole, F_SETFL, O_NONBLOCK);
+  snprintf(env, n, "LATHE_S3_ENDPOINT=127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+  return hole;
+}
+
 lt_client_resp_t lt_test_req(lt_client_t *c, const char *method, const char *path, const char *body, size_t len) {
   lt_client_resp_t r;
   cr_assert_eq(lt_client_request(c, method, path, NULL, 0, body, len, NULL, &r, err, sizeof err), LT_OK, "%s %s: %s",

@@ -147,6 +147,11 @@ unsigned lt_test_proc_port_of(lt_test_proc_t *p, const char *mark, int timeout_m
 
 /* A client of url with api_key (may be NULL). */
 lt_client_t *lt_test_client(const char *url, const char *api_key, int timeout_s);
+
+/* A mute object store: a loopback socket that takes connections (accept them to see them come) and
+ * never answers. Returns the listening socket (non-blocking, close-on-exec); env gets
+ * "LATHE_S3_ENDPOINT=127.0.0.1:<port>" for a lathed to be started with. */
+int lt_test_mute_store(char *env, size_t n);
 /* One request; asserts that the transport worked. */
 lt_client_resp_t lt_test_req(lt_client_t *c, const char *method, const char *path, const char *body, size_t len);
 /* GET path: the status, 0 when the request did not get an answer (last_body, when not NULL, gets

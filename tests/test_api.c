@@ -722,15 +722,8 @@ static void *submit_bg(void *arg) {
  * dataset exists, not the loop every tenant's requests share: the look-up runs on the work pool.
  * (Before, the HEAD ran on the loop, and every request waited out libs3's timeouts with it.) */
 Test(api, a_store_that_never_answers_holds_the_submission_not_every_other_request) {
-  int hole = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof sa;
-  cr_assert(hole >= 0 && bind(hole, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(hole, 16) == 0 &&
-            getsockname(hole, (struct sockaddr *)&sa, &sl) == 0);
-  fcntl(hole, F_SETFD, FD_CLOEXEC);
-  fcntl(hole, F_SETFL, O_NONBLOCK);
   char env[64];
-  snprintf(env, sizeof env, "LATHE_S3_ENDPOINT=127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+  int hole = lt_test_mute_store(env, sizeof env);
   srv_t mute = start_api_with(NULL, (const char *const[]){env, NULL});
   lt_client_t *c = lt_test_client(mute.url, key_a, 120), *c2 = lt_test_client(mute.url, key_b, 10);
   lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200 && lt_test_get_status(c2, "/v1/jobs", NULL, 0) == 200,

@@ -6,9 +6,6 @@
  * grant, the wrong scope, another staff member's grant, another tenant's request, self-approval,
  * forged records (no MAC, another master key's MAC) and a replayed approval; and, on librdkafka's
  * mock cluster, an audit write that fails (503, no data). */
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,17 +230,10 @@ Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_re
   ask(alice, tenant_a, scope, 600, revoked, sizeof revoked);
   cr_assert_eq(decide(ca, "/v1/access", held, "approve"), 200);
   cr_assert_eq(decide(ca, "/v1/access", revoked, "approve"), 200);
-  int hole = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof sa;
-  cr_assert(hole >= 0 && bind(hole, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(hole, 16) == 0 &&
-            getsockname(hole, (struct sockaddr *)&sa, &sl) == 0);
-  fcntl(hole, F_SETFD, FD_CLOEXEC);
-  fcntl(hole, F_SETFL, O_NONBLOCK);
   char log[256], keys_env[128], s3_env[64], mute_url[64];
+  int hole = lt_test_mute_store(s3_env, sizeof s3_env);
   snprintf(log, sizeof log, "/tmp/test_lockbox.%d.mute.log", (int)getpid());
   snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
-  snprintf(s3_env, sizeof s3_env, "LATHE_S3_ENDPOINT=127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
   lt_test_proc_t *mute = lt_test_lathed("api-mute", log, "api", NULL,
                                         (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
   snprintf(mute_url, sizeof mute_url, "http://127.0.0.1:%u", lt_test_proc_port(mute, 30000));

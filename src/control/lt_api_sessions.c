@@ -304,14 +304,23 @@ typedef struct {
   char msg[256];
 } fetch_t;
 
-static void fetch_work(void *arg) {
-  fetch_t *f = arg;
+/* A sealed JSON object of a session (a call's body or result), opened and parsed, its plaintext
+ * scrubbed (any thread: the work pool). what names it in the error. */
+static lt_err_t sealed_json(lt_api_t *api, const lt_crypto_dek_t *dek, const char *key, size_t max, const char *what,
+                            json_t **out, char *msg, size_t n) {
   void *data = NULL;
   size_t len = 0;
-  f->err = lt_sealed_get(f->api->conf.store, f->dek, f->key, (size_t)256 << 20, &data, &len, f->msg, sizeof f->msg);
-  if (!f->err && !(f->result = json_loadb(data, len, 0, NULL)))
-    f->err = lt_errf(f->msg, sizeof f->msg, LT_ERR_CORRUPT, "the stored result is not JSON");
+  *out = NULL;
+  lt_err_t err = lt_sealed_get(api->conf.store, dek, key, max, &data, &len, msg, n);
+  if (!err && !(*out = json_loadb(data, len, 0, NULL))) err = lt_errf(msg, n, LT_ERR_CORRUPT, "%s is not JSON", what);
+  if (data) OPENSSL_cleanse(data, len);
   free(data);
+  return err;
+}
+
+static void fetch_work(void *arg) {
+  fetch_t *f = arg;
+  f->err = sealed_json(f->api, f->dek, f->key, (size_t)256 << 20, "the stored result", &f->result, f->msg, sizeof f->msg);
 }
 
 static void fetch_after(lt_api_t *api, void *arg) {
@@ -729,15 +738,9 @@ typedef struct {
 
 static void replay_work(void *arg) {
   replay_t *r = arg;
-  void *data = NULL;
-  size_t len = 0;
-  r->err = lt_sealed_get(r->api->conf.store, r->dek, r->key, LT_API_PART_MAX + 4096, &data, &len, r->msg, sizeof r->msg);
-  json_t *first = r->err ? NULL : json_loadb(data, len, 0, NULL);
-  if (data) {
-    OPENSSL_cleanse(data, len);
-    free(data);
-  }
-  if (!r->err && !first) r->err = lt_errf(r->msg, sizeof r->msg, LT_ERR_CORRUPT, "the first call's body is not JSON");
+  json_t *first;
+  r->err = sealed_json(r->api, r->dek, r->key, LT_API_PART_MAX + 4096, "the first call's body", &first, r->msg,
+                       sizeof r->msg);
   if (first) { /* load_state's state key is the API's addition, not the client's */
     json_object_del(first, "state_key");
     json_object_del(r->body, "state_key");

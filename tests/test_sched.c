@@ -1167,6 +1167,50 @@ Test(sched, losing_a_worker_of_a_gang_requeues_the_whole_gang) {
   lt_sched_destroy(s);
 }
 
+/* A new leader books what the log says runs (lt_sched_job_book): a gang on its workers in rank
+ * order, whatever a decision would have chosen; bad bookings are refused and change nothing. */
+Test(sched, a_running_gang_is_booked_where_the_log_says_it_runs) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  for (uint64_t w = 1; w <= 3; w++) gworker(s, w, 8, 7);
+  gworker(s, 4, 8, 9);
+  job(s, 1, 1, LT_CLASS_STANDARD, 12, LT_SCHED_NO_MODEL, 0);
+  job(s, 2, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
+  char err[256] = "";
+  uint64_t twice[2] = {3, 3}, groups[2] = {3, 4}, down[2] = {3, 5}, ranks[2] = {3, 1};
+  cr_assert_eq(lt_sched_job_book(s, 1, twice, 2, 5, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "named twice"), "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 1, groups, 2, 5, err, sizeof err), LT_ERR_INVALID);
+  cr_assert(strstr(err, "node group"), "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 1, down, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND);
+  cr_assert(strstr(err, "worker 5 (rank 1) is not up"), "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 1, 5, err, sizeof err), LT_ERR_UNAVAILABLE, "12 GPUs on one 8-slot worker");
+  cr_assert(strstr(err, "needs 12 GPUs"), "%s", err);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.running, 0, "a refused booking changed something");
+  cr_assert_eq(c.slots_used, 0);
+  /* rank 0 on worker 3, rank 1 on worker 1: 8 + 4 GPUs */
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 2, 5, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND, "booked twice");
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.running, 1);
+  cr_assert_eq(c.slots_used, 12);
+  uint64_t w1[1] = {1};
+  cr_assert_eq(lt_sched_job_book(s, 2, w1, 1, 5, err, sizeof err), LT_OK, "%s", err);
+  /* workers 1 and 3 are full: a new 8-GPU job goes to worker 2 or 4, never onto the gang */
+  job(s, 3, 1, LT_CLASS_STANDARD, 8, LT_SCHED_NO_MODEL, 6);
+  lt_sched_decision_t d[8];
+  size_t n = lt_sched_decide(s, 6, d, 8);
+  cr_assert_eq(n, 1);
+  cr_assert(d[0].worker_id == 2 || d[0].worker_id == 4, "dispatched onto worker %llu", (unsigned long long)d[0].worker_id);
+  /* losing rank 1's worker frees the gang's part on worker 3 too, and requeues it */
+  cr_assert_eq(lt_sched_worker_down(s, 1, 10), LT_OK);
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.slots_used, 8, "only job 3 runs");
+  cr_assert_eq(c.queued, 2, "the gang and job 2 wait again");
+  lt_sched_destroy(s);
+}
+
 Test(sched, production_gang_preempts_preemptible_work_across_workers) {
   lt_sched_t *s = gang_fleet(0, 120, 0);
   gworker(s, 1, 8, 0);

@@ -547,6 +547,41 @@ Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
   lt_scheduler_destroy(s);
 }
 
+/* A new leader books a running multi-worker gang on every worker it runs on (the previous one
+ * left it out of the policy, so its slots looked free): a job submitted while none led waits
+ * for them, a drain of its rank 1 still stops it, and its end frees them. */
+Test(scheduler, a_new_leader_books_a_running_gang_on_every_worker_of_it) {
+  put_tenant("acme", 0);
+  heartbeat_of("w1", 1, "rack", "127.0.0.1:7001", false);
+  heartbeat_of("w2", 1, "rack", "127.0.0.1:7002", false);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-gang", "acme", LT_CLASS_STANDARD, two_gpus);
+  cr_assert(wait_for("JobDispatched", "job-gang", "control", 1, 20000));
+  json_t *ranks = json_object_get(find_seen("JobDispatched", "job-gang", "control", 0), "gang_workers");
+  cr_assert_eq(json_array_size(ranks), 2, "not a gang of two workers");
+  char rank1[16];
+  snprintf(rank1, sizeof rank1, "%s", json_string_value(json_array_get(ranks, 1)));
+  control_rec("AttemptStarted", "job-gang", "acme", 1);
+  settle(500);
+  lt_scheduler_destroy(s); /* the leader dies while the gang runs */
+  submit("job-one", "acme", LT_CLASS_STANDARD, NULL);
+  s = start(NULL, &c);
+  settle(2000);
+  cr_assert_eq(count_seen("JobDispatched", "job-one", "control"), 0, "job-one was dispatched onto the gang's slots");
+  const char *rank0 = strcmp(rank1, "w1") ? "w1" : "w2";
+  heartbeat_of(rank1, 1, "rack", strcmp(rank1, "w1") ? "127.0.0.1:7002" : "127.0.0.1:7001", true);
+  cr_assert(wait_for("PreemptRequested", "job-gang", "control", 1, 20000),
+            "a drain of the gang's rank 1 did not stop it under the new leader");
+  settle(500);
+  cr_assert_eq(count_seen("JobDispatched", "job-one", "control"), 0, "job-one took a slot the gang still holds");
+  control_rec("JobCompleted", "job-gang", "acme", 1);
+  cr_assert(wait_for("JobDispatched", "job-one", "control", 1, 20000), "the gang's end did not free its slots");
+  const char *went = json_string_value(json_object_get(find_seen("JobDispatched", "job-one", "control", 0), "worker_id"));
+  cr_assert_str_eq(went, rank0, "job-one went to %s, the draining worker", went);
+  lt_scheduler_destroy(s);
+}
+
 Test(scheduler, a_started_attempt_whose_lease_expires_is_stopped_lost_then_requeued) {
   put_tenant("acme", 0);
   heartbeat("w1", 1);

@@ -410,6 +410,55 @@ lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now) {
   return LT_OK;
 }
 
+lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, uint32_t n,
+                           double now, char *errstr, size_t errstr_size) {
+  uint32_t jx = job_find(s, job_id);
+  if (jx == NIL || s->jobs[jx].state != JS_QUEUED)
+    return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "sched: job %llu is not queued",
+                   (unsigned long long)job_id);
+  if (n == 0 || n > LT_SCHED_MAX_GANG_WORKERS)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "sched: job %llu: %u workers, expected 1..%d", (unsigned long long)job_id, n,
+                   LT_SCHED_MAX_GANG_WORKERS);
+  job_t *j = &s->jobs[jx];
+  uint64_t per_gpu = sched_mem_per_gpu(j);
+  placement_t pl = {.n = n};
+  uint32_t left = j->gpus;
+  for (uint32_t r = 0; r < n; r++) {
+    uint32_t w = worker_find(s, workers[r]);
+    if (w == NIL || !s->workers[w].up)
+      return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND,
+                     "sched: job %llu: worker %llu (rank %u) is not up", (unsigned long long)job_id,
+                     (unsigned long long)workers[r], r);
+    for (uint32_t q = 0; q < r; q++)
+      if (pl.worker[q] == w)
+        return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                       "sched: job %llu: worker %llu named twice", (unsigned long long)job_id,
+                       (unsigned long long)workers[r]);
+    const worker_t *wk = &s->workers[w];
+    if (r > 0 && wk->group != s->workers[pl.worker[0]].group)
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                     "sched: job %llu: worker %llu is not in rank 0's node group",
+                     (unsigned long long)job_id, (unsigned long long)workers[r]);
+    /* each part takes what its worker has free, the last what is left (sched_book splits the
+     * memory the same way) */
+    uint32_t g = wk->free_slots < left ? wk->free_slots : left;
+    if (per_gpu > 0 && wk->mem_free / per_gpu < g) g = (uint32_t)(wk->mem_free / per_gpu);
+    if (g == 0 || (r + 1 == n && g < left))
+      return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
+                     "sched: job %llu needs %u GPUs: its %u workers have %u of them free",
+                     (unsigned long long)job_id, j->gpus, n, j->gpus - left + g);
+    pl.worker[r] = w;
+    pl.gpus[r] = g;
+    left -= g;
+  }
+  sched_stats_advance(s, now);
+  lt_sched_decision_t d[LT_SCHED_MAX_GANG_WORKERS];
+  sched_book(s, jx, &pl, j->cls, now, d);
+  assert(sched_ok(s));
+  return LT_OK;
+}
+
 lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL) return LT_ERR_NOT_FOUND;

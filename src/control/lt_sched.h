@@ -214,6 +214,16 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *job, double n
                               char *errstr, size_t errstr_size);
 /* AttemptStarted: the job's duration counts from now. */
 lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now);
+/* A job that runs where the log says (a new leader rebuilding its view): queued job job_id is
+ * booked running on workers[0..n), rank order, as if lt_sched_decide had dispatched it there
+ * (its attempt becomes attempt + 1), and nothing else is decided. A multi-worker gang's parts
+ * take what each worker has free in rank order, the last part what is left. LT_ERR_NOT_FOUND
+ * for a job that is not queued or a worker that is not up; LT_ERR_INVALID for n outside
+ * 1..LT_SCHED_MAX_GANG_WORKERS, a worker named twice or workers of different node groups;
+ * LT_ERR_UNAVAILABLE when their free slots (or memory) cannot hold it. Nothing changes on an
+ * error: the caller then drops the job (its slots look free) or queues it again. */
+lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, uint32_t n,
+                           double now, char *errstr, size_t errstr_size);
 /* Completed, failed or cancelled (queued or running): the job leaves the scheduler. */
 lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now);
 lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now);

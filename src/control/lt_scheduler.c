@@ -203,6 +203,27 @@ static void copy_field(lt_avro_record_t *rec, const char *name, char *dst, size_
   if (lt_avro_get_string(rec, name, &str, NULL) == LT_OK) snprintf(dst, n, "%s", str);
 }
 
+/* The workers of a dispatched gang, rank order (gang_workers of its JobDispatched on
+ * lathe.control; none for a job on one worker), so that a new term books the gang where it runs
+ * and every term stops it when one of them goes down or drains. A gang naming more than GANG_MAX
+ * workers, or one of them twice, is none: such a dispatch was never written. */
+static void fold_gang(lt_scheduler_t *s, lt_avro_record_t *rec, side_t *sd) {
+  size_t n = 0;
+  sd->gang_n = 0;
+  if (lt_avro_array_size(rec, "gang_workers", &n) != LT_OK || n < 2 || n > GANG_MAX) return;
+  char path[48];
+  for (size_t r = 0; r < n; r++) {
+    const char *id = NULL;
+    size_t w;
+    snprintf(path, sizeof path, "gang_workers[%zu]", r);
+    if (lt_avro_get_string(rec, path, &id, NULL) != LT_OK || !id || !*id || !worker_get(s, id, &w)) return;
+    for (size_t q = 0; q < r; q++)
+      if (sd->gang_w[q] == w) return;
+    sd->gang_w[r] = (uint32_t)w;
+  }
+  sd->gang_n = (uint32_t)n;
+}
+
 /* A job record the fold applied: what the side table keeps of it (ids a later record quotes, the
  * spec, lease deadlines), and what lt_sched must learn (started, back in the queue, gone). */
 static void fold_job(lt_scheduler_t *s, const lt_proj_result_t *res) {
@@ -224,6 +245,7 @@ static void fold_job(lt_scheduler_t *s, const lt_proj_result_t *res) {
   case LT_EV_JOB_DISPATCHED:
     lt_avro_get_long(rec, "occurred_at", &sd->dispatched_at_ms);
     if (lt_avro_get_long(rec, "lease_deadline", &v) == LT_OK) sd->lease_deadline_ms = v;
+    fold_gang(s, rec, sd);
     break;
   case LT_EV_ATTEMPT_STARTED:
     if (lt_avro_get_long(rec, "lease_deadline", &v) == LT_OK && v > sd->lease_deadline_ms) sd->lease_deadline_ms = v;

@@ -352,63 +352,27 @@ static int cmp_order(const void *a, const void *b) {
   return by_time ? by_time : (x->idx > y->idx) - (x->idx < y->idx);
 }
 
-/* Books worker w's running jobs on it (the worker comes up alone, they are queued, decide()
- * places them: as production when the reserve holds standard jobs back), then a filler job
- * (next id *filler) takes its remaining free slots. */
-static void rebuild_worker(lt_scheduler_t *s, size_t w, uint64_t *filler) {
-  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
-  worker_t *wk = &s->workers[w];
-  lt_sched_decision_t d[DECIDE_CAP];
-  uint32_t placed = 0, want = 0;
-  for (size_t i = 0; i < s->nsides; i++) {
-    side_t *sd = s->sides[i];
-    const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-    if (!j || !live_state(j->state) || j->attempt_stopped || strcmp(j->worker_id, wk->id) != 0) continue;
-    scheduler_tenant_into_sched(s, j->tenant_id, true);
-    if (sched_enqueue(s, i, j->attempt - 1, j->job_class)) want++;
+/* Books live job sd where the log says it runs: on its worker, or a gang's on its workers in
+ * rank order (JobDispatched's gang_workers). Logged and left out of lt_sched when that cannot be
+ * done (a worker of it is not up, or its slots are taken): its slots then look free. */
+static void rebuild_running(lt_scheduler_t *s, size_t i, const lt_job_t *j) {
+  side_t *sd = s->sides[i];
+  uint64_t ids[GANG_MAX];
+  uint32_t n = sd->gang_n ? sd->gang_n : 1;
+  size_t w0 = 0;
+  if (!sd->gang_n && !worker_find(s, j->worker_id, &w0)) return;
+  for (uint32_t r = 0; r < n; r++) ids[r] = (sd->gang_n ? sd->gang_w[r] : w0) + 1;
+  scheduler_tenant_into_sched(s, j->tenant_id, true);
+  char err[256] = "";
+  if (!sched_enqueue(s, i, j->attempt - 1, j->job_class) ||
+      lt_sched_job_book(s->sched, i + 1, ids, n, s->now_s, err, sizeof err) != LT_OK) {
+    lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id), "job %s running on %s could not be booked there: %s",
+           sd->job_id, j->worker_id, err[0] ? err : "not queued");
+    scheduler_drop(s, sd);
+    return;
   }
-  if (!want && wk->draining) return;
-  worker_bring_up(s, w);
-  if (!wk->up) return;
-  for (int round = 0; round < 2 && placed < want; round++) {
-    size_t nd = lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
-    for (size_t k = 0; k < nd; k++) {
-      if (d[k].action != LT_SCHED_DISPATCH || d[k].job_id == 0 || d[k].job_id > s->nsides) continue;
-      side_t *sd = s->sides[d[k].job_id - 1];
-      sd->sched_running = true;
-      sd->sched_worker = (uint32_t)(d[k].worker_id - 1);
-      placed++;
-    }
-    if (placed < want && round == 0) {
-      /* the production reserve may hold standard jobs back: place them as production */
-      for (size_t i = 0; i < s->nsides; i++) {
-        side_t *sd = s->sides[i];
-        if (!sd->in_sched || sd->sched_running) continue;
-        const lt_job_t *j = lt_job_get(jobs, sd->job_id);
-        scheduler_drop(s, sd);
-        if (j) sched_enqueue(s, i, j->attempt - 1, LT_CLASS_PRODUCTION);
-      }
-    }
-  }
-  for (size_t i = 0; i < s->nsides; i++) {
-    side_t *sd = s->sides[i];
-    if (sd->in_sched && !sd->sched_running) {
-      lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id), "job %s running on %s could not be booked there",
-             sd->job_id, wk->id);
-      scheduler_drop(s, sd);
-    }
-  }
-  uint32_t used = 0;
-  for (size_t i = 0; i < s->nsides; i++)
-    if (s->sides[i]->sched_running && s->sides[i]->sched_worker == w) {
-      const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-      used += j && j->gpus > 0 ? (uint32_t)j->gpus : 1;
-    }
-  if (used < wk->slots) {
-    lt_sched_job_t fj = {.id = (*filler)++, .tenant_id = FILLER_TENANT, .cls = LT_CLASS_PRODUCTION,
-                         .gpus = wk->slots - used, .model = LT_SCHED_NO_MODEL};
-    if (lt_sched_job_enqueue(s->sched, &fj, s->now_s, NULL, 0) == LT_OK) lt_sched_decide(s->sched, s->now_s, d, DECIDE_CAP);
-  }
+  sd->sched_running = true;
+  sd->sched_worker = (uint32_t)ids[0] - 1;
 }
 
 /* A queued job is out of attempts: max_attempts failed, or max_unavailable_stops that the object
@@ -437,20 +401,27 @@ static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
   return LT_OK;
 }
 
-/* Builds lt_sched from the fold when a term starts. lt_sched has no call that books a running
- * job on a given worker, so each live worker comes up alone with its own running jobs queued and
- * one decide() places them there; a filler job then takes the worker's free slots so the next
- * worker's jobs cannot land on it; fillers leave at the end. A job that cannot be placed this way
- * stays out of lt_sched (its slots look free) and is logged. */
+/* Builds lt_sched from the fold when a term starts: the live workers come up (a draining one
+ * only when something runs there), each running job is booked where the log says it runs
+ * (lt_sched_job_book), then the tenants' quotas and the queue. */
 lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
   lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
   if (err) return err;
-  lt_sched_tenant_t filler_t = {.id = FILLER_TENANT, .weight = 1};
-  lt_sched_tenant_upsert(s->sched, &filler_t, NULL, 0);
-  uint64_t filler = FILLER_JOB0;
-  for (size_t w = 0; w < s->nworkers; w++)
-    if (worker_alive(s, &s->workers[w], now_ms)) rebuild_worker(s, w, &filler);
-  for (uint64_t f = FILLER_JOB0; f < filler; f++) lt_sched_job_finished(s->sched, f, s->now_s);
+  lt_job_table_t *jobs = lt_proj_jobs(s->fold);
+  for (size_t w = 0; w < s->nworkers; w++) {
+    bool hosts = false;
+    for (size_t i = 0; i < s->nsides && s->workers[w].draining && !hosts; i++) {
+      const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+      bool part = strcmp(j ? j->worker_id : "", s->workers[w].id) == 0;
+      for (uint32_t r = 0; r < s->sides[i]->gang_n; r++) part |= s->sides[i]->gang_w[r] == w;
+      hosts = part && live_state(j->state) && !j->attempt_stopped;
+    }
+    if (worker_alive(s, &s->workers[w], now_ms) && (!s->workers[w].draining || hosts)) worker_bring_up(s, w);
+  }
+  for (size_t i = 0; i < s->nsides; i++) {
+    const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+    if (j && live_state(j->state) && !j->attempt_stopped) rebuild_running(s, i, j);
+  }
   /* real quotas, then the queue */
   for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);
   return rebuild_queue(s, errstr, n);

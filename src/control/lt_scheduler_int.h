@@ -22,8 +22,6 @@ enum { O_CONTROL = 0, O_DISPATCH0, O_DEADLETTER = O_DISPATCH0 + LT_CLASS__COUNT,
  * (workers/lt_worker_gang.h). A wider placement is dropped from the policy with a log line. */
 #define GANG_MAX 9
 #define DECIDE_CAP 256
-#define FILLER_TENANT (UINT64_MAX - 1)
-#define FILLER_JOB0 (UINT64_MAX / 2)
 
 /* Per-job bookkeeping of a term. The first part is derived from folded records (so it is rebuilt
  * by replay); the w_* part remembers what this term wrote and has not read back yet. */

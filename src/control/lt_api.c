@@ -351,7 +351,11 @@ static void serve(lt_api_t *api, struct evhttp_request *req, bool operator) {
   size_t dlen = 0;
   char *decoded = path ? evhttp_uridecode(path, 0, &dlen) : NULL;
   lt_api_slot_t slot = LT_API_SLOT_OTHER;
-  if (!operator && !lt_api_door_admit(api, req)) slot = LT_API_SLOT_OTHER;
+  if (api->closing) {
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    lt_api_reply_error(req, 503, "unavailable", NULL, "this API process is shutting down; retry");
+  } else if (!operator && !lt_api_door_admit(api, req)) slot = LT_API_SLOT_OTHER;
   else if (!decoded) lt_api_reply_error(req, 400, "invalid", NULL, "the request URI cannot be parsed");
   else if (strlen(decoded) != dlen) lt_api_reply_error(req, 400, "invalid", NULL, "the path holds a NUL byte");
   else slot = operator ? route_operator(api, req, decoded) : route(api, req, decoded);
@@ -458,7 +462,9 @@ lt_err_t lt_api_digest(lt_api_t *api, char out_hex[65]) { return lt_job_digest(l
 
 void lt_api_destroy(lt_api_t *api) {
   if (!api) return;
+  api->closing = true;            /* a request that still comes in answers 503 */
   lt_api_work_stop(api);          /* answers what is still in the pool */
+  lt_api_feed_settle(api);        /* and what waits for the broker, while evhttp holds it */
   lt_api_download_stop_all(api);
   lt_api_sessions_free(api);      /* long polls go unanswered: their connections are going */
   if (api->http) evhttp_free(api->http);

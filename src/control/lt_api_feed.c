@@ -28,9 +28,13 @@ typedef struct lt_api_pending {
   bool fold_now;
   int32_t partition;   /* where the broker wrote it */
   int64_t offset;
+  struct lt_api_pending *prev, *next; /* api->pendings */
 } lt_api_pending_t;
 
 static void pending_free(lt_api_pending_t *p) {
+  if (p->prev) p->prev->next = p->next;
+  else if (p->api->pendings == p) p->api->pendings = p->next;
+  if (p->next) p->next->prev = p->prev;
   if (p->ev) event_free(p->ev);
   if (p->timer) event_free(p->timer);
   free(p->value);
@@ -103,6 +107,9 @@ lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, c
   }
   memcpy(p->value, value, len);
   p->len = len;
+  p->next = api->pendings;
+  if (p->next) p->next->prev = p;
+  api->pendings = p;
   lt_bus_record_t rec = {.topic = topic, .partition = partition, .key = key, .key_size = strlen(key),
                          .value = value, .value_size = len, .headers = headers, .header_count = nheaders};
   char err[256];
@@ -114,6 +121,19 @@ lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, c
   struct timeval tv = {api->conf.produce_timeout_ms / 1000, (api->conf.produce_timeout_ms % 1000) * 1000};
   evtimer_add(p->timer, &tv);
   return LT_OK;
+}
+
+void lt_api_feed_settle(lt_api_t *api) {
+  for (int round = 0; round < 4; round++) {
+    bool waiting = false;
+    for (lt_api_pending_t *p = api->pendings; p && !waiting; p = p->next) waiting = !p->answered;
+    if (!waiting) return;
+    char err[256];
+    if (api->producer) lt_bus_producer_flush(api->producer, api->conf.produce_timeout_ms, err, sizeof err);
+    event_base_loop(api->base, EVLOOP_NONBLOCK); /* the delivery reports' pending_fire */
+  }
+  for (lt_api_pending_t *p = api->pendings; p; p = p->next)
+    if (!p->answered) pending_timeout(-1, 0, p);
 }
 
 /* ---------------------------------------------------------------- the projection feed */

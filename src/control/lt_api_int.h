@@ -86,6 +86,8 @@ struct lt_api {
   struct evhttp *ops_http; /* the operator port: /healthz, /metrics */
   uint16_t ops_port;
   lt_bus_producer_t *producer;
+  struct lt_api_pending *pendings; /* records waiting for the broker (lt_api_feed.c) */
+  bool closing;                    /* lt_api_destroy began: new requests answer 503 */
   lt_bus_consumer_t *consumer;
   struct event *consumer_ev, *tick_ev;
   lt_proj_t *proj;
@@ -247,6 +249,12 @@ lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, c
  * topics from the beginning, registered on the loop with the 200 ms tick (which also ages
  * uploads). */
 lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n);
+/* At shutdown, before evhttp frees the requests: every record still waiting for the broker gets
+ * its answer now — from its delivery report when the broker gives one within
+ * produce_timeout_ms, else as at its deadline (503) — so that no reply goes out later on a freed
+ * request. A done function that writes another record (a staff read's AccessUsed, then the read)
+ * is waited for too, a few rounds at most. */
+void lt_api_feed_settle(lt_api_t *api);
 
 /* ---------------------------------------------------------------- /metrics (lt_api_metrics.c) */
 

@@ -16,7 +16,7 @@
  *   answered;
  * - DELETE of a finished job: recorded, its artifact key destroyed first, its objects deleted,
  *   410 on its routes after a restart too; 409 for a running one, 404 for another tenant;
- * - the storage quota (datasets and artifacts together): 413 naming quota and usage;
+ * - the storage quota (datasets, checkpoints and artifacts together): 413 naming quota and usage;
  * - `lathe jobs download` writes every published artifact, each checked against its listed
  *   sha256 and size, and on a mismatch names the file and leaves no file or partial one;
  *   `lathe jobs checkpoints` and GET /v1/jobs/{id}/checkpoints list the live attempt's commits
@@ -767,6 +767,53 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_crypto_kek_destroy(kek);
 }
 
+static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn);
+
+/* A session's saved states and a job's checkpoints (staging) count in the storage quota with the
+ * datasets: over it, an upload, a submission and a session's save_state are refused (413, naming
+ * "datasets and checkpoints"), a call that saves nothing is not; once the checkpoint is gone they
+ * pass again. (Before, a live session could save states without bound: none of it counted.) */
+Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_past_it) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", open_body, strlen(open_body));
+  cr_assert(r.status == 201 || r.status == 202, "a session under the quota: %d %s", r.status, r.body);
+  char sess[64], path[256], key[512], msg[2048];
+  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* what a worker would have saved for it: 1.6 MB under the tenant's staging prefix */
+  size_t ck = 1600000;
+  char *state = malloc(ck);
+  memset(state, 's', ck);
+  snprintf(key, sizeof key, "staging/%s/%s/1/3/state.bin", tenant_a, sess);
+  cr_assert_eq(lt_store_put(store, key, state, ck, NULL, err, sizeof err), LT_OK, "%s", err);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s1\"}", msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "storage_quota_exceeded") && strstr(msg, "datasets and checkpoints 1600") &&
+                strstr(msg, "save_state keeps a state"),
+            "%s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg,
+                           sizeof msg),
+               202, "a call that saves nothing: %s", msg);
+  cr_expect_eq(post_status(ca, "/v1/datasets?name=small", ONE, msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "datasets and checkpoints 1600"), "%s", msg);
+  char body[256];
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-none\"}");
+  cr_expect_eq(post_status(ca, "/v1/jobs", body, msg, sizeof msg), 413, "a job while over: %s", msg);
+  /* another tenant's checkpoints are not tenant A's */
+  cr_expect_eq(post_status(cb, "/v1/datasets?name=small", ONE, msg, sizeof msg), 201, "tenant B: %s", msg);
+  /* the checkpoint gone (the session ended and was deleted, say): under the quota again */
+  cr_assert_eq(lt_store_delete(store, key, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(post_status(ca, "/v1/datasets?name=small", ONE, msg, sizeof msg), 201, "%s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s1\"}", msg, sizeof msg), 202, "%s", msg);
+  free(state);
+  lt_store_destroy(store);
+}
+
 /* POST path with body as client c: the status, the answer's body into msg. */
 static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn) {
   lt_client_resp_t r = req(c, "POST", path, body, strlen(body));
@@ -839,7 +886,7 @@ Test(api_data, a_storage_quota_set_after_the_uploads_is_checked_on_the_next_subm
   int st = 0;
   lt_test_wait_until((st = post_status(ca, "/v1/jobs", body, msg, sizeof msg)) == 413, 20000, 200,
                      "2 MB stored under a 1.5 MB quota set afterwards: a submission got %d %s", st, msg);
-  cr_expect(strstr(msg, "max_storage_bytes is 1500000") && strstr(msg, "datasets 2"), "%s", msg);
+  cr_expect(strstr(msg, "max_storage_bytes is 1500000") && strstr(msg, "datasets and checkpoints 2"), "%s", msg);
   snprintf(path, sizeof path, "/v1/datasets/%s", ids[1]);
   lt_client_resp_t r = req(ca, "DELETE", path, NULL, 0);
   cr_assert_eq(r.status, 200, "%s", r.body);

@@ -161,7 +161,7 @@ typedef struct upload_task {
   struct evbuffer *body; /* the part, moved out of the request; NULL: no part */
   bool complete;
   lt_err_t err;          /* of the part, or of storing the dataset */
-  char msg[256];
+  char msg[512];
   lt_err_t refused;      /* the validator's verdict at completion (LT_ERR_INVALID, _QUOTA) */
   lt_dataset_report_t r;
   json_t *report, *meta;
@@ -210,7 +210,7 @@ static void upload_work(void *ctx) {
   upload_task_t *t = ctx;
   bool quota = t->quota > 0;
   if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
-    t->err = lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
+    t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
     t->measured = !t->err;
     if (!t->err)
       t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets, t->artifacts,
@@ -223,7 +223,7 @@ static void upload_work(void *ctx) {
   t->report = lt_dataset_report_json(&t->r, 1);
   if (!t->refused) t->err = store_dataset(t->api, t->u, t->report, &t->meta, t->msg, sizeof t->msg);
   if (!t->refused && !t->err && quota)
-    t->measured = !lt_api_dataset_bytes(t->api, t->u->tenant, &t->datasets, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, NULL, 0);
 }
 
 /* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
@@ -247,8 +247,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   upload_task_t *t = ctx;
   lt_api_upload_t *u = t->u;
   u->busy = false;
-  if (t->measured) lt_map_set(api->dataset_bytes, u->tenant, (void *)(uintptr_t)t->datasets);
-  else lt_map_del(api->dataset_bytes, u->tenant); /* not measured: unknown, measured again when a quota asks */
+  lt_api_stored_note(api, u->tenant, t->measured, t->datasets);
   if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
     upload_free(u);
@@ -466,7 +465,7 @@ typedef struct ds_task {
   char tenant[LT_ID_MAX + 1];
   char id[LT_ID_MAX + 1];
   lt_err_t err;
-  char msg[256];
+  char msg[512];
   json_t *out;
   uint64_t quota;    /* the tenant's storage quota (lt_api_storage_quota; 0: none) */
   uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
@@ -676,7 +675,7 @@ static void delete_work(void *ctx) {
     t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
   if (!t->err && t->quota)
-    t->measured = !lt_api_dataset_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
 }
 
 static void delete_after(lt_api_t *api, void *ctx) {
@@ -684,8 +683,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   char seen[160];
   seen_key(seen, sizeof seen, t->tenant, t->id);
   lt_map_del(api->datasets_seen, seen);
-  if (t->measured) lt_map_set(api->dataset_bytes, t->tenant, (void *)(uintptr_t)t->datasets);
-  else lt_map_del(api->dataset_bytes, t->tenant); /* not measured: unknown, measured again when a quota asks */
+  lt_api_stored_note(api, t->tenant, t->measured, t->datasets);
   if (t->err) ds_reply_err(t);
   else if (t->openai) lt_api_reply_json(t->req, 200, json_pack("{s:s,s:s,s:b}", "id", t->id, "object", "file", "deleted", 1));
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));

@@ -101,7 +101,7 @@ struct lt_api {
   int64_t pruned_at_ms;    /* when the buffers were last pruned (monotonic) */
   int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
-  lt_map_t *dataset_bytes; /* tenant -> its datasets' stored bytes as last measured (uintptr_t) */
+  lt_map_t *stored_bytes;  /* tenant -> its stored bytes as last measured (lt_api_quota.c) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
@@ -289,8 +289,15 @@ void lt_api_download_stop_all(lt_api_t *api);
 
 /* Plaintext bytes of the tenant's published artifacts (deleted jobs not counted). Loop thread. */
 uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
-/* Stored bytes of the tenant's datasets, listed from the store. Any thread. */
-lt_err_t lt_api_dataset_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
+/* Stored bytes of the tenant's datasets, checkpoints (staging) and session call bodies and
+ * results, listed from the store. Any thread. */
+lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
+/* A measure of lt_api_stored_bytes is trusted this long by a submission's check. */
+#define LT_API_STORED_FRESH_MS 60000
+/* Remembers the tenant's stored bytes just measured (measured false: forgets them). Loop thread. */
+void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes);
+/* The tenant's stored bytes as measured within LT_API_STORED_FRESH_MS; false when none is. */
+bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes);
 /* Tenant t's storage quota: its own quotas.max_storage_bytes where set (> 0), else the API's
  * conf.max_storage_bytes; 0: no limit. Loop thread (it reads the tenant's record). */
 uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t);

@@ -319,11 +319,10 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
       return false;
     }
   }
-  uint64_t quota = lt_api_storage_quota(api, t);
-  *measure = quota && !lt_map_has(api->dataset_bytes, t->tenant_id);
-  if (quota && !*measure) { /* lt_api_quota.c; datasets as last measured */
+  uint64_t quota = lt_api_storage_quota(api, t), datasets = 0;
+  *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets);
+  if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
     char msg[512];
-    uint64_t datasets = (uint64_t)(uintptr_t)lt_map_get(api->dataset_bytes, t->tenant_id);
     if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
                              sizeof msg)) {
       lt_api_reply_storage(req, msg);
@@ -412,7 +411,7 @@ static void lookup_work(void *ctx) {
   lookup_task_t *t = ctx;
   for (int i = 0; i < t->n; i++)
     if (t->id[i]) t->err[i] = lt_api_dataset_head(t->api, t->tenant_id, t->id[i]);
-  if (t->measure) t->measured = lt_api_dataset_bytes(t->api, t->tenant_id, &t->datasets, NULL, 0);
+  if (t->measure) t->measured = lt_api_stored_bytes(t->api, t->tenant_id, &t->datasets, NULL, 0);
 }
 
 /* The storage quota with the datasets just measured (the quota read again: it may have changed
@@ -426,7 +425,7 @@ static bool storage_ok(lt_api_t *api, const lookup_task_t *t) {
     lt_api_reply_err(t->req, LT_ERR_UNAVAILABLE, NULL, why);
     return false;
   }
-  lt_map_set(api->dataset_bytes, t->tenant_id, (void *)(uintptr_t)t->datasets);
+  lt_api_stored_note(api, t->tenant_id, true, t->datasets);
   char msg[512];
   const lt_tenant_t *tn = lt_tenant_get(lt_proj_tenants(api->proj), t->tenant_id);
   if (!lt_api_storage_check(lt_api_storage_quota(api, tn), t->tenant_id, t->datasets,

@@ -602,8 +602,9 @@ typedef struct {
   char key[LT_STORE_KEY_MAX + 1];
   char sha_hex[65];
   int examples;
+  uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
   lt_err_t err;
-  char msg[256];
+  char msg[512];
 } call_in_t;
 
 /* The keyed call's entry while this API records it (seq 0); NULL once a record of the id is known. */
@@ -690,12 +691,23 @@ static void record_call(lt_api_t *api, call_in_t *ci) {
 static void seal_work(void *arg) {
   call_in_t *ci = arg;
   uint8_t sha[32];
+  uint64_t stored = 0;
+  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &stored, ci->msg, sizeof ci->msg)) &&
+      (ci->err = lt_api_storage_check(ci->quota, ci->tenant, stored, ci->artifacts, 0, ci->msg, sizeof ci->msg)))
+    snprintf(ci->msg + strlen(ci->msg), sizeof ci->msg - strlen(ci->msg), "; a %s keeps a state while the session lives",
+             ci->kind);
+  if (ci->err) return;
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
   if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
 }
 
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
+  if (ci->err == LT_ERR_QUOTA) {
+    lt_api_reply_storage(ci->req, ci->msg);
+    call_in_free(ci);
+    return;
+  }
   if (ci->err) {
     lt_api_reply_store_err(ci->req, ci->err, "the call could not be stored; it was not queued, retry");
     call_in_free(ci);
@@ -851,6 +863,10 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   }
   snprintf(ci->key, sizeof ci->key, "sessions/%s/%s/calls/%s%s%s", ci->tenant, ci->job_id, ci->call_id,
            ci->keyed[0] ? "-" : "", ci->keyed[0] ? obj : "");
+  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) {
+    ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
+    ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
+  }
   lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
 }
 

@@ -435,26 +435,14 @@ typedef struct {
   char staff[LT_ACCESS_PRINCIPAL_LEN];
   char tenant[LT_ID_MAX + 1];
   char resource[LT_ACCESS_SCOPE_LEN];
-  char object_key[512]; /* artifacts: the sealed object; datasets: "" (found from the id) */
+  char object_key[512]; /* the sealed object (a dataset's: set once its size is known) */
   char job[LT_ID_MAX + 1];
-  uint64_t bytes;       /* artifacts: the plaintext size */
+  uint64_t bytes;       /* the plaintext size (a dataset's: from its metadata) */
   char dataset[LT_ID_MAX + 1];
-  /* datasets: what the work pool found (the look-up, then the read) */
+  /* datasets: what the work pool found (the look-up, then the size) */
   lt_err_t err;
   char msg[256];
-  void *data;
-  size_t len;
 } read_t;
-
-static void send_plain(struct evhttp_request *req, void *data, size_t len, const char *type) {
-  struct evbuffer *b = evbuffer_new();
-  evbuffer_add(b, data, len);
-  OPENSSL_cleanse(data, len);
-  free(data);
-  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
-  evhttp_send_reply(req, 200, "OK", b);
-  evbuffer_free(b);
-}
 
 /* Whether r's grant still holds now (it may be revoked, or run out, at any step); when not, answers
  * 403 or 404 saying why, and the caller frees r. */
@@ -469,42 +457,61 @@ static bool grant_holds(lt_api_t *api, read_t *r) {
   return !err;
 }
 
-/* A dataset's bytes, opened under the tenant's key (work pool: a store round trip per object, and
- * the dataset whole). */
-static void dataset_read_work(void *arg) {
+/* A dataset's plaintext size, from its metadata opened under the dataset's key (work pool: two
+ * small objects); the bytes themselves are then streamed like an artifact (lt_api_download.c), so
+ * the API holds a window of them, not the dataset. */
+static void dataset_size_work(void *arg) {
   read_t *r = arg;
   char key[512];
-  void *wrapped = NULL;
-  size_t wlen = 0;
+  void *wrapped = NULL, *meta = NULL;
+  size_t wlen = 0, mlen = 0;
   lt_crypto_dek_t *dek = NULL;
   lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_KEY);
   r->err = lt_store_get(r->api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, r->msg, sizeof r->msg);
   if (!r->err) r->err = lt_crypto_dek_unwrap(r->api->conf.kek, r->tenant, wrapped, wlen, &dek, r->msg, sizeof r->msg);
-  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_DATA);
-  if (!r->err)
-    r->err = lt_sealed_get(r->api->conf.store, dek, key, r->api->conf.max_upload_bytes, &r->data, &r->len, r->msg,
-                           sizeof r->msg);
+  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_META);
+  if (!r->err) r->err = lt_sealed_get(r->api->conf.store, dek, key, 1 << 20, &meta, &mlen, r->msg, sizeof r->msg);
+  json_t *m = r->err ? NULL : json_loadb(meta, mlen, 0, NULL);
+  json_t *bytes = json_object_get(m, "bytes");
+  if (!r->err && !json_is_integer(bytes)) r->err = lt_errf(r->msg, sizeof r->msg, LT_ERR_CORRUPT, "its metadata has no size");
+  if (!r->err) r->bytes = (uint64_t)json_integer_value(bytes);
+  json_decref(m);
+  if (meta) OPENSSL_cleanse(meta, mlen);
+  free(meta);
   lt_crypto_dek_destroy(dek);
   free(wrapped);
 }
 
-static void dataset_read_after(lt_api_t *api, void *arg) {
+/* Streams object_key to r's request, sealed under the key wrapped at dek_key (a dataset's, or a
+ * job's artifact key), with the tenant's key for what has none. Frees r. */
+static void stream_to(lt_api_t *api, read_t *r, const char *dek_key, const char *type) {
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
+  const lt_crypto_dek_t *dek;
+  char msg[256];
+  lt_err_t err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
+  if (err) lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
+  else lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, type);
+  free(r);
+}
+
+static void dataset_size_after(lt_api_t *api, void *arg) {
   read_t *r = arg;
   if (r->err) {
     lt_api_reply_store_err(r->req, r->err, "the object could not be read");
+    free(r);
   } else if (!grant_holds(api, r)) { /* revoked while the pool read: not a byte goes out */
-    OPENSSL_cleanse(r->data, r->len);
-    free(r->data);
+    free(r);
   } else {
-    send_plain(r->req, r->data, r->len, "application/jsonl"); /* scrubs and frees the data */
+    char dek_key[LT_STORE_KEY_MAX + 1];
+    lt_dataset_object_key(dek_key, sizeof dek_key, r->tenant, r->dataset, LT_DATASET_KEY);
+    lt_dataset_object_key(r->object_key, sizeof r->object_key, r->tenant, r->dataset, LT_DATASET_DATA);
+    stream_to(api, r, dek_key, "application/jsonl");
   }
-  free(r);
 }
 
 /* The audit record is durable (or not): only now is the data read. */
 static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   read_t *r = arg;
-  char msg[256];
   if (err) {
     lt_api_reply_error(r->req, 503, "unavailable", NULL,
                        "the audit record of this access could not be written durably, so nothing is returned; retry");
@@ -516,21 +523,13 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
     return;
   }
   if (r->dataset[0]) {
-    lt_api_work(api, r->tenant, dataset_read_work, dataset_read_after, r);
+    lt_api_work(api, r->tenant, dataset_size_work, dataset_size_after, r);
     return;
   }
   /* An artifact: streamed like the tenant's own download, under the job's artifact key. */
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
-  const lt_crypto_dek_t *dek;
   char dek_key[LT_STORE_KEY_MAX + 1];
-  err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
-  if (err) {
-    lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
-  } else {
-    lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
-    lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, "application/octet-stream");
-  }
-  free(r);
+  lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
+  stream_to(api, r, dek_key, "application/octet-stream");
 }
 
 /* The grant checked again (it may have been revoked while the store was asked), then AccessUsed

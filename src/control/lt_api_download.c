@@ -80,7 +80,7 @@ static lt_err_t sink(void *ctx, const void *data, size_t len) {
     if (err) {
       free(buf);
       pthread_mutex_lock(&d->mu);
-      snprintf(d->msg, sizeof d->msg, "artifact %s: %s", d->key, msg);
+      snprintf(d->msg, sizeof d->msg, "object %s: %s", d->key, msg);
       pthread_mutex_unlock(&d->mu);
       return err;
     }
@@ -122,7 +122,7 @@ static void *download_main(void *arg) {
   pthread_mutex_lock(&d->mu);
   d->finished = true;
   d->err = err;
-  if (err && !d->msg[0]) snprintf(d->msg, sizeof d->msg, "artifact %s: %s", d->key, msg[0] ? msg : lt_err_str(err));
+  if (err && !d->msg[0]) snprintf(d->msg, sizeof d->msg, "object %s: %s", d->key, msg[0] ? msg : lt_err_str(err));
   pthread_mutex_unlock(&d->mu);
   event_active(d->ev, 0, 0);
   return NULL;
@@ -257,7 +257,7 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
   if (api->ndownloads >= api->conf.max_downloads || mine >= per_tenant) {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
     lt_api_reply_error(req, 429, "over_quota", NULL,
-                       "%d artifact downloads are in progress (%d of tenant %s); the limits are %d in all "
+                       "%d downloads (artifacts, staff reads) are in progress (%d of tenant %s); the limits are %d in all "
                        "(max_downloads) and %d per tenant: retry when one finished",
                        api->ndownloads, mine, tenant, api->conf.max_downloads, per_tenant);
     return;

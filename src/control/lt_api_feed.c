@@ -124,16 +124,21 @@ lt_err_t lt_api_produce_h(lt_api_t *api, const char *topic, int32_t partition, c
 }
 
 void lt_api_feed_settle(lt_api_t *api) {
-  for (int round = 0; round < 4; round++) {
-    bool waiting = false;
-    for (lt_api_pending_t *p = api->pendings; p && !waiting; p = p->next) waiting = !p->answered;
-    if (!waiting) return;
-    char err[256];
-    if (api->producer) lt_bus_producer_flush(api->producer, api->conf.produce_timeout_ms, err, sizeof err);
-    event_base_loop(api->base, EVLOOP_NONBLOCK); /* the delivery reports' pending_fire */
+  /* rounds 0-3 wait for the broker; later ones answer what is left as at its deadline (a done
+   * may write another record: it goes in at the head, so each round starts from the head again) */
+  for (int round = 0; round < 8; round++) {
+    lt_api_pending_t *p = api->pendings;
+    while (p && p->answered) p = p->next;
+    if (!p) return;
+    if (round < 4) {
+      char err[256];
+      if (api->producer) lt_bus_producer_flush(api->producer, api->conf.produce_timeout_ms, err, sizeof err);
+      event_base_loop(api->base, EVLOOP_NONBLOCK); /* the delivery reports' pending_fire */
+    } else {
+      for (; p; p = p->next)
+        if (!p->answered) pending_timeout(-1, 0, p);
+    }
   }
-  for (lt_api_pending_t *p = api->pendings; p; p = p->next)
-    if (!p->answered) pending_timeout(-1, 0, p);
 }
 
 /* ---------------------------------------------------------------- the projection feed */

@@ -1177,26 +1177,26 @@ Test(sched, a_running_gang_is_booked_where_the_log_says_it_runs) {
   job(s, 2, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 0);
   char err[256] = "";
   uint64_t twice[2] = {3, 3}, groups[2] = {3, 4}, down[2] = {3, 5}, ranks[2] = {3, 1};
-  cr_assert_eq(lt_sched_job_book(s, 1, twice, 2, 5, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_eq(lt_sched_job_book(s, 1, twice, NULL, 2, 5, err, sizeof err), LT_ERR_INVALID);
   cr_assert(strstr(err, "named twice"), "%s", err);
-  cr_assert_eq(lt_sched_job_book(s, 1, groups, 2, 5, err, sizeof err), LT_ERR_INVALID);
+  cr_assert_eq(lt_sched_job_book(s, 1, groups, NULL, 2, 5, err, sizeof err), LT_ERR_INVALID);
   cr_assert(strstr(err, "node group"), "%s", err);
-  cr_assert_eq(lt_sched_job_book(s, 1, down, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND);
+  cr_assert_eq(lt_sched_job_book(s, 1, down, NULL, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND);
   cr_assert(strstr(err, "worker 5 (rank 1) is not up"), "%s", err);
-  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 1, 5, err, sizeof err), LT_ERR_UNAVAILABLE, "12 GPUs on one 8-slot worker");
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, NULL, 1, 5, err, sizeof err), LT_ERR_UNAVAILABLE, "12 GPUs on one 8-slot worker");
   cr_assert(strstr(err, "needs 12 GPUs"), "%s", err);
   lt_sched_counters_t c;
   lt_sched_counters(s, &c);
   cr_assert_eq(c.running, 0, "a refused booking changed something");
   cr_assert_eq(c.slots_used, 0);
   /* rank 0 on worker 3, rank 1 on worker 1: 8 + 4 GPUs */
-  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 2, 5, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_sched_job_book(s, 1, ranks, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND, "booked twice");
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, NULL, 2, 5, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 1, ranks, NULL, 2, 5, err, sizeof err), LT_ERR_NOT_FOUND, "booked twice");
   lt_sched_counters(s, &c);
   cr_assert_eq(c.running, 1);
   cr_assert_eq(c.slots_used, 12);
   uint64_t w1[1] = {1};
-  cr_assert_eq(lt_sched_job_book(s, 2, w1, 1, 5, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 2, w1, NULL, 1, 5, err, sizeof err), LT_OK, "%s", err);
   /* workers 1 and 3 are full: a new 8-GPU job goes to worker 2 or 4, never onto the gang */
   job(s, 3, 1, LT_CLASS_STANDARD, 8, LT_SCHED_NO_MODEL, 6);
   lt_sched_decision_t d[8];
@@ -1208,6 +1208,41 @@ Test(sched, a_running_gang_is_booked_where_the_log_says_it_runs) {
   lt_sched_counters(s, &c);
   cr_assert_eq(c.slots_used, 8, "only job 3 runs");
   cr_assert_eq(c.queued, 2, "the gang and job 2 wait again");
+  lt_sched_destroy(s);
+}
+
+/* With the GPUs its dispatch named (JobDispatched v4's gang_gpu_masks), a gang is booked on
+ * exactly those, whatever is free elsewhere on its workers; the jobs on one worker then take what
+ * is left. Without them, a gang dispatched as 3 + 3 on two 4-slot workers would be booked as
+ * 4 + 2, and the job on one of them refused (a job that runs left out, its GPU shown free). */
+Test(sched, a_running_gang_is_booked_on_the_gpus_its_dispatch_named) {
+  lt_sched_t *s = gang_fleet(0, 0, 0);
+  for (uint64_t w = 1; w <= 3; w++) gworker(s, w, 4, 7);
+  job(s, 10, 1, LT_CLASS_STANDARD, 6, LT_SCHED_NO_MODEL, 0);
+  job(s, 11, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  job(s, 12, 1, LT_CLASS_STANDARD, 1, LT_SCHED_NO_MODEL, 0);
+  char err[256] = "";
+  uint64_t gang_w[2] = {1, 3}, over[2] = {0xf, 0x7}, many[2] = {0x7, 0xf}, named[2] = {0xe, 0x7};
+  cr_assert_eq(lt_sched_job_book(s, 10, gang_w, many, 2, 1, err, sizeof err), LT_ERR_UNAVAILABLE, "7 GPUs of 6");
+  cr_assert(strstr(err, "rank 1's GPUs (mask 0xf)"), "%s", err);
+  cr_assert_eq(lt_sched_job_book(s, 10, gang_w, named, 2, 1, err, sizeof err), LT_OK, "%s", err);
+  uint64_t w1[1] = {1}, w3[1] = {3};
+  cr_assert_eq(lt_sched_job_book(s, 11, w1, NULL, 1, 1, err, sizeof err), LT_OK, "the GPU the gang left on worker 1: %s", err);
+  cr_assert_eq(lt_sched_job_book(s, 12, w3, NULL, 1, 1, err, sizeof err), LT_OK, "the GPU the gang left on worker 3: %s", err);
+  lt_sched_counters_t c;
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.running, 3);
+  cr_assert_eq(c.slots_used, 8);
+  /* a mask naming GPUs another job holds is refused, and changes nothing */
+  job(s, 13, 1, LT_CLASS_STANDARD, 4, LT_SCHED_NO_MODEL, 1);
+  cr_assert_eq(lt_sched_job_book(s, 13, gang_w, over, 1, 1, err, sizeof err), LT_ERR_UNAVAILABLE);
+  lt_sched_counters(s, &c);
+  cr_assert_eq(c.slots_used, 8);
+  /* workers 1 and 3 are full: job 13 (4 GPUs) goes to worker 2 */
+  lt_sched_decision_t d[8];
+  cr_assert_eq(lt_sched_decide(s, 2, d, 8), 1);
+  cr_assert_eq(d[0].job_id, 13);
+  cr_assert_eq(d[0].worker_id, 2);
   lt_sched_destroy(s);
 }
 

@@ -560,6 +560,10 @@ Test(scheduler, a_new_leader_books_a_running_gang_on_every_worker_of_it) {
   cr_assert(wait_for("JobDispatched", "job-gang", "control", 1, 20000));
   json_t *ranks = json_object_get(find_seen("JobDispatched", "job-gang", "control", 0), "gang_workers");
   cr_assert_eq(json_array_size(ranks), 2, "not a gang of two workers");
+  json_t *masks = json_object_get(find_seen("JobDispatched", "job-gang", "control", 0), "gang_gpu_masks");
+  cr_assert(json_array_size(masks) == 2 && json_integer_value(json_array_get(masks, 0)) == 1 &&
+                json_integer_value(json_array_get(masks, 1)) == 1,
+            "each rank's GPUs are not in the dispatch (GPU 0 of each 1-slot worker)");
   char rank1[16];
   snprintf(rank1, sizeof rank1, "%s", json_string_value(json_array_get(ranks, 1)));
   control_rec("AttemptStarted", "job-gang", "acme", 1);

@@ -410,8 +410,8 @@ lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now) {
   return LT_OK;
 }
 
-lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, uint32_t n,
-                           double now, char *errstr, size_t errstr_size) {
+lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, const uint64_t *masks,
+                           uint32_t n, double now, char *errstr, size_t errstr_size) {
   uint32_t jx = job_find(s, job_id);
   if (jx == NIL || s->jobs[jx].state != JS_QUEUED)
     return lt_errf(errstr, errstr_size, LT_ERR_NOT_FOUND, "sched: job %llu is not queued",
@@ -440,21 +440,33 @@ lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *worke
       return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                      "sched: job %llu: worker %llu is not in rank 0's node group",
                      (unsigned long long)job_id, (unsigned long long)workers[r]);
-    /* each part takes what its worker has free, the last what is left (sched_book splits the
-     * memory the same way) */
-    uint32_t g = wk->free_slots < left ? wk->free_slots : left;
-    if (per_gpu > 0 && wk->mem_free / per_gpu < g) g = (uint32_t)(wk->mem_free / per_gpu);
-    if (g == 0 || (r + 1 == n && g < left))
-      return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
-                     "sched: job %llu needs %u GPUs: its %u workers have %u of them free",
-                     (unsigned long long)job_id, j->gpus, n, j->gpus - left + g);
+    uint64_t m = masks ? masks[r] : 0;
+    uint32_t g;
+    if (m) { /* the GPUs the dispatch named: free, and no more than the job has left */
+      g = (uint32_t)__builtin_popcountll(m);
+      if ((m & wk->gpu_free) != m || g > left || (r + 1 == n && g < left) ||
+          (per_gpu > 0 && wk->mem_free / per_gpu < g))
+        return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
+                       "sched: job %llu: rank %u's GPUs (mask 0x%llx) on worker %llu are not free, or not "
+                       "its share of %u", (unsigned long long)job_id, r, (unsigned long long)m,
+                       (unsigned long long)workers[r], j->gpus);
+    } else { /* each part takes what its worker has free, the last what is left (sched_book splits
+              * the memory the same way) */
+      g = wk->free_slots < left ? wk->free_slots : left;
+      if (n == 1 ? wk->mem_free < j->mem : per_gpu > 0 && wk->mem_free / per_gpu < g)
+        g = n == 1 ? 0 : (uint32_t)(wk->mem_free / per_gpu); /* one worker: the job's memory whole, as decide */
+      if (g == 0 || (r + 1 == n && g < left))
+        return lt_errf(errstr, errstr_size, LT_ERR_UNAVAILABLE,
+                       "sched: job %llu needs %u GPUs: its %u workers have %u of them free",
+                       (unsigned long long)job_id, j->gpus, n, j->gpus - left + g);
+    }
     pl.worker[r] = w;
     pl.gpus[r] = g;
     left -= g;
   }
   sched_stats_advance(s, now);
   lt_sched_decision_t d[LT_SCHED_MAX_GANG_WORKERS];
-  sched_book(s, jx, &pl, j->cls, now, d);
+  sched_book_on(s, jx, &pl, masks, j->cls, now, d);
   assert(sched_ok(s));
   return LT_OK;
 }

@@ -216,14 +216,17 @@ lt_err_t lt_sched_job_enqueue(lt_sched_t *s, const lt_sched_job_t *job, double n
 lt_err_t lt_sched_job_started(lt_sched_t *s, uint64_t job_id, double now);
 /* A job that runs where the log says (a new leader rebuilding its view): queued job job_id is
  * booked running on workers[0..n), rank order, as if lt_sched_decide had dispatched it there
- * (its attempt becomes attempt + 1), and nothing else is decided. A multi-worker gang's parts
- * take what each worker has free in rank order, the last part what is left. LT_ERR_NOT_FOUND
- * for a job that is not queued or a worker that is not up; LT_ERR_INVALID for n outside
- * 1..LT_SCHED_MAX_GANG_WORKERS, a worker named twice or workers of different node groups;
- * LT_ERR_UNAVAILABLE when their free slots (or memory) cannot hold it. Nothing changes on an
- * error: the caller then drops the job (its slots look free) or queues it again. */
-lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, uint32_t n,
-                           double now, char *errstr, size_t errstr_size);
+ * (its attempt becomes attempt + 1), and nothing else is decided. masks (may be NULL) names each
+ * rank's GPUs on its worker, as the dispatch's decision rows gave them (gpu_mask); a rank without
+ * one (0) takes what its worker has free in rank order, the last one what is left. Book a gang
+ * whose masks are known before the jobs on one worker, whose GPUs matter only by their count.
+ * LT_ERR_NOT_FOUND for a job that is not queued or a worker that is not up; LT_ERR_INVALID for n
+ * outside 1..LT_SCHED_MAX_GANG_WORKERS, a worker named twice or workers of different node
+ * groups; LT_ERR_UNAVAILABLE when a rank's GPUs are taken or its worker's free slots (or memory)
+ * cannot hold it. Nothing changes on an error: the caller then drops the job (its slots look
+ * free) or queues it again. */
+lt_err_t lt_sched_job_book(lt_sched_t *s, uint64_t job_id, const uint64_t *workers, const uint64_t *masks,
+                           uint32_t n, double now, char *errstr, size_t errstr_size);
 /* Completed, failed or cancelled (queued or running): the job leaves the scheduler. */
 lt_err_t lt_sched_job_finished(lt_sched_t *s, uint64_t job_id, double now);
 lt_err_t lt_sched_job_cancelled(lt_sched_t *s, uint64_t job_id, double now);

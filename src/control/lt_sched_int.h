@@ -299,6 +299,10 @@ void sched_queue_remove(lt_sched_t *s, uint32_t jx);
  * one DISPATCH decision per part into d (pl->n of them, rank 0 first). */
 void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective, double now,
                 lt_sched_decision_t *d);
+/* The same on the given GPUs: masks[r] for rank r (free GPUs of its worker, pl->gpus[r] of them;
+ * 0: the lowest free ones); masks NULL: sched_book. */
+void sched_book_on(lt_sched_t *s, uint32_t jx, const placement_t *pl, const uint64_t *masks, int effective,
+                   double now, lt_sched_decision_t *d);
 /* The same on one worker w (the job's whole gang): one decision. */
 void sched_book1(lt_sched_t *s, uint32_t jx, uint32_t w, int effective, double now,
                  lt_sched_decision_t *d);

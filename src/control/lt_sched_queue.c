@@ -333,14 +333,16 @@ lt_sched_decision_t sched_part_decision(const lt_sched_t *s, const job_t *j, uin
                                .effective = (lt_job_class_t)j->cls};
 }
 
-/* Books gpus GPUs (the lowest free ones) and mem bytes of worker w for job jx as its part of
- * rank `rank`; returns the part and whether the worker loaded the job's model cold. */
-static uint32_t book_part(lt_sched_t *s, uint32_t jx, uint32_t w, uint32_t gpus, uint64_t mem,
+/* Books gpus GPUs (those of want, free ones of the worker; want 0: the lowest free ones) and mem
+ * bytes of worker w for job jx as its part of rank `rank`; returns the part and whether the
+ * worker loaded the job's model cold. */
+static uint32_t book_part(lt_sched_t *s, uint32_t jx, uint32_t w, uint32_t gpus, uint64_t want, uint64_t mem,
                           uint32_t rank, bool *cold) {
   job_t *j = &s->jobs[jx];
   worker_t *wk = &s->workers[w];
-  uint64_t mask = 0, freem = wk->gpu_free;
-  for (uint32_t i = 0; i < gpus; i++) {
+  uint64_t mask = want, freem = wk->gpu_free & ~want;
+  assert((want & wk->gpu_free) == want && (uint32_t)__builtin_popcountll(want) == (want ? gpus : 0));
+  for (uint32_t i = 0; i < gpus && !want; i++) {
     uint64_t bit = freem & (~freem + 1);
     assert(bit);
     mask |= bit;
@@ -403,6 +405,11 @@ bool sched_backfill_ok(const lt_sched_t *s, const worker_t *wk, uint32_t jx) {
 
 void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective, double now,
                 lt_sched_decision_t *d) {
+  sched_book_on(s, jx, pl, NULL, effective, now, d);
+}
+
+void sched_book_on(lt_sched_t *s, uint32_t jx, const placement_t *pl, const uint64_t *masks, int effective,
+                   double now, lt_sched_decision_t *d) {
   job_t *j = &s->jobs[jx];
   tenant_t *t = &s->tenants[j->tenant];
   double waited = now - j->enq;
@@ -428,7 +435,7 @@ void sched_book(lt_sched_t *s, uint32_t jx, const placement_t *pl, int effective
     bool cold;
     uint64_t mem = per_gpu * pl->gpus[r] < left ? per_gpu * pl->gpus[r] : left;
     left -= mem;
-    uint32_t p = book_part(s, jx, pl->worker[r], pl->gpus[r], mem, r, &cold);
+    uint32_t p = book_part(s, jx, pl->worker[r], pl->gpus[r], masks ? masks[r] : 0, mem, r, &cold);
     *link = p;
     link = &s->parts[p].next;
     any_cold |= cold;

@@ -204,7 +204,8 @@ static void copy_field(lt_avro_record_t *rec, const char *name, char *dst, size_
 }
 
 /* The workers of a dispatched gang, rank order (gang_workers of its JobDispatched on
- * lathe.control; none for a job on one worker), so that a new term books the gang where it runs
+ * lathe.control, and each rank's GPUs from gang_gpu_masks, v4; none for a job on one worker), so
+ * that a new term books the gang where it runs
  * and every term stops it when one of them goes down or drains. A gang naming more than GANG_MAX
  * workers, or one of them twice, is none: such a dispatch was never written. */
 static void fold_gang(lt_scheduler_t *s, lt_avro_record_t *rec, side_t *sd) {
@@ -220,6 +221,9 @@ static void fold_gang(lt_scheduler_t *s, lt_avro_record_t *rec, side_t *sd) {
     for (size_t q = 0; q < r; q++)
       if (sd->gang_w[q] == w) return;
     sd->gang_w[r] = (uint32_t)w;
+    int64_t mask = 0;
+    snprintf(path, sizeof path, "gang_gpu_masks[%zu]", r);
+    sd->gang_mask[r] = lt_avro_get_long(rec, path, &mask) == LT_OK ? (uint64_t)mask : 0;
   }
   sd->gang_n = (uint32_t)n;
 }

@@ -17,11 +17,11 @@
 
 /* ---------------------------------------------------------------- record writers */
 
-/* An attempt's workers by rank (n = 1: a job on one worker) and rank 0's GPUs there. */
+/* An attempt's workers by rank (n = 1: a job on one worker) and each rank's GPUs there. */
 typedef struct placement {
   uint32_t n;
   size_t w[GANG_MAX];
-  uint64_t mask0;
+  uint64_t mask[GANG_MAX];
 } placement_t;
 
 static lt_avro_record_t *begin_rec(lt_scheduler_t *s, int r, const side_t *sd, const lt_job_t *j) {
@@ -126,11 +126,16 @@ static bool gang_rendezvous(const worker_t *wk, uint64_t mask0, char *out, size_
  * rank's own). False when rank 0's worker has no usable rendezvous address. */
 static bool set_gang(lt_scheduler_t *s, lt_avro_record_t *rec, const placement_t *pl) {
   char rdv[300];
-  if (!gang_rendezvous(&s->workers[pl->w[0]], pl->mask0, rdv, sizeof rdv)) return false;
+  if (!gang_rendezvous(&s->workers[pl->w[0]], pl->mask[0], rdv, sizeof rdv)) return false;
   lt_avro_set_int(rec, "gang_world", (int32_t)pl->n);
   lt_avro_set_int(rec, "gang_rank", 0);
   lt_avro_set_string(rec, "gang_rendezvous", rdv);
-  for (uint32_t r = 0; r < pl->n; r++) lt_avro_array_append_string(rec, "gang_workers", s->workers[pl->w[r]].id);
+  char path[48];
+  for (uint32_t r = 0; r < pl->n; r++) {
+    lt_avro_array_append_string(rec, "gang_workers", s->workers[pl->w[r]].id);
+    snprintf(path, sizeof path, "gang_gpu_masks[%u]", r);
+    lt_avro_set_long(rec, path, (int64_t)pl->mask[r]);
+  }
   return true;
 }
 
@@ -169,7 +174,10 @@ static bool write_dispatch(lt_scheduler_t *s, side_t *sd, const lt_job_t *j, con
     s->out[s->nout - 1].partition = dispatch_partition(s, worker, s->out_topics[topic]);
   }
   sd->gang_n = pl->n > 1 ? pl->n : 0;
-  for (uint32_t r = 0; r < pl->n && pl->n > 1; r++) sd->gang_w[r] = (uint32_t)pl->w[r];
+  for (uint32_t r = 0; r < pl->n && pl->n > 1; r++) {
+    sd->gang_w[r] = (uint32_t)pl->w[r];
+    sd->gang_mask[r] = pl->mask[r];
+  }
   sd->w_dispatch_attempt = attempt;
   s->st.dispatched++;
   return true;
@@ -362,10 +370,10 @@ static void rebuild_running(lt_scheduler_t *s, size_t i, const lt_job_t *j) {
   size_t w0 = 0;
   if (!sd->gang_n && !worker_find(s, j->worker_id, &w0)) return;
   for (uint32_t r = 0; r < n; r++) ids[r] = (sd->gang_n ? sd->gang_w[r] : w0) + 1;
-  scheduler_tenant_into_sched(s, j->tenant_id, true);
   char err[256] = "";
   if (!sched_enqueue(s, i, j->attempt - 1, j->job_class) ||
-      lt_sched_job_book(s->sched, i + 1, ids, n, s->now_s, err, sizeof err) != LT_OK) {
+      lt_sched_job_book(s->sched, i + 1, ids, sd->gang_n ? sd->gang_mask : NULL, n, s->now_s, err, sizeof err) !=
+          LT_OK) {
     lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id), "job %s running on %s could not be booked there: %s",
            sd->job_id, j->worker_id, err[0] ? err : "not queued");
     scheduler_drop(s, sd);
@@ -412,16 +420,20 @@ lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size
     bool hosts = false;
     for (size_t i = 0; i < s->nsides && s->workers[w].draining && !hosts; i++) {
       const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-      bool part = strcmp(j ? j->worker_id : "", s->workers[w].id) == 0;
+      bool part = j && strcmp(j->worker_id, s->workers[w].id) == 0;
       for (uint32_t r = 0; r < s->sides[i]->gang_n; r++) part |= s->sides[i]->gang_w[r] == w;
-      hosts = part && live_state(j->state) && !j->attempt_stopped;
+      hosts = part && j && live_state(j->state) && !j->attempt_stopped;
     }
     if (worker_alive(s, &s->workers[w], now_ms) && (!s->workers[w].draining || hosts)) worker_bring_up(s, w);
   }
-  for (size_t i = 0; i < s->nsides; i++) {
-    const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-    if (j && live_state(j->state) && !j->attempt_stopped) rebuild_running(s, i, j);
-  }
+  /* gangs first, on the GPUs their dispatch named, then the jobs on one worker (any free GPUs:
+   * theirs matter to nothing but the count) */
+  for (int gangs = 1; gangs >= 0; gangs--)
+    for (size_t i = 0; i < s->nsides; i++) {
+      const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
+      if (j && live_state(j->state) && !j->attempt_stopped && (s->sides[i]->gang_n > 0) == gangs)
+        rebuild_running(s, i, j);
+    }
   /* real quotas, then the queue */
   for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);
   return rebuild_queue(s, errstr, n);
@@ -575,7 +587,7 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
 static bool placement_of(const lt_scheduler_t *s, const lt_sched_decision_t *d, size_t left, placement_t *pl) {
   uint32_t n = d[0].world > 1 ? d[0].world : 1;
   pl->n = n;
-  pl->mask0 = d[0].gpu_mask;
+  pl->mask[0] = d[0].gpu_mask;
   pl->w[0] = d[0].worker_id > 0 ? (size_t)(d[0].worker_id - 1) : 0;
   if (n > GANG_MAX || n > left) {
     lt_log_error("scheduler", "job placed on %u workers: a gang spans at most %d", n, GANG_MAX);
@@ -585,6 +597,7 @@ static bool placement_of(const lt_scheduler_t *s, const lt_sched_decision_t *d, 
     if (d[r].job_id != d[0].job_id || d[r].rank != r || d[r].worker_id == 0 || d[r].worker_id > s->nworkers)
       return false;
     pl->w[r] = (size_t)(d[r].worker_id - 1);
+    pl->mask[r] = d[r].gpu_mask;
   }
   return true;
 }

@@ -49,6 +49,7 @@ typedef struct side {
   uint32_t sched_worker;   /* rank 0's, for a gang across workers */
   uint32_t gang_n;         /* that gang's workers (gang_w; 0: a job on one worker) */
   uint32_t gang_w[GANG_MAX];
+  uint64_t gang_mask[GANG_MAX]; /* each rank's GPUs there (0: not recorded, JobDispatched < v4) */
 } side_t;
 
 typedef struct worker {

@@ -771,8 +771,9 @@ static int post_status(lt_client_t *c, const char *path, const char *body, char 
 
 /* A session's saved states and a job's checkpoints (staging) count in the storage quota with the
  * datasets: over it, an upload, a submission and a session's save_state are refused (413, naming
- * "datasets and checkpoints"), a call that saves nothing is not; once the checkpoint is gone they
- * pass again. (Before, a live session could save states without bound: none of it counted.) */
+ * "datasets and checkpoints"), a call that saves nothing is not; DELETE of the finished job whose
+ * checkpoint it was brings the tenant under at once (no stale measure). (Before, checkpoints did
+ * not count: a live session could save states without bound.) */
 Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_past_it) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
   lt_store_s3_conf_t sc;
@@ -782,33 +783,49 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
   const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
   lt_client_resp_t r = req(ca, "POST", "/v1/sessions", open_body, strlen(open_body));
   cr_assert(r.status == 201 || r.status == 202, "a session under the quota: %d %s", r.status, r.body);
-  char sess[64], path[256], key[512], msg[2048];
+  char sess[64], job[64], ds[64], path[256], key[512], msg[2048], body[256];
   snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
   lt_client_resp_free(&r);
-  /* what a worker would have saved for it: 1.6 MB under the tenant's staging prefix */
+  r = req(ca, "POST", "/v1/datasets?name=small", ONE, strlen(ONE));
+  cr_assert_eq(r.status, 201, "%s", r.body);
+  snprintf(ds, sizeof ds, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  /* a finished job, and what a worker saved for it: 1.6 MB under the tenant's staging prefix */
+  a_job(job, sizeof job);
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"rejected\""), 20000, 100,
+                     "the job never showed as finished: %s", msg);
   size_t ck = 1600000;
   char *state = malloc(ck);
   memset(state, 's', ck);
-  snprintf(key, sizeof key, "staging/%s/%s/1/3/state.bin", tenant_a, sess);
+  snprintf(key, sizeof key, "staging/%s/%s/1/3/state.bin", tenant_a, job);
   cr_assert_eq(lt_store_put(store, key, state, ck, NULL, err, sizeof err), LT_OK, "%s", err);
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s1\"}", msg, sizeof msg), 413, "%s", msg);
-  cr_expect(strstr(msg, "storage_quota_exceeded") && strstr(msg, "datasets and checkpoints 1600") &&
-                strstr(msg, "save_state keeps a state"),
+  cr_expect(strstr(msg, "storage_quota_exceeded") && strstr(msg, "datasets and checkpoints 16") &&
+                strstr(msg, "and a save_state keeps a state while the session lives"),
             "%s", msg);
-  cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg,
-                           sizeof msg),
-               202, "a call that saves nothing: %s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg, sizeof msg), 202,
+               "a call that saves nothing: %s", msg);
   cr_expect_eq(post_status(ca, "/v1/datasets?name=small", ONE, msg, sizeof msg), 413, "%s", msg);
-  cr_expect(strstr(msg, "datasets and checkpoints 1600"), "%s", msg);
-  char body[256];
-  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-none\"}");
+  cr_expect(strstr(msg, "datasets and checkpoints 16"), "%s", msg);
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", ds);
   cr_expect_eq(post_status(ca, "/v1/jobs", body, msg, sizeof msg), 413, "a job while over: %s", msg);
+  cr_expect(strstr(msg, "a new job's artifacts would add to it"), "%s", msg);
   /* another tenant's checkpoints are not tenant A's */
   cr_expect_eq(post_status(cb, "/v1/datasets?name=small", ONE, msg, sizeof msg), 201, "tenant B: %s", msg);
-  /* the checkpoint gone (the session ended and was deleted, say): under the quota again */
-  cr_assert_eq(lt_store_delete(store, key, err, sizeof err), LT_OK, "%s", err);
-  cr_expect_eq(post_status(ca, "/v1/datasets?name=small", ONE, msg, sizeof msg), 201, "%s", msg);
+  /* the finished job deleted with its checkpoint: under the quota again at once */
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL, 0);
+  cr_assert_eq(r.status, 200, "DELETE: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  cr_expect(!exists(store, key), "the checkpoint went with the job");
+  cr_expect_eq(post_status(ca, "/v1/jobs", body, msg, sizeof msg), 201, "a job right after the DELETE: %s", msg);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s1\"}", msg, sizeof msg), 202, "%s", msg);
   free(state);
   lt_store_destroy(store);

@@ -223,6 +223,19 @@ Test(lockbox, a_large_dataset_is_streamed_whole_under_a_grant) {
   free(big);
 }
 
+/* An api (lathed --role api, as `name`) whose object store is a socket that takes connections and
+ * says nothing (lt_test_mute_store): *hole is that socket, api_url the api's, log its log. */
+static lt_test_proc_t *mute_api(const char *name, char *log, size_t logn, int *hole, char *api_url, size_t urln) {
+  char keys_env[128], s3_env[64];
+  *hole = lt_test_mute_store(s3_env, sizeof s3_env);
+  snprintf(log, logn, "/tmp/test_lockbox.%d.%s.log", (int)getpid(), name);
+  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
+  lt_test_proc_t *p = lt_test_lathed(name, log, "api", NULL,
+                                     (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
+  snprintf(api_url, urln, "http://127.0.0.1:%u", lt_test_proc_port(p, 30000));
+  return p;
+}
+
 /* A staff read on its own thread: its answer's status once it came back. */
 typedef struct {
   lt_client_t *c;
@@ -253,13 +266,9 @@ Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_re
   ask(alice, tenant_a, scope, 600, revoked, sizeof revoked);
   cr_assert_eq(decide(ca, "/v1/access", held, "approve"), 200);
   cr_assert_eq(decide(ca, "/v1/access", revoked, "approve"), 200);
-  char log[256], keys_env[128], s3_env[64], mute_url[64];
-  int hole = lt_test_mute_store(s3_env, sizeof s3_env);
-  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.mute.log", (int)getpid());
-  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
-  lt_test_proc_t *mute = lt_test_lathed("api-mute", log, "api", NULL,
-                                        (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
-  snprintf(mute_url, sizeof mute_url, "http://127.0.0.1:%u", lt_test_proc_port(mute, 30000));
+  char log[256], mute_url[64];
+  int hole;
+  lt_test_proc_t *mute = mute_api("api-mute", log, sizeof log, &hole, mute_url, sizeof mute_url);
   /* a client each (a client is one thread's at a time, and one connection carries one request) */
   lt_client_t *staff = lt_test_client(mute_url, key_alice, 120), *staff2 = lt_test_client(mute_url, key_alice, 120),
               *looker = lt_test_client(mute_url, key_alice, 10), *other = lt_test_client(mute_url, key_b, 10);
@@ -342,13 +351,9 @@ Test(lockbox, an_api_stopped_mid_read_answers_it_before_its_connections_go) {
   snprintf(scope, sizeof scope, "dataset:%s", ds);
   ask(alice, tenant_a, scope, 600, id, sizeof id);
   cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
-  char log[256], keys_env[128], s3_env[64], mute_url[64], head[8192];
-  int hole = lt_test_mute_store(s3_env, sizeof s3_env);
-  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.stop.log", (int)getpid());
-  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
-  lt_test_proc_t *stopping = lt_test_lathed("api-stop", log, "api", NULL,
-                                       (const char *const[]){keys_env, "LATHE_ACCESS_SECOND_STAFF=0", s3_env, NULL});
-  snprintf(mute_url, sizeof mute_url, "http://127.0.0.1:%u", lt_test_proc_port(stopping, 30000));
+  char log[256], mute_url[64], head[8192];
+  int hole;
+  lt_test_proc_t *stopping = mute_api("api-stop", log, sizeof log, &hole, mute_url, sizeof mute_url);
   lt_client_t *staff = lt_test_client(mute_url, key_alice, 60), *looker = lt_test_client(mute_url, key_alice, 10);
   char want[128], body[4096] = "";
   snprintf(want, sizeof want, "\"%s\"", id);

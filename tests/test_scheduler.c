@@ -520,9 +520,9 @@ Test(scheduler, a_draining_worker_gets_no_new_job) {
 
 static void two_gpus(lt_jobspec_t *s) { s->gpus = 2; }
 
-/* A gang across two workers one of which drains: the draining worker stops only what it speaks
- * for, so the scheduler asks rank 0 (wherever it is) to checkpoint and stop the gang. */
-Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
+/* Two 1-slot workers in one node group, a scheduler, and "job-gang" (2 GPUs) dispatched across
+ * them: the leader, and its JobDispatched on lathe.control into *dispatch. */
+static lt_scheduler_t *start_with_a_gang_of_two(json_t **dispatch) {
   put_tenant("acme", 0);
   heartbeat_of("w1", 1, "rack", "127.0.0.1:7001", false);
   heartbeat_of("w2", 1, "rack", "127.0.0.1:7002", false);
@@ -530,9 +530,17 @@ Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
   lt_scheduler_t *s = start(NULL, &c);
   submit("job-gang", "acme", LT_CLASS_STANDARD, two_gpus);
   cr_assert(wait_for("JobDispatched", "job-gang", "control", 1, 20000));
-  json_t *d = find_seen("JobDispatched", "job-gang", "control", 0);
+  *dispatch = find_seen("JobDispatched", "job-gang", "control", 0);
+  cr_assert_eq(json_array_size(json_object_get(*dispatch, "gang_workers")), 2, "not a gang of two workers");
+  return s;
+}
+
+/* A gang across two workers one of which drains: the draining worker stops only what it speaks
+ * for, so the scheduler asks rank 0 (wherever it is) to checkpoint and stop the gang. */
+Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
+  json_t *d;
+  lt_scheduler_t *s = start_with_a_gang_of_two(&d);
   json_t *ranks = json_object_get(d, "gang_workers");
-  cr_assert_eq(json_array_size(ranks), 2, "not a gang of two workers");
   const char *rank1 = json_string_value(json_array_get(ranks, 1));
   control_rec("AttemptStarted", "job-gang", "acme", 1);
   settle(1000);
@@ -551,16 +559,10 @@ Test(scheduler, a_gang_with_a_part_on_a_draining_worker_is_asked_to_stop) {
  * left it out of the policy, so its slots looked free): a job submitted while none led waits
  * for them, a drain of its rank 1 still stops it, and its end frees them. */
 Test(scheduler, a_new_leader_books_a_running_gang_on_every_worker_of_it) {
-  put_tenant("acme", 0);
-  heartbeat_of("w1", 1, "rack", "127.0.0.1:7001", false);
-  heartbeat_of("w2", 1, "rack", "127.0.0.1:7002", false);
-  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50};
-  lt_scheduler_t *s = start(NULL, &c);
-  submit("job-gang", "acme", LT_CLASS_STANDARD, two_gpus);
-  cr_assert(wait_for("JobDispatched", "job-gang", "control", 1, 20000));
-  json_t *ranks = json_object_get(find_seen("JobDispatched", "job-gang", "control", 0), "gang_workers");
-  cr_assert_eq(json_array_size(ranks), 2, "not a gang of two workers");
-  json_t *masks = json_object_get(find_seen("JobDispatched", "job-gang", "control", 0), "gang_gpu_masks");
+  json_t *d;
+  lt_scheduler_t *s = start_with_a_gang_of_two(&d);
+  json_t *ranks = json_object_get(d, "gang_workers");
+  json_t *masks = json_object_get(d, "gang_gpu_masks");
   cr_assert(json_array_size(masks) == 2 && json_integer_value(json_array_get(masks, 0)) == 1 &&
                 json_integer_value(json_array_get(masks, 1)) == 1,
             "each rank's GPUs are not in the dispatch (GPU 0 of each 1-slot worker)");
@@ -570,7 +572,7 @@ Test(scheduler, a_new_leader_books_a_running_gang_on_every_worker_of_it) {
   settle(500);
   lt_scheduler_destroy(s); /* the leader dies while the gang runs */
   submit("job-one", "acme", LT_CLASS_STANDARD, NULL);
-  s = start(NULL, &c);
+  s = start(NULL, NULL); /* the same settings */
   settle(2000);
   cr_assert_eq(count_seen("JobDispatched", "job-one", "control"), 0, "job-one was dispatched onto the gang's slots");
   const char *rank0 = strcmp(rank1, "w1") ? "w1" : "w2";

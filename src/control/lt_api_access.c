@@ -484,13 +484,13 @@ static void dataset_size_work(void *arg) {
 
 /* Streams object_key to r's request, sealed under the key wrapped at dek_key (a dataset's, or a
  * job's artifact key), with the tenant's key for what has none. Frees r. */
-static void stream_to(lt_api_t *api, read_t *r, const char *dek_key, const char *type) {
+static void stream_to(lt_api_t *api, read_t *r, const char *dek_key, bool own_key, const char *type) {
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), r->tenant);
   const lt_crypto_dek_t *dek;
   char msg[256];
   lt_err_t err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
   if (err) lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
-  else lt_api_download_start(api, r->req, dek, dek_key, r->object_key, r->bytes, type);
+  else lt_api_download_start(api, r->req, dek, dek_key, own_key, r->object_key, r->bytes, type);
   free(r);
 }
 
@@ -505,7 +505,7 @@ static void dataset_size_after(lt_api_t *api, void *arg) {
     char dek_key[LT_STORE_KEY_MAX + 1];
     lt_dataset_object_key(dek_key, sizeof dek_key, r->tenant, r->dataset, LT_DATASET_KEY);
     lt_dataset_object_key(r->object_key, sizeof r->object_key, r->tenant, r->dataset, LT_DATASET_DATA);
-    stream_to(api, r, dek_key, "application/jsonl");
+    stream_to(api, r, dek_key, true, "application/jsonl");
   }
 }
 
@@ -529,13 +529,16 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   /* An artifact: streamed like the tenant's own download, under the job's artifact key. */
   char dek_key[LT_STORE_KEY_MAX + 1];
   lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, r->tenant, r->job);
-  stream_to(api, r, dek_key, "application/octet-stream");
+  stream_to(api, r, dek_key, false, "application/octet-stream");
 }
 
 /* The grant checked again (it may have been revoked while the store was asked), then AccessUsed
  * written: only once it is durable is anything read (read_after_audit). */
 static void audit_then_read(lt_api_t *api, read_t *r) {
-  if (!grant_holds(api, r)) {
+  /* no room to stream it now (the tenant's download slots): 429 before anything is audited, so
+   * that a retry does not write an AccessUsed for each refusal (the slots are checked again when
+   * the bytes start) */
+  if (!grant_holds(api, r) || !lt_api_download_room(api, r->req, r->tenant)) {
     free(r);
     return;
   }

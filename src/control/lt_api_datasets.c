@@ -214,7 +214,7 @@ static void upload_work(void *ctx) {
     t->measured = !t->err;
     if (!t->err)
       t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets, t->artifacts,
-                                    t->u->bytes + evbuffer_get_length(t->body), t->msg, sizeof t->msg);
+                                    t->u->bytes + evbuffer_get_length(t->body), NULL, t->msg, sizeof t->msg);
     t->over_storage = t->err == LT_ERR_QUOTA;
   }
   if (t->body && !t->err) t->err = feed_part(t);

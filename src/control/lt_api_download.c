@@ -37,6 +37,7 @@ struct lt_api_download {
   char dek_key[LT_STORE_KEY_MAX + 1]; /* the job's wrapped artifact key */
   char content_type[64];
   const lt_crypto_dek_t *dek; /* the tenant's: artifacts published before jobs had keys */
+  bool own_key;               /* sealed under dek_key's key only (a dataset): none is 404 */
   lt_crypto_dek_t *job_dek;   /* the job's, when it has one (the thread's) */
   uint64_t bytes;
   struct event *ev; /* the thread wakes the loop */
@@ -106,7 +107,7 @@ static lt_err_t pick_dek(lt_api_download_t *d, const lt_crypto_dek_t **dek, char
   if (!err) err = lt_crypto_dek_unwrap(d->api->conf.kek, d->tenant, blob, len, &d->job_dek, msg, n);
   free(blob);
   *dek = d->job_dek ? d->job_dek : d->dek;
-  return err == LT_ERR_NOT_FOUND ? LT_OK : err;
+  return err == LT_ERR_NOT_FOUND && !d->own_key ? LT_OK : err;
 }
 
 static void *download_main(void *arg) {
@@ -186,8 +187,9 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
   if (!have && !finished) return false;
   if (!have && err) {
     lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
-    /* A published artifact that is not there is the service's fault, not the client's. */
-    lt_api_reply_err(d->req, err == LT_ERR_NOT_FOUND ? LT_ERR_INTERNAL : err, NULL, d->msg);
+    /* A published artifact that is not there is the service's fault, not the client's; a dataset
+     * (own_key) deleted since it was looked up is gone: 404. */
+    lt_api_reply_err(d->req, err == LT_ERR_NOT_FOUND && !d->own_key ? LT_ERR_INTERNAL : err, NULL, d->msg);
     download_free(d);
     return false;
   }
@@ -243,8 +245,20 @@ static int tenant_downloads(lt_api_t *api, const char *tenant) {
   return n;
 }
 
+bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant) {
+  int per_tenant = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
+  int mine = tenant_downloads(api, tenant);
+  if (api->ndownloads < api->conf.max_downloads && mine < per_tenant) return true;
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+  lt_api_reply_error(req, 429, "over_quota", NULL,
+                     "%d downloads (artifacts, staff reads) are in progress (%d of tenant %s); the limits are %d in "
+                     "all (max_downloads) and %d per tenant: retry when one finished",
+                     api->ndownloads, mine, tenant, api->conf.max_downloads, per_tenant);
+  return false;
+}
+
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
-                           const char *key, uint64_t bytes, const char *content_type) {
+                           bool own_key, const char *key, uint64_t bytes, const char *content_type) {
   /* A request whose client left while it waited (a staff read waits for its audit record) has
    * no connection any more: answering frees it. */
   if (!evhttp_request_get_connection(req)) {
@@ -252,16 +266,7 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
     return;
   }
   const char *tenant = lt_crypto_dek_tenant(dek);
-  int per_tenant = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
-  int mine = tenant_downloads(api, tenant);
-  if (api->ndownloads >= api->conf.max_downloads || mine >= per_tenant) {
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
-    lt_api_reply_error(req, 429, "over_quota", NULL,
-                       "%d downloads (artifacts, staff reads) are in progress (%d of tenant %s); the limits are %d in all "
-                       "(max_downloads) and %d per tenant: retry when one finished",
-                       api->ndownloads, mine, tenant, api->conf.max_downloads, per_tenant);
-    return;
-  }
+  if (!lt_api_download_room(api, req, tenant)) return;
   lt_api_download_t *d = calloc(1, sizeof *d);
   if (!d) {
     lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
@@ -271,6 +276,7 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
   d->req = req;
   d->evcon = evhttp_request_get_connection(req);
   d->dek = dek;
+  d->own_key = own_key;
   d->bytes = bytes;
   snprintf(d->tenant, sizeof d->tenant, "%s", tenant);
   snprintf(d->key, sizeof d->key, "%s", key);

@@ -277,11 +277,15 @@ void lt_api_work_stop(lt_api_t *api);
 /* ---------------------------------------------------------------- downloads (lt_api_download.c) */
 
 /* Streams the sealed object at key to req, decrypted with the key wrapped at dek_key (a job's
- * artifact key) or, when there is none, with dek (borrowed: the keyring's tenant key), in pieces:
+ * artifact key, a dataset's key) or, when there is none and not own_key, with dek (borrowed: the
+ * keyring's tenant key; own_key: a missing key or object answers 404), in pieces:
  * memory stays at a few pieces whatever the object's size. bytes: its plaintext size
  * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
-                           const char *key, uint64_t bytes, const char *content_type);
+                           bool own_key, const char *key, uint64_t bytes, const char *content_type);
+/* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant);
+ * when not, answers 429 with Retry-After. */
+bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant);
 /* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
 void lt_api_download_stop_all(lt_api_t *api);
 
@@ -302,9 +306,10 @@ bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes);
  * conf.max_storage_bytes; 0: no limit. Loop thread (it reads the tenant's record). */
 uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t);
 /* LT_ERR_QUOTA naming quota and usage when adding bytes would take the tenant over quota
- * (adding 0: when it is at or over it already); quota 0: never. */
+ * (adding 0: when it is at or over it already; why, or NULL for a job's artifacts, says what
+ * would add to it); quota 0: never. */
 lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datasets, uint64_t artifacts,
-                              uint64_t adding, char *msg, size_t n);
+                              uint64_t adding, const char *why, char *msg, size_t n);
 /* 413 storage_quota_exceeded with msg. */
 void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
 

@@ -323,7 +323,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
   *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets);
   if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
     char msg[512];
-    if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, msg,
+    if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, NULL, msg,
                              sizeof msg)) {
       lt_api_reply_storage(req, msg);
       return false;
@@ -429,7 +429,7 @@ static bool storage_ok(lt_api_t *api, const lookup_task_t *t) {
   char msg[512];
   const lt_tenant_t *tn = lt_tenant_get(lt_proj_tenants(api->proj), t->tenant_id);
   if (!lt_api_storage_check(lt_api_storage_quota(api, tn), t->tenant_id, t->datasets,
-                            lt_api_artifact_bytes(api, t->tenant_id), 0, msg, sizeof msg))
+                            lt_api_artifact_bytes(api, t->tenant_id), 0, NULL, msg, sizeof msg))
     return true;
   lt_api_reply_storage(t->req, msg);
   return false;
@@ -726,7 +726,7 @@ void lt_api_jobs_artifacts(lt_api_call_t *c) {
   /* Streamed in pieces from a thread of its own: memory does not grow with the artifact. */
   char dek_key[LT_STORE_KEY_MAX + 1];
   lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, j->tenant_id, j->job_id);
-  lt_api_download_start(api, req, dek, dek_key, json_string_value(json_object_get(found, "key")),
+  lt_api_download_start(api, req, dek, dek_key, false, json_string_value(json_object_get(found, "key")),
                         (uint64_t)json_integer_value(json_object_get(found, "bytes")),
                         strstr(name, ".json") ? "application/json" : "application/octet-stream");
 }

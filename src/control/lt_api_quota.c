@@ -92,12 +92,12 @@ uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t) {
 }
 
 lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datasets, uint64_t artifacts,
-                              uint64_t adding, char *msg, size_t n) {
+                              uint64_t adding, const char *why, char *msg, size_t n) {
   uint64_t used = datasets + artifacts;
   if (!quota || (adding ? used + adding <= quota : used < quota)) return LT_OK;
   char what[96];
   if (adding) snprintf(what, sizeof what, " and this upload would add %llu", (unsigned long long)adding);
-  else snprintf(what, sizeof what, ", and a new job's artifacts would add to it");
+  else snprintf(what, sizeof what, "%s", why ? why : ", and a new job's artifacts would add to it");
   return lt_errf(msg, n, LT_ERR_QUOTA,
                  "tenant %s's storage quota max_storage_bytes is %llu bytes; it uses %llu (datasets and "
                  "checkpoints %llu, artifacts %llu)%s: delete datasets (DELETE /v1/datasets/{id}) or finished "

@@ -603,6 +603,8 @@ typedef struct {
   char sha_hex[65];
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
+  bool measured;             /* and the tenant's stored bytes, measured on the pool: */
+  uint64_t stored;
   lt_err_t err;
   char msg[512];
 } call_in_t;
@@ -691,11 +693,12 @@ static void record_call(lt_api_t *api, call_in_t *ci) {
 static void seal_work(void *arg) {
   call_in_t *ci = arg;
   uint8_t sha[32];
-  uint64_t stored = 0;
-  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &stored, ci->msg, sizeof ci->msg)) &&
-      (ci->err = lt_api_storage_check(ci->quota, ci->tenant, stored, ci->artifacts, 0, ci->msg, sizeof ci->msg)))
-    snprintf(ci->msg + strlen(ci->msg), sizeof ci->msg - strlen(ci->msg), "; a %s keeps a state while the session lives",
-             ci->kind);
+  char why[96];
+  snprintf(why, sizeof why, ", and a %s keeps a state while the session lives", ci->kind);
+  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &ci->stored, ci->msg, sizeof ci->msg))) {
+    ci->measured = true;
+    ci->err = lt_api_storage_check(ci->quota, ci->tenant, ci->stored, ci->artifacts, 0, why, ci->msg, sizeof ci->msg);
+  }
   if (ci->err) return;
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
   if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
@@ -703,6 +706,7 @@ static void seal_work(void *arg) {
 
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
+  if (ci->measured) lt_api_stored_note(api, ci->tenant, true, ci->stored);
   if (ci->err == LT_ERR_QUOTA) {
     lt_api_reply_storage(ci->req, ci->msg);
     call_in_free(ci);

@@ -426,13 +426,14 @@ lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size
     }
     if (worker_alive(s, &s->workers[w], now_ms) && (!s->workers[w].draining || hosts)) worker_bring_up(s, w);
   }
-  /* gangs first, on the GPUs their dispatch named, then the jobs on one worker (any free GPUs:
-   * theirs matter to nothing but the count) */
-  for (int gangs = 1; gangs >= 0; gangs--)
+  /* gangs on the GPUs their dispatch named first, then gangs whose record named none (v2, v3:
+   * free GPUs in rank order), then the jobs on one worker (free GPUs: only their count matters) */
+  for (int pass = 0; pass < 3; pass++)
     for (size_t i = 0; i < s->nsides; i++) {
-      const lt_job_t *j = lt_job_get(jobs, s->sides[i]->job_id);
-      if (j && live_state(j->state) && !j->attempt_stopped && (s->sides[i]->gang_n > 0) == gangs)
-        rebuild_running(s, i, j);
+      const side_t *sd = s->sides[i];
+      const lt_job_t *j = lt_job_get(jobs, sd->job_id);
+      int kind = sd->gang_n == 0 ? 2 : sd->gang_mask[0] ? 0 : 1;
+      if (j && live_state(j->state) && !j->attempt_stopped && kind == pass) rebuild_running(s, i, j);
     }
   /* real quotas, then the queue */
   for (size_t t = 0; t < s->ntenants; t++) scheduler_tenant_into_sched(s, s->tenant_names[t], false);

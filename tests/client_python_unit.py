@@ -435,9 +435,15 @@ class ClientTest(unittest.TestCase):
     def test_session_state_end_cancel_and_context(self):
         tc = self.session()
         self.assertEqual(tc.state()["step"], 3)
-        tc.end()
+        self.fake.script[("DELETE", "/v1/sessions/ses-1")] = [(503, {"error": {"code": "unavailable",
+                                                                               "message": "x"}}, {})]
+        tc.end()  # the 503 is retried, under the same Idempotency-Key: one end
         tc.cancel()
-        self.assertEqual(len(self.reqs("DELETE", "/v1/sessions/ses-1")), 1)
+        ends = self.reqs("DELETE", "/v1/sessions/ses-1")
+        self.assertEqual(len(ends), 2)
+        keys = {e[3].get("Idempotency-Key") for e in ends}
+        self.assertEqual(len(keys), 1, keys)
+        self.assertTrue(next(iter(keys)))
         self.assertEqual(len(self.reqs("POST", "/v1/sessions/ses-1/cancel")), 1)
         with self.assertRaises(RuntimeError):
             with self.session():
@@ -445,7 +451,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(self.reqs("POST", "/v1/sessions/ses-1/cancel")), 2)
         with self.session():
             pass
-        self.assertEqual(len(self.reqs("DELETE", "/v1/sessions/ses-1")), 2)
+        self.assertEqual(len(self.reqs("DELETE", "/v1/sessions/ses-1")), 3)
 
     def test_tokenizer_datasets_jobs(self):
         self.assertEqual(self.service.tokenize("lathe-tiny", "hi"), [104, 105])

@@ -769,6 +769,49 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
 
 static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn);
 
+/* DELETE of a session with an Idempotency-Key, sent again (a lost answer), answers the first
+ * end's seq and queues no second end; the key used for a call with a body is 422; without a key a
+ * DELETE queues another end (its seq differs), as before. */
+static json_int_t end_seq(const char *sess, const char *key, int *status) {
+  char path[128];
+  snprintf(path, sizeof path, "/v1/sessions/%s", sess);
+  lt_client_resp_t r;
+  cr_assert_eq(lt_client_json(ca, "DELETE", path, NULL, key, &r, err, sizeof err), LT_OK, "%s", err);
+  *status = r.status;
+  cr_assert(r.status == 202 || r.status == 409, "DELETE with key %s: %d %s", key ? key : "(none)", r.status, r.body);
+  json_int_t seq = json_integer_value(json_object_get(r.json, "seq"));
+  lt_client_resp_free(&r);
+  return seq;
+}
+
+Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
+  start_api(NULL);
+  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", open_body, strlen(open_body));
+  cr_assert(r.status == 201 || r.status == 202, "%d %s", r.status, r.body);
+  char sess[64], path[128], msg[2048];
+  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  int st = 0;
+  json_int_t first = end_seq(sess, "end-1", &st), again = 0;
+  cr_assert(st == 202 && first > 0, "the first end: %d", st);
+  for (int i = 0; i < 50 && (again = end_seq(sess, "end-1", &st), st == 409); i++) lt_test_msleep(100);
+  cr_expect(st == 202 && again == first, "the same key answered %d, seq %lld; the first end was seq %lld", st,
+            (long long)again, (long long)first);
+  /* the key names the end: a call with a body under it is another request */
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  lt_client_header_t h = {"Idempotency-Key", "end-1"};
+  const char *save = "{\"kind\":\"save_state\",\"name\":\"s\"}";
+  cr_assert_eq(lt_client_request(ca, "POST", path, &h, 1, save, strlen(save), NULL, &r, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(r.status, 422, "%d %s", r.status, r.body);
+  snprintf(msg, sizeof msg, "%s", r.body ? r.body : "");
+  lt_client_resp_free(&r);
+  cr_expect(strstr(msg, "idempotency_key_reused") && strstr(msg, "its end"), "%s", msg);
+  /* without a key, a DELETE is another end */
+  json_int_t other = end_seq(sess, NULL, &st);
+  cr_expect(st == 202 && other != first, "a DELETE without a key: %d, seq %lld", st, (long long)other);
+}
+
 /* A session's saved states and a job's checkpoints (staging) count in the storage quota with the
  * datasets: over it, an upload, a submission and a session's save_state are refused (413, naming
  * "datasets and checkpoints"), a call that saves nothing is not; DELETE of the finished job whose

@@ -646,7 +646,7 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   json_t *e = pending_key(api, ci);
   if (e) { /* known here before the feed reads the record back */
     json_object_set_new(e, "seq", json_integer(seq));
-    json_object_set_new(e, "object_key", json_string(ci->key));
+    if (ci->key[0]) json_object_set_new(e, "object_key", json_string(ci->key)); /* an end has none */
   } else if (ci->keyed[0]) { /* the feed read a record of the id first: this one is a later one */
     sess_fold_t *f = fold_of(api, ci->job_id, false);
     json_t *k = f ? json_object_get(f->keys, ci->keyed) : NULL;
@@ -790,11 +790,20 @@ static void replay_call(lt_api_call_t *c, const char *kind, json_t *body, const 
                        "a call with Idempotency-Key %s is being recorded now; retry to learn its seq", idem);
     return;
   }
+  if (!body || !okey) { /* an end (the only call without a body) on one side: the same only if both */
+    if (!body && !okey) reply_queued(c->req, c->job->job_id, seq, kind, true);
+    else
+      lt_api_reply_error(c->req, 422, "idempotency_key_reused", "Idempotency-Key",
+                         "Idempotency-Key %s was used for call %lld of session %s, %s; this request is %s", idem,
+                         (long long)seq, c->job->job_id, okey ? "a call with a body" : "its end",
+                         body ? "a call with a body" : "its end");
+    return;
+  }
   replay_t *r = calloc(1, sizeof *r);
   char msg[256];
-  if (!r || !okey || !(r->body = json_deep_copy(body))) {
+  if (!r || !(r->body = json_deep_copy(body))) {
     free(r);
-    lt_api_reply_error(c->req, 500, "internal", NULL, okey ? "out of memory" : "the keyed call has no body to compare");
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
     return;
   }
   if (lt_keyring_tenant_dek(c->api->keyring, c->tenant, &r->dek, msg, sizeof msg)) {
@@ -874,14 +883,19 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
 }
 
+/* The request's Idempotency-Key (NULL when none); false after answering 400 for a bad one. */
+static bool idem_key(lt_api_call_t *c, const char **idem) {
+  *idem = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Idempotency-Key");
+  if (!*idem || lt_id_valid(*idem)) return true;
+  lt_api_reply_error(c->req, 400, "invalid", "Idempotency-Key", "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
+  return false;
+}
+
 /* POST /v1/sessions/{id}/calls */
 void lt_api_sessions_call(lt_api_call_t *c) {
   lt_api_t *api = c->api;
-  const char *idem = evhttp_find_header(evhttp_request_get_input_headers(c->req), "Idempotency-Key");
-  if (idem && !lt_id_valid(idem)) {
-    lt_api_reply_error(c->req, 400, "invalid", "Idempotency-Key", "Idempotency-Key must be 1-63 characters of A-Z a-z 0-9 . _ -");
-    return;
-  }
+  const char *idem;
+  if (!idem_key(c, &idem)) return;
   size_t len;
   char *text = call_body(c->req, &len);
   if (!text) return;
@@ -919,13 +933,16 @@ void lt_api_sessions_call(lt_api_call_t *c) {
 }
 
 /* DELETE /v1/sessions/{id}: the end, after the calls before it (a final checkpoint, then the
- * session completes and its adapter is published). */
+ * session completes and its adapter is published). With an Idempotency-Key, a DELETE sent again
+ * answers the first one's seq instead of queueing another end (which would never run). */
 void lt_api_sessions_end(lt_api_call_t *c) {
+  const char *idem;
+  if (!idem_key(c, &idem)) return;
   if (lt_job_state_is_terminal(c->job->state)) {
     lt_api_reply_json(c->req, 200, session_json(c->api, c->job));
     return;
   }
-  queue_call(c, "end", NULL, NULL);
+  queue_call(c, "end", NULL, idem);
 }
 
 /* ---------------------------------------------------------------- the tokenizer */

@@ -163,8 +163,10 @@ class TrainingClient:
 
     def end(self) -> Dict[str, Any]:
         """Ends the session once its queued calls have run (DELETE; state -> completed). Sent
-        again after a lost answer: a second end never runs (the first ends the session)."""
-        _, r = self._http.request("DELETE", self._path, idempotent=True)
+        with an Idempotency-Key of its own, so one sent again after a lost answer is the same end
+        (the answer names the first one's seq)."""
+        _, r = self._http.request("DELETE", self._path, idempotent=True,
+                                  headers={"Idempotency-Key": uuid.uuid4().hex})
         return r or {}
 
     def cancel(self) -> Dict[str, Any]:

@@ -341,7 +341,7 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
   lt_avro_record_t *v1, *v2;
   cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 1), &v1, err, sizeof err), LT_OK);
   cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &v2, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 2);
+  cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 3);
   /* v1 has no such field: a tenant with a quota of its own needs v2; one without is written v1
    * (`lathe admin tenant`), which every reader decodes */
   cr_assert_neq(lt_tenant_to_record(&t, v1, err, sizeof err), LT_OK);
@@ -367,6 +367,46 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
   cr_expect(strstr(err, "quotas.max_storage_bytes is -5"), "%s", err);
   lt_avro_record_destroy(v1);
   lt_avro_record_destroy(v2);
+}
+
+/* A key's role (TenantUpserted v3): a key of an earlier record reads as an admin key; a member key
+ * needs v3 to be written; a role this version does not know reads as member (the least). */
+Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
+  lt_tenant_t t = {.weight = 1.0}, back;
+  snprintf(t.tenant_id, sizeof t.tenant_id, "acme");
+  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
+  char key[LT_TENANT_API_KEY_SIZE];
+  cr_assert_eq(lt_tenant_add_key(&t, false, 1, key), LT_OK);
+  cr_assert_eq(lt_tenant_add_key(&t, false, 2, key), LT_OK);
+  cr_assert_eq(t.keys[1].role, LT_TENANT_ROLE_ADMIN, "a new key is an admin key");
+  lt_avro_record_t *v2, *v3;
+  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 2), &v2, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &v3, err, sizeof err), LT_OK);
+  const uint8_t *b;
+  size_t len;
+  /* v2 (both admin keys) read by this version: admin keys */
+  cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_encode(v2, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_decode(v3, b, len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
+  cr_expect(back.nkeys == 2 && back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_ADMIN);
+  /* a member key cannot be written as v2, and round-trips through v3 */
+  t.keys[1].role = LT_TENANT_ROLE_MEMBER;
+  cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_ERR_INVALID);
+  cr_expect(strstr(err, "is a member key): write v3"), "%s", err);
+  cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_encode(v3, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_decode(v3, b, len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
+  cr_expect(back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_MEMBER);
+  cr_expect_eq(lt_tenant_key(&back, t.keys[1].key_id), &back.keys[1]);
+  cr_expect_null(lt_tenant_key(&back, "0000000000000000"));
+  /* a role from a later version: the least */
+  cr_assert_eq(lt_avro_set_string(v3, "api_keys[0].role", "owner"), LT_OK);
+  cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(back.keys[0].role, LT_TENANT_ROLE_MEMBER);
+  lt_avro_record_destroy(v2);
+  lt_avro_record_destroy(v3);
 }
 
 Test(avro, old_reader_reads_new_data) {

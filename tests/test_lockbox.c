@@ -395,6 +395,46 @@ Test(lockbox, an_api_stopped_mid_read_answers_it_before_its_connections_go) {
   if (exited && st == 0) unlink(log);
 }
 
+/* A member key (`lathe admin tenant add-key --role member`, TenantUpserted v3) may do what the
+ * tenant may but approve staff access: its approval is 403 and opens nothing; it may deny and
+ * revoke (any key closes the door); an admin key approves. */
+Test(lockbox, a_member_key_cannot_approve_staff_access_but_can_deny_and_revoke) {
+  char cmd[512], member_key[128], ds[64], opened[64], refused[64], scope[128], body[4096];
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s --role member --json", lt_test_lathe_bin(), tenant_a);
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s: %s", cmd, out);
+  json_t *j = json_loads(out, 0, NULL);
+  snprintf(member_key, sizeof member_key, "%s", json_string_value(json_object_get(j, "api_key")));
+  int members = 0;
+  size_t i;
+  json_t *k;
+  json_array_foreach(json_object_get(j, "keys"), i, k) members += strcmp(json_string_value(json_object_get(k, "role")), "member") == 0;
+  cr_expect_eq(members, 1, "one member key listed: %s", out);
+  json_decref(j);
+  free(out);
+  lt_client_t *cm = lt_test_client(url, member_key, 30);
+  lt_test_wait_until(status_of(cm, "GET", "/v1/access", NULL, NULL, 0) == 200, 20000, 100, "the API never knew the member key");
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, opened, sizeof opened);
+  cr_assert_eq(decide(cm, "/v1/access", opened, "approve"), 403, "a member key approved staff access");
+  char path[256];
+  snprintf(path, sizeof path, "/v1/access/%s/approve", opened);
+  status_of(cm, "POST", path, "{\"reason\":\"test\"}", body, sizeof body);
+  cr_expect(strstr(body, "member key") && strstr(body, "admin key"), "%s", body);
+  cr_expect_eq(read_dataset(alice, opened, ds, body, sizeof body), 403, "the member's approval opened it: %s", body);
+  cr_assert_eq(decide(ca, "/v1/access", opened, "approve"), 200, "the admin key approves");
+  cr_assert_eq(read_dataset(alice, opened, ds, body, sizeof body), 200, "%s", body);
+  /* any key closes the door */
+  ask(alice, tenant_a, scope, 600, refused, sizeof refused);
+  cr_expect_eq(decide(cm, "/v1/access", refused, "deny"), 200, "a member key denies");
+  cr_expect_eq(decide(cm, "/v1/access", opened, "revoke"), 200, "a member key revokes");
+  cr_expect_eq(read_dataset(alice, opened, ds, body, sizeof body), 403, "revoked by the member key: %s", body);
+  cr_expect_eq(audit_count("AccessApproved", opened), 1, "only the admin key's approval is in the audit log");
+  lt_client_destroy(cm);
+}
+
 /* ---------------------------------------------------------------- bypasses */
 
 Test(lockbox, a_staff_key_is_no_key_on_customer_routes_and_a_tenant_key_none_on_staff_routes) {

@@ -42,7 +42,10 @@ static void usage(FILE *f) {
              "           --max-storage-bytes: the tenant's datasets and artifacts together (0: the\n"
              "           API's LATHE_API_MAX_STORAGE_BYTES applies)\n"
              "       lathe admin tenant update ID [same options]\n"
-             "       lathe admin tenant rotate-key ID [--json]\n"
+             "       lathe admin tenant rotate-key ID [--json]   a new admin key; every other key revoked\n"
+             "       lathe admin tenant add-key ID [--role admin|member] [--json]\n"
+             "           another key (default admin); a member key may do everything but approve\n"
+             "           staff access to the tenant's data (it may deny and revoke)\n"
              "       lathe admin tenant list [--json]\n"
              "       lathe admin topics [FILE]     the roles' ACLs (ops/acls.tsv, or LATHE_ACLS_FILE), then\n"
              "                                     the topics of ops/topics.tsv (or FILE)\n"
@@ -119,9 +122,13 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
   const uint8_t *bytes;
   size_t len;
   int rc = 1;
-  /* v1 unless the tenant has a storage quota of its own: a reader older than v2 (a process not yet
-   * upgraded) cannot decode v2 and would miss the record, a key's rotation or revocation included */
-  const lt_avro_schema_t *schema = lt_avro_schema_find(a->reg, "TenantUpserted", t->quotas.max_storage_bytes ? 2 : 1);
+  /* v1 unless the tenant has a storage quota of its own (v2) or a member key (v3): a reader older
+   * than the version (a process not yet upgraded) cannot decode it and would miss the record, a
+   * key's rotation or revocation included */
+  bool member = false;
+  for (int k = 0; k < t->nkeys; k++) member |= t->keys[k].role != LT_TENANT_ROLE_ADMIN;
+  const lt_avro_schema_t *schema =
+      lt_avro_schema_find(a->reg, "TenantUpserted", member ? 3 : t->quotas.max_storage_bytes ? 2 : 1);
   if (lt_avro_record_new_schema(a->reg, schema, &rec, err, sizeof err) ||
       lt_avro_record_stamp(rec, "admin/cli") || lt_tenant_to_record(t, rec, err, sizeof err) ||
       lt_avro_record_encode(rec, &bytes, &len, err, sizeof err) ||
@@ -140,11 +147,13 @@ out:
   return rc;
 }
 
-enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON };
+enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON,
+       O_ROLE };
 
-/* The options of tenant create|update|rotate-key|list (rotate-key and list: --json only); into t
- * (may be NULL then). Returns -1 to go on with the operands in a, or the exit status. */
-static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, bool *json) {
+/* The options of tenant create|update|rotate-key|add-key|list (rotate-key and list: --json only;
+ * add-key: --role and --json, role not NULL); into t (may be NULL then) and *role. Returns -1 to go
+ * on with the operands in a, or the exit status. */
+static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_role_t *role, bool *json) {
   static const struct option opts[] = {{"name", required_argument, NULL, O_NAME},
                                        {"weight", required_argument, NULL, O_WEIGHT},
                                        {"max-running", required_argument, NULL, O_MAX_RUNNING},
@@ -154,12 +163,21 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
                                        {"max-storage-bytes", required_argument, NULL, O_MAX_STORAGE_BYTES},
                                        {"json", no_argument, NULL, O_JSON},
                                        {0}};
-  a->opts = t ? opts : opts + 7;
+  static const struct option key_opts[] = {{"role", required_argument, NULL, O_ROLE},
+                                           {"json", no_argument, NULL, O_JSON},
+                                           {0}};
+  a->opts = role ? key_opts : t ? opts : opts + 7;
   int c;
   double d = 0;
   while ((c = lt_cli_args_next(a, argc, argv)) >= 0) {
     switch (c) {
     case O_JSON: *json = true; break;
+    case O_ROLE:
+      if (!lt_tenant_role_parse(a->value, role)) {
+        fprintf(stderr, "lathe %s: --role is admin or member, not \"%s\"\n", a->what, a->value);
+        return 2;
+      }
+      break;
     case O_NAME: snprintf(t->display_name, sizeof t->display_name, "%s", a->value); break;
     case O_WEIGHT:
       if (!lt_cli_args_num(a, "--weight", 0.01, 1000, false, &d)) return 2;
@@ -191,8 +209,9 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
 }
 
 static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
-  int live = 0;
+  int live = 0, members = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
+  for (int k = 0; k < t->nkeys; k++) members += !t->keys[k].revoked && t->keys[k].role != LT_TENANT_ROLE_ADMIN;
   if (json) { /* through jansson: a display name may hold quotes */
     json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
                           t->display_name, "weight", t->weight, "max_running_slots",
@@ -201,6 +220,12 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
                           "max_dataset_bytes", (json_int_t)t->quotas.max_dataset_bytes, "max_storage_bytes",
                           (json_int_t)t->quotas.max_storage_bytes, "live_keys", live,
                           "disabled", t->disabled);
+    json_t *keys = json_array();
+    for (int k = 0; o && keys && k < t->nkeys; k++)
+      json_array_append_new(keys, json_pack("{s:s,s:s,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
+                                            lt_tenant_role_name(t->keys[k].role), "revoked", t->keys[k].revoked,
+                                            "created_at", (json_int_t)t->keys[k].created_at_ms));
+    if (o) json_object_set_new(o, "keys", keys ? keys : json_array());
     if (o && api_key) json_object_set_new(o, "api_key", json_string(api_key));
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     printf("%s\n", text ? text : "{}");
@@ -209,10 +234,10 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
     return;
   }
   printf("tenant %s (%s): weight %g, max running %d, max queued %d, max duration %llds, max dataset %lld bytes, "
-         "max storage %lld bytes, %d live key(s)%s\n",
+         "max storage %lld bytes, %d live key(s) (%d member)%s\n",
          t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
          (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes,
-         (long long)t->quotas.max_storage_bytes, live,
+         (long long)t->quotas.max_storage_bytes, live, members,
          t->disabled ? ", DISABLED" : "");
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }
@@ -220,7 +245,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
 static int tenant_list(int argc, char **argv) {
   lt_cli_args_t a = {.what = "admin tenant list", .usage = usage};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, NULL, &json);
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
   if (rc >= 0) return rc;
   admin_t ad = {0};
   rc = load_tenants(&ad);
@@ -230,17 +255,19 @@ static int tenant_list(int argc, char **argv) {
   return rc;
 }
 
-/* create, update, rotate-key ID. The options are read before the broker is asked (so --help and
- * mistakes need none), and again over the tenant as it is. */
+/* create, update, rotate-key, add-key ID. The options are read before the broker is asked (so
+ * --help and mistakes need none), and again over the tenant as it is. */
 static int tenant_write(int argc, char **argv) {
   const char *verb = argv[0];
-  bool create = strcmp(verb, "create") == 0, rotate = strcmp(verb, "rotate-key") == 0;
+  bool create = strcmp(verb, "create") == 0, rotate = strcmp(verb, "rotate-key") == 0,
+       add = strcmp(verb, "add-key") == 0;
+  lt_tenant_role_t role = LT_TENANT_ROLE_ADMIN;
   char what[48];
   snprintf(what, sizeof what, "admin tenant %s", verb);
   lt_cli_args_t a = {.what = what, .usage = usage, .min = 1, .max = 1};
   lt_tenant_t t = {0};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, rotate ? NULL : &t, &json);
+  int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0];
   if (!lt_id_valid(id)) {
@@ -286,13 +313,14 @@ static int tenant_write(int argc, char **argv) {
     t = *cur;
   }
   lt_cli_args_t again = {.what = what, .usage = usage, .min = 1, .max = 1}; /* read once already */
-  tenant_args(&again, argc, argv, rotate ? NULL : &t, &json);
-  bool want_key = create || rotate;
+  tenant_args(&again, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, &json);
+  bool want_key = create || rotate || add;
   if (want_key && lt_tenant_add_key(&t, rotate, lt_time_wall_ms(), key)) {
     fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
     rc = 1;
     goto out;
   }
+  if (add) t.keys[t.nkeys - 1].role = role;
   if ((rc = write_tenant(&ad, &t))) goto out;
   print_tenant(&t, want_key ? key : NULL, json);
 out:
@@ -302,7 +330,8 @@ out:
 
 static int tenant_cmd(int argc, char **argv) {
   static const lt_cli_verb_t verbs[] = {
-      {"create", tenant_write}, {"update", tenant_write}, {"rotate-key", tenant_write}, {"list", tenant_list}};
+      {"create", tenant_write}, {"update", tenant_write}, {"rotate-key", tenant_write}, {"add-key", tenant_write},
+      {"list", tenant_list}};
   return lt_cli_args_dispatch("admin tenant", usage, verbs, sizeof verbs / sizeof *verbs, NULL, argc, argv);
 }
 

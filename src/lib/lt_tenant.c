@@ -102,6 +102,21 @@ lt_err_t lt_tenant_authenticate(const lt_tenant_table_t *t, const char *key, con
   return LT_ERR_AUTH;
 }
 
+const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tn, const char *key_id) {
+  for (int k = 0; tn && key_id && k < tn->nkeys; k++)
+    if (strcmp(tn->keys[k].key_id, key_id) == 0) return &tn->keys[k];
+  return NULL;
+}
+
+const char *lt_tenant_role_name(lt_tenant_role_t role) { return role == LT_TENANT_ROLE_ADMIN ? "admin" : "member"; }
+
+bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out) {
+  if (s && strcmp(s, "admin") == 0) *out = LT_TENANT_ROLE_ADMIN;
+  else if (s && strcmp(s, "member") == 0) *out = LT_TENANT_ROLE_MEMBER;
+  else return false;
+  return true;
+}
+
 lt_err_t lt_tenant_add_key(lt_tenant_t *tn, bool revoke_old, int64_t now_ms, char key_out[LT_TENANT_API_KEY_SIZE]) {
   if (revoke_old)
     for (int k = 0; k < tn->nkeys; k++) tn->keys[k].revoked = true;
@@ -183,6 +198,10 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
     NEED(lt_avro_get_long(rec, path, &k->created_at_ms));
     snprintf(path, sizeof path, "api_keys[%zu].revoked", i);
     NEED(lt_avro_get_bool(rec, path, &k->revoked));
+    snprintf(path, sizeof path, "api_keys[%zu].role", i);
+    k->role = LT_TENANT_ROLE_ADMIN; /* v3; before it every key was an admin key */
+    if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK && !lt_tenant_role_parse(s, &k->role))
+      k->role = LT_TENANT_ROLE_MEMBER; /* a role this version does not know: the least */
   }
   out->nkeys = (int)nk;
 #undef NEED
@@ -224,6 +243,13 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     SET(lt_avro_set_long(rec, path, tn->keys[i].created_at_ms));
     snprintf(path, sizeof path, "api_keys[%zu].revoked", idx);
     SET(lt_avro_set_bool(rec, path, tn->keys[i].revoked));
+    snprintf(path, sizeof path, "api_keys[%zu].role", idx);
+    if (lt_avro_schema_version(lt_avro_record_schema(rec)) >= 3)
+      SET(lt_avro_set_string(rec, path, lt_tenant_role_name(tn->keys[i].role)));
+    else if (tn->keys[i].role != LT_TENANT_ROLE_ADMIN)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].role (key %s is a %s key): write v3",
+                     lt_avro_schema_version(lt_avro_record_schema(rec)), tn->keys[i].key_id,
+                     lt_tenant_role_name(tn->keys[i].role));
   }
 #undef SET
   return LT_OK;

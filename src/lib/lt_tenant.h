@@ -33,11 +33,20 @@ typedef struct lt_tenant_quotas {
   int64_t max_storage_bytes;  /* its datasets and artifacts together; 0: the API's figure (TenantUpserted v2) */
 } lt_tenant_quotas_t;
 
+/* What a key may do (TenantUpserted v3 api_keys[].role; a key of an earlier record is an admin
+ * key). A member key may do everything an admin key may but approve staff access to the tenant's
+ * data: any key may close that door (deny, revoke), only an admin key opens it. */
+typedef enum lt_tenant_role {
+  LT_TENANT_ROLE_ADMIN = 0,
+  LT_TENANT_ROLE_MEMBER = 1,
+} lt_tenant_role_t;
+
 typedef struct lt_tenant_key {
   char key_id[LT_TENANT_KEY_ID_LEN + 1];
   uint8_t sha256[32];
   int64_t created_at_ms;
   bool revoked;
+  lt_tenant_role_t role;
 } lt_tenant_key_t;
 
 typedef struct lt_tenant {
@@ -79,8 +88,15 @@ const lt_tenant_t *lt_tenant_at(const lt_tenant_table_t *t, size_t i);
  * nothing about which. */
 lt_err_t lt_tenant_authenticate(const lt_tenant_table_t *t, const char *api_key, const lt_tenant_t **out);
 
+/* The tenant's key with this key id (live or revoked), or NULL. */
+const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tenant, const char *key_id);
+/* "admin" or "member"; lt_tenant_role_parse: false for another word. */
+const char *lt_tenant_role_name(lt_tenant_role_t role);
+bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out);
+
 /* Makes a new API key: writes it (NUL-terminated, LT_TENANT_API_KEY_SIZE bytes) to key_out and
- * adds its hash to *tenant; with revoke_old, every earlier key is revoked (rotation).
+ * adds its hash to *tenant, an admin key (set keys[nkeys - 1].role for another); with revoke_old,
+ * every earlier key is revoked (rotation).
  * LT_ERR_QUOTA when the tenant already has LT_TENANT_MAX_KEYS keys live. */
 lt_err_t lt_tenant_add_key(lt_tenant_t *tenant, bool revoke_old, int64_t now_ms,
                            char key_out[LT_TENANT_API_KEY_SIZE]);

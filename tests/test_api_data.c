@@ -810,6 +810,30 @@ Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
   /* without a key, a DELETE is another end */
   json_int_t other = end_seq(sess, NULL, &st);
   cr_expect(st == 202 && other != first, "a DELETE without a key: %d, seq %lld", st, (long long)other);
+  /* in the log: two ends, the keyed one once */
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"calls", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *calls = lt_test_tail_select(t, NULL, "SessionCall", sess, 0), *rec;
+  int ends = 0;
+  size_t i;
+  json_array_foreach(calls, i, rec) ends += strcmp(lt_test_rs(rec, "kind") ? lt_test_rs(rec, "kind") : "", "end") == 0;
+  cr_expect_eq(ends, 2, "end calls recorded for the session: %d", ends);
+  json_decref(calls);
+  lt_test_tail_close(t);
+  /* finished (here: rejected), a retry of the keyed DELETE still answers its end's seq; a DELETE
+   * under a key never used answers 200 with the session */
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", sess, "occurred_at", 1, "producer", "test",
+                    "job_id", sess, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  snprintf(path, sizeof path, "/v1/sessions/%s", sess);
+  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"rejected\""), 20000, 100,
+                     "the session never showed as finished: %s", msg);
+  again = end_seq(sess, "end-1", &st);
+  cr_expect(st == 202 && again == first, "the keyed DELETE after the end: %d, seq %lld", st, (long long)again);
+  cr_assert_eq(lt_client_json(ca, "DELETE", path, NULL, "end-2", &r, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(r.status, 200, "a new key after the end: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
 }
 
 /* A session's saved states and a job's checkpoints (staging) count in the storage quota with the

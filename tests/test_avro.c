@@ -401,6 +401,9 @@ Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
   cr_expect(back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_MEMBER);
   cr_expect_eq(lt_tenant_key(&back, t.keys[1].key_id), &back.keys[1]);
   cr_expect_null(lt_tenant_key(&back, "0000000000000000"));
+  /* a revoked member key's role is moot: v2 takes it (its key stays revoked) */
+  back.keys[1].revoked = true;
+  cr_assert_eq(lt_tenant_to_record(&back, v2, err, sizeof err), LT_OK, "%s", err);
   /* a role from a later version: the least */
   cr_assert_eq(lt_avro_set_string(v3, "api_keys[0].role", "owner"), LT_OK);
   cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);

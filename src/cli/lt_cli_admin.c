@@ -122,11 +122,11 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
   const uint8_t *bytes;
   size_t len;
   int rc = 1;
-  /* v1 unless the tenant has a storage quota of its own (v2) or a member key (v3): a reader older
+  /* v1 unless the tenant has a storage quota of its own (v2) or a live member key (v3): a reader older
    * than the version (a process not yet upgraded) cannot decode it and would miss the record, a
    * key's rotation or revocation included */
   bool member = false;
-  for (int k = 0; k < t->nkeys; k++) member |= t->keys[k].role != LT_TENANT_ROLE_ADMIN;
+  for (int k = 0; k < t->nkeys; k++) member |= !t->keys[k].revoked && t->keys[k].role != LT_TENANT_ROLE_ADMIN;
   const lt_avro_schema_t *schema =
       lt_avro_schema_find(a->reg, "TenantUpserted", member ? 3 : t->quotas.max_storage_bytes ? 2 : 1);
   if (lt_avro_record_new_schema(a->reg, schema, &rec, err, sizeof err) ||
@@ -226,6 +226,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
                                             lt_tenant_role_name(t->keys[k].role), "revoked", t->keys[k].revoked,
                                             "created_at", (json_int_t)t->keys[k].created_at_ms));
     if (o) json_object_set_new(o, "keys", keys ? keys : json_array());
+    else json_decref(keys);
     if (o && api_key) json_object_set_new(o, "api_key", json_string(api_key));
     char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     printf("%s\n", text ? text : "{}");

@@ -191,8 +191,9 @@ static const route_family_t families[] = {
 
 /* The tenant of the request's API key, within the rate limits (docs/DESIGN.md §5a): an address
  * that failed too often is refused before its key is looked at; then the key's and the tenant's
- * buckets. NULL after replying 401 or 429. */
-static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req) {
+ * buckets; the key's id into key_id. NULL after replying 401 or 429. */
+static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req,
+                                       char key_id[LT_TENANT_KEY_ID_LEN + 1]) {
   if (!api->ready) {
     /* Until the tenants are read back a good key would look revoked: say "not yet" instead. */
     evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
@@ -220,8 +221,7 @@ static const lt_tenant_t *authenticate(lt_api_t *api, struct evhttp_request *req
     return NULL;
   }
   /* A key that authenticated is "lt_<key_id>_<secret>". */
-  char key_id[LT_TENANT_KEY_ID_LEN + 1];
-  snprintf(key_id, sizeof key_id, "%s", h + 7 + 3);
+  snprintf(key_id, LT_TENANT_KEY_ID_LEN + 1, "%s", h + 7 + 3);
   return lt_api_door_tenant(api, req, t->tenant_id, key_id) ? t : NULL;
 }
 
@@ -302,7 +302,7 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
     return f->slot;
   }
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name, .openai = f->openai};
-  if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req)))
+  if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req, c.key_id)))
     return f->slot;
   if (!p.parsed) {
     lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);

@@ -284,9 +284,8 @@ void lt_api_access_show(lt_api_call_t *c) {
 }
 
 /* The key id of the request's bearer key: "tenant:<key id>" names who decided. */
-static void tenant_principal(struct evhttp_request *req, char *out, size_t n) {
-  const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-  snprintf(out, n, "tenant:%.*s", LT_TENANT_KEY_ID_LEN, h && strlen(h) > 10 ? h + 10 : "?");
+static void tenant_principal(const lt_api_call_t *c, char *out, size_t n) {
+  snprintf(out, n, "tenant:%s", c->key_id[0] ? c->key_id : "?");
 }
 
 /* approve, deny or revoke by the tenant. */
@@ -295,14 +294,14 @@ static void tenant_decides(lt_api_call_t *c, int type) {
   const lt_access_req_t *r = lt_access_get(api->access, c->id);
   lt_access_state_t st = lt_access_state(api->access, r, lt_time_wall_ms());
   char who[LT_ACCESS_PRINCIPAL_LEN], reason[LT_ACCESS_REASON_LEN] = "";
-  tenant_principal(c->req, who, sizeof who);
-  /* any key closes the door (deny, revoke); only an admin key opens it */
-  const lt_tenant_key_t *k = lt_tenant_key(c->tenant, who + strlen("tenant:"));
+  tenant_principal(c, who, sizeof who);
+  /* any key closes the door (deny, revoke); only an admin key opens it: the key that authenticated */
+  const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
   if (type == 1 && (!k || k->role != LT_TENANT_ROLE_ADMIN)) {
     lt_api_reply_error(c->req, 403, "forbidden", NULL,
                        "API key %s of tenant %s is a %s key: approving staff access to the tenant's data needs an "
                        "admin key (lathe admin tenant add-key %s --role admin); a member key may deny or revoke",
-                       who + strlen("tenant:"), c->tenant->tenant_id, k ? lt_tenant_role_name(k->role) : "unknown",
+                       c->key_id, c->tenant->tenant_id, k ? lt_tenant_role_name(k->role) : "unknown",
                        c->tenant->tenant_id);
     return;
   }

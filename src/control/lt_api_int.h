@@ -144,6 +144,7 @@ typedef struct lt_api_call {
   lt_api_t *api;
   struct evhttp_request *req;
   const lt_tenant_t *tenant; /* authenticated; NULL on public and staff routes */
+  char key_id[LT_TENANT_KEY_ID_LEN + 1]; /* the id of the tenant's key that authenticated */
   const char *staff;         /* the staff member on /v1/staff routes, else NULL */
   const char *id;            /* {id}: job, dataset or upload; "" on collection routes */
   const char *name;          /* {name}: the artifact's name (the rest of the path) */

@@ -938,7 +938,17 @@ void lt_api_sessions_call(lt_api_call_t *c) {
 void lt_api_sessions_end(lt_api_call_t *c) {
   const char *idem;
   if (!idem_key(c, &idem)) return;
-  if (lt_job_state_is_terminal(c->job->state)) {
+  /* finished: 200 with the session, but a retry of a keyed DELETE (or a key used for a call)
+   * answers what the key first queued, as queue_call does */
+  bool keyed = false;
+  if (idem && lt_job_state_is_terminal(c->job->state)) {
+    char call_id[LT_CALL_ID_MAX], k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
+    lt_call_id_for_key(c->tenant->tenant_id, c->job->job_id, idem, call_id);
+    snprintf(k, sizeof k, "%s/%s", c->tenant->tenant_id, call_id);
+    sess_fold_t *f = fold_of(c->api, c->job->job_id, false);
+    keyed = f && json_object_get(f->keys, k);
+  }
+  if (lt_job_state_is_terminal(c->job->state) && !keyed) {
     lt_api_reply_json(c->req, 200, session_json(c->api, c->job));
     return;
   }

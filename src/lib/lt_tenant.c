@@ -246,7 +246,7 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     snprintf(path, sizeof path, "api_keys[%zu].role", idx);
     if (lt_avro_schema_version(lt_avro_record_schema(rec)) >= 3)
       SET(lt_avro_set_string(rec, path, lt_tenant_role_name(tn->keys[i].role)));
-    else if (tn->keys[i].role != LT_TENANT_ROLE_ADMIN)
+    else if (tn->keys[i].role != LT_TENANT_ROLE_ADMIN && !tn->keys[i].revoked) /* a revoked key's role is moot */
       return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].role (key %s is a %s key): write v3",
                      lt_avro_schema_version(lt_avro_record_schema(rec)), tn->keys[i].key_id,
                      lt_tenant_role_name(tn->keys[i].role));

@@ -769,6 +769,19 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
 
 static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn);
 
+/* Job (or session) id of tenant A finished as rejected (a JobRejected in lathe.control), and the
+ * API showing it so at base/id ("/v1/jobs" or "/v1/sessions"). */
+static void finish_rejected(const char *base, const char *id) {
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", id, "occurred_at", 1, "producer", "test",
+                    "job_id", id, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  char path[128], msg[4096] = "";
+  snprintf(path, sizeof path, "%s/%s", base, id);
+  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"rejected\""), 20000, 100,
+                     "%s never showed as finished: %s", id, msg);
+}
+
 /* DELETE of a session with an Idempotency-Key, sent again (a lost answer), answers the first
  * end's seq and queues no second end; the key used for a call with a body is 422; without a key a
  * DELETE queues another end (its seq differs), as before. */
@@ -822,13 +835,8 @@ Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
   lt_test_tail_close(t);
   /* finished (here: rejected), a retry of the keyed DELETE still answers its end's seq; a DELETE
    * under a key never used answers 200 with the session */
-  produce("control", "JobRejected",
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", sess, "occurred_at", 1, "producer", "test",
-                    "job_id", sess, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
-                    "field"));
+  finish_rejected("/v1/sessions", sess);
   snprintf(path, sizeof path, "/v1/sessions/%s", sess);
-  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"rejected\""), 20000, 100,
-                     "the session never showed as finished: %s", msg);
   again = end_seq(sess, "end-1", &st);
   cr_expect(st == 202 && again == first, "the keyed DELETE after the end: %d, seq %lld", st, (long long)again);
   cr_assert_eq(lt_client_json(ca, "DELETE", path, NULL, "end-2", &r, err, sizeof err), LT_OK, "%s", err);
@@ -859,13 +867,7 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
   lt_client_resp_free(&r);
   /* a finished job, and what a worker saved for it: 1.6 MB under the tenant's staging prefix */
   a_job(job, sizeof job);
-  produce("control", "JobRejected",
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",
-                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
-                    "field"));
-  snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"rejected\""), 20000, 100,
-                     "the job never showed as finished: %s", msg);
+  finish_rejected("/v1/jobs", job);
   size_t ck = 1600000;
   char *state = malloc(ck);
   memset(state, 's', ck);

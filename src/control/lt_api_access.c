@@ -471,24 +471,14 @@ static bool grant_holds(lt_api_t *api, read_t *r) {
  * the API holds a window of them, not the dataset. */
 static void dataset_size_work(void *arg) {
   read_t *r = arg;
-  char key[512];
-  void *wrapped = NULL, *meta = NULL;
-  size_t wlen = 0, mlen = 0;
   lt_crypto_dek_t *dek = NULL;
-  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_KEY);
-  r->err = lt_store_get(r->api->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &wrapped, &wlen, NULL, r->msg, sizeof r->msg);
-  if (!r->err) r->err = lt_crypto_dek_unwrap(r->api->conf.kek, r->tenant, wrapped, wlen, &dek, r->msg, sizeof r->msg);
-  lt_dataset_object_key(key, sizeof key, r->tenant, r->dataset, LT_DATASET_META);
-  if (!r->err) r->err = lt_sealed_get(r->api->conf.store, dek, key, 1 << 20, &meta, &mlen, r->msg, sizeof r->msg);
-  json_t *m = r->err ? NULL : json_loadb(meta, mlen, 0, NULL);
-  json_t *bytes = json_object_get(m, "bytes");
+  json_t *meta = NULL;
+  r->err = lt_api_dataset_open(r->api, r->tenant, r->dataset, &dek, &meta, r->msg, sizeof r->msg);
+  json_t *bytes = json_object_get(meta, "bytes");
   if (!r->err && !json_is_integer(bytes)) r->err = lt_errf(r->msg, sizeof r->msg, LT_ERR_CORRUPT, "its metadata has no size");
   if (!r->err) r->bytes = (uint64_t)json_integer_value(bytes);
-  json_decref(m);
-  if (meta) OPENSSL_cleanse(meta, mlen);
-  free(meta);
+  json_decref(meta);
   lt_crypto_dek_destroy(dek);
-  free(wrapped);
 }
 
 /* Streams object_key to r's request, sealed under the key wrapped at dek_key (a dataset's, or a

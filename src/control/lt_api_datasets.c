@@ -406,8 +406,7 @@ void lt_api_uploads_abort(lt_api_call_t *c) {
 
 /* ---------------------------------------------------------------- datasets */
 
-/* The dataset's key and meta; *dek and *meta are the caller's. */
-static lt_err_t dataset_open(lt_api_t *api, const char *tenant, const char *id, lt_crypto_dek_t **dek, json_t **meta,
+lt_err_t lt_api_dataset_open(lt_api_t *api, const char *tenant, const char *id, lt_crypto_dek_t **dek, json_t **meta,
                              char *msg, size_t n) {
   char key[512];
   void *wrapped = NULL, *text = NULL;
@@ -530,7 +529,7 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
   snprintf(id, sizeof id, "%.*s", (int)(key + klen - leaf - idstart), idstart);
   lt_crypto_dek_t *dek = NULL;
   json_t *meta = NULL;
-  if (dataset_open(l->api, l->tenant, id, &dek, &meta, NULL, 0) == LT_OK) {
+  if (lt_api_dataset_open(l->api, l->tenant, id, &dek, &meta, NULL, 0) == LT_OK) {
     json_object_del(meta, "report");
     json_array_append_new(l->out, meta);
   }
@@ -645,7 +644,7 @@ bool lt_api_datasets_resolve(lt_api_call_t *c) {
 static void show_work(void *ctx) {
   ds_task_t *t = ctx;
   lt_crypto_dek_t *dek = NULL;
-  t->err = dataset_open(t->api, t->tenant, t->id, &dek, &t->out, t->msg, sizeof t->msg);
+  t->err = lt_api_dataset_open(t->api, t->tenant, t->id, &dek, &t->out, t->msg, sizeof t->msg);
   lt_crypto_dek_destroy(dek);
 }
 

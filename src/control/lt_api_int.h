@@ -429,6 +429,10 @@ void lt_api_staff_access_read_artifact(lt_api_call_t *c);
  * thread). */
 bool lt_api_dataset_seen(lt_api_t *api, const char *tenant, const char *dataset_id);
 lt_err_t lt_api_dataset_head(lt_api_t *api, const char *tenant, const char *dataset_id);
+/* The dataset's key (unwrapped) and its metadata (id, name, bytes, report), read from the store
+ * (any thread: the work pool); *dek and *meta are the caller's. */
+lt_err_t lt_api_dataset_open(lt_api_t *api, const char *tenant, const char *id, lt_crypto_dek_t **dek, json_t **meta,
+                             char *msg, size_t n);
 void lt_api_dataset_mark_seen(lt_api_t *api, const char *tenant, const char *dataset_id);
 
 /* 503 "unavailable" with Retry-After, naming field (may be NULL): the store could not say whether

@@ -822,6 +822,17 @@ static void replay_call(lt_api_call_t *c, const char *kind, json_t *body, const 
   lt_api_work(c->api, c->tenant->tenant_id, replay_work, replay_after, r);
 }
 
+/* The keyed call of c's session under Idempotency-Key idem: its id into call_id, its key in the
+ * fold's keys into keyed, the session's fold (made when missing) into *f; the entry, or NULL when
+ * no call of the key is known yet. */
+static json_t *keyed_entry(lt_api_call_t *c, const char *idem, char call_id[LT_CALL_ID_MAX],
+                           char keyed[LT_ID_MAX + LT_CALL_ID_MAX + 2], sess_fold_t **f) {
+  lt_call_id_for_key(c->tenant->tenant_id, c->job->job_id, idem, call_id);
+  snprintf(keyed, LT_ID_MAX + LT_CALL_ID_MAX + 2, "%s/%s", c->tenant->tenant_id, call_id);
+  *f = fold_of(c->api, c->job->job_id, true);
+  return *f ? json_object_get((*f)->keys, keyed) : NULL;
+}
+
 /* Queues one call of c's session: kind and body checked, the body sealed, then recorded. idem: the
  * request's Idempotency-Key, or NULL. */
 static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const char *idem) {
@@ -829,9 +840,7 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   char call_id[LT_CALL_ID_MAX], keyed[LT_ID_MAX + LT_CALL_ID_MAX + 2] = "";
   sess_fold_t *f = NULL;
   if (idem) { /* before the session's state: a retry after the end still learns its call's seq */
-    lt_call_id_for_key(c->tenant->tenant_id, c->job->job_id, idem, call_id);
-    snprintf(keyed, sizeof keyed, "%s/%s", c->tenant->tenant_id, call_id);
-    json_t *e = (f = fold_of(api, c->job->job_id, true)) ? json_object_get(f->keys, keyed) : NULL;
+    json_t *e = keyed_entry(c, idem, call_id, keyed, &f);
     if (e) {
       replay_call(c, kind, body, idem, e);
       return;
@@ -940,15 +949,9 @@ void lt_api_sessions_end(lt_api_call_t *c) {
   if (!idem_key(c, &idem)) return;
   /* finished: 200 with the session, but a retry of a keyed DELETE (or a key used for a call)
    * answers what the key first queued, as queue_call does */
-  bool keyed = false;
-  if (idem && lt_job_state_is_terminal(c->job->state)) {
-    char call_id[LT_CALL_ID_MAX], k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
-    lt_call_id_for_key(c->tenant->tenant_id, c->job->job_id, idem, call_id);
-    snprintf(k, sizeof k, "%s/%s", c->tenant->tenant_id, call_id);
-    sess_fold_t *f = fold_of(c->api, c->job->job_id, false);
-    keyed = f && json_object_get(f->keys, k);
-  }
-  if (lt_job_state_is_terminal(c->job->state) && !keyed) {
+  char call_id[LT_CALL_ID_MAX], k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
+  sess_fold_t *f;
+  if (lt_job_state_is_terminal(c->job->state) && !(idem && keyed_entry(c, idem, call_id, k, &f))) {
     lt_api_reply_json(c->req, 200, session_json(c->api, c->job));
     return;
   }

@@ -369,6 +369,63 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   lt_client_destroy(fresh);
 }
 
+/* revoke-key revokes the one key (a leaked key) and keeps the tenant's others; another tenant's
+ * name with it finds no such key and revokes nothing; a second revoke writes nothing. */
+Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
+  char cmd[1200], key[128], key_id[LT_TENANT_KEY_ID_LEN + 1];
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s --role member --json", lt_test_lathe_bin(), tenant_a);
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", out);
+  json_t *j = json_loads(out, 0, NULL);
+  snprintf(key, sizeof key, "%s", json_string_value(json_object_get(j, "api_key")));
+  json_decref(j);
+  free(out);
+  memcpy(key_id, key + 3, LT_TENANT_KEY_ID_LEN);
+  key_id[LT_TENANT_KEY_ID_LEN] = 0;
+  lt_client_t *second = client_for(key);
+  wait_key(second);
+  /* named under the wrong tenant: refused, and the key still works */
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s 2>&1", lt_test_lathe_bin(), tenant_b, key_id);
+  out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 1, "%s", out);
+  cr_expect(strstr(out, "has no key") && strstr(out, key_id), "%s", out);
+  free(out);
+  /* the whole key is refused as an argument: it would sit in the process list */
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s 2>&1", lt_test_lathe_bin(), tenant_a, key);
+  out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 2, "%s", out);
+  cr_expect(strstr(out, "not the key"), "%s", out);
+  free(out);
+  cr_expect_eq(lt_test_get_status(second, "/v1/jobs", NULL, 0), 200, "a refused revoke-key revoked the key");
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s --json", lt_test_lathe_bin(), tenant_a, key_id);
+  out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", out);
+  j = json_loads(out, 0, NULL);
+  size_t i, revoked = 0, live = 0;
+  json_t *k;
+  json_array_foreach(json_object_get(j, "keys"), i, k) {
+    bool gone = json_is_true(json_object_get(k, "revoked"));
+    if (!strcmp(json_string_value(json_object_get(k, "key_id")), key_id)) revoked += gone;
+    else live += !gone;
+  }
+  json_decref(j);
+  free(out);
+  cr_expect_eq(revoked, 1, "the key is listed as revoked");
+  cr_expect_geq(live, 1, "the tenant's first key is still live");
+  lt_test_wait_until(lt_test_get_status(second, "/v1/jobs", NULL, 0) == 401, 20000, 100,
+                     "the revoked key still works");
+  expect_error(second, "GET", "/v1/datasets", NULL, 401, "unauthorized");
+  expect_error(second, "POST", "/v1/jobs", "{}", 401, "unauthorized");
+  cr_expect_eq(lt_test_get_status(ca, "/v1/jobs", NULL, 0), 200, "the tenant's other key was revoked too");
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s 2>&1", lt_test_lathe_bin(), tenant_a, key_id);
+  out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", out);
+  cr_expect(strstr(out, "already revoked"), "%s", out);
+  free(out);
+  lt_client_destroy(second);
+}
+
 /* ---------------------------------------------------------------- the front door */
 
 /* A connection to the API's port from source address src (NULL: any), to send bytes as they are. */

@@ -5,6 +5,8 @@
  *                                [--json]
  *   lathe admin tenant update ID [same options]
  *   lathe admin tenant rotate-key ID [--json]
+ *   lathe admin tenant add-key ID [--role admin|member] [--json]
+ *   lathe admin tenant revoke-key ID KEY_ID [--json]
  *   lathe admin tenant list [--json]
  *   lathe admin replay ...        (lt_cli_replay.c)
  *   lathe admin queue [--json]    (lt_cli_queue.c: the scheduler's operator endpoint)
@@ -20,6 +22,7 @@
 #include <jansson.h>
 
 #include "lt_avro.h"
+#include "lt_cli_api.h"
 #include "lt_cli_args.h"
 #include "lt_bus.h"
 #include "lt_config.h"
@@ -46,6 +49,9 @@ static void usage(FILE *f) {
              "       lathe admin tenant add-key ID [--role admin|member] [--json]\n"
              "           another key (default admin); a member key may do everything but approve\n"
              "           staff access to the tenant's data (it may deny and revoke)\n"
+             "       lathe admin tenant revoke-key ID KEY_ID [--json]\n"
+             "           one key revoked (KEY_ID: the 16 hex characters after \"lt_\" in the key; list\n"
+             "           shows them); the tenant's other keys keep working\n"
              "       lathe admin tenant list [--json]\n"
              "       lathe admin topics [FILE]     the roles' ACLs (ops/acls.tsv, or LATHE_ACLS_FILE), then\n"
              "                                     the topics of ops/topics.tsv (or FILE)\n"
@@ -150,7 +156,7 @@ out:
 enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON,
        O_ROLE };
 
-/* The options of tenant create|update|rotate-key|add-key|list (rotate-key and list: --json only;
+/* The options of tenant create|update|rotate-key|add-key|revoke-key|list (rotate-key, revoke-key, list: --json only;
  * add-key: --role and --json, role not NULL); into t (may be NULL then) and *role. Returns -1 to go
  * on with the operands in a, or the exit status. */
 static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_role_t *role, bool *json) {
@@ -208,6 +214,8 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
   return c == LT_CLI_ARGS_END ? -1 : a->status;
 }
 
+/* A revoked key shows no role: the record that revokes a tenant's last member key is written in a
+ * version without roles (write_tenant), in which every key reads as admin. */
 static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   int live = 0, members = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
@@ -222,8 +230,9 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
                           "disabled", t->disabled);
     json_t *keys = json_array();
     for (int k = 0; o && keys && k < t->nkeys; k++)
-      json_array_append_new(keys, json_pack("{s:s,s:s,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
-                                            lt_tenant_role_name(t->keys[k].role), "revoked", t->keys[k].revoked,
+      json_array_append_new(keys, json_pack("{s:s,s:s?,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
+                                            t->keys[k].revoked ? NULL : lt_tenant_role_name(t->keys[k].role),
+                                            "revoked", t->keys[k].revoked,
                                             "created_at", (json_int_t)t->keys[k].created_at_ms));
     if (o) json_object_set_new(o, "keys", keys ? keys : json_array());
     else json_decref(keys);
@@ -240,6 +249,12 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
          (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes,
          (long long)t->quotas.max_storage_bytes, live, members,
          t->disabled ? ", DISABLED" : "");
+  for (int k = 0; k < t->nkeys; k++) {
+    char when[32];
+    printf("  key %s: %s, made %s UTC\n", t->keys[k].key_id,
+           t->keys[k].revoked ? "revoked" : lt_tenant_role_name(t->keys[k].role),
+           lt_cli_time(t->keys[k].created_at_ms, when, sizeof when));
+  }
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }
 
@@ -329,10 +344,63 @@ out:
   return rc;
 }
 
+/* revoke-key ID KEY_ID: the one key revoked (a leaked key), the others kept. The key is named by
+ * its id alone: the whole key would put its secret in the process list and the shell's history. */
+static int tenant_revoke_key(int argc, char **argv) {
+  lt_cli_args_t a = {.what = "admin tenant revoke-key", .usage = usage, .min = 2, .max = 2};
+  bool json = false;
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
+  if (rc >= 0) return rc;
+  const char *id = a.operands[0], *key_id = a.operands[1];
+  if (!lt_id_valid(id)) {
+    fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
+    return 2;
+  }
+  if (strncmp(key_id, "lt_", 3) == 0) {
+    fprintf(stderr, "lathe admin: give the key's id (the %d hex characters after \"lt_\"), not the key: a key "
+                    "on a command line is in the process list and the shell's history\n", LT_TENANT_KEY_ID_LEN);
+    return 2;
+  }
+  if (strlen(key_id) != LT_TENANT_KEY_ID_LEN || strspn(key_id, "0123456789abcdef") != LT_TENANT_KEY_ID_LEN) {
+    fprintf(stderr, "lathe admin: KEY_ID \"%.40s\" is not %d lowercase hex characters\n", key_id, LT_TENANT_KEY_ID_LEN);
+    return 2;
+  }
+  admin_t ad = {0};
+  if ((rc = load_tenants(&ad))) goto out;
+  const lt_tenant_t *cur = lt_tenant_get(lt_proj_tenants(ad.proj), id);
+  if (!cur) {
+    fprintf(stderr, "lathe admin: no tenant %s\n", id);
+    rc = 1;
+    goto out;
+  }
+  lt_tenant_t t = *cur;
+  lt_tenant_key_t *k = NULL;
+  for (int i = 0; i < t.nkeys && !k; i++) k = strcmp(t.keys[i].key_id, key_id) == 0 ? &t.keys[i] : NULL;
+  if (!k) {
+    fprintf(stderr, "lathe admin: tenant %s has no key %s (lathe admin tenant list --json shows its keys)\n", id, key_id);
+    rc = 1;
+    goto out;
+  }
+  if (k->revoked) {
+    fprintf(stderr, "lathe admin: key %s of tenant %s was already revoked; nothing written\n", key_id, id);
+  } else {
+    k->revoked = true;
+    if ((rc = write_tenant(&ad, &t))) goto out;
+    int live = 0;
+    for (int i = 0; i < t.nkeys; i++) live += !t.keys[i].revoked;
+    fprintf(stderr, "lathe admin: key %s of tenant %s revoked%s\n", key_id, id,
+            live ? "" : "; the tenant has no live key now (lathe admin tenant add-key makes one)");
+  }
+  print_tenant(&t, NULL, json);
+out:
+  admin_free(&ad);
+  return rc;
+}
+
 static int tenant_cmd(int argc, char **argv) {
   static const lt_cli_verb_t verbs[] = {
       {"create", tenant_write}, {"update", tenant_write}, {"rotate-key", tenant_write}, {"add-key", tenant_write},
-      {"list", tenant_list}};
+      {"revoke-key", tenant_revoke_key}, {"list", tenant_list}};
   return lt_cli_args_dispatch("admin tenant", usage, verbs, sizeof verbs / sizeof *verbs, NULL, argc, argv);
 }
 

@@ -369,22 +369,33 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   lt_client_destroy(fresh);
 }
 
-/* revoke-key revokes the one key (a leaked key) and keeps the tenant's others; another tenant's
- * name with it finds no such key and revokes nothing; a second revoke writes nothing. */
-Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
-  char cmd[1200], key[128], key_id[LT_TENANT_KEY_ID_LEN + 1];
+/* A member key of tenant_a (lathe admin tenant add-key --role member) into key, once the API knows
+ * it: its client. */
+static lt_client_t *member_client(char key[128]) {
+  char cmd[1200];
   int rc;
   snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s --role member --json", lt_test_lathe_bin(), tenant_a);
   char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "%s", out);
   json_t *j = json_loads(out, 0, NULL);
-  snprintf(key, sizeof key, "%s", json_string_value(json_object_get(j, "api_key")));
+  snprintf(key, 128, "%s", json_string_value(json_object_get(j, "api_key")));
   json_decref(j);
   free(out);
+  lt_client_t *c = client_for(key);
+  wait_key(c);
+  return c;
+}
+
+/* revoke-key revokes the one key (a leaked key) and keeps the tenant's others; another tenant's
+ * name with it finds no such key and revokes nothing; a second revoke writes nothing. */
+Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
+  char cmd[1200], key[128], key_id[LT_TENANT_KEY_ID_LEN + 1];
+  int rc;
+  lt_client_t *second = member_client(key);
   memcpy(key_id, key + 3, LT_TENANT_KEY_ID_LEN);
   key_id[LT_TENANT_KEY_ID_LEN] = 0;
-  lt_client_t *second = client_for(key);
-  wait_key(second);
+  char *out;
+  json_t *j;
   /* named under the wrong tenant: refused, and the key still works */
   snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s 2>&1", lt_test_lathe_bin(), tenant_b, key_id);
   out = lt_test_run(cmd, &rc);
@@ -424,6 +435,42 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
   cr_expect(strstr(out, "already revoked"), "%s", out);
   free(out);
   lt_client_destroy(second);
+}
+
+/* A member key works the tenant's data but cannot destroy it: DELETE of a dataset (or of its
+ * /v1/files alias) or of a job is 403 naming the admin key it needs, whatever the id, and nothing
+ * is gone; the admin key deletes. */
+Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
+  char key[128], ds[64], spare[64], job[64], path[256];
+  lt_client_t *cm = member_client(key);
+  upload(cm, ds, sizeof ds); /* a member uploads and submits */
+  upload(cm, spare, sizeof spare);
+  submit_ok(cm, ds, job, sizeof job);
+  const char *doomed[][2] = {{"/v1/datasets/%s", spare}, {"/v1/files/%s", spare}, {"/v1/jobs/%s", job}};
+  for (size_t i = 0; i < sizeof doomed / sizeof *doomed; i++) {
+    snprintf(path, sizeof path, doomed[i][0], doomed[i][1]);
+    lt_client_resp_t r = req(cm, "DELETE", path, NULL);
+    cr_expect_eq(r.status, 403, "a member key's DELETE %s: %d %s", path, r.status, r.body);
+    cr_expect(strstr(r.body, "member key") && strstr(r.body, "admin key"), "%s", r.body);
+    lt_client_resp_free(&r);
+  }
+  snprintf(path, sizeof path, "/v1/datasets/%s", spare);
+  cr_expect_eq(lt_test_get_status(ca, path, NULL, 0), 200, "the member's DELETE removed the dataset");
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  cr_expect_eq(lt_test_get_status(ca, path, NULL, 0), 200, "the member's DELETE removed the job");
+  /* another tenant's dataset, and one that never was: the same 403, which says nothing of either */
+  char theirs[64];
+  upload(cb, theirs, sizeof theirs);
+  snprintf(path, sizeof path, "/v1/datasets/%s", theirs);
+  expect_error(cm, "DELETE", path, NULL, 403, "forbidden");
+  cr_expect_eq(lt_test_get_status(cb, path, NULL, 0), 200, "another tenant's dataset is gone");
+  expect_error(cm, "DELETE", "/v1/datasets/ds-000000000000000000000000", NULL, 403, "forbidden");
+  snprintf(path, sizeof path, "/v1/datasets/%s", spare);
+  lt_client_resp_t r = req(ca, "DELETE", path, NULL);
+  cr_expect_eq(r.status, 200, "the admin key's DELETE: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  lt_test_wait_until(lt_test_get_status(cm, path, NULL, 0) == 404, 20000, 100, "the dataset is still there");
+  lt_client_destroy(cm);
 }
 
 /* ---------------------------------------------------------------- the front door */

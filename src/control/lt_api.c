@@ -95,6 +95,24 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}/checkpoints", lt_api_openai_jobs_checkpoints, LT_API_SLOT_JOBS},
 };
 
+/* Routes that destroy the tenant's data: an admin key's alone (a member key, made for automation,
+ * gets 403 and nothing is touched). What each destroys, for the answer. */
+static const struct {
+  int method;
+  const char *path, *what;
+} admin_routes[] = {
+    {EVHTTP_REQ_DELETE, "/v1/jobs/{id}", "deleting a job shreds its artifacts and checkpoints"},
+    {EVHTTP_REQ_DELETE, "/v1/datasets/{id}", "deleting a dataset destroys it"},
+    {EVHTTP_REQ_DELETE, "/v1/files/{id}", "deleting a file destroys its dataset"},
+};
+
+/* What the route destroys when only an admin key may call it, else NULL. */
+static const char *admin_only(const lt_api_route_t *r) {
+  for (size_t i = 0; r && i < sizeof admin_routes / sizeof *admin_routes; i++)
+    if (admin_routes[i].method == r->method && strcmp(admin_routes[i].path, r->path) == 0) return admin_routes[i].what;
+  return NULL;
+}
+
 /* ---------------------------------------------------------------- route families */
 
 /* The path after a family's prefix, taken apart (lt_api_int.h). */
@@ -311,7 +329,14 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   c.part = p.part;
   if (p.id[0] && !f->resolve(&c)) return f->slot;
   const lt_api_route_t *r = find_route(p.pattern, method);
-  if (r) r->handler(&c);
+  const char *destroys = admin_only(r);
+  const lt_tenant_key_t *k = destroys ? lt_tenant_key(c.tenant, c.key_id) : NULL;
+  if (destroys && (!k || k->role != LT_TENANT_ROLE_ADMIN))
+    lt_api_reply_error(req, 403, "forbidden", NULL,
+                       "API key %s of tenant %s is a %s key, and %s: that needs an admin key (lathe admin tenant "
+                       "add-key %s --role admin)", c.key_id, c.tenant->tenant_id,
+                       k ? lt_tenant_role_name(k->role) : "unknown", destroys, c.tenant->tenant_id);
+  else if (r) r->handler(&c);
   else reply_no_route(f, &c, p.pattern);
   json_decref(c.meta);
   return r ? r->slot : f->slot;

@@ -35,7 +35,8 @@ typedef struct lt_tenant_quotas {
 
 /* What a key may do (TenantUpserted v3 api_keys[].role; a key of an earlier record is an admin
  * key). A member key may do everything an admin key may but approve staff access to the tenant's
- * data: any key may close that door (deny, revoke), only an admin key opens it. */
+ * data (any key may close that door: deny, revoke; only an admin key opens it) and delete a
+ * dataset or a job (lt_api.c, admin_routes): it works the data, it does not destroy it. */
 typedef enum lt_tenant_role {
   LT_TENANT_ROLE_ADMIN = 0,
   LT_TENANT_ROLE_MEMBER = 1,

@@ -114,6 +114,7 @@ static void wait_key(lt_client_t *c) {
 }
 
 static void produce_json(const char *base, const char *type, const char *key, json_t *obj);
+static void produce_job_cancelled(const char *job_id, const char *tenant);
 
 static const char *valid_jsonl = "{\"prompt\":\"Say hi\",\"completion\":\"hi\"}\n"
                                  "{\"prompt\":\"2+2?\",\"completion\":\"4\"}\n";
@@ -396,6 +397,7 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
   key_id[LT_TENANT_KEY_ID_LEN] = 0;
   char *out;
   json_t *j;
+  int records = count_records("tenants", "TenantUpserted", NULL);
   /* named under the wrong tenant: refused, and the key still works */
   snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s 2>&1", lt_test_lathe_bin(), tenant_b, key_id);
   out = lt_test_run(cmd, &rc);
@@ -408,6 +410,7 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
   cr_expect_eq(rc, 2, "%s", out);
   cr_expect(strstr(out, "not the key"), "%s", out);
   free(out);
+  cr_expect_eq(count_records("tenants", "TenantUpserted", NULL), records, "a refused revoke-key wrote a record");
   cr_expect_eq(lt_test_get_status(second, "/v1/jobs", NULL, 0), 200, "a refused revoke-key revoked the key");
   snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %s --json", lt_test_lathe_bin(), tenant_a, key_id);
   out = lt_test_run(cmd, &rc);
@@ -434,18 +437,26 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
   cr_expect_eq(rc, 0, "%s", out);
   cr_expect(strstr(out, "already revoked"), "%s", out);
   free(out);
+  int after = count_records("tenants", "TenantUpserted", NULL);
+  cr_expect_eq(after, records + 1, "one record revoked the key, once: %d records, then %d", records, after);
   lt_client_destroy(second);
 }
 
-/* A member key works the tenant's data but cannot destroy it: DELETE of a dataset (or of its
- * /v1/files alias) or of a job is 403 naming the admin key it needs, whatever the id, and nothing
- * is gone; the admin key deletes. */
+/* A member key works the tenant's data but cannot delete it: DELETE of a dataset (or of its
+ * /v1/files alias) is 403 whatever the id, of one of the tenant's finished jobs 403 (another
+ * tenant's job is 404, as on every route), and nothing is gone; the admin key deletes both. */
 Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   char key[128], ds[64], spare[64], job[64], path[256];
   lt_client_t *cm = member_client(key);
   upload(cm, ds, sizeof ds); /* a member uploads and submits */
   upload(cm, spare, sizeof spare);
   submit_ok(cm, ds, job, sizeof job);
+  /* finished (cancelled), so that the admin key's DELETE would delete it */
+  produce_job_cancelled(job, tenant_a);
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  char body[4096] = "";
+  lt_test_wait_until(lt_test_get_status(ca, path, body, sizeof body) == 200 && strstr(body, "\"cancelled\""), 20000,
+                     100, "the job never showed as cancelled: %s", body);
   const char *doomed[][2] = {{"/v1/datasets/%s", spare}, {"/v1/files/%s", spare}, {"/v1/jobs/%s", job}};
   for (size_t i = 0; i < sizeof doomed / sizeof *doomed; i++) {
     snprintf(path, sizeof path, doomed[i][0], doomed[i][1]);
@@ -470,6 +481,11 @@ Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   cr_expect_eq(r.status, 200, "the admin key's DELETE: %d %s", r.status, r.body);
   lt_client_resp_free(&r);
   lt_test_wait_until(lt_test_get_status(cm, path, NULL, 0) == 404, 20000, 100, "the dataset is still there");
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  r = req(ca, "DELETE", path, NULL);
+  cr_expect_eq(r.status, 200, "the admin key's DELETE of the job: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(lt_test_get_status(cm, path, NULL, 0), 410, "the job is deleted");
   lt_client_destroy(cm);
 }
 
@@ -920,6 +936,87 @@ Test(api, dataset_over_the_tenants_byte_quota_is_429_and_nothing_is_stored) {
   cr_assert_eq(e, LT_OK, "%s", err);
   cr_expect_eq(count, 0, "objects of a refused upload stayed in the bucket");
   lt_store_destroy(st);
+}
+
+static lt_err_t sum_sizes(void *ctx, const char *key, const lt_store_info_t *info) {
+  (void)key;
+  *(int64_t *)ctx += (int64_t)info->size;
+  return LT_OK;
+}
+
+/* GET /v1/usage of a fresh tenant: the quotas its record set (0: none), nothing used; after an
+ * upload and a submission, the job counted and the stored bytes those of its objects in the bucket;
+ * another tenant's usage is its own. */
+Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
+  char tn[64], key[128], ds[64], job[64];
+  new_tenant("u", "--max-queued 7 --max-running 5 --max-storage-bytes 10000000", tn, sizeof tn, key, sizeof key);
+  lt_client_t *cu = client_for(key);
+  wait_key(cu);
+  lt_client_resp_t r = req(cu, "GET", "/v1/usage", NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  json_t *q = json_object_get(r.json, "quotas"), *u = json_object_get(r.json, "usage");
+  cr_expect_str_eq(json_string_value(json_object_get(r.json, "tenant_id")), tn);
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_queued_jobs")), 7, "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_running_slots")), 5, "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_dataset_bytes")), 0, "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_storage_bytes")), 10000000, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(q, "max_storage_bytes_from")), "tenant", "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(u, "stored_bytes")), 0, "a new tenant stores nothing: %s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(u, "queued_or_running_jobs")), 0, "%s", r.body);
+  lt_client_resp_free(&r);
+  upload(cu, ds, sizeof ds);
+  submit_ok(cu, ds, job, sizeof job);
+  lt_store_s3_conf_t s3;
+  lt_store_t *st;
+  cr_assert_eq(lt_store_s3_conf_from_env(&s3, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&st, &s3, err, sizeof err), LT_OK, "%s", err);
+  char where[128], next[2048] = "";
+  snprintf(where, sizeof where, "tenants/%s/", tn);
+  int64_t in_bucket = 0;
+  cr_assert_eq(lt_store_list(st, where, "", 0, sum_sizes, &in_bucket, next, sizeof next, err, sizeof err), LT_OK,
+               "%s", err);
+  lt_store_destroy(st);
+  cr_assert_gt(in_bucket, 0);
+  int64_t live = -1, stored = -1, total = -1;
+  for (int i = 0; i < 200 && live != 1; i++) { /* the API folds the submission from the log */
+    r = req(cu, "GET", "/v1/usage", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    u = json_object_get(r.json, "usage");
+    live = json_integer_value(json_object_get(u, "queued_or_running_jobs"));
+    stored = json_integer_value(json_object_get(u, "stored_bytes"));
+    total = json_integer_value(json_object_get(u, "storage_bytes"));
+    lt_client_resp_free(&r);
+    if (live != 1) lt_test_msleep(100);
+  }
+  cr_expect_eq(live, 1, "the queued job is not counted");
+  cr_expect_eq(stored, in_bucket, "stored bytes %lld, the bucket holds %lld", (long long)stored, (long long)in_bucket);
+  cr_expect_eq(total, stored, "no artifacts yet: storage is the stored bytes");
+  /* tenant b: the defaults of tenant create (100 queued jobs), none of u's use */
+  r = req(cb, "GET", "/v1/usage", NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(r.json, "tenant_id")), tenant_b);
+  q = json_object_get(r.json, "quotas");
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_queued_jobs")), 100, "%s", r.body);
+  cr_expect(strcmp(json_string_value(json_object_get(q, "max_storage_bytes_from")), "tenant") != 0, "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(json_object_get(r.json, "usage"), "queued_or_running_jobs")), 0,
+               "%s", r.body);
+  lt_client_resp_free(&r);
+  /* lathe usage prints the same */
+  char cmd[1024];
+  int rc;
+  snprintf(cmd, sizeof cmd, "LATHE_API_URL=%s LATHE_API_KEY=%s '%s' usage 2>&1", api.url, key, lt_test_lathe_bin());
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", out);
+  char want[128];
+  snprintf(want, sizeof want, "stored %lld bytes", (long long)stored);
+  cr_expect(strstr(out, tn) && strstr(out, "1 of 7") && strstr(out, want), "%s", out);
+  free(out);
+  expect_error(cu, "GET", "/v1/usage/other", NULL, 404, "not_found");
+  expect_error(cu, "POST", "/v1/usage", "{}", 405, NULL);
+  lt_client_t *none = client_for(NULL);
+  expect_error(none, "GET", "/v1/usage", NULL, 401, "unauthorized");
+  lt_client_destroy(none);
+  lt_client_destroy(cu);
 }
 
 Test(api, max_queued_jobs_exceeded_is_429_naming_the_limit) {

@@ -31,6 +31,7 @@ int lt_cli_jobs(int argc, char **argv);
 int lt_cli_sessions(int argc, char **argv);
 int lt_cli_datasets(int argc, char **argv);
 int lt_cli_access(int argc, char **argv);
+int lt_cli_usage(int argc, char **argv);
 
 static const struct {
   const char *name;
@@ -47,6 +48,7 @@ static const struct {
     {"sessions", lt_cli_sessions, "customers: list, show, end and cancel training sessions (over the API)"},
     {"datasets", lt_cli_datasets, "customers: upload, list, show and delete datasets (over the API)"},
     {"access", lt_cli_access, "customers: see, approve, deny and revoke staff access to your data"},
+    {"usage", lt_cli_usage, "customers: your quotas and what you use against each"},
 };
 
 static void usage(FILE *f) {

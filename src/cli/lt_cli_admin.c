@@ -47,9 +47,9 @@ static void usage(FILE *f) {
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]   a new admin key; every other key revoked\n"
              "       lathe admin tenant add-key ID [--role admin|member] [--json]\n"
-             "           another key (default admin); a member key may do everything but approve\n"
+             "           another key (default admin); a member key may do everything except approve\n"
              "           staff access to the tenant's data (it may deny and revoke) and delete\n"
-             "           datasets and jobs\n"
+             "           datasets or jobs\n"
              "       lathe admin tenant revoke-key ID KEY_ID [--json]\n"
              "           one key revoked (KEY_ID: the 16 hex characters after \"lt_\" in the key; list\n"
              "           shows them); the tenant's other keys keep working\n"
@@ -387,10 +387,14 @@ static int tenant_revoke_key(int argc, char **argv) {
   } else {
     k->revoked = true;
     if ((rc = write_tenant(&ad, &t))) goto out;
-    int live = 0;
+    int live = 0, admins = 0;
     for (int i = 0; i < t.nkeys; i++) live += !t.keys[i].revoked;
+    for (int i = 0; i < t.nkeys; i++) admins += !t.keys[i].revoked && t.keys[i].role == LT_TENANT_ROLE_ADMIN;
     fprintf(stderr, "lathe admin: key %s of tenant %s revoked%s\n", key_id, id,
-            live ? "" : "; the tenant has no live key now (lathe admin tenant add-key makes one)");
+            !live     ? "; the tenant has no live key now (lathe admin tenant add-key makes one)"
+            : !admins ? "; the tenant has no live admin key now: nothing can approve staff access or delete its "
+                        "datasets and jobs (lathe admin tenant add-key ID --role admin makes one)"
+                      : "");
   }
   print_tenant(&t, NULL, json);
 out:

@@ -82,6 +82,7 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/completions", lt_api_sample_completions, LT_API_SLOT_SAMPLE},
     {EVHTTP_REQ_POST, "/v1/chat/completions", lt_api_sample_chat, LT_API_SLOT_SAMPLE},
     {EVHTTP_REQ_GET, "/v1/models", lt_api_sample_models, LT_API_SLOT_SAMPLE},
+    {EVHTTP_REQ_GET, "/v1/usage", lt_api_usage, LT_API_SLOT_OTHER},
     /* OpenAI's fine-tuning API over the same state (lt_api_openai.c) */
     {EVHTTP_REQ_POST, "/v1/files", lt_api_openai_files_create, LT_API_SLOT_DATASETS},
     {EVHTTP_REQ_GET, "/v1/files", lt_api_datasets_list, LT_API_SLOT_DATASETS},
@@ -95,8 +96,10 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}/checkpoints", lt_api_openai_jobs_checkpoints, LT_API_SLOT_JOBS},
 };
 
-/* Routes that destroy the tenant's data: an admin key's alone (a member key, made for automation,
- * gets 403 and nothing is touched). What each destroys, for the answer. */
+/* Routes that delete the tenant's data: an admin key's alone (a member key, made for automation,
+ * gets 403 and nothing is touched). What each destroys, for the answer. A member key may still
+ * cancel a job or end a session, whose checkpoints go when the publisher cleans up after them,
+ * and abort an upload: those stop work, as automation must be able to. */
 static const struct {
   int method;
   const char *path, *what;
@@ -199,6 +202,8 @@ static const route_family_t families[] = {
     {"/v1/chat/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
      true, false, false, true, false},
     {"/v1/models", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false, true, false},
+    {"/v1/usage", LT_API_SLOT_OTHER, parse_jobs, lt_api_sample_resolve, "no such route", true, false, false, false,
+     false},
     {"/v1/files", LT_API_SLOT_DATASETS, parse_datasets, lt_api_datasets_resolve, "no such file", true, true, false,
      false, true},
     {"/v1/fine_tuning/jobs", LT_API_SLOT_JOBS, parse_jobs, lt_api_jobs_resolve, "no such fine-tuning job", true, false,
@@ -333,9 +338,9 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   const lt_tenant_key_t *k = destroys ? lt_tenant_key(c.tenant, c.key_id) : NULL;
   if (destroys && (!k || k->role != LT_TENANT_ROLE_ADMIN))
     lt_api_reply_error(req, 403, "forbidden", NULL,
-                       "API key %s of tenant %s is a %s key, and %s: that needs an admin key (lathe admin tenant "
-                       "add-key %s --role admin)", c.key_id, c.tenant->tenant_id,
-                       k ? lt_tenant_role_name(k->role) : "unknown", destroys, c.tenant->tenant_id);
+                       "API key %s of tenant %s is a %s key, and %s: that needs one of the tenant's admin keys "
+                       "(an operator makes one)", c.key_id, c.tenant->tenant_id,
+                       k ? lt_tenant_role_name(k->role) : "unknown", destroys);
   else if (r) r->handler(&c);
   else reply_no_route(f, &c, p.pattern);
   json_decref(c.meta);

@@ -11,7 +11,7 @@
  *   lt_api_events.c    /v1/jobs/{id}/events: the SSE replay buffer and open streams
  *   lt_api_datasets.c  /v1/uploads and /v1/datasets
  *   lt_api_delete.c    DELETE /v1/jobs/{id}: recorded, crypto-shredded, deleted
- *   lt_api_quota.c     the storage quota: datasets and artifacts together
+ *   lt_api_quota.c     the storage quota: datasets and artifacts together; /v1/usage
  *   lt_api_work.c      the thread pool that runs blocking work (store, crypto, validation)
  *   lt_api_download.c  artifact downloads, streamed in bounded pieces
  *   lt_api_access.c    /v1/access and /v1/staff/access: the staff-access lockbox
@@ -301,8 +301,9 @@ lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, c
 #define LT_API_STORED_FRESH_MS 60000
 /* Remembers the tenant's stored bytes just measured (measured false: forgets them). Loop thread. */
 void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes);
-/* The tenant's stored bytes as measured within LT_API_STORED_FRESH_MS; false when none is. */
-bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes);
+/* The tenant's stored bytes as measured within LT_API_STORED_FRESH_MS, and how long ago (age_ms
+ * may be NULL); false when none is. */
+bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes, int64_t *age_ms);
 /* Tenant t's storage quota: its own quotas.max_storage_bytes where set (> 0), else the API's
  * conf.max_storage_bytes; 0: no limit. Loop thread (it reads the tenant's record). */
 uint64_t lt_api_storage_quota(const lt_api_t *api, const lt_tenant_t *t);
@@ -313,6 +314,8 @@ lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datas
                               uint64_t adding, const char *why, char *msg, size_t n);
 /* 413 storage_quota_exceeded with msg. */
 void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
+/* GET /v1/usage: the tenant's quotas and its use of each. */
+void lt_api_usage(lt_api_call_t *c);
 
 /* ---------------------------------------------------------------- jobs (lt_api_jobs.c) */
 
@@ -370,7 +373,7 @@ json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id);
 void lt_api_sessions_prune(lt_api_t *api);
 /* ---------------------------------------------------------------- sampling (lt_api_sample.c) */
 lt_err_t lt_api_sample_start(lt_api_t *api, char *errstr, size_t n);
-bool lt_api_sample_resolve(lt_api_call_t *c); /* the sampling routes have no {id} */
+bool lt_api_sample_resolve(lt_api_call_t *c); /* the sampling routes (and /v1/usage) have no {id} */
 void lt_api_sample_completions(lt_api_call_t *c);
 void lt_api_sample_chat(lt_api_call_t *c);
 void lt_api_sample_models(lt_api_call_t *c);

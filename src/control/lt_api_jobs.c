@@ -320,7 +320,7 @@ static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *
     }
   }
   uint64_t quota = lt_api_storage_quota(api, t), datasets = 0;
-  *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets);
+  *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets, NULL);
   if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
     char msg[512];
     if (lt_api_storage_check(quota, t->tenant_id, datasets, lt_api_artifact_bytes(api, t->tenant_id), 0, NULL, msg,

@@ -11,13 +11,17 @@
  * is refused at the part that would (413, naming the quota, the usage and the upload) and leaves
  * nothing; a job submission is refused while the tenant is at or over its quota (413), since its
  * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot
- * by what the other adds meanwhile: the quota bounds storage, it is not a transaction. */
+ * by what the other adds meanwhile: the quota bounds storage, it is not a transaction.
+ *
+ * GET /v1/usage shows the tenant its quotas and what it uses against each, so that it learns how
+ * close it is before a 413 or a 429 tells it. */
 #include "lt_api_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lt_job.h"
 #include "lt_time.h"
 
 typedef struct {
@@ -80,10 +84,12 @@ void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64
   *m = (stored_t){bytes, lt_time_mono_ms()};
 }
 
-bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes) {
+bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes, int64_t *age_ms) {
   const stored_t *m = lt_map_get(api->stored_bytes, tenant);
-  if (!m || lt_time_mono_ms() - m->at_ms > LT_API_STORED_FRESH_MS) return false;
+  int64_t age = m ? lt_time_mono_ms() - m->at_ms : 0;
+  if (!m || age > LT_API_STORED_FRESH_MS) return false;
   *bytes = m->bytes;
+  if (age_ms) *age_ms = age;
   return true;
 }
 
@@ -108,4 +114,95 @@ lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datas
 
 void lt_api_reply_storage(struct evhttp_request *req, const char *msg) {
   lt_api_reply_error(req, 413, "storage_quota_exceeded", NULL, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- GET /v1/usage */
+
+typedef struct {
+  const char *tenant;
+  int64_t live, running, slots, sessions;
+} jobs_acc_t;
+
+/* What the quotas count: max_queued_jobs every job (and session) not ended, max_running_slots the
+ * slots of those dispatched, running or stopping. */
+static bool count_jobs(const lt_job_t *j, void *ctx) {
+  jobs_acc_t *a = ctx;
+  if (strcmp(j->tenant_id, a->tenant) != 0 || lt_job_state_is_terminal(j->state)) return true;
+  a->live++;
+  a->sessions += lt_api_is_session_id(j->job_id);
+  if (j->state == LT_JOB_DISPATCHED || j->state == LT_JOB_RUNNING || j->state == LT_JOB_PREEMPTING) {
+    a->running++;
+    a->slots += j->gpus > 0 ? j->gpus : 1;
+  }
+  return true;
+}
+
+typedef struct {
+  lt_api_t *api; /* its conf.store, from the pool */
+  struct evhttp_request *req;
+  char tenant_id[LT_ID_MAX + 1];
+  uint64_t stored;
+  lt_err_t measured;
+  char msg[256];
+} usage_task_t;
+
+static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, uint64_t stored,
+                        int64_t age_ms) {
+  jobs_acc_t a = {.tenant = t->tenant_id};
+  lt_job_scan(lt_proj_jobs(api->proj), count_jobs, &a);
+  uint64_t artifacts = lt_api_artifact_bytes(api, t->tenant_id), quota = lt_api_storage_quota(api, t);
+  json_t *body = json_pack(
+      "{s:s,s:{s:i,s:i,s:I,s:I,s:I,s:s},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}}", "tenant_id", t->tenant_id, "quotas",
+      "max_running_slots", t->quotas.max_running_slots, "max_queued_jobs", t->quotas.max_queued_jobs,
+      "max_job_duration_s", (json_int_t)t->quotas.max_job_duration_s, "max_dataset_bytes",
+      (json_int_t)t->quotas.max_dataset_bytes, "max_storage_bytes", (json_int_t)quota, "max_storage_bytes_from",
+      t->quotas.max_storage_bytes > 0 ? "tenant" : quota ? "service" : "none", "usage", "queued_or_running_jobs",
+      (json_int_t)a.live, "sessions", (json_int_t)a.sessions, "running_jobs", (json_int_t)a.running,
+      "running_slots", (json_int_t)a.slots, "stored_bytes", (json_int_t)stored, "artifact_bytes",
+      (json_int_t)artifacts, "storage_bytes", (json_int_t)(stored + artifacts), "stored_bytes_age_s",
+      (double)age_ms / 1000.0);
+  lt_api_reply_json(req, 200, body);
+}
+
+static void usage_work(void *ctx) {
+  usage_task_t *u = ctx;
+  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, u->msg, sizeof u->msg);
+}
+
+static void usage_after(lt_api_t *api, void *ctx) {
+  usage_task_t *u = ctx;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), u->tenant_id);
+  if (u->measured) {
+    char why[512];
+    snprintf(why, sizeof why, "the object store could not say how much tenant %s stores (%s); retry", u->tenant_id,
+             u->msg);
+    lt_api_reply_store_err(u->req, u->measured, why);
+  } else if (!t) { /* gone while measured (a tenant is never deleted today; a disabled one is refused) */
+    lt_api_reply_error(u->req, 401, "unauthorized", NULL, "the API key's tenant is no longer known");
+  } else {
+    lt_api_stored_note(api, u->tenant_id, true, u->stored);
+    usage_reply(api, u->req, t, u->stored, 0);
+  }
+  free(u);
+}
+
+/* GET /v1/usage: the tenant's quotas (0: none) and its use of each. Stored bytes as measured in
+ * the last LT_API_STORED_FRESH_MS (their age said), else measured now on the work pool (the store
+ * listed): a tenant asking every second lists its prefixes once a minute. */
+void lt_api_usage(lt_api_call_t *c) {
+  uint64_t stored;
+  int64_t age_ms;
+  if (lt_api_stored_recent(c->api, c->tenant->tenant_id, &stored, &age_ms)) {
+    usage_reply(c->api, c->req, c->tenant, stored, age_ms);
+    return;
+  }
+  usage_task_t *u = calloc(1, sizeof *u);
+  if (!u) {
+    lt_api_reply_err(c->req, LT_ERR_NOMEM, NULL, "no memory to measure the tenant's storage");
+    return;
+  }
+  u->api = c->api;
+  u->req = c->req;
+  snprintf(u->tenant_id, sizeof u->tenant_id, "%s", c->tenant->tenant_id);
+  lt_api_work(c->api, u->tenant_id, usage_work, usage_after, u);
 }

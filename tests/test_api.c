@@ -893,6 +893,20 @@ Test(api, invalid_utf8_dataset_is_refused_naming_the_line_and_stores_nothing) {
   lt_client_resp_free(&r);
 }
 
+/* fn over the tenant's objects under tenants/<tenant>/ in the bucket (the first page: enough for a
+ * test's few). */
+static void list_tenant_objects(const char *tenant, lt_store_list_fn fn, void *ctx) {
+  lt_store_s3_conf_t s3;
+  lt_store_t *st;
+  cr_assert_eq(lt_store_s3_conf_from_env(&s3, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&st, &s3, err, sizeof err), LT_OK, "%s", err);
+  char where[128], next[2048] = "";
+  snprintf(where, sizeof where, "tenants/%s/", tenant);
+  lt_err_t e = lt_store_list(st, where, "", 0, fn, ctx, next, sizeof next, err, sizeof err);
+  lt_store_destroy(st);
+  cr_assert_eq(e, LT_OK, "%s", err);
+}
+
 static lt_err_t count_object(void *ctx, const char *key, const lt_store_info_t *info) {
   (void)key, (void)info;
   ++*(int *)ctx;
@@ -925,17 +939,9 @@ Test(api, dataset_over_the_tenants_byte_quota_is_429_and_nothing_is_stored) {
   cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 0, "%s", r.body);
   lt_client_resp_free(&r);
   /* And nothing of the tenant in the bucket. */
-  lt_store_s3_conf_t s3;
-  lt_store_t *st;
-  cr_assert_eq(lt_store_s3_conf_from_env(&s3, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&st, &s3, err, sizeof err), LT_OK, "%s", err);
-  char prefix_key[128], next[2048] = "";
-  snprintf(prefix_key, sizeof prefix_key, "tenants/%s/", tenant_a);
   int count = 0;
-  lt_err_t e = lt_store_list(st, prefix_key, "", 0, count_object, &count, next, sizeof next, err, sizeof err);
-  cr_assert_eq(e, LT_OK, "%s", err);
+  list_tenant_objects(tenant_a, count_object, &count);
   cr_expect_eq(count, 0, "objects of a refused upload stayed in the bucket");
-  lt_store_destroy(st);
 }
 
 static lt_err_t sum_sizes(void *ctx, const char *key, const lt_store_info_t *info) {
@@ -966,16 +972,8 @@ Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   lt_client_resp_free(&r);
   upload(cu, ds, sizeof ds);
   submit_ok(cu, ds, job, sizeof job);
-  lt_store_s3_conf_t s3;
-  lt_store_t *st;
-  cr_assert_eq(lt_store_s3_conf_from_env(&s3, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&st, &s3, err, sizeof err), LT_OK, "%s", err);
-  char where[128], next[2048] = "";
-  snprintf(where, sizeof where, "tenants/%s/", tn);
   int64_t in_bucket = 0;
-  cr_assert_eq(lt_store_list(st, where, "", 0, sum_sizes, &in_bucket, next, sizeof next, err, sizeof err), LT_OK,
-               "%s", err);
-  lt_store_destroy(st);
+  list_tenant_objects(tn, sum_sizes, &in_bucket);
   cr_assert_gt(in_bucket, 0);
   int64_t live = -1, stored = -1, total = -1;
   for (int i = 0; i < 200 && live != 1; i++) { /* the API folds the submission from the log */

@@ -454,6 +454,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(self.reqs("DELETE", "/v1/sessions/ses-1")), 3)
 
     def test_tokenizer_datasets_jobs(self):
+        self.fake.script[("GET", "/v1/usage")] = [(200, {"tenant_id": "t", "quotas": {}, "usage": {"sessions": 2}}, {})]
+        self.assertEqual(self.service.usage()["usage"]["sessions"], 2)
+        self.assertEqual(len(self.reqs("GET", "/v1/usage")), 1)
         self.assertEqual(self.service.tokenize("lathe-tiny", "hi"), [104, 105])
         self.assertEqual(json.loads(self.reqs("POST", "/v1/tokenize")[0][4]), {"model": "lathe-tiny", "text": "hi"})
         self.assertEqual(self.service.detokenize("lathe-tiny", [104, 105]), "hi")

@@ -137,6 +137,9 @@ def primitives(svc, base, key_a, key_b):
           "sample gives 3 samples of at most 6 tokens with log-probs")
     saved = tc.save_state("s1").result(timeout=120)
     check(saved.step == 1, "save_state s1 at step 1 (committed like a checkpoint)")
+    u = svc.usage()["usage"]
+    check(u["sessions"] >= 1 and u["queued_or_running_jobs"] >= u["sessions"] and u["running_slots"] >= 1,
+          f"GET /v1/usage counts the live session and its slot ({u})")
     tc.forward_backward(batch)
     check(tc.optim_step(AdamParams(lr=2e-2)).result(timeout=120).step == 2, "a second step")
     check(tc.load_state("s1").result(timeout=120).step == 1, "load_state s1 brings the state back to step 1")

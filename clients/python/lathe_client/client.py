@@ -273,6 +273,12 @@ class ServiceClient:
         _, r = self.http.request("GET", "/v1/sessions", idempotent=True)
         return list((r or {}).get("data") or [])
 
+    def usage(self) -> Dict[str, Any]:
+        """GET /v1/usage: {"tenant_id", "quotas": {...}, "usage": {...}}: each quota (0: none) and
+        what the tenant uses against it (jobs and sessions not ended, running slots, stored bytes)."""
+        _, r = self.http.request("GET", "/v1/usage", idempotent=True)
+        return r
+
     # -------------------------------------------------------------- tokenizer
 
     def tokenize(self, model: str, text: str) -> List[int]:

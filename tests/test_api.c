@@ -955,7 +955,7 @@ static lt_err_t sum_sizes(void *ctx, const char *key, const lt_store_info_t *inf
  * another tenant's usage is its own. */
 Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   char tn[64], key[128], ds[64], job[64];
-  new_tenant("u", "--max-queued 7 --max-running 5 --max-storage-bytes 10000000", tn, sizeof tn, key, sizeof key);
+  new_tenant("u", "--max-queued 7 --max-running 5 --max-storage-bytes 10000000 --max-dataset-bytes 2048", tn, sizeof tn, key, sizeof key);
   lt_client_t *cu = client_for(key);
   wait_key(cu);
   lt_client_resp_t r = req(cu, "GET", "/v1/usage", NULL);
@@ -964,7 +964,7 @@ Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   cr_expect_str_eq(json_string_value(json_object_get(r.json, "tenant_id")), tn);
   cr_expect_eq(json_integer_value(json_object_get(q, "max_queued_jobs")), 7, "%s", r.body);
   cr_expect_eq(json_integer_value(json_object_get(q, "max_running_slots")), 5, "%s", r.body);
-  cr_expect_eq(json_integer_value(json_object_get(q, "max_dataset_bytes")), 0, "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(q, "max_dataset_bytes")), 2048, "%s", r.body);
   cr_expect_eq(json_integer_value(json_object_get(q, "max_storage_bytes")), 10000000, "%s", r.body);
   cr_expect_str_eq(json_string_value(json_object_get(q, "max_storage_bytes_from")), "tenant", "%s", r.body);
   cr_expect_eq(json_integer_value(json_object_get(u, "stored_bytes")), 0, "a new tenant stores nothing: %s", r.body);
@@ -989,15 +989,31 @@ Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   cr_expect_eq(live, 1, "the queued job is not counted");
   cr_expect_eq(stored, in_bucket, "stored bytes %lld, the bucket holds %lld", (long long)stored, (long long)in_bucket);
   cr_expect_eq(total, stored, "no artifacts yet: storage is the stored bytes");
-  /* tenant b: the defaults of tenant create (100 queued jobs), none of u's use */
+  r = req(cu, "GET", "/v1/usage", NULL);
+  u = json_object_get(r.json, "usage");
+  cr_expect(json_integer_value(json_object_get(u, "running_jobs")) == 0 &&
+                json_integer_value(json_object_get(u, "running_slots")) == 0 &&
+                json_integer_value(json_object_get(u, "sessions")) == 0,
+            "a queued job holds no slot and is no session: %s", r.body);
+  lt_client_resp_free(&r);
+  /* tenant b: the defaults of tenant create (100 queued jobs), no storage quota (so no upload
+   * measures it: /v1/usage lists the bucket itself), none of u's use */
+  char theirs[64];
+  upload(cb, theirs, sizeof theirs);
+  upload(cb, theirs, sizeof theirs);
+  int64_t b_bucket = 0;
+  list_tenant_objects(tenant_b, sum_sizes, &b_bucket);
   r = req(cb, "GET", "/v1/usage", NULL);
   cr_assert_eq(r.status, 200, "%s", r.body);
   cr_expect_str_eq(json_string_value(json_object_get(r.json, "tenant_id")), tenant_b);
   q = json_object_get(r.json, "quotas");
+  u = json_object_get(r.json, "usage");
   cr_expect_eq(json_integer_value(json_object_get(q, "max_queued_jobs")), 100, "%s", r.body);
+  cr_expect_gt(json_integer_value(json_object_get(q, "max_dataset_bytes")), 2048, "the service's bound: %s", r.body);
   cr_expect(strcmp(json_string_value(json_object_get(q, "max_storage_bytes_from")), "tenant") != 0, "%s", r.body);
-  cr_expect_eq(json_integer_value(json_object_get(json_object_get(r.json, "usage"), "queued_or_running_jobs")), 0,
-               "%s", r.body);
+  cr_expect_eq(json_integer_value(json_object_get(u, "queued_or_running_jobs")), 0, "%s", r.body);
+  cr_expect(b_bucket > in_bucket && json_integer_value(json_object_get(u, "stored_bytes")) == b_bucket,
+            "tenant b's two datasets: %lld bytes in the bucket: %s", (long long)b_bucket, r.body);
   lt_client_resp_free(&r);
   /* lathe usage prints the same */
   char cmd[1024];
@@ -1015,6 +1031,47 @@ Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   expect_error(none, "GET", "/v1/usage", NULL, 401, "unauthorized");
   lt_client_destroy(none);
   lt_client_destroy(cu);
+}
+
+typedef struct {
+  const char *key;
+  int status;
+  long long stored;
+} usage_bg_t;
+
+static void *usage_bg(void *arg) {
+  usage_bg_t *b = arg;
+  lt_client_t *c = client_for(b->key);
+  lt_client_resp_t r = req(c, "GET", "/v1/usage", NULL);
+  b->status = r.status;
+  b->stored = (long long)json_integer_value(json_object_get(json_object_get(r.json, "usage"), "stored_bytes"));
+  lt_client_resp_free(&r);
+  lt_client_destroy(c);
+  return NULL;
+}
+
+/* Requests that come while a tenant's storage is measured wait for that one measure, and every
+ * one of them is answered. */
+Test(api, usage_asked_at_once_answers_every_request) {
+  char tn[64], key[128], ds[64];
+  new_tenant("w", NULL, tn, sizeof tn, key, sizeof key);
+  lt_client_t *cw = client_for(key);
+  wait_key(cw);
+  upload(cw, ds, sizeof ds); /* no storage quota: nothing measured yet */
+  enum { N = 8 };
+  usage_bg_t b[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = (usage_bg_t){.key = key};
+    cr_assert_eq(pthread_create(&th[i], NULL, usage_bg, &b[i]), 0);
+  }
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < N; i++) {
+    cr_expect_eq(b[i].status, 200, "request %d: %d", i, b[i].status);
+    cr_expect(b[i].stored > 0 && b[i].stored == b[0].stored, "request %d: %lld bytes, the first %lld", i, b[i].stored,
+              b[0].stored);
+  }
+  lt_client_destroy(cw);
 }
 
 Test(api, max_queued_jobs_exceeded_is_429_naming_the_limit) {

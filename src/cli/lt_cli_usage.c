@@ -41,7 +41,7 @@ int lt_cli_usage(int argc, char **argv) {
     printf("    stored %lld bytes (measured %.0f s ago), artifacts %lld bytes; storage limit: %s\n",
            num(u, "stored_bytes"), json_real_value(json_object_get(u, "stored_bytes_age_s")), num(u, "artifact_bytes"),
            from && !strcmp(from, "tenant") ? "yours" : from && !strcmp(from, "service") ? "the service's" : "none");
-    row("bytes per dataset", 0, num(q, "max_dataset_bytes"), "bytes (a limit, nothing counted)");
+    printf("  %-24s %lld bytes\n", "a dataset at most", num(q, "max_dataset_bytes"));
     long long d = num(q, "max_job_duration_s");
     if (d > 0) printf("  %-24s %lld s\n", "job duration at most", d);
   }

@@ -466,7 +466,9 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->datasets_seen = lt_map_new(NULL);
     api->cancels_sent = lt_map_new(NULL);
     api->stored_bytes = lt_map_new(free);
-    if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes) err = LT_ERR_NOMEM;
+    api->usage_flight = lt_map_new(NULL); /* the tasks free themselves */
+    if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes || !api->usage_flight)
+      err = LT_ERR_NOMEM;
   }
   if (!err) err = lt_api_work_start(api, errstr, n);
   if (!err) err = lt_api_access_start(api, errstr, n);
@@ -521,6 +523,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->datasets_seen);
   lt_map_destroy(api->cancels_sent);
   lt_map_destroy(api->stored_bytes);
+  lt_map_destroy(api->usage_flight);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

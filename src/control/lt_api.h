@@ -43,6 +43,7 @@
  *                                        ft:<base>:<job-id>, streamed with stream: true (SSE)
  *   GET    /v1/models                    the base models served and the caller's own adapters
  *                                        (the sampler role: lt_api_sample.c)
+ *   GET    /v1/usage                     the tenant's quotas and its use of each (lt_api_quota.c)
  *   GET    /v1/access[/{id}], POST /v1/access/{id}/approve|deny|revoke   the tenant's lockbox
  *   /v1/staff/access...                  staff's side of the lockbox (a staff key; lt_api_access.c)
  *   POST   /v1/files, GET /v1/files[/{id}], DELETE /v1/files/{id}   OpenAI's files over datasets

@@ -75,6 +75,7 @@ typedef struct {
 } stored_t;
 
 void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes) {
+  api->stored_gen++;
   stored_t *m = measured ? malloc(sizeof *m) : NULL;
   if (!m || lt_map_set(api->stored_bytes, tenant, m) != LT_OK) { /* unknown: measured again when asked */
     free(m);
@@ -137,13 +138,16 @@ static bool count_jobs(const lt_job_t *j, void *ctx) {
   return true;
 }
 
+#define USAGE_WAITERS 16 /* requests one measure answers; more at once: 503 */
+
 typedef struct {
   lt_api_t *api; /* its conf.store, from the pool */
-  struct evhttp_request *req;
   char tenant_id[LT_ID_MAX + 1];
+  uint64_t gen;  /* api->stored_gen when queued: a note since makes this measure the older */
+  struct evhttp_request *req[USAGE_WAITERS];
+  int nreq;
   uint64_t stored;
   lt_err_t measured;
-  char msg[256];
 } usage_task_t;
 
 static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, uint64_t stored,
@@ -151,11 +155,15 @@ static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tena
   jobs_acc_t a = {.tenant = t->tenant_id};
   lt_job_scan(lt_proj_jobs(api->proj), count_jobs, &a);
   uint64_t artifacts = lt_api_artifact_bytes(api, t->tenant_id), quota = lt_api_storage_quota(api, t);
+  /* what one upload may be: the tenant's limit where it is lower than the API's */
+  uint64_t per_dataset = t->quotas.max_dataset_bytes > 0 && (uint64_t)t->quotas.max_dataset_bytes < api->conf.max_upload_bytes
+                             ? (uint64_t)t->quotas.max_dataset_bytes
+                             : api->conf.max_upload_bytes;
   json_t *body = json_pack(
       "{s:s,s:{s:i,s:i,s:I,s:I,s:I,s:s},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}}", "tenant_id", t->tenant_id, "quotas",
       "max_running_slots", t->quotas.max_running_slots, "max_queued_jobs", t->quotas.max_queued_jobs,
-      "max_job_duration_s", (json_int_t)t->quotas.max_job_duration_s, "max_dataset_bytes",
-      (json_int_t)t->quotas.max_dataset_bytes, "max_storage_bytes", (json_int_t)quota, "max_storage_bytes_from",
+      "max_job_duration_s", (json_int_t)t->quotas.max_job_duration_s, "max_dataset_bytes", (json_int_t)per_dataset,
+      "max_storage_bytes", (json_int_t)quota, "max_storage_bytes_from",
       t->quotas.max_storage_bytes > 0 ? "tenant" : quota ? "service" : "none", "usage", "queued_or_running_jobs",
       (json_int_t)a.live, "sessions", (json_int_t)a.sessions, "running_jobs", (json_int_t)a.running,
       "running_slots", (json_int_t)a.slots, "stored_bytes", (json_int_t)stored, "artifact_bytes",
@@ -166,43 +174,60 @@ static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tena
 
 static void usage_work(void *ctx) {
   usage_task_t *u = ctx;
-  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, u->msg, sizeof u->msg);
+  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, NULL, 0);
 }
 
+/* Answers every request that waited on the measure. A store failure is 503 naming only its kind
+ * (the store's own message may name its host and credentials); a measure older than a note made
+ * meanwhile (an upload, a deletion) still answers, but is not remembered over it. */
 static void usage_after(lt_api_t *api, void *ctx) {
   usage_task_t *u = ctx;
+  lt_map_del(api->usage_flight, u->tenant_id);
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), u->tenant_id);
-  if (u->measured) {
-    char why[512];
-    snprintf(why, sizeof why, "the object store could not say how much tenant %s stores (%s); retry", u->tenant_id,
-             u->msg);
-    lt_api_reply_store_err(u->req, u->measured, why);
-  } else if (!t) { /* gone while measured (a tenant is never deleted today; a disabled one is refused) */
-    lt_api_reply_error(u->req, 401, "unauthorized", NULL, "the API key's tenant is no longer known");
-  } else {
-    lt_api_stored_note(api, u->tenant_id, true, u->stored);
-    usage_reply(api, u->req, t, u->stored, 0);
+  if (!u->measured && t && api->stored_gen == u->gen) lt_api_stored_note(api, u->tenant_id, true, u->stored);
+  for (int i = 0; i < u->nreq; i++) {
+    if (u->measured) {
+      char why[256];
+      snprintf(why, sizeof why, "the object store could not say how much tenant %s stores (%s); retry",
+               u->tenant_id, lt_err_str(u->measured));
+      lt_api_reply_err(u->req[i], LT_ERR_UNAVAILABLE, NULL, why);
+    } else if (!t || t->disabled) { /* disabled while it was measured */
+      lt_api_reply_error(u->req[i], 401, "unauthorized", NULL, "the API key's tenant is disabled or unknown");
+    } else {
+      usage_reply(api, u->req[i], t, u->stored, 0);
+    }
   }
   free(u);
 }
 
 /* GET /v1/usage: the tenant's quotas (0: none) and its use of each. Stored bytes as measured in
  * the last LT_API_STORED_FRESH_MS (their age said), else measured now on the work pool (the store
- * listed): a tenant asking every second lists its prefixes once a minute. */
+ * listed), one measure a tenant at a time: requests that come while one runs wait for it. */
 void lt_api_usage(lt_api_call_t *c) {
   uint64_t stored;
   int64_t age_ms;
-  if (lt_api_stored_recent(c->api, c->tenant->tenant_id, &stored, &age_ms)) {
+  const char *tenant = c->tenant->tenant_id;
+  if (lt_api_stored_recent(c->api, tenant, &stored, &age_ms)) {
     usage_reply(c->api, c->req, c->tenant, stored, age_ms);
     return;
   }
-  usage_task_t *u = calloc(1, sizeof *u);
-  if (!u) {
+  usage_task_t *u = lt_map_get(c->api->usage_flight, tenant);
+  if (u) {
+    if (u->nreq == USAGE_WAITERS) {
+      lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's storage is being measured for other requests");
+      return;
+    }
+    u->req[u->nreq++] = c->req;
+    return;
+  }
+  if (!(u = calloc(1, sizeof *u)) || lt_map_set(c->api->usage_flight, tenant, u) != LT_OK) {
+    free(u);
     lt_api_reply_err(c->req, LT_ERR_NOMEM, NULL, "no memory to measure the tenant's storage");
     return;
   }
   u->api = c->api;
-  u->req = c->req;
-  snprintf(u->tenant_id, sizeof u->tenant_id, "%s", c->tenant->tenant_id);
+  u->gen = c->api->stored_gen;
+  u->req[u->nreq++] = c->req;
+  snprintf(u->tenant_id, sizeof u->tenant_id, "%s", tenant);
   lt_api_work(c->api, u->tenant_id, usage_work, usage_after, u);
 }

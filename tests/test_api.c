@@ -370,12 +370,13 @@ Test(api, missing_garbage_and_revoked_keys_answer_401_on_every_route) {
   lt_client_destroy(fresh);
 }
 
-/* A member key of tenant_a (lathe admin tenant add-key --role member) into key, once the API knows
+/* A key of tenant_a (lathe admin tenant add-key --role ROLE [OPTIONS]) into key, once the API knows
  * it: its client. */
-static lt_client_t *member_client(char key[128]) {
+static lt_client_t *key_client(const char *role_and_options, char key[128]) {
   char cmd[1200];
   int rc;
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s --role member --json", lt_test_lathe_bin(), tenant_a);
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s --role %s --json", lt_test_lathe_bin(), tenant_a,
+           role_and_options);
   char *out = lt_test_run(cmd, &rc);
   cr_assert_eq(rc, 0, "%s", out);
   json_t *j = json_loads(out, 0, NULL);
@@ -392,7 +393,7 @@ static lt_client_t *member_client(char key[128]) {
 Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
   char cmd[1200], key[128], key_id[LT_TENANT_KEY_ID_LEN + 1];
   int rc;
-  lt_client_t *second = member_client(key);
+  lt_client_t *second = key_client("member", key);
   memcpy(key_id, key + 3, LT_TENANT_KEY_ID_LEN);
   key_id[LT_TENANT_KEY_ID_LEN] = 0;
   char *out;
@@ -447,7 +448,7 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
  * tenant's job is 404, as on every route), and nothing is gone; the admin key deletes both. */
 Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   char key[128], ds[64], spare[64], job[64], path[256];
-  lt_client_t *cm = member_client(key);
+  lt_client_t *cm = key_client("member", key);
   upload(cm, ds, sizeof ds); /* a member uploads and submits */
   upload(cm, spare, sizeof spare);
   submit_ok(cm, ds, job, sizeof job);
@@ -487,6 +488,53 @@ Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   lt_client_resp_free(&r);
   cr_expect_eq(lt_test_get_status(cm, path, NULL, 0), 410, "the job is deleted");
   lt_client_destroy(cm);
+}
+
+/* A viewer key (TenantUpserted v4) reads: every GET answers as for the tenant's other keys, every
+ * other method is 403 naming the role and changes nothing; its label shows in the listing. Bad
+ * roles and labels are refused before anything is written. */
+Test(api, a_viewer_key_reads_and_changes_nothing) {
+  char key[128], cmd[1200], ds[64], job[64], path[256];
+  int rc;
+  const char *bad[] = {"--role owner", "--role viewer --label \"$(printf 'a\\tb')\"",
+                       "--role viewer --label 0123456789012345678901234567890123456789012345678901234567890123"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s %s 2>&1", lt_test_lathe_bin(), tenant_a, bad[i]);
+    char *out = lt_test_run(cmd, &rc);
+    cr_expect_eq(rc, 2, "%s: %s", bad[i], out);
+    free(out);
+  }
+  lt_client_t *cv = key_client("viewer --label 'status board'", key);
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, job, sizeof job);
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  const char *reads[] = {"/v1/jobs", path, "/v1/datasets", "/v1/usage", "/v1/sessions", "/v1/access"};
+  for (size_t i = 0; i < sizeof reads / sizeof *reads; i++)
+    cr_expect_eq(lt_test_get_status(cv, reads[i], NULL, 0), 200, "a viewer's GET %s", reads[i]);
+  snprintf(path, sizeof path, "/v1/jobs/%s/cancel", job);
+  char dpath[256];
+  snprintf(dpath, sizeof dpath, "/v1/datasets/%s", ds);
+  const char *writes[][3] = {{"POST", "/v1/jobs", "{}"},      {"POST", path, NULL},
+                             {"DELETE", dpath, NULL},         {"POST", "/v1/datasets", "{}"},
+                             {"POST", "/v1/uploads", "{}"},   {"POST", "/v1/sessions", "{}"},
+                             {"POST", "/v1/completions", "{}"}, {"POST", "/v1/tokenize", "{}"}};
+  for (size_t i = 0; i < sizeof writes / sizeof *writes; i++) {
+    lt_client_resp_t r = req(cv, writes[i][0], writes[i][1], writes[i][2]);
+    cr_expect_eq(r.status, 403, "a viewer's %s %s: %d %s", writes[i][0], writes[i][1], r.status, r.body);
+    cr_expect(strstr(r.body, "viewer key"), "%s", r.body);
+    lt_client_resp_free(&r);
+  }
+  cr_expect_eq(count_submissions_of(ds), 1, "a viewer's POST submitted a job");
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  char body[4096] = "";
+  cr_expect(lt_test_get_status(ca, path, body, sizeof body) == 200 && !strstr(body, "cancel_requested\":true"),
+            "a viewer's cancel asked for one: %s", body);
+  cr_expect_eq(lt_test_get_status(ca, dpath, NULL, 0), 200, "a viewer deleted the dataset");
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect(rc == 0 && strstr(out, "\"role\":\"viewer\",\"label\":\"status board\""), "%s", out);
+  free(out);
+  lt_client_destroy(cv);
 }
 
 /* ---------------------------------------------------------------- the front door */

@@ -5,7 +5,7 @@
  *                                [--json]
  *   lathe admin tenant update ID [same options]
  *   lathe admin tenant rotate-key ID [--json]
- *   lathe admin tenant add-key ID [--role admin|member] [--json]
+ *   lathe admin tenant add-key ID [--role admin|member|viewer] [--label TEXT] [--json]
  *   lathe admin tenant revoke-key ID KEY_ID [--json]
  *   lathe admin tenant list [--json]
  *   lathe admin replay ...        (lt_cli_replay.c)
@@ -46,10 +46,11 @@ static void usage(FILE *f) {
              "           API's LATHE_API_MAX_STORAGE_BYTES applies)\n"
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]   a new admin key; every other key revoked\n"
-             "       lathe admin tenant add-key ID [--role admin|member] [--json]\n"
+             "       lathe admin tenant add-key ID [--role admin|member|viewer] [--label TEXT] [--json]\n"
              "           another key (default admin); a member key may do everything except approve\n"
              "           staff access to the tenant's data (it may deny and revoke) and delete\n"
-             "           datasets or jobs\n"
+             "           datasets or jobs; a viewer key only reads (GET). --label: what the key is\n"
+             "           for (a dashboard, CI), shown by list\n"
              "       lathe admin tenant revoke-key ID KEY_ID [--json]\n"
              "           one key revoked (KEY_ID: the 16 hex characters after \"lt_\" in the key; list\n"
              "           shows them); the tenant's other keys keep working\n"
@@ -129,13 +130,17 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
   const uint8_t *bytes;
   size_t len;
   int rc = 1;
-  /* v1 unless the tenant has a storage quota of its own (v2) or a live member key (v3): a reader older
-   * than the version (a process not yet upgraded) cannot decode it and would miss the record, a
-   * key's rotation or revocation included */
-  bool member = false;
-  for (int k = 0; k < t->nkeys; k++) member |= !t->keys[k].revoked && t->keys[k].role != LT_TENANT_ROLE_ADMIN;
-  const lt_avro_schema_t *schema =
-      lt_avro_schema_find(a->reg, "TenantUpserted", member ? 3 : t->quotas.max_storage_bytes ? 2 : 1);
+  /* v1 unless the tenant has a storage quota of its own (v2), a live member key (v3), or a live viewer
+   * key or a key's label (v4): a reader older than the version (a process not yet upgraded) cannot
+   * decode it and would miss the record, a key's rotation or revocation included; one that could
+   * would read a viewer key as a member key */
+  int version = t->quotas.max_storage_bytes ? 2 : 1;
+  for (int k = 0; k < t->nkeys; k++) {
+    if (t->keys[k].revoked) continue;
+    int need = t->keys[k].label[0] ? 4 : lt_tenant_role_version(t->keys[k].role);
+    version = need > version ? need : version;
+  }
+  const lt_avro_schema_t *schema = lt_avro_schema_find(a->reg, "TenantUpserted", version);
   if (lt_avro_record_new_schema(a->reg, schema, &rec, err, sizeof err) ||
       lt_avro_record_stamp(rec, "admin/cli") || lt_tenant_to_record(t, rec, err, sizeof err) ||
       lt_avro_record_encode(rec, &bytes, &len, err, sizeof err) ||
@@ -155,12 +160,13 @@ out:
 }
 
 enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON,
-       O_ROLE };
+       O_ROLE, O_LABEL };
 
 /* The options of tenant create|update|rotate-key|add-key|revoke-key|list (rotate-key, revoke-key, list: --json only;
- * add-key: --role and --json, role not NULL); into t (may be NULL then) and *role. Returns -1 to go
- * on with the operands in a, or the exit status. */
-static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_role_t *role, bool *json) {
+ * add-key: --role, --label and --json, role and label not NULL); into t (may be NULL then), *role and label
+ * (LT_TENANT_LABEL_MAX + 1 bytes). Returns -1 to go on with the operands in a, or the exit status. */
+static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_role_t *role, char *label,
+                       bool *json) {
   static const struct option opts[] = {{"name", required_argument, NULL, O_NAME},
                                        {"weight", required_argument, NULL, O_WEIGHT},
                                        {"max-running", required_argument, NULL, O_MAX_RUNNING},
@@ -171,6 +177,7 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
                                        {"json", no_argument, NULL, O_JSON},
                                        {0}};
   static const struct option key_opts[] = {{"role", required_argument, NULL, O_ROLE},
+                                           {"label", required_argument, NULL, O_LABEL},
                                            {"json", no_argument, NULL, O_JSON},
                                            {0}};
   a->opts = role ? key_opts : t ? opts : opts + 7;
@@ -181,9 +188,21 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
     case O_JSON: *json = true; break;
     case O_ROLE:
       if (!lt_tenant_role_parse(a->value, role)) {
-        fprintf(stderr, "lathe %s: --role is admin or member, not \"%s\"\n", a->what, a->value);
+        fprintf(stderr, "lathe %s: --role is admin, member or viewer, not \"%.40s\"\n", a->what, a->value);
         return 2;
       }
+      break;
+    case O_LABEL:
+      if (strlen(a->value) > LT_TENANT_LABEL_MAX) {
+        fprintf(stderr, "lathe %s: --label is %zu bytes; at most %d\n", a->what, strlen(a->value), LT_TENANT_LABEL_MAX);
+        return 2;
+      }
+      for (const char *ch = a->value; *ch; ch++)
+        if ((unsigned char)*ch < 0x20 || *ch == 0x7f) {
+          fprintf(stderr, "lathe %s: --label holds a control character (byte %zu)\n", a->what, (size_t)(ch - a->value));
+          return 2;
+        }
+      snprintf(label, LT_TENANT_LABEL_MAX + 1, "%s", a->value);
       break;
     case O_NAME: snprintf(t->display_name, sizeof t->display_name, "%s", a->value); break;
     case O_WEIGHT:
@@ -231,9 +250,9 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
                           "disabled", t->disabled);
     json_t *keys = json_array();
     for (int k = 0; o && keys && k < t->nkeys; k++)
-      json_array_append_new(keys, json_pack("{s:s,s:s?,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
+      json_array_append_new(keys, json_pack("{s:s,s:s?,s:s,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
                                             t->keys[k].revoked ? NULL : lt_tenant_role_name(t->keys[k].role),
-                                            "revoked", t->keys[k].revoked,
+                                            "label", t->keys[k].label, "revoked", t->keys[k].revoked,
                                             "created_at", (json_int_t)t->keys[k].created_at_ms));
     if (o) json_object_set_new(o, "keys", keys ? keys : json_array());
     else json_decref(keys);
@@ -252,9 +271,10 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
          t->disabled ? ", DISABLED" : "");
   for (int k = 0; k < t->nkeys; k++) {
     char when[32];
-    printf("  key %s: %s, made %s UTC\n", t->keys[k].key_id,
+    printf("  key %s: %s, made %s UTC%s%s%s\n", t->keys[k].key_id,
            t->keys[k].revoked ? "revoked" : lt_tenant_role_name(t->keys[k].role),
-           lt_cli_time(t->keys[k].created_at_ms, when, sizeof when));
+           lt_cli_time(t->keys[k].created_at_ms, when, sizeof when), t->keys[k].label[0] ? " (" : "",
+           t->keys[k].label, t->keys[k].label[0] ? ")" : "");
   }
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }
@@ -262,7 +282,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
 static int tenant_list(int argc, char **argv) {
   lt_cli_args_t a = {.what = "admin tenant list", .usage = usage};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, NULL, &json);
   if (rc >= 0) return rc;
   admin_t ad = {0};
   rc = load_tenants(&ad);
@@ -284,7 +304,8 @@ static int tenant_write(int argc, char **argv) {
   lt_cli_args_t a = {.what = what, .usage = usage, .min = 1, .max = 1};
   lt_tenant_t t = {0};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, &json);
+  char label[LT_TENANT_LABEL_MAX + 1] = "";
+  int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, add ? label : NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0];
   if (!lt_id_valid(id)) {
@@ -330,14 +351,17 @@ static int tenant_write(int argc, char **argv) {
     t = *cur;
   }
   lt_cli_args_t again = {.what = what, .usage = usage, .min = 1, .max = 1}; /* read once already */
-  tenant_args(&again, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, &json);
+  tenant_args(&again, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, add ? label : NULL, &json);
   bool want_key = create || rotate || add;
   if (want_key && lt_tenant_add_key(&t, rotate, lt_time_wall_ms(), key)) {
     fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
     rc = 1;
     goto out;
   }
-  if (add) t.keys[t.nkeys - 1].role = role;
+  if (add) {
+    t.keys[t.nkeys - 1].role = role;
+    snprintf(t.keys[t.nkeys - 1].label, sizeof t.keys[t.nkeys - 1].label, "%s", label);
+  }
   if ((rc = write_tenant(&ad, &t))) goto out;
   print_tenant(&t, want_key ? key : NULL, json);
 out:
@@ -350,7 +374,7 @@ out:
 static int tenant_revoke_key(int argc, char **argv) {
   lt_cli_args_t a = {.what = "admin tenant revoke-key", .usage = usage, .min = 2, .max = 2};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0], *key_id = a.operands[1];
   if (!lt_id_valid(id)) {

@@ -271,6 +271,20 @@ static const lt_api_route_t *find_route(const char *pattern, int method) {
   return NULL;
 }
 
+typedef struct {
+  int method;
+  const char *name;
+} method_t;
+
+static const method_t methods_served[] = {
+    {EVHTTP_REQ_GET, "GET"}, {EVHTTP_REQ_POST, "POST"}, {EVHTTP_REQ_PUT, "PUT"}, {EVHTTP_REQ_DELETE, "DELETE"}};
+
+static const char *method_name(int method) {
+  for (size_t i = 0; i < sizeof methods_served / sizeof *methods_served; i++)
+    if (methods_served[i].method == method) return methods_served[i].name;
+  return "this method on";
+}
+
 /* A path the family knows, asked with a method (or sub-route) the table does not have. */
 static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, const char *pattern) {
   if (!c->id[0] && !f->collection_405) {
@@ -278,10 +292,9 @@ static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, cons
   } else if (c->id[0] && !f->item_405) {
     lt_api_reply_error(c->req, 404, "not_found", NULL, "no such route under %s/%s", f->prefix, c->id);
   } else {
-    static const struct { int method; const char *name; } order[] = {
-        {EVHTTP_REQ_GET, "GET"}, {EVHTTP_REQ_POST, "POST"}, {EVHTTP_REQ_PUT, "PUT"}, {EVHTTP_REQ_DELETE, "DELETE"}};
+    const method_t *order = methods_served;
     char methods[64] = "";
-    for (size_t i = 0; i < sizeof order / sizeof *order; i++)
+    for (size_t i = 0; i < sizeof methods_served / sizeof *methods_served; i++)
       if (find_route(pattern, order[i].method))
         snprintf(methods + strlen(methods), sizeof methods - strlen(methods), "%s%s", methods[0] ? " or " : "",
                  order[i].name);
@@ -335,8 +348,12 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   if (p.id[0] && !f->resolve(&c)) return f->slot;
   const lt_api_route_t *r = find_route(p.pattern, method);
   const char *destroys = admin_only(r);
-  const lt_tenant_key_t *k = destroys ? lt_tenant_key(c.tenant, c.key_id) : NULL;
-  if (destroys && (!k || k->role != LT_TENANT_ROLE_ADMIN))
+  const lt_tenant_key_t *k = c.tenant ? lt_tenant_key(c.tenant, c.key_id) : NULL;
+  if (r && c.tenant && method != EVHTTP_REQ_GET && (!k || k->role == LT_TENANT_ROLE_VIEWER))
+    lt_api_reply_error(req, 403, "forbidden", NULL,
+                       "API key %s of tenant %s is a viewer key: it reads (GET) and changes nothing; %s %s needs a "
+                       "member or admin key", c.key_id, c.tenant->tenant_id, method_name(method), p.pattern);
+  else if (destroys && (!k || k->role != LT_TENANT_ROLE_ADMIN))
     lt_api_reply_error(req, 403, "forbidden", NULL,
                        "API key %s of tenant %s is a %s key, and %s: that needs one of the tenant's admin keys "
                        "(an operator makes one)", c.key_id, c.tenant->tenant_id,

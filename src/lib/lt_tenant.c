@@ -108,11 +108,18 @@ const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tn, const char *key_id) 
   return NULL;
 }
 
-const char *lt_tenant_role_name(lt_tenant_role_t role) { return role == LT_TENANT_ROLE_ADMIN ? "admin" : "member"; }
+const char *lt_tenant_role_name(lt_tenant_role_t role) {
+  return role == LT_TENANT_ROLE_ADMIN ? "admin" : role == LT_TENANT_ROLE_MEMBER ? "member" : "viewer";
+}
+
+int lt_tenant_role_version(lt_tenant_role_t role) {
+  return role == LT_TENANT_ROLE_ADMIN ? 1 : role == LT_TENANT_ROLE_MEMBER ? 3 : 4;
+}
 
 bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out) {
   if (s && strcmp(s, "admin") == 0) *out = LT_TENANT_ROLE_ADMIN;
   else if (s && strcmp(s, "member") == 0) *out = LT_TENANT_ROLE_MEMBER;
+  else if (s && strcmp(s, "viewer") == 0) *out = LT_TENANT_ROLE_VIEWER;
   else return false;
   return true;
 }
@@ -201,7 +208,9 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
     snprintf(path, sizeof path, "api_keys[%zu].role", i);
     k->role = LT_TENANT_ROLE_ADMIN; /* v3; before it every key was an admin key */
     if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK && !lt_tenant_role_parse(s, &k->role))
-      k->role = LT_TENANT_ROLE_MEMBER; /* a role this version does not know: the least */
+      k->role = LT_TENANT_ROLE_VIEWER; /* a role this version does not know: the least */
+    snprintf(path, sizeof path, "api_keys[%zu].label", i); /* v4; "" before */
+    if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK) copy_field(k->label, sizeof k->label, s);
   }
   out->nkeys = (int)nk;
 #undef NEED
@@ -244,12 +253,18 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     snprintf(path, sizeof path, "api_keys[%zu].revoked", idx);
     SET(lt_avro_set_bool(rec, path, tn->keys[i].revoked));
     snprintf(path, sizeof path, "api_keys[%zu].role", idx);
-    if (lt_avro_schema_version(lt_avro_record_schema(rec)) >= 3)
-      SET(lt_avro_set_string(rec, path, lt_tenant_role_name(tn->keys[i].role)));
-    else if (tn->keys[i].role != LT_TENANT_ROLE_ADMIN && !tn->keys[i].revoked) /* a revoked key's role is moot */
-      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].role (key %s is a %s key): write v3",
-                     lt_avro_schema_version(lt_avro_record_schema(rec)), tn->keys[i].key_id,
-                     lt_tenant_role_name(tn->keys[i].role));
+    lt_tenant_role_t role = tn->keys[i].role;
+    int version = lt_avro_schema_version(lt_avro_record_schema(rec));
+    if (tn->keys[i].revoked && lt_tenant_role_version(role) > version) role = LT_TENANT_ROLE_ADMIN; /* moot */
+    if (version < lt_tenant_role_version(role))
+      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d cannot say that key %s is a %s key: write v%d",
+                     version, tn->keys[i].key_id, lt_tenant_role_name(role), lt_tenant_role_version(role));
+    if (version >= 3) SET(lt_avro_set_string(rec, path, lt_tenant_role_name(role)));
+    snprintf(path, sizeof path, "api_keys[%zu].label", idx);
+    if (version >= 4) SET(lt_avro_set_string(rec, path, tn->keys[i].label));
+    else if (tn->keys[i].label[0] && !tn->keys[i].revoked)
+      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].label (key %s is \"%s\"): write v4",
+                     version, tn->keys[i].key_id, tn->keys[i].label);
   }
 #undef SET
   return LT_OK;

@@ -22,6 +22,7 @@
 #define LT_TENANT_KEY_ID_LEN 16   /* hex characters of a key id */
 #define LT_TENANT_SECRET_LEN 40   /* hex characters of a key's secret part */
 #define LT_TENANT_WRAPPED_MAX 256 /* bytes of a wrapped data key */
+#define LT_TENANT_LABEL_MAX 63    /* bytes of a key's label */
 /* "lt_" + key id + "_" + secret + NUL */
 #define LT_TENANT_API_KEY_SIZE (3 + LT_TENANT_KEY_ID_LEN + 1 + LT_TENANT_SECRET_LEN + 1)
 
@@ -33,13 +34,15 @@ typedef struct lt_tenant_quotas {
   int64_t max_storage_bytes;  /* its datasets and artifacts together; 0: the API's figure (TenantUpserted v2) */
 } lt_tenant_quotas_t;
 
-/* What a key may do (TenantUpserted v3 api_keys[].role; a key of an earlier record is an admin
- * key). A member key may do everything an admin key may but approve staff access to the tenant's
- * data (any key may close that door: deny, revoke; only an admin key opens it) and delete a
- * dataset or a job (lt_api.c, admin_routes): it works the data, it does not destroy it. */
+/* What a key may do (TenantUpserted v3 api_keys[].role; viewer from v4; a key of a record before
+ * v3 is an admin key). A member key may do everything an admin key may but approve staff access to
+ * the tenant's data (any key but a viewer may close that door: deny, revoke; only an admin key
+ * opens it) and delete a dataset or a job (lt_api.c, admin_routes). A viewer key (v4) reads: GET
+ * routes only (a dashboard's key). Ordered: a larger value may do less. */
 typedef enum lt_tenant_role {
   LT_TENANT_ROLE_ADMIN = 0,
   LT_TENANT_ROLE_MEMBER = 1,
+  LT_TENANT_ROLE_VIEWER = 2,
 } lt_tenant_role_t;
 
 typedef struct lt_tenant_key {
@@ -48,6 +51,7 @@ typedef struct lt_tenant_key {
   int64_t created_at_ms;
   bool revoked;
   lt_tenant_role_t role;
+  char label[LT_TENANT_LABEL_MAX + 1]; /* what the key is for (v4), "" for none */
 } lt_tenant_key_t;
 
 typedef struct lt_tenant {
@@ -91,9 +95,12 @@ lt_err_t lt_tenant_authenticate(const lt_tenant_table_t *t, const char *api_key,
 
 /* The tenant's key with this key id (live or revoked), or NULL. */
 const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tenant, const char *key_id);
-/* "admin" or "member"; lt_tenant_role_parse: false for another word. */
+/* "admin", "member" or "viewer"; lt_tenant_role_parse: false for another word. */
 const char *lt_tenant_role_name(lt_tenant_role_t role);
 bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out);
+/* The first TenantUpserted version that can hold a live key of this role: an older reader would
+ * read it as another role (v3 readers count an unknown role as member) or not at all. */
+int lt_tenant_role_version(lt_tenant_role_t role);
 
 /* Makes a new API key: writes it (NUL-terminated, LT_TENANT_API_KEY_SIZE bytes) to key_out and
  * adds its hash to *tenant, an admin key (set keys[nkeys - 1].role for another); with revoke_old,

@@ -459,9 +459,10 @@ static bool tail_take(lt_test_tail_t *t, const lt_bus_msg_t *m) {
   const char *topic = lt_bus_msg_topic(m), *base = topic;
   for (int k = 0; k < t->ntopics; k++)
     if (strcmp(topic, t->names[k]) == 0) base = t->bases[k];
-  json_array_append_new(t->recs, json_pack("{s:s,s:i,s:I,s:s,s:o}", "topic", base, "partition",
+  json_array_append_new(t->recs, json_pack("{s:s,s:i,s:I,s:s,s:i,s:o}", "topic", base, "partition",
                                            (int)lt_bus_msg_partition(m), "offset", (json_int_t)lt_bus_msg_offset(m),
-                                           "type", lt_avro_record_type(rec), "r", j));
+                                           "type", lt_avro_record_type(rec), "version",
+                                           lt_avro_record_writer_version(rec), "r", j));
   return true;
 }
 

@@ -161,7 +161,8 @@ int lt_test_get_status(lt_client_t *c, const char *path, char *last_body, size_t
 /* ---------------------------------------------------------------- the log, read back */
 
 /* Every record of some topics of the current prefix, from the beginning, decoded:
- * {"topic": base name, "partition", "offset", "type", "r": {the record's fields}}. */
+ * {"topic": base name, "partition", "offset", "type", "version" (the writer's schema version), "r": {the
+ * record's fields}}. */
 typedef struct lt_test_tail lt_test_tail_t;
 
 /* Opens a tail on the topics named by their base names (e.g. "control"), NULL-terminated, under

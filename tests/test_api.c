@@ -490,6 +490,22 @@ Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   lt_client_destroy(cm);
 }
 
+/* The writer's version of the newest TenantUpserted of tenant, read from the beginning. */
+static int newest_tenant_version(const char *tenant) {
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"tenants", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *found = lt_test_tail_select(t, NULL, "TenantUpserted", NULL, 0), *rec;
+  size_t i;
+  int version = 0;
+  json_array_foreach(found, i, rec) {
+    if (!strcmp(json_string_value(json_object_get(json_object_get(rec, "r"), "tenant_id")), tenant))
+      version = (int)json_integer_value(json_object_get(rec, "version"));
+  }
+  json_decref(found);
+  lt_test_tail_close(t);
+  return version;
+}
+
 /* A viewer key (TenantUpserted v4) reads: every GET answers as for the tenant's other keys, every
  * other method is 403 naming the role and changes nothing; its label shows in the listing. Bad
  * roles and labels are refused before anything is written. */
@@ -497,6 +513,7 @@ Test(api, a_viewer_key_reads_and_changes_nothing) {
   char key[128], cmd[1200], ds[64], job[64], path[256];
   int rc;
   const char *bad[] = {"--role owner", "--role viewer --label \"$(printf 'a\\tb')\"",
+                       "--label \"$(printf 'caf\\303\\251')\"",
                        "--role viewer --label 0123456789012345678901234567890123456789012345678901234567890123"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s %s 2>&1", lt_test_lathe_bin(), tenant_a, bad[i]);
@@ -504,7 +521,12 @@ Test(api, a_viewer_key_reads_and_changes_nothing) {
     cr_expect_eq(rc, 2, "%s: %s", bad[i], out);
     free(out);
   }
+  char member[128];
+  lt_client_t *cm = key_client("member", member);
+  cr_expect_eq(newest_tenant_version(tenant_a), 3, "a live member key and no label: v3, which v3 readers read");
+  lt_client_destroy(cm);
   lt_client_t *cv = key_client("viewer --label 'status board'", key);
+  cr_expect_eq(newest_tenant_version(tenant_a), 4, "a live viewer key: v4, which a v3 reader cannot take for a member");
   upload(ca, ds, sizeof ds);
   submit_ok(ca, ds, job, sizeof job);
   snprintf(path, sizeof path, "/v1/jobs/%s", job);
@@ -534,6 +556,12 @@ Test(api, a_viewer_key_reads_and_changes_nothing) {
   char *out = lt_test_run(cmd, &rc);
   cr_expect(rc == 0 && strstr(out, "\"role\":\"viewer\",\"label\":\"status board\""), "%s", out);
   free(out);
+  /* the viewer revoked: back to v3 (its label and role are moot) */
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), tenant_a, key + 3);
+  out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", out);
+  free(out);
+  cr_expect_eq(newest_tenant_version(tenant_a), 3, "no live viewer key nor label: v3 again");
   lt_client_destroy(cv);
 }
 

@@ -198,8 +198,9 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
         return 2;
       }
       for (const char *ch = a->value; *ch; ch++)
-        if ((unsigned char)*ch < 0x20 || *ch == 0x7f) {
-          fprintf(stderr, "lathe %s: --label holds a control character (byte %zu)\n", a->what, (size_t)(ch - a->value));
+        if ((unsigned char)*ch < 0x20 || (unsigned char)*ch >= 0x7f) {
+          fprintf(stderr, "lathe %s: --label is printable ASCII (byte %zu is 0x%02x)\n", a->what,
+                  (size_t)(ch - a->value), (unsigned char)*ch);
           return 2;
         }
       snprintf(label, LT_TENANT_LABEL_MAX + 1, "%s", a->value);
@@ -240,6 +241,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   int live = 0, members = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
   for (int k = 0; k < t->nkeys; k++) members += !t->keys[k].revoked && t->keys[k].role != LT_TENANT_ROLE_ADMIN;
+  /* members: every live key that is not an admin's (member and viewer keys) */
   if (json) { /* through jansson: a display name may hold quotes */
     json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
                           t->display_name, "weight", t->weight, "max_running_slots",
@@ -264,7 +266,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
     return;
   }
   printf("tenant %s (%s): weight %g, max running %d, max queued %d, max duration %llds, max dataset %lld bytes, "
-         "max storage %lld bytes, %d live key(s) (%d member)%s\n",
+         "max storage %lld bytes, %d live key(s) (%d not admin)%s\n",
          t->tenant_id, t->display_name, t->weight, t->quotas.max_running_slots, t->quotas.max_queued_jobs,
          (long long)t->quotas.max_job_duration_s, (long long)t->quotas.max_dataset_bytes,
          (long long)t->quotas.max_storage_bytes, live, members,

@@ -295,7 +295,8 @@ static void tenant_decides(lt_api_call_t *c, int type) {
   lt_access_state_t st = lt_access_state(api->access, r, lt_time_wall_ms());
   char who[LT_ACCESS_PRINCIPAL_LEN], reason[LT_ACCESS_REASON_LEN] = "";
   tenant_principal(c, who, sizeof who);
-  /* any key closes the door (deny, revoke); only an admin key opens it: the key that authenticated */
+  /* any key but a viewer's (refused in route()) closes the door (deny, revoke); only an admin key
+   * opens it: the key that authenticated */
   const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
   if (type == 1 && (!k || k->role != LT_TENANT_ROLE_ADMIN)) {
     lt_api_reply_error(c->req, 403, "forbidden", NULL,

@@ -155,6 +155,7 @@ struct lt_api_waiter {
   struct event *timer;
   char job_id[LT_ID_MAX + 1];
   int64_t seq;
+  bool wakes; /* the poll may wake a parked session: not a viewer key's (it changes nothing) */
   struct lt_api_waiter *next;
 };
 
@@ -427,7 +428,9 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
     answer_call(api, c->req, c->job, seq);
     return;
   }
-  wake_parked(api, c->job, seq); /* a call waits: a parked session must run again */
+  const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
+  bool wakes = k && k->role != LT_TENANT_ROLE_VIEWER;
+  if (wakes) wake_parked(api, c->job, seq); /* a call waits: a parked session must run again */
   lt_api_waiter_t *w = calloc(1, sizeof *w);
   struct evhttp_connection *evcon = evhttp_request_get_connection(c->req);
   if (!w || !(w->timer = evtimer_new(api->base, waiter_timeout, w)) || !lt_api_door_on_close(api, evcon, waiter_closed, w)) {
@@ -440,6 +443,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
   w->req = c->req;
   w->evcon = evcon;
   w->seq = seq;
+  w->wakes = wakes;
   snprintf(w->job_id, sizeof w->job_id, "%s", c->job->job_id);
   w->next = api->waiters;
   api->waiters = w;
@@ -453,7 +457,7 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
   if (j && j->parked)
     for (lt_api_waiter_t *w = api->waiters; w; w = w->next)
-      if (strcmp(w->job_id, job_id) == 0) wake_parked(api, j, w->seq);
+      if (w->wakes && strcmp(w->job_id, job_id) == 0) wake_parked(api, j, w->seq);
 }
 
 #define FORGET_AFTER_MS (3600 * 1000) /* as the publisher's GC grace: results are gone by then */

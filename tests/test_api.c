@@ -155,22 +155,27 @@ static json_t *list_jobs(lt_client_t *c) {
 
 /* Records of one type (and job id, when not NULL) in a topic of this prefix, read from the
  * beginning to the end. */
-static int count_records(const char *base, const char *type, const char *job_id) {
+/* The records of type (and job_id, NULL for any) in topic base, read from the beginning until the
+ * topic is quiet for 1.5 s. New reference. */
+static json_t *records_of(const char *base, const char *type, const char *job_id) {
   lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){base, NULL});
   lt_test_tail_settle(t, 1500);
   json_t *found = lt_test_tail_select(t, NULL, type, job_id, 0);
+  lt_test_tail_close(t);
+  return found;
+}
+
+static int count_records(const char *base, const char *type, const char *job_id) {
+  json_t *found = records_of(base, type, job_id);
   int n = (int)json_array_size(found);
   json_decref(found);
-  lt_test_tail_close(t);
   return n;
 }
 
 /* JobSubmitted records that name dataset ds, read from the beginning to the end. A fresh dataset's
  * count does not depend on records other tests write meanwhile, nor on one the settle missed. */
 static int count_submissions_of(const char *ds) {
-  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"jobs", NULL});
-  lt_test_tail_settle(t, 1500);
-  json_t *found = lt_test_tail_select(t, NULL, "JobSubmitted", NULL, 0), *rec;
+  json_t *found = records_of("jobs", "JobSubmitted", NULL), *rec;
   size_t i;
   int n = 0;
   json_array_foreach(found, i, rec) {
@@ -178,7 +183,6 @@ static int count_submissions_of(const char *ds) {
     n += d && strcmp(d, ds) == 0;
   }
   json_decref(found);
-  lt_test_tail_close(t);
   return n;
 }
 
@@ -492,17 +496,14 @@ Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
 
 /* The writer's version of the newest TenantUpserted of tenant, read from the beginning. */
 static int newest_tenant_version(const char *tenant) {
-  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"tenants", NULL});
-  lt_test_tail_settle(t, 1500);
-  json_t *found = lt_test_tail_select(t, NULL, "TenantUpserted", NULL, 0), *rec;
+  json_t *found = records_of("tenants", "TenantUpserted", NULL), *rec;
   size_t i;
   int version = 0;
   json_array_foreach(found, i, rec) {
-    if (!strcmp(json_string_value(json_object_get(json_object_get(rec, "r"), "tenant_id")), tenant))
-      version = (int)json_integer_value(json_object_get(rec, "version"));
+    const char *t = lt_test_rs(rec, "tenant_id");
+    if (t && !strcmp(t, tenant)) version = (int)json_integer_value(json_object_get(rec, "version"));
   }
   json_decref(found);
-  lt_test_tail_close(t);
   return version;
 }
 

@@ -153,8 +153,6 @@ static json_t *list_jobs(lt_client_t *c) {
   return jobs;
 }
 
-/* Records of one type (and job id, when not NULL) in a topic of this prefix, read from the
- * beginning to the end. */
 /* The records of type (and job_id, NULL for any) in topic base, read from the beginning until the
  * topic is quiet for 1.5 s. New reference. */
 static json_t *records_of(const char *base, const char *type, const char *job_id) {
@@ -1032,7 +1030,8 @@ static lt_err_t sum_sizes(void *ctx, const char *key, const lt_store_info_t *inf
  * another tenant's usage is its own. */
 Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   char tn[64], key[128], ds[64], job[64];
-  new_tenant("u", "--max-queued 7 --max-running 5 --max-storage-bytes 10000000 --max-dataset-bytes 2048", tn, sizeof tn, key, sizeof key);
+  new_tenant("u", "--max-queued 7 --max-running 5 --max-storage-bytes 10000000 --max-dataset-bytes 2048", tn,
+             sizeof tn, key, sizeof key);
   lt_client_t *cu = client_for(key);
   wait_key(cu);
   lt_client_resp_t r = req(cu, "GET", "/v1/usage", NULL);

@@ -424,8 +424,10 @@ Test(avro, a_viewer_key_or_a_label_needs_v4) {
   t.keys[1].role = LT_TENANT_ROLE_MEMBER;
   t.keys[2].role = LT_TENANT_ROLE_VIEWER;
   lt_avro_record_t *v3, *v4;
-  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 3), &v3, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 4), &v4, err, sizeof err), LT_OK);
+  const lt_avro_schema_t *s3 = lt_avro_schema_find(reg, "TenantUpserted", 3),
+                         *s4 = lt_avro_schema_find(reg, "TenantUpserted", 4);
+  cr_assert_eq(lt_avro_record_new_schema(reg, s3, &v3, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new_schema(reg, s4, &v4, err, sizeof err), LT_OK);
   cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "is a viewer key: write v4"), "%s", err);
   t.keys[2].role = LT_TENANT_ROLE_MEMBER;

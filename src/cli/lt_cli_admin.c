@@ -404,7 +404,8 @@ static int tenant_revoke_key(int argc, char **argv) {
   lt_tenant_key_t *k = NULL;
   for (int i = 0; i < t.nkeys && !k; i++) k = strcmp(t.keys[i].key_id, key_id) == 0 ? &t.keys[i] : NULL;
   if (!k) {
-    fprintf(stderr, "lathe admin: tenant %s has no key %s (lathe admin tenant list --json shows its keys)\n", id, key_id);
+    fprintf(stderr, "lathe admin: tenant %s has no key %s (lathe admin tenant list shows its keys)\n", id,
+            key_id);
     rc = 1;
     goto out;
   }

@@ -39,7 +39,7 @@ int lt_cli_usage(int argc, char **argv) {
     row("running slots", num(u, "running_slots"), num(q, "max_running_slots"), "slots");
     row("storage", num(u, "storage_bytes"), num(q, "max_storage_bytes"), "bytes");
     printf("    stored %lld bytes (measured %.0f s ago), artifacts %lld bytes; storage limit: %s\n",
-           num(u, "stored_bytes"), json_real_value(json_object_get(u, "stored_bytes_age_s")), num(u, "artifact_bytes"),
+           num(u, "stored_bytes"), json_number_value(json_object_get(u, "stored_bytes_age_s")), num(u, "artifact_bytes"),
            from && !strcmp(from, "tenant") ? "yours" : from && !strcmp(from, "service") ? "the service's" : "none");
     printf("  %-24s %lld bytes\n", "a dataset at most", num(q, "max_dataset_bytes"));
     long long d = num(q, "max_job_duration_s");

@@ -102,7 +102,6 @@ struct lt_api {
   int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *stored_bytes;  /* tenant -> its stored bytes as last measured (lt_api_quota.c) */
-  uint64_t stored_gen;     /* counts the notes of stored_bytes: a measure older than one is not kept */
   lt_map_t *usage_flight;  /* tenant -> its GET /v1/usage measure in flight, with the requests waiting */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */

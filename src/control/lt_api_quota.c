@@ -7,14 +7,15 @@
  * each session call that saves a state, and for a submission when the last measure is older than
  * LT_API_STORED_FRESH_MS), the artifacts' bytes from the publications the projection folded
  * (deleted jobs do not count). A session's save_state or save_weights_for_sampler is refused
- * (413) while the tenant is at or over its quota: a live session keeps every state it saved. An upload that would take the tenant over
- * is refused at the part that would (413, naming the quota, the usage and the upload) and leaves
- * nothing; a job submission is refused while the tenant is at or over its quota (413), since its
+ * (413) while the tenant is at or over its quota: a live session keeps every state it saved. An
+ * upload that would take the tenant over is refused at the part that would (413, naming the
+ * quota, the usage and the upload) and leaves nothing; a job submission is refused while the tenant is at or over its quota (413), since its
  * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot
  * by what the other adds meanwhile: the quota bounds storage, it is not a transaction.
  *
  * GET /v1/usage shows the tenant its quotas and what it uses against each, so that it learns how
- * close it is before a 413 or a 429 tells it. */
+ * close it is before a 413 or a 429 tells it. A measure noted by an upload part or a saving call
+ * was taken before its own write: what was written in the last minute may be missing from it. */
 #include "lt_api_int.h"
 
 #include <stdio.h>
@@ -74,8 +75,10 @@ typedef struct {
   int64_t at_ms;
 } stored_t;
 
+static void usage_outdated(lt_api_t *api, const char *tenant);
+
 void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes) {
-  api->stored_gen++;
+  usage_outdated(api, tenant);
   stored_t *m = measured ? malloc(sizeof *m) : NULL;
   if (!m || lt_map_set(api->stored_bytes, tenant, m) != LT_OK) { /* unknown: measured again when asked */
     free(m);
@@ -143,7 +146,7 @@ static bool count_jobs(const lt_job_t *j, void *ctx) {
 typedef struct {
   lt_api_t *api; /* its conf.store, from the pool */
   char tenant_id[LT_ID_MAX + 1];
-  uint64_t gen;  /* api->stored_gen when queued: a note since makes this measure the older */
+  bool outdated; /* the tenant's bytes were noted since it was queued: this measure is the older */
   struct evhttp_request *req[USAGE_WAITERS];
   int nreq;
   uint64_t stored;
@@ -156,9 +159,8 @@ static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tena
   lt_job_scan(lt_proj_jobs(api->proj), count_jobs, &a);
   uint64_t artifacts = lt_api_artifact_bytes(api, t->tenant_id), quota = lt_api_storage_quota(api, t);
   /* what one upload may be: the tenant's limit where it is lower than the API's */
-  uint64_t per_dataset = t->quotas.max_dataset_bytes > 0 && (uint64_t)t->quotas.max_dataset_bytes < api->conf.max_upload_bytes
-                             ? (uint64_t)t->quotas.max_dataset_bytes
-                             : api->conf.max_upload_bytes;
+  uint64_t own = t->quotas.max_dataset_bytes > 0 ? (uint64_t)t->quotas.max_dataset_bytes : 0;
+  uint64_t per_dataset = own && own < api->conf.max_upload_bytes ? own : api->conf.max_upload_bytes;
   json_t *body = json_pack(
       "{s:s,s:{s:i,s:i,s:I,s:I,s:I,s:s},s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}}", "tenant_id", t->tenant_id, "quotas",
       "max_running_slots", t->quotas.max_running_slots, "max_queued_jobs", t->quotas.max_queued_jobs,
@@ -170,6 +172,13 @@ static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tena
       (json_int_t)artifacts, "storage_bytes", (json_int_t)(stored + artifacts), "stored_bytes_age_s",
       (double)age_ms / 1000.0);
   lt_api_reply_json(req, 200, body);
+}
+
+/* A note of the tenant's bytes (an upload, a deletion, a saved state) outdates its measure in
+ * flight. Loop thread. */
+static void usage_outdated(lt_api_t *api, const char *tenant) {
+  usage_task_t *u = lt_map_get(api->usage_flight, tenant);
+  if (u) u->outdated = true;
 }
 
 static void usage_work(void *ctx) {
@@ -184,7 +193,7 @@ static void usage_after(lt_api_t *api, void *ctx) {
   usage_task_t *u = ctx;
   lt_map_del(api->usage_flight, u->tenant_id);
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), u->tenant_id);
-  if (!u->measured && t && api->stored_gen == u->gen) lt_api_stored_note(api, u->tenant_id, true, u->stored);
+  if (!u->measured && t && !u->outdated) lt_api_stored_note(api, u->tenant_id, true, u->stored);
   for (int i = 0; i < u->nreq; i++) {
     if (u->measured) {
       char why[256];
@@ -226,7 +235,6 @@ void lt_api_usage(lt_api_call_t *c) {
     return;
   }
   u->api = c->api;
-  u->gen = c->api->stored_gen;
   u->req[u->nreq++] = c->req;
   snprintf(u->tenant_id, sizeof u->tenant_id, "%s", tenant);
   lt_api_work(c->api, u->tenant_id, usage_work, usage_after, u);

@@ -263,8 +263,9 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     snprintf(path, sizeof path, "api_keys[%zu].label", idx);
     if (version >= 4) SET(lt_avro_set_string(rec, path, tn->keys[i].label));
     else if (tn->keys[i].label[0] && !tn->keys[i].revoked)
-      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].label (key %s is \"%s\"): write v4",
-                     version, tn->keys[i].key_id, tn->keys[i].label);
+      return lt_errf(errstr, n, LT_ERR_INVALID,
+                     "TenantUpserted v%d has no api_keys[].label (key %s is \"%s\"): write v4", version,
+                     tn->keys[i].key_id, tn->keys[i].label);
   }
 #undef SET
   return LT_OK;

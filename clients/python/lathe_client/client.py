@@ -277,7 +277,7 @@ class ServiceClient:
         """GET /v1/usage: {"tenant_id", "quotas": {...}, "usage": {...}}: each quota (0: none) and
         what the tenant uses against it (jobs and sessions not ended, running slots, stored bytes)."""
         _, r = self.http.request("GET", "/v1/usage", idempotent=True)
-        return r
+        return r or {}
 
     # -------------------------------------------------------------- tokenizer
 

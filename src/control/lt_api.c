@@ -353,7 +353,7 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
     lt_api_reply_error(req, 403, "forbidden", NULL,
                        "API key %s of tenant %s is a viewer key: it reads (GET) and changes nothing; %s %s needs a "
                        "member or admin key", c.key_id, c.tenant->tenant_id, method_name(method), p.pattern);
-  else if (destroys && (!k || k->role != LT_TENANT_ROLE_ADMIN))
+  else if (destroys && c.tenant && (!k || k->role != LT_TENANT_ROLE_ADMIN))
     lt_api_reply_error(req, 403, "forbidden", NULL,
                        "API key %s of tenant %s is a %s key, and %s: that needs one of the tenant's admin keys "
                        "(an operator makes one)", c.key_id, c.tenant->tenant_id,

@@ -896,18 +896,21 @@ Test(api, a_store_that_cannot_be_reached_makes_a_submission_503_not_404) {
   submit_ok(ca, ds, id, sizeof id); /* the dataset was there all along */
 }
 
-/* A submission on its own thread: its answer's status once it came back. */
+/* One request on its own thread (its client its own while it runs): the answer's status and JSON
+ * body (the caller decrefs json) once it came back. */
 typedef struct {
   lt_client_t *c;
-  const char *body;
+  const char *method, *path, *body;
   int status;
+  json_t *json;
   volatile int done;
-} submit_bg_t;
+} req_bg_t;
 
-static void *submit_bg(void *arg) {
-  submit_bg_t *b = arg;
-  lt_client_resp_t r = req(b->c, "POST", "/v1/jobs", b->body);
+static void *req_bg(void *arg) {
+  req_bg_t *b = arg;
+  lt_client_resp_t r = req(b->c, b->method, b->path, b->body);
   b->status = r.status;
+  b->json = json_incref(r.json);
   lt_client_resp_free(&r);
   __atomic_store_n(&b->done, 1, __ATOMIC_SEQ_CST);
   return NULL;
@@ -924,9 +927,10 @@ Test(api, a_store_that_never_answers_holds_the_submission_not_every_other_reques
   lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200 && lt_test_get_status(c2, "/v1/jobs", NULL, 0) == 200,
                      20000, 100, "the api never knew the keys");
   for (int fd; (fd = accept(hole, NULL, NULL)) >= 0;) close(fd); /* whatever came before the submission */
-  submit_bg_t b = {.c = c, .body = "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-never-seen-here\"}"};
+  req_bg_t b = {.c = c, .method = "POST", .path = "/v1/jobs",
+                .body = "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"ds-never-seen-here\"}"};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, submit_bg, &b), 0);
+  cr_assert_eq(pthread_create(&th, NULL, req_bg, &b), 0);
   int taken = -1; /* the api's HEAD, connected and waiting for an answer that never comes */
   lt_test_wait_until((taken = accept(hole, NULL, NULL)) >= 0, 30000, 20, "the api never asked the store");
   /* meanwhile another tenant's request is answered, and the submission still waits */
@@ -940,6 +944,7 @@ Test(api, a_store_that_never_answers_holds_the_submission_not_every_other_reques
   close(hole);
   pthread_join(th, NULL);
   cr_expect_eq(b.status, 503, "the submission once the store was gone: %d", b.status);
+  json_decref(b.json);
   lt_client_destroy(c);
   lt_client_destroy(c2);
   stop_api(&mute);
@@ -1109,23 +1114,6 @@ Test(api, usage_shows_each_quota_and_what_the_tenant_uses) {
   lt_client_destroy(cu);
 }
 
-typedef struct {
-  const char *key;
-  int status;
-  long long stored;
-} usage_bg_t;
-
-static void *usage_bg(void *arg) {
-  usage_bg_t *b = arg;
-  lt_client_t *c = client_for(b->key);
-  lt_client_resp_t r = req(c, "GET", "/v1/usage", NULL);
-  b->status = r.status;
-  b->stored = (long long)json_integer_value(json_object_get(json_object_get(r.json, "usage"), "stored_bytes"));
-  lt_client_resp_free(&r);
-  lt_client_destroy(c);
-  return NULL;
-}
-
 /* Requests that come while a tenant's storage is measured wait for that one measure, and every
  * one of them is answered. */
 Test(api, usage_asked_at_once_answers_every_request) {
@@ -1135,17 +1123,21 @@ Test(api, usage_asked_at_once_answers_every_request) {
   wait_key(cw);
   upload(cw, ds, sizeof ds); /* no storage quota: nothing measured yet */
   enum { N = 8 };
-  usage_bg_t b[N];
+  req_bg_t b[N];
   pthread_t th[N];
   for (int i = 0; i < N; i++) {
-    b[i] = (usage_bg_t){.key = key};
-    cr_assert_eq(pthread_create(&th[i], NULL, usage_bg, &b[i]), 0);
+    b[i] = (req_bg_t){.c = client_for(key), .method = "GET", .path = "/v1/usage"};
+    cr_assert_eq(pthread_create(&th[i], NULL, req_bg, &b[i]), 0);
   }
   for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  json_int_t first = json_integer_value(json_object_get(json_object_get(b[0].json, "usage"), "stored_bytes"));
   for (int i = 0; i < N; i++) {
+    json_int_t stored = json_integer_value(json_object_get(json_object_get(b[i].json, "usage"), "stored_bytes"));
     cr_expect_eq(b[i].status, 200, "request %d: %d", i, b[i].status);
-    cr_expect(b[i].stored > 0 && b[i].stored == b[0].stored, "request %d: %lld bytes, the first %lld", i, b[i].stored,
-              b[0].stored);
+    cr_expect(stored > 0 && stored == first, "request %d: %lld bytes, the first %lld", i, (long long)stored,
+              (long long)first);
+    json_decref(b[i].json);
+    lt_client_destroy(b[i].c);
   }
   lt_client_destroy(cw);
 }

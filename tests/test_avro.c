@@ -332,35 +332,53 @@ Test(avro, new_reader_reads_old_data_with_defaults) {
   cr_assert_eq(run_python(args), 0, "python3-avro disagrees on StepCompleted evolution");
 }
 
+/* A TenantUpserted record of this version (0: the newest). */
+static lt_avro_record_t *tenant_record(int version) {
+  lt_avro_record_t *r;
+  const lt_avro_schema_t *s = version ? lt_avro_schema_find(reg, "TenantUpserted", version)
+                                      : lt_avro_schema_latest(reg, "TenantUpserted");
+  cr_assert_eq(lt_avro_record_new_schema(reg, s, &r, err, sizeof err), LT_OK, "%s", err);
+  return r;
+}
+
+/* Tenant "acme" (weight 1, data key dek-1) with n new keys, admin keys all. */
+static void acme_with_keys(lt_tenant_t *t, int n) {
+  snprintf(t->tenant_id, sizeof t->tenant_id, "acme");
+  snprintf(t->data_key_id, sizeof t->data_key_id, "dek-1");
+  t->weight = 1.0;
+  char key[LT_TENANT_API_KEY_SIZE];
+  for (int i = 0; i < n; i++) cr_assert_eq(lt_tenant_add_key(t, false, i + 1, key), LT_OK);
+}
+
+/* t written as w's version, encoded, decoded into r (resolved to r's version) and folded into back. */
+static void tenant_through(const lt_tenant_t *t, lt_avro_record_t *w, lt_avro_record_t *r, lt_tenant_t *back) {
+  const uint8_t *b;
+  size_t len;
+  cr_assert_eq(lt_tenant_to_record(t, w, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_encode(w, &b, &len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_avro_record_decode(r, b, len, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_tenant_from_record(r, back, err, sizeof err), LT_OK, "%s", err);
+}
+
 /* TenantUpserted v2 added quotas.max_storage_bytes: a v1 record (every tenant made before it)
  * reads as no quota of its own, a v2 one carries it, and a negative one is refused by name. */
 Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refused) {
-  lt_tenant_t t = {.weight = 1.0, .quotas = {.max_queued_jobs = 7, .max_storage_bytes = 123456}}, back;
-  snprintf(t.tenant_id, sizeof t.tenant_id, "acme");
-  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
-  lt_avro_record_t *v1, *v2;
-  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 1), &v1, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &v2, err, sizeof err), LT_OK);
+  lt_tenant_t t = {0}, back;
+  acme_with_keys(&t, 0);
+  t.quotas = (lt_tenant_quotas_t){.max_queued_jobs = 7, .max_storage_bytes = 123456};
+  lt_avro_record_t *v1 = tenant_record(1), *v2 = tenant_record(0);
   cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 4);
   /* v1 has no such field: a tenant with a quota of its own needs v2; one without is written v1
    * (`lathe admin tenant`), which every reader decodes */
   cr_assert_neq(lt_tenant_to_record(&t, v1, err, sizeof err), LT_OK);
   cr_assert(strstr(err, "max_storage_bytes (123456 asked)"), "%s", err);
   t.quotas.max_storage_bytes = 0;
-  cr_assert_eq(lt_tenant_to_record(&t, v1, err, sizeof err), LT_OK, "%s", err);
-  const uint8_t *b;
-  size_t len;
-  cr_assert_eq(lt_avro_record_encode(v1, &b, &len, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_avro_set_long(v2, "quotas.max_storage_bytes", 99), LT_OK); /* the default overwrites it */
-  cr_assert_eq(lt_avro_record_decode(v2, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v1, v2, &back);
   cr_expect_eq(back.quotas.max_storage_bytes, 0);
   cr_expect_eq(back.quotas.max_queued_jobs, 7);
   t.quotas.max_storage_bytes = 123456;
-  cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_encode(v2, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_decode(v2, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v2, v2, &back);
   cr_expect_eq(back.quotas.max_storage_bytes, 123456);
   cr_assert_eq(lt_avro_set_long(v2, "quotas.max_storage_bytes", -5), LT_OK);
   cr_assert_eq(lt_tenant_from_record(v2, &back, err, sizeof err), LT_ERR_INVALID);
@@ -370,34 +388,20 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
 }
 
 /* A key's role (TenantUpserted v3): a key of an earlier record reads as an admin key; a member key
- * needs v3 to be written; a role this version does not know reads as member (the least). */
+ * needs v3 to be written; a role this version does not know reads as the least it knows (viewer). */
 Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
-  lt_tenant_t t = {.weight = 1.0}, back;
-  snprintf(t.tenant_id, sizeof t.tenant_id, "acme");
-  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
-  char key[LT_TENANT_API_KEY_SIZE];
-  cr_assert_eq(lt_tenant_add_key(&t, false, 1, key), LT_OK);
-  cr_assert_eq(lt_tenant_add_key(&t, false, 2, key), LT_OK);
+  lt_tenant_t t = {0}, back;
+  acme_with_keys(&t, 2);
   cr_assert_eq(t.keys[1].role, LT_TENANT_ROLE_ADMIN, "a new key is an admin key");
-  lt_avro_record_t *v2, *v3;
-  cr_assert_eq(lt_avro_record_new_schema(reg, lt_avro_schema_find(reg, "TenantUpserted", 2), &v2, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new(reg, "TenantUpserted", &v3, err, sizeof err), LT_OK);
-  const uint8_t *b;
-  size_t len;
+  lt_avro_record_t *v2 = tenant_record(2), *v3 = tenant_record(0);
   /* v2 (both admin keys) read by this version: admin keys */
-  cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_encode(v2, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_decode(v3, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v2, v3, &back);
   cr_expect(back.nkeys == 2 && back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_ADMIN);
   /* a member key cannot be written as v2, and round-trips through v3 */
   t.keys[1].role = LT_TENANT_ROLE_MEMBER;
   cr_assert_eq(lt_tenant_to_record(&t, v2, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "is a member key: write v3"), "%s", err);
-  cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_encode(v3, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_decode(v3, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v3, v3, &back);
   cr_expect(back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_MEMBER);
   cr_expect_eq(lt_tenant_key(&back, t.keys[1].key_id), &back.keys[1]);
   cr_expect_null(lt_tenant_key(&back, "0000000000000000"));
@@ -416,18 +420,11 @@ Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
  * viewer key as a member key there (an unknown role counts as member), so it refuses both; v4
  * round-trips them, and a v3 record reads with no labels. */
 Test(avro, a_viewer_key_or_a_label_needs_v4) {
-  lt_tenant_t t = {.weight = 1.0}, back;
-  snprintf(t.tenant_id, sizeof t.tenant_id, "acme");
-  snprintf(t.data_key_id, sizeof t.data_key_id, "dek-1");
-  char key[LT_TENANT_API_KEY_SIZE];
-  for (int i = 0; i < 3; i++) cr_assert_eq(lt_tenant_add_key(&t, false, i, key), LT_OK);
+  lt_tenant_t t = {0}, back;
+  acme_with_keys(&t, 3);
   t.keys[1].role = LT_TENANT_ROLE_MEMBER;
   t.keys[2].role = LT_TENANT_ROLE_VIEWER;
-  lt_avro_record_t *v3, *v4;
-  const lt_avro_schema_t *s3 = lt_avro_schema_find(reg, "TenantUpserted", 3),
-                         *s4 = lt_avro_schema_find(reg, "TenantUpserted", 4);
-  cr_assert_eq(lt_avro_record_new_schema(reg, s3, &v3, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new_schema(reg, s4, &v4, err, sizeof err), LT_OK);
+  lt_avro_record_t *v3 = tenant_record(3), *v4 = tenant_record(4);
   cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "is a viewer key: write v4"), "%s", err);
   t.keys[2].role = LT_TENANT_ROLE_MEMBER;
@@ -435,20 +432,12 @@ Test(avro, a_viewer_key_or_a_label_needs_v4) {
   cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "has no api_keys[].label") && strstr(err, "grafana"), "%s", err);
   t.keys[1].revoked = true; /* a revoked key's label is moot */
-  cr_assert_eq(lt_tenant_to_record(&t, v3, err, sizeof err), LT_OK, "%s", err);
-  const uint8_t *b;
-  size_t len;
-  cr_assert_eq(lt_avro_record_encode(v3, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_decode(v4, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v4, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v3, v4, &back);
   cr_expect(back.nkeys == 3 && !back.keys[1].label[0] && back.keys[2].role == LT_TENANT_ROLE_MEMBER);
   t.keys[1].revoked = false;
   t.keys[2].role = LT_TENANT_ROLE_VIEWER;
   snprintf(t.keys[2].label, sizeof t.keys[2].label, "ci \"nightly\"");
-  cr_assert_eq(lt_tenant_to_record(&t, v4, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_encode(v4, &b, &len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_avro_record_decode(v4, b, len, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_tenant_from_record(v4, &back, err, sizeof err), LT_OK, "%s", err);
+  tenant_through(&t, v4, v4, &back);
   cr_expect(back.keys[0].role == LT_TENANT_ROLE_ADMIN && back.keys[1].role == LT_TENANT_ROLE_MEMBER &&
             back.keys[2].role == LT_TENANT_ROLE_VIEWER);
   cr_expect_str_eq(back.keys[1].label, "grafana");

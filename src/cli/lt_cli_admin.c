@@ -294,6 +294,13 @@ static int tenant_list(int argc, char **argv) {
   return rc;
 }
 
+/* True when id is a tenant id; else says why. */
+static bool tenant_id_ok(const char *id) {
+  if (lt_id_valid(id)) return true;
+  fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
+  return false;
+}
+
 /* create, update, rotate-key, add-key ID. The options are read before the broker is asked (so
  * --help and mistakes need none), and again over the tenant as it is. */
 static int tenant_write(int argc, char **argv) {
@@ -310,10 +317,7 @@ static int tenant_write(int argc, char **argv) {
   int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, add ? label : NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0];
-  if (!lt_id_valid(id)) {
-    fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
-    return 2;
-  }
+  if (!tenant_id_ok(id)) return 2;
   admin_t ad = {0};
   if ((rc = load_tenants(&ad))) goto out;
   const lt_tenant_t *cur = lt_tenant_get(lt_proj_tenants(ad.proj), id);
@@ -379,10 +383,7 @@ static int tenant_revoke_key(int argc, char **argv) {
   int rc = tenant_args(&a, argc, argv, NULL, NULL, NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0], *key_id = a.operands[1];
-  if (!lt_id_valid(id)) {
-    fprintf(stderr, "lathe admin: tenant id \"%s\" must be 1-63 characters of A-Z a-z 0-9 . _ -\n", id);
-    return 2;
-  }
+  if (!tenant_id_ok(id)) return 2;
   if (strncmp(key_id, "lt_", 3) == 0) {
     fprintf(stderr, "lathe admin: give the key's id (the %d hex characters after \"lt_\"), not the key: a key "
                     "on a command line is in the process list and the shell's history\n", LT_TENANT_KEY_ID_LEN);
@@ -401,8 +402,8 @@ static int tenant_revoke_key(int argc, char **argv) {
     goto out;
   }
   lt_tenant_t t = *cur;
-  lt_tenant_key_t *k = NULL;
-  for (int i = 0; i < t.nkeys && !k; i++) k = strcmp(t.keys[i].key_id, key_id) == 0 ? &t.keys[i] : NULL;
+  const lt_tenant_key_t *found = lt_tenant_key(&t, key_id);
+  lt_tenant_key_t *k = found ? &t.keys[found - t.keys] : NULL;
   if (!k) {
     fprintf(stderr, "lathe admin: tenant %s has no key %s (lathe admin tenant list shows its keys)\n", id,
             key_id);

@@ -96,10 +96,11 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_GET, "/v1/fine_tuning/jobs/{id}/checkpoints", lt_api_openai_jobs_checkpoints, LT_API_SLOT_JOBS},
 };
 
-/* Routes that delete the tenant's data: an admin key's alone (a member key, made for automation,
- * gets 403 and nothing is touched). What each destroys, for the answer. A member key may still
- * cancel a job or end a session, whose checkpoints go when the publisher cleans up after them,
- * and abort an upload: those stop work, as automation must be able to. */
+/* Routes an admin key's alone: they delete the tenant's data or open it to staff (a member key,
+ * made for automation, gets 403 and nothing is touched). What each does, for the answer. A member
+ * key may still cancel a job or end a session, whose checkpoints go when the publisher cleans up
+ * after them, abort an upload, and deny or revoke staff access: those stop work or close a door,
+ * as automation must be able to. */
 static const struct {
   int method;
   const char *path, *what;
@@ -107,14 +108,8 @@ static const struct {
     {EVHTTP_REQ_DELETE, "/v1/jobs/{id}", "deleting a job shreds its artifacts and checkpoints"},
     {EVHTTP_REQ_DELETE, "/v1/datasets/{id}", "deleting a dataset destroys it"},
     {EVHTTP_REQ_DELETE, "/v1/files/{id}", "deleting a file destroys its dataset"},
+    {EVHTTP_REQ_POST, "/v1/access/{id}/approve", "approving staff access opens the tenant's data to staff"},
 };
-
-/* What the route destroys when only an admin key may call it, else NULL. */
-static const char *admin_only(const lt_api_route_t *r) {
-  for (size_t i = 0; r && i < sizeof admin_routes / sizeof *admin_routes; i++)
-    if (admin_routes[i].method == r->method && strcmp(admin_routes[i].path, r->path) == 0) return admin_routes[i].what;
-  return NULL;
-}
 
 /* ---------------------------------------------------------------- route families */
 
@@ -271,18 +266,29 @@ static const lt_api_route_t *find_route(const char *pattern, int method) {
   return NULL;
 }
 
-typedef struct {
+static const struct {
   int method;
   const char *name;
-} method_t;
-
-static const method_t methods_served[] = {
+} methods_served[] = {
     {EVHTTP_REQ_GET, "GET"}, {EVHTTP_REQ_POST, "POST"}, {EVHTTP_REQ_PUT, "PUT"}, {EVHTTP_REQ_DELETE, "DELETE"}};
 
 static const char *method_name(int method) {
   for (size_t i = 0; i < sizeof methods_served / sizeof *methods_served; i++)
     if (methods_served[i].method == method) return methods_served[i].name;
   return "this method on";
+}
+
+/* The least role a key needs for route r (roles are ordered: a larger one may do less): a GET
+ * reads (a viewer), the routes of admin_routes are an admin's, every other one changes the
+ * tenant's state (a member). What the route does into what (n bytes), for a 403. */
+static lt_tenant_role_t role_needed(const lt_api_route_t *r, const char *pattern, char *what, size_t n) {
+  for (size_t i = 0; i < sizeof admin_routes / sizeof *admin_routes; i++)
+    if (admin_routes[i].method == r->method && strcmp(admin_routes[i].path, r->path) == 0) {
+      snprintf(what, n, "%s", admin_routes[i].what);
+      return LT_TENANT_ROLE_ADMIN;
+    }
+  snprintf(what, n, "%s %s changes the tenant's state", method_name(r->method), pattern);
+  return r->method == EVHTTP_REQ_GET ? LT_TENANT_ROLE_VIEWER : LT_TENANT_ROLE_MEMBER;
 }
 
 /* A path the family knows, asked with a method (or sub-route) the table does not have. */
@@ -292,12 +298,11 @@ static void reply_no_route(const route_family_t *f, const lt_api_call_t *c, cons
   } else if (c->id[0] && !f->item_405) {
     lt_api_reply_error(c->req, 404, "not_found", NULL, "no such route under %s/%s", f->prefix, c->id);
   } else {
-    const method_t *order = methods_served;
     char methods[64] = "";
     for (size_t i = 0; i < sizeof methods_served / sizeof *methods_served; i++)
-      if (find_route(pattern, order[i].method))
+      if (find_route(pattern, methods_served[i].method))
         snprintf(methods + strlen(methods), sizeof methods - strlen(methods), "%s%s", methods[0] ? " or " : "",
-                 order[i].name);
+                 methods_served[i].name);
     lt_api_reply_error(c->req, 405, "method_not_allowed", NULL, "use %s on %s%s%s", methods, f->prefix,
                        c->id[0] ? "/" : "", c->id);
   }
@@ -347,17 +352,15 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   c.part = p.part;
   if (p.id[0] && !f->resolve(&c)) return f->slot;
   const lt_api_route_t *r = find_route(p.pattern, method);
-  const char *destroys = admin_only(r);
+  char what[sizeof p.pattern + 96];
+  lt_tenant_role_t needed = r && c.tenant ? role_needed(r, p.pattern, what, sizeof what) : LT_TENANT_ROLE_VIEWER;
   const lt_tenant_key_t *k = c.tenant ? lt_tenant_key(c.tenant, c.key_id) : NULL;
-  if (r && c.tenant && method != EVHTTP_REQ_GET && (!k || k->role == LT_TENANT_ROLE_VIEWER))
+  lt_tenant_role_t role = k ? k->role : LT_TENANT_ROLE_VIEWER; /* staff: their own checks */
+  if (r && c.tenant && role > needed)
     lt_api_reply_error(req, 403, "forbidden", NULL,
-                       "API key %s of tenant %s is a viewer key: it reads (GET) and changes nothing; %s %s needs a "
-                       "member or admin key", c.key_id, c.tenant->tenant_id, method_name(method), p.pattern);
-  else if (destroys && c.tenant && (!k || k->role != LT_TENANT_ROLE_ADMIN))
-    lt_api_reply_error(req, 403, "forbidden", NULL,
-                       "API key %s of tenant %s is a %s key, and %s: that needs one of the tenant's admin keys "
-                       "(an operator makes one)", c.key_id, c.tenant->tenant_id,
-                       k ? lt_tenant_role_name(k->role) : "unknown", destroys);
+                       "API key %s of tenant %s is a %s key, and %s: that needs %s (an operator makes one)", c.key_id,
+                       c.tenant->tenant_id, lt_tenant_role_name(role), what,
+                       needed == LT_TENANT_ROLE_ADMIN ? "one of the tenant's admin keys" : "a member or admin key");
   else if (r) r->handler(&c);
   else reply_no_route(f, &c, p.pattern);
   json_decref(c.meta);

@@ -295,17 +295,8 @@ static void tenant_decides(lt_api_call_t *c, int type) {
   lt_access_state_t st = lt_access_state(api->access, r, lt_time_wall_ms());
   char who[LT_ACCESS_PRINCIPAL_LEN], reason[LT_ACCESS_REASON_LEN] = "";
   tenant_principal(c, who, sizeof who);
-  /* any key but a viewer's (refused in route()) closes the door (deny, revoke); only an admin key
-   * opens it: the key that authenticated */
-  const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
-  if (type == 1 && (!k || k->role != LT_TENANT_ROLE_ADMIN)) {
-    lt_api_reply_error(c->req, 403, "forbidden", NULL,
-                       "API key %s of tenant %s is a %s key: approving staff access to the tenant's data needs an "
-                       "admin key (lathe admin tenant add-key %s --role admin); a member key may deny or revoke",
-                       c->key_id, c->tenant->tenant_id, k ? lt_tenant_role_name(k->role) : "unknown",
-                       c->tenant->tenant_id);
-    return;
-  }
+  /* who may: route() (lt_api.c, admin_routes): any key but a viewer's closes the door (deny,
+   * revoke); only an admin key opens it */
   if (st == LT_ACCESS_DENIED || st == LT_ACCESS_REVOKED || (type != 3 && r->tenant_approver[0])) {
     lt_api_reply_error(c->req, 409, "conflict", NULL, "access request %s is %s%s", r->request_id,
                        lt_access_state_name(st), r->tenant_approver[0] && type == 2 ? ": revoke it instead" : "");

@@ -315,6 +315,13 @@ lt_err_t lt_api_storage_check(uint64_t quota, const char *tenant, uint64_t datas
                               uint64_t adding, const char *why, char *msg, size_t n);
 /* 413 storage_quota_exceeded with msg. */
 void lt_api_reply_storage(struct evhttp_request *req, const char *msg);
+/* What the quotas count of a tenant's jobs: those not ended, sessions among them
+ * (max_queued_jobs), and those dispatched, running or stopping with their slots
+ * (max_running_slots). Loop thread. */
+typedef struct lt_api_jobs_count {
+  int64_t live, sessions, running, slots;
+} lt_api_jobs_count_t;
+lt_api_jobs_count_t lt_api_tenant_jobs(lt_api_t *api, const char *tenant);
 /* GET /v1/usage: the tenant's quotas and its use of each. */
 void lt_api_usage(lt_api_call_t *c);
 

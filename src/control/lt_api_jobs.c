@@ -175,17 +175,6 @@ static uint32_t fnv(const char *s) {
   return h;
 }
 
-typedef struct {
-  const char *tenant;
-  int64_t live;
-} live_acc_t;
-
-static bool count_live(const lt_job_t *j, void *ctx) {
-  live_acc_t *a = ctx;
-  if (strcmp(j->tenant_id, a->tenant) == 0 && !lt_job_state_is_terminal(j->state)) a->live++;
-  return true;
-}
-
 /* Phase 1: the body as a job spec. False when it replied 4xx. */
 static bool read_spec(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, lt_jobspec_t *spec) {
   size_t len;
@@ -309,8 +298,7 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                   bool *measure) {
   if (t->quotas.max_queued_jobs > 0) {
-    live_acc_t a = {.tenant = t->tenant_id};
-    lt_job_scan(lt_proj_jobs(api->proj), count_live, &a);
+    lt_api_jobs_count_t a = lt_api_tenant_jobs(api, t->tenant_id);
     if (a.live >= t->quotas.max_queued_jobs) {
       lt_api_reply_error(req, 429, "over_quota", NULL,
                          "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "

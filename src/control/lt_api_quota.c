@@ -124,14 +124,13 @@ void lt_api_reply_storage(struct evhttp_request *req, const char *msg) {
 
 typedef struct {
   const char *tenant;
-  int64_t live, running, slots, sessions;
+  lt_api_jobs_count_t n;
 } jobs_acc_t;
 
-/* What the quotas count: max_queued_jobs every job (and session) not ended, max_running_slots the
- * slots of those dispatched, running or stopping. */
 static bool count_jobs(const lt_job_t *j, void *ctx) {
-  jobs_acc_t *a = ctx;
-  if (strcmp(j->tenant_id, a->tenant) != 0 || lt_job_state_is_terminal(j->state)) return true;
+  jobs_acc_t *acc = ctx;
+  lt_api_jobs_count_t *a = &acc->n;
+  if (strcmp(j->tenant_id, acc->tenant) != 0 || lt_job_state_is_terminal(j->state)) return true;
   a->live++;
   a->sessions += lt_api_is_session_id(j->job_id);
   if (j->state == LT_JOB_DISPATCHED || j->state == LT_JOB_RUNNING || j->state == LT_JOB_PREEMPTING) {
@@ -139,6 +138,12 @@ static bool count_jobs(const lt_job_t *j, void *ctx) {
     a->slots += j->gpus > 0 ? j->gpus : 1;
   }
   return true;
+}
+
+lt_api_jobs_count_t lt_api_tenant_jobs(lt_api_t *api, const char *tenant) {
+  jobs_acc_t acc = {.tenant = tenant};
+  lt_job_scan(lt_proj_jobs(api->proj), count_jobs, &acc);
+  return acc.n;
 }
 
 #define USAGE_WAITERS 16 /* requests one measure answers; more at once: 503 */
@@ -153,10 +158,9 @@ typedef struct {
   lt_err_t measured;
 } usage_task_t;
 
-static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, uint64_t stored,
-                        int64_t age_ms) {
-  jobs_acc_t a = {.tenant = t->tenant_id};
-  lt_job_scan(lt_proj_jobs(api->proj), count_jobs, &a);
+/* The answer of GET /v1/usage (new reference). */
+static json_t *usage_json(lt_api_t *api, const lt_tenant_t *t, uint64_t stored, int64_t age_ms) {
+  lt_api_jobs_count_t a = lt_api_tenant_jobs(api, t->tenant_id);
   uint64_t artifacts = lt_api_artifact_bytes(api, t->tenant_id), quota = lt_api_storage_quota(api, t);
   /* what one upload may be: the tenant's limit where it is lower than the API's */
   uint64_t own = t->quotas.max_dataset_bytes > 0 ? (uint64_t)t->quotas.max_dataset_bytes : 0;
@@ -171,7 +175,7 @@ static void usage_reply(lt_api_t *api, struct evhttp_request *req, const lt_tena
       "running_slots", (json_int_t)a.slots, "stored_bytes", (json_int_t)stored, "artifact_bytes",
       (json_int_t)artifacts, "storage_bytes", (json_int_t)(stored + artifacts), "stored_bytes_age_s",
       (double)age_ms / 1000.0);
-  lt_api_reply_json(req, 200, body);
+  return body;
 }
 
 /* A note of the tenant's bytes (an upload, a deletion, a saved state) outdates its measure in
@@ -194,6 +198,7 @@ static void usage_after(lt_api_t *api, void *ctx) {
   lt_map_del(api->usage_flight, u->tenant_id);
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), u->tenant_id);
   if (!u->measured && t && !u->outdated) lt_api_stored_note(api, u->tenant_id, true, u->stored);
+  json_t *body = !u->measured && t && !t->disabled ? usage_json(api, t, u->stored, 0) : NULL;
   for (int i = 0; i < u->nreq; i++) {
     if (u->measured) {
       char why[256];
@@ -203,9 +208,10 @@ static void usage_after(lt_api_t *api, void *ctx) {
     } else if (!t || t->disabled) { /* disabled while it was measured */
       lt_api_reply_error(u->req[i], 401, "unauthorized", NULL, "the API key's tenant is disabled or unknown");
     } else {
-      usage_reply(api, u->req[i], t, u->stored, 0);
+      lt_api_reply_json(u->req[i], 200, json_incref(body));
     }
   }
+  json_decref(body);
   free(u);
 }
 
@@ -217,7 +223,7 @@ void lt_api_usage(lt_api_call_t *c) {
   int64_t age_ms;
   const char *tenant = c->tenant->tenant_id;
   if (lt_api_stored_recent(c->api, tenant, &stored, &age_ms)) {
-    usage_reply(c->api, c->req, c->tenant, stored, age_ms);
+    lt_api_reply_json(c->req, 200, usage_json(c->api, c->tenant, stored, age_ms));
     return;
   }
   usage_task_t *u = lt_map_get(c->api->usage_flight, tenant);

@@ -37,7 +37,7 @@ typedef struct lt_tenant_quotas {
 /* What a key may do (TenantUpserted v3 api_keys[].role; viewer from v4; a key of a record before
  * v3 is an admin key). A member key may do everything an admin key may but approve staff access to
  * the tenant's data (any key but a viewer may close that door: deny, revoke; only an admin key
- * opens it) and delete a dataset or a job (lt_api.c, admin_routes). A viewer key (v4) reads: GET
+ * opens it) and delete a dataset or a job (lt_api.c, admin_routes and role_needed). A viewer key (v4) reads: GET
  * routes only (a dashboard's key). Ordered: a larger value may do less. */
 typedef enum lt_tenant_role {
   LT_TENANT_ROLE_ADMIN = 0,

@@ -132,6 +132,9 @@ void lt_test_proc_kill(lt_test_proc_t *p, int sig);
 int lt_test_proc_stop(lt_test_proc_t *p, int timeout_ms);
 /* The same with signal sig (SIGINT: lathed stops at once, draining nothing). */
 int lt_test_proc_stop_by(lt_test_proc_t *p, int sig, int timeout_ms);
+/* lt_test_proc_stop, and the test fails unless the child exited with status 0 (in a sanitizer
+ * build a leak or an error found at its exit makes it non-zero); its log goes when it did. */
+void lt_test_proc_stop_clean(lt_test_proc_t *p, int timeout_ms);
 /* Stops every registered child (SIGINT, 10 s each; a group leader's group is killed at once) and
  * forgets them: a suite's fini. */
 void lt_test_procs_stop_all(void);

@@ -96,7 +96,7 @@ static void teardown(void) {
   lt_client_destroy(ca);
   lt_client_destroy(cb);
   ca = cb = NULL;
-  if (proc && proc->pid > 0 && lt_test_proc_stop(proc, 10000) != -1) unlink(proc->log);
+  lt_test_proc_stop_clean(proc, 10000);
   proc = NULL;
 }
 

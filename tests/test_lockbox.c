@@ -58,7 +58,7 @@ static void start_api(bool second_staff) {
 }
 
 static void stop_api(void) {
-  if (api && api->pid > 0 && lt_test_proc_stop(api, 10000) != -1) unlink(api->log);
+  lt_test_proc_stop_clean(api, 10000);
   api = NULL;
 }
 
@@ -308,7 +308,7 @@ Test(lockbox, a_store_that_never_answers_holds_the_staff_read_not_every_other_re
   lt_client_destroy(staff2);
   lt_client_destroy(looker);
   lt_client_destroy(other);
-  if (lt_test_proc_stop(mute, 10000) != -1) unlink(log);
+  lt_test_proc_stop_clean(mute, 10000);
 }
 
 /* Reads one HTTP request's head from fd (the store's side of a connection), at most 5 s. */

@@ -160,16 +160,23 @@ static void download_cancel(lt_api_download_t *d) {
  * callback: setting our own would leave the connection counted against max_connections. */
 static void on_closed(void *arg) {
   lt_api_download_t *d = arg;
-  d->gone = true; /* libevent detached the unfinished request; it is freed by the reply's end */
+  d->gone = true;
+  lt_api_door_release(d->req);
+  d->req = NULL;
   download_cancel(d);
 }
 
 /* The end: a whole body is finished; a cut one drops the connection (Content-Length then tells
  * the client it is short). Frees d. */
 static void download_end(lt_api_download_t *d, bool whole) {
-  if (!d->gone) lt_api_door_on_close(d->api, d->evcon, NULL, NULL); /* else evcon is freed */
-  if (d->gone || whole) evhttp_send_reply_end(d->req); /* gone: frees the detached request */
-  else evhttp_connection_free(d->evcon);                /* frees the request too */
+  if (d->gone) { /* the request went with on_closed */
+  } else if (whole) {
+    lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
+    evhttp_send_reply_end(d->req);
+  } else {
+    lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
+    evhttp_connection_free(d->evcon); /* frees the request too */
+  }
   download_free(d);
 }
 

@@ -77,6 +77,7 @@ static void sse_unlink(lt_api_t *api, lt_api_sse_t *s) {
 
 static void sse_closed(void *arg) {
   lt_api_sse_t *s = arg;
+  lt_api_door_release(s->req);
   sse_unlink(s->api, s);
   free(s);
 }

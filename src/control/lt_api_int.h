@@ -229,6 +229,11 @@ bool lt_api_door_count_later(lt_api_t *api, struct evhttp_request *req, lt_api_s
 /* Calls fn(arg) when the connection closes (one per connection; fn NULL clears). False when the
  * connection is not known (out of memory when it opened): then nothing will call fn. */
 bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (*fn)(void *), void *arg);
+/* From an fn above: lets go of req, the unfinished request of the closing connection. A client
+ * that leaves a started reply (a stream) makes libevent detach the request and leave it to its
+ * owner, which frees it by ending it; at shutdown it is still attached and goes with the
+ * connection. Either way req must not be used after this. */
+void lt_api_door_release(struct evhttp_request *req);
 /* Forgets idle, full buckets (from the tick). */
 void lt_api_door_tick(lt_api_t *api);
 void lt_api_door_free(lt_api_t *api);

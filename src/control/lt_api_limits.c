@@ -364,6 +364,10 @@ bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (
   return true;
 }
 
+void lt_api_door_release(struct evhttp_request *req) {
+  if (req && !evhttp_request_get_connection(req)) evhttp_send_reply_end(req);
+}
+
 /* The reply of a request answered later went out: its status and time are what /metrics counts. */
 static void on_answered(struct evhttp_request *req, void *arg) {
   lt_api_conn_t *cn = arg;

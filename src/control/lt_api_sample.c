@@ -305,8 +305,6 @@ static void finish(sample_req_t *r) {
     } else {
       answer(r);
     }
-  } else if (!r->started) {
-    lt_api_reply_error(r->req, 499, "cancelled", NULL, "the client went away"); /* frees the request */
   }
   record_usage(r, r->gone ? "cancelled" : worst ? worst : r->ch[0].finish);
   req_free(r);
@@ -327,9 +325,8 @@ static void on_client_gone(void *arg) {
       snprintf(r->ch[i].finish, sizeof r->ch[i].finish, "cancelled");
       r->left--;
     }
-  if (r->started) { /* the connection and its request are gone with the stream */
-    r->req = NULL;
-  }
+  lt_api_door_release(r->req);
+  r->req = NULL;
   finish(r);
 }
 

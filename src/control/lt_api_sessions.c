@@ -391,6 +391,7 @@ static void waiter_timeout(evutil_socket_t fd, short what, void *arg) {
 static void waiter_closed(void *arg) {
   lt_api_waiter_t *w = arg;
   w->evcon = NULL; /* the connection is going: lt_api_door_on_close must not be called for it */
+  lt_api_door_release(w->req);
   for (lt_api_waiter_t **p = &w->api->waiters; *p; p = &(*p)->next)
     if (*p == w) {
       *p = w->next;
@@ -710,7 +711,8 @@ static void seal_work(void *arg) {
 
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
-  if (ci->measured) lt_api_stored_note(api, ci->tenant, true, ci->stored);
+  /* The measure came before the body was written: once it was, the tenant's bytes are unknown. */
+  if (ci->measured) lt_api_stored_note(api, ci->tenant, ci->err != LT_OK, ci->stored);
   if (ci->err == LT_ERR_QUOTA) {
     lt_api_reply_storage(ci->req, ci->msg);
     call_in_free(ci);

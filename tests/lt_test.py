@@ -107,6 +107,7 @@ class Child:
             return "\n".join(self.lines)
 
     def stop(self):
+        """Stops it; its exit status (negative: the signal that ended it)."""
         if self.p.poll() is None:  # SIGINT: a worker stops now (SIGTERM would drain it first)
             self.p.send_signal(signal.SIGINT)
             try:
@@ -115,6 +116,13 @@ class Child:
                 self.p.kill()
                 self.p.wait(5)
         self.t.join(5)
+        return self.p.returncode
+
+    def stopped_clean(self):
+        """Stops it: True when it exited 0 and printed no sanitizer report (in a sanitizer build a
+        leak found at its exit, or an error, is reported on stderr and changes its status)."""
+        code = self.stop()
+        return code == 0 and not re.search(r"(Leak|Address|UndefinedBehavior)Sanitizer", self.text())
 
     def dump(self):
         tail = self.lines[-40:]

@@ -13,7 +13,8 @@ adapter each (managed jobs); then, through the OpenAI-compatible routes:
   3. isolation: tenant B cannot list, sample from or time-probe A's adapter (the 404 is the
      nonexistent job's, word for word, and the sampler's adapter cache is not consulted: its
      counters do not move);
-  4. bad input answers 400 naming the field; a client that goes away frees its request;
+  4. bad input answers 400 naming the field; a client that goes away frees its request (lathed
+     exits 0 at the end: in the sanitizer build, with no leak found);
   5. usage records on lathe.usage name tenant, model and counts, and carry no prompt or output;
   6. overload: a sampler with small queue bounds, sent 10x its bound of concurrent requests,
      answers 429 with Retry-After to the excess, serves the rest, and its peak memory stays within
@@ -465,6 +466,8 @@ def main():
             session_weights(base, sbase, keys[0], keys[1])
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
             overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)
+            check(d.stopped_clean(), f"lathed exits 0 with nothing left behind (status {d.p.returncode}): "
+                  "every stream a client left was freed")
         except BaseException:
             d.dump()
             raise

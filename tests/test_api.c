@@ -1194,6 +1194,35 @@ Test(api, max_queued_jobs_exceeded_is_429_naming_the_limit) {
   json_decref(jobs);
 }
 
+/* Submissions sent all at once: the ones past the limit are refused even while the first are
+ * still on their way to the broker (before, each was checked against the jobs folded so far, so
+ * a burst passed the limit by as many as were in flight). */
+Test(api, a_burst_of_submissions_stops_at_max_queued_jobs) {
+  char ds[64], body[256];
+  upload(ca, ds, sizeof ds); /* seen by this API: no store look-up between the check and the send */
+  snprintf(body, sizeof body, "{\"base_model\":\"tiny-llama\",\"dataset_id\":\"%s\"}", ds);
+  enum { N = 12 };
+  req_bg_t b[N];
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = (req_bg_t){.c = client_for(key_a), .method = "POST", .path = "/v1/jobs", .body = body};
+    cr_assert_eq(pthread_create(&th[i], NULL, req_bg, &b[i]), 0);
+  }
+  int created = 0, refused = 0;
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    created += b[i].status == 201;
+    refused += b[i].status == 429;
+    json_decref(b[i].json);
+    lt_client_destroy(b[i].c);
+  }
+  cr_expect(created == 3 && refused == N - 3, "max_queued_jobs 3: %d created, %d refused of %d", created, refused, N);
+  json_t *jobs = list_jobs(ca);
+  cr_expect_eq(json_array_size(jobs), 3);
+  json_decref(jobs);
+  cr_expect_eq(count_records("jobs", "JobSubmitted", NULL), 3, "the log holds what was acknowledged, no more");
+}
+
 Test(api, cancel_twice_is_idempotent_and_records_one_cancel) {
   char ds[64], path[256];
   char id[64];

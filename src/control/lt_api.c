@@ -487,7 +487,9 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->cancels_sent = lt_map_new(NULL);
     api->stored_bytes = lt_map_new(free);
     api->usage_flight = lt_map_new(NULL); /* the tasks free themselves */
-    if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes || !api->usage_flight)
+    api->submitting = lt_map_new(free);
+    if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes || !api->usage_flight ||
+        !api->submitting)
       err = LT_ERR_NOMEM;
   }
   if (!err) err = lt_api_work_start(api, errstr, n);
@@ -544,6 +546,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->cancels_sent);
   lt_map_destroy(api->stored_bytes);
   lt_map_destroy(api->usage_flight);
+  lt_map_destroy(api->submitting);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

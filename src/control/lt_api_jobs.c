@@ -116,6 +116,7 @@ typedef struct {
   char job_id[LT_ID_MAX + 1];
   int status;
   lt_api_job_view_fn *view;
+  char submitting[LT_ID_MAX + 1]; /* a submission: its tenant, counted in api->submitting until then */
 } answer_ctx_t;
 
 /* The view a call's answers take. */
@@ -157,8 +158,25 @@ static answer_ctx_t *encode_for_answer(const lt_api_call_t *call, lt_avro_record
 
 /* ---------------------------------------------------------------- submit */
 
+/* The tenant's submissions on their way to the broker: adds d (+1 sent, -1 answered); the count. */
+static int submitting(lt_api_t *api, const char *tenant, int d) {
+  int *n = lt_map_get(api->submitting, tenant);
+  if (!n && d > 0 && (n = calloc(1, sizeof *n)) && lt_map_set(api->submitting, tenant, n) != LT_OK) {
+    free(n);
+    return 0; /* out of memory: counted by the projection alone, as before */
+  }
+  if (!n) return 0;
+  *n += d;
+  int now = *n;
+  if (now <= 0) lt_map_del(api->submitting, tenant);
+  return now;
+}
+
 static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   answer_ctx_t *c = arg;
+  /* Acknowledged: the projection holds the job now (read-your-writes, lt_api_feed.c); refused
+   * or timed out: not (a record that lands late is folded when the consumer reads it). */
+  if (c->submitting[0]) submitting(api, c->submitting, -1);
   if (err) {
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the job could not be recorded durably; nothing was submitted, "
                                                        "retry with the same Idempotency-Key");
@@ -295,18 +313,23 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
  * is checked against the datasets' bytes as this API last measured them; with none measured yet
  * (since it started, or since the tenant's quota came), *measure asks phase 4 to measure them off
  * the loop first. */
+/* The queue quota: the tenant's live jobs as folded, and its submissions on their way to the
+ * broker (a burst sent at once would pass the limit otherwise); false when it replied 429. Each
+ * API counts its own submissions: another API's are seen once its records are folded here. */
+static bool queue_ok(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t) {
+  if (t->quotas.max_queued_jobs <= 0) return true;
+  int64_t live = lt_api_tenant_jobs(api, t->tenant_id).live + submitting(api, t->tenant_id, 0);
+  if (live < t->quotas.max_queued_jobs) return true;
+  lt_api_reply_error(req, 429, "over_quota", NULL,
+                     "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "
+                     "finish or cancel one",
+                     t->tenant_id, (long long)live, t->quotas.max_queued_jobs);
+  return false;
+}
+
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                   bool *measure) {
-  if (t->quotas.max_queued_jobs > 0) {
-    lt_api_jobs_count_t a = lt_api_tenant_jobs(api, t->tenant_id);
-    if (a.live >= t->quotas.max_queued_jobs) {
-      lt_api_reply_error(req, 429, "over_quota", NULL,
-                         "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "
-                         "finish or cancel one",
-                         t->tenant_id, (long long)a.live, t->quotas.max_queued_jobs);
-      return false;
-    }
-  }
+  if (!queue_ok(api, req, t)) return false;
   uint64_t quota = lt_api_storage_quota(api, t), datasets = 0;
   *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets, NULL);
   if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
@@ -363,14 +386,21 @@ static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_j
   lt_avro_record_t *rec = api->rec_submit;
   const uint8_t *bytes;
   size_t blen;
+  /* Again on the loop, right before it is sent: the store look-up (phase 4) ran off it, and other
+   * submissions of the tenant may have been sent meanwhile. */
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant_id);
+  if (t && !queue_ok(api, req, t)) return;
   lt_err_t err = record_start(api, rec, job_id, tenant_id);
   if (!err) err = lt_jobspec_to_record(spec, rec, msg, sizeof msg);
   answer_ctx_t *c = encode_for_answer(call, rec, err, "submission", job_id, call->openai ? 200 : 201, &bytes, &blen);
   if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec->priority * 2 + (int32_t)(fnv(job_id) % 2);
+  snprintf(c->submitting, sizeof c->submitting, "%s", tenant_id);
+  submitting(api, tenant_id, +1);
   err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
   if (err) {
+    submitting(api, tenant_id, -1);
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the submission now; nothing was submitted");
   }

@@ -797,6 +797,35 @@ static json_int_t end_seq(const char *sess, const char *key, int *status) {
   return seq;
 }
 
+/* Two uploads open at once: their parts are in no listing of the store until they complete, so
+ * each part is checked with the other uploads' parts added (before, each saw only its own, and
+ * a tenant with N uploads open could store N times what its quota left). */
+Test(api_data, parts_of_uploads_open_side_by_side_count_against_one_storage_quota) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
+  char id[2][64], path[640];
+  char *part = jsonl(900000);
+  for (int i = 0; i < 2; i++) cr_assert_eq(open_upload(ca, id[i], sizeof id[i], NULL), 201);
+  cr_assert_eq(put_part(ca, id[0], 1, part, strlen(part)), 200, "0.9 MB under a 1.5 MB quota");
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/1", id[1]);
+  lt_client_resp_t r = req(ca, "PUT", path, part, strlen(part));
+  cr_expect_eq(r.status, 413, "another 0.9 MB in the second upload: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "max_storage_bytes is 1500000"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  /* the first completes: 201, one dataset stored */
+  snprintf(path, sizeof path, "/v1/uploads/%s/complete", id[0]);
+  r = req(ca, "POST", path, NULL, 0);
+  cr_expect_eq(r.status, 201, "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "GET", "/v1/datasets", NULL, 0);
+  cr_expect_eq(json_array_size(json_object_get(r.json, "datasets")), 1, "%s", r.body);
+  lt_client_resp_free(&r);
+  /* another tenant's open upload is not tenant A's */
+  char theirs[64];
+  cr_assert_eq(open_upload(cb, theirs, sizeof theirs, NULL), 201);
+  cr_expect_eq(put_part(cb, theirs, 1, part, strlen(part)), 200, "tenant B");
+  free(part);
+}
+
 Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
   start_api(NULL);
   const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";

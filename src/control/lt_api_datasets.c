@@ -34,6 +34,7 @@ struct lt_api_upload {
   lt_sealed_writer_t *w;
   int next_part;
   uint64_t bytes;         /* plaintext fed so far */
+  uint64_t claimed;       /* on the loop: bytes of its parts sent to the pool, the one there included */
   int64_t last_active_ms; /* monotonic */
   bool busy;              /* a part or the completion is on a pool thread: hands off */
   bool dropped;           /* aborted while busy: freed when that work comes back */
@@ -167,6 +168,7 @@ typedef struct upload_task {
   json_t *report, *meta;
   uint64_t quota;        /* the tenant's storage quota (lt_api_storage_quota; 0: none), from the loop */
   uint64_t artifacts;    /* the tenant's artifact bytes (storage quota), from the loop */
+  uint64_t others;       /* the parts of its other open uploads (not yet in the store's listing), from the loop */
   uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
   bool measured;
   bool over_storage;     /* err is the storage quota's */
@@ -213,7 +215,7 @@ static void upload_work(void *ctx) {
     t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
     t->measured = !t->err;
     if (!t->err)
-      t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets, t->artifacts,
+      t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets + t->others, t->artifacts,
                                     t->u->bytes + evbuffer_get_length(t->body), NULL, t->msg, sizeof t->msg);
     t->over_storage = t->err == LT_ERR_QUOTA;
   }
@@ -299,7 +301,13 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
   t->complete = complete;
   t->openai = c->openai;
   t->quota = lt_api_storage_quota(c->api, c->tenant);
-  if (t->quota && part) t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
+  if (t->quota && part) {
+    t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
+    /* The tenant's other uploads: their parts are in no listing until they complete. */
+    for (const lt_api_upload_t *o = c->api->uploads; o; o = o->next)
+      if (o != u && !o->dropped && strcmp(o->tenant, u->tenant) == 0) t->others += o->claimed;
+  }
+  if (part) u->claimed += evbuffer_get_length(t->body);
   u->busy = true;
   lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
 }

@@ -12,8 +12,10 @@
  *
  * `n` choices are n backend requests (seeds seed, seed + 1, ...). Without `stream`, the answer
  * comes when every choice ended; with it, Server-Sent Events carry each token's text as the
- * backend releases it, and `data: [DONE]` ends the stream. A client that goes away cancels its
- * requests at once (their cache blocks are freed). Each answered request records its usage —
+ * backend releases it, and `data: [DONE]` ends the stream. A client that leaves a stream cancels
+ * its requests at once (their cache blocks are freed); libevent sees a close only once a reply
+ * has started, so a client that leaves before its first token, or an answer that is not
+ * streamed, runs until it ends or times out. Each answered request records its usage —
  * tenant, model, adapter, tokens in and out, time to first token, duration; never a prompt or an
  * output — to lathe.usage (SamplingUsage). */
 #include "lt_api_int.h"
@@ -448,9 +450,9 @@ static void submit_all(sample_req_t *r) {
     r->ch[i].submitted = true;
   }
   r->watching = lt_api_door_on_close(r->api, r->evcon, on_client_gone, r);
-  if (!r->watching && r->stream) {
-    /* A stream outlives its request when the connection closes: unwatched, it could write to a
-     * freed request. (An answer that is not streamed keeps its request valid until sent.) */
+  if (!r->watching) {
+    /* Unwatched, a request could outlive its connection (a stream's close; any at shutdown,
+     * when evhttp_free frees the request) and be written to after it was freed. */
     for (int i = 0; i < r->n; i++) ops->cancel(ops->ctx, r->ch[i].handle);
     lt_api_reply_error(r->req, 503, "unavailable", NULL, "the connection cannot be watched; retry");
     req_free(r);
@@ -759,6 +761,7 @@ static bool read_prompt(lt_api_call_t *c, json_t *body, sample_req_t *r) {
     return false;
   }
   r->prompt = strdup(json_string_value(p));
+  if (!r->prompt) lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
   return r->prompt != NULL;
 }
 
@@ -782,6 +785,7 @@ static void sample_route(lt_api_call_t *c, bool chat) {
   sample_req_t *r = calloc(1, sizeof *r);
   const char *model = json_string_value(json_object_get(body, "model"));
   bool ok = r != NULL;
+  if (!ok) lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
   if (ok) {
     r->api = api;
     r->req = c->req;
@@ -817,6 +821,11 @@ static void sample_route(lt_api_call_t *c, bool chat) {
   r->sreq.adapter = r->adapter;
   r->sreq.prompt = r->prompt;
   r->ev = event_new(api->base, -1, 0, on_events, r);
+  if (!r->ev) {
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+    req_free(r);
+    return;
+  }
   const lt_sample_ops_t *ops = api->conf.sampler;
   if (r->adapter[0] && !ops->has_adapter(ops->ctx, r->adapter)) {
     const lt_crypto_dek_t *dek = NULL;

@@ -5,8 +5,8 @@
  *
  * A handler hands over a task (work on a pool thread, then after on the loop thread) and returns
  * without replying; after replies. evhttp keeps a request valid until it is answered, even when
- * the client went away meanwhile: libevent 2.1 detaches an unanswered request from a dead
- * connection instead of freeing it, and frees it on the reply.
+ * the client went away meanwhile: libevent 2.1 does not see a close before a reply has started,
+ * and the reply's failed write then frees the request and its connection.
  *
  * Fair across tenants: a free thread takes the oldest task of the tenant with the fewest tasks
  * running, and no tenant runs on more than all threads but one, so that a tenant whose store

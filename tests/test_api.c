@@ -821,6 +821,54 @@ Test(api, connections_past_max_connections_get_503_naming_the_limit_until_one_cl
   stop_api(&s);
 }
 
+/* The API's open customer connections, from /metrics on its operator port. */
+static int open_connections(void) {
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  lt_client_resp_t m = req(ops, "GET", "/metrics", NULL);
+  const char *line = strstr(m.body ? m.body : "", "\nlathe_api_connections ");
+  int n = line ? atoi(line + strlen("\nlathe_api_connections ")) : -1;
+  lt_client_resp_free(&m);
+  lt_client_destroy(ops);
+  return n;
+}
+
+/* A client that closes its long poll before the answer: libevent does not read a connection
+ * whose request waits, so it never saw the close, and the connection stayed open (counted
+ * against max_connections) until the poll's wait ran out. */
+Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
+  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}");
+  cr_assert(r.status == 201 || r.status == 202, "%d %s", r.status, r.body);
+  char sess[64], path[160], text[512];
+  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  for (int i = 0; i < 100; i++) { /* the API folds the session from the log; no worker runs the call */
+    r = req(ca, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+    if (r.status != 404) break;
+    lt_client_resp_free(&r);
+    lt_test_msleep(100);
+  }
+  cr_assert_eq(r.status, 202, "%s", r.body);
+  json_int_t seq = json_integer_value(json_object_get(r.json, "seq"));
+  lt_client_resp_free(&r);
+  int before = open_connections();
+  cr_assert_geq(before, 0, "no lathe_api_connections in /metrics");
+  int fd = raw_connect(api.port, NULL);
+  int n = snprintf(text, sizeof text,
+                   "GET /v1/sessions/%s/calls/%lld?wait=60 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                   sess, (long long)seq, key_a);
+  cr_assert_eq(send(fd, text, (size_t)n, MSG_NOSIGNAL), n);
+  int during = -1;
+  lt_test_wait_until((during = open_connections()) == before + 1, 10000, 100, "the poll's connection is not counted (%d, %d before)", during, before);
+  lt_test_msleep(500);
+  char got[600] = "";
+  cr_expect_eq(recv(fd, got, sizeof got - 1, MSG_DONTWAIT), -1, "the poll was answered before its call ran: %s", got);
+  close(fd);
+  int after = -1;
+  lt_test_wait_until((after = open_connections()) == before, 15000, 200,
+                     "the closed poll's connection is still open (%d, %d before)", after, before);
+}
+
 Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {
   char ds[64];
   char id[64], path[256];

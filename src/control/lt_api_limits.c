@@ -26,10 +26,12 @@
 #include "lt_api_int.h"
 #include "lt_time.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -152,6 +154,28 @@ bool lt_api_door_tenant(lt_api_t *api, struct evhttp_request *req, const char *t
   return spend(api, req, key, api->conf.tenant_rate, true, what);
 }
 
+/* A client that closed while its request waits for an answer not yet started (a long poll, a
+ * completion being generated, a download before its first byte): libevent reads nothing from
+ * the connection then, so it does not see the close, and the request would run on for nobody
+ * until its own timeout. Each connection whose owner watches it (on_close) is peeked: at its
+ * end of stream (or a reset) it is freed, which calls on_close with the request still attached
+ * (libevent frees it with the connection, as at shutdown). A TLS client's close notice is data,
+ * so only a bare close is seen there; a client that half-closes after its request is taken for
+ * gone, as libevent takes it once a reply has started. */
+static void door_reap(lt_api_t *api) {
+  struct evhttp_connection *gone[64];
+  size_t n = 0;
+  lt_map_iter_t it = {0};
+  while (n < sizeof gone / sizeof *gone && lt_map_next(api->conns, &it)) {
+    const lt_api_conn_t *cn = it.value;
+    evutil_socket_t fd = cn->on_close && cn->evcon ? bufferevent_getfd(cn->bev) : -1;
+    char c;
+    ssize_t r = fd >= 0 ? recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) : 1;
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone[n++] = cn->evcon;
+  }
+  for (size_t i = 0; i < n; i++) evhttp_connection_free(gone[i]); /* conn_closed: on_close, then cn freed */
+}
+
 void lt_api_door_tick(lt_api_t *api) {
   int64_t now = lt_time_mono_ms();
   lt_map_iter_t it = {0};
@@ -159,6 +183,7 @@ void lt_api_door_tick(lt_api_t *api) {
     const bucket_t *b = it.value;
     if (b->tokens + (double)(now - b->at_ms) * b->per_s / 1000.0 >= b->burst) lt_map_del(api->buckets, it.key);
   }
+  if (api->conns) door_reap(api);
 }
 
 /* ---------------------------------------------------------------- libevent's HTML, as JSON */

@@ -122,7 +122,7 @@ class Child:
         """Stops it: True when it exited 0 and printed no sanitizer report (in a sanitizer build a
         leak found at its exit, or an error, is reported on stderr and changes its status)."""
         code = self.stop()
-        return code == 0 and not re.search(r"(Leak|Address|UndefinedBehavior)Sanitizer", self.text())
+        return code == 0 and not re.search(r"ERROR: \w+Sanitizer|SUMMARY: \w+Sanitizer|runtime error:", self.text())
 
     def dump(self):
         tail = self.lines[-40:]

@@ -4,6 +4,7 @@
  * is a pipe, and reads the "call" lines it gets. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "lt_crypto.h"
 #include "lt_job_record.h"
 #include "lt_proto.h"
+#include "lt_sealed.h"
 #include "lt_store.h"
 #include "lt_test.h"
 #include "lt_time.h"
@@ -54,9 +56,10 @@ static void teardown(void) {
 
 TestSuite(wsess, .init = setup, .fini = teardown, .timeout = 120);
 
-/* A SessionCall without a body, as the API records one, with call id cid; returns its sequence
- * number (offset + 1). */
-static int64_t record_call_id(const char *tenant, const char *job, const char *kind, const char *cid) {
+/* A SessionCall as the API records one, with call id cid and the object key of its body (NULL:
+ * none); returns its sequence number (offset + 1). */
+static int64_t record_call_body(const char *tenant, const char *job, const char *kind, const char *cid,
+                                const char *object_key) {
   lt_avro_record_t *rec;
   const uint8_t *bytes;
   size_t len;
@@ -66,7 +69,8 @@ static int64_t record_call_id(const char *tenant, const char *job, const char *k
   cr_assert_eq(lt_avro_set_string(rec, "tenant_id", tenant), LT_OK);
   cr_assert_eq(lt_avro_set_string(rec, "call_id", cid), LT_OK);
   cr_assert_eq(lt_avro_set_enum(rec, "kind", kind), LT_OK);
-  cr_assert_eq(lt_avro_set_null(rec, "object_key"), LT_OK);
+  cr_assert_eq(object_key ? lt_avro_set_string(rec, "object_key", object_key) : lt_avro_set_null(rec, "object_key"),
+               LT_OK);
   cr_assert_eq(lt_avro_set_null(rec, "sha256"), LT_OK);
   cr_assert_eq(lt_avro_set_long(rec, "size_bytes", 0), LT_OK);
   cr_assert_eq(lt_avro_set_int(rec, "examples", 0), LT_OK);
@@ -77,6 +81,11 @@ static int64_t record_call_id(const char *tenant, const char *job, const char *k
   cr_assert_eq(lt_bus_produce_sync(prod, &r, T_MS, NULL, &offset, err, sizeof err), LT_OK, "%s", err);
   lt_avro_record_destroy(rec);
   return offset + 1;
+}
+
+/* Without a body. */
+static int64_t record_call_id(const char *tenant, const char *job, const char *kind, const char *cid) {
+  return record_call_body(tenant, job, kind, cid, NULL);
 }
 
 /* The same with a random call id, as a call sent without an Idempotency-Key. */
@@ -118,9 +127,10 @@ static void fresh_ids(char tenant[40], char job[48]) {
 }
 
 /* The worker's side of attempt 2 of job, resumed at resume_seq, its executor the pipe fds. */
+static uint8_t key[LT_CRYPTO_KEY_BYTES]; /* the tenant's data key, as the worker is handed it */
+
 static lt_wsess_t *start_attempt(const char *tenant, const char *job, int64_t since, int64_t resume_seq,
                                  bool restarted, int fds[2]) {
-  static uint8_t key[LT_CRYPTO_KEY_BYTES];
   cr_assert_eq(pipe(fds), 0);
   cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
   lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
@@ -204,4 +214,44 @@ Test(wsess, a_resumed_attempt_skips_what_its_state_holds_and_runs_the_rest) {
   lt_wsess_t *s = start_attempt(tenant, job, since, held, false, fds);
   int64_t next = record_call(tenant, job, "optim_step");
   expect_calls(s, fds, next, "optim_step");
+}
+
+/* A call's body goes from the store once its answer is in the log (no attempt reads it again),
+ * not with the session: a long session's bodies do not pile up. A call still unanswered keeps
+ * its body. */
+Test(wsess, a_calls_body_goes_once_its_answer_is_recorded) {
+  char tenant[40], job[48], cid[2][LT_CRYPTO_RANDOM_ID_CHARS + 1], okey[2][256];
+  fresh_ids(tenant, job);
+  int64_t since = lt_time_wall_ms();
+  int fds[2];
+  lt_wsess_t *s = start_attempt(tenant, job, since, 0, false, fds);
+  lt_crypto_dek_t *dek;
+  cr_assert_eq(lt_crypto_dek_import(&dek, tenant, "dek-1", key, err, sizeof err), LT_OK, "%s", err);
+  const char *body = "{\"data\":[{\"tokens\":[1,2,3],\"targets\":[2,3,4],\"weights\":[1,1,1]}]}";
+  int64_t seq[2];
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(lt_crypto_random_id(cid[i]), LT_OK);
+    snprintf(okey[i], sizeof okey[i], "sessions/%s/%s/calls/%s", tenant, job, cid[i]);
+    cr_assert_eq(lt_sealed_put(store, dek, okey[i], body, strlen(body), NULL, err, sizeof err), LT_OK, "%s", err);
+    seq[i] = record_call_body(tenant, job, "forward_backward", cid[i], okey[i]);
+  }
+  char calls[512], want[128];
+  read_calls(fds[0], 5000, calls, sizeof calls);
+  snprintf(want, sizeof want, "%lld forward_backward %lld forward_backward", (long long)seq[0], (long long)seq[1]);
+  cr_assert_str_eq(calls, want, "the executor got [%s]", calls);
+  lt_proto_result_t r = {.seq = seq[0], .kind = "forward_backward", .ok = true, .step = 0, .tokens = 3, .loss = 1.5,
+                         .grad_norm = NAN, .duration_ms = 1, .body = "{\"loss\":1.5}"};
+  lt_wsess_result(s, &r); /* the first answered; the second not */
+  lt_store_info_t info;
+  lt_err_t e = LT_OK;
+  lt_test_wait_until((e = lt_store_head(store, okey[0], &info, err, sizeof err)) == LT_ERR_NOT_FOUND, 10000, 50,
+                     "the answered call's body is still there (%s)", lt_err_str(e));
+  cr_expect_eq(lt_store_head(store, okey[1], &info, err, sizeof err), LT_OK, "the unanswered call's body went: %s", err);
+  char rkey[256];
+  snprintf(rkey, sizeof rkey, "sessions/%s/%s/results/%lld", tenant, job, (long long)seq[0]);
+  cr_expect_eq(lt_store_head(store, rkey, &info, err, sizeof err), LT_OK, "the result stays: %s", err);
+  lt_wsess_destroy(s);
+  close(fds[0]);
+  close(fds[1]);
+  lt_crypto_dek_destroy(dek);
 }

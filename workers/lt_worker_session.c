@@ -43,6 +43,7 @@ struct lt_wsess {
   lt_crypto_dek_t *dek;
   lt_avro_decoder_t *dec;      /* the inbound thread's */
   lt_map_t *keyed;             /* the inbound thread's: keyed call ids read (set) */
+  lt_map_t *bodies;            /* under lock: seq -> the object key of a call body read, until answered */
   lt_avro_record_t *rec;       /* the outbound thread's PrimitiveCompleted */
   pthread_t in_thr, out_thr;
   bool in_started, out_started;
@@ -107,6 +108,23 @@ static lt_err_t set_opt_double(lt_avro_record_t *rec, const char *path, double v
   return isfinite(v) ? lt_avro_set_double(rec, path, v) : lt_avro_set_null(rec, path);
 }
 
+/* The call's answer is in the log: no attempt reads its body again (a later one resumes from a
+ * state saved after it, or fails it as session_restarted), so the body goes now rather than
+ * with the session, and a long session's call bodies do not pile up in the store. */
+static void drop_body(lt_wsess_t *s, int64_t seq) {
+  char k[24], err[256];
+  snprintf(k, sizeof k, "%lld", (long long)seq);
+  pthread_mutex_lock(&s->lock);
+  char *key = lt_map_get(s->bodies, k);
+  key = key ? strdup(key) : NULL;
+  lt_map_del(s->bodies, k);
+  pthread_mutex_unlock(&s->lock);
+  if (key && lt_store_delete(s->c.store, key, err, sizeof err) != LT_OK)
+    lt_log(LT_LOG_WARN, "worker", SESSION(s), "%s: the body of call %lld stays until the session is swept: %s", s->job,
+           (long long)seq, err);
+  free(key);
+}
+
 /* Seals the result's body into the store, then records PrimitiveCompleted (acks=all). */
 static void record_result(lt_wsess_t *s, result_t *r) {
   char key[512] = "", sha_hex[65] = "", err_msg[512];
@@ -157,7 +175,10 @@ static void record_result(lt_wsess_t *s, result_t *r) {
                         .key_size = strlen(s->job), .value = bytes, .value_size = blen};
   for (int tries = 0; tries < 3; tries++) {
     lt_err_t e = lt_bus_produce_sync(s->c.producer, &br, 3000, NULL, NULL, err_msg, sizeof err_msg);
-    if (!e) return;
+    if (!e) {
+      drop_body(s, r->seq);
+      return;
+    }
     if (e == LT_ERR_FATAL || e == LT_ERR_FENCED) break;
   }
   lt_log(LT_LOG_ERROR, "worker", SESSION(s), "%s: PrimitiveCompleted of call %lld not recorded: %s",
@@ -267,6 +288,13 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
     e = lt_errf(err, sizeof err, LT_ERR_INVALID, "the call's body is not this session's");
   else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, sizeof err)))
     body = json_loadb(data, len, 0, NULL);
+  if (okey && !e) {
+    char k[24], *copy = strdup(okey);
+    snprintf(k, sizeof k, "%lld", (long long)seq);
+    pthread_mutex_lock(&s->lock);
+    if (copy && lt_map_set(s->bodies, k, copy) != LT_OK) free(copy); /* kept until the sweep, then */
+    pthread_mutex_unlock(&s->lock);
+  }
   if (data) {
     OPENSSL_cleanse(data, len);
     free(data);
@@ -401,6 +429,7 @@ lt_err_t lt_wsess_start(const lt_wsess_conf_t *c, lt_wsess_t **out, char *errstr
   lt_err_t err = lt_crypto_dek_import(&s->dek, s->tenant, s->key_id, c->key, errstr, n);
   if (!err) err = lt_avro_decoder_new(c->registry, &s->dec, errstr, n);
   if (!err && !(s->keyed = lt_map_new(NULL))) err = LT_ERR_NOMEM;
+  if (!err && !(s->bodies = lt_map_new(free))) err = LT_ERR_NOMEM;
   if (!err) err = lt_avro_record_new(c->registry, "PrimitiveCompleted", &s->rec, errstr, n);
   if (!err && pthread_create(&s->out_thr, NULL, outbound_main, s) == 0) s->out_started = true;
   if (!err && s->out_started && pthread_create(&s->in_thr, NULL, inbound_main, s) == 0) s->in_started = true;
@@ -495,6 +524,7 @@ void lt_wsess_destroy(lt_wsess_t *s) {
   lt_avro_record_destroy(s->rec);
   lt_avro_decoder_destroy(s->dec);
   lt_map_destroy(s->keyed);
+  lt_map_destroy(s->bodies);
   lt_crypto_dek_destroy(s->dek);
   pthread_mutex_destroy(&s->lock);
   pthread_mutex_destroy(&s->wlock);

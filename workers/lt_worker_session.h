@@ -15,8 +15,9 @@
  *    the lost attempt may have run some of them on a state that is gone — except an end, which
  *    ends the session from the state this attempt resumed.
  *  - the outbound thread takes the executor's "result" lines in order, seals each result body
- *    into the store (sessions/<tenant>/<job>/results/<seq>) and records PrimitiveCompleted in
- *    lathe.progress with acks=all.
+ *    into the store (sessions/<tenant>/<job>/results/<seq>), records PrimitiveCompleted in
+ *    lathe.progress with acks=all, then deletes the call's body (read once; no attempt reads it
+ *    again).
  *
  * The executor's stdin is shared with the event loop's "committed" lines: every line goes through
  * lt_wsess_write, whole.

@@ -312,8 +312,9 @@ void lt_test_proc_stop_clean(lt_test_proc_t *p, int timeout_ms) {
     unlink(p->log);
     return;
   }
-  /* Criterion does not count an assertion that fails in a suite's fini, where this is called: a
-   * crash it does count. */
+  /* Criterion ignores an assertion that fails in a suite's fini, where this is called, and counts
+   * a crash there only as a warning (the test still passes); but the runner then exits non-zero,
+   * which meson and ops/test count as a failure of the suite. */
   fprintf(stderr, "%s did not stop cleanly (wait status %d%s); its log ends:\n%s\n", p->name, st,
           st == -1 ? ": killed" : "", lt_test_log_tail(p->log));
   abort();

@@ -271,6 +271,15 @@ static lt_err_t fetch_state(lt_wsess_t *s, int64_t seq, json_t *body, char *errs
   return LT_OK;
 }
 
+/* The body of call seq goes once its answer is recorded (drop_body). */
+static void remember_body(lt_wsess_t *s, int64_t seq, const char *okey) {
+  char k[24], *copy = strdup(okey);
+  snprintf(k, sizeof k, "%lld", (long long)seq);
+  pthread_mutex_lock(&s->lock);
+  if (copy && lt_map_set(s->bodies, k, copy) != LT_OK) free(copy); /* kept until the sweep, then */
+  pthread_mutex_unlock(&s->lock);
+}
+
 /* One SessionCall of this session: its body fetched and opened, then a "call" line. */
 static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
   const char *kind = NULL, *okey = NULL;
@@ -288,13 +297,7 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
     e = lt_errf(err, sizeof err, LT_ERR_INVALID, "the call's body is not this session's");
   else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, sizeof err)))
     body = json_loadb(data, len, 0, NULL);
-  if (okey && !e) {
-    char k[24], *copy = strdup(okey);
-    snprintf(k, sizeof k, "%lld", (long long)seq);
-    pthread_mutex_lock(&s->lock);
-    if (copy && lt_map_set(s->bodies, k, copy) != LT_OK) free(copy); /* kept until the sweep, then */
-    pthread_mutex_unlock(&s->lock);
-  }
+  if (okey && !e) remember_body(s, seq, okey);
   if (data) {
     OPENSSL_cleanse(data, len);
     free(data);
@@ -397,6 +400,12 @@ static void *inbound_main(void *arg) {
                "the session's worker was lost while this call was queued or running; the session resumed from "
                "its newest saved state, at step %lld: resend the calls after that state",
                (long long)step);
+      const char *okey = NULL;
+      char prefix[256];
+      snprintf(prefix, sizeof prefix, "sessions/%s/%s/calls/", s->tenant, s->job);
+      if (!lt_avro_get_string(rec, "object_key", &okey, NULL) && okey && strncmp(okey, prefix, strlen(prefix)) == 0 &&
+          !strstr(okey, ".."))
+        remember_body(s, seq, okey); /* never read: it goes with the failure's record */
       fail_call(s, seq, kind ? kind : "forward", "session_restarted", step, why);
       continue;
     }

@@ -35,6 +35,7 @@ struct lt_api_upload {
   int next_part;
   uint64_t bytes;         /* plaintext fed so far */
   uint64_t claimed;       /* on the loop: bytes of its parts sent to the pool, the one there included */
+  bool completing;        /* its completion is on the pool: its bytes may be in the store's listing */
   int64_t last_active_ms; /* monotonic */
   bool busy;              /* a part or the completion is on a pool thread: hands off */
   bool dropped;           /* aborted while busy: freed when that work comes back */
@@ -305,9 +306,10 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
     t->artifacts = lt_api_artifact_bytes(c->api, u->tenant);
     /* The tenant's other uploads: their parts are in no listing until they complete. */
     for (const lt_api_upload_t *o = c->api->uploads; o; o = o->next)
-      if (o != u && !o->dropped && strcmp(o->tenant, u->tenant) == 0) t->others += o->claimed;
+      if (o != u && !o->dropped && !o->completing && strcmp(o->tenant, u->tenant) == 0) t->others += o->claimed;
   }
   if (part) u->claimed += evbuffer_get_length(t->body);
+  u->completing = complete;
   u->busy = true;
   lt_api_work(c->api, u->tenant, upload_work, upload_after, t);
 }

@@ -176,7 +176,10 @@ static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg)
   answer_ctx_t *c = arg;
   /* Acknowledged: the projection holds the job now (read-your-writes, lt_api_feed.c); refused
    * or timed out: not (a record that lands late is folded when the consumer reads it). */
-  if (c->submitting[0]) submitting(api, c->submitting, -1);
+  if (c->submitting[0]) {
+    submitting(api, c->submitting, -1);
+    lt_map_del(api->submitting_jobs, c->job_id);
+  }
   if (err) {
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the job could not be recorded durably; nothing was submitted, "
                                                        "retry with the same Idempotency-Key");
@@ -328,8 +331,9 @@ static bool queue_ok(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
 }
 
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
-                  bool *measure) {
-  if (!queue_ok(api, req, t)) return false;
+                  const char *job_id, bool *measure) {
+  /* a retry (its Idempotency-Key) of a submission still on its way is counted once already */
+  if (!lt_map_has(api->submitting_jobs, job_id) && !queue_ok(api, req, t)) return false;
   uint64_t quota = lt_api_storage_quota(api, t), datasets = 0;
   *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets, NULL);
   if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
@@ -389,18 +393,24 @@ static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_j
   /* Again on the loop, right before it is sent: the store look-up (phase 4) ran off it, and other
    * submissions of the tenant may have been sent meanwhile. */
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant_id);
-  if (t && !queue_ok(api, req, t)) return;
+  bool again = lt_map_has(api->submitting_jobs, job_id); /* a retry of one on its way: counted once */
+  if (t && !again && !queue_ok(api, req, t)) return;
   lt_err_t err = record_start(api, rec, job_id, tenant_id);
   if (!err) err = lt_jobspec_to_record(spec, rec, msg, sizeof msg);
   answer_ctx_t *c = encode_for_answer(call, rec, err, "submission", job_id, call->openai ? 200 : 201, &bytes, &blen);
   if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec->priority * 2 + (int32_t)(fnv(job_id) % 2);
-  snprintf(c->submitting, sizeof c->submitting, "%s", tenant_id);
-  submitting(api, tenant_id, +1);
+  if (!again && lt_map_set(api->submitting_jobs, job_id, NULL) == LT_OK) {
+    snprintf(c->submitting, sizeof c->submitting, "%s", tenant_id);
+    submitting(api, tenant_id, +1);
+  }
   err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
   if (err) {
-    submitting(api, tenant_id, -1);
+    if (c->submitting[0]) {
+      submitting(api, tenant_id, -1);
+      lt_map_del(api->submitting_jobs, job_id);
+    }
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the submission now; nothing was submitted");
   }
@@ -485,7 +495,7 @@ void lt_api_jobs_submit_spec(lt_api_call_t *call, lt_jobspec_t *specp) {
   lt_jobspec_t spec = *specp;
   char job_id[LT_ID_MAX + 1];
   bool measure = false;
-  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec, &measure)) return;
+  if (!check_request(req, t, &spec) || !name_job(call, &spec, job_id) || !admit(api, req, t, &spec, job_id, &measure)) return;
   /* a session has no dataset; an invalid id is none; one this API has seen needs no store */
   const char *fields[2][2] = {{"dataset_id", "validation_dataset_id"}, {"training_file", "validation_file"}};
   const char *ids[2] = {spec.dataset_id, spec.validation_dataset_id};

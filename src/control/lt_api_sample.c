@@ -12,10 +12,9 @@
  *
  * `n` choices are n backend requests (seeds seed, seed + 1, ...). Without `stream`, the answer
  * comes when every choice ended; with it, Server-Sent Events carry each token's text as the
- * backend releases it, and `data: [DONE]` ends the stream. A client that leaves a stream cancels
- * its requests at once (their cache blocks are freed); libevent sees a close only once a reply
- * has started, so a client that leaves before its first token, or an answer that is not
- * streamed, runs until it ends or times out. Each answered request records its usage —
+ * backend releases it, and `data: [DONE]` ends the stream. A client that goes away cancels its
+ * requests (their cache blocks are freed): at once when its stream has started (libevent sees
+ * the close), else within the front door's next peek (lt_api_limits.c: door_reap, every 2 s). Each answered request records its usage —
  * tenant, model, adapter, tokens in and out, time to first token, duration; never a prompt or an
  * output — to lathe.usage (SamplingUsage). */
 #include "lt_api_int.h"

@@ -30,6 +30,7 @@
 
 #include <event2/buffer.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "lt_api_int.h"
 #include "lt_callspec.h"
@@ -596,6 +597,26 @@ void lt_api_sessions_create(lt_api_call_t *c) {
 
 /* ---------------------------------------------------------------- calls in */
 
+/* A keyed call's body as a retry is compared with it once the body itself is gone (its worker
+ * deletes it when the call was answered): SHA-256 of its JSON with sorted keys, without the state
+ * key the API adds to a load_state. Stored sealed beside the body, as "<body key>.digest". */
+static bool body_digest(const json_t *body, char hex[65]) {
+  json_t *c = json_deep_copy(body);
+  if (c) json_object_del(c, "state_key");
+  char *text = c ? json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+  json_decref(c);
+  if (!text) return false;
+  uint8_t md[32];
+  unsigned mdlen = 0;
+  bool ok = EVP_Digest(text, strlen(text), md, &mdlen, EVP_sha256(), NULL) == 1 && mdlen == sizeof md;
+  OPENSSL_cleanse(text, strlen(text));
+  free(text);
+  if (ok) lt_crypto_hex(md, sizeof md, hex);
+  return ok;
+}
+
+static void digest_key(char *out, size_t n, const char *body_key) { snprintf(out, n, "%s.digest", body_key); }
+
 typedef struct {
   lt_api_t *api;
   struct evhttp_request *req;
@@ -606,10 +627,12 @@ typedef struct {
   size_t len;
   char key[LT_STORE_KEY_MAX + 1];
   char sha_hex[65];
+  char digest[65]; /* a keyed call's body_digest, stored beside its body ("" for others) */
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
   bool measured;             /* and the tenant's stored bytes, measured on the pool: */
   uint64_t stored;
+  bool wrote;                /* the body is in the store (the measure came before it) */
   lt_err_t err;
   char msg[512];
 } call_in_t;
@@ -706,13 +729,19 @@ static void seal_work(void *arg) {
   }
   if (ci->err) return;
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
+  ci->wrote = !ci->err;
   if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
+  if (!ci->err && ci->digest[0]) {
+    char dkey[LT_STORE_KEY_MAX + 16];
+    digest_key(dkey, sizeof dkey, ci->key);
+    ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, dkey, ci->digest, 64, NULL, ci->msg, sizeof ci->msg);
+  }
 }
 
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
   /* The measure came before the body was written: once it was, the tenant's bytes are unknown. */
-  if (ci->measured) lt_api_stored_note(api, ci->tenant, ci->err != LT_OK, ci->stored);
+  if (ci->measured) lt_api_stored_note(api, ci->tenant, !ci->wrote, ci->stored);
   if (ci->err == LT_ERR_QUOTA) {
     lt_api_reply_storage(ci->req, ci->msg);
     call_in_free(ci);
@@ -744,8 +773,9 @@ static char *call_body(struct evhttp_request *req, size_t *len) {
   return s;
 }
 
+
 /* A retry of a keyed call: the first call's body, read back from the store on the work pool, against
- * the retry's. */
+ * the retry's; once that body is gone (the call was answered), its digest against the retry's. */
 typedef struct {
   lt_api_t *api;
   struct evhttp_request *req;
@@ -768,6 +798,14 @@ static void replay_work(void *arg) {
     json_object_del(r->body, "state_key");
     r->same = json_equal(first, r->body);
     json_decref(first);
+  } else if (r->err == LT_ERR_NOT_FOUND) {
+    char dkey[LT_STORE_KEY_MAX + 16], mine[65];
+    void *d = NULL;
+    size_t dl = 0;
+    digest_key(dkey, sizeof dkey, r->key);
+    r->err = lt_sealed_get(r->api->conf.store, r->dek, dkey, 4096, &d, &dl, r->msg, sizeof r->msg);
+    if (!r->err) r->same = dl == 64 && body_digest(r->body, mine) && memcmp(d, mine, 64) == 0;
+    free(d);
   }
 }
 
@@ -884,6 +922,11 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   ci->examples = (int)json_array_size(json_object_get(body, json_object_get(body, "data") ? "data" : "prompts"));
   ci->body = json_dumps(body, JSON_COMPACT);
   ci->len = ci->body ? strlen(ci->body) : 0;
+  if (ci->keyed[0] && !body_digest(body, ci->digest)) {
+    call_in_free(ci);
+    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+    return;
+  }
   if (!ci->body || lt_keyring_tenant_dek(api->keyring, c->tenant, &ci->dek, msg, sizeof msg)) {
     call_in_free(ci);
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_crypto.h"
@@ -218,9 +220,9 @@ Test(wsess, a_resumed_attempt_skips_what_its_state_holds_and_runs_the_rest) {
 
 /* A call's body goes from the store once its answer is in the log (no attempt reads it again),
  * not with the session: a long session's bodies do not pile up. A call still unanswered keeps
- * its body. */
+ * its body; a keyed call's leaves its digest (what the API compares a retry with). */
 Test(wsess, a_calls_body_goes_once_its_answer_is_recorded) {
-  char tenant[40], job[48], cid[2][LT_CRYPTO_RANDOM_ID_CHARS + 1], okey[2][256];
+  char tenant[40], job[48], cid[3][LT_CALL_ID_MAX], okey[3][256];
   fresh_ids(tenant, job);
   int64_t since = lt_time_wall_ms();
   int fds[2];
@@ -228,28 +230,47 @@ Test(wsess, a_calls_body_goes_once_its_answer_is_recorded) {
   lt_crypto_dek_t *dek;
   cr_assert_eq(lt_crypto_dek_import(&dek, tenant, "dek-1", key, err, sizeof err), LT_OK, "%s", err);
   const char *body = "{\"data\":[{\"tokens\":[1,2,3],\"targets\":[2,3,4],\"weights\":[1,1,1]}]}";
-  int64_t seq[2];
-  for (int i = 0; i < 2; i++) {
-    cr_assert_eq(lt_crypto_random_id(cid[i]), LT_OK);
+  int64_t seq[3];
+  for (int i = 0; i < 3; i++) { /* 0 and 1 without a key, 2 with one */
+    if (i < 2) cr_assert_eq(lt_crypto_random_id(cid[i]), LT_OK);
+    else lt_call_id_for_key(tenant, job, "step-9", cid[i]);
     snprintf(okey[i], sizeof okey[i], "sessions/%s/%s/calls/%s", tenant, job, cid[i]);
     cr_assert_eq(lt_sealed_put(store, dek, okey[i], body, strlen(body), NULL, err, sizeof err), LT_OK, "%s", err);
     seq[i] = record_call_body(tenant, job, "forward_backward", cid[i], okey[i]);
   }
-  char calls[512], want[128];
+  char calls[512], want[160];
   read_calls(fds[0], 5000, calls, sizeof calls);
-  snprintf(want, sizeof want, "%lld forward_backward %lld forward_backward", (long long)seq[0], (long long)seq[1]);
+  snprintf(want, sizeof want, "%lld forward_backward %lld forward_backward %lld forward_backward", (long long)seq[0],
+           (long long)seq[1], (long long)seq[2]);
   cr_assert_str_eq(calls, want, "the executor got [%s]", calls);
-  lt_proto_result_t r = {.seq = seq[0], .kind = "forward_backward", .ok = true, .step = 0, .tokens = 3, .loss = 1.5,
-                         .grad_norm = NAN, .duration_ms = 1, .body = "{\"loss\":1.5}"};
-  lt_wsess_result(s, &r); /* the first answered; the second not */
+  for (int i = 0; i < 3; i += 2) { /* 0 and 2 answered; 1 not */
+    lt_proto_result_t r = {.seq = seq[i], .kind = "forward_backward", .ok = true, .step = 0, .tokens = 3, .loss = 1.5,
+                           .grad_norm = NAN, .duration_ms = 1, .body = "{\"loss\":1.5}"};
+    lt_wsess_result(s, &r);
+  }
   lt_store_info_t info;
   lt_err_t e = LT_OK;
-  lt_test_wait_until((e = lt_store_head(store, okey[0], &info, err, sizeof err)) == LT_ERR_NOT_FOUND, 10000, 50,
-                     "the answered call's body is still there (%s)", lt_err_str(e));
+  for (int i = 0; i < 3; i += 2)
+    lt_test_wait_until((e = lt_store_head(store, okey[i], &info, err, sizeof err)) == LT_ERR_NOT_FOUND, 10000, 50,
+                       "the answered call %d's body is still there (%s)", i, lt_err_str(e));
   cr_expect_eq(lt_store_head(store, okey[1], &info, err, sizeof err), LT_OK, "the unanswered call's body went: %s", err);
-  char rkey[256];
+  char rkey[256], dkey[300];
   snprintf(rkey, sizeof rkey, "sessions/%s/%s/results/%lld", tenant, job, (long long)seq[0]);
   cr_expect_eq(lt_store_head(store, rkey, &info, err, sizeof err), LT_OK, "the result stays: %s", err);
+  snprintf(dkey, sizeof dkey, "%s.digest", okey[0]);
+  cr_expect_eq(lt_store_head(store, dkey, &info, err, sizeof err), LT_ERR_NOT_FOUND, "a call without a key has no digest");
+  /* the keyed call's digest: its body's, as the API computes a retry's */
+  snprintf(dkey, sizeof dkey, "%s.digest", okey[2]);
+  void *d = NULL;
+  size_t dl = 0;
+  cr_assert_eq(lt_sealed_get(store, dek, dkey, 4096, &d, &dl, err, sizeof err), LT_OK, "%s", err);
+  json_t *j = json_loads("{\"data\":[{\"weights\":[1,1,1],\"targets\":[2,3,4],\"tokens\":[1,2,3]}]}", 0, NULL);
+  char hex[65];
+  cr_assert(lt_call_body_digest(j, hex));
+  cr_expect(dl == 64 && memcmp(d, hex, 64) == 0, "the digest is not the body's (keys in any order): %.*s", (int)dl,
+            (const char *)d);
+  json_decref(j);
+  free(d);
   lt_wsess_destroy(s);
   close(fds[0]);
   close(fds[1]);

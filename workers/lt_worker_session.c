@@ -26,6 +26,13 @@
 #define MAX_BODY ((size_t)64 << 20) /* the largest call body or state the worker reads */
 #define MAX_AHEAD 8                 /* calls handed to the executor and not yet answered, at most */
 
+/* A call's body in the store, to delete once the call is answered; a keyed call's leaves its
+ * digest (lt_call_body_digest) for the API to compare a retry with. */
+typedef struct {
+  char key[512];
+  char digest[65]; /* "" for a call without a key */
+} body_t;
+
 /* A result waiting for the outbound thread (a copy of the executor's line, or one made here). */
 typedef struct result {
   int64_t seq, step, tokens;
@@ -43,7 +50,7 @@ struct lt_wsess {
   lt_crypto_dek_t *dek;
   lt_avro_decoder_t *dec;      /* the inbound thread's */
   lt_map_t *keyed;             /* the inbound thread's: keyed call ids read (set) */
-  lt_map_t *bodies;            /* under lock: seq -> the object key of a call body read, until answered */
+  lt_map_t *bodies;            /* under lock: seq -> body_t of a call's body, until the call is answered */
   lt_avro_record_t *rec;       /* the outbound thread's PrimitiveCompleted */
   pthread_t in_thr, out_thr;
   bool in_started, out_started;
@@ -110,19 +117,22 @@ static lt_err_t set_opt_double(lt_avro_record_t *rec, const char *path, double v
 
 /* The call's answer is in the log: no attempt reads its body again (a later one resumes from a
  * state saved after it, or fails it as session_restarted), so the body goes now rather than
- * with the session, and a long session's call bodies do not pile up in the store. */
+ * with the session, and a long session's call bodies do not pile up in the store. A keyed call's
+ * digest goes in first, so that a retry read between the two finds one of them. */
 static void drop_body(lt_wsess_t *s, int64_t seq) {
-  char k[24], err[256];
+  char k[24], err[256], dkey[sizeof ((body_t *)0)->key + 8];
   snprintf(k, sizeof k, "%lld", (long long)seq);
   pthread_mutex_lock(&s->lock);
-  char *key = lt_map_get(s->bodies, k);
-  key = key ? strdup(key) : NULL;
+  body_t *b = lt_map_get(s->bodies, k), copy = b ? *b : (body_t){0};
   lt_map_del(s->bodies, k);
   pthread_mutex_unlock(&s->lock);
-  if (key && lt_store_delete(s->c.store, key, err, sizeof err) != LT_OK)
+  if (!copy.key[0]) return;
+  snprintf(dkey, sizeof dkey, "%s.digest", copy.key);
+  lt_err_t e = copy.digest[0] ? lt_sealed_put(s->c.store, s->dek, dkey, copy.digest, 64, NULL, err, sizeof err) : LT_OK;
+  if (!e) e = lt_store_delete(s->c.store, copy.key, err, sizeof err);
+  if (e)
     lt_log(LT_LOG_WARN, "worker", SESSION(s), "%s: the body of call %lld stays until the session is swept: %s", s->job,
            (long long)seq, err);
-  free(key);
 }
 
 /* Seals the result's body into the store, then records PrimitiveCompleted (acks=all). */
@@ -271,12 +281,19 @@ static lt_err_t fetch_state(lt_wsess_t *s, int64_t seq, json_t *body, char *errs
   return LT_OK;
 }
 
-/* The body of call seq goes once its answer is recorded (drop_body). */
-static void remember_body(lt_wsess_t *s, int64_t seq, const char *okey) {
-  char k[24], *copy = strdup(okey);
+/* The body of call seq goes once its answer is recorded (drop_body); digest: a keyed call's, or NULL. */
+static void remember_body(lt_wsess_t *s, int64_t seq, const char *okey, const char *digest) {
+  char k[24];
+  body_t *b = calloc(1, sizeof *b);
+  if (!b || strlen(okey) >= sizeof b->key) {
+    free(b);
+    return; /* kept until the sweep */
+  }
+  snprintf(b->key, sizeof b->key, "%s", okey);
+  if (digest) snprintf(b->digest, sizeof b->digest, "%s", digest);
   snprintf(k, sizeof k, "%lld", (long long)seq);
   pthread_mutex_lock(&s->lock);
-  if (copy && lt_map_set(s->bodies, k, copy) != LT_OK) free(copy); /* kept until the sweep, then */
+  if (lt_map_set(s->bodies, k, b) != LT_OK) free(b);
   pthread_mutex_unlock(&s->lock);
 }
 
@@ -297,7 +314,12 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
     e = lt_errf(err, sizeof err, LT_ERR_INVALID, "the call's body is not this session's");
   else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, sizeof err)))
     body = json_loadb(data, len, 0, NULL);
-  if (okey && !e) remember_body(s, seq, okey);
+  if (okey && !e) {
+    const char *call_id = NULL;
+    char digest[65] = "";
+    bool keyed = !lt_avro_get_string(rec, "call_id", &call_id, NULL) && lt_call_id_keyed(call_id);
+    if (!keyed || (body && lt_call_body_digest(body, digest))) remember_body(s, seq, okey, keyed ? digest : NULL);
+  }
   if (data) {
     OPENSSL_cleanse(data, len);
     free(data);
@@ -403,9 +425,11 @@ static void *inbound_main(void *arg) {
       const char *okey = NULL;
       char prefix[256];
       snprintf(prefix, sizeof prefix, "sessions/%s/%s/calls/", s->tenant, s->job);
+      /* never read: it goes with the failure's record, but for a keyed call's (no digest is made
+       * of a body not read; a retry of it compares with the body, kept until the sweep) */
       if (!lt_avro_get_string(rec, "object_key", &okey, NULL) && okey && strncmp(okey, prefix, strlen(prefix)) == 0 &&
-          !strstr(okey, ".."))
-        remember_body(s, seq, okey); /* never read: it goes with the failure's record */
+          !strstr(okey, "..") && !(call_id && lt_call_id_keyed(call_id)))
+        remember_body(s, seq, okey, NULL);
       fail_call(s, seq, kind ? kind : "forward", "session_restarted", step, why);
       continue;
     }

@@ -17,7 +17,7 @@
  *  - the outbound thread takes the executor's "result" lines in order, seals each result body
  *    into the store (sessions/<tenant>/<job>/results/<seq>), records PrimitiveCompleted in
  *    lathe.progress with acks=all, then deletes the call's body (read once; no attempt reads it
- *    again).
+ *    again), leaving a keyed call's digest (lt_call_body_digest) for the API's retries.
  *
  * The executor's stdin is shared with the event loop's "committed" lines: every line goes through
  * lt_wsess_write, whole.

@@ -30,7 +30,6 @@
 
 #include <event2/buffer.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 
 #include "lt_api_int.h"
 #include "lt_callspec.h"
@@ -597,24 +596,7 @@ void lt_api_sessions_create(lt_api_call_t *c) {
 
 /* ---------------------------------------------------------------- calls in */
 
-/* A keyed call's body as a retry is compared with it once the body itself is gone (its worker
- * deletes it when the call was answered): SHA-256 of its JSON with sorted keys, without the state
- * key the API adds to a load_state. Stored sealed beside the body, as "<body key>.digest". */
-static bool body_digest(const json_t *body, char hex[65]) {
-  json_t *c = json_deep_copy(body);
-  if (c) json_object_del(c, "state_key");
-  char *text = c ? json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
-  json_decref(c);
-  if (!text) return false;
-  uint8_t md[32];
-  unsigned mdlen = 0;
-  bool ok = EVP_Digest(text, strlen(text), md, &mdlen, EVP_sha256(), NULL) == 1 && mdlen == sizeof md;
-  OPENSSL_cleanse(text, strlen(text));
-  free(text);
-  if (ok) lt_crypto_hex(md, sizeof md, hex);
-  return ok;
-}
-
+/* Where a keyed call's body digest (lt_call_body_digest) is, once its worker deleted the body. */
 static void digest_key(char *out, size_t n, const char *body_key) { snprintf(out, n, "%s.digest", body_key); }
 
 typedef struct {
@@ -627,7 +609,6 @@ typedef struct {
   size_t len;
   char key[LT_STORE_KEY_MAX + 1];
   char sha_hex[65];
-  char digest[65]; /* a keyed call's body_digest, stored beside its body ("" for others) */
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
   bool measured;             /* and the tenant's stored bytes, measured on the pool: */
@@ -731,11 +712,7 @@ static void seal_work(void *arg) {
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
   ci->wrote = !ci->err;
   if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
-  if (!ci->err && ci->digest[0]) {
-    char dkey[LT_STORE_KEY_MAX + 16];
-    digest_key(dkey, sizeof dkey, ci->key);
-    ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, dkey, ci->digest, 64, NULL, ci->msg, sizeof ci->msg);
-  }
+
 }
 
 static void seal_after(lt_api_t *api, void *arg) {
@@ -804,7 +781,7 @@ static void replay_work(void *arg) {
     size_t dl = 0;
     digest_key(dkey, sizeof dkey, r->key);
     r->err = lt_sealed_get(r->api->conf.store, r->dek, dkey, 4096, &d, &dl, r->msg, sizeof r->msg);
-    if (!r->err) r->same = dl == 64 && body_digest(r->body, mine) && memcmp(d, mine, 64) == 0;
+    if (!r->err) r->same = dl == 64 && lt_call_body_digest(r->body, mine) && memcmp(d, mine, 64) == 0;
     free(d);
   }
 }
@@ -922,11 +899,6 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   ci->examples = (int)json_array_size(json_object_get(body, json_object_get(body, "data") ? "data" : "prompts"));
   ci->body = json_dumps(body, JSON_COMPACT);
   ci->len = ci->body ? strlen(ci->body) : 0;
-  if (ci->keyed[0] && !body_digest(body, ci->digest)) {
-    call_in_free(ci);
-    lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
-    return;
-  }
   if (!ci->body || lt_keyring_tenant_dek(api->keyring, c->tenant, &ci->dek, msg, sizeof msg)) {
     call_in_free(ci);
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the tenant's key cannot be opened now; retry");

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+#include <openssl/crypto.h>
+
 #include "lt_crypto.h"
 
 /* A string field, or NULL when the field is null or absent in this record type. */
@@ -363,6 +366,20 @@ void lt_call_id_for_key(const char *tenant_id, const char *job_id, const char *k
   lt_crypto_sha256(seed, n < 0 ? 0 : (size_t)n < sizeof seed ? (size_t)n : sizeof seed - 1, h);
   out[0] = 'k';
   lt_crypto_hex(h, 16, out + 1);
+}
+
+bool lt_call_body_digest(const json_t *body, char hex[65]) {
+  json_t *c = json_deep_copy(body);
+  if (c) json_object_del(c, "state_key");
+  char *text = c ? json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT) : NULL;
+  json_decref(c);
+  if (!text) return false;
+  uint8_t h[32];
+  lt_crypto_sha256(text, strlen(text), h);
+  OPENSSL_cleanse(text, strlen(text));
+  free(text);
+  lt_crypto_hex(h, sizeof h, hex);
+  return true;
 }
 
 bool lt_call_id_keyed(const char *call_id) {

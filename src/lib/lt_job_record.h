@@ -58,6 +58,13 @@ int32_t lt_calls_partition(const char *job_id);
 void lt_call_id_for_key(const char *tenant_id, const char *job_id, const char *key, char out[LT_CALL_ID_MAX]);
 bool lt_call_id_keyed(const char *call_id);
 
+/* A keyed call's body once the body itself is gone (its worker deletes it when the call was
+ * answered, and stores this sealed as "<body key>.digest"): 64 hex digits of SHA-256 over its
+ * JSON with sorted keys, without "state_key" (the API's addition to a load_state). The API
+ * compares a retry of the call with it. False when out of memory. */
+struct json_t;
+bool lt_call_body_digest(const struct json_t *body, char hex[65]);
+
 /* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
  * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
  * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */

@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "lt_crypto.h"
 
@@ -375,11 +376,12 @@ bool lt_call_body_digest(const json_t *body, char hex[65]) {
   json_decref(c);
   if (!text) return false;
   uint8_t h[32];
-  lt_crypto_sha256(text, strlen(text), h);
+  unsigned hl = 0;
+  bool ok = EVP_Digest(text, strlen(text), h, &hl, EVP_sha256(), NULL) == 1 && hl == sizeof h;
   OPENSSL_cleanse(text, strlen(text));
   free(text);
-  lt_crypto_hex(h, sizeof h, hex);
-  return true;
+  if (ok) lt_crypto_hex(h, sizeof h, hex);
+  return ok;
 }
 
 bool lt_call_id_keyed(const char *call_id) {

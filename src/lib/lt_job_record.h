@@ -61,7 +61,9 @@ bool lt_call_id_keyed(const char *call_id);
 /* A keyed call's body once the body itself is gone (its worker deletes it when the call was
  * answered, and stores this sealed as "<body key>.digest"): 64 hex digits of SHA-256 over its
  * JSON with sorted keys, without "state_key" (the API's addition to a load_state). The API
- * compares a retry of the call with it. False when out of memory. */
+ * compares a retry of the call with it: the worker that writes it and the API that checks it must
+ * compute it alike (this function, one jansson), or every retry after an answer is 422. False
+ * when out of memory. */
 struct json_t;
 bool lt_call_body_digest(const struct json_t *body, char hex[65]);
 

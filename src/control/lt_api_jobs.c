@@ -312,10 +312,6 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
   return !known;
 }
 
-/* Phase 3: the tenant's quotas and the fleet's models; false when it replied. The storage quota
- * is checked against the datasets' bytes as this API last measured them; with none measured yet
- * (since it started, or since the tenant's quota came), *measure asks phase 4 to measure them off
- * the loop first. */
 /* The queue quota: the tenant's live jobs as folded, and its submissions on their way to the
  * broker (a burst sent at once would pass the limit otherwise); false when it replied 429. Each
  * API counts its own submissions: another API's are seen once its records are folded here. */
@@ -330,6 +326,10 @@ static bool queue_ok(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
   return false;
 }
 
+/* Phase 3: the tenant's quotas and the fleet's models; false when it replied. The storage quota
+ * is checked against the datasets' bytes as this API last measured them; with none measured yet
+ * (since it started, or since the tenant's quota came), *measure asks phase 4 to measure them off
+ * the loop first. */
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                   const char *job_id, bool *measure) {
   /* a retry (its Idempotency-Key) of a submission still on its way is counted once already */

@@ -712,7 +712,6 @@ static void seal_work(void *arg) {
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
   ci->wrote = !ci->err;
   if (!ci->err) lt_crypto_hex(sha, 32, ci->sha_hex);
-
 }
 
 static void seal_after(lt_api_t *api, void *arg) {
@@ -749,7 +748,6 @@ static char *call_body(struct evhttp_request *req, size_t *len) {
   s[*len] = '\0';
   return s;
 }
-
 
 /* A retry of a keyed call: the first call's body, read back from the store on the work pool, against
  * the retry's; once that body is gone (the call was answered), its digest against the retry's. */

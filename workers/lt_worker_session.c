@@ -127,7 +127,7 @@ static void drop_body(lt_wsess_t *s, int64_t seq) {
   lt_map_del(s->bodies, k);
   pthread_mutex_unlock(&s->lock);
   if (!copy.key[0]) return;
-  snprintf(dkey, sizeof dkey, "%s.digest", copy.key);
+  lt_call_digest_key(dkey, sizeof dkey, copy.key);
   lt_err_t e = copy.digest[0] ? lt_sealed_put(s->c.store, s->dek, dkey, copy.digest, 64, NULL, err, sizeof err) : LT_OK;
   if (!e) e = lt_store_delete(s->c.store, copy.key, err, sizeof err);
   if (e)
@@ -297,6 +297,13 @@ static void remember_body(lt_wsess_t *s, int64_t seq, const char *okey, const ch
   pthread_mutex_unlock(&s->lock);
 }
 
+/* Is okey an object of this session's calls (the only bodies its worker reads or deletes)? */
+static bool own_call_object(const lt_wsess_t *s, const char *okey) {
+  char prefix[256];
+  snprintf(prefix, sizeof prefix, "sessions/%s/%s/calls/", s->tenant, s->job);
+  return strncmp(okey, prefix, strlen(prefix)) == 0 && !strstr(okey, "..");
+}
+
 /* One SessionCall of this session: its body fetched and opened, then a "call" line. */
 static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
   const char *kind = NULL, *okey = NULL;
@@ -304,13 +311,11 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
   lt_avro_get_enum(rec, "kind", &kind);
   lt_avro_get_string(rec, "object_key", &okey, NULL);
   if (!kind) return;
-  char prefix[256];
-  snprintf(prefix, sizeof prefix, "sessions/%s/%s/calls/", s->tenant, s->job);
   void *data = NULL;
   size_t len = 0;
   json_t *body = NULL;
   lt_err_t e = LT_OK;
-  if (okey && (strncmp(okey, prefix, strlen(prefix)) != 0 || strstr(okey, "..")))
+  if (okey && !own_call_object(s, okey))
     e = lt_errf(err, sizeof err, LT_ERR_INVALID, "the call's body is not this session's");
   else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, sizeof err)))
     body = json_loadb(data, len, 0, NULL);
@@ -423,12 +428,10 @@ static void *inbound_main(void *arg) {
                "its newest saved state, at step %lld: resend the calls after that state",
                (long long)step);
       const char *okey = NULL;
-      char prefix[256];
-      snprintf(prefix, sizeof prefix, "sessions/%s/%s/calls/", s->tenant, s->job);
       /* never read: it goes with the failure's record, but for a keyed call's (no digest is made
        * of a body not read; a retry of it compares with the body, kept until the sweep) */
-      if (!lt_avro_get_string(rec, "object_key", &okey, NULL) && okey && strncmp(okey, prefix, strlen(prefix)) == 0 &&
-          !strstr(okey, "..") && !(call_id && lt_call_id_keyed(call_id)))
+      if (!lt_avro_get_string(rec, "object_key", &okey, NULL) && okey && own_call_object(s, okey) &&
+          !(call_id && lt_call_id_keyed(call_id)))
         remember_body(s, seq, okey, NULL);
       fail_call(s, seq, kind ? kind : "forward", "session_restarted", step, why);
       continue;

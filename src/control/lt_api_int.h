@@ -103,9 +103,8 @@ struct lt_api {
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *stored_bytes;  /* tenant -> its stored bytes as last measured (lt_api_quota.c) */
   lt_map_t *usage_flight;  /* tenant -> its GET /v1/usage measure in flight, with the requests waiting */
-  lt_map_t *submitting;    /* tenant -> its submissions sent to the broker and not yet acknowledged
-                              (int): the queue quota counts them (lt_api_jobs.c) */
-  lt_map_t *submitting_jobs; /* set of job_id: those submissions, a retry of one counted once */
+  lt_map_t *submitting;    /* job_id -> tenant: submissions sent to the broker and not yet
+                              acknowledged, which the queue quota counts (lt_api_jobs.c) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */

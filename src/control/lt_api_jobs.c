@@ -116,7 +116,7 @@ typedef struct {
   char job_id[LT_ID_MAX + 1];
   int status;
   lt_api_job_view_fn *view;
-  char submitting[LT_ID_MAX + 1]; /* a submission: its tenant, counted in api->submitting until then */
+  bool submitting; /* a submission counted in api->submitting until then */
 } answer_ctx_t;
 
 /* The view a call's answers take. */
@@ -158,28 +158,20 @@ static answer_ctx_t *encode_for_answer(const lt_api_call_t *call, lt_avro_record
 
 /* ---------------------------------------------------------------- submit */
 
-/* The tenant's submissions on their way to the broker: adds d (+1 sent, -1 answered); the count. */
-static int submitting(lt_api_t *api, const char *tenant, int d) {
-  int *n = lt_map_get(api->submitting, tenant);
-  if (!n && d > 0 && (n = calloc(1, sizeof *n)) && lt_map_set(api->submitting, tenant, n) != LT_OK) {
-    free(n);
-    return 0; /* out of memory: counted by the projection alone, as before */
-  }
-  if (!n) return 0;
-  *n += d;
-  int now = *n;
-  if (now <= 0) lt_map_del(api->submitting, tenant);
-  return now;
+/* The tenant's submissions on their way to the broker (a few at a time: those of the last
+ * milliseconds). */
+static int64_t submitting(const lt_api_t *api, const char *tenant) {
+  int64_t n = 0;
+  lt_map_iter_t it = {0};
+  while (lt_map_next(api->submitting, &it)) n += strcmp(it.value, tenant) == 0;
+  return n;
 }
 
 static void submit_done(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   answer_ctx_t *c = arg;
   /* Acknowledged: the projection holds the job now (read-your-writes, lt_api_feed.c); refused
    * or timed out: not (a record that lands late is folded when the consumer reads it). */
-  if (c->submitting[0]) {
-    submitting(api, c->submitting, -1);
-    lt_map_del(api->submitting_jobs, c->job_id);
-  }
+  if (c->submitting) lt_map_del(api->submitting, c->job_id);
   if (err) {
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the job could not be recorded durably; nothing was submitted, "
                                                        "retry with the same Idempotency-Key");
@@ -317,7 +309,7 @@ bool lt_api_model_unserved(lt_api_t *api, struct evhttp_request *req, const char
  * API counts its own submissions: another API's are seen once its records are folded here. */
 static bool queue_ok(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t) {
   if (t->quotas.max_queued_jobs <= 0) return true;
-  int64_t live = lt_api_tenant_jobs(api, t->tenant_id).live + submitting(api, t->tenant_id, 0);
+  int64_t live = lt_api_tenant_jobs(api, t->tenant_id).live + submitting(api, t->tenant_id);
   if (live < t->quotas.max_queued_jobs) return true;
   lt_api_reply_error(req, 429, "over_quota", NULL,
                      "tenant %s has %lld queued or running jobs; its limit max_queued_jobs is %d: wait for one to "
@@ -333,7 +325,7 @@ static bool queue_ok(lt_api_t *api, struct evhttp_request *req, const lt_tenant_
 static bool admit(lt_api_t *api, struct evhttp_request *req, const lt_tenant_t *t, const lt_jobspec_t *spec,
                   const char *job_id, bool *measure) {
   /* a retry (its Idempotency-Key) of a submission still on its way is counted once already */
-  if (!lt_map_has(api->submitting_jobs, job_id) && !queue_ok(api, req, t)) return false;
+  if (!lt_map_has(api->submitting, job_id) && !queue_ok(api, req, t)) return false;
   uint64_t quota = lt_api_storage_quota(api, t), datasets = 0;
   *measure = quota && !lt_api_stored_recent(api, t->tenant_id, &datasets, NULL);
   if (quota && !*measure) { /* lt_api_quota.c; datasets and checkpoints as measured lately */
@@ -393,7 +385,7 @@ static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_j
   /* Again on the loop, right before it is sent: the store look-up (phase 4) ran off it, and other
    * submissions of the tenant may have been sent meanwhile. */
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant_id);
-  bool again = lt_map_has(api->submitting_jobs, job_id); /* a retry of one on its way: counted once */
+  bool again = lt_map_has(api->submitting, job_id); /* a retry of one on its way: counted once */
   if (t && !again && !queue_ok(api, req, t)) return;
   lt_err_t err = record_start(api, rec, job_id, tenant_id);
   if (!err) err = lt_jobspec_to_record(spec, rec, msg, sizeof msg);
@@ -401,16 +393,12 @@ static void submit_record(lt_api_call_t *call, const char *tenant_id, const lt_j
   if (!c) return;
   /* lathe.jobs partitions are grouped by class: two per class, in class order. */
   int32_t partition = (int32_t)spec->priority * 2 + (int32_t)(fnv(job_id) % 2);
-  if (!again && lt_map_set(api->submitting_jobs, job_id, NULL) == LT_OK) {
-    snprintf(c->submitting, sizeof c->submitting, "%s", tenant_id);
-    submitting(api, tenant_id, +1);
-  }
+  char *owner = again ? NULL : strdup(tenant_id);
+  if (owner && lt_map_set(api->submitting, job_id, owner) == LT_OK) c->submitting = true;
+  else free(owner); /* out of memory: counted by the projection alone, as before */
   err = lt_api_produce(api, api->topic_jobs, partition, job_id, bytes, blen, true, submit_done, c);
   if (err) {
-    if (c->submitting[0]) {
-      submitting(api, tenant_id, -1);
-      lt_map_del(api->submitting_jobs, job_id);
-    }
+    if (c->submitting) lt_map_del(api->submitting, job_id);
     free(c);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the submission now; nothing was submitted");
   }

@@ -596,9 +596,6 @@ void lt_api_sessions_create(lt_api_call_t *c) {
 
 /* ---------------------------------------------------------------- calls in */
 
-/* Where a keyed call's body digest (lt_call_body_digest) is, once its worker deleted the body. */
-static void digest_key(char *out, size_t n, const char *body_key) { snprintf(out, n, "%s.digest", body_key); }
-
 typedef struct {
   lt_api_t *api;
   struct evhttp_request *req;
@@ -777,7 +774,7 @@ static void replay_work(void *arg) {
     char dkey[LT_STORE_KEY_MAX + 16], mine[65];
     void *d = NULL;
     size_t dl = 0;
-    digest_key(dkey, sizeof dkey, r->key);
+    lt_call_digest_key(dkey, sizeof dkey, r->key);
     r->err = lt_sealed_get(r->api->conf.store, r->dek, dkey, 4096, &d, &dl, r->msg, sizeof r->msg);
     if (!r->err) r->same = dl == 64 && lt_call_body_digest(r->body, mine) && memcmp(d, mine, 64) == 0;
     free(d);

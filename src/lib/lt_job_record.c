@@ -384,6 +384,8 @@ bool lt_call_body_digest(const json_t *body, char hex[65]) {
   return ok;
 }
 
+void lt_call_digest_key(char *out, size_t n, const char *body_key) { snprintf(out, n, "%s.digest", body_key); }
+
 bool lt_call_id_keyed(const char *call_id) {
   if (!call_id || call_id[0] != 'k' || strlen(call_id) != 33) return false;
   for (const char *c = call_id + 1; *c; c++)

@@ -66,6 +66,8 @@ bool lt_call_id_keyed(const char *call_id);
  * when out of memory. */
 struct json_t;
 bool lt_call_body_digest(const struct json_t *body, char hex[65]);
+/* Where that digest is: "<body key>.digest". */
+void lt_call_digest_key(char *out, size_t n, const char *body_key);
 
 /* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
  * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer

@@ -172,6 +172,7 @@ typedef struct upload_task {
   uint64_t others;       /* the parts of its other open uploads (not yet in the store's listing), from the loop */
   uint64_t datasets;     /* its datasets' stored bytes, measured on the pool thread */
   bool measured;
+  uint64_t since;        /* the measure's mark */
   bool over_storage;     /* err is the storage quota's */
   bool openai;           /* answer with OpenAI's file object (POST /v1/files) */
 } upload_task_t;
@@ -213,7 +214,7 @@ static void upload_work(void *ctx) {
   upload_task_t *t = ctx;
   bool quota = t->quota > 0;
   if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
-    t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, t->msg, sizeof t->msg);
+    t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, t->msg, sizeof t->msg);
     t->measured = !t->err;
     if (!t->err)
       t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets + t->others, t->artifacts,
@@ -226,7 +227,7 @@ static void upload_work(void *ctx) {
   t->report = lt_dataset_report_json(&t->r, 1);
   if (!t->refused) t->err = store_dataset(t->api, t->u, t->report, &t->meta, t->msg, sizeof t->msg);
   if (!t->refused && !t->err && quota)
-    t->measured = !lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, NULL, 0);
 }
 
 /* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
@@ -250,7 +251,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   upload_task_t *t = ctx;
   lt_api_upload_t *u = t->u;
   u->busy = false;
-  lt_api_stored_note(api, u->tenant, t->measured, t->datasets);
+  lt_api_stored_note(api, u->tenant, t->since, t->measured, t->datasets);
   if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
     upload_free(u);
@@ -479,6 +480,7 @@ typedef struct ds_task {
   uint64_t quota;    /* the tenant's storage quota (lt_api_storage_quota; 0: none) */
   uint64_t datasets; /* after a delete, with a storage quota: the tenant's dataset bytes */
   bool measured;
+  uint64_t since;    /* the measure's mark */
   int limit;         /* list: datasets a page */
   bool more;         /* list: another page follows */
   bool openai;       /* answer with OpenAI's file objects (/v1/files) */
@@ -684,7 +686,7 @@ static void delete_work(void *ctx) {
     t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
   if (!t->err && t->quota)
-    t->measured = !lt_api_stored_bytes(t->api, t->tenant, &t->datasets, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->tenant, &t->datasets, &t->since, NULL, 0);
 }
 
 static void delete_after(lt_api_t *api, void *ctx) {
@@ -692,7 +694,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   char seen[160];
   seen_key(seen, sizeof seen, t->tenant, t->id);
   lt_map_del(api->datasets_seen, seen);
-  lt_api_stored_note(api, t->tenant, t->measured, t->datasets);
+  lt_api_stored_note(api, t->tenant, t->since, t->measured, t->datasets);
   if (t->err) ds_reply_err(t);
   else if (t->openai) lt_api_reply_json(t->req, 200, json_pack("{s:s,s:s,s:b}", "id", t->id, "object", "file", "deleted", 1));
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));

@@ -60,7 +60,7 @@ static void delete_work(void *ctx) {
 
 static void delete_after(lt_api_t *api, void *ctx) {
   delete_task_t *t = ctx;
-  lt_api_stored_note(api, t->tenant, false, 0); /* its checkpoints went: measured again when asked */
+  lt_api_stored_note(api, t->tenant, 0, false, 0); /* its checkpoints went: measured again when asked */
   if (t->err)
     lt_api_reply_store_err(t->req, t->err, t->msg);
   else

@@ -102,6 +102,8 @@ struct lt_api {
   int64_t sse_beat_at_ms;  /* when the open event streams last got a keepalive (monotonic) */
   lt_map_t *datasets_seen; /* set of "tenant/dataset": known to exist (skips a store HEAD) */
   lt_map_t *stored_bytes;  /* tenant -> its stored bytes as last measured (lt_api_quota.c) */
+  uint64_t stored_marks;   /* the last lt_api_stored_mark() (atomic: pool threads take marks) */
+  uint64_t stored_floor;   /* a measure begun before this mark is not kept (a forget found no memory) */
   lt_map_t *usage_flight;  /* tenant -> its GET /v1/usage measure in flight, with the requests waiting */
   lt_map_t *submitting;    /* job_id -> tenant: submissions sent to the broker and not yet
                               acknowledged, which the queue quota counts (lt_api_jobs.c) */
@@ -303,12 +305,17 @@ void lt_api_download_stop_all(lt_api_t *api);
 /* Plaintext bytes of the tenant's published artifacts (deleted jobs not counted). Loop thread. */
 uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
 /* Stored bytes of the tenant's datasets, checkpoints (staging) and session call bodies and
- * results, listed from the store. Any thread. */
-lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n);
+ * results, listed from the store; *since: the mark (lt_api_stored_mark) taken as the listing
+ * began, for lt_api_stored_note. Any thread. */
+lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, char *msg, size_t n);
 /* A measure of lt_api_stored_bytes is trusted this long by a submission's check. */
 #define LT_API_STORED_FRESH_MS 60000
-/* Remembers the tenant's stored bytes just measured (measured false: forgets them). Loop thread. */
-void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes);
+/* A mark: a number larger than every mark taken before it. Any thread. */
+uint64_t lt_api_stored_mark(lt_api_t *api);
+/* Remembers the tenant's stored bytes measured since mark `since`, unless a measure begun later
+ * or a change was noted meanwhile; measured false forgets them (its bytes changed: measured again
+ * when asked), and every measure begun before it. Loop thread. */
+void lt_api_stored_note(lt_api_t *api, const char *tenant, uint64_t since, bool measured, uint64_t bytes);
 /* The tenant's stored bytes as measured within LT_API_STORED_FRESH_MS, and how long ago (age_ms
  * may be NULL); false when none is. */
 bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes, int64_t *age_ms);

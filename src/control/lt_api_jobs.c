@@ -419,7 +419,7 @@ typedef struct lookup_task {
   const char *id[2];   /* into spec; NULL for one this API has seen already */
   lt_err_t err[2];     /* the store's answers, from the pool */
   bool measure;        /* and the tenant's datasets' bytes: */
-  uint64_t datasets;
+  uint64_t datasets, since;
   lt_err_t measured;
 } lookup_task_t;
 
@@ -427,7 +427,7 @@ static void lookup_work(void *ctx) {
   lookup_task_t *t = ctx;
   for (int i = 0; i < t->n; i++)
     if (t->id[i]) t->err[i] = lt_api_dataset_head(t->api, t->tenant_id, t->id[i]);
-  if (t->measure) t->measured = lt_api_stored_bytes(t->api, t->tenant_id, &t->datasets, NULL, 0);
+  if (t->measure) t->measured = lt_api_stored_bytes(t->api, t->tenant_id, &t->datasets, &t->since, NULL, 0);
 }
 
 /* The storage quota with the datasets just measured (the quota read again: it may have changed
@@ -441,7 +441,7 @@ static bool storage_ok(lt_api_t *api, const lookup_task_t *t) {
     lt_api_reply_err(t->req, LT_ERR_UNAVAILABLE, NULL, why);
     return false;
   }
-  lt_api_stored_note(api, t->tenant_id, true, t->datasets);
+  lt_api_stored_note(api, t->tenant_id, t->since, true, t->datasets);
   char msg[512];
   const lt_tenant_t *tn = lt_tenant_get(lt_proj_tenants(api->proj), t->tenant_id);
   if (!lt_api_storage_check(lt_api_storage_quota(api, tn), t->tenant_id, t->datasets,

@@ -14,8 +14,10 @@
  * by what the other adds meanwhile: the quota bounds storage, it is not a transaction.
  *
  * GET /v1/usage shows the tenant its quotas and what it uses against each, so that it learns how
- * close it is before a 413 or a 429 tells it. A measure noted by an upload part or a saving call
- * was taken before its own write: what was written in the last minute may be missing from it. */
+ * close it is before a 413 or a 429 tells it. A measure noted by an upload part was taken before
+ * its own write: what was written in the last minute may be missing from it. Each measure carries
+ * the mark of when its listing began (lt_api_stored_mark), so one that ends after a newer measure
+ * or a change was noted is not kept. */
 #include "lt_api_int.h"
 
 #include <stdio.h>
@@ -53,11 +55,12 @@ static lt_err_t add_size(void *ctx, const char *key, const lt_store_info_t *info
   return LT_OK;
 }
 
-lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, char *msg, size_t n) {
+lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, char *msg, size_t n) {
   /* the datasets; the checkpoints (a live session keeps every state it saved); its calls' bodies */
   static const char *const where[] = {"tenants/%s/datasets/", "staging/%s/", "sessions/%s/"};
   char prefix[256], next[LT_STORE_KEY_MAX + 1], after[LT_STORE_KEY_MAX + 1];
   *out = 0;
+  *since = lt_api_stored_mark(api);
   lt_err_t err = LT_OK;
   for (size_t i = 0; i < sizeof where / sizeof *where && !err; i++) {
     snprintf(prefix, sizeof prefix, where[i], tenant);
@@ -70,28 +73,36 @@ lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, c
   return err;
 }
 
+/* What is known of a tenant's stored bytes: a measure (known), or a change that made the last one
+ * stale (not known); since: the mark its measure began at, or the change's own. */
 typedef struct {
   uint64_t bytes;
   int64_t at_ms;
+  uint64_t since;
+  bool known;
 } stored_t;
 
-static void usage_outdated(lt_api_t *api, const char *tenant);
+uint64_t lt_api_stored_mark(lt_api_t *api) { return __atomic_add_fetch(&api->stored_marks, 1, __ATOMIC_SEQ_CST); }
 
-void lt_api_stored_note(lt_api_t *api, const char *tenant, bool measured, uint64_t bytes) {
-  usage_outdated(api, tenant);
-  stored_t *m = measured ? malloc(sizeof *m) : NULL;
-  if (!m || lt_map_set(api->stored_bytes, tenant, m) != LT_OK) { /* unknown: measured again when asked */
+/* Measures run side by side on the pool and end in any order: one begun before another that was
+ * noted already, or before a change (an upload's completion, a deleted job, a saved state), is
+ * older than what is known and would put back bytes that no longer are. */
+void lt_api_stored_note(lt_api_t *api, const char *tenant, uint64_t since, bool measured, uint64_t bytes) {
+  stored_t *m = lt_map_get(api->stored_bytes, tenant);
+  if (measured && (since < api->stored_floor || (m && since < m->since))) return;
+  if (!m && (!(m = malloc(sizeof *m)) || lt_map_set(api->stored_bytes, tenant, m) != LT_OK)) {
     free(m);
-    lt_map_del(api->stored_bytes, tenant);
+    if (!measured) api->stored_floor = lt_api_stored_mark(api); /* no entry to say it: every tenant's */
     return;
   }
-  *m = (stored_t){bytes, lt_time_mono_ms()};
+  if (measured) *m = (stored_t){bytes, lt_time_mono_ms(), since, true};
+  else *m = (stored_t){0, 0, lt_api_stored_mark(api), false};
 }
 
 bool lt_api_stored_recent(lt_api_t *api, const char *tenant, uint64_t *bytes, int64_t *age_ms) {
   const stored_t *m = lt_map_get(api->stored_bytes, tenant);
   int64_t age = m ? lt_time_mono_ms() - m->at_ms : 0;
-  if (!m || age > LT_API_STORED_FRESH_MS) return false;
+  if (!m || !m->known || age > LT_API_STORED_FRESH_MS) return false;
   *bytes = m->bytes;
   if (age_ms) *age_ms = age;
   return true;
@@ -151,7 +162,7 @@ lt_api_jobs_count_t lt_api_tenant_jobs(lt_api_t *api, const char *tenant) {
 typedef struct {
   lt_api_t *api; /* its conf.store, from the pool */
   char tenant_id[LT_ID_MAX + 1];
-  bool outdated; /* the tenant's bytes were noted since it was queued: this measure is the older */
+  uint64_t since; /* the measure's mark */
   struct evhttp_request *req[USAGE_WAITERS];
   int nreq;
   uint64_t stored;
@@ -178,16 +189,9 @@ static json_t *usage_json(lt_api_t *api, const lt_tenant_t *t, uint64_t stored, 
   return body;
 }
 
-/* A note of the tenant's bytes (an upload, a deletion, a saved state) outdates its measure in
- * flight. Loop thread. */
-static void usage_outdated(lt_api_t *api, const char *tenant) {
-  usage_task_t *u = lt_map_get(api->usage_flight, tenant);
-  if (u) u->outdated = true;
-}
-
 static void usage_work(void *ctx) {
   usage_task_t *u = ctx;
-  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, NULL, 0);
+  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, &u->since, NULL, 0);
 }
 
 /* Answers every request that waited on the measure. A store failure is 503 naming only its kind
@@ -197,7 +201,7 @@ static void usage_after(lt_api_t *api, void *ctx) {
   usage_task_t *u = ctx;
   lt_map_del(api->usage_flight, u->tenant_id);
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), u->tenant_id);
-  if (!u->measured && t && !u->outdated) lt_api_stored_note(api, u->tenant_id, true, u->stored);
+  if (!u->measured && t) lt_api_stored_note(api, u->tenant_id, u->since, true, u->stored);
   json_t *body = !u->measured && t && !t->disabled ? usage_json(api, t, u->stored, 0) : NULL;
   for (int i = 0; i < u->nreq; i++) {
     if (u->measured) {

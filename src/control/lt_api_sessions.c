@@ -609,7 +609,7 @@ typedef struct {
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
   bool measured;             /* and the tenant's stored bytes, measured on the pool: */
-  uint64_t stored;
+  uint64_t stored, since;
   bool wrote;                /* the body is in the store (the measure came before it) */
   lt_err_t err;
   char msg[512];
@@ -701,7 +701,7 @@ static void seal_work(void *arg) {
   uint8_t sha[32];
   char why[96];
   snprintf(why, sizeof why, ", and a %s keeps a state while the session lives", ci->kind);
-  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &ci->stored, ci->msg, sizeof ci->msg))) {
+  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &ci->stored, &ci->since, ci->msg, sizeof ci->msg))) {
     ci->measured = true;
     ci->err = lt_api_storage_check(ci->quota, ci->tenant, ci->stored, ci->artifacts, 0, why, ci->msg, sizeof ci->msg);
   }
@@ -714,7 +714,7 @@ static void seal_work(void *arg) {
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
   /* The measure came before the body was written: once it was, the tenant's bytes are unknown. */
-  if (ci->measured) lt_api_stored_note(api, ci->tenant, !ci->wrote, ci->stored);
+  if (ci->measured) lt_api_stored_note(api, ci->tenant, ci->since, !ci->wrote, ci->stored);
   if (ci->err == LT_ERR_QUOTA) {
     lt_api_reply_storage(ci->req, ci->msg);
     call_in_free(ci);

@@ -312,9 +312,9 @@ lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, u
 #define LT_API_STORED_FRESH_MS 60000
 /* A mark: a number larger than every mark taken before it. Any thread. */
 uint64_t lt_api_stored_mark(lt_api_t *api);
-/* Remembers the tenant's stored bytes measured since mark `since`, unless a measure begun later
- * or a change was noted meanwhile; measured false forgets them (its bytes changed: measured again
- * when asked), and every measure begun before it. Loop thread. */
+/* Remembers the tenant's stored bytes measured from mark `since`, unless a measure begun after
+ * `since`, or a change, was noted since; measured false forgets them (its bytes changed: measured
+ * again when asked), and every measure begun before it. Loop thread. */
 void lt_api_stored_note(lt_api_t *api, const char *tenant, uint64_t since, bool measured, uint64_t bytes);
 /* The tenant's stored bytes as measured within LT_API_STORED_FRESH_MS, and how long ago (age_ms
  * may be NULL); false when none is. */

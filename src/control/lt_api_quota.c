@@ -14,10 +14,10 @@
  * by what the other adds meanwhile: the quota bounds storage, it is not a transaction.
  *
  * GET /v1/usage shows the tenant its quotas and what it uses against each, so that it learns how
- * close it is before a 413 or a 429 tells it. A measure noted by an upload part was taken before
- * its own write: what was written in the last minute may be missing from it. Each measure carries
- * the mark of when its listing began (lt_api_stored_mark), so one that ends after a newer measure
- * or a change was noted is not kept. */
+ * close it is before a 413 or a 429 tells it. Each measure carries the mark of when its listing
+ * began (lt_api_stored_mark), so one that ends after a newer measure or a change this API made
+ * was noted is not kept; what other writers stored in the last minute (the worker's checkpoints
+ * and results, another API process) may be missing from it. */
 #include "lt_api_int.h"
 
 #include <stdio.h>
@@ -195,8 +195,8 @@ static void usage_work(void *ctx) {
 }
 
 /* Answers every request that waited on the measure. A store failure is 503 naming only its kind
- * (the store's own message may name its host and credentials); a measure older than a note made
- * meanwhile (an upload, a deletion) still answers, but is not remembered over it. */
+ * (the store's own message may name its host and credentials); a measure begun before a measure or
+ * a change already noted (an upload, a deletion) still answers, but is not remembered over it. */
 static void usage_after(lt_api_t *api, void *ctx) {
   usage_task_t *u = ctx;
   lt_map_del(api->usage_flight, u->tenant_id);

@@ -713,8 +713,9 @@ static void seal_work(void *arg) {
 
 static void seal_after(lt_api_t *api, void *arg) {
   call_in_t *ci = arg;
-  /* The measure came before the body was written: once it was, the tenant's bytes are unknown. */
-  if (ci->measured) lt_api_stored_note(api, ci->tenant, ci->since, !ci->wrote, ci->stored);
+  /* The measure came before the body was written: once it was, the tenant's bytes are unknown
+   * (whatever the call's kind: every body counts). */
+  if (ci->measured || ci->wrote) lt_api_stored_note(api, ci->tenant, ci->since, !ci->wrote, ci->stored);
   if (ci->err == LT_ERR_QUOTA) {
     lt_api_reply_storage(ci->req, ci->msg);
     call_in_free(ci);

@@ -16,7 +16,8 @@
  * the benchmark compares the two).
  *
  * Threads: lt_api_work and the after functions run on the loop thread; work functions run on a
- * pool thread and touch only their task's context (no loop state, no evhttp call). */
+ * pool thread and touch only their task's context (no loop state, no evhttp call; the one
+ * exception, lt_api_stored_mark's counter, is atomic). */
 #include "lt_api_int.h"
 
 #include <pthread.h>

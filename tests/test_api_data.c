@@ -929,6 +929,71 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
   lt_store_destroy(store);
 }
 
+/* A burst of saving calls, each checked before any of their states is written, counts the states
+ * to come, each as the tenant's largest checkpoint so far. No worker runs here, so none
+ * completes: with one checkpoint of 1 MB stored under a 10 MB quota, nine save_state calls are
+ * taken and the tenth is refused (413, naming the calls in flight); a call that saves nothing is
+ * still taken; tenant B's saves are its own; once the session ends, its saves no longer count.
+ * (Before, every one was taken: a tenant at 99 % of its quota could store a state per call.) */
+Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", NULL});
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  char sess[64], sess2[64], sess_b[64], job[64], path[256], key[512], msg[2048], body[128];
+  lt_client_t *who[3] = {ca, ca, cb};
+  char *ids[3] = {sess, sess2, sess_b};
+  for (int i = 0; i < 3; i++) {
+    lt_client_resp_t r = req(who[i], "POST", "/v1/sessions", open_body, strlen(open_body));
+    cr_assert(r.status == 201 || r.status == 202, "session %d: %d %s", i, r.status, r.body);
+    snprintf(ids[i], 64, "%s", json_string_value(json_object_get(r.json, "id")));
+    lt_client_resp_free(&r);
+  }
+  /* what a worker saved for a finished job of A: one checkpoint of 1 MB in two objects */
+  a_job(job, sizeof job);
+  finish_rejected("/v1/jobs", job);
+  static const char *const names[] = {"state.bin", "adapter_model.safetensors"};
+  size_t sizes[] = {600000, 400000};
+  for (int i = 0; i < 2; i++) {
+    char *bytes = malloc(sizes[i]);
+    memset(bytes, 'c', sizes[i]);
+    snprintf(key, sizeof key, "staging/%s/%s/1/3/%s", tenant_a, job, names[i]);
+    cr_assert_eq(lt_store_put(store, key, bytes, sizes[i], NULL, err, sizeof err), LT_OK, "%s", err);
+    free(bytes);
+  }
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  int taken = 0, st = 0;
+  for (int i = 1; i <= 12; i++) {
+    snprintf(body, sizeof body, "{\"kind\":\"save_state\",\"name\":\"s%d\"}", i);
+    st = post_status(ca, path, body, msg, sizeof msg);
+    cr_assert(st == 202 || st == 413, "save %d: %d %s", i, st, msg);
+    if (st == 413) break;
+    taken++;
+  }
+  cr_expect_eq(taken, 9, "saving calls taken under a 10 MB quota with 1 MB stored: %d", taken);
+  cr_expect(strstr(msg, "storage_quota_exceeded") && strstr(msg, "the 9 saving call(s) taken before this save_state") &&
+                strstr(msg, "about 1000000 bytes each"),
+            "%s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg, sizeof msg), 202,
+               "a call that saves nothing: %s", msg);
+  /* the calls in flight are the tenant's, across its sessions */
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess2);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_weights_for_sampler\",\"name\":\"w\"}", msg, sizeof msg), 413,
+               "another session of A: %s", msg);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess_b);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(post_status(cb, path, "{\"kind\":\"save_state\",\"name\":\"b\"}", msg, sizeof msg), 202,
+                 "tenant B, save %d: %s", i, msg);
+  /* the first session ended: its nine states will never be written */
+  finish_rejected("/v1/sessions", sess);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess2);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_weights_for_sampler\",\"name\":\"w\"}", msg, sizeof msg), 202,
+               "after the session with the nine ended: %s", msg);
+  lt_store_destroy(store);
+}
+
 /* POST path with body as client c: the status, the answer's body into msg. */
 static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn) {
   lt_client_resp_t r = req(c, "POST", path, body, strlen(body));

@@ -488,8 +488,9 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->stored_bytes = lt_map_new(free);
     api->usage_flight = lt_map_new(NULL); /* the tasks free themselves */
     api->submitting = lt_map_new(free);
+    api->saving = lt_map_new(free);
     if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes || !api->usage_flight ||
-        !api->submitting)
+        !api->submitting || !api->saving)
       err = LT_ERR_NOMEM;
   }
   if (!err) err = lt_api_work_start(api, errstr, n);
@@ -547,6 +548,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->stored_bytes);
   lt_map_destroy(api->usage_flight);
   lt_map_destroy(api->submitting);
+  lt_map_destroy(api->saving);
   free(api->feed_parts);
   free(api->feed_names);
   free(api);

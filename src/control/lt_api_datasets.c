@@ -214,7 +214,7 @@ static void upload_work(void *ctx) {
   upload_task_t *t = ctx;
   bool quota = t->quota > 0;
   if (t->body && quota) { /* the storage quota, before a byte of this part is stored */
-    t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, t->msg, sizeof t->msg);
+    t->err = lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, NULL, t->msg, sizeof t->msg);
     t->measured = !t->err;
     if (!t->err)
       t->err = lt_api_storage_check(t->quota, t->u->tenant, t->datasets + t->others, t->artifacts,
@@ -227,7 +227,7 @@ static void upload_work(void *ctx) {
   t->report = lt_dataset_report_json(&t->r, 1);
   if (!t->refused) t->err = store_dataset(t->api, t->u, t->report, &t->meta, t->msg, sizeof t->msg);
   if (!t->refused && !t->err && quota)
-    t->measured = !lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->u->tenant, &t->datasets, &t->since, NULL, NULL, 0);
 }
 
 /* An invalid (400) or over-quota (429) dataset: the error names the first bad line, and the
@@ -686,7 +686,7 @@ static void delete_work(void *ctx) {
     t->err = lt_store_delete(t->api->conf.store, key, t->msg, sizeof t->msg);
   }
   if (!t->err && t->quota)
-    t->measured = !lt_api_stored_bytes(t->api, t->tenant, &t->datasets, &t->since, NULL, 0);
+    t->measured = !lt_api_stored_bytes(t->api, t->tenant, &t->datasets, &t->since, NULL, NULL, 0);
 }
 
 static void delete_after(lt_api_t *api, void *ctx) {

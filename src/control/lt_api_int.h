@@ -107,6 +107,9 @@ struct lt_api {
   lt_map_t *usage_flight;  /* tenant -> its GET /v1/usage measure in flight, with the requests waiting */
   lt_map_t *submitting;    /* job_id -> tenant: submissions sent to the broker and not yet
                               acknowledged, which the queue quota counts (lt_api_jobs.c) */
+  lt_map_t *saving;        /* a saving call's body key -> its tenant, session and seq: session calls
+                              that save a state, taken and not yet completed, which the storage
+                              quota counts (lt_api_sessions.c) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
@@ -306,8 +309,10 @@ void lt_api_download_stop_all(lt_api_t *api);
 uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant);
 /* Stored bytes of the tenant's datasets, checkpoints (staging) and session call bodies and
  * results, listed from the store; *since: the mark (lt_api_stored_mark) taken as the listing
- * began, for lt_api_stored_note. Any thread. */
-lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, char *msg, size_t n);
+ * began, for lt_api_stored_note; *ckpt_max (may be NULL): the bytes of its largest checkpoint
+ * (one staging directory). Any thread. */
+lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, uint64_t *ckpt_max,
+                             char *msg, size_t n);
 /* A measure of lt_api_stored_bytes is trusted this long by a submission's check. */
 #define LT_API_STORED_FRESH_MS 60000
 /* A mark: a number larger than every mark taken before it. Any thread. */

@@ -427,7 +427,7 @@ static void lookup_work(void *ctx) {
   lookup_task_t *t = ctx;
   for (int i = 0; i < t->n; i++)
     if (t->id[i]) t->err[i] = lt_api_dataset_head(t->api, t->tenant_id, t->id[i]);
-  if (t->measure) t->measured = lt_api_stored_bytes(t->api, t->tenant_id, &t->datasets, &t->since, NULL, 0);
+  if (t->measure) t->measured = lt_api_stored_bytes(t->api, t->tenant_id, &t->datasets, &t->since, NULL, NULL, 0);
 }
 
 /* The storage quota with the datasets just measured (the quota read again: it may have changed

@@ -7,7 +7,9 @@
  * each session call that saves a state, and for a submission when the last measure is older than
  * LT_API_STORED_FRESH_MS), the artifacts' bytes from the publications the projection folded
  * (deleted jobs do not count). A session's save_state or save_weights_for_sampler is refused
- * (413) while the tenant is at or over its quota: a live session keeps every state it saved. An
+ * (413) while the tenant is at or over its quota, or would be once the saving calls taken before
+ * it (not completed) stored their states, each as large as its largest checkpoint so far
+ * (lt_api_sessions.c): a live session keeps every state it saved. An
  * upload that would take the tenant over is refused at the part that would (413, naming the
  * quota, the usage and the upload) and leaves nothing; a job submission is refused while the tenant is at or over its quota (413), since its
  * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot
@@ -49,27 +51,49 @@ uint64_t lt_api_artifact_bytes(lt_api_t *api, const char *tenant) {
   return a.bytes;
 }
 
+/* A listing's sum, and (staging) its largest checkpoint: the objects of one directory, which
+ * the listing gives one after another (keys in order). */
+typedef struct {
+  uint64_t total;
+  bool ckpts;
+  char dir[LT_STORE_KEY_MAX + 1];
+  uint64_t dir_bytes, dir_max;
+} size_acc_t;
+
 static lt_err_t add_size(void *ctx, const char *key, const lt_store_info_t *info) {
-  (void)key;
-  *(uint64_t *)ctx += info->size;
+  size_acc_t *a = ctx;
+  a->total += info->size;
+  if (!a->ckpts) return LT_OK;
+  const char *slash = strrchr(key, '/');
+  size_t dl = slash ? (size_t)(slash - key) : 0;
+  if (strlen(a->dir) != dl || strncmp(a->dir, key, dl) != 0) {
+    snprintf(a->dir, sizeof a->dir, "%.*s", (int)dl, key);
+    a->dir_bytes = 0;
+  }
+  a->dir_bytes += info->size;
+  if (a->dir_bytes > a->dir_max) a->dir_max = a->dir_bytes;
   return LT_OK;
 }
 
-lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, char *msg, size_t n) {
+lt_err_t lt_api_stored_bytes(lt_api_t *api, const char *tenant, uint64_t *out, uint64_t *since, uint64_t *ckpt_max,
+                             char *msg, size_t n) {
   /* the datasets; the checkpoints (a live session keeps every state it saved); its calls' bodies */
   static const char *const where[] = {"tenants/%s/datasets/", "staging/%s/", "sessions/%s/"};
   char prefix[256], next[LT_STORE_KEY_MAX + 1], after[LT_STORE_KEY_MAX + 1];
-  *out = 0;
+  size_acc_t a = {.total = 0};
   *since = lt_api_stored_mark(api);
   lt_err_t err = LT_OK;
   for (size_t i = 0; i < sizeof where / sizeof *where && !err; i++) {
     snprintf(prefix, sizeof prefix, where[i], tenant);
+    a.ckpts = i == 1;
     next[0] = '\0';
     do {
       snprintf(after, sizeof after, "%s", next);
-      err = lt_store_list(api->conf.store, prefix, after, 0, add_size, out, next, sizeof next, msg, n);
+      err = lt_store_list(api->conf.store, prefix, after, 0, add_size, &a, next, sizeof next, msg, n);
     } while (!err && next[0]);
   }
+  *out = a.total;
+  if (ckpt_max) *ckpt_max = a.dir_max;
   return err;
 }
 
@@ -191,7 +215,7 @@ static json_t *usage_json(lt_api_t *api, const lt_tenant_t *t, uint64_t stored, 
 
 static void usage_work(void *ctx) {
   usage_task_t *u = ctx;
-  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, &u->since, NULL, 0);
+  u->measured = lt_api_stored_bytes(u->api, u->tenant_id, &u->stored, &u->since, NULL, NULL, 0);
 }
 
 /* Answers every request that waited on the measure. A store failure is 503 naming only its kind

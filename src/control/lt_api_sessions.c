@@ -130,6 +130,36 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
   return d ? (int64_t)json_integer_value(d) : seq;
 }
 
+/* ---------------------------------------------------------------- saving calls in flight */
+
+/* A call that saves a state, taken by this API and not completed: the storage quota counts the
+ * state it will write (a burst of saving calls, each checked before any writes, passed the quota
+ * by one state each before). */
+typedef struct {
+  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1];
+  int64_t seq; /* 0 while it is being recorded */
+} saving_t;
+
+/* Drops the saving calls that will write nothing more (completed, a later record of a keyed call,
+ * which the worker skips, or of a session that ended) and counts tenant's (NULL: none). */
+static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
+  uint32_t n = 0;
+  lt_map_iter_t it = {0};
+  while (lt_map_next(api->saving, &it)) { /* deleting the current key is allowed */
+    const saving_t *sv = it.value;
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), sv->job_id);
+    sess_fold_t *f = fold_of(api, sv->job_id, false);
+    char key[32];
+    snprintf(key, sizeof key, "%lld", (long long)sv->seq);
+    if (!j || lt_job_state_is_terminal(j->state) ||
+        (sv->seq > 0 && f && (json_object_get(f->calls, key) || first_of(f, sv->seq) != sv->seq)))
+      lt_map_del(api->saving, it.key);
+    else if (tenant && strcmp(sv->tenant, tenant) == 0)
+      n++;
+  }
+  return n;
+}
+
 json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id) {
   sess_fold_t *f = fold_of(api, job_id, false);
   json_t *names = json_array();
@@ -233,6 +263,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   json_object_set_new(f->calls, key, c);
   f->completed++;
   f->step = step;
+  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) saving_prune(api, NULL);
   wake(api, job_id, seq);
 }
 
@@ -608,8 +639,9 @@ typedef struct {
   char sha_hex[65];
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
+  uint32_t saving;           /* and its saving calls taken before this one, not completed */
   bool measured;             /* and the tenant's stored bytes, measured on the pool: */
-  uint64_t stored, since;
+  uint64_t stored, since, ckpt_max;
   bool wrote;                /* the body is in the store (the measure came before it) */
   lt_err_t err;
   char msg[512];
@@ -622,9 +654,12 @@ static json_t *pending_key(lt_api_t *api, const call_in_t *ci) {
   return e && json_integer_value(json_object_get(e, "seq")) == 0 ? e : NULL;
 }
 
-/* Also frees the key of a keyed call that was not recorded: a retry records it then. */
+/* Also frees the key of a keyed call that was not recorded: a retry records it then; and forgets a
+ * saving call that was not. */
 static void call_in_free(call_in_t *ci) {
   if (pending_key(ci->api, ci)) json_object_del(fold_of(ci->api, ci->job_id, false)->keys, ci->keyed);
+  saving_t *sv = ci->key[0] ? lt_map_get(ci->api->saving, ci->key) : NULL;
+  if (sv && sv->seq == 0) lt_map_del(ci->api->saving, ci->key);
   if (ci->body) {
     OPENSSL_cleanse(ci->body, ci->len);
     free(ci->body);
@@ -662,6 +697,8 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
       fold_dup(api, f, ci->job_id, seq, had);
     }
   }
+  saving_t *sv = ci->key[0] ? lt_map_get(api->saving, ci->key) : NULL;
+  if (sv) sv->seq = seq; /* counted until its PrimitiveCompleted */
   wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), first);
   reply_queued(ci->req, ci->job_id, first, ci->kind, first != seq);
   call_in_free(ci);
@@ -701,9 +738,21 @@ static void seal_work(void *arg) {
   uint8_t sha[32];
   char why[96];
   snprintf(why, sizeof why, ", and a %s keeps a state while the session lives", ci->kind);
-  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &ci->stored, &ci->since, ci->msg, sizeof ci->msg))) {
+  if (ci->quota && !(ci->err = lt_api_stored_bytes(ci->api, ci->tenant, &ci->stored, &ci->since, &ci->ckpt_max, ci->msg,
+                                                   sizeof ci->msg))) {
     ci->measured = true;
     ci->err = lt_api_storage_check(ci->quota, ci->tenant, ci->stored, ci->artifacts, 0, why, ci->msg, sizeof ci->msg);
+    /* the saving calls taken before it write their states later: each counts as the tenant's
+     * largest checkpoint so far (none yet: they are not counted) */
+    uint64_t used = ci->stored + ci->artifacts, coming = (uint64_t)ci->saving * ci->ckpt_max;
+    if (!ci->err && coming && used + coming >= ci->quota)
+      ci->err = lt_errf(ci->msg, sizeof ci->msg, LT_ERR_QUOTA,
+                        "tenant %s's storage quota max_storage_bytes is %llu bytes; it uses %llu, and the %u saving "
+                        "call(s) taken before this %s and not completed will store about %llu bytes each (its largest "
+                        "checkpoint so far): wait for them, or delete datasets (DELETE /v1/datasets/{id}) or finished "
+                        "jobs and sessions (DELETE /v1/jobs/{id})",
+                        ci->tenant, (unsigned long long)ci->quota, (unsigned long long)used, ci->saving, ci->kind,
+                        (unsigned long long)ci->ckpt_max);
   }
   if (ci->err) return;
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
@@ -905,6 +954,17 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) {
     ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
+    ci->saving = saving_prune(api, ci->tenant);
+    saving_t *sv = malloc(sizeof *sv);
+    if (!sv || lt_map_set(api->saving, ci->key, sv)) {
+      free(sv);
+      call_in_free(ci);
+      lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+      return;
+    }
+    *sv = (saving_t){.seq = 0};
+    snprintf(sv->tenant, sizeof sv->tenant, "%s", ci->tenant);
+    snprintf(sv->job_id, sizeof sv->job_id, "%s", ci->job_id);
   }
   lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
 }

@@ -930,11 +930,26 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
 }
 
 /* A burst of saving calls, each checked before any of their states is written, counts the states
- * to come, each as the tenant's largest checkpoint so far. No worker runs here, so none
- * completes: with one checkpoint of 1 MB stored under a 10 MB quota, nine save_state calls are
- * taken and the tenth is refused (413, naming the calls in flight); a call that saves nothing is
- * still taken; tenant B's saves are its own; once the session ends, its saves no longer count.
- * (Before, every one was taken: a tenant at 99 % of its quota could store a state per call.) */
+ * to come, each as the tenant's largest checkpoint so far. No worker runs here, so a call
+ * completes only when the test records its PrimitiveCompleted: with one checkpoint of 1 MB stored
+ * under a 10 MB quota, nine save_state calls are taken and the tenth is refused (413, naming the
+ * calls in flight), and so is it again (a refused call is not counted); a call that saves nothing
+ * is still taken; once one of the nine completed, one more is taken; tenant B's saves are its own;
+ * once the session ends, its saves no longer count. (Before, every one was taken: a tenant at
+ * 99 % of its quota could store a state per call.) */
+static void put_checkpoint(lt_store_t *store, const char *tenant, const char *job) {
+  static const char *const names[] = {"state.bin", "adapter_model.safetensors"};
+  size_t sizes[] = {600000, 400000};
+  char key[512];
+  for (int i = 0; i < 2; i++) {
+    char *bytes = malloc(sizes[i]);
+    memset(bytes, 'c', sizes[i]);
+    snprintf(key, sizeof key, "staging/%s/%s/1/3/%s", tenant, job, names[i]);
+    cr_assert_eq(lt_store_put(store, key, bytes, sizes[i], NULL, err, sizeof err), LT_OK, "%s", err);
+    free(bytes);
+  }
+}
+
 Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", NULL});
   lt_store_s3_conf_t sc;
@@ -942,7 +957,7 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
   cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
   const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
-  char sess[64], sess2[64], sess_b[64], job[64], path[256], key[512], msg[2048], body[128];
+  char sess[64], sess2[64], sess_b[64], job[64], path[256], msg[2048], body[128];
   lt_client_t *who[3] = {ca, ca, cb};
   char *ids[3] = {sess, sess2, sess_b};
   for (int i = 0; i < 3; i++) {
@@ -951,46 +966,57 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
     snprintf(ids[i], 64, "%s", json_string_value(json_object_get(r.json, "id")));
     lt_client_resp_free(&r);
   }
-  /* what a worker saved for a finished job of A: one checkpoint of 1 MB in two objects */
+  /* what a worker saved for a finished job of A, and for B's session: 1 MB in two objects each */
   a_job(job, sizeof job);
   finish_rejected("/v1/jobs", job);
-  static const char *const names[] = {"state.bin", "adapter_model.safetensors"};
-  size_t sizes[] = {600000, 400000};
-  for (int i = 0; i < 2; i++) {
-    char *bytes = malloc(sizes[i]);
-    memset(bytes, 'c', sizes[i]);
-    snprintf(key, sizeof key, "staging/%s/%s/1/3/%s", tenant_a, job, names[i]);
-    cr_assert_eq(lt_store_put(store, key, bytes, sizes[i], NULL, err, sizeof err), LT_OK, "%s", err);
-    free(bytes);
-  }
+  put_checkpoint(store, tenant_a, job);
+  put_checkpoint(store, tenant_b, sess_b);
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   int taken = 0, st = 0;
+  json_int_t first_seq = 0;
   for (int i = 1; i <= 12; i++) {
     snprintf(body, sizeof body, "{\"kind\":\"save_state\",\"name\":\"s%d\"}", i);
     st = post_status(ca, path, body, msg, sizeof msg);
     cr_assert(st == 202 || st == 413, "save %d: %d %s", i, st, msg);
     if (st == 413) break;
-    taken++;
+    if (!taken++) {
+      json_t *ans = json_loads(msg, 0, NULL);
+      first_seq = json_integer_value(json_object_get(ans, "seq"));
+      json_decref(ans);
+    }
   }
   cr_expect_eq(taken, 9, "saving calls taken under a 10 MB quota with 1 MB stored: %d", taken);
   cr_expect(strstr(msg, "storage_quota_exceeded") && strstr(msg, "the 9 saving call(s) taken before this save_state") &&
                 strstr(msg, "about 1000000 bytes each"),
             "%s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"again\"}", msg, sizeof msg), 413, "%s", msg);
+  cr_expect(strstr(msg, "the 9 saving call(s)"), "a refused call is not counted: %s", msg);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg, sizeof msg), 202,
                "a call that saves nothing: %s", msg);
   /* the calls in flight are the tenant's, across its sessions */
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess2);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_weights_for_sampler\",\"name\":\"w\"}", msg, sizeof msg), 413,
                "another session of A: %s", msg);
+  /* B, with a checkpoint of its own, is not held by A's nine */
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess_b);
   for (int i = 0; i < 3; i++)
     cr_expect_eq(post_status(cb, path, "{\"kind\":\"save_state\",\"name\":\"b\"}", msg, sizeof msg), 202,
                  "tenant B, save %d: %s", i, msg);
-  /* the first session ended: its nine states will never be written */
-  finish_rejected("/v1/sessions", sess);
+  /* the first of the nine completes (what a worker records): one more is taken */
+  produce("progress", "PrimitiveCompleted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", "pc-burst-1", "occurred_at", 1,
+                    "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", first_seq, "kind",
+                    "save_state", "status", "done", "step", 0, "tokens", 0, "duration_ms", 1.0, "result_bytes", 0));
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess2);
-  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_weights_for_sampler\",\"name\":\"w\"}", msg, sizeof msg), 202,
-               "after the session with the nine ended: %s", msg);
+  for (int i = 0; i < 100 && (st = post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"w\"}", msg, sizeof msg)) == 413; i++)
+    lt_test_msleep(100);
+  cr_expect_eq(st, 202, "once one of the nine completed: %s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"w2\"}", msg, sizeof msg), 413,
+               "and then nine are in flight again: %s", msg);
+  /* the first session ended: its eight states will never be written */
+  finish_rejected("/v1/sessions", sess);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_weights_for_sampler\",\"name\":\"w3\"}", msg, sizeof msg), 202,
+               "after the session with the eight ended: %s", msg);
   lt_store_destroy(store);
 }
 

@@ -488,7 +488,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
     api->stored_bytes = lt_map_new(free);
     api->usage_flight = lt_map_new(NULL); /* the tasks free themselves */
     api->submitting = lt_map_new(free);
-    api->saving = lt_map_new(free);
+    api->saving = lt_map_new(lt_api_saving_free);
     if (!api->history || !api->datasets_seen || !api->cancels_sent || !api->stored_bytes || !api->usage_flight ||
         !api->submitting || !api->saving)
       err = LT_ERR_NOMEM;

@@ -107,9 +107,8 @@ struct lt_api {
   lt_map_t *usage_flight;  /* tenant -> its GET /v1/usage measure in flight, with the requests waiting */
   lt_map_t *submitting;    /* job_id -> tenant: submissions sent to the broker and not yet
                               acknowledged, which the queue quota counts (lt_api_jobs.c) */
-  lt_map_t *saving;        /* a saving call's body key -> its tenant, session and seq: session calls
-                              that save a state, taken and not yet completed, which the storage
-                              quota counts (lt_api_sessions.c) */
+  lt_map_t *saving;        /* tenant -> its session calls that save a state, taken and not yet
+                              completed, which the storage quota counts (lt_api_sessions.c) */
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
@@ -386,6 +385,7 @@ void lt_api_tokenize(lt_api_call_t *c);
 void lt_api_detokenize(lt_api_call_t *c);
 /* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
+void lt_api_saving_free(void *v); /* a saving map value */
 /* A record of lathe.calls: which call a keyed call id (Idempotency-Key) named first. */
 void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);

@@ -132,31 +132,44 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
 
 /* ---------------------------------------------------------------- saving calls in flight */
 
-/* A call that saves a state, taken by this API and not completed: the storage quota counts the
- * state it will write (a burst of saving calls, each checked before any writes, passed the quota
- * by one state each before). */
-typedef struct {
-  char tenant[LT_ID_MAX + 1], job_id[LT_ID_MAX + 1];
-  int64_t seq; /* 0 while it is being recorded */
-} saving_t;
+/* The saving calls (save_state, save_weights_for_sampler) this API took for a tenant with a
+ * storage quota and that have not completed: the quota counts the state each will write (a burst
+ * of them, each checked before any wrote, passed it by one state a call before). Per tenant, an
+ * object: the call's body key -> {job, seq}, seq 0 while the call is being recorded. */
+void lt_api_saving_free(void *v) { json_decref(v); }
 
-/* Drops the saving calls that will write nothing more (completed, a later record of a keyed call,
- * which the worker skips, or of a session that ended) and counts tenant's (NULL: none). */
+static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
+  json_t *o = lt_map_get(api->saving, tenant);
+  if (o || !create) return o;
+  if (!(o = json_object()) || lt_map_set(api->saving, tenant, o) != LT_OK) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* Drops the tenant's saving calls that will write nothing more — completed, a later record of a
+ * keyed call (the worker skips it), at or before the session's committed checkpoint (a resumed
+ * attempt starts after it, and its bytes are in the listing), of a session that ended — and
+ * counts the rest. */
 static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
+  json_t *o = saving_of(api, tenant, false), *e, *tmp;
+  const char *k;
   uint32_t n = 0;
-  lt_map_iter_t it = {0};
-  while (lt_map_next(api->saving, &it)) { /* deleting the current key is allowed */
-    const saving_t *sv = it.value;
-    const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), sv->job_id);
-    sess_fold_t *f = fold_of(api, sv->job_id, false);
+  json_object_foreach_safe(o, tmp, k, e) {
+    const char *job_id = json_string_value(json_object_get(e, "job"));
+    int64_t seq = json_integer_value(json_object_get(e, "seq"));
+    const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
+    sess_fold_t *f = j ? fold_of(api, job_id, false) : NULL;
     char key[32];
-    snprintf(key, sizeof key, "%lld", (long long)sv->seq);
+    snprintf(key, sizeof key, "%lld", (long long)seq);
     if (!j || lt_job_state_is_terminal(j->state) ||
-        (sv->seq > 0 && f && (json_object_get(f->calls, key) || first_of(f, sv->seq) != sv->seq)))
-      lt_map_del(api->saving, it.key);
-    else if (tenant && strcmp(sv->tenant, tenant) == 0)
+        (seq > 0 && (seq <= j->ckpt_step || (f && (json_object_get(f->calls, key) || first_of(f, seq) != seq)))))
+      json_object_del(o, k);
+    else
       n++;
   }
+  if (o && !n) lt_map_del(api->saving, tenant);
   return n;
 }
 
@@ -263,7 +276,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   json_object_set_new(f->calls, key, c);
   f->completed++;
   f->step = step;
-  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) saving_prune(api, NULL);
+  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) saving_prune(api, tenant);
   wake(api, job_id, seq);
 }
 
@@ -658,8 +671,8 @@ static json_t *pending_key(lt_api_t *api, const call_in_t *ci) {
  * saving call that was not. */
 static void call_in_free(call_in_t *ci) {
   if (pending_key(ci->api, ci)) json_object_del(fold_of(ci->api, ci->job_id, false)->keys, ci->keyed);
-  saving_t *sv = ci->key[0] ? lt_map_get(ci->api->saving, ci->key) : NULL;
-  if (sv && sv->seq == 0) lt_map_del(ci->api->saving, ci->key);
+  json_t *sv = ci->key[0] ? json_object_get(saving_of(ci->api, ci->tenant, false), ci->key) : NULL;
+  if (sv && json_integer_value(json_object_get(sv, "seq")) == 0) json_object_del(saving_of(ci->api, ci->tenant, false), ci->key);
   if (ci->body) {
     OPENSSL_cleanse(ci->body, ci->len);
     free(ci->body);
@@ -697,8 +710,8 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
       fold_dup(api, f, ci->job_id, seq, had);
     }
   }
-  saving_t *sv = ci->key[0] ? lt_map_get(api->saving, ci->key) : NULL;
-  if (sv) sv->seq = seq; /* counted until its PrimitiveCompleted */
+  json_t *sv = ci->key[0] ? json_object_get(saving_of(api, ci->tenant, false), ci->key) : NULL;
+  if (sv) json_object_set_new(sv, "seq", json_integer(seq)); /* counted until its PrimitiveCompleted */
   wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), first);
   reply_queued(ci->req, ci->job_id, first, ci->kind, first != seq);
   call_in_free(ci);
@@ -954,17 +967,15 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) {
     ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
-    ci->saving = saving_prune(api, ci->tenant);
-    saving_t *sv = malloc(sizeof *sv);
-    if (!sv || lt_map_set(api->saving, ci->key, sv)) {
-      free(sv);
-      call_in_free(ci);
-      lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
-      return;
+    if (ci->quota) {
+      ci->saving = saving_prune(api, ci->tenant);
+      json_t *o = saving_of(api, ci->tenant, true);
+      if (!o || json_object_set_new(o, ci->key, json_pack("{s:s,s:i}", "job", ci->job_id, "seq", 0))) {
+        call_in_free(ci);
+        lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
+        return;
+      }
     }
-    *sv = (saving_t){.seq = 0};
-    snprintf(sv->tenant, sizeof sv->tenant, "%s", ci->tenant);
-    snprintf(sv->job_id, sizeof sv->job_id, "%s", ci->job_id);
   }
   lt_api_work(api, ci->tenant, seal_work, seal_after, ci);
 }

@@ -934,8 +934,9 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
  * completes only when the test records its PrimitiveCompleted: with one checkpoint of 1 MB stored
  * under a 10 MB quota, nine save_state calls are taken and the tenth is refused (413, naming the
  * calls in flight), and so is it again (a refused call is not counted); a call that saves nothing
- * is still taken; once one of the nine completed, one more is taken; tenant B's saves are its own;
- * once the session ends, its saves no longer count. (Before, every one was taken: a tenant at
+ * is still taken; a restarted API counts them again from lathe.calls; once one of the nine
+ * completed, one more is taken; tenant B's saves are its own; once the session ends, its saves no
+ * longer count. (Before, every one was taken: a tenant at
  * 99 % of its quota could store a state per call.) */
 static void put_checkpoint(lt_store_t *store, const char *tenant, const char *job) {
   static const char *const names[] = {"state.bin", "adapter_model.safetensors"};
@@ -991,6 +992,15 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
             "%s", msg);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"again\"}", msg, sizeof msg), 413, "%s", msg);
   cr_expect(strstr(msg, "the 9 saving call(s)"), "a refused call is not counted: %s", msg);
+  /* a restarted API reads the nine back from lathe.calls (as another API process would): still
+   * counted */
+  lt_client_destroy(ca);
+  lt_client_destroy(cb);
+  lt_test_proc_stop_clean(proc, 10000);
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", NULL});
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"again\"}", msg, sizeof msg), 413,
+               "after a restart: %s", msg);
+  cr_expect(strstr(msg, "the 9 saving call(s)"), "after a restart: %s", msg);
   cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg, sizeof msg), 202,
                "a call that saves nothing: %s", msg);
   /* the calls in flight are the tenant's, across its sessions */

@@ -132,10 +132,11 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
 
 /* ---------------------------------------------------------------- saving calls in flight */
 
-/* The saving calls (save_state, save_weights_for_sampler) this API took for a tenant with a
- * storage quota and that have not completed: the quota counts the state each will write (a burst
- * of them, each checked before any wrote, passed it by one state a call before). Per tenant, an
- * object: the call's body key -> {job, seq}, seq 0 while the call is being recorded. */
+/* The saving calls (save_state, save_weights_for_sampler) of a tenant with a storage quota, taken
+ * and not completed: this API's from when it takes them, any API process's once read back from
+ * lathe.calls. The quota counts the state each will write (a burst of them, each checked before
+ * any wrote, passed it by one state a call before). Per tenant, an object: the call's body key ->
+ * {job, seq}, seq 0 while this API records the call. */
 void lt_api_saving_free(void *v) { json_decref(v); }
 
 static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
@@ -150,8 +151,8 @@ static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
 
 /* Drops the tenant's saving calls that will write nothing more — completed, a later record of a
  * keyed call (the worker skips it), at or before the session's committed checkpoint (a resumed
- * attempt starts after it, and its bytes are in the listing), of a session that ended — and
- * counts the rest. */
+ * attempt starts after it, and its bytes are in the listing), of a session that ended or is not
+ * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest. */
 static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
   json_t *o = saving_of(api, tenant, false), *e, *tmp;
   const char *k;
@@ -163,14 +164,28 @@ static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
     sess_fold_t *f = j ? fold_of(api, job_id, false) : NULL;
     char key[32];
     snprintf(key, sizeof key, "%lld", (long long)seq);
-    if (!j || lt_job_state_is_terminal(j->state) ||
-        (seq > 0 && (seq <= j->ckpt_step || (f && (json_object_get(f->calls, key) || first_of(f, seq) != seq)))))
+    if ((!j && api->ready) || (j && (strcmp(j->tenant_id, tenant) != 0 || lt_job_state_is_terminal(j->state))) ||
+        (j && seq > 0 && (seq <= j->ckpt_step || (f && (json_object_get(f->calls, key) || first_of(f, seq) != seq)))))
       json_object_del(o, k);
     else
       n++;
   }
   if (o && !n) lt_map_del(api->saving, tenant);
   return n;
+}
+
+/* A saving call read back from lathe.calls at seq: this API's own (the same body key), or one
+ * another API process took, or one taken before this process started — counted alike, for a
+ * tenant with a storage quota. */
+static void saving_note(lt_api_t *api, const char *tenant, const char *job_id, const char *body_key, int64_t seq) {
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
+  if (!t || !lt_api_storage_quota(api, t)) return;
+  char k[LT_STORE_KEY_MAX + 1];
+  if (body_key) snprintf(k, sizeof k, "%s", body_key);
+  else snprintf(k, sizeof k, "%s:%lld", job_id, (long long)seq);
+  json_t *o = saving_of(api, tenant, true), *e = o ? json_object_get(o, k) : NULL;
+  if (e) json_object_set_new(e, "seq", json_integer(seq));
+  else if (o) json_object_set_new(o, k, json_pack("{s:s,s:I}", "job", job_id, "seq", (json_int_t)seq));
 }
 
 json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id) {
@@ -296,20 +311,23 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   size_t len = 0;
   const void *v = lt_bus_msg_value(m, &len);
   lt_avro_record_t *r;
-  const char *job_id = NULL, *tenant = NULL, *call_id = NULL, *okey = NULL;
+  const char *job_id = NULL, *tenant = NULL, *call_id = NULL, *okey = NULL, *kind = NULL;
   size_t kl = 0;
   const void *mkey = lt_bus_msg_key(m, &kl);
   if (!v || lt_avro_decode(api->call_dec, v, len, &r, NULL, 0) ||
       strcmp(lt_avro_record_type(r), "SessionCall") != 0 || lt_avro_get_string(r, "call_id", &call_id, NULL) ||
-      !lt_call_id_keyed(call_id) || lt_avro_get_string(r, "job_id", &job_id, NULL) ||
-      lt_avro_get_string(r, "tenant_id", &tenant, NULL) || !lt_id_valid(job_id) || !lt_id_valid(tenant))
-    return; /* a call without a key: nothing to remember */
+      lt_avro_get_string(r, "job_id", &job_id, NULL) || lt_avro_get_string(r, "tenant_id", &tenant, NULL) ||
+      !lt_id_valid(job_id) || !lt_id_valid(tenant))
+    return;
   /* Only where the session's worker reads (its partition, its key): another record is never run. */
   if (!mkey || kl != strlen(job_id) || memcmp(mkey, job_id, kl) != 0 ||
       lt_bus_msg_partition(m) != lt_calls_partition(job_id))
     return;
   lt_avro_get_string(r, "object_key", &okey, NULL);
   int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
+  if (!lt_avro_get_enum(r, "kind", &kind) && (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0))
+    saving_note(api, tenant, job_id, okey, seq);
+  if (!lt_call_id_keyed(call_id)) return; /* a call without a key: nothing more to remember */
   sess_fold_t *f = fold_of(api, job_id, true);
   if (!f) return;
   char k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
@@ -520,6 +538,8 @@ void lt_api_sessions_prune(lt_api_t *api) {
       snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
+  lt_map_iter_t st = {0};
+  while (lt_map_next(api->saving, &st)) saving_prune(api, st.key); /* it may delete the current key */
 }
 
 void lt_api_sessions_free(lt_api_t *api) {

@@ -1030,6 +1030,46 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
   lt_store_destroy(store);
 }
 
+/* Under a storage quota each saving call in flight is kept and walked at the next one: a tenant
+ * may have max_saving_calls of them (here 2) before a third is refused (429 naming the limit),
+ * whatever its stored bytes; another tenant is not held by them; one that completes frees a place. */
+Test(api_data, saving_calls_in_flight_are_capped_per_tenant) {
+  start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", "LATHE_API_MAX_SAVING_CALLS=2", NULL});
+  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  char sess[64], sess_b[64], path[256], msg[2048];
+  lt_client_t *who[2] = {ca, cb};
+  char *ids[2] = {sess, sess_b};
+  for (int i = 0; i < 2; i++) {
+    lt_client_resp_t r = req(who[i], "POST", "/v1/sessions", open_body, strlen(open_body));
+    cr_assert(r.status == 201 || r.status == 202, "session %d: %d %s", i, r.status, r.body);
+    snprintf(ids[i], 64, "%s", json_string_value(json_object_get(r.json, "id")));
+    lt_client_resp_free(&r);
+  }
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  json_int_t first_seq = 0;
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s\"}", msg, sizeof msg), 202, "%s", msg);
+    json_t *ans = json_loads(msg, 0, NULL);
+    if (!i) first_seq = json_integer_value(json_object_get(ans, "seq"));
+    json_decref(ans);
+  }
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s\"}", msg, sizeof msg), 429, "%s", msg);
+  cr_expect(strstr(msg, "over_quota") && strstr(msg, "has 2 saving calls") && strstr(msg, "max_saving_calls is 2"), "%s", msg);
+  cr_expect_eq(post_status(ca, path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", msg, sizeof msg), 202,
+               "a call that saves nothing: %s", msg);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess_b);
+  cr_expect_eq(post_status(cb, path, "{\"kind\":\"save_state\",\"name\":\"b\"}", msg, sizeof msg), 202, "tenant B: %s", msg);
+  produce("progress", "PrimitiveCompleted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", "pc-cap-1", "occurred_at", 1,
+                    "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", first_seq, "kind",
+                    "save_state", "status", "done", "step", 0, "tokens", 0, "duration_ms", 1.0, "result_bytes", 0));
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  int st = 0;
+  for (int i = 0; i < 100 && (st = post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s\"}", msg, sizeof msg)) == 429; i++)
+    lt_test_msleep(100);
+  cr_expect_eq(st, 202, "once one completed: %s", msg);
+}
+
 /* POST path with body as client c: the status, the answer's body into msg. */
 static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn) {
   lt_client_resp_t r = req(c, "POST", path, body, strlen(body));

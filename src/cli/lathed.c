@@ -469,6 +469,7 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   /* The data paths (lt_api.h); 0 or unset keeps the defaults. */
   if ((v = getenv("LATHE_API_THREADS"))) conf.work_threads = atoi(v);
   if ((v = getenv("LATHE_API_MAX_OPEN_UPLOADS"))) conf.max_open_uploads = atoi(v);
+  if ((v = getenv("LATHE_API_MAX_SAVING_CALLS"))) conf.max_saving_calls = atoi(v);
   if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
   if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
   if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);

@@ -460,6 +460,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.max_json_body) api->conf.max_json_body = 65536;
   if (!api->conf.max_upload_bytes) api->conf.max_upload_bytes = 1ull << 30;
   if (!api->conf.max_open_uploads) api->conf.max_open_uploads = 4;
+  if (!api->conf.max_saving_calls) api->conf.max_saving_calls = 256;
   if (!api->conf.upload_idle_ms) api->conf.upload_idle_ms = 10 * 60 * 1000;
   if (!api->conf.max_downloads) api->conf.max_downloads = 16;
   if (!api->conf.download_window) api->conf.download_window = 1u << 20;

@@ -115,6 +115,8 @@ typedef struct lt_api_conf {
   uint64_t max_upload_bytes;           /* hard cap on any upload (1 GiB); tenants' quotas are lower */
   int work_threads;                    /* threads for blocking work (4); < 0: on the loop thread */
   int max_open_uploads;                /* open uploads per tenant (4); each may hold a part's bytes */
+  int max_saving_calls;                /* a tenant's session calls that save a state, taken and not
+                                          completed, under a storage quota (256) */
   int64_t upload_idle_ms;              /* an upload idle this long is dropped (600000) */
   int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
   size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */

@@ -155,6 +155,11 @@ static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
  * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest. */
 static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
   json_t *o = saving_of(api, tenant, false), *e, *tmp;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
+  if (o && api->ready && (!t || !lt_api_storage_quota(api, t))) { /* none to count against */
+    lt_map_del(api->saving, tenant);
+    return 0;
+  }
   const char *k;
   uint32_t n = 0;
   json_object_foreach_safe(o, tmp, k, e) {
@@ -176,10 +181,11 @@ static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
 
 /* A saving call read back from lathe.calls at seq: this API's own (the same body key), or one
  * another API process took, or one taken before this process started — counted alike, for a
- * tenant with a storage quota. */
+ * tenant with a storage quota (while the feed catches up, for any: its tenant's record may come
+ * after, and the prune drops what has no quota to count against). */
 static void saving_note(lt_api_t *api, const char *tenant, const char *job_id, const char *body_key, int64_t seq) {
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
-  if (!t || !lt_api_storage_quota(api, t)) return;
+  if (api->ready && (!t || !lt_api_storage_quota(api, t))) return; /* catching up: the tenant may come later */
   char k[LT_STORE_KEY_MAX + 1];
   if (body_key) snprintf(k, sizeof k, "%s", body_key);
   else snprintf(k, sizeof k, "%s:%lld", job_id, (long long)seq);
@@ -989,6 +995,14 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
     if (ci->quota) {
       ci->saving = saving_prune(api, ci->tenant);
+      if (ci->saving >= (uint32_t)api->conf.max_saving_calls) { /* bounds the walk above, on the loop */
+        call_in_free(ci);
+        lt_api_reply_error(c->req, 429, "over_quota", NULL,
+                           "tenant %s has %u saving calls (save_state, save_weights_for_sampler) queued and not "
+                           "completed; the limit max_saving_calls is %d: wait for them to complete",
+                           c->tenant->tenant_id, (unsigned)ci->saving, api->conf.max_saving_calls);
+        return;
+      }
       json_t *o = saving_of(api, ci->tenant, true);
       if (!o || json_object_set_new(o, ci->key, json_pack("{s:s,s:i}", "job", ci->job_id, "seq", 0))) {
         call_in_free(ci);

@@ -996,11 +996,12 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
     if (ci->quota) {
       ci->saving = saving_prune(api, ci->tenant);
       if (ci->saving >= (uint32_t)api->conf.max_saving_calls) { /* bounds the walk above, on the loop */
+        unsigned in_flight = ci->saving;
         call_in_free(ci);
         lt_api_reply_error(c->req, 429, "over_quota", NULL,
                            "tenant %s has %u saving calls (save_state, save_weights_for_sampler) queued and not "
                            "completed; the limit max_saving_calls is %d: wait for them to complete",
-                           c->tenant->tenant_id, (unsigned)ci->saving, api->conf.max_saving_calls);
+                           c->tenant->tenant_id, in_flight, api->conf.max_saving_calls);
         return;
       }
       json_t *o = saving_of(api, ci->tenant, true);

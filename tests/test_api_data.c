@@ -468,6 +468,15 @@ static void publish(const char *job, json_t *arts) {
                     "config_digest", ""));
 }
 
+/* The stack's object store, as the API sees it. */
+static lt_store_t *store_open(void) {
+  lt_store_s3_conf_t sc;
+  lt_store_t *store;
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  return store;
+}
+
 /* A job of tenant A (its submission through the API), to hang artifacts on. */
 static void a_job(char *job, size_t n) {
   lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=s", ONE, strlen(ONE));
@@ -488,10 +497,7 @@ Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_store_t *store = store_open();
   char job[64], key[512], bad_key[512];
   a_job(job, sizeof job);
   size_t len = 48 * MIB;
@@ -591,10 +597,7 @@ Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_st
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_store_t *store = store_open();
   char job[64];
   a_job(job, sizeof job);
   /* Not finished: refused, nothing changes. */
@@ -700,10 +703,7 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_store_t *store = store_open();
   char job[64], big_id[64], id[64];
   a_job(job, sizeof job);
   char *big = jsonl(1000000);
@@ -880,10 +880,7 @@ Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
  * not count: a live session could save states without bound.) */
 Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_past_it) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_store_t *store = store_open();
   const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
   lt_client_resp_t r = req(ca, "POST", "/v1/sessions", open_body, strlen(open_body));
   cr_assert(r.status == 201 || r.status == 202, "a session under the quota: %d %s", r.status, r.body);
@@ -929,6 +926,23 @@ Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_
   lt_store_destroy(store);
 }
 
+/* A session of client c's tenant into id (capacity 64). */
+static void open_session(lt_client_t *c, char *id) {
+  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  lt_client_resp_t r = req(c, "POST", "/v1/sessions", open_body, strlen(open_body));
+  cr_assert(r.status == 201 || r.status == 202, "a session: %d %s", r.status, r.body);
+  snprintf(id, 64, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+}
+
+/* What a worker records when tenant A's session call seq completes (a save, here). */
+static void call_completed(const char *sess, json_int_t seq, const char *event_id) {
+  produce("progress", "PrimitiveCompleted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", event_id, "occurred_at", 1,
+                    "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", seq, "kind",
+                    "save_state", "status", "done", "step", 0, "tokens", 0, "duration_ms", 1.0, "result_bytes", 0));
+}
+
 /* A burst of saving calls, each checked before any of their states is written, counts the states
  * to come, each as the tenant's largest checkpoint so far. No worker runs here, so a call
  * completes only when the test records its PrimitiveCompleted: with one checkpoint of 1 MB stored
@@ -953,20 +967,11 @@ static void put_checkpoint(lt_store_t *store, const char *tenant, const char *jo
 
 Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", NULL});
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
-  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
+  lt_store_t *store = store_open();
   char sess[64], sess2[64], sess_b[64], job[64], path[256], msg[2048], body[128];
-  lt_client_t *who[3] = {ca, ca, cb};
-  char *ids[3] = {sess, sess2, sess_b};
-  for (int i = 0; i < 3; i++) {
-    lt_client_resp_t r = req(who[i], "POST", "/v1/sessions", open_body, strlen(open_body));
-    cr_assert(r.status == 201 || r.status == 202, "session %d: %d %s", i, r.status, r.body);
-    snprintf(ids[i], 64, "%s", json_string_value(json_object_get(r.json, "id")));
-    lt_client_resp_free(&r);
-  }
+  open_session(ca, sess);
+  open_session(ca, sess2);
+  open_session(cb, sess_b);
   /* what a worker saved for a finished job of A, and for B's session: 1 MB in two objects each */
   a_job(job, sizeof job);
   finish_rejected("/v1/jobs", job);
@@ -1013,10 +1018,7 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
     cr_expect_eq(post_status(cb, path, "{\"kind\":\"save_state\",\"name\":\"b\"}", msg, sizeof msg), 202,
                  "tenant B, save %d: %s", i, msg);
   /* the first of the nine completes (what a worker records): one more is taken */
-  produce("progress", "PrimitiveCompleted",
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", "pc-burst-1", "occurred_at", 1,
-                    "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", first_seq, "kind",
-                    "save_state", "status", "done", "step", 0, "tokens", 0, "duration_ms", 1.0, "result_bytes", 0));
+  call_completed(sess, first_seq, "pc-burst-1");
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess2);
   for (int i = 0; i < 100 && (st = post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"w\"}", msg, sizeof msg)) == 413; i++)
     lt_test_msleep(100);
@@ -1035,16 +1037,9 @@ Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
  * whatever its stored bytes; another tenant is not held by them; one that completes frees a place. */
 Test(api_data, saving_calls_in_flight_are_capped_per_tenant) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", "LATHE_API_MAX_SAVING_CALLS=2", NULL});
-  const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
   char sess[64], sess_b[64], path[256], msg[2048];
-  lt_client_t *who[2] = {ca, cb};
-  char *ids[2] = {sess, sess_b};
-  for (int i = 0; i < 2; i++) {
-    lt_client_resp_t r = req(who[i], "POST", "/v1/sessions", open_body, strlen(open_body));
-    cr_assert(r.status == 201 || r.status == 202, "session %d: %d %s", i, r.status, r.body);
-    snprintf(ids[i], 64, "%s", json_string_value(json_object_get(r.json, "id")));
-    lt_client_resp_free(&r);
-  }
+  open_session(ca, sess);
+  open_session(cb, sess_b);
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   json_int_t first_seq = 0;
   for (int i = 0; i < 2; i++) {
@@ -1059,10 +1054,7 @@ Test(api_data, saving_calls_in_flight_are_capped_per_tenant) {
                "a call that saves nothing: %s", msg);
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess_b);
   cr_expect_eq(post_status(cb, path, "{\"kind\":\"save_state\",\"name\":\"b\"}", msg, sizeof msg), 202, "tenant B: %s", msg);
-  produce("progress", "PrimitiveCompleted",
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", "pc-cap-1", "occurred_at", 1,
-                    "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", first_seq, "kind",
-                    "save_state", "status", "done", "step", 0, "tokens", 0, "duration_ms", 1.0, "result_bytes", 0));
+  call_completed(sess, first_seq, "pc-cap-1");
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   int st = 0;
   for (int i = 0; i < 100 && (st = post_status(ca, path, "{\"kind\":\"save_state\",\"name\":\"s\"}", msg, sizeof msg)) == 429; i++)
@@ -1178,10 +1170,7 @@ Test(api_data, jobs_download_checks_every_sha256_and_jobs_checkpoints_lists_the_
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
+  lt_store_t *store = store_open();
   char job[64], k1[512], k2[512], dir[128], args[512], path[256], list[4096] = "";
   a_job(job, sizeof job);
   const char *cfg = "{\"r\":4}";

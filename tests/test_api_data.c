@@ -944,7 +944,7 @@ static void call_completed(const char *sess, json_int_t seq, const char *event_i
 }
 
 /* A burst of saving calls, each checked before any of their states is written, counts the states
- * to come, each as the tenant's largest checkpoint so far. No worker runs here, so a call
+ * to come, each as the tenant's largest checkpoint stored now. No worker runs here, so a call
  * completes only when the test records its PrimitiveCompleted: with one checkpoint of 1 MB stored
  * under a 10 MB quota, nine save_state calls are taken and the tenth is refused (413, naming the
  * calls in flight), and so is it again (a refused call is not counted); a call that saves nothing

@@ -782,13 +782,13 @@ static void seal_work(void *arg) {
     ci->measured = true;
     ci->err = lt_api_storage_check(ci->quota, ci->tenant, ci->stored, ci->artifacts, 0, why, ci->msg, sizeof ci->msg);
     /* the saving calls taken before it write their states later: each counts as the tenant's
-     * largest checkpoint so far (none yet: they are not counted) */
+     * largest checkpoint stored now (none: they are not counted) */
     uint64_t used = ci->stored + ci->artifacts, coming = (uint64_t)ci->saving * ci->ckpt_max;
     if (!ci->err && coming && used + coming >= ci->quota)
       ci->err = lt_errf(ci->msg, sizeof ci->msg, LT_ERR_QUOTA,
                         "tenant %s's storage quota max_storage_bytes is %llu bytes; it uses %llu, and the %u saving "
                         "call(s) taken before this %s and not completed will store about %llu bytes each (its largest "
-                        "checkpoint so far): wait for them, or delete datasets (DELETE /v1/datasets/{id}) or finished "
+                        "checkpoint stored now): wait for them, or delete datasets (DELETE /v1/datasets/{id}) or finished "
                         "jobs and sessions (DELETE /v1/jobs/{id})",
                         ci->tenant, (unsigned long long)ci->quota, (unsigned long long)used, ci->saving, ci->kind,
                         (unsigned long long)ci->ckpt_max);

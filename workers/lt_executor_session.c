@@ -26,6 +26,7 @@
 #include <openssl/evp.h>
 
 #include "lt_backend_cuda.h"
+#include "lt_callspec.h"
 #include "lt_executor_int.h"
 #include "lt_prim.h"
 
@@ -148,7 +149,7 @@ static void run_call(sess_t *s, const lt_proto_call_t *c, const json_t *body, lt
   memset(out, 0, sizeof *out);
   out->loss = out->grad_norm = NAN;
   const char *name = json_string_value(json_object_get(body, "name"));
-  bool save = strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0;
+  bool save = lt_callspec_saves_state(kind);
   if (save || strcmp(kind, "end") == 0) {
     *ended = !save;
     *fatal = checkpoint(s, c->seq, name ? name : "final", !save, save ? "save_state" : "final", errstr, n);

@@ -297,7 +297,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   json_object_set_new(f->calls, key, c);
   f->completed++;
   f->step = step;
-  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) saving_prune(api, tenant);
+  if (lt_callspec_saves_state(kind)) saving_prune(api, tenant);
   wake(api, job_id, seq);
 }
 
@@ -331,7 +331,7 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
     return;
   lt_avro_get_string(r, "object_key", &okey, NULL);
   int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
-  if (!lt_avro_get_enum(r, "kind", &kind) && (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0))
+  if (!lt_avro_get_enum(r, "kind", &kind) && lt_callspec_saves_state(kind))
     saving_note(api, tenant, job_id, okey, seq);
   if (!lt_call_id_keyed(call_id)) return; /* a call without a key: nothing more to remember */
   sess_fold_t *f = fold_of(api, job_id, true);
@@ -697,8 +697,9 @@ static json_t *pending_key(lt_api_t *api, const call_in_t *ci) {
  * saving call that was not. */
 static void call_in_free(call_in_t *ci) {
   if (pending_key(ci->api, ci)) json_object_del(fold_of(ci->api, ci->job_id, false)->keys, ci->keyed);
-  json_t *sv = ci->key[0] ? json_object_get(saving_of(ci->api, ci->tenant, false), ci->key) : NULL;
-  if (sv && json_integer_value(json_object_get(sv, "seq")) == 0) json_object_del(saving_of(ci->api, ci->tenant, false), ci->key);
+  json_t *saving = ci->key[0] ? saving_of(ci->api, ci->tenant, false) : NULL;
+  if (json_integer_value(json_object_get(json_object_get(saving, ci->key), "seq")) == 0)
+    json_object_del(saving, ci->key); /* not recorded (nothing when it is not there) */
   if (ci->body) {
     OPENSSL_cleanse(ci->body, ci->len);
     free(ci->body);
@@ -990,7 +991,7 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
   }
   snprintf(ci->key, sizeof ci->key, "sessions/%s/%s/calls/%s%s%s", ci->tenant, ci->job_id, ci->call_id,
            ci->keyed[0] ? "-" : "", ci->keyed[0] ? obj : "");
-  if (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0) {
+  if (lt_callspec_saves_state(kind)) {
     ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
     if (ci->quota) {

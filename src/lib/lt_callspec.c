@@ -284,6 +284,10 @@ static lt_err_t check_sample(out_t *o, const json_t *b, const lt_callspec_limits
   return err;
 }
 
+bool lt_callspec_saves_state(const char *kind) {
+  return kind && (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0);
+}
+
 lt_err_t lt_callspec_check(const json_t *body, const lt_callspec_limits_t *lim, const char **kind, char *field, size_t fs,
                            char *errstr, size_t n) {
   out_t o = {field, fs, errstr, n};
@@ -294,7 +298,7 @@ lt_err_t lt_callspec_check(const json_t *body, const lt_callspec_limits_t *lim, 
   if (!k) return bad(&o, "kind", "is required");
   if (!strcmp(k, "forward_backward") || !strcmp(k, "forward")) return check_fb(&o, body, lim);
   if (!strcmp(k, "optim_step")) return check_optim(&o, body);
-  if (!strcmp(k, "save_state") || !strcmp(k, "save_weights_for_sampler") || !strcmp(k, "load_state"))
+  if (lt_callspec_saves_state(k) || !strcmp(k, "load_state"))
     return check_named(&o, body);
   if (!strcmp(k, "sample")) return check_sample(&o, body, lim);
   return bad(&o, "kind", "\"%.40s\" is not a call: forward_backward, forward, optim_step, save_state, load_state, "

@@ -26,6 +26,10 @@ typedef struct lt_callspec_limits {
   int max_tokens_per_call;
 } lt_callspec_limits_t;
 
+/* Whether a call of this kind saves a state (save_state, save_weights_for_sampler): the worker
+ * writes a checkpoint for it, which the storage quota counts. */
+bool lt_callspec_saves_state(const char *kind);
+
 /* Parses a call's JSON. NULL when it is not JSON, with the position and, for a NaN or an
  * Infinity (which JSON does not have), the field that holds it. */
 json_t *lt_callspec_parse(const char *text, size_t len, char *field, size_t field_size, char *errstr,

@@ -374,6 +374,15 @@ unsigned lt_test_proc_port_of(lt_test_proc_t *p, const char *mark, int timeout_m
   return wait_port(p, mark, timeout_ms);
 }
 
+lt_store_t *lt_test_store(void) {
+  lt_store_s3_conf_t sc;
+  lt_store_t *store = NULL;
+  char why[512];
+  cr_assert_eq(lt_store_s3_conf_from_env(&sc, why, sizeof why), LT_OK, "%s (run `eval \"$(ops/stack env)\"`)", why);
+  cr_assert_eq(lt_store_s3_new(&store, &sc, why, sizeof why), LT_OK, "%s", why);
+  return store;
+}
+
 /* ---------------------------------------------------------------- HTTP */
 
 lt_client_t *lt_test_client(const char *url, const char *api_key, int timeout_s) {

@@ -25,6 +25,7 @@
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_client.h"
+#include "lt_store.h"
 #include "lt_time.h"
 
 /* ---------------------------------------------------------------- waiting */
@@ -150,6 +151,9 @@ unsigned lt_test_proc_port_of(lt_test_proc_t *p, const char *mark, int timeout_m
 
 /* A client of url with api_key (may be NULL). */
 lt_client_t *lt_test_client(const char *url, const char *api_key, int timeout_s);
+
+/* The local stack's object store (LATHE_S3_* from `ops/stack env`), asserting it opens. */
+lt_store_t *lt_test_store(void);
 
 /* A mute object store: a loopback socket that takes connections (accept them to see them come) and
  * never answers. Returns the listening socket (non-blocking, close-on-exec); env gets

@@ -468,15 +468,6 @@ static void publish(const char *job, json_t *arts) {
                     "config_digest", ""));
 }
 
-/* The stack's object store, as the API sees it. */
-static lt_store_t *store_open(void) {
-  lt_store_s3_conf_t sc;
-  lt_store_t *store;
-  cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&store, &sc, err, sizeof err), LT_OK, "%s", err);
-  return store;
-}
-
 /* A job of tenant A (its submission through the API), to hang artifacts on. */
 static void a_job(char *job, size_t n) {
   lt_client_resp_t r = req(ca, "POST", "/v1/datasets?name=s", ONE, strlen(ONE));
@@ -497,7 +488,7 @@ Test(api_data, an_artifact_bigger_than_the_window_streams_whole_with_flat_memory
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   char job[64], key[512], bad_key[512];
   a_job(job, sizeof job);
   size_t len = 48 * MIB;
@@ -597,7 +588,7 @@ Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_st
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   char job[64];
   a_job(job, sizeof job);
   /* Not finished: refused, nothing changes. */
@@ -703,7 +694,7 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *tdek = tenant_dek(kek, &kr);
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   char job[64], big_id[64], id[64];
   a_job(job, sizeof job);
   char *big = jsonl(1000000);
@@ -880,7 +871,7 @@ Test(api_data, a_session_end_sent_again_with_its_key_queues_one_end) {
  * not count: a live session could save states without bound.) */
 Test(api_data, checkpoints_count_in_the_storage_quota_and_a_session_cannot_save_past_it) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=1500000", NULL});
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   const char *open_body = "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}";
   lt_client_resp_t r = req(ca, "POST", "/v1/sessions", open_body, strlen(open_body));
   cr_assert(r.status == 201 || r.status == 202, "a session under the quota: %d %s", r.status, r.body);
@@ -967,7 +958,7 @@ static void put_checkpoint(lt_store_t *store, const char *tenant, const char *jo
 
 Test(api_data, a_burst_of_saving_calls_counts_the_states_they_will_write) {
   start_api((const char *const[]){"LATHE_API_MAX_STORAGE_BYTES=10000000", NULL});
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   char sess[64], sess2[64], sess_b[64], job[64], path[256], msg[2048], body[128];
   open_session(ca, sess);
   open_session(ca, sess2);
@@ -1170,7 +1161,7 @@ Test(api_data, jobs_download_checks_every_sha256_and_jobs_checkpoints_lists_the_
   lt_keyring_t *kr = NULL;
   cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
   const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
-  lt_store_t *store = store_open();
+  lt_store_t *store = lt_test_store();
   char job[64], k1[512], k2[512], dir[128], args[512], path[256], list[4096] = "";
   a_job(job, sizeof job);
   const char *cfg = "{\"r\":4}";

@@ -266,14 +266,6 @@ static char *download(const char *job, const char *name, size_t *len, int *statu
 
 /* ---------------------------------------------------------------- store */
 
-static lt_store_t *open_store(void) {
-  lt_store_s3_conf_t s3;
-  lt_store_t *st;
-  cr_assert_eq(lt_store_s3_conf_from_env(&s3, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_store_s3_new(&st, &s3, err, sizeof err), LT_OK, "%s", err);
-  return st;
-}
-
 static lt_err_t count_key(void *ctx, const char *key, const lt_store_info_t *info) {
   (void)key;
   (void)info;
@@ -282,7 +274,7 @@ static lt_err_t count_key(void *ctx, const char *key, const lt_store_info_t *inf
 }
 
 static int count_objects(const char *under) {
-  lt_store_t *st = open_store();
+  lt_store_t *st = lt_test_store();
   int n = 0;
   char next[LT_STORE_KEY_MAX + 1] = "";
   cr_assert_eq(lt_store_list(st, under, NULL, 1000, count_key, &n, next, sizeof next, err, sizeof err), LT_OK, "%s",
@@ -298,7 +290,7 @@ static int count_objects(const char *under) {
 static json_int_t max_staged_step(const char *under, json_int_t from, json_int_t to, json_int_t every) {
   static const char *const names[] = {"adapter_model.safetensors", "adapter_config.json", "state.bin",
                                       "metrics.json", "eval.json", "lathe_run.json", "samples.json"};
-  lt_store_t *st = open_store();
+  lt_store_t *st = lt_test_store();
   json_int_t found = 0;
   for (json_int_t step = from - from % every + every; step <= to; step += every)
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {

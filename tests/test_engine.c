@@ -577,6 +577,37 @@ Test(engine, peft_export_has_peft_names_shapes_and_config) {
   fixture_close(&f);
 }
 
+/* What a storage quota counts a saving call as before any checkpoint is stored: the state file
+ * and the adapter's tensors, known from the model's config alone. The files a session writes are
+ * that much, plus only the safetensors header (its tensors' names, a few hundred bytes each). */
+Test(engine, a_checkpoints_bytes_are_known_from_the_config_before_it_is_written) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 1, 0, 1.0f), 2, 1);
+  unsigned targets[] = {LT_TARGET_Q | LT_TARGET_O | LT_TARGET_DOWN, LT_TARGET_ALL, LT_TARGET_K};
+  int ranks[] = {4, 8, 1};
+  for (int i = 0; i < 3; i++) {
+    lt_session_t *s = fixture_session(&f, (lt_session_config_t){.rank = ranks[i], .alpha = 16, .targets = targets[i],
+                                                                .seed = 3});
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/ckpt%d", f.dir, i);
+    OK(lt_export_peft(s, dir, "lathe/tiny", errbuf, sizeof errbuf));
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    OK(lt_save_state(s, path, 1, errbuf, sizeof errbuf));
+    struct stat st_state, st_adapter;
+    cr_assert_eq(stat(path, &st_state), 0);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    cr_assert_eq(stat(path, &st_adapter), 0);
+    uint64_t est = lt_lora_checkpoint_bytes(lt_engine_config(f.eng), ranks[i], targets[i]);
+    uint64_t n = lt_session_num_params(s), written = (uint64_t)st_state.st_size + (uint64_t)st_adapter.st_size;
+    cr_expect_eq(est, written - (st_adapter.st_size - 4 * n), "rank %d targets 0x%x: %llu estimated, %llu written",
+                 ranks[i], targets[i], (unsigned long long)est, (unsigned long long)written);
+    cr_expect((uint64_t)st_adapter.st_size - 4 * n < 200 * 2 * 2 * 7, "the header only: %lld bytes for %llu params",
+              (long long)st_adapter.st_size, (unsigned long long)n);
+    lt_session_destroy(s);
+  }
+  fixture_close(&f);
+}
+
 /* ---- training behaviour ------------------------------------------------------------------ */
 
 Test(engine, full_parameter_training_overfits_a_batch_and_exports_a_loadable_model) {

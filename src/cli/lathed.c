@@ -20,7 +20,8 @@
  *   LATHE_INSTANCE                                   this process's name in records (hostname)
  *   LATHE_STAFF_KEYS_FILE                            api: staff keys (`lathe admin staff add`)
  *   LATHE_ACCESS_SECOND_STAFF=1                      api: grants also need a second staff approval
- *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir)
+ *   LATHE_MODELS_DIR                                 worker: base models (default: meson option models_dir);
+ *                    api: their tokenizers, and configs for a session's checkpoint bytes
  *   LATHE_WORKER_SLOTS, LATHE_WORKER_THREADS         worker: attempts at once, threads each
  *   LATHE_WORKER_BACKEND=auto|cpu|cuda               worker: what executors train on (auto: every
  *                    GPU, one a slot, where there are GPUs; the cpu otherwise)
@@ -69,6 +70,7 @@
 #include <event2/util.h>
 
 #include "lt_api.h"
+#include "lt_engine.h"
 #include "lt_publisher.h"
 #include "lt_sampler.h"
 #include "lt_scheduler.h"
@@ -108,6 +110,10 @@ typedef struct lathed {
     char model[64];
     lt_tok_t *tok;
   } toks[8];
+  struct {                 /* api: base models' configs, for the bytes of a session's checkpoint */
+    char model[LT_JOB_NAME_MAX];
+    lt_model_config_t mc;
+  } cfgs[8];
   char instance[128];
   char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
   struct event *drain_ev;  /* SIGTERM with a worker: its drain's watch (on_drain_tick) */
@@ -234,6 +240,28 @@ static int vocab_size(void *ctx, const char *model) {
   char err[256];
   lt_tok_t *tok = model_tokenizer(ctx, model, err, sizeof err);
   return tok ? lt_tok_vocab_size(tok) : 0;
+}
+
+/* The bytes one checkpoint of a LoRA session on base model `model` takes at least
+ * (lt_lora_checkpoint_bytes), from <models>/<model>/config.json, kept once read; 0 when no such
+ * model is here. */
+static uint64_t checkpoint_bytes(void *ctx, const char *model, int rank, unsigned targets) {
+  lathed_t *d = ctx;
+  int slot = -1, free_slot = -1;
+  for (int i = 0; i < 8 && slot < 0; i++) {
+    if (d->cfgs[i].model[0] && strcmp(d->cfgs[i].model, model) == 0) slot = i;
+    else if (!d->cfgs[i].model[0] && free_slot < 0) free_slot = i;
+  }
+  if (slot < 0) {
+    char dir[2200], err[256];
+    lt_model_config_t mc;
+    snprintf(dir, sizeof dir, "%s/%s", d->models, model);
+    if (lt_model_config_load(dir, &mc, err, sizeof err)) return 0;
+    slot = free_slot < 0 ? 7 : free_slot;
+    snprintf(d->cfgs[slot].model, sizeof d->cfgs[slot].model, "%s", model);
+    d->cfgs[slot].mc = mc;
+  }
+  return lt_lora_checkpoint_bytes(&d->cfgs[slot].mc, rank, targets);
 }
 
 static lt_tok_t *load_tokenizer(const char *models) {
@@ -454,8 +482,8 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   lt_api_conf_t conf = {.bind_addr = o->bind, .port = o->port, .bus = bus, .store = d->store,
                         .kek = d->kek, .tenant_mac = d->tenant_mac, .registry = d->reg, .producer_id = producer,
                         .tokens_fn = d->tok ? count_tokens : NULL, .tokens_ctx = d->tok,
-                        .tokenize_fn = tokenize, .vocab_fn = vocab_size, .tokenize_ctx = d,
-                        .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
+                        .tokenize_fn = tokenize, .vocab_fn = vocab_size, .checkpoint_bytes_fn = checkpoint_bytes,
+                        .tokenize_ctx = d, .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
                         .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
                         .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
   const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");

@@ -109,6 +109,10 @@ typedef struct lt_api_conf {
   /* A base model's vocabulary size, which session calls' token ids are checked against (0 when
    * not known here: the executor checks them). */
   int (*vocab_fn)(void *ctx, const char *model);
+  /* The bytes one checkpoint of a session (LoRA of rank `rank` over `targets`, LT_MODULE_* bits)
+   * on a base model writes at least, which a storage quota counts a saving call as before the
+   * tenant has one stored (0 when not known here). */
+  uint64_t (*checkpoint_bytes_fn)(void *ctx, const char *model, int rank, unsigned targets);
   void *tokenize_ctx;
   int produce_timeout_ms;              /* how long a submission waits for the broker (5000) */
   size_t max_json_body;                /* largest JSON request body (65536) */

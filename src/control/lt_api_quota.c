@@ -8,8 +8,9 @@
  * LT_API_STORED_FRESH_MS), the artifacts' bytes from the publications the projection folded
  * (deleted jobs do not count). A session's save_state or save_weights_for_sampler is refused
  * (413) while the tenant is at or over its quota, or would be once the saving calls taken before
- * it (not completed) stored their states, each as large as its largest checkpoint stored now
- * (lt_api_sessions.c): a live session keeps every state it saved. An
+ * it (not completed) stored their states, each as large as its largest checkpoint stored now, or
+ * all as large as their sessions' checkpoints are at least (from the base model's config: a first
+ * burst has no checkpoint stored; lt_api_sessions.c): a live session keeps every state it saved. An
  * upload that would take the tenant over is refused at the part that would (413, naming the
  * quota, the usage and the upload) and leaves nothing; a job submission is refused while the tenant is at or over its quota (413), since its
  * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot

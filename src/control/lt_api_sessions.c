@@ -136,8 +136,24 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
  * and not completed: this API's from when it takes them, any API process's once read back from
  * lathe.calls. The quota counts the state each will write (a burst of them, each checked before
  * any wrote, passed it by one state a call before). Per tenant, an object: the call's body key ->
- * {job, seq}, seq 0 while this API records the call. */
+ * {job, seq, bytes}, seq 0 while this API records the call, bytes what its session's checkpoint
+ * writes at least (session_ckpt_bytes), once the session is known. */
 void lt_api_saving_free(void *v) { json_decref(v); }
+
+/* The bytes a checkpoint of session j writes at least, from its base model's config and its
+ * adapter (conf.checkpoint_bytes_fn); 0 when not known here. */
+static uint64_t session_ckpt_bytes(lt_api_t *api, const lt_job_t *j) {
+  if (!api->conf.checkpoint_bytes_fn) return 0;
+  json_t *hp = json_object_get(json_object_get(lt_proj_job_info(api->proj, j->job_id), "spec"), "hyperparameters"), *m;
+  json_int_t rank = json_integer_value(json_object_get(hp, "lora_rank"));
+  unsigned targets = 0;
+  size_t i;
+  json_array_foreach(json_object_get(hp, "target_modules"), i, m) {
+    if (json_is_string(m)) targets |= lt_target_parse(json_string_value(m));
+  }
+  if (rank <= 0 || rank > INT32_MAX || !targets) return 0;
+  return api->conf.checkpoint_bytes_fn(api->conf.tokenize_ctx, j->base_model, (int)rank, targets);
+}
 
 static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
   json_t *o = lt_map_get(api->saving, tenant);
@@ -152,10 +168,12 @@ static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
 /* Drops the tenant's saving calls that will write nothing more — completed, a later record of a
  * keyed call (the worker skips it), at or before the session's committed checkpoint (a resumed
  * attempt starts after it, and its bytes are in the listing), of a session that ended or is not
- * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest. */
-static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
+ * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest;
+ * *bytes (may be NULL) gets what their checkpoints write at least, where their sessions are known. */
+static uint32_t saving_prune(lt_api_t *api, const char *tenant, uint64_t *bytes) {
   json_t *o = saving_of(api, tenant, false), *e, *tmp;
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
+  if (bytes) *bytes = 0;
   if (o && api->ready && (!t || !lt_api_storage_quota(api, t))) { /* none to count against */
     lt_map_del(api->saving, tenant);
     return 0;
@@ -171,9 +189,15 @@ static uint32_t saving_prune(lt_api_t *api, const char *tenant) {
     snprintf(key, sizeof key, "%lld", (long long)seq);
     if ((!j && api->ready) || (j && (strcmp(j->tenant_id, tenant) != 0 || lt_job_state_is_terminal(j->state))) ||
         (j && seq > 0 && (seq <= j->ckpt_step || (f && (json_object_get(f->calls, key) || first_of(f, seq) != seq)))))
+    {
       json_object_del(o, k);
-    else
-      n++;
+      continue;
+    }
+    n++;
+    if (!j || !bytes) continue;
+    json_t *b = json_object_get(e, "bytes");
+    if (!b) json_object_set_new(e, "bytes", b = json_integer((json_int_t)session_ckpt_bytes(api, j)));
+    *bytes += (uint64_t)json_integer_value(b);
   }
   if (o && !n) lt_map_del(api->saving, tenant);
   return n;
@@ -297,7 +321,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   json_object_set_new(f->calls, key, c);
   f->completed++;
   f->step = step;
-  if (lt_callspec_saves_state(kind)) saving_prune(api, tenant);
+  if (lt_callspec_saves_state(kind)) saving_prune(api, tenant, NULL);
   wake(api, job_id, seq);
 }
 
@@ -545,7 +569,7 @@ void lt_api_sessions_prune(lt_api_t *api) {
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
   lt_map_iter_t st = {0};
-  while (lt_map_next(api->saving, &st)) saving_prune(api, st.key); /* it may delete the current key */
+  while (lt_map_next(api->saving, &st)) saving_prune(api, st.key, NULL); /* it may delete the current key */
 }
 
 void lt_api_sessions_free(lt_api_t *api) {
@@ -678,7 +702,8 @@ typedef struct {
   char sha_hex[65];
   int examples;
   uint64_t quota, artifacts; /* a call that saves a state: the tenant's storage quota (0: none) */
-  uint32_t saving;           /* and its saving calls taken before this one, not completed */
+  uint32_t saving;           /* and its saving calls taken before this one, not completed, */
+  uint64_t saving_bytes;     /* and what their checkpoints write at least, where known */
   bool measured;             /* and the tenant's stored bytes, measured on the pool: */
   uint64_t stored, since, ckpt_max;
   bool wrote;                /* the body is in the store (the measure came before it) */
@@ -783,16 +808,23 @@ static void seal_work(void *arg) {
     ci->measured = true;
     ci->err = lt_api_storage_check(ci->quota, ci->tenant, ci->stored, ci->artifacts, 0, why, ci->msg, sizeof ci->msg);
     /* the saving calls taken before it write their states later: each counts as the tenant's
-     * largest checkpoint stored now (none: they are not counted) */
-    uint64_t used = ci->stored + ci->artifacts, coming = (uint64_t)ci->saving * ci->ckpt_max;
+     * largest checkpoint stored now, or all as what their sessions' checkpoints write at least,
+     * whichever is more (a first burst has no checkpoint stored) */
+    uint64_t used = ci->stored + ci->artifacts, each = (uint64_t)ci->saving * ci->ckpt_max;
+    uint64_t coming = each > ci->saving_bytes ? each : ci->saving_bytes;
+    char per[160];
+    if (each >= ci->saving_bytes)
+      snprintf(per, sizeof per, "about %llu bytes each (its largest checkpoint stored now)",
+               (unsigned long long)ci->ckpt_max);
+    else
+      snprintf(per, sizeof per, "at least %llu bytes in all (their sessions' adapters and optimizer states)",
+               (unsigned long long)ci->saving_bytes);
     if (!ci->err && coming && used + coming >= ci->quota)
       ci->err = lt_errf(ci->msg, sizeof ci->msg, LT_ERR_QUOTA,
                         "tenant %s's storage quota max_storage_bytes is %llu bytes; it uses %llu, and the %u saving "
-                        "call(s) taken before this %s and not completed will store about %llu bytes each (its largest "
-                        "checkpoint stored now): wait for them, or delete datasets (DELETE /v1/datasets/{id}) or finished "
-                        "jobs and sessions (DELETE /v1/jobs/{id})",
-                        ci->tenant, (unsigned long long)ci->quota, (unsigned long long)used, ci->saving, ci->kind,
-                        (unsigned long long)ci->ckpt_max);
+                        "call(s) taken before this %s and not completed will store %s: wait for them, or delete "
+                        "datasets (DELETE /v1/datasets/{id}) or finished jobs and sessions (DELETE /v1/jobs/{id})",
+                        ci->tenant, (unsigned long long)ci->quota, (unsigned long long)used, ci->saving, ci->kind, per);
   }
   if (ci->err) return;
   ci->err = lt_sealed_put(ci->api->conf.store, ci->dek, ci->key, ci->body, ci->len, sha, ci->msg, sizeof ci->msg);
@@ -995,7 +1027,7 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
     ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
     if (ci->quota) {
-      ci->saving = saving_prune(api, ci->tenant);
+      ci->saving = saving_prune(api, ci->tenant, &ci->saving_bytes);
       if (ci->saving >= (uint32_t)api->conf.max_saving_calls) { /* bounds the walk above, on the loop */
         unsigned in_flight = ci->saving;
         call_in_free(ci);
@@ -1006,7 +1038,8 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
         return;
       }
       json_t *o = saving_of(api, ci->tenant, true);
-      if (!o || json_object_set_new(o, ci->key, json_pack("{s:s,s:i}", "job", ci->job_id, "seq", 0))) {
+      json_int_t bytes = (json_int_t)session_ckpt_bytes(api, c->job);
+      if (!o || json_object_set_new(o, ci->key, json_pack("{s:s,s:i,s:I}", "job", ci->job_id, "seq", 0, "bytes", bytes))) {
         call_in_free(ci);
         lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");
         return;

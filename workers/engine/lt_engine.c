@@ -131,23 +131,24 @@ static lt_err_t engine_rope_tables(lt_engine_t *e, char *errstr, size_t errstr_s
   return LT_OK;
 }
 
+lt_err_t lt_model_config_load(const char *dir, lt_model_config_t *out, char *errstr, size_t errstr_size) {
+  char path[4096], *text = NULL;
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  lt_err_t err = read_file(path, &text, &len, errstr, errstr_size);
+  if (!err) err = lt_model_config_parse(text, len, path, out, errstr, errstr_size);
+  free(text);
+  return err;
+}
+
 lt_err_t lt_engine_open(const char *dir, lt_backend_t *be, lt_engine_t **out, char *errstr,
                         size_t errstr_size) {
   *out = NULL;
   lt_err_t err;
-  char path[4096], *text = NULL;
-  size_t len = 0;
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  if ((err = read_file(path, &text, &len, errstr, errstr_size))) return err;
   lt_engine_t *e = calloc(1, sizeof *e);
-  if (!e) {
-    free(text);
-    return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
-  }
+  if (!e) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   e->be = be;
-  err = lt_model_config_parse(text, len, path, &e->cfg, errstr, errstr_size);
-  free(text);
-  if (err) goto fail;
+  if ((err = lt_model_config_load(dir, &e->cfg, errstr, errstr_size))) goto fail;
   if ((err = lt_st_open_dir(dir, &e->st, errstr, errstr_size)) ||
       (err = engine_load_weights(e, dir, errstr, errstr_size)) ||
       (err = engine_rope_tables(e, errstr, errstr_size)))

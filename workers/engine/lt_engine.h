@@ -55,6 +55,8 @@ typedef struct lt_model_config {
  * present, else 0 (lt_engine_open corrects it from the tensors present). */
 lt_err_t lt_model_config_parse(const char *text, size_t len, const char *name,
                                lt_model_config_t *out, char *errstr, size_t errstr_size);
+/* The same, of <dir>/config.json. */
+lt_err_t lt_model_config_load(const char *dir, lt_model_config_t *out, char *errstr, size_t errstr_size);
 
 /* Writes config.json for `cfg` (model_type "llama", or "qwen2" when qkv_bias) into `dir`. */
 lt_err_t lt_model_config_write(const lt_model_config_t *cfg, const char *dir, char *errstr,
@@ -236,6 +238,13 @@ lt_err_t lt_save_state(lt_session_t *s, const char *path, uint64_t data_cursor, 
  * *data_cursor (may be NULL) gets the saved cursor. */
 lt_err_t lt_load_state(lt_session_t *s, const char *path, uint64_t *data_cursor, char *errstr,
                        size_t errstr_size);
+
+/* The bytes a LoRA session of rank `rank` over modules `targets` (LT_TARGET_*) on model c writes
+ * in one checkpoint at least: its state file (lt_save_state: the adapter and both AdamW moments,
+ * f32) and its adapter's tensors (lt_export_peft, f32), without the safetensors header or the
+ * small JSON files beside them. Known before any state is saved, from the model's config alone:
+ * what a storage quota counts a saving call as before the tenant has a checkpoint stored. */
+uint64_t lt_lora_checkpoint_bytes(const lt_model_config_t *c, int rank, unsigned targets);
 
 /* Writes adapter_model.safetensors (PEFT names, e.g.
  * base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight [r, in], lora_B [out, r]) and

@@ -128,6 +128,18 @@ static void state_header(const lt_session_t *s, uint64_t cursor, uint64_t *h) {
   h[H_NPARAMS] = s->nparams;
 }
 
+uint64_t lt_lora_checkpoint_bytes(const lt_model_config_t *c, int rank, unsigned targets) {
+  uint64_t n = 0; /* parameters: as session_layout_lora lays them out */
+  for (int m = 0; m < M_COUNT; m++) {
+    int out, in;
+    mod_shape(c, m, &out, &in);
+    if (targets & (1u << m)) n += (uint64_t)rank * ((uint64_t)in + (uint64_t)out);
+  }
+  n *= (uint64_t)c->num_layers;
+  /* state.bin: magic, header, params + m + v, checksum; then the adapter's tensors */
+  return 8 + 8 * (uint64_t)H_COUNT + 3 * 4 * n + 8 + 4 * n;
+}
+
 lt_err_t lt_save_state(lt_session_t *s, const char *path, uint64_t cursor, char *errstr,
                        size_t errstr_size) {
   lt_backend_t *be = s->be;

@@ -585,16 +585,21 @@ static void produce_raw(const void *value, size_t len, const char *tenant, const
   lt_bus_conf_destroy(conf);
 }
 
-/* An AccessApproved for request id, made here: a fresh event id, approver "tenant:forged". */
-static raw_t forge_approval(const char *id, const char *tenant, const char *master_hex) {
+/* A decision on request id made here, as another API process would write it: type
+ * AccessApproved, AccessDenied or AccessRevoked, a fresh event id, by `who`, signed with
+ * master_hex's audit key (NULL: no MAC). */
+static raw_t forge_decision(const char *type, const char *id, const char *tenant, const char *who,
+                            const char *master_hex) {
   lt_avro_registry_t *reg;
   lt_avro_record_t *rec;
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new(reg, "AccessApproved", &rec, err, sizeof err), LT_OK);
+  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
   cr_assert_eq(lt_avro_record_stamp(rec, "api/forger"), LT_OK);
+  bool approved = strcmp(type, "AccessApproved") == 0, revoked = strcmp(type, "AccessRevoked") == 0;
   cr_assert_eq(lt_avro_set_string(rec, "request_id", id) || lt_avro_set_string(rec, "tenant_id", tenant) ||
-                   lt_avro_set_string(rec, "approver", "tenant:forged") ||
-                   lt_avro_set_long(rec, "expires_at", lt_time_wall_ms() + 3600000),
+                   lt_avro_set_string(rec, revoked ? "revoked_by" : "approver", who) ||
+                   (approved ? lt_avro_set_long(rec, "expires_at", lt_time_wall_ms() + 3600000)
+                             : lt_avro_set_string(rec, "reason", "another API's")),
                LT_OK);
   const uint8_t *b;
   raw_t out = {0};
@@ -614,6 +619,11 @@ static raw_t forge_approval(const char *id, const char *tenant, const char *mast
   lt_avro_record_destroy(rec);
   lt_avro_registry_destroy(reg);
   return out;
+}
+
+/* An AccessApproved for request id, made here: approver "tenant:forged". */
+static raw_t forge_approval(const char *id, const char *tenant, const char *master_hex) {
+  return forge_decision("AccessApproved", id, tenant, "tenant:forged", master_hex);
 }
 
 Test(lockbox, forged_and_replayed_approvals_open_nothing) {
@@ -689,14 +699,16 @@ Test(lockbox, policy_a_second_staff_member_must_approve_and_never_the_requester)
 /* The audit record must be durable before any byte: with the broker down the read answers 503
  * and no data. The shared broker cannot be taken down, so this API talks to librdkafka's mock
  * cluster (in this process, over loopback); the store is the real one. */
-Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
+/* librdkafka's mock cluster (in this process, over loopback) with every topic of ops/topics.tsv
+ * under a new prefix, tenants d and e on it, and an API on it; *mrk: the handle to destroy. */
+static rd_kafka_mock_cluster_t *mock_up(rd_kafka_t **mrk) {
   lt_test_require_stack();
   char errs[512];
   rd_kafka_conf_t *kc = rd_kafka_conf_new();
   cr_assert_eq(rd_kafka_conf_set(kc, "test.mock.num.brokers", "1", errs, sizeof errs), RD_KAFKA_CONF_OK, "%s", errs);
-  rd_kafka_t *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, errs, sizeof errs);
-  cr_assert_not_null(mrk, "%s", errs);
-  rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(mrk);
+  *mrk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, errs, sizeof errs);
+  cr_assert_not_null(*mrk, "%s", errs);
+  rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(*mrk);
   setenv("LATHE_KAFKA_BOOTSTRAP", rd_kafka_mock_cluster_bootstraps(mc), 1);
   unsetenv("LATHE_KAFKA_CONFIG_DIR"); /* the mock cluster has no SASL */
   setup_env("tlockdown");
@@ -715,6 +727,12 @@ Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
   new_tenant("d", tenant_a, sizeof tenant_a, key_a, sizeof key_a);
   new_tenant("e", tenant_b, sizeof tenant_b, key_b, sizeof key_b);
   start_api(false);
+  return mc;
+}
+
+Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
+  rd_kafka_t *mrk;
+  rd_kafka_mock_cluster_t *mc = mock_up(&mrk);
   char ds[64], id[64], body[4096], scope[128];
   upload(ca, canary_jsonl, ds, sizeof ds);
   snprintf(scope, sizeof scope, "dataset:%s", ds);
@@ -725,6 +743,117 @@ Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
   cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 503, "with the audit write failing: %s", body);
   cr_expect(strstr(body, "canary-7f3a") == NULL, "no byte of the data without its audit record: %s", body);
   rd_kafka_mock_broker_set_up(mc, 1);
+  teardown();
+  rd_kafka_destroy(mrk);
+}
+
+/* An API process that has not read lathe.audit back yet may know a grant's approval and not the
+ * revoke after it (the log is read in turns of 2,000 records, HTTP requests between them): until
+ * it has caught up, staff routes answer 503 "starting", as customer routes do. Here a new API's
+ * fetches fail (the mock cluster's errors) until the test clears them: it knows no grant, and
+ * before, it answered the staff list 200 (empty) and a read 404 while it read the log. Once it
+ * has read it, the read under the revoked grant is refused as revoked. */
+Test(lockbox_down, a_starting_api_answers_no_staff_route_before_it_has_read_the_log, .timeout = 300) {
+  rd_kafka_t *mrk;
+  rd_kafka_mock_cluster_t *mc = mock_up(&mrk);
+  char ds[64], id[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "%s", body);
+  cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
+  stop_api();
+  enum { FETCH = 1, HELD = 100000 }; /* the Kafka protocol's ApiKey of a Fetch request; fetches failed */
+  rd_kafka_resp_err_t *errors = malloc(HELD * sizeof *errors);
+  cr_assert_not_null(errors);
+  for (int i = 0; i < HELD; i++) errors[i] = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
+  rd_kafka_mock_push_request_errors_array(mc, FETCH, HELD, errors);
+  free(errors);
+  char log[256], keys_env[128], held_url[64];
+  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.held.log", (int)getpid());
+  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
+  api = lt_test_lathed("api", log, "api", NULL, (const char *const[]){keys_env, NULL});
+  snprintf(held_url, sizeof held_url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
+  lt_client_t *staff = lt_test_client(held_url, key_alice, 30), *tenant = lt_test_client(held_url, key_a, 30);
+  lt_test_msleep(1000);
+  cr_expect_eq(status_of(tenant, "GET", "/v1/jobs", NULL, body, sizeof body), 503, "not read yet: %s", body);
+  int st = read_dataset(staff, id, ds, body, sizeof body);
+  cr_expect_eq(st, 503, "a staff read while the API is starting: %d %s", st, body);
+  cr_expect(strstr(body, "starting") && !strstr(body, "canary-7f3a"), "%s", body);
+  cr_expect_eq(status_of(staff, "GET", "/v1/staff/access", NULL, body, sizeof body), 503, "the staff list: %s", body);
+  rd_kafka_mock_clear_request_errors(mc, FETCH);
+  lt_test_wait_until((st = read_dataset(staff, id, ds, body, sizeof body)) != 503, 60000, 100,
+                     "the API never read the log once its fetches worked; see %s", log);
+  cr_expect_eq(st, 403, "once read: %d %s", st, body);
+  cr_expect(strstr(body, "revoked"), "%s", body);
+  lt_client_destroy(staff);
+  lt_client_destroy(tenant);
+  teardown();
+  rd_kafka_destroy(mrk);
+}
+
+/* A request on its own thread (a staff read, a tenant's decision): its answer once it came back. */
+typedef struct {
+  lt_client_t *c;
+  const char *method;
+  char path[256];
+  int status;
+  char body[4096];
+} call_bg_t;
+
+static void *call_bg(void *arg) {
+  call_bg_t *b = arg;
+  b->status = status_of(b->c, b->method, b->path, strcmp(b->method, "POST") == 0 ? "{}" : NULL, b->body, sizeof b->body);
+  return NULL;
+}
+
+/* Another API process's decisions, written to lathe.audit while this API's feed cannot read
+ * (its fetches fail): what this API writes after them is answered only once it has read the log
+ * up to its own record, in log order. A read under a grant another API revoked first is refused
+ * and returns nothing; an approval after another API's deny answers 409 and the request stays
+ * denied. Before, this API folded its own record at the broker's acknowledgement: the read
+ * returned the dataset, and the approval answered 200 "active" and kept the grant open here
+ * (while every other API process, and this one after a restart, said denied). */
+Test(lockbox_down, records_another_api_wrote_first_are_folded_before_this_apis_answer, .timeout = 300) {
+  rd_kafka_t *mrk;
+  rd_kafka_mock_cluster_t *mc = mock_up(&mrk);
+  char ds[64], id[64], id2[64], body[4096], scope[128];
+  upload(ca, canary_jsonl, ds, sizeof ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, sizeof id);
+  ask(alice, tenant_a, scope, 600, id2, sizeof id2);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "%s", body);
+  enum { FETCH = 1, HELD = 100000 }; /* the Kafka protocol's ApiKey of a Fetch request; fetches failed */
+  rd_kafka_resp_err_t *errors = malloc(HELD * sizeof *errors);
+  cr_assert_not_null(errors);
+  for (int i = 0; i < HELD; i++) errors[i] = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
+  rd_kafka_mock_push_request_errors_array(mc, FETCH, HELD, errors);
+  free(errors);
+  raw_t revoke = forge_decision("AccessRevoked", id, tenant_a, "tenant:other-api", MASTER_KEY);
+  raw_t deny = forge_decision("AccessDenied", id2, tenant_a, "tenant:other-api", MASTER_KEY);
+  produce_raw(revoke.value, revoke.len, tenant_a, revoke.mac, revoke.mac_len);
+  produce_raw(deny.value, deny.len, tenant_a, deny.mac, deny.mac_len);
+  call_bg_t rd = {.c = alice, .method = "GET"}, ap = {.c = ca, .method = "POST"};
+  snprintf(rd.path, sizeof rd.path, "/v1/staff/access/%s/datasets/%s", id, ds);
+  snprintf(ap.path, sizeof ap.path, "/v1/access/%s/approve", id2);
+  pthread_t t1, t2;
+  pthread_create(&t1, NULL, call_bg, &rd);
+  pthread_create(&t2, NULL, call_bg, &ap);
+  lt_test_msleep(2000); /* both records written, both waiting for the feed */
+  rd_kafka_mock_clear_request_errors(mc, FETCH);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  cr_expect_eq(rd.status, 403, "a read under a grant another API revoked: %d %s", rd.status, rd.body);
+  cr_expect(strstr(rd.body, "revoked") && !strstr(rd.body, "canary-7f3a"), "%s", rd.body);
+  cr_expect_eq(ap.status, 409, "an approval after another API's deny: %d %s", ap.status, ap.body);
+  cr_expect(strstr(ap.body, "denied"), "%s", ap.body);
+  snprintf(body, sizeof body, "/v1/access/%s", id2);
+  char got[4096];
+  cr_expect_eq(status_of(ca, "GET", body, NULL, got, sizeof got), 200, "%s", got);
+  cr_expect(strstr(got, "\"state\":\"denied\""), "the request as this API holds it: %s", got);
+  free(revoke.value), free(revoke.mac), free(deny.value), free(deny.mac);
   teardown();
   rd_kafka_destroy(mrk);
 }

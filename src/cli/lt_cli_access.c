@@ -209,11 +209,14 @@ static int staff_read_to(lt_cli_opts_t *o, const char *id, const char *dataset, 
   o->json = json;
   if (rc) return rc;
   FILE *f = out ? fopen(out, "wb") : stdout;
-  if (!f || fwrite(resp.body, 1, resp.len, f) != resp.len || (out && fclose(f))) {
+  bool wrote = f && fwrite(resp.body, 1, resp.len, f) == resp.len;
+  if (f && out && fclose(f) != 0) wrote = false; /* closed whatever the write gave */
+  if (!wrote) {
     fprintf(stderr, "lathe admin access read: cannot write %s\n", out ? out : "stdout");
     rc = 1;
+  } else if (out) {
+    fprintf(stderr, "wrote %zu bytes to %s (this read is in the tenant's audit log)\n", resp.len, out);
   }
-  if (out) fprintf(stderr, "wrote %zu bytes to %s (this read is in the tenant's audit log)\n", resp.len, out);
   lt_client_resp_free(&resp);
   return rc;
 }

@@ -521,6 +521,7 @@ void lt_api_destroy(lt_api_t *api) {
   api->closing = true;            /* a request that still comes in answers 503 */
   lt_api_work_stop(api);          /* answers what is still in the pool */
   lt_api_feed_settle(api);        /* and what waits for the broker, while evhttp holds it */
+  lt_api_access_settle(api);      /* and access records waiting for the feed */
   lt_api_download_stop_all(api);
   lt_api_sessions_free(api);      /* long polls go unanswered: their connections are going */
   if (api->http) evhttp_free(api->http);

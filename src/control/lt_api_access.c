@@ -50,6 +50,7 @@ lt_err_t lt_api_access_start(lt_api_t *api, char *errstr, size_t n) {
 }
 
 void lt_api_access_free(lt_api_t *api) {
+  free(api->audit_next);
   lt_access_table_destroy(api->access);
   lt_access_staff_destroy(api->staff);
   lt_avro_decoder_destroy(api->audit_dec);
@@ -97,6 +98,8 @@ static void dead_letter(lt_api_t *api, const lt_bus_msg_t *m, const char *reason
   lt_avro_record_destroy(rec);
 }
 
+static void audit_folded(lt_api_t *api, int32_t part, int64_t offset);
+
 void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
   size_t vlen = 0;
   const void *v = lt_bus_msg_value(m, &vlen);
@@ -106,33 +109,99 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
     lt_log_warn("api", "lathe.audit offset %lld refused: %s", (long long)lt_bus_msg_offset(m),
                 api->audit_mac ? why : "no master key to check the record MAC");
     if (api->audit_mac) dead_letter(api, m, why);
-    return;
+  } else {
+    lt_err_t err = fold(api, v, vlen, why, sizeof why);
+    if (err && err != LT_ERR_EXISTS)
+      lt_log_warn("api", "lathe.audit offset %lld ignored: %s", (long long)lt_bus_msg_offset(m), why);
   }
-  lt_err_t err = fold(api, v, vlen, why, sizeof why);
-  if (err && err != LT_ERR_EXISTS)
-    lt_log_warn("api", "lathe.audit offset %lld ignored: %s", (long long)lt_bus_msg_offset(m), why);
+  audit_folded(api, lt_bus_msg_partition(m), lt_bus_msg_offset(m));
 }
 
 /* ---------------------------------------------------------------- records out */
 
 typedef void access_then_fn(lt_api_t *api, void *ctx, lt_err_t err);
 
-typedef struct {
+/* A record this API wrote, waiting until the feed has folded its partition up to it: records
+ * are folded in log order only, so what another API process wrote before it (a deny before this
+ * approval, a revoke before this use) is known when it is answered. */
+struct lt_api_audit_wait {
+  lt_api_t *api;
   access_then_fn *then;
   void *ctx;
-  void *bytes; /* the record, folded here once acknowledged (the fold drops the echo by event id) */
-  size_t len;
-} produced_t;
+  int32_t partition;
+  int64_t offset;
+  struct event *timer; /* the bound: LT_API_AUDIT_WAIT_MS */
+  struct lt_api_audit_wait *next;
+};
+typedef struct lt_api_audit_wait produced_t;
+
+#define LT_API_AUDIT_WAIT_MS 15000 /* past the feed's 10 s stall healing (lt_api_feed.c) */
+
+/* The next offset of audit partition part the feed will fold (0: none folded yet). */
+static int64_t audit_next(const lt_api_t *api, int32_t part) {
+  return part >= 0 && (size_t)part < api->naudit_next ? api->audit_next[part] : 0;
+}
+
+/* Unlinks p, answers it and frees it. */
+static void wait_end(produced_t *p, lt_err_t err) {
+  lt_api_t *api = p->api;
+  for (produced_t **q = &api->audit_waits; *q; q = &(*q)->next)
+    if (*q == p) {
+      *q = p->next;
+      break;
+    }
+  if (p->timer) event_free(p->timer);
+  p->then(api, p->ctx, err);
+  free(p);
+}
+
+static void wait_timeout(evutil_socket_t fd, short what, void *arg) {
+  produced_t *p = arg;
+  lt_log_warn("api", "lathe.audit partition %d: not folded up to this API's own record at offset %lld in %d ms",
+              (int)p->partition, (long long)p->offset, LT_API_AUDIT_WAIT_MS);
+  wait_end(p, LT_ERR_TIMEOUT);
+}
+
+/* The feed folded audit partition part up to offset: what waited for it is answered. */
+static void audit_folded(lt_api_t *api, int32_t part, int64_t offset) {
+  if (part < 0) return;
+  if ((size_t)part >= api->naudit_next) {
+    int64_t *v = realloc(api->audit_next, ((size_t)part + 1) * sizeof *v);
+    if (!v) return; /* what waits for it runs into its bound */
+    for (size_t i = api->naudit_next; i <= (size_t)part; i++) v[i] = 0;
+    api->audit_next = v;
+    api->naudit_next = (size_t)part + 1;
+  }
+  api->audit_next[part] = offset + 1;
+  for (produced_t *p = api->audit_waits, *next; p; p = next) {
+    next = p->next;
+    if (p->partition == part && p->offset <= offset) wait_end(p, LT_OK);
+  }
+}
 
 static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   produced_t *p = arg;
-  char why[512];
-  if (!err && fold(api, p->bytes, p->len, why, sizeof why) && strstr(why, "a replay") == NULL)
-    lt_log_error("api", "own audit record not folded: %s", why);
   (void)msg;
-  p->then(api, p->ctx, err);
-  free(p->bytes);
-  free(p);
+  p->partition = api->done_partition;
+  p->offset = api->done_offset;
+  if (err || audit_next(api, p->partition) > p->offset) { /* failed, or folded already */
+    p->then(api, p->ctx, err);
+    free(p);
+    return;
+  }
+  struct timeval tv = {LT_API_AUDIT_WAIT_MS / 1000, (LT_API_AUDIT_WAIT_MS % 1000) * 1000};
+  if (!(p->timer = evtimer_new(api->base, wait_timeout, p)) || evtimer_add(p->timer, &tv)) {
+    if (p->timer) event_free(p->timer);
+    p->then(api, p->ctx, LT_ERR_NOMEM);
+    free(p);
+    return;
+  }
+  p->next = api->audit_waits;
+  api->audit_waits = p;
+}
+
+void lt_api_access_settle(lt_api_t *api) {
+  while (api->audit_waits) wait_end(api->audit_waits, LT_ERR_UNAVAILABLE);
 }
 
 /* Starts a record of one of the five types for request_id of tenant_id. */
@@ -146,7 +215,9 @@ static lt_avro_record_t *record_start(lt_api_t *api, int type, const char *reque
 }
 
 /* Encodes rec, signs it and produces it to lathe.audit keyed by the tenant; then(ctx, err) runs on
- * the loop once the broker answered. Replies 500/503 itself and returns false when it cannot start. */
+ * the loop once the broker answered and the feed folded the log up to the record (LT_ERR_TIMEOUT
+ * when it did not within LT_API_AUDIT_WAIT_MS). Replies 500/503 itself and returns false when it
+ * cannot start. */
 static bool send_record(lt_api_t *api, struct evhttp_request *req, lt_avro_record_t *rec, lt_err_t fill_err,
                         const char *tenant_id, access_then_fn *then, void *ctx) {
   const uint8_t *bytes;
@@ -163,22 +234,18 @@ static bool send_record(lt_api_t *api, struct evhttp_request *req, lt_avro_recor
   }
   produced_t *p = calloc(1, sizeof *p);
   uint8_t mac[LT_RECMAC_BYTES];
-  if (p) p->bytes = malloc(len);
-  if (!p || !p->bytes) {
-    free(p);
+  if (!p) {
     lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
     return false;
   }
-  memcpy(p->bytes, bytes, len);
-  p->len = len;
+  p->api = api;
   p->then = then;
   p->ctx = ctx;
-  lt_recmac_sign(api->audit_mac, "audit", tenant_id, strlen(tenant_id), p->bytes, len, mac);
+  lt_recmac_sign(api->audit_mac, "audit", tenant_id, strlen(tenant_id), bytes, len, mac);
   lt_bus_header_t h = {.name = LT_RECMAC_HEADER, .value = mac, .size = sizeof mac};
-  lt_err_t err = lt_api_produce_h(api, api->topic_audit, LT_BUS_PARTITION_ANY, tenant_id, p->bytes, len, &h, 1, false,
+  lt_err_t err = lt_api_produce_h(api, api->topic_audit, LT_BUS_PARTITION_ANY, tenant_id, bytes, len, &h, 1, false,
                                   produced, p);
   if (err) {
-    free(p->bytes);
     free(p);
     lt_api_reply_err(req, LT_ERR_UNAVAILABLE, NULL, "the broker did not take the access record");
     return false;
@@ -222,23 +289,49 @@ static void reply_list(lt_api_t *api, struct evhttp_request *req, const char *te
   lt_api_reply_json(req, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
-/* The answer once a decision record is durable: the request as it now stands. */
+/* The answer once a record is durable and folded in log order: the request as it now stands, or
+ * 409 when a decision another API process wrote first left this one nothing to do. */
 typedef struct {
   struct evhttp_request *req;
   char request_id[LT_ID_MAX + 1];
   int status;
+  int type;                        /* 0 a request, 1 an approval, 2 a deny, 3 a revoke */
+  char who[LT_ACCESS_PRINCIPAL_LEN]; /* who decided */
 } answer_t;
+
+/* Whether a's decision is the one r holds. */
+static bool decision_took(const answer_t *a, const lt_access_req_t *r) {
+  switch (a->type) {
+    case 1:
+      return strcmp(r->tenant_approver, a->who) == 0 || strcmp(r->staff_approver, a->who) == 0;
+    case 2:
+      return r->denied && strcmp(r->closed_by, a->who) == 0;
+    case 3:
+      return r->revoked && strcmp(r->closed_by, a->who) == 0;
+    default:
+      return true;
+  }
+}
 
 static void answer(lt_api_t *api, void *arg, lt_err_t err) {
   answer_t *a = arg;
   const lt_access_req_t *r = lt_access_get(api->access, a->request_id);
-  if (err) lt_api_reply_err(a->req, LT_ERR_UNAVAILABLE, NULL, "the access record could not be written durably; retry");
-  else if (r) lt_api_reply_json(a->req, a->status, request_json(api, r));
-  else lt_api_reply_error(a->req, 500, "internal", NULL, "the access record was written but is not folded");
+  if (err == LT_ERR_TIMEOUT && a->type > 0)
+    lt_api_reply_error(a->req, 503, "unavailable", NULL, "the decision on access request %s is in the log, but this API "
+                       "has not read the log up to it yet: see GET /v1/access/%s", a->request_id, a->request_id);
+  else if (err)
+    lt_api_reply_err(a->req, LT_ERR_UNAVAILABLE, NULL, "the access record could not be written durably; retry");
+  else if (!r)
+    lt_api_reply_error(a->req, 500, "internal", NULL, "the access record was written but is not folded");
+  else if (!decision_took(a, r))
+    lt_api_reply_error(a->req, 409, "conflict", NULL, "access request %s is %s: a decision recorded before this one "
+                       "stands", r->request_id, lt_access_state_name(lt_access_state(api->access, r, lt_time_wall_ms())));
+  else
+    lt_api_reply_json(a->req, a->status, request_json(api, r));
   free(a);
 }
 
-static answer_t *answer_new(struct evhttp_request *req, const char *request_id, int status) {
+static answer_t *answer_new(struct evhttp_request *req, const char *request_id, int status, int type, const char *who) {
   answer_t *a = calloc(1, sizeof *a);
   if (!a) {
     lt_api_reply_error(req, 500, "internal", NULL, "out of memory");
@@ -246,6 +339,8 @@ static answer_t *answer_new(struct evhttp_request *req, const char *request_id, 
   }
   a->req = req;
   a->status = status;
+  a->type = type;
+  snprintf(a->who, sizeof a->who, "%s", who ? who : "");
   snprintf(a->request_id, sizeof a->request_id, "%s", request_id);
   return a;
 }
@@ -310,7 +405,7 @@ static void tenant_decides(lt_api_call_t *c, int type) {
           lt_avro_set_long(rec, "expires_at", lt_time_wall_ms() + r->duration_s * 1000);
   if (!err && type == 2) err = lt_avro_set_string(rec, "approver", who) || lt_avro_set_string(rec, "reason", reason);
   if (!err && type == 3) err = lt_avro_set_string(rec, "revoked_by", who) || lt_avro_set_string(rec, "reason", reason);
-  answer_t *a = answer_new(c->req, r->request_id, 200);
+  answer_t *a = answer_new(c->req, r->request_id, 200, type, who);
   if (a && !send_record(api, c->req, rec ? rec : api->rec_access[type], err, r->tenant_id, answer, a)) free(a);
 }
 
@@ -321,6 +416,12 @@ void lt_api_access_revoke(lt_api_call_t *c) { tenant_decides(c, 3); }
 /* ---------------------------------------------------------------- staff routes */
 
 const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req) {
+  if (!api->ready) {
+    /* Until lathe.audit is read back a grant's approval may be known here and its revoke not. */
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    lt_api_reply_error(req, 503, "starting", NULL, "the API is starting (reading the log); retry in a moment");
+    return NULL;
+  }
   /* Staff keys are guessed at the same rate as tenants' keys: the failed-login budget of the
    * source address (lt_api_limits.c). */
   if (!lt_api_door_addr(api, req, false)) return NULL;
@@ -391,7 +492,7 @@ void lt_api_staff_access_request(lt_api_call_t *c) {
                   lt_avro_set_long(rec, "duration_s", dur);
   for (size_t i = 0; !err && i < json_array_size(scope); i++)
     err = lt_avro_array_append_string(rec, "scope", json_string_value(json_array_get(scope, i)));
-  answer_t *a = answer_new(c->req, id, 201);
+  answer_t *a = answer_new(c->req, id, 201, 0, NULL);
   if (a && !send_record(api, c->req, rec ? rec : api->rec_access[0], err, tenant, answer, a)) free(a);
   json_decref(b);
 }
@@ -420,7 +521,7 @@ static void staff_decides(lt_api_call_t *c, int type) {
     err = lt_avro_set_string(rec, "approver", who) ||
           lt_avro_set_long(rec, "expires_at", lt_time_wall_ms() + r->duration_s * 1000);
   if (!err && type == 3) err = lt_avro_set_string(rec, "revoked_by", who) || lt_avro_set_string(rec, "reason", reason);
-  answer_t *a = answer_new(c->req, r->request_id, 200);
+  answer_t *a = answer_new(c->req, r->request_id, 200, type, who);
   if (a && !send_record(api, c->req, rec ? rec : api->rec_access[type], err, r->tenant_id, answer, a)) free(a);
 }
 
@@ -505,11 +606,16 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   read_t *r = arg;
   if (err) {
     lt_api_reply_error(r->req, 503, "unavailable", NULL,
-                       "the audit record of this access could not be written durably, so nothing is returned; retry");
+                       err == LT_ERR_TIMEOUT ? "this API has not read the audit log up to this access's record, so "
+                                               "nothing is returned; retry"
+                                             : "the audit record of this access could not be written durably, so "
+                                               "nothing is returned; retry");
     free(r);
     return;
   }
-  if (!grant_holds(api, r)) { /* again now: revoked, or run out, while the record was written */
+  /* again now, with the log read up to the use: revoked (by any API process, before the use was
+   * recorded) or run out while the record was written */
+  if (!grant_holds(api, r)) {
     free(r);
     return;
   }

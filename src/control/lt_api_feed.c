@@ -60,6 +60,7 @@ static void pending_fire(evutil_socket_t fd, short what, void *arg) {
     api->stats.produce_failed++;
   }
   api->done_offset = p->offset;
+  api->done_partition = p->partition;
   if (!p->answered) p->done(api, p->ctx, p->err, p->msg);
   pending_free(p);
 }

@@ -127,6 +127,9 @@ struct lt_api {
   lt_recmac_key_t *audit_mac;       /* NULL without a master key: access records are refused */
   lt_avro_record_t *rec_access[5];  /* AccessRequested, Approved, Denied, Revoked, Used */
   char topic_audit[128];
+  struct lt_api_audit_wait *audit_waits; /* own records waiting for the feed (lt_api_access.c) */
+  int64_t *audit_next;                   /* per audit partition: the next offset the feed folds */
+  size_t naudit_next;
   lt_map_t *buckets;       /* "key:ID", "tenant:ID", "addr:A" -> token bucket (lt_api_limits.c) */
   lt_map_t *conns;         /* "%p" of an evhttp_connection -> lt_api_conn_t: open customer connections */
   lt_api_conn_t *conns_new; /* accepted, not yet attached (lt_api_limits.c) */
@@ -140,6 +143,7 @@ struct lt_api {
   lt_avro_decoder_t *call_dec; /* lathe.calls as the feed reads it (keyed calls, lt_api_sessions.c) */
   char topic_calls[128];
   int64_t done_offset;         /* the offset of the record whose lt_api_done_fn is running */
+  int32_t done_partition;      /* and its partition */
   char topic_usage[128];       /* SamplingUsage (lt_api_sample.c) */
 };
 
@@ -433,6 +437,7 @@ void lt_api_datasets_delete(lt_api_call_t *c);
 lt_err_t lt_api_access_start(lt_api_t *api, char *errstr, size_t n); /* before the feed starts */
 void lt_api_access_free(lt_api_t *api);
 void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m); /* a lathe.audit record */
+void lt_api_access_settle(lt_api_t *api); /* answers 503 what waits for the feed: the API stops */
 /* The staff member a staff key names, or NULL (replied 401). */
 const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req);
 bool lt_api_access_resolve(lt_api_call_t *c);

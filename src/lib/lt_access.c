@@ -367,14 +367,16 @@ lt_err_t lt_access_staff_load(const char *path, lt_access_staff_t **out, char *e
     free(s);
     return lt_errf(errstr, n, LT_ERR_IO, "cannot read staff keys file %s", path);
   }
-  char line[512];
+  char *line = NULL; /* whole lines, however long: the tail of a long comment is no key */
+  size_t cap = 0;
   lt_err_t err = LT_OK;
-  for (int lineno = 1; !err && fgets(line, sizeof line, f); lineno++) {
+  for (int lineno = 1; !err && getline(&line, &cap, f) >= 0; lineno++) {
     char *p = line;
     while (*p == ' ' || *p == '\t') p++;
     if (*p == '#' || *p == '\n' || *p == '\0') continue;
     err = parse_staff_line(s, p, path, lineno, errstr, n);
   }
+  free(line);
   fclose(f);
   if (err) {
     free(s);

@@ -254,10 +254,25 @@ def bad_input(sbase, key):
              ({"model": "lathe-tiny", "prompt": 7}, "prompt"),
              ({"model": "lathe-tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
              ({"model": "lathe-tiny", "prompt": "x", "top_p": 0}, "top_p"),
-             ({"model": "lathe-tiny", "prompt": "date " * 300, "max_tokens": 8}, "prompt")]
+             ({"model": "lathe-tiny", "prompt": "date " * 300, "max_tokens": 8}, "prompt"),
+             ({"model": "lathe-tiny", "prompt": "x", "echo": 0}, "echo"),
+             ({"model": "lathe-tiny", "prompt": "x", "seed": 1.5}, "seed"),
+             ({"model": "lathe-tiny", "prompt": "x", "seed": "7"}, "seed")]
     for body, field in cases:
         st, b, _ = complete(sbase, key, body)
         check(st == 400 and b["error"].get("field") == field, f"400 naming {field} ({b['error']['message'][:60]})")
+    # chat: max_tokens beside max_completion_tokens is checked too, not ignored
+    st, b, _ = http_json(sbase, key, "POST", "/v1/chat/completions",
+                         {"model": "lathe-tiny", "messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 4, "max_tokens": "x"})
+    check(st == 400 and b["error"].get("field") == "max_tokens", f"400 naming max_tokens beside max_completion_tokens ({st})")
+    # a negative seed, and one past 2^53, are seeds like any other: the same answer twice
+    # (four times at temperature 1.5: four fresh random seeds would hardly agree on 24 tokens)
+    for seed in (-5, 2**63 - 1):
+        body = {"model": "lathe-tiny", "prompt": "date:", "max_tokens": 24, "temperature": 1.5, "seed": seed}
+        got = [complete(sbase, key, body) for _ in range(4)]
+        check(all(st == 200 for st, _, _ in got) and len({b["choices"][0]["text"] for _, b, _ in got}) == 1,
+              f"seed {seed} gives the same text four times ({[st for st, _, _ in got]})")
     st, b, _ = complete(sbase, key, {"model": "no-such-model", "prompt": "x"})
     check(st == 404 and b["error"]["field"] == "model", "an unknown model is 404 naming model")
 
@@ -312,6 +327,9 @@ def usage(lathe, env, tenant_a, secret_prompt):
     v = mine[0]["record"]
     check(v["tokens_out"] > 0 and v["tokens_in"] > 0 and v["base_model"] == "lathe-tiny",
           "a usage record carries the model and token counts")
+    gone = [r["record"] for r in mine if r["record"].get("finish") == "cancelled"]
+    check(gone and all(g["tokens_in"] > 0 and g["tokens_out"] > 0 for g in gone),
+          f"a stream its client left is billed what it read and generated ({[(g['tokens_in'], g['tokens_out']) for g in gone]})")
     check(secret_prompt not in out, "no usage record carries a prompt")
 
 

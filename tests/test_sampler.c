@@ -489,12 +489,15 @@ Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
   q = req_of(&queued, "t", "", k_prompts[1], 100, 0.9f, 6);
   uint64_t hq = submit_ok(&t, &q);
   cr_assert(rec_wait(&run, 3));
-  t.ops.cancel(t.ops.ctx, h);
+  int pt = -1, ct = -1; /* what it read and generated: its usage, which no DONE reports */
+  t.ops.cancel(t.ops.ctx, h, &pt, &ct);
   pthread_mutex_lock(&run.mu);
   run.cancel_returned = true;
+  int got = run.n;
   pthread_mutex_unlock(&run.mu);
+  cr_expect(pt > 0 && ct >= 3 && ct >= got, "cancelled after %d tokens: %d prompt, %d generated", got, pt, ct);
   /* The queued one is admitted once the first leaves: cancel it before or after, no matter. */
-  t.ops.cancel(t.ops.ctx, hq);
+  t.ops.cancel(t.ops.ctx, hq, NULL, NULL);
   pthread_mutex_lock(&queued.mu);
   queued.cancel_returned = true;
   pthread_mutex_unlock(&queued.mu);
@@ -517,9 +520,9 @@ Test(sampler, cancel_stops_events_and_frees_blocks, .timeout = 120) {
   cr_assert(rec_wait(&run, 1));
   q = req_of(&queued, "t", "", k_prompts[1], 100, 0.9f, 6);
   hq = submit_ok(&t, &q);
-  t.ops.cancel(t.ops.ctx, hq);
+  t.ops.cancel(t.ops.ctx, hq, NULL, NULL);
   cr_assert_eq(metric(&t, "queued"), 0, "the cancelled request is still queued");
-  t.ops.cancel(t.ops.ctx, h);
+  t.ops.cancel(t.ops.ctx, h, NULL, NULL);
   cr_assert(idle_and_free(&t));
   usleep(50000);
   cr_assert_eq(queued.events, 0, "a request cancelled while queued got %d events", queued.events);
@@ -582,11 +585,11 @@ Test(sampler, queue_bounds_answer_quota, .timeout = 60) {
   cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h[3], msg, sizeof msg), LT_ERR_QUOTA);
   cr_assert(strstr(msg, "full") != NULL, "%s", msg);
   cr_assert_eq(metric(&t, "rejected_total"), 2);
-  for (int i = 0; i < 3; i++) t.ops.cancel(t.ops.ctx, h[i]);
+  for (int i = 0; i < 3; i++) t.ops.cancel(t.ops.ctx, h[i], NULL, NULL);
   cr_assert(idle_and_free(&t));
   h[3] = submit_ok(&t, &q); /* room again */
   cr_assert(rec_wait(&r[3], 1));
-  t.ops.cancel(t.ops.ctx, h[3]);
+  t.ops.cancel(t.ops.ctx, h[3], NULL, NULL);
   ts_close(&t);
 }
 
@@ -666,7 +669,7 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
   cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
   /* One released: it goes. ad2 was asked for last, so the LRU is ad0; hold ad2 only. */
-  t.ops.cancel(t.ops.ctx, h[0]);
+  t.ops.cancel(t.ops.ctx, h[0], NULL, NULL);
   for (int i = 0; i < 200 && metric(&t, "running") > 1; i++) usleep(10000);
   cr_assert_eq(metric(&t, "running"), 1);
   cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
@@ -674,8 +677,15 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 2);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
   cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
-  t.ops.cancel(t.ops.ctx, h[1]);
+  t.ops.cancel(t.ops.ctx, h[1], NULL, NULL);
   cr_assert(idle_and_free(&t));
+  ts_close(&t);
+  /* An adapter larger than the whole cache can never be served: not "full, retry" but a refusal
+   * that says so, and nothing is evicted for it. */
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one / 2)});
+  cr_assert_eq(ts_load(&t, 0), LT_ERR_UNSUPPORTED, "%s", errbuf);
+  cr_expect(strstr(errbuf, "more than this sampler's whole adapter cache"), "%s", errbuf);
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
   ts_close(&t);
 }
 

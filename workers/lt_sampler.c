@@ -176,7 +176,10 @@ static lt_err_t op_load_adapter(void *ctx, const char *id, const char *base, con
     sadapter_t *e = calloc(1, sizeof *e);
     pthread_mutex_lock(&s->mu);
     if (!e) err = lt_errf(msg, n, LT_ERR_NOMEM, "out of memory");
-    else if (bytes > s->conf.adapter_bytes || !make_room(s, bytes))
+    else if (bytes > s->conf.adapter_bytes)
+      err = lt_errf(msg, n, LT_ERR_UNSUPPORTED, "the adapter is %zu bytes, more than this sampler's whole adapter cache "
+                    "(%zu bytes, LATHE_SAMPLER_ADAPTER_MB): it cannot be served here", bytes, s->conf.adapter_bytes);
+    else if (!make_room(s, bytes))
       err = lt_errf(msg, n, LT_ERR_QUOTA, "the adapter cache (%zu bytes) is full of adapters in use", s->conf.adapter_bytes);
     if (!err) {
       snprintf(e->id, sizeof e->id, "%s", id);
@@ -315,21 +318,31 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
   return LT_OK;
 }
 
-static void op_cancel(void *ctx, uint64_t handle) {
+static void op_cancel(void *ctx, uint64_t handle, int *prompt_tokens, int *completion_tokens) {
   lt_sampler_t *s = ctx;
+  int pt = 0, ct = 0;
   pthread_mutex_lock(&s->mu);
   for (sreq_t **p = &s->queue; *p; p = &(*p)->next)
     if ((*p)->handle == handle) {
       sreq_t *r = *p;
       *p = r->next;
       s->st.cancelled++;
+      pt = r->nprompt;
       lt_sampler_req_free(s, r);
       pthread_mutex_unlock(&s->mu);
+      if (prompt_tokens) *prompt_tokens = pt;
+      if (completion_tokens) *completion_tokens = 0;
       return;
     }
   /* A running one: no event from now on; the batch thread frees it after the step under way. */
   for (sreq_t *r = s->running; r; r = r->next)
-    if (r->handle == handle) r->cancelled = true;
+    if (r->handle == handle) {
+      r->cancelled = true;
+      pt = r->nprompt;
+      ct = r->ngen;
+    }
+  if (prompt_tokens) *prompt_tokens = pt;
+  if (completion_tokens) *completion_tokens = ct;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }

@@ -321,7 +321,8 @@ static void on_client_gone(void *arg) {
   const lt_sample_ops_t *ops = r->api->conf.sampler;
   for (int i = 0; i < r->n; i++)
     if (r->ch[i].submitted && !r->ch[i].done) {
-      ops->cancel(ops->ctx, r->ch[i].handle);
+      /* what it read and generated until now is its usage: no DONE event reports it */
+      ops->cancel(ops->ctx, r->ch[i].handle, &r->ch[i].prompt_tokens, &r->ch[i].completion_tokens);
       r->ch[i].done = true;
       snprintf(r->ch[i].finish, sizeof r->ch[i].finish, "cancelled");
       r->left--;
@@ -436,7 +437,7 @@ static void submit_all(sample_req_t *r) {
     q.ctx = &r->ch[i];
     lt_err_t err = ops->submit(ops->ctx, &q, &r->ch[i].handle, msg, sizeof msg);
     if (err) {
-      for (int k = 0; k < i; k++) ops->cancel(ops->ctx, r->ch[k].handle);
+      for (int k = 0; k < i; k++) ops->cancel(ops->ctx, r->ch[k].handle, NULL, NULL);
       if (err == LT_ERR_QUOTA) {
         evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
         lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", msg);
@@ -452,7 +453,7 @@ static void submit_all(sample_req_t *r) {
   if (!r->watching) {
     /* Unwatched, a request could outlive its connection (a stream's close; any at shutdown,
      * when evhttp_free frees the request) and be written to after it was freed. */
-    for (int i = 0; i < r->n; i++) ops->cancel(ops->ctx, r->ch[i].handle);
+    for (int i = 0; i < r->n; i++) ops->cancel(ops->ctx, r->ch[i].handle, NULL, NULL);
     lt_api_reply_error(r->req, 503, "unavailable", NULL, "the connection cannot be watched; retry");
     req_free(r);
   }
@@ -495,6 +496,8 @@ static void load_after(lt_api_t *api, void *ctx) {
     if (r->load_err == LT_ERR_QUOTA) {
       evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);
+    } else if (r->load_err == LT_ERR_UNSUPPORTED) { /* larger than the whole cache: a retry cannot help */
+      lt_api_reply_error(r->req, 413, "too_large", "model", "%s: %s", r->model, r->load_msg);
     } else {
       lt_api_reply_error(r->req, 503, "unavailable", "model", "the adapter of %s could not be loaded; retry", r->model);
     }
@@ -623,7 +626,8 @@ static bool known_fields(lt_api_call_t *c, json_t *body, const char *const *fiel
   }
   json_t *e = json_object_get(body, "echo"), *b = json_object_get(body, "best_of");
   if ((e && !json_is_null(e) && !json_is_false(e)) || (b && !json_is_null(b) && !(json_is_integer(b) && json_integer_value(b) == 1))) {
-    lt_api_reply_error(c->req, 400, "unsupported", e && json_is_true(e) ? "echo" : "best_of", "echo and best_of are not supported");
+    bool echo = e && !json_is_null(e) && !json_is_false(e);
+    lt_api_reply_error(c->req, 400, "unsupported", echo ? "echo" : "best_of", "echo and best_of are not supported");
     return false;
   }
   return true;
@@ -631,14 +635,23 @@ static bool known_fields(lt_api_call_t *c, json_t *body, const char *const *fiel
 
 /* The sampling parameters every request shares, into r->sreq. */
 static bool read_params(lt_api_call_t *c, json_t *body, sample_req_t *r) {
-  double max_tokens, temperature, top_p, top_k, seed, n, timeout;
-  const char *mt = r->chat && json_object_get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (!num_field(c, body, mt, 1, MAX_TOKENS_CAP, r->chat ? 256 : 16, true, &max_tokens) ||
+  double max_tokens, temperature, top_p, top_k, n, timeout;
+  /* chat: max_completion_tokens (OpenAI's newer name) wins; max_tokens, given too, is checked alike */
+  bool mct = r->chat && json_object_get(body, "max_completion_tokens");
+  if ((mct && !num_field(c, body, "max_tokens", 1, MAX_TOKENS_CAP, 0, true, &max_tokens)) ||
+      !num_field(c, body, mct ? "max_completion_tokens" : "max_tokens", 1, MAX_TOKENS_CAP, r->chat ? 256 : 16, true,
+                 &max_tokens) ||
       !num_field(c, body, "temperature", 0, 2, 1, false, &temperature) ||
       !num_field(c, body, "top_p", 1e-9, 1, 1, false, &top_p) || !num_field(c, body, "top_k", 0, 1e9, 0, true, &top_k) ||
-      !num_field(c, body, "seed", -9.2e18, 9.2e18, -1, true, &seed) || !num_field(c, body, "n", 1, MAX_N, 1, true, &n) ||
+      !num_field(c, body, "n", 1, MAX_N, 1, true, &n) ||
       !num_field(c, body, "timeout", 0.001, 3600, DEFAULT_TIMEOUT_S, false, &timeout))
     return false;
+  /* seed: any 64-bit integer, taken exactly (not through a double), negative ones too */
+  json_t *sd = json_object_get(body, "seed");
+  if (sd && !json_is_null(sd) && !json_is_integer(sd)) {
+    lt_api_reply_error(c->req, 400, "invalid", "seed", "seed must be an integer");
+    return false;
+  }
   json_t *stop = json_object_get(body, "stop"), *s;
   size_t i;
   if (json_is_string(stop)) stop = json_pack("[O]", stop);
@@ -664,8 +677,8 @@ static bool read_params(lt_api_call_t *c, json_t *body, sample_req_t *r) {
   r->stream = json_is_true(st);
   r->usage_in_stream = json_is_true(json_object_get(so, "include_usage"));
   uint64_t rnd = 0;
-  if (seed < 0) RAND_bytes((unsigned char *)&rnd, sizeof rnd); /* no seed given: a fresh one */
-  r->sreq.seed = seed < 0 ? rnd : (uint64_t)seed;
+  if (!json_is_integer(sd)) RAND_bytes((unsigned char *)&rnd, sizeof rnd); /* no seed given: a fresh one */
+  r->sreq.seed = json_is_integer(sd) ? (uint64_t)json_integer_value(sd) : rnd;
   r->sreq.max_tokens = (int)max_tokens;
   r->sreq.temperature = (float)temperature;
   r->sreq.top_p = (float)top_p;

@@ -82,13 +82,16 @@ typedef struct lt_sample_ops {
    * loaded (load it and submit again), LT_ERR_INVALID for a bad parameter or a prompt too long
    * (msg names it). *handle identifies it for cancel. */
   lt_err_t (*submit)(void *ctx, const lt_sample_req_t *req, uint64_t *handle, char *msg, size_t n);
-  /* Stops a request now: its sequence slot and cache blocks are freed at once. */
-  void (*cancel)(void *ctx, uint64_t handle);
+  /* Stops a request now: its sequence slot and cache blocks are freed at once. *prompt_tokens and
+   * *completion_tokens (either may be NULL) get what it read and generated until then, which no
+   * LT_SAMPLE_DONE reports now (0 for one not known). */
+  void (*cancel)(void *ctx, uint64_t handle, int *prompt_tokens, int *completion_tokens);
   /* Whether the adapter is in the cache (a hit refreshes its place in the LRU order). */
   bool (*has_adapter)(void *ctx, const char *adapter);
   /* Loads an adapter (PEFT adapter_model.safetensors bytes and adapter_config.json text, owned
    * by the caller, who scrubs them) for base into the cache, evicting the least recently used
-   * ones (zeroed) to stay in its byte budget. Blocks. */
+   * ones (zeroed) to stay in its byte budget. Blocks. LT_ERR_QUOTA while every adapter that would
+   * have to go is in use (retry), LT_ERR_UNSUPPORTED for one larger than the whole budget (never). */
   lt_err_t (*load_adapter)(void *ctx, const char *adapter, const char *base, const void *st, size_t st_len,
                            const char *config, size_t config_len, char *msg, size_t n);
   /* The base model's chat template and special tokens from its tokenizer_config.json (malloc'd

@@ -144,7 +144,7 @@ typedef struct tsampler {
 static void ts_open(tsampler_t *t, lt_sampler_conf_t conf) {
   char models[300];
   snprintf(models, sizeof models, "%s/models", root_dir());
-  conf.models_dir = models;
+  if (!conf.models_dir) conf.models_dir = models;
   conf.threads = 1;
   OK(lt_sampler_new(&conf, &t->s, errbuf, sizeof errbuf));
   lt_sampler_ops(t->s, &t->ops);
@@ -687,6 +687,79 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   cr_expect(strstr(errbuf, "more than this sampler's whole adapter cache"), "%s", errbuf);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
   ts_close(&t);
+}
+
+/* A prompt of at least `tokens` tokens of the test model, repeating one sentence, into out. */
+static void long_prompt(int tokens, char *out, size_t n) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/models/" BASE "/tokenizer.json", root_dir());
+  lt_tok_t *tok;
+  OK(lt_tok_load_file(path, &tok, errbuf, sizeof errbuf));
+  out[0] = '\0';
+  for (size_t len = 0;;) {
+    lt_tok_seq_t seq;
+    lt_tok_seq_init(&seq);
+    OK(lt_tok_encode(tok, out, len, 0, 1, &seq, errbuf, sizeof errbuf));
+    size_t have = seq.len;
+    lt_tok_seq_free(&seq);
+    if (have >= (size_t)tokens) break;
+    cr_assert(len + 32 < n, "no prompt of %d tokens fits %zu bytes", tokens, n);
+    len += (size_t)snprintf(out + len, n - len, "the fox ran home. ");
+  }
+  lt_tok_destroy(tok);
+}
+
+/* Two base models, each with a KV cache of its own (32 blocks of 4 positions here): a request
+ * of one base that does not fit its cache (another request holds it) waits, and a request of the
+ * other base, behind it in the queue, starts meanwhile. Before, the sampler admitted nothing at
+ * all while the request next in fair order waited for blocks: the other base's request started
+ * only once the first base's long request had ended. */
+Test(sampler, a_request_waiting_for_its_bases_cache_holds_up_no_other_base, .timeout = 120) {
+  char models[400], link[500], target[500];
+  snprintf(models, sizeof models, "%s/models2.%d", root_dir(), (int)getpid());
+  cr_assert(mkdir(models, 0700) == 0 || errno == EEXIST);
+  snprintf(target, sizeof target, "%s/models/" BASE, root_dir());
+  const char *names[] = {BASE, "tiny2"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(link, sizeof link, "%s/%s", models, names[i]);
+    cr_assert(symlink(target, link) == 0 || errno == EEXIST, "%s", link);
+  }
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.kv_bytes = 32 * 2048, .block_tokens = 4, .models_dir = models});
+  static char pa[4096], pb[4096];
+  long_prompt(90, pa, sizeof pa); /* A holds ~24 of its base's 32 blocks */
+  long_prompt(60, pb, sizeof pb); /* B needs 16: it waits for A */
+  static rec_t a, b, c;
+  rec_init(&a, 0), rec_init(&b, 1), rec_init(&c, 2);
+  a.slow_us = 20000; /* A's 20 tokens take 0.4 s and more */
+  lt_sample_req_t q = req_of(&a, "ta", "", pa, 20, 0, 1);
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&a, 1));
+  q = req_of(&b, "tb", "", pb, 4, 0, 2);
+  submit_ok(&t, &q);
+  q = req_of(&c, "tc", "", k_prompts[0], 4, 0, 3);
+  q.base = "tiny2";
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&c, 1), "the other base's request never started");
+  pthread_mutex_lock(&a.mu);
+  bool a_done = a.done;
+  int a_n = a.n;
+  pthread_mutex_unlock(&a.mu);
+  pthread_mutex_lock(&b.mu);
+  int b_n = b.n;
+  pthread_mutex_unlock(&b.mu);
+  cr_expect(!a_done && b_n == 0, "tiny2's request started only after A ended (A: %d tokens, done %d; B: %d tokens)", a_n,
+            a_done, b_n);
+  cr_assert(rec_wait(&a, -1) && rec_wait(&b, -1) && rec_wait(&c, -1));
+  cr_expect_eq(a.n, 20, "A (greedy) stopped early, at %d tokens: the test needs it to hold its blocks", a.n);
+  cr_expect(a.err == LT_OK && b.err == LT_OK && c.err == LT_OK);
+  cr_assert(idle_and_free(&t));
+  ts_close(&t);
+  for (int i = 0; i < 2; i++) {
+    snprintf(link, sizeof link, "%s/%s", models, names[i]);
+    unlink(link);
+  }
+  rmdir(models);
 }
 
 /* A stop string from the greedy output: the text released ends right before it, finish "stop",

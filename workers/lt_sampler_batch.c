@@ -178,12 +178,14 @@ static void reap(lt_sampler_t *s) {
   }
 }
 
-/* The queued request to admit next: a preempted one first (it holds decoded work), else the
- * oldest of the tenant with the least decode served per unit of weight. Under mu. */
-static sreq_t **next_queued(lt_sampler_t *s) {
+/* The queued request to admit next, of a base not in `full`: a preempted one first (it holds
+ * decoded work), else the oldest of the tenant with the least decode served per unit of weight.
+ * NULL when none. Under mu. */
+static sreq_t **next_queued(lt_sampler_t *s, const bool *full) {
   sreq_t **best = NULL;
   double best_served = 0;
   for (sreq_t **p = &s->queue; *p; p = &(*p)->next) {
+    if (full[(*p)->base - s->bases]) continue;
     if ((*p)->ngen > 0) return p;
     stenant_t *t = lt_sampler_tenant(s, (*p)->tenant);
     double served = t ? t->served : 0;
@@ -195,16 +197,23 @@ static sreq_t **next_queued(lt_sampler_t *s) {
 /* Moves queued requests into the batch while there is room: a running slot, and free cache
  * blocks for all it holds so far plus its next token (a request admitted with less would take
  * blocks from newer ones, which then take them back: with a pool for 2-3 of 8 long requests,
- * admitting on one free block preempted 365 times, this 13: test_sampler). Under mu. */
+ * admitting on one free block preempted 365 times, this 13: test_sampler). A base whose next
+ * request does not fit admits nothing more this call (no smaller request overtakes it there);
+ * the other bases, each with a cache of its own, go on. Under mu. */
 static void admit(lt_sampler_t *s) {
   int promised[SAMPLER_MAX_BASES] = {0}; /* blocks admitted this call, not yet reserved */
-  while (s->queue && s->nrunning < s->conf.max_running) {
-    sreq_t **p = next_queued(s), *r = *p;
+  bool full[SAMPLER_MAX_BASES] = {false};
+  sreq_t **p;
+  while (s->nrunning < s->conf.max_running && (p = next_queued(s, full))) {
+    sreq_t *r = *p;
     int bt = lt_serve_block_tokens(r->base->srv), bi = (int)(r->base - s->bases);
     int need = (r->nprompt + r->ngen + bt) / bt; /* positions [0, nprompt + ngen] */
-    if (lt_serve_blocks_free(r->base->srv) - promised[bi] < need) return;
     char msg[256];
-    if (lt_serve_seq_open(r->base->srv, r->ad ? r->ad->a : NULL, &r->seq, msg, sizeof msg)) return;
+    if (lt_serve_blocks_free(r->base->srv) - promised[bi] < need ||
+        lt_serve_seq_open(r->base->srv, r->ad ? r->ad->a : NULL, &r->seq, msg, sizeof msg)) {
+      full[bi] = true;
+      continue;
+    }
     promised[bi] += need;
     *p = r->next;
     r->order = ++s->next_order;

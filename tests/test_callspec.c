@@ -82,3 +82,18 @@ Test(callspec, a_body_is_read_within_its_length) {
   cr_assert_null(body);
   cr_assert(strstr(msg, "not valid JSON"), "%s", msg);
 }
+
+/* What runs on a state that holds every call up to `held`: the calls after it, and the end the
+ * state was taken for (a final checkpoint whose completion was lost: chaos seed 6703). The worker
+ * handed that end over, but the executor, going by its own rule (seq <= held: answered, not
+ * run), refused it and the session never ended; both go by this one now. */
+Test(callspec, a_state_held_up_to_a_call_runs_what_comes_after_and_its_own_end) {
+  cr_expect(lt_callspec_runs_after("forward_backward", 8, 7));
+  cr_expect(lt_callspec_runs_after("end", 8, 7));
+  cr_expect(lt_callspec_runs_after("end", 7, 7), "the end the final checkpoint was taken for");
+  cr_expect(!lt_callspec_runs_after("save_state", 7, 7), "the save the checkpoint was taken for");
+  cr_expect(!lt_callspec_runs_after("forward_backward", 7, 7));
+  cr_expect(!lt_callspec_runs_after("end", 6, 7), "an end before the state: the state ran past it");
+  cr_expect(!lt_callspec_runs_after(NULL, 7, 7));
+  cr_expect(lt_callspec_runs_after("optim_step", 1, 0), "a fresh attempt runs its first call");
+}

@@ -172,7 +172,7 @@ static void run_call(sess_t *s, const lt_proto_call_t *c, const json_t *body, lt
 static bool serve_one(sess_t *s, lt_exec_call_t *call, lt_err_t *fatal, bool *ended, char *errstr, size_t n) {
   const lt_proto_call_t *c = &call->msg.call;
   double t0 = now_ms();
-  if (c->seq <= s->last_seq) { /* ran before the state this attempt resumed from: answered, not run */
+  if (!lt_callspec_runs_after(c->kind, c->seq, s->last_seq)) { /* the state holds it: answered, not run */
     lt_proto_result_t r = {.seq = c->seq, .kind = c->kind, .ok = false, .error_code = "internal",
                            .error_reason = "the call ran before the state this attempt resumed from",
                            .step = lt_session_step(s->sess), .loss = NAN, .grad_norm = NAN};

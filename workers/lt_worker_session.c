@@ -14,6 +14,7 @@
 #include <jansson.h>
 #include <openssl/crypto.h>
 
+#include "lt_callspec.h"
 #include "lt_job_record.h"
 #include "lt_log.h"
 #include "lt_map.h"
@@ -408,7 +409,7 @@ static void *inbound_main(void *arg) {
     if (seq < s->c.resume_seq) continue;
     lt_avro_get_enum(rec, "kind", &kind);
     bool end = kind && strcmp(kind, "end") == 0;
-    if (seq == s->c.resume_seq && !end) continue;
+    if (!lt_callspec_runs_after(kind, seq, s->c.resume_seq)) continue;
     /* Back-pressure: a client may queue thousands of calls; the executor holds a few. */
     while (__atomic_load_n(&s->received, __ATOMIC_RELAXED) - __atomic_load_n(&s->answered, __ATOMIC_RELAXED) >=
                MAX_AHEAD &&

@@ -288,6 +288,10 @@ bool lt_callspec_saves_state(const char *kind) {
   return kind && (strcmp(kind, "save_state") == 0 || strcmp(kind, "save_weights_for_sampler") == 0);
 }
 
+bool lt_callspec_runs_after(const char *kind, int64_t seq, int64_t held) {
+  return seq > held || (seq == held && kind && strcmp(kind, "end") == 0);
+}
+
 lt_err_t lt_callspec_check(const json_t *body, const lt_callspec_limits_t *lim, const char **kind, char *field, size_t fs,
                            char *errstr, size_t n) {
   out_t o = {field, fs, errstr, n};

@@ -30,6 +30,13 @@ typedef struct lt_callspec_limits {
  * writes a checkpoint for it, which the storage quota counts. */
 bool lt_callspec_saves_state(const char *kind);
 
+/* Whether call seq of this kind runs on a state that holds every call up to `held` (an attempt
+ * resumed from a checkpoint taken at call `held`, or an executor that ran up to it): the calls
+ * after it, and an end at it — the end a final checkpoint was taken for, whose completion was
+ * lost with its attempt: run again, it ends the session from that same state. The worker, which
+ * hands calls over, and the executor, which runs them, both go by it. */
+bool lt_callspec_runs_after(const char *kind, int64_t seq, int64_t held);
+
 /* Parses a call's JSON. NULL when it is not JSON, with the position and, for a NaN or an
  * Infinity (which JSON does not have), the field that holds it. */
 json_t *lt_callspec_parse(const char *text, size_t len, char *field, size_t field_size, char *errstr,

@@ -297,6 +297,28 @@ Test(api_data, a_tenants_hanging_store_call_does_not_hold_up_another_tenants_req
   hang_stop(&h);
 }
 
+/* A store that refuses this service's credentials (here: the stack's S3 server, a wrong secret)
+ * is the service's fault: 500, in words of the API's own. Before, the store's message reached
+ * the tenant with 401 "unauthorized" (telling a client with a good key that its key was bad)
+ * and named the store's host and the service's S3 access key; it goes to the log now. */
+static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn);
+
+Test(api_data, a_store_that_refuses_the_services_credentials_is_500_naming_neither_store_nor_key) {
+  const char *access = getenv("LATHE_S3_ACCESS_KEY"), *endpoint = getenv("LATHE_S3_ENDPOINT");
+  cr_assert(access && *access && endpoint && *endpoint, "the stack's S3 settings");
+  start_api((const char *const[]){"LATHE_S3_SECRET_KEY=not-the-secret", NULL});
+  char msg[2048];
+  int st = post_status(ca, "/v1/datasets?name=refused", ONE, msg, sizeof msg);
+  cr_expect_eq(st, 500, "an upload the store refused: %d %s", st, msg);
+  cr_expect(!strstr(msg, access), "the service's S3 access key in the answer: %s", msg);
+  cr_expect(!strstr(msg, endpoint), "the store's address in the answer: %s", msg);
+  cr_expect(strstr(msg, "could not be stored"), "%s", msg);
+  lt_client_resp_t r = req(ca, "GET", "/v1/datasets/ds-none", NULL, 0);
+  cr_expect(r.status == 500 || r.status == 404, "a show the store refused: %d %s", r.status, r.body);
+  cr_expect(!r.body || (!strstr(r.body, access) && !strstr(r.body, endpoint)), "%s", r.body);
+  lt_client_resp_free(&r);
+}
+
 /* The pool (lt_api_work.c) runs no tenant on every thread: with A's four uploads hanging in the
  * store, a thread is left, and B's upload, which needs a pool thread but not the store (it is
  * refused by the validator), is answered. */
@@ -758,7 +780,6 @@ Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and
   lt_crypto_kek_destroy(kek);
 }
 
-static int post_status(lt_client_t *c, const char *path, const char *body, char *msg, size_t msgn);
 
 /* Job (or session) id of tenant A finished as rejected (a JobRejected in lathe.control), and the
  * API showing it so at base/id ("/v1/jobs" or "/v1/sessions"). */

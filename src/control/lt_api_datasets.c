@@ -258,9 +258,13 @@ static void upload_after(lt_api_t *api, void *ctx) {
   } else if (t->over_storage) {
     upload_drop(api, u);
     lt_api_reply_storage(t->req, t->msg);
+  } else if (t->err == LT_ERR_QUOTA) { /* the checker's own limit: its words */
+    upload_drop(api, u);
+    lt_api_reply_err(t->req, t->err, NULL, t->msg);
   } else if (t->err) {
     upload_drop(api, u);
-    lt_api_reply_store_err(t->req, t->err, t->msg);
+    lt_api_reply_store_fail(t->req, t->err, "the part could not be stored: the upload is dropped, start it again",
+                            t->msg);
   } else if (!t->complete) {
     u->next_part++;
     u->last_active_ms = lt_time_mono_ms();
@@ -511,7 +515,7 @@ static void ds_reply_err(ds_task_t *t) {
   if (t->err == LT_ERR_NOT_FOUND)
     lt_api_reply_error(t->req, 404, "not_found", NULL, "no dataset %s for this tenant", t->id);
   else
-    lt_api_reply_store_err(t->req, t->err, t->msg);
+    lt_api_reply_store_fail(t->req, t->err, "the object store could not be asked for the dataset", t->msg);
 }
 
 static void ds_free(ds_task_t *t) {

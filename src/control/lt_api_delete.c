@@ -62,7 +62,7 @@ static void delete_after(lt_api_t *api, void *ctx) {
   delete_task_t *t = ctx;
   lt_api_stored_note(api, t->tenant, 0, false, 0); /* its checkpoints went: measured again when asked */
   if (t->err)
-    lt_api_reply_store_err(t->req, t->err, t->msg);
+    lt_api_reply_store_fail(t->req, t->err, "the job's objects could not all be deleted; retry the delete", t->msg);
   else
     lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b,s:I}", "id", t->job, "deleted", 1, "objects_deleted",
                                              (json_int_t)t->deleted));

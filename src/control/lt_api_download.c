@@ -196,7 +196,11 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
     lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
     /* A published artifact that is not there is the service's fault, not the client's; a dataset
      * (own_key) deleted since it was looked up is gone: 404. */
-    lt_api_reply_err(d->req, err == LT_ERR_NOT_FOUND && !d->own_key ? LT_ERR_INTERNAL : err, NULL, d->msg);
+    if (err == LT_ERR_NOT_FOUND && d->own_key)
+      lt_api_reply_error(d->req, 404, "not_found", NULL, "the object is gone: deleted since it was looked up");
+    else
+      lt_api_reply_store_fail(d->req, err == LT_ERR_NOT_FOUND ? LT_ERR_INTERNAL : err, "the object could not be read",
+                              d->msg);
     download_free(d);
     return false;
   }

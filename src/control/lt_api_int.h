@@ -203,8 +203,13 @@ void lt_api_reply_error(struct evhttp_request *req, int status, const char *code
                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Maps an lt_err_t to a status and code and replies with msg. */
 void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *field, const char *msg);
-/* lt_api_reply_err for store failures: a retriable one is 503 (unavailable). */
+/* A store failure, answered in msg, the caller's own words: a retriable one is 503
+ * (unavailable), a missing object 404, anything else 500 (the store refusing this service's
+ * credentials is not the client's key: never 401). */
 void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg);
+/* The same where the store's own message is at hand: it names the store's host, object keys or
+ * access key, so it goes to the log, and the client gets `what`. */
+void lt_api_reply_store_fail(struct evhttp_request *req, lt_err_t err, const char *what, const char *store_msg);
 
 /* A failure reason as a customer may read it, into out: server paths become "(path)", worker
  * ids and this host's name (hostnames) "(worker)" and "(host)". */

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "lt_log.h"
+
 void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
   char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(15));
   json_decref(body);
@@ -73,7 +75,15 @@ void lt_api_reply_err(struct evhttp_request *req, lt_err_t err, const char *fiel
 }
 
 void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char *msg) {
-  lt_api_reply_err(req, lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE : err, NULL, msg);
+  lt_err_t as = lt_store_err_retriable(err) ? LT_ERR_UNAVAILABLE
+                : err == LT_ERR_NOT_FOUND     ? LT_ERR_NOT_FOUND
+                                              : LT_ERR_INTERNAL;
+  lt_api_reply_err(req, as, NULL, msg);
+}
+
+void lt_api_reply_store_fail(struct evhttp_request *req, lt_err_t err, const char *what, const char *store_msg) {
+  lt_log_warn("api", "%s %s: %s (%s)", evhttp_request_get_uri(req), what, store_msg ? store_msg : "", lt_err_name(err));
+  lt_api_reply_store_err(req, err, what);
 }
 
 char *lt_api_body_text(lt_api_t *api, struct evhttp_request *req, size_t *len) {

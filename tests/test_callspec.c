@@ -53,6 +53,8 @@ Test(callspec, bad_calls_name_the_field) {
                    "data", "8 examples padded to 9 tokens exceed 64 tokens a call");
   cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":2}}"), "adam.lr");
   cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{}}"), "adam.lr");
+  cr_assert_str_eq(refused("{\"kind\":\"optim_step\",\"adam\":{\"lr\":1,\"weight_decay\":10}}"), "adam.weight_decay",
+                   "a decay of 1 - lr x weight_decay = -9 would flip the weights' sign");
   cr_assert_str_eq(refused("{\"kind\":\"load_state\",\"name\":\"../x\"}"), "name");
   cr_assert_str_eq(refused("{\"kind\":\"sample\",\"prompts\":[[]]}"), "prompts[0]");
   cr_assert_str_eq(refused("{\"kind\":\"sample\",\"prompts\":[[1]],\"num_samples\":2.5}"), "num_samples");

@@ -1326,6 +1326,56 @@ Test(engine, ppo_refuses_bad_inputs_naming_the_field) {
   fixture_close(&f);
 }
 
+/* A sampler log-prob far below the policy's (a tenant's own session may send any finite one)
+ * makes the importance ratio exp(logp - sampler_logp) overflow: the call is refused naming the
+ * loss, and no gradient is kept (the optim_step that follows finds none). Before, the gradients
+ * went to inf and NaN, the call reported a loss of 0, and the next step made every weight NaN.
+ * An optim_step whose lr x weight_decay passes 1 (the decay would flip the weights' sign) is
+ * refused as well, and one over gradients that are not finite drops them and takes no step. */
+Test(engine, an_overflowing_loss_keeps_no_gradient_and_no_step_makes_the_weights_nan) {
+  fixture_t f;
+  fixture_open(&f, small_config(4, 2, 0, 0, 1.0f), 54, 1);
+  lt_session_t *s = stepped_session(&f);
+  ppo_batch_t p;
+  ppo_batch(s, f.c.vocab_size, &p, shift_inside);
+  p.slp[PT + 5] = -1e30f;
+  cr_assert_eq(lt_forward_backward(s, &p.b, LT_LOSS_IMPORTANCE, NULL, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_expect(strstr(errbuf, "the loss is not finite") && strstr(errbuf, "no gradient was kept"), "%s", errbuf);
+  lt_adamw_t opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+  cr_assert_eq(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID, "a gradient was kept");
+  cr_expect(strstr(errbuf, "no forward_backward since the last step"), "%s", errbuf);
+  p.slp[PT + 5] = p.logp[PT + 5];
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_IMPORTANCE, NULL, NULL, errbuf, sizeof errbuf));
+  lt_adamw_t flip = {.lr = 0.5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 4};
+  cr_assert_eq(lt_optim_step(s, &flip, NULL, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_expect(strstr(errbuf, "lr x weight_decay <= 1"), "%s", errbuf);
+  size_t n;
+  float *g = lt_session_grad_buffer(s, &n);
+  g[0] = INFINITY; /* on the cpu backend: host memory */
+  float gn = 0;
+  cr_assert_eq(lt_optim_step(s, &opt, &gn, errbuf, sizeof errbuf), LT_ERR_INVALID);
+  cr_expect(strstr(errbuf, "not finite") && strstr(errbuf, "dropped"), "%s", errbuf);
+  cr_expect_eq(g[0], 0.0f, "the gradients were not dropped");
+  OK(lt_forward_backward(s, &p.b, LT_LOSS_IMPORTANCE, NULL, NULL, errbuf, sizeof errbuf));
+  OK(lt_optim_step(s, &opt, &gn, errbuf, sizeof errbuf));
+  cr_expect(isfinite(gn), "%g", (double)gn);
+  char path[600];
+  snprintf(path, sizeof path, "%s/after.safetensors", f.dir);
+  OK(lt_dump_tensors(s, 0, path, errbuf, sizeof errbuf));
+  lt_st_t *st;
+  OK(lt_st_open_file(path, &st, errbuf, sizeof errbuf));
+  for (size_t i = 0; i < lt_st_count(st); i++) {
+    const lt_st_tensor_t *t = lt_st_at(st, i);
+    const float *v = t->data;
+    size_t cnt = 1;
+    for (int d = 0; d < t->ndim; d++) cnt *= (size_t)t->shape[d];
+    for (size_t k = 0; k < cnt; k++) cr_assert(isfinite(v[k]), "%s[%zu] = %g", t->name, k, (double)v[k]);
+  }
+  lt_st_close(st);
+  lt_session_destroy(s);
+  fixture_close(&f);
+}
+
 /* ---- configuration ----------------------------------------------------------------------- */
 
 Test(engine, config_refuses_unsupported_rope_scaling_and_reads_linear) {

@@ -238,7 +238,7 @@ static lt_err_t run_fb(lt_session_t *s, const lt_model_config_t *mc, const json_
   batch_free(&b);
   out->loss = l;
   out->tokens = tokens;
-  out->body = json_pack("{s:f,s:o,s:I}", "loss", isfinite(l) ? (double)l : 0.0, "logprobs", lps, "tokens",
+  out->body = json_pack("{s:f,s:o,s:I}", "loss", (double)l, "logprobs", lps, "tokens",
                         (json_int_t)tokens);
   return LT_OK;
 }
@@ -255,6 +255,9 @@ static lt_err_t run_optim(lt_session_t *s, const json_t *body, lt_prim_out_t *ou
       (err = opt_num(a, "weight_decay", "adam.weight_decay", 0, 10, &wd, out)) ||
       (err = opt_num(a, "grad_clip", "adam.grad_clip", 0, 1e9, &clip, out)))
     return err;
+  if (lr * wd > 1)
+    return bad(out, "adam.weight_decay", "times adam.lr must be at most 1 (each step scales the weights by 1 - lr x "
+               "weight_decay)");
   lt_adamw_t opt = {.lr = (float)lr, .beta1 = (float)b1, .beta2 = (float)b2, .eps = (float)eps,
                     .weight_decay = (float)wd, .max_grad_norm = (float)clip};
   float gn = 0;

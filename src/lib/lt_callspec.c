@@ -243,6 +243,10 @@ static lt_err_t check_optim(out_t *o, const json_t *b) {
   if (!err) err = num(o, a, "eps", "adam.eps", 1e-30, 1, false);
   if (!err) err = num(o, a, "weight_decay", "adam.weight_decay", 0, 10, false);
   if (!err) err = num(o, a, "grad_clip", "adam.grad_clip", 0, 1e9, false);
+  double lr = json_number_value(json_object_get(a, "lr")), wd = json_number_value(json_object_get(a, "weight_decay"));
+  if (!err && lr * wd > 1)
+    return bad(o, "adam.weight_decay", "times adam.lr is %g: at most 1 (each step scales the weights by 1 - lr x "
+               "weight_decay)", lr * wd);
   return err;
 }
 

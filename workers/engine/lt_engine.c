@@ -632,6 +632,7 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
   /* The head, the loss and its gradient chunk by chunk (LT_ENGINE_HEAD_ROWS); the loss and its
    * derivative wrt each log-prob on the host in double, in row order. */
   double W = 0, Ls = 0;
+  int finite = 1; /* every token's coefficient: an overflowed one would poison the gradients */
   for (size_t i = 0; i < N; i++) W += b->weights ? b->weights[i] : 1.0f;
   int V = s->mc.vocab_size;
   for (size_t n0 = 0, n; n0 < N; n0 += n) {
@@ -649,6 +650,7 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
       double dterm, term = token_term(b, loss, i, lp, &dterm);
       Ls += -w * term;
       a->h_coef[i] = (float)(-w * dterm / W);
+      finite = finite && isfinite(a->h_coef[i]);
     }
     if (!train) continue;
     be->upload(be, a->coef + n0, a->h_coef + n0, n * sizeof(float));
@@ -657,6 +659,11 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
   }
   if (loss_out) *loss_out = (float)(Ls / W);
   if (logp_out) memcpy(logp_out, a->h_logp, N * sizeof(float));
+  if (!(finite && isfinite(Ls)))
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "the loss is not finite (%g): the batch's log-probs and advantages overflow it (an importance "
+                   "ratio exp(logprob - sampler logprob) past float's range); no gradient was kept",
+                   Ls / W);
   if (!train) return LT_OK;
   backward(s);
   s->accum++;

@@ -188,12 +188,20 @@ lt_err_t lt_optim_step(lt_session_t *s, const lt_adamw_t *o, float *grad_norm_ou
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "optim_step: no forward_backward since the last step, no gradient to apply");
   if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-      !(o->eps > 0) || !(o->weight_decay >= 0))
+      !(o->eps > 0) || !(o->weight_decay >= 0) || !((double)o->lr * o->weight_decay <= 1))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-                   "optim_step: expected lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0");
+                   "optim_step: expected lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0 and lr x "
+                   "weight_decay <= 1 (each step scales the weights by 1 - lr x weight_decay)");
   lt_backend_t *be = s->be;
   double inv = 1.0 / (double)s->accum;
   double norm = sqrt(be->sumsq(be, s->grads, s->nparams)) * inv;
+  if (!isfinite(norm)) { /* applied, they would make every weight NaN */
+    be->zero(be, s->grads, s->nparams);
+    s->accum = 0;
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
+                   "optim_step: the accumulated gradients are not finite: the step was not taken and they were "
+                   "dropped");
+  }
   double clip = 1.0;
   if (o->max_grad_norm > 0 && norm > o->max_grad_norm)
     clip = o->max_grad_norm / (norm + 1e-6); /* as torch.nn.utils.clip_grad_norm_ */

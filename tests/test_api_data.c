@@ -1111,6 +1111,101 @@ Test(api_data, a_first_burst_of_saving_calls_counts_the_states_their_base_model_
   rmdir(models);
 }
 
+/* A call's seq, from its 202. */
+static json_int_t call_seq(const char *sess, const char *body) {
+  char path[160], msg[2048];
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  cr_assert_eq(post_status(ca, path, body, msg, sizeof msg), 202, "%s", msg);
+  json_t *ans = json_loads(msg, 0, NULL);
+  json_int_t seq = json_integer_value(json_object_get(ans, "seq"));
+  json_decref(ans);
+  return seq;
+}
+
+/* What the worker records when session sess's call seq ends in attempt: done (with the name of
+ * a state it saved), or failed with code. */
+static void call_ended(const char *sess, int attempt, json_int_t seq, const char *kind, const char *name, const char *code,
+                       const char *event_id) {
+  json_t *r = json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", event_id, "occurred_at", 1,
+                        "producer", "test", "job_id", sess, "tenant_id", tenant_a, "attempt", attempt, "seq", seq,
+                        "kind", kind, "status", code ? "failed" : "done", "step", 0, "tokens", 0, "duration_ms", 1.0,
+                        "result_bytes", 0);
+  if (name) json_object_set_new(r, "checkpoint_name", json_string(name));
+  if (code) {
+    json_object_set_new(r, "error_code", json_string(code));
+    json_object_set_new(r, "error_reason", json_string("the attempt that ran it was lost"));
+  }
+  produce("progress", "PrimitiveCompleted", r);
+}
+
+/* Call seq of sess as the API answers it now (?wait=0): its status, and its error code if any. */
+static void call_now(const char *sess, json_int_t seq, char *status, size_t sn, char *code, size_t cn) {
+  char path[160];
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
+  lt_client_resp_t r = req(ca, "GET", path, NULL, 0);
+  const char *st = json_string_value(json_object_get(r.json, "status"));
+  const char *co = json_string_value(json_object_get(json_object_get(r.json, "error"), "code"));
+  snprintf(status, sn, "%s", st ? st : "?");
+  snprintf(code, cn, "%s", co ? co : "");
+  lt_client_resp_free(&r);
+}
+
+/* A session's attempt 1 is lost after call s1 (save_state "a", in the checkpoint attempt 2
+ * resumes from) and call s2 (run on a state that is gone). The log, read in any order across
+ * its topics, says: s1 done by attempt 1 — attempt 2 does not answer it again — and s2 failed
+ * session_restarted by attempt 2, though attempt 1's done for it comes later. Here the API reads
+ * attempt 2's dispatch before attempt 1's answers, as any API may on a replay (the topics are
+ * read side by side). Before, it dropped every answer of attempt 1 once it knew attempt 2: s1
+ * stayed pending for good and "a" was no saved state (load_state "a": 400). */
+Test(api_data, a_lost_attempts_answers_stand_where_the_next_attempt_gives_none_in_any_read_order) {
+  start_api(NULL);
+  char sess[64], path[160], msg[4096], status[32], code[64];
+  open_session(ca, sess);
+  json_int_t s1 = call_seq(sess, "{\"kind\":\"save_state\",\"name\":\"a\"}");
+  json_int_t s2 = call_seq(sess, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+  produce("control", "JobAccepted",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:s,s:i,s:i}", "event_id", "acc-r", "occurred_at", 1, "producer", "test",
+                    "job_id", sess, "tenant_id", tenant_a, "submitted_event_id", sess, "priority", "standard", "gpus",
+                    1, "max_duration_s", 3600));
+  for (int attempt = 1; attempt <= 2; attempt++) {
+    char ev[16];
+    snprintf(ev, sizeof ev, "dis-r%d", attempt);
+    produce("control", "JobDispatched",
+            json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:s,s:n,s:{},s:s,s:i,s:i,s:s,s:s,s:i,s:i,s:i,s:n,s:n}",
+                      "event_id", ev, "occurred_at", 2, "producer", "test", "job_id", sess, "tenant_id", tenant_a,
+                      "attempt", attempt, "base_model", "tiny-llama", "dataset_id", "", "validation_dataset_id",
+                      "hyperparameters", "priority", "standard", "max_duration_s", 3600, "gpus", 1, "mode",
+                      "interactive", "worker_id", "w1", "memory_bytes", 0, "lease_ms", 60000, "lease_deadline", 3,
+                      "resume_step", "resume_checkpoint_event_id", "gang_rendezvous"));
+    if (attempt == 2) break;
+    produce("control", "AttemptStopped",
+            json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:b,s:i,s:n}", "event_id", "stop-r1", "occurred_at", 3, "producer",
+                      "test", "job_id", sess, "tenant_id", tenant_a, "attempt", 1, "reason", "lost", "killed", 0,
+                      "step", 0, "detail"));
+  }
+  snprintf(path, sizeof path, "/v1/sessions/%s", sess);
+  lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"attempt\":2"), 20000, 100,
+                     "the API never read attempt 2's dispatch: %s", msg);
+  call_ended(sess, 1, s1, "save_state", "a", NULL, "pc-r1");
+  call_ended(sess, 2, s2, "optim_step", NULL, "session_restarted", "pc-r2");
+  call_ended(sess, 1, s2, "optim_step", NULL, NULL, "pc-r3");
+  for (int round = 0; round < 2; round++) { /* as read live, then as a restarted API reads the log */
+    lt_test_wait_until((call_now(sess, s1, status, sizeof status, code, sizeof code), strcmp(status, "pending") != 0),
+                       10000, 100, "call %lld still pending (round %d)", (long long)s1, round);
+    cr_expect_str_eq(status, "done", "s1, answered by the lost attempt alone (round %d)", round);
+    lt_test_wait_until(lt_test_get_status(ca, path, msg, sizeof msg) == 200 && strstr(msg, "\"name\":\"a\""), 10000,
+                       100, "the state s1 saved is not the session's (round %d): %s", round, msg);
+    call_now(sess, s2, status, sizeof status, code, sizeof code);
+    cr_expect(strcmp(status, "failed") == 0 && strcmp(code, "session_restarted") == 0,
+              "s2, answered by both attempts: the newer's stands (round %d): %s %s", round, status, code);
+    if (round) break;
+    lt_client_destroy(ca);
+    lt_client_destroy(cb);
+    lt_test_proc_stop_clean(proc, 10000);
+    start_api(NULL);
+  }
+}
+
 /* Under a storage quota each saving call in flight is kept and walked at the next one: a tenant
  * may have max_saving_calls of them (here 2) before a third is refused (429 naming the limit),
  * whatever its stored bytes; another tenant is not held by them; one that completes frees a place. */

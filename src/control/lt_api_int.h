@@ -137,6 +137,9 @@ struct lt_api {
   bool rewriting;          /* an output buffer is being rewritten (no re-entry) */
   /* training sessions (lt_api_sessions.c) */
   lt_map_t *sessions;          /* job_id -> what its calls did, folded from PrimitiveCompleted */
+  lt_map_t *early_results;     /* job_id -> PrimitiveCompleted read before its session (lt_api_sessions.c) */
+  size_t nearly_results;
+  lt_avro_decoder_t *result_dec; /* and decodes them once it is */
   lt_map_t *wakes;             /* set of "job:parked_seq": SessionWoken written for that park */
   lt_api_waiter_t *waiters;    /* long polls on calls */
   lt_avro_record_t *rec_call;  /* SessionCall */

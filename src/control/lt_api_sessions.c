@@ -92,7 +92,9 @@ typedef struct {
                     * the id (seq 0 while this API records it) */
   json_t *dups;    /* seq (decimal) -> seq of the first call of its keyed id: a later record the worker
                     * does not run */
-  int64_t step;    /* the step of the session's state after its newest call */
+  int64_t step;    /* the step of the session's state after its newest call: */
+  int32_t step_attempt; /* of the newest attempt's */
+  int64_t step_seq;     /* newest call */
   int64_t completed;
 } sess_fold_t;
 
@@ -272,6 +274,73 @@ static void wake(lt_api_t *api, const char *job_id, int64_t seq) {
   }
 }
 
+/* The answers of a session not folded yet: the topics are read side by side, so an API reading
+ * the log back may read a session's PrimitiveCompleted before its JobSubmitted; they are kept
+ * (their bytes) and folded once the session is, or dropped a minute after the feed caught up if
+ * it never is. LT_API_EARLY_RESULTS_MAX records in all: past it, new ones are dropped (logged). */
+#define LT_API_EARLY_RESULTS_MAX 65536
+
+typedef struct {
+  size_t n, cap;
+  int64_t at_ms; /* when the first came */
+  struct {
+    void *bytes;
+    size_t len;
+  } *v;
+} early_t;
+
+static void early_free(void *p) {
+  early_t *e = p;
+  for (size_t i = 0; i < e->n; i++) free(e->v[i].bytes);
+  free(e->v);
+  free(e);
+}
+
+static void early_keep(lt_api_t *api, const char *job_id, const void *bytes, size_t len) {
+  early_t *e = lt_map_get(api->early_results, job_id);
+  if (api->nearly_results >= LT_API_EARLY_RESULTS_MAX) {
+    lt_log_warn("api", "session %s: a call's answer read before the session is dropped: %d are kept already", job_id,
+                LT_API_EARLY_RESULTS_MAX);
+    return;
+  }
+  if (!e) {
+    if (!(e = calloc(1, sizeof *e)) || lt_map_set(api->early_results, job_id, e)) {
+      free(e);
+      return;
+    }
+    e->at_ms = lt_time_mono_ms();
+  }
+  if (e->n == e->cap) {
+    size_t cap = e->cap ? 2 * e->cap : 4;
+    void *v = realloc(e->v, cap * sizeof *e->v);
+    if (!v) return;
+    e->v = v;
+    e->cap = cap;
+  }
+  void *copy = malloc(len ? len : 1);
+  if (!copy) return;
+  memcpy(copy, bytes, len);
+  e->v[e->n].bytes = copy;
+  e->v[e->n++].len = len;
+  api->nearly_results++;
+}
+
+/* Folds the answers kept for job_id, now that it is known. */
+static void early_release(lt_api_t *api, const char *job_id) {
+  early_t *e = lt_map_get(api->early_results, job_id);
+  if (!e) return;
+  lt_map_del(api->early_results, job_id); /* the map owns no values: e is still ours */
+  api->nearly_results -= e->n;
+  for (size_t i = 0; i < e->n; i++) {
+    lt_avro_record_t *rec;
+    if (lt_avro_decode(api->result_dec, e->v[i].bytes, e->v[i].len, &rec, NULL, 0)) continue;
+    lt_proj_result_t res = {.record = rec, .type = lt_avro_record_type(rec), .message = e->v[i].bytes,
+                            .message_len = e->v[i].len};
+    lt_api_sessions_on_record(api, &res);
+  }
+  early_free(e);
+}
+
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   lt_avro_record_t *r = res->record;
   const char *job_id = NULL, *kind = NULL, *status = NULL, *s;
@@ -286,12 +355,30 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   const char *tenant = NULL;
   lt_avro_get_string(r, "tenant_id", &tenant, NULL);
   const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
+  if (!j && job_id && lt_id_valid(job_id) && lt_api_is_session_id(job_id) && res->message) {
+    early_keep(api, job_id, res->message, res->message_len); /* its session is not read yet */
+    return;
+  }
   if (!j || !kind || !status || !tenant || strcmp(tenant, j->tenant_id) != 0) return; /* not this session's */
-  if (attempt < j->attempt) return; /* a fenced attempt's */
   sess_fold_t *f = fold_of(api, job_id, true);
   char key[32];
   snprintf(key, sizeof key, "%lld", (long long)seq);
-  if (!f || json_object_get(f->calls, key)) return; /* the first record of a call wins */
+  /* Per call, the newest attempt's record stands, whatever order the topics are read in: an
+   * attempt resumed after a lost one answers again (session_restarted) the calls the lost one
+   * ran on a state that is gone, and answers nothing the state it resumed holds, whose answers
+   * (the lost attempt's, even folded after the new attempt began) stand. Within an attempt the
+   * first record of a call wins. */
+  json_t *had = f ? json_object_get(f->calls, key) : NULL;
+  if (!f || (had && attempt <= json_integer_value(json_object_get(had, "attempt")))) return;
+  if (had) { /* superseded: a state it saved is gone with its attempt */
+    const char *name;
+    json_t *sv, *tmp;
+    json_object_foreach_safe(f->saved, tmp, name, sv) {
+      if (json_integer_value(json_object_get(sv, "checkpoint")) == seq &&
+          json_integer_value(json_object_get(sv, "attempt")) == json_integer_value(json_object_get(had, "attempt")))
+        json_object_del(f->saved, name);
+    }
+  }
   lt_avro_get_long(r, "step", &step);
   lt_avro_get_long(r, "tokens", &tokens);
   json_t *c = json_pack("{s:I,s:s,s:s,s:I,s:I,s:i}", "seq", (json_int_t)seq, "kind", kind, "status", status, "step",
@@ -315,12 +402,16 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
     char skey[LT_STORE_KEY_MAX + 1];
     snprintf(skey, sizeof skey, "staging/%s/%s/%d/%lld/state.bin", j->tenant_id, job_id, (int)attempt, (long long)seq);
     json_object_set_new(f->saved, s,
-                        json_pack("{s:s,s:I,s:I,s:s}", "name", s, "step", (json_int_t)step, "checkpoint",
-                                  (json_int_t)seq, "state_key", skey));
+                        json_pack("{s:s,s:I,s:I,s:s,s:i}", "name", s, "step", (json_int_t)step, "checkpoint",
+                                  (json_int_t)seq, "state_key", skey, "attempt", attempt));
   }
+  if (!had) f->completed++;
   json_object_set_new(f->calls, key, c);
-  f->completed++;
-  f->step = step;
+  if (attempt > f->step_attempt || (attempt == f->step_attempt && seq > f->step_seq)) {
+    f->step = step;
+    f->step_attempt = attempt;
+    f->step_seq = seq;
+  }
   if (lt_callspec_saves_state(kind)) saving_prune(api, tenant, NULL);
   wake(api, job_id, seq);
 }
@@ -546,6 +637,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
 
 /* The session's end (a cancel, a failure, the end call) answers every long poll of it. */
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
+  if (api->nearly_results) early_release(api, job_id);
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
   if (j && j->parked)
@@ -568,6 +660,18 @@ void lt_api_sessions_prune(lt_api_t *api) {
       snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
+  n = 0;
+  lt_map_iter_t et = {0};
+  int64_t mono = lt_time_mono_ms();
+  while (api->ready && n < 64 && lt_map_next(api->early_results, &et))
+    if (mono - ((early_t *)et.value)->at_ms > 60000) snprintf(doomed[n++], LT_ID_MAX + 1, "%s", et.key);
+  for (int i = 0; i < n; i++) {
+    early_t *e = lt_map_get(api->early_results, doomed[i]);
+    lt_log_warn("api", "session %s: %zu answer(s) of calls dropped: the session never showed in the log", doomed[i], e->n);
+    api->nearly_results -= e->n;
+    lt_map_del(api->early_results, doomed[i]);
+    early_free(e);
+  }
   lt_map_iter_t st = {0};
   while (lt_map_next(api->saving, &st)) saving_prune(api, st.key, NULL); /* it may delete the current key */
 }
@@ -582,8 +686,14 @@ void lt_api_sessions_free(lt_api_t *api) {
   }
   lt_map_destroy(api->sessions);
   lt_map_destroy(api->wakes);
+  lt_map_iter_t it = {0};
+  while (api->early_results && lt_map_next(api->early_results, &it)) early_free(it.value);
+  lt_map_destroy(api->early_results);
   lt_avro_decoder_destroy(api->call_dec);
+  lt_avro_decoder_destroy(api->result_dec);
   api->call_dec = NULL;
+  api->result_dec = NULL;
+  api->early_results = NULL;
   api->sessions = NULL;
   api->wakes = NULL;
 }
@@ -591,9 +701,11 @@ void lt_api_sessions_free(lt_api_t *api) {
 lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
   api->sessions = lt_map_new(fold_free);
   api->wakes = lt_map_new(NULL);
-  if (!api->sessions || !api->wakes) return LT_ERR_NOMEM;
+  api->early_results = lt_map_new(NULL); /* values: early_t, freed here */
+  if (!api->sessions || !api->wakes || !api->early_results) return LT_ERR_NOMEM;
   lt_bus_topic_name(api->conf.bus, "calls", api->topic_calls, sizeof api->topic_calls);
   lt_err_t err = lt_avro_decoder_new(api->reg, &api->call_dec, errstr, n);
+  if (!err) err = lt_avro_decoder_new(api->reg, &api->result_dec, errstr, n);
   return err ? err : lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
 }
 

@@ -362,6 +362,62 @@ Test(api_data, a_tenant_whose_uploads_all_hang_leaves_a_pool_thread_to_another_t
 
 /* ---------------------------------------------------------------- the open-upload cap */
 
+typedef struct {
+  lt_client_t *c;
+  char path[160];
+  const char *body;
+  size_t len;
+  int status;
+} part_call_t;
+
+static void *part_thread(void *arg) {
+  part_call_t *p = arg;
+  lt_client_resp_t r = req(p->c, "PUT", p->path, p->body, p->len);
+  p->status = r.status;
+  lt_client_resp_free(&r);
+  return NULL;
+}
+
+/* An upload aborted while its part is still on a pool thread keeps its place under the cap
+ * until the part ends (it is found by no request meanwhile): the store here holds every part.
+ * Before, the abort freed the place at once, so a tenant could open, feed and abort uploads
+ * without end, each part (up to 8 MiB, its validator and writer) still queued on the pool. */
+Test(api_data, an_upload_aborted_while_its_part_runs_holds_its_place_until_the_part_ends) {
+  hang_srv_t h;
+  hang_start(&h);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, "LATHE_API_MAX_OPEN_UPLOADS=2", "LATHE_API_THREADS=4", NULL});
+  char *big = jsonl(6 << 20), id[3][64];
+  part_call_t p[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(open_upload(ca, id[i], sizeof id[i], NULL), 201);
+    p[i] = (part_call_t){.c = lt_test_client(url, key_a, 120), .body = big, .len = 6 << 20};
+    snprintf(p[i].path, sizeof p[i].path, "/v1/uploads/%s/parts/1", id[i]);
+    pthread_create(&th[i], NULL, part_thread, &p[i]);
+    lt_test_wait_until(hang_accepted(&h) > i, 30000, 20, "part %d never reached the store", i);
+    cr_assert_eq(abort_upload(ca, id[i]), 200);
+    cr_expect_eq(abort_upload(ca, id[i]), 404, "an aborted upload is found by no request");
+  }
+  lt_client_resp_t r;
+  cr_expect_eq(open_upload(ca, id[2], sizeof id[2], &r), 429, "a third upload while the aborted two's parts run: %d %s",
+               r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "has 2 open uploads"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  hang_release(&h);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    lt_client_destroy(p[i].c);
+    cr_expect(p[i].status == 404 || p[i].status == 503, "the aborted upload's part: %d", p[i].status);
+  }
+  int st = 0;
+  lt_test_wait_until((st = open_upload(ca, id[2], sizeof id[2], NULL)) == 201, 20000, 100,
+                     "the places never came back once the parts ended (%d)", st);
+  free(big);
+  hang_stop(&h);
+}
+
 Test(api_data, a_tenant_at_its_open_upload_cap_gets_429_naming_the_limit_and_an_abort_frees_a_slot) {
   start_api((const char *const[]){"LATHE_API_MAX_OPEN_UPLOADS=2", NULL});
   char id1[64], id2[64], id3[64], idb[64];
@@ -1124,6 +1180,8 @@ static json_int_t call_seq(const char *sess, const char *body) {
 
 /* What the worker records when session sess's call seq ends in attempt: done (with the name of
  * a state it saved), or failed with code. */
+static const char *g_reason = "the attempt that ran it was lost";
+
 static void call_ended(const char *sess, int attempt, json_int_t seq, const char *kind, const char *name, const char *code,
                        const char *event_id) {
   json_t *r = json_pack("{s:s,s:i,s:s,s:s,s:s,s:i,s:I,s:s,s:s,s:i,s:i,s:f,s:i}", "event_id", event_id, "occurred_at", 1,
@@ -1133,7 +1191,7 @@ static void call_ended(const char *sess, int attempt, json_int_t seq, const char
   if (name) json_object_set_new(r, "checkpoint_name", json_string(name));
   if (code) {
     json_object_set_new(r, "error_code", json_string(code));
-    json_object_set_new(r, "error_reason", json_string("the attempt that ran it was lost"));
+    json_object_set_new(r, "error_reason", json_string(g_reason));
   }
   produce("progress", "PrimitiveCompleted", r);
 }
@@ -1204,6 +1262,24 @@ Test(api_data, a_lost_attempts_answers_stand_where_the_next_attempt_gives_none_i
     lt_test_proc_stop_clean(proc, 10000);
     start_api(NULL);
   }
+}
+
+/* A call's error as the executor wrote it may name its files (a state it could not load, in its
+ * private directory): the answer shows "(path)" instead, as a job's failure reason does. */
+Test(api_data, a_calls_error_names_no_server_path) {
+  start_api(NULL);
+  char sess[64], path[160];
+  open_session(ca, sess);
+  json_int_t s1 = call_seq(sess, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+  g_reason = "the saved state a does not load: /dev/shm/lathe-exec/j-1-Ab3dEf/load-7.bin: truncated header";
+  call_ended(sess, 0, s1, "load_state", NULL, "internal", "pc-path");
+  g_reason = "the attempt that ran it was lost";
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=30", sess, (long long)s1);
+  lt_client_resp_t r = req(ca, "GET", path, NULL, 0);
+  const char *m = json_string_value(json_object_get(json_object_get(r.json, "error"), "message"));
+  cr_expect(m && strstr(m, "does not load: (path): truncated header") && !strstr(m, "/dev/shm"), "%d %s", r.status,
+            r.body);
+  lt_client_resp_free(&r);
 }
 
 /* Under a storage quota each saving call in flight is kept and walked at the next one: a tenant

@@ -53,9 +53,11 @@ static void seen_key(char *out, size_t n, const char *tenant, const char *id) { 
  * +36 MiB after 8 uploads of 6 MiB had ended; tests/test_api_data.c checks it). */
 static void give_back_memory(void) { malloc_trim(0); }
 
-static void upload_free(lt_api_upload_t *u) {
+/* Frees an upload that no list holds. Its writer's abort is a store call (an S3 multipart
+ * upload's, with retries) wherever something was stored: upload_drop runs it on the pool. */
+static void upload_destroy(lt_api_upload_t *u) {
   if (!u) return;
-  lt_sealed_writer_abort(u->w); /* no-op once committed (w is NULL then) */
+  lt_sealed_writer_abort(u->w); /* no-op once committed or aborted (w is NULL then) */
   lt_dataset_check_destroy(u->check);
   lt_crypto_dek_destroy(u->dek);
   free(u);
@@ -72,27 +74,51 @@ static void upload_unlink(lt_api_t *api, lt_api_upload_t *u) {
 
 static lt_api_upload_t *upload_find(lt_api_t *api, const lt_tenant_t *t, const char *id) {
   for (lt_api_upload_t *u = api->uploads; u; u = u->next)
-    if (strcmp(u->id, id) == 0 && strcmp(u->tenant, t->tenant_id) == 0) return u;
+    if (!u->dropped && strcmp(u->id, id) == 0 && strcmp(u->tenant, t->tenant_id) == 0) return u;
   return NULL;
 }
 
-/* Drops an upload (and whatever of it was stored) now, or when its pool work comes back. */
+static void abort_work(void *arg) {
+  lt_api_upload_t *u = arg;
+  lt_sealed_writer_abort(u->w);
+  u->w = NULL;
+}
+
+static void abort_after(lt_api_t *api, void *arg) {
+  (void)api;
+  upload_destroy(arg);
+}
+
+/* Drops an upload and whatever of it was stored: now, or when its pool work comes back. One
+ * whose part still runs is found by no request but still counts against the tenant's open
+ * uploads until the part ends (else a tenant could keep opening, feeding and aborting uploads,
+ * each part, up to 8 MiB, still queued on the pool); an idle one goes at once, and the store's
+ * abort of what it stored (an S3 multipart upload: a store call, with retries) runs on the pool. */
 static void upload_drop(lt_api_t *api, lt_api_upload_t *u) {
+  u->dropped = true;
+  if (u->busy) return; /* upload_after comes back to it */
   upload_unlink(api, u);
-  if (u->busy) u->dropped = true;
-  else upload_free(u);
+  if (u->w) lt_api_work(api, u->tenant, abort_work, abort_after, u);
+  else upload_destroy(u);
 }
 
 void lt_api_uploads_tick(lt_api_t *api) {
   int64_t now = lt_time_mono_ms();
   for (lt_api_upload_t *u = api->uploads, *next; u; u = next) {
     next = u->next;
-    if (!u->busy && now - u->last_active_ms > api->conf.upload_idle_ms) upload_drop(api, u);
+    if (!u->busy && !u->dropped && now - u->last_active_ms > api->conf.upload_idle_ms) upload_drop(api, u);
   }
 }
 
+/* At the stop, once the pool answered what it held: what is idle goes now; a busy one (its work
+ * still to come back) is freed by it. */
 void lt_api_uploads_free(lt_api_t *api) {
-  while (api->uploads) upload_drop(api, api->uploads);
+  while (api->uploads) {
+    lt_api_upload_t *u = api->uploads;
+    api->uploads = u->next;
+    if (u->busy) u->dropped = true;
+    else upload_destroy(u);
+  }
 }
 
 static int open_uploads(lt_api_t *api, const char *tenant) {
@@ -146,7 +172,7 @@ static lt_err_t upload_open(lt_api_t *api, const lt_tenant_t *t, struct evkeyval
   if (!err) err = lt_crypto_dek_generate(&u->dek, u->tenant, u->id, msg, n);
   if (!err) err = lt_sealed_writer_new(api->conf.store, u->dek, key, &u->w, msg, n);
   if (err) {
-    upload_free(u);
+    upload_destroy(u);
     return err;
   }
   u->next = api->uploads;
@@ -254,7 +280,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   lt_api_stored_note(api, u->tenant, t->since, t->measured, t->datasets);
   if (u->dropped && !(t->complete && !t->err && !t->refused)) { /* a stored dataset still answers 201 */
     lt_api_reply_error(t->req, 404, "not_found", NULL, "upload %s was aborted while this part was processed", u->id);
-    upload_free(u);
+    upload_drop(api, u);
   } else if (t->over_storage) {
     upload_drop(api, u);
     lt_api_reply_storage(t->req, t->msg);
@@ -279,8 +305,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
     lt_map_set(api->datasets_seen, seen, NULL);
     if (t->openai) lt_api_reply_json(t->req, 200, lt_api_openai_file_json(t->meta));
     else lt_api_reply_json(t->req, 201, json_incref(t->meta));
-    if (u->dropped) upload_free(u);
-    else upload_drop(api, u);
+    upload_drop(api, u);
   }
   json_decref(t->report);
   json_decref(t->meta);
@@ -545,12 +570,15 @@ static lt_err_t list_one(void *ctx, const char *key, const lt_store_info_t *info
   snprintf(id, sizeof id, "%.*s", (int)(key + klen - leaf - idstart), idstart);
   lt_crypto_dek_t *dek = NULL;
   json_t *meta = NULL;
-  if (lt_api_dataset_open(l->api, l->tenant, id, &dek, &meta, NULL, 0) == LT_OK) {
+  lt_err_t err = lt_api_dataset_open(l->api, l->tenant, id, &dek, &meta, NULL, 0);
+  if (err == LT_OK) {
     json_object_del(meta, "report");
     json_array_append_new(l->out, meta);
   }
   lt_crypto_dek_destroy(dek);
-  return LT_OK;
+  /* the store away for a moment: the page fails (503), rather than go on without the dataset and
+   * move a client paging through past it for good; one deleted meanwhile is simply not listed */
+  return lt_store_err_retriable(err) ? err : LT_OK;
 }
 
 /* POST /v1/datasets?name=&max_tokens=: open, the body as the one part, complete. */

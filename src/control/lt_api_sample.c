@@ -286,6 +286,11 @@ static void finish(sample_req_t *r) {
     choice_t *bad = NULL;
     for (int i = 0; i < r->n && !bad; i++)
       if (r->ch[i].err) bad = &r->ch[i];
+    if (bad) { /* a failed step's message may name the backend's files (a CUDA error's) */
+      char clean[sizeof bad->msg];
+      lt_api_scrub(r->api, bad->msg, clean, sizeof clean);
+      snprintf(bad->msg, sizeof bad->msg, "%s", clean);
+    }
     if (r->started) {
       if (bad) sse_send(r, json_pack("{s:{s:s,s:s}}", "error", "code", bad->finish, "message", bad->msg));
       else if (r->usage_in_stream) {

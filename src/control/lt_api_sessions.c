@@ -390,8 +390,12 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   if (strcmp(status, "failed") == 0) {
     json_t *e = json_object();
     const char *names[3] = {"error_code", "error_field", "error_reason"}, *keys[3] = {"code", "field", "message"};
+    char clean[1024]; /* an executor's reason may name its files (a state it could not load) */
     for (int i = 0; i < 3; i++)
-      if (!lt_avro_get_string(r, names[i], &s, NULL)) json_object_set_new(e, keys[i], json_string(s));
+      if (!lt_avro_get_string(r, names[i], &s, NULL)) {
+        if (i == 2) lt_api_scrub(api, s, clean, sizeof clean);
+        json_object_set_new(e, keys[i], json_string(i == 2 ? clean : s));
+      }
     const char *code = json_string_value(json_object_get(e, "code"));
     if (code && strcmp(code, "session_restarted") == 0)
       json_object_set_new(e, "resumed_from_step", json_integer(step));

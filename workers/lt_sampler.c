@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "lt_backend.h"
 #include "lt_chat.h"
 #include "lt_log.h"
@@ -211,8 +213,13 @@ void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
   if (t) t->inflight--;
   tenant_drop_idle(s, t);
   s->inflight--;
-  for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+  for (int i = 0; i < r->nstop; i++) {
+    OPENSSL_cleanse(r->stop[i], strlen(r->stop[i]));
+    free(r->stop[i]);
+  }
   lt_picker_free(&r->pk);
+  if (r->ids) OPENSSL_cleanse(r->ids, (size_t)r->cap * sizeof *r->ids); /* the prompt's and output's tokens */
+  if (r->text) OPENSSL_cleanse(r->text, r->text_len);
   free(r->ids);
   free(r->text);
   free(r);

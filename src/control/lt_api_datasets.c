@@ -223,6 +223,7 @@ static lt_err_t feed_part(upload_task_t *t) {
   evbuffer_peek(t->body, -1, NULL, v, nvec);
   lt_err_t err = LT_OK;
   for (int i = 0; i < nvec && !err; i++) err = feed_piece(t->u, v[i].iov_base, v[i].iov_len, t->msg, sizeof t->msg);
+  for (int i = 0; i < nvec; i++) OPENSSL_cleanse(v[i].iov_base, v[i].iov_len); /* the part's plaintext */
   free(v);
   t->u->bytes += evbuffer_get_length(t->body);
   evbuffer_free(t->body);

@@ -55,7 +55,7 @@ typedef struct choice {
   uint64_t handle;
   bool submitted, done;
   char *text;
-  size_t len;
+  size_t len, cap; /* text: its length, and the bytes allocated */
   json_t *logprobs; /* the choice's logprobs in the answer's form, or NULL */
   size_t offset;    /* text_offset of the next token (completions' logprobs) */
   char finish[16];
@@ -130,12 +130,18 @@ static void on_backend_event(void *ctx, const lt_sample_event_t *ev) {
   pthread_mutex_unlock(&r->mu);
 }
 
+/* Frees a string of the output, cleansed first. */
+static void free_text(char *s) {
+  if (s) OPENSSL_cleanse(s, strlen(s));
+  free(s);
+}
+
 static void sev_free(sev_t *e) {
-  free(e->text);
-  free(e->token_text);
+  free_text(e->text);
+  free_text(e->token_text);
   free(e->finish);
   free(e->msg);
-  for (int i = 0; i < LT_SAMPLE_MAX_TOP; i++) free(e->top_text[i]);
+  for (int i = 0; i < LT_SAMPLE_MAX_TOP; i++) free_text(e->top_text[i]);
   free(e);
 }
 
@@ -153,11 +159,11 @@ static void req_free(sample_req_t *r) {
     e = next;
   }
   for (int i = 0; i < r->n; i++) {
-    if (r->ch[i].text) OPENSSL_cleanse(r->ch[i].text, r->ch[i].len);
+    if (r->ch[i].text) OPENSSL_cleanse(r->ch[i].text, r->ch[i].cap);
     free(r->ch[i].text);
     json_decref(r->ch[i].logprobs);
   }
-  for (int i = 0; i < LT_SAMPLE_MAX_STOP; i++) free(r->stop[i]);
+  for (int i = 0; i < LT_SAMPLE_MAX_STOP; i++) free_text(r->stop[i]);
   if (r->prompt) OPENSSL_cleanse(r->prompt, strlen(r->prompt));
   free(r->prompt);
   pthread_mutex_destroy(&r->mu);
@@ -378,10 +384,18 @@ static void take_event(sample_req_t *r, const sev_t *e) {
   if (c->done) return;
   if (e->ev.kind == LT_SAMPLE_TOKEN) {
     size_t len = strlen(e->text);
-    char *t = realloc(c->text, c->len + len + 1);
-    if (!t) return;
-    memcpy(t + c->len, e->text, len + 1);
-    c->text = t;
+    if (c->len + len + 1 > c->cap) { /* not realloc: the old copy is cleansed before it goes */
+      size_t cap = c->cap ? c->cap : 256;
+      while (cap < c->len + len + 1) cap *= 2;
+      char *t = malloc(cap);
+      if (!t) return;
+      if (c->text) memcpy(t, c->text, c->len);
+      if (c->text) OPENSSL_cleanse(c->text, c->cap);
+      free(c->text);
+      c->text = t;
+      c->cap = cap;
+    }
+    memcpy(c->text + c->len, e->text, len + 1);
     c->len += len;
     json_t *lp = add_logprobs(r, c, e);
     if (r->stream && !r->gone) {

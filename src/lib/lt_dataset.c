@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 struct lt_dataset_check {
   lt_dataset_limits_t lim;
   lt_dataset_tokens_fn *tokens_fn;
@@ -84,7 +86,12 @@ lt_err_t lt_dataset_check_new(lt_dataset_check_t **out, const lt_dataset_limits_
   return LT_OK;
 }
 
-void lt_dataset_check_destroy(lt_dataset_check_t *c) { free(c); }
+void lt_dataset_check_destroy(lt_dataset_check_t *c) {
+  if (!c) return;
+  /* the line buffer holds a line of the tenant's data; kept errors may quote it */
+  OPENSSL_cleanse(c->errors, c->lim.max_errors * sizeof(lt_dataset_error_t) + c->lim.max_line_bytes + 1);
+  free(c);
+}
 
 static void add_error(lt_dataset_check_t *c, uint64_t line, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -652,6 +652,89 @@ Test(serve, adapter_free_zeroes_its_memory) {
 
 /* ---- the picker ---------------------------------------------------------------------------- */
 
+typedef struct {
+  float z;
+  int id;
+} ref_cand_t;
+
+static int ref_cmp(const void *a, const void *b) {
+  const ref_cand_t *x = a, *y = b;
+  if (x->z != y->z) return x->z > y->z ? -1 : 1;
+  return x->id - y->id;
+}
+
+/* The truncated draw with the whole vocabulary sorted, as the picker did it before it selected
+ * only the candidates the truncation reads: the reference it must equal. */
+static int32_t ref_truncated(const float *lg, int nv, const lt_sample_params_t *sp, double u) {
+  double mx = -INFINITY, t = sp->temperature;
+  for (int j = 0; j < nv; j++) mx = fmax(mx, lg[j]);
+  ref_cand_t *c = malloc((size_t)nv * sizeof *c);
+  for (int j = 0; j < nv; j++) c[j] = (ref_cand_t){lg[j], j};
+  qsort(c, (size_t)nv, sizeof *c, ref_cmp);
+  int k = sp->top_k > 0 && sp->top_k < nv ? sp->top_k : nv;
+  double tot = 0;
+  if (k < nv || sp->top_p >= 1.0f)
+    for (int j = 0; j < k; j++) tot += exp(((double)c[j].z - mx) / t);
+  else
+    for (int j = 0; j < nv; j++) tot += exp(((double)lg[j] - mx) / t);
+  if (sp->top_p < 1.0f) {
+    double cum = 0;
+    int kk = 0;
+    while (kk < k) {
+      cum += exp(((double)c[kk].z - mx) / t) / tot;
+      kk++;
+      if (cum >= sp->top_p) break;
+    }
+    k = kk;
+    tot = 0;
+    for (int j = 0; j < k; j++) tot += exp(((double)c[j].z - mx) / t);
+  }
+  double acc = 0, target = u * tot;
+  int32_t got = c[k - 1].id;
+  for (int j = 0; j < k; j++) {
+    acc += exp(((double)c[j].z - mx) / t);
+    if (acc > target) {
+      got = c[j].id;
+      break;
+    }
+  }
+  free(c);
+  return got;
+}
+
+/* The picker reads only the candidates its truncation needs (a quickselect, then a sort of
+ * those), not the whole vocabulary sorted at every token: over random vocabularies (with tied
+ * logits, for the lowest-id rule), temperatures, top_k and top_p, every draw equals the
+ * whole-sort reference's at the same u. */
+Test(serve, the_truncated_draw_equals_the_whole_sort_at_every_setting) {
+  unsigned seed = 11;
+  const int sizes[] = {50, 500, 5000};
+  const float tops[] = {1.0f, 0.999f, 0.95f, 0.9f, 0.5f, 0.01f};
+  int checked = 0;
+  for (int round = 0; round < 1200; round++) {
+    int nv = sizes[round % 3];
+    float *lg = malloc((size_t)nv * sizeof *lg);
+    bool peaked = round % 2;
+    for (int j = 0; j < nv; j++) /* quantised: ties; peaked: a few tokens hold most of the mass */
+      lg[j] = (float)((int)(rand_r(&seed) % 400)) / (peaked ? 10.0f : 100.0f);
+    const int ks[] = {0, 1, 5, 40, nv - 1, nv + 3};
+    lt_sample_params_t sp = {.max_tokens = 1, .temperature = 0.3f + (float)(rand_r(&seed) % 170) / 100.0f,
+                             .top_p = tops[rand_r(&seed) % 6], .top_k = ks[rand_r(&seed) % 6]};
+    lt_picker_t p;
+    OK(lt_picker_init(&p, nv, 1, errbuf, sizeof errbuf));
+    for (int d = 0; d < 4; d++) {
+      double u = (double)(rand_r(&seed) % 1000000) / 1e6;
+      int32_t got = lt_picker_truncated(&p, lg, &sp, u), want = ref_truncated(lg, nv, &sp, u);
+      cr_assert_eq(got, want, "nv %d, temperature %g, top_k %d, top_p %g, u %g: %d, the whole sort %d", nv,
+                   (double)sp.temperature, sp.top_k, (double)sp.top_p, u, got, want);
+      checked++;
+    }
+    lt_picker_free(&p);
+    free(lg);
+  }
+  cr_assert_eq(checked, 4800);
+}
+
 Test(serve, picker_is_seeded_and_top_alternatives_are_sorted_log_softmax) {
   enum { PV = 500, N = 40 };
   float *lg = malloc(sizeof(float) * PV);

@@ -780,28 +780,71 @@ void lt_picker_free(lt_picker_t *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* Top-k / top-p sampling at temperature t from the sorted candidates; u uniform in [0, 1). */
+static void cand_swap(cand_t *c, size_t a, size_t b) {
+  cand_t x = c[a];
+  c[a] = c[b];
+  c[b] = x;
+}
+
+/* Moves the best candidates of c[lo, hi) (cand_cmp's order: larger z, then lower id) into
+ * c[lo, k), in no order: a quickselect, O(hi - lo) on average. lo <= k <= hi. */
+static void select_best(cand_t *c, size_t lo, size_t hi, size_t k) {
+  while (hi - lo > 1 && k > lo && k < hi) {
+    size_t mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (cand_cmp(&c[mid], &c[lo]) < 0) cand_swap(c, mid, lo); /* the median of three as pivot */
+    if (cand_cmp(&c[last], &c[lo]) < 0) cand_swap(c, last, lo);
+    if (cand_cmp(&c[last], &c[mid]) < 0) cand_swap(c, last, mid);
+    cand_swap(c, mid, last);
+    size_t at = lo;
+    for (size_t i = lo; i < last; i++)
+      if (cand_cmp(&c[i], &c[last]) < 0) cand_swap(c, i, at++);
+    cand_swap(c, at, last); /* the pivot in its place: better ones before it, worse after */
+    if (k == at || k == at + 1) return;
+    if (k < at) hi = at;
+    else lo = at + 1;
+  }
+}
+
+/* Top-k / top-p sampling at temperature t; u uniform in [0, 1). The candidates in cand_cmp's
+ * order, but only as many as the truncation reads are put in it (the vocabulary is not sorted
+ * whole, under the sampler's lock, at every token): the top k, or a prefix grown until it holds
+ * the top_p mass, whose total is summed over the whole vocabulary in id order. */
 static int32_t pick_truncated(const float *lg, int V, const lt_sample_params_t *sp, double mx,
                               double t, double u, cand_t *cand) {
   for (int j = 0; j < V; j++) cand[j] = (cand_t){lg[j], j};
-  qsort(cand, (size_t)V, sizeof *cand, cand_cmp);
-  int k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
+  size_t n = (size_t)V, k = sp->top_k > 0 && sp->top_k < V ? (size_t)sp->top_k : n, sorted = 0;
   double tot = 0;
-  for (int j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
+  if (k < n || sp->top_p >= 1.0f) { /* the top k in order (all of them when only top_k >= V) */
+    select_best(cand, 0, n, k);
+    qsort(cand, k, sizeof *cand, cand_cmp);
+    sorted = k;
+    for (size_t j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
+  } else {
+    for (size_t j = 0; j < n; j++) tot += exp(((double)lg[j] - mx) / t);
+  }
   if (sp->top_p < 1.0f) { /* smallest prefix with mass >= top_p */
     double cum = 0;
-    int kk = 0;
-    while (kk < k) {
-      cum += exp(((double)cand[kk].z - mx) / t) / tot;
-      kk++;
-      if (cum >= sp->top_p) break;
+    size_t kk = 0;
+    for (size_t want = 64;; want *= 4) {
+      if (want > k) want = k;
+      if (want > sorted) { /* the next best, in order, after those sorted already */
+        select_best(cand, sorted, n, want);
+        qsort(cand + sorted, want - sorted, sizeof *cand, cand_cmp);
+        sorted = want;
+      }
+      while (kk < want) {
+        cum += exp(((double)cand[kk].z - mx) / t) / tot;
+        kk++;
+        if (cum >= sp->top_p) break;
+      }
+      if (cum >= sp->top_p || want == k) break;
     }
     k = kk;
     tot = 0;
-    for (int j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
+    for (size_t j = 0; j < k; j++) tot += exp(((double)cand[j].z - mx) / t);
   }
   double acc = 0, target = u * tot;
-  for (int j = 0; j < k; j++) {
+  for (size_t j = 0; j < k; j++) {
     acc += exp(((double)cand[j].z - mx) / t);
     if (acc > target) return cand[j].id;
   }
@@ -821,6 +864,13 @@ static void pick_top(const float *lg, int V, double lse, int top_n, int32_t *ids
     if (have < top_n) have++;
   }
   for (int k = 0; k < have; k++) lp[k] = (float)((double)lg[ids[k]] - lse);
+}
+
+int32_t lt_picker_truncated(const lt_picker_t *p, const float *lg, const lt_sample_params_t *sp, double u) {
+  double mx = -INFINITY;
+  for (int j = 0; j < p->V; j++)
+    if (lg[j] > mx) mx = lg[j];
+  return pick_truncated(lg, p->V, sp, mx, sp->temperature, u, p->scratch);
 }
 
 int32_t lt_picker_pick(lt_picker_t *p, const float *lg, const lt_sample_params_t *sp,

@@ -149,5 +149,10 @@ void lt_picker_free(lt_picker_t *p); /* NULL-safe; zeroes the state */
  * and top_logp (OpenAI `logprobs`). */
 int32_t lt_picker_pick(lt_picker_t *p, const float *logits, const lt_sample_params_t *sp,
                        float *logp, int top_n, int32_t *top_ids, float *top_logp);
+/* lt_picker_pick's draw at temperature > 0 with top_k or top_p, at u in [0, 1) (for tests and
+ * benches): the tokens in order of logit (lowest id on ties), the top_k of them, then the
+ * smallest prefix whose mass (over the top_k's, or the whole vocabulary's summed in id order) is
+ * top_p, sampled at u. */
+int32_t lt_picker_truncated(const lt_picker_t *p, const float *logits, const lt_sample_params_t *sp, double u);
 
 #endif

@@ -1221,6 +1221,7 @@ Test(api_data, a_lost_attempts_answers_stand_where_the_next_attempt_gives_none_i
   open_session(ca, sess);
   json_int_t s1 = call_seq(sess, "{\"kind\":\"save_state\",\"name\":\"a\"}");
   json_int_t s2 = call_seq(sess, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+  json_int_t s3 = call_seq(sess, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
   produce("control", "JobAccepted",
           json_pack("{s:s,s:i,s:s,s:s,s:s,s:s,s:s,s:i,s:i}", "event_id", "acc-r", "occurred_at", 1, "producer", "test",
                     "job_id", sess, "tenant_id", tenant_a, "submitted_event_id", sess, "priority", "standard", "gpus",
@@ -1247,7 +1248,10 @@ Test(api_data, a_lost_attempts_answers_stand_where_the_next_attempt_gives_none_i
   call_ended(sess, 1, s1, "save_state", "a", NULL, "pc-r1");
   call_ended(sess, 2, s2, "optim_step", NULL, "session_restarted", "pc-r2");
   call_ended(sess, 1, s2, "optim_step", NULL, NULL, "pc-r3");
+  call_ended(sess, 2, s3, "optim_step", NULL, NULL, "pc-r4"); /* after the others in the partition */
   for (int round = 0; round < 2; round++) { /* as read live, then as a restarted API reads the log */
+    lt_test_wait_until((call_now(sess, s3, status, sizeof status, code, sizeof code), strcmp(status, "done") == 0),
+                       10000, 100, "call %lld, the last answer, never read (round %d)", (long long)s3, round);
     lt_test_wait_until((call_now(sess, s1, status, sizeof status, code, sizeof code), strcmp(status, "pending") != 0),
                        10000, 100, "call %lld still pending (round %d)", (long long)s1, round);
     cr_expect_str_eq(status, "done", "s1, answered by the lost attempt alone (round %d)", round);

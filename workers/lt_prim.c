@@ -238,7 +238,8 @@ static lt_err_t run_fb(lt_session_t *s, const lt_model_config_t *mc, const json_
   batch_free(&b);
   out->loss = l;
   out->tokens = tokens;
-  out->body = json_pack("{s:f,s:o,s:I}", "loss", (double)l, "logprobs", lps, "tokens",
+  /* the loss of a batch whose every token is masked is 0 / 0: null, not a number JSON lacks */
+  out->body = json_pack("{s:o,s:o,s:I}", "loss", isfinite(l) ? json_real(l) : json_null(), "logprobs", lps, "tokens",
                         (json_int_t)tokens);
   return LT_OK;
 }

@@ -206,6 +206,21 @@ static lt_err_t op_load_adapter(void *ctx, const char *id, const char *base, con
 
 /* ---------------------------------------------------------------- requests */
 
+/* Frees a request's own memory, what holds the tenant's text cleansed first: its stop strings,
+ * the prompt's and output's token ids, the decoded text. */
+static void req_scrub_free(sreq_t *r) {
+  for (int i = 0; i < r->nstop; i++) {
+    OPENSSL_cleanse(r->stop[i], strlen(r->stop[i]));
+    free(r->stop[i]);
+  }
+  lt_picker_free(&r->pk);
+  if (r->ids) OPENSSL_cleanse(r->ids, (size_t)r->cap * sizeof *r->ids);
+  if (r->text) OPENSSL_cleanse(r->text, r->text_len);
+  free(r->ids);
+  free(r->text);
+  free(r);
+}
+
 void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
   if (r->seq >= 0) lt_serve_seq_close(r->base->srv, r->seq);
   if (r->ad) r->ad->refs--;
@@ -213,16 +228,7 @@ void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
   if (t) t->inflight--;
   tenant_drop_idle(s, t);
   s->inflight--;
-  for (int i = 0; i < r->nstop; i++) {
-    OPENSSL_cleanse(r->stop[i], strlen(r->stop[i]));
-    free(r->stop[i]);
-  }
-  lt_picker_free(&r->pk);
-  if (r->ids) OPENSSL_cleanse(r->ids, (size_t)r->cap * sizeof *r->ids); /* the prompt's and output's tokens */
-  if (r->text) OPENSSL_cleanse(r->text, r->text_len);
-  free(r->ids);
-  free(r->text);
-  free(r);
+  req_scrub_free(r);
 }
 
 /* The prompt's tokens into a new request (not yet queued). */
@@ -276,10 +282,7 @@ static lt_err_t req_new(lt_sampler_t *s, const lt_sample_req_t *in, sreq_t **out
     if (in->stop[i][0] && !(r->stop[r->nstop++] = strdup(in->stop[i]))) err = LT_ERR_NOMEM;
   if (!err) err = req_tokens(r, in, msg, n);
   if (err) {
-    for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
-    lt_picker_free(&r->pk);
-    free(r->ids);
-    free(r);
+    req_scrub_free(r);
     return err;
   }
   *out = r;
@@ -305,10 +308,7 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
     if (err == LT_ERR_QUOTA) s->st.rejected++;
     tenant_drop_idle(s, t);
     pthread_mutex_unlock(&s->mu);
-    lt_picker_free(&r->pk);
-    for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
-    free(r->ids);
-    free(r);
+    req_scrub_free(r);
     return err;
   }
   r->ad = a;
@@ -327,29 +327,26 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
 
 static void op_cancel(void *ctx, uint64_t handle, int *prompt_tokens, int *completion_tokens) {
   lt_sampler_t *s = ctx;
-  int pt = 0, ct = 0;
   pthread_mutex_lock(&s->mu);
   for (sreq_t **p = &s->queue; *p; p = &(*p)->next)
-    if ((*p)->handle == handle) {
+    if ((*p)->handle == handle) { /* queued: never admitted, or preempted (its tokens so far kept) */
       sreq_t *r = *p;
       *p = r->next;
       s->st.cancelled++;
-      pt = r->nprompt;
+      if (prompt_tokens) *prompt_tokens = r->nprompt;
+      if (completion_tokens) *completion_tokens = r->ngen;
       lt_sampler_req_free(s, r);
       pthread_mutex_unlock(&s->mu);
-      if (prompt_tokens) *prompt_tokens = pt;
-      if (completion_tokens) *completion_tokens = 0;
       return;
     }
-  /* A running one: no event from now on; the batch thread frees it after the step under way. */
+  /* A running one: no event from now on; the batch thread frees it after the step under way. A
+   * handle found nowhere (it ended: its DONE is on its way) leaves the counts as they are. */
   for (sreq_t *r = s->running; r; r = r->next)
     if (r->handle == handle) {
       r->cancelled = true;
-      pt = r->nprompt;
-      ct = r->ngen;
+      if (prompt_tokens) *prompt_tokens = r->nprompt;
+      if (completion_tokens) *completion_tokens = r->ngen;
     }
-  if (prompt_tokens) *prompt_tokens = pt;
-  if (completion_tokens) *completion_tokens = ct;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
 }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "lt_log.h"
 #include "lt_time.h"
 #include "lt_utf8.h"
@@ -65,14 +67,17 @@ static size_t stop_tail(const sreq_t *r, const char *text, size_t len) {
  * new bytes and the stop strings' reach before them are searched: an earlier match ended r. */
 static bool text_update(sreq_t *r, const char *raw, size_t rlen, bool final, size_t *release) {
   size_t old = r->text_len, reach = 0;
-  char *t = rlen ? realloc(r->text, old + rlen + 1) : r->text;
+  char *t = rlen ? malloc(old + rlen + 1) : r->text; /* not realloc: the old copy is cleansed */
   if (rlen && !t) {
     *release = r->sent;
     return false;
   }
   if (rlen) {
+    if (r->text) memcpy(t, r->text, old);
     memcpy(t + old, raw, rlen);
     t[old + rlen] = '\0';
+    if (r->text) OPENSSL_cleanse(r->text, old);
+    free(r->text);
     r->text = t;
     r->text_len = old + rlen;
   }

@@ -113,6 +113,8 @@ typedef struct lathed {
   struct {                 /* api: base models' configs, for the bytes of a session's checkpoint */
     char model[LT_JOB_NAME_MAX];
     lt_model_config_t mc;
+    bool ok;               /* false: none there when last looked (at_ms), looked at again a minute on */
+    int64_t at_ms;
   } cfgs[8];
   char instance[128];
   char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
@@ -243,8 +245,8 @@ static int vocab_size(void *ctx, const char *model) {
 }
 
 /* The bytes one checkpoint of a LoRA session on base model `model` takes at least
- * (lt_lora_checkpoint_bytes), from <models>/<model>/config.json, kept once read; 0 when no such
- * model is here. */
+ * (lt_lora_checkpoint_bytes), from <models>/<model>/config.json, kept once read (a model with
+ * none is looked for again a minute on, not at every call); 0 when no such model is here. */
 static uint64_t checkpoint_bytes(void *ctx, const char *model, int rank, unsigned targets) {
   lathed_t *d = ctx;
   int slot = -1, free_slot = -1;
@@ -252,16 +254,16 @@ static uint64_t checkpoint_bytes(void *ctx, const char *model, int rank, unsigne
     if (d->cfgs[i].model[0] && strcmp(d->cfgs[i].model, model) == 0) slot = i;
     else if (!d->cfgs[i].model[0] && free_slot < 0) free_slot = i;
   }
-  if (slot < 0) {
+  int64_t now = lt_time_mono_ms();
+  if (slot < 0 || (!d->cfgs[slot].ok && now - d->cfgs[slot].at_ms > 60000)) {
     char dir[2200], err[256];
-    lt_model_config_t mc;
-    snprintf(dir, sizeof dir, "%s/%s", d->models, model);
-    if (lt_model_config_load(dir, &mc, err, sizeof err)) return 0;
-    slot = free_slot < 0 ? 7 : free_slot;
+    if (slot < 0) slot = free_slot < 0 ? 7 : free_slot;
     snprintf(d->cfgs[slot].model, sizeof d->cfgs[slot].model, "%s", model);
-    d->cfgs[slot].mc = mc;
+    snprintf(dir, sizeof dir, "%s/%s", d->models, model);
+    d->cfgs[slot].ok = lt_model_config_load(dir, &d->cfgs[slot].mc, err, sizeof err) == LT_OK;
+    d->cfgs[slot].at_ms = now;
   }
-  return lt_lora_checkpoint_bytes(&d->cfgs[slot].mc, rank, targets);
+  return d->cfgs[slot].ok ? lt_lora_checkpoint_bytes(&d->cfgs[slot].mc, rank, targets) : 0;
 }
 
 static lt_tok_t *load_tokenizer(const char *models) {

@@ -159,7 +159,7 @@ static void wait_timeout(evutil_socket_t fd, short what, void *arg) {
   produced_t *p = arg;
   lt_log_warn("api", "lathe.audit partition %d: not folded up to this API's own record at offset %lld in %d ms",
               (int)p->partition, (long long)p->offset, LT_API_AUDIT_WAIT_MS);
-  wait_end(p, LT_ERR_TIMEOUT);
+  wait_end(p, LT_ERR_RETRIABLE); /* in the log, not read here yet: not the broker's own timeout */
 }
 
 /* The feed folded audit partition part up to offset: what waited for it is answered. */
@@ -215,8 +215,9 @@ static lt_avro_record_t *record_start(lt_api_t *api, int type, const char *reque
 }
 
 /* Encodes rec, signs it and produces it to lathe.audit keyed by the tenant; then(ctx, err) runs on
- * the loop once the broker answered and the feed folded the log up to the record (LT_ERR_TIMEOUT
- * when it did not within LT_API_AUDIT_WAIT_MS). Replies 500/503 itself and returns false when it
+ * the loop once the broker answered and the feed folded the log up to the record
+ * (LT_ERR_RETRIABLE when it did not within LT_API_AUDIT_WAIT_MS; LT_ERR_TIMEOUT: the broker did
+ * not answer in time, the outcome unknown). Replies 500/503 itself and returns false when it
  * cannot start. */
 static bool send_record(lt_api_t *api, struct evhttp_request *req, lt_avro_record_t *rec, lt_err_t fill_err,
                         const char *tenant_id, access_then_fn *then, void *ctx) {
@@ -316,9 +317,10 @@ static bool decision_took(const answer_t *a, const lt_access_req_t *r) {
 static void answer(lt_api_t *api, void *arg, lt_err_t err) {
   answer_t *a = arg;
   const lt_access_req_t *r = lt_access_get(api->access, a->request_id);
-  if (err == LT_ERR_TIMEOUT && a->type > 0)
-    lt_api_reply_error(a->req, 503, "unavailable", NULL, "the decision on access request %s is in the log, but this API "
-                       "has not read the log up to it yet: see GET /v1/access/%s", a->request_id, a->request_id);
+  if (err == LT_ERR_RETRIABLE)
+    lt_api_reply_error(a->req, 503, "unavailable", NULL, "the %saccess request %s is in the log, but this API has not "
+                       "read the log up to it yet: see %s", a->type ? "decision on " : "", a->request_id,
+                       a->type ? "GET /v1/access/{id}" : "GET /v1/staff/access");
   else if (err)
     lt_api_reply_err(a->req, LT_ERR_UNAVAILABLE, NULL, "the access record could not be written durably; retry");
   else if (!r)
@@ -606,10 +608,10 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
   read_t *r = arg;
   if (err) {
     lt_api_reply_error(r->req, 503, "unavailable", NULL,
-                       err == LT_ERR_TIMEOUT ? "this API has not read the audit log up to this access's record, so "
-                                               "nothing is returned; retry"
-                                             : "the audit record of this access could not be written durably, so "
-                                               "nothing is returned; retry");
+                       err == LT_ERR_RETRIABLE ? "this API has not read the audit log up to this access's record, so "
+                                                 "nothing is returned; retry"
+                                               : "the audit record of this access could not be written durably, so "
+                                                 "nothing is returned; retry");
     free(r);
     return;
   }

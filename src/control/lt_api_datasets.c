@@ -110,14 +110,13 @@ void lt_api_uploads_tick(lt_api_t *api) {
   }
 }
 
-/* At the stop, once the pool answered what it held: what is idle goes now; a busy one (its work
- * still to come back) is freed by it. */
+/* At the stop, once the pool answered what it held (lt_api_work_stop): none is busy, and each
+ * store abort runs here. */
 void lt_api_uploads_free(lt_api_t *api) {
   while (api->uploads) {
     lt_api_upload_t *u = api->uploads;
     api->uploads = u->next;
-    if (u->busy) u->dropped = true;
-    else upload_destroy(u);
+    upload_destroy(u);
   }
 }
 

@@ -181,7 +181,7 @@ static void feed(lt_api_t *api) {
       return;
     }
     if (!m) {
-      if (!api->ready) api->ready = caught_up(api);
+      if (!api->ready && (api->ready = caught_up(api))) api->ready_at_ms = lt_time_mono_ms();
       return;
     }
     size_t len;

@@ -139,6 +139,7 @@ struct lt_api {
   lt_map_t *sessions;          /* job_id -> what its calls did, folded from PrimitiveCompleted */
   lt_map_t *early_results;     /* job_id -> PrimitiveCompleted read before its session (lt_api_sessions.c) */
   size_t nearly_results;
+  int64_t ready_at_ms;         /* monotonic: when the feed caught up (ready) */
   lt_avro_decoder_t *result_dec; /* and decodes them once it is */
   lt_map_t *wakes;             /* set of "job:parked_seq": SessionWoken written for that park */
   lt_api_waiter_t *waiters;    /* long polls on calls */
@@ -446,6 +447,17 @@ lt_err_t lt_api_access_start(lt_api_t *api, char *errstr, size_t n); /* before t
 void lt_api_access_free(lt_api_t *api);
 void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m); /* a lathe.audit record */
 void lt_api_access_settle(lt_api_t *api); /* answers 503 what waits for the feed: the API stops */
+
+/* ---------------------------------------------------------------- early answers (lt_api_early.c) */
+
+/* A session's PrimitiveCompleted (its bytes) read before the session: kept until it is known. */
+void lt_api_early_keep(lt_api_t *api, const char *job_id, const void *bytes, size_t len);
+/* job_id is known now: what was kept for it is folded (lt_api_sessions_on_record, and the events). */
+void lt_api_early_release(lt_api_t *api, const char *job_id);
+/* Drops what was kept for sessions still unknown a minute after the feed caught up. */
+void lt_api_early_prune(lt_api_t *api);
+lt_err_t lt_api_early_start(lt_api_t *api, char *errstr, size_t n);
+void lt_api_early_free(lt_api_t *api);
 /* The staff member a staff key names, or NULL (replied 401). */
 const char *lt_api_staff_authenticate(lt_api_t *api, struct evhttp_request *req);
 bool lt_api_access_resolve(lt_api_call_t *c);

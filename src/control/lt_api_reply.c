@@ -82,7 +82,9 @@ void lt_api_reply_store_err(struct evhttp_request *req, lt_err_t err, const char
 }
 
 void lt_api_reply_store_fail(struct evhttp_request *req, lt_err_t err, const char *what, const char *store_msg) {
-  lt_log_warn("api", "%s %s: %s (%s)", evhttp_request_get_uri(req), what, store_msg ? store_msg : "", lt_err_name(err));
+  const char *uri = evhttp_request_get_uri(req), *q = strchr(uri, '?'); /* a query may hold a tenant's names */
+  lt_log_warn("api", "%.*s: %s: %s (%s)", (int)(q ? (size_t)(q - uri) : strlen(uri)), uri, what,
+              store_msg ? store_msg : "", lt_err_name(err));
   lt_api_reply_store_err(req, err, what);
 }
 

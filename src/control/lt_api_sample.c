@@ -322,6 +322,10 @@ static void finish(sample_req_t *r) {
   req_free(r);
 }
 
+static void take_event(sample_req_t *r, const sev_t *e);
+
+static void take_event(sample_req_t *r, const sev_t *e);
+
 /* The client went away: cancel every choice now (their cache blocks are freed); no event of
  * them comes after cancel returns. */
 static void on_client_gone(void *arg) {
@@ -330,12 +334,31 @@ static void on_client_gone(void *arg) {
   r->gone = true;
   r->answered = true;
   const lt_sample_ops_t *ops = r->api->conf.sampler;
+  int pt[MAX_N], ct[MAX_N];
+  for (int i = 0; i < r->n; i++) {
+    pt[i] = ct[i] = -1;
+    /* what it read and generated until now is its usage: no DONE event reports it */
+    if (r->ch[i].submitted && !r->ch[i].done) ops->cancel(ops->ctx, r->ch[i].handle, &pt[i], &ct[i]);
+  }
+  /* No event comes after the cancels; those queued before them are taken now (gone: nothing is
+   * sent), a choice's DONE among them with its counts. */
+  pthread_mutex_lock(&r->mu);
+  sev_t *e = r->head;
+  r->head = NULL;
+  r->tail = &r->head;
+  pthread_mutex_unlock(&r->mu);
+  while (e) {
+    sev_t *next = e->next;
+    take_event(r, e);
+    sev_free(e);
+    e = next;
+  }
   for (int i = 0; i < r->n; i++)
     if (r->ch[i].submitted && !r->ch[i].done) {
-      /* what it read and generated until now is its usage: no DONE event reports it */
-      ops->cancel(ops->ctx, r->ch[i].handle, &r->ch[i].prompt_tokens, &r->ch[i].completion_tokens);
       r->ch[i].done = true;
       snprintf(r->ch[i].finish, sizeof r->ch[i].finish, "cancelled");
+      if (pt[i] >= 0) r->ch[i].prompt_tokens = pt[i];
+      if (ct[i] >= 0) r->ch[i].completion_tokens = ct[i];
       r->left--;
     }
   lt_api_door_release(r->req);

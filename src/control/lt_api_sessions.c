@@ -274,73 +274,6 @@ static void wake(lt_api_t *api, const char *job_id, int64_t seq) {
   }
 }
 
-/* The answers of a session not folded yet: the topics are read side by side, so an API reading
- * the log back may read a session's PrimitiveCompleted before its JobSubmitted; they are kept
- * (their bytes) and folded once the session is, or dropped a minute after the feed caught up if
- * it never is. LT_API_EARLY_RESULTS_MAX records in all: past it, new ones are dropped (logged). */
-#define LT_API_EARLY_RESULTS_MAX 65536
-
-typedef struct {
-  size_t n, cap;
-  int64_t at_ms; /* when the first came */
-  struct {
-    void *bytes;
-    size_t len;
-  } *v;
-} early_t;
-
-static void early_free(void *p) {
-  early_t *e = p;
-  for (size_t i = 0; i < e->n; i++) free(e->v[i].bytes);
-  free(e->v);
-  free(e);
-}
-
-static void early_keep(lt_api_t *api, const char *job_id, const void *bytes, size_t len) {
-  early_t *e = lt_map_get(api->early_results, job_id);
-  if (api->nearly_results >= LT_API_EARLY_RESULTS_MAX) {
-    lt_log_warn("api", "session %s: a call's answer read before the session is dropped: %d are kept already", job_id,
-                LT_API_EARLY_RESULTS_MAX);
-    return;
-  }
-  if (!e) {
-    if (!(e = calloc(1, sizeof *e)) || lt_map_set(api->early_results, job_id, e)) {
-      free(e);
-      return;
-    }
-    e->at_ms = lt_time_mono_ms();
-  }
-  if (e->n == e->cap) {
-    size_t cap = e->cap ? 2 * e->cap : 4;
-    void *v = realloc(e->v, cap * sizeof *e->v);
-    if (!v) return;
-    e->v = v;
-    e->cap = cap;
-  }
-  void *copy = malloc(len ? len : 1);
-  if (!copy) return;
-  memcpy(copy, bytes, len);
-  e->v[e->n].bytes = copy;
-  e->v[e->n++].len = len;
-  api->nearly_results++;
-}
-
-/* Folds the answers kept for job_id, now that it is known. */
-static void early_release(lt_api_t *api, const char *job_id) {
-  early_t *e = lt_map_get(api->early_results, job_id);
-  if (!e) return;
-  lt_map_del(api->early_results, job_id); /* the map owns no values: e is still ours */
-  api->nearly_results -= e->n;
-  for (size_t i = 0; i < e->n; i++) {
-    lt_avro_record_t *rec;
-    if (lt_avro_decode(api->result_dec, e->v[i].bytes, e->v[i].len, &rec, NULL, 0)) continue;
-    lt_proj_result_t res = {.record = rec, .type = lt_avro_record_type(rec), .message = e->v[i].bytes,
-                            .message_len = e->v[i].len};
-    lt_api_sessions_on_record(api, &res);
-  }
-  early_free(e);
-}
-
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   lt_avro_record_t *r = res->record;
   const char *job_id = NULL, *kind = NULL, *status = NULL, *s;
@@ -356,7 +289,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
   lt_avro_get_string(r, "tenant_id", &tenant, NULL);
   const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
   if (!j && job_id && lt_id_valid(job_id) && lt_api_is_session_id(job_id) && res->message) {
-    early_keep(api, job_id, res->message, res->message_len); /* its session is not read yet */
+    lt_api_early_keep(api, job_id, res->message, res->message_len); /* its session is not read yet */
     return;
   }
   if (!j || !kind || !status || !tenant || strcmp(tenant, j->tenant_id) != 0) return; /* not this session's */
@@ -641,7 +574,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
 
 /* The session's end (a cancel, a failure, the end call) answers every long poll of it. */
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
-  if (api->nearly_results) early_release(api, job_id);
+  lt_api_early_release(api, job_id);
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
   if (j && j->parked)
@@ -664,18 +597,7 @@ void lt_api_sessions_prune(lt_api_t *api) {
       snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
-  n = 0;
-  lt_map_iter_t et = {0};
-  int64_t mono = lt_time_mono_ms();
-  while (api->ready && n < 64 && lt_map_next(api->early_results, &et))
-    if (mono - ((early_t *)et.value)->at_ms > 60000) snprintf(doomed[n++], LT_ID_MAX + 1, "%s", et.key);
-  for (int i = 0; i < n; i++) {
-    early_t *e = lt_map_get(api->early_results, doomed[i]);
-    lt_log_warn("api", "session %s: %zu answer(s) of calls dropped: the session never showed in the log", doomed[i], e->n);
-    api->nearly_results -= e->n;
-    lt_map_del(api->early_results, doomed[i]);
-    early_free(e);
-  }
+  lt_api_early_prune(api);
   lt_map_iter_t st = {0};
   while (lt_map_next(api->saving, &st)) saving_prune(api, st.key, NULL); /* it may delete the current key */
 }
@@ -690,14 +612,9 @@ void lt_api_sessions_free(lt_api_t *api) {
   }
   lt_map_destroy(api->sessions);
   lt_map_destroy(api->wakes);
-  lt_map_iter_t it = {0};
-  while (api->early_results && lt_map_next(api->early_results, &it)) early_free(it.value);
-  lt_map_destroy(api->early_results);
+  lt_api_early_free(api);
   lt_avro_decoder_destroy(api->call_dec);
-  lt_avro_decoder_destroy(api->result_dec);
   api->call_dec = NULL;
-  api->result_dec = NULL;
-  api->early_results = NULL;
   api->sessions = NULL;
   api->wakes = NULL;
 }
@@ -705,11 +622,10 @@ void lt_api_sessions_free(lt_api_t *api) {
 lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
   api->sessions = lt_map_new(fold_free);
   api->wakes = lt_map_new(NULL);
-  api->early_results = lt_map_new(NULL); /* values: early_t, freed here */
-  if (!api->sessions || !api->wakes || !api->early_results) return LT_ERR_NOMEM;
+  if (!api->sessions || !api->wakes) return LT_ERR_NOMEM;
   lt_bus_topic_name(api->conf.bus, "calls", api->topic_calls, sizeof api->topic_calls);
-  lt_err_t err = lt_avro_decoder_new(api->reg, &api->call_dec, errstr, n);
-  if (!err) err = lt_avro_decoder_new(api->reg, &api->result_dec, errstr, n);
+  lt_err_t err = lt_api_early_start(api, errstr, n);
+  if (!err) err = lt_avro_decoder_new(api->reg, &api->call_dec, errstr, n);
   return err ? err : lt_avro_record_new(api->reg, "SessionCall", &api->rec_call, errstr, n);
 }
 

@@ -187,6 +187,7 @@ void lt_api_work_stop(lt_api_t *api) {
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+  api->pool = NULL; /* work an answer below starts (an upload's abort) runs inline: no thread is left */
   if (p->done_ev) run_done(-1, 0, p); /* every queued task ran; answer them before evhttp goes */
   if (p->done_ev) event_free(p->done_ev);
   pthread_mutex_destroy(&p->mu);

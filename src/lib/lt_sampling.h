@@ -84,7 +84,7 @@ typedef struct lt_sample_ops {
   lt_err_t (*submit)(void *ctx, const lt_sample_req_t *req, uint64_t *handle, char *msg, size_t n);
   /* Stops a request now: its sequence slot and cache blocks are freed at once. *prompt_tokens and
    * *completion_tokens (either may be NULL) get what it read and generated until then, which no
-   * LT_SAMPLE_DONE reports now (0 for one not known). */
+   * LT_SAMPLE_DONE reports now (left as they are for a request that already ended). */
   void (*cancel)(void *ctx, uint64_t handle, int *prompt_tokens, int *completion_tokens);
   /* Whether the adapter is in the cache (a hit refreshes its place in the LRU order). */
   bool (*has_adapter)(void *ctx, const char *adapter);

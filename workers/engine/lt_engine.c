@@ -659,11 +659,16 @@ static lt_err_t run_batch(lt_session_t *s, const lt_batch_t *b, lt_loss_t loss, 
   }
   if (loss_out) *loss_out = (float)(Ls / W);
   if (logp_out) memcpy(logp_out, a->h_logp, N * sizeof(float));
-  if (!(finite && isfinite(Ls)))
+  if (!(finite && isfinite(Ls) && (W == 0 || isfinite((float)(Ls / W))))) {
+    if (train && s->cfg.full) { /* the head's chunks added to lm_head's gradient already */
+      be->zero(be, s->grads, s->nparams);
+      s->accum = 0;
+    }
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "the loss is not finite (%g): the batch's log-probs and advantages overflow it (an importance "
-                   "ratio exp(logprob - sampler logprob) past float's range); no gradient was kept",
-                   Ls / W);
+                   "ratio exp(logprob - sampler logprob) past float's range); %s",
+                   Ls / W, train && s->cfg.full ? "the gradients since the last step were dropped" : "no gradient was kept");
+  }
   if (!train) return LT_OK;
   backward(s);
   s->accum++;

@@ -188,7 +188,7 @@ lt_err_t lt_optim_step(lt_session_t *s, const lt_adamw_t *o, float *grad_norm_ou
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "optim_step: no forward_backward since the last step, no gradient to apply");
   if (!(o->lr >= 0) || !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1) ||
-      !(o->eps > 0) || !(o->weight_decay >= 0) || !((double)o->lr * o->weight_decay <= 1))
+      !(o->eps > 0) || !(o->weight_decay >= 0) || !((double)o->lr * o->weight_decay <= 1 + 1e-6))
     return lt_errf(errstr, errstr_size, LT_ERR_INVALID,
                    "optim_step: expected lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0 and lr x "
                    "weight_decay <= 1 (each step scales the weights by 1 - lr x weight_decay)");

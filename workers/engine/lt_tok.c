@@ -110,6 +110,7 @@ void lt_tok_seq_init(lt_tok_seq_t *seq) { memset(seq, 0, sizeof *seq); }
 
 void lt_tok_seq_free(lt_tok_seq_t *seq) {
   if (!seq) return;
+  if (seq->ids) explicit_bzero(seq->ids, seq->cap * sizeof *seq->ids); /* a tenant's text, as ids */
   free(seq->ids);
   free(seq->weights);
   memset(seq, 0, sizeof *seq);

@@ -152,6 +152,15 @@ static int read_dataset(lt_client_t *who, const char *id, const char *ds, char *
   return status_of(who, "GET", path, NULL, body, n);
 }
 
+/* Tenant A's dataset, into ds (64 bytes), and alice's grant to read it, approved, into id (64);
+ * scope (128) gets the grant's scope. */
+static void granted(char *ds, char *id, char *scope) {
+  upload(ca, canary_jsonl, ds, 64);
+  snprintf(scope, 128, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id, 64);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+}
+
 /* Records of type for request id in this prefix's lathe.audit. */
 static int audit_count(const char *type, const char *request_id) {
   lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"audit", NULL});
@@ -682,10 +691,7 @@ Test(lockbox, policy_a_second_staff_member_must_approve_and_never_the_requester)
   stop_api();
   start_api(true);
   char ds[64], id[64], body[4096], scope[128];
-  upload(ca, canary_jsonl, ds, sizeof ds);
-  snprintf(scope, sizeof scope, "dataset:%s", ds);
-  ask(alice, tenant_a, scope, 600, id, sizeof id);
-  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  granted(ds, id, scope);
   cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 403, "%s", body);
   cr_expect(strstr(body, "second staff"), "%s", body);
   cr_expect_eq(decide(alice, "/v1/staff/access", id, "approve"), 403, "self-approval");
@@ -730,14 +736,24 @@ static rd_kafka_mock_cluster_t *mock_up(rd_kafka_t **mrk) {
   return mc;
 }
 
+enum { FETCH_API_KEY = 1 }; /* the Kafka protocol's ApiKey of a Fetch request */
+
+/* Every Fetch of the mock cluster fails (NOT_LEADER) until rd_kafka_mock_clear_request_errors:
+ * an API's feed reads nothing meanwhile. */
+static void fetches_fail(rd_kafka_mock_cluster_t *mc) {
+  enum { HELD = 100000 };
+  rd_kafka_resp_err_t *errors = malloc(HELD * sizeof *errors);
+  cr_assert_not_null(errors);
+  for (int i = 0; i < HELD; i++) errors[i] = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
+  rd_kafka_mock_push_request_errors_array(mc, FETCH_API_KEY, HELD, errors);
+  free(errors);
+}
+
 Test(lockbox_down, no_audit_record_no_data, .timeout = 300) {
   rd_kafka_t *mrk;
   rd_kafka_mock_cluster_t *mc = mock_up(&mrk);
   char ds[64], id[64], body[4096], scope[128];
-  upload(ca, canary_jsonl, ds, sizeof ds);
-  snprintf(scope, sizeof scope, "dataset:%s", ds);
-  ask(alice, tenant_a, scope, 600, id, sizeof id);
-  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  granted(ds, id, scope);
   cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "with the broker up: %s", body);
   rd_kafka_mock_broker_set_down(mc, 1);
   cr_expect_eq(read_dataset(alice, id, ds, body, sizeof body), 503, "with the audit write failing: %s", body);
@@ -757,19 +773,11 @@ Test(lockbox_down, a_starting_api_answers_no_staff_route_before_it_has_read_the_
   rd_kafka_t *mrk;
   rd_kafka_mock_cluster_t *mc = mock_up(&mrk);
   char ds[64], id[64], body[4096], scope[128];
-  upload(ca, canary_jsonl, ds, sizeof ds);
-  snprintf(scope, sizeof scope, "dataset:%s", ds);
-  ask(alice, tenant_a, scope, 600, id, sizeof id);
-  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  granted(ds, id, scope);
   cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "%s", body);
   cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
   stop_api();
-  enum { FETCH = 1, HELD = 100000 }; /* the Kafka protocol's ApiKey of a Fetch request; fetches failed */
-  rd_kafka_resp_err_t *errors = malloc(HELD * sizeof *errors);
-  cr_assert_not_null(errors);
-  for (int i = 0; i < HELD; i++) errors[i] = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
-  rd_kafka_mock_push_request_errors_array(mc, FETCH, HELD, errors);
-  free(errors);
+  fetches_fail(mc);
   char log[256], keys_env[128], held_url[64];
   snprintf(log, sizeof log, "/tmp/test_lockbox.%d.held.log", (int)getpid());
   snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
@@ -782,7 +790,7 @@ Test(lockbox_down, a_starting_api_answers_no_staff_route_before_it_has_read_the_
   cr_expect_eq(st, 503, "a staff read while the API is starting: %d %s", st, body);
   cr_expect(strstr(body, "starting") && !strstr(body, "canary-7f3a"), "%s", body);
   cr_expect_eq(status_of(staff, "GET", "/v1/staff/access", NULL, body, sizeof body), 503, "the staff list: %s", body);
-  rd_kafka_mock_clear_request_errors(mc, FETCH);
+  rd_kafka_mock_clear_request_errors(mc, FETCH_API_KEY);
   lt_test_wait_until((st = read_dataset(staff, id, ds, body, sizeof body)) != 503, 60000, 100,
                      "the API never read the log once its fetches worked; see %s", log);
   cr_expect_eq(st, 403, "once read: %d %s", st, body);
@@ -825,12 +833,7 @@ Test(lockbox_down, records_another_api_wrote_first_are_folded_before_this_apis_a
   ask(alice, tenant_a, scope, 600, id2, sizeof id2);
   cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
   cr_assert_eq(read_dataset(alice, id, ds, body, sizeof body), 200, "%s", body);
-  enum { FETCH = 1, HELD = 100000 }; /* the Kafka protocol's ApiKey of a Fetch request; fetches failed */
-  rd_kafka_resp_err_t *errors = malloc(HELD * sizeof *errors);
-  cr_assert_not_null(errors);
-  for (int i = 0; i < HELD; i++) errors[i] = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION;
-  rd_kafka_mock_push_request_errors_array(mc, FETCH, HELD, errors);
-  free(errors);
+  fetches_fail(mc);
   raw_t revoke = forge_decision("AccessRevoked", id, tenant_a, "tenant:other-api", MASTER_KEY);
   raw_t deny = forge_decision("AccessDenied", id2, tenant_a, "tenant:other-api", MASTER_KEY);
   produce_raw(revoke.value, revoke.len, tenant_a, revoke.mac, revoke.mac_len);
@@ -842,7 +845,7 @@ Test(lockbox_down, records_another_api_wrote_first_are_folded_before_this_apis_a
   pthread_create(&t1, NULL, call_bg, &rd);
   pthread_create(&t2, NULL, call_bg, &ap);
   lt_test_msleep(2000); /* both records written, both waiting for the feed */
-  rd_kafka_mock_clear_request_errors(mc, FETCH);
+  rd_kafka_mock_clear_request_errors(mc, FETCH_API_KEY);
   pthread_join(t1, NULL);
   pthread_join(t2, NULL);
   cr_expect_eq(rd.status, 403, "a read under a grant another API revoked: %d %s", rd.status, rd.body);

@@ -322,7 +322,7 @@ static void finish(sample_req_t *r) {
   req_free(r);
 }
 
-static void take_event(sample_req_t *r, const sev_t *e);
+static void take_events(sample_req_t *r);
 
 static void take_event(sample_req_t *r, const sev_t *e);
 
@@ -342,17 +342,7 @@ static void on_client_gone(void *arg) {
   }
   /* No event comes after the cancels; those queued before them are taken now (gone: nothing is
    * sent), a choice's DONE among them with its counts. */
-  pthread_mutex_lock(&r->mu);
-  sev_t *e = r->head;
-  r->head = NULL;
-  r->tail = &r->head;
-  pthread_mutex_unlock(&r->mu);
-  while (e) {
-    sev_t *next = e->next;
-    take_event(r, e);
-    sev_free(e);
-    e = next;
-  }
+  take_events(r);
   for (int i = 0; i < r->n; i++)
     if (r->ch[i].submitted && !r->ch[i].done) {
       r->ch[i].done = true;
@@ -445,10 +435,8 @@ static void take_event(sample_req_t *r, const sev_t *e) {
   }
 }
 
-/* The loop's side: drain the events. */
-static void on_events(evutil_socket_t fd, short what, void *arg) {
-  (void)fd, (void)what;
-  sample_req_t *r = arg;
+/* Takes the events queued so far, in order. */
+static void take_events(sample_req_t *r) {
   pthread_mutex_lock(&r->mu);
   sev_t *e = r->head;
   r->head = NULL;
@@ -460,6 +448,13 @@ static void on_events(evutil_socket_t fd, short what, void *arg) {
     sev_free(e);
     e = next;
   }
+}
+
+/* The loop's side: drain the events. */
+static void on_events(evutil_socket_t fd, short what, void *arg) {
+  (void)fd, (void)what;
+  sample_req_t *r = arg;
+  take_events(r);
   if (r->left == 0 && !r->answered) {
     r->answered = true;
     finish(r);

@@ -378,6 +378,14 @@ static void *part_thread(void *arg) {
   return NULL;
 }
 
+static void *complete_thread(void *arg) {
+  part_call_t *p = arg;
+  lt_client_resp_t r = req(p->c, "POST", p->path, NULL, 0);
+  p->status = r.status;
+  lt_client_resp_free(&r);
+  return NULL;
+}
+
 /* An upload aborted while its part is still on a pool thread keeps its place under the cap
  * until the part ends (it is found by no request meanwhile): the store here holds every part.
  * Before, the abort freed the place at once, so a tenant could open, feed and abort uploads
@@ -415,6 +423,36 @@ Test(api_data, an_upload_aborted_while_its_part_runs_holds_its_place_until_the_p
   lt_test_wait_until((st = open_upload(ca, id[2], sizeof id[2], NULL)) == 201, 20000, 100,
                      "the places never came back once the parts ended (%d)", st);
   free(big);
+  hang_stop(&h);
+}
+
+/* An abort while the upload completes is refused (409): the dataset may be stored already, and
+ * the completion's own answer says whether it was. Before, the abort answered 200 "aborted" and
+ * the completion went on to store the dataset. The store here holds the completion. */
+Test(api_data, an_abort_while_the_upload_completes_is_409_not_a_false_aborted) {
+  hang_srv_t h;
+  hang_start(&h);
+  char endpoint[64], id[64], path[160];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, NULL});
+  cr_assert_eq(open_upload(ca, id, sizeof id, NULL), 201);
+  put_part(ca, id, 1, ONE, strlen(ONE));
+  part_call_t done = {.c = lt_test_client(url, key_a, 120)};
+  snprintf(done.path, sizeof done.path, "/v1/uploads/%s/complete", id);
+  pthread_t th;
+  pthread_create(&th, NULL, complete_thread, &done);
+  lt_test_wait_until(hang_accepted(&h) > 0, 30000, 20, "the completion never reached the store");
+  snprintf(path, sizeof path, "/v1/uploads/%s", id);
+  char msg[1024];
+  lt_client_resp_t r = req(ca, "DELETE", path, NULL, 0);
+  snprintf(msg, sizeof msg, "%s", r.body ? r.body : "");
+  cr_expect_eq(r.status, 409, "an abort while the upload completes: %d %s", r.status, msg);
+  cr_expect(strstr(msg, "is completing"), "%s", msg);
+  lt_client_resp_free(&r);
+  hang_release(&h);
+  pthread_join(th, NULL);
+  lt_client_destroy(done.c);
+  cr_expect_eq(done.status, 503, "the completion, its store gone: %d", done.status);
   hang_stop(&h);
 }
 

@@ -440,6 +440,13 @@ void lt_api_uploads_complete(lt_api_call_t *c) {
 
 /* DELETE /v1/uploads/{id}: drops the upload and whatever of it was stored. */
 void lt_api_uploads_abort(lt_api_call_t *c) {
+  if (c->upload->busy && c->upload->completing) { /* it may be stored already: an abort would say it is not */
+    lt_api_reply_error(c->req, 409, "conflict", NULL,
+                       "upload %s is completing: its dataset is being stored, and the completion answers whether "
+                       "it was; delete the dataset once it is (DELETE /v1/datasets/%s)",
+                       c->id, c->id);
+    return;
+  }
   upload_drop(c->api, c->upload);
   lt_api_reply_json(c->req, 200, json_pack("{s:s,s:b}", "upload_id", c->id, "aborted", 1));
 }

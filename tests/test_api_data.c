@@ -362,8 +362,10 @@ Test(api_data, a_tenant_whose_uploads_all_hang_leaves_a_pool_thread_to_another_t
 
 /* ---------------------------------------------------------------- the open-upload cap */
 
+/* One request on its own thread: its status once it came back. */
 typedef struct {
   lt_client_t *c;
+  const char *method;
   char path[160];
   const char *body;
   size_t len;
@@ -372,15 +374,7 @@ typedef struct {
 
 static void *part_thread(void *arg) {
   part_call_t *p = arg;
-  lt_client_resp_t r = req(p->c, "PUT", p->path, p->body, p->len);
-  p->status = r.status;
-  lt_client_resp_free(&r);
-  return NULL;
-}
-
-static void *complete_thread(void *arg) {
-  part_call_t *p = arg;
-  lt_client_resp_t r = req(p->c, "POST", p->path, NULL, 0);
+  lt_client_resp_t r = req(p->c, p->method, p->path, p->body, p->len);
   p->status = r.status;
   lt_client_resp_free(&r);
   return NULL;
@@ -401,7 +395,7 @@ Test(api_data, an_upload_aborted_while_its_part_runs_holds_its_place_until_the_p
   pthread_t th[2];
   for (int i = 0; i < 2; i++) {
     cr_assert_eq(open_upload(ca, id[i], sizeof id[i], NULL), 201);
-    p[i] = (part_call_t){.c = lt_test_client(url, key_a, 120), .body = big, .len = 6 << 20};
+    p[i] = (part_call_t){.c = lt_test_client(url, key_a, 120), .method = "PUT", .body = big, .len = 6 << 20};
     snprintf(p[i].path, sizeof p[i].path, "/v1/uploads/%s/parts/1", id[i]);
     pthread_create(&th[i], NULL, part_thread, &p[i]);
     lt_test_wait_until(hang_accepted(&h) > i, 30000, 20, "part %d never reached the store", i);
@@ -437,10 +431,10 @@ Test(api_data, an_abort_while_the_upload_completes_is_409_not_a_false_aborted) {
   start_api((const char *const[]){endpoint, NULL});
   cr_assert_eq(open_upload(ca, id, sizeof id, NULL), 201);
   put_part(ca, id, 1, ONE, strlen(ONE));
-  part_call_t done = {.c = lt_test_client(url, key_a, 120)};
+  part_call_t done = {.c = lt_test_client(url, key_a, 120), .method = "POST"};
   snprintf(done.path, sizeof done.path, "/v1/uploads/%s/complete", id);
   pthread_t th;
-  pthread_create(&th, NULL, complete_thread, &done);
+  pthread_create(&th, NULL, part_thread, &done);
   lt_test_wait_until(hang_accepted(&h) > 0, 30000, 20, "the completion never reached the store");
   snprintf(path, sizeof path, "/v1/uploads/%s", id);
   char msg[1024];

@@ -215,7 +215,7 @@ static void req_scrub_free(sreq_t *r) {
   }
   lt_picker_free(&r->pk);
   if (r->ids) OPENSSL_cleanse(r->ids, (size_t)r->cap * sizeof *r->ids);
-  if (r->text) OPENSSL_cleanse(r->text, r->text_len);
+  if (r->text) OPENSSL_cleanse(r->text, r->text_cap);
   free(r->ids);
   free(r->text);
   free(r);

@@ -67,18 +67,23 @@ static size_t stop_tail(const sreq_t *r, const char *text, size_t len) {
  * new bytes and the stop strings' reach before them are searched: an earlier match ended r. */
 static bool text_update(sreq_t *r, const char *raw, size_t rlen, bool final, size_t *release) {
   size_t old = r->text_len, reach = 0;
-  char *t = rlen ? malloc(old + rlen + 1) : r->text; /* not realloc: the old copy is cleansed */
-  if (rlen && !t) {
-    *release = r->sent;
-    return false;
-  }
-  if (rlen) {
+  if (rlen && old + rlen + 1 > r->text_cap) { /* doubling; not realloc: the old copy is cleansed */
+    size_t cap = r->text_cap ? r->text_cap : 256;
+    while (cap < old + rlen + 1) cap *= 2;
+    char *t = malloc(cap);
+    if (!t) {
+      *release = r->sent;
+      return false;
+    }
     if (r->text) memcpy(t, r->text, old);
-    memcpy(t + old, raw, rlen);
-    t[old + rlen] = '\0';
-    if (r->text) OPENSSL_cleanse(r->text, old);
+    if (r->text) OPENSSL_cleanse(r->text, r->text_cap);
     free(r->text);
     r->text = t;
+    r->text_cap = cap;
+  }
+  if (rlen) {
+    memcpy(r->text + old, raw, rlen);
+    r->text[old + rlen] = '\0';
     r->text_len = old + rlen;
   }
   size_t len = r->text_len, first = len;

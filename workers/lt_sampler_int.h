@@ -62,6 +62,7 @@ typedef struct sreq {
   lt_picker_t pk;
   char *text;       /* the generated text as decoded so far */
   size_t text_len, sent; /* bytes of text, and bytes released to the client */
+  size_t text_cap;       /* bytes allocated for text */
   int64_t t0_us, first_us, deadline_ms;
   lt_sample_event_fn *on_event;
   void *ctx;

@@ -783,19 +783,22 @@ Test(lockbox_down, a_starting_api_answers_no_staff_route_before_it_has_read_the_
   snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
   api = lt_test_lathed("api", log, "api", NULL, (const char *const[]){keys_env, NULL});
   snprintf(held_url, sizeof held_url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
-  lt_client_t *staff = lt_test_client(held_url, key_alice, 30), *tenant = lt_test_client(held_url, key_a, 30);
+  /* the client sends a 503 "starting" again within its timeout: 2 s, not 30 s, for each probe */
+  lt_client_t *staff = lt_test_client(held_url, key_alice, 30), *tenant = lt_test_client(held_url, key_a, 2),
+              *staff_now = lt_test_client(held_url, key_alice, 2);
   lt_test_msleep(1000);
   cr_expect_eq(status_of(tenant, "GET", "/v1/jobs", NULL, body, sizeof body), 503, "not read yet: %s", body);
-  int st = read_dataset(staff, id, ds, body, sizeof body);
+  int st = read_dataset(staff_now, id, ds, body, sizeof body);
   cr_expect_eq(st, 503, "a staff read while the API is starting: %d %s", st, body);
   cr_expect(strstr(body, "starting") && !strstr(body, "canary-7f3a"), "%s", body);
-  cr_expect_eq(status_of(staff, "GET", "/v1/staff/access", NULL, body, sizeof body), 503, "the staff list: %s", body);
+  cr_expect_eq(status_of(staff_now, "GET", "/v1/staff/access", NULL, body, sizeof body), 503, "the staff list: %s", body);
   rd_kafka_mock_clear_request_errors(mc, FETCH_API_KEY);
   lt_test_wait_until((st = read_dataset(staff, id, ds, body, sizeof body)) != 503, 60000, 100,
                      "the API never read the log once its fetches worked; see %s", log);
   cr_expect_eq(st, 403, "once read: %d %s", st, body);
   cr_expect(strstr(body, "revoked"), "%s", body);
   lt_client_destroy(staff);
+  lt_client_destroy(staff_now);
   lt_client_destroy(tenant);
   teardown();
   rd_kafka_destroy(mrk);

@@ -524,6 +524,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_api_access_settle(api);      /* and access records waiting for the feed */
   lt_api_download_stop_all(api);
   lt_api_sessions_free(api);      /* long polls go unanswered: their connections are going */
+  lt_api_door_flush(api, 1000);   /* the answers above reach their sockets */
   if (api->http) evhttp_free(api->http);
   if (api->ops_http) evhttp_free(api->ops_http);
   lt_api_events_free(api);

@@ -255,6 +255,10 @@ bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (
 void lt_api_door_release(struct evhttp_request *req);
 /* Forgets idle, full buckets (from the tick). */
 void lt_api_door_tick(lt_api_t *api);
+/* At shutdown, after the last answers and before evhttp frees the connections: turns the loop
+ * until every customer connection's reply went to its socket, max_ms at most (a client that
+ * reads nothing is not waited for). evhttp_free drops what is still buffered. */
+void lt_api_door_flush(lt_api_t *api, int max_ms);
 void lt_api_door_free(lt_api_t *api);
 
 /* ---------------------------------------------------------------- the bus (lt_api_feed.c) */

@@ -447,6 +447,18 @@ lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *
   return LT_OK;
 }
 
+void lt_api_door_flush(lt_api_t *api, int max_ms) {
+  for (int64_t t0 = lt_time_mono_ms();;) {
+    bool left = false;
+    lt_map_iter_t it = {0};
+    while (!left && lt_map_next(api->conns, &it))
+      left = evbuffer_get_length(bufferevent_get_output(((lt_api_conn_t *)it.value)->bev)) > 0;
+    if (!left || lt_time_mono_ms() - t0 >= max_ms) return;
+    event_base_loop(api->base, EVLOOP_NONBLOCK); /* the sockets' write events */
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+}
+
 void lt_api_door_free(lt_api_t *api) {
   while (api->conns_new) {
     lt_api_conn_t *cn = api->conns_new;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -403,6 +404,79 @@ Test(lockbox, an_api_stopped_mid_read_answers_it_before_its_connections_go) {
   lt_client_destroy(looker);
   if (exited && st == 0) unlink(log);
 }
+
+/* A staff read streaming when its grant ends — the tenant revokes it (revoke) or it runs out
+ * (ttl_s) — is cut there: the rest of the dataset does not go out, and the client gets fewer
+ * bytes than its Content-Length. An API of its own holds a 64 KiB window and the client reads
+ * nothing until the API lists the grant as ended, so most of the 6 MiB waits on the API's side.
+ * Before, a read begun under a grant ran to its end whatever came after it. */
+static void read_cut_when_grant_ends(bool revoke, int ttl_s) {
+  size_t n = 0, cap = 6u << 20;
+  char *big = malloc(cap + 128), ds[64], id[64], scope[128], want[128], body[4096] = "";
+  for (int i = 0; n + 128 < cap; i++)
+    n += (size_t)snprintf(big + n, 128, "{\"prompt\":\"row %06d canary-7f3a\",\"completion\":\"private %d\"}\n", i, i * 7);
+  upload(ca, big, ds, sizeof ds);
+  free(big);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, ttl_s, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  char log[256], keys_env[128], cut_url[64];
+  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.cut.log", (int)getpid());
+  snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
+  lt_test_proc_t *cutter = lt_test_lathed("api-cut", log, "api", NULL,
+                                          (const char *const[]){keys_env, "LATHE_API_DOWNLOAD_WINDOW=65536", NULL});
+  uint16_t port = lt_test_proc_port(cutter, 30000);
+  snprintf(cut_url, sizeof cut_url, "http://127.0.0.1:%u", port);
+  lt_client_t *looker = lt_test_client(cut_url, key_alice, 10);
+  snprintf(want, sizeof want, "\"%s\"", id);
+  lt_test_wait_until(status_of(looker, "GET", "/v1/staff/access", NULL, body, sizeof body) == 200 &&
+                         strstr(body, want) && strstr(strstr(body, want), "\"active\""),
+                     30000, 100, "the api never folded the grant: %s; see %s", body, log);
+  /* the read, on a socket with a small receive buffer that is not read while the revoke lands */
+  int fd = socket(AF_INET, SOCK_STREAM, 0), rcv = 8192;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert(fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv) == 0 &&
+            connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  char get[512];
+  int gl = snprintf(get, sizeof get,
+                    "GET /v1/staff/access/%s/datasets/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", id, ds,
+                    cut_url + 7, key_alice);
+  cr_assert(write(fd, get, (size_t)gl) == gl);
+  char head[8192];
+  cr_assert(read_head(fd, head, sizeof head), "no answer's head");
+  cr_assert(strncmp(head, "HTTP/1.1 200", 12) == 0, "%.200s", head);
+  const char *cl = strcasestr(head, "Content-Length:");
+  cr_assert(cl, "%s", head);
+  size_t length = strtoull(cl + 15, NULL, 10), got = strlen(strstr(head, "\r\n\r\n") + 4);
+  cr_assert_eq(length, n, "Content-Length %zu for %zu bytes", length, n);
+  if (revoke) cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
+  const char *ended = revoke ? "\"revoked\"" : "\"expired\"";
+  lt_test_wait_until(status_of(looker, "GET", "/v1/staff/access", NULL, body, sizeof body) == 200 &&
+                         strstr(body, want) && strstr(strstr(body, want), ended),
+                     30000, 100, "the api never listed the grant %s: %s; see %s", ended, body, log);
+  /* now all of it that will ever come */
+  struct timeval tv = {30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  static char buf[1 << 16];
+  for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;) got += (size_t)k;
+  close(fd);
+  cr_expect_lt(got, length, "the read ran on past the grant's end: %zu of %zu bytes", got, length);
+  cr_expect(strstr(lt_test_log_tail(log), "cut: "), "the api says why it cut the read; see %s", log);
+  char metrics[65536];
+  snprintf(body, sizeof body, "http://127.0.0.1:%u", lt_test_proc_operator_port(cutter, 30000));
+  lt_client_t *ops = lt_test_client(body, NULL, 10);
+  cr_assert_eq(lt_test_get_status(ops, "/metrics", metrics, sizeof metrics), 200);
+  cr_expect(strstr(metrics, "lathe_api_staff_reads_cut_total 1"), "no cut counted in /metrics");
+  lt_client_destroy(ops);
+  lt_client_destroy(looker);
+  lt_test_proc_stop_clean(cutter, 10000);
+  unlink(log);
+}
+
+Test(lockbox, a_revoke_cuts_a_staff_read_in_flight) { read_cut_when_grant_ends(true, 600); }
+
+/* The same when the grant runs out while its read streams (6 s: time to fold it and start). */
+Test(lockbox, a_grant_running_out_cuts_its_read_in_flight) { read_cut_when_grant_ends(false, 6); }
 
 /* A member key (`lathe admin tenant add-key --role member`, TenantUpserted v3) may do what the
  * tenant may but approve staff access: its approval is 403 and opens nothing; it may deny and

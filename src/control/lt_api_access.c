@@ -115,6 +115,7 @@ void lt_api_access_on_record(lt_api_t *api, const lt_bus_msg_t *m) {
       lt_log_warn("api", "lathe.audit offset %lld ignored: %s", (long long)lt_bus_msg_offset(m), why);
   }
   audit_folded(api, lt_bus_msg_partition(m), lt_bus_msg_offset(m));
+  lt_api_download_recheck(api); /* a revoke cuts the reads it closes */
 }
 
 /* ---------------------------------------------------------------- records out */
@@ -584,7 +585,13 @@ static void stream_to(lt_api_t *api, read_t *r, const char *dek_key, bool own_ke
   char msg[256];
   lt_err_t err = t ? lt_keyring_tenant_dek(api->keyring, t, &dek, msg, sizeof msg) : LT_ERR_NOT_FOUND;
   if (err) lt_api_reply_err(r->req, LT_ERR_INTERNAL, NULL, "the tenant's key could not be opened");
-  else lt_api_download_start(api, r->req, dek, dek_key, own_key, r->object_key, r->bytes, type);
+  else {
+    lt_api_grant_t g;
+    snprintf(g.request_id, sizeof g.request_id, "%s", r->request_id);
+    snprintf(g.staff, sizeof g.staff, "%s", r->staff);
+    snprintf(g.resource, sizeof g.resource, "%s", r->resource);
+    lt_api_download_start_granted(api, r->req, dek, dek_key, own_key, r->object_key, r->bytes, type, &g);
+  }
   free(r);
 }
 

@@ -16,8 +16,14 @@
  * A failure before the first byte answers an error; after it (a chunk that does not verify, the
  * store going away), the connection is dropped, so that the client sees a body shorter than its
  * Content-Length and never takes a truncated artifact for a whole one. Plaintext buffers are
- * scrubbed when evhttp is done with them. */
+ * scrubbed when evhttp is done with them.
+ *
+ * A staff read carries its grant: no piece goes out once the grant no longer holds, and the
+ * connection is cut as soon as the API learns it was revoked (a folded access record) or sees it
+ * ran out (the tick), whether or not the client is reading. */
 #include "lt_api_int.h"
+#include "lt_log.h"
+#include "lt_time.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -55,6 +61,8 @@ struct lt_api_download {
   bool started; /* the reply's headers went out */
   bool writing; /* a piece is in evhttp's output, not yet on the socket */
   bool gone;    /* the client's connection closed */
+  bool granted; /* a staff read: grant must hold for each piece */
+  lt_api_grant_t grant;
   lt_crypto_stream_t *dec; /* the thread's */
   lt_api_download_t *next;
 };
@@ -214,8 +222,28 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
   return true;
 }
 
+/* A staff read whose grant was revoked or ran out: its connection is cut now (on_closed then
+ * stops the thread; the download ends once it has). True when it was. */
+static bool cut_ungranted(lt_api_download_t *d) {
+  char why[512];
+  const lt_access_req_t *q;
+  if (!d->granted || d->gone ||
+      !lt_access_check(d->api->access, d->grant.request_id, d->grant.staff, d->grant.resource, lt_time_wall_ms(), &q,
+                       why, sizeof why))
+    return false;
+  lt_log_info("api", "staff read of %s under access request %s cut: %s", d->grant.resource, d->grant.request_id, why);
+  d->api->stats.staff_reads_cut++;
+  evhttp_connection_free(d->evcon); /* through the door's close hook: on_closed */
+  if (!d->gone) on_closed(d);       /* no hook was called: the same, by hand */
+  return true;
+}
+
 /* On the loop: hands the next waiting piece to evhttp, or ends. */
 static void pump(lt_api_download_t *d) {
+  if (cut_ungranted(d)) {
+    pump(d); /* gone now: ends if the thread has */
+    return;
+  }
   pthread_mutex_lock(&d->mu);
   bool finished = d->finished, have = evbuffer_get_length(d->q) > 0;
   lt_err_t err = d->err;
@@ -270,6 +298,12 @@ bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char 
 
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
                            bool own_key, const char *key, uint64_t bytes, const char *content_type) {
+  lt_api_download_start_granted(api, req, dek, dek_key, own_key, key, bytes, content_type, NULL);
+}
+
+void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek,
+                                   const char *dek_key, bool own_key, const char *key, uint64_t bytes,
+                                   const char *content_type, const lt_api_grant_t *g) {
   /* A request whose client left while it waited (a staff read waits for its audit record) has
    * no connection any more: answering frees it. */
   if (!evhttp_request_get_connection(req)) {
@@ -293,6 +327,7 @@ void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_c
   snprintf(d->key, sizeof d->key, "%s", key);
   snprintf(d->dek_key, sizeof d->dek_key, "%s", dek_key);
   snprintf(d->content_type, sizeof d->content_type, "%s", content_type);
+  if ((d->granted = g != NULL)) d->grant = *g;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
   d->next = api->downloads;
@@ -323,5 +358,12 @@ void lt_api_download_stop_all(lt_api_t *api) {
     if (d->thread_started) pthread_join(d->thread, NULL);
     d->thread_started = false;
     download_end(d, false);
+  }
+}
+
+void lt_api_download_recheck(lt_api_t *api) {
+  for (lt_api_download_t *d = api->downloads, *next; d; d = next) {
+    next = d->next;
+    if (cut_ungranted(d)) pump(d); /* may free d */
   }
 }

@@ -74,6 +74,7 @@ typedef struct lt_api_stats {
   uint64_t feed_healed; /* partitions whose stalled fetch was started over (lt_bus_consumer_heal_stalls) */
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
+  uint64_t staff_reads_cut; /* staff reads cut mid-stream: their grant revoked or run out */
 } lt_api_stats_t;
 
 struct lt_api {
@@ -313,6 +314,20 @@ void lt_api_work_stop(lt_api_t *api);
  * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
                            bool own_key, const char *key, uint64_t bytes, const char *content_type);
+/* A staff read's grant: the stream lasts only while it holds (lt_api_download_recheck). */
+typedef struct {
+  char request_id[LT_ID_MAX + 1];
+  char staff[LT_ACCESS_PRINCIPAL_LEN];
+  char resource[LT_ACCESS_SCOPE_LEN];
+} lt_api_grant_t;
+/* lt_api_download_start under grant g (copied): a piece goes out only while g holds; once it is
+ * revoked or runs out, the connection is cut, short of its Content-Length. */
+void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek,
+                                   const char *dek_key, bool own_key, const char *key, uint64_t bytes,
+                                   const char *content_type, const lt_api_grant_t *g);
+/* Cuts each staff read whose grant no longer holds (after the feed folds an access record, and
+ * on the tick: a grant runs out on its own). */
+void lt_api_download_recheck(lt_api_t *api);
 /* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant);
  * when not, answers 429 with Retry-After. */
 bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant);

@@ -9,7 +9,9 @@ Against `lathed --role all` on the stack's broker and object store:
      the hyperparameters mapped both ways, events newest first without duplicates across pages,
      checkpoints with their metrics, errors with OpenAI's status, type and param;
   3. tenant B reaches none of A's files or jobs through these routes (404, as for ids that do not
-     exist), and A's job is the same job on the native API (its suffix and metadata recorded).
+     exist), and A's job is the same job on the native API (its suffix and metadata recorded);
+  4. a job checkpointing every 5 steps: each checkpoint retention keeps samples under the name
+     the listing gives it, a pruned one is 404 "no longer kept", tenant B's tries are 404.
 
 usage: openai_ft_python.py PATH/TO/lathe PATH/TO/lathed
 Environment: the stack's (`ops/stack env`), LATHE_E2E_CACHE. Exits non-zero on any failure."""
@@ -121,6 +123,47 @@ def isolation(base, key_a, key_b, out):
           "the native job list is newest first too")
 
 
+def checkpoint_models(base, sampler, key_a, key_b, out, d):
+    """The checkpoints the listing names are models: each one retention keeps samples, one it let
+    go is 404 saying so, and tenant B gets the same 404 for A's as for a step that never was."""
+    # a job of its own on the native route: a checkpoint every 5 steps
+    st, j = http_json(base, key_a, "POST", "/v1/jobs",
+                      {"base_model": "lathe-tiny", "dataset_id": out["file"]["id"],
+                       "hyperparameters": {"epochs": 1, "checkpoint_interval": 5}})
+    check(st in (200, 201, 202), f"a job checkpointing every 5 steps is submitted ({st}: {str(j)[:200]})")
+    job = j["id"]
+    deadline = time.time() + 600
+    while time.time() < deadline and j.get("state") not in ("completed", "failed", "cancelled"):
+        time.sleep(1)
+        st, j = http_json(base, key_a, "GET", f"/v1/jobs/{job}")
+    check(j.get("state") == "completed", f"it completes ({j.get('state')})")
+    st, page = http_json(base, key_a, "GET", f"/v1/fine_tuning/jobs/{job}/checkpoints?limit=100")
+    cks = page.get("data") or []
+    nums = [k["step_number"] for k in cks]
+    print(f"openai_ft: checkpoints at steps {nums}", file=sys.stderr, flush=True)
+    check(len(cks) >= 4, f"the job committed enough checkpoints for retention to let one go ({nums})")
+    # the publisher prunes once it published: the older checkpoints' objects are gone then
+    d.wait_for(rf"job {job}: retention: deleted \d+ staging objects", 120)
+    prompt = {"prompt": "Q: what is 2 + 3?\nA:", "max_tokens": 6, "temperature": 0}
+    for k in cks[:3]:  # the newest and the two before it (keep_checkpoints, 2 by default)
+        name = k["fine_tuned_model_checkpoint"]
+        st, body = http_json(sampler, key_a, "POST", "/v1/completions", dict(prompt, model=name))
+        check(st == 200 and body.get("model") == name, f"checkpoint {name} samples ({st}: {str(body)[:160]})")
+    inter = cks[1]["fine_tuned_model_checkpoint"]
+    check(cks[0]["fine_tuned_model_checkpoint"] == f"ft:lathe-tiny:{job}" and inter.endswith(f":ckpt-step-{nums[1]}"),
+          f"an intermediate checkpoint has a name of its own ({inter})")
+    gone = cks[-1]["fine_tuned_model_checkpoint"]
+    st, body = http_json(sampler, key_a, "POST", "/v1/completions", dict(prompt, model=gone))
+    check(st == 404 and body["error"]["param"] == "model" and "no longer kept" in body["error"]["message"],
+          f"the oldest checkpoint, pruned, is 404 saying so ({st}: {str(body)[:200]})")
+    never = f"ft:lathe-tiny:{job}:ckpt-step-{max(nums) + 1000}"
+    for who, key, name in (("tenant A", key_a, never), ("tenant A", key_a, inter.replace("ckpt-step-", "ckpt-step-0")),
+                           ("tenant B", key_b, inter), ("tenant B", key_b, never)):
+        st, body = http_json(sampler, key, "POST", "/v1/completions", dict(prompt, model=name))
+        check(st == 404 and body["error"]["code"] == "model_not_found" and "no longer kept" not in body["error"]["message"],
+              f"{who}: {name.split(':')[-1]} of A's job is 404 model_not_found ({st})")
+
+
 def hub_id(base, key, out):
     """A base named as the Hub names models (ORG/NAME: a directory one level down) trains and is
     listed; a path in its place is refused naming the field."""
@@ -163,7 +206,7 @@ def main():
         for t in ("a", "b"):
             keys.append(json.loads(run([lathe, "admin", "tenant", "create", f"oft{t}{run_id}", "--json"], env,
                                        "tenant create"))["api_key"])
-        d = Child("lathed", [lathed, "--role", "all", "--port", "0", "--operator-port", "0"],
+        d = Child("lathed", [lathed, "--role", "all", "--port", "0", "--operator-port", "0", "--sampler-port", "0"],
                   dict(env, LATHE_INSTANCE=f"oft{run_id}", LATHE_API_KEY_RATE="off", LATHE_API_TENANT_RATE="off",
                        LATHE_WORKER_SLOTS="2"))
         port = int(d.wait_for(r"api listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
@@ -171,6 +214,8 @@ def main():
         d.wait_for(r"scheduler: leading \(", 90)
         d.wait_for(r"worker \S+ started", 90)
         base = f"http://127.0.0.1:{port}"
+        sport = int(d.wait_for(r"sampler listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        sampler = f"http://127.0.0.1:{sport}"
         # The api answers 503 "starting" until it has read the log back (slow under the sanitizers).
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -188,6 +233,7 @@ def main():
             out = run_npm(base, keys[0], path)
             check_npm(out, path)
             isolation(base, keys[0], keys[1], out)
+            checkpoint_models(base, sampler, keys[0], keys[1], out, d)
             hub_id(base, keys[0], out)
         except BaseException:
             d.dump()

@@ -535,6 +535,11 @@ static void load_after(lt_api_t *api, void *ctx) {
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);
     } else if (r->load_err == LT_ERR_UNSUPPORTED) { /* larger than the whole cache: a retry cannot help */
       lt_api_reply_error(r->req, 413, "too_large", "model", "%s: %s", r->model, r->load_msg);
+    } else if (r->load_err == LT_ERR_NOT_FOUND && !r->dek_key[0]) { /* staging weights retention let go */
+      lt_api_reply_error(r->req, 404, "model_not_found", "model",
+                         "the weights of %s are no longer kept (a job keeps its newest checkpoints: see "
+                         "GET /v1/fine_tuning/jobs/{id}/checkpoints)",
+                         r->model);
     } else {
       lt_api_reply_error(r->req, 503, "unavailable", "model", "the adapter of %s could not be loaded; retry", r->model);
     }
@@ -555,8 +560,34 @@ static const char *artifact_key(lt_api_t *api, const char *job_id, const char *n
   return NULL;
 }
 
+/* ckpt-step-<N> of managed job j: the adapter of its committed checkpoint at step N (the newest
+ * attempt's that committed there), in staging under the tenant's key, as
+ * GET /v1/fine_tuning/jobs/{id}/checkpoints names it. Retention keeps a job's newest checkpoints
+ * only: an older one's objects are gone, which the load answers 404. */
+static bool resolve_checkpoint(lt_api_t *api, const lt_job_t *j, const char *name, sample_req_t *r) {
+  const char *digits = strncmp(name, "ckpt-step-", 10) == 0 ? name + 10 : "";
+  size_t nd = strlen(digits);
+  if (nd == 0 || nd > 18 || strspn(digits, "0123456789") != nd || (digits[0] == '0' && nd > 1)) return false;
+  int64_t step = strtoll(digits, NULL, 10);
+  size_t n = 0;
+  const lt_proj_ckpt_t *ck = lt_proj_job_checkpoints(api->proj, j->job_id, &n), *hit = NULL;
+  for (size_t i = n; i-- > 0 && !hit;)
+    if (ck[i].step == step) hit = &ck[i];
+  if (!hit ||
+      lt_publisher_staging_key(r->st_key, sizeof r->st_key, j->tenant_id, j->job_id, hit->attempt, step,
+                               "adapter_model.safetensors") ||
+      lt_publisher_staging_key(r->cfg_key, sizeof r->cfg_key, j->tenant_id, j->job_id, hit->attempt, step,
+                               "adapter_config.json"))
+    return false;
+  snprintf(r->adapter, sizeof r->adapter, "%s/%s/ckpt-%d-%lld", j->tenant_id, j->job_id, (int)hit->attempt,
+           (long long)step);
+  r->dek_key[0] = '\0';
+  return true;
+}
+
 /* ft:<base>:<id>[:<name>] of tenant t: a finished job's (or ended session's) published adapter,
- * or, with a name, the weights a live session saved under it (save_weights_for_sampler). */
+ * or, with a name, the weights a live session saved under it (save_weights_for_sampler), or a
+ * managed job's committed checkpoint (ckpt-step-N: resolve_checkpoint). */
 static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
   lt_api_t *api = c->api;
   char base[LT_JOB_NAME_MAX] = "", id[LT_ID_MAX + 1] = "", name[LT_ID_MAX + 1] = "";
@@ -571,7 +602,9 @@ static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
   if (!j || strcmp(j->tenant_id, c->tenant->tenant_id) != 0 || lt_api_job_deleted(api, j->job_id) ||
       strcmp(j->base_model, base) != 0)
     return false;
-  if (name[0]) { /* a live session's saved weights: in staging, under the tenant's key */
+  if (name[0] && !lt_api_is_session_id(j->job_id)) {
+    if (!resolve_checkpoint(api, j, name, r)) return false;
+  } else if (name[0]) { /* a live session's saved weights: in staging, under the tenant's key */
     int64_t ckpt = 0;
     const char *state = lt_id_valid(name) && lt_api_is_session_id(j->job_id) && !lt_job_state_is_terminal(j->state)
                             ? lt_api_sessions_saved(api, j->job_id, name, &ckpt)

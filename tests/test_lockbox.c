@@ -405,55 +405,81 @@ Test(lockbox, an_api_stopped_mid_read_answers_it_before_its_connections_go) {
   if (exited && st == 0) unlink(log);
 }
 
-/* A staff read streaming when its grant ends — the tenant revokes it (revoke) or it runs out
- * (ttl_s) — is cut there: the rest of the dataset does not go out, and the client gets fewer
- * bytes than its Content-Length. An API of its own holds a 64 KiB window and the client reads
- * nothing until the API lists the grant as ended, so most of the 6 MiB waits on the API's side.
- * Before, a read begun under a grant ran to its end whatever came after it. */
-static void read_cut_when_grant_ends(bool revoke, int ttl_s) {
+/* Tenant A's dataset of 6 MiB into ds (64 bytes); its size. */
+static size_t big_dataset(char *ds) {
   size_t n = 0, cap = 6u << 20;
-  char *big = malloc(cap + 128), ds[64], id[64], scope[128], want[128], body[4096] = "";
+  char *big = malloc(cap + 128);
   for (int i = 0; n + 128 < cap; i++)
     n += (size_t)snprintf(big + n, 128, "{\"prompt\":\"row %06d canary-7f3a\",\"completion\":\"private %d\"}\n", i, i * 7);
-  upload(ca, big, ds, sizeof ds);
+  upload(ca, big, ds, 64);
   free(big);
-  snprintf(scope, sizeof scope, "dataset:%s", ds);
-  ask(alice, tenant_a, scope, ttl_s, id, sizeof id);
-  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
-  char log[256], keys_env[128], cut_url[64];
-  snprintf(log, sizeof log, "/tmp/test_lockbox.%d.cut.log", (int)getpid());
+  return n;
+}
+
+/* An API of its own (lathed --role api as name, with env besides the staff keys and a 64 KiB
+ * download window, so most of a big read waits on its side): its URL into api_url (64), log into log
+ * (256). */
+static lt_test_proc_t *own_api(const char *name, const char *env, char *api_url, char *log) {
+  char keys_env[128];
+  snprintf(log, 256, "/tmp/test_lockbox.%d.%s.log", (int)getpid(), name);
   snprintf(keys_env, sizeof keys_env, "LATHE_STAFF_KEYS_FILE=%s", staff_file);
-  lt_test_proc_t *cutter = lt_test_lathed("api-cut", log, "api", NULL,
-                                          (const char *const[]){keys_env, "LATHE_API_DOWNLOAD_WINDOW=65536", NULL});
-  uint16_t port = lt_test_proc_port(cutter, 30000);
-  snprintf(cut_url, sizeof cut_url, "http://127.0.0.1:%u", port);
-  lt_client_t *looker = lt_test_client(cut_url, key_alice, 10);
+  lt_test_proc_t *p = lt_test_lathed(name, log, "api", NULL,
+                                     (const char *const[]){keys_env, "LATHE_API_DOWNLOAD_WINDOW=65536", env, NULL});
+  snprintf(api_url, 64, "http://127.0.0.1:%u", lt_test_proc_port(p, 30000));
+  return p;
+}
+
+/* Waits until the API at looker lists grant id in state (a JSON string, "\"active\""). */
+static void grant_listed(lt_client_t *looker, const char *id, const char *state, const char *log) {
+  char want[128], body[8192] = "";
   snprintf(want, sizeof want, "\"%s\"", id);
   lt_test_wait_until(status_of(looker, "GET", "/v1/staff/access", NULL, body, sizeof body) == 200 &&
-                         strstr(body, want) && strstr(strstr(body, want), "\"active\""),
-                     30000, 100, "the api never folded the grant: %s; see %s", body, log);
-  /* the read, on a socket with a small receive buffer that is not read while the revoke lands */
+                         strstr(body, want) && strstr(strstr(body, want), state),
+                     30000, 100, "the api never listed grant %s %s: %s; see %s", id, state, body, log);
+}
+
+/* A staff read of ds under grant id as key, on a socket with a small receive buffer that the
+ * caller reads when it likes: the socket, once the 200 head came; *length its Content-Length,
+ * *got the body bytes that came with the head. */
+static int read_held(const char *api_url, const char *key, const char *id, const char *ds, size_t *length, size_t *got) {
   int fd = socket(AF_INET, SOCK_STREAM, 0), rcv = 8192;
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(strrchr(api_url, ':') + 1)),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   cr_assert(fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv) == 0 &&
             connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-  char get[512];
+  char get[512], head[8192];
   int gl = snprintf(get, sizeof get,
                     "GET /v1/staff/access/%s/datasets/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", id, ds,
-                    cut_url + 7, key_alice);
+                    api_url + 7, key);
   cr_assert(write(fd, get, (size_t)gl) == gl);
-  char head[8192];
   cr_assert(read_head(fd, head, sizeof head), "no answer's head");
   cr_assert(strncmp(head, "HTTP/1.1 200", 12) == 0, "%.200s", head);
   const char *cl = strcasestr(head, "Content-Length:");
   cr_assert(cl, "%s", head);
-  size_t length = strtoull(cl + 15, NULL, 10), got = strlen(strstr(head, "\r\n\r\n") + 4);
+  *length = strtoull(cl + 15, NULL, 10);
+  *got = strlen(strstr(head, "\r\n\r\n") + 4);
+  return fd;
+}
+
+/* A staff read streaming when its grant ends — the tenant revokes it (revoke) or it runs out
+ * (ttl_s) — is cut there: the rest of the dataset does not go out, and the client gets fewer
+ * bytes than its Content-Length. The client reads nothing until the API lists the grant as
+ * ended. Before, a read begun under a grant ran to its end whatever came after it. */
+static void read_cut_when_grant_ends(bool revoke, int ttl_s) {
+  char ds[64], id[64], scope[128], body[4096] = "";
+  size_t n = big_dataset(ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, ttl_s, id, sizeof id);
+  cr_assert_eq(decide(ca, "/v1/access", id, "approve"), 200);
+  char log[256], cut_url[64];
+  lt_test_proc_t *cutter = own_api("api-cut", NULL, cut_url, log);
+  lt_client_t *looker = lt_test_client(cut_url, key_alice, 10);
+  grant_listed(looker, id, "\"active\"", log);
+  size_t length, got;
+  int fd = read_held(cut_url, key_alice, id, ds, &length, &got);
   cr_assert_eq(length, n, "Content-Length %zu for %zu bytes", length, n);
   if (revoke) cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
-  const char *ended = revoke ? "\"revoked\"" : "\"expired\"";
-  lt_test_wait_until(status_of(looker, "GET", "/v1/staff/access", NULL, body, sizeof body) == 200 &&
-                         strstr(body, want) && strstr(strstr(body, want), ended),
-                     30000, 100, "the api never listed the grant %s: %s; see %s", ended, body, log);
+  grant_listed(looker, id, revoke ? "\"revoked\"" : "\"expired\"", log);
   /* now all of it that will ever come */
   struct timeval tv = {30, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -477,6 +503,39 @@ Test(lockbox, a_revoke_cuts_a_staff_read_in_flight) { read_cut_when_grant_ends(t
 
 /* The same when the grant runs out while its read streams (6 s: time to fold it and start). */
 Test(lockbox, a_grant_running_out_cuts_its_read_in_flight) { read_cut_when_grant_ends(false, 6); }
+
+/* Staff reads count against the staff member's download slots, not the tenant's: with one slot
+ * each (max_downloads 4), alice's second read while her first streams is 429 naming her, and
+ * bob's read of the same tenant goes through. Before, both counted against tenant A's slot: bob
+ * got 429, which told him tenant A had a download open, and its message said how many. */
+Test(lockbox, staff_reads_take_the_staff_members_slots_not_the_tenants) {
+  char ds[64], id_a[64], id_b[64], scope[128], body[4096] = "", log[256], own_url[64];
+  big_dataset(ds);
+  snprintf(scope, sizeof scope, "dataset:%s", ds);
+  ask(alice, tenant_a, scope, 600, id_a, sizeof id_a);
+  ask(bob, tenant_a, scope, 600, id_b, sizeof id_b);
+  cr_assert_eq(decide(ca, "/v1/access", id_a, "approve"), 200);
+  cr_assert_eq(decide(ca, "/v1/access", id_b, "approve"), 200);
+  lt_test_proc_t *own = own_api("api-slots", "LATHE_API_MAX_DOWNLOADS=4", own_url, log);
+  lt_client_t *a = lt_test_client(own_url, key_alice, 60), *b = lt_test_client(own_url, key_bob, 60);
+  grant_listed(a, id_a, "\"active\"", log);
+  grant_listed(b, id_b, "\"active\"", log);
+  size_t length, got;
+  int fd = read_held(own_url, key_alice, id_a, ds, &length, &got);
+  cr_expect_eq(read_dataset(a, id_a, ds, body, sizeof body), 429, "alice's second read: %s", body);
+  cr_expect(strstr(body, "staff member alice") && !strstr(body, tenant_a), "the 429 names alice's slots only: %s", body);
+  char path[256];
+  snprintf(path, sizeof path, "/v1/staff/access/%s/datasets/%s", id_b, ds);
+  lt_client_resp_t r = req(b, "GET", path, NULL);
+  cr_expect_eq(r.status, 200, "bob's read of the same tenant: %d %.300s", r.status, r.status == 200 ? "" : r.body);
+  cr_expect_eq(r.len, length, "bob read %zu bytes of %zu", r.len, length);
+  lt_client_resp_free(&r);
+  close(fd);
+  lt_client_destroy(a);
+  lt_client_destroy(b);
+  lt_test_proc_stop_clean(own, 10000);
+  unlink(log);
+}
 
 /* A member key (`lathe admin tenant add-key --role member`, TenantUpserted v3) may do what the
  * tenant may but approve staff access: its approval is 403 and opens nothing; it may deny and

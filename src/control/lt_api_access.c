@@ -641,10 +641,10 @@ static void read_after_audit(lt_api_t *api, void *arg, lt_err_t err) {
 /* The grant checked again (it may have been revoked while the store was asked), then AccessUsed
  * written: only once it is durable is anything read (read_after_audit). */
 static void audit_then_read(lt_api_t *api, read_t *r) {
-  /* no room to stream it now (the tenant's download slots): 429 before anything is audited, so
+  /* no room to stream it now (the staff member's download slots): 429 before anything is audited, so
    * that a retry does not write an AccessUsed for each refusal (the slots are checked again when
    * the bytes start) */
-  if (!grant_holds(api, r) || !lt_api_download_room(api, r->req, r->tenant)) {
+  if (!grant_holds(api, r) || !lt_api_download_room(api, r->req, r->tenant, r->staff)) {
     free(r);
     return;
   }

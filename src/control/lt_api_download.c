@@ -278,21 +278,27 @@ static void on_wake(evutil_socket_t fd, short what, void *arg) {
   pump(arg);
 }
 
-static int tenant_downloads(lt_api_t *api, const char *tenant) {
+/* The tenant's own open downloads (staff NULL), or staff member staff's open reads: neither counts
+ * the other's. */
+static int downloads_of(lt_api_t *api, const char *tenant, const char *staff) {
   int n = 0;
-  for (lt_api_download_t *d = api->downloads; d; d = d->next) n += strcmp(d->tenant, tenant) == 0;
+  for (lt_api_download_t *d = api->downloads; d; d = d->next)
+    n += staff ? d->granted && strcmp(d->grant.staff, staff) == 0 : !d->granted && strcmp(d->tenant, tenant) == 0;
   return n;
 }
 
-bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant) {
-  int per_tenant = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
-  int mine = tenant_downloads(api, tenant);
-  if (api->ndownloads < api->conf.max_downloads && mine < per_tenant) return true;
+bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant, const char *staff) {
+  int per = api->conf.max_downloads / 4 > 0 ? api->conf.max_downloads / 4 : 1;
+  int mine = downloads_of(api, tenant, staff);
+  if (api->ndownloads < api->conf.max_downloads && mine < per) return true;
   evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+  /* a staff read counts against the staff member's share, not the tenant's: whether the tenant
+   * is downloading now is not for staff to learn */
   lt_api_reply_error(req, 429, "over_quota", NULL,
-                     "%d downloads (artifacts, staff reads) are in progress (%d of tenant %s); the limits are %d in "
-                     "all (max_downloads) and %d per tenant: retry when one finished",
-                     api->ndownloads, mine, tenant, api->conf.max_downloads, per_tenant);
+                     "%d downloads (artifacts, staff reads) are in progress (%d of %s %s); the limits are %d in "
+                     "all (max_downloads) and %d per %s: retry when one finished",
+                     api->ndownloads, mine, staff ? "staff member" : "tenant", staff ? staff : tenant,
+                     api->conf.max_downloads, per, staff ? "staff member" : "tenant");
   return false;
 }
 
@@ -311,7 +317,7 @@ void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, co
     return;
   }
   const char *tenant = lt_crypto_dek_tenant(dek);
-  if (!lt_api_download_room(api, req, tenant)) return;
+  if (!lt_api_download_room(api, req, tenant, g ? g->staff : NULL)) return;
   lt_api_download_t *d = calloc(1, sizeof *d);
   if (!d) {
     lt_api_reply_error(req, 500, "internal", NULL, "out of memory");

@@ -328,9 +328,11 @@ void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, co
 /* Cuts each staff read whose grant no longer holds (after the feed folds an access record, and
  * on the tick: a grant runs out on its own). */
 void lt_api_download_recheck(lt_api_t *api);
-/* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant);
- * when not, answers 429 with Retry-After. */
-bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant);
+/* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant),
+ * or, staff not NULL, staff member staff a read of tenant's data (a quarter per staff member: the
+ * tenant's own downloads do not count, so a refusal tells staff nothing of them); when not,
+ * answers 429 with Retry-After. */
+bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char *tenant, const char *staff);
 /* Stops every download (the connections are dropped), joins their threads. Before evhttp_free. */
 void lt_api_download_stop_all(lt_api_t *api);
 

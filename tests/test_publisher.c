@@ -18,6 +18,7 @@
 #include "lt_avro.h"
 #include "lt_bus.h"
 #include "lt_crypto.h"
+#include "lt_dataset.h"
 #include "lt_publisher.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
@@ -618,6 +619,54 @@ Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_ch
   cr_assert(object_exists(stray), "a session object of a job not folded yet is kept");
   cr_assert(object_exists(unfolded), "a staging object of a job not folded yet is kept");
   cr_assert_eq(deleted, 2 + (uint64_t)old.n + (uint64_t)dead.n);
+}
+
+/* Puts the given leaves of dataset id of the suite's tenant (any bytes: only their names count). */
+static void dataset_objects(const char *id, const char *const *leaf_names) {
+  char key[LT_STORE_KEY_MAX + 1];
+  for (; *leaf_names; leaf_names++) {
+    lt_dataset_object_key(key, sizeof key, tenant, id, *leaf_names);
+    cr_assert_eq(lt_store_put(store, key, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  }
+}
+
+static bool dataset_object_exists(const char *id, const char *leaf) {
+  char key[LT_STORE_KEY_MAX + 1];
+  lt_dataset_object_key(key, sizeof key, tenant, id, leaf);
+  return object_exists(key);
+}
+
+/* A dataset exists once its meta is written, last: an API process that died between an upload's
+ * data and its meta left objects no route lists, counted against the tenant's storage quota and
+ * deleted by nothing. The GC now deletes a dataset's objects when one of the three is missing and
+ * all are older than the grace period: a complete dataset, a young incomplete one (an upload may
+ * be completing) and names it does not know stay. */
+Test(publisher, gc_sweeps_datasets_a_crash_left_without_their_meta) {
+  dataset_objects("ds-whole", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META, NULL});
+  dataset_objects("ds-crashed", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, NULL});
+  dataset_objects("ds-data-only", (const char *const[]){LT_DATASET_DATA, "notes.txt", NULL});
+  dataset_objects("ds-meta-only", (const char *const[]){LT_DATASET_META, NULL}); /* a delete that died */
+  lt_publisher_t *p = start(store, NULL, 8000);
+  cr_assert(run(p, 60000, is_ready));
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert(dataset_object_exists("ds-crashed", LT_DATASET_DATA), "nothing younger than the grace period goes");
+  sleep(9);
+  dataset_objects("ds-completing", (const char *const[]){LT_DATASET_DATA, NULL}); /* young */
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_stats_t st;
+  lt_publisher_stats(p, &st);
+  lt_publisher_destroy(p);
+  const char *const leaves[3] = {LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META};
+  for (int i = 0; i < 3; i++) {
+    cr_expect(dataset_object_exists("ds-whole", leaves[i]), "a whole dataset's %s is kept", leaves[i]);
+    cr_expect(!dataset_object_exists("ds-crashed", leaves[i]), "the crashed upload's %s is swept", leaves[i]);
+  }
+  cr_expect(!dataset_object_exists("ds-data-only", LT_DATASET_DATA), "data without key and meta is swept");
+  cr_expect(dataset_object_exists("ds-data-only", "notes.txt"), "a name the sweep does not know stays");
+  cr_expect(!dataset_object_exists("ds-meta-only", LT_DATASET_META), "a meta left by a delete is swept");
+  cr_expect(dataset_object_exists("ds-completing", LT_DATASET_DATA), "a young incomplete dataset is kept");
+  cr_expect_eq(st.datasets_swept, 4, "4 objects swept (%llu)", (unsigned long long)st.datasets_swept);
 }
 
 /* Attempt 2 of a job resumes from a commit (step 80) the publisher's view lacks: chaos seed 6528,

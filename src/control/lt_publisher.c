@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <openssl/crypto.h>
 
+#include "lt_dataset_sweep.h"
 #include "lt_job.h"
 #include "lt_log.h"
 #include "lt_metrics.h"
@@ -955,6 +956,16 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
       snprintf(after, sizeof after, "%s", next);
     } while (!err && next[0]);
   }
+  /* and each tenant's datasets that a crash left without their meta or key */
+  for (size_t ti = 0; !err && ti < lt_tenant_count(tt); ti++) {
+    uint64_t swept = 0, young = 0;
+    err = lt_dataset_sweep(p->conf.store, lt_tenant_at(tt, ti)->tenant_id, g.now_ms, p->conf.gc_grace_ms, &swept,
+                           &young, errstr, n);
+    if (swept) LOG("gc: deleted %" PRIu64 " objects of tenant %s's datasets that never came to exist", swept,
+                   lt_tenant_at(tt, ti)->tenant_id);
+    p->stats.datasets_swept += swept;
+    g.kept += young;
+  }
   p->stats.gc_deleted += count;
   p->stats.gc_kept = g.kept;
   if (deleted) *deleted = count;
@@ -1095,6 +1106,10 @@ char *lt_publisher_metrics(lt_publisher_t *p) {
                     "Staging objects deleted: by the garbage collector, or by retention at completion.");
   lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "gc"}, {0}}, (double)st.gc_deleted);
   lt_metrics_sample(m, (lt_metric_label_t[]){{"by", "retention"}, {0}}, (double)st.pruned);
+  lt_metrics_one(m, "lathe_publisher_datasets_swept_objects_total", LT_METRIC_COUNTER,
+                 "Objects of datasets that never came to exist (a crash between an upload's data and its meta) "
+                 "deleted by the garbage collector.",
+                 (double)st.datasets_swept);
   lt_metrics_one(m, "lathe_publisher_unfolded_resumes_total", LT_METRIC_COUNTER,
                  "Dispatches resuming from a checkpoint commit this publisher never folded (a missed record; "
                  "its checkpoint is kept as committed).",

@@ -83,6 +83,8 @@
  * of a job the projection does not know is kept: only a dispatched job has staging objects and
  * only a known session gets calls, so the job's records are still on their way to this publisher
  * (it lags on one topic: deleting there lost a published job's final checkpoint, chaos seed 2001).
+ * Each tenant's datasets missing their data, key or meta (an upload or a delete that died half
+ * way), every object older than the grace period, are deleted too (lt_dataset_sweep.h).
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is
@@ -151,6 +153,7 @@ typedef struct lt_publisher_stats {
   uint64_t gc_deleted;        /* staging objects deleted */
   uint64_t gc_kept;           /* staging objects seen and kept by the last GC pass */
   uint64_t pruned;            /* staging objects deleted at completion (retention) */
+  uint64_t datasets_swept;    /* objects of datasets that never came to exist (lt_dataset_sweep.h) */
   uint64_t unfolded_resumes;  /* dispatches resuming from a commit this instance never folded */
   size_t waiting;             /* completions waiting to be promoted */
   lt_err_t last_err;          /* last promotion failure (LT_ERR_UNAVAILABLE: store down) */

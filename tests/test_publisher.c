@@ -19,6 +19,7 @@
 #include "lt_bus.h"
 #include "lt_crypto.h"
 #include "lt_dataset.h"
+#include "lt_dataset_sweep.h"
 #include "lt_publisher.h"
 #include "lt_sealed.h"
 #include "lt_store.h"
@@ -639,8 +640,8 @@ static bool dataset_object_exists(const char *id, const char *leaf) {
 /* A dataset exists once its meta is written, last: an API process that died between an upload's
  * data and its meta left objects no route lists, counted against the tenant's storage quota and
  * deleted by nothing. The GC now deletes a dataset's objects when one of the three is missing and
- * all are older than the grace period: a complete dataset, a young incomplete one (an upload may
- * be completing) and names it does not know stay. */
+ * all are older than the grace period, at the second pass that finds it so: a complete dataset,
+ * a young incomplete one (an upload may be completing) and names it does not know stay. */
 Test(publisher, gc_sweeps_datasets_a_crash_left_without_their_meta) {
   dataset_objects("ds-whole", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META, NULL});
   dataset_objects("ds-crashed", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, NULL});
@@ -653,6 +654,8 @@ Test(publisher, gc_sweeps_datasets_a_crash_left_without_their_meta) {
   cr_assert(dataset_object_exists("ds-crashed", LT_DATASET_DATA), "nothing younger than the grace period goes");
   sleep(9);
   dataset_objects("ds-completing", (const char *const[]){LT_DATASET_DATA, NULL}); /* young */
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  cr_assert(dataset_object_exists("ds-crashed", LT_DATASET_DATA), "found old and incomplete once is not enough");
   cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
   lt_publisher_stats_t st;
   lt_publisher_stats(p, &st);
@@ -667,6 +670,41 @@ Test(publisher, gc_sweeps_datasets_a_crash_left_without_their_meta) {
   cr_expect(!dataset_object_exists("ds-meta-only", LT_DATASET_META), "a meta left by a delete is swept");
   cr_expect(dataset_object_exists("ds-completing", LT_DATASET_DATA), "a young incomplete dataset is kept");
   cr_expect_eq(st.datasets_swept, 4, "4 objects swept (%llu)", (unsigned long long)st.datasets_swept);
+}
+
+/* lt_dataset_sweep itself, listing two keys a page so that datasets straddle pages, everything
+ * old (its clock a day ahead): the first pass deletes nothing, the second the datasets still
+ * incomplete; one whose meta came between the passes (an upload that completed) stays, and so
+ * do a whole dataset and a tenant whose id the swept one's is a prefix of. */
+Test(publisher, dataset_sweep_groups_across_pages_and_keeps_to_its_tenant) {
+  dataset_objects("ds-a", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, NULL});
+  dataset_objects("ds-b", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META, NULL});
+  dataset_objects("ds-c", (const char *const[]){LT_DATASET_META, NULL});
+  dataset_objects("ds-d", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, NULL});
+  char other[80], key[LT_STORE_KEY_MAX + 1];
+  snprintf(other, sizeof other, "%sb", tenant);
+  lt_dataset_object_key(key, sizeof key, other, "ds-z", LT_DATASET_DATA);
+  cr_assert_eq(lt_store_put(store, key, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_map_t *suspects = lt_map_new(NULL);
+  lt_dataset_sweep_conf_t conf = {
+      .now_ms = lt_time_wall_ms() + 86400000, .grace_ms = 1000, .suspects = suspects, .pass = 1, .page = 2};
+  uint64_t deleted = 9, kept = 0;
+  cr_assert_eq(lt_dataset_sweep(store, tenant, &conf, &deleted, &kept, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(deleted, 0, "the first pass deletes nothing");
+  cr_expect_eq(kept, 5, "ds-a, ds-c and ds-d are suspects (%llu objects)", (unsigned long long)kept);
+  dataset_objects("ds-d", (const char *const[]){LT_DATASET_META, NULL}); /* its upload completed */
+  conf.pass = 2;
+  cr_assert_eq(lt_dataset_sweep(store, tenant, &conf, &deleted, &kept, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(deleted, 3, "ds-a's two objects and ds-c's meta (%llu)", (unsigned long long)deleted);
+  const char *const leaves[3] = {LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META};
+  for (int i = 0; i < 3; i++) {
+    cr_expect(!dataset_object_exists("ds-a", leaves[i]) && !dataset_object_exists("ds-c", leaves[i]), "%s", leaves[i]);
+    cr_expect(dataset_object_exists("ds-b", leaves[i]) && dataset_object_exists("ds-d", leaves[i]), "%s", leaves[i]);
+  }
+  cr_expect(object_exists(key), "tenant %s's dataset is not %s's", other, tenant);
+  cr_expect_eq(lt_map_count(suspects), 0, "no suspect is left (%zu)", lt_map_count(suspects));
+  lt_map_destroy(suspects);
+  lt_store_delete(store, key, NULL, 0);
 }
 
 /* Attempt 2 of a job resumes from a commit (step 80) the publisher's view lacks: chaos seed 6528,

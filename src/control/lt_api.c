@@ -523,6 +523,9 @@ void lt_api_destroy(lt_api_t *api) {
   lt_api_feed_settle(api);        /* and what waits for the broker, while evhttp holds it */
   lt_api_access_settle(api);      /* and access records waiting for the feed */
   lt_api_download_stop_all(api);
+  /* the feed and the tick fold into and prune the sessions freed next: neither runs again */
+  if (api->consumer_ev) event_del(api->consumer_ev);
+  if (api->tick_ev) event_del(api->tick_ev);
   lt_api_sessions_free(api);      /* long polls go unanswered: their connections are going */
   lt_api_door_flush(api, 1000);   /* the answers above reach their sockets */
   if (api->http) evhttp_free(api->http);

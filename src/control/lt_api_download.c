@@ -234,7 +234,11 @@ static bool cut_ungranted(lt_api_download_t *d) {
   lt_log_info("api", "staff read of %s under access request %s cut: %s", d->grant.resource, d->grant.request_id, why);
   d->api->stats.staff_reads_cut++;
   evhttp_connection_free(d->evcon); /* through the door's close hook: on_closed */
-  if (!d->gone) on_closed(d);       /* no hook was called: the same, by hand */
+  if (!d->gone) { /* no hook was called (the request went with the connection): the rest by hand */
+    d->gone = true;
+    d->req = NULL;
+    download_cancel(d);
+  }
   return true;
 }
 
@@ -292,13 +296,19 @@ bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char 
   int mine = downloads_of(api, tenant, staff);
   if (api->ndownloads < api->conf.max_downloads && mine < per) return true;
   evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
-  /* a staff read counts against the staff member's share, not the tenant's: whether the tenant
-   * is downloading now is not for staff to learn */
-  lt_api_reply_error(req, 429, "over_quota", NULL,
-                     "%d downloads (artifacts, staff reads) are in progress (%d of %s %s); the limits are %d in "
-                     "all (max_downloads) and %d per %s: retry when one finished",
-                     api->ndownloads, mine, staff ? "staff member" : "tenant", staff ? staff : tenant,
-                     api->conf.max_downloads, per, staff ? "staff member" : "tenant");
+  /* a staff read counts against the staff member's share, not the tenant's, and its refusal gives
+   * no count that holds the tenant's own downloads: whether the tenant is downloading now is not
+   * for staff to learn */
+  if (staff)
+    lt_api_reply_error(req, 429, "over_quota", NULL,
+                       "downloads are at a limit (%d of yours of %d per staff member, or max_downloads in all): "
+                       "retry when one finished",
+                       mine, per);
+  else
+    lt_api_reply_error(req, 429, "over_quota", NULL,
+                       "%d downloads (artifacts, staff reads) are in progress (%d of tenant %s); the limits are %d in "
+                       "all (max_downloads) and %d per tenant: retry when one finished",
+                       api->ndownloads, mine, tenant, api->conf.max_downloads, per);
   return false;
 }
 

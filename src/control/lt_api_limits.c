@@ -448,6 +448,7 @@ lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *
 }
 
 void lt_api_door_flush(lt_api_t *api, int max_ms) {
+  if (!api->conns) return; /* it never listened (lt_api_new failed before) */
   for (int64_t t0 = lt_time_mono_ms();;) {
     bool left = false;
     lt_map_iter_t it = {0};

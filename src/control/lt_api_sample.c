@@ -84,6 +84,7 @@ typedef struct sample_req {
   char st_key[LT_STORE_KEY_MAX + 1], cfg_key[LT_STORE_KEY_MAX + 1], dek_key[LT_STORE_KEY_MAX + 1];
   const lt_crypto_dek_t *tenant_dek;
   lt_err_t load_err;
+  bool load_gone; /* the store has no such weights (LT_ERR_NOT_FOUND from it, staging only) */
   char load_msg[256];
   /* events from the batch thread, under mu */
   pthread_mutex_t mu;
@@ -515,6 +516,7 @@ static void load_work(void *ctx) {
   const lt_crypto_dek_t *dek = job_dek ? job_dek : r->tenant_dek;
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->st_key, ADAPTER_MAX_BYTES, &st, &st_len, msg, n);
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->cfg_key, 1u << 20, &cfg, &cfg_len, msg, n);
+  r->load_gone = err == LT_ERR_NOT_FOUND && !r->dek_key[0];
   const lt_sample_ops_t *ops = api->conf.sampler;
   if (!err) err = ops->load_adapter(ops->ctx, r->adapter, r->base, st, st_len, cfg, cfg_len, msg, n);
   if (st) OPENSSL_cleanse(st, st_len);
@@ -535,11 +537,11 @@ static void load_after(lt_api_t *api, void *ctx) {
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);
     } else if (r->load_err == LT_ERR_UNSUPPORTED) { /* larger than the whole cache: a retry cannot help */
       lt_api_reply_error(r->req, 413, "too_large", "model", "%s: %s", r->model, r->load_msg);
-    } else if (r->load_err == LT_ERR_NOT_FOUND && !r->dek_key[0]) { /* staging weights retention let go */
-      lt_api_reply_error(r->req, 404, "model_not_found", "model",
-                         "the weights of %s are no longer kept (a job keeps its newest checkpoints: see "
-                         "GET /v1/fine_tuning/jobs/{id}/checkpoints)",
-                         r->model);
+    } else if (r->load_gone) { /* staging weights retention let go, or a session's end took */
+      lt_api_reply_error(r->req, 404, "model_not_found", "model", "the weights of %s are no longer kept%s", r->model,
+                         lt_api_is_session_id(r->job_id) ? ""
+                                                         : " (a job keeps its newest checkpoints: see "
+                                                           "GET /v1/fine_tuning/jobs/{id}/checkpoints)");
     } else {
       lt_api_reply_error(r->req, 503, "unavailable", "model", "the adapter of %s could not be loaded; retry", r->model);
     }

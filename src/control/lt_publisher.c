@@ -275,6 +275,8 @@ struct lt_publisher {
   todo_t *todo;
   size_t ntodo, captodo;
   int64_t next_gc_ms;
+  uint64_t gc_passes;          /* lt_publisher_gc calls that listed */
+  lt_map_t *dataset_suspects;  /* incomplete datasets found by the last sweep (lt_dataset_sweep.h) */
   lt_publisher_stats_t stats;
   bool in_work;
 };
@@ -957,10 +959,11 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
     } while (!err && next[0]);
   }
   /* and each tenant's datasets that a crash left without their meta or key */
+  lt_dataset_sweep_conf_t sweep = {
+      .now_ms = g.now_ms, .grace_ms = p->conf.gc_grace_ms, .suspects = p->dataset_suspects, .pass = ++p->gc_passes};
   for (size_t ti = 0; !err && ti < lt_tenant_count(tt); ti++) {
     uint64_t swept = 0, young = 0;
-    err = lt_dataset_sweep(p->conf.store, lt_tenant_at(tt, ti)->tenant_id, g.now_ms, p->conf.gc_grace_ms, &swept,
-                           &young, errstr, n);
+    err = lt_dataset_sweep(p->conf.store, lt_tenant_at(tt, ti)->tenant_id, &sweep, &swept, &young, errstr, n);
     if (swept) LOG("gc: deleted %" PRIu64 " objects of tenant %s's datasets that never came to exist", swept,
                    lt_tenant_at(tt, ti)->tenant_id);
     p->stats.datasets_swept += swept;
@@ -1060,8 +1063,9 @@ lt_err_t lt_publisher_new(struct event_base *base, const lt_publisher_conf_t *co
   p->ckpt_ev = json_object();
   p->done_ev = json_object();
   p->ckpt_dirs = json_object();
+  p->dataset_suspects = lt_map_new(NULL);
   p->started_ms = lt_time_wall_ms();
-  lt_err_t err = p->ckpt_ev && p->done_ev && p->ckpt_dirs ? LT_OK : LT_ERR_NOMEM;
+  lt_err_t err = p->ckpt_ev && p->done_ev && p->ckpt_dirs && p->dataset_suspects ? LT_OK : LT_ERR_NOMEM;
   if (!err) err = lt_proj_new(conf->registry, &p->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(p->proj, conf->tenant_mac);
   if (!err) err = lt_keyring_new(conf->kek, &p->keyring);
@@ -1141,6 +1145,7 @@ void lt_publisher_destroy(lt_publisher_t *p) {
   json_decref(p->ckpt_ev);
   json_decref(p->done_ev);
   json_decref(p->ckpt_dirs);
+  lt_map_destroy(p->dataset_suspects);
   for (size_t i = 0; i < p->ntodo; i++) free(p->todo[i].payload);
   free(p->todo);
   free(p->parts); /* and the offset arrays carved from it */

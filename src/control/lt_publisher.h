@@ -84,7 +84,8 @@
  * only a known session gets calls, so the job's records are still on their way to this publisher
  * (it lags on one topic: deleting there lost a published job's final checkpoint, chaos seed 2001).
  * Each tenant's datasets missing their data, key or meta (an upload or a delete that died half
- * way), every object older than the grace period, are deleted too (lt_dataset_sweep.h).
+ * way), every object older than the grace period and found so by the pass before too, are
+ * deleted (lt_dataset_sweep.h).
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is

@@ -130,8 +130,8 @@ static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size
   int64_t t0 = lt_time_mono_ms();
   int total = 0;
   for (;;) {
-    int created = 0;
-    lt_err_t e = create_topics_once(a, nts, n, timeout_ms, &created, errstr, errstr_size);
+    int created = 0, left = timeout_ms - (int)(lt_time_mono_ms() - t0);
+    lt_err_t e = create_topics_once(a, nts, n, left > 1000 ? left : 1000, &created, errstr, errstr_size);
     total += created;
     int64_t ms = lt_time_mono_ms() - t0;
     if (e != LT_ERR_AUTH || ms > 30000 || ms > timeout_ms) {

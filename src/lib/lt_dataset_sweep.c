@@ -2,6 +2,7 @@
 #include "lt_dataset_sweep.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +12,9 @@
 static const char *const leaves[3] = {LT_DATASET_META, LT_DATASET_KEY, LT_DATASET_DATA}; /* deleted in this order */
 
 typedef struct {
+  const lt_dataset_sweep_conf_t *conf;
+  const char *tenant;
   size_t plen;        /* of "tenants/<tenant>/datasets/" */
-  int64_t now_ms, grace_ms;
   /* the dataset being listed: its objects come one after another */
   char id[256];
   char keys[3][LT_STORE_KEY_MAX + 1]; /* by leaves[] index; "" when absent */
@@ -24,29 +26,36 @@ typedef struct {
   bool nomem;
 } sweep_t;
 
-/* The dataset listed last is complete, young, or doomed. */
+/* The dataset listed last is complete, young, suspect (found incomplete for the first time), or
+ * doomed. */
 static void group_end(sweep_t *s) {
   int have = 0;
   for (int i = 0; i < 3; i++) have += s->keys[i][0] != '\0';
-  if (have > 0 && have < 3) {
-    if (s->young) {
-      s->kept += (uint64_t)have;
-    } else {
-      for (int i = 0; i < 3; i++) {
-        if (!s->keys[i][0]) continue;
-        if (s->ndoomed == s->cap) {
-          size_t cap = s->cap ? 2 * s->cap : 16;
-          void *grown = realloc(s->doomed, cap * sizeof *s->doomed);
-          if (!grown) {
-            s->nomem = true;
-            break;
-          }
-          s->doomed = grown;
-          s->cap = cap;
+  char skey[512];
+  snprintf(skey, sizeof skey, "%s/%s", s->tenant, s->id);
+  uint64_t since = (uint64_t)(uintptr_t)lt_map_get(s->conf->suspects, skey);
+  if (have > 0 && have < 3 && !s->young && !since) { /* suspect until the next sweep */
+    if (lt_map_set(s->conf->suspects, skey, (void *)(uintptr_t)s->conf->pass)) s->nomem = true;
+    s->kept += (uint64_t)have;
+  } else if (have > 0 && have < 3 && !s->young && since < s->conf->pass) { /* doomed */
+    lt_map_del(s->conf->suspects, skey);
+    for (int i = 0; i < 3; i++) {
+      if (!s->keys[i][0]) continue;
+      if (s->ndoomed == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 16;
+        void *grown = realloc(s->doomed, cap * sizeof *s->doomed);
+        if (!grown) {
+          s->nomem = true;
+          break;
         }
-        memcpy(s->doomed[s->ndoomed++], s->keys[i], sizeof s->keys[i]);
+        s->doomed = grown;
+        s->cap = cap;
       }
+      memcpy(s->doomed[s->ndoomed++], s->keys[i], sizeof s->keys[i]);
     }
+  } else {
+    if (have > 0 && have < 3) s->kept += (uint64_t)have; /* young */
+    if (since && since < s->conf->pass) lt_map_del(s->conf->suspects, skey); /* whole, or young again */
   }
   s->id[0] = '\0';
   memset(s->keys, 0, sizeof s->keys);
@@ -65,7 +74,7 @@ static lt_err_t visit(void *ctx, const char *key, const lt_store_info_t *info) {
   }
   for (int i = 0; i < 3; i++)
     if (strcmp(slash + 1, leaves[i]) == 0) snprintf(s->keys[i], sizeof s->keys[i], "%s", key);
-  if (s->now_ms - info->mtime * 1000 < s->grace_ms) s->young = true;
+  if (s->conf->now_ms - info->mtime * 1000 < s->conf->grace_ms) s->young = true;
   return LT_OK;
 }
 
@@ -78,24 +87,35 @@ static lt_err_t delete_doomed(lt_store_t *store, sweep_t *s, uint64_t *deleted, 
   return err;
 }
 
-lt_err_t lt_dataset_sweep(lt_store_t *store, const char *tenant, int64_t now_ms, int64_t grace_ms, uint64_t *deleted,
-                          uint64_t *kept, char *errstr, size_t n) {
+/* Forgets the suspects of tenant this sweep did not meet again (deleted meanwhile). */
+static void forget_gone(const sweep_t *s) {
+  size_t tl = strlen(s->tenant);
+  lt_map_iter_t it = {0};
+  while (lt_map_next(s->conf->suspects, &it))
+    if (strncmp(it.key, s->tenant, tl) == 0 && it.key[tl] == '/' && (uint64_t)(uintptr_t)it.value < s->conf->pass)
+      lt_map_del(s->conf->suspects, it.key);
+}
+
+lt_err_t lt_dataset_sweep(lt_store_t *store, const char *tenant, const lt_dataset_sweep_conf_t *conf,
+                          uint64_t *deleted, uint64_t *kept, char *errstr, size_t n) {
   char prefix[LT_STORE_KEY_MAX + 1], after[LT_STORE_KEY_MAX + 1] = "", next[LT_STORE_KEY_MAX + 1] = "";
   uint64_t count = 0;
+  if (conf->pass == 0) return lt_errf(errstr, n, LT_ERR_INVALID, "dataset sweep: pass numbers start at 1");
   sweep_t *s = calloc(1, sizeof *s);
   if (!s) return lt_errf(errstr, n, LT_ERR_NOMEM, "dataset sweep: out of memory");
   snprintf(prefix, sizeof prefix, "tenants/%s/datasets/", tenant);
+  s->conf = conf;
+  s->tenant = tenant;
   s->plen = strlen(prefix);
-  s->now_ms = now_ms;
-  s->grace_ms = grace_ms;
   lt_err_t err;
   do {
-    err = lt_store_list(store, prefix, after, 0, visit, s, next, sizeof next, errstr, n);
+    err = lt_store_list(store, prefix, after, conf->page, visit, s, next, sizeof next, errstr, n);
     if (!err && !next[0]) group_end(s); /* the last dataset listed */
     if (!err && s->nomem) err = lt_errf(errstr, n, LT_ERR_NOMEM, "dataset sweep: out of memory");
     if (!err) err = delete_doomed(store, s, &count, errstr, n);
     snprintf(after, sizeof after, "%s", next);
   } while (!err && next[0]);
+  if (!err) forget_gone(s);
   if (deleted) *deleted = count;
   if (kept) *kept = s->kept;
   free(s->doomed);

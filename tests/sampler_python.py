@@ -19,7 +19,8 @@ adapter each (managed jobs); then, through the OpenAI-compatible routes:
   6. overload: a sampler with small queue bounds, sent 10x its bound of concurrent requests,
      answers 429 with Retry-After to the excess, serves the rest, and its peak memory stays within
      a few MiB of where it was before the burst; a seeded request gives there what it gave on the
-     first sampler; killed mid-stream, it leaves a stream without [DONE];
+     first sampler; a stream whose client reads nothing is cut once 64 KiB of it wait unread;
+     killed mid-stream, it leaves a stream without [DONE];
   7. a live training session's save_weights_for_sampler is served as ft:<base>:<session>:<name>
      (greedy tokens and log-probs as the session's own sample gives them; 404 to another tenant;
      gone once the session ended, when its published adapter takes over as ft:<base>:<session>);
@@ -34,6 +35,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -343,13 +345,53 @@ def vm_hwm(pid):
     return 0
 
 
+def unread_stream(port, key, ops):
+    """A stream whose client reads nothing (a small receive buffer) is cut once 64 KiB of it wait
+    on the sampler's side (LATHE_API_STREAM_BACKLOG): counted, logged, and the client finds the
+    stream ended without [DONE]. Before, the sampler held the whole answer for it."""
+    def cut():
+        with urllib.request.urlopen(ops + "/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("lathe_api_streams_cut_total "):
+                    return float(line.split()[1])
+        return 0.0
+    before = cut()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    body = json.dumps({"model": "lathe-tiny", "prompt": "date:", "max_tokens": 250, "n": 8, "logprobs": 5,
+                       "temperature": 1, "stream": True, "stop": ["\x01"]}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 60
+    while time.time() < deadline and cut() == before:
+        time.sleep(0.2)
+    n_cut = cut() - before
+    s.settimeout(30)
+    got = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+    except OSError:
+        pass
+    s.close()
+    check(n_cut == 1, f"the unread stream is cut and counted ({n_cut:.0f}; {len(got)} bytes came: {got[:300]!r} "
+                      f"... {got[-300:]!r})")
+    check(got.startswith(b"HTTP/1.1 200") and b"[DONE]" not in got and len(got) < 4 << 20,
+          f"its client finds the stream ended without [DONE] ({len(got)} bytes came)")
+
+
 def overload(lathed, env, key, model, log_tag, main_sbase):
     c = Child("lathed sampler", [lathed, "--role", "sampler", "--port", "0", "--operator-port", "0"],
               dict(env, LATHE_INSTANCE=f"{log_tag}-s2", LATHE_SAMPLER_QUEUE_PER_TENANT="8",
                    LATHE_SAMPLER_QUEUE_TOTAL="8", LATHE_SAMPLER_MAX_RUNNING="4", LATHE_API_KEY_RATE="off",
-                   LATHE_API_TENANT_RATE="off"))
+                   LATHE_API_TENANT_RATE="off", LATHE_API_STREAM_BACKLOG="65536"))
     try:
         port = int(c.wait_for(r"sampler listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        ops = int(c.wait_for(r"sampler operator endpoints \(\S+, \S+\) at http://127\.0\.0\.1:(\d+)", 120).group(1))
         sbase = f"http://127.0.0.1:{port}"
         for _ in range(100):
             st, _, _ = http_json(sbase, key, "GET", "/v1/models")
@@ -371,6 +413,8 @@ def overload(lathed, env, key, model, log_tag, main_sbase):
         here, there = one(sbase, key, model, 5), one(main_sbase, key, model, 5)
         check(here == there and here[0] != "error",
               "the same seeded request gives the same tokens and log-probs on another sampler process")
+        unread_stream(port, key, f"http://127.0.0.1:{ops}")
+        c.wait_for(r"stream cut, its client left over 65536 bytes unread", 10)
         # A sampler killed mid-stream: the client sees the stream end without [DONE].
         conn, r = long_stream(sbase, key, model)
         c.p.kill()

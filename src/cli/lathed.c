@@ -49,6 +49,8 @@
  *   _QUEUE_TOTAL, _CUDA=1   sampler: compute threads (1), KV cache per base model (64), adapter
  *                    cache (256), requests decoding at once (64), prompt rows per step (64),
  *                    requests in the sampler per tenant (16) and in all (128), the GPU
+ *   LATHE_API_STREAM_BACKLOG   sampler: bytes of a stream its client may leave unread before the
+ *                    stream is cut (4194304)
  *   LATHE_SAMPLER_PRECISION=f32|bf16   sampler: the base weights' products read the floats (f32,
  *                    the default: the answers are the training engine's, bit for bit) or bf16
  *                    copies (half the bytes a decode step streams; answers within bf16 rounding)
@@ -550,6 +552,8 @@ static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, si
                         .tls_key_file = o->tls_key, .sampler = &d->sampler_ops, .sampler_only = true};
   e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
+  const char *v = getenv("LATHE_API_STREAM_BACKLOG"); /* 0 or unset: the default (lt_api.h) */
+  if (v) conf.stream_backlog = (size_t)atoll(v);
   if (!e) e = lt_api_new(d->base, &conf, &d->sampler_api, err, n);
   if (e) return e;
   lt_log_info(NULL, "sampler operator endpoints (/healthz, /metrics) at http://%s:%u", o->ops_bind,

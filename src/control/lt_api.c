@@ -464,6 +464,7 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
   if (!api->conf.upload_idle_ms) api->conf.upload_idle_ms = 10 * 60 * 1000;
   if (!api->conf.max_downloads) api->conf.max_downloads = 16;
   if (!api->conf.download_window) api->conf.download_window = 1u << 20;
+  if (!api->conf.stream_backlog) api->conf.stream_backlog = 4u << 20;
   if (!api->conf.operator_bind_addr) api->conf.operator_bind_addr = "127.0.0.1";
   if (api->conf.max_connections <= 0) api->conf.max_connections = 1024;
   if (!api->conf.key_rate.per_s) api->conf.key_rate = (lt_api_rate_t){20, 40};

@@ -75,6 +75,7 @@ typedef struct lt_api_stats {
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
   uint64_t staff_reads_cut; /* staff reads cut mid-stream: their grant revoked or run out */
+  uint64_t streams_cut;     /* sampling streams cut: their client left stream_backlog bytes unread */
 } lt_api_stats_t;
 
 struct lt_api {

@@ -194,6 +194,9 @@ static void write_routes(lt_api_t *api, lt_metrics_t *out) {
   lt_metrics_one(out, "lathe_api_staff_reads_cut_total", LT_METRIC_COUNTER,
                  "Staff reads under a grant cut mid-stream because the grant was revoked or ran out.",
                  (double)st->staff_reads_cut);
+  lt_metrics_one(out, "lathe_api_streams_cut_total", LT_METRIC_COUNTER,
+                 "Sampling streams cut because their client left stream_backlog bytes of them unread.",
+                 (double)st->streams_cut);
   lt_metrics_family(out, "lathe_api_refused_total", LT_METRIC_COUNTER,
                     "Requests the front door refused: over a rate limit (429), on a connection over "
                     "max_connections (503), or refused by libevent itself (400/413/501, answered in the JSON "

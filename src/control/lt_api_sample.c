@@ -19,6 +19,8 @@
  * output — to lathe.usage (SamplingUsage). */
 #include "lt_api_int.h"
 
+#include <event2/bufferevent.h>
+#include <linux/sockios.h>
 #include <math.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -26,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
 #include "lt_chat.h"
 #include "lt_log.h"
@@ -85,6 +88,7 @@ typedef struct sample_req {
   const lt_crypto_dek_t *tenant_dek;
   lt_err_t load_err;
   bool load_gone; /* the store has no such weights (LT_ERR_NOT_FOUND from it, staging only) */
+  bool backlogged; /* its client left conf.stream_backlog bytes unread: cut (on_events) */
   char load_msg[256];
   /* events from the batch thread, under mu */
   pthread_mutex_t mu;
@@ -202,7 +206,27 @@ static void answer(sample_req_t *r) {
   lt_api_reply_json(r->req, 200, body);
 }
 
+/* Bytes written to a connection its client has not taken: in the connection's output buffer and
+ * in the socket's send queue (Linux's SIOCOUTQ: unsent and unacknowledged), which the kernel holds
+ * for it too and grows to megabytes. */
+static size_t unread_bytes(struct evhttp_connection *evcon) {
+  struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+  if (!bev) return 0;
+  size_t n = evbuffer_get_length(bufferevent_get_output(bev));
+  int queued = 0;
+  evutil_socket_t fd = bufferevent_getfd(bev);
+  if (fd >= 0 && ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) n += (size_t)queued;
+  return n;
+}
+
+/* Sends one event; past conf.stream_backlog bytes the client has not read, sends nothing more and
+ * marks the request to be cut once its events are taken (on_events): a client that reads nothing
+ * must not make the API hold a whole long answer for it. */
 static void sse_send(sample_req_t *r, json_t *chunk) {
+  if (r->backlogged) {
+    json_decref(chunk);
+    return;
+  }
   char *text = json_dumps(chunk, JSON_COMPACT | JSON_REAL_PRECISION(9));
   json_decref(chunk);
   struct evbuffer *b = evbuffer_new();
@@ -210,6 +234,7 @@ static void sse_send(sample_req_t *r, json_t *chunk) {
   free(text);
   evhttp_send_reply_chunk(r->req, b);
   evbuffer_free(b);
+  if (unread_bytes(r->evcon) > r->api->conf.stream_backlog) r->backlogged = true;
 }
 
 static void stream_start(sample_req_t *r) {
@@ -456,6 +481,15 @@ static void on_events(evutil_socket_t fd, short what, void *arg) {
   (void)fd, (void)what;
   sample_req_t *r = arg;
   take_events(r);
+  if (r->backlogged && !r->gone && r->watching) {
+    /* cut: the door's close hook (on_client_gone) cancels the choices, records the usage so far
+     * and frees r */
+    lt_log_info("sampler", "request %s of tenant %s: stream cut, its client left over %zu bytes unread", r->id,
+                r->tenant, r->api->conf.stream_backlog);
+    r->api->stats.streams_cut++;
+    evhttp_connection_free(r->evcon);
+    return;
+  }
   if (r->left == 0 && !r->answered) {
     r->answered = true;
     finish(r);

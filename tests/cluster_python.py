@@ -270,6 +270,7 @@ class Writer(threading.Thread):
             self.p.poll(0.004)
             if len(self.fatal) > seen:  # the old producer fails what it holds; a new one goes on
                 seen = len(self.fatal)
+                self.p.purge()  # every record it holds fails now: none lands after the new one's
                 self.p.flush(10)
                 self.p = self._producer()
         self.p.flush(60)

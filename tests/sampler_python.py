@@ -345,10 +345,24 @@ def vm_hwm(pid):
     return 0
 
 
-def unread_stream(port, key, ops):
+LONG_SEEDED = {"model": "lathe-tiny", "messages": [{"role": "user", "content": "date:"}], "max_tokens": 200, "n": 6,
+               "logprobs": True, "top_logprobs": 20, "temperature": 1, "seed": 4242, "stream": True,
+               "stop": ["\x01"]}
+
+
+def unread_stream(port, key, ops, main_sbase):
     """A stream whose client reads nothing (a small receive buffer) is cut once 64 KiB of it wait
     on the sampler's side (LATHE_API_STREAM_BACKLOG): counted, logged, and the client finds the
-    stream ended without [DONE]. Before, the sampler held the whole answer for it."""
+    stream ended without [DONE]. Before, the sampler held the whole answer for it. The request is
+    seeded, so its whole answer, read on the first sampler, is the size the cut works against."""
+    u = urllib.parse.urlparse(main_sbase)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", json.dumps(LONG_SEEDED),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    whole = conn.getresponse().read()
+    conn.close()
+    check(b"[DONE]" in whole and len(whole) > 2 * 65536,
+          f"read as it comes, the seeded stream is whole and long enough to be cut ({len(whole)} bytes)")
     def cut():
         with urllib.request.urlopen(ops + "/metrics", timeout=30) as r:
             for line in r.read().decode().splitlines():
@@ -359,9 +373,8 @@ def unread_stream(port, key, ops):
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", port))
-    body = json.dumps({"model": "lathe-tiny", "prompt": "date:", "max_tokens": 250, "n": 8, "logprobs": 5,
-                       "temperature": 1, "stream": True, "stop": ["\x01"]}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+    body = json.dumps(LONG_SEEDED).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     deadline = time.time() + 60
     while time.time() < deadline and cut() == before:
@@ -378,8 +391,7 @@ def unread_stream(port, key, ops):
     except OSError:
         pass
     s.close()
-    check(n_cut == 1, f"the unread stream is cut and counted ({n_cut:.0f}; {len(got)} bytes came: {got[:300]!r} "
-                      f"... {got[-300:]!r})")
+    check(n_cut == 1, f"the unread stream is cut and counted ({n_cut:.0f}; {len(got)} bytes came: {got[:200]!r})")
     check(got.startswith(b"HTTP/1.1 200") and b"[DONE]" not in got and len(got) < 4 << 20,
           f"its client finds the stream ended without [DONE] ({len(got)} bytes came)")
 
@@ -413,7 +425,7 @@ def overload(lathed, env, key, model, log_tag, main_sbase):
         here, there = one(sbase, key, model, 5), one(main_sbase, key, model, 5)
         check(here == there and here[0] != "error",
               "the same seeded request gives the same tokens and log-probs on another sampler process")
-        unread_stream(port, key, f"http://127.0.0.1:{ops}")
+        unread_stream(port, key, f"http://127.0.0.1:{ops}", main_sbase)
         c.wait_for(r"stream cut, its client left over 65536 bytes unread", 10)
         # A sampler killed mid-stream: the client sees the stream end without [DONE].
         conn, r = long_stream(sbase, key, model)

@@ -643,12 +643,13 @@ static bool dataset_object_exists(const char *id, const char *leaf) {
  * all are older than the grace period, at the second pass that finds it so: a complete dataset,
  * a young incomplete one (an upload may be completing) and names it does not know stay. */
 Test(publisher, gc_sweeps_datasets_a_crash_left_without_their_meta) {
+  lt_publisher_t *p = start(store, NULL, 8000);
+  cr_assert(run(p, 60000, is_ready));
+  /* after it is ready: the first pass below must find them young however long that took */
   dataset_objects("ds-whole", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, LT_DATASET_META, NULL});
   dataset_objects("ds-crashed", (const char *const[]){LT_DATASET_DATA, LT_DATASET_KEY, NULL});
   dataset_objects("ds-data-only", (const char *const[]){LT_DATASET_DATA, "notes.txt", NULL});
   dataset_objects("ds-meta-only", (const char *const[]){LT_DATASET_META, NULL}); /* a delete that died */
-  lt_publisher_t *p = start(store, NULL, 8000);
-  cr_assert(run(p, 60000, is_ready));
   uint64_t deleted = 0;
   cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
   cr_assert(dataset_object_exists("ds-crashed", LT_DATASET_DATA), "nothing younger than the grace period goes");

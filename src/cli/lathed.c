@@ -553,7 +553,14 @@ static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, si
   e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   const char *v = getenv("LATHE_API_STREAM_BACKLOG"); /* 0 or unset: the default (lt_api.h) */
-  if (v) conf.stream_backlog = (size_t)atoll(v);
+  if (!e && v && *v) {
+    char *end;
+    unsigned long long b = strtoull(v, &end, 10);
+    if (*end || v[0] == '-' || b > (1ull << 40))
+      e = lt_errf(err, n, LT_ERR_INVALID, "LATHE_API_STREAM_BACKLOG=\"%s\": expected bytes, a whole number", v);
+    else
+      conf.stream_backlog = (size_t)b;
+  }
   if (!e) e = lt_api_new(d->base, &conf, &d->sampler_api, err, n);
   if (e) return e;
   lt_log_info(NULL, "sampler operator endpoints (/healthz, /metrics) at http://%s:%u", o->ops_bind,

@@ -482,12 +482,15 @@ static void on_events(evutil_socket_t fd, short what, void *arg) {
   sample_req_t *r = arg;
   take_events(r);
   if (r->backlogged && !r->gone && r->watching) {
-    /* cut: the door's close hook (on_client_gone) cancels the choices, records the usage so far
-     * and frees r */
+    /* cut: as if the client had gone (the choices cancelled, the usage so far recorded, r freed),
+     * then the connection freed, which frees the request */
     lt_log_info("sampler", "request %s of tenant %s: stream cut, its client left over %zu bytes unread", r->id,
                 r->tenant, r->api->conf.stream_backlog);
     r->api->stats.streams_cut++;
-    evhttp_connection_free(r->evcon);
+    struct evhttp_connection *evcon = r->evcon;
+    lt_api_door_on_close(r->api, evcon, NULL, NULL);
+    on_client_gone(r);
+    evhttp_connection_free(evcon);
     return;
   }
   if (r->left == 0 && !r->answered) {

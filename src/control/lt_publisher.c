@@ -969,6 +969,7 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
     p->stats.datasets_swept += swept;
     g.kept += young;
   }
+  if (!err) lt_dataset_sweep_forget(p->dataset_suspects, sweep.pass);
   p->stats.gc_deleted += count;
   p->stats.gc_kept = g.kept;
   if (deleted) *deleted = count;

@@ -87,13 +87,10 @@ static lt_err_t delete_doomed(lt_store_t *store, sweep_t *s, uint64_t *deleted, 
   return err;
 }
 
-/* Forgets the suspects of tenant this sweep did not meet again (deleted meanwhile). */
-static void forget_gone(const sweep_t *s) {
-  size_t tl = strlen(s->tenant);
+void lt_dataset_sweep_forget(lt_map_t *suspects, uint64_t pass) {
   lt_map_iter_t it = {0};
-  while (lt_map_next(s->conf->suspects, &it))
-    if (strncmp(it.key, s->tenant, tl) == 0 && it.key[tl] == '/' && (uint64_t)(uintptr_t)it.value < s->conf->pass)
-      lt_map_del(s->conf->suspects, it.key);
+  while (lt_map_next(suspects, &it))
+    if ((uint64_t)(uintptr_t)it.value < pass) lt_map_del(suspects, it.key);
 }
 
 lt_err_t lt_dataset_sweep(lt_store_t *store, const char *tenant, const lt_dataset_sweep_conf_t *conf,
@@ -115,7 +112,6 @@ lt_err_t lt_dataset_sweep(lt_store_t *store, const char *tenant, const lt_datase
     if (!err) err = delete_doomed(store, s, &count, errstr, n);
     snprintf(after, sizeof after, "%s", next);
   } while (!err && next[0]);
-  if (!err) forget_gone(s);
   if (deleted) *deleted = count;
   if (kept) *kept = s->kept;
   free(s->doomed);

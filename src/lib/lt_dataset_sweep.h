@@ -37,4 +37,8 @@ typedef struct lt_dataset_sweep_conf {
 lt_err_t lt_dataset_sweep(lt_store_t *store, const char *tenant, const lt_dataset_sweep_conf_t *conf,
                           uint64_t *deleted, uint64_t *kept, char *errstr, size_t n);
 
+/* After every tenant was swept in pass pass without error: forgets the suspects no sweep of that
+ * pass met again (deleted meanwhile, or of a tenant no longer listed). */
+void lt_dataset_sweep_forget(lt_map_t *suspects, uint64_t pass);
+
 #endif

@@ -222,8 +222,8 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
   return true;
 }
 
-/* A staff read whose grant was revoked or ran out: its connection is cut now (on_closed then
- * stops the thread; the download ends once it has). True when it was. */
+/* A staff read whose grant was revoked or ran out: its connection is cut now, as a client that
+ * leaves does (on_closed stops the thread; the download ends once it has). True when it was. */
 static bool cut_ungranted(lt_api_download_t *d) {
   char why[512];
   const lt_access_req_t *q;
@@ -233,12 +233,9 @@ static bool cut_ungranted(lt_api_download_t *d) {
     return false;
   lt_log_info("api", "staff read of %s under access request %s cut: %s", d->grant.resource, d->grant.request_id, why);
   d->api->stats.staff_reads_cut++;
-  evhttp_connection_free(d->evcon); /* through the door's close hook: on_closed */
-  if (!d->gone) { /* no hook was called (the request went with the connection): the rest by hand */
-    d->gone = true;
-    d->req = NULL;
-    download_cancel(d);
-  }
+  lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
+  on_closed(d);
+  evhttp_connection_free(d->evcon); /* frees the request too */
   return true;
 }
 

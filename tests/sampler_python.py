@@ -12,7 +12,8 @@ adapter each (managed jobs); then, through the OpenAI-compatible routes:
      tokens and log-probs, bit for bit;
   3. isolation: tenant B cannot list, sample from or time-probe A's adapter (the 404 is the
      nonexistent job's, word for word, and the sampler's adapter cache is not consulted: its
-     counters do not move);
+     counters do not move); an inference key of A's limited to its adapter samples from it, is
+     told of the base model what it is told of no model, and reaches none of A's jobs or data;
   4. bad input answers 400 naming the field; a client that goes away frees its request (lathed
      exits 0 at the end: in the sanitizer build, with no leak found);
   5. usage records on lathe.usage name tenant, model and counts, and carry no prompt or output;
@@ -245,6 +246,40 @@ def isolation(sbase, ops, key_b, job_a, model_a):
             "lathe_sampler_adapter_loads_total", "lathe_sampler_requests_total")
     check(all(before[k] == after[k] for k in keys),
           "B's probes never reached the adapter cache (hits, misses, loads and requests unchanged): nothing to time")
+
+
+def inference_key(lathe, env, base, sbase, tenant_a, key_a, job_a, model_a):
+    """An inference key limited to A's adapter: samples from it as A's admin key does, is told of
+    the base model what it is told of a model that does not exist, lists only its model, and on
+    the API reaches none of A's jobs, artifacts or datasets (403 naming the role)."""
+    out = json.loads(run([lathe, "admin", "tenant", "add-key", tenant_a, "--role", "inference", "--label", "app",
+                          "--model", model_a, "--json"], env, "add-key --role inference"))
+    ikey = out["api_key"]
+    deadline = time.time() + 30
+    while http_json(sbase, ikey, "GET", "/v1/models")[0] != 200:
+        if time.time() > deadline:
+            fail("the sampler never accepted the new inference key")
+        time.sleep(0.2)
+    st, models, _ = http_json(sbase, ikey, "GET", "/v1/models")
+    ids = [m["id"] for m in models.get("data", [])]
+    check(st == 200 and ids == [model_a], f"the inference key's /v1/models lists its one model only: {ids}")
+    body = {"model": model_a, "prompt": "date: 2021-03-04 ->", "max_tokens": 6, "temperature": 0}
+    st1, b1, _ = complete(sbase, ikey, body)
+    st2, b2, _ = complete(sbase, key_a, body)
+    check(st1 == st2 == 200 and b1["choices"][0]["text"] == b2["choices"][0]["text"],
+          "the inference key samples A's adapter as A's admin key does")
+    st1, b1, _ = complete(sbase, ikey, {"model": "lathe-tiny", "prompt": "x", "max_tokens": 2})
+    st2, b2, _ = complete(sbase, ikey, {"model": "no-such-model", "prompt": "x", "max_tokens": 2})
+    check(st1 == st2 == 404 and b1["error"]["message"].replace("lathe-tiny", "M") ==
+          b2["error"]["message"].replace("no-such-model", "M"),
+          "a model outside the key's list answers as one that does not exist (404, same message)")
+    st, _, _ = complete(sbase, key_a, {"model": "lathe-tiny", "prompt": "x", "max_tokens": 2})
+    check(st == 200, "A's admin key still samples the base model")
+    for method, path in (("GET", f"/v1/jobs/{job_a}"), ("GET", f"/v1/jobs/{job_a}/artifacts/samples.json"),
+                         ("GET", f"/v1/jobs/{job_a}/checkpoints"), ("GET", "/v1/datasets"), ("POST", "/v1/jobs")):
+        st, b, _ = http_json(base, ikey, method, path, {} if method == "POST" else None)
+        check(st == 403 and "inference key" in b.get("error", {}).get("message", ""),
+              f"the inference key's {method} {path} on the API: 403 naming its role")
 
 
 # ---- 4: bad input, a client that leaves ----
@@ -532,6 +567,7 @@ def main():
             answers(sbase, keys[0], job_a, base, model_a)
             determinism(sbase, keys[0], keys[1], model_a, model_b)
             isolation(sbase, ops, keys[1], job_a, model_a)
+            inference_key(lathe, env, base, sbase, tenants[0], keys[0], job_a, model_a)
             bad_input(sbase, keys[0])
             client_leaves(sbase, ops, keys[0], model_a)
             secret = "date: zz-secret-prompt-" + secrets.token_hex(4)

@@ -383,7 +383,9 @@ static lt_client_t *key_client(const char *role_and_options, char key[128]) {
   json_decref(j);
   free(out);
   lt_client_t *c = client_for(key);
-  wait_key(c);
+  /* /v1/models: every role may list them (an inference key may read nothing else) */
+  lt_test_wait_until(lt_test_get_status(c, "/v1/models", NULL, 0) == 200, 20000, 100,
+                     "the API never accepted a new %s key", role_and_options);
   return c;
 }
 
@@ -559,6 +561,75 @@ Test(api, a_viewer_key_reads_and_changes_nothing) {
   free(out);
   cr_expect_eq(newest_tenant_version(tenant_a), 3, "no live viewer key nor label: v3 again");
   lt_client_destroy(cv);
+}
+
+/* An inference key (TenantUpserted v5) samples and does nothing else: every route outside what the
+ * sampler serves is 403 naming its role, before any id is looked up (the tenant's job and a job
+ * that never was get the same answer), and changes nothing; sampling and the tokenizer pass the
+ * role check (this API has no sampler: 404 saying so). --model is for inference keys only, within
+ * its limits; the listing shows the role, label and models; revoked, v5 is no longer needed. */
+Test(api, an_inference_key_samples_and_reaches_none_of_the_tenants_data) {
+  char key[128], cmd[1200], ds[64], job[64], path[256], other[256];
+  int rc;
+  const char *bad[] = {"--model ft:x:job-1", "--role member --model ft:x:job-1", "--role inference --model 'a b'",
+                       "--role inference --model ''", "--role inference --model m --model m",
+                       "--role inference --model m1 --model m2 --model m3 --model m4 --model m5 --model m6 --model m7 "
+                       "--model m8 --model m9"};
+  int before = count_records("tenants", "TenantUpserted", NULL);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' admin tenant add-key %s %s 2>&1", lt_test_lathe_bin(), tenant_a, bad[i]);
+    char *out = lt_test_run(cmd, &rc);
+    cr_expect(rc == 2 && strstr(out, "--model"), "%s: exit %d: %s", bad[i], rc, out);
+    free(out);
+  }
+  cr_expect_eq(count_records("tenants", "TenantUpserted", NULL), before, "a refused add-key wrote a record");
+  upload(ca, ds, sizeof ds);
+  submit_ok(ca, ds, job, sizeof job);
+  lt_client_t *ci = key_client("inference --label 'chat app' --model ft:tiny:job-x --model tiny", key);
+  cr_expect_eq(newest_tenant_version(tenant_a), 5, "a live inference key: v5, which a v4 reader cannot take for a viewer");
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  snprintf(other, sizeof other, "/v1/jobs/job-%s", "000000000000000000000000");
+  char dpath[256];
+  snprintf(dpath, sizeof dpath, "/v1/datasets/%s", ds);
+  const char *refused[][3] = {
+      {"GET", "/v1/jobs", NULL},        {"GET", path, NULL},          {"GET", other, NULL},
+      {"GET", "/v1/datasets", NULL},    {"GET", dpath, NULL},         {"GET", "/v1/usage", NULL},
+      {"GET", "/v1/sessions", NULL},    {"GET", "/v1/access", NULL},  {"GET", "/v1/files", NULL},
+      {"GET", "/v1/fine_tuning/jobs", NULL}, {"POST", "/v1/jobs", "{}"}, {"POST", "/v1/uploads", "{}"},
+      {"POST", "/v1/sessions", "{}"},   {"DELETE", dpath, NULL}};
+  char first_job[1024] = "";
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+    lt_client_resp_t r = req(ci, refused[i][0], refused[i][1], refused[i][2]);
+    cr_expect_eq(r.status, 403, "an inference key's %s %s: %d %s", refused[i][0], refused[i][1], r.status, r.body);
+    cr_expect(r.body && strstr(r.body, "inference key") && strstr(r.body, "/v1/completions"), "%s", r.body);
+    if (i == 1) snprintf(first_job, sizeof first_job, "%s", r.body ? r.body : "");
+    if (i == 2) cr_expect_str_eq(r.body ? r.body : "", first_job, "the tenant's job and none answer alike");
+    lt_client_resp_free(&r);
+  }
+  cr_expect_eq(count_submissions_of(ds), 1, "an inference key's POST submitted a job");
+  cr_expect_eq(lt_test_get_status(ca, dpath, NULL, 0), 200, "an inference key deleted the dataset");
+  /* what the sampler serves passes the role check */
+  lt_client_resp_t r = req(ci, "POST", "/v1/completions", "{\"model\":\"tiny\",\"prompt\":\"x\"}");
+  cr_expect(r.status == 404 && r.body && strstr(r.body, "served by the sampler"), "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ci, "POST", "/v1/chat/completions", "{}");
+  cr_expect(r.status == 404 && r.body && strstr(r.body, "served by the sampler"), "%d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  r = req(ci, "POST", "/v1/tokenize", "{}");
+  cr_expect(r.status != 403 && r.status != 401, "the tokenizer: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect(rc == 0 && strstr(out, "\"role\":\"inference\",\"label\":\"chat app\",\"models\":[\"ft:tiny:job-x\",\"tiny\"]"),
+            "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), tenant_a, key + 3);
+  out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", out);
+  free(out);
+  cr_expect_lt(newest_tenant_version(tenant_a), 5, "no live inference key nor models: below v5 again");
+  lt_test_wait_until(lt_test_get_status(ci, "/v1/models", NULL, 0) == 401, 20000, 100, "the revoked key still works");
+  lt_client_destroy(ci);
 }
 
 /* ---------------------------------------------------------------- the front door */

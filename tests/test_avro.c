@@ -367,7 +367,7 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
   acme_with_keys(&t, 0);
   t.quotas = (lt_tenant_quotas_t){.max_queued_jobs = 7, .max_storage_bytes = 123456};
   lt_avro_record_t *v1 = tenant_record(1), *v2 = tenant_record(0);
-  cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 4);
+  cr_assert_eq(lt_avro_schema_version(lt_avro_schema_latest(reg, "TenantUpserted")), 5);
   /* v1 has no such field: a tenant with a quota of its own needs v2; one without is written v1
    * (`lathe admin tenant`), which every reader decodes */
   cr_assert_neq(lt_tenant_to_record(&t, v1, err, sizeof err), LT_OK);
@@ -388,7 +388,8 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
 }
 
 /* A key's role (TenantUpserted v3): a key of an earlier record reads as an admin key; a member key
- * needs v3 to be written; a role this version does not know reads as the least it knows (viewer). */
+ * needs v3 to be written; a role this version does not know reads as the least it knows (an
+ * inference key: none of the tenant's data). */
 Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
   lt_tenant_t t = {0}, back;
   acme_with_keys(&t, 2);
@@ -411,7 +412,7 @@ Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
   /* a role from a later version: the least this one knows */
   cr_assert_eq(lt_avro_set_string(v3, "api_keys[0].role", "owner"), LT_OK);
   cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
-  cr_expect_eq(back.keys[0].role, LT_TENANT_ROLE_VIEWER);
+  cr_expect_eq(back.keys[0].role, LT_TENANT_ROLE_INFERENCE);
   lt_avro_record_destroy(v2);
   lt_avro_record_destroy(v3);
 }
@@ -445,6 +446,60 @@ Test(avro, a_viewer_key_or_a_label_needs_v4) {
   cr_expect_eq(lt_avro_record_writer_version(v4), 4);
   lt_avro_record_destroy(v3);
   lt_avro_record_destroy(v4);
+}
+
+/* An inference key, or a key limited to some models, needs v5: a reader of v4 would take an
+ * inference key for a viewer (which reads every GET) and a limited key for one that may use every
+ * model, so v4 refuses both; v5 round-trips them, a revoked key's are moot, and a record whose
+ * models break the limits is refused naming the field. */
+Test(avro, an_inference_key_or_a_keys_models_need_v5) {
+  lt_tenant_t t = {0}, back;
+  acme_with_keys(&t, 2);
+  t.keys[1].role = LT_TENANT_ROLE_INFERENCE;
+  lt_avro_record_t *v4 = tenant_record(4), *v5 = tenant_record(5);
+  cr_assert_eq(lt_tenant_to_record(&t, v4, err, sizeof err), LT_ERR_INVALID);
+  cr_expect(strstr(err, "is an inference key: write v5"), "%s", err);
+  t.keys[1].role = LT_TENANT_ROLE_MEMBER;
+  cr_assert(lt_tenant_key_add_model(&t.keys[1], "ft:tiny:job-1", err, sizeof err), "%s", err);
+  cr_assert_eq(lt_tenant_to_record(&t, v4, err, sizeof err), LT_ERR_INVALID);
+  cr_expect(strstr(err, "has no api_keys[].models") && strstr(err, "ft:tiny:job-1") && strstr(err, "write v5"), "%s", err);
+  t.keys[1].revoked = true; /* moot once revoked */
+  tenant_through(&t, v4, v5, &back);
+  cr_expect(back.nkeys == 2 && !back.keys[1].models[0], "a v4 record reads with no models");
+  t.keys[1].revoked = false;
+  t.keys[1].role = LT_TENANT_ROLE_INFERENCE;
+  cr_assert(lt_tenant_key_add_model(&t.keys[1], "tiny", err, sizeof err), "%s", err);
+  tenant_through(&t, v5, v5, &back);
+  cr_expect_eq(back.keys[1].role, LT_TENANT_ROLE_INFERENCE);
+  cr_expect_str_eq(back.keys[1].models, "ft:tiny:job-1 tiny");
+  cr_expect(!back.keys[0].models[0] && back.keys[0].role == LT_TENANT_ROLE_ADMIN);
+  cr_expect(lt_tenant_key_may_use(&back.keys[1], "tiny") && lt_tenant_key_may_use(&back.keys[1], "ft:tiny:job-1"));
+  cr_expect(!lt_tenant_key_may_use(&back.keys[1], "ft:tiny:job-2") && !lt_tenant_key_may_use(&back.keys[1], "tin") &&
+                !lt_tenant_key_may_use(&back.keys[1], "ft:tiny:job-1 tiny") && !lt_tenant_key_may_use(&back.keys[1], ""),
+            "only the listed ids, whole");
+  cr_expect(lt_tenant_key_may_use(&back.keys[0], "anything") && lt_tenant_key_may_use(NULL, "anything"));
+  cr_expect_eq(lt_avro_record_writer_version(v5), 5);
+  /* the limits, in the CLI's helper and in a record that breaks them */
+  lt_tenant_key_t k = {0};
+  const char *bad[] = {"", "a b", "caf\xc3\xa9", "tab\there"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect(!lt_tenant_key_add_model(&k, bad[i], err, sizeof err), "model \"%s\" was taken", bad[i]);
+  char big[LT_TENANT_MODELS_BYTES + 8];
+  memset(big, 'm', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  cr_expect(!lt_tenant_key_add_model(&k, big, err, sizeof err) && strstr(err, "over 255"), "%s", err);
+  for (int i = 0; i < LT_TENANT_MODELS_MAX; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "m%d", i);
+    cr_assert(lt_tenant_key_add_model(&k, id, err, sizeof err), "%s", err);
+  }
+  cr_expect(!lt_tenant_key_add_model(&k, "m9", err, sizeof err) && strstr(err, "more than 8"), "%s", err);
+  cr_expect(!lt_tenant_key_add_model(&k, "m3", err, sizeof err), "a model listed twice");
+  cr_assert_eq(lt_avro_array_append_string(v5, "api_keys[1].models", "has space"), LT_OK);
+  cr_assert_eq(lt_tenant_from_record(v5, &back, err, sizeof err), LT_ERR_INVALID);
+  cr_expect(strstr(err, "api_keys[1].models[2]") && strstr(err, "space"), "%s", err);
+  lt_avro_record_destroy(v4);
+  lt_avro_record_destroy(v5);
 }
 
 Test(avro, old_reader_reads_new_data) {

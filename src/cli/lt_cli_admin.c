@@ -5,7 +5,8 @@
  *                                [--json]
  *   lathe admin tenant update ID [same options]
  *   lathe admin tenant rotate-key ID [--json]
- *   lathe admin tenant add-key ID [--role admin|member|viewer] [--label TEXT] [--json]
+ *   lathe admin tenant add-key ID [--role admin|member|viewer|inference] [--label TEXT] [--model M]...
+ *                                 [--json]
  *   lathe admin tenant revoke-key ID KEY_ID [--json]
  *   lathe admin tenant list [--json]
  *   lathe admin replay ...        (lt_cli_replay.c)
@@ -46,11 +47,15 @@ static void usage(FILE *f) {
              "           API's LATHE_API_MAX_STORAGE_BYTES applies)\n"
              "       lathe admin tenant update ID [same options]\n"
              "       lathe admin tenant rotate-key ID [--json]   a new admin key; every other key revoked\n"
-             "       lathe admin tenant add-key ID [--role admin|member|viewer] [--label TEXT] [--json]\n"
+             "       lathe admin tenant add-key ID [--role admin|member|viewer|inference] [--label TEXT]\n"
+             "                     [--model M]... [--json]\n"
              "           another key (default admin); a member key may do everything except approve\n"
              "           staff access to the tenant's data (it may deny and revoke) and delete\n"
-             "           datasets or jobs; a viewer key only reads (GET). --label: what the key is\n"
-             "           for (a dashboard, CI), shown by list\n"
+             "           datasets or jobs; a viewer key only reads (GET); an inference key only\n"
+             "           samples (/v1/completions, /v1/chat/completions, /v1/models, /v1/tokenize):\n"
+             "           the key an application holds. --model (an inference key, up to 8): the\n"
+             "           models it may sample from, as GET /v1/models names them (default: any of\n"
+             "           the tenant's). --label: what the key is for (a dashboard, CI), shown by list\n"
              "       lathe admin tenant revoke-key ID KEY_ID [--json]\n"
              "           one key revoked (KEY_ID: the 16 hex characters after \"lt_\" in the key; list\n"
              "           shows them); the tenant's other keys keep working\n"
@@ -130,14 +135,16 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
   const uint8_t *bytes;
   size_t len;
   int rc = 1;
-  /* v1 unless the tenant has a storage quota of its own (v2), a live member key (v3), or a live viewer
-   * key or a key's label (v4): a reader older than the version (a process not yet upgraded) cannot
-   * decode it and would miss the record, a key's rotation or revocation included; one that could
-   * would read a viewer key as a member key */
+  /* v1 unless the tenant has a storage quota of its own (v2), a live member key (v3), a live viewer
+   * key or a key's label (v4), or a live inference key or a key's models (v5): a reader older than
+   * the version (a process not yet upgraded) cannot decode it and would miss the record, a key's
+   * rotation or revocation included; one that could would read a viewer key as a member key, an
+   * inference key as a viewer, a key limited to some models as one that may use them all */
   int version = t->quotas.max_storage_bytes ? 2 : 1;
   for (int k = 0; k < t->nkeys; k++) {
     if (t->keys[k].revoked) continue;
-    int need = t->keys[k].label[0] ? 4 : lt_tenant_role_version(t->keys[k].role);
+    int need = t->keys[k].models[0] ? 5 : t->keys[k].label[0] ? 4 : 1;
+    if (lt_tenant_role_version(t->keys[k].role) > need) need = lt_tenant_role_version(t->keys[k].role);
     version = need > version ? need : version;
   }
   const lt_avro_schema_t *schema = lt_avro_schema_find(a->reg, "TenantUpserted", version);
@@ -160,13 +167,12 @@ out:
 }
 
 enum { O_NAME = 256, O_WEIGHT, O_MAX_RUNNING, O_MAX_QUEUED, O_MAX_DURATION, O_MAX_DATASET_BYTES, O_MAX_STORAGE_BYTES, O_JSON,
-       O_ROLE, O_LABEL };
+       O_ROLE, O_LABEL, O_MODEL };
 
 /* The options of tenant create|update|rotate-key|add-key|revoke-key|list (rotate-key, revoke-key, list: --json only;
- * add-key: --role, --label and --json, role and label not NULL); into t (may be NULL then), *role and label
- * (LT_TENANT_LABEL_MAX + 1 bytes). Returns -1 to go on with the operands in a, or the exit status. */
-static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_role_t *role, char *label,
-                       bool *json) {
+ * add-key: --role, --label, --model and --json, into key, not NULL then); into t (may be NULL then) or key.
+ * Returns -1 to go on with the operands in a, or the exit status. */
+static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, lt_tenant_key_t *key, bool *json) {
   static const struct option opts[] = {{"name", required_argument, NULL, O_NAME},
                                        {"weight", required_argument, NULL, O_WEIGHT},
                                        {"max-running", required_argument, NULL, O_MAX_RUNNING},
@@ -178,17 +184,19 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
                                        {0}};
   static const struct option key_opts[] = {{"role", required_argument, NULL, O_ROLE},
                                            {"label", required_argument, NULL, O_LABEL},
+                                           {"model", required_argument, NULL, O_MODEL},
                                            {"json", no_argument, NULL, O_JSON},
                                            {0}};
-  a->opts = role ? key_opts : t ? opts : opts + 7;
+  a->opts = key ? key_opts : t ? opts : opts + 7;
   int c;
   double d = 0;
+  char why[320];
   while ((c = lt_cli_args_next(a, argc, argv)) >= 0) {
     switch (c) {
     case O_JSON: *json = true; break;
     case O_ROLE:
-      if (!lt_tenant_role_parse(a->value, role)) {
-        fprintf(stderr, "lathe %s: --role is admin, member or viewer, not \"%.40s\"\n", a->what, a->value);
+      if (!lt_tenant_role_parse(a->value, &key->role)) {
+        fprintf(stderr, "lathe %s: --role is admin, member, viewer or inference, not \"%.40s\"\n", a->what, a->value);
         return 2;
       }
       break;
@@ -203,7 +211,13 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
                   (size_t)(ch - a->value), (unsigned char)*ch);
           return 2;
         }
-      snprintf(label, LT_TENANT_LABEL_MAX + 1, "%s", a->value);
+      snprintf(key->label, sizeof key->label, "%s", a->value);
+      break;
+    case O_MODEL:
+      if (!lt_tenant_key_add_model(key, a->value, why, sizeof why)) {
+        fprintf(stderr, "lathe %s: --model: %s\n", a->what, why);
+        return 2;
+      }
       break;
     case O_NAME: snprintf(t->display_name, sizeof t->display_name, "%s", a->value); break;
     case O_WEIGHT:
@@ -232,7 +246,23 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
       break;
     }
   }
+  if (c == LT_CLI_ARGS_END && key && key->models[0] && key->role != LT_TENANT_ROLE_INFERENCE) {
+    fprintf(stderr, "lathe %s: --model limits an inference key (--role inference); a %s key reaches more than "
+                    "sampling\n", a->what, lt_tenant_role_name(key->role));
+    return 2;
+  }
   return c == LT_CLI_ARGS_END ? -1 : a->status;
+}
+
+/* The models key k is limited to, as a JSON array ([] for any). */
+static json_t *models_json(const lt_tenant_key_t *k) {
+  json_t *a = json_array();
+  for (const char *p = k->models; a && *p;) {
+    size_t len = strcspn(p, " ");
+    json_array_append_new(a, json_stringn(p, len));
+    p += len + (p[len] == ' ');
+  }
+  return a;
 }
 
 /* A revoked key shows no role: the record that revokes a tenant's last member key is written in a
@@ -241,7 +271,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
   int live = 0, members = 0;
   for (int k = 0; k < t->nkeys; k++) live += !t->keys[k].revoked;
   for (int k = 0; k < t->nkeys; k++) members += !t->keys[k].revoked && t->keys[k].role != LT_TENANT_ROLE_ADMIN;
-  /* members: every live key that is not an admin's (member and viewer keys) */
+  /* members: every live key that is not an admin's (member, viewer and inference keys) */
   if (json) { /* through jansson: a display name may hold quotes */
     json_t *o = json_pack("{s:s,s:s,s:f,s:i,s:i,s:I,s:I,s:I,s:i,s:b}", "tenant_id", t->tenant_id, "name",
                           t->display_name, "weight", t->weight, "max_running_slots",
@@ -252,9 +282,10 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
                           "disabled", t->disabled);
     json_t *keys = json_array();
     for (int k = 0; o && keys && k < t->nkeys; k++)
-      json_array_append_new(keys, json_pack("{s:s,s:s?,s:s,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
+      json_array_append_new(keys, json_pack("{s:s,s:s?,s:s,s:o,s:b,s:I}", "key_id", t->keys[k].key_id, "role",
                                             t->keys[k].revoked ? NULL : lt_tenant_role_name(t->keys[k].role),
-                                            "label", t->keys[k].label, "revoked", t->keys[k].revoked,
+                                            "label", t->keys[k].label, "models", models_json(&t->keys[k]),
+                                            "revoked", t->keys[k].revoked,
                                             "created_at", (json_int_t)t->keys[k].created_at_ms));
     if (o) json_object_set_new(o, "keys", keys ? keys : json_array());
     else json_decref(keys);
@@ -273,10 +304,11 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
          t->disabled ? ", DISABLED" : "");
   for (int k = 0; k < t->nkeys; k++) {
     char when[32];
-    printf("  key %s: %s, made %s UTC%s%s%s\n", t->keys[k].key_id,
+    printf("  key %s: %s, made %s UTC%s%s%s%s%s\n", t->keys[k].key_id,
            t->keys[k].revoked ? "revoked" : lt_tenant_role_name(t->keys[k].role),
            lt_cli_time(t->keys[k].created_at_ms, when, sizeof when), t->keys[k].label[0] ? " (" : "",
-           t->keys[k].label, t->keys[k].label[0] ? ")" : "");
+           t->keys[k].label, t->keys[k].label[0] ? ")" : "", t->keys[k].models[0] ? ", models: " : "",
+           t->keys[k].models);
   }
   if (api_key) printf("API key (shown once, store it now): %s\n", api_key);
 }
@@ -284,7 +316,7 @@ static void print_tenant(const lt_tenant_t *t, const char *api_key, bool json) {
 static int tenant_list(int argc, char **argv) {
   lt_cli_args_t a = {.what = "admin tenant list", .usage = usage};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, NULL, NULL, NULL, &json);
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
   if (rc >= 0) return rc;
   admin_t ad = {0};
   rc = load_tenants(&ad);
@@ -307,14 +339,13 @@ static int tenant_write(int argc, char **argv) {
   const char *verb = argv[0];
   bool create = strcmp(verb, "create") == 0, rotate = strcmp(verb, "rotate-key") == 0,
        add = strcmp(verb, "add-key") == 0;
-  lt_tenant_role_t role = LT_TENANT_ROLE_ADMIN;
+  lt_tenant_key_t spec = {.role = LT_TENANT_ROLE_ADMIN}; /* add-key: the new key's role, label and models */
   char what[48];
   snprintf(what, sizeof what, "admin tenant %s", verb);
   lt_cli_args_t a = {.what = what, .usage = usage, .min = 1, .max = 1};
   lt_tenant_t t = {0};
   bool json = false;
-  char label[LT_TENANT_LABEL_MAX + 1] = "";
-  int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, add ? label : NULL, &json);
+  int rc = tenant_args(&a, argc, argv, rotate || add ? NULL : &t, add ? &spec : NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0];
   if (!tenant_id_ok(id)) return 2;
@@ -357,7 +388,7 @@ static int tenant_write(int argc, char **argv) {
     t = *cur;
   }
   lt_cli_args_t again = {.what = what, .usage = usage, .min = 1, .max = 1}; /* read once already */
-  tenant_args(&again, argc, argv, rotate || add ? NULL : &t, add ? &role : NULL, add ? label : NULL, &json);
+  if (!add) tenant_args(&again, argc, argv, rotate ? NULL : &t, NULL, &json);
   bool want_key = create || rotate || add;
   if (want_key && lt_tenant_add_key(&t, rotate, lt_time_wall_ms(), key)) {
     fprintf(stderr, "lathe admin: tenant %s has the most live keys allowed (%d)\n", id, LT_TENANT_MAX_KEYS);
@@ -365,8 +396,10 @@ static int tenant_write(int argc, char **argv) {
     goto out;
   }
   if (add) {
-    t.keys[t.nkeys - 1].role = role;
-    snprintf(t.keys[t.nkeys - 1].label, sizeof t.keys[t.nkeys - 1].label, "%s", label);
+    lt_tenant_key_t *k = &t.keys[t.nkeys - 1];
+    k->role = spec.role;
+    snprintf(k->label, sizeof k->label, "%s", spec.label);
+    snprintf(k->models, sizeof k->models, "%s", spec.models);
   }
   if ((rc = write_tenant(&ad, &t))) goto out;
   print_tenant(&t, want_key ? key : NULL, json);
@@ -380,7 +413,7 @@ out:
 static int tenant_revoke_key(int argc, char **argv) {
   lt_cli_args_t a = {.what = "admin tenant revoke-key", .usage = usage, .min = 2, .max = 2};
   bool json = false;
-  int rc = tenant_args(&a, argc, argv, NULL, NULL, NULL, &json);
+  int rc = tenant_args(&a, argc, argv, NULL, NULL, &json);
   if (rc >= 0) return rc;
   const char *id = a.operands[0], *key_id = a.operands[1];
   if (!tenant_id_ok(id)) return 2;

@@ -345,6 +345,16 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name, .openai = f->openai};
   if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req, c.key_id)))
     return f->slot;
+  /* An inference key samples: what the sampler serves, and nothing else; refused before any id
+   * is looked up, so that it cannot tell the tenant's jobs or datasets from none either. */
+  const lt_tenant_key_t *k = c.tenant ? lt_tenant_key(c.tenant, c.key_id) : NULL;
+  if (k && k->role == LT_TENANT_ROLE_INFERENCE && !f->sampler) {
+    lt_api_reply_error(req, 403, "forbidden", NULL,
+                       "API key %s of tenant %s is an inference key: it may call /v1/completions, "
+                       "/v1/chat/completions, /v1/models, /v1/tokenize and /v1/detokenize, not %s",
+                       c.key_id, c.tenant->tenant_id, f->prefix);
+    return f->slot;
+  }
   if (!p.parsed) {
     lt_api_reply_error(req, 404, "not_found", NULL, "%s", f->nothing);
     return f->slot;
@@ -354,9 +364,8 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   const lt_api_route_t *r = find_route(p.pattern, method);
   char what[sizeof p.pattern + 96];
   lt_tenant_role_t needed = r && c.tenant ? role_needed(r, p.pattern, what, sizeof what) : LT_TENANT_ROLE_VIEWER;
-  const lt_tenant_key_t *k = c.tenant ? lt_tenant_key(c.tenant, c.key_id) : NULL;
   lt_tenant_role_t role = k ? k->role : LT_TENANT_ROLE_VIEWER; /* staff: their own checks */
-  if (r && c.tenant && role > needed)
+  if (r && c.tenant && role != LT_TENANT_ROLE_INFERENCE && role > needed)
     lt_api_reply_error(req, 403, "forbidden", NULL,
                        "API key %s of tenant %s is a %s key, and %s: that needs %s (an operator makes one)", c.key_id,
                        c.tenant->tenant_id, lt_tenant_role_name(role), what,

@@ -673,9 +673,12 @@ static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
  * false. */
 static bool resolve_model(lt_api_call_t *c, sample_req_t *r) {
   const lt_sample_ops_t *ops = c->api->conf.sampler;
-  if (strncmp(r->model, "ft:", 3) == 0) {
+  /* A key limited to some models (TenantUpserted v5) is told of another what it is told of a model
+   * that does not exist, before anything is looked up. */
+  bool allowed = lt_tenant_key_may_use(lt_tenant_key(c->tenant, c->key_id), r->model);
+  if (allowed && strncmp(r->model, "ft:", 3) == 0) {
     if (!resolve_adapter(c, r)) r->base[0] = '\0';
-  } else {
+  } else if (allowed) {
     for (const char *const *b = ops->models(ops->ctx); *b; b++)
       if (strcmp(*b, r->model) == 0) snprintf(r->base, sizeof r->base, "%s", *b);
   }
@@ -965,10 +968,12 @@ void lt_api_sample_chat(lt_api_call_t *c) { sample_route(c, true); }
 typedef struct {
   lt_api_t *api;
   const char *tenant;
+  const lt_tenant_key_t *key; /* the caller's: the models it may use (lt_tenant_key_may_use) */
   json_t *data;
 } models_ctx_t;
 
 static void add_model(models_ctx_t *m, const lt_job_t *j, const char *id) {
+  if (!lt_tenant_key_may_use(m->key, id)) return;
   json_array_append_new(m->data, json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", "model", "created",
                                            (json_int_t)(j->submitted_at_ms / 1000), "owned_by", j->tenant_id, "root",
                                            j->base_model));
@@ -997,17 +1002,21 @@ static bool add_adapter_model(const lt_job_t *j, void *arg) {
 
 void lt_api_sample_models(lt_api_call_t *c) {
   lt_api_t *api = c->api;
-  models_ctx_t m = {.api = api, .tenant = c->tenant->tenant_id, .data = json_array()};
+  models_ctx_t m = {.api = api, .tenant = c->tenant->tenant_id, .key = lt_tenant_key(c->tenant, c->key_id),
+                    .data = json_array()};
   const lt_sample_ops_t *ops = api->conf.sampler;
   if (ops) {
     for (const char *const *b = ops->models(ops->ctx); *b; b++)
-      json_array_append_new(m.data, json_pack("{s:s,s:s,s:i,s:s}", "id", *b, "object", "model", "created", 0, "owned_by", "lathe"));
+      if (lt_tenant_key_may_use(m.key, *b))
+        json_array_append_new(m.data, json_pack("{s:s,s:s,s:i,s:s}", "id", *b, "object", "model", "created", 0, "owned_by", "lathe"));
   } else { /* the api role: the base models the workers serve (to fine-tune), from their heartbeats */
     json_t *seen = json_object(), *hb, *b;
     const char *wid;
     size_t i;
     json_object_foreach(lt_proj_workers(api->proj), wid, hb) json_array_foreach(json_object_get(hb, "base_models"), i, b) {
-      if (!json_is_string(b) || json_object_get(seen, json_string_value(b))) continue;
+      if (!json_is_string(b) || json_object_get(seen, json_string_value(b)) ||
+          !lt_tenant_key_may_use(m.key, json_string_value(b)))
+        continue;
       json_object_set_new(seen, json_string_value(b), json_true());
       json_array_append_new(m.data, json_pack("{s:O,s:s,s:i,s:s}", "id", b, "object", "model", "created", 0, "owned_by", "lathe"));
     }

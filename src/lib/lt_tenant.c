@@ -108,19 +108,55 @@ const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tn, const char *key_id) 
   return NULL;
 }
 
-const char *lt_tenant_role_name(lt_tenant_role_t role) {
-  return role == LT_TENANT_ROLE_ADMIN ? "admin" : role == LT_TENANT_ROLE_MEMBER ? "member" : "viewer";
-}
+static const struct {
+  const char *name;
+  int version;
+} roles[] = {[LT_TENANT_ROLE_ADMIN] = {"admin", 1},
+             [LT_TENANT_ROLE_MEMBER] = {"member", 3},
+             [LT_TENANT_ROLE_VIEWER] = {"viewer", 4},
+             [LT_TENANT_ROLE_INFERENCE] = {"inference", 5}};
 
-int lt_tenant_role_version(lt_tenant_role_t role) {
-  return role == LT_TENANT_ROLE_ADMIN ? 1 : role == LT_TENANT_ROLE_MEMBER ? 3 : 4;
-}
+const char *lt_tenant_role_name(lt_tenant_role_t role) { return roles[role].name; }
+
+int lt_tenant_role_version(lt_tenant_role_t role) { return roles[role].version; }
 
 bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out) {
-  if (s && strcmp(s, "admin") == 0) *out = LT_TENANT_ROLE_ADMIN;
-  else if (s && strcmp(s, "member") == 0) *out = LT_TENANT_ROLE_MEMBER;
-  else if (s && strcmp(s, "viewer") == 0) *out = LT_TENANT_ROLE_VIEWER;
-  else return false;
+  for (size_t i = 0; s && i < sizeof roles / sizeof *roles; i++)
+    if (strcmp(s, roles[i].name) == 0) {
+      *out = (lt_tenant_role_t)i;
+      return true;
+    }
+  return false;
+}
+
+bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model) {
+  if (!k || !k->models[0]) return true;
+  size_t n = strlen(model);
+  for (const char *p = k->models; *p;) {
+    size_t len = strcspn(p, " ");
+    if (len == n && memcmp(p, model, n) == 0) return true;
+    p += len + (p[len] == ' ');
+  }
+  return false;
+}
+
+bool lt_tenant_key_add_model(lt_tenant_key_t *k, const char *model, char *why, size_t n) {
+  size_t len = strlen(model), used = strlen(k->models), count = used ? 1 : 0;
+  for (const char *p = k->models; *p; p++) count += *p == ' ';
+  if (!len) return snprintf(why, n, "a model is empty"), false;
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)model[i] <= 0x20 || (unsigned char)model[i] >= 0x7f)
+      return snprintf(why, n, "model \"%.80s\" holds a space or a byte that is not printable ASCII (byte %zu)", model, i),
+             false;
+  if (k->models[0] && lt_tenant_key_may_use(k, model))
+    return snprintf(why, n, "model %.200s is listed twice", model), false;
+  if (count == LT_TENANT_MODELS_MAX)
+    return snprintf(why, n, "more than %d models for one key", LT_TENANT_MODELS_MAX), false;
+  if (used + (used ? 1 : 0) + len > LT_TENANT_MODELS_BYTES)
+    return snprintf(why, n, "the models' ids come to %zu bytes together, over %d", used + (used ? 1 : 0) + len,
+                    LT_TENANT_MODELS_BYTES),
+           false;
+  snprintf(k->models + used, sizeof k->models - used, "%s%s", used ? " " : "", model);
   return true;
 }
 
@@ -208,9 +244,19 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
     snprintf(path, sizeof path, "api_keys[%zu].role", i);
     k->role = LT_TENANT_ROLE_ADMIN; /* v3; before it every key was an admin key */
     if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK && !lt_tenant_role_parse(s, &k->role))
-      k->role = LT_TENANT_ROLE_VIEWER; /* a role this version does not know: the least */
+      k->role = LT_TENANT_ROLE_INFERENCE; /* a role this version does not know: the least (none of the data) */
     snprintf(path, sizeof path, "api_keys[%zu].label", i); /* v4; "" before */
     if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK) copy_field(k->label, sizeof k->label, s);
+    size_t nm = 0;
+    snprintf(path, sizeof path, "api_keys[%zu].models", i); /* v5; none before */
+    if (lt_avro_array_size(rec, path, &nm) != LT_OK) nm = 0;
+    for (size_t m = 0; m < nm; m++) {
+      char why[320];
+      snprintf(path, sizeof path, "api_keys[%zu].models[%zu]", i, m);
+      NEED(lt_avro_get_string(rec, path, &s, NULL));
+      if (!lt_tenant_key_add_model(k, s, why, sizeof why))
+        return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted: %s: %s", path, why);
+    }
   }
   out->nkeys = (int)nk;
 #undef NEED
@@ -257,8 +303,9 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     int version = lt_avro_schema_version(lt_avro_record_schema(rec));
     if (tn->keys[i].revoked && lt_tenant_role_version(role) > version) role = LT_TENANT_ROLE_ADMIN; /* moot */
     if (version < lt_tenant_role_version(role))
-      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d cannot say that key %s is a %s key: write v%d",
-                     version, tn->keys[i].key_id, lt_tenant_role_name(role), lt_tenant_role_version(role));
+      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d cannot say that key %s is %s %s key: write v%d",
+                     version, tn->keys[i].key_id, role == LT_TENANT_ROLE_INFERENCE ? "an" : "a",
+                     lt_tenant_role_name(role), lt_tenant_role_version(role));
     if (version >= 3) SET(lt_avro_set_string(rec, path, lt_tenant_role_name(role)));
     snprintf(path, sizeof path, "api_keys[%zu].label", idx);
     if (version >= 4) SET(lt_avro_set_string(rec, path, tn->keys[i].label));
@@ -266,6 +313,21 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
       return lt_errf(errstr, n, LT_ERR_INVALID,
                      "TenantUpserted v%d has no api_keys[].label (key %s is \"%s\"): write v4", version,
                      tn->keys[i].key_id, tn->keys[i].label);
+    snprintf(path, sizeof path, "api_keys[%zu].models", idx);
+    if (version >= 5) {
+      SET(lt_avro_array_clear(rec, path));
+      for (const char *p = tn->keys[i].models; *p;) {
+        size_t len = strcspn(p, " ");
+        char one[LT_TENANT_MODELS_BYTES + 1];
+        snprintf(one, sizeof one, "%.*s", (int)len, p);
+        SET(lt_avro_array_append_string(rec, path, one));
+        p += len + (p[len] == ' ');
+      }
+    } else if (tn->keys[i].models[0] && !tn->keys[i].revoked) {
+      /* a reader of v4 would let the key sample from every model */
+      return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted v%d has no api_keys[].models (key %s is limited to "
+                     "%.120s): write v5", version, tn->keys[i].key_id, tn->keys[i].models);
+    }
   }
 #undef SET
   return LT_OK;

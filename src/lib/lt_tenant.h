@@ -23,6 +23,8 @@
 #define LT_TENANT_SECRET_LEN 40   /* hex characters of a key's secret part */
 #define LT_TENANT_WRAPPED_MAX 256 /* bytes of a wrapped data key */
 #define LT_TENANT_LABEL_MAX 63    /* bytes of a key's label */
+#define LT_TENANT_MODELS_MAX 8    /* models one key may be limited to (v5) */
+#define LT_TENANT_MODELS_BYTES 255 /* their ids together, a space between each */
 /* "lt_" + key id + "_" + secret + NUL */
 #define LT_TENANT_API_KEY_SIZE (3 + LT_TENANT_KEY_ID_LEN + 1 + LT_TENANT_SECRET_LEN + 1)
 
@@ -34,15 +36,20 @@ typedef struct lt_tenant_quotas {
   int64_t max_storage_bytes;  /* its datasets and artifacts together; 0: the API's figure (TenantUpserted v2) */
 } lt_tenant_quotas_t;
 
-/* What a key may do (TenantUpserted v3 api_keys[].role; viewer from v4; a key of a record before
- * v3 is an admin key). A member key may do everything an admin key may but approve staff access to
- * the tenant's data (any key but a viewer may close that door: deny, revoke; only an admin key
- * opens it) and delete a dataset or a job (lt_api.c, admin_routes and role_needed). A viewer key (v4) reads: GET
- * routes only (a dashboard's key). Ordered: a larger value may do less. */
+/* What a key may do (TenantUpserted v3 api_keys[].role; viewer from v4, inference from v5; a key
+ * of a record before v3 is an admin key). A member key may do everything an admin key may but
+ * approve staff access to the tenant's data (any key but a viewer or inference key may close that
+ * door: deny, revoke; only an admin key opens it) and delete a dataset or a job (lt_api.c,
+ * admin_routes and role_needed). A viewer key (v4) reads: GET routes only (a dashboard's key). An
+ * inference key (v5) samples: only the routes the sampler serves (completions, chat completions,
+ * models, the tokenizer), none of the tenant's jobs, datasets, artifacts or settings (the key an
+ * application holds). Admin, member and viewer are ordered: a larger value may do less; inference
+ * stands apart (it may sample, which a viewer may not) and is the least as to the tenant's data. */
 typedef enum lt_tenant_role {
   LT_TENANT_ROLE_ADMIN = 0,
   LT_TENANT_ROLE_MEMBER = 1,
   LT_TENANT_ROLE_VIEWER = 2,
+  LT_TENANT_ROLE_INFERENCE = 3,
 } lt_tenant_role_t;
 
 typedef struct lt_tenant_key {
@@ -52,6 +59,9 @@ typedef struct lt_tenant_key {
   bool revoked;
   lt_tenant_role_t role;
   char label[LT_TENANT_LABEL_MAX + 1]; /* what the key is for (v4), "" for none */
+  /* The models it may sample from (v5), their ids with a space between each; "" for any of the
+   * tenant's (lt_tenant_key_may_use). */
+  char models[LT_TENANT_MODELS_BYTES + 1];
 } lt_tenant_key_t;
 
 typedef struct lt_tenant {
@@ -95,12 +105,19 @@ lt_err_t lt_tenant_authenticate(const lt_tenant_table_t *t, const char *api_key,
 
 /* The tenant's key with this key id (live or revoked), or NULL. */
 const lt_tenant_key_t *lt_tenant_key(const lt_tenant_t *tenant, const char *key_id);
-/* "admin", "member" or "viewer"; lt_tenant_role_parse: false for another word. */
+/* "admin", "member", "viewer" or "inference"; lt_tenant_role_parse: false for another word. */
 const char *lt_tenant_role_name(lt_tenant_role_t role);
 bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out);
 /* The first TenantUpserted version that can hold a live key of this role: an older reader would
  * read it as another role (v3 readers count an unknown role as member) or not at all. */
 int lt_tenant_role_version(lt_tenant_role_t role);
+/* Whether key k (NULL: none, any model) may name model when it samples: its list of models (v5)
+ * is empty or holds model exactly. */
+bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model);
+/* Adds model to k's list: false with why (n bytes) when it is not printable ASCII without spaces,
+ * is empty, is listed already, or the list would pass LT_TENANT_MODELS_MAX models or
+ * LT_TENANT_MODELS_BYTES bytes. */
+bool lt_tenant_key_add_model(lt_tenant_key_t *k, const char *model, char *why, size_t n);
 
 /* Makes a new API key: writes it (NUL-terminated, LT_TENANT_API_KEY_SIZE bytes) to key_out and
  * adds its hash to *tenant, an admin key (set keys[nkeys - 1].role for another); with revoke_old,

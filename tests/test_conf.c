@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "lt_bus.h"
@@ -85,4 +86,57 @@ Test(conf, an_unknown_kafka_property_stops_lathed_naming_it) {
   int rc = pclose(p);
   cr_expect_neq(rc, 0, "lathed started: %s", out);
   cr_expect(strstr(out, "no.such.property"), "%s", out);
+}
+
+/* lathed's output and exit status for a command line with an empty environment of keys (so that a
+ * setting it accepts lets it go on to refuse the missing master key instead). */
+static int lathed_says(const char *args, char *out, size_t n) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "env -u LATHE_MASTER_KEY -u LATHE_MASTER_KEY_FILE timeout 30 '%s' %s --port 0 "
+           "--operator-port 0 2>&1", lt_test_lathed_bin(), args);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = '\0';
+  int rc = pclose(p);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* A numeric setting or a switch that lathed cannot read stops it (exit 2) before any role starts,
+ * naming the setting and what it should be, whether it came from the environment, a --config
+ * file or --set: "30s" was 30 ms to atoi, "two" slots and "yes" were the defaults. Good values of
+ * every kind pass (lathed goes on to the missing master key). */
+Test(conf, a_setting_lathed_cannot_read_stops_it_naming_the_setting) {
+  const char *bad[][2] = {
+      {"LATHE_KILL_DEADLINE_MS=30s", "milliseconds"}, {"LATHE_WORKER_SLOTS=two", "slots"},
+      {"LATHE_API_THREADS=-2", "from -1 to 256"},      {"LATHE_SAMPLER_KV_MB=99999999999999999999", "MiB"},
+      {"LATHE_LEASE_MS=1e3", "milliseconds"},         {"LATHE_GC_GRACE_MS=-5", "milliseconds"},
+      {"LATHE_SCHEDULER_PORT=70000", "a port"},       {"LATHE_ACCESS_SECOND_STAFF=yes", "1 (on) or 0 (off)"},
+      {"LATHE_PUBLISHER_LOG_COMMITS=true", "1 (on) or 0 (off)"}, {"LATHE_PREEMPT_AFTER_S=nan", "seconds"},
+      {"LATHE_SAMPLER_THREADS=0", "from 1 to 256"}};
+  char args[512], out[4096];
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(strchr(bad[i][0], '=') - bad[i][0]), bad[i][0]);
+    for (int how = 0; how < 3; how++) {
+      if (how == 0) snprintf(args, sizeof args, "--role all --set '%s'", bad[i][0]);
+      if (how == 1) {
+        write_file(bad[i][0]);
+        snprintf(args, sizeof args, "--config '%s' --role worker", path);
+      }
+      if (how == 2) snprintf(args, sizeof args, "--role api");
+      if (how == 2) setenv(name, strchr(bad[i][0], '=') + 1, 1);
+      int rc = lathed_says(args, out, sizeof out);
+      if (how == 2) unsetenv(name);
+      cr_expect(rc == 2 && strstr(out, name) && strstr(out, bad[i][1]) && !strstr(out, "listening") &&
+                    !strstr(out, "master key"),
+                "%s (%s): exit %d: %s", bad[i][0], how == 0 ? "--set" : how == 1 ? "--config" : "environment", rc, out);
+    }
+  }
+  write_file("LATHE_KILL_DEADLINE_MS=30000\nLATHE_WORKER_SLOTS=2\nLATHE_API_THREADS=-1\nLATHE_PREEMPT_AFTER_S=0.5\n"
+             "LATHE_ACCESS_SECOND_STAFF=0\nLATHE_PUBLISHER_LOG_COMMITS=1\nLATHE_SAMPLER_KV_MB=\n"
+             "LATHE_SCHEDULER_PORT=0\nLATHE_API_MAX_STORAGE_BYTES=1152921504606846976\n");
+  snprintf(args, sizeof args, "--config '%s' --role all", path);
+  int rc = lathed_says(args, out, sizeof out);
+  cr_expect(rc == 1 && strstr(out, "master key"), "good settings were refused: exit %d: %s", rc, out);
 }

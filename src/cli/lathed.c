@@ -55,12 +55,18 @@
  *                    the default: the answers are the training engine's, bit for bit) or bf16
  *                    copies (half the bytes a decode step streams; answers within bf16 rounding)
  *
+ * Every numeric setting and switch above is read before any role starts (settings_read): one that
+ * is not a whole number in its range (a number of seconds for LATHE_PREEMPT_AFTER_S; 0 or 1 for a
+ * switch) stops lathed with exit 2, naming it and what it should be.
+ *
  * The process-wide things are here and nowhere else: the signal events, the event base, and
  * the log format (lt_log_setup, before any thread starts; executors inherit it through
  * LATHE_LOG_FORMAT).
  * Roles are created on one event_base and run until SIGINT/SIGTERM. */
 #include <errno.h>
 #include <malloc.h>
+#include <math.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +95,106 @@
 #include "lt_store.h"
 #include "lt_time.h"
 #include "lt_utf8.h"
+
+/* The numeric and on/off settings of every role, read from the environment (and so from --config
+ * and --set) before any role starts (settings_read). Unset or empty keeps the default given here;
+ * 0 is the role's own default where its conf says so. */
+typedef struct lathed_settings {
+  long long api_sse_history, api_sse_keep_ended_ms, api_threads, api_max_open_uploads, api_max_saving_calls,
+      api_upload_idle_ms, api_max_downloads, api_download_window, api_max_storage_bytes, api_stream_backlog;
+  long long sampler_threads, sampler_cuda, sampler_kv_mb, sampler_adapter_mb, sampler_max_running,
+      sampler_prefill_chunk, sampler_queue_per_tenant, sampler_queue_total;
+  long long lease_ms, lease_margin_ms, start_timeout_ms, max_unavailable_stops, scheduler_port;
+  bool scheduler_port_set;
+  double preempt_after_s; /* < 0: the policy's default */
+  long long keep_checkpoints, gc_grace_ms;
+  long long worker_slots, worker_threads, session_idle_ms, kill_deadline_ms, worker_store_retry_ms;
+  bool access_second_staff, publisher_log_commits;
+} lathed_settings_t;
+
+#define DAY_MS (86400LL * 1000)
+#define SETTING(name, unit, lo, hi, field) {name, unit, lo, hi, offsetof(lathed_settings_t, field)}
+
+/* Every whole-number setting: its name, what it counts, and the values it may take. */
+static const struct {
+  const char *name, *unit;
+  long long lo, hi;
+  size_t off;
+} numeric_settings[] = {
+    SETTING("LATHE_API_SSE_HISTORY", "events", 0, 1000000, api_sse_history),
+    SETTING("LATHE_API_SSE_KEEP_ENDED_MS", "milliseconds", 0, 30 * DAY_MS, api_sse_keep_ended_ms),
+    SETTING("LATHE_API_THREADS", "threads (-1: the work on the loop thread)", -1, 256, api_threads),
+    SETTING("LATHE_API_MAX_OPEN_UPLOADS", "uploads", 0, 1000000, api_max_open_uploads),
+    SETTING("LATHE_API_MAX_SAVING_CALLS", "calls", 0, 1000000, api_max_saving_calls),
+    SETTING("LATHE_API_UPLOAD_IDLE_MS", "milliseconds", 0, 30 * DAY_MS, api_upload_idle_ms),
+    SETTING("LATHE_API_MAX_DOWNLOADS", "downloads", 0, 1000000, api_max_downloads),
+    SETTING("LATHE_API_DOWNLOAD_WINDOW", "bytes", 0, 1LL << 32, api_download_window),
+    SETTING("LATHE_API_MAX_STORAGE_BYTES", "bytes", 0, 1LL << 60, api_max_storage_bytes),
+    SETTING("LATHE_API_STREAM_BACKLOG", "bytes", 0, 1LL << 40, api_stream_backlog),
+    SETTING("LATHE_SAMPLER_THREADS", "threads", 1, 256, sampler_threads),
+    SETTING("LATHE_SAMPLER_CUDA", "0 or 1", 0, 1, sampler_cuda),
+    SETTING("LATHE_SAMPLER_KV_MB", "MiB", 0, 1LL << 20, sampler_kv_mb),
+    SETTING("LATHE_SAMPLER_ADAPTER_MB", "MiB", 0, 1LL << 20, sampler_adapter_mb),
+    SETTING("LATHE_SAMPLER_MAX_RUNNING", "requests", 0, 1000000, sampler_max_running),
+    SETTING("LATHE_SAMPLER_PREFILL_CHUNK", "rows", 0, 1LL << 20, sampler_prefill_chunk),
+    SETTING("LATHE_SAMPLER_QUEUE_PER_TENANT", "requests", 0, 1000000, sampler_queue_per_tenant),
+    SETTING("LATHE_SAMPLER_QUEUE_TOTAL", "requests", 0, 1000000, sampler_queue_total),
+    SETTING("LATHE_LEASE_MS", "milliseconds", 0, DAY_MS, lease_ms),
+    SETTING("LATHE_LEASE_MARGIN_MS", "milliseconds", 0, DAY_MS, lease_margin_ms),
+    SETTING("LATHE_START_TIMEOUT_MS", "milliseconds", 0, DAY_MS, start_timeout_ms),
+    SETTING("LATHE_MAX_UNAVAILABLE_STOPS", "stops", 0, 1000000, max_unavailable_stops),
+    SETTING("LATHE_SCHEDULER_PORT", "a port", 0, 65535, scheduler_port),
+    SETTING("LATHE_KEEP_CHECKPOINTS", "checkpoints", 0, 1000, keep_checkpoints),
+    SETTING("LATHE_GC_GRACE_MS", "milliseconds", 0, 365 * DAY_MS, gc_grace_ms),
+    SETTING("LATHE_WORKER_SLOTS", "slots", 0, 1024, worker_slots),
+    SETTING("LATHE_WORKER_THREADS", "threads", 1, 256, worker_threads),
+    SETTING("LATHE_SESSION_IDLE_MS", "milliseconds", 0, 365 * DAY_MS, session_idle_ms),
+    SETTING("LATHE_KILL_DEADLINE_MS", "milliseconds", 0, 3600 * 1000, kill_deadline_ms),
+    SETTING("LATHE_WORKER_STORE_RETRY_MS", "milliseconds", 0, 7 * DAY_MS, worker_store_retry_ms),
+};
+
+/* Reads every setting into *s (defaults first). LT_ERR_INVALID names the first that is not what
+ * it should be, with what it should be: "30s" for milliseconds, "two" for slots and "yes" for a
+ * switch stop lathed before anything starts, rather than running with 30 ms, the default or
+ * off. */
+static lt_err_t settings_read(lathed_settings_t *s, char *err, size_t n) {
+  *s = (lathed_settings_t){.sampler_threads = 1, .worker_threads = 1, .preempt_after_s = -1};
+  for (size_t i = 0; i < sizeof numeric_settings / sizeof *numeric_settings; i++) {
+    const char *v = getenv(numeric_settings[i].name);
+    if (!v || !*v) continue;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end || end == v || errno || x < numeric_settings[i].lo || x > numeric_settings[i].hi)
+      return lt_errf(err, n, LT_ERR_INVALID, "%s=\"%.40s\": expected %s, a whole number from %lld to %lld",
+                     numeric_settings[i].name, v, numeric_settings[i].unit, numeric_settings[i].lo,
+                     numeric_settings[i].hi);
+    *(long long *)((char *)s + numeric_settings[i].off) = x;
+    if (strcmp(numeric_settings[i].name, "LATHE_SCHEDULER_PORT") == 0) s->scheduler_port_set = true;
+  }
+  const char *v = getenv("LATHE_PREEMPT_AFTER_S");
+  if (v && *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || end == v || !isfinite(x) || x < 0 || x > 1e9)
+      return lt_errf(err, n, LT_ERR_INVALID, "LATHE_PREEMPT_AFTER_S=\"%.40s\": expected seconds, a number from 0 to 1e9",
+                     v);
+    s->preempt_after_s = x;
+  }
+  const struct {
+    const char *name;
+    bool *out;
+  } switches[] = {{"LATHE_ACCESS_SECOND_STAFF", &s->access_second_staff},
+                  {"LATHE_PUBLISHER_LOG_COMMITS", &s->publisher_log_commits}};
+  for (size_t i = 0; i < sizeof switches / sizeof *switches; i++) {
+    v = getenv(switches[i].name);
+    if (!v || !*v) continue;
+    if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+      return lt_errf(err, n, LT_ERR_INVALID, "%s=\"%.40s\": expected 1 (on) or 0 (off)", switches[i].name, v);
+    *switches[i].out = v[0] == '1';
+  }
+  return LT_OK;
+}
 
 typedef struct lathed {
   struct event_base *base;
@@ -120,6 +226,7 @@ typedef struct lathed {
   } cfgs[8];
   char instance[128];
   char models[2048];       /* LATHE_MODELS_DIR, else the build's default */
+  lathed_settings_t set;   /* every role's numbers and switches (settings_read) */
   struct event *drain_ev;  /* SIGTERM with a worker: its drain's watch (on_drain_tick) */
   int64_t drain_until_ms;  /* when the watch gives up: the kill deadline and DRAIN_MARGIN_MS */
 } lathed_t;
@@ -490,22 +597,20 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
                         .tokenize_ctx = d, .operator_bind_addr = o->ops_bind, .operator_port = o->ops_port,
                         .max_connections = o->max_connections, .tls_cert_file = o->tls_cert,
                         .tls_key_file = o->tls_key, .staff_keys_file = getenv("LATHE_STAFF_KEYS_FILE")};
-  const char *second = getenv("LATHE_ACCESS_SECOND_STAFF");
-  conf.access_second_staff = second && strcmp(second, "1") == 0;
+  conf.access_second_staff = d->set.access_second_staff;
   e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_AUTH_FAIL_RATE", &conf.auth_fail_rate, err, n);
-  const char *v;
-  if ((v = getenv("LATHE_API_SSE_HISTORY"))) conf.sse_history = atoi(v);
-  if ((v = getenv("LATHE_API_SSE_KEEP_ENDED_MS"))) conf.sse_keep_ended_ms = atoll(v);
-  /* The data paths (lt_api.h); 0 or unset keeps the defaults. */
-  if ((v = getenv("LATHE_API_THREADS"))) conf.work_threads = atoi(v);
-  if ((v = getenv("LATHE_API_MAX_OPEN_UPLOADS"))) conf.max_open_uploads = atoi(v);
-  if ((v = getenv("LATHE_API_MAX_SAVING_CALLS"))) conf.max_saving_calls = atoi(v);
-  if ((v = getenv("LATHE_API_UPLOAD_IDLE_MS"))) conf.upload_idle_ms = atoll(v);
-  if ((v = getenv("LATHE_API_MAX_DOWNLOADS"))) conf.max_downloads = atoi(v);
-  if ((v = getenv("LATHE_API_DOWNLOAD_WINDOW"))) conf.download_window = (size_t)atoll(v);
-  if ((v = getenv("LATHE_API_MAX_STORAGE_BYTES"))) conf.max_storage_bytes = (uint64_t)atoll(v);
+  const lathed_settings_t *set = &d->set; /* 0 or unset keeps the defaults (lt_api.h) */
+  conf.sse_history = (int)set->api_sse_history;
+  conf.sse_keep_ended_ms = set->api_sse_keep_ended_ms;
+  conf.work_threads = (int)set->api_threads;
+  conf.max_open_uploads = (int)set->api_max_open_uploads;
+  conf.max_saving_calls = (int)set->api_max_saving_calls;
+  conf.upload_idle_ms = set->api_upload_idle_ms;
+  conf.max_downloads = (int)set->api_max_downloads;
+  conf.download_window = (size_t)set->api_download_window;
+  conf.max_storage_bytes = (uint64_t)set->api_max_storage_bytes;
   if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (e) return e;
   /* Tests and scripts read the two ports from these lines. */
@@ -515,27 +620,22 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   return LT_OK;
 }
 
-/* An integer from the environment (unset: def). */
-static long env_long(const char *name, long def) {
-  const char *v = getenv(name);
-  return v && *v ? atol(v) : def;
-}
-
 /* The sampler: its backend over the base models, then an API instance serving only the sampling
  * routes over it, under the sampler's own Kafka principal. */
 static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   const char *prec = getenv("LATHE_SAMPLER_PRECISION");
   if (prec && *prec && strcmp(prec, "f32") != 0 && strcmp(prec, "bf16") != 0)
     return lt_errf(err, n, LT_ERR_INVALID, "LATHE_SAMPLER_PRECISION=\"%s\": expected f32 or bf16", prec);
-  lt_sampler_conf_t sc = {.models_dir = d->models, .threads = (int)env_long("LATHE_SAMPLER_THREADS", 1),
-                          .cuda = (int)env_long("LATHE_SAMPLER_CUDA", 0),
+  const lathed_settings_t *set = &d->set;
+  lt_sampler_conf_t sc = {.models_dir = d->models, .threads = (int)set->sampler_threads,
+                          .cuda = (int)set->sampler_cuda,
                           .bf16_weights = prec && strcmp(prec, "bf16") == 0,
-                          .kv_bytes = (size_t)env_long("LATHE_SAMPLER_KV_MB", 0) << 20,
-                          .adapter_bytes = (size_t)env_long("LATHE_SAMPLER_ADAPTER_MB", 0) << 20,
-                          .max_running = (int)env_long("LATHE_SAMPLER_MAX_RUNNING", 0),
-                          .prefill_chunk = (int)env_long("LATHE_SAMPLER_PREFILL_CHUNK", 0),
-                          .queue_per_tenant = (int)env_long("LATHE_SAMPLER_QUEUE_PER_TENANT", 0),
-                          .queue_total = (int)env_long("LATHE_SAMPLER_QUEUE_TOTAL", 0)};
+                          .kv_bytes = (size_t)set->sampler_kv_mb << 20,
+                          .adapter_bytes = (size_t)set->sampler_adapter_mb << 20,
+                          .max_running = (int)set->sampler_max_running,
+                          .prefill_chunk = (int)set->sampler_prefill_chunk,
+                          .queue_per_tenant = (int)set->sampler_queue_per_tenant,
+                          .queue_total = (int)set->sampler_queue_total};
   lt_err_t e = lt_sampler_new(&sc, &d->sampler, err, n);
   if (e) return e;
   lt_sampler_ops(d->sampler, &d->sampler_ops);
@@ -552,15 +652,7 @@ static lt_err_t start_sampler(lathed_t *d, const lathed_opts_t *o, char *err, si
                         .tls_key_file = o->tls_key, .sampler = &d->sampler_ops, .sampler_only = true};
   e = rate_from_env("LATHE_API_KEY_RATE", &conf.key_rate, err, n);
   if (!e) e = rate_from_env("LATHE_API_TENANT_RATE", &conf.tenant_rate, err, n);
-  const char *v = getenv("LATHE_API_STREAM_BACKLOG"); /* 0 or unset: the default (lt_api.h) */
-  if (!e && v && *v) {
-    char *end;
-    unsigned long long b = strtoull(v, &end, 10);
-    if (*end || v[0] == '-' || b > (1ull << 40))
-      e = lt_errf(err, n, LT_ERR_INVALID, "LATHE_API_STREAM_BACKLOG=\"%s\": expected bytes, a whole number", v);
-    else
-      conf.stream_backlog = (size_t)b;
-  }
+  conf.stream_backlog = (size_t)set->api_stream_backlog; /* 0: the default (lt_api.h) */
   if (!e) e = lt_api_new(d->base, &conf, &d->sampler_api, err, n);
   if (e) return e;
   lt_log_info(NULL, "sampler operator endpoints (/healthz, /metrics) at http://%s:%u", o->ops_bind,
@@ -579,28 +671,21 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
   lt_scheduler_conf_t sc = {.bus = bus, .registry = d->reg, .tenant_mac = d->tenant_mac, .producer_id = producer,
                             .store = d->store};
   /* Tests and small deployments shorten the lease clock; 0 or unset keeps the defaults. */
-  const char *lease = getenv("LATHE_LEASE_MS"), *margin = getenv("LATHE_LEASE_MARGIN_MS"),
-             *start = getenv("LATHE_START_TIMEOUT_MS");
-  if (lease) sc.lease_ms = atoll(lease);
-  if (margin) sc.lease_margin_ms = atoll(margin);
-  if (start) sc.start_timeout_ms = atoll(start);
-  const char *away = getenv("LATHE_MAX_UNAVAILABLE_STOPS");
-  if (away) sc.max_unavailable_stops = atoi(away);
+  const lathed_settings_t *set = &d->set;
+  sc.lease_ms = set->lease_ms;
+  sc.lease_margin_ms = set->lease_margin_ms;
+  sc.start_timeout_ms = set->start_timeout_ms;
+  sc.max_unavailable_stops = (int)set->max_unavailable_stops;
   lt_sched_config_t policy; /* copied by lt_scheduler_new */
-  const char *preempt = getenv("LATHE_PREEMPT_AFTER_S");
-  if (preempt && *preempt) {
+  if (set->preempt_after_s >= 0) {
     lt_sched_config_default(&policy);
-    policy.preempt_after_s = atof(preempt);
+    policy.preempt_after_s = set->preempt_after_s;
     sc.policy = &policy;
   }
   /* The operator endpoint only when asked for: several schedulers may share a host. */
-  const char *port = getenv("LATHE_SCHEDULER_PORT");
-  if (o->sched_port_set || (port && *port)) {
-    long v = o->sched_port;
-    if (!o->sched_port_set && !num_arg("LATHE_SCHEDULER_PORT", port, 0, 65535, &v))
-      return lt_errf(err, n, LT_ERR_INVALID, "LATHE_SCHEDULER_PORT is not a port");
+  if (o->sched_port_set || set->scheduler_port_set) {
     sc.operator_bind_addr = o->ops_bind;
-    sc.operator_port = (uint16_t)v;
+    sc.operator_port = (uint16_t)(o->sched_port_set ? o->sched_port : set->scheduler_port);
   }
   e = lt_scheduler_new(d->base, &sc, &d->scheduler, err, n);
   if (!e) lt_log_info(NULL, "scheduler started");
@@ -632,17 +717,13 @@ static int worker_health(void *ctx, char **json) { return lt_worker_health(ctx, 
 static lt_err_t start_publisher(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
   char producer[160];
   snprintf(producer, sizeof producer, "publisher/%s", d->instance);
-  const char *keep = getenv("LATHE_KEEP_CHECKPOINTS"); /* intermediate checkpoints kept (2) */
-  const char *grace = getenv("LATHE_GC_GRACE_MS");      /* 0 or unset: the default (1 h) */
-  const char *log_commits = getenv("LATHE_PUBLISHER_LOG_COMMITS"); /* "1": during catch-up too */
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 2, "publisher", &bus, err, n);
   if (e) return e;
   lt_publisher_conf_t pc = {.bus = bus, .store = d->store, .kek = d->kek, .tenant_mac = d->tenant_mac,
                             .registry = d->reg,
-                            .producer_id = producer, .keep_checkpoints = keep ? atoi(keep) : 0,
-                            .gc_grace_ms = grace ? atoll(grace) : 0,
-                            .log_commits = log_commits && strcmp(log_commits, "1") == 0};
+                            .producer_id = producer, .keep_checkpoints = (int)d->set.keep_checkpoints,
+                            .gc_grace_ms = d->set.gc_grace_ms, .log_commits = d->set.publisher_log_commits};
   e = lt_publisher_new(d->base, &pc, &d->publisher, err, n);
   if (!e) lt_log_info(NULL, "publisher started");
   if (!e)
@@ -651,7 +732,7 @@ static lt_err_t start_publisher(lathed_t *d, const lathed_opts_t *o, char *err, 
 }
 
 static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, size_t n) {
-  const char *slots = getenv("LATHE_WORKER_SLOTS"), *threads = getenv("LATHE_WORKER_THREADS");
+  const lathed_settings_t *set = &d->set;
   lt_bus_conf_t *bus;
   lt_err_t e = role_bus(d, 3, "worker", &bus, err, n);
   if (e) return e;
@@ -660,11 +741,10 @@ static lt_err_t start_worker(lathed_t *d, const lathed_opts_t *o, char *err, siz
                          .worker_id = d->instance, .models_dir = d->models,
                          .mem_root = getenv("LATHE_WORKER_MEM_DIR"),
                          .executor_path = getenv("LATHE_WORKER_EXECUTOR"),
-                         .slots = slots ? atoi(slots) : 0, .threads_per_executor = threads ? atoi(threads) : 1,
+                         .slots = (int)set->worker_slots, .threads_per_executor = (int)set->worker_threads,
                          .backend = getenv("LATHE_WORKER_BACKEND"),
-                         .session_idle_ms = getenv("LATHE_SESSION_IDLE_MS") ? atoll(getenv("LATHE_SESSION_IDLE_MS")) : 0,
-                         .kill_deadline_ms = getenv("LATHE_KILL_DEADLINE_MS") ? atoi(getenv("LATHE_KILL_DEADLINE_MS")) : 0,
-                         .store_retry_ms = getenv("LATHE_WORKER_STORE_RETRY_MS") ? atoll(getenv("LATHE_WORKER_STORE_RETRY_MS")) : 0,
+                         .session_idle_ms = set->session_idle_ms, .kill_deadline_ms = (int)set->kill_deadline_ms,
+                         .store_retry_ms = set->worker_store_retry_ms,
                          .node_group = getenv("LATHE_WORKER_NODE_GROUP"), .rendezvous = getenv("LATHE_WORKER_RENDEZVOUS"),
                          .on_drain = on_operator_drain, .on_drain_ctx = d};
   e = lt_worker_new(d->base, &wc, &d->worker, err, n);
@@ -775,6 +855,11 @@ int main(int argc, char **argv) {
   if (rc >= 0) return rc;
   setup_log(&o, d.instance);
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
+  char serr[256];
+  if (settings_read(&d.set, serr, sizeof serr)) { /* before anything starts: nothing half up */
+    lt_log_error(NULL, "%s", serr);
+    return 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   evthread_use_pthreads();
   /* Buffers of 1 MiB and more (upload parts, store parts) are mapped and unmapped by themselves,

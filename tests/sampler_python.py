@@ -273,8 +273,26 @@ def inference_key(lathe, env, base, sbase, tenant_a, key_a, job_a, model_a):
     check(st1 == st2 == 404 and b1["error"]["message"].replace("lathe-tiny", "M") ==
           b2["error"]["message"].replace("no-such-model", "M"),
           "a model outside the key's list answers as one that does not exist (404, same message)")
+    st1, b1, _ = complete(sbase, ikey, {"model": f"{model_a}:ckpt-step-1", "prompt": "x", "max_tokens": 2})
+    check(st1 == 404 and b1["error"]["message"].replace(f"{model_a}:ckpt-step-1", "M") ==
+          b2["error"]["message"].replace("no-such-model", "M"),
+          "a checkpoint of the key's own adapter, not listed, answers as no model")
     st, _, _ = complete(sbase, key_a, {"model": "lathe-tiny", "prompt": "x", "max_tokens": 2})
     check(st == 200, "A's admin key still samples the base model")
+    st, tok, _ = http_json(sbase, ikey, "POST", "/v1/tokenize", {"model": "lathe-tiny", "text": "date"})
+    check(st == 200 and tok.get("tokens"), "the key tokenizes with its adapter's base model")
+    other = json.loads(run([lathe, "admin", "tenant", "add-key", tenant_a, "--role", "inference",
+                            "--model", "ft:other-base:job-1", "--json"], env, "add-key --role inference"))["api_key"]
+    deadline = time.time() + 30
+    while http_json(sbase, other, "GET", "/v1/models")[0] != 200:
+        if time.time() > deadline:
+            fail("the sampler never accepted the second inference key")
+        time.sleep(0.2)
+    st1, b1, _ = http_json(sbase, other, "POST", "/v1/tokenize", {"model": "lathe-tiny", "text": "date"})
+    st2, b2, _ = http_json(sbase, other, "POST", "/v1/tokenize", {"model": "no-such-base", "text": "date"})
+    check(st1 == st2 == 404 and b1["error"]["message"].replace("lathe-tiny", "M") ==
+          b2["error"]["message"].replace("no-such-base", "M"),
+          "a key limited to another base's adapter is told of this base's tokenizer what it is told of none")
     for method, path in (("GET", f"/v1/jobs/{job_a}"), ("GET", f"/v1/jobs/{job_a}/artifacts/samples.json"),
                          ("GET", f"/v1/jobs/{job_a}/checkpoints"), ("GET", "/v1/datasets"), ("POST", "/v1/jobs")):
         st, b, _ = http_json(base, ikey, method, path, {} if method == "POST" else None)

@@ -618,6 +618,14 @@ Test(api, an_inference_key_samples_and_reaches_none_of_the_tenants_data) {
   r = req(ci, "POST", "/v1/tokenize", "{}");
   cr_expect(r.status != 403 && r.status != 401, "the tokenizer: %d %s", r.status, r.body);
   lt_client_resp_free(&r);
+  /* the tokenizer's paths look no id up: a session's id gets what any word gets */
+  const char *under[] = {"/v1/tokenize/sess-000000000000000000000000", "/v1/detokenize/x"};
+  for (size_t i = 0; i < 2; i++) {
+    r = req(ci, "POST", under[i], "{}");
+    cr_expect(r.status == 404 && r.body && strstr(r.body, "no such route") && !strstr(r.body, "session"), "%s: %d %s",
+              under[i], r.status, r.body);
+    lt_client_resp_free(&r);
+  }
   snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
   char *out = lt_test_run(cmd, &rc);
   cr_expect(rc == 0 && strstr(out, "\"role\":\"inference\",\"label\":\"chat app\",\"models\":[\"ft:tiny:job-x\",\"tiny\"]"),

@@ -388,8 +388,8 @@ Test(avro, a_tenant_record_of_v1_has_no_storage_quota_and_a_negative_one_is_refu
 }
 
 /* A key's role (TenantUpserted v3): a key of an earlier record reads as an admin key; a member key
- * needs v3 to be written; a role this version does not know reads as the least it knows (an
- * inference key: none of the tenant's data). */
+ * needs v3 to be written; a role this version does not know (a forged or broken record: a later
+ * role comes in a later version) leaves the key authenticating nowhere. */
 Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
   lt_tenant_t t = {0}, back;
   acme_with_keys(&t, 2);
@@ -412,7 +412,7 @@ Test(avro, a_tenant_key_role_needs_v3_and_an_older_record_reads_as_admin_keys) {
   /* a role from a later version: the least this one knows */
   cr_assert_eq(lt_avro_set_string(v3, "api_keys[0].role", "owner"), LT_OK);
   cr_assert_eq(lt_tenant_from_record(v3, &back, err, sizeof err), LT_OK, "%s", err);
-  cr_expect_eq(back.keys[0].role, LT_TENANT_ROLE_INFERENCE);
+  cr_expect(back.keys[0].revoked && !back.keys[1].revoked, "an unknown role's key is revoked, the other kept");
   lt_avro_record_destroy(v2);
   lt_avro_record_destroy(v3);
 }
@@ -478,6 +478,12 @@ Test(avro, an_inference_key_or_a_keys_models_need_v5) {
                 !lt_tenant_key_may_use(&back.keys[1], "ft:tiny:job-1 tiny") && !lt_tenant_key_may_use(&back.keys[1], ""),
             "only the listed ids, whole");
   cr_expect(lt_tenant_key_may_use(&back.keys[0], "anything") && lt_tenant_key_may_use(NULL, "anything"));
+  /* the tokenizers: of the models it may use, and of the bases of its adapters */
+  lt_tenant_key_t only = {0};
+  cr_assert(lt_tenant_key_add_model(&only, "ft:base2:job-9", err, sizeof err), "%s", err);
+  cr_expect(lt_tenant_key_may_tokenize(&only, "base2") && !lt_tenant_key_may_tokenize(&only, "base") &&
+            !lt_tenant_key_may_tokenize(&only, "base22") && !lt_tenant_key_may_tokenize(&only, "ft"));
+  cr_expect(lt_tenant_key_may_tokenize(&back.keys[1], "tiny") && lt_tenant_key_may_tokenize(NULL, "any"));
   cr_expect_eq(lt_avro_record_writer_version(v5), 5);
   /* the limits, in the CLI's helper and in a record that breaks them */
   lt_tenant_key_t k = {0};
@@ -498,6 +504,28 @@ Test(avro, an_inference_key_or_a_keys_models_need_v5) {
   cr_assert_eq(lt_avro_array_append_string(v5, "api_keys[1].models", "has space"), LT_OK);
   cr_assert_eq(lt_tenant_from_record(v5, &back, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "api_keys[1].models[2]") && strstr(err, "space"), "%s", err);
+  /* a forged record's other ways past the limits: each refused naming the field */
+  const char *forged[][2] = {{"", "is empty"}, {"tiny", "listed twice"}, {"t\0x", "NUL"}, {NULL, "more than 8"}};
+  for (size_t f = 0; f < sizeof forged / sizeof *forged; f++) {
+    cr_assert_eq(lt_avro_array_clear(v5, "api_keys[1].models"), LT_OK);
+    cr_assert_eq(lt_avro_array_append_string(v5, "api_keys[1].models", "tiny"), LT_OK);
+    size_t idx;
+    char at[64];
+    if (forged[f][0] && f == 2) { /* a string with a NUL inside: set as bytes of that length */
+      cr_assert_eq(lt_avro_array_append(v5, "api_keys[1].models", &idx), LT_OK);
+      snprintf(at, sizeof at, "api_keys[1].models[%zu]", idx);
+      cr_assert_eq(lt_avro_set_string_len(v5, at, "t\0x", 3), LT_OK);
+    } else if (forged[f][0]) {
+      cr_assert_eq(lt_avro_array_append_string(v5, "api_keys[1].models", forged[f][0]), LT_OK);
+    } else {
+      for (int m = 0; m < LT_TENANT_MODELS_MAX; m++) {
+        snprintf(at, sizeof at, "m%d", m);
+        cr_assert_eq(lt_avro_array_append_string(v5, "api_keys[1].models", at), LT_OK);
+      }
+    }
+    cr_assert_eq(lt_tenant_from_record(v5, &back, err, sizeof err), LT_ERR_INVALID, "forged case %zu was taken", f);
+    cr_expect(strstr(err, "api_keys[1].models[") && strstr(err, forged[f][1]), "%s", err);
+  }
   lt_avro_record_destroy(v4);
   lt_avro_record_destroy(v5);
 }

@@ -298,7 +298,7 @@ static lt_tok_t *model_tokenizer(lathed_t *d, const char *model, char *err, size
   snprintf(path, sizeof path, "%s/%s/tokenizer.json", d->models, model);
   lt_tok_t *tok = NULL;
   if (access(path, R_OK) != 0 || lt_tok_load_file(path, &tok, err, n)) {
-    snprintf(err, n, "no base model \"%s\" with a tokenizer is served here", model);
+    snprintf(err, n, LT_API_NO_TOKENIZER, model);
     return NULL;
   }
   if (free_slot < 0) {

@@ -188,9 +188,9 @@ static const route_family_t families[] = {
      false, true, false, false},
     {"/v1/sessions", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such session",
      true, false, false, false, false},
-    {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
+    {"/v1/tokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sample_resolve, "no such route",
      true, false, false, true, false},
-    {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sessions_resolve, "no such route",
+    {"/v1/detokenize", LT_API_SLOT_SESSIONS, parse_jobs, lt_api_sample_resolve, "no such route",
      true, false, false, true, false},
     {"/v1/completions", LT_API_SLOT_SAMPLE, parse_jobs, lt_api_sample_resolve, "no such route",
      true, false, false, true, false},
@@ -345,8 +345,10 @@ static lt_api_slot_t route(lt_api_t *api, struct evhttp_request *req, const char
   lt_api_call_t c = {.api = api, .req = req, .id = p.id, .name = p.name, .openai = f->openai};
   if (f->staff ? !(c.staff = lt_api_staff_authenticate(api, req)) : !(c.tenant = authenticate(api, req, c.key_id)))
     return f->slot;
-  /* An inference key samples: what the sampler serves, and nothing else; refused before any id
-   * is looked up, so that it cannot tell the tenant's jobs or datasets from none either. */
+  /* An inference key samples: what the sampler serves (the families marked sampler, whose every
+   * route is sampling, the model list or the tokenizer, and none of which looks an {id} up), and
+   * nothing else; refused before any id is looked up, so that it cannot tell the tenant's jobs or
+   * datasets from none either. */
   const lt_tenant_key_t *k = c.tenant ? lt_tenant_key(c.tenant, c.key_id) : NULL;
   if (k && k->role == LT_TENANT_ROLE_INFERENCE && !f->sampler) {
     lt_api_reply_error(req, 403, "forbidden", NULL,

@@ -88,6 +88,9 @@ typedef struct lt_api_rate {
  * false when the text is none of these. */
 bool lt_api_rate_parse(const char *text, lt_api_rate_t *out);
 
+/* What /v1/tokenize answers (404, with the model's id) for a base model it has no tokenizer of. */
+#define LT_API_NO_TOKENIZER "no base model \"%s\" with a tokenizer is served here"
+
 typedef struct lt_api_conf {
   const char *bind_addr;               /* "127.0.0.1" */
   uint16_t port;                       /* 0: any free port (lt_api_port tells which) */
@@ -103,7 +106,8 @@ typedef struct lt_api_conf {
   void *tokens_ctx;
   /* /v1/tokenize and /v1/detokenize with a base model's tokenizer (NULL: 501): in is the text (a
    * JSON string) or the ids (an array); *out gets {"tokens": [...]} or {"text": "..."}.
-   * LT_ERR_NOT_FOUND for a model with no tokenizer here, LT_ERR_INVALID for bad ids. */
+   * LT_ERR_NOT_FOUND for a model with no tokenizer here (errstr: LT_API_NO_TOKENIZER with the
+   * model, which a key not allowed the model is told too), LT_ERR_INVALID for bad ids. */
   lt_err_t (*tokenize_fn)(void *ctx, const char *model, const json_t *in, json_t **out, char *errstr,
                           size_t errstr_size);
   /* A base model's vocabulary size, which session calls' token ids are checked against (0 when

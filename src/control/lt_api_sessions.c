@@ -1170,6 +1170,8 @@ static void tokenize(lt_api_call_t *c, bool decode) {
                                                                                    : "text: a string is required");
   else if (!api->conf.tokenize_fn)
     lt_api_reply_error(c->req, 501, "not_implemented", NULL, "this server has no tokenizer");
+  else if (!lt_tenant_key_may_tokenize(lt_tenant_key(c->tenant, c->key_id), model)) /* as if not served */
+    lt_api_reply_error(c->req, 404, "not_found", "model", LT_API_NO_TOKENIZER, model);
   else {
     json_t *out = NULL;
     lt_err_t e = api->conf.tokenize_fn(api->conf.tokenize_ctx, model, in, &out, msg, sizeof msg);

@@ -140,6 +140,17 @@ bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model) {
   return false;
 }
 
+bool lt_tenant_key_may_tokenize(const lt_tenant_key_t *k, const char *base) {
+  if (lt_tenant_key_may_use(k, base)) return true;
+  size_t n = strlen(base);
+  for (const char *p = k->models; *p;) {
+    size_t len = strcspn(p, " ");
+    if (len > n + 4 && strncmp(p, "ft:", 3) == 0 && memcmp(p + 3, base, n) == 0 && p[3 + n] == ':') return true;
+    p += len + (p[len] == ' ');
+  }
+  return false;
+}
+
 bool lt_tenant_key_add_model(lt_tenant_key_t *k, const char *model, char *why, size_t n) {
   size_t len = strlen(model), used = strlen(k->models), count = used ? 1 : 0;
   for (const char *p = k->models; *p; p++) count += *p == ' ';
@@ -243,8 +254,12 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
     NEED(lt_avro_get_bool(rec, path, &k->revoked));
     snprintf(path, sizeof path, "api_keys[%zu].role", i);
     k->role = LT_TENANT_ROLE_ADMIN; /* v3; before it every key was an admin key */
-    if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK && !lt_tenant_role_parse(s, &k->role))
-      k->role = LT_TENANT_ROLE_INFERENCE; /* a role this version does not know: the least (none of the data) */
+    /* A role this version does not know (a forged or broken record: a later role comes in a later
+     * version, which this one cannot decode): the key authenticates nowhere. */
+    if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK && !lt_tenant_role_parse(s, &k->role)) {
+      k->role = LT_TENANT_ROLE_ADMIN; /* moot: revoked */
+      k->revoked = true;
+    }
     snprintf(path, sizeof path, "api_keys[%zu].label", i); /* v4; "" before */
     if (lt_avro_get_string(rec, path, &s, NULL) == LT_OK) copy_field(k->label, sizeof k->label, s);
     size_t nm = 0;
@@ -253,8 +268,9 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
     for (size_t m = 0; m < nm; m++) {
       char why[320];
       snprintf(path, sizeof path, "api_keys[%zu].models[%zu]", i, m);
-      NEED(lt_avro_get_string(rec, path, &s, NULL));
-      if (!lt_tenant_key_add_model(k, s, why, sizeof why))
+      NEED(lt_avro_get_string(rec, path, &s, &len));
+      if (strlen(s) != len) snprintf(why, sizeof why, "it holds a NUL byte");
+      if (strlen(s) != len || !lt_tenant_key_add_model(k, s, why, sizeof why))
         return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted: %s: %s", path, why);
     }
   }

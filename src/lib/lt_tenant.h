@@ -114,6 +114,9 @@ int lt_tenant_role_version(lt_tenant_role_t role);
 /* Whether key k (NULL: none, any model) may name model when it samples: its list of models (v5)
  * is empty or holds model exactly. */
 bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model);
+/* Whether key k may use the tokenizer of base model `base`: a model it may use is that base, or
+ * an adapter of it ("ft:<base>:..."). */
+bool lt_tenant_key_may_tokenize(const lt_tenant_key_t *k, const char *base);
 /* Adds model to k's list: false with why (n bytes) when it is not printable ASCII without spaces,
  * is empty, is listed already, or the list would pass LT_TENANT_MODELS_MAX models or
  * LT_TENANT_MODELS_BYTES bytes. */

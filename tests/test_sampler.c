@@ -645,7 +645,8 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   OK(ts_load(&t, 0));
   long long one = metric(&t, "adapter_cache_bytes");
   ts_close(&t);
-  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 5 / 2), .max_running = 4});
+  /* no hold: the LRU order alone (the hold has a test of its own, below) */
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 5 / 2), .max_running = 4, .adapter_hold_ms = -1});
   OK(ts_load(&t, 0));
   OK(ts_load(&t, 1));
   cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0")); /* ad1 is now the least recently used */
@@ -686,6 +687,40 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   cr_assert_eq(ts_load(&t, 0), LT_ERR_UNSUPPORTED, "%s", errbuf);
   cr_expect(strstr(errbuf, "more than this sampler's whole adapter cache"), "%s", errbuf);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  ts_close(&t);
+}
+
+/* An adapter loaded (or found) for a request is kept until that request has had time to submit:
+ * another request's load does not evict it first. Before, with room for one adapter, loading ad1
+ * between a request's load of ad0 and its submit evicted ad0, and the request was told its model
+ * was not found (a 404 from the API under a busy cache). Now that load is refused as the cache
+ * being full (429, Retry-After); once the hold has passed and nothing holds ad0, ad1 evicts it. */
+Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout = 120) {
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){0});
+  OK(ts_load(&t, 0));
+  long long one = metric(&t, "adapter_cache_bytes");
+  ts_close(&t);
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 3 / 2), .adapter_hold_ms = 800});
+  OK(ts_load(&t, 0)); /* request A's load */
+  cr_assert_eq(ts_load(&t, 1), LT_ERR_QUOTA, "request B's load evicted the adapter A loaded: %s", errbuf);
+  cr_expect(strstr(errbuf, "just loaded for a request"), "%s", errbuf);
+  static rec_t r;
+  rec_init(&r, 0);
+  lt_sample_req_t q = req_of(&r, "t", "tenant/ad0", k_prompts[0], 3, 0.9f, 3);
+  submit_ok(&t, &q); /* A submits: its adapter is there */
+  cr_assert(rec_wait(&r, -1), "request A never finished");
+  cr_assert(idle_and_free(&t));
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 0);
+  usleep(1000 * 1000); /* the hold passes; nothing holds ad0 now */
+  OK(ts_load(&t, 1));
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  /* found by has_adapter (the API's path when it is loaded already): held the same way */
+  usleep(1000 * 1000); /* ad1's own hold from its load passes */
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad1"));
+  cr_assert_eq(ts_load(&t, 0), LT_ERR_QUOTA, "a load evicted the adapter has_adapter had just found: %s", errbuf);
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
   ts_close(&t);
 }
 

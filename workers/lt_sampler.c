@@ -131,13 +131,19 @@ static sadapter_t *find_adapter(lt_sampler_t *s, const char *id) {
   return NULL;
 }
 
-/* Evicts least recently used adapters no request holds until `need` more bytes fit. Under mu.
- * False when they cannot: every adapter in the way is in use. */
+/* Keeps a for a request about to submit (conf.adapter_hold_ms). Under mu. */
+static void hold_adapter(lt_sampler_t *s, sadapter_t *a) {
+  if (s->conf.adapter_hold_ms > 0) a->held_until_us = lt_time_mono_us() + (int64_t)s->conf.adapter_hold_ms * 1000;
+}
+
+/* Evicts least recently used adapters no request holds, nor is about to (hold_adapter), until
+ * `need` more bytes fit. Under mu. False when they cannot: every adapter in the way is in use. */
 static bool make_room(lt_sampler_t *s, size_t need) {
+  int64_t now = lt_time_mono_us();
   while (s->adapter_total + need > s->conf.adapter_bytes) {
     sadapter_t **victim = NULL;
     for (sadapter_t **p = &s->adapters; *p; p = &(*p)->next)
-      if ((*p)->refs == 0 && (!victim || (*p)->used < (*victim)->used)) victim = p;
+      if ((*p)->refs == 0 && (*p)->held_until_us <= now && (!victim || (*p)->used < (*victim)->used)) victim = p;
     if (!victim) return false;
     sadapter_t *a = *victim;
     *victim = a->next;
@@ -153,7 +159,7 @@ static bool op_has_adapter(void *ctx, const char *id) {
   lt_sampler_t *s = ctx;
   pthread_mutex_lock(&s->mu);
   sadapter_t *a = find_adapter(s, id);
-  if (a) a->used = ++s->clock;
+  if (a) a->used = ++s->clock, hold_adapter(s, a); /* the caller submits to it next */
   if (a) s->st.adapter_hits++;
   else s->st.adapter_misses++;
   pthread_mutex_unlock(&s->mu);
@@ -168,7 +174,9 @@ static lt_err_t op_load_adapter(void *ctx, const char *id, const char *base, con
   if (strlen(id) > LT_SAMPLE_ADAPTER_MAX) return lt_errf(msg, n, LT_ERR_INVALID, "adapter id too long");
   pthread_mutex_lock(&s->load_mu);
   pthread_mutex_lock(&s->mu);
-  bool have = find_adapter(s, id) != NULL;
+  sadapter_t *found = find_adapter(s, id);
+  if (found) hold_adapter(s, found); /* another request loaded it: this one submits to it next */
+  bool have = found != NULL;
   pthread_mutex_unlock(&s->mu);
   lt_err_t err = LT_OK;
   lt_adapter_t *ad = NULL;
@@ -182,13 +190,15 @@ static lt_err_t op_load_adapter(void *ctx, const char *id, const char *base, con
       err = lt_errf(msg, n, LT_ERR_UNSUPPORTED, "the adapter is %zu bytes, more than this sampler's whole adapter cache "
                     "(%zu bytes, LATHE_SAMPLER_ADAPTER_MB): it cannot be served here", bytes, s->conf.adapter_bytes);
     else if (!make_room(s, bytes))
-      err = lt_errf(msg, n, LT_ERR_QUOTA, "the adapter cache (%zu bytes) is full of adapters in use", s->conf.adapter_bytes);
+      err = lt_errf(msg, n, LT_ERR_QUOTA, "the adapter cache (%zu bytes) is full of adapters in use or just loaded for "
+                    "a request", s->conf.adapter_bytes);
     if (!err) {
       snprintf(e->id, sizeof e->id, "%s", id);
       e->base = b;
       e->a = ad;
       e->bytes = bytes;
       e->used = ++s->clock;
+      hold_adapter(s, e); /* its request submits to it next: no other load may evict it first */
       e->next = s->adapters;
       s->adapters = e;
       s->adapter_total += bytes;
@@ -418,6 +428,7 @@ lt_err_t lt_sampler_new(const lt_sampler_conf_t *conf, lt_sampler_t **out, char 
   if (s->conf.threads <= 0) s->conf.threads = 1;
   if (!s->conf.kv_bytes) s->conf.kv_bytes = 64u << 20;
   if (!s->conf.adapter_bytes) s->conf.adapter_bytes = 256u << 20;
+  if (!s->conf.adapter_hold_ms) s->conf.adapter_hold_ms = 1000;
   if (s->conf.max_running <= 0) s->conf.max_running = 64;
   if (s->conf.max_running > SAMPLER_MAX_RUNNING) s->conf.max_running = SAMPLER_MAX_RUNNING;
   if (s->conf.prefill_chunk <= 0) s->conf.prefill_chunk = 64;

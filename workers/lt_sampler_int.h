@@ -40,6 +40,7 @@ typedef struct sadapter {
   size_t bytes;
   uint64_t used; /* the LRU clock when last asked for */
   int refs;      /* requests that hold it: not evicted while > 0 */
+  int64_t held_until_us; /* nor before this (monotonic): a request loaded or found it to submit */
   struct sadapter *next;
 } sadapter_t;
 

@@ -516,6 +516,12 @@ static void submit_all(sample_req_t *r) {
       if (err == LT_ERR_QUOTA) {
         evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
         lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", msg);
+      } else if (err == LT_ERR_NOT_FOUND && r->adapter[0]) {
+        /* its model was resolved: the cache let the adapter go past its hold (a loop held up for a
+         * second), which a retry loads again; not a model that does not exist */
+        evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
+        lt_api_reply_error(r->req, 503, "unavailable", "model",
+                           "the adapter of %s left the sampler's cache before the request started; retry", r->model);
       } else {
         lt_api_reply_err(r->req, err, err == LT_ERR_INVALID ? "prompt" : "model", msg);
       }

@@ -504,6 +504,26 @@ static int newest_tenant_version(const char *tenant) {
   return version;
 }
 
+/* `lathe admin tenant list --json` holds fragment. */
+static void expect_listed(const char *fragment) {
+  char cmd[600];
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect(rc == 0 && strstr(out, fragment), "no %s in: %s", fragment, out);
+  free(out);
+}
+
+/* Revokes tenant A's key (by its id, the 16 characters after "lt_"). */
+static void revoke_a(const char *key) {
+  char cmd[600];
+  int rc;
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), tenant_a, key + 3);
+  char *out = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", out);
+  free(out);
+}
+
 /* A viewer key (TenantUpserted v4) reads: every GET answers as for the tenant's other keys, every
  * other method is 403 naming the role and changes nothing; its label shows in the listing. Bad
  * roles and labels are refused before anything is written. */
@@ -550,15 +570,8 @@ Test(api, a_viewer_key_reads_and_changes_nothing) {
   cr_expect(lt_test_get_status(ca, path, body, sizeof body) == 200 && !strstr(body, "cancel_requested\":true"),
             "a viewer's cancel asked for one: %s", body);
   cr_expect_eq(lt_test_get_status(ca, dpath, NULL, 0), 200, "a viewer deleted the dataset");
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
-  char *out = lt_test_run(cmd, &rc);
-  cr_expect(rc == 0 && strstr(out, "\"role\":\"viewer\",\"label\":\"status board\""), "%s", out);
-  free(out);
-  /* the viewer revoked: back to v3 (its label and role are moot) */
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), tenant_a, key + 3);
-  out = lt_test_run(cmd, &rc);
-  cr_expect_eq(rc, 0, "%s", out);
-  free(out);
+  expect_listed("\"role\":\"viewer\",\"label\":\"status board\"");
+  revoke_a(key); /* the viewer revoked: back to v3 (its label and role are moot) */
   cr_expect_eq(newest_tenant_version(tenant_a), 3, "no live viewer key nor label: v3 again");
   lt_client_destroy(cv);
 }
@@ -626,15 +639,8 @@ Test(api, an_inference_key_samples_and_reaches_none_of_the_tenants_data) {
               under[i], r.status, r.body);
     lt_client_resp_free(&r);
   }
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant list --json", lt_test_lathe_bin());
-  char *out = lt_test_run(cmd, &rc);
-  cr_expect(rc == 0 && strstr(out, "\"role\":\"inference\",\"label\":\"chat app\",\"models\":[\"ft:tiny:job-x\",\"tiny\"]"),
-            "%s", out);
-  free(out);
-  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), tenant_a, key + 3);
-  out = lt_test_run(cmd, &rc);
-  cr_expect_eq(rc, 0, "%s", out);
-  free(out);
+  expect_listed("\"role\":\"inference\",\"label\":\"chat app\",\"models\":[\"ft:tiny:job-x\",\"tiny\"]");
+  revoke_a(key);
   cr_expect_lt(newest_tenant_version(tenant_a), 5, "no live inference key nor models: below v5 again");
   lt_test_wait_until(lt_test_get_status(ci, "/v1/models", NULL, 0) == 401, 20000, 100, "the revoked key still works");
   lt_client_destroy(ci);

@@ -637,14 +637,21 @@ Test(sampler, bad_input_is_refused_at_submit, .timeout = 60) {
   ts_close(&t);
 }
 
-/* A cache for two adapters: a third evicts the least recently used one that no request holds;
- * when every adapter is held, loading fails with LT_ERR_QUOTA and evicts nothing. */
-Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
+/* The bytes one test adapter takes in the cache. */
+static long long one_adapter_bytes(void) {
   tsampler_t t;
   ts_open(&t, (lt_sampler_conf_t){0});
   OK(ts_load(&t, 0));
   long long one = metric(&t, "adapter_cache_bytes");
   ts_close(&t);
+  return one;
+}
+
+/* A cache for two adapters: a third evicts the least recently used one that no request holds;
+ * when every adapter is held, loading fails with LT_ERR_QUOTA and evicts nothing. */
+Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
+  tsampler_t t;
+  long long one = one_adapter_bytes();
   /* no hold: the LRU order alone (the hold has a test of its own, below) */
   ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 5 / 2), .max_running = 4, .adapter_hold_ms = -1});
   OK(ts_load(&t, 0));
@@ -697,10 +704,7 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
  * being full (429, Retry-After); once the hold has passed and nothing holds ad0, ad1 evicts it. */
 Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout = 120) {
   tsampler_t t;
-  ts_open(&t, (lt_sampler_conf_t){0});
-  OK(ts_load(&t, 0));
-  long long one = metric(&t, "adapter_cache_bytes");
-  ts_close(&t);
+  long long one = one_adapter_bytes();
   ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 3 / 2), .adapter_hold_ms = 800});
   OK(ts_load(&t, 0)); /* request A's load */
   cr_assert_eq(ts_load(&t, 1), LT_ERR_QUOTA, "request B's load evicted the adapter A loaded: %s", errbuf);

@@ -105,7 +105,8 @@ static int lathed_says(const char *args, char *out, size_t n) {
 /* A numeric setting or a switch that lathed cannot read stops it (exit 2) before any role starts,
  * naming the setting and what it should be, whether it came from the environment, a --config
  * file or --set: "30s" was 30 ms to atoi, "two" slots and "yes" were the defaults. Good values of
- * every kind pass (lathed goes on to the missing master key). */
+ * every kind pass (lathed goes on to the missing master key), -1 where it means "never" and 0
+ * where it means the default among them. */
 Test(conf, a_setting_lathed_cannot_read_stops_it_naming_the_setting) {
   const char *bad[][2] = {
       {"LATHE_KILL_DEADLINE_MS=30s", "milliseconds"}, {"LATHE_WORKER_SLOTS=two", "slots"},
@@ -113,7 +114,8 @@ Test(conf, a_setting_lathed_cannot_read_stops_it_naming_the_setting) {
       {"LATHE_LEASE_MS=1e3", "milliseconds"},         {"LATHE_GC_GRACE_MS=-5", "milliseconds"},
       {"LATHE_SCHEDULER_PORT=70000", "a port"},       {"LATHE_ACCESS_SECOND_STAFF=yes", "1 (on) or 0 (off)"},
       {"LATHE_PUBLISHER_LOG_COMMITS=true", "1 (on) or 0 (off)"}, {"LATHE_PREEMPT_AFTER_S=nan", "seconds"},
-      {"LATHE_SAMPLER_THREADS=0", "from 1 to 256"}};
+      {"LATHE_SAMPLER_THREADS=257", "from 0 to 256"}, {"LATHE_SESSION_IDLE_MS=-2", "-1: never parked"},
+      {"LATHE_PREEMPT_AFTER_S=-3", "-1: never preempt"}};
   char args[512], out[4096];
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char name[64];
@@ -135,8 +137,9 @@ Test(conf, a_setting_lathed_cannot_read_stops_it_naming_the_setting) {
   }
   write_file("LATHE_KILL_DEADLINE_MS=30000\nLATHE_WORKER_SLOTS=2\nLATHE_API_THREADS=-1\nLATHE_PREEMPT_AFTER_S=0.5\n"
              "LATHE_ACCESS_SECOND_STAFF=0\nLATHE_PUBLISHER_LOG_COMMITS=1\nLATHE_SAMPLER_KV_MB=\n"
-             "LATHE_SCHEDULER_PORT=0\nLATHE_API_MAX_STORAGE_BYTES=1152921504606846976\n");
-  snprintf(args, sizeof args, "--config '%s' --role all", path);
+             "LATHE_SCHEDULER_PORT=0\nLATHE_API_MAX_STORAGE_BYTES=1152921504606846976\nLATHE_SESSION_IDLE_MS=-1\n"
+             "LATHE_KEEP_CHECKPOINTS=-1\nLATHE_WORKER_THREADS=0\nLATHE_SAMPLER_THREADS=0\n");
+  snprintf(args, sizeof args, "--config '%s' --role all --set LATHE_PREEMPT_AFTER_S=-1", path);
   int rc = lathed_says(args, out, sizeof out);
   cr_expect(rc == 1 && strstr(out, "master key"), "good settings were refused: exit %d: %s", rc, out);
 }

@@ -697,11 +697,13 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   ts_close(&t);
 }
 
-/* An adapter loaded (or found) for a request is kept until that request has had time to submit:
- * another request's load does not evict it first. Before, with room for one adapter, loading ad1
- * between a request's load of ad0 and its submit evicted ad0, and the request was told its model
- * was not found (a 404 from the API under a busy cache). Now that load is refused as the cache
- * being full (429, Retry-After); once the hold has passed and nothing holds ad0, ad1 evicts it. */
+/* An adapter loaded (or found) for a request is kept until that request submits: another request's
+ * load does not evict it first. Before, with room for one adapter, loading ad1 between a request's
+ * load of ad0 and its submit evicted ad0, and the request was told its model was not found (a 404
+ * from the API under a busy cache). Now that load is refused as the cache being full (429,
+ * Retry-After). The submit ends the hold (the request holds it then), so once the request is done
+ * ad1 evicts ad0 at once; a hold no submit ends runs out after adapter_hold_ms. has_adapter and a
+ * load that finds the adapter loaded already hold it the same way. */
 Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout = 120) {
   tsampler_t t;
   long long one = one_adapter_bytes();
@@ -716,15 +718,19 @@ Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout =
   cr_assert(rec_wait(&r, -1), "request A never finished");
   cr_assert(idle_and_free(&t));
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 0);
-  usleep(1000 * 1000); /* the hold passes; nothing holds ad0 now */
-  OK(ts_load(&t, 1));
+  OK(ts_load(&t, 1)); /* A's submit ended the hold, A is done: nothing keeps ad0 */
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
-  /* found by has_adapter (the API's path when it is loaded already): held the same way */
-  usleep(1000 * 1000); /* ad1's own hold from its load passes */
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad1"));
+  usleep(1000 * 1000); /* ad1 was never submitted to: its hold runs out */
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad1")); /* found for a request: held */
   cr_assert_eq(ts_load(&t, 0), LT_ERR_QUOTA, "a load evicted the adapter has_adapter had just found: %s", errbuf);
+  usleep(1000 * 1000);
+  OK(ts_load(&t, 1)); /* loaded already, for another request: held */
+  cr_assert_eq(ts_load(&t, 0), LT_ERR_QUOTA, "a load evicted the adapter another load had just found: %s", errbuf);
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
+  usleep(1000 * 1000);
+  OK(ts_load(&t, 0));
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 2, "the hold never ran out");
   ts_close(&t);
 }
 

@@ -316,13 +316,14 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
     err = lt_errf(msg, n, LT_ERR_QUOTA, "the sampler is full (%d requests)", s->conf.queue_total);
   if (err) {
     if (err == LT_ERR_QUOTA) s->st.rejected++;
+    if (a) a->held_until_us = 0; /* the request it was held for ends here: no pinning by refused requests */
     tenant_drop_idle(s, t);
     pthread_mutex_unlock(&s->mu);
     req_scrub_free(r);
     return err;
   }
   r->ad = a;
-  if (a) a->refs++, a->used = ++s->clock;
+  if (a) a->refs++, a->used = ++s->clock, a->held_until_us = 0; /* held by the request now, not the hold */
   t->inflight++;
   s->inflight++;
   s->st.requests++;

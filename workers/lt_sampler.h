@@ -38,8 +38,9 @@ typedef struct lt_sampler_conf {
                             * on cuda, LATHE_CUDA_PRECISION=bf16 does this for the backend */
   size_t kv_bytes;         /* KV cache per base model (0: 64 MiB) */
   size_t adapter_bytes;    /* adapter cache (0: 256 MiB) */
-  int adapter_hold_ms;     /* an adapter just loaded or found for a request is not evicted for this
-                            * long, so that the request's submit finds it (0: 1000; < 0: none) */
+  int adapter_hold_ms;     /* an adapter just loaded or found for a request is not evicted until
+                            * that request submits (then it holds it), or this long at most
+                            * (0: 1000; < 0: no hold) */
   int block_tokens;        /* KV block size (0: 16) */
   int max_running;         /* requests decoding at once (0: 64) */
   int prefill_chunk;       /* prompt rows per step, all requests together (0: 64) */

@@ -40,7 +40,8 @@ typedef struct sadapter {
   size_t bytes;
   uint64_t used; /* the LRU clock when last asked for */
   int refs;      /* requests that hold it: not evicted while > 0 */
-  int64_t held_until_us; /* nor before this (monotonic): a request loaded or found it to submit */
+  int64_t held_until_us; /* nor before this (monotonic): a request loaded or found it to submit;
+                          * 0 once a submit to it came (held by refs then) or was refused */
   struct sadapter *next;
 } sadapter_t;
 

@@ -98,15 +98,16 @@
 
 /* The numeric and on/off settings of every role, read from the environment (and so from --config
  * and --set) before any role starts (settings_read). Unset or empty keeps the default given here;
- * 0 is the role's own default where its conf says so. */
+ * 0 is the role's own default where its conf says so, and -1 "never" where the table says so.
+ * Every numeric field the table names is a long long. */
 typedef struct lathed_settings {
   long long api_sse_history, api_sse_keep_ended_ms, api_threads, api_max_open_uploads, api_max_saving_calls,
       api_upload_idle_ms, api_max_downloads, api_download_window, api_max_storage_bytes, api_stream_backlog;
   long long sampler_threads, sampler_cuda, sampler_kv_mb, sampler_adapter_mb, sampler_max_running,
       sampler_prefill_chunk, sampler_queue_per_tenant, sampler_queue_total;
   long long lease_ms, lease_margin_ms, start_timeout_ms, max_unavailable_stops, scheduler_port;
-  bool scheduler_port_set;
-  double preempt_after_s; /* < 0: the policy's default */
+  bool scheduler_port_set, preempt_after_set;
+  double preempt_after_s; /* when set; negative: never preempt (lt_sched.h) */
   long long keep_checkpoints, gc_grace_ms;
   long long worker_slots, worker_threads, session_idle_ms, kill_deadline_ms, worker_store_retry_ms;
   bool access_second_staff, publisher_log_commits;
@@ -131,7 +132,7 @@ static const struct {
     SETTING("LATHE_API_DOWNLOAD_WINDOW", "bytes", 0, 1LL << 32, api_download_window),
     SETTING("LATHE_API_MAX_STORAGE_BYTES", "bytes", 0, 1LL << 60, api_max_storage_bytes),
     SETTING("LATHE_API_STREAM_BACKLOG", "bytes", 0, 1LL << 40, api_stream_backlog),
-    SETTING("LATHE_SAMPLER_THREADS", "threads", 1, 256, sampler_threads),
+    SETTING("LATHE_SAMPLER_THREADS", "threads (0: 1)", 0, 256, sampler_threads),
     SETTING("LATHE_SAMPLER_CUDA", "0 or 1", 0, 1, sampler_cuda),
     SETTING("LATHE_SAMPLER_KV_MB", "MiB", 0, 1LL << 20, sampler_kv_mb),
     SETTING("LATHE_SAMPLER_ADAPTER_MB", "MiB", 0, 1LL << 20, sampler_adapter_mb),
@@ -144,11 +145,11 @@ static const struct {
     SETTING("LATHE_START_TIMEOUT_MS", "milliseconds", 0, DAY_MS, start_timeout_ms),
     SETTING("LATHE_MAX_UNAVAILABLE_STOPS", "stops", 0, 1000000, max_unavailable_stops),
     SETTING("LATHE_SCHEDULER_PORT", "a port", 0, 65535, scheduler_port),
-    SETTING("LATHE_KEEP_CHECKPOINTS", "checkpoints", 0, 1000, keep_checkpoints),
+    SETTING("LATHE_KEEP_CHECKPOINTS", "checkpoints (-1: none but the newest)", -1, 1000, keep_checkpoints),
     SETTING("LATHE_GC_GRACE_MS", "milliseconds", 0, 365 * DAY_MS, gc_grace_ms),
     SETTING("LATHE_WORKER_SLOTS", "slots", 0, 1024, worker_slots),
-    SETTING("LATHE_WORKER_THREADS", "threads", 1, 256, worker_threads),
-    SETTING("LATHE_SESSION_IDLE_MS", "milliseconds", 0, 365 * DAY_MS, session_idle_ms),
+    SETTING("LATHE_WORKER_THREADS", "threads (0: 1)", 0, 256, worker_threads),
+    SETTING("LATHE_SESSION_IDLE_MS", "milliseconds (-1: never parked)", -1, 365 * DAY_MS, session_idle_ms),
     SETTING("LATHE_KILL_DEADLINE_MS", "milliseconds", 0, 3600 * 1000, kill_deadline_ms),
     SETTING("LATHE_WORKER_STORE_RETRY_MS", "milliseconds", 0, 7 * DAY_MS, worker_store_retry_ms),
 };
@@ -158,7 +159,7 @@ static const struct {
  * switch stop lathed before anything starts, rather than running with 30 ms, the default or
  * off. */
 static lt_err_t settings_read(lathed_settings_t *s, char *err, size_t n) {
-  *s = (lathed_settings_t){.sampler_threads = 1, .worker_threads = 1, .preempt_after_s = -1};
+  *s = (lathed_settings_t){.sampler_threads = 1, .worker_threads = 1};
   for (size_t i = 0; i < sizeof numeric_settings / sizeof *numeric_settings; i++) {
     const char *v = getenv(numeric_settings[i].name);
     if (!v || !*v) continue;
@@ -176,10 +177,11 @@ static lt_err_t settings_read(lathed_settings_t *s, char *err, size_t n) {
   if (v && *v) {
     char *end;
     double x = strtod(v, &end);
-    if (*end || end == v || !isfinite(x) || x < 0 || x > 1e9)
-      return lt_errf(err, n, LT_ERR_INVALID, "LATHE_PREEMPT_AFTER_S=\"%.40s\": expected seconds, a number from 0 to 1e9",
-                     v);
+    if (*end || end == v || !isfinite(x) || x < -1 || x > 1e9)
+      return lt_errf(err, n, LT_ERR_INVALID,
+                     "LATHE_PREEMPT_AFTER_S=\"%.40s\": expected seconds, a number from 0 to 1e9 (-1: never preempt)", v);
     s->preempt_after_s = x;
+    s->preempt_after_set = true;
   }
   const struct {
     const char *name;
@@ -677,7 +679,7 @@ static lt_err_t start_scheduler(lathed_t *d, const lathed_opts_t *o, char *err, 
   sc.start_timeout_ms = set->start_timeout_ms;
   sc.max_unavailable_stops = (int)set->max_unavailable_stops;
   lt_sched_config_t policy; /* copied by lt_scheduler_new */
-  if (set->preempt_after_s >= 0) {
+  if (set->preempt_after_set) {
     lt_sched_config_default(&policy);
     policy.preempt_after_s = set->preempt_after_s;
     sc.policy = &policy;

@@ -261,10 +261,18 @@ Test(confine, the_executor_environment_holds_no_worker_secret_or_server) {
 Test(confine, a_bad_setting_is_refused_naming_the_variable) {
   lt_confine_conf_t c;
   char err[256];
-  setenv("LATHE_EXECUTOR_DATA_MB", "lots", 1);
-  cr_assert_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_ERR_INVALID);
-  cr_assert(strstr(err, "LATHE_EXECUTOR_DATA_MB"), "%s", err);
-  unsetenv("LATHE_EXECUTOR_DATA_MB");
+  /* not a number; a sign or a space strtoull would take (" -1" was 2^64 - 1); past the range (a
+   * limit that shifted into 0 bytes, no descriptors) */
+  const char *bad[][2] = {{"LATHE_EXECUTOR_DATA_MB", "lots"},    {"LATHE_EXECUTOR_DATA_MB", " -1"},
+                          {"LATHE_EXECUTOR_DATA_MB", "+3000"},   {"LATHE_EXECUTOR_DATA_MB", "17592186044416"},
+                          {"LATHE_EXECUTOR_NOFILE", "0"},        {"LATHE_EXECUTOR_NPROC", "-5"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv(bad[i][0], bad[i][1], 1);
+    cr_expect_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_ERR_INVALID, "%s=\"%s\" taken", bad[i][0],
+                 bad[i][1]);
+    cr_expect(strstr(err, bad[i][0]) && strstr(err, "a whole number from"), "%s", err);
+    unsetenv(bad[i][0]);
+  }
   if (geteuid() == 0) {
     setenv("LATHE_EXECUTOR_USER", "root", 1);
     cr_assert_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_ERR_INVALID);

@@ -41,15 +41,18 @@ bool lt_confine_data_limit_applies(void) { return !asan_build && !tsan_build; }
 
 /* ---------------------------------------------------------------- the worker's side */
 
-static lt_err_t env_u64(const char *name, uint64_t dflt, uint64_t *out, char *errstr, size_t n) {
+/* A whole number from lo to hi (unset or empty: dflt); what it counts (unit) names it in the error. */
+static lt_err_t env_u64(const char *name, const char *unit, uint64_t lo, uint64_t hi, uint64_t dflt, uint64_t *out,
+                        char *errstr, size_t n) {
   const char *v = getenv(name);
   *out = dflt;
   if (!v || !*v) return LT_OK;
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end || v[0] == '-')
-    return lt_errf(errstr, n, LT_ERR_INVALID, "%s=\"%s\" is not a whole number", name, v);
+  if (errno || *end || v[0] < '0' || v[0] > '9' || x < lo || x > hi) /* no sign, no space: strtoull takes both */
+    return lt_errf(errstr, n, LT_ERR_INVALID, "%s=\"%.40s\": expected %s, a whole number from %llu to %llu", name, v,
+                   unit, (unsigned long long)lo, (unsigned long long)hi);
   *out = x;
   return LT_OK;
 }
@@ -80,9 +83,10 @@ lt_err_t lt_confine_conf_from_env(lt_confine_conf_t *c, int slots, char *errstr,
   uint64_t ram_mb = sysinfo(&si) == 0 ? (uint64_t)si.totalram * si.mem_unit >> 20 : 8192;
   uint64_t mb = ram_mb / (uint64_t)(slots > 0 ? slots : 1);
   if (mb < 2048) mb = 2048;
-  lt_err_t err = env_u64("LATHE_EXECUTOR_DATA_MB", mb, &mb, errstr, n);
-  if (!err) err = env_u64("LATHE_EXECUTOR_NOFILE", 256, &c->nofile, errstr, n);
-  if (!err) err = env_u64("LATHE_EXECUTOR_NPROC", 4096, &c->nproc, errstr, n);
+  /* the floors: an executor needs its libraries mapped, a few descriptors and its compute threads */
+  lt_err_t err = env_u64("LATHE_EXECUTOR_DATA_MB", "MiB", 256, 1ull << 30, mb, &mb, errstr, n);
+  if (!err) err = env_u64("LATHE_EXECUTOR_NOFILE", "descriptors", 16, 1ull << 20, 256, &c->nofile, errstr, n);
+  if (!err) err = env_u64("LATHE_EXECUTOR_NPROC", "processes and threads", 8, 1ull << 22, 4096, &c->nproc, errstr, n);
   c->data_bytes = mb << 20;
   return err;
 }

@@ -115,7 +115,7 @@ Test(conf, a_setting_lathed_cannot_read_stops_it_naming_the_setting) {
       {"LATHE_SCHEDULER_PORT=70000", "a port"},       {"LATHE_ACCESS_SECOND_STAFF=yes", "1 (on) or 0 (off)"},
       {"LATHE_PUBLISHER_LOG_COMMITS=true", "1 (on) or 0 (off)"}, {"LATHE_PREEMPT_AFTER_S=nan", "seconds"},
       {"LATHE_SAMPLER_THREADS=257", "from 0 to 256"}, {"LATHE_SESSION_IDLE_MS=-2", "-1: never parked"},
-      {"LATHE_PREEMPT_AFTER_S=-3", "-1: never preempt"}};
+      {"LATHE_PREEMPT_AFTER_S=-3", "-1: never preempt"}, {"LATHE_LOG_FORMAT=yaml", "text or json"}};
   char args[512], out[4096];
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char name[64];

@@ -855,10 +855,15 @@ int main(int argc, char **argv) {
   instance_name(d.instance, sizeof d.instance);
   int rc = parse_args(argc, argv, &o);
   if (rc >= 0) return rc;
+  /* setup_log exports the format it chose: a bad LATHE_LOG_FORMAT is refused below, after it */
+  const char *lf = getenv("LATHE_LOG_FORMAT");
+  lt_log_format_t lfmt;
+  char serr[256] = "";
+  if (lf && *lf && !lt_log_format_parse(lf, &lfmt))
+    snprintf(serr, sizeof serr, "LATHE_LOG_FORMAT=\"%.40s\": expected text or json", lf);
   setup_log(&o, d.instance);
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
-  char serr[256];
-  if (settings_read(&d.set, serr, sizeof serr)) { /* before anything starts: nothing half up */
+  if (serr[0] || settings_read(&d.set, serr, sizeof serr)) { /* before anything starts: nothing half up */
     lt_log_error(NULL, "%s", serr);
     return 2;
   }

@@ -655,6 +655,8 @@ lt_err_t lt_backend_cuda_new_opts(int device, const lt_cuda_opts_t *opts, lt_bac
 lt_err_t lt_backend_cuda_new(int device, lt_backend_t **out, char *errstr, size_t errstr_size) {
   lt_cuda_opts_t o = {0, 0};
   const char *p = getenv("LATHE_CUDA_PRECISION");
+  if (p && *p && strcmp(p, "bf16") != 0 && strcmp(p, "f32") != 0) /* not a silent f32 */
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "LATHE_CUDA_PRECISION=\"%.40s\": expected f32 or bf16", p);
   if (p && strcmp(p, "bf16") == 0) o.bf16 = 1;
   return lt_backend_cuda_new_opts(device, &o, out, errstr, errstr_size);
 }

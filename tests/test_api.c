@@ -1647,6 +1647,14 @@ Test(api, sse_history_keeps_the_newest_events_and_says_gap_for_what_it_dropped) 
 
 /* ---------------------------------------------------------------- TLS */
 
+/* Runs a shell command that must succeed (what names it in the failure). */
+static void sh_ok(const char *cmd, const char *what) {
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s: %s", what, out);
+  free(out);
+}
+
 /* A self-signed certificate for subject alt name san, and its key, made with the openssl CLI in
  * dir as NAME.pem and NAME.key. */
 static void make_cert(const char *dir, const char *name, const char *san) {
@@ -1655,10 +1663,7 @@ static void make_cert(const char *dir, const char *name, const char *san) {
            "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=lathe-test -addext subjectAltName=%s "
            "-keyout '%s/%s.key' -out '%s/%s.pem' 2>&1",
            san, dir, name, dir, name);
-  int rc;
-  char *out = lt_test_run(cmd, &rc);
-  cr_assert_eq(rc, 0, "openssl req: %s", out);
-  free(out);
+  sh_ok(cmd, "openssl req");
 }
 
 Test(api, the_api_speaks_tls_and_the_client_verifies_the_certificate_and_host) {
@@ -1723,6 +1728,96 @@ Test(api, the_api_speaks_tls_and_the_client_verifies_the_certificate_and_host) {
   cr_expect_neq(lt_client_request(plain, "GET", "/v1/jobs", NULL, 0, NULL, 0, NULL, &rp, err, sizeof err), LT_OK);
   lt_client_resp_free(&rp);
   lt_client_destroy(plain);
+  stop_api(&s);
+  lt_test_rm_rf(dir);
+}
+
+/* The SHA-256 fingerprint of the certificate the API on port serves, or of the PEM file at path
+ * (port 0), into out. */
+static void fingerprint(unsigned port, const char *path, char *out, size_t n) {
+  char cmd[600];
+  if (port)
+    snprintf(cmd, sizeof cmd, "timeout 10 openssl s_client -connect 127.0.0.1:%u </dev/null 2>/dev/null | "
+             "openssl x509 -noout -fingerprint -sha256 2>&1", port);
+  else
+    snprintf(cmd, sizeof cmd, "openssl x509 -in '%s' -noout -fingerprint -sha256 2>&1", path);
+  int rc;
+  char *got = lt_test_run(cmd, &rc);
+  snprintf(out, n, "%s", rc == 0 ? got : "(none)");
+  free(got);
+}
+
+/* cp from to (both in dir). */
+static void copy_in(const char *dir, const char *from, const char *to) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "cp '%s/%s' '%s/%s.tmp' && mv '%s/%s.tmp' '%s/%s' 2>&1", dir, from, dir, to, dir, to, dir, to);
+  sh_ok(cmd, "cp");
+}
+
+/* A renewed certificate without a restart: on SIGHUP the API reads its certificate and key files
+ * again, and new connections get the new one; files that cannot be used (a certificate whose key
+ * is another's, a file that is no certificate) are refused, counted, and the certificate served
+ * before stays. /metrics says when the one served expires. Before, SIGHUP killed lathed. */
+Test(api, sighup_reloads_the_certificate_and_a_bad_one_is_refused) {
+  char dir[] = "/tmp/test_api_tls.XXXXXX";
+  cr_assert(mkdtemp(dir));
+  make_cert(dir, "one", "IP:127.0.0.1");
+  make_cert(dir, "two", "IP:127.0.0.1");
+  copy_in(dir, "one.pem", "cert.pem");
+  copy_in(dir, "one.key", "key.pem");
+  char cert[300], key[300], want1[200], want2[200], got[200];
+  snprintf(cert, sizeof cert, "%s/cert.pem", dir);
+  snprintf(key, sizeof key, "%s/key.pem", dir);
+  snprintf(got, sizeof got, "%s/one.pem", dir);
+  fingerprint(0, got, want1, sizeof want1);
+  snprintf(got, sizeof got, "%s/two.pem", dir);
+  fingerprint(0, got, want2, sizeof want2);
+  cr_assert(strncmp(want1, "sha256", 6) == 0 || strncmp(want1, "SHA256", 6) == 0, "%s", want1);
+  srv_t s = start_api_with((const char *const[]){"--tls-cert", cert, "--tls-key", key, NULL}, NULL);
+  fingerprint(s.port, NULL, got, sizeof got);
+  cr_expect_str_eq(got, want1, "the first certificate is not the one served");
+  /* renewed: two's files in place, SIGHUP */
+  copy_in(dir, "two.pem", "cert.pem");
+  copy_in(dir, "two.key", "key.pem");
+  lt_test_proc_kill(s.proc, SIGHUP);
+  lt_test_wait_until((fingerprint(s.port, NULL, got, sizeof got), strcmp(got, want2) == 0), 20000, 200,
+                     "the renewed certificate was never served: %s", got);
+  int status;
+  cr_assert(!lt_test_proc_exited(s.proc, &status), "SIGHUP stopped lathed (status %d)", status);
+  /* a certificate with another's key, then a file that is no certificate: refused, two stays */
+  copy_in(dir, "one.pem", "cert.pem");
+  lt_test_proc_kill(s.proc, SIGHUP);
+  FILE *f = fopen(cert, "w");
+  cr_assert_not_null(f);
+  fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", f);
+  fclose(f);
+  lt_client_t *ops = lt_test_client(s.ops_url, NULL, 10);
+  char body[65536] = "";
+  lt_test_wait_until(lt_test_get_status(ops, "/metrics", body, sizeof body) == 200 &&
+                         strstr(body, "lathe_api_tls_reloads_total{result=\"refused\"} 1\n"),
+                     20000, 200, "the first bad pair was not refused once");
+  lt_test_proc_kill(s.proc, SIGHUP);
+  lt_test_wait_until(lt_test_get_status(ops, "/metrics", body, sizeof body) == 200 &&
+                         strstr(body, "lathe_api_tls_reloads_total{result=\"refused\"} 2\n"),
+                     20000, 200, "the garbage certificate was not refused");
+  cr_expect(strstr(body, "lathe_api_tls_reloads_total{result=\"ok\"} 1\n"), "%s", body);
+  const char *na = strstr(body, "\nlathe_api_tls_certificate_not_after_seconds ");
+  double not_after = na ? atof(na + strlen("\nlathe_api_tls_certificate_not_after_seconds ")) : 0;
+  double now = (double)time(NULL);
+  cr_expect(not_after > now && not_after < now + 3 * 86400, "notAfter %.0f, now %.0f (a one-day certificate)",
+            not_after, now);
+  fingerprint(s.port, NULL, got, sizeof got);
+  cr_expect_str_eq(got, want2, "a refused reload changed the certificate served");
+  /* the whole API still answers over TLS, with the certificate it kept */
+  char url[80], trust[300];
+  snprintf(url, sizeof url, "https://127.0.0.1:%u", s.port);
+  snprintf(trust, sizeof trust, "%s/two.pem", dir);
+  lt_client_opts_t o = {.url = url, .api_key = key_a, .ca_file = trust, .timeout_s = 30};
+  lt_client_t *c;
+  cr_assert_eq(lt_client_new(&o, &c, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(lt_test_get_status(c, "/v1/jobs", NULL, 0), 200);
+  lt_client_destroy(c);
+  lt_client_destroy(ops);
   stop_api(&s);
   lt_test_rm_rf(dir);
 }

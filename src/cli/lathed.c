@@ -62,7 +62,8 @@
  * The process-wide things are here and nowhere else: the signal events, the event base, and
  * the log format (lt_log_setup, before any thread starts; executors inherit it through
  * LATHE_LOG_FORMAT).
- * Roles are created on one event_base and run until SIGINT/SIGTERM. */
+ * Roles are created on one event_base and run until SIGINT/SIGTERM; SIGHUP makes the api and
+ * sampler ports read their TLS certificate and key files again (on_hup). */
 #include <errno.h>
 #include <malloc.h>
 #include <math.h>
@@ -430,6 +431,25 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   event_base_loopexit(d->base, NULL);
 }
 
+/* SIGHUP: the customer ports read their TLS certificate and key again (a renewed certificate, no
+ * restart); a port whose new files cannot be used keeps the one it served. Nothing else reloads. */
+static void on_hup(evutil_socket_t sig, short what, void *arg) {
+  lathed_t *d = arg;
+  (void)sig, (void)what;
+  lt_api_t *apis[] = {d->api, d->sampler_api};
+  const char *names[] = {"api", "sampler"};
+  bool any = false;
+  for (int i = 0; i < 2; i++) {
+    char err[600];
+    lt_err_t e = apis[i] ? lt_api_tls_reload(apis[i], err, sizeof err) : LT_ERR_NOT_FOUND;
+    if (e == LT_ERR_NOT_FOUND) continue; /* no such role here, or plain HTTP */
+    any = true;
+    if (e) lt_log_error(NULL, "SIGHUP: %s: %s; the certificate served before stays", names[i], err);
+    else lt_log_info(NULL, "SIGHUP: %s: the TLS certificate was read again", names[i]);
+  }
+  if (!any) lt_log_info(NULL, "SIGHUP: nothing to reload (no TLS customer port in this process)");
+}
+
 /* An operator drained the worker (lathe admin drain, lt_worker_conf_t.on_drain). A process that is
  * only a worker then stops as after SIGTERM (exit 0: systemd's Restart=on-failure leaves it
  * stopped); one with other roles keeps them, its worker taking no work until it restarts. */
@@ -795,11 +815,14 @@ fail:
 static void run_until_signal(lathed_t *d) {
   struct event *sigint = evsignal_new(d->base, SIGINT, on_signal, d);
   struct event *sigterm = evsignal_new(d->base, SIGTERM, on_signal, d);
+  struct event *sighup = evsignal_new(d->base, SIGHUP, on_hup, d);
   event_add(sigint, NULL);
   event_add(sigterm, NULL);
+  event_add(sighup, NULL);
   event_base_dispatch(d->base);
   event_free(sigint);
   event_free(sigterm);
+  event_free(sighup);
   if (d->drain_ev) event_free(d->drain_ev);
   d->drain_ev = NULL;
 }

@@ -159,6 +159,12 @@ lt_err_t lt_api_new(struct event_base *base, const lt_api_conf_t *conf, lt_api_t
 uint16_t lt_api_port(const lt_api_t *api);
 uint16_t lt_api_operator_port(const lt_api_t *api);
 
+/* Reads the customer port's certificate and key again from conf's files (lathed: on SIGHUP), for a
+ * renewed certificate without a restart: connections made from then on get it, open ones keep the
+ * one they began with. Files that cannot be used leave the certificate served as it was
+ * (LT_ERR_INVALID naming the file and why); LT_ERR_NOT_FOUND for an API without TLS. Loop thread. */
+lt_err_t lt_api_tls_reload(lt_api_t *api, char *errstr, size_t errstr_size);
+
 /* True once the projection caught up with the end of the topics as of start-up. */
 bool lt_api_ready(const lt_api_t *api);
 

@@ -76,6 +76,7 @@ typedef struct lt_api_stats {
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
   uint64_t staff_reads_cut; /* staff reads cut mid-stream: their grant revoked or run out */
   uint64_t streams_cut;     /* sampling streams cut: their client left stream_backlog bytes unread */
+  uint64_t tls_reloads, tls_reload_failures; /* lt_api_tls_reload: certificates taken, files refused */
 } lt_api_stats_t;
 
 struct lt_api {
@@ -84,7 +85,9 @@ struct lt_api {
   struct event_base *base;
   struct evhttp *http;     /* the customer port */
   uint16_t port;
-  struct ssl_ctx_st *tls;  /* the customer port's TLS context, or NULL (plain HTTP) */
+  struct ssl_ctx_st *tls;  /* the customer port's TLS context, or NULL (plain HTTP); new connections
+                            * take it, each keeping the one it began with (a reload swaps it) */
+  int64_t tls_not_after;   /* its certificate's notAfter, seconds since the epoch (0: none) */
   struct evhttp *ops_http; /* the operator port: /healthz, /metrics */
   uint16_t ops_port;
   lt_bus_producer_t *producer;

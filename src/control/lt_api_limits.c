@@ -37,6 +37,8 @@
 #include <event2/bufferevent_ssl.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <time.h>
 
 #define OVER_CAP_TIMEOUT_S 5 /* a connection over max_connections is dropped when idle this long */
 
@@ -411,24 +413,54 @@ bool lt_api_door_count_later(lt_api_t *api, struct evhttp_request *req, lt_api_s
   return true;
 }
 
-/* The customer port's TLS context from conf's PEM files (TLS 1.2 and newer). */
+/* A TLS context (TLS 1.2 and newer) from conf's PEM files into *out, and its certificate's notAfter
+ * into *not_after; nothing in *out on an error. */
+static lt_err_t tls_ctx_new(lt_api_t *api, SSL_CTX **out, int64_t *not_after, char *errstr, size_t n) {
+  const char *cert = api->conf.tls_cert_file, *key = api->conf.tls_key_file;
+  *out = NULL;
+  SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+  if (!ctx) return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create a TLS context");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  char why[256] = "";
+  lt_err_t err = LT_OK;
+  ERR_clear_error();
+  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    err = lt_errf(errstr, n, LT_ERR_INVALID, "the TLS certificate %s cannot be used: %s", cert, why);
+  } else if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+    ERR_error_string_n(ERR_get_error(), why, sizeof why);
+    err = lt_errf(errstr, n, LT_ERR_INVALID, "the TLS key %s cannot be used with %s: %s", key, cert, why);
+  }
+  struct tm tm;
+  X509 *x = err ? NULL : SSL_CTX_get0_certificate(ctx);
+  *not_after = x && ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1 ? (int64_t)timegm(&tm) : 0;
+  if (err) SSL_CTX_free(ctx);
+  else *out = ctx;
+  return err;
+}
+
+/* The customer port's TLS context, when conf names the files. */
 static lt_err_t tls_open(lt_api_t *api, char *errstr, size_t n) {
   const char *cert = api->conf.tls_cert_file, *key = api->conf.tls_key_file;
   if (!cert && !key) return LT_OK;
   if (!cert || !key)
     return lt_errf(errstr, n, LT_ERR_INVALID, "TLS needs both a certificate and its key (--tls-cert and --tls-key)");
-  SSL_CTX *ctx = api->tls = SSL_CTX_new(TLS_server_method());
-  if (!ctx) return lt_errf(errstr, n, LT_ERR_NOMEM, "cannot create a TLS context");
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  char why[256] = "";
-  if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
-    ERR_error_string_n(ERR_get_error(), why, sizeof why);
-    return lt_errf(errstr, n, LT_ERR_INVALID, "the TLS certificate %s cannot be used: %s", cert, why);
+  return tls_ctx_new(api, &api->tls, &api->tls_not_after, errstr, n);
+}
+
+lt_err_t lt_api_tls_reload(lt_api_t *api, char *errstr, size_t n) {
+  if (!api->tls) return lt_errf(errstr, n, LT_ERR_NOT_FOUND, "this API serves plain HTTP: no certificate to reload");
+  SSL_CTX *ctx;
+  int64_t not_after;
+  lt_err_t err = tls_ctx_new(api, &ctx, &not_after, errstr, n);
+  if (err) {
+    api->stats.tls_reload_failures++;
+    return err;
   }
-  if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
-    ERR_error_string_n(ERR_get_error(), why, sizeof why);
-    return lt_errf(errstr, n, LT_ERR_INVALID, "the TLS key %s cannot be used with %s: %s", key, cert, why);
-  }
+  SSL_CTX_free(api->tls); /* each open connection's SSL holds its own reference to the old one */
+  api->tls = ctx;
+  api->tls_not_after = not_after;
+  api->stats.tls_reloads++;
   return LT_OK;
 }
 

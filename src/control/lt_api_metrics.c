@@ -197,6 +197,16 @@ static void write_routes(lt_api_t *api, lt_metrics_t *out) {
   lt_metrics_one(out, "lathe_api_streams_cut_total", LT_METRIC_COUNTER,
                  "Sampling streams cut because their client left stream_backlog bytes of them unread.",
                  (double)st->streams_cut);
+  if (api->tls) {
+    lt_metrics_family(out, "lathe_api_tls_reloads_total", LT_METRIC_COUNTER,
+                      "Certificate reloads (SIGHUP): taken, or refused (the files could not be used; the "
+                      "certificate served before stays).");
+    lt_metrics_sample(out, (lt_metric_label_t[]){{"result", "ok"}, {0}}, (double)st->tls_reloads);
+    lt_metrics_sample(out, (lt_metric_label_t[]){{"result", "refused"}, {0}}, (double)st->tls_reload_failures);
+    lt_metrics_one(out, "lathe_api_tls_certificate_not_after_seconds", LT_METRIC_GAUGE,
+                   "When the certificate the customer port serves expires, seconds since the epoch: alert on "
+                   "it minus time().", (double)api->tls_not_after);
+  }
   lt_metrics_family(out, "lathe_api_refused_total", LT_METRIC_COUNTER,
                     "Requests the front door refused: over a rate limit (429), on a connection over "
                     "max_connections (503), or refused by libevent itself (400/413/501, answered in the JSON "

@@ -1787,15 +1787,17 @@ Test(api, sighup_reloads_the_certificate_and_a_bad_one_is_refused) {
   /* a certificate with another's key, then a file that is no certificate: refused, two stays */
   copy_in(dir, "one.pem", "cert.pem");
   lt_test_proc_kill(s.proc, SIGHUP);
-  FILE *f = fopen(cert, "w");
-  cr_assert_not_null(f);
-  fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", f);
-  fclose(f);
   lt_client_t *ops = lt_test_client(s.ops_url, NULL, 10);
   char body[65536] = "";
   lt_test_wait_until(lt_test_get_status(ops, "/metrics", body, sizeof body) == 200 &&
                          strstr(body, "lathe_api_tls_reloads_total{result=\"refused\"} 1\n"),
-                     20000, 200, "the first bad pair was not refused once");
+                     20000, 200, "the mismatched pair was not refused once");
+  fingerprint(s.port, NULL, got, sizeof got);
+  cr_expect_str_eq(got, want2, "a refused reload changed the certificate served");
+  FILE *f = fopen(cert, "w");
+  cr_assert_not_null(f);
+  fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", f);
+  fclose(f);
   lt_test_proc_kill(s.proc, SIGHUP);
   lt_test_wait_until(lt_test_get_status(ops, "/metrics", body, sizeof body) == 200 &&
                          strstr(body, "lathe_api_tls_reloads_total{result=\"refused\"} 2\n"),
@@ -1818,6 +1820,7 @@ Test(api, sighup_reloads_the_certificate_and_a_bad_one_is_refused) {
   cr_expect_eq(lt_test_get_status(c, "/v1/jobs", NULL, 0), 200);
   lt_client_destroy(c);
   lt_client_destroy(ops);
+  cr_assert(!lt_test_proc_exited(s.proc, &status), "lathed stopped after the SIGHUPs (status %d)", status);
   stop_api(&s);
   lt_test_rm_rf(dir);
 }

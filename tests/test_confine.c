@@ -262,10 +262,10 @@ Test(confine, a_bad_setting_is_refused_naming_the_variable) {
   lt_confine_conf_t c;
   char err[256];
   /* not a number; a sign or a space strtoull would take (" -1" was 2^64 - 1); past the range (a
-   * limit that shifted into 0 bytes, no descriptors) */
+   * limit that shifted past 64 bits, 3 descriptors); 0 stays "no limit" */
   const char *bad[][2] = {{"LATHE_EXECUTOR_DATA_MB", "lots"},    {"LATHE_EXECUTOR_DATA_MB", " -1"},
                           {"LATHE_EXECUTOR_DATA_MB", "+3000"},   {"LATHE_EXECUTOR_DATA_MB", "17592186044416"},
-                          {"LATHE_EXECUTOR_NOFILE", "0"},        {"LATHE_EXECUTOR_NPROC", "-5"}};
+                          {"LATHE_EXECUTOR_NOFILE", "3"},        {"LATHE_EXECUTOR_NPROC", "-5"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     setenv(bad[i][0], bad[i][1], 1);
     cr_expect_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_ERR_INVALID, "%s=\"%s\" taken", bad[i][0],
@@ -273,6 +273,10 @@ Test(confine, a_bad_setting_is_refused_naming_the_variable) {
     cr_expect(strstr(err, bad[i][0]) && strstr(err, "a whole number from"), "%s", err);
     unsetenv(bad[i][0]);
   }
+  setenv("LATHE_EXECUTOR_NOFILE", "0", 1);
+  cr_expect_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_OK, "%s", err);
+  cr_expect_eq(c.nofile, 0, "0: no limit of the executor's own");
+  unsetenv("LATHE_EXECUTOR_NOFILE");
   if (geteuid() == 0) {
     setenv("LATHE_EXECUTOR_USER", "root", 1);
     cr_assert_eq(lt_confine_conf_from_env(&c, 1, err, sizeof err), LT_ERR_INVALID);

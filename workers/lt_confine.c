@@ -41,7 +41,8 @@ bool lt_confine_data_limit_applies(void) { return !asan_build && !tsan_build; }
 
 /* ---------------------------------------------------------------- the worker's side */
 
-/* A whole number from lo to hi (unset or empty: dflt); what it counts (unit) names it in the error. */
+/* 0 (no limit: the worker's own) or a whole number from lo to hi (unset or empty: dflt); what it
+ * counts (unit) names it in the error. */
 static lt_err_t env_u64(const char *name, const char *unit, uint64_t lo, uint64_t hi, uint64_t dflt, uint64_t *out,
                         char *errstr, size_t n) {
   const char *v = getenv(name);
@@ -50,9 +51,10 @@ static lt_err_t env_u64(const char *name, const char *unit, uint64_t lo, uint64_
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end || v[0] < '0' || v[0] > '9' || x < lo || x > hi) /* no sign, no space: strtoull takes both */
-    return lt_errf(errstr, n, LT_ERR_INVALID, "%s=\"%.40s\": expected %s, a whole number from %llu to %llu", name, v,
-                   unit, (unsigned long long)lo, (unsigned long long)hi);
+  if (errno || *end || v[0] < '0' || v[0] > '9' || (x && (x < lo || x > hi))) /* no sign, no space: strtoull takes both */
+    return lt_errf(errstr, n, LT_ERR_INVALID,
+                   "%s=\"%.40s\": expected %s, a whole number from %llu to %llu, or 0 for no limit", name, v, unit,
+                   (unsigned long long)lo, (unsigned long long)hi);
   *out = x;
   return LT_OK;
 }

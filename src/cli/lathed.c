@@ -886,6 +886,9 @@ int main(int argc, char **argv) {
     snprintf(serr, sizeof serr, "LATHE_LOG_FORMAT=\"%.40s\": expected text or json", lf);
   setup_log(&o, d.instance);
   if (o.role && strcmp(o.role, "executor") == 0) return lt_executor_main();
+  /* SIGHUP reloads certificates (on_hup, once the loop runs): before and after that, ignored rather
+   * than the default, which would end lathed in a way systemd's Restart=on-failure does not mend */
+  signal(SIGHUP, SIG_IGN);
   if (serr[0] || settings_read(&d.set, serr, sizeof serr)) { /* before anything starts: nothing half up */
     lt_log_error(NULL, "%s", serr);
     return 2;

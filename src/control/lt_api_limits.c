@@ -431,6 +431,7 @@ static lt_err_t tls_ctx_new(lt_api_t *api, SSL_CTX **out, int64_t *not_after, ch
     ERR_error_string_n(ERR_get_error(), why, sizeof why);
     err = lt_errf(errstr, n, LT_ERR_INVALID, "the TLS key %s cannot be used with %s: %s", key, cert, why);
   }
+  ERR_clear_error(); /* the rest of the queue: no later SSL call on this thread may read it as its own */
   struct tm tm;
   X509 *x = err ? NULL : SSL_CTX_get0_certificate(ctx);
   *not_after = x && ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1 ? (int64_t)timegm(&tm) : 0;

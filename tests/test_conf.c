@@ -23,9 +23,9 @@ static void write_file(const char *text) {
 }
 
 static void clean(void) {
-  unsetenv("LATHE_TEST_A");
-  unsetenv("LATHE_TEST_B");
-  unsetenv("LATHE_TEST_C");
+  unsetenv("LATHE_TOPIC_PREFIX");
+  unsetenv("LATHE_INSTANCE");
+  unsetenv("LATHE_MODELS_DIR");
   unsetenv("LATHE_KAFKA_PROPERTIES");
   if (path[0]) unlink(path);
 }
@@ -33,20 +33,20 @@ static void clean(void) {
 TestSuite(conf, .init = clean, .fini = clean);
 
 Test(conf, a_file_sets_what_the_environment_does_not_and_a_flag_wins_over_both) {
-  write_file("# Lathe\n\n  LATHE_TEST_A = from file  \nLATHE_TEST_B=from file\nLATHE_TEST_C=file\n"
+  write_file("# Lathe\n\n  LATHE_TOPIC_PREFIX = from file  \nLATHE_INSTANCE=from file\nLATHE_MODELS_DIR=file\n"
              "kafka.socket.timeout.ms=30000\nkafka.client.rack = r1\n");
-  setenv("LATHE_TEST_B", "from env", 1);
-  setenv("LATHE_TEST_C", "from env", 1);
-  char *argv[] = {"lathed", "--set", "LATHE_TEST_C=from flag", "--role", "api", "--config", path, NULL};
+  setenv("LATHE_INSTANCE", "from env", 1);
+  setenv("LATHE_MODELS_DIR", "from env", 1);
+  char *argv[] = {"lathed", "--set", "LATHE_MODELS_DIR=from flag", "--role", "api", "--config", path, NULL};
   int argc = 7;
   cr_assert_eq(lt_conf_from_args(&argc, argv, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(argc, 3, "--config and --set are taken out of argv");
   cr_assert_str_eq(argv[1], "--role");
   cr_assert_str_eq(argv[2], "api");
   cr_assert_null(argv[3]);
-  cr_assert_str_eq(getenv("LATHE_TEST_A"), "from file", "trimmed");
-  cr_assert_str_eq(getenv("LATHE_TEST_B"), "from env", "the environment wins over the file");
-  cr_assert_str_eq(getenv("LATHE_TEST_C"), "from flag", "a flag wins over the environment, in any order");
+  cr_assert_str_eq(getenv("LATHE_TOPIC_PREFIX"), "from file", "trimmed");
+  cr_assert_str_eq(getenv("LATHE_INSTANCE"), "from env", "the environment wins over the file");
+  cr_assert_str_eq(getenv("LATHE_MODELS_DIR"), "from flag", "a flag wins over the environment, in any order");
   cr_assert_str_eq(getenv("LATHE_KAFKA_PROPERTIES"), "socket.timeout.ms=30000\nclient.rack=r1");
   /* The properties reach the bus configuration, after the environment's. */
   lt_bus_conf_t *c = lt_bus_conf_new();
@@ -56,9 +56,12 @@ Test(conf, a_file_sets_what_the_environment_does_not_and_a_flag_wins_over_both) 
 
 Test(conf, every_bad_line_is_named_by_file_and_line) {
   const char *cases[][2] = {
-      {"LATHE_TEST_A=1\nnot a setting\n", ":2: \"not a setting\" is not NAME=VALUE"},
+      {"LATHE_TOPIC_PREFIX=1\nnot a setting\n", ":2: \"not a setting\" is not NAME=VALUE"},
       {"HOME=/tmp\n", ":1: \"HOME\" is neither a LATHE_ setting"},
       {"lathe_test_a=1\n", ":1: \"lathe_test_a\" is neither"},
+      {"LATHE_WORKER_SLOT=2\n", ":1: LATHE_WORKER_SLOT is no setting Lathe reads (did you mean LATHE_WORKER_SLOTS?)"},
+      {"\nLATHE_KILL_DEADLINE=30000\n", ":2: LATHE_KILL_DEADLINE is no setting Lathe reads (did you mean LATHE_KILL_DEADLINE_MS?)"},
+      {"LATHE_FROBNICATE=1\n", ":1: LATHE_FROBNICATE is no setting Lathe reads; lathed --help lists them"},
       {"\n\nkafka.socket.timeout.ms=\n", ":3: kafka.socket.timeout.ms has no value"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -72,6 +75,29 @@ Test(conf, every_bad_line_is_named_by_file_and_line) {
   char *argv[] = {"lathed", "--set", NULL};
   cr_expect_eq(lt_conf_from_args(&argc, argv, err, sizeof err), LT_ERR_INVALID);
   cr_expect(strstr(err, "--set needs a value"), "%s", err);
+}
+
+/* The settings lt_conf knows are exactly the LATHE_ names the code reads: a name added to the code
+ * and not to the table would be refused in a file, one left in the table would hide a typo. */
+Test(conf, the_known_settings_are_the_names_the_code_reads) {
+  char cmd[1024];
+  const char *root = getenv("LATHE_SOURCE_ROOT") ? getenv("LATHE_SOURCE_ROOT") : ".";
+  snprintf(cmd, sizeof cmd, "cd '%s' && grep -rhoE '\"LATHE_[A-Z0-9_]+' src workers --exclude=lt_conf.c | "
+           "tr -d '\"' | sort -u", root);
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  char line[128];
+  size_t in_code = 0;
+  while (fgets(line, sizeof line, p)) {
+    line[strcspn(line, "\n")] = '\0';
+    in_code++;
+    cr_expect(lt_conf_known(line), "%s is read in the code and not known to lt_conf", line);
+  }
+  cr_assert_eq(pclose(p), 0, "grep in %s failed", root);
+  size_t known = 0;
+  while (lt_conf_name(known)) known++;
+  cr_expect_eq(known, in_code, "lt_conf knows %zu settings, the code reads %zu", known, in_code);
+  cr_expect_gt(in_code, 50, "the grep found too few names to be the tree's");
 }
 
 Test(conf, an_unknown_kafka_property_stops_lathed_naming_it) {

@@ -21,8 +21,14 @@
 /* Applies one NAME=VALUE (from a file when override is false, from a flag when true): a LATHE_
  * name is set in the environment (a file's only when the environment has none), a kafka.NAME is
  * appended to LATHE_KAFKA_PROPERTIES. LT_ERR_INVALID names what is wrong: no '=', a name that is
- * neither, an empty value for a LATHE_ name. where prefixes the message ("lathed.conf:3"). */
+ * neither, a LATHE_ name no part of Lathe reads (with the nearest known one: a typo). where prefixes the message ("lathed.conf:3"). */
 lt_err_t lt_conf_apply(const char *line, bool override, const char *where, char *errstr, size_t errstr_size);
+
+/* Whether name is a LATHE_ setting some part of Lathe reads (a file or flag naming another is
+ * refused by lt_conf_apply, with the nearest known name); lt_conf_name: the i-th of them, NULL past
+ * the last. */
+bool lt_conf_known(const char *name);
+const char *lt_conf_name(size_t i);
 
 /* Applies every line of the file at path. LT_ERR_IO when it cannot be read; the first bad line's
  * error otherwise (nothing after it applied). */

@@ -61,7 +61,7 @@ Test(conf, every_bad_line_is_named_by_file_and_line) {
       {"lathe_test_a=1\n", ":1: \"lathe_test_a\" is neither"},
       {"LATHE_WORKER_SLOT=2\n", ":1: LATHE_WORKER_SLOT is no setting Lathe reads (did you mean LATHE_WORKER_SLOTS?)"},
       {"\nLATHE_KILL_DEADLINE=30000\n", ":2: LATHE_KILL_DEADLINE is no setting Lathe reads (did you mean LATHE_KILL_DEADLINE_MS?)"},
-      {"LATHE_FROBNICATE=1\n", ":1: LATHE_FROBNICATE is no setting Lathe reads; lathed --help lists them"},
+      {"LATHE_FROBNICATE=1\n", ":1: LATHE_FROBNICATE is no setting Lathe reads; lathed --help lists every one"},
       {"\n\nkafka.socket.timeout.ms=\n", ":3: kafka.socket.timeout.ms has no value"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -98,6 +98,13 @@ Test(conf, the_known_settings_are_the_names_the_code_reads) {
   while (lt_conf_name(known)) known++;
   cr_expect_eq(known, in_code, "lt_conf knows %zu settings, the code reads %zu", known, in_code);
   cr_expect_gt(in_code, 50, "the grep found too few names to be the tree's");
+  /* and lathed --help lists every one, as the refusal says */
+  snprintf(cmd, sizeof cmd, "'%s' --help", lt_test_lathed_bin());
+  int rc;
+  char *help = lt_test_run(cmd, &rc);
+  cr_expect_eq(rc, 0, "%s", help);
+  for (size_t i = 0; lt_conf_name(i); i++) cr_expect(strstr(help, lt_conf_name(i)), "--help lacks %s", lt_conf_name(i));
+  free(help);
 }
 
 Test(conf, an_unknown_kafka_property_stops_lathed_naming_it) {

@@ -271,7 +271,16 @@ static void usage(FILE *f) {
           "LATHE_KAFKA_CONFIG_DIR (ROLE.properties per role: each role its own principal),\n"
           "LATHE_S3_ENDPOINT/_BUCKET/_ACCESS_KEY/_SECRET_KEY (or LATHE_STORE_DIR for a local\n"
           "directory store), LATHE_MASTER_KEY_FILE or LATHE_MASTER_KEY, LATHE_INSTANCE.\n"
-          "`eval \"$(ops/stack env)\"` sets them for the local stack.\n");
+          "`eval \"$(ops/stack env)\"` sets them for the local stack.\n"
+          "\nEvery LATHE_ setting a part of Lathe reads (another LATHE_ name in --config or --set stops\n"
+          "lathed, naming the nearest of these):\n");
+  int col = 0;
+  for (size_t i = 0; lt_conf_name(i); i++) {
+    const char *name = lt_conf_name(i);
+    if (col && col + 1 + (int)strlen(name) > 100) fputc('\n', f), col = 0;
+    col += fprintf(f, "%s%s", col ? " " : "  ", name);
+  }
+  fputc('\n', f);
 }
 
 /* Token counts of uploaded examples for the API's pre-flight report, with the bundled base

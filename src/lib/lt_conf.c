@@ -122,7 +122,7 @@ lt_err_t lt_conf_apply(const char *line, bool override, const char *where, char 
   if (!lt_conf_known(name)) {
     const char *near = nearest(name);
     return lt_errf(errstr, n, LT_ERR_INVALID, "%s: %s is no setting Lathe reads%s%s%s", where, name,
-                   near ? " (did you mean " : "; lathed --help lists them", near ? near : "", near ? "?)" : "");
+                   near ? " (did you mean " : "; lathed --help lists every one", near ? near : "", near ? "?)" : "");
   }
   if (!override && getenv(name)) return LT_OK; /* the environment wins over a file */
   if (setenv(name, v, 1)) return lt_errf(errstr, n, LT_ERR_NOMEM, "setenv: %s", strerror(errno));

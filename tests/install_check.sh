@@ -41,6 +41,8 @@ else
   echo "FAIL: LATHE_KAFKA_BOOTSTRAP is not set (ops/test sets it)"; fail=1
 fi
 
-# lathed answers --help from the install prefix (it loads no file to do so).
-check "installed lathed runs" 'env -u LATHE_SOURCE_ROOT "$bin/lathed" --help 2>&1 | grep -q -- "--role"'
+# lathed answers --help from the install prefix (it loads no file to do so). Read whole: grep -q
+# would close the pipe at its first match, and a help longer than a pipe's first write then ends
+# lathed with SIGPIPE, which pipefail reports.
+check "installed lathed runs" 'help=$(env -u LATHE_SOURCE_ROOT "$bin/lathed" --help 2>&1) && grep -q -- "--role" <<<"$help"'
 exit $fail

@@ -258,11 +258,9 @@ static int tenant_args(lt_cli_args_t *a, int argc, char **argv, lt_tenant_t *t, 
 /* The models key k is limited to, as a JSON array ([] for any). */
 static json_t *models_json(const lt_tenant_key_t *k) {
   json_t *a = json_array();
-  for (const char *p = k->models; a && *p;) {
-    size_t len = strcspn(p, " ");
-    json_array_append_new(a, json_stringn(p, len));
-    p += len + (p[len] == ' ');
-  }
+  const char *at = k->models, *p;
+  size_t len;
+  while (a && (p = lt_tenant_model_next(&at, &len))) json_array_append_new(a, json_stringn(p, len));
   return a;
 }
 

@@ -129,25 +129,29 @@ bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out) {
   return false;
 }
 
+const char *lt_tenant_model_next(const char **at, size_t *len) {
+  if (!**at) return NULL;
+  const char *id = *at;
+  *len = strcspn(id, " ");
+  *at = id + *len + (id[*len] == ' ');
+  return id;
+}
+
 bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model) {
   if (!k || !k->models[0]) return true;
-  size_t n = strlen(model);
-  for (const char *p = k->models; *p;) {
-    size_t len = strcspn(p, " ");
+  size_t n = strlen(model), len;
+  const char *at = k->models;
+  for (const char *p; (p = lt_tenant_model_next(&at, &len));)
     if (len == n && memcmp(p, model, n) == 0) return true;
-    p += len + (p[len] == ' ');
-  }
   return false;
 }
 
 bool lt_tenant_key_may_tokenize(const lt_tenant_key_t *k, const char *base) {
   if (lt_tenant_key_may_use(k, base)) return true;
-  size_t n = strlen(base);
-  for (const char *p = k->models; *p;) {
-    size_t len = strcspn(p, " ");
+  size_t n = strlen(base), len;
+  const char *at = k->models;
+  for (const char *p; (p = lt_tenant_model_next(&at, &len));)
     if (len > n + 4 && strncmp(p, "ft:", 3) == 0 && memcmp(p + 3, base, n) == 0 && p[3 + n] == ':') return true;
-    p += len + (p[len] == ' ');
-  }
   return false;
 }
 
@@ -332,12 +336,12 @@ lt_err_t lt_tenant_to_record(const lt_tenant_t *tn, lt_avro_record_t *rec, char 
     snprintf(path, sizeof path, "api_keys[%zu].models", idx);
     if (version >= 5) {
       SET(lt_avro_array_clear(rec, path));
-      for (const char *p = tn->keys[i].models; *p;) {
-        size_t len = strcspn(p, " ");
+      const char *at = tn->keys[i].models, *p;
+      size_t len;
+      while ((p = lt_tenant_model_next(&at, &len))) {
         char one[LT_TENANT_MODELS_BYTES + 1];
         snprintf(one, sizeof one, "%.*s", (int)len, p);
         SET(lt_avro_array_append_string(rec, path, one));
-        p += len + (p[len] == ' ');
       }
     } else if (tn->keys[i].models[0] && !tn->keys[i].revoked) {
       /* a reader of v4 would let the key sample from every model */

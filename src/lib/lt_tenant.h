@@ -111,6 +111,9 @@ bool lt_tenant_role_parse(const char *s, lt_tenant_role_t *out);
 /* The first TenantUpserted version that can hold a live key of this role: an older reader would
  * read it as another role (v3 readers count an unknown role as member) or not at all. */
 int lt_tenant_role_version(lt_tenant_role_t role);
+/* A key's models one by one: *at starts at k->models; each call returns the next id (not
+ * NUL-terminated) with its length in *len, or NULL after the last. */
+const char *lt_tenant_model_next(const char **at, size_t *len);
 /* Whether key k (NULL: none, any model) may name model when it samples: its list of models (v5)
  * is empty or holds model exactly. */
 bool lt_tenant_key_may_use(const lt_tenant_key_t *k, const char *model);

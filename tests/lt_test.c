@@ -423,6 +423,16 @@ int lt_test_get_status(lt_client_t *c, const char *path, char *last_body, size_t
   return status;
 }
 
+void lt_test_wait_healthy(const char *ops_url, const char *log, int timeout_ms) {
+  lt_client_t *c = lt_test_client(ops_url, NULL, 0);
+  int status = 0;
+  char body[1100] = "";
+  lt_test_wait_until((status = lt_test_get_status(c, "/healthz", body, sizeof body)) == 200, timeout_ms, 100,
+                     "/healthz never answered 200 within %d s (last: %d %s); %s ends:\n%s", timeout_ms / 1000, status,
+                     body, log, lt_test_log_tail(log));
+  lt_client_destroy(c);
+}
+
 /* ---------------------------------------------------------------- the log, read back */
 
 #define TAIL_TOPICS 8

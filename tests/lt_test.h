@@ -164,6 +164,9 @@ lt_client_resp_t lt_test_req(lt_client_t *c, const char *method, const char *pat
 /* GET path: the status, 0 when the request did not get an answer (last_body, when not NULL, gets
  * the body or the transport error). */
 int lt_test_get_status(lt_client_t *c, const char *path, char *last_body, size_t n);
+/* Waits until GET ops_url/healthz answers 200; fails naming its last answer (an api that is
+ * starting says what it still reads) and the end of the daemon's log. */
+void lt_test_wait_healthy(const char *ops_url, const char *log, int timeout_ms);
 
 /* ---------------------------------------------------------------- the log, read back */
 

@@ -65,10 +65,7 @@ static srv_t start_api_with(const char *const *args, const char *const *env) {
   s.ops_port = lt_test_proc_operator_port(s.proc, 30000);
   snprintf(s.url, sizeof s.url, "http://127.0.0.1:%u", s.port);
   snprintf(s.ops_url, sizeof s.ops_url, "http://127.0.0.1:%u", s.ops_port);
-  lt_client_t *c = lt_test_client(s.ops_url, NULL, 0);
-  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
-                     "lathed's /healthz never answered 200; see %s", log);
-  lt_client_destroy(c);
+  lt_test_wait_healthy(s.ops_url, log, 30000);
   return s;
 }
 
@@ -1903,6 +1900,64 @@ Test(api, a_restarted_api_answers_the_same_job_states_and_digest) {
   json_decref(after);
   free(d1);
   free(d2);
+}
+
+/* Retention emptied a partition the API reads (its oldest offset is its high watermark, > 0):
+ * it holds nothing to wait for, and gives the consumer no position. A restarted API is ready all
+ * the same, not 503 "starting" for ever. DeleteRecords stands in for retention (same effect on
+ * the log: the start offset moves to the end). */
+Test(api, a_restarted_api_is_ready_though_retention_emptied_a_partition) {
+  lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
+  char topic[128];
+  lt_bus_topic_name(conf, "progress", topic, sizeof topic);
+  lt_bus_producer_t *p;
+  cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_record_t r = {.topic = topic, .partition = 0, .key = "k", .key_size = 1, .value = "x", .value_size = 1};
+  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_producer_destroy(p, 5000);
+  lt_bus_admin_t *admin;
+  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
+  rd_kafka_t *rk = lt_bus_admin_rk(admin);
+  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(l, topic, 0)->offset = RD_KAFKA_OFFSET_END; /* all of it */
+  rd_kafka_DeleteRecords_t *del = rd_kafka_DeleteRecords_new(l);
+  rd_kafka_topic_partition_list_destroy(l);
+  rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+  rd_kafka_DeleteRecords(rk, &del, 1, NULL, q);
+  rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 15000);
+  cr_assert(ev, "DeleteRecords: no answer in 15 s");
+  cr_assert_eq(rd_kafka_event_error(ev), RD_KAFKA_RESP_ERR_NO_ERROR, "DeleteRecords: %s", rd_kafka_event_error_string(ev));
+  const rd_kafka_topic_partition_list_t *res =
+      rd_kafka_DeleteRecords_result_offsets(rd_kafka_event_DeleteRecords_result(ev));
+  cr_assert(res && res->cnt == 1 && !res->elems[0].err && res->elems[0].offset > 0, "DeleteRecords: %s",
+            res && res->cnt ? rd_kafka_err2str(res->elems[0].err) : "no partition");
+  int64_t end = res->elems[0].offset;
+  rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_DeleteRecords_destroy(del);
+  lt_bus_admin_destroy(admin);
+  lt_bus_consumer_t *c;
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  lt_bus_tp_t tp = {.topic = topic, .partition = 0};
+  int64_t low = -1;
+  cr_assert_eq(lt_bus_consumer_watermarks(c, &tp, 1, &low, 10000, err, sizeof err), LT_OK, "%s", err);
+  cr_assert(low == end && tp.offset == end, "the partition holds %lld..%lld, wanted it empty at %lld", (long long)low,
+            (long long)tp.offset, (long long)end);
+  lt_bus_consumer_destroy(c);
+  lt_bus_conf_destroy(conf);
+
+  stop_api(&api);
+  api = start_api(); /* fails unless /healthz answers 200 within 30 s */
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  lt_client_resp_t h = req(ops, "GET", "/healthz", NULL);
+  cr_expect(h.status == 200 && json_is_true(json_object_get(h.json, "ready")) &&
+                !json_object_get(h.json, "waiting_for"),
+            "%d %s", h.status, h.body);
+  lt_client_resp_free(&h);
+  lt_client_destroy(ops);
+  lt_client_destroy(ca);
+  ca = client_for(key_a);
+  wait_key(ca); /* and it knows the tenants */
 }
 
 /* ---------------------------------------------------------------- rate text (no server) */

@@ -69,10 +69,7 @@ static void start_api(const char *const *env) {
   proc = lt_test_lathed("api", log, "api", NULL, envs);
   snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(proc, 30000));
   snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(proc, 30000));
-  lt_client_t *c = lt_test_client(ops, NULL, 0);
-  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
-                     "lathed's /healthz never answered 200; see %s", log);
-  lt_client_destroy(c);
+  lt_test_wait_healthy(ops, log, 30000);
   ca = lt_test_client(url, key_a, 120);
   cb = lt_test_client(url, key_b, 120);
   lt_test_wait_until(lt_test_get_status(ca, "/v1/jobs", NULL, 0) == 200 &&

@@ -137,10 +137,7 @@ static lt_test_proc_t *start_role(const char *role, char *url, size_t urln) {
   if (url) {
     snprintf(url, urln, "http://127.0.0.1:%u", lt_test_proc_port(p, 30000));
     snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(p, 30000));
-    lt_client_t *c = lt_test_client(ops, NULL, 0);
-    lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100,
-                       "lathed api never became ready; see %s", log);
-    lt_client_destroy(c);
+    lt_test_wait_healthy(ops, log, 30000);
   }
   return p;
 }

@@ -656,3 +656,36 @@ Test(bus, a_partition_whose_fetch_stopped_behind_the_log_is_fetched_again) {
   lt_bus_producer_destroy(p, 1000);
   lt_bus_consumer_destroy(c);
 }
+
+/* A partition whose fetcher stopped before it delivered anything has no position to compare: it
+ * is found all the same (the log keeps records past where it was started) and fetched again from
+ * that start, every record once. A partition that has nothing to give from its start (empty, or
+ * emptied by retention) is left alone. */
+Test(bus, a_partition_stopped_before_its_first_record_is_fetched_again_from_its_start) {
+  const char *topic = mktopic("stall0", 2);
+  lt_bus_producer_t *p = mkproducer(NULL);
+  lt_bus_consumer_t *c = mkconsumer(NULL);
+  lt_bus_tp_t parts[2] = {{topic, 0, LT_BUS_OFFSET_BEGINNING}, {topic, 1, LT_BUS_OFFSET_BEGINNING}};
+  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(l, topic, 0);
+  cr_assert_eq(lt_bus_consumer_assign(c, parts, 2, err, sizeof err), LT_OK, "%s", err);
+  got_t g = {0};
+  cr_assert_eq(poll_n(c, &g, 1, 500), 0, "an empty topic delivered"); /* the assignment settles */
+  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
+  rd_kafka_topic_partition_list_destroy(l);
+  size_t healed = 99;
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  usleep(700 * 1000);
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(healed, 0, "an empty partition, stopped or not, is not behind the log");
+  for (int i = 0; i < 3; i++) produce_value(p, topic, 0, "a", 0);
+  cr_assert_eq(poll_n(c, &g, 3, 1500), 0, "a stopped fetcher delivered");
+  usleep(700 * 1000);
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(healed, 1, "the partition that never delivered, and only it, is fetched again");
+  cr_assert_eq(poll_n(c, &g, 3, T_MS), 3, "the records behind it did not come");
+  for (int i = 0; i < 3; i++) cr_assert_eq(g.off[i], i, "record %d came at offset %lld", i, (long long)g.off[i]);
+  cr_assert_eq(poll_n(c, &g, 4, 1500), 3, "a record came twice");
+  lt_bus_producer_destroy(p, 1000);
+  lt_bus_consumer_destroy(c);
+}

@@ -97,12 +97,7 @@ static emb_t start_embedded(const char *data_dir, const char *models_dir) {
   e.role_ops[1] = lt_test_proc_port_of(e.proc, "publisher operator endpoints", 30000);
   char ops_url[64];
   snprintf(ops_url, sizeof ops_url, "http://127.0.0.1:%u", e.ops_port);
-  lt_client_t *c = lt_test_client(ops_url, NULL, 0);
-  int status = 0;
-  char body[1100] = "";
-  lt_test_wait_until((status = lt_test_get_status(c, "/healthz", body, sizeof body)) == 200, 30000, 100,
-                     "/healthz never answered 200 (last: %d %s); see %s", status, body, e.log);
-  lt_client_destroy(c);
+  lt_test_wait_healthy(ops_url, e.log, 30000);
   return e;
 }
 

@@ -46,9 +46,7 @@ static void start_api(bool second_staff) {
   snprintf(url, sizeof url, "http://127.0.0.1:%u", lt_test_proc_port(api, 30000));
   char ops[64];
   snprintf(ops, sizeof ops, "http://127.0.0.1:%u", lt_test_proc_operator_port(api, 30000));
-  lt_client_t *c = lt_test_client(ops, NULL, 0);
-  lt_test_wait_until(lt_test_get_status(c, "/healthz", NULL, 0) == 200, 30000, 100, "no /healthz 200; see %s", log);
-  lt_client_destroy(c);
+  lt_test_wait_healthy(ops, log, 30000);
   lt_client_destroy(ca), lt_client_destroy(cb), lt_client_destroy(alice), lt_client_destroy(bob);
   ca = lt_test_client(url, key_a, 60);
   cb = lt_test_client(url, key_b, 60);

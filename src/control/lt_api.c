@@ -17,10 +17,12 @@ static void reply_health(lt_api_call_t *c) {
   /* digest: the projection's job-state digest, so a restart or replay can be compared. */
   char digest[65] = "";
   lt_api_digest(api, digest);
-  lt_api_reply_json(c->req, api->ready ? 200 : 503,
-                    json_pack("{s:s,s:b,s:I,s:I,s:s}", "status", api->ready ? "ok" : "starting", "ready", api->ready,
-                              "jobs", (json_int_t)lt_job_count(lt_proj_jobs(api->proj)), "records_folded",
-                              (json_int_t)lt_proj_applied(api->proj), "digest", digest));
+  json_t *body = json_pack("{s:s,s:b,s:I,s:I,s:s}", "status", api->ready ? "ok" : "starting", "ready", api->ready,
+                           "jobs", (json_int_t)lt_job_count(lt_proj_jobs(api->proj)), "records_folded",
+                           (json_int_t)lt_proj_applied(api->proj), "digest", digest);
+  /* starting: which partition it still reads toward its start-up watermark */
+  if (!api->ready && api->waiting_for[0]) json_object_set_new(body, "waiting_for", json_string(api->waiting_for));
+  lt_api_reply_json(c->req, api->ready ? 200 : 503, body);
 }
 
 /* ---------------------------------------------------------------- the route table */
@@ -568,6 +570,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->submitting);
   lt_map_destroy(api->saving);
   free(api->feed_parts);
+  free(api->feed_low);
   free(api->feed_names);
   free(api);
 }

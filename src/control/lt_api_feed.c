@@ -145,7 +145,9 @@ void lt_api_feed_settle(lt_api_t *api) {
 /* ---------------------------------------------------------------- the projection feed */
 
 /* Ready once the consumer reached every partition's high watermark as of start-up: before that,
- * tenants and jobs may be missing and answers would be wrong. */
+ * tenants and jobs may be missing and answers would be wrong. A partition that kept no record
+ * (empty, or emptied by retention: its oldest offset is its high watermark) has nothing to wait
+ * for; it never gives the consumer a position. What it still waits for, /healthz says. */
 static bool caught_up(lt_api_t *api) {
   if (!api->nfeed) return true;
   lt_bus_tp_t pos[256];
@@ -154,9 +156,16 @@ static bool caught_up(lt_api_t *api) {
   if (lt_bus_consumer_position(api->consumer, pos, n, NULL, 0)) return false;
   for (size_t i = 0; i < n; i++) {
     int64_t hw = api->feed_parts[i].offset;
-    if (hw <= 0) continue;                         /* empty partition */
-    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) return false;
+    if (hw <= api->feed_low[i]) continue;
+    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) {
+      char at[32] = "no record yet";
+      if (pos[i].offset >= 0) snprintf(at, sizeof at, "offset %lld", (long long)pos[i].offset);
+      snprintf(api->waiting_for, sizeof api->waiting_for, "%s [%d]: read to %s of %lld..%lld", pos[i].topic,
+               (int)pos[i].partition, at, (long long)api->feed_low[i], (long long)hw);
+      return false;
+    }
   }
+  api->waiting_for[0] = '\0';
   return true;
 }
 
@@ -223,7 +232,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     lt_api_events_prune(api);
     lt_api_sessions_prune(api);
   }
-  if (api->ready) { /* a partition's fetcher may stop: see lt_bus.h */
+  if (api->consumer) { /* a partition's fetcher may stop, before its first record too: lt_bus.h */
     size_t healed = 0;
     char err[256];
     if (lt_bus_consumer_heal_stalls(api->consumer, 10000, 500, &healed, err, sizeof err) == LT_OK && healed) {
@@ -280,13 +289,15 @@ lt_err_t lt_api_feed_start(lt_api_t *api, char *errstr, size_t n) {
   lt_bus_consumer_opts_t copts = {0};
   if ((err = lt_bus_consumer_new(api->conf.bus, &copts, &api->consumer, errstr, n))) return err;
   api->feed_parts = malloc(np * sizeof *api->feed_parts);
-  if (!api->feed_parts) return LT_ERR_NOMEM;
+  api->feed_low = calloc(np ? np : 1, sizeof *api->feed_low);
+  if (!api->feed_parts || !api->feed_low) return LT_ERR_NOMEM;
   memcpy(api->feed_parts, parts, np * sizeof *parts);
   api->nfeed = np;
   /* Watermarks first: once assigned, the consumer's long-poll fetches of empty partitions hold
    * the broker connection for up to fetch.wait.max.ms, and each watermark query would wait
    * behind one (~10 s for the 25 partitions of a fresh prefix). */
-  if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, NULL, 10000, errstr, n))) return err;
+  if ((err = lt_bus_consumer_watermarks(api->consumer, api->feed_parts, np, api->feed_low, 10000, errstr, n)))
+    return err;
   if ((err = lt_bus_consumer_assign(api->consumer, parts, np, errstr, n))) return err;
   api->consumer_ev = event_new(api->base, lt_bus_consumer_fd(api->consumer), EV_READ | EV_PERSIST, on_consumer, api);
   api->tick_ev = event_new(api->base, -1, EV_PERSIST, on_tick, api);

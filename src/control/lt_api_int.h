@@ -117,7 +117,9 @@ struct lt_api {
   lt_map_t *cancels_sent;  /* set of job_id: this API wrote a CancelRequested (idempotent cancel
                               before its consumer reads the record back) */
   lt_bus_tp_t *feed_parts; /* every partition the projection folds, with its high watermark at start */
+  int64_t *feed_low;       /* and the oldest offset each kept at start (retention moves it) */
   size_t nfeed;
+  char waiting_for[192];   /* while not ready: the first partition behind its start-up watermark */
   char (*feed_names)[128];
   lt_api_sse_t *sse;       /* open event streams */
   lt_api_upload_t *uploads;

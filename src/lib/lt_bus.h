@@ -337,7 +337,10 @@ int64_t lt_bus_consumer_lag(lt_bus_consumer_t *c);
 /* For a consumer that assigns its partitions itself and never pauses them: a partition whose
  * position has not moved for stall_ms although the log goes on past it (its high watermark, one
  * request per leader within timeout_ms, asked at most once per stall_ms for each) is unassigned
- * and assigned again at its position, so its fetcher starts over; *healed says how many. librdkafka
+ * and assigned again at its position, so its fetcher starts over; *healed says how many. One that
+ * has delivered nothing since lt_bus_consumer_assign started it (no position) stands still when the
+ * log keeps a record at or past its start (the oldest kept: retention may have emptied it), and
+ * is assigned again at that start. librdkafka
  * 2.0 can leave a partition's fetcher stopped after a broker restart (a chaos run's API folded
  * two records less than the log, seed 6204). A partition that waits on an open transaction looks
  * the same and only fetches again. A call within stall_ms / 2 of the last look returns at once, so a

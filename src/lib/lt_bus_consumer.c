@@ -25,11 +25,12 @@ struct lt_bus_consumer {
   void *opaque;
   rd_kafka_resp_err_t async_commit_err; /* last async commit failure, reported once */
   bool fd_armed;                        /* lt_bus_consumer_fd() was called */
-  /* lt_bus_consumer_heal_stalls: each assigned partition's position when it last moved */
+  /* lt_bus_consumer_heal_stalls: each assigned partition's position when it last moved, and
+   * where lt_bus_consumer_assign started it (for a partition that never delivered a record) */
   struct watch {
     char *topic;
     int32_t partition;
-    int64_t pos, since_ms;
+    int64_t pos, since_ms, start;
   } *watch;
   size_t nwatch, capwatch;
   int64_t watched_ms; /* when heal_stalls last looked */
@@ -245,9 +246,19 @@ static void learn_leaders(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t
   }
 }
 
+static struct watch *watch_of(lt_bus_consumer_t *c, const char *topic, int32_t partition, int64_t now);
+
 lt_err_t lt_bus_consumer_assign(lt_bus_consumer_t *c, const lt_bus_tp_t *parts, size_t n,
                                 char *errstr, size_t errstr_size) {
   learn_leaders(c, parts, n);
+  int64_t now = lt_time_mono_ms();
+  for (size_t i = 0; i < n; i++) { /* a fresh start for heal_stalls: nothing delivered yet */
+    struct watch *w = watch_of(c, parts[i].topic, parts[i].partition, now);
+    if (!w) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+    w->start = parts[i].offset;
+    w->pos = RD_KAFKA_OFFSET_INVALID;
+    w->since_ms = now;
+  }
   rd_kafka_topic_partition_list_t *l = n ? lt_bus_tplist_from(parts, n) : NULL;
   rd_kafka_resp_err_t e = rd_kafka_assign(c->rk, l);
   if (l) rd_kafka_topic_partition_list_destroy(l);
@@ -448,6 +459,7 @@ static struct watch *watch_of(lt_bus_consumer_t *c, const char *topic, int32_t p
   w->partition = partition;
   w->pos = RD_KAFKA_OFFSET_INVALID;
   w->since_ms = now;
+  w->start = RD_KAFKA_OFFSET_INVALID; /* not assigned through lt_bus_consumer_assign */
   c->nwatch++;
   return w;
 }
@@ -458,11 +470,12 @@ lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int
   int64_t now = lt_time_mono_ms();
   if (c->watched_ms && now - c->watched_ms < stall_ms / 2) return LT_OK; /* called every tick: look less often */
   c->watched_ms = now;
-  rd_kafka_topic_partition_list_t *l = NULL, *idle = NULL, *stuck = NULL;
+  rd_kafka_topic_partition_list_t *l = NULL, *idle = NULL, *oldest = NULL, *stuck = NULL;
   if (rd_kafka_assignment(c->rk, &l) || !l) return lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "no assignment");
   lt_err_t err = LT_OK;
   if (rd_kafka_position(c->rk, l)) err = lt_errf(errstr, errstr_size, LT_ERR_INTERNAL, "positions not readable");
   idle = rd_kafka_topic_partition_list_new(l->cnt > 0 ? l->cnt : 1);
+  oldest = rd_kafka_topic_partition_list_new(l->cnt > 0 ? l->cnt : 1);
   for (int i = 0; !err && i < l->cnt; i++) {
     rd_kafka_topic_partition_t *e = &l->elems[i];
     struct watch *w = watch_of(c, e->topic, e->partition, now);
@@ -470,23 +483,36 @@ lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int
       err = LT_ERR_NOMEM;
       break;
     }
+    /* A partition that has delivered nothing since it was assigned has no position: it stands
+     * still behind the log when the log holds a record at or past where it was started. */
+    bool fresh = e->offset < 0 && (w->start == RD_KAFKA_OFFSET_BEGINNING || w->start >= 0);
     if (e->offset != w->pos) { /* it moved (or is seen for the first time) */
       w->pos = e->offset;
       w->since_ms = now;
-    } else if (e->offset >= 0 && now - w->since_ms >= stall_ms) {
+    } else if ((e->offset >= 0 || fresh) && now - w->since_ms >= stall_ms) {
       rd_kafka_topic_partition_list_add(idle, e->topic, e->partition)->offset = RD_KAFKA_OFFSET_END;
+      if (fresh) rd_kafka_topic_partition_list_add(oldest, e->topic, e->partition)->offset = RD_KAFKA_OFFSET_BEGINNING;
     }
   }
   if (!err && idle->cnt > 0) {
-    /* One ListOffsets per leader for all of them (latest: the high watermark). */
+    /* One ListOffsets per leader for all of them (latest: the high watermark), and one more for
+     * the oldest record kept of those that never delivered (retention may have emptied them). */
     rd_kafka_resp_err_t e = rd_kafka_offsets_for_times(c->rk, idle, timeout_ms);
-    if (e) err = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "high watermarks: %s", rd_kafka_err2str(e));
+    if (!e && oldest->cnt > 0) e = rd_kafka_offsets_for_times(c->rk, oldest, timeout_ms);
+    if (e) err = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "watermarks: %s", rd_kafka_err2str(e));
     stuck = rd_kafka_topic_partition_list_new(idle->cnt);
     for (int i = 0; !err && i < idle->cnt; i++) {
       rd_kafka_topic_partition_t *h = &idle->elems[i];
       struct watch *w = watch_of(c, h->topic, h->partition, now);
       w->since_ms = now; /* asked: not again before another stall_ms */
-      if (!h->err && h->offset > w->pos) rd_kafka_topic_partition_list_add(stuck, h->topic, h->partition)->offset = w->pos;
+      int64_t from = w->pos;
+      if (from < 0) { /* fresh: from where it was started, or the oldest record kept */
+        const rd_kafka_topic_partition_t *o = rd_kafka_topic_partition_list_find(oldest, h->topic, h->partition);
+        if (!o || o->err || o->offset < 0) continue;
+        from = w->start > o->offset ? w->start : o->offset;
+      }
+      if (!h->err && h->offset > from)
+        rd_kafka_topic_partition_list_add(stuck, h->topic, h->partition)->offset = w->pos >= 0 ? w->pos : w->start;
     }
     if (!err && stuck->cnt > 0) {
       /* Dropped and added again at the position: the fetcher of each starts over. */
@@ -504,6 +530,7 @@ lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int
     }
   }
   if (stuck) rd_kafka_topic_partition_list_destroy(stuck);
+  rd_kafka_topic_partition_list_destroy(oldest);
   rd_kafka_topic_partition_list_destroy(idle);
   rd_kafka_topic_partition_list_destroy(l);
   return err;

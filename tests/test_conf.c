@@ -135,6 +135,26 @@ static int lathed_says(const char *args, char *out, size_t n) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* A LATHE_ name in the environment a couple of edits from a setting is a typo that would leave the
+ * setting at its default: lathed says so, naming both, and goes on (the environment may hold other
+ * tools' LATHE_ names, which it leaves alone: ops/stack's LATHE_STACK_DIR is three edits from
+ * LATHE_STORE_DIR). */
+Test(conf, a_typo_of_a_setting_in_the_environment_is_named_with_the_setting_it_is_near) {
+  setenv("LATHE_API_THREAD", "4", 1);
+  setenv("LATHE_SAMPLER_KVMB", "64", 1);
+  setenv("LATHE_STACK_DIR", "/nowhere", 1);
+  char out[4096];
+  int rc = lathed_says("--role api", out, sizeof out);
+  unsetenv("LATHE_API_THREAD");
+  unsetenv("LATHE_SAMPLER_KVMB");
+  unsetenv("LATHE_STACK_DIR");
+  cr_expect(rc == 1 && strstr(out, "master key"), "lathed went on to the missing master key: exit %d: %s", rc, out);
+  cr_expect(strstr(out, "LATHE_API_THREAD is set in the environment") && strstr(out, "did you mean LATHE_API_THREADS?"),
+            "%s", out);
+  cr_expect(strstr(out, "LATHE_SAMPLER_KVMB is set") && strstr(out, "did you mean LATHE_SAMPLER_KV_MB?"), "%s", out);
+  cr_expect(!strstr(out, "LATHE_STACK_DIR"), "another tool's name was taken for a typo: %s", out);
+}
+
 /* A numeric setting or a switch that lathed cannot read stops it (exit 2) before any role starts,
  * naming the setting and what it should be, whether it came from the environment, a --config
  * file or --set: "30s" was 30 ms to atoi, "two" slots and "yes" were the defaults. Good values of

@@ -875,6 +875,23 @@ static void setup_log(const lathed_opts_t *o, const char *instance) {
   event_set_log_callback(on_event_log);
 }
 
+/* A LATHE_ name in the environment that no setting has, a few edits from one that does, is
+ * almost surely a typo that would leave the setting at its default: said, not refused (the
+ * environment may hold other tools' LATHE_ names; --set and --config refuse unknown names). */
+static void warn_env_typos(void) {
+  for (char **e = environ; *e; e++) {
+    const char *eq = strchr(*e, '=');
+    if (strncmp(*e, "LATHE_", 6) != 0 || !eq || eq - *e >= 128) continue;
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
+    /* two edits: LATHE_STACK_DIR (ops/stack's) is three from LATHE_STORE_DIR */
+    const char *near = lt_conf_known(name) ? NULL : lt_conf_nearest(name, 2);
+    if (near)
+      lt_log_warn(NULL, "%s is set in the environment, but no setting has that name (did you mean %s?): not read",
+                  name, near);
+  }
+}
+
 int main(int argc, char **argv) {
   lathed_opts_t o;
   char cerr[640];
@@ -898,6 +915,7 @@ int main(int argc, char **argv) {
   /* SIGHUP reloads certificates (on_hup, once the loop runs): before and after that, ignored rather
    * than the default, which would end lathed in a way systemd's Restart=on-failure does not mend */
   signal(SIGHUP, SIG_IGN);
+  warn_env_typos();
   if (serr[0] || settings_read(&d.set, serr, sizeof serr)) { /* before anything starts: nothing half up */
     lt_log_error(NULL, "%s", serr);
     return 2;

@@ -56,10 +56,9 @@ static size_t distance(const char *a, const char *b) {
   return row[lb];
 }
 
-/* The known setting nearest name, or NULL when none is within a few edits. */
-static const char *nearest(const char *name) {
+const char *lt_conf_nearest(const char *name, size_t max_edits) {
   const char *best = NULL;
-  size_t d = 4; /* a typo, not another word */
+  size_t d = max_edits + 1;
   for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
     if (strlen(known[i]) >= 128) continue;
     size_t k = distance(name, known[i]);
@@ -120,7 +119,7 @@ lt_err_t lt_conf_apply(const char *line, bool override, const char *where, char 
   memcpy(name, line, nlen);
   name[nlen] = '\0';
   if (!lt_conf_known(name)) {
-    const char *near = nearest(name);
+    const char *near = lt_conf_nearest(name, 3); /* a typo, not another word */
     return lt_errf(errstr, n, LT_ERR_INVALID, "%s: %s is no setting Lathe reads%s%s%s", where, name,
                    near ? " (did you mean " : "; lathed --help lists every one", near ? near : "", near ? "?)" : "");
   }

@@ -29,6 +29,9 @@ lt_err_t lt_conf_apply(const char *line, bool override, const char *where, char 
  * the last. */
 bool lt_conf_known(const char *name);
 const char *lt_conf_name(size_t i);
+/* The known setting nearest name, or NULL when none is within max_edits insertions, deletions
+ * or substitutions. */
+const char *lt_conf_nearest(const char *name, size_t max_edits);
 
 /* Applies every line of the file at path. LT_ERR_IO when it cannot be read; the first bad line's
  * error otherwise (nothing after it applied). */

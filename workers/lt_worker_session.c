@@ -380,6 +380,11 @@ static void *inbound_main(void *arg) {
   }
   size_t jl = strlen(s->job);
   while (!stopping(s)) {
+    /* a partition's fetcher may stop behind the log (lt_bus.h): a look within 5 s of the last is free */
+    size_t healed = 0;
+    if (lt_bus_consumer_heal_stalls(cons, 10000, 500, &healed, err, sizeof err) == LT_OK && healed)
+      lt_log(LT_LOG_WARN, "worker", SESSION(s), "%s: its calls stood still behind the log for 10 s: fetching again",
+             s->job);
     const lt_bus_msg_t *m = NULL;
     if (lt_bus_consumer_poll(cons, 100, &m, NULL, 0) || !m) continue;
     size_t kl = 0, vl = 0;

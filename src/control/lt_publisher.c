@@ -849,7 +849,7 @@ static void on_consumer(evutil_socket_t fd, short what, void *arg) { feed(arg); 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
   lt_publisher_t *p = arg;
   feed(p);
-  if (p->stats.ready) { /* a partition's fetcher may stop: lt_bus.h */
+  if (p->consumer) { /* a partition's fetcher may stop, before its first record too: lt_bus.h */
     size_t healed = 0;
     char err[256];
     if (lt_bus_consumer_heal_stalls(p->consumer, 10000, 500, &healed, err, sizeof err) == LT_OK && healed)

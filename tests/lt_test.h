@@ -76,6 +76,9 @@ void lt_test_scratch_prefix(const char *tag, char *out, size_t n);
 /* The bus configuration of the environment (lt_bus_conf_from_env) with the admin principal
  * (lt_bus_conf_for_role): what an operator's tool uses. Caller destroys. */
 lt_bus_conf_t *lt_test_bus_env(void);
+/* Deletes every record of a partition (DeleteRecords, as retention would on a delete-policy topic)
+ * and checks that it holds none: returns its start offset, now its end (> 0: it needs a record). */
+int64_t lt_test_empty_partition(const lt_bus_conf_t *conf, const char *topic, int32_t partition);
 /* LATHE_KAFKA_CONFIG_DIR/ROLE.properties into out, or NULL when the stack has no principals. */
 const char *lt_test_kafka_props(const char *role, char *out, size_t n);
 /* Sets role's properties (SASL) on a raw librdkafka configuration; nothing without principals. */

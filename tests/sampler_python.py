@@ -298,6 +298,7 @@ def inference_key(lathe, env, base, sbase, tenant_a, key_a, job_a, model_a):
         st, b, _ = http_json(base, ikey, method, path, {} if method == "POST" else None)
         check(st == 403 and "inference key" in b.get("error", {}).get("message", ""),
               f"the inference key's {method} {path} on the API: 403 naming its role")
+    return ikey
 
 
 # ---- 4: bad input, a client that leaves ----
@@ -372,7 +373,12 @@ def client_leaves(sbase, ops, key, model):
 
 # ---- 5: usage records ----
 
-def usage(lathe, env, tenant_a, secret_prompt):
+def key_id(key):
+    """The id of an API key lt_<key_id>_<secret>."""
+    return key.split("_")[1]
+
+
+def usage(lathe, env, tenant_a, secret_prompt, key_a, ikey):
     p = subprocess.run([lathe, "topic", "tail", "usage", "--from-beginning", "--max", "1000", "--timeout-ms", "5000"],
                        env=env, capture_output=True, text=True, timeout=60)
     out = p.stdout
@@ -386,6 +392,14 @@ def usage(lathe, env, tenant_a, secret_prompt):
     check(gone and all(g["tokens_in"] > 0 and g["tokens_out"] > 0 for g in gone),
           f"a stream its client left is billed what it read and generated ({[(g['tokens_in'], g['tokens_out']) for g in gone]})")
     check(secret_prompt not in out, "no usage record carries a prompt")
+    by_key = {}
+    for r in mine:
+        by_key[r["record"].get("api_key_id")] = by_key.get(r["record"].get("api_key_id"), 0) + 1
+    check(by_key.get(key_id(ikey), 0) == 1 and by_key.get(key_id(key_a), 0) == len(mine) - 1,
+          f"each usage record names the key that sent it: the inference key's one answered request, the admin key's rest ({by_key})")
+    other = [r for r in recs if r.get("record", {}).get("tenant_id") != tenant_a]
+    check(other and not any(r["record"].get("api_key_id") in (key_id(key_a), key_id(ikey)) for r in other),
+          "no other tenant's usage record names A's keys")
 
 
 # ---- 6: overload ----
@@ -585,12 +599,12 @@ def main():
             answers(sbase, keys[0], job_a, base, model_a)
             determinism(sbase, keys[0], keys[1], model_a, model_b)
             isolation(sbase, ops, keys[1], job_a, model_a)
-            inference_key(lathe, env, base, sbase, tenants[0], keys[0], job_a, model_a)
+            ikey = inference_key(lathe, env, base, sbase, tenants[0], keys[0], job_a, model_a)
             bad_input(sbase, keys[0])
             client_leaves(sbase, ops, keys[0], model_a)
             secret = "date: zz-secret-prompt-" + secrets.token_hex(4)
             complete(sbase, keys[0], {"model": model_a, "prompt": secret, "max_tokens": 3})
-            usage(lathe, env, tenants[0], secret)
+            usage(lathe, env, tenants[0], secret, keys[0], ikey)
             session_weights(base, sbase, keys[0], keys[1])
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
             overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)

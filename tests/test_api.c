@@ -1915,35 +1915,7 @@ Test(api, a_restarted_api_is_ready_though_retention_emptied_a_partition) {
   lt_bus_record_t r = {.topic = topic, .partition = 0, .key = "k", .key_size = 1, .value = "x", .value_size = 1};
   cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
   lt_bus_producer_destroy(p, 5000);
-  lt_bus_admin_t *admin;
-  cr_assert_eq(lt_bus_admin_new(conf, &admin, err, sizeof err), LT_OK, "%s", err);
-  rd_kafka_t *rk = lt_bus_admin_rk(admin);
-  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(l, topic, 0)->offset = RD_KAFKA_OFFSET_END; /* all of it */
-  rd_kafka_DeleteRecords_t *del = rd_kafka_DeleteRecords_new(l);
-  rd_kafka_topic_partition_list_destroy(l);
-  rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
-  rd_kafka_DeleteRecords(rk, &del, 1, NULL, q);
-  rd_kafka_event_t *ev = rd_kafka_queue_poll(q, 15000);
-  cr_assert(ev, "DeleteRecords: no answer in 15 s");
-  cr_assert_eq(rd_kafka_event_error(ev), RD_KAFKA_RESP_ERR_NO_ERROR, "DeleteRecords: %s", rd_kafka_event_error_string(ev));
-  const rd_kafka_topic_partition_list_t *res =
-      rd_kafka_DeleteRecords_result_offsets(rd_kafka_event_DeleteRecords_result(ev));
-  cr_assert(res && res->cnt == 1 && !res->elems[0].err && res->elems[0].offset > 0, "DeleteRecords: %s",
-            res && res->cnt ? rd_kafka_err2str(res->elems[0].err) : "no partition");
-  int64_t end = res->elems[0].offset;
-  rd_kafka_event_destroy(ev);
-  rd_kafka_queue_destroy(q);
-  rd_kafka_DeleteRecords_destroy(del);
-  lt_bus_admin_destroy(admin);
-  lt_bus_consumer_t *c;
-  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
-  lt_bus_tp_t tp = {.topic = topic, .partition = 0};
-  int64_t low = -1;
-  cr_assert_eq(lt_bus_consumer_watermarks(c, &tp, 1, &low, 10000, err, sizeof err), LT_OK, "%s", err);
-  cr_assert(low == end && tp.offset == end, "the partition holds %lld..%lld, wanted it empty at %lld", (long long)low,
-            (long long)tp.offset, (long long)end);
-  lt_bus_consumer_destroy(c);
+  lt_test_empty_partition(conf, topic, 0);
   lt_bus_conf_destroy(conf);
 
   stop_api(&api);

@@ -552,6 +552,76 @@ Test(bus, topic_creation_is_idempotent_and_reads_the_topics_file) {
   unlink(bad);
 }
 
+/* A topics file in a temporary file; its path into path (static storage). */
+static const char *topics_file(const char *text) {
+  static char path[64];
+  snprintf(path, sizeof path, "/tmp/lt-bus-topics-XXXXXX");
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  return path;
+}
+
+/* The broker's value of one config of a topic (static storage; "" when it has none). */
+static const char *topic_config(const char *topic, const char *name) {
+  static char value[256];
+  rd_kafka_t *rk = lt_bus_admin_rk(admin);
+  rd_kafka_ConfigResource_t *res = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
+  rd_kafka_queue_t *q = rd_kafka_queue_new(rk);
+  rd_kafka_DescribeConfigs(rk, &res, 1, NULL, q);
+  rd_kafka_event_t *ev = rd_kafka_queue_poll(q, T_MS);
+  cr_assert(ev && !rd_kafka_event_error(ev), "DescribeConfigs of %s", topic);
+  size_t nr = 0, ne = 0;
+  const rd_kafka_ConfigResource_t **got =
+      rd_kafka_DescribeConfigs_result_resources(rd_kafka_event_DescribeConfigs_result(ev), &nr);
+  cr_assert_eq(nr, 1);
+  const rd_kafka_ConfigEntry_t **ents = rd_kafka_ConfigResource_configs(got[0], &ne);
+  value[0] = '\0';
+  for (size_t i = 0; i < ne; i++)
+    if (strcmp(rd_kafka_ConfigEntry_name(ents[i]), name) == 0 && rd_kafka_ConfigEntry_value(ents[i]))
+      snprintf(value, sizeof value, "%s", rd_kafka_ConfigEntry_value(ents[i]));
+  rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_ConfigResource_destroy(res);
+  return value;
+}
+
+/* A topic an older release made keeps its configs until told (lathe.jobs was kept 7 days, and its
+ * jobs forgotten after a restart a week on): `lathe admin topics` brings it to the file's, keeps
+ * the configs set on it that the file does not name (a plain AlterConfigs would reset them),
+ * says what it changed, and changes nothing the second time. A topic not made yet is left to its
+ * creation; a value the broker refuses fails naming the topic. */
+Test(bus, existing_topics_are_brought_to_the_files_configs_keeping_their_others) {
+  char jobs[256];
+  lt_bus_topic_name(conf, "jobs", jobs, sizeof jobs);
+  strcpy(created[ncreated++], jobs);
+  const char *old = topics_file("jobs\t2\tcleanup.policy=delete,retention.ms=604800000,max.message.bytes=2000000\n");
+  cr_assert_eq(lt_bus_admin_create_from_file(admin, old, -1, T_MS, NULL, err, sizeof err), LT_OK, "%s", err);
+  unlink(old);
+  cr_assert_str_eq(topic_config(jobs, "retention.ms"), "604800000");
+  const char *now = topics_file("jobs\t2\tcleanup.policy=delete,retention.ms=-1\nlater\t1\tretention.ms=-1\n");
+  int altered = -1;
+  char changes[1024];
+  cr_assert_eq(lt_bus_admin_reconcile_from_file(admin, now, T_MS, &altered, changes, sizeof changes, err, sizeof err),
+               LT_OK, "%s", err);
+  char want[512];
+  snprintf(want, sizeof want, "%s retention.ms 604800000 -> -1", jobs);
+  cr_expect(altered == 1 && strcmp(changes, want) == 0, "altered %d: %s", altered, changes);
+  cr_expect_str_eq(topic_config(jobs, "retention.ms"), "-1");
+  cr_expect_str_eq(topic_config(jobs, "max.message.bytes"), "2000000", "a config the file does not name was lost");
+  cr_expect_str_eq(topic_config(jobs, "cleanup.policy"), "delete");
+  cr_assert_eq(lt_bus_admin_reconcile_from_file(admin, now, T_MS, &altered, changes, sizeof changes, err, sizeof err),
+               LT_OK, "%s", err);
+  cr_expect(altered == 0 && !changes[0], "a second run altered %d: %s", altered, changes);
+  unlink(now);
+  const char *bad = topics_file("jobs\t2\tretention.ms=soon\n");
+  lt_err_t e = lt_bus_admin_reconcile_from_file(admin, bad, T_MS, &altered, NULL, 0, err, sizeof err);
+  unlink(bad);
+  cr_expect(e != LT_OK && strstr(err, jobs) && strstr(err, "retention.ms"), "%d: %s", e, err);
+  cr_expect_str_eq(topic_config(jobs, "retention.ms"), "-1", "a refused value changed the topic");
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg) {
   void **ctx = arg;
   lt_bus_consumer_t *c = ctx[0];

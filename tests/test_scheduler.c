@@ -794,6 +794,41 @@ Test(scheduler, a_later_production_job_takes_the_next_free_slot_before_waiting_s
 /* A consumer whose offset is reset rereads a partition from its start (after a broker restart); the
  * projection folds nothing of it twice: same state, same digest, every reread message counted
  * (chaos seeds 8010 and 8015: an API that folded a partition again had another digest). */
+/* Retention emptied a partition the scheduler folds (its oldest offset is its end, > 0): it gives
+ * the fold no position, and the scheduler used to wait for one until a quiet second, which a
+ * fleet's heartbeats never leave. A new scheduler leads all the same while heartbeats come every
+ * 300 ms, and decides what comes after. */
+static bool leading_under_heartbeats(void *ctx) {
+  static int64_t last;
+  if (lt_time_mono_ms() - last >= 300) {
+    heartbeat("w-busy", 1);
+    last = lt_time_mono_ms();
+  }
+  return is_leading(ctx);
+}
+
+Test(scheduler, a_partition_retention_emptied_does_not_keep_a_new_leader_catching_up) {
+  put_tenant("acme", 0);
+  lt_scheduler_t *s1 = start("g", NULL);
+  submit("job-old", "acme", LT_CLASS_PREEMPTIBLE, NULL);
+  cr_assert(wait_for("JobAccepted", "job-old", "control", 1, 20000), "the first job was never accepted");
+  lt_scheduler_destroy(s1);
+  char jobs[256];
+  lt_bus_topic_name(conf, "jobs", jobs, sizeof jobs);
+  lt_test_empty_partition(conf, jobs, (int32_t)LT_CLASS_PREEMPTIBLE * 2);
+  char g[200];
+  snprintf(g, sizeof g, "%sg", prefix);
+  lt_scheduler_conf_t c = {.bus = conf, .registry = reg, .producer_id = "scheduler/test", .lease_ms = 60000,
+                           .tenant_grace_ms = 1000, .tick_ms = 50, .group_id = g};
+  lt_scheduler_t *s2;
+  cr_assert_eq(lt_scheduler_new(base, &c, &s2, err, sizeof err), LT_OK, "%s", err);
+  cr_assert(run_until(leading_under_heartbeats, s2, 30000),
+            "the new scheduler kept catching up for 30 s behind a partition that holds nothing");
+  submit("job-new", "acme", LT_CLASS_STANDARD, NULL);
+  cr_expect(wait_for("JobAccepted", "job-new", "control", 1, 20000), "a job after the takeover was not accepted");
+  lt_scheduler_destroy(s2);
+}
+
 Test(scheduler, a_partition_read_again_folds_nothing_twice) {
   put_tenant("acme", 0);
   submit("job-again", "acme", LT_CLASS_STANDARD, NULL);

@@ -504,6 +504,14 @@ static int topics_cmd(int argc, char **argv) {
   }
   printf("%d topic(s) created from %s (prefix \"%s\")\n", created, path ? path : "the built-in ops/topics.tsv",
          lt_bus_conf_get(bus, "lathe.topic.prefix"));
+  /* Topics made by an older release keep their configs until told (lathe.jobs was kept 7 days) */
+  int altered = 0;
+  char changes[2048];
+  if (lt_bus_admin_reconcile_from_file(admin, path, 30000, &altered, changes, sizeof changes, err, sizeof err)) {
+    fprintf(stderr, "lathe admin topics: %s\n", err);
+    goto out;
+  }
+  if (altered) printf("%d existing topic(s) brought to the file's configs: %s\n", altered, changes);
   rc = 0;
 out:
   lt_bus_admin_destroy(admin);

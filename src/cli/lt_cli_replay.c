@@ -90,6 +90,7 @@ typedef struct replay {
   char topics[2][200];
   lt_bus_tp_t tps[MAX_TPS]; /* where each partition starts */
   lt_bus_tp_t hw[MAX_TPS];  /* each partition's end as of start-up */
+  int64_t low[MAX_TPS];     /* and the oldest offset it kept then */
   size_t ntps;
   uint64_t records, bad;
 } replay_t;
@@ -149,7 +150,7 @@ static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *e
   if (!e) e = lt_bus_consumer_new(r->conf, NULL, &r->c, err, n);
   if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(r->c, r->tps, r->ntps, 10000, err, n);
   memcpy(r->hw, r->tps, r->ntps * sizeof *r->hw);
-  if (!e) e = lt_bus_consumer_watermarks(r->c, r->hw, r->ntps, NULL, 10000, err, n);
+  if (!e) e = lt_bus_consumer_watermarks(r->c, r->hw, r->ntps, r->low, 10000, err, n);
   if (!e) e = lt_bus_consumer_assign(r->c, r->tps, r->ntps, err, n);
   return e;
 }
@@ -162,6 +163,7 @@ static bool replay_at_end(replay_t *r, const int64_t *next) {
   memcpy(pos, r->tps, r->ntps * sizeof *pos);
   if (lt_bus_consumer_position(r->c, pos, r->ntps, NULL, 0) != LT_OK) return false;
   for (size_t i = 0; i < r->ntps; i++) {
+    if (r->hw[i].offset <= r->low[i]) continue; /* kept nothing (retention emptied it): gives no position */
     int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
     if (p < r->hw[i].offset && next[i] < r->hw[i].offset) return false;
   }

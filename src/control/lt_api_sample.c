@@ -76,6 +76,7 @@ typedef struct sample_req {
   bool chat, stream, usage_in_stream, gone, started, answered, watching;
   char id[48], model[256], base[LT_JOB_NAME_MAX], adapter[LT_SAMPLE_ADAPTER_MAX + 1], job_id[LT_ID_MAX + 1];
   char tenant[LT_ID_MAX + 1];
+  char key_id[LT_TENANT_KEY_ID_LEN + 1]; /* the key that sent it, for its usage record */
   int logprobs; /* alternatives per token; -1: no logprobs at all */
   int64_t created;
   lt_sample_req_t sreq; /* the template each choice is submitted from */
@@ -300,6 +301,7 @@ static void record_usage(sample_req_t *r, const char *finish) {
   if (!err) err = lt_avro_set_long(rec, "ttft_ms", ttft);
   if (!err) err = lt_avro_set_long(rec, "duration_ms", duration);
   if (!err) err = lt_avro_set_string(rec, "finish", finish);
+  if (!err) err = r->key_id[0] ? lt_avro_set_string(rec, "api_key_id", r->key_id) : lt_avro_set_null(rec, "api_key_id");
   if (!err) err = lt_avro_record_encode(rec, &bytes, &blen, NULL, 0);
   char *ctx = err ? NULL : strdup(r->id);
   if (ctx && lt_api_produce(api, api->topic_usage, LT_BUS_PARTITION_ANY, r->tenant, bytes, blen, false, usage_done, ctx))
@@ -925,6 +927,7 @@ static void sample_route(lt_api_call_t *c, bool chat) {
     r->tail = &r->head;
     pthread_mutex_init(&r->mu, NULL);
     snprintf(r->tenant, sizeof r->tenant, "%s", c->tenant->tenant_id);
+    snprintf(r->key_id, sizeof r->key_id, "%s", c->key_id);
     unsigned char rnd[12];
     RAND_bytes(rnd, sizeof rnd);
     int k = snprintf(r->id, sizeof r->id, "%s", chat ? "chatcmpl-" : "cmpl-");

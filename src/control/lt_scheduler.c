@@ -405,6 +405,7 @@ static bool caught_up(lt_scheduler_t *s, int64_t now_ms) {
   memcpy(pos, s->tps, s->ntps * sizeof *pos);
   bool all = lt_bus_consumer_position(s->fold_c, pos, s->ntps, NULL, 0) == LT_OK;
   for (size_t i = 0; all && i < s->ntps; i++) {
+    if (s->hwm[i] <= s->low[i]) continue; /* kept nothing (retention emptied it): gives no position */
     int64_t p = pos[i].offset >= 0 ? pos[i].offset : s->next[i];
     if (p < s->hwm[i] && s->next[i] < s->hwm[i]) all = false;
   }
@@ -532,7 +533,7 @@ static lt_err_t start_leading(lt_scheduler_t *s, char *errstr, size_t n) {
   lt_bus_consumer_opts_t copts = {0};
   if ((err = lt_bus_consumer_new(s->conf.bus, &copts, &s->fold_c, errstr, n))) return err;
   memcpy(tmp, s->tps, s->ntps * sizeof *tmp);
-  if ((err = lt_bus_consumer_watermarks(s->fold_c, tmp, s->ntps, NULL, 10000, errstr, n))) return err;
+  if ((err = lt_bus_consumer_watermarks(s->fold_c, tmp, s->ntps, s->low, 10000, errstr, n))) return err;
   for (size_t i = 0; i < s->ntps; i++) s->hwm[i] = tmp[i].offset;
   if ((err = lt_bus_consumer_assign(s->fold_c, s->tps, s->ntps, errstr, n))) return err;
   s->fold_ev = event_new(s->base, lt_bus_consumer_fd(s->fold_c), EV_READ | EV_PERSIST, on_fold_fd, s);

@@ -109,7 +109,7 @@ struct lt_scheduler {
   char **tenant_names;
   size_t ntenants, captenants;
   lt_bus_tp_t tps[MAX_TPS];
-  int64_t next[MAX_TPS], committed[MAX_TPS], hwm[MAX_TPS];
+  int64_t next[MAX_TPS], committed[MAX_TPS], hwm[MAX_TPS], low[MAX_TPS]; /* low: oldest offset kept at start */
   size_t ntps;
   int tp_base[T_NFOLD], tp_count[T_NFOLD];
   int64_t last_msg_ms, catchup_since_ms, last_scan_ms;

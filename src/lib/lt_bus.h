@@ -413,6 +413,16 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
                                        int timeout_ms, int *out_created, char *errstr,
                                        size_t errstr_size);
 
+/* Brings the topics of a topics file that exist already to the file's configs: each config the
+ * file sets that the broker holds another value for (or none) is altered, the topic's other
+ * configs of its own carried over (librdkafka 2.0.2 has no incremental AlterConfigs; a plain one
+ * resets what it is not given). A topic not made yet is left to its creation. Idempotent.
+ * *out_altered (may be NULL) gets how many topics were altered, changes (may be NULL) one
+ * "topic key old -> new" per change, "; "-separated. A value the broker refuses fails naming the
+ * topic; other topics of that request may have been altered (the broker applies each alone). */
+lt_err_t lt_bus_admin_reconcile_from_file(lt_bus_admin_t *a, const char *path, int timeout_ms, int *out_altered,
+                                          char *changes, size_t changes_size, char *errstr, size_t errstr_size);
+
 /* Creates the roles' ACLs of an ACL file (ops/acls.tsv: role, resource, name, pattern,
  * operations, TAB-separated; names get the conf's prefix, "*" is the prefix itself) for
  * principals User:<role>. Idempotent. Needs Alter on the cluster (the admin principal). A

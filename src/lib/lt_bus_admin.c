@@ -288,6 +288,189 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
   return ret;
 }
 
+/* ---------------------------------------------------------------- configs of existing topics */
+
+typedef struct {
+  char *topic;
+  char **kv; /* "key=value", as the file gives them */
+  size_t nkv;
+} want_t;
+
+typedef struct {
+  want_t *w;
+  size_t n, cap;
+} wants_t;
+
+static void wants_free(wants_t *ws) {
+  for (size_t i = 0; i < ws->n; i++) {
+    for (size_t k = 0; k < ws->w[i].nkv; k++) free(ws->w[i].kv[k]);
+    free(ws->w[i].kv);
+    free(ws->w[i].topic);
+  }
+  free(ws->w);
+}
+
+static lt_err_t collect_want(void *ctx, const char *topic, int partitions, const char *const *configs, size_t nconfigs,
+                             const char *where, char *errstr, size_t errstr_size) {
+  wants_t *ws = ctx;
+  if (ws->n == ws->cap) {
+    size_t cap = ws->cap ? ws->cap * 2 : 16;
+    want_t *nw = realloc(ws->w, cap * sizeof *nw);
+    if (!nw) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+    ws->w = nw;
+    ws->cap = cap;
+  }
+  want_t *w = &ws->w[ws->n++];
+  *w = (want_t){.topic = strdup(topic), .kv = calloc(nconfigs ? nconfigs : 1, sizeof *w->kv)};
+  if (!w->topic || !w->kv) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; i < nconfigs; i++) {
+    const char *eq = strchr(configs[i], '=');
+    if (!eq || eq == configs[i])
+      return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic %s: config \"%s\" is not key=value", where, topic,
+                     configs[i]);
+    if (!(w->kv[w->nkv++] = strdup(configs[i]))) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  }
+  return LT_OK;
+}
+
+/* DescribeConfigs or AlterConfigs (alter) over resources: its result event into *out. */
+static lt_err_t configs_request(lt_bus_admin_t *a, bool alter, rd_kafka_ConfigResource_t **res, size_t n,
+                                int timeout_ms, rd_kafka_event_t **out, char *errstr, size_t errstr_size) {
+  rd_kafka_queue_t *q = rd_kafka_queue_new(a->rk);
+  rd_kafka_AdminOptions_t *ao =
+      rd_kafka_AdminOptions_new(a->rk, alter ? RD_KAFKA_ADMIN_OP_ALTERCONFIGS : RD_KAFKA_ADMIN_OP_DESCRIBECONFIGS);
+  char rderr[256];
+  rd_kafka_AdminOptions_set_request_timeout(ao, timeout_ms, rderr, sizeof rderr);
+  if (alter) rd_kafka_AlterConfigs(a->rk, res, n, ao, q);
+  else rd_kafka_DescribeConfigs(a->rk, res, n, ao, q);
+  rd_kafka_event_t *ev = wait_result(q, timeout_ms);
+  rd_kafka_AdminOptions_destroy(ao);
+  rd_kafka_queue_destroy(q);
+  const char *what = alter ? "alter topic configs" : "describe topic configs";
+  *out = NULL;
+  if (!ev) return lt_errf(errstr, errstr_size, LT_ERR_TIMEOUT, "%s: no answer in %d ms", what, timeout_ms);
+  rd_kafka_resp_err_t e = rd_kafka_event_error(ev);
+  if (e) {
+    lt_err_t ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(e), "%s: %s", what, rd_kafka_event_error_string(ev));
+    rd_kafka_event_destroy(ev);
+    return ret;
+  }
+  *out = ev;
+  return LT_OK;
+}
+
+static const rd_kafka_ConfigEntry_t *entry_named(const rd_kafka_ConfigEntry_t **ents, size_t n, const char *name,
+                                                 size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (strlen(rd_kafka_ConfigEntry_name(ents[i])) == len && strncmp(rd_kafka_ConfigEntry_name(ents[i]), name, len) == 0)
+      return ents[i];
+  return NULL;
+}
+
+/* Appends "; " and text to out (cut at its end). */
+static void say(char *out, size_t n, const char *text) {
+  size_t used = strlen(out);
+  if (used + 1 < n) snprintf(out + used, n - used, "%s%s", used ? "; " : "", text);
+}
+
+lt_err_t lt_bus_admin_reconcile_from_file(lt_bus_admin_t *a, const char *path, int timeout_ms, int *out_altered,
+                                          char *changes, size_t changes_size, char *errstr, size_t errstr_size) {
+  if (out_altered) *out_altered = 0;
+  if (changes && changes_size) changes[0] = '\0';
+  wants_t ws = {0};
+  lt_err_t ret = lt_bus_topics_file_each(path, a->conf, collect_want, &ws, errstr, errstr_size);
+  rd_kafka_ConfigResource_t **res = ret ? NULL : calloc(ws.n ? ws.n : 1, sizeof *res);
+  rd_kafka_ConfigResource_t **alt = ret ? NULL : calloc(ws.n ? ws.n : 1, sizeof *alt);
+  size_t nalt = 0;
+  rd_kafka_event_t *ev = NULL;
+  if (!ret && (!res || !alt)) ret = lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; !ret && i < ws.n; i++) res[i] = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, ws.w[i].topic);
+  if (!ret && ws.n) ret = configs_request(a, false, res, ws.n, timeout_ms, &ev, errstr, errstr_size);
+  size_t nr = 0;
+  const rd_kafka_ConfigResource_t **got =
+      ev ? rd_kafka_DescribeConfigs_result_resources(rd_kafka_event_DescribeConfigs_result(ev), &nr) : NULL;
+  for (size_t r = 0; !ret && r < nr; r++) {
+    const char *topic = rd_kafka_ConfigResource_name(got[r]);
+    rd_kafka_resp_err_t re = rd_kafka_ConfigResource_error(got[r]);
+    if (re == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) continue; /* not made yet: its creation sets them */
+    if (re) {
+      ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(re), "topic %s: configs: %s", topic,
+                    rd_kafka_ConfigResource_error_string(got[r]) ? rd_kafka_ConfigResource_error_string(got[r])
+                                                                 : rd_kafka_err2str(re));
+      break;
+    }
+    const want_t *w = NULL;
+    for (size_t i = 0; i < ws.n && !w; i++)
+      if (strcmp(ws.w[i].topic, topic) == 0) w = &ws.w[i];
+    if (!w) continue;
+    size_t ne = 0;
+    const rd_kafka_ConfigEntry_t **ents = rd_kafka_ConfigResource_configs(got[r], &ne);
+    bool differs = false;
+    for (size_t k = 0; k < w->nkv; k++) {
+      const char *eq = strchr(w->kv[k], '=');
+      const rd_kafka_ConfigEntry_t *e = entry_named(ents, ne, w->kv[k], (size_t)(eq - w->kv[k]));
+      const char *now = e ? rd_kafka_ConfigEntry_value(e) : NULL;
+      if (now && strcmp(now, eq + 1) == 0) continue;
+      differs = true;
+      char line[512];
+      snprintf(line, sizeof line, "%s %.*s %s -> %s", topic, (int)(eq - w->kv[k]), w->kv[k], now ? now : "(unset)",
+               eq + 1);
+      if (changes) say(changes, changes_size, line);
+    }
+    if (!differs) continue;
+    /* AlterConfigs replaces the topic's whole set of its own configs: carry over the ones set on
+     * it that the file does not name (an operator's min.insync.replicas, say). */
+    rd_kafka_ConfigResource_t *c = rd_kafka_ConfigResource_new(RD_KAFKA_RESOURCE_TOPIC, topic);
+    alt[nalt++] = c;
+    for (size_t i = 0; !ret && i < ne; i++) {
+      if (rd_kafka_ConfigEntry_source(ents[i]) != RD_KAFKA_CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG) continue;
+      const char *name = rd_kafka_ConfigEntry_name(ents[i]);
+      bool named = false;
+      for (size_t k = 0; k < w->nkv && !named; k++)
+        named = strncmp(w->kv[k], name, strlen(name)) == 0 && w->kv[k][strlen(name)] == '=';
+      if (named) continue;
+      if (!rd_kafka_ConfigEntry_value(ents[i]))
+        ret = lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED,
+                      "topic %s: this principal cannot read its config %s, which altering the others would drop: "
+                      "set the file's configs with Kafka's kafka-configs.sh",
+                      topic, name);
+      else
+        rd_kafka_ConfigResource_set_config(c, name, rd_kafka_ConfigEntry_value(ents[i]));
+    }
+    for (size_t k = 0; !ret && k < w->nkv; k++) {
+      char key[128];
+      const char *eq = strchr(w->kv[k], '=');
+      snprintf(key, sizeof key, "%.*s", (int)(eq - w->kv[k]), w->kv[k]);
+      rd_kafka_ConfigResource_set_config(c, key, eq + 1);
+    }
+  }
+  if (ev) rd_kafka_event_destroy(ev);
+  if (!ret && nalt) {
+    rd_kafka_event_t *aev = NULL;
+    ret = configs_request(a, true, alt, nalt, timeout_ms, &aev, errstr, errstr_size);
+    size_t na = 0;
+    const rd_kafka_ConfigResource_t **done =
+        aev ? rd_kafka_AlterConfigs_result_resources(rd_kafka_event_AlterConfigs_result(aev), &na) : NULL;
+    for (size_t r = 0; !ret && r < na; r++) {
+      rd_kafka_resp_err_t re = rd_kafka_ConfigResource_error(done[r]);
+      if (re)
+        ret = lt_errf(errstr, errstr_size, lt_bus_err_from_code(re),
+                      "topic %s: altering its configs: %s", rd_kafka_ConfigResource_name(done[r]),
+                      rd_kafka_ConfigResource_error_string(done[r]) ? rd_kafka_ConfigResource_error_string(done[r])
+                                                                    : rd_kafka_err2str(re));
+    }
+    if (aev) rd_kafka_event_destroy(aev);
+    if (!ret && out_altered) *out_altered = (int)nalt;
+  }
+  for (size_t i = 0; res && i < ws.n; i++)
+    if (res[i]) rd_kafka_ConfigResource_destroy(res[i]);
+  for (size_t i = 0; i < nalt; i++) rd_kafka_ConfigResource_destroy(alt[i]);
+  free(res);
+  free(alt);
+  wants_free(&ws);
+  return ret;
+}
+
 lt_err_t lt_bus_admin_describe_topic(lt_bus_admin_t *a, const char *topic, int timeout_ms,
                                      int *out_partitions, char *errstr, size_t errstr_size) {
   const struct rd_kafka_metadata *md = NULL;

@@ -160,6 +160,24 @@ def stream_text(sbase, key, path, body):
     return "".join(t or "" for t in text), done
 
 
+def stream_logprobs(sbase, key, path, body):
+    """A streamed answer's logprobs for choice 0, its chunks' joined as the whole answer holds them."""
+    u = urllib.parse.urlparse(sbase)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", path, json.dumps(dict(body, stream=True)),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    merged = {}
+    for raw in conn.getresponse():
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for c in json.loads(line[6:])["choices"]:
+            for k, v in (c.get("logprobs") or {}).items():
+                merged.setdefault(k, []).extend(v)
+    conn.close()
+    return merged
+
+
 # ---- 1: answers ----
 
 def answers(sbase, key_a, job_a, base, model_a):
@@ -195,6 +213,17 @@ def answers(sbase, key_a, job_a, base, model_a):
         ok = ok and len(l["tokens"]) == len(l["token_logprobs"]) > 0 and all(x <= 0 for x in l["token_logprobs"])
         ok = ok and all(len(t) <= 3 for t in l["top_logprobs"])
     check(ok, "n=2 choices with logprobs (tokens, log-probs <= 0, up to 3 alternatives each)")
+    _, whole, _ = complete(sbase, key_a, dict(body, logprobs=3))
+    streamed = stream_logprobs(sbase, key_a, "/v1/completions", dict(body, logprobs=3))
+    wl = whole["choices"][0]["logprobs"]
+    differ = [k for k in set(streamed) | set(wl) if streamed.get(k) != wl.get(k)]
+    check(streamed and not differ, "a stream's logprobs, joined, are the whole answer's (tokens, log-probs, alternatives, "
+          f"offsets): {[(k, str(streamed.get(k))[:120], str(wl.get(k))[:120]) for k in differ]}")
+    cbody = {"model": model_a, "messages": [{"role": "user", "content": samples[1]["prompt"]}], "max_tokens": 24,
+             "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    _, cwhole, _ = http_json(sbase, key_a, "POST", "/v1/chat/completions", cbody)
+    cstreamed = stream_logprobs(sbase, key_a, "/v1/chat/completions", cbody)
+    check(cstreamed and cstreamed == cwhole["choices"][0]["logprobs"], "a chat stream's logprobs are the whole answer's")
 
 
 # ---- 2: determinism ----
@@ -331,6 +360,17 @@ def bad_input(sbase, key):
               f"seed {seed} gives the same text four times ({[st for st, _, _ in got]})")
     st, b, _ = complete(sbase, key, {"model": "no-such-model", "prompt": "x"})
     check(st == 404 and b["error"]["field"] == "model", "an unknown model is 404 naming model")
+    # The tokenizer takes what a completion takes (its work holds the event loop; 8 MiB held it
+    # over a second): past that, 413 naming the limit, and the next request is served
+    for path, body in (("/v1/tokenize", {"model": "lathe-tiny", "text": "date " * 200000}),
+                       ("/v1/detokenize", {"model": "lathe-tiny", "tokens": [5] * 100000})):
+        st, b, _ = http_json(sbase, key, "POST", path, body)
+        check(st == 413 and "over the limit of 65536" in b.get("error", {}).get("message", ""),
+              f"{path} of a body over the JSON limit is 413 naming it ({st} {str(b)[:80]})")
+    st, tok, _ = http_json(sbase, key, "POST", "/v1/tokenize", {"model": "lathe-tiny", "text": "date " * 6000})
+    st2, txt, _ = http_json(sbase, key, "POST", "/v1/detokenize", {"model": "lathe-tiny", "tokens": tok.get("tokens", [])})
+    check(st == st2 == 200 and len(tok["tokens"]) > 1000 and txt.get("text") == "date " * 6000,
+          f"a body under the limit tokenizes and detokenizes back whole ({st} {st2})")
 
 
 def long_stream(sbase, key, model):

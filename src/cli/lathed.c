@@ -330,10 +330,10 @@ static lt_err_t tokenize(void *ctx, const char *model, const json_t *in, json_t 
     lt_tok_seq_t seq;
     lt_tok_seq_init(&seq);
     lt_err_t e = lt_tok_encode(tok, json_string_value(in), json_string_length(in), 0, 1, &seq, err, n);
-    json_t *ids = json_array();
-    for (size_t i = 0; !e && i < seq.len; i++) json_array_append_new(ids, json_integer(seq.ids[i]));
+    json_t *ids = e ? NULL : json_array();
+    for (size_t i = 0; ids && i < seq.len; i++) json_array_append_new(ids, json_integer(seq.ids[i]));
     lt_tok_seq_free(&seq);
-    *out = json_pack("{s:o}", "tokens", ids);
+    if (!e && !(*out = json_pack("{s:o}", "tokens", ids))) e = LT_ERR_NOMEM; /* nothing out on an error */
     return e;
   }
   size_t count = json_array_size(in);

@@ -152,20 +152,23 @@ static void ts_open(tsampler_t *t, lt_sampler_conf_t conf) {
 
 static void ts_close(tsampler_t *t) { lt_sampler_destroy(t->s); }
 
-/* Loads adapter i (its PEFT files) as "tenant/adi". */
-static lt_err_t ts_load(tsampler_t *t, int i) {
+/* Loads adapter i (its PEFT files) as "OWNER/adi" (owner NULL: "ti", a tenant of its own). */
+static lt_err_t ts_load_as(tsampler_t *t, int i, const char *owner) {
   char path[400], id[64];
   size_t st_len, cfg_len;
   snprintf(path, sizeof path, "%s/ad%d/adapter_model.safetensors", root_dir(), i);
   char *st = slurp(path, &st_len);
   snprintf(path, sizeof path, "%s/ad%d/adapter_config.json", root_dir(), i);
   char *cfg = slurp(path, &cfg_len);
-  snprintf(id, sizeof id, "tenant/ad%d", i);
+  if (owner) snprintf(id, sizeof id, "%s/ad%d", owner, i);
+  else snprintf(id, sizeof id, "t%d/ad%d", i, i);
   lt_err_t err = t->ops.load_adapter(t->ops.ctx, id, BASE, st, st_len, cfg, cfg_len, errbuf, sizeof errbuf);
   free(st);
   free(cfg);
   return err;
 }
+
+static lt_err_t ts_load(tsampler_t *t, int i) { return ts_load_as(t, i, NULL); }
 
 /* A counter of the metrics text ("lathe_sampler_NAME VALUE"). */
 static long long metric(tsampler_t *t, const char *name) {
@@ -283,7 +286,7 @@ static const char *const k_prompts[] = {
     "The market opened early and the farmer sold",
     "Question: what is two plus three? Answer:",
 };
-static const char *const k_adapters[] = {"", "tenant/ad0", "tenant/ad1", "tenant/ad2"};
+static const char *const k_adapters[] = {"", "t0/ad0", "t1/ad1", "t2/ad2"};
 
 /* ---------------------------------------------------------------- tests */
 
@@ -329,7 +332,7 @@ Test(sampler, outputs_do_not_depend_on_batching, .timeout = 120) {
 /* Runs 8 long requests at once on a sampler with kv_bytes of KV cache (block_tokens 4); fills
  * out[8]. */
 static void run_long(tsampler_t *t, rec_t *out, long long *preempted) {
-  static const char *const adapters[] = {"", "tenant/ad0", "tenant/ad1", "tenant/ad2"};
+  static const char *const adapters[] = {"", "t0/ad0", "t1/ad1", "t2/ad2"};
   char prompts[8][200];
   for (int i = 0; i < 8; i++) {
     snprintf(prompts[i], sizeof prompts[i], "Story %d. %s and then the %s", i, k_prompts[i % 3],
@@ -630,7 +633,7 @@ Test(sampler, bad_input_is_refused_at_submit, .timeout = 60) {
                                    sizeof msg),
                 LT_OK);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/bad"));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
   cr_assert_eq(metric(&t, "adapter_cache_bytes"), bytes);
   cr_assert_eq(metric(&t, "adapter_loads_total"), 1);
   cr_assert_eq(metric(&t, "requests_total"), 0);
@@ -656,35 +659,35 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 5 / 2), .max_running = 4, .adapter_hold_ms = -1});
   OK(ts_load(&t, 0));
   OK(ts_load(&t, 1));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0")); /* ad1 is now the least recently used */
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t0/ad0")); /* ad1 is now the least recently used */
   OK(ts_load(&t, 2));
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
-  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad1"));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "t1/ad1"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t2/ad2"));
   /* Both held by requests: nothing can go. */
   static rec_t r[2];
   uint64_t h[2];
   for (int i = 0; i < 2; i++) {
     rec_init(&r[i], i);
     r[i].slow_us = 10000;
-    lt_sample_req_t q = req_of(&r[i], "t", i ? "tenant/ad2" : "tenant/ad0", k_prompts[i], 100, 0.9f, 3);
+    lt_sample_req_t q = req_of(&r[i], "t", i ? "t2/ad2" : "t0/ad0", k_prompts[i], 100, 0.9f, 3);
     h[i] = submit_ok(&t, &q);
   }
   cr_assert(rec_wait(&r[0], 1) && rec_wait(&r[1], 1));
   cr_assert_eq(ts_load(&t, 1), LT_ERR_QUOTA, "%s", errbuf);
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t2/ad2"));
   /* One released: it goes. ad2 was asked for last, so the LRU is ad0; hold ad2 only. */
   t.ops.cancel(t.ops.ctx, h[0], NULL, NULL);
   for (int i = 0; i < 200 && metric(&t, "running") > 1; i++) usleep(10000);
   cr_assert_eq(metric(&t, "running"), 1);
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t2/ad2"));
   OK(ts_load(&t, 1));
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 2);
-  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad2"));
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t2/ad2"));
   t.ops.cancel(t.ops.ctx, h[1], NULL, NULL);
   cr_assert(idle_and_free(&t));
   ts_close(&t);
@@ -693,7 +696,48 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one / 2)});
   cr_assert_eq(ts_load(&t, 0), LT_ERR_UNSUPPORTED, "%s", errbuf);
   cr_expect(strstr(errbuf, "more than this sampler's whole adapter cache"), "%s", errbuf);
-  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
+  ts_close(&t);
+}
+
+/* One tenant's requests may use at most half the adapter cache at once (a first adapter always):
+ * requests hold their adapters until they end, and before, one tenant's long requests on three
+ * checkpoints kept every other tenant's adapter out of a cache for three (429 "cache full" for as
+ * long as they ran). Its further request is refused naming the share; another tenant's adapter
+ * still loads and serves; once the first tenant's request ends, its next one is taken. */
+Test(sampler, one_tenants_requests_use_at_most_half_the_adapter_cache, .timeout = 120) {
+  tsampler_t t;
+  long long one = one_adapter_bytes();
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 3 + one / 2), .max_running = 4, .adapter_hold_ms = -1});
+  for (int i = 0; i < 3; i++) OK(ts_load_as(&t, i, "a"));
+  static rec_t r[4];
+  uint64_t h[2];
+  for (int i = 0; i < 2; i++) { /* a/ad0 alone is under half; a/ad1 beside it is past it */
+    rec_init(&r[i], i);
+    r[i].slow_us = 10000;
+    lt_sample_req_t q = req_of(&r[i], "a", i ? "a/ad1" : "a/ad0", k_prompts[i], 100, 0.9f, 3);
+    lt_err_t e = t.ops.submit(t.ops.ctx, &q, &h[i], errbuf, sizeof errbuf);
+    if (i == 0) cr_assert_eq(e, LT_OK, "%s", errbuf);
+    else cr_assert_eq(e, LT_ERR_QUOTA, "a second adapter past half the cache was taken: %s", errbuf);
+  }
+  cr_expect(strstr(errbuf, "use 1 other adapter(s)") && strstr(errbuf, "at most half"), "%s", errbuf);
+  rec_init(&r[2], 2); /* the same adapter again: it uses nothing more */
+  lt_sample_req_t q = req_of(&r[2], "a", "a/ad0", k_prompts[2], 3, 0.9f, 3);
+  submit_ok(&t, &q);
+  OK(ts_load_as(&t, 2, "b")); /* the cache has room for another tenant's: evicts an idle one of a's */
+  rec_init(&r[3], 3);
+  q = req_of(&r[3], "b", "b/ad2", k_prompts[0], 3, 0.9f, 3);
+  submit_ok(&t, &q);
+  cr_assert(rec_wait(&r[3], -1) && rec_wait(&r[2], -1), "the other requests never finished");
+  t.ops.cancel(t.ops.ctx, h[0], NULL, NULL);
+  for (int i = 0; i < 200 && metric(&t, "running") > 0; i++) usleep(10000);
+  cr_assert_eq(metric(&t, "running"), 0, "the cancelled request still runs");
+  if (!t.ops.has_adapter(t.ops.ctx, "a/ad1")) OK(ts_load_as(&t, 1, "a"));
+  rec_init(&r[1], 1);
+  q = req_of(&r[1], "a", "a/ad1", k_prompts[1], 3, 0.9f, 3);
+  submit_ok(&t, &q); /* a uses nothing now: taken */
+  cr_assert(rec_wait(&r[1], -1));
+  cr_assert(idle_and_free(&t));
   ts_close(&t);
 }
 
@@ -713,16 +757,16 @@ Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout =
   cr_expect(strstr(errbuf, "just loaded for a request"), "%s", errbuf);
   static rec_t r;
   rec_init(&r, 0);
-  lt_sample_req_t q = req_of(&r, "t", "tenant/ad0", k_prompts[0], 3, 0.9f, 3);
+  lt_sample_req_t q = req_of(&r, "t", "t0/ad0", k_prompts[0], 3, 0.9f, 3);
   submit_ok(&t, &q); /* A submits: its adapter is there */
   cr_assert(rec_wait(&r, -1), "request A never finished");
   cr_assert(idle_and_free(&t));
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 0);
   OK(ts_load(&t, 1)); /* A's submit ended the hold, A is done: nothing keeps ad0 */
   cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
-  cr_assert(!t.ops.has_adapter(t.ops.ctx, "tenant/ad0"));
+  cr_assert(!t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
   usleep(1000 * 1000); /* ad1 was never submitted to: its hold runs out */
-  cr_assert(t.ops.has_adapter(t.ops.ctx, "tenant/ad1")); /* found for a request: held */
+  cr_assert(t.ops.has_adapter(t.ops.ctx, "t1/ad1")); /* found for a request: held */
   cr_assert_eq(ts_load(&t, 0), LT_ERR_QUOTA, "a load evicted the adapter has_adapter had just found: %s", errbuf);
   usleep(1000 * 1000);
   OK(ts_load(&t, 1)); /* loaded already, for another request: held */

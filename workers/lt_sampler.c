@@ -155,6 +155,16 @@ static bool make_room(lt_sampler_t *s, size_t need) {
   return true;
 }
 
+/* Bytes of the adapters of the owner of id (the tenant: ids are "tenant/job[/checkpoint]") that
+ * requests use now, and how many. Under mu. */
+static size_t owner_in_use(lt_sampler_t *s, const char *id, int *count) {
+  size_t own = strcspn(id, "/"), bytes = 0;
+  *count = 0;
+  for (sadapter_t *a = s->adapters; a; a = a->next)
+    if (a->refs > 0 && strncmp(a->id, id, own) == 0 && a->id[own] == '/') bytes += a->bytes, (*count)++;
+  return bytes;
+}
+
 static bool op_has_adapter(void *ctx, const char *id) {
   lt_sampler_t *s = ctx;
   pthread_mutex_lock(&s->mu);
@@ -299,6 +309,21 @@ static lt_err_t req_new(lt_sampler_t *s, const lt_sample_req_t *in, sreq_t **out
   return LT_OK;
 }
 
+/* A request would put a to use, which no request uses yet: refused when its tenant's requests
+ * use other adapters already and a would take them past half the cache. Requests hold their
+ * adapters (no eviction) until they end, so one tenant's long requests on many checkpoints would
+ * otherwise keep every other tenant's adapter out (429 "cache full" for as long as they run).
+ * A tenant using none may always use one, however large. Under mu. */
+static bool adapter_over_share(lt_sampler_t *s, const sadapter_t *a, char *msg, size_t n) {
+  int count = 0;
+  size_t used = owner_in_use(s, a->id, &count), share = s->conf.adapter_bytes / 2;
+  if (!count || used + a->bytes <= share) return false;
+  lt_errf(msg, n, LT_ERR_QUOTA, "this tenant's requests use %d other adapter(s) (%zu bytes) of the sampler's adapter "
+          "cache; one tenant may use at most half of it (%zu bytes) at once, so that others' fit: retry when one ends",
+          count, used, share);
+  return true;
+}
+
 static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle, char *msg, size_t n) {
   lt_sampler_t *s = ctx;
   sreq_t *r = NULL;
@@ -310,6 +335,8 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
   if (!t) err = LT_ERR_NOMEM;
   else if (in->adapter && in->adapter[0] && (!a || a->base != r->base))
     err = lt_errf(msg, n, LT_ERR_NOT_FOUND, "adapter %s is not loaded", in->adapter);
+  else if (a && a->refs == 0 && adapter_over_share(s, a, msg, n))
+    err = LT_ERR_QUOTA;
   else if (t->inflight >= s->conf.queue_per_tenant)
     err = lt_errf(msg, n, LT_ERR_QUOTA, "too many requests of this tenant in the sampler (limit %d)", s->conf.queue_per_tenant);
   else if (s->inflight >= s->conf.queue_total)

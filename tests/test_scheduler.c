@@ -827,6 +827,22 @@ Test(scheduler, a_partition_retention_emptied_does_not_keep_a_new_leader_catchin
   submit("job-new", "acme", LT_CLASS_STANDARD, NULL);
   cr_expect(wait_for("JobAccepted", "job-new", "control", 1, 20000), "a job after the takeover was not accepted");
   lt_scheduler_destroy(s2);
+  /* `lathe admin replay --from-offset N`: below the emptied partition's oldest offset it starts there
+   * and says so (before, the consumer's reset replayed from the oldest record without a word), and
+   * past every partition's end it reads nothing (before: everything, from the oldest record). */
+  char cmd[1024];
+  int rc;
+  snprintf(cmd, sizeof cmd, "LATHE_TOPIC_PREFIX='%s' timeout 60 '%s' admin replay --json --from-offset 0 2>&1", prefix,
+           lt_test_lathe_bin());
+  char *out = lt_test_run(cmd, &rc), want[300];
+  snprintf(want, sizeof want, "%s [%d] keeps records from offset 1 only", jobs, (int)LT_CLASS_PREEMPTIBLE * 2);
+  cr_expect(rc == 0 && strstr(out, want) && strstr(out, "\"jobs\":1"), "exit %d: %s", rc, out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "LATHE_TOPIC_PREFIX='%s' timeout 60 '%s' admin replay --json --from-offset 1000000 2>&1",
+           prefix, lt_test_lathe_bin());
+  out = lt_test_run(cmd, &rc);
+  cr_expect(rc == 0 && strstr(out, "\"records\":0,") && !strstr(out, "keeps records"), "exit %d: %s", rc, out);
+  free(out);
 }
 
 Test(scheduler, a_partition_read_again_folds_nothing_twice) {

@@ -36,7 +36,8 @@ static void usage(FILE *f) {
              "\n"
              "Rebuilds every job's state from lathe.jobs and lathe.control and prints the count of\n"
              "jobs per state and the state digest. --from-offset N starts every partition of both\n"
-             "topics at offset N; --from-time at the first record at or after the time\n"
+             "topics at offset N (past a partition's end: none of it; below its oldest record: there,\n"
+             "said); --from-time at the first record at or after the time\n"
              "(e.g. 2026-11-29T10:00:00Z). --jobs adds every job's state as the digest hashes it, a\n"
              "line each (GET /debug/jobs on an api's operator port gives its own, to compare).\n"
              "Environment: LATHE_KAFKA_BOOTSTRAP, LATHE_TOPIC_PREFIX,\n"
@@ -151,6 +152,16 @@ static lt_err_t replay_open(replay_t *r, int64_t start, int64_t time_ms, char *e
   if (!e && time_ms >= 0) e = lt_bus_consumer_offsets_for_times(r->c, r->tps, r->ntps, 10000, err, n);
   memcpy(r->hw, r->tps, r->ntps * sizeof *r->hw);
   if (!e) e = lt_bus_consumer_watermarks(r->c, r->hw, r->ntps, r->low, 10000, err, n);
+  /* --from-offset N past a partition's end reads nothing of it, and below the oldest record it
+   * keeps reads from that record, said: the broker answers both "out of range", which the
+   * consumer's reset turned into a replay from the oldest record without a word. */
+  for (size_t i = 0; !e && start >= 0 && time_ms < 0 && i < r->ntps; i++) {
+    if (r->tps[i].offset > r->hw[i].offset) r->tps[i].offset = r->hw[i].offset;
+    if (r->tps[i].offset >= r->low[i]) continue;
+    fprintf(stderr, "lathe admin replay: %s [%d] keeps records from offset %lld only: replayed from there\n",
+            r->tps[i].topic, (int)r->tps[i].partition, (long long)r->low[i]);
+    r->tps[i].offset = r->low[i];
+  }
   if (!e) e = lt_bus_consumer_assign(r->c, r->tps, r->ntps, err, n);
   return e;
 }
@@ -164,6 +175,7 @@ static bool replay_at_end(replay_t *r, const int64_t *next) {
   if (lt_bus_consumer_position(r->c, pos, r->ntps, NULL, 0) != LT_OK) return false;
   for (size_t i = 0; i < r->ntps; i++) {
     if (r->hw[i].offset <= r->low[i]) continue; /* kept nothing (retention emptied it): gives no position */
+    if (r->tps[i].offset == LT_BUS_OFFSET_END || r->tps[i].offset >= r->hw[i].offset) continue; /* started at its end */
     int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
     if (p < r->hw[i].offset && next[i] < r->hw[i].offset) return false;
   }

@@ -205,6 +205,11 @@ typedef bool lt_api_resolve_fn(lt_api_call_t *c);
 
 /* Replies with a JSON body (takes the reference) and the given status. */
 void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body);
+/* The body as lt_api_reply_json writes it (takes body; caller frees; NULL when it cannot), on any
+ * thread: a large body is written on the pool, not the event loop. */
+char *lt_api_json_text(json_t *body);
+/* Sends text (from lt_api_json_text; taken, freed) as a JSON reply. */
+void lt_api_reply_text(struct evhttp_request *req, int status, char *text);
 /* The error object {"code","message","field","type","param"}: type is OpenAI's for the status
  * (invalid_request_error, authentication_error, not_found_error, rate_limit_error,
  * server_error, ...), param repeats field. New reference. */

@@ -13,9 +13,17 @@
 
 #include "lt_log.h"
 
-void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
+char *lt_api_json_text(json_t *body) {
   char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(15));
   json_decref(body);
+  return text;
+}
+
+void lt_api_reply_json(struct evhttp_request *req, int status, json_t *body) {
+  lt_api_reply_text(req, status, lt_api_json_text(body));
+}
+
+void lt_api_reply_text(struct evhttp_request *req, int status, char *text) {
   struct evbuffer *out = evbuffer_new();
   if (text) {
     evbuffer_add(out, text, strlen(text));

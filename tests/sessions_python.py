@@ -538,6 +538,14 @@ def idle(lathed, env, key, keyed=None, key_a=None):
                 break
             time.sleep(0.5)
         check(st.get("idle") and st["state"] == "queued", f"idle for 1.5 s, the session is parked: {st.get('state')}")
+        # A long poll of a call the session never had wakes nothing (it re-dispatched the session
+        # before: a slot and a checkpoint for each such poll)
+        code, _ = http(f"http://127.0.0.1:{port}", key, "GET", f"/v1/sessions/{tc.id}/calls/999999999?wait=2")
+        time.sleep(1)
+        st2 = tc.state()
+        check(code == 200 and st2.get("idle") and st2["state"] == "queued" and st2["attempt"] == st["attempt"],
+              f"a poll of a call it never had leaves the parked session parked ({code} {st2.get('state')}, "
+              f"attempt {st2.get('attempt')})")
         again = tc.forward(batch).result(timeout=300)
         st = tc.state()
         check(st["state"] == "running" and st["attempt"] == ran_on + 1 and not st["idle"],

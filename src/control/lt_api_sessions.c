@@ -96,6 +96,7 @@ typedef struct {
   int32_t step_attempt; /* of the newest attempt's */
   int64_t step_seq;     /* newest call */
   int64_t completed;
+  int64_t last_call;    /* seq of the newest SessionCall of the session read here (or made here) */
 } sess_fold_t;
 
 static void fold_free(void *v) {
@@ -385,9 +386,9 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
   if (!lt_avro_get_enum(r, "kind", &kind) && lt_callspec_saves_state(kind))
     saving_note(api, tenant, job_id, okey, seq);
-  if (!lt_call_id_keyed(call_id)) return; /* a call without a key: nothing more to remember */
   sess_fold_t *f = fold_of(api, job_id, true);
-  if (!f) return;
+  if (f && seq > f->last_call) f->last_call = seq; /* a long poll of it may wake the session */
+  if (!f || !lt_call_id_keyed(call_id)) return; /* a call without a key: nothing more to remember */
   char k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
   snprintf(k, sizeof k, "%s/%s", tenant, call_id); /* another tenant's record of the id is not this one */
   json_t *e = json_object_get(f->keys, k);
@@ -550,7 +551,10 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
     return;
   }
   const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
-  bool wakes = k && k->role != LT_TENANT_ROLE_VIEWER;
+  /* Only a call the session has (read here, or made here) wakes it: a poll of a number it never
+   * had (calls are numbered by their offset in a partition sessions share) re-dispatched a parked
+   * session, a slot and a checkpoint each time, for nothing. Its own POST woke it anyway. */
+  bool wakes = k && k->role != LT_TENANT_ROLE_VIEWER && f && seq <= f->last_call;
   if (wakes) wake_parked(api, c->job, seq); /* a call waits: a parked session must run again */
   lt_api_waiter_t *w = calloc(1, sizeof *w);
   struct evhttp_connection *evcon = evhttp_request_get_connection(c->req);
@@ -796,6 +800,8 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
   }
   json_t *sv = ci->key[0] ? json_object_get(saving_of(api, ci->tenant, false), ci->key) : NULL;
   if (sv) json_object_set_new(sv, "seq", json_integer(seq)); /* counted until its PrimitiveCompleted */
+  sess_fold_t *lf = fold_of(api, ci->job_id, true);
+  if (lf && seq > lf->last_call) lf->last_call = seq;
   wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), ci->job_id), first);
   reply_queued(ci->req, ci->job_id, first, ci->kind, first != seq);
   call_in_free(ci);

@@ -539,59 +539,48 @@ Test(publisher, tampered_staging_object_is_never_promoted_and_is_dead_lettered) 
   cr_assert(!object_exists(key), "nothing is written to the published prefix");
 }
 
-Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishes) {
+/* A completion promoted through a store that fails as sc makes it fail (a failure of the store's,
+ * not of the checkpoint's): nothing is published, it is tried again, never refused, and the last
+ * error is want; then the real store publishes it. */
+static void failing_store_then_the_real_one(const char *job, lt_store_s3_conf_t *sc, lt_err_t want) {
   ckpt_t ck;
-  completed_job("job-s", 30, &ck);
-  /* A store on a port where nothing listens. */
-  lt_store_s3_conf_t sc;
+  completed_job(job, 30, &ck);
+  lt_store_t *failing;
+  cr_assert_eq(lt_store_s3_new(&failing, sc, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_stats_t s = run_publisher(failing, NULL, is_ready, 3000);
+  lt_store_destroy(failing);
+  cr_assert_eq(s.published, 0);
+  cr_assert_eq(s.rejected, 0, "the store's failure was taken as a bad checkpoint: %s", s.last_errmsg);
+  cr_assert_geq(s.retries, 1);
+  cr_assert_eq(s.waiting, 1);
+  cr_assert_eq(s.last_err, want, "%s: %s", lt_err_name(s.last_err), s.last_errmsg);
+  cr_assert_eq(count_published(job), 0, "nothing is published");
+  s = run_publisher(store, NULL, settled, 0);
+  cr_assert_eq(s.published, 1);
+  json_t *pubs = read_records("artifacts", "ArtifactPublished", job);
+  cr_assert_eq(json_array_size(pubs), 1);
+  assert_publication(json_array_get(pubs, 0), job, &ck);
+  json_decref(pubs);
+}
+
+Test(publisher, store_unavailable_publishes_nothing_then_the_real_store_publishes) {
+  lt_store_s3_conf_t sc; /* a store on a port where nothing listens */
   cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK);
   sc.endpoint = "127.0.0.1:1";
   sc.max_attempts = 2;
   sc.backoff_ms = 10;
-  lt_store_t *down;
-  cr_assert_eq(lt_store_s3_new(&down, &sc, err, sizeof err), LT_OK, "%s", err);
-  lt_publisher_stats_t s = run_publisher(down, NULL, is_ready, 3000);
-  lt_store_destroy(down);
-  cr_assert_eq(s.published, 0);
-  cr_assert_eq(s.rejected, 0, "an unavailable store is retried, never a rejection");
-  cr_assert_geq(s.retries, 1);
-  cr_assert_eq(s.waiting, 1);
-  cr_assert_eq(s.last_err, LT_ERR_UNAVAILABLE, "%s: %s", lt_err_name(s.last_err), s.last_errmsg);
-  cr_assert_eq(count_published("job-s"), 0, "nothing is published");
-
-  s = run_publisher(store, NULL, settled, 0);
-  cr_assert_eq(s.published, 1);
-  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-s");
-  cr_assert_eq(json_array_size(pubs), 1);
-  assert_publication(json_array_get(pubs, 0), "job-s", &ck);
-  json_decref(pubs);
+  failing_store_then_the_real_one("job-s", &sc, LT_ERR_UNAVAILABLE);
 }
 
 /* A store that refuses the publisher's credentials (403, as while they rotate) is the store's
- * failure, not the checkpoint's: tried again with back-off, never a rejection. Before, it was
- * refused for good: dead-lettered, its offset committed past, and the job COMPLETED with no
- * artifacts for ever. */
+ * failure too. Before, it was refused for good: dead-lettered, its offset committed past, and the
+ * job COMPLETED with no artifacts for ever. */
 Test(publisher, a_store_refusing_the_credentials_is_retried_then_the_real_store_publishes) {
-  ckpt_t ck;
-  completed_job("job-403", 30, &ck);
   lt_store_s3_conf_t sc;
   cr_assert_eq(lt_store_s3_conf_from_env(&sc, err, sizeof err), LT_OK);
   sc.secret_key = "not-the-secret";
   sc.max_attempts = 1;
-  lt_store_t *refusing;
-  cr_assert_eq(lt_store_s3_new(&refusing, &sc, err, sizeof err), LT_OK, "%s", err);
-  lt_publisher_stats_t s = run_publisher(refusing, NULL, is_ready, 3000);
-  lt_store_destroy(refusing);
-  cr_assert_eq(s.published, 0);
-  cr_assert_eq(s.rejected, 0, "a store refusing the credentials was taken as a bad checkpoint: %s", s.last_errmsg);
-  cr_assert_geq(s.retries, 1);
-  cr_assert_eq(s.last_err, LT_ERR_AUTH, "%s: %s", lt_err_name(s.last_err), s.last_errmsg);
-  s = run_publisher(store, NULL, settled, 0);
-  cr_assert_eq(s.published, 1);
-  json_t *pubs = read_records("artifacts", "ArtifactPublished", "job-403");
-  cr_assert_eq(json_array_size(pubs), 1);
-  assert_publication(json_array_get(pubs, 0), "job-403", &ck);
-  json_decref(pubs);
+  failing_store_then_the_real_one("job-403", &sc, LT_ERR_AUTH);
 }
 
 Test(publisher, gc_removes_orphans_after_the_grace_period_and_keeps_committed_checkpoints) {

@@ -727,6 +727,41 @@ Test(bus, a_partition_whose_fetch_stopped_behind_the_log_is_fetched_again) {
   lt_bus_consumer_destroy(c);
 }
 
+/* A heal leaves the partition's position unknown until its next record; healed again before one
+ * comes, it starts over where it stood, not where it was first assigned: a session's worker would
+ * have run its calls since then again. */
+Test(bus, a_partition_healed_twice_starts_over_where_it_stood_not_where_it_began) {
+  const char *topic = mktopic("stall2", 1);
+  lt_bus_producer_t *p = mkproducer(NULL);
+  for (int i = 0; i < 3; i++) produce_value(p, topic, 0, "a", 0);
+  lt_bus_consumer_t *c = mkconsumer(NULL);
+  lt_bus_tp_t part = {topic, 0, LT_BUS_OFFSET_BEGINNING};
+  cr_assert_eq(lt_bus_consumer_assign(c, &part, 1, err, sizeof err), LT_OK, "%s", err);
+  got_t g = {0};
+  cr_assert_eq(poll_n(c, &g, 3, T_MS), 3);
+  size_t healed = 99;
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(l, topic, 0);
+  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
+  for (int i = 0; i < 2; i++) produce_value(p, topic, 0, "b", 0);
+  usleep(700 * 1000);
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(healed, 1, "the stopped partition was not fetched again");
+  /* stopped again before the app takes a record */
+  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
+  rd_kafka_topic_partition_list_destroy(l);
+  for (int look = 0; look < 3; look++) { /* the position seen unknown, then stood still: healed */
+    usleep(700 * 1000);
+    cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  }
+  cr_assert_eq(poll_n(c, &g, 5, T_MS), 5, "the records behind it did not come");
+  cr_assert_eq(poll_n(c, &g, 6, 1500), 5, "a record came twice: offset %lld", (long long)g.off[5]);
+  for (int i = 3; i < 5; i++) cr_assert_eq(g.off[i], i, "record %d came at offset %lld", i, (long long)g.off[i]);
+  lt_bus_producer_destroy(p, 1000);
+  lt_bus_consumer_destroy(c);
+}
+
 /* A partition whose fetcher stopped before it delivered anything has no position to compare: it
  * is found all the same (the log keeps records past where it was started) and fetched again from
  * that start, every record once. A partition that has nothing to give from its start (empty, or

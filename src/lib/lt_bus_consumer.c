@@ -26,7 +26,8 @@ struct lt_bus_consumer {
   rd_kafka_resp_err_t async_commit_err; /* last async commit failure, reported once */
   bool fd_armed;                        /* lt_bus_consumer_fd() was called */
   /* lt_bus_consumer_heal_stalls: each assigned partition's position when it last moved, and
-   * where lt_bus_consumer_assign started it (for a partition that never delivered a record) */
+   * where a fetch started over begins (where lt_bus_consumer_assign started it, then the last
+   * position it reached) */
   struct watch {
     char *topic;
     int32_t partition;
@@ -489,6 +490,10 @@ lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int
     if (e->offset != w->pos) { /* it moved (or is seen for the first time) */
       w->pos = e->offset;
       w->since_ms = now;
+      /* Where a fetch that starts over begins: the position it reached, not where it was first
+       * assigned. A heal leaves the position unknown until the next record (librdkafka 2.0), and
+       * a later heal from the first start would deliver everything since then again. */
+      if (e->offset >= 0) w->start = e->offset;
     } else if ((e->offset >= 0 || fresh) && now - w->since_ms >= stall_ms) {
       rd_kafka_topic_partition_list_add(idle, e->topic, e->partition)->offset = RD_KAFKA_OFFSET_END;
       if (fresh) rd_kafka_topic_partition_list_add(oldest, e->topic, e->partition)->offset = RD_KAFKA_OFFSET_BEGINNING;

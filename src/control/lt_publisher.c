@@ -632,15 +632,21 @@ static const char *jstr(json_t *o, const char *k) {
   return s ? s : "";
 }
 
-lt_err_t lt_publisher_artifact_dek(const char *tenant, const char *job, lt_crypto_dek_t **out, char *errstr, size_t n) {
+lt_err_t lt_publisher_artifact_dek(const lt_crypto_dek_t *tenant_dek, const char *job, lt_crypto_dek_t **out,
+                                   char *errstr, size_t n) {
+  char label[LT_ID_MAX + 32];
   if (!component_ok(job) || strlen(job) > LT_ID_MAX)
     return lt_errf(errstr, n, LT_ERR_INVALID, "job id '%.80s' cannot name an artifact key", job ? job : "");
-  return lt_crypto_dek_generate(out, tenant, job, errstr, n);
+  snprintf(label, sizeof label, "lathe artifact key\n%s", job);
+  return lt_crypto_dek_derive(tenant_dek, label, job, out, errstr, n);
 }
 
-/* The job's artifact key as its key.wrapped holds it; LT_ERR_NOT_FOUND when it holds none. */
-static lt_err_t stored_job_dek(lt_publisher_t *p, const char *tenant, const char *job, lt_crypto_dek_t **out, char *why,
-                               size_t n) {
+/* The job's artifact key: unwrapped from its key.wrapped, or made and stored there first (before
+ * any artifact is sealed with it). Made, it is derived (lt_publisher_artifact_dek), never drawn at
+ * random: two publishers that promote one completion at once both write key.wrapped and the last
+ * write wins, so both must have sealed their artifacts under the same key. *out is the caller's. */
+static lt_err_t job_dek(lt_publisher_t *p, const lt_crypto_dek_t *tenant_dek, const char *tenant, const char *job,
+                        lt_crypto_dek_t **out, char *why, size_t n) {
   char key[LT_STORE_KEY_MAX + 1];
   lt_err_t err = lt_publisher_artifact_dek_key(key, sizeof key, tenant, job);
   void *blob = NULL;
@@ -648,25 +654,9 @@ static lt_err_t stored_job_dek(lt_publisher_t *p, const char *tenant, const char
   if (!err) err = lt_store_get(p->conf.store, key, LT_CRYPTO_WRAPPED_MAX, &blob, &len, NULL, why, n);
   if (!err) err = lt_crypto_dek_unwrap(p->conf.kek, tenant, blob, len, out, why, n);
   free(blob);
-  return err;
-}
-
-/* The job's artifact key: unwrapped from its key.wrapped, or drawn and stored there first (before
- * any artifact is sealed with it). Drawn at random, so that deleting key.wrapped shreds the
- * artifacts: nothing can make the key again (it was once derived from the tenant's key and the
- * job id, which anyone with the master key and the log could). Two publishers that promote one
- * completion at once may each draw one, the last write of key.wrapped winning: promote_job reads
- * it again once its artifacts are stored and promotes again under the stored key when that is
- * not the one it sealed with. *out is the caller's. */
-static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, lt_crypto_dek_t **out, char *why,
-                        size_t n) {
-  lt_err_t err = stored_job_dek(p, tenant, job, out, why, n);
   if (err != LT_ERR_NOT_FOUND) return err;
-  char key[LT_STORE_KEY_MAX + 1];
   uint8_t wrapped[LT_CRYPTO_WRAPPED_MAX];
-  size_t len = 0;
-  err = lt_publisher_artifact_dek_key(key, sizeof key, tenant, job);
-  if (!err) err = lt_publisher_artifact_dek(tenant, job, out, why, n);
+  err = lt_publisher_artifact_dek(tenant_dek, job, out, why, n);
   if (!err) err = lt_crypto_dek_wrap(p->conf.kek, *out, wrapped, sizeof wrapped, &len, why, n);
   if (!err) err = lt_store_put(p->conf.store, key, wrapped, len, NULL, why, n);
   if (err) {
@@ -674,23 +664,6 @@ static lt_err_t job_dek(lt_publisher_t *p, const char *tenant, const char *job, 
     *out = NULL;
   }
   return err;
-}
-
-/* Does key.wrapped still hold the key the artifacts were sealed with? LT_ERR_NOT_FOUND when it
- * holds none (a DELETE took it meanwhile). */
-static lt_err_t still_job_dek(lt_publisher_t *p, const char *tenant, const char *job, const lt_crypto_dek_t *used,
-                              bool *same, char *why, size_t n) {
-  lt_crypto_dek_t *now = NULL;
-  lt_err_t err = stored_job_dek(p, tenant, job, &now, why, n);
-  if (err) return err;
-  uint8_t a[LT_CRYPTO_KEY_BYTES], b[LT_CRYPTO_KEY_BYTES];
-  lt_crypto_dek_export(used, a);
-  lt_crypto_dek_export(now, b);
-  *same = CRYPTO_memcmp(a, b, sizeof a) == 0;
-  OPENSSL_cleanse(a, sizeof a);
-  OPENSSL_cleanse(b, sizeof b);
-  lt_crypto_dek_destroy(now);
-  return LT_OK;
 }
 
 static step_t promote_job(lt_publisher_t *p, todo_t *t) {
@@ -750,30 +723,24 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
                                  .nkeys = nk,
                                  .sha256_hex = jstr(ck, "sha256"),
                                  .bytes = (uint64_t)json_integer_value(json_object_get(ck, "bytes"))};
+  /* Only what the checkpoint or its key is refuses it for good (a key that does not unwrap; the
+   * checkpoint's hashes, sealing or layout, a staged object missing); the store's own failures (a
+   * 403 while credentials rotate, a status it does not class) are tried again, with back-off:
+   * refused, the job stayed COMPLETED with no artifacts for ever. */
+  lt_crypto_dek_t *adek = NULL;
+  if ((err = job_dek(p, dek, j->tenant_id, j->job_id, &adek, why, sizeof why)))
+    return err == LT_ERR_CORRUPT || err == LT_ERR_INVALID ? reject(p, t, err, why) : retry(p, t, err, why);
+  c.artifact_dek = adek;
   lt_publisher_promotion_t *pr = malloc(sizeof *pr);
-  if (!pr) return retry(p, t, LT_ERR_NOMEM, "out of memory");
-  /* Sealed under the key key.wrapped holds once they are stored: another publisher promoting the
-   * same completion may have drawn and written its own meanwhile (its artifacts then follow). */
-  bool same = false, key_gone = false;
-  for (int round = 0; !err && !same && round < 3; round++) {
-    lt_crypto_dek_t *adek = NULL;
-    err = job_dek(p, j->tenant_id, j->job_id, &adek, why, sizeof why);
-    c.artifact_dek = adek;
-    if (!err) err = lt_publisher_promote(p->conf.store, dek, &c, p->conf.max_checkpoint_bytes, pr, why, sizeof why);
-    if (!err && (err = still_job_dek(p, j->tenant_id, j->job_id, adek, &same, why, sizeof why)) == LT_ERR_NOT_FOUND) {
-      key_gone = true; /* a DELETE took it meanwhile: the fold will say so, and this job is then done */
-      snprintf(why, sizeof why, "the job's artifact key went while its artifacts were stored (deleted?)");
-    }
+  if (!pr) {
     lt_crypto_dek_destroy(adek);
+    return retry(p, t, LT_ERR_NOMEM, "out of memory");
   }
-  if (!err && !same) err = lt_errf(why, sizeof why, LT_ERR_RETRIABLE, "the job's artifact key kept changing");
+  err = lt_publisher_promote(p->conf.store, dek, &c, p->conf.max_checkpoint_bytes, pr, why, sizeof why);
+  lt_crypto_dek_destroy(adek);
   step_t st;
   if (err) {
-    /* Only what the checkpoint itself is (its hashes, sealing, layout, a staged object missing)
-     * refuses it for good; the store's own failures (a 403 while credentials rotate) are tried
-     * again, with back-off. */
-    bool for_good = !key_gone && (err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || err == LT_ERR_UNSUPPORTED ||
-                                  err == LT_ERR_QUOTA || err == LT_ERR_NOT_FOUND);
+    bool for_good = err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || err == LT_ERR_NOT_FOUND;
     st = for_good ? reject(p, t, err, why) : retry(p, t, err, why);
   } else {
     /* j points into the job table, which the fold in publish_record may grow: copy what it needs. */

@@ -89,13 +89,11 @@
  *
  * Keys: a job's artifacts are sealed under a data key of their own (key id: the job id), wrapped
  * by the master key at tenants/<tenant>/artifacts/<job>/key.wrapped before any artifact is
- * written, and reused by a repeated promotion. The key is drawn at random
- * (lt_publisher_artifact_dek), so that nothing but key.wrapped can give it: two publishers that
- * promote one completion at once may each draw one, and the last write of key.wrapped wins; each
- * reads key.wrapped again once its artifacts are stored and promotes again under the stored key
- * when it sealed with another, so every object opens under the stored key. DELETE
- * /v1/jobs/{id} removes it first: what is left of the artifacts anywhere then decrypts no more
- * (crypto-shred; a job published when the key was derived from the tenant's key keeps that one). A deleted job is never
+ * written, and reused by a repeated promotion. The key is derived from the tenant's key and the
+ * job id (lt_publisher_artifact_dek), not drawn at random: two publishers that promote one
+ * completion at once each write key.wrapped and artifacts, the last writes win, and every object
+ * still opens under the stored key. DELETE /v1/jobs/{id} removes it first: what is
+ * left of the artifacts anywhere then decrypts no more (crypto-shred). A deleted job is never
  * promoted. Only staging/ of
  * tenants in lathe.tenants is ever listed or deleted.
  *
@@ -207,9 +205,10 @@ typedef struct lt_publisher_checkpoint {
   const lt_crypto_dek_t *artifact_dek; /* seals the artifacts (the job's own key); NULL: dek */
 } lt_publisher_checkpoint_t;
 
-/* A new artifact key for tenant's job `job`, drawn at random (key id the job id): only its
- * key.wrapped holds it, so deleting that shreds the artifacts. *out is the caller's. */
-lt_err_t lt_publisher_artifact_dek(const char *tenant, const char *job, lt_crypto_dek_t **out, char *errstr, size_t n);
+/* The artifact key of tenant_dek's job `job`: HKDF of the tenant's key and the job id, key id the
+ * job id; the same inputs give the same key in every process. *out is the caller's. */
+lt_err_t lt_publisher_artifact_dek(const lt_crypto_dek_t *tenant_dek, const char *job, lt_crypto_dek_t **out,
+                                   char *errstr, size_t n);
 
 /* The key of a job's artifact key, wrapped by the master key: deleting it shreds the artifacts. */
 lt_err_t lt_publisher_artifact_dek_key(char *out, size_t size, const char *tenant, const char *job);

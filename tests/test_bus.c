@@ -687,6 +687,23 @@ Test(bus, produce_sync_to_a_missing_topic_fails_not_found_before_the_deadline) {
   lt_bus_producer_destroy(p, 0);
 }
 
+/* Stops partition's fetcher under the wrapper (librdkafka's own pause, which the wrapper does not
+ * know), as librdkafka 2.0 leaves one after a broker restart. */
+static void stop_fetch(lt_bus_consumer_t *c, const char *topic, int32_t partition) {
+  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(l, topic, partition);
+  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
+  rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* After wait_ms, one look of heal_stalls (stalls of 500 ms): how many partitions it healed. */
+static size_t heal_after(lt_bus_consumer_t *c, int wait_ms) {
+  if (wait_ms) usleep((useconds_t)wait_ms * 1000);
+  size_t healed = 99;
+  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
+  return healed;
+}
+
 /* A partition whose fetcher stopped behind the log (librdkafka 2.0 after a broker restart: chaos
  * seed 6204) is found by lt_bus_consumer_heal_stalls and fetched again from where the consumer
  * stood: no record lost, none twice. The stop is made here by pausing the partition under the
@@ -701,22 +718,13 @@ Test(bus, a_partition_whose_fetch_stopped_behind_the_log_is_fetched_again) {
   cr_assert_eq(lt_bus_consumer_assign(c, parts, 2, err, sizeof err), LT_OK, "%s", err);
   got_t g = {0};
   cr_assert_eq(poll_n(c, &g, 3, T_MS), 3);
-  size_t healed = 99;
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 0, "a first look heals nothing");
-  usleep(700 * 1000);
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 0, "a caught-up partition is not stalled");
+  cr_assert_eq(heal_after(c, 0), 0, "a first look heals nothing");
+  cr_assert_eq(heal_after(c, 700), 0, "a caught-up partition is not stalled");
 
-  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(l, topic, 0);
-  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
-  rd_kafka_topic_partition_list_destroy(l);
+  stop_fetch(c, topic, 0);
   for (int i = 0; i < 4; i++) produce_value(p, topic, 0, "b", 0);
   cr_assert_eq(poll_n(c, &g, 4, 1500), 3, "a stopped fetcher delivered");
-  usleep(700 * 1000);
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 1, "the stopped partition, and only it, is fetched again");
+  cr_assert_eq(heal_after(c, 700), 1, "the stopped partition, and only it, is fetched again");
   cr_assert_eq(poll_n(c, &g, 7, T_MS), 7, "the records behind it did not come");
   for (int i = 3; i < 7; i++) {
     cr_assert_str_eq(g.val[i], "b");
@@ -739,22 +747,14 @@ Test(bus, a_partition_healed_twice_starts_over_where_it_stood_not_where_it_began
   cr_assert_eq(lt_bus_consumer_assign(c, &part, 1, err, sizeof err), LT_OK, "%s", err);
   got_t g = {0};
   cr_assert_eq(poll_n(c, &g, 3, T_MS), 3);
-  size_t healed = 99;
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(l, topic, 0);
-  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
+  heal_after(c, 0);
+  stop_fetch(c, topic, 0);
   for (int i = 0; i < 2; i++) produce_value(p, topic, 0, "b", 0);
-  usleep(700 * 1000);
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 1, "the stopped partition was not fetched again");
+  cr_assert_eq(heal_after(c, 700), 1, "the stopped partition was not fetched again");
   /* stopped again before the app takes a record */
-  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
-  rd_kafka_topic_partition_list_destroy(l);
-  for (int look = 0; look < 3; look++) { /* the position seen unknown, then stood still: healed */
-    usleep(700 * 1000);
-    cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  }
+  stop_fetch(c, topic, 0);
+  /* looks: the position seen unknown, then standing still: healed */
+  for (int look = 0; look < 3; look++) heal_after(c, 700);
   cr_assert_eq(poll_n(c, &g, 5, T_MS), 5, "the records behind it did not come");
   cr_assert_eq(poll_n(c, &g, 6, 1500), 5, "a record came twice: offset %lld", (long long)g.off[5]);
   for (int i = 3; i < 5; i++) cr_assert_eq(g.off[i], i, "record %d came at offset %lld", i, (long long)g.off[i]);
@@ -771,23 +771,15 @@ Test(bus, a_partition_stopped_before_its_first_record_is_fetched_again_from_its_
   lt_bus_producer_t *p = mkproducer(NULL);
   lt_bus_consumer_t *c = mkconsumer(NULL);
   lt_bus_tp_t parts[2] = {{topic, 0, LT_BUS_OFFSET_BEGINNING}, {topic, 1, LT_BUS_OFFSET_BEGINNING}};
-  rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(l, topic, 0);
   cr_assert_eq(lt_bus_consumer_assign(c, parts, 2, err, sizeof err), LT_OK, "%s", err);
   got_t g = {0};
   cr_assert_eq(poll_n(c, &g, 1, 500), 0, "an empty topic delivered"); /* the assignment settles */
-  cr_assert_eq(rd_kafka_pause_partitions(lt_bus_consumer_rk(c), l), RD_KAFKA_RESP_ERR_NO_ERROR);
-  rd_kafka_topic_partition_list_destroy(l);
-  size_t healed = 99;
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  usleep(700 * 1000);
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 0, "an empty partition, stopped or not, is not behind the log");
+  stop_fetch(c, topic, 0);
+  heal_after(c, 0);
+  cr_assert_eq(heal_after(c, 700), 0, "an empty partition, stopped or not, is not behind the log");
   for (int i = 0; i < 3; i++) produce_value(p, topic, 0, "a", 0);
   cr_assert_eq(poll_n(c, &g, 3, 1500), 0, "a stopped fetcher delivered");
-  usleep(700 * 1000);
-  cr_assert_eq(lt_bus_consumer_heal_stalls(c, 500, 5000, &healed, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(healed, 1, "the partition that never delivered, and only it, is fetched again");
+  cr_assert_eq(heal_after(c, 700), 1, "the partition that never delivered, and only it, is fetched again");
   cr_assert_eq(poll_n(c, &g, 3, T_MS), 3, "the records behind it did not come");
   for (int i = 0; i < 3; i++) cr_assert_eq(g.off[i], i, "record %d came at offset %lld", i, (long long)g.off[i]);
   cr_assert_eq(poll_n(c, &g, 4, 1500), 3, "a record came twice");

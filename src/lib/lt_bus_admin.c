@@ -143,6 +143,18 @@ static lt_err_t create_topics(lt_bus_admin_t *a, rd_kafka_NewTopic_t **nts, size
   }
 }
 
+/* Splits a topics file's "key=value" config: the key into key (cut at keyn), the value into *value
+ * (in cfg). LT_ERR_INVALID naming where and topic when it is not key=value. */
+static lt_err_t split_config(const char *cfg, char *key, size_t keyn, const char **value, const char *where,
+                             const char *topic, char *errstr, size_t errstr_size) {
+  const char *eq = strchr(cfg, '=');
+  if (!eq || eq == cfg)
+    return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic %s: config \"%s\" is not key=value", where, topic, cfg);
+  snprintf(key, keyn, "%.*s", (int)(eq - cfg), cfg);
+  *value = eq + 1;
+  return LT_OK;
+}
+
 /* A NewTopic with "key=value" configs; NULL with errstr set on a bad config. */
 static rd_kafka_NewTopic_t *new_topic(const char *topic, int partitions, int replication,
                                       const char *const *configs, size_t nconfigs,
@@ -155,19 +167,13 @@ static rd_kafka_NewTopic_t *new_topic(const char *topic, int partitions, int rep
     return NULL;
   }
   for (size_t i = 0; i < nconfigs; i++) {
-    const char *eq = strchr(configs[i], '=');
-    if (!eq || eq == configs[i]) {
-      lt_errf(errstr, errstr_size, LT_ERR_INVALID,
-              "%stopic %s: config \"%s\" is not key=value", where, topic, configs[i]);
+    char key[128];
+    const char *value;
+    if (split_config(configs[i], key, sizeof key, &value, where, topic, errstr, errstr_size)) {
       rd_kafka_NewTopic_destroy(nt);
       return NULL;
     }
-    char key[128];
-    size_t kl = (size_t)(eq - configs[i]);
-    if (kl >= sizeof key) kl = sizeof key - 1;
-    memcpy(key, configs[i], kl);
-    key[kl] = '\0';
-    rd_kafka_NewTopic_set_config(nt, key, eq + 1);
+    rd_kafka_NewTopic_set_config(nt, key, value);
   }
   return nt;
 }
@@ -292,7 +298,7 @@ lt_err_t lt_bus_admin_create_from_file(lt_bus_admin_t *a, const char *path, int 
 
 typedef struct {
   char *topic;
-  char **kv; /* "key=value", as the file gives them */
+  char **key, **value; /* the file's configs of the topic */
   size_t nkv;
 } want_t;
 
@@ -303,8 +309,9 @@ typedef struct {
 
 static void wants_free(wants_t *ws) {
   for (size_t i = 0; i < ws->n; i++) {
-    for (size_t k = 0; k < ws->w[i].nkv; k++) free(ws->w[i].kv[k]);
-    free(ws->w[i].kv);
+    for (size_t k = 0; k < ws->w[i].nkv; k++) free(ws->w[i].key[k]), free(ws->w[i].value[k]);
+    free(ws->w[i].key);
+    free(ws->w[i].value);
     free(ws->w[i].topic);
   }
   free(ws->w);
@@ -321,14 +328,19 @@ static lt_err_t collect_want(void *ctx, const char *topic, int partitions, const
     ws->cap = cap;
   }
   want_t *w = &ws->w[ws->n++];
-  *w = (want_t){.topic = strdup(topic), .kv = calloc(nconfigs ? nconfigs : 1, sizeof *w->kv)};
-  if (!w->topic || !w->kv) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+  *w = (want_t){.topic = strdup(topic),
+                .key = calloc(nconfigs ? nconfigs : 1, sizeof *w->key),
+                .value = calloc(nconfigs ? nconfigs : 1, sizeof *w->value)};
+  if (!w->topic || !w->key || !w->value) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   for (size_t i = 0; i < nconfigs; i++) {
-    const char *eq = strchr(configs[i], '=');
-    if (!eq || eq == configs[i])
-      return lt_errf(errstr, errstr_size, LT_ERR_INVALID, "%stopic %s: config \"%s\" is not key=value", where, topic,
-                     configs[i]);
-    if (!(w->kv[w->nkv++] = strdup(configs[i]))) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
+    char key[128];
+    const char *value;
+    lt_err_t e = split_config(configs[i], key, sizeof key, &value, where, topic, errstr, errstr_size);
+    if (e) return e;
+    size_t k = w->nkv++; /* counted first: wants_free frees what was made */
+    w->key[k] = strdup(key);
+    w->value[k] = strdup(value);
+    if (!w->key[k] || !w->value[k]) return lt_errf(errstr, errstr_size, LT_ERR_NOMEM, "out of memory");
   }
   return LT_OK;
 }
@@ -359,12 +371,17 @@ static lt_err_t configs_request(lt_bus_admin_t *a, bool alter, rd_kafka_ConfigRe
   return LT_OK;
 }
 
-static const rd_kafka_ConfigEntry_t *entry_named(const rd_kafka_ConfigEntry_t **ents, size_t n, const char *name,
-                                                 size_t len) {
+static const rd_kafka_ConfigEntry_t *entry_named(const rd_kafka_ConfigEntry_t **ents, size_t n, const char *name) {
   for (size_t i = 0; i < n; i++)
-    if (strlen(rd_kafka_ConfigEntry_name(ents[i])) == len && strncmp(rd_kafka_ConfigEntry_name(ents[i]), name, len) == 0)
-      return ents[i];
+    if (strcmp(rd_kafka_ConfigEntry_name(ents[i]), name) == 0) return ents[i];
   return NULL;
+}
+
+/* Does the file name config `name` for w's topic? */
+static bool want_names(const want_t *w, const char *name) {
+  for (size_t k = 0; k < w->nkv; k++)
+    if (strcmp(w->key[k], name) == 0) return true;
+  return false;
 }
 
 /* Appends "; " and text to out (cut at its end). */
@@ -407,14 +424,12 @@ lt_err_t lt_bus_admin_reconcile_from_file(lt_bus_admin_t *a, const char *path, i
     const rd_kafka_ConfigEntry_t **ents = rd_kafka_ConfigResource_configs(got[r], &ne);
     bool differs = false;
     for (size_t k = 0; k < w->nkv; k++) {
-      const char *eq = strchr(w->kv[k], '=');
-      const rd_kafka_ConfigEntry_t *e = entry_named(ents, ne, w->kv[k], (size_t)(eq - w->kv[k]));
+      const rd_kafka_ConfigEntry_t *e = entry_named(ents, ne, w->key[k]);
       const char *now = e ? rd_kafka_ConfigEntry_value(e) : NULL;
-      if (now && strcmp(now, eq + 1) == 0) continue;
+      if (now && strcmp(now, w->value[k]) == 0) continue;
       differs = true;
       char line[512];
-      snprintf(line, sizeof line, "%s %.*s %s -> %s", topic, (int)(eq - w->kv[k]), w->kv[k], now ? now : "(unset)",
-               eq + 1);
+      snprintf(line, sizeof line, "%s %s %s -> %s", topic, w->key[k], now ? now : "(unset)", w->value[k]);
       if (changes) say(changes, changes_size, line);
     }
     if (!differs) continue;
@@ -425,10 +440,7 @@ lt_err_t lt_bus_admin_reconcile_from_file(lt_bus_admin_t *a, const char *path, i
     for (size_t i = 0; !ret && i < ne; i++) {
       if (rd_kafka_ConfigEntry_source(ents[i]) != RD_KAFKA_CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG) continue;
       const char *name = rd_kafka_ConfigEntry_name(ents[i]);
-      bool named = false;
-      for (size_t k = 0; k < w->nkv && !named; k++)
-        named = strncmp(w->kv[k], name, strlen(name)) == 0 && w->kv[k][strlen(name)] == '=';
-      if (named) continue;
+      if (want_names(w, name)) continue;
       if (!rd_kafka_ConfigEntry_value(ents[i]))
         ret = lt_errf(errstr, errstr_size, LT_ERR_UNSUPPORTED,
                       "topic %s: this principal cannot read its config %s, which altering the others would drop: "
@@ -437,12 +449,7 @@ lt_err_t lt_bus_admin_reconcile_from_file(lt_bus_admin_t *a, const char *path, i
       else
         rd_kafka_ConfigResource_set_config(c, name, rd_kafka_ConfigEntry_value(ents[i]));
     }
-    for (size_t k = 0; !ret && k < w->nkv; k++) {
-      char key[128];
-      const char *eq = strchr(w->kv[k], '=');
-      snprintf(key, sizeof key, "%.*s", (int)(eq - w->kv[k]), w->kv[k]);
-      rd_kafka_ConfigResource_set_config(c, key, eq + 1);
-    }
+    for (size_t k = 0; !ret && k < w->nkv; k++) rd_kafka_ConfigResource_set_config(c, w->key[k], w->value[k]);
   }
   if (ev) rd_kafka_event_destroy(ev);
   if (!ret && nalt) {

@@ -174,10 +174,8 @@ static bool replay_at_end(replay_t *r, const int64_t *next) {
   memcpy(pos, r->tps, r->ntps * sizeof *pos);
   if (lt_bus_consumer_position(r->c, pos, r->ntps, NULL, 0) != LT_OK) return false;
   for (size_t i = 0; i < r->ntps; i++) {
-    if (r->hw[i].offset <= r->low[i]) continue; /* kept nothing (retention emptied it): gives no position */
     if (r->tps[i].offset == LT_BUS_OFFSET_END || r->tps[i].offset >= r->hw[i].offset) continue; /* started at its end */
-    int64_t p = pos[i].offset >= 0 ? pos[i].offset : next[i];
-    if (p < r->hw[i].offset && next[i] < r->hw[i].offset) return false;
+    if (!lt_bus_read_to(pos[i].offset, next[i], r->low[i], r->hw[i].offset)) return false;
   }
   return true;
 }

@@ -156,8 +156,7 @@ static bool caught_up(lt_api_t *api) {
   if (lt_bus_consumer_position(api->consumer, pos, n, NULL, 0)) return false;
   for (size_t i = 0; i < n; i++) {
     int64_t hw = api->feed_parts[i].offset;
-    if (hw <= api->feed_low[i]) continue;
-    if (pos[i].offset == LT_BUS_OFFSET_INVALID || pos[i].offset < hw) {
+    if (!lt_bus_read_to(pos[i].offset, 0, api->feed_low[i], hw)) {
       char at[32] = "no record yet";
       if (pos[i].offset >= 0) snprintf(at, sizeof at, "offset %lld", (long long)pos[i].offset);
       snprintf(api->waiting_for, sizeof api->waiting_for, "%s [%d]: read to %s of %lld..%lld", pos[i].topic,

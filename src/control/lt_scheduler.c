@@ -404,11 +404,7 @@ static bool caught_up(lt_scheduler_t *s, int64_t now_ms) {
   lt_bus_tp_t pos[MAX_TPS];
   memcpy(pos, s->tps, s->ntps * sizeof *pos);
   bool all = lt_bus_consumer_position(s->fold_c, pos, s->ntps, NULL, 0) == LT_OK;
-  for (size_t i = 0; all && i < s->ntps; i++) {
-    if (s->hwm[i] <= s->low[i]) continue; /* kept nothing (retention emptied it): gives no position */
-    int64_t p = pos[i].offset >= 0 ? pos[i].offset : s->next[i];
-    if (p < s->hwm[i] && s->next[i] < s->hwm[i]) all = false;
-  }
+  for (size_t i = 0; all && i < s->ntps; i++) all = lt_bus_read_to(pos[i].offset, s->next[i], s->low[i], s->hwm[i]);
   /* read_committed stops before commit markers and open transactions: after a quiet second the
    * log has nothing more to give */
   return all || now_ms - s->last_msg_ms > 1000;

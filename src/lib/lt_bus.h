@@ -355,6 +355,14 @@ lt_err_t lt_bus_consumer_heal_stalls(lt_bus_consumer_t *c, int64_t stall_ms, int
 lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,
                                     int timeout_ms, char *errstr, size_t errstr_size);
 
+/* Has a consumer read a partition to hw, its high watermark when it started (read "caught up"),
+ * low the oldest offset the partition kept then? pos: the consumer's position
+ * (lt_bus_consumer_position; LT_BUS_OFFSET_INVALID until it delivers a record), next: the offset
+ * after the last record the caller took from it (0 when none; read_committed skips commit markers,
+ * which only the position counts). A partition that kept nothing (empty, or emptied by retention:
+ * hw <= low) gives no position and is read. */
+bool lt_bus_read_to(int64_t pos, int64_t next, int64_t low, int64_t hw);
+
 /* Moves an assigned partition to offset (or LT_BUS_OFFSET_BEGINNING/END). */
 lt_err_t lt_bus_consumer_seek(lt_bus_consumer_t *c, const char *topic, int32_t partition,
                               int64_t offset, int timeout_ms, char *errstr, size_t errstr_size);

@@ -418,6 +418,11 @@ lt_err_t lt_bus_consumer_position(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size
   return offsets_back(parts, n, l, rd_kafka_position(c->rk, l), "position", errstr, errstr_size);
 }
 
+bool lt_bus_read_to(int64_t pos, int64_t next, int64_t low, int64_t hw) {
+  if (hw <= low) return true;
+  return (pos >= 0 ? pos : next) >= hw || next >= hw;
+}
+
 lt_err_t lt_bus_consumer_watermarks(lt_bus_consumer_t *c, lt_bus_tp_t *parts, size_t n, int64_t *low,
                                     int timeout_ms, char *errstr, size_t errstr_size) {
   int64_t deadline = lt_time_mono_ms() + timeout_ms;

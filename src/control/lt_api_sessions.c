@@ -446,9 +446,12 @@ static void fetch_work(void *arg) {
   fetch_t *f = arg;
   json_t *result = NULL;
   f->err = sealed_json(f->api, f->dek, f->key, (size_t)256 << 20, "the stored result", &result, f->msg, sizeof f->msg);
-  if (!f->err) json_object_set_new(f->view, "result", result);
-  if (!f->err && !(f->text = lt_api_json_text(f->view))) f->err = LT_ERR_NOMEM;
-  else if (f->err) json_decref(f->view);
+  if (f->err) {
+    json_decref(f->view);
+  } else {
+    json_object_set_new(f->view, "result", result);
+    if (!(f->text = lt_api_json_text(f->view))) f->err = LT_ERR_NOMEM; /* takes the view */
+  }
   f->view = NULL;
 }
 

@@ -622,6 +622,27 @@ Test(bus, existing_topics_are_brought_to_the_files_configs_keeping_their_others)
   cr_expect_str_eq(topic_config(jobs, "retention.ms"), "-1", "a refused value changed the topic");
 }
 
+/* Invariant 5 (a job is never forgotten) rests on the topics a job is rebuilt from being kept as
+ * long as each other: its JobSubmitted in lathe.jobs, its fate in lathe.control. lathe.jobs once
+ * kept 7 days, and a restart a week on forgot every job submitted before. Both topics of the
+ * built-in ops/topics.tsv keep their records for ever. */
+static lt_err_t note_forever(void *ctx, const char *topic, int partitions, const char *const *configs, size_t n,
+                             const char *where, char *errstr, size_t errstr_size) {
+  int *forever = ctx;
+  const char *base = strrchr(topic, '.') ? strrchr(topic, '.') + 1 : topic;
+  int slot = strcmp(base, "jobs") == 0 ? 0 : strcmp(base, "control") == 0 ? 1 : -1;
+  for (size_t i = 0; slot >= 0 && i < n; i++)
+    if (strcmp(configs[i], "retention.ms=-1") == 0) forever[slot] = 1;
+  return LT_OK;
+}
+
+Test(bus, the_topics_a_job_is_rebuilt_from_are_kept_for_ever) {
+  int forever[2] = {0, 0};
+  cr_assert_eq(lt_bus_topics_file_each(NULL, conf, note_forever, forever, err, sizeof err), LT_OK, "%s", err);
+  cr_expect(forever[0], "lathe.jobs is not kept for ever: a restart after its retention forgets the jobs before it");
+  cr_expect(forever[1], "lathe.control is not kept for ever");
+}
+
 static void on_readable(evutil_socket_t fd, short what, void *arg) {
   void **ctx = arg;
   lt_bus_consumer_t *c = ctx[0];

@@ -901,6 +901,53 @@ Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {
   for (int i = 0; i < ck.n; i++) cr_expect(!object_exists(ck.keys[i]), "%s is collected", ck.keys[i]);
 }
 
+/* A publisher promoting a job while its tenant's DELETE removed the job's objects writes them,
+ * and the job's key, after the DELETE: the deleted job's artifacts decrypt again for whoever
+ * holds the store. Stood in for by a job published, then deleted with no DELETE's objects
+ * removed. The GC takes them at once, young as they are; another job's artifacts and those of
+ * a job it has not folded stay. */
+Test(publisher, artifacts_written_after_their_jobs_deletion_are_swept_with_its_key) {
+  ckpt_t ck[2];
+  completed_job("job-late", 10, &ck[0]);
+  completed_job("job-live", 10, &ck[1]);
+  lt_publisher_stats_t s = run_publisher(store, NULL, settled, 1000);
+  cr_assert_eq(s.published, 2, "%s", s.last_errmsg);
+  char unknown[LT_STORE_KEY_MAX + 1];
+  lt_publisher_artifact_key(unknown, sizeof unknown, tenant, "job-not-folded", "adapter_model.safetensors");
+  cr_assert_eq(lt_store_put(store, unknown, "x", 1, NULL, err, sizeof err), LT_OK, "%s", err);
+  lt_avro_record_t *rec = rec_new("JobDeleted", "job-late");
+  cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
+  char topic_artifacts[256];
+  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
+  send_rec(rec, topic_artifacts, "job-late");
+
+  char prefix[LT_STORE_KEY_MAX + 1], dek_key[LT_STORE_KEY_MAX + 1];
+  snprintf(prefix, sizeof prefix, "tenants/%s/artifacts/job-late/", tenant);
+  json_t *left = list_keys(prefix);
+  size_t before = json_array_size(left);
+  json_decref(left);
+  cr_assert_geq(before, 6, "the deleted job's artifacts and key are in the store (%zu)", before);
+  lt_publisher_t *p = start(store, NULL, 3600 * 1000); /* an hour's grace: they are minutes old */
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  uint64_t deleted = 0;
+  cr_assert_eq(lt_publisher_gc(p, &deleted, err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_destroy(p);
+  left = list_keys(prefix);
+  cr_expect_eq(json_array_size(left), 0, "%zu of the deleted job's artifacts are left, the first %s",
+               json_array_size(left), json_string_value(json_array_get(left, 0)));
+  json_decref(left);
+  cr_expect_eq(deleted, before, "the GC deleted %llu objects, the job had %zu", (unsigned long long)deleted, before);
+  lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, tenant, "job-live");
+  cr_expect(object_exists(dek_key), "the other job's key stays");
+  snprintf(prefix, sizeof prefix, "tenants/%s/artifacts/job-live/", tenant);
+  left = list_keys(prefix);
+  cr_expect_eq(json_array_size(left), before, "the other job's artifacts stay");
+  json_decref(left);
+  cr_expect(object_exists(unknown), "an artifact of a job not folded yet stays");
+  lt_crypto_dek_t *d = job_dek("job-live");
+  lt_crypto_dek_destroy(d);
+}
+
 Test(publisher, object_that_does_not_decrypt_is_never_promoted) {
   ckpt_t ck;
   job_running("job-k");

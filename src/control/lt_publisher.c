@@ -870,10 +870,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 
 /* ---------------------------------------------------------------- garbage collection */
 
+typedef enum { GC_STAGING, GC_SESSIONS, GC_ARTIFACTS, GC__KINDS } gc_kind_t;
+
 typedef struct {
   lt_publisher_t *p;
-  size_t plen; /* length of "staging/<tenant>/" or "sessions/<tenant>/" */
-  bool sessions; /* walking a session's call bodies and results, not staging */
+  size_t plen;  /* length of the prefix walked: "staging/<tenant>/", "sessions/<tenant>/", ... */
+  gc_kind_t kind; /* staging, a session's call bodies and results, or published artifacts */
   int64_t now_ms;
   json_t *doomed;
   uint64_t kept;
@@ -899,10 +901,26 @@ static bool maybe_uncommitted(const lt_job_t *j, const char *rest) {
   return attempt != j->ckpt_attempt || step > j->ckpt_step;
 }
 
+/* A published artifact stays unless its job was deleted: a publisher that was promoting the job
+ * while its tenant's DELETE removed the job's objects wrote them (and the job's key) again after
+ * it. They go at once, whatever their age — no upload of a deleted job is on its way — the
+ * wrapped key before the rest of its page, as the DELETE does. An artifact of a job not folded
+ * yet is kept. */
+static void gc_visit_artifact(gc_ctx_t *g, const char *job, const char *key) {
+  json_t *jinfo = lt_job_get(lt_proj_jobs(g->p->proj), job) ? lt_proj_job_info(g->p->proj, job) : NULL;
+  const char *name = strrchr(key, '/');
+  if (!json_object_get(jinfo, "deleted"))
+    g->kept++;
+  else if (name && strcmp(name + 1, "key.wrapped") == 0)
+    json_array_insert_new(g->doomed, 0, json_string(key));
+  else
+    json_array_append_new(g->doomed, json_string(key));
+}
+
 static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info) {
   gc_ctx_t *g = ctx;
   int64_t grace = g->p->conf.gc_grace_ms;
-  if (g->now_ms - info->mtime * 1000 < grace) {
+  if (g->kind != GC_ARTIFACTS && g->now_ms - info->mtime * 1000 < grace) {
     g->kept++;
     return LT_OK; /* young: a checkpoint may be uploading, its commit not yet written */
   }
@@ -912,13 +930,17 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   if (jl >= sizeof job) jl = sizeof job - 1;
   memcpy(job, s, jl);
   job[jl] = '\0';
+  if (g->kind == GC_ARTIFACTS) {
+    gc_visit_artifact(g, job, key);
+    return LT_OK;
+  }
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
   json_t *jinfo = j ? lt_proj_job_info(g->p->proj, job) : NULL;
   bool keep = false;
   if (!j) /* not folded yet: only a dispatched job has staging, only a known session calls, so its
            * records are on their way (this publisher lags on a topic: chaos seed 2001) */
     keep = true;
-  else if (g->sessions) /* a session's calls and results: kept while it lives, then for the grace */
+  else if (g->kind == GC_SESSIONS) /* a session's calls and results: kept while it lives, then for the grace */
     keep = !json_object_get(jinfo, "deleted") &&
            (!lt_job_state_is_terminal(j->state) || g->now_ms - j->ended_at_ms < grace);
   else if (json_object_get(jinfo, "deleted"))
@@ -941,10 +963,14 @@ lt_err_t lt_publisher_gc(lt_publisher_t *p, uint64_t *deleted, char *errstr, siz
   lt_err_t err = LT_OK;
   uint64_t count = 0;
   lt_tenant_table_t *tt = lt_proj_tenants(p->proj);
-  for (size_t ti = 0; !err && ti < 2 * lt_tenant_count(tt); ti++) {
+  for (size_t ti = 0; !err && ti < GC__KINDS * lt_tenant_count(tt); ti++) {
     char prefix[LT_STORE_KEY_MAX + 1], next[LT_STORE_KEY_MAX + 1] = "", after[LT_STORE_KEY_MAX + 1] = "";
-    g.sessions = ti % 2 == 1;
-    snprintf(prefix, sizeof prefix, "%s/%s/", g.sessions ? "sessions" : "staging", lt_tenant_at(tt, ti / 2)->tenant_id);
+    const char *tenant = lt_tenant_at(tt, ti / GC__KINDS)->tenant_id;
+    g.kind = (gc_kind_t)(ti % GC__KINDS);
+    if (g.kind == GC_ARTIFACTS)
+      snprintf(prefix, sizeof prefix, "tenants/%s/artifacts/", tenant);
+    else
+      snprintf(prefix, sizeof prefix, "%s/%s/", g.kind == GC_SESSIONS ? "sessions" : "staging", tenant);
     g.plen = strlen(prefix);
     do {
       g.doomed = json_array();

@@ -130,15 +130,19 @@ static void fresh_ids(char tenant[40], char job[48]) {
 
 /* The worker's side of attempt 2 of job, resumed at resume_seq, its executor the pipe fds. */
 static uint8_t key[LT_CRYPTO_KEY_BYTES]; /* the tenant's data key, as the worker is handed it */
+static bool key_made;                     /* made before the attempt (bodies sealed under it) */
 
+/* Attempt 2 resumes (resume_seq > 0) from a state attempt 1 saved. */
 static lt_wsess_t *start_attempt(const char *tenant, const char *job, int64_t since, int64_t resume_seq,
                                  bool restarted, int fds[2]) {
   cr_assert_eq(pipe(fds), 0);
-  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  if (!key_made) cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  key_made = false;
   lt_wsess_conf_t c = {.bus = bus, .producer = prod, .store = store, .registry = reg, .producer_id = "worker/test",
                        .t_calls = t_calls, .t_progress = t_progress, .t_control = t_control, .tenant_id = tenant,
                        .job_id = job, .attempt = 2, .key = key, .key_id = "dek-1", .since_ms = since,
-                       .resume_seq = resume_seq, .restarted = restarted, .mem_dir = dir, .exec_fd = fds[1]};
+                       .resume_seq = resume_seq, .resume_attempt = resume_seq > 0 ? 1 : 0, .restarted = restarted,
+                       .mem_dir = dir, .exec_fd = fds[1]};
   lt_wsess_t *s = NULL;
   cr_assert_eq(lt_wsess_start(&c, &s, err, sizeof err), LT_OK, "%s", err);
   lt_wsess_ready(s, 1);
@@ -171,6 +175,73 @@ Test(wsess, a_resumed_attempt_runs_the_end_its_checkpoint_was_taken_for) {
   int fds[2];
   lt_wsess_t *s = start_attempt(tenant, job, since, end, true, fds);
   expect_calls(s, fds, end, "end"); /* the end alone, not the calls its state holds */
+}
+
+/* A lost attempt committed the state a save_state call took, then died before it recorded the
+ * call's answer: the call stayed pending for good, and load_state never found its name. The
+ * attempt resumed from that state answers it as the attempt that saved it (the API keeps an
+ * attempt's first answer of a call, so one recorded already stands), without running it; the
+ * call's body goes as an answered call's does. */
+Test(wsess, a_resumed_attempt_answers_the_save_its_state_was_taken_by) {
+  char tenant[40], job[48], cid[LT_CALL_ID_MAX], okey[256];
+  fresh_ids(tenant, job);
+  int64_t since = lt_time_wall_ms();
+  cr_assert_eq(lt_crypto_random(key, sizeof key), LT_OK);
+  key_made = true;
+  lt_crypto_dek_t *dek;
+  cr_assert_eq(lt_crypto_dek_import(&dek, tenant, "dek-1", key, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_crypto_random_id(cid), LT_OK);
+  snprintf(okey, sizeof okey, "sessions/%s/%s/calls/%s", tenant, job, cid);
+  const char *body = "{\"kind\":\"save_state\",\"name\":\"before-crash\"}";
+  cr_assert_eq(lt_sealed_put(store, dek, okey, body, strlen(body), NULL, err, sizeof err), LT_OK, "%s", err);
+  record_call(tenant, job, "forward_backward");
+  int64_t held = record_call_body(tenant, job, "save_state", cid, okey);
+  int64_t after = record_call(tenant, job, "optim_step"); /* queued while the attempt was lost */
+  int fds[2];
+  lt_wsess_t *s = start_attempt(tenant, job, since, held, true, fds);
+  char calls[512];
+  read_calls(fds[0], 4000, calls, sizeof calls);
+  cr_expect_str_eq(calls, "", "the executor got [%s]: nothing runs again", calls);
+  lt_store_info_t info;
+  lt_err_t e = LT_OK;
+  lt_test_wait_until((e = lt_store_head(store, okey, &info, err, sizeof err)) == LT_ERR_NOT_FOUND, 10000, 50,
+                     "the answered save's body is still there (%s)", lt_err_str(e));
+  lt_wsess_destroy(s);
+  close(fds[0]);
+  close(fds[1]);
+  lt_test_tail_t *t = lt_test_tail_open(bus, (const char *const[]){"progress", NULL});
+  lt_test_tail_settle(t, 1500);
+  json_t *done = lt_test_tail_select(t, "progress", "PrimitiveCompleted", job, 0), *save = NULL, *failed = NULL, *r;
+  size_t i;
+  json_array_foreach(done, i, r) {
+    json_t *f = r; /* a tail record: lt_test_ri reads its fields */
+    if (lt_test_ri(f, "seq") == held) {
+      cr_expect_null(save, "the save is answered once");
+      save = f;
+    }
+    if (lt_test_ri(f, "seq") == after) failed = f;
+  }
+  cr_assert_not_null(save, "the save its state was taken by is not answered");
+  cr_expect_eq(lt_test_ri(save, "attempt"), 1, "answered as the attempt that saved the state");
+  cr_expect_str_eq(lt_test_rs(save, "status"), "done");
+  cr_expect_str_eq(lt_test_rs(save, "kind"), "save_state");
+  cr_expect_str_eq(lt_test_rs(save, "checkpoint_name"), "before-crash");
+  cr_expect_eq(lt_test_ri(save, "step"), 1, "the step the state holds");
+  cr_assert_not_null(failed, "the call after the state is answered too");
+  cr_expect_str_eq(lt_test_rs(failed, "error_code"), "session_restarted");
+  cr_expect_eq(lt_test_ri(failed, "attempt"), 2);
+  void *d = NULL;
+  size_t dl = 0;
+  cr_assert_eq(lt_sealed_get(store, dek, lt_test_rs(save, "result_key"), 4096, &d, &dl, err, sizeof err), LT_OK, "%s",
+               err);
+  json_t *res = json_loadb(d, dl, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(res, "name")), "before-crash");
+  cr_expect_eq(json_integer_value(json_object_get(res, "checkpoint")), held, "the result names the state's checkpoint");
+  json_decref(res);
+  free(d);
+  json_decref(done);
+  lt_test_tail_close(t);
+  lt_crypto_dek_destroy(dek);
 }
 
 /* Two records of one keyed call id (an Idempotency-Key retried through two API processes, or after a

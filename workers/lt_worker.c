@@ -641,6 +641,7 @@ static lt_err_t start_session(lt_worker_t *w, attempt_t *a, char *errstr, size_t
                         .t_progress = w->t_progress, .t_control = w->t_control, .tenant_id = a->tenant_id, .job_id = a->job_id,
                         .attempt = a->attempt, .key = a->in.key, .key_id = a->in.key_id,
                         .since_ms = j->submitted_at_ms, .resume_seq = a->in.resume_fd >= 0 ? j->ckpt_step : 0,
+                        .resume_attempt = a->in.resume_fd >= 0 ? j->ckpt_attempt : 0,
                         .restarted = j->last_stop_failed, .mem_dir = a->mem_dir, .uid = w->confine.uid,
                         .gid = w->confine.gid, .exec_fd = a->in_fd};
   return lt_wsess_start(&sc, &a->sess, errstr, n);

@@ -37,6 +37,7 @@ typedef struct {
 /* A result waiting for the outbound thread (a copy of the executor's line, or one made here). */
 typedef struct result {
   int64_t seq, step, tokens;
+  int32_t attempt; /* the attempt the answer is of: 0, this one */
   bool ok;
   double loss, grad_norm, duration_ms;
   char kind[32], code[24], field[96], reason[320];
@@ -160,7 +161,7 @@ static void record_result(lt_wsess_t *s, result_t *r) {
   lt_err_t err = lt_avro_record_stamp(rec, s->producer_id);
   SET(lt_avro_set_string(rec, "job_id", s->job));
   SET(lt_avro_set_string(rec, "tenant_id", s->tenant));
-  SET(lt_avro_set_int(rec, "attempt", s->c.attempt));
+  SET(lt_avro_set_int(rec, "attempt", r->attempt ? r->attempt : s->c.attempt));
   SET(lt_avro_set_long(rec, "seq", r->seq));
   SET(lt_avro_set_enum(rec, "kind", r->kind));
   SET(lt_avro_set_enum(rec, "status", r->ok ? "done" : "failed"));
@@ -305,32 +306,41 @@ static bool own_call_object(const lt_wsess_t *s, const char *okey) {
   return strncmp(okey, prefix, strlen(prefix)) == 0 && !strstr(okey, "..");
 }
 
-/* One SessionCall of this session: its body fetched and opened, then a "call" line. */
-static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
-  const char *kind = NULL, *okey = NULL;
-  char err[512];
-  lt_avro_get_enum(rec, "kind", &kind);
+/* The body of call seq (rec), fetched and opened into *body (NULL: the call has none), to go
+ * once the call is answered. */
+static lt_err_t open_body(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq, json_t **body, char *err, size_t n) {
+  const char *okey = NULL;
   lt_avro_get_string(rec, "object_key", &okey, NULL);
-  if (!kind) return;
   void *data = NULL;
   size_t len = 0;
-  json_t *body = NULL;
   lt_err_t e = LT_OK;
+  *body = NULL;
   if (okey && !own_call_object(s, okey))
-    e = lt_errf(err, sizeof err, LT_ERR_INVALID, "the call's body is not this session's");
-  else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, sizeof err)))
-    body = json_loadb(data, len, 0, NULL);
+    e = lt_errf(err, n, LT_ERR_INVALID, "the call's body is not this session's");
+  else if (okey && !(e = lt_sealed_get(s->c.store, s->dek, okey, MAX_BODY, &data, &len, err, n)))
+    *body = json_loadb(data, len, 0, NULL);
   if (okey && !e) {
     const char *call_id = NULL;
     char digest[65] = "";
     bool keyed = !lt_avro_get_string(rec, "call_id", &call_id, NULL) && lt_call_id_keyed(call_id);
-    if (!keyed || (body && lt_call_body_digest(body, digest))) remember_body(s, seq, okey, keyed ? digest : NULL);
+    if (!keyed || (*body && lt_call_body_digest(*body, digest))) remember_body(s, seq, okey, keyed ? digest : NULL);
   }
   if (data) {
     OPENSSL_cleanse(data, len);
     free(data);
   }
-  if (!e && okey && !body) e = lt_errf(err, sizeof err, LT_ERR_CORRUPT, "the call's body is not JSON");
+  if (!e && okey && !*body) e = lt_errf(err, n, LT_ERR_CORRUPT, "the call's body is not JSON");
+  return e;
+}
+
+/* One SessionCall of this session: its body fetched and opened, then a "call" line. */
+static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
+  const char *kind = NULL;
+  char err[512];
+  lt_avro_get_enum(rec, "kind", &kind);
+  if (!kind) return;
+  json_t *body = NULL;
+  lt_err_t e = open_body(s, rec, seq, &body, err, sizeof err);
   if (!e && strcmp(kind, "load_state") == 0) e = fetch_state(s, seq, body, err, sizeof err);
   char *text = !e && body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
@@ -350,6 +360,37 @@ static void forward_call(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq) {
     OPENSSL_cleanse(text, strlen(text));
     free(text);
   }
+}
+
+/* The save call (save_state, save_weights_for_sampler) whose state this attempt resumed from,
+ * after a lost attempt: that attempt committed the state and may have died before it recorded
+ * the call's answer, which then never came (the call pending for good, and load_state not
+ * finding the name). Answered again as that attempt (the API keeps an attempt's first answer of
+ * a call, so one already recorded stands), from the call's body; a body already gone went with
+ * the recorded answer (drop_body), and nothing is owed. */
+static void answer_held_save(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq, const char *kind) {
+  char err[512];
+  json_t *body = NULL;
+  lt_err_t e = open_body(s, rec, seq, &body, err, sizeof err);
+  const char *name = json_string_value(json_object_get(body, "name"));
+  result_t *r = !e && name ? calloc(1, sizeof *r) : NULL;
+  if (e != LT_OK && e != LT_ERR_NOT_FOUND)
+    lt_log(LT_LOG_WARN, "worker", SESSION(s), "%s: call %lld, whose state this attempt resumed, not answered: %s",
+           s->job, (long long)seq, err);
+  if (r) {
+    r->seq = seq;
+    r->attempt = s->c.resume_attempt;
+    r->step = wait_ready(s);
+    r->ok = true;
+    r->loss = r->grad_norm = NAN;
+    snprintf(r->kind, sizeof r->kind, "%s", kind);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    json_t *answer = json_pack("{s:s,s:I,s:I}", "name", name, "step", (json_int_t)r->step, "checkpoint", (json_int_t)seq);
+    r->body = answer ? json_dumps(answer, JSON_COMPACT) : NULL;
+    json_decref(answer);
+    push_result(s, r);
+  }
+  json_decref(body);
 }
 
 /* The session's partition from its start; mark: the high watermark when this attempt began. */
@@ -414,7 +455,11 @@ static void *inbound_main(void *arg) {
     if (seq < s->c.resume_seq) continue;
     lt_avro_get_enum(rec, "kind", &kind);
     bool end = kind && strcmp(kind, "end") == 0;
-    if (!lt_callspec_runs_after(kind, seq, s->c.resume_seq)) continue;
+    if (!lt_callspec_runs_after(kind, seq, s->c.resume_seq)) {
+      if (seq == s->c.resume_seq && s->c.restarted && s->c.resume_attempt > 0 && lt_callspec_saves_state(kind))
+        answer_held_save(s, rec, seq, kind);
+      continue;
+    }
     /* Back-pressure: a client may queue thousands of calls; the executor holds a few. */
     while (__atomic_load_n(&s->received, __ATOMIC_RELAXED) - __atomic_load_n(&s->answered, __ATOMIC_RELAXED) >=
                MAX_AHEAD &&

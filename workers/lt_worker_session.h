@@ -53,6 +53,7 @@ typedef struct lt_wsess_conf {
   const char *key_id;
   int64_t since_ms;                   /* when the session was submitted: no call is older */
   int64_t resume_seq;                 /* the checkpoint resumed from (its call's sequence), 0: none */
+  int32_t resume_attempt;             /* the attempt that saved it */
   bool restarted;                     /* an earlier attempt ran and was lost or failed */
   const char *mem_dir;                /* the attempt's private directory (load_state files) */
   int64_t uid, gid;                   /* the executor's, for those files (uid <= 0: unchanged) */

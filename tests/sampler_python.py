@@ -587,6 +587,25 @@ def session_weights(base, sbase, key_a, key_b):
     check(st == 200, "the ended session's published adapter is served as ft:lathe-tiny:<session>")
 
 
+# ---- 7b: a deleted job's adapter ----
+
+def deleted_job(base, sbase, ops, key_b, job_b, model_b):
+    """Tenant B deletes its job: its adapter answers 404 and leaves the sampler's cache (zeroed),
+    rather than staying there until the LRU evicts it."""
+    st, _, _ = complete(sbase, key_b, {"model": model_b, "prompt": "x", "max_tokens": 2})
+    check(st == 200, "tenant B's adapter is served (and cached) before its job is deleted")
+    before = metrics(ops).get("lathe_sampler_adapter_forgotten_total", 0)
+    st, body, _ = http_json(base, key_b, "DELETE", f"/v1/jobs/{job_b}")
+    check(st == 200 and body.get("deleted"), f"tenant B deletes its job ({st})")
+    st, _, _ = complete(sbase, key_b, {"model": model_b, "prompt": "x", "max_tokens": 2})
+    check(st == 404, "the deleted job's adapter answers 404")
+    deadline = time.time() + 30
+    while time.time() < deadline and metrics(ops).get("lathe_sampler_adapter_forgotten_total", 0) <= before:
+        time.sleep(0.2)
+    after = metrics(ops).get("lathe_sampler_adapter_forgotten_total", 0)
+    check(after == before + 1, f"the deleted job's adapter left the sampler's cache ({before:.0f} -> {after:.0f})")
+
+
 # ---- 8: the openai npm package ----
 
 def openai_npm(sbase, key, model, expect):
@@ -646,6 +665,7 @@ def main():
             complete(sbase, keys[0], {"model": model_a, "prompt": secret, "max_tokens": 3})
             usage(lathe, env, tenants[0], secret, keys[0], ikey)
             session_weights(base, sbase, keys[0], keys[1])
+            deleted_job(base, sbase, ops, keys[1], job_b, model_b)
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
             overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)
             check(d.stopped_clean(), f"lathed exits 0 with nothing left behind (status {d.p.returncode}): "

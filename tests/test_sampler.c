@@ -153,19 +153,25 @@ static void ts_open(tsampler_t *t, lt_sampler_conf_t conf) {
 static void ts_close(tsampler_t *t) { lt_sampler_destroy(t->s); }
 
 /* Loads adapter i (its PEFT files) as "OWNER/adi" (owner NULL: "ti", a tenant of its own). */
-static lt_err_t ts_load_as(tsampler_t *t, int i, const char *owner) {
-  char path[400], id[64];
+/* Test adapter i loaded under the cache id `id`. */
+static lt_err_t ts_load_id(tsampler_t *t, int i, const char *id) {
+  char path[400];
   size_t st_len, cfg_len;
   snprintf(path, sizeof path, "%s/ad%d/adapter_model.safetensors", root_dir(), i);
   char *st = slurp(path, &st_len);
   snprintf(path, sizeof path, "%s/ad%d/adapter_config.json", root_dir(), i);
   char *cfg = slurp(path, &cfg_len);
-  if (owner) snprintf(id, sizeof id, "%s/ad%d", owner, i);
-  else snprintf(id, sizeof id, "t%d/ad%d", i, i);
   lt_err_t err = t->ops.load_adapter(t->ops.ctx, id, BASE, st, st_len, cfg, cfg_len, errbuf, sizeof errbuf);
   free(st);
   free(cfg);
   return err;
+}
+
+static lt_err_t ts_load_as(tsampler_t *t, int i, const char *owner) {
+  char id[64];
+  if (owner) snprintf(id, sizeof id, "%s/ad%d", owner, i);
+  else snprintf(id, sizeof id, "t%d/ad%d", i, i);
+  return ts_load_id(t, i, id);
 }
 
 static lt_err_t ts_load(tsampler_t *t, int i) { return ts_load_as(t, i, NULL); }
@@ -697,6 +703,42 @@ Test(sampler, adapter_cache_evicts_lru_not_in_use, .timeout = 120) {
   cr_assert_eq(ts_load(&t, 0), LT_ERR_UNSUPPORTED, "%s", errbuf);
   cr_expect(strstr(errbuf, "more than this sampler's whole adapter cache"), "%s", errbuf);
   cr_assert(!t.ops.has_adapter(t.ops.ctx, "t0/ad0"));
+  ts_close(&t);
+}
+
+/* A deleted job's adapters leave the cache when the API folds its JobDeleted (ops.forget): before,
+ * the tenant's decrypted weights stayed in the sampler until the LRU evicted them. The job's
+ * published adapter ("t/job1") and its checkpoint's ("t/job1/ckpt-1-5") go, zeroed; one a request
+ * holds is found by no other request and goes when that request ends; another job whose id
+ * begins the same ("t/job10") stays. */
+Test(sampler, a_deleted_jobs_adapters_leave_the_cache, .timeout = 120) {
+  tsampler_t t;
+  long long one = one_adapter_bytes();
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 4), .max_running = 4, .adapter_hold_ms = -1});
+  OK(ts_load_id(&t, 0, "t/job1"));
+  OK(ts_load_id(&t, 1, "t/job1/ckpt-1-5"));
+  OK(ts_load_id(&t, 2, "t/job10"));
+  static rec_t r;
+  rec_init(&r, 0);
+  r.slow_us = 10000;
+  lt_sample_req_t q = req_of(&r, "t", "t/job1/ckpt-1-5", k_prompts[0], 100, 0.9f, 3);
+  uint64_t h = submit_ok(&t, &q);
+  cr_assert(rec_wait(&r, 1), "the request never started");
+  long long before = metric(&t, "adapter_cache_bytes");
+  t.ops.forget(t.ops.ctx, "t/job1");
+  cr_expect(!t.ops.has_adapter(t.ops.ctx, "t/job1"), "the deleted job's adapter is still served");
+  cr_expect(!t.ops.has_adapter(t.ops.ctx, "t/job1/ckpt-1-5"), "the deleted job's checkpoint is still served");
+  cr_expect(t.ops.has_adapter(t.ops.ctx, "t/job10"), "another job's adapter went");
+  cr_expect_eq(metric(&t, "adapter_forgotten_total"), 1, "the adapter no request holds goes at once");
+  long long now = metric(&t, "adapter_cache_bytes");
+  cr_expect(now < before && now > before / 3, "cache bytes %lld before, %lld after", before, now);
+  t.ops.cancel(t.ops.ctx, h, NULL, NULL);
+  cr_assert(idle_and_free(&t));
+  cr_expect_eq(metric(&t, "adapter_forgotten_total"), 2, "the held one goes when its request ends");
+  cr_expect_eq(metric(&t, "adapter_evictions_total"), 0);
+  cr_expect(metric(&t, "adapter_cache_bytes") > 0 && metric(&t, "adapter_cache_bytes") <= now / 2 + 1,
+            "only t/job10 is left (%lld bytes)", metric(&t, "adapter_cache_bytes"));
+  OK(ts_load_id(&t, 0, "t/job2")); /* the cache takes others as before */
   ts_close(&t);
 }
 

@@ -127,8 +127,49 @@ static void tenant_drop_idle(lt_sampler_t *s, stenant_t *t) {
 
 static sadapter_t *find_adapter(lt_sampler_t *s, const char *id) {
   for (sadapter_t *a = s->adapters; a; a = a->next)
-    if (strcmp(a->id, id) == 0) return a;
+    if (!a->forgotten && strcmp(a->id, id) == 0) return a;
   return NULL;
+}
+
+/* Unlinks *p from the cache and frees it, its weights zeroed first. Under mu. */
+static void drop_adapter(lt_sampler_t *s, sadapter_t **p) {
+  sadapter_t *a = *p;
+  *p = a->next;
+  s->adapter_total -= a->bytes;
+  lt_adapter_free(a->a); /* zeroes the tenant's weights before the memory is reused */
+  free(a);
+}
+
+/* A request let go of a: a forgotten adapter goes with its last. Under mu. */
+static void release_adapter(lt_sampler_t *s, sadapter_t *a) {
+  if (--a->refs > 0 || !a->forgotten) return;
+  for (sadapter_t **p = &s->adapters; *p; p = &(*p)->next)
+    if (*p == a) {
+      drop_adapter(s, p);
+      s->st.adapter_forgotten++;
+      return;
+    }
+}
+
+/* A job was deleted: its adapters ("tenant/job", and its checkpoints' "tenant/job/...") leave the
+ * cache, zeroed — now, or when the last request that holds one ends; none is found again. */
+static void op_forget(void *ctx, const char *prefix) {
+  lt_sampler_t *s = ctx;
+  size_t pl = strlen(prefix);
+  pthread_mutex_lock(&s->mu);
+  for (sadapter_t **p = &s->adapters; *p;) {
+    sadapter_t *a = *p;
+    if (strncmp(a->id, prefix, pl) != 0 || (a->id[pl] != '\0' && a->id[pl] != '/')) {
+      p = &a->next;
+    } else if (a->refs > 0) {
+      a->forgotten = true;
+      p = &a->next;
+    } else {
+      drop_adapter(s, p);
+      s->st.adapter_forgotten++;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
 }
 
 /* Keeps a for a request about to submit (conf.adapter_hold_ms). Under mu. */
@@ -145,11 +186,7 @@ static bool make_room(lt_sampler_t *s, size_t need) {
     for (sadapter_t **p = &s->adapters; *p; p = &(*p)->next)
       if ((*p)->refs == 0 && (*p)->held_until_us <= now && (!victim || (*p)->used < (*victim)->used)) victim = p;
     if (!victim) return false;
-    sadapter_t *a = *victim;
-    *victim = a->next;
-    s->adapter_total -= a->bytes;
-    lt_adapter_free(a->a); /* zeroes the tenant's weights before the memory is reused */
-    free(a);
+    drop_adapter(s, victim);
     s->st.adapter_evictions++;
   }
   return true;
@@ -243,7 +280,7 @@ static void req_scrub_free(sreq_t *r) {
 
 void lt_sampler_req_free(lt_sampler_t *s, sreq_t *r) {
   if (r->seq >= 0) lt_serve_seq_close(r->base->srv, r->seq);
-  if (r->ad) r->ad->refs--;
+  if (r->ad) release_adapter(s, r->ad);
   stenant_t *t = lt_sampler_tenant(s, r->tenant);
   if (t) t->inflight--;
   tenant_drop_idle(s, t);
@@ -435,6 +472,7 @@ static char *op_metrics(void *ctx) {
       C(adapter_loads, "Adapters read from the store."), C(adapter_hits, "Requests whose adapter was cached."),
       C(adapter_misses, "Requests whose adapter had to be loaded."),
       C(adapter_evictions, "Adapters evicted from the cache."),
+      C(adapter_forgotten, "Adapters dropped from the cache because their job was deleted."),
 #undef C
   };
   for (size_t i = 0; i < sizeof counters / sizeof *counters; i++) {
@@ -514,5 +552,5 @@ void lt_sampler_destroy(lt_sampler_t *s) {
 void lt_sampler_ops(lt_sampler_t *s, lt_sample_ops_t *out) {
   *out = (lt_sample_ops_t){.ctx = s, .submit = op_submit, .cancel = op_cancel, .has_adapter = op_has_adapter,
                            .load_adapter = op_load_adapter, .model_info = op_model_info, .models = op_models,
-                           .metrics = op_metrics};
+                           .metrics = op_metrics, .forget = op_forget};
 }

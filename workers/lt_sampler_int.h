@@ -40,6 +40,7 @@ typedef struct sadapter {
   size_t bytes;
   uint64_t used; /* the LRU clock when last asked for */
   int refs;      /* requests that hold it: not evicted while > 0 */
+  bool forgotten; /* its job was deleted (op_forget): found by no request, freed when refs is 0 */
   int64_t held_until_us; /* nor before this (monotonic): a request loaded or found it to submit;
                           * 0 once a submit to it came (held by refs then) or was refused */
   struct sadapter *next;
@@ -82,7 +83,7 @@ typedef struct stenant {
 typedef struct sstats {
   uint64_t requests, rejected, finished, prompt_tokens, completion_tokens;
   uint64_t steps, rows, preempted, timeouts, cancelled;
-  uint64_t adapter_loads, adapter_hits, adapter_misses, adapter_evictions;
+  uint64_t adapter_loads, adapter_hits, adapter_misses, adapter_evictions, adapter_forgotten;
 } sstats_t;
 
 struct lt_sampler {

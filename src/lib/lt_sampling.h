@@ -102,6 +102,9 @@ typedef struct lt_sample_ops {
   const char *const *(*models)(void *ctx);
   /* Prometheus lines of the backend's counters, appended to /metrics (malloc'd; may be NULL). */
   char *(*metrics)(void *ctx);
+  /* A job was deleted: the adapters "tenant/job" and "tenant/job/..." leave the cache (zeroed),
+   * now or when the last request holding one ends. May be NULL. */
+  void (*forget)(void *ctx, const char *tenant_job);
 } lt_sample_ops_t;
 
 #endif

@@ -917,15 +917,16 @@ static int open_connections(void) {
 /* A client that closes its long poll before the answer: libevent does not read a connection
  * whose request waits, so it never saw the close, and the connection stayed open (counted
  * against max_connections) until the poll's wait ran out. */
-Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
-  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}");
+/* A new session of c's tenant (its id into sess) with one call no worker runs: its seq. */
+static json_int_t pending_call(lt_client_t *c, char sess[64]) {
+  lt_client_resp_t r = req(c, "POST", "/v1/sessions", "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}");
   cr_assert(r.status == 201 || r.status == 202, "%d %s", r.status, r.body);
-  char sess[64], path[160], text[512];
-  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
+  char path[160];
+  snprintf(sess, 64, "%s", json_string_value(json_object_get(r.json, "id")));
   lt_client_resp_free(&r);
   snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
   for (int i = 0; i < 100; i++) { /* the API folds the session from the log; no worker runs the call */
-    r = req(ca, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+    r = req(c, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
     if (r.status != 404) break;
     lt_client_resp_free(&r);
     lt_test_msleep(100);
@@ -933,6 +934,12 @@ Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
   cr_assert_eq(r.status, 202, "%s", r.body);
   json_int_t seq = json_integer_value(json_object_get(r.json, "seq"));
   lt_client_resp_free(&r);
+  return seq;
+}
+
+Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
+  char sess[64], text[512];
+  json_int_t seq = pending_call(ca, sess);
   int before = open_connections();
   cr_assert_geq(before, 0, "no lathe_api_connections in /metrics");
   int fd = raw_connect(api.port, NULL);
@@ -949,6 +956,103 @@ Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
   int after = -1;
   lt_test_wait_until((after = open_connections()) == before, 15000, 200,
                      "the closed poll's connection is still open (%d, %d before)", after, before);
+}
+
+/* The worker parks an idle session a moment after a call reached the log, before it read it; the
+ * API that took the call had not read the park then, so it woke nothing, and a client that polls
+ * without waiting (or long-polls another API) woke nothing either: the call waited for good. The
+ * API now wakes a parked session when it reads the park after a call. Stood in for by a park
+ * written after the call (attempt 0: no worker ran the session here). */
+Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_waiting) {
+  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}");
+  cr_assert(r.status == 201 || r.status == 202, "%d %s", r.status, r.body);
+  char sess[64], path[160];
+  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
+  lt_client_resp_free(&r);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  for (int i = 0; i < 100; i++) {
+    r = req(ca, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+    if (r.status != 404) break;
+    lt_client_resp_free(&r);
+    lt_test_msleep(100);
+  }
+  cr_assert_eq(r.status, 202, "%s", r.body);
+  json_int_t seq = json_integer_value(json_object_get(r.json, "seq"));
+  lt_client_resp_free(&r);
+  char eid[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+  cr_assert_eq(lt_crypto_random_id(eid), LT_OK);
+  produce_json("control", "SessionIdle", sess,
+               json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:I}", "event_id", eid, "occurred_at", (json_int_t)lt_time_wall_ms(),
+                         "producer", "worker/test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq",
+                         seq - 1));
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
+  r = req(ca, "GET", path, NULL); /* a poll that does not wait */
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"control", NULL});
+  json_t *woken = NULL;
+  for (int i = 0; i < 100 && json_array_size(woken) == 0; i++) {
+    json_decref(woken);
+    lt_test_tail_poll(t, 100);
+    woken = lt_test_tail_select(t, "control", "SessionWoken", sess, 0);
+  }
+  cr_expect_eq(json_array_size(woken), 1, "the parked session was woken %zu times", json_array_size(woken));
+  cr_expect_eq(lt_test_ri(json_array_get(woken, 0), "seq"), seq, "by the call after its park");
+  json_decref(woken);
+  lt_test_tail_close(t);
+}
+
+/* One tenant's held requests (long polls of its sessions' calls, event streams) take at most a
+ * quarter of max_connections: before, a tenant within its rate limits could hold every connection
+ * open (a long poll waits up to 60 s, a stream for as long as its job runs), and every other
+ * tenant got 503. Past its share a held request is 429 naming the limit; a poll that does not
+ * wait is still answered, another tenant is served, and once one closes the next is held. */
+Test(api, one_tenants_long_polls_and_streams_hold_at_most_a_quarter_of_the_connections) {
+  srv_t s = start_api_with((const char *const[]){"--max-connections", "8", NULL}, NULL);
+  lt_client_t *a = lt_test_client(s.url, key_a, 30), *b = lt_test_client(s.url, key_b, 30);
+  char sess[64], poll[512], stream[512];
+  json_int_t seq = pending_call(a, sess);
+  int np = snprintf(poll, sizeof poll,
+                    "GET /v1/sessions/%s/calls/%lld?wait=60 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                    sess, (long long)seq, key_a);
+  int ns = snprintf(stream, sizeof stream, "GET /v1/sessions/%s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                    sess, key_a);
+  int held[2] = {raw_connect(s.port, NULL), raw_connect(s.port, NULL)};
+  cr_assert_eq(send(held[0], poll, (size_t)np, MSG_NOSIGNAL), np);
+  cr_assert_eq(send(held[1], stream, (size_t)ns, MSG_NOSIGNAL), ns);
+  char got[256] = "";
+  ssize_t k = recv(held[1], got, sizeof got - 1, 0); /* the stream's headers: both are held now */
+  cr_assert(k > 0 && raw_status(got) == 200, "the event stream did not start: %zd %.200s", k, got);
+  lt_test_msleep(200);
+  char *third = raw_http(s.port, NULL, poll, (size_t)np);
+  raw_expect_envelope(third, 429, "over_quota");
+  cr_expect(strstr(third, "the limit is 2 per tenant") && strcasestr(third, "Retry-After:"), "%.500s", third);
+  free(third);
+  third = raw_http(s.port, NULL, stream, (size_t)ns);
+  raw_expect_envelope(third, 429, "over_quota");
+  free(third);
+  char path[200];
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
+  lt_client_resp_t r = req(a, "GET", path, NULL);
+  cr_expect_eq(r.status, 200, "a poll that does not wait is answered: %s", r.body);
+  lt_client_resp_free(&r);
+  r = req(b, "GET", "/v1/sessions", NULL);
+  cr_expect_eq(r.status, 200, "another tenant is served: %s", r.body);
+  lt_client_resp_free(&r);
+  close(held[0]); /* the poll's client leaves: its place is free again */
+  bool taken = false;
+  for (int i = 0; i < 50 && !taken; i++) {
+    int fd = raw_connect(s.port, NULL);
+    cr_assert_eq(send(fd, poll, (size_t)np, MSG_NOSIGNAL), np);
+    lt_test_msleep(300);
+    taken = recv(fd, got, sizeof got - 1, MSG_DONTWAIT) < 0; /* no answer yet: it is held */
+    close(fd);
+  }
+  cr_expect(taken, "after a held poll closed, the next one is still refused");
+  close(held[1]);
+  lt_client_destroy(a);
+  lt_client_destroy(b);
+  stop_api(&s);
 }
 
 Test(api, another_tenants_and_path_like_ids_answer_404_and_change_nothing) {

@@ -31,8 +31,15 @@ struct lt_api_sse {
   struct evhttp_request *req;
   struct evhttp_connection *evcon;
   char job_id[LT_ID_MAX + 1];
+  char tenant[LT_ID_MAX + 1]; /* whose stream: counted against its held requests */
   lt_api_sse_t *next;
 };
+
+int lt_api_events_streams_of(lt_api_t *api, const char *tenant) {
+  int n = 0;
+  for (lt_api_sse_t *s = api->sse; s; s = s->next) n += strcmp(s->tenant, tenant) == 0;
+  return n;
+}
 
 void lt_api_history_free(void *hist) {
   history_t *h = hist;
@@ -106,6 +113,7 @@ void lt_api_events_stream(lt_api_call_t *c) {
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
   if (!last) last = lt_api_query(&q, "last_event_id");
+  if (!lt_job_state_is_terminal(j->state) && !lt_api_hold_room(api, req, c->tenant->tenant_id)) return;
   struct evkeyvalq *out = evhttp_request_get_output_headers(req);
   evhttp_add_header(out, "Content-Type", "text/event-stream");
   evhttp_add_header(out, "Cache-Control", "no-cache");
@@ -134,6 +142,7 @@ void lt_api_events_stream(lt_api_call_t *c) {
   s->req = req;
   s->evcon = evhttp_request_get_connection(req);
   snprintf(s->job_id, sizeof s->job_id, "%s", j->job_id);
+  snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant->tenant_id);
   if (!lt_api_door_on_close(api, s->evcon, sse_closed, s)) {
     free(s);
     evhttp_send_reply_end(req); /* its close could not be watched: the client reconnects */

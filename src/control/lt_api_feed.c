@@ -203,7 +203,10 @@ static void feed(lt_api_t *api) {
       return;
     }
     if (!m) {
-      if (!api->ready && (api->ready = caught_up(api))) api->ready_at_ms = lt_time_mono_ms();
+      if (!api->ready && (api->ready = caught_up(api))) {
+        api->ready_at_ms = lt_time_mono_ms();
+        lt_api_sessions_on_ready(api);
+      }
       return;
     }
     size_t len;

@@ -75,6 +75,7 @@ typedef struct lt_api_stats {
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
   uint64_t staff_reads_cut; /* staff reads cut mid-stream: their grant revoked or run out */
+  uint64_t held_refused;    /* long polls and event streams refused: the tenant held its share */
   uint64_t streams_cut;     /* sampling streams cut: their client left stream_backlog bytes unread */
   uint64_t tls_reloads, tls_reload_failures; /* lt_api_tls_reload: certificates taken, files refused */
 } lt_api_stats_t;
@@ -245,6 +246,12 @@ const char *lt_api_query(struct evkeyvalq *q, const char *name);
  * libevent's own HTML error pages; with track, connections are counted against
  * max_connections. */
 lt_err_t lt_api_door_open(lt_api_t *api, struct evhttp *http, bool track, char *errstr, size_t n);
+/* Whether tenant may hold one more request open (a long poll of a session's call, an event
+ * stream): a quarter of max_connections per tenant, so that one tenant's held requests cannot take
+ * every connection; false after replying 429 (Retry-After) naming the limit. */
+bool lt_api_hold_room(lt_api_t *api, struct evhttp_request *req, const char *tenant);
+int lt_api_sessions_waiting_of(lt_api_t *api, const char *tenant); /* its long polls */
+int lt_api_events_streams_of(lt_api_t *api, const char *tenant);   /* its event streams */
 /* False (after replying 503) when the request came on a connection over max_connections. */
 bool lt_api_door_admit(lt_api_t *api, struct evhttp_request *req);
 /* The per-address limit on failed authentications: false (after replying 429) when the request's
@@ -434,6 +441,8 @@ void lt_api_saving_free(void *v); /* a saving map value */
 /* A record of lathe.calls: which call a keyed call id (Idempotency-Key) named first. */
 void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);
+/* The feed caught up: each parked session with a call after its park read here is woken. */
+void lt_api_sessions_on_ready(lt_api_t *api);
 /* The key of the state file a live session saved under name (save_state or
  * save_weights_for_sampler; its adapter files lie beside it), and the checkpoint's number; NULL
  * when the session saved none by that name. Borrowed until the next record is folded. */

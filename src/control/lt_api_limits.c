@@ -504,3 +504,16 @@ void lt_api_door_free(lt_api_t *api) {
   lt_map_destroy(api->buckets);
   SSL_CTX_free(api->tls);
 }
+
+bool lt_api_hold_room(lt_api_t *api, struct evhttp_request *req, const char *tenant) {
+  int per = api->conf.max_connections / 4 > 0 ? api->conf.max_connections / 4 : 1;
+  int mine = lt_api_sessions_waiting_of(api, tenant) + lt_api_events_streams_of(api, tenant);
+  if (mine < per) return true;
+  api->stats.held_refused++;
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+  lt_api_reply_error(req, 429, "over_quota", NULL,
+                     "%d long polls and event streams of yours are open; the limit is %d per tenant (a quarter of "
+                     "max_connections = %d): close one, or poll with wait=0",
+                     mine, per, api->conf.max_connections);
+  return false;
+}

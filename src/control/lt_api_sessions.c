@@ -47,8 +47,9 @@ bool lt_api_is_session_id(const char *id) {
 /* ---------------------------------------------------------------- parked sessions */
 
 /* A parked session (it went idle: SessionIdle) is queued again by SessionWoken, which this API
- * writes when it sees a call after the one the session parked after: when it accepts one, when a
- * client waits for one, and when it folds the park while a client waits. Once per park. */
+ * writes when it sees a call after the one the session parked after: when it accepts one, when it
+ * reads one (call_seen), when a client waits for one, and when it reads the park after such a
+ * call. Once per park. */
 static void woken(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
   char *key = ctx;
   if (err) {
@@ -97,6 +98,7 @@ typedef struct {
   int64_t step_seq;     /* newest call */
   int64_t completed;
   int64_t last_call;    /* seq of the newest SessionCall of the session read here (or made here) */
+  int64_t last_run;     /* of those, the newest its worker runs (call_seen): what wakes a park */
 } sess_fold_t;
 
 static void fold_free(void *v) {
@@ -245,10 +247,16 @@ struct lt_api_waiter {
   struct evhttp_connection *evcon;
   struct event *timer;
   char job_id[LT_ID_MAX + 1];
+  char tenant[LT_ID_MAX + 1]; /* whose poll: counted against its held requests */
   int64_t seq;
-  bool wakes; /* the poll may wake a parked session: not a viewer key's (it changes nothing) */
   struct lt_api_waiter *next;
 };
+
+int lt_api_sessions_waiting_of(lt_api_t *api, const char *tenant) {
+  int n = 0;
+  for (lt_api_waiter_t *w = api->waiters; w; w = w->next) n += strcmp(w->tenant, tenant) == 0;
+  return n;
+}
 
 static void answer_call(lt_api_t *api, struct evhttp_request *req, const lt_job_t *j, int64_t seq);
 
@@ -366,6 +374,29 @@ static void fold_dup(lt_api_t *api, sess_fold_t *f, const char *job_id, int64_t 
   if (json_object_get(f->calls, key)) wake(api, job_id, first);
 }
 
+/* A call of the session read here, which its worker runs (not another tenant's record of the
+ * session, nor a later record of a keyed call): a long poll of it may wake the session, and a
+ * session parked before it is woken, by every API that reads both (once per park each). The API
+ * that took the call wakes it when it takes it, but only if it had read the park by then; the
+ * worker may park a moment after the call is in the log, before it read it, and a client that
+ * polls without waiting, or long-polls another API, woke nothing. Not while catching up: the
+ * park read then may be long over (lt_api_sessions_on_ready looks once caught up). */
+static void call_seen(lt_api_t *api, sess_fold_t *f, const char *job_id, const char *tenant, int64_t seq) {
+  const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
+  if (j && strcmp(j->tenant_id, tenant) != 0) return;
+  if (seq > f->last_call) f->last_call = seq;
+  if (seq > f->last_run) f->last_run = seq;
+  if (api->ready) wake_parked(api, j, seq);
+}
+
+void lt_api_sessions_on_ready(lt_api_t *api) {
+  lt_map_iter_t it = {0};
+  while (lt_map_next(api->sessions, &it)) {
+    const sess_fold_t *f = it.value;
+    wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), it.key), f->last_run);
+  }
+}
+
 void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   size_t len = 0;
   const void *v = lt_bus_msg_value(m, &len);
@@ -387,14 +418,21 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   if (!lt_avro_get_enum(r, "kind", &kind) && lt_callspec_saves_state(kind))
     saving_note(api, tenant, job_id, okey, seq);
   sess_fold_t *f = fold_of(api, job_id, true);
-  if (f && seq > f->last_call) f->last_call = seq; /* a long poll of it may wake the session */
-  if (!f || !lt_call_id_keyed(call_id)) return; /* a call without a key: nothing more to remember */
+  if (!f) return;
+  if (!lt_call_id_keyed(call_id)) { /* a call without a key: nothing more to remember */
+    call_seen(api, f, job_id, tenant, seq);
+    return;
+  }
   char k[LT_ID_MAX + LT_CALL_ID_MAX + 2];
   snprintf(k, sizeof k, "%s/%s", tenant, call_id); /* another tenant's record of the id is not this one */
   json_t *e = json_object_get(f->keys, k);
   int64_t had = e ? (int64_t)json_integer_value(json_object_get(e, "seq")) : 0;
-  if (had == seq) return; /* this API's own record, already known from its delivery */
-  if (had > 0 && had < seq) {
+  if (had == seq) { /* this API's own record, already known from its delivery */
+    call_seen(api, f, job_id, tenant, seq);
+    return;
+  }
+  if (had > 0 && had < seq) { /* a later record of the id: its worker skips it */
+    if (seq > f->last_call) f->last_call = seq; /* a long poll of it waits for the first */
     fold_dup(api, f, job_id, seq, had);
     return;
   }
@@ -402,6 +440,7 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   json_t *n = json_pack("{s:I}", "seq", (json_int_t)seq);
   if (n && okey) json_object_set_new(n, "object_key", json_string(okey));
   if (n) json_object_set_new(f->keys, k, n);
+  call_seen(api, f, job_id, tenant, seq);
   if (had > 0) fold_dup(api, f, job_id, had, seq);
 }
 
@@ -559,6 +598,7 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
    * session, a slot and a checkpoint each time, for nothing. Its own POST woke it anyway. */
   bool wakes = k && k->role != LT_TENANT_ROLE_VIEWER && f && seq <= f->last_call;
   if (wakes) wake_parked(api, c->job, seq); /* a call waits: a parked session must run again */
+  if (!lt_api_hold_room(api, c->req, c->tenant->tenant_id)) return;
   lt_api_waiter_t *w = calloc(1, sizeof *w);
   struct evhttp_connection *evcon = evhttp_request_get_connection(c->req);
   if (!w || !(w->timer = evtimer_new(api->base, waiter_timeout, w)) || !lt_api_door_on_close(api, evcon, waiter_closed, w)) {
@@ -571,8 +611,8 @@ void lt_api_sessions_call_show(lt_api_call_t *c) {
   w->req = c->req;
   w->evcon = evcon;
   w->seq = seq;
-  w->wakes = wakes;
   snprintf(w->job_id, sizeof w->job_id, "%s", c->job->job_id);
+  snprintf(w->tenant, sizeof w->tenant, "%s", c->tenant->tenant_id);
   w->next = api->waiters;
   api->waiters = w;
   struct timeval tv = {wait, 0};
@@ -584,9 +624,10 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   lt_api_early_release(api, job_id);
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
-  if (j && j->parked)
-    for (lt_api_waiter_t *w = api->waiters; w; w = w->next)
-      if (w->wakes && strcmp(w->job_id, job_id) == 0) wake_parked(api, j, w->seq);
+  /* parked: a call read here after the one it parked after wakes it, whether a client waits for
+   * it or not (call_seen) */
+  sess_fold_t *f = j && j->parked && api->ready ? fold_of(api, job_id, false) : NULL;
+  if (f) wake_parked(api, j, f->last_run);
 }
 
 #define FORGET_AFTER_MS (3600 * 1000) /* as the publisher's GC grace: results are gone by then */
@@ -604,6 +645,26 @@ void lt_api_sessions_prune(lt_api_t *api) {
       snprintf(doomed[n++], LT_ID_MAX + 1, "%s", it.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->sessions, doomed[i]);
+  /* A park woken is remembered while the session stays parked there (once per park); after that
+   * its key only grew the set, one per park of every session for the process's life. */
+  lt_map_iter_t wt = {0};
+  char stale[64][LT_ID_MAX + 32];
+  n = 0;
+  while (n < 64 && lt_map_next(api->wakes, &wt)) {
+    char job[LT_ID_MAX + 1];
+    long long seq = -1;
+    const char *colon = strrchr(wt.key, ':');
+    size_t jl = colon ? (size_t)(colon - wt.key) : 0;
+    if (jl > 0 && jl < sizeof job) {
+      memcpy(job, wt.key, jl);
+      job[jl] = '\0';
+      seq = strtoll(colon + 1, NULL, 10);
+    }
+    const lt_job_t *j = jl > 0 && jl < sizeof job ? lt_job_get(lt_proj_jobs(api->proj), job) : NULL;
+    if (!j || !j->parked || j->parked_seq != seq || lt_job_state_is_terminal(j->state))
+      snprintf(stale[n++], sizeof stale[0], "%s", wt.key);
+  }
+  for (int i = 0; i < n; i++) lt_map_del(api->wakes, stale[i]);
   lt_api_early_prune(api);
   lt_map_iter_t st = {0};
   while (lt_map_next(api->saving, &st)) saving_prune(api, st.key, NULL); /* it may delete the current key */

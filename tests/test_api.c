@@ -964,21 +964,8 @@ Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
  * API now wakes a parked session when it reads the park after a call. Stood in for by a park
  * written after the call (attempt 0: no worker ran the session here). */
 Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_waiting) {
-  lt_client_resp_t r = req(ca, "POST", "/v1/sessions", "{\"base_model\":\"tiny-llama\",\"lora\":{\"rank\":4}}");
-  cr_assert(r.status == 201 || r.status == 202, "%d %s", r.status, r.body);
   char sess[64], path[160];
-  snprintf(sess, sizeof sess, "%s", json_string_value(json_object_get(r.json, "id")));
-  lt_client_resp_free(&r);
-  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
-  for (int i = 0; i < 100; i++) {
-    r = req(ca, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
-    if (r.status != 404) break;
-    lt_client_resp_free(&r);
-    lt_test_msleep(100);
-  }
-  cr_assert_eq(r.status, 202, "%s", r.body);
-  json_int_t seq = json_integer_value(json_object_get(r.json, "seq"));
-  lt_client_resp_free(&r);
+  json_int_t seq = pending_call(ca, sess);
   char eid[LT_CRYPTO_RANDOM_ID_CHARS + 1];
   cr_assert_eq(lt_crypto_random_id(eid), LT_OK);
   produce_json("control", "SessionIdle", sess,
@@ -986,7 +973,7 @@ Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_wai
                          "producer", "worker/test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq",
                          seq - 1));
   snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
-  r = req(ca, "GET", path, NULL); /* a poll that does not wait */
+  lt_client_resp_t r = req(ca, "GET", path, NULL); /* a poll that does not wait */
   cr_expect_eq(r.status, 200, "%s", r.body);
   lt_client_resp_free(&r);
   lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"control", NULL});

@@ -438,6 +438,18 @@ void lt_api_detokenize(lt_api_call_t *c);
 /* A PrimitiveCompleted the projection read; a job record (the end of a session wakes its polls). */
 void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res);
 void lt_api_saving_free(void *v); /* a saving map value */
+/* Whether call seq of the session has its answer here, or is a later record of a keyed call (its
+ * worker skips it): it will write nothing more. */
+bool lt_api_sessions_call_settled(lt_api_t *api, const char *job_id, int64_t seq);
+/* The saving calls in flight of a tenant with a storage quota (lt_api_quota.c): its object of them
+ * (created when asked), pruned of those that will write nothing more (their count; *bytes, may
+ * be NULL: what their checkpoints write at least), and one read back from lathe.calls. */
+json_t *lt_api_saving_of(lt_api_t *api, const char *tenant, bool create);
+/* The bytes a checkpoint of session j writes at least (its base model's config and adapter); 0
+ * when not known here. */
+uint64_t lt_api_session_ckpt_bytes(lt_api_t *api, const lt_job_t *j);
+uint32_t lt_api_saving_prune(lt_api_t *api, const char *tenant, uint64_t *bytes);
+void lt_api_saving_note(lt_api_t *api, const char *tenant, const char *job_id, const char *body_key, int64_t seq);
 /* A record of lathe.calls: which call a keyed call id (Idempotency-Key) named first. */
 void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m);
 void lt_api_sessions_on_job(lt_api_t *api, const char *job_id);

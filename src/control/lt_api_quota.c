@@ -10,7 +10,7 @@
  * (413) while the tenant is at or over its quota, or would be once the saving calls taken before
  * it (not completed) stored their states, each as large as its largest checkpoint stored now, or
  * all as large as their sessions' checkpoints are at least (from the base model's config: a first
- * burst has no checkpoint stored; lt_api_sessions.c): a live session keeps every state it saved. An
+ * burst has no checkpoint stored; the saving calls below): a live session keeps every state it saved. An
  * upload that would take the tenant over is refused at the part that would (413, naming the
  * quota, the usage and the upload) and leaves nothing; a job submission is refused while the tenant is at or over its quota (413), since its
  * artifacts would add to it. Two uploads of one tenant checked at the same moment can overshoot
@@ -273,4 +273,89 @@ void lt_api_usage(lt_api_call_t *c) {
   u->req[u->nreq++] = c->req;
   snprintf(u->tenant_id, sizeof u->tenant_id, "%s", tenant);
   lt_api_work(c->api, u->tenant_id, usage_work, usage_after, u);
+}
+
+/* ---------------------------------------------------------------- saving calls in flight */
+
+/* The saving calls (save_state, save_weights_for_sampler) of a tenant with a storage quota, taken
+ * and not completed: this API's from when it takes them, any API process's once read back from
+ * lathe.calls. The quota counts the state each will write (a burst of them, each checked before
+ * any wrote, passed it by one state a call before). Per tenant, an object: the call's body key ->
+ * {job, seq, bytes}, seq 0 while this API records the call, bytes what its session's checkpoint
+ * writes at least (lt_api_session_ckpt_bytes), once the session is known. */
+void lt_api_saving_free(void *v) { json_decref(v); }
+
+/* The bytes a checkpoint of session j writes at least, from its base model's config and its
+ * adapter (conf.checkpoint_bytes_fn); 0 when not known here. */
+uint64_t lt_api_session_ckpt_bytes(lt_api_t *api, const lt_job_t *j) {
+  if (!api->conf.checkpoint_bytes_fn) return 0;
+  json_t *hp = json_object_get(json_object_get(lt_proj_job_info(api->proj, j->job_id), "spec"), "hyperparameters"), *m;
+  json_int_t rank = json_integer_value(json_object_get(hp, "lora_rank"));
+  unsigned targets = 0;
+  size_t i;
+  json_array_foreach(json_object_get(hp, "target_modules"), i, m) {
+    if (json_is_string(m)) targets |= lt_target_parse(json_string_value(m));
+  }
+  if (rank <= 0 || rank > INT32_MAX || !targets) return 0;
+  return api->conf.checkpoint_bytes_fn(api->conf.tokenize_ctx, j->base_model, (int)rank, targets);
+}
+
+json_t *lt_api_saving_of(lt_api_t *api, const char *tenant, bool create) {
+  json_t *o = lt_map_get(api->saving, tenant);
+  if (o || !create) return o;
+  if (!(o = json_object()) || lt_map_set(api->saving, tenant, o) != LT_OK) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* Drops the tenant's saving calls that will write nothing more — completed, a later record of a
+ * keyed call (the worker skips it), at or before the session's committed checkpoint (a resumed
+ * attempt starts after it, and its bytes are in the listing), of a session that ended or is not
+ * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest;
+ * *bytes (may be NULL) gets what their checkpoints write at least, where their sessions are known. */
+uint32_t lt_api_saving_prune(lt_api_t *api, const char *tenant, uint64_t *bytes) {
+  json_t *o = lt_api_saving_of(api, tenant, false), *e, *tmp;
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
+  if (bytes) *bytes = 0;
+  if (o && api->ready && (!t || !lt_api_storage_quota(api, t))) { /* none to count against */
+    lt_map_del(api->saving, tenant);
+    return 0;
+  }
+  const char *k;
+  uint32_t n = 0;
+  json_object_foreach_safe(o, tmp, k, e) {
+    const char *job_id = json_string_value(json_object_get(e, "job"));
+    int64_t seq = json_integer_value(json_object_get(e, "seq"));
+    const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
+    if ((!j && api->ready) || (j && (strcmp(j->tenant_id, tenant) != 0 || lt_job_state_is_terminal(j->state))) ||
+        (j && seq > 0 && (seq <= j->ckpt_step || lt_api_sessions_call_settled(api, job_id, seq))))
+    {
+      json_object_del(o, k);
+      continue;
+    }
+    n++;
+    if (!j || !bytes) continue;
+    json_t *b = json_object_get(e, "bytes");
+    if (!b) json_object_set_new(e, "bytes", b = json_integer((json_int_t)lt_api_session_ckpt_bytes(api, j)));
+    *bytes += (uint64_t)json_integer_value(b);
+  }
+  if (o && !n) lt_map_del(api->saving, tenant);
+  return n;
+}
+
+/* A saving call read back from lathe.calls at seq: this API's own (the same body key), or one
+ * another API process took, or one taken before this process started — counted alike, for a
+ * tenant with a storage quota (while the feed catches up, for any: its tenant's record may come
+ * after, and the prune drops what has no quota to count against). */
+void lt_api_saving_note(lt_api_t *api, const char *tenant, const char *job_id, const char *body_key, int64_t seq) {
+  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
+  if (api->ready && (!t || !lt_api_storage_quota(api, t))) return; /* catching up: the tenant may come later */
+  char k[LT_STORE_KEY_MAX + 1];
+  if (body_key) snprintf(k, sizeof k, "%s", body_key);
+  else snprintf(k, sizeof k, "%s:%lld", job_id, (long long)seq);
+  json_t *o = lt_api_saving_of(api, tenant, true), *e = o ? json_object_get(o, k) : NULL;
+  if (e) json_object_set_new(e, "seq", json_integer(seq));
+  else if (o) json_object_set_new(o, k, json_pack("{s:s,s:I}", "job", job_id, "seq", (json_int_t)seq));
 }

@@ -135,92 +135,11 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
   return d ? (int64_t)json_integer_value(d) : seq;
 }
 
-/* ---------------------------------------------------------------- saving calls in flight */
-
-/* The saving calls (save_state, save_weights_for_sampler) of a tenant with a storage quota, taken
- * and not completed: this API's from when it takes them, any API process's once read back from
- * lathe.calls. The quota counts the state each will write (a burst of them, each checked before
- * any wrote, passed it by one state a call before). Per tenant, an object: the call's body key ->
- * {job, seq, bytes}, seq 0 while this API records the call, bytes what its session's checkpoint
- * writes at least (session_ckpt_bytes), once the session is known. */
-void lt_api_saving_free(void *v) { json_decref(v); }
-
-/* The bytes a checkpoint of session j writes at least, from its base model's config and its
- * adapter (conf.checkpoint_bytes_fn); 0 when not known here. */
-static uint64_t session_ckpt_bytes(lt_api_t *api, const lt_job_t *j) {
-  if (!api->conf.checkpoint_bytes_fn) return 0;
-  json_t *hp = json_object_get(json_object_get(lt_proj_job_info(api->proj, j->job_id), "spec"), "hyperparameters"), *m;
-  json_int_t rank = json_integer_value(json_object_get(hp, "lora_rank"));
-  unsigned targets = 0;
-  size_t i;
-  json_array_foreach(json_object_get(hp, "target_modules"), i, m) {
-    if (json_is_string(m)) targets |= lt_target_parse(json_string_value(m));
-  }
-  if (rank <= 0 || rank > INT32_MAX || !targets) return 0;
-  return api->conf.checkpoint_bytes_fn(api->conf.tokenize_ctx, j->base_model, (int)rank, targets);
-}
-
-static json_t *saving_of(lt_api_t *api, const char *tenant, bool create) {
-  json_t *o = lt_map_get(api->saving, tenant);
-  if (o || !create) return o;
-  if (!(o = json_object()) || lt_map_set(api->saving, tenant, o) != LT_OK) {
-    json_decref(o);
-    return NULL;
-  }
-  return o;
-}
-
-/* Drops the tenant's saving calls that will write nothing more — completed, a later record of a
- * keyed call (the worker skips it), at or before the session's committed checkpoint (a resumed
- * attempt starts after it, and its bytes are in the listing), of a session that ended or is not
- * the tenant's (a session not folded yet counts while the feed catches up) — and counts the rest;
- * *bytes (may be NULL) gets what their checkpoints write at least, where their sessions are known. */
-static uint32_t saving_prune(lt_api_t *api, const char *tenant, uint64_t *bytes) {
-  json_t *o = saving_of(api, tenant, false), *e, *tmp;
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
-  if (bytes) *bytes = 0;
-  if (o && api->ready && (!t || !lt_api_storage_quota(api, t))) { /* none to count against */
-    lt_map_del(api->saving, tenant);
-    return 0;
-  }
-  const char *k;
-  uint32_t n = 0;
-  json_object_foreach_safe(o, tmp, k, e) {
-    const char *job_id = json_string_value(json_object_get(e, "job"));
-    int64_t seq = json_integer_value(json_object_get(e, "seq"));
-    const lt_job_t *j = job_id ? lt_job_get(lt_proj_jobs(api->proj), job_id) : NULL;
-    sess_fold_t *f = j ? fold_of(api, job_id, false) : NULL;
-    char key[32];
-    snprintf(key, sizeof key, "%lld", (long long)seq);
-    if ((!j && api->ready) || (j && (strcmp(j->tenant_id, tenant) != 0 || lt_job_state_is_terminal(j->state))) ||
-        (j && seq > 0 && (seq <= j->ckpt_step || (f && (json_object_get(f->calls, key) || first_of(f, seq) != seq)))))
-    {
-      json_object_del(o, k);
-      continue;
-    }
-    n++;
-    if (!j || !bytes) continue;
-    json_t *b = json_object_get(e, "bytes");
-    if (!b) json_object_set_new(e, "bytes", b = json_integer((json_int_t)session_ckpt_bytes(api, j)));
-    *bytes += (uint64_t)json_integer_value(b);
-  }
-  if (o && !n) lt_map_del(api->saving, tenant);
-  return n;
-}
-
-/* A saving call read back from lathe.calls at seq: this API's own (the same body key), or one
- * another API process took, or one taken before this process started — counted alike, for a
- * tenant with a storage quota (while the feed catches up, for any: its tenant's record may come
- * after, and the prune drops what has no quota to count against). */
-static void saving_note(lt_api_t *api, const char *tenant, const char *job_id, const char *body_key, int64_t seq) {
-  const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(api->proj), tenant);
-  if (api->ready && (!t || !lt_api_storage_quota(api, t))) return; /* catching up: the tenant may come later */
-  char k[LT_STORE_KEY_MAX + 1];
-  if (body_key) snprintf(k, sizeof k, "%s", body_key);
-  else snprintf(k, sizeof k, "%s:%lld", job_id, (long long)seq);
-  json_t *o = saving_of(api, tenant, true), *e = o ? json_object_get(o, k) : NULL;
-  if (e) json_object_set_new(e, "seq", json_integer(seq));
-  else if (o) json_object_set_new(o, k, json_pack("{s:s,s:I}", "job", job_id, "seq", (json_int_t)seq));
+bool lt_api_sessions_call_settled(lt_api_t *api, const char *job_id, int64_t seq) {
+  const sess_fold_t *f = fold_of(api, job_id, false);
+  char key[32];
+  snprintf(key, sizeof key, "%lld", (long long)seq);
+  return f && (json_object_get(f->calls, key) || first_of(f, seq) != seq);
 }
 
 json_t *lt_api_sessions_saved_names(lt_api_t *api, const char *job_id) {
@@ -358,7 +277,7 @@ void lt_api_sessions_on_record(lt_api_t *api, const lt_proj_result_t *res) {
     f->step_attempt = attempt;
     f->step_seq = seq;
   }
-  if (lt_callspec_saves_state(kind)) saving_prune(api, tenant, NULL);
+  if (lt_callspec_saves_state(kind)) lt_api_saving_prune(api, tenant, NULL);
   wake(api, job_id, seq);
 }
 
@@ -416,7 +335,7 @@ void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
   lt_avro_get_string(r, "object_key", &okey, NULL);
   int64_t seq = lt_bus_msg_offset(m) + 1; /* as the worker numbers calls */
   if (!lt_avro_get_enum(r, "kind", &kind) && lt_callspec_saves_state(kind))
-    saving_note(api, tenant, job_id, okey, seq);
+    lt_api_saving_note(api, tenant, job_id, okey, seq);
   sess_fold_t *f = fold_of(api, job_id, true);
   if (!f) return;
   if (!lt_call_id_keyed(call_id)) { /* a call without a key: nothing more to remember */
@@ -667,7 +586,7 @@ void lt_api_sessions_prune(lt_api_t *api) {
   for (int i = 0; i < n; i++) lt_map_del(api->wakes, stale[i]);
   lt_api_early_prune(api);
   lt_map_iter_t st = {0};
-  while (lt_map_next(api->saving, &st)) saving_prune(api, st.key, NULL); /* it may delete the current key */
+  while (lt_map_next(api->saving, &st)) lt_api_saving_prune(api, st.key, NULL); /* it may delete the current key */
 }
 
 void lt_api_sessions_free(lt_api_t *api) {
@@ -822,7 +741,7 @@ static json_t *pending_key(lt_api_t *api, const call_in_t *ci) {
  * saving call that was not. */
 static void call_in_free(call_in_t *ci) {
   if (pending_key(ci->api, ci)) json_object_del(fold_of(ci->api, ci->job_id, false)->keys, ci->keyed);
-  json_t *saving = ci->key[0] ? saving_of(ci->api, ci->tenant, false) : NULL;
+  json_t *saving = ci->key[0] ? lt_api_saving_of(ci->api, ci->tenant, false) : NULL;
   if (json_integer_value(json_object_get(json_object_get(saving, ci->key), "seq")) == 0)
     json_object_del(saving, ci->key); /* not recorded (nothing when it is not there) */
   if (ci->body) {
@@ -862,7 +781,7 @@ static void produced(lt_api_t *api, void *arg, lt_err_t err, const char *msg) {
       fold_dup(api, f, ci->job_id, seq, had);
     }
   }
-  json_t *sv = ci->key[0] ? json_object_get(saving_of(api, ci->tenant, false), ci->key) : NULL;
+  json_t *sv = ci->key[0] ? json_object_get(lt_api_saving_of(api, ci->tenant, false), ci->key) : NULL;
   if (sv) json_object_set_new(sv, "seq", json_integer(seq)); /* counted until its PrimitiveCompleted */
   sess_fold_t *lf = fold_of(api, ci->job_id, true);
   if (lf && seq > lf->last_call) lf->last_call = seq;
@@ -1129,7 +1048,7 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
     ci->quota = lt_api_storage_quota(api, c->tenant); /* measured on the pool, before the body is stored */
     ci->artifacts = ci->quota ? lt_api_artifact_bytes(api, ci->tenant) : 0;
     if (ci->quota) {
-      ci->saving = saving_prune(api, ci->tenant, &ci->saving_bytes);
+      ci->saving = lt_api_saving_prune(api, ci->tenant, &ci->saving_bytes);
       if (ci->saving >= (uint32_t)api->conf.max_saving_calls) { /* bounds the walk above, on the loop */
         unsigned in_flight = ci->saving;
         call_in_free(ci);
@@ -1139,8 +1058,8 @@ static void queue_call(lt_api_call_t *c, const char *kind, json_t *body, const c
                            c->tenant->tenant_id, in_flight, api->conf.max_saving_calls);
         return;
       }
-      json_t *o = saving_of(api, ci->tenant, true);
-      json_int_t bytes = (json_int_t)session_ckpt_bytes(api, c->job);
+      json_t *o = lt_api_saving_of(api, ci->tenant, true);
+      json_int_t bytes = (json_int_t)lt_api_session_ckpt_bytes(api, c->job);
       if (!o || json_object_set_new(o, ci->key, json_pack("{s:s,s:i,s:I}", "job", ci->job_id, "seq", 0, "bytes", bytes))) {
         call_in_free(ci);
         lt_api_reply_error(c->req, 500, "internal", NULL, "out of memory");

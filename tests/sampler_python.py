@@ -597,8 +597,13 @@ def deleted_job(base, sbase, ops, key_b, job_b, model_b):
     before = metrics(ops).get("lathe_sampler_adapter_forgotten_total", 0)
     st, body, _ = http_json(base, key_b, "DELETE", f"/v1/jobs/{job_b}")
     check(st == 200 and body.get("deleted"), f"tenant B deletes its job ({st})")
-    st, _, _ = complete(sbase, key_b, {"model": model_b, "prompt": "x", "max_tokens": 2})
-    check(st == 404, "the deleted job's adapter answers 404")
+    deadline = time.time() + 30  # the sampler's API reads the JobDeleted from the log a moment later
+    while time.time() < deadline:
+        st, _, _ = complete(sbase, key_b, {"model": model_b, "prompt": "x", "max_tokens": 2})
+        if st == 404:
+            break
+        time.sleep(0.2)
+    check(st == 404, f"the deleted job's adapter answers 404 ({st})")
     deadline = time.time() + 30
     while time.time() < deadline and metrics(ops).get("lathe_sampler_adapter_forgotten_total", 0) <= before:
         time.sleep(0.2)

@@ -377,10 +377,13 @@ static void answer_held_save(lt_wsess_t *s, lt_avro_record_t *rec, int64_t seq, 
   if (e != LT_OK && e != LT_ERR_NOT_FOUND)
     lt_log(LT_LOG_WARN, "worker", SESSION(s), "%s: call %lld, whose state this attempt resumed, not answered: %s",
            s->job, (long long)seq, err);
+  if (r && (r->step = wait_ready(s)) < 0) { /* stopped before its executor was ready: the next one answers */
+    free(r);
+    r = NULL;
+  }
   if (r) {
     r->seq = seq;
     r->attempt = s->c.resume_attempt;
-    r->step = wait_ready(s);
     r->ok = true;
     r->loss = r->grad_norm = NAN;
     snprintf(r->kind, sizeof r->kind, "%s", kind);

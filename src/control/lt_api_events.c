@@ -113,7 +113,10 @@ void lt_api_events_stream(lt_api_call_t *c) {
   struct evkeyvalq q;
   lt_api_parse_query(req, &q);
   if (!last) last = lt_api_query(&q, "last_event_id");
-  if (!lt_job_state_is_terminal(j->state) && !lt_api_hold_room(api, req, c->tenant->tenant_id)) return;
+  if (!lt_job_state_is_terminal(j->state) && !lt_api_hold_room(api, req, c->tenant->tenant_id)) {
+    evhttp_clear_headers(&q);
+    return;
+  }
   struct evkeyvalq *out = evhttp_request_get_output_headers(req);
   evhttp_add_header(out, "Content-Type", "text/event-stream");
   evhttp_add_header(out, "Cache-Control", "no-cache");

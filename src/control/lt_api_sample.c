@@ -577,8 +577,19 @@ static void load_work(void *ctx) {
 }
 
 static void load_after(lt_api_t *api, void *ctx) {
-  (void)api;
   sample_req_t *r = ctx;
+  if (!r->load_err && r->adapter[0] && lt_api_job_deleted(api, r->job_id)) {
+    /* deleted while the pool loaded it: the fold's forget came before the adapter was there */
+    const lt_sample_ops_t *ops = api->conf.sampler;
+    char id[2 * LT_ID_MAX + 2];
+    snprintf(id, sizeof id, "%s/%s", r->tenant, r->job_id);
+    if (ops->forget) ops->forget(ops->ctx, id);
+    lt_api_reply_error(r->req, 404, "model_not_found", "model",
+                       "the model %s does not exist or you do not have access to it (GET /v1/models lists yours)",
+                       r->model);
+    req_free(r);
+    return;
+  }
   if (r->load_err) {
     lt_log_warn("sampler", "adapter %s not loaded: %s", r->adapter, r->load_msg);
     if (r->load_err == LT_ERR_QUOTA) {

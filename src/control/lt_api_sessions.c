@@ -50,21 +50,26 @@ bool lt_api_is_session_id(const char *id) {
  * writes when it sees a call after the one the session parked after: when it accepts one, when it
  * reads one (call_seen), when a client waits for one, and when it reads the park after such a
  * call. Once per park. */
+static void wake_failed(lt_api_t *api, const char *key);
+
 static void woken(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
   char *key = ctx;
   if (err) {
     lt_log(LT_LOG_WARN, "api", &(lt_log_ids_t){.session = key},
-           "SessionWoken for %s not recorded (retried on the next poll): %s", key, msg);
+           "SessionWoken for %s not recorded (tried again): %s", key, msg);
     lt_map_del(api->wakes, key);
+    wake_failed(api, key);
   }
   free(key);
 }
 
-static void wake_parked(lt_api_t *api, const lt_job_t *j, int64_t seq) {
-  if (!j || !j->parked || seq <= j->parked_seq || lt_job_state_is_terminal(j->state)) return;
+/* Writes SessionWoken for session j, parked before call seq; true when it is written or was for
+ * this park already. */
+static bool wake_parked(lt_api_t *api, const lt_job_t *j, int64_t seq) {
+  if (!j || !j->parked || seq <= j->parked_seq || lt_job_state_is_terminal(j->state)) return false;
   char key[LT_ID_MAX + 32];
   snprintf(key, sizeof key, "%s:%lld", j->job_id, (long long)j->parked_seq);
-  if (lt_map_has(api->wakes, key)) return;
+  if (lt_map_has(api->wakes, key)) return true;
   lt_avro_record_t *rec = NULL;
   const uint8_t *bytes;
   size_t blen;
@@ -75,11 +80,12 @@ static void wake_parked(lt_api_t *api, const lt_job_t *j, int64_t seq) {
   if (!err) err = lt_avro_set_long(rec, "seq", seq);
   if (!err) err = lt_avro_record_encode(rec, &bytes, &blen, NULL, 0);
   char *ctx = err ? NULL : strdup(key);
-  if (ctx && lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false, woken, ctx) == LT_OK)
-    lt_map_set(api->wakes, key, NULL);
-  else
-    free(ctx);
+  bool sent = ctx && lt_api_produce(api, api->topic_control, LT_BUS_PARTITION_ANY, j->job_id, bytes, blen, false,
+                                    woken, ctx) == LT_OK;
+  if (sent) lt_map_set(api->wakes, key, NULL);
+  else free(ctx);
   lt_avro_record_destroy(rec);
+  return sent;
 }
 
 /* ---------------------------------------------------------------- what the calls did */
@@ -99,6 +105,7 @@ typedef struct {
   int64_t completed;
   int64_t last_call;    /* seq of the newest SessionCall of the session read here (or made here) */
   int64_t last_run;     /* of those, the newest its worker runs (call_seen): what wakes a park */
+  int64_t woken_for;    /* the last_run a wake was written for (wake_owed) */
 } sess_fold_t;
 
 static void fold_free(void *v) {
@@ -133,6 +140,26 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
   snprintf(key, sizeof key, "%lld", (long long)seq);
   json_t *d = f ? json_object_get(f->dups, key) : NULL;
   return d ? (int64_t)json_integer_value(d) : seq;
+}
+
+/* Wakes session j, parked, for the newest call its worker runs read here after the park — once
+ * per such call: a call its worker never runs after all (another tenant's record read before the
+ * session was known, one its reader passed over) leaves it parked at the same seq, and waking it
+ * again at each park would cost a slot and a checkpoint each idle period. Not while catching up:
+ * the park read then may be long over (lt_api_sessions_on_ready looks once caught up). */
+static void wake_owed(lt_api_t *api, const lt_job_t *j, sess_fold_t *f) {
+  if (f && api->ready && f->last_run > f->woken_for && wake_parked(api, j, f->last_run)) f->woken_for = f->last_run;
+}
+
+/* A SessionWoken ("job:parked_seq") that was not written: the next prune tries again. */
+static void wake_failed(lt_api_t *api, const char *key) {
+  const char *colon = strrchr(key, ':');
+  char job[LT_ID_MAX + 1];
+  if (!colon || (size_t)(colon - key) >= sizeof job) return;
+  memcpy(job, key, (size_t)(colon - key));
+  job[colon - key] = '\0';
+  sess_fold_t *f = fold_of(api, job, false);
+  if (f) f->woken_for = 0;
 }
 
 bool lt_api_sessions_call_settled(lt_api_t *api, const char *job_id, int64_t seq) {
@@ -305,15 +332,12 @@ static void call_seen(lt_api_t *api, sess_fold_t *f, const char *job_id, const c
   if (j && strcmp(j->tenant_id, tenant) != 0) return;
   if (seq > f->last_call) f->last_call = seq;
   if (seq > f->last_run) f->last_run = seq;
-  if (api->ready) wake_parked(api, j, seq);
+  wake_owed(api, j, f);
 }
 
 void lt_api_sessions_on_ready(lt_api_t *api) {
   lt_map_iter_t it = {0};
-  while (lt_map_next(api->sessions, &it)) {
-    const sess_fold_t *f = it.value;
-    wake_parked(api, lt_job_get(lt_proj_jobs(api->proj), it.key), f->last_run);
-  }
+  while (lt_map_next(api->sessions, &it)) wake_owed(api, lt_job_get(lt_proj_jobs(api->proj), it.key), it.value);
 }
 
 void lt_api_sessions_on_call(lt_api_t *api, const lt_bus_msg_t *m) {
@@ -545,8 +569,7 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
   /* parked: a call read here after the one it parked after wakes it, whether a client waits for
    * it or not (call_seen) */
-  sess_fold_t *f = j && j->parked && api->ready ? fold_of(api, job_id, false) : NULL;
-  if (f) wake_parked(api, j, f->last_run);
+  if (j && j->parked) wake_owed(api, j, fold_of(api, job_id, false));
 }
 
 #define FORGET_AFTER_MS (3600 * 1000) /* as the publisher's GC grace: results are gone by then */
@@ -584,6 +607,8 @@ void lt_api_sessions_prune(lt_api_t *api) {
       snprintf(stale[n++], sizeof stale[0], "%s", wt.key);
   }
   for (int i = 0; i < n; i++) lt_map_del(api->wakes, stale[i]);
+  lt_map_iter_t ot = {0}; /* a wake that was not written is tried again */
+  while (lt_map_next(api->sessions, &ot)) wake_owed(api, lt_job_get(lt_proj_jobs(api->proj), ot.key), ot.value);
   lt_api_early_prune(api);
   lt_map_iter_t st = {0};
   while (lt_map_next(api->saving, &st)) lt_api_saving_prune(api, st.key, NULL); /* it may delete the current key */

@@ -910,8 +910,8 @@ static void gc_visit_artifact(gc_ctx_t *g, const char *job, const char *key) {
   json_t *jinfo = lt_job_get(lt_proj_jobs(g->p->proj), job) ? lt_proj_job_info(g->p->proj, job) : NULL;
   const char *name = strrchr(key, '/');
   if (!json_object_get(jinfo, "deleted"))
-    g->kept++;
-  else if (name && strcmp(name + 1, "key.wrapped") == 0)
+    return; /* kept: not counted, gc_kept counts staging objects */
+  if (name && strcmp(name + 1, "key.wrapped") == 0)
     json_array_insert_new(g->doomed, 0, json_string(key));
   else
     json_array_append_new(g->doomed, json_string(key));

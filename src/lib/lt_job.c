@@ -256,7 +256,10 @@ static bool fold(lt_job_t *j, const lt_job_event_t *ev) {
     j->parked_seq = ev->step;
     return true;
   case LT_EV_SESSION_WOKEN:
-    if (terminal || !j->parked) return false;
+    /* A wake names the call it is for; one for a call at or before the park is an earlier park's,
+     * written late (every API wakes a park once: one lagging on lathe.control wakes one that is
+     * over), and would dispatch the session for nothing. */
+    if (terminal || !j->parked || ev->step <= j->parked_seq) return false;
     j->parked = false;
     return true;
   case LT_EV__COUNT:

@@ -963,28 +963,59 @@ Test(api, a_long_poll_whose_client_left_is_closed_before_its_wait_ends) {
  * without waiting (or long-polls another API) woke nothing either: the call waited for good. The
  * API now wakes a parked session when it reads the park after a call. Stood in for by a park
  * written after the call (attempt 0: no worker ran the session here). */
-Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_waiting) {
-  char sess[64], path[160];
-  json_int_t seq = pending_call(ca, sess);
+/* A SessionIdle as the session's worker writes it: parked after call seq (attempt 0: no worker
+ * ran the session here). */
+static void park_session(const char *sess, json_int_t seq) {
   char eid[LT_CRYPTO_RANDOM_ID_CHARS + 1];
   cr_assert_eq(lt_crypto_random_id(eid), LT_OK);
   produce_json("control", "SessionIdle", sess,
                json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:I}", "event_id", eid, "occurred_at", (json_int_t)lt_time_wall_ms(),
-                         "producer", "worker/test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq",
-                         seq - 1));
-  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
-  lt_client_resp_t r = req(ca, "GET", path, NULL); /* a poll that does not wait */
-  cr_expect_eq(r.status, 200, "%s", r.body);
-  lt_client_resp_free(&r);
-  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"control", NULL});
+                         "producer", "worker/test", "job_id", sess, "tenant_id", tenant_a, "attempt", 0, "seq", seq));
+}
+
+/* The SessionWoken records of sess once n of them are there (or after 10 s), then settle_ms more. */
+static json_t *wakes_of(lt_test_tail_t *t, const char *sess, size_t n, int settle_ms) {
   json_t *woken = NULL;
-  for (int i = 0; i < 100 && json_array_size(woken) == 0; i++) {
+  for (int i = 0; i < 100 && json_array_size(woken) < n; i++) {
     json_decref(woken);
     lt_test_tail_poll(t, 100);
     woken = lt_test_tail_select(t, "control", "SessionWoken", sess, 0);
   }
-  cr_expect_eq(json_array_size(woken), 1, "the parked session was woken %zu times", json_array_size(woken));
+  if (settle_ms <= 0) return woken;
+  lt_test_tail_settle(t, settle_ms);
+  json_decref(woken);
+  return lt_test_tail_select(t, "control", "SessionWoken", sess, 0);
+}
+
+Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_waiting) {
+  char sess[64], path[160];
+  json_int_t seq = pending_call(ca, sess);
+  lt_test_tail_t *t = lt_test_tail_open(NULL, (const char *const[]){"control", NULL});
+  park_session(sess, seq - 1);
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls/%lld?wait=0", sess, (long long)seq);
+  lt_client_resp_t r = req(ca, "GET", path, NULL); /* a poll that does not wait */
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  json_t *woken = wakes_of(t, sess, 1, 0);
+  cr_assert_eq(json_array_size(woken), 1, "the parked session was woken %zu times", json_array_size(woken));
   cr_expect_eq(lt_test_ri(json_array_get(woken, 0), "seq"), seq, "by the call after its park");
+  json_decref(woken);
+  /* Parked again after the same call at once (within one of the API's 2 s prunes), as when its
+   * worker never ran the call after it (another tenant's record, one its reader passed over): not
+   * woken again for it, at every park. */
+  park_session(sess, seq - 1);
+  woken = wakes_of(t, sess, 2, 1000);
+  cr_expect_eq(json_array_size(woken), 1, "woken again for the same call: %zu wakes", json_array_size(woken));
+  json_decref(woken);
+  /* A new call wakes that second park (the first park's wake is not taken for it). */
+  snprintf(path, sizeof path, "/v1/sessions/%s/calls", sess);
+  r = req(ca, "POST", path, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}");
+  cr_assert_eq(r.status, 202, "%s", r.body);
+  json_int_t next = json_integer_value(json_object_get(r.json, "seq"));
+  lt_client_resp_free(&r);
+  woken = wakes_of(t, sess, 2, 1000);
+  cr_expect_eq(json_array_size(woken), 2, "the second park was woken %zu times in all", json_array_size(woken) - 1);
+  cr_expect_eq(lt_test_ri(json_array_get(woken, 1), "seq"), next, "by the new call");
   json_decref(woken);
   lt_test_tail_close(t);
 }

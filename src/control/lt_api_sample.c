@@ -578,7 +578,7 @@ static void load_work(void *ctx) {
 
 static void load_after(lt_api_t *api, void *ctx) {
   sample_req_t *r = ctx;
-  if (!r->load_err && r->adapter[0] && lt_api_job_deleted(api, r->job_id)) {
+  if (r->adapter[0] && lt_api_job_deleted(api, r->job_id)) {
     /* deleted while the pool loaded it: the fold's forget came before the adapter was there */
     const lt_sample_ops_t *ops = api->conf.sampler;
     char id[2 * LT_ID_MAX + 2];

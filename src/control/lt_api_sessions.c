@@ -105,7 +105,8 @@ typedef struct {
   int64_t completed;
   int64_t last_call;    /* seq of the newest SessionCall of the session read here (or made here) */
   int64_t last_run;     /* of those, the newest its worker runs (call_seen): what wakes a park */
-  int64_t woken_for;    /* the last_run a wake was written for (wake_owed) */
+  int64_t woken_for;    /* the last_run a wake was written for (wake_owed), */
+  int64_t woken_park;   /* and the park it woke */
 } sess_fold_t;
 
 static void fold_free(void *v) {
@@ -148,7 +149,8 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
  * again at each park would cost a slot and a checkpoint each idle period. Not while catching up:
  * the park read then may be long over (lt_api_sessions_on_ready looks once caught up). */
 static void wake_owed(lt_api_t *api, const lt_job_t *j, sess_fold_t *f) {
-  if (f && api->ready && f->last_run > f->woken_for && wake_parked(api, j, f->last_run)) f->woken_for = f->last_run;
+  if (!f || !j || !j->parked || !api->ready || (f->last_run == f->woken_for && j->parked_seq == f->woken_park)) return;
+  if (wake_parked(api, j, f->last_run)) f->woken_for = f->last_run, f->woken_park = j->parked_seq;
 }
 
 /* A SessionWoken ("job:parked_seq") that was not written: the next prune tries again. */
@@ -159,7 +161,7 @@ static void wake_failed(lt_api_t *api, const char *key) {
   memcpy(job, key, (size_t)(colon - key));
   job[colon - key] = '\0';
   sess_fold_t *f = fold_of(api, job, false);
-  if (f) f->woken_for = 0;
+  if (f) f->woken_for = f->woken_park = 0;
 }
 
 bool lt_api_sessions_call_settled(lt_api_t *api, const char *job_id, int64_t seq) {
@@ -569,7 +571,13 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
   /* parked: a call read here after the one it parked after wakes it, whether a client waits for
    * it or not (call_seen) */
-  if (j && j->parked) wake_owed(api, j, fold_of(api, job_id, false));
+  if (j && j->parked) {
+    wake_owed(api, j, fold_of(api, job_id, false));
+  } else if (j) { /* woken (or dispatched): a later park at the same seq is another park */
+    char key[LT_ID_MAX + 32];
+    snprintf(key, sizeof key, "%s:%lld", job_id, (long long)j->parked_seq);
+    lt_map_del(api->wakes, key);
+  }
 }
 
 #define FORGET_AFTER_MS (3600 * 1000) /* as the publisher's GC grace: results are gone by then */

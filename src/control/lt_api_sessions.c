@@ -51,7 +51,6 @@ bool lt_api_is_session_id(const char *id) {
  * reads one (call_seen), when a client waits for one, and when it reads the park after such a
  * call. Once per park. */
 static void wake_failed(lt_api_t *api, const char *key);
-
 static void woken(lt_api_t *api, void *ctx, lt_err_t err, const char *msg) {
   char *key = ctx;
   if (err) {
@@ -105,8 +104,7 @@ typedef struct {
   int64_t completed;
   int64_t last_call;    /* seq of the newest SessionCall of the session read here (or made here) */
   int64_t last_run;     /* of those, the newest its worker runs (call_seen): what wakes a park */
-  int64_t woken_for;    /* the last_run a wake was written for (wake_owed), */
-  int64_t woken_park;   /* and the park it woke */
+  int64_t woken_for, woken_park; /* the last_run a wake was written for, and the park it woke */
 } sess_fold_t;
 
 static void fold_free(void *v) {
@@ -143,17 +141,15 @@ static int64_t first_of(const sess_fold_t *f, int64_t seq) {
   return d ? (int64_t)json_integer_value(d) : seq;
 }
 
-/* Wakes session j, parked, for the newest call its worker runs read here after the park — once
- * per such call: a call its worker never runs after all (another tenant's record read before the
- * session was known, one its reader passed over) leaves it parked at the same seq, and waking it
- * again at each park would cost a slot and a checkpoint each idle period. Not while catching up:
- * the park read then may be long over (lt_api_sessions_on_ready looks once caught up). */
+/* Wakes parked session j for the newest call read here, once per call and park: a call its worker
+ * never runs (another tenant's record read before the session was known) leaves it parked at the
+ * same seq, not woken at each park. Not while catching up (lt_api_sessions_on_ready, after). */
 static void wake_owed(lt_api_t *api, const lt_job_t *j, sess_fold_t *f) {
   if (!f || !j || !j->parked || !api->ready || (f->last_run == f->woken_for && j->parked_seq == f->woken_park)) return;
   if (wake_parked(api, j, f->last_run)) f->woken_for = f->last_run, f->woken_park = j->parked_seq;
 }
 
-/* A SessionWoken ("job:parked_seq") that was not written: the next prune tries again. */
+/* A SessionWoken ("job:parked_seq") not written: the next prune tries again. */
 static void wake_failed(lt_api_t *api, const char *key) {
   const char *colon = strrchr(key, ':');
   char job[LT_ID_MAX + 1];
@@ -322,13 +318,10 @@ static void fold_dup(lt_api_t *api, sess_fold_t *f, const char *job_id, int64_t 
   if (json_object_get(f->calls, key)) wake(api, job_id, first);
 }
 
-/* A call of the session read here, which its worker runs (not another tenant's record of the
- * session, nor a later record of a keyed call): a long poll of it may wake the session, and a
- * session parked before it is woken, by every API that reads both (once per park each). The API
- * that took the call wakes it when it takes it, but only if it had read the park by then; the
- * worker may park a moment after the call is in the log, before it read it, and a client that
- * polls without waiting, or long-polls another API, woke nothing. Not while catching up: the
- * park read then may be long over (lt_api_sessions_on_ready looks once caught up). */
+/* A call of the session read here that its worker runs (not another tenant's record, nor a later
+ * record of a keyed call): a session parked before it is woken (wake_owed). The worker may park a
+ * moment after the call reached the log, before it read it; the API that took it then woke
+ * nothing, nor did a poll without wait or a long poll on another API. */
 static void call_seen(lt_api_t *api, sess_fold_t *f, const char *job_id, const char *tenant, int64_t seq) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && strcmp(j->tenant_id, tenant) != 0) return;
@@ -569,9 +562,7 @@ void lt_api_sessions_on_job(lt_api_t *api, const char *job_id) {
   lt_api_early_release(api, job_id);
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
   if (j && lt_job_state_is_terminal(j->state) && api->waiters) wake(api, job_id, -1);
-  /* parked: a call read here after the one it parked after wakes it, whether a client waits for
-   * it or not (call_seen) */
-  if (j && j->parked) {
+  if (j && j->parked) { /* a call read here after the park wakes it, whoever waits (call_seen) */
     wake_owed(api, j, fold_of(api, job_id, false));
   } else if (j) { /* woken (or dispatched): a later park at the same seq is another park */
     char key[LT_ID_MAX + 32];

@@ -563,6 +563,10 @@ def idle(lathed, env, key, keyed=None, key_a=None):
             except lathe_client.CallFailed as e:
                 ended += e.code == "session_ended"
         check(ended >= 1, f"calls it did not run answer session_ended ({ended} of {len(late)})")
+        gone = tc.delete()
+        code, _ = http(f"http://127.0.0.1:{port}", key, "GET", f"/v1/sessions/{tc.id}")
+        check(gone.get("deleted") is True and code == 410,
+              f"the client deletes the finished session ({gone.get('objects_deleted')} objects), then 410 ({code})")
     except BaseException:
         kid.dump()
         raise

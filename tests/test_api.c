@@ -1020,6 +1020,63 @@ Test(api, a_session_parked_after_a_call_it_had_not_read_is_woken_with_nobody_wai
   lt_test_tail_close(t);
 }
 
+/* Objects under a prefix of the bucket (the first page: enough for a test's few). */
+static lt_err_t count_object(void *ctx, const char *key, const lt_store_info_t *info);
+static int objects_under(const char *where) {
+  lt_store_t *st = lt_test_store();
+  char next[2048] = "";
+  int n = 0;
+  lt_err_t e = lt_store_list(st, where, "", 0, count_object, &n, next, sizeof next, err, sizeof err);
+  lt_store_destroy(st);
+  cr_assert_eq(e, LT_OK, "%s", err);
+  return n;
+}
+
+/* A finished session is deleted (DELETE /v1/sessions/{id}?purge=true) as a finished job is: before,
+ * a session could only be ended, and what it made (its adapter, checkpoints, saved states, its
+ * calls' bodies and results) stayed in the store, counted against the tenant's quota. A live
+ * session is 409 and keeps everything, another tenant's is 404; once deleted its routes answer 410,
+ * the listing leaves it out, and its calls' bodies are gone at once (not after the GC's hour). */
+Test(api, a_finished_session_is_deleted_with_everything_it_made) {
+  char sess[64], path[200], where[200];
+  pending_call(ca, sess);
+  snprintf(where, sizeof where, "sessions/%s/%s/", tenant_a, sess);
+  cr_assert_geq(objects_under(where), 1, "the call's body is not in the store");
+  snprintf(path, sizeof path, "/v1/sessions/%s?purge=maybe", sess);
+  expect_error(ca, "DELETE", path, NULL, 400, "invalid");
+  snprintf(path, sizeof path, "/v1/sessions/%s?purge=true", sess);
+  expect_error(ca, "DELETE", path, NULL, 409, "conflict");
+  expect_error(cb, "DELETE", path, NULL, 404, "not_found");
+  cr_assert_geq(objects_under(where), 1, "a refused delete deleted the call's body");
+  produce_job_cancelled(sess, tenant_a);
+  char show[160];
+  snprintf(show, sizeof show, "/v1/sessions/%s", sess);
+  lt_client_resp_t r = {0};
+  lt_test_wait_until((lt_client_resp_free(&r), r = req(ca, "GET", show, NULL),
+                      json_string_value(json_object_get(r.json, "state")) &&
+                          strcmp(json_string_value(json_object_get(r.json, "state")), "cancelled") == 0),
+                     15000, 100, "the session never read as cancelled: %s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "DELETE", path, NULL);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  cr_expect(json_is_true(json_object_get(r.json, "deleted")), "%s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(count_records("artifacts", "JobDeleted", sess), 1);
+  cr_expect_eq(objects_under(where), 0, "the session's calls' bodies are still in the store");
+  expect_error(ca, "GET", show, NULL, 410, "gone");
+  char calls[200];
+  snprintf(calls, sizeof calls, "/v1/sessions/%s/calls", sess);
+  expect_error(ca, "POST", calls, "{\"kind\":\"optim_step\",\"adam\":{\"lr\":0.001}}", 410, "gone");
+  expect_error(ca, "DELETE", show, NULL, 410, "gone");
+  r = req(ca, "GET", "/v1/sessions", NULL);
+  cr_expect(r.status == 200 && !strstr(r.body, sess), "the listing still shows the deleted session: %s", r.body);
+  lt_client_resp_free(&r);
+  r = req(ca, "DELETE", path, NULL); /* again: finishes a deletion, changes nothing more */
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(count_records("artifacts", "JobDeleted", sess), 1, "a second JobDeleted");
+}
+
 /* One tenant's held requests (long polls of its sessions' calls, event streams) take at most a
  * quarter of max_connections: before, a tenant within its rate limits could hold every connection
  * open (a long poll waits up to 60 s, a stream for as long as its job runs), and every other

@@ -72,7 +72,7 @@ static const lt_api_route_t routes[] = {
     {EVHTTP_REQ_POST, "/v1/sessions", lt_api_sessions_create, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_GET, "/v1/sessions", lt_api_sessions_list, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}", lt_api_sessions_show, LT_API_SLOT_SESSIONS},
-    {EVHTTP_REQ_DELETE, "/v1/sessions/{id}", lt_api_sessions_end, LT_API_SLOT_SESSIONS},
+    {EVHTTP_REQ_DELETE, "/v1/sessions/{id}", lt_api_sessions_delete, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_POST, "/v1/sessions/{id}/cancel", lt_api_jobs_cancel, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_POST, "/v1/sessions/{id}/calls", lt_api_sessions_call, LT_API_SLOT_SESSIONS},
     {EVHTTP_REQ_GET, "/v1/sessions/{id}/calls/{name}", lt_api_sessions_call_show, LT_API_SLOT_SESSIONS},

@@ -27,6 +27,13 @@ bool lt_api_job_deleted(lt_api_t *api, const char *job_id) {
   return json_object_get(lt_proj_job_info(api->proj, job_id), "deleted") != NULL;
 }
 
+bool lt_api_job_gone(lt_api_call_t *c, const char *what) {
+  if (!lt_api_job_deleted(c->api, c->job->job_id) || evhttp_request_get_command(c->req) == EVHTTP_REQ_DELETE)
+    return false;
+  lt_api_reply_error(c->req, 410, "gone", NULL, "%s %s was deleted", what, c->job->job_id);
+  return true;
+}
+
 typedef struct delete_task {
   struct evhttp_request *req;
   lt_api_t *api;
@@ -56,6 +63,8 @@ static void delete_work(void *ctx) {
   t->err = delete_prefix(t, prefix, dek_key);
   snprintf(prefix, sizeof prefix, "staging/%s/%s/", t->tenant, t->job);
   if (!t->err) t->err = delete_prefix(t, prefix, NULL);
+  snprintf(prefix, sizeof prefix, "sessions/%s/%s/", t->tenant, t->job); /* a session's calls and results */
+  if (!t->err && lt_api_is_session_id(t->job)) t->err = delete_prefix(t, prefix, NULL);
 }
 
 static void delete_after(lt_api_t *api, void *ctx) {
@@ -132,4 +141,30 @@ void lt_api_jobs_delete(lt_api_call_t *c) {
     free(t);
     lt_api_reply_err(c->req, LT_ERR_UNAVAILABLE, NULL, "the broker cannot take the deletion now; retry");
   }
+}
+
+/* DELETE /v1/sessions/{id}: the session's end (lt_api_sessions_end); with purge=true, a finished
+ * session is deleted as a finished job is — JobDeleted, then its adapter's key, its artifacts,
+ * its checkpoints and saved states, its calls' bodies and results. A live one is 409: end or
+ * cancel it first (the same rule as a job's, for the same reason). */
+void lt_api_sessions_delete(lt_api_call_t *c) {
+  struct evkeyvalq q;
+  lt_api_parse_query(c->req, &q);
+  const char *v = lt_api_query(&q, "purge");
+  bool purge = v && strcmp(v, "true") == 0, bad = v && !purge && strcmp(v, "false") != 0;
+  evhttp_clear_headers(&q);
+  const lt_job_t *j = c->job;
+  if (bad)
+    lt_api_reply_error(c->req, 400, "invalid", "purge", "purge must be true or false");
+  else if (lt_api_job_deleted(c->api, j->job_id) && !purge)
+    lt_api_reply_error(c->req, 410, "gone", NULL, "session %s was deleted", j->job_id);
+  else if (!purge)
+    lt_api_sessions_end(c);
+  else if (!lt_job_state_is_terminal(j->state))
+    lt_api_reply_error(c->req, 409, "conflict", NULL,
+                       "session %s is %s: only a finished session is deleted; end it (DELETE /v1/sessions/%s) or "
+                       "cancel it (POST /v1/sessions/%s/cancel) first",
+                       j->job_id, lt_job_state_name(j->state), j->job_id, j->job_id);
+  else
+    lt_api_jobs_delete(c);
 }

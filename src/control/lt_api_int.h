@@ -416,6 +416,11 @@ void lt_api_jobs_cancel(lt_api_call_t *c);
 void lt_api_jobs_delete(lt_api_call_t *c); /* lt_api_delete.c */
 /* True once the job's JobDeleted was folded (lt_api_delete.c). */
 bool lt_api_job_deleted(lt_api_t *api, const char *job_id);
+/* c->job ("job" or "session", what) was deleted and the request is not the DELETE that finishes it:
+ * 410 is answered, true. */
+bool lt_api_job_gone(lt_api_call_t *c, const char *what);
+/* DELETE /v1/sessions/{id}: its end, or with purge=true a finished session deleted (lt_api_delete.c). */
+void lt_api_sessions_delete(lt_api_call_t *c);
 void lt_api_jobs_checkpoints(lt_api_call_t *c); /* the committed checkpoints, oldest first */
 void lt_api_jobs_artifacts(lt_api_call_t *c); /* the list, or one artifact's bytes with {name} */
 

@@ -96,11 +96,7 @@ bool lt_api_jobs_resolve(lt_api_call_t *c) {
   /* A session is a job too, but its routes are /v1/sessions (lt_api_sessions.c). */
   c->job = lt_id_valid(c->id) && !lt_api_is_session_id(c->id) ? own_job(c->api, c->tenant, c->id) : NULL;
   /* A deleted job is gone on every route; DELETE again finishes a deletion a failure cut short. */
-  if (c->job && lt_api_job_deleted(c->api, c->job->job_id) &&
-      evhttp_request_get_command(c->req) != EVHTTP_REQ_DELETE) {
-    lt_api_reply_error(c->req, 410, "gone", NULL, "job %s was deleted", c->job->job_id);
-    return false;
-  }
+  if (c->job && lt_api_job_gone(c, "job")) return false;
   if (c->job) return true;
   lt_api_reply_error(c->req, 404, "not_found", NULL, "no job %s for this tenant", lt_id_valid(c->id) ? c->id : "(invalid id)");
   return false;

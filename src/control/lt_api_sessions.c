@@ -645,10 +645,8 @@ lt_err_t lt_api_sessions_start(lt_api_t *api, char *errstr, size_t n) {
 bool lt_api_sessions_resolve(lt_api_call_t *c) {
   const lt_job_t *j = lt_id_valid(c->id) && lt_api_is_session_id(c->id) ? lt_job_get(lt_proj_jobs(c->api->proj), c->id)
                                                                         : NULL;
-  if (j && strcmp(j->tenant_id, c->tenant->tenant_id) == 0) {
-    c->job = j;
-    return true;
-  }
+  if (j && strcmp(j->tenant_id, c->tenant->tenant_id) == 0) c->job = j;
+  if (c->job) return !lt_api_job_gone(c, "session"); /* deleted: 410, but to the DELETE that finishes it */
   lt_api_reply_error(c->req, 404, "not_found", NULL, "no session %s for this tenant",
                      lt_id_valid(c->id) ? c->id : "(invalid id)");
   return false;

@@ -175,6 +175,13 @@ class TrainingClient:
         _, r = self._http.request("POST", self._path + "/cancel", idempotent=True)
         return r or {}
 
+    def delete(self) -> Dict[str, Any]:
+        """Deletes the finished session and everything it made: its adapter (its key first),
+        checkpoints, saved states, calls' bodies and results (DELETE ?purge=true). A session not
+        finished is refused (409): end() or cancel() it and wait_until() it first. Idempotent."""
+        _, r = self._http.request("DELETE", self._path + "?purge=true", idempotent=True)
+        return r or {}
+
     def wait_until(self, states: Iterable[str] = ("completed", "cancelled", "failed"),
                    timeout: float = 600.0, poll: float = 1.0) -> Dict[str, Any]:
         """Polls state() until the session is in one of states; CallTimeout after timeout s."""

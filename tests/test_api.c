@@ -109,6 +109,7 @@ static void wait_key(lt_client_t *c) {
 
 static void produce_json(const char *base, const char *type, const char *key, json_t *obj);
 static void produce_job_cancelled(const char *job_id, const char *tenant);
+static json_int_t pending_call(lt_client_t *c, char sess[64]);
 
 static const char *valid_jsonl = "{\"prompt\":\"Say hi\",\"completion\":\"hi\"}\n"
                                  "{\"prompt\":\"2+2?\",\"completion\":\"4\"}\n";
@@ -442,8 +443,9 @@ Test(api, one_revoked_key_is_refused_and_the_tenants_other_keys_keep_working) {
 }
 
 /* A member key works the tenant's data but cannot delete it: DELETE of a dataset (or of its
- * /v1/files alias) is 403 whatever the id, of one of the tenant's finished jobs 403 (another
- * tenant's job is 404, as on every route), and nothing is gone; the admin key deletes both. */
+ * /v1/files alias) is 403 whatever the id, of one of the tenant's finished jobs or sessions 403
+ * (another tenant's job is 404, as on every route), and nothing is gone; the admin key deletes
+ * them. */
 Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   char key[128], ds[64], spare[64], job[64], path[256];
   lt_client_t *cm = key_client("member", key);
@@ -485,6 +487,23 @@ Test(api, a_member_key_cannot_delete_datasets_or_jobs) {
   cr_expect_eq(r.status, 200, "the admin key's DELETE of the job: %d %s", r.status, r.body);
   lt_client_resp_free(&r);
   cr_expect_eq(lt_test_get_status(cm, path, NULL, 0), 410, "the job is deleted");
+  /* A finished session of the member's: ending one is a member's, deleting it is not. */
+  char sess[64], show[160], purge[200];
+  pending_call(cm, sess);
+  produce_job_cancelled(sess, tenant_a);
+  snprintf(show, sizeof show, "/v1/sessions/%s", sess);
+  lt_test_wait_until(lt_test_get_status(cm, show, body, sizeof body) == 200 && strstr(body, "\"cancelled\""), 20000, 100,
+                     "the session never showed as cancelled: %s", body);
+  snprintf(purge, sizeof purge, "/v1/sessions/%s?purge=true", sess);
+  r = req(cm, "DELETE", purge, NULL);
+  cr_expect_eq(r.status, 403, "a member key's purge of a session: %d %s", r.status, r.body);
+  cr_expect(strstr(r.body, "member key") && strstr(r.body, "admin key"), "%s", r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(lt_test_get_status(cm, show, NULL, 0), 200, "the member's purge deleted the session");
+  r = req(ca, "DELETE", purge, NULL);
+  cr_expect_eq(r.status, 200, "the admin key's purge of the session: %d %s", r.status, r.body);
+  lt_client_resp_free(&r);
+  cr_expect_eq(lt_test_get_status(cm, show, NULL, 0), 410, "the session is deleted");
   lt_client_destroy(cm);
 }
 

@@ -102,7 +102,8 @@ static const lt_api_route_t routes[] = {
  * made for automation, gets 403 and nothing is touched). What each does, for the answer. A member
  * key may still cancel a job or end a session, whose checkpoints go when the publisher cleans up
  * after them, abort an upload, and deny or revoke staff access: those stop work or close a door,
- * as automation must be able to. */
+ * as automation must be able to. (DELETE /v1/sessions/{id} ends a session for a member key; with
+ * purge=true it deletes one, an admin key's alone: lt_api_sessions_delete checks.) */
 static const struct {
   int method;
   const char *path, *what;

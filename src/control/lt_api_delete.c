@@ -154,8 +154,14 @@ void lt_api_sessions_delete(lt_api_call_t *c) {
   bool purge = v && strcmp(v, "true") == 0, bad = v && !purge && strcmp(v, "false") != 0;
   evhttp_clear_headers(&q);
   const lt_job_t *j = c->job;
+  const lt_tenant_key_t *k = lt_tenant_key(c->tenant, c->key_id);
   if (bad)
     lt_api_reply_error(c->req, 400, "invalid", "purge", "purge must be true or false");
+  else if (purge && (!k || k->role != LT_TENANT_ROLE_ADMIN)) /* as DELETE /v1/jobs/{id} (lt_api.c) */
+    lt_api_reply_error(c->req, 403, "forbidden", NULL,
+                       "API key %s of tenant %s is a %s key, and deleting a session shreds its adapter, checkpoints "
+                       "and calls: that needs one of the tenant's admin keys (an operator makes one)",
+                       c->key_id, c->tenant->tenant_id, k ? lt_tenant_role_name(k->role) : "unknown");
   else if (lt_api_job_deleted(c->api, j->job_id) && !purge)
     lt_api_reply_error(c->req, 410, "gone", NULL, "session %s was deleted", j->job_id);
   else if (!purge)

@@ -920,10 +920,6 @@ static void gc_visit_artifact(gc_ctx_t *g, const char *job, const char *key) {
 static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info) {
   gc_ctx_t *g = ctx;
   int64_t grace = g->p->conf.gc_grace_ms;
-  if (g->kind != GC_ARTIFACTS && g->now_ms - info->mtime * 1000 < grace) {
-    g->kept++;
-    return LT_OK; /* young: a checkpoint may be uploading, its commit not yet written */
-  }
   char job[LT_ID_MAX + 1];
   const char *s = key + g->plen, *slash = strchr(s, '/');
   size_t jl = slash ? (size_t)(slash - s) : strlen(s);
@@ -937,14 +933,15 @@ static lt_err_t gc_visit(void *ctx, const char *key, const lt_store_info_t *info
   const lt_job_t *j = lt_job_get(lt_proj_jobs(g->p->proj), job);
   json_t *jinfo = j ? lt_proj_job_info(g->p->proj, job) : NULL;
   bool keep = false;
-  if (!j) /* not folded yet: only a dispatched job has staging, only a known session calls, so its
-           * records are on their way (this publisher lags on a topic: chaos seed 2001) */
+  if (json_object_get(jinfo, "deleted")) /* by its tenant: nothing of it stays, however young (a */
+    keep = false;                         /* cancelled session's last result, written after it) */
+  else if (g->now_ms - info->mtime * 1000 < grace)
+    keep = true; /* young: a checkpoint may be uploading, its commit not yet written */
+  else if (!j) /* not folded yet: only a dispatched job has staging, only a known session calls, so
+                * its records are on their way (this publisher lags on a topic: chaos seed 2001) */
     keep = true;
   else if (g->kind == GC_SESSIONS) /* a session's calls and results: kept while it lives, then for the grace */
-    keep = !json_object_get(jinfo, "deleted") &&
-           (!lt_job_state_is_terminal(j->state) || g->now_ms - j->ended_at_ms < grace);
-  else if (json_object_get(jinfo, "deleted"))
-    keep = false; /* deleted by its tenant: nothing of it stays */
+    keep = !lt_job_state_is_terminal(j->state) || g->now_ms - j->ended_at_ms < grace;
   else if (!lt_job_state_is_terminal(j->state))
     keep = named_by_checkpoint(jinfo, key) || retained(g->p, job, key) || maybe_uncommitted(j, slash);
   else if (j->state == LT_JOB_COMPLETED)

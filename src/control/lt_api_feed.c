@@ -171,14 +171,10 @@ static bool caught_up(lt_api_t *api) {
 /* A job deleted (here or on another API): the sampler beside this API drops the job's adapters
  * from its cache, zeroed, rather than keeping the tenant's weights until they are evicted. */
 static void forget_adapters(lt_api_t *api, const lt_proj_result_t *res) {
-  const lt_sample_ops_t *ops = api->conf.sampler;
   const char *job_id = NULL;
-  if (!ops || !ops->forget || lt_avro_get_string(res->record, "job_id", &job_id, NULL) || !job_id) return;
+  if (!api->conf.sampler || lt_avro_get_string(res->record, "job_id", &job_id, NULL) || !job_id) return;
   const lt_job_t *j = lt_job_get(lt_proj_jobs(api->proj), job_id);
-  if (!j) return;
-  char id[2 * LT_ID_MAX + 2];
-  snprintf(id, sizeof id, "%s/%s", j->tenant_id, j->job_id);
-  ops->forget(ops->ctx, id);
+  if (j) lt_api_sample_forget(api, j->tenant_id, j->job_id);
 }
 
 static void on_folded(void *ctx, const lt_proj_result_t *res) {

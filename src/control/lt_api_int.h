@@ -475,6 +475,9 @@ bool lt_api_sample_resolve(lt_api_call_t *c); /* the sampling routes (and /v1/us
 void lt_api_sample_completions(lt_api_call_t *c);
 void lt_api_sample_chat(lt_api_call_t *c);
 void lt_api_sample_models(lt_api_call_t *c);
+/* The job's adapters out of the sampler beside this API (its cache ids are "tenant/job"), zeroed;
+ * nothing without a sampler. */
+void lt_api_sample_forget(lt_api_t *api, const char *tenant_id, const char *job_id);
 /* ---------------------------------------------------------------- events (lt_api_events.c) */
 /* Called for every record the projection folded that concerns a job (SSE fan-out). */
 void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res);

@@ -576,14 +576,19 @@ static void load_work(void *ctx) {
   r->load_err = err;
 }
 
+void lt_api_sample_forget(lt_api_t *api, const char *tenant_id, const char *job_id) {
+  const lt_sample_ops_t *ops = api->conf.sampler;
+  char id[2 * LT_ID_MAX + 2];
+  if (!ops || !ops->forget) return;
+  snprintf(id, sizeof id, "%s/%s", tenant_id, job_id);
+  ops->forget(ops->ctx, id);
+}
+
 static void load_after(lt_api_t *api, void *ctx) {
   sample_req_t *r = ctx;
   if (r->adapter[0] && lt_api_job_deleted(api, r->job_id)) {
     /* deleted while the pool loaded it: the fold's forget came before the adapter was there */
-    const lt_sample_ops_t *ops = api->conf.sampler;
-    char id[2 * LT_ID_MAX + 2];
-    snprintf(id, sizeof id, "%s/%s", r->tenant, r->job_id);
-    if (ops->forget) ops->forget(ops->ctx, id);
+    lt_api_sample_forget(api, r->tenant, r->job_id);
     lt_api_reply_error(r->req, 404, "model_not_found", "model",
                        "the model %s does not exist or you do not have access to it (GET /v1/models lists yours)",
                        r->model);

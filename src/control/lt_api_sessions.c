@@ -149,14 +149,22 @@ static void wake_owed(lt_api_t *api, const lt_job_t *j, sess_fold_t *f) {
   if (wake_parked(api, j, f->last_run)) f->woken_for = f->last_run, f->woken_park = j->parked_seq;
 }
 
+/* A wakes key ("job:parked_seq") taken apart; false for one that is not. */
+static bool wake_key_parse(const char *key, char job[LT_ID_MAX + 1], long long *seq) {
+  const char *colon = strrchr(key, ':');
+  size_t jl = colon ? (size_t)(colon - key) : 0;
+  if (jl == 0 || jl > LT_ID_MAX) return false;
+  memcpy(job, key, jl);
+  job[jl] = '\0';
+  *seq = strtoll(colon + 1, NULL, 10);
+  return true;
+}
+
 /* A SessionWoken ("job:parked_seq") not written: the next prune tries again. */
 static void wake_failed(lt_api_t *api, const char *key) {
-  const char *colon = strrchr(key, ':');
   char job[LT_ID_MAX + 1];
-  if (!colon || (size_t)(colon - key) >= sizeof job) return;
-  memcpy(job, key, (size_t)(colon - key));
-  job[colon - key] = '\0';
-  sess_fold_t *f = fold_of(api, job, false);
+  long long seq;
+  sess_fold_t *f = wake_key_parse(key, job, &seq) ? fold_of(api, job, false) : NULL;
   if (f) f->woken_for = f->woken_park = 0;
 }
 
@@ -594,14 +602,7 @@ void lt_api_sessions_prune(lt_api_t *api) {
   while (n < 64 && lt_map_next(api->wakes, &wt)) {
     char job[LT_ID_MAX + 1];
     long long seq = -1;
-    const char *colon = strrchr(wt.key, ':');
-    size_t jl = colon ? (size_t)(colon - wt.key) : 0;
-    if (jl > 0 && jl < sizeof job) {
-      memcpy(job, wt.key, jl);
-      job[jl] = '\0';
-      seq = strtoll(colon + 1, NULL, 10);
-    }
-    const lt_job_t *j = jl > 0 && jl < sizeof job ? lt_job_get(lt_proj_jobs(api->proj), job) : NULL;
+    const lt_job_t *j = wake_key_parse(wt.key, job, &seq) ? lt_job_get(lt_proj_jobs(api->proj), job) : NULL;
     if (!j || !j->parked || j->parked_seq != seq || lt_job_state_is_terminal(j->state))
       snprintf(stale[n++], sizeof stale[0], "%s", wt.key);
   }

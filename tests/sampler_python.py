@@ -97,6 +97,24 @@ def model_dir(lathe, env):
     return cache
 
 
+def models_with_odd_template(cache, tmp):
+    """The cache's lathe-tiny, and lathe-odd: the same files but a chat template using a float
+    literal, which the server's template subset does not render."""
+    d = os.path.join(tmp, "models")
+    os.makedirs(os.path.join(d, "lathe-odd"))
+    tiny = os.path.join(cache, "lathe-tiny")
+    os.symlink(tiny, os.path.join(d, "lathe-tiny"))
+    for f in os.listdir(tiny):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.join(tiny, f), os.path.join(d, "lathe-odd", f))
+    with open(os.path.join(tiny, "tokenizer_config.json")) as f:
+        conf = json.load(f)
+    conf["chat_template"] = "{% for m in messages %}{{ m['content'] }} {{ 1.5 }}{% endfor %}"
+    with open(os.path.join(d, "lathe-odd", "tokenizer_config.json"), "w") as f:
+        json.dump(conf, f)
+    return d
+
+
 def train_adapter(lathe, env, key, tmp, name, seed):
     """A managed fine-tune of the tiny model on its own task; returns the finished job's id."""
     src = os.path.join(env["LATHE_MODELS_DIR"], "lathe-tiny", "task_train.jsonl")
@@ -360,6 +378,15 @@ def bad_input(sbase, key):
               f"seed {seed} gives the same text four times ({[st for st, _, _ in got]})")
     st, b, _ = complete(sbase, key, {"model": "no-such-model", "prompt": "x"})
     check(st == 404 and b["error"]["field"] == "model", "an unknown model is 404 naming model")
+    # a base model whose chat template the server cannot render: 400 naming model (a 500 would be
+    # retried by clients, to the same answer), and its plain completions are served
+    st, b, _ = http_json(sbase, key, "POST", "/v1/chat/completions",
+                         {"model": "lathe-odd", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    msg = b.get("error", {}).get("message", "")
+    check(st == 400 and b["error"].get("field") == "model" and "floating-point" in msg and "/v1/completions" in msg,
+          f"a chat template outside the subset is 400 naming model and the construct ({st} {msg[:120]})")
+    st, b, _ = complete(sbase, key, {"model": "lathe-odd", "prompt": "date:", "max_tokens": 2})
+    check(st == 200 and len(b.get("choices", [])) == 1, f"that model's plain completions are served ({st})")
     # The tokenizer takes what a completion takes (its work holds the event loop; 8 MiB held it
     # over a second): past that, 413 naming the limit, and the next request is served
     for path, body in (("/v1/tokenize", {"model": "lathe-tiny", "text": "date " * 200000}),
@@ -636,7 +663,7 @@ def main():
     prefix = f"tsam{run_id}."
     env = dict(os.environ, LATHE_KAFKA_BOOTSTRAP=BOOTSTRAP, LATHE_TOPIC_PREFIX=prefix, LATHE_SOURCE_ROOT=ROOT)
     tmp = tempfile.mkdtemp(prefix="lathe-sampler-")
-    env["LATHE_MODELS_DIR"] = model_dir(lathe, env)
+    env["LATHE_MODELS_DIR"] = models_with_odd_template(model_dir(lathe, env), tmp)
     d = None
     try:
         run([lathe, "admin", "topics"], env, "lathe admin topics")

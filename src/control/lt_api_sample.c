@@ -900,7 +900,11 @@ static bool render_chat(lt_api_call_t *c, json_t *body, sample_req_t *r) {
   free(bos);
   free(eos);
   json_decref(norm);
-  if (err) lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "messages" : "model", msg);
+  if (err == LT_ERR_UNSUPPORTED) /* the model's template, not the request: 400, for a 500 is retried */
+    lt_api_reply_error(c->req, 400, "invalid", "model",
+                       "the chat template of the base model %s is outside what this server renders (%s): use "
+                       "/v1/completions", r->base, msg);
+  else if (err) lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "messages" : "model", msg);
   r->sreq.special = true; /* the template's own markers are special tokens */
   return !err;
 }

@@ -394,8 +394,9 @@ Test(sampler, preempted_requests_recompute_the_same_tokens, .timeout = 180) {
 }
 
 /* One request runs at a time: tenant A (weight 2) completes about twice as many as tenant B
- * (weight 1) early on, and a tenant that arrives late is served soon, not after the backlog. */
-Test(sampler, tenants_share_decode_by_weight, .timeout = 120) {
+ * (weight 1) early on, and a tenant that arrives late is served soon, not after the backlog.
+ * Every request is the same work (one prompt, 8 tokens), so completions count shares. */
+Test(sampler, tenants_share_the_batch_by_weight, .timeout = 120) {
   enum { PER = 12 };
   tsampler_t t;
   ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .queue_per_tenant = 64, .queue_total = 128});
@@ -405,7 +406,7 @@ Test(sampler, tenants_share_decode_by_weight, .timeout = 120) {
     rec_init(&r[i], i);
     bool a = i < PER;
     r[i].slow_us = 1000; /* 8 ms a request: the newcomer arrives while the backlog is long */
-    lt_sample_req_t q = req_of(&r[i], a ? "A" : "B", "", k_prompts[i % 3], 8, 0, 1);
+    lt_sample_req_t q = req_of(&r[i], a ? "A" : "B", "", k_prompts[0], 8, 0, 1);
     q.weight = a ? 2 : 1;
     submit_ok(&t, &q);
   }
@@ -481,6 +482,41 @@ Test(sampler, returning_tenant_brings_no_saved_credit, .timeout = 120) {
   pthread_mutex_unlock(&g_order_mu);
   cr_log_info("completion order: %s (C back after %d)", seen, arrived);
   cr_assert(nc <= 2, "C came back after %d completions and took %d of the next 4 (%s)", arrived, nc, seen);
+  ts_close(&t);
+}
+
+static void long_prompt(int tokens, char *out, size_t n);
+
+/* A prompt's rows count on its tenant's clock as decoded tokens do: a tenant sending long prompts
+ * for one token each is admitted no more often than their rows allow. Before, the clock counted
+ * decode alone and such a tenant took nearly every slot (8 of the first 9 completions here). */
+Test(sampler, long_prompts_are_charged_as_decode_is, .timeout = 120) {
+  enum { PER = 8 };
+  static char lp[4096];
+  long_prompt(100, lp, sizeof lp); /* ~100 rows a request of A, ~11 of B (a few prompt, 8 decode) */
+  tsampler_t t;
+  ts_open(&t, (lt_sampler_conf_t){.max_running = 1, .queue_per_tenant = 64, .queue_total = 128});
+  static rec_t r[2 * PER];
+  g_norder = 0;
+  for (int i = 0; i < 2 * PER; i++) { /* A, B, A, B, ...: the first comes in alone */
+    rec_init(&r[i], i);
+    bool a = i % 2 == 0;
+    r[i].slow_us = 1000;
+    lt_sample_req_t q = req_of(&r[i], a ? "A" : "B", "", a ? lp : "the fox ran", a ? 1 : 8, 0, 1);
+    submit_ok(&t, &q);
+  }
+  for (int i = 0; i < 2 * PER; i++) cr_assert(rec_wait(&r[i], -1), "request %d did not finish", i);
+  char seen[64] = "";
+  int na = 0;
+  pthread_mutex_lock(&g_order_mu);
+  cr_assert_eq(g_norder, 2 * PER);
+  for (int k = 0; k < g_norder; k++) seen[k] = g_order[k] % 2 == 0 ? 'A' : 'B';
+  for (int k = 0; k < 9; k++) na += g_order[k] % 2 == 0;
+  pthread_mutex_unlock(&g_order_mu);
+  cr_log_info("completion order: %s", seen);
+  for (int i = 0; i < 2 * PER; i++)
+    cr_assert_eq(r[i].n, i % 2 == 0 ? 1 : 8, "request %d: %d tokens (%s)", i, r[i].n, r[i].finish);
+  cr_assert(na <= 3, "long prompts took %d of the first 9 completions (%s)", na, seen);
   ts_close(&t);
 }
 

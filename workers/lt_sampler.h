@@ -8,8 +8,8 @@
  * - Adapters: loaded by the front from the store (decrypted with the owner's key) into a cache
  *   with a byte budget; the least recently used one no request holds is evicted, and zeroed.
  * - The batch: one thread. Each step it admits queued requests whose prefix fits in the free
- *   blocks (the tenant with the least decode served per unit of weight first), then runs one row
- *   per decoding request plus up to prefill_chunk prompt rows of those still prefilling, of every
+ *   blocks (the tenant with the fewest rows run, prompt and decode, per unit of weight first),
+ *   then runs one row per decoding request plus up to prefill_chunk prompt rows of those still prefilling, of every
  *   adapter, in one lt_serve_step; a request leaves the batch the step it ends. When the cache runs out of
  *   blocks mid-decode, the newest request is preempted: its blocks are freed and it is queued
  *   again at the front, to recompute its prefix later (bit for bit the same: the batch is

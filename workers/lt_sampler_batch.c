@@ -131,8 +131,6 @@ static void emit(lt_sampler_t *s, sreq_t *r, const float *logits) {
   int32_t t = lt_picker_pick(&r->pk, logits, &r->sp, &logp, r->top_logprobs, top_ids, top_logp);
   r->ids[r->nprompt + r->ngen++] = t;
   if (!r->first_us) r->first_us = lt_time_mono_us();
-  stenant_t *tn = lt_sampler_tenant(s, r->tenant);
-  if (tn) tn->served += 1.0 / r->weight;
   bool eos = t == r->base->eos_id;
   bool length = r->ngen >= r->max_tokens || r->nprompt + r->ngen >= r->base->max_positions;
   size_t release, rlen, len;
@@ -189,7 +187,7 @@ static void reap(lt_sampler_t *s) {
 }
 
 /* The queued request to admit next, of a base not in `full`: a preempted one first (it holds
- * decoded work), else the oldest of the tenant with the least decode served per unit of weight.
+ * decoded work), else the oldest of the tenant with the fewest rows run per unit of weight.
  * NULL when none. Under mu. */
 static sreq_t **next_queued(lt_sampler_t *s, const bool *full) {
   sreq_t **best = NULL;
@@ -348,6 +346,15 @@ static void run_step(lt_sampler_t *s, plan_t *pl) {
   for (int i = 0; i < pl->n; i++)
     for (sreq_t *r = s->running; r; r = r->next)
       if (r->seq == pl->rows[i].seq && r->base == b && r->done_pos == pl->rows[i].pos) r->done_pos++;
+  /* Each row is charged to its tenant's clock, a prompt's as a decoded token's: they cost the step
+   * the same, and a clock of decode alone let long prompts with a token or two of output take
+   * the batch (test_sampler). A recompute after preemption is the sampler's doing: not charged. */
+  for (sreq_t *r = s->running; r; r = r->next)
+    if (r->base == b && r->done_pos > r->charged) {
+      stenant_t *tn = lt_sampler_tenant(s, r->tenant);
+      if (tn) tn->served += (r->done_pos - r->charged) / r->weight;
+      r->charged = r->done_pos;
+    }
   for (int i = 0; i < pl->nlogits; i++) {
     sreq_t *r = pl->owner[i];
     if (!r->cancelled) emit(s, r, pl->logits + (size_t)i * b->V); /* else reap frees it */

@@ -56,6 +56,7 @@ typedef struct sreq {
   int32_t *ids;
   int nprompt, ngen, cap;
   int done_pos;     /* positions whose keys and values are in the cache */
+  int charged;      /* positions charged to its tenant's clock (a recompute after preemption is not) */
   int seq;          /* the lt_serve sequence, or -1 (queued) */
   uint64_t order;   /* admission order: the newest is preempted first */
   lt_sample_params_t sp;
@@ -73,10 +74,10 @@ typedef struct sreq {
   struct sreq *next;
 } sreq_t;
 
-/* A tenant with requests in the sampler: its share of decode, by weight. */
+/* A tenant with requests in the sampler: its share of the batch's rows, by weight. */
 typedef struct stenant {
   char id[LT_ID_MAX + 1];
-  double served; /* tokens decoded / weight: the fair-share clock */
+  double served; /* rows run (prompt and decode) / weight: the fair-share clock */
   int inflight;  /* queued + running */
 } stenant_t;
 

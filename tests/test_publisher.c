@@ -901,6 +901,46 @@ Test(publisher, a_deleted_job_is_never_published_and_its_staging_objects_go) {
   for (int i = 0; i < ck.n; i++) cr_expect(!object_exists(ck.keys[i]), "%s is collected", ck.keys[i]);
 }
 
+static bool tried_or_refused(lt_publisher_t *p) {
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  return s.ready && (s.retries >= 2 || s.rejected > 0);
+}
+
+/* A DELETE removes a job's objects once its JobDeleted is on the log: a publisher promoting the
+ * job may find a staged object gone before its fold reads the JobDeleted. It tries again, finds
+ * the job deleted, and refuses nothing; before, it dead-lettered the customer's delete at once.
+ * A staged object missing from a job that was not deleted is still refused, after its tries. */
+Test(publisher, a_job_deleted_while_it_is_promoted_is_not_dead_lettered) {
+  ckpt_t ck[2];
+  completed_job("job-gone", 10, &ck[0]);
+  completed_job("job-lost", 10, &ck[1]);
+  for (int i = 0; i < 2; i++) cr_assert_eq(lt_store_delete(store, ck[i].keys[0], err, sizeof err), LT_OK, "%s", err);
+  lt_publisher_t *p = start(store, NULL, 0);
+  cr_assert(run(p, 60000, tried_or_refused), "the publisher did not try the jobs");
+  lt_publisher_stats_t s;
+  lt_publisher_stats(p, &s);
+  cr_expect_eq(s.rejected, 0, "refused at the first try: %s", s.last_errmsg);
+  lt_avro_record_t *rec = rec_new("JobDeleted", "job-gone");
+  cr_assert_eq(lt_avro_set_string(rec, "requested_by", "customer"), LT_OK);
+  char topic_artifacts[256];
+  lt_bus_topic_name(bus, "artifacts", topic_artifacts, sizeof topic_artifacts);
+  send_rec(rec, topic_artifacts, "job-gone");
+  cr_assert(run(p, 60000, settled), "the publisher did not settle");
+  lt_publisher_stats(p, &s);
+  lt_publisher_destroy(p);
+  cr_expect_eq(s.published, 0);
+  cr_expect_eq(s.rejected, 1, "the job not deleted is refused, the deleted one is not (%llu)",
+               (unsigned long long)s.rejected);
+  json_t *dead = read_records("deadletter", "DeadLetter", "job-gone");
+  cr_expect_eq(json_array_size(dead), 0, "the deleted job is dead-lettered");
+  json_decref(dead);
+  dead = read_records("deadletter", "DeadLetter", "job-lost");
+  cr_expect_eq(json_array_size(dead), 1, "the job whose object is lost is dead-lettered once");
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(dead, 0), "error_code")), "LT_ERR_NOT_FOUND");
+  json_decref(dead);
+}
+
 /* A publisher promoting a job while its tenant's DELETE removed the job's objects writes them,
  * and the job's key, after the DELETE: the deleted job's artifacts decrypt again for whoever
  * holds the store. Stood in for by a job published, then deleted with no DELETE's objects

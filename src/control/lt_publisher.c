@@ -671,6 +671,10 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   const lt_job_t *j = lt_job_get(lt_proj_jobs(p->proj), t->job_id);
   if (!j || j->state != LT_JOB_COMPLETED) return DONE; /* terminal states do not change: cannot happen */
   json_t *info = lt_proj_job_info(p->proj, t->job_id);
+  if (json_object_get(info, "deleted")) { /* by its tenant: nothing of it is published, or refused */
+    JLOG(t->job_id, "job %s: deleted by its tenant: not published", t->job_id);
+    return DONE;
+  }
   json_t *ck = info ? json_object_get(info, "checkpoint") : NULL;
   const char *ck_ev = json_string_value(json_object_get(p->ckpt_ev, t->job_id));
   if (!ck || !ck_ev || !j->ckpt_final || j->ckpt_attempt != j->attempt ||
@@ -688,10 +692,6 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   if (*csha && strcmp(csha, jstr(ck, "sha256")) != 0) {
     snprintf(why, sizeof why, "JobCompleted says checkpoint sha256 %s, the commit says %s", csha, jstr(ck, "sha256"));
     return reject(p, t, LT_ERR_CORRUPT, why);
-  }
-  if (json_object_get(info, "deleted")) {
-    JLOG(t->job_id, "job %s: deleted by its tenant: not published", t->job_id);
-    return DONE;
   }
   json_t *pub = json_object_get(info, "published");
   if (pub) {
@@ -740,7 +740,10 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
   lt_crypto_dek_destroy(adek);
   step_t st;
   if (err) {
-    bool for_good = err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || err == LT_ERR_NOT_FOUND;
+    /* A staged object missing is refused for good, but at the fourth try (3.5 s on): a DELETE of
+     * the job removes its objects once its JobDeleted is on the log, which this fold may not have
+     * read yet; a later try finds the job deleted, and no dead letter tells of a customer's delete. */
+    bool for_good = err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || (err == LT_ERR_NOT_FOUND && t->tries >= 3);
     st = for_good ? reject(p, t, err, why) : retry(p, t, err, why);
   } else {
     /* j points into the job table, which the fold in publish_record may grow: copy what it needs. */

@@ -793,6 +793,66 @@ Test(api_data, deleting_a_finished_job_shreds_its_key_deletes_its_objects_and_st
   lt_crypto_kek_destroy(kek);
 }
 
+/* A download under way when its job is deleted is cut once the API folds the JobDeleted: the
+ * store goes on serving a read begun before the objects were removed (S3Proxy reads an unlinked
+ * file to its end), and before, the rest of the artifact reached the client after the DELETE
+ * had answered. */
+Test(api_data, a_download_under_way_is_cut_when_its_job_is_deleted) {
+  start_api((const char *const[]){"LATHE_API_DOWNLOAD_WINDOW=262144", NULL});
+  lt_crypto_kek_t *kek;
+  lt_keyring_t *kr = NULL;
+  cr_assert_eq(lt_crypto_kek_from_text(&kek, "master-1", MASTER_KEY, err, sizeof err), LT_OK, "%s", err);
+  const lt_crypto_dek_t *dek = tenant_dek(kek, &kr);
+  lt_store_t *store = lt_test_store();
+  char job[64], key[512], path[256];
+  a_job(job, sizeof job);
+  produce("control", "JobRejected",
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:n,s:s,s:s,s:n}", "event_id", job, "occurred_at", 1, "producer", "test",
+                    "job_id", job, "tenant_id", tenant_a, "submitted_event_id", "code", "invalid", "reason", "test",
+                    "field"));
+  size_t len = 32 * MIB;
+  uint8_t *data = malloc(len);
+  cr_assert_eq(lt_crypto_random(data, len), LT_OK);
+  json_t *arts = json_array();
+  seal_artifact(store, dek, job, "adapter_model.safetensors", data, len, key, sizeof key, arts);
+  free(data);
+  publish(job, arts);
+  json_decref(arts);
+  char seen[4096] = "";
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, seen, sizeof seen) == 200 && strstr(seen, "\"rejected\""), 20000, 100,
+                     "the job never showed as rejected: %s", seen);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts", job);
+  lt_test_wait_until(lt_test_get_status(ca, path, seen, sizeof seen) == 200 && strstr(seen, "adapter_model"), 20000,
+                     100, "the artifact never showed: %s", seen);
+  snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_model.safetensors", job);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                          .sin_port = htons((uint16_t)atoi(strrchr(url, ':') + 1))};
+  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  char head[1024], buf[65536];
+  int hl = snprintf(head, sizeof head, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, key_a);
+  cr_assert_eq(write(fd, head, (size_t)hl), hl);
+  size_t got = 0;
+  while (got < 1u << 20) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    cr_assert_gt(n, 0, "the download ended after %zu bytes", got);
+    got += (size_t)n;
+  }
+  /* The client stops reading; the owner deletes the job, and the API has folded it (410). */
+  cr_assert_eq(status_of(ca, "DELETE", "/v1/jobs/%s", job), 200);
+  int st = 0;
+  lt_test_wait_until((st = status_of(ca, "GET", "/v1/jobs/%s", job)) == 410, 20000, 100, "GET after DELETE: %d", st);
+  for (ssize_t n; got < len && (n = read(fd, buf, sizeof buf)) > 0;) got += (size_t)n; /* whole: no EOF (keep-alive) */
+  close(fd);
+  cr_expect_lt(got, len, "%zu bytes of the %zu-byte artifact reached the client after its job was deleted", got, len);
+  cr_log_info("the download was cut after %zu of %zu bytes", got, len);
+  cr_expect_eq(lt_test_get_status(ca, "/v1/jobs", NULL, 0), 200, "the API is still there");
+  lt_store_destroy(store);
+  lt_keyring_destroy(kr);
+  lt_crypto_kek_destroy(kek);
+}
+
 /* ---------------------------------------------------------------- the storage quota */
 
 Test(api_data, a_tenant_at_its_storage_quota_gets_413_naming_quota_and_usage_and_nothing_more_is_stored) {

@@ -590,7 +590,8 @@ static void stream_to(lt_api_t *api, read_t *r, const char *dek_key, bool own_ke
     snprintf(g.request_id, sizeof g.request_id, "%s", r->request_id);
     snprintf(g.staff, sizeof g.staff, "%s", r->staff);
     snprintf(g.resource, sizeof g.resource, "%s", r->resource);
-    lt_api_download_start_granted(api, r->req, dek, dek_key, own_key, r->object_key, r->bytes, type, &g);
+    lt_api_download_start_granted(api, r->req, dek, dek_key, own_key, r->object_key, r->bytes, type,
+                                  r->dataset[0] ? NULL : r->job, &g);
   }
   free(r);
 }

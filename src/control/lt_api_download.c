@@ -20,7 +20,9 @@
  *
  * A staff read carries its grant: no piece goes out once the grant no longer holds, and the
  * connection is cut as soon as the API learns it was revoked (a folded access record) or sees it
- * ran out (the tick), whether or not the client is reading. */
+ * ran out (the tick), whether or not the client is reading. So is a download of a deleted job's
+ * artifact once the API folds the JobDeleted: the store may go on serving a GET begun before the
+ * objects were removed, and the tenant asked for nothing of the job to leave after its DELETE. */
 #include "lt_api_int.h"
 #include "lt_log.h"
 #include "lt_time.h"
@@ -39,6 +41,7 @@ struct lt_api_download {
   struct evhttp_request *req;
   struct evhttp_connection *evcon;
   char tenant[LT_ID_MAX + 1];
+  char job[LT_ID_MAX + 1]; /* whose artifact ("": a dataset) */
   char key[LT_STORE_KEY_MAX + 1];
   char dek_key[LT_STORE_KEY_MAX + 1]; /* the job's wrapped artifact key */
   char content_type[64];
@@ -222,17 +225,24 @@ static bool reply_start(lt_api_download_t *d, bool have, bool finished, lt_err_t
   return true;
 }
 
-/* A staff read whose grant was revoked or ran out: its connection is cut now, as a client that
- * leaves does (on_closed stops the thread; the download ends once it has). True when it was. */
+/* A staff read whose grant was revoked or ran out, or a download of a job deleted since it
+ * started: its connection is cut now, as a client that leaves does (on_closed stops the thread;
+ * the download ends once it has). True when it was. */
 static bool cut_ungranted(lt_api_download_t *d) {
   char why[512];
   const lt_access_req_t *q;
-  if (!d->granted || d->gone ||
-      !lt_access_check(d->api->access, d->grant.request_id, d->grant.staff, d->grant.resource, lt_time_wall_ms(), &q,
-                       why, sizeof why))
+  if (d->gone) return false;
+  if (d->job[0] && lt_api_job_deleted(d->api, d->job)) {
+    lt_log_info("api", "download of %s cut: job %s was deleted", d->key, d->job);
+    d->api->stats.downloads_cut_deleted++;
+  } else if (d->granted && lt_access_check(d->api->access, d->grant.request_id, d->grant.staff, d->grant.resource,
+                                           lt_time_wall_ms(), &q, why, sizeof why)) {
+    lt_log_info("api", "staff read of %s under access request %s cut: %s", d->grant.resource, d->grant.request_id,
+                why);
+    d->api->stats.staff_reads_cut++;
+  } else {
     return false;
-  lt_log_info("api", "staff read of %s under access request %s cut: %s", d->grant.resource, d->grant.request_id, why);
-  d->api->stats.staff_reads_cut++;
+  }
   lt_api_door_on_close(d->api, d->evcon, NULL, NULL);
   on_closed(d);
   evhttp_connection_free(d->evcon); /* frees the request too */
@@ -310,13 +320,13 @@ bool lt_api_download_room(lt_api_t *api, struct evhttp_request *req, const char 
 }
 
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
-                           bool own_key, const char *key, uint64_t bytes, const char *content_type) {
-  lt_api_download_start_granted(api, req, dek, dek_key, own_key, key, bytes, content_type, NULL);
+                           bool own_key, const char *key, uint64_t bytes, const char *content_type, const char *job) {
+  lt_api_download_start_granted(api, req, dek, dek_key, own_key, key, bytes, content_type, job, NULL);
 }
 
 void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek,
                                    const char *dek_key, bool own_key, const char *key, uint64_t bytes,
-                                   const char *content_type, const lt_api_grant_t *g) {
+                                   const char *content_type, const char *job, const lt_api_grant_t *g) {
   /* A request whose client left while it waited (a staff read waits for its audit record) has
    * no connection any more: answering frees it. */
   if (!evhttp_request_get_connection(req)) {
@@ -337,6 +347,7 @@ void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, co
   d->own_key = own_key;
   d->bytes = bytes;
   snprintf(d->tenant, sizeof d->tenant, "%s", tenant);
+  snprintf(d->job, sizeof d->job, "%s", job ? job : "");
   snprintf(d->key, sizeof d->key, "%s", key);
   snprintf(d->dek_key, sizeof d->dek_key, "%s", dek_key);
   snprintf(d->content_type, sizeof d->content_type, "%s", content_type);

@@ -180,7 +180,10 @@ static void forget_adapters(lt_api_t *api, const lt_proj_result_t *res) {
 static void on_folded(void *ctx, const lt_proj_result_t *res) {
   lt_api_t *api = ctx;
   if (res->type && strcmp(res->type, "PrimitiveCompleted") == 0) lt_api_sessions_on_record(api, res);
-  if (res->type && strcmp(res->type, "JobDeleted") == 0 && res->record) forget_adapters(api, res);
+  if (res->type && strcmp(res->type, "JobDeleted") == 0 && res->record) {
+    forget_adapters(api, res);
+    lt_api_download_recheck(api); /* its downloads in progress are cut */
+  }
   if (res->job_id && res->job_outcome == LT_JOB_APPLIED) lt_api_sessions_on_job(api, res->job_id);
   if (res->job_id || (res->type && (strcmp(res->type, "StepCompleted") == 0 || strcmp(res->type, "EvalCompleted") == 0 ||
                                     strcmp(res->type, "ArtifactPublished") == 0 ||

@@ -75,6 +75,7 @@ typedef struct lt_api_stats {
   uint64_t refused; /* signed records (TenantUpserted, Access*) refused for a missing or wrong MAC */
   uint64_t rate_limited, over_connections, pages_rewritten; /* the front door's refusals */
   uint64_t staff_reads_cut; /* staff reads cut mid-stream: their grant revoked or run out */
+  uint64_t downloads_cut_deleted; /* downloads cut mid-stream: their job deleted */
   uint64_t held_refused;    /* long polls and event streams refused: the tenant held its share */
   uint64_t streams_cut;     /* sampling streams cut: their client left stream_backlog bytes unread */
   uint64_t tls_reloads, tls_reload_failures; /* lt_api_tls_reload: certificates taken, files refused */
@@ -329,9 +330,10 @@ void lt_api_work_stop(lt_api_t *api);
  * artifact key, a dataset's key) or, when there is none and not own_key, with dek (borrowed: the
  * keyring's tenant key; own_key: a missing key or object answers 404), in pieces:
  * memory stays at a few pieces whatever the object's size. bytes: its plaintext size
- * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. */
+ * (Content-Length). Replies 429 beyond conf.max_downloads streams at once. job: the job whose
+ * artifact it is (NULL for a dataset): once the API folds its JobDeleted, the connection is cut. */
 void lt_api_download_start(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek, const char *dek_key,
-                           bool own_key, const char *key, uint64_t bytes, const char *content_type);
+                           bool own_key, const char *key, uint64_t bytes, const char *content_type, const char *job);
 /* A staff read's grant: the stream lasts only while it holds (lt_api_download_recheck). */
 typedef struct {
   char request_id[LT_ID_MAX + 1];
@@ -342,9 +344,10 @@ typedef struct {
  * revoked or runs out, the connection is cut, short of its Content-Length. */
 void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, const lt_crypto_dek_t *dek,
                                    const char *dek_key, bool own_key, const char *key, uint64_t bytes,
-                                   const char *content_type, const lt_api_grant_t *g);
-/* Cuts each staff read whose grant no longer holds (after the feed folds an access record, and
- * on the tick: a grant runs out on its own). */
+                                   const char *content_type, const char *job, const lt_api_grant_t *g);
+/* Cuts each staff read whose grant no longer holds, and each download of a deleted job's artifact
+ * (after the feed folds an access record or a JobDeleted, and on the tick: a grant runs out on
+ * its own). */
 void lt_api_download_recheck(lt_api_t *api);
 /* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant),
  * or, staff not NULL, staff member staff a read of tenant's data (a quarter per staff member: the

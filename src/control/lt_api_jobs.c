@@ -740,6 +740,6 @@ void lt_api_jobs_artifacts(lt_api_call_t *c) {
   lt_publisher_artifact_dek_key(dek_key, sizeof dek_key, j->tenant_id, j->job_id);
   lt_api_download_start(api, req, dek, dek_key, false, json_string_value(json_object_get(found, "key")),
                         (uint64_t)json_integer_value(json_object_get(found, "bytes")),
-                        strstr(name, ".json") ? "application/json" : "application/octet-stream");
+                        strstr(name, ".json") ? "application/json" : "application/octet-stream", j->job_id);
 }
 

@@ -77,5 +77,12 @@ out.errors = {
     file: await openai.toFile(Buffer.from("{}\n"), "x.jsonl"), purpose: "assistants" })),
   bad_file: await error(async () => client.files.create({
     file: await openai.toFile(Buffer.from('{"prompt": "a"}\n'), "bad.jsonl"), purpose: "fine-tune" })),
+  // a filename names the dataset: one over 100 bytes is refused, not dropped for the file's id
+  long_name: await error(async () => client.files.create({
+    file: await openai.toFile(Buffer.from('{"prompt": "a", "completion": "b"}\n'), "n".repeat(150) + ".jsonl"),
+    purpose: "fine-tune" })),
+  // the multiplier is checked as sent, not as the learning rate it makes
+  multiplier: await error(() => client.fineTuning.jobs.create({
+    model: "lathe-tiny", training_file: file.id, hyperparameters: { learning_rate_multiplier: 10000 } })),
 };
 console.log(JSON.stringify(out));

@@ -97,7 +97,8 @@ def check_npm(out, path):
     want = {"model": (400, "invalid_request_error", "model"), "file": (404, "not_found_error", "training_file"),
             "hp": (400, "invalid_request_error", "hyperparameters.n_epochs"),
             "unknown": (404, "not_found_error", None), "purpose": (400, "invalid_request_error", "purpose"),
-            "bad_file": (400, "invalid_request_error", None)}
+            "bad_file": (400, "invalid_request_error", None), "long_name": (400, "invalid_request_error", "file"),
+            "multiplier": (400, "invalid_request_error", "hyperparameters.learning_rate_multiplier")}
     for name, (status, typ, param) in want.items():
         got = e[name]
         check(got and got["status"] == status and got["type"] == typ and got["param"] == param,

@@ -23,6 +23,7 @@
  *   with an evaluation's metrics, never a fenced attempt's, and another tenant gets 404. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,7 +184,9 @@ static long proc_kib(const char *field) {
 /* ---------------------------------------------------------------- no tenant stalls another */
 
 /* A pretend S3 endpoint that accepts connections and reads requests but answers nothing until
- * released: a store call to it hangs. */
+ * released: a store call to it hangs. With fwd_port set it passes each connection through to the
+ * real S3 server on that port instead (the requests are signed for this endpoint's address, which
+ * the server does not check), until hang_release cuts them all. */
 typedef struct hang_srv {
   int fd;
   uint16_t port;
@@ -192,7 +195,26 @@ typedef struct hang_srv {
   int accepted;
   int conns[64];
   bool released;
+  uint16_t fwd_port;
+  int fwd[256], nfwd; /* client sides passed through (never closed here: no fd is reused under them) */
 } hang_srv_t;
+
+/* Bytes both ways between a client and the real server until either side ends. */
+static void *pass_main(void *arg) {
+  int *fds = arg;
+  struct pollfd p[2] = {{.fd = fds[0], .events = POLLIN}, {.fd = fds[1], .events = POLLIN}};
+  char buf[65536];
+  for (bool open = true; open && poll(p, 2, -1) > 0;)
+    for (int i = 0; i < 2 && open; i++) {
+      if (!p[i].revents) continue;
+      ssize_t n = read(p[i].fd, buf, sizeof buf);
+      open = n > 0 && write(p[1 - i].fd, buf, (size_t)n) == n;
+    }
+  shutdown(fds[0], SHUT_RDWR);
+  close(fds[1]);
+  free(fds);
+  return NULL;
+}
 
 static void *hang_main(void *arg) {
   hang_srv_t *h = arg;
@@ -200,8 +222,26 @@ static void *hang_main(void *arg) {
     int c = accept(h->fd, NULL, NULL);
     if (c < 0) return NULL;
     pthread_mutex_lock(&h->mu);
-    if (h->released || h->accepted == 64) close(c);
-    else h->conns[h->accepted++] = c;
+    if (h->released || h->accepted == 64 || (h->fwd_port && h->nfwd == 256)) {
+      close(c);
+    } else if (h->fwd_port) {
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons(h->fwd_port)};
+      int s = socket(AF_INET, SOCK_STREAM, 0), *fds = malloc(2 * sizeof *fds);
+      pthread_t t;
+      if (s < 0 || !fds || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(c);
+        if (s >= 0) close(s);
+        free(fds);
+      } else {
+        fds[0] = c, fds[1] = s;
+        h->fwd[h->nfwd++] = c;
+        pthread_create(&t, NULL, pass_main, fds);
+        pthread_detach(t);
+      }
+    } else {
+      h->conns[h->accepted++] = c;
+    }
     pthread_mutex_unlock(&h->mu);
   }
 }
@@ -226,11 +266,21 @@ static int hang_accepted(hang_srv_t *h) {
   return n;
 }
 
-/* Closes every held connection (the store calls fail) and refuses the next ones. */
+/* Closes every held connection, cuts every passed-through one (the store calls fail), and
+ * refuses the next ones. */
 static void hang_release(hang_srv_t *h) {
   pthread_mutex_lock(&h->mu);
   h->released = true;
   for (int i = 0; i < h->accepted; i++) close(h->conns[i]);
+  for (int i = 0; i < h->nfwd; i++) shutdown(h->fwd[i], SHUT_RDWR);
+  pthread_mutex_unlock(&h->mu);
+}
+
+/* Passes connections through to the real server on port from now on. */
+static void hang_pass(hang_srv_t *h, uint16_t port) {
+  pthread_mutex_lock(&h->mu);
+  h->released = false;
+  h->fwd_port = port;
   pthread_mutex_unlock(&h->mu);
 }
 
@@ -414,6 +464,42 @@ Test(api_data, an_upload_aborted_while_its_part_runs_holds_its_place_until_the_p
   lt_test_wait_until((st = open_upload(ca, id[2], sizeof id[2], NULL)) == 201, 20000, 100,
                      "the places never came back once the parts ended (%d)", st);
   free(big);
+  hang_stop(&h);
+}
+
+/* A part whose storage quota could not be checked (the store's listing failed) went nowhere: the
+ * upload stays open, and the part sent again once the store is back is taken. Before, the upload
+ * was dropped with a 503 saying to retry, and the retry found no upload (404): up to a gigabyte
+ * of parts sent before it was lost to a failed listing. */
+Test(api_data, a_part_whose_storage_quota_could_not_be_checked_leaves_the_upload_open) {
+  const char *s3 = getenv("LATHE_S3_ENDPOINT");
+  cr_assert(s3 && strrchr(s3, ':'), "the stack's S3 endpoint");
+  uint16_t s3_port = (uint16_t)atoi(strrchr(s3, ':') + 1);
+  hang_srv_t h;
+  hang_start(&h);
+  hang_pass(&h, s3_port);
+  char endpoint[64], id[64], path[160];
+  snprintf(endpoint, sizeof endpoint, "LATHE_S3_ENDPOINT=127.0.0.1:%u", h.port);
+  start_api((const char *const[]){endpoint, "LATHE_API_MAX_STORAGE_BYTES=1000000000", NULL});
+  size_t len = 200000;
+  char *p1 = jsonl(len), *p2 = jsonl(len);
+  cr_assert_eq(open_upload(ca, id, sizeof id, NULL), 201);
+  cr_assert_eq(put_part(ca, id, 1, p1, len), 200);
+  hang_release(&h); /* the store is unreachable: the quota's listing fails */
+  snprintf(path, sizeof path, "/v1/uploads/%s/parts/2", id);
+  lt_client_resp_t r = req(ca, "PUT", path, p2, len);
+  cr_expect_eq(r.status, 503, "part 2 with the store gone: %d %s", r.status, r.body);
+  cr_expect(strstr(err_msg(&r), "send it again"), "%s", err_msg(&r));
+  lt_client_resp_free(&r);
+  hang_pass(&h, s3_port); /* back */
+  cr_expect_eq(put_part(ca, id, 2, p2, len), 200, "part 2 sent again once the store is back");
+  snprintf(path, sizeof path, "/v1/uploads/%s/complete", id);
+  r = req(ca, "POST", path, NULL, 0);
+  cr_expect_eq(r.status, 201, "%d %s", r.status, r.body);
+  cr_expect_eq(json_integer_value(json_object_get(r.json, "bytes")), (json_int_t)(2 * len), "%s", r.body);
+  lt_client_resp_free(&r);
+  free(p1);
+  free(p2);
   hang_stop(&h);
 }
 

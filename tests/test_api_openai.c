@@ -38,8 +38,24 @@ Test(api_openai, refusals_name_openais_fields) {
   cr_assert_str_eq(msg, "the body must be a JSON object (not an object)");
   cr_assert_not(spec_of("{\"model\":\"m\",\"training_file\":\"d\",\"hyperparameters\":{\"batch_size\":\"big\"}}",
                         &spec, field, msg));
-  cr_assert_str_eq(field, "hyperparameters");
+  cr_assert_str_eq(field, "hyperparameters.batch_size");
   cr_assert_str_eq(msg, "hyperparameters.batch_size: must be a number or \"auto\"");
+  /* the multiplier is checked as sent, not as the learning rate it makes; the seed is top-level */
+  cr_assert_not(spec_of("{\"model\":\"m\",\"training_file\":\"d\",\"hyperparameters\":"
+                        "{\"learning_rate_multiplier\":10000}}",
+                        &spec, field, msg));
+  cr_assert_str_eq(field, "hyperparameters.learning_rate_multiplier");
+  cr_assert_str_eq(msg, "hyperparameters.learning_rate_multiplier: 10000 is outside (0, 5000]: it multiplies the "
+                        "base learning rate 0.0002");
+  cr_assert_not(spec_of("{\"model\":\"m\",\"training_file\":\"d\",\"hyperparameters\":"
+                        "{\"learning_rate_multiplier\":0}}",
+                        &spec, field, msg));
+  cr_assert_str_eq(field, "hyperparameters.learning_rate_multiplier");
+  cr_assert(spec_of("{\"model\":\"m\",\"training_file\":\"d\",\"hyperparameters\":{\"learning_rate_multiplier\":5000}}",
+                    &spec, field, msg), "%s", msg);
+  cr_assert_not(spec_of("{\"model\":\"m\",\"training_file\":\"d\",\"seed\":-1}", &spec, field, msg));
+  cr_assert_str_eq(field, "seed");
+  cr_assert(strncmp(msg, "seed: ", 6) == 0, "%s", msg);
 }
 
 Test(api_openai, multipart_parts_point_into_the_body) {

@@ -213,6 +213,19 @@ static lt_err_t feed_piece(lt_api_upload_t *u, const void *p, size_t len, char *
   return lt_sealed_writer_write(u->w, p, len, msg, n);
 }
 
+/* A part's buffer freed, its plaintext zeroed first (fed or not). */
+static void body_free(struct evbuffer *b) {
+  if (!b) return;
+  struct evbuffer_ptr at;
+  struct evbuffer_iovec v;
+  evbuffer_ptr_set(b, &at, 0, EVBUFFER_PTR_SET);
+  while (evbuffer_peek(b, -1, &at, &v, 1) > 0) {
+    OPENSSL_cleanse(v.iov_base, v.iov_len);
+    if (evbuffer_ptr_set(b, &at, v.iov_len, EVBUFFER_PTR_ADD) < 0) break;
+  }
+  evbuffer_free(b);
+}
+
 /* On a pool thread: the part, piece by piece as it came off the socket (no copy of the whole);
  * then its memory goes back and the writer keeps less than a store part until the next one. */
 static lt_err_t feed_part(upload_task_t *t) {
@@ -222,10 +235,9 @@ static lt_err_t feed_part(upload_task_t *t) {
   evbuffer_peek(t->body, -1, NULL, v, nvec);
   lt_err_t err = LT_OK;
   for (int i = 0; i < nvec && !err; i++) err = feed_piece(t->u, v[i].iov_base, v[i].iov_len, t->msg, sizeof t->msg);
-  for (int i = 0; i < nvec; i++) OPENSSL_cleanse(v[i].iov_base, v[i].iov_len); /* the part's plaintext */
   free(v);
   t->u->bytes += evbuffer_get_length(t->body);
-  evbuffer_free(t->body);
+  body_free(t->body); /* the part's plaintext */
   t->body = NULL;
   if (!err && !t->complete) err = lt_sealed_writer_flush(t->u->w, t->msg, sizeof t->msg);
   give_back_memory();
@@ -287,6 +299,13 @@ static void upload_after(lt_api_t *api, void *ctx) {
   } else if (t->err == LT_ERR_QUOTA) { /* the checker's own limit: its words */
     upload_drop(api, u);
     lt_api_reply_err(t->req, t->err, NULL, t->msg);
+  } else if (t->err && t->body && !t->complete) {
+    /* The storage quota could not be measured: not a byte of the part went anywhere, so the
+     * upload stays where it was and the same part may come again. */
+    u->claimed -= evbuffer_get_length(t->body);
+    u->last_active_ms = lt_time_mono_ms();
+    lt_api_reply_store_fail(t->req, t->err,
+                            "the storage quota could not be checked, so the part was not taken: send it again", t->msg);
   } else if (t->err) {
     upload_drop(api, u);
     lt_api_reply_store_fail(t->req, t->err, "the part could not be stored: the upload is dropped, start it again",
@@ -309,7 +328,7 @@ static void upload_after(lt_api_t *api, void *ctx) {
   }
   json_decref(t->report);
   json_decref(t->meta);
-  if (t->body) evbuffer_free(t->body);
+  body_free(t->body); /* a part not fed: refused by the storage quota, or not measured */
   free(t);
 }
 
@@ -319,7 +338,7 @@ static void upload_run(lt_api_call_t *c, lt_api_upload_t *u, bool part, bool com
   upload_task_t *t = calloc(1, sizeof *t);
   if (t && body) t->body = body;
   else if (t && part && (t->body = evbuffer_new())) evbuffer_add_buffer(t->body, evhttp_request_get_input_buffer(c->req));
-  else if (body) evbuffer_free(body);
+  else if (body) body_free(body);
   if (!t || (part && !t->body)) {
     free(t);
     upload_drop(c->api, u);
@@ -611,7 +630,7 @@ void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbu
   lt_err_t err = upload_open(c->api, c->tenant, &q, &u, &field, msg, sizeof msg);
   evhttp_clear_headers(&q);
   if (err) {
-    evbuffer_free(body);
+    body_free(body);
     lt_api_reply_err(c->req, err, err == LT_ERR_INVALID ? "file" : NULL, msg);
     return;
   }

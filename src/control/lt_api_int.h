@@ -568,7 +568,7 @@ bool lt_api_header_param(const char *h, const char *name, char *out, size_t n);
 /* One part of a multipart/form-data body. */
 typedef struct lt_api_form_part {
   char name[64];
-  char filename[128];
+  char filename[512]; /* as long as a header line read: a longer name is refused, not dropped */
   const char *data; /* into the body */
   size_t len;
 } lt_api_form_part_t;

@@ -17,9 +17,14 @@
 #include <string.h>
 
 #include "lt_jobspec.h"
+#include "lt_utf8.h"
 
-/* Lathe's default learning rate, the one OpenAI's learning_rate_multiplier multiplies. */
+#include <openssl/crypto.h>
+
+/* Lathe's default learning rate, the one OpenAI's learning_rate_multiplier multiplies, and the
+ * largest learning rate a spec takes (lt_jobspec.c). */
 #define BASE_LR 0.0002
+#define MAX_LR 1.0
 
 static json_t *ms_to_s(int64_t ms) { return ms > 0 ? json_integer(ms / 1000) : json_null(); }
 
@@ -92,6 +97,8 @@ bool lt_api_form_parse(const char *body, size_t len, const char *boundary, lt_ap
   return false;
 }
 
+static void files_take(lt_api_call_t *c, const char *body, size_t len, const char *boundary);
+
 /* POST /v1/files (multipart/form-data: purpose=fine-tune, file=the JSONL): the file becomes a
  * dataset, validated and stored like POST /v1/datasets; 200 with OpenAI's file object. */
 void lt_api_openai_files_create(lt_api_call_t *c) {
@@ -105,7 +112,12 @@ void lt_api_openai_files_create(lt_api_call_t *c) {
   }
   struct evbuffer *in = evhttp_request_get_input_buffer(c->req);
   size_t len = evbuffer_get_length(in);
-  const char *body = (const char *)evbuffer_pullup(in, -1);
+  char *body = (char *)evbuffer_pullup(in, -1);
+  files_take(c, body, len, boundary);
+  if (body) OPENSSL_cleanse(body, len); /* the file's plaintext, copied into the upload or refused */
+}
+
+static void files_take(lt_api_call_t *c, const char *body, size_t len, const char *boundary) {
   lt_api_form_part_t parts[8];
   int n = 0;
   if (!body || !lt_api_form_parse(body, len, boundary, parts, 8, &n)) {
@@ -128,6 +140,12 @@ void lt_api_openai_files_create(lt_api_call_t *c) {
   }
   if (!file) {
     lt_api_reply_error(c->req, 400, "invalid", "file", "file is required: the JSONL dataset");
+    return;
+  }
+  size_t fl = strlen(file->filename);
+  if (fl > 100 || !lt_utf8_valid(file->filename, fl, NULL)) {
+    lt_api_reply_error(c->req, 400, "invalid", "file",
+                       "the file's filename (%zu bytes) names the dataset: at most 100 bytes of UTF-8", fl);
     return;
   }
   struct evbuffer *data = evbuffer_new();
@@ -221,14 +239,19 @@ static bool refuse(char *field, size_t fn, const char *f, char *msg, size_t mn, 
   return false;
 }
 
-/* A number or "auto" (Lathe's default) for one of OpenAI's hyperparameters, into native hp. */
+/* A number or "auto" (Lathe's default) for one of OpenAI's hyperparameters, into native hp. A
+ * scaled one (the multiplier) is checked as it was sent: the spec's check would name the product. */
 static bool map_hp(json_t *src, const char *from, json_t *dst, const char *to, double scale, char *field, size_t fn,
                    char *msg, size_t mn) {
   json_t *v = json_object_get(src, from);
+  char f[64];
+  snprintf(f, sizeof f, "hyperparameters.%s", from);
   if (!v || (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)) return true;
-  if (!json_is_number(v))
-    return refuse(field, fn, "hyperparameters", msg, mn, "hyperparameters.%s: must be a number or \"auto\"", from);
+  if (!json_is_number(v)) return refuse(field, fn, f, msg, mn, "%s: must be a number or \"auto\"", f);
   double d = json_number_value(v) * scale;
+  if (scale != 1.0 && !(d > 0 && d <= MAX_LR))
+    return refuse(field, fn, f, msg, mn, "%s: %g is outside (0, %g]: it multiplies the base learning rate %g", f,
+                  json_number_value(v), MAX_LR / scale, scale);
   json_object_set_new(dst, to, scale != 1.0 ? json_real(d) : json_incref(v));
   return true;
 }
@@ -238,7 +261,7 @@ static const char *openai_field(const char *f) {
   static const char *const map[][2] = {
       {"base_model", "model"}, {"dataset_id", "training_file"}, {"validation_dataset_id", "validation_file"},
       {"hyperparameters.epochs", "hyperparameters.n_epochs"},
-      {"hyperparameters.learning_rate", "hyperparameters.learning_rate_multiplier"}};
+      {"hyperparameters.learning_rate", "hyperparameters.learning_rate_multiplier"}, {"hyperparameters.seed", "seed"}};
   for (size_t i = 0; i < sizeof map / sizeof *map; i++)
     if (strcmp(f, map[i][0]) == 0) return map[i][1];
   return f;

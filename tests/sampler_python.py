@@ -115,7 +115,7 @@ def models_with_odd_template(cache, tmp):
     return d
 
 
-def train_adapter(lathe, env, key, tmp, name, seed):
+def train_adapter(lathe, env, key, tmp, name, seed, rank=4):
     """A managed fine-tune of the tiny model on its own task; returns the finished job's id."""
     src = os.path.join(env["LATHE_MODELS_DIR"], "lathe-tiny", "task_train.jsonl")
     path = os.path.join(tmp, f"{name}.jsonl")
@@ -127,7 +127,7 @@ def train_adapter(lathe, env, key, tmp, name, seed):
     e = dict(env, LATHE_API_KEY=key)
     ds = json.loads(run([lathe, "datasets", "upload", path, "--name", name, "--json"], e, "datasets upload"))["id"]
     job = json.loads(run([lathe, "jobs", "submit", "--model", "lathe-tiny", "--dataset", ds, "--set", "max_steps=40",
-                          "--set", "batch_size=8", "--set", "learning_rate=0.003", "--set", "lora_rank=4",
+                          "--set", "batch_size=8", "--set", "learning_rate=0.003", "--set", f"lora_rank={rank}",
                           "--set", "lora_dropout=0", "--set", f"seed={seed}", "--json"], e, "jobs submit"))["id"]
     return job
 
@@ -638,6 +638,23 @@ def deleted_job(base, sbase, ops, key_b, job_b, model_b):
     check(after == before + 1, f"the deleted job's adapter left the sampler's cache ({before:.0f} -> {after:.0f})")
 
 
+def unservable(sbase, ops, key, base, job):
+    """An adapter the sampler can never serve (rank 256 on a base model of hidden size 192, which
+    training takes and serving does not) is 400 naming model and why, not 503 "retry"; a retry is
+    answered at once, without the adapter read and parsed again."""
+    wait_published(base, key, job)
+    model = f"ft:lathe-tiny:{job}"
+    st, b, _ = complete(sbase, key, {"model": model, "prompt": "x", "max_tokens": 2})
+    msg = b.get("error", {}).get("message", "")
+    check(st == 400 and b["error"].get("field") == "model" and "hidden size" in msg,
+          f"an adapter that cannot be served is 400 naming model and why ({st} {msg[:100]})")
+    misses = metrics(ops).get("lathe_sampler_adapter_misses_total", 0)
+    st2, b2, _ = complete(sbase, key, {"model": model, "prompt": "x", "max_tokens": 2})
+    check(st2 == 400 and b2["error"].get("message") == msg
+          and metrics(ops).get("lathe_sampler_adapter_misses_total", 0) == misses,
+          f"a retry is refused the same, without asking the sampler's cache again ({st2})")
+
+
 # ---- 8: the openai npm package ----
 
 def openai_npm(sbase, key, model, expect):
@@ -684,6 +701,7 @@ def main():
         try:
             job_a = train_adapter(lathe, dict(env, LATHE_API_URL=base), keys[0], tmp, "a", 7)
             job_b = train_adapter(lathe, dict(env, LATHE_API_URL=base), keys[1], tmp, "b", 8)
+            job_wide = train_adapter(lathe, dict(env, LATHE_API_URL=base), keys[0], tmp, "wide", 9, rank=256)
             wait_published(base, keys[0], job_a)
             wait_published(base, keys[1], job_b)
             model_a, model_b = f"ft:lathe-tiny:{job_a}", f"ft:lathe-tiny:{job_b}"
@@ -698,6 +716,7 @@ def main():
             usage(lathe, env, tenants[0], secret, keys[0], ikey)
             session_weights(base, sbase, keys[0], keys[1])
             deleted_job(base, sbase, ops, keys[1], job_b, model_b)
+            unservable(sbase, ops, keys[0], base, job_wide)
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
             overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)
             check(d.stopped_clean(), f"lathed exits 0 with nothing left behind (status {d.p.returncode}): "

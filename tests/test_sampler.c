@@ -856,6 +856,25 @@ Test(sampler, an_adapter_loaded_for_a_request_stays_until_it_submits, .timeout =
   ts_close(&t);
 }
 
+/* A request refused at submit ends its adapter's hold, whatever refused it. Before, one refused
+ * for its own input (an empty prompt) left the hold, so that a tenant sending such requests to its
+ * adapter kept it unevictable for good, at no cost, and another tenant's load was refused (429)
+ * on a cache with room for one adapter. */
+Test(sampler, a_request_refused_for_its_input_holds_its_adapter_no_longer, .timeout = 120) {
+  tsampler_t t;
+  long long one = one_adapter_bytes();
+  ts_open(&t, (lt_sampler_conf_t){.adapter_bytes = (size_t)(one * 3 / 2), .adapter_hold_ms = 5000});
+  OK(ts_load(&t, 0));
+  static rec_t r;
+  rec_init(&r, 0);
+  lt_sample_req_t q = req_of(&r, "t0", "t0/ad0", "", 3, 0.9f, 3);
+  uint64_t h = 0;
+  cr_assert_eq(t.ops.submit(t.ops.ctx, &q, &h, errbuf, sizeof errbuf), LT_ERR_INVALID, "an empty prompt: %s", errbuf);
+  OK(ts_load(&t, 1)); /* another tenant's adapter: ad0 is held by nothing now */
+  cr_assert_eq(metric(&t, "adapter_evictions_total"), 1);
+  ts_close(&t);
+}
+
 /* A prompt of at least `tokens` tokens of the test model, repeating one sentence, into out. */
 static void long_prompt(int tokens, char *out, size_t n) {
   char path[400];

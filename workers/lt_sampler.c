@@ -365,7 +365,13 @@ static lt_err_t op_submit(void *ctx, const lt_sample_req_t *in, uint64_t *handle
   lt_sampler_t *s = ctx;
   sreq_t *r = NULL;
   lt_err_t err = req_new(s, in, &r, msg, n);
-  if (err) return err;
+  if (err) { /* refused before it was queued: it ends its adapter's hold as any refusal does */
+    pthread_mutex_lock(&s->mu);
+    sadapter_t *a = in->adapter && in->adapter[0] ? find_adapter(s, in->adapter) : NULL;
+    if (a) a->held_until_us = 0;
+    pthread_mutex_unlock(&s->mu);
+    return err;
+  }
   pthread_mutex_lock(&s->mu);
   stenant_t *t = lt_sampler_tenant(s, in->tenant);
   sadapter_t *a = in->adapter && in->adapter[0] ? find_adapter(s, in->adapter) : NULL;

@@ -570,6 +570,7 @@ void lt_api_destroy(lt_api_t *api) {
   lt_map_destroy(api->usage_flight);
   lt_map_destroy(api->submitting);
   lt_map_destroy(api->saving);
+  lt_map_destroy(api->adapters_refused);
   free(api->feed_parts);
   free(api->feed_low);
   free(api->feed_names);

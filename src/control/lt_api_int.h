@@ -158,6 +158,7 @@ struct lt_api {
   int64_t done_offset;         /* the offset of the record whose lt_api_done_fn is running */
   int32_t done_partition;      /* and its partition */
   char topic_usage[128];       /* SamplingUsage (lt_api_sample.c) */
+  lt_map_t *adapters_refused;  /* adapter id -> why it can never be served here (too large, invalid) */
 };
 
 /* ---------------------------------------------------------------- routes (lt_api.c) */

@@ -564,6 +564,9 @@ static void load_work(void *ctx) {
   }
   const lt_crypto_dek_t *dek = job_dek ? job_dek : r->tenant_dek;
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->st_key, ADAPTER_MAX_BYTES, &st, &st_len, msg, n);
+  if (err == LT_ERR_INVALID) /* over the limit: the store's words would name its key */
+    err = lt_errf(msg, n, LT_ERR_UNSUPPORTED, "its weights are over this sampler's limit of %u MiB an adapter",
+                  ADAPTER_MAX_BYTES >> 20);
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->cfg_key, 1u << 20, &cfg, &cfg_len, msg, n);
   r->load_gone = err == LT_ERR_NOT_FOUND && !r->dek_key[0];
   const lt_sample_ops_t *ops = api->conf.sampler;
@@ -584,6 +587,19 @@ void lt_api_sample_forget(lt_api_t *api, const char *tenant_id, const char *job_
   ops->forget(ops->ctx, id);
 }
 
+/* Why an adapter can never be served here (api->adapters_refused; at most 4,096 are kept). */
+typedef struct {
+  lt_err_t err;
+  char why[256];
+} refused_t;
+
+/* An adapter that can never be served here: 413 when it is too large, 400 when its files are
+ * refused (a rank the base model cannot take); neither is a retry's to mend. */
+static void refuse_adapter(sample_req_t *r, lt_err_t err, const char *why) {
+  if (err == LT_ERR_UNSUPPORTED) lt_api_reply_error(r->req, 413, "too_large", "model", "%s: %s", r->model, why);
+  else lt_api_reply_error(r->req, 400, "invalid", "model", "%s cannot be served: %s", r->model, why);
+}
+
 static void load_after(lt_api_t *api, void *ctx) {
   sample_req_t *r = ctx;
   if (r->adapter[0] && lt_api_job_deleted(api, r->job_id)) {
@@ -597,11 +613,23 @@ static void load_after(lt_api_t *api, void *ctx) {
   }
   if (r->load_err) {
     lt_log_warn("sampler", "adapter %s not loaded: %s", r->adapter, r->load_msg);
+    if (r->load_err == LT_ERR_UNSUPPORTED || r->load_err == LT_ERR_INVALID) {
+      /* it never will be (too large, or its files refused): remembered, so that a client retrying
+       * is answered at once, not after the adapter was read, decrypted and parsed again */
+      refused_t *f = lt_map_count(api->adapters_refused) < 4096 ? malloc(sizeof *f) : NULL;
+      if (f) {
+        f->err = r->load_err;
+        snprintf(f->why, sizeof f->why, "%s", r->load_msg);
+        if (lt_map_set(api->adapters_refused, r->adapter, f) != LT_OK) free(f);
+      }
+    }
     if (r->load_err == LT_ERR_QUOTA) {
       evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);
-    } else if (r->load_err == LT_ERR_UNSUPPORTED) { /* larger than the whole cache: a retry cannot help */
-      lt_api_reply_error(r->req, 413, "too_large", "model", "%s: %s", r->model, r->load_msg);
+    } else if (r->load_err == LT_ERR_UNSUPPORTED || r->load_err == LT_ERR_INVALID) {
+      refuse_adapter(r, r->load_err, r->load_msg);
+    } else if (r->load_err == LT_ERR_CORRUPT) { /* the store's bytes do not verify: ours to mend */
+      lt_api_reply_error(r->req, 500, "internal", "model", "the adapter of %s could not be read", r->model);
     } else if (r->load_gone) { /* staging weights retention let go, or a session's end took */
       lt_api_reply_error(r->req, 404, "model_not_found", "model", "the weights of %s are no longer kept%s", r->model,
                          lt_api_is_session_id(r->job_id) ? ""
@@ -984,6 +1012,12 @@ static void sample_route(lt_api_call_t *c, bool chat) {
     return;
   }
   const lt_sample_ops_t *ops = api->conf.sampler;
+  const refused_t *refused = r->adapter[0] ? lt_map_get(api->adapters_refused, r->adapter) : NULL;
+  if (refused) {
+    refuse_adapter(r, refused->err, refused->why);
+    req_free(r);
+    return;
+  }
   if (r->adapter[0] && !ops->has_adapter(ops->ctx, r->adapter)) {
     const lt_crypto_dek_t *dek = NULL;
     char msg[256];
@@ -1065,7 +1099,7 @@ bool lt_api_sample_resolve(lt_api_call_t *c) {
 }
 
 lt_err_t lt_api_sample_start(lt_api_t *api, char *errstr, size_t n) {
-  (void)errstr, (void)n;
   lt_bus_topic_name(api->conf.bus, "usage", api->topic_usage, sizeof api->topic_usage);
+  if (!(api->adapters_refused = lt_map_new(free))) return lt_errf(errstr, n, LT_ERR_NOMEM, "out of memory");
   return LT_OK;
 }

@@ -162,6 +162,10 @@ Test(chat, runaway_templates_are_bounded) {
               "{% endfor %}", LT_ERR_INVALID, "list over 100000 items");
   expect_fail("{{ '' * 999999999999999999 }}{% for i in range(1000000) %}{% endfor %}",
               LT_ERR_INVALID, "range() over 100000 items");
+  /* bounds whose difference overflows: before, the check passed and the loop ran until memory
+   * ran out */
+  expect_fail("{% for i in range(0 - 999999999999999999 * 9, 999999999999999999 * 9) %}{% endfor %}",
+              LT_ERR_INVALID, "range() over 100000 items");
   /* deep nesting is refused at parse time instead of exhausting the stack */
   size_t depth = 5000;
   char *deep = malloc(depth * 2 + 16);
@@ -179,6 +183,27 @@ Test(chat, runaway_templates_are_bounded) {
   expect_fail(blocks, LT_ERR_UNSUPPORTED, "blocks nested too deeply");
   free(deep);
   free(blocks);
+  /* a run of signs and a chain of elifs nest as deeply: before, both overflowed the stack */
+  size_t signs = 50000;
+  char *neg = malloc(signs + 16);
+  cr_assert_not_null(neg);
+  memcpy(neg, "{{ ", 3);
+  memset(neg + 3, '-', signs);
+  strcpy(neg + 3 + signs, "1 }}");
+  expect_fail(neg, LT_ERR_UNSUPPORTED, "nested too deeply");
+  free(neg);
+  size_t elifs = 150000, el = strlen("{% elif 0 %}");
+  char *chain = malloc(elifs * el + 32);
+  cr_assert_not_null(chain);
+  strcpy(chain, "{% if 0 %}");
+  for (size_t i = 0; i < elifs; i++) memcpy(chain + 10 + i * el, "{% elif 0 %}", el);
+  strcpy(chain + 10 + elifs * el, "{% endif %}");
+  expect_fail(chain, LT_ERR_UNSUPPORTED, "blocks nested too deeply");
+  free(chain);
+  /* negating the least integer wraps, as + and * do (Jinja's integers are unbounded; these are
+   * 64-bit): no undefined behaviour */
+  expect_ok("{% set m = 2147483648 * 2147483648 * 2 %}{{ m }} {{ -m }} {{ m // -1 }}",
+            "-9223372036854775808 -9223372036854775808 -9223372036854775808");
   /* every truncation of a real template fails cleanly or renders */
   char *qwen = slurp_rel("tests/data/chat_templates/qwen2.5.jinja");
   for (size_t n = 0; n < strlen(qwen); n += 7) {

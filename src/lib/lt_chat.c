@@ -479,10 +479,15 @@ static ch_node_t *postfix(ch_t *p) {
 static ch_node_t *unary(ch_t *p) {
   tok_t *t = peek(p);
   if (is_op(t, "-") || is_op(t, "+")) {
+    if (++p->depth > CH_MAX_DEPTH) { /* a run of signs nests as deep as parentheses do */
+      FAIL(p, LT_ERR_UNSUPPORTED, t->line, t->col, "expression nested too deeply");
+      return NULL;
+    }
     take(p);
     ch_node_t *n = mk(p, E_NEG, t);
     if (n) n->a = unary(p);
     if (n && !strcmp(t->op, "+")) n->op = 1;
+    p->depth--;
     return n;
   }
   return postfix(p);
@@ -592,8 +597,13 @@ static ch_node_t *if_stmt(ch_t *p, const tok_t *t) {
   const char *which = NULL;
   n->b = body(p, ends, &which);
   if (p->err || !which) return n;
-  if (!strcmp(which, "elif")) {
+  if (!strcmp(which, "elif")) { /* each elif nests an if: counted as a block */
+    if (++p->block_depth > CH_MAX_DEPTH) {
+      FAIL(p, LT_ERR_UNSUPPORTED, p->toks[p->at - 1].line, p->toks[p->at - 1].col, "blocks nested too deeply");
+      return n;
+    }
     n->c = if_stmt(p, &p->toks[p->at - 1]);
+    p->block_depth--;
     return n;
   }
   if (!strcmp(which, "else")) {

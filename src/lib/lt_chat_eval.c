@@ -211,7 +211,7 @@ static json_t *arith(ev_t *e, const ch_node_t *n, const json_t *a, const json_t 
     case OP_ADD: r = (long long)((unsigned long long)x + (unsigned long long)y); break;
     case OP_SUB: r = (long long)((unsigned long long)x - (unsigned long long)y); break;
     case OP_MUL: r = (long long)((unsigned long long)x * (unsigned long long)y); break;
-    case OP_FDIV: r = (y == -1) ? -x : x / y - ((x % y != 0) && ((x < 0) != (y < 0))); break;
+    case OP_FDIV: r = (y == -1) ? (long long)(0ULL - (unsigned long long)x) : x / y - ((x % y != 0) && ((x < 0) != (y < 0))); break;
     default: r = (y == -1) ? 0 : x % y; if (r != 0 && ((r < 0) != (y < 0))) r += y; break;
     }
     return json_integer(r);
@@ -423,9 +423,12 @@ static json_t *call(ev_t *e, const ch_node_t *n) {
     } else if (!strcmp(fn, "range")) {
       json_t *a = json_array_get(pos, 0), *b = json_array_get(pos, 1);
       long long lo = b ? json_integer_value(a) : 0, hi = json_integer_value(b ? b : a);
-      if (hi - lo > CH_MAX_LIST) fail(e, LT_ERR_INVALID, n, "range() over %d items", CH_MAX_LIST);
+      /* the count in unsigned: hi - lo overflows for bounds far apart */
+      if (hi > lo && (unsigned long long)hi - (unsigned long long)lo > CH_MAX_LIST)
+        fail(e, LT_ERR_INVALID, n, "range() over %d items", CH_MAX_LIST);
       r = json_array();
-      for (long long i = lo; i < hi && !e->err; i++) json_array_append_new(r, json_integer(i));
+      for (long long i = lo; i < hi && !e->err; i++)
+        if (json_array_append_new(r, json_integer(i))) fail(e, LT_ERR_NOMEM, n, "out of memory");
     } else {
       fail(e, LT_ERR_UNSUPPORTED, n, "unknown function \"%s\"", fn);
     }
@@ -487,7 +490,7 @@ static json_t *eval(ev_t *e, const ch_node_t *n) {
       fail(e, LT_ERR_INVALID, n, "cannot negate %s", type_name(v));
     if (e->err) { json_decref(v); return NULL; }
     if (n->op) return v;
-    json_t *neg = json_integer(-json_integer_value(v));
+    json_t *neg = json_integer((json_int_t)(0ULL - (unsigned long long)json_integer_value(v))); /* wraps as + does */
     json_decref(v);
     return neg;
   case E_AND: case E_OR:

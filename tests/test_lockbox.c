@@ -453,11 +453,13 @@ static int read_held(const char *api_url, const char *key, const char *id, const
   return fd;
 }
 
-/* A staff read streaming when its grant ends — the tenant revokes it (revoke) or it runs out
- * (ttl_s) — is cut there: the rest of the dataset does not go out, and the client gets fewer
- * bytes than its Content-Length. The client reads nothing until the API lists the grant as
- * ended. Before, a read begun under a grant ran to its end whatever came after it. */
-static void read_cut_when_grant_ends(bool revoke, int ttl_s) {
+/* A staff read streaming when its grant ends — the tenant revokes it (how 'r') or it runs out
+ * (ttl_s) — or when the tenant deletes the dataset on the API serving the read (how 'd'), is cut
+ * there: the rest of the dataset does not go out, and the client gets fewer bytes than its
+ * Content-Length. The client reads nothing until the API lists the grant as ended, or the DELETE
+ * answered. Before, a read begun under a grant ran to its end whatever came after it. */
+static void read_cut_when_grant_ends(char how, int ttl_s) {
+  bool revoke = how == 'r';
   char ds[64], id[64], scope[128], body[4096] = "";
   size_t n = big_dataset(ds);
   snprintf(scope, sizeof scope, "dataset:%s", ds);
@@ -472,30 +474,45 @@ static void read_cut_when_grant_ends(bool revoke, int ttl_s) {
   int fd = read_held(cut_url, key_alice, id, ds, &length, &got);
   cr_assert_eq(length, n, "Content-Length %zu for %zu bytes", length, n);
   if (revoke) cr_assert_eq(decide(ca, "/v1/access", id, "revoke"), 200);
-  grant_listed(looker, id, revoke ? "revoked" : "expired", log);
+  if (how == 'd') {
+    lt_client_t *owner = lt_test_client(cut_url, key_a, 10);
+    snprintf(body, sizeof body, "/v1/datasets/%s", ds);
+    lt_client_resp_t r = lt_test_req(owner, "DELETE", body, NULL, 0);
+    cr_assert_eq(r.status, 200, "the owner's DELETE: %d %s", r.status, r.body);
+    lt_client_resp_free(&r);
+    lt_client_destroy(owner);
+  } else {
+    grant_listed(looker, id, revoke ? "revoked" : "expired", log);
+  }
   /* now all of it that will ever come */
   struct timeval tv = {30, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   static char buf[1 << 16];
   for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;) got += (size_t)k;
   close(fd);
-  cr_expect_lt(got, length, "the read ran on past the grant's end: %zu of %zu bytes", got, length);
+  cr_expect_lt(got, length, "the read ran on past the point it was to be cut: %zu of %zu bytes", got, length);
   cr_expect(strstr(lt_test_log_tail(log), "cut: "), "the api says why it cut the read; see %s", log);
   char metrics[65536];
   snprintf(body, sizeof body, "http://127.0.0.1:%u", lt_test_proc_operator_port(cutter, 30000));
   lt_client_t *ops = lt_test_client(body, NULL, 10);
   cr_assert_eq(lt_test_get_status(ops, "/metrics", metrics, sizeof metrics), 200);
-  cr_expect(strstr(metrics, "lathe_api_staff_reads_cut_total 1"), "no cut counted in /metrics");
+  cr_expect(strstr(metrics, how == 'd' ? "lathe_api_downloads_cut_deleted_total 1" : "lathe_api_staff_reads_cut_total 1"),
+            "no cut counted in /metrics");
   lt_client_destroy(ops);
   lt_client_destroy(looker);
   lt_test_proc_stop_clean(cutter, 10000);
   unlink(log);
 }
 
-Test(lockbox, a_revoke_cuts_a_staff_read_in_flight) { read_cut_when_grant_ends(true, 600); }
+Test(lockbox, a_revoke_cuts_a_staff_read_in_flight) { read_cut_when_grant_ends('r', 600); }
+
+/* The same when the tenant deletes the dataset on the API that streams it: the read holds the
+ * dataset's key, unwrapped before the DELETE shredded it. (Another API learns of no dataset
+ * delete: no record of one is written.) */
+Test(lockbox, deleting_the_dataset_cuts_a_staff_read_of_it_in_flight) { read_cut_when_grant_ends('d', 600); }
 
 /* The same when the grant runs out while its read streams (6 s: time to fold it and start). */
-Test(lockbox, a_grant_running_out_cuts_its_read_in_flight) { read_cut_when_grant_ends(false, 6); }
+Test(lockbox, a_grant_running_out_cuts_its_read_in_flight) { read_cut_when_grant_ends('e', 6); }
 
 /* Staff reads count against the staff member's download slots, not the tenant's: with one slot
  * each (max_downloads 4), alice's second read while her first streams is 429 counting her reads

@@ -539,6 +539,7 @@ typedef struct ds_task {
   int limit;         /* list: datasets a page */
   bool more;         /* list: another page follows */
   bool openai;       /* answer with OpenAI's file objects (/v1/files) */
+  bool shredding;    /* delete: the dataset was there, and its key went (or was tried) */
 } ds_task_t;
 
 /* Hands a dataset request to the pool (limit: a list's page size); after answers it and frees
@@ -738,6 +739,7 @@ static void delete_work(void *ctx) {
   /* meta goes last, so a dataset half deleted before (a store failure) still answers here. */
   lt_dataset_object_key(key, sizeof key, t->tenant, t->id, LT_DATASET_META);
   t->err = lt_store_head(t->api->conf.store, key, &info, t->msg, sizeof t->msg);
+  t->shredding = !t->err;
   const char *leaves[] = {LT_DATASET_KEY, LT_DATASET_DATA, LT_DATASET_META};
   for (int i = 0; i < 3 && !t->err; i++) {
     lt_dataset_object_key(key, sizeof key, t->tenant, t->id, leaves[i]);
@@ -753,6 +755,11 @@ static void delete_after(lt_api_t *api, void *ctx) {
   seen_key(seen, sizeof seen, t->tenant, t->id);
   lt_map_del(api->datasets_seen, seen);
   lt_api_stored_note(api, t->tenant, t->since, t->measured, t->datasets);
+  if (t->shredding) { /* a staff read of it streaming here stops (another API learns of no delete) */
+    char key[512];
+    lt_dataset_object_key(key, sizeof key, t->tenant, t->id, LT_DATASET_DATA);
+    lt_api_download_cut_object(api, key);
+  }
   if (t->err) ds_reply_err(t);
   else if (t->openai) lt_api_reply_json(t->req, 200, json_pack("{s:s,s:s,s:b}", "id", t->id, "object", "file", "deleted", 1));
   else lt_api_reply_json(t->req, 200, json_pack("{s:s,s:b}", "id", t->id, "deleted", 1));

@@ -65,6 +65,7 @@ struct lt_api_download {
   bool writing; /* a piece is in evhttp's output, not yet on the socket */
   bool gone;    /* the client's connection closed */
   bool granted; /* a staff read: grant must hold for each piece */
+  bool deleted; /* its object was deleted here (lt_api_download_cut_object) */
   lt_api_grant_t grant;
   lt_crypto_stream_t *dec; /* the thread's */
   lt_api_download_t *next;
@@ -232,8 +233,8 @@ static bool cut_ungranted(lt_api_download_t *d) {
   char why[512];
   const lt_access_req_t *q;
   if (d->gone) return false;
-  if (d->job[0] && lt_api_job_deleted(d->api, d->job)) {
-    lt_log_info("api", "download of %s cut: job %s was deleted", d->key, d->job);
+  if (d->deleted || (d->job[0] && lt_api_job_deleted(d->api, d->job))) {
+    lt_log_info("api", "download of %s cut: %s was deleted", d->key, d->job[0] ? "its job" : "it");
     d->api->stats.downloads_cut_deleted++;
   } else if (d->granted && lt_access_check(d->api->access, d->grant.request_id, d->grant.staff, d->grant.resource,
                                            lt_time_wall_ms(), &q, why, sizeof why)) {
@@ -383,6 +384,12 @@ void lt_api_download_stop_all(lt_api_t *api) {
     d->thread_started = false;
     download_end(d, false);
   }
+}
+
+void lt_api_download_cut_object(lt_api_t *api, const char *key) {
+  for (lt_api_download_t *d = api->downloads; d; d = d->next)
+    if (strcmp(d->key, key) == 0) d->deleted = true;
+  lt_api_download_recheck(api);
 }
 
 void lt_api_download_recheck(lt_api_t *api) {

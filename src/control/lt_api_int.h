@@ -350,6 +350,8 @@ void lt_api_download_start_granted(lt_api_t *api, struct evhttp_request *req, co
  * (after the feed folds an access record or a JobDeleted, and on the tick: a grant runs out on
  * its own). */
 void lt_api_download_recheck(lt_api_t *api);
+/* Cuts each download of the object at key (a dataset deleted by this API). */
+void lt_api_download_cut_object(lt_api_t *api, const char *key);
 /* Whether tenant may start a download now (under max_downloads, and a quarter of it per tenant),
  * or, staff not NULL, staff member staff a read of tenant's data (a quarter per staff member: the
  * tenant's own downloads do not count, so a refusal tells staff nothing of them); when not,

@@ -195,7 +195,7 @@ static void write_routes(lt_api_t *api, lt_metrics_t *out) {
                  "Staff reads under a grant cut mid-stream because the grant was revoked or ran out.",
                  (double)st->staff_reads_cut);
   lt_metrics_one(out, "lathe_api_downloads_cut_deleted_total", LT_METRIC_COUNTER,
-                 "Downloads of a job's artifact cut mid-stream because the job was deleted.",
+                 "Downloads cut mid-stream because their job, or their dataset, was deleted.",
                  (double)st->downloads_cut_deleted);
   lt_metrics_one(out, "lathe_api_held_refused_total", LT_METRIC_COUNTER,
                  "Long polls and event streams refused (429): their tenant held a quarter of max_connections.",

@@ -200,6 +200,19 @@ Test(chat, runaway_templates_are_bounded) {
   strcpy(chain + 10 + elifs * el, "{% endif %}");
   expect_fail(chain, LT_ERR_UNSUPPORTED, "blocks nested too deeply");
   free(chain);
+  /* so do chains of one operator, each of which evaluates one level deeper: + ~ and | . */
+  static const char *const links[] = {" + 1", " ~ 'x'", " and 1", " | trim", ".x"};
+  for (size_t k = 0; k < sizeof links / sizeof *links; k++) {
+    size_t count = 200000, ll = strlen(links[k]);
+    char *t = malloc(count * ll + 16);
+    cr_assert_not_null(t);
+    strcpy(t, "{{ 1");
+    for (size_t i = 0; i < count; i++) memcpy(t + 4 + i * ll, links[k], ll);
+    strcpy(t + 4 + count * ll, " }}");
+    expect_fail(t, LT_ERR_UNSUPPORTED, "nested too deeply");
+    free(t);
+  }
+  expect_ok("{{ 1 + 1 + 1 + 1 }}{{ 'a' ~ 'b' ~ 'c' }}{{ ' x ' | trim | upper }}", "4abcX");
   /* negating the least integer wraps, as + and * do (Jinja's integers are unbounded; these are
    * 64-bit): no undefined behaviour */
   expect_ok("{% set m = 2147483648 * 2147483648 * 2 %}{{ m }} {{ -m }} {{ m // -1 }}",

@@ -428,11 +428,25 @@ static ch_node_t *subscript(ch_t *p, ch_node_t *obj, const tok_t *t) {
   return n;
 }
 
+/* One more operator on a left-deep chain (a + b + c, a.b.c, a | f | g): evaluating it recurses
+ * once an operator, so a chain counts against the nesting limit as parentheses do (200,000
+ * `+ 1` overflowed the stack). The caller gives the links back when the chain ends. */
+static bool chain_link(ch_t *p, const tok_t *t, int *links) {
+  (*links)++;
+  if (++p->depth <= CH_MAX_DEPTH) return true;
+  FAIL(p, LT_ERR_UNSUPPORTED, t->line, t->col, "expression nested too deeply");
+  return false;
+}
+
 /* Attribute, subscript and call suffixes, then filters `| f(args)` and tests `is [not] t(args)`. */
 static ch_node_t *postfix(ch_t *p) {
   ch_node_t *n = primary(p);
+  int links = 0;
   while (p->err == LT_OK) {
     tok_t *t = peek(p);
+    if ((is_op(t, ".") || is_op(t, "[") || is_op(t, "(") || is_op(t, "|") || is_name(t, "is")) &&
+        !chain_link(p, t, &links))
+      break;
     if (is_op(t, ".")) {
       take(p);
       tok_t *a = peek(p);
@@ -473,6 +487,7 @@ static ch_node_t *postfix(ch_t *p) {
       break;
     }
   }
+  p->depth -= links;
   return n;
 }
 
@@ -515,6 +530,7 @@ static ch_node_t *binary(ch_t *p, int level) {
     return NULL;
   }
   ch_node_t *n = level == 0 ? unary(p) : binary(p, level - 1);
+  int links = 0;
   while (p->err == LT_OK) {
     tok_t *t = peek(p);
     int op = -1;
@@ -525,11 +541,11 @@ static ch_node_t *binary(ch_t *p, int level) {
       take(p);
       op = OP_NOTIN;
     }
-    if (op < 0) break;
+    if (op < 0 || !chain_link(p, t, &links)) break;
     take(p);
     n = bin(p, op, n, level == 0 ? unary(p) : binary(p, level - 1), t);
   }
-  p->depth--;
+  p->depth -= links + 1;
   return n;
 }
 
@@ -551,7 +567,8 @@ static ch_node_t *not_expr(ch_t *p) {
 
 static ch_node_t *logic(ch_t *p, bool is_or) {
   ch_node_t *n = is_or ? logic(p, false) : not_expr(p);
-  while (p->err == LT_OK && is_name(peek(p), is_or ? "or" : "and")) {
+  int links = 0;
+  while (p->err == LT_OK && is_name(peek(p), is_or ? "or" : "and") && chain_link(p, peek(p), &links)) {
     tok_t *t = take(p);
     ch_node_t *m = mk(p, is_or ? E_OR : E_AND, t);
     if (!m) break;
@@ -559,6 +576,7 @@ static ch_node_t *logic(ch_t *p, bool is_or) {
     m->b = is_or ? logic(p, false) : not_expr(p);
     n = m;
   }
+  p->depth -= links;
   return n;
 }
 

@@ -530,6 +530,37 @@ def unread_stream(port, key, ops, main_sbase):
           f"its client finds the stream ended without [DONE] ({len(got)} bytes came)")
 
 
+def other_base(lathed, env, key, model, log_tag):
+    """A sampler that serves lathe-odd alone: the tenant's lathe-tiny adapter is not in its
+    /v1/models, and asking for it is 404 saying the base is not served here. Before, it was listed,
+    and each request read and decrypted the adapter to be told 503 "retry"."""
+    odd_only = os.path.join(os.path.dirname(env["LATHE_MODELS_DIR"]), "models-odd")
+    os.makedirs(odd_only, exist_ok=True)
+    if not os.path.exists(os.path.join(odd_only, "lathe-odd")):
+        os.symlink(os.path.join(env["LATHE_MODELS_DIR"], "lathe-odd"), os.path.join(odd_only, "lathe-odd"))
+    c = Child("lathed sampler (lathe-odd)", [lathed, "--role", "sampler", "--port", "0", "--operator-port", "0"],
+              dict(env, LATHE_INSTANCE=f"{log_tag}-s3", LATHE_MODELS_DIR=odd_only, LATHE_API_KEY_RATE="off",
+                   LATHE_API_TENANT_RATE="off"))
+    try:
+        port = int(c.wait_for(r"sampler listening on http://127\.0\.0\.1:(\d+)", 120).group(1))
+        sbase = f"http://127.0.0.1:{port}"
+        ids = []
+        for _ in range(100):  # 503 until its API has read the log
+            st, body, _ = http_json(sbase, key, "GET", "/v1/models")
+            ids = [m["id"] for m in body.get("data", [])] if st == 200 else []
+            if st == 200:
+                break
+            time.sleep(0.2)
+        check(ids and "lathe-odd" in ids and not any("lathe-tiny" in i for i in ids),
+              f"a sampler lists only adapters of the base models it serves ({ids})")
+        st, b, _ = complete(sbase, key, {"model": model, "prompt": "x", "max_tokens": 2})
+        msg = b.get("error", {}).get("message", "")
+        check(st == 404 and b["error"].get("field") == "model" and "not served by this sampler" in msg,
+              f"an adapter of a base model the sampler does not serve is 404 saying so ({st} {msg[:90]})")
+    finally:
+        c.stop()
+
+
 def overload(lathed, env, key, model, log_tag, main_sbase):
     c = Child("lathed sampler", [lathed, "--role", "sampler", "--port", "0", "--operator-port", "0"],
               dict(env, LATHE_INSTANCE=f"{log_tag}-s2", LATHE_SAMPLER_QUEUE_PER_TENANT="8",
@@ -718,6 +749,7 @@ def main():
             deleted_job(base, sbase, ops, keys[1], job_b, model_b)
             unservable(sbase, ops, keys[0], base, job_wide)
             openai_npm(sbase, keys[0], model_a, samples_of(base, keys[0], job_a)[0])
+            other_base(lathed, env, keys[0], model_a, f"sam{run_id}")
             overload(lathed, env, keys[0], model_a, f"sam{run_id}", sbase)
             check(d.stopped_clean(), f"lathed exits 0 with nothing left behind (status {d.p.returncode}): "
                   "every stream a client left was freed")

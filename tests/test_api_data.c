@@ -912,9 +912,10 @@ Test(api_data, a_download_under_way_is_cut_when_its_job_is_deleted) {
   lt_test_wait_until(lt_test_get_status(ca, path, seen, sizeof seen) == 200 && strstr(seen, "adapter_model"), 20000,
                      100, "the artifact never showed: %s", seen);
   snprintf(path, sizeof path, "/v1/jobs/%s/artifacts/adapter_model.safetensors", job);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), rcv = 8192; /* little held in the kernel, whatever the host's tuning */
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
                           .sin_port = htons((uint16_t)atoi(strrchr(url, ':') + 1))};
+  cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
   cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
   char head[1024], buf[65536];
   int hl = snprintf(head, sizeof head, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, key_a);

@@ -295,10 +295,12 @@ static void completed_job(const char *job, int64_t step, ckpt_t *ck) {
 
 static int keep_checkpoints; /* the publisher's conf.keep_checkpoints (0: its default) */
 
+static int64_t retry_max_ms = 1000;
+
 static lt_publisher_t *start(lt_store_t *s, const char *group, int64_t grace_ms) {
   lt_publisher_conf_t c = {.bus = bus, .store = s, .kek = kek, .registry = reg, .producer_id = "publisher/test",
                            .group_id = group, .gc_grace_ms = grace_ms, .gc_interval_ms = -1, .tick_ms = 50,
-                           .retry_max_ms = 1000, .settle_ms = 1500, .keep_checkpoints = keep_checkpoints};
+                           .retry_max_ms = retry_max_ms, .settle_ms = 1500, .keep_checkpoints = keep_checkpoints};
   lt_publisher_t *p;
   cr_assert_eq(lt_publisher_new(base, &c, &p, err, sizeof err), LT_OK, "%s", err);
   return p;
@@ -916,6 +918,7 @@ Test(publisher, a_job_deleted_while_it_is_promoted_is_not_dead_lettered) {
   completed_job("job-gone", 10, &ck[0]);
   completed_job("job-lost", 10, &ck[1]);
   for (int i = 0; i < 2; i++) cr_assert_eq(lt_store_delete(store, ck[i].keys[0], err, sizeof err), LT_OK, "%s", err);
+  retry_max_ms = 2000; /* the service's back-off: 3.5 s of tries for the JobDeleted to be read */
   lt_publisher_t *p = start(store, NULL, 0);
   cr_assert(run(p, 60000, tried_or_refused), "the publisher did not try the jobs");
   lt_publisher_stats_t s;

@@ -283,8 +283,9 @@ static void reply_refused(struct evhttp_request *req, lt_err_t err, const lt_dat
   lt_api_reply_json(req, status, json_pack("{s:o,s:o}", "error", e, "report", report));
 }
 
-/* On the loop: answers the part or the completion. A failed part, or any completion, ends the
- * upload; a part of an upload aborted meanwhile answers 404. */
+/* On the loop: answers the part or the completion. A failed part (but one whose quota could not
+ * be checked, which went nowhere), or any completion, ends the upload; a part of an upload aborted
+ * meanwhile answers 404. */
 static void upload_after(lt_api_t *api, void *ctx) {
   upload_task_t *t = ctx;
   lt_api_upload_t *u = t->u;

@@ -143,9 +143,10 @@ static void files_take(lt_api_call_t *c, const char *body, size_t len, const cha
     return;
   }
   size_t fl = strlen(file->filename);
-  if (fl > 100 || !lt_utf8_valid(file->filename, fl, NULL)) {
+  if (fl > 100 || !lt_utf8_valid(file->filename, fl, NULL)) { /* a header line is read up to 511 bytes */
     lt_api_reply_error(c->req, 400, "invalid", "file",
-                       "the file's filename (%zu bytes) names the dataset: at most 100 bytes of UTF-8", fl);
+                       "the file's filename (%s%zu bytes) names the dataset: at most 100 bytes of UTF-8",
+                       fl > 300 ? "over " : "", fl > 300 ? (size_t)300 : fl);
     return;
   }
   struct evbuffer *data = evbuffer_new();

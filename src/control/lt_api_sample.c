@@ -89,6 +89,7 @@ typedef struct sample_req {
   const lt_crypto_dek_t *tenant_dek;
   lt_err_t load_err;
   bool load_gone; /* the store has no such weights (LT_ERR_NOT_FOUND from it, staging only) */
+  bool load_final; /* load_err says it can never be served here (too large, refused by the engine) */
   bool backlogged; /* its client left conf.stream_backlog bytes unread: cut (on_events) */
   char load_msg[256];
   /* events from the batch thread, under mu */
@@ -563,14 +564,20 @@ static void load_work(void *ctx) {
     if (err == LT_ERR_NOT_FOUND) err = LT_OK;
   }
   const lt_crypto_dek_t *dek = job_dek ? job_dek : r->tenant_dek;
-  if (!err) err = lt_sealed_get(api->conf.store, dek, r->st_key, ADAPTER_MAX_BYTES, &st, &st_len, msg, n);
-  if (err == LT_ERR_INVALID) /* over the limit: the store's words would name its key */
+  lt_store_info_t info;
+  if (!err && lt_store_head(api->conf.store, r->st_key, &info, NULL, 0) == LT_OK && info.size > ADAPTER_MAX_BYTES) {
     err = lt_errf(msg, n, LT_ERR_UNSUPPORTED, "its weights are over this sampler's limit of %u MiB an adapter",
                   ADAPTER_MAX_BYTES >> 20);
+    r->load_final = true;
+  }
+  if (!err) err = lt_sealed_get(api->conf.store, dek, r->st_key, ADAPTER_MAX_BYTES + 4096, &st, &st_len, msg, n);
   if (!err) err = lt_sealed_get(api->conf.store, dek, r->cfg_key, 1u << 20, &cfg, &cfg_len, msg, n);
   r->load_gone = err == LT_ERR_NOT_FOUND && !r->dek_key[0];
   const lt_sample_ops_t *ops = api->conf.sampler;
-  if (!err) err = ops->load_adapter(ops->ctx, r->adapter, r->base, st, st_len, cfg, cfg_len, msg, n);
+  if (!err) {
+    err = ops->load_adapter(ops->ctx, r->adapter, r->base, st, st_len, cfg, cfg_len, msg, n);
+    r->load_final = err == LT_ERR_UNSUPPORTED || err == LT_ERR_INVALID; /* the engine's own refusal */
+  }
   if (st) OPENSSL_cleanse(st, st_len);
   if (cfg) OPENSSL_cleanse(cfg, cfg_len);
   free(st);
@@ -613,7 +620,7 @@ static void load_after(lt_api_t *api, void *ctx) {
   }
   if (r->load_err) {
     lt_log_warn("sampler", "adapter %s not loaded: %s", r->adapter, r->load_msg);
-    if (r->load_err == LT_ERR_UNSUPPORTED || r->load_err == LT_ERR_INVALID) {
+    if (r->load_final) {
       /* it never will be (too large, or its files refused): remembered, so that a client retrying
        * is answered at once, not after the adapter was read, decrypted and parsed again */
       refused_t *f = lt_map_count(api->adapters_refused) < 4096 ? malloc(sizeof *f) : NULL;
@@ -626,9 +633,11 @@ static void load_after(lt_api_t *api, void *ctx) {
     if (r->load_err == LT_ERR_QUOTA) {
       evhttp_add_header(evhttp_request_get_output_headers(r->req), "Retry-After", "1");
       lt_api_reply_error(r->req, 429, "rate_limited", NULL, "%s", r->load_msg);
-    } else if (r->load_err == LT_ERR_UNSUPPORTED || r->load_err == LT_ERR_INVALID) {
+    } else if (r->load_final) {
       refuse_adapter(r, r->load_err, r->load_msg);
-    } else if (r->load_err == LT_ERR_CORRUPT) { /* the store's bytes do not verify: ours to mend */
+    } else if (r->load_err == LT_ERR_CORRUPT || r->load_err == LT_ERR_INVALID) {
+      /* the stored bytes, or their key, do not open: ours to mend, and the store's words (which
+       * name its keys) stay in the log */
       lt_api_reply_error(r->req, 500, "internal", "model", "the adapter of %s could not be read", r->model);
     } else if (r->load_gone) { /* staging weights retention let go, or a session's end took */
       lt_api_reply_error(r->req, 404, "model_not_found", "model", "the weights of %s are no longer kept%s", r->model,
@@ -724,6 +733,13 @@ static bool resolve_adapter(lt_api_call_t *c, sample_req_t *r) {
   return true;
 }
 
+/* Whether the sampler beside this API serves base. */
+static bool base_served(const lt_sample_ops_t *ops, const char *base) {
+  for (const char *const *b = ops->models(ops->ctx); *b; b++)
+    if (strcmp(*b, base) == 0) return true;
+  return false;
+}
+
 /* Resolves r->model for the caller: a served base model, or one of its own adapters
  * (resolve_adapter). Replies 404 — the same for another tenant's job as for none — and returns
  * false. */
@@ -734,6 +750,12 @@ static bool resolve_model(lt_api_call_t *c, sample_req_t *r) {
   bool allowed = lt_tenant_key_may_use(lt_tenant_key(c->tenant, c->key_id), r->model);
   if (allowed && strncmp(r->model, "ft:", 3) == 0) {
     if (!resolve_adapter(c, r)) r->base[0] = '\0';
+    else if (!base_served(ops, r->base)) { /* its own adapter, of a base this sampler does not have */
+      lt_api_reply_error(c->req, 404, "model_not_found", "model",
+                         "the base model %s of %s is not served by this sampler (GET /v1/models lists what is)",
+                         r->base, r->model);
+      return false;
+    }
   } else if (allowed) {
     for (const char *const *b = ops->models(ops->ctx); *b; b++)
       if (strcmp(*b, r->model) == 0) snprintf(r->base, sizeof r->base, "%s", *b);
@@ -1048,7 +1070,10 @@ static void add_model(models_ctx_t *m, const lt_job_t *j, const char *id) {
 
 static bool add_adapter_model(const lt_job_t *j, void *arg) {
   models_ctx_t *m = arg;
-  if (strcmp(j->tenant_id, m->tenant) != 0 || lt_api_job_deleted(m->api, j->job_id)) return true;
+  const lt_sample_ops_t *ops = m->api->conf.sampler;
+  if (strcmp(j->tenant_id, m->tenant) != 0 || lt_api_job_deleted(m->api, j->job_id) ||
+      (ops && !base_served(ops, j->base_model))) /* the sampler lists what it can serve */
+    return true;
   char id[256];
   if (lt_api_is_session_id(j->job_id) && !lt_job_state_is_terminal(j->state)) { /* its saved weights */
     json_t *names = lt_api_sessions_saved_names(m->api, j->job_id), *nm;

@@ -239,6 +239,7 @@ typedef struct todo {
   void *payload; /* the JobCompleted message, for a DeadLetter */
   size_t len;
   int tries;
+  int missing; /* of those, the tries that found a staged object missing */
   int64_t next_ms;
 } todo_t;
 
@@ -743,7 +744,7 @@ static step_t promote_job(lt_publisher_t *p, todo_t *t) {
     /* A staged object missing is refused for good, but at the fourth try (3.5 s on): a DELETE of
      * the job removes its objects once its JobDeleted is on the log, which this fold may not have
      * read yet; a later try finds the job deleted, and no dead letter tells of a customer's delete. */
-    bool for_good = err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || (err == LT_ERR_NOT_FOUND && t->tries >= 3);
+    bool for_good = err == LT_ERR_CORRUPT || err == LT_ERR_INVALID || (err == LT_ERR_NOT_FOUND && t->missing++ >= 3);
     st = for_good ? reject(p, t, err, why) : retry(p, t, err, why);
   } else {
     /* j points into the job table, which the fold in publish_record may grow: copy what it needs. */

@@ -228,8 +228,8 @@ static void check_line(lt_dataset_check_t *c, const char *s, size_t n) {
       add_error(c, ln, "", "cannot be tokenised");
       ok = false;
     } else if (c->lim.max_tokens > 0 && t > c->lim.max_tokens) {
-      add_error(c, ln, "", "example has %lld tokens, over the limit of %d (the upload's max_tokens, 8 to 32768)",
-                (long long)t, c->lim.max_tokens);
+      add_error(c, ln, "", "example has %lld tokens, over the limit of %d (max_tokens of POST /v1/datasets and "
+                "/v1/uploads, 8 to 32768; 1024 for /v1/files)", (long long)t, c->lim.max_tokens);
       ok = false;
     } else {
       c->r.tokens += (uint64_t)t;

@@ -18,8 +18,12 @@ import json
 import os
 import random
 import re
+import resource
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -138,6 +142,46 @@ p = run("jobs", "show", "ftjob-x", "--url", url)
 check("any other 503 is the answer: said once, not sent again",
       p.returncode == 1 and len(Starting.seen) == 1 and "HTTP 503 unavailable" in p.stderr, f"{Starting.seen} {p.stderr!r}")
 srv.shutdown()
+
+# Numbers a person gets wrong are refused naming the option, not cut at the first bad character or
+# wrapped to another number; a file is not left cut short where a whole one was.
+scratch = tempfile.mkdtemp(prefix="cli_args.")
+trace = os.path.join(scratch, "t.csv")
+p = run("sim", "gen", "--jobs", "40", "--out", trace)
+check("sim gen writes a trace", p.returncode == 0 and open(trace).read().startswith("arrival_s,"), p.stderr)
+for args, opt in ((["sim", trace, "--workers", "1.5"], "--workers"),
+                  (["sim", trace, "--workers", "4294967297"], "--workers"),
+                  (["sim", trace, "--models-per-worker", "4294967296"], "--models-per-worker"),
+                  (["sim", trace, "--tenant", "a:1:0.5"], "max running slots"),
+                  (["sim", trace, "--tenant", "a:1:2:3:extra"], "--tenant"),
+                  (["sim", trace, "--tick", "1e-9"], "--tick"),
+                  (["sim", "gen", "--jobs", "1e30"], "--jobs"),
+                  (["sim", "gen", "--days", "1e305"], "--days"),
+                  (["sim", "gen", "--seed", "1e25"], "--seed"),
+                  (["sim", "gen", "--jobs", "1", "--slots", "1", "--load", "1", "--seed", "10"], "--load"),
+                  (["model", "make", "--steps", "600abc", "--out", os.path.join(scratch, "m")], "--steps"),
+                  (["model", "make", "--threads", "4x", "--out", os.path.join(scratch, "m")], "--threads")):
+    p = run(*args)
+    check(f"`lathe {' '.join(args[:2])} ... {' '.join(args[2:])[-40:]}` is exit 2 naming {opt}",
+          p.returncode == 2 and opt in p.stderr and not os.path.exists(os.path.join(scratch, "m")),
+          f"exit {p.returncode}: {p.stderr[-200:]!r}")
+before = open(trace).read()
+
+
+def small_files():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+p = subprocess.run([lathe, "sim", "gen", "--jobs", "1000", "--seed", "2", "--out", trace], capture_output=True,
+                   text=True, timeout=60, preexec_fn=small_files)
+check("sim gen that cannot finish its file fails saying why and leaves the old file whole, and no other",
+      p.returncode == 1 and "File too large" in p.stderr and open(trace).read() == before
+      and os.listdir(scratch) == ["t.csv"], f"exit {p.returncode}: {p.stderr[-200:]!r} {os.listdir(scratch)}")
+p = run("admin", "tenant", "list", env=dict(os.environ, LATHE_KAFKA_CONFIG_DIR=os.path.join(scratch, "none")))
+check("admin tenant list without the bus's credentials fails saying so (it crashed)",
+      p.returncode == 1 and "no Kafka credentials" in p.stderr, f"exit {p.returncode}: {p.stderr[-200:]!r}")
+shutil.rmtree(scratch, ignore_errors=True)
 
 if not os.environ.get("LATHE_KAFKA_BOOTSTRAP"):
     check("the stack's environment is set (ops/test sets it)", False, "LATHE_KAFKA_BOOTSTRAP unset")

@@ -319,8 +319,8 @@ static int tenant_list(int argc, char **argv) {
   if (rc >= 0) return rc;
   admin_t ad = {0};
   rc = load_tenants(&ad);
-  lt_tenant_table_t *tt = lt_proj_tenants(ad.proj);
-  for (size_t i = 0; !rc && i < lt_tenant_count(tt); i++) print_tenant(lt_tenant_at(tt, i), NULL, json);
+  lt_tenant_table_t *tt = rc ? NULL : lt_proj_tenants(ad.proj); /* no projection when the bus was refused */
+  for (size_t i = 0; tt && i < lt_tenant_count(tt); i++) print_tenant(lt_tenant_at(tt, i), NULL, json);
   admin_free(&ad);
   return rc;
 }

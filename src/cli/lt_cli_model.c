@@ -81,20 +81,26 @@ static int model_make(int argc, char **argv) {
                                        {0}};
   lt_cli_args_t a = {.what = "model make", .usage = model_usage, .opts = opts};
   int c;
+  double v;
   while ((c = lt_cli_args_next(&a, argc, argv)) >= 0) {
     if (c == O_OUT) snprintf(out, sizeof out, "%s", a.value);
-    else if (c == O_STEPS) steps = strtol(a.value, NULL, 10);
-    else if (c == O_THREADS) threads = strtol(a.value, NULL, 10);
+    else if (c == O_STEPS && lt_cli_args_num(&a, "--steps", 1, 1000000, true, &v)) steps = (long)v;
+    else if (c == O_THREADS && lt_cli_args_num(&a, "--threads", 1, 256, true, &v)) threads = (long)v;
+    else if (c == O_STEPS || c == O_THREADS) return 2;
     else force = true;
   }
   if (c != LT_CLI_ARGS_END) return a.status;
-  if (steps < 1 || steps > 1000000 || threads < 1 || threads > 256) {
-    fprintf(stderr, "lathe model make: --steps must be 1..1000000 and --threads 1..256\n");
-    return 2;
+  if (threads > 256) threads = 256; /* the default: this host's processors */
+  /* Made: its task files are placed last, after the weights, tokenizer and chat config; a make
+   * that stopped before them (a kill, a full disk) is made again, not taken for a model. */
+  bool made = true;
+  const char *const last[] = {"model.safetensors", "tokenizer.json", "task_train.jsonl", "task_eval.jsonl"};
+  for (size_t i = 0; i < sizeof last / sizeof *last; i++) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/%s", out, last[i]);
+    made = made && access(probe, R_OK) == 0;
   }
-  char probe[4200];
-  snprintf(probe, sizeof probe, "%s/model.safetensors", out);
-  if (!force && access(probe, R_OK) == 0) {
+  if (!force && made) {
     /* A model made before it had a chat template gets one (the sampler reads it). */
     char cfg[4300], err[512];
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", out);
@@ -266,18 +272,30 @@ static int train_cmd(int argc, char **argv) {
   c.train_len = tl;
   c.valid = vt;
   c.valid_len = vl;
-  char work[] = "/tmp/lathe-train-XXXXXX";
-  if (out) {
-    mkdirs(out);
+  char work[] = "/tmp/lathe-train-XXXXXX", plan_tmp[4200] = "";
+  struct stat ost;
+  if (out) { /* refused now, not at the first checkpoint a hundred steps on */
+    int why = mkdirs(out) != 0 || stat(out, &ost) != 0 ? errno : !S_ISDIR(ost.st_mode) ? ENOTDIR : 0;
+    if (why) {
+      fprintf(stderr, "lathe train: --out %s: cannot make it a directory: %s\n", out, strerror(why));
+      free(tt);
+      free(vt);
+      return 1;
+    }
     c.work_dir = out;
   } else {
     if (!mkdtemp(work)) {
       fprintf(stderr, "lathe train: mkdtemp: %s\n", strerror(errno));
+      free(tt);
+      free(vt);
       return 1;
     }
     c.work_dir = work;
   }
-  FILE *plan = plan_path ? fopen(plan_path, "w") : NULL;
+  /* The plan is written aside and renamed into place once the run ended well: a plan cut short
+   * by a failure has no end marker and would replay as another run. */
+  if (plan_path) snprintf(plan_tmp, sizeof plan_tmp, "%s.tmp.%d", plan_path, (int)getpid());
+  FILE *plan = plan_path ? fopen(plan_tmp, "w") : NULL;
   if (plan_path && !plan) {
     fprintf(stderr, "lathe train: cannot write the plan to %s: %s\n", plan_path, strerror(errno));
     free(tt);
@@ -292,8 +310,16 @@ static int train_cmd(int argc, char **argv) {
   free(vt);
   if (plan && (ferror(plan) | fclose(plan)) && !e)
     e = lt_errf(err, sizeof err, LT_ERR_IO, "writing the plan to %s failed", plan_path);
+  if (plan && !e && rename(plan_tmp, plan_path) != 0)
+    e = lt_errf(err, sizeof err, LT_ERR_IO, "cannot place the plan at %s: %s", plan_path, strerror(errno));
+  if (plan && e) unlink(plan_tmp);
   if (e) {
     fprintf(stderr, "lathe train: %s\n", err);
+    if (!out) { /* the work directory of a run that failed goes too */
+      char cmd[256];
+      snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+      if (system(cmd) != 0) fprintf(stderr, "lathe train: could not remove %s\n", work);
+    }
     return 1;
   }
   printf("{\"steps\":%lld,\"config_digest\":\"%s\",\"val_loss\":%.6f,\"base_val_loss\":%.6f,\"exact_match\":%.4f,"

@@ -61,28 +61,37 @@ static int parse_num(const char *opt, const char *v, double lo, double *out) {
   return 0;
 }
 
+/* A whole number within lo..hi, for a count the simulator keeps as 32 bits. */
+static int parse_count(const char *opt, const char *v, double lo, double hi, uint32_t *out) {
+  double d;
+  if (parse_num(opt, v, lo, &d)) return -1;
+  if (d > hi || d != floor(d)) {
+    fprintf(stderr, "lathe sim: %s: \"%s\" is not a whole number from %g to %g\n", opt, v, lo, hi);
+    return -1;
+  }
+  *out = (uint32_t)d;
+  return 0;
+}
+
 static int parse_tenant(const char *v, lt_sched_sim_tenant_t *t) {
   memset(t, 0, sizeof *t);
   char buf[256];
   snprintf(buf, sizeof buf, "%s", v);
   char *parts[4] = {0};
   int n = 0;
-  for (char *p = buf; p && n < 4; n++) {
+  char *p = buf;
+  for (; p && n < 4; n++) {
     parts[n] = p;
     p = strchr(p, ':');
     if (p) *p++ = 0;
   }
-  if (n < 2 || !*parts[0] || strlen(parts[0]) >= sizeof t->name) {
+  if (p || strlen(v) >= sizeof buf || n < 2 || !*parts[0] || strlen(parts[0]) >= sizeof t->name) {
     fprintf(stderr, "lathe sim: --tenant \"%s\": expected NAME:WEIGHT[:MAXRUN[:MAXDUR]]\n", v);
     return -1;
   }
   snprintf(t->name, sizeof t->name, "%s", parts[0]);
-  double d;
   if (parse_num("--tenant weight", parts[1], 1e-9, &t->weight)) return -1;
-  if (n > 2) {
-    if (parse_num("--tenant max running slots", parts[2], 0, &d)) return -1;
-    t->max_running_slots = (uint32_t)d;
-  }
+  if (n > 2 && parse_count("--tenant max running slots", parts[2], 0, 1e9, &t->max_running_slots)) return -1;
   if (n > 3 && parse_num("--tenant max duration", parts[3], 0, &t->max_duration_s)) return -1;
   return 0;
 }
@@ -301,7 +310,6 @@ enum { O_POLICY = 256, O_WORKERS, O_GROUP, O_SLOTS, O_MODELS, O_COLD, O_CKPT, O_
 /* Applies option o (one of O_*) with its argument; 0, or 2 after saying what is wrong. */
 static int sim_option(sim_args_t *a, int o, const char *arg) {
   lt_sched_sim_config_t *cfg = &a->cfg;
-  double d;
   switch (o) {
   case O_POLICY:
     if (strcmp(arg, "lathe") == 0) a->policies = 1;
@@ -315,28 +323,20 @@ static int sim_option(sim_args_t *a, int o, const char *arg) {
       return 2;
     }
     return 0;
-  case O_WORKERS:
-    if (parse_num("--workers", arg, 1, &d)) return 2;
-    cfg->workers = (uint32_t)d;
-    return 0;
-  case O_GROUP:
-    if (parse_num("--workers-per-group", arg, 0, &d)) return 2;
-    cfg->workers_per_group = (uint32_t)d;
-    return 0;
+  case O_WORKERS: return parse_count("--workers", arg, 1, 1e6, &cfg->workers) ? 2 : 0;
+  case O_GROUP: return parse_count("--workers-per-group", arg, 0, 1e6, &cfg->workers_per_group) ? 2 : 0;
   case O_SLOTS:
-    if (parse_num("--slots", arg, 1, &d) || d > LT_SCHED_MAX_WORKER_SLOTS) {
-      fprintf(stderr, "lathe sim: --slots must be within 1..%d\n", LT_SCHED_MAX_WORKER_SLOTS);
-      return 2;
-    }
-    cfg->slots_per_worker = (uint32_t)d;
-    return 0;
-  case O_MODELS:
-    if (parse_num("--models-per-worker", arg, 1, &d)) return 2;
-    cfg->models_per_worker = (uint32_t)d;
-    return 0;
+    return parse_count("--slots", arg, 1, LT_SCHED_MAX_WORKER_SLOTS, &cfg->slots_per_worker) ? 2 : 0;
+  case O_MODELS: return parse_count("--models-per-worker", arg, 1, 1e6, &cfg->models_per_worker) ? 2 : 0;
   case O_COLD: return parse_num("--cold-load", arg, 0, &cfg->cold_load_s) ? 2 : 0;
   case O_CKPT: return parse_num("--checkpoint", arg, 0, &cfg->checkpoint_s) ? 2 : 0;
-  case O_TICK: return parse_num("--tick", arg, 0, &cfg->tick_s) ? 2 : 0;
+  case O_TICK: /* a tick under a millisecond decides billions of times over a trace's days */
+    if (parse_num("--tick", arg, 0, &cfg->tick_s)) return 2;
+    if (cfg->tick_s > 0 && cfg->tick_s < 1e-3) {
+      fprintf(stderr, "lathe sim: --tick: \"%s\" is under 0.001 s (0: event-driven)\n", arg);
+      return 2;
+    }
+    return 0;
   case O_LAS: return parse_num("--las-threshold", arg, 0, &cfg->sched.las_threshold_gpu_s) ? 2 : 0;
   case O_AGING: return parse_num("--aging", arg, 0, &cfg->sched.aging_s) ? 2 : 0;
   case O_PREEMPT:

@@ -11,8 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "lt_cli_args.h"
 #include "lt_rand.h"
+#include "lt_sched.h"
 
 int lt_cli_sim_gen(int argc, char **argv);
 
@@ -145,14 +148,17 @@ static int gen_parse(int argc, char **argv, gen_args_t *a) {
     char *end = NULL;
     double v = 0;
     if (o != 'o') {
+      /* the largest of each: a trace this machine can hold, a seed a double carries exactly */
+      double max = o == 'n' ? 1e8 : o == 'd' ? 36500 : o == 's' ? 9007199254740992.0 : o == 'l' ? 1e6
+                   : o == 'w' ? 1e6 : LT_SCHED_MAX_WORKER_SLOTS;
       errno = 0;
       v = strtod(p.value, &end);
-      if (end == p.value || *end || errno || !isfinite(v) || v <= 0 ||
+      if (end == p.value || *end || errno || !isfinite(v) || v <= 0 || v > max ||
           (o != 'd' && o != 'l' && v != floor(v))) {
-        fprintf(stderr, "lathe sim gen: --%s: \"%s\" is not a %s > 0\n",
+        fprintf(stderr, "lathe sim gen: --%s: \"%s\" is not a %s above 0 and at most %.16g\n",
                 o == 'n' ? "jobs" : o == 'd' ? "days" : o == 's' ? "seed" : o == 'l' ? "load"
                 : o == 'w' ? "workers" : "slots",
-                p.value, (o == 'd' || o == 'l') ? "number" : "whole number");
+                p.value, (o == 'd' || o == 'l') ? "number" : "whole number", max);
         return 2;
       }
     }
@@ -194,9 +200,13 @@ static uint32_t gen_draw(rng_t *r, const gen_args_t *a, gen_job_t *jobs, uint32_
   return nt;
 }
 
-/* Writes the trace; durations scaled by k (--load). 0, or 1 after saying why not. */
+/* Writes the trace; durations scaled by k (--load). 0, or 1 after saying why not. A file is
+ * written aside and renamed into place once whole: a failed write leaves the old one, and no
+ * trace cut short that would still read as one. */
 static int gen_write(const gen_args_t *a, const gen_job_t *jobs, double k) {
-  FILE *f = a->out ? fopen(a->out, "w") : stdout;
+  char tmp[4200];
+  if (a->out) snprintf(tmp, sizeof tmp, "%s.tmp.%d", a->out, (int)getpid());
+  FILE *f = a->out ? fopen(tmp, "w") : stdout;
   if (!f) {
     fprintf(stderr, "lathe sim gen: cannot write %s: %s\n", a->out, strerror(errno));
     return 1;
@@ -208,11 +218,16 @@ static int gen_write(const gen_args_t *a, const gen_job_t *jobs, double k) {
     fprintf(f, "%.1f,t%04u,%s,%u,%.0f,%s\n", j->arrival, j->tenant, gen_classes[j->cls], j->gpus,
             d < 1 ? 1 : d, gen_models[j->model]);
   }
-  int bad = ferror(f);
+  errno = 0;
+  int bad = ferror(f), why = errno;
   if (a->out) bad |= fclose(f);
   else bad |= fflush(f);
+  if (!why) why = errno;
+  if (!bad && a->out && rename(tmp, a->out) != 0) bad = 1, why = errno;
   if (bad) {
-    fprintf(stderr, "lathe sim gen: writing %s failed\n", a->out ? a->out : "stdout");
+    fprintf(stderr, "lathe sim gen: writing %s failed: %s\n", a->out ? a->out : "stdout",
+            why ? strerror(why) : "an I/O error");
+    if (a->out) unlink(tmp);
     return 1;
   }
   return 0;
@@ -235,6 +250,13 @@ int lt_cli_sim_gen(int argc, char **argv) {
   double k = 1, gpu_s = 0;
   for (long i = 0; i < a.jobs; i++) /* what the fleet can run: jobs that fit on a worker */
     if (jobs[i].gpus <= a.slots) gpu_s += jobs[i].gpus * jobs[i].duration;
+  if (a.load > 0 && gpu_s <= 0) {
+    fprintf(stderr, "lathe sim gen: --load: no job of the trace fits on a worker of %u slots, so none can be "
+            "scaled to it\n", a.slots);
+    free(jobs);
+    free(owner);
+    return 2;
+  }
   if (a.load > 0) k = a.load * a.workers * a.slots * a.days * 86400.0 / gpu_s;
   rc = gen_write(&a, jobs, k);
   if (rc == 0)

@@ -165,6 +165,10 @@ for args, opt in ((["sim", trace, "--workers", "1.5"], "--workers"),
     check(f"`lathe {' '.join(args[:2])} ... {' '.join(args[2:])[-40:]}` is exit 2 naming {opt}",
           p.returncode == 2 and opt in p.stderr and not os.path.exists(os.path.join(scratch, "m")),
           f"exit {p.returncode}: {p.stderr[-200:]!r}")
+for args in (["train", "--model", "m", "--train", "t.jsonl"], ["jobs", "submit", "--model", "m", "--dataset", "d"]):
+    p = run(*args, b"--set", b"bo\xffgus=1")
+    check(f"lathe {args[0]} --set with a key that is not UTF-8 is exit 2 saying so (it was dropped silently)",
+          p.returncode == 2 and "must be UTF-8" in p.stderr, f"exit {p.returncode}: {p.stderr[-200:]!r}")
 before = open(trace).read()
 
 

@@ -33,6 +33,7 @@
 
 #include "lt_cli_api.h"
 #include "lt_crypto.h"
+#include "lt_utf8.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: lathe jobs submit --model M --dataset D [--validation D2] [--priority P]\n"
@@ -88,12 +89,17 @@ static int apply_set(json_t *body, const char *kv) {
       val = json_string(v);
     }
   }
-  if (k == key && is_top_field(k)) {
-    json_object_set_new(body, k, val);
-  } else {
-    json_t *hp = json_object_get(body, "hyperparameters");
-    if (!hp) json_object_set_new(body, "hyperparameters", hp = json_object());
-    json_object_set_new(hp, k, val);
+  json_t *into = body;
+  if (k != key || !is_top_field(k)) {
+    into = json_object_get(body, "hyperparameters");
+    if (!into) json_object_set_new(body, "hyperparameters", into = json_object());
+  }
+  if (json_object_set_new(into, k, val) != 0) { /* jansson takes no key or string that is not UTF-8 */
+    size_t n;
+    char *shown = lt_utf8_sanitize(key, strlen(key), &n);
+    fprintf(stderr, "lathe jobs submit: --set %.60s: the key and value must be UTF-8\n", shown ? shown : "");
+    free(shown);
+    return 2;
   }
   return 0;
 }

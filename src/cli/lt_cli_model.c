@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "lt_cli_args.h"
+#include "lt_utf8.h"
 #include "lt_config.h"
 #include "lt_jobspec.h"
 #include "lt_plan.h"
@@ -202,6 +203,31 @@ static void train_usage(FILE *f) {
              "                    accumulation (a cpu with AMX-BF16; default f32)\n");
 }
 
+/* The run's work directory: out, made now (refused before the run, not at its first checkpoint a
+ * hundred steps on), or a fresh one under /tmp (work, which work_dir_drop removes). 0, or 1 after
+ * saying why. */
+static int work_dir_for(const char *out, char *work, const char **dir) {
+  struct stat st;
+  if (!out) {
+    if (!mkdtemp(work)) {
+      fprintf(stderr, "lathe train: mkdtemp: %s\n", strerror(errno));
+      return 1;
+    }
+    *dir = work;
+    return 0;
+  }
+  int why = mkdirs(out) != 0 || stat(out, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+  if (why) fprintf(stderr, "lathe train: --out %s: cannot make it a directory: %s\n", out, strerror(why));
+  *dir = out;
+  return why ? 1 : 0;
+}
+
+static void work_dir_drop(const char *out, const char *work) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
+  if (!out && system(cmd) != 0) fprintf(stderr, "lathe train: could not remove %s\n", work);
+}
+
 static int train_cmd(int argc, char **argv) {
   const char *model = NULL, *train = NULL, *valid = NULL, *out = NULL, *plan_path = NULL, *precision = NULL;
   long threads = sysconf(_SC_NPROCESSORS_ONLN);
@@ -238,7 +264,14 @@ static int train_cmd(int argc, char **argv) {
     }
     *eq = '\0';
     json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
-    json_object_set_new(hp, kv, v ? v : json_string(eq + 1));
+    if (json_object_set_new(hp, kv, v ? v : json_string(eq + 1)) != 0) { /* a key or value not UTF-8 */
+      size_t n;
+      char *shown = lt_utf8_sanitize(kv, strlen(kv), &n);
+      json_decref(hp);
+      int rc = lt_cli_args_fail(&a, "--set %.60s: the key and value must be UTF-8", shown ? shown : "");
+      free(shown);
+      return rc;
+    }
   }
   if (o != LT_CLI_ARGS_END) {
     json_decref(hp);
@@ -273,24 +306,10 @@ static int train_cmd(int argc, char **argv) {
   c.valid = vt;
   c.valid_len = vl;
   char work[] = "/tmp/lathe-train-XXXXXX", plan_tmp[4200] = "";
-  struct stat ost;
-  if (out) { /* refused now, not at the first checkpoint a hundred steps on */
-    int why = mkdirs(out) != 0 || stat(out, &ost) != 0 ? errno : !S_ISDIR(ost.st_mode) ? ENOTDIR : 0;
-    if (why) {
-      fprintf(stderr, "lathe train: --out %s: cannot make it a directory: %s\n", out, strerror(why));
-      free(tt);
-      free(vt);
-      return 1;
-    }
-    c.work_dir = out;
-  } else {
-    if (!mkdtemp(work)) {
-      fprintf(stderr, "lathe train: mkdtemp: %s\n", strerror(errno));
-      free(tt);
-      free(vt);
-      return 1;
-    }
-    c.work_dir = work;
+  if (work_dir_for(out, work, &c.work_dir)) {
+    free(tt);
+    free(vt);
+    return 1;
   }
   /* The plan is written aside and renamed into place once the run ended well: a plan cut short
    * by a failure has no end marker and would replay as another run. */
@@ -315,11 +334,7 @@ static int train_cmd(int argc, char **argv) {
   if (plan && e) unlink(plan_tmp);
   if (e) {
     fprintf(stderr, "lathe train: %s\n", err);
-    if (!out) { /* the work directory of a run that failed goes too */
-      char cmd[256];
-      snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
-      if (system(cmd) != 0) fprintf(stderr, "lathe train: could not remove %s\n", work);
-    }
+    work_dir_drop(out, work); /* that of a run that failed goes too */
     return 1;
   }
   printf("{\"steps\":%lld,\"config_digest\":\"%s\",\"val_loss\":%.6f,\"base_val_loss\":%.6f,\"exact_match\":%.4f,"
@@ -327,11 +342,7 @@ static int train_cmd(int argc, char **argv) {
          (long long)res.steps, res.config_digest, res.final_eval.val_loss, res.final_eval.base_val_loss,
          res.final_eval.exact_match, res.final_eval.base_exact_match, res.final_eval.em_ci_low,
          res.final_eval.em_ci_high);
-  if (!out) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", work);
-    if (system(cmd) != 0) fprintf(stderr, "lathe train: could not remove %s\n", work);
-  }
+  work_dir_drop(out, work);
   return 0;
 }
 

@@ -80,7 +80,10 @@ static int apply_set(json_t *body, const char *kv) {
   if (strcmp(k, "target_modules") == 0 && v[0] != '[') {
     val = json_array();
     char *dup = strdup(v), *save = NULL;
-    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) json_array_append_new(val, json_string(t));
+    bool utf8 = true; /* jansson makes no string of bytes that are not UTF-8: refused below */
+    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save))
+      utf8 = json_array_append_new(val, json_string(t)) == 0 && utf8;
+    if (!utf8) json_decref(val), val = NULL;
     free(dup);
   } else {
     val = json_loads(v, JSON_DECODE_ANY, NULL);

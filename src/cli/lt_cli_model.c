@@ -117,6 +117,11 @@ static int model_make(int argc, char **argv) {
     fprintf(stderr, "lathe model make: cannot create %s: %s\n", out, strerror(errno));
     return 1;
   }
+  for (size_t i = 0; i < sizeof last / sizeof *last; i++) { /* a rebuild is made again until its end */
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/%s", out, last[i]);
+    if (i >= 2) unlink(probe); /* the task files: placed last, so they mark a make that ended */
+  }
   char err[512];
   fprintf(stderr, "lathe model make: writing the corpus, tokenizer and task to %s\n", bundle);
   if (lt_task_write_bundle(bundle, LT_TASK_BUNDLE_SEED, LT_TASK_BUNDLE_CORPUS_BYTES, LT_TASK_BUNDLE_VOCAB,
@@ -313,12 +318,15 @@ static int train_cmd(int argc, char **argv) {
   }
   /* The plan is written aside and renamed into place once the run ended well: a plan cut short
    * by a failure has no end marker and would replay as another run. */
-  if (plan_path) snprintf(plan_tmp, sizeof plan_tmp, "%s.tmp.%d", plan_path, (int)getpid());
-  FILE *plan = plan_path ? fopen(plan_tmp, "w") : NULL;
+  struct stat pst; /* aside only for a file or none: a pipe, a device or a link is written in place */
+  bool aside = plan_path && (lstat(plan_path, &pst) != 0 ? errno == ENOENT : S_ISREG(pst.st_mode));
+  if (aside) snprintf(plan_tmp, sizeof plan_tmp, "%s.tmp.%d", plan_path, (int)getpid());
+  FILE *plan = plan_path ? fopen(aside ? plan_tmp : plan_path, "w") : NULL;
   if (plan_path && !plan) {
     fprintf(stderr, "lathe train: cannot write the plan to %s: %s\n", plan_path, strerror(errno));
     free(tt);
     free(vt);
+    work_dir_drop(out, work);
     return 1;
   }
   lt_train_hooks_t hooks = {.ctx = plan, .on_step = on_step, .on_eval = on_eval,
@@ -329,9 +337,9 @@ static int train_cmd(int argc, char **argv) {
   free(vt);
   if (plan && (ferror(plan) | fclose(plan)) && !e)
     e = lt_errf(err, sizeof err, LT_ERR_IO, "writing the plan to %s failed", plan_path);
-  if (plan && !e && rename(plan_tmp, plan_path) != 0)
+  if (aside && !e && rename(plan_tmp, plan_path) != 0)
     e = lt_errf(err, sizeof err, LT_ERR_IO, "cannot place the plan at %s: %s", plan_path, strerror(errno));
-  if (plan && e) unlink(plan_tmp);
+  if (aside && e) unlink(plan_tmp);
   if (e) {
     fprintf(stderr, "lathe train: %s\n", err);
     work_dir_drop(out, work); /* that of a run that failed goes too */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lt_cli_args.h"
@@ -149,7 +150,7 @@ static int gen_parse(int argc, char **argv, gen_args_t *a) {
     double v = 0;
     if (o != 'o') {
       /* the largest of each: a trace this machine can hold, a seed a double carries exactly */
-      double max = o == 'n' ? 1e8 : o == 'd' ? 36500 : o == 's' ? 9007199254740992.0 : o == 'l' ? 1e6
+      double max = o == 'n' ? 1e8 : o == 'd' ? 36500 : o == 's' ? 9007199254740991.0 : o == 'l' ? 1e6
                    : o == 'w' ? 1e6 : LT_SCHED_MAX_WORKER_SLOTS;
       errno = 0;
       v = strtod(p.value, &end);
@@ -205,29 +206,32 @@ static uint32_t gen_draw(rng_t *r, const gen_args_t *a, gen_job_t *jobs, uint32_
  * trace cut short that would still read as one. */
 static int gen_write(const gen_args_t *a, const gen_job_t *jobs, double k) {
   char tmp[4200];
-  if (a->out) snprintf(tmp, sizeof tmp, "%s.tmp.%d", a->out, (int)getpid());
-  FILE *f = a->out ? fopen(tmp, "w") : stdout;
+  struct stat st; /* aside only for a file or none: a pipe, a device or a link is written in place */
+  bool aside = a->out && (lstat(a->out, &st) != 0 ? errno == ENOENT : S_ISREG(st.st_mode));
+  if (aside) snprintf(tmp, sizeof tmp, "%s.tmp.%d", a->out, (int)getpid());
+  FILE *f = a->out ? fopen(aside ? tmp : a->out, "w") : stdout;
   if (!f) {
     fprintf(stderr, "lathe sim gen: cannot write %s: %s\n", a->out, strerror(errno));
     return 1;
   }
-  fputs("arrival_s,tenant,class,gpus,duration_s,base_model\n", f);
+  int why = fputs("arrival_s,tenant,class,gpus,duration_s,base_model\n", f) < 0 ? errno : 0;
   for (long i = 0; i < a->jobs; i++) {
     const gen_job_t *j = &jobs[i];
     double d = round(j->duration * k);
-    fprintf(f, "%.1f,t%04u,%s,%u,%.0f,%s\n", j->arrival, j->tenant, gen_classes[j->cls], j->gpus,
-            d < 1 ? 1 : d, gen_models[j->model]);
+    if (fprintf(f, "%.1f,t%04u,%s,%u,%.0f,%s\n", j->arrival, j->tenant, gen_classes[j->cls], j->gpus,
+                d < 1 ? 1 : d, gen_models[j->model]) < 0 && !why)
+      why = errno;
   }
   errno = 0;
-  int bad = ferror(f), why = errno;
+  int bad = ferror(f);
   if (a->out) bad |= fclose(f);
   else bad |= fflush(f);
   if (!why) why = errno;
-  if (!bad && a->out && rename(tmp, a->out) != 0) bad = 1, why = errno;
+  if (!bad && aside && rename(tmp, a->out) != 0) bad = 1, why = errno;
   if (bad) {
     fprintf(stderr, "lathe sim gen: writing %s failed: %s\n", a->out ? a->out : "stdout",
             why ? strerror(why) : "an I/O error");
-    if (a->out) unlink(tmp);
+    if (aside) unlink(tmp);
     return 1;
   }
   return 0;

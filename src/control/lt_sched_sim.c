@@ -681,6 +681,10 @@ static lt_err_t sim_advance(sim_t *m) {
   if (m->next_arrival < tr->n && tr->rows[m->next_arrival].arrival < next)
     next = tr->rows[m->next_arrival].arrival;
   if (cnt.queued > 0 && m->cfg->tick_s > 0) { /* the tick-based simulator, for comparison */
+    /* nothing running, nothing to come, no timer of the policy's: no tick will start what waits */
+    if (cnt.running == 0 && !isfinite(next) && !isfinite(lt_sched_next_timer(m->s, m->now)) &&
+        !(lt_sched_next_retry(m->s, m->now) > m->now && isfinite(lt_sched_next_retry(m->s, m->now))))
+      return sim_stalled(m, &cnt);
     if (m->last_decide + m->cfg->tick_s < next) next = m->last_decide + m->cfg->tick_s;
   } else if (cnt.queued > 0 || cnt.running > 0) {
     double t = lt_sched_next_timer(m->s, m->now);

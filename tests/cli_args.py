@@ -158,6 +158,7 @@ for args, opt in ((["sim", trace, "--workers", "1.5"], "--workers"),
                   (["sim", "gen", "--jobs", "1e30"], "--jobs"),
                   (["sim", "gen", "--days", "1e305"], "--days"),
                   (["sim", "gen", "--seed", "1e25"], "--seed"),
+                  (["sim", "gen", "--seed", "9007199254740993"], "--seed"),
                   (["sim", "gen", "--jobs", "1", "--slots", "1", "--load", "1", "--seed", "10"], "--load"),
                   (["model", "make", "--steps", "600abc", "--out", os.path.join(scratch, "m")], "--steps"),
                   (["model", "make", "--threads", "4x", "--out", os.path.join(scratch, "m")], "--threads")):
@@ -165,10 +166,30 @@ for args, opt in ((["sim", trace, "--workers", "1.5"], "--workers"),
     check(f"`lathe {' '.join(args[:2])} ... {' '.join(args[2:])[-40:]}` is exit 2 naming {opt}",
           p.returncode == 2 and opt in p.stderr and not os.path.exists(os.path.join(scratch, "m")),
           f"exit {p.returncode}: {p.stderr[-200:]!r}")
-for args in (["train", "--model", "m", "--train", "t.jsonl"], ["jobs", "submit", "--model", "m", "--dataset", "d"]):
-    p = run(*args, b"--set", b"bo\xffgus=1")
-    check(f"lathe {args[0]} --set with a key that is not UTF-8 is exit 2 saying so (it was dropped silently)",
+for args, kv in ((["train", "--model", "m", "--train", "t.jsonl"], b"bo\xffgus=1"),
+                 (["jobs", "submit", "--model", "m", "--dataset", "d"], b"bo\xffgus=1"),
+                 (["jobs", "submit", "--model", "m", "--dataset", "d"], b"target_modules=q_proj,\xff")):
+    p = run(*args, b"--set", kv)
+    check(f"lathe {args[0]} --set {kv[:14]!r} (not UTF-8) is exit 2 saying so (it was dropped silently)",
           p.returncode == 2 and "must be UTF-8" in p.stderr, f"exit {p.returncode}: {p.stderr[-200:]!r}")
+stuck = os.path.join(scratch, "stuck.csv")
+with open(stuck, "w") as f:
+    f.write("arrival_s,tenant,class,gpus,duration_s,base_model\n0,a,standard,16,100,m\n")
+try:
+    p = subprocess.run([lathe, "sim", stuck, "--workers", "2", "--tick", "3600"], capture_output=True, text=True,
+                       timeout=30)
+    stuck_ok, detail = "deadlock" in p.stderr, p.stderr[-200:]
+except subprocess.TimeoutExpired:
+    stuck_ok, detail = False, "still running after 30 s"
+check("sim --tick on a job the policy never starts reports the deadlock (it ran forever)", stuck_ok, detail)
+os.unlink(stuck)
+link = os.path.join(scratch, "link.csv")
+os.symlink("elsewhere.csv", link)
+p = run("sim", "gen", "--jobs", "5", "--out", link)
+check("sim gen --out a symlink writes through it, the link kept",
+      p.returncode == 0 and os.path.islink(link) and open(link).read().startswith("arrival_s,"), p.stderr[-200:])
+os.unlink(link)
+os.unlink(os.path.join(scratch, "elsewhere.csv"))
 before = open(trace).read()
 
 

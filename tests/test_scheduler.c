@@ -422,7 +422,10 @@ Test(scheduler, a_second_instance_with_the_same_transactional_id_fences_the_firs
   submit("job-fence", "acme", LT_CLASS_STANDARD, NULL);
   cr_assert(wait_for("JobAccepted", "job-fence", "control", 1, 20000));
   lt_scheduler_stats_t st;
-  for (int i = 0; i < 1000; i++) { /* up to 10 s: 2 s missed once in the sanitizer build beside a busy CI */
+  /* up to 30 s: A is fenced at its first write after B's init, which waits for A's group to form
+   * and to read the submission; 2 s, then 10 s, each missed once in the sanitizer build beside a
+   * busy CI. The loop ends as soon as it is fenced. */
+  for (int i = 0; i < 3000; i++) {
     lt_scheduler_stats(a, &st);
     if (st.fenced) break;
     event_base_loop(base, EVLOOP_NONBLOCK);

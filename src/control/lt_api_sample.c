@@ -756,9 +756,8 @@ static bool resolve_model(lt_api_call_t *c, sample_req_t *r) {
                          r->base, r->model);
       return false;
     }
-  } else if (allowed) {
-    for (const char *const *b = ops->models(ops->ctx); *b; b++)
-      if (strcmp(*b, r->model) == 0) snprintf(r->base, sizeof r->base, "%s", *b);
+  } else if (allowed && base_served(ops, r->model)) {
+    snprintf(r->base, sizeof r->base, "%.*s", (int)sizeof r->base - 1, r->model); /* a served name fits */
   }
   if (r->base[0]) return true;
   lt_api_reply_error(c->req, 404, "model_not_found", "model",

@@ -353,6 +353,27 @@ Test(scheduler, garbage_bytes_go_to_deadletter_and_the_fold_goes_on) {
   lt_scheduler_destroy(s);
 }
 
+/* A record nearly as large as its topic takes: its whole copy in a DeadLetter would be over the
+ * producer's limit, the transaction carrying it would fail, and every new term would meet it again. */
+Test(scheduler, a_record_near_the_size_limit_is_dead_lettered_cut_and_the_fold_goes_on) {
+  put_tenant("acme", 0);
+  size_t big = 999900;
+  char *junk = malloc(big);
+  cr_assert(junk);
+  memset(junk, 'j', big);
+  produce("workers", 0, "junk-worker", junk, big);
+  free(junk);
+  lt_scheduler_t *s = start(NULL, NULL);
+  submit("job-after-big-junk", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobAccepted", "job-after-big-junk", "control", 1, 30000), "the fold stopped at the large record");
+  cr_assert(wait_for("DeadLetter", NULL, "deadletter", 1, 20000), "no DeadLetter");
+  json_t *d = find_seen("DeadLetter", NULL, "deadletter", 0);
+  const char *reason = json_string_value(json_object_get(d, "reason"));
+  cr_assert(reason && strstr(reason, "the first 65536 of the payload's 999900 bytes"), "reason: %s", reason);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "key")), "junk-worker");
+  lt_scheduler_destroy(s);
+}
+
 Test(scheduler, heartbeat_dispatches_to_the_class_topic_with_attempt_1) {
   put_tenant("acme", 0);
   submit("job-prod", "acme", LT_CLASS_PRODUCTION, NULL);

@@ -187,6 +187,7 @@ void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err
   lt_avro_record_t *rec = begin_rec(s, R_DEAD, NULL, NULL);
   size_t klen = 0;
   const void *key = lt_bus_msg_key(m, &klen);
+  if (klen > LT_DEAD_LETTER_KEY_MAX) klen = LT_DEAD_LETTER_KEY_MAX; /* as the record's own key field */
   lt_dead_letter_fill(rec, m, code, reason, s->producer_id);
   if (scheduler_emit(s, O_DEADLETTER, NULL, key, klen, rec) == LT_OK) s->st.deadlettered++;
 }

@@ -343,6 +343,15 @@ lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_er
   char hex[17];
   bool has_fp = val && lt_avro_peek(val, vlen, &fp, NULL, 0) == LT_OK;
   if (has_fp) lt_avro_fingerprint_hex(fp, hex);
+  char cut[768];
+  if (vlen > LT_DEAD_LETTER_PAYLOAD_MAX || klen > LT_DEAD_LETTER_KEY_MAX) {
+    snprintf(cut, sizeof cut, "%s (kept: the first %zu of the payload's %zu bytes, the first %zu of the key's %zu)",
+             reason, vlen > LT_DEAD_LETTER_PAYLOAD_MAX ? (size_t)LT_DEAD_LETTER_PAYLOAD_MAX : vlen, vlen,
+             klen > LT_DEAD_LETTER_KEY_MAX ? (size_t)LT_DEAD_LETTER_KEY_MAX : klen, klen);
+    reason = cut;
+    if (vlen > LT_DEAD_LETTER_PAYLOAD_MAX) vlen = LT_DEAD_LETTER_PAYLOAD_MAX;
+    if (klen > LT_DEAD_LETTER_KEY_MAX) klen = LT_DEAD_LETTER_KEY_MAX;
+  }
   if (lt_avro_set_string(rec, "topic", lt_bus_msg_topic(m)) || lt_avro_set_int(rec, "partition", lt_bus_msg_partition(m)) ||
       lt_avro_set_long(rec, "offset", lt_bus_msg_offset(m)) ||
       (key ? lt_avro_set_bytes(rec, "key", key, klen) : lt_avro_set_null(rec, "key")) ||

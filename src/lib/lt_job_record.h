@@ -71,7 +71,13 @@ void lt_call_digest_key(char *out, size_t n, const char *body_key);
 
 /* Fills a DeadLetter record (stamping is the caller's) for consumed record m refused with code:
  * its topic, partition, offset, key, payload and writer fingerprint, the reason and the consumer
- * that refused it. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
+ * that refused it. A payload over LT_DEAD_LETTER_PAYLOAD_MAX bytes, or a key over
+ * LT_DEAD_LETTER_KEY_MAX, is kept to that many first bytes and the reason says so: a DeadLetter
+ * of a whole record as large as its topic takes would be over the producer's own limit, and the
+ * writer that cannot write it (the scheduler: its transaction) would meet the record again at
+ * every term. LT_ERR_INVALID with lt_avro_record_error(rec) when a field does not take. */
+#define LT_DEAD_LETTER_PAYLOAD_MAX 65536
+#define LT_DEAD_LETTER_KEY_MAX 4096
 lt_err_t lt_dead_letter_fill(lt_avro_record_t *rec, const lt_bus_msg_t *m, lt_err_t code, const char *reason,
                              const char *consumer);
 

@@ -744,6 +744,43 @@ static void expect_weighted_split(const share_t *t, int nt, int jobs_each, int s
   lt_scheduler_destroy(s);
 }
 
+static void eight_gpus(lt_jobspec_t *s) { s->gpus = 8; }
+
+/* A production job that needs the whole worker preempts every preemptible job on it, one of them
+ * dispatched and not yet started: lt_sched counts that one preempting from then on and never asks
+ * again, so its PreemptRequested must come when it starts, or the production job waits for it
+ * to end by itself. */
+Test(scheduler, a_job_preempted_before_it_started_is_asked_to_stop_when_it_starts) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 8);
+  lt_scheduler_t *s = start(NULL, NULL);
+  char pre[8][32];
+  for (int i = 0; i < 8; i++) {
+    snprintf(pre[i], sizeof pre[i], "pre-%02d", i);
+    submit(pre[i], "acme", LT_CLASS_PREEMPTIBLE, NULL);
+  }
+  cr_assert(wait_for("JobDispatched", NULL, "control", 8, 20000), "the preemptible jobs did not fill w1: %s",
+            dispatch_log("control"));
+  const char *late = NULL;
+  for (int i = 0; i < 8; i++) {
+    json_t *d = find_seen("JobDispatched", NULL, "control", i);
+    const char *job = json_string_value(json_object_get(d, "job_id"));
+    if (i < 7) control_rec("AttemptStarted", job, "acme", 1);
+    else late = job;
+  }
+  settle(1000);
+  submit("prod-whole", "acme", LT_CLASS_PRODUCTION, eight_gpus);
+  cr_assert(wait_for("PreemptRequested", NULL, "control", 7, 20000), "the started jobs were not asked to stop");
+  settle(1500);
+  cr_assert_eq(count_seen("PreemptRequested", late, "control"), 0, "asked to stop before it started");
+  control_rec("AttemptStarted", late, "acme", 1);
+  cr_assert(wait_for("PreemptRequested", late, "control", 1, 20000),
+            "%s, preempted before it started, was never asked to stop once it ran", late);
+  json_t *p = find_seen("PreemptRequested", late, "control", 0);
+  cr_assert_eq(json_integer_value(json_object_get(p, "attempt")), 1);
+  lt_scheduler_destroy(s);
+}
+
 /* Weights 3:1 over 8 slots: keys n/(8*w) meet at 6/24 with 6 and 2 slots, whatever the tie
  * order. FIFO gives 8:0 (heavy submitted first), equal shares 4:4. */
 Test(scheduler, weighted_fair_share_gives_3_to_1_tenants_6_and_2_of_8_slots) {

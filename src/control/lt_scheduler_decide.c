@@ -570,6 +570,8 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
     }
     return;
   }
+  if (j->state == LT_JOB_RUNNING && sd->preempt_owed == j->attempt && sd->w_preempt_attempt != j->attempt)
+    write_preempt(s, sd, j, now_ms, "a higher priority class is waiting: checkpoint and stop");
   /* a gang with a part on a draining worker: rank 0, elsewhere, checkpoints and stops it (the
    * draining worker stops only what it speaks for, lt_worker_drain) */
   if (j->state == LT_JOB_RUNNING && sd->gang_n && sd->w_preempt_attempt != j->attempt && gang_draining(s, sd))
@@ -627,6 +629,10 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
       } else if (d[k].action == LT_SCHED_PREEMPT) {
         if (j->state == LT_JOB_RUNNING && !j->attempt_stopped && sd->w_preempt_attempt != j->attempt)
           write_preempt(s, sd, j, now_ms, "a higher priority class is waiting: checkpoint and stop");
+        else if (j->state == LT_JOB_QUEUED || j->state == LT_JOB_DISPATCHED)
+          /* dispatched, maybe in this very call, and not started: lt_sched counts it preempting
+           * and will not ask again, so it is asked when its attempt starts (examine) */
+          sd->preempt_owed = j->state == LT_JOB_QUEUED ? sd->w_dispatch_attempt : j->attempt;
       }
     }
     if (nd < DECIDE_CAP) break;

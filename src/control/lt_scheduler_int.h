@@ -42,6 +42,7 @@ typedef struct side {
   int32_t w_dispatch_attempt;
   int32_t w_lost_attempt;
   int32_t w_preempt_attempt;
+  int32_t preempt_owed; /* the attempt lt_sched preempted before it started (0: none): asked once it runs */
   int32_t redispatch_for;
   bool w_decided, w_terminal;
   /* lt_sched's view */

@@ -108,6 +108,7 @@ static void wait_key(lt_client_t *c) {
 }
 
 static void produce_json(const char *base, const char *type, const char *key, json_t *obj);
+static void produce_jsons(const char *base, const char *type, const char *key, json_t **objs, int n);
 static void produce_job_cancelled(const char *job_id, const char *tenant);
 static json_int_t pending_call(lt_client_t *c, char sess[64]);
 
@@ -1094,6 +1095,103 @@ Test(api, a_finished_session_is_deleted_with_everything_it_made) {
   cr_expect_eq(r.status, 200, "%s", r.body);
   lt_client_resp_free(&r);
   cr_expect_eq(count_records("artifacts", "JobDeleted", sess), 1, "a second JobDeleted");
+}
+
+/* An event stream outlives the request that opened it: when its key is revoked, the API cuts it
+ * at its next tick after folding the tenant's record (before, it went on until the job ended:
+ * days of a session's events to a leaked key). The same tenant's other key's stream goes on. */
+Test(api, a_revoked_keys_open_event_stream_is_cut_and_the_others_go_on) {
+  char key[128];
+  lt_client_t *second = key_client("member", key);
+  char sess[64];
+  pending_call(second, sess);
+  const char *keys[2] = {key, key_a};
+  int fds[2];
+  for (int i = 0; i < 2; i++) {
+    char text[512];
+    int n = snprintf(text, sizeof text, "GET /v1/sessions/%s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                     sess, keys[i]);
+    fds[i] = raw_connect(api.port, NULL);
+    cr_assert_eq(send(fds[i], text, (size_t)n, MSG_NOSIGNAL), n);
+    char got[256] = "";
+    ssize_t k = recv(fds[i], got, sizeof got - 1, 0);
+    cr_assert(k > 0 && raw_status(got) == 200, "stream %d did not start: %zd %.200s", i, k, got);
+  }
+  revoke_a(key);
+  bool closed[2] = {false, false};
+  for (int t = 0; t < 200 && !closed[0]; t++) {
+    for (int i = 0; i < 2; i++) {
+      char buf[4096];
+      ssize_t k = recv(fds[i], buf, sizeof buf, MSG_DONTWAIT);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed[i] = true;
+    }
+    if (!closed[0]) lt_test_msleep(100);
+  }
+  cr_expect(closed[0], "the revoked key's event stream is still open 20 s after the revoke");
+  cr_expect(!closed[1], "the tenant's other key's event stream was cut too");
+  close(fds[0]);
+  close(fds[1]);
+  lt_client_destroy(second);
+  lt_client_t *ops = lt_test_client(api.ops_url, NULL, 0);
+  lt_client_resp_t m = req(ops, "GET", "/metrics", NULL);
+  cr_expect(strstr(m.body ? m.body : "", "lathe_api_event_streams_cut_total{reason=\"key\"} 1\n"), "%s", m.body);
+  lt_client_resp_free(&m);
+  lt_client_destroy(ops);
+}
+
+/* A client that opens a job's event stream and reads nothing does not make the API keep its
+ * events: past stream_backlog bytes unread the stream is cut, as a sampling stream is. Before,
+ * every event of the job went to the connection's buffer for as long as the job ran. */
+Test(api, an_event_stream_its_client_does_not_read_is_cut_past_the_backlog) {
+  srv_t s = start_api_with(NULL, (const char *const[]){"LATHE_API_STREAM_BACKLOG=65536", NULL});
+  lt_client_t *a = lt_test_client(s.url, key_a, 30);
+  char sess[64], text[512];
+  pending_call(a, sess);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096; /* the kernel holds little for it: the rest waits in the API */
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&to, sizeof to), 0, "connect: %s", strerror(errno));
+  int n = snprintf(text, sizeof text, "GET /v1/sessions/%s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n",
+                   sess, key_a);
+  cr_assert_eq(send(fd, text, (size_t)n, MSG_NOSIGNAL), n);
+  lt_test_msleep(500);
+  enum { STEPS = 800 }; /* about 300 bytes each on the stream: 240 KB, past 64 KiB + the kernel's */
+  json_t *steps[STEPS];
+  for (int i = 0; i < STEPS; i++) {
+    char eid[LT_CRYPTO_RANDOM_ID_CHARS + 1];
+    cr_assert_eq(lt_crypto_random_id(eid), LT_OK);
+    steps[i] = json_pack("{s:s,s:I,s:s,s:s,s:s,s:i,s:I,s:I,s:f,s:f,s:I,s:f,s:I,s:I,s:f,s:n}", "event_id", eid,
+                         "occurred_at", (json_int_t)lt_time_wall_ms(), "producer", "worker/test", "job_id", sess,
+                         "tenant_id", tenant_a, "attempt", 1, "step", (json_int_t)i + 1, "total_steps",
+                         (json_int_t)STEPS, "loss", 1.5, "learning_rate", 0.001, "tokens", (json_int_t)4096,
+                         "tokens_per_s", 100.0, "elapsed_ms", (json_int_t)1000, "eta_ms", (json_int_t)1000, "epoch",
+                         0.5, "grad_norm");
+  }
+  produce_jsons("progress", "StepCompleted", sess, steps, STEPS);
+  lt_client_t *ops = lt_test_client(s.ops_url, NULL, 0);
+  bool cut = false;
+  for (int t = 0; t < 100 && !cut; t++) {
+    lt_client_resp_t m = req(ops, "GET", "/metrics", NULL);
+    cut = m.body && strstr(m.body, "lathe_api_event_streams_cut_total{reason=\"unread\"} 1\n");
+    lt_client_resp_free(&m);
+    if (!cut) lt_test_msleep(200);
+  }
+  cr_expect(cut, "a stream its client does not read was not cut");
+  /* reading now, the client finds the end of the connection, not the rest of the events */
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[65536];
+  ssize_t k;
+  size_t got = 0;
+  while ((k = recv(fd, buf, sizeof buf, 0)) > 0) got += (size_t)k;
+  cr_expect_eq(k, 0, "the cut stream's connection did not end (%zd, %s)", k, strerror(errno));
+  cr_expect_lt(got, (size_t)STEPS * 250, "the whole stream arrived (%zu bytes): nothing was cut", got);
+  close(fd);
+  lt_client_destroy(ops);
+  lt_client_destroy(a);
+  stop_api(&s);
 }
 
 /* One tenant's held requests (long polls of its sessions' calls, event streams) take at most a
@@ -2153,28 +2251,36 @@ Test(api_rates, rate_limits_read_as_r_slash_b_r_alone_or_off_and_refuse_anything
 /* ---------------------------------------------------------------- base models, reasons */
 
 /* Produces a record given as JSON (every field of its schema) to a topic of this prefix. */
-static void produce_json(const char *base, const char *type, const char *key, json_t *obj) {
+/* Records of type from the JSON objects objs[0..n) (taken), in order, keyed key, through one
+ * producer. */
+static void produce_jsons(const char *base, const char *type, const char *key, json_t **objs, int n) {
   lt_bus_conf_t *conf = lt_test_bus_env(); /* the admin principal */
   lt_avro_registry_t *reg;
-  lt_avro_record_t *rec;
   lt_bus_producer_t *p;
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
-  cr_assert_eq(lt_avro_record_from_jansson(rec, obj, err, sizeof err), LT_OK, "%s", err);
-  const uint8_t *b;
-  size_t len;
-  cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
   char topic[128];
   lt_bus_topic_name(conf, base, topic, sizeof topic);
   cr_assert_eq(lt_bus_producer_new(conf, NULL, &p, err, sizeof err), LT_OK);
-  lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
-                       .value = b, .value_size = len};
-  cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+  for (int i = 0; i < n; i++) {
+    lt_avro_record_t *rec;
+    cr_assert_eq(lt_avro_record_new(reg, type, &rec, err, sizeof err), LT_OK);
+    cr_assert_eq(lt_avro_record_from_jansson(rec, objs[i], err, sizeof err), LT_OK, "%s", err);
+    const uint8_t *b;
+    size_t len;
+    cr_assert_eq(lt_avro_record_encode(rec, &b, &len, err, sizeof err), LT_OK, "%s", err);
+    lt_bus_record_t r = {.topic = topic, .partition = LT_BUS_PARTITION_ANY, .key = key, .key_size = strlen(key),
+                         .value = b, .value_size = len};
+    cr_assert_eq(lt_bus_produce_sync(p, &r, 15000, NULL, NULL, err, sizeof err), LT_OK, "%s", err);
+    lt_avro_record_destroy(rec);
+    json_decref(objs[i]);
+  }
   lt_bus_producer_destroy(p, 5000);
-  lt_avro_record_destroy(rec);
   lt_avro_registry_destroy(reg);
   lt_bus_conf_destroy(conf);
-  json_decref(obj);
+}
+
+static void produce_json(const char *base, const char *type, const char *key, json_t *obj) {
+  produce_jsons(base, type, key, &obj, 1);
 }
 
 static lt_client_resp_t submit_model(lt_client_t *c, const char *model, const char *dataset) {

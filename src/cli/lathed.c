@@ -49,8 +49,8 @@
  *   _QUEUE_TOTAL, _CUDA=1   sampler: compute threads (1), KV cache per base model (64), adapter
  *                    cache (256), requests decoding at once (64), prompt rows per step (64),
  *                    requests in the sampler per tenant (16) and in all (128), the GPU
- *   LATHE_API_STREAM_BACKLOG   sampler: bytes of a stream its client may leave unread before the
- *                    stream is cut (4194304)
+ *   LATHE_API_STREAM_BACKLOG   api and sampler: bytes of a stream (events, samples) its client may
+ *                    leave unread before the stream is cut (4194304)
  *   LATHE_SAMPLER_PRECISION=f32|bf16   sampler: the base weights' products read the floats (f32,
  *                    the default: the answers are the training engine's, bit for bit) or bf16
  *                    copies (half the bytes a decode step streams; answers within bf16 rounding)
@@ -642,6 +642,7 @@ static lt_err_t start_api(lathed_t *d, const lathed_opts_t *o, char *err, size_t
   conf.max_downloads = (int)set->api_max_downloads;
   conf.download_window = (size_t)set->api_download_window;
   conf.max_storage_bytes = (uint64_t)set->api_max_storage_bytes;
+  conf.stream_backlog = (size_t)set->api_stream_backlog; /* its jobs' event streams */
   if (!e) e = lt_api_new(d->base, &conf, &d->api, err, n);
   if (e) return e;
   /* Tests and scripts read the two ports from these lines. */

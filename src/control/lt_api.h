@@ -128,8 +128,8 @@ typedef struct lt_api_conf {
   int64_t upload_idle_ms;              /* an upload idle this long is dropped (600000) */
   int max_downloads;                   /* artifact downloads streaming at once, all tenants (16) */
   size_t download_window;              /* bytes a download holds in memory at most (1 MiB) */
-  size_t stream_backlog;               /* bytes of a sampling stream its client left unread before it
-                                        * is cut (4 MiB; lt_api_sample.c) */
+  size_t stream_backlog;               /* bytes of a stream (samples, a job's events) its client left
+                                        * unread before it is cut (4 MiB; lt_api_sample.c, lt_api_events.c) */
   uint64_t max_storage_bytes;          /* per tenant, datasets and artifacts together; 0: no limit */
   const char *staff_keys_file;         /* staff keys (lt_access.h); NULL: no staff can sign in */
   bool access_second_staff;            /* a staff grant also needs a second staff member's approval */

@@ -12,8 +12,14 @@
  * the client learns that it missed events rather than silently getting a partial history.
  *
  * A stream with nothing to say (a job queued for hours) gets a comment line ": keepalive" every
- * 15 s, so that proxies and load balancers with idle timeouts do not cut it. */
+ * 15 s, so that proxies and load balancers with idle timeouts do not cut it.
+ *
+ * A stream is cut (its connection closed) when its client leaves conf.stream_backlog bytes of it
+ * unread, as a sampling stream is: the API does not buffer a job's events without bound for a
+ * client that reads nothing; and at the tick after the key that opened it is revoked or its
+ * tenant disabled: a revoked key reads nothing more, whatever it opened before. */
 #include "lt_api_int.h"
+#include "lt_log.h"
 #include "lt_time.h"
 
 #include <stdio.h>
@@ -32,6 +38,7 @@ struct lt_api_sse {
   struct evhttp_connection *evcon;
   char job_id[LT_ID_MAX + 1];
   char tenant[LT_ID_MAX + 1]; /* whose stream: counted against its held requests */
+  char key_id[LT_TENANT_KEY_ID_LEN + 1]; /* the key that opened it */
   lt_api_sse_t *next;
 };
 
@@ -98,6 +105,26 @@ static void send_end(struct evhttp_request *req) {
   evhttp_send_reply_end(req);
 }
 
+/* Closes the stream's connection now, with no end event: the client reconnects with its
+ * Last-Event-ID if it may. */
+static void sse_cut(lt_api_sse_t *s, const char *why) {
+  lt_log_info("api", "event stream of job %s (tenant %s) cut: %s", s->job_id, s->tenant, why);
+  struct evhttp_connection *evcon = s->evcon;
+  lt_api_door_on_close(s->api, evcon, NULL, NULL);
+  lt_api_door_release(s->req);
+  sse_unlink(s->api, s);
+  free(s);
+  evhttp_connection_free(evcon);
+}
+
+/* Whether the stream's client left more than conf.stream_backlog bytes unread: then it is cut. */
+static bool sse_backlogged(lt_api_sse_t *s) {
+  if (lt_api_unread_bytes(s->evcon) <= s->api->conf.stream_backlog) return false;
+  s->api->stats.events_cut_unread++;
+  sse_cut(s, "its client left stream_backlog bytes unread");
+  return true;
+}
+
 static void sse_end(lt_api_sse_t *s) {
   lt_api_door_on_close(s->api, s->evcon, NULL, NULL);
   send_end(s->req);
@@ -146,6 +173,7 @@ void lt_api_events_stream(lt_api_call_t *c) {
   s->evcon = evhttp_request_get_connection(req);
   snprintf(s->job_id, sizeof s->job_id, "%s", j->job_id);
   snprintf(s->tenant, sizeof s->tenant, "%s", c->tenant->tenant_id);
+  snprintf(s->key_id, sizeof s->key_id, "%s", c->key_id);
   if (!lt_api_door_on_close(api, s->evcon, sse_closed, s)) {
     free(s);
     evhttp_send_reply_end(req); /* its close could not be watched: the client reconnects */
@@ -203,6 +231,7 @@ void lt_api_events_on_record(lt_api_t *api, const lt_proj_result_t *res) {
     if (strcmp(s->job_id, job_id) != 0) continue;
     sse_send(s->req, entry);
     if (lt_job_state_is_terminal(j->state)) sse_end(s);
+    else sse_backlogged(s);
   }
 }
 
@@ -212,12 +241,26 @@ json_t *lt_api_events_history(lt_api_t *api, const char *job_id) {
 }
 
 void lt_api_events_heartbeat(lt_api_t *api) {
-  for (lt_api_sse_t *s = api->sse; s; s = s->next) {
+  for (lt_api_sse_t *s = api->sse, *next; s; s = next) {
+    next = s->next;
     struct evbuffer *b = evbuffer_new();
     if (!b) return;
     evbuffer_add_printf(b, ": keepalive\n\n");
     evhttp_send_reply_chunk(s->req, b);
     evbuffer_free(b);
+    sse_backlogged(s);
+  }
+}
+
+void lt_api_events_recheck(lt_api_t *api) {
+  const lt_tenant_table_t *tenants = lt_proj_tenants(api->proj);
+  for (lt_api_sse_t *s = api->sse, *next; s; s = next) {
+    next = s->next;
+    const lt_tenant_t *t = lt_tenant_get(tenants, s->tenant);
+    const lt_tenant_key_t *k = lt_tenant_key(t, s->key_id);
+    if (t && !t->disabled && k && !k->revoked) continue;
+    api->stats.events_cut_key++;
+    sse_cut(s, t && t->disabled ? "its tenant was disabled" : "the key that opened it was revoked");
   }
 }
 

@@ -240,6 +240,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   feed(api);
   lt_api_uploads_tick(api);
   lt_api_download_recheck(api); /* a grant that ran out cuts its reads */
+  lt_api_events_recheck(api);   /* a revoked key's streams are cut */
   int64_t now = lt_time_mono_ms();
   if (now - api->pruned_at_ms >= 2000) { /* a scan of every bucket and buffer: not every tick */
     api->pruned_at_ms = now;

@@ -78,6 +78,7 @@ typedef struct lt_api_stats {
   uint64_t downloads_cut_deleted; /* downloads cut mid-stream: their job deleted */
   uint64_t held_refused;    /* long polls and event streams refused: the tenant held its share */
   uint64_t streams_cut;     /* sampling streams cut: their client left stream_backlog bytes unread */
+  uint64_t events_cut_unread, events_cut_key; /* event streams cut: stream_backlog unread; key revoked */
   uint64_t tls_reloads, tls_reload_failures; /* lt_api_tls_reload: certificates taken, files refused */
 } lt_api_stats_t;
 
@@ -274,6 +275,9 @@ bool lt_api_door_on_close(lt_api_t *api, struct evhttp_connection *evcon, void (
  * owner, which frees it by ending it; at shutdown it is still attached and goes with the
  * connection. Either way req must not be used after this. */
 void lt_api_door_release(struct evhttp_request *req);
+/* Bytes written to a connection its client has not taken: in the connection's output buffer and
+ * in the socket's send queue (a stream's client that reads nothing makes both grow). */
+size_t lt_api_unread_bytes(struct evhttp_connection *evcon);
 /* Forgets idle, full buckets (from the tick). */
 void lt_api_door_tick(lt_api_t *api);
 /* At shutdown, after the last answers and before evhttp frees the connections: turns the loop
@@ -598,5 +602,8 @@ void lt_api_datasets_upload_body(lt_api_call_t *c, const char *name, struct evbu
 json_t *lt_api_events_history(lt_api_t *api, const char *job_id);
 /* ": keepalive" on every open event stream (the feed's tick calls it every 15 s). */
 void lt_api_events_heartbeat(lt_api_t *api);
+/* Cuts the event streams whose key no longer authenticates (revoked, its tenant disabled or
+ * gone): from the tick, so within a tick of the API folding the tenant's record. */
+void lt_api_events_recheck(lt_api_t *api);
 
 #endif

@@ -27,10 +27,12 @@
 #include "lt_time.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <event2/bufferevent.h>
@@ -516,4 +518,17 @@ bool lt_api_hold_room(lt_api_t *api, struct evhttp_request *req, const char *ten
                      "max_connections = %d): close one, or poll with wait=0",
                      mine, per, api->conf.max_connections);
   return false;
+}
+
+/* Bytes written to a connection its client has not taken: in the connection's output buffer and
+ * in the socket's send queue (Linux's SIOCOUTQ: unsent and unacknowledged), which the kernel holds
+ * for it too and grows to megabytes. */
+size_t lt_api_unread_bytes(struct evhttp_connection *evcon) {
+  struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+  if (!bev) return 0;
+  size_t n = evbuffer_get_length(bufferevent_get_output(bev));
+  int queued = 0;
+  evutil_socket_t fd = bufferevent_getfd(bev);
+  if (fd >= 0 && ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) n += (size_t)queued;
+  return n;
 }

@@ -203,6 +203,11 @@ static void write_routes(lt_api_t *api, lt_metrics_t *out) {
   lt_metrics_one(out, "lathe_api_streams_cut_total", LT_METRIC_COUNTER,
                  "Sampling streams cut because their client left stream_backlog bytes of them unread.",
                  (double)st->streams_cut);
+  lt_metrics_family(out, "lathe_api_event_streams_cut_total", LT_METRIC_COUNTER,
+                    "Event streams cut: their client left stream_backlog bytes unread, or the key that opened "
+                    "them was revoked (or its tenant disabled).");
+  lt_metrics_sample(out, (lt_metric_label_t[]){{"reason", "unread"}, {0}}, (double)st->events_cut_unread);
+  lt_metrics_sample(out, (lt_metric_label_t[]){{"reason", "key"}, {0}}, (double)st->events_cut_key);
   if (api->tls) {
     lt_metrics_family(out, "lathe_api_tls_reloads_total", LT_METRIC_COUNTER,
                       "Certificate reloads (SIGHUP): taken, or refused (the files could not be used; the "

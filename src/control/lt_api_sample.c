@@ -20,7 +20,6 @@
 #include "lt_api_int.h"
 
 #include <event2/bufferevent.h>
-#include <linux/sockios.h>
 #include <math.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -28,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 
 #include "lt_chat.h"
 #include "lt_log.h"
@@ -208,19 +206,6 @@ static void answer(sample_req_t *r) {
   lt_api_reply_json(r->req, 200, body);
 }
 
-/* Bytes written to a connection its client has not taken: in the connection's output buffer and
- * in the socket's send queue (Linux's SIOCOUTQ: unsent and unacknowledged), which the kernel holds
- * for it too and grows to megabytes. */
-static size_t unread_bytes(struct evhttp_connection *evcon) {
-  struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-  if (!bev) return 0;
-  size_t n = evbuffer_get_length(bufferevent_get_output(bev));
-  int queued = 0;
-  evutil_socket_t fd = bufferevent_getfd(bev);
-  if (fd >= 0 && ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) n += (size_t)queued;
-  return n;
-}
-
 /* Sends one event; past conf.stream_backlog bytes the client has not read, sends nothing more and
  * marks the request to be cut once its events are taken (on_events): a client that reads nothing
  * must not make the API hold a whole long answer for it. */
@@ -237,7 +222,7 @@ static void sse_send(sample_req_t *r, json_t *chunk) {
   free(text);
   evhttp_send_reply_chunk(r->req, b);
   evbuffer_free(b);
-  if (unread_bytes(r->evcon) > r->api->conf.stream_backlog) r->backlogged = true;
+  if (lt_api_unread_bytes(r->evcon) > r->api->conf.stream_backlog) r->backlogged = true;
 }
 
 static void stream_start(sample_req_t *r) {

@@ -138,7 +138,9 @@ lt_exec_call_t *lt_exec_next_call(bool *gone) {
   while (!acks.head && !acks.gone && !stop_cancel && !stop_preempt) {
     wait_acks(50); /* the signal handlers only set flags: look again now and then */
   }
-  lt_exec_call_t *c = acks.head;
+  /* A stop wins over the calls still queued: a client that pipelines keeps the queue full, and
+   * serving it first ran into the kill deadline. The calls not taken are the next attempt's. */
+  lt_exec_call_t *c = stop_cancel || stop_preempt ? NULL : acks.head;
   if (c) {
     acks.head = c->next;
     if (!acks.head) acks.tail = NULL;

@@ -48,8 +48,8 @@ typedef struct lt_exec_call {
   struct lt_exec_call *next;
 } lt_exec_call_t;
 
-/* The next call, waiting for one; NULL when a stop was asked (lt_exec_stop_*) or stdin ended
- * (*gone). Free it with lt_exec_call_free. */
+/* The next call, waiting for one; NULL when a stop was asked (lt_exec_stop_*), calls still queued
+ * or not, or stdin ended (*gone). Free it with lt_exec_call_free. */
 lt_exec_call_t *lt_exec_next_call(bool *gone);
 void lt_exec_call_free(lt_exec_call_t *c);
 

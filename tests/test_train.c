@@ -81,6 +81,10 @@ typedef struct {
   char keep_state[256]; /* where the step-3 state.bin is copied */
   int updates;          /* before_update calls */
   int fail_at;          /* the before_update call that fails (0: none) */
+  int64_t preempt_at;   /* a preemption comes right after the checkpoint of this step (0: none) */
+  bool preempting;      /* should_stop says so */
+  int ckpts[8];         /* on_checkpoint calls per step (0-7) */
+  int finals;           /* on_checkpoint calls with final */
 } hooks_ctx_t;
 
 static lt_err_t count_update(void *ctx, char *errstr, size_t n) {
@@ -89,8 +93,17 @@ static lt_err_t count_update(void *ctx, char *errstr, size_t n) {
   return LT_OK;
 }
 
+static lt_train_stop_t preempt_when_asked(void *ctx) {
+  hooks_ctx_t *h = ctx;
+  return h->preempting ? LT_TRAIN_STOP_PREEMPT : LT_TRAIN_GO;
+}
+
+/* Counts the checkpoints; copies the step-3 state to keep_state when one is named. */
 static lt_err_t keep_step3(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
   hooks_ctx_t *h = ctx;
+  if (step >= 0 && step < 8) h->ckpts[step]++;
+  h->finals += final;
+  if (step == h->preempt_at) h->preempting = true;
   if (step != 3 || !h->keep_state[0]) return LT_OK;
   char cmd[700];
   snprintf(cmd, sizeof cmd, "cp '%s/state.bin' '%s'", dir, h->keep_state);
@@ -113,7 +126,8 @@ static lt_err_t run_with(const char *name, const char *resume, hooks_ctx_t *hc, 
                         .hp = hp, .threads = 1, .work_dir = work, .resume_state = resume,
                         .gen_max_tokens = 8};
   snprintf(tc.dataset_sha256, sizeof tc.dataset_sha256, "%064d", 0);
-  lt_train_hooks_t hooks = {.ctx = hc, .on_checkpoint = keep_step3, .before_update = count_update};
+  lt_train_hooks_t hooks = {.ctx = hc, .should_stop = preempt_when_asked, .on_checkpoint = keep_step3,
+                            .before_update = count_update};
   lt_err_t e = lt_train_run(&tc, &hooks, res, err, sizeof err);
   free(data);
   return e;
@@ -174,6 +188,21 @@ Test(train, a_failing_before_update_stops_the_run_with_its_error, .init = make_m
   cr_assert_eq(run_with("gate", NULL, &hc, &res), LT_ERR_IO);
   cr_assert_not_null(strstr(err, "the commit never came"), "the hook's error is the run's: %s", err);
   cr_assert_eq(hc.updates, 4, "nothing ran after the failure");
+}
+
+/* A preemption that lands right after a checkpoint step (the executor's SIGUSR2 while step 3's
+ * checkpoint was handed to the sealer): the run stops at step 3 with that checkpoint as the one
+ * to resume from, and writes no second one of the same step. A second one was sealed under the
+ * same object keys: the worker killed the executor for it, or deleted the committed objects. */
+Test(train, a_preemption_after_a_checkpoint_step_checkpoints_that_step_once, .init = make_model,
+     .fini = remove_all, .timeout = 120) {
+  hooks_ctx_t hc = {.preempt_at = 3};
+  lt_train_result_t res;
+  cr_assert_eq(run_with("preempt", NULL, &hc, &res), LT_OK, "%s", err);
+  cr_assert_eq(res.stopped, LT_TRAIN_STOP_PREEMPT);
+  cr_assert_eq(res.steps, 3);
+  cr_expect_eq(res.last_checkpoint_step, 3, "the step-3 checkpoint is the one to resume from");
+  cr_expect_eq(hc.ckpts[3], 1, "step 3 was checkpointed %d times", hc.ckpts[3]);
 }
 
 /* Evaluation in length-bucketed batches without N x V logits (eval_split, lt_eval_tokens):

@@ -857,11 +857,12 @@ static lt_err_t maybe_checkpoint(run_t *r, bool last, char *errstr, size_t n) {
 }
 
 /* The hooks stopped the run before a step: a preempted run leaves a checkpoint of the last
- * completed step to resume from. */
+ * completed step to resume from — the one that step made already, if it made one (a second of
+ * the same step would be sealed under the same object keys as the first). */
 static lt_err_t stop_run(run_t *r, lt_train_stop_t why, char *errstr, size_t n) {
   lt_err_t err = LT_OK;
   r->out->stopped = why;
-  if (why == LT_TRAIN_STOP_PREEMPT && r->step > 0 && r->rank == 0) {
+  if (why == LT_TRAIN_STOP_PREEMPT && r->step > 0 && r->rank == 0 && r->out->last_checkpoint_step != r->step) {
     err = checkpoint(r, false, errstr, n);
     if (!err) r->out->last_checkpoint_step = r->step;
   }

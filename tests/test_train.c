@@ -79,6 +79,7 @@ static char *dataset(size_t *len) {
 
 typedef struct {
   char keep_state[256]; /* where the step-3 state.bin is copied */
+  char keep_final[256]; /* where the final checkpoint's state.bin is copied */
   int updates;          /* before_update calls */
   int fail_at;          /* the before_update call that fails (0: none) */
   int64_t preempt_at;   /* a preemption comes right after the checkpoint of this step (0: none) */
@@ -98,16 +99,18 @@ static lt_train_stop_t preempt_when_asked(void *ctx) {
   return h->preempting ? LT_TRAIN_STOP_PREEMPT : LT_TRAIN_GO;
 }
 
-/* Counts the checkpoints; copies the step-3 state to keep_state when one is named. */
+/* Counts the checkpoints; copies the step-3 state to keep_state and the final one to keep_final
+ * when they are named. */
 static lt_err_t keep_step3(void *ctx, const char *dir, int64_t step, bool final, char *errstr, size_t n) {
   hooks_ctx_t *h = ctx;
   if (step >= 0 && step < 8) h->ckpts[step]++;
   h->finals += final;
   if (step == h->preempt_at) h->preempting = true;
-  if (step != 3 || !h->keep_state[0]) return LT_OK;
+  const char *keep = final ? h->keep_final : step == 3 ? h->keep_state : "";
+  if (!keep[0]) return LT_OK;
   char cmd[700];
-  snprintf(cmd, sizeof cmd, "cp '%s/state.bin' '%s'", dir, h->keep_state);
-  return system(cmd) == 0 ? LT_OK : lt_errf(errstr, n, LT_ERR_IO, "cannot copy the step-3 state");
+  snprintf(cmd, sizeof cmd, "cp '%s/state.bin' '%s'", dir, keep);
+  return system(cmd) == 0 ? LT_OK : lt_errf(errstr, n, LT_ERR_IO, "cannot copy the step-%lld state", (long long)step);
 }
 
 /* One run into work dir `name` (6 steps of 8, a checkpoint every 3) with hooks on hc; the final
@@ -203,6 +206,33 @@ Test(train, a_preemption_after_a_checkpoint_step_checkpoints_that_step_once, .in
   cr_assert_eq(res.steps, 3);
   cr_expect_eq(res.last_checkpoint_step, 3, "the step-3 checkpoint is the one to resume from");
   cr_expect_eq(hc.ckpts[3], 1, "step 3 was checkpointed %d times", hc.ckpts[3]);
+}
+
+/* The final checkpoint was committed, then the attempt was lost before the job's completion was
+ * recorded: the next attempt resumes from that checkpoint, at the run's last step. It must end
+ * with a final checkpoint (and evaluation) of its own, the adapter unchanged: the worker completes
+ * a job only with its attempt's final commit, and the publisher promotes only the current
+ * attempt's. Without one, every retry failed ("finished without a final checkpoint"). */
+Test(train, a_run_resumed_from_its_final_checkpoint_checkpoints_it_again_as_final, .init = make_model,
+     .fini = remove_all, .timeout = 120) {
+  hooks_ctx_t full = {.fail_at = 0};
+  snprintf(full.keep_final, sizeof full.keep_final, "%s/state6.bin", root);
+  lt_train_result_t a;
+  cr_assert_eq(run_with("full", NULL, &full, &a), LT_OK, "%s", err);
+  cr_assert_eq(full.finals, 1);
+  hooks_ctx_t hc = {.fail_at = 0};
+  lt_train_result_t res;
+  cr_assert_eq(run_with("again", full.keep_final, &hc, &res), LT_OK, "%s", err);
+  cr_assert_eq(res.stopped, LT_TRAIN_GO);
+  cr_assert_eq(res.steps, 6);
+  cr_expect_eq(res.examples, 0, "nothing is trained again");
+  cr_expect_eq(hc.updates, 0);
+  cr_expect_eq(hc.finals, 1, "the resumed run made %d final checkpoints", hc.finals);
+  cr_expect_eq(hc.ckpts[6], 1, "the final checkpoint is of step 6");
+  cr_expect_eq(res.last_checkpoint_step, 6);
+  cr_expect(res.final_eval.final && res.final_eval.step == 6, "the final evaluation is of step 6");
+  cr_expect_eq(res.final_eval.val_loss, a.final_eval.val_loss, "the same adapter scores the same");
+  assert_same_adapter("full", "again", "the final checkpoint holds the adapter resumed from");
 }
 
 /* Evaluation in length-bucketed batches without N x V logits (eval_split, lt_eval_tokens):

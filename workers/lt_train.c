@@ -884,6 +884,11 @@ lt_err_t lt_train_run(const lt_train_conf_t *c, const lt_train_hooks_t *hooks, l
   if (!err) err = start_session(&r, errstr, n);
   if (!err) err = score_base(&r, errstr, n);
   if (!err) err = prepare_loop(&r);
+  /* Resumed at its last step: the final checkpoint it resumed from was committed by an attempt
+   * lost before the job's completion was recorded. It is written again (evaluated, checkpointed)
+   * under this attempt, whose final commit the worker completes the job with and the publisher
+   * promotes; without it every retry resumed there and failed. */
+  if (!err && r.step >= r.total && !(err = evaluate(&r, true, errstr, n))) err = maybe_checkpoint(&r, true, errstr, n);
   while (!err && r.step < r.total) {
     lt_train_stop_t why = LT_TRAIN_GO;
     if ((err = train_step(&r, &why, errstr, n))) break;

@@ -1058,10 +1058,12 @@ lt_err_t lt_worker_new(struct event_base *base, const lt_worker_conf_t *conf, lt
   lt_worker_t *w = calloc(1, sizeof *w);
   if (!w) return LT_ERR_NOMEM;
   w->base = base;
+  w->dir_lock = -1;
   w->owned = json_array();
   configure(w, conf);
   lt_err_t err = lt_worker_devices(conf->backend, &w->conf.slots, &w->dev, errstr, n);
-  if (!err) err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, errstr, n);
+  if (!err)
+    err = lt_worker_confinement(&w->conf, &w->confine, w->work_parent, w->mem_parent, &w->dir_lock, errstr, n);
   if (!err) err = lt_proj_new(conf->registry, &w->proj, errstr, n);
   if (!err && conf->tenant_mac) lt_proj_require_tenant_mac(w->proj, conf->tenant_mac);
   if (!err && conf->kek) err = lt_recmac_key_new(conf->kek, LT_RECMAC_OPERATOR, &w->op_mac, errstr, n);
@@ -1172,5 +1174,6 @@ void lt_worker_destroy(lt_worker_t *w) {
   lt_recmac_key_destroy(w->op_mac);
   lt_proj_destroy(w->proj);
   json_decref(w->owned);
+  if (w->dir_lock >= 0) close(w->dir_lock);
   free(w);
 }

@@ -2,15 +2,18 @@
 #include "lt_worker_setup.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/magic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include "lt_log.h"
+#include "lt_scrub.h"
 
 void lt_worker_conf_defaults(lt_worker_conf_t *c, int max_slots) {
   if (c->slots > max_slots) c->slots = max_slots;
@@ -93,9 +96,41 @@ lt_err_t lt_worker_join_dispatch(const lt_bus_conf_t *bus, const char *const top
   return lt_bus_consumer_subscribe(*out, topics, LT_CLASS__COUNT, errstr, n);
 }
 
+/* What a previous process of this worker left in dir, one of its parents: killed or crashed
+ * mid-attempt, it never scrubbed its attempts' directories (the executors' plaintext on the
+ * memory file system). Scrubbed and removed at start, before any attempt; only this worker's
+ * own directory (named by its id, a directory of its user: never through a link). */
+static lt_err_t sweep_parent(const char *dir, char *errstr, size_t n) {
+  struct stat st;
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) return LT_OK;
+  int64_t zeroed = 0;
+  char err[512];
+  if (lt_scrub_tree(dir, &zeroed, err, sizeof err))
+    return lt_errf(errstr, n, LT_ERR_IO, "cannot scrub what a previous run of this worker left: %s; remove %s by hand",
+                   err, dir);
+  if (zeroed > 0)
+    lt_log_info("worker", "scrubbed %lld bytes a previous run of this worker left in %s", (long long)zeroed, dir);
+  return LT_OK;
+}
+
+/* <mem_parent>.lock, which every live process of this worker id holds shared (*lock_fd), into
+ * *alone: whether this process took it exclusively first, so that no live process of the id
+ * uses the directories and what is in them was left by a dead one. */
+static lt_err_t lock_id(const char *mem_parent, int *lock_fd, bool *alone, char *errstr, size_t n) {
+  char path[530];
+  snprintf(path, sizeof path, "%s.lock", mem_parent);
+  *lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (*lock_fd < 0) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
+  *alone = flock(*lock_fd, LOCK_EX | LOCK_NB) == 0;
+  if (!*alone)
+    lt_log_warn("worker", "another live process holds %s: it runs as this worker (LATHE_INSTANCE); nothing is swept",
+                path);
+  return LT_OK;
+}
+
 /* Where executors' plaintext goes: a memory file system, never a disk. */
 lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *confine, char *work_parent,
-                               char *mem_parent, char *errstr, size_t n) {
+                               char *mem_parent, int *lock_fd, char *errstr, size_t n) {
   struct statfs fs;
   if (!conf->store || !conf->kek)
     return lt_errf(errstr, n, LT_ERR_INVALID, "the worker needs the object store and the master key");
@@ -111,13 +146,17 @@ lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *
   snprintf(work_parent, 512, "%s/lathe-%s", conf->work_root, conf->worker_id);
   snprintf(mem_parent, 512, "%s/lathe-%s", conf->mem_root, conf->worker_id);
   const char *parents[] = {work_parent, mem_parent};
+  bool alone = false;
+  if ((err = lock_id(mem_parent, lock_fd, &alone, errstr, n))) return err;
   for (int i = 0; i < 2; i++) {
     struct stat st;
+    if (alone && (err = sweep_parent(parents[i], errstr, n))) return err;
     if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
       return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
                      strerror(errno));
   }
+  flock(*lock_fd, LOCK_SH); /* from exclusive: a later process of the id sweeps nothing of this one's */
   if (geteuid() != 0)
     lt_log_warn("worker", "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
             "a network namespace only where the kernel allows user namespaces (each executor logs what it could "

@@ -31,10 +31,13 @@ lt_err_t lt_worker_devices(const char *backend, int *slots, lt_worker_devices_t 
 void lt_worker_conf_defaults(lt_worker_conf_t *conf, int max_slots);
 
 /* What executors may do (lt_confine.h) into *confine, and the parents of the attempts'
- * directories (work_parent, mem_parent: 512 bytes each), created 0711. Fails when mem_root is not
+ * directories (work_parent, mem_parent: 512 bytes each), created 0711; what a previous process of
+ * the same worker id left in them (a crash skips the attempts' scrub) is scrubbed and removed
+ * first (lt_scrub.h), unless a live process of the id holds <mem_parent>.lock. *lock_fd: that
+ * lock, held shared until the caller closes it (even on a failure, when it is >= 0). Fails when mem_root is not
  * a memory file system, or without the store and master key. Logs what it cannot apply. */
 lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *confine, char *work_parent,
-                               char *mem_parent, char *errstr, size_t n);
+                               char *mem_parent, int *lock_fd, char *errstr, size_t n);
 
 /* lathe.jobs, lathe.control and lathe.tenants assigned from the beginning, into *out. */
 lt_err_t lt_worker_assign_control(const lt_bus_conf_t *bus, lt_bus_consumer_t **out, char *errstr, size_t n);

@@ -125,6 +125,28 @@ Test(dataset, chat_messages_are_checked_message_by_message) {
   cr_assert_str_eq(find(&r, 4)->field, "messages");
 }
 
+/* A line with both formats' fields: the trainer reads prompt and completion whenever both are
+ * strings, so validating it as chat (by "messages" alone) let it train on what was not checked.
+ * It is refused, naming the line and both fields; a line in one format is not. */
+Test(dataset, a_line_with_messages_and_prompt_or_completion_is_refused_naming_both) {
+  const char *text =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
+      "\"prompt\":\"p\",\"completion\":\"c\"}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
+      "\"completion\":\"c\"}\n";
+  lt_dataset_report_t r = report(text, 5, NULL, LT_ERR_INVALID);
+  cr_assert_eq(r.examples, 1, "only the chat line is an example");
+  cr_assert_eq(r.error_count, 2);
+  for (uint64_t ln = 2; ln <= 3; ln++) {
+    const lt_dataset_error_t *e = find(&r, ln);
+    cr_assert_not_null(e, "line %llu is not refused", (unsigned long long)ln);
+    cr_expect_str_eq(e->field, "messages", "line %llu", (unsigned long long)ln);
+    cr_expect(strstr(e->reason, ln == 2 ? "\"prompt\"" : "\"completion\"") && strstr(e->reason, "one format"),
+              "line %llu: \"%s\"", (unsigned long long)ln, e->reason);
+  }
+}
+
 Test(dataset, openai_message_weights_are_0_or_1_on_assistant_messages_only) {
   const char *text =
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"a\",\"weight\":0},"

@@ -134,7 +134,8 @@ static void control_rec(const char *type, const char *job, const char *tenant, i
 
 /* A heartbeat of worker (slots free), in node group `group` reachable at `rdv` (NULL: none), and
  * whether it drains. */
-static void heartbeat_of(const char *worker, int slots, const char *group, const char *rdv, bool draining) {
+static lt_avro_record_t *heartbeat_rec(const char *worker, int slots, const char *group, const char *rdv,
+                                       bool draining) {
   lt_avro_record_t *rec;
   cr_assert_eq(lt_avro_record_new(reg, "WorkerHeartbeat", &rec, err, sizeof err), LT_OK);
   lt_avro_record_stamp(rec, "test-worker");
@@ -148,11 +149,36 @@ static void heartbeat_of(const char *worker, int slots, const char *group, const
   lt_avro_set_bool(rec, "draining", draining);
   if (group) lt_avro_set_string(rec, "node_group", group);
   if (rdv) lt_avro_set_string(rec, "rendezvous", rdv);
+  return rec;
+}
+
+static void heartbeat_of(const char *worker, int slots, const char *group, const char *rdv, bool draining) {
+  lt_avro_record_t *rec = heartbeat_rec(worker, slots, group, rdv, draining);
+  produce_rec("workers", LT_BUS_PARTITION_ANY, worker, rec);
+  lt_avro_record_destroy(rec);
+}
+
+/* A heartbeat of worker (slots free) owning partition `part` of every dispatch topic, or none
+ * (part < 0), as a worker the group assigned them to, or left without any, says. */
+static void heartbeat_owning(const char *worker, int slots, int part) {
+  lt_avro_record_t *rec = heartbeat_rec(worker, slots, NULL, NULL, false);
+  for (int c = 0; part >= 0 && c < 3; c++) {
+    char topic[256], path[64];
+    lt_bus_topic_name(conf, tail_topics[1 + c], topic, sizeof topic);
+    size_t i = 0;
+    cr_assert_eq(lt_avro_array_append(rec, "owned_partitions", &i), LT_OK);
+    snprintf(path, sizeof path, "owned_partitions[%zu].topic", i);
+    lt_avro_set_string(rec, path, topic);
+    snprintf(path, sizeof path, "owned_partitions[%zu].partition", i);
+    lt_avro_set_int(rec, path, part);
+  }
   produce_rec("workers", LT_BUS_PARTITION_ANY, worker, rec);
   lt_avro_record_destroy(rec);
 }
 
 static void heartbeat(const char *worker, int slots) { heartbeat_of(worker, slots, NULL, NULL, false); }
+
+static const char *dispatch_log(const char *topic_base);
 
 /* Is r (a tail record) of type (and job, and topic base, when not NULL)? */
 static bool seen_is(json_t *r, const char *type, const char *job, const char *topic_base) {
@@ -478,6 +504,62 @@ Test(scheduler, a_dispatch_not_started_in_time_is_dispatched_again_as_attempt_2)
   lt_scheduler_destroy(s);
 }
 
+/* A worker starts a dispatch after the start timeout (it read it late, or its slot freed late):
+ * lt_sched had put the job back in its queue, and its next DISPATCH row met a running job and
+ * dropped it, so the job ran unbooked and its slot looked free. Now a running job that lt_sched
+ * does not hold running is booked where it runs: the slot is not given to another job. */
+Test(scheduler, a_job_started_after_its_start_timeout_keeps_its_slot) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 1);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .start_timeout_ms = 1500};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-late", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobDispatched", "job-late", "control", 1, 20000));
+  heartbeat_of("w1", 1, NULL, NULL, true); /* no redispatch meanwhile: w1 drains */
+  settle(3000);                            /* past the start timeout: lt_sched requeued it */
+  cr_assert_eq(count_seen("JobDispatched", "job-late", "control"), 1, "dispatched again while w1 drained");
+  control_rec("AttemptStarted", "job-late", "acme", 1); /* w1 starts it, late */
+  settle(1000);
+  heartbeat("w1", 1); /* and takes work again */
+  submit("job-next", "acme", LT_CLASS_STANDARD, NULL);
+  settle(3000);
+  cr_assert_eq(count_seen("JobDispatched", "job-next", "control"), 0,
+               "the slot job-late runs in was given to another job: %s", dispatch_log("control"));
+  cr_assert_eq(count_seen("JobDispatched", "job-late", "control"), 1, "%s", dispatch_log("control"));
+  control_rec("JobCompleted", "job-late", "acme", 1);
+  cr_assert(wait_for("JobDispatched", "job-next", "control", 1, 20000), "the slot freed was not given: %s",
+            dispatch_log("control"));
+  lt_scheduler_destroy(s);
+}
+
+/* The policy's tables are sized when a term starts. Tenants that come after, past their size,
+ * were refused one by one ("tenant table full", ignored) and their jobs stayed queued for good,
+ * never dispatched, never failed; the workers' table the same way. Now a term that meets more
+ * than fit ends, and the next one sizes them for what the log holds. */
+Test(scheduler, tenants_past_the_policys_table_size_end_the_term_and_their_jobs_run) {
+  put_tenant("t-1", 0);
+  put_tenant("t-2", 0);
+  heartbeat("w1", 8);
+  lt_sched_config_t pol;
+  lt_sched_config_default(&pol);
+  pol.max_tenants = 2;
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .policy = &pol};
+  lt_scheduler_t *s = start(NULL, &c);
+  char tenant[6][16], job[6][16];
+  for (int i = 0; i < 6; i++) {
+    snprintf(tenant[i], sizeof tenant[i], "t-%d", i + 1);
+    snprintf(job[i], sizeof job[i], "job-t%d", i + 1);
+    if (i >= 2) put_tenant(tenant[i], 0);
+    submit(job[i], tenant[i], LT_CLASS_STANDARD, NULL);
+  }
+  for (int i = 0; i < 6; i++)
+    cr_assert(wait_for("JobDispatched", job[i], "control", 1, 30000), "%s of a tenant past the table was never dispatched: %s",
+              job[i], dispatch_log("control"));
+  lt_scheduler_destroy(s);
+}
+
 /* A worker that heartbeats but does not start what it is given (cut from the broker its dispatch
  * partition leads on: chaos seed 6104 redispatched one job to it 20 times) gets no new work for a
  * while: the redispatch goes to another worker. */
@@ -509,6 +591,32 @@ Test(scheduler, a_worker_that_does_not_start_its_dispatch_gets_no_redispatch) {
 
 /* A worker whose heartbeat says it drains (lt_worker_drain) gets no new job while it stays up:
  * the jobs go to the other worker, and one more than it holds waits. */
+/* Five workers in a group whose dispatch topics have four partitions: the range assignor leaves
+ * the fifth none, and a dispatch to it landed on another worker's partition, which dropped it
+ * (the job lost a minute, the worker was cordoned for missing it). A worker that owns none while
+ * others own some takes no work; once it owns one, it does. */
+Test(scheduler, a_worker_that_owns_no_dispatch_partition_gets_no_job_until_it_owns_one) {
+  put_tenant("acme", 0);
+  heartbeat_owning("w-owns", 1, 0);
+  heartbeat_owning("w-none", 1, -1);
+  lt_scheduler_t *s = start(NULL, NULL);
+  submit("job-a", "acme", LT_CLASS_STANDARD, NULL);
+  submit("job-b", "acme", LT_CLASS_STANDARD, NULL);
+  cr_assert(wait_for("JobDispatched", NULL, "control", 1, 20000), "nothing dispatched");
+  settle(1500);
+  cr_assert_eq(count_seen("JobDispatched", NULL, "control"), 1, "a job went to the worker with no partition: %s",
+               dispatch_log("control"));
+  json_t *d = find_seen("JobDispatched", NULL, "control", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "worker_id")), "w-owns");
+  heartbeat_owning("w-none", 1, 1); /* a rebalance gave it one */
+  cr_assert(wait_for("JobDispatched", NULL, "control", 2, 20000), "the worker that now owns a partition got no job: %s",
+            dispatch_log("control"));
+  d = find_seen("JobDispatched", NULL, "control", 1);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "worker_id")), "w-none");
+  cr_assert_eq(count_seen("JobDispatched", NULL, "dispatch.standard"), 2);
+  lt_scheduler_destroy(s);
+}
+
 Test(scheduler, a_draining_worker_gets_no_new_job) {
   put_tenant("acme", 0);
   heartbeat("w1", 2);

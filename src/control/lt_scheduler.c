@@ -297,6 +297,9 @@ static void heartbeat_capacity(lt_scheduler_t *s, lt_avro_record_t *rec, size_t 
   lt_avro_get_int(rec, "slots_total", &slots);
   lt_avro_get_long(rec, "memory_total_bytes", &mem);
   lt_avro_get_bool(rec, "draining", &wk->draining);
+  size_t owned = 0;
+  lt_avro_array_size(rec, "owned_partitions", &owned);
+  wk->owns_partitions = owned > 0;
   const char *grp = NULL, *rdv = NULL; /* v2; a v1 heartbeat reads "" */
   lt_avro_get_string(rec, "node_group", &grp, NULL);
   lt_avro_get_string(rec, "rendezvous", &rdv, NULL);
@@ -454,6 +457,11 @@ static void feed(lt_scheduler_t *s) {
     s->role = LT_SCHEDULER_LEADING;
     lt_log_info("scheduler", "leading (term %" PRIu64 ", %zu jobs, %zu workers folded)", s->st.terms,
                 s->nsides, s->nworkers);
+  }
+  if (s->role == LT_SCHEDULER_LEADING && s->sched_full) {
+    scheduler_flush(s); /* what the term wrote so far goes out first (a failure ends it too) */
+    if (s->role == LT_SCHEDULER_LEADING) stop_leading(s, "the policy's tables are full");
+    return;
   }
   if (s->role == LT_SCHEDULER_LEADING) scheduler_step(s);
   else if (s->nout) scheduler_flush(s); /* dead letters found while catching up */

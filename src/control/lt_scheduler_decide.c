@@ -194,13 +194,20 @@ void scheduler_write_deadletter(lt_scheduler_t *s, const lt_bus_msg_t *m, lt_err
 
 /* ---------------------------------------------------------------- lt_sched bookkeeping */
 
+void scheduler_sched_full(lt_scheduler_t *s, const char *why) {
+  if (!s->sched_full)
+    lt_log_warn("scheduler", "%s: this term ends, and the next sizes the policy's tables for what the log holds", why);
+  s->sched_full = true;
+}
+
 uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool placing) {
   uint64_t id = scheduler_tenant_id(s, tenant);
   const lt_tenant_t *t = lt_tenant_get(lt_proj_tenants(s->fold), tenant);
   lt_sched_tenant_t st = {.id = id, .weight = t && t->weight > 0 ? t->weight : 1.0};
   if (t && !placing && t->quotas.max_running_slots > 0) st.max_running_slots = (uint32_t)t->quotas.max_running_slots;
   /* max_queued_jobs is counted by the API before it accepts; durations are enforced here. */
-  lt_sched_tenant_upsert(s->sched, &st, NULL, 0);
+  char err[256];
+  if (lt_sched_tenant_upsert(s->sched, &st, err, sizeof err) == LT_ERR_UNAVAILABLE) scheduler_sched_full(s, err);
   return id;
 }
 
@@ -228,7 +235,9 @@ static bool sched_enqueue(lt_scheduler_t *s, size_t idx, int32_t attempt, lt_job
                        .attempt = attempt > 0 ? (uint32_t)attempt : 0,
                        .limit_s = (double)duration_limit_s(s, sd, j)};
   char err[256];
-  if (lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err) != LT_OK) return false;
+  lt_err_t e = lt_sched_job_enqueue(s->sched, &sj, s->now_s, err, sizeof err);
+  if (e == LT_ERR_UNAVAILABLE) scheduler_sched_full(s, err);
+  if (e) return false;
   sd->in_sched = true;
   sd->sched_running = false;
   return true;
@@ -280,7 +289,9 @@ static void worker_bring_up(lt_scheduler_t *s, size_t w) {
                           .mem_bytes = wk->mem,
                           .model_cache = wk->nmodels > 4 ? (uint32_t)wk->nmodels : 4};
   char err[256];
-  if (lt_sched_worker_up(s->sched, &sw, err, sizeof err) != LT_OK) {
+  lt_err_t e = lt_sched_worker_up(s->sched, &sw, err, sizeof err);
+  if (e == LT_ERR_UNAVAILABLE) scheduler_sched_full(s, err);
+  if (e) {
     lt_log_error("scheduler", "worker %s: %s", wk->id, err);
     return;
   }
@@ -322,7 +333,24 @@ void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id) {
 /* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
  * worker that goes down leaves lt_sched: it comes back only when the log says it is queued
  * again (AttemptStopped lost after its lease expired), never earlier (invariant 2). */
+/* A worker whose heartbeat lists no dispatch partition while another's lists some: the workers'
+ * group left it none (more workers than a class topic has partitions; the range assignor gives
+ * the extra ones nothing) or has not assigned it yet. A dispatch to it would land on a partition
+ * another worker owns, which drops it as not its own: it takes no work until it owns one. Where
+ * no worker lists any (none assigned yet, or workers that do not say), the key hash decides. */
+static bool partless(worker_t *wk, bool any) {
+  bool none = !wk->owns_partitions && any;
+  if (none && !wk->partless_said)
+    lt_log_warn("scheduler", "worker %s owns no dispatch partition in the workers' group: it takes no work until it "
+                "owns one (more workers than partitions of lathe.dispatch.*? ops/topics.tsv)", wk->id);
+  wk->partless_said = none;
+  return none;
+}
+
 static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
+  bool any = false; /* a live worker lists dispatch partitions */
+  for (size_t w = 0; w < s->nworkers && !any; w++)
+    any = s->workers[w].owns_partitions && worker_alive(s, &s->workers[w], now_ms);
   for (size_t w = 0; w < s->nworkers; w++) {
     worker_t *wk = &s->workers[w];
     bool alive = worker_alive(s, wk, now_ms);
@@ -339,7 +367,8 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     /* a cordon (scheduler_worker_missed_start) ends with its time, one that came up again gets
      * what is left of it; a worker whose heartbeat says it drains (a graceful stop) gets no new
      * work while its attempts checkpoint and stop */
-    if (wk->up) lt_sched_worker_cordon(s->sched, w + 1, wk->draining || now_ms < wk->cordon_until_ms);
+    if (wk->up)
+      lt_sched_worker_cordon(s->sched, w + 1, wk->draining || now_ms < wk->cordon_until_ms || partless(wk, any));
     if (wk->cordon_until_ms && now_ms >= wk->cordon_until_ms) wk->cordon_until_ms = 0;
   }
 }
@@ -362,8 +391,9 @@ static int cmp_order(const void *a, const void *b) {
 }
 
 /* Books live job sd where the log says it runs: on its worker, or a gang's on its workers in
- * rank order (JobDispatched's gang_workers). Logged and left out of lt_sched when that cannot be
- * done (a worker of it is not up, or its slots are taken): its slots then look free. */
+ * rank order (JobDispatched's gang_workers); queued first unless lt_sched holds it queued. Logged
+ * and left out of lt_sched when that cannot be done (a worker of it is not up, or its slots are
+ * taken): its slots then look free. */
 static void rebuild_running(lt_scheduler_t *s, size_t i, const lt_job_t *j) {
   side_t *sd = s->sides[i];
   uint64_t ids[GANG_MAX];
@@ -372,7 +402,7 @@ static void rebuild_running(lt_scheduler_t *s, size_t i, const lt_job_t *j) {
   if (!sd->gang_n && !worker_find(s, j->worker_id, &w0)) return;
   for (uint32_t r = 0; r < n; r++) ids[r] = (sd->gang_n ? sd->gang_w[r] : w0) + 1;
   char err[256] = "";
-  if (!sched_enqueue(s, i, j->attempt - 1, j->job_class) ||
+  if ((!sd->in_sched && !sched_enqueue(s, i, j->attempt - 1, j->job_class)) ||
       lt_sched_job_book(s->sched, i + 1, ids, sd->gang_n ? sd->gang_mask : NULL, n, s->now_s, err, sizeof err) !=
           LT_OK) {
     lt_log(LT_LOG_WARN, "scheduler", LT_LOG_JOB(sd->job_id), "job %s running on %s could not be booked there: %s",
@@ -382,6 +412,15 @@ static void rebuild_running(lt_scheduler_t *s, size_t i, const lt_job_t *j) {
   }
   sd->sched_running = true;
   sd->sched_worker = (uint32_t)ids[0] - 1;
+}
+
+/* Whether every worker live job sd runs on (a gang's, or its one) is up in lt_sched. */
+static bool workers_up(lt_scheduler_t *s, const side_t *sd, const lt_job_t *j) {
+  size_t w = 0;
+  if (!sd->gang_n) return worker_find(s, j->worker_id, &w) && s->workers[w].up;
+  for (uint32_t r = 0; r < sd->gang_n; r++)
+    if (sd->gang_w[r] >= s->nworkers || !s->workers[sd->gang_w[r]].up) return false;
+  return true;
 }
 
 /* A queued job is out of attempts: max_attempts failed, or max_unavailable_stops that the object
@@ -414,7 +453,20 @@ static lt_err_t rebuild_queue(lt_scheduler_t *s, char *errstr, size_t n) {
  * only when something runs there), each running job is booked where the log says it runs
  * (lt_sched_job_book), then the tenants' quotas and the queue. */
 lt_err_t scheduler_rebuild(lt_scheduler_t *s, int64_t now_ms, char *errstr, size_t n) {
-  lt_err_t err = lt_sched_new(&s->policy, &s->sched, errstr, n);
+  /* The policy's tables are sized once: twice what the log holds, the configured sizes at least
+   * (lathe.workers keeps a heartbeat of every worker id ever; a term that meets more than fit
+   * ends, scheduler_sched_full, and the next one sizes them again). */
+  lt_sched_config_t cfg = s->policy;
+  size_t tenants = lt_tenant_count(lt_proj_tenants(s->fold)), live = 0;
+  for (size_t i = 0; i < s->nsides; i++) {
+    const lt_job_t *j = lt_job_get(lt_proj_jobs(s->fold), s->sides[i]->job_id);
+    live += j && !lt_job_state_is_terminal(j->state);
+  }
+  if (2 * tenants > cfg.max_tenants) cfg.max_tenants = (uint32_t)(2 * tenants);
+  if (2 * s->nworkers > cfg.max_workers) cfg.max_workers = (uint32_t)(2 * s->nworkers);
+  if (2 * live > cfg.max_jobs) cfg.max_jobs = (uint32_t)(2 * live);
+  s->sched_full = false;
+  lt_err_t err = lt_sched_new(&cfg, &s->sched, errstr, n);
   if (err) return err;
   lt_job_table_t *jobs = lt_proj_jobs(s->fold);
   for (size_t w = 0; w < s->nworkers; w++) {
@@ -570,6 +622,14 @@ static void examine(lt_scheduler_t *s, size_t idx, int64_t now_ms) {
     }
     return;
   }
+  if (!sd->sched_running && sd->unbooked_tried != j->attempt && workers_up(s, sd, j)) {
+    /* running, and not booked in lt_sched: started after lt_sched requeued it at the start
+     * timeout (a dispatch read late, a slot freed late), or on a worker that missed heartbeats
+     * and came back before the lease ran out (its jobs were dropped with it). Booked where it
+     * runs, once an attempt, or its worker would look free and no quota or preemption apply. */
+    sd->unbooked_tried = j->attempt;
+    rebuild_running(s, idx, j);
+  }
   if (j->state == LT_JOB_RUNNING && sd->preempt_owed == j->attempt && sd->w_preempt_attempt != j->attempt)
     write_preempt(s, sd, j, now_ms, "a higher priority class is waiting: checkpoint and stop");
   /* a gang with a part on a draining worker: rank 0, elsewhere, checkpoints and stops it (the
@@ -641,6 +701,7 @@ static void run_decisions(lt_scheduler_t *s, int64_t now_ms) {
 
 void scheduler_step(lt_scheduler_t *s) {
   if (s->role != LT_SCHEDULER_LEADING) return;
+  if (s->sched_full) return; /* the term ends (feed) */
   int64_t now_ms = lt_time_wall_ms();
   double now = (double)now_ms / 1000.0;
   if (now > s->now_s) s->now_s = now;

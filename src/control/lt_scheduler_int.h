@@ -43,6 +43,7 @@ typedef struct side {
   int32_t w_lost_attempt;
   int32_t w_preempt_attempt;
   int32_t preempt_owed; /* the attempt lt_sched preempted before it started (0: none): asked once it runs */
+  int32_t unbooked_tried; /* the attempt examine last tried to book where it runs (rebuild_running) */
   int32_t redispatch_for;
   bool w_decided, w_terminal;
   /* lt_sched's view */
@@ -69,6 +70,10 @@ typedef struct worker {
    * takes no new work for that (scheduler_worker_missed_start) */
   int missed_starts;
   int64_t cordon_until_ms;
+  /* its heartbeat lists dispatch partitions it owns in the workers' group; one that lists none
+   * while another worker lists some was left none (more workers than partitions) or is not yet
+   * assigned: a dispatch to it would land on another worker's partition (sync_workers) */
+  bool owns_partitions, partless_said;
 } worker_t;
 
 typedef struct out_rec {
@@ -99,6 +104,7 @@ struct lt_scheduler {
   struct event *fold_ev;
   lt_proj_t *fold;
   lt_sched_t *sched;
+  bool sched_full; /* a tenant, worker or job did not fit lt_sched's tables: a new term sizes them */
   lt_avro_record_t *rec[R_N]; /* one reusable record per type written */
   side_t **sides;
   size_t nsides, capsides;
@@ -152,6 +158,9 @@ uint64_t scheduler_tenant_into_sched(lt_scheduler_t *s, const char *tenant, bool
 /* The job of sd is booked on worker w (rank 0's, or another of its gang's workers). */
 bool scheduler_side_on_worker(const side_t *sd, size_t w);
 void scheduler_drop(lt_scheduler_t *s, side_t *sd);
+/* A tenant, worker or job that lt_sched's tables could not take (why): said once, and the term
+ * ends after this feed; the next one sizes the tables for what the log holds (scheduler_rebuild). */
+void scheduler_sched_full(lt_scheduler_t *s, const char *why);
 /* A dispatch to worker_id was not started in time: the worker takes no new work for a while
  * (the start timeout, doubled for each miss in a row, at most 8 times): one that heartbeats but
  * cannot see its dispatches (cut from some brokers) would otherwise get the redispatch again. */

@@ -273,6 +273,75 @@ Test(authz, a_tenant_record_forged_without_the_master_key_is_refused_and_dead_le
   lt_avro_registry_destroy(reg);
 }
 
+/* The newest record of tenant id in lathe.tenants as written, bytes and MAC (caller frees *bytes):
+ * what anyone who may read the topic can copy. */
+static void newest_signed(const char *id, void **bytes, size_t *len, uint8_t mac[LT_RECMAC_BYTES]) {
+  lt_bus_conf_t *conf = lt_test_bus_env();
+  lt_bus_consumer_t *c;
+  char topic[200];
+  lt_bus_topic_name(conf, "tenants", topic, sizeof topic);
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err), LT_OK,
+               "%s", err);
+  *bytes = NULL;
+  for (;;) {
+    const lt_bus_msg_t *m;
+    cr_assert_eq(lt_bus_consumer_poll(c, 2000, &m, err, sizeof err), LT_OK, "%s", err);
+    if (!m) break;
+    size_t klen = 0, vlen = 0, hlen = 0;
+    const void *k = lt_bus_msg_key(m, &klen), *v = lt_bus_msg_value(m, &vlen), *h = NULL;
+    if (!k || klen != strlen(id) || memcmp(k, id, klen) || !v ||
+        !lt_bus_msg_header_get(m, LT_RECMAC_HEADER, &h, &hlen) || hlen != LT_RECMAC_BYTES)
+      continue;
+    free(*bytes);
+    *bytes = malloc(vlen);
+    memcpy(*bytes, v, vlen);
+    *len = vlen;
+    memcpy(mac, h, LT_RECMAC_BYTES);
+  }
+  cr_assert(*bytes, "no signed record of %s in %s", id, topic);
+  lt_bus_consumer_destroy(c);
+  lt_bus_conf_destroy(conf);
+}
+
+/* The principal that may write lathe.tenants, without the master key, cannot sign a new record;
+ * it can copy an old signed one and write it again: the tenant's record from before a key was
+ * revoked, to bring the key back. Every role folded it (latest wins); now a record older than the
+ * one folded is refused and counted, and the key stays revoked. */
+Test(authz, a_tenant_record_written_again_after_a_newer_one_brings_no_revoked_key_back) {
+  char victim[64], key[LT_TENANT_API_KEY_SIZE + 8], url[200];
+  new_tenant(victim, sizeof victim, key, sizeof key);
+  start_role("api", url, sizeof url);
+  lt_client_t *c = lt_test_client(url, key, 30);
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 200, 30000, 100, "the key never worked");
+  void *old = NULL;
+  size_t old_len = 0;
+  uint8_t old_mac[LT_RECMAC_BYTES];
+  newest_signed(victim, &old, &old_len, old_mac);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant revoke-key %s %.16s 2>&1", lt_test_lathe_bin(), victim, key + 3);
+  int rc;
+  char *out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", out);
+  free(out);
+  lt_test_wait_until(lt_test_get_status(c, "/v1/jobs", NULL, 0) == 401, 30000, 100, "the revoked key still works");
+  long before = refused_count();
+  char why[512];
+  cr_assert_eq(produce_tenant("admin", victim, old, old_len, old_mac, why, sizeof why), LT_OK, "%s", why);
+  long n = 0;
+  lt_test_wait_until((n = refused_count()) > before, 30000, 200, "the API did not refuse the old record (%ld)", n);
+  cr_assert_eq(lt_test_get_status(c, "/v1/jobs", NULL, 0), 401, "the old record brought the revoked key back");
+  /* an operator's next change is folded: its record is dated after the newest, whatever its clock */
+  snprintf(cmd, sizeof cmd, "'%s' admin tenant update %s --weight 2 2>&1", lt_test_lathe_bin(), victim);
+  out = lt_test_run(cmd, &rc);
+  cr_assert_eq(rc, 0, "%s", out);
+  free(out);
+  lt_test_wait_until(read_tenant(victim).weight == 2, 30000, 200, "the update was not folded");
+  cr_assert_eq(refused_count(), n, "the operator's update was refused");
+  free(old);
+  lt_client_destroy(c);
+}
+
 /* Starts reading topic (base name) as role: the error code. */
 static lt_err_t read_as(const char *role, const char *base, char *why, size_t whyn) {
   lt_bus_conf_t *conf = bus_as(role);

@@ -149,8 +149,11 @@ static int write_tenant(admin_t *a, const lt_tenant_t *t) {
     version = need > version ? need : version;
   }
   const lt_avro_schema_t *schema = lt_avro_schema_find(a->reg, "TenantUpserted", version);
+  int64_t at = lt_time_wall_ms();
+  if (at <= t->updated_at_ms) at = t->updated_at_ms + 1; /* after the record folded, whatever this clock says */
   if (lt_avro_record_new_schema(a->reg, schema, &rec, err, sizeof err) ||
-      lt_avro_record_stamp(rec, "admin/cli") || lt_tenant_to_record(t, rec, err, sizeof err) ||
+      lt_avro_record_stamp(rec, "admin/cli") || lt_avro_set_long(rec, "occurred_at", at) ||
+      lt_tenant_to_record(t, rec, err, sizeof err) ||
       lt_avro_record_encode(rec, &bytes, &len, err, sizeof err) ||
       lt_bus_producer_new(a->bus, NULL, &p, err, sizeof err)) {
     fprintf(stderr, "lathe admin: %s\n", err);

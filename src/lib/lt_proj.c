@@ -363,6 +363,15 @@ static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bu
     lt_tenant_t t;
     if (p->tenant_mac && (err = tenant_checked(p, rec, m, errstr, n))) return err;
     if ((err = lt_tenant_from_record(rec, &t, errstr, n))) return err;
+    /* Signed records are only as fresh as their signature: a principal that may write the topic,
+     * without the master key, could write an older signed record again (a revoked key's, a
+     * disabled tenant's) after the newer one. The one written first is the one that stays. */
+    const lt_tenant_t *cur = lt_tenant_get(p->tenants, t.tenant_id);
+    if (cur && t.updated_at_ms < cur->updated_at_ms)
+      return lt_errf(errstr, n, LT_ERR_AUTH,
+                     "TenantUpserted for tenant \"%.64s\" refused, the tenant keeps its state: written at %lld ms, "
+                     "before the one folded (%lld ms): an older record written again",
+                     t.tenant_id, (long long)t.updated_at_ms, (long long)cur->updated_at_ms);
     return lt_tenant_upsert(p->tenants, &t);
   }
   if (s == p->s_step) {

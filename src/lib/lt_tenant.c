@@ -217,6 +217,7 @@ lt_err_t lt_tenant_from_record(lt_avro_record_t *rec, lt_tenant_t *out, char *er
   NEED(lt_avro_get_string(rec, "tenant_id", &s, &len));
   if (!lt_id_valid(s)) return lt_errf(errstr, n, LT_ERR_INVALID, "TenantUpserted: tenant_id \"%.80s\" is not a valid id", s);
   copy_field(out->tenant_id, sizeof out->tenant_id, s);
+  lt_avro_get_long(rec, "occurred_at", &out->updated_at_ms);
   NEED(lt_avro_get_string(rec, "display_name", &s, NULL));
   copy_field(out->display_name, sizeof out->display_name, s);
   NEED(lt_avro_get_double(rec, "weight", &out->weight));

@@ -75,6 +75,7 @@ typedef struct lt_tenant {
   uint8_t wrapped_data_key[LT_TENANT_WRAPPED_MAX];
   size_t wrapped_data_key_len;
   bool disabled;
+  int64_t updated_at_ms; /* its record's occurred_at: the fold refuses an older one (a replay, lt_proj) */
 } lt_tenant_t;
 
 typedef struct lt_tenant_table lt_tenant_table_t;

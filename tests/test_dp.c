@@ -308,7 +308,9 @@ Test(dp, with_a_scale_that_rounds_the_ranks_agree_and_match_one_session_within_r
     worst = fmax(worst, fabs((double)x - y));
     scale = fmax(scale, fabs((double)x));
   }
-  cr_assert_lt(worst, 1e-5 * scale, "dp vs one session: %g (scale %g)", worst, scale);
+  /* the last bits of float sums over a few steps, in the order the chip's BLAS kernels take: an
+   * AVX2-only AMD EPYC gave 1.6e-5 of the scale, AVX-512 machines under 1e-5 */
+  cr_assert_lt(worst, 1e-4 * scale, "dp vs one session: %g (scale %g)", worst, scale);
   for (int i = 0; i < 3; i++) free(a[i]);
 }
 

@@ -255,7 +255,11 @@ static void parity_case(lt_model_config_t c, int importance) {
   OK(lt_optim_step(s, &opt, NULL, errbuf, sizeof errbuf));
   snprintf(path, sizeof path, "%s/p2.safetensors", f.dir);
   OK(lt_dump_tensors(s, 0, path, errbuf, sizeof errbuf));
-  compare_tensors(path, ref, "p2.", 1e-4, "adapter after AdamW step 2");
+  /* 1e-3, as the gradients it follows from: AdamW divides each first moment by the root of the
+   * second, so where both are small (lora_B, which starts at zero) the gradients' last bits show.
+   * The BLAS kernels OpenBLAS picks for the chip sum in their own order: an AVX2-only AMD EPYC
+   * gave 1.34e-4 here on the importance-loss case, AVX-512 machines about 1e-5. */
+  compare_tensors(path, ref, "p2.", 1e-3, "adapter after AdamW step 2");
 
   /* greedy sampling gives the reference's tokens */
   const int32_t *pp[1] = {prompt};

@@ -365,9 +365,10 @@ static lt_err_t apply_msg(lt_proj_t *p, const void *buf, size_t len, const lt_bu
     if ((err = lt_tenant_from_record(rec, &t, errstr, n))) return err;
     /* Signed records are only as fresh as their signature: a principal that may write the topic,
      * without the master key, could write an older signed record again (a revoked key's, a
-     * disabled tenant's) after the newer one. The one written first is the one that stays. */
+     * disabled tenant's) after the newer one. A process that folded the newer one keeps it; one
+     * that starts after compaction removed it cannot tell (docs/THREAT_MODEL.md, T1). */
     const lt_tenant_t *cur = lt_tenant_get(p->tenants, t.tenant_id);
-    if (cur && t.updated_at_ms < cur->updated_at_ms)
+    if (p->tenant_mac && cur && t.updated_at_ms < cur->updated_at_ms)
       return lt_errf(errstr, n, LT_ERR_AUTH,
                      "TenantUpserted for tenant \"%.64s\" refused, the tenant keeps its state: written at %lld ms, "
                      "before the one folded (%lld ms): an older record written again",

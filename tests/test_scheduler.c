@@ -158,11 +158,11 @@ static void heartbeat_of(const char *worker, int slots, const char *group, const
   lt_avro_record_destroy(rec);
 }
 
-/* A heartbeat of worker (slots free) owning partition `part` of every dispatch topic, or none
- * (part < 0), as a worker the group assigned them to, or left without any, says. */
-static void heartbeat_owning(const char *worker, int slots, int part) {
+/* A heartbeat of worker (slots free) owning partition `part` of the first `classes` dispatch
+ * topics (production, standard, preemptible), as a worker the group assigned them to says. */
+static void heartbeat_owning(const char *worker, int slots, int part, int classes) {
   lt_avro_record_t *rec = heartbeat_rec(worker, slots, NULL, NULL, false);
-  for (int c = 0; part >= 0 && c < 3; c++) {
+  for (int c = 0; c < classes && c < 3; c++) {
     char topic[256], path[64];
     lt_bus_topic_name(conf, tail_topics[1 + c], topic, sizeof topic);
     size_t i = 0;
@@ -533,6 +533,43 @@ Test(scheduler, a_job_started_after_its_start_timeout_keeps_its_slot) {
   lt_scheduler_destroy(s);
 }
 
+/* A worker that missed heartbeats goes down and its jobs leave lt_sched; back before their leases
+ * ran out, it came up with every slot free, and a queued job took the slot a job still runs in.
+ * Now the jobs still running there are booked on it again before any decision of that step. */
+Test(scheduler, a_worker_back_from_missed_heartbeats_keeps_the_slots_its_jobs_run_in) {
+  put_tenant("acme", 0);
+  heartbeat("w1", 1);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .worker_timeout_ms = 1500};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-on", "acme", LT_CLASS_STANDARD, NULL);
+  bool on = false;
+  for (int i = 0; i < 40 && !on; i++) { /* heartbeats within the 1.5 s timeout */
+    heartbeat("w1", 1);
+    on = wait_for("JobDispatched", "job-on", "control", 1, 500);
+  }
+  cr_assert(on, "job-on was not dispatched: %s", dispatch_log("control"));
+  control_rec("AttemptStarted", "job-on", "acme", 1);
+  settle(3000); /* no heartbeat: w1 is down, job-on's lease (60 s) runs on */
+  submit("job-next", "acme", LT_CLASS_STANDARD, NULL);
+  settle(1000);
+  for (int i = 0; i < 6; i++) { /* back, and heartbeating */
+    heartbeat("w1", 1);
+    settle(500);
+  }
+  cr_assert_eq(count_seen("JobDispatched", "job-next", "control"), 0,
+               "the slot job-on runs in was given to another job: %s", dispatch_log("control"));
+  cr_assert_eq(count_seen("AttemptStopped", "job-on", "control"), 0, "job-on was declared lost within its lease");
+  control_rec("JobCompleted", "job-on", "acme", 1);
+  bool given = false;
+  for (int i = 0; i < 20 && !given; i++) {
+    heartbeat("w1", 1);
+    given = wait_for("JobDispatched", "job-next", "control", 1, 500);
+  }
+  cr_assert(given, "the slot freed was not given: %s", dispatch_log("control"));
+  lt_scheduler_destroy(s);
+}
+
 /* The policy's tables are sized when a term starts. Tenants that come after, past their size,
  * were refused one by one ("tenant table full", ignored) and their jobs stayed queued for good,
  * never dispatched, never failed; the workers' table the same way. Now a term that meets more
@@ -597,8 +634,8 @@ Test(scheduler, a_worker_that_does_not_start_its_dispatch_gets_no_redispatch) {
  * others own some takes no work; once it owns one, it does. */
 Test(scheduler, a_worker_that_owns_no_dispatch_partition_gets_no_job_until_it_owns_one) {
   put_tenant("acme", 0);
-  heartbeat_owning("w-owns", 1, 0);
-  heartbeat_owning("w-none", 1, -1);
+  heartbeat_owning("w-owns", 1, 0, 3);
+  heartbeat_owning("w-none", 1, 0, 0);
   lt_scheduler_t *s = start(NULL, NULL);
   submit("job-a", "acme", LT_CLASS_STANDARD, NULL);
   submit("job-b", "acme", LT_CLASS_STANDARD, NULL);
@@ -608,7 +645,11 @@ Test(scheduler, a_worker_that_owns_no_dispatch_partition_gets_no_job_until_it_ow
                dispatch_log("control"));
   json_t *d = find_seen("JobDispatched", NULL, "control", 0);
   cr_assert_str_eq(json_string_value(json_object_get(d, "worker_id")), "w-owns");
-  heartbeat_owning("w-none", 1, 1); /* a rebalance gave it one */
+  heartbeat_owning("w-none", 1, 1, 1); /* a partition of production's topic only: a standard job would be lost */
+  settle(1500);
+  cr_assert_eq(count_seen("JobDispatched", NULL, "control"), 1, "a standard job went to a worker with no standard "
+               "partition: %s", dispatch_log("control"));
+  heartbeat_owning("w-none", 1, 1, 3); /* a rebalance gave it one of each */
   cr_assert(wait_for("JobDispatched", NULL, "control", 2, 20000), "the worker that now owns a partition got no job: %s",
             dispatch_log("control"));
   d = find_seen("JobDispatched", NULL, "control", 1);

@@ -297,9 +297,20 @@ static void heartbeat_capacity(lt_scheduler_t *s, lt_avro_record_t *rec, size_t 
   lt_avro_get_int(rec, "slots_total", &slots);
   lt_avro_get_long(rec, "memory_total_bytes", &mem);
   lt_avro_get_bool(rec, "draining", &wk->draining);
+  /* a partition of every class's dispatch topic: a worker with none of one class would get that
+   * class's dispatches on another worker's partition (sync_workers) */
   size_t owned = 0;
   lt_avro_array_size(rec, "owned_partitions", &owned);
-  wk->owns_partitions = owned > 0;
+  unsigned classes = 0;
+  for (size_t i = 0; i < owned; i++) {
+    char path[64];
+    const char *topic = NULL;
+    snprintf(path, sizeof path, "owned_partitions[%zu].topic", i);
+    if (lt_avro_get_string(rec, path, &topic, NULL) != LT_OK || !topic) continue;
+    for (int c = 0; c < LT_CLASS__COUNT; c++)
+      if (strcmp(topic, s->out_topics[O_DISPATCH0 + c]) == 0) classes |= 1u << c;
+  }
+  wk->owns_partitions = classes == (1u << LT_CLASS__COUNT) - 1;
   const char *grp = NULL, *rdv = NULL; /* v2; a v1 heartbeat reads "" */
   lt_avro_get_string(rec, "node_group", &grp, NULL);
   lt_avro_get_string(rec, "rendezvous", &rdv, NULL);

@@ -330,14 +330,12 @@ void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id) {
   }
 }
 
-/* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
- * worker that goes down leaves lt_sched: it comes back only when the log says it is queued
- * again (AttemptStopped lost after its lease expired), never earlier (invariant 2). */
-/* A worker whose heartbeat lists no dispatch partition while another's lists some: the workers'
- * group left it none (more workers than a class topic has partitions; the range assignor gives
- * the extra ones nothing) or has not assigned it yet. A dispatch to it would land on a partition
- * another worker owns, which drops it as not its own: it takes no work until it owns one. Where
- * no worker lists any (none assigned yet, or workers that do not say), the key hash decides. */
+/* A worker whose heartbeat lists no dispatch partition of some class while another's lists one
+ * of each: the workers' group left it none (more workers than a class topic has partitions; the
+ * range assignor gives the extra ones nothing) or has not assigned it yet. A dispatch to it would
+ * land on a partition another worker owns, which drops it as not its own: it takes no work until
+ * it owns one of each. Where no worker lists them (none assigned yet, or workers that do not
+ * say), the key hash decides. */
 static bool partless(worker_t *wk, bool any) {
   bool none = !wk->owns_partitions && any;
   if (none && !wk->partless_said)
@@ -347,6 +345,11 @@ static bool partless(worker_t *wk, bool any) {
   return none;
 }
 
+/* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
+ * worker that goes down leaves lt_sched, and is not queued again before the log says so
+ * (AttemptStopped lost after its lease expired: invariant 2); when the worker comes back within
+ * the lease, its jobs still running there are booked on it again (examine, before any decision
+ * of the step could give their slots away). */
 static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
   bool any = false; /* a live worker lists dispatch partitions */
   for (size_t w = 0; w < s->nworkers && !any; w++)
@@ -356,11 +359,16 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     bool alive = worker_alive(s, wk, now_ms);
     if (wk->up && !alive) {
       for (size_t i = 0; i < s->nsides; i++)
-        if (s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w)) scheduler_drop(s, s->sides[i]);
+        if (s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w)) {
+          scheduler_drop(s, s->sides[i]);
+          s->sides[i]->unbooked_tried = 0; /* booked again if the worker comes back in time */
+        }
       lt_sched_worker_down(s->sched, w + 1, s->now_s);
       wk->up = false;
     } else if (!wk->up && alive && !wk->draining) {
       worker_bring_up(s, w);
+      for (size_t i = 0; i < s->nsides && wk->up; i++)
+        if (!s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w)) s->sides[i]->dirty = true;
     } else if (wk->up && wk->models_changed) {
       worker_models(s, w);
     }

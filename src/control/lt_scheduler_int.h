@@ -70,9 +70,10 @@ typedef struct worker {
    * takes no new work for that (scheduler_worker_missed_start) */
   int missed_starts;
   int64_t cordon_until_ms;
-  /* its heartbeat lists dispatch partitions it owns in the workers' group; one that lists none
-   * while another worker lists some was left none (more workers than partitions) or is not yet
-   * assigned: a dispatch to it would land on another worker's partition (sync_workers) */
+  /* its heartbeat lists a dispatch partition of every class it owns in the workers' group; one
+   * that lists none (of some class) while another worker lists all was left none (more workers
+   * than partitions) or is not yet assigned: a dispatch to it would land on another worker's
+   * partition (sync_workers) */
   bool owns_partitions, partless_said;
 } worker_t;
 

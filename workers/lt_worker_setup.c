@@ -113,9 +113,10 @@ static lt_err_t sweep_parent(const char *dir, char *errstr, size_t n) {
   return LT_OK;
 }
 
-/* <mem_parent>.lock, which every live process of this worker id holds shared (*lock_fd), into
- * *alone: whether this process took it exclusively first, so that no live process of the id
- * uses the directories and what is in them was left by a dead one. */
+/* <mem_parent>.lock, which the live process of this worker id holds exclusively for its life
+ * (*lock_fd), into *alone: whether this process took it, so that no live process of the id uses
+ * the directories and what is in them was left by a dead one (a second process of the id takes
+ * nothing and sweeps nothing). */
 static lt_err_t lock_id(const char *mem_parent, int *lock_fd, bool *alone, char *errstr, size_t n) {
   char path[530];
   snprintf(path, sizeof path, "%s.lock", mem_parent);
@@ -156,7 +157,6 @@ lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *
       return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
                      strerror(errno));
   }
-  flock(*lock_fd, LOCK_SH); /* from exclusive: a later process of the id sweeps nothing of this one's */
   if (geteuid() != 0)
     lt_log_warn("worker", "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
             "a network namespace only where the kernel allows user namespaces (each executor logs what it could "

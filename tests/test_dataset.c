@@ -128,23 +128,26 @@ Test(dataset, chat_messages_are_checked_message_by_message) {
 /* A line with both formats' fields: the trainer reads prompt and completion whenever both are
  * strings, so validating it as chat (by "messages" alone) let it train on what was not checked.
  * It is refused, naming the line and both fields; a line in one format is not. */
-Test(dataset, a_line_with_messages_and_prompt_or_completion_is_refused_naming_both) {
+/* A chat line that also has a prompt and a completion, both strings, validated as chat while the
+ * trainer would read its prompt and completion; one with only one of them, or with a null one,
+ * is chat for both and stays valid. */
+Test(dataset, a_line_with_messages_and_a_prompt_and_completion_is_refused_naming_both) {
   const char *text =
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n"
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
       "\"prompt\":\"p\",\"completion\":\"c\"}\n"
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
-      "\"completion\":\"c\"}\n";
+      "\"completion\":\"c\"}\n"
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}],"
+      "\"prompt\":\"p\",\"completion\":null}\n";
   lt_dataset_report_t r = report(text, 5, NULL, LT_ERR_INVALID);
-  cr_assert_eq(r.examples, 1, "only the chat line is an example");
-  cr_assert_eq(r.error_count, 2);
-  for (uint64_t ln = 2; ln <= 3; ln++) {
-    const lt_dataset_error_t *e = find(&r, ln);
-    cr_assert_not_null(e, "line %llu is not refused", (unsigned long long)ln);
-    cr_expect_str_eq(e->field, "messages", "line %llu", (unsigned long long)ln);
-    cr_expect(strstr(e->reason, ln == 2 ? "\"prompt\"" : "\"completion\"") && strstr(e->reason, "one format"),
-              "line %llu: \"%s\"", (unsigned long long)ln, e->reason);
-  }
+  cr_assert_eq(r.examples, 3, "the chat lines are examples");
+  cr_assert_eq(r.error_count, 1);
+  const lt_dataset_error_t *e = find(&r, 2);
+  cr_assert_not_null(e, "line 2 is not refused");
+  cr_expect_str_eq(e->field, "messages");
+  cr_expect(strstr(e->reason, "\"prompt\"") && strstr(e->reason, "\"completion\"") && strstr(e->reason, "one format"),
+            "\"%s\"", e->reason);
 }
 
 Test(dataset, openai_message_weights_are_0_or_1_on_assistant_messages_only) {

@@ -208,14 +208,12 @@ static void check_line(lt_dataset_check_t *c, const char *s, size_t n) {
     return;
   }
   lt_dataset_format_t f = json_object_get(obj, "messages") ? LT_DATASET_MESSAGES : LT_DATASET_PROMPT_COMPLETION;
-  /* A line in both formats: the trainer would read its prompt and completion, not the messages
-   * checked here. */
-  const char *other = json_object_get(obj, "prompt")       ? "prompt"
-                      : json_object_get(obj, "completion") ? "completion"
-                                                           : NULL;
-  if (f == LT_DATASET_MESSAGES && other) {
-    add_error(c, ln, "messages", "has both \"messages\" and \"%s\": an example is in one format, chat or "
-              "prompt/completion", other);
+  /* A line in both formats: the trainer reads a prompt and a completion that are both strings
+   * (lt_train.c), not the messages checked here. */
+  bool both = json_is_string(json_object_get(obj, "prompt")) && json_is_string(json_object_get(obj, "completion"));
+  if (f == LT_DATASET_MESSAGES && both) {
+    add_error(c, ln, "messages", "has both \"messages\" and a \"prompt\" and \"completion\": an example is in one "
+              "format, chat or prompt/completion");
     json_decref(obj);
     return;
   }

@@ -58,6 +58,16 @@ static lt_bus_conf_t *bus_as(const char *role) {
   return c;
 }
 
+/* A consumer of lathe.tenants (its name into topic) from its first record. */
+static lt_bus_consumer_t *tenants_from_start(lt_bus_conf_t *conf, char topic[200]) {
+  lt_bus_consumer_t *c;
+  lt_bus_topic_name(conf, "tenants", topic, 200);
+  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
+  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err), LT_OK,
+               "%s", err);
+  return c;
+}
+
 /* The tenant as the log holds it now (folded without checks: what an attacker can read). */
 static lt_tenant_t read_tenant(const char *id) {
   lt_avro_registry_t *reg;
@@ -65,12 +75,8 @@ static lt_tenant_t read_tenant(const char *id) {
   cr_assert_eq(lt_avro_registry_new(&reg, err, sizeof err), LT_OK, "%s", err);
   cr_assert_eq(lt_proj_new(reg, &proj, err, sizeof err), LT_OK, "%s", err);
   lt_bus_conf_t *conf = lt_test_bus_env();
-  lt_bus_consumer_t *c;
   char topic[200];
-  lt_bus_topic_name(conf, "tenants", topic, sizeof topic);
-  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err), LT_OK,
-               "%s", err);
+  lt_bus_consumer_t *c = tenants_from_start(conf, topic);
   for (;;) {
     const lt_bus_msg_t *m;
     cr_assert_eq(lt_bus_consumer_poll(c, 2000, &m, err, sizeof err), LT_OK, "%s", err);
@@ -277,12 +283,8 @@ Test(authz, a_tenant_record_forged_without_the_master_key_is_refused_and_dead_le
  * what anyone who may read the topic can copy. */
 static void newest_signed(const char *id, void **bytes, size_t *len, uint8_t mac[LT_RECMAC_BYTES]) {
   lt_bus_conf_t *conf = lt_test_bus_env();
-  lt_bus_consumer_t *c;
   char topic[200];
-  lt_bus_topic_name(conf, "tenants", topic, sizeof topic);
-  cr_assert_eq(lt_bus_consumer_new(conf, NULL, &c, err, sizeof err), LT_OK, "%s", err);
-  cr_assert_eq(lt_bus_consumer_assign_topic(c, topic, LT_BUS_OFFSET_BEGINNING, 10000, NULL, err, sizeof err), LT_OK,
-               "%s", err);
+  lt_bus_consumer_t *c = tenants_from_start(conf, topic);
   *bytes = NULL;
   for (;;) {
     const lt_bus_msg_t *m;

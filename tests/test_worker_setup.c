@@ -142,8 +142,13 @@ Test(worker_setup, a_restarted_worker_scrubs_what_its_crashed_predecessor_left_a
   cr_assert_eq(lt_worker_confinement(&c, &cc, work_parent, mem_parent, &lock2, err, sizeof err), LT_OK, "%s", err);
   snprintf(path, sizeof path, "%s/state.bin", own_att);
   cr_expect(lt_test_file_has(path, "a live attempt's state"), "a second process of the id swept the live one's");
-  close(lock2);
+  /* the first one ends and starts again while the second runs: the second's files are live */
   close(lock);
+  int lock3 = -1;
+  cr_assert_eq(lt_worker_confinement(&c, &cc, work_parent, mem_parent, &lock3, err, sizeof err), LT_OK, "%s", err);
+  cr_expect(lt_test_file_has(path, "a live attempt's state"), "a restart swept the live second process's files");
+  close(lock3);
+  close(lock2);
   lt_test_rm_rf(mem);
   lt_test_rm_rf(disk);
 }

@@ -112,7 +112,7 @@ struct lt_worker {
   lt_confine_conf_t confine; /* what executors may do (lt_confine.h) */
   lt_worker_devices_t dev;   /* what they train on: the cpu, or slot i on GPU i */
   char work_parent[512], mem_parent[512]; /* <work_root>/lathe-<id>, <mem_root>/lathe-<id> (0711) */
-  int dir_lock;                           /* <mem_parent>.lock, held (lt_worker_confinement) */
+  int dir_lock;                           /* <mem_parent>.lock, held shared (lt_worker_confinement) */
 };
 
 /* A WorkerDrainRequested folded from lathe.control (m: its message), acted on when it is for this

@@ -113,19 +113,27 @@ static lt_err_t sweep_parent(const char *dir, char *errstr, size_t n) {
   return LT_OK;
 }
 
-/* <mem_parent>.lock, which the live process of this worker id holds exclusively for its life
- * (*lock_fd), into *alone: whether this process took it, so that no live process of the id uses
- * the directories and what is in them was left by a dead one (a second process of the id takes
- * nothing and sweeps nothing). */
-static lt_err_t lock_id(const char *mem_parent, int *lock_fd, bool *alone, char *errstr, size_t n) {
+/* <mem_parent>.lock, which every live process of this worker id holds shared (*lock_fd), into
+ * *alone: whether this process took it exclusively, so that no live process of the id uses the
+ * directories and what is in them was left by a dead one. Taken under <mem_parent>.gate (*gate_fd,
+ * held exclusively until the caller closes it, after its sweep and its downgrade to shared): a
+ * process of the id that starts meanwhile waits there, so it never finds the lock free in the
+ * moment the downgrade lets it go (flock(2) does not convert atomically), and one that starts
+ * while another runs takes it shared too: a later restart of the first sweeps nothing of it. */
+static lt_err_t lock_id(const char *mem_parent, int *gate_fd, int *lock_fd, bool *alone, char *errstr, size_t n) {
   char path[530];
+  snprintf(path, sizeof path, "%s.gate", mem_parent);
+  *gate_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (*gate_fd < 0 || flock(*gate_fd, LOCK_EX) != 0) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
   snprintf(path, sizeof path, "%s.lock", mem_parent);
   *lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (*lock_fd < 0) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
   *alone = flock(*lock_fd, LOCK_EX | LOCK_NB) == 0;
-  if (!*alone)
+  if (!*alone) {
     lt_log_warn("worker", "another live process holds %s: it runs as this worker (LATHE_INSTANCE); nothing is swept",
                 path);
+    if (flock(*lock_fd, LOCK_SH | LOCK_NB) != 0) return lt_errf(errstr, n, LT_ERR_IO, "%s: %s", path, strerror(errno));
+  }
   return LT_OK;
 }
 
@@ -148,15 +156,19 @@ lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *
   snprintf(mem_parent, 512, "%s/lathe-%s", conf->mem_root, conf->worker_id);
   const char *parents[] = {work_parent, mem_parent};
   bool alone = false;
-  if ((err = lock_id(mem_parent, lock_fd, &alone, errstr, n))) return err;
-  for (int i = 0; i < 2; i++) {
+  int gate = -1;
+  err = lock_id(mem_parent, &gate, lock_fd, &alone, errstr, n);
+  for (int i = 0; i < 2 && !err; i++) {
     struct stat st;
-    if (alone && (err = sweep_parent(parents[i], errstr, n))) return err;
+    if (alone && (err = sweep_parent(parents[i], errstr, n))) break;
     if ((mkdir(parents[i], 0711) != 0 && errno != EEXIST) || lstat(parents[i], &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != geteuid() || chmod(parents[i], 0711) != 0)
-      return lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i],
-                     strerror(errno));
+      err = lt_errf(errstr, n, LT_ERR_IO, "%s: not a directory of this worker's user (%s)", parents[i], strerror(errno));
   }
+  if (!err && alone && flock(*lock_fd, LOCK_SH) != 0) /* under the gate: no other process of the id meanwhile */
+    err = lt_errf(errstr, n, LT_ERR_IO, "%s.lock: %s", mem_parent, strerror(errno));
+  if (gate >= 0) close(gate);
+  if (err) return err;
   if (geteuid() != 0)
     lt_log_warn("worker", "not root: executors run as this worker's uid, without RLIMIT_NPROC, and in "
             "a network namespace only where the kernel allows user namespaces (each executor logs what it could "

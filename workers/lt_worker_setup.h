@@ -34,7 +34,7 @@ void lt_worker_conf_defaults(lt_worker_conf_t *conf, int max_slots);
  * directories (work_parent, mem_parent: 512 bytes each), created 0711; what a previous process of
  * the same worker id left in them (a crash skips the attempts' scrub) is scrubbed and removed
  * first (lt_scrub.h), unless a live process of the id holds <mem_parent>.lock. *lock_fd: that
- * lock, held until the caller closes it (even on a failure, when it is >= 0). Fails when mem_root is not
+ * lock, held shared until the caller closes it (even on a failure, when it is >= 0). Fails when mem_root is not
  * a memory file system, or without the store and master key. Logs what it cannot apply. */
 lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *confine, char *work_parent,
                                char *mem_parent, int *lock_fd, char *errstr, size_t n);

@@ -125,12 +125,10 @@ Test(dataset, chat_messages_are_checked_message_by_message) {
   cr_assert_str_eq(find(&r, 4)->field, "messages");
 }
 
-/* A line with both formats' fields: the trainer reads prompt and completion whenever both are
- * strings, so validating it as chat (by "messages" alone) let it train on what was not checked.
- * It is refused, naming the line and both fields; a line in one format is not. */
-/* A chat line that also has a prompt and a completion, both strings, validated as chat while the
- * trainer would read its prompt and completion; one with only one of them, or with a null one,
- * is chat for both and stays valid. */
+/* A chat line that also has a prompt and a completion, both strings, was validated as chat (by
+ * "messages" alone) while the trainer reads its prompt and completion: it trained on what was not
+ * checked. It is refused, naming the line and the fields; one with only one of them, or a null
+ * one, is chat for both and stays valid. */
 Test(dataset, a_line_with_messages_and_a_prompt_and_completion_is_refused_naming_both) {
   const char *text =
       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}\n"

@@ -538,6 +538,7 @@ Test(scheduler, a_job_started_after_its_start_timeout_keeps_its_slot) {
  * Now the jobs still running there are booked on it again before any decision of that step. */
 Test(scheduler, a_worker_back_from_missed_heartbeats_keeps_the_slots_its_jobs_run_in) {
   put_tenant("acme", 0);
+  heartbeat_of("w0", 1, NULL, NULL, true); /* draining, never up: w1 is not the first worker folded */
   heartbeat("w1", 1);
   lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
                            .worker_timeout_ms = 1500};
@@ -567,6 +568,39 @@ Test(scheduler, a_worker_back_from_missed_heartbeats_keeps_the_slots_its_jobs_ru
     given = wait_for("JobDispatched", "job-next", "control", 1, 500);
   }
   cr_assert(given, "the slot freed was not given: %s", dispatch_log("control"));
+  lt_scheduler_destroy(s);
+}
+
+/* The same when the worker is away as a term starts: the new leader cannot book the job there
+ * (its worker is not up), and when the worker comes back the job must be booked before a queued
+ * one takes its slot. */
+Test(scheduler, a_job_whose_worker_was_away_when_the_term_began_keeps_its_slot_when_it_returns) {
+  put_tenant("acme", 0);
+  heartbeat_of("w0", 1, NULL, NULL, true); /* draining, never up: w1 is not the first worker folded */
+  heartbeat("w1", 1);
+  lt_scheduler_conf_t c = {.producer_id = "scheduler/test", .lease_ms = 60000, .tenant_grace_ms = 1000, .tick_ms = 50,
+                           .worker_timeout_ms = 1500};
+  lt_scheduler_t *s = start(NULL, &c);
+  submit("job-on", "acme", LT_CLASS_STANDARD, NULL);
+  bool on = false;
+  for (int i = 0; i < 40 && !on; i++) {
+    heartbeat("w1", 1);
+    on = wait_for("JobDispatched", "job-on", "control", 1, 500);
+  }
+  cr_assert(on, "job-on was not dispatched: %s", dispatch_log("control"));
+  control_rec("AttemptStarted", "job-on", "acme", 1);
+  settle(500);
+  lt_scheduler_destroy(s);
+  lt_test_msleep(2000); /* w1 silent past its timeout */
+  s = start(NULL, &c);  /* a new term, with w1 away */
+  submit("job-next", "acme", LT_CLASS_STANDARD, NULL);
+  settle(1000);
+  for (int i = 0; i < 6; i++) {
+    heartbeat("w1", 1);
+    settle(500);
+  }
+  cr_assert_eq(count_seen("JobDispatched", "job-next", "control"), 0,
+               "the slot job-on runs in was given to another job: %s", dispatch_log("control"));
   lt_scheduler_destroy(s);
 }
 

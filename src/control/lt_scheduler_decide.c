@@ -339,10 +339,20 @@ void scheduler_worker_started(lt_scheduler_t *s, const char *worker_id) {
 static bool partless(worker_t *wk, bool any) {
   bool none = !wk->owns_partitions && any;
   if (none && !wk->partless_said)
-    lt_log_warn("scheduler", "worker %s owns no dispatch partition in the workers' group: it takes no work until it "
-                "owns one (more workers than partitions of lathe.dispatch.*? ops/topics.tsv)", wk->id);
+    lt_log_warn("scheduler", "worker %s owns no partition of some class's dispatch topic in the workers' group: it "
+                "takes no work until it owns one of each (more workers than partitions of lathe.dispatch.*? "
+                "ops/topics.tsv)", wk->id);
   wk->partless_said = none;
   return none;
+}
+
+/* Whether the log says sd's job runs on worker w (a gang's rank there, or the job's worker):
+ * not sched_worker, which only a booking sets. */
+static bool runs_on(lt_scheduler_t *s, const side_t *sd, size_t w) {
+  for (uint32_t r = 0; r < sd->gang_n; r++)
+    if (sd->gang_w[r] == w) return true;
+  const lt_job_t *j = sd->gang_n ? NULL : lt_job_get(lt_proj_jobs(s->fold), sd->job_id);
+  return j && strcmp(j->worker_id, s->workers[w].id) == 0;
 }
 
 /* Workers whose heartbeats stopped go down; new or returning ones come up. A job booked on a
@@ -368,7 +378,7 @@ static void sync_workers(lt_scheduler_t *s, int64_t now_ms) {
     } else if (!wk->up && alive && !wk->draining) {
       worker_bring_up(s, w);
       for (size_t i = 0; i < s->nsides && wk->up; i++)
-        if (!s->sides[i]->sched_running && scheduler_side_on_worker(s->sides[i], w)) s->sides[i]->dirty = true;
+        if (!s->sides[i]->sched_running && runs_on(s, s->sides[i], w)) s->sides[i]->dirty = true;
     } else if (wk->up && wk->models_changed) {
       worker_models(s, w);
     }

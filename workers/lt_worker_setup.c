@@ -167,6 +167,7 @@ lt_err_t lt_worker_confinement(const lt_worker_conf_t *conf, lt_confine_conf_t *
   }
   if (!err && alone && flock(*lock_fd, LOCK_SH) != 0) /* under the gate: no other process of the id meanwhile */
     err = lt_errf(errstr, n, LT_ERR_IO, "%s.lock: %s", mem_parent, strerror(errno));
+  if (err && alone) flock(*lock_fd, LOCK_UN); /* failed: the next process of the id is not refused for it */
   if (gate >= 0) close(gate);
   if (err) return err;
   if (geteuid() != 0)

@@ -533,6 +533,23 @@ Test(scheduler, a_job_started_after_its_start_timeout_keeps_its_slot) {
   lt_scheduler_destroy(s);
 }
 
+/* Heartbeats of worker every 500 ms, n times (a worker_timeout_ms of 1.5 s keeps it up). */
+static void beating(const char *worker, int n) {
+  for (int i = 0; i < n; i++) {
+    heartbeat(worker, 1);
+    settle(500);
+  }
+}
+
+/* Heartbeats of worker every 500 ms until job is dispatched (20 s at most): whether it was. */
+static bool beating_until_dispatched(const char *worker, const char *job) {
+  for (int i = 0; i < 40; i++) {
+    heartbeat(worker, 1);
+    if (wait_for("JobDispatched", job, "control", 1, 500)) return true;
+  }
+  return false;
+}
+
 /* A worker that missed heartbeats goes down and its jobs leave lt_sched; back before their leases
  * ran out, it came up with every slot free, and a queued job took the slot a job still runs in.
  * Now the jobs still running there are booked on it again before any decision of that step. */
@@ -544,30 +561,17 @@ Test(scheduler, a_worker_back_from_missed_heartbeats_keeps_the_slots_its_jobs_ru
                            .worker_timeout_ms = 1500};
   lt_scheduler_t *s = start(NULL, &c);
   submit("job-on", "acme", LT_CLASS_STANDARD, NULL);
-  bool on = false;
-  for (int i = 0; i < 40 && !on; i++) { /* heartbeats within the 1.5 s timeout */
-    heartbeat("w1", 1);
-    on = wait_for("JobDispatched", "job-on", "control", 1, 500);
-  }
-  cr_assert(on, "job-on was not dispatched: %s", dispatch_log("control"));
+  cr_assert(beating_until_dispatched("w1", "job-on"), "job-on was not dispatched: %s", dispatch_log("control"));
   control_rec("AttemptStarted", "job-on", "acme", 1);
   settle(3000); /* no heartbeat: w1 is down, job-on's lease (60 s) runs on */
   submit("job-next", "acme", LT_CLASS_STANDARD, NULL);
   settle(1000);
-  for (int i = 0; i < 6; i++) { /* back, and heartbeating */
-    heartbeat("w1", 1);
-    settle(500);
-  }
+  beating("w1", 6); /* back, and heartbeating */
   cr_assert_eq(count_seen("JobDispatched", "job-next", "control"), 0,
                "the slot job-on runs in was given to another job: %s", dispatch_log("control"));
   cr_assert_eq(count_seen("AttemptStopped", "job-on", "control"), 0, "job-on was declared lost within its lease");
   control_rec("JobCompleted", "job-on", "acme", 1);
-  bool given = false;
-  for (int i = 0; i < 20 && !given; i++) {
-    heartbeat("w1", 1);
-    given = wait_for("JobDispatched", "job-next", "control", 1, 500);
-  }
-  cr_assert(given, "the slot freed was not given: %s", dispatch_log("control"));
+  cr_assert(beating_until_dispatched("w1", "job-next"), "the slot freed was not given: %s", dispatch_log("control"));
   lt_scheduler_destroy(s);
 }
 
@@ -582,12 +586,7 @@ Test(scheduler, a_job_whose_worker_was_away_when_the_term_began_keeps_its_slot_w
                            .worker_timeout_ms = 1500};
   lt_scheduler_t *s = start(NULL, &c);
   submit("job-on", "acme", LT_CLASS_STANDARD, NULL);
-  bool on = false;
-  for (int i = 0; i < 40 && !on; i++) {
-    heartbeat("w1", 1);
-    on = wait_for("JobDispatched", "job-on", "control", 1, 500);
-  }
-  cr_assert(on, "job-on was not dispatched: %s", dispatch_log("control"));
+  cr_assert(beating_until_dispatched("w1", "job-on"), "job-on was not dispatched: %s", dispatch_log("control"));
   control_rec("AttemptStarted", "job-on", "acme", 1);
   settle(500);
   lt_scheduler_destroy(s);
@@ -595,10 +594,7 @@ Test(scheduler, a_job_whose_worker_was_away_when_the_term_began_keeps_its_slot_w
   s = start(NULL, &c);  /* a new term, with w1 away */
   submit("job-next", "acme", LT_CLASS_STANDARD, NULL);
   settle(1000);
-  for (int i = 0; i < 6; i++) {
-    heartbeat("w1", 1);
-    settle(500);
-  }
+  beating("w1", 6);
   cr_assert_eq(count_seen("JobDispatched", "job-next", "control"), 0,
                "the slot job-on runs in was given to another job: %s", dispatch_log("control"));
   lt_scheduler_destroy(s);
